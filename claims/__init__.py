@@ -1,0 +1,54 @@
+"""Claim checks: theory against numerics, one module per claim of the paper.
+
+Each entry of :data:`REGISTRY` maps a claim id (the ids of ``claims.json``) to
+``"module:function"``; the function has the signature
+
+    run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None) -> ClaimResult
+
+``profile`` is one of :data:`claims.base.PROFILES`; ``sweep`` is an optional directory of
+sweep results (``numerics.sweep``) that the claims over families of configurations
+(``limiting-error``, ``multi-head-gain``) use instead of running their own grid.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Iterable, Optional
+
+from claims.base import PROFILES, ClaimResult, Progress, no_progress
+
+REGISTRY: dict[str, str] = {
+    "block-structure": "claims.block_structure:run",
+    "spectral-reduction": "claims.spectral_reduction:run",
+    "three-phases": "claims.three_phases:run",
+    "task-allocation": "claims.task_allocation:run",
+    "limiting-error": "claims.limiting_error:run",
+    "multi-head-gain": "claims.multi_head_gain:run",
+    "optimality": "claims.optimality:run",
+    "boundary-merged-superposition": "claims.boundaries:run_merged_superposition",
+    "boundary-saturation": "claims.boundaries:run_saturation",
+    "boundary-small-L": "claims.boundaries:run_small_L",
+    "boundary-fewer-heads": "claims.boundaries:run_fewer_heads",
+}
+
+
+def claim_runner(claim_id: str) -> Callable[..., ClaimResult]:
+    """The ``run`` function of one claim id."""
+    if claim_id not in REGISTRY:
+        raise KeyError(f"unknown claim id {claim_id!r}; known: {', '.join(REGISTRY)}")
+    module, func = REGISTRY[claim_id].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def run_claims(
+    profile: str = "quick",
+    device: str = "cpu",
+    seed: int = 0,
+    progress: Progress = no_progress,
+    only: Optional[Iterable[str]] = None,
+    sweep: Optional[str] = None,
+) -> list[ClaimResult]:
+    """Run the claims (all, or the ids in ``only``) in registry order."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+    ids = list(REGISTRY) if only is None else list(only)
+    return [claim_runner(cid)(profile=profile, device=device, seed=seed, progress=progress, sweep=sweep) for cid in ids]

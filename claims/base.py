@@ -1,0 +1,169 @@
+"""Shared vocabulary of the claim checks: what a claim run returns and how it is judged.
+
+A claim check runs an experiment (``numerics``), asks ``theory`` for its prediction,
+compares the two at a tolerance that comes from an argument (Monte-Carlo error, O(1/L)
+terms, step size) and returns a :class:`ClaimResult`.  The same functions are called by
+``tests/`` (on Hypothesis-drawn configurations) and by ``reports/`` (on a profile), so the
+two can never disagree.  The report only renders ``ClaimResult`` objects; everything it
+shows, figures included, is data computed here.
+
+Every check also runs itself against a *perturbed* prediction (a wrong constant, a wrong
+winner, a wrong exponent) and records whether that was rejected at the same tolerance
+(:class:`PerturbationCheck`).  A check that cannot reject the perturbation cannot
+discriminate, and its verdict is ``"error"``, not ``"pass"``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+PROFILES = ("tiny", "quick", "paper")
+"""``tiny``: seconds, for the report's own end-to-end test; ``quick``: the default report
+(about 10 minutes on 2 CPU cores in total); ``paper``: the scale of the paper's experiments,
+meant for a GPU."""
+
+VERDICTS = ("pass", "fail", "error")
+
+Progress = Callable[[str, float], None]
+"""``progress(message, fraction_done)``: how a claim run reports how far it is."""
+
+
+def no_progress(message: str, fraction: float) -> None:  # noqa: ARG001 - a sink
+    return None
+
+
+@dataclass
+class Series:
+    """One line or point set of a figure. ``style``: ``"line"``, ``"points"`` or ``"dashed"``."""
+
+    label: str
+    x: list[float]
+    y: list[float]
+    style: str = "line"
+
+
+@dataclass
+class Figure:
+    """Data for one figure; ``reports`` turns it into a PNG and computes nothing.
+
+    ``kind`` selects the renderer:
+
+    - ``"lines"``: ``series`` on axes with ``xscale``/``yscale`` (``"linear"``/``"log"``),
+      optional ``spans`` (shaded x-intervals: ``{"x0", "x1", "label"}``, used for the
+      three phases) and ``hlines`` (``{"y", "label"}``, e.g. the line y = H).
+    - ``"heatmap"``: ``matrix`` (rows x cols) with ``row_labels``/``col_labels``.
+    - ``"panels"``: ``panels`` is a list of ``Figure`` of kind ``"lines"`` drawn side by side
+      (e.g. omega and mu trajectories per head).
+    """
+
+    name: str
+    title: str
+    kind: str = "lines"
+    xlabel: str = ""
+    ylabel: str = ""
+    xscale: str = "linear"
+    yscale: str = "linear"
+    series: list[Series] = field(default_factory=list)
+    spans: list[dict] = field(default_factory=list)
+    hlines: list[dict] = field(default_factory=list)
+    matrix: Optional[list[list[float]]] = None
+    row_labels: list[str] = field(default_factory=list)
+    col_labels: list[str] = field(default_factory=list)
+    panels: list["Figure"] = field(default_factory=list)
+
+
+@dataclass
+class PerturbationCheck:
+    """The same comparison run against a deliberately wrong prediction."""
+
+    description: str
+    rejected: bool
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class ClaimResult:
+    """The outcome of one claim check, in the schema of ``claims.json``.
+
+    ``theory``: the predicted values; ``numerics``: the measured values; ``tolerance``: the
+    allowed discrepancy and the argument it comes from (``{"value": ..., "why": "..."}``);
+    ``details``: anything else a reader needs (configurations, seeds, per-case numbers).
+    """
+
+    id: str
+    title: str
+    statement: str
+    verdict: str
+    theory: dict = field(default_factory=dict)
+    numerics: dict = field(default_factory=dict)
+    tolerance: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+    figures: list[Figure] = field(default_factory=list)
+    perturbations: list[PerturbationCheck] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return jsonable(dataclasses.asdict(self))
+
+
+def judge(agrees: bool, perturbations: list[PerturbationCheck]) -> str:
+    """Verdict of a comparison: ``pass`` only if theory and numerics agree *and* every
+    perturbed prediction was rejected at the same tolerance; a check that accepts a wrong
+    prediction cannot discriminate, which is an ``error`` of the check, not a pass."""
+    if perturbations and not all(p.rejected for p in perturbations):
+        return "error"
+    return "pass" if agrees else "fail"
+
+
+def jsonable(obj: Any) -> Any:
+    """Convert numpy/torch scalars and arrays, tuples and non-finite floats to plain JSON.
+
+    Non-finite floats become the strings ``"nan"``, ``"inf"``, ``"-inf"`` so that the file is
+    strict JSON."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj))
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return jsonable(obj.tolist())
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):
+        return obj
+    if isinstance(obj, float) or hasattr(obj, "__float__"):
+        v = float(obj)
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return v
+    return str(obj)
+
+
+def run_claim(
+    claim_id: str,
+    title: str,
+    statement: str,
+    body: Callable[[], ClaimResult],
+) -> ClaimResult:
+    """Run ``body`` and time it; an exception becomes a ``ClaimResult`` with verdict
+    ``"error"`` and the traceback in ``details``, so one broken claim never hides the rest."""
+    t0 = time.perf_counter()
+    try:
+        result = body()
+    except Exception as exc:  # the report must go on and show the error
+        result = ClaimResult(
+            id=claim_id,
+            title=title,
+            statement=statement,
+            verdict="error",
+            details={"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()},
+        )
+    result.seconds = time.perf_counter() - t0
+    if result.verdict not in VERDICTS:
+        raise ValueError(f"claim {claim_id}: verdict {result.verdict!r} is not one of {VERDICTS}")
+    return result

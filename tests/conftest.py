@@ -1,0 +1,55 @@
+"""Test-suite options: Hypothesis profiles, the ``thorough`` marker and the device.
+
+- default: few examples per property, deadlines off (training runs take seconds), the
+  reproduction blob printed on failure so a drawn case can be re-run exactly.
+- ``--thorough`` (or ``HYPOTHESIS_PROFILE=thorough``): the ``thorough`` Hypothesis profile
+  (more examples) and the tests marked ``@pytest.mark.thorough`` (larger L and d).
+- ``--device cuda`` (or ``ICL_DEVICE=cuda``): the device the claim tests train on.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+_common = dict(
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile("default", max_examples=4, **_common)
+settings.register_profile("thorough", max_examples=25, **_common)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--thorough", action="store_true", default=False,
+                     help="run the heavier claim checks and the 'thorough' Hypothesis profile")
+    parser.addoption("--device", action="store", default=os.environ.get("ICL_DEVICE", "cpu"),
+                     help="device for the claim tests: cpu or cuda (default: $ICL_DEVICE or cpu)")
+
+
+def pytest_configure(config):
+    thorough = config.getoption("--thorough") or os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
+    config._icl_thorough = thorough
+    settings.load_profile("thorough" if thorough else os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if config._icl_thorough:
+        return
+    skip = pytest.mark.skip(reason="heavier check: run with --thorough")
+    for item in items:
+        if "thorough" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    dev = request.config.getoption("--device")
+    if dev.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("--device cuda given but no CUDA device is available")
+    return dev
