@@ -1,0 +1,233 @@
+"""The problem configuration: tasks, heads, context length, noise, basis, parametrisation,
+initialisation, dtype and device, validated on construction.
+
+Notation of SPEC.md: m tasks, task i owns an input block of size r_i, d = sum r_i, tokens
+z = (x, y) in R^{d+m}.  Phi = [Phi_1 .. Phi_m] is an orthonormal basis of R^d whose column
+groups split the blocks (identity: contiguous blocks; random: a seeded Haar-random
+orthogonal matrix, to check basis invariance).
+
+Parametrisations (H heads, one layer):
+- ``factored``: W_h = K_h^T Q_h / s, U_h = O_h V_h with K, Q, V in R^{(d+m)x(d+m)},
+  O in R^{m x (d+m)}; s = ``logit_scale`` (default 1: the authors' script has no scale).
+- ``merged``: W_h in R^{(d+m)x(d+m)}, U_h in R^{m x (d+m)} trained directly.
+
+Initialisations (scale s0 = ``init_scale``):
+- ``decomposable`` (default, balanced, as in the authors' script): omega = s0 on every head
+  and task; mu = s0 except 2 s0 on each head's favoured task h mod m.
+- ``random_decomposable``: a point of D with omega, mu drawn i.i.d. uniform in
+  [s0/2, 3 s0/2] (seed ``init_seed``): no head favoured by design.
+- ``given``: omega = ``init_omega``, mu = ``init_mu`` (H x m nested tuples).
+- ``random_full``: every trainable entry i.i.d. Gaussian (seed ``init_seed``), scaled so
+  that W_h and U_h have entries of standard deviation about s0 / sqrt(d+m): a generic,
+  non-decomposable start.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
+from typing import Optional
+
+import numpy as np
+import torch
+
+BASES = ("identity", "random")
+PARAMS = ("factored", "merged")
+INITS = ("decomposable", "random_decomposable", "given", "random_full")
+DTYPES = ("float32", "float64")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_device(device) -> str:
+    """Normalise a device name; raise ValueError if it is unknown or not available here."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'cpu', 'cuda' or 'cuda:0', got {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"unknown device {device!r}: allowed are 'cpu', 'cuda' and 'cuda:N' ({exc})") from None
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type != "cuda":
+        raise ValueError(f"device {device!r} is not supported: allowed are 'cpu', 'cuda' and 'cuda:N'")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was requested but no CUDA device is available on this "
+                         "machine; use device='cpu'")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r} does not exist: this machine has "
+                         f"{torch.cuda.device_count()} CUDA device(s) (cuda:0 .. "
+                         f"cuda:{torch.cuda.device_count() - 1})")
+    return str(dev)
+
+
+@lru_cache(maxsize=64)
+def _haar_orthogonal(d: int, seed: int) -> np.ndarray:
+    """A Haar-distributed orthogonal d x d matrix: QR of a Gaussian matrix with the signs of
+    R's diagonal moved into Q (without that fix the law of Q is not Haar).  numpy's PCG64 so
+    that Phi is the same on every device and torch version."""
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((d, d))
+    Qm, R = np.linalg.qr(A)
+    Qm = Qm * np.sign(np.diag(R))[None, :]
+    Qm.setflags(write=False)
+    return Qm
+
+
+def _check_matrix(name: str, value, H: int, m: int) -> tuple:
+    """A (H x m) nested tuple of finite floats, or a clear error."""
+    try:
+        arr = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an H x m = {H} x {m} array of real numbers, got {value!r}") from None
+    if arr.shape != (H, m):
+        raise ValueError(f"{name} must have shape (heads, m) = ({H}, {m}), got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, got {arr.tolist()}")
+    return tuple(tuple(float(v) for v in row) for row in arr)
+
+
+@dataclass(frozen=True)
+class ProblemConfig:
+    tasks: tuple[int, ...]            # block sizes r_i >= 1; m = len(tasks) >= 1
+    heads: int                        # H >= 1
+    L: int                            # context length >= 1
+    sigma: float = 0.0                # label noise std >= 0, finite
+    basis: str = "identity"           # "identity" | "random" (seeded Haar orthonormal Phi)
+    basis_seed: int = 0
+    param: str = "factored"           # "factored" (K,Q,V,O) | "merged" (W,U)
+    logit_scale: float = 1.0          # s in W_h = K_h^T Q_h / s  (factored only)
+    init: str = "decomposable"        # "decomposable" | "random_decomposable" | "given" | "random_full"
+    init_scale: float = 0.15          # s0 of the default init
+    init_omega: Optional[tuple] = None  # H x m nested tuples, with init="given"
+    init_mu: Optional[tuple] = None
+    init_seed: int = 0
+    dtype: str = "float64"            # "float32" | "float64"
+    device: str = "cpu"               # "cpu" | "cuda" | "cuda:N"
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
+        tasks = self.tasks
+        if _is_int(tasks):
+            tasks = (tasks,)
+        if not isinstance(tasks, (tuple, list)) or len(tasks) == 0:
+            raise ValueError(f"tasks must be a non-empty tuple of block sizes r_i >= 1 (e.g. (3, 3)), got {self.tasks!r}")
+        if not all(_is_int(r) and r >= 1 for r in tasks):
+            raise ValueError(f"tasks must be positive integers (block sizes r_i >= 1), got {tuple(tasks)!r}")
+        set_("tasks", tuple(int(r) for r in tasks))
+        for name in ("heads", "L"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            set_(name, int(v))
+        if not _is_real(self.sigma) or not math.isfinite(self.sigma) or self.sigma < 0:
+            raise ValueError(f"sigma (label noise std) must be a finite number >= 0, got {self.sigma!r}")
+        set_("sigma", float(self.sigma))
+        if self.basis not in BASES:
+            raise ValueError(f"basis must be one of {BASES}, got {self.basis!r}")
+        if self.param not in PARAMS:
+            raise ValueError(f"param must be one of {PARAMS}, got {self.param!r}")
+        if not _is_real(self.logit_scale) or not math.isfinite(self.logit_scale) or self.logit_scale <= 0:
+            raise ValueError(f"logit_scale s must be a finite number > 0, got {self.logit_scale!r}")
+        set_("logit_scale", float(self.logit_scale))
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if not _is_real(self.init_scale) or not math.isfinite(self.init_scale) or self.init_scale <= 0:
+            raise ValueError(f"init_scale must be a finite number > 0, got {self.init_scale!r}")
+        set_("init_scale", float(self.init_scale))
+        for name in ("basis_seed", "init_seed"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+            set_(name, int(v))
+        if self.init == "given":
+            if self.init_omega is None or self.init_mu is None:
+                raise ValueError("init='given' needs both init_omega and init_mu (H x m nested tuples)")
+            set_("init_omega", _check_matrix("init_omega", self.init_omega, self.heads, self.m))
+            set_("init_mu", _check_matrix("init_mu", self.init_mu, self.heads, self.m))
+        elif self.init_omega is not None or self.init_mu is not None:
+            raise ValueError(f"init_omega/init_mu are only used with init='given', but init={self.init!r}; "
+                             "set init='given' or drop them")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        set_("device", check_device(self.device))
+
+    # --- derived quantities -------------------------------------------------------------
+    @property
+    def d(self) -> int:
+        return sum(self.tasks)
+
+    @property
+    def m(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def token_dim(self) -> int:
+        return self.d + self.m
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.float64 if self.dtype == "float64" else torch.float32
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    @property
+    def block_slices(self) -> tuple[slice, ...]:
+        """Columns of Phi (coordinates in the task basis) owned by each task."""
+        edges = np.concatenate([[0], np.cumsum(self.tasks)])
+        return tuple(slice(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]))
+
+    def basis_numpy(self) -> np.ndarray:
+        """Phi as a float64 numpy array (d x d, orthonormal columns grouped by task)."""
+        if self.basis == "identity":
+            return np.eye(self.d)
+        return _haar_orthogonal(self.d, self.basis_seed)
+
+    def basis_matrix(self) -> torch.Tensor:
+        """Phi (d x d, columns = basis vectors, grouped by task) in cfg's dtype and device."""
+        return torch.tensor(self.basis_numpy(), dtype=self.torch_dtype, device=self.device)
+
+    def task_indicator(self) -> torch.Tensor:
+        """E (d x m): E[k, i] = 1 if basis coordinate k belongs to task i."""
+        E = torch.zeros(self.d, self.m, dtype=self.torch_dtype, device=self.device)
+        for i, sl in enumerate(self.block_slices):
+            E[sl, i] = 1.0
+        return E
+
+    def replace(self, **changes) -> "ProblemConfig":
+        """A copy with some fields changed (validated again)."""
+        return ProblemConfig(**{**self.to_dict(), **changes}) if changes else self
+
+    # --- serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["tasks"] = list(self.tasks)
+        for k in ("init_omega", "init_mu"):
+            if out[k] is not None:
+                out[k] = [list(row) for row in out[k]]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ProblemConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ProblemConfig field(s) {sorted(unknown)}; known fields: {sorted(known)}")
+        d = dict(d)
+        if "tasks" in d and isinstance(d["tasks"], list):
+            d["tasks"] = tuple(d["tasks"])
+        for k in ("init_omega", "init_mu"):
+            if d.get(k) is not None:
+                d[k] = tuple(tuple(row) for row in d[k])
+        return cls(**d)

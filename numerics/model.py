@@ -1,0 +1,207 @@
+"""The full model: one layer of H softmax-attention heads, nothing else.
+
+    y_hat = sum_h U_h sum_l softmax_l(z_l^T W_h z_q) z_l,
+
+the query z_q = (q, 0) attending over the L context tokens only.  Factored:
+W_h = K_h^T Q_h / s, U_h = O_h V_h (every entry of K, Q, V, O trainable); merged: W_h, U_h
+trainable.  s = cfg.logit_scale.
+
+Since the query is a single token, the forward pass never projects the context tokens:
+a_h = W_h[:, :d] q (only the x part of z_q is nonzero), logits_hl = z_l^T a_h for all heads
+in one batched matmul, softmax over l (max subtracted, so saturated logits cannot overflow),
+c_h = sum_l p_hl z_l, y_hat = sum_h U_h c_h.  The merged weights are formed once per step
+(H (d+m)^3 flops, independent of the batch).
+
+Decomposable set D (SPEC.md): W_XX = sum_i omega_i Phi_i Phi_i^T, every other block of W
+zero; U = [0 | diag(mu)].  The balanced factored point of D with values (omega, mu):
+K_XX = sum_i sign(omega_i) sqrt(s |omega_i|) Phi_i Phi_i^T, Q_XX = sum_i sqrt(s |omega_i|)
+Phi_i Phi_i^T, V[d+i, d+i] = sqrt|mu_i|, O[i, d+i] = sign(mu_i) sqrt|mu_i|, zero elsewhere.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .config import ProblemConfig
+
+from theory.block_structure import project_decomposable
+
+
+@dataclass
+class Readout:
+    omega: np.ndarray     # (H, m): tr(Phi_i^T W_XX Phi_i) / r_i
+    mu: np.ndarray        # (H, m): (U_Y)_ii
+    residual: float       # ||(W,U) - P_D(W,U)|| / ||(W,U)|| on the merged weights
+
+
+def mse_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """E ||y_q - y_hat||^2: mean over the batch of the squared error summed over tasks."""
+    if pred.shape != target.shape:
+        raise ValueError(f"pred and target must have the same shape (B, m), got {tuple(pred.shape)} "
+                         f"and {tuple(target.shape)}")
+    return ((pred - target) ** 2).sum(dim=-1).mean()
+
+
+def _as_matrix(name: str, value, cfg: ProblemConfig) -> torch.Tensor:
+    t = torch.as_tensor(np.asarray(value.detach().cpu() if torch.is_tensor(value) else value, dtype=float),
+                        dtype=torch.float64)
+    if t.shape != (cfg.heads, cfg.m):
+        raise ValueError(f"{name} must have shape (heads, m) = ({cfg.heads}, {cfg.m}), got {tuple(t.shape)}")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} must be finite, got {t.tolist()}")
+    return t
+
+
+def initial_semi_singular_values(cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(omega, mu), each (H, m) float64 on the CPU, of cfg's decomposable initialisation.
+
+    decomposable: omega = s0, mu = s0 with 2 s0 on task h mod m of head h;
+    random_decomposable: i.i.d. uniform in [s0/2, 3 s0/2] (seed init_seed); given: as given.
+    """
+    H, m, s0 = cfg.heads, cfg.m, cfg.init_scale
+    if cfg.init == "decomposable":
+        omega = torch.full((H, m), s0, dtype=torch.float64)
+        mu = torch.full((H, m), s0, dtype=torch.float64)
+        mu[torch.arange(H), torch.arange(H) % m] = 2 * s0
+        return omega, mu
+    if cfg.init == "random_decomposable":
+        gen = torch.Generator().manual_seed(cfg.init_seed)
+        u = torch.rand(2, H, m, generator=gen, dtype=torch.float64)
+        return s0 * (0.5 + u[0]), s0 * (0.5 + u[1])
+    if cfg.init == "given":
+        return (torch.tensor(cfg.init_omega, dtype=torch.float64),
+                torch.tensor(cfg.init_mu, dtype=torch.float64))
+    raise ValueError(f"init={cfg.init!r} is not a point of the decomposable set D; semi-singular "
+                     "values exist only for 'decomposable', 'random_decomposable' and 'given'")
+
+
+class MultiHeadAttention(torch.nn.Module):
+    """H softmax-attention heads, one layer; predictions (B, m) for (context, query)."""
+
+    def __init__(self, cfg: ProblemConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, D, m = cfg.heads, cfg.token_dim, cfg.m
+        opts = dict(dtype=cfg.torch_dtype, device=cfg.device)
+        if cfg.param == "factored":
+            self.K = torch.nn.Parameter(torch.zeros(H, D, D, **opts))
+            self.Q = torch.nn.Parameter(torch.zeros(H, D, D, **opts))
+            self.V = torch.nn.Parameter(torch.zeros(H, D, D, **opts))
+            self.O = torch.nn.Parameter(torch.zeros(H, m, D, **opts))
+        else:
+            self.W = torch.nn.Parameter(torch.zeros(H, D, D, **opts))
+            self.U = torch.nn.Parameter(torch.zeros(H, m, D, **opts))
+        if cfg.init == "random_full":
+            self._init_random_full()
+        else:
+            self._set_semi_singular_values(*initial_semi_singular_values(cfg))
+
+    # --- initialisation ---------------------------------------------------------------------
+    @torch.no_grad()
+    def _set_semi_singular_values(self, omega: torch.Tensor, mu: torch.Tensor) -> None:
+        """Put the weights at the (balanced, if factored) point of D with values (omega, mu)."""
+        cfg = self.cfg
+        d, m, s = cfg.d, cfg.m, cfg.logit_scale
+        Phi = torch.tensor(cfg.basis_numpy(), dtype=torch.float64)
+        E = cfg.task_indicator().cpu().double()                    # (d, m)
+        omega_coord = omega @ E.T                                   # (H, d): omega of each basis vector
+        mu = mu.double()
+        proj = lambda diag: torch.einsum("ak,hk,bk->hab", Phi, diag, Phi)  # noqa: E731  Phi diag Phi^T
+        idx = torch.arange(m)
+        for p in self.parameters():
+            p.zero_()
+        if cfg.param == "merged":
+            W = torch.zeros(cfg.heads, cfg.token_dim, cfg.token_dim, dtype=torch.float64)
+            U = torch.zeros(cfg.heads, m, cfg.token_dim, dtype=torch.float64)
+            W[:, :d, :d] = proj(omega_coord)
+            U[:, idx, d + idx] = mu
+            self.W.copy_(W)
+            self.U.copy_(U)
+            return
+        root = torch.sqrt(s * omega_coord.abs())
+        K = torch.zeros(cfg.heads, cfg.token_dim, cfg.token_dim, dtype=torch.float64)
+        Q = torch.zeros_like(K)
+        V = torch.zeros_like(K)
+        O = torch.zeros(cfg.heads, m, cfg.token_dim, dtype=torch.float64)
+        K[:, :d, :d] = proj(torch.sign(omega_coord) * root)
+        Q[:, :d, :d] = proj(root)
+        V[:, d + idx, d + idx] = mu.abs().sqrt()
+        O[:, idx, d + idx] = torch.sign(mu) * mu.abs().sqrt()
+        for param, value in ((self.K, K), (self.Q, Q), (self.V, V), (self.O, O)):
+            param.copy_(value)
+
+    @torch.no_grad()
+    def _init_random_full(self) -> None:
+        """Every entry i.i.d. Gaussian, scaled so that W_h, U_h have entries of std ~ s0/sqrt(D).
+
+        merged: W, U entries N(0, s0^2/D).  factored: K, Q entries N(0, s s0 / D) give
+        (K^T Q / s)_ab = sum_k K_ka Q_kb / s with std sqrt(D) (s s0/D) / s = s0/sqrt(D); V, O
+        entries N(0, s0/D) give U = O V entries of std s0/sqrt(D) likewise."""
+        cfg = self.cfg
+        D, s0, s = cfg.token_dim, cfg.init_scale, cfg.logit_scale
+        gen = torch.Generator().manual_seed(cfg.init_seed)
+        std = ({"W": s0 / math.sqrt(D), "U": s0 / math.sqrt(D)} if cfg.param == "merged" else
+               {"K": math.sqrt(s * s0 / D), "Q": math.sqrt(s * s0 / D),
+                "V": math.sqrt(s0 / D), "O": math.sqrt(s0 / D)})
+        for name, p in self.named_parameters():
+            p.copy_(std[name] * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+
+    @classmethod
+    def from_semi_singular_values(cls, cfg: ProblemConfig, omega, mu) -> "MultiHeadAttention":
+        """The model at the point of D with semi-singular values omega, mu (H x m each);
+        balanced (K = Q up to signs on X, O = V^T up to signs on Y) if factored."""
+        omega = _as_matrix("omega", omega, cfg)
+        mu = _as_matrix("mu", mu, cfg)
+        model = cls(cfg)
+        model._set_semi_singular_values(omega, mu)
+        return model
+
+    # --- the model --------------------------------------------------------------------------
+    def merged_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W (H, d+m, d+m) = K^T Q / s and U (H, m, d+m) = O V (or the trained W, U)."""
+        if self.cfg.param == "merged":
+            return self.W, self.U
+        W = torch.matmul(self.K.transpose(1, 2), self.Q) / self.cfg.logit_scale
+        U = torch.matmul(self.O, self.V)
+        return W, U
+
+    def forward(self, context: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """Predictions (B, m) for context (B, L, d+m) and query (B, d+m) (any L >= 1)."""
+        cfg = self.cfg
+        D, d = cfg.token_dim, cfg.d
+        if context.ndim != 3 or context.shape[-1] != D or context.shape[1] < 1:
+            raise ValueError(f"context must have shape (B, L, d+m) = (B, L, {D}) with L >= 1, "
+                             f"got {tuple(context.shape)}")
+        if query.ndim != 2 or query.shape != (context.shape[0], D):
+            raise ValueError(f"query must have shape (B, d+m) = ({context.shape[0]}, {D}) to match the "
+                             f"context, got {tuple(query.shape)}")
+        W, U = self.merged_weights()
+        # a_h = W_h[:, :d] q: the y part of z_q is zero, so only the first d columns matter
+        a = torch.einsum("hij,bj->bhi", W[:, :, :d], query[:, :d])            # (B, H, D)
+        logits = torch.bmm(context, a.transpose(1, 2))                        # (B, L, H)
+        p = torch.softmax(logits, dim=1)      # over the context; stable (max subtracted)
+        c = torch.bmm(p.transpose(1, 2), context)                             # (B, H, D)
+        return torch.einsum("hki,bhi->bk", U, c)                              # (B, m)
+
+    # --- readout ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def semi_singular_values(self) -> Readout:
+        """omega[h,i] = tr(Phi_i^T W_XX Phi_i)/r_i, mu[h,i] = (U_Y)_ii and the residual
+        ||(W,U) - P_D(W,U)||_F / ||(W,U)||_F (0 at the zero point), on the merged weights."""
+        cfg = self.cfg
+        W, U = (t.detach().to("cpu", torch.float64).numpy() for t in self.merged_weights())
+        if not (np.all(np.isfinite(W)) and np.all(np.isfinite(U))):
+            raise FloatingPointError("the model's weights contain NaN or inf (the run diverged); "
+                                     "lower the learning rate or the initial scale")
+        W_D, U_D = project_decomposable(W, U, cfg.tasks, cfg.basis_numpy())
+        d = cfg.d
+        Phi = cfg.basis_numpy()
+        omega = np.stack([np.einsum("ai,hab,bi->h", Phi[:, sl], W[:, :d, :d], Phi[:, sl]) / r
+                          for sl, r in zip(cfg.block_slices, cfg.tasks)], axis=1)
+        mu = np.diagonal(U[:, :, d:], axis1=1, axis2=2).copy()
+        total = math.sqrt(float(np.sum(W ** 2) + np.sum(U ** 2)))
+        off = math.sqrt(float(np.sum((W - W_D) ** 2) + np.sum((U - U_D) ** 2)))
+        return Readout(omega=omega, mu=mu, residual=off / total if total > 0 else 0.0)

@@ -1,0 +1,401 @@
+"""Gradient flow, discretised as plain gradient descent, on the full model or on the
+exact finite-L reduced model.
+
+    theta_{k+1} = theta_k - eta * grad L_batch_k(theta_k),     t = eta * k,
+
+no momentum, no Adam, no weight decay; a fresh batch of prompts per step by default (so the
+iteration is an unbiased Euler discretisation of the population flow dtheta/dt = -grad L),
+or one fixed batch (``fresh_batches=False``: the exact flow on that batch).  The reduced
+flow moves (omega, mu) with the metric factors of cfg.param (numerics/reduced.py):
+omega -= eta f_omega dL/domega, mu -= eta f_mu dL/dmu, drawing the same prompt stream as
+:func:`train` for the same seed (one ``sample_prompts`` call per step, same generator).
+
+Step k's batch is drawn, its loss recorded (before the update), the parameters updated; a
+last batch at k = steps gives the final record.  ``TrainResult.loss`` is the mean of the
+per-step batch losses over the last 10% of steps (at least one step): each batch loss is an
+unbiased estimate of the population loss, so the average smooths the Monte-Carlo noise.
+
+Divergence (a non-finite batch loss, or one above ``diverge_loss``) raises
+:class:`TrainingDiverged` naming step, time and loss.  Checkpoints (``checkpoint=PATH``,
+every ``checkpoint_every`` steps, written atomically) hold the parameters, the generator
+state, the step, the losses and the trajectory; a run given an existing checkpoint resumes
+from it and ends bit-identical to an uninterrupted run with the same configuration.
+
+On CUDA, TF32 matmuls are switched off (torch.backends.cuda.matmul.allow_tf32 = False,
+torch.backends.cudnn.allow_tf32 = False): the precision checks need true float32/float64.
+
+CLI: ``python -m numerics.train --help``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Optional
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .config import INITS, PARAMS, ProblemConfig
+from .data import make_generator, sample_prompts
+from .model import MultiHeadAttention, initial_semi_singular_values, mse_loss
+from .reduced import metric_factors, reduced_loss
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float = 0.05           # eta: time step of gradient flow; t = lr * steps
+    time: float = 60.0         # final time t_end
+    batch: int = 2048          # fresh prompts each step
+    seed: int = 0              # data seed (prompt stream); init uses cfg.init_seed
+    records: int = 61          # trajectory records, evenly spaced in t (incl. 0 and t_end)
+    fresh_batches: bool = True # False: one fixed batch (deterministic flow on that batch)
+    symmetrize: bool = False
+    checkpoint: Optional[str] = None     # path; resume from it if present
+    checkpoint_every: int = 500       # steps
+    progress: bool = False            # tqdm bar
+    diverge_loss: float = 1e6         # loss above this, or non-finite -> TrainingDiverged
+
+    def __post_init__(self):
+        for name in ("lr", "time", "diverge_loss"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        for name, low in (("batch", 1), ("seed", 0), ("records", 2), ("checkpoint_every", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        if self.time < self.lr:
+            raise ValueError(f"time ({self.time}) must be at least one step lr ({self.lr}); the run has "
+                             "round(time / lr) steps")
+        if self.checkpoint is not None and not isinstance(self.checkpoint, (str, os.PathLike)):
+            raise TypeError(f"checkpoint must be a path or None, got {self.checkpoint!r}")
+        if self.checkpoint is not None:
+            object.__setattr__(self, "checkpoint", os.fspath(self.checkpoint))
+
+    @property
+    def steps(self) -> int:
+        """Number of GD steps: round(time / lr); the run ends at t = lr * steps."""
+        return max(1, int(round(self.time / self.lr)))
+
+    def record_steps(self) -> list[int]:
+        """Steps at which a Record is taken: ``records`` evenly spaced, incl. 0 and steps."""
+        n = self.steps
+        return sorted({int(round(k * n / (self.records - 1))) for k in range(self.records)})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s) {sorted(unknown)}; known fields: {sorted(known)}")
+        return cls(**d)
+
+
+# fields that change how a run is watched, not what it computes: they may differ on resume
+_BOOKKEEPING = ("checkpoint", "checkpoint_every", "progress")
+
+
+@dataclass
+class Record:
+    t: float
+    loss: float
+    omega: list
+    mu: list
+    residual: float
+
+
+@dataclass
+class TrainResult:
+    config: ProblemConfig
+    train: TrainConfig
+    trajectory: list[Record]
+    omega: np.ndarray
+    mu: np.ndarray
+    loss: float                # mean of the losses of the last 10% of steps
+    wall_seconds: float
+    steps: int
+    model: str = "full"        # "full" (train) or "reduced" (train_reduced)
+    losses: Optional[np.ndarray] = field(default=None, repr=False)  # per-step batch losses (steps,)
+
+    def to_dict(self) -> dict:
+        """The JSON schema of the CLI (docs/numerics.md)."""
+        final = self.trajectory[-1]
+        return {
+            "model": self.model,
+            "config": self.config.to_dict(),
+            "train": self.train.to_dict(),
+            "steps": self.steps,
+            "t_end": self.train.lr * self.steps,
+            "trajectory": [asdict(r) for r in self.trajectory],
+            "omega": np.asarray(self.omega).tolist(),
+            "mu": np.asarray(self.mu).tolist(),
+            "residual": final.residual,
+            "loss": self.loss,
+            "wall_seconds": self.wall_seconds,
+            "seconds_per_step": self.wall_seconds / max(self.steps, 1),
+        }
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became non-finite or exceeded ``diverge_loss``; the run was stopped."""
+
+
+def _atomic_write(path: str, write) -> None:
+    """Write via a temp file in the same directory and os.replace: never half a file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool) -> TrainResult:
+    if not isinstance(cfg, ProblemConfig):
+        raise TypeError(f"cfg must be a ProblemConfig, got {type(cfg).__name__}")
+    if not isinstance(tcfg, TrainConfig):
+        raise TypeError(f"tcfg must be a TrainConfig, got {type(tcfg).__name__}")
+    if cfg.torch_device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    kind = "reduced" if reduced else "full"
+    n_steps, lr = tcfg.steps, tcfg.lr
+    record_at = set(tcfg.record_steps())
+
+    # --- the state being trained, its loss and its update rule -------------------------------
+    if reduced:
+        omega0, mu0 = initial_semi_singular_values(cfg)
+        omega = omega0.to(cfg.device, cfg.torch_dtype).requires_grad_(True)
+        mu = mu0.to(cfg.device, cfg.torch_dtype).requires_grad_(True)
+        params = [omega, mu]
+        loss_fn = lambda pr: reduced_loss(omega, mu, pr, cfg)  # noqa: E731
+
+        def update(grads):
+            f_omega, f_mu = metric_factors(omega.detach(), mu.detach(), cfg)
+            omega.sub_(lr * f_omega * grads[0])
+            mu.sub_(lr * f_mu * grads[1])
+
+        def readout():
+            return (omega.detach().cpu().double().numpy().copy(),
+                    mu.detach().cpu().double().numpy().copy(), 0.0)
+    else:
+        model = MultiHeadAttention(cfg)
+        params = list(model.parameters())
+        loss_fn = lambda pr: mse_loss(model(pr.context, pr.query), pr.target)  # noqa: E731
+
+        def update(grads):
+            for p, g in zip(params, grads):
+                p.sub_(lr * g)
+
+        def readout():
+            r = model.semi_singular_values()
+            return r.omega, r.mu, r.residual
+
+    gen = make_generator(tcfg.seed, cfg.device)
+    fixed = None
+    if not tcfg.fresh_batches:
+        fixed = sample_prompts(cfg, tcfg.batch, make_generator(tcfg.seed, cfg.device), tcfg.symmetrize)
+
+    losses = torch.zeros(n_steps + 1, dtype=cfg.torch_dtype, device=cfg.device)
+    trajectory: list[Record] = []
+    start, wall_before = 0, 0.0
+
+    # --- resume --------------------------------------------------------------------------------
+    ckpt_path = tcfg.checkpoint
+    if ckpt_path is not None and os.path.exists(ckpt_path):
+        try:
+            ck = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ValueError(f"cannot read checkpoint {ckpt_path!r} ({exc}); delete it to start afresh") from None
+        mine = {k: v for k, v in tcfg.to_dict().items() if k not in _BOOKKEEPING}
+        theirs = {k: v for k, v in ck.get("train", {}).items() if k not in _BOOKKEEPING}
+        if (ck.get("version") != CHECKPOINT_VERSION or ck.get("model") != kind
+                or ck.get("config") != cfg.to_dict() or theirs != mine):
+            raise ValueError(
+                f"checkpoint {ckpt_path!r} belongs to a different run and cannot be resumed:\n"
+                f"  checkpoint: model={ck.get('model')!r} config={ck.get('config')} train={theirs}\n"
+                f"  this run:   model={kind!r} config={cfg.to_dict()} train={mine}\n"
+                "use another --checkpoint path, or delete the file to start afresh")
+        start = int(ck["step"])
+        with torch.no_grad():
+            for p, saved in zip(params, ck["params"]):
+                p.copy_(saved.to(p.device, p.dtype))
+        gen.set_state(ck["generator"])
+        losses[:start] = ck["losses"][:start].to(losses.device, losses.dtype)
+        trajectory = [Record(**r) for r in ck["trajectory"]]
+        wall_before = float(ck["wall_seconds"])
+
+    def save_checkpoint(step: int, wall: float) -> None:
+        state = {
+            "version": CHECKPOINT_VERSION, "model": kind, "config": cfg.to_dict(),
+            "train": tcfg.to_dict(), "step": step,
+            "params": [p.detach().cpu().clone() for p in params],
+            "generator": gen.get_state(), "losses": losses[:step].cpu().clone(),
+            "trajectory": [asdict(r) for r in trajectory], "wall_seconds": wall,
+        }
+        _atomic_write(ckpt_path, lambda f: torch.save(state, f))
+
+    # a sync per step costs nothing on the CPU; on a GPU check every 50 steps (and at records)
+    check_every = 1 if cfg.torch_device.type == "cpu" else 50
+    checked = start
+
+    def check_divergence(upto: int) -> None:
+        nonlocal checked
+        vals = losses[checked:upto + 1].cpu().tolist()
+        for k, v in enumerate(vals, start=checked):
+            if not math.isfinite(v) or v > tcfg.diverge_loss:
+                raise TrainingDiverged(
+                    f"training diverged at step {k} (t = {k * lr:.6g}): batch loss {v!r} "
+                    f"({'non-finite' if not math.isfinite(v) else f'above diverge_loss = {tcfg.diverge_loss:g}'}); "
+                    f"lower the learning rate (lr = {lr:g}) or the initial scale "
+                    f"(init_scale = {cfg.init_scale:g})")
+        checked = upto + 1
+
+    t0 = time.perf_counter()
+    bar = tqdm(total=n_steps, initial=start, disable=not tcfg.progress, desc=f"{kind} GD", unit="step")
+    for step in range(start, n_steps + 1):
+        if ckpt_path is not None and step > start and step % tcfg.checkpoint_every == 0:
+            check_divergence(step - 1)
+            save_checkpoint(step, wall_before + time.perf_counter() - t0)
+        prompts = fixed if fixed is not None else sample_prompts(cfg, tcfg.batch, gen, tcfg.symmetrize)
+        loss = loss_fn(prompts)
+        losses[step] = loss.detach()
+        if step in record_at or step % check_every == 0 or step == n_steps:
+            check_divergence(step)
+        if step in record_at:
+            om, m_, res = readout()
+            trajectory.append(Record(t=step * lr, loss=float(losses[step]), omega=om.tolist(),
+                                     mu=m_.tolist(), residual=float(res)))
+            bar.set_postfix(t=f"{step * lr:.3g}", loss=f"{float(losses[step]):.4g}")
+        if step == n_steps:
+            break
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            update(grads)
+        bar.update(1)
+    bar.close()
+    wall = wall_before + time.perf_counter() - t0
+
+    step_losses = losses[:n_steps].cpu().double().numpy()
+    tail = max(1, int(math.ceil(0.1 * n_steps)))
+    final = trajectory[-1]
+    return TrainResult(config=cfg, train=tcfg, trajectory=trajectory,
+                       omega=np.asarray(final.omega), mu=np.asarray(final.mu),
+                       loss=float(step_losses[-tail:].mean()), wall_seconds=wall, steps=n_steps,
+                       model=kind, losses=step_losses)
+
+
+def train(cfg: ProblemConfig, tcfg: TrainConfig) -> TrainResult:
+    """Plain GD (step lr = time step) on every weight of the full model from cfg's init."""
+    return _run(cfg, tcfg, reduced=False)
+
+
+def train_reduced(cfg: ProblemConfig, tcfg: TrainConfig) -> TrainResult:
+    """GD on (omega, mu) of the exact finite-L reduced model with cfg.param's metric factors,
+    from cfg's (decomposable) init, on the same prompt stream as :func:`train`."""
+    return _run(cfg, tcfg, reduced=True)
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m numerics.train",
+        description="Train the one-layer multi-head softmax attention model (or its exact finite-L "
+                    "reduced model) by plain gradient descent = discretised gradient flow, and write "
+                    "the trajectory of the semi-singular values (omega, mu) as JSON.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("problem")
+    g.add_argument("--tasks", default="3,3", help="comma-separated task block sizes r_1,..,r_m (d = sum)")
+    g.add_argument("--heads", type=int, default=2, help="number of heads H")
+    g.add_argument("--L", type=int, default=128, help="context length L")
+    g.add_argument("--sigma", type=float, default=0.0, help="label noise standard deviation")
+    g.add_argument("--basis", choices=("identity", "random"), default="identity",
+                   help="task basis Phi: contiguous blocks or a seeded Haar-random orthonormal basis")
+    g.add_argument("--basis-seed", type=int, default=0, help="seed of the random basis")
+    g.add_argument("--param", choices=PARAMS, default="factored",
+                   help="factored: train K,Q,V,O with W=K^T Q/s, U=O V; merged: train W, U")
+    g.add_argument("--logit-scale", type=float, default=1.0, help="s in W = K^T Q / s (factored)")
+    g.add_argument("--init", type=float, default=0.15,
+                   help="initial scale s0: omega = s0, mu = s0 (2 s0 on head h's task h mod m)")
+    g.add_argument("--init-pattern", choices=INITS, default="decomposable",
+                   help="initialisation pattern ('given' is not available from the CLI)")
+    g.add_argument("--init-seed", type=int, default=0, help="seed of random initialisations")
+    g.add_argument("--dtype", choices=("float32", "float64"), default="float64", help="floating point type")
+    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (TF32 is switched off on cuda)")
+    g = p.add_argument_group("training")
+    g.add_argument("--time", type=float, default=60.0, help="final time t_end; steps = round(time / lr)")
+    g.add_argument("--lr", type=float, default=0.05, help="GD step = time step of the gradient flow")
+    g.add_argument("--batch", type=int, default=2048, help="prompts per step")
+    g.add_argument("--seed", type=int, default=0, help="seed of the prompt stream")
+    g.add_argument("--records", type=int, default=61, help="trajectory records, evenly spaced in t")
+    g.add_argument("--fixed-batch", action="store_true",
+                   help="one fixed batch for all steps instead of fresh batches")
+    g.add_argument("--symmetrize", action="store_true",
+                   help="apply the per-task sign-flip group to every prompt (batch multiple of 2^m)")
+    g.add_argument("--diverge-loss", type=float, default=1e6, help="stop with an error above this loss")
+    g.add_argument("--reduced", action="store_true",
+                   help="train the exact finite-L reduced model on (omega, mu) instead of the full model")
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default="run.json", help="JSON result file (written atomically at the end)")
+    g.add_argument("--checkpoint", default=None,
+                   help="checkpoint file: written every --checkpoint-every steps, resumed from if present")
+    g.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        tasks = tuple(int(r) for r in args.tasks.split(",") if r.strip())
+    except ValueError:
+        parser.error(f"--tasks must be comma-separated positive integers such as 3,3; got {args.tasks!r}")
+    try:
+        cfg = ProblemConfig(tasks=tasks, heads=args.heads, L=args.L, sigma=args.sigma, basis=args.basis,
+                            basis_seed=args.basis_seed, param=args.param, logit_scale=args.logit_scale,
+                            init=args.init_pattern, init_scale=args.init, init_seed=args.init_seed,
+                            dtype=args.dtype, device=args.device)
+        tcfg = TrainConfig(lr=args.lr, time=args.time, batch=args.batch, seed=args.seed,
+                           records=args.records, fresh_batches=not args.fixed_batch,
+                           symmetrize=args.symmetrize, checkpoint=args.checkpoint,
+                           checkpoint_every=args.checkpoint_every, progress=not args.no_progress,
+                           diverge_loss=args.diverge_loss)
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc))
+    try:
+        result = (train_reduced if args.reduced else train)(cfg, tcfg)
+    except (TrainingDiverged, ValueError) as exc:
+        print(f"error: {exc}\n(no output written)", file=sys.stderr)
+        return 1
+    text = json.dumps(result.to_dict(), indent=1)
+    _atomic_write(args.out, lambda f: f.write(text.encode()))
+    print(f"wrote {args.out}: {result.steps} steps in {result.wall_seconds:.1f} s "
+          f"({result.wall_seconds / result.steps * 1e3:.2f} ms/step), final loss {result.loss:.5g}")
+    print("omega =", np.array2string(result.omega, precision=4))
+    print("mu    =", np.array2string(result.mu, precision=4))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""Rendering of claim results: ``Figure`` data to PNG, ``claims.json`` entries to one HTML page.
+
+Nothing here computes a result.  Every number drawn or printed comes from a
+``claims.base.ClaimResult``; this module only chooses how it looks:
+
+- :func:`figure_png` draws a ``claims.base.Figure`` (kinds ``"lines"``, ``"heatmap"``,
+  ``"panels"``) with Matplotlib's Agg backend and returns the PNG bytes.
+- :func:`render_html` turns the ``claims.json`` document plus the PNG bytes into one
+  self-contained page: inline CSS, figures as base64 data URIs, no script, no network.
+
+Colour convention of ``"lines"`` figures: the k-th series of a style gets the k-th colour of
+the palette, independently per style.  A claim that lists its measured points
+(``style="points"``) and its theory lines (``style="line"``) in the same order therefore
+gets each measured trajectory and its prediction in the same colour (e.g. omega[h, i] of the
+full model over omega[h, i] of the reduced ODE).
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+import math
+from typing import Any, Iterable
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, never a display: the report runs on headless machines
+import matplotlib.pyplot as plt  # noqa: E402
+
+from claims.base import Figure, Series  # noqa: E402
+
+FIGURE_KINDS = ("lines", "heatmap", "panels")
+SERIES_STYLES = ("line", "points", "dashed")
+SCALES = ("linear", "log")
+
+# Shading of successive spans (warm-up, emergence, convergence): light, distinct, and
+# legible under the lines drawn on top.
+SPAN_COLOURS = ("#fde0c5", "#c9e4f6", "#d5efd0", "#eadcf2", "#f6f2c4")
+HLINE_COLOURS = ("#444444", "#b2182b", "#2166ac", "#1b7837")
+# More than this many legend entries would cover the axes; the legend moves outside.
+LEGEND_INSIDE_MAX = 8
+# Lists longer than this are shown on the page by their first and last LIST_SHOWN_EDGE values.
+LIST_SHOWN_MAX = 40
+LIST_SHOWN_EDGE = 8
+
+
+class RenderError(ValueError):
+    """A ``Figure`` that cannot be drawn, with what is wrong in it."""
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def as_figure(obj: Any) -> Figure:
+    """A ``Figure`` from a ``Figure`` or from its ``dataclasses.asdict`` form (as stored in
+    ``claims.json``), so a figure can be redrawn from the JSON file alone."""
+    if isinstance(obj, Figure):
+        return obj
+    if not isinstance(obj, dict):
+        raise RenderError(f"a figure must be a claims.base.Figure or a dict, got {type(obj).__name__}")
+    known = {f.name for f in dataclasses.fields(Figure)}
+    unknown = set(obj) - known
+    if unknown:
+        raise RenderError(f"figure {obj.get('name', '?')!r} has unknown keys {sorted(unknown)}; "
+                          f"known: {sorted(known)}")
+    data = dict(obj)
+    data["series"] = [s if isinstance(s, Series) else Series(**s) for s in data.get("series", [])]
+    data["panels"] = [as_figure(p) for p in data.get("panels", [])]
+    return Figure(**data)
+
+
+def _number(v: Any) -> float:
+    """A float from a figure coordinate; ``"nan"``/``"inf"`` strings are what ``jsonable``
+    makes of non-finite floats, and ``None`` is a missing point."""
+    if v is None:
+        return math.nan
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            raise RenderError(f"figure coordinate {v!r} is not a number") from None
+    return float(v)
+
+
+def _check_lines(fig: Figure) -> None:
+    if fig.xscale not in SCALES or fig.yscale not in SCALES:
+        raise RenderError(f"figure {fig.name!r}: xscale/yscale must be one of {SCALES}, "
+                          f"got {fig.xscale!r}/{fig.yscale!r}")
+    for s in fig.series:
+        if s.style not in SERIES_STYLES:
+            raise RenderError(f"figure {fig.name!r}, series {s.label!r}: style must be one of "
+                              f"{SERIES_STYLES}, got {s.style!r}")
+        if len(s.x) != len(s.y):
+            raise RenderError(f"figure {fig.name!r}, series {s.label!r}: x has {len(s.x)} points "
+                              f"but y has {len(s.y)}; give one y per x")
+
+
+def _draw_lines(ax, fig: Figure) -> None:
+    _check_lines(fig)
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    seen_per_style: dict[str, int] = {}
+    for span_index, span in enumerate(fig.spans):
+        try:
+            x0, x1 = _number(span["x0"]), _number(span["x1"])
+        except KeyError as exc:
+            raise RenderError(f"figure {fig.name!r}: a span needs keys 'x0', 'x1' (and 'label'); "
+                              f"missing {exc}") from None
+        if math.isfinite(x0) and math.isfinite(x1):
+            ax.axvspan(x0, x1, color=SPAN_COLOURS[span_index % len(SPAN_COLOURS)], alpha=0.8,
+                       zorder=0, lw=0, label=span.get("label") or None)
+    for s in fig.series:
+        k = seen_per_style.get(s.style, 0)
+        seen_per_style[s.style] = k + 1
+        colour = palette[k % len(palette)]
+        x = [_number(v) for v in s.x]
+        y = [_number(v) for v in s.y]
+        if s.style == "points":
+            ax.plot(x, y, linestyle="none", marker="o", markersize=3.5, color=colour, label=s.label,
+                    zorder=3)
+        elif s.style == "dashed":
+            ax.plot(x, y, linestyle="--", lw=1.5, color=colour, label=s.label, zorder=2)
+        else:
+            ax.plot(x, y, linestyle="-", lw=1.5, color=colour, label=s.label, zorder=2)
+    for line_index, hline in enumerate(fig.hlines):
+        if "y" not in hline:
+            raise RenderError(f"figure {fig.name!r}: an hline needs key 'y' (and 'label')")
+        y = _number(hline["y"])
+        if math.isfinite(y):
+            ax.axhline(y, color=HLINE_COLOURS[line_index % len(HLINE_COLOURS)], lw=1.2,
+                       linestyle=":", label=hline.get("label") or None, zorder=1)
+    ax.set_xscale(fig.xscale)
+    ax.set_yscale(fig.yscale)
+    ax.set_xlabel(fig.xlabel)
+    ax.set_ylabel(fig.ylabel)
+    ax.set_title(fig.title, fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if labels:
+        if len(labels) <= LEGEND_INSIDE_MAX:
+            ax.legend(fontsize=7, loc="best", framealpha=0.85)
+        else:
+            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+                      ncol=1 + len(labels) // 24)
+
+
+def _draw_heatmap(fig_mpl, ax, fig: Figure) -> None:
+    if not fig.matrix or not all(isinstance(row, (list, tuple)) and row for row in fig.matrix):
+        raise RenderError(f"figure {fig.name!r}: a heatmap needs a non-empty matrix (list of rows)")
+    widths = {len(row) for row in fig.matrix}
+    if len(widths) != 1:
+        raise RenderError(f"figure {fig.name!r}: heatmap rows have different lengths {sorted(widths)}")
+    rows, cols = len(fig.matrix), widths.pop()
+    if fig.row_labels and len(fig.row_labels) != rows:
+        raise RenderError(f"figure {fig.name!r}: {len(fig.row_labels)} row labels for {rows} rows")
+    if fig.col_labels and len(fig.col_labels) != cols:
+        raise RenderError(f"figure {fig.name!r}: {len(fig.col_labels)} column labels for {cols} columns")
+    values = [[_number(v) for v in row] for row in fig.matrix]
+    finite = [v for row in values for v in row if math.isfinite(v)]
+    if finite and min(finite) < 0 < max(finite):
+        # signed values (e.g. the merged parametrisation's superposition): a diverging map
+        # centred on zero, so that sign is read off the colour
+        bound = max(abs(v) for v in finite)
+        image = ax.imshow(values, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
+        mid = None
+    else:
+        image = ax.imshow(values, cmap="viridis", aspect="auto")
+        mid = (min(finite) + max(finite)) / 2 if finite else 0.0
+    fig_mpl.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xticks(range(cols), fig.col_labels or [str(j) for j in range(cols)], fontsize=8)
+    ax.set_yticks(range(rows), fig.row_labels or [str(i) for i in range(rows)], fontsize=8)
+    if rows * cols <= 144:  # beyond that the numbers would not fit in their cells
+        bound = max((abs(v) for v in finite), default=1.0)
+        for i, row in enumerate(values):
+            for j, v in enumerate(row):
+                if not math.isfinite(v):
+                    dark_cell = False  # imshow leaves non-finite cells blank (white)
+                elif mid is None:
+                    dark_cell = abs(v) > 0.6 * bound
+                else:
+                    dark_cell = v < mid
+                ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
+                        color="white" if dark_cell else "black")
+    ax.set_xlabel(fig.xlabel)
+    ax.set_ylabel(fig.ylabel)
+    ax.set_title(fig.title, fontsize=10)
+
+
+def figure_png(figure: Any, dpi: int = 110) -> bytes:
+    """PNG bytes of one figure. Raises :class:`RenderError` saying what is wrong with it."""
+    fig = as_figure(figure)
+    if fig.kind not in FIGURE_KINDS:
+        raise RenderError(f"figure {fig.name!r}: kind must be one of {FIGURE_KINDS}, got {fig.kind!r}")
+    if fig.kind == "panels":
+        if not fig.panels:
+            raise RenderError(f"figure {fig.name!r}: kind 'panels' needs a non-empty 'panels' list")
+        for p in fig.panels:
+            if p.kind != "lines":
+                raise RenderError(f"figure {fig.name!r}: every panel must be of kind 'lines', got {p.kind!r}")
+        # Side by side up to 4 panels; more wrap into rows of at most 4 (2H panels of
+        # omega and mu per head give one row of omega and one of mu).
+        n = len(fig.panels)
+        rows = math.ceil(n / 4)
+        cols = math.ceil(n / rows)
+        mpl_fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols + 1.0, 3.6 * rows + 0.4),
+                                     squeeze=False, layout="constrained")
+        try:
+            for ax, panel in zip(axes.flat, fig.panels):
+                _draw_lines(ax, panel)
+            for ax in list(axes.flat)[n:]:
+                ax.set_visible(False)
+            mpl_fig.suptitle(fig.title, fontsize=11)
+            return _png(mpl_fig, dpi)
+        finally:
+            plt.close(mpl_fig)
+    mpl_fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    try:
+        if fig.kind == "lines":
+            _draw_lines(ax, fig)
+        else:
+            _draw_heatmap(mpl_fig, ax, fig)
+        return _png(mpl_fig, dpi)
+    finally:
+        plt.close(mpl_fig)
+
+
+def _png(mpl_fig, dpi: int) -> bytes:
+    buffer = io.BytesIO()
+    mpl_fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+# --------------------------------------------------------------------------- HTML
+
+
+def format_value(v: Any) -> str:
+    """A short readable form of a JSON value: 4 significant digits, lists inline."""
+    if isinstance(v, bool) or v is None:
+        return str(v).lower() if v is not None else "null"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (list, tuple)):
+        if len(v) > LIST_SHOWN_MAX:  # the full list is in claims.json; the page shows its ends
+            head = ", ".join(format_value(x) for x in v[:LIST_SHOWN_EDGE])
+            tail = ", ".join(format_value(x) for x in v[-LIST_SHOWN_EDGE:])
+            return f"[{head}, … ({len(v)} values in claims.json) …, {tail}]"
+        return "[" + ", ".join(format_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {format_value(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts to ``{"a.b.c": leaf}``; a list of dicts (e.g. one record per case) to
+    ``a[0].b``, ``a[1].b``; other lists stay leaves (shown inline)."""
+    if isinstance(d, list) and d and all(isinstance(x, dict) for x in d):
+        flat: dict[str, Any] = {}
+        for k, x in enumerate(d):
+            flat.update(flatten(x, f"{prefix}[{k}]"))
+        return flat
+    if not isinstance(d, dict):
+        return {prefix or "value": d}
+    flat = {}
+    for key, value in d.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if (isinstance(value, dict) and value) or (
+                isinstance(value, list) and value and all(isinstance(x, dict) for x in value)):
+            flat.update(flatten(value, path))
+        else:
+            flat[path] = value
+    return flat
+
+
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
+       max-width: 1150px; padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { margin-top: 2.2em; border-bottom: 1px solid #ccc; }
+h3 { font-size: 1.05em; margin-bottom: .3em; }
+table { border-collapse: collapse; margin: .6em 0; font-size: .9em; }
+th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+td.num { font-family: Menlo, Consolas, monospace; font-size: .9em; max-width: 32em; word-break: break-word; }
+.badge { display: inline-block; padding: .1em .6em; border-radius: .8em; color: white;
+         font-weight: bold; font-size: .85em; text-transform: uppercase; }
+.pass { background: #1a7f37; } .fail { background: #cf222e; } .error { background: #8250df; }
+.rejected { color: #1a7f37; font-weight: bold; } .accepted { color: #cf222e; font-weight: bold; }
+.statement { background: #f6f8fa; border-left: 4px solid #888; padding: .5em 1em; }
+pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: .85em; }
+pre.traceback { background: #fff0f0; border: 1px solid #f3b5b5; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: .85em; color: #555; }
+.muted { color: #666; font-size: .9em; }
+"""
+
+
+def _badge(verdict: str) -> str:
+    cls = verdict if verdict in ("pass", "fail", "error") else "error"
+    return f'<span class="badge {cls}">{html.escape(verdict)}</span>'
+
+
+def _esc(v: Any) -> str:
+    return html.escape(format_value(v))
+
+
+def _seconds(v: Any) -> str:
+    return f"{v:.1f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else html.escape(str(v))
+
+
+def _verdict_reason(entry: dict) -> str:
+    """Which rule of ``claims.base.judge`` (or of ``run_claim``) gave the verdict."""
+    verdict = entry.get("verdict")
+    if verdict == "pass":
+        return "theory and numerics agree within the tolerance, and every perturbed prediction was rejected."
+    if verdict == "fail":
+        return "theory and numerics disagree beyond the tolerance (the numbers are below)."
+    if (entry.get("details") or {}).get("traceback"):
+        error = (entry.get("details") or {}).get("error", "an exception")
+        return f"the check raised {error} before reaching a verdict (traceback below)."
+    if any(not p.get("rejected") for p in entry.get("perturbations") or []):
+        return ("a deliberately wrong prediction was accepted at the same tolerance: the check cannot "
+                "discriminate, so its agreement is no evidence.")
+    return "the check reported an error (see the details)."
+
+
+def _anchor(claim_id: str) -> str:
+    return "claim-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in claim_id)
+
+
+def _comparison_table(entry: dict) -> str:
+    theory = flatten(entry.get("theory") or {})
+    numerics = flatten(entry.get("numerics") or {})
+    keys = list(theory) + [k for k in numerics if k not in theory]
+    if not keys:
+        return '<p class="muted">No theory or numerics values were returned.</p>'
+    rows = "".join(
+        f"<tr><td>{html.escape(k)}</td><td class='num'>{_esc(theory[k]) if k in theory else '—'}</td>"
+        f"<td class='num'>{_esc(numerics[k]) if k in numerics else '—'}</td></tr>"
+        for k in keys
+    )
+    return f"<table><tr><th>quantity</th><th>theory</th><th>numerics</th></tr>{rows}</table>"
+
+
+def _tolerance_table(entry: dict) -> str:
+    tol = flatten(entry.get("tolerance") or {})
+    if not tol:
+        return '<p class="muted">No tolerance was given.</p>'
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td class='num'>{_esc(v)}</td></tr>" for k, v in tol.items())
+    return f"<table><tr><th>tolerance</th><th>value / argument</th></tr>{rows}</table>"
+
+
+def _perturbation_table(entry: dict) -> str:
+    checks = entry.get("perturbations") or []
+    if not checks:
+        return '<p class="muted">No perturbation checks were run.</p>'
+    rows = []
+    for p in checks:
+        rejected = bool(p.get("rejected"))
+        mark = ('<span class="rejected">rejected ✓</span>' if rejected
+                else '<span class="accepted">accepted ✗ (check cannot discriminate)</span>')
+        detail = "<br>".join(f"{html.escape(k)} = {_esc(v)}" for k, v in flatten(p.get("details") or {}).items())
+        rows.append(f"<tr><td>{html.escape(str(p.get('description', '')))}</td><td>{mark}</td>"
+                    f"<td class='num'>{detail}</td></tr>")
+    return ("<table><tr><th>perturbed prediction</th><th>outcome</th><th>details</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def _details_block(entry: dict) -> str:
+    details = dict(entry.get("details") or {})
+    traceback_text = details.pop("traceback", None)
+    parts = []
+    if traceback_text:
+        parts.append("<h3>Error</h3><pre class='traceback'>" + html.escape(str(traceback_text)) + "</pre>")
+    flat = flatten(details)
+    if flat:
+        rows = "".join(f"<tr><td>{html.escape(k)}</td><td class='num'>{_esc(v)}</td></tr>" for k, v in flat.items())
+        parts.append(f"<details><summary>Details ({len(flat)} entries)</summary><table>{rows}</table></details>")
+    return "".join(parts)
+
+
+def _figures_block(entry: dict, pngs: dict[str, bytes], figure_errors: Iterable[str]) -> str:
+    parts = []
+    for fig in entry.get("figures") or []:
+        data = pngs.get(fig["file"])
+        if data is None:
+            continue
+        uri = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+        parts.append(f'<figure><img alt="{html.escape(fig["title"])}" src="{uri}">'
+                     f"<figcaption>{html.escape(fig['title'])} — <code>{html.escape(fig['file'])}</code>"
+                     f"</figcaption></figure>")
+    for err in figure_errors:
+        parts.append(f"<pre class='traceback'>figure not rendered: {html.escape(err)}</pre>")
+    return "<h3>Figures</h3>" + "".join(parts) if parts else ""
+
+
+def render_html(report: dict, pngs: dict[str, bytes]) -> str:
+    """The page of a ``claims.json`` document; ``pngs`` maps each figure's file name (as in
+    ``claims[*].figures[*].file``) to its PNG bytes, embedded as data URIs."""
+    claims = report["claims"]
+    prov = report["provenance"]
+    counts = {v: sum(1 for c in claims if c["verdict"] == v) for v in ("pass", "fail", "error")}
+    summary_rows = "".join(
+        f"<tr><td><a href='#{_anchor(c['id'])}'>{html.escape(c['id'])}</a></td>"
+        f"<td>{html.escape(c['title'])}</td><td>{_badge(c['verdict'])}</td>"
+        f"<td class='num'>{_seconds(c.get('seconds', ''))}</td></tr>"
+        for c in claims
+    )
+    prov_rows = "".join(f"<tr><td>{html.escape(k)}</td><td class='num'>{_esc(v)}</td></tr>"
+                        for k, v in flatten(prov).items())
+    sections = []
+    for c in claims:
+        sections.append(
+            f"<section id='{_anchor(c['id'])}'>"
+            f"<h2>{html.escape(c['title'])} {_badge(c['verdict'])}</h2>"
+            f"<p class='muted'>id <code>{html.escape(c['id'])}</code> · {_seconds(c.get('seconds', ''))} s</p>"
+            f"<div class='statement'>{html.escape(c['statement'])}</div>"
+            f"<p><b>Verdict {html.escape(str(c['verdict']))}:</b> {html.escape(_verdict_reason(c))}</p>"
+            f"<h3>Theory against numerics</h3>{_comparison_table(c)}"
+            f"{_tolerance_table(c)}"
+            f"<h3>Perturbation checks</h3>{_perturbation_table(c)}"
+            f"{_details_block(c)}"
+            f"{_figures_block(c, pngs, c.get('figure_errors') or [])}"
+            "</section>"
+        )
+    title = "Audit: Training Dynamics of Multi-Head Softmax Attention for In-Context Learning"
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1>"
+        "<p class='muted'>Chen, Sheen, Wang, Yang (COLT 2024). Each claim of the paper is checked by "
+        "running the model (numerics) against the derived prediction (theory) at a tolerance whose "
+        "argument is stated; each check is also run against a deliberately wrong prediction, which "
+        "must be rejected.</p>"
+        f"<p>Profile <b>{html.escape(str(prov.get('profile')))}</b>, device "
+        f"<b>{html.escape(str(prov.get('device')))}</b>, seed {html.escape(str(prov.get('seed')))}: "
+        f"{counts['pass']} pass, {counts['fail']} fail, {counts['error']} error.</p>"
+        "<h2>Summary</h2><table><tr><th>claim</th><th>title</th><th>verdict</th><th>seconds</th></tr>"
+        f"{summary_rows}</table>"
+        f"<details><summary>Provenance</summary><table>{prov_rows}</table></details>"
+        + "".join(sections)
+        + "</body></html>\n"
+    )

@@ -1,0 +1,156 @@
+"""The gradient-flow trainer: records, reproducibility, the shared prompt stream of the full
+and reduced runs, checkpoint/resume, divergence, bad input and the command line."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import numerics.train as T
+from numerics.config import ProblemConfig
+from numerics.train import TrainConfig, TrainingDiverged, train, train_reduced
+
+SMALL = ProblemConfig(tasks=(2, 1), heads=2, L=8)
+TSMALL = TrainConfig(lr=0.05, time=1.0, batch=32, records=5)
+
+
+def test_records_and_result():
+    res = train(SMALL, TSMALL)
+    assert res.steps == 20 and len(res.losses) == 20 and res.model == "full"
+    assert [r.t for r in res.trajectory] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
+    assert np.allclose(res.trajectory[0].omega, 0.15, rtol=1e-15)
+    assert np.array_equal(res.omega, np.asarray(res.trajectory[-1].omega))
+    # loss = mean of the last 10% of the per-step batch losses (2 of 20 steps)
+    assert res.loss == pytest.approx(float(np.mean(res.losses[-2:])), rel=1e-15)
+    # the start is on D; unsymmetrised finite batches push the weights off it (SPEC.md)
+    assert res.trajectory[0].residual == 0.0 and res.trajectory[-1].residual > 0.0
+    out = json.loads(json.dumps(res.to_dict()))
+    assert set(out) >= {"config", "trajectory", "omega", "mu", "loss", "wall_seconds"}
+    assert set(out["trajectory"][0]) == {"t", "loss", "omega", "mu", "residual"}
+    assert ProblemConfig.from_dict(out["config"]) == SMALL
+    assert TrainConfig.from_dict(out["train"]) == TSMALL
+    # the flow moves the values: the loss falls from its initial value
+    assert res.loss < res.trajectory[0].loss
+
+
+def test_same_seed_same_run_other_seed_other_run():
+    short = TrainConfig(lr=0.05, time=0.3, batch=32, records=2)
+    a, b = train(SMALL, short), train(SMALL, short)
+    assert np.array_equal(a.losses, b.losses) and np.array_equal(a.mu, b.mu)
+    c = train(SMALL, TrainConfig(**{**short.to_dict(), "seed": 1}))
+    assert not np.array_equal(a.losses, c.losses)
+    fixed = TrainConfig(**{**short.to_dict(), "fresh_batches": False})
+    assert np.array_equal(train(SMALL, fixed).losses, train(SMALL, fixed).losses)
+
+
+def test_full_and_reduced_runs_see_the_same_prompts():
+    """merged parametrisation: after one step from a point of D the readout of the full model
+    equals the reduced Euler step exactly (the readout is linear), which can only hold if both
+    drew the same batch; the step-0 losses agree too (reduced = full on D)."""
+    cfg = SMALL.replace(param="merged")
+    one = TrainConfig(lr=0.05, time=0.05, batch=64, records=2)
+    full, red = train(cfg, one), train_reduced(cfg, one)
+    assert red.model == "reduced" and red.trajectory[-1].residual == 0.0
+    assert full.trajectory[0].loss == pytest.approx(red.trajectory[0].loss, rel=1e-13)
+    assert np.allclose(full.omega, red.omega, rtol=0, atol=1e-12)
+    assert np.allclose(full.mu, red.mu, rtol=0, atol=1e-12)
+    other = train_reduced(cfg, TrainConfig(**{**one.to_dict(), "seed": 3}))
+    assert not np.allclose(full.mu, other.mu, rtol=0, atol=1e-12)
+
+
+def test_reduced_run_needs_a_decomposable_start():
+    with pytest.raises(ValueError, match="not a point of the decomposable set"):
+        train_reduced(SMALL.replace(init="random_full"), TSMALL)
+
+
+@pytest.mark.parametrize("runner", [train, train_reduced])
+def test_resume_after_interruption_is_bit_identical(runner, tmp_path, monkeypatch):
+    tcfg = TrainConfig(lr=0.05, time=1.5, batch=16, records=4, checkpoint=str(tmp_path / "ck.pt"),
+                       checkpoint_every=7)
+    reference = runner(SMALL, TrainConfig(**{**tcfg.to_dict(), "checkpoint": None}))
+
+    real_sample, calls = T.sample_prompts, {"n": 0}
+
+    def crashing_sample(*args, **kwargs):       # the process dies while drawing batch 17
+        calls["n"] += 1
+        if calls["n"] > 17:
+            raise KeyboardInterrupt("simulated interruption")
+        return real_sample(*args, **kwargs)
+
+    monkeypatch.setattr(T, "sample_prompts", crashing_sample)
+    with pytest.raises(KeyboardInterrupt):
+        runner(SMALL, tcfg)
+    monkeypatch.setattr(T, "sample_prompts", real_sample)
+    assert torch.load(tcfg.checkpoint, weights_only=True)["step"] == 14
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]          # no temp file left behind
+    resumed = runner(SMALL, tcfg)
+    assert np.array_equal(resumed.losses, reference.losses)
+    assert np.array_equal(resumed.omega, reference.omega) and np.array_equal(resumed.mu, reference.mu)
+    assert [vars(r) for r in resumed.trajectory] == [vars(r) for r in reference.trajectory]
+    assert resumed.loss == reference.loss
+    # a checkpoint of another run is refused, with both configurations named
+    with pytest.raises(ValueError, match="belongs to a different run"):
+        runner(SMALL.replace(L=9), tcfg)
+    with pytest.raises(ValueError, match="belongs to a different run"):
+        runner(SMALL, TrainConfig(**{**tcfg.to_dict(), "lr": 0.1}))
+
+
+def test_divergence_is_detected_and_named(tmp_path):
+    with pytest.raises(TrainingDiverged, match=r"diverged at step \d+ \(t = .*\): batch loss .*lower the learning rate"):
+        train(SMALL.replace(init_scale=3.0), TrainConfig(lr=50.0, time=2000.0, batch=16, records=2))
+    with pytest.raises(TrainingDiverged, match=r"step 0 .*above diverge_loss"):
+        train(SMALL, TrainConfig(lr=0.05, time=0.5, batch=16, diverge_loss=1e-6))
+    # the CLI writes no output file for a diverged run
+    out = tmp_path / "run.json"
+    rc = T.main(["--tasks", "2,1", "--heads", "2", "--L", "8", "--time", "0.5", "--batch", "16",
+                 "--diverge-loss", "1e-6", "--no-progress", "--out", str(out)])
+    assert rc == 1 and not out.exists()
+
+
+BAD_TRAIN = [
+    (dict(lr=0.0), "lr must be a finite number > 0"),
+    (dict(lr=float("nan")), "lr must be a finite number > 0"),
+    (dict(time=-1.0), "time must be a finite number > 0"),
+    (dict(time=0.01), "time .* must be at least one step"),
+    (dict(batch=0), "batch must be an integer >= 1"),
+    (dict(records=1), "records must be an integer >= 2"),
+    (dict(seed=-2), "seed must be an integer >= 0"),
+    (dict(checkpoint_every=0), "checkpoint_every must be an integer >= 1"),
+    (dict(diverge_loss=float("inf")), "diverge_loss must be a finite number > 0"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD_TRAIN)
+def test_bad_train_config(change, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**change)
+
+
+def test_command_line(tmp_path, capsys):
+    out = tmp_path / "sub" / "run.json"
+    rc = T.main(["--tasks", "2,1", "--heads", "2", "--L", "8", "--time", "0.5", "--lr", "0.05",
+                 "--batch", "32", "--records", "3", "--init", "0.2", "--param", "merged", "--seed", "4",
+                 "--no-progress", "--out", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["tasks"] == [2, 1] and data["config"]["param"] == "merged"
+    assert data["config"]["init_scale"] == 0.2 and data["train"]["seed"] == 4
+    assert len(data["trajectory"]) == 3 and len(data["omega"]) == 2 and len(data["mu"][0]) == 2
+    assert math.isfinite(data["loss"]) and data["wall_seconds"] > 0 and data["steps"] == 10
+    reduced_out = tmp_path / "red.json"
+    assert T.main(["--tasks", "2,1", "--heads", "2", "--L", "8", "--time", "0.5", "--batch", "32",
+                   "--reduced", "--no-progress", "--out", str(reduced_out)]) == 0
+    assert json.loads(reduced_out.read_text())["model"] == "reduced"
+    with pytest.raises(SystemExit) as e:
+        T.main(["--help"])
+    assert e.value.code == 0 and "--checkpoint" in capsys.readouterr().out
+    for bad, message in ((["--heads", "0"], "heads must be a positive integer"),
+                         (["--tasks", "3,x"], "--tasks must be comma-separated"),
+                         (["--device", "tpu"], "device"),
+                         (["--L", "-4"], "L must be a positive integer")):
+        with pytest.raises(SystemExit) as e:
+            T.main(bad + ["--out", str(tmp_path / "never.json")])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "never.json").exists()

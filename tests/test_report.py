@@ -1,0 +1,459 @@
+"""The audit report (reports/): schema, self-contained HTML, exit statuses, atomic writes.
+
+Most tests run against a fake claim registry built here (claims.REGISTRY monkeypatched to a
+module of fake claim functions), so they check the report and not the science; one test
+builds the real registry at profile ``tiny`` end to end.  The schema checker
+``reports.build.check_report`` is itself shown to reject broken reports.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+import claims
+from claims.base import ClaimResult, Figure, PerturbationCheck, Series, judge, run_claim
+from reports import build as report_build
+from reports import render as report_render
+from reports.build import BuildConfig, check_report, main
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- fake claims
+
+
+def _figures() -> list[Figure]:
+    t = [0.5 * k for k in range(40)]
+    loss = [2.0 * math.exp(-0.1 * x) + 0.1 for x in t]
+    return [
+        Figure(name="loss", title="loss with phases", xlabel="t", ylabel="loss", yscale="log",
+               series=[Series("full model", t, loss, "points"), Series("theory", t, loss, "line")],
+               spans=[{"x0": 0, "x1": 5, "label": "warm-up"}, {"x0": 5, "x1": 10, "label": "emergence"},
+                      {"x0": 10, "x1": 19.5, "label": "convergence"}],
+               hlines=[{"y": 0.1, "label": "limit"}]),
+        Figure(name="trajectories", title="omega and mu", kind="panels", panels=[
+            Figure(name="omega", title="omega", series=[Series("omega[0,0] full", t, t, "points"),
+                                                         Series("omega[0,0] ODE", t, t, "line")]),
+            Figure(name="mu", title="mu", series=[Series("mu[0,0] full", t, loss, "points"),
+                                                   Series("mu[0,0] ODE", t, loss, "dashed")]),
+        ]),
+        Figure(name="allocation", title="final allocation", kind="heatmap",
+               matrix=[[2.6, 0.0, float("nan")], [0.0, 2.6, 0.0]], row_labels=["head 0", "head 1"],
+               col_labels=["task 0", "task 1", "task 2"]),
+        Figure(name="gain", title="gain vs r", xscale="log", yscale="log",
+               series=[Series("measured", [4, 10, 40], [2.3, 2.6, 2.9], "points"),
+                       Series("theory", [4, 10, 40], [2.316, 2.661, 2.904], "line")],
+               hlines=[{"y": 3, "label": "H"}]),
+    ]
+
+
+def fake_pass(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+    progress("fake step 1 of 2", 0.5)
+    progress("fake step 2 of 2", 1.0)
+    perturbations = [PerturbationCheck("constant e replaced by 2", True, {"gap": 0.31})]
+    return ClaimResult(
+        id="fake-pass", title="A claim that holds", statement="omega stays block-diagonal.",
+        verdict=judge(True, perturbations),
+        theory={"residual": 0.0, "limit": {"omega": [[0.37, 0.0], [0.0, 0.37]], "mu": 2.645}},
+        numerics={"residual": 1e-9, "limit": {"omega": [[0.36, 0.01], [0.0, 0.38]], "mu": 2.6},
+                  "unstable": float("nan"), "far": float("inf")},
+        tolerance={"value": 1e-6, "why": "float64 round-off over 1e4 steps"},
+        details={"profile": profile, "seed": seed, "sweep": sweep, "long": list(range(100))},
+        figures=_figures(), perturbations=perturbations)
+
+
+def fake_plain(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+    progress("fake step 1 of 2", 0.5)
+    progress("fake step 2 of 2", 1.0)
+    perturbations = [PerturbationCheck("constant doubled", True)]
+    return ClaimResult(id="fake-plain", title="A claim without figures", statement="mu > 0.",
+                       verdict=judge(True, perturbations), theory={"mu": 2.6}, numerics={"mu": 2.61},
+                       tolerance={"value": 0.05, "why": "MC error"}, perturbations=perturbations,
+                       details={"profile": profile, "device": device, "seed": seed, "sweep": sweep})
+
+
+def fake_fail(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+    perturbations = [PerturbationCheck("wrong winner", True)]
+    return ClaimResult(id="fake-fail", title="A claim that fails", statement="ratio equals H.",
+                       verdict=judge(False, perturbations), theory={"ratio": 3.0},
+                       numerics={"ratio": 2.3}, tolerance={"value": 0.05, "why": "MC error"},
+                       perturbations=perturbations)
+
+
+def fake_raise(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+    raise RuntimeError("fake claim exploded: loss diverged at step 17")
+
+
+def fake_undiscriminating(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+    perturbations = [PerturbationCheck("exponent 1 replaced by 2", False, {"error": 0.01})]
+    return run_claim("fake-undiscriminating", "A check that cannot discriminate", "error ~ d/L.",
+                     lambda: ClaimResult(id="fake-undiscriminating", title="A check that cannot discriminate",
+                                         statement="error ~ d/L.", verdict=judge(True, perturbations),
+                                         perturbations=perturbations))
+
+
+def fake_bad_figure(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+    bad = Figure(name="broken", title="x and y differ", series=[Series("s", [1, 2, 3], [1, 2])])
+    return ClaimResult(id="fake-bad-figure", title="Bad figure", statement="s", verdict="pass",
+                       figures=[bad, _figures()[0]])
+
+
+def fake_interrupt(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+    raise KeyboardInterrupt
+
+
+FAKES = {"fake-pass": fake_pass, "fake-plain": fake_plain, "fake-fail": fake_fail, "fake-raise": fake_raise,
+         "fake-undiscriminating": fake_undiscriminating, "fake-bad-figure": fake_bad_figure,
+         "fake-interrupt": fake_interrupt}
+
+
+def _install_fake_registry(monkeypatch) -> dict:
+    module = types.ModuleType("fake_claims_for_report")
+    for fn in FAKES.values():
+        setattr(module, fn.__name__, fn)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    registry = {cid: f"{module.__name__}:{fn.__name__}" for cid, fn in FAKES.items()}
+    monkeypatch.setattr(claims, "REGISTRY", registry)
+    return registry
+
+
+@pytest.fixture
+def fake_registry(monkeypatch):
+    """claims.REGISTRY pointing at the fake claims above (as module:function entries)."""
+    return _install_fake_registry(monkeypatch)
+
+
+FAKE_REPORT_IDS = "fake-pass,fake-fail,fake-raise,fake-undiscriminating"
+
+
+@pytest.fixture(scope="module")
+def fake_report(tmp_path_factory):
+    """One report of four fake claims (pass with every figure kind, fail, raise, a check that
+    cannot discriminate), built once: (directory, exit status, stdout)."""
+    out = tmp_path_factory.mktemp("fake") / "report"
+    stdout = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
+        _install_fake_registry(mp)
+        status = main(build_args(out, FAKE_REPORT_IDS, "--seed", "7"))
+    return out, status, stdout.getvalue()
+
+
+def strict_load(path: Path) -> dict:
+    def reject(name):
+        raise ValueError(f"non-strict JSON constant {name}")
+    return json.loads(path.read_text(encoding="utf-8"), parse_constant=reject)
+
+
+def build_args(out: Path, only: str, *extra: str) -> list[str]:
+    return ["--profile", "tiny", "--out", str(out), "--only", only, "--no-progress", *extra]
+
+
+# --------------------------------------------------------------------------- end to end (fake)
+
+
+def test_fake_registry_end_to_end(fake_report):
+    out, status, stdout = fake_report
+    assert status == 1  # a fail and errors -> exit 1
+    assert check_report(out) == []
+    report = strict_load(out / "claims.json")
+    verdicts = {c["id"]: c["verdict"] for c in report["claims"]}
+    assert verdicts == {"fake-pass": "pass", "fake-fail": "fail", "fake-raise": "error",
+                        "fake-undiscriminating": "error"}
+    passing = report["claims"][0]
+    assert passing["numerics"]["unstable"] == "nan" and passing["numerics"]["far"] == "inf"
+    assert passing["details"]["seed"] == 7 and passing["details"]["profile"] == "tiny"
+    assert [f["name"] for f in passing["figures"]] == ["loss", "trajectories", "allocation", "gain"]
+    for f in passing["figures"]:
+        assert (out / f["file"]).read_bytes()[:8] == PNG_MAGIC
+    assert passing["perturbations"][0]["rejected"] is True
+    assert "fake claim exploded" in report["claims"][2]["details"]["traceback"]
+    prov = report["provenance"]
+    assert prov["profile"] == "tiny" and prov["seed"] == 7 and prov["device"] == "cpu"
+    assert set(prov["wall_seconds"]["per_claim"]) == set(verdicts)
+    assert prov["git"]["commit"] != "" and "--seed" in prov["command"]
+    page = (out / "index.html").read_text(encoding="utf-8")
+    for c in report["claims"]:
+        assert c["title"] in page and f"id='claim-{c['id']}'" in page
+    assert page.index("Summary") < page.index("id='claim-fake-pass'")  # summary table first
+    assert "fake claim exploded" in page and "cannot discriminate" in page
+    assert page.count("data:image/png;base64,") == 4 and "<script" not in page
+    assert "fake-fail" in stdout and "1 pass, 1 fail, 2 error" in stdout
+
+
+def test_every_claim_passing_exits_0(fake_registry, tmp_path):
+    assert main(build_args(tmp_path / "r", "fake-plain")) == 0
+
+
+def test_arguments_reach_every_claim(fake_registry, tmp_path):
+    sweep = tmp_path / "sweep"
+    (sweep / "points").mkdir(parents=True)
+    out = tmp_path / "r"
+    assert main(build_args(out, "fake-plain", "--seed", "3", "--from-sweep", str(sweep))) == 0
+    report = strict_load(out / "claims.json")
+    assert report["claims"][0]["details"] == {"profile": "tiny", "device": "cpu", "seed": 3,
+                                              "sweep": str(sweep.resolve())}
+    assert report["provenance"]["sweep"] == str(sweep.resolve())
+
+
+def test_unrenderable_figure_is_reported_not_hidden(fake_registry, tmp_path):
+    out = tmp_path / "r"
+    assert main(build_args(out, "fake-bad-figure")) == 1  # claim passes, figure missing -> 1
+    entry = strict_load(out / "claims.json")["claims"][0]
+    assert len(entry["figures"]) == 1 and "x has 3 points but y has 2" in entry["figure_errors"][0]
+    assert "figure not rendered" in (out / "index.html").read_text(encoding="utf-8")
+
+
+def test_progress_lines_name_claim_and_its_messages(fake_registry, tmp_path, capsys):
+    cfg = BuildConfig(profile="tiny", out=str(tmp_path / "r"), only=("fake-plain", "fake-fail"))
+    report_build.build(cfg, stream=sys.stderr)
+    err = capsys.readouterr().err
+    assert "[1/2] fake-plain" in err and "[2/2] fake-fail" in err
+    assert "fake step 2 of 2" in err and "pass in" in err
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_interrupted_build_leaves_previous_report(fake_registry, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(build_args(out, "fake-plain")) == 0
+    before = _snapshot(out)
+    assert main(build_args(out, "fake-fail,fake-interrupt")) == 130
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no temporary directory left
+    assert "previous report" in capsys.readouterr().err
+
+
+SLOW_CLAIM_SCRIPT = """
+import sys, time, types
+import claims
+from claims.base import ClaimResult
+module = types.ModuleType("slow_fake_claims")
+def slow(profile, device, seed, progress, sweep):
+    progress("sleeping", 0.1)
+    time.sleep(120)
+module.slow = slow
+sys.modules[module.__name__] = module
+claims.REGISTRY = {"slow": "slow_fake_claims:slow"}
+from reports.build import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_terminated_process_leaves_previous_report(fake_registry, tmp_path):
+    """A real SIGTERM to a real build process mid-claim: exit 130, previous report intact,
+    no temporary directory left."""
+    out = tmp_path / "r"
+    assert main(build_args(out, "fake-plain")) == 0
+    before = _snapshot(out)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_CLAIM_SCRIPT, "--profile", "tiny", "--out", str(out),
+                             "--no-progress"], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, proc.kill)  # never hang the suite
+    watchdog.start()
+    try:
+        for line in proc.stderr:
+            if "[1/1] slow" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.wait()
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_failed_write_leaves_previous_report(fake_registry, tmp_path, monkeypatch):
+    out = tmp_path / "r"
+    assert main(build_args(out, "fake-plain")) == 0
+    before = _snapshot(out)
+
+    def broken_render(report, pngs):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(report_render, "render_html", broken_render)
+    with pytest.raises(OSError, match="disk full"):
+        main(build_args(out, "fake-fail"))
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_rebuild_replaces_whole_report(fake_registry, tmp_path):
+    out = tmp_path / "r"
+    assert main(build_args(out, "fake-bad-figure")) == 1
+    (out / "stale.txt").write_text("from an older report")
+    assert main(build_args(out, "fake-fail")) == 1
+    assert not (out / "stale.txt").exists() and not list(out.glob("figures/*.png"))
+    assert [c["id"] for c in strict_load(out / "claims.json")["claims"]] == ["fake-fail"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--only", "no-such-claim"], "unknown claim id"),
+    (["--only", ","], "at least one claim id"),
+    (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+    (["--seed", "-1"], "--seed must be an integer"),
+    (["--from-sweep", "/nonexistent/sweep/dir"], "no such directory"),
+    (["--from-sweep", "{tmp}"], "not a numerics.sweep output directory"),
+])
+def test_bad_arguments_exit_2(fake_registry, tmp_path, capsys, args, message):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert main(["--out", str(tmp_path / "r"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_cuda_without_gpu_exits_2(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert main(["--out", str(tmp_path / "r"), "--device", "cuda"]) == 2
+    assert "no CUDA device is available" in capsys.readouterr().err
+
+
+def test_out_that_is_not_a_report_is_never_replaced(tmp_path, capsys):
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    assert main(["--out", str(foreign)]) == 2
+    assert "not a previous report" in capsys.readouterr().err
+    assert (foreign / "thesis.tex").read_text() == "precious"
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert main(["--out", str(a_file)]) == 2
+
+
+def test_argparse_errors_exit_2_from_the_command_line(tmp_path):
+    # The real entry point, as a user types it: an unknown profile is argparse's error.
+    proc = subprocess.run([sys.executable, "-m", "reports.build", "--profile", "huge", "--out",
+                           str(tmp_path / "r")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "invalid choice: 'huge'" in proc.stderr
+    help_text = subprocess.run([sys.executable, "-m", "reports.build", "--help"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=120).stdout
+    for flag in ("--profile", "--out", "--device", "--seed", "--only", "--from-sweep", "tiny", "quick", "paper"):
+        assert flag in help_text
+
+
+# --------------------------------------------------------------------------- rendering, schema
+
+
+def test_every_figure_kind_renders_from_its_json_form(fake_report):
+    """The Figure objects are drawn in the fake report; here the same figures are drawn again
+    from their claims.json form (non-finite values as strings), so a report can be redrawn
+    from the JSON file alone."""
+    out, _, _ = fake_report
+    figure_data = strict_load(out / "claims.json")["claims"][0]["figure_data"]
+    assert {f["kind"] for f in figure_data} == set(report_render.FIGURE_KINDS)
+    assert "nan" in figure_data[2]["matrix"][0]
+    for data in figure_data:
+        assert report_render.figure_png(data)[:8] == PNG_MAGIC
+
+
+@pytest.mark.parametrize("figure, message", [
+    (Figure(name="f", title="t", kind="pie"), "kind must be one of"),
+    (Figure(name="f", title="t", series=[Series("s", [1.0], [1.0], "wiggly")]), "style must be one of"),
+    (Figure(name="f", title="t", xscale="logit"), "xscale/yscale must be one of"),
+    (Figure(name="f", title="t", kind="heatmap", matrix=[[1.0, 2.0], [3.0]]), "different lengths"),
+    (Figure(name="f", title="t", kind="heatmap", matrix=[[1.0]], row_labels=["a", "b"]), "2 row labels for 1 rows"),
+    (Figure(name="f", title="t", kind="panels"), "non-empty 'panels'"),
+    (Figure(name="f", title="t", spans=[{"x0": 1}]), "needs keys 'x0', 'x1'"),
+])
+def test_bad_figures_are_refused_with_a_reason(figure, message):
+    with pytest.raises(report_render.RenderError, match=message):
+        report_render.figure_png(figure)
+
+
+def test_check_report_rejects_broken_reports(fake_report, tmp_path):
+    good, _, _ = fake_report
+    assert check_report(good) == []
+
+    def broken(name: str, edit) -> list[str]:
+        copy = tmp_path / name
+        shutil.copytree(good, copy)
+        edit(copy)
+        return check_report(copy)
+
+    def edit_json(change):
+        def edit(d: Path):
+            report = json.loads((d / "claims.json").read_text())
+            change(report)
+            (d / "claims.json").write_text(json.dumps(report))
+        return edit
+
+    assert broken("nan", lambda d: (d / "claims.json").write_text(
+        (d / "claims.json").read_text().replace('"nan"', "NaN")))
+    assert broken("verdict", edit_json(lambda r: r["claims"][0].update(verdict="passed")))
+    assert broken("missing", edit_json(lambda r: r["claims"][1].pop("tolerance")))
+    assert broken("dup", edit_json(lambda r: r["claims"].append(r["claims"][0])))
+    assert broken("prov", edit_json(lambda r: r["provenance"]["versions"].pop("torch")))
+    assert broken("png", lambda d: next((d / "figures").glob("*.png")).unlink())
+    assert broken("html", lambda d: (d / "index.html").write_text(
+        (d / "index.html").read_text().replace("id='claim-fake-raise'", "")))
+    assert broken("remote", lambda d: (d / "index.html").write_text(
+        (d / "index.html").read_text() + '<script src="https://cdn.example/x.js"></script>'))
+
+
+json_leaves = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
+                        st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
+json_values = st.recursive(json_leaves, lambda inner: st.one_of(
+    st.lists(inner, max_size=5), st.dictionaries(st.text(min_size=1, max_size=8), inner, max_size=5)),
+    max_leaves=20)
+
+
+@given(theory=st.dictionaries(st.text(min_size=1, max_size=8), json_values, max_size=5),
+       numerics=st.dictionaries(st.text(min_size=1, max_size=8), json_values, max_size=5),
+       statement=st.text(max_size=40))
+def test_any_claim_values_give_a_valid_strict_report(tmp_path_factory, theory, numerics, statement):
+    """Whatever values a claim returns (NaN, inf, nesting, markup in text), the report is strict
+    JSON, satisfies its schema and escapes text in the page."""
+    result = ClaimResult(id="c<1>", title="<b>t</b>", statement=statement + "<script>", verdict="fail",
+                         theory=theory, numerics=numerics, details={"nested": {"x": theory}})
+    entries, pngs = report_build.render_results([result])
+    prov = report_build.provenance(BuildConfig(profile="tiny"), [result], "2024-01-01T00:00:00+00:00",
+                                   0.0, ["python"])
+    out = tmp_path_factory.mktemp("prop") / "r"
+    report_build.write_report(out, {"claims": entries, "provenance": prov}, pngs)
+    assert check_report(out) == []
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "<script>" not in page and "&lt;b&gt;t&lt;/b&gt;" in page
+
+
+# --------------------------------------------------------------------------- the real registry
+
+
+def test_real_registry_tiny_end_to_end(tmp_path):
+    """The real claims at profile tiny: every registry id has a section and a valid entry
+    (claims not written yet show up as verdict "error" with their traceback)."""
+    out = tmp_path / "report"
+    status = main(["--profile", "tiny", "--out", str(out), "--no-progress"])
+    assert check_report(out) == []
+    report = strict_load(out / "claims.json")
+    assert [c["id"] for c in report["claims"]] == list(claims.REGISTRY)
+    page = (out / "index.html").read_text(encoding="utf-8")
+    for claim_id in claims.REGISTRY:
+        assert f"id='claim-{claim_id}'" in page
+    assert status == (0 if all(c["verdict"] == "pass" and not c["figure_errors"] for c in report["claims"]) else 1)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report")]

@@ -1,0 +1,87 @@
+"""Input checks shared by the theory modules: clear errors that say what is wrong and how
+to fix it."""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+
+def check_tasks(tasks) -> tuple[int, ...]:
+    """Return ``tasks`` as a tuple of positive ints, or raise ValueError/TypeError."""
+    if isinstance(tasks, (str, bytes)) or not hasattr(tasks, "__iter__"):
+        raise TypeError(f"tasks must be a sequence of positive integers (block sizes r_i), got {tasks!r}")
+    out = []
+    for r in tasks:
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral):
+            if isinstance(r, numbers.Real) and float(r).is_integer():
+                r = int(r)
+            else:
+                raise TypeError(f"tasks must contain positive integers (block sizes r_i), got {r!r} in {tuple(tasks)!r}")
+        if r < 1:
+            raise ValueError(f"every block size r_i must be >= 1, got {tuple(tasks)!r}")
+        out.append(int(r))
+    if not out:
+        raise ValueError("tasks must contain at least one block size (m >= 1), got an empty sequence")
+    return tuple(out)
+
+
+def check_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
+            value = int(value)
+        else:
+            raise TypeError(f"{name} must be a positive integer, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+    return int(value)
+
+
+def check_L(L) -> float:
+    """Context length: a positive finite number (the expansion accepts non-integer L)."""
+    if isinstance(L, bool) or not isinstance(L, numbers.Real):
+        raise TypeError(f"L (context length) must be a positive number, got {L!r}")
+    if not math.isfinite(float(L)) or L <= 0:
+        raise ValueError(f"L (context length) must be positive and finite, got {L}")
+    return float(L)
+
+
+def check_sigma(sigma) -> float:
+    if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real):
+        raise TypeError(f"sigma (label noise std) must be a number >= 0, got {sigma!r}")
+    if not math.isfinite(float(sigma)) or sigma < 0:
+        raise ValueError(f"sigma (label noise std) must be finite and >= 0, got {sigma}")
+    return float(sigma)
+
+
+def check_finite_array(name: str, a, shape=None, ndim=None) -> np.ndarray:
+    try:
+        arr = np.asarray(a, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a numeric array, got {type(a).__name__}: {exc}") from None
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {arr.shape}")
+    if shape is not None and arr.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or infinite entries; pass finite values")
+    return arr
+
+
+def check_omega_mu(omega, mu, tasks) -> tuple[np.ndarray, np.ndarray]:
+    """omega, mu as (H, m) float arrays matching tasks (a 1-D array is one head)."""
+    m = len(tasks)
+    om = check_finite_array("omega", omega)
+    mu_ = check_finite_array("mu", mu)
+    if om.ndim == 1:
+        om = om[None, :]
+    if mu_.ndim == 1:
+        mu_ = mu_[None, :]
+    if om.ndim != 2 or om.shape[1] != m:
+        raise ValueError(f"omega must have shape (H, m) with m = {m} tasks, got {om.shape}")
+    if mu_.shape != om.shape:
+        raise ValueError(f"mu must have the same shape as omega {om.shape}, got {mu_.shape}")
+    if om.shape[0] < 1:
+        raise ValueError("omega must have at least one head (H >= 1)")
+    return om, mu_

@@ -1,0 +1,169 @@
+"""Claim 4: task allocation.
+
+Prediction of which head wins each task, and the allocated fixed point at finite L.
+
+Allocated point: head h(i) serves task i with (omega[h(i), i], mu[h(i), i]) = (omega*_i,
+mu*_i); every other entry is 0.  It is a fixed point of the *factored* flow (the metric
+2|omega|, 2|mu| vanishes at 0 and the gradient of the expansion w.r.t. the served entries
+vanishes there), but not of the merged flow: dL/d mu[h, j] = (2/L) mu*_j Q (r_j + sigma^2)
+!= 0 for a head h not serving j, so merged weights leave it (SPEC: superposition).
+Per task, (omega*_i, mu*_i) is the stationary point of the one-head, one-block expansion
+
+    l_i(omega, mu) = r (1 - mu omega)^2 + (2/L)(1 - mu omega) mu omega bias_kernel(omega^2, r)
+                     + (1/L) mu^2 pair_kernel(omega^2, r, sigma^2),
+
+solved by mpmath findroot from the L -> inf limit (omega = sqrt(w*), mu = 1/omega).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import mpmath as mp
+import numpy as np
+import sympy as sp
+
+from ._validate import check_L, check_omega_mu, check_sigma, check_tasks
+from .limiting_error import minimise_F
+from .reduced_ode import derive_expansion, expansion_valid, integrate_expansion_flow
+
+RULES = ("ode", "warmup_race", "largest_mu")
+
+
+@lru_cache(maxsize=None)
+def one_head_expressions():
+    """Sympy: l(omega, mu; r, L, s2) and its gradient, from the expansion's kernels."""
+    D = derive_expansion()
+    om, mu = sp.symbols("omega mu", real=True)
+    r = sp.Symbol("r", positive=True)
+    L = sp.Symbol("L", positive=True)
+    s2 = sp.Symbol("s2", nonnegative=True)
+    B = mu * om
+    bias = D.bias_kernel.subs({D.w: om ** 2, D.r: r})
+    pair = D.pair_kernel.subs({D.c: om ** 2, D.r: r, D.s2: s2})
+    loss = r * (1 - B) ** 2 + 2 / L * (1 - B) * mu * om * bias + 1 / L * mu ** 2 * pair
+    grad = [sp.diff(loss, om), sp.diff(loss, mu)]
+    hess = sp.Matrix(2, 2, lambda a, b: sp.diff(grad[a], (om, mu)[b]))
+    return {"omega": om, "mu": mu, "r": r, "L": L, "s2": s2, "loss": loss, "grad": grad, "hess": hess}
+
+
+@lru_cache(maxsize=None)
+def _one_head_mp():
+    e = one_head_expressions()
+    args = (e["omega"], e["mu"], e["r"], e["L"], e["s2"])
+    return (sp.lambdify(args, e["loss"], "mpmath"), sp.lambdify(args, e["grad"], "mpmath"),
+            sp.lambdify(args, e["hess"], "mpmath"))
+
+
+def allocated_task_point(r, L, sigma=0.0, dps=30) -> dict:
+    """(omega*, mu*) of one allocated task of block size r at finite L (mpmath, ``dps``
+    digits), with the loss there and whether it is a strict local minimum and valid."""
+    loss_f, grad_f, hess_f = _one_head_mp()
+    w_inf, _ = minimise_F(r, r, sigma)
+    with mp.workdps(dps):
+        R, LL, S2 = mp.mpf(r), mp.mpf(L), mp.mpf(sigma) ** 2
+        x0 = mp.sqrt(mp.mpf(w_inf))
+        sol = mp.findroot(lambda o, u: grad_f(o, u, R, LL, S2), (x0, 1 / x0))
+        o, u = sol[0], sol[1]
+        Hm = hess_f(o, u, R, LL, S2)
+        eig = mp.eigsy(mp.matrix(Hm))[0]
+        out = {
+            "r": int(r), "omega_star": float(o), "mu_star": float(u),
+            "loss": float(loss_f(o, u, R, LL, S2)),
+            "grad_norm": float(mp.norm(mp.matrix(grad_f(o, u, R, LL, S2)))),
+            "local_min": bool(min(eig[k] for k in range(2)) > 0),
+            "valid": bool(2 * o ** 2 < 1),
+        }
+    return out
+
+
+def allocated_fixed_point(tasks, L, sigma=0.0, dps=30) -> tuple[np.ndarray, np.ndarray]:
+    """(omega_star, mu_star), each (m,): the allocated fixed point per task at finite L,
+    solved to ``dps`` digits by mpmath findroot (see the module docstring)."""
+    tasks = check_tasks(tasks)
+    L, sigma = check_L(L), check_sigma(sigma)
+    pts = [allocated_task_point(r, L, sigma, dps) for r in tasks]
+    return np.array([p["omega_star"] for p in pts]), np.array([p["mu_star"] for p in pts])
+
+
+def allocated_loss_at_L(tasks, L, sigma=0.0) -> float:
+    """The expansion at the allocated fixed point, summed over tasks."""
+    tasks = check_tasks(tasks)
+    L, sigma = check_L(L), check_sigma(sigma)
+    return float(sum(allocated_task_point(r, L, sigma)["loss"] for r in tasks))
+
+
+def allocated_point(winners, omega_star, mu_star, heads) -> tuple[np.ndarray, np.ndarray]:
+    """(H, m) arrays of the allocated point: head winners[i] carries (omega*_i, mu*_i)."""
+    m = len(winners)
+    omega = np.zeros((heads, m))
+    mu = np.zeros((heads, m))
+    for i, h in enumerate(winners):
+        if not 0 <= h < heads:
+            raise ValueError(f"winner of task {i} is head {h}, but there are only {heads} heads")
+        omega[h, i], mu[h, i] = omega_star[i], mu_star[i]
+    return omega, mu
+
+
+def warmup_race_times(omega0, mu0, tasks, param="factored", logit_scale=1.0) -> np.ndarray:
+    """(H, m) escape times of each (head, task) pair in the warm-up, from the decoupled
+    small-weight flow (B_i << 1, 1/L terms dropped): dL/d omega = -2 r mu, dL/d mu = -2 r omega.
+
+    factored: d omega = 4 omega mu / s, d mu = 4 r omega mu, so mu - r s omega = a is
+    conserved and omega blows up at T = s ln(mu0 / (r s omega0)) / (4 a)
+    (T = 1/(4 r omega0) when a = 0); a nonpositive mu0 or omega0 never escapes (T = inf).
+    merged: d omega = 2 mu, d mu = 2 r omega, growing mode e^{2 sqrt(r) t} with amplitude
+    (sqrt(r) omega0 + mu0)/2; T = ln(1 / amplitude) / (2 sqrt r) (time to reach O(1))."""
+    tasks = check_tasks(tasks)
+    omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
+    r = np.broadcast_to(np.asarray(tasks, float), omega0.shape)
+    s = float(logit_scale)
+    T = np.full(omega0.shape, np.inf)
+    if param == "factored":
+        pos = (omega0 > 0) & (mu0 > 0)
+        a = mu0 - r * s * omega0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            Tg = s * np.log(mu0 / (r * s * omega0)) / (4.0 * a)
+        T0 = 1.0 / (4.0 * r * omega0)
+        small = np.abs(a) < 1e-12 * np.maximum(mu0, 1e-300)
+        T = np.where(pos, np.where(small, T0, Tg), np.inf)
+    elif param == "merged":
+        amp = (np.sqrt(r) * omega0 + mu0) / 2.0
+        with np.errstate(divide="ignore"):
+            T = np.where(amp > 0, np.log(1.0 / amp) / (2.0 * np.sqrt(r)), np.inf)
+    else:
+        raise ValueError(f"param must be 'merged' or 'factored', got {param!r}")
+    return T
+
+
+def predicted_winners(omega0, mu0, tasks=None, L=None, sigma=0.0, param="factored", logit_scale=1.0,
+                      rule="ode", t_end=None) -> list[int]:
+    """The head predicted to win each task, from an initialisation (omega0, mu0) (H, m).
+
+    rule="ode" (default): integrate the expansion flow (``reduced_ode``) with the metric
+      of ``param`` and return argmax_h mu[h,i] omega[h,i] (the head carrying task i's
+      prediction B_i) at t_end (default: 20 x the slowest warm-up race time, at least 60);
+      needs tasks and L.
+    rule="warmup_race": argmin_h of :func:`warmup_race_times` (first head to escape).
+    rule="largest_mu": the paper's statement, argmax_h mu0[h, i].
+    Ties go to the lowest head index."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if rule == "largest_mu":
+        _, mu0 = check_omega_mu(omega0, mu0, tasks if tasks is not None else [1] * np.shape(mu0)[-1])
+        return [int(h) for h in np.argmax(mu0, axis=0)]
+    if tasks is None:
+        raise ValueError(f"rule={rule!r} needs tasks (block sizes)")
+    tasks = check_tasks(tasks)
+    omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
+    T = warmup_race_times(omega0, mu0, tasks, param, logit_scale)
+    if rule == "warmup_race":
+        return [int(h) for h in np.argmin(T, axis=0)]
+    if L is None:
+        raise ValueError("rule='ode' needs the context length L")
+    finite = T[np.isfinite(T)]
+    if t_end is None:
+        t_end = max(60.0, 20.0 * float(finite.max()) if finite.size else 60.0)
+    traj = integrate_expansion_flow(omega0, mu0, tasks, L, sigma, param, logit_scale, t_end=t_end,
+                                    t_eval=np.array([0.0, t_end]))
+    B = traj.final_mu * traj.final_omega
+    return [int(h) for h in np.argmax(B, axis=0)]
