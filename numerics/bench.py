@@ -61,11 +61,11 @@ DTYPES = ("float32", "float64")
 class BenchConfig:
     device: str = "cpu"
     dtypes: tuple = DTYPES
-    repeats: int = 7          # timed repeats of each measurement (median, min, max)
+    repeats: int = 5          # timed repeats of the sub-second measurements (median, min, max)
     warmup: int = 2           # untimed runs first (allocator, threads, kernel caches)
     quick: bool = False       # smoke-test sizes
     seed: int = 0
-    reduced_time: float = 1.0  # gradient-flow time t of section 3 (t / lr steps)
+    reduced_time: float = 0.5  # gradient-flow time t of section 3 (t / lr steps)
     scaling_steps: int = 3    # timed steps per size in section 4
     progress: bool = True
     out: str | None = None    # JSON path
@@ -116,6 +116,27 @@ def time_repeated(fn: Callable[[], object], repeats: int, warmup: int, device: s
         sync(device)
         samples.append(time.perf_counter() - t0)
     return summary(samples)
+
+
+def time_interleaved(fns: dict, rounds: int, warmup: int, device: str) -> dict:
+    """Seconds per call of each function in ``fns``, measured in interleaved rounds: every
+    round times one call of each, in an order rotated from round to round.  On a shared
+    machine the load drifts over seconds; interleaving exposes every contender to the same
+    drift, so their ratios stay meaningful even when the absolute times are inflated.
+    A function may return a list of seconds instead of None (``TrainerSteps``): those are
+    its samples for the round (the first ``warmup`` rounds are untimed)."""
+    names = list(fns)
+    samples: dict = {k: [] for k in names}
+    for r in range(warmup + rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            sync(device)
+            t0 = time.perf_counter()
+            got = fns[k]()
+            sync(device)
+            if r >= warmup:
+                samples[k].extend(got if isinstance(got, list) else [time.perf_counter() - t0])
+    return {k: summary(v) for k, v in samples.items()}
 
 
 def _ratio_summary(slow: dict, fast: dict) -> dict:
@@ -173,7 +194,7 @@ def problem(sizes: dict, dtype: str, device: str, **over) -> ProblemConfig:
 
 def our_step(cfg: ProblemConfig, batch: int, seed: int = 0) -> Callable[[], torch.Tensor]:
     """One step of our model written out: sample a fresh batch, forward, backward, plain
-    GD update.  The trainer's own step is timed through ``train`` (``trainer_step_timing``);
+    GD update.  The trainer's own step is timed inside ``train`` (:class:`TrainerSteps`);
     this bare version isolates the step from the trainer's bookkeeping."""
     model = MultiHeadAttention(cfg)
     gen = make_generator(seed, cfg.device)
@@ -211,24 +232,61 @@ def model_only_step(cfg: ProblemConfig, batch: int, which: str = "ours",
     return lambda: gd_step(model, prompts, LR, mse_loss)
 
 
-def trainer_step_timing(cfg: ProblemConfig, batch: int, steps: int, repeats: int,
-                        warmup: int, seed: int = 0, reduced: bool = False) -> dict:
-    """Seconds per step of ``numerics.train.train`` (or ``train_reduced``) itself: each
-    repeat is one call running ``steps`` steps (t = lr * steps, 2 records), timed end to
-    end and divided by ``steps``.  Includes the trainer's per-call set-up (model
-    construction, the two records), amortised over ``steps``."""
-    run = train_reduced if reduced else train
-    tcfg = TrainConfig(lr=LR, time=LR * steps, batch=batch, seed=seed, records=2, progress=False)
-    for _ in range(warmup):
-        run(cfg, replace(tcfg, time=LR * 1))
-    samples = []
-    for _ in range(repeats):
-        sync(cfg.device)
-        t0 = time.perf_counter()
-        res = run(cfg, tcfg)
-        sync(cfg.device)
-        samples.append((time.perf_counter() - t0) / res.steps)
-    return summary(samples)
+class TrainerSteps:
+    """Seconds per step of ``numerics.train.train`` itself, from inside a real run.
+
+    Calling the object runs ``train`` (or ``train_reduced``) for ``steps`` steps and returns
+    the durations of its steps.  The trainer draws one batch per step with
+    ``numerics.train.sample_prompts``; for the duration of the run that name is wrapped to
+    record a (device-synchronised) timestamp at each call, so the interval between two
+    draws is exactly one step of the trainer: sampling, loss, divergence check, gradient,
+    update.  Intervals that contain a record (trajectory readout, at the first and last
+    step with ``records=2``) are dropped, so what remains is the step a long run repeats;
+    the per-run set-up is left out (``setup_seconds`` of the last call shows its size)."""
+
+    def __init__(self, cfg: ProblemConfig, batch: int, steps: int = 3, seed: int = 0,
+                 reduced: bool = False):
+        if steps < 3:
+            raise ValueError(f"TrainerSteps needs steps >= 3 (two are records), got {steps}")
+        self.cfg, self.reduced = cfg, reduced
+        self.tcfg = TrainConfig(lr=LR, time=LR * steps, batch=batch, seed=seed, records=2,
+                                progress=False)
+        self.setup_seconds = float("nan")
+
+    def __call__(self) -> list[float]:
+        import numerics.train as trainer
+        stamps: list[float] = []
+        original = trainer.sample_prompts
+
+        def stamped(*args, **kwargs):
+            sync(self.cfg.device)
+            stamps.append(time.perf_counter())
+            return original(*args, **kwargs)
+
+        trainer.sample_prompts = stamped
+        try:
+            t0 = time.perf_counter()
+            res = (train_reduced if self.reduced else train)(self.cfg, self.tcfg)
+        finally:
+            trainer.sample_prompts = original
+        if len(stamps) != res.steps + 1:
+            raise RuntimeError(f"expected one sample_prompts call per step ({res.steps + 1}), saw "
+                               f"{len(stamps)}: numerics.train changed, update numerics.bench.TrainerSteps")
+        self.setup_seconds = stamps[0] - t0
+        # interval k covers step k; step 0 holds the first record's readout
+        return [b - a for a, b in zip(stamps[1:-1], stamps[2:])]
+
+
+def _draws(cfg: ProblemConfig, tcfg: TrainConfig, steps: int) -> float:
+    """Seconds to draw the steps + 1 batches a run of ``steps`` steps draws (the floor under
+    any trainer on this prompt stream, full or reduced)."""
+    gen = make_generator(tcfg.seed, cfg.device)
+    sync(cfg.device)
+    t0 = time.perf_counter()
+    for _ in range(steps + 1):
+        sample_prompts(cfg, tcfg.batch, gen)
+    sync(cfg.device)
+    return time.perf_counter() - t0
 
 
 def bytes_moved(cfg: ProblemConfig, batch: int) -> dict:
@@ -289,14 +347,23 @@ def roofline(moved: dict, fl: dict, bandwidth: float, flop_rate: float,
 # peak memory
 
 
-def peak_memory(sizes: dict, dtype: str, device: str, which: str = "ours", seed: int = 0) -> dict:
-    """Peak memory one step adds on top of the model and the interpreter.
+def peak_memory(sizes: dict, dtype: str, device: str, which: str = "ours", seed: int = 0,
+                fresh_process: bool = True) -> dict:
+    """Peak memory one step (sampling, forward, backward, update) adds on top of what is
+    allocated before it (interpreter, libraries, model).
 
     CUDA: ``torch.cuda.max_memory_allocated`` over one step minus what was allocated
     before it.  CPU: tracemalloc cannot see torch's allocations, so one step runs in a
-    fresh Python process and the growth of its peak resident set (``ru_maxrss``) across
-    the step is the measurement (the process first runs the same step at batch 2, so
-    that libraries and thread pools are loaded before the baseline is read)."""
+    fresh Python process, after the same step at batch 2 (libraries and thread pools
+    loaded); the peak resident set is reset just before the step (``5`` written to
+    ``/proc/self/clear_refs``, Linux >= 4.0) and the peak (VmHWM) after it, minus the
+    resident set before it, is the measurement.  Where /proc cannot be reset the
+    ``ru_maxrss`` growth is used instead, which reads 0 if an earlier transient (imports)
+    peaked higher; ``method`` says which was used.  ``fresh_process=False`` measures in this
+    process instead (memory the allocator kept from earlier work can then be reused
+    unseen, so it may read lower; used by ``--quick``, where only the code path matters)."""
+    if not device.startswith("cuda") and not fresh_process:
+        return measure_step_memory_cpu(sizes, dtype, which, seed)
     if device.startswith("cuda"):
         cfg = problem(sizes, dtype, device)
         step = (our_step if which == "ours" else reference_step)(cfg, sizes["batch"], seed)
@@ -316,23 +383,46 @@ def peak_memory(sizes: dict, dtype: str, device: str, which: str = "ours", seed:
                            "_peak_memory_child as f; f(sys.argv[1])", payload],
                           capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
-        raise RuntimeError(f"peak-memory subprocess failed ({which}, {dtype}):\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"peak-memory subprocess failed ({which}, {dtype}, {sizes}):\n"
+                           f"{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _proc_status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def measure_step_memory_cpu(sizes: dict, dtype: str, which: str = "ours", seed: int = 0) -> dict:
+    """Peak resident-set growth over one step in this process (see :func:`peak_memory`)."""
+    import gc
+    cfg = problem(sizes, dtype, "cpu")
+    make = our_step if which == "ours" else reference_step
+    make(cfg, 2, seed)()                              # load libraries, start thread pools
+    step = make(cfg, sizes["batch"], seed)
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                              # reset the peak resident set (VmHWM)
+        before = _proc_status_kib("VmRSS")
+        step()
+        peak, method = _proc_status_kib("VmHWM"), "VmHWM after a /proc/self/clear_refs reset"
+    except OSError:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB on Linux
+        step()
+        peak, method = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss growth"
+    return {"bytes": int(peak - before) * 1024, "baseline_bytes": int(before) * 1024,
+            "method": method}
 
 
 def _peak_memory_child(payload: str) -> None:
     args = json.loads(payload)
-    sizes = args["sizes"]
-    cfg = problem(sizes, args["dtype"], "cpu")
-    make = our_step if args["which"] == "ours" else reference_step
-    make(cfg, 2, args["seed"])()                      # load libraries, start thread pools
-    step = make(cfg, sizes["batch"], args["seed"])
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    step()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports ru_maxrss in KiB
-    print(json.dumps({"bytes": int(after - before) * 1024, "baseline_bytes": int(before) * 1024,
-                      "method": "ru_maxrss delta in a fresh process"}))
+    res = measure_step_memory_cpu(args["sizes"], args["dtype"], args["which"], args["seed"])
+    res["method"] += ", fresh process"
+    print(json.dumps(res))
 
 
 # ---------------------------------------------------------------------------------------
@@ -363,14 +453,19 @@ def run_bench(bc: BenchConfig) -> dict:
     main = SMOKE if bc.quick else QUICK
     paper = SMOKE if bc.quick else PAPER
     reps, warm = bc.repeats, bc.warmup
-    slow_reps = max(1, min(reps, 3)) if bc.quick else max(3, reps // 2)   # the seconds-long runs
+    slow_reps = 1 if bc.quick else max(3, reps // 2)   # rounds of the seconds-long runs
     out: dict = {"meta": _meta(bc, precision), "configs": {
         "quick": {**main, "param": "factored"}, "paper": {**paper, "param": "factored"},
         "lr": LR}}
     bar = _bar(bc)
+    marks: list = []
+
+    def phase(name: str) -> None:   # progress bar label, and the wall time of each part
+        marks.append((name, time.perf_counter()))
+        bar.set_description(name)
 
     # -- machine limits ----------------------------------------------------------------
-    bar.set_description("probes")
+    phase("probes")
     probes = {"bandwidth": memory_bandwidth(dev, (4 if bc.quick else 256) * 2**20, reps)}
     for dt in bc.dtypes:
         n = 128 if bc.quick else (8192 if dev.startswith("cuda") else 1536)
@@ -381,47 +476,54 @@ def run_bench(bc: BenchConfig) -> dict:
     # -- 1. ours against the reference; 2. roofline ------------------------------------
     out["step"], out["roofline"] = {}, {}
     for dt in bc.dtypes:
-        bar.set_description(f"step {dt}")
+        phase(f"step {dt}")
         cfg = problem(main, dt, dev)
         B = main["batch"]
-        trainer = trainer_step_timing(cfg, B, steps=2 if bc.quick else 5, repeats=slow_reps,
-                                      warmup=min(warm, 1), seed=bc.seed)
-        bare = time_repeated(our_step(cfg, B, bc.seed), reps, warm, dev)
-        sampling = time_repeated(sampling_only(cfg, B, bc.seed), reps, warm, dev)
-        model = time_repeated(model_only_step(cfg, B, "ours", bc.seed), reps, warm, dev)
-        ref = time_repeated(reference_step(cfg, B, bc.seed), slow_reps, min(warm, 1), dev)
-        ref_model = time_repeated(model_only_step(cfg, B, "reference", bc.seed), slow_reps,
-                                  min(warm, 1), dev)
-        ratio = _ratio_summary(ref, trainer)
+        trainer = TrainerSteps(cfg, B, steps=3, seed=bc.seed)   # 2 timed steps per round
+        t = time_interleaved({
+            "trainer": trainer,
+            "reference": reference_step(cfg, B, bc.seed),
+            "bare_step": our_step(cfg, B, bc.seed),
+            "sampling": sampling_only(cfg, B, bc.seed),
+            "model_only": model_only_step(cfg, B, "ours", bc.seed),
+            "reference_model_only": model_only_step(cfg, B, "reference", bc.seed),
+        }, reps, min(warm, 1), dev)
+        ratio = _ratio_summary(t["reference"], t["trainer"])
         out["step"][dt] = {
-            "trainer_seconds": trainer, "bare_step_seconds": bare,
-            "sampling_seconds": sampling, "model_only_seconds": model,
-            "reference_seconds": ref, "reference_model_only_seconds": ref_model,
+            "trainer_seconds": t["trainer"], "trainer_setup_seconds": trainer.setup_seconds,
+            "bare_step_seconds": t["bare_step"], "sampling_seconds": t["sampling"],
+            "model_only_seconds": t["model_only"], "reference_seconds": t["reference"],
+            "reference_model_only_seconds": t["reference_model_only"],
             "ratio_reference_over_trainer": ratio,
-            "ratio_reference_over_bare_step": _ratio_summary(ref, bare),
-            "ratio_model_only": _ratio_summary(ref_model, model),
-            # the shared sampling caps the full-step ratio at reference / sampling
-            "ratio_cap_from_sampling": ref["median"] / sampling["median"],
-            "sampling_share_of_bare_step": sampling["median"] / bare["median"],
+            "ratio_reference_over_bare_step": _ratio_summary(t["reference"], t["bare_step"]),
+            "ratio_model_only": _ratio_summary(t["reference_model_only"], t["model_only"]),
+            # the sampling both share caps the full-step ratio at reference / sampling
+            "ratio_cap_from_sampling": t["reference"]["median"] / t["sampling"]["median"],
+            "sampling_share_of_bare_step": t["sampling"]["median"] / t["bare_step"]["median"],
             "target_ratio": 10.0, "meets_target": ratio["median"] >= 10.0,
         }
         out["roofline"][dt] = roofline(
             bytes_moved(cfg, B), flops(cfg, B), probes["bandwidth"]["copy_bytes_per_s"]["median"],
-            probes[dt]["matmul"]["flop_per_s"]["median"], trainer["median"], model["median"])
+            probes[dt]["matmul"]["flop_per_s"]["median"], t["trainer"]["median"],
+            t["model_only"]["median"])
         bar.update(1)
 
     # -- 3. reduced ODE against full gradient flow -----------------------------------------
-    out["reduced_vs_full"] = {"time_t": bc.reduced_time, "lr": LR,
-                              "steps": round(bc.reduced_time / LR), "batch": main["batch"]}
+    steps = max(1, round(bc.reduced_time / LR))
+    out["reduced_vs_full"] = {"time_t": bc.reduced_time, "lr": LR, "steps": steps,
+                              "batch": main["batch"]}
     for dt in bc.dtypes:
-        bar.set_description(f"reduced vs full {dt}")
+        phase(f"reduced vs full {dt}")
         cfg = problem(main, dt, dev)
         tcfg = TrainConfig(lr=LR, time=bc.reduced_time, batch=main["batch"], seed=bc.seed,
                            records=2, progress=False)
-        full = time_repeated(lambda: train(cfg, tcfg), slow_reps, 0, dev)
-        red = time_repeated(lambda: train_reduced(cfg, tcfg), slow_reps, 0, dev)
-        out["reduced_vs_full"][dt] = {"full_seconds": full, "reduced_seconds": red,
-                                      "speedup": _ratio_summary(full, red)}
+        t = time_interleaved({"full": lambda: train(cfg, tcfg),
+                              "reduced": lambda: train_reduced(cfg, tcfg),
+                              "sampling_only": lambda: [_draws(cfg, tcfg, steps)]},
+                             slow_reps, 0, dev)
+        out["reduced_vs_full"][dt] = {
+            "full_seconds": t["full"], "reduced_seconds": t["reduced"],
+            "sampling_seconds": t["sampling_only"], "speedup": _ratio_summary(t["full"], t["reduced"])}
         bar.update(1)
 
     # -- 4. scaling --------------------------------------------------------------------
@@ -429,8 +531,8 @@ def run_bench(bc: BenchConfig) -> dict:
     dt = bc.dtypes[0]
     scaling: dict = {"dtype": dt, "base": grid["base"], "step": "bare step (sampling included)"}
     for axis in ("L", "r", "heads", "batch"):
-        bar.set_description(f"scaling {axis}")
-        xs, ts = [], []
+        phase(f"scaling {axis}")
+        fns, xs = {}, []
         for v in grid[axis]:
             sizes = dict(grid["base"])
             if axis == "r":
@@ -438,23 +540,24 @@ def run_bench(bc: BenchConfig) -> dict:
             else:
                 sizes[axis] = v
             cfg = problem(sizes, dt, dev)
-            t = time_repeated(our_step(cfg, sizes["batch"], bc.seed), bc.scaling_steps,
-                              min(warm, 1), dev)
-            xs.append(cfg.d if axis == "r" else v)
-            ts.append(t)
+            x = cfg.d if axis == "r" else v
+            fns[x] = our_step(cfg, sizes["batch"], bc.seed)
+            xs.append(x)
+        t = time_interleaved(fns, bc.scaling_steps, min(warm, 1), dev)
+        ts = [t[x] for x in xs]
         name = "d" if axis == "r" else axis
         scaling[name] = {"sizes": xs, "seconds": ts,
-                         "exponent": fit_exponent(xs, [t["median"] for t in ts])}
+                         "exponent": fit_exponent(xs, [s["median"] for s in ts])}
         bar.update(1)
     out["scaling"] = scaling
 
     # -- 5. peak memory -------------------------------------------------------------------
-    bar.set_description("peak memory")
+    phase("peak memory")
     mem: dict = {}
     for dt in bc.dtypes:
         if bc.quick:   # one fresh-process measurement exercises the path; sizes are tiny
             if dt == bc.dtypes[0]:
-                mem[dt] = {"ours_quick": peak_memory(main, dt, dev, "ours", bc.seed)}
+                mem[dt] = {"ours_quick": peak_memory(main, dt, dev, "ours", bc.seed, fresh_process=False)}
             continue
         mem[dt] = {"ours_quick": peak_memory(main, dt, dev, "ours", bc.seed),
                    "reference_quick": peak_memory(main, dt, dev, "reference", bc.seed),
@@ -466,6 +569,8 @@ def run_bench(bc: BenchConfig) -> dict:
     bar.update(1)
     bar.close()
 
+    marks.append(("end", time.perf_counter()))
+    out["meta"]["section_seconds"] = {a[0]: b[1] - a[1] for a, b in zip(marks, marks[1:])}
     out["meta"]["loadavg_end"] = list(os.getloadavg())
     out["meta"]["seconds"] = time.perf_counter() - t_start
     return out
@@ -565,16 +670,18 @@ def parse_args(argv=None) -> BenchConfig:
     p.add_argument("--dtype", default=",".join(DTYPES),
                    help="comma-separated dtypes to time: float32, float64 (default both); the "
                         "scaling section uses the first")
-    p.add_argument("--repeats", type=int, default=7,
-                   help="timed repeats per measurement; medians, min and max are reported (default 7)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed repeats of each sub-second measurement (the seconds-long ones, the "
+                        "reference and whole training runs, use max(3, repeats // 2)); medians, min "
+                        "and max are reported (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed warm-up runs before timing (default 2)")
     p.add_argument("--out", default=None, help="write the results as JSON to this path")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: tiny sizes, every code path in seconds; numbers are meaningless")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt stream (default 0)")
-    p.add_argument("--reduced-time", type=float, default=1.0,
-                   help="gradient-flow time t of the reduced-vs-full comparison (default 1.0, "
-                        "i.e. t/0.05 = 20 steps)")
+    p.add_argument("--reduced-time", type=float, default=0.5,
+                   help="gradient-flow time t of the reduced-vs-full comparison (default 0.5, "
+                        "i.e. t / lr = 10 steps of lr = 0.05)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     dtypes = tuple(s.strip() for s in a.dtype.split(",") if s.strip())

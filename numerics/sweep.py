@@ -39,6 +39,7 @@ import ast
 import concurrent.futures as cf
 import dataclasses
 import datetime
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -155,7 +156,7 @@ def _flatten_ranges(table: dict, where: str, problem: dict, train: dict) -> list
     return out
 
 
-def _check_range(where: str, name: str, values: Any, problem: dict) -> list:
+def _check_range(where: str, name: str, values: Any, problem: dict, unique: bool = True) -> list:
     if not isinstance(values, list) or not values:
         raise ValueError(f"{where}: the range of {name} must be a non-empty list of values, got {values!r} "
                          f"(a fixed value belongs in [problem] or [train])")
@@ -165,7 +166,7 @@ def _check_range(where: str, name: str, values: Any, problem: dict) -> list:
             raise ValueError(f"{where}: {name} takes a list per point, so its range is a list of lists, "
                              f"e.g. {name} = [[3, 3], [4, 4]]; got {values!r}")
     canon = [json.dumps(v, sort_keys=True) for v in values]
-    if len(set(canon)) != len(canon):
+    if unique and len(set(canon)) != len(canon):
         raise ValueError(f"{where}: the range of {name} repeats a value: {values!r}")
     return values
 
@@ -244,11 +245,14 @@ def expand_grid(spec: dict) -> list[dict]:
             raise ValueError(f"grid: {where} is empty")
         for target, values in entries:
             claim(target, where)
-            _check_range(where, target[1], values, problem_fields)
+            _check_range(where, target[1], values, problem_fields, unique=False)  # (4,4) with 1 and 2 heads
         lengths = {target[1]: len(values) for target, values in entries}
         if len(set(lengths.values())) != 1:
             raise ValueError(f"grid: the ranges of {where} are taken together, so they need equal lengths; got {lengths}")
-        factors.append(([t for t, _ in entries], list(zip(*[values for _, values in entries]))))
+        rows = list(zip(*[values for _, values in entries]))
+        if len({json.dumps(row, sort_keys=True) for row in rows}) != len(rows):
+            raise ValueError(f"grid: {where} repeats a row: {rows}")
+        factors.append(([t for t, _ in entries], rows))
 
     points = []
     for combo in itertools.product(*[values for _, values in factors]):
@@ -419,9 +423,14 @@ def train_point(point: dict) -> dict:
 
 
 def _fn_name(fn: Union[str, PointFn]) -> str:
+    """``module:qualname`` of a point function; a ``functools.partial`` adds its bound
+    arguments (they change what the function computes, hence the point ids)."""
     if isinstance(fn, str):
         return fn
-    return f"{fn.__module__}:{fn.__qualname__}"
+    if isinstance(fn, functools.partial):
+        return f"{_fn_name(fn.func)}(*{fn.args!r}, **{fn.keywords!r})"
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{getattr(fn, '__module__', type(fn).__module__)}:{qualname}"
 
 
 def resolve_point_fn(fn: Union[None, str, PointFn]) -> PointFn:
@@ -551,6 +560,33 @@ def load_results(out_dir: Union[str, Path]) -> list[dict]:
     return records
 
 
+def select_results(records: list[dict], model: Optional[str] = None, include_failed: bool = False,
+                   **fields_) -> list[dict]:
+    """The records of :func:`load_results` whose point matches, one per distinct point.
+
+    ``model``: ``"full"``/``"reduced"``; ``fields_``: ProblemConfig or TrainConfig field
+    values (``heads=3``, ``L=128``, ``tasks=[4, 4, 4]``, ``seed=0``). Failed points are left
+    out unless ``include_failed``. A directory that several code versions wrote to holds
+    one record per (point, code version): the most recently finished one is kept."""
+    def matches(point: dict) -> bool:
+        if model is not None and point.get("model") != model:
+            return False
+        for name, want in fields_.items():
+            section = point["problem"] if name in point.get("problem", {}) else point.get("train", {})
+            if name not in section or section[name] != _canonical(want, ""):  # tuples as lists; 0 == 0.0
+                return False
+        return True
+
+    latest: dict[str, dict] = {}
+    for record in records:
+        if (record.get("error") and not include_failed) or not matches(record["point"]):
+            continue
+        key = _canonical_json(record["point"])
+        if key not in latest or record.get("finished_at", "") >= latest[key].get("finished_at", ""):
+            latest[key] = record
+    return list(latest.values())
+
+
 # ----------------------------------------------------------------------------- running
 
 @dataclass
@@ -568,6 +604,7 @@ class SweepSummary:
     duplicates: int = 0
     worker_deaths: Optional[int] = 0  # None on Dask: its scheduler resubmits lost tasks itself
     interrupted: bool = False
+    point_seconds: float = 0.0  # sum of the points' own wall times: work / (wall * workers) = efficiency
     scheduler: str = "pool"
     workers: Optional[int] = None
     code_version: str = ""
@@ -606,6 +643,7 @@ class _Sink:
         self.out, self.run_token, self.code, self.fn_name, self.bar = out, run_token, code, fn_name, bar
         self.retries = retries
         self.done = self.failed = self.deaths = 0
+        self.point_seconds = 0.0
         self.failed_ids: list[str] = []
 
     def log(self, event: str, **fields_) -> None:
@@ -621,6 +659,7 @@ class _Sink:
                   "worker_deaths": item.deaths, "code_version": self.code, "point_fn": self.fn_name,
                   "finished_at": _utc_now()}
         write_json_atomic(self.out / "points" / f"{item.id}.json", record)
+        self.point_seconds += out.get("wall_seconds") or 0.0
         self.log(status, id=item.id, worker=out.get("worker"))
         if status == "done":
             self.done += 1
@@ -630,14 +669,17 @@ class _Sink:
         self.bar.update(1)
         self.bar.set_postfix(failed=self.failed, refresh=False)
 
-    def died(self, item: _Item, charged: bool) -> None:
+    def died(self, items: list[_Item], charged: bool) -> None:
+        """One worker death; ``items`` were in flight (the culprit among them if not charged)."""
         self.deaths += 1
-        self.log("worker_died", id=item.id, charged=charged, deaths=item.deaths)
+        self.log("worker_died", ids=[item.id for item in items], charged=charged,
+                 deaths=[item.deaths for item in items])
 
-    def death_failure(self, item: _Item, detail: str) -> dict:
+    def death_failure(self, item: _Item, detail: str, retries: Optional[int] = None) -> dict:
+        retries = self.retries if retries is None else retries
         return {"result": None, "traceback": None, "worker": None, "wall_seconds": None,
                 "error": f"WorkerDied: the worker process died while running this point {detail} "
-                         f"(killed, crashed or out of memory); gave up after retries={self.retries}"}
+                         f"(killed, crashed or out of memory); gave up after {retries} retries"}
 
 
 def _mp_context():
@@ -713,15 +755,20 @@ def _run_pool(items: list[_Item], fn, code: str, workers: int, retries: int, sin
                 if len(broken) == 1:
                     item = broken[0]
                     item.deaths += 1
-                    sink.died(item, charged=True)
+                    sink.died(broken, charged=True)
                     if item.deaths > retries:
                         sink.record(item, sink.death_failure(item, f"{item.deaths} times"))
                     else:
                         suspects.append(item)
                 else:
-                    for item in broken:
-                        sink.died(item, charged=False)
+                    sink.died(broken, charged=False)
                     suspects.extend(broken)
+    except BaseException:
+        # interrupted (Ctrl-C, SIGTERM): stop the points in flight now rather than let the
+        # interpreter wait for them at exit; the executor has no public way to (before 3.14)
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()
+        raise
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
@@ -733,13 +780,11 @@ def _run_dask(items: list[_Item], fn, code: str, scheduler: str, workers: Option
     For ``local`` we set that to ``retries`` (and worker-saturation 1.0, so no task waits
     queued on a worker and only the running one is blamed for its death); a remote
     scheduler keeps its own setting."""
-    try:
-        import dask
-        import distributed
-        from distributed import Client, LocalCluster, as_completed
-    except ImportError:
-        raise RuntimeError(f"scheduler={scheduler!r} needs dask.distributed, an optional extra: "
-                           f"pip install -e .[dask] (or run with no scheduler: a local process pool)") from None
+    _require_dask(scheduler)
+    import dask
+    import distributed
+    from distributed import Client, LocalCluster, as_completed
+
     cluster = None
     if scheduler == "local":
         with dask.config.set({"distributed.scheduler.allowed-failures": retries,
@@ -752,6 +797,7 @@ def _run_dask(items: list[_Item], fn, code: str, scheduler: str, workers: Option
             client = Client(scheduler, timeout="30s")
         except OSError as exc:
             raise RuntimeError(f"cannot reach the Dask scheduler at {scheduler!r}: {exc}") from None
+    futures: dict = {}
     try:
         futures = {client.submit(execute_point, item.point, fn, code, key=f"sweep-point-{item.id}-{sink.run_token}",
                                  pure=False): item for item in items}
@@ -759,19 +805,34 @@ def _run_dask(items: list[_Item], fn, code: str, scheduler: str, workers: Option
             item = futures[future]
             if future.status == "finished":
                 sink.record(item, future.result())
+                future.release()
                 continue
-            exc = future.exception()
+            exc = future.exception() if future.status == "error" else RuntimeError(
+                f"the Dask future ended as {future.status!r} (scheduler restarted or task cancelled)")
             if isinstance(exc, distributed.KilledWorker):
-                item.deaths = retries + 1
-                sink.record(item, sink.death_failure(item, f"on {retries + 1} workers (Dask KilledWorker)"))
+                allowed = exc.args[2] if len(exc.args) > 2 and isinstance(exc.args[2], int) else retries
+                item.deaths = allowed + 1
+                sink.record(item, sink.death_failure(item, f"on {allowed + 1} Dask workers (KilledWorker)", allowed))
             else:
                 sink.record(item, {"result": None, "error": f"{type(exc).__name__}: {exc}", "traceback": None,
                                    "worker": None, "wall_seconds": None})
             future.release()
+    except BaseException:
+        client.cancel(list(futures))  # a remote cluster would otherwise go on computing them
+        raise
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _require_dask(scheduler: str) -> None:
+    try:
+        import dask  # noqa: F401
+        import distributed  # noqa: F401
+    except ImportError:
+        raise RuntimeError(f"scheduler={scheduler!r} needs dask.distributed, an optional extra: "
+                           f"pip install -e .[dask] (or run with no scheduler: a local process pool)") from None
 
 
 def _check_scheduler(scheduler: Optional[str]) -> str:
@@ -827,10 +888,14 @@ def run_grid(points: list[dict], out_dir: Union[str, Path], scheduler: Optional[
         raise ValueError(f"retries must be a non-negative integer, got {retries!r}")
     if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
         raise TypeError("points must be a list of point dicts (see expand_grid)")
-    if workers is None and mode in ("pool", "local"):
+    if mode == "serial":
+        workers = 1
+    elif workers is None and mode in ("pool", "local"):
         workers = os.cpu_count() or 1
     fn_name = _fn_name(point_fn) if point_fn is not None else DEFAULT_POINT_FN
     resolve_point_fn(point_fn)  # fail now, not in every worker, when it cannot be found
+    if mode not in ("serial", "pool"):
+        _require_dask(mode)
 
     t0 = time.perf_counter()
     out = Path(out_dir)
@@ -890,7 +955,7 @@ def run_grid(points: list[dict], out_dir: Union[str, Path], scheduler: Optional[
                            wall_seconds=time.perf_counter() - t0, ids=ids, skipped_failed=skipped_failed,
                            duplicates=len(points) - len(items),
                            worker_deaths=None if mode not in ("serial", "pool") else sink.deaths,
-                           interrupted=interrupted, scheduler=mode, workers=workers, code_version=code,
+                           interrupted=interrupted, point_seconds=sink.point_seconds, scheduler=mode, workers=workers, code_version=code,
                            failed_ids=sink.failed_ids)
     write_json_atomic(out / "summary.json", {**summary.to_dict(), "finished_at": _utc_now(),
                                              "code_sources": [p.relative_to(REPO_ROOT).as_posix() for p in code_sources()]})

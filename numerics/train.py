@@ -130,6 +130,7 @@ class TrainResult:
     steps: int
     model: str = "full"        # "full" (train) or "reduced" (train_reduced)
     losses: Optional[np.ndarray] = field(default=None, repr=False)  # per-step batch losses (steps,)
+    cpu_seconds: float = 0.0   # process CPU time (all threads) of this invocation's steps
 
     def to_dict(self) -> dict:
         """The JSON schema of the CLI (docs/numerics.md)."""
@@ -147,6 +148,7 @@ class TrainResult:
             "loss": self.loss,
             "wall_seconds": self.wall_seconds,
             "seconds_per_step": self.wall_seconds / max(self.steps, 1),
+            "cpu_seconds": self.cpu_seconds,
         }
 
 
@@ -162,6 +164,9 @@ def _atomic_write(path: str, write) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)       # mkstemp makes 0600; give the file normal permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -270,30 +275,33 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool) -> TrainResult:
                     f"(init_scale = {cfg.init_scale:g})")
         checked = upto + 1
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     bar = tqdm(total=n_steps, initial=start, disable=not tcfg.progress, desc=f"{kind} GD", unit="step")
-    for step in range(start, n_steps + 1):
-        if ckpt_path is not None and step > start and step % tcfg.checkpoint_every == 0:
-            check_divergence(step - 1)
-            save_checkpoint(step, wall_before + time.perf_counter() - t0)
-        prompts = fixed if fixed is not None else sample_prompts(cfg, tcfg.batch, gen, tcfg.symmetrize)
-        loss = loss_fn(prompts)
-        losses[step] = loss.detach()
-        if step in record_at or step % check_every == 0 or step == n_steps:
-            check_divergence(step)
-        if step in record_at:
-            om, m_, res = readout()
-            trajectory.append(Record(t=step * lr, loss=float(losses[step]), omega=om.tolist(),
-                                     mu=m_.tolist(), residual=float(res)))
-            bar.set_postfix(t=f"{step * lr:.3g}", loss=f"{float(losses[step]):.4g}")
-        if step == n_steps:
-            break
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            update(grads)
-        bar.update(1)
-    bar.close()
+    try:
+        for step in range(start, n_steps + 1):
+            if ckpt_path is not None and step > start and step % tcfg.checkpoint_every == 0:
+                check_divergence(step - 1)
+                save_checkpoint(step, wall_before + time.perf_counter() - t0)
+            prompts = fixed if fixed is not None else sample_prompts(cfg, tcfg.batch, gen, tcfg.symmetrize)
+            loss = loss_fn(prompts)
+            losses[step] = loss.detach()
+            if step in record_at or step % check_every == 0 or step == n_steps:
+                check_divergence(step)
+            if step in record_at:
+                om, m_, res = readout()
+                trajectory.append(Record(t=step * lr, loss=float(losses[step]), omega=om.tolist(),
+                                         mu=m_.tolist(), residual=float(res)))
+                bar.set_postfix(t=f"{step * lr:.3g}", loss=f"{float(losses[step]):.4g}")
+            if step == n_steps:
+                break
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                update(grads)
+            bar.update(1)
+    finally:
+        bar.close()
     wall = wall_before + time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
 
     step_losses = losses[:n_steps].cpu().double().numpy()
     tail = max(1, int(math.ceil(0.1 * n_steps)))
@@ -301,7 +309,7 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool) -> TrainResult:
     return TrainResult(config=cfg, train=tcfg, trajectory=trajectory,
                        omega=np.asarray(final.omega), mu=np.asarray(final.mu),
                        loss=float(step_losses[-tail:].mean()), wall_seconds=wall, steps=n_steps,
-                       model=kind, losses=step_losses)
+                       model=kind, losses=step_losses, cpu_seconds=cpu)
 
 
 def train(cfg: ProblemConfig, tcfg: TrainConfig) -> TrainResult:
@@ -337,11 +345,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--logit-scale", type=float, default=1.0, help="s in W = K^T Q / s (factored)")
     g.add_argument("--init", type=float, default=0.15,
                    help="initial scale s0: omega = s0, mu = s0 (2 s0 on head h's task h mod m)")
-    g.add_argument("--init-pattern", choices=INITS, default="decomposable",
-                   help="initialisation pattern ('given' is not available from the CLI)")
+    g.add_argument("--init-pattern", choices=[i for i in INITS if i != "given"], default="decomposable",
+                   help="initialisation pattern (see docs/numerics.md; init='given' needs the Python API)")
     g.add_argument("--init-seed", type=int, default=0, help="seed of random initialisations")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float64", help="floating point type")
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (TF32 is switched off on cuda)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (torch.set_num_threads); default: torch's own choice")
     g = p.add_argument_group("training")
     g.add_argument("--time", type=float, default=60.0, help="final time t_end; steps = round(time / lr)")
     g.add_argument("--lr", type=float, default=0.05, help="GD step = time step of the gradient flow")
@@ -383,6 +393,10 @@ def main(argv=None) -> int:
                            diverge_loss=args.diverge_loss)
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be a positive integer, got {args.threads}")
+        torch.set_num_threads(args.threads)
     try:
         result = (train_reduced if args.reduced else train)(cfg, tcfg)
     except (TrainingDiverged, ValueError) as exc:

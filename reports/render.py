@@ -27,6 +27,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, never a display: the report runs on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 from claims.base import Figure, Series  # noqa: E402
 
@@ -131,6 +132,9 @@ def _draw_lines(ax, fig: Figure) -> None:
                        linestyle=":", label=hline.get("label") or None, zorder=1)
     ax.set_xscale(fig.xscale)
     ax.set_yscale(fig.yscale)
+    for axis, scale in ((ax.xaxis, fig.xscale), (ax.yaxis, fig.yscale)):
+        if scale == "log":
+            _log_ticks(axis)
     ax.set_xlabel(fig.xlabel)
     ax.set_ylabel(fig.ylabel)
     ax.set_title(fig.title, fontsize=10)
@@ -142,6 +146,22 @@ def _draw_lines(ax, fig: Figure) -> None:
         else:
             ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
                       ncol=1 + len(labels) // 24)
+
+
+def _log_ticks(axis) -> None:
+    """Plain-number tick labels at 1, 2, 5 x 10^k on a log axis spanning at most two decades
+    (Matplotlib's default labels of minor ticks there, 3x10^-2 next to 4x10^-2, overlap);
+    decades only on wider axes."""
+    lo, hi = axis.get_view_interval()
+    if not (lo > 0 and hi > lo and math.isfinite(hi)):
+        return
+    plain = ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    axis.set_major_formatter(plain)
+    if math.log10(hi / lo) <= 2:
+        axis.set_minor_locator(ticker.LogLocator(base=10, subs=(2.0, 5.0)))
+        axis.set_minor_formatter(plain)
+    else:
+        axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def _draw_heatmap(fig_mpl, ax, fig: Figure) -> None:

@@ -154,3 +154,52 @@ def test_command_line(tmp_path, capsys):
             T.main(bad + ["--out", str(tmp_path / "never.json")])
         assert e.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "never.json").exists()
+
+
+def test_runs_on_the_requested_device(device, tmp_path):
+    """With --device cuda this runs the model, the reduced model and resume on the GPU
+    (float64; TF32 is switched off by the trainer)."""
+    cfg = SMALL.replace(device=device, param="merged")
+    one = TrainConfig(lr=0.05, time=0.05, batch=64, records=2)
+    full, red = train(cfg, one), train_reduced(cfg, one)
+    assert np.allclose(full.omega, red.omega, rtol=0, atol=1e-12) and np.allclose(full.mu, red.mu, rtol=0, atol=1e-12)
+    tcfg = TrainConfig(lr=0.05, time=0.5, batch=16, records=3, checkpoint=str(tmp_path / "ck.pt"), checkpoint_every=4)
+    first = train(cfg, tcfg)                   # writes checkpoints at steps 4 and 8
+    again = train(cfg, tcfg)                   # resumes from step 8
+    assert np.array_equal(first.losses, again.losses) and np.array_equal(first.mu, again.mu)
+    if device.startswith("cuda"):
+        assert not torch.backends.cuda.matmul.allow_tf32
+
+
+def allocated(mu, factor=10.0):
+    """Each head has one task whose |mu| is at least ``factor`` times each of its others."""
+    mu = np.abs(np.asarray(mu))
+    top = mu.max(axis=1)
+    others = np.sort(mu, axis=1)[:, -2]
+    return bool(np.all(top >= factor * others))
+
+
+@pytest.mark.thorough
+def test_acceptance_command_allocates_tasks(tmp_path):
+    """The issue's acceptance run (SPEC.md saw off-task mu -> 5e-4 against on-task 1.84):
+    minutes on 2 CPU cores, hence thorough.  The same criterion rejects the start (ratio 2)."""
+    out = tmp_path / "run.json"
+    assert T.main(["--tasks", "3,3", "--heads", "2", "--L", "128", "--time", "60", "--lr", "0.05",
+                   "--batch", "2048", "--init", "0.15", "--param", "factored", "--seed", "0",
+                   "--no-progress", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert allocated(data["mu"]), data["mu"]
+    assert sorted(np.argmax(np.abs(data["mu"]), axis=1)) == [0, 1]      # one head per task
+    assert not allocated(data["trajectory"][0]["mu"])
+
+
+def test_float32_run_tracks_the_float64_run():
+    """Both dtypes draw the same Gaussians (drawn in float32, then cast), so the runs differ by
+    float32 rounding only: relative 6e-8 per operation, accumulated over ~20 steps of sums of
+    a few hundred terms, stays far below 1e-4 on O(1) values (measured: 8e-8).  The values at
+    the previous record (5 steps earlier; ~0.1 away) must be rejected at that tolerance."""
+    r64 = train(SMALL, TSMALL)
+    r32 = train(SMALL.replace(dtype="float32"), TSMALL)
+    assert np.allclose(r32.mu, r64.mu, rtol=0, atol=1e-4) and np.allclose(r32.omega, r64.omega, rtol=0, atol=1e-4)
+    lagged = np.asarray(r64.trajectory[-2].mu)
+    assert not np.allclose(r32.mu, lagged, rtol=0, atol=1e-4)

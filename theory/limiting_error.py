@@ -40,7 +40,20 @@ def limit_expressions():
     own = D_.pair_kernel.subs({D_.c: w, D_.r: r, D_.s2: s2})
     others = D_.block_factor.subs({D_.c: w, D_.r: Dsym - r})
     F = sp.powsimp(sp.simplify(own * others / w), force=True)
-    return {"w": w, "r": r, "D": Dsym, "s2": s2, "F": F}
+    # one head serving all tasks: the shared factor prod_j block_factor(w_j, r_j) times the
+    # per-task term pair_kernel(w_i, r_i)/block_factor(w_i, r_i)/w_i
+    single_term = sp.simplify(own / D_.block_factor.subs({D_.c: w, D_.r: r}) / w)
+    log_block = sp.expand_log(sp.log(D_.block_factor.subs({D_.c: w, D_.r: r})), force=True)
+    return {"w": w, "r": r, "D": Dsym, "s2": s2, "F": F, "single_term": single_term, "log_block": log_block}
+
+
+@lru_cache(maxsize=None)
+def _single_fns(module):
+    e = limit_expressions()
+    args = (e["w"], e["r"], e["s2"])
+    return (sp.lambdify(args, e["single_term"], module), sp.lambdify(args[:2], e["log_block"], module),
+            sp.lambdify(args, sp.diff(e["single_term"], e["w"]), module),
+            sp.lambdify(args[:2], sp.diff(e["log_block"], e["w"]), module))
 
 
 @lru_cache(maxsize=None)
@@ -102,22 +115,22 @@ def limit_multi_per_task(tasks, sigma=0.0) -> list[dict]:
 
 def single_head_objective(w, tasks, sigma=0.0):
     """G(w) = prod_j (1-2w_j)^{-r_j/2} sum_i (r_i + sigma^2 + w_i r_i/(1-2w_i)) / w_i,
-    the limit of L * L* for one head with omega_i^2 = w_i, mu_i = 1/omega_i."""
+    the limit of L * L* for one head with omega_i^2 = w_i, mu_i = 1/omega_i (lambdified
+    from :func:`limit_expressions`: ``single_term`` and ``log_block``)."""
+    term, log_block, _, _ = _single_fns("numpy")
     w = np.asarray(w, dtype=float)
     r = np.asarray(tasks, dtype=float)
     if np.any(w <= 0) or np.any(w >= 0.5):
         return np.inf
-    # F(w_i; r_i, d, sigma) = P(w_i own) * prod_{j != i}(...) evaluated at the SAME head: the
-    # shared factor prod_j (1-2w_j)^{-r_j/2} times the own-block extra 1/(1-2w_i) term.
-    logP = np.sum(-0.5 * r * np.log1p(-2.0 * w))
-    return float(np.exp(logP) * np.sum((r + sigma ** 2 + w * r / (1.0 - 2.0 * w)) / w))
+    return float(np.exp(np.sum(log_block(w, r))) * np.sum(term(w, r, sigma ** 2)))
 
 
 def minimise_single(tasks, sigma=0.0, dps=30):
     """argmin w in R^m and min of the single-head objective G (joint minimisation).
 
-    Solved by mpmath findroot on grad log G = 0 started from the scipy optimum in the
-    variables u = logit(2w) (so 0 < w < 1/2 throughout)."""
+    Solved by mpmath findroot on grad log G = 0,
+        d log G / d w_k = d log block_factor(w_k, r_k)/d w_k + term_k'(w_k) / sum_i term_i,
+    started from the scipy (BFGS) optimum in the variables u = logit(2w)."""
     from scipy.optimize import minimize
 
     tasks = check_tasks(tasks)
@@ -133,25 +146,19 @@ def minimise_single(tasks, sigma=0.0, dps=30):
     u0 = np.log(2 * w0 / (1 - 2 * w0))
     res = minimize(obj, u0, method="BFGS", options={"gtol": 1e-12})
     w_sc = 0.5 / (1.0 + np.exp(-res.x))
-    # polish with mpmath: d/dw_k log G = r_k/(1-2w_k) + (dT_k/dw_k)/T, T = sum_i t_i(w_i)
+    term, log_block, dterm, dlog_block = _single_fns("mpmath")
     with mp.workdps(dps):
         s2 = mp.mpf(sigma) ** 2
         rr = [mp.mpf(x) for x in tasks]
 
-        def t_i(wi, ri):
-            return (ri + s2 + wi * ri / (1 - 2 * wi)) / wi
-
-        def dt_i(wi, ri):
-            return mp.diff(lambda x: t_i(x, ri), wi)
-
         def eqs(*ws):
-            T = mp.fsum(t_i(wi, ri) for wi, ri in zip(ws, rr))
-            return [ri / (1 - 2 * wi) + dt_i(wi, ri) / T for wi, ri in zip(ws, rr)]
+            T = mp.fsum(term(wi, ri, s2) for wi, ri in zip(ws, rr))
+            return [dlog_block(wi, ri) + dterm(wi, ri, s2) / T for wi, ri in zip(ws, rr)]
 
         sol = mp.findroot(eqs, [mp.mpf(x) for x in w_sc])
-        ws = [sol] if len(tasks) == 1 else [sol[k] for k in range(len(tasks))]
-        P = mp.fprod((1 - 2 * wi) ** (-ri / 2) for wi, ri in zip(ws, rr))
-        val = P * mp.fsum(t_i(wi, ri) for wi, ri in zip(ws, rr))
+        ws = [sol[k] for k in range(len(tasks))] if isinstance(sol, mp.matrix) else [sol]
+        val = mp.exp(mp.fsum(log_block(wi, ri) for wi, ri in zip(ws, rr))) * \
+            mp.fsum(term(wi, ri, s2) for wi, ri in zip(ws, rr))
         return np.array([float(x) for x in ws]), float(val)
 
 
@@ -205,3 +212,32 @@ def gain_sequence(m, rs=(10, 100, 1000, 10000), sigma=0.0) -> list[dict]:
         tasks = (int(r),) * int(m)
         out.append({"r": int(r), "gain": gain(tasks, sigma)})
     return out
+
+
+def single_head_at_L(tasks, L, sigma=0.0) -> dict:
+    """The best one-head model of the expansion at finite L: minimise over omega in R^m
+    (mu profiled out exactly, ``reduced_ode.profile_mu``), started from the L -> inf
+    optimum omega_i = sqrt(w_i*).  Returns omega, mu (m,), loss, valid, reliable."""
+    from scipy.optimize import minimize
+
+    from ._validate import check_L
+    from .reduced_ode import expansion_gradient, expansion_reliable, expansion_valid, profile_mu
+
+    tasks = check_tasks(tasks)
+    L, sigma = check_L(L), check_sigma(sigma)
+    w_inf, _ = minimise_single(tasks, sigma)
+    bound = float(np.sqrt(0.5 * (1 - 1e-6)))
+
+    def f(x):
+        om = x[None, :]
+        mu, val, ok = profile_mu(om, tasks, L, sigma)
+        if not ok:
+            return 1e12, np.zeros_like(x)
+        g, _ = expansion_gradient(om, mu, tasks, L, sigma)
+        return val, g.ravel()
+
+    res = minimize(f, np.sqrt(w_inf), jac=True, method="L-BFGS-B", bounds=[(1e-6, bound)] * len(tasks),
+                   options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 2000})
+    mu, val, ok = profile_mu(res.x[None, :], tasks, L, sigma)
+    return {"omega": res.x.tolist(), "mu": mu[0].tolist(), "loss": float(val),
+            "valid": expansion_valid(res.x), "reliable": expansion_reliable(res.x)}

@@ -35,13 +35,13 @@ PARAMS = ("merged", "factored")
 
 @dataclass(frozen=True)
 class ExpansionDerivation:
-    """Sympy expressions of the large-L expansion, in terms of scalar kernels.
+    """Sympy expressions of the large-L expansion, derived in :func:`derive_expansion`.
 
-    With c a tilt (c = omega[h,j] omega[k,j]), r a block size, s2 = sigma^2:
+    Kernels (c a tilt omega[h,j] omega[k,j], w = omega^2, r a block size, s2 = sigma^2):
 
-    - ``block_factor(c, r)``   = E_q e^{c |q|^2}, q ~ N(0, I_r)
-    - ``bias_kernel(w, r)``    = E_q |q|^2 e^{w |q|^2}
-    - ``pair_kernel(c, r, s2)``= E_{q,g} e^{c|q|^2} (c (g^T q)^2 + |g|^2 + s2)
+    - ``block_factor(c, r)``    = E_q e^{c |q|^2},                     q ~ N(0, I_r)
+    - ``bias_kernel(w, r)``     = E_q |q|^2 e^{w |q|^2}
+    - ``pair_kernel(c, r, s2)`` = E_{q,g} e^{c|q|^2} (c (g^T q)^2 + |g|^2 + s2)
 
     and the loss (:func:`expansion_formula`)
 
@@ -51,7 +51,9 @@ class ExpansionDerivation:
             + (1/L) sum_i sum_{h,k} mu[h,i] mu[k,i] pair_kernel(c_hki, r_i, s2)
                                       prod_{j != i} block_factor(c_hkj, r_j)  + O(L^-2),
       B_i = sum_h mu[h,i] omega[h,i].
-    """
+
+    ``steps`` holds the intermediate results of the derivation (conditional mean, bias
+    and covariance of the softmax ratio given (q, g), the moment generating functions)."""
 
     c: sp.Symbol
     w: sp.Symbol
@@ -60,36 +62,239 @@ class ExpansionDerivation:
     block_factor: sp.Expr
     bias_kernel: sp.Expr
     pair_kernel: sp.Expr
-    conditional_bias: sp.Expr = None      # E[R_h - a_h | q, g] * L  (delta method)
-    conditional_cov: sp.Expr = None       # Cov(R_h, R_k | q, g) * L
-    steps: dict = field(default_factory=dict)
+    steps: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+@lru_cache(maxsize=None)
+def _token_model():
+    """Symbols and the Gaussian law of one context token given (q, g), two heads h, k and
+    two blocks: the task's block i and one other block j.
+
+    Given q and g, the token's relevant coordinates X = (u_i, u_j, z, eps) with
+    u_b = <Phi_b^T x, Phi_b^T q> (variance a_b = |q_b|^2), z = g^T Phi_i^T x (variance
+    G = |g|^2, covariance t = g^T q_i with u_i) and the noise eps (variance s2) are jointly
+    Gaussian; the logit of head h is s_h = omega_hi u_i + omega_hj u_j and y = z + eps."""
+    a_i, a_j, G = sp.symbols("a_i a_j G", positive=True)
+    t = sp.Symbol("t", real=True)
+    s2 = sp.Symbol("s2", nonnegative=True)
+    Sigma = sp.Matrix([[a_i, 0, t, 0], [0, a_j, 0, 0], [t, 0, G, 0], [0, 0, 0, s2]])
+    theta = sp.Matrix(sp.symbols("theta0:4", real=True))
+    mgf = sp.exp((theta.T * Sigma * theta)[0, 0] / 2)   # E e^{theta^T X}, the Gaussian MGF
+    heads = ("h", "k")
+    omega = {(h, b): sp.Symbol(f"omega_{h}{b}", real=True) for h in heads for b in "ij"}
+    return dict(a_i=a_i, a_j=a_j, G=G, t=t, s2=s2, Sigma=Sigma, theta=theta, mgf=mgf, heads=heads,
+                omega=omega)
+
+
+@lru_cache(maxsize=None)
+def _conditional_moments():
+    """Delta method for the softmax ratio R_h = N_h / D_h, N_h = (1/L) sum_l e^{s_hl} y_l,
+    D_h = (1/L) sum_l e^{s_hl}, given (q, g): to O(1/L),
+        E R_h = a_h + bias_h / L,   Cov(R_h, R_k) = cov_hk / L,
+    with a_h = A_h / Z_h (A = E e^s y, Z = E e^s), bias_h = f_ND C(N,D) + f_DD C(D,D)/2 and
+    cov_hk = grad f_h^T C grad f_k (f(N, D) = N/D at (A, Z), C the one-token covariances).
+    Every one-token moment E[e^{lambda.s} y^n] is an n-th derivative of the Gaussian MGF."""
+    T = _token_model()
+    th, mgf, om, heads = T["theta"], T["mgf"], T["omega"], T["heads"]
+    tau = sp.Symbol("tau", real=True)
+
+    def moment(lams, n_y):
+        sub = {th[0]: sum(l * om[(h, "i")] for h, l in lams.items()),
+               th[1]: sum(l * om[(h, "j")] for h, l in lams.items()), th[2]: tau, th[3]: tau}
+        e = mgf.subs(sub)
+        return (sp.diff(e, tau, n_y) if n_y else e).subs(tau, 0)
+
+    def pair(h, k):
+        return {h: 1, k: 1} if h != k else {h: 2}
+
+    A = {h: moment({h: 1}, 1) for h in heads}
+    Z = {h: moment({h: 1}, 0) for h in heads}
+    mean = {h: sp.simplify(A[h] / Z[h]) for h in heads}
+    C_NN = {(h, k): moment(pair(h, k), 2) - A[h] * A[k] for h in heads for k in heads}
+    C_ND = {(h, k): moment(pair(h, k), 1) - A[h] * Z[k] for h in heads for k in heads}
+    C_DD = {(h, k): moment(pair(h, k), 0) - Z[h] * Z[k] for h in heads for k in heads}
+    N, D = sp.symbols("N D", positive=True)
+    f = N / D
+
+    def at(expr, h):
+        return expr.subs({N: A[h], D: Z[h]})
+
+    fN, fD, fND, fDD = sp.diff(f, N), sp.diff(f, D), sp.diff(f, N, D), sp.diff(f, D, 2)
+    bias = {h: sp.simplify(at(fND, h) * C_ND[(h, h)] + at(fDD, h) * C_DD[(h, h)] / 2) for h in heads}
+    cov = {(h, k): sp.simplify(at(fN, h) * at(fN, k) * C_NN[(h, k)] + at(fN, h) * at(fD, k) * C_ND[(h, k)]
+                               + at(fD, h) * at(fN, k) * C_ND[(k, h)] + at(fD, h) * at(fD, k) * C_DD[(h, k)])
+           for h in heads for k in heads}
+    return mean, bias, cov
+
+
+def _one_coordinate_mgf():
+    """E e^{c z^2}, z ~ N(0,1): the Gaussian integral with a = 1/2 - c > 0 (c < 1/2)."""
+    c = sp.Symbol("c", real=True)
+    z = sp.Symbol("z", real=True)
+    a = sp.Symbol("a", positive=True)
+    val = sp.integrate(sp.exp(-a * z ** 2) / sp.sqrt(2 * sp.pi), (z, -sp.oo, sp.oo))
+    return c, sp.simplify(val.subs(a, sp.Rational(1, 2) - c))
 
 
 @lru_cache(maxsize=None)
 def derive_expansion() -> ExpansionDerivation:
-    """Derive the kernels of the large-L expansion from the Gaussian moment identities.
+    """Derive the large-L expansion from the model (sympy; about a second or two, cached).
 
-    1. One coordinate: E e^{c z^2} for z ~ N(0,1) is the Gaussian integral
-       int exp(-(1/2 - c) z^2) dz / sqrt(2 pi) = (1 - 2c)^{-1/2}  (c < 1/2), so for
-       q ~ N(0, I_r), by independence, E e^{c|q|^2} = (1 - 2c)^{-r/2}   (block_factor);
-       E |q|^2 e^{c|q|^2} is its c-derivative                            (bias_kernel).
-    2. g ~ N(0, I_r) independent of q: E_g (g^T q)^2 = |q|^2, E_g |g|^2 = r, so
-       E e^{c|q|^2}(c (g^T q)^2 + |g|^2 + s2) = c E|q|^2 e^{c|q|^2} + (r + s2) E e^{c|q|^2}.
-    """
-    c = sp.Symbol("c", real=True)
-    w = sp.Symbol("w", real=True)
+    1. Given (q, g), the delta method for the ratio (:func:`_conditional_moments`) gives the
+       conditional mean a_h = omega_hi t, bias and covariance of each head's softmax
+       average, all from derivatives of the Gaussian MGF of one token.
+    2. Mean squared error of y_hat_i = sum_h mu_h R_h against t = g^T q_i, to O(1/L):
+       (B t - t)^2 + (2/L)(B t - t) sum_h mu_h bias_h + (1/L) sum_{h,k} mu_h mu_k cov_hk.
+    3. Average over g given q (E_g from the MGF of (t, G), q_i rotated onto an axis) and
+       over q (a_b = |q_b|^2 ~ chi^2_{r_b}: E a^p e^{k a} = d^p/dk^p (1 - 2k)^{-r/2}, the
+       r-th power of the one-coordinate Gaussian integral).
+    The kernels are read off the averaged terms with the other block switched off, and the
+    result is checked (:func:`check_expansion_assembly`) to equal the kernel formula for two
+    heads and two blocks exactly (sympy simplify to 0)."""
+    T = _token_model()
+    a_i, a_j, G, t, s2, om = T["a_i"], T["a_j"], T["G"], T["t"], T["s2"], T["omega"]
+    mean, bias, cov = _conditional_moments()
+    c, one = _one_coordinate_mgf()
     r = sp.Symbol("r", positive=True)
-    s2 = sp.Symbol("s2", nonnegative=True)
-    z = sp.Symbol("z", real=True)
-    a = sp.Symbol("a", positive=True)  # a = 1/2 - c > 0: the domain of validity
-    one_coord = sp.integrate(sp.exp(-a * z ** 2) / sp.sqrt(2 * sp.pi), (z, -sp.oo, sp.oo))
-    one_coord = sp.simplify(one_coord.subs(a, sp.Rational(1, 2) - c))
-    block_factor = sp.powsimp(sp.simplify(one_coord ** r), force=True)
-    first_moment = sp.simplify(sp.diff(block_factor, c))            # E |q|^2 e^{c|q|^2}
-    bias_kernel = first_moment.subs(c, w)
-    pair_kernel = sp.simplify(c * first_moment + (r + s2) * block_factor)
+    w = sp.Symbol("w", real=True)
+    block_factor = sp.powsimp(sp.simplify(one ** r), force=True)          # E e^{c|q|^2}, q in R^r
+    r_i, r_j = sp.symbols("r_i r_j", positive=True)
+
+    # E_g e^{alpha t + beta G} given q: rotate q_i onto e_1, t = sqrt(a_i) g_1, G = g_1^2 + |rest|^2
+    alpha, beta = sp.symbols("alpha beta", real=True)
+    g1 = sp.Symbol("g1", real=True)
+    b_ = sp.Symbol("b_", positive=True)
+    first = sp.integrate(sp.exp(alpha * sp.sqrt(a_i) * g1 - b_ * g1 ** 2) / sp.sqrt(2 * sp.pi), (g1, -sp.oo, sp.oo))
+    mgf_g = sp.simplify(first.subs(b_, sp.Rational(1, 2) - beta)) * block_factor.subs({c: beta, r: r_i - 1})
+
+    def E_g(expr):
+        poly = sp.Poly(sp.expand(expr), t, G)
+        out = sp.Integer(0)
+        for (p, n), coef in poly.terms():
+            mom = mgf_g
+            if p:
+                mom = sp.diff(mom, alpha, p)
+            if n:
+                mom = sp.diff(mom, beta, n)
+            out += coef * sp.simplify(mom.subs({alpha: 0, beta: 0}))
+        return sp.expand(out)
+
+    kappa = sp.Symbol("kappa", real=True)
+
+    def E_q(expr):
+        out = sp.Integer(0)
+        for term in sp.Add.make_args(sp.expand(sp.powsimp(sp.expand(expr), combine="exp"))):
+            term = sp.powsimp(term, combine="exp")
+            factors = sp.Mul.make_args(term)
+            expo = sp.expand(sum((f.args[0] for f in factors if isinstance(f, sp.exp)), sp.Integer(0)))
+            rest = sp.Mul(*[f for f in factors if not isinstance(f, sp.exp)])
+            k_i, k_j = expo.coeff(a_i), expo.coeff(a_j)
+            if sp.simplify(expo - k_i * a_i - k_j * a_j) != 0:
+                raise AssertionError(f"exponent not linear in |q_b|^2: {expo}")
+            p = sp.degree(rest, a_i) if rest.has(a_i) else 0
+            coef = sp.simplify(rest / a_i ** p)
+            if coef.has(a_i) or coef.has(a_j):
+                raise AssertionError(f"unexpected dependence on |q|^2: {rest}")
+            Mi = block_factor.subs({c: kappa, r: r_i})
+            Mi = sp.diff(Mi, kappa, p) if p else Mi
+            out += coef * Mi.subs(kappa, k_i) * block_factor.subs({c: k_j, r: r_j})
+        return out
+
+    h, k = T["heads"]
+    # bias enters the MSE as 2 (1 - B) mu_h * (-t bias_h / omega_hi): average that factor
+    bias_full = sp.simplify(E_q(E_g(-t * bias[h] / om[(h, "i")])))
+    pair_full = sp.simplify(E_q(E_g(cov[(h, k)])))
+    off = {om[(h, "j")]: 0, om[(k, "j")]: 0}
+    bias_kernel = sp.simplify(bias_full.subs(off).subs(om[(h, "i")], sp.sqrt(w)).subs(r_i, r))
+    pair_kernel = sp.simplify(pair_full.subs(off).subs(om[(k, "i")], c / om[(h, "i")]).subs(r_i, r))
+    # the other block enters only through block_factor(c_hkj, r_j) (independent blocks)
+    other_bias = sp.simplify(bias_full / bias_full.subs(off))
+    other_pair = sp.simplify(pair_full / pair_full.subs(off))
+    if sp.simplify(other_bias - block_factor.subs({c: om[(h, "j")] ** 2, r: r_j})) != 0 or \
+            sp.simplify(other_pair - block_factor.subs({c: om[(h, "j")] * om[(k, "j")], r: r_j})) != 0:
+        raise AssertionError("the other block does not factor as block_factor: derivation inconsistent")
+    steps = {"conditional_mean": mean[h], "conditional_bias": bias[h], "conditional_cov": cov[(h, k)],
+             "conditional_var": cov[(h, h)], "mgf_token": T["mgf"], "mgf_g": sp.simplify(mgf_g),
+             "one_coordinate": one, "bias_full": bias_full, "pair_full": pair_full,
+             "E_g": E_g, "E_q": E_q}
     return ExpansionDerivation(c=c, w=w, r=r, s2=s2, block_factor=block_factor,
-                               bias_kernel=bias_kernel, pair_kernel=pair_kernel)
+                               bias_kernel=bias_kernel, pair_kernel=pair_kernel, steps=steps)
+
+
+@lru_cache(maxsize=None)
+def _averaged_two_head_mse():
+    """E_q E_g of the O(1/L) conditional MSE of two heads (h, k) on task i, other block j."""
+    D = derive_expansion()
+    T = _token_model()
+    mean, bias, cov = _conditional_moments()
+    t, heads = T["t"], T["heads"]
+    mu = {h: sp.Symbol(f"mu_{h}", real=True) for h in heads}
+    L = sp.Symbol("L", positive=True)
+    pred = sum(mu[h] * mean[h] for h in heads)
+    mse = ((pred - t) ** 2 + 2 / L * (pred - t) * sum(mu[h] * bias[h] for h in heads)
+           + 1 / L * sum(mu[h] * mu[k] * cov[(h, k)] for h in heads for k in heads))
+    return D.steps["E_q"](D.steps["E_g"](mse)), mu, L
+
+
+def expansion_assembly_difference(variant=None) -> sp.Expr:
+    """The averaged MSE of two heads on a task with one other block, derived step by step
+    (delta method, E_g, E_q), minus the kernel formula assembled from
+    :func:`derive_expansion`'s kernels.  Returns the simplified difference (0 when the
+    formula the code uses is the derived one).  ``variant``, for tests, replaces a piece of
+    the formula by a wrong one ("bias_sign", "pair_no_tilt", "other_block_missing").
+    Unsimplified; see :func:`check_expansion_assembly`."""
+    D = derive_expansion()
+    T = _token_model()
+    om, s2 = T["omega"], T["s2"]
+    derived, mu, L = _averaged_two_head_mse()
+    r_i, r_j = sp.symbols("r_i r_j", positive=True)
+    heads = T["heads"]
+    B = sum(mu[h] * om[(h, "i")] for h in heads)
+
+    def bf(cc, rr):
+        return D.block_factor.subs({D.c: cc, D.r: rr})
+
+    def bk(ww, rr):
+        return D.bias_kernel.subs({D.w: ww, D.r: rr})
+
+    def pk(cc, rr):
+        return D.pair_kernel.subs({D.c: cc, D.r: rr, D.s2: s2})
+
+    sign = -1 if variant == "bias_sign" else 1
+    assembled = r_i * (1 - B) ** 2
+    assembled += sign * 2 / L * (1 - B) * sum(
+        mu[h] * om[(h, "i")] * bk(om[(h, "i")] ** 2, r_i) * bf(om[(h, "j")] ** 2, r_j) for h in heads)
+    for h in heads:
+        for k in heads:
+            c_i = om[(h, "i")] * om[(k, "i")]
+            own = pk(c_i, r_i) if variant != "pair_no_tilt" else (r_i + s2) * bf(c_i, r_i)
+            other = bf(om[(h, "j")] * om[(k, "j")], r_j) if variant != "other_block_missing" else 1
+            assembled += 1 / L * mu[h] * mu[k] * own * other
+    return derived - assembled
+
+
+def check_expansion_assembly(variant=None, seed=0) -> bool:
+    """True iff the kernel formula equals the step-by-step derivation for two heads and
+    two blocks.  A nonzero value at a random rational point inside the domain proves a
+    difference (fast); otherwise the difference is simplified to exactly 0 (proof)."""
+    diff = expansion_assembly_difference(variant)
+    rng = np.random.default_rng(seed)
+    for _ in range(3):
+        point = {}
+        for sym in diff.free_symbols:
+            name = sym.name
+            if name.startswith("omega"):
+                val = sp.Rational(int(rng.integers(-40, 40)), 100)      # |omega| < 1/sqrt(2)
+            elif name.startswith("r_"):
+                val = sp.Integer(int(rng.integers(1, 6)))
+            elif name == "L":
+                val = sp.Integer(int(rng.integers(10, 1000)))
+            else:
+                val = sp.Rational(int(rng.integers(-200, 200)), 100)
+            point[sym] = val
+        if abs(sp.N(diff.subs(point), 30)) > 1e-20:
+            return False
+    return sp.simplify(sp.expand(diff)) == 0
 
 
 @lru_cache(maxsize=None)
@@ -156,6 +361,54 @@ def _pieces(omega, mu, tasks, sigma):
     B = np.sum(mu * omega, axis=0)                          # (m,)
     return dict(r=r, c=c, log_bf=log_bf, others=others, X=X, w=w, Z=Z, B=B,
                 others_diag=others_diag)
+
+
+def profile_mu(omega, tasks, L, sigma=0.0):
+    """(mu*(omega), loss, positive_definite): the exact minimiser over mu of the expansion
+    at fixed omega (H, m), task by task.  For fixed omega the expansion is, per task, the
+    quadratic  mu_i^T A_i mu_i - 2 beta_i^T mu_i + r_i  in mu_i = mu[:, i] with
+      A_i = r_i w w^T - (w b^T + b w^T)/L + X[:, :, i]/L,  beta_i = r_i w - b/L,
+      w = omega[:, i],  b = w * Z[:, i]  (bias weights),  X the pair weights;
+    the minimum r_i - beta_i^T A_i^{-1} beta_i exists iff A_i is positive definite
+    (otherwise the truncated expansion is unbounded below and ok=False, loss=inf)."""
+    tasks = check_tasks(tasks)
+    omega = np.atleast_2d(np.asarray(omega, dtype=float))
+    L, sigma = check_L(L), check_sigma(sigma)
+    if not expansion_valid(omega):
+        return np.zeros_like(omega), float("inf"), False
+    p = _pieces(omega, np.zeros_like(omega), tasks, sigma)
+    H, m = omega.shape
+    mu = np.zeros((H, m))
+    total = 0.0
+    ok = True
+    for i, r in enumerate(tasks):
+        w = omega[:, i]
+        b = w * p["Z"][:, i]
+        A = r * np.outer(w, w) - (np.outer(w, b) + np.outer(b, w)) / L + p["X"][:, :, i] / L
+        beta = r * w - b / L
+        try:
+            C = np.linalg.cholesky(A)
+        except np.linalg.LinAlgError:
+            ok = False
+            break
+        x = np.linalg.solve(C.T, np.linalg.solve(C, beta))
+        mu[:, i] = x
+        total += r - beta @ x
+    return mu, (float(total) if ok else float("inf")), ok
+
+
+OMEGA_RELIABLE = float(1.0 / np.sqrt(6.0))
+
+
+def expansion_reliable(omega, margin: float = 0.0) -> bool:
+    """True iff the O(L^-2) remainder of the expansion has a finite coefficient:
+    6 omega[h,j]^2 < 1 - margin for all h, j.  The L^-2 term of the delta method contains
+    the third cumulant of e^{s} (E[(dN)(dD)^2] / Z^3 ~ E e^{3s} / (E e^{s})^3 =
+    e^{3 omega^2 |q|^2} given q), whose Gaussian average is finite only for 6 omega^2 < 1.
+    Between 1/sqrt(6) and 1/sqrt(2) the expansion is finite but its error is not O(L^-2):
+    compare with the exact finite-L loss there (SPEC: (0.51, 1.84) at L=128)."""
+    om = np.asarray(omega, dtype=float)
+    return bool(np.all(np.isfinite(om)) and np.all(6.0 * om ** 2 < 1.0 - margin))
 
 
 def expansion_loss(omega, mu, tasks, L, sigma=0.0) -> float:
@@ -230,6 +483,87 @@ def _gradient(omega, mu, tasks, L, sigma):
 # ---------------------------------------------------------------------------------------
 # metric factors of the flow
 # ---------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def derive_metric_factors(block_sizes=(1, 2, 3), m_out=2) -> dict:
+    """Derive the metric factors from the model's own parametrisation (sympy).
+
+    At a point of D the gradient of the loss w.r.t. W lies in D (equivariance, claim 1),
+    with X-X block sum_i g_i Phi_i Phi_i^T, g_i = (1/r_i) dL/d omega_i (because
+    omega_i = <W_XX, Phi_i Phi_i^T>/r_i and |Phi_i Phi_i^T|^2 = r_i).  So on one block of
+    size r the loss may be represented by f(omega) with omega = tr(W_XX)/r, and on the
+    outputs by f(mu) with mu_i = (U_Y)_ii.  With generic symbolic matrices:
+
+    - merged: dW = -dL/dW; d omega = tr(dW)/r.
+    - factored: W = K^T Q / s with K, Q generic r x r matrices, dK = -dL/dK, dQ = -dL/dQ,
+      evaluated at the balanced point K = Q = kappa I (omega = kappa^2/s);
+      U_Y = O_Y V_Y with generic m x m matrices, at O_Y = V_Y = diag(nu) (mu = nu^2).
+    Returns, per block size r, the factor F with d omega/dt = -F f'(omega), and the mu factor,
+    as sympy expressions in omega, mu, s (and the general formula they match)."""
+    omega, mu, s = sp.symbols("omega mu s", positive=True)
+    kappa, nu = sp.symbols("kappa nu", positive=True)
+    fprime = sp.Symbol("fprime", real=True)   # f'(omega) at the current point
+    out = {"omega": {}, "mu": {}}
+    for r in block_sizes:
+        # merged: L(W) = f(tr W / r) locally; dL/dW = f'/r * I
+        Wm = sp.Matrix(r, r, lambda a, b: sp.Symbol(f"w{a}{b}"))
+        f_lin = fprime * Wm.trace() / r                 # first-order model of f(tr W / r)
+        dW = -sp.Matrix(r, r, lambda a, b: sp.diff(f_lin, Wm[a, b]))
+        merged = sp.simplify(-dW.trace() / r / fprime)
+        # factored: W = K^T Q / s
+        K = sp.Matrix(r, r, lambda a, b: sp.Symbol(f"k{a}{b}"))
+        Q = sp.Matrix(r, r, lambda a, b: sp.Symbol(f"q{a}{b}"))
+        Wf = K.T * Q / s
+        f_fac = fprime * Wf.trace() / r
+        dK = -sp.Matrix(r, r, lambda a, b: sp.diff(f_fac, K[a, b]))
+        dQ = -sp.Matrix(r, r, lambda a, b: sp.diff(f_fac, Q[a, b]))
+        dWf = (dK.T * Q + K.T * dQ) / s
+        balanced = {K[a, b]: (kappa if a == b else 0) for a in range(r) for b in range(r)}
+        balanced.update({Q[a, b]: (kappa if a == b else 0) for a in range(r) for b in range(r)})
+        d_omega = (dWf.trace() / r).subs(balanced)
+        factored = sp.simplify((-d_omega / fprime).subs(kappa, sp.sqrt(s * omega)))
+        out["omega"][r] = {"merged": merged, "factored": factored}
+    # outputs: U_Y = O_Y V_Y, f(mu) with mu_i = (U_Y)_ii; factor of output 0
+    O = sp.Matrix(m_out, m_out, lambda a, b: sp.Symbol(f"o{a}{b}"))
+    V = sp.Matrix(m_out, m_out, lambda a, b: sp.Symbol(f"v{a}{b}"))
+    gs = sp.symbols(f"g0:{m_out}", real=True)          # dL/d mu_i
+    Um = sp.Matrix(m_out, m_out, lambda a, b: sp.Symbol(f"u{a}{b}"))
+    f_U = sum(gs[i] * Um[i, i] for i in range(m_out))
+    dU = -sp.Matrix(m_out, m_out, lambda a, b: sp.diff(f_U, Um[a, b]))
+    out["mu"]["merged"] = sp.simplify(-dU[0, 0] / gs[0])
+    UF = O * V
+    f_F = sum(gs[i] * UF[i, i] for i in range(m_out))
+    dO = -sp.Matrix(m_out, m_out, lambda a, b: sp.diff(f_F, O[a, b]))
+    dV = -sp.Matrix(m_out, m_out, lambda a, b: sp.diff(f_F, V[a, b]))
+    dUF = dO * V + O * dV
+    bal = {O[a, b]: (nu if a == b else 0) for a in range(m_out) for b in range(m_out)}
+    bal.update({V[a, b]: (nu if a == b else 0) for a in range(m_out) for b in range(m_out)})
+    out["mu"]["factored"] = sp.simplify((-dUF[0, 0] / gs[0]).subs(bal).subs(nu, sp.sqrt(mu)))
+    # off-diagonal entries of U_Y must not move at a balanced diagonal point
+    out["mu"]["factored_offdiag_velocity"] = sp.simplify(dUF[0, 1].subs(bal)) if m_out > 1 else 0
+    r_sym = sp.Symbol("r", positive=True)
+    out["general"] = {"merged": (1 / r_sym, sp.Integer(1)), "factored": (2 * omega / (s * r_sym), 2 * mu)}
+    out["symbols"] = {"omega": omega, "mu": mu, "s": s, "r": r_sym}
+    return out
+
+
+def check_metric_factors(candidate=None, block_sizes=(1, 2, 3)) -> bool:
+    """True iff the general formula (or ``candidate`` = {"merged": (f_omega, f_mu),
+    "factored": (f_omega, f_mu)} as sympy expressions in omega, mu, s, r) matches the
+    derivation for every block size -- used to show a wrong metric factor is rejected."""
+    D = derive_metric_factors(tuple(block_sizes))
+    cand = candidate if candidate is not None else D["general"]
+    r_sym = D["symbols"]["r"]
+    for r in block_sizes:
+        for param in ("merged", "factored"):
+            f_om = sp.sympify(cand[param][0]).subs(r_sym, r)
+            if sp.simplify(f_om - D["omega"][r][param]) != 0:
+                return False
+    for param in ("merged", "factored"):
+        if sp.simplify(sp.sympify(cand[param][1]) - D["mu"][param]) != 0:
+            return False
+    return True
+
 
 def metric_factors(param, omega, mu, tasks, logit_scale=1.0) -> tuple[np.ndarray, np.ndarray]:
     """(f_omega, f_mu), each (H, m): d omega = -f_omega dL/d omega, d mu = -f_mu dL/d mu.
@@ -440,3 +774,62 @@ def default_init(tasks, heads, init_scale=0.15) -> tuple[np.ndarray, np.ndarray]
     mu = np.full((heads, m), s0)
     mu[np.arange(heads), np.arange(heads) % m] = 2.0 * s0
     return omega, mu
+
+
+# ---------------------------------------------------------------------------------------
+# the exact finite-L reduced loss, by Monte Carlo (numpy reference)
+# ---------------------------------------------------------------------------------------
+
+def mc_reduced_loss(omega, mu, tasks, L, sigma=0.0, prompts=20000, seed=0, chunk=None,
+                    antithetic=True) -> tuple[float, float]:
+    """Monte-Carlo estimate of the exact finite-L reduced loss L_L(omega, mu) and its
+    standard error: (mean, stderr) over ``prompts`` independent prompts.
+
+    One prompt: x_l, q ~ N(0, I_d) (task basis, Phi = I: the reduced loss does not depend
+    on Phi), g_i ~ N(0, I_{r_i}), y_{l,i} = g_i^T x_{l,i} + eps, target g_i^T q_i;
+    y_hat_i = sum_h mu[h,i] sum_l softmax_l(sum_j omega[h,j] <x_{l,j}, q_j>) y_{l,i};
+    loss = sum_i (y_hat_i - target_i)^2.  With ``antithetic`` each prompt is paired with
+    its g -> -g, eps -> -eps image (same law, a variance reduction: the loss is even in
+    (g, eps) jointly, but the pair shares x and q), and the standard error is computed over
+    the pairs."""
+    tasks = check_tasks(tasks)
+    omega, mu = check_omega_mu(omega, mu, tasks)
+    sigma = check_sigma(sigma)
+    if isinstance(L, bool) or int(L) != L or L < 1:
+        raise ValueError(f"L must be a positive integer for the exact loss, got {L}")
+    L = int(L)
+    if prompts < 2:
+        raise ValueError(f"prompts must be at least 2 (an error bar needs two), got {prompts}")
+    rng = np.random.default_rng(seed)
+    d, m = sum(tasks), len(tasks)
+    edges = np.concatenate([[0], np.cumsum(tasks)])
+    if chunk is None:
+        chunk = max(1, int(4e6 // (L * d)))
+    losses = []
+    done = 0
+    while done < prompts:
+        B = min(chunk, prompts - done)
+        x = rng.standard_normal((B, L, d))
+        q = rng.standard_normal((B, d))
+        g = rng.standard_normal((B, d))         # g_i occupies block i of a length-d vector
+        eps = sigma * rng.standard_normal((B, L, m))
+        xq = x * q[:, None, :]
+        xg = x * g[:, None, :]
+        u = np.stack([xq[..., a:b].sum(-1) for a, b in zip(edges[:-1], edges[1:])], axis=-1)   # (B, L, m)
+        yc = np.stack([xg[..., a:b].sum(-1) for a, b in zip(edges[:-1], edges[1:])], axis=-1)  # (B, L, m)
+        target = np.stack([(q[:, a:b] * g[:, a:b]).sum(-1) for a, b in zip(edges[:-1], edges[1:])], axis=-1)
+        s = u @ omega.T                          # (B, L, H)
+        s = s - s.max(axis=1, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(axis=1, keepdims=True)
+        signs = (1.0, -1.0) if antithetic else (1.0,)
+        per = []
+        for sg in signs:
+            y = sg * (yc + eps)
+            avg = np.einsum("blh,bli->bhi", p, y)    # softmax average of y_i per head
+            pred = np.einsum("hi,bhi->bi", mu, avg)
+            per.append(np.sum((pred - sg * target) ** 2, axis=1))
+        losses.append(np.mean(per, axis=0))
+        done += B
+    losses = np.concatenate(losses)
+    return float(losses.mean()), float(losses.std(ddof=1) / np.sqrt(losses.size))

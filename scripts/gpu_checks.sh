@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# GPU checks for a machine lent with a CUDA GPU (made for one H200; runs in <= 8 minutes).
+#
+#   bash scripts/gpu_checks.sh            # everything under ./gpu_out
+#   OUT=/some/dir bash scripts/gpu_checks.sh
+#
+# Steps, each under its own `timeout`, each timed; a failed step does not stop the others:
+#   env      python, torch, CUDA device, nvidia-smi          (the machine, in words)
+#   install  pip install -e . without dependencies and without build isolation (the GPU
+#            machine has torch preinstalled and no network); falls back to PYTHONPATH
+#   bench            python -m numerics.bench --device cuda      -> bench.json, bench.log
+#   pytest-gpu       python -m pytest --device cuda -m gpu        -> pytest.log
+#   report           python -m reports.build --profile paper --device cuda
+#                                                                 -> report.tar.gz, report.log
+#   pytest-thorough  python -m pytest --thorough --device cuda -m "thorough and not gpu"
+#                    (with the time left; appended to pytest.log)
+# and a summary (summary.txt, summary.json): per step the exit status, seconds, verdict.
+# Together the two pytest steps are `pytest --thorough --device cuda -m "thorough or gpu"`,
+# split so that the short GPU cases and the report run before the long thorough cases.
+#
+# Everything is written under $OUT (default ./gpu_out), at most 8 files and no deeper than
+# $OUT/report (the device tool returns only that much): the report folder is packed into
+# report.tar.gz and removed, unless KEEP_REPORT_DIR=1.
+#
+# Precision: TF32 is off everywhere (NVIDIA_TF32_OVERRIDE=0 for cuBLAS/cuDNN; the Python
+# code also sets fp32_precision = "ieee"), so float32 checks are true float32.
+#
+# Knobs (environment): OUT, PYTHON (default python3, else python), TOTAL_BUDGET (seconds,
+# default 465: every step is cut short so the script ends within it), BENCH_TIMEOUT (100),
+# PYTEST_GPU_TIMEOUT (60), REPORT_TIMEOUT (200), PYTEST_TIMEOUT (240, the thorough step),
+# PYTEST_ARGS (thorough step; default: --thorough --device cuda -m "thorough and not gpu" -q -rfE),
+# BENCH_ARGS (extra flags for numerics.bench), KEEP_REPORT_DIR, SKIP_INSTALL=1 (use
+# PYTHONPATH instead of pip: for trying the script out on a machine you share).
+set -u
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT=${OUT:-$ROOT/gpu_out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+if [ -z "${PYTHON:-}" ]; then
+    if command -v python3 >/dev/null 2>&1; then PYTHON=python3; else PYTHON=python; fi
+fi
+TOTAL_BUDGET=${TOTAL_BUDGET:-465}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-100}
+PYTEST_GPU_TIMEOUT=${PYTEST_GPU_TIMEOUT:-60}
+REPORT_TIMEOUT=${REPORT_TIMEOUT:-200}
+PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-240}
+export NVIDIA_TF32_OVERRIDE=0
+unset TORCH_ALLOW_TF32_CUBLAS_OVERRIDE
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+START=$(date +%s)
+STEPS=()
+
+# run_step NAME TIMEOUT LOG CMD...: run CMD under `timeout`, never past TOTAL_BUDGET.
+run_step() {
+    local name=$1 limit=$2 log=$3
+    shift 3
+    local now left t0 rc ms secs verdict
+    now=$(date +%s)
+    left=$((TOTAL_BUDGET - (now - START)))
+    if [ "$left" -lt 15 ]; then
+        STEPS+=("$name|-|0|skipped: no time left in the ${TOTAL_BUDGET}s budget")
+        echo "== $name: skipped, ${left}s left of the budget" | tee -a "$log"
+        return 0
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "== $name (limit ${limit}s): $*" | tee -a "$log"
+    local first
+    first=$(($(wc -l <"$log") + 1))
+    t0=$(date +%s%N)
+    timeout --signal=TERM --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+    rc=$?
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    secs="$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
+    case $rc in
+        0) verdict=ok ;;
+        124|137) verdict="TIMED OUT after ${limit}s" ;;
+        *) verdict="FAILED (exit $rc)" ;;
+    esac
+    STEPS+=("$name|$rc|$secs|$verdict")
+    tail -n +"$first" "$log" | tail -n 25
+    echo "== $name: $verdict in ${secs}s" | tee -a "$log"
+    return 0
+}
+
+# --- env -------------------------------------------------------------------------------
+ENVLOG=$OUT/env.txt
+: >"$ENVLOG"
+{
+    echo "date: $(date -u +%FT%TZ)"; echo "host: $(uname -a)"; echo "python: $(command -v "$PYTHON")"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 || true
+} >>"$ENVLOG"
+run_step env 30 "$ENVLOG" "$PYTHON" -c "
+import sys, torch
+print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)
+assert torch.cuda.is_available(), 'torch sees no CUDA device'
+print('device', torch.cuda.get_device_name(0), 'count', torch.cuda.device_count())"
+if ! "$PYTHON" -c 'import torch' >/dev/null 2>&1; then
+    echo "torch is not importable with $PYTHON: nothing can run (set PYTHON=...)" | tee -a "$ENVLOG"
+fi
+
+# --- install (no torch from the network: it is preinstalled; no build isolation: offline) --
+if [ "${SKIP_INSTALL:-0}" != 1 ]; then
+    run_step install 60 "$ENVLOG" "$PYTHON" -m pip install --no-deps --no-build-isolation -e "$ROOT"
+fi
+if ! (cd /tmp && "$PYTHON" -c 'import numerics, claims' >/dev/null 2>&1); then
+    echo "package not importable after install: using PYTHONPATH=$ROOT" | tee -a "$ENVLOG"
+    export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+# --- bench -----------------------------------------------------------------------------
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+run_step bench "$BENCH_TIMEOUT" "$OUT/bench.log" \
+    "$PYTHON" -m numerics.bench --device cuda --no-progress --out "$OUT/bench.json" ${BENCH_ARGS:-}
+
+# --- the GPU test cases (short), then the paper-profile report, then the thorough tests
+# with whatever time is left (the report matters more than the thorough CPU-scale cases) --
+PLIMIT=()
+# a per-test limit where pytest-timeout is installed, so one stuck test cannot eat the rest
+if "$PYTHON" -c 'import pytest_timeout' >/dev/null 2>&1; then PLIMIT=(-p pytest_timeout --timeout=90); fi
+run_step pytest-gpu "$PYTEST_GPU_TIMEOUT" "$OUT/pytest.log" \
+    "$PYTHON" -m pytest -p no:cacheprovider --device cuda -m gpu -q -rfEs "${PLIMIT[@]}"
+
+run_step report "$REPORT_TIMEOUT" "$OUT/report.log" \
+    "$PYTHON" -m reports.build --profile paper --device cuda --no-progress --out "$OUT/report"
+if [ -d "$OUT/report" ] && tar -czf "$OUT/report.tar.gz" -C "$OUT" report; then
+    [ "${KEEP_REPORT_DIR:-0}" = 1 ] || rm -rf "$OUT/report"
+fi
+
+if [ -n "${PYTEST_ARGS:-}" ]; then
+    # shellcheck disable=SC2206
+    PARGS=($PYTEST_ARGS)
+else
+    PARGS=(--thorough --device cuda -m "thorough and not gpu" -q -rfE)
+fi
+run_step pytest-thorough "$PYTEST_TIMEOUT" "$OUT/pytest.log" \
+    "$PYTHON" -m pytest -p no:cacheprovider "${PARGS[@]}" "${PLIMIT[@]}"
+
+# --- summary ---------------------------------------------------------------------------
+TOTAL=$(($(date +%s) - START))
+{
+    echo "gpu_checks.sh summary ($(date -u +%FT%TZ)), total ${TOTAL}s of a ${TOTAL_BUDGET}s budget"
+    printf '%-8s %-6s %-10s %s\n' step exit seconds verdict
+    for s in "${STEPS[@]}"; do
+        IFS='|' read -r n rc secs v <<<"$s"
+        printf '%-8s %-6s %-10s %s\n' "$n" "$rc" "$secs" "$v"
+    done
+} | tee "$OUT/summary.txt"
+"$PYTHON" - "$OUT/summary.json" "$TOTAL" "${STEPS[@]}" <<'EOF' || true
+import json, sys
+path, total, *steps = sys.argv[1:]
+rows = []
+for s in steps:
+    name, rc, secs, verdict = s.split("|", 3)
+    rows.append({"step": name, "exit": None if rc == "-" else int(rc),
+                 "seconds": float(secs) if secs.replace(".", "", 1).isdigit() else None,
+                 "verdict": verdict})
+json.dump({"total_seconds": int(total), "steps": rows}, open(path, "w"), indent=1)
+EOF
+ls -la "$OUT"
+# exit status: 0 only if every step passed
+for s in "${STEPS[@]}"; do
+    case $s in *"|ok") ;; *) exit 1 ;; esac
+done
+exit 0
