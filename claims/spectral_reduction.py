@@ -29,7 +29,13 @@ Three checks, each against a prediction of ``theory.reduced_ode``:
 (c) :func:`check_expansion_trend` -- large L.  The full model trained on fresh batches
     against the large-L expansion flow (``integrate_expansion_flow``) over the same run,
     for >= 3 context lengths; the expansion drops O(L^-2) terms of the loss, so the error
-    e(L) (max over the run of |full - expansion|) must shrink as L grows.  The Monte-Carlo
+    e(L) (max over the run of |full - expansion|, relative to each value's scale) must
+    shrink as L grows.  The expansion is a delta-method series whose next term involves
+    E exp(2 omega q.x), finite only while 4 omega^2 < 1: where the flow lands beyond
+    omega = 1/2 (logit scale s = 1, r <= 16: the emergence lands near (r s)^(-1/4)), the
+    O(L^-2) remainder is not small at any accessible L and the trend is not seen (measured:
+    r = 3, H = 1, L = 16..512, relative error 0.4-0.7 without a trend; reported, see
+    docs/claims_1_4.md).  The asserted cases use a logit scale that lands inside omega < 1/2.  The Monte-Carlo
     part of e(L) is estimated from two independent prompt streams per L; the fitted
     exponent p of e ~ L^p has standard error se(p) propagated from it.  Agreement: p + 2
     se(p) < 0 (the error shrinks, at 2 sigma).  Perturbations: (i) the prediction "the
@@ -186,15 +192,17 @@ def _max_gap(a: dict, b: dict) -> np.ndarray:
 
 
 def check_trajectory_agreement(cfg, lr: float = 0.05, time: float = 3.0, base_prompts: int = 1,
-                               seed: int = 0, records: int = 7) -> Comparison:
+                               seed: int = 0, record_every: int = 1) -> Comparison:
     """(b) full GD vs the reduced flow on one fixed, exactly symmetric batch, over the whole
-    run, at the Richardson tolerance (module docstring)."""
+    run, at the Richardson tolerance (module docstring).  Compared every ``record_every``
+    steps: a fixed small batch can bring the flow to its fixed point within a few steps,
+    and a wrong metric only changes the speed, so the transient must be resolved."""
     from numerics.data import make_generator, sample_prompts
 
     steps = int(round(time / lr))
     if steps < 2 or abs(steps * lr - time) > 1e-9 * time:
         raise ValueError(f"time/lr must be an integer >= 2, got time={time}, lr={lr}")
-    every = max(1, steps // (records - 1))
+    every = int(record_every)
     prompts = symmetrize_full(sample_prompts(cfg, base_prompts, make_generator(seed, cfg.device)), cfg)
     full = gd_full(cfg, lr, steps, lambda k: prompts, every)
     full_half = gd_full(cfg, lr / 2, 2 * steps, lambda k: prompts, 2 * every)
@@ -226,6 +234,15 @@ def check_trajectory_agreement(cfg, lr: float = 0.05, time: float = 3.0, base_pr
 # (c) large L: the expansion ODE, error shrinking with L
 # ---------------------------------------------------------------------------------------
 
+def _relative_gap(omega, mu, omega_ref, mu_ref) -> float:
+    """max over the run and heads/tasks of |omega - omega_ref| / max|omega_ref| and
+    |mu - mu_ref| / max|mu_ref| (relative to each value's scale: mu ~ 1/omega, so absolute
+    errors of mu are larger by that factor and would hide the omega trend)."""
+    so = max(float(np.max(np.abs(omega_ref))), 1e-12)
+    sm = max(float(np.max(np.abs(mu_ref))), 1e-12)
+    return float(max(np.max(np.abs(omega - omega_ref)) / so, np.max(np.abs(mu - mu_ref)) / sm))
+
+
 def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1)) -> Comparison:
     """(c) full model (fresh batches, ``numerics.train.train``) against the expansion flow
     at each L in ``Ls`` (>= 3); fit of the error exponent, with Monte-Carlo error bars from
@@ -253,13 +270,11 @@ def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1)) -> Comparison:
             if ex.status != "t_end":
                 raise RuntimeError(f"the expansion flow stopped early at L={L} ({ex.status}, t={ex.t[-1]:.3g}): "
                                    "pick a configuration inside its domain 2 omega^2 < 1")
-            e_seed.append(float(np.max(np.maximum(np.abs(tr.omega - ex.omega).max(axis=(1, 2)),
-                                                  np.abs(tr.mu - ex.mu).max(axis=(1, 2))))))
+            e_seed.append(_relative_gap(tr.omega, tr.mu, ex.omega, ex.mu))
             exo = integrate_expansion_flow(om0, mu0, c.tasks, L, c.sigma, other, c.logit_scale,
                                            t_end=float(tr.t[-1]), t_eval=tr.t)
             n = len(exo.t)
-            e_other.append(float(np.max(np.maximum(np.abs(tr.omega[:n] - exo.omega).max(axis=(1, 2)),
-                                                    np.abs(tr.mu[:n] - exo.mu).max(axis=(1, 2))))))
+            e_other.append(_relative_gap(tr.omega[:n], tr.mu[:n], exo.omega, exo.mu))
             if s == seeds[0]:
                 runs.append({"L": L, "t": tr.t, "omega": tr.omega, "mu": tr.mu, "ex_t": ex.t,
                              "ex_omega": ex.omega, "ex_mu": ex.mu})
@@ -309,21 +324,22 @@ def _cases(profile: str, device: str, seed: int):
     rng = np.random.default_rng(seed)
     if profile == "tiny":
         grad = [(pc(tasks=(1, 1), heads=2, L=4, param="factored"), 8)]
-        traj = [(pc(tasks=(1, 1), heads=2, L=4, param="factored", init_scale=0.3), dict(time=1.0))]
+        traj = [(pc(tasks=(1, 1), heads=2, L=4, param="factored", init_scale=0.3), dict(time=0.5))]
         trend = None
     elif profile == "quick":
         grad = [(pc(tasks=(2, 1), heads=2, L=8, param=p, basis=b), 32)
                 for p in ("factored", "merged") for b in ("identity", "random")]
         traj = [(pc(tasks=(2, 1), heads=2, L=8, param=p, init_scale=0.3), dict(time=3.0))
                 for p in ("factored", "merged")]
-        trend = (pc(tasks=(3,), heads=1, L=16, param="factored"), [16, 64, 256],
-                 TrainConfig(lr=0.05, time=2.0, batch=256, records=11, seed=seed))
+        # logit scale 8: the emergence lands at omega < 1/2, inside the expansion's accuracy
+        trend = (pc(tasks=(3,), heads=1, L=16, param="factored", logit_scale=8.0), [16, 64, 256],
+                 TrainConfig(lr=0.05, time=3.0, batch=128, records=7, seed=seed))
     else:
         grad = [(pc(tasks=(3, 3), heads=2, L=128, param=p, basis=b), 256)
                 for p in ("factored", "merged") for b in ("identity", "random")]
-        traj = [(pc(tasks=(2, 2), heads=2, L=32, param=p, init_scale=0.15), dict(time=10.0, base_prompts=2))
+        traj = [(pc(tasks=(2, 2), heads=2, L=32, param=p, init_scale=0.15), dict(time=10.0, base_prompts=2, record_every=5))
                 for p in ("factored", "merged")]
-        trend = (pc(tasks=(3, 3), heads=2, L=64, param="factored"), [64, 128, 256, 512, 1024],
+        trend = (pc(tasks=(3, 3), heads=2, L=64, param="factored", logit_scale=8.0), [64, 128, 256, 512, 1024],
                  TrainConfig(lr=0.05, time=4.0, batch=2048, records=41, seed=seed))
     points = []
     for cfg, batch in grad:

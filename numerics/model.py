@@ -181,9 +181,11 @@ class MultiHeadAttention(torch.nn.Module):
         W, U = self.merged_weights()
         # a_h = W_h[:, :d] q: the y part of z_q is zero, so only the first d columns matter
         a = torch.einsum("hij,bj->bhi", W[:, :, :d], query[:, :d])            # (B, H, D)
-        logits = torch.bmm(context, a.transpose(1, 2))                        # (B, L, H)
-        p = torch.softmax(logits, dim=1)      # over the context; stable (max subtracted)
-        c = torch.bmm(p.transpose(1, 2), context)                             # (B, H, D)
+        # (B, H, L): the softmax runs over the last, contiguous axis (over a strided middle
+        # axis torch's CPU softmax was 3x slower than everything else in the step)
+        logits = torch.bmm(a, context.transpose(1, 2))
+        p = torch.softmax(logits, dim=-1)     # over the context; stable (max subtracted)
+        c = torch.bmm(p, context)                                             # (B, H, D)
         return torch.einsum("hki,bhi->bk", U, c)                              # (B, m)
 
     # --- readout ------------------------------------------------------------------------------

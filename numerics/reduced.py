@@ -46,9 +46,9 @@ def reduced_predict(omega: torch.Tensor, mu: torch.Tensor, prompts: Prompts, cfg
         x, q = x @ Phi, q @ Phi                     # coordinates in the task basis: Phi^T x
     omega_coord = omega @ cfg.task_indicator().T    # (H, d): omega of the task owning coordinate k
     a = omega_coord[None, :, :] * q[:, None, :]     # (B, H, d): sum_j omega_j Phi_j Phi_j^T q in Phi coords
-    logits = torch.bmm(x, a.transpose(1, 2))        # (B, L, H)
-    p = torch.softmax(logits, dim=1)
-    c = torch.bmm(p.transpose(1, 2), y)             # (B, H, m): sum_l p_hl y_{l,i}
+    logits = torch.bmm(a, x.transpose(1, 2))        # (B, H, L)
+    p = torch.softmax(logits, dim=-1)
+    c = torch.bmm(p, y)                             # (B, H, m): sum_l p_hl y_{l,i}
     return (mu[None] * c).sum(dim=1)
 
 

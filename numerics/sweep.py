@@ -363,7 +363,7 @@ def _package_version() -> str:
 _CODE_VERSION: Optional[str] = None
 
 
-def code_version() -> str:
+def code_version(refresh: bool = False) -> str:
     """``"<package version>+src.<sha256 of code_sources()>"`` (computed once per process).
 
     Why a hash of the sources and not the git commit: (1) an uncommitted edit to the model
@@ -371,9 +371,11 @@ def code_version() -> str:
     to the docs or the report, would invalidate every stored result; (3) cluster workers
     often run from an installed package with no ``.git``. Hashing exactly the files that a
     training point imports changes the id when, and only when, the code that produced the
-    numbers changes (the sweep machinery itself is not among them)."""
+    numbers changes (the sweep machinery itself is not among them). ``refresh``: hash the
+    files again (``run_grid`` does at its start; a worker hashes once, before it imports the
+    training code, and refuses to run if its version differs from the sweep's)."""
     global _CODE_VERSION
-    if _CODE_VERSION is None:
+    if _CODE_VERSION is None or refresh:
         digest = hashlib.sha256()
         for path in code_sources():
             digest.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0")
@@ -490,9 +492,12 @@ def execute_point(point: dict, point_fn: Union[None, str, PointFn], expected_cod
     out = {"result": None, "error": None, "traceback": None, "worker": worker}
     try:
         if expected_code is not None and code_version() != expected_code:
-            raise RuntimeError(f"this worker runs code version {code_version()} but the sweep expects "
-                               f"{expected_code}; install the same project version on every worker")
+            raise RuntimeError(f"this worker runs code version {code_version()} but the sweep started with "
+                               f"{expected_code}: the training sources changed during the sweep, or this worker "
+                               f"has another installation; rerun the sweep with the code you mean to measure")
         out["result"] = _jsonable(resolve_point_fn(point_fn)(point))
+        torch = sys.modules.get("torch")
+        out["torch"] = getattr(torch, "__version__", None)  # recorded, not enforced (CPU client, CUDA workers)
     except Exception as exc:  # the sweep goes on; the point file says what went wrong
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["traceback"] = traceback.format_exc()
@@ -655,7 +660,7 @@ class _Sink:
         status = "failed" if out.get("error") else "done"
         record = {"id": item.id, "status": status, "point": item.point, "result": out.get("result"),
                   "error": out.get("error"), "traceback": out.get("traceback"),
-                  "wall_seconds": out.get("wall_seconds"), "worker": out.get("worker"),
+                  "wall_seconds": out.get("wall_seconds"), "worker": out.get("worker"), "torch": out.get("torch"),
                   "worker_deaths": item.deaths, "code_version": self.code, "point_fn": self.fn_name,
                   "finished_at": _utc_now()}
         write_json_atomic(self.out / "points" / f"{item.id}.json", record)
@@ -684,12 +689,14 @@ class _Sink:
 
 def _mp_context():
     # forkserver: workers fork from a clean single-threaded server that imported torch once
-    # (cheap to replace a dead worker; no fork of a process with live OpenMP threads).
+    # (cheaper to replace a dead worker; no fork of a process with live OpenMP threads).
     # spawn where forkserver does not exist (Windows).
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["numerics.train"])
+        # torch only: the project's modules are imported by each worker just before it
+        # computes its code version, so that the version describes the code it runs
+        ctx.set_forkserver_preload(["torch"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -907,7 +914,7 @@ def run_grid(points: list[dict], out_dir: Union[str, Path], scheduler: Optional[
     if grid_text is not None:
         _write_text_atomic(out / "grid.toml", grid_text)
 
-    code = code_version()
+    code = code_version(refresh=True)
     ids, items, seen = [], [], set()
     for point in points:
         pid = point_id(point, code=code, point_fn=fn_name)

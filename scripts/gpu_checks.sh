@@ -141,10 +141,10 @@ run_step pytest-thorough "$PYTEST_TIMEOUT" "$OUT/pytest.log" \
 TOTAL=$(($(date +%s) - START))
 {
     echo "gpu_checks.sh summary ($(date -u +%FT%TZ)), total ${TOTAL}s of a ${TOTAL_BUDGET}s budget"
-    printf '%-8s %-6s %-10s %s\n' step exit seconds verdict
+    printf '%-16s %-6s %-10s %s\n' step exit seconds verdict
     for s in "${STEPS[@]}"; do
         IFS='|' read -r n rc secs v <<<"$s"
-        printf '%-8s %-6s %-10s %s\n' "$n" "$rc" "$secs" "$v"
+        printf '%-16s %-6s %-10s %s\n' "$n" "$rc" "$secs" "$v"
     done
 } | tee "$OUT/summary.txt"
 "$PYTHON" - "$OUT/summary.json" "$TOTAL" "${STEPS[@]}" <<'EOF' || true

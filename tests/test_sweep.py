@@ -43,6 +43,11 @@ def without_timing(result: dict) -> dict:
     return {k: v for k, v in result.items() if "seconds" not in k}
 
 
+def errors(out_dir) -> list:
+    """The stored errors of a sweep, for the message of a failing assertion."""
+    return [(r["point"]["model"], r["point"]["train"]["seed"], r["error"]) for r in load_results(out_dir) if r["error"]]
+
+
 def by_point(records: list[dict]) -> dict[str, dict]:
     return {json.dumps(r["point"], sort_keys=True): r for r in records}
 
@@ -198,7 +203,7 @@ def test_pool_gives_identical_results_despite_a_worker_death(serial_reference, t
     summary = run_grid(points, tmp_path / "pool", workers=2, retries=1, progress=False, point_fn=fn)
     assert (marker_dir / "died").exists(), "the worker was never killed: the test would prove nothing"
     assert summary.worker_deaths >= 1
-    assert (summary.done, summary.failed) == (4, 0)
+    assert (summary.done, summary.failed) == (4, 0), errors(tmp_path / "pool")
     results = by_point(load_results(tmp_path / "pool"))
     assert results.keys() == reference.keys()
     for key, record in results.items():
@@ -215,7 +220,7 @@ def test_dask_local_cluster_gives_identical_results_despite_a_worker_death(seria
     summary = run_grid(points, tmp_path / "dask", scheduler="local", workers=2, retries=1, progress=False,
                        point_fn=fn)
     assert (marker_dir / "died").exists(), "the worker was never killed: the test would prove nothing"
-    assert (summary.done, summary.failed) == (4, 0)
+    assert (summary.done, summary.failed) == (4, 0), errors(tmp_path / "dask")
     results = by_point(load_results(tmp_path / "dask"))
     assert results.keys() == reference.keys()
     for key, record in results.items():
@@ -225,7 +230,7 @@ def test_dask_local_cluster_gives_identical_results_despite_a_worker_death(seria
 def test_point_that_always_kills_its_worker_fails_after_retries(tmp_path):
     points = expand_grid(tiny_spec(seed=[0, 1, 2]))
     summary = run_grid(points, tmp_path, workers=2, retries=1, progress=False, point_fn=always_die_on_seed_1)
-    assert (summary.done, summary.failed) == (2, 1)
+    assert (summary.done, summary.failed) == (2, 1), errors(tmp_path)
     records = {r["point"]["train"]["seed"]: r for r in load_results(tmp_path)}
     assert records[1]["error"].startswith("WorkerDied") and records[1]["result"] is None
     assert records[1]["worker_deaths"] == 2  # charged only when it died alone: first try + 1 retry
@@ -276,7 +281,7 @@ def test_kill_midway_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
 
     (tmp_path / "open").write_text("")
     second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert second.returncode == 0, second.stderr
+    assert second.returncode == 0, (second.stderr, errors(out))
     assert json.loads(second.stdout)["skipped"] == 2 and json.loads(second.stdout)["done"] == 4
 
     records = load_results(out)
