@@ -287,11 +287,20 @@ def small_L_rows(tasks, Ls: Sequence[int], sigma: float = 0.0, eval_elements: in
 
 def check_small_L(tasks, Ls: Sequence[int], sigma: float = 0.0, eval_elements: int = 2 ** 22, seed: int = 0,
                   device="cpu") -> Comparison:
-    """The expansion's relative error at theory's fixed point falls like 1/L: weighted fit of
-    log|relative error| on log L, slope -1.  Tolerance: Z standard errors of the slope plus
-    half the difference between the slopes fitted on the smaller and on the larger half of the
-    L range (the O(1/L^2) relative terms bend the line at small L).  Perturbations: slope 0
-    (an L-independent error) and slope -2 (an O(1/L^2) error)."""
+    """How the expansion's relative error at its own fixed point decays with L.
+
+    Measured: the weighted log-log slope of |relative error| against L over the upper half of
+    the L range (the lower half is pre-asymptotic: the error is flat there, SPEC.md's 7% at
+    L = 128).  Predicted, from theory's own remainder analysis
+    (``theory.reduced_ode.expansion_reliable``): where 6 omega*^2 < 1 at every fitted L the
+    remainder is O(L^-2), so the relative error is O(1/L): slope -1 (tolerance Z standard
+    errors of the slope plus half the change of slope between the two halves of the fitted
+    range, the bend left by higher orders; perturbations: slope 0 and -2).  Where
+    6 omega*^2 >= 1 the remainder is o(1/L) but not O(L^-2): the error still vanishes, more
+    slowly than 1/L, so the slope lies strictly inside (-1, 0) (tolerance Z standard errors;
+    perturbations: slope -1 and slope 0, i.e. O(1/L) and no decay)."""
+    from theory.reduced_ode import expansion_reliable
+
     rows = small_L_rows(tasks, Ls, sigma, eval_elements, seed, device)
     L = np.array([r["L"] for r in rows], float)
     e = np.abs(np.array([r["relative_error"] for r in rows]))
@@ -304,26 +313,40 @@ def check_small_L(tasks, Ls: Sequence[int], sigma: float = 0.0, eval_elements: i
         cov = np.linalg.inv(X.T @ (X * w[:, None]))
         return float((cov @ (X.T @ (w * y[idx])))[1]), float(math.sqrt(cov[1, 1]))
 
-    allidx = np.arange(L.size)
-    slope, slope_se = slope_fit(allidx)
-    half = L.size // 2
-    bend = 0.5 * abs(slope_fit(allidx[:half + 1])[0] - slope_fit(allidx[half - 1:])[0]) if L.size >= 4 else 0.0
-    tol = Z * slope_se + bend
+    upper = np.arange(L.size)[L.size // 2 - (1 if L.size % 2 == 0 and L.size >= 4 else 0):]
+    upper = upper if upper.size >= 2 else np.arange(L.size)
+    slope, slope_se = slope_fit(upper)
+    reliable = all(expansion_reliable(np.asarray(rows[i]["omega_star"])) for i in upper)
+    if reliable:
+        bend = 0.5 * abs(slope_fit(upper[:2])[0] - slope_fit(upper[-2:])[0]) if upper.size >= 4 else 0.0
+        tol = Z * slope_se + bend
+        err, predicted = abs(slope + 1.0), -1.0
+        agrees = err <= tol
+        why = (f"{Z:g} standard errors of the log-log slope plus half the change of slope across the fitted range "
+               f"({bend:.3g})")
+        perts = [perturbation("L-independent error (slope 0)", abs(slope), tol, predicted=0.0),
+                 perturbation("O(1/L^2) error (slope -2)", abs(slope + 2.0), tol, predicted=-2.0)]
+    else:
+        tol = Z * slope_se
+        err = max(0.0, -1.0 - slope, slope)          # distance from the open interval (-1, 0)
+        predicted = "in (-1, 0): slower than 1/L, still decaying"
+        agrees = (slope - tol > -1.0) and (slope + tol < 0.0)
+        why = f"{Z:g} standard errors of the log-log slope (Monte-Carlo errors of the exact loss)"
+        perts = [perturbation("O(1/L) error (slope -1)", abs(slope + 1.0), tol, predicted=-1.0),
+                 perturbation("no decay (slope 0)", abs(slope), tol, predicted=0.0)]
     return Comparison(
-        name=f"expansion error O(1/L), tasks={list(tasks)}, sigma={sigma:g}",
-        measured=slope, predicted=-1.0, error=abs(slope + 1.0), tolerance=tol,
-        why=f"{Z:g} standard errors of the log-log slope (Monte-Carlo errors of the exact loss) plus half the change "
-            f"of slope between the small-L and the large-L halves ({bend:.3g})",
-        agrees=bool(abs(slope + 1.0) <= tol),
-        perturbations=[perturbation("L-independent error (slope 0)", abs(slope), tol, predicted=0.0),
-                       perturbation("O(1/L^2) error (slope -2)", abs(slope + 2.0), tol, predicted=-2.0)],
-        details={"tasks": list(tasks), "sigma": sigma, "rows": rows, "slope_se": slope_se, "bend": bend})
+        name=f"expansion error vs L, tasks={list(tasks)}, sigma={sigma:g}, L={int(L[upper[0]])}..{int(L[upper[-1]])}",
+        measured=slope, predicted=predicted, error=float(err), tolerance=float(tol), why=why, agrees=bool(agrees),
+        perturbations=perts,
+        details={"tasks": list(tasks), "sigma": sigma, "rows": rows, "slope_se": slope_se,
+                 "remainder_O_L2": reliable, "fitted_L": L[upper].tolist()})
 
 
 SMALL_L_GRIDS = {
-    "tiny": ((3,), (16, 32, 64), 2 ** 18),
-    "quick": ((3,), (16, 32, 64, 128, 256, 512), 2 ** 23),
-    "paper": ((4, 4, 4), (16, 32, 64, 128, 256, 512, 1024, 2048), 2 ** 26),
+    # r = 3: omega* ~ 0.43, 6 omega*^2 > 1 (slower than 1/L); r = 10: omega* ~ 0.27 (1/L expected)
+    "tiny": ([(3,)], (32, 64, 128), 2 ** 18),
+    "quick": ([(3,), (10,)], (16, 32, 64, 128, 256, 512), 2 ** 23),
+    "paper": ([(3,), (4,), (10,)], (16, 32, 64, 128, 256, 512, 1024, 2048, 4096), 2 ** 27),
 }
 
 
@@ -332,16 +355,20 @@ def run_small_L(profile="quick", device="cpu", seed=0, progress=no_progress, swe
     cid = "boundary-small-L"
 
     def body():
-        tasks, Ls, elems = SMALL_L_GRIDS[profile]
-        progress("expansion against the exact loss at small L", 0.0)
-        comp = check_small_L(tasks, Ls, 0.0, elems, seed, device)
-        rows = comp.details["rows"]
-        fig = Figure(name="small-L", title=f"Expansion's relative error at its fixed point, tasks={list(tasks)}",
-                     xlabel="L", ylabel="|expansion - exact| / exact", xscale="log", yscale="log",
-                     series=[Series("measured", [r["L"] for r in rows], [abs(r["relative_error"]) for r in rows], "points"),
-                             Series("slope -1 through the first point", [r["L"] for r in rows],
-                                    [abs(rows[0]["relative_error"]) * rows[0]["L"] / r["L"] for r in rows], "dashed")])
-        return _result(cid, [comp], [fig], {"profile": profile, "seed": seed})
+        cases, Ls, elems = SMALL_L_GRIDS[profile]
+        comps, series = [], []
+        for k, tasks in enumerate(cases):
+            progress(f"expansion against the exact loss at small L, tasks={list(tasks)}", k / len(cases))
+            comp = check_small_L(tasks, Ls, 0.0, elems, seed + 100 * k, device)
+            comps.append(comp)
+            rows = comp.details["rows"]
+            series += [Series(f"measured, tasks={list(tasks)}", [r["L"] for r in rows],
+                              [abs(r["relative_error"]) for r in rows], "points"),
+                       Series(f"slope -1 through the last point, tasks={list(tasks)}", [r["L"] for r in rows],
+                              [abs(rows[-1]["relative_error"]) * rows[-1]["L"] / r["L"] for r in rows], "dashed")]
+        fig = Figure(name="small-L", title="Expansion's relative error at its own fixed point",
+                     xlabel="L", ylabel="|expansion - exact| / exact", xscale="log", yscale="log", series=series)
+        return _result(cid, comps, [fig], {"profile": profile, "seed": seed})
 
     return run_claim(cid, TITLES[cid], STATEMENTS[cid], body)
 
@@ -352,26 +379,35 @@ def run_small_L(profile="quick", device="cpu", seed=0, progress=no_progress, swe
 
 @one_thread
 def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparison:
-    """Train the exact reduced flow (factored) with H < m heads.  Read off the partition:
-    task i is served by the heads whose |mu[h, i]| exceeds ALLOCATED_SHARE of the task's
-    largest.  Expected: every task served by exactly one head, and the trained loss equal to
-    the minimum of the exact loss over that partition (each head sees and serves its tasks
-    only, omega and mu free), within Z paired standard errors plus the drift of the training
-    loss over its final window.  Perturbation: "one head per task" (claim 4 read literally:
-    the loss of the allocated limit with m heads) must be rejected."""
-    from claims.limiting_error import allocated_minimum, loss_standard_error
+    """Train the exact reduced flow (cfg.param) with H < m heads from cfg's init.
+
+    Predicted: theory's winners (``theory.task_allocation.predicted_winners``, the expansion
+    flow from the same init) -- each task ends on one head, so some head serves several --
+    and the trained loss equal to the minimum of the exact loss over that partition (each head
+    sees and serves its own tasks only), within Z paired standard errors plus the drift of the
+    training loss over its final window.  Measured: the head carrying each task (largest |mu|),
+    whether the others are below ALLOCATED_SHARE of it, and the trained loss on independent
+    prompts.  Perturbation: "one head per task" (claim 4 read literally: the m-head allocated
+    limit's loss) must be rejected.  A symmetric init (two heads tied on a task) is a different
+    boundary: the tie is kept by symmetry and the task shared, so use a random init here."""
+    from claims.limiting_error import allocated_minimum
+    from numerics.model import initial_semi_singular_values
+    from theory.task_allocation import predicted_winners
 
     if cfg.heads >= cfg.m:
         raise ValueError(f"check_fewer_heads needs fewer heads than tasks, got heads={cfg.heads} >= m={cfg.m}")
+    om0, mu0 = (t.numpy() for t in initial_semi_singular_values(cfg))
+    winners = predicted_winners(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale)
     res = _train_reduced(cfg, tcfg)
     mu = np.abs(res.mu)
-    serves = mu >= ALLOCATED_SHARE * mu.max(axis=0, keepdims=True)
-    partition = [np.flatnonzero(serves[:, i]).tolist() for i in range(cfg.m)]
-    is_partition = all(len(p) == 1 for p in partition)
-    # minimum over the observed serving pattern: heads see (omega free) and serve (mu) their tasks
+    measured_winners = [int(h) for h in np.argmax(mu, axis=0)]
+    shares = [float(np.sort(mu[:, i])[-2] / mu[:, i].max()) for i in range(cfg.m)]
+    is_partition = all(sh <= ALLOCATED_SHARE for sh in shares)
+    serves = np.zeros((cfg.heads, cfg.m), bool)
+    serves[winners, np.arange(cfg.m)] = True
     part = minimise_family(cfg.tasks, cfg.L, cfg.sigma, serves, serves,
-                           [np.where(serves, np.abs(res.omega), 0.0)], seed + 5, family="partition",
-                           device=cfg.device)
+                           [np.where(serves, np.maximum(np.abs(res.omega), 0.05), 0.0)], seed + 5,
+                           family="partition", device=cfg.device)
     alloc = allocated_minimum(cfg.tasks, cfg.L, cfg.sigma, seed + 6, cfg.device)
     losses = evaluate([(res.omega, res.mu), (part.omega, part.mu), (alloc.omega, alloc.mu)], cfg.tasks, cfg.L,
                       cfg.sigma, n_eval, seed + 7, cfg.device)
@@ -381,26 +417,31 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
     drift = abs(float(halves[0].mean() - halves[1].mean()))
     tol = Z * se + drift
     d_alloc = float(losses[0].mean() - losses[2].mean())
+    agrees = is_partition and measured_winners == list(winners) and abs(diff) <= tol
     return Comparison(
         name=f"H < m: tasks={list(cfg.tasks)}, H={cfg.heads}, L={cfg.L}",
-        measured={"loss_trained": float(losses[0].mean()), "partition": partition, "is_partition": is_partition},
-        predicted={"loss_partition_minimum": float(losses[1].mean()), "each task on one head": True},
+        measured={"loss_trained": float(losses[0].mean()), "winners": measured_winners, "second_share": shares},
+        predicted={"loss_partition_minimum": float(losses[1].mean()), "winners": list(winners)},
         error=abs(diff), tolerance=tol,
         why=f"{Z:g} paired standard errors on {n_eval} prompts plus the drift of the training loss over its "
             f"final window ({drift:.3g})",
-        agrees=bool(is_partition and abs(diff) <= tol),
+        agrees=bool(agrees),
         perturbations=[perturbation("one head per task (the allocated limit's loss)", abs(d_alloc), tol,
                                     predicted=float(losses[2].mean()))],
-        details={"config": cfg.to_dict(), "train": tcfg.to_dict(), "omega": np.round(res.omega, 4).tolist(),
-                 "mu": np.round(res.mu, 4).tolist(), "partition_minimum": part.summary(),
-                 "allocated_with_m_heads": alloc.summary(), "se": se, "drift": drift,
+        details={"config": cfg.to_dict(), "train": tcfg.to_dict(), "omega0": om0.tolist(), "mu0": mu0.tolist(),
+                 "omega": np.round(res.omega, 4).tolist(), "mu": np.round(res.mu, 4).tolist(),
+                 "partition_minimum": part.summary(), "allocated_with_m_heads": alloc.summary(), "se": se,
+                 "drift": drift, "is_partition": is_partition,
                  "loss_ratio_to_allocated": float(losses[0].mean() / losses[2].mean())})
 
 
 FEWER_GRIDS = {
-    "tiny": ({"tasks": (1, 1, 1), "heads": 2, "L": 32}, {"lr": 0.1, "time": 6.0, "batch": 256}, 4000),
-    "quick": ({"tasks": (2, 2, 2), "heads": 2, "L": 64}, {"lr": 0.1, "time": 40.0, "batch": 512}, 40000),
-    "paper": ({"tasks": (4, 4, 4, 4), "heads": 2, "L": 256}, {"lr": 0.05, "time": 200.0, "batch": 2048}, 200000),
+    "tiny": ({"tasks": (1, 1, 1), "heads": 2, "L": 32, "init": "random_decomposable", "init_seed": 1},
+             {"lr": 0.1, "time": 6.0, "batch": 256}, 4000),
+    "quick": ({"tasks": (2, 2, 2), "heads": 2, "L": 64, "init": "random_decomposable", "init_seed": 1},
+              {"lr": 0.1, "time": 40.0, "batch": 512}, 40000),
+    "paper": ({"tasks": (4, 4, 4, 4), "heads": 2, "L": 256, "init": "random_decomposable", "init_seed": 1},
+              {"lr": 0.05, "time": 200.0, "batch": 2048}, 200000),
 }
 
 

@@ -69,6 +69,7 @@ class BenchConfig:
     scaling_steps: int = 3    # timed steps per size in section 4
     progress: bool = True
     out: str | None = None    # JSON path
+    threads: int | None = None  # torch intra-op threads (None: torch's default)
 
 
 # ---------------------------------------------------------------------------------------
@@ -123,20 +124,29 @@ def time_interleaved(fns: dict, rounds: int, warmup: int, device: str) -> dict:
     round times one call of each, in an order rotated from round to round.  On a shared
     machine the load drifts over seconds; interleaving exposes every contender to the same
     drift, so their ratios stay meaningful even when the absolute times are inflated.
-    A function may return a list of seconds instead of None (``TrainerSteps``): those are
-    its samples for the round (the first ``warmup`` rounds are untimed)."""
+    A function may return a list of (wall, cpu) second pairs instead of None
+    (``TrainerSteps``): those are its samples for the round.  The first ``warmup`` rounds
+    are untimed.
+
+    Each summary also holds ``cpu``: the process CPU time (all threads) per call.  Waiting
+    for a core does not count in it, so on a contended machine it is the steadier figure
+    (spinning threads still add some); on a GPU it is host time only."""
     names = list(fns)
-    samples: dict = {k: [] for k in names}
+    wall: dict = {k: [] for k in names}
+    cpu: dict = {k: [] for k in names}
     for r in range(warmup + rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for k in order:
             sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             got = fns[k]()
             sync(device)
-            if r >= warmup:
-                samples[k].extend(got if isinstance(got, list) else [time.perf_counter() - t0])
-    return {k: summary(v) for k, v in samples.items()}
+            if r < warmup:
+                continue
+            pairs = got if isinstance(got, list) else [(time.perf_counter() - t0, time.process_time() - c0)]
+            wall[k].extend(p[0] for p in pairs)
+            cpu[k].extend(p[1] for p in pairs)
+    return {k: {**summary(wall[k]), "cpu": summary(cpu[k])} for k in names}
 
 
 def _ratio_summary(slow: dict, fast: dict) -> dict:
@@ -256,11 +266,13 @@ class TrainerSteps:
     def __call__(self) -> list[float]:
         import numerics.train as trainer
         stamps: list[float] = []
+        cpu_stamps: list[float] = []
         original = trainer.sample_prompts
 
         def stamped(*args, **kwargs):
             sync(self.cfg.device)
             stamps.append(time.perf_counter())
+            cpu_stamps.append(time.process_time())
             return original(*args, **kwargs)
 
         trainer.sample_prompts = stamped
@@ -274,19 +286,16 @@ class TrainerSteps:
                                f"{len(stamps)}: numerics.train changed, update numerics.bench.TrainerSteps")
         self.setup_seconds = stamps[0] - t0
         # interval k covers step k; step 0 holds the first record's readout
-        return [b - a for a, b in zip(stamps[1:-1], stamps[2:])]
+        return [(b - a, cb - ca) for a, b, ca, cb in
+                zip(stamps[1:-1], stamps[2:], cpu_stamps[1:-1], cpu_stamps[2:])]
 
 
-def _draws(cfg: ProblemConfig, tcfg: TrainConfig, steps: int) -> float:
-    """Seconds to draw the steps + 1 batches a run of ``steps`` steps draws (the floor under
-    any trainer on this prompt stream, full or reduced)."""
+def _draws(cfg: ProblemConfig, tcfg: TrainConfig, steps: int) -> None:
+    """Draw the steps + 1 batches a run of ``steps`` steps draws: the floor under any
+    trainer on this prompt stream, full or reduced."""
     gen = make_generator(tcfg.seed, cfg.device)
-    sync(cfg.device)
-    t0 = time.perf_counter()
     for _ in range(steps + 1):
         sample_prompts(cfg, tcfg.batch, gen)
-    sync(cfg.device)
-    return time.perf_counter() - t0
 
 
 def bytes_moved(cfg: ProblemConfig, batch: int) -> dict:
@@ -376,7 +385,7 @@ def peak_memory(sizes: dict, dtype: str, device: str, which: str = "ours", seed:
         peak = torch.cuda.max_memory_allocated(device) - before
         return {"bytes": int(peak), "method": "torch.cuda.max_memory_allocated"}
     payload = json.dumps({"sizes": {**sizes, "tasks": list(sizes["tasks"])}, "dtype": dtype,
-                          "which": which, "seed": seed})
+                          "which": which, "seed": seed, "threads": torch.get_num_threads()})
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", "import sys; from numerics.bench import "
@@ -420,6 +429,7 @@ def measure_step_memory_cpu(sizes: dict, dtype: str, which: str = "ours", seed: 
 
 def _peak_memory_child(payload: str) -> None:
     args = json.loads(payload)
+    torch.set_num_threads(args["threads"])
     res = measure_step_memory_cpu(args["sizes"], args["dtype"], args["which"], args["seed"])
     res["method"] += ", fresh process"
     print(json.dumps(res))
@@ -448,6 +458,8 @@ def scaling_grid(quick: bool) -> dict:
 
 def run_bench(bc: BenchConfig) -> dict:
     t_start = time.perf_counter()
+    if bc.threads is not None:
+        torch.set_num_threads(bc.threads)
     precision = precise_float32()
     dev = bc.device
     main = SMOKE if bc.quick else QUICK
@@ -500,6 +512,9 @@ def run_bench(bc: BenchConfig) -> dict:
             # the sampling both share caps the full-step ratio at reference / sampling
             "ratio_cap_from_sampling": t["reference"]["median"] / t["sampling"]["median"],
             "sampling_share_of_bare_step": t["sampling"]["median"] / t["bare_step"]["median"],
+            # the same ratios in process CPU time (steadier under contention; host time on a GPU)
+            "cpu_ratio_reference_over_trainer": t["reference"]["cpu"]["median"] / t["trainer"]["cpu"]["median"],
+            "cpu_ratio_model_only": t["reference_model_only"]["cpu"]["median"] / t["model_only"]["cpu"]["median"],
             "target_ratio": 10.0, "meets_target": ratio["median"] >= 10.0,
         }
         out["roofline"][dt] = roofline(
@@ -519,7 +534,7 @@ def run_bench(bc: BenchConfig) -> dict:
                            records=2, progress=False)
         t = time_interleaved({"full": lambda: train(cfg, tcfg),
                               "reduced": lambda: train_reduced(cfg, tcfg),
-                              "sampling_only": lambda: [_draws(cfg, tcfg, steps)]},
+                              "sampling_only": lambda: _draws(cfg, tcfg, steps)},
                              slow_reps, 0, dev)
         out["reduced_vs_full"][dt] = {
             "full_seconds": t["full"], "reduced_seconds": t["reduced"],
@@ -547,7 +562,8 @@ def run_bench(bc: BenchConfig) -> dict:
         ts = [t[x] for x in xs]
         name = "d" if axis == "r" else axis
         scaling[name] = {"sizes": xs, "seconds": ts,
-                         "exponent": fit_exponent(xs, [s["median"] for s in ts])}
+                         "exponent": fit_exponent(xs, [s["median"] for s in ts]),
+                         "exponent_cpu_time": fit_exponent(xs, [s["cpu"]["median"] for s in ts])}
         bar.update(1)
     out["scaling"] = scaling
 
@@ -628,7 +644,9 @@ def render(res: dict) -> str:
             f" {_fmt_t(s['sampling_seconds'])} ({100 * s['sampling_share_of_bare_step']:.0f}%)",
             f"  {dt}  without sampling: ours {_fmt_t(s['model_only_seconds'])}   reference"
             f" {_fmt_t(s['reference_model_only_seconds'])}   ratio {rm['median']:.1f}x;"
-            f" sampling caps the full-step ratio at {s['ratio_cap_from_sampling']:.1f}x"]
+            f" sampling caps the full-step ratio at {s['ratio_cap_from_sampling']:.1f}x",
+            f"  {dt}  in process CPU time: ratio {s['cpu_ratio_reference_over_trainer']:.1f}x,"
+            f" without sampling {s['cpu_ratio_model_only']:.1f}x"]
     lines += ["", "2. roofline: share of our step's time that its bytes (at the copy bandwidth) and"
                   " FLOPs (at the matmul rate) account for"]
     for dt, r in res["roofline"].items():
@@ -647,7 +665,7 @@ def render(res: dict) -> str:
     for axis in ("L", "d", "heads", "batch"):
         a = sc[axis]
         pts = ", ".join(f"{x}: {t['median'] * 1e3:.1f}" for x, t in zip(a["sizes"], a["seconds"]))
-        lines.append(f"  {axis:6s} k = {a['exponent']:5.2f}   (ms: {pts})")
+        lines.append(f"  {axis:6s} k = {a['exponent']:5.2f} (CPU time: {a['exponent_cpu_time']:5.2f})   (ms: {pts})")
     lines += ["", "5. peak memory one step adds (MiB)"]
     for dt, mm in res["peak_memory"].items():
         lines.append(f"  {dt}  " + ", ".join(f"{k} {v['bytes'] / 2**20:.0f}" for k, v in mm.items()))
@@ -682,6 +700,10 @@ def parse_args(argv=None) -> BenchConfig:
     p.add_argument("--reduced-time", type=float, default=0.5,
                    help="gradient-flow time t of the reduced-vs-full comparison (default 0.5, "
                         "i.e. t / lr = 10 steps of lr = 0.05)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op CPU threads (default: torch's choice, the core count). On "
+                        "a machine shared with other jobs, 1 avoids threads waiting on each other "
+                        "for a core, which can make small steps 10-100x slower")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     dtypes = tuple(s.strip() for s in a.dtype.split(",") if s.strip())
@@ -700,6 +722,8 @@ def parse_args(argv=None) -> BenchConfig:
             p.error(f"--device {dev}: only {torch.cuda.device_count()} CUDA device(s) here")
     if a.repeats < 1:
         p.error(f"--repeats must be a positive integer, got {a.repeats}")
+    if a.threads is not None and a.threads < 1:
+        p.error(f"--threads must be a positive integer, got {a.threads}")
     if a.warmup < 0:
         p.error(f"--warmup must be >= 0, got {a.warmup}")
     if not (math.isfinite(a.reduced_time) and a.reduced_time >= LR):
@@ -709,7 +733,7 @@ def parse_args(argv=None) -> BenchConfig:
         a.reduced_time = LR
     bc = BenchConfig(device=dev, dtypes=dtypes, repeats=a.repeats, warmup=a.warmup, quick=a.quick,
                      seed=a.seed, reduced_time=a.reduced_time, progress=not a.no_progress,
-                     scaling_steps=1 if a.quick else 3, out=a.out)
+                     scaling_steps=1 if a.quick else 4, out=a.out, threads=a.threads)
     return bc
 
 

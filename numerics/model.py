@@ -159,6 +159,26 @@ class MultiHeadAttention(torch.nn.Module):
         model._set_semi_singular_values(omega, mu)
         return model
 
+    @classmethod
+    def from_weights(cls, cfg: ProblemConfig, **weights) -> "MultiHeadAttention":
+        """The model with given weight matrices: K, Q, V, O (factored) or W, U (merged), with
+        the shapes of the parametrisation; every one must be given, finite."""
+        model = cls(cfg)
+        expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        if set(weights) != set(expected):
+            raise ValueError(f"param={cfg.param!r} needs exactly the weights {sorted(expected)}, "
+                             f"got {sorted(weights)}")
+        with torch.no_grad():
+            for name, value in weights.items():
+                t = torch.as_tensor(value)
+                if tuple(t.shape) != expected[name]:
+                    raise ValueError(f"{name} must have shape {expected[name]} for heads={cfg.heads}, "
+                                     f"tasks={cfg.tasks}, got {tuple(t.shape)}")
+                if not torch.isfinite(t).all():
+                    raise ValueError(f"{name} must be finite (it contains NaN or inf)")
+                getattr(model, name).copy_(t)
+        return model
+
     # --- the model --------------------------------------------------------------------------
     def merged_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W (H, d+m, d+m) = K^T Q / s and U (H, m, d+m) = O V (or the trained W, U)."""

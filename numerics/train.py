@@ -182,6 +182,9 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool) -> TrainResult:
     if cfg.torch_device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+    if tcfg.symmetrize and tcfg.batch % 2 ** cfg.m:
+        raise ValueError(f"symmetrize=True needs batch to be a multiple of 2^m = {2 ** cfg.m} (every prompt "
+                         f"is used under all per-task sign flips); got batch={tcfg.batch}")
     kind = "reduced" if reduced else "full"
     n_steps, lr = tcfg.steps, tcfg.lr
     record_at = set(tcfg.record_steps())
@@ -233,13 +236,18 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool) -> TrainResult:
             raise ValueError(f"cannot read checkpoint {ckpt_path!r} ({exc}); delete it to start afresh") from None
         mine = {k: v for k, v in tcfg.to_dict().items() if k not in _BOOKKEEPING}
         theirs = {k: v for k, v in ck.get("train", {}).items() if k not in _BOOKKEEPING}
-        if (ck.get("version") != CHECKPOINT_VERSION or ck.get("model") != kind
-                or ck.get("config") != cfg.to_dict() or theirs != mine):
-            raise ValueError(
-                f"checkpoint {ckpt_path!r} belongs to a different run and cannot be resumed:\n"
-                f"  checkpoint: model={ck.get('model')!r} config={ck.get('config')} train={theirs}\n"
-                f"  this run:   model={kind!r} config={cfg.to_dict()} train={mine}\n"
-                "use another --checkpoint path, or delete the file to start afresh")
+        theirs_cfg, mine_cfg = ck.get("config", {}), cfg.to_dict()
+        diffs = [f"{what}.{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}"
+                 for what, a, b in (("config", theirs_cfg, mine_cfg), ("train", theirs, mine))
+                 for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        if ck.get("model") != kind:
+            diffs.insert(0, f"model: checkpoint {ck.get('model')!r}, this run {kind!r}")
+        if ck.get("version") != CHECKPOINT_VERSION:
+            diffs.insert(0, f"version: checkpoint {ck.get('version')!r}, this code {CHECKPOINT_VERSION}")
+        if diffs:
+            raise ValueError(f"checkpoint {ckpt_path!r} belongs to a different run and cannot be resumed ("
+                             + "; ".join(diffs) + "); use another --checkpoint path, or delete the file "
+                             "to start afresh")
         start = int(ck["step"])
         with torch.no_grad():
             for p, saved in zip(params, ck["params"]):

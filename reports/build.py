@@ -261,14 +261,20 @@ def run_one(claim_id: str, cfg: BuildConfig, progress=None) -> ClaimResult:
                      "its result; see the error below)", body)
 
 
-def run_all(cfg: BuildConfig, stream: TextIO = sys.stderr) -> list[ClaimResult]:
+def run_all(cfg: BuildConfig, stream: TextIO = sys.stderr,
+            cpu_seconds: Optional[dict] = None) -> list[ClaimResult]:
     """Every claim of ``cfg.only`` (default: the registry), in registry order, with progress
-    "[k/n] id ..." on ``stream``."""
+    "[k/n] id ..." on ``stream``.  ``cpu_seconds``, if given, receives each claim's CPU time
+    (all threads of this process): unlike wall time it is not inflated by other processes
+    competing for the cores."""
     ids = list(cfg.only) if cfg.only is not None else list(claims.REGISTRY)
     results = []
     for k, claim_id in enumerate(ids, start=1):
         display = _ClaimProgress(f"[{k}/{len(ids)}] {claim_id}", stream, cfg.progress)
+        cpu0 = time.process_time()
         result = run_one(claim_id, cfg, display)
+        if cpu_seconds is not None:
+            cpu_seconds[claim_id] = time.process_time() - cpu0
         display.close(result)
         results.append(result)
     return results
@@ -301,7 +307,8 @@ def git_state() -> dict:
 
 
 def provenance(cfg: BuildConfig, results: list[ClaimResult], started_utc: str, total_seconds: float,
-               command: list[str]) -> dict:
+               command: list[str], cpu_seconds: Optional[dict] = None,
+               render_seconds: Optional[float] = None) -> dict:
     device = {"name": cfg.device}
     if cfg.device.startswith("cuda"):
         import torch
@@ -318,7 +325,10 @@ def provenance(cfg: BuildConfig, results: list[ClaimResult], started_utc: str, t
         "profile": cfg.profile,
         "only": list(cfg.only) if cfg.only is not None else None,
         "sweep": cfg.sweep,
-        "wall_seconds": {"per_claim": {r.id: r.seconds for r in results}, "total": total_seconds},
+        "wall_seconds": {"per_claim": {r.id: r.seconds for r in results}, "total": total_seconds,
+                         "rendering": render_seconds},
+        "cpu_seconds": {"per_claim": dict(cpu_seconds or {}),
+                        "total": sum((cpu_seconds or {}).values())},
         "git": git_state(),
         "command": command,
         "started_utc": started_utc,
@@ -416,7 +426,7 @@ CLAIM_KEYS = {"id": str, "title": str, "statement": str, "verdict": str, "theory
               "numerics": dict, "tolerance": dict, "details": dict, "perturbations": list,
               "seconds": (int, float), "figures": list, "figure_errors": list, "figure_data": list}
 PROVENANCE_KEYS = {"versions": dict, "device": str, "seed": int, "profile": str, "wall_seconds": dict,
-                   "git": dict, "command": list, "started_utc": str, "seeds": dict}
+                   "cpu_seconds": dict, "git": dict, "command": list, "started_utc": str, "seeds": dict}
 
 
 def _strict_constant(name: str):
@@ -508,11 +518,15 @@ def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: TextIO 
     print(f"audit report: profile {cfg.profile}, device {cfg.device}, seed {cfg.seed}, {n} claim(s) "
           f"-> {cfg.out}", file=stream, flush=True)
     t0 = time.perf_counter()
-    results = run_all(cfg, stream)
+    cpu_seconds: dict[str, float] = {}
+    results = run_all(cfg, stream, cpu_seconds)
+    t_render = time.perf_counter()
     entries, pngs = render_results(results)
+    now = time.perf_counter()
     report = {"claims": entries,
-              "provenance": provenance(cfg, results, started, time.perf_counter() - t0,
-                                       command or ["python", "-m", "reports.build"])}
+              "provenance": provenance(cfg, results, started, now - t0,
+                                       command or ["python", "-m", "reports.build"],
+                                       cpu_seconds, now - t_render)}
     write_report(Path(cfg.out), report, pngs)
     return report
 
@@ -520,13 +534,16 @@ def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: TextIO 
 def summary_table(report: dict) -> str:
     entries = report["claims"]
     width = max([len(e["id"]) for e in entries] + [5])
-    lines = [f"{'claim':<{width}}  verdict  seconds", f"{'-' * width}  -------  -------"]
+    cpu = report["provenance"].get("cpu_seconds", {}).get("per_claim", {})
+    lines = [f"{'claim':<{width}}  verdict  seconds  cpu s", f"{'-' * width}  -------  -------  -----"]
     for e in entries:
         note = f"  ({len(e['figure_errors'])} figure(s) not rendered)" if e["figure_errors"] else ""
-        lines.append(f"{e['id']:<{width}}  {e['verdict']:<7}  {e['seconds']:7.1f}{note}")
+        cpu_text = f"{cpu[e['id']]:5.1f}" if e["id"] in cpu else "    -"
+        lines.append(f"{e['id']:<{width}}  {e['verdict']:<7}  {e['seconds']:7.1f}  {cpu_text}{note}")
     counts = {v: sum(e["verdict"] == v for e in entries) for v in VERDICTS}
+    wall = report["provenance"]["wall_seconds"]
     lines.append(f"{counts['pass']} pass, {counts['fail']} fail, {counts['error']} error; total "
-                 f"{report['provenance']['wall_seconds']['total']:.1f} s")
+                 f"{wall['total']:.1f} s wall (rendering {wall.get('rendering') or 0:.1f} s)")
     return "\n".join(lines)
 
 

@@ -150,15 +150,17 @@ def _draw_lines(ax, fig: Figure) -> None:
 
 def _log_ticks(axis) -> None:
     """Plain-number tick labels at 1, 2, 5 x 10^k on a log axis spanning at most two decades
-    (Matplotlib's default labels of minor ticks there, 3x10^-2 next to 4x10^-2, overlap);
-    decades only on wider axes."""
+    (1, 2, 3, 5 x 10^k within one), decades only on wider axes: Matplotlib's default labels
+    of minor ticks on short log axes (3x10^-2 next to 4x10^-2) overlap."""
     lo, hi = axis.get_view_interval()
     if not (lo > 0 and hi > lo and math.isfinite(hi)):
         return
     plain = ticker.FuncFormatter(lambda v, _: f"{v:g}")
     axis.set_major_formatter(plain)
-    if math.log10(hi / lo) <= 2:
-        axis.set_minor_locator(ticker.LogLocator(base=10, subs=(2.0, 5.0)))
+    decades = math.log10(hi / lo)
+    if decades <= 2:
+        subs = (2.0, 3.0, 5.0) if decades <= 1 else (2.0, 5.0)
+        axis.set_minor_locator(ticker.LogLocator(base=10, subs=subs))
         axis.set_minor_formatter(plain)
     else:
         axis.set_minor_formatter(ticker.NullFormatter())

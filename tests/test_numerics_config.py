@@ -67,7 +67,8 @@ BAD = [
     (dict(init="given", init_omega=((1, float("nan")),), init_mu=((1, 2),)), "init_omega must be finite"),
     (dict(init_omega=((1, 2),)), "only used with init='given'"),
     (dict(dtype="float16"), "dtype must be one of"),
-    (dict(device="tpu"), "device"),
+    (dict(device="tpu"), "unknown device 'tpu': allowed are 'cpu', 'cuda' and 'cuda:N'"),
+    (dict(device="mps"), "device 'mps' is not supported"),
     (dict(device="banana"), "unknown device"),
     (dict(device=3), "device must be a string"),
 ]

@@ -154,6 +154,25 @@ def test_saturated_logits_do_not_overflow(param):
     assert all(torch.isfinite(t.grad).all() for t in model.parameters())
 
 
+def test_from_weights_copies_the_given_matrices():
+    cfg = ProblemConfig(tasks=(2, 1), heads=2, L=4, param="merged")
+    gen = torch.Generator().manual_seed(0)
+    W = torch.randn(2, 5, 5, generator=gen, dtype=torch.float64)
+    U = torch.randn(2, 2, 5, generator=gen, dtype=torch.float64)
+    model = MultiHeadAttention.from_weights(cfg, W=W, U=U)
+    assert torch.equal(model.W, W) and torch.equal(model.U, U)
+    fac = MultiHeadAttention.from_weights(cfg.replace(param="factored", logit_scale=2.0),
+                                          K=W, Q=W, V=W, O=U)
+    Wm, Um = fac.merged_weights()
+    assert torch.allclose(Wm, W.transpose(1, 2) @ W / 2.0) and torch.allclose(Um, U @ W)
+    with pytest.raises(ValueError, match=r"needs exactly the weights \['U', 'W'\]"):
+        MultiHeadAttention.from_weights(cfg, W=W)
+    with pytest.raises(ValueError, match=r"U must have shape \(2, 2, 5\)"):
+        MultiHeadAttention.from_weights(cfg, W=W, U=U[:, :1])
+    with pytest.raises(ValueError, match="W must be finite"):
+        MultiHeadAttention.from_weights(cfg, W=W * float("nan"), U=U)
+
+
 def test_bad_model_input():
     cfg = ProblemConfig(tasks=(2, 1), heads=2, L=4)
     model = MultiHeadAttention(cfg)

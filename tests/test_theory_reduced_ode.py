@@ -29,48 +29,52 @@ def test_kernel_formula_equals_the_derivation_and_wrong_variants_fail():
         assert not ro.check_expansion_assembly(variant), variant
 
 
-def _quad_gauss(f, dims):
-    """E f(z) for z ~ N(0, I_dims) by mpmath quadrature (dims <= 2 here)."""
-    phi = lambda z: mp.exp(-z ** 2 / 2) / mp.sqrt(2 * mp.pi)
+def _quad_1d(f):
+    """E f(z), z ~ N(0, 1), by mpmath tanh-sinh quadrature."""
+    return mp.quad(lambda x: f(x) * mp.exp(-x ** 2 / 2) / mp.sqrt(2 * mp.pi), [-mp.inf, 0, mp.inf])
+
+
+def _quad_radial(f, r):
+    """E f(|q|^2), q ~ N(0, I_r), r = 1, 2: for r = 2 in polar coordinates (an exact change of
+    variables, E f = int_0^oo f(rho^2) rho e^{-rho^2/2} d rho), a 1-d quadrature."""
+    if r == 1:
+        return _quad_1d(lambda x: f(x ** 2))
+    return mp.quad(lambda rho: f(rho ** 2) * rho * mp.exp(-rho ** 2 / 2), [0, 1, mp.inf])
+
+
+def _gauss_hermite(poly_in_g, dims):
+    """E p(g) for g ~ N(0, I_dims) and a polynomial p of degree <= 3 per coordinate:
+    2-point Gauss-Hermite quadrature (probabilists' nodes +-1), exact for such p."""
+    nodes = [-1, 1]
     if dims == 1:
-        return mp.quad(lambda x: f(x) * phi(x), [-mp.inf, 0, mp.inf])
-    return mp.quad(lambda x, y: f(x, y) * phi(x) * phi(y), [-mp.inf, 0, mp.inf], [-mp.inf, 0, mp.inf])
+        return sum(poly_in_g(x) for x in nodes) / 2
+    return sum(poly_in_g(x, y) for x in nodes for y in nodes) / 4
 
 
 @pytest.mark.parametrize("c", [-0.3, 0.05, 0.2])
-def test_kernels_match_mpmath_quadrature(c):
-    """block_factor, bias_kernel (r = 1, 2) and pair_kernel (r = 1: a 2-d integral over q and
-    g) against direct quadrature, to 1e-10 relative (quadrature converges to ~1e-15 on these
-    smooth Gaussian integrands at 20 digits)."""
+@pytest.mark.parametrize("r", [1, 2])
+def test_kernels_match_mpmath_quadrature(c, r):
+    """block_factor, bias_kernel and pair_kernel against direct numerical integration of the
+    same Gaussian expectations, to 1e-10 relative (tanh-sinh quadrature at 20 digits
+    converges far below that on these smooth integrands).  pair_kernel: q by quadrature;
+    for given q the g-expectation of the polynomial c (g^T q)^2 + |g|^2 + s2 by exact
+    Gauss-Hermite nodes, with q along the first axis (|q|^2 = a)."""
     k = ro._kernels()
     s2 = 0.3
     with mp.workdps(20):
-        for r in (1, 2):
-            if r == 1:
-                bf = _quad_gauss(lambda x: mp.exp(c * x ** 2), 1)
-                bk = _quad_gauss(lambda x: x ** 2 * mp.exp(c * x ** 2), 1)
-            else:
-                bf = _quad_gauss(lambda x, y: mp.exp(c * (x ** 2 + y ** 2)), 2)
-                bk = _quad_gauss(lambda x, y: (x ** 2 + y ** 2) * mp.exp(c * (x ** 2 + y ** 2)), 2)
-            assert abs(np.exp(k["log_block_factor"](c, r)) / float(bf) - 1) < 1e-10
-            assert abs(k["bias_kernel"](c, r) / float(bk) - 1) < 1e-10
-        pk = _quad_gauss(lambda q, g: mp.exp(c * q ** 2) * (c * (g * q) ** 2 + g ** 2 + s2), 2)
-        assert abs(k["pair_kernel"](c, 1, s2) / float(pk) - 1) < 1e-10
-        # a wrong kernel (the tilt term c (g^T q)^2 dropped) is off by far more than 1e-10
-        wrong = (1 + s2) * (1 - 2 * c) ** -0.5
-        assert abs(wrong / float(pk) - 1) > 1e-3
-
-
-@pytest.mark.thorough
-def test_pair_kernel_r2_matches_quadrature():
-    """r = 2: q in R^2 by quadrature, g rotated onto q's direction (g1 along q, g2 normal:
-    (g^T q)^2 = g1^2 |q|^2, |g|^2 = g1^2 + g2^2, E g2^2 = 1 done exactly)."""
-    k = ro._kernels()
-    c, s2 = 0.15, 0.2
-    with mp.workdps(20):
-        inner = lambda q2: _quad_gauss(lambda g1: c * g1 ** 2 * q2 + g1 ** 2 + 1 + s2, 1)
-        pk = _quad_gauss(lambda x, y: mp.exp(c * (x ** 2 + y ** 2)) * inner(x ** 2 + y ** 2), 2)
-    assert abs(k["pair_kernel"](c, 2, s2) / float(pk) - 1) < 1e-10
+        bf = _quad_radial(lambda a: mp.exp(c * a), r)
+        bk = _quad_radial(lambda a: a * mp.exp(c * a), r)
+        if r == 1:
+            inner = lambda a: _gauss_hermite(lambda g: c * g ** 2 * a + g ** 2 + s2, 1)
+        else:
+            inner = lambda a: _gauss_hermite(lambda g1, g2: c * g1 ** 2 * a + g1 ** 2 + g2 ** 2 + s2, 2)
+        pk = _quad_radial(lambda a: mp.exp(c * a) * inner(a), r)
+    assert abs(np.exp(k["log_block_factor"](c, r)) / float(bf) - 1) < 1e-10
+    assert abs(k["bias_kernel"](c, r) / float(bk) - 1) < 1e-10
+    assert abs(k["pair_kernel"](c, r, s2) / float(pk) - 1) < 1e-10
+    # a wrong kernel (the tilt term c (g^T q)^2 dropped) is off by far more than 1e-10
+    wrong = (r + s2) * (1 - 2 * c) ** (-r / 2)
+    assert abs(wrong / float(pk) - 1) > 1e-3
 
 
 # --- gradient, domain -------------------------------------------------------------------
@@ -161,9 +165,17 @@ def test_spec_finite_L_observation_and_reliability():
     (0.51, 1.84).  Our expansion reproduces both; 0.51 lies beyond 1/sqrt(6), where the
     O(L^-2) remainder is not finite (``expansion_reliable``) -- the reason it is off there."""
     tasks = (3, 3)
-    a = ro.expansion_loss(np.diag([0.40, 0.40]), np.diag([2.31, 2.31]), tasks, 128)
-    b = ro.expansion_loss(np.diag([0.51, 0.51]), np.diag([1.84, 1.84]), tasks, 128)
-    assert round(a, 2) == 0.60 and round(b, 2) == 0.80
+
+    def box(o, u):
+        # SPEC quotes (omega, mu) to 2 digits: the expansion over that rounding box
+        vals = [ro.expansion_loss(np.diag([o + a, o + a]), np.diag([u + b, u + b]), tasks, 128)
+                for a in (-0.005, 0, 0.005) for b in (-0.005, 0, 0.005)]
+        return min(vals) - 0.005, max(vals) + 0.005   # and SPEC's 2-digit rounding of the loss
+
+    lo, hi = box(0.40, 2.31)
+    assert lo <= 0.60 <= hi and not lo <= 0.56 <= hi          # 0.56: the true (MC) loss there
+    lo, hi = box(0.51, 1.84)
+    assert lo <= 0.80 <= hi and not lo <= 0.52 <= hi
     assert ro.expansion_reliable([[0.40]]) and not ro.expansion_reliable([[0.51]])
 
 

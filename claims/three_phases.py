@@ -1,0 +1,262 @@
+"""Claim 3: three phases -- warm-up, emergence, convergence.
+
+What is run: the full model (``numerics.train.train``, fresh batches) from a small
+decomposable init; its per-step batch losses are the measured loss curve.  The predicted
+curve is the large-L expansion flow from the same init at the same L
+(``theory.reduced_ode.integrate_expansion_flow``), on the same time grid (one point per
+GD step); both are averaged over the same ~60 blocks of consecutive steps (the batch loss
+of one step is too noisy: averaging k steps divides its noise by sqrt k).  The *single* definition ``theory.three_phases.phase_times`` is applied to both:
+warm-up ends when the monotone fit has fallen by 10% of the total drop, emergence ends at
+90%, convergence is the rest.
+
+Checks (:func:`check_three_phases`):
+
+1. the measured curve *has* the three phases as defined: the drop is clear of the noise
+   (``PhaseTimes.defined``) and 0 < warmup_end < emergence_end < t_end;
+2. measured and predicted phase ends agree within a tolerance built from
+   - the grid: one bin width (a crossing is interpolated inside one bin);
+   - the levels: a phase end is the crossing of a level L0 - f (L0 - Lend), f = 0.1, 0.9;
+     an error dl in that level moves the crossing by dl / |dL/dt| (slope of the predicted
+     curve there).  dl has two measured parts: the Monte-Carlo error of the monotone fit at
+     the crossing (3 x noise / sqrt(n), n = number of steps the fit pools within one
+     step of the crossing, at least 1) and the level offset
+     f |Lend_meas - Lend_pred| + (1 - f) |L0_meas - L0_pred| that comes from the
+     expansion's O(L^-2) (and saturation) error in the loss *levels*, which claim 2 owns;
+   - the time scale: the expansion's relative error in the *rates* is that of its loss,
+     bounded by the relative level error at the start, so add |t| x |L0_meas -
+     L0_pred| / L0_pred.
+3. Perturbation: the warm-up end predicted with the wrong init-scale exponent.  The ODE's
+   own warm-up ends at s0 and 2 s0 define its exponent p (T(s0) = T(2 s0) 2^-p; reported
+   next to ``theory.three_phases.warmup_law``); the exponent off by -1 or +1 predicts
+   T(s0) x 2 or T(s0) / 2, and both must be rejected at the same tolerance.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from claims.base import ClaimResult, Figure, Series, judge, no_progress, run_claim
+from claims.common import Comparison, check_profile, perturbation, trajectory_of, worst
+
+CLAIM_ID = "three-phases"
+TITLE = "Three phases: warm-up, emergence, convergence"
+STATEMENT = ("Training goes through a warm-up (loss falls slowly while heads build an inclination to tasks), "
+             "an emergence (each head selects one task and the loss falls fast) and a convergence phase.")
+
+def _crossing_slope(t, curve, time):
+    """|dL/dt| of a curve at ``time`` (central difference over one grid step on each side)."""
+    k = int(np.clip(np.searchsorted(t, time), 1, len(t) - 2))
+    return abs(float((curve[k + 1] - curve[k - 1]) / (t[k + 1] - t[k - 1])))
+
+
+def _pooled_points(fit, t, time):
+    """Number of curve points the monotone fit pooled into its value at ``time``."""
+    k = int(np.clip(np.searchsorted(t, time), 0, len(t) - 1))
+    return int(np.sum(np.abs(fit - fit[k]) <= 1e-15 * max(1.0, abs(fit[k]))))
+
+
+def binned(t_steps: np.ndarray, values: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Means of consecutive blocks of k = len // n_bins per-step values, at the blocks' mean
+    times (the tail that does not fill a block is dropped).  Averaging k batch losses
+    divides their Monte-Carlo noise by sqrt(k); the phase definition is then applied to a
+    curve of ``n_bins`` points, as it is meant to be (about 60 records)."""
+    k = max(1, len(values) // n_bins)
+    n = (len(values) // k) * k
+    return t_steps[:n].reshape(-1, k).mean(axis=1), values[:n].reshape(-1, k).mean(axis=1)
+
+
+def check_three_phases(cfg, tcfg, eval_batch: int = 2048, eval_seed: int = 99_991) -> Comparison:
+    """Train the full model from cfg's (small) init, find its phases with
+    ``theory.three_phases.phase_times`` and compare with the expansion flow's.
+
+    The measured curve is the loss of the trained model's decomposable part (omega, mu at
+    each record; the off-D residual changes the loss only at second order) on one fixed
+    evaluation batch of ``eval_batch`` prompts: common random numbers make the curve
+    smooth in t (a single training batch loss has noise ~ sqrt(2 d / B), as large as the
+    10% level that ends the warm-up), at the price of one level offset, the same at all
+    times, of standard error ``eval_se``."""
+    import torch
+
+    from numerics.data import make_generator, sample_prompts
+    from numerics.model import initial_semi_singular_values
+    from numerics.reduced import reduced_predict
+    from numerics.train import train
+    from theory.reduced_ode import integrate_expansion_flow
+    from theory.three_phases import nonincreasing_fit, phase_times
+
+    res = train(cfg, tcfg)
+    tr = trajectory_of(res)
+    t = tr.t
+    evalset = sample_prompts(cfg, eval_batch, make_generator(eval_seed, cfg.device))
+    per_prompt = []
+    with torch.no_grad():
+        for om, mu in zip(tr.omega, tr.mu):
+            per = ((reduced_predict(torch.tensor(om, dtype=cfg.torch_dtype, device=cfg.device),
+                                    torch.tensor(mu, dtype=cfg.torch_dtype, device=cfg.device), evalset, cfg)
+                    - evalset.target) ** 2).sum(dim=-1)
+            per_prompt.append(per.cpu().double().numpy())
+    per_prompt = np.array(per_prompt)                 # (records, eval_batch)
+    meas_curve = per_prompt.mean(axis=1)
+    eval_se = float(np.max(per_prompt.std(axis=1, ddof=1)) / math.sqrt(eval_batch))
+    meas = phase_times(t, meas_curve)
+    width = float(t[1] - t[0])
+
+    def ode_curve(s0):
+        om0, mu0 = (a.numpy() for a in initial_semi_singular_values(cfg.replace(init_scale=s0)))
+        traj = integrate_expansion_flow(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale,
+                                        t_end=float(t[-1]), t_eval=t)
+        if traj.status != "t_end":
+            raise RuntimeError(f"the expansion flow stopped early ({traj.status}) at t = {traj.t[-1]:.4g} for "
+                               f"{cfg.tasks}, L={cfg.L}, s={cfg.logit_scale}: the phases need the whole curve; use a "
+                               "logit scale with r s > 4 so the flow stays in 2 omega^2 < 1")
+        return traj.loss
+
+    pred_curve = ode_curve(cfg.init_scale)
+    pred = phase_times(t, pred_curve)
+    # the wrong-exponent perturbation: ODE warm-up at the reference scale 2 s0, rescaled
+    pred_ref = phase_times(t, ode_curve(2 * cfg.init_scale))
+    # T(s0) = T(2 s0) 2^-p with p the ODE's own exponent between s0 and 2 s0; the exponent
+    # off by -1 / +1 predicts T(s0) x 2 / T(s0) / 2
+    wrong_warmup = (2.0 * pred.warmup_end, 0.5 * pred.warmup_end) if pred.defined else (math.nan, math.nan)
+
+    details = {"config": cfg.to_dict(), "train": tcfg.to_dict(), "measured": meas.to_dict(),
+               "predicted": pred.to_dict(), "predicted_ref_2s0": pred_ref.to_dict(), "record_spacing": width,
+               "eval_batch": eval_batch, "eval_se": eval_se,
+               "t": t, "loss": meas_curve, "batch_loss": tr.loss, "ode_t": t, "ode_loss": pred_curve,
+               "wall_seconds": res.wall_seconds}
+    name = (f"phases tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} s={cfg.logit_scale:g} "
+            f"s0={cfg.init_scale:g} B={tcfg.batch}")
+    t_end = float(t[-1])
+    ordered = bool(meas.defined and t[0] < meas.warmup_end < meas.emergence_end < t_end)
+    if not (ordered and pred.defined):
+        why = ("the measured curve does not show the three phases as defined" if not ordered
+               else "the predicted curve does not show the three phases")
+        return Comparison(name=name, measured=meas.to_dict(), predicted=pred.to_dict(), error=math.inf,
+                          tolerance=0.0, why=why + f" ({meas.reason or pred.reason})", agrees=False,
+                          perturbations=[perturbation("wrong init-scale exponent (no phases to compare)", math.inf, 0.0)], details=details)
+
+    fit = nonincreasing_fit(meas_curve)
+    tols, errs = {}, {}
+    for key, f in (("warmup_end", 0.1), ("emergence_end", 0.9)):
+        tm, tp = getattr(meas, key), getattr(pred, key)
+        slope = max(_crossing_slope(t, pred_curve, tp), 1e-12)
+        # Monte-Carlo error of the curve *relative to its own crossing level*
+        # l_f = (1-f) L(0) + f L(end), from the per-prompt losses of the evaluation batch:
+        # the level offset common to all records cancels, what is left is the se of
+        # l_b(t_cross) - (1-f) l_b(0) - f l_b(end) over prompts b
+        k = int(np.clip(np.searchsorted(t, tm), 0, len(t) - 1))
+        n_end = max(3, int(np.ceil(0.1 * len(t))))
+        rel = per_prompt[k] - (1 - f) * per_prompt[0] - f * per_prompt[-n_end:].mean(axis=0)
+        mc_level = 3.0 * max(float(rel.std(ddof=1)) / math.sqrt(eval_batch),
+                             meas.noise / math.sqrt(max(1, _pooled_points(fit, t, tm))))
+        level_offset = f * abs(meas.loss_end - pred.loss_end) + (1 - f) * abs(meas.loss_start - pred.loss_start)
+        rate = tp * abs(meas.loss_start - pred.loss_start) / pred.loss_start
+        tols[key] = width + (mc_level + level_offset) / slope + rate
+        errs[key] = abs(tm - tp)
+    ratio = max(errs[k] / tols[k] for k in tols)
+    wrong_ratios = [abs(meas.warmup_end - w) / tols["warmup_end"] for w in wrong_warmup]
+    details.update({"tolerances": tols, "errors": errs, "wrong_warmup_end": wrong_warmup,
+                    "ode_warmup_exponent": math.log(pred.warmup_end / pred_ref.warmup_end) / math.log(0.5)})
+    return Comparison(
+        name=name,
+        measured={"warmup_end": meas.warmup_end, "emergence_end": meas.emergence_end},
+        predicted={"warmup_end": pred.warmup_end, "emergence_end": pred.emergence_end},
+        error=ratio, tolerance=1.0,
+        why=("per phase end: one record spacing + (3 x max(eval-batch se, noise/sqrt(pooled)) + level offset of the expansion)/|dL/dt| + "
+             "t x relative start-level error; compared as the max ratio |t_meas - t_pred| / tol"),
+        agrees=ratio <= 1.0,
+        perturbations=[perturbation(
+            f"warm-up end with the init-scale exponent off by {dp:+d} (T(s0) x 2^{-dp:+d})", wr, 1.0,
+            wrong_warmup_end=w) for dp, w, wr in zip((-1, 1), wrong_warmup, wrong_ratios)],
+        details=details,
+    )
+
+
+def horizon(cfg, lr: float, factor: float = 2.0, t_max: float = 200.0) -> float:
+    """A run length that shows all three phases: ``factor`` x the emergence end the
+    expansion flow predicts (first found on [0, t_max]), rounded up to a multiple of lr."""
+    from numerics.model import initial_semi_singular_values
+    from theory.reduced_ode import integrate_expansion_flow
+    from theory.three_phases import phase_times
+
+    om0, mu0 = (a.numpy() for a in initial_semi_singular_values(cfg))
+    grid = np.linspace(0.0, t_max, 401)
+    traj = integrate_expansion_flow(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale,
+                                    t_end=t_max, t_eval=grid)
+    if traj.status not in ("t_end",):
+        raise RuntimeError(f"the expansion flow stopped early ({traj.status}) at t = {traj.t[-1]:.4g}; "
+                           "use a logit scale with r s > 4 so the flow stays in 2 omega^2 < 1")
+    # the drop on [0, t_max] includes the slow valley drift; take the 90% point of the
+    # fast part: the first time the loss is within 10% of the drop of its value at t_max / 4
+    quarter = grid <= t_max / 4
+    pt = phase_times(grid[quarter], traj.loss[quarter])
+    if not pt.defined:
+        raise RuntimeError(f"the expansion flow shows no phases on [0, {t_max / 4:g}]: {pt.reason}")
+    return float(math.ceil(factor * pt.emergence_end / lr) * lr)
+
+
+def phases_figure(c: Comparison) -> Figure:
+    """The measured loss curve (points), the ODE's (line) and the measured phases (spans)."""
+    d = c.details
+    t, loss = np.asarray(d["t"]), np.asarray(d["loss"])
+    stride = 1
+    meas = d["measured"]
+    spans = []
+    if meas.get("defined"):
+        spans = [{"x0": 0.0, "x1": meas["warmup_end"], "label": "warm-up"},
+                 {"x0": meas["warmup_end"], "x1": meas["emergence_end"], "label": "emergence"},
+                 {"x0": meas["emergence_end"], "x1": float(t[-1]), "label": "convergence"}]
+    return Figure(
+        name="three-phases-loss", title=f"loss curve and its phases ({c.name})", xlabel="t", ylabel="loss",
+        yscale="log",
+        series=[Series("full model (loss on a fixed evaluation batch)", list(map(float, t[::stride])), list(map(float, loss[::stride])),
+                       "points"),
+                Series("expansion ODE", list(map(float, d["ode_t"])), list(map(float, d["ode_loss"])), "line")],
+        spans=spans)
+
+
+def _cases(profile: str, device: str, seed: int):
+    from numerics.config import ProblemConfig
+    from numerics.train import TrainConfig
+
+    def pc(**kw):
+        return ProblemConfig(device=device, **kw)
+
+    # logit scale s: the emergence lands near omega ~ (r s)^(-1/4), inside the expansion's
+    # domain 2 omega^2 < 1 only for r s > 4 (claims/spectral_reduction.py)
+    if profile == "tiny":
+        return [(pc(tasks=(2,), heads=1, L=16, logit_scale=4.0, init_scale=0.1),
+                 TrainConfig(lr=0.05, time=3.0, batch=64, seed=seed))]
+    if profile == "quick":
+        return [(pc(tasks=(3, 3), heads=2, L=32, logit_scale=4.0, init_scale=s0, param="factored"),
+                 TrainConfig(lr=0.05, time=8.0, batch=128, seed=seed)) for s0 in (0.05, 0.1)] + \
+               [(pc(tasks=(3, 3), heads=2, L=32, logit_scale=4.0, init_scale=0.05, param="merged"),
+                 TrainConfig(lr=0.05, time=6.0, batch=128, seed=seed))]
+    return [(pc(tasks=(3, 3), heads=2, L=128, logit_scale=4.0, init_scale=s0, param=p),
+             TrainConfig(lr=0.05, time=30.0, batch=2048, seed=seed))
+            for s0 in (0.02, 0.05, 0.1) for p in ("factored", "merged")]
+
+
+def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None) -> ClaimResult:
+    """Claim 3 on a profile."""
+    check_profile(profile)
+
+    def body() -> ClaimResult:
+        cases = _cases(profile, device, seed)
+        comps = []
+        for j, (cfg, tcfg) in enumerate(cases):
+            progress(f"{CLAIM_ID}: {cfg.param} s0={cfg.init_scale:g} ({j + 1}/{len(cases)})", j / len(cases))
+            comps.append(check_three_phases(cfg, tcfg))
+        progress(f"{CLAIM_ID}: done", 1.0)
+        perts = [p for c in comps for p in c.perturbations]
+        return ClaimResult(
+            id=CLAIM_ID, title=TITLE, statement=STATEMENT, verdict=judge(all(c.agrees for c in comps), perts),
+            theory={"definition": "theory.three_phases.phase_times (10% / 90% of the drop of the monotone fit)",
+                    "predicted": [c.predicted for c in comps]},
+            numerics={"measured": [c.measured for c in comps], "worst": worst(comps)},
+            tolerance={"value": [c.details.get("tolerances") for c in comps], "why": comps[0].why if comps else ""},
+            details={"profile": profile, "seed": seed, "cases": [c.summary() for c in comps]},
+            figures=[phases_figure(comps[0])] if comps else [], perturbations=perts)
+
+    return run_claim(CLAIM_ID, TITLE, STATEMENT, body)
