@@ -285,6 +285,20 @@ def _fill(given: dict, fields_: dict[str, _Field], section: str) -> dict:
     return out
 
 
+def complete_point(point: dict) -> dict:
+    """A hand-made point (``{"model", "problem": {...}, "train": {...}}`` naming only some
+    fields) in the canonical form of :func:`expand_grid`: every field, defaults filled in,
+    so that it has the same :func:`point_id` as the same configuration coming from a grid."""
+    if not isinstance(point, dict) or not isinstance(point.get("problem"), dict):
+        raise TypeError("a point is a dict {'model': ..., 'problem': {...}, 'train': {...}}")
+    spec = {"model": point.get("model", "full"), "problem": point["problem"], "train": point.get("train", {})}
+    unknown = sorted(set(point) - {"model", "problem", "train"})
+    if unknown:
+        raise ValueError(f"a point has only the keys model, problem, train; got also {unknown}")
+    (completed,) = expand_grid(spec)
+    return completed
+
+
 def load_grid(path: Union[str, Path]) -> tuple[dict, str]:
     """Read a grid file: ``(parsed spec, its text)``; a clear error if missing or not TOML."""
     path = Path(path)

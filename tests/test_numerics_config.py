@@ -1,7 +1,6 @@
 """ProblemConfig: validation with clear messages, derived quantities, the basis, round trips."""
 import json
 
-import numpy as np
 import pytest
 import torch
 

@@ -2,7 +2,6 @@
 and reduced runs, checkpoint/resume, divergence, bad input and the command line."""
 import json
 import math
-import os
 
 import numpy as np
 import pytest

@@ -140,6 +140,17 @@ def test_example_grids_expand():
         assert expand_grid(sweep.load_grid(path)[0]), path
 
 
+def test_complete_point_matches_the_grid_form():
+    (from_grid,) = expand_grid(tiny_spec(seed=[3]))
+    by_hand = {"problem": {"tasks": (2, 2), "heads": 2, "L": 16, "sigma": 0},
+               "train": {"batch": 64, "time": 0.5, "lr": 0.05, "records": 3, "seed": 3}}
+    assert sweep.complete_point(by_hand) == from_grid
+    assert point_id(sweep.complete_point(by_hand)) == point_id(from_grid)
+    assert point_id(by_hand) != point_id(from_grid)  # why completing matters
+    with pytest.raises(ValueError, match="unknown field 'hedas'"):
+        sweep.complete_point({"problem": {"tasks": [2], "hedas": 1, "L": 8}})
+
+
 def test_bad_grid_file_is_reported(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         sweep.load_grid(tmp_path / "nope.toml")

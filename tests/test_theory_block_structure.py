@@ -98,3 +98,10 @@ def test_projection_rejects_bad_input():
         project_decomposable(W, U, (0, 3), Phi)
     with pytest.raises(ValueError, match="same number of heads"):
         project_decomposable(np.zeros((2, 5, 5)), U, (1, 2), Phi)
+
+
+@pytest.mark.thorough
+@pytest.mark.parametrize("tasks", [(1, 1, 2), (3, 2)])
+def test_commutant_larger_blocks(tasks):
+    assert commutant(tasks, "data").equals_D
+    assert not commutant(tasks, "no_signs").equals_D

@@ -203,3 +203,18 @@ def test_flow_stops_at_the_domain_boundary():
     assert np.all(2 * tr.omega ** 2 <= 1.0)
     with pytest.raises(ValueError, match="outside the expansion's domain"):
         ro.integrate_expansion_flow([[0.8]], [[1.0]], (1,), 100, t_end=1)
+
+
+@pytest.mark.thorough
+def test_expansion_against_monte_carlo_two_tasks_with_noise():
+    """Two heads, two tasks, sigma = 0.5, a generic point (B != 1, so the bias term counts):
+    the gap shrinks from L = 8 to L = 128 and is within 3 standard errors at L = 128."""
+    om = np.array([[0.3, 0.1], [-0.1, 0.25]])
+    mu = np.array([[2.5, 0.5], [-0.4, 3.0]])
+    tasks, sigma = (2, 3), 0.5
+    gaps = {}
+    for L in (8, 32, 128):
+        mc, se = ro.mc_reduced_loss(om, mu, tasks, L, sigma, prompts=200_000, seed=L)
+        gaps[L] = (L * (mc - ro.expansion_loss(om, mu, tasks, L, sigma)), L * se)
+    assert abs(gaps[8][0]) - abs(gaps[128][0]) > 3 * np.hypot(gaps[8][1], gaps[128][1])
+    assert abs(gaps[128][0]) < 3 * gaps[128][1]

@@ -1,0 +1,69 @@
+"""Claims 5-6 (theory side): the limits of L * loss, the gain and its large-r limit."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from theory.limiting_error import (F, gain, gain_limit, gain_limit_symbolic, limit_multi, limit_single,
+                                   minimise_F, minimise_single, single_head_objective)
+from theory.task_allocation import allocated_loss_at_L
+
+# SPEC.md reference table (sigma = 0, equal blocks, totals over tasks)
+REFERENCE = [((4,) * 3, 197.49, 457.45, 2.316), ((10,) * 3, 980.84, 2610.40, 2.661),
+             ((40,) * 3, 13702.7, 39796.5, 2.904), ((100,) * 8, 221818.9, 1744052.7, 7.863)]
+
+
+def _sig4(a, b):
+    """a and b agree to 4 significant figures (relative 5e-4 of rounding)."""
+    return abs(a - b) <= 5e-4 * abs(b)
+
+
+@pytest.mark.parametrize("tasks,multi,single,ratio", REFERENCE)
+def test_reference_table(tasks, multi, single, ratio):
+    lm, ls = limit_multi(tasks), limit_single(tasks)
+    assert _sig4(lm, multi) and _sig4(ls, single) and _sig4(ls / lm, ratio)
+    # perturbed predictions fail at the same tolerance: the single head's exponent D = r
+    # instead of d (no shared softmax), or the multi head seeing all blocks (D = d)
+    r, m = tasks[0], len(tasks)
+    assert not _sig4(m * minimise_F(r, r * m)[1], multi)
+    assert not _sig4(m * minimise_F(r, r)[1] * 1.01, multi)
+
+
+def test_F_minimum_against_a_grid():
+    w = np.linspace(1e-4, 0.5 - 1e-4, 200_001)
+    for r, D, s in [(1, 1, 0.0), (4, 4, 0.0), (5, 16, 0.5)]:
+        w_star, val = minimise_F(r, D, s)
+        grid = F(w, r, D, s)
+        assert val <= grid.min() * (1 + 1e-12)
+        assert abs(w[np.argmin(grid)] - w_star) < 1e-4
+
+
+@given(tasks=st.lists(st.integers(1, 8), min_size=1, max_size=3).map(tuple), sigma=st.sampled_from([0.0, 0.7]))
+def test_single_head_is_a_joint_minimum_and_one_task_is_consistent(tasks, sigma):
+    w, val = minimise_single(tasks, sigma)
+    assert abs(single_head_objective(w, tasks, sigma) / val - 1) < 1e-12
+    rng = np.random.default_rng(0)
+    for _ in range(20):   # no nearby point is lower
+        assert single_head_objective(w * np.exp(0.01 * rng.standard_normal(w.size)), tasks, sigma) >= val
+    if len(tasks) == 1:   # one task: one head = allocated
+        assert abs(limit_multi(tasks, sigma) / val - 1) < 1e-12
+    else:
+        assert val > limit_multi(tasks, sigma)
+
+
+def test_gain_tends_to_m():
+    """Symbolic limit: gain -> m; the exact sequence rises towards it."""
+    assert str(gain_limit_symbolic()["gain_limit"]) == "m"
+    assert gain_limit(3) == 3.0
+    seq = [gain((r,) * 3) for r in (10, 100, 1000, 10_000)]
+    assert all(a < b < 3 for a, b in zip(seq, seq[1:]))
+    assert 3 - seq[-1] < 1e-3 and not 3 - seq[-1] < 1e-5   # approaches m like 1/r, not faster
+
+
+def test_L_times_loss_at_L_tends_to_the_limit():
+    """L * (allocated expansion minimum at L) -> limit_multi with an O(1/L) gap: the gap
+    shrinks ~4x per 4x in L."""
+    tasks = (4, 4, 4)
+    lim = limit_multi(tasks)
+    gaps = [abs(L * allocated_loss_at_L(tasks, L) - lim) for L in (250, 1000, 4000)]
+    assert gaps[0] > gaps[1] > gaps[2]
+    assert 3 < gaps[0] / gaps[1] < 5 and 3 < gaps[1] / gaps[2] < 5
