@@ -328,3 +328,20 @@ def fit_power_law(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     lx, ly = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
     slope, intercept = np.polyfit(lx, ly, 1)
     return float(slope), float(intercept)
+
+
+def log_comparison(c: Comparison, test: str) -> None:
+    """Append one line (test, name, error, tolerance, margin, perturbations rejected) to the
+    JSON-lines file named by $ICL_CLAIMS_LOG, if set: how the worst agreement over the drawn
+    examples is collected for the documentation (``docs/claims_1_4.md``)."""
+    import json
+    import os
+
+    path = os.environ.get("ICL_CLAIMS_LOG")
+    if not path:
+        return
+    line = jsonable({"test": test, "name": c.name, "error": c.error, "tolerance": c.tolerance, "margin": c.margin,
+                     "agrees": c.agrees, "perturbations": [[p.description, p.rejected, p.details.get("error")]
+                                                           for p in c.perturbations]})
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")

@@ -657,6 +657,28 @@ def points_from_sweep(records: list[dict], heads_of=lambda tasks: len(tasks)) ->
     return {k: sorted(v, key=lambda p: p["L"]) for k, v in groups.items()}
 
 
+def check_trained_point(tasks, sigma: float, point: dict, n_eval: int, seed: int, device="cpu") -> Comparison:
+    """One trained run of a sweep (``point``: "L", "loss", "se" from :func:`points_from_sweep`)
+    against the exact finite-L gradient-flow limit at its L: tolerance Z combined standard
+    errors; perturbations x1.5 and x2/3."""
+    (fm,) = measure([allocated_minimum(tasks, point["L"], sigma, seed, device)], n_eval, seed + 1, device)
+    tol = Z * math.hypot(point["se"], fm.se)
+    err = abs(point["loss"] - fm.loss)
+    return Comparison(
+        name=f"trained loss = exact L*_L, tasks={list(tasks)}, L={point['L']}, sigma={sigma:g}",
+        measured=point["loss"], predicted=fm.loss, error=err, tolerance=tol,
+        why=f"{Z:g} combined standard errors (trained run from its trajectory's final records; exact minimum on "
+            f"{fm.n_eval} independent prompts)", agrees=bool(err <= tol),
+        perturbations=[perturbation("prediction x1.5", abs(point["loss"] - 1.5 * fm.loss), tol),
+                       perturbation("prediction x2/3", abs(point["loss"] - fm.loss / 1.5), tol)],
+        details={"tasks": list(tasks), "sigma": sigma, "point": point, "exact_minimum": fm.summary()})
+
+
+PAPER_SWEEP_DIR = "sweeps/limiting-error-paper"
+"""Where profile "paper" keeps its training grid (relative to the working directory):
+numerics.sweep.run_grid skips the points already stored, so an interrupted run resumes."""
+
+
 def _trend_figure(cases: dict) -> Figure:
     series = []
     for (tasks, sigma), pts in cases.items():
@@ -700,16 +722,34 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None)
             comparisons.append(check_limit_trend(tasks, sigma, pts, source))
             comparisons.append(check_slope(tasks, sigma, pts, source))
         tr = grid["train"]
-        if tr is not None and sweep is None:
+        trained = {}
+        if sweep is not None:
+            trained = cases
+        elif profile == "paper":
+            # the full model on the paper's grid, through the sweep machinery (resumable)
+            from numerics.sweep import load_results, run_grid
+
+            progress(f"limiting error: training grid in {PAPER_SWEEP_DIR}", 0.5)
+            run_grid(sweep_points(tr["tasks"], 0.0, tr["Ls"], tr["time"], tr["lr"], tr["batch"], seed=seed,
+                                  device=device), PAPER_SWEEP_DIR, scheduler="serial", progress=False)
+            trained = points_from_sweep(load_results(PAPER_SWEEP_DIR))
+            for key, pts in trained.items():
+                if len(pts) >= 3:
+                    c = check_limit_trend(key[0], key[1], pts, f"trained runs of {PAPER_SWEEP_DIR}")
+                    c.name += " [trained runs]"
+                    comparisons.append(c)
+        elif tr is not None:
             from numerics.config import ProblemConfig
             from numerics.train import TrainConfig
 
             progress("limiting error: full-model training bridge", len(grid["cases"]) / (len(grid["cases"]) + 1))
-            Ls = tr.get("Ls", (tr.get("L"),))
-            for L in Ls:
-                cfg = ProblemConfig(tasks=tuple(tr["tasks"]), heads=len(tr["tasks"]), L=int(L), device=device)
-                tcfg = TrainConfig(lr=tr["lr"], time=tr["time"], batch=tr["batch"], seed=seed, records=21)
-                comparisons.append(check_converged_loss(cfg, tcfg, "full", n_eval=2 ** 22 // int(L), seed=seed))
+            cfg = ProblemConfig(tasks=tuple(tr["tasks"]), heads=len(tr["tasks"]), L=int(tr["L"]), device=device)
+            tcfg = TrainConfig(lr=tr["lr"], time=tr["time"], batch=tr["batch"], seed=seed, records=21)
+            comparisons.append(check_converged_loss(cfg, tcfg, "full", n_eval=2 ** 22 // int(tr["L"]), seed=seed))
+        for (tasks, sigma), pts in trained.items():
+            for k, pt in enumerate(pts):
+                comparisons.append(check_trained_point(tasks, sigma, pt, max(2000, 2 ** 22 // pt["L"]),
+                                                       seed + 500 + k, device))
         agrees = all(c.agrees for c in comparisons)
         perts = [p for c in comparisons for p in c.perturbations]
         progress("limiting error: done", 1.0)

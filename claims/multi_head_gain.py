@@ -184,6 +184,12 @@ PROFILE_GRIDS = {
 }
 
 
+PAPER_SWEEP_DIR = "sweeps/multi-head-gain-paper"
+"""Where profile "paper" keeps its training grid (single head and H = m heads, full model,
+batch 4096, t = 100 at lr 0.05; relative to the working directory; resumable)."""
+PAPER_TRAIN_LS = (128, 256, 512, 1024)
+
+
 def _figure(cases: dict, curves: dict) -> Figure:
     series, hl = [], []
     for (tasks, sigma), c in cases.items():
@@ -203,10 +209,26 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None)
     def body() -> ClaimResult:
         grid = PROFILE_GRIDS[profile]
         comps, limits = [], {}
-        if sweep is not None:
+        sweep_dir = sweep
+        if sweep is None and profile == "paper":
+            # trained single- and multi-head runs on the paper's grid (resumable sweep)
+            from numerics.sweep import run_grid
+
+            from claims.limiting_error import sweep_points
+
+            points = []
+            for tasks, sigma in grid["cases"][:1]:
+                for heads in (1, len(tasks)):
+                    for p in sweep_points(tasks, sigma, PAPER_TRAIN_LS, 100.0, 0.05, 4096, seed=seed, device=device):
+                        p["problem"]["heads"] = heads
+                        points.append(p)
+            progress(f"multi-head gain: training grid in {PAPER_SWEEP_DIR}", 0.0)
+            run_grid(points, PAPER_SWEEP_DIR, scheduler="serial", progress=False)
+            sweep_dir = PAPER_SWEEP_DIR
+        if sweep_dir is not None:
             from numerics.sweep import load_results
 
-            recs = load_results(sweep)
+            recs = load_results(sweep_dir)
             multi = points_from_sweep(recs)
             single = points_from_sweep(recs, heads_of=lambda t: 1)
             for key in sorted(set(multi) & set(single)):
@@ -219,12 +241,14 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None)
                         rows.append({"L": p["L"], "ratio": R,
                                      "se": R * math.hypot(s["se"] / s["loss"], p["se"] / p["loss"])})
                 if len(rows) >= 3:
-                    c = check_gain_limit(key[0], key[1], rows, f"trained runs of sweep {sweep}")
+                    c = check_gain_limit(key[0], key[1], rows, f"trained runs of sweep {sweep_dir}")
+                    c.name += " [trained runs]"
                     comps.append(c)
-                    limits[key] = c
-            if not comps:
+                    if sweep is not None:
+                        limits[key] = c
+            if not comps and sweep is not None:
                 raise ValueError(f"sweep {sweep!r} has no case with single- and multi-head runs at >= 3 common L")
-        else:
+        if sweep is None:
             for k, (tasks, sigma) in enumerate(grid["cases"]):
                 progress(f"multi-head gain: tasks={list(tasks)} sigma={sigma:g}", k / len(grid["cases"]))
                 rows = gain_rows(tasks, sigma, grid["Ls"], seed + 10_000 * k, device, grid["eval_elements"],

@@ -4,26 +4,29 @@ this machine's limits.
 ``python -m numerics.bench`` measures, in one run, on one device:
 
 1. seconds per gradient step (sample prompts + forward + backward + update) of our trainer
-   against :class:`numerics.reference.ReferenceAttention`, the same model written the
-   standard way, at the quick configuration (tasks 4,4,4, H = 3, L = 256, batch 4096), in
-   each dtype, and the ratio;
-2. the roofline of our step: the bytes it must move over the measured memory bandwidth and
-   its FLOPs over the measured dense-matmul throughput, each as the fraction of the step
-   time it accounts for (``bytes_moved`` and ``flops`` state the count);
+   (``numerics.train.train``, timed inside a real run: :class:`TrainerSteps`) against
+   :class:`numerics.reference.ReferenceAttention`, the same model written the standard way
+   (per-head q/k/v linear layers over every token), at the quick configuration (tasks
+   4,4,4, H = 3, L = 256, batch 4096), in each dtype, and the ratio; also the step without
+   sampling on a fixed batch (where the two differ) and the sampling alone (what they share);
+2. the roofline of our step: the bytes it must move (:func:`bytes_moved`) over the
+   measured memory bandwidth and its FLOPs (:func:`flops`) over the measured dense-matmul
+   throughput, each as the fraction of the step time it accounts for;
 3. wall time of the reduced ODE (``train_reduced``) against full gradient flow (``train``)
    to the same time t on the quick configuration;
-4. how the step time grows with L, d, H and batch (least-squares exponents of
-   log time against log size, over 4 sizes each);
+4. how the step time grows with L, d, H and batch (least-squares exponents of log time
+   against log size, over 4 sizes each, one size varied at a time);
 5. peak memory of one step at the quick and the paper configuration (tasks 8,8,8,8, H = 4,
-   L = 1024, batch 4096), measured in a fresh subprocess on CPU (``ru_maxrss`` delta) and
-   with ``torch.cuda.max_memory_allocated`` on CUDA.
+   L = 1024, batch 4096): resident-set peak in a fresh process on CPU,
+   ``torch.cuda.max_memory_allocated`` on CUDA (:func:`peak_memory`).
 
-Every timing is the median of repeated runs after warm-up, with min and max; everything
-is also written as JSON (``--out``).  Timings on a shared machine are inflated by
-contention: the load average at start and end is recorded in ``meta``.
+Timings are medians over rounds, with min and max; the contenders of a comparison are run
+interleaved, round by round (:func:`time_interleaved`), so a shared machine's drifting load
+hits all of them alike, and process CPU time is recorded next to wall time.  Everything is
+also written as JSON (``--out``); the load average at start and end is in ``meta``.
 
 Precision policy: TF32 is switched off (``fp32_precision = "ieee"``) before anything runs,
-so a float32 matmul is a float32 matmul on every device (see docs/performance.md).
+so a float32 matmul is a float32 matmul on every device (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -61,12 +64,12 @@ DTYPES = ("float32", "float64")
 class BenchConfig:
     device: str = "cpu"
     dtypes: tuple = DTYPES
-    repeats: int = 5          # timed repeats of the sub-second measurements (median, min, max)
-    warmup: int = 2           # untimed runs first (allocator, threads, kernel caches)
+    repeats: int = 5          # rounds of the step comparison, repeats of the probes
+    warmup: int = 2           # untimed probe calls; > 0: one untimed round of each comparison
     quick: bool = False       # smoke-test sizes
     seed: int = 0
     reduced_time: float = 0.5  # gradient-flow time t of section 3 (t / lr steps)
-    scaling_steps: int = 3    # timed steps per size in section 4
+    scaling_steps: int = 4    # timed rounds of section 4
     progress: bool = True
     out: str | None = None    # JSON path
     threads: int | None = None  # torch intra-op threads (None: torch's default)
@@ -79,7 +82,8 @@ class BenchConfig:
 def precise_float32() -> dict:
     """Switch TF32 off so float32 matmuls are IEEE float32 on every device; returns the
     settings in force (recorded in the JSON).  Uses the fp32_precision API where this
-    torch has it (mixing it with the legacy allow_tf32 flags is an error in new torch)."""
+    torch has it (new torch refuses to read the legacy allow_tf32 flags when they disagree
+    with it; both say "off" here, as numerics.train sets them)."""
     torch.set_float32_matmul_precision("highest")
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         torch.backends.cuda.matmul.fp32_precision = "ieee"
@@ -159,16 +163,16 @@ def _ratio_summary(slow: dict, fast: dict) -> dict:
 # machine limits
 
 
-def memory_bandwidth(device: str, nbytes: int = 256 * 2**20, repeats: int = 7) -> dict:
+def memory_bandwidth(device: str, nbytes: int = 256 * 2**20, repeats: int = 7, warmup: int = 2) -> dict:
     """Measured memory bandwidth in bytes/s: ``dst.copy_(src)`` of ``nbytes`` (reads
     nbytes, writes nbytes: 2 * nbytes moved) and ``torch.add(a, b, out=c)`` (3 * nbytes).
-    256 MB is far beyond any cache, so this is DRAM (or HBM) bandwidth."""
+    Sized far beyond any cache, so this is DRAM (or HBM) bandwidth."""
     n = nbytes // 4
     src = torch.rand(n, device=device)
     dst = torch.empty_like(src)
     other = torch.rand(n, device=device)
-    copy = time_repeated(lambda: dst.copy_(src), repeats, 2, device)
-    add = time_repeated(lambda: torch.add(src, other, out=dst), repeats, 2, device)
+    copy = time_repeated(lambda: dst.copy_(src), repeats, warmup, device)
+    add = time_repeated(lambda: torch.add(src, other, out=dst), repeats, warmup, device)
     del src, dst, other
     return {
         "bytes": nbytes,
@@ -177,13 +181,13 @@ def memory_bandwidth(device: str, nbytes: int = 256 * 2**20, repeats: int = 7) -
     }
 
 
-def matmul_throughput(device: str, dtype: torch.dtype, n: int, repeats: int = 5) -> dict:
+def matmul_throughput(device: str, dtype: torch.dtype, n: int, repeats: int = 5, warmup: int = 2) -> dict:
     """Measured dense matmul throughput in FLOP/s: an n x n by n x n product is 2 n^3 FLOPs."""
     g = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, dtype=dtype, device=device, generator=g)
     b = torch.randn(n, n, dtype=dtype, device=device, generator=g)
     out = torch.empty_like(a)
-    t = time_repeated(lambda: torch.matmul(a, b, out=out), repeats, 2, device)
+    t = time_repeated(lambda: torch.matmul(a, b, out=out), repeats, warmup, device)
     return {"n": n, "flop_per_s": _rate(2 * n**3, t)}
 
 
@@ -290,12 +294,8 @@ class TrainerSteps:
                 zip(stamps[1:-1], stamps[2:], cpu_stamps[1:-1], cpu_stamps[2:])]
 
 
-def _draws(cfg: ProblemConfig, tcfg: TrainConfig, steps: int) -> None:
-    """Draw the steps + 1 batches a run of ``steps`` steps draws: the floor under any
-    trainer on this prompt stream, full or reduced."""
-    gen = make_generator(tcfg.seed, cfg.device)
-    for _ in range(steps + 1):
-        sample_prompts(cfg, tcfg.batch, gen)
+def item_bytes(cfg: ProblemConfig) -> int:
+    return torch.tensor([], dtype=cfg.torch_dtype).element_size()
 
 
 def bytes_moved(cfg: ProblemConfig, batch: int) -> dict:
@@ -317,7 +317,7 @@ def bytes_moved(cfg: ProblemConfig, batch: int) -> dict:
     one read backward)."""
     D, H, L = cfg.token_dim, cfg.heads, cfg.L
     E, G = batch * L * D, batch * L * H
-    item = torch.tensor([], dtype=cfg.torch_dtype).element_size()
+    item = item_bytes(cfg)
     return {"formula": "itemsize * (5*B*L*D + 9*B*L*H)", "context_elements": E,
             "sampling_bytes": item * E, "model_bytes": item * (4 * E + 9 * G),
             "bytes": item * (5 * E + 9 * G)}
@@ -335,11 +335,16 @@ def flops(cfg: ProblemConfig, batch: int) -> dict:
 
 
 def roofline(moved: dict, fl: dict, bandwidth: float, flop_rate: float,
-             step_seconds: float, model_seconds: float) -> dict:
+             step_seconds: float, model_seconds: float, working_set_bandwidth: float) -> dict:
     """Fractions of the machine's limits reached: (bytes / bandwidth) / time and
     (FLOPs / matmul throughput) / time, for the whole step (sampling included) and for
-    forward + backward + update alone."""
+    forward + backward + update alone.  ``bandwidth`` is the large-array (DRAM/HBM) copy
+    rate; ``working_set_bandwidth`` the copy rate of an array the size of the context
+    tensor, which a large last-level cache may hold (then it, not DRAM, is the ceiling)."""
     return {
+        "working_set_bytes_per_s": working_set_bandwidth,
+        "fraction_of_working_set_bound": moved["bytes"] / working_set_bandwidth / step_seconds,
+        "model_fraction_of_working_set_bound": moved["model_bytes"] / working_set_bandwidth / model_seconds,
         "bytes": moved, "flops": fl, "step_seconds": step_seconds, "model_seconds": model_seconds,
         "memory_time_seconds": moved["bytes"] / bandwidth,
         "fraction_of_memory_bound": moved["bytes"] / bandwidth / step_seconds,
@@ -478,10 +483,13 @@ def run_bench(bc: BenchConfig) -> dict:
 
     # -- machine limits ----------------------------------------------------------------
     phase("probes")
-    probes = {"bandwidth": memory_bandwidth(dev, (4 if bc.quick else 256) * 2**20, reps)}
+    # 256 MiB is far beyond a CPU's caches; a GPU copies it in ~0.1 ms, too close to the
+    # launch and synchronisation overhead, so 2 GiB there (still far beyond its 60 MB L2)
+    mib = 4 if bc.quick else (2048 if dev.startswith("cuda") else 256)
+    probes = {"bandwidth": memory_bandwidth(dev, mib * 2**20, reps, warm)}
     for dt in bc.dtypes:
         n = 128 if bc.quick else (8192 if dev.startswith("cuda") else 1536)
-        probes[dt] = {"matmul": matmul_throughput(dev, getattr(torch, dt), n, min(reps, 5))}
+        probes[dt] = {"matmul": matmul_throughput(dev, getattr(torch, dt), n, min(reps, 5), warm)}
     out["probes"] = probes
     bar.update(1)
 
@@ -517,10 +525,13 @@ def run_bench(bc: BenchConfig) -> dict:
             "cpu_ratio_model_only": t["reference_model_only"]["cpu"]["median"] / t["model_only"]["cpu"]["median"],
             "target_ratio": 10.0, "meets_target": ratio["median"] >= 10.0,
         }
+        moved = bytes_moved(cfg, B)
+        ws = memory_bandwidth(dev, item_bytes(cfg) * moved["context_elements"], reps, warm)
+        probes[dt]["bandwidth_at_context_size"] = ws
         out["roofline"][dt] = roofline(
-            bytes_moved(cfg, B), flops(cfg, B), probes["bandwidth"]["copy_bytes_per_s"]["median"],
+            moved, flops(cfg, B), probes["bandwidth"]["copy_bytes_per_s"]["median"],
             probes[dt]["matmul"]["flop_per_s"]["median"], t["trainer"]["median"],
-            t["model_only"]["median"])
+            t["model_only"]["median"], ws["copy_bytes_per_s"]["median"])
         bar.update(1)
 
     # -- 3. reduced ODE against full gradient flow -----------------------------------------
@@ -533,12 +544,12 @@ def run_bench(bc: BenchConfig) -> dict:
         tcfg = TrainConfig(lr=LR, time=bc.reduced_time, batch=main["batch"], seed=bc.seed,
                            records=2, progress=False)
         t = time_interleaved({"full": lambda: train(cfg, tcfg),
-                              "reduced": lambda: train_reduced(cfg, tcfg),
-                              "sampling_only": lambda: _draws(cfg, tcfg, steps)},
-                             slow_reps, 0, dev)
+                              "reduced": lambda: train_reduced(cfg, tcfg)}, slow_reps, 0, dev)
+        # both draw the same steps + 1 batches: section 1's sampling time is their common floor
+        floor = (steps + 1) * out["step"][dt]["sampling_seconds"]["median"]
         out["reduced_vs_full"][dt] = {
             "full_seconds": t["full"], "reduced_seconds": t["reduced"],
-            "sampling_seconds": t["sampling_only"], "speedup": _ratio_summary(t["full"], t["reduced"])}
+            "sampling_floor_seconds": floor, "speedup": _ratio_summary(t["full"], t["reduced"])}
         bar.update(1)
 
     # -- 4. scaling --------------------------------------------------------------------
@@ -654,12 +665,17 @@ def render(res: dict) -> str:
                      f" of memory bound, {r['flops']['flops'] / 1e9:.2f} GFLOP -> "
                      f"{100 * r['fraction_of_matmul_peak']:.1f}% of matmul peak;  without sampling:"
                      f" {100 * r['model_fraction_of_memory_bound']:.1f}% / {100 * r['model_fraction_of_matmul_peak']:.1f}%")
+        lines.append(f"  {dt}  against the copy rate of a context-sized array"
+                     f" ({r['working_set_bytes_per_s'] / 1e9:.1f} GB/s; a large cache may hold it):"
+                     f" step {100 * r['fraction_of_working_set_bound']:.1f}%, without sampling"
+                     f" {100 * r['model_fraction_of_working_set_bound']:.1f}%")
     rv = res["reduced_vs_full"]
     lines += ["", f"3. seconds to gradient-flow time t = {rv['time_t']} ({rv['steps']} steps, batch {rv['batch']})"]
     for dt in m["dtypes"]:
         r = rv[dt]
         lines.append(f"  {dt}  full {_fmt_t(r['full_seconds'], 1)}   reduced {_fmt_t(r['reduced_seconds'], 1)}"
-                     f"   full / reduced {r['speedup']['median']:.2f}x")
+                     f"   full / reduced {r['speedup']['median']:.2f}x   (drawing the prompts alone:"
+                     f" {r['sampling_floor_seconds']:.2f})")
     sc = res["scaling"]
     lines += ["", f"4. step time ~ size^k ({sc['dtype']}, bare step, one size varied around the base)"]
     for axis in ("L", "d", "heads", "batch"):
@@ -689,10 +705,13 @@ def parse_args(argv=None) -> BenchConfig:
                    help="comma-separated dtypes to time: float32, float64 (default both); the "
                         "scaling section uses the first")
     p.add_argument("--repeats", type=int, default=5,
-                   help="timed repeats of each sub-second measurement (the seconds-long ones, the "
-                        "reference and whole training runs, use max(3, repeats // 2)); medians, min "
-                        "and max are reported (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed warm-up runs before timing (default 2)")
+                   help="timed rounds of the step comparison (section 1: one call of each contender "
+                        "per round, two trainer steps) and timed repeats of the probes; the whole "
+                        "training runs of section 3 use max(3, repeats // 2) rounds, the scaling "
+                        "section 4 rounds; medians, min and max are reported (default 5)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed warm-up calls of the probes; the interleaved comparisons run one "
+                        "untimed round first when this is > 0 (default 2)")
     p.add_argument("--out", default=None, help="write the results as JSON to this path")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: tiny sizes, every code path in seconds; numbers are meaningless")

@@ -118,9 +118,9 @@ run_step bench "$BENCH_TIMEOUT" "$OUT/bench.log" \
 # with whatever time is left (the report matters more than the thorough CPU-scale cases) --
 PLIMIT=()
 # a per-test limit where pytest-timeout is installed, so one stuck test cannot eat the rest
-if "$PYTHON" -c 'import pytest_timeout' >/dev/null 2>&1; then PLIMIT=(-p pytest_timeout --timeout=90); fi
+if "$PYTHON" -c 'import pytest_timeout' >/dev/null 2>&1; then PLIMIT=(--timeout=90); fi
 run_step pytest-gpu "$PYTEST_GPU_TIMEOUT" "$OUT/pytest.log" \
-    "$PYTHON" -m pytest -p no:cacheprovider --device cuda -m gpu -q -rfEs "${PLIMIT[@]}"
+    "$PYTHON" -m pytest -p no:cacheprovider --device cuda -m gpu -q -rfEs ${PLIMIT[@]+"${PLIMIT[@]}"}
 
 run_step report "$REPORT_TIMEOUT" "$OUT/report.log" \
     "$PYTHON" -m reports.build --profile paper --device cuda --no-progress --out "$OUT/report"
@@ -135,19 +135,19 @@ else
     PARGS=(--thorough --device cuda -m "thorough and not gpu" -q -rfE)
 fi
 run_step pytest-thorough "$PYTEST_TIMEOUT" "$OUT/pytest.log" \
-    "$PYTHON" -m pytest -p no:cacheprovider "${PARGS[@]}" "${PLIMIT[@]}"
+    "$PYTHON" -m pytest -p no:cacheprovider "${PARGS[@]}" ${PLIMIT[@]+"${PLIMIT[@]}"}
 
 # --- summary ---------------------------------------------------------------------------
 TOTAL=$(($(date +%s) - START))
 {
     echo "gpu_checks.sh summary ($(date -u +%FT%TZ)), total ${TOTAL}s of a ${TOTAL_BUDGET}s budget"
     printf '%-16s %-6s %-10s %s\n' step exit seconds verdict
-    for s in "${STEPS[@]}"; do
+    for s in ${STEPS[@]+"${STEPS[@]}"}; do
         IFS='|' read -r n rc secs v <<<"$s"
         printf '%-16s %-6s %-10s %s\n' "$n" "$rc" "$secs" "$v"
     done
 } | tee "$OUT/summary.txt"
-"$PYTHON" - "$OUT/summary.json" "$TOTAL" "${STEPS[@]}" <<'EOF' || true
+"$PYTHON" - "$OUT/summary.json" "$TOTAL" ${STEPS[@]+"${STEPS[@]}"} <<'EOF' || true
 import json, sys
 path, total, *steps = sys.argv[1:]
 rows = []
@@ -160,7 +160,7 @@ json.dump({"total_seconds": int(total), "steps": rows}, open(path, "w"), indent=
 EOF
 ls -la "$OUT"
 # exit status: 0 only if every step passed
-for s in "${STEPS[@]}"; do
+for s in ${STEPS[@]+"${STEPS[@]}"}; do
     case $s in *"|ok") ;; *) exit 1 ;; esac
 done
 exit 0

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, note, strategies as st
 
 from claims import block_structure as claim
+from claims.common import log_comparison
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig
 
@@ -28,6 +29,7 @@ def test_symmetric_batch_keeps_D_to_rounding(device, tasks, heads, L, param, bas
                         init_scale=init_scale, device=device)
     c = claim.check_symmetrised_exact(cfg, lr=0.05, steps=30, base_prompts=1, seed=seed, records=4)
     note(c.explain())
+    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 
@@ -43,6 +45,7 @@ def test_fresh_batches_residual_within_noise_bound(device, tasks, heads, L, para
     tcfg = TrainConfig(lr=0.05, time=2.0, batch=batch, records=9, seed=seed)
     c = claim.check_structure_preserved(cfg, tcfg, n_probe=2)
     note(c.explain())
+    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, note, strategies as st
+from hypothesis import given, note, settings, strategies as st
 
 from claims import limiting_error as claim
 from numerics.config import ProblemConfig
@@ -22,6 +22,9 @@ from numerics.train import TrainConfig
 
 TASKS = st.lists(st.integers(1, 4), min_size=1, max_size=2).map(tuple)
 SIGMA = st.sampled_from([0.0, 0.5, 1.0])
+
+# training runs and many-L minimisations: half the profile's examples (default 2, thorough 12)
+HEAVY = settings(max_examples=max(2, settings.default.max_examples // 2))
 
 
 @given(tasks=st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple), heads=st.integers(1, 2),
@@ -55,6 +58,7 @@ def _points(tasks, sigma, Ls, seed, device, eval_elements, fit_elements):
     return [{"L": r["L"], "loss": r["allocated"].loss, "se": r["allocated"].se} for r in rows]
 
 
+@HEAVY
 @given(tasks=TASKS, sigma=SIGMA, seed=st.integers(0, 2 ** 16))
 def test_L_times_loss_tends_to_Lambda(request, device, tasks, sigma, seed):
     thorough = request.config._icl_thorough
@@ -68,6 +72,7 @@ def test_L_times_loss_tends_to_Lambda(request, device, tasks, sigma, seed):
         assert c.discriminates, c.explain()
 
 
+@HEAVY
 @given(tasks=st.sampled_from([(1, 1), (2,), (1, 2)]), seed=st.integers(0, 2 ** 16))
 def test_full_model_converges_to_exact_limit(device, tasks, seed):
     """The full (factored) model, trained from the default init, ends at the exact finite-L

@@ -4,11 +4,15 @@ perturbed predictions (gain exactly H; the wrong winner) at the same tolerance."
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, note, strategies as st
+from hypothesis import given, note, settings, strategies as st
 
 from claims import multi_head_gain as claim
 
+# training runs and many-L minimisations: half the profile's examples (default 2, thorough 12)
+HEAVY = settings(max_examples=max(2, settings.default.max_examples // 2))
 
+
+@HEAVY
 @given(r=st.integers(1, 3), m=st.integers(2, 3), sigma=st.sampled_from([0.0, 0.5]), seed=st.integers(0, 2 ** 16))
 def test_gain_matches_theory(request, device, r, m, sigma, seed):
     thorough = request.config._icl_thorough

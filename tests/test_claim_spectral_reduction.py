@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import spectral_reduction as claim
+from claims.common import log_comparison
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig
 
@@ -41,6 +42,7 @@ def test_projected_full_gradient_is_reduced_gradient(device, point, L, param, ba
                         sigma=sigma, device=device)
     c = claim.check_gradient_projection(cfg, omega, mu, batch=batch, seed=seed)
     note(c.explain())
+    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 
@@ -52,6 +54,7 @@ def test_full_trajectory_follows_reduced_flow(device, tasks, heads, L, param, ba
                         device=device)
     c = claim.check_trajectory_agreement(cfg, lr=0.05, time=1.0, base_prompts=1, seed=seed)
     note(c.explain())
+    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 
@@ -65,6 +68,7 @@ def test_expansion_error_shrinks_with_L(device, seed, init_scale):
     tcfg = TrainConfig(lr=0.05, time=2.0, batch=96, records=5)
     c = claim.check_expansion_trend(cfg, [8, 32, 128], tcfg, seeds=(seed, seed + 1))
     note(c.explain())
+    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 

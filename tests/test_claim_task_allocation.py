@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, note, strategies as st
 
 from claims import task_allocation as claim
+from claims.common import log_comparison
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig
 
@@ -36,6 +37,7 @@ def test_each_head_ends_with_one_task_the_predicted_one(device, problem, L, s0, 
     tcfg = TrainConfig(lr=0.1, time=8.0, batch=batch, records=33, seed=seed)
     c = claim.check_allocation(cfg, tcfg)
     note(c.explain())
+    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 
@@ -46,6 +48,7 @@ def test_surplus_heads_decay(device, tasks, extra, seed):
     cfg = _given(tasks, m + extra, list(range(m)), 0.15, 16, device)
     c = claim.check_surplus_decay(cfg, TrainConfig(lr=0.1, time=10.0, batch=128, records=41, seed=seed))
     note(c.explain())
+    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 

@@ -11,30 +11,30 @@ import pytest
 from hypothesis import given, note, strategies as st
 
 from claims import three_phases as claim
+from claims.common import log_comparison
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig
 
 
-@given(tasks=st.sampled_from([(3,), (2, 2), (4,)]), heads=st.integers(1, 2), L=st.sampled_from([16, 24]),
-       param=st.sampled_from(["factored", "merged"]), logit_scale=st.sampled_from([4.0, 6.0]),
-       init_scale=st.sampled_from([0.1, 0.15]), batch=st.sampled_from([64, 96]), seed=st.integers(0, 2 ** 16))
-def test_loss_curve_has_three_phases_at_predicted_times(device, tasks, heads, L, param, logit_scale, init_scale,
-                                                         batch, seed):
-    # logit scale s with r s > 4: the emergence lands inside the expansion's domain
-    cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, param=param, logit_scale=logit_scale,
+@given(problem=st.sampled_from([((3,), 1), ((3,), 2), ((4,), 1), ((2, 2), 2)]), L=st.sampled_from([32, 48]),
+       init_scale=st.sampled_from([0.03, 0.05]), batch=st.sampled_from([64, 96]), seed=st.integers(0, 2 ** 16))
+def test_loss_curve_has_three_phases_at_predicted_times(device, problem, L, init_scale, batch, seed):
+    # factored weights (the paper's architecture); logit scale 4 so that r s > 4 and the
+    # emergence lands inside the expansion's domain; run length from the ODE (2 x emergence end)
+    tasks, heads = problem
+    cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, param="factored", logit_scale=4.0,
                         init_scale=init_scale, device=device)
-    lr = 0.05
-    time = min(claim.horizon(cfg, lr), 8.0)
-    tcfg = TrainConfig(lr=lr, time=time, batch=batch, records=41, seed=seed)
+    tcfg = TrainConfig(lr=0.05, time=claim.horizon(cfg, 0.05), batch=batch, records=41, seed=seed)
     c = claim.check_three_phases(cfg, tcfg, eval_batch=1024)
     note(c.explain())
+    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 
 
 @pytest.mark.thorough
 @given(tasks=st.sampled_from([(3, 3), (4, 4), (3, 3, 3)]), L=st.sampled_from([64, 128]),
-       param=st.sampled_from(["factored", "merged"]), init_scale=st.sampled_from([0.03, 0.05, 0.1]),
+       param=st.sampled_from(["factored"]), init_scale=st.sampled_from([0.02, 0.03, 0.05]),
        seed=st.integers(0, 2 ** 16))
 def test_three_phases_thorough(device, tasks, L, param, init_scale, seed):
     cfg = ProblemConfig(tasks=tasks, heads=len(tasks), L=L, param=param, logit_scale=4.0, init_scale=init_scale,

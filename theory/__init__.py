@@ -9,6 +9,7 @@ what this package predicts.  Modules, one per claim:
 - ``task_allocation``  claim 4: predicted winners, allocated fixed point (mpmath)
 - ``limiting_error``   claims 5-6: F, L*loss limits for multi/single head, gain
 - ``optimality``       claim 7: best decomposable attention over signed (omega, mu)
+- ``formulas``         the derived formulas as printed by ``python -m theory formulas``
 
 Submodules are imported lazily so that ``import theory`` stays cheap (the sympy
 derivations are cached and only run on first use).
@@ -24,6 +25,7 @@ __all__ = [
     "task_allocation",
     "limiting_error",
     "optimality",
+    "formulas",
 ]
 
 

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def predict(tasks, heads, L, sigma=0.0, optimality=False, seed=0, dps=30) -> dict:
     """The JSON object of ``python -m theory predict`` (see docs/theory.md for the keys)."""
-    from .limiting_error import limit_multi_per_task, limit_single, minimise_single, single_head_at_L
+    from .limiting_error import limit_multi_per_task, minimise_single, single_head_at_L
     from .optimality import linear_attention_limit, optimality_ratio
     from .reduced_ode import expansion_reliable, expansion_valid
     from .task_allocation import allocated_task_point

@@ -4,17 +4,27 @@ On the decomposable set D (see ``block_structure``) the model reduces to
 
     y_hat_i = sum_h mu[h,i] sum_l softmax_l( sum_j omega[h,j] <Phi_j^T x_l, Phi_j^T q> ) y_{l,i}
 
-with exact finite-L loss L_L(omega, mu) (an expectation; the numerics estimate it by Monte
-Carlo, ``mc_reduced_loss`` here is a numpy reference).  Gradient flow on the model's own
-parameters becomes  d omega = -f_omega * dL/d omega,  d mu = -f_mu * dL/d mu  with the
-metric factors of :func:`metric_factors` (derived in :func:`derive_metric_factors`).
+and gradient flow on the model's own parameters becomes
 
-The large-L expansion (closed form, :func:`expansion_loss`) is derived symbolically in
-:func:`derive_expansion` from the delta method for the ratio sum e^{s_l} y_l / sum e^{s_l}
-and the Gaussian moment identities; the numpy functions here are lambdified from those
-sympy expressions.  It is finite iff every 2 omega[h,k]*omega[k,j] < 1, i.e. iff
-2 omega[h,j]^2 < 1 for all h, j (:func:`expansion_valid`); outside, the Gaussian integrals
-diverge (softmax saturates towards argmax) and the function returns +inf.
+    d omega/dt = -f_omega * dL/d omega,    d mu/dt = -f_mu * dL/d mu
+
+with the metric factors of :func:`metric_factors` (derived from the parametrisation in
+:func:`derive_metric_factors`: merged 1/r_i and 1; factored 2|omega|/(s r_i) and 2|mu|).
+The right-hand side comes in two forms:
+
+- exact at finite L: dL_L/d(omega, mu) is an expectation over prompts
+  (:func:`mc_reduced_gradient` states it and estimates it in numpy; the numerics estimate
+  the same expectation in PyTorch), with the loss itself in :func:`mc_reduced_loss`;
+- the large-L expansion (closed form, :func:`expansion_loss`, :func:`expansion_gradient`),
+  derived symbolically in :func:`derive_expansion` from the delta method for the ratio
+  sum e^{s_l} y_l / sum e^{s_l} and the Gaussian moment identities; the numpy functions
+  are lambdified from those sympy expressions (:func:`expansion_formula` prints them).
+
+Domain of the expansion: it is finite iff 2 omega[h,j]^2 < 1 for all h, j
+(:func:`expansion_valid`; outside, the Gaussian integrals diverge -- softmax saturates
+towards argmax -- and the function returns +inf); its O(L^-2) remainder has a finite
+coefficient only if 6 omega^2 < 1 (:func:`expansion_reliable`).
+:func:`integrate_expansion_flow` integrates the expansion flow (scipy solve_ivp).
 """
 from __future__ import annotations
 
@@ -780,32 +790,15 @@ def default_init(tasks, heads, init_scale=0.15) -> tuple[np.ndarray, np.ndarray]
 # the exact finite-L reduced loss, by Monte Carlo (numpy reference)
 # ---------------------------------------------------------------------------------------
 
-def mc_reduced_loss(omega, mu, tasks, L, sigma=0.0, prompts=20000, seed=0, chunk=None,
-                    antithetic=True) -> tuple[float, float]:
-    """Monte-Carlo estimate of the exact finite-L reduced loss L_L(omega, mu) and its
-    standard error: (mean, stderr) over ``prompts`` independent prompts.
-
-    One prompt: x_l, q ~ N(0, I_d) (task basis, Phi = I: the reduced loss does not depend
-    on Phi), g_i ~ N(0, I_{r_i}), y_{l,i} = g_i^T x_{l,i} + eps, target g_i^T q_i;
-    y_hat_i = sum_h mu[h,i] sum_l softmax_l(sum_j omega[h,j] <x_{l,j}, q_j>) y_{l,i};
-    loss = sum_i (y_hat_i - target_i)^2.  With ``antithetic`` each prompt is paired with
-    its g -> -g, eps -> -eps image (same law, a variance reduction: the loss is even in
-    (g, eps) jointly, but the pair shares x and q), and the standard error is computed over
-    the pairs."""
-    tasks = check_tasks(tasks)
-    omega, mu = check_omega_mu(omega, mu, tasks)
-    sigma = check_sigma(sigma)
-    if isinstance(L, bool) or int(L) != L or L < 1:
-        raise ValueError(f"L must be a positive integer for the exact loss, got {L}")
-    L = int(L)
-    if prompts < 2:
-        raise ValueError(f"prompts must be at least 2 (an error bar needs two), got {prompts}")
+def _mc_batches(omega, mu, tasks, L, sigma, prompts, seed, chunk, antithetic, with_grad):
+    """Per-prompt exact reduced loss (and its gradient) on numpy prompt batches."""
     rng = np.random.default_rng(seed)
     d, m = sum(tasks), len(tasks)
+    H = omega.shape[0]
     edges = np.concatenate([[0], np.cumsum(tasks)])
+    blocks = list(zip(edges[:-1], edges[1:]))
     if chunk is None:
-        chunk = max(1, int(4e6 // (L * d)))
-    losses = []
+        chunk = max(1, int(4e6 // (L * d * max(1, H if with_grad else 1))))
     done = 0
     while done < prompts:
         B = min(chunk, prompts - done)
@@ -815,21 +808,77 @@ def mc_reduced_loss(omega, mu, tasks, L, sigma=0.0, prompts=20000, seed=0, chunk
         eps = sigma * rng.standard_normal((B, L, m))
         xq = x * q[:, None, :]
         xg = x * g[:, None, :]
-        u = np.stack([xq[..., a:b].sum(-1) for a, b in zip(edges[:-1], edges[1:])], axis=-1)   # (B, L, m)
-        yc = np.stack([xg[..., a:b].sum(-1) for a, b in zip(edges[:-1], edges[1:])], axis=-1)  # (B, L, m)
-        target = np.stack([(q[:, a:b] * g[:, a:b]).sum(-1) for a, b in zip(edges[:-1], edges[1:])], axis=-1)
+        u = np.stack([xq[..., a:b].sum(-1) for a, b in blocks], axis=-1)      # (B, L, m)
+        yc = np.stack([xg[..., a:b].sum(-1) for a, b in blocks], axis=-1)     # (B, L, m)
+        target = np.stack([(q[:, a:b] * g[:, a:b]).sum(-1) for a, b in blocks], axis=-1)
         s = u @ omega.T                          # (B, L, H)
         s = s - s.max(axis=1, keepdims=True)
         p = np.exp(s)
         p /= p.sum(axis=1, keepdims=True)
-        signs = (1.0, -1.0) if antithetic else (1.0,)
-        per = []
-        for sg in signs:
+        ubar = np.einsum("blh,blj->bhj", p, u)   # softmax mean of the block scores per head
+        per_loss, per_gom, per_gmu = [], [], []
+        for sg in ((1.0, -1.0) if antithetic else (1.0,)):
             y = sg * (yc + eps)
-            avg = np.einsum("blh,bli->bhi", p, y)    # softmax average of y_i per head
-            pred = np.einsum("hi,bhi->bi", mu, avg)
-            per.append(np.sum((pred - sg * target) ** 2, axis=1))
-        losses.append(np.mean(per, axis=0))
+            R = np.einsum("blh,bli->bhi", p, y)  # softmax average of y_i per head
+            resid = np.einsum("hi,bhi->bi", mu, R) - sg * target
+            per_loss.append(np.sum(resid ** 2, axis=1))
+            if with_grad:
+                # dL/dmu[h,i] = 2 E resid_i R_hi ;  dR_hi/domega[h,j] = Cov_p(y_i, u_j)
+                per_gmu.append(2.0 * resid[:, None, :] * R)
+                cov = np.einsum("blh,bli,blj->bhij", p, y, u) - R[:, :, :, None] * ubar[:, :, None, :]
+                per_gom.append(2.0 * np.einsum("bi,hi,bhij->bhj", resid, mu, cov))
+        yield (np.mean(per_loss, axis=0), np.mean(per_gom, axis=0) if with_grad else None,
+               np.mean(per_gmu, axis=0) if with_grad else None)
         done += B
-    losses = np.concatenate(losses)
+
+
+def _mc_checks(omega, mu, tasks, L, sigma, prompts):
+    tasks = check_tasks(tasks)
+    omega, mu = check_omega_mu(omega, mu, tasks)
+    sigma = check_sigma(sigma)
+    if isinstance(L, bool) or int(L) != L or L < 1:
+        raise ValueError(f"L must be a positive integer for the exact loss, got {L}")
+    if prompts < 2:
+        raise ValueError(f"prompts must be at least 2 (an error bar needs two), got {prompts}")
+    return tasks, omega, mu, int(L), sigma
+
+
+def mc_reduced_loss(omega, mu, tasks, L, sigma=0.0, prompts=20000, seed=0, chunk=None,
+                    antithetic=True) -> tuple[float, float]:
+    """Monte-Carlo estimate of the exact finite-L reduced loss L_L(omega, mu) and its
+    standard error: (mean, stderr) over ``prompts`` independent prompts.
+
+    One prompt: x_l, q ~ N(0, I_d) (task basis, Phi = I: the reduced loss does not depend
+    on Phi), g_i ~ N(0, I_{r_i}), y_{l,i} = g_i^T x_{l,i} + eps, target g_i^T q_i;
+    y_hat_i = sum_h mu[h,i] sum_l softmax_l(sum_j omega[h,j] <x_{l,j}, q_j>) y_{l,i};
+    loss = sum_i (y_hat_i - target_i)^2.  With ``antithetic`` each prompt is paired with
+    its (g, eps) -> (-g, -eps) image (same law; the pair shares x and q) and the standard
+    error is computed over the pairs."""
+    tasks, omega, mu, L, sigma = _mc_checks(omega, mu, tasks, L, sigma, prompts)
+    losses = np.concatenate([b[0] for b in _mc_batches(omega, mu, tasks, L, sigma, prompts, seed, chunk,
+                                                       antithetic, False)])
     return float(losses.mean()), float(losses.std(ddof=1) / np.sqrt(losses.size))
+
+
+def mc_reduced_gradient(omega, mu, tasks, L, sigma=0.0, prompts=20000, seed=0, chunk=None,
+                        antithetic=True) -> dict:
+    """The exact finite-L right-hand side, estimated by Monte Carlo: the gradient of L_L,
+
+        dL/d mu[h,i]    = 2 E[ (y_hat_i - t_i) R_hi ],
+        dL/d omega[h,j] = 2 E[ sum_i (y_hat_i - t_i) mu[h,i] Cov_{p_h}(y_i, u_j) ],
+
+    with R_hi = sum_l p_hl y_li, u_lj = <x_lj, q_j> and Cov_{p_h} the covariance under the
+    softmax weights p_h (the derivative of a softmax average w.r.t. the logit coefficient).
+    Returns {"loss", "loss_se", "grad_omega", "grad_omega_se", "grad_mu", "grad_mu_se"}
+    ((H, m) arrays); the flow is then -metric_factors * grad.  Same prompts as
+    :func:`mc_reduced_loss` for the same seed, so the gradient is the exact derivative of
+    that sample loss (common random numbers)."""
+    tasks, omega, mu, L, sigma = _mc_checks(omega, mu, tasks, L, sigma, prompts)
+    parts = list(_mc_batches(omega, mu, tasks, L, sigma, prompts, seed, chunk, antithetic, True))
+    loss = np.concatenate([b[0] for b in parts])
+    gom = np.concatenate([b[1] for b in parts])
+    gmu = np.concatenate([b[2] for b in parts])
+    n = loss.size
+    return {"loss": float(loss.mean()), "loss_se": float(loss.std(ddof=1) / np.sqrt(n)),
+            "grad_omega": gom.mean(0), "grad_omega_se": gom.std(0, ddof=1) / np.sqrt(n),
+            "grad_mu": gmu.mean(0), "grad_mu_se": gmu.std(0, ddof=1) / np.sqrt(n)}

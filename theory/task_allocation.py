@@ -24,7 +24,7 @@ import sympy as sp
 
 from ._validate import check_L, check_omega_mu, check_sigma, check_tasks
 from .limiting_error import minimise_F
-from .reduced_ode import derive_expansion, expansion_valid, integrate_expansion_flow
+from .reduced_ode import derive_expansion, integrate_expansion_flow
 
 RULES = ("ode", "warmup_race", "largest_mu")
 
