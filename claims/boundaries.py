@@ -384,12 +384,14 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
     Predicted: the trained loss equals the minimum of the exact loss over the partition of the
     tasks that theory predicts (``theory.task_allocation.predicted_winners``, the expansion flow
     from the same init; each head sees and serves its own tasks only), within Z paired standard
-    errors plus the drift of the training loss over its final window.  Recorded (not judged):
+    errors plus the drift of the training loss over its final window plus the step-size
+    fluctuation left in the averaged iterate (the iterates of the last quarter of the records
+    are averaged).  Recorded (not judged):
     the head carrying each task (largest |mu|), whether the others are below ALLOCATED_SHARE of
     it (a clean partition) and whether the winners are theory's.  Perturbation: "one head per task" (claim 4 read literally: the m-head allocated
     limit's loss) must be rejected.  A symmetric init (two heads tied on a task) is a different
     boundary: the tie is kept by symmetry and the task shared, so use a random init here."""
-    from claims.limiting_error import allocated_minimum
+    from claims.limiting_error import allocated_minimum, window_drift
     from numerics.model import initial_semi_singular_values
     from theory.task_allocation import predicted_winners
 
@@ -398,7 +400,7 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
     om0, mu0 = (t.numpy() for t in initial_semi_singular_values(cfg))
     winners = predicted_winners(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale)
     res = _train_reduced(cfg, tcfg)
-    mu = np.abs(res.mu)
+    mu = np.abs(np.mean([r.mu for r in res.trajectory if r.t >= 0.75 * res.trajectory[-1].t], axis=0))
     measured_winners = [int(h) for h in np.argmax(mu, axis=0)]
     shares = [float(np.sort(mu[:, i])[-2] / mu[:, i].max()) for i in range(cfg.m)]
     is_partition = all(sh <= ALLOCATED_SHARE for sh in shares)
@@ -408,13 +410,20 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
                            [np.where(serves, np.maximum(np.abs(res.omega), 0.05), 0.0)], seed + 5,
                            family="partition", device=cfg.device)
     alloc = allocated_minimum(cfg.tasks, cfg.L, cfg.sigma, seed + 6, cfg.device)
-    losses = evaluate([(res.omega, res.mu), (part.omega, part.mu), (alloc.omega, alloc.mu)], cfg.tasks, cfg.L,
-                      cfg.sigma, n_eval, seed + 7, cfg.device)
+    # the end point of a finite-step run fluctuates around the flow's limit (fresh batches):
+    # average the iterates of the last quarter of the records (Polyak), and charge the
+    # averaged point 1/k of what a single iterate's fluctuation costs (records 1/20 of the run
+    # apart taken as independent draws of the fluctuation)
+    late = [r for r in res.trajectory if r.t >= 0.75 * res.trajectory[-1].t]
+    om_avg = np.mean([r.omega for r in late], axis=0)
+    mu_avg = np.mean([r.mu for r in late], axis=0)
+    points = [(om_avg, mu_avg), (part.omega, part.mu), (alloc.omega, alloc.mu)] + [(r.omega, r.mu) for r in late]
+    losses = evaluate(points, cfg.tasks, cfg.L, cfg.sigma, n_eval, seed + 7, cfg.device)
     diff, se = _paired_difference(losses[0], losses[1])
-    tail = res.losses[-max(2, int(math.ceil(0.1 * res.steps))):]
-    halves = np.array_split(tail, 2)
-    drift = abs(float(halves[0].mean() - halves[1].mean()))
-    tol = Z * se + drift
+    single_excess = max(0.0, float(losses[3:].mean() - losses[0].mean()))
+    fluctuation = single_excess / len(late)
+    drift = window_drift(res.losses[-max(2, int(math.ceil(0.1 * res.steps))):])
+    tol = Z * se + drift + fluctuation
     d_alloc = float(losses[0].mean() - losses[2].mean())
     # judged: the loss (what the flow reaches); recorded: whether the end point is already a
     # clean partition and whether its winners are theory's (a near-tie can stay shared for a
@@ -425,13 +434,16 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
         measured={"loss_trained": float(losses[0].mean()), "winners": measured_winners, "second_share": shares},
         predicted={"loss_partition_minimum": float(losses[1].mean()), "winners": list(winners)},
         error=abs(diff), tolerance=tol,
-        why=f"{Z:g} paired standard errors on {n_eval} prompts plus the drift of the training loss over its "
-            f"final window ({drift:.3g})",
+        why=f"{Z:g} paired standard errors on {n_eval} prompts, plus the drift of the training loss over its "
+            f"final window beyond its noise ({drift:.3g}), plus the step-size fluctuation left in the averaged "
+            f"iterate ({fluctuation:.3g}: 1/{len(late)} of a single iterate's excess loss)",
         agrees=bool(agrees),
         perturbations=[perturbation("one head per task (the allocated limit's loss)", abs(d_alloc), tol,
                                     predicted=float(losses[2].mean()))],
         details={"config": cfg.to_dict(), "train": tcfg.to_dict(), "omega0": om0.tolist(), "mu0": mu0.tolist(),
-                 "omega": np.round(res.omega, 4).tolist(), "mu": np.round(res.mu, 4).tolist(),
+                 "omega": np.round(om_avg, 4).tolist(), "mu": np.round(mu_avg, 4).tolist(),
+                 "final_iterate": {"omega": np.round(res.omega, 4).tolist(), "mu": np.round(res.mu, 4).tolist()},
+                 "averaged_records": len(late), "single_iterate_excess": single_excess,
                  "partition_minimum": part.summary(), "allocated_with_m_heads": alloc.summary(), "se": se,
                  "drift": drift, "is_partition": is_partition, "winners_as_predicted": measured_winners == list(winners),
                  "loss_ratio_to_allocated": float(losses[0].mean() / losses[2].mean())})
@@ -440,8 +452,11 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
 FEWER_GRIDS = {
     "tiny": ({"tasks": (1, 1, 1), "heads": 2, "L": 32, "init": "random_decomposable", "init_seed": 1},
              {"lr": 0.1, "time": 6.0, "batch": 256}, 4000),
+    # t = 120: a head's omega on the tasks it does not serve decays only like 1/t under the
+    # factored metric (d omega/dt ~ -omega^2), and costs loss ~ omega^2: at t = 40 it is still
+    # 0.05-0.08, 0.4% of loss above the partition minimum
     "quick": ({"tasks": (2, 2, 2), "heads": 2, "L": 64, "init": "random_decomposable", "init_seed": 1},
-              {"lr": 0.1, "time": 40.0, "batch": 512}, 40000),
+              {"lr": 0.1, "time": 120.0, "batch": 512}, 40000),
     "paper": ({"tasks": (4, 4, 4, 4), "heads": 2, "L": 256, "init": "random_decomposable", "init_seed": 1},
               {"lr": 0.05, "time": 200.0, "batch": 2048}, 200000),
 }

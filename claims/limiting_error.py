@@ -242,7 +242,7 @@ def optimal_mu(omega: torch.Tensor, prompts: MarginalPrompts, tasks, sigma: floa
         A = (Si.T * w) @ Si / prompts.n + (r - 1.0 + sigma ** 2) * (w[:, None, None] * PP[:, heads][:, :, heads]).mean(0)
         A = A + 1e-12 * torch.trace(A) / heads.size * torch.eye(heads.size, dtype=A.dtype, device=A.device)
         sol = torch.linalg.solve(A, b)
-        mu = mu.index_put((torch.as_tensor(heads), torch.full((heads.size,), i)), sol)
+        mu = mu.index_put((torch.as_tensor(heads, device=mu.device), torch.full((heads.size,), i, device=mu.device)), sol)
         total = total + q2 - b @ sol
     return mu, total
 
@@ -468,9 +468,6 @@ def fit_limit(L, y, se) -> dict:
             "fits": {f"p={p:g}": f for p, f in fits.items()}}
 
 
-fit_inverse_L = fit_limit   # the name used by the first draft of the checks
-
-
 @one_thread
 def exact_minima(tasks, sigma: float, Ls: Sequence[int], n_eval: Optional[int], seed: int, device="cpu",
                  single: bool = False, progress=no_progress, eval_elements: int = 2 ** 22,
@@ -565,15 +562,25 @@ def loss_standard_error(losses: np.ndarray, blocks: int = 10) -> float:
 
 
 @one_thread
+def window_drift(tail: np.ndarray) -> float:
+    """The part of the change of the loss between the two halves of the final window that
+    Monte-Carlo noise does not explain: max(0, |mean_1 - mean_2| - Z se(mean_1 - mean_2)),
+    the se by batch means within each half.  An estimate of the optimisation error left (a
+    run still descending), zero for a run that has converged to within its noise."""
+    halves = np.array_split(np.asarray(tail, float), 2)
+    se = math.hypot(*(loss_standard_error(h, 5) for h in halves))
+    return max(0.0, abs(float(halves[0].mean() - halves[1].mean())) - Z * se)
+
+
 def check_converged_loss(cfg, tcfg, model: str = "full", n_eval: int = 20000, seed: int = 0) -> Comparison:
     """A training run's converged loss against the exact finite-L gradient-flow limit L*_L.
 
     ``model``: "full" (numerics.train.train) or "reduced" (train_reduced).  Measured: the
     mean batch loss over the last 10% of steps (TrainResult.loss) with its batch-means
     standard error.  Predicted: the allocated minimum of the exact loss at cfg.L (cfg.heads
-    must equal m).  Tolerance: Z combined standard errors plus the drift of the loss between
-    the two halves of the final window (what the run still had to descend, an estimate of
-    the optimisation error).  Perturbations: the prediction x1.5 and x2/3."""
+    must equal m).  Tolerance: Z combined standard errors plus :func:`window_drift` (the
+    descent still visible in the final window beyond noise, an estimate of the optimisation
+    error).  Perturbations: the prediction x1.5 and x2/3."""
     from numerics.train import train, train_reduced
 
     if cfg.heads != cfg.m:
@@ -584,14 +591,13 @@ def check_converged_loss(cfg, tcfg, model: str = "full", n_eval: int = 20000, se
     res = (train if model == "full" else train_reduced)(cfg, tcfg)
     tail = res.losses[-max(2, int(math.ceil(0.1 * res.steps))):]
     se_train = loss_standard_error(tail)
-    halves = np.array_split(tail, 2)
-    drift = abs(float(halves[0].mean() - halves[1].mean()))
+    drift = window_drift(tail)
     (fm,) = measure([allocated_minimum(cfg.tasks, cfg.L, cfg.sigma, seed, cfg.device)], n_eval, seed + 1, cfg.device)
     tol = Z * math.hypot(se_train, fm.se) + drift
     err = abs(res.loss - fm.loss)
     why = (f"{Z:g} combined standard errors (training window by batch means {se_train:.3g}; exact minimum on "
-           f"{fm.n_eval} independent prompts {fm.se:.3g}) plus the drift of the loss across the final window "
-           f"({drift:.3g}, the optimisation error still left)")
+           f"{fm.n_eval} independent prompts {fm.se:.3g}) plus the drift of the loss across the final window beyond "
+           f"its noise ({drift:.3g}, the optimisation error still left)")
     return Comparison(
         name=f"converged loss = exact L*_L, {model} model, tasks={list(cfg.tasks)}, L={cfg.L}, sigma={cfg.sigma:g}",
         measured=res.loss, predicted=fm.loss, error=err, tolerance=tol, why=why, agrees=bool(err <= tol),

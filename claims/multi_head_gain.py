@@ -17,7 +17,7 @@ r=10: 2.661; r=40: 2.904; r=100, m=8: 7.863).  Checks:
    theory's rho_inf (tolerance: Z standard errors of the intercept + the systematic error of
    the extrapolation, ``claims.limiting_error.fit_limit``).  Perturbations: "exactly H" and "multi worse than single" (1/rho_inf).
 2. ``check_gain_at_L``: rho at the largest L against theory's ratio at the same r, L (the
-   expansion minimised at that L: allocated fixed point / single-head fixed point).
+   expansion minimised at that L: allocated fixed point / single head).
 3. ``check_gain_rises``: theory's rho_inf(r) increases with r towards m (exact values, mpmath);
    the measured extrapolated gains of several r (when given) increase too.
 """

@@ -42,7 +42,7 @@ import numpy as np
 
 from claims.base import ClaimResult, Figure, Series, judge, no_progress, run_claim
 from claims.common import Comparison, check_profile, perturbation, worst
-from claims.limiting_error import (FIT_ELEMENTS, Z, FamilyMinimum, _check_problem, allocated_minimum,
+from claims.limiting_error import (FIT_ELEMENTS, Z, FamilyMinimum, _check_problem, allocated_minimum, evaluate,
                                    fit_limit, measure, minimise_family, one_thread)
 from claims.multi_head_gain import paired_ratio
 
@@ -66,9 +66,6 @@ def best_found_minimum(tasks, L: int, sigma: float = 0.0, seed: int = 0, heads_p
     serve every task, started from the separable optimum's heads (zero off-task) and from a
     signed superposition; the better of the two searches is returned.  Returns the point as
     (H, m) arrays with H = heads_per_task * m (or shared_heads)."""
-    from numerics.data import make_generator
-    import torch
-
     tasks, L, sigma = _check_problem(tasks, L, sigma)
     if heads_per_task < 1:
         raise ValueError(f"heads_per_task must be >= 1, got {heads_per_task}")
@@ -106,10 +103,8 @@ def best_found_minimum(tasks, L: int, sigma: float = 0.0, seed: int = 0, heads_p
         joint = minimise_family(tasks, L, sigma, full, full, [start_sep, sup], seed + 977,
                                 n_fit=max(128, fit_elements // (Hs * L)), family=f"best found ({Hs} shared heads)",
                                 device=device)
-        # compare the two on one common fit sample, not on their own (different) samples
+        # compare the two on one common sample, not each on its own (different) fit sample
         prompts_seed = seed + 4242
-        from claims.limiting_error import evaluate
-
         vals = evaluate([(best.omega, best.mu), (joint.omega, joint.mu)], tasks, L, sigma,
                         max(128, fit_elements // (max(H, Hs) * L)), prompts_seed, device).mean(axis=1)
         if vals[1] < vals[0]:

@@ -582,7 +582,7 @@ def run_bench(bc: BenchConfig) -> dict:
     phase("peak memory")
     mem: dict = {}
     for dt in bc.dtypes:
-        if bc.quick:   # one fresh-process measurement exercises the path; sizes are tiny
+        if bc.quick:   # one in-process measurement exercises the path; sizes are tiny
             if dt == bc.dtypes[0]:
                 mem[dt] = {"ours_quick": peak_memory(main, dt, dev, "ours", bc.seed, fresh_process=False)}
             continue

@@ -20,6 +20,7 @@ or errors, 2 on bad arguments, 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -54,9 +55,9 @@ profiles (every claim runs at the chosen scale; see docs/report.md for what each
   tiny   seconds per claim (the whole report in well under a minute). For the report's own
          end-to-end test: it exercises the whole pipeline but its numbers are too small to be
          evidence.
-  quick  the default: small configurations (a few heads and tasks, L in the hundreds) and
-         Monte-Carlo sizes whose errors the tolerances account for; about 10 minutes on 2 CPU
-         cores for the whole report.
+  quick  the default: small configurations (a few heads and tasks, L up to a few hundred)
+         and Monte-Carlo sizes whose errors the tolerances account for; a few minutes on 2
+         CPU cores for the whole report (at most about 10).
   paper  the scale of the paper's own experiments (larger d, L, batches and training times);
          meant for a GPU (--device cuda), hours on a CPU.
 """
@@ -116,7 +117,7 @@ def validate(cfg: BuildConfig) -> BuildConfig:
             raise BadArguments(f"--from-sweep {cfg.sweep}: not a numerics.sweep output directory "
                                "(it has neither points/ nor summary.json); give the DIR of "
                                "'python -m numerics.sweep ... --out DIR'")
-        cfg = BuildConfig(**{**cfg.__dict__, "sweep": str(sweep.resolve())})
+        cfg = dataclasses.replace(cfg, sweep=str(sweep.resolve()))
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise BadArguments(f"--out {cfg.out} exists and is not a directory; choose another --out")
@@ -162,7 +163,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--profile", choices=PROFILES, default="quick",
                         help="scale of every claim's experiment: tiny (seconds, pipeline test), quick "
-                             "(default, ~10 min on 2 CPU cores), paper (paper scale, for a GPU); "
+                             "(default, minutes on 2 CPU cores), paper (paper scale, for a GPU); "
                              "details below")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help=f"report directory (default {DEFAULT_OUT}/, relative to the current "
@@ -272,7 +273,12 @@ def run_all(cfg: BuildConfig, stream: TextIO = sys.stderr,
     for k, claim_id in enumerate(ids, start=1):
         display = _ClaimProgress(f"[{k}/{len(ids)}] {claim_id}", stream, cfg.progress)
         cpu0 = time.process_time()
-        result = run_one(claim_id, cfg, display)
+        try:
+            result = run_one(claim_id, cfg, display)
+        except BaseException:  # Ctrl-C or SIGTERM: end the bar's line before the message
+            if display.bar is not None:
+                display.bar.close()
+            raise
         if cpu_seconds is not None:
             cpu_seconds[claim_id] = time.process_time() - cpu0
         display.close(result)

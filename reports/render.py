@@ -8,11 +8,10 @@ Nothing here computes a result.  Every number drawn or printed comes from a
 - :func:`render_html` turns the ``claims.json`` document plus the PNG bytes into one
   self-contained page: inline CSS, figures as base64 data URIs, no script, no network.
 
-Colour convention of ``"lines"`` figures: the k-th series of a style gets the k-th colour of
-the palette, independently per style.  A claim that lists its measured points
-(``style="points"``) and its theory lines (``style="line"``) in the same order therefore
-gets each measured trajectory and its prediction in the same colour (e.g. omega[h, i] of the
-full model over omega[h, i] of the reduced ODE).
+Colour convention of ``"lines"`` figures (:func:`series_colours`): lines take successive
+colours, and each measured ``points`` series takes the colour of the line whose label it
+shares most words with (``"full task 1"`` with ``"reduced task 1"``), so a measurement and
+its prediction are drawn in the same colour; on a tie, points and lines are paired in order.
 """
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ import dataclasses
 import html
 import io
 import math
+import re
 from typing import Any, Iterable
 
 import matplotlib
@@ -97,10 +97,40 @@ def _check_lines(fig: Figure) -> None:
                               f"but y has {len(s.y)}; give one y per x")
 
 
+def _label_tokens(label: str) -> set[str]:
+    return set(re.split(r"[\s,;:()]+", label.lower())) - {""}
+
+
+def series_colours(series: list[Series]) -> list[int]:
+    """Palette index of each series, pairing measured points with their prediction.
+
+    Lines (``line`` and ``dashed``) take successive colours.  A ``points`` series takes the
+    colour of the line whose label shares the most words with its own ("measured m=3,
+    sigma=0" with "theory m=3"; "full task 1" with "reduced task 1"), when that line is
+    unique; otherwise the k-th points series takes the colour of the k-th line, or a colour
+    no line uses."""
+    line_indices = [j for j, s in enumerate(series) if s.style != "points"]
+    line_colour = {j: c for c, j in enumerate(line_indices)}
+    colours, unmatched = [], 0
+    for j, s in enumerate(series):
+        if s.style != "points":
+            colours.append(line_colour[j])
+            continue
+        tokens = _label_tokens(s.label)
+        overlaps = [(len(tokens & _label_tokens(series[i].label)), i) for i in line_indices]
+        best = max((o for o, _ in overlaps), default=0)
+        winners = [i for o, i in overlaps if o == best]
+        if best > 0 and len(winners) == 1:
+            colours.append(line_colour[winners[0]])
+        else:
+            colours.append(unmatched if unmatched < len(line_indices) else len(line_indices) + unmatched)
+            unmatched += 1
+    return colours
+
+
 def _draw_lines(ax, fig: Figure) -> None:
     _check_lines(fig)
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    seen_per_style: dict[str, int] = {}
     for span_index, span in enumerate(fig.spans):
         try:
             x0, x1 = _number(span["x0"]), _number(span["x1"])
@@ -110,19 +140,20 @@ def _draw_lines(ax, fig: Figure) -> None:
         if math.isfinite(x0) and math.isfinite(x1):
             ax.axvspan(x0, x1, color=SPAN_COLOURS[span_index % len(SPAN_COLOURS)], alpha=0.8,
                        zorder=0, lw=0, label=span.get("label") or None)
-    for s in fig.series:
-        k = seen_per_style.get(s.style, 0)
-        seen_per_style[s.style] = k + 1
-        colour = palette[k % len(palette)]
+    colours = series_colours(fig.series)
+    for s, colour_index in zip(fig.series, colours):
+        colour = palette[colour_index % len(palette)]
         x = [_number(v) for v in s.x]
         y = [_number(v) for v in s.y]
+        # Hollow markers under the lines: a prediction drawn through its measurements stays
+        # visible even where the points are dense.
         if s.style == "points":
-            ax.plot(x, y, linestyle="none", marker="o", markersize=3.5, color=colour, label=s.label,
-                    zorder=3)
+            ax.plot(x, y, linestyle="none", marker="o", markersize=4.5, markerfacecolor="none",
+                    markeredgewidth=1.0, color=colour, label=s.label, zorder=2)
         elif s.style == "dashed":
-            ax.plot(x, y, linestyle="--", lw=1.5, color=colour, label=s.label, zorder=2)
+            ax.plot(x, y, linestyle="--", lw=1.4, color=colour, label=s.label, zorder=3)
         else:
-            ax.plot(x, y, linestyle="-", lw=1.5, color=colour, label=s.label, zorder=2)
+            ax.plot(x, y, linestyle="-", lw=1.4, color=colour, label=s.label, zorder=3)
     for line_index, hline in enumerate(fig.hlines):
         if "y" not in hline:
             raise RenderError(f"figure {fig.name!r}: an hline needs key 'y' (and 'label')")

@@ -29,7 +29,9 @@
 # default 465: every step is cut short so the script ends within it), BENCH_TIMEOUT (100),
 # PYTEST_GPU_TIMEOUT (60), REPORT_TIMEOUT (200), PYTEST_TIMEOUT (240, the thorough step),
 # PYTEST_ARGS (thorough step; default: --thorough --device cuda -m "thorough and not gpu" -q -rfE),
-# BENCH_ARGS (extra flags for numerics.bench), KEEP_REPORT_DIR, SKIP_INSTALL=1 (use
+# BENCH_ARGS (extra flags for numerics.bench), REPORT_ARGS (extra flags for reports.build,
+# e.g. "--only block-structure,task-allocation" when the whole paper profile does not fit
+# in REPORT_TIMEOUT), KEEP_REPORT_DIR, SKIP_INSTALL=1 (use
 # PYTHONPATH instead of pip: for trying the script out on a machine you share).
 set -u
 
@@ -122,8 +124,10 @@ if "$PYTHON" -c 'import pytest_timeout' >/dev/null 2>&1; then PLIMIT=(--timeout=
 run_step pytest-gpu "$PYTEST_GPU_TIMEOUT" "$OUT/pytest.log" \
     "$PYTHON" -m pytest -p no:cacheprovider --device cuda -m gpu -q -rfEs ${PLIMIT[@]+"${PLIMIT[@]}"}
 
+# shellcheck disable=SC2086  # REPORT_ARGS is a list of flags (e.g. --only ID,ID)
 run_step report "$REPORT_TIMEOUT" "$OUT/report.log" \
-    "$PYTHON" -m reports.build --profile paper --device cuda --no-progress --out "$OUT/report"
+    "$PYTHON" -m reports.build --profile paper --device cuda --no-progress --out "$OUT/report" \
+    ${REPORT_ARGS:-}
 if [ -d "$OUT/report" ] && tar -czf "$OUT/report.tar.gz" -C "$OUT" report; then
     [ "${KEEP_REPORT_DIR:-0}" = 1 ] || rm -rf "$OUT/report"
 fi

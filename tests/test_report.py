@@ -11,7 +11,6 @@ import contextlib
 import io
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -370,6 +369,23 @@ def test_every_figure_kind_renders_from_its_json_form(fake_report):
     assert "nan" in figure_data[2]["matrix"][0]
     for data in figure_data:
         assert report_render.figure_png(data)[:8] == PNG_MAGIC
+
+
+def test_measured_points_take_the_colour_of_their_prediction():
+    def series(*specs):
+        return [Series(label, [0.0], [0.0], style) for label, style in specs]
+
+    # by shared words, whatever the order
+    assert report_render.series_colours(series(
+        ("measured m=3, sigma=0", "points"), ("measured m=2, sigma=0", "points"),
+        ("theory m=2", "line"), ("theory m=3", "line"))) == [1, 0, 0, 1]
+    assert report_render.series_colours(series(
+        ("reduced task 0", "line"), ("full task 0", "points"),
+        ("reduced task 1", "line"), ("full task 1", "points"))) == [0, 0, 1, 1]
+    # a tie pairs in order; points without any line get their own colours
+    assert report_render.series_colours(series(
+        ("a, L=8", "points"), ("b, L=8", "points"), ("x, L=8", "line"), ("y, L=8", "dashed"))) == [0, 1, 0, 1]
+    assert report_render.series_colours(series(("p", "points"), ("q", "points"))) == [0, 1]
 
 
 @pytest.mark.parametrize("figure, message", [
