@@ -127,7 +127,7 @@ def check_merged_superposition(cfg, tcfg, n_eval: int = 20000, seed: int = 0) ->
 
 
 MERGED_GRIDS = {
-    "tiny": ({"tasks": (1, 1), "heads": 2, "L": 32}, {"lr": 0.1, "time": 6.0, "batch": 256}, 4000),
+    "tiny": ({"tasks": (2, 2), "heads": 2, "L": 32}, {"lr": 0.1, "time": 20.0, "batch": 256}, 8000),
     "quick": ({"tasks": (2, 2), "heads": 2, "L": 64}, {"lr": 0.1, "time": 40.0, "batch": 512}, 40000),
     # SPEC.md's run: r = 4, m = H = 3, L = 256, batch 1024, lr 0.05
     "paper": ({"tasks": (4, 4, 4), "heads": 3, "L": 256}, {"lr": 0.05, "time": 150.0, "batch": 1024}, 200000),
@@ -451,7 +451,7 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
 
 FEWER_GRIDS = {
     "tiny": ({"tasks": (1, 1, 1), "heads": 2, "L": 32, "init": "random_decomposable", "init_seed": 1},
-             {"lr": 0.1, "time": 6.0, "batch": 256}, 4000),
+             {"lr": 0.2, "time": 40.0, "batch": 256}, 8000),
     # t = 120: a head's omega on the tasks it does not serve decays only like 1/t under the
     # factored metric (d omega/dt ~ -omega^2), and costs loss ~ omega^2: at t = 40 it is still
     # 0.05-0.08, 0.4% of loss above the partition minimum
