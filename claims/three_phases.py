@@ -65,16 +65,6 @@ def _pooled_points(fit, t, time):
     return int(np.sum(np.abs(fit - fit[k]) <= 1e-15 * max(1.0, abs(fit[k]))))
 
 
-def binned(t_steps: np.ndarray, values: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """Means of consecutive blocks of k = len // n_bins per-step values, at the blocks' mean
-    times (the tail that does not fill a block is dropped).  Averaging k batch losses
-    divides their Monte-Carlo noise by sqrt(k); the phase definition is then applied to a
-    curve of ``n_bins`` points, as it is meant to be (about 60 records)."""
-    k = max(1, len(values) // n_bins)
-    n = (len(values) // k) * k
-    return t_steps[:n].reshape(-1, k).mean(axis=1), values[:n].reshape(-1, k).mean(axis=1)
-
-
 def discrete_expansion_curve(cfg, s0: float, lr: float, t: np.ndarray) -> np.ndarray:
     """Expansion loss along the *gradient-descent map* with step lr (not the ODE), at the
     times t (multiples of lr): what full GD does on D for the expansion loss.  Factored,

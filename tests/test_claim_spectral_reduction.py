@@ -2,7 +2,7 @@
 
 (a) gradient projection at drawn points of D, (b) full vs reduced trajectories on the same
 (exactly symmetric) samples over the whole run, (c) the large-L expansion with an error
-that shrinks as L grows.  Each asserts agreement at the derived tolerance and that the
+that shrinks as L grows (thorough only: not resolved reliably at default-run sizes).  Each asserts agreement at the derived tolerance and that the
 perturbed predictions (metric off by a factor 2, wrong exponent, wrong metric) are
 rejected at the same tolerance (claims/spectral_reduction.py).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, note, settings, strategies as st
+from hypothesis import given, note, strategies as st
 
 from claims import spectral_reduction as claim
 from claims.common import log_comparison
@@ -52,21 +52,7 @@ def test_projected_full_gradient_is_reduced_gradient(device, point, L, param, ba
 def test_full_trajectory_follows_reduced_flow(device, tasks, heads, L, param, basis, init_scale, seed):
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, param=param, basis=basis, init_scale=init_scale,
                         device=device)
-    c = claim.check_trajectory_agreement(cfg, lr=0.05, time=1.0, base_prompts=1, seed=seed)
-    note(c.explain())
-    log_comparison(c, __name__)
-    assert c.agrees, c.explain()
-    assert c.discriminates, c.explain()
-
-
-@settings(max_examples=1)
-@given(seed=st.integers(0, 2 ** 16), init_scale=st.sampled_from([0.1, 0.15]))
-def test_expansion_error_shrinks_with_L(device, seed, init_scale):
-    # logit scale 8: the emergence lands at omega < 1/2 where the expansion's remainder is
-    # small (module docstring); three L a factor 4 apart, two prompt streams each
-    cfg = ProblemConfig(tasks=(3,), heads=1, L=8, logit_scale=8.0, init_scale=init_scale, device=device)
-    tcfg = TrainConfig(lr=0.05, time=2.0, batch=96, records=5)
-    c = claim.check_expansion_trend(cfg, [8, 32, 128], tcfg, seeds=(seed, seed + 1))
+    c = claim.check_trajectory_agreement(cfg, lr=0.05, time=1.0, base_prompts=4, seed=seed)
     note(c.explain())
     log_comparison(c, __name__)
     assert c.agrees, c.explain()
@@ -74,12 +60,18 @@ def test_expansion_error_shrinks_with_L(device, seed, init_scale):
 
 
 @pytest.mark.thorough
-@given(seed=st.integers(0, 2 ** 16), tasks=st.sampled_from([(3, 3), (4,), (2, 2)]),
-       param=st.sampled_from(["factored"]))
-def test_expansion_error_shrinks_with_L_thorough(device, seed, tasks, param):
-    cfg = ProblemConfig(tasks=tasks, heads=len(tasks), L=32, logit_scale=8.0, param=param, device=device)
-    tcfg = TrainConfig(lr=0.05, time=4.0, batch=512, records=9)
-    c = claim.check_expansion_trend(cfg, [32, 128, 512], tcfg, seeds=(seed, seed + 1, seed + 2))
+@given(seed=st.integers(0, 2 ** 16), tasks=st.sampled_from([(3,), (4,), (3, 3)]))
+def test_expansion_error_shrinks_with_L_thorough(device, seed, tasks):
+    # Only in the thorough run.  At default-run sizes (B = 256, L = 4..64, 3 streams) the
+    # noise-corrected gap falls from ~0.05 to ~0.01 but its Monte-Carlo error (~0.01-0.02)
+    # leaves p + 2 se(p) between -0.4 and +0.3 depending on the seeds: the trend is not
+    # resolved reliably there (docs/claims_1_4.md), so a default test would be flaky.
+    # Larger L and batch, a smaller step (the SGD bias ~ lr/B of the multiplicative factored
+    # updates puts a floor under the gap that does not shrink with L).
+    cfg = ProblemConfig(tasks=tasks, heads=len(tasks), L=8, logit_scale=8.0, init_scale=0.15, device=device)
+    tcfg = TrainConfig(lr=0.02, time=4.0, batch=2048, records=9)
+    c = claim.check_expansion_trend(cfg, [8, 32, 128, 512], tcfg, seeds=(seed, seed + 1, seed + 2))
+    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 
