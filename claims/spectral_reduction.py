@@ -194,19 +194,37 @@ def _max_gap(a: dict, b: dict) -> np.ndarray:
     return np.maximum(np.abs(a["omega"] - b["omega"]).max(axis=(1, 2)), np.abs(a["mu"] - b["mu"]).max(axis=(1, 2)))
 
 
-def check_trajectory_agreement(cfg, lr: float = 0.05, time: float = 3.0, base_prompts: int = 1,
-                               seed: int = 0, record_every: int = 1) -> Comparison:
+def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: int = 1,
+                               seed: int = 0, record_every: int = 1, max_relative_step: float = 0.01) -> Comparison:
     """(b) full GD vs the reduced flow on one fixed, exactly symmetric batch, over the whole
     run, at the Richardson tolerance (module docstring).  Compared every ``record_every``
     steps: a fixed small batch can bring the flow to its fixed point within a few steps,
-    and a wrong metric only changes the speed, so the transient must be resolved."""
+    and a wrong metric only changes the speed, so the transient must be resolved.
+
+    ``lr=None`` picks the step from the stiffness of the flow on this batch: the largest
+    relative velocity |x_dot / x| at the init (reduced flow, theory's metric) times lr is at
+    most ``max_relative_step`` (and lr <= 0.05), so that the O(lr) tolerance stays below
+    the effect of a wrong metric constant."""
     from numerics.data import make_generator, sample_prompts
 
+    prompts = symmetrize_full(sample_prompts(cfg, base_prompts, make_generator(seed, cfg.device)), cfg)
+    if lr is None:
+        from numerics.model import initial_semi_singular_values
+        from numerics.reduced import reduced_loss
+
+        om0, mu0 = (a.to(cfg.device, cfg.torch_dtype).requires_grad_(True) for a in initial_semi_singular_values(cfg))
+        g_om, g_mu = torch.autograd.grad(reduced_loss(om0, mu0, prompts, cfg), [om0, mu0])
+        f_om, f_mu = _theory_metric(cfg.param, om0.detach().cpu().numpy(), mu0.detach().cpu().numpy(),
+                                    cfg.tasks, cfg.logit_scale)
+        x = np.abs(np.concatenate([om0.detach().cpu().numpy().ravel(), mu0.detach().cpu().numpy().ravel()]))
+        v = np.abs(np.concatenate([(f_om * g_om.cpu().numpy()).ravel(), (f_mu * g_mu.cpu().numpy()).ravel()]))
+        rel = float(np.max(v / np.maximum(x, 1e-12)))
+        steps = max(2, int(math.ceil(time / min(0.05, max_relative_step / max(rel, 1e-12)))))
+        lr = time / steps
     steps = int(round(time / lr))
     if steps < 2 or abs(steps * lr - time) > 1e-9 * time:
         raise ValueError(f"time/lr must be an integer >= 2, got time={time}, lr={lr}")
     every = int(record_every)
-    prompts = symmetrize_full(sample_prompts(cfg, base_prompts, make_generator(seed, cfg.device)), cfg)
     full = gd_full(cfg, lr, steps, lambda k: prompts, every)
     full_half = gd_full(cfg, lr / 2, 2 * steps, lambda k: prompts, 2 * every)
     red = reduced_gd(cfg, prompts, lr, steps, every)
@@ -219,7 +237,7 @@ def check_trajectory_agreement(cfg, lr: float = 0.05, time: float = 3.0, base_pr
     wrong = reduced_gd(cfg, prompts, lr, steps, every, factor_error=_wrong_factor(cfg.param))
     wrong_gap = float(np.max(_max_gap(full, wrong)))
     return Comparison(
-        name=f"trajectory tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} {cfg.basis} lr={lr} t={time:g}",
+        name=f"trajectory tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} {cfg.basis} lr={lr:.4g} t={time:g}",
         measured=measured, predicted=0.0, error=measured, tolerance=tol,
         why=(f"same samples, exactly symmetric batch ({prompts.batch} prompts): both runs discretise the same "
              f"ODE; tolerance {RICHARDSON_SAFETY:g} x Richardson estimate 2(|x_lr - x_lr/2|) of each run's "

@@ -331,7 +331,7 @@ def _cases(profile: str, device: str, seed: int):
         return cfg, TrainConfig(lr=0.05, time=horizon(cfg, 0.05), batch=batch, records=records, seed=seed)
 
     if profile == "tiny":
-        return [case(64, 41, tasks=(3,), heads=1, L=32, init_scale=0.05)]
+        return [case(128, 31, tasks=(3,), heads=1, L=32, init_scale=0.04)]
     if profile == "quick":
         return [case(128, 61, tasks=(3, 3), heads=2, L=32, init_scale=s0) for s0 in (0.03, 0.05)] + \
                [case(128, 61, tasks=(4,), heads=1, L=64, init_scale=0.05)]

@@ -52,7 +52,10 @@ def test_projected_full_gradient_is_reduced_gradient(device, point, L, param, ba
 def test_full_trajectory_follows_reduced_flow(device, tasks, heads, L, param, basis, init_scale, seed):
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, param=param, basis=basis, init_scale=init_scale,
                         device=device)
-    c = claim.check_trajectory_agreement(cfg, lr=0.05, time=1.0, base_prompts=4, seed=seed)
+    # a fixed batch of a few prompts can make the flow stiff (fast transients in the first
+    # steps); lr=None picks the step from that stiffness (1% relative change per step) so
+    # that the O(lr) Richardson tolerance lies below the effect of a wrong metric constant
+    c = claim.check_trajectory_agreement(cfg, lr=None, time=0.5, base_prompts=4, seed=seed, record_every=2)
     note(c.explain())
     log_comparison(c, __name__)
     assert c.agrees, c.explain()

@@ -30,11 +30,14 @@ def allocation_problems(draw):
 
 
 @given(problem=allocation_problems(), L=st.sampled_from([8, 16]), s0=st.sampled_from([0.1, 0.15]),
-       batch=st.sampled_from([64, 128]), seed=st.integers(0, 2 ** 16))
+       batch=st.sampled_from([128, 256]), seed=st.integers(0, 2 ** 16))
 def test_each_head_ends_with_one_task_the_predicted_one(device, problem, L, s0, batch, seed):
     tasks, favourite = problem
     cfg = _given(tasks, len(tasks), favourite, s0, L, device)
-    tcfg = TrainConfig(lr=0.1, time=8.0, batch=batch, records=33, seed=seed)
+    # the threshold is 5 standard errors of the tail mean of mu; at B = 64 and lr = 0.1 that
+    # exceeds a saturated head's on-task mu (~0.35 at r = 2, L = 8), so the precision could
+    # not certify a nonzero value: batch >= 128, lr = 0.05
+    tcfg = TrainConfig(lr=0.05, time=8.0, batch=batch, records=41, seed=seed)
     c = claim.check_allocation(cfg, tcfg)
     note(c.explain())
     log_comparison(c, __name__)
