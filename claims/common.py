@@ -112,14 +112,6 @@ def check_profile(profile: str) -> str:
     return profile
 
 
-def check_time_grid(lr: float, time: float) -> None:
-    """t = lr * steps must land on an integer number of steps (the run's own grid)."""
-    steps = time / lr
-    if abs(steps - round(steps)) > 1e-9 * max(1.0, steps):
-        raise ValueError(f"time/lr must be an integer number of steps, got time={time}, lr={lr} "
-                         f"({steps:.6g} steps); choose time as a multiple of lr")
-
-
 # ---------------------------------------------------------------------------------------
 # trajectories
 # ---------------------------------------------------------------------------------------

@@ -255,16 +255,6 @@ def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: in
 # (c) large L: the expansion ODE, error shrinking with L
 # ---------------------------------------------------------------------------------------
 
-def _relative_gap(omega, mu, omega_ref, mu_ref) -> float:
-    """Root-mean-square over the records and heads/tasks of (omega - omega_ref) / max|omega_ref|
-    and (mu - mu_ref) / max|mu_ref|: relative to each value's scale (mu ~ 1/omega, so absolute
-    errors of mu are larger by that factor and would hide the omega trend), and an average
-    over the run (a max over the run picks the largest Monte-Carlo excursion instead)."""
-    so = max(float(np.max(np.abs(omega_ref))), 1e-12)
-    sm = max(float(np.max(np.abs(mu_ref))), 1e-12)
-    return float(np.sqrt(0.5 * (np.mean(((omega - omega_ref) / so) ** 2) + np.mean(((mu - mu_ref) / sm) ** 2))))
-
-
 def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1, 2)) -> Comparison:
     """(c) full model (fresh batches, ``numerics.train.train``) against the expansion flow
     at each L in ``Ls`` (>= 3), over the independent prompt streams ``seeds`` (>= 2).
