@@ -209,7 +209,10 @@ def _cases(profile: str, device: str, seed: int):
         return ([(given((1, 1), 2, [1, 0], L=8), TrainConfig(lr=0.1, time=6.0, batch=64, records=31, seed=seed))],
                 [], [])
     if profile == "quick":
-        alloc = [(given((2, 2), 2, [1, 0], L=16), TrainConfig(lr=0.1, time=12.0, batch=128, records=41, seed=seed)),
+        # the SPEC.md run (r = 3, m = 2, H = 2, L = 128, batch 2048, lr 0.05, init 0.15, t = 60;
+        # ~25 s on 2 cores) beside two small, fast cases with other block sizes and H = 3
+        alloc = [(given((3, 3), 2, [0, 1], L=128), TrainConfig(lr=0.05, time=60.0, batch=2048, seed=seed)),
+                 (given((2, 2), 2, [1, 0], L=16), TrainConfig(lr=0.1, time=12.0, batch=128, records=41, seed=seed)),
                  (given((2, 1, 1), 3, [2, 0, 1], L=16),
                   TrainConfig(lr=0.1, time=12.0, batch=128, records=41, seed=seed))]
         surplus = [(given((2, 2), 3, [0, 1], L=16), TrainConfig(lr=0.1, time=12.0, batch=128, records=41, seed=seed))]
