@@ -12,8 +12,15 @@ from claims import multi_head_gain as claim
 HEAVY = settings(max_examples=max(2, settings.default.max_examples // 2))
 
 
+# r >= 2: at r = 1 the per-prompt loss at the single head's optimum (omega ~ 0.43, a tilt
+# e^{omega^2 q^2} of a chi^2 with one degree of freedom) is so heavy-tailed that its sample
+# variance does not settle: the ratio's standard error at L = 4096 ranged 0.03..0.135 across
+# seeds and stayed ~0.13 with 4x the prompts (CI run, hypothesis blob AEEBQQJBAEIwzA==), so a
+# "4 standard errors" tolerance has no valid argument there and cannot separate the ratio
+# (1.31) from the wrong winner's 1/1.31.  r = 1 stays in the theory sequence of
+# test_gain_rises_towards_H.
 @HEAVY
-@given(r=st.integers(1, 3), m=st.integers(2, 3), sigma=st.sampled_from([0.0, 0.5]), seed=st.integers(0, 2 ** 16))
+@given(r=st.integers(2, 3), m=st.integers(2, 3), sigma=st.sampled_from([0.0, 0.5]), seed=st.integers(0, 2 ** 16))
 def test_gain_matches_theory(request, device, r, m, sigma, seed):
     thorough = request.config._icl_thorough
     tasks = (r,) * m
