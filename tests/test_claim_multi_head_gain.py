@@ -4,7 +4,7 @@ perturbed predictions (gain exactly H; the wrong winner) at the same tolerance."
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, note, settings, strategies as st
+from hypothesis import assume, given, note, settings, strategies as st
 
 from claims import multi_head_gain as claim
 
@@ -23,6 +23,12 @@ HEAVY = settings(max_examples=max(2, settings.default.max_examples // 2))
 @given(r=st.integers(2, 3), m=st.integers(2, 3), sigma=st.sampled_from([0.0, 0.5]), seed=st.integers(0, 2 ** 16))
 def test_gain_matches_theory(request, device, r, m, sigma, seed):
     thorough = request.config._icl_thorough
+    # m = 2 only in the thorough run: there theory's gain (1.48 at r = 2, 1.58 at r = 3) lies
+    # 0.4..0.5 from the perturbation "gain exactly H = 2", while the default budget's tolerance
+    # on the extrapolated limit is ~0.41 (CI run: measured 1.62, tolerance 0.41, so "exactly 2"
+    # was not rejected): the default budget has no power to tell them apart.  With m = 3 the
+    # perturbation is >= 0.7 away.  The thorough run uses 4 L values and 4x the prompts.
+    assume(thorough or m == 3)
     tasks = (r,) * m
     Ls = (256, 1024, 4096, 16384) if thorough else (256, 1024, 4096)
     rows = claim.gain_rows(tasks, sigma, Ls, seed, device, eval_elements=2 ** 23 if thorough else 2 ** 21,
