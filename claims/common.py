@@ -337,3 +337,36 @@ def log_comparison(c: Comparison, test: str) -> None:
                                                            for p in c.perturbations]})
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+def expansion_gd_map(cfg, param: str, lr: float, t: np.ndarray, on_exit: str = "raise"):
+    """(omega, mu) at times t (multiples of lr) of the expansion flow discretised by the
+    *same* gradient-descent step as the full model: factored, one GD step on the balanced
+    factors, omega <- omega (1 - lr g_omega/(s r))^2, mu <- mu (1 - lr g_mu)^2; merged,
+    the Euler step.  Comparing with it removes the O(lr) discretisation gap, which does not
+    shrink with L.  Starts at cfg's decomposable init.  If the map leaves the expansion's
+    domain 2 omega^2 < 1: ``on_exit="raise"`` raises, ``"stop"`` returns the iterates
+    reached so far (fewer than len(t))."""
+    from numerics.model import initial_semi_singular_values
+    from theory.reduced_ode import expansion_gradient, expansion_valid
+
+    om, mu = (a.numpy().copy() for a in initial_semi_singular_values(cfg))
+    r = np.asarray(cfg.tasks, float)[None, :]
+    oms, mus, k = [], [], 0
+    for target in np.rint(np.asarray(t) / lr).astype(int):
+        while k < target:
+            if not expansion_valid(om):
+                if on_exit == "stop":
+                    return np.array(oms), np.array(mus)
+                raise RuntimeError(f"the expansion GD map left the domain 2 omega^2 < 1 at step {k} (L={cfg.L})")
+            g_om, g_mu = expansion_gradient(om, mu, cfg.tasks, cfg.L, cfg.sigma)
+            if param == "factored":
+                om = om * (1 - lr * g_om / (cfg.logit_scale * r)) ** 2
+                mu = mu * (1 - lr * g_mu) ** 2
+            else:
+                om = om - lr * g_om / r
+                mu = mu - lr * g_mu
+            k += 1
+        oms.append(om.copy())
+        mus.append(mu.copy())
+    return np.array(oms), np.array(mus)

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from claims.base import ClaimResult, judge, no_progress, run_claim
-from claims.common import (EPS64, Comparison, check_profile, gd_full, perturbation,
+from claims.common import (EPS64, expansion_gd_map, Comparison, check_profile, gd_full, perturbation,
                            symmetrize_full, trajectory_of, value_panels, worst)
 
 CLAIM_ID = "spectral-reduction"
@@ -325,35 +325,6 @@ def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1, 2)) -> Comparison:
         details={"config": cfg.to_dict(), "train": tcfg.to_dict(), "Ls": Ls, "seeds": list(seeds),
                  "bias": bias, "bias_se": bias_se, "bias_other_metric": bias_other, "runs": runs},
     )
-
-
-def expansion_gd_map(cfg, param: str, lr: float, t: np.ndarray):
-    """(omega, mu) at times t (multiples of lr) of the expansion flow discretised by the
-    *same* gradient-descent step as the full model: factored, one GD step on the balanced
-    factors, omega <- omega (1 - lr g_omega/(s r))^2, mu <- mu (1 - lr g_mu)^2; merged,
-    the Euler step.  Comparing with it removes the O(lr) discretisation gap, which does not
-    shrink with L.  Raises if the map leaves the expansion's domain."""
-    from numerics.model import initial_semi_singular_values
-    from theory.reduced_ode import expansion_gradient, expansion_valid
-
-    om, mu = (a.numpy().copy() for a in initial_semi_singular_values(cfg))
-    r = np.asarray(cfg.tasks, float)[None, :]
-    oms, mus, k = [], [], 0
-    for target in np.rint(np.asarray(t) / lr).astype(int):
-        while k < target:
-            if not expansion_valid(om):
-                raise RuntimeError(f"the expansion GD map left the domain 2 omega^2 < 1 at step {k} (L={cfg.L})")
-            g_om, g_mu = expansion_gradient(om, mu, cfg.tasks, cfg.L, cfg.sigma)
-            if param == "factored":
-                om = om * (1 - lr * g_om / (cfg.logit_scale * r)) ** 2
-                mu = mu * (1 - lr * g_mu) ** 2
-            else:
-                om = om - lr * g_om / r
-                mu = mu - lr * g_mu
-            k += 1
-        oms.append(om.copy())
-        mus.append(mu.copy())
-    return np.array(oms), np.array(mus)
 
 
 def _gap_vector(omega, mu, omega_ref, mu_ref) -> np.ndarray:

@@ -46,7 +46,7 @@ import math
 import numpy as np
 
 from claims.base import ClaimResult, Figure, Series, judge, no_progress, run_claim
-from claims.common import Comparison, check_profile, perturbation, trajectory_of, worst
+from claims.common import expansion_gd_map, Comparison, check_profile, perturbation, trajectory_of, worst
 
 CLAIM_ID = "three-phases"
 TITLE = "Three phases: warm-up, emergence, convergence"
@@ -72,27 +72,12 @@ def discrete_expansion_curve(cfg, s0: float, lr: float, t: np.ndarray) -> np.nda
     omega <- omega (1 - lr g_omega / (s r))^2, mu <- mu (1 - lr g_mu)^2; merged: the Euler
     step omega <- omega - lr g_omega / r, mu <- mu - lr g_mu.  Its phase times differ from
     the ODE's by the O(lr) discretisation shift that the comparison must allow."""
-    from numerics.model import initial_semi_singular_values
-    from theory.reduced_ode import expansion_gradient, expansion_loss, expansion_valid
+    from theory.reduced_ode import expansion_loss, expansion_valid
 
-    om, mu = (a.numpy().copy() for a in initial_semi_singular_values(cfg.replace(init_scale=s0)))
-    r = np.asarray(cfg.tasks, float)[None, :]
-    steps = np.rint(np.asarray(t) / lr).astype(int)
-    out, k = [], 0
-    for target in steps:
-        while k < target:
-            if not expansion_valid(om):
-                return np.array(out + [math.nan] * (len(steps) - len(out)))
-            g_om, g_mu = expansion_gradient(om, mu, cfg.tasks, cfg.L, cfg.sigma)
-            if cfg.param == "factored":
-                om = om * (1 - lr * g_om / (cfg.logit_scale * r)) ** 2
-                mu = mu * (1 - lr * g_mu) ** 2
-            else:
-                om = om - lr * g_om / r
-                mu = mu - lr * g_mu
-            k += 1
-        out.append(expansion_loss(om, mu, cfg.tasks, cfg.L, cfg.sigma) if expansion_valid(om) else math.nan)
-    return np.array(out)
+    oms, mus = expansion_gd_map(cfg.replace(init_scale=s0), cfg.param, lr, t, on_exit="stop")
+    out = [expansion_loss(om, mu, cfg.tasks, cfg.L, cfg.sigma) if expansion_valid(om) else math.nan
+           for om, mu in zip(oms, mus)]
+    return np.array(out + [math.nan] * (len(t) - len(out)))
 
 
 def escape_time_spread(cfg, batch: int, lr: float, probe_batch: int = 512, seed: int = 77_777) -> dict:
