@@ -89,20 +89,27 @@ def _predicted(cfg):
     return predicted_winners(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale, rule="ode")
 
 
-def check_allocation(cfg, tcfg) -> Comparison:
-    """H = m: one OV value above the precision threshold per head, the predicted head per task."""
+def _train_with_threshold(cfg, tcfg):
+    """Train the full model; return (result, trajectory, tail records, sigma_mu, threshold,
+    mean final mu over the tail): the OV threshold is THRESHOLD_SIGMAS x the Monte-Carlo
+    precision of mu measured on the run's own last records."""
     from numerics.train import train
 
-    if cfg.heads != cfg.m or cfg.m < 2:
-        raise ValueError(f"check_allocation needs H = m >= 2 (got H={cfg.heads}, m={cfg.m}); use "
-                         "check_surplus_decay for H > m, and run_fewer_heads (reported only) for H < m")
-    predicted = _predicted(cfg)
     res = train(cfg, tcfg)
     tr = trajectory_of(res)
     tail = _tail(tr)
     sigma_mu = mu_precision(tr.mu[tail])
     threshold = max(THRESHOLD_SIGMAS * sigma_mu, 1e-6)
-    mu_end = tr.mu[tail].mean(axis=0)
+    return res, tr, tail, sigma_mu, threshold, tr.mu[tail].mean(axis=0)
+
+
+def check_allocation(cfg, tcfg) -> Comparison:
+    """H = m: one OV value above the precision threshold per head, the predicted head per task."""
+    if cfg.heads != cfg.m or cfg.m < 2:
+        raise ValueError(f"check_allocation needs H = m >= 2 (got H={cfg.heads}, m={cfg.m}); use "
+                         "check_surplus_decay for H > m, and run_fewer_heads (reported only) for H < m")
+    predicted = _predicted(cfg)
+    res, tr, tail, sigma_mu, threshold, mu_end = _train_with_threshold(cfg, tcfg)
     carried = (tr.mu[tail] * tr.omega[tail]).mean(axis=0)           # B contributions mu omega
     above = np.abs(mu_end) > threshold
     per_head = above.sum(axis=1)
@@ -136,18 +143,11 @@ def check_allocation(cfg, tcfg) -> Comparison:
 
 def check_surplus_decay(cfg, tcfg) -> Comparison:
     """H > m: the heads the theory leaves without a task end below the threshold and decay."""
-    from numerics.train import train
-
     if cfg.heads <= cfg.m:
         raise ValueError(f"check_surplus_decay needs H > m (got H={cfg.heads}, m={cfg.m})")
     predicted = _predicted(cfg)
     surplus = [h for h in range(cfg.heads) if h not in predicted]
-    res = train(cfg, tcfg)
-    tr = trajectory_of(res)
-    tail = _tail(tr)
-    sigma_mu = mu_precision(tr.mu[tail])
-    threshold = max(THRESHOLD_SIGMAS * sigma_mu, 1e-6)
-    mu_end = tr.mu[tail].mean(axis=0)
+    res, tr, tail, sigma_mu, threshold, mu_end = _train_with_threshold(cfg, tcfg)
     if not surplus:
         raise RuntimeError(f"the theory assigns every one of the {cfg.heads} heads a task ({predicted}); "
                            "no surplus head to check")
