@@ -30,8 +30,8 @@ from typing import Sequence
 
 import numpy as np
 
-from claims.base import ClaimResult, Figure, Series, judge, no_progress, run_claim
-from claims.common import Comparison, check_profile, perturbation, worst
+from claims.base import ClaimResult, Figure, Series, no_progress, run_claim
+from claims.common import Comparison, comparisons_result, check_profile, perturbation
 from claims.limiting_error import Z, _check_problem, evaluate, minimise_family, one_thread
 
 TITLES = {
@@ -146,13 +146,7 @@ def _heatmaps(name: str, comp: Comparison) -> list[Figure]:
 
 
 def _result(cid: str, comps: list[Comparison], figures: list[Figure], details: dict) -> ClaimResult:
-    perts = [p for c in comps for p in c.perturbations]
-    return ClaimResult(
-        id=cid, title=TITLES[cid], statement=STATEMENTS[cid], verdict=judge(all(c.agrees for c in comps), perts),
-        theory={c.name: c.predicted for c in comps}, numerics={c.name: c.measured for c in comps},
-        tolerance={"value": {c.name: c.tolerance for c in comps}, "why": "; ".join(sorted({c.why for c in comps}))},
-        details={**details, "worst": worst(comps), "comparisons": [c.summary() for c in comps]},
-        figures=figures, perturbations=perts)
+    return comparisons_result(cid, TITLES[cid], STATEMENTS[cid], comps, figures, details)
 
 
 def run_merged_superposition(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None) -> ClaimResult:

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from claims.base import PROFILES, Figure, PerturbationCheck, Series, jsonable
+from claims.base import PROFILES, ClaimResult, judge, Figure, PerturbationCheck, Series, jsonable
 
 EPS64 = float(np.finfo(np.float64).eps)
 """Unit round-off of float64 (2.2e-16): the scale of every 'exact to rounding' tolerance."""
@@ -370,3 +370,21 @@ def expansion_gd_map(cfg, param: str, lr: float, t: np.ndarray, on_exit: str = "
         oms.append(om.copy())
         mus.append(mu.copy())
     return np.array(oms), np.array(mus)
+
+
+def comparisons_result(claim_id: str, title: str, statement: str, comps: list, figures: list, details: dict,
+                       theory: dict | None = None, short_why: bool = False) -> ClaimResult:
+    """The ClaimResult of a claim judged by a list of comparisons: verdict from ``judge`` (all
+    agree and every perturbation is rejected), theory/numerics/tolerance keyed by comparison
+    name (``theory`` overrides the predicted values), the worst case and every comparison's
+    summary in ``details``.  ``short_why`` keeps each tolerance argument up to its first " (",
+    where the per-case numbers start."""
+    perts = [p for c in comps for p in c.perturbations]
+    whys = {c.why.split(" (")[0] if short_why else c.why for c in comps}
+    return ClaimResult(
+        id=claim_id, title=title, statement=statement, verdict=judge(all(c.agrees for c in comps), perts),
+        theory=theory if theory is not None else {c.name: c.predicted for c in comps},
+        numerics={c.name: c.measured for c in comps},
+        tolerance={"value": {c.name: c.tolerance for c in comps}, "why": "; ".join(sorted(whys))},
+        details={**details, "worst": worst(comps), "comparisons": [c.summary() for c in comps]},
+        figures=figures, perturbations=perts)

@@ -51,8 +51,8 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
-from claims.base import ClaimResult, Figure, Series, judge, no_progress, run_claim
-from claims.common import Comparison, check_profile, perturbation, worst
+from claims.base import ClaimResult, Figure, Series, no_progress, run_claim
+from claims.common import Comparison, comparisons_result, check_profile, perturbation
 
 CLAIM_ID = "limiting-error"
 TITLE = "Limiting error vanishes as d/L -> 0"
@@ -756,17 +756,10 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None)
             for k, pt in enumerate(pts):
                 comparisons.append(check_trained_point(tasks, sigma, pt, max(2000, 2 ** 22 // pt["L"]),
                                                        seed + 500 + k, device))
-        agrees = all(c.agrees for c in comparisons)
-        perts = [p for c in comparisons for p in c.perturbations]
         progress("limiting error: done", 1.0)
-        return ClaimResult(
-            id=CLAIM_ID, title=TITLE, statement=STATEMENT, verdict=judge(agrees, perts),
-            theory={f"Lambda tasks={list(t)} sigma={s:g}": _theory_limit(t, s) for (t, s) in cases},
-            numerics={c.name: c.measured for c in comparisons},
-            tolerance={"value": {c.name: c.tolerance for c in comparisons},
-                       "why": "; ".join(sorted({c.why.split(" (")[0] for c in comparisons}))},
-            details={"profile": profile, "seed": seed, "source": source, "worst": worst(comparisons),
-                     "comparisons": [c.summary() for c in comparisons]},
-            figures=[_trend_figure(cases)], perturbations=perts)
+        return comparisons_result(
+            CLAIM_ID, TITLE, STATEMENT, comparisons, [_trend_figure(cases)],
+            {"profile": profile, "seed": seed, "source": source},
+            theory={f"Lambda tasks={list(t)} sigma={s:g}": _theory_limit(t, s) for (t, s) in cases}, short_why=True)
 
     return run_claim(CLAIM_ID, TITLE, STATEMENT, body)

@@ -29,8 +29,8 @@ from typing import Sequence
 
 import numpy as np
 
-from claims.base import ClaimResult, Figure, Series, judge, no_progress, run_claim
-from claims.common import Comparison, check_profile, perturbation, worst
+from claims.base import ClaimResult, Figure, Series, no_progress, run_claim
+from claims.common import Comparison, comparisons_result, check_profile, perturbation
 from claims.limiting_error import FIT_ELEMENTS, Z, exact_minima, fit_limit, points_from_sweep
 
 CLAIM_ID = "multi-head-gain"
@@ -263,15 +263,8 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None)
             rises = check_gain_rises(m, measured=measured)
             comps.append(rises)
             curves[m] = (rises.details["r"], rises.details["gain"])
-        perts = [p for c in comps for p in c.perturbations]
         progress("multi-head gain: done", 1.0)
-        return ClaimResult(
-            id=CLAIM_ID, title=TITLE, statement=STATEMENT, verdict=judge(all(c.agrees for c in comps), perts),
-            theory={c.name: c.predicted for c in comps}, numerics={c.name: c.measured for c in comps},
-            tolerance={"value": {c.name: c.tolerance for c in comps},
-                       "why": "; ".join(sorted({c.why.split(" (")[0] for c in comps}))},
-            details={"profile": profile, "seed": seed, "worst": worst(comps),
-                     "comparisons": [c.summary() for c in comps]},
-            figures=[_figure(limits, curves)], perturbations=perts)
+        return comparisons_result(CLAIM_ID, TITLE, STATEMENT, comps, [_figure(limits, curves)],
+                                  {"profile": profile, "seed": seed}, short_why=True)
 
     return run_claim(CLAIM_ID, TITLE, STATEMENT, body)

@@ -40,8 +40,8 @@ from typing import Sequence
 
 import numpy as np
 
-from claims.base import ClaimResult, Figure, Series, judge, no_progress, run_claim
-from claims.common import Comparison, check_profile, perturbation, worst
+from claims.base import ClaimResult, Figure, Series, no_progress, run_claim
+from claims.common import Comparison, comparisons_result, check_profile, perturbation
 from claims.limiting_error import (FIT_ELEMENTS, Z, FamilyMinimum, _check_problem, allocated_minimum, evaluate,
                                    fit_limit, measure, minimise_family, one_thread)
 from claims.multi_head_gain import paired_ratio
@@ -243,20 +243,15 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None)
                        Series(f"theory limit_multi, {lab}", Ls, [th["limit_multi"]] * len(Ls), "dashed"),
                        Series(f"theory linear attention, {lab}", Ls, [th["linear_attention_limit"]] * len(Ls), "dashed")]
         comps.append(check_constant_bounded())
-        perts = [p for c in comps for p in c.perturbations]
         fig = Figure(name="optimality-gf-vs-best", title="L * loss: gradient-flow limit against the best found",
                      xlabel="L", ylabel="L * loss", xscale="log", yscale="log", series=series)
         constants = {c.name: c.measured for c in comps if c.name.startswith("optimality constant")}
         progress("optimality: done", 1.0)
-        return ClaimResult(
-            id=CLAIM_ID, title=TITLE, statement=STATEMENT, verdict=judge(all(c.agrees for c in comps), perts),
-            theory={c.name: c.predicted for c in comps}, numerics={c.name: c.measured for c in comps},
-            tolerance={"value": {c.name: c.tolerance for c in comps},
-                       "why": "; ".join(sorted({c.why.split(" (")[0] for c in comps}))},
-            details={"profile": profile, "seed": seed, "constants": constants, "worst": worst(comps),
-                     "note": "the best model is searched over decomposable weights only; the measured constant "
-                             "is a lower bound on the constant over all decomposable models",
-                     "comparisons": [c.summary() for c in comps]},
-            figures=[fig], perturbations=perts)
+        return comparisons_result(
+            CLAIM_ID, TITLE, STATEMENT, comps, [fig],
+            {"profile": profile, "seed": seed, "constants": constants,
+             "note": "the best model is searched over decomposable weights only; the measured constant "
+                     "is a lower bound on the constant over all decomposable models"},
+            short_why=True)
 
     return run_claim(CLAIM_ID, TITLE, STATEMENT, body)
