@@ -96,6 +96,14 @@ def _check_matrix(name: str, value, H: int, m: int) -> tuple:
     return tuple(tuple(float(v) for v in row) for row in arr)
 
 
+def check_known_fields(cls, d: dict) -> None:
+    """Refuse a dict (from JSON or a grid file) with keys that are not fields of the dataclass."""
+    known = {f.name for f in fields(cls)}
+    unknown = set(d) - known
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {sorted(unknown)}; known fields: {sorted(known)}")
+
+
 @dataclass(frozen=True)
 class ProblemConfig:
     tasks: tuple[int, ...]            # block sizes r_i >= 1; m = len(tasks) >= 1
@@ -220,10 +228,7 @@ class ProblemConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ProblemConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown ProblemConfig field(s) {sorted(unknown)}; known fields: {sorted(known)}")
+        check_known_fields(cls, d)
         d = dict(d)
         if "tasks" in d and isinstance(d["tasks"], list):
             d["tasks"] = tuple(d["tasks"])

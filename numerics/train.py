@@ -35,14 +35,14 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .config import INITS, PARAMS, ProblemConfig
+from .config import INITS, PARAMS, ProblemConfig, check_known_fields
 from .data import make_generator, sample_prompts
 from .model import MultiHeadAttention, initial_semi_singular_values, mse_loss
 from .reduced import metric_factors, reduced_loss
@@ -98,10 +98,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {sorted(unknown)}; known fields: {sorted(known)}")
+        check_known_fields(cls, d)
         return cls(**d)
 
 
