@@ -86,12 +86,34 @@ class PerturbationCheck:
 
 
 @dataclass
+class HeadlineRow:
+    """One line of a claim's headline: what theory says, what was measured, how far apart
+    they may be, and whether they agree.
+
+    ``theory`` is a number, or a bracket ``[low, high]`` where theory gives a range rather
+    than a value (then ``agrees`` says whether ``measured`` lies in it, widened by
+    ``tolerance``); ``se`` is the measurement's standard error (None when it is exact to
+    rounding); ``tolerance`` the allowed |measured - theory|, fixed before the comparison.
+    Any field but ``name`` may be None (a measurement with no prediction, say).
+    """
+
+    name: str
+    theory: Any = None
+    measured: Any = None
+    se: Optional[float] = None
+    tolerance: Optional[float] = None
+    agrees: Optional[bool] = None
+
+
+@dataclass
 class ClaimResult:
     """The outcome of one claim check, in the schema of ``claims.json``.
 
-    ``theory``: the predicted values; ``numerics``: the measured values; ``tolerance``: the
-    allowed discrepancy and the argument it comes from (``{"value": ..., "why": "..."}``);
-    ``details``: anything else a reader needs (configurations, seeds, per-case numbers).
+    ``headline``: the rows a reader sees first (:class:`HeadlineRow`, stored as dicts with
+    keys name, theory, measured, se, tolerance, agrees); ``theory``: the predicted values;
+    ``numerics``: the measured values; ``tolerance``: the allowed discrepancy and the
+    argument it comes from (``{"value": ..., "why": "..."}``); ``details``: anything else a
+    reader needs (configurations, seeds, per-case numbers).
     """
 
     id: str
@@ -105,6 +127,7 @@ class ClaimResult:
     figures: list[Figure] = field(default_factory=list)
     perturbations: list[PerturbationCheck] = field(default_factory=list)
     seconds: float = 0.0
+    headline: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return jsonable(dataclasses.asdict(self))
