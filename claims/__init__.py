@@ -5,6 +5,13 @@ Each entry of :data:`REGISTRY` maps a claim id (the ids of ``claims.json``) to
 
     run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None) -> ClaimResult
 
+A runner may also accept ``problem=None``: a dict of ProblemConfig fields (tasks, heads, L,
+sigma, param, init_scale, logit_scale, basis, dtype) given by the researcher
+(``python -m reports.build --tasks 3,3 ...``); the claim then runs its experiment at that
+configuration (building any family it needs, several L or one head against H, around it) and
+says in ``details["ran"]`` what it ran.  ``reports.build`` passes ``problem`` only to runners
+whose signature has it.
+
 ``profile`` is one of :data:`claims.base.PROFILES`; ``sweep`` is an optional directory of
 sweep results (``numerics.sweep``) that the claims over families of configurations
 (``limiting-error``, ``multi-head-gain``) use instead of running their own grid.

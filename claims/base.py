@@ -74,6 +74,8 @@ class Figure:
     row_labels: list[str] = field(default_factory=list)
     col_labels: list[str] = field(default_factory=list)
     panels: list["Figure"] = field(default_factory=list)
+    caption: str = ""
+    """One line under the figure saying what to look for."""
 
 
 @dataclass
