@@ -5,6 +5,10 @@
 - ``--thorough`` (or ``HYPOTHESIS_PROFILE=thorough``): the ``thorough`` Hypothesis profile
   (more examples) and the tests marked ``@pytest.mark.thorough`` (larger L and d).
 - ``--device cuda`` (or ``ICL_DEVICE=cuda``): the device the claim tests train on.
+- ``--mutants``: the mutation suite (tests marked ``@pytest.mark.mutants``): wrong theories and
+  numerics applied by monkeypatching, each of which the claim that owns it must reject. It
+  runs as its own step of ``.ci/run`` (``python -m pytest -q --mutants -m mutants``), outside
+  the default run's time budget.
 """
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ settings.register_profile("thorough", max_examples=25, **_common)
 def pytest_addoption(parser):
     parser.addoption("--thorough", action="store_true", default=False,
                      help="run the heavier claim checks and the 'thorough' Hypothesis profile")
+    parser.addoption("--mutants", action="store_true", default=False,
+                     help="run the mutation suite (tests marked 'mutants'): each wrong theory must be rejected")
     parser.addoption("--device", action="store", default=os.environ.get("ICL_DEVICE", "cpu"),
                      help="device for the claim tests: cpu or cuda (default: $ICL_DEVICE or cpu)")
 
@@ -39,12 +45,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if config._icl_thorough:
-        return
-    skip = pytest.mark.skip(reason="heavier check: run with --thorough")
+    skip_thorough = pytest.mark.skip(reason="heavier check: run with --thorough")
+    skip_mutants = pytest.mark.skip(reason="mutation suite: run with --mutants -m mutants")
     for item in items:
-        if "thorough" in item.keywords:
-            item.add_marker(skip)
+        if "thorough" in item.keywords and not config._icl_thorough:
+            item.add_marker(skip_thorough)
+        if "mutants" in item.keywords and not config.getoption("--mutants"):
+            item.add_marker(skip_mutants)
 
 
 @pytest.fixture(scope="session")
