@@ -70,6 +70,26 @@ def check_device(device) -> str:
     return str(dev)
 
 
+def use_precise_float32() -> dict:
+    """Switch TF32 off so that float32 matmuls are IEEE float32 on every device (the
+    precision checks need true float32/float64): the project's one TF32 policy, called by
+    the trainer before every run (and meant for the benchmark).  Uses the
+    ``fp32_precision = "ieee"`` API where this torch has it (new torch refuses to read the
+    legacy ``allow_tf32`` flags when they disagree with it), else the legacy flags.
+    Returns the settings in force (for a benchmark's record)."""
+    torch.set_float32_matmul_precision("highest")
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.fp32_precision = "ieee"
+        return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+                "cuda.matmul.fp32_precision": torch.backends.cuda.matmul.fp32_precision,
+                "cudnn.fp32_precision": torch.backends.cudnn.fp32_precision}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}
+
+
 @lru_cache(maxsize=64)
 def _haar_orthogonal(d: int, seed: int) -> np.ndarray:
     """A Haar-distributed orthogonal d x d matrix: QR of a Gaussian matrix with the signs of
