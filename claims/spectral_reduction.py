@@ -5,9 +5,10 @@ Three checks, each against a prediction of ``theory.reduced_ode``:
 (a) :func:`check_gradient_projection` -- same batch, one point of D.  The full model's
     gradient-flow velocity, read out on D (omega_dot = tr(Phi_i^T W_dot Phi_i)/r_i,
     mu_dot = diag U_dot_Y, with W_dot = -(dK^T Q + K^T dQ)/s, U_dot = -(dO V + O dV) for
-    the factored weights), must equal the theory's reduced velocity -f * grad L_L with the
-    metric factors f of ``theory.reduced_ode.metric_factors`` and grad L_L the autograd
-    gradient of the exact finite-L reduced loss on the same batch.  Both sides are the same
+    the factored weights; ``numerics.model.full_velocity_on_D``), must equal the theory's
+    reduced velocity -f * grad L_L with the metric factors f of
+    ``theory.reduced_ode.metric_factors`` and grad L_L the gradient of the exact finite-L
+    reduced loss on the same batch (``numerics.reduced.reduced_gradient``).  Both sides are the same
     sums of B L per-token terms, computed along different graphs, so they differ by
     rounding only: float64 pairwise summation errs by <= eps log2(B L D) relative to the
     sum of the *absolute* per-prompt terms; tolerance = 64 eps log2(B L D) f |g|_abs, with
@@ -162,8 +163,6 @@ def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: in
     relative velocity |x_dot / x| at the init (reduced flow, theory's metric) times lr is at
     most ``max_relative_step`` (and lr <= 0.05), so that the O(lr) tolerance stays below
     the effect of a wrong metric constant."""
-    from numerics.data import make_generator, sample_prompts
-
     prompts = symmetrize_full(sample_prompts(cfg, base_prompts, make_generator(seed, cfg.device)), cfg)
     if lr is None:
         om0, mu0 = initial_values(cfg)

@@ -32,6 +32,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from theory._validate import check_positive_int, check_sigma, check_tasks
+
 BASES = ("identity", "random")
 PARAMS = ("factored", "merged")
 INITS = ("decomposable", "random_decomposable", "given", "random_full")
@@ -144,22 +146,12 @@ class ProblemConfig:
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
-        tasks = self.tasks
-        if _is_int(tasks):
-            tasks = (tasks,)
-        if not isinstance(tasks, (tuple, list)) or len(tasks) == 0:
-            raise ValueError(f"tasks must be a non-empty tuple of block sizes r_i >= 1 (e.g. (3, 3)), got {self.tasks!r}")
-        if not all(_is_int(r) and r >= 1 for r in tasks):
-            raise ValueError(f"tasks must be positive integers (block sizes r_i >= 1), got {tuple(tasks)!r}")
-        set_("tasks", tuple(int(r) for r in tasks))
-        for name in ("heads", "L"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-            set_(name, int(v))
-        if not _is_real(self.sigma) or not math.isfinite(self.sigma) or self.sigma < 0:
-            raise ValueError(f"sigma (label noise std) must be a finite number >= 0, got {self.sigma!r}")
-        set_("sigma", float(self.sigma))
+        # tasks, heads, L, sigma: the one set of checks, theory._validate (same messages as theory)
+        tasks = (self.tasks,) if _is_int(self.tasks) else self.tasks
+        set_("tasks", check_tasks(tasks))
+        set_("heads", check_positive_int("heads", self.heads))
+        set_("L", check_positive_int("L", self.L))
+        set_("sigma", check_sigma(self.sigma))
         if self.basis not in BASES:
             raise ValueError(f"basis must be one of {BASES}, got {self.basis!r}")
         if self.param not in PARAMS:

@@ -27,7 +27,7 @@ import torch
 
 from .config import ProblemConfig
 
-from theory.block_structure import decomposable_residual, project_decomposable, semi_singular_values
+from theory.block_structure import decomposable_residual, semi_singular_values
 from theory.reduced_ode import default_init
 
 
@@ -245,21 +245,16 @@ class MultiHeadAttention(torch.nn.Module):
     @torch.no_grad()
     def semi_singular_values(self) -> Readout:
         """omega[h,i] = tr(Phi_i^T W_XX Phi_i)/r_i, mu[h,i] = (U_Y)_ii and the residual
-        ||(W,U) - P_D(W,U)||_F / ||(W,U)||_F (0 at the zero point), on the merged weights."""
+        ||(W,U) - P_D(W,U)||_F / ||(W,U)||_F (0 at the zero point), on the merged weights
+        (``theory.block_structure.semi_singular_values`` and ``decomposable_residual``)."""
         cfg = self.cfg
         W, U = (t.detach().to("cpu", torch.float64).numpy() for t in self.merged_weights())
         if not (np.all(np.isfinite(W)) and np.all(np.isfinite(U))):
             raise TrainingDiverged("the model's weights contain NaN or inf (the run diverged); "
                                      "lower the learning rate or the initial scale")
-        W_D, U_D = project_decomposable(W, U, cfg.tasks, cfg.basis_numpy())
-        d = cfg.d
-        Phi = cfg.basis_numpy()
-        omega = np.stack([np.einsum("ai,hab,bi->h", Phi[:, sl], W[:, :d, :d], Phi[:, sl]) / r
-                          for sl, r in zip(cfg.block_slices, cfg.tasks)], axis=1)
-        mu = np.diagonal(U[:, :, d:], axis1=1, axis2=2).copy()
-        total = math.sqrt(float(np.sum(W ** 2) + np.sum(U ** 2)))
-        off = math.sqrt(float(np.sum((W - W_D) ** 2) + np.sum((U - U_D) ** 2)))
-        return Readout(omega=omega, mu=mu, residual=off / total if total > 0 else 0.0)
+        # theory's readout and residual (the one definition of both)
+        omega, mu = semi_singular_values(W, U, cfg.tasks, cfg.basis_numpy())
+        return Readout(omega=omega, mu=mu, residual=decomposable_residual(W, U, cfg.tasks, cfg.basis_numpy()))
 
 
 def full_velocity_on_D(cfg: ProblemConfig, omega, mu, prompts) -> tuple[np.ndarray, np.ndarray, float]:

@@ -246,8 +246,6 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional
             return (omega.detach().cpu().double().numpy().copy(),
                     mu.detach().cpu().double().numpy().copy(), 0.0)
     else:
-        if metric is not None:
-            raise ValueError("metric is a seam of the reduced flow only; the full model moves by plain GD")
         if start is not None and not isinstance(start, MultiHeadAttention):
             raise TypeError(f"start must be a MultiHeadAttention (the model to train), got {type(start).__name__}")
         if start is not None and start.cfg != cfg:

@@ -177,3 +177,29 @@ def test_flow_stops_at_the_domain_boundary():
     assert np.all(2 * tr.omega ** 2 <= 1.0)
     with pytest.raises(ValueError, match="outside the expansion's domain"):
         ro.integrate_expansion_flow([[0.8]], [[1.0]], (1,), 100, t_end=1)
+
+
+def test_expansion_gd_map_is_the_gd_step_of_each_parametrisation():
+    """merged: the Euler step of the flow; factored: one GD step on the balanced factors, i.e.
+    x <- x (1 - lr sign(x) f g / (2|x|))^2 -- for a negative entry too (K = -Q); both approach
+    the continuous flow as lr -> 0 (first order)."""
+    om0, mu0 = np.array([[0.2, -0.1]]), np.array([[0.6, 0.3]])
+    tasks, L, lr, s = (2, 3), 64, 0.05, 1.5
+    g_om, g_mu = ro.expansion_gradient(om0, mu0, tasks, L)
+    om, mu = ro.expansion_gd_map(om0, mu0, tasks, L, 0.0, "merged", s, lr, [lr])
+    assert np.allclose(om[-1], om0 - lr * g_om / np.array(tasks), rtol=1e-14)
+    assert np.allclose(mu[-1], mu0 - lr * g_mu, rtol=1e-14)
+    om, mu = ro.expansion_gd_map(om0, mu0, tasks, L, 0.0, "factored", s, lr, [lr])
+    # K = sign sqrt(s|w|), Q = sqrt(s|w|), w = K Q / s, dL/dw = g / r: one GD step on K and Q
+    r = np.array(tasks)
+    K, Q = np.sign(om0) * np.sqrt(s * np.abs(om0)), np.sqrt(s * np.abs(om0))
+    gw = g_om / r
+    K1, Q1 = K - lr * Q * gw / s, Q - lr * K * gw / s
+    assert np.allclose(om[-1], K1 * Q1 / s, rtol=1e-12)
+    O, V = np.sqrt(mu0), np.sqrt(mu0)
+    assert np.allclose(mu[-1], (O - lr * V * g_mu) * (V - lr * O * g_mu), rtol=1e-12)
+    ts = np.array([0.5, 1.0])
+    flow = ro.integrate_expansion_flow(om0, mu0, tasks, L, 0.0, "factored", s, t_end=1.0, t_eval=ts)
+    e1 = np.abs(ro.expansion_gd_map(om0, mu0, tasks, L, 0.0, "factored", s, 0.01, ts)[0] - flow.omega).max()
+    e2 = np.abs(ro.expansion_gd_map(om0, mu0, tasks, L, 0.0, "factored", s, 0.005, ts)[0] - flow.omega).max()
+    assert 1.6 < e1 / e2 < 2.4          # first order in lr

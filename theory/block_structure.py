@@ -28,6 +28,7 @@ from functools import lru_cache
 
 import numpy as np
 import sympy as sp
+from scipy.linalg import expm
 
 from ._validate import check_finite_array, check_tasks
 
@@ -298,8 +299,6 @@ def commutant(tasks, group: str = "data") -> Commutant:
 def act_on_weights(generator: Generator, W, U, t: float = 0.3):
     """Apply a group element to numpy weights of one head (rotation generators are
     exponentiated at angle t): returns (T W T^T, S U T^T)."""
-    from scipy.linalg import expm
-
     T = np.array(generator.T.tolist(), dtype=float)
     S = np.array(generator.S.tolist(), dtype=float)
     if generator.kind == "rotation":
@@ -369,13 +368,8 @@ def off_decomposable_parts(W, U, tasks, basis) -> dict:
     tasks = check_tasks(tasks)
     W, U = _check_weights(W, U, tasks)
     d, m = sum(tasks), len(tasks)
-    Phi = _check_basis(basis, d)
     W_XX = W[:, :d, :d]
-    W_XX_D = np.zeros_like(W_XX)
-    for sl, r in zip(_block_columns(tasks), tasks):
-        P = Phi[:, sl]
-        om = np.einsum("ai,hab,bi->h", P, W_XX, P) / r
-        W_XX_D += om[:, None, None] * (P @ P.T)[None]
+    W_XX_D = project_decomposable(W, U, tasks, basis)[0][:, :d, :d]   # block-scalar part of W_XX
     U_Y = U[:, :, d:]
     off_UY = U_Y - np.einsum("hii->hi", U_Y)[..., None] * np.eye(m)[None]
     return {
