@@ -4,7 +4,6 @@ theory's limit_multi / linear_attention_limit, and the perturbations "the consta
 and "the constant grows like sqrt(L)" must be rejected at the same tolerance."""
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import optimality as claim
