@@ -19,9 +19,9 @@ sweep results (``numerics.sweep``) that the claims over families of configuratio
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Iterable, Optional
+from typing import Callable
 
-from claims.base import PROFILES, ClaimResult, Progress, no_progress
+from claims.base import ClaimResult
 
 REGISTRY: dict[str, str] = {
     "block-structure": "claims.block_structure:run",
@@ -44,18 +44,3 @@ def claim_runner(claim_id: str) -> Callable[..., ClaimResult]:
         raise KeyError(f"unknown claim id {claim_id!r}; known: {', '.join(REGISTRY)}")
     module, func = REGISTRY[claim_id].split(":")
     return getattr(importlib.import_module(module), func)
-
-
-def run_claims(
-    profile: str = "quick",
-    device: str = "cpu",
-    seed: int = 0,
-    progress: Progress = no_progress,
-    only: Optional[Iterable[str]] = None,
-    sweep: Optional[str] = None,
-) -> list[ClaimResult]:
-    """Run the claims (all, or the ids in ``only``) in registry order."""
-    if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
-    ids = list(REGISTRY) if only is None else list(only)
-    return [claim_runner(cid)(profile=profile, device=device, seed=seed, progress=progress, sweep=sweep) for cid in ids]

@@ -19,7 +19,7 @@ and small check functions the tests call:
   expected behaviour (our reading, the paper says nothing) is a *partition*: each task ends on
   exactly one head, some head serves several, and the loss is the minimum over that partition.
 
-The exact finite-L reduced loss is measured with ``claims.limiting_error`` (Monte Carlo over
+The exact finite-L reduced loss is measured with ``numerics.exact_reduced`` (Monte Carlo over
 the query norms and the context's components along q, importance-sampled; the rest integrated
 analytically); the flows are ``numerics.train.train_reduced`` (the exact finite-L reduced flow).
 """
@@ -31,8 +31,14 @@ from typing import Sequence
 import numpy as np
 
 from claims.base import ClaimResult, Figure, Series, no_progress, run_claim
-from claims.common import Comparison, comparisons_result, check_profile, perturbation
-from claims.limiting_error import Z, _check_problem, evaluate, minimise_family, one_thread
+from claims.common import (Z_SE, Comparison, check_profile, comparisons_result, initial_values, perturbation,
+                           window_drift)
+from numerics.config import ProblemConfig
+from numerics.exact_reduced import (allocated_minimum, check_problem, evaluate, minimise_family, one_thread,
+                                    optimal_mu_at)
+from numerics.train import TrainConfig, train_reduced
+from theory.reduced_ode import expansion_loss, expansion_reliable, expansion_valid
+from theory.task_allocation import allocated_fixed_point, allocated_loss_at_L, predicted_winners
 
 TITLES = {
     "boundary-merged-superposition": "Boundary: merged parametrisation finds a superposition",
@@ -52,8 +58,6 @@ STATEMENTS = {
 
 
 def _train_reduced(cfg, tcfg):
-    from numerics.train import train_reduced
-
     return one_thread(train_reduced)(cfg, tcfg)
 
 
@@ -94,9 +98,10 @@ def check_merged_superposition(cfg, tcfg, n_eval: int = 20000, seed: int = 0) ->
     Measured: merged loss - factored loss (paired, with its standard error) and the off-task
     shares of the two end points.  Predicted (SPEC.md): merged superposition (every head's
     share >= SUPERPOSITION_SHARE) below the factored allocation (every share <= ALLOCATED_SHARE);
-    agrees when both patterns hold and the difference is negative beyond Z standard errors.
-    Perturbation: "merged also allocates and matches the factored loss" (difference 0) must be
-    rejected: |difference| > Z se."""
+    agrees when both patterns hold and the difference is negative beyond Z_SE standard errors
+    (compared as the one-sided statistic max(0, difference + Z_SE se) <= 0; inf when a pattern
+    fails).  Perturbation: "merged also allocates and matches the factored loss" (difference 0)
+    must be rejected: |difference| > Z_SE se."""
     merged = _train_reduced(cfg.replace(param="merged"), tcfg)
     factored = _train_reduced(cfg.replace(param="factored"), tcfg)
     losses = evaluate([(merged.omega, merged.mu), (factored.omega, factored.mu)], cfg.tasks, cfg.L, cfg.sigma,
@@ -105,17 +110,16 @@ def check_merged_superposition(cfg, tcfg, n_eval: int = 20000, seed: int = 0) ->
     share_m, share_f = off_task_share(merged.mu), off_task_share(factored.mu)
     superposed = bool(np.all(share_m >= SUPERPOSITION_SHARE))
     allocated = bool(np.all(share_f <= ALLOCATED_SHARE))
-    tol = Z * se
-    agrees = superposed and allocated and diff < -tol
+    tol = Z_SE * se
     return Comparison(
         name=f"merged vs factored, tasks={list(cfg.tasks)}, H={cfg.heads}, L={cfg.L}",
         measured={"loss_merged": float(losses[0].mean()), "loss_factored": float(losses[1].mean()),
                   "difference": diff, "share_merged": share_m.tolist(), "share_factored": share_f.tolist()},
         predicted={"difference": "< 0", "share_merged": f">= {SUPERPOSITION_SHARE}",
                    "share_factored": f"<= {ALLOCATED_SHARE}"},
-        error=max(0.0, diff + tol), tolerance=tol,
-        why=f"{Z:g} standard errors of the paired loss difference on {n_eval} independent prompts",
-        agrees=agrees,
+        error=max(0.0, diff + tol) if superposed and allocated else math.inf, tolerance=0.0,
+        why=f"the difference must be negative beyond {Z_SE:g} standard errors of the paired loss difference on "
+            f"{n_eval} independent prompts ({tol:.3g})",
         perturbations=[perturbation("merged allocates too (no loss difference)", abs(diff), tol, predicted=0.0)],
         details={"config": cfg.to_dict(), "train": tcfg.to_dict(),
                  "merged": {"omega": np.round(merged.omega, 4).tolist(), "mu": np.round(merged.mu, 4).tolist(),
@@ -154,9 +158,6 @@ def run_merged_superposition(profile="quick", device="cpu", seed=0, progress=no_
     cid = "boundary-merged-superposition"
 
     def body():
-        from numerics.config import ProblemConfig
-        from numerics.train import TrainConfig
-
         prob, tr, n_eval = MERGED_GRIDS[profile]
         cfg = ProblemConfig(**prob, device=device)
         tcfg = TrainConfig(**tr, seed=seed, records=21)
@@ -177,18 +178,10 @@ def saturation_scan(r: int, L: int, omegas: Sequence[float], sigma: float = 0.0,
     """One head on one block of size r: at each omega, mu minimising the exact loss (fit
     sample), the exact loss there (independent sample) and theory's expansion at the same
     (omega, mu), with its validity flag and kappa = omega^2 r / log L."""
-    import torch
-
-    from claims.limiting_error import fit_sample_size, optimal_mu, sample_marginal_prompts
-    from numerics.data import make_generator
-    from theory.reduced_ode import expansion_loss, expansion_valid
-
     rows = []
-    fit = sample_marginal_prompts((r,), L, fit_sample_size(1, L), make_generator(seed, device), device=device)
     for k, w in enumerate(omegas):
         om = np.full((1, 1), float(w))
-        with torch.no_grad():
-            mu = optimal_mu(torch.tensor(om, device=device), fit, (r,), sigma)[0].cpu().numpy()
+        mu = optimal_mu_at(om, (r,), L, sigma, seed, device=device)
         exact = evaluate([(om, mu)], (r,), L, sigma, n_eval, seed + 1000 + k, device)[0]
         exp_val = float(expansion_loss(om, mu, (r,), L, sigma))
         loss, se = float(exact.mean()), float(exact.std(ddof=1) / math.sqrt(exact.size))
@@ -204,8 +197,10 @@ def check_saturation(r: int, L: int, omegas: Sequence[float], sigma: float = 0.0
     """Expected (theory.reduced_ode): expansion_valid(omega) is false exactly where 2 omega^2 >= 1,
     and there the expansion is +inf while the exact loss is finite; inside, the expansion's
     |relative error| grows with kappa: the error at the largest valid kappa exceeds the error
-    at the smallest by more than Z standard errors.  Perturbation: "the expansion stays
-    accurate up to the validity edge" (error at the largest valid kappa equal to the smallest's)."""
+    at the smallest by more than Z_SE standard errors (compared as the one-sided statistic
+    max(0, Z_SE se - growth) <= 0; inf when a flag is wrong).  Perturbation: "the expansion
+    stays accurate up to the validity edge" (error at the largest valid kappa equal to the
+    smallest's)."""
     rows = saturation_scan(r, L, omegas, sigma, n_eval, seed, device)
     flags_ok = all(row["valid"] == (2 * row["omega"] ** 2 < 1) for row in rows)
     invalid_inf = all(math.isinf(row["expansion"]) for row in rows if not row["valid"])
@@ -213,15 +208,14 @@ def check_saturation(r: int, L: int, omegas: Sequence[float], sigma: float = 0.0
     valid = [row for row in rows if row["valid"]]
     lo, hi = min(valid, key=lambda x: x["kappa"]), max(valid, key=lambda x: x["kappa"])
     growth = abs(hi["relative_error"]) - abs(lo["relative_error"])
-    tol = Z * math.hypot(hi["relative_error_se"], lo["relative_error_se"])
-    agrees = flags_ok and invalid_inf and exact_finite and growth > tol
+    tol = Z_SE * math.hypot(hi["relative_error_se"], lo["relative_error_se"])
     return Comparison(
         name=f"saturation, r={r}, L={L}", measured={"growth_of_relative_error": growth, "flags_ok": flags_ok,
                                                     "invalid_is_inf": invalid_inf, "exact_finite": exact_finite},
         predicted={"growth_of_relative_error": "> 0", "flags": "valid iff 2 omega^2 < 1"},
-        error=max(0.0, tol - growth), tolerance=tol,
-        why=f"{Z:g} standard errors of the two relative errors (Monte-Carlo error of the exact loss)",
-        agrees=bool(agrees),
+        error=max(0.0, tol - growth) if flags_ok and invalid_inf and exact_finite else math.inf, tolerance=0.0,
+        why=f"the growth must exceed {Z_SE:g} standard errors of the two relative errors (Monte-Carlo error of the "
+            f"exact loss; {tol:.3g})",
         perturbations=[perturbation("expansion accurate up to the validity edge", growth, tol, predicted=0.0)],
         details={"r": r, "L": L, "sigma": sigma, "rows": rows})
 
@@ -263,9 +257,7 @@ def small_L_rows(tasks, Ls: Sequence[int], sigma: float = 0.0, eval_elements: in
                  device="cpu") -> list[dict]:
     """At each L: theory's allocated fixed point (omega*, mu*)(L), theory's expansion there and
     the exact loss there (Monte Carlo), with the relative error of the expansion."""
-    from theory.task_allocation import allocated_fixed_point, allocated_loss_at_L
-
-    tasks, _, sigma = _check_problem(tasks, 1, sigma)
+    tasks, _, sigma = check_problem(tasks, 1, sigma)
     rows = []
     for k, L in enumerate(Ls):
         om, mu = allocated_fixed_point(tasks, L, sigma)
@@ -287,14 +279,13 @@ def check_small_L(tasks, Ls: Sequence[int], sigma: float = 0.0, eval_elements: i
     the L range (the lower half is pre-asymptotic: the error is flat there, SPEC.md's 7% at
     L = 128).  Predicted, from theory's own remainder analysis
     (``theory.reduced_ode.expansion_reliable``): where 6 omega*^2 < 1 at every fitted L the
-    remainder is O(L^-2), so the relative error is O(1/L): slope -1 (tolerance Z standard
+    remainder is O(L^-2), so the relative error is O(1/L): slope -1 (tolerance Z_SE standard
     errors of the slope plus half the change of slope between the two halves of the fitted
     range, the bend left by higher orders; perturbations: slope 0 and -2).  Where
     6 omega*^2 >= 1 the remainder is o(1/L) but not O(L^-2): the error still vanishes, more
-    slowly than 1/L, so the slope lies strictly inside (-1, 0) (tolerance Z standard errors;
-    perturbations: slope -1 and slope 0, i.e. O(1/L) and no decay)."""
-    from theory.reduced_ode import expansion_reliable
-
+    slowly than 1/L, so the slope lies strictly inside (-1, 0) (tolerance Z_SE standard errors;
+    perturbations: slope -1 and slope 0, i.e. O(1/L) and no decay; compared as the distance
+    by which the slope's band slope +- Z_SE se leaves (-1, 0), which must be 0)."""
     rows = small_L_rows(tasks, Ls, sigma, eval_elements, seed, device)
     L = np.array([r["L"] for r in rows], float)
     e = np.abs(np.array([r["relative_error"] for r in rows]))
@@ -313,24 +304,24 @@ def check_small_L(tasks, Ls: Sequence[int], sigma: float = 0.0, eval_elements: i
     reliable = all(expansion_reliable(np.asarray(rows[i]["omega_star"])) for i in upper)
     if reliable:
         bend = 0.5 * abs(slope_fit(upper[:2])[0] - slope_fit(upper[-2:])[0]) if upper.size >= 4 else 0.0
-        tol = Z * slope_se + bend
+        tol = Z_SE * slope_se + bend
         err, predicted = abs(slope + 1.0), -1.0
-        agrees = err <= tol
-        why = (f"{Z:g} standard errors of the log-log slope plus half the change of slope across the fitted range "
+        why = (f"{Z_SE:g} standard errors of the log-log slope plus half the change of slope across the fitted range "
                f"({bend:.3g})")
         perts = [perturbation("L-independent error (slope 0)", abs(slope), tol, predicted=0.0),
                  perturbation("O(1/L^2) error (slope -2)", abs(slope + 2.0), tol, predicted=-2.0)]
     else:
-        tol = Z * slope_se
-        err = max(0.0, -1.0 - slope, slope)          # distance from the open interval (-1, 0)
+        tol = Z_SE * slope_se
+        band = max(0.0, -1.0 - (slope - tol), slope + tol)   # how far slope +- tol leaves (-1, 0)
         predicted = "in (-1, 0): slower than 1/L, still decaying"
-        agrees = (slope - tol > -1.0) and (slope + tol < 0.0)
-        why = f"{Z:g} standard errors of the log-log slope (Monte-Carlo errors of the exact loss)"
+        why = (f"the band slope +- {Z_SE:g} standard errors of the log-log slope (Monte-Carlo errors of the exact "
+               f"loss; {tol:.3g}) must lie inside (-1, 0)")
         perts = [perturbation("O(1/L) error (slope -1)", abs(slope + 1.0), tol, predicted=-1.0),
                  perturbation("no decay (slope 0)", abs(slope), tol, predicted=0.0)]
     return Comparison(
         name=f"expansion error vs L, tasks={list(tasks)}, sigma={sigma:g}, L={int(L[upper[0]])}..{int(L[upper[-1]])}",
-        measured=slope, predicted=predicted, error=float(err), tolerance=float(tol), why=why, agrees=bool(agrees),
+        measured=slope, predicted=predicted, error=float(err if reliable else band),
+        tolerance=float(tol if reliable else 0.0), why=why,
         perturbations=perts,
         details={"tasks": list(tasks), "sigma": sigma, "rows": rows, "slope_se": slope_se,
                  "remainder_O_L2": reliable, "fitted_L": L[upper].tolist()})
@@ -377,7 +368,7 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
 
     Predicted: the trained loss equals the minimum of the exact loss over the partition of the
     tasks that theory predicts (``theory.task_allocation.predicted_winners``, the expansion flow
-    from the same init; each head sees and serves its own tasks only), within Z paired standard
+    from the same init; each head sees and serves its own tasks only), within Z_SE paired standard
     errors plus the drift of the training loss over its final window plus the step-size
     fluctuation left in the averaged iterate (the iterates of the last quarter of the records
     are averaged).  Recorded (not judged):
@@ -385,13 +376,9 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
     it (a clean partition) and whether the winners are theory's.  Perturbation: "one head per task" (claim 4 read literally: the m-head allocated
     limit's loss) must be rejected.  A symmetric init (two heads tied on a task) is a different
     boundary: the tie is kept by symmetry and the task shared, so use a random init here."""
-    from claims.limiting_error import allocated_minimum, window_drift
-    from numerics.model import initial_semi_singular_values
-    from theory.task_allocation import predicted_winners
-
     if cfg.heads >= cfg.m:
         raise ValueError(f"check_fewer_heads needs fewer heads than tasks, got heads={cfg.heads} >= m={cfg.m}")
-    om0, mu0 = (t.numpy() for t in initial_semi_singular_values(cfg))
+    om0, mu0 = initial_values(cfg)
     winners = predicted_winners(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale)
     res = _train_reduced(cfg, tcfg)
     mu = np.abs(np.mean([r.mu for r in res.trajectory if r.t >= 0.75 * res.trajectory[-1].t], axis=0))
@@ -417,21 +404,19 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
     single_excess = max(0.0, float(losses[3:].mean() - losses[0].mean()))
     fluctuation = single_excess / len(late)
     drift = window_drift(res.losses[-max(2, int(math.ceil(0.1 * res.steps))):])
-    tol = Z * se + drift + fluctuation
+    tol = Z_SE * se + drift + fluctuation
     d_alloc = float(losses[0].mean() - losses[2].mean())
     # judged: the loss (what the flow reaches); recorded: whether the end point is already a
     # clean partition and whether its winners are theory's (a near-tie can stay shared for a
     # long time: see docs/claims_5_7.md)
-    agrees = abs(diff) <= tol
     return Comparison(
         name=f"H < m: tasks={list(cfg.tasks)}, H={cfg.heads}, L={cfg.L}",
         measured={"loss_trained": float(losses[0].mean()), "winners": measured_winners, "second_share": shares},
         predicted={"loss_partition_minimum": float(losses[1].mean()), "winners": list(winners)},
         error=abs(diff), tolerance=tol,
-        why=f"{Z:g} paired standard errors on {n_eval} prompts, plus the drift of the training loss over its "
+        why=f"{Z_SE:g} paired standard errors on {n_eval} prompts, plus the drift of the training loss over its "
             f"final window beyond its noise ({drift:.3g}), plus the step-size fluctuation left in the averaged "
             f"iterate ({fluctuation:.3g}: 1/{len(late)} of a single iterate's excess loss)",
-        agrees=bool(agrees),
         perturbations=[perturbation("one head per task (the allocated limit's loss)", abs(d_alloc), tol,
                                     predicted=float(losses[2].mean()))],
         details={"config": cfg.to_dict(), "train": tcfg.to_dict(), "omega0": om0.tolist(), "mu0": mu0.tolist(),
@@ -461,9 +446,6 @@ def run_fewer_heads(profile="quick", device="cpu", seed=0, progress=no_progress,
     cid = "boundary-fewer-heads"
 
     def body():
-        from numerics.config import ProblemConfig
-        from numerics.train import TrainConfig
-
         prob, tr, n_eval = FEWER_GRIDS[profile]
         cfg = ProblemConfig(**prob, device=device)
         tcfg = TrainConfig(**tr, seed=seed, records=21)

@@ -5,9 +5,10 @@ Three checks, each against a prediction of ``theory.reduced_ode``:
 (a) :func:`check_gradient_projection` -- same batch, one point of D.  The full model's
     gradient-flow velocity, read out on D (omega_dot = tr(Phi_i^T W_dot Phi_i)/r_i,
     mu_dot = diag U_dot_Y, with W_dot = -(dK^T Q + K^T dQ)/s, U_dot = -(dO V + O dV) for
-    the factored weights), must equal the theory's reduced velocity -f * grad L_L with the
-    metric factors f of ``theory.reduced_ode.metric_factors`` and grad L_L the autograd
-    gradient of the exact finite-L reduced loss on the same batch.  Both sides are the same
+    the factored weights; ``numerics.model.full_velocity_on_D``), must equal the theory's
+    reduced velocity -f * grad L_L with the metric factors f of
+    ``theory.reduced_ode.metric_factors`` and grad L_L the gradient of the exact finite-L
+    reduced loss on the same batch (``numerics.reduced.reduced_gradient``).  Both sides are the same
     sums of B L per-token terms, computed along different graphs, so they differ by
     rounding only: float64 pairwise summation errs by <= eps log2(B L D) relative to the
     sum of the *absolute* per-prompt terms; tolerance = 64 eps log2(B L D) f |g|_abs, with
@@ -16,7 +17,7 @@ Three checks, each against a prediction of ``theory.reduced_ode``:
     merged metric with a spurious 2) must be rejected.
 
 (b) :func:`check_trajectory_agreement` -- the whole run, same samples.  On a batch made of
-    whole orbits of the symmetry group (``claims.common.symmetrize_full``) the full flow
+    whole orbits of the symmetry group (``numerics.symmetry.symmetrize_full``) the full flow
     never leaves D, so full gradient descent and the reduced flow are two first-order
     discretisations of the *same* ODE on the same samples; they differ by O(lr) only (for
     merged weights not at all: GD on W restricted to D *is* the Euler step of the reduced
@@ -41,21 +42,28 @@ Three checks, each against a prediction of ``theory.reduced_ode``:
     docs/claims_1_4.md).  The asserted cases use a logit scale that lands inside omega < 1/2.  The Monte-Carlo
     part of e(L) is estimated from two independent prompt streams per L; the fitted
     exponent p of e ~ L^p has standard error se(p) propagated from it.  Agreement: p + 2
-    se(p) < 0 (the error shrinks, at 2 sigma).  Perturbations: (i) the prediction "the
+    Z_SE se(p) < 0 (the error shrinks, at Z_SE standard errors).  Perturbations: (i) the prediction "the
     error does not shrink" (exponent 0) must be rejected by the same statistic; (ii) the
     expansion flow with the other parametrisation's metric must be further from the full
-    model at the largest L than the right one by more than 2 Monte-Carlo sigmas.
+    model at the largest L than the right one by more than Z_SE Monte-Carlo standard errors.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-import torch
 
-from claims.base import ClaimResult, judge, no_progress, run_claim
-from claims.common import (EPS64, expansion_gd_map, Comparison, check_profile, gd_full, perturbation,
-                           symmetrize_full, trajectory_of, value_panels, worst)
+from claims.base import ClaimResult, no_progress, run_claim
+from claims.common import (EPS64, Z_SE, Comparison, check_profile, comparisons_result, initial_values, perturbation,
+                           trajectory_of, value_panels, worst)
+from numerics.config import ProblemConfig
+from numerics.data import make_generator, sample_prompts
+from numerics.model import full_velocity_on_D
+from numerics.reduced import metric_factors, per_prompt_reduced_gradients, reduced_gradient
+from numerics.symmetry import symmetrize_full
+from numerics.train import TrainConfig, train, train_reduced
+from theory.reduced_ode import expansion_gd_map
+from theory.reduced_ode import metric_factors as theory_metric_factors
 
 CLAIM_ID = "spectral-reduction"
 TITLE = "Spectral reduction to the semi-singular values"
@@ -66,9 +74,7 @@ RICHARDSON_SAFETY = 1.5
 
 
 def _theory_metric(param, omega, mu, tasks, logit_scale, factor_error=1.0):
-    from theory.reduced_ode import metric_factors
-
-    f_om, f_mu = metric_factors(param, np.asarray(omega, float), np.asarray(mu, float), tasks, logit_scale)
+    f_om, f_mu = theory_metric_factors(param, np.asarray(omega, float), np.asarray(mu, float), tasks, logit_scale)
     return factor_error * f_om, factor_error * f_mu
 
 
@@ -81,52 +87,18 @@ def _wrong_factor(param: str) -> float:
 # (a) projected full gradient = reduced gradient on the same batch
 # ---------------------------------------------------------------------------------------
 
-def full_velocity(model) -> tuple[np.ndarray, np.ndarray, float]:
-    """(omega_dot, mu_dot) of the full gradient flow at the model's point, read out on D,
-    given that the model's parameters hold gradients (``.grad``); also the readout's
-    residual (the velocity's off-D part relative to its norm)."""
-    from theory.block_structure import decomposable_residual, semi_singular_values
-
-    cfg = model.cfg
-    if cfg.param == "merged":
-        dW, dU = -model.W.grad, -model.U.grad
-    else:
-        K, Q, V, O = model.K, model.Q, model.V, model.O
-        dW = -(K.grad.transpose(1, 2) @ Q + K.transpose(1, 2) @ Q.grad) / cfg.logit_scale
-        dU = -(O.grad @ V + O @ V.grad)
-    dW = dW.detach().cpu().double().numpy()
-    dU = dU.detach().cpu().double().numpy()
-    om, mu = semi_singular_values(dW, dU, cfg.tasks, cfg.basis_numpy())
-    return om, mu, decomposable_residual(dW, dU, cfg.tasks, cfg.basis_numpy())
-
-
 def check_gradient_projection(cfg, omega, mu, batch: int = 64, seed: int = 0) -> Comparison:
     """(a) at the point (omega, mu) of D, on one batch: full velocity read out on D against
     -f * grad L_L (theory's metric, numerics' reduced loss)."""
-    from numerics.data import make_generator, sample_prompts
-    from numerics.model import MultiHeadAttention, mse_loss
-    from numerics.reduced import reduced_predict
-
     omega = np.asarray(omega, float)
     mu = np.asarray(mu, float)
     prompts = sample_prompts(cfg, batch, make_generator(seed, cfg.device))
-    model = MultiHeadAttention.from_semi_singular_values(cfg, omega, mu)
-    loss = mse_loss(model(prompts.context, prompts.query), prompts.target)
-    loss.backward()
-    v_om, v_mu, off = full_velocity(model)
-
-    om_t = torch.tensor(omega, dtype=cfg.torch_dtype, device=cfg.device, requires_grad=True)
-    mu_t = torch.tensor(mu, dtype=cfg.torch_dtype, device=cfg.device, requires_grad=True)
-    per_prompt = ((reduced_predict(om_t, mu_t, prompts, cfg) - prompts.target) ** 2).sum(dim=-1)
-    g_om, g_mu = torch.autograd.grad(per_prompt.mean(), [om_t, mu_t], retain_graph=True)
-    g_om, g_mu = g_om.cpu().double().numpy(), g_mu.cpu().double().numpy()
+    v_om, v_mu, off = full_velocity_on_D(cfg, omega, mu, prompts)
+    g_om, g_mu = (g.cpu().double().numpy() for g in reduced_gradient(omega, mu, prompts, cfg))
     # mean over prompts of |per-prompt gradient|: the scale the rounding error is relative to
-    abs_om = np.zeros_like(omega)
-    abs_mu = np.zeros_like(mu)
-    for b in range(batch):
-        a, c = torch.autograd.grad(per_prompt[b], [om_t, mu_t], retain_graph=True)
-        abs_om += np.abs(a.cpu().double().numpy()) / batch
-        abs_mu += np.abs(c.cpu().double().numpy()) / batch
+    j_om, j_mu = per_prompt_reduced_gradients(omega, mu, prompts, cfg)
+    abs_om = np.abs(j_om.cpu().double().numpy()).mean(axis=0)
+    abs_mu = np.abs(j_mu.cpu().double().numpy()).mean(axis=0)
 
     f_om, f_mu = _theory_metric(cfg.param, omega, mu, cfg.tasks, cfg.logit_scale)
     pred_om, pred_mu = -f_om * g_om, -f_mu * g_mu
@@ -148,7 +120,6 @@ def check_gradient_projection(cfg, omega, mu, batch: int = 64, seed: int = 0) ->
         error=ratio, tolerance=1.0,
         why=(f"rounding: |full - reduced| <= 64 eps log2(B L D) f |grad|_abs per entry (B L D = {n_terms}); "
              "compared as the max ratio"),
-        agrees=ratio <= 1.0,
         perturbations=[perturbation(f"metric off by a factor {k:g}", wrong, 1.0)],
         details={"config": cfg.to_dict(), "omega": omega, "mu": mu, "batch": batch, "seed": seed,
                  "velocity_off_D_residual": off, "other_metric_ratio": wrong_other},
@@ -159,34 +130,21 @@ def check_gradient_projection(cfg, omega, mu, batch: int = 64, seed: int = 0) ->
 # (b) full trajectory = reduced flow on the same samples, over the whole run
 # ---------------------------------------------------------------------------------------
 
-def reduced_gd(cfg, prompts, lr: float, steps: int, record_every: int, factor_error: float = 1.0) -> dict:
-    """Euler steps of the reduced flow omega -= lr f_omega dL_L/domega, mu -= lr f_mu dL_L/dmu
-    (theory's metric times ``factor_error``) on one fixed batch, from cfg's init."""
-    from numerics.model import initial_semi_singular_values
-    from numerics.reduced import reduced_loss
-
-    om0, mu0 = initial_semi_singular_values(cfg)
-    om = om0.to(cfg.device, cfg.torch_dtype).requires_grad_(True)
-    mu = mu0.to(cfg.device, cfg.torch_dtype).requires_grad_(True)
-    rec = {"t": [], "omega": [], "mu": [], "loss": []}
-    for step in range(steps + 1):
-        loss = reduced_loss(om, mu, prompts, cfg)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"the reduced flow diverged at step {step}: loss {float(loss)}")
-        if step % record_every == 0 or step == steps:
-            rec["t"].append(step * lr)
-            rec["omega"].append(om.detach().cpu().double().numpy().copy())
-            rec["mu"].append(mu.detach().cpu().double().numpy().copy())
-            rec["loss"].append(float(loss.detach()))
-        if step == steps:
-            break
-        g_om, g_mu = torch.autograd.grad(loss, [om, mu])
-        f_om, f_mu = _theory_metric(cfg.param, om.detach().cpu().numpy(), mu.detach().cpu().numpy(),
-                                    cfg.tasks, cfg.logit_scale, factor_error)
-        with torch.no_grad():
-            om -= lr * torch.as_tensor(f_om, dtype=om.dtype, device=om.device) * g_om
-            mu -= lr * torch.as_tensor(f_mu, dtype=mu.dtype, device=mu.device) * g_mu
-    return {k: np.array(v) for k, v in rec.items()}
+def _fixed_batch_runs(cfg, prompts, lr: float, steps: int, record_every: int, factor_error: float = None) -> dict:
+    """Records (every ``record_every`` steps) of GD on one fixed batch from cfg's init
+    (``numerics.train``): the full model (``factor_error`` None) or the reduced flow with
+    theory's metric times ``factor_error``."""
+    tcfg = TrainConfig(lr=lr, time=lr * steps, records=2)
+    if factor_error is None:
+        res = train(cfg, tcfg, batches=lambda k: prompts, record_every=record_every)
+    else:
+        def metric(om, mu):
+            return tuple(factor_error * f for f in metric_factors(om, mu, cfg))
+        res = train_reduced(cfg, tcfg, batches=lambda k: prompts, record_every=record_every, metric=metric)
+    if res.steps != steps:
+        raise ValueError(f"time/lr must give {steps} steps, got {res.steps}")
+    tr = trajectory_of(res)
+    return {"t": tr.t, "omega": tr.omega, "mu": tr.mu, "loss": tr.loss, "residual": tr.residual}
 
 
 def _max_gap(a: dict, b: dict) -> np.ndarray:
@@ -205,19 +163,13 @@ def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: in
     relative velocity |x_dot / x| at the init (reduced flow, theory's metric) times lr is at
     most ``max_relative_step`` (and lr <= 0.05), so that the O(lr) tolerance stays below
     the effect of a wrong metric constant."""
-    from numerics.data import make_generator, sample_prompts
-
     prompts = symmetrize_full(sample_prompts(cfg, base_prompts, make_generator(seed, cfg.device)), cfg)
     if lr is None:
-        from numerics.model import initial_semi_singular_values
-        from numerics.reduced import reduced_loss
-
-        om0, mu0 = (a.to(cfg.device, cfg.torch_dtype).requires_grad_(True) for a in initial_semi_singular_values(cfg))
-        g_om, g_mu = torch.autograd.grad(reduced_loss(om0, mu0, prompts, cfg), [om0, mu0])
-        f_om, f_mu = _theory_metric(cfg.param, om0.detach().cpu().numpy(), mu0.detach().cpu().numpy(),
-                                    cfg.tasks, cfg.logit_scale)
-        x = np.abs(np.concatenate([om0.detach().cpu().numpy().ravel(), mu0.detach().cpu().numpy().ravel()]))
-        v = np.abs(np.concatenate([(f_om * g_om.cpu().numpy()).ravel(), (f_mu * g_mu.cpu().numpy()).ravel()]))
+        om0, mu0 = initial_values(cfg)
+        g_om, g_mu = (g.cpu().double().numpy() for g in reduced_gradient(om0, mu0, prompts, cfg))
+        f_om, f_mu = _theory_metric(cfg.param, om0, mu0, cfg.tasks, cfg.logit_scale)
+        x = np.abs(np.concatenate([om0.ravel(), mu0.ravel()]))
+        v = np.abs(np.concatenate([(f_om * g_om).ravel(), (f_mu * g_mu).ravel()]))
         rel = float(np.max(v / np.maximum(x, 1e-12)))
         steps = max(2, int(math.ceil(time / min(0.05, max_relative_step / max(rel, 1e-12)))))
         lr = time / steps
@@ -225,16 +177,16 @@ def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: in
     if steps < 2 or abs(steps * lr - time) > 1e-9 * time:
         raise ValueError(f"time/lr must be an integer >= 2, got time={time}, lr={lr}")
     every = int(record_every)
-    full = gd_full(cfg, lr, steps, lambda k: prompts, every)
-    full_half = gd_full(cfg, lr / 2, 2 * steps, lambda k: prompts, 2 * every)
-    red = reduced_gd(cfg, prompts, lr, steps, every)
-    red_half = reduced_gd(cfg, prompts, lr / 2, 2 * steps, 2 * every)
+    full = _fixed_batch_runs(cfg, prompts, lr, steps, every)
+    full_half = _fixed_batch_runs(cfg, prompts, lr / 2, 2 * steps, 2 * every)
+    red = _fixed_batch_runs(cfg, prompts, lr, steps, every, factor_error=1.0)
+    red_half = _fixed_batch_runs(cfg, prompts, lr / 2, 2 * steps, 2 * every, factor_error=1.0)
     gap = _max_gap(full, red)
     rich = 2.0 * (_max_gap(full, full_half) + _max_gap(red, red_half))
     scale = float(np.max(np.abs(np.concatenate([red["omega"].ravel(), red["mu"].ravel()]))))
     tol = RICHARDSON_SAFETY * float(np.max(rich)) + 64 * (2 * steps + 1) * EPS64 * scale
     measured = float(np.max(gap))
-    wrong = reduced_gd(cfg, prompts, lr, steps, every, factor_error=_wrong_factor(cfg.param))
+    wrong = _fixed_batch_runs(cfg, prompts, lr, steps, every, factor_error=_wrong_factor(cfg.param))
     wrong_gap = float(np.max(_max_gap(full, wrong)))
     return Comparison(
         name=f"trajectory tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} {cfg.basis} lr={lr:.4g} t={time:g}",
@@ -242,7 +194,6 @@ def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: in
         why=(f"same samples, exactly symmetric batch ({prompts.batch} prompts): both runs discretise the same "
              f"ODE; tolerance {RICHARDSON_SAFETY:g} x Richardson estimate 2(|x_lr - x_lr/2|) of each run's "
              "O(lr) error (max over the run) + rounding"),
-        agrees=measured <= tol,
         perturbations=[perturbation(f"reduced flow with the metric off by a factor {_wrong_factor(cfg.param):g}",
                                     wrong_gap, tol)],
         details={"config": cfg.to_dict(), "lr": lr, "time": time, "seed": seed, "batch": prompts.batch,
@@ -267,8 +218,6 @@ def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1, 2)) -> Comparison:
     noise of one run); se(b) ~ sqrt(mean var / n), the noise left in Xbar.  The exponent p of
     b ~ L^p is fitted by weighted least squares in log-log (weights 1/se(log b)^2,
     se(log b) = se(b)/b), se(p) = 1/sqrt(sum w (log L - mean)^2)."""
-    from numerics.train import train
-
     Ls = [int(L) for L in Ls]
     if len(Ls) < 3 or sorted(set(Ls)) != Ls:
         raise ValueError(f"need >= 3 increasing distinct context lengths, got {Ls}")
@@ -284,8 +233,9 @@ def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1, 2)) -> Comparison:
             res = train(c, tcfg.__class__(**{**tcfg.to_dict(), "seed": int(s)}))
             tr = trajectory_of(res)
             if s == seeds[0]:
-                ex_om, ex_mu = expansion_gd_map(c, c.param, tcfg.lr, tr.t)
-                exo_om, exo_mu = expansion_gd_map(c, other, tcfg.lr, tr.t)
+                om0, mu0 = initial_values(c)
+                ex_om, ex_mu = expansion_gd_map(om0, mu0, c.tasks, L, c.sigma, c.param, c.logit_scale, tcfg.lr, tr.t)
+                exo_om, exo_mu = expansion_gd_map(om0, mu0, c.tasks, L, c.sigma, other, c.logit_scale, tcfg.lr, tr.t)
                 runs.append({"L": L, "t": tr.t, "omega": tr.omega, "mu": tr.mu, "ex_t": tr.t,
                              "ex_omega": ex_om, "ex_mu": ex_mu})
             gaps.append(_gap_vector(tr.omega, tr.mu, ex_om, ex_mu))
@@ -306,21 +256,20 @@ def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1, 2)) -> Comparison:
     sxx = np.sum(wt * (lx - xm) ** 2)
     slope = float(np.sum(wt * (lx - xm) * ly) / sxx)
     se = float(1.0 / math.sqrt(sxx))
-    stat = slope + 2 * se                     # < 0: shrinks at 2 sigma
-    other_margin = float((bias_other[-1] - bias[-1]) / max(2 * bias_se[-1], 1e-300))
+    stat = slope + Z_SE * se                  # < 0: shrinks at Z_SE standard errors
+    other_margin = float((bias_other[-1] - bias[-1]) / max(Z_SE * bias_se[-1], 1e-300))
     return Comparison(
         name=f"expansion-trend tasks={cfg.tasks} H={cfg.heads} L={Ls} {cfg.param} B={tcfg.batch}",
         measured={"bias": bias, "bias_se": bias_se, "exponent": slope, "exponent_se": se},
         predicted={"exponent": "< 0 (asymptotically -1: O(1/L) flow error from the O(L^-2) dropped terms)"},
         error=stat, tolerance=0.0,
         why=("noise-corrected rms gap b(L) between the full model and the expansion flow (relative to each value's "
-             "scale, over the run) must shrink: fitted exponent p of b ~ L^p with p + 2 se(p) < 0, se from the "
+             f"scale, over the run) must shrink: fitted exponent p of b ~ L^p with p + {Z_SE:g} se(p) < 0, se from the "
              f"Monte-Carlo spread of {n} independent prompt streams"),
-        agrees=stat < 0,
         perturbations=[
             perturbation("error does not shrink with L (exponent 0)", -stat, 0.0, exponent=slope, se=se),
             perturbation(f"expansion flow with the {other} metric (further from the full model at the largest L "
-                         "by > 2 MC sigma)", other_margin, 1.0, bias_other=bias_other),
+                         f"by > {Z_SE:g} MC standard errors)", other_margin, 1.0, bias_other=bias_other),
         ],
         details={"config": cfg.to_dict(), "train": tcfg.to_dict(), "Ls": Ls, "seeds": list(seeds),
                  "bias": bias, "bias_se": bias_se, "bias_other_metric": bias_other, "runs": runs},
@@ -339,9 +288,6 @@ def _gap_vector(omega, mu, omega_ref, mu_ref) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 
 def _cases(profile: str, device: str, seed: int):
-    from numerics.config import ProblemConfig
-    from numerics.train import TrainConfig
-
     def pc(**kw):
         return ProblemConfig(device=device, **kw)
 
@@ -356,8 +302,10 @@ def _cases(profile: str, device: str, seed: int):
         traj = [(pc(tasks=(2, 1), heads=2, L=8, param=p, init_scale=0.3), dict(time=3.0))
                 for p in ("factored", "merged")]
         # logit scale 8: the emergence lands at omega < 1/2, inside the expansion's accuracy
+        # batch 1024: at 256 the exponent's standard error (0.17) does not resolve p ~ -0.4 at
+        # Z_SE = 4 standard errors (p + 4 se = +0.31); at 1024, p = -0.52 +- 0.08 (measured)
         trend = (pc(tasks=(3,), heads=1, L=4, param="factored", logit_scale=8.0), [4, 8, 16, 32, 64],
-                 TrainConfig(lr=0.05, time=4.0, batch=256, records=9, seed=seed))
+                 TrainConfig(lr=0.05, time=4.0, batch=1024, records=9, seed=seed))
     else:
         grad = [(pc(tasks=(3, 3), heads=2, L=128, param=p, basis=b), 256)
                 for p in ("factored", "merged") for b in ("identity", "random")]
@@ -394,7 +342,6 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None)
             progress(f"{CLAIM_ID}: (c) expansion vs full at L={trend[1]}", done / total)
             comps.append(check_expansion_trend(trend[0], trend[1], trend[2], seeds=(seed, seed + 1, seed + 2)))
         progress(f"{CLAIM_ID}: done", 1.0)
-        perts = [p for c in comps for p in c.perturbations]
         figures = []
         traj_c = [c for c in comps if c.name.startswith("trajectory")]
         if traj_c:
@@ -409,16 +356,14 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None)
             figures.append(value_panels(
                 "spectral-reduction-expansion", f"full model (points) vs expansion flow (lines) at L={r['L']}",
                 r["t"], r["omega"], r["mu"], r["ex_t"], r["ex_omega"], r["ex_mu"], "full", "expansion"))
-        return ClaimResult(
-            id=CLAIM_ID, title=TITLE, statement=STATEMENT, verdict=judge(all(c.agrees for c in comps), perts),
+        return comparisons_result(
+            CLAIM_ID, TITLE, STATEMENT, comps, figures, {"profile": profile, "seed": seed},
             theory={"metric": "merged: f_omega = 1/r_i, f_mu = 1; factored: 2|omega|/(s r_i), 2|mu|",
                     "expansion_error_exponent": "< 0 (asymptotically -1)"},
             numerics={"worst": worst([c for c in comps if c.tolerance > 0]),
                       "trend": trend_c[0].measured if trend_c else None,
                       "trajectory_gap": [c.measured for c in traj_c]},
             tolerance={"value": {c.name: c.tolerance for c in comps},
-                       "why": " | ".join(c.why for c in comps[:1] + traj_c[:1] + trend_c[:1])},
-            details={"profile": profile, "seed": seed, "cases": [c.summary() for c in comps]},
-            figures=figures, perturbations=perts)
+                       "why": " | ".join(c.why for c in comps[:1] + traj_c[:1] + trend_c[:1])})
 
     return run_claim(CLAIM_ID, TITLE, STATEMENT, body)

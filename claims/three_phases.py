@@ -20,18 +20,18 @@ Checks (:func:`check_three_phases`):
    - the levels: a phase end is the crossing of a level L0 - f (L0 - Lend), f = 0.1, 0.9;
      an error dl in that level moves the crossing by dl / |dL/dt| (slope of the predicted
      curve there).  dl has two measured parts: the Monte-Carlo error of the measured curve
-     relative to its own crossing level (3 se over the evaluation prompts of
+     relative to its own crossing level (Z_SE se over the evaluation prompts of
      l_b(t) - (1-f) l_b(0) - f l_b(end)), and f x the difference of the two curves' drops
      (a constant offset cancels; a different final level -- the expansion's O(L^-2) and
      saturation error, which claim 2 owns -- does not);
-   - the time scale: the start-level difference beyond 3 se of the evaluation batch is the
+   - the time scale: the start-level difference beyond Z_SE se of the evaluation batch is the
      expansion's relative error at the init, a relative error of its rates too: add
      t x that / L0_pred;
    - the step size: GD with step lr is not the ODE; the same phase definition applied to
      the expansion loss along the GD *map* (:func:`discrete_expansion_curve`) gives the
      O(lr) shift of each phase end, added in full;
    - the run's own randomness: with fresh batches of B the warm-up growth is a noisy
-     multiplicative process, and a phase time T moves by 3 sigma_v sqrt(lr T / B) / v
+     multiplicative process, and a phase time T moves by Z_SE sigma_v sqrt(lr T / B) / v
      (:func:`escape_time_spread`: relative growth rate v and its per-prompt std sigma_v
      measured at the init).
 3. Perturbation: the warm-up end predicted with the wrong init-scale exponent.  The ODE's
@@ -45,8 +45,18 @@ import math
 
 import numpy as np
 
-from claims.base import ClaimResult, Figure, Series, judge, no_progress, run_claim
-from claims.common import expansion_gd_map, Comparison, check_profile, perturbation, trajectory_of, worst
+import torch
+
+from claims.base import ClaimResult, Figure, Series, no_progress, run_claim
+from claims.common import (Z_SE, Comparison, check_profile, comparisons_result, initial_values, perturbation,
+                           trajectory_of, worst)
+from numerics.config import ProblemConfig
+from numerics.data import make_generator, sample_prompts
+from numerics.model import initial_semi_singular_values
+from numerics.reduced import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
+from numerics.train import TrainConfig, train
+from theory.reduced_ode import expansion_gd_map, expansion_loss, expansion_valid, integrate_expansion_flow
+from theory.three_phases import nonincreasing_fit, phase_times
 
 CLAIM_ID = "three-phases"
 TITLE = "Three phases: warm-up, emergence, convergence"
@@ -72,9 +82,9 @@ def discrete_expansion_curve(cfg, s0: float, lr: float, t: np.ndarray) -> np.nda
     omega <- omega (1 - lr g_omega / (s r))^2, mu <- mu (1 - lr g_mu)^2; merged: the Euler
     step omega <- omega - lr g_omega / r, mu <- mu - lr g_mu.  Its phase times differ from
     the ODE's by the O(lr) discretisation shift that the comparison must allow."""
-    from theory.reduced_ode import expansion_loss, expansion_valid
-
-    oms, mus = expansion_gd_map(cfg.replace(init_scale=s0), cfg.param, lr, t, on_exit="stop")
+    om0, mu0 = initial_values(cfg.replace(init_scale=s0))
+    oms, mus = expansion_gd_map(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale, lr, t,
+                                on_exit="stop")
     out = [expansion_loss(om, mu, cfg.tasks, cfg.L, cfg.sigma) if expansion_valid(om) else math.nan
            for om, mu in zip(oms, mus)]
     return np.array(out + [math.nan] * (len(t) - len(out)))
@@ -91,21 +101,10 @@ def escape_time_spread(cfg, batch: int, lr: float, probe_batch: int = 512, seed:
     loss on ``probe_batch`` prompts (theory's metric factors); the entry with the largest
     mean rate (the one that leads the emergence) is used.  Returns ``coef`` with
     dT = coef sqrt(T)."""
-    import torch
-
-    from numerics.data import make_generator, sample_prompts
-    from numerics.model import initial_semi_singular_values
-    from numerics.reduced import reduced_predict
-    from theory.reduced_ode import metric_factors
-
     om0, mu0 = (a.to(cfg.device, cfg.torch_dtype) for a in initial_semi_singular_values(cfg))
     prompts = sample_prompts(cfg, probe_batch, make_generator(seed, cfg.device))
-
-    def per_prompt(om, mu):
-        return ((reduced_predict(om, mu, prompts, cfg) - prompts.target) ** 2).sum(dim=-1)
-
-    j_om, j_mu = torch.autograd.functional.jacobian(per_prompt, (om0, mu0), vectorize=True)
-    f_om, f_mu = metric_factors(cfg.param, om0.cpu().numpy(), mu0.cpu().numpy(), cfg.tasks, cfg.logit_scale)
+    j_om, j_mu = per_prompt_reduced_gradients(om0, mu0, prompts, cfg)
+    f_om, f_mu = (f.cpu().double().numpy() for f in metric_factors(om0, mu0, cfg))
     rel = np.concatenate([
         (-f_om[None] * j_om.cpu().double().numpy() / om0.cpu().numpy()[None]).reshape(probe_batch, -1),
         (-f_mu[None] * j_mu.cpu().double().numpy() / mu0.cpu().numpy()[None]).reshape(probe_batch, -1)], axis=1)
@@ -147,15 +146,6 @@ def check_three_phases(cfg, tcfg, eval_batch: int = 2048, eval_seed: int = 99_99
     smooth in t (a single training batch loss has noise ~ sqrt(2 d / B), as large as the
     10% level that ends the warm-up), at the price of one level offset, the same at all
     times, of standard error ``eval_se``."""
-    import torch
-
-    from numerics.data import make_generator, sample_prompts
-    from numerics.model import initial_semi_singular_values
-    from numerics.reduced import reduced_predict
-    from numerics.train import train
-    from theory.reduced_ode import integrate_expansion_flow
-    from theory.three_phases import nonincreasing_fit, phase_times
-
     res = train(cfg, tcfg)
     tr = trajectory_of(res)
     t = tr.t
@@ -163,9 +153,8 @@ def check_three_phases(cfg, tcfg, eval_batch: int = 2048, eval_seed: int = 99_99
     per_prompt = []
     with torch.no_grad():
         for om, mu in zip(tr.omega, tr.mu):
-            per = ((reduced_predict(torch.tensor(om, dtype=cfg.torch_dtype, device=cfg.device),
-                                    torch.tensor(mu, dtype=cfg.torch_dtype, device=cfg.device), evalset, cfg)
-                    - evalset.target) ** 2).sum(dim=-1)
+            per = per_prompt_reduced_losses(torch.tensor(om, dtype=cfg.torch_dtype, device=cfg.device),
+                                            torch.tensor(mu, dtype=cfg.torch_dtype, device=cfg.device), evalset, cfg)
             per_prompt.append(per.cpu().double().numpy())
     per_prompt = np.array(per_prompt)                 # (records, eval_batch)
     meas_curve = per_prompt.mean(axis=1)
@@ -174,7 +163,7 @@ def check_three_phases(cfg, tcfg, eval_batch: int = 2048, eval_seed: int = 99_99
     width = float(t[1] - t[0])
 
     def ode_curve(s0):
-        om0, mu0 = (a.numpy() for a in initial_semi_singular_values(cfg.replace(init_scale=s0)))
+        om0, mu0 = initial_values(cfg.replace(init_scale=s0))
         traj = integrate_expansion_flow(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale,
                                         t_end=float(t[-1]), t_eval=t)
         if traj.status != "t_end":
@@ -206,7 +195,7 @@ def check_three_phases(cfg, tcfg, eval_batch: int = 2048, eval_seed: int = 99_99
         why = ("the measured curve does not show the three phases as defined" if not ordered
                else "the predicted curve does not show the three phases")
         return Comparison(name=name, measured=meas.to_dict(), predicted=pred.to_dict(), error=math.inf,
-                          tolerance=0.0, why=why + f" ({meas.reason or pred.reason})", agrees=False,
+                          tolerance=0.0, why=why + f" ({meas.reason or pred.reason})",
                           perturbations=[perturbation("wrong init-scale exponent (no phases to compare)", math.inf, 0.0)], details=details)
 
     disc_curve = discrete_expansion_curve(cfg, cfg.init_scale, tcfg.lr, t)
@@ -226,18 +215,18 @@ def check_three_phases(cfg, tcfg, eval_batch: int = 2048, eval_seed: int = 99_99
         k = int(np.clip(np.searchsorted(t, tm), 0, len(t) - 1))
         n_end = max(3, int(np.ceil(0.1 * len(t))))
         rel = per_prompt[k] - (1 - f) * per_prompt[0] - f * per_prompt[-n_end:].mean(axis=0)
-        mc_level = 3.0 * max(float(rel.std(ddof=1)) / math.sqrt(eval_batch),
+        mc_level = Z_SE * max(float(rel.std(ddof=1)) / math.sqrt(eval_batch),
                              meas.noise / math.sqrt(max(1, _pooled_points(fit, t, tm))))
         # a constant offset between the curves cancels (each level is relative to its own
         # curve); what moves the crossing is the difference of the drops, by f x it
         level_offset = f * abs((meas.loss_start - meas.loss_end) - (pred.loss_start - pred.loss_end))
-        # the start-level difference beyond the evaluation batch's 3 se is the expansion's
+        # the start-level difference beyond the evaluation batch's Z_SE se is the expansion's
         # relative error at the init, a relative error of its rates as well
-        rate = tp * max(abs(meas.loss_start - pred.loss_start) - 3 * eval_se, 0.0) / pred.loss_start
+        rate = tp * max(abs(meas.loss_start - pred.loss_start) - Z_SE * eval_se, 0.0) / pred.loss_start
         # O(lr) discretisation: the GD map's phase time minus the ODE's (if the map left the
         # domain the whole prediction is refused rather than the term dropped)
         disc_shift = abs(getattr(disc, key) - tp) if disc is not None and disc.defined else math.inf
-        sgd = 3.0 * spread["coef"] * math.sqrt(tp)
+        sgd = Z_SE * spread["coef"] * math.sqrt(tp)
         tols[key] = width + (mc_level + level_offset) / slope + rate + disc_shift + sgd
         parts[key] = {"record_spacing": width, "mc_level": mc_level / slope, "level_offset": level_offset / slope,
                       "rate": rate, "gd_map_shift": disc_shift, "sgd_spread": sgd}
@@ -251,9 +240,9 @@ def check_three_phases(cfg, tcfg, eval_batch: int = 2048, eval_seed: int = 99_99
         measured={"warmup_end": meas.warmup_end, "emergence_end": meas.emergence_end},
         predicted={"warmup_end": pred.warmup_end, "emergence_end": pred.emergence_end},
         error=ratio, tolerance=1.0,
-        why=("per phase end: one record spacing + GD-map shift + 3 x SGD escape-time spread + (3 x max(eval-batch se, noise/sqrt(pooled)) + level offset of the expansion)/|dL/dt| + "
+        why=(f"per phase end: one record spacing + GD-map shift + {Z_SE:g} x SGD escape-time spread + ({Z_SE:g} x "
+             "max(eval-batch se, noise/sqrt(pooled)) + level offset of the expansion)/|dL/dt| + "
              "t x relative start-level error; compared as the max ratio |t_meas - t_pred| / tol"),
-        agrees=ratio <= 1.0,
         perturbations=[perturbation(
             f"warm-up end with the init-scale exponent off by {dp:+d} (T(s0) x 2^{-dp:+d})", wr, 1.0,
             wrong_warmup_end=w) for dp, w, wr in zip((-1, 1), wrong_warmup, wrong_ratios)],
@@ -264,11 +253,7 @@ def check_three_phases(cfg, tcfg, eval_batch: int = 2048, eval_seed: int = 99_99
 def horizon(cfg, lr: float, factor: float = 2.0, t_max: float = 200.0) -> float:
     """A run length that shows all three phases: ``factor`` x the emergence end the
     expansion flow predicts (first found on [0, t_max]), rounded up to a multiple of lr."""
-    from numerics.model import initial_semi_singular_values
-    from theory.reduced_ode import integrate_expansion_flow
-    from theory.three_phases import phase_times
-
-    om0, mu0 = (a.numpy() for a in initial_semi_singular_values(cfg))
+    om0, mu0 = initial_values(cfg)
     grid = np.linspace(0.0, t_max, 401)
     traj = integrate_expansion_flow(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale,
                                     t_end=t_max, t_eval=grid)
@@ -308,9 +293,6 @@ def _cases(profile: str, device: str, seed: int):
     """Factored weights (the paper's architecture); logit scale s = 4 so that r s > 4 and the
     emergence lands inside the expansion's domain 2 omega^2 < 1
     (claims/spectral_reduction.py); run length: 2 x the ODE's emergence end (:func:`horizon`)."""
-    from numerics.config import ProblemConfig
-    from numerics.train import TrainConfig
-
     def case(batch, records, **kw):
         cfg = ProblemConfig(device=device, logit_scale=4.0, param="factored", **kw)
         return cfg, TrainConfig(lr=0.05, time=horizon(cfg, 0.05), batch=batch, records=records, seed=seed)
@@ -335,14 +317,12 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None)
             progress(f"{CLAIM_ID}: {cfg.param} s0={cfg.init_scale:g} ({j + 1}/{len(cases)})", j / len(cases))
             comps.append(check_three_phases(cfg, tcfg))
         progress(f"{CLAIM_ID}: done", 1.0)
-        perts = [p for c in comps for p in c.perturbations]
-        return ClaimResult(
-            id=CLAIM_ID, title=TITLE, statement=STATEMENT, verdict=judge(all(c.agrees for c in comps), perts),
+        return comparisons_result(
+            CLAIM_ID, TITLE, STATEMENT, comps, [phases_figure(comps[0])] if comps else [],
+            {"profile": profile, "seed": seed},
             theory={"definition": "theory.three_phases.phase_times (10% / 90% of the drop of the monotone fit)",
                     "predicted": [c.predicted for c in comps]},
             numerics={"measured": [c.measured for c in comps], "worst": worst(comps)},
-            tolerance={"value": [c.details.get("tolerances") for c in comps], "why": comps[0].why if comps else ""},
-            details={"profile": profile, "seed": seed, "cases": [c.summary() for c in comps]},
-            figures=[phases_figure(comps[0])] if comps else [], perturbations=perts)
+            tolerance={"value": [c.details.get("tolerances") for c in comps], "why": comps[0].why if comps else ""})
 
     return run_claim(CLAIM_ID, TITLE, STATEMENT, body)

@@ -32,6 +32,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from theory._validate import check_positive_int, check_sigma, check_tasks
+
 BASES = ("identity", "random")
 PARAMS = ("factored", "merged")
 INITS = ("decomposable", "random_decomposable", "given", "random_full")
@@ -68,6 +70,26 @@ def check_device(device) -> str:
                          f"{torch.cuda.device_count()} CUDA device(s) (cuda:0 .. "
                          f"cuda:{torch.cuda.device_count() - 1})")
     return str(dev)
+
+
+def use_precise_float32() -> dict:
+    """Switch TF32 off so that float32 matmuls are IEEE float32 on every device (the
+    precision checks need true float32/float64): the project's one TF32 policy, called by
+    the trainer before every run (and meant for the benchmark).  Uses the
+    ``fp32_precision = "ieee"`` API where this torch has it (new torch refuses to read the
+    legacy ``allow_tf32`` flags when they disagree with it), else the legacy flags.
+    Returns the settings in force (for a benchmark's record)."""
+    torch.set_float32_matmul_precision("highest")
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.fp32_precision = "ieee"
+        return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+                "cuda.matmul.fp32_precision": torch.backends.cuda.matmul.fp32_precision,
+                "cudnn.fp32_precision": torch.backends.cudnn.fp32_precision}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}
 
 
 @lru_cache(maxsize=64)
@@ -124,22 +146,12 @@ class ProblemConfig:
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
-        tasks = self.tasks
-        if _is_int(tasks):
-            tasks = (tasks,)
-        if not isinstance(tasks, (tuple, list)) or len(tasks) == 0:
-            raise ValueError(f"tasks must be a non-empty tuple of block sizes r_i >= 1 (e.g. (3, 3)), got {self.tasks!r}")
-        if not all(_is_int(r) and r >= 1 for r in tasks):
-            raise ValueError(f"tasks must be positive integers (block sizes r_i >= 1), got {tuple(tasks)!r}")
-        set_("tasks", tuple(int(r) for r in tasks))
-        for name in ("heads", "L"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-            set_(name, int(v))
-        if not _is_real(self.sigma) or not math.isfinite(self.sigma) or self.sigma < 0:
-            raise ValueError(f"sigma (label noise std) must be a finite number >= 0, got {self.sigma!r}")
-        set_("sigma", float(self.sigma))
+        # tasks, heads, L, sigma: the one set of checks, theory._validate (same messages as theory)
+        tasks = (self.tasks,) if _is_int(self.tasks) else self.tasks
+        set_("tasks", check_tasks(tasks))
+        set_("heads", check_positive_int("heads", self.heads))
+        set_("L", check_positive_int("L", self.L))
+        set_("sigma", check_sigma(self.sigma))
         if self.basis not in BASES:
             raise ValueError(f"basis must be one of {BASES}, got {self.basis!r}")
         if self.param not in PARAMS:

@@ -27,7 +27,14 @@ import torch
 
 from .config import ProblemConfig
 
-from theory.block_structure import project_decomposable
+from theory.block_structure import decomposable_residual, semi_singular_values
+from theory.reduced_ode import default_init
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss (or the weights) became non-finite, or the loss exceeded the run's
+    ``diverge_loss``: the one divergence error of numerics (raised by the trainer, and by a
+    readout of weights that are no longer finite)."""
 
 
 @dataclass
@@ -62,11 +69,9 @@ def initial_semi_singular_values(cfg: ProblemConfig) -> tuple[torch.Tensor, torc
     random_decomposable: i.i.d. uniform in [s0/2, 3 s0/2] (seed init_seed); given: as given.
     """
     H, m, s0 = cfg.heads, cfg.m, cfg.init_scale
-    if cfg.init == "decomposable":
-        omega = torch.full((H, m), s0, dtype=torch.float64)
-        mu = torch.full((H, m), s0, dtype=torch.float64)
-        mu[torch.arange(H), torch.arange(H) % m] = 2 * s0
-        return omega, mu
+    if cfg.init == "decomposable":          # theory's definition of the default start
+        omega, mu = default_init(cfg.tasks, H, s0)
+        return torch.tensor(omega, dtype=torch.float64), torch.tensor(mu, dtype=torch.float64)
     if cfg.init == "random_decomposable":
         gen = torch.Generator().manual_seed(cfg.init_seed)
         u = torch.rand(2, H, m, generator=gen, dtype=torch.float64)
@@ -180,6 +185,34 @@ class MultiHeadAttention(torch.nn.Module):
         return model
 
     # --- the model --------------------------------------------------------------------------
+    def merged_gradients(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dL/dW, dL/dU) (H, d+m, d+m) and (H, m, d+m) pulled back to the merged weights'
+        velocity under gradient flow of the *trained* parameters, from their ``.grad``:
+        merged, -(dW/dt, dU/dt) = (grad W, grad U); factored, by the chain rule of
+        W = K^T Q / s, U = O V with dK/dt = -grad K etc.:
+        -dW/dt = (grad_K^T Q + K^T grad_Q) / s,  -dU/dt = grad_O V + O grad_V.
+        Minus these is the velocity of (W, U) (detached)."""
+        grads = {n: p.grad for n, p in self.named_parameters()}
+        if any(g is None for g in grads.values()):
+            raise ValueError("merged_gradients needs the parameters' .grad: call loss.backward() first")
+        with torch.no_grad():
+            if self.cfg.param == "merged":
+                return grads["W"].clone(), grads["U"].clone()
+            K, Q, V, O = self.K, self.Q, self.V, self.O
+            gW = (grads["K"].transpose(1, 2) @ Q + K.transpose(1, 2) @ grads["Q"]) / self.cfg.logit_scale
+            gU = grads["O"] @ V + O @ grads["V"]
+            return gW, gU
+
+    def semi_singular_velocity(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """(omega_dot, mu_dot) (H, m) of the full gradient flow at this point, read out on D
+        from :meth:`merged_gradients` (theory's readout omega_i = tr(Phi_i^T W Phi_i)/r_i,
+        mu_i = (U_Y)_ii, linear, so it commutes with d/dt), and the velocity's off-D part
+        relative to its norm."""
+        gW, gU = (-g.detach().cpu().double().numpy() for g in self.merged_gradients())
+        cfg = self.cfg
+        om, mu = semi_singular_values(gW, gU, cfg.tasks, cfg.basis_numpy())
+        return om, mu, decomposable_residual(gW, gU, cfg.tasks, cfg.basis_numpy())
+
     def merged_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W (H, d+m, d+m) = K^T Q / s and U (H, m, d+m) = O V (or the trained W, U)."""
         if self.cfg.param == "merged":
@@ -212,18 +245,22 @@ class MultiHeadAttention(torch.nn.Module):
     @torch.no_grad()
     def semi_singular_values(self) -> Readout:
         """omega[h,i] = tr(Phi_i^T W_XX Phi_i)/r_i, mu[h,i] = (U_Y)_ii and the residual
-        ||(W,U) - P_D(W,U)||_F / ||(W,U)||_F (0 at the zero point), on the merged weights."""
+        ||(W,U) - P_D(W,U)||_F / ||(W,U)||_F (0 at the zero point), on the merged weights
+        (``theory.block_structure.semi_singular_values`` and ``decomposable_residual``)."""
         cfg = self.cfg
         W, U = (t.detach().to("cpu", torch.float64).numpy() for t in self.merged_weights())
         if not (np.all(np.isfinite(W)) and np.all(np.isfinite(U))):
-            raise FloatingPointError("the model's weights contain NaN or inf (the run diverged); "
+            raise TrainingDiverged("the model's weights contain NaN or inf (the run diverged); "
                                      "lower the learning rate or the initial scale")
-        W_D, U_D = project_decomposable(W, U, cfg.tasks, cfg.basis_numpy())
-        d = cfg.d
-        Phi = cfg.basis_numpy()
-        omega = np.stack([np.einsum("ai,hab,bi->h", Phi[:, sl], W[:, :d, :d], Phi[:, sl]) / r
-                          for sl, r in zip(cfg.block_slices, cfg.tasks)], axis=1)
-        mu = np.diagonal(U[:, :, d:], axis1=1, axis2=2).copy()
-        total = math.sqrt(float(np.sum(W ** 2) + np.sum(U ** 2)))
-        off = math.sqrt(float(np.sum((W - W_D) ** 2) + np.sum((U - U_D) ** 2)))
-        return Readout(omega=omega, mu=mu, residual=off / total if total > 0 else 0.0)
+        # theory's readout and residual (the one definition of both)
+        omega, mu = semi_singular_values(W, U, cfg.tasks, cfg.basis_numpy())
+        return Readout(omega=omega, mu=mu, residual=decomposable_residual(W, U, cfg.tasks, cfg.basis_numpy()))
+
+
+def full_velocity_on_D(cfg: ProblemConfig, omega, mu, prompts) -> tuple[np.ndarray, np.ndarray, float]:
+    """The full model's gradient-flow velocity at the point of D with values (omega, mu), on
+    ``prompts``, read out on D: (omega_dot, mu_dot, off-D residual of the velocity)
+    (:meth:`MultiHeadAttention.semi_singular_velocity` after one backward pass)."""
+    model = MultiHeadAttention.from_semi_singular_values(cfg, omega, mu)
+    mse_loss(model(prompts.context, prompts.query), prompts.target).backward()
+    return model.semi_singular_velocity()

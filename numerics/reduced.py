@@ -2,25 +2,29 @@
 
 At the point of D with values (omega, mu) the full model predicts
 
-    y_hat_i = sum_h mu[h,i] sum_l softmax_l( sum_j omega[h,j] <Phi_j^T x_l, Phi_j^T q> ) y_{l,i},
+    y_hat_i = sum_h mu[h,i] sum_l p_hl y_{l,i},   p_h = softmax_l( sum_j omega[h,j] s_{l,j} ),
 
-which is what :func:`reduced_predict` computes on a batch of prompts (no expansion in 1/L),
-so L_L(omega, mu) = E ||y_q - y_hat||^2 is estimated by :func:`reduced_loss` and its
-gradient by autograd.  On the same batch the full model's gradient at that point, projected
-onto D, equals this gradient by the chain rule (tests/test_numerics_reduced.py).
+with the per-block scores s_{l,j} = <Phi_j^T x_l, Phi_j^T q> (no expansion in 1/L).  This
+prediction formula has ONE definition here: :func:`attention_weights` (p from the scores)
+and :func:`predict_from_scores` (y_hat from p and the labels).  :func:`reduced_predict`
+computes the scores of whole prompts (:func:`block_scores`) and applies it;
+``numerics.exact_reduced`` draws the scores directly (a Rao-Blackwellised estimator that
+integrates the labels out analytically) and uses the same :func:`attention_weights`.
 
-Gradient flow of the full weights moves the values with metric factors (derivation for one
-basis direction k of task i, whose W-coefficient w_k satisfies dL/dw_k = (1/r_i) dL/domega_i
-by the block symmetry):
-- merged: dw_k/dt = -dL/dw_k, so domega_i/dt = -(1/r_i) dL/domega_i; dmu/dt = -dL/dmu.
-- factored balanced: w_k = a_k b_k / s with |a_k| = |b_k| = sqrt(s |omega_i|) (entries of K
-  and Q); da/dt = -(b/s) dL/dw, db/dt = -(a/s) dL/dw, so dw/dt = -((a^2 + b^2)/s^2) dL/dw
-  = -(2|omega_i|/s) dL/dw_k, i.e. domega_i/dt = -(2|omega_i|/(s r_i)) dL/domega_i.  Likewise
-  mu_i = o v with |o| = |v| = sqrt|mu_i|: dmu_i/dt = -2|mu_i| dL/dmu_i.
+L_L(omega, mu) = E ||y_q - y_hat||^2 is estimated by :func:`reduced_loss`, its gradient by
+:func:`reduced_gradient` (autograd); on the same batch the full model's gradient at that
+point, projected onto D, equals it by the chain rule (tests/test_numerics_reduced.py).
+
+Gradient flow of the full weights moves the values with the metric factors of
+``theory.reduced_ode.metric_factors`` (the one definition; :func:`metric_factors` here only
+converts to and from torch): merged f_omega = 1/r_i, f_mu = 1; factored balanced
+f_omega = 2|omega_i|/(s r_i), f_mu = 2|mu_i|.
 """
 from __future__ import annotations
 
 import torch
+
+from theory.reduced_ode import metric_factors as theory_metric_factors
 
 from .config import ProblemConfig
 from .data import Prompts
@@ -34,37 +38,74 @@ def _check_values(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) -> 
             raise ValueError(f"{name} must have shape (heads, m) = ({cfg.heads}, {cfg.m}), got {tuple(t.shape)}")
 
 
-def reduced_predict(omega: torch.Tensor, mu: torch.Tensor, prompts: Prompts, cfg: ProblemConfig) -> torch.Tensor:
-    """y_hat (B, m) of the reduced model with values omega, mu (H x m) on ``prompts``."""
-    _check_values(omega, mu, cfg)
+def block_scores(prompts: Prompts, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, labels), each (B, L, m): s_{l,j} = <Phi_j^T x_l, Phi_j^T q> and y_{l,j}."""
     d = cfg.d
-    x, y, q = prompts.context[..., :d], prompts.context[..., d:], prompts.query[:, :d]
-    if prompts.context.shape[-1] != cfg.token_dim or y.shape[-1] != cfg.m:
+    if prompts.context.shape[-1] != cfg.token_dim:
         raise ValueError(f"prompts have token width {prompts.context.shape[-1]}, cfg needs d+m = {cfg.token_dim}")
+    x, y, q = prompts.context[..., :d], prompts.context[..., d:], prompts.query[:, :d]
     if cfg.basis != "identity":
         Phi = cfg.basis_matrix()
         x, q = x @ Phi, q @ Phi                     # coordinates in the task basis: Phi^T x
-    omega_coord = omega @ cfg.task_indicator().T    # (H, d): omega of the task owning coordinate k
-    a = omega_coord[None, :, :] * q[:, None, :]     # (B, H, d): sum_j omega_j Phi_j Phi_j^T q in Phi coords
-    logits = torch.bmm(a, x.transpose(1, 2))        # (B, H, L)
-    p = torch.softmax(logits, dim=-1)
-    c = torch.bmm(p, y)                             # (B, H, m): sum_l p_hl y_{l,i}
+    scores = (x * q[:, None, :]) @ cfg.task_indicator()   # (B, L, m): block sums of x_lk q_k
+    return scores, y
+
+
+def attention_weights(omega: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """p (B, H, L): p_hl = softmax_l( sum_j omega[h,j] s_{l,j} ) for scores (B, L, m)."""
+    logits = torch.matmul(omega, scores.transpose(1, 2))     # (B, H, L)
+    return torch.softmax(logits, dim=-1)                     # over the context; max subtracted
+
+
+def predict_from_scores(omega: torch.Tensor, mu: torch.Tensor, scores: torch.Tensor,
+                        labels: torch.Tensor) -> torch.Tensor:
+    """y_hat (B, m): y_hat_i = sum_h mu[h,i] sum_l p_hl y_{l,i}, p = :func:`attention_weights`."""
+    c = torch.bmm(attention_weights(omega, scores), labels)  # (B, H, m): sum_l p_hl y_{l,i}
     return (mu[None] * c).sum(dim=1)
+
+
+def reduced_predict(omega: torch.Tensor, mu: torch.Tensor, prompts: Prompts, cfg: ProblemConfig) -> torch.Tensor:
+    """y_hat (B, m) of the reduced model with values omega, mu (H x m) on ``prompts``."""
+    _check_values(omega, mu, cfg)
+    return predict_from_scores(omega, mu, *block_scores(prompts, cfg))
+
+
+def per_prompt_reduced_losses(omega: torch.Tensor, mu: torch.Tensor, prompts: Prompts,
+                              cfg: ProblemConfig) -> torch.Tensor:
+    """||y_q - y_hat||^2 of each prompt (B,) at (omega, mu)."""
+    return ((reduced_predict(omega, mu, prompts, cfg) - prompts.target) ** 2).sum(dim=-1)
 
 
 def reduced_loss(omega: torch.Tensor, mu: torch.Tensor, prompts: Prompts, cfg: ProblemConfig) -> torch.Tensor:
     """Monte-Carlo estimate of L_L(omega, mu) = E ||y_q - y_hat||^2 on ``prompts`` (scalar)."""
-    pred = reduced_predict(omega, mu, prompts, cfg)
-    return ((pred - prompts.target) ** 2).sum(dim=-1).mean()
+    return per_prompt_reduced_losses(omega, mu, prompts, cfg).mean()
+
+
+def _leaf(t, cfg: ProblemConfig) -> torch.Tensor:
+    return torch.as_tensor(t, dtype=cfg.torch_dtype, device=cfg.device).detach().clone().requires_grad_(True)
+
+
+def reduced_gradient(omega, mu, prompts: Prompts, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dL/domega, dL/dmu), each (H, m), of :func:`reduced_loss` on ``prompts`` (autograd)."""
+    om, m_ = _leaf(omega, cfg), _leaf(mu, cfg)
+    return torch.autograd.grad(reduced_loss(om, m_, prompts, cfg), [om, m_])
+
+
+def per_prompt_reduced_gradients(omega, mu, prompts: Prompts, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient of each prompt's loss: (B, H, m) for omega and for mu (the Jacobian of
+    :func:`per_prompt_reduced_losses`; their mean over prompts is :func:`reduced_gradient`)."""
+    om, m_ = (torch.as_tensor(t, dtype=cfg.torch_dtype, device=cfg.device) for t in (omega, mu))
+    return torch.autograd.functional.jacobian(lambda o, m: per_prompt_reduced_losses(o, m, prompts, cfg),
+                                              (om, m_), vectorize=True)
 
 
 def metric_factors(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(f_omega, f_mu), each (H, m): d omega/dt = -f_omega dL/domega, d mu/dt = -f_mu dL/dmu.
-
-    merged: f_omega = 1/r_i, f_mu = 1; factored balanced: f_omega = 2|omega|/(s r_i),
-    f_mu = 2|mu| (s = cfg.logit_scale)."""
+    """(f_omega, f_mu), each (H, m): d omega/dt = -f_omega dL/domega, d mu/dt = -f_mu dL/dmu,
+    for cfg.param and cfg.logit_scale: ``theory.reduced_ode.metric_factors`` (the one
+    definition) on these values, returned as tensors of omega's dtype and device.  The H x m
+    values make a round trip through numpy (negligible next to a batch)."""
     _check_values(omega, mu, cfg)
-    r = torch.tensor(cfg.tasks, dtype=omega.dtype, device=omega.device)[None, :]
-    if cfg.param == "merged":
-        return (1.0 / r).expand_as(omega).clone(), torch.ones_like(mu)
-    return 2.0 * omega.abs() / (cfg.logit_scale * r), 2.0 * mu.abs()
+    f_om, f_mu = theory_metric_factors(cfg.param, omega.detach().cpu().double().numpy(),
+                                       mu.detach().cpu().double().numpy(), cfg.tasks, cfg.logit_scale)
+    opts = dict(dtype=omega.dtype, device=omega.device)
+    return torch.as_tensor(f_om, **opts), torch.as_tensor(f_mu, **opts)

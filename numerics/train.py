@@ -21,8 +21,17 @@ every ``checkpoint_every`` steps, written atomically) hold the parameters, the g
 state, the step, the losses and the trajectory; a run given an existing checkpoint resumes
 from it and ends bit-identical to an uninterrupted run with the same configuration.
 
-On CUDA, TF32 matmuls are switched off (torch.backends.cuda.matmul.allow_tf32 = False,
-torch.backends.cudnn.allow_tf32 = False): the precision checks need true float32/float64.
+Seams (the one gradient-descent loop of the project; the claims, the sweep and the bench
+all run through it): ``batches`` (a callable step -> Prompts replacing the default stream of
+fresh batches: a fixed symmetrised batch, a deliberately asymmetric one), ``on_record`` (a
+hook called at every record with (step, t, state, loss), state = the model or (omega, mu)),
+``record_every`` (records every k steps besides the evenly spaced ones), a start point
+(``start``: a model for :func:`train`, (omega0, mu0) for :func:`train_reduced`) and, for
+the reduced flow, ``metric`` (the metric factors; default theory's, through
+``numerics.reduced.metric_factors``; a perturbation check passes a deliberately wrong one).
+
+On CUDA, TF32 matmuls are switched off (``numerics.config.use_precise_float32``): the
+precision checks need true float32/float64.
 
 CLI: ``python -m numerics.train --help``.
 """
@@ -36,16 +45,23 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .config import INITS, PARAMS, ProblemConfig, check_known_fields
-from .data import make_generator, sample_prompts
-from .model import MultiHeadAttention, initial_semi_singular_values, mse_loss
+from .config import INITS, PARAMS, ProblemConfig, check_known_fields, use_precise_float32
+from .data import Prompts, make_generator, sample_prompts
+from .model import MultiHeadAttention, TrainingDiverged, initial_semi_singular_values, mse_loss
 from .reduced import metric_factors, reduced_loss
+
+BatchSource = Callable[[int], Prompts]
+"""step -> the batch of prompts of that step."""
+OnRecord = Callable[[int, float, object, float], None]
+"""(step, t, state, batch loss) at every record; state: the model (full) or (omega, mu) (reduced)."""
+Metric = Callable[[torch.Tensor, torch.Tensor], tuple]
+"""(omega, mu) -> (f_omega, f_mu): the reduced flow moves omega -= lr f_omega dL/domega, mu likewise."""
 
 CHECKPOINT_VERSION = 1
 
@@ -128,6 +144,7 @@ class TrainResult:
     model: str = "full"        # "full" (train) or "reduced" (train_reduced)
     losses: Optional[np.ndarray] = field(default=None, repr=False)  # per-step batch losses (steps,)
     cpu_seconds: float = 0.0   # process CPU time (all threads) of this invocation's steps
+    final_model: Optional[MultiHeadAttention] = field(default=None, repr=False)  # full model at the end (not serialised)
 
     def to_dict(self) -> dict:
         """The JSON schema of the CLI (docs/numerics.md)."""
@@ -148,9 +165,17 @@ class TrainResult:
             "cpu_seconds": self.cpu_seconds,
         }
 
-
-class TrainingDiverged(RuntimeError):
-    """The loss became non-finite or exceeded ``diverge_loss``; the run was stopped."""
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainResult":
+        """The TrainResult of :meth:`to_dict`'s JSON, typed again (without the per-step losses
+        and the final model, which are not serialised)."""
+        missing = {"config", "train", "trajectory", "omega", "mu", "loss", "wall_seconds", "steps"} - set(d)
+        if missing:
+            raise ValueError(f"not a TrainResult dict: missing key(s) {sorted(missing)}")
+        return cls(config=ProblemConfig.from_dict(d["config"]), train=TrainConfig.from_dict(d["train"]),
+                   trajectory=[Record(**r) for r in d["trajectory"]], omega=np.asarray(d["omega"], float),
+                   mu=np.asarray(d["mu"], float), loss=float(d["loss"]), wall_seconds=float(d["wall_seconds"]),
+                   steps=int(d["steps"]), model=d.get("model", "full"), cpu_seconds=float(d.get("cpu_seconds", 0.0)))
 
 
 def _atomic_write(path: str, write) -> None:
@@ -171,31 +196,49 @@ def _atomic_write(path: str, write) -> None:
         raise
 
 
-def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool) -> TrainResult:
+def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional[BatchSource] = None,
+         on_record: Optional[OnRecord] = None, record_every: Optional[int] = None, start=None,
+         metric: Optional[Metric] = None) -> TrainResult:
     if not isinstance(cfg, ProblemConfig):
         raise TypeError(f"cfg must be a ProblemConfig, got {type(cfg).__name__}")
     if not isinstance(tcfg, TrainConfig):
         raise TypeError(f"tcfg must be a TrainConfig, got {type(tcfg).__name__}")
-    if cfg.torch_device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    if batches is not None and not callable(batches):
+        raise TypeError(f"batches must be a callable step -> Prompts, got {type(batches).__name__}")
+    if batches is not None and tcfg.checkpoint is not None:
+        raise ValueError("a run with its own batch source cannot be checkpointed (the source's state is not "
+                         "saved); drop checkpoint or the batches")
+    if on_record is not None and not callable(on_record):
+        raise TypeError(f"on_record must be a callable (step, t, state, loss), got {type(on_record).__name__}")
+    if record_every is not None and (isinstance(record_every, bool) or not isinstance(record_every, int)
+                                     or record_every < 1):
+        raise ValueError(f"record_every must be a positive integer or None, got {record_every!r}")
+    use_precise_float32()
     if tcfg.symmetrize and tcfg.batch % 2 ** cfg.m:
         raise ValueError(f"symmetrize=True needs batch to be a multiple of 2^m = {2 ** cfg.m} (every prompt "
                          f"is used under all per-task sign flips); got batch={tcfg.batch}")
     kind = "reduced" if reduced else "full"
     n_steps, lr = tcfg.steps, tcfg.lr
     record_at = set(tcfg.record_steps())
+    if record_every is not None:
+        record_at |= set(range(0, n_steps + 1, record_every))
 
     # --- the state being trained, its loss and its update rule -------------------------------
     if reduced:
-        omega0, mu0 = initial_semi_singular_values(cfg)
-        omega = omega0.to(cfg.device, cfg.torch_dtype).requires_grad_(True)
-        mu = mu0.to(cfg.device, cfg.torch_dtype).requires_grad_(True)
+        omega0, mu0 = initial_semi_singular_values(cfg) if start is None else start
+        omega, mu = (torch.as_tensor(np.asarray(v.detach().cpu() if torch.is_tensor(v) else v, dtype=float))
+                     .to(cfg.device, cfg.torch_dtype).requires_grad_(True) for v in (omega0, mu0))
+        for name, v in (("omega0", omega), ("mu0", mu)):
+            if tuple(v.shape) != (cfg.heads, cfg.m):
+                raise ValueError(f"start {name} must have shape (heads, m) = ({cfg.heads}, {cfg.m}), "
+                                 f"got {tuple(v.shape)}")
         params = [omega, mu]
         loss_fn = lambda pr: reduced_loss(omega, mu, pr, cfg)  # noqa: E731
+        factors = metric if metric is not None else (lambda o, m_: metric_factors(o, m_, cfg))
+        state = (omega, mu)
 
         def update(grads):
-            f_omega, f_mu = metric_factors(omega.detach(), mu.detach(), cfg)
+            f_omega, f_mu = factors(omega.detach(), mu.detach())
             omega.sub_(lr * f_omega * grads[0])
             mu.sub_(lr * f_mu * grads[1])
 
@@ -203,7 +246,12 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool) -> TrainResult:
             return (omega.detach().cpu().double().numpy().copy(),
                     mu.detach().cpu().double().numpy().copy(), 0.0)
     else:
-        model = MultiHeadAttention(cfg)
+        if start is not None and not isinstance(start, MultiHeadAttention):
+            raise TypeError(f"start must be a MultiHeadAttention (the model to train), got {type(start).__name__}")
+        if start is not None and start.cfg != cfg:
+            raise ValueError("the start model was built for a different ProblemConfig than cfg")
+        model = MultiHeadAttention(cfg) if start is None else start
+        state = model
         params = list(model.parameters())
         loss_fn = lambda pr: mse_loss(model(pr.context, pr.query), pr.target)  # noqa: E731
 
@@ -287,7 +335,10 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool) -> TrainResult:
             if ckpt_path is not None and step > start and step % tcfg.checkpoint_every == 0:
                 check_divergence(step - 1)
                 save_checkpoint(step, wall_before + time.perf_counter() - t0)
-            prompts = fixed if fixed is not None else sample_prompts(cfg, tcfg.batch, gen, tcfg.symmetrize)
+            if batches is not None:
+                prompts = batches(step)
+            else:
+                prompts = fixed if fixed is not None else sample_prompts(cfg, tcfg.batch, gen, tcfg.symmetrize)
             loss = loss_fn(prompts)
             losses[step] = loss.detach()
             if step in record_at or step % check_every == 0 or step == n_steps:
@@ -297,6 +348,8 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool) -> TrainResult:
                 trajectory.append(Record(t=step * lr, loss=float(losses[step]), omega=om.tolist(),
                                          mu=m_.tolist(), residual=float(res)))
                 bar.set_postfix(t=f"{step * lr:.3g}", loss=f"{float(losses[step]):.4g}")
+                if on_record is not None:
+                    on_record(step, step * lr, state, float(losses[step]))
             if step == n_steps:
                 break
             grads = torch.autograd.grad(loss, params)
@@ -314,18 +367,25 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool) -> TrainResult:
     return TrainResult(config=cfg, train=tcfg, trajectory=trajectory,
                        omega=np.asarray(final.omega), mu=np.asarray(final.mu),
                        loss=float(step_losses[-tail:].mean()), wall_seconds=wall, steps=n_steps,
-                       model=kind, losses=step_losses, cpu_seconds=cpu)
+                       model=kind, losses=step_losses, cpu_seconds=cpu,
+                       final_model=None if reduced else model)
 
 
-def train(cfg: ProblemConfig, tcfg: TrainConfig) -> TrainResult:
-    """Plain GD (step lr = time step) on every weight of the full model from cfg's init."""
-    return _run(cfg, tcfg, reduced=False)
+def train(cfg: ProblemConfig, tcfg: TrainConfig, *, batches: Optional[BatchSource] = None,
+          on_record: Optional[OnRecord] = None, record_every: Optional[int] = None,
+          start: Optional[MultiHeadAttention] = None) -> TrainResult:
+    """Plain GD (step lr = time step) on every weight of the full model from cfg's init (or
+    from ``start``, a model trained in place), on fresh batches (or ``batches(step)``)."""
+    return _run(cfg, tcfg, False, batches, on_record, record_every, start)
 
 
-def train_reduced(cfg: ProblemConfig, tcfg: TrainConfig) -> TrainResult:
-    """GD on (omega, mu) of the exact finite-L reduced model with cfg.param's metric factors,
-    from cfg's (decomposable) init, on the same prompt stream as :func:`train`."""
-    return _run(cfg, tcfg, reduced=True)
+def train_reduced(cfg: ProblemConfig, tcfg: TrainConfig, *, batches: Optional[BatchSource] = None,
+                  on_record: Optional[OnRecord] = None, record_every: Optional[int] = None,
+                  start: Optional[tuple] = None, metric: Optional[Metric] = None) -> TrainResult:
+    """GD on (omega, mu) of the exact finite-L reduced model with cfg.param's metric factors
+    (or ``metric``), from cfg's (decomposable) init (or ``start`` = (omega0, mu0), H x m), on
+    the same prompt stream as :func:`train` (or ``batches(step)``)."""
+    return _run(cfg, tcfg, True, batches, on_record, record_every, start, metric)
 
 
 # --- command line ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import boundaries as claim
+from claims.common import Z_SE
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig
 
@@ -41,10 +42,10 @@ def test_small_L_reproduces_spec_and_records_the_decay(device):
           f"relative errors {[(L, round(r['relative_error'], 4)) for L, r in rows.items()]}")
     at128 = rows[128]
     # SPEC gives two digits for two tasks: 0.56 +- 0.005 rounding, i.e. 0.28 +- 0.0025 per task
-    assert abs(at128["exact"] - 0.28) <= 0.0025 + claim.Z * at128["exact_se"], c.explain()
+    assert abs(at128["exact"] - 0.28) <= 0.0025 + Z_SE * at128["exact_se"], c.explain()
     assert abs(at128["expansion"] - 0.30) <= 0.0025, c.explain()
     first, last = rows[32], rows[512]
-    assert last["relative_error"] < first["relative_error"] - claim.Z * math.hypot(
+    assert last["relative_error"] < first["relative_error"] - Z_SE * math.hypot(
         first["relative_error_se"], last["relative_error_se"]), c.explain()
 
 

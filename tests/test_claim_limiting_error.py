@@ -7,17 +7,13 @@ that same tolerance.  The drawn seeds are in the falsifying example Hypothesis p
 """
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
-import torch
 from hypothesis import given, note, settings, strategies as st
 
 from claims import limiting_error as claim
+from claims.common import fit_limit
 from numerics.config import ProblemConfig
-from numerics.data import make_generator, sample_prompts
-from numerics.reduced import reduced_predict
+from numerics.exact_reduced import exact_minima
 from numerics.train import TrainConfig
 
 TASKS = st.lists(st.integers(1, 4), min_size=1, max_size=2).map(tuple)
@@ -27,34 +23,9 @@ SIGMA = st.sampled_from([0.0, 0.5, 1.0])
 HEAVY = settings(max_examples=max(2, settings.default.max_examples // 2))
 
 
-@given(tasks=st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple), heads=st.integers(1, 2),
-       L=st.integers(2, 16), sigma=st.sampled_from([0.0, 0.7]), seed=st.integers(0, 2 ** 16))
-def test_marginal_estimator_is_the_exact_reduced_loss(device, tasks, heads, L, sigma, seed):
-    """The Rao-Blackwellised, importance-sampled estimator of claims.limiting_error equals
-    numerics.reduced (plain Monte Carlo over whole prompts) within Z combined standard errors
-    (a bridge between two estimators of one quantity, not a claim: no perturbation)."""
-    rng = np.random.default_rng(seed)
-    m = len(tasks)
-    # |omega| <= 0.45: 4 omega^2 < 1, where plain Monte Carlo of the reduced loss has finite variance
-    omega = rng.uniform(-0.45, 0.45, size=(heads, m))
-    mu = rng.uniform(-2.0, 2.0, size=(heads, m))
-    cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, device=device)
-    n = 6000
-    prompts = sample_prompts(cfg, n, make_generator(seed, device))
-    with torch.no_grad():
-        pred = reduced_predict(torch.tensor(omega, device=device), torch.tensor(mu, device=device), prompts, cfg)
-    per = ((pred - prompts.target) ** 2).sum(dim=1).cpu().numpy()
-    full, full_se = per.mean(), per.std(ddof=1) / math.sqrt(n)
-    marg = claim.evaluate([(omega, mu)], tasks, L, sigma, n, seed + 1, device)
-    est, est_se = marg[0].mean(), marg[0].std(ddof=1) / math.sqrt(n)
-    tol = claim.Z * math.hypot(full_se, est_se)
-    note(f"reduced_loss {full:.5g} +- {full_se:.3g}, marginal {est:.5g} +- {est_se:.3g}, tol {tol:.3g}")
-    assert abs(full - est) <= tol
-
-
 def _points(tasks, sigma, Ls, seed, device, eval_elements, fit_elements):
-    rows = claim.exact_minima(tasks, sigma, Ls, None, seed, device, eval_elements=eval_elements,
-                              fit_elements=fit_elements)
+    rows = exact_minima(tasks, sigma, Ls, None, seed, device, eval_elements=eval_elements,
+                        fit_elements=fit_elements)
     return [{"L": r["L"], "loss": r["allocated"].loss, "se": r["allocated"].se} for r in rows]
 
 
@@ -97,14 +68,8 @@ def test_full_model_converges_to_exact_limit_thorough(device, tasks, L, seed):
 
 
 def test_bad_input_is_refused():
-    with pytest.raises(ValueError, match="context length"):
-        claim.allocated_minimum((2,), 0)
-    with pytest.raises(ValueError, match="block sizes"):
-        claim.allocated_minimum((0, 2), 16)
-    with pytest.raises(ValueError, match="sigma"):
-        claim.allocated_minimum((2,), 16, float("nan"))
     with pytest.raises(ValueError, match="at least 3"):
-        claim.fit_limit([16, 32], [1.0, 1.0], [0.1, 0.1])
+        fit_limit([16, 32], [1.0, 1.0], [0.1, 0.1])
     with pytest.raises(ValueError, match="heads must equal"):
         claim.check_converged_loss(ProblemConfig(tasks=(1, 1), heads=1, L=4), TrainConfig(time=0.1, lr=0.1))
     with pytest.raises(ValueError, match="profile"):

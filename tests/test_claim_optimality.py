@@ -4,7 +4,6 @@ theory's limit_multi / linear_attention_limit, and the perturbations "the consta
 and "the constant grows like sqrt(L)" must be rejected at the same tolerance."""
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import optimality as claim
@@ -33,10 +32,3 @@ def test_constant_is_bounded_in_r():
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
     assert all(0 < v < float("inf") for v in c.details["constant"])
-
-
-def test_bad_input_is_refused():
-    with pytest.raises(ValueError, match="heads_per_task"):
-        claim.best_found_minimum((2,), 64, heads_per_task=0)
-    with pytest.raises(ValueError, match="context length"):
-        claim.best_found_minimum((2,), -5)

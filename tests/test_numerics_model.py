@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 
 from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
-from numerics.model import MultiHeadAttention, initial_semi_singular_values, mse_loss
+from numerics.model import MultiHeadAttention, TrainingDiverged, initial_semi_singular_values, mse_loss
 from theory.block_structure import decomposable_weights
 
 F = torch.nn.functional
@@ -189,5 +189,5 @@ def test_bad_model_input():
         mse_loss(torch.zeros(3, 2), torch.zeros(3, 1))
     with torch.no_grad():
         model.K[0, 0, 0] = float("nan")
-    with pytest.raises(FloatingPointError, match="NaN or inf"):
+    with pytest.raises(TrainingDiverged, match="NaN or inf"):
         model.semi_singular_values()

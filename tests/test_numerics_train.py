@@ -8,7 +8,10 @@ import pytest
 import torch
 
 import numerics.train as T
-from numerics.config import ProblemConfig
+from numerics.config import ProblemConfig, use_precise_float32
+from numerics.data import make_generator, sample_prompts
+from numerics.model import MultiHeadAttention
+from numerics.reduced import metric_factors
 from numerics.train import TrainConfig, TrainingDiverged, train, train_reduced
 
 SMALL = ProblemConfig(tasks=(2, 1), heads=2, L=8)
@@ -202,3 +205,62 @@ def test_float32_run_tracks_the_float64_run():
     assert np.allclose(r32.mu, r64.mu, rtol=0, atol=1e-4) and np.allclose(r32.omega, r64.omega, rtol=0, atol=1e-4)
     lagged = np.asarray(r64.trajectory[-2].mu)
     assert not np.allclose(r32.mu, lagged, rtol=0, atol=1e-4)
+
+
+# --- the trainer's seams ----------------------------------------------------------------------
+
+def test_batch_source_record_hook_and_record_every():
+    """A given batch source replaces the stream (a fixed batch = fresh_batches=False on the
+    same draw), records come every k steps besides the evenly spaced ones, and the hook sees
+    every record with the live state."""
+    tcfg = TrainConfig(lr=0.05, time=0.5, batch=16, records=2, fresh_batches=False)
+    fixed = sample_prompts(SMALL, 16, make_generator(tcfg.seed, SMALL.device))
+    seen = []
+    res = train(SMALL, tcfg, batches=lambda k: fixed, record_every=3,
+                on_record=lambda step, t, model, loss: seen.append((step, t, type(model).__name__, loss)))
+    ref = train(SMALL, tcfg)
+    assert np.array_equal(res.losses, ref.losses)
+    assert [s for s, *_ in seen] == [0, 3, 6, 9, 10]
+    assert [r.t for r in res.trajectory] == pytest.approx([s * 0.05 for s in (0, 3, 6, 9, 10)])
+    assert all(kind == "MultiHeadAttention" for _, _, kind, _ in seen)
+    assert [loss for *_, loss in seen] == [r.loss for r in res.trajectory]
+    assert res.final_model is not None and "final_model" not in res.to_dict()
+    with pytest.raises(ValueError, match="cannot be checkpointed"):
+        train(SMALL, TrainConfig(**{**tcfg.to_dict(), "checkpoint": "/tmp/never.pt"}), batches=lambda k: fixed)
+    with pytest.raises(ValueError, match="record_every"):
+        train(SMALL, tcfg, record_every=0)
+
+
+def test_start_point_and_metric_seam():
+    """train(start=model) continues that model; train_reduced(start=(omega0, mu0)) starts
+    there; metric= replaces the metric factors (twice the metric = twice the first step)."""
+    cfg = SMALL.replace(param="merged")
+    one = TrainConfig(lr=0.05, time=0.05, batch=32, records=2)
+    model = MultiHeadAttention.from_semi_singular_values(cfg, np.full((2, 2), 0.3), np.full((2, 2), 0.5))
+    full = train(cfg, one, start=model)
+    assert full.final_model is model and np.allclose(full.trajectory[0].omega, 0.3)
+    red = train_reduced(cfg, one, start=(np.full((2, 2), 0.3), np.full((2, 2), 0.5)))
+    assert np.allclose(full.omega, red.omega, rtol=0, atol=1e-12)       # merged: the Euler step exactly
+    double = train_reduced(cfg, one, start=(np.full((2, 2), 0.3), np.full((2, 2), 0.5)),
+                           metric=lambda o, m: tuple(2 * f for f in metric_factors(o, m, cfg)))
+    assert np.allclose(double.omega - 0.3, 2 * (red.omega - 0.3), rtol=1e-10, atol=1e-14)
+    with pytest.raises(ValueError, match="start omega0 must have shape"):
+        train_reduced(cfg, one, start=(np.zeros((1, 2)), np.zeros((1, 2))))
+    with pytest.raises(TypeError, match="metric"):      # the full model moves by plain GD only
+        train(cfg, one, metric=lambda o, m: (o, m))
+
+
+def test_result_read_back_from_json_is_typed():
+    res = train(SMALL, TSMALL)
+    back = T.TrainResult.from_dict(json.loads(json.dumps(res.to_dict())))
+    assert back.config == SMALL and back.train == TSMALL and back.steps == res.steps
+    assert isinstance(back.trajectory[0], T.Record) and np.array_equal(back.omega, res.omega)
+    assert back.to_dict() == {**res.to_dict()}
+    with pytest.raises(ValueError, match="missing key"):
+        T.TrainResult.from_dict({"config": {}})
+
+
+def test_precise_float32_policy():
+    settings = use_precise_float32()
+    assert settings["float32_matmul_precision"] == "highest"
+    assert torch.get_float32_matmul_precision() == "highest"

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from theory.block_structure import (act_on_weights, commutant, decomposable_residual, decomposable_weights,
-                                    project_decomposable, semi_singular_values, symmetry_generators)
+                                    group_order, off_decomposable_parts, project_decomposable, semi_singular_values,
+                                    symmetry_generators, symmetry_group)
 
 tasks_st = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
 
@@ -110,3 +111,30 @@ def test_projection_rejects_bad_input():
 def test_commutant_larger_blocks(tasks):
     assert commutant(tasks, "data").equals_D
     assert not commutant(tasks, "no_signs").equals_D
+
+
+# --- the finite symmetry group of the exact symmetrisation (claims 1 and 2) -------------------
+
+def test_symmetry_group_is_a_group_of_signed_permutations_with_the_stated_order():
+    tasks = (2, 1)
+    T, S = symmetry_group(tasks)
+    assert len(T) == len(S) == group_order(tasks) == 2 ** 5 * 2
+    assert np.all(np.abs(T).sum(axis=1) == 1) and np.all(np.abs(T).sum(axis=2) == 1)   # signed permutations
+    elems = {(t.tobytes(), s.tobytes()) for t, s in zip(T, S)}
+    assert len(elems) == len(T)
+    # closed under composition
+    for k in range(0, len(T), 7):
+        for j in range(0, len(T), 5):
+            assert ((T[k] @ T[j]).tobytes(), (S[k] * S[j]).tobytes()) in elems
+    # off-D parts: zero at a point of D, and each piece is seen
+    d = 3
+    W, U = decomposable_weights([[0.3, -0.2]], [[1.0, 2.0]], tasks, np.eye(d))
+    parts = off_decomposable_parts(W, U, tasks, np.eye(d))
+    assert parts["sign_flip_killed"] == parts["rotation_killed"] == parts["never_trained"] == 0.0
+    W2, U2 = W.copy(), U.copy()
+    W2[0, d, 0] = 1.0          # W_YX
+    W2[0, 0, 1] = 1.0          # off-diagonal inside block 0 (rotation-killed)
+    W2[0, 0, d] = 1.0          # y column (never trained)
+    parts = off_decomposable_parts(W2, U2, tasks, np.eye(d))
+    assert parts["sign_flip_killed"] == pytest.approx(1.0) and parts["rotation_killed"] == pytest.approx(1.0)
+    assert parts["never_trained"] == pytest.approx(1.0)

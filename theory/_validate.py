@@ -15,7 +15,7 @@ def check_tasks(tasks) -> tuple[int, ...]:
     out = []
     for r in tasks:
         if isinstance(r, bool) or not isinstance(r, numbers.Integral):
-            if isinstance(r, numbers.Real) and float(r).is_integer():
+            if not isinstance(r, bool) and isinstance(r, numbers.Real) and float(r).is_integer():
                 r = int(r)
             else:
                 raise TypeError(f"tasks must contain positive integers (block sizes r_i), got {r!r} in {tuple(tasks)!r}")
@@ -28,8 +28,10 @@ def check_tasks(tasks) -> tuple[int, ...]:
 
 
 def check_positive_int(name: str, value) -> int:
+    """``value`` as a positive int (an integral float such as 3.0 is accepted; a bool is not)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
+        if (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(float(value))
+                and float(value).is_integer()):
             value = int(value)
         else:
             raise TypeError(f"{name} must be a positive integer, got {value!r}")

@@ -33,8 +33,10 @@ from functools import lru_cache
 
 import numpy as np
 import sympy as sp
+from scipy.integrate import solve_ivp
+from scipy.optimize import minimize
 
-from ._validate import check_L, check_omega_mu, check_sigma, check_tasks
+from ._validate import check_L, check_omega_mu, check_positive_int, check_sigma, check_tasks
 
 PARAMS = ("merged", "factored")
 
@@ -650,8 +652,6 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
     validity (2 omega^2 >= 1 - domain_margin), diverges (loss > max_loss), or, when
     ``stationary_tol`` is given, when the velocity norm falls below it (a fixed point).
     Records after an early stop are absent (the arrays are shorter)."""
-    from scipy.integrate import solve_ivp
-
     tasks = check_tasks(tasks)
     omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
     L, sigma = check_L(L), check_sigma(sigma)
@@ -695,13 +695,13 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
         if not expansion_valid(om):
             return np.zeros_like(y)  # the domain event stops the solver at the boundary
         g_om, g_mu = _gradient(om, m_, tasks, L, sigma)
+        f_om, f_mu = metric_factors(param, om, m_, tasks, logit_scale)
+        v_om, v_mu = -f_om * g_om, -f_mu * g_mu
         if param == "merged":
-            return np.concatenate([-g_om.ravel() / r_cols.ravel(), -g_mu.ravel()])
+            return np.concatenate([v_om.ravel(), v_mu.ravel()])
         a, b = y[:n].reshape(shape), y[n:].reshape(shape)
-        # d(sign a^2) = 2 sign a da  =>  da = sign d_om / (2a) = -sign a G / (s r)
-        da = -sign_om * a * g_om / (float(logit_scale) * r_cols)
-        db = -sign_mu * b * g_mu
-        return np.concatenate([da.ravel(), db.ravel()])
+        # d(sign a^2) = 2 sign a da  =>  da = sign v / (2a)  (= -sign a G / (s r), 0 at a = 0)
+        return np.concatenate([_factor_velocity(sign_om, a, v_om).ravel(), _factor_velocity(sign_mu, b, v_mu).ravel()])
 
     def leave_domain(_t, y):
         om, _ = from_state(y)
@@ -726,7 +726,6 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
         stationary.terminal = True
         events.append(stationary)
 
-    r_cols = np.broadcast_to(np.asarray(tasks, dtype=float), shape)
     y0 = to_state(omega0, mu0)
     sol = solve_ivp(rhs, (0.0, float(t_end)), y0, method=method, t_eval=t_eval, events=events,
                     rtol=rtol, atol=atol)
@@ -757,6 +756,27 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
     return ExpansionTrajectory(t=t, omega=om, mu=m_, loss=loss, status=status, message=message, param=param)
 
 
+def minimise_expansion(omega0, mu0, tasks, L, sigma=0.0) -> tuple[np.ndarray, np.ndarray, float]:
+    """(omega, mu, loss): a local minimum of :func:`expansion_loss` over (omega, mu) (H, m)
+    near (omega0, mu0), by L-BFGS-B with the sympy-derived :func:`expansion_gradient`
+    (outside the domain 2 omega^2 < 1 the objective is +inf)."""
+    tasks = check_tasks(tasks)
+    omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
+    L, sigma = check_L(L), check_sigma(sigma)
+    shape, n = omega0.shape, omega0.size
+
+    def f(x):
+        om, mu = x[:n].reshape(shape), x[n:].reshape(shape)
+        if not expansion_valid(om):
+            return 1e300, np.zeros_like(x)
+        g_om, g_mu = expansion_gradient(om, mu, tasks, L, sigma)
+        return expansion_loss(om, mu, tasks, L, sigma), np.concatenate([g_om.ravel(), g_mu.ravel()])
+
+    res = minimize(f, np.concatenate([omega0.ravel(), mu0.ravel()]), jac=True, method="L-BFGS-B",
+                   options={"gtol": 1e-12, "maxiter": 500})
+    return res.x[:n].reshape(shape), res.x[n:].reshape(shape), float(res.fun)
+
+
 def expansion_fixed_point(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0,
                           t_end=1e5, tol=1e-10, domain_margin=1e-3):
     """Run the expansion flow from (omega0, mu0) until the velocity norm is below ``tol``
@@ -772,8 +792,6 @@ def expansion_fixed_point(omega0, mu0, tasks, L, sigma=0.0, param="factored", lo
 def default_init(tasks, heads, init_scale=0.15) -> tuple[np.ndarray, np.ndarray]:
     """The numerics' default decomposable initialisation (docs/ARCHITECTURE.md):
     omega = s0 everywhere; mu = s0 except 2 s0 on each head's favoured task h mod m."""
-    from ._validate import check_positive_int
-
     tasks = check_tasks(tasks)
     heads = check_positive_int("heads", heads)
     s0 = float(init_scale)
@@ -786,99 +804,53 @@ def default_init(tasks, heads, init_scale=0.15) -> tuple[np.ndarray, np.ndarray]
     return omega, mu
 
 
-# ---------------------------------------------------------------------------------------
-# the exact finite-L reduced loss, by Monte Carlo (numpy reference)
-# ---------------------------------------------------------------------------------------
-
-def _mc_batches(omega, mu, tasks, L, sigma, prompts, seed, chunk, antithetic, with_grad):
-    """Per-prompt exact reduced loss (and its gradient) on numpy prompt batches."""
-    rng = np.random.default_rng(seed)
-    d, m = sum(tasks), len(tasks)
-    H = omega.shape[0]
-    edges = np.concatenate([[0], np.cumsum(tasks)])
-    blocks = list(zip(edges[:-1], edges[1:]))
-    if chunk is None:
-        chunk = max(1, int(4e6 // (L * d * max(1, H if with_grad else 1))))
-    done = 0
-    while done < prompts:
-        B = min(chunk, prompts - done)
-        x = rng.standard_normal((B, L, d))
-        q = rng.standard_normal((B, d))
-        g = rng.standard_normal((B, d))         # g_i occupies block i of a length-d vector
-        eps = sigma * rng.standard_normal((B, L, m))
-        xq = x * q[:, None, :]
-        xg = x * g[:, None, :]
-        u = np.stack([xq[..., a:b].sum(-1) for a, b in blocks], axis=-1)      # (B, L, m)
-        yc = np.stack([xg[..., a:b].sum(-1) for a, b in blocks], axis=-1)     # (B, L, m)
-        target = np.stack([(q[:, a:b] * g[:, a:b]).sum(-1) for a, b in blocks], axis=-1)
-        s = u @ omega.T                          # (B, L, H)
-        s = s - s.max(axis=1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=1, keepdims=True)
-        ubar = np.einsum("blh,blj->bhj", p, u)   # softmax mean of the block scores per head
-        per_loss, per_gom, per_gmu = [], [], []
-        for sg in ((1.0, -1.0) if antithetic else (1.0,)):
-            y = sg * (yc + eps)
-            R = np.einsum("blh,bli->bhi", p, y)  # softmax average of y_i per head
-            resid = np.einsum("hi,bhi->bi", mu, R) - sg * target
-            per_loss.append(np.sum(resid ** 2, axis=1))
-            if with_grad:
-                # dL/dmu[h,i] = 2 E resid_i R_hi ;  dR_hi/domega[h,j] = Cov_p(y_i, u_j)
-                per_gmu.append(2.0 * resid[:, None, :] * R)
-                cov = np.einsum("blh,bli,blj->bhij", p, y, u) - R[:, :, :, None] * ubar[:, :, None, :]
-                per_gom.append(2.0 * np.einsum("bi,hi,bhij->bhj", resid, mu, cov))
-        yield (np.mean(per_loss, axis=0), np.mean(per_gom, axis=0) if with_grad else None,
-               np.mean(per_gmu, axis=0) if with_grad else None)
-        done += B
+def _factor_velocity(sign, a, v):
+    """Velocity of a balanced factor a >= 0 of x = sign a^2 moving at dx/dt = v:
+    da = sign v / (2a), and 0 where a = 0 (there the metric, and so v, vanishes like a^2)."""
+    safe = np.where(a > 0, a, 1.0)
+    return np.where(a > 0, sign * v / (2.0 * safe), 0.0)
 
 
-def _mc_checks(omega, mu, tasks, L, sigma, prompts):
+def expansion_gd_map(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0, lr=0.05,
+                     t=(), on_exit: str = "raise") -> tuple[np.ndarray, np.ndarray]:
+    """(omega, mu) at the times ``t`` (multiples of lr) of the expansion flow discretised by
+    the *same* gradient-descent step as the full model, from (omega0, mu0).
+
+    merged: the Euler step x <- x - lr f g (metric factors f of :func:`metric_factors`);
+    factored: one GD step on the balanced factors a = sqrt|x| (x = sign a^2), a <- a + lr
+    sign v/(2a) with v = -f g, i.e. omega <- omega (1 - lr g_omega/(s r))^2,
+    mu <- mu (1 - lr g_mu)^2.  Comparing a GD run with this map removes the O(lr)
+    discretisation gap, which does not shrink with L.  If the map leaves the expansion's
+    domain 2 omega^2 < 1: ``on_exit="raise"`` raises, ``"stop"`` returns the iterates
+    reached so far (fewer than len(t))."""
     tasks = check_tasks(tasks)
-    omega, mu = check_omega_mu(omega, mu, tasks)
-    sigma = check_sigma(sigma)
-    if isinstance(L, bool) or int(L) != L or L < 1:
-        raise ValueError(f"L must be a positive integer for the exact loss, got {L}")
-    if prompts < 2:
-        raise ValueError(f"prompts must be at least 2 (an error bar needs two), got {prompts}")
-    return tasks, omega, mu, int(L), sigma
-
-
-def mc_reduced_loss(omega, mu, tasks, L, sigma=0.0, prompts=20000, seed=0, chunk=None,
-                    antithetic=True) -> tuple[float, float]:
-    """Monte-Carlo estimate of the exact finite-L reduced loss L_L(omega, mu) and its
-    standard error: (mean, stderr) over ``prompts`` independent prompts.
-
-    One prompt: x_l, q ~ N(0, I_d) (task basis, Phi = I: the reduced loss does not depend
-    on Phi), g_i ~ N(0, I_{r_i}), y_{l,i} = g_i^T x_{l,i} + eps, target g_i^T q_i;
-    y_hat_i = sum_h mu[h,i] sum_l softmax_l(sum_j omega[h,j] <x_{l,j}, q_j>) y_{l,i};
-    loss = sum_i (y_hat_i - target_i)^2.  With ``antithetic`` each prompt is paired with
-    its (g, eps) -> (-g, -eps) image (same law; the pair shares x and q) and the standard
-    error is computed over the pairs."""
-    tasks, omega, mu, L, sigma = _mc_checks(omega, mu, tasks, L, sigma, prompts)
-    losses = np.concatenate([b[0] for b in _mc_batches(omega, mu, tasks, L, sigma, prompts, seed, chunk,
-                                                       antithetic, False)])
-    return float(losses.mean()), float(losses.std(ddof=1) / np.sqrt(losses.size))
-
-
-def mc_reduced_gradient(omega, mu, tasks, L, sigma=0.0, prompts=20000, seed=0, chunk=None,
-                        antithetic=True) -> dict:
-    """The exact finite-L right-hand side, estimated by Monte Carlo: the gradient of L_L,
-
-        dL/d mu[h,i]    = 2 E[ (y_hat_i - t_i) R_hi ],
-        dL/d omega[h,j] = 2 E[ sum_i (y_hat_i - t_i) mu[h,i] Cov_{p_h}(y_i, u_j) ],
-
-    with R_hi = sum_l p_hl y_li, u_lj = <x_lj, q_j> and Cov_{p_h} the covariance under the
-    softmax weights p_h (the derivative of a softmax average w.r.t. the logit coefficient).
-    Returns {"loss", "loss_se", "grad_omega", "grad_omega_se", "grad_mu", "grad_mu_se"}
-    ((H, m) arrays); the flow is then -metric_factors * grad.  Same prompts as
-    :func:`mc_reduced_loss` for the same seed, so the gradient is the exact derivative of
-    that sample loss (common random numbers)."""
-    tasks, omega, mu, L, sigma = _mc_checks(omega, mu, tasks, L, sigma, prompts)
-    parts = list(_mc_batches(omega, mu, tasks, L, sigma, prompts, seed, chunk, antithetic, True))
-    loss = np.concatenate([b[0] for b in parts])
-    gom = np.concatenate([b[1] for b in parts])
-    gmu = np.concatenate([b[2] for b in parts])
-    n = loss.size
-    return {"loss": float(loss.mean()), "loss_se": float(loss.std(ddof=1) / np.sqrt(n)),
-            "grad_omega": gom.mean(0), "grad_omega_se": gom.std(0, ddof=1) / np.sqrt(n),
-            "grad_mu": gmu.mean(0), "grad_mu_se": gmu.std(0, ddof=1) / np.sqrt(n)}
+    om, mu = (a.copy() for a in check_omega_mu(omega0, mu0, tasks))
+    L, sigma = check_L(L), check_sigma(sigma)
+    if param not in PARAMS:
+        raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
+    if on_exit not in ("raise", "stop"):
+        raise ValueError(f"on_exit must be 'raise' or 'stop', got {on_exit!r}")
+    if not np.isfinite(lr) or lr <= 0:
+        raise ValueError(f"lr must be positive and finite, got {lr}")
+    oms, mus, k = [], [], 0
+    for target in np.rint(np.asarray(t, float) / lr).astype(int):
+        while k < target:
+            if not expansion_valid(om):
+                if on_exit == "stop":
+                    return np.array(oms), np.array(mus)
+                raise RuntimeError(f"the expansion GD map left the domain 2 omega^2 < 1 at step {k} (L={L})")
+            g_om, g_mu = expansion_gradient(om, mu, tasks, L, sigma)
+            f_om, f_mu = metric_factors(param, om, mu, tasks, logit_scale)
+            v_om, v_mu = -f_om * g_om, -f_mu * g_mu
+            if param == "factored":
+                new = []
+                for x, v in ((om, v_om), (mu, v_mu)):
+                    sign, a = np.where(x < 0, -1.0, 1.0), np.sqrt(np.abs(x))
+                    new.append(sign * (a + lr * _factor_velocity(sign, a, v)) ** 2)
+                om, mu = new
+            else:
+                om, mu = om + lr * v_om, mu + lr * v_mu
+            k += 1
+        oms.append(om.copy())
+        mus.append(mu.copy())
+    return np.array(oms), np.array(mus)
