@@ -107,14 +107,6 @@ class ReferenceAttention(nn.Module):
             heads.append(torch.einsum("bl,bld->bd", p, v[:, :L]))
         return self.o_proj(torch.cat(heads, dim=-1))                   # (B, m)
 
-    def merged_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """W (H, D, D) = K_h^T Q_h / s and U (H, m, D) = O_h V_h, for comparison."""
-        H, D = self.cfg.heads, self.cfg.token_dim
-        W = torch.stack([self.k_proj[h].weight.T @ self.q_proj[h].weight for h in range(H)]) / self.scale
-        O = self.o_proj.weight.reshape(-1, H, D).transpose(0, 1)
-        U = torch.stack([O[h] @ self.v_proj[h].weight for h in range(H)])
-        return W, U
-
 
 def model_factors(model) -> dict:
     """The weights of a :class:`numerics.model.MultiHeadAttention` as stacked tensors:
