@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import tempfile
 
 import torch
 
+from tools.atomic import write_json_atomic
 from tools.bench.config import DTYPES, LR, BenchConfig
 from tools.bench.run import run_bench
 
@@ -139,25 +138,12 @@ def parse_args(argv=None) -> BenchConfig:
     return bc
 
 
-def write_json(path: str, obj: dict) -> None:
-    """Write atomically: a crash never leaves a half-written file at ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def main(argv=None) -> dict:
     bc = parse_args(argv)
     res = run_bench(bc)
     print(render(res))
     if bc.out:
-        write_json(bc.out, res)
+        os.makedirs(os.path.dirname(os.path.abspath(bc.out)), exist_ok=True)
+        write_json_atomic(bc.out, res, allow_nan=True)  # as before the move: a NaN timing is written, not refused
         print(f"wrote {bc.out}")
     return res

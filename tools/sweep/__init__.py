@@ -26,12 +26,13 @@ Determinism: the default point function sets ``torch.set_num_threads(1)`` before
 so a point gives bit-identical numbers serially, in a pool and on Dask (intra-op thread
 pools change the order of floating-point reductions; one thread fixes it).
 """
+from tools.atomic import write_json_atomic
 from tools.sweep.cli import main
 from tools.sweep.execute import execute_point, resolve_point_fn, train_point
 from tools.sweep.grid import MODELS, complete_point, config_fields, expand_grid, load_grid
 from tools.sweep.identity import DEFAULT_POINT_FN, code_sources, code_version, point_id
 from tools.sweep.runner import SweepSummary, run_grid
-from tools.sweep.store import load_results, select_results, write_json_atomic
+from tools.sweep.store import load_results, select_results
 
 __all__ = ["DEFAULT_POINT_FN", "MODELS", "SweepSummary", "code_sources", "code_version", "complete_point",
            "config_fields", "execute_point", "expand_grid", "load_grid", "load_results", "main", "point_id",

@@ -19,11 +19,11 @@ from typing import Optional, Union
 
 from tqdm import tqdm
 
+from tools.atomic import write_json_atomic, write_text_atomic
 from tools.sweep.execute import resolve_point_fn
 from tools.sweep.identity import DEFAULT_POINT_FN, REPO_ROOT, PointFn, code_sources, code_version, fn_name, point_id
 from tools.sweep.schedulers import check_scheduler, require_dask, run_dask, run_pool, run_serial
-from tools.sweep.store import (Item, Sink, clean_stale_temporaries, read_point_file, utc_now, write_json_atomic,
-                               write_text_atomic)
+from tools.sweep.store import Item, Sink, clean_stale_temporaries, read_point_file, utc_now
 
 
 @dataclass

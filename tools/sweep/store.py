@@ -12,42 +12,18 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
+from tools.atomic import write_json_atomic
 from tools.sweep.grid import canonical
 from tools.sweep.identity import canonical_json
 
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON so that ``path`` holds either its old content or the whole new one, never
-    a part: write a temporary file in the same directory, fsync, ``os.replace``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(obj, fh, indent=1, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def read_point_file(path: Path) -> Optional[dict]:
