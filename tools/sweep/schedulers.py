@@ -54,11 +54,15 @@ def die_with_client(client_pid: int) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
     def client_alive() -> bool:
+        if os.getppid() != parent:  # re-parented: the parent (client or fork server) is gone
+            return False
+        if os.name != "posix":  # there os.kill(pid, 0) would terminate the client, not probe it
+            return True
         try:
-            os.kill(client_pid, 0)
+            os.kill(client_pid, 0)  # signal 0: the existence check, nothing is sent
         except ProcessLookupError:
             return False
-        return os.getppid() == parent
+        return True
 
     if not client_alive():
         os._exit(1)
@@ -103,7 +107,8 @@ def run_pool(items: list[Item], fn, code: str, workers: int, retries: int, sink:
     pool is broken and every in-flight future fails with ``BrokenProcessPool``; the culprit
     is unknown, so each of those points is rerun *alone* ("suspect"), uncharged. A point that
     kills its worker while alone is charged one death and, within ``retries``, rerun alone
-    again; beyond, it is recorded as failed."""
+    again; beyond, it is recorded as failed. Each worker exits when the client dies
+    (:func:`die_with_client`)."""
     ctx = _mp_context()
     client = os.getpid()
 
