@@ -5,7 +5,7 @@
   given the same weights and prompts, in the prediction, the gradient of every weight and
   the weights after one GD step, to float64 rounding; a perturbed reference (wrong logit
   scale, one weight moved by 1e-8) is rejected at the same tolerance.
-- ``python -m numerics.bench --quick`` runs and writes valid JSON; bad flags are refused
+- ``python -m tools.bench --quick`` (alias ``numerics.bench``) runs and writes valid JSON; bad flags are refused
   with a message saying what is wrong.
 - On ``--device cuda`` (marker ``gpu``): the same agreement on the GPU, and CPU and GPU agree
   on the same batch.
@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,11 +24,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numerics.bench import fit_exponent, main, parse_args
+from tools.bench import QUICK, fit_exponent, main, parse_args, peak_memory, precise_float32
 from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, mse_loss
-from numerics.reference import ReferenceAttention, gd_step, model_factors
+from tools.reference import ReferenceAttention, gd_step, model_factors
 
 # Tolerance: both sides compute the same sums in a different order.  Each output is a
 # composition of dot products of length at most n = L + D (logits, softmax normalisation,
@@ -140,7 +143,6 @@ def test_peak_memory_in_a_fresh_process_sees_the_context():
     """One step at batch 4096, L = 256, D = 15 in float64 holds at least its context tensor,
     4096 * 256 * 15 * 8 bytes = 126 MB, in pages a fresh process has never touched (the
     warm-up step at batch 2 allocates far less), so the measured peak cannot be lower."""
-    from numerics.bench import QUICK, peak_memory
     res = peak_memory(QUICK, "float64", "cpu", "ours")
     assert res["bytes"] >= 4096 * 256 * 15 * 8, res
 
@@ -157,11 +159,19 @@ def test_bench_refuses_bad_flags(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_numerics_bench_is_an_alias_of_tools_bench():
+    import numerics.bench as alias
+
+    assert alias.main is main and alias.run_bench.__module__ == "tools.bench.run"
+    shown = subprocess.run([sys.executable, "-m", "numerics.bench", "--help"], capture_output=True, text=True,
+                           timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert shown.returncode == 0 and "--reduced-time" in shown.stdout
+
+
 @pytest.mark.gpu
 def test_gpu_agrees_with_reference_and_cpu(device):
     if not device.startswith("cuda"):
         pytest.skip("GPU case: run with --device cuda")
-    from numerics.bench import precise_float32
     precise_float32()
     for param in ("factored", "merged"):
         cfg = ProblemConfig(tasks=(3, 2), heads=2, L=64, param=param, init="random_full", init_scale=0.5)

@@ -1,6 +1,8 @@
-"""Tests of numerics/sweep.py (issue 7): grid expansion, content-hash ids, atomic storage,
-resume after a SIGKILL, retry after a worker death, per-point errors, and bit-identical
-training results serially, in a process pool and on a 2-worker Dask LocalCluster.
+"""Tests of the sweep runner, tools/sweep/ (issue 7; moved out of numerics/ by issue 10):
+grid expansion, content-hash ids, atomic storage, resume after a SIGKILL, retry after a
+worker death, per-point errors, bit-identical training results serially, in a process pool
+and on a 2-worker Dask LocalCluster, pool workers that exit when the sweep is killed
+(issue 13), and the ``numerics.sweep`` alias.
 
 The point functions below are module-level so that pool and Dask workers can import them
 (pickled by reference as ``test_sweep.<name>``; the workers inherit ``sys.path``).
@@ -20,8 +22,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numerics import sweep
-from numerics.sweep import code_sources, code_version, expand_grid, load_results, point_id, run_grid
+from tools import sweep
+from tools.sweep import code_sources, code_version, expand_grid, load_results, point_id, run_grid
+from tools.sweep.identity import DEFAULT_POINT_FN_NAMES, package_version
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -181,8 +184,16 @@ def test_point_id_is_a_content_hash(fields, rnd):
 def test_code_version_hashes_the_training_code_only():
     names = {p.relative_to(REPO).as_posix() for p in code_sources()}
     assert {"numerics/train.py", "numerics/config.py", "numerics/model.py", "numerics/data.py"} <= names
-    assert "numerics/sweep.py" not in names  # editing the sweep machinery keeps stored results
-    assert code_version().startswith(sweep._package_version() + "+src.")
+    assert not any(name.startswith("tools/") for name in names)  # editing the sweep keeps stored results
+    assert code_version().startswith(package_version() + "+src.")
+
+
+def test_default_point_fn_ids_survive_the_move_out_of_numerics():
+    """Points stored by ``numerics.sweep`` (default point function, not hashed) keep their ids."""
+    (point,) = expand_grid(tiny_spec(seed=[0]))
+    assert {point_id(point, point_fn=name) for name in DEFAULT_POINT_FN_NAMES} == {point_id(point)}
+    assert sweep.DEFAULT_POINT_FN == "tools.sweep:train_point" and sweep.resolve_point_fn(sweep.DEFAULT_POINT_FN) \
+        is sweep.train_point
 
 
 # --- running: serial, pool, Dask ---------------------------------------------------------------------
@@ -272,7 +283,7 @@ def test_kill_midway_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "SWEEP_GATE": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "numerics.sweep", str(grid), "--out", str(out), "--workers", "2",
+    cmd = [sys.executable, "-m", "tools.sweep", str(grid), "--out", str(out), "--workers", "2",
            "--point-fn", "test_sweep:gated_point", "--no-progress"]
     # its own session, so that SIGKILL reaches the sweep and its pool workers, and only them
     first = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
@@ -305,6 +316,75 @@ def test_kill_midway_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
     finished = [e["id"] for e in finished if e["event"] in ("done", "failed")]
     assert len(finished) == 6 and len(set(finished)) == 6  # each point ran to completion once
     assert not list((out / "points").glob(".*.tmp"))
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` (children, grandchildren, ...), from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it exited while we looked
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (an orphan zombie waits for a reaper that a
+    container's init may never be; it holds no memory and runs nothing)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the workers")
+def test_pool_workers_exit_when_the_sweep_is_killed(tmp_path):
+    """Issue 13: a SIGKILL of the sweep's own process (not its process group) used to leave
+    its pool workers running for good. Two points are stored and two are in flight, waiting
+    at a gate that never opens (for 120 s); the workers must be gone within a few seconds."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[problem]\ntasks = [2, 2]\nheads = 2\nL = 16\n[cross]\nseed = [0, 1, 2, 3]\n')
+    out = tmp_path / "out"
+    env = {**os.environ, "SWEEP_GATE": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "tools.sweep", str(grid), "--out", str(out), "--workers", "2",
+           "--point-fn", "test_sweep:gated_point", "--no-progress"]
+    client = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while len(list((out / "points").glob("*.json"))) < 2:
+            assert client.poll() is None, f"sweep exited early: {client.stderr.read().decode()}"
+            assert time.monotonic() < deadline, "no point finished within 90 s"
+            time.sleep(0.1)
+        time.sleep(0.5)  # seeds 2 and 3 are now waiting at the gate, in flight
+        below = descendants(client.pid)
+        assert len(below) >= 2, f"expected the pool workers (and the fork server) below the sweep, got {below}"
+        client.kill()  # SIGKILL to the sweep's process alone: nothing of it runs to clean up
+        client.wait()
+        deadline = time.monotonic() + 5
+        while any(running(pid) for pid in below) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [pid for pid in below if running(pid)]
+        assert not left, f"processes of the killed sweep still running 5 s later: {left}"
+    finally:
+        os.killpg(client.pid, signal.SIGKILL)  # whatever survived a failing test
+        client.wait()
+
+
+def test_numerics_sweep_is_an_alias_of_tools_sweep():
+    from numerics import sweep as alias
+
+    assert alias.run_grid is run_grid and alias.load_results is load_results and alias.main is sweep.main
+    shown = subprocess.run([sys.executable, "-m", "numerics.sweep", "--help"], cwd=REPO, capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode == 0 and "--retry-failed" in shown.stdout
 
 
 # --- storage and bad input ---------------------------------------------------------------------------
@@ -374,7 +454,7 @@ def test_sigterm_stops_cleanly_and_keeps_what_finished(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "SWEEP_GATE": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "numerics.sweep", str(grid), "--out", str(out), "--workers", "2",
+    cmd = [sys.executable, "-m", "tools.sweep", str(grid), "--out", str(out), "--workers", "2",
            "--point-fn", "test_sweep:gated_point", "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -1,4 +1,4 @@
-"""The same model written the standard way: the baseline that ``numerics.bench`` times.
+"""The same model written the standard way: the baseline that ``tools.bench`` times.
 
 A usual attention layer projects *every* token through per-head query, key and value
 linear layers and mixes the heads with an output projection.  Written that way, our model
@@ -107,14 +107,6 @@ class ReferenceAttention(nn.Module):
             heads.append(torch.einsum("bl,bld->bd", p, v[:, :L]))
         return self.o_proj(torch.cat(heads, dim=-1))                   # (B, m)
 
-    def merged_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """W (H, D, D) = K_h^T Q_h / s and U (H, m, D) = O_h V_h, for comparison."""
-        H, D = self.cfg.heads, self.cfg.token_dim
-        W = torch.stack([self.k_proj[h].weight.T @ self.q_proj[h].weight for h in range(H)]) / self.scale
-        O = self.o_proj.weight.reshape(-1, H, D).transpose(0, 1)
-        U = torch.stack([O[h] @ self.v_proj[h].weight for h in range(H)])
-        return W, U
-
 
 def model_factors(model) -> dict:
     """The weights of a :class:`numerics.model.MultiHeadAttention` as stacked tensors:
@@ -130,7 +122,7 @@ def _param(params: dict, name: str) -> torch.Tensor:
         return params[name].detach()
     raise AttributeError(
         f"numerics.model.MultiHeadAttention has no parameter {name!r} (it has "
-        f"{sorted(params)}); numerics.reference.model_factors must be updated to its names"
+        f"{sorted(params)}); tools.reference.model_factors must be updated to its names"
     )
 
 

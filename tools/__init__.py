@@ -1,0 +1,7 @@
+"""Tools beside the library: the parameter sweep runner (:mod:`tools.sweep`), the training-step
+benchmark (:mod:`tools.bench`) and its standard-way baseline (:mod:`tools.reference`).
+
+They use ``numerics`` (the trainer, the model, the data) and nothing uses them but the
+claims that read sweep results, the command line and the tests; the library does not
+import them.
+"""

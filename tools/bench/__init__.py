@@ -1,0 +1,46 @@
+"""Performance benchmark of the training step: ours against the standard way, and against
+this machine's limits.
+
+``python -m tools.bench`` measures, in one run, on one device:
+
+1. seconds per gradient step (sample prompts + forward + backward + update) of our trainer
+   (``numerics.train.train``, timed inside a real run: :class:`TrainerSteps`) against
+   :class:`tools.reference.ReferenceAttention`, the same model written the standard way
+   (per-head q/k/v linear layers over every token), at the quick configuration (tasks
+   4,4,4, H = 3, L = 256, batch 4096), in each dtype, and the ratio; also the step without
+   sampling on a fixed batch (where the two differ) and the sampling alone (what they share);
+2. the roofline of our step: the bytes it must move (:func:`bytes_moved`) over the
+   measured memory bandwidth and its FLOPs (:func:`flops`) over the measured dense-matmul
+   throughput, each as the fraction of the step time it accounts for;
+3. wall time of the reduced ODE (``train_reduced``) against full gradient flow (``train``)
+   to the same time t on the quick configuration;
+4. how the step time grows with L, d, H and batch (least-squares exponents of log time
+   against log size, over 4 sizes each, one size varied at a time);
+5. peak memory of one step at the quick and the paper configuration (tasks 8,8,8,8, H = 4,
+   L = 1024, batch 4096): resident-set peak in a fresh process on CPU,
+   ``torch.cuda.max_memory_allocated`` on CUDA (:func:`peak_memory`).
+
+Timings are medians over rounds, with min and max; the contenders of a comparison are run
+interleaved, round by round (:func:`time_interleaved`), so a shared machine's drifting load
+hits all of them alike, and process CPU time is recorded next to wall time.  Everything is
+also written as JSON (``--out``); the load average at start and end is in ``meta``.
+
+Precision policy: TF32 is switched off (``fp32_precision = "ieee"``) before anything runs,
+so a float32 matmul is a float32 matmul on every device (docs/performance.md).
+
+By concern: :mod:`~tools.bench.timing` (timers, precision policy),
+:mod:`~tools.bench.roofline` (machine limits and the step's bytes and FLOPs),
+:mod:`~tools.bench.steps` (the contenders), :mod:`~tools.bench.memory` (peak memory),
+:mod:`~tools.bench.run` (the five sections), :mod:`~tools.bench.cli` (flags, table, JSON).
+"""
+from tools.bench.cli import main, parse_args, render
+from tools.bench.config import DTYPES, LR, PAPER, QUICK, SMOKE, BenchConfig
+from tools.bench.memory import peak_memory
+from tools.bench.roofline import bytes_moved, flops, roofline
+from tools.bench.run import fit_exponent, run_bench
+from tools.bench.steps import TrainerSteps
+from tools.bench.timing import precise_float32, time_interleaved
+
+__all__ = ["DTYPES", "LR", "PAPER", "QUICK", "SMOKE", "BenchConfig", "TrainerSteps", "bytes_moved", "fit_exponent",
+           "flops", "main", "parse_args", "peak_memory", "precise_float32", "render", "roofline", "run_bench",
+           "time_interleaved"]

@@ -1,0 +1,196 @@
+"""The benchmark itself: :func:`run_bench` runs the five sections of a :class:`BenchConfig`
+and returns one result dict (what ``--out`` writes as JSON)."""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from numerics.train import TrainConfig, train, train_reduced
+from tools.bench.config import LR, PAPER, QUICK, SMOKE, BenchConfig
+from tools.bench.memory import peak_memory
+from tools.bench.roofline import bytes_moved, flops, item_bytes, matmul_throughput, memory_bandwidth, roofline
+from tools.bench.steps import TrainerSteps, model_only_step, our_step, problem, reference_step, sampling_only
+from tools.bench.timing import precise_float32, ratio_summary, time_interleaved
+
+
+def fit_exponent(sizes: list[float], seconds: list[float]) -> float:
+    """Least-squares slope of log(seconds) against log(size): time ~ size^exponent."""
+    slope, _ = np.polyfit(np.log(sizes), np.log(seconds), 1)
+    return float(slope)
+
+
+def scaling_grid(quick: bool) -> dict:
+    """Sizes of section 4, each varied alone around the quick configuration."""
+    if quick:
+        base = dict(SMOKE)
+        return {"base": base, "L": [8, 16, 32, 64], "r": [1, 2, 3, 4],
+                "heads": [1, 2, 3, 4], "batch": [32, 64, 128, 256]}
+    base = dict(QUICK)
+    return {"base": base, "L": [64, 128, 256, 512], "r": [2, 4, 8, 16],
+            "heads": [1, 2, 4, 8], "batch": [512, 1024, 2048, 4096]}
+
+
+def run_bench(bc: BenchConfig) -> dict:
+    t_start = time.perf_counter()
+    if bc.threads is not None:
+        torch.set_num_threads(bc.threads)
+    precision = precise_float32()
+    dev = bc.device
+    main = SMOKE if bc.quick else QUICK
+    paper = SMOKE if bc.quick else PAPER
+    reps, warm = bc.repeats, bc.warmup
+    slow_reps = 1 if bc.quick else max(3, reps // 2)   # rounds of the seconds-long runs
+    out: dict = {"meta": _meta(bc, precision), "configs": {
+        "quick": {**main, "param": "factored"}, "paper": {**paper, "param": "factored"},
+        "lr": LR}}
+    bar = _bar(bc)
+    marks: list = []
+
+    def phase(name: str) -> None:   # progress bar label, and the wall time of each part
+        marks.append((name, time.perf_counter()))
+        bar.set_description(name)
+
+    # -- machine limits ----------------------------------------------------------------
+    phase("probes")
+    # 256 MiB is far beyond a CPU's caches; a GPU copies it in ~0.1 ms, too close to the
+    # launch and synchronisation overhead, so 2 GiB there (still far beyond its 60 MB L2)
+    mib = 4 if bc.quick else (2048 if dev.startswith("cuda") else 256)
+    probes = {"bandwidth": memory_bandwidth(dev, mib * 2**20, reps, warm)}
+    for dt in bc.dtypes:
+        n = 128 if bc.quick else (8192 if dev.startswith("cuda") else 1536)
+        probes[dt] = {"matmul": matmul_throughput(dev, getattr(torch, dt), n, min(reps, 5), warm)}
+    out["probes"] = probes
+    bar.update(1)
+
+    # -- 1. ours against the reference; 2. roofline ------------------------------------
+    out["step"], out["roofline"] = {}, {}
+    for dt in bc.dtypes:
+        phase(f"step {dt}")
+        cfg = problem(main, dt, dev)
+        B = main["batch"]
+        trainer = TrainerSteps(cfg, B, steps=3, seed=bc.seed)   # 2 timed steps per round
+        t = time_interleaved({
+            "trainer": trainer,
+            "reference": reference_step(cfg, B, bc.seed),
+            "bare_step": our_step(cfg, B, bc.seed),
+            "sampling": sampling_only(cfg, B, bc.seed),
+            "model_only": model_only_step(cfg, B, "ours", bc.seed),
+            "reference_model_only": model_only_step(cfg, B, "reference", bc.seed),
+        }, reps, min(warm, 1), dev)
+        ratio = ratio_summary(t["reference"], t["trainer"])
+        out["step"][dt] = {
+            "trainer_seconds": t["trainer"], "trainer_setup_seconds": trainer.setup_seconds,
+            "bare_step_seconds": t["bare_step"], "sampling_seconds": t["sampling"],
+            "model_only_seconds": t["model_only"], "reference_seconds": t["reference"],
+            "reference_model_only_seconds": t["reference_model_only"],
+            "ratio_reference_over_trainer": ratio,
+            "ratio_reference_over_bare_step": ratio_summary(t["reference"], t["bare_step"]),
+            "ratio_model_only": ratio_summary(t["reference_model_only"], t["model_only"]),
+            # the sampling both share caps the full-step ratio at reference / sampling
+            "ratio_cap_from_sampling": t["reference"]["median"] / t["sampling"]["median"],
+            "sampling_share_of_bare_step": t["sampling"]["median"] / t["bare_step"]["median"],
+            # the same ratios in process CPU time (steadier under contention; host time on a GPU)
+            "cpu_ratio_reference_over_trainer": t["reference"]["cpu"]["median"] / t["trainer"]["cpu"]["median"],
+            "cpu_ratio_model_only": t["reference_model_only"]["cpu"]["median"] / t["model_only"]["cpu"]["median"],
+            "target_ratio": 10.0, "meets_target": ratio["median"] >= 10.0,
+        }
+        moved = bytes_moved(cfg, B)
+        ws = memory_bandwidth(dev, item_bytes(cfg) * moved["context_elements"], reps, warm)
+        probes[dt]["bandwidth_at_context_size"] = ws
+        out["roofline"][dt] = roofline(
+            moved, flops(cfg, B), probes["bandwidth"]["copy_bytes_per_s"]["median"],
+            probes[dt]["matmul"]["flop_per_s"]["median"], t["trainer"]["median"],
+            t["model_only"]["median"], ws["copy_bytes_per_s"]["median"])
+        bar.update(1)
+
+    # -- 3. reduced ODE against full gradient flow -----------------------------------------
+    steps = max(1, round(bc.reduced_time / LR))
+    out["reduced_vs_full"] = {"time_t": bc.reduced_time, "lr": LR, "steps": steps,
+                              "batch": main["batch"]}
+    for dt in bc.dtypes:
+        phase(f"reduced vs full {dt}")
+        cfg = problem(main, dt, dev)
+        tcfg = TrainConfig(lr=LR, time=bc.reduced_time, batch=main["batch"], seed=bc.seed,
+                           records=2, progress=False)
+        t = time_interleaved({"full": lambda: train(cfg, tcfg),
+                              "reduced": lambda: train_reduced(cfg, tcfg)}, slow_reps, 0, dev)
+        # both draw the same steps + 1 batches: section 1's sampling time is their common floor
+        floor = (steps + 1) * out["step"][dt]["sampling_seconds"]["median"]
+        out["reduced_vs_full"][dt] = {
+            "full_seconds": t["full"], "reduced_seconds": t["reduced"],
+            "sampling_floor_seconds": floor, "speedup": ratio_summary(t["full"], t["reduced"])}
+        bar.update(1)
+
+    # -- 4. scaling --------------------------------------------------------------------
+    grid = scaling_grid(bc.quick)
+    dt = bc.dtypes[0]
+    scaling: dict = {"dtype": dt, "base": grid["base"], "step": "bare step (sampling included)"}
+    for axis in ("L", "r", "heads", "batch"):
+        phase(f"scaling {axis}")
+        fns, xs = {}, []
+        for v in grid[axis]:
+            sizes = dict(grid["base"])
+            if axis == "r":
+                sizes["tasks"] = tuple(v for _ in grid["base"]["tasks"])
+            else:
+                sizes[axis] = v
+            cfg = problem(sizes, dt, dev)
+            x = cfg.d if axis == "r" else v
+            fns[x] = our_step(cfg, sizes["batch"], bc.seed)
+            xs.append(x)
+        t = time_interleaved(fns, bc.scaling_steps, min(warm, 1), dev)
+        ts = [t[x] for x in xs]
+        name = "d" if axis == "r" else axis
+        scaling[name] = {"sizes": xs, "seconds": ts,
+                         "exponent": fit_exponent(xs, [s["median"] for s in ts]),
+                         "exponent_cpu_time": fit_exponent(xs, [s["cpu"]["median"] for s in ts])}
+        bar.update(1)
+    out["scaling"] = scaling
+
+    # -- 5. peak memory -------------------------------------------------------------------
+    phase("peak memory")
+    mem: dict = {}
+    for dt in bc.dtypes:
+        if bc.quick:   # one in-process measurement exercises the path; sizes are tiny
+            if dt == bc.dtypes[0]:
+                mem[dt] = {"ours_quick": peak_memory(main, dt, dev, "ours", bc.seed, fresh_process=False)}
+            continue
+        mem[dt] = {"ours_quick": peak_memory(main, dt, dev, "ours", bc.seed),
+                   "reference_quick": peak_memory(main, dt, dev, "reference", bc.seed),
+                   "ours_paper": peak_memory(paper, dt, dev, "ours", bc.seed)}
+        if dev.startswith("cuda"):
+            # the reference at the paper size needs tens of GB: only where a GPU holds it
+            mem[dt]["reference_paper"] = peak_memory(paper, dt, dev, "reference", bc.seed)
+    out["peak_memory"] = mem
+    bar.update(1)
+    bar.close()
+
+    marks.append(("end", time.perf_counter()))
+    out["meta"]["section_seconds"] = {a[0]: b[1] - a[1] for a, b in zip(marks, marks[1:])}
+    out["meta"]["loadavg_end"] = list(os.getloadavg())
+    out["meta"]["seconds"] = time.perf_counter() - t_start
+    return out
+
+
+def _meta(bc: BenchConfig, precision: dict) -> dict:
+    meta = {"device": bc.device, "dtypes": list(bc.dtypes), "repeats": bc.repeats,
+            "warmup": bc.warmup, "quick": bc.quick, "seed": bc.seed,
+            "torch": torch.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "precision": precision,
+            "loadavg_start": list(os.getloadavg()),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if bc.device.startswith("cuda"):
+        meta["gpu"] = torch.cuda.get_device_name(bc.device)
+    return meta
+
+
+def _bar(bc: BenchConfig):
+    total = 1 + 2 * len(bc.dtypes) + 4 + 1
+    return tqdm(total=total, disable=not bc.progress, file=sys.stderr, leave=False)

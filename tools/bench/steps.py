@@ -1,0 +1,111 @@
+"""The contenders: our step (bare and inside the real trainer), the standard-way reference
+(:mod:`tools.reference`), the sampling they share, and the step without sampling."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+import numerics.train as trainer
+from numerics.config import ProblemConfig
+from numerics.data import make_generator, sample_prompts
+from numerics.model import MultiHeadAttention, mse_loss
+from numerics.train import TrainConfig, train, train_reduced
+from tools.bench.config import LR
+from tools.bench.timing import sync
+from tools.reference import ReferenceAttention, gd_step
+
+
+def problem(sizes: dict, dtype: str, device: str, **over) -> ProblemConfig:
+    return ProblemConfig(tasks=tuple(sizes["tasks"]), heads=sizes["heads"], L=sizes["L"],
+                         dtype=dtype, device=device, **over)
+
+
+def our_step(cfg: ProblemConfig, batch: int, seed: int = 0) -> Callable[[], torch.Tensor]:
+    """One step of our model written out: sample a fresh batch, forward, backward, plain
+    GD update.  The trainer's own step is timed inside ``train`` (:class:`TrainerSteps`);
+    this bare version isolates the step from the trainer's bookkeeping."""
+    model = MultiHeadAttention(cfg)
+    gen = make_generator(seed, cfg.device)
+
+    def step():
+        prompts = sample_prompts(cfg, batch, gen)
+        return gd_step(model, prompts, LR, mse_loss)
+    return step
+
+
+def reference_step(cfg: ProblemConfig, batch: int, seed: int = 0) -> Callable[[], torch.Tensor]:
+    """One step of the standard-way reference, on the same prompt stream and weights."""
+    ref = ReferenceAttention.from_model(MultiHeadAttention(cfg))
+    gen = make_generator(seed, cfg.device)
+
+    def step():
+        prompts = sample_prompts(cfg, batch, gen)
+        return gd_step(ref, prompts, LR, mse_loss)
+    return step
+
+
+def sampling_only(cfg: ProblemConfig, batch: int, seed: int = 0) -> Callable[[], object]:
+    gen = make_generator(seed, cfg.device)
+    return lambda: sample_prompts(cfg, batch, gen)
+
+
+def model_only_step(cfg: ProblemConfig, batch: int, which: str = "ours",
+                    seed: int = 0) -> Callable[[], torch.Tensor]:
+    """Forward + backward + update on one fixed batch, no sampling: the part of the step
+    where the two implementations differ."""
+    model = MultiHeadAttention(cfg)
+    if which == "reference":
+        model = ReferenceAttention.from_model(model)
+    prompts = sample_prompts(cfg, batch, make_generator(seed, cfg.device))
+    return lambda: gd_step(model, prompts, LR, mse_loss)
+
+
+class TrainerSteps:
+    """Seconds per step of ``numerics.train.train`` itself, from inside a real run.
+
+    Calling the object runs ``train`` (or ``train_reduced``) for ``steps`` steps and returns
+    the durations of its steps.  The trainer draws one batch per step with
+    ``numerics.train.sample_prompts``; for the duration of the run that name is wrapped to
+    record a (device-synchronised) timestamp at each call, so the interval between two
+    draws is exactly one step of the trainer: sampling, loss, divergence check, gradient,
+    update.  Intervals that contain a record (trajectory readout, at the first and last
+    step with ``records=2``) are dropped, so what remains is the step a long run repeats;
+    the per-run set-up is left out (``setup_seconds`` of the last call shows its size)."""
+
+    def __init__(self, cfg: ProblemConfig, batch: int, steps: int = 3, seed: int = 0,
+                 reduced: bool = False):
+        if steps < 3:
+            raise ValueError(f"TrainerSteps needs steps >= 3 (two are records), got {steps}")
+        self.cfg, self.reduced = cfg, reduced
+        self.tcfg = TrainConfig(lr=LR, time=LR * steps, batch=batch, seed=seed, records=2,
+                                progress=False)
+        self.setup_seconds = float("nan")
+
+    def __call__(self) -> list[float]:
+        # TODO(one core): use train(batches=...) once the trainer has its batch-source seam,
+        # instead of wrapping numerics.train.sample_prompts for the duration of the run
+        stamps: list[float] = []
+        cpu_stamps: list[float] = []
+        original = trainer.sample_prompts
+
+        def stamped(*args, **kwargs):
+            sync(self.cfg.device)
+            stamps.append(time.perf_counter())
+            cpu_stamps.append(time.process_time())
+            return original(*args, **kwargs)
+
+        trainer.sample_prompts = stamped
+        try:
+            t0 = time.perf_counter()
+            res = (train_reduced if self.reduced else train)(self.cfg, self.tcfg)
+        finally:
+            trainer.sample_prompts = original
+        if len(stamps) != res.steps + 1:
+            raise RuntimeError(f"expected one sample_prompts call per step ({res.steps + 1}), saw "
+                               f"{len(stamps)}: numerics.train changed, update tools.bench.steps.TrainerSteps")
+        self.setup_seconds = stamps[0] - t0
+        # interval k covers step k; step 0 holds the first record's readout
+        return [(b - a, cb - ca) for a, b, ca, cb in
+                zip(stamps[1:-1], stamps[2:], cpu_stamps[1:-1], cpu_stamps[2:])]

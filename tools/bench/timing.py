@@ -1,0 +1,89 @@
+"""Timing utilities: device synchronisation, repeated and interleaved timings, and the
+float32 precision policy every timing runs under."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+def precise_float32() -> dict:
+    """Switch TF32 off so float32 matmuls are IEEE float32 on every device; returns the
+    settings in force (recorded in the JSON).  Uses the fp32_precision API where this
+    torch has it (new torch refuses to read the legacy allow_tf32 flags when they disagree
+    with it; both say "off" here, as numerics.train sets them)."""
+    torch.set_float32_matmul_precision("highest")
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.fp32_precision = "ieee"
+        return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+                "cuda.matmul.fp32_precision": torch.backends.cuda.matmul.fp32_precision,
+                "cudnn.fp32_precision": torch.backends.cudnn.fp32_precision}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def summary(samples: list[float]) -> dict:
+    """Median, min and max of the samples (and the samples themselves)."""
+    return {"median": float(np.median(samples)), "min": float(np.min(samples)),
+            "max": float(np.max(samples)), "n": len(samples), "samples": [float(s) for s in samples]}
+
+
+def time_repeated(fn: Callable[[], object], repeats: int, warmup: int, device: str) -> dict:
+    """Seconds per call of ``fn``: ``warmup`` untimed calls, then ``repeats`` timed ones,
+    each timed on its own with the device synchronised before and after."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        samples.append(time.perf_counter() - t0)
+    return summary(samples)
+
+
+def time_interleaved(fns: dict, rounds: int, warmup: int, device: str) -> dict:
+    """Seconds per call of each function in ``fns``, measured in interleaved rounds: every
+    round times one call of each, in an order rotated from round to round.  On a shared
+    machine the load drifts over seconds; interleaving exposes every contender to the same
+    drift, so their ratios stay meaningful even when the absolute times are inflated.
+    A function may return a list of (wall, cpu) second pairs instead of None
+    (``TrainerSteps``): those are its samples for the round.  The first ``warmup`` rounds
+    are untimed.
+
+    Each summary also holds ``cpu``: the process CPU time (all threads) per call.  Waiting
+    for a core does not count in it, so on a contended machine it is the steadier figure
+    (spinning threads still add some); on a GPU it is host time only."""
+    names = list(fns)
+    wall: dict = {k: [] for k in names}
+    cpu: dict = {k: [] for k in names}
+    for r in range(warmup + rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            sync(device)
+            t0, c0 = time.perf_counter(), time.process_time()
+            got = fns[k]()
+            sync(device)
+            if r < warmup:
+                continue
+            pairs = got if isinstance(got, list) else [(time.perf_counter() - t0, time.process_time() - c0)]
+            wall[k].extend(p[0] for p in pairs)
+            cpu[k].extend(p[1] for p in pairs)
+    return {k: {**summary(wall[k]), "cpu": summary(cpu[k])} for k in names}
+
+
+def ratio_summary(slow: dict, fast: dict) -> dict:
+    """slow/fast from medians, with the worst and best case from the extremes."""
+    return {"median": slow["median"] / fast["median"], "min": slow["min"] / fast["max"],
+            "max": slow["max"] / fast["min"]}

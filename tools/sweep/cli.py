@@ -1,0 +1,87 @@
+"""``python -m tools.sweep GRID --out DIR [...]``: run a grid from the command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+from tools.sweep.execute import resolve_point_fn
+from tools.sweep.grid import expand_grid, load_grid
+from tools.sweep.identity import DEFAULT_POINT_FN, point_id
+from tools.sweep.runner import run_grid
+from tools.sweep.schedulers import check_scheduler
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tools.sweep",
+        description="Run a grid of training runs (a TOML file, see examples/grid.toml) and store one JSON file "
+                    "per point under OUT/points/<id>.json, the id a content hash of the point's full configuration "
+                    "and of the training code. Rerunning resumes: stored points are skipped.",
+        epilog="Exit status: 0 every point of the grid is stored without error; 1 some point failed (its file holds "
+               "the error); 2 bad arguments or grid; 130 interrupted (what finished is kept).")
+    p.add_argument("grid", help="the grid TOML file: [problem]/[train] fixed values, [cross] ranges to cross, "
+                                "[zip] ranges taken together; see docs/sweep.md")
+    p.add_argument("--out", required=True, help="output directory (created); holds points/, grid.toml, "
+                                                "summary.json, log.jsonl")
+    p.add_argument("--scheduler", default=None,
+                   help="where points run: omitted = a local process pool; 'serial' = one by one in this process; "
+                        "'local' = a Dask LocalCluster; an address (tcp://HOST:8786) = a running Dask scheduler "
+                        "(needs pip install -e .[dask])")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes of the pool or of the LocalCluster (default: the number of CPUs); ignored with "
+                        "a scheduler address")
+    p.add_argument("--retries", type=int, default=1,
+                   help="times a point whose worker process died is resubmitted (default 1)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="rerun points stored as failed (by default they are skipped and counted in the summary)")
+    p.add_argument("--point-fn", default=None,
+                   help="MODULE:FUNCTION to call on each point dict instead of training it (default "
+                        f"{DEFAULT_POINT_FN}); must be importable by the workers")
+    p.add_argument("--dry-run", action="store_true", help="print the points and their ids as JSON and run nothing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        spec, text = load_grid(args.grid)
+        points = expand_grid(spec)
+        if args.dry_run:
+            fn_name = args.point_fn or DEFAULT_POINT_FN
+            print(json.dumps([{"id": point_id(p, point_fn=fn_name), "point": p} for p in points], indent=1))
+            return 0
+        if args.workers is not None and args.workers < 1:
+            raise ValueError(f"--workers must be a positive integer, got {args.workers}")
+        if args.workers is not None and args.scheduler not in (None, "local", "serial"):
+            print("note: --workers is ignored with a scheduler address (the cluster has its own workers)",
+                  file=sys.stderr)
+            args.workers = None
+        check_scheduler(args.scheduler)
+        resolve_point_fn(args.point_fn)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    def _terminate(signum, frame):  # Slurm & co. send SIGTERM before killing: stop cleanly
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        summary = run_grid(points, args.out, scheduler=args.scheduler, workers=args.workers, retries=args.retries,
+                           progress=not args.no_progress, point_fn=args.point_fn, retry_failed=args.retry_failed,
+                           grid_text=text)
+    except KeyboardInterrupt:
+        print("interrupted; finished points are kept, run the same command again to resume "
+              f"(summary in {Path(args.out) / 'summary.json'})", file=sys.stderr)
+        return 130
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(summary.line(), file=sys.stderr)
+    print(json.dumps({k: v for k, v in summary.to_dict().items() if k != "ids"}, indent=1))
+    return 0 if summary.complete else 1

@@ -1,0 +1,258 @@
+"""The grid: a TOML file of fixed values and ranges, validated and expanded into points.
+
+    point = {"model": "full" | "reduced", "problem": {ProblemConfig fields},
+             "train": {TrainConfig fields}}
+
+Every point carries every field, defaults filled in, in canonical JSON form (tuples as lists,
+an integer given for a float field as a float), so that its content hash
+(:func:`tools.sweep.identity.point_id`) identifies the full configuration. The format is
+described in ``docs/sweep.md``; ``examples/*.toml`` are grids.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the backport named in pyproject.toml
+    import tomli as tomllib
+
+from numerics.config import ProblemConfig
+from numerics.train import TrainConfig
+
+MODELS = ("full", "reduced")
+GRID_SECTIONS = ("description", "model", "problem", "train", "cross", "zip")
+# TrainConfig fields the sweep owns: its own progress bar replaces the per-run one, and a
+# point's checkpoint would be a path outside the content hash.
+SWEEP_MANAGED_TRAIN_FIELDS = ("progress", "checkpoint")
+
+
+@dataclass(frozen=True)
+class _Field:
+    default: Any  # dataclasses.MISSING when the field is required
+    type: str     # the annotation as written ("float", "tuple[int, ...]", ...)
+
+
+def _dataclass_fields(cls) -> dict[str, _Field]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        else:
+            default = dataclasses.MISSING
+        out[f.name] = _Field(default, f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type)))
+    return out
+
+
+def config_fields() -> tuple[dict[str, _Field], dict[str, _Field]]:
+    """The fields (default, annotation) of ``ProblemConfig`` and of ``TrainConfig``, less the
+    training fields the sweep manages itself (progress bar, checkpoint path)."""
+    problem = _dataclass_fields(ProblemConfig)
+    train = {k: v for k, v in _dataclass_fields(TrainConfig).items() if k not in SWEEP_MANAGED_TRAIN_FIELDS}
+    return problem, train
+
+
+def canonical(value: Any, annotation: str) -> Any:
+    """JSON form of a field value: tuples become lists, and an integer given for a ``float``
+    field becomes a float (``sigma = 0`` and ``sigma = 0.0`` are the same point)."""
+    if isinstance(value, (list, tuple)):
+        return [canonical(v, "") for v in value]
+    if annotation.replace(" ", "") in ("float", "float|None", "Optional[float]") and isinstance(value, int) \
+            and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _flatten_ranges(table: dict, where: str, problem: dict, train: dict) -> list[tuple[tuple[str, str], Any]]:
+    """``{"L": [..], "train": {"seed": [..]}}`` -> ``[(("problem", "L"), [..]), (("train", "seed"), [..])]``.
+
+    A bare name is looked up in ProblemConfig, then TrainConfig (they share no field name);
+    ``problem.X`` / ``train.X`` (TOML dotted keys or sub-tables) name the section explicitly."""
+    out = []
+    for key, values in table.items():
+        if key in ("problem", "train") and isinstance(values, dict):
+            fields_ = problem if key == "problem" else train
+            for sub, sub_values in values.items():
+                if sub not in fields_:
+                    raise ValueError(f"{where}: {key}.{sub} is not a {'ProblemConfig' if key == 'problem' else 'TrainConfig'} "
+                                     f"field; the fields are: {', '.join(sorted(fields_))}")
+                out.append(((key, sub), sub_values))
+            continue
+        if key == "model":
+            out.append((("model", "model"), values))
+        elif key in problem and key in train:
+            raise ValueError(f"{where}: {key!r} is a field of both ProblemConfig and TrainConfig; "
+                             f"write problem.{key} or train.{key}")
+        elif key in problem:
+            out.append((("problem", key), values))
+        elif key in train:
+            out.append((("train", key), values))
+        elif key in SWEEP_MANAGED_TRAIN_FIELDS:
+            raise ValueError(f"{where}: {key!r} is set by the sweep itself and cannot be swept")
+        else:
+            raise ValueError(f"{where}: unknown field {key!r}; ranges may name 'model', a ProblemConfig field "
+                             f"({', '.join(sorted(problem))}) or a TrainConfig field ({', '.join(sorted(train))})")
+    return out
+
+
+def _check_range(where: str, name: str, values: Any, problem: dict, unique: bool = True) -> list:
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"{where}: the range of {name} must be a non-empty list of values, got {values!r} "
+                         f"(a fixed value belongs in [problem] or [train])")
+    if name in problem and "tuple" in problem[name].type:
+        bad = [v for v in values if not isinstance(v, list)]
+        if bad:
+            raise ValueError(f"{where}: {name} takes a list per point, so its range is a list of lists, "
+                             f"e.g. {name} = [[3, 3], [4, 4]]; got {values!r}")
+    canon = [json.dumps(v, sort_keys=True) for v in values]
+    if unique and len(set(canon)) != len(canon):
+        raise ValueError(f"{where}: the range of {name} repeats a value: {values!r}")
+    return values
+
+
+def expand_grid(spec: dict) -> list[dict]:
+    """A grid spec (a parsed TOML file) -> the list of its points, in a fixed order.
+
+    Sections (all optional but ``tasks``, ``heads`` and ``L`` must be given somewhere):
+
+    - ``model = "full" | "reduced"`` (default ``"full"``);
+    - ``[problem]`` fixed ProblemConfig fields; ``[train]`` fixed TrainConfig fields;
+    - ``[cross]`` ranges, crossed with each other: ``L = [64, 128, 256]``,
+      ``tasks = [[3, 3], [4, 4]]``, ``model = ["full", "reduced"]``, ``seed = [0, 1]``;
+      a name may be qualified, ``train.seed`` or ``problem.L``;
+    - ``[zip]`` (or several ``[[zip]]``): ranges of equal length taken together, each group
+      one more factor of the cross: ``tasks = [[3, 3], [3, 3, 3]]`` with ``heads = [2, 3]``.
+
+    The points are the Cartesian product of the factors in the order they are written
+    (``[cross]`` keys, then the ``[zip]`` groups), the last factor varying fastest. Every
+    point carries every field, defaults filled in, so that its content hash identifies the
+    full configuration. Structural mistakes (an unknown field, a key both fixed and swept,
+    an empty or repeated range, an unknown model) raise ``ValueError`` here; a *value* that
+    ProblemConfig rejects (say ``heads = 0``) does not: that point fails when it runs, with
+    ProblemConfig's message, and the rest of the sweep goes on.
+    """
+    if not isinstance(spec, dict):
+        raise TypeError(f"a grid spec is a dict (a parsed TOML file), got {type(spec).__name__}")
+    unknown = sorted(set(spec) - set(GRID_SECTIONS))
+    if unknown:
+        raise ValueError(f"grid: unknown top-level key(s) {unknown}; allowed: {', '.join(GRID_SECTIONS)}")
+    problem_fields, train_fields = config_fields()
+
+    fixed_problem = spec.get("problem", {})
+    fixed_train = spec.get("train", {})
+    for name, section, fields_, cls in (("[problem]", fixed_problem, problem_fields, "ProblemConfig"),
+                                        ("[train]", fixed_train, train_fields, "TrainConfig")):
+        if not isinstance(section, dict):
+            raise ValueError(f"grid: {name} must be a table of {cls} fields")
+        for key in section:
+            if key in SWEEP_MANAGED_TRAIN_FIELDS and cls == "TrainConfig":
+                raise ValueError(f"grid: {name} {key!r} is set by the sweep itself; remove it")
+            if key not in fields_:
+                raise ValueError(f"grid: {name} has unknown field {key!r}; {cls} fields are: "
+                                 f"{', '.join(sorted(fields_))}")
+    fixed_model = spec.get("model", "full")
+
+    factors: list[tuple[list[tuple[str, str]], list[tuple]]] = []
+    swept: dict[tuple[str, str], str] = {}
+
+    def claim(target: tuple[str, str], where: str) -> None:
+        section, name = target
+        label = name if section == "model" else f"{section}.{name}"
+        if target in swept:
+            raise ValueError(f"grid: {label} is swept twice ({swept[target]} and {where}); keep one")
+        if (section == "problem" and name in fixed_problem) or (section == "train" and name in fixed_train) \
+                or (section == "model" and "model" in spec):
+            raise ValueError(f"grid: {label} is both fixed and swept in {where}; keep one")
+        swept[target] = where
+
+    cross = spec.get("cross", {})
+    if not isinstance(cross, dict):
+        raise ValueError("grid: [cross] must be a table of ranges")
+    for target, values in _flatten_ranges(cross, "[cross]", problem_fields, train_fields):
+        claim(target, "[cross]")
+        values = _check_range("[cross]", target[1], values, problem_fields)
+        factors.append(([target], [(v,) for v in values]))
+
+    zips = spec.get("zip", [])
+    zips = [zips] if isinstance(zips, dict) else zips
+    if not isinstance(zips, list) or not all(isinstance(z, dict) for z in zips):
+        raise ValueError("grid: [zip] must be a table (or [[zip]] tables) of equal-length ranges")
+    for n, group in enumerate(zips):
+        where = f"[zip] group {n + 1}"
+        entries = _flatten_ranges(group, where, problem_fields, train_fields)
+        if not entries:
+            raise ValueError(f"grid: {where} is empty")
+        for target, values in entries:
+            claim(target, where)
+            _check_range(where, target[1], values, problem_fields, unique=False)  # (4,4) with 1 and 2 heads
+        lengths = {target[1]: len(values) for target, values in entries}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"grid: the ranges of {where} are taken together, so they need equal lengths; got {lengths}")
+        rows = list(zip(*[values for _, values in entries]))
+        if len({json.dumps(row, sort_keys=True) for row in rows}) != len(rows):
+            raise ValueError(f"grid: {where} repeats a row: {rows}")
+        factors.append(([t for t, _ in entries], rows))
+
+    points = []
+    for combo in itertools.product(*[values for _, values in factors]):
+        model, problem, train = fixed_model, dict(fixed_problem), dict(fixed_train)
+        for (targets, _), values in zip(factors, combo):
+            for (section, name), value in zip(targets, values):
+                if section == "model":
+                    model = value
+                elif section == "problem":
+                    problem[name] = value
+                else:
+                    train[name] = value
+        if model not in MODELS:
+            raise ValueError(f"grid: model must be one of {MODELS}, got {model!r}")
+        points.append({"model": model,
+                       "problem": _fill(problem, problem_fields, "problem"),
+                       "train": _fill(train, train_fields, "train")})
+    return points
+
+
+def _fill(given: dict, fields_: dict[str, _Field], section: str) -> dict:
+    out = {}
+    for name, f in fields_.items():
+        if name in given:
+            out[name] = canonical(given[name], f.type)
+        elif f.default is dataclasses.MISSING:
+            raise ValueError(f"grid: every point needs {section}.{name}; give it in [{section}] or as a range in [cross]")
+        else:
+            out[name] = canonical(f.default, f.type)
+    return out
+
+
+def complete_point(point: dict) -> dict:
+    """A hand-made point (``{"model", "problem": {...}, "train": {...}}`` naming only some
+    fields) in the canonical form of :func:`expand_grid`: every field, defaults filled in,
+    so that it has the same :func:`point_id` as the same configuration coming from a grid."""
+    if not isinstance(point, dict) or not isinstance(point.get("problem"), dict):
+        raise TypeError("a point is a dict {'model': ..., 'problem': {...}, 'train': {...}}")
+    spec = {"model": point.get("model", "full"), "problem": point["problem"], "train": point.get("train", {})}
+    unknown = sorted(set(point) - {"model", "problem", "train"})
+    if unknown:
+        raise ValueError(f"a point has only the keys model, problem, train; got also {unknown}")
+    (completed,) = expand_grid(spec)
+    return completed
+
+
+def load_grid(path: Union[str, Path]) -> tuple[dict, str]:
+    """Read a grid file: ``(parsed spec, its text)``; a clear error if missing or not TOML."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"grid file {str(path)!r} does not exist (see examples/grid.toml for the format)")
+    text = path.read_text()
+    try:
+        spec = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"grid file {str(path)!r} is not valid TOML: {exc}") from None
+    return spec, text

@@ -1,0 +1,160 @@
+"""Running a grid: :func:`run_grid` stores every point not yet stored, on the chosen scheduler.
+
+Resume: a repeated or interrupted sweep skips the points whose file exists; points that
+failed are skipped too unless ``retry_failed`` (a failure is usually deterministic; say so in
+the summary rather than burn the time again). A point whose *worker process died* is
+resubmitted up to ``retries`` times; a point that *raises* records the exception and the
+sweep goes on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Union
+
+from tqdm import tqdm
+
+from tools.atomic import write_json_atomic, write_text_atomic
+from tools.sweep.execute import resolve_point_fn
+from tools.sweep.identity import DEFAULT_POINT_FN, REPO_ROOT, PointFn, code_sources, code_version, fn_name, point_id
+from tools.sweep.schedulers import check_scheduler, require_dask, run_dask, run_pool, run_serial
+from tools.sweep.store import Item, Sink, clean_stale_temporaries, read_point_file, utc_now
+
+
+@dataclass
+class SweepSummary:
+    """What one ``run_grid`` call did. ``done``: points run to completion now; ``skipped``:
+    points already stored (``skipped_failed`` of them failures not retried); ``failed``:
+    points that failed now; ``ids``: the grid's point ids in grid order."""
+
+    done: int
+    skipped: int
+    failed: int
+    wall_seconds: float
+    ids: list[str]
+    skipped_failed: int = 0
+    duplicates: int = 0
+    worker_deaths: Optional[int] = 0  # None on Dask: its scheduler resubmits lost tasks itself
+    interrupted: bool = False
+    point_seconds: float = 0.0  # sum of the points' own wall times: work / (wall * workers) = efficiency
+    scheduler: str = "pool"
+    workers: Optional[int] = None
+    code_version: str = ""
+    failed_ids: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Every point of the grid stored without error."""
+        return self.failed == 0 and self.skipped_failed == 0 and not self.interrupted
+
+    def line(self) -> str:
+        parts = [f"{len(self.ids)} points: {self.done} done", f"{self.skipped - self.skipped_failed} skipped (already done)"]
+        if self.skipped_failed:
+            parts.append(f"{self.skipped_failed} skipped (failed earlier; rerun with --retry-failed)")
+        parts.append(f"{self.failed} failed")
+        if self.worker_deaths:
+            parts.append(f"{self.worker_deaths} worker deaths")
+        text = ", ".join(parts) + f"; wall {self.wall_seconds:.1f} s"
+        return ("INTERRUPTED: " if self.interrupted else "") + text
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def run_grid(points: list[dict], out_dir: Union[str, Path], scheduler: Optional[str] = None,
+             workers: Optional[int] = None, retries: int = 1, progress: bool = True,
+             point_fn: Union[None, str, PointFn] = None, retry_failed: bool = False,
+             grid_text: Optional[str] = None) -> SweepSummary:
+    """Run every point not yet stored in ``out_dir`` and store each result as it completes.
+
+    ``scheduler``: ``None`` a local process pool of ``workers`` processes (default: the CPU
+    count); ``"serial"`` one by one in this process; ``"local"`` a Dask ``LocalCluster`` of
+    ``workers`` single-threaded worker processes; any other string the address of a running
+    Dask scheduler (``workers`` is then the cluster's business). ``retries``: how many times a
+    point whose worker process died is resubmitted. ``retry_failed``: rerun points stored as
+    failed (default: skip them, and say so in the summary). ``point_fn``: the function of a
+    point (default :func:`train_point`), a callable or ``"module:function"``. ``grid_text``:
+    the TOML to copy to ``DIR/grid.toml``.
+    """
+    mode = check_scheduler(scheduler)
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ValueError(f"retries must be a non-negative integer, got {retries!r}")
+    if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+        raise TypeError("points must be a list of point dicts (see expand_grid)")
+    if mode == "serial":
+        workers = 1
+    elif workers is None and mode in ("pool", "local"):
+        workers = os.cpu_count() or 1
+    fn_label = fn_name(point_fn) if point_fn is not None else DEFAULT_POINT_FN
+    resolve_point_fn(point_fn)  # fail now, not in every worker, when it cannot be found
+    if mode not in ("serial", "pool"):
+        require_dask(mode)
+
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {str(out)!r} exists and is not a directory")
+    points_dir = out / "points"
+    points_dir.mkdir(parents=True, exist_ok=True)
+    clean_stale_temporaries(points_dir)
+    if grid_text is not None:
+        write_text_atomic(out / "grid.toml", grid_text)
+
+    code = code_version(refresh=True)
+    ids, items, seen = [], [], set()
+    for point in points:
+        pid = point_id(point, code=code, point_fn=fn_label)
+        ids.append(pid)
+        if pid not in seen:
+            seen.add(pid)
+            items.append(Item(pid, point))
+    todo, skipped, skipped_failed = [], 0, 0
+    for item in items:
+        record = read_point_file(points_dir / f"{item.id}.json")
+        if record is None:  # absent (or unreadable: then it is rerun and replaced)
+            todo.append(item)
+        elif record.get("error") and retry_failed:
+            todo.append(item)
+        else:
+            skipped += 1
+            skipped_failed += bool(record.get("error"))
+
+    run_token = uuid.uuid4().hex[:12]
+    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="sweep", unit="point",
+               file=sys.stderr, dynamic_ncols=True, disable=not progress)
+    sink = Sink(out, run_token, code, fn_label, bar, retries)
+    sink.log("sweep_start", points=len(items), todo=len(todo), scheduler=mode, workers=workers,
+             code_version=code, point_fn=fn_label)
+    interrupted = False
+    try:
+        if not todo:
+            pass
+        elif mode == "serial":
+            run_serial(todo, point_fn, code, sink)
+        elif mode == "pool":
+            run_pool(todo, point_fn, code, workers, retries, sink)
+        else:
+            run_dask(todo, point_fn, code, mode, workers, retries, sink)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
+    summary = SweepSummary(done=sink.done, skipped=skipped, failed=sink.failed,
+                           wall_seconds=time.perf_counter() - t0, ids=ids, skipped_failed=skipped_failed,
+                           duplicates=len(points) - len(items),
+                           worker_deaths=None if mode not in ("serial", "pool") else sink.deaths,
+                           interrupted=interrupted, point_seconds=sink.point_seconds, scheduler=mode, workers=workers, code_version=code,
+                           failed_ids=sink.failed_ids)
+    write_json_atomic(out / "summary.json", {**summary.to_dict(), "finished_at": utc_now(),
+                                             "code_sources": [p.relative_to(REPO_ROOT).as_posix() for p in code_sources()]})
+    sink.log("sweep_end", **{k: v for k, v in summary.to_dict().items() if k not in ("ids", "failed_ids")})
+    if interrupted:
+        raise KeyboardInterrupt
+    return summary

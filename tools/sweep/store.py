@@ -1,0 +1,148 @@
+"""Storage of a sweep directory: one JSON file per point, written atomically by the client.
+
+    DIR/points/<id>.json   one record per finished point (result or error)
+    DIR/log.jsonl          append-only log of what each run did, one JSON object a line
+    DIR/summary.json       the summary of the last run
+    DIR/grid.toml          the grid it ran
+
+Only the client process writes (:class:`Sink`), each file through a temporary and
+``os.replace``, so a sweep killed at any instant leaves no half-written file.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+from tools.atomic import write_json_atomic
+from tools.sweep.grid import canonical
+from tools.sweep.identity import canonical_json
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def read_point_file(path: Path) -> Optional[dict]:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(record, dict) or record.get("id") != path.stem or "point" not in record:
+        return None
+    return record
+
+
+def load_results(out_dir: Union[str, Path]) -> list[dict]:
+    """Every stored point of a sweep directory, sorted by id.
+
+    Each record: ``{"id", "point", "result": TrainResult.to_dict() or None, "error": str or
+    None, "wall_seconds", ...}`` (plus ``status``, ``traceback``, ``worker``,
+    ``worker_deaths``, ``code_version``, ``point_fn``, ``finished_at``). Files that are not
+    point records (temporaries of a sweep in progress) are ignored."""
+    points_dir = Path(out_dir) / "points"
+    if not points_dir.is_dir():
+        raise FileNotFoundError(f"{str(out_dir)!r} is not a sweep directory (no points/ inside); "
+                                f"run `python -m tools.sweep GRID --out {out_dir}` first")
+    records = []
+    for path in sorted(points_dir.glob("*.json")):
+        if path.name.startswith("."):
+            continue
+        record = read_point_file(path)
+        if record is not None:
+            records.append(record)
+    return records
+
+
+def select_results(records: list[dict], model: Optional[str] = None, include_failed: bool = False,
+                   **fields_) -> list[dict]:
+    """The records of :func:`load_results` whose point matches, one per distinct point.
+
+    ``model``: ``"full"``/``"reduced"``; ``fields_``: ProblemConfig or TrainConfig field
+    values (``heads=3``, ``L=128``, ``tasks=[4, 4, 4]``, ``seed=0``). Failed points are left
+    out unless ``include_failed``. A directory that several code versions wrote to holds
+    one record per (point, code version): the most recently finished one is kept."""
+    def matches(point: dict) -> bool:
+        if model is not None and point.get("model") != model:
+            return False
+        for name, want in fields_.items():
+            section = point["problem"] if name in point.get("problem", {}) else point.get("train", {})
+            if name not in section or section[name] != canonical(want, ""):  # tuples as lists; 0 == 0.0
+                return False
+        return True
+
+    latest: dict[str, dict] = {}
+    for record in records:
+        if (record.get("error") and not include_failed) or not matches(record["point"]):
+            continue
+        key = canonical_json(record["point"])
+        if key not in latest or record.get("finished_at", "") >= latest[key].get("finished_at", ""):
+            latest[key] = record
+    return list(latest.values())
+
+
+def clean_stale_temporaries(points_dir: Path, older_than_s: float = 3600.0) -> None:
+    # temporaries of a writer killed between write and rename; a live writer's are younger
+    now = time.time()
+    for tmp in points_dir.glob(".*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > older_than_s:
+                tmp.unlink()
+        except OSError:
+            pass
+
+
+@dataclass
+class Item:
+    id: str
+    point: dict
+    deaths: int = 0
+
+
+class Sink:
+    """The client's side of a run: writes point files and the log, moves the progress bar."""
+
+    def __init__(self, out: Path, run_token: str, code: str, fn_name: str, bar, retries: int):
+        self.out, self.run_token, self.code, self.fn_name, self.bar = out, run_token, code, fn_name, bar
+        self.retries = retries
+        self.done = self.failed = self.deaths = 0
+        self.point_seconds = 0.0
+        self.failed_ids: list[str] = []
+
+    def log(self, event: str, **fields_) -> None:
+        line = canonical_json({"event": event, "run": self.run_token, "time": utc_now(), **fields_})
+        with open(self.out / "log.jsonl", "a") as fh:
+            fh.write(line + "\n")
+
+    def record(self, item: Item, out: dict) -> None:
+        status = "failed" if out.get("error") else "done"
+        record = {"id": item.id, "status": status, "point": item.point, "result": out.get("result"),
+                  "error": out.get("error"), "traceback": out.get("traceback"),
+                  "wall_seconds": out.get("wall_seconds"), "worker": out.get("worker"), "torch": out.get("torch"),
+                  "worker_deaths": item.deaths, "code_version": self.code, "point_fn": self.fn_name,
+                  "finished_at": utc_now()}
+        write_json_atomic(self.out / "points" / f"{item.id}.json", record)
+        self.point_seconds += out.get("wall_seconds") or 0.0
+        self.log(status, id=item.id, worker=out.get("worker"))
+        if status == "done":
+            self.done += 1
+        else:
+            self.failed += 1
+            self.failed_ids.append(item.id)
+        self.bar.update(1)
+        self.bar.set_postfix(failed=self.failed, refresh=False)
+
+    def died(self, items: list[Item], charged: bool) -> None:
+        """One worker death; ``items`` were in flight (the culprit among them if not charged)."""
+        self.deaths += 1
+        self.log("worker_died", ids=[item.id for item in items], charged=charged,
+                 deaths=[item.deaths for item in items])
+
+    def death_failure(self, item: Item, detail: str, retries: Optional[int] = None) -> dict:
+        retries = self.retries if retries is None else retries
+        return {"result": None, "traceback": None, "worker": None, "wall_seconds": None,
+                "error": f"WorkerDied: the worker process died while running this point {detail} "
+                         f"(killed, crashed or out of memory); gave up after {retries} retries"}
