@@ -7,7 +7,6 @@ from typing import Callable
 
 import torch
 
-import numerics.train as trainer
 from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, mse_loss
@@ -67,8 +66,8 @@ class TrainerSteps:
 
     Calling the object runs ``train`` (or ``train_reduced``) for ``steps`` steps and returns
     the durations of its steps.  The trainer draws one batch per step with
-    ``numerics.train.sample_prompts``; for the duration of the run that name is wrapped to
-    record a (device-synchronised) timestamp at each call, so the interval between two
+    its ``batches`` seam; the source given here samples the trainer's own stream and records
+    a (device-synchronised) timestamp at each draw, so the interval between two
     draws is exactly one step of the trainer: sampling, loss, divergence check, gradient,
     update.  Intervals that contain a record (trajectory readout, at the first and last
     step with ``records=2``) are dropped, so what remains is the step a long run repeats;
@@ -84,27 +83,23 @@ class TrainerSteps:
         self.setup_seconds = float("nan")
 
     def __call__(self) -> list[float]:
-        # TODO(one core): use train(batches=...) once the trainer has its batch-source seam,
-        # instead of wrapping numerics.train.sample_prompts for the duration of the run
+        # the trainer's batch-source seam: our source draws from the same stream the trainer
+        # would (same generator, same seed) and stamps the time of each draw
         stamps: list[float] = []
         cpu_stamps: list[float] = []
-        original = trainer.sample_prompts
+        gen = make_generator(self.tcfg.seed, self.cfg.device)
 
-        def stamped(*args, **kwargs):
+        def stamped(step: int):
             sync(self.cfg.device)
             stamps.append(time.perf_counter())
             cpu_stamps.append(time.process_time())
-            return original(*args, **kwargs)
+            return sample_prompts(self.cfg, self.tcfg.batch, gen)
 
-        trainer.sample_prompts = stamped
-        try:
-            t0 = time.perf_counter()
-            res = (train_reduced if self.reduced else train)(self.cfg, self.tcfg)
-        finally:
-            trainer.sample_prompts = original
+        t0 = time.perf_counter()
+        res = (train_reduced if self.reduced else train)(self.cfg, self.tcfg, batches=stamped)
         if len(stamps) != res.steps + 1:
-            raise RuntimeError(f"expected one sample_prompts call per step ({res.steps + 1}), saw "
-                               f"{len(stamps)}: numerics.train changed, update tools.bench.steps.TrainerSteps")
+            raise RuntimeError(f"expected one batch per step ({res.steps + 1}), saw {len(stamps)}: "
+                               "numerics.train changed, update tools.bench.steps.TrainerSteps")
         self.setup_seconds = stamps[0] - t0
         # interval k covers step k; step 0 holds the first record's readout
         return [(b - a, cb - ca) for a, b, ca, cb in

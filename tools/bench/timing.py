@@ -8,23 +8,13 @@ from typing import Callable
 import numpy as np
 import torch
 
+from numerics.config import use_precise_float32
+
 
 def precise_float32() -> dict:
-    """Switch TF32 off so float32 matmuls are IEEE float32 on every device; returns the
-    settings in force (recorded in the JSON).  Uses the fp32_precision API where this
-    torch has it (new torch refuses to read the legacy allow_tf32 flags when they disagree
-    with it; both say "off" here, as numerics.train sets them)."""
-    torch.set_float32_matmul_precision("highest")
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
-        torch.backends.cudnn.fp32_precision = "ieee"
-        return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
-                "cuda.matmul.fp32_precision": torch.backends.cuda.matmul.fp32_precision,
-                "cudnn.fp32_precision": torch.backends.cudnn.fp32_precision}
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}
+    """The project's one TF32 policy (:func:`numerics.config.use_precise_float32`), under
+    which every timing runs; returns the settings in force (recorded in the JSON)."""
+    return use_precise_float32()
 
 
 def sync(device: str) -> None:
