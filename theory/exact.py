@@ -1,0 +1,499 @@
+"""The exact finite-L loss of the decomposable (reduced) model, by deterministic quadrature.
+
+No Monte Carlo, no expansion in 1/L: every expectation below is reduced to one- and
+two-dimensional integrals that are evaluated to ~1e-12 (each result carries an error
+estimate).  numpy/scipy only.
+
+Model (SPEC.md "Setting", our notation)
+---------------------------------------
+Tasks r = (r_1..r_m); one prompt: x_l, q ~ N(0, I_d) (l = 1..L), g_i ~ N(0, I_{r_i}),
+y_{l,i} = g_i^T x_{l,(i)} + eps_{l,i} (eps ~ N(0, sigma^2)), target y_{q,i} = g_i^T q_{(i)}.
+Head h: logit s_{h,l} = sum_j omega[h,j] <x_{l,(j)}, q_{(j)}>, p_{h,l} = softmax_l(s_{h,.}),
+prediction yhat_i = sum_h mu[h,i] sum_l p_{h,l} y_{l,i}.  Loss = sum_i E (y_{q,i} - yhat_i)^2.
+
+1. Integrating out g and eps (exact)
+------------------------------------
+loss = sum_i [ r_i - 2 sum_h mu[h,i] b_{h,i} + sum_{h,k} mu[h,i] mu[k,i] C_{hk,i} ],
+  b_{h,i}  = E[ sum_l p_{h,l} <x_{l,(i)}, q_{(i)}> ]                        (E_g g g^T = I)
+  C_{hk,i} = E[ sum_{l,l'} p_{h,l} p_{k,l'} <x_{l,(i)}, x_{l',(i)}> ] + sigma^2 E[ sum_l p_{h,l} p_{k,l} ].
+
+2. One head, conditioned on q
+-----------------------------
+Write u_{l,j} = <x_{l,(j)}, q_{(j)}>/|q_{(j)}| (i.i.d. N(0,1) given q).  The logit is
+s_l = sum_j omega_j |q_j| u_{l,j} = beta v_l with beta^2 = sum_j omega_j^2 |q_j|^2 (the
+combined logit scale) and v_l ~ N(0,1) i.i.d. (the projection of the u's on the combined
+direction).  With c_i = omega_i |q_i| / beta, u_{l,i} = c_i v_l + sqrt(1 - c_i^2) w_{l,i},
+w independent of the logits; the part of x_{l,(i)} orthogonal to q_{(i)} (r_i - 1
+coordinates) is independent of the logits too.  Hence, with p = softmax(beta v),
+
+  b_i = E_q[ |q_i| c_i A(beta) ],
+  C_i = E_q[ c_i^2 B(beta) + (1 - c_i^2) P(beta) + (r_i - 1 + sigma^2) P(beta) ],
+  A = E sum_l p_l v_l,  B = E (sum_l p_l v_l)^2,  P = E sum_l p_l^2   (E over the v's).
+
+Gaussian integration by parts (Stein, E v f(v) = E f'(v), d p_l/d v_l = beta p_l (1 - p_l))
+removes the 1/beta: A = beta (1 - P), and B - P = beta^2 E[1 - Q + 6 Q^2 - 6 sum p^3]
+(Q = sum p^2), so with the two regular functions
+
+  a(beta) = A/beta = 1 - P(beta),     K(beta) = (B(beta) - P(beta)) / beta^2,
+
+  b_i = omega_i E_q[ |q_i|^2 a(beta) ],
+  C_i = omega_i^2 E_q[ |q_i|^2 K(beta) ] + (r_i + sigma^2) E_q[ P(beta) ].
+
+For m = 1 this is SPEC's formula  loss = r - 2 mu E[|q| A] + mu^2 E[B] + mu^2 (r - 1 + sigma^2) E[P].
+At beta = 0: P = 1/L, a = K = 1 - 1/L.  L = 1: P = 1, a = K = 0.
+
+3. The softmax moments as Laplace integrals (:func:`softmax_moments`)
+---------------------------------------------------------------------
+With D = sum_l e^{beta v_l}, 1/D = int_0^oo e^{-tD} dt, 1/D^2 = int_0^oo t e^{-tD} dt, and
+the L tokens i.i.d., every expectation factorises into one-token expectations.  Put
+t = e^tau, Y = t e^{beta v} = e^{tau + beta v} and E_j(tau) = E_v[ Y^j e^{-Y} ],
+phi(tau) = E_v e^{-Y} = E_0.  Then (the t^k of each Laplace kernel absorbed into Y^j)
+
+  P    = L int E_2 phi^{L-1} dtau,
+  a    = L int (E_1 - E_2) phi^{L-1} dtau               (= L E[v e^{beta v}/D] / beta, Stein),
+  K    = int [ L (4 E_2 - 5 E_3 + E_4) phi^{L-1} + L(L-1) (E_1 - E_2)^2 phi^{L-2} ] dtau,
+  1    = L int E_1 phi^{L-1} dtau                          (sum_l p_l = 1: a check),
+
+where the K integrand is Stein applied twice to the terms L E[v^2 e^{2 beta v}/D^2] and
+L(L-1) E[v_1 v_2 e^{beta(v_1+v_2)}/D^2] of B, minus P (E[(v^2 - 1) h] = E h'' with
+h = e^{2 beta v - Y}: h''/beta^2 = ((2 - Y)^2 - Y) h;  E[v e^{beta v - Y}] = beta E[(1 - Y) e^{beta v - Y}]),
+so that nothing cancels at small beta.  Every integrand is bounded and decays like e^{tau}
+(tau -> -oo) and like a Gaussian in tau / beta or doubly exponentially (tau -> +oo); it is
+analytic in a strip |Im tau| < pi/2, so the trapezoid rule in tau converges geometrically
+(step 0.2: error ~ e^{-pi^2/0.2}).  The one-token expectations E_j(tau) are Gaussian
+convolutions in z = tau + beta v of g_j(z) = e^{j z - e^z}: for beta >= 1 a discrete
+convolution on the same grid (step 0.2 in z), for beta < 1 a trapezoid in v (step 0.25).
+phi^{L-1} is taken as exp((L-1) log phi) with log phi = log1p(-E[-expm1(-Y)]) (no loss of
+precision when phi is near 1, i.e. at large L).
+
+4. The expectation over q (:func:`one_head_terms`)
+--------------------------------------------------
+Only the tasks with omega_j != 0 enter beta.  Group them by |omega_j| (k distinct values
+W_g = omega_g^2, degrees of freedom n_g = sum of r_j in the group, N = sum n_g): then
+beta^2 = S = sum_g W_g a_g with a_g ~ chi^2_{n_g} independent.  Write a_g = R^2 D_g with
+R^2 ~ chi^2_N and D ~ Dirichlet(n_g/2) independent (so S = R^2 T, T = sum_g W_g D_g) and
+change the measure to S/W ~ chi^2_N (W = max W_g):
+
+  E F(S)          = E_{S/W ~ chi^2_N}[ F(S) h(S) ],     h(S)   = E_D[ (W/T)^{N/2} e^{-S(1/T - 1/W)/2} ],
+  E[a_g F(S)]     = E_{S/W ~ chi^2_N}[ F(S) h_g(S) ],   h_g(S) = (S/W) E_D[ D_g (W/T)^{N/2+1} e^{-S(1/T - 1/W)/2} ].
+
+(For k = 1, h = 1 and h_g = S/W.)  The outer expectation is a generalised Gauss-Laguerre
+trapezoid rule in log(S/(2W)) (:func:`_log_gamma_rule`); the Dirichlet averages are tensor
+Gauss-Jacobi rules (stick-breaking).  The moments P, a, K are evaluated once per node beta = sqrt(S) and
+shared by all tasks; |q_i|^2 = a_{g(i)} r_i / n_{g(i)} in expectation given the group, so
+E[|q_i|^2 F] = (r_i / n_g) E[a_g F].  The error estimate of the outer rule is its change
+at twice the step.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+from scipy.special import gammaln, roots_jacobi
+
+from ._validate import check_omega_mu, check_sigma, check_tasks
+
+# quadrature constants (see the module docstring, section 3)
+TAU_STEP = 0.15         # trapezoid step in tau = log t and (beta >= 1) in z = tau + beta v
+V_STEP = 0.25           # trapezoid step in v for beta < 1
+V_HALF_WIDTH = 9.5      # the Gaussian in v is cut at |v| = 9.5 (e^{-45})
+LOG_TINY = 45.0         # integrands below e^{-45} of their scale are dropped
+JACOBI_NODES = 24       # Gauss-Jacobi nodes per Dirichlet dimension (k >= 2 groups)
+
+
+# ---------------------------------------------------------------------------------------
+# 3. the softmax moments P, a, K of one Gaussian logit scale beta
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SoftmaxMoments:
+    """P = E sum p^2, a = 1 - P = A/beta, K = (B - P)/beta^2 for p = softmax(beta v),
+    v_1..v_L i.i.d. N(0,1) (arrays over beta), and ``error``: an estimate of the absolute
+    error of each (max of the trapezoid-halving difference and the normalisation check)."""
+
+    beta: np.ndarray
+    L: int
+    P: np.ndarray
+    a: np.ndarray
+    K: np.ndarray
+    error: np.ndarray
+
+
+def _tau_grid(beta: float, L: int) -> np.ndarray:
+    # lower end: E_j(tau) <= min(e^{j tau + j^2 beta^2/2}, e^{-tau^2/(2 beta^2)}) and the
+    # integrands carry at most L^2: below tau_lo everything is < e^{-45}
+    lo = -(LOG_TINY + math.log(L) + min(beta * beta + 22.5, 9.5 * beta + 5.0))
+    hi = 9.5 * beta + 4.0      # e^{-e^tau} (beta = 0) and e^{-tau^2/(2 beta^2)} above
+    n = int(math.ceil((hi - lo) / TAU_STEP / 4.0)) * 4      # a multiple of 4: see _geometric_error
+    return lo + TAU_STEP * np.arange(n + 1)
+
+
+def _one_token(beta: float, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(E, one_minus_phi): E[j] = E_v[Y^j e^{-Y}] (j = 0..4) and E_v[1 - e^{-Y}] on the
+    tau grid, Y = e^{tau + beta v}, v ~ N(0, 1)."""
+    with np.errstate(over="ignore", under="ignore"):
+        if beta < 1.0:
+            # trapezoid in v; the tilt Y^j e^{-Y} ~ e^{j beta v} moves mass up to v ~ 4 beta
+            v = np.arange(-V_HALF_WIDTH, 4.0 * beta + V_HALF_WIDTH + V_STEP / 2, V_STEP)
+            logw = -0.5 * v ** 2 - 0.5 * math.log(2 * math.pi) + math.log(V_STEP)
+            z = tau[:, None] + beta * v[None, :]
+            ez = np.exp(z)
+            E = np.stack([np.exp(logw + j * z - ez).sum(axis=1) for j in range(5)])
+            omp = (-np.expm1(-ez) * np.exp(logw)).sum(axis=1)
+            return E, omp
+        # discrete Gaussian convolution in z on the tau grid's step
+        h = tau[1] - tau[0]
+        half = int(math.ceil((V_HALF_WIDTH + 4.0) * beta / h))
+        dz = h * np.arange(-half, half + 1)
+        kern = np.exp(-0.5 * (dz / beta) ** 2) * (h / (beta * math.sqrt(2 * math.pi)))
+        # g_j(z) = e^{jz - e^z} on an extended z grid: z in [tau_lo - half h, tau_hi + half h]
+        z = tau[0] + h * np.arange(-half, tau.size + half)
+        ez = np.exp(z)
+        g = [np.exp(j * z - ez) for j in range(5)]
+        g.append(-np.expm1(-ez))
+        # E(tau_k) = sum_n g(z_n) kern(z_n - tau_k): 'valid' convolution (kern is symmetric)
+        out = [np.convolve(gj, kern, mode="valid") for gj in g]
+        return np.stack(out[:5]), out[5]
+
+
+def _moments_one(beta: float, L: int) -> tuple[float, float, float, float]:
+    beta = abs(float(beta))
+    if L == 1:
+        return 1.0, 0.0, 0.0, 0.0
+    if beta == 0.0:
+        return 1.0 / L, 1.0 - 1.0 / L, 1.0 - 1.0 / L, 0.0
+    tau = _tau_grid(beta, L)
+    E, omp = _one_token(beta, tau)
+    with np.errstate(divide="ignore"):
+        logphi = np.where(omp < 0.5, np.log1p(-np.minimum(omp, 0.5)), np.log(np.maximum(E[0], 0.0)))
+    w1 = np.exp((L - 1) * logphi)
+    w2 = np.exp((L - 2) * logphi) if L > 2 else np.ones_like(w1)
+    d = E[1] - E[2]
+    fP = L * E[2] * w1
+    fa = L * d * w1
+    fK = L * (4 * E[2] - 5 * E[3] + E[4]) * w1 + L * (L - 1.0) * d * d * w2
+    fN = L * E[1] * w1
+    h = tau[1] - tau[0]
+    vals, errs = [], []
+    for f in (fP, fa, fK, fN):
+        full = h * f.sum()
+        vals.append(full)
+        errs.append(_geometric_error(full, 2 * h * f[::2].sum(), 4 * h * f[::4].sum()))
+    P, a, K, norm = vals
+    # rounding of the sums (~1e-16 per term of the integrands' scale) and the checks
+    err = max(max(errs[:3]), abs(norm - 1.0), abs(P + a - 1.0)) + 1e-15 * math.sqrt(tau.size)
+    return P, a, K, err
+
+
+def _geometric_error(fine: float, half: float, quarter: float) -> float:
+    """Error estimate of a geometrically convergent rule (error ~ C e^{-alpha/h}) from the
+    same rule at steps h, 2h, 4h: e(2h) ~ |fine - half|, e(4h) ~ |fine - quarter| give
+    e(h) ~ e(2h)^2 / e(4h).  If the sequence does not look geometric (e(4h) <= e(2h)) the
+    estimate is e(2h) itself (conservative)."""
+    e2, e4 = abs(fine - half), abs(fine - quarter)
+    if e4 > e2 > 0.0 and e4 > 1e3 * e2:
+        return e2 * e2 / e4
+    return e2
+
+
+def softmax_moments(beta, L) -> SoftmaxMoments:
+    """P(beta), a(beta) = 1 - P, K(beta) at context length L (module docstring, section 3).
+
+    beta: a number or array (the Gaussian logit scale; only |beta| matters); L: a positive
+    integer.  A few ms per beta (beta <= 5), more for large beta (cost ~ beta)."""
+    L = _check_int_L(L)
+    b = np.atleast_1d(np.asarray(beta, dtype=float))
+    if not np.all(np.isfinite(b)):
+        raise ValueError("beta must be finite")
+    out = np.array([_moments_one(x, L) for x in b.ravel()]).reshape(b.shape + (4,))
+    return SoftmaxMoments(beta=b, L=L, P=out[..., 0], a=out[..., 1], K=out[..., 2], error=out[..., 3])
+
+
+def _check_int_L(L) -> int:
+    if isinstance(L, bool) or not isinstance(L, (int, np.integer, float, np.floating)):
+        raise TypeError(f"L (context length) must be a positive integer, got {L!r}")
+    if not math.isfinite(float(L)) or float(L) != int(L) or L < 1:
+        raise ValueError(f"L (context length) must be a positive integer for the exact loss "
+                         f"(the number of context tokens), got {L!r}")
+    return int(L)
+
+
+@lru_cache(maxsize=4096)
+def _moments_cached(beta: float, L: int) -> tuple[float, float, float, float]:
+    return _moments_one(beta, L)
+
+
+# ---------------------------------------------------------------------------------------
+# 4. the expectation over q for one head
+# ---------------------------------------------------------------------------------------
+
+def _groups(omega_row: np.ndarray, tasks: tuple[int, ...]):
+    """Distinct nonzero |omega_j| (W_g = omega^2), their degrees of freedom n_g, and the
+    group of each task (-1 for omega_j = 0)."""
+    absw = np.abs(omega_row)
+    values = sorted({float(x) for x in absw if x != 0.0}, reverse=True)
+    group = np.array([values.index(float(x)) if x != 0.0 else -1 for x in absw], dtype=int)
+    W = np.array([v * v for v in values])
+    n = np.array([sum(r for r, g in zip(tasks, group) if g == k) for k in range(len(values))], dtype=float)
+    return W, n, group
+
+
+@lru_cache(maxsize=64)
+def _dirichlet_rule(alphas: tuple[float, ...], nodes: int):
+    """Tensor Gauss-Jacobi rule for D ~ Dirichlet(alphas) by stick-breaking:
+    D_1 = B_1, D_g = (1 - B_1)...(1 - B_{g-1}) B_g, B_g ~ Beta(alpha_g, sum_{g'>g} alpha_g').
+    Returns (D (n_nodes, k), weights (n_nodes,)) with weights summing to 1."""
+    k = len(alphas)
+    if k == 1:
+        return np.ones((1, 1)), np.ones(1)
+    pts = [np.zeros((1, 0))]
+    D = np.ones((1, 0))
+    wts = np.ones(1)
+    rest = np.ones(1)
+    for g in range(k - 1):
+        a, b = alphas[g], sum(alphas[g + 1:])
+        # Beta(a, b) on [0, 1], x = (1 + s)/2, Jacobi weight (1 - s)^(b-1) (1 + s)^(a-1)
+        s, w = roots_jacobi(nodes, b - 1.0, a - 1.0)
+        x = 0.5 * (1.0 + s)
+        w = w / w.sum()
+        Dg = (rest[:, None] * x[None, :]).ravel()
+        D = np.concatenate([np.repeat(D, nodes, axis=0), Dg[:, None]], axis=1)
+        wts = (wts[:, None] * w[None, :]).ravel()
+        rest = (rest[:, None] * (1.0 - x[None, :])).ravel()
+    D = np.concatenate([D, rest[:, None]], axis=1)
+    del pts
+    return D, wts
+
+
+@lru_cache(maxsize=256)
+def _log_gamma_rule(N_dof: float):
+    """Trapezoid rule in xi = log y for E f(y), y ~ Gamma(N/2, 1) (= chi^2_N / 2):
+    weights h exp((N/2) xi - e^xi - lgamma(N/2)) on the xi where that log-density exceeds
+    -LOG_TINY.  The integrand is analytic in a strip around the real xi axis and decays like
+    y^{N/2} at xi -> -oo and doubly exponentially at +oo, so the rule converges
+    geometrically (it resolves the small-y region where f varies on the scale 1/omega^2,
+    which a Gauss-Laguerre rule in y does not when omega is large).  The step is
+    min(0.25, 0.5 sqrt(2/N)) (the density in xi is ~ Gaussian of width sqrt(2/N)); the
+    nodes 0, 2, 4, ... and 0, 4, 8, ... are the rule at twice and four times the step, used
+    for the error estimate (:func:`_geometric_error`).  Returns (y, w), 4k + 1 nodes."""
+    a = N_dof / 2.0
+    peak = math.log(a)
+
+    def logdens(xi):
+        return a * xi - math.exp(xi) - float(gammaln(a))
+
+    target = -LOG_TINY
+    lo, hi = peak, peak
+    step = 1.0
+    while logdens(lo) > target:
+        lo -= step
+    while logdens(hi) > target:
+        hi += step
+    h = min(0.25, 0.5 * math.sqrt(2.0 / N_dof))
+    n = int(math.ceil((hi - lo) / h / 4.0)) * 4
+    xi = lo + h * np.arange(n + 1)
+    y = np.exp(xi)
+    w = h * np.exp(a * xi - y - gammaln(a))
+    return y, w
+
+
+def _outer_rule(W: np.ndarray, n: np.ndarray):
+    """Nodes S (= beta^2) and weight matrices (omitting no mass) for
+    E F(S) = sum w0 F(S) and E[a_g F(S)] = sum wg[g] F(S)  (module docstring, section 4)."""
+    k = W.size
+    N = float(n.sum())
+    Wmax = float(W.max())
+    y, w = _log_gamma_rule(N)
+    S = 2.0 * Wmax * y                                       # S / Wmax ~ chi^2_N
+    if k == 1:
+        return S, w, (S / Wmax)[None, :] * w[None, :]
+    D, dw = _dirichlet_rule(tuple(float(x) for x in n / 2.0), JACOBI_NODES)
+    T = D @ W                                                # (nD,)
+    ratio = Wmax / T
+    # log of (W/T)^{N/2} e^{-S (1/T - 1/W)/2} on the (nD, nS) grid
+    expo = -0.5 * S[None, :] * (1.0 / T[:, None] - 1.0 / Wmax)
+    base = np.exp(0.5 * N * np.log(ratio)[:, None] + expo)
+    h0 = dw @ base                                           # (nS,)
+    hg = (S / Wmax)[None, :] * ((dw[:, None] * D).T @ (ratio[:, None] * base))  # (k, nS)
+    return S, w * h0, hg * w[None, :]
+
+
+def _one_head_expectations(omega_row, tasks, L):
+    """(EP, Ea (m,), EK (m,), err): E_q P(beta), E_q[|q_i|^2 a(beta)], E_q[|q_i|^2 K(beta)]
+    and an absolute error bound of the moment quadrature (summed over nodes)."""
+    W, n, group = _groups(omega_row, tasks)
+    m = len(tasks)
+    if W.size == 0:           # omega = 0: beta = 0, P = 1/L, a = K = 1 - 1/L
+        P0 = 1.0 / L
+        a0 = 1.0 - P0 if L > 1 else 0.0
+        r = np.asarray(tasks, dtype=float)
+        return P0, r * a0, r * a0, 0.0
+    S, w0, wg = _outer_rule(W, n)
+    mom = np.array([_moments_cached(float(math.sqrt(s)), L) for s in S])   # (nS, 4)
+    EP = float(w0 @ mom[:, 0])
+    Ea_g = wg @ mom[:, 1]                                      # E[a_g a(beta)], (k,)
+    EK_g = wg @ mom[:, 2]
+    # error: the moments' own (weighted) plus the outer rule's change at twice the step
+    err_in = float(np.abs(w0) @ mom[:, 3] + np.abs(wg).sum(axis=0) @ mom[:, 3])
+    def coarse(step):
+        c0, cg, mc = step * w0[::step], step * wg[:, ::step], mom[::step]
+        return float(c0 @ mc[:, 0]), cg @ mc[:, 1], cg @ mc[:, 2]
+
+    (P2, a2, K2), (P4, a4, K4) = coarse(2), coarse(4)
+    err_out = max([_geometric_error(EP, P2, P4)]
+                  + [_geometric_error(x, y, z) for x, y, z in zip(Ea_g, a2, a4)]
+                  + [_geometric_error(x, y, z) for x, y, z in zip(EK_g, K2, K4)])
+    err = err_in + err_out
+    Ea = np.zeros(m)
+    EK = np.zeros(m)
+    for i, g in enumerate(group):
+        if g >= 0:            # E|q_i|^2 F = (r_i / n_g) E[a_g F]  (exchangeable within a group)
+            Ea[i] = tasks[i] / n[g] * Ea_g[g]
+            EK[i] = tasks[i] / n[g] * EK_g[g]
+    return EP, Ea, EK, err
+
+
+# ---------------------------------------------------------------------------------------
+# 5. the loss
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class ExactLoss:
+    """The exact loss at (omega, mu) and what it is made of.
+
+    loss: sum over tasks; error_estimate: an absolute bound on the quadrature error
+    (moments, outer rule, rounding); per_task (m,); b (H, m) = b_{h,i};
+    C_diag (H, m) = C_{hh,i}; case: how the heads were treated ("no heads", "one head",
+    "allocated" (each task served by at most one head), "pairs" (cross moments from
+    theory.exact_pairs)); heads_used: the effective heads after merging identical omega
+    rows (mu summed) and dropping heads with mu = 0."""
+
+    loss: float
+    error_estimate: float
+    per_task: np.ndarray
+    case: str
+    L: int
+    sigma: float
+    b: np.ndarray = field(repr=False, default=None)
+    C_diag: np.ndarray = field(repr=False, default=None)
+    heads_used: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"loss": self.loss, "error_estimate": self.error_estimate,
+                "relative_error_estimate": self.error_estimate / abs(self.loss) if self.loss else None,
+                "per_task": self.per_task.tolist(), "case": self.case, "L": self.L, "sigma": self.sigma,
+                "heads_used": self.heads_used, "seconds": self.seconds}
+
+
+def _effective_heads(omega: np.ndarray, mu: np.ndarray):
+    """Merge heads with identical omega rows (same softmax, so their mu add) and drop heads
+    whose mu row is zero (they contribute nothing)."""
+    rows: list[tuple] = []
+    mus: list[np.ndarray] = []
+    for h in range(omega.shape[0]):
+        key = tuple(float(x) for x in omega[h])
+        if key in rows:
+            mus[rows.index(key)] = mus[rows.index(key)] + mu[h]
+        else:
+            rows.append(key)
+            mus.append(mu[h].astype(float).copy())
+    keep = [j for j, m_ in enumerate(mus) if np.any(m_ != 0.0)]
+    om = np.array([rows[j] for j in keep], dtype=float).reshape(len(keep), omega.shape[1])
+    mu_ = np.array([mus[j] for j in keep], dtype=float).reshape(len(keep), omega.shape[1])
+    return om, mu_
+
+
+def one_head_terms(omega_row, tasks, L, sigma=0.0):
+    """(b (m,), C (m,), err): b_i = E sum_l p_l y_l,i y_q,i and C_i = E (sum_l p_l y_l,i)^2
+    of one head with logit coefficients omega_row (module docstring, section 2), and an
+    absolute error bound shared by all entries (scaled by the entries' prefactors)."""
+    tasks = check_tasks(tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    om = check_finite_array_row(omega_row, len(tasks))
+    EP, Ea, EK, err = _one_head_expectations(om, tasks, L)
+    r = np.asarray(tasks, dtype=float)
+    b = om * Ea
+    C = om ** 2 * EK + (r + sigma ** 2) * EP
+    scale = np.abs(om) + om ** 2 + r + sigma ** 2
+    return b, C, err * scale
+
+
+def check_finite_array_row(omega_row, m: int) -> np.ndarray:
+    om = np.asarray(omega_row, dtype=float).reshape(-1)
+    if om.size != m:
+        raise ValueError(f"omega row must have one entry per task (m = {m}), got {om.size}")
+    if not np.all(np.isfinite(om)):
+        raise ValueError("omega contains NaN or infinite entries; pass finite values")
+    return om
+
+
+def _pairs_module():
+    try:
+        from . import exact_pairs  # noqa: PLC0415 -- optional sibling module (several heads)
+    except ImportError:
+        return None
+    return exact_pairs
+
+
+def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
+    """The exact loss L_L(omega, mu) of the decomposable model (sum over tasks) at integer
+    context length L, with an absolute error estimate.
+
+    omega, mu: (H, m) arrays (a 1-D array is one head); tasks: block sizes (r_1..r_m);
+    sigma >= 0 the label noise.  Covered exactly: H = 1 (any m); any H when each task is
+    served (mu != 0) by at most one head after merging heads with identical omega rows
+    (their mu add) and dropping heads with mu = 0 -- then loss_i = r_i - 2 mu b_i + mu^2 C_i
+    of the serving head.  Otherwise the cross moments C_{hk,i} (h != k) come from
+    ``theory.exact_pairs.cross_moment`` if that module exists, else NotImplementedError.
+    Degenerate inputs: L = 1 (softmax = 1), omega = 0 (uniform weights), mu = 0 (loss =
+    sum r_i) are the closed forms the same formulas reduce to."""
+    import time
+
+    t0 = time.perf_counter()
+    tasks = check_tasks(tasks)
+    omega, mu = check_omega_mu(omega, mu, tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    m = len(tasks)
+    r = np.asarray(tasks, dtype=float)
+    om, mu_ = _effective_heads(omega, mu)
+    H = om.shape[0]
+    b = np.zeros((H, m))
+    C = np.zeros((H, m))
+    E = np.zeros((H, m))
+    for h in range(H):
+        b[h], C[h], E[h] = one_head_terms(om[h], tasks, L, sigma)
+    served = (mu_ != 0.0).sum(axis=0)
+    if H == 0:
+        case = "no heads"
+    elif H == 1:
+        case = "one head"
+    elif np.all(served <= 1):
+        case = "allocated"
+    else:
+        case = "pairs"
+    per_task = r - 2.0 * np.sum(mu_ * b, axis=0) + np.sum(mu_ ** 2 * C, axis=0)
+    err = np.sum(2.0 * np.abs(mu_) * E + mu_ ** 2 * E, axis=0)
+    if case == "pairs":
+        pairs = _pairs_module()
+        if pairs is None or not hasattr(pairs, "cross_moment"):
+            raise NotImplementedError(
+                "exact_loss covers one head, and several heads when each task is served (mu != 0) "
+                "by at most one head; this point has two heads serving one task, which needs the "
+                "cross moments C_hk (theory.exact_pairs.cross_moment), not available here. Use "
+                "theory.reduced_ode.mc_reduced_loss (Monte Carlo) for it")
+        for i in range(m):
+            hs = [h for h in range(H) if mu_[h, i] != 0.0]
+            for x, h in enumerate(hs):
+                for k in hs[x + 1:]:
+                    val, e = pairs.cross_moment(om[h], om[k], tasks, L, sigma, i)
+                    per_task[i] += 2.0 * mu_[h, i] * mu_[k, i] * val
+                    err[i] += 2.0 * abs(mu_[h, i] * mu_[k, i]) * e
+    rounding = 1e-15 * 10.0 * float(np.sum(r + np.sum(np.abs(mu_ * b), axis=0) + np.sum(mu_ ** 2 * C, axis=0)))
+    return ExactLoss(loss=float(per_task.sum()), error_estimate=float(err.sum()) + rounding,
+                     per_task=per_task, case=case, L=L, sigma=sigma, b=b, C_diag=C, heads_used=H,
+                     seconds=time.perf_counter() - t0)
