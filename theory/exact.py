@@ -66,23 +66,27 @@ convolution on the same grid (step 0.2 in z), for beta < 1 a trapezoid in v (ste
 phi^{L-1} is taken as exp((L-1) log phi) with log phi = log1p(-E[-expm1(-Y)]) (no loss of
 precision when phi is near 1, i.e. at large L).
 
-4. The expectation over q (:func:`one_head_terms`)
---------------------------------------------------
+4. The expectation over q (:func:`_one_head_expectations`)
+-----------------------------------------------------------
 Only the tasks with omega_j != 0 enter beta.  Group them by |omega_j| (k distinct values
-W_g = omega_g^2, degrees of freedom n_g = sum of r_j in the group, N = sum n_g): then
-beta^2 = S = sum_g W_g a_g with a_g ~ chi^2_{n_g} independent.  Write a_g = R^2 D_g with
-R^2 ~ chi^2_N and D ~ Dirichlet(n_g/2) independent (so S = R^2 T, T = sum_g W_g D_g) and
-change the measure to S/W ~ chi^2_N (W = max W_g):
+W_g = omega_g^2, degrees of freedom n_g = sum of r_j in the group): then
+beta^2 = S = sum_g W_g a_g with a_g ~ chi^2_{n_g} independent.  Each a_g = 2 y_g is
+integrated by the trapezoid rule in log y_g (:func:`_log_gamma_rule`: geometric
+convergence, and it resolves small y where the moments vary on the scale 1/omega^2, which
+a Gauss-Laguerre rule does not when omega is large); k >= 2 groups use the tensor product
+(small-y nodes lumped, :func:`_group_rule`), up to MAX_GROUPS = 3.  The moments at the
+nodes beta = sqrt(S) come from the per-L :class:`MomentTable` (piecewise Chebyshev,
+~1e-14), shared by every (omega, mu).  Within a group the tasks are exchangeable:
+E[|q_i|^2 | a_g] = a_g r_i / n_g and E[|q_i|^2 |q_j|^2 | a_g] = a_g^2 r_i (r_j + 2 delta_ij)
+/ (n_g (n_g + 2)) (Dirichlet moments).  The error estimate of the outer rule comes from the
+same rule at twice and four times the step (:func:`_geometric_error`).
 
-  E F(S)          = E_{S/W ~ chi^2_N}[ F(S) h(S) ],     h(S)   = E_D[ (W/T)^{N/2} e^{-S(1/T - 1/W)/2} ],
-  E[a_g F(S)]     = E_{S/W ~ chi^2_N}[ F(S) h_g(S) ],   h_g(S) = (S/W) E_D[ D_g (W/T)^{N/2+1} e^{-S(1/T - 1/W)/2} ].
-
-(For k = 1, h = 1 and h_g = S/W.)  The outer expectation is a generalised Gauss-Laguerre
-trapezoid rule in log(S/(2W)) (:func:`_log_gamma_rule`); the Dirichlet averages are tensor
-Gauss-Jacobi rules (stick-breaking).  The moments P, a, K are evaluated once per node beta = sqrt(S) and
-shared by all tasks; |q_i|^2 = a_{g(i)} r_i / n_{g(i)} in expectation given the group, so
-E[|q_i|^2 F] = (r_i / n_g) E[a_g F].  The error estimate of the outer rule is its change
-at twice the step.
+5. Gradient
+-----------
+mu enters quadratically: d loss / d mu[h,i] = -2 b_{h,i} + 2 sum_k mu[k,i] C_{hk,i}.  For
+omega, d beta^2 / d omega_j = 2 omega_j |q_j|^2, so every d/d omega_j is an expectation of
+the x-derivatives P', a', K' (x = beta^2, tabulated alongside, section 3) times
+|q_i|^2 |q_j|^2 -- the same nodes, no finite differences (:func:`_one_head_bc`).
 """
 from __future__ import annotations
 
@@ -91,7 +95,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
-from scipy.special import gammaln, roots_jacobi
+from scipy.special import gammaln
 
 from ._validate import check_omega_mu, check_sigma, check_tasks
 
@@ -100,7 +104,7 @@ TAU_STEP = 0.15         # trapezoid step in tau = log t and (beta >= 1) in z = t
 V_STEP = 0.25           # trapezoid step in v for beta < 1
 V_HALF_WIDTH = 9.5      # the Gaussian in v is cut at |v| = 9.5 (e^{-45})
 LOG_TINY = 45.0         # integrands below e^{-45} of their scale are dropped
-JACOBI_NODES = 24       # Gauss-Jacobi nodes per Dirichlet dimension (k >= 2 groups)
+MAX_GROUPS = 3          # distinct nonzero |omega| values in one head (tensor rule in k dims)
 
 
 # ---------------------------------------------------------------------------------------
@@ -110,14 +114,18 @@ JACOBI_NODES = 24       # Gauss-Jacobi nodes per Dirichlet dimension (k >= 2 gro
 @dataclass(frozen=True)
 class SoftmaxMoments:
     """P = E sum p^2, a = 1 - P = A/beta, K = (B - P)/beta^2 for p = softmax(beta v),
-    v_1..v_L i.i.d. N(0,1) (arrays over beta), and ``error``: an estimate of the absolute
-    error of each (max of the trapezoid-halving difference and the normalisation check)."""
+    v_1..v_L i.i.d. N(0,1) (arrays over beta), their derivatives dP, da, dK in x = beta^2,
+    and ``error``: an estimate of the absolute error of each (the trapezoid's geometric
+    error estimate, the normalisation check sum p = 1 and the identities a = 1 - P, a' = -P')."""
 
     beta: np.ndarray
     L: int
     P: np.ndarray
     a: np.ndarray
     K: np.ndarray
+    dP: np.ndarray
+    da: np.ndarray
+    dK: np.ndarray
     error: np.ndarray
 
 
@@ -131,7 +139,7 @@ def _tau_grid(beta: float, L: int) -> np.ndarray:
 
 
 def _one_token(beta: float, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(E, one_minus_phi): E[j] = E_v[Y^j e^{-Y}] (j = 0..4) and E_v[1 - e^{-Y}] on the
+    """(E, one_minus_phi): E[j] = E_v[Y^j e^{-Y}] (j = 0..6) and E_v[1 - e^{-Y}] on the
     tau grid, Y = e^{tau + beta v}, v ~ N(0, 1)."""
     with np.errstate(over="ignore", under="ignore"):
         if beta < 1.0:
@@ -140,60 +148,86 @@ def _one_token(beta: float, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             logw = -0.5 * v ** 2 - 0.5 * math.log(2 * math.pi) + math.log(V_STEP)
             z = tau[:, None] + beta * v[None, :]
             ez = np.exp(z)
-            E = np.stack([np.exp(logw + j * z - ez).sum(axis=1) for j in range(5)])
+            E = np.stack([np.exp(logw + j * z - ez).sum(axis=1) for j in range(7)])
             omp = (-np.expm1(-ez) * np.exp(logw)).sum(axis=1)
             return E, omp
         # discrete Gaussian convolution in z on the tau grid's step
         h = tau[1] - tau[0]
-        half = int(math.ceil((V_HALF_WIDTH + 4.0) * beta / h))
+        half = int(math.ceil(V_HALF_WIDTH * beta / h))   # g_j is bounded: the kernel's tail beyond 9.5 beta is < e^{-45}
         dz = h * np.arange(-half, half + 1)
         kern = np.exp(-0.5 * (dz / beta) ** 2) * (h / (beta * math.sqrt(2 * math.pi)))
         # g_j(z) = e^{jz - e^z} on an extended z grid: z in [tau_lo - half h, tau_hi + half h]
         z = tau[0] + h * np.arange(-half, tau.size + half)
         ez = np.exp(z)
-        g = [np.exp(j * z - ez) for j in range(5)]
+        g = [np.exp(j * z - ez) for j in range(7)]
         g.append(-np.expm1(-ez))
         # E(tau_k) = sum_n g(z_n) kern(z_n - tau_k): 'valid' convolution (kern is symmetric)
+        # direct summation (an FFT convolution's absolute rounding ~1e-16 is amplified by
+        # up to L^3 in the K' integrand: measured 1e-10 at L = 4096)
         out = [np.convolve(gj, kern, mode="valid") for gj in g]
-        return np.stack(out[:5]), out[5]
+        return np.stack(out[:7]), out[7]
 
 
-def _moments_one(beta: float, L: int) -> tuple[float, float, float, float]:
+NMOM = 7   # P, a, K, dP, da, dK (derivatives in x = beta^2), error
+
+
+def _moments_one(beta: float, L: int) -> tuple:
+    """(P, a, K, dP/dx, da/dx, dK/dx, error) at x = beta^2 (module docstring, section 3).
+
+    Derivatives: E_j(tau) is the Gaussian convolution of g_j(z) = e^{jz - e^z} with
+    variance x = beta^2, so it solves the heat equation dE_j/dx = (1/2) d^2E_j/dtau^2, and
+    g_j' = j g_j - g_{j+1} gives dE_j/dx = (j^2 E_j - (2j+1) E_{j+1} + E_{j+2}) / 2
+    (phi = E_0).  Differentiating the tau integrands under the integral:
+      P' = L int [E_2' phi^{L-1} + (L-1) E_2 phi' phi^{L-2}],   a' = -P' (checked),
+      K' = int [L e' phi^{L-1} + L(L-1) (e phi' + 2 d d') phi^{L-2} + L(L-1)(L-2) d^2 phi' phi^{L-3}],
+    with d = E_1 - E_2, e = 4E_2 - 5E_3 + E_4."""
     beta = abs(float(beta))
     if L == 1:
-        return 1.0, 0.0, 0.0, 0.0
-    if beta == 0.0:
-        return 1.0 / L, 1.0 - 1.0 / L, 1.0 - 1.0 / L, 0.0
+        return 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     tau = _tau_grid(beta, L)
     E, omp = _one_token(beta, tau)
     with np.errstate(divide="ignore"):
         logphi = np.where(omp < 0.5, np.log1p(-np.minimum(omp, 0.5)), np.log(np.maximum(E[0], 0.0)))
     w1 = np.exp((L - 1) * logphi)
     w2 = np.exp((L - 2) * logphi) if L > 2 else np.ones_like(w1)
+    w3 = np.exp((L - 3) * logphi) if L > 3 else (np.ones_like(w1) if L == 3 else np.zeros_like(w1))
+    dE = [0.5 * (j * j * E[j] - (2 * j + 1) * E[j + 1] + E[j + 2]) for j in range(5)]
+    dphi = dE[0]
     d = E[1] - E[2]
+    dd = dE[1] - dE[2]
+    e = 4 * E[2] - 5 * E[3] + E[4]
+    de = 4 * dE[2] - 5 * dE[3] + dE[4]
+    Lm = L - 1.0
     fP = L * E[2] * w1
     fa = L * d * w1
-    fK = L * (4 * E[2] - 5 * E[3] + E[4]) * w1 + L * (L - 1.0) * d * d * w2
+    fK = L * e * w1 + L * Lm * d * d * w2
     fN = L * E[1] * w1
+    fdP = L * (dE[2] * w1 + Lm * E[2] * dphi * w2)
+    fda = L * (dd * w1 + Lm * d * dphi * w2)
+    fdK = L * de * w1 + L * Lm * (e * dphi + 2 * d * dd) * w2 + L * Lm * (L - 2.0) * d * d * dphi * w3
     h = tau[1] - tau[0]
     vals, errs = [], []
-    for f in (fP, fa, fK, fN):
+    for f in (fP, fa, fK, fdP, fda, fdK, fN):
         full = h * f.sum()
         vals.append(full)
         errs.append(_geometric_error(full, 2 * h * f[::2].sum(), 4 * h * f[::4].sum()))
-    P, a, K, norm = vals
+    P, a, K, dP, da, dK, norm = vals
+    if beta == 0.0:           # the closed forms (the quadrature reproduces them to ~1e-15)
+        P, a, K = 1.0 / L, 1.0 - 1.0 / L, 1.0 - 1.0 / L
     # rounding of the sums (~1e-16 per term of the integrands' scale) and the checks
-    err = max(max(errs[:3]), abs(norm - 1.0), abs(P + a - 1.0)) + 1e-15 * math.sqrt(tau.size)
-    return P, a, K, err
+    scale = max(1.0, abs(dK), abs(dP))
+    err = (max(max(errs[:6]), abs(norm - 1.0), abs(P + a - 1.0), abs(dP + da) / scale)
+           + 1e-15 * math.sqrt(tau.size))
+    return P, a, K, dP, da, dK, err
 
 
 def _geometric_error(fine: float, half: float, quarter: float) -> float:
     """Error estimate of a geometrically convergent rule (error ~ C e^{-alpha/h}) from the
-    same rule at steps h, 2h, 4h: e(2h) ~ |fine - half|, e(4h) ~ |fine - quarter| give
-    e(h) ~ e(2h)^2 / e(4h).  If the sequence does not look geometric (e(4h) <= e(2h)) the
-    estimate is e(2h) itself (conservative)."""
+    same rule at steps h, 2h, 4h: with e(2h) ~ |fine - half|, e(4h) ~ |fine - quarter| and
+    q = e(4h)/e(2h) = e^{alpha/(4h)}, the error at h is e(2h)/q^2; we return e(2h)/q (one
+    factor of q to spare) when the sequence looks geometric (q >= 10), else e(2h) itself."""
     e2, e4 = abs(fine - half), abs(fine - quarter)
-    if e4 > e2 > 0.0 and e4 > 1e3 * e2:
+    if e2 > 0.0 and e4 >= 10.0 * e2:
         return e2 * e2 / e4
     return e2
 
@@ -207,8 +241,9 @@ def softmax_moments(beta, L) -> SoftmaxMoments:
     b = np.atleast_1d(np.asarray(beta, dtype=float))
     if not np.all(np.isfinite(b)):
         raise ValueError("beta must be finite")
-    out = np.array([_moments_one(x, L) for x in b.ravel()]).reshape(b.shape + (4,))
-    return SoftmaxMoments(beta=b, L=L, P=out[..., 0], a=out[..., 1], K=out[..., 2], error=out[..., 3])
+    out = np.array([_moments_one(x, L) for x in b.ravel()]).reshape(b.shape + (NMOM,))
+    return SoftmaxMoments(beta=b, L=L, P=out[..., 0], a=out[..., 1], K=out[..., 2], dP=out[..., 3],
+                          da=out[..., 4], dK=out[..., 5], error=out[..., 6])
 
 
 def _check_int_L(L) -> int:
@@ -220,9 +255,66 @@ def _check_int_L(L) -> int:
     return int(L)
 
 
-@lru_cache(maxsize=4096)
-def _moments_cached(beta: float, L: int) -> tuple[float, float, float, float]:
+@lru_cache(maxsize=16384)
+def _moments_cached(beta: float, L: int) -> tuple:
     return _moments_one(beta, L)
+
+
+TABLE_NODES = 24          # Chebyshev nodes per panel of the moment table
+TABLE_X0 = 0.25           # first panel: x = beta^2 in [0, TABLE_X0]
+TABLE_U0 = 0.5 * math.log(TABLE_X0)   # then panels of width TABLE_DU in u = log beta from here
+TABLE_DU = 0.5
+
+
+class MomentTable:
+    """The six functions (P, a, K, P', a', K') of beta at one L, as piecewise Chebyshev
+    interpolants: one panel in x = beta^2 on [0, 1/4] (they are smooth in x), then panels
+    of width 1/2 in u = log beta from log(1/2) on (they are analytic in a strip
+    of half-width ~0.7 around the real u axis: the trapezoid rule of the q-expectation in
+    log beta^2 converges geometrically, which measures that strip).  24 nodes per panel:
+    measured interpolation error <= 1e-13 (tests).  Panels are built on first use; the
+    error of a panel is its moments' own error plus the size of its last two Chebyshev
+    coefficients."""
+
+    def __init__(self, L: int):
+        self.L = int(L)
+        self.panels: dict[int, tuple[np.ndarray, float]] = {}
+        self.x = np.cos(np.pi * (np.arange(TABLE_NODES) + 0.5) / TABLE_NODES)
+
+    def _panel(self, j: int):
+        if j not in self.panels:
+            if j < 0:
+                betas = np.sqrt(TABLE_X0 * 0.5 * (self.x + 1.0))       # x = beta^2 in [0, X0]
+            else:
+                betas = np.exp(TABLE_U0 + TABLE_DU * (j + 0.5 * (self.x + 1.0)))   # u = log beta
+            vals = np.array([_moments_one(float(b), self.L) for b in betas])
+            coef = np.polynomial.chebyshev.chebfit(self.x, vals[:, :6], TABLE_NODES - 1)
+            err = float(vals[:, 6].max() + np.abs(coef[-2:]).max())
+            self.panels[j] = (coef, err)
+        return self.panels[j]
+
+    def __call__(self, beta: np.ndarray) -> tuple[np.ndarray, float]:
+        """(values (n, 6), error bound) at the given beta >= 0."""
+        beta = np.abs(np.asarray(beta, dtype=float)).ravel()
+        out = np.empty((beta.size, 6))
+        b1 = math.sqrt(TABLE_X0)
+        with np.errstate(divide="ignore"):
+            u = (np.log(np.maximum(beta, b1)) - TABLE_U0) / TABLE_DU
+        idx = np.where(beta <= b1, -1, np.maximum(np.floor(u), 0).astype(int))
+        err = 0.0
+        for j in np.unique(idx):
+            sel = idx == j
+            coef, e = self._panel(int(j))
+            t = 2.0 * beta[sel] ** 2 / TABLE_X0 - 1.0 if j < 0 else 2.0 * (u[sel] - j) - 1.0
+            out[sel] = np.polynomial.chebyshev.chebval(np.clip(t, -1.0, 1.0), coef).T
+            err = max(err, e)
+        return out, err
+
+
+@lru_cache(maxsize=64)
+def moment_table(L: int) -> MomentTable:
+    """The (cached) :class:`MomentTable` of context length L: shared by every (omega, mu)."""
+    return MomentTable(_check_int_L(L))
 
 
 # ---------------------------------------------------------------------------------------
@@ -238,33 +330,6 @@ def _groups(omega_row: np.ndarray, tasks: tuple[int, ...]):
     W = np.array([v * v for v in values])
     n = np.array([sum(r for r, g in zip(tasks, group) if g == k) for k in range(len(values))], dtype=float)
     return W, n, group
-
-
-@lru_cache(maxsize=64)
-def _dirichlet_rule(alphas: tuple[float, ...], nodes: int):
-    """Tensor Gauss-Jacobi rule for D ~ Dirichlet(alphas) by stick-breaking:
-    D_1 = B_1, D_g = (1 - B_1)...(1 - B_{g-1}) B_g, B_g ~ Beta(alpha_g, sum_{g'>g} alpha_g').
-    Returns (D (n_nodes, k), weights (n_nodes,)) with weights summing to 1."""
-    k = len(alphas)
-    if k == 1:
-        return np.ones((1, 1)), np.ones(1)
-    pts = [np.zeros((1, 0))]
-    D = np.ones((1, 0))
-    wts = np.ones(1)
-    rest = np.ones(1)
-    for g in range(k - 1):
-        a, b = alphas[g], sum(alphas[g + 1:])
-        # Beta(a, b) on [0, 1], x = (1 + s)/2, Jacobi weight (1 - s)^(b-1) (1 + s)^(a-1)
-        s, w = roots_jacobi(nodes, b - 1.0, a - 1.0)
-        x = 0.5 * (1.0 + s)
-        w = w / w.sum()
-        Dg = (rest[:, None] * x[None, :]).ravel()
-        D = np.concatenate([np.repeat(D, nodes, axis=0), Dg[:, None]], axis=1)
-        wts = (wts[:, None] * w[None, :]).ravel()
-        rest = (rest[:, None] * (1.0 - x[None, :])).ravel()
-    D = np.concatenate([D, rest[:, None]], axis=1)
-    del pts
-    return D, wts
 
 
 @lru_cache(maxsize=256)
@@ -291,7 +356,7 @@ def _log_gamma_rule(N_dof: float):
         lo -= step
     while logdens(hi) > target:
         hi += step
-    h = min(0.25, 0.5 * math.sqrt(2.0 / N_dof))
+    h = min(0.2, 0.4 * math.sqrt(2.0 / N_dof))
     n = int(math.ceil((hi - lo) / h / 4.0)) * 4
     xi = lo + h * np.arange(n + 1)
     y = np.exp(xi)
@@ -299,60 +364,106 @@ def _log_gamma_rule(N_dof: float):
     return y, w
 
 
-def _outer_rule(W: np.ndarray, n: np.ndarray):
-    """Nodes S (= beta^2) and weight matrices (omitting no mass) for
-    E F(S) = sum w0 F(S) and E[a_g F(S)] = sum wg[g] F(S)  (module docstring, section 4)."""
+LUMP_Y = 1e-3     # with k >= 2 groups, the nodes y < LUMP_Y of each group are lumped
+
+
+def _group_rule(n_dof: float, thin: int, lump: bool):
+    """The log-Gamma trapezoid rule of one group (a = chi^2_n = 2y), at ``thin`` times the
+    base step (nodes 0, thin, 2 thin, ...; weights times thin).  With ``lump`` the nodes
+    y < LUMP_Y are replaced by one node at their weighted mean y, carrying their total
+    weight: for F smooth in y this changes the sum by O(F'' LUMP_Y^2 mass(y < LUMP_Y))
+    (< 1e-12 here), and it keeps the tensor rules of several groups small."""
+    y, w = _log_gamma_rule(n_dof)
+    y, w = y[::thin], thin * w[::thin]
+    if lump:
+        low = y < LUMP_Y
+        if low.sum() > 1:
+            mass = w[low].sum()
+            y = np.concatenate([[float((w[low] * y[low]).sum() / mass)], y[~low]])
+            w = np.concatenate([[mass], w[~low]])
+    return 2.0 * y, w
+
+
+def _outer_rule(W: np.ndarray, n: np.ndarray, thin: int = 1):
+    """Nodes S (= beta^2) and weights for  E F(S) = sum w0 F,  E[a_g F(S)] = sum wg[g] F
+    and E[a_g a_g' F(S)] = sum wgg[g, g'] F, with S = sum_g W_g a_g, a_g ~ chi^2_{n_g}:
+    the tensor product of the groups' log-Gamma rules (module docstring, section 4)."""
     k = W.size
-    N = float(n.sum())
-    Wmax = float(W.max())
-    y, w = _log_gamma_rule(N)
-    S = 2.0 * Wmax * y                                       # S / Wmax ~ chi^2_N
-    if k == 1:
-        return S, w, (S / Wmax)[None, :] * w[None, :]
-    D, dw = _dirichlet_rule(tuple(float(x) for x in n / 2.0), JACOBI_NODES)
-    T = D @ W                                                # (nD,)
-    ratio = Wmax / T
-    # log of (W/T)^{N/2} e^{-S (1/T - 1/W)/2} on the (nD, nS) grid
-    expo = -0.5 * S[None, :] * (1.0 / T[:, None] - 1.0 / Wmax)
-    base = np.exp(0.5 * N * np.log(ratio)[:, None] + expo)
-    h0 = dw @ base                                           # (nS,)
-    hg = (S / Wmax)[None, :] * ((dw[:, None] * D).T @ (ratio[:, None] * base))  # (k, nS)
-    return S, w * h0, hg * w[None, :]
+    rules = [_group_rule(float(ng), thin, lump=k >= 2) for ng in n]
+    grids = np.meshgrid(*[a for a, _ in rules], indexing="ij")
+    wts = np.ones(())
+    for _, w in rules:
+        wts = np.multiply.outer(wts, w)
+    A = np.stack([g.ravel() for g in grids])                   # (k, nS): a_g at each node
+    w0 = wts.ravel()
+    S = W @ A
+    wg = A * w0[None, :]
+    wgg = A[:, None, :] * A[None, :, :] * w0[None, None, :]
+    return S, w0, wg, wgg
 
 
-def _one_head_expectations(omega_row, tasks, L):
-    """(EP, Ea (m,), EK (m,), err): E_q P(beta), E_q[|q_i|^2 a(beta)], E_q[|q_i|^2 K(beta)]
-    and an absolute error bound of the moment quadrature (summed over nodes)."""
+def _one_head_expectations(omega_row, tasks, L, grad=False):
+    """Expectations over q of the softmax moments for one head (module docstring, sec. 4):
+
+      EP = E P(beta),  Ea[i] = E[|q_i|^2 a(beta)],  EK[i] = E[|q_i|^2 K(beta)],
+    and with grad=True also (prime = d/d beta^2)
+      dP[j] = E[|q_j|^2 P'],  da[i, j] = E[|q_i|^2 |q_j|^2 a'],  dK[i, j] = E[|q_i|^2 |q_j|^2 K'],
+    plus ``err``: an absolute error bound (moment errors weighted, and the outer rule's
+    geometric error estimate), for quantities of order one.  Within a group of dof n_g,
+    E[|q_i|^2 | a_g] = a_g r_i / n_g and E[|q_i|^2 |q_j|^2 | a_g] = a_g^2 r_i (r_j + 2 delta_ij)
+    / (n_g (n_g + 2)) (Dirichlet moments); a task with omega_i = 0 is independent of beta:
+    E[|q_i|^2 F] = r_i E F."""
     W, n, group = _groups(omega_row, tasks)
     m = len(tasks)
-    if W.size == 0:           # omega = 0: beta = 0, P = 1/L, a = K = 1 - 1/L
-        P0 = 1.0 / L
-        a0 = 1.0 - P0 if L > 1 else 0.0
-        r = np.asarray(tasks, dtype=float)
-        return P0, r * a0, r * a0, 0.0
-    S, w0, wg = _outer_rule(W, n)
-    mom = np.array([_moments_cached(float(math.sqrt(s)), L) for s in S])   # (nS, 4)
-    EP = float(w0 @ mom[:, 0])
-    Ea_g = wg @ mom[:, 1]                                      # E[a_g a(beta)], (k,)
-    EK_g = wg @ mom[:, 2]
-    # error: the moments' own (weighted) plus the outer rule's change at twice the step
-    err_in = float(np.abs(w0) @ mom[:, 3] + np.abs(wg).sum(axis=0) @ mom[:, 3])
-    def coarse(step):
-        c0, cg, mc = step * w0[::step], step * wg[:, ::step], mom[::step]
-        return float(c0 @ mc[:, 0]), cg @ mc[:, 1], cg @ mc[:, 2]
+    r = np.asarray(tasks, dtype=float)
+    k = W.size
+    if k > MAX_GROUPS:
+        raise NotImplementedError(
+            f"one head with {k} distinct nonzero |omega| values: the q-expectation is a {k}-fold "
+            f"tensor rule, implemented up to {MAX_GROUPS}. Tasks with equal |omega| share a group "
+            "(any number of them); use theory.reduced_ode.mc_reduced_loss for this point")
+    table = moment_table(L)
+    if k == 0:
+        mom, err_tab = table(np.zeros(1))
+        E0, Eg, Egg, err_out, err_out_grad = mom[0], np.zeros((0, 6)), np.zeros((0, 0, 6)), 0.0, 0.0
+        err_tab = float(err_tab)
+    else:
+        sums = []
+        for thin in (1, 2, 4):       # the rule at steps h, 2h, 4h: geometric error estimate
+            S, w0, wg, wgg = _outer_rule(W, n, thin)
+            mom, e_tab = table(np.sqrt(S))
+            sums.append((w0 @ mom, wg @ mom, wgg @ mom, e_tab * (np.abs(w0).sum() + np.abs(wg).sum())))
+        (E0, Eg, Egg, err_tab), (c2, g2, _, _), (c4, g4, _, _) = sums
+        ge = np.vectorize(_geometric_error)
+        e0, eg = ge(E0, c2, c4), ge(Eg, g2, g4)           # (6,), (k, 6)
+        err_out = float(max(e0[:3].max(), eg[:, :3].max()))
+        err_out_grad = float(max(e0[3:].max(), eg[:, 3:].max()))
+    err = err_tab + err_out
+    err_grad = err_tab + err_out_grad
 
-    (P2, a2, K2), (P4, a4, K4) = coarse(2), coarse(4)
-    err_out = max([_geometric_error(EP, P2, P4)]
-                  + [_geometric_error(x, y, z) for x, y, z in zip(Ea_g, a2, a4)]
-                  + [_geometric_error(x, y, z) for x, y, z in zip(EK_g, K2, K4)])
-    err = err_in + err_out
-    Ea = np.zeros(m)
-    EK = np.zeros(m)
-    for i, g in enumerate(group):
-        if g >= 0:            # E|q_i|^2 F = (r_i / n_g) E[a_g F]  (exchangeable within a group)
-            Ea[i] = tasks[i] / n[g] * Ea_g[g]
-            EK[i] = tasks[i] / n[g] * EK_g[g]
-    return EP, Ea, EK, err
+    def first(i, col):        # E[|q_i|^2 F_col]
+        g = group[i]
+        return r[i] / n[g] * Eg[g, col] if g >= 0 else r[i] * E0[col]
+
+    def second(i, j, col):    # E[|q_i|^2 |q_j|^2 F_col]
+        gi, gj = group[i], group[j]
+        if gi >= 0 and gi == gj:
+            return r[i] * (r[j] + 2.0 * (i == j)) / (n[gi] * (n[gi] + 2.0)) * Egg[gi, gi, col]
+        if gi >= 0 and gj >= 0:
+            return r[i] * r[j] / (n[gi] * n[gj]) * Egg[gi, gj, col]
+        if gi >= 0:
+            return r[j] * first(i, col)
+        if gj >= 0:
+            return r[i] * first(j, col)
+        return r[i] * (r[j] + 2.0 * (i == j)) * E0[col]
+
+    out = {"EP": float(E0[0]), "Ea": np.array([first(i, 1) for i in range(m)]),
+           "EK": np.array([first(i, 2) for i in range(m)]), "err": err, "err_grad": err_grad}
+    if grad:
+        out["dP"] = np.array([first(j, 3) for j in range(m)])
+        out["da"] = np.array([[second(i, j, 4) for j in range(m)] for i in range(m)])
+        out["dK"] = np.array([[second(i, j, 5) for j in range(m)] for i in range(m)])
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -414,12 +525,30 @@ def one_head_terms(omega_row, tasks, L, sigma=0.0):
     L = _check_int_L(L)
     sigma = check_sigma(sigma)
     om = check_finite_array_row(omega_row, len(tasks))
-    EP, Ea, EK, err = _one_head_expectations(om, tasks, L)
+    b, C, err, _, _ = _one_head_bc(om, tasks, L, sigma, grad=False)
+    return b, C, err
+
+
+def _one_head_bc(om, tasks, L, sigma, grad):
+    """b, C (m,), their error (m,), and with grad the Jacobians db[i, j] = d b_i / d omega_j,
+    dC[i, j] = d C_i / d omega_j:
+      d b_i/d omega_j = delta_ij E[|q_i|^2 a] + 2 omega_i omega_j E[|q_i|^2 |q_j|^2 a'],
+      d C_i/d omega_j = 2 omega_i delta_ij E[|q_i|^2 K] + 2 omega_i^2 omega_j E[|q_i|^2 |q_j|^2 K']
+                        + 2 (r_i + sigma^2) omega_j E[|q_j|^2 P']
+    (d beta^2 / d omega_j = 2 omega_j |q_j|^2)."""
+    X = _one_head_expectations(om, tasks, L, grad=grad)
     r = np.asarray(tasks, dtype=float)
-    b = om * Ea
-    C = om ** 2 * EK + (r + sigma ** 2) * EP
-    scale = np.abs(om) + om ** 2 + r + sigma ** 2
-    return b, C, err * scale
+    b = om * X["Ea"]
+    C = om ** 2 * X["EK"] + (r + sigma ** 2) * X["EP"]
+    # the expectations carry |q_i|^2 (~ r_i) and |q_i|^2 |q_j|^2 factors: scale the bound
+    scale = (np.abs(om) + om ** 2) * r + r + sigma ** 2
+    err = X["err"] * scale
+    if not grad:
+        return b, C, err, None, None
+    db = np.diag(X["Ea"]) + 2.0 * om[:, None] * om[None, :] * X["da"]
+    dC = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
+          + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
+    return b, C, err, db, dC
 
 
 def check_finite_array_row(omega_row, m: int) -> np.ndarray:
