@@ -340,7 +340,7 @@ def _log_gamma_rule(N_dof: float):
     y^{N/2} at xi -> -oo and doubly exponentially at +oo, so the rule converges
     geometrically (it resolves the small-y region where f varies on the scale 1/omega^2,
     which a Gauss-Laguerre rule in y does not when omega is large).  The step is
-    min(0.25, 0.5 sqrt(2/N)) (the density in xi is ~ Gaussian of width sqrt(2/N)); the
+    min(0.2, 0.4 sqrt(2/N)) (the density in xi is ~ Gaussian of width sqrt(2/N)); the
     nodes 0, 2, 4, ... and 0, 4, 8, ... are the rule at twice and four times the step, used
     for the error estimate (:func:`_geometric_error`).  Returns (y, w), 4k + 1 nodes."""
     a = N_dof / 2.0
@@ -626,3 +626,332 @@ def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
     return ExactLoss(loss=float(per_task.sum()), error_estimate=float(err.sum()) + rounding,
                      per_task=per_task, case=case, L=L, sigma=sigma, b=b, C_diag=C, heads_used=H,
                      seconds=time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------
+# 6. gradient, flow, fixed points
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class ExactGradient:
+    """d loss / d omega and d loss / d mu, each (H, m), at (omega, mu), with ``loss`` (an
+    :class:`ExactLoss`) and ``error_estimate`` (absolute, for every entry).  ``missing``
+    (H, m) marks the d/d mu entries that need a cross moment C_hk (a head h with mu = 0 on a
+    task served by another head k, at an allocated point) when theory.exact_pairs is not
+    available: they are NaN.  The factored metric multiplies them by 2|mu| = 0."""
+
+    loss: ExactLoss
+    d_omega: np.ndarray
+    d_mu: np.ndarray
+    error_estimate: float
+    missing: np.ndarray
+
+
+def _row_groups(omega: np.ndarray):
+    """Distinct omega rows and, for each head, the index of its row."""
+    keys: list[tuple] = []
+    index = []
+    for h in range(omega.shape[0]):
+        key = tuple(float(x) for x in omega[h])
+        if key not in keys:
+            keys.append(key)
+        index.append(keys.index(key))
+    return np.array(keys, dtype=float).reshape(len(keys), omega.shape[1]), np.array(index, dtype=int)
+
+
+def exact_gradient(omega, mu, tasks, L, sigma=0.0) -> ExactGradient:
+    """The gradient of :func:`exact_loss` in (omega, mu), analytic (module docstring,
+    section 5), same cases as :func:`exact_loss`.
+
+    Heads with identical omega rows share a softmax (their C_hk = C_hh): with M_i the sum of
+    their mu on task i, d/d omega[h, j] = sum_i (-2 mu[h,i] db_i/d omega_j + mu[h,i] M_i
+    dC_i/d omega_j) and d/d mu[h,i] = -2 b_i + 2 M_i C_i (+ 2 sum over the other serving
+    rows k of M_k,i C_hk,i, which needs theory.exact_pairs)."""
+    import time
+
+    t0 = time.perf_counter()
+    tasks = check_tasks(tasks)
+    omega, mu = check_omega_mu(omega, mu, tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    m = len(tasks)
+    r = np.asarray(tasks, dtype=float)
+    rows, index = _row_groups(omega)
+    R = rows.shape[0]
+    M = np.zeros((R, m))
+    for h in range(omega.shape[0]):
+        M[index[h]] += mu[h]
+    serving = [[x for x in range(R) if M[x, i] != 0.0] for i in range(m)]
+    if any(len(s) > 1 for s in serving):
+        pairs = _pairs_module()
+        raise NotImplementedError(
+            "exact_gradient covers one head and allocated heads (each task served by at most one "
+            "distinct omega row); two heads serve one task here, which needs the gradient of the "
+            "cross moments C_hk" + ("" if pairs is None else " (theory.exact_pairs gives their values only)")
+            + ". Use theory.reduced_ode.mc_reduced_gradient (Monte Carlo) for it")
+    b = np.zeros((R, m))
+    C = np.zeros((R, m))
+    db = np.zeros((R, m, m))
+    dC = np.zeros((R, m, m))
+    err_rows = np.zeros(R)
+    for x in range(R):
+        if np.any(M[x] != 0.0) or np.any(mu[index == x] != 0.0):
+            X = _one_head_expectations(rows[x], tasks, L, grad=True)
+            om = rows[x]
+            b[x] = om * X["Ea"]
+            C[x] = om ** 2 * X["EK"] + (r + sigma ** 2) * X["EP"]
+            db[x] = np.diag(X["Ea"]) + 2.0 * om[:, None] * om[None, :] * X["da"]
+            dC[x] = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
+                     + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
+            err_rows[x] = max(X["err"], X["err_grad"]) * float(np.max((np.abs(om) + om ** 2) * r ** 2 + r + sigma ** 2))
+    H = omega.shape[0]
+    g_om = np.zeros((H, m))
+    g_mu = np.zeros((H, m))
+    missing = np.zeros((H, m), dtype=bool)
+    pairs = _pairs_module()
+    err = 0.0
+    for h in range(H):
+        x = index[h]
+        g_om[h] = -2.0 * mu[h] @ db[x] + (mu[h] * M[x]) @ dC[x]
+        g_mu[h] = -2.0 * b[x] + 2.0 * M[x] * C[x]
+        err = max(err, err_rows[x] * float(np.sum(2.0 * np.abs(mu[h]) + np.abs(mu[h] * M[x]) + 2.0 + 2.0 * np.abs(M[x]))))
+        for i in range(m):
+            for k in serving[i]:
+                if k == x:
+                    continue
+                if pairs is not None and hasattr(pairs, "cross_moment"):
+                    val, e = pairs.cross_moment(rows[x], rows[k], tasks, L, sigma, i)
+                    g_mu[h, i] += 2.0 * M[k, i] * val
+                    err = max(err, 2.0 * abs(M[k, i]) * e)
+                else:
+                    g_mu[h, i] = np.nan
+                    missing[h, i] = True
+    loss = exact_loss(omega, mu, tasks, L, sigma)
+    loss.seconds = time.perf_counter() - t0
+    return ExactGradient(loss=loss, d_omega=g_om, d_mu=g_mu, error_estimate=float(err), missing=missing)
+
+
+@dataclass
+class ExactTrajectory:
+    """A trajectory of the gradient flow on the exact loss: t (T,), omega/mu (T, H, m),
+    loss (T,), status ("t_end", "stationary", "diverged", "failed"), message, param."""
+
+    t: np.ndarray
+    omega: np.ndarray
+    mu: np.ndarray
+    loss: np.ndarray
+    status: str
+    message: str = ""
+    param: str = "factored"
+
+    @property
+    def final_omega(self) -> np.ndarray:
+        return self.omega[-1]
+
+    @property
+    def final_mu(self) -> np.ndarray:
+        return self.mu[-1]
+
+    def to_dict(self) -> dict:
+        return {"t": self.t.tolist(), "omega": self.omega.tolist(), "mu": self.mu.tolist(),
+                "loss": self.loss.tolist(), "status": self.status, "message": self.message,
+                "param": self.param}
+
+
+def exact_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0, t_end=60.0,
+               t_eval=None, stationary_tol=None, rtol=1e-8, atol=1e-10, method="LSODA",
+               max_abs=1e3) -> ExactTrajectory:
+    """Integrate d omega = -f_omega dL/d omega, d mu = -f_mu dL/d mu on the exact loss with
+    the metric factors of ``param`` (theory.reduced_ode.metric_factors: merged 1/r_i and 1,
+    factored 2|omega|/(s r_i) and 2|mu|) from (omega0, mu0) over [0, t_end] (scipy solve_ivp).
+
+    Factored: integrated in the balanced factors omega = sign0 kappa^2, mu = sign0 nu^2 (as
+    theory.reduced_ode.integrate_expansion_flow) so that no step flips a sign; zero entries
+    stay zero (the d/d mu entries that would need a cross moment are then not needed).
+    Merged: needs every entry of the gradient; at points :func:`exact_gradient` does not
+    cover the flow stops with status "failed" and says why.  Stops early with
+    "stationary" when ``stationary_tol`` is given and the velocity norm falls below it, or
+    "diverged" when some |entry| exceeds ``max_abs``."""
+    from scipy.integrate import solve_ivp
+
+    from .reduced_ode import PARAMS, metric_factors
+
+    tasks = check_tasks(tasks)
+    omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    if param not in PARAMS:
+        raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
+    if not np.isfinite(t_end) or t_end <= 0:
+        raise ValueError(f"t_end must be positive and finite, got {t_end}")
+    shape = omega0.shape
+    n = omega0.size
+    if t_eval is None:
+        t_eval = np.linspace(0.0, t_end, 61)
+    t_eval = np.asarray(t_eval, dtype=float)
+    sign_om = np.where(omega0 < 0, -1.0, 1.0)
+    sign_mu = np.where(mu0 < 0, -1.0, 1.0)
+
+    def from_state(y):
+        a, c = y[:n].reshape(shape), y[n:].reshape(shape)
+        if param == "merged":
+            return a, c
+        return sign_om * a ** 2, sign_mu * c ** 2
+
+    def velocity(om, m_):
+        G = exact_gradient(om, m_, tasks, L, sigma)
+        f_om, f_mu = metric_factors(param, om, m_, tasks, logit_scale)
+        g_mu = np.where(f_mu == 0.0, 0.0, G.d_mu)
+        if np.any(np.isnan(g_mu)):
+            raise NotImplementedError("the merged flow needs d loss/d mu where two heads serve one task "
+                                      "(cross moments, theory.exact_pairs)")
+        return -f_om * G.d_omega, -f_mu * g_mu
+
+    def rhs(_t, y):
+        om, m_ = from_state(y)
+        d_om, d_mu = velocity(om, m_)
+        if param == "merged":
+            return np.concatenate([d_om.ravel(), d_mu.ravel()])
+        a, c = y[:n].reshape(shape), y[n:].reshape(shape)
+        # omega = s a^2: d a = d_omega / (2 s a) (0 where a = 0: the metric vanishes there)
+        da = np.divide(d_om, 2.0 * sign_om * a, out=np.zeros(shape), where=a != 0)
+        dc = np.divide(d_mu, 2.0 * sign_mu * c, out=np.zeros(shape), where=c != 0)
+        return np.concatenate([da.ravel(), dc.ravel()])
+
+    def diverge(_t, y):
+        om, m_ = from_state(y)
+        return max_abs - max(np.abs(om).max(), np.abs(m_).max())
+    diverge.terminal = True
+    events = [diverge]
+    if stationary_tol is not None:
+        def stationary(t, y):
+            if t <= 0:
+                return 1.0
+            v = rhs(t, y)
+            return float(np.sqrt(np.sum(v ** 2))) - stationary_tol
+        stationary.terminal = True
+        events.append(stationary)
+    if param == "merged":
+        y0 = np.concatenate([omega0.ravel(), mu0.ravel()])
+    else:
+        y0 = np.concatenate([np.sqrt(np.abs(omega0)).ravel(), np.sqrt(np.abs(mu0)).ravel()])
+    try:
+        sol = solve_ivp(rhs, (0.0, float(t_end)), y0, method=method, t_eval=t_eval, events=events,
+                        rtol=rtol, atol=atol)
+        status, message = ("failed" if sol.status == -1 else "t_end"), sol.message
+        if sol.status == 1:
+            status = "diverged" if len(sol.t_events[0]) else "stationary"
+        ts, ys = list(sol.t), [sol.y[:, j] for j in range(sol.y.shape[1])]
+        if sol.status == 1:
+            for ev_t, ev_y in zip(sol.t_events, sol.y_events):
+                if len(ev_t) and (not ts or ev_t[0] > ts[-1]):
+                    ts.append(float(ev_t[0]))
+                    ys.append(ev_y[0])
+    except NotImplementedError as exc:
+        return ExactTrajectory(t=np.zeros(0), omega=np.zeros((0,) + shape), mu=np.zeros((0,) + shape),
+                               loss=np.zeros(0), status="failed", message=str(exc), param=param)
+    pairs_ = [from_state(y) for y in ys]
+    om = np.stack([p[0] for p in pairs_]) if pairs_ else np.empty((0,) + shape)
+    m_ = np.stack([p[1] for p in pairs_]) if pairs_ else np.empty((0,) + shape)
+    loss = np.array([exact_loss(o, u, tasks, L, sigma).loss for o, u in zip(om, m_)])
+    return ExactTrajectory(t=np.asarray(ts), omega=om, mu=m_, loss=loss, status=status, message=message,
+                           param=param)
+
+
+def _one_task_profile(omega: float, r: int, L: int, sigma: float):
+    """(loss, d loss/d omega, mu*) of one head on one task with mu profiled out:
+    mu* = b/C, loss = r - b^2/C, d/d omega = -(2 b b' C - b^2 C')/C^2."""
+    X = _one_head_expectations(np.array([omega]), (r,), L, grad=True)
+    b = omega * X["Ea"][0]
+    C = omega ** 2 * X["EK"][0] + (r + sigma ** 2) * X["EP"]
+    db = X["Ea"][0] + 2.0 * omega ** 2 * X["da"][0, 0]
+    dC = 2.0 * omega * X["EK"][0] + 2.0 * omega ** 3 * X["dK"][0, 0] + 2.0 * (r + sigma ** 2) * omega * X["dP"][0]
+    return r - b * b / C, -(2.0 * b * db * C - b * b * dC) / C ** 2, b / C
+
+
+def exact_fixed_point(tasks, L, sigma=0.0, omega_max=3.0, tol=1e-12) -> dict:
+    """The allocated fixed point at finite L: per task i, the one-head one-task minimiser of
+    the exact loss over (omega, mu): mu*(omega) = b/C in closed form, then the root of
+    d/d omega (r - b^2/C) (bracketed by a scan of omega in (0, omega_max], solved by brentq
+    on the analytic derivative).  The allocated model's loss is the sum over tasks (extra
+    heads idle).  Returns {"omega_star", "mu_star", "loss_per_task", "loss", "error_estimate"}."""
+    from scipy.optimize import brentq
+
+    tasks = check_tasks(tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    out = {"tasks": list(tasks), "L": L, "sigma": sigma, "omega_star": [], "mu_star": [],
+           "loss_per_task": [], "error_estimate": 0.0}
+    cache: dict[int, tuple] = {}
+    for r in tasks:
+        if r not in cache:
+            grid = np.linspace(0.02, omega_max, 60)
+            vals = [_one_task_profile(float(w), r, L, sigma) for w in grid]
+            j = int(np.argmin([v[0] for v in vals]))
+            if j == 0 or j == grid.size - 1:
+                raise ValueError(f"the one-head loss of task r={r} at L={L} has no interior minimum in "
+                                 f"(0, {omega_max}] (minimum at the edge omega={grid[j]:.3g}); widen omega_max")
+            w_star = brentq(lambda w: _one_task_profile(w, r, L, sigma)[1], grid[j - 1], grid[j + 1], xtol=tol)
+            val, _, mu_star = _one_task_profile(w_star, r, L, sigma)
+            e = exact_loss([[w_star]], [[mu_star]], (r,), L, sigma)
+            cache[r] = (w_star, mu_star, val, e.error_estimate)
+        w_star, mu_star, val, e = cache[r]
+        out["omega_star"].append(float(w_star))
+        out["mu_star"].append(float(mu_star))
+        out["loss_per_task"].append(float(val))
+        out["error_estimate"] += e
+    out["loss"] = float(sum(out["loss_per_task"]))
+    return out
+
+
+def single_head_optimum(tasks, L, sigma=0.0) -> dict:
+    """The best one-head model at finite L: minimise sum_i (r_i - b_i^2 / C_i) (mu_i = b_i/C_i
+    profiled out exactly) over omega in R^m by L-BFGS-B on the analytic gradient.  Tasks of
+    equal block size share one omega (the loss is symmetric under permuting them and we take
+    the symmetric minimiser), so the q-rule has one group per distinct r (at most
+    MAX_GROUPS).  Started from the expansion's single-head optimum at this L."""
+    from scipy.optimize import minimize
+
+    from .limiting_error import single_head_at_L
+
+    tasks = check_tasks(tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    sizes = sorted(set(tasks))
+    which = np.array([sizes.index(r) for r in tasks])
+    r = np.asarray(tasks, dtype=float)
+
+    def f(x):
+        om = x[which]
+        X = _one_head_expectations(om, tasks, L, grad=True)
+        b = om * X["Ea"]
+        C = om ** 2 * X["EK"] + (r + sigma ** 2) * X["EP"]
+        db = np.diag(X["Ea"]) + 2.0 * om[:, None] * om[None, :] * X["da"]
+        dC = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
+              + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
+        val = float(np.sum(r - b * b / C))
+        g_task = -((2.0 * b * C)[:, None] * db - (b * b)[:, None] * dC) / (C ** 2)[:, None]   # (i, j)
+        g = g_task.sum(axis=0)
+        return val, np.array([g[which == s].sum() for s in range(len(sizes))])
+
+    start = np.asarray(single_head_at_L(tasks, float(L), sigma)["omega"], dtype=float)
+    x0 = np.array([start[which == s].mean() for s in range(len(sizes))])
+    res = minimize(f, x0, jac=True, method="L-BFGS-B", bounds=[(1e-6, 5.0)] * len(sizes),
+                   options={"ftol": 1e-15, "gtol": 1e-11, "maxiter": 500})
+    om = res.x[which]
+    b, C, _ = one_head_terms(om, tasks, L, sigma)
+    mu = b / C
+    e = exact_loss(om[None, :], mu[None, :], tasks, L, sigma)
+    return {"tasks": list(tasks), "L": L, "sigma": sigma, "omega": om.tolist(), "mu": mu.tolist(),
+            "loss": e.loss, "error_estimate": e.error_estimate, "converged": bool(res.success),
+            "grad_norm": float(np.linalg.norm(f(res.x)[1]))}
+
+
+def finite_L_gain(tasks, L, sigma=0.0) -> dict:
+    """single_head_optimum / exact_fixed_point losses at L: the finite-L gain of the
+    allocated multi-head model over the best single head (claim 6 at finite L)."""
+    multi = exact_fixed_point(tasks, L, sigma)
+    single = single_head_optimum(tasks, L, sigma)
+    return {"tasks": list(tasks), "L": int(L), "sigma": float(sigma), "loss_allocated": multi["loss"],
+            "loss_single": single["loss"], "gain": single["loss"] / multi["loss"],
+            "allocated": multi, "single": single}
