@@ -86,6 +86,10 @@ def exact(args) -> dict:
     from .exact import exact_fixed_point, exact_gradient, exact_loss, finite_L_gain
 
     m = len(args.tasks)
+    if args.benchmark:
+        from .exact import benchmark
+
+        return {"benchmark": benchmark((args.L,))}
     if args.fixed_point:
         if args.gain:
             return finite_L_gain(args.tasks, args.L, args.sigma)
@@ -157,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print the allocated fixed point at L (per task: omega*, mu*, loss) instead of a loss")
     ex.add_argument("--gain", action="store_true",
                     help="with --fixed-point: also the best single head at L and the gain single/allocated")
+    ex.add_argument("--benchmark", action="store_true",
+                    help="print timing lines of exact_loss (first call at a new L and warm calls) and exit")
     fo = sub.add_parser("formulas", help="print the derived formulas as the code uses them",
                         description="Print the sympy-derived formulas (expansion, F, metric factors, gain limit).")
     fo.add_argument("--json", action="store_true", help="print them as a JSON object instead of text")

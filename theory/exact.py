@@ -955,3 +955,65 @@ def finite_L_gain(tasks, L, sigma=0.0) -> dict:
     return {"tasks": list(tasks), "L": int(L), "sigma": float(sigma), "loss_allocated": multi["loss"],
             "loss_single": single["loss"], "gain": single["loss"] / multi["loss"],
             "allocated": multi, "single": single}
+
+
+# ---------------------------------------------------------------------------------------
+# 7. the expansion against the exact loss; benchmark
+# ---------------------------------------------------------------------------------------
+
+def expansion_accuracy(r, L, sigma=0.0) -> dict:
+    """How far the O(1/L) expansion is from the exact loss for one allocated task of block
+    size r at context length L:
+
+    - at the expansion's allocated fixed point (theory.task_allocation.allocated_task_point):
+      expansion loss, exact loss there, and their relative error (expansion - exact)/exact;
+    - the two minima: the expansion's minimum vs the exact minimum (exact_fixed_point) and
+      where each lies."""
+    from .task_allocation import allocated_task_point
+
+    L = _check_int_L(L)
+    point = allocated_task_point(r, L, sigma)
+    w, u = point["omega_star"], point["mu_star"]
+    exp_loss = float(expansion_loss_one(w, u, r, L, sigma))
+    ex = exact_loss([[w]], [[u]], (r,), L, sigma)
+    fp = exact_fixed_point((r,), L, sigma)
+    return {"r": int(r), "L": L, "sigma": float(sigma),
+            "expansion_point": {"omega": w, "mu": u},
+            "expansion_loss": exp_loss, "exact_loss_at_expansion_point": ex.loss,
+            "relative_error": (exp_loss - ex.loss) / ex.loss,
+            "exact_point": {"omega": fp["omega_star"][0], "mu": fp["mu_star"][0]},
+            "exact_min_loss": fp["loss"], "relative_error_of_minimum": (exp_loss - fp["loss"]) / fp["loss"],
+            "error_estimate": ex.error_estimate}
+
+
+def expansion_loss_one(omega, mu, r, L, sigma=0.0) -> float:
+    from .reduced_ode import expansion_loss
+
+    return expansion_loss(np.array([[omega]]), np.array([[mu]]), (int(r),), float(L), sigma)
+
+
+def benchmark(L_values=(64, 1024, 4096), repeats=5) -> list[dict]:
+    """Time per exact_loss evaluation (single thread as configured by the caller): the first
+    evaluation at a new L (it builds that L's moment table) and the warm ones, for one head
+    on one task, one head on two tasks with distinct |omega| (2-D q-rule) and on three."""
+    import time
+
+    cases = [("H=1 m=1", [[0.4]], [[2.0]], (3,)),
+             ("H=1 m=2 (2 groups)", [[0.4, 0.2]], [[2.0, 1.0]], (3, 3)),
+             ("H=1 m=3 (3 groups)", [[0.4, 0.2, 0.1]], [[2.0, 1.0, 1.0]], (3, 3, 3)),
+             ("H=3 allocated m=3", np.diag([0.4, 0.35, 0.3]), np.diag([2.0, 2.1, 2.2]), (3, 3, 3))]
+    rows = []
+    for L in L_values:
+        moment_table.cache_clear()
+        for name, om, mu, tasks in cases:
+            t0 = time.perf_counter()
+            res = exact_loss(om, mu, tasks, L)
+            first = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                # perturb omega so that no result is reused (only the table is shared)
+                exact_loss(np.asarray(om) * (1 + 1e-3 * (_ + 1)), mu, tasks, L)
+            warm = (time.perf_counter() - t0) / repeats
+            rows.append({"case": name, "L": L, "first_s": first, "warm_s": warm, "loss": res.loss,
+                         "relative_error_estimate": res.error_estimate / res.loss})
+    return rows
