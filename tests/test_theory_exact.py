@@ -242,6 +242,30 @@ def test_groups_are_continuous():
     assert abs(a.loss - b.loss) <= 1e-8 * a.loss + a.error_estimate + b.error_estimate
 
 
+def test_cross_moments_are_assembled_from_exact_pairs(monkeypatch):
+    """Two heads on one task: the loss adds 2 mu_h mu_k C_hk,i from
+    theory.exact_pairs.cross_moment (a stand-in module here, returning a known value)."""
+    import types
+
+    import theory.exact as X
+
+    calls = []
+
+    def cross_moment(om_h, om_k, tasks, L, sigma, i):
+        calls.append((tuple(om_h), tuple(om_k), i))
+        return 0.123, 1e-12
+
+    monkeypatch.setattr(X, "_pairs_module", lambda: types.SimpleNamespace(cross_moment=cross_moment))
+    omega, mu = np.array([[0.3, 0.0], [0.1, 0.2]]), np.array([[1.0, 0.0], [0.5, 2.0]])
+    res = X.exact_loss(omega, mu, (3, 2), 64, 0.2)
+    b0, C0, _ = one_head_terms(omega[0], (3, 2), 64, 0.2)
+    b1, C1, _ = one_head_terms(omega[1], (3, 2), 64, 0.2)
+    expect0 = 3 - 2 * (1.0 * b0[0] + 0.5 * b1[0]) + C0[0] + 0.25 * C1[0] + 2 * 1.0 * 0.5 * 0.123
+    expect1 = 2 - 2 * 2.0 * b1[1] + 4.0 * C1[1]
+    assert res.case == "pairs" and calls == [((0.3, 0.0), (0.1, 0.2), 0)]
+    assert np.allclose(res.per_task, [expect0, expect1], rtol=1e-14)
+
+
 def test_two_heads_on_one_task_need_pairs():
     with pytest.raises(NotImplementedError, match="two heads serving one task"):
         exact_loss([[0.3], [0.1]], [[1.0], [1.0]], (3,), 64)
@@ -282,7 +306,7 @@ def problems(draw):
 def test_exact_loss_agrees_with_rao_blackwellised_monte_carlo(problem):
     tasks, L, sigma, omega, mu = problem
     res = exact_loss(omega, mu, tasks, L, sigma)
-    prompts = int(min(6000, max(300, 3e7 / (L * sum(tasks) * omega.shape[0]))))
+    prompts = int(min(20000, max(1000, 1.5e8 / (L * sum(tasks) * omega.shape[0]))))
     mean, se = rb_monte_carlo(omega, mu, tasks, L, sigma, prompts, seed=L)
     assert abs(res.loss - mean) <= MC_SIGMAS * se + res.error_estimate, (res.loss, mean, se)
     assert res.error_estimate <= 1e-8 * max(res.loss, 1e-3)
@@ -367,6 +391,14 @@ def test_factored_flow_returns_to_the_allocated_fixed_point():
     assert traj.status == "t_end"
     assert np.all(np.diff(traj.loss) <= 1e-12)              # a gradient flow: loss never rises
     assert abs(traj.final_omega[0, 0] - w) < 1e-4 and abs(traj.final_mu[0, 0] - u) < 1e-4
+
+
+def test_merged_flow_of_one_head_descends_and_allocated_merged_flow_says_why_it_stops():
+    traj = exact_flow([[0.2, 0.1]], [[0.5, 0.3]], (3, 2), 64, param="merged", t_end=5.0,
+                      t_eval=np.linspace(0, 5, 6))
+    assert traj.status == "t_end" and np.all(np.diff(traj.loss) <= 1e-12)
+    stuck = exact_flow(np.diag([0.3, 0.3]), np.diag([1.0, 1.0]), (3, 3), 64, param="merged", t_end=1.0)
+    assert stuck.status == "failed" and "cross moments" in stuck.message
 
 
 # ---------------------------------------------------------------------------------------
