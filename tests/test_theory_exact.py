@@ -17,7 +17,7 @@ import sys
 import mpmath as mp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from theory.exact import (
@@ -228,8 +228,8 @@ def test_allocated_heads_split_into_one_head_problems():
     mu = np.array([[2.0, 0.0], [0.0, 1.7]])
     res = exact_loss(omega, mu, tasks, L, sigma)
     assert res.case == "allocated"
-    b0, C0, _ = one_head_terms(omega[0], tasks, L, sigma)
-    b1, C1, _ = one_head_terms(omega[1], tasks, L, sigma)
+    b0, C0, _, _ = one_head_terms(omega[0], tasks, L, sigma)
+    b1, C1, _, _ = one_head_terms(omega[1], tasks, L, sigma)
     expect = [3 - 2 * 2.0 * b0[0] + 4.0 * C0[0], 4 - 2 * 1.7 * b1[1] + 1.7 ** 2 * C1[1]]
     assert np.allclose(res.per_task, expect, rtol=1e-14)
 
@@ -258,8 +258,8 @@ def test_cross_moments_are_assembled_from_exact_pairs(monkeypatch):
     monkeypatch.setattr(X, "_pairs_module", lambda: types.SimpleNamespace(cross_moment=cross_moment))
     omega, mu = np.array([[0.3, 0.0], [0.1, 0.2]]), np.array([[1.0, 0.0], [0.5, 2.0]])
     res = X.exact_loss(omega, mu, (3, 2), 64, 0.2)
-    b0, C0, _ = one_head_terms(omega[0], (3, 2), 64, 0.2)
-    b1, C1, _ = one_head_terms(omega[1], (3, 2), 64, 0.2)
+    b0, C0, _, _ = one_head_terms(omega[0], (3, 2), 64, 0.2)
+    b1, C1, _, _ = one_head_terms(omega[1], (3, 2), 64, 0.2)
     expect0 = 3 - 2 * (1.0 * b0[0] + 0.5 * b1[0]) + C0[0] + 0.25 * C1[0] + 2 * 1.0 * 0.5 * 0.123
     expect1 = 2 - 2 * 2.0 * b1[1] + 4.0 * C1[1]
     assert res.case == "pairs" and calls == [((0.3, 0.0), (0.1, 0.2), 0)]
@@ -302,6 +302,12 @@ def problems(draw):
     return tasks, L, sigma, omega[None, :], mu[None, :]
 
 
+# explicit cases besides the drawn ones (the default profile draws few, some degenerate):
+# large L, two and three |omega| groups, signed entries, allocated heads looking off-task
+@example(((3,), 4096, 0.5, np.array([[0.45]]), np.array([[2.3]])))
+@example(((2, 4), 1024, 0.0, np.array([[0.5, -0.3]]), np.array([[1.5, -2.0]])))
+@example(((1, 3, 2), 256, 1.0, np.array([[0.6, 0.2, -0.4]]), np.array([[-1.0, 2.0, 0.5]])))
+@example(((3, 5), 2000, 0.3, np.array([[0.4, 0.1], [-0.2, 0.3]]), np.diag([2.2, 2.8])))
 @given(problems())
 def test_exact_loss_agrees_with_rao_blackwellised_monte_carlo(problem):
     tasks, L, sigma, omega, mu = problem

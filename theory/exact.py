@@ -408,8 +408,8 @@ def _one_head_expectations(omega_row, tasks, L, grad=False):
       EP = E P(beta),  Ea[i] = E[|q_i|^2 a(beta)],  EK[i] = E[|q_i|^2 K(beta)],
     and with grad=True also (prime = d/d beta^2)
       dP[j] = E[|q_j|^2 P'],  da[i, j] = E[|q_i|^2 |q_j|^2 a'],  dK[i, j] = E[|q_i|^2 |q_j|^2 K'],
-    plus ``err``: an absolute error bound (moment errors weighted, and the outer rule's
-    geometric error estimate), for quantities of order one.  Within a group of dof n_g,
+    plus absolute error bounds err_P, err_a (m,), err_K (m,) (the table's error times the
+    rule's weight plus the rule's geometric error estimate) and err_grad.  Within a group of dof n_g,
     E[|q_i|^2 | a_g] = a_g r_i / n_g and E[|q_i|^2 |q_j|^2 | a_g] = a_g^2 r_i (r_j + 2 delta_ij)
     / (n_g (n_g + 2)) (Dirichlet moments); a task with omega_i = 0 is independent of beta:
     E[|q_i|^2 F] = r_i E F."""
@@ -424,24 +424,24 @@ def _one_head_expectations(omega_row, tasks, L, grad=False):
             "(any number of them); use theory.reduced_ode.mc_reduced_loss for this point")
     table = moment_table(L)
     if k == 0:
-        mom, err_tab = table(np.zeros(1))
-        E0, Eg, Egg, err_out, err_out_grad = mom[0], np.zeros((0, 6)), np.zeros((0, 0, 6)), 0.0, 0.0
-        err_tab = float(err_tab)
+        mom, e_tab = table(np.zeros(1))
+        E0, Eg, Egg = mom[0], np.zeros((0, 6)), np.zeros((0, 0, 6))
+        err0 = np.full(6, float(e_tab))          # absolute error of E0's columns
+        errg = np.zeros((0, 6))
     else:
         sums = []
         for thin in (1, 2, 4):       # the rule at steps h, 2h, 4h: geometric error estimate
             S, w0, wg, wgg = _outer_rule(W, n, thin)
             mom, e_tab = table(np.sqrt(S))
-            sums.append((w0 @ mom, wg @ mom, wgg @ mom, e_tab * (np.abs(w0).sum() + np.abs(wg).sum())))
-        (E0, Eg, Egg, err_tab), (c2, g2, _, _), (c4, g4, _, _) = sums
+            sums.append((w0 @ mom, wg @ mom, wgg @ mom, None))
+        (E0, Eg, Egg, _), (c2, g2, _, _), (c4, g4, _, _) = sums
         ge = np.vectorize(_geometric_error)
-        e0, eg = ge(E0, c2, c4), ge(Eg, g2, g4)           # (6,), (k, 6)
-        err_out = float(max(e0[:3].max(), eg[:, :3].max()))
-        err_out_grad = float(max(e0[3:].max(), eg[:, 3:].max()))
-    err = err_tab + err_out
-    err_grad = err_tab + err_out_grad
+        # absolute error of each column: the table's error times the rule's total weight,
+        # plus the rule's geometric error estimate
+        err0 = e_tab * np.abs(w0).sum() + ge(E0, c2, c4)                       # (6,)
+        errg = e_tab * np.abs(wg).sum(axis=1)[:, None] + ge(Eg, g2, g4)        # (k, 6)
 
-    def first(i, col):        # E[|q_i|^2 F_col]
+    def first(i, col, E0=E0, Eg=Eg):        # E[|q_i|^2 F_col]
         g = group[i]
         return r[i] / n[g] * Eg[g, col] if g >= 0 else r[i] * E0[col]
 
@@ -458,7 +458,12 @@ def _one_head_expectations(omega_row, tasks, L, grad=False):
         return r[i] * (r[j] + 2.0 * (i == j)) * E0[col]
 
     out = {"EP": float(E0[0]), "Ea": np.array([first(i, 1) for i in range(m)]),
-           "EK": np.array([first(i, 2) for i in range(m)]), "err": err, "err_grad": err_grad}
+           "EK": np.array([first(i, 2) for i in range(m)]),
+           "err_P": float(err0[0]),
+           "err_a": np.array([first(i, 1, err0, errg) for i in range(m)]),
+           "err_K": np.array([first(i, 2, err0, errg) for i in range(m)]),
+           # the gradient's expectations: the largest column error, scaled by |q|^2 ~ r
+           "err_grad": float(max(err0[3:].max(), errg[:, 3:].max() if errg.size else 0.0)) * float(max(r))}
     if grad:
         out["dP"] = np.array([first(j, 3) for j in range(m)])
         out["da"] = np.array([[second(i, j, 4) for j in range(m)] for i in range(m)])
@@ -518,19 +523,19 @@ def _effective_heads(omega: np.ndarray, mu: np.ndarray):
 
 
 def one_head_terms(omega_row, tasks, L, sigma=0.0):
-    """(b (m,), C (m,), err): b_i = E sum_l p_l y_l,i y_q,i and C_i = E (sum_l p_l y_l,i)^2
-    of one head with logit coefficients omega_row (module docstring, section 2), and an
-    absolute error bound shared by all entries (scaled by the entries' prefactors)."""
+    """(b, C, err_b, err_C), each (m,): b_i = E sum_l p_l y_l,i y_q,i and
+    C_i = E (sum_l p_l y_l,i)^2 of one head with logit coefficients omega_row (module
+    docstring, section 2), and their absolute error bounds."""
     tasks = check_tasks(tasks)
     L = _check_int_L(L)
     sigma = check_sigma(sigma)
     om = check_finite_array_row(omega_row, len(tasks))
-    b, C, err, _, _ = _one_head_bc(om, tasks, L, sigma, grad=False)
-    return b, C, err
+    b, C, err_b, err_C, _, _ = _one_head_bc(om, tasks, L, sigma, grad=False)
+    return b, C, err_b, err_C
 
 
 def _one_head_bc(om, tasks, L, sigma, grad):
-    """b, C (m,), their error (m,), and with grad the Jacobians db[i, j] = d b_i / d omega_j,
+    """b, C (m,), their errors err_b, err_C (m,), and with grad the Jacobians db[i, j] = d b_i / d omega_j,
     dC[i, j] = d C_i / d omega_j:
       d b_i/d omega_j = delta_ij E[|q_i|^2 a] + 2 omega_i omega_j E[|q_i|^2 |q_j|^2 a'],
       d C_i/d omega_j = 2 omega_i delta_ij E[|q_i|^2 K] + 2 omega_i^2 omega_j E[|q_i|^2 |q_j|^2 K']
@@ -540,15 +545,14 @@ def _one_head_bc(om, tasks, L, sigma, grad):
     r = np.asarray(tasks, dtype=float)
     b = om * X["Ea"]
     C = om ** 2 * X["EK"] + (r + sigma ** 2) * X["EP"]
-    # the expectations carry |q_i|^2 (~ r_i) and |q_i|^2 |q_j|^2 factors: scale the bound
-    scale = (np.abs(om) + om ** 2) * r + r + sigma ** 2
-    err = X["err"] * scale
+    err_b = np.abs(om) * X["err_a"]
+    err_C = om ** 2 * X["err_K"] + (r + sigma ** 2) * X["err_P"]
     if not grad:
-        return b, C, err, None, None
+        return b, C, err_b, err_C, None, None
     db = np.diag(X["Ea"]) + 2.0 * om[:, None] * om[None, :] * X["da"]
     dC = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
           + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
-    return b, C, err, db, dC
+    return b, C, err_b, err_C, db, dC
 
 
 def check_finite_array_row(omega_row, m: int) -> np.ndarray:
@@ -593,9 +597,10 @@ def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
     H = om.shape[0]
     b = np.zeros((H, m))
     C = np.zeros((H, m))
-    E = np.zeros((H, m))
+    Eb = np.zeros((H, m))
+    EC = np.zeros((H, m))
     for h in range(H):
-        b[h], C[h], E[h] = one_head_terms(om[h], tasks, L, sigma)
+        b[h], C[h], Eb[h], EC[h] = one_head_terms(om[h], tasks, L, sigma)
     served = (mu_ != 0.0).sum(axis=0)
     if H == 0:
         case = "no heads"
@@ -606,7 +611,7 @@ def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
     else:
         case = "pairs"
     per_task = r - 2.0 * np.sum(mu_ * b, axis=0) + np.sum(mu_ ** 2 * C, axis=0)
-    err = np.sum(2.0 * np.abs(mu_) * E + mu_ ** 2 * E, axis=0)
+    err = np.sum(2.0 * np.abs(mu_) * Eb + mu_ ** 2 * EC, axis=0)
     if case == "pairs":
         pairs = _pairs_module()
         if pairs is None or not hasattr(pairs, "cross_moment"):
@@ -703,7 +708,8 @@ def exact_gradient(omega, mu, tasks, L, sigma=0.0) -> ExactGradient:
             db[x] = np.diag(X["Ea"]) + 2.0 * om[:, None] * om[None, :] * X["da"]
             dC[x] = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
                      + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
-            err_rows[x] = max(X["err"], X["err_grad"]) * float(np.max((np.abs(om) + om ** 2) * r ** 2 + r + sigma ** 2))
+            err_rows[x] = (max(X["err_P"], X["err_a"].max(), X["err_K"].max(), X["err_grad"])
+                           * float(np.max((np.abs(om) + om ** 2) * r + r + sigma ** 2)))
     H = omega.shape[0]
     g_om = np.zeros((H, m))
     g_mu = np.zeros((H, m))
@@ -939,7 +945,7 @@ def single_head_optimum(tasks, L, sigma=0.0) -> dict:
     res = minimize(f, x0, jac=True, method="L-BFGS-B", bounds=[(1e-6, 5.0)] * len(sizes),
                    options={"ftol": 1e-15, "gtol": 1e-11, "maxiter": 500})
     om = res.x[which]
-    b, C, _ = one_head_terms(om, tasks, L, sigma)
+    b, C, _, _ = one_head_terms(om, tasks, L, sigma)
     mu = b / C
     e = exact_loss(om[None, :], mu[None, :], tasks, L, sigma)
     return {"tasks": list(tasks), "L": L, "sigma": sigma, "omega": om.tolist(), "mu": mu.tolist(),
