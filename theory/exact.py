@@ -60,9 +60,9 @@ h = e^{2 beta v - Y}: h''/beta^2 = ((2 - Y)^2 - Y) h;  E[v e^{beta v - Y}] = bet
 so that nothing cancels at small beta.  Every integrand is bounded and decays like e^{tau}
 (tau -> -oo) and like a Gaussian in tau / beta or doubly exponentially (tau -> +oo); it is
 analytic in a strip |Im tau| < pi/2, so the trapezoid rule in tau converges geometrically
-(step 0.2: error ~ e^{-pi^2/0.2}).  The one-token expectations E_j(tau) are Gaussian
+(step 0.15: error ~ e^{-pi^2/0.15}).  The one-token expectations E_j(tau) are Gaussian
 convolutions in z = tau + beta v of g_j(z) = e^{j z - e^z}: for beta >= 1 a discrete
-convolution on the same grid (step 0.2 in z), for beta < 1 a trapezoid in v (step 0.25).
+convolution on the same grid (step 0.15 in z), for beta < 1 a trapezoid in v (step 0.25).
 phi^{L-1} is taken as exp((L-1) log phi) with log phi = log1p(-E[-expm1(-Y)]) (no loss of
 precision when phi is near 1, i.e. at large L).
 
@@ -253,11 +253,6 @@ def _check_int_L(L) -> int:
         raise ValueError(f"L (context length) must be a positive integer for the exact loss "
                          f"(the number of context tokens), got {L!r}")
     return int(L)
-
-
-@lru_cache(maxsize=16384)
-def _moments_cached(beta: float, L: int) -> tuple:
-    return _moments_one(beta, L)
 
 
 TABLE_NODES = 24          # Chebyshev nodes per panel of the moment table
@@ -529,7 +524,7 @@ def one_head_terms(omega_row, tasks, L, sigma=0.0):
     tasks = check_tasks(tasks)
     L = _check_int_L(L)
     sigma = check_sigma(sigma)
-    om = check_finite_array_row(omega_row, len(tasks))
+    om = _check_omega_row(omega_row, len(tasks))
     b, C, err_b, err_C, _, _ = _one_head_bc(om, tasks, L, sigma, grad=False)
     return b, C, err_b, err_C
 
@@ -555,7 +550,7 @@ def _one_head_bc(om, tasks, L, sigma, grad):
     return b, C, err_b, err_C, db, dC
 
 
-def check_finite_array_row(omega_row, m: int) -> np.ndarray:
+def _check_omega_row(omega_row, m: int) -> np.ndarray:
     om = np.asarray(omega_row, dtype=float).reshape(-1)
     if om.size != m:
         raise ValueError(f"omega row must have one entry per task (m = {m}), got {om.size}")
