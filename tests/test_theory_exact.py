@@ -266,6 +266,68 @@ def test_cross_moments_are_assembled_from_exact_pairs(monkeypatch):
     assert np.allclose(res.per_task, [expect0, expect1], rtol=1e-14)
 
 
+class _StandInPairs:
+    """A stand-in for theory.exact_pairs with a known smooth 'cross moment'
+    C_hk,i = (1 + i) (0.1 + sum_j om_h[j] om_k[j]^2 + om_k[j] om_h[j]^2), symmetric in (h, k),
+    and its exact gradient: it checks how exact_loss / exact_gradient assemble cross terms."""
+
+    @staticmethod
+    def _c(om_h, om_k, m):
+        base = 0.1 + np.sum(om_h * om_k ** 2 + om_k * om_h ** 2)
+        return (1.0 + np.arange(m)) * base
+
+    def cross_moment(self, om_h, om_k, tasks, L, sigma, i):
+        return float(self._c(np.asarray(om_h), np.asarray(om_k), len(tasks))[i]), 0.0
+
+    def cross_moments_and_gradient(self, om_h, om_k, tasks, L, sigma):
+        om_h, om_k, m = np.asarray(om_h), np.asarray(om_k), len(tasks)
+        scale = (1.0 + np.arange(m))[:, None]
+        return dict(value=self._c(om_h, om_k, m), error_estimate=np.zeros(m),
+                    d_omega_h=scale * (om_k ** 2 + 2 * om_k * om_h)[None, :],
+                    d_omega_k=scale * (om_h ** 2 + 2 * om_h * om_k)[None, :],
+                    d_omega_h_error=np.zeros((m, m)), d_omega_k_error=np.zeros((m, m)))
+
+
+def test_pair_gradient_assembly_matches_finite_differences(monkeypatch):
+    import theory.exact as X
+
+    monkeypatch.setattr(X, "_pairs_module", lambda: _StandInPairs())
+    # distinct rows (a stand-in's C_hk(w, w) is not the one-head C_hh(w), so rows that
+    # split under a finite difference would compare different functions)
+    omega = np.array([[0.3, 0.1], [0.2, -0.25], [-0.1, 0.4]])
+    mu = np.array([[1.0, 0.4], [0.5, 2.0], [0.3, 0.0]])
+    tasks, L, sigma = (3, 2), 64, 0.2
+    G = X.exact_gradient(omega, mu, tasks, L, sigma)
+    h = 1e-5
+    for which, analytic in (("omega", G.d_omega), ("mu", G.d_mu)):
+        for a in range(3):
+            for j in range(2):
+                e = np.zeros_like(omega)
+                e[a, j] = h
+                if which == "omega":
+                    f = [X.exact_loss(omega + s * e, mu, tasks, L, sigma).loss for s in (1, -1)]
+                else:
+                    f = [X.exact_loss(omega, mu + s * e, tasks, L, sigma).loss for s in (1, -1)]
+                fd = (f[0] - f[1]) / (2 * h)
+                assert abs(analytic[a, j] - fd) <= 1e-6 * max(1.0, abs(fd)), (which, a, j, analytic[a, j], fd)
+
+
+def test_gradient_of_identical_heads_along_their_common_direction():
+    """Two heads with one omega row act as one head: moving both rows together by h changes
+    the loss by h (g_0 + g_1) . e -- the shared-row gradient formula, checked without
+    cross moments (moving one row alone would need them)."""
+    omega = np.array([[0.35, 0.1], [0.35, 0.1]])
+    mu = np.array([[1.2, 0.3], [0.6, 0.9]])
+    tasks, L, sigma = (3, 2), 80, 0.1
+    G = exact_gradient(omega, mu, tasks, L, sigma)
+    h = 1e-4
+    for j in range(2):
+        e = np.zeros_like(omega)
+        e[:, j] = h
+        fd = (exact_loss(omega + e, mu, tasks, L, sigma).loss - exact_loss(omega - e, mu, tasks, L, sigma).loss) / (2 * h)
+        assert abs(G.d_omega[0, j] + G.d_omega[1, j] - fd) <= 1e-6 * max(1.0, abs(fd))
+
+
 def test_two_heads_on_one_task_need_pairs():
     with pytest.raises(NotImplementedError, match="two heads serving one task"):
         exact_loss([[0.3], [0.1]], [[1.0], [1.0]], (3,), 64)

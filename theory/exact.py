@@ -665,8 +665,10 @@ def exact_gradient(omega, mu, tasks, L, sigma=0.0) -> ExactGradient:
 
     Heads with identical omega rows share a softmax (their C_hk = C_hh): with M_i the sum of
     their mu on task i, d/d omega[h, j] = sum_i (-2 mu[h,i] db_i/d omega_j + mu[h,i] M_i
-    dC_i/d omega_j) and d/d mu[h,i] = -2 b_i + 2 M_i C_i (+ 2 sum over the other serving
-    rows k of M_k,i C_hk,i, which needs theory.exact_pairs)."""
+    dC_i/d omega_j) and d/d mu[h,i] = -2 b_i + 2 M_i C_i, plus, for every other row k
+    serving task i, 2 M_k,i C_hk,i in d/d mu[h,i] and 2 mu[h,i] M_k,i dC_hk,i/d omega_h in
+    d/d omega[h, .] -- from theory.exact_pairs (cross_moment for the values;
+    cross_moments_and_gradient where two rows serve one task), if that module exists."""
     import time
 
     t0 = time.perf_counter()
@@ -682,13 +684,15 @@ def exact_gradient(omega, mu, tasks, L, sigma=0.0) -> ExactGradient:
     for h in range(omega.shape[0]):
         M[index[h]] += mu[h]
     serving = [[x for x in range(R) if M[x, i] != 0.0] for i in range(m)]
-    if any(len(s) > 1 for s in serving):
-        pairs = _pairs_module()
+    pairs = _pairs_module()
+    # two distinct rows serving one task: the omega-gradient needs d C_hk / d omega_h
+    needs_pair_grad = any(len(sv) > 1 for sv in serving)
+    if needs_pair_grad and (pairs is None or not hasattr(pairs, "cross_moments_and_gradient")):
         raise NotImplementedError(
             "exact_gradient covers one head and allocated heads (each task served by at most one "
             "distinct omega row); two heads serve one task here, which needs the gradient of the "
-            "cross moments C_hk" + ("" if pairs is None else " (theory.exact_pairs gives their values only)")
-            + ". Use theory.reduced_ode.mc_reduced_gradient (Monte Carlo) for it")
+            "cross moments C_hk (theory.exact_pairs.cross_moments_and_gradient), not available. "
+            "Use theory.reduced_ode.mc_reduced_gradient (Monte Carlo) for it")
     b = np.zeros((R, m))
     C = np.zeros((R, m))
     db = np.zeros((R, m, m))
@@ -709,7 +713,18 @@ def exact_gradient(omega, mu, tasks, L, sigma=0.0) -> ExactGradient:
     g_om = np.zeros((H, m))
     g_mu = np.zeros((H, m))
     missing = np.zeros((H, m), dtype=bool)
-    pairs = _pairs_module()
+    pair_cache: dict[tuple[int, int], dict] = {}
+
+    def pair(x, y):
+        """C_xy (m,), its error, dC_i/d omega_x[j] (m, m) and its error, for rows x != y."""
+        key = (min(x, y), max(x, y))
+        if key not in pair_cache:
+            pair_cache[key] = pairs.cross_moments_and_gradient(rows[key[0]], rows[key[1]], tasks, L, sigma)
+        d = pair_cache[key]
+        first_ = x == key[0]
+        return (d["value"], d["error_estimate"], d["d_omega_h"] if first_ else d["d_omega_k"],
+                d["d_omega_h_error"] if first_ else d["d_omega_k_error"])
+
     err = 0.0
     for h in range(H):
         x = index[h]
@@ -720,7 +735,13 @@ def exact_gradient(omega, mu, tasks, L, sigma=0.0) -> ExactGradient:
             for k in serving[i]:
                 if k == x:
                     continue
-                if pairs is not None and hasattr(pairs, "cross_moment"):
+                # the cross term 2 mu[h,i] M[k,i] C_xk,i of the loss
+                if needs_pair_grad:
+                    val, e, dval, de = pair(x, k)
+                    g_om[h] += 2.0 * mu[h, i] * M[k, i] * dval[i]
+                    g_mu[h, i] += 2.0 * M[k, i] * val[i]
+                    err = max(err, 2.0 * abs(M[k, i]) * (e[i] + abs(mu[h, i]) * float(np.max(de[i]))))
+                elif pairs is not None and hasattr(pairs, "cross_moment"):
                     val, e = pairs.cross_moment(rows[x], rows[k], tasks, L, sigma, i)
                     g_mu[h, i] += 2.0 * M[k, i] * val
                     err = max(err, 2.0 * abs(M[k, i]) * e)
