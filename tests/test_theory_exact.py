@@ -279,6 +279,10 @@ class _StandInPairs:
     def cross_moment(self, om_h, om_k, tasks, L, sigma, i):
         return float(self._c(np.asarray(om_h), np.asarray(om_k), len(tasks))[i]), 0.0
 
+    def cross_moments(self, om_h, om_k, tasks, L, sigma):
+        m = len(tasks)
+        return self._c(np.asarray(om_h), np.asarray(om_k), m), np.zeros(m)
+
     def cross_moments_and_gradient(self, om_h, om_k, tasks, L, sigma):
         om_h, om_k, m = np.asarray(om_h), np.asarray(om_k), len(tasks)
         scale = (1.0 + np.arange(m))[:, None]

@@ -615,11 +615,21 @@ def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
                 "by at most one head; this point has two heads serving one task, which needs the "
                 "cross moments C_hk (theory.exact_pairs.cross_moment), not available here. Use "
                 "theory.reduced_ode.mc_reduced_loss (Monte Carlo) for it")
+        cache: dict[tuple[int, int], tuple] = {}
+
+        def cross(h, k, i):
+            # cross_moments returns every task at the cost of one (exact_pairs' docstring)
+            if hasattr(pairs, "cross_moments"):
+                if (h, k) not in cache:
+                    cache[(h, k)] = pairs.cross_moments(om[h], om[k], tasks, L, sigma)
+                return float(cache[(h, k)][0][i]), float(cache[(h, k)][1][i])
+            return pairs.cross_moment(om[h], om[k], tasks, L, sigma, i)
+
         for i in range(m):
             hs = [h for h in range(H) if mu_[h, i] != 0.0]
             for x, h in enumerate(hs):
                 for k in hs[x + 1:]:
-                    val, e = pairs.cross_moment(om[h], om[k], tasks, L, sigma, i)
+                    val, e = cross(h, k, i)
                     per_task[i] += 2.0 * mu_[h, i] * mu_[k, i] * val
                     err[i] += 2.0 * abs(mu_[h, i] * mu_[k, i]) * e
     rounding = 1e-15 * 10.0 * float(np.sum(r + np.sum(np.abs(mu_ * b), axis=0) + np.sum(mu_ ** 2 * C, axis=0)))
