@@ -645,7 +645,7 @@ def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
 @dataclass
 class ExactGradient:
     """d loss / d omega and d loss / d mu, each (H, m), at (omega, mu), with ``loss`` (an
-    :class:`ExactLoss`) and ``error_estimate`` (absolute, for every entry).  ``missing``
+    :class:`ExactLoss`, None when asked for without it) and ``error_estimate`` (absolute, for every entry).  ``missing``
     (H, m) marks the d/d mu entries that need a cross moment C_hk (a head h with mu = 0 on a
     task served by another head k, at an allocated point) when theory.exact_pairs is not
     available: they are NaN.  The factored metric multiplies them by 2|mu| = 0."""
@@ -669,7 +669,7 @@ def _row_groups(omega: np.ndarray):
     return np.array(keys, dtype=float).reshape(len(keys), omega.shape[1]), np.array(index, dtype=int)
 
 
-def exact_gradient(omega, mu, tasks, L, sigma=0.0) -> ExactGradient:
+def exact_gradient(omega, mu, tasks, L, sigma=0.0, with_loss=True) -> ExactGradient:
     """The gradient of :func:`exact_loss` in (omega, mu), analytic (module docstring,
     section 5), same cases as :func:`exact_loss`.
 
@@ -758,8 +758,10 @@ def exact_gradient(omega, mu, tasks, L, sigma=0.0) -> ExactGradient:
                 else:
                     g_mu[h, i] = np.nan
                     missing[h, i] = True
-    loss = exact_loss(omega, mu, tasks, L, sigma)
-    loss.seconds = time.perf_counter() - t0
+    # the flow's right-hand side skips the loss (with pairs it costs as much again)
+    loss = exact_loss(omega, mu, tasks, L, sigma) if with_loss else None
+    if loss is not None:
+        loss.seconds = time.perf_counter() - t0
     return ExactGradient(loss=loss, d_omega=g_om, d_mu=g_mu, error_estimate=float(err), missing=missing)
 
 
@@ -831,7 +833,7 @@ def exact_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1
         return sign_om * a ** 2, sign_mu * c ** 2
 
     def velocity(om, m_):
-        G = exact_gradient(om, m_, tasks, L, sigma)
+        G = exact_gradient(om, m_, tasks, L, sigma, with_loss=False)
         f_om, f_mu = metric_factors(param, om, m_, tasks, logit_scale)
         g_mu = np.where(f_mu == 0.0, 0.0, G.d_mu)
         if np.any(np.isnan(g_mu)):
