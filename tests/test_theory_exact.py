@@ -234,12 +234,15 @@ def test_allocated_heads_split_into_one_head_problems():
     assert np.allclose(res.per_task, expect, rtol=1e-14)
 
 
-def test_groups_are_continuous():
-    """Two tasks with equal |omega| use the one-group rule, a hair apart the two-group
-    tensor rule: the two must agree to the stated accuracy."""
-    a = exact_loss([[0.3, 0.3]], [[1.0, 2.0]], (2, 3), 300, 0.1)
-    b = exact_loss([[0.3, 0.3 + 1e-9]], [[1.0, 2.0]], (2, 3), 300, 0.1)
-    assert abs(a.loss - b.loss) <= 1e-8 * a.loss + a.error_estimate + b.error_estimate
+@pytest.mark.parametrize("omega,tasks", [(0.3, (2, 3)), (2.0, (1, 1)), (1.0, (1, 2))])
+def test_groups_are_continuous(omega, tasks):
+    """Two tasks with equal |omega| use the one-group rule; 1e-13 apart, the two-group tensor
+    rule (with its small-y lumping, worst for chi^2_1 blocks and large omega).  The loss
+    moves by ~1e-13 between the two points, so they must agree to the stated errors plus
+    1e-12 relative."""
+    a = exact_loss([[omega, omega]], [[1.0, 2.0]], tasks, 300, 0.1)
+    b = exact_loss([[omega, omega * (1 + 1e-13)]], [[1.0, 2.0]], tasks, 300, 0.1)
+    assert abs(a.loss - b.loss) <= 1e-12 * a.loss + a.error_estimate + b.error_estimate
 
 
 def test_cross_moments_are_assembled_from_exact_pairs(monkeypatch):

@@ -74,7 +74,7 @@ beta^2 = S = sum_g W_g a_g with a_g ~ chi^2_{n_g} independent.  Each a_g = 2 y_g
 integrated by the trapezoid rule in log y_g (:func:`_log_gamma_rule`: geometric
 convergence, and it resolves small y where the moments vary on the scale 1/omega^2, which
 a Gauss-Laguerre rule does not when omega is large); k >= 2 groups use the tensor product
-(small-y nodes lumped, :func:`_group_rule`), up to MAX_GROUPS = 3.  The moments at the
+(small-y nodes lumped with a stated bound, :func:`_group_rule`), up to MAX_GROUPS = 3.  The moments at the
 nodes beta = sqrt(S) come from the per-L :class:`MomentTable` (piecewise Chebyshev,
 ~1e-14), shared by every (omega, mu).  Within a group the tasks are exchangeable:
 E[|q_i|^2 | a_g] = a_g r_i / n_g and E[|q_i|^2 |q_j|^2 | a_g] = a_g^2 r_i (r_j + 2 delta_ij)
@@ -359,42 +359,51 @@ def _log_gamma_rule(N_dof: float):
     return y, w
 
 
-LUMP_Y = 1e-3     # with k >= 2 groups, the nodes y < LUMP_Y of each group are lumped
+LUMP_TOL = 1e-15  # with k >= 2 groups, each group's small-y nodes are lumped (see _group_rule)
 
 
-def _group_rule(n_dof: float, thin: int, lump: bool):
+def _group_rule(n_dof: float, W: float, thin: int, lump: bool):
     """The log-Gamma trapezoid rule of one group (a = chi^2_n = 2y), at ``thin`` times the
     base step (nodes 0, thin, 2 thin, ...; weights times thin).  With ``lump`` the nodes
-    y < LUMP_Y are replaced by one node at their weighted mean y, carrying their total
-    weight: for F smooth in y this changes the sum by O(F'' LUMP_Y^2 mass(y < LUMP_Y))
-    (< 1e-12 here), and it keeps the tensor rules of several groups small."""
+    y < y_c are replaced by one node at their weighted mean y, carrying their total weight
+    (it keeps the tensor rules of several groups small).  For F(S) with S = 2 W y + rest
+    this changes the sum by about (1/2) F''(S) (2W)^2 Var(y | y < y_c) mass(y < y_c)
+    <= F'' (2 W y_c)^2 mass; with mass ~ y_c^{n/2} / Gamma(n/2 + 1) we pick
+    y_c^{n/2+2} = LUMP_TOL Gamma(n/2 + 1) / max(1, 4 W^2) and return the bound
+    (2 W y_c)^2 mass (for |F''| <= 1: the moments are O(1) with O(1) derivatives in S).
+    Returns (a nodes, weights, lumping error bound)."""
     y, w = _log_gamma_rule(n_dof)
     y, w = y[::thin], thin * w[::thin]
+    lump_err = 0.0
     if lump:
-        low = y < LUMP_Y
+        a = n_dof / 2.0
+        y_c = math.exp((math.log(LUMP_TOL) + float(gammaln(a + 1.0)) - math.log(max(1.0, 4.0 * W * W))) / (a + 2.0))
+        low = y < y_c
         if low.sum() > 1:
             mass = w[low].sum()
             y = np.concatenate([[float((w[low] * y[low]).sum() / mass)], y[~low]])
             w = np.concatenate([[mass], w[~low]])
-    return 2.0 * y, w
+            lump_err = float((2.0 * W * y_c) ** 2 * mass)
+    return 2.0 * y, w, lump_err
 
 
 def _outer_rule(W: np.ndarray, n: np.ndarray, thin: int = 1):
     """Nodes S (= beta^2) and weights for  E F(S) = sum w0 F,  E[a_g F(S)] = sum wg[g] F
     and E[a_g a_g' F(S)] = sum wgg[g, g'] F, with S = sum_g W_g a_g, a_g ~ chi^2_{n_g}:
-    the tensor product of the groups' log-Gamma rules (module docstring, section 4)."""
+    the tensor product of the groups' log-Gamma rules (module docstring, section 4); and
+    the lumping error bound (0 for one group)."""
     k = W.size
-    rules = [_group_rule(float(ng), thin, lump=k >= 2) for ng in n]
-    grids = np.meshgrid(*[a for a, _ in rules], indexing="ij")
+    rules = [_group_rule(float(ng), float(Wg), thin, lump=k >= 2) for ng, Wg in zip(n, W)]
+    grids = np.meshgrid(*[a for a, _, _ in rules], indexing="ij")
     wts = np.ones(())
-    for _, w in rules:
+    for _, w, _ in rules:
         wts = np.multiply.outer(wts, w)
     A = np.stack([g.ravel() for g in grids])                   # (k, nS): a_g at each node
     w0 = wts.ravel()
     S = W @ A
     wg = A * w0[None, :]
     wgg = A[:, None, :] * A[None, :, :] * w0[None, None, :]
-    return S, w0, wg, wgg
+    return S, w0, wg, wgg, sum(e for _, _, e in rules)
 
 
 def _one_head_expectations(omega_row, tasks, L, grad=False):
@@ -426,15 +435,15 @@ def _one_head_expectations(omega_row, tasks, L, grad=False):
     else:
         sums = []
         for thin in (1, 2, 4):       # the rule at steps h, 2h, 4h: geometric error estimate
-            S, w0, wg, wgg = _outer_rule(W, n, thin)
+            S, w0, wg, wgg, e_lump = _outer_rule(W, n, thin)
             mom, e_tab = table(np.sqrt(S))
-            sums.append((w0 @ mom, wg @ mom, wgg @ mom, None))
-        (E0, Eg, Egg, _), (c2, g2, _, _), (c4, g4, _, _) = sums
+            sums.append((w0 @ mom, wg @ mom, wgg @ mom, e_lump))
+        (E0, Eg, Egg, e_lump), (c2, g2, _, _), (c4, g4, _, _) = sums
         ge = np.vectorize(_geometric_error)
         # absolute error of each column: the table's error times the rule's total weight,
         # plus the rule's geometric error estimate
-        err0 = e_tab * np.abs(w0).sum() + ge(E0, c2, c4)                       # (6,)
-        errg = e_tab * np.abs(wg).sum(axis=1)[:, None] + ge(Eg, g2, g4)        # (k, 6)
+        err0 = e_tab * np.abs(w0).sum() + ge(E0, c2, c4) + e_lump                      # (6,)
+        errg = e_tab * np.abs(wg).sum(axis=1)[:, None] + ge(Eg, g2, g4) + e_lump * n[:, None]  # (k, 6)
 
     def first(i, col, E0=E0, Eg=Eg):        # E[|q_i|^2 F_col]
         g = group[i]
