@@ -4,6 +4,8 @@ Example:
     python -m theory predict --tasks 4,4,4 --heads 3 --L 1000 --sigma 0
     python -m theory predict --tasks 2,5,9 --heads 3 --L 500 --sigma 0.5 --optimality
     python -m theory formulas
+    python -m theory exact --tasks 3 --heads 1 --L 64 --omega 0.3 --mu 2.0 --sigma 0
+    python -m theory exact --fixed-point --tasks 3,3 --L 128
 """
 from __future__ import annotations
 
@@ -49,6 +51,64 @@ def _positive_float(name, allow_zero=False):
     return parse
 
 
+def _matrix(name):
+    """One number, or rows of comma-separated numbers separated by ';' (heads x tasks)."""
+    def parse(text):
+        try:
+            rows = [[float(x) for x in row.split(",")] for row in text.split(";")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be one number or an H x m matrix like '0.3,0.1;0.2,0.4' (rows by ';', "
+                f"entries by ','); got {text!r}")
+        if any(not math.isfinite(x) for row in rows for x in row):
+            raise argparse.ArgumentTypeError(f"{name} entries must be finite numbers, got {text!r}")
+        if len({len(row) for row in rows}) != 1:
+            raise argparse.ArgumentTypeError(f"{name}: every row must have the same number of entries (m), "
+                                             f"got {text!r}")
+        return rows
+    return parse
+
+
+def _exact_matrix(name, rows, heads, m):
+    if rows is None:
+        raise ValueError(f"{name} is required unless --fixed-point is given: one number or an H x m matrix")
+    if len(rows) == 1 and len(rows[0]) == 1:
+        return [[rows[0][0]] * m for _ in range(heads)]
+    if len(rows) != heads or len(rows[0]) != m:
+        raise ValueError(f"{name} has shape {len(rows)}x{len(rows[0])} but --heads {heads} and --tasks with "
+                         f"m = {m} need {heads}x{m} (rows = heads separated by ';', entries = tasks by ','), "
+                         "or pass one number for every entry")
+    return rows
+
+
+def exact(args) -> dict:
+    """The JSON object of ``python -m theory exact`` (docs/theory.md, "Exact finite-L loss")."""
+    from .exact import exact_fixed_point, exact_gradient, exact_loss, finite_L_gain
+
+    m = len(args.tasks)
+    if args.benchmark:
+        from .exact import benchmark
+
+        return {"benchmark": benchmark((args.L,))}
+    if args.fixed_point:
+        if args.gain:
+            return finite_L_gain(args.tasks, args.L, args.sigma)
+        return exact_fixed_point(args.tasks, args.L, args.sigma)
+    omega = _exact_matrix("--omega", args.omega, args.heads, m)
+    mu = _exact_matrix("--mu", args.mu, args.heads, m)
+    t0 = time.perf_counter()
+    if args.gradient:
+        G = exact_gradient(omega, mu, args.tasks, args.L, args.sigma)
+        out = G.loss.to_dict()
+        out.update({"d_omega": G.d_omega.tolist(), "d_mu": G.d_mu.tolist(),
+                    "gradient_error_estimate": G.error_estimate})
+    else:
+        out = exact_loss(omega, mu, args.tasks, args.L, args.sigma).to_dict()
+    out.update({"tasks": list(args.tasks), "heads": args.heads, "omega": omega, "mu": mu,
+                "seconds": time.perf_counter() - t0})
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m theory", description=(
         "Predictions of the theory package for the multi-head softmax attention ICL model "
@@ -77,6 +137,32 @@ def build_parser() -> argparse.ArgumentParser:
                     help="mpmath decimal digits for the fixed point and the limits (default 30)")
     pr.add_argument("--out", default=None,
                     help="also write the JSON to this file (written atomically: complete or absent)")
+    ex = sub.add_parser("exact", help="exact finite-L loss of the decomposable model (JSON)",
+                        description=(
+                            "The exact loss of the decomposable (reduced) model at integer context length L "
+                            "by deterministic quadrature (theory.exact): no Monte Carlo, no 1/L expansion. "
+                            "Covers one head (any m) and heads that serve disjoint tasks. With --fixed-point: "
+                            "the allocated fixed point at L (and with --gain the best single head and the gain)."))
+    ex.add_argument("--tasks", type=_tasks, required=True,
+                    help="block sizes r_1,...,r_m of the m tasks, comma-separated (e.g. 3 or 3,3)")
+    ex.add_argument("--heads", type=_positive_int("--heads"), default=1,
+                    help="number of heads H (default 1); --omega/--mu matrices must have H rows")
+    ex.add_argument("--L", type=_positive_int("--L"), required=True,
+                    help="context length L: a positive integer (the number of context tokens)")
+    ex.add_argument("--omega", type=_matrix("--omega"), default=None,
+                    help="QK semi-singular values: one number (every entry) or an H x m matrix written "
+                         "'0.3,0.1;0.2,0.4' (rows, i.e. heads, separated by ';')")
+    ex.add_argument("--mu", type=_matrix("--mu"), default=None,
+                    help="OV semi-singular values, same format as --omega")
+    ex.add_argument("--sigma", type=_positive_float("--sigma", allow_zero=True), default=0.0,
+                    help="label-noise standard deviation sigma >= 0 (default 0)")
+    ex.add_argument("--gradient", action="store_true", help="also print d loss/d omega and d loss/d mu")
+    ex.add_argument("--fixed-point", action="store_true",
+                    help="print the allocated fixed point at L (per task: omega*, mu*, loss) instead of a loss")
+    ex.add_argument("--gain", action="store_true",
+                    help="with --fixed-point: also the best single head at L and the gain single/allocated")
+    ex.add_argument("--benchmark", action="store_true",
+                    help="print timing lines of exact_loss (first call at a new L and warm calls) and exit")
     fo = sub.add_parser("formulas", help="print the derived formulas as the code uses them",
                         description="Print the sympy-derived formulas (expansion, F, metric factors, gain limit).")
     fo.add_argument("--json", action="store_true", help="print them as a JSON object instead of text")
@@ -145,6 +231,17 @@ def main(argv=None) -> int:
 
         formulas = all_formulas()
         print(json.dumps(formulas, indent=2) if args.json else "\n\n".join(f"[{k}]\n{v}" for k, v in formulas.items()))
+        return 0
+    if args.command == "exact":
+        try:
+            out = exact(args)
+        except (ValueError, TypeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except NotImplementedError as exc:
+            print(f"not covered: {exc}", file=sys.stderr)
+            return 3
+        print(json.dumps(out, indent=2))
         return 0
     try:
         out = predict(args.tasks, args.heads, args.L, args.sigma, args.optimality, args.seed, args.dps)

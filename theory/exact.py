@@ -1,0 +1,1064 @@
+"""The exact finite-L loss of the decomposable (reduced) model, by deterministic quadrature.
+
+No Monte Carlo, no expansion in 1/L: every expectation below is reduced to one- and
+two-dimensional integrals that are evaluated to ~1e-12 (each result carries an error
+estimate).  numpy/scipy only.
+
+Model (SPEC.md "Setting", our notation)
+---------------------------------------
+Tasks r = (r_1..r_m); one prompt: x_l, q ~ N(0, I_d) (l = 1..L), g_i ~ N(0, I_{r_i}),
+y_{l,i} = g_i^T x_{l,(i)} + eps_{l,i} (eps ~ N(0, sigma^2)), target y_{q,i} = g_i^T q_{(i)}.
+Head h: logit s_{h,l} = sum_j omega[h,j] <x_{l,(j)}, q_{(j)}>, p_{h,l} = softmax_l(s_{h,.}),
+prediction yhat_i = sum_h mu[h,i] sum_l p_{h,l} y_{l,i}.  Loss = sum_i E (y_{q,i} - yhat_i)^2.
+
+1. Integrating out g and eps (exact)
+------------------------------------
+loss = sum_i [ r_i - 2 sum_h mu[h,i] b_{h,i} + sum_{h,k} mu[h,i] mu[k,i] C_{hk,i} ],
+  b_{h,i}  = E[ sum_l p_{h,l} <x_{l,(i)}, q_{(i)}> ]                        (E_g g g^T = I)
+  C_{hk,i} = E[ sum_{l,l'} p_{h,l} p_{k,l'} <x_{l,(i)}, x_{l',(i)}> ] + sigma^2 E[ sum_l p_{h,l} p_{k,l} ].
+
+2. One head, conditioned on q
+-----------------------------
+Write u_{l,j} = <x_{l,(j)}, q_{(j)}>/|q_{(j)}| (i.i.d. N(0,1) given q).  The logit is
+s_l = sum_j omega_j |q_j| u_{l,j} = beta v_l with beta^2 = sum_j omega_j^2 |q_j|^2 (the
+combined logit scale) and v_l ~ N(0,1) i.i.d. (the projection of the u's on the combined
+direction).  With c_i = omega_i |q_i| / beta, u_{l,i} = c_i v_l + sqrt(1 - c_i^2) w_{l,i},
+w independent of the logits; the part of x_{l,(i)} orthogonal to q_{(i)} (r_i - 1
+coordinates) is independent of the logits too.  Hence, with p = softmax(beta v),
+
+  b_i = E_q[ |q_i| c_i A(beta) ],
+  C_i = E_q[ c_i^2 B(beta) + (1 - c_i^2) P(beta) + (r_i - 1 + sigma^2) P(beta) ],
+  A = E sum_l p_l v_l,  B = E (sum_l p_l v_l)^2,  P = E sum_l p_l^2   (E over the v's).
+
+Gaussian integration by parts (Stein, E v f(v) = E f'(v), d p_l/d v_l = beta p_l (1 - p_l))
+removes the 1/beta: A = beta (1 - P), and B - P = beta^2 E[1 - Q + 6 Q^2 - 6 sum p^3]
+(Q = sum p^2), so with the two regular functions
+
+  a(beta) = A/beta = 1 - P(beta),     K(beta) = (B(beta) - P(beta)) / beta^2,
+
+  b_i = omega_i E_q[ |q_i|^2 a(beta) ],
+  C_i = omega_i^2 E_q[ |q_i|^2 K(beta) ] + (r_i + sigma^2) E_q[ P(beta) ].
+
+For m = 1 this is SPEC's formula  loss = r - 2 mu E[|q| A] + mu^2 E[B] + mu^2 (r - 1 + sigma^2) E[P].
+At beta = 0: P = 1/L, a = K = 1 - 1/L.  L = 1: P = 1, a = K = 0.
+
+3. The softmax moments as Laplace integrals (:func:`softmax_moments`)
+---------------------------------------------------------------------
+With D = sum_l e^{beta v_l}, 1/D = int_0^oo e^{-tD} dt, 1/D^2 = int_0^oo t e^{-tD} dt, and
+the L tokens i.i.d., every expectation factorises into one-token expectations.  Put
+t = e^tau, Y = t e^{beta v} = e^{tau + beta v} and E_j(tau) = E_v[ Y^j e^{-Y} ],
+phi(tau) = E_v e^{-Y} = E_0.  Then (the t^k of each Laplace kernel absorbed into Y^j)
+
+  P    = L int E_2 phi^{L-1} dtau,
+  a    = L int (E_1 - E_2) phi^{L-1} dtau               (= L E[v e^{beta v}/D] / beta, Stein),
+  K    = int [ L (4 E_2 - 5 E_3 + E_4) phi^{L-1} + L(L-1) (E_1 - E_2)^2 phi^{L-2} ] dtau,
+  1    = L int E_1 phi^{L-1} dtau                          (sum_l p_l = 1: a check),
+
+where the K integrand is Stein applied twice to the terms L E[v^2 e^{2 beta v}/D^2] and
+L(L-1) E[v_1 v_2 e^{beta(v_1+v_2)}/D^2] of B, minus P (E[(v^2 - 1) h] = E h'' with
+h = e^{2 beta v - Y}: h''/beta^2 = ((2 - Y)^2 - Y) h;  E[v e^{beta v - Y}] = beta E[(1 - Y) e^{beta v - Y}]),
+so that nothing cancels at small beta.  Every integrand is bounded and decays like e^{tau}
+(tau -> -oo) and like a Gaussian in tau / beta or doubly exponentially (tau -> +oo); it is
+analytic in a strip |Im tau| < pi/2, so the trapezoid rule in tau converges geometrically
+(step 0.15: error ~ e^{-pi^2/0.15}).  The one-token expectations E_j(tau) are Gaussian
+convolutions in z = tau + beta v of g_j(z) = e^{j z - e^z}: for beta >= 1 a discrete
+convolution on the same grid (step 0.15 in z), for beta < 1 a trapezoid in v (step 0.25).
+phi^{L-1} is taken as exp((L-1) log phi) with log phi = log1p(-E[-expm1(-Y)]) (no loss of
+precision when phi is near 1, i.e. at large L).
+
+4. The expectation over q (:func:`_one_head_expectations`)
+-----------------------------------------------------------
+Only the tasks with omega_j != 0 enter beta.  Group them by |omega_j| (k distinct values
+W_g = omega_g^2, degrees of freedom n_g = sum of r_j in the group): then
+beta^2 = S = sum_g W_g a_g with a_g ~ chi^2_{n_g} independent.  Each a_g = 2 y_g is
+integrated by the trapezoid rule in log y_g (:func:`_log_gamma_rule`: geometric
+convergence, and it resolves small y where the moments vary on the scale 1/omega^2, which
+a Gauss-Laguerre rule does not when omega is large); k >= 2 groups use the tensor product
+(small-y nodes lumped with a stated bound, :func:`_group_rule`), up to MAX_GROUPS = 3.  The moments at the
+nodes beta = sqrt(S) come from the per-L :class:`MomentTable` (piecewise Chebyshev,
+~1e-14), shared by every (omega, mu).  Within a group the tasks are exchangeable:
+E[|q_i|^2 | a_g] = a_g r_i / n_g and E[|q_i|^2 |q_j|^2 | a_g] = a_g^2 r_i (r_j + 2 delta_ij)
+/ (n_g (n_g + 2)) (Dirichlet moments).  The error estimate of the outer rule comes from the
+same rule at twice and four times the step (:func:`_geometric_error`).
+
+5. Gradient
+-----------
+mu enters quadratically: d loss / d mu[h,i] = -2 b_{h,i} + 2 sum_k mu[k,i] C_{hk,i}.  For
+omega, d beta^2 / d omega_j = 2 omega_j |q_j|^2, so every d/d omega_j is an expectation of
+the x-derivatives P', a', K' (x = beta^2, tabulated alongside, section 3) times
+|q_i|^2 |q_j|^2 -- the same nodes, no finite differences (:func:`_one_head_bc`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+from scipy.special import gammaln
+
+from ._validate import check_omega_mu, check_sigma, check_tasks
+
+# quadrature constants (see the module docstring, section 3)
+TAU_STEP = 0.15         # trapezoid step in tau = log t and (beta >= 1) in z = tau + beta v
+V_STEP = 0.25           # trapezoid step in v for beta < 1
+V_HALF_WIDTH = 9.5      # the Gaussian in v is cut at |v| = 9.5 (e^{-45})
+LOG_TINY = 45.0         # integrands below e^{-45} of their scale are dropped
+MAX_GROUPS = 3          # distinct nonzero |omega| values in one head (tensor rule in k dims)
+
+
+# ---------------------------------------------------------------------------------------
+# 3. the softmax moments P, a, K of one Gaussian logit scale beta
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SoftmaxMoments:
+    """P = E sum p^2, a = 1 - P = A/beta, K = (B - P)/beta^2 for p = softmax(beta v),
+    v_1..v_L i.i.d. N(0,1) (arrays over beta), their derivatives dP, da, dK in x = beta^2,
+    and ``error``: an estimate of the absolute error of each (the trapezoid's geometric
+    error estimate, the normalisation check sum p = 1 and the identities a = 1 - P, a' = -P')."""
+
+    beta: np.ndarray
+    L: int
+    P: np.ndarray
+    a: np.ndarray
+    K: np.ndarray
+    dP: np.ndarray
+    da: np.ndarray
+    dK: np.ndarray
+    error: np.ndarray
+
+
+def _tau_grid(beta: float, L: int) -> np.ndarray:
+    # lower end: E_j(tau) <= min(e^{j tau + j^2 beta^2/2}, e^{-tau^2/(2 beta^2)}) and the
+    # integrands carry at most L^2: below tau_lo everything is < e^{-45}
+    lo = -(LOG_TINY + math.log(L) + min(beta * beta + 22.5, 9.5 * beta + 5.0))
+    hi = 9.5 * beta + 4.0      # e^{-e^tau} (beta = 0) and e^{-tau^2/(2 beta^2)} above
+    n = int(math.ceil((hi - lo) / TAU_STEP / 4.0)) * 4      # a multiple of 4: see _geometric_error
+    return lo + TAU_STEP * np.arange(n + 1)
+
+
+def _one_token(beta: float, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(E, one_minus_phi): E[j] = E_v[Y^j e^{-Y}] (j = 0..6) and E_v[1 - e^{-Y}] on the
+    tau grid, Y = e^{tau + beta v}, v ~ N(0, 1)."""
+    with np.errstate(over="ignore", under="ignore"):
+        if beta < 1.0:
+            # trapezoid in v; the tilt Y^j e^{-Y} ~ e^{j beta v} moves mass up to v ~ 4 beta
+            v = np.arange(-V_HALF_WIDTH, 4.0 * beta + V_HALF_WIDTH + V_STEP / 2, V_STEP)
+            logw = -0.5 * v ** 2 - 0.5 * math.log(2 * math.pi) + math.log(V_STEP)
+            z = tau[:, None] + beta * v[None, :]
+            ez = np.exp(z)
+            E = np.stack([np.exp(logw + j * z - ez).sum(axis=1) for j in range(7)])
+            omp = (-np.expm1(-ez) * np.exp(logw)).sum(axis=1)
+            return E, omp
+        # discrete Gaussian convolution in z on the tau grid's step
+        h = tau[1] - tau[0]
+        half = int(math.ceil(V_HALF_WIDTH * beta / h))   # g_j is bounded: the kernel's tail beyond 9.5 beta is < e^{-45}
+        dz = h * np.arange(-half, half + 1)
+        kern = np.exp(-0.5 * (dz / beta) ** 2) * (h / (beta * math.sqrt(2 * math.pi)))
+        # g_j(z) = e^{jz - e^z} on an extended z grid: z in [tau_lo - half h, tau_hi + half h]
+        z = tau[0] + h * np.arange(-half, tau.size + half)
+        ez = np.exp(z)
+        g = [np.exp(j * z - ez) for j in range(7)]
+        g.append(-np.expm1(-ez))
+        # E(tau_k) = sum_n g(z_n) kern(z_n - tau_k): 'valid' convolution (kern is symmetric)
+        # direct summation (an FFT convolution's absolute rounding ~1e-16 is amplified by
+        # up to L^3 in the K' integrand: measured 1e-10 at L = 4096)
+        out = [np.convolve(gj, kern, mode="valid") for gj in g]
+        return np.stack(out[:7]), out[7]
+
+
+NMOM = 7   # P, a, K, dP, da, dK (derivatives in x = beta^2), error
+
+
+def _moments_one(beta: float, L: int) -> tuple:
+    """(P, a, K, dP/dx, da/dx, dK/dx, error) at x = beta^2 (module docstring, section 3).
+
+    Derivatives: E_j(tau) is the Gaussian convolution of g_j(z) = e^{jz - e^z} with
+    variance x = beta^2, so it solves the heat equation dE_j/dx = (1/2) d^2E_j/dtau^2, and
+    g_j' = j g_j - g_{j+1} gives dE_j/dx = (j^2 E_j - (2j+1) E_{j+1} + E_{j+2}) / 2
+    (phi = E_0).  Differentiating the tau integrands under the integral:
+      P' = L int [E_2' phi^{L-1} + (L-1) E_2 phi' phi^{L-2}],   a' = -P' (checked),
+      K' = int [L e' phi^{L-1} + L(L-1) (e phi' + 2 d d') phi^{L-2} + L(L-1)(L-2) d^2 phi' phi^{L-3}],
+    with d = E_1 - E_2, e = 4E_2 - 5E_3 + E_4."""
+    beta = abs(float(beta))
+    if L == 1:
+        return 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    tau = _tau_grid(beta, L)
+    E, omp = _one_token(beta, tau)
+    with np.errstate(divide="ignore"):
+        logphi = np.where(omp < 0.5, np.log1p(-np.minimum(omp, 0.5)), np.log(np.maximum(E[0], 0.0)))
+    w1 = np.exp((L - 1) * logphi)
+    w2 = np.exp((L - 2) * logphi) if L > 2 else np.ones_like(w1)
+    w3 = np.exp((L - 3) * logphi) if L > 3 else (np.ones_like(w1) if L == 3 else np.zeros_like(w1))
+    dE = [0.5 * (j * j * E[j] - (2 * j + 1) * E[j + 1] + E[j + 2]) for j in range(5)]
+    dphi = dE[0]
+    d = E[1] - E[2]
+    dd = dE[1] - dE[2]
+    e = 4 * E[2] - 5 * E[3] + E[4]
+    de = 4 * dE[2] - 5 * dE[3] + dE[4]
+    Lm = L - 1.0
+    fP = L * E[2] * w1
+    fa = L * d * w1
+    fK = L * e * w1 + L * Lm * d * d * w2
+    fN = L * E[1] * w1
+    fdP = L * (dE[2] * w1 + Lm * E[2] * dphi * w2)
+    fda = L * (dd * w1 + Lm * d * dphi * w2)
+    fdK = L * de * w1 + L * Lm * (e * dphi + 2 * d * dd) * w2 + L * Lm * (L - 2.0) * d * d * dphi * w3
+    h = tau[1] - tau[0]
+    vals, errs = [], []
+    for f in (fP, fa, fK, fdP, fda, fdK, fN):
+        full = h * f.sum()
+        vals.append(full)
+        errs.append(_geometric_error(full, 2 * h * f[::2].sum(), 4 * h * f[::4].sum()))
+    P, a, K, dP, da, dK, norm = vals
+    if beta == 0.0:           # the closed forms (the quadrature reproduces them to ~1e-15)
+        P, a, K = 1.0 / L, 1.0 - 1.0 / L, 1.0 - 1.0 / L
+    # rounding of the sums (~1e-16 per term of the integrands' scale) and the checks
+    scale = max(1.0, abs(dK), abs(dP))
+    err = (max(max(errs[:6]), abs(norm - 1.0), abs(P + a - 1.0), abs(dP + da) / scale)
+           + 1e-15 * math.sqrt(tau.size))
+    return P, a, K, dP, da, dK, err
+
+
+def _geometric_error(fine: float, half: float, quarter: float) -> float:
+    """Error estimate of a geometrically convergent rule (error ~ C e^{-alpha/h}) from the
+    same rule at steps h, 2h, 4h: with e(2h) ~ |fine - half|, e(4h) ~ |fine - quarter| and
+    q = e(4h)/e(2h) = e^{alpha/(4h)}, the error at h is e(2h)/q^2; we return e(2h)/q (one
+    factor of q to spare) when the sequence looks geometric (q >= 10), else e(2h) itself."""
+    e2, e4 = abs(fine - half), abs(fine - quarter)
+    if e2 > 0.0 and e4 >= 10.0 * e2:
+        return e2 * e2 / e4
+    return e2
+
+
+def softmax_moments(beta, L) -> SoftmaxMoments:
+    """P(beta), a(beta) = 1 - P, K(beta) at context length L (module docstring, section 3).
+
+    beta: a number or array (the Gaussian logit scale; only |beta| matters); L: a positive
+    integer.  A few ms per beta (beta <= 5), more for large beta (cost ~ beta)."""
+    L = _check_int_L(L)
+    b = np.atleast_1d(np.asarray(beta, dtype=float))
+    if not np.all(np.isfinite(b)):
+        raise ValueError("beta must be finite")
+    out = np.array([_moments_one(x, L) for x in b.ravel()]).reshape(b.shape + (NMOM,))
+    return SoftmaxMoments(beta=b, L=L, P=out[..., 0], a=out[..., 1], K=out[..., 2], dP=out[..., 3],
+                          da=out[..., 4], dK=out[..., 5], error=out[..., 6])
+
+
+def _check_int_L(L) -> int:
+    if isinstance(L, bool) or not isinstance(L, (int, np.integer, float, np.floating)):
+        raise TypeError(f"L (context length) must be a positive integer, got {L!r}")
+    if not math.isfinite(float(L)) or float(L) != int(L) or L < 1:
+        raise ValueError(f"L (context length) must be a positive integer for the exact loss "
+                         f"(the number of context tokens), got {L!r}")
+    return int(L)
+
+
+TABLE_NODES = 24          # Chebyshev nodes per panel of the moment table
+TABLE_X0 = 0.25           # first panel: x = beta^2 in [0, TABLE_X0]
+TABLE_U0 = 0.5 * math.log(TABLE_X0)   # then panels of width TABLE_DU in u = log beta from here
+TABLE_DU = 0.5
+
+
+class MomentTable:
+    """The six functions (P, a, K, P', a', K') of beta at one L, as piecewise Chebyshev
+    interpolants: one panel in x = beta^2 on [0, 1/4] (they are smooth in x), then panels
+    of width 1/2 in u = log beta from log(1/2) on (they are analytic in a strip
+    of half-width ~0.7 around the real u axis: the trapezoid rule of the q-expectation in
+    log beta^2 converges geometrically, which measures that strip).  24 nodes per panel:
+    measured interpolation error <= 1e-13 (tests).  Panels are built on first use; the
+    error of a panel is its moments' own error plus the size of its last two Chebyshev
+    coefficients."""
+
+    def __init__(self, L: int):
+        self.L = int(L)
+        self.panels: dict[int, tuple[np.ndarray, float]] = {}
+        self.x = np.cos(np.pi * (np.arange(TABLE_NODES) + 0.5) / TABLE_NODES)
+
+    def _panel(self, j: int):
+        if j not in self.panels:
+            if j < 0:
+                betas = np.sqrt(TABLE_X0 * 0.5 * (self.x + 1.0))       # x = beta^2 in [0, X0]
+            else:
+                betas = np.exp(TABLE_U0 + TABLE_DU * (j + 0.5 * (self.x + 1.0)))   # u = log beta
+            vals = np.array([_moments_one(float(b), self.L) for b in betas])
+            coef = np.polynomial.chebyshev.chebfit(self.x, vals[:, :6], TABLE_NODES - 1)
+            err = float(vals[:, 6].max() + np.abs(coef[-2:]).max())
+            self.panels[j] = (coef, err)
+        return self.panels[j]
+
+    def __call__(self, beta: np.ndarray) -> tuple[np.ndarray, float]:
+        """(values (n, 6), error bound) at the given beta >= 0."""
+        beta = np.abs(np.asarray(beta, dtype=float)).ravel()
+        out = np.empty((beta.size, 6))
+        b1 = math.sqrt(TABLE_X0)
+        with np.errstate(divide="ignore"):
+            u = (np.log(np.maximum(beta, b1)) - TABLE_U0) / TABLE_DU
+        idx = np.where(beta <= b1, -1, np.maximum(np.floor(u), 0).astype(int))
+        err = 0.0
+        for j in np.unique(idx):
+            sel = idx == j
+            coef, e = self._panel(int(j))
+            t = 2.0 * beta[sel] ** 2 / TABLE_X0 - 1.0 if j < 0 else 2.0 * (u[sel] - j) - 1.0
+            out[sel] = np.polynomial.chebyshev.chebval(np.clip(t, -1.0, 1.0), coef).T
+            err = max(err, e)
+        return out, err
+
+
+@lru_cache(maxsize=64)
+def moment_table(L: int) -> MomentTable:
+    """The (cached) :class:`MomentTable` of context length L: shared by every (omega, mu)."""
+    return MomentTable(_check_int_L(L))
+
+
+# ---------------------------------------------------------------------------------------
+# 4. the expectation over q for one head
+# ---------------------------------------------------------------------------------------
+
+def _groups(omega_row: np.ndarray, tasks: tuple[int, ...]):
+    """Distinct nonzero |omega_j| (W_g = omega^2), their degrees of freedom n_g, and the
+    group of each task (-1 for omega_j = 0)."""
+    absw = np.abs(omega_row)
+    values = sorted({float(x) for x in absw if x != 0.0}, reverse=True)
+    group = np.array([values.index(float(x)) if x != 0.0 else -1 for x in absw], dtype=int)
+    W = np.array([v * v for v in values])
+    n = np.array([sum(r for r, g in zip(tasks, group) if g == k) for k in range(len(values))], dtype=float)
+    return W, n, group
+
+
+@lru_cache(maxsize=256)
+def _log_gamma_rule(N_dof: float):
+    """Trapezoid rule in xi = log y for E f(y), y ~ Gamma(N/2, 1) (= chi^2_N / 2):
+    weights h exp((N/2) xi - e^xi - lgamma(N/2)) on the xi where that log-density exceeds
+    -LOG_TINY.  The integrand is analytic in a strip around the real xi axis and decays like
+    y^{N/2} at xi -> -oo and doubly exponentially at +oo, so the rule converges
+    geometrically (it resolves the small-y region where f varies on the scale 1/omega^2,
+    which a Gauss-Laguerre rule in y does not when omega is large).  The step is
+    min(0.2, 0.4 sqrt(2/N)) (the density in xi is ~ Gaussian of width sqrt(2/N)); the
+    nodes 0, 2, 4, ... and 0, 4, 8, ... are the rule at twice and four times the step, used
+    for the error estimate (:func:`_geometric_error`).  Returns (y, w), 4k + 1 nodes."""
+    a = N_dof / 2.0
+    peak = math.log(a)
+
+    def logdens(xi):
+        return a * xi - math.exp(xi) - float(gammaln(a))
+
+    target = -LOG_TINY
+    lo, hi = peak, peak
+    step = 1.0
+    while logdens(lo) > target:
+        lo -= step
+    while logdens(hi) > target:
+        hi += step
+    h = min(0.2, 0.4 * math.sqrt(2.0 / N_dof))
+    n = int(math.ceil((hi - lo) / h / 4.0)) * 4
+    xi = lo + h * np.arange(n + 1)
+    y = np.exp(xi)
+    w = h * np.exp(a * xi - y - gammaln(a))
+    return y, w
+
+
+LUMP_TOL = 1e-15  # with k >= 2 groups, each group's small-y nodes are lumped (see _group_rule)
+
+
+def _group_rule(n_dof: float, W: float, thin: int, lump: bool):
+    """The log-Gamma trapezoid rule of one group (a = chi^2_n = 2y), at ``thin`` times the
+    base step (nodes 0, thin, 2 thin, ...; weights times thin).  With ``lump`` the nodes
+    y < y_c are replaced by one node at their weighted mean y, carrying their total weight
+    (it keeps the tensor rules of several groups small).  For F(S) with S = 2 W y + rest
+    this changes the sum by about (1/2) F''(S) (2W)^2 Var(y | y < y_c) mass(y < y_c)
+    <= F'' (2 W y_c)^2 mass; with mass ~ y_c^{n/2} / Gamma(n/2 + 1) we pick
+    y_c^{n/2+2} = LUMP_TOL Gamma(n/2 + 1) / max(1, 4 W^2) and return the bound
+    (2 W y_c)^2 mass (for |F''| <= 1: the moments are O(1) with O(1) derivatives in S).
+    Returns (a nodes, weights, lumping error bound)."""
+    y, w = _log_gamma_rule(n_dof)
+    y, w = y[::thin], thin * w[::thin]
+    lump_err = 0.0
+    if lump:
+        a = n_dof / 2.0
+        y_c = math.exp((math.log(LUMP_TOL) + float(gammaln(a + 1.0)) - math.log(max(1.0, 4.0 * W * W))) / (a + 2.0))
+        low = y < y_c
+        if low.sum() > 1:
+            mass = w[low].sum()
+            y = np.concatenate([[float((w[low] * y[low]).sum() / mass)], y[~low]])
+            w = np.concatenate([[mass], w[~low]])
+            lump_err = float((2.0 * W * y_c) ** 2 * mass)
+    return 2.0 * y, w, lump_err
+
+
+def _outer_rule(W: np.ndarray, n: np.ndarray, thin: int = 1):
+    """Nodes S (= beta^2) and weights for  E F(S) = sum w0 F,  E[a_g F(S)] = sum wg[g] F
+    and E[a_g a_g' F(S)] = sum wgg[g, g'] F, with S = sum_g W_g a_g, a_g ~ chi^2_{n_g}:
+    the tensor product of the groups' log-Gamma rules (module docstring, section 4); and
+    the lumping error bound (0 for one group)."""
+    k = W.size
+    rules = [_group_rule(float(ng), float(Wg), thin, lump=k >= 2) for ng, Wg in zip(n, W)]
+    grids = np.meshgrid(*[a for a, _, _ in rules], indexing="ij")
+    wts = np.ones(())
+    for _, w, _ in rules:
+        wts = np.multiply.outer(wts, w)
+    A = np.stack([g.ravel() for g in grids])                   # (k, nS): a_g at each node
+    w0 = wts.ravel()
+    S = W @ A
+    wg = A * w0[None, :]
+    wgg = A[:, None, :] * A[None, :, :] * w0[None, None, :]
+    return S, w0, wg, wgg, sum(e for _, _, e in rules)
+
+
+def _one_head_expectations(omega_row, tasks, L, grad=False):
+    """Expectations over q of the softmax moments for one head (module docstring, sec. 4):
+
+      EP = E P(beta),  Ea[i] = E[|q_i|^2 a(beta)],  EK[i] = E[|q_i|^2 K(beta)],
+    and with grad=True also (prime = d/d beta^2)
+      dP[j] = E[|q_j|^2 P'],  da[i, j] = E[|q_i|^2 |q_j|^2 a'],  dK[i, j] = E[|q_i|^2 |q_j|^2 K'],
+    plus absolute error bounds err_P, err_a (m,), err_K (m,) (the table's error times the
+    rule's weight plus the rule's geometric error estimate) and err_grad.  Within a group of dof n_g,
+    E[|q_i|^2 | a_g] = a_g r_i / n_g and E[|q_i|^2 |q_j|^2 | a_g] = a_g^2 r_i (r_j + 2 delta_ij)
+    / (n_g (n_g + 2)) (Dirichlet moments); a task with omega_i = 0 is independent of beta:
+    E[|q_i|^2 F] = r_i E F."""
+    W, n, group = _groups(omega_row, tasks)
+    m = len(tasks)
+    r = np.asarray(tasks, dtype=float)
+    k = W.size
+    if k > MAX_GROUPS:
+        raise NotImplementedError(
+            f"one head with {k} distinct nonzero |omega| values: the q-expectation is a {k}-fold "
+            f"tensor rule, implemented up to {MAX_GROUPS}. Tasks with equal |omega| share a group "
+            "(any number of them); use theory.reduced_ode.mc_reduced_loss for this point")
+    table = moment_table(L)
+    if k == 0:
+        mom, e_tab = table(np.zeros(1))
+        E0, Eg, Egg = mom[0], np.zeros((0, 6)), np.zeros((0, 0, 6))
+        err0 = np.full(6, float(e_tab))          # absolute error of E0's columns
+        errg = np.zeros((0, 6))
+    else:
+        sums = []
+        for thin in (1, 2, 4):       # the rule at steps h, 2h, 4h: geometric error estimate
+            S, w0, wg, wgg, e_lump = _outer_rule(W, n, thin)
+            mom, e_tab = table(np.sqrt(S))
+            sums.append((w0 @ mom, wg @ mom, wgg @ mom, e_lump))
+        (E0, Eg, Egg, e_lump), (c2, g2, _, _), (c4, g4, _, _) = sums
+        ge = np.vectorize(_geometric_error)
+        # absolute error of each column: the table's error times the rule's total weight,
+        # plus the rule's geometric error estimate
+        err0 = e_tab * np.abs(w0).sum() + ge(E0, c2, c4) + e_lump                      # (6,)
+        errg = e_tab * np.abs(wg).sum(axis=1)[:, None] + ge(Eg, g2, g4) + e_lump * n[:, None]  # (k, 6)
+
+    def first(i, col, E0=E0, Eg=Eg):        # E[|q_i|^2 F_col]
+        g = group[i]
+        return r[i] / n[g] * Eg[g, col] if g >= 0 else r[i] * E0[col]
+
+    def second(i, j, col):    # E[|q_i|^2 |q_j|^2 F_col]
+        gi, gj = group[i], group[j]
+        if gi >= 0 and gi == gj:
+            return r[i] * (r[j] + 2.0 * (i == j)) / (n[gi] * (n[gi] + 2.0)) * Egg[gi, gi, col]
+        if gi >= 0 and gj >= 0:
+            return r[i] * r[j] / (n[gi] * n[gj]) * Egg[gi, gj, col]
+        if gi >= 0:
+            return r[j] * first(i, col)
+        if gj >= 0:
+            return r[i] * first(j, col)
+        return r[i] * (r[j] + 2.0 * (i == j)) * E0[col]
+
+    out = {"EP": float(E0[0]), "Ea": np.array([first(i, 1) for i in range(m)]),
+           "EK": np.array([first(i, 2) for i in range(m)]),
+           "err_P": float(err0[0]),
+           "err_a": np.array([first(i, 1, err0, errg) for i in range(m)]),
+           "err_K": np.array([first(i, 2, err0, errg) for i in range(m)]),
+           # the gradient's expectations: the largest column error, scaled by |q|^2 ~ r
+           "err_grad": float(max(err0[3:].max(), errg[:, 3:].max() if errg.size else 0.0)) * float(max(r))}
+    if grad:
+        out["dP"] = np.array([first(j, 3) for j in range(m)])
+        out["da"] = np.array([[second(i, j, 4) for j in range(m)] for i in range(m)])
+        out["dK"] = np.array([[second(i, j, 5) for j in range(m)] for i in range(m)])
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# 5. the loss
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class ExactLoss:
+    """The exact loss at (omega, mu) and what it is made of.
+
+    loss: sum over tasks; error_estimate: an absolute bound on the quadrature error
+    (moments, outer rule, rounding); per_task (m,); b (H, m) = b_{h,i};
+    C_diag (H, m) = C_{hh,i}; case: how the heads were treated ("no heads", "one head",
+    "allocated" (each task served by at most one head), "pairs" (cross moments from
+    theory.exact_pairs)); heads_used: the effective heads after merging identical omega
+    rows (mu summed) and dropping heads with mu = 0."""
+
+    loss: float
+    error_estimate: float
+    per_task: np.ndarray
+    case: str
+    L: int
+    sigma: float
+    b: np.ndarray = field(repr=False, default=None)
+    C_diag: np.ndarray = field(repr=False, default=None)
+    heads_used: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"loss": self.loss, "error_estimate": self.error_estimate,
+                "relative_error_estimate": self.error_estimate / abs(self.loss) if self.loss else None,
+                "per_task": self.per_task.tolist(), "case": self.case, "L": self.L, "sigma": self.sigma,
+                "heads_used": self.heads_used, "seconds": self.seconds}
+
+
+def _effective_heads(omega: np.ndarray, mu: np.ndarray):
+    """Merge heads with identical omega rows (same softmax, so their mu add) and drop heads
+    whose mu row is zero (they contribute nothing)."""
+    rows: list[tuple] = []
+    mus: list[np.ndarray] = []
+    for h in range(omega.shape[0]):
+        key = tuple(float(x) for x in omega[h])
+        if key in rows:
+            mus[rows.index(key)] = mus[rows.index(key)] + mu[h]
+        else:
+            rows.append(key)
+            mus.append(mu[h].astype(float).copy())
+    keep = [j for j, m_ in enumerate(mus) if np.any(m_ != 0.0)]
+    om = np.array([rows[j] for j in keep], dtype=float).reshape(len(keep), omega.shape[1])
+    mu_ = np.array([mus[j] for j in keep], dtype=float).reshape(len(keep), omega.shape[1])
+    return om, mu_
+
+
+def one_head_terms(omega_row, tasks, L, sigma=0.0):
+    """(b, C, err_b, err_C), each (m,): b_i = E sum_l p_l y_l,i y_q,i and
+    C_i = E (sum_l p_l y_l,i)^2 of one head with logit coefficients omega_row (module
+    docstring, section 2), and their absolute error bounds."""
+    tasks = check_tasks(tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    om = _check_omega_row(omega_row, len(tasks))
+    b, C, err_b, err_C, _, _ = _one_head_bc(om, tasks, L, sigma, grad=False)
+    return b, C, err_b, err_C
+
+
+def _one_head_bc(om, tasks, L, sigma, grad):
+    """b, C (m,), their errors err_b, err_C (m,), and with grad the Jacobians db[i, j] = d b_i / d omega_j,
+    dC[i, j] = d C_i / d omega_j:
+      d b_i/d omega_j = delta_ij E[|q_i|^2 a] + 2 omega_i omega_j E[|q_i|^2 |q_j|^2 a'],
+      d C_i/d omega_j = 2 omega_i delta_ij E[|q_i|^2 K] + 2 omega_i^2 omega_j E[|q_i|^2 |q_j|^2 K']
+                        + 2 (r_i + sigma^2) omega_j E[|q_j|^2 P']
+    (d beta^2 / d omega_j = 2 omega_j |q_j|^2)."""
+    X = _one_head_expectations(om, tasks, L, grad=grad)
+    r = np.asarray(tasks, dtype=float)
+    b = om * X["Ea"]
+    C = om ** 2 * X["EK"] + (r + sigma ** 2) * X["EP"]
+    err_b = np.abs(om) * X["err_a"]
+    err_C = om ** 2 * X["err_K"] + (r + sigma ** 2) * X["err_P"]
+    if not grad:
+        return b, C, err_b, err_C, None, None
+    db = np.diag(X["Ea"]) + 2.0 * om[:, None] * om[None, :] * X["da"]
+    dC = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
+          + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
+    return b, C, err_b, err_C, db, dC
+
+
+def _check_omega_row(omega_row, m: int) -> np.ndarray:
+    om = np.asarray(omega_row, dtype=float).reshape(-1)
+    if om.size != m:
+        raise ValueError(f"omega row must have one entry per task (m = {m}), got {om.size}")
+    if not np.all(np.isfinite(om)):
+        raise ValueError("omega contains NaN or infinite entries; pass finite values")
+    return om
+
+
+def _pairs_module():
+    try:
+        from . import exact_pairs  # noqa: PLC0415 -- optional sibling module (several heads)
+    except ImportError:
+        return None
+    return exact_pairs
+
+
+def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
+    """The exact loss L_L(omega, mu) of the decomposable model (sum over tasks) at integer
+    context length L, with an absolute error estimate.
+
+    omega, mu: (H, m) arrays (a 1-D array is one head); tasks: block sizes (r_1..r_m);
+    sigma >= 0 the label noise.  Covered exactly: H = 1 (any m); any H when each task is
+    served (mu != 0) by at most one head after merging heads with identical omega rows
+    (their mu add) and dropping heads with mu = 0 -- then loss_i = r_i - 2 mu b_i + mu^2 C_i
+    of the serving head.  Otherwise the cross moments C_{hk,i} (h != k) come from
+    ``theory.exact_pairs.cross_moment`` if that module exists, else NotImplementedError.
+    Degenerate inputs: L = 1 (softmax = 1), omega = 0 (uniform weights), mu = 0 (loss =
+    sum r_i) are the closed forms the same formulas reduce to."""
+    import time
+
+    t0 = time.perf_counter()
+    tasks = check_tasks(tasks)
+    omega, mu = check_omega_mu(omega, mu, tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    m = len(tasks)
+    r = np.asarray(tasks, dtype=float)
+    om, mu_ = _effective_heads(omega, mu)
+    H = om.shape[0]
+    b = np.zeros((H, m))
+    C = np.zeros((H, m))
+    Eb = np.zeros((H, m))
+    EC = np.zeros((H, m))
+    for h in range(H):
+        b[h], C[h], Eb[h], EC[h] = one_head_terms(om[h], tasks, L, sigma)
+    served = (mu_ != 0.0).sum(axis=0)
+    if H == 0:
+        case = "no heads"
+    elif H == 1:
+        case = "one head"
+    elif np.all(served <= 1):
+        case = "allocated"
+    else:
+        case = "pairs"
+    per_task = r - 2.0 * np.sum(mu_ * b, axis=0) + np.sum(mu_ ** 2 * C, axis=0)
+    err = np.sum(2.0 * np.abs(mu_) * Eb + mu_ ** 2 * EC, axis=0)
+    if case == "pairs":
+        pairs = _pairs_module()
+        if pairs is None or not hasattr(pairs, "cross_moment"):
+            raise NotImplementedError(
+                "exact_loss covers one head, and several heads when each task is served (mu != 0) "
+                "by at most one head; this point has two heads serving one task, which needs the "
+                "cross moments C_hk (theory.exact_pairs.cross_moment), not available here. Use "
+                "theory.reduced_ode.mc_reduced_loss (Monte Carlo) for it")
+        cache: dict[tuple[int, int], tuple] = {}
+
+        def cross(h, k, i):
+            # cross_moments returns every task at the cost of one (exact_pairs' docstring)
+            if hasattr(pairs, "cross_moments"):
+                if (h, k) not in cache:
+                    cache[(h, k)] = pairs.cross_moments(om[h], om[k], tasks, L, sigma)
+                return float(cache[(h, k)][0][i]), float(cache[(h, k)][1][i])
+            return pairs.cross_moment(om[h], om[k], tasks, L, sigma, i)
+
+        for i in range(m):
+            hs = [h for h in range(H) if mu_[h, i] != 0.0]
+            for x, h in enumerate(hs):
+                for k in hs[x + 1:]:
+                    val, e = cross(h, k, i)
+                    per_task[i] += 2.0 * mu_[h, i] * mu_[k, i] * val
+                    err[i] += 2.0 * abs(mu_[h, i] * mu_[k, i]) * e
+    rounding = 1e-15 * 10.0 * float(np.sum(r + np.sum(np.abs(mu_ * b), axis=0) + np.sum(mu_ ** 2 * C, axis=0)))
+    return ExactLoss(loss=float(per_task.sum()), error_estimate=float(err.sum()) + rounding,
+                     per_task=per_task, case=case, L=L, sigma=sigma, b=b, C_diag=C, heads_used=H,
+                     seconds=time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------
+# 6. gradient, flow, fixed points
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class ExactGradient:
+    """d loss / d omega and d loss / d mu, each (H, m), at (omega, mu), with ``loss`` (an
+    :class:`ExactLoss`, None when asked for without it) and ``error_estimate`` (absolute, for every entry).  ``missing``
+    (H, m) marks the d/d mu entries that need a cross moment C_hk (a head h with mu = 0 on a
+    task served by another head k, at an allocated point) when theory.exact_pairs is not
+    available: they are NaN.  The factored metric multiplies them by 2|mu| = 0."""
+
+    loss: ExactLoss
+    d_omega: np.ndarray
+    d_mu: np.ndarray
+    error_estimate: float
+    missing: np.ndarray
+
+
+def _row_groups(omega: np.ndarray):
+    """Distinct omega rows and, for each head, the index of its row."""
+    keys: list[tuple] = []
+    index = []
+    for h in range(omega.shape[0]):
+        key = tuple(float(x) for x in omega[h])
+        if key not in keys:
+            keys.append(key)
+        index.append(keys.index(key))
+    return np.array(keys, dtype=float).reshape(len(keys), omega.shape[1]), np.array(index, dtype=int)
+
+
+def exact_gradient(omega, mu, tasks, L, sigma=0.0, with_loss=True) -> ExactGradient:
+    """The gradient of :func:`exact_loss` in (omega, mu), analytic (module docstring,
+    section 5), same cases as :func:`exact_loss`.
+
+    Heads with identical omega rows share a softmax (their C_hk = C_hh): with M_i the sum of
+    their mu on task i, d/d omega[h, j] = sum_i (-2 mu[h,i] db_i/d omega_j + mu[h,i] M_i
+    dC_i/d omega_j) and d/d mu[h,i] = -2 b_i + 2 M_i C_i, plus, for every other row k
+    serving task i, 2 M_k,i C_hk,i in d/d mu[h,i] and 2 mu[h,i] M_k,i dC_hk,i/d omega_h in
+    d/d omega[h, .] -- from theory.exact_pairs (cross_moment for the values;
+    cross_moments_and_gradient where two rows serve one task), if that module exists."""
+    import time
+
+    t0 = time.perf_counter()
+    tasks = check_tasks(tasks)
+    omega, mu = check_omega_mu(omega, mu, tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    m = len(tasks)
+    r = np.asarray(tasks, dtype=float)
+    rows, index = _row_groups(omega)
+    R = rows.shape[0]
+    M = np.zeros((R, m))
+    for h in range(omega.shape[0]):
+        M[index[h]] += mu[h]
+    serving = [[x for x in range(R) if M[x, i] != 0.0] for i in range(m)]
+    pairs = _pairs_module()
+    # two distinct rows serving one task: the omega-gradient needs d C_hk / d omega_h
+    needs_pair_grad = any(len(sv) > 1 for sv in serving)
+    if needs_pair_grad and (pairs is None or not hasattr(pairs, "cross_moments_and_gradient")):
+        raise NotImplementedError(
+            "exact_gradient covers one head and allocated heads (each task served by at most one "
+            "distinct omega row); two heads serve one task here, which needs the gradient of the "
+            "cross moments C_hk (theory.exact_pairs.cross_moments_and_gradient), not available. "
+            "Use theory.reduced_ode.mc_reduced_gradient (Monte Carlo) for it")
+    b = np.zeros((R, m))
+    C = np.zeros((R, m))
+    db = np.zeros((R, m, m))
+    dC = np.zeros((R, m, m))
+    err_rows = np.zeros(R)
+    for x in range(R):
+        if np.any(M[x] != 0.0) or np.any(mu[index == x] != 0.0):
+            X = _one_head_expectations(rows[x], tasks, L, grad=True)
+            om = rows[x]
+            b[x] = om * X["Ea"]
+            C[x] = om ** 2 * X["EK"] + (r + sigma ** 2) * X["EP"]
+            db[x] = np.diag(X["Ea"]) + 2.0 * om[:, None] * om[None, :] * X["da"]
+            dC[x] = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
+                     + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
+            err_rows[x] = (max(X["err_P"], X["err_a"].max(), X["err_K"].max(), X["err_grad"])
+                           * float(np.max((np.abs(om) + om ** 2) * r + r + sigma ** 2)))
+    H = omega.shape[0]
+    g_om = np.zeros((H, m))
+    g_mu = np.zeros((H, m))
+    missing = np.zeros((H, m), dtype=bool)
+    pair_cache: dict[tuple[int, int], dict] = {}
+
+    def pair(x, y):
+        """C_xy (m,), its error, dC_i/d omega_x[j] (m, m) and its error, for rows x != y."""
+        key = (min(x, y), max(x, y))
+        if key not in pair_cache:
+            pair_cache[key] = pairs.cross_moments_and_gradient(rows[key[0]], rows[key[1]], tasks, L, sigma)
+        d = pair_cache[key]
+        first_ = x == key[0]
+        return (d["value"], d["error_estimate"], d["d_omega_h"] if first_ else d["d_omega_k"],
+                d["d_omega_h_error"] if first_ else d["d_omega_k_error"])
+
+    err = 0.0
+    for h in range(H):
+        x = index[h]
+        g_om[h] = -2.0 * mu[h] @ db[x] + (mu[h] * M[x]) @ dC[x]
+        g_mu[h] = -2.0 * b[x] + 2.0 * M[x] * C[x]
+        err = max(err, err_rows[x] * float(np.sum(2.0 * np.abs(mu[h]) + np.abs(mu[h] * M[x]) + 2.0 + 2.0 * np.abs(M[x]))))
+        for i in range(m):
+            for k in serving[i]:
+                if k == x:
+                    continue
+                # the cross term 2 mu[h,i] M[k,i] C_xk,i of the loss
+                if needs_pair_grad:
+                    val, e, dval, de = pair(x, k)
+                    g_om[h] += 2.0 * mu[h, i] * M[k, i] * dval[i]
+                    g_mu[h, i] += 2.0 * M[k, i] * val[i]
+                    err = max(err, 2.0 * abs(M[k, i]) * (e[i] + abs(mu[h, i]) * float(np.max(de[i]))))
+                elif pairs is not None and hasattr(pairs, "cross_moment"):
+                    val, e = pairs.cross_moment(rows[x], rows[k], tasks, L, sigma, i)
+                    g_mu[h, i] += 2.0 * M[k, i] * val
+                    err = max(err, 2.0 * abs(M[k, i]) * e)
+                else:
+                    g_mu[h, i] = np.nan
+                    missing[h, i] = True
+    # the flow's right-hand side skips the loss (with pairs it costs as much again)
+    loss = exact_loss(omega, mu, tasks, L, sigma) if with_loss else None
+    if loss is not None:
+        loss.seconds = time.perf_counter() - t0
+    return ExactGradient(loss=loss, d_omega=g_om, d_mu=g_mu, error_estimate=float(err), missing=missing)
+
+
+@dataclass
+class ExactTrajectory:
+    """A trajectory of the gradient flow on the exact loss: t (T,), omega/mu (T, H, m),
+    loss (T,), status ("t_end", "stationary", "diverged", "failed"), message, param."""
+
+    t: np.ndarray
+    omega: np.ndarray
+    mu: np.ndarray
+    loss: np.ndarray
+    status: str
+    message: str = ""
+    param: str = "factored"
+
+    @property
+    def final_omega(self) -> np.ndarray:
+        return self.omega[-1]
+
+    @property
+    def final_mu(self) -> np.ndarray:
+        return self.mu[-1]
+
+    def to_dict(self) -> dict:
+        return {"t": self.t.tolist(), "omega": self.omega.tolist(), "mu": self.mu.tolist(),
+                "loss": self.loss.tolist(), "status": self.status, "message": self.message,
+                "param": self.param}
+
+
+def exact_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0, t_end=60.0,
+               t_eval=None, stationary_tol=None, rtol=1e-8, atol=1e-10, method="LSODA",
+               max_abs=1e3) -> ExactTrajectory:
+    """Integrate d omega = -f_omega dL/d omega, d mu = -f_mu dL/d mu on the exact loss with
+    the metric factors of ``param`` (theory.reduced_ode.metric_factors: merged 1/r_i and 1,
+    factored 2|omega|/(s r_i) and 2|mu|) from (omega0, mu0) over [0, t_end] (scipy solve_ivp).
+
+    Factored: integrated in the balanced factors omega = sign0 kappa^2, mu = sign0 nu^2 (as
+    theory.reduced_ode.integrate_expansion_flow) so that no step flips a sign; zero entries
+    stay zero (the d/d mu entries that would need a cross moment are then not needed).
+    Merged: needs every entry of the gradient; at points :func:`exact_gradient` does not
+    cover the flow stops with status "failed" and says why.  Stops early with
+    "stationary" when ``stationary_tol`` is given and the velocity norm falls below it, or
+    "diverged" when some |entry| exceeds ``max_abs``."""
+    from scipy.integrate import solve_ivp
+
+    from .reduced_ode import PARAMS, metric_factors
+
+    tasks = check_tasks(tasks)
+    omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    if param not in PARAMS:
+        raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
+    if not np.isfinite(t_end) or t_end <= 0:
+        raise ValueError(f"t_end must be positive and finite, got {t_end}")
+    shape = omega0.shape
+    n = omega0.size
+    if t_eval is None:
+        t_eval = np.linspace(0.0, t_end, 61)
+    t_eval = np.asarray(t_eval, dtype=float)
+    sign_om = np.where(omega0 < 0, -1.0, 1.0)
+    sign_mu = np.where(mu0 < 0, -1.0, 1.0)
+
+    def from_state(y):
+        a, c = y[:n].reshape(shape), y[n:].reshape(shape)
+        if param == "merged":
+            return a, c
+        return sign_om * a ** 2, sign_mu * c ** 2
+
+    def velocity(om, m_):
+        G = exact_gradient(om, m_, tasks, L, sigma, with_loss=False)
+        f_om, f_mu = metric_factors(param, om, m_, tasks, logit_scale)
+        g_mu = np.where(f_mu == 0.0, 0.0, G.d_mu)
+        if np.any(np.isnan(g_mu)):
+            raise NotImplementedError("the merged flow needs d loss/d mu where two heads serve one task "
+                                      "(cross moments, theory.exact_pairs)")
+        return -f_om * G.d_omega, -f_mu * g_mu
+
+    def rhs(_t, y):
+        om, m_ = from_state(y)
+        d_om, d_mu = velocity(om, m_)
+        if param == "merged":
+            return np.concatenate([d_om.ravel(), d_mu.ravel()])
+        a, c = y[:n].reshape(shape), y[n:].reshape(shape)
+        # omega = s a^2: d a = d_omega / (2 s a) (0 where a = 0: the metric vanishes there)
+        da = np.divide(d_om, 2.0 * sign_om * a, out=np.zeros(shape), where=a != 0)
+        dc = np.divide(d_mu, 2.0 * sign_mu * c, out=np.zeros(shape), where=c != 0)
+        return np.concatenate([da.ravel(), dc.ravel()])
+
+    def diverge(_t, y):
+        om, m_ = from_state(y)
+        return max_abs - max(np.abs(om).max(), np.abs(m_).max())
+    diverge.terminal = True
+    events = [diverge]
+    if stationary_tol is not None:
+        def stationary(t, y):
+            if t <= 0:
+                return 1.0
+            v = rhs(t, y)
+            return float(np.sqrt(np.sum(v ** 2))) - stationary_tol
+        stationary.terminal = True
+        events.append(stationary)
+    if param == "merged":
+        y0 = np.concatenate([omega0.ravel(), mu0.ravel()])
+    else:
+        y0 = np.concatenate([np.sqrt(np.abs(omega0)).ravel(), np.sqrt(np.abs(mu0)).ravel()])
+    try:
+        sol = solve_ivp(rhs, (0.0, float(t_end)), y0, method=method, t_eval=t_eval, events=events,
+                        rtol=rtol, atol=atol)
+        status, message = ("failed" if sol.status == -1 else "t_end"), sol.message
+        if sol.status == 1:
+            status = "diverged" if len(sol.t_events[0]) else "stationary"
+        ts, ys = list(sol.t), [sol.y[:, j] for j in range(sol.y.shape[1])]
+        if sol.status == 1:
+            for ev_t, ev_y in zip(sol.t_events, sol.y_events):
+                if len(ev_t) and (not ts or ev_t[0] > ts[-1]):
+                    ts.append(float(ev_t[0]))
+                    ys.append(ev_y[0])
+    except NotImplementedError as exc:
+        return ExactTrajectory(t=np.zeros(0), omega=np.zeros((0,) + shape), mu=np.zeros((0,) + shape),
+                               loss=np.zeros(0), status="failed", message=str(exc), param=param)
+    pairs_ = [from_state(y) for y in ys]
+    om = np.stack([p[0] for p in pairs_]) if pairs_ else np.empty((0,) + shape)
+    m_ = np.stack([p[1] for p in pairs_]) if pairs_ else np.empty((0,) + shape)
+    loss = np.array([exact_loss(o, u, tasks, L, sigma).loss for o, u in zip(om, m_)])
+    return ExactTrajectory(t=np.asarray(ts), omega=om, mu=m_, loss=loss, status=status, message=message,
+                           param=param)
+
+
+def _one_task_profile(omega: float, r: int, L: int, sigma: float):
+    """(loss, d loss/d omega, mu*) of one head on one task with mu profiled out:
+    mu* = b/C, loss = r - b^2/C, d/d omega = -(2 b b' C - b^2 C')/C^2."""
+    X = _one_head_expectations(np.array([omega]), (r,), L, grad=True)
+    b = omega * X["Ea"][0]
+    C = omega ** 2 * X["EK"][0] + (r + sigma ** 2) * X["EP"]
+    db = X["Ea"][0] + 2.0 * omega ** 2 * X["da"][0, 0]
+    dC = 2.0 * omega * X["EK"][0] + 2.0 * omega ** 3 * X["dK"][0, 0] + 2.0 * (r + sigma ** 2) * omega * X["dP"][0]
+    return r - b * b / C, -(2.0 * b * db * C - b * b * dC) / C ** 2, b / C
+
+
+def exact_fixed_point(tasks, L, sigma=0.0, omega_max=3.0, tol=1e-12) -> dict:
+    """The allocated fixed point at finite L: per task i, the one-head one-task minimiser of
+    the exact loss over (omega, mu): mu*(omega) = b/C in closed form, then the root of
+    d/d omega (r - b^2/C) (bracketed by a scan of omega in (0, omega_max], solved by brentq
+    on the analytic derivative).  The allocated model's loss is the sum over tasks (extra
+    heads idle).  Returns {"omega_star", "mu_star", "loss_per_task", "loss", "error_estimate"}."""
+    from scipy.optimize import brentq
+
+    tasks = check_tasks(tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    out = {"tasks": list(tasks), "L": L, "sigma": sigma, "omega_star": [], "mu_star": [],
+           "loss_per_task": [], "error_estimate": 0.0}
+    cache: dict[int, tuple] = {}
+    for r in tasks:
+        if r not in cache:
+            grid = np.linspace(0.02, omega_max, 60)
+            vals = [_one_task_profile(float(w), r, L, sigma) for w in grid]
+            j = int(np.argmin([v[0] for v in vals]))
+            if j == 0 or j == grid.size - 1:
+                raise ValueError(f"the one-head loss of task r={r} at L={L} has no interior minimum in "
+                                 f"(0, {omega_max}] (minimum at the edge omega={grid[j]:.3g}); widen omega_max")
+            w_star = brentq(lambda w: _one_task_profile(w, r, L, sigma)[1], grid[j - 1], grid[j + 1], xtol=tol)
+            val, _, mu_star = _one_task_profile(w_star, r, L, sigma)
+            e = exact_loss([[w_star]], [[mu_star]], (r,), L, sigma)
+            cache[r] = (w_star, mu_star, val, e.error_estimate)
+        w_star, mu_star, val, e = cache[r]
+        out["omega_star"].append(float(w_star))
+        out["mu_star"].append(float(mu_star))
+        out["loss_per_task"].append(float(val))
+        out["error_estimate"] += e
+    out["loss"] = float(sum(out["loss_per_task"]))
+    return out
+
+
+def single_head_optimum(tasks, L, sigma=0.0) -> dict:
+    """The best one-head model at finite L: minimise sum_i (r_i - b_i^2 / C_i) (mu_i = b_i/C_i
+    profiled out exactly) over omega in R^m by L-BFGS-B on the analytic gradient.  Tasks of
+    equal block size share one omega (the loss is symmetric under permuting them and we take
+    the symmetric minimiser), so the q-rule has one group per distinct r (at most
+    MAX_GROUPS).  Started from the expansion's single-head optimum at this L."""
+    from scipy.optimize import minimize
+
+    from .limiting_error import single_head_at_L
+
+    tasks = check_tasks(tasks)
+    L = _check_int_L(L)
+    sigma = check_sigma(sigma)
+    sizes = sorted(set(tasks))
+    which = np.array([sizes.index(r) for r in tasks])
+    r = np.asarray(tasks, dtype=float)
+
+    def f(x):
+        om = x[which]
+        X = _one_head_expectations(om, tasks, L, grad=True)
+        b = om * X["Ea"]
+        C = om ** 2 * X["EK"] + (r + sigma ** 2) * X["EP"]
+        db = np.diag(X["Ea"]) + 2.0 * om[:, None] * om[None, :] * X["da"]
+        dC = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
+              + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
+        val = float(np.sum(r - b * b / C))
+        g_task = -((2.0 * b * C)[:, None] * db - (b * b)[:, None] * dC) / (C ** 2)[:, None]   # (i, j)
+        g = g_task.sum(axis=0)
+        return val, np.array([g[which == s].sum() for s in range(len(sizes))])
+
+    start = np.asarray(single_head_at_L(tasks, float(L), sigma)["omega"], dtype=float)
+    x0 = np.array([start[which == s].mean() for s in range(len(sizes))])
+    res = minimize(f, x0, jac=True, method="L-BFGS-B", bounds=[(1e-6, 5.0)] * len(sizes),
+                   options={"ftol": 1e-15, "gtol": 1e-11, "maxiter": 500})
+    om = res.x[which]
+    b, C, _, _ = one_head_terms(om, tasks, L, sigma)
+    mu = b / C
+    e = exact_loss(om[None, :], mu[None, :], tasks, L, sigma)
+    return {"tasks": list(tasks), "L": L, "sigma": sigma, "omega": om.tolist(), "mu": mu.tolist(),
+            "loss": e.loss, "error_estimate": e.error_estimate,
+            # L-BFGS-B may stop on a line-search failure at rounding level: judge by the gradient
+            "converged": bool(res.success or np.linalg.norm(f(res.x)[1]) < 1e-8),
+            "grad_norm": float(np.linalg.norm(f(res.x)[1]))}
+
+
+def finite_L_gain(tasks, L, sigma=0.0) -> dict:
+    """single_head_optimum / exact_fixed_point losses at L: the finite-L gain of the
+    allocated multi-head model over the best single head (claim 6 at finite L)."""
+    multi = exact_fixed_point(tasks, L, sigma)
+    single = single_head_optimum(tasks, L, sigma)
+    return {"tasks": list(tasks), "L": int(L), "sigma": float(sigma), "loss_allocated": multi["loss"],
+            "loss_single": single["loss"], "gain": single["loss"] / multi["loss"],
+            "allocated": multi, "single": single}
+
+
+# ---------------------------------------------------------------------------------------
+# 7. the expansion against the exact loss; benchmark
+# ---------------------------------------------------------------------------------------
+
+def expansion_accuracy(r, L, sigma=0.0) -> dict:
+    """How far the O(1/L) expansion is from the exact loss for one allocated task of block
+    size r at context length L:
+
+    - at the expansion's allocated fixed point (theory.task_allocation.allocated_task_point):
+      expansion loss, exact loss there, and their relative error (expansion - exact)/exact;
+    - the two minima: the expansion's minimum vs the exact minimum (exact_fixed_point) and
+      where each lies."""
+    from .task_allocation import allocated_task_point
+
+    L = _check_int_L(L)
+    point = allocated_task_point(r, L, sigma)
+    w, u = point["omega_star"], point["mu_star"]
+    exp_loss = float(expansion_loss_one(w, u, r, L, sigma))
+    ex = exact_loss([[w]], [[u]], (r,), L, sigma)
+    fp = exact_fixed_point((r,), L, sigma)
+    return {"r": int(r), "L": L, "sigma": float(sigma),
+            "expansion_point": {"omega": w, "mu": u},
+            "expansion_loss": exp_loss, "exact_loss_at_expansion_point": ex.loss,
+            "relative_error": (exp_loss - ex.loss) / ex.loss,
+            "exact_point": {"omega": fp["omega_star"][0], "mu": fp["mu_star"][0]},
+            "exact_min_loss": fp["loss"], "relative_error_of_minimum": (exp_loss - fp["loss"]) / fp["loss"],
+            "error_estimate": ex.error_estimate}
+
+
+def expansion_loss_one(omega, mu, r, L, sigma=0.0) -> float:
+    from .reduced_ode import expansion_loss
+
+    return expansion_loss(np.array([[omega]]), np.array([[mu]]), (int(r),), float(L), sigma)
+
+
+def benchmark(L_values=(64, 1024, 4096), repeats=5) -> list[dict]:
+    """Time per exact_loss evaluation (single thread as configured by the caller): the first
+    evaluation at a new L (it builds that L's moment table) and the warm ones, for one head
+    on one task, one head on two tasks with distinct |omega| (2-D q-rule) and on three."""
+    import time
+
+    cases = [("H=1 m=1", [[0.4]], [[2.0]], (3,)),
+             ("H=1 m=2 (2 groups)", [[0.4, 0.2]], [[2.0, 1.0]], (3, 3)),
+             ("H=1 m=3 (3 groups)", [[0.4, 0.2, 0.1]], [[2.0, 1.0, 1.0]], (3, 3, 3)),
+             ("H=3 allocated m=3", np.diag([0.4, 0.35, 0.3]), np.diag([2.0, 2.1, 2.2]), (3, 3, 3))]
+    rows = []
+    for L in L_values:
+        moment_table.cache_clear()
+        for name, om, mu, tasks in cases:
+            t0 = time.perf_counter()
+            res = exact_loss(om, mu, tasks, L)
+            first = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                # perturb omega so that no result is reused (only the table is shared)
+                exact_loss(np.asarray(om) * (1 + 1e-3 * (_ + 1)), mu, tasks, L)
+            warm = (time.perf_counter() - t0) / repeats
+            rows.append({"case": name, "L": L, "first_s": first, "warm_s": warm, "loss": res.loss,
+                         "relative_error_estimate": res.error_estimate / res.loss})
+    return rows
