@@ -1,0 +1,264 @@
+r"""The cross moment of two softmax heads at finite L, exactly (deterministic quadrature).
+
+Setting (SPEC.md notation): tasks r = (r_1..r_m), one prompt x_l, q ~ N(0, I_d), l = 1..L;
+head h's logit for token l is z_{h,l} = sum_j omega[h,j] <x_{l,(j)}, q_{(j)}>, its weights
+p_{h,l} = softmax_l(z_{h,.}).  With the task parameters and the label noise integrated out,
+the loss needs, for every pair of heads and every task i,
+
+    C_{hk,i} = E[ sum_{l,l'} p_{h,l} p_{k,l'} <x_{l,(i)}, x_{l',(i)}> ] + sigma^2 E[ sum_l p_{h,l} p_{k,l} ].
+
+Derivation (the one implemented below):
+
+1. Condition on q.  Put n_j = |q_(j)| and u_{l,j} = <x_{l,(j)}, q_(j)>/n_j ~ N(0,1), i.i.d.
+   Then z_h = sum_j omega[h,j] n_j u_j, and per token (u_i, z_h, z_k) is a centred
+   Gaussian with Var z_h = S_hh = sum_j omega[h,j]^2 n_j^2, Cov(z_h, z_k) = S_hk =
+   sum_j omega[h,j] omega[k,j] n_j^2, Cov(u_i, z_h) = alpha_h = omega[h,i] n_i.  The other
+   r_i - 1 coordinates of x_(i) (orthogonal to q_(i)) are independent of everything and give
+   (r_i - 1) delta_{ll'}, so  C = E[(sum_l p_h u_l)(sum_l p_k u_l)] + (r_i - 1 + sigma^2) P,
+   P = E sum_l p_{h,l} p_{k,l}  (u_l = u_{l,i}).
+
+2. Gumbel-max: with gamma_l, gamma'_l i.i.d. standard Gumbel, V_l = z_{h,l} + gamma_l,
+   W_l = z_{k,l} + gamma'_l, I = argmax V, J = argmax W, one has P(I = l | z) = p_{h,l},
+   P(J = l | z) = p_{k,l}, I and J independent given z.  (In the Laplace variables of the
+   issue, 1/(D_h D_k) = int int e^{-s D_h - t D_k} ds dt, this is s = e^{-a}, t = e^{-b}:
+   the one-token expectation phi(s, t) = E exp(-s e^{z_h} - t e^{z_k}) IS the joint CDF
+   F(a, b) of (V, W), because exp(-e^{-x}) = G(x) is the Gumbel CDF.)  Hence, with
+   F(a, b) = E[G(a - z_h) G(b - z_k)] and subscripts for partial derivatives,
+
+       P  = P(I = J) = L \iint F^{L-1} F_ab,
+       E[u_I u_J] = L E[u_1^2; I = J = 1] + L(L-1) E[u_1 u_2; I = 1, J = 2]
+                  = L \iint F^{L-1} (1 + D^2) F_ab + L(L-1) \iint F^{L-2} (D F_a)(D F_b),
+
+   with D = alpha_h d/da + alpha_k d/db.  The u-factors come from Stein's lemma
+   (E[u phi(z)] = alpha . E[grad phi]): the joint density of (V, W) carrying u is -D f,
+   carrying u^2 is f + D^2 f.  So per q everything is the bivariate Gaussian smoothing of
+   separable products G^{(p)}(a - z_h) G^{(q)}(b - z_k) (G' = e^{-x} G, ...), integrated
+   over (a, b) against a power of F.  Checks: L = 1 gives C = r_i + sigma^2; a zero head
+   (uniform weights) gives C = (r_i + sigma^2)/L exactly (Stein + translation invariance of
+   softmax: E[<sum_l x_l, v>] = sum_l E div_{x_l} v = r_i for v = sum_l p_{k,l} x_l); two
+   equal heads are the degenerate Gaussian rho = 1 (z_k = z_h), nothing special.
+
+3. Outer expectation over the block norms: n_j^2/2 ~ Gamma(r_j/2) independently, a tensor
+   generalized Gauss-Laguerre rule in t_j = n_j^2/2 (the integrand is analytic in t_j: it
+   depends on q only through S_hh, S_kk, S_hk and alpha_h alpha_k, alpha_h^2, alpha_k^2,
+   all linear in the t_j).  One tensor grid serves every task i (alpha is the only
+   i-dependence), so ``cross_moments`` returns all i for the cost of one.
+
+Numerics per q: z_h = sigma_h X, z_k = (S_hk/sigma_h) X + tau Y with X, Y independent
+N(0,1), tau^2 = S_kk - S_hk^2/S_hh (>= 0; tau = 0 at rho = +-1 needs no special case);
+trapezoid rules in X and Y (spectrally accurate: the integrands are analytic in a strip),
+in (a, b) on a uniform grid over the range where F^{L-1} f is not negligible;
+F^{L-1} = exp((L-1) log1p(-S)) with S = 1 - F computed as S_h(a) + S_k(b) -
+E[Gbar Gbar] (Gbar = 1 - G = -expm1(-e^{-x})) so that S keeps its relative accuracy where
+F is close to 1 (the power amplifies absolute errors of F by L).
+
+The error estimate is |value - value with a coarser rule| (outer rule with fewer nodes and
+inner steps 1.5 times larger), a conservative estimate of the error of the finer value.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from scipy.special import roots_genlaguerre, gammaln
+
+from theory._validate import check_L, check_finite_array, check_positive_int, check_sigma, check_tasks
+
+__all__ = ["cross_moment", "cross_moments", "pair_inner_integrals"]
+
+# Inner accuracy knobs (the error estimate measures what they give; see the module docstring).
+_X_RANGE = 8.0          # Gaussian nodes cover |X| <= 8 (mass < 1e-15 beyond)
+_KAPPA = 0.7            # trapezoid step in X is min(0.5, _KAPPA / scale of the logit)
+_AB_STEP = 0.4          # trapezoid step in the Gumbel variables (a, b)
+_TAIL = 1e-12           # (a, b) range: where the marginal weight F^{L-1} f exceeds _TAIL * max
+_DEFAULT_OUTER = {1: 32, 2: 24, 3: 14}   # Gauss-Laguerre nodes per block norm, by m
+
+
+def _gumbel_derivs(x: np.ndarray, orders) -> dict:
+    """G^{(p)}(x) for p in orders ('bar' for 1 - G), G(x) = exp(-e^{-x}) the Gumbel CDF."""
+    x = np.maximum(x, -50.0)          # G and its derivatives are 0 to double precision there
+    e = np.exp(-x)
+    g = np.exp(-e)
+    out = {}
+    for p in orders:
+        if p == "bar":
+            out[p] = -np.expm1(-e)
+        elif p == 0:
+            out[p] = g
+        elif p == 1:
+            out[p] = e * g
+        elif p == 2:
+            out[p] = (e * e - e) * g
+        elif p == 3:
+            out[p] = ((e - 3.0) * e + 1.0) * e * g
+        else:  # pragma: no cover - internal
+            raise ValueError(p)
+    return out
+
+
+def _normal_nodes(scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Trapezoid nodes/weights for E f(X), X ~ N(0,1), f varying on the scale 1/scale."""
+    if scale <= 0.0:
+        return np.zeros(1), np.ones(1)
+    step = min(0.5, _KAPPA / scale)
+    n = int(math.ceil(_X_RANGE / step))
+    x = step * np.arange(-n, n + 1)
+    w = step * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return x, w / w.sum()       # renormalising removes the O(e^{-2 pi^2/step^2}) mass error
+
+
+def _grid_range(x_nodes, x_w, shift, L: int, ab_step: float) -> np.ndarray:
+    """Uniform grid in a covering where F_h(a)^{L-1} f_h(a) matters, V = shift.X + Gumbel."""
+    s = abs(shift)
+    lo = -8.0 * s - 6.0
+    hi = math.log(L) + 0.5 * s * s + 8.0 * s + 40.0
+    coarse = np.arange(lo, hi + 0.5, 0.5)
+    d = _gumbel_derivs(coarse[:, None] - shift * x_nodes[None, :], ("bar", 1))
+    S = np.clip(d["bar"] @ x_w, 0.0, 1.0)
+    f = d[1] @ x_w
+    with np.errstate(divide="ignore"):
+        weight = np.exp((L - 1) * np.log1p(-np.minimum(S, 1 - 1e-300))) * f
+    keep = np.nonzero(weight > _TAIL * weight.max())[0]
+    a0 = coarse[max(keep[0] - 2, 0)]
+    a1 = coarse[min(keep[-1] + 2, len(coarse) - 1)]
+    n = int(math.ceil((a1 - a0) / ab_step))
+    return a0 + ab_step * np.arange(n + 1)
+
+
+def pair_inner_integrals(S_hh: float, S_kk: float, S_hk: float, L: int,
+                         kappa_scale: float = 1.0, ab_step: float = _AB_STEP) -> dict:
+    """The q-conditional integrals of the pair moment, for logit (co)variances S_hh, S_kk, S_hk.
+
+    Returns P = L iint F^{L-1} F_ab and the coefficients of the alpha-polynomial
+    E[u_I u_J] = P + sum alpha-quadratic terms:
+      Q_aaab, Q_aabb, Q_abbb = L iint F^{L-1} F_{aaab}, F_{aabb}, F_{abbb};
+      R_aa_ab, R_aa_bb, R_ab_ab, R_ab_bb = L(L-1) iint F^{L-2} F_aa F_ab, F_aa F_bb, F_ab^2, F_ab F_bb.
+    Requires S_hh > 0 and S_kk > 0 (a zero head has a closed form, see ``cross_moments``).
+    """
+    sh = math.sqrt(S_hh)
+    c = S_hk / sh                                  # z_k = c X + tau Y
+    tau = math.sqrt(max(S_kk - c * c, 0.0))
+    xs, xw = _normal_nodes(max(sh, abs(c)) / kappa_scale)
+    ys, yw = _normal_nodes(tau / kappa_scale)
+    a = _grid_range(xs, xw, sh, L, ab_step)
+    # marginal of W: c X + tau Y; its range from the one-dimensional law with scale sqrt(S_kk)
+    ks, kw = _normal_nodes(math.sqrt(S_kk) / kappa_scale)
+    b = _grid_range(ks, kw, math.sqrt(S_kk), L, ab_step)
+    A = _gumbel_derivs(a[:, None] - sh * xs[None, :], ("bar", 1, 2, 3))
+    # B_q[j, x] = E_Y G^{(q)}(b_j - c x - tau Y)
+    arg = b[:, None, None] - c * xs[None, :, None] - tau * ys[None, None, :]
+    Bd = _gumbel_derivs(arg, ("bar", 1, 2, 3))
+    B = {p: Bd[p] @ yw for p in Bd}
+    w = xw
+    # S = 1 - F = S_h(a) + S_k(b) - E[Gbar(a - z_h) Gbar(b - z_k)]
+    Sh = A["bar"] @ w
+    Sk = B["bar"] @ w
+    S = Sh[:, None] + Sk[None, :] - (A["bar"] * w) @ B["bar"].T
+    S = np.clip(S, 0.0, 1.0)
+    # F-derivatives: d^p/da^p acts on the first factor only, d^q/db^q on the second.
+    A0 = 1.0 - A["bar"]
+    B0 = 1.0 - B["bar"]
+    Aw = {p: A[p] * w for p in (1, 2, 3)}
+    F_aa = (A[2] * w) @ B0.T
+    F_bb = (A0 * w) @ B[2].T
+    F_ab = Aw[1] @ B[1].T
+    F_aaab = Aw[3] @ B[1].T
+    F_aabb = Aw[2] @ B[2].T
+    F_abbb = Aw[1] @ B[3].T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logF = np.log1p(-np.minimum(S, 1.0))
+    cell = ab_step * ab_step
+    pow1 = np.exp((L - 1) * logF) if L > 1 else np.ones_like(S)
+    out = {
+        "P": L * cell * np.sum(pow1 * F_ab),
+        "Q_aaab": L * cell * np.sum(pow1 * F_aaab),
+        "Q_aabb": L * cell * np.sum(pow1 * F_aabb),
+        "Q_abbb": L * cell * np.sum(pow1 * F_abbb),
+    }
+    if L > 1:
+        pow2 = np.exp((L - 2) * logF) if L > 2 else np.ones_like(S)
+        k = L * (L - 1) * cell
+        out.update(R_aa_ab=k * np.sum(pow2 * F_aa * F_ab), R_aa_bb=k * np.sum(pow2 * F_aa * F_bb),
+                   R_ab_ab=k * np.sum(pow2 * F_ab * F_ab), R_ab_bb=k * np.sum(pow2 * F_ab * F_bb))
+    else:
+        out.update(R_aa_ab=0.0, R_aa_bb=0.0, R_ab_ab=0.0, R_ab_bb=0.0)
+    return out
+
+
+def _uIuJ(I: dict, al_h: float, al_k: float) -> float:
+    """E[u_I u_J | q] from the inner integrals and alpha = (Cov(u, z_h), Cov(u, z_k))."""
+    t1 = I["P"] + al_h * al_h * I["Q_aaab"] + 2 * al_h * al_k * I["Q_aabb"] + al_k * al_k * I["Q_abbb"]
+    t2 = (al_h * al_h * I["R_aa_ab"] + al_h * al_k * (I["R_aa_bb"] + I["R_ab_ab"])
+          + al_k * al_k * I["R_ab_bb"])
+    return t1 + t2
+
+
+def _outer_rule(tasks, n_nodes: int):
+    """Tensor generalized Gauss-Laguerre rule for (n_1..n_m), n_j^2/2 ~ Gamma(r_j/2)."""
+    per = []
+    for r in tasks:
+        t, wt = roots_genlaguerre(n_nodes, r / 2.0 - 1.0)
+        per.append((np.sqrt(2.0 * t), wt / math.exp(gammaln(r / 2.0))))
+    norms = np.array(list(itertools.product(*[p[0] for p in per])))
+    weights = np.prod(np.array(list(itertools.product(*[p[1] for p in per]))), axis=1)
+    return norms, weights
+
+
+def _moments_with_rule(om_h, om_k, tasks, L, sigma, n_nodes, kappa_scale, ab_step):
+    norms, weights = _outer_rule(tasks, n_nodes)
+    m = len(tasks)
+    r = np.asarray(tasks, dtype=float)
+    total = np.zeros(m)
+    for nvec, wq in zip(norms, weights):
+        n2 = nvec * nvec
+        S_hh = float(np.dot(om_h * om_h, n2))
+        S_kk = float(np.dot(om_k * om_k, n2))
+        S_hk = float(np.dot(om_h * om_k, n2))
+        I = pair_inner_integrals(S_hh, S_kk, S_hk, L, kappa_scale, ab_step)
+        for i in range(m):
+            uu = _uIuJ(I, om_h[i] * nvec[i], om_k[i] * nvec[i])
+            total[i] += wq * (uu + (r[i] - 1.0 + sigma * sigma) * I["P"])
+    return total
+
+
+def cross_moments(omega_h, omega_k, tasks, L, sigma, n_nodes: int | None = None,
+                  error_estimate: bool = True):
+    """C_{hk,i} for every task i at once: (values (m,), error_estimates (m,)).
+
+    omega_h, omega_k: length-m arrays (the two heads' QK values per task; equal arrays give
+    the one-head moment C_{hh,i}).  tasks: block sizes r_i.  L: context length (int >= 1).
+    sigma: label-noise std.  n_nodes: Gauss-Laguerre nodes per block norm (default by m).
+    Closed forms: L = 1 gives r_i + sigma^2; a zero head gives (r_i + sigma^2)/L.
+    """
+    tasks = check_tasks(tasks)
+    m = len(tasks)
+    om_h = check_finite_array("omega_h", omega_h, shape=(m,))
+    om_k = check_finite_array("omega_k", omega_k, shape=(m,))
+    if isinstance(L, float) and not L.is_integer():
+        raise ValueError(f"L (context length) must be an integer for the exact moment, got {L}")
+    L = check_positive_int("L", L)
+    sigma = check_sigma(sigma)
+    r = np.asarray(tasks, dtype=float)
+    if L == 1:                                    # one token: p = 1, C = E|x_(i)|^2 + sigma^2
+        return r + sigma * sigma, np.zeros(m)
+    if not om_h.any() or not om_k.any():          # a uniform head: C = (r_i + sigma^2)/L exactly
+        return (r + sigma * sigma) / L, np.zeros(m)
+    if n_nodes is None:
+        n_nodes = _DEFAULT_OUTER.get(m, 10)
+    n_nodes = check_positive_int("n_nodes", n_nodes)
+    value = _moments_with_rule(om_h, om_k, tasks, L, sigma, n_nodes, 1.0, _AB_STEP)
+    if not error_estimate:
+        return value, np.full(m, np.nan)
+    coarse = _moments_with_rule(om_h, om_k, tasks, L, sigma, max(2, (3 * n_nodes) // 4),
+                                1.0 / 1.2, 1.25 * _AB_STEP)
+    return value, np.abs(value - coarse)
+
+
+def cross_moment(omega_h, omega_k, tasks, L, sigma, i, n_nodes: int | None = None):
+    """C_{hk,i} (see the module docstring): (value, error_estimate) for task i (0-based)."""
+    tasks = check_tasks(tasks)
+    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < len(tasks):
+        raise ValueError(f"i must be a task index in 0..{len(tasks) - 1} (0-based), got {i!r}")
+    values, errors = cross_moments(omega_h, omega_k, tasks, L, sigma, n_nodes=n_nodes)
+    return float(values[i]), float(errors[i])
