@@ -72,7 +72,9 @@ _X_RANGE = 8.0          # Gaussian nodes cover |X| <= 8 (mass < 1e-15 beyond)
 _KAPPA = 0.7            # trapezoid step in X is min(0.5, _KAPPA / scale of the logit)
 _AB_STEP = 0.4          # trapezoid step in the Gumbel variables (a, b)
 _TAIL = 1e-12           # (a, b) range: where the marginal weight F^{L-1} f exceeds _TAIL * max
-_DEFAULT_OUTER = {1: 32, 2: 24, 3: 14}   # Gauss-Laguerre nodes per block norm, by m
+_K_MAX = 64             # largest lattice refinement before the direct Y-smoothing is used
+_DEFAULT_OUTER = {1: 16, 2: 12, 3: 10}  # starting nodes per block norm, by m (8 beyond)
+_MAX_OUTER = {1: 48, 2: 20, 3: 12}      # refinement cap: cost grows like n^m (6 beyond)   # Gauss-Laguerre nodes per block norm, by m
 
 
 def _gumbel_derivs(x: np.ndarray, orders) -> dict:
@@ -97,28 +99,34 @@ def _gumbel_derivs(x: np.ndarray, orders) -> dict:
     return out
 
 
-def _normal_nodes(scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """Trapezoid nodes/weights for E f(X), X ~ N(0,1), f varying on the scale 1/scale."""
-    if scale <= 0.0:
-        return np.zeros(1), np.ones(1)
-    step = min(0.5, _KAPPA / scale)
+def _trapezoid_normal(step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Trapezoid nodes x_p = p*step (|x| <= _X_RANGE) and weights for E f(X), X ~ N(0,1)."""
     n = int(math.ceil(_X_RANGE / step))
     x = step * np.arange(-n, n + 1)
-    w = step * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-    return x, w / w.sum()       # renormalising removes the O(e^{-2 pi^2/step^2}) mass error
+    w = np.exp(-0.5 * x * x)
+    return x, w / w.sum()       # normalising removes the O(e^{-2 pi^2/step^2}) mass error
 
 
-def _grid_range(x_nodes, x_w, shift, L: int, ab_step: float) -> np.ndarray:
-    """Uniform grid in a covering where F_h(a)^{L-1} f_h(a) matters, V = shift.X + Gumbel."""
-    s = abs(shift)
-    lo = -8.0 * s - 6.0
-    hi = math.log(L) + 0.5 * s * s + 8.0 * s + 40.0
+def _normal_nodes(scale: float, kappa: float) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes/weights for E f(scale*X), f varying on the scale 1 (the trapezoid rule in X is
+    spectrally accurate: its error is about exp(-pi^2/(scale*step)) for f = Gumbel CDF)."""
+    if scale <= 0.0:
+        return np.zeros(1), np.ones(1)
+    return _trapezoid_normal(min(0.5, kappa / scale))
+
+
+def _grid_range(scale: float, L: int, ab_step: float, kappa: float) -> np.ndarray:
+    """Uniform grid in a covering where F_h(a)^{L-1} f_h(a) matters, V = scale*X + Gumbel."""
+    x_nodes, x_w = _normal_nodes(scale, kappa)
+    s = scale
+    lo = -_X_RANGE * s - 6.0
+    hi = math.log(L) + 0.5 * s * s + _X_RANGE * s + 40.0
     coarse = np.arange(lo, hi + 0.5, 0.5)
-    d = _gumbel_derivs(coarse[:, None] - shift * x_nodes[None, :], ("bar", 1))
+    d = _gumbel_derivs(coarse[:, None] - s * x_nodes[None, :], ("bar", 1))
     S = np.clip(d["bar"] @ x_w, 0.0, 1.0)
     f = d[1] @ x_w
     with np.errstate(divide="ignore"):
-        weight = np.exp((L - 1) * np.log1p(-np.minimum(S, 1 - 1e-300))) * f
+        weight = np.exp((L - 1) * np.log1p(-np.minimum(S, 1 - 1e-16))) * f
     keep = np.nonzero(weight > _TAIL * weight.max())[0]
     a0 = coarse[max(keep[0] - 2, 0)]
     a1 = coarse[min(keep[-1] + 2, len(coarse) - 1)]
@@ -139,17 +147,32 @@ def pair_inner_integrals(S_hh: float, S_kk: float, S_hk: float, L: int,
     sh = math.sqrt(S_hh)
     c = S_hk / sh                                  # z_k = c X + tau Y
     tau = math.sqrt(max(S_kk - c * c, 0.0))
-    xs, xw = _normal_nodes(max(sh, abs(c)) / kappa_scale)
-    ys, yw = _normal_nodes(tau / kappa_scale)
-    a = _grid_range(xs, xw, sh, L, ab_step)
-    # marginal of W: c X + tau Y; its range from the one-dimensional law with scale sqrt(S_kk)
-    ks, kw = _normal_nodes(math.sqrt(S_kk) / kappa_scale)
-    b = _grid_range(ks, kw, math.sqrt(S_kk), L, ab_step)
-    A = _gumbel_derivs(a[:, None] - sh * xs[None, :], ("bar", 1, 2, 3))
-    # B_q[j, x] = E_Y G^{(q)}(b_j - c x - tau Y)
-    arg = b[:, None, None] - c * xs[None, :, None] - tau * ys[None, None, :]
-    Bd = _gumbel_derivs(arg, ("bar", 1, 2, 3))
-    B = {p: Bd[p] @ yw for p in Bd}
+    sk = math.sqrt(S_kk)
+    kappa = _KAPPA * kappa_scale
+    a = _grid_range(sh, L, ab_step, kappa)
+    b = _grid_range(sk, L, ab_step, kappa)
+    step_x = min(0.5, kappa / max(sh, abs(c)))
+    ys, yw = _normal_nodes(tau, kappa)
+    orders = ("bar", 1, 2, 3)
+    # K: the X step is shrunk to ab_step / (K |c|) so that every argument b_j - c x_p lies on
+    # one lattice of spacing ab_step / K; the Y-smoothing is then done once per lattice point
+    # (cost K n_b n_y instead of n_b n_x n_y).  Worth it unless |c| is tiny.
+    K = math.ceil(ab_step / (abs(c) * step_x)) if abs(c) > 0 else 0
+    if tau > 0.0 and 0 < K <= _K_MAX:
+        step_x = ab_step / (K * abs(c))
+        xs, xw = _trapezoid_normal(step_x)
+        P = (len(xs) - 1) // 2
+        sgn = 1 if c > 0 else -1
+        lattice = b[0] + (ab_step / K) * np.arange(-P, (len(b) - 1) * K + P + 1)
+        Ld = _gumbel_derivs(lattice[:, None] - tau * ys[None, :], orders)
+        idx = (K * np.arange(len(b)))[:, None] - sgn * np.arange(-P, P + 1)[None, :] + P
+        B = {p: (Ld[p] @ yw)[idx] for p in orders}
+    else:
+        xs, xw = _trapezoid_normal(step_x)
+        arg = b[:, None, None] - c * xs[None, :, None] - tau * ys[None, None, :]
+        Bd = _gumbel_derivs(arg, orders)
+        B = {p: Bd[p] @ yw for p in orders}
+    A = _gumbel_derivs(a[:, None] - sh * xs[None, :], orders)
     w = xw
     # S = 1 - F = S_h(a) + S_k(b) - E[Gbar(a - z_h) Gbar(b - z_k)]
     Sh = A["bar"] @ w
@@ -223,12 +246,19 @@ def _moments_with_rule(om_h, om_k, tasks, L, sigma, n_nodes, kappa_scale, ab_ste
 
 
 def cross_moments(omega_h, omega_k, tasks, L, sigma, n_nodes: int | None = None,
-                  error_estimate: bool = True):
+                  rtol: float = 1e-6, error_estimate: bool = True):
     """C_{hk,i} for every task i at once: (values (m,), error_estimates (m,)).
 
     omega_h, omega_k: length-m arrays (the two heads' QK values per task; equal arrays give
     the one-head moment C_{hh,i}).  tasks: block sizes r_i.  L: context length (int >= 1).
-    sigma: label-noise std.  n_nodes: Gauss-Laguerre nodes per block norm (default by m).
+    sigma: label-noise std.
+    n_nodes: Gauss-Laguerre nodes per block norm; None (default) starts at 16, 12, 10, 8 for
+    m = 1, 2, 3, >= 4 and multiplies by 1.5 while some error estimate exceeds
+    rtol * max(|C_i|, (r_i + sigma^2)/L) (the uniform-head value sets the scale where C_i is
+    near 0), up to 48, 20, 12, 6 nodes (the cost grows like n^m; in the saturation regime,
+    2 omega^2 > 1, the cap can leave the estimate above rtol: it is returned as it is).  The error estimate is |C - C_coarse| with a coarser outer
+    rule (3/4 of the nodes) and inner steps 1.2-1.25 times larger: it bounds the error of the
+    coarser value and so overstates that of the returned one.
     Closed forms: L = 1 gives r_i + sigma^2; a zero head gives (r_i + sigma^2)/L.
     """
     tasks = check_tasks(tasks)
@@ -244,21 +274,32 @@ def cross_moments(omega_h, omega_k, tasks, L, sigma, n_nodes: int | None = None,
         return r + sigma * sigma, np.zeros(m)
     if not om_h.any() or not om_k.any():          # a uniform head: C = (r_i + sigma^2)/L exactly
         return (r + sigma * sigma) / L, np.zeros(m)
-    if n_nodes is None:
-        n_nodes = _DEFAULT_OUTER.get(m, 10)
-    n_nodes = check_positive_int("n_nodes", n_nodes)
-    value = _moments_with_rule(om_h, om_k, tasks, L, sigma, n_nodes, 1.0, _AB_STEP)
-    if not error_estimate:
-        return value, np.full(m, np.nan)
-    coarse = _moments_with_rule(om_h, om_k, tasks, L, sigma, max(2, (3 * n_nodes) // 4),
-                                1.0 / 1.2, 1.25 * _AB_STEP)
-    return value, np.abs(value - coarse)
+    adaptive = n_nodes is None
+    n = _DEFAULT_OUTER.get(m, 8) if adaptive else check_positive_int("n_nodes", n_nodes)
+    scale = (r + sigma * sigma) / L
+    n_max = _MAX_OUTER.get(m, 6) if adaptive else n
+    while True:
+        value = _moments_with_rule(om_h, om_k, tasks, L, sigma, n, 1.0, _AB_STEP)
+        if not error_estimate:
+            return value, np.full(m, np.nan)
+        coarse = _moments_with_rule(om_h, om_k, tasks, L, sigma, max(2, (3 * n) // 4),
+                                    1.0 / 1.2, 1.25 * _AB_STEP)
+        err = np.abs(value - coarse)
+        if n >= n_max or np.all(err <= rtol * np.maximum(np.abs(value), scale)):
+            break
+        n = min(n_max, int(math.ceil(1.5 * n)))
+    return value, err
 
 
-def cross_moment(omega_h, omega_k, tasks, L, sigma, i, n_nodes: int | None = None):
-    """C_{hk,i} (see the module docstring): (value, error_estimate) for task i (0-based)."""
+def cross_moment(omega_h, omega_k, tasks, L, sigma, i, n_nodes: int | None = None,
+                 rtol: float = 1e-6):
+    """C_{hk,i} (see the module docstring): (value, error_estimate) for task i (0-based).
+
+    Costs as much as ``cross_moments`` (all tasks share the quadrature): call that when the
+    loss needs every i.
+    """
     tasks = check_tasks(tasks)
     if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < len(tasks):
         raise ValueError(f"i must be a task index in 0..{len(tasks) - 1} (0-based), got {i!r}")
-    values, errors = cross_moments(omega_h, omega_k, tasks, L, sigma, n_nodes=n_nodes)
+    values, errors = cross_moments(omega_h, omega_k, tasks, L, sigma, n_nodes=n_nodes, rtol=rtol)
     return float(values[i]), float(errors[i])
