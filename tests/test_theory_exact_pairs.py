@@ -8,8 +8,8 @@ Checks, each against something computed independently of the Gumbel-max quadratu
   comparison is rejected, so the comparison has the power to see a wrong formula;
 - rho = 1 (two identical heads) against the one-head moment by another route: the Laplace
   representation 1/D^2 = int_0^inf t e^{-tD} dt of SPEC.md, with its own quadratures;
-- the closed forms through the general quadrature: L = 1 gives r_i + sigma^2, a head with
-  omega -> 0 (uniform weights) gives (r_i + sigma^2)/L;
+- the closed forms through the general quadrature: L = 1 gives r_i + sigma^2, heads whose
+  blocks overlap by eps -> 0 (a uniform head, or allocated heads) give (r_i + sigma^2)/L;
 - the symmetry C_hk = C_kh (the quadrature treats the two heads differently).
 """
 from __future__ import annotations
@@ -117,6 +117,8 @@ MC_CASES = [
     ([1.0], [0.7], (4,), 16, 0.0),                     # same sign, different scales, 2 omega^2 > 1
     ([0.4, 0.1], [0.1, -0.35], (2, 3), 6, 0.3),        # two tasks, signed, noise
     ([0.3, 0.2], [0.3, 0.2], (2, 2), 5, 0.5),          # identical heads (rho = 1)
+    ([0.6], [0.3], (2,), 2, 0.1),                      # L = 2
+    ([0.4, 1e-3], [1e-3, 0.5], (2, 3), 6, 0.2),        # nearly allocated (rho ~ 0)
 ]
 
 
@@ -136,10 +138,11 @@ def test_monte_carlo_comparison_rejects_a_wrong_prediction():
     assert np.all(np.abs(wrong - mean) > 4 * se + err_w), (wrong, mean, se)
 
 
-def test_zero_head_closed_form_matches_monte_carlo():
-    """A uniform head: C = (r_i + sigma^2)/L whatever the other head (Stein + the softmax's
-    translation invariance); the closed form checked against prompts."""
-    om_h, om_k, tasks, L, sigma = [0.0, 0.0], [0.6, -0.4], (2, 3), 6, 0.5
+@pytest.mark.parametrize("om_h, om_k", [([0.0, 0.0], [0.6, -0.4]), ([0.5, 0.0], [0.0, -0.6])])
+def test_disjoint_heads_closed_form_matches_monte_carlo(om_h, om_k):
+    """A uniform head, or two heads reading disjoint blocks: C = (r_i + sigma^2)/L (Stein +
+    the softmax's translation invariance); the closed form checked against prompts."""
+    tasks, L, sigma = (2, 3), 6, 0.5
     exact, err = cross_moments(om_h, om_k, tasks, L, sigma)
     assert np.all(err == 0)
     mean, se = _mc_cross_moments(om_h, om_k, tasks, L, sigma, n_prompts=100_000, seed=3)
@@ -171,11 +174,11 @@ def test_general_quadrature_gives_L1_closed_form(tasks, sigma):
     np.testing.assert_allclose(value, np.asarray(tasks) + sigma ** 2, rtol=1e-8)
 
 
-def test_general_quadrature_tends_to_uniform_closed_form():
-    """omega_h = eps (not the zero-head branch): C - (r_i + sigma^2)/L is O(eps)."""
+@pytest.mark.parametrize("om_h, om_k", [([1e-7, 1e-7], [0.5, -0.4]), ([0.5, 1e-7], [1e-7, -0.4])])
+def test_general_quadrature_tends_to_disjoint_closed_form(om_h, om_k):
+    """A small overlap eps (not the closed-form branch): C - (r_i + sigma^2)/L is O(eps)."""
     tasks, L, sigma = (2, 3), 10, 0.4
-    om_k = np.array([0.5, -0.4])
-    value = _moments_with_rule(np.array([1e-7, 1e-7]), om_k, tasks, L, sigma, 10, 1.0, 0.4)
+    value = _moments_with_rule(np.array(om_h), np.array(om_k), tasks, L, sigma, 10, 1.0, 0.4)
     np.testing.assert_allclose(value, (np.asarray(tasks) + sigma ** 2) / L, rtol=1e-5)
 
 

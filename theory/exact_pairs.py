@@ -34,9 +34,10 @@ Derivation (the one implemented below):
    carrying u^2 is f + D^2 f.  So per q everything is the bivariate Gaussian smoothing of
    separable products G^{(p)}(a - z_h) G^{(q)}(b - z_k) (G' = e^{-x} G, ...), integrated
    over (a, b) against a power of F.  Checks: L = 1 gives C = r_i + sigma^2; a zero head
-   (uniform weights) gives C = (r_i + sigma^2)/L exactly (Stein + translation invariance of
-   softmax: E[<sum_l x_l, v>] = sum_l E div_{x_l} v = r_i for v = sum_l p_{k,l} x_l); two
-   equal heads are the degenerate Gaussian rho = 1 (z_k = z_h), nothing special.
+   (uniform weights), or more generally two heads reading disjoint blocks, gives
+   C = (r_i + sigma^2)/L exactly (Stein + translation invariance of softmax:
+   E[<sum_l x_l, v>] = sum_l E div_{x_l} v = r_i for v = sum_l p_{k,l} x_l); two equal heads
+   are the degenerate Gaussian rho = 1 (z_k = z_h), nothing special.
 
 3. Outer expectation over the block norms: n_j^2/2 ~ Gamma(r_j/2) independently, a tensor
    generalized Gauss-Laguerre rule in t_j = n_j^2/2 (the integrand is analytic in t_j: it
@@ -72,7 +73,6 @@ _X_RANGE = 8.0          # Gaussian nodes cover |X| <= 8 (mass < 1e-15 beyond)
 _KAPPA = 0.7            # trapezoid step in X is min(0.5, _KAPPA / scale of the logit)
 _AB_STEP = 0.4          # trapezoid step in the Gumbel variables (a, b)
 _TAIL = 1e-12           # (a, b) range: where the marginal weight F^{L-1} f exceeds _TAIL * max
-_K_MAX = 64             # largest lattice refinement before the direct Y-smoothing is used
 _DEFAULT_OUTER = {1: 16, 2: 12, 3: 10}  # starting nodes per block norm, by m (8 beyond)
 _MAX_OUTER = {1: 48, 2: 20, 3: 12}      # refinement cap: cost grows like n^m (6 beyond)   # Gauss-Laguerre nodes per block norm, by m
 
@@ -158,7 +158,8 @@ def pair_inner_integrals(S_hh: float, S_kk: float, S_hk: float, L: int,
     # one lattice of spacing ab_step / K; the Y-smoothing is then done once per lattice point
     # (cost K n_b n_y instead of n_b n_x n_y).  Worth it unless |c| is tiny.
     K = math.ceil(ab_step / (abs(c) * step_x)) if abs(c) > 0 else 0
-    if tau > 0.0 and 0 < K <= _K_MAX:
+    n_x_direct = 2 * math.ceil(_X_RANGE / step_x) + 1
+    if tau > 0.0 and 0 < K < n_x_direct:
         step_x = ab_step / (K * abs(c))
         xs, xw = _trapezoid_normal(step_x)
         P = (len(xs) - 1) // 2
@@ -259,7 +260,12 @@ def cross_moments(omega_h, omega_k, tasks, L, sigma, n_nodes: int | None = None,
     2 omega^2 > 1, the cap can leave the estimate above rtol: it is returned as it is).  The error estimate is |C - C_coarse| with a coarser outer
     rule (3/4 of the nodes) and inner steps 1.2-1.25 times larger: it bounds the error of the
     coarser value and so overstates that of the returned one.
-    Closed forms: L = 1 gives r_i + sigma^2; a zero head gives (r_i + sigma^2)/L.
+    Closed forms: L = 1 gives r_i + sigma^2.  Heads reading disjoint blocks (omega_h[j] *
+    omega_k[j] = 0 for every j: a zero head, or two exactly allocated heads) give
+    (r_i + sigma^2)/L: their weights are independent, E sum_l p_{h,l} p_{k,l} = 1/L, and for
+    the head v that does not read block i, E<sum_l p_{h,l} x_l, sum_l p_{k,l} x_l> =
+    (1/L) E<sum_l p_l x_l, sum_l x_l> = r_i/L (Stein's lemma; the softmax is invariant under
+    a common shift of all tokens, so sum_l grad_{x_l} p_{l'} = 0).
     """
     tasks = check_tasks(tasks)
     m = len(tasks)
@@ -272,7 +278,9 @@ def cross_moments(omega_h, omega_k, tasks, L, sigma, n_nodes: int | None = None,
     r = np.asarray(tasks, dtype=float)
     if L == 1:                                    # one token: p = 1, C = E|x_(i)|^2 + sigma^2
         return r + sigma * sigma, np.zeros(m)
-    if not om_h.any() or not om_k.any():          # a uniform head: C = (r_i + sigma^2)/L exactly
+    if not np.any(om_h * om_k):
+        # The two heads read disjoint blocks (a zero head, or exact allocation): their weights
+        # are independent, and one of them does not read block i, so C = (r_i + sigma^2)/L.
         return (r + sigma * sigma) / L, np.zeros(m)
     adaptive = n_nodes is None
     n = _DEFAULT_OUTER.get(m, 8) if adaptive else check_positive_int("n_nodes", n_nodes)
