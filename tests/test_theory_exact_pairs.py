@@ -10,7 +10,9 @@ Checks, each against something computed independently of the Gumbel-max quadratu
   representation 1/D^2 = int_0^inf t e^{-tD} dt of SPEC.md, with its own quadratures;
 - the closed forms through the general quadrature: L = 1 gives r_i + sigma^2, heads whose
   blocks overlap by eps -> 0 (a uniform head, or allocated heads) give (r_i + sigma^2)/L;
-- the symmetry C_hk = C_kh (the quadrature treats the two heads differently).
+- the symmetry C_hk = C_kh (the quadrature treats the two heads differently);
+- the analytic gradient (heat equation) against central differences of the value computed with
+  the same outer rule.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import numpy as np
 import pytest
 from scipy.special import gammaln, roots_genlaguerre
 
-from theory.exact_pairs import _moments_with_rule, cross_moment, cross_moments
+from theory.exact_pairs import (_moments_with_rule, cross_moment, cross_moments,
+                                cross_moments_and_gradient)
 
 # ---------------------------------------------------------------------------------------------
 # independent references
@@ -187,6 +190,49 @@ def test_cross_moment_is_symmetric_in_the_two_heads():
     v_hk, e_hk = cross_moments(om_h, om_k, tasks, L, sigma)
     v_kh, e_kh = cross_moments(om_k, om_h, tasks, L, sigma)
     assert np.all(np.abs(v_hk - v_kh) <= e_hk + e_kh + 1e-12), (v_hk, v_kh)
+
+
+# Central differences with step 1e-4 of a value accurate to ~1e-9 (its error estimate at these
+# points) carry ~1e-5 of noise and ~1e-8 of truncation: the tolerance, fixed before comparing.
+FD_STEP, FD_ATOL = 1e-4, 1e-5
+
+
+@pytest.mark.parametrize("om_h, om_k, tasks, L, sigma", [
+    ([0.4], [-0.3], (3,), 64, 0.0),
+    ([0.4, 0.1], [0.1, -0.35], (3, 3), 16, 0.3),     # signed, two tasks
+    ([0.5, 0.0], [0.0, 0.4], (2, 3), 8, 0.1),        # allocated: value closed form, gradient not
+    ([0.3, 0.2], [0.3, 0.2], (2, 2), 8, 0.1),        # identical heads (rho = 1)
+])
+def test_gradient_matches_finite_differences(om_h, om_k, tasks, L, sigma):
+    n_nodes = 16 if len(tasks) == 1 else 8
+    out = cross_moments_and_gradient(om_h, om_k, tasks, L, sigma, n_nodes=n_nodes)
+    om = [np.array(om_h, dtype=float), np.array(om_k, dtype=float)]
+    m = len(tasks)
+    for which, key in ((0, "d_omega_h"), (1, "d_omega_k")):
+        fd = np.zeros((m, m))
+        for j in range(m):
+            plus = [o.copy() for o in om]
+            minus = [o.copy() for o in om]
+            plus[which][j] += FD_STEP
+            minus[which][j] -= FD_STEP
+            fd[:, j] = (_moments_with_rule(*plus, tasks, L, sigma, n_nodes, 1.0, 0.4)
+                        - _moments_with_rule(*minus, tasks, L, sigma, n_nodes, 1.0, 0.4)) / (2 * FD_STEP)
+        assert np.all(np.abs(out[key] - fd) <= FD_ATOL * (1 + np.abs(fd))), (key, out[key], fd)
+    np.testing.assert_allclose(out["value"], cross_moments(om_h, om_k, tasks, L, sigma, n_nodes=n_nodes)[0],
+                               rtol=1e-12)
+
+
+def test_gradient_comparison_rejects_a_wrong_gradient():
+    """The other head's gradient (a different prediction) fails the same comparison."""
+    om_h, om_k, tasks, L, sigma = np.array([0.4, 0.1]), np.array([0.1, -0.35]), (3, 3), 16, 0.3
+    out = cross_moments_and_gradient(om_h, om_k, tasks, L, sigma, n_nodes=8)
+    fd = np.zeros((2, 2))
+    for j in range(2):
+        e = np.eye(2)[j] * FD_STEP
+        fd[:, j] = (_moments_with_rule(om_h + e, om_k, tasks, L, sigma, 8, 1.0, 0.4)
+                    - _moments_with_rule(om_h - e, om_k, tasks, L, sigma, 8, 1.0, 0.4)) / (2 * FD_STEP)
+    assert np.all(np.abs(out["d_omega_h"] - fd) <= FD_ATOL * (1 + np.abs(fd)))
+    assert not np.all(np.abs(out["d_omega_k"] - fd) <= FD_ATOL * (1 + np.abs(fd)))
 
 
 def test_bad_input_is_rejected_clearly():
