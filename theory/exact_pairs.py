@@ -98,12 +98,21 @@ def _gumbel_derivs(x: np.ndarray, orders) -> dict:
     x = np.maximum(x, -50.0)          # G and its derivatives are 0 to double precision there
     e = np.exp(-x)
     g = np.exp(-e)
+    eg = e * g
     out = {}
     for p in orders:
         if p == "bar":
             out[p] = -np.expm1(-e)
-        else:
-            out[p] = np.polynomial.polynomial.polyval(e, _GUMBEL_POLYS[p]) * g
+        elif p == 0:
+            out[p] = g
+        else:                      # Horner in E; every P_n (n >= 1) has a zero constant term
+            coeffs = _GUMBEL_POLYS[p]
+            acc = np.full_like(e, coeffs[-1])
+            for ck in coeffs[-2:0:-1]:
+                acc *= e
+                acc += ck
+            acc *= eg
+            out[p] = acc
     return out
 
 
@@ -125,7 +134,7 @@ def _normal_nodes(scale: float, kappa: float) -> tuple[np.ndarray, np.ndarray]:
 
 def _grid_range(scale: float, L: int, ab_step: float, kappa: float) -> np.ndarray:
     """Uniform grid in a covering where F_h(a)^{L-1} f_h(a) matters, V = scale*X + Gumbel."""
-    x_nodes, x_w = _normal_nodes(scale, kappa)
+    x_nodes, x_w = _normal_nodes(scale, 2.0 * kappa)   # a range estimate: a rough marginal will do
     s = scale
     lo = -_X_RANGE * s - 6.0
     hi = math.log(L) + 0.5 * s * s + _X_RANGE * s + 40.0
