@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy.special import gammaln, roots_genlaguerre
 
 from theory.exact_pairs import (_moments_with_rule, cross_moment, cross_moments,
@@ -123,6 +125,24 @@ MC_CASES = [
     ([0.6], [0.3], (2,), 2, 0.1),                      # L = 2
     ([0.4, 1e-3], [1e-3, 0.5], (2, 3), 6, 0.2),        # nearly allocated (rho ~ 0)
 ]
+
+
+@st.composite
+def _pair_problems(draw):
+    m = draw(st.integers(1, 2))
+    tasks = tuple(draw(st.integers(1, 4)) for _ in range(m))
+    signed = st.floats(-0.6, 0.6, allow_nan=False).map(lambda v: round(v, 3))
+    om_h = [draw(signed) for _ in range(m)]
+    om_k = [draw(signed) for _ in range(m)]
+    return om_h, om_k, tasks, draw(st.integers(2, 32)), draw(st.sampled_from([0.0, 0.3, 1.0]))
+
+
+@given(_pair_problems())
+def test_cross_moment_matches_monte_carlo_drawn(problem):
+    om_h, om_k, tasks, L, sigma = problem
+    exact, err = cross_moments(om_h, om_k, tasks, L, sigma)
+    mean, se = _mc_cross_moments(om_h, om_k, tasks, L, sigma, n_prompts=40_000, seed=11)
+    assert np.all(np.abs(exact - mean) <= 4 * se + err), (exact, mean, se, err)
 
 
 @pytest.mark.parametrize("om_h, om_k, tasks, L, sigma", MC_CASES)
