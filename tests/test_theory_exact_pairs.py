@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy.special import gammaln, roots_genlaguerre
 
-from theory.exact_pairs import (_moments_with_rule, cross_moment, cross_moments,
+from theory.exact_pairs import (PairTable, _moments_with_rule, cross_moment, cross_moments,
                                 cross_moments_and_gradient)
 
 # ---------------------------------------------------------------------------------------------
@@ -253,6 +253,21 @@ def test_gradient_comparison_rejects_a_wrong_gradient():
                     - _moments_with_rule(om_h - e, om_k, tasks, L, sigma, 8, 1.0, 0.4)) / (2 * FD_STEP)
     assert np.all(np.abs(out["d_omega_h"] - fd) <= FD_ATOL * (1 + np.abs(fd)))
     assert not np.all(np.abs(out["d_omega_k"] - fd) <= FD_ATOL * (1 + np.abs(fd)))
+
+
+def test_pair_table_agrees_with_direct_quadrature():
+    """A small table (16 x 16 x 12 Chebyshev points) against the direct quadrature: within the
+    table's own error estimate plus the direct one's, for m = 1, 2, 3."""
+    L = 64
+    cases = [([0.4], [-0.3], (3,), 0.0), ([0.4, 0.1], [0.1, -0.35], (3, 3), 0.3),
+             ([0.3, 0.1, -0.1], [0.1, -0.3, 0.2], (2, 2, 2), 0.3)]
+    beta_max = max(PairTable.beta_needed([c[0], c[1]], c[2]) for c in cases[:2])
+    table = PairTable(L, beta_max, n_beta=16, n_rho=12)
+    for om_h, om_k, tasks, sigma in cases:
+        v_table, e_table = table.cross_moments(om_h, om_k, tasks, sigma)
+        v_direct, e_direct = cross_moments(om_h, om_k, tasks, L, sigma)
+        assert np.all(np.abs(v_table - v_direct) <= e_table + e_direct), (tasks, v_table, v_direct, e_table)
+        assert np.all(e_table <= 1e-5 * np.abs(v_direct)), e_table     # the table is useful
 
 
 def test_bad_input_is_rejected_clearly():
