@@ -303,3 +303,14 @@ def test_identical_heads_equal_one_head_laplace_route_large_L():
     value, err = cross_moment(omega, omega, tasks, L, sigma, 0)
     ref = _one_head_laplace(omega, tasks, L, sigma, 0, n_outer=32)
     assert abs(value - ref) <= RHO1_RTOL * abs(ref), (value, ref, err)
+
+
+@pytest.mark.thorough
+def test_pair_table_gradient_agrees_with_direct_gradient():
+    L = 64
+    table = PairTable(L, 4.0, n_beta=16, n_rho=12, gradient=True)
+    for om_h, om_k, tasks, sigma in [([0.4], [-0.3], (3,), 0.0), ([0.4, 0.1], [0.1, -0.35], (3, 3), 0.3)]:
+        t = table.cross_moments_and_gradient(om_h, om_k, tasks, sigma)
+        d = cross_moments_and_gradient(om_h, om_k, tasks, L, sigma)
+        for key in ("d_omega_h", "d_omega_k"):     # the target accuracy, 1e-6, fixed in advance
+            assert np.all(np.abs(t[key] - d[key]) <= 1e-6 * (1 + np.abs(d[key]))), (key, t[key], d[key])
