@@ -179,19 +179,16 @@ def _chunk_generator(key: int, chunk: int, substream: int) -> torch.Generator:
 
 
 _pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
+_pools: dict[int, ThreadPoolExecutor] = {}
 
 
 def _thread_pool(threads: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
+    """The process's pool of ``threads`` sampler threads (one pool per size, kept for reuse:
+    idle threads cost nothing, and a pool is never shut down under a concurrent caller)."""
     with _pool_lock:
-        if _pool is None or _pool_size != threads:
-            if _pool is not None:
-                _pool.shutdown(wait=True)
-            _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sample_prompts")
-            _pool_size = threads
-        return _pool
+        if threads not in _pools:
+            _pools[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sample_prompts")
+        return _pools[threads]
 
 
 # --- the sampler -------------------------------------------------------------------------------
@@ -205,32 +202,51 @@ def _normal(shape, generator: torch.Generator, device, out: torch.Tensor | None 
     return torch.randn(shape, generator=generator, dtype=torch.float32, device=device, out=out)
 
 
-def _assemble(x, q, g, eps, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(context (n, L, d+m), query (n, d+m), target (n, m)) in cfg.dtype from the float32
-    draws x (n, L, d), q (n, d), g (n, d), eps (n, L, m) or None, on their device:
-    y_l = B^T x_l + sigma eps_l, y_q = B^T q with B = Phi diag(g) E."""
-    n, L, d = x.shape
-    dt, dev = cfg.torch_dtype, x.device
-    context = torch.empty(n, L, cfg.token_dim, dtype=dt, device=dev)
+def _assemble(x, q, g, eps, cfg: ProblemConfig, E: torch.Tensor, Phi: torch.Tensor | None,
+              context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
+    """Write into context (k, L, d+m), query (k, d+m), target (k, m) (cfg.dtype) the prompts
+    of the float32 draws x (k, L, d), q (k, d), g (k, d), eps (k, L, m) or None:
+    y_l = B^T x_l + sigma eps_l, y_q = B^T q with B = Phi diag(g) E (Phi None: identity)."""
+    d, dt = cfg.d, cfg.torch_dtype
     context[..., :d] = x                                    # the cast happens in this copy
-    coef = g.to(dt)[:, :, None] * cfg.task_indicator().to(dev)[None]     # diag(g) E: (n, d, m)
-    if cfg.basis != "identity":
-        coef = cfg.basis_matrix().to(dev) @ coef            # B = Phi diag(g) E
+    coef = g.to(dt)[:, :, None] * E[None]                   # diag(g) E: (k, d, m)
+    if Phi is not None:
+        coef = Phi @ coef                                   # B = Phi diag(g) E
     y = torch.bmm(x if x.dtype == dt else context[..., :d], coef)
     if eps is not None and cfg.sigma > 0:
         y.add_(eps.to(dt), alpha=cfg.sigma)
     context[..., d:] = y
-    query = torch.zeros(n, cfg.token_dim, dtype=dt, device=dev)
     query[:, :d] = q
-    target = torch.bmm(query[:, None, :d], coef)[:, 0, :]
+    query[:, d:] = 0
+    target.copy_(torch.bmm(query[:, None, :d], coef)[:, 0, :])
+
+
+def _prompts_from_draws(cfg: ProblemConfig, x, q, g, eps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(context, query, target) in cfg.dtype from the float32 draws (see _assemble)."""
+    dt, dev = cfg.torch_dtype, x.device
+    n = x.shape[0]
+    context = torch.empty(n, cfg.L, cfg.token_dim, dtype=dt, device=dev)
+    query = torch.empty(n, cfg.token_dim, dtype=dt, device=dev)
+    target = torch.empty(n, cfg.m, dtype=dt, device=dev)
+    E = cfg.task_indicator().to(dev)
+    Phi = cfg.basis_matrix().to(dev) if cfg.basis != "identity" else None
+    # On the CPU the labels are built chunk by chunk: each chunk's operands stay in cache
+    # (2-3x less CPU time than one pass over the batch at L = 256), and on the caller's
+    # thread, so torch's intra-op threads never nest inside the sampler's threads.
+    step = CHUNK_PROMPTS if dev.type == "cpu" else n
+    for lo in range(0, n, step):
+        k = slice(lo, min(n, lo + step))
+        _assemble(x[k], q[k], g[k], None if eps is None else eps[k], cfg, E, Phi,
+                  context[k], query[k], target[k])
     return context, query, target
 
 
 def _draw_keyed_chunks(cfg: ProblemConfig, n: int, generator: torch.Generator, threads: int):
     """The CPU stream's float32 draws (x, q, g, eps or None): one key from ``generator``, then
     the chunks drawn on ``threads`` threads into shared buffers.  The threads only draw (one
-    serial torch kernel per tensor, GIL released); the assembly runs afterwards on the caller's
-    thread with torch's own intra-op threads, so the two kinds of parallelism never nest."""
+    serial torch kernel per tensor, GIL released); the labels are built afterwards on the
+    caller's thread with torch's own intra-op threads, so the two kinds of parallelism never
+    nest."""
     key = int(torch.randint(0, 2 ** 63 - 1, (), generator=generator, dtype=torch.int64))
     d, m, L = cfg.d, cfg.m, cfg.L
     x = torch.empty(n, L, d, dtype=torch.float32)
@@ -253,7 +269,7 @@ def _draw_keyed_chunks(cfg: ProblemConfig, n: int, generator: torch.Generator, t
             draw(c)
     else:
         # list() re-raises a worker's exception here
-        list(_thread_pool(min(threads, n_chunks)).map(draw, range(n_chunks)))
+        list(_thread_pool(threads).map(draw, range(n_chunks)))
     return x, q, g, eps
 
 
@@ -301,7 +317,7 @@ def sample_prompts(cfg: ProblemConfig, batch: int, generator: torch.Generator,
         draws = _draw_keyed_chunks(cfg, n, generator, int(threads))
     else:
         draws = _draw_on_device(cfg, n, generator)
-    context, query, target = _assemble(*draws, cfg)
+    context, query, target = _prompts_from_draws(cfg, *draws)
     if symmetrize:
         # flipping task i's sign maps (g_i, eps_i) -> -(g_i, eps_i): y_i, y_{q,i} -> -y_i, -y_{q,i}
         d, m = cfg.d, cfg.m

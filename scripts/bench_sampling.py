@@ -164,9 +164,7 @@ def memory_probe(dtype: str, param: str, which: str) -> None:
     target = torch.randn(BATCH, cfg.m, generator=gen, dtype=cfg.torch_dtype)
     params = list(model.parameters())
     base = _rss_kib()
-    if resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > base + 1024:
-        print(json.dumps({"error": "the set-up peak exceeds the baseline by > 1 MiB"}))
-        return
+    prior_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if which == "autograd":
         pred = model(context, query)
     else:
@@ -174,7 +172,9 @@ def memory_probe(dtype: str, param: str, which: str) -> None:
         pred = attention_readout(W, U, context, query)
     torch.autograd.grad(mse_loss(pred, target), params)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_growth_mib": (peak - base) / 1024,
+    # valid only if the step set a new high (else the set-up's peak hides the step's)
+    print(json.dumps({"peak_growth_mib": (peak - base) / 1024 if peak > prior_peak else None,
+                      "prior_peak_excess_mib": (prior_peak - base) / 1024,
                       "context_mib": context.numel() * context.element_size() / 2 ** 20}))
 
 
@@ -189,11 +189,15 @@ def bench_fused(repeats: int) -> list[dict]:
             for w in ("autograd", "fused"):
                 row[f"{w}_wall_ms_t{threads}"], row[f"{w}_cpu_ms_t{threads}"] = res[w]
         for w in ("autograd", "fused"):
-            out = subprocess.run([sys.executable, "-m", "scripts.bench_sampling", "--memory-probe", dtype, param, w],
-                                 capture_output=True, text=True, check=True, cwd=ROOT).stdout
-            probe = json.loads(out.strip().splitlines()[-1])
-            row[f"{w}_peak_mib"] = probe.get("peak_growth_mib", float("nan"))
-            row["context_mib"] = probe.get("context_mib", float("nan"))
+            row[f"{w}_peak_mib"] = float("nan")
+            for _ in range(3):                          # a probe whose set-up peak hid the step is rerun
+                out = subprocess.run([sys.executable, "-m", "scripts.bench_sampling", "--memory-probe", dtype,
+                                      param, w], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+                probe = json.loads(out.strip().splitlines()[-1])
+                row["context_mib"] = probe["context_mib"]
+                if probe["peak_growth_mib"] is not None:
+                    row[f"{w}_peak_mib"] = probe["peak_growth_mib"]
+                    break
         rows.append(row)
     return rows
 

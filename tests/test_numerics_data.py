@@ -227,8 +227,8 @@ def test_device_stream_draws_noise_whatever_sigma():
     drawn even at sigma = 0, so the generator and x, q, g do not depend on sigma."""
     cfg0 = ProblemConfig(tasks=(2, 1), heads=1, L=5)
     g0, g1 = make_generator(3, "cpu"), make_generator(3, "cpu")
-    a = data._assemble(*data._draw_on_device(cfg0, 40, g0), cfg0)
-    b = data._assemble(*data._draw_on_device(cfg0.replace(sigma=0.5), 40, g1), cfg0.replace(sigma=0.5))
+    a = data._prompts_from_draws(cfg0, *data._draw_on_device(cfg0, 40, g0))
+    b = data._prompts_from_draws(cfg0.replace(sigma=0.5), *data._draw_on_device(cfg0.replace(sigma=0.5), 40, g1))
     assert torch.equal(g0.get_state(), g1.get_state())
     assert torch.equal(a[0][..., :cfg0.d], b[0][..., :cfg0.d]) and torch.equal(a[2], b[2])
     assert not torch.equal(a[0], b[0])
