@@ -19,10 +19,14 @@ which is the least the algebra allows without the D x D moments Z^T diag(p) Z (D
 the work of a pass).  Autograd makes the same four passes; what the hand-written backward
 saves is the softmax backward's extra (B, H, L) reduction and temporaries (the reduction
 sum_l p_l dp_l is <c, dc>, a D-vector product).
+
+First derivatives only (a second backward raises), and not for torch.func transforms (vmap,
+jacrev): it is meant for the trainer's step on the full model.
 """
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 
 class AttentionReadout(torch.autograd.Function):
@@ -38,6 +42,7 @@ class AttentionReadout(torch.autograd.Function):
         return torch.einsum("hki,bhi->bk", U, c)
 
     @staticmethod
+    @once_differentiable          # p and c are saved as constants: no second derivatives
     def backward(ctx, grad):
         A, U, context, query_x, p, c = ctx.saved_tensors
         dU = torch.einsum("bk,bhi->hki", grad, c) if ctx.needs_input_grad[1] else None

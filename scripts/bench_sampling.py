@@ -19,7 +19,6 @@ import argparse
 import itertools
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -145,9 +144,15 @@ def _step_fn(cfg: ProblemConfig, which: str):
     return step
 
 
-def _rss_kib() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+def _status_kib(field: str) -> int:
+    """VmRSS (resident now) or VmHWM (peak resident) of this process, KiB.  VmHWM belongs to
+    this process's own address space; ru_maxrss would not do (Linux carries the parent's
+    peak into a child across fork + exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def memory_probe(dtype: str, param: str, which: str) -> None:
@@ -163,15 +168,15 @@ def memory_probe(dtype: str, param: str, which: str) -> None:
     query[:, :cfg.d] = torch.randn(BATCH, cfg.d, generator=gen, dtype=cfg.torch_dtype)
     target = torch.randn(BATCH, cfg.m, generator=gen, dtype=cfg.torch_dtype)
     params = list(model.parameters())
-    base = _rss_kib()
-    prior_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = _status_kib("VmRSS")
+    prior_peak = _status_kib("VmHWM")
     if which == "autograd":
         pred = model(context, query)
     else:
         W, U = model.merged_weights()
         pred = attention_readout(W, U, context, query)
     torch.autograd.grad(mse_loss(pred, target), params)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _status_kib("VmHWM")
     # valid only if the step set a new high (else the set-up's peak hides the step's)
     print(json.dumps({"peak_growth_mib": (peak - base) / 1024 if peak > prior_peak else None,
                       "prior_peak_excess_mib": (prior_peak - base) / 1024,

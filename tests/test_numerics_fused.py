@@ -59,3 +59,16 @@ def test_context_requiring_grad_is_refused():
     W, U = model.merged_weights()
     with pytest.raises(ValueError, match="must not require gradients"):
         attention_readout(W, U, pr.context.requires_grad_(True), pr.query)
+
+
+def test_second_derivatives_are_refused():
+    """The backward treats p and c as constants, so a Hessian through it would be wrong:
+    asking for one raises instead of returning it."""
+    cfg = ProblemConfig(tasks=(1, 1), heads=1, L=4, param="merged", init="random_full", init_scale=1.0)
+    model = MultiHeadAttention(cfg)
+    pr = sample_prompts(cfg, 4, make_generator(0, "cpu"))
+    W, U = model.merged_weights()
+    (gW,) = torch.autograd.grad(mse_loss(attention_readout(W, U, pr.context, pr.query), pr.target), [W],
+                                create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|twice"):
+        gW.sum().backward()
