@@ -193,13 +193,13 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
 
 # --- the sampler -------------------------------------------------------------------------------
 
-def _normal(shape, generator: torch.Generator, device, out: torch.Tensor | None = None) -> torch.Tensor:
+def _normal(shape, generator: torch.Generator, device) -> torch.Tensor:
     # Gaussians are drawn in float32 (torch's vectorised CPU sampler, ~4x faster than its
     # float64 one) and cast to cfg.dtype by _assemble.  The draws are N(0, 1) rounded to
     # 24 bits (relative 6e-8), and the sampler's float32 Box-Muller uniforms (resolution
     # 2^-24) cap |z| at sqrt(2 ln 2^24) = 5.77, dropping a tail of mass 8e-9: both far below
     # any Monte-Carlo error of this project (a batch of 2048 prompts has relative errors ~1e-2).
-    return torch.randn(shape, generator=generator, dtype=torch.float32, device=device, out=out)
+    return torch.randn(shape, generator=generator, dtype=torch.float32, device=device)
 
 
 def _assemble(x, q, g, eps, cfg: ProblemConfig, E: torch.Tensor, Phi: torch.Tensor | None,
@@ -221,56 +221,72 @@ def _assemble(x, q, g, eps, cfg: ProblemConfig, E: torch.Tensor, Phi: torch.Tens
     target.copy_(torch.bmm(query[:, None, :d], coef)[:, 0, :])
 
 
+def _empty_prompts(cfg: ProblemConfig, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dt = cfg.torch_dtype
+    return (torch.empty(n, cfg.L, cfg.token_dim, dtype=dt, device=device),
+            torch.empty(n, cfg.token_dim, dtype=dt, device=device),
+            torch.empty(n, cfg.m, dtype=dt, device=device))
+
+
 def _prompts_from_draws(cfg: ProblemConfig, x, q, g, eps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(context, query, target) in cfg.dtype from the float32 draws (see _assemble)."""
-    dt, dev = cfg.torch_dtype, x.device
-    n = x.shape[0]
-    context = torch.empty(n, cfg.L, cfg.token_dim, dtype=dt, device=dev)
-    query = torch.empty(n, cfg.token_dim, dtype=dt, device=dev)
-    target = torch.empty(n, cfg.m, dtype=dt, device=dev)
-    E = cfg.task_indicator().to(dev)
+    """(context, query, target) in cfg.dtype from float32 draws of the whole batch, in one
+    pass (the device stream)."""
+    dev = x.device
+    context, query, target = _empty_prompts(cfg, x.shape[0], dev)
     Phi = cfg.basis_matrix().to(dev) if cfg.basis != "identity" else None
-    # On the CPU the labels are built chunk by chunk: each chunk's operands stay in cache
-    # (2-3x less CPU time than one pass over the batch at L = 256), and on the caller's
-    # thread, so torch's intra-op threads never nest inside the sampler's threads.
-    step = CHUNK_PROMPTS if dev.type == "cpu" else n
-    for lo in range(0, n, step):
-        k = slice(lo, min(n, lo + step))
-        _assemble(x[k], q[k], g[k], None if eps is None else eps[k], cfg, E, Phi,
-                  context[k], query[k], target[k])
+    _assemble(x, q, g, eps, cfg, cfg.task_indicator().to(dev), Phi, context, query, target)
     return context, query, target
 
 
-def _draw_keyed_chunks(cfg: ProblemConfig, n: int, generator: torch.Generator, threads: int):
-    """The CPU stream's float32 draws (x, q, g, eps or None): one key from ``generator``, then
-    the chunks drawn on ``threads`` threads into shared buffers.  The threads only draw (one
-    serial torch kernel per tensor, GIL released); the labels are built afterwards on the
-    caller's thread with torch's own intra-op threads, so the two kinds of parallelism never
-    nest."""
+class _serial_torch:
+    """Within the block, torch ops on this thread run on one intra-op thread (restored on
+    exit).  The labels are built in many small chunk-sized ops: with several intra-op
+    threads each op would be a parallel region whose barrier waits for a descheduled thread
+    whenever the cores are shared (measured: 600 ms instead of 150 ms per batch of 4096 on a
+    loaded 2-core machine), while the sampler's own threads already keep the cores busy."""
+
+    def __enter__(self):
+        self.threads = torch.get_num_threads()
+        if self.threads != 1:
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self.threads != 1:
+            torch.set_num_threads(self.threads)
+        return False
+
+
+def _sample_keyed_chunks(cfg: ProblemConfig, n: int, generator: torch.Generator, threads: int):
+    """The CPU stream: one key from ``generator``; chunk c's float32 draws (from its own
+    generators) on a pool of ``threads`` threads, each chunk's labels built on the caller's
+    thread as soon as the chunk is drawn, while the pool draws the next ones.  The pool only
+    draws (one serial torch kernel per tensor, GIL released); the building runs serially
+    (see _serial_torch) in chunk-sized pieces whose operands stay in cache (2-3x less CPU
+    time than one pass over the batch at L = 256)."""
     key = int(torch.randint(0, 2 ** 63 - 1, (), generator=generator, dtype=torch.int64))
     d, m, L = cfg.d, cfg.m, cfg.L
-    x = torch.empty(n, L, d, dtype=torch.float32)
-    q = torch.empty(n, d, dtype=torch.float32)
-    g = torch.empty(n, d, dtype=torch.float32)
-    eps = torch.empty(n, L, m, dtype=torch.float32) if cfg.sigma > 0 else None
+    context, query, target = _empty_prompts(cfg, n, "cpu")
+    E = cfg.task_indicator()
+    Phi = cfg.basis_matrix() if cfg.basis != "identity" else None
+    noisy = cfg.sigma > 0
 
-    def draw(c: int) -> None:
-        chunk = slice(c * CHUNK_PROMPTS, min(n, (c + 1) * CHUNK_PROMPTS))
+    def draw(c: int):
+        k = min(n, (c + 1) * CHUNK_PROMPTS) - c * CHUNK_PROMPTS
         main = _chunk_generator(key, c, 0)
-        _normal(x[chunk].shape, main, "cpu", out=x[chunk])
-        _normal(q[chunk].shape, main, "cpu", out=q[chunk])
-        _normal(g[chunk].shape, main, "cpu", out=g[chunk])
-        if eps is not None:
-            _normal(eps[chunk].shape, _chunk_generator(key, c, 1), "cpu", out=eps[chunk])
+        x = _normal((k, L, d), main, "cpu")
+        q = _normal((k, d), main, "cpu")
+        g = _normal((k, d), main, "cpu")
+        eps = _normal((k, L, m), _chunk_generator(key, c, 1), "cpu") if noisy else None
+        return x, q, g, eps
 
     n_chunks = -(-n // CHUNK_PROMPTS)
-    if threads == 1 or n_chunks == 1:
-        for c in range(n_chunks):
-            draw(c)
-    else:
-        # list() re-raises a worker's exception here
-        list(_thread_pool(threads).map(draw, range(n_chunks)))
-    return x, q, g, eps
+    chunks = (map(draw, range(n_chunks)) if threads == 1 or n_chunks == 1
+              else _thread_pool(threads).map(draw, range(n_chunks)))   # in order; re-raises
+    with _serial_torch():
+        for c, (x, q, g, eps) in enumerate(chunks):
+            k = slice(c * CHUNK_PROMPTS, min(n, (c + 1) * CHUNK_PROMPTS))
+            _assemble(x, q, g, eps, cfg, E, Phi, context[k], query[k], target[k])
+    return context, query, target
 
 
 def _draw_on_device(cfg: ProblemConfig, n: int, generator: torch.Generator):
@@ -314,10 +330,9 @@ def sample_prompts(cfg: ProblemConfig, batch: int, generator: torch.Generator,
                          f"{max(n_flips, batch - batch % n_flips)})")
     n = batch // n_flips if symmetrize else batch
     if generator.device.type == "cpu":
-        draws = _draw_keyed_chunks(cfg, n, generator, int(threads))
+        context, query, target = _sample_keyed_chunks(cfg, n, generator, int(threads))
     else:
-        draws = _draw_on_device(cfg, n, generator)
-    context, query, target = _prompts_from_draws(cfg, *draws)
+        context, query, target = _prompts_from_draws(cfg, *_draw_on_device(cfg, n, generator))
     if symmetrize:
         # flipping task i's sign maps (g_i, eps_i) -> -(g_i, eps_i): y_i, y_{q,i} -> -y_i, -y_{q,i}
         d, m = cfg.d, cfg.m

@@ -117,15 +117,29 @@ def trainer_step_ms(cfg: ProblemConfig, sampler, steps: int) -> tuple[float, flo
             statistics.median((b[1] - a[1]) * 1e3 for a, b in inner))
 
 
+def _fused_forward(self, context, query):
+    """MultiHeadAttention.forward through numerics.fused (patched in for the bench only)."""
+    W, U = self.merged_weights()
+    return attention_readout(W, U, context, query)
+
+
 def bench_trainer(steps: int) -> list[dict]:
+    """The default (factored) model: v1 sampler, v2 sampler, v2 sampler + fused backward."""
     rows = []
     for dtype, threads in itertools.product(("float32", "float64"), (1, 2)):
         cfg = ProblemConfig(**PAPER_SMALL, dtype=dtype)
         torch.set_num_threads(threads)
         old = trainer_step_ms(cfg, sample_prompts_v1, steps)
         new = trainer_step_ms(cfg, sample_prompts, steps)
+        autograd_forward = MultiHeadAttention.forward
+        MultiHeadAttention.forward = _fused_forward
+        try:
+            fused = trainer_step_ms(cfg, sample_prompts, steps)
+        finally:
+            MultiHeadAttention.forward = autograd_forward
         rows.append(dict(dtype=dtype, threads=threads, v1_wall_ms=old[0], v1_cpu_ms=old[1],
-                         v2_wall_ms=new[0], v2_cpu_ms=new[1]))
+                         v2_wall_ms=new[0], v2_cpu_ms=new[1], v2_fused_wall_ms=fused[0],
+                         v2_fused_cpu_ms=fused[1]))
     return rows
 
 
