@@ -19,9 +19,11 @@ generator in one thread).  The caller's ``torch.Generator`` fixes the stream:
   only on the key and its index, never on which thread draws it, so 1 or N threads give the
   same batch).  The chunks are drawn on a thread pool of ``threads`` workers (default
   ``torch.get_num_threads()``): torch's seeded CPU sampler runs on one thread per generator
-  but releases the GIL.  The derived generators are torch Mersenne Twisters whose whole
+  but releases the GIL.  Each chunk's labels are built on the caller's thread as soon as the
+  pool has drawn it.  The derived generators are torch Mersenne Twisters whose whole
   624-word state is filled from SplitMix64 of the derived 64-bit seed (torch's manual_seed
-  keeps only 32 bits of a seed, so per-(step, chunk) seeds would collide after ~10^5 calls).
+  keeps only 32 bits of a seed: by the birthday bound, per-(call, chunk) seeds would
+  repeat a chunk's numbers once some 2^16 chunks had been drawn).
   Because eps has its own sub-stream, x, q, g do not depend on whether eps was drawn: it is
   skipped when sigma = 0 and runs that differ only in sigma still share x, q, g (common
   random numbers).  A batch's whole chunks do not depend on the batch size either (the
