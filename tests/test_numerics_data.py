@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import numerics.data as data
 from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts, sign_flips
 
@@ -127,3 +128,118 @@ def test_bad_sampler_input():
         make_generator(-1, "cpu")
     with pytest.raises(ValueError, match="unknown device|not supported"):
         make_generator(0, "tpu")
+
+
+# --- the keyed, chunked stream (STREAM_VERSION 2) ------------------------------------------------
+
+
+
+def test_same_numbers_for_any_thread_count():
+    """Counter-based chunks: 1, 2 or 3 threads draw bit-identical batches (the batch of
+    1000 has 4 chunks, the last one partial)."""
+    cfg = ProblemConfig(tasks=(2, 3), heads=1, L=6, sigma=0.4, basis="random", basis_seed=1)
+    n = 3 * data.CHUNK_PROMPTS + 232
+    runs = [sample_prompts(cfg, n, make_generator(9, "cpu"), threads=t) for t in (1, 2, 3)]
+    for other in runs[1:]:
+        assert torch.equal(runs[0].context, other.context)
+        assert torch.equal(runs[0].query, other.query) and torch.equal(runs[0].target, other.target)
+    # the chunks are distinct draws (not one chunk repeated)
+    c = data.CHUNK_PROMPTS
+    assert not torch.equal(runs[0].context[:c], runs[0].context[c:2 * c])
+
+
+def test_one_call_advances_the_generator_by_one_key():
+    """Whatever the batch, sigma or symmetrisation, a call advances the caller's generator by
+    one 64-bit draw, so a saved generator state resumes the stream bit-identically."""
+    cfg = ProblemConfig(tasks=(2, 1), heads=1, L=5)
+    for batch, sigma, sym in ((8, 0.0, False), (700, 0.3, False), (16, 0.3, True)):
+        gen, ref = make_generator(4, "cpu"), make_generator(4, "cpu")
+        sample_prompts(cfg.replace(sigma=sigma), batch, gen, symmetrize=sym)
+        torch.randint(0, 2 ** 63 - 1, (), generator=ref, dtype=torch.int64)
+        assert torch.equal(gen.get_state(), ref.get_state())
+    gen = make_generator(4, "cpu")
+    first = sample_prompts(cfg, 300, gen)
+    saved = gen.get_state()
+    second = sample_prompts(cfg, 300, gen)
+    resumed = torch.Generator()
+    resumed.set_state(saved)
+    assert torch.equal(sample_prompts(cfg, 300, resumed).context, second.context)
+    assert not torch.equal(first.context, second.context)      # each call is a fresh batch
+
+
+def test_common_random_numbers_across_sigma_and_batch_prefix():
+    """Runs that differ only in sigma share x, q, g at every call (the noise has its own
+    sub-stream and is skipped at sigma = 0), and a batch's first prompts do not depend on the
+    batch size (in whole chunks); float32 and float64 see the same draws."""
+    cfg0 = ProblemConfig(tasks=(2, 2), heads=1, L=4)
+    cfg = cfg0.replace(sigma=0.8)
+    n, d = data.CHUNK_PROMPTS + 50, cfg0.d
+    g0, g1 = make_generator(2, "cpu"), make_generator(2, "cpu")
+    for _ in range(2):                                      # two steps: the state stays in step
+        p0, p1 = sample_prompts(cfg0, n, g0), sample_prompts(cfg, n, g1)
+        assert torch.equal(p0.context[..., :d], p1.context[..., :d])
+        assert torch.equal(p0.query, p1.query) and torch.equal(p0.target, p1.target)
+        assert not torch.equal(p0.context[..., d:], p1.context[..., d:])
+    big = sample_prompts(cfg, 2 * n, make_generator(2, "cpu"))
+    small = sample_prompts(cfg, n, make_generator(2, "cpu"))
+    c = data.CHUNK_PROMPTS                  # whole chunks are shared; a partial chunk is not a prefix
+    assert torch.equal(big.context[:c], small.context[:c]) and torch.equal(big.target[:c], small.target[:c])
+    p32 = sample_prompts(cfg0.replace(dtype="float32"), n, make_generator(2, "cpu"))
+    first64 = sample_prompts(cfg0, n, make_generator(2, "cpu"))
+    assert torch.equal(p32.context[..., :d].double(), first64.context[..., :d])
+    assert torch.equal(p32.query.double(), first64.query)
+
+
+def test_chunk_generators_use_the_whole_64_bit_seed():
+    """torch's manual_seed keeps 32 bits of a seed; the chunk generators are built from the
+    full 64-bit seed (their whole mt19937 state), so seeds equal in their low 32 bits still
+    give different streams.  The state layout is the one torch's manual_seed writes."""
+    data._check_state_layout()                   # raises if torch changed its state layout
+    key = 123456789
+    a = data._chunk_generator(key, 0, 0)
+    gens = [data._mt_generator(data._splitmix64_words(s, 312).view(np.uint32).astype(np.uint64))
+            for s in (5, 5 + 2 ** 32)]
+    draws = [torch.randn(32, generator=g) for g in gens]
+    assert not torch.equal(draws[0], draws[1])
+    assert not torch.equal(torch.randn(32, generator=a), torch.randn(32, generator=data._chunk_generator(key, 0, 1)))
+    seeds = {data.chunk_seed(k, c, s) for k in range(50) for c in range(20) for s in (0, 1)}
+    assert len(seeds) == 50 * 20 * 2
+
+
+def test_chunks_are_independent_standard_normals():
+    """Across chunk boundaries the x draws have mean 0, variance 1 and no correlation between
+    prompt p of chunk 0 and prompt p of chunk 1 (each within 5 sd / sqrt(N) of the prediction;
+    a correlation of 0.2, the perturbed prediction, is rejected)."""
+    cfg = ProblemConfig(tasks=(3,), heads=1, L=32)
+    c = data.CHUNK_PROMPTS
+    x = sample_prompts(cfg, 2 * c, make_generator(0, "cpu")).context[..., :cfg.d]
+    a, b = x[:c].reshape(-1), x[c:].reshape(-1)
+    N = a.numel()
+    tol = 5 / np.sqrt(N)
+    corr = float((a * b).mean())
+    assert abs(corr) < tol and abs(corr - 0.2) > tol
+    assert abs(float(x.mean())) < 5 / np.sqrt(x.numel())
+    assert abs(float((x ** 2).mean()) - 1) < 5 * np.sqrt(2 / x.numel())
+
+
+def test_device_stream_draws_noise_whatever_sigma():
+    """The CUDA path (run here with a CPU generator): one sequential stream x, q, g, eps, eps
+    drawn even at sigma = 0, so the generator and x, q, g do not depend on sigma."""
+    cfg0 = ProblemConfig(tasks=(2, 1), heads=1, L=5)
+    g0, g1 = make_generator(3, "cpu"), make_generator(3, "cpu")
+    a = data._prompts_from_draws(cfg0, *data._draw_on_device(cfg0, 40, g0))
+    b = data._prompts_from_draws(cfg0.replace(sigma=0.5), *data._draw_on_device(cfg0.replace(sigma=0.5), 40, g1))
+    assert torch.equal(g0.get_state(), g1.get_state())
+    assert torch.equal(a[0][..., :cfg0.d], b[0][..., :cfg0.d]) and torch.equal(a[2], b[2])
+    assert not torch.equal(a[0], b[0])
+    B = torch.linalg.solve(a[0][..., :cfg0.d].transpose(1, 2) @ a[0][..., :cfg0.d],
+                           a[0][..., :cfg0.d].transpose(1, 2) @ a[0][..., cfg0.d:])
+    assert torch.allclose(torch.bmm(a[1][:, None, :cfg0.d], B)[:, 0], a[2], atol=1e-12)
+
+
+def test_bad_thread_count_and_generator():
+    cfg = ProblemConfig(tasks=(2, 1), heads=1, L=5)
+    with pytest.raises(ValueError, match="threads must be a positive integer"):
+        sample_prompts(cfg, 4, make_generator(0, "cpu"), threads=0)
+    with pytest.raises(TypeError, match="must be a torch.Generator"):
+        sample_prompts(cfg, 4, 0)
