@@ -342,7 +342,7 @@ def _pid_alive(pid: int) -> bool:
 STALE_TMP_SECONDS = 3600.0
 
 
-def recover_leftovers(out: Path, stream: TextIO = sys.stderr) -> list[str]:
+def recover_leftovers(out: Path, stream: Optional[TextIO] = None) -> list[str]:
     """Repair what a killed build left beside ``out`` (returns the messages, also printed on
     ``stream``):
 
@@ -354,6 +354,7 @@ def recover_leftovers(out: Path, stream: TextIO = sys.stderr) -> list[str]:
 
     Only directories carrying this command's names are touched, and an ``.old-*`` one only
     if it holds the report marker."""
+    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     out = Path(out).absolute()
     parent = out.parent
     if not parent.is_dir():
@@ -564,12 +565,13 @@ def run_one(claim_id: str, cfg: BuildConfig, progress=None) -> ClaimResult:
                      "its result; see the error below)", body)
 
 
-def run_all(cfg: BuildConfig, stream: TextIO = sys.stderr,
+def run_all(cfg: BuildConfig, stream: Optional[TextIO] = None,
             cpu_seconds: Optional[dict] = None) -> list[ClaimResult]:
     """Every claim of ``cfg.only`` (default: the registry), in registry order, with progress
     "[k/n] id ..." on ``stream``.  ``cpu_seconds``, if given, receives each claim's CPU time
     (all threads of this process): unlike wall time it is not inflated by other processes
     competing for the cores."""
+    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     ids = list(cfg.only) if cfg.only is not None else list(claims.REGISTRY)
     results = []
     for k, claim_id in enumerate(ids, start=1):
@@ -877,10 +879,11 @@ def check_report(out_dir: Path) -> list[str]:
 # --------------------------------------------------------------------------- command
 
 
-def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: TextIO = sys.stderr) -> dict:
+def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: Optional[TextIO] = None) -> dict:
     """Validate, run the claims, write the report into ``cfg.out``; returns the claims.json
     document.  Raises :class:`BadArguments` before running anything if an argument is wrong
     (a per-configuration audit estimated over ``cfg.max_minutes`` included)."""
+    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     cfg = validate(cfg)
     cost = check_cost(cfg)
     recover_leftovers(Path(cfg.out), stream)
@@ -939,11 +942,12 @@ def load_report(path: str, flag: str) -> dict:
     return report
 
 
-def rerender(source: str, out: str, stream: TextIO = sys.stderr) -> dict:
+def rerender(source: str, out: str, stream: Optional[TextIO] = None) -> dict:
     """Write a report into ``out`` from an existing claims.json without running any claim:
     the figures are redrawn from each entry's ``figure_data`` with this version of
     ``reports.render`` (after a template fix, or on another machine).  The provenance is the
     original run's, with ``rerendered`` saying from where and when."""
+    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     report = load_report(source, "--from-json")
     check_output_dir(out, "--out")
     if Path(out).absolute() == Path(source).absolute().parent:

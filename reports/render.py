@@ -28,6 +28,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a display: the report runs on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
+from PIL import Image  # noqa: E402 - Matplotlib's own dependency
 
 from claims.base import Figure, Series  # noqa: E402
 
@@ -277,10 +278,23 @@ def figure_png(figure: Any, dpi: int = 110) -> bytes:
         plt.close(mpl_fig)
 
 
+# Colours kept in a figure's PNG: Matplotlib's antialiased RGBA PNGs reduced to a 256-colour
+# palette (no dithering) are about 2.7 times smaller and look the same; the tiny report's 16
+# figures went from 511 kB to 189 kB, which keeps the quick report's page (figures inline as
+# base64) well under 1 MB.
+PNG_COLOURS = 256
+
+
 def _png(mpl_fig, dpi: int) -> bytes:
     buffer = io.BytesIO()
-    mpl_fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
-    return buffer.getvalue()
+    mpl_fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        palette = image.convert("RGB").quantize(colors=PNG_COLOURS, method=Image.Quantize.MEDIANCUT,
+                                               dither=Image.Dither.NONE)
+    out = io.BytesIO()
+    palette.save(out, format="PNG", optimize=True)
+    return out.getvalue()
 
 
 # --------------------------------------------------------------------------- HTML
