@@ -53,7 +53,7 @@ import tomllib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Optional, TextIO
 
 import claims
 from claims.base import PROFILES, VERDICTS, ClaimResult, run_claim
@@ -899,8 +899,12 @@ def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: Optiona
         ran_at = claims_at_configuration(cfg)
         from reports.render import describe_problem
 
-        print(f"configuration: {describe_problem(cfg.problem)}; estimated {cost.describe(cfg.problem)}",
-              file=stream, flush=True)
+        if ran_at["configuration"]:
+            print(f"configuration: {describe_problem(cfg.problem)}; estimated {cost.describe(cfg.problem)}",
+                  file=stream, flush=True)
+        else:
+            print(f"configuration: {describe_problem(cfg.problem)}; none of the selected claims can run "
+                  "at a given configuration yet, so it is recorded but not used", file=stream, flush=True)
         if ran_at["profile"]:
             print(f"note: {', '.join(ran_at['profile'])} cannot run at a given configuration yet and "
                   f"run at profile {cfg.profile}", file=stream, flush=True)
