@@ -438,6 +438,9 @@ def headline_table(entry: dict) -> str:
 
 
 SUMMARY_ROWS_MAX = 6
+SUMMARY_WHY_MAX = 300  # characters of the tolerance's argument in the short summary
+# More perturbation checks than this are folded under a one-line count.
+PERTURBATIONS_SHOWN_MAX = 4
 
 
 def _short_summary(entry: dict) -> str:
@@ -453,8 +456,14 @@ def _short_summary(entry: dict) -> str:
         parts.append("<table class='headline'><tr><th>quantity</th><th>theory predicts</th><th>measured</th></tr>"
                      f"{rows}</table>" + (f"<p class='muted'>({more} more values below.)</p>" if more > 0 else ""))
     if "value" in tolerance or "why" in tolerance:
-        parts.append(f"<p>Allowed difference: <b>{_esc(tolerance.get('value', '—'))}</b>"
-                     + (f" — {html.escape(str(tolerance['why']))}" if tolerance.get("why") else "") + "</p>")
+        value = tolerance.get("value", "—")
+        value_text = (_esc(value) if not isinstance(value, (dict, list)) or len(format_value(value)) <= 60
+                      else "per case (the tolerance table below)")
+        why = str(tolerance.get("why") or "")
+        if len(why) > SUMMARY_WHY_MAX:
+            why = why[:SUMMARY_WHY_MAX].rsplit(" ", 1)[0] + " … (in full below)"
+        parts.append(f"<p>Allowed difference: <b>{value_text}</b>"
+                     + (f" — {html.escape(why)}" if why else "") + "</p>")
     return "".join(parts) if len(parts) > 1 else ""
 
 
@@ -492,8 +501,14 @@ def _perturbation_table(entry: dict) -> str:
         detail = "<br>".join(f"{html.escape(k)} = {_esc(v)}" for k, v in flatten(p.get("details") or {}).items())
         rows.append(f"<tr><td>{html.escape(str(p.get('description', '')))}</td><td>{mark}</td>"
                     f"<td class='num'>{detail}</td></tr>")
-    return ("<table><tr><th>perturbed prediction</th><th>outcome</th><th>details</th></tr>"
-            + "".join(rows) + "</table>")
+    table = ("<table><tr><th>perturbed prediction</th><th>outcome</th><th>details</th></tr>"
+             + "".join(rows) + "</table>")
+    if len(checks) <= PERTURBATIONS_SHOWN_MAX:
+        return table
+    rejected = sum(bool(p.get("rejected")) for p in checks)
+    cls = "rejected" if rejected == len(checks) else "accepted"
+    return (f"<details><summary><span class='{cls}'>{rejected} of {len(checks)} perturbed predictions "
+            f"rejected</span> (the table)</summary>{table}</details>")
 
 
 def _details_block(entry: dict) -> str:

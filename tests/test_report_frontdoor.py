@@ -268,6 +268,50 @@ def test_stranded_report_is_restored_and_survives_an_interrupted_rebuild(registr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
+KILLED_WRITE_SCRIPT = """
+import sys, time, types
+import claims
+from claims.base import ClaimResult
+from reports import render
+module = types.ModuleType("killed_write_claims")
+module.quick = lambda profile, device, seed, progress, sweep: ClaimResult(
+    id="quick", title="t", statement="s", verdict="pass")
+sys.modules[module.__name__] = module
+claims.REGISTRY = {"quick": "killed_write_claims:quick"}
+def slow_render(report, pngs):
+    print("writing", file=sys.stderr, flush=True)
+    time.sleep(120)
+render.render_html = slow_render
+from reports.build import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_real_sigkill_during_the_write_is_cleaned_by_the_next_build(registry, tmp_path):
+    """A real SIGKILL while the report is being written (it cannot be caught): the previous
+    report is intact, a .r.tmp-<pid>-* is left, and the next build removes it and says so."""
+    out = tmp_path / "r"
+    assert run_main(args(out, "fake-plain"))[0] == 0
+    before = _snapshot(out)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITE_SCRIPT, "--profile", "tiny", "--out", str(out),
+                             "--no-progress"], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if line.startswith("writing"):
+                break
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _snapshot(out) == before
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "r"]
+    assert len(leftovers) == 1 and leftovers[0].startswith(f".r.tmp-{proc.pid}-")
+    status, _, err = run_main(args(out, "fake-fail"))
+    assert status == 1 and f"cleaned: removed {leftovers[0]}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
 def test_leftover_old_report_beside_a_report_is_removed(registry, tmp_path):
     out = tmp_path / "r"
     assert run_main(args(out, "fake-plain"))[0] == 0
@@ -352,6 +396,16 @@ def test_headline_table_leads_each_section(registry, tmp_path):
     plain = _section(page, "fake-plain")  # no headline rows: a short summary instead
     assert "gives no headline rows yet" in plain and plain.index("gives no headline") < plain.index("<details>")
     assert "Allowed difference: <b>0.05</b> — MC error" in plain
+
+
+def test_many_perturbation_checks_fold_under_a_count():
+    entry = {"perturbations": [{"description": f"wrong constant {k}", "rejected": k != 3, "details": {}}
+                               for k in range(6)]}
+    folded = report_render._perturbation_table(entry)
+    assert folded.startswith("<details>") and "5 of 6 perturbed predictions rejected" in folded
+    assert "class='accepted'" in folded  # one accepted: the count is shown in red
+    entry["perturbations"] = entry["perturbations"][:2]
+    assert report_render._perturbation_table(entry).startswith("<table>")
 
 
 def test_tiny_banner_and_profile_in_the_summary(registry, tmp_path):
