@@ -66,6 +66,8 @@ REPORT_MARKER = ".icl-audit-report"
 FIGURE_DIR = "figures"
 VERSIONED_PACKAGES = ("torch", "numpy", "scipy", "sympy", "mpmath", "matplotlib")
 EXIT_OK, EXIT_CLAIMS_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130
+# A per-configuration audit estimated longer than this is refused (--max-minutes raises it).
+DEFAULT_MAX_MINUTES = 60.0
 
 PROFILE_HELP = """\
 profiles (every claim runs at the chosen scale; see docs/report.md for what each claim does):
@@ -102,7 +104,7 @@ class BuildConfig:
     sweep: Optional[str] = None              # directory of numerics.sweep results
     progress: bool = True                    # per-claim progress bars on stderr
     problem: Optional[dict] = None           # ProblemConfig fields of a per-configuration audit
-    max_minutes: float = 60.0                # refuse a per-configuration audit estimated longer
+    max_minutes: float = DEFAULT_MAX_MINUTES  # refuse a per-configuration audit estimated longer
 
 
 # --------------------------------------------------------------------------- arguments
@@ -462,7 +464,7 @@ def make_parser() -> argparse.ArgumentParser:
                        help="a TOML file of these fields by their ProblemConfig names (tasks = [3, 3, 3], "
                             "heads = 3, L = 256, sigma, param, init_scale, logit_scale, basis, dtype), "
                             "at the top level or in a [problem] table")
-    audit.add_argument("--max-minutes", type=float, default=60.0, metavar="M",
+    audit.add_argument("--max-minutes", type=float, default=None, metavar="M", dest="max_minutes",
                        help="refuse a per-configuration audit whose estimated cost (printed before it "
                             "starts) exceeds M minutes (default 60)")
     parser.add_argument("--from-json", default=None, metavar="FILE", dest="from_json",
@@ -471,7 +473,7 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMPUTE_OPTIONS = ("profile", "device", "seed", "only", "sweep", "config", *PROBLEM_FLAGS)
+COMPUTE_OPTIONS = ("profile", "device", "seed", "only", "sweep", "config", "max_minutes", *PROBLEM_FLAGS)
 
 
 def config_from_args(args: argparse.Namespace) -> BuildConfig:
@@ -487,7 +489,7 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
                        seed=0 if args.seed is None else args.seed,
                        only=parse_only(args.only) if args.only is not None else None,
                        sweep=args.sweep, progress=not args.no_progress, problem=problem,
-                       max_minutes=args.max_minutes)
+                       max_minutes=DEFAULT_MAX_MINUTES if args.max_minutes is None else args.max_minutes)
 
 
 # --------------------------------------------------------------------------- running

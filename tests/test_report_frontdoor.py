@@ -192,6 +192,7 @@ NOT_A_REPORT = '{"claims": 3}'
     (["--from-json", "{file:notreport.json=" + NOT_A_REPORT + "}"], "not a claims.json of a report"),
     (["--from-json", "{file:notreport.json=" + NOT_A_REPORT + "}", "--profile", "quick"], "--profile cannot go"),
     (["--from-json", "{file:notreport.json=" + NOT_A_REPORT + "}", "--tasks", "3"], "--tasks cannot go"),
+    (["--from-json", "{file:notreport.json=" + NOT_A_REPORT + "}", "--max-minutes", "5"], "--max-minutes cannot go"),
 ])
 def test_bad_input_exits_2_with_a_message(registry, tmp_path, argv, message):
     def expand(a: str) -> str:
