@@ -245,10 +245,17 @@ def _physical_memory() -> Optional[int]:
 
 def check_cost(cfg: "BuildConfig") -> Optional[CostEstimate]:
     """The cost estimate of the claims that run at ``cfg.problem``; raises :class:`CostTooHigh`
-    with the estimate when it exceeds ``cfg.max_minutes`` or the machine's memory."""
+    with the estimate when it exceeds ``cfg.max_minutes`` or the machine's memory, and
+    :class:`BadArguments` when none of the selected claims can take a configuration."""
     if cfg.problem is None:
         return None
-    estimate = estimate_cost(cfg.problem, len(claims_at_configuration(cfg)["configuration"]))
+    ran_at = claims_at_configuration(cfg)
+    if not ran_at["configuration"]:
+        # running them all at their profile would answer a question the researcher did not ask
+        raise BadArguments(f"none of the selected claims ({', '.join(ran_at['profile'])}) can run at a given "
+                           "configuration yet (their runners take no problem= argument); drop the "
+                           "configuration flags to run them at a --profile, or select claims that take one")
+    estimate = estimate_cost(cfg.problem, len(ran_at["configuration"]))
     if estimate.seconds > 60 * cfg.max_minutes:
         raise CostTooHigh(f"estimated cost at this configuration: {estimate.describe(cfg.problem)}, over "
                           f"--max-minutes {cfg.max_minutes:g}. Raise the limit (--max-minutes "
@@ -901,12 +908,8 @@ def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: Optiona
         ran_at = claims_at_configuration(cfg)
         from reports.render import describe_problem
 
-        if ran_at["configuration"]:
-            print(f"configuration: {describe_problem(cfg.problem)}; estimated {cost.describe(cfg.problem)}",
-                  file=stream, flush=True)
-        else:
-            print(f"configuration: {describe_problem(cfg.problem)}; none of the selected claims can run "
-                  "at a given configuration yet, so it is recorded but not used", file=stream, flush=True)
+        print(f"configuration: {describe_problem(cfg.problem)}; estimated {cost.describe(cfg.problem)}",
+              file=stream, flush=True)
         if ran_at["profile"]:
             print(f"note: {', '.join(ran_at['profile'])} cannot run at a given configuration yet and "
                   f"run at profile {cfg.profile}", file=stream, flush=True)

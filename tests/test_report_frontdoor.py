@@ -168,6 +168,8 @@ NOT_A_REPORT = '{"claims": 3}'
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--init", "0"], "init_scale must be a finite number > 0"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--logit-scale", "-1"], "logit_scale s must be a finite"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--logit-scale", "inf"], "logit_scale s must be a finite"),
+    (["--tasks", "3,3", "--heads", "2", "--L", "8", "--only", "fake-plain"],
+     "none of the selected claims (fake-plain) can run at a given configuration yet"),
     (["--tasks", "3,3"], "needs --heads, --L as well"),
     (["--heads", "3", "--L", "8"], "needs --tasks as well"),
     (["--sigma", "0.5"], "needs --tasks, --heads, --L as well"),
