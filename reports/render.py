@@ -443,6 +443,12 @@ SUMMARY_WHY_MAX = 300  # characters of the tolerance's argument in the short sum
 PERTURBATIONS_SHOWN_MAX = 4
 
 
+def _headline_count(entry: dict) -> str:
+    """"2 of 3 agree" for the summary table; "—" without headline rows with a verdict."""
+    judged = [r for r in entry.get("headline") or [] if isinstance(r, dict) and isinstance(r.get("agrees"), bool)]
+    return f"{sum(r['agrees'] for r in judged)} of {len(judged)} agree" if judged else "—"
+
+
 def _short_summary(entry: dict) -> str:
     theory = flatten(entry.get("theory") or {})
     numerics = flatten(entry.get("numerics") or {})
@@ -606,6 +612,7 @@ def render_html(report: dict, pngs: dict[str, bytes]) -> str:
     summary_rows = "".join(
         f"<tr><td><a href='#{_anchor(c['id'])}'>{html.escape(c['id'])}</a></td>"
         f"<td>{html.escape(c['title'])}</td><td>{_badge(c['verdict'])}</td>"
+        f"<td>{html.escape(_headline_count(c))}</td>"
         f"<td class='num'>{_seconds(c.get('seconds', ''))}</td></tr>"
         for c in claims
     )
@@ -641,7 +648,8 @@ def render_html(report: dict, pngs: dict[str, bytes]) -> str:
         "argument is stated; each check is also run against a deliberately wrong prediction, which "
         "must be rejected.</p>"
         + _run_summary(report) +
-        "<h2>Summary</h2><table><tr><th>claim</th><th>title</th><th>verdict</th><th>seconds</th></tr>"
+        "<h2>Summary</h2><table><tr><th>claim</th><th>title</th><th>verdict</th><th>headline</th>"
+        "<th>seconds</th></tr>"
         f"{summary_rows}</table>"
         f"<details><summary>Provenance</summary><table>{prov_rows}</table></details>"
         + "".join(sections)

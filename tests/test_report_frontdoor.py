@@ -396,6 +396,8 @@ def test_headline_table_leads_each_section(registry, tmp_path):
                  "0.26 ± 0.004", "|Δ| ≤ 0.02", "between 10 and 14", "yes ✓", "no ✗"):
         assert text in section, text
     assert "the points lie on the line y = x" in section  # the figure's caption under it
+    summary = page[page.index("<h2>Summary"):page.index("<section")]
+    assert "2 of 3 agree" in summary  # the headline at a glance in the summary table
     plain = _section(page, "fake-plain")  # no headline rows: a short summary instead
     assert "gives no headline rows yet" in plain and plain.index("gives no headline") < plain.index("<details>")
     assert "Allowed difference: <b>0.05</b> — MC error" in plain
