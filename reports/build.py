@@ -959,7 +959,8 @@ def rerender(source: str, out: str, stream: Optional[TextIO] = None) -> dict:
     stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     report = load_report(source, "--from-json")
     check_output_dir(out, "--out")
-    if Path(out).absolute() == Path(source).absolute().parent:
+    source_dir = Path(source).absolute() if Path(source).is_dir() else Path(source).absolute().parent
+    if Path(out).absolute() == source_dir:
         raise BadArguments(f"--out {out} is the directory of --from-json; choose another directory")
     recover_leftovers(Path(out), stream)
     missing = [CLAIM_KEYS_NEEDED_TO_RENDER - set(c) for c in report["claims"]]

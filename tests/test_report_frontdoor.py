@@ -467,6 +467,8 @@ def test_rerender_refuses_its_own_directory(registry, tmp_path):
     before = _snapshot(src)
     status, _, err = run_main(["--from-json", str(src / "claims.json"), "--out", str(src)])
     assert status == 2 and "is the directory of --from-json" in err and _snapshot(src) == before
+    status, _, err = run_main(["--from-json", str(src), "--out", str(src)])  # the directory given
+    assert status == 2 and "is the directory of --from-json" in err and _snapshot(src) == before
 
 
 def test_compare_marks_changed_verdicts_and_numbers(registry, tmp_path, capsys, monkeypatch):
