@@ -2,17 +2,32 @@
 
     python -m reports.build [--profile tiny|quick|paper] [--out DIR] [--device cpu|cuda]
                             [--seed N] [--only ID[,ID]] [--from-sweep DIR]
+                            [--tasks R,R,.. --heads H --L L [--sigma S] [--param P] [--init S0]
+                             [--logit-scale s] [--basis B] [--dtype D] | --config FILE.toml]
+                            [--max-minutes M]
+    python -m reports.build --from-json OLD/claims.json --out NEW     (re-render, no compute)
 
 The report computes nothing of its own: each claim id of ``claims.REGISTRY`` is run through
 its ``run(profile, device, seed, progress, sweep)`` function, which returns a
 ``claims.base.ClaimResult`` (verdict, theory, numerics, tolerance, perturbation checks,
 figure data); this module records provenance, renders (``reports.render``) and writes.
 
+Per-configuration audit: ``--tasks/--heads/--L`` (and the optional ProblemConfig fields), or a
+TOML file of the same fields, are validated by ``numerics.config.ProblemConfig`` before any
+claim runs and handed as ``problem=`` (a dict of those fields) to every runner whose
+signature accepts it; the others run at their profile, and claims.json's provenance says
+which ran where (``provenance.problem``, ``provenance.ran_at``).  Before anything runs, the
+cost of the runs at that configuration is estimated (:func:`estimate_cost`) and refused
+above ``--max-minutes``.
+
 Nothing half-written: the whole report is written into a temporary directory beside DIR
 (same filesystem), checked against the schema (:func:`check_report`), and only then swapped
 into place (DIR renamed away, the new one renamed to DIR, the old one deleted).  An
 interrupted or failing build removes its temporary directory and leaves the previous report
-untouched.
+untouched.  A build killed by SIGKILL between the two renames of the swap leaves no DIR and
+the previous report stranded as ``.DIR.old-*``; a killed write leaves ``.DIR.tmp-*``: the next
+build restores the stranded report / removes those leftovers first, and says so on stderr
+(:func:`recover_leftovers`).
 
 Exit status: 0 when every claim passes (and every figure rendered), 1 when any claim fails
 or errors, 2 on bad arguments, 130 when interrupted.
@@ -25,6 +40,7 @@ import datetime as _dt
 import json
 import math
 import os
+import inspect
 import platform
 import shutil
 import signal
@@ -33,6 +49,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import tomllib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +66,8 @@ REPORT_MARKER = ".icl-audit-report"
 FIGURE_DIR = "figures"
 VERSIONED_PACKAGES = ("torch", "numpy", "scipy", "sympy", "mpmath", "matplotlib")
 EXIT_OK, EXIT_CLAIMS_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130
+# A per-configuration audit estimated longer than this is refused (--max-minutes raises it).
+DEFAULT_MAX_MINUTES = 60.0
 
 PROFILE_HELP = """\
 profiles (every claim runs at the chosen scale; see docs/report.md for what each claim does):
@@ -67,6 +86,10 @@ class BadArguments(ValueError):
     """Command-line arguments that cannot work, with what to do instead (exit status 2)."""
 
 
+class CostTooHigh(BadArguments):
+    """The estimated cost of a per-configuration audit exceeds ``--max-minutes``."""
+
+
 class ReportInvalid(RuntimeError):
     """The written report does not satisfy the schema (a bug; the previous report is kept)."""
 
@@ -80,9 +103,170 @@ class BuildConfig:
     only: Optional[tuple[str, ...]] = None   # claim ids, in registry order; None = all
     sweep: Optional[str] = None              # directory of numerics.sweep results
     progress: bool = True                    # per-claim progress bars on stderr
+    problem: Optional[dict] = None           # ProblemConfig fields of a per-configuration audit
+    max_minutes: float = DEFAULT_MAX_MINUTES  # refuse a per-configuration audit estimated longer
 
 
 # --------------------------------------------------------------------------- arguments
+
+# The ProblemConfig fields a researcher may set, with their command-line flag (the TOML file
+# of --config uses the field names).  The rest of ProblemConfig (seeds, init kind, device) is
+# the claims' business or comes from --seed/--device.
+PROBLEM_FLAGS = {"tasks": "--tasks", "heads": "--heads", "L": "--L", "sigma": "--sigma",
+                 "param": "--param", "init_scale": "--init", "logit_scale": "--logit-scale",
+                 "basis": "--basis", "dtype": "--dtype"}
+REQUIRED_PROBLEM_FIELDS = ("tasks", "heads", "L")
+
+# Cost model of one training run at a configuration: one GD step on a batch of B prompts of
+# L tokens costs about B * L * H * (d + m) * SECONDS_PER_ELEMENT seconds (attention scores and
+# outputs of H heads over tokens of dimension d + m).  Measured on this project's 2-core
+# machine, one torch thread, float64, numerics.train.train: 2.6e-9 .. 7e-9 s over
+# (r, H, L, B) = (3,3,3),3,{64,256},256 / (2,2),2,64,512 / (4,4,4,4),4,128,256; the upper
+# end is taken so the estimate errs long.  RUNS_PER_CLAIM: a claim at a configuration trains
+# at least the model itself with numerics.train's default TrainConfig; claims that build a
+# family around it (several L, one head against H) run more, so this is a lower estimate.
+SECONDS_PER_ELEMENT = 7e-9
+RUNS_PER_CLAIM = 1
+
+
+def parse_tasks(text: str) -> tuple[int, ...]:
+    """``"3,3,3"`` -> (3, 3, 3); an empty entry (``"2,,2"``) or a non-integer is an error."""
+    parts = [part.strip() for part in str(text).split(",")]
+    if any(part == "" for part in parts):
+        raise BadArguments(f"--tasks {text!r}: an empty block size (two commas, or a comma at an end); "
+                           "give the block sizes r_i as integers separated by commas, e.g. --tasks 3,3,3")
+    sizes = []
+    for part in parts:
+        try:
+            sizes.append(int(part))
+        except ValueError:
+            raise BadArguments(f"--tasks {text!r}: {part!r} is not an integer; give the block sizes r_i "
+                               "as integers separated by commas, e.g. --tasks 3,3,3") from None
+    return tuple(sizes)
+
+
+def read_config_file(path: str) -> dict:
+    """The ProblemConfig fields of a TOML file (top level, or a ``[problem]`` table)."""
+    file = Path(path)
+    if not file.is_file():
+        raise BadArguments(f"--config {path}: no such file" if not file.exists() else
+                           f"--config {path}: not a file; give a TOML file of ProblemConfig fields")
+    try:
+        with file.open("rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise BadArguments(f"--config {path}: not valid TOML ({exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadArguments(f"--config {path}: cannot be read as a TOML text file ({exc})") from None
+    if set(data) == {"problem"} and isinstance(data["problem"], dict):
+        data = data["problem"]
+    unknown = sorted(set(data) - set(PROBLEM_FLAGS))
+    if unknown:
+        raise BadArguments(f"--config {path}: unknown field(s) {unknown}; known fields: "
+                           f"{', '.join(PROBLEM_FLAGS)} (e.g. tasks = [3, 3, 3], heads = 3, L = 256)")
+    return dict(data)
+
+
+def check_problem(fields: dict, device: str = "cpu") -> dict:
+    """Validate the fields of a per-configuration audit with ``numerics.config.ProblemConfig``
+    (its own messages, so they read as ``numerics.train``'s); returns the fields normalised
+    (tasks a list of ints, numbers as ProblemConfig stores them)."""
+    missing = [name for name in REQUIRED_PROBLEM_FIELDS if name not in fields]
+    if missing:
+        flags = ", ".join(PROBLEM_FLAGS[name] for name in missing)
+        raise BadArguments(f"a per-configuration audit needs {flags} as well (given: "
+                           f"{', '.join(PROBLEM_FLAGS[k] for k in fields) or 'none'}); e.g. "
+                           "--tasks 3,3,3 --heads 3 --L 256")
+    from numerics.config import ProblemConfig  # torch: only when a configuration is audited
+
+    try:
+        cfg = ProblemConfig(**fields, device=device)
+    except (ValueError, TypeError) as exc:
+        raise BadArguments(str(exc)) from None
+    normal = {name: getattr(cfg, name) for name in fields}
+    normal["tasks"] = list(cfg.tasks)
+    return normal
+
+
+def accepts_problem(claim_id: str) -> bool:
+    """Whether the runner of ``claim_id`` takes ``problem=`` (claims/__init__.py)."""
+    return "problem" in inspect.signature(claims.claim_runner(claim_id)).parameters
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    runs: int                 # training runs at the configuration
+    steps: int                # GD steps per run (numerics.train's default TrainConfig)
+    batch: int                # prompts per step
+    elements: int             # runs * steps * batch * L
+    seconds: float            # rough wall seconds on one CPU thread
+    memory_bytes: int         # rough peak memory of one run
+
+    def describe(self, problem: dict) -> str:
+        return (f"{self.runs} training run(s) x {self.steps} steps x batch {self.batch} x L {problem['L']} "
+                f"= {self.elements:.3g} prompt-tokens, with H = {problem['heads']} heads of token "
+                f"dimension d + m = {sum(problem['tasks']) + len(problem['tasks'])}: about "
+                f"{_duration(self.seconds)} on one CPU thread, about {self.memory_bytes / 2**30:.2g} GiB "
+                "of memory per run")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.3g} days"
+
+
+def estimate_cost(problem: dict, n_claims: int) -> CostEstimate:
+    """A rough cost of ``n_claims`` claims run at ``problem`` (see SECONDS_PER_ELEMENT)."""
+    from numerics.train import TrainConfig  # torch: only when a configuration is audited
+
+    train = TrainConfig()
+    d, m, H, L = sum(problem["tasks"]), len(problem["tasks"]), problem["heads"], problem["L"]
+    runs = RUNS_PER_CLAIM * n_claims
+    elements = runs * train.steps * train.batch * L
+    itemsize = 4 if problem.get("dtype") == "float32" else 8
+    # parameters K, Q, V, O per head; the prompts and per-head scores/outputs of one batch,
+    # about 3 copies with the autograd graph
+    memory = itemsize * (4 * H * (d + m) ** 2 + 3 * train.batch * L * (d + m) * (1 + H))
+    return CostEstimate(runs=runs, steps=train.steps, batch=train.batch, elements=elements,
+                        seconds=elements * H * (d + m) * SECONDS_PER_ELEMENT, memory_bytes=memory)
+
+
+def _physical_memory() -> Optional[int]:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_cost(cfg: "BuildConfig") -> Optional[CostEstimate]:
+    """The cost estimate of the claims that run at ``cfg.problem``; raises :class:`CostTooHigh`
+    with the estimate when it exceeds ``cfg.max_minutes`` or the machine's memory, and
+    :class:`BadArguments` when none of the selected claims can take a configuration."""
+    if cfg.problem is None:
+        return None
+    ran_at = claims_at_configuration(cfg)
+    if not ran_at["configuration"]:
+        # running them all at their profile would answer a question the researcher did not ask
+        raise BadArguments(f"none of the selected claims ({', '.join(ran_at['profile'])}) can run at a given "
+                           "configuration yet (their runners take no problem= argument); drop the "
+                           "configuration flags to run them at a --profile, or select claims that take one")
+    estimate = estimate_cost(cfg.problem, len(ran_at["configuration"]))
+    if estimate.seconds > 60 * cfg.max_minutes:
+        raise CostTooHigh(f"estimated cost at this configuration: {estimate.describe(cfg.problem)}, over "
+                          f"--max-minutes {cfg.max_minutes:g}. Raise the limit (--max-minutes "
+                          f"{math.ceil(estimate.seconds / 60)}), choose smaller sizes, or run "
+                          "fewer claims (--only)")
+    memory = _physical_memory()
+    if memory is not None and estimate.memory_bytes > memory:
+        raise CostTooHigh(f"estimated memory at this configuration: {estimate.describe(cfg.problem)}; "
+                          f"this machine has {memory / 2**30:.3g} GiB. Choose smaller sizes "
+                          "(L, heads, tasks)")
+    return estimate
 
 
 def parse_only(text: str) -> tuple[str, ...]:
@@ -118,20 +302,99 @@ def validate(cfg: BuildConfig) -> BuildConfig:
                                "(it has neither points/ nor summary.json); give the DIR of "
                                "'python -m numerics.sweep ... --out DIR'")
         cfg = dataclasses.replace(cfg, sweep=str(sweep.resolve()))
-    out = Path(cfg.out)
+    if isinstance(cfg.max_minutes, bool) or not isinstance(cfg.max_minutes, (int, float)) \
+            or not math.isfinite(cfg.max_minutes) or cfg.max_minutes <= 0:
+        raise BadArguments(f"--max-minutes must be a number > 0, got {cfg.max_minutes!r}")
+    if cfg.problem is not None:
+        cfg = dataclasses.replace(cfg, problem=check_problem(dict(cfg.problem), cfg.device))
+    check_output_dir(cfg.out, "--out")
+    return cfg
+
+
+def check_output_dir(path: str, flag: str) -> None:
+    """Refuse, before any compute, an output directory that cannot be written: a file where the
+    directory (or one of its parents) should be, a directory that is not a previous report, a
+    parent where nothing can be created (probed by creating and removing a directory there)."""
+    out = Path(path)
     if out.exists() and not out.is_dir():
-        raise BadArguments(f"--out {cfg.out} exists and is not a directory; choose another --out")
+        raise BadArguments(f"{flag} {path} exists and is not a directory; choose another {flag}")
     if out.is_dir() and any(out.iterdir()) and not (out / REPORT_MARKER).exists():
-        raise BadArguments(f"--out {cfg.out} is a non-empty directory that is not a previous report "
+        raise BadArguments(f"{flag} {path} is a non-empty directory that is not a previous report "
                            f"(no {REPORT_MARKER} file in it); building would replace it. "
                            "Choose a new or empty directory.")
-    parent = out.absolute().parent
-    existing = parent
-    while not existing.exists():
+    existing = out.absolute().parent
+    while not existing.exists() and not existing.is_symlink():
         existing = existing.parent
-    if not os.access(existing, os.W_OK):
-        raise BadArguments(f"--out {cfg.out}: cannot write in {existing}; choose a writable directory")
-    return cfg
+    if not existing.is_dir():
+        raise BadArguments(f"{flag} {path}: {existing} is a file where a directory is expected; "
+                           f"choose another {flag}")
+    try:
+        probe = tempfile.mkdtemp(prefix=".write-probe-", dir=existing)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise BadArguments(f"{flag} {path}: cannot write in {existing} ({exc.strerror or exc}); "
+                           "choose a writable directory") from None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+# A temporary directory of a build that is no longer running: its pid is in its name
+# (``.DIR.tmp-<pid>-<random>``); one without a pid (older builds) counts as stale after this.
+STALE_TMP_SECONDS = 3600.0
+
+
+def recover_leftovers(out: Path, stream: Optional[TextIO] = None) -> list[str]:
+    """Repair what a killed build left beside ``out`` (returns the messages, also printed on
+    ``stream``):
+
+    - no ``out`` but a stranded ``.out.old-*`` report (killed between the two renames of the
+      swap): the newest such report is renamed back to ``out``;
+    - ``.out.old-*`` reports beside an existing ``out`` (killed after the swap, before the
+      old one was deleted): removed;
+    - ``.out.tmp-*`` directories of builds no longer running (killed while writing): removed.
+
+    Only directories carrying this command's names are touched, and an ``.old-*`` one only
+    if it holds the report marker."""
+    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
+    out = Path(out).absolute()
+    parent = out.parent
+    if not parent.is_dir():
+        return []
+    messages = []
+    olds = sorted((p for p in parent.glob(f".{out.name}.old-*")
+                   if p.is_dir() and (p / REPORT_MARKER).is_file()),
+                  key=lambda p: p.stat().st_mtime, reverse=True)
+    if olds and not out.exists():
+        os.rename(olds[0], out)
+        messages.append(f"recovered: {out} was missing (a build was killed while swapping reports); "
+                        f"restored the previous report from {olds[0].name}")
+        olds = olds[1:]
+    for old in olds:
+        shutil.rmtree(old, ignore_errors=True)
+        messages.append(f"cleaned: removed {old.name}, a replaced report a killed build left behind")
+    now = time.time()
+    for tmp in parent.glob(f".{out.name}.tmp-*"):
+        if not tmp.is_dir():
+            continue
+        pid_text = tmp.name[len(f".{out.name}.tmp-"):].split("-", 1)[0]
+        if pid_text.isdigit():
+            stale = int(pid_text) != os.getpid() and not _pid_alive(int(pid_text))
+        else:
+            stale = now - tmp.stat().st_mtime > STALE_TMP_SECONDS
+        if stale:
+            shutil.rmtree(tmp, ignore_errors=True)
+            messages.append(f"cleaned: removed {tmp.name}, the unfinished output of a killed build")
+    for message in messages:
+        print(message, file=stream, flush=True)
+    return messages
 
 
 def _validate_device(device: str) -> None:
@@ -161,7 +424,7 @@ def make_parser() -> argparse.ArgumentParser:
         epilog=PROFILE_HELP + "\nclaim ids: " + ", ".join(claims.REGISTRY),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--profile", choices=PROFILES, default="quick",
+    parser.add_argument("--profile", choices=PROFILES, default=None,
                         help="scale of every claim's experiment: tiny (seconds, pipeline test), quick "
                              "(default, minutes on 2 CPU cores), paper (paper scale, for a GPU); "
                              "details below")
@@ -169,10 +432,10 @@ def make_parser() -> argparse.ArgumentParser:
                         help=f"report directory (default {DEFAULT_OUT}/, relative to the current "
                              "directory); replaced atomically, and only if it is empty or a previous "
                              "report")
-    parser.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N",
+    parser.add_argument("--device", default=None, metavar="cpu|cuda|cuda:N",
                         help="torch device the claims train on (default cpu); cuda needs a CUDA build "
                              "of torch and a visible GPU")
-    parser.add_argument("--seed", type=int, default=0, metavar="N",
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
                         help="seed passed to every claim (data, init); the same seed, profile and "
                              "device reproduce the report's numbers exactly (default 0)")
     parser.add_argument("--only", default=None, metavar="ID[,ID]",
@@ -186,7 +449,54 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bars on stderr (the start and end of each claim is still "
                              "printed)")
+    audit = parser.add_argument_group("per-configuration audit", textwrap.fill(
+        "run every claim that can at this configuration (validated as numerics.train validates "
+        "it); the others run at --profile, and the report says which ran where. --tasks, --heads "
+        "and --L are required; the flags override the fields of --config", width=88))
+    audit.add_argument("--tasks", default=None, metavar="R,R,..",
+                       help="block sizes r_i of the m tasks, e.g. 3,3,3 (d = sum r_i)")
+    audit.add_argument("--heads", type=int, default=None, metavar="H", help="number of heads H")
+    audit.add_argument("--L", type=int, default=None, metavar="L", help="context length L")
+    audit.add_argument("--sigma", type=float, default=None, metavar="S", help="label noise std (default 0)")
+    audit.add_argument("--param", default=None, choices=("factored", "merged"),
+                       help="parametrisation (default factored)")
+    audit.add_argument("--init", type=float, default=None, metavar="S0", dest="init_scale",
+                       help="scale s0 of the decomposable initialisation (default 0.15)")
+    audit.add_argument("--logit-scale", type=float, default=None, metavar="s", dest="logit_scale",
+                       help="s in W_h = K_h^T Q_h / s (factored only; default 1)")
+    audit.add_argument("--basis", default=None, choices=("identity", "random"),
+                       help="task basis Phi (default identity)")
+    audit.add_argument("--dtype", default=None, choices=("float64", "float32"), help="default float64")
+    audit.add_argument("--config", default=None, metavar="FILE.toml",
+                       help="a TOML file of these fields by their ProblemConfig names (tasks = [3, 3, 3], "
+                            "heads = 3, L = 256, sigma, param, init_scale, logit_scale, basis, dtype), "
+                            "at the top level or in a [problem] table")
+    audit.add_argument("--max-minutes", type=float, default=None, metavar="M", dest="max_minutes",
+                       help="refuse a per-configuration audit whose estimated cost (printed before it "
+                            "starts) exceeds M minutes (default 60)")
+    parser.add_argument("--from-json", default=None, metavar="FILE", dest="from_json",
+                        help="re-render the report of this claims.json into --out without running any "
+                             "claim (figures redrawn from their stored data); only --out goes with it")
     return parser
+
+
+COMPUTE_OPTIONS = ("profile", "device", "seed", "only", "sweep", "config", "max_minutes", *PROBLEM_FLAGS)
+
+
+def config_from_args(args: argparse.Namespace) -> BuildConfig:
+    """The BuildConfig of parsed arguments: the problem fields of --config, overridden by the
+    flags given, validated with the rest in :func:`validate`."""
+    problem: Optional[dict] = read_config_file(args.config) if args.config is not None else None
+    given = {name: getattr(args, name) for name in PROBLEM_FLAGS if getattr(args, name) is not None}
+    if "tasks" in given:
+        given["tasks"] = parse_tasks(given["tasks"])
+    if given:
+        problem = {**(problem or {}), **given}
+    return BuildConfig(profile=args.profile or "quick", out=args.out, device=args.device or "cpu",
+                       seed=0 if args.seed is None else args.seed,
+                       only=parse_only(args.only) if args.only is not None else None,
+                       sweep=args.sweep, progress=not args.no_progress, problem=problem,
+                       max_minutes=DEFAULT_MAX_MINUTES if args.max_minutes is None else args.max_minutes)
 
 
 # --------------------------------------------------------------------------- running
@@ -244,6 +554,8 @@ def run_one(claim_id: str, cfg: BuildConfig, progress=None) -> ClaimResult:
     def body() -> ClaimResult:
         run = claims.claim_runner(claim_id)
         kwargs = dict(profile=cfg.profile, device=cfg.device, seed=cfg.seed, sweep=cfg.sweep)
+        if cfg.problem is not None and "problem" in inspect.signature(run).parameters:
+            kwargs["problem"] = dict(cfg.problem)
         if progress is not None:
             kwargs["progress"] = progress
         result = run(**kwargs)
@@ -262,12 +574,13 @@ def run_one(claim_id: str, cfg: BuildConfig, progress=None) -> ClaimResult:
                      "its result; see the error below)", body)
 
 
-def run_all(cfg: BuildConfig, stream: TextIO = sys.stderr,
+def run_all(cfg: BuildConfig, stream: Optional[TextIO] = None,
             cpu_seconds: Optional[dict] = None) -> list[ClaimResult]:
     """Every claim of ``cfg.only`` (default: the registry), in registry order, with progress
     "[k/n] id ..." on ``stream``.  ``cpu_seconds``, if given, receives each claim's CPU time
     (all threads of this process): unlike wall time it is not inflated by other processes
     competing for the cores."""
+    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     ids = list(cfg.only) if cfg.only is not None else list(claims.REGISTRY)
     results = []
     for k, claim_id in enumerate(ids, start=1):
@@ -312,9 +625,50 @@ def git_state() -> dict:
         return {"commit": "unknown", "dirty": "unknown"}
 
 
+def unreadable_sweep_points(sweep: str) -> list[dict]:
+    """The files of ``sweep/points/`` that ``numerics.sweep.load_results`` skips (not JSON,
+    or not a point record): ``[{"file", "reason"}]``.  The claims read the sweep through
+    load_results, which drops them silently; the report says which."""
+    from numerics.sweep import _read_point_file  # the sweep's own reading rule, not a copy
+
+    skipped = []
+    points = Path(sweep) / "points"
+    if not points.is_dir():
+        return skipped
+    for path in sorted(points.glob("*.json")):
+        if path.name.startswith(".") or _read_point_file(path) is not None:
+            continue
+        try:
+            json.loads(path.read_text())
+            reason = "not a point record of this sweep (no 'point', or its 'id' is not the file name)"
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = f"unreadable: {exc}"
+        except ValueError as exc:
+            reason = f"not valid JSON: {exc}"
+        skipped.append({"file": str(path), "reason": reason})
+    return skipped
+
+
+def claims_at_configuration(cfg: BuildConfig) -> dict:
+    """``{"configuration": ids run at cfg.problem, "profile": ids run at their profile}``."""
+    ids = list(cfg.only) if cfg.only is not None else list(claims.REGISTRY)
+    if cfg.problem is None:
+        return {"configuration": [], "profile": ids}
+    at = [cid for cid in ids if _safe_accepts_problem(cid)]
+    return {"configuration": at, "profile": [cid for cid in ids if cid not in at]}
+
+
+def _safe_accepts_problem(claim_id: str) -> bool:
+    try:
+        return accepts_problem(claim_id)
+    except Exception:  # a claim that cannot be imported shows up as an error when it is run
+        return False
+
+
 def provenance(cfg: BuildConfig, results: list[ClaimResult], started_utc: str, total_seconds: float,
                command: list[str], cpu_seconds: Optional[dict] = None,
-               render_seconds: Optional[float] = None) -> dict:
+               render_seconds: Optional[float] = None, sweep_skipped: Optional[list] = None,
+               cost: Optional["CostEstimate"] = None) -> dict:
     device = {"name": cfg.device}
     if cfg.device.startswith("cuda"):
         import torch
@@ -331,6 +685,10 @@ def provenance(cfg: BuildConfig, results: list[ClaimResult], started_utc: str, t
         "profile": cfg.profile,
         "only": list(cfg.only) if cfg.only is not None else None,
         "sweep": cfg.sweep,
+        "sweep_skipped": list(sweep_skipped or []),
+        "problem": dict(cfg.problem) if cfg.problem is not None else None,
+        "ran_at": claims_at_configuration(cfg),
+        "cost_estimate": dataclasses.asdict(cost) if cost is not None else None,
         "wall_seconds": {"per_claim": {r.id: r.seconds for r in results}, "total": total_seconds,
                          "rendering": render_seconds},
         "cpu_seconds": {"per_claim": dict(cpu_seconds or {}),
@@ -358,16 +716,30 @@ def render_results(results: list[ClaimResult]) -> tuple[list[dict], dict[str, by
 
     A figure that cannot be drawn is listed in the claim's ``figure_errors`` (and on the
     page) instead of stopping the report."""
-    from reports.render import as_figure, figure_png
-
-    entries, pngs, taken = [], {}, set()
+    entries = []
     for result in results:
         entry = result.to_dict()
         figure_data = entry.pop("figures")
         perturbations = entry.pop("perturbations")
         seconds = entry.pop("seconds")
+        entry.update(perturbations=perturbations, seconds=seconds, figure_data=figure_data)
+        entries.append(entry)
+    return draw_figures(entries)
+
+
+def draw_figures(entries: list[dict]) -> tuple[list[dict], dict[str, bytes]]:
+    """Draw every entry's ``figure_data`` (the ``claims.base.Figure`` data as stored in
+    claims.json): the entries with their ``figures`` (name, title, kind, caption, file) and
+    ``figure_errors`` filled in, and the PNG bytes by file name.  Used by a build and by a
+    re-render from claims.json alike, so both draw the same pictures."""
+    from reports.render import as_figure, figure_png
+
+    out, pngs, taken = [], {}, set()
+    for entry in entries:
+        entry = dict(entry)
+        entry.setdefault("headline", [])
         figures, errors = [], []
-        for raw in result.figures:
+        for raw in entry.get("figure_data") or []:
             try:
                 fig = as_figure(raw)
                 data = figure_png(fig)
@@ -375,13 +747,13 @@ def render_results(results: list[ClaimResult]) -> tuple[list[dict], dict[str, by
                 name = getattr(raw, "name", None) or (raw.get("name") if isinstance(raw, dict) else None)
                 errors.append(f"{name or '?'}: {type(exc).__name__}: {exc}")
                 continue
-            file = _figure_file(result.id, fig.name, taken)
+            file = _figure_file(entry["id"], fig.name, taken)
             pngs[file] = data
-            figures.append({"name": fig.name, "title": fig.title, "kind": fig.kind, "file": file})
-        entry.update(perturbations=perturbations, seconds=seconds, figures=figures,
-                     figure_errors=errors, figure_data=figure_data)
-        entries.append(entry)
-    return entries, pngs
+            figures.append({"name": fig.name, "title": fig.title, "kind": fig.kind,
+                            "caption": fig.caption, "file": file})
+        entry.update(figures=figures, figure_errors=errors)
+        out.append(entry)
+    return out, pngs
 
 
 def write_report(out: Path, report: dict, pngs: dict[str, bytes]) -> Path:
@@ -392,7 +764,7 @@ def write_report(out: Path, report: dict, pngs: dict[str, bytes]) -> Path:
 
     out = out.absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         (tmp / FIGURE_DIR).mkdir()
         for file, data in pngs.items():
@@ -430,7 +802,8 @@ def _swap_into_place(new: Path, out: Path) -> None:
 
 CLAIM_KEYS = {"id": str, "title": str, "statement": str, "verdict": str, "theory": dict,
               "numerics": dict, "tolerance": dict, "details": dict, "perturbations": list,
-              "seconds": (int, float), "figures": list, "figure_errors": list, "figure_data": list}
+              "seconds": (int, float), "figures": list, "figure_errors": list, "figure_data": list,
+              "headline": list}
 PROVENANCE_KEYS = {"versions": dict, "device": str, "seed": int, "profile": str, "wall_seconds": dict,
                    "cpu_seconds": dict, "git": dict, "command": list, "started_utc": str, "seeds": dict}
 
@@ -515,14 +888,31 @@ def check_report(out_dir: Path) -> list[str]:
 # --------------------------------------------------------------------------- command
 
 
-def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: TextIO = sys.stderr) -> dict:
+def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: Optional[TextIO] = None) -> dict:
     """Validate, run the claims, write the report into ``cfg.out``; returns the claims.json
-    document.  Raises :class:`BadArguments` before running anything if an argument is wrong."""
+    document.  Raises :class:`BadArguments` before running anything if an argument is wrong
+    (a per-configuration audit estimated over ``cfg.max_minutes`` included)."""
+    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     cfg = validate(cfg)
+    cost = check_cost(cfg)
+    recover_leftovers(Path(cfg.out), stream)
+    sweep_skipped = unreadable_sweep_points(cfg.sweep) if cfg.sweep is not None else []
+    for point in sweep_skipped:
+        print(f"warning: --from-sweep: skipping {point['file']}: {point['reason']}; the claims "
+              "reading this sweep will not see that point", file=stream, flush=True)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     n = len(cfg.only) if cfg.only is not None else len(claims.REGISTRY)
     print(f"audit report: profile {cfg.profile}, device {cfg.device}, seed {cfg.seed}, {n} claim(s) "
           f"-> {cfg.out}", file=stream, flush=True)
+    if cfg.problem is not None:
+        ran_at = claims_at_configuration(cfg)
+        from reports.render import describe_problem
+
+        print(f"configuration: {describe_problem(cfg.problem)}; estimated {cost.describe(cfg.problem)}",
+              file=stream, flush=True)
+        if ran_at["profile"]:
+            print(f"note: {', '.join(ran_at['profile'])} cannot run at a given configuration yet and "
+                  f"run at profile {cfg.profile}", file=stream, flush=True)
     t0 = time.perf_counter()
     cpu_seconds: dict[str, float] = {}
     results = run_all(cfg, stream, cpu_seconds)
@@ -532,9 +922,67 @@ def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: TextIO 
     report = {"claims": entries,
               "provenance": provenance(cfg, results, started, now - t0,
                                        command or ["python", "-m", "reports.build"],
-                                       cpu_seconds, now - t_render)}
+                                       cpu_seconds, now - t_render, sweep_skipped, cost)}
     write_report(Path(cfg.out), report, pngs)
     return report
+
+
+def load_report(path: str, flag: str) -> dict:
+    """A claims.json document, checked enough to render or compare it; :class:`BadArguments`
+    saying what is wrong otherwise."""
+    file = Path(path)
+    if file.is_dir() and (file / "claims.json").is_file():
+        file = file / "claims.json"
+    if not file.is_file():
+        raise BadArguments(f"{flag} {path}: no such file; give the claims.json of a report "
+                           "(or its directory)")
+    try:
+        report = json.loads(file.read_text(encoding="utf-8"), parse_constant=_strict_constant)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadArguments(f"{flag} {path}: cannot be read ({exc})") from None
+    except ValueError as exc:
+        raise BadArguments(f"{flag} {path}: not a claims.json of a report (not strict JSON: {exc})") from None
+    if not (isinstance(report, dict) and isinstance(report.get("claims"), list)
+            and isinstance(report.get("provenance"), dict)
+            and all(isinstance(c, dict) and isinstance(c.get("id"), str) and c.get("verdict") in VERDICTS
+                    for c in report["claims"])):
+        raise BadArguments(f"{flag} {path}: not a claims.json of a report (it needs 'claims', a list of "
+                           "objects with an id and a verdict, and 'provenance')")
+    return report
+
+
+def rerender(source: str, out: str, stream: Optional[TextIO] = None) -> dict:
+    """Write a report into ``out`` from an existing claims.json without running any claim:
+    the figures are redrawn from each entry's ``figure_data`` with this version of
+    ``reports.render`` (after a template fix, or on another machine).  The provenance is the
+    original run's, with ``rerendered`` saying from where and when."""
+    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
+    report = load_report(source, "--from-json")
+    check_output_dir(out, "--out")
+    source_dir = Path(source).absolute() if Path(source).is_dir() else Path(source).absolute().parent
+    if Path(out).absolute() == source_dir:
+        raise BadArguments(f"--out {out} is the directory of --from-json; choose another directory")
+    recover_leftovers(Path(out), stream)
+    missing = [CLAIM_KEYS_NEEDED_TO_RENDER - set(c) for c in report["claims"]]
+    if any(missing):
+        raise BadArguments(f"--from-json {source}: claim entries lack {sorted(set().union(*missing))}; "
+                           "it was not written by reports.build")
+    t0 = time.perf_counter()
+    entries, pngs = draw_figures([{k: v for k, v in c.items() if k not in ("figures", "figure_errors")}
+                                  for c in report["claims"]])
+    prov = dict(report["provenance"])
+    prov["rerendered"] = {"from": str(Path(source).absolute()), "git": git_state(),
+                          "at_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                          "seconds": time.perf_counter() - t0}
+    new = {"claims": entries, "provenance": prov}
+    print(f"re-rendering {len(entries)} claim(s) from {source} -> {out} (no claim is run)",
+          file=stream, flush=True)
+    write_report(Path(out), new, pngs)
+    return new
+
+
+CLAIM_KEYS_NEEDED_TO_RENDER = {"id", "title", "statement", "verdict", "theory", "numerics", "tolerance",
+                               "details", "perturbations", "seconds", "figure_data"}
 
 
 def summary_table(report: dict) -> str:
@@ -567,15 +1015,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)  # argparse's own errors exit 2
     command = [sys.executable, "-m", "reports.build"] + list(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg = BuildConfig(profile=args.profile, out=args.out, device=args.device, seed=args.seed,
-                          only=parse_only(args.only) if args.only is not None else None,
-                          sweep=args.sweep, progress=not args.no_progress)
-        cfg = validate(cfg)
-    except BadArguments as exc:
+
+    def refuse(exc: Exception) -> int:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
+
+    if args.from_json is not None:
+        clash = [f"--{name.replace('_', '-')}" for name in COMPUTE_OPTIONS if getattr(args, name) is not None]
+        if clash:
+            return refuse(BadArguments(f"--from-json re-renders a finished report and runs nothing; "
+                                       f"{', '.join(clash)} cannot go with it (only --out)"))
+        try:
+            report = rerender(args.from_json, args.out)
+        except BadArguments as exc:
+            return refuse(exc)
+        print(summary_table(report))
+        print(f"report: {Path(args.out) / 'index.html'}")
+        return exit_status(report)
+    try:
+        cfg = validate(config_from_args(args))
+        check_cost(cfg)
+    except BadArguments as exc:
+        return refuse(exc)
     # SIGTERM (a scheduler's kill) takes the same path as Ctrl-C: temporary files removed,
     # the previous report intact.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None

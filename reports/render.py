@@ -28,6 +28,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a display: the report runs on headless machines
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
+from PIL import Image  # noqa: E402 - Matplotlib's own dependency
 
 from claims.base import Figure, Series  # noqa: E402
 
@@ -277,10 +278,23 @@ def figure_png(figure: Any, dpi: int = 110) -> bytes:
         plt.close(mpl_fig)
 
 
+# Colours kept in a figure's PNG: Matplotlib's antialiased RGBA PNGs reduced to a 256-colour
+# palette (no dithering) are about 2.7 times smaller and look the same; the tiny report's 16
+# figures went from 511 kB to 189 kB, which keeps the quick report's page (figures inline as
+# base64) well under 1 MB.
+PNG_COLOURS = 256
+
+
 def _png(mpl_fig, dpi: int) -> bytes:
     buffer = io.BytesIO()
-    mpl_fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
-    return buffer.getvalue()
+    mpl_fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        palette = image.convert("RGB").quantize(colors=PNG_COLOURS, method=Image.Quantize.MEDIANCUT,
+                                               dither=Image.Dither.NONE)
+    out = io.BytesIO()
+    palette.save(out, format="PNG", optimize=True)
+    return out.getvalue()
 
 
 # --------------------------------------------------------------------------- HTML
@@ -345,8 +359,13 @@ td.num { font-family: Menlo, Consolas, monospace; font-size: .9em; max-width: 32
 pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: .85em; }
 pre.traceback { background: #fff0f0; border: 1px solid #f3b5b5; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
-figcaption { font-size: .85em; color: #555; }
+figcaption { font-size: .9em; color: #333; } figcaption code { color: #777; font-size: .85em; }
 .muted { color: #666; font-size: .9em; }
+.banner { background: #fff4ce; border: 2px solid #d4a72c; padding: .6em 1em; font-weight: bold; }
+.warning { background: #fff0f0; border: 1px solid #f3b5b5; padding: .5em 1em; }
+table.headline td.agree { color: #1a7f37; font-weight: bold; }
+table.headline td.disagree { color: #cf222e; font-weight: bold; }
+details > summary { cursor: pointer; color: #444; }
 """
 
 
@@ -383,6 +402,77 @@ def _anchor(claim_id: str) -> str:
     return "claim-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in claim_id)
 
 
+def _number_text(v: Any) -> str:
+    """A headline number: 4 significant digits; a bracket [low, high] as "between low and high"."""
+    if isinstance(v, (list, tuple)) and len(v) == 2:
+        return f"between {format_value(v[0])} and {format_value(v[1])}"
+    if v is None:
+        return "—"
+    return format_value(v)
+
+
+def headline_table(entry: dict) -> str:
+    """The claim's headline rows (claims.base.HeadlineRow as dicts) as one small table: what
+    theory predicts, what was measured (± its standard error), the allowed difference fixed
+    before the comparison, and whether the two agree.  Without headline rows: a short
+    summary of the theory/numerics values the two share and of the tolerance."""
+    rows = [r for r in entry.get("headline") or [] if isinstance(r, dict)]
+    if not rows:
+        return _short_summary(entry)
+    body = []
+    for r in rows:
+        measured = _number_text(r.get("measured"))
+        if r.get("se") is not None and r.get("measured") is not None:
+            measured += f" ± {format_value(r.get('se'))}"
+        tolerance = "—" if r.get("tolerance") is None else f"|Δ| ≤ {format_value(r.get('tolerance'))}"
+        agrees = r.get("agrees")
+        cell = ("<td class='agree'>yes ✓</td>" if agrees is True else
+                "<td class='disagree'>no ✗</td>" if agrees is False else "<td>—</td>")
+        body.append(f"<tr><td>{html.escape(str(r.get('name', '')))}</td>"
+                    f"<td class='num'>{html.escape(_number_text(r.get('theory')))}</td>"
+                    f"<td class='num'>{html.escape(measured)}</td>"
+                    f"<td class='num'>{html.escape(tolerance)}</td>{cell}</tr>")
+    return ("<table class='headline'><tr><th>quantity</th><th>theory predicts</th>"
+            "<th>measured (± s.e.)</th><th>allowed difference</th><th>agree?</th></tr>"
+            + "".join(body) + "</table>")
+
+
+SUMMARY_ROWS_MAX = 6
+SUMMARY_WHY_MAX = 300  # characters of the tolerance's argument in the short summary
+# More perturbation checks than this are folded under a one-line count.
+PERTURBATIONS_SHOWN_MAX = 4
+
+
+def _headline_count(entry: dict) -> str:
+    """"2 of 3 agree" for the summary table; "—" without headline rows with a verdict."""
+    judged = [r for r in entry.get("headline") or [] if isinstance(r, dict) and isinstance(r.get("agrees"), bool)]
+    return f"{sum(r['agrees'] for r in judged)} of {len(judged)} agree" if judged else "—"
+
+
+def _short_summary(entry: dict) -> str:
+    theory = flatten(entry.get("theory") or {})
+    numerics = flatten(entry.get("numerics") or {})
+    shared = [k for k in theory if k in numerics][:SUMMARY_ROWS_MAX]
+    tolerance = entry.get("tolerance") or {}
+    parts = ["<p class='muted'>This claim gives no headline rows yet; in short:</p>"]
+    if shared:
+        rows = "".join(f"<tr><td>{html.escape(k)}</td><td class='num'>{_esc(theory[k])}</td>"
+                       f"<td class='num'>{_esc(numerics[k])}</td></tr>" for k in shared)
+        more = len(set(theory) | set(numerics)) - len(shared)
+        parts.append("<table class='headline'><tr><th>quantity</th><th>theory predicts</th><th>measured</th></tr>"
+                     f"{rows}</table>" + (f"<p class='muted'>({more} more values below.)</p>" if more > 0 else ""))
+    if "value" in tolerance or "why" in tolerance:
+        value = tolerance.get("value", "—")
+        value_text = (_esc(value) if not isinstance(value, (dict, list)) or len(format_value(value)) <= 60
+                      else "per case (the tolerance table below)")
+        why = str(tolerance.get("why") or "")
+        if len(why) > SUMMARY_WHY_MAX:
+            why = why[:SUMMARY_WHY_MAX].rsplit(" ", 1)[0] + " … (in full below)"
+        parts.append(f"<p>Allowed difference: <b>{value_text}</b>"
+                     + (f" — {html.escape(why)}" if why else "") + "</p>")
+    return "".join(parts) if len(parts) > 1 else ""
+
+
 def _comparison_table(entry: dict) -> str:
     theory = flatten(entry.get("theory") or {})
     numerics = flatten(entry.get("numerics") or {})
@@ -417,8 +507,14 @@ def _perturbation_table(entry: dict) -> str:
         detail = "<br>".join(f"{html.escape(k)} = {_esc(v)}" for k, v in flatten(p.get("details") or {}).items())
         rows.append(f"<tr><td>{html.escape(str(p.get('description', '')))}</td><td>{mark}</td>"
                     f"<td class='num'>{detail}</td></tr>")
-    return ("<table><tr><th>perturbed prediction</th><th>outcome</th><th>details</th></tr>"
-            + "".join(rows) + "</table>")
+    table = ("<table><tr><th>perturbed prediction</th><th>outcome</th><th>details</th></tr>"
+             + "".join(rows) + "</table>")
+    if len(checks) <= PERTURBATIONS_SHOWN_MAX:
+        return table
+    rejected = sum(bool(p.get("rejected")) for p in checks)
+    cls = "rejected" if rejected == len(checks) else "accepted"
+    return (f"<details><summary><span class='{cls}'>{rejected} of {len(checks)} perturbed predictions "
+            f"rejected</span> (the table)</summary>{table}</details>")
 
 
 def _details_block(entry: dict) -> str:
@@ -441,12 +537,71 @@ def _figures_block(entry: dict, pngs: dict[str, bytes], figure_errors: Iterable[
         if data is None:
             continue
         uri = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+        caption = fig.get("caption") or ""
         parts.append(f'<figure><img alt="{html.escape(fig["title"])}" src="{uri}">'
-                     f"<figcaption>{html.escape(fig['title'])} — <code>{html.escape(fig['file'])}</code>"
-                     f"</figcaption></figure>")
+                     f"<figcaption><b>{html.escape(fig['title'])}.</b> {html.escape(caption)} "
+                     f"<code>{html.escape(fig['file'])}</code></figcaption></figure>")
     for err in figure_errors:
         parts.append(f"<pre class='traceback'>figure not rendered: {html.escape(err)}</pre>")
     return "<h3>Figures</h3>" + "".join(parts) if parts else ""
+
+
+PROBLEM_NAMES = {"sigma": "σ", "param": "parametrisation", "init_scale": "init scale s0",
+                 "logit_scale": "logit scale s", "basis": "basis", "dtype": "dtype"}
+
+
+def describe_problem(problem: dict) -> str:
+    """A configuration in the paper's notation: ``r = (3, 3, 3), H = 3, L = 256, σ = 0.5``."""
+    parts = []
+    if "tasks" in problem:
+        parts.append(f"r = ({', '.join(str(r) for r in problem['tasks'])})")
+    if "heads" in problem:
+        parts.append(f"H = {problem['heads']}")
+    if "L" in problem:
+        parts.append(f"L = {problem['L']}")
+    parts += [f"{name} = {format_value(problem[key])}" for key, name in PROBLEM_NAMES.items() if key in problem]
+    return ", ".join(parts)
+
+
+def _run_summary(report: dict) -> str:
+    """Profile, configuration, which claims ran where, the tiny-profile banner, skipped sweep
+    points: what a reader must know before reading any verdict."""
+    prov = report["provenance"]
+    claims = report["claims"]
+    counts = {v: sum(1 for c in claims if c["verdict"] == v) for v in ("pass", "fail", "error")}
+    parts = []
+    if prov.get("profile") == "tiny":
+        parts.append("<p class='banner'>Profile tiny: these verdicts are smoke tests of the pipeline, "
+                     "not evidence. The configurations are too small and the runs too short for the "
+                     "comparisons to mean anything; use the quick or paper profile.</p>")
+    problem = prov.get("problem")
+    ran_at = prov.get("ran_at") or {}
+    if problem:
+        at = ran_at.get("configuration") or []
+        rest = ran_at.get("profile") or []
+        parts.append(f"<p>Configuration audited: <b>{html.escape(describe_problem(problem))}</b>. "
+                     f"Run at this configuration: {html.escape(', '.join(at)) if at else 'no claim'}"
+                     + (f"; at profile {html.escape(str(prov.get('profile')))} (they cannot take a "
+                        f"configuration yet): {html.escape(', '.join(rest))}" if rest else "") + ".</p>")
+    else:
+        parts.append(f"<p>Every claim ran at its own configurations of profile "
+                     f"<b>{html.escape(str(prov.get('profile')))}</b>.</p>")
+    parts.append(f"<p>Profile <b>{html.escape(str(prov.get('profile')))}</b>, device "
+                 f"<b>{html.escape(str(prov.get('device')))}</b>, seed {html.escape(str(prov.get('seed')))}: "
+                 f"{counts['pass']} pass, {counts['fail']} fail, {counts['error']} error.</p>")
+    skipped = prov.get("sweep_skipped") or []
+    if skipped:
+        items = "".join(f"<li><code>{html.escape(str(p.get('file')))}</code>: {html.escape(str(p.get('reason')))}</li>"
+                        for p in skipped)
+        parts.append(f"<div class='warning'><b>{len(skipped)} point file(s) of the sweep "
+                     f"{html.escape(str(prov.get('sweep')))} could not be read and were left out</b> "
+                     f"(the claims reading the sweep did not see them):<ul>{items}</ul></div>")
+    rerendered = prov.get("rerendered")
+    if rerendered:
+        parts.append(f"<p class='muted'>Re-rendered from {html.escape(str(rerendered.get('from')))} at "
+                     f"{html.escape(str(rerendered.get('at_utc')))}; the numbers are those of the original "
+                     f"run of {html.escape(str(prov.get('started_utc')))}.</p>")
+    return "".join(parts)
 
 
 def render_html(report: dict, pngs: dict[str, bytes]) -> str:
@@ -454,28 +609,33 @@ def render_html(report: dict, pngs: dict[str, bytes]) -> str:
     ``claims[*].figures[*].file``) to its PNG bytes, embedded as data URIs."""
     claims = report["claims"]
     prov = report["provenance"]
-    counts = {v: sum(1 for c in claims if c["verdict"] == v) for v in ("pass", "fail", "error")}
     summary_rows = "".join(
         f"<tr><td><a href='#{_anchor(c['id'])}'>{html.escape(c['id'])}</a></td>"
         f"<td>{html.escape(c['title'])}</td><td>{_badge(c['verdict'])}</td>"
+        f"<td>{html.escape(_headline_count(c))}</td>"
         f"<td class='num'>{_seconds(c.get('seconds', ''))}</td></tr>"
         for c in claims
     )
     prov_rows = "".join(f"<tr><td>{html.escape(k)}</td><td class='num'>{_esc(v)}</td></tr>"
                         for k, v in flatten(prov).items())
+    at_configuration = set((prov.get("ran_at") or {}).get("configuration") or []) if prov.get("problem") else set()
     sections = []
     for c in claims:
+        where = ("ran at the audited configuration" if c["id"] in at_configuration
+                 else f"ran at profile {prov.get('profile')}")
         sections.append(
             f"<section id='{_anchor(c['id'])}'>"
             f"<h2>{html.escape(c['title'])} {_badge(c['verdict'])}</h2>"
-            f"<p class='muted'>id <code>{html.escape(c['id'])}</code> · {_seconds(c.get('seconds', ''))} s</p>"
+            f"<p class='muted'>id <code>{html.escape(c['id'])}</code> · {html.escape(where)} · "
+            f"{_seconds(c.get('seconds', ''))} s</p>"
             f"<div class='statement'>{html.escape(c['statement'])}</div>"
             f"<p><b>Verdict {html.escape(str(c['verdict']))}:</b> {html.escape(_verdict_reason(c))}</p>"
-            f"<h3>Theory against numerics</h3>{_comparison_table(c)}"
-            f"{_tolerance_table(c)}"
+            f"{headline_table(c)}"
             f"<h3>Perturbation checks</h3>{_perturbation_table(c)}"
-            f"{_details_block(c)}"
             f"{_figures_block(c, pngs, c.get('figure_errors') or [])}"
+            f"<details><summary>All theory and numerics values, the tolerance</summary>"
+            f"{_comparison_table(c)}{_tolerance_table(c)}</details>"
+            f"{_details_block(c)}"
             "</section>"
         )
     title = "Audit: Training Dynamics of Multi-Head Softmax Attention for In-Context Learning"
@@ -487,10 +647,9 @@ def render_html(report: dict, pngs: dict[str, bytes]) -> str:
         "running the model (numerics) against the derived prediction (theory) at a tolerance whose "
         "argument is stated; each check is also run against a deliberately wrong prediction, which "
         "must be rejected.</p>"
-        f"<p>Profile <b>{html.escape(str(prov.get('profile')))}</b>, device "
-        f"<b>{html.escape(str(prov.get('device')))}</b>, seed {html.escape(str(prov.get('seed')))}: "
-        f"{counts['pass']} pass, {counts['fail']} fail, {counts['error']} error.</p>"
-        "<h2>Summary</h2><table><tr><th>claim</th><th>title</th><th>verdict</th><th>seconds</th></tr>"
+        + _run_summary(report) +
+        "<h2>Summary</h2><table><tr><th>claim</th><th>title</th><th>verdict</th><th>headline</th>"
+        "<th>seconds</th></tr>"
         f"{summary_rows}</table>"
         f"<details><summary>Provenance</summary><table>{prov_rows}</table></details>"
         + "".join(sections)

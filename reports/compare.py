@@ -1,0 +1,234 @@
+"""Compare two audit reports: verdicts and headline numbers side by side, changes marked.
+
+    python -m reports.compare A/claims.json B/claims.json [--out diff.html]
+
+A and B are the ``claims.json`` files of two ``reports.build`` runs (or their directories),
+say before and after a code change, or at two configurations.  The comparison is of what the
+reports recorded; nothing is recomputed.  Per claim id (in A's order, then B's new ids): the
+verdict in A and in B; per headline row (matched by name): theory, measured ± se, tolerance
+and agreement in A and in B.  A change is any difference of verdict, of agreement, or of a
+number beyond relative ``1e-9`` (printing noise), or a claim or row present on one side only.
+
+On stdout: a text summary (one line per claim, the changed rows under it, then the
+configurations and profiles of A and B when they differ).  ``--out FILE``: the same as one
+self-contained HTML page (written to a temporary file beside FILE, then renamed).
+
+Exit status: 0 no change, 1 changes (as ``diff``), 2 bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from reports.build import BadArguments, load_report
+from reports.render import CSS, _badge, describe_problem, format_value
+
+EXIT_SAME, EXIT_CHANGED, EXIT_BAD_ARGUMENTS = 0, 1, 2
+HEADLINE_FIELDS = ("theory", "measured", "se", "tolerance", "agrees")
+# Numbers that differ by less than this (relative) are the same number printed twice.
+RELATIVE_NOISE = 1e-9
+
+
+@dataclass
+class RowChange:
+    name: str
+    a: Optional[dict]   # the headline row in A (None: absent)
+    b: Optional[dict]
+    changed: bool
+
+
+@dataclass
+class ClaimChange:
+    id: str
+    verdict_a: Optional[str]   # None: the claim is absent from that report
+    verdict_b: Optional[str]
+    rows: list[RowChange] = field(default_factory=list)
+
+    @property
+    def verdict_changed(self) -> bool:
+        return self.verdict_a != self.verdict_b
+
+    @property
+    def changed(self) -> bool:
+        return self.verdict_changed or any(r.changed for r in self.rows)
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equal, up to RELATIVE_NOISE for numbers (brackets compared element by element)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    numeric = (int, float)
+    if isinstance(a, numeric) and isinstance(b, numeric) and not isinstance(a, bool) and not isinstance(b, bool):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return a == b or abs(a - b) <= RELATIVE_NOISE * max(abs(a), abs(b))
+    return a == b
+
+
+def compare_reports(a: dict, b: dict) -> list[ClaimChange]:
+    """The per-claim comparison of two claims.json documents (A's order, then B's new ids)."""
+    by_id_a = {c["id"]: c for c in a["claims"]}
+    by_id_b = {c["id"]: c for c in b["claims"]}
+    ids = list(by_id_a) + [cid for cid in by_id_b if cid not in by_id_a]
+    changes = []
+    for cid in ids:
+        ca, cb = by_id_a.get(cid), by_id_b.get(cid)
+        rows_a = _rows(ca)
+        rows_b = _rows(cb)
+        names = list(rows_a) + [n for n in rows_b if n not in rows_a]
+        rows = []
+        for name in names:
+            ra, rb = rows_a.get(name), rows_b.get(name)
+            changed = ra is None or rb is None or not all(same_value(ra.get(k), rb.get(k)) for k in HEADLINE_FIELDS)
+            rows.append(RowChange(name, ra, rb, changed))
+        changes.append(ClaimChange(cid, ca["verdict"] if ca else None, cb["verdict"] if cb else None, rows))
+    return changes
+
+
+def _rows(entry: Optional[dict]) -> dict[str, dict]:
+    if not entry:
+        return {}
+    return {str(r.get("name")): r for r in entry.get("headline") or [] if isinstance(r, dict)}
+
+
+def _row_text(row: Optional[dict]) -> str:
+    if row is None:
+        return "(absent)"
+    theory = row.get("theory")
+    theory_text = (f"[{format_value(theory[0])}, {format_value(theory[1])}]"
+                   if isinstance(theory, (list, tuple)) and len(theory) == 2 else format_value(theory))
+    measured = format_value(row.get("measured"))
+    if row.get("se") is not None:
+        measured += f" ± {format_value(row.get('se'))}"
+    agrees = {True: "agrees", False: "disagrees"}.get(row.get("agrees"), "no verdict")
+    return f"theory {theory_text}, measured {measured}, tol {format_value(row.get('tolerance'))}, {agrees}"
+
+
+def _setting(report: dict) -> str:
+    prov = report["provenance"]
+    problem = prov.get("problem")
+    where = describe_problem(problem) if problem else "the profile's own configurations"
+    return (f"profile {prov.get('profile')}, {where}, seed {prov.get('seed')}, device {prov.get('device')}, "
+            f"commit {str((prov.get('git') or {}).get('commit', '?'))[:10]}")
+
+
+def text_summary(changes: list[ClaimChange], a: dict, b: dict, name_a: str, name_b: str) -> str:
+    lines = [f"A: {name_a} ({_setting(a)})", f"B: {name_b} ({_setting(b)})"]
+    width = max([len(c.id) for c in changes] + [5])
+    lines.append(f"{'claim':<{width}}  {'A':<7}  {'B':<7}  change")
+    for c in changes:
+        va, vb = c.verdict_a or "absent", c.verdict_b or "absent"
+        mark = ("verdict changed" if c.verdict_changed else
+                f"{sum(r.changed for r in c.rows)} headline row(s) changed" if c.changed else "same")
+        lines.append(f"{c.id:<{width}}  {va:<7}  {vb:<7}  {mark}")
+        for r in c.rows:
+            if r.changed:
+                lines.append(f"    {r.name}: A {_row_text(r.a)}")
+                lines.append(f"    {' ' * len(r.name)}  B {_row_text(r.b)}")
+    n = sum(c.changed for c in changes)
+    lines.append(f"{n} of {len(changes)} claim(s) changed" if n else f"no change in {len(changes)} claim(s)")
+    return "\n".join(lines)
+
+
+def html_page(changes: list[ClaimChange], a: dict, b: dict, name_a: str, name_b: str) -> str:
+    def verdict(v: Optional[str]) -> str:
+        return _badge(v) if v else "<span class='muted'>absent</span>"
+
+    rows = []
+    for c in changes:
+        cls = " class='changed'" if c.changed else ""
+        rows.append(f"<tr{cls}><td><b>{html.escape(c.id)}</b></td><td>{verdict(c.verdict_a)}</td>"
+                    f"<td>{verdict(c.verdict_b)}</td><td>{'changed' if c.changed else 'same'}</td></tr>")
+        for r in c.rows:
+            rcls = " class='changed'" if r.changed else ""
+            rows.append(f"<tr{rcls}><td>&nbsp;&nbsp;{html.escape(r.name)}</td>"
+                        f"<td class='num'>{html.escape(_row_text(r.a))}</td>"
+                        f"<td class='num'>{html.escape(_row_text(r.b))}</td>"
+                        f"<td>{'changed' if r.changed else 'same'}</td></tr>")
+    n = sum(c.changed for c in changes)
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Audit comparison</title>"
+            f"<style>{CSS} tr.changed {{ background: #fff4ce; }}</style></head><body>"
+            "<h1>Audit comparison</h1>"
+            f"<p><b>A</b>: {html.escape(name_a)} — {html.escape(_setting(a))}<br>"
+            f"<b>B</b>: {html.escape(name_b)} — {html.escape(_setting(b))}</p>"
+            f"<p>{n} of {len(changes)} claim(s) changed (highlighted).</p>"
+            "<table><tr><th>claim / headline row</th><th>A</th><th>B</th><th>change</th></tr>"
+            + "".join(rows) + "</table></body></html>\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path = path.absolute()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def check_output_file(path: str) -> None:
+    """Refuse ``--out`` before reading anything: a directory, or a parent that is missing,
+    not a directory or not writable."""
+    out = Path(path)
+    if out.is_dir():
+        raise BadArguments(f"--out {path} is a directory; give a file name such as diff.html")
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        raise BadArguments(f"--out {path}: {parent} is not an existing directory; create it or choose "
+                           "another --out")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise BadArguments(f"--out {path}: cannot write in {parent} ({exc.strerror or exc}); "
+                           "choose a writable directory") from None
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m reports.compare",
+        description="Compare two audit reports (their claims.json): verdicts and headline numbers "
+                    "side by side, changes marked. Exit status: 0 no change, 1 changes, 2 bad "
+                    "arguments.")
+    parser.add_argument("a", metavar="A", help="claims.json of the first report (or its directory)")
+    parser.add_argument("b", metavar="B", help="claims.json of the second report (or its directory)")
+    parser.add_argument("--out", default=None, metavar="FILE.html",
+                        help="also write the comparison as one HTML page")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.out is not None:
+            check_output_file(args.out)
+        a = load_report(args.a, "A")
+        b = load_report(args.b, "B")
+    except BadArguments as exc:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    changes = compare_reports(a, b)
+    print(text_summary(changes, a, b, args.a, args.b))
+    if args.out is not None:
+        write_text_atomic(Path(args.out), html_page(changes, a, b, args.a, args.b))
+        print(f"comparison: {args.out}")
+    return EXIT_CHANGED if any(c.changed for c in changes) else EXIT_SAME
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The report page in a real headless browser (the system Chromium, no Playwright).
+
+A small report of fake claims (every figure kind, a headline table, a failing and an erroring
+claim; see tests/test_report.py) is built in a second and opened in ``chromium --headless``:
+
+- no console message and no uncaught error: Chromium's own log (``--enable-logging=stderr
+  --v=0``) prints every console message as ``CONSOLE`` lines and uncaught exceptions as
+  ``Uncaught ...``; the report has no script of its own, so any such line is a fault;
+- every figure ``<img>`` decodes, and every claim id has a section: the published page has no
+  script (check_report refuses one), so a *test-only copy* carries a small script that, on
+  the load event, writes the number of images with ``naturalWidth > 0`` and the section ids
+  into the DOM, read back from ``--dump-dom``;
+- a screenshot of the page is saved (the directory in $REPORT_BROWSER_ARTIFACTS, else the
+  test's tmp directory; the path is printed).
+
+The same checks are first shown to catch faults, on a page with a broken image, a console
+error and an uncaught exception.  Skipped, with the reason, when no Chromium is installed
+(``apt-get install chromium``; .ci/run installs it).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import claims
+from reports.build import check_report, main
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_report import FAKES, strict_load  # noqa: E402
+from test_report_frontdoor import fake_config  # noqa: E402
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+BROWSER = next((path for path in map(shutil.which, BROWSERS) if path), None)
+pytestmark = pytest.mark.skipif(
+    BROWSER is None, reason=f"no headless browser found (looked for {', '.join(BROWSERS)} on PATH); "
+                            "install Chromium from the OS packages: apt-get install chromium")
+BROWSER_TIMEOUT_S = 120
+CHECK_ID = "browser-check"
+# Runs on the load event of the test-only copy: which images decoded, which sections exist.
+CHECK_SCRIPT = """<script>
+window.addEventListener("load", function () {
+  var images = Array.prototype.slice.call(document.images);
+  var result = {images: images.length,
+                decoded: images.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length,
+                sections: Array.prototype.map.call(document.querySelectorAll("section[id]"),
+                                                   function (s) { return s.id; })};
+  var out = document.createElement("pre");
+  out.id = "%s";
+  out.textContent = JSON.stringify(result);
+  document.body.appendChild(out);
+});
+</script>""" % CHECK_ID
+CONSOLE_LINE = re.compile(r"CONSOLE|Uncaught")
+
+
+def chromium(page: Path, *mode: str, profile_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([BROWSER, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr",
+                           "--v=0", "--virtual-time-budget=5000", f"--user-data-dir={profile_dir}",
+                           *mode, page.absolute().as_uri()],
+                          capture_output=True, text=True, timeout=BROWSER_TIMEOUT_S)
+
+
+def browser_check(page: Path, work: Path) -> tuple[dict, list[str]]:
+    """Open a test-only copy of ``page`` (with CHECK_SCRIPT) and return what the script saw
+    and the console lines of Chromium's log."""
+    copy = work / f"{page.stem}.browser-check.html"
+    copy.write_text(page.read_text(encoding="utf-8").replace("</body>", CHECK_SCRIPT + "</body>"),
+                    encoding="utf-8")
+    proc = chromium(copy, "--dump-dom", profile_dir=work / "chromium-profile")
+    assert proc.returncode == 0, f"chromium exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    found = re.search(rf'<pre id="{CHECK_ID}">(.*?)</pre>', proc.stdout, re.S)
+    assert found, "the check script wrote nothing: the page did not load or its load event never came"
+    console = [line for line in proc.stderr.splitlines() if CONSOLE_LINE.search(line)]
+    return json.loads(found.group(1)), console
+
+
+def test_the_checks_catch_a_broken_page(tmp_path):
+    """A broken image, a console error and an uncaught exception are all seen."""
+    bad = tmp_path / "bad.html"
+    bad.write_text("<!DOCTYPE html><html><body><section id='claim-x'>"
+                   "<img src='data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlE"
+                   "QVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=='>"
+                   "<img src='data:image/png;base64,AAAA'></section>"
+                   "<script>console.error('deliberate'); null.x;</script></body></html>")
+    seen, console = browser_check(bad, tmp_path)
+    assert seen == {"images": 2, "decoded": 1, "sections": ["claim-x"]}
+    assert any("deliberate" in line for line in console)
+    assert any("Uncaught" in line for line in console)
+
+
+def test_report_page_in_headless_chromium(tmp_path, monkeypatch):
+    module = types.ModuleType("fake_claims_browser")
+    functions = {**FAKES, "fake-config": fake_config}
+    for fn in functions.values():
+        setattr(module, fn.__name__, fn)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(claims, "REGISTRY", {cid: f"{module.__name__}:{fn.__name__}" for cid, fn in functions.items()})
+    out = tmp_path / "report"
+    ids = ["fake-pass", "fake-plain", "fake-fail", "fake-raise", "fake-undiscriminating", "fake-config"]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["--profile", "tiny", "--out", str(out), "--only", ",".join(ids), "--no-progress"]) == 1
+    assert check_report(out) == []
+    report = strict_load(out / "claims.json")
+    n_figures = sum(len(c["figures"]) for c in report["claims"])
+    assert n_figures == 5
+
+    seen, console = browser_check(out / "index.html", tmp_path)
+    assert console == [], "console messages from the report page:\n" + "\n".join(console)
+    assert seen["images"] == n_figures and seen["decoded"] == n_figures, seen
+    assert sorted(seen["sections"]) == sorted(f"claim-{cid}" for cid in ids)
+
+    artifacts = Path(os.environ.get("REPORT_BROWSER_ARTIFACTS") or tmp_path / "artifacts")
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / "report-screenshot.png"
+    proc = chromium(out / "index.html", f"--screenshot={shot}", "--window-size=1280,4000",
+                    "--hide-scrollbars", profile_dir=tmp_path / "chromium-profile")
+    assert proc.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", proc.stderr[-3000:]
+    assert not [line for line in proc.stderr.splitlines() if CONSOLE_LINE.search(line)]
+    print(f"\nreport screenshot: {shot} ({shot.stat().st_size} bytes)")
