@@ -13,7 +13,7 @@ says in ``details["ran"]`` what it ran.  ``reports.build`` passes ``problem`` on
 whose signature has it.
 
 ``profile`` is one of :data:`claims.base.PROFILES`; ``sweep`` is an optional directory of
-sweep results (``numerics.sweep``) that the claims over families of configurations
+sweep results (``tools.sweep``) that the claims over families of configurations
 (``limiting-error``, ``multi-head-gain``) use instead of running their own grid.
 """
 from __future__ import annotations

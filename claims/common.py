@@ -291,7 +291,7 @@ def fit_limit(L, y, se) -> dict:
             "fits": {f"p={p:g}": f for p, f in fits.items()}}
 
 def sweep_points(tasks, sigma, Ls, time_, lr, batch, model="full", seed=0, device="cpu") -> list[dict]:
-    """numerics.sweep points of the multi-head (H = m, factored) runs of one case."""
+    """tools.sweep points of the multi-head (H = m, factored) runs of one case."""
     return [{"model": model,
              "problem": {"tasks": list(tasks), "heads": len(tasks), "L": int(L), "sigma": float(sigma),
                          "device": device},

@@ -41,7 +41,7 @@ from claims.common import (CORRECTION_POWERS, Z_SE, Comparison, check_profile, c
                            loss_standard_error, perturbation, points_from_sweep, sweep_points, window_drift)
 from numerics.config import ProblemConfig
 from numerics.exact_reduced import FIT_ELEMENTS, allocated_minimum, exact_minima, measure
-from numerics.sweep import load_results, run_grid
+from tools.sweep import load_results, run_grid
 from numerics.train import TrainConfig, train, train_reduced
 from theory.limiting_error import limit_multi
 
@@ -197,7 +197,7 @@ def check_trained_point(tasks, sigma: float, point: dict, n_eval: int, seed: int
 
 PAPER_SWEEP_DIR = "sweeps/limiting-error-paper"
 """Where profile "paper" keeps its training grid (relative to the working directory):
-numerics.sweep.run_grid skips the points already stored, so an interrupted run resumes."""
+tools.sweep.run_grid skips the points already stored, so an interrupted run resumes."""
 
 
 def _trend_figure(cases: dict) -> Figure:

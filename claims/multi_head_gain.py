@@ -33,7 +33,7 @@ from claims.base import ClaimResult, Figure, Series, no_progress, run_claim
 from claims.common import (Z_SE, Comparison, check_profile, comparisons_result, fit_limit, paired_ratio,
                            perturbation, points_from_sweep, sweep_points)
 from numerics.exact_reduced import FIT_ELEMENTS, exact_minima
-from numerics.sweep import load_results, run_grid
+from tools.sweep import load_results, run_grid
 from theory.limiting_error import gain, minimise_single
 from theory.reduced_ode import minimise_expansion
 from theory.task_allocation import allocated_loss_at_L

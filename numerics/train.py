@@ -52,7 +52,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import INITS, PARAMS, ProblemConfig, check_known_fields, use_precise_float32
-from .data import Prompts, make_generator, sample_prompts
+from .data import STREAM_VERSION, Prompts, make_generator, sample_prompts
 from .model import MultiHeadAttention, TrainingDiverged, initial_semi_singular_values, mse_loss
 from .reduced import metric_factors, reduced_loss
 
@@ -287,6 +287,10 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional
                  for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
         if ck.get("model") != kind:
             diffs.insert(0, f"model: checkpoint {ck.get('model')!r}, this run {kind!r}")
+        if ck.get("stream") != STREAM_VERSION:
+            # the saved generator state only continues the same prompts under the same stream
+            diffs.insert(0, f"prompt stream: checkpoint version {ck.get('stream')!r}, this code version "
+                            f"{STREAM_VERSION} (numerics.data changed how prompts are drawn)")
         if ck.get("version") != CHECKPOINT_VERSION:
             diffs.insert(0, f"version: checkpoint {ck.get('version')!r}, this code {CHECKPOINT_VERSION}")
         if diffs:
@@ -304,7 +308,7 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional
 
     def save_checkpoint(step: int, wall: float) -> None:
         state = {
-            "version": CHECKPOINT_VERSION, "model": kind, "config": cfg.to_dict(),
+            "version": CHECKPOINT_VERSION, "stream": STREAM_VERSION, "model": kind, "config": cfg.to_dict(),
             "train": tcfg.to_dict(), "step": step,
             "params": [p.detach().cpu().clone() for p in params],
             "generator": gen.get_state(), "losses": losses[:step].cpu().clone(),

@@ -101,7 +101,7 @@ class BuildConfig:
     device: str = "cpu"
     seed: int = 0
     only: Optional[tuple[str, ...]] = None   # claim ids, in registry order; None = all
-    sweep: Optional[str] = None              # directory of numerics.sweep results
+    sweep: Optional[str] = None              # directory of tools.sweep results
     progress: bool = True                    # per-claim progress bars on stderr
     problem: Optional[dict] = None           # ProblemConfig fields of a per-configuration audit
     max_minutes: float = DEFAULT_MAX_MINUTES  # refuse a per-configuration audit estimated longer
@@ -296,11 +296,11 @@ def validate(cfg: BuildConfig) -> BuildConfig:
         sweep = Path(cfg.sweep)
         if not sweep.is_dir():
             raise BadArguments(f"--from-sweep {cfg.sweep}: no such directory; give the output "
-                               "directory of a numerics.sweep run")
+                               "directory of a tools.sweep run")
         if not (sweep / "points").is_dir() and not (sweep / "summary.json").is_file():
-            raise BadArguments(f"--from-sweep {cfg.sweep}: not a numerics.sweep output directory "
+            raise BadArguments(f"--from-sweep {cfg.sweep}: not a tools.sweep output directory "
                                "(it has neither points/ nor summary.json); give the DIR of "
-                               "'python -m numerics.sweep ... --out DIR'")
+                               "'python -m tools.sweep ... --out DIR'")
         cfg = dataclasses.replace(cfg, sweep=str(sweep.resolve()))
     if isinstance(cfg.max_minutes, bool) or not isinstance(cfg.max_minutes, (int, float)) \
             or not math.isfinite(cfg.max_minutes) or cfg.max_minutes <= 0:
@@ -442,7 +442,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help="run only these claim ids (comma-separated; see the list below); "
                              "default: all")
     parser.add_argument("--from-sweep", default=None, metavar="DIR", dest="sweep",
-                        help="directory of numerics.sweep results passed to each claim as sweep=DIR: "
+                        help="directory of tools.sweep results passed to each claim as sweep=DIR: "
                              "the limiting-error and multi-head-gain claims take their grid of "
                              "configurations from it instead of running their own (so a sweep run on "
                              "a cluster becomes a report on a laptop)")
@@ -626,17 +626,17 @@ def git_state() -> dict:
 
 
 def unreadable_sweep_points(sweep: str) -> list[dict]:
-    """The files of ``sweep/points/`` that ``numerics.sweep.load_results`` skips (not JSON,
+    """The files of ``sweep/points/`` that ``tools.sweep.load_results`` skips (not JSON,
     or not a point record): ``[{"file", "reason"}]``.  The claims read the sweep through
     load_results, which drops them silently; the report says which."""
-    from numerics.sweep import _read_point_file  # the sweep's own reading rule, not a copy
+    from tools.sweep.store import read_point_file  # the sweep's own reading rule, not a copy
 
     skipped = []
     points = Path(sweep) / "points"
     if not points.is_dir():
         return skipped
     for path in sorted(points.glob("*.json")):
-        if path.name.startswith(".") or _read_point_file(path) is not None:
+        if path.name.startswith(".") or read_point_file(path) is not None:
             continue
         try:
             json.loads(path.read_text())

@@ -97,6 +97,12 @@ def test_resume_after_interruption_is_bit_identical(runner, tmp_path, monkeypatc
         runner(SMALL.replace(L=9), tcfg)
     with pytest.raises(ValueError, match="belongs to a different run .*train.lr: checkpoint 0.05, this run 0.1"):
         runner(SMALL, TrainConfig(**{**tcfg.to_dict(), "lr": 0.1}))
+    # a checkpoint written under another prompt stream would continue with other prompts
+    ck = torch.load(tcfg.checkpoint, weights_only=True)
+    ck["stream"] = 1
+    torch.save(ck, tcfg.checkpoint)
+    with pytest.raises(ValueError, match="prompt stream: checkpoint version 1, this code version"):
+        runner(SMALL, tcfg)
 
 
 def test_divergence_is_detected_and_named(tmp_path):

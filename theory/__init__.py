@@ -10,6 +10,9 @@ what this package predicts.  Modules, one per claim:
 - ``limiting_error``   claims 5-6: F, L*loss limits for multi/single head, gain
 - ``optimality``       claim 7: best decomposable attention over signed (omega, mu)
 - ``formulas``         the derived formulas as printed by ``python -m theory formulas``
+- ``exact``            the exact finite-L loss of the decomposable model by quadrature (one
+                       head, allocated heads), its gradient, flow and fixed point
+- ``exact_pairs``      the cross moments of two heads sharing a task (general H = 2)
 
 Submodules are imported lazily so that ``import theory`` stays cheap (the sympy
 derivations are cached and only run on first use).
@@ -26,6 +29,8 @@ __all__ = [
     "limiting_error",
     "optimality",
     "formulas",
+    "exact",
+    "exact_pairs",
 ]
 
 
