@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from claims.base import PROFILES, ClaimResult, judge, Figure, PerturbationCheck, Series, jsonable
+from claims.base import PROFILES, ClaimResult, HeadlineRow, judge, Figure, PerturbationCheck, Series, jsonable
 from numerics.model import initial_semi_singular_values
 
 EPS64 = float(np.finfo(np.float64).eps)
@@ -198,15 +198,40 @@ def initial_values(cfg) -> tuple[np.ndarray, np.ndarray]:
     return tuple(a.numpy().copy() for a in initial_semi_singular_values(cfg))
 
 
+def _scalar(x):
+    if isinstance(x, (bool, np.bool_)):
+        return None
+    if isinstance(x, (int, float, np.integer, np.floating)):
+        return float(x)
+    return None
+
+
+def headline_row(c: Comparison, name: str | None = None, *, theory=None, measured=None,
+                 se: float | None = None, tolerance: float | None = None) -> dict:
+    """The headline row (claims.base.HeadlineRow as a dict) of one comparison: its name,
+    prediction, measurement, tolerance and agreement, taken from the comparison itself (so
+    the row cannot disagree with the verdict).  ``theory``/``measured``/``tolerance``
+    replace the comparison's numbers where those are not the scalar a reader wants (a
+    bracket, a ratio); ``se`` is the measurement's standard error."""
+    return asdict(HeadlineRow(
+        name=name or c.name,
+        theory=jsonable(theory if theory is not None else _scalar(c.predicted)),
+        measured=jsonable(measured if measured is not None else _scalar(c.measured)),
+        se=None if se is None else float(se),
+        tolerance=float(tolerance if tolerance is not None else c.tolerance),
+        agrees=c.agrees))
+
+
 def comparisons_result(claim_id: str, title: str, statement: str, comps: list, figures: list, details: dict,
                        theory: dict | None = None, short_why: bool = False, numerics: dict | None = None,
-                       tolerance: dict | None = None) -> ClaimResult:
+                       tolerance: dict | None = None, headline: list | None = None) -> ClaimResult:
     """The one constructor of a claim's ClaimResult from its list of comparisons: verdict from
     ``judge`` (all agree and every perturbation is rejected), theory/numerics/tolerance keyed
     by comparison name (``theory``, ``numerics``, ``tolerance`` override them with a claim's
     own summary), the worst case and every comparison's summary in ``details``.
     ``short_why`` keeps each tolerance argument up to its first " (", where the per-case
-    numbers start."""
+    numbers start.  ``headline``: the claim's headline rows (:func:`headline_row`); by
+    default one row per comparison."""
     perts = [p for c in comps for p in c.perturbations]
     whys = {c.why.split(" (")[0] if short_why else c.why for c in comps}
     return ClaimResult(
@@ -216,7 +241,8 @@ def comparisons_result(claim_id: str, title: str, statement: str, comps: list, f
         tolerance=tolerance if tolerance is not None else {"value": {c.name: c.tolerance for c in comps},
                                                            "why": "; ".join(sorted(whys))},
         details={**details, "worst": worst(comps), "comparisons": [c.summary() for c in comps]},
-        figures=figures, perturbations=perts)
+        figures=figures, perturbations=perts,
+        headline=headline if headline is not None else [headline_row(c) for c in comps])
 
 
 # ---------------------------------------------------------------------------------------

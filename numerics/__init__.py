@@ -6,7 +6,8 @@ Modules: ``config`` (ProblemConfig, check_device, use_precise_float32), ``data``
 ``model`` (MultiHeadAttention, readout, merged_gradients, TrainingDiverged), ``reduced``
 (the reduced model's prediction on per-block scores, its loss and gradients, the metric
 factors), ``exact_reduced`` (the exact reduced loss by Rao-Blackwellised Monte Carlo and its
-minimisers), ``symmetry`` (exact symmetrisation of a batch), ``train`` (the trainer).
+minimisers), ``evaluate`` (held-out loss of final weights on fresh prompts, with its
+standard error), ``symmetry`` (exact symmetrisation of a batch), ``train`` (the trainer).
 
 ``numerics.train`` and ``numerics.exact_reduced`` are imported lazily (on first use of their
 names): ``python -m numerics.train`` must not import the module twice, and the estimator
@@ -23,6 +24,7 @@ from .model import (MultiHeadAttention, Readout, TrainingDiverged, full_velocity
 from .reduced import (attention_weights, block_scores, metric_factors, per_prompt_reduced_gradients,
                       per_prompt_reduced_losses, predict_from_scores, reduced_gradient, reduced_loss, reduced_predict)
 from .symmetry import symmetrize_full
+from .evaluate import LossEstimate, held_out_loss, held_out_reduced_loss
 
 _LAZY = {
     "train": ("TrainConfig", "Record", "TrainResult", "train", "train_reduced"),
@@ -35,7 +37,7 @@ __all__ = ["ProblemConfig", "check_device", "use_precise_float32", "Prompts", "m
            "MultiHeadAttention", "Readout", "TrainingDiverged", "full_velocity_on_D", "initial_semi_singular_values",
            "mse_loss", "attention_weights", "block_scores", "metric_factors", "per_prompt_reduced_gradients",
            "per_prompt_reduced_losses", "predict_from_scores", "reduced_gradient", "reduced_loss", "reduced_predict",
-           "symmetrize_full", *_OWNER]
+           "symmetrize_full", "LossEstimate", "held_out_loss", "held_out_reduced_loss", *_OWNER]
 
 
 def __getattr__(name):

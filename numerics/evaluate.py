@@ -1,0 +1,92 @@
+"""Held-out loss: the population loss of trained weights, measured again on fresh prompts.
+
+A converged loss read from the tail of the training losses is biased up while the loss
+still falls (the tail averages over earlier, worse weights); the loss *at the final
+weights* is
+
+    E_prompts ||y_q - y_hat(prompts; final weights)||^2,
+
+estimated here by the mean over ``n`` fresh i.i.d. prompts, with standard error
+std(per-prompt loss) / sqrt(n) (the prompts are independent, so no autocorrelation
+correction is needed).  The prompts come from a held-out stream: the generator is seeded
+with ``HELD_OUT_OFFSET + seed``, so with the training run's own seed they are never the
+prompts it trained on.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .config import ProblemConfig
+from .data import make_generator, sample_prompts
+from .model import MultiHeadAttention
+from .reduced import per_prompt_reduced_losses
+
+HELD_OUT_OFFSET = 1_000_003   # a held-out seed is never a training seed of a sane run
+
+
+@dataclass(frozen=True)
+class LossEstimate:
+    """Mean per-prompt loss over ``n`` fresh prompts and its standard error."""
+    mean: float
+    se: float
+    n: int
+
+
+def _check(n: int, chunk: int) -> None:
+    for name, v in (("n", n), ("chunk", chunk)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+            raise ValueError(f"{name} must be an integer >= 2 (prompts to average), got {v!r}")
+
+
+def _estimate(per_prompt_chunks) -> LossEstimate:
+    total, total2, count = 0.0, 0.0, 0
+    for losses in per_prompt_chunks:
+        losses = losses.detach().double()
+        total += float(losses.sum())
+        total2 += float((losses ** 2).sum())
+        count += losses.numel()
+    mean = total / count
+    var = max(total2 / count - mean ** 2, 0.0) * count / (count - 1)
+    return LossEstimate(mean=mean, se=math.sqrt(var / count), n=count)
+
+
+def held_out_loss(model: MultiHeadAttention, n: int = 16384, seed: int = 0, chunk: int = 4096) -> LossEstimate:
+    """Loss of the full ``model`` at its current weights on ``n`` fresh prompts of its
+    problem (held-out stream of ``seed``), with its standard error."""
+    if not isinstance(model, MultiHeadAttention):
+        raise TypeError(f"model must be a MultiHeadAttention, got {type(model).__name__}")
+    _check(n, chunk)
+    cfg = model.cfg
+    gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
+
+    def chunks():
+        left = n
+        with torch.no_grad():
+            while left > 0:
+                b = min(chunk, left)
+                pr = sample_prompts(cfg, b, gen)
+                yield ((model(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
+                left -= b
+    return _estimate(chunks())
+
+
+def held_out_reduced_loss(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
+                          chunk: int = 4096) -> LossEstimate:
+    """Loss of the reduced model at (omega, mu) (H x m) on ``n`` fresh prompts of cfg's
+    problem (held-out stream of ``seed``), with its standard error."""
+    _check(n, chunk)
+    omega = torch.as_tensor(omega, dtype=cfg.torch_dtype, device=cfg.device)
+    mu = torch.as_tensor(mu, dtype=cfg.torch_dtype, device=cfg.device)
+    gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
+
+    def chunks():
+        left = n
+        with torch.no_grad():
+            while left > 0:
+                b = min(chunk, left)
+                yield per_prompt_reduced_losses(omega, mu, sample_prompts(cfg, b, gen), cfg)
+                left -= b
+    return _estimate(chunks())

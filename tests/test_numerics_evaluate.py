@@ -1,0 +1,44 @@
+"""The held-out loss: fresh prompts, honest standard error, the same number for the full
+model and the reduced model at the same decomposable point."""
+import numpy as np
+import pytest
+import torch
+
+from numerics import MultiHeadAttention, ProblemConfig, held_out_loss, held_out_reduced_loss
+from numerics.data import make_generator, sample_prompts
+from numerics.model import mse_loss
+
+CFG = ProblemConfig(tasks=(3, 2), heads=2, L=16)
+
+
+def test_full_and_reduced_agree_on_D_prompt_by_prompt():
+    model = MultiHeadAttention(CFG)
+    r = model.semi_singular_values()
+    omega, mu = r.omega, r.mu
+    a = held_out_loss(model, n=512, seed=3, chunk=100)
+    b = held_out_reduced_loss(omega, mu, CFG, n=512, seed=3, chunk=100)
+    assert a.n == b.n == 512
+    assert abs(a.mean - b.mean) < 1e-10 and abs(a.se - b.se) < 1e-10
+
+
+def test_standard_error_matches_the_spread_of_independent_estimates():
+    model = MultiHeadAttention(CFG)
+    est = [held_out_loss(model, n=256, seed=s) for s in range(40)]
+    spread = np.std([e.mean for e in est], ddof=1)
+    mean_se = np.mean([e.se for e in est])
+    # the spread of 40 estimates has relative sampling error ~ 1/sqrt(78) ~ 11 %
+    assert 0.6 < spread / mean_se < 1.5, (spread, mean_se)
+
+
+def test_held_out_prompts_are_not_the_training_prompts():
+    model = MultiHeadAttention(CFG)
+    train_batch = sample_prompts(CFG, 256, make_generator(0, CFG.device))
+    with torch.no_grad():
+        on_train = float(mse_loss(model(train_batch.context, train_batch.query), train_batch.target))
+    assert held_out_loss(model, n=256, seed=0).mean != on_train
+
+
+@pytest.mark.parametrize("bad", [dict(n=1), dict(chunk=0), dict(n=2.5)])
+def test_bad_sizes_are_refused(bad):
+    with pytest.raises(ValueError, match="integer >= 2"):
+        held_out_loss(MultiHeadAttention(CFG), **bad)
