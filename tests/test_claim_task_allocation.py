@@ -27,7 +27,7 @@ def problems(draw, inside: bool):
     heads = draw(st.integers(m, m + 1) if inside else st.integers(1, m + 1))
     favourite = draw(st.permutations(list(range(heads))))[:m] if heads >= m else \
         [draw(st.integers(0, heads - 1)) for _ in range(m)]
-    L = draw(st.sampled_from([claim.L_MIN, 48, 64, 128, 512] if inside else [16, 24, 48, 128, 512]))
+    L = draw(st.sampled_from([claim.L_MIN, 48, 64, 128, 512] if inside else [16, 24, 32, 128, 512]))
     sigma = draw(st.sampled_from([0.0, 0.5]))
     return tasks, heads, list(favourite), L, sigma
 

@@ -1,0 +1,101 @@
+"""Mutants of claim 4 (task allocation): wrong theories applied with monkeypatch; the claim's
+run at the dedicated profile MUTANT_PROFILE must not pass.
+
+Run with ``python -m pytest -q --mutants -m mutants tests/test_mutants_task_allocation.py -s``
+(``-s`` shows the "MUTANT name: verdict" lines the lead collects).
+
+Every mutant changes theory only, so the training runs and their measurements are the same
+for all of them: ``claims.task_allocation.measure`` is memoised for this module (the same
+measured numbers judged against each wrong theory), which keeps the file near one minute.
+The unmutated run at the same profile must pass (else the mutants would be caught vacuously).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from claims import task_allocation as claim
+from theory import exact as exact_theory
+from theory import task_allocation as allocation_theory
+
+pytestmark = pytest.mark.mutants
+
+MUTANT_PROFILE = claim.TaskAllocationProfile(
+    tasks=(1, 1), L=32, surplus_heads=1, fewer_heads_tasks=None, lr=0.05,
+    time=42.0,           # >= the horizon of both cases (35 warm-up race times; surplus heads start at 0.2 s0)
+    batch=128, records=61, held_out=65536)
+FACTOR = 1.1
+
+_measured: dict = {}
+_real_measure = claim.measure
+
+
+def _memo_measure(cfg, tcfg, held_out, seed=0):
+    key = (repr(cfg.to_dict()), repr(tcfg.to_dict()), held_out, seed)
+    if key not in _measured:
+        _measured[key] = _real_measure(cfg, tcfg, held_out, seed)
+    return _measured[key]
+
+
+@pytest.fixture(autouse=True)
+def _same_measurements(monkeypatch):
+    monkeypatch.setattr(claim, "measure", _memo_measure)
+
+
+def _verdict(name: str) -> str:
+    result = claim.run(profile=MUTANT_PROFILE, seed=0)
+    print(f"MUTANT {name}: {result.verdict}")
+    return result.verdict
+
+
+def test_unmutated_passes():
+    result = claim.run(profile=MUTANT_PROFILE, seed=0)
+    print(f"MUTANT none (baseline): {result.verdict}")
+    assert result.verdict == "pass", [c for c in result.details.get("comparisons", []) if not c["agrees"]] or result.details
+
+
+def test_winners_permuted(monkeypatch):
+    real = allocation_theory.predicted_winners
+
+    def permuted(*args, **kwargs):
+        w = real(*args, **kwargs)
+        return w[1:] + w[:1]          # cyclic: every task given to another task's head
+    monkeypatch.setattr(allocation_theory, "predicted_winners", permuted)
+    assert _verdict("predicted winners permuted") != "pass"
+
+
+@pytest.mark.parametrize("key", ["omega_star", "mu_star"])
+def test_fixed_point_scaled(monkeypatch, key):
+    real = exact_theory.exact_fixed_point
+
+    def scaled(*args, **kwargs):
+        out = dict(real(*args, **kwargs))
+        out[key] = [FACTOR * v for v in out[key]]
+        return out
+    monkeypatch.setattr(exact_theory, "exact_fixed_point", scaled)
+    assert _verdict(f"exact_fixed_point {key} x {FACTOR:g}") != "pass"
+
+
+def test_surplus_head_serves_a_task(monkeypatch):
+    real = allocation_theory.allocated_point
+
+    def with_surplus(winners, omega_star, mu_star, heads):
+        om, mu = real(winners, omega_star, mu_star, heads)
+        spare = [h for h in range(heads) if h not in winners]
+        if spare:                     # the first surplus head predicted to serve task 0 as well
+            om[spare[0], 0], mu[spare[0], 0] = omega_star[0], mu_star[0]
+        return om, mu
+    monkeypatch.setattr(allocation_theory, "allocated_point", with_surplus)
+    assert _verdict("a surplus head predicted to serve task 0") != "pass"
+
+
+def test_exact_loss_scaled(monkeypatch):
+    real = exact_theory.exact_loss
+
+    def scaled(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.loss = FACTOR * out.loss
+        out.per_task = FACTOR * np.asarray(out.per_task)
+        return out
+    monkeypatch.setattr(exact_theory, "exact_loss", scaled)
+    assert _verdict(f"exact one-head loss x {FACTOR:g}") != "pass"
