@@ -114,7 +114,7 @@ class TaskAllocationProfile:
 
 
 PROFILES = {
-    "tiny": TaskAllocationProfile(tasks=(1,), L=16, surplus_heads=0, lr=0.05, time=41.0, batch=128,
+    "tiny": TaskAllocationProfile(tasks=(1,), L=32, surplus_heads=0, lr=0.05, time=41.0, batch=128,
                                   records=41, held_out=65536),
     # H = m inside the domain; the surplus case (its heads decay slowly: theory's flow needs
     # t ~ 200) and H < m run as recorded boundaries
