@@ -23,7 +23,7 @@ pytestmark = pytest.mark.mutants
 
 MUTANT_PROFILE = claim.SpectralReductionProfile(
     grad_tasks=((2, 1),), grad_heads=2, grad_L=8, grad_batch=16, traj_tasks=((2, 1),), traj_heads=2, traj_L=4,
-    traj_time=0.5, traj_lr=None, trend_tasks=None, params=("factored", "merged"), bases=("identity",))
+    traj_time=0.3, traj_lr=None, trend_tasks=None, params=("factored", "merged"), bases=("identity",))
 """A dedicated small profile: (a) and (b), both parametrisations, a block of size r = 2 (with r = 1 the
 merged metric (1/r, 1) is symmetric under the swap)."""
 
