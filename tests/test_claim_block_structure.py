@@ -120,3 +120,22 @@ def test_run_at_a_given_problem(device):
     # a problem whose symmetrised batch is too large: the exact check is recorded as not run
     big = claim.plan(prof, problem={"tasks": (4, 4, 4), "heads": 3, "L": 256})
     assert big[0] == [] and len(big[1]) == 1 and "max_exact_tokens" in big[2][0]["reason"]
+
+
+def test_wrong_group_batches_are_the_subgroup_orbits():
+    # the batches of the wrong-group perturbations (numerics.symmetry.symmetrize_subgroup):
+    # output sign flips only (2^m elements, x untouched) and x symmetries only (|G| / 2^m, y untouched)
+    from numerics.data import make_generator, sample_prompts
+    from numerics.symmetry import symmetrize_subgroup
+
+    cfg = ProblemConfig(tasks=(2, 1), heads=1, L=5)
+    base = sample_prompts(cfg, 3, make_generator(0, "cpu"))
+    signs = symmetrize_subgroup(base, cfg, "output_signs")
+    xsym = symmetrize_subgroup(base, cfg, "x_symmetries")
+    assert signs.batch == 3 * 2 ** cfg.m and xsym.batch == 3 * group_order(cfg.tasks) // 2 ** cfg.m
+    d = cfg.d
+    assert (signs.context[..., :d].reshape(-1, 3, 5, d) == base.context[None, ..., :d]).all()
+    assert (xsym.context[..., d:].reshape(-1, 3, 5, cfg.m) == base.context[None, ..., d:]).all()
+    assert [len(claim.wrong_groups(ProblemConfig(tasks=t, heads=1, L=4))) for t in [(1,), (2,), (1, 1)]] == [0, 1, 2]
+    with pytest.raises(ValueError, match="keep must be one of"):
+        symmetrize_subgroup(base, cfg, "rotations")
