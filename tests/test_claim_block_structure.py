@@ -70,7 +70,7 @@ def test_fresh_batches_residual_within_noise_bound(device, th, L, sigma, param, 
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, param=param, basis=basis, init=init,
                         init_scale=init_scale, init_seed=seed % 97, device=device)
     tcfg = TrainConfig(lr=0.05, time=0.8, batch=batch, records=5, seed=seed)
-    c = claim.check_structure_preserved(cfg, tcfg, n_probe=2)
+    c = claim.check_structure_preserved(cfg, tcfg, n_probe=4)
     note(c.explain())
     log_comparison(c, __name__)
     assert c.agrees, c.explain()
