@@ -29,9 +29,10 @@ What is run and why it can decide the claim:
    two records: the larger of the two ends).  ||delta||^2 is (by the CLT) a Gaussian
    quadratic form, whose tail is at worst that of chi^2 with one degree of freedom:
    P(||delta|| > Z_SE rms) <= 6e-5 (claims.common.Z_SE = 4).  nu^2 itself is estimated
-   from few probes, and a quadratic form with one effective dimension makes that estimate
-   chi^2_N / N distributed (N probes so far): the accumulated variance is replaced by its
-   upper confidence bound at the same tail probability (factor N / chi2_N^{-1}(6e-5)).
+   from few probes: a quadratic form with k effective dimensions makes that estimate
+   chi^2_{Nk} / (Nk) distributed (N probes so far; k = 2/CV^2 estimated from the pooled
+   probes, halved, at least 1): the accumulated variance is replaced by its upper confidence
+   bound at the same tail probability (factor Nk / chi2_{Nk}^{-1}(6e-5)).
    The bound is therefore
        residual(t) <= Z_SE sqrt(UCB sum_{k < t/lr} nu_k^2) / ||P_D theta(t)||  (+ rounding floor).
    What the bound ignores: the linearised dynamics of the off-D part (if D were unstable
@@ -90,7 +91,8 @@ class BlockStructureProfile:
     fresh_tasks: tuple = ((2, 2),)
     fresh_heads: int = 2
     fresh_L: int = 16
-    batch: int = 128                    # fresh prompts per GD step
+    batch: int = 1024                   # fresh prompts per GD step (at 128 the bound, with the probes'
+                                        # own uncertainty, is >= 1 at (2,2), L = 16: uninformative)
     time: float = 6.0                   # t_end of the fresh-batch runs
     records: int = 7                    # records (bound evaluated at each)
     n_probe: int = 4                    # probe batches per record measuring the off-D step noise
@@ -102,7 +104,7 @@ class BlockStructureProfile:
 
 PROFILES = {
     "tiny": BlockStructureProfile(exact_tasks=((1, 1),), exact_L=4, exact_steps=20, fresh_tasks=((1, 1),),
-                                  fresh_L=8, batch=32, time=1.0, records=5, params=("factored",),
+                                  fresh_L=8, batch=256, time=1.0, records=5, params=("factored",),
                                   bases=("identity",)),
     "quick": BlockStructureProfile(),
     # paper scale (SPEC: r = 3, m = 2, H = 2, L = 128, batch 2048, lr 0.05; a GPU run)
@@ -250,23 +252,27 @@ def _merged_numpy(model) -> tuple[np.ndarray, np.ndarray]:
     return W.detach().cpu().double().numpy(), U.detach().cpu().double().numpy()
 
 
-def off_D_step_noise(cfg, omega, mu, lr: float, batch: int, n_probe: int, generator) -> float:
-    """nu^2: mean over ``n_probe`` fresh batches of ||P_perp(theta_1 - theta_0)||^2, the
-    squared norm of the off-D part of the change of the merged weights (W, U) in one GD
-    step of size lr (``numerics.train.train``, one step on that batch) from the
-    decomposable point (omega, mu)."""
+def off_D_step_noise_samples(cfg, omega, mu, lr: float, batch: int, n_probe: int, generator) -> np.ndarray:
+    """||P_perp(theta_1 - theta_0)||^2 on each of ``n_probe`` fresh batches: the squared norm
+    of the off-D part of the change of the merged weights (W, U) in one GD step of size lr
+    (``numerics.train.train``, one step on that batch) from the decomposable point (omega, mu)."""
     base = MultiHeadAttention.from_semi_singular_values(cfg, omega, mu)
     W0, U0 = _merged_numpy(base)
     one_step = TrainConfig(lr=lr, time=lr, records=2)
-    total = 0.0
+    out = []
     for _ in range(n_probe):
         prompts = sample_prompts(cfg, batch, generator)
         res = train(cfg, one_step, batches=lambda k: prompts, start=copy.deepcopy(base))
         W1, U1 = _merged_numpy(res.final_model)
         dW, dU = W1 - W0, U1 - U0
         dWD, dUD = project_decomposable(dW, dU, cfg.tasks, cfg.basis_numpy())
-        total += float(np.sum((dW - dWD) ** 2) + np.sum((dU - dUD) ** 2))
-    return total / n_probe
+        out.append(float(np.sum((dW - dWD) ** 2) + np.sum((dU - dUD) ** 2)))
+    return np.array(out)
+
+
+def off_D_step_noise(cfg, omega, mu, lr: float, batch: int, n_probe: int, generator) -> float:
+    """nu^2: the mean of :func:`off_D_step_noise_samples`."""
+    return float(np.mean(off_D_step_noise_samples(cfg, omega, mu, lr, batch, n_probe, generator)))
 
 
 def noise_bound(cfg, tcfg, t: np.ndarray, omega: np.ndarray, mu: np.ndarray, n_probe: int = 4,
@@ -276,18 +282,24 @@ def noise_bound(cfg, tcfg, t: np.ndarray, omega: np.ndarray, mu: np.ndarray, n_p
     Returns ``nu2`` (per record), ``rms`` (sqrt of the accumulated variance, per record),
     ``norm_D`` (||P_D theta|| per record), ``floor`` and ``bound`` = Z_SE rms / norm_D + floor."""
     gen = make_generator(probe_seed + tcfg.seed, cfg.device)
-    nu2 = np.array([off_D_step_noise(cfg, om, m_, tcfg.lr, tcfg.batch, n_probe, gen)
-                    for om, m_ in zip(omega, mu)])
+    samples = np.array([off_D_step_noise_samples(cfg, om, m_, tcfg.lr, tcfg.batch, n_probe, gen)
+                        for om, m_ in zip(omega, mu)])                     # (records, n_probe)
+    nu2 = samples.mean(axis=1)
     steps = np.rint(np.diff(t) / tcfg.lr)
     var_hat = np.concatenate([[0.0], np.cumsum(steps * np.maximum(nu2[:-1], nu2[1:]))])
-    # nu^2 is a mean of n_probe squared norms of a Gaussian quadratic form; for a given mean
-    # the form with one effective dimension is the most likely to be underestimated (the
-    # probes at record j, N_j = n_probe (j + 1) of them, then average chi^2_1's: the mean is
-    # chi^2_N / N distributed).  Upper confidence bound at the policy's tail probability:
-    # var <= var_hat N / chi2_N^{-1}(NU2_TAIL).  (Measured, (2,), L = 179, B = 32: the probes'
-    # squared norms have median/mean 0.42 and max/mean 13 over 200 draws, as chi^2_1; with
-    # the plain mean of 2 probes one Hypothesis draw in ~40 exceeded the bound.)
-    n_used = n_probe * np.arange(1, len(t) + 1)
+    # nu^2 is a mean of n_probe squared norms of a Gaussian quadratic form, chi^2_k / k
+    # distributed about its mean for k effective dimensions (k = 2 / CV^2); k = 1 is the most
+    # likely to be underestimated.  k is estimated from the probes pooled over the records
+    # (each normalised by its record's mean) and halved for that estimate's own error
+    # (floor 1); the accumulated variance is replaced by its upper confidence bound at the
+    # policy's tail probability: var <= var_hat N k / chi2_{N k}^{-1}(NU2_TAIL), N = the
+    # n_probe (j + 1) probes behind record j.  (Measured, (2,), H = 1, L = 179, B = 32: the
+    # probes' squared norms have median/mean 0.42 and max/mean 13 over 200 draws, i.e.
+    # k ~ 1; with the plain mean of 2 probes one Hypothesis draw in ~40 exceeded the bound.)
+    z = samples / np.maximum(nu2[:, None], 1e-300)
+    cv2 = float(np.sum((z - 1.0) ** 2) / max(z.size - len(t), 1)) if n_probe > 1 else 2.0
+    k_eff = max(1.0, 0.5 * 2.0 / max(cv2, 1e-12))
+    n_used = n_probe * np.arange(1, len(t) + 1) * k_eff
     confidence = n_used / chi2.ppf(NU2_TAIL, n_used)
     var = var_hat * confidence
     r = np.asarray(cfg.tasks, float)[None, None, :]
@@ -297,6 +309,7 @@ def noise_bound(cfg, tcfg, t: np.ndarray, omega: np.ndarray, mu: np.ndarray, n_p
     # decomposable only to rounding)
     floor = ROUNDING_PER_STEP * (np.rint(t / tcfg.lr) + 1) * _eps(cfg)
     return {"nu2": nu2, "rms": rms, "rms_point_estimate": np.sqrt(var_hat), "confidence_factor": confidence,
+            "effective_dimensions": k_eff,
             "norm_D": norm_D, "floor": floor, "bound": Z_SE * rms / norm_D + floor}
 
 

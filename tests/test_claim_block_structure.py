@@ -62,7 +62,7 @@ def test_symmetric_batch_keeps_D_to_rounding(device, th, L, sigma, param, basis,
 
 @settings(max_examples=8)
 @given(th=tasks_heads(), L=st.integers(16, 512), sigma=SIGMA, param=PARAM, basis=BASIS,
-       batch=st.sampled_from([16, 32]), init=st.sampled_from(["decomposable", "random_decomposable"]),
+       batch=st.sampled_from([64, 128]), init=st.sampled_from(["decomposable", "random_decomposable"]),
        init_scale=st.sampled_from([0.1, 0.15, 0.3]), seed=st.integers(0, 2 ** 16))
 def test_fresh_batches_residual_within_noise_bound(device, th, L, sigma, param, basis, batch, init, init_scale,
                                                     seed):
