@@ -345,7 +345,9 @@ def check_structure_preserved(cfg, tcfg, n_probe: int = 4, check_random_full: bo
     margin = float(ratio[k])
     perts = []
     details = {"config": cfg.to_dict(), "train": tcfg.to_dict(), "t": tr.t, "residual": tr.residual,
-               "bound": bound, "rms_noise": nb["rms"], "nu2": nb["nu2"], "norm_D": nb["norm_D"],
+               "bound": bound, "rms_noise": nb["rms"], "rms_noise_point_estimate": nb["rms_point_estimate"],
+               "confidence_factor": nb["confidence_factor"], "effective_dimensions": nb["effective_dimensions"],
+               "nu2": nb["nu2"], "norm_D": nb["norm_D"],
                "se_at_worst": float(nb["rms"][k] / nb["norm_D"][k]),
                "bound_looseness": 1.0 / margin if margin > 0 else math.inf,
                "final_omega": tr.omega[-1], "final_mu": tr.mu[-1], "final_loss_tail": res.loss,
