@@ -135,16 +135,19 @@ def run_length(cfg: ProblemConfig, lr: float, factor: float = 2.0) -> tuple[floa
         raise ValueError("no (head, task) pair escapes the warm-up from this init: no phases to check")
     # the warm-up race time (finite-time blow-up of the small-weight flow) scales the horizon;
     # the emergence follows within a few race times
-    t_max = 6.0 * float(finite.max()) + 10.0
-    grid = np.linspace(0.0, t_max, 241)
-    traj = integrate_expansion_flow(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale,
-                                    t_end=t_max, t_eval=grid)
-    if traj.status != "t_end":
-        return math.nan, traj.status
-    pt = phase_theory.phase_times(grid, traj.loss)
-    if not pt.defined:
-        raise RuntimeError(f"the expansion flow shows no phases on [0, {t_max:g}]: {pt.reason}")
-    return float(math.ceil(factor * pt.emergence_end / lr) * lr), "t_end"
+    t_max = 3.0 * float(finite.max()) + 5.0
+    for _ in range(3):
+        grid = np.linspace(0.0, t_max, 241)
+        traj = integrate_expansion_flow(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale,
+                                        t_end=t_max, t_eval=grid)
+        if traj.status != "t_end":
+            return math.nan, traj.status
+        pt = phase_theory.phase_times(grid, traj.loss)
+        # the emergence must end well before t_max, or the end level (last 10%) is not yet flat
+        if pt.defined and pt.emergence_end < 0.6 * t_max:
+            return float(math.ceil(factor * pt.emergence_end / lr) * lr), "t_end"
+        t_max *= 2.0
+    raise RuntimeError(f"the expansion flow shows no completed emergence on [0, {t_max / 2:g}]: {pt.reason}")
 
 
 def domain(cfg: ProblemConfig, winners: list | None = None, flow_status: str = "t_end") -> dict:
@@ -166,6 +169,14 @@ def domain(cfg: ProblemConfig, winners: list | None = None, flow_status: str = "
         else "the predicted winners are not distinct heads")
     return {"inside": not reasons, "reasons": reasons, "selection": bool(selection and not reasons),
             "selection_reason": sel_reason}
+
+
+def allocated_projection(mu: np.ndarray, omega: np.ndarray) -> np.ndarray:
+    """mu with each task kept only on the head carrying it (argmax_h mu omega), zero elsewhere."""
+    keep = np.zeros_like(mu)
+    heads = np.argmax(mu * omega, axis=0)
+    keep[heads, np.arange(mu.shape[1])] = mu[heads, np.arange(mu.shape[1])]
+    return keep
 
 
 def predict(cfg: ProblemConfig, tcfg: TrainConfig) -> Prediction:
@@ -194,8 +205,11 @@ def predict(cfg: ProblemConfig, tcfg: TrainConfig) -> Prediction:
     # and at the end point of the flow (near a stationary point the difference of the two
     # losses at one point is, to first order, the difference of their minimum levels)
     start_err = abs(exact_theory.exact_loss(om0, mu0, cfg.tasks, cfg.L, cfg.sigma).loss - float(traj.loss[0]))
-    end_err = abs(exact_theory.exact_loss(traj.omega[-1], traj.mu[-1], cfg.tasks, cfg.L, cfg.sigma).loss
-                  - float(traj.loss[-1]))
+    # at the end point, on its allocated projection (each task's mu kept on its carrying head
+    # only: the exact loss is then a sum of one-head terms, fast; both losses at that one point)
+    om_end, mu_end = traj.omega[-1], allocated_projection(traj.mu[-1], traj.omega[-1])
+    end_err = abs(exact_theory.exact_loss(om_end, mu_end, cfg.tasks, cfg.L, cfg.sigma).loss
+                  - expansion_loss(om_end, mu_end, cfg.tasks, cfg.L, cfg.sigma))
     return Prediction(float(t[-1]), t, traj.loss, traj.mu, pt, gd, winners, task_of_head, start_err, end_err, dom)
 
 
@@ -239,7 +253,7 @@ def measure(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: in
                        res.wall_seconds)
 
 
-def escape_time_spread(cfg, batch: int, lr: float, probe_batch: int = 256, seed: int = SPREAD_SEED) -> dict:
+def escape_time_spread(cfg, batch: int, lr: float, probe_batch: int = 128, seed: int = SPREAD_SEED) -> dict:
     """Monte-Carlo spread of a phase time of an SGD run (fresh batches of ``batch``).
 
     In the warm-up every value grows at a relative rate v = x_dot / x; a step adds lr v_B with
@@ -369,9 +383,13 @@ def check_selection(cfg, pred: Prediction, meas: Measurement, tols: dict, spread
 
     Structural conditions (error = inf if one fails): the task each winning head ends with
     (argmax_i |mu[h, i]| at the last record) is the predicted one; the share at the measured
-    emergence end > 0.9; the flow's own share rises during its warm-up (the measured rise is
-    judged by the number below: at B = 128 the flow's rise, ~0.08 for (3,3), is of the order of
-    Z_SE x the share's SGD noise, so a separate 'rise clear of noise' gate would be undecidable).
+    emergence end not below min(0.9, the flow's share there) by more than the share tolerance
+    (the paper's 0.9, unless theory's own flow is below it: unequal blocks emerge one after the
+    other, (2, 3) at L = 128 gives 0.90 at the 90%-drop time).  The rise in the warm-up is
+    held to the flow's, which *falls* for the smaller block's head when blocks are unequal (the
+    larger block grows faster in every head; recorded as ``flow_share_rises_in_warmup``); it is
+    judged by the number below, not by a gate (at B = 128 the flow's rise, ~0.08 for (3,3), is of the order of
+    Z_SE x the share's SGD noise, so a separate 'rise clear of noise' gate is undecidable).
     Number: max over heads and both phase ends of |share_meas(t_meas) - share_pred(t_pred)|;
     tolerance: Z_SE x the share's SGD noise + the change of the predicted share over the
     phase-time tolerance window (both fixed before the comparison).  The share's noise:
@@ -393,12 +411,18 @@ def check_selection(cfg, pred: Prediction, meas: Measurement, tols: dict, spread
                 "share_warmup_end": warm.tolist(), "share_emergence_end": emerg.tolist()}
         if ends != tasks:
             return math.inf, 0.0, info | {"failed": "a head ends with another task than predicted"}
-        if np.any(~(emerg > SELECTED_SHARE)):
-            return math.inf, 0.0, info | {"failed": f"share at the emergence end not above {SELECTED_SHARE}"}
+        # the paper's 0.9 at the end of the emergence, unless theory's flow itself is below it
+        # there (staggered emergence of unequal blocks): one-sided, within the share tolerance
+        threshold = np.minimum(SELECTED_SHARE, at(share_p, pred.phases.emergence_end))
+        info["share_threshold"] = threshold.tolist()
         info["share_rise_predicted"] = (at(share_p, pred.phases.warmup_end) - share_p[0]).tolist()
         info["share_rise_noise"] = (Z_SE * noise(warm, w_m)).tolist()
-        if np.any(~(np.asarray(info["share_rise_predicted"]) > 0)):
-            return math.inf, 0.0, info | {"failed": "the expansion flow's share does not rise in its warm-up"}
+        # the paper's 'inclination builds in the warm-up' is theory's prediction only where the
+        # flow's share rises: with unequal blocks the larger block grows faster in *every* head,
+        # and the smaller block's head first loses share (a finding, recorded; the measured
+        # share is then held to the flow's, fall included)
+        info["flow_share_rises_in_warmup"] = bool(np.all(np.asarray(info["share_rise_predicted"]) > 0))
+        info["share_rise_measured"] = (warm - start).tolist()
         err, tol = 0.0, math.inf
         errs, tolv = [], []
         for key, tm in (("warmup_end", w_m), ("emergence_end", e_m)):
@@ -407,8 +431,11 @@ def check_selection(cfg, pred: Prediction, meas: Measurement, tols: dict, spread
             window = np.abs(at(share_p, min(tp + dt, t[-1])) - at(share_p, max(tp - dt, 0.0)))
             tolv.append(Z_SE * noise(sp_, tp) + window)
             errs.append(np.abs(sm - sp_))
-        ratios = np.array(errs) / np.maximum(np.array(tolv), 1e-300)
         info |= {"share_errors": np.array(errs).tolist(), "share_tolerances": np.array(tolv).tolist()}
+        if np.any(emerg < threshold - tolv[1]):
+            return math.inf, 0.0, info | {"failed": "share at the emergence end below min(0.9, flow's share) "
+                                                    "by more than its tolerance"}
+        ratios = np.array(errs) / np.maximum(np.array(tolv), 1e-300)
         return float(ratios.max()), 1.0, info
 
     err, tol, info = evaluate(pred.task_of_head)
@@ -426,7 +453,7 @@ def check_selection(cfg, pred: Prediction, meas: Measurement, tols: dict, spread
         e2, t2, info2 = evaluate(wrong)
         perts.append(perturbation("winners permuted", e2, 1.0, task_of_head=wrong))
     return Comparison(name, info.get("share_emergence_end"), [SELECTED_SHARE, pred.task_of_head], err, 1.0,
-                      "structural (predicted task, share > 0.9 at emergence end, flow share rises in warm-up); "
+                      "structural (predicted task, share at emergence end >= min(0.9, flow share) - tol); "
                       "then |share_meas - share_pred| at both phase ends <= Z_SE share noise + predicted share "
                       "change over the phase-time tolerance", perts, info)
 
@@ -437,12 +464,15 @@ def check_converged_loss(cfg, meas: Measurement) -> Comparison:
     error estimate.  Perturbation: the exact loss at context length 2L."""
     name = f"converged loss tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g} s0={cfg.init_scale:g}"
     ex = exact_theory.exact_loss(meas.final_omega, meas.final_mu, cfg.tasks, cfg.L, cfg.sigma)
-    wrong = exact_theory.exact_loss(meas.final_omega, meas.final_mu, cfg.tasks, 2 * cfg.L, cfg.sigma).loss
+    # a different prediction: the exact loss at context length 2L (of the allocated projection
+    # of the readout, a sum of one-head terms: cheap)
+    wrong = exact_theory.exact_loss(meas.final_omega, allocated_projection(meas.final_mu, meas.final_omega),
+                                    cfg.tasks, 2 * cfg.L, cfg.sigma).loss
     tol = Z_SE * meas.held_out.se + ex.error_estimate
     return Comparison(name, meas.held_out.mean, ex.loss, abs(meas.held_out.mean - ex.loss), tol,
                       f"{Z_SE:g} x held-out se + quadrature error (off-D residual {meas.residual:.3g} enters the "
                       "measurement at second order)",
-                      [perturbation("exact loss at context length 2L", abs(meas.held_out.mean - wrong), tol,
+                      [perturbation("exact loss at context length 2L (allocated projection)", abs(meas.held_out.mean - wrong), tol,
                                     predicted=wrong)],
                       {"se": meas.held_out.se, "n": meas.held_out.n, "exact_case": ex.case, "residual": meas.residual})
 
@@ -596,11 +626,13 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None,
                                                      measured=c.measured[key],
                                                      tolerance=c.details["tolerances"][key]["tolerance"]))
                 elif c.name.startswith("head selection"):
-                    headline.append(headline_row(c, f"share of OV mass on the selected task at emergence end "
-                                                    f"(s0={s0:g}, min over heads)",
-                                                 theory=f"> {SELECTED_SHARE}",
-                                                 measured=min(c.details.get("share_emergence_end") or [math.nan]),
-                                                 tolerance=0.0))
+                    d = c.details
+                    headline.append(headline_row(
+                        c, f"share of OV mass on the selected task at emergence end (s0={s0:g}, min over heads; "
+                           "theory: min(0.9, expansion flow's share))",
+                        theory=min(d.get("share_threshold") or [math.nan]),
+                        measured=min(d.get("share_emergence_end") or [math.nan]),
+                        tolerance=max(d["share_tolerances"][1]) if d.get("share_tolerances") else math.inf))
                 elif c.name.startswith("converged loss"):
                     headline.append(headline_row(c, f"converged loss (s0={s0:g})", se=c.details["se"]))
                 else:
