@@ -480,8 +480,7 @@ def check_converged_loss(cfg, meas: Measurement) -> Comparison:
 def check_warmup_law(cfg0, scales, warmups, tols) -> tuple[Comparison, Comparison]:
     """Measured warm-up ends T(s0) against the law C/s0 + c0 (C, c0: theory's fit of the
     expansion flow's warm-up ends at these s0).  Per s0 the tolerance is that of the phase
-    comparison plus the law's own residual there (theory's approximation error); compared
-    as max |dT|/tol.  Perturbations: c0 = 0 (a pure inverse law) and the exponent 1.2.
+    comparison (the law's fit residual is reported, never added); compared as max |dT|/tol.  Perturbations: c0 = 0 (a pure inverse law) and the exponent 1.2.
     Second comparison: C fitted to the measured T against theory's C, tolerance propagated
     linearly (sum |dC/dT_j| tol_j)."""
     s = np.asarray(scales, float)
@@ -489,16 +488,20 @@ def check_warmup_law(cfg0, scales, warmups, tols) -> tuple[Comparison, Compariso
                                                 tuple(s), cfg0.logit_scale)
     C, c0 = law["inverse"]["C"], law["inverse"]["c0"]
     T_pred = np.asarray(phase_theory.warmup_law_time(s, C, c0))
+    # the law's own fit residual against the flow's warm-up ends is reported, not added: a
+    # tolerance may not depend on the prediction under test (a wrong C would widen it); it is
+    # below 0.1 % of T for the factored flow (tests/test_theory_three_phases.py), far below
+    # one record spacing
     resid = np.abs(np.asarray(law["warmup_end"]) - C / s - c0)
-    tol = np.asarray(tols, float) + resid
+    tol = np.asarray(tols, float)
     T = np.asarray(warmups, float)
     ratio = lambda pred: float(np.max(np.abs(T - pred) / tol))  # noqa: E731
     name = f"warm-up law tasks={cfg0.tasks} H={cfg0.heads} L={cfg0.L} s0={list(s)}"
     perts = [perturbation("pure inverse law (c0 = 0)", ratio(C / s), 1.0, predicted=(C / s).tolist()),
              perturbation("exponent of s0 1.2", ratio(C / s ** 1.2 + c0), 1.0, predicted=(C / s ** 1.2 + c0).tolist())]
     law_c = Comparison(name, T.tolist(), T_pred.tolist(), ratio(T_pred), 1.0,
-                       "per s0: the phase comparison's warm-up tolerance + |expansion flow - law| there", perts,
-                       {"C": C, "c0": c0, "tolerances": tol.tolist(), "law": law})
+                       "per s0: the phase comparison's warm-up tolerance (fixed before the law is consulted)", perts,
+                       {"C": C, "c0": c0, "tolerances": tol.tolist(), "law_residual": resid.tolist(), "law": law})
     A = np.stack([1.0 / s, np.ones_like(s)], axis=1)
     coef_map = np.linalg.pinv(A)                     # (2, n): [C, c0] = coef_map @ T
     C_meas = float(coef_map[0] @ T)
