@@ -122,3 +122,10 @@ def test_quick_profile_passes_with_the_warmup_law(device):
     result = claim.run(profile="quick", device=device)
     assert result.verdict == "pass", [c["name"] + ": " + str(c["error"]) for c in result.details["comparisons"]]
     assert any(h["name"].startswith("warm-up constant C") for h in result.headline)
+
+
+@pytest.mark.thorough
+@settings(max_examples=12)
+@given(problem=problems(), seed=st.integers(0, 2 ** 16))
+def test_drawn_case_thorough(device, problem, seed):
+    test_drawn_case_agrees_inside_domain_or_shows_its_boundary.hypothesis.inner_test(device, problem, seed)
