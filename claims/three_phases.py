@@ -27,7 +27,7 @@ Comparisons (each a :class:`claims.common.Comparison`):
 3. *converged loss*: held-out loss of the final readout's allocated projection against the
    exact loss at that point, Z_SE standard errors + the quadrature's error (the full model's
    held-out loss on the same prompts reported beside it).  Perturbation: the exact loss at
-   context length 2L.
+   context length L/4.
 4. *warm-up law* (profiles with >= 3 init scales): the measured warm-up ends against
    C/s0 + c0; perturbations: the pure inverse law (c0 = 0) and the exponent 1.2.
 
@@ -472,16 +472,18 @@ def check_converged_loss(cfg, meas: Measurement) -> Comparison:
     model's own held-out loss on the same prompts is reported beside it (``full_model``,
     ``gap_full_minus_allocated``: the off-D weights and the off-task mu still decaying), not
     judged: theory's exact loss of a point with every mu nonzero needs the pair moments
-    (minutes for H >= 3).  Perturbation: the exact loss at context length 2L."""
+    (minutes for H >= 3).  Perturbation: the exact loss at context length L/4."""
     name = f"converged loss tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g} s0={cfg.init_scale:g}"
     mu_alloc = allocated_projection(meas.final_mu, meas.final_omega)
     ex = exact_theory.exact_loss(meas.final_omega, mu_alloc, cfg.tasks, cfg.L, cfg.sigma)
-    wrong = exact_theory.exact_loss(meas.final_omega, mu_alloc, cfg.tasks, 2 * cfg.L, cfg.sigma).loss
+    # the finite-L part of the loss is ~ 1/L: at L/4 it is ~4 x larger (at 2L only halved,
+    # which heavy-tailed per-prompt losses at n ~ 2000 cannot always resolve)
+    wrong = exact_theory.exact_loss(meas.final_omega, mu_alloc, cfg.tasks, max(1, cfg.L // 4), cfg.sigma).loss
     m = meas.held_out_allocated
     tol = Z_SE * m.se + ex.error_estimate
     return Comparison(name, m.mean, ex.loss, abs(m.mean - ex.loss), tol,
                       f"{Z_SE:g} x held-out se + quadrature error",
-                      [perturbation("exact loss at context length 2L", abs(m.mean - wrong), tol, predicted=wrong)],
+                      [perturbation("exact loss at context length L/4", abs(m.mean - wrong), tol, predicted=wrong)],
                       {"se": m.se, "n": m.n, "exact_case": ex.case, "residual": meas.residual,
                        "full_model": {"mean": meas.held_out.mean, "se": meas.held_out.se},
                        "gap_full_minus_allocated": meas.held_out.mean - m.mean})
@@ -660,7 +662,9 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None,
             comps += [law_c, c_row]
             headline.append(headline_row(c_row, "warm-up constant C (T = C/s0 + c0)"))
             headline.append(headline_row(law_c, "warm-up law T = C/s0 + c0 (max |dT|/tol over s0)",
-                                         theory=law_c.details["C"], measured=law_c.error, tolerance=1.0))
+                                         theory=f"C/s0 + c0 with C = {law_c.details['C']:.4g}, "
+                                                f"c0 = {law_c.details['c0']:.4g}",
+                                         measured=law_c.error, tolerance=1.0))
         progress(f"{CLAIM_ID}: done", 1.0)
         ran = [{"config": c.cfg.to_dict(), "train": c.tcfg.to_dict(), "domain": c.prediction.domain,
                 "boundary": c.boundary} for c in cases]
