@@ -57,7 +57,7 @@ from numerics.evaluate import held_out_loss, held_out_reduced_loss
 from numerics.model import initial_semi_singular_values
 from numerics.reduced import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
 from numerics.train import TrainConfig, train
-from theory.reduced_ode import expansion_gd_map, expansion_loss, expansion_valid, integrate_expansion_flow
+from theory.reduced_ode import expansion_gd_map, expansion_loss, integrate_expansion_flow
 
 CLAIM_ID = "three-phases"
 TITLE = "Three phases: warm-up, emergence, convergence"

@@ -9,7 +9,6 @@ emergence whatever the seed.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
