@@ -28,7 +28,7 @@ def problems(draw):
     heads = draw(st.integers(1, m + 1))
     L = draw(st.sampled_from([16, 32, 64, 128, 256, 512]))
     sigma = draw(st.sampled_from([0.0, 0.5]))
-    s0 = draw(st.sampled_from([0.03, 0.05]))
+    s0 = draw(st.sampled_from([0.03, 0.04]))
     return tasks, heads, L, sigma, s0
 
 
@@ -39,7 +39,7 @@ def test_drawn_case_agrees_inside_domain_or_shows_its_boundary(device, problem, 
     # logit scale with r s > 4 for the smallest block, so the flow stays in 2 omega^2 < 1
     s = 4.0 if min(tasks) >= 2 else 6.0
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, logit_scale=s, init_scale=s0, device=device)
-    case = claim.run_case(cfg, lr=0.05, batch=128, records=41, eval_batch=512, held_out=2048, seed=seed)
+    case = claim.run_case(cfg, lr=0.05, batch=128, records=41, eval_batch=2048, held_out=2048, seed=seed)
     note(f"domain {case.prediction.domain}; boundary {case.boundary}")
     for c in case.comparisons:
         note(c.explain())
@@ -50,7 +50,12 @@ def test_drawn_case_agrees_inside_domain_or_shows_its_boundary(device, problem, 
     assert case.comparisons, "an in-domain case must make comparisons"
     for c in case.comparisons:
         assert c.agrees, c.explain()
-        assert not c.perturbations or c.discriminates, c.explain()
+        # a phase comparison whose tolerance exceeds T/2 (decided before comparing) cannot
+        # reject a factor-2 warm-up and says so; every other perturbation must be rejected
+        if c.details.get("resolvable", True):
+            assert not c.perturbations or c.discriminates, c.explain()
+        else:
+            assert "UNDECIDABLE" in c.why, c.explain()
     names = [c.name.split(" tasks")[0] for c in case.comparisons]
     assert ("head selection" in names) == case.prediction.domain["selection"], names
     if heads < len(tasks):
