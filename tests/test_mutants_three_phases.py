@@ -26,6 +26,9 @@ LAW = claim.ThreePhasesProfile(tasks=(3, 3), heads=2, L=32, init_scales=(0.01, 0
 # one case with two heads and two tasks: the selection mechanism and the converged loss
 SMALL = claim.ThreePhasesProfile(tasks=(3, 3), heads=2, L=32, init_scales=(0.05,), batch=256, records=81,
                                  eval_batch=2048, held_out=16384)
+# one precise case (small s0, large batch, fine records): tight phase-time tolerances
+PRECISE = claim.ThreePhasesProfile(tasks=(3, 3), heads=2, L=32, init_scales=(0.02,), batch=1024, records=161,
+                                   eval_batch=2048, held_out=4096)
 # label noise that matters: small blocks, short context, sigma = 0.5
 NOISY = claim.ThreePhasesProfile(tasks=(1, 1), heads=2, L=16, sigma=0.5, logit_scale=6.0, init_scales=(0.05,),
                                  batch=256, records=81, eval_batch=2048, held_out=16384)
@@ -55,7 +58,7 @@ def _report(name, result):
     return result.verdict
 
 
-@pytest.mark.parametrize("profile", [LAW, SMALL, NOISY], ids=["law", "small", "noisy"])
+@pytest.mark.parametrize("profile", [LAW, SMALL, PRECISE, NOISY], ids=["law", "small", "precise", "noisy"])
 def test_unmutated_profiles_pass(profile, cached_measurement):
     result = claim.run(profile=profile)
     assert _report(f"none ({profile.tasks}, s0={profile.init_scales}, sigma={profile.sigma})", result) == "pass", \
@@ -113,7 +116,10 @@ def test_mutant_logits_doubled(monkeypatch):
         return torch.einsum("hki,bhi->bk", U, torch.bmm(p, context))
 
     monkeypatch.setattr(numerics.model.MultiHeadAttention, "forward", forward)
-    assert _report("full model's logits doubled", claim.run(profile=SMALL)) != "pass"
+    result = claim.run(profile=PRECISE)
+    assert _report("full model's logits doubled", result) != "pass"
+    # caught by a comparison, not only by a perturbation that stopped being rejected
+    assert not all(c["agrees"] for c in result.details["comparisons"])
 
 
 def test_mutant_label_noise_dropped(monkeypatch):
