@@ -174,12 +174,18 @@ def domain(cfg: ProblemConfig, winners: list | None = None, flow_status: str = "
             "selection_reason": sel_reason}
 
 
-def allocated_projection(mu: np.ndarray, omega: np.ndarray) -> np.ndarray:
-    """mu with each task kept only on the head carrying it (argmax_h mu omega), zero elsewhere."""
-    keep = np.zeros_like(mu)
-    heads = np.argmax(mu * omega, axis=0)
-    keep[heads, np.arange(mu.shape[1])] = mu[heads, np.arange(mu.shape[1])]
-    return keep
+def allocated_projection(mu: np.ndarray, omega: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(omega, mu) with each task's mu kept only on the head carrying it (argmax_h mu omega)
+    and on heads whose omega row equals that head's to rounding (rtol 1e-9: with the default
+    init heads h and h + m start equal and stay equal but for float rounding; their rows are
+    set bitwise equal so that theory.exact merges them -- same softmax, their mu add); zero
+    elsewhere."""
+    om, keep = np.array(omega, float), np.zeros_like(mu)
+    for i, c in enumerate(np.argmax(mu * omega, axis=0)):
+        same = np.all(np.isclose(omega, omega[c], rtol=1e-9, atol=0.0), axis=1)
+        om[same] = omega[c]
+        keep[same, i] = mu[same, i]
+    return om, keep
 
 
 def predict(cfg: ProblemConfig, tcfg: TrainConfig) -> Prediction:
@@ -210,7 +216,7 @@ def predict(cfg: ProblemConfig, tcfg: TrainConfig) -> Prediction:
     start_err = abs(exact_theory.exact_loss(om0, mu0, cfg.tasks, cfg.L, cfg.sigma).loss - float(traj.loss[0]))
     # at the end point, on its allocated projection (each task's mu kept on its carrying head
     # only: the exact loss is then a sum of one-head terms, fast; both losses at that one point)
-    om_end, mu_end = traj.omega[-1], allocated_projection(traj.mu[-1], traj.omega[-1])
+    om_end, mu_end = allocated_projection(traj.mu[-1], traj.omega[-1])
     end_err = abs(exact_theory.exact_loss(om_end, mu_end, cfg.tasks, cfg.L, cfg.sigma).loss
                   - expansion_loss(om_end, mu_end, cfg.tasks, cfg.L, cfg.sigma))
     rate_err = None
@@ -277,8 +283,7 @@ def measure(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: in
     # both on the same fresh prompts (one held-out seed): their gap is the effect of the
     # off-D weights and of the off-task mu left at the end, reported with the comparison
     full = held_out_loss(res.final_model, n=held_out, seed=HELD_OUT_SEED)
-    alloc = held_out_reduced_loss(ro.omega, allocated_projection(ro.mu, ro.omega), cfg, n=held_out,
-                                  seed=HELD_OUT_SEED)
+    alloc = held_out_reduced_loss(*allocated_projection(ro.mu, ro.omega), cfg, n=held_out, seed=HELD_OUT_SEED)
     return Measurement(tr.t, per.mean(axis=1), per, tr.mu, tr.omega, phase_theory.phase_times(tr.t, per.mean(axis=1)),
                        float(drop.std(ddof=1) / math.sqrt(eval_batch)), full, alloc, ro.omega, ro.mu, ro.residual,
                        res.wall_seconds)
@@ -525,11 +530,11 @@ def check_converged_loss(cfg, meas: Measurement) -> Comparison:
     judged: theory's exact loss of a point with every mu nonzero needs the pair moments
     (minutes for H >= 3).  Perturbation: the exact loss at context length L/4."""
     name = f"converged loss tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g} s0={cfg.init_scale:g}"
-    mu_alloc = allocated_projection(meas.final_mu, meas.final_omega)
-    ex = exact_theory.exact_loss(meas.final_omega, mu_alloc, cfg.tasks, cfg.L, cfg.sigma)
+    om_alloc, mu_alloc = allocated_projection(meas.final_mu, meas.final_omega)
+    ex = exact_theory.exact_loss(om_alloc, mu_alloc, cfg.tasks, cfg.L, cfg.sigma)
     # the finite-L part of the loss is ~ 1/L: at L/4 it is ~4 x larger (at 2L only halved,
     # which heavy-tailed per-prompt losses at n ~ 2000 cannot always resolve)
-    wrong = exact_theory.exact_loss(meas.final_omega, mu_alloc, cfg.tasks, max(1, cfg.L // 4), cfg.sigma).loss
+    wrong = exact_theory.exact_loss(om_alloc, mu_alloc, cfg.tasks, max(1, cfg.L // 4), cfg.sigma).loss
     m = meas.held_out_allocated
     tol = Z_SE * m.se + ex.error_estimate
     return Comparison(name, m.mean, ex.loss, abs(m.mean - ex.loss), tol,
