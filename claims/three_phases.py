@@ -282,7 +282,8 @@ def measure(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: in
     ro = res.final_model.semi_singular_values()
     # both on the same fresh prompts (one held-out seed): their gap is the effect of the
     # off-D weights and of the off-task mu left at the end, reported with the comparison
-    full = held_out_loss(res.final_model, n=held_out, seed=HELD_OUT_SEED)
+    # (the full model's loss is reported only: at most 4096 of the same fresh prompts)
+    full = held_out_loss(res.final_model, n=min(held_out, 4096), seed=HELD_OUT_SEED)
     alloc = held_out_reduced_loss(*allocated_projection(ro.mu, ro.omega), cfg, n=held_out, seed=HELD_OUT_SEED)
     return Measurement(tr.t, per.mean(axis=1), per, tr.mu, tr.omega, phase_theory.phase_times(tr.t, per.mean(axis=1)),
                        float(drop.std(ddof=1) / math.sqrt(eval_batch)), full, alloc, ro.omega, ro.mu, ro.residual,

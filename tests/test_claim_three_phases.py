@@ -39,7 +39,10 @@ def test_drawn_case_agrees_inside_domain_or_shows_its_boundary(device, problem, 
     # logit scale with r s > 4 for the smallest block, so the flow stays in 2 omega^2 < 1
     s = 4.0 if min(tasks) >= 2 else 6.0
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, logit_scale=s, init_scale=s0, device=device)
-    case = claim.run_case(cfg, lr=0.05, batch=128, records=41, eval_batch=2048, held_out=2048, seed=seed)
+    # held_out = 16384: where a head saturates (2 omega^2 > 1, e.g. r = 1, L = 32, omega = 0.78)
+    # the per-prompt losses are heavy-tailed; 2048 prompts gave 0.131 +- 0.011 against
+    # 0.147 +- 0.002 at 65536 prompts and 0.1451 exact
+    case = claim.run_case(cfg, lr=0.05, batch=128, records=41, eval_batch=1536, held_out=16384, seed=seed)
     note(f"domain {case.prediction.domain}; boundary {case.boundary}")
     for c in case.comparisons:
         note(c.explain())
