@@ -620,6 +620,12 @@ integrated to the run's end time, its runner-up head's |mu| is at most 20% of th
 is a slow race: outside the domain, its winner is recorded, not judged."""
 
 
+def _runner_up_share(column) -> float:
+    """|mu| of the runner-up head on a task over the winner's (0 with one head)."""
+    a = np.sort(np.abs(np.asarray(column, float)))
+    return float(a[-2] / a[-1]) if a.size > 1 and a[-1] > 0 else 0.0
+
+
 def predicted_shares_at_end(om0, mu0, cfg, t_end: float) -> tuple[list[int], list[float]]:
     """Theory's expansion flow (cfg.param's metric) from (om0, mu0) to t_end: per task the
     head with the largest |mu| and the runner-up's share of it."""
@@ -627,7 +633,7 @@ def predicted_shares_at_end(om0, mu0, cfg, t_end: float) -> tuple[list[int], lis
                                                 t_end=t_end, t_eval=np.array([0.0, t_end]))
     mu = np.abs(traj.final_mu)
     return ([int(h) for h in np.argmax(mu, axis=0)],
-            [float(np.sort(mu[:, i])[-2] / mu[:, i].max()) for i in range(cfg.m)])
+            [_runner_up_share(mu[:, i]) for i in range(cfg.m)])
 
 
 def fewer_heads_error(loss_trained: float, loss_predicted: float, measured_winners, predicted_winners,
@@ -684,7 +690,7 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
     tol = Z_SE * math.sqrt(2.0) * se_trained + drift + fluctuation
     err = fewer_heads_error(trained, predicted_loss, measured_winners, winners, decisive)
     permuted = [(h + 1) % cfg.heads for h in winners]
-    shares = [float(np.sort(np.abs(mu_avg[:, i]))[-2] / np.abs(mu_avg[:, i]).max()) for i in range(cfg.m)]
+    shares = [_runner_up_share(mu_avg[:, i]) for i in range(cfg.m)]
     return Comparison(
         name=f"H < m: tasks={list(cfg.tasks)}, H={cfg.heads}, L={cfg.L}",
         measured={"loss_trained": trained, "winners": measured_winners},
@@ -695,10 +701,11 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
             f"step-size fluctuation of the averaged iterate ({fluctuation:.3g}); winners judged: {decisive}",
         perturbations=[perturbation("one head per task (the m-head allocated limit's loss)",
                                     fewer_heads_error(trained, float(losses[2].mean()), measured_winners, winners,
-                                                      decisive), tol, predicted=float(losses[2].mean())),
-                       perturbation("winners permuted (head h -> h + 1 mod H)",
-                                    fewer_heads_error(trained, predicted_loss, measured_winners, permuted, decisive),
-                                    tol, predicted=permuted)],
+                                                      decisive), tol, predicted=float(losses[2].mean()))]
+        # (with one head there is no other winner to permute to)
+        + ([perturbation("winners permuted (head h -> h + 1 mod H)",
+                         fewer_heads_error(trained, predicted_loss, measured_winners, permuted, decisive),
+                         tol, predicted=permuted)] if cfg.heads > 1 else []),
         details={"config": cfg.to_dict(), "train": tcfg.to_dict(), "omega0": om0.tolist(), "mu0": mu0.tolist(),
                  "predicted_shares_at_end": end_shares, "winners_judged": decisive, "se_trained": se_trained,
                  "omega": np.round(om_avg, 4).tolist(), "mu": np.round(mu_avg, 4).tolist(),
