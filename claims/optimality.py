@@ -37,8 +37,8 @@ from claims.common import (Z_SE, Comparison, check_profile, comparisons_result, 
                            paired_ratio, perturbation)
 from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss
-from numerics.exact_reduced import (FamilyMinimum, allocated_minimum, best_found_minimum, measure, minimise_family,
-                                    one_thread)
+from numerics.exact_reduced import (FamilyMinimum, allocated_minimum, best_found_minimum, evaluate, measure,
+                                    minimise_family, one_thread)
 from numerics.model import MultiHeadAttention
 from numerics.train import TrainConfig, TrainingDiverged, train
 from theory import limiting_error as th_limit
@@ -236,19 +236,23 @@ def check_constant_at_heads(cand: dict, bracket: dict, dom: dict) -> Comparison:
 def check_best_as_full_model(cand: dict, device="cpu", n: int = 8192, seed: int = 0) -> Comparison:
     """Bridge: the best decomposable point (omega, mu), built as a full merged model, has on
     fresh whole prompts the loss the exact reduced estimator gave it (tolerance Z_SE standard
-    errors of the difference of the two independent estimates).  Perturbation: the limit's
-    loss predicted instead."""
+    errors of the difference of the two independent estimates): the candidate is a genuine
+    H-head softmax attention.  Perturbation: the reduced loss of the same point with its
+    logits doubled, (2 omega, mu), on n fresh reduced prompts (a wrong logit scale)."""
     fm = cand["best_decomposable"]
-    cfg = ProblemConfig(tasks=tuple(cand["tasks"]), heads=cand["H"], L=cand["L"], sigma=cand["sigma"],
+    tasks = tuple(cand["tasks"])
+    cfg = ProblemConfig(tasks=tasks, heads=cand["H"], L=cand["L"], sigma=cand["sigma"],
                         param="merged", init="decomposable", device=device)
     est = held_out_loss(MultiHeadAttention.from_semi_singular_values(cfg, fm.omega, fm.mu), n=n, seed=seed)
+    doubled = float(evaluate([(2.0 * fm.omega, fm.mu)], tasks, cand["L"], cand["sigma"], n, seed + 1,
+                             device).mean())
     tol = Z_SE * math.hypot(est.se, fm.se)
     return Comparison(
         name=f"best decomposable point as a full model, H = {cand['H']}", measured=est.mean, predicted=fm.loss,
         error=abs(est.mean - fm.loss), tolerance=tol,
         why=f"{Z_SE:g} standard errors of the difference of two independent Monte-Carlo estimates",
-        perturbations=[perturbation("the limit's loss", abs(est.mean - cand["allocated"]["loss"]), tol,
-                                    predicted=cand["allocated"]["loss"])],
+        perturbations=[perturbation("logits doubled: the reduced loss at (2 omega, mu)", abs(est.mean - doubled),
+                                    tol, predicted=doubled)],
         details={"full_model": asdict(est), "reduced": {"loss": fm.loss, "se": fm.se},
                  "omega": fm.omega.tolist(), "mu": fm.mu.tolist()})
 
