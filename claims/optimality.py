@@ -68,7 +68,7 @@ class OptimalityProfile:
     held_out_prompts: int = 8192     # fresh prompts for each trained model's loss
     limit_tasks: tuple = (2,)        # problem of the L -> inf extrapolation at 2m heads (() = skipped)
     limit_Ls: tuple = (256, 1024, 4096)
-    limit_eval_elements: int = 2 ** 21
+    limit_eval_elements: int = 2 ** 24  # evaluation elements per L (C's se ~0.14 at L = 4096, r = 2)
     limit_fit_elements: int = 2 ** 17
 
 
@@ -81,7 +81,7 @@ PROFILES = {
     "paper": OptimalityProfile(tasks=(4, 4, 4), L=256, decomposable_starts=4, full_starts=4, train_time=120.0,
                                train_batch=2048, fit_elements=2 ** 21, eval_prompts=16384, held_out_prompts=32768,
                                limit_tasks=(4,), limit_Ls=(512, 1024, 2048, 4096, 8192),
-                               limit_eval_elements=2 ** 23, limit_fit_elements=2 ** 20),
+                               limit_eval_elements=2 ** 26, limit_fit_elements=2 ** 20),
 }
 
 
