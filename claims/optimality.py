@@ -360,7 +360,10 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None,
             CLAIM_ID, TITLE, STATEMENT, comps, [fig],
             {"profile": profile, "seed": seed, "domain": doms, "constant_against_H": table,
              "ran": {"tasks": list(tasks), "L": L, "sigma": sigma, "heads": Hs, "problem": problem,
-                     "profile": asdict(prof)},
+                     "profile": asdict(prof),
+                     "models": "the limit: allocated point (exact reduced estimator); candidates: decomposable "
+                               "points with shared heads and full MERGED models (problem's param is not used: "
+                               "the best model is searched over free W, U)"},
              "note": "C_H is measured against the best found (a search bounds the optimum from above), so it is "
                      "a lower bound on the true constant; the spread over starts is in constant_against_H"},
             short_why=True, headline=rows)
