@@ -72,7 +72,9 @@ def run_bench(bc: BenchConfig) -> dict:
     bar.update(1)
 
     # -- 1. ours against the reference; 2. roofline ------------------------------------
-    out["step"], out["roofline"] = {}, {}
+    out["step"] = {}
+    if full:
+        out["roofline"] = {}
     for dt in bc.dtypes:
         phase(f"step {dt}")
         cfg = problem(main, dt, dev)
