@@ -61,6 +61,12 @@ ON_D = 0.1
 ALLOCATED_SHARE = 0.9
 """A task is 'allocated' to its winning head when that head carries at least 90% of
 sum_h |mu[h,i] omega[h,i]|."""
+RACE_DECIDED_SHARE = 2.0 / 3.0
+"""A race cell's winner counts as measured when the leading head carries at least 2/3 of
+sum_h |mu omega| at t_end in every data seed (the loser's share only falls after the race
+is decided, slowly when one task is shared by two heads: at t_end = 40 the measured shares
+were either >= 0.92 or between 0.5 and 0.88 with the argmax fixed); below, the race has not
+ended and the cell is undecided."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,8 @@ class InitProfile:
     small_factor: float = 0.8      # how far below theory's small scale the "small" run starts
     init_seeds: tuple = (0, 1)     # random starts per scale (data seed = init seed)
     unbalanced_seeds: tuple = (0, 1, 2)   # draws of (a_h, b_h)
-    unbalanced_scale: float = 0.1  # s0 of the unbalanced decomposable start
+    unbalanced_scale: float = 0.03 # s0 of the unbalanced decomposable start (small: phases long against a spacing)
+    unbalanced_records: int = 161  # fine records: the phases of an unbalanced start last a few time units
     lr: float = 0.1                # GD step (time step)
     time: float = 80.0             # t_end
     batch: int = 512               # prompts per step
@@ -83,11 +90,11 @@ class InitProfile:
 
 INIT_PROFILES = {
     "tiny": InitProfile(tasks=(2,), heads=2, L=16, scales=("small", 1.0), init_seeds=(0,), unbalanced_seeds=(0,),
-                        time=30.0, batch=128, records=31, n_eval=2048),
+                        time=30.0, batch=128, records=31, unbalanced_records=121, n_eval=2048),
     "quick": InitProfile(),
     "paper": InitProfile(tasks=(4, 4, 4), heads=3, L=256, scales=("small", 0.1, 0.3, 1.0),
                          init_seeds=(0, 1, 2, 3), unbalanced_seeds=(0, 1, 2, 3, 4, 5), lr=0.05, time=150.0,
-                         batch=1024, records=61, n_eval=65536),
+                         batch=1024, records=61, unbalanced_records=601, n_eval=65536),
 }
 
 
@@ -101,7 +108,7 @@ class RaceProfile:
     ratios: tuple = (0.5, 0.8, 1.25, 2.0)   # runner-up's omega0/s0 (columns) and mu0/s0 (rows)
     data_seeds: tuple = (0, 1)     # two prompt streams per cell: a cell is decided when they agree
     lr: float = 0.1
-    time: float = 40.0
+    time: float = 60.0
     batch: int = 256
     records: int = 41
     large_tasks: tuple = (2, 2)    # item 4: default decomposable start at growing scale
@@ -134,6 +141,18 @@ def _profile(table: dict, profile, problem):
 
 def _tcfg(p, seed: int, time_=None, records=None) -> TrainConfig:
     return TrainConfig(lr=p.lr, time=time_ or p.time, batch=p.batch, seed=seed, records=records or p.records)
+
+
+def _undecided_is_error(result, comps):
+    """A comparison with nothing to compare (no phase times defined in both curves, no race
+    cell decided) cannot decide: the claim's verdict is then 'error' with the reason, never
+    'fail' (the measurement did not contradict theory) and never 'pass'."""
+    empty = [c.name for c in comps if c.details.get("compared", 1) == 0 or c.details.get("decided", 1) == 0]
+    if empty and result.verdict != "error":
+        result.verdict = "error"
+        result.details["undecided"] = (f"nothing to compare in: {'; '.join(empty)} (phase times undefined in one of "
+                                       "the two curves, or no race cell decided): the run cannot decide")
+    return result
 
 
 def _row(name, theory=None, measured=None, se=None, tolerance=None, agrees=None) -> dict:
@@ -272,6 +291,18 @@ def unbalanced_run(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
     return out
 
 
+def _untied_tasks(omega0, mu0) -> list[int]:
+    """Tasks whose two leading heads do not start from the same (omega0, mu0)."""
+    om, mu = np.asarray(omega0), np.asarray(mu0)
+    out = []
+    for i in range(om.shape[1]):
+        order = np.argsort(-(om[:, i] * mu[:, i]))
+        if om.shape[0] == 1 or not (np.isclose(om[order[0], i], om[order[1], i], rtol=1e-12, atol=0)
+                                    and np.isclose(mu[order[0], i], mu[order[1], i], rtol=1e-12, atol=0)):
+            out.append(i)
+    return out
+
+
 def check_unbalanced(runs: list[dict]) -> Comparison:
     """The full model from an unbalanced start against the reduced flow with the unbalanced
     metric (theory's account: on D the balances are conserved, so the flow needs no balance):
@@ -280,19 +311,19 @@ def check_unbalanced(runs: list[dict]) -> Comparison:
     reduced flow's phase times 50% longer, through the same comparison."""
     spacing = runs[0]["spacing"]
 
+    pairs = [(r["full"]["phases"][w], r["reduced_unbalanced"]["phases"][w]) for r in runs
+             for w in ("warmup_end", "emergence_end")]
+    both = [(a, b) for a, b in pairs if math.isfinite(a) and math.isfinite(b)]
+    # winners compared on the tasks whose start is not a tie (with H > m several heads start
+    # from the same (omega0, mu0) on a task; the tie is broken by noise, not by theory)
+    same_winners = all(r["full"]["winners"][i] == r["reduced_unbalanced"]["winners"][i]
+                       for r in runs for i in _untied_tasks(r["omega0"], r["mu0"]))
+
     def compare(factor: float) -> float:
-        worst = 0.0
-        for r in runs:
-            f, u = r["full"], r["reduced_unbalanced"]
-            if f["winners"] != u["winners"]:
-                return math.inf
-            for which in ("warmup_end", "emergence_end"):
-                tf, tu = f["phases"][which], factor * u["phases"][which]
-                if math.isfinite(tf) != math.isfinite(tu):
-                    return math.inf
-                if math.isfinite(tf):
-                    worst = max(worst, abs(tf - tu))
-        return worst
+        # phase times compared where both curves define them (as in check_large_phases)
+        if not same_winners:
+            return math.inf
+        return max((abs(a - factor * b) for a, b in both), default=math.inf)
 
     tol = 2.0 * spacing
     return Comparison(
@@ -303,7 +334,8 @@ def check_unbalanced(runs: list[dict]) -> Comparison:
         why=f"winners equal and phase times within 2 record spacings ({tol:.3g}): each crossing time is "
             "interpolated between records, so each is resolved to one spacing",
         perturbations=[perturbation("phase times 50% longer than the unbalanced reduced flow's", compare(1.5), tol)],
-        details={"runs": [{k: v for k, v in r.items() if k not in ("full", "reduced_unbalanced", "reduced_balanced")}
+        details={"compared": len(both), "defined_in_one_only": sum(math.isfinite(a) != math.isfinite(b) for a, b in pairs),
+                 "runs": [{k: v for k, v in r.items() if k not in ("full", "reduced_unbalanced", "reduced_balanced")}
                           | {k: {"phases": r[k]["phases"], "winners": r[k]["winners"]}
                              for k in ("full", "reduced_unbalanced", "reduced_balanced")} for r in runs]})
 
@@ -345,7 +377,7 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None,
         for k in p.unbalanced_seeds:
             progress(f"unbalanced start seed {k}", done / n_jobs)
             cfg = base.replace(init="unbalanced_decomposable", init_scale=p.unbalanced_scale, init_seed=seed + k)
-            unb.append(unbalanced_run(cfg, _tcfg(p, seed + k)))
+            unb.append(unbalanced_run(cfg, _tcfg(p, seed + k, records=p.unbalanced_records)))
             done += 1
         alloc = allocated_minimum(p.tasks, p.L, p.sigma, seed=seed, device=device)
         # the allocated point with any surplus heads at zero (H < m: no allocated point; reported as None)
@@ -395,8 +427,8 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None,
                    "findings": findings, "off_D_from_scale": location,
                    "random_runs": {f"{s0:.4g}": [{k: v for k, v in r.items() if k != "trajectory"} for r in rs]
                                    for s0, rs in runs.items()}}
-        return comparisons_result(IDS[0], TITLES[IDS[0]], STATEMENTS[IDS[0]], comps, figures, details,
-                                  headline=headline)
+        return _undecided_is_error(comparisons_result(IDS[0], TITLES[IDS[0]], STATEMENTS[IDS[0]], comps, figures,
+                                                      details, headline=headline), comps)
 
     return run_claim(IDS[0], TITLES[IDS[0]], STATEMENTS[IDS[0]], body)
 
@@ -471,7 +503,7 @@ def race_grid(p: RaceProfile, device="cpu", seed=0, progress=no_progress) -> dic
             meas = [race_cell(cfg, _tcfg(p, seed + k)) for k in p.data_seeds]
             wins = [m_["winners"] for m_ in meas]
             seeds_agree = all(w == wins[0] for w in wins)
-            finished = all(min(m_["share"]) >= ALLOCATED_SHARE for m_ in meas)
+            finished = all(min(m_["share"]) >= RACE_DECIDED_SHARE for m_ in meas)
             cells.append({"rho_omega": rw, "rho_mu": rm, "measured": wins, "decided": seeds_agree and finished,
                           "seeds_agree": seeds_agree, "allocated": finished,
                           "share": [m_["share"] for m_ in meas],
@@ -481,8 +513,8 @@ def race_grid(p: RaceProfile, device="cpu", seed=0, progress=no_progress) -> dic
 
 
 def check_race(cells: list[dict]) -> Comparison:
-    """In every cell where the data seeds agree (and the task is allocated at t_end in both:
-    its winner carries >= ALLOCATED_SHARE of sum_h |mu omega|, else the race has not ended),
+    """In every cell where the data seeds agree (and the race has ended in both: the winner
+    carries >= RACE_DECIDED_SHARE of sum_h |mu omega| at t_end),
     the measured winners equal theory's ODE rule: error = number of decided cells where they
     differ, tolerance 0 (a winner is a discrete outcome; undecided cells are counted, not
     compared).  Perturbation through the same
@@ -521,28 +553,29 @@ def large_init_run(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
 
 
 def check_large_phases(large: dict, spacing: float) -> Comparison:
-    """At each scale the full model's warm-up end agrees with the reduced flow's from the same
-    start (theory's account on D) within 2 record spacings; both undefined counts as agreement,
-    one undefined as inf.  Perturbation: the reduced flow's warm-up 50% longer."""
+    """At each scale the full model's warm-up and emergence ends agree with the reduced flow's
+    from the same start on the same prompts (theory's account on D) within 2 record spacings,
+    compared where both curves define them (theory.three_phases: a drop clear of 10x the
+    noise).  Where only one defines them the drop sits at the definedness threshold and the
+    comparison cannot decide: counted in details, not compared; none compared at all: inf.
+    Perturbation: the reduced flow's phase times 50% longer."""
+    pairs = [(r["full"]["phases"][w], r["reduced"]["phases"][w]) for runs in large.values() for r in runs
+             for w in ("warmup_end", "emergence_end")]
+    both = [(a, b) for a, b in pairs if math.isfinite(a) and math.isfinite(b)]
+    one = sum(math.isfinite(a) != math.isfinite(b) for a, b in pairs)
+
     def compare(factor: float) -> float:
-        worst = 0.0
-        for runs in large.values():
-            for r in runs:
-                tf, tr = r["full"]["phases"]["warmup_end"], factor * r["reduced"]["phases"]["warmup_end"]
-                if math.isfinite(tf) != math.isfinite(tr):
-                    return math.inf
-                if math.isfinite(tf):
-                    worst = max(worst, abs(tf - tr))
-        return worst
+        return max((abs(a - factor * b) for a, b in both), default=math.inf)
 
     tol = 2.0 * spacing
     return Comparison(
-        name="warm-up end against init scale: full model vs reduced flow",
+        name="phase times against init scale: full model vs reduced flow",
         measured={f"{s:g}": [r["full"]["phases"]["warmup_end"] for r in rs] for s, rs in large.items()},
         predicted={f"{s:g}": [r["reduced"]["phases"]["warmup_end"] for r in rs] for s, rs in large.items()},
         error=compare(1.0), tolerance=tol,
         why=f"2 record spacings ({tol:.3g}): each crossing time is resolved to one spacing",
-        perturbations=[perturbation("warm-up 50% longer than the reduced flow's", compare(1.5), tol)])
+        perturbations=[perturbation("phase times 50% longer than the reduced flow's", compare(1.5), tol)],
+        details={"compared": len(both), "defined_in_one_only": one})
 
 
 def run_race(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None, problem=None):
@@ -578,11 +611,13 @@ def run_race(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=
         disagree_rules = [c for c in cells if c["ode"] != c["largest_mu"]]
         headline = [headline_row(comps[0], measured=comps[0].measured, theory=comps[0].predicted),
                     _row("race: undecided cells: data seeds disagree", measured=comps[0].details["seeds_disagree"]),
-                    _row("race: undecided cells: seeds agree, task not allocated by t_end",
+                    _row("race: undecided cells: seeds agree, race not ended by t_end",
                          measured=comps[0].details["not_allocated"]),
                     _row("race: cells where 'largest mu0' and the ODE rule disagree", measured=len(disagree_rules)),
                     _row("race: decided cells where the measurement sides with 'largest mu0' against the ODE rule",
                          measured=sum(c["decided"] and c["measured"][0] == c["largest_mu"] for c in disagree_rules)),
+                    _row("race: decided cells where the measurement contradicts 'largest mu0' (sides with the ODE rule)",
+                         measured=sum(c["decided"] and c["measured"][0] == c["ode"] for c in disagree_rules)),
                     headline_row(comps[1], measured=comps[1].error, theory=0.0),
                     _row("no warm-up from init scale (bracket [below, at])", measured=bracket(no_warmup)),
                     _row("allocation unpredictable from init scale (bracket [below, at])",
@@ -596,8 +631,8 @@ def run_race(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=
                    "large": {f"{s:g}": rs for s, rs in large.items()},
                    "predicted_winners_large": {f"{s:g}": w for s, w in predicted.items()},
                    "no_warmup_scales": no_warmup, "unpredictable_scales": unpredictable}
-        return comparisons_result(IDS[1], TITLES[IDS[1]], STATEMENTS[IDS[1]], comps, figures, details,
-                                  headline=headline)
+        return _undecided_is_error(comparisons_result(IDS[1], TITLES[IDS[1]], STATEMENTS[IDS[1]], comps, figures,
+                                                      details, headline=headline), comps)
 
     return run_claim(IDS[1], TITLES[IDS[1]], STATEMENTS[IDS[1]], body)
 
