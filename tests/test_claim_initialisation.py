@@ -127,13 +127,14 @@ def test_tiny_initialisation_run(device, problem):
     tasks, heads, L, sigma = problem
     r = run(profile="tiny", device=device, problem={"tasks": tasks, "heads": heads, "L": L, "sigma": sigma})
     assert r.details.get("domain"), r.details.get("error")
-    decidable = [c for c in r.details["comparisons"] if c["details"].get("compared", 1) > 0]
+    decidable = [c for c in r.details["comparisons"]
+                 if c["details"].get("compared", 1) > 0 and c["details"].get("decided", 1) > 0]
     failing = [c for c in decidable if not c["agrees"]]
     assert not failing, failing
     rejected = [p["rejected"] for c in decidable for p in c["perturbations"]]
     assert rejected and all(rejected), decidable
-    # pass; or, where the phase times are undefined in one of the two curves (a drop at the
-    # noise threshold), error saying so -- never fail
+    # pass; or, where nothing is decidable (phase times undefined in one of the two curves, a
+    # drop at the noise threshold; every winner a tie or seed-dependent), error saying so
     assert r.verdict == "pass" or (r.verdict == "error" and "cannot decide" in r.details["undecided"]), r.verdict
     assert {f.name for f in r.figures} == {"init-residual", "init-phases-random", "init-unbalanced"}
 
