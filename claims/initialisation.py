@@ -286,10 +286,18 @@ def unbalanced_run(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
            "spacing": tcfg.time / (tcfg.records - 1)}
     for key, r in (("full", full), ("reduced_unbalanced", red_u), ("reduced_balanced", red_b)):
         t = [x.t for x in r.trajectory]
+        win, share = winners_of(r.omega, r.mu)
         out[key] = {"phases": phase_times(t, [x.loss for x in r.trajectory]).to_dict(),
-                    "winners": winners_of(r.omega, r.mu)[0], "t": t, "loss": [x.loss for x in r.trajectory],
+                    "winners": win, "share": share, "outcome": _outcomes(win, share),
+                    "t": t, "loss": [x.loss for x in r.trajectory],
                     "omega": np.round(r.omega, 4).tolist(), "mu": np.round(r.mu, 4).tolist()}
     return out
+
+
+def _outcomes(winners, shares) -> list[int]:
+    """Per task: the winning head where it carries >= RACE_DECIDED_SHARE of sum_h |mu omega|,
+    else -1 (the task is shared: a superposition of heads, not an allocation)."""
+    return [int(w) if sh >= RACE_DECIDED_SHARE else -1 for w, sh in zip(winners, shares)]
 
 
 def _untied_tasks(omega0, mu0) -> list[int]:
@@ -306,7 +314,8 @@ def _untied_tasks(omega0, mu0) -> list[int]:
 
 def _summary(runs):
     return [{k: v for k, v in r.items() if k not in ("full", "reduced_unbalanced", "reduced_balanced")}
-            | {k: {"phases": r[k]["phases"], "winners": r[k]["winners"]}
+            | {k: {"phases": r[k]["phases"], "winners": r[k]["winners"], "share": r[k]["share"],
+                   "outcome": r[k]["outcome"], "omega": r[k]["omega"], "mu": r[k]["mu"]}
                for k in ("full", "reduced_unbalanced", "reduced_balanced")} for r in runs]
 
 
@@ -338,31 +347,36 @@ def check_unbalanced_phases(runs: list[dict]) -> Comparison:
 
 
 def check_unbalanced_winners(runs: list[dict]) -> Comparison:
-    """The winners of the full model against the reduced flow with the unbalanced metric, on
-    the (start, task) pairs whose start is not a tie (with H > m several heads start from the
-    same (omega0, mu0); the tie is broken by noise, not by theory) and where the data seeds
-    agree for the full run and for the reduced flow (as in the race).  error = number of
-    such pairs where they differ, tolerance 0.  Perturbation: every reduced winner swapped."""
+    """The outcome per task of the full model against the reduced flow with the unbalanced
+    metric: the winning head where it carries >= RACE_DECIDED_SHARE of sum_h |mu omega|, or
+    'shared' (-1: a superposition of heads).  Compared on the (start, task) pairs whose start
+    is not a tie (with H > m several heads start from the same (omega0, mu0); the tie is
+    broken by noise, not by theory) and where the data seeds agree for the full run and for
+    the reduced flow (as in the race).  error = number of such pairs where they differ,
+    tolerance 0.  Perturbation: every reduced outcome replaced by another (head + 1, or head
+    0 for a shared task)."""
     by_start: dict = {}
     for r in runs:
         by_start.setdefault(r["seed"], []).append(r)
     decided = []
     for start, group in by_start.items():
         for i in _untied_tasks(group[0]["omega0"], group[0]["mu0"]):
-            wf = {r["full"]["winners"][i] for r in group}
-            wr = {r["reduced_unbalanced"]["winners"][i] for r in group}
+            wf = {r["full"]["outcome"][i] for r in group}
+            wr = {r["reduced_unbalanced"]["outcome"][i] for r in group}
             if len(wf) == 1 and len(wr) == 1:
                 decided.append({"start": start, "task": i, "full": wf.pop(), "reduced": wr.pop()})
     heads = len(runs[0]["omega0"])
     compare = lambda pick: float(sum(d["full"] != pick(d) for d in decided)) if decided else math.inf  # noqa: E731
     return Comparison(
-        name="unbalanced start: winners, full model vs reduced flow with the unbalanced metric",
+        name="unbalanced start: outcome per task (winner or shared), full model vs reduced flow (unbalanced metric)",
         measured=sum(d["full"] == d["reduced"] for d in decided), predicted=len(decided),
         error=compare(lambda d: d["reduced"]), tolerance=0.0,
         why="exact: a discrete outcome, compared where the data seeds agree (none decided: inf)",
-        perturbations=[perturbation("every reduced winner swapped to another head",
+        perturbations=[perturbation("every reduced outcome replaced by another",
                                     compare(lambda d: (d["reduced"] + 1) % max(2, heads)), 0.0)],
-        details={"decided": len(decided), "pairs": decided})
+        details={"decided": len(decided), "pairs": decided,
+                 "shared_full": sum(d["full"] == -1 for d in decided),
+                 "shared_reduced": sum(d["reduced"] == -1 for d in decided)})
 
 
 # ---------------------------------------------------------------------------------------
@@ -417,8 +431,10 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None,
         headline = [headline_row(comps[0]), headline_row(comps[1]),
                     headline_row(comps[2], "unbalanced: max |phase time full - reduced (unbalanced metric)|",
                                  measured=comps[2].error, theory=0.0),
-                    headline_row(comps[3], "unbalanced: (start, task) winners full = reduced (unbalanced metric), "
-                                           "of those decided")]
+                    headline_row(comps[3], "unbalanced: (start, task) outcomes (winner or shared) full = reduced "
+                                           "(unbalanced metric), of those decided"),
+                    _row("unbalanced: decided (start, task) pairs shared by heads (superposition), full model",
+                         measured=comps[3].details["shared_full"])]
         findings = []
         for s0, rs in runs.items():
             mov, se_mov = _mean_se([r["trajectory"][-1]["movable_relative"] for r in rs])
@@ -439,10 +455,10 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None,
         location = min(off) if off else None
         dT = [r["reduced_balanced"]["phases"]["warmup_end"] - r["reduced_unbalanced"]["phases"]["warmup_end"] for r in unb]
         dT = [x for x in dT if math.isfinite(x)]
-        changed = len({r["seed"] for r in unb if r["reduced_balanced"]["winners"] != r["reduced_unbalanced"]["winners"]})
+        changed = len({r["seed"] for r in unb if r["reduced_balanced"]["outcome"] != r["reduced_unbalanced"]["outcome"]})
         headline.append(_row("unbalanced: warm-up end, balanced metric minus unbalanced (reduced)",
                              measured=_mean_se(dT)[0] if dT else None, se=_mean_se(dT)[1] if dT else None))
-        headline.append(_row("unbalanced: starts whose winners the balance changes", measured=changed))
+        headline.append(_row("unbalanced: starts whose outcomes (winner or shared) the balance changes", measured=changed))
         figures = [_residual_figure(runs), _phase_figure_random(runs), _unbalanced_figure(unb)]
         details = {"domain": "theory's account: (a) no gradient reaches Q[:, :, d:] (exact, any start); (b) below "
                              f"the small scale s_small = {s_small:.4g} (warm-up bound exponent <= 1/2 at t_end = "
