@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from claims.base import Figure, HeadlineRow, Series, no_progress, run_claim
-from claims.common import Z_SE, Comparison, check_profile, comparisons_result, headline_row, perturbation
+from claims.common import Comparison, check_profile, comparisons_result, headline_row, perturbation
 from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss, held_out_reduced_loss
 from numerics.exact_reduced import allocated_minimum, one_thread

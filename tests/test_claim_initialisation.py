@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from claims.initialisation import (InitProfile, RaceProfile, check_gradient_free, check_race, check_warmup_bound,
+from claims.initialisation import (RaceProfile, check_gradient_free, check_race, check_warmup_bound,
                                    race_grid, random_start_run, run, run_race)
 from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
