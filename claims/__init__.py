@@ -35,6 +35,8 @@ REGISTRY: dict[str, str] = {
     "boundary-saturation": "claims.boundaries:run_saturation",
     "boundary-small-L": "claims.boundaries:run_small_L",
     "boundary-fewer-heads": "claims.boundaries:run_fewer_heads",
+    "boundary-initialisation": "claims.initialisation:run",
+    "boundary-allocation-race": "claims.initialisation:run_race",
 }
 
 

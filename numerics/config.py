@@ -20,6 +20,16 @@ Initialisations (scale s0 = ``init_scale``):
 - ``random_full``: every trainable entry i.i.d. Gaussian (seed ``init_seed``), scaled so
   that W_h and U_h have entries of standard deviation about s0 / sqrt(d+m): a generic,
   non-decomposable start.
+- ``uniform_full``: every trainable entry i.i.d. uniform on [-s0/sqrt(d+m), s0/sqrt(d+m)]
+  (seed ``init_seed``).  With s0 = 1 and logit_scale = sqrt(d+m) this is PyTorch's
+  nn.Linear default (kaiming_uniform with a = sqrt(5): bound 1/sqrt(fan_in)) with the
+  authors' logit scaling 1/sqrt(d+m) (no biases: the model has none).
+- ``unbalanced_decomposable``: a point of D with the default values of ``decomposable``
+  except for signs, realised with unbalanced factors (factored only), as in the authors'
+  last version: per head a_h, b_h ~ N(0, 1) (seed ``init_seed``); Q_XX block i =
+  sqrt(s |omega_i| / |a_h|) Phi_i Phi_i^T, K_h = a_h Q_h (so omega[h, i] = sign(a_h) s0 and
+  k^2 - q^2 = (a_h^2 - 1) s |omega| / |a_h|); V[d+i, d+i] = sqrt(|mu_i| / |b_h|),
+  O[i, d+i] = |b_h| V[d+i, d+i] (so mu keeps its default value and O_h != V_h^T).
 """
 from __future__ import annotations
 
@@ -36,7 +46,7 @@ from theory._validate import check_positive_int, check_sigma, check_tasks
 
 BASES = ("identity", "random")
 PARAMS = ("factored", "merged")
-INITS = ("decomposable", "random_decomposable", "given", "random_full")
+INITS = ("decomposable", "random_decomposable", "given", "random_full", "uniform_full", "unbalanced_decomposable")
 DTYPES = ("float32", "float64")
 
 
@@ -137,6 +147,7 @@ class ProblemConfig:
     param: str = "factored"           # "factored" (K,Q,V,O) | "merged" (W,U)
     logit_scale: float = 1.0          # s in W_h = K_h^T Q_h / s  (factored only)
     init: str = "decomposable"        # "decomposable" | "random_decomposable" | "given" | "random_full"
+                                      # | "uniform_full" | "unbalanced_decomposable" (module docstring)
     init_scale: float = 0.15          # s0 of the default init
     init_omega: Optional[tuple] = None  # H x m nested tuples, with init="given"
     init_mu: Optional[tuple] = None
@@ -177,6 +188,9 @@ class ProblemConfig:
         elif self.init_omega is not None or self.init_mu is not None:
             raise ValueError(f"init_omega/init_mu are only used with init='given', but init={self.init!r}; "
                              "set init='given' or drop them")
+        if self.init == "unbalanced_decomposable" and self.param != "factored":
+            raise ValueError("init='unbalanced_decomposable' needs param='factored' (merged weights have no "
+                             "factors to unbalance); use init='decomposable' with param='merged'")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         set_("device", check_device(self.device))

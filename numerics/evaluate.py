@@ -53,13 +53,10 @@ def _estimate(per_prompt_chunks) -> LossEstimate:
     return LossEstimate(mean=mean, se=math.sqrt(var / count), n=count)
 
 
-def held_out_loss(model: MultiHeadAttention, n: int = 16384, seed: int = 0, chunk: int = 4096) -> LossEstimate:
-    """Loss of the full ``model`` at its current weights on ``n`` fresh prompts of its
-    problem (held-out stream of ``seed``), with its standard error."""
-    if not isinstance(model, MultiHeadAttention):
-        raise TypeError(f"model must be a MultiHeadAttention, got {type(model).__name__}")
+def _held_out(cfg: ProblemConfig, per_prompt, n: int, seed: int, chunk: int) -> LossEstimate:
+    """Mean of ``per_prompt(prompts)`` over ``n`` fresh prompts of cfg's problem, drawn in
+    chunks from the held-out stream of ``seed``, with its standard error."""
     _check(n, chunk)
-    cfg = model.cfg
     gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
 
     def chunks():
@@ -67,10 +64,18 @@ def held_out_loss(model: MultiHeadAttention, n: int = 16384, seed: int = 0, chun
         with torch.no_grad():
             while left > 0:
                 b = min(chunk, left)
-                pr = sample_prompts(cfg, b, gen)
-                yield ((model(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
+                yield per_prompt(sample_prompts(cfg, b, gen))
                 left -= b
     return _estimate(chunks())
+
+
+def held_out_loss(model: MultiHeadAttention, n: int = 16384, seed: int = 0, chunk: int = 4096) -> LossEstimate:
+    """Loss of the full ``model`` at its current weights on ``n`` fresh prompts of its
+    problem (held-out stream of ``seed``), with its standard error."""
+    if not isinstance(model, MultiHeadAttention):
+        raise TypeError(f"model must be a MultiHeadAttention, got {type(model).__name__}")
+    return _held_out(model.cfg, lambda pr: ((model(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1),
+                     n, seed, chunk)
 
 
 def held_out_reduced_loss(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
@@ -80,13 +85,4 @@ def held_out_reduced_loss(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: i
     _check(n, chunk)
     omega = torch.as_tensor(omega, dtype=cfg.torch_dtype, device=cfg.device)
     mu = torch.as_tensor(mu, dtype=cfg.torch_dtype, device=cfg.device)
-    gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
-
-    def chunks():
-        left = n
-        with torch.no_grad():
-            while left > 0:
-                b = min(chunk, left)
-                yield per_prompt_reduced_losses(omega, mu, sample_prompts(cfg, b, gen), cfg)
-                left -= b
-    return _estimate(chunks())
+    return _held_out(cfg, lambda pr: per_prompt_reduced_losses(omega, mu, pr, cfg), n, seed, chunk)

@@ -79,8 +79,46 @@ def initial_semi_singular_values(cfg: ProblemConfig) -> tuple[torch.Tensor, torc
     if cfg.init == "given":
         return (torch.tensor(cfg.init_omega, dtype=torch.float64),
                 torch.tensor(cfg.init_mu, dtype=torch.float64))
+    if cfg.init == "unbalanced_decomposable":  # the default values, omega's sign that of a_h
+        omega, mu = default_init(cfg.tasks, H, s0)
+        a, _ = unbalanced_factor_scales(cfg)
+        return (torch.tensor(np.sign(a)[:, None] * omega, dtype=torch.float64),
+                torch.tensor(mu, dtype=torch.float64))
     raise ValueError(f"init={cfg.init!r} is not a point of the decomposable set D; semi-singular "
-                     "values exist only for 'decomposable', 'random_decomposable' and 'given'")
+                     "values exist only for 'decomposable', 'random_decomposable', 'given' and "
+                     "'unbalanced_decomposable'")
+
+
+def unbalanced_factor_scales(cfg: ProblemConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b), each (H,): the per-head factor scales of init='unbalanced_decomposable',
+    i.i.d. N(0, 1) (seed cfg.init_seed; the authors multiply each head's K by a standard
+    normal): K_h = a_h Q_h on X, O_h = |b_h| V_h^T on Y."""
+    gen = np.random.default_rng(cfg.init_seed)
+    ab = gen.standard_normal((2, cfg.heads))
+    return ab[0], ab[1]
+
+
+def factor_balance(model: "MultiHeadAttention") -> tuple[np.ndarray, np.ndarray]:
+    """(c_omega, c_mu), each (H, m), of a factored model: with the per-block factor scalars
+    k[h,i] = tr(Phi_i^T K_XX Phi_i)/r_i, q[h,i] likewise of Q, o[h,i] = O[h, i, d+i],
+    v[h,i] = V[h, d+i, d+i]: c_omega = k^2 - q^2, c_mu = o^2 - v^2.  Gradient flow
+    conserves both on D (dk/dt = -(q/(s r)) dL/domega, dq/dt = -(k/(s r)) dL/domega, so
+    d(k^2 - q^2)/dt = 0; likewise o, v); 0 at the balanced points of D."""
+    cfg = model.cfg
+    if cfg.param != "factored":
+        raise ValueError("factor_balance needs param='factored' (merged weights have no factors)")
+    d, m = cfg.d, cfg.m
+    Phi = cfg.basis_numpy()
+    with torch.no_grad():
+        K, Q, V, O = (t.detach().to("cpu", torch.float64).numpy() for t in (model.K, model.Q, model.V, model.O))
+    k = np.stack([np.einsum("ak,hab,bk->h", Phi[:, sl], K[:, :d, :d], Phi[:, sl]) / (sl.stop - sl.start)
+                  for sl in cfg.block_slices], axis=1)
+    q = np.stack([np.einsum("ak,hab,bk->h", Phi[:, sl], Q[:, :d, :d], Phi[:, sl]) / (sl.stop - sl.start)
+                  for sl in cfg.block_slices], axis=1)
+    idx = np.arange(m)
+    o = O[:, idx, d + idx]
+    v = V[:, d + idx, d + idx]
+    return k ** 2 - q ** 2, o ** 2 - v ** 2
 
 
 class MultiHeadAttention(torch.nn.Module):
@@ -101,8 +139,12 @@ class MultiHeadAttention(torch.nn.Module):
             self.U = torch.nn.Parameter(torch.zeros(H, m, D, **opts))
         if cfg.init == "random_full":
             self._init_random_full()
+        elif cfg.init == "uniform_full":
+            self._init_uniform_full()
         else:
             self._set_semi_singular_values(*initial_semi_singular_values(cfg))
+            if cfg.init == "unbalanced_decomposable":
+                self._unbalance(*unbalanced_factor_scales(cfg))
 
     # --- initialisation ---------------------------------------------------------------------
     @torch.no_grad()
@@ -153,6 +195,29 @@ class MultiHeadAttention(torch.nn.Module):
                 "V": math.sqrt(s0 / D), "O": math.sqrt(s0 / D)})
         for name, p in self.named_parameters():
             p.copy_(std[name] * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+
+    @torch.no_grad()
+    def _init_uniform_full(self) -> None:
+        """Every entry i.i.d. uniform on [-s0/sqrt(D), s0/sqrt(D)], D = d+m (seed init_seed):
+        s0 = 1 is nn.Linear's default bound 1/sqrt(fan_in) (kaiming_uniform, a = sqrt(5))."""
+        cfg = self.cfg
+        bound = cfg.init_scale / math.sqrt(cfg.token_dim)
+        gen = torch.Generator().manual_seed(cfg.init_seed)
+        for _, p in self.named_parameters():
+            p.copy_(bound * (2.0 * torch.rand(p.shape, generator=gen, dtype=torch.float64) - 1.0))
+
+    @torch.no_grad()
+    def _unbalance(self, a: np.ndarray, b: np.ndarray) -> None:
+        """From the balanced point of D (K = sign(omega) root, Q = root, V = sqrt|mu|,
+        O = sign(mu) sqrt|mu|): K_h *= sqrt|a_h|, Q_h /= sqrt|a_h|, V_h /= sqrt|b_h|,
+        O_h *= sqrt|b_h|, so K_h = a_h Q_h (omega already carries sign(a_h)), O_h = |b_h| V_h^T
+        on Y, and W, U (so omega, mu) are unchanged."""
+        ka = torch.as_tensor(np.sqrt(np.abs(a)), dtype=self.K.dtype, device=self.K.device)[:, None, None]
+        kb = torch.as_tensor(np.sqrt(np.abs(b)), dtype=self.K.dtype, device=self.K.device)[:, None, None]
+        self.K.mul_(ka)
+        self.Q.div_(ka)
+        self.V.div_(kb)
+        self.O.mul_(kb)
 
     @classmethod
     def from_semi_singular_values(cls, cfg: ProblemConfig, omega, mu) -> "MultiHeadAttention":

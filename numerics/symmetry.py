@@ -23,7 +23,6 @@ def symmetrize_full(prompts: Prompts, cfg: ProblemConfig, drop: int = 0) -> Prom
     x and q are mapped by Phi T Phi^T (exact signed permutations when Phi = I, exact to
     rounding otherwise), y_i and the target y_{q,i} by the sign S_i.  With ``drop`` > 0 the
     last ``drop`` group elements are left out: a deliberately symmetry-breaking batch."""
-    d = cfg.d
     T, S = symmetry_group(cfg.tasks)
     if isinstance(drop, bool) or not isinstance(drop, (int, np.integer)) or drop < 0:
         raise ValueError(f"drop must be an integer >= 0, got {drop!r}")
@@ -31,6 +30,35 @@ def symmetrize_full(prompts: Prompts, cfg: ProblemConfig, drop: int = 0) -> Prom
         if drop >= len(T):
             raise ValueError(f"drop must be < |G| = {len(T)}, got {drop}")
         T, S = T[:-drop], S[:-drop]
+    return _apply_elements(prompts, cfg, T, S)
+
+
+SUBGROUPS = ("output_signs", "x_symmetries")
+
+
+def symmetrize_subgroup(prompts: Prompts, cfg: ProblemConfig, keep: str) -> Prompts:
+    """Every prompt under every element of a subgroup of G (batch x |subgroup| prompts).
+
+    ``keep="output_signs"``: the 2^m elements with T = I (per-task output sign flips only);
+    their fixed set is {W_XX unrestricted, U_Y diagonal}, larger than D when d >= 2.
+    ``keep="x_symmetries"``: the elements with S = +1 (coordinate sign flips and block
+    shifts of x only); their fixed set is {W_XX block-scalar, U_Y unrestricted}, larger than
+    D when m >= 2.  A batch symmetric under a subgroup only: the flow from D may leave D
+    in the directions that subgroup does not kill (what a wrong symmetry group predicts
+    it would not)."""
+    if keep not in SUBGROUPS:
+        raise ValueError(f"keep must be one of {SUBGROUPS}, got {keep!r}")
+    T, S = symmetry_group(cfg.tasks)
+    if keep == "output_signs":
+        sel = np.all(T == np.eye(cfg.d)[None], axis=(1, 2))
+    else:
+        sel = np.all(S == 1.0, axis=1)
+    return _apply_elements(prompts, cfg, T[sel], S[sel])
+
+
+def _apply_elements(prompts: Prompts, cfg: ProblemConfig, T: np.ndarray, S: np.ndarray) -> Prompts:
+    """The batch under the group elements (T, S) (element-major)."""
+    d = cfg.d
     Phi = cfg.basis_numpy()
     A = np.einsum("ab,gbc,dc->gad", Phi, T, Phi)            # Phi T Phi^T, (G, d, d)
     A = torch.tensor(A, dtype=prompts.context.dtype, device=prompts.context.device)

@@ -38,6 +38,7 @@ CLI: ``python -m numerics.train --help``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -50,6 +51,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+
+from theory._validate import check_output_file
 
 from .config import INITS, PARAMS, ProblemConfig, check_known_fields, use_precise_float32
 from .data import STREAM_VERSION, Prompts, make_generator, sample_prompts
@@ -402,9 +405,9 @@ def _parser() -> argparse.ArgumentParser:
                     "the trajectory of the semi-singular values (omega, mu) as JSON.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("problem")
-    g.add_argument("--tasks", default="3,3", help="comma-separated task block sizes r_1,..,r_m (d = sum)")
-    g.add_argument("--heads", type=int, default=2, help="number of heads H")
-    g.add_argument("--L", type=int, default=128, help="context length L")
+    g.add_argument("--tasks", type=_parse_tasks, default=(3, 3), help="comma-separated task block sizes r_1,..,r_m (d = sum)")
+    g.add_argument("--heads", type=_int_arg("--heads", 1), default=2, help="number of heads H")
+    g.add_argument("--L", type=_int_arg("--L", 1), default=128, help="context length L")
     g.add_argument("--sigma", type=float, default=0.0, help="label noise standard deviation")
     g.add_argument("--basis", choices=("identity", "random"), default="identity",
                    help="task basis Phi: contiguous blocks or a seeded Haar-random orthonormal basis")
@@ -419,14 +422,16 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--init-seed", type=int, default=0, help="seed of random initialisations")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float64", help="floating point type")
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (TF32 is switched off on cuda)")
-    g.add_argument("--threads", type=int, default=None,
+    g.add_argument("--threads", type=_int_arg("--threads", 1), default=None,
                    help="torch CPU threads (torch.set_num_threads); default: torch's own choice")
     g = p.add_argument_group("training")
     g.add_argument("--time", type=float, default=60.0, help="final time t_end; steps = round(time / lr)")
     g.add_argument("--lr", type=float, default=0.05, help="GD step = time step of the gradient flow")
-    g.add_argument("--batch", type=int, default=2048, help="prompts per step")
+    g.add_argument("--batch", type=_int_arg("--batch", 1), default=2048, help="prompts per step")
     g.add_argument("--seed", type=int, default=0, help="seed of the prompt stream")
-    g.add_argument("--records", type=int, default=61, help="trajectory records, evenly spaced in t")
+    g.add_argument("--records", type=_int_arg("--records", 2), default=None,
+                   help="trajectory records, evenly spaced in t, at most steps + 1 (default: 61, or steps + 1 "
+                        "for a run of fewer than 60 steps)")
     g.add_argument("--fixed-batch", action="store_true",
                    help="one fixed batch for all steps instead of fresh batches")
     g.add_argument("--symmetrize", action="store_true",
@@ -438,39 +443,144 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--out", default="run.json", help="JSON result file (written atomically at the end)")
     g.add_argument("--checkpoint", default=None,
                    help="checkpoint file: written every --checkpoint-every steps, resumed from if present")
-    g.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints")
+    g.add_argument("--checkpoint-every", type=_int_arg("--checkpoint-every", 1), default=500, help="steps between checkpoints")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
+def _int_arg(flag: str, low: int):
+    """argparse type: an integer >= low written in digits (1e9 or 2.5 are refused by name)."""
+    what = "a positive integer" if low == 1 else f"an integer >= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be {what} written in digits (e.g. 3), "
+                                             f"got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{flag} must be {what}, got {v}")
+        return v
+    return parse
+
+
+def _parse_tasks(text: str) -> tuple:
+    """'3,3' -> (3, 3); every comma-separated entry must be a positive integer (no empty ones)."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        tasks = tuple(int(p) for p in parts)
+    except ValueError:
+        tasks = ()
+    if not tasks or any(r < 1 for r in tasks):
+        raise argparse.ArgumentTypeError(f"--tasks must be comma-separated positive integers such as 3,3 "
+                                         f"(no empty entries); got {text!r}")
+    return tasks
+
+
+def step_memory_bytes(cfg: ProblemConfig, batch: int) -> int:
+    """Rough peak bytes of one training step, for refusing a run that cannot fit before it
+    allocates: with D = d + m, E = B L D context elements and G = B L H logit-sized ones, a
+    step holds the context and the sampler's inputs (2 E), the logits, softmax weights and
+    their gradients (about 5 G), the parameters and their gradients (about 4 H D^2 + 2 H m D),
+    and the basis (d^2), each ``itemsize`` bytes. A lower-order estimate: it decides only
+    whether the run is hopeless, not how close it comes."""
+    item = 4 if cfg.dtype == "float32" else 8
+    D, H, L, d, m = cfg.token_dim, cfg.heads, cfg.L, cfg.d, cfg.m
+    E, G = batch * L * D, batch * L * H
+    return item * (2 * E + 5 * G + 4 * H * D * D + 2 * H * m * D + d * d)
+
+
+def _available_memory(device: str) -> Optional[int]:
+    """Bytes free for the run: MemAvailable on CPU (Linux), free device memory on CUDA;
+    None where it cannot be read (then no refusal)."""
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return None
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_checkpoint_file(path: str) -> None:
+    """An existing checkpoint must be one numerics.train wrote (a torch file of plain
+    tensors and dicts); anything else gets a message here instead of torch's loader text."""
+    if os.path.isdir(path):
+        raise ValueError(f"--checkpoint {path} is a directory; give a file name such as run.ckpt")
+    if not os.path.exists(path):
+        return
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        raise ValueError(f"--checkpoint {path} exists but is not a readable numerics.train checkpoint (corrupt, "
+                         "truncated or another kind of file); delete it to start afresh, or choose another "
+                         "--checkpoint path") from None
+    if not isinstance(ck, dict) or "step" not in ck or "params" not in ck:
+        raise ValueError(f"--checkpoint {path} is a torch file but not a numerics.train checkpoint (no step and "
+                         "params); delete it to start afresh, or choose another --checkpoint path")
+
+
+DEFAULT_RECORDS = 61
+
+
 def main(argv=None) -> int:
+    """Exit status: 0 done; 1 training diverged; 2 bad arguments (nothing computed, nothing
+    written)."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        tasks = tuple(int(r) for r in args.tasks.split(",") if r.strip())
-    except ValueError:
-        parser.error(f"--tasks must be comma-separated positive integers such as 3,3; got {args.tasks!r}")
-    try:
-        cfg = ProblemConfig(tasks=tasks, heads=args.heads, L=args.L, sigma=args.sigma, basis=args.basis,
+        cfg = ProblemConfig(tasks=args.tasks, heads=args.heads, L=args.L, sigma=args.sigma, basis=args.basis,
                             basis_seed=args.basis_seed, param=args.param, logit_scale=args.logit_scale,
                             init=args.init_pattern, init_scale=args.init, init_seed=args.init_seed,
                             dtype=args.dtype, device=args.device)
         tcfg = TrainConfig(lr=args.lr, time=args.time, batch=args.batch, seed=args.seed,
-                           records=args.records, fresh_batches=not args.fixed_batch,
+                           records=args.records if args.records is not None else DEFAULT_RECORDS,
+                           fresh_batches=not args.fixed_batch,
                            symmetrize=args.symmetrize, checkpoint=args.checkpoint,
                            checkpoint_every=args.checkpoint_every, progress=not args.no_progress,
                            diverge_loss=args.diverge_loss)
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
+    # every check that does not need the computation, before it
+    if args.records is None and tcfg.records > tcfg.steps + 1:   # the default, for a short run: what it records
+        tcfg = dataclasses.replace(tcfg, records=tcfg.steps + 1)
+    if tcfg.records > tcfg.steps + 1:
+        parser.error(f"--records {tcfg.records} is more than the run has steps + 1 = {tcfg.steps + 1} "
+                     f"(time {tcfg.time:g} / lr {tcfg.lr:g} = {tcfg.steps} steps); pass --records "
+                     f"{tcfg.steps + 1} or fewer, or a longer --time")
+    if tcfg.symmetrize and tcfg.batch % 2 ** cfg.m:
+        parser.error(f"--symmetrize needs --batch to be a multiple of 2^m = {2 ** cfg.m} (every prompt is used "
+                     f"under all {2 ** cfg.m} per-task sign flips); got --batch {tcfg.batch}: pass --batch "
+                     f"{max(1, tcfg.batch // 2 ** cfg.m) * 2 ** cfg.m}")
+    need, free = step_memory_bytes(cfg, tcfg.batch), _available_memory(cfg.device)
+    if free is not None and need > free:
+        parser.error(f"this run needs about {need / 2**30:.3g} GiB per step (batch {tcfg.batch} x L {cfg.L} x "
+                     f"D {cfg.token_dim} context, batch x L x heads {cfg.heads} attention weights, heads x D^2 "
+                     f"weights) but {free / 2**30:.3g} GiB is available on {cfg.device}; lower --batch, --L, "
+                     "--heads or the task sizes")
+    try:
+        check_output_file("--out", args.out)
+        if tcfg.checkpoint is not None:
+            check_output_file("--checkpoint", tcfg.checkpoint)
+            _check_checkpoint_file(tcfg.checkpoint)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be a positive integer, got {args.threads}")
         torch.set_num_threads(args.threads)
     try:
         result = (train_reduced if args.reduced else train)(cfg, tcfg)
-    except (TrainingDiverged, ValueError) as exc:
+    except TrainingDiverged as exc:
         print(f"error: {exc}\n(no output written)", file=sys.stderr)
         return 1
+    except ValueError as exc:   # e.g. a checkpoint of another run: a usage error
+        print(f"error: {exc}\n(no output written)", file=sys.stderr)
+        return 2
     text = json.dumps(result.to_dict(), indent=1)
     _atomic_write(args.out, lambda f: f.write(text.encode()))
     print(f"wrote {args.out}: {result.steps} steps in {result.wall_seconds:.1f} s "

@@ -5,7 +5,8 @@
   given the same weights and prompts, in the prediction, the gradient of every weight and
   the weights after one GD step, to float64 rounding; a perturbed reference (wrong logit
   scale, one weight moved by 1e-8) is rejected at the same tolerance.
-- ``python -m tools.bench --quick`` (alias ``numerics.bench``) runs and writes valid JSON; bad flags are refused
+- ``python -m tools.bench --smoke`` (alias ``numerics.bench``) runs and writes valid JSON, ``--quick`` writes
+  issue 15's contract keys; bad flags are refused
   with a message saying what is wrong.
 - On ``--device cuda`` (marker ``gpu``): the same agreement on the GPU, and CPU and GPU agree
   on the same batch.
@@ -119,9 +120,9 @@ def test_fit_exponent_recovers_a_power_law():
     assert not math.isclose(fit_exponent(sizes, [3e-3 * s**1.0 for s in sizes]), 1.5, rel_tol=0.1)
 
 
-def test_bench_quick_writes_valid_json(tmp_path, capsys):
+def test_bench_smoke_writes_valid_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    res = main(["--quick", "--dtype", "float32", "--no-progress", "--out", str(out)])
+    res = main(["--smoke", "--dtype", "float32", "--no-progress", "--out", str(out)])
     assert "1. milliseconds per gradient step" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert set(data) >= {"meta", "probes", "step", "roofline", "reduced_vs_full", "scaling", "peak_memory"}
@@ -135,7 +136,33 @@ def test_bench_quick_writes_valid_json(tmp_path, capsys):
         assert len(data["scaling"][axis]["sizes"]) >= 4 and math.isfinite(data["scaling"][axis]["exponent"])
     assert data["peak_memory"]["float32"]["ours_quick"]["bytes"] >= 0
     assert data["meta"]["precision"]["float32_matmul_precision"] == "highest"
-    assert res["meta"]["quick"] is True
+    assert res["meta"]["smoke"] is True and res["meta"]["profile"] == "full"
+
+
+def test_bench_quick_contract_keys_and_types(tmp_path):
+    """Issue 15's contract: ``--quick --out FILE`` writes the top-level keys ratio_full_step,
+    ratio_model_step (each {"float32": x, "float64": y}), sampling_ms, model_ms (per dtype),
+    threads and the precision settings; --quick runs sections 1 and 3 only. Tiny sizes
+    (--smoke): the keys and types are checked, not the numbers."""
+    out = tmp_path / "bench.json"
+    main(["--quick", "--smoke", "--threads", "1", "--no-progress", "--out", str(out)])
+    data = json.loads(out.read_text())
+    for key in ("ratio_full_step", "ratio_model_step", "sampling_ms", "model_ms", "ratio_reduced_flow"):
+        assert set(data[key]) == {"float32", "float64"}, key
+        assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in data[key].values()), key
+    step = data["step"]
+    for dt in ("float32", "float64"):   # the contract is read off the sections, not measured apart
+        assert data["ratio_full_step"][dt] == step[dt]["ratio_reference_over_trainer"]["median"]
+        assert data["ratio_model_step"][dt] == step[dt]["ratio_model_only"]["median"]
+        assert data["sampling_ms"][dt] == pytest.approx(1e3 * step[dt]["sampling_seconds"]["median"])
+    assert data["threads"] == 1 and isinstance(data["threads"], int)
+    assert data["precision"]["float32_matmul_precision"] == "highest"
+    # TF32 off, in whichever API this torch has (numerics.config.use_precise_float32)
+    assert data["precision"].get("cuda.matmul.fp32_precision", "ieee") == "ieee"
+    assert data["precision"].get("cuda.matmul.allow_tf32", False) is False
+    assert data["profile"] == "quick" and data["targets"]["ratio_full_step"] == {"float32": 10.0, "float64": 15.0}
+    assert all(isinstance(v, bool) for per in data["targets_met"].values() for v in per.values())
+    assert "scaling" not in data and "peak_memory" not in data and "roofline" not in data
 
 
 @pytest.mark.thorough

@@ -1,41 +1,59 @@
 """Claim 2 (spectral reduction), on Hypothesis-drawn configurations.
 
 (a) gradient projection at drawn points of D, (b) full vs reduced trajectories on the same
-(exactly symmetric) samples over the whole run, (c) the large-L expansion with an error
-that shrinks as L grows (thorough only: not resolved reliably at default-run sizes).  Each asserts agreement at the derived tolerance and that the
-perturbed predictions (metric off by a factor 2, wrong exponent, wrong metric) are
-rejected at the same tolerance (claims/spectral_reduction.py).
+(exactly symmetric) samples over the whole run, (c) the large-L expansion with a gap that
+shrinks as L grows (thorough only: not resolved reliably at default-run sizes).  (a) and
+(b) have no domain condition (every draw must agree); (c) is judged only inside the
+expansion's O(L^-2) domain, decided from theory before the run (claims/spectral_reduction.py).
+Each asserts agreement at the derived tolerance and that the perturbed predictions (metric
+off by a factor 2, the other parametrisation's metric) are rejected at the same tolerance.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, note, strategies as st
+from hypothesis import given, note, settings, strategies as st
 
 from claims import spectral_reduction as claim
 from claims.common import log_comparison
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig
+from theory.block_structure import group_order
 
 PARAM = st.sampled_from(["factored", "merged"])
 BASIS = st.sampled_from(["identity", "random"])
+SIGMA = st.sampled_from([0.0, 0.5])
+TRAJ_TOKENS = 2 ** 13
+"""Cost cap |G| base_prompts L of the symmetrised batch of (b) in the default run."""
+
+
+@st.composite
+def tasks_heads(draw, max_group=None):
+    """m in 1..3, block sizes r in 1..4 (mixed), H in 1..m+1; optionally |G| <= max_group."""
+    m = draw(st.integers(1, 3))
+    tasks = list(draw(st.lists(st.integers(1, 4), min_size=m, max_size=m)))
+    while max_group is not None and group_order(tuple(tasks)) > max_group:
+        tasks[tasks.index(max(tasks))] -= 1          # shrink the largest block until affordable
+        if 0 in tasks:
+            tasks.remove(0)
+    return tuple(tasks), draw(st.integers(1, len(tasks) + 1))
 
 
 @st.composite
 def decomposable_points(draw):
-    tasks = draw(st.sampled_from([(1,), (2,), (1, 1), (2, 1), (3, 2), (1, 1, 1), (2, 2, 1)]))
-    heads = draw(st.integers(1, 3))
+    tasks, heads = draw(tasks_heads())
     m = len(tasks)
-    # |omega| <= 0.9: softmax logits stay moderate; mu of both signs
+    # |omega| <= 0.9: softmax logits stay moderate; both signs of omega and mu
     om = draw(st.lists(st.floats(0.02, 0.9), min_size=heads * m, max_size=heads * m))
     om_sign = draw(st.lists(st.sampled_from([1.0, -1.0]), min_size=heads * m, max_size=heads * m))
     mu = draw(st.lists(st.floats(-2.0, 2.0).filter(lambda v: abs(v) > 1e-3), min_size=heads * m, max_size=heads * m))
     return (tasks, heads, np.reshape(np.multiply(om, om_sign), (heads, m)), np.reshape(mu, (heads, m)))
 
 
-@given(point=decomposable_points(), L=st.integers(1, 32), param=PARAM, basis=BASIS,
-       logit_scale=st.sampled_from([1.0, 0.5, 4.0]), sigma=st.sampled_from([0.0, 0.5]),
-       batch=st.sampled_from([8, 32]), seed=st.integers(0, 2 ** 16))
+@settings(max_examples=8)
+@given(point=decomposable_points(), L=st.integers(16, 512), param=PARAM, basis=BASIS,
+       logit_scale=st.sampled_from([1.0, 0.5, 4.0]), sigma=SIGMA, batch=st.sampled_from([8, 16]),
+       seed=st.integers(0, 2 ** 16))
 def test_projected_full_gradient_is_reduced_gradient(device, point, L, param, basis, logit_scale, sigma, batch, seed):
     tasks, heads, omega, mu = point
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, param=param, basis=basis, logit_scale=logit_scale,
@@ -47,15 +65,18 @@ def test_projected_full_gradient_is_reduced_gradient(device, point, L, param, ba
     assert c.discriminates, c.explain()
 
 
-@given(tasks=st.sampled_from([(1,), (1, 1), (2, 1), (1, 2)]), heads=st.integers(1, 3), L=st.integers(2, 8),
-       param=PARAM, basis=BASIS, init_scale=st.sampled_from([0.2, 0.3, 0.5]), seed=st.integers(0, 2 ** 16))
-def test_full_trajectory_follows_reduced_flow(device, tasks, heads, L, param, basis, init_scale, seed):
-    cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, param=param, basis=basis, init_scale=init_scale,
-                        device=device)
+@settings(max_examples=4)
+@given(th=tasks_heads(max_group=512), L=st.integers(16, 512), param=PARAM, basis=BASIS, sigma=SIGMA,
+       init_scale=st.sampled_from([0.2, 0.3, 0.5]), seed=st.integers(0, 2 ** 16))
+def test_full_trajectory_follows_reduced_flow(device, th, L, param, basis, sigma, init_scale, seed):
+    tasks, heads = th
+    L = max(16, min(L, TRAJ_TOKENS // group_order(tasks)))       # the cost cap, never below L = 16
+    cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, param=param, basis=basis, sigma=sigma,
+                        init_scale=init_scale, device=device)
     # a fixed batch of a few prompts can make the flow stiff (fast transients in the first
     # steps); lr=None picks the step from that stiffness (1% relative change per step) so
     # that the O(lr) Richardson tolerance lies below the effect of a wrong metric constant
-    c = claim.check_trajectory_agreement(cfg, lr=None, time=0.5, base_prompts=4, seed=seed, record_every=2)
+    c = claim.check_trajectory_agreement(cfg, lr=None, time=0.3, base_prompts=1, seed=seed, record_every=2)
     note(c.explain())
     log_comparison(c, __name__)
     assert c.agrees, c.explain()
@@ -63,20 +84,36 @@ def test_full_trajectory_follows_reduced_flow(device, tasks, heads, L, param, ba
 
 
 @pytest.mark.thorough
-@given(seed=st.integers(0, 2 ** 16), tasks=st.sampled_from([(3,), (4,), (3, 3)]))
-def test_expansion_error_shrinks_with_L_thorough(device, seed, tasks):
-    # Only in the thorough run.  At default-run sizes (B = 256, L = 4..64, 3 streams) the
-    # noise-corrected gap falls from ~0.05 to ~0.01 but its Monte-Carlo error (~0.01-0.02)
-    # leaves p + 2 se(p) between -0.4 and +0.3 depending on the seeds: the trend is not
-    # resolved reliably there (docs/claims_1_4.md), so a default test would be flaky.
+@settings(max_examples=3)
+@given(seed=st.integers(0, 2 ** 16), tasks=st.sampled_from([(3,), (4,), (3, 3), (2, 4)]),
+       logit_scale=st.sampled_from([1.0, 8.0]), sigma=SIGMA)
+def test_expansion_error_shrinks_with_L_thorough(device, seed, tasks, logit_scale, sigma):
     # Larger L and batch, a smaller step (the SGD bias ~ lr/B of the multiplicative factored
     # updates puts a floor under the gap that does not shrink with L).
-    cfg = ProblemConfig(tasks=tasks, heads=len(tasks), L=8, logit_scale=8.0, init_scale=0.15, device=device)
+    cfg = ProblemConfig(tasks=tasks, heads=len(tasks), L=8, logit_scale=logit_scale, sigma=sigma, init_scale=0.15,
+                        device=device)
     tcfg = TrainConfig(lr=0.02, time=4.0, batch=2048, records=9)
-    c = claim.check_expansion_trend(cfg, [8, 32, 128, 512], tcfg, seeds=(seed, seed + 1, seed + 2))
+    Ls = [8, 32, 128, 512]
+    domain = claim.expansion_domain(cfg, Ls, tcfg)
+    c = claim.check_expansion_trend(cfg, Ls, tcfg, seeds=(seed, seed + 1, seed + 2))
     log_comparison(c, __name__)
-    assert c.agrees, c.explain()
-    assert c.discriminates, c.explain()
+    if domain["in_domain"]:
+        assert c.agrees, c.explain()
+        assert c.discriminates, c.explain()
+    else:
+        # boundary: theory's own account -- the expansion flow reaches 6 omega^2 >= 1, where
+        # its remainder is not O(L^-2); the gaps are recorded, not judged
+        assert domain["max_6_omega2"] >= 1.0 and domain["Ls_outside"], domain
+
+
+def test_expansion_domain_is_decided_by_theory():
+    tcfg = TrainConfig(lr=0.05, time=4.0, batch=8, records=9)
+    inside = claim.expansion_domain(ProblemConfig(tasks=(3,), heads=1, L=4, logit_scale=8.0), [4, 16, 64], tcfg)
+    assert inside["in_domain"] and inside["max_6_omega2"] < 1.0, inside
+    # logit scale 1: the emergence lands near (r s)^(-1/4) > 1/sqrt(6), outside the O(L^-2) domain
+    outside = claim.expansion_domain(ProblemConfig(tasks=(1,), heads=1, L=64, init_scale=0.5), [64, 256],
+                                     TrainConfig(lr=0.2, time=20.0, batch=8, records=5))
+    assert not outside["in_domain"] and outside["max_6_omega2"] >= 1.0, outside
 
 
 def test_bad_input_is_refused(device):
@@ -87,6 +124,8 @@ def test_bad_input_is_refused(device):
         claim.check_trajectory_agreement(cfg, lr=0.05, time=0.07)
     with pytest.raises(ValueError, match=">= 3"):
         claim.check_expansion_trend(cfg, [8, 16], TrainConfig(lr=0.05, time=0.1, batch=8, records=2))
+    with pytest.raises(ValueError, match="profile"):
+        claim.run(profile="huge")
 
 
 def test_run_tiny_profile(device):
@@ -94,3 +133,15 @@ def test_run_tiny_profile(device):
     assert result.id == claim.CLAIM_ID
     assert result.verdict == "pass", result.details
     assert result.figures and result.perturbations
+    assert [r["agrees"] for r in result.headline] == [True, True], result.headline
+    assert set(result.details["domain"]["condition"]) == {"gradient_projection", "trajectory", "expansion_trend"}
+
+
+def test_run_at_a_given_problem(device):
+    cases = claim.plan(claim.PROFILES["tiny"], problem={"tasks": (2, 1), "heads": 2, "L": 16, "sigma": 0.5,
+                                                        "param": "merged", "basis": "random"})
+    assert len(cases["grad"]) == 1 and len(cases["traj"]) == 1, cases
+    assert cases["trend"][1] == [2, 4, 8, 16] and cases["trend"][0].tasks == (2, 1), cases["trend"]
+    big = claim.plan(claim.PROFILES["tiny"], problem={"tasks": (4, 4, 4), "heads": 3, "L": 2})
+    assert big["traj"] == [] and {n["case"] for n in big["not_run"]} == {"trajectory tasks=(4, 4, 4)",
+                                                                       "expansion-trend"}, big["not_run"]

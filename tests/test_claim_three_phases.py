@@ -1,60 +1,138 @@
 """Claim 3 (three phases), on Hypothesis-drawn configurations.
 
-The measured loss curve of the full model must show warm-up, emergence and convergence as
-``theory.three_phases.phase_times`` defines them, at times that agree with the expansion
-ODE's within the derived tolerance, and the warm-up predicted with a wrong init-scale
-exponent must be rejected (claims/three_phases.py).
+A drawn case inside the claim's domain (claims.three_phases.domain, decided from theory
+before the run) must agree in every comparison: phase times against the expansion flow's,
+the head-selection shares against the flow's, the converged loss against the exact loss.
+A case outside the selection domain (H < m) is a boundary finding whose own check -- some
+head carries two tasks -- is asserted.  The phase detector must refuse a curve without
+emergence whatever the seed.
 """
 from __future__ import annotations
 
+
+import numpy as np
 import pytest
-from hypothesis import given, note, strategies as st
+from hypothesis import given, note, settings, strategies as st
 
 from claims import three_phases as claim
 from claims.common import log_comparison
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig
+from theory.three_phases import ov_share, phase_times, warmup_law_time
 
 
-@given(problem=st.sampled_from([((3,), 1), ((3,), 2), ((2, 2), 2)]), L=st.sampled_from([32, 40]),
-       init_scale=st.sampled_from([0.03, 0.04]), batch=st.sampled_from([128, 192]), seed=st.integers(0, 2 ** 16))
-def test_loss_curve_has_three_phases_at_predicted_times(device, problem, L, init_scale, batch, seed):
-    # factored weights (the paper's architecture); logit scale 4 so that r s > 4 and the
-    # emergence lands inside the expansion's domain; run length from the ODE (2 x emergence end)
-    tasks, heads = problem
-    cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, param="factored", logit_scale=4.0,
-                        init_scale=init_scale, device=device)
-    tcfg = TrainConfig(lr=0.05, time=claim.horizon(cfg, 0.05), batch=batch, records=41, seed=seed)
-    c = claim.check_three_phases(cfg, tcfg, eval_batch=1024)
-    note(c.explain())
-    log_comparison(c, __name__)
-    assert c.agrees, c.explain()
-    assert c.discriminates, c.explain()
+@st.composite
+def problems(draw):
+    m = draw(st.integers(1, 3))
+    tasks = tuple(draw(st.lists(st.integers(1, 4), min_size=m, max_size=m)))
+    heads = draw(st.integers(1, m + 1))
+    L = draw(st.sampled_from([16, 32, 64, 128, 256, 512]))
+    sigma = draw(st.sampled_from([0.0, 0.5]))
+    s0 = draw(st.sampled_from([0.03, 0.04]))
+    return tasks, heads, L, sigma, s0
 
 
-@pytest.mark.thorough
-@given(tasks=st.sampled_from([(3, 3), (4, 4), (3, 3, 3)]), L=st.sampled_from([64, 128]),
-       param=st.sampled_from(["factored"]), init_scale=st.sampled_from([0.02, 0.03, 0.05]),
-       seed=st.integers(0, 2 ** 16))
-def test_three_phases_thorough(device, tasks, L, param, init_scale, seed):
-    cfg = ProblemConfig(tasks=tasks, heads=len(tasks), L=L, param=param, logit_scale=4.0, init_scale=init_scale,
-                        device=device)
-    tcfg = TrainConfig(lr=0.05, time=claim.horizon(cfg, 0.05), batch=512, records=61, seed=seed)
-    c = claim.check_three_phases(cfg, tcfg)
-    assert c.agrees, c.explain()
-    assert c.discriminates, c.explain()
+@settings(max_examples=3)
+@given(problem=problems(), seed=st.integers(0, 2 ** 16))
+def test_drawn_case_agrees_inside_domain_or_shows_its_boundary(device, problem, seed):
+    tasks, heads, L, sigma, s0 = problem
+    # logit scale with r s > 4 for the smallest block, so the flow stays in 2 omega^2 < 1
+    s = 4.0 if min(tasks) >= 2 else 6.0
+    cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, logit_scale=s, init_scale=s0, device=device)
+    # held_out = 16384: where a head saturates (2 omega^2 > 1, e.g. r = 1, L = 32, omega = 0.78)
+    # the per-prompt losses are heavy-tailed; 2048 prompts gave 0.131 +- 0.011 against
+    # 0.147 +- 0.002 at 65536 prompts and 0.1451 exact
+    case = claim.run_case(cfg, lr=0.05, batch=128, records=41, eval_batch=1536, held_out=16384, seed=seed)
+    note(f"domain {case.prediction.domain}; boundary {case.boundary}")
+    for c in case.comparisons:
+        note(c.explain())
+        log_comparison(c, __name__)
+    if not case.prediction.domain["inside"]:
+        assert case.boundary is not None and case.boundary["theory_account_holds"], case.boundary
+        return
+    assert case.comparisons, "an in-domain case must make comparisons"
+    for c in case.comparisons:
+        assert c.agrees, c.explain()
+        # a phase comparison whose tolerance exceeds T/2 (decided before comparing) cannot
+        # reject a factor-2 warm-up and says so; every other perturbation must be rejected
+        if c.details.get("resolvable", True):
+            assert not c.perturbations or c.discriminates, c.explain()
+        else:
+            assert "UNDECIDABLE" in c.why, c.explain()
+    names = [c.name.split(" tasks")[0] for c in case.comparisons]
+    assert ("head selection" in names) == case.prediction.domain["selection"], names
+    if heads < len(tasks):
+        # outside the selection domain: theory's account of H < m (a head carries two tasks)
+        assert case.boundary["theory_account_holds"], case.boundary
 
 
-def test_a_curve_without_emergence_is_not_three_phases(device):
-    # one step of training: no drop clear of the noise, so the check must say "not three phases"
-    cfg = ProblemConfig(tasks=(3,), heads=1, L=16, logit_scale=4.0, init_scale=0.05, device=device)
-    c = claim.check_three_phases(cfg, TrainConfig(lr=0.05, time=0.25, batch=32, records=6), eval_batch=256)
-    assert not c.agrees
-    assert "three phases" in c.why
+@given(seed=st.integers(0, 2 ** 16), s0=st.sampled_from([0.03, 0.05]))
+def test_a_curve_without_emergence_is_not_three_phases(device, seed, s0):
+    # five steps of training from a small init: the warm-up has barely started; whatever the
+    # seed, the detector must not see three resolved phases (the first version did, by luck)
+    cfg = ProblemConfig(tasks=(3,), heads=1, L=16, logit_scale=4.0, init_scale=s0, device=device)
+    tcfg = TrainConfig(lr=0.05, time=0.25, batch=32, records=6, seed=seed)
+    meas = claim.measure(cfg, tcfg, eval_batch=256, held_out=256)
+    ok, why = claim.three_phases_resolved(meas.phases, meas.t, meas.drop_se)
+    assert not ok, (meas.phases, meas.drop_se)
+    assert why
 
 
-def test_run_tiny_profile(device):
+def test_phase_detector_rejects_unresolved_and_accepts_a_clear_sigmoid():
+    t = np.linspace(0.0, 20.0, 81)
+    clear = 1.0 + 9.0 / (1.0 + np.exp((t - 8.0) / 0.7))
+    pt = phase_times(t, clear)
+    assert claim.three_phases_resolved(pt, t, drop_se=0.01)[0]
+    # the same drop with a standard error of the drop above drop / Z_SE: not clear
+    ok, why = claim.three_phases_resolved(pt, t, drop_se=9.0 / 3.5)
+    assert not ok and "standard error" in why
+    # a drop still going on at the end of the record: no convergence phase resolved
+    late = 1.0 + 9.0 / (1.0 + np.exp((t - 19.0) / 0.7))
+    ok, why = claim.three_phases_resolved(phase_times(t, late), t, drop_se=0.01)
+    assert not ok and "convergence" in why
+    # a straight line: each phase has the same rate, the emergence is not the fastest
+    ok, why = claim.three_phases_resolved(phase_times(t, 10.0 - 0.4 * t), t)
+    assert not ok and "fastest" in why
+
+
+def test_share_and_law_definitions():
+    mu = np.array([[2.0, -1.0, 1.0], [0.0, 3.0, 0.0]])
+    assert np.allclose(ov_share(mu, [0, 1]), [0.5, 1.0])
+    assert np.isnan(ov_share(np.zeros((1, 2)), [0])[0])
+    with pytest.raises(ValueError, match="one task per head"):
+        ov_share(mu, [0])
+    assert np.allclose(warmup_law_time([0.01, 0.05], 0.2, -1.5), [18.5, 2.5])
+    with pytest.raises(ValueError, match="positive"):
+        warmup_law_time(0.0, 1.0, 0.0)
+
+
+def test_run_tiny_profile_and_problem(device):
     result = claim.run(profile="tiny", device=device, seed=0)
     assert result.id == claim.CLAIM_ID
     assert result.verdict == "pass", result.details
+    names = [h["name"] for h in result.headline]
+    assert any(n.startswith("warm-up end") for n in names) and any(n.startswith("converged loss") for n in names)
+    assert all(h["agrees"] for h in result.headline), result.headline
+    assert result.details["domain"][0]["inside"]
     assert result.figures and result.figures[0].spans
+    # a researcher's problem: H < m runs, its boundary (one head carries both tasks) recorded
+    res = claim.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 1, "L": 16})
+    ran = res.details["ran"][0]
+    assert ran["config"]["tasks"] == [2, 2] and ran["config"]["heads"] == 1
+    assert ran["boundary"]["theory_account_holds"], ran["boundary"]
+    with pytest.raises(ValueError, match="unknown fields"):
+        claim._resolve("tiny", {"heads": 2, "bogus": 1})
+
+
+@pytest.mark.thorough
+def test_quick_profile_passes_with_the_warmup_law(device):
+    result = claim.run(profile="quick", device=device)
+    assert result.verdict == "pass", [c["name"] + ": " + str(c["error"]) for c in result.details["comparisons"]]
+    assert any(h["name"].startswith("warm-up constant C") for h in result.headline)
+
+
+@pytest.mark.thorough
+@settings(max_examples=12)
+@given(problem=problems(), seed=st.integers(0, 2 ** 16))
+def test_drawn_case_thorough(device, problem, seed):
+    test_drawn_case_agrees_inside_domain_or_shows_its_boundary.hypothesis.inner_test(device, problem, seed)

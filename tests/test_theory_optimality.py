@@ -59,3 +59,82 @@ def test_bad_input():
         optimality_ratio((2, 2, 2), 2, 100)
     with pytest.raises(ValueError, match="heads"):
         best_decomposable_attention((2,), 0, 100)
+
+
+# --- claim 7 at equal heads (issue 12): theory-against-theory checks moved out of the claim ---
+
+from theory import exact
+from theory.optimality import (constant_bracket, linear_attention_loss, linear_attention_point,
+                               linear_attention_scale, reaches_linear_attention)
+
+
+def test_linear_attention_loss_by_monte_carlo():
+    """Centred linear attention at its optimal scale, numpy Monte Carlo over whole prompts
+    (r = 2, L = 8, sigma = 0.5: 200k prompts, tolerance 4 standard errors); the uncentred
+    formula r(r+1+s^2)/(L+r+1+s^2) is rejected at the same tolerance."""
+    rng = np.random.default_rng(3)
+    r, L, sigma, n = 2, 8, 0.5, 200_000
+    x = rng.standard_normal((n, L, r))
+    g = rng.standard_normal((n, r))
+    q = rng.standard_normal((n, r))
+    y = np.einsum("nlr,nr->nl", x, g) + sigma * rng.standard_normal((n, L))
+    xc = x - x.mean(axis=1, keepdims=True)
+    a = 1.0 / (L - 1 + r + 1 + sigma ** 2)
+    pred = a * np.einsum("nl,nlr,nr->n", y, xc, q)
+    sq = (pred - (g * q).sum(1)) ** 2
+    mean, se = sq.mean(), sq.std() / np.sqrt(n)
+    assert abs(mean - linear_attention_loss((r,), L, sigma)) < 4 * se
+    assert abs(mean - r * (r + 1 + sigma ** 2) / (L + r + 1 + sigma ** 2)) > 4 * se
+    assert abs(linear_attention_scale((r,), L, sigma)[0] - L * a) < 1e-12
+
+
+@pytest.mark.parametrize("L", [64, 256])
+def test_construction_reaches_linear_attention_exactly(L):
+    """The (m+1)-head construction at omega = 1e-3, on theory.exact's quadrature (two heads,
+    one task), has the closed-form centred linear-attention loss within its O(omega^2)
+    (relative 1e-5 allowed; measured 5e-7)."""
+    tasks, sigma = (3,), 0.5
+    om, mu = linear_attention_point(tasks, 2, 1e-3, linear_attention_scale(tasks, L, sigma))
+    e = exact.exact_loss(om, mu, tasks, L, sigma)
+    assert abs(e.loss / linear_attention_loss(tasks, L, sigma) - 1) < 1e-5
+    assert abs(10 ** 9 * linear_attention_loss(tasks, 10 ** 9, sigma) - linear_attention_limit(tasks, sigma)) < 1e-6
+
+
+def test_equal_heads_cannot_reach_linear_attention():
+    """The rank argument: zero-sum columns of M (1^T M = 0) give rank(M^T Omega) <= H - 1, so
+    M^T Omega = c I_m is impossible for H = m and possible (the construction) for H = m + 1."""
+    rng = np.random.default_rng(5)
+    for m in (1, 2, 3, 5):
+        M = rng.standard_normal((m, m))
+        M -= M.mean(axis=0, keepdims=True)
+        assert np.linalg.matrix_rank(M.T @ rng.standard_normal((m, m))) <= m - 1
+        assert not reaches_linear_attention((2,) * m, m) and reaches_linear_attention((2,) * m, m + 1)
+        om, mu = linear_attention_point((2,) * m, m + 1, 0.1)
+        assert np.allclose(mu.sum(axis=0), 0) and np.allclose(mu.T @ om, np.eye(m))
+    with pytest.raises(ValueError, match="heads >= m \\+ 1"):
+        linear_attention_point((2, 2), 2)
+
+
+def test_constant_bracket_shape():
+    """H = m: [1, allocated/linear] with the upper edge > 1; H = m + 1: closed at allocated/linear;
+    allocated from the quadrature fixed point, linear from the closed form."""
+    b_m = constant_bracket((2, 2), 2, 64)
+    b_m1 = constant_bracket((2, 2), 3, 64)
+    assert b_m["low"] == 1.0 and b_m["high"] > 2.0 and not b_m["reaches_linear"]
+    assert b_m1["low"] == b_m1["high"] == b_m["high"] and b_m1["reaches_linear"]
+    assert abs(b_m["allocated"] - exact.exact_fixed_point((2, 2), 64)["loss"]) < 1e-12
+    assert abs(b_m["linear"] - 2 * 2 * 3 / (64 + 2)) < 1e-12
+
+
+def test_constant_bounded_in_r_richardson():
+    """(Was claim 7's check_constant_bounded, a theory-against-theory comparison.)  C_inf(r) =
+    limit_multi / linear_attention_limit is finite for r = 1..10^4 and its Richardson
+    extrapolation of the last two values is e within the next order left in it; a constant
+    growing like log r is rejected at the same tolerance."""
+    rs = np.array([1, 2, 4, 10, 40, 100, 1000, 10000], float)
+    vals = np.array([limit_multi((int(r),)) / linear_attention_limit((int(r),)) for r in rs])
+    assert np.all(np.isfinite(vals)) and vals.max() < 4.3
+    extrapolated = (rs[-1] * vals[-1] - rs[-2] * vals[-2]) / (rs[-1] - rs[-2])
+    tol = abs(vals[-1] - vals[-2]) * rs[-2] / rs[-1]
+    assert abs(extrapolated - np.e) <= tol
+    assert abs(vals[-1] - (vals[0] + np.log(rs[-1] / rs[0]))) > tol

@@ -16,10 +16,12 @@ import os
 import sys
 import time
 
+from ._validate import check_output_file
+
 
 def _tasks(text: str) -> tuple[int, ...]:
     try:
-        tasks = tuple(int(x) for x in text.split(",") if x.strip() != "")
+        tasks = tuple(int(x) for x in text.split(","))     # an empty entry ("2,,2") is an error too
     except ValueError:
         raise argparse.ArgumentTypeError(f"--tasks must be comma-separated positive integers like 4,4,4; got {text!r}")
     if not tasks or any(r < 1 for r in tasks):
@@ -169,11 +171,71 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stage(text: str) -> None:
+    """A progress line on stderr when a person watches (a terminal); silent in pipes and tests."""
+    if sys.stderr.isatty():
+        print(f"theory: {text}", file=sys.stderr, flush=True)
+
+
+def _solve(what: str, fn, *args):
+    """Run a root finder / minimiser of theory and turn its numerical failure (mpmath's
+    "Could not find root", an overflow) into a message in the user's terms."""
+    try:
+        return fn(*args)
+    except (ValueError, ZeroDivisionError, ArithmeticError) as exc:
+        kind = "its root finder did not converge" if "root" in str(exc) else f"{type(exc).__name__}"
+        raise PredictionFailed(f"{what} ({kind})") from None
+
+
+class PredictionFailed(ValueError):
+    """The large-L expansion has no usable solution at these arguments."""
+
+
+def expansion_size(tasks, L, sigma) -> float:
+    """max_i e (r_i + sigma^2) / L: the relative size of the 1/L correction at the allocated
+    optimum (SPEC, large-L expansion: relative error ~ e (r + sigma^2) / L for large r). At 1
+    or more the correction is as large as the leading term and the expansion says little."""
+    return max(math.e * (r + sigma ** 2) / L for r in tasks)
+
+
+def validity(points, single, omega_star, loss_multi, loss_single, tasks, L, sigma) -> tuple[list, list]:
+    """(reasons the prediction is invalid, reasons it is unreliable); empty lists: valid,
+    reliable. Invalid: the expansion diverges (some 2 omega^2 >= 1, theory.reduced_ode.
+    expansion_valid), or the allocated fixed point is not a strict local minimum (it has
+    collapsed onto the trivial point mu* = 0, loss = r), or a predicted loss is negative (the
+    truncated expansion outside its range). Unreliable: its O(1/L^2) remainder has no finite
+    coefficient (6 omega^2 >= 1, expansion_reliable), or the 1/L correction is not small."""
+    from .reduced_ode import expansion_reliable, expansion_valid
+
+    invalid, unreliable = [], []
+    if not (expansion_valid(omega_star) and single["valid"]):
+        invalid.append("the expansion diverges at the predicted point (some 2 omega^2 >= 1: softmax saturation)")
+    for p in {p["r"]: p for p in points}.values():      # one reason per block size
+        if not p["local_min"]:
+            invalid.append(f"task r = {p['r']}: the allocated fixed point is not a strict local minimum of the "
+                           f"expansion (omega* = {p['omega_star']:.3g}, mu* = {p['mu_star']:.3g}: collapsed onto "
+                           f"the trivial point, loss = r = {p['loss']:.6g}); L = {L:g} is too short for this block")
+    if loss_multi < 0 or loss_single < 0:
+        invalid.append(f"a predicted loss is negative (multi-head {loss_multi:.4g}, single head {loss_single:.4g}): "
+                       "the truncated expansion is used far outside its range; raise L")
+    if not (expansion_reliable(omega_star) and single["reliable"]):
+        unreliable.append("the O(1/L^2) remainder has no finite coefficient (some 6 omega^2 >= 1); compare with "
+                          "theory exact")
+    size = expansion_size(tasks, L, sigma)
+    if size >= 1:
+        unreliable.append(f"the 1/L correction is not small: max e (r + sigma^2) / L = {size:.3g} >= 1; raise L")
+    return invalid, unreliable
+
+
 def predict(tasks, heads, L, sigma=0.0, optimality=False, seed=0, dps=30) -> dict:
-    """The JSON object of ``python -m theory predict`` (see docs/theory.md for the keys)."""
+    """The JSON object of ``python -m theory predict`` (see docs/theory.md for the keys).
+
+    ``valid`` is False (with ``invalid_reasons``) where the prediction means nothing
+    (:func:`validity`); ``reliable`` is False (with ``unreliable_reasons``) where its error is
+    not small. Raises :class:`PredictionFailed` (a ValueError) with a message when the
+    expansion has no fixed point at all (L too small, sigma too large)."""
     from .limiting_error import limit_multi_per_task, minimise_single, single_head_at_L
     from .optimality import linear_attention_limit, optimality_ratio
-    from .reduced_ode import expansion_reliable, expansion_valid
     from .task_allocation import allocated_task_point
 
     m = len(tasks)
@@ -181,13 +243,24 @@ def predict(tasks, heads, L, sigma=0.0, optimality=False, seed=0, dps=30) -> dic
         raise ValueError(f"--heads {heads} < {m} tasks: the allocated multi-head model needs at least one "
                          f"head per task; pass --heads {m} or more")
     t0 = time.perf_counter()
-    per_task = limit_multi_per_task(tasks, sigma)
+    hint = (f"the large-L expansion needs L large against e (r + sigma^2) (here "
+            f"{expansion_size(tasks, L, sigma) * L:.3g} against L = {L:g}); raise --L or lower --sigma")
+    _stage("limits L -> infinity (mpmath)")
+    per_task = _solve(f"no L -> infinity optimum for tasks {list(tasks)} at sigma = {sigma:g}; lower --sigma",
+                      limit_multi_per_task, tasks, sigma)
     lim_multi = sum(p["limit"] for p in per_task)
-    w_single, lim_single = minimise_single(tasks, sigma, dps)
-    points = [allocated_task_point(r, L, sigma, dps) for r in tasks]
+    w_single, lim_single = _solve(f"no single-head optimum for tasks {list(tasks)} at sigma = {sigma:g}; "
+                                  "lower --sigma", minimise_single, tasks, sigma, dps)
+    _stage(f"allocated fixed point at L = {L:g} ({dps} digits)")
+    points = [_solve(f"no allocated fixed point for the task of block size r = {r} at L = {L:g}, sigma = "
+                     f"{sigma:g}: {hint}", allocated_task_point, r, L, sigma, dps) for r in tasks]
     omega_star = [p["omega_star"] for p in points]
     mu_star = [p["mu_star"] for p in points]
-    single = single_head_at_L(tasks, L, sigma)
+    _stage("best single head at L")
+    single = _solve(f"no single-head minimum at L = {L:g}, sigma = {sigma:g}: {hint}", single_head_at_L,
+                    tasks, L, sigma)
+    loss_multi = float(sum(p["loss"] for p in points))
+    invalid, unreliable = validity(points, single, omega_star, loss_multi, single["loss"], tasks, L, sigma)
     out = {
         "tasks": list(tasks), "heads": heads, "L": L, "sigma": sigma, "d": sum(tasks), "m": m,
         "limit_multi": lim_multi,
@@ -199,22 +272,30 @@ def predict(tasks, heads, L, sigma=0.0, optimality=False, seed=0, dps=30) -> dic
         "linear_attention_limit": linear_attention_limit(tasks, sigma),
         "omega_star": omega_star,
         "mu_star": mu_star,
-        "loss_multi_at_L": float(sum(p["loss"] for p in points)),
+        "loss_multi_at_L": loss_multi,
         "loss_single_at_L": single["loss"],
         "omega_single_at_L": single["omega"],
         "mu_single_at_L": single["mu"],
-        "valid": bool(expansion_valid(omega_star) and single["valid"]),
-        "reliable": bool(expansion_reliable(omega_star) and single["reliable"]),
+        "valid": not invalid,
+        "invalid_reasons": invalid,
+        "reliable": not invalid and not unreliable,
+        "unreliable_reasons": unreliable,
+        "expansion_size": expansion_size(tasks, L, sigma),
         "fixed_point_is_local_min": all(p["local_min"] for p in points),
     }
     if optimality:
+        _stage("optimality search (several L-BFGS runs)")
         out["optimality"] = optimality_ratio(tasks, heads, L, sigma, seed=seed)
     out["seconds"] = time.perf_counter() - t0
     return out
 
 
 def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
+    """Write ``text`` to ``path`` whole or not at all (temporary file + rename); creates the
+    missing parent directories."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
         with open(tmp, "w") as fh:
             fh.write(text)
@@ -228,6 +309,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "formulas":
         from .formulas import all_formulas
+
+        _stage("deriving the formulas with sympy (about 10 s on a busy 2-core machine)")
 
         formulas = all_formulas()
         print(json.dumps(formulas, indent=2) if args.json else "\n\n".join(f"[{k}]\n{v}" for k, v in formulas.items()))
@@ -244,6 +327,8 @@ def main(argv=None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     try:
+        if args.out is not None:
+            check_output_file("--out", args.out)
         out = predict(args.tasks, args.heads, args.L, args.sigma, args.optimality, args.seed, args.dps)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -252,6 +337,9 @@ def main(argv=None) -> int:
     if args.out:
         _write_atomic(args.out, text + "\n")
     print(text)
+    if not out["valid"]:
+        print("warning: this prediction is not valid (\"valid\": false):\n  - " + "\n  - ".join(out["invalid_reasons"]),
+              file=sys.stderr)
     return 0
 
 

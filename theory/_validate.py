@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -87,3 +90,56 @@ def check_omega_mu(omega, mu, tasks) -> tuple[np.ndarray, np.ndarray]:
     if om.shape[0] < 1:
         raise ValueError("omega must have at least one head (H >= 1)")
     return om, mu_
+
+
+# --- output paths of the command lines (numerics.train, theory, tools.bench, tools.sweep) ------
+# Checked before any computation, so that a bad --out costs nothing and leaves nothing behind.
+
+def _probe_dir(flag: str, path: str, directory) -> None:
+    """Create and remove a file in ``directory``: the only sure test that it is writable."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot write in {directory} ({exc.strerror or exc}); choose a "
+                         "writable location") from None
+
+
+def check_output_file(flag: str, path) -> str:
+    """Refuse an output *file* path that cannot be written: an existing directory, a file
+    among its parents, a nearest existing parent where nothing can be created (missing parent
+    directories are allowed: the writers create them). Returns the path as a str. Creates
+    nothing."""
+    text = str(path)
+    if text.strip() == "":
+        raise ValueError(f"{flag} is empty; give a file name such as run.json")
+    out = Path(text)
+    if out.is_dir():
+        raise ValueError(f"{flag} {text} is a directory; give a file name such as {out / 'out.json'}")
+    existing = out.absolute().parent     # missing parents are created by the writer
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {text}: {existing} is a file, not a directory; choose another path")
+    _probe_dir(flag, text, existing)
+    return text
+
+
+def check_output_dir(flag: str, path) -> str:
+    """Refuse an output *directory* that cannot be made or written: an existing file there,
+    a file among its parents, an unwritable nearest existing parent. Creates nothing."""
+    text = str(path)
+    if text.strip() == "":
+        raise ValueError(f"{flag} is empty; give a directory name")
+    out = Path(text)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {text} exists and is not a directory; choose another {flag}")
+    existing = out.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {text}: {existing} is a file where a directory is expected; choose another "
+                         f"{flag}")
+    _probe_dir(flag, text, existing)
+    return text

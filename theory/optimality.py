@@ -143,3 +143,97 @@ def optimality_ratio(tasks, heads, L, sigma=0.0, starts=8, seed=0) -> dict:
             "ratio_at_L": alloc / best.loss, "best_at_small_omega": best.at_small_omega, "best_omega": best.omega.tolist(), "best_mu": best.mu.tolist(),
             "limit_multi": limit_multi(tasks, sigma), "linear_attention_limit": linear_attention_limit(tasks, sigma),
             "ratio_limit": limit_multi(tasks, sigma) / linear_attention_limit(tasks, sigma)}
+
+
+# ---------------------------------------------------------------------------------------
+# claim 7 at equal heads (issue 12): the finite-L bracket of the constant against H
+# ---------------------------------------------------------------------------------------
+
+def linear_attention_loss(tasks, L, sigma=0.0) -> float:
+    """Exact finite-L loss of optimally scaled *centred* linear attention, summed over tasks:
+
+        sum_i r_i (r_i + 1 + sigma^2) / (L + r_i + sigma^2).
+
+    Centred (y_hat_i = c sum_l y_li (x_li - xbar_i)^T q_i) because that is what softmax heads
+    reach: with omega -> 0, softmax_l(omega s_l) = (1 + omega (s_l - sbar))/L + O(omega^2), and
+    heads whose mu sum to zero keep only the centred part.  Per task, with S = sum_l (x_l - xbar)
+    (x_l - xbar)^T ~ Wishart(n = L - 1, I_r): E S^2 = n (n + r + 1) I, E tr S = n r, so
+    y_hat = a S g + a sum_l eps_l (x_l - xbar) has loss r [a^2 n (n + r + 1 + sigma^2) - 2 a n + 1],
+    minimal at a = 1/(n + r + 1 + sigma^2) with value r (r + 1 + sigma^2)/(n + r + 1 + sigma^2).
+    L * loss -> :func:`linear_attention_limit`."""
+    tasks = check_tasks(tasks)
+    L, sigma = check_L(L), check_sigma(sigma)
+    if L < 2:
+        raise ValueError(f"centred linear attention needs L >= 2 context tokens, got L={L}")
+    return float(sum(r * (r + 1 + sigma ** 2) / (L + r + sigma ** 2) for r in tasks))
+
+
+def reaches_linear_attention(tasks, heads) -> bool:
+    """Whether ``heads`` softmax heads can reach linear attention on every task (as omega -> 0).
+
+    Linear attention on all tasks needs 1^T M = 0 (the mu of the heads cancel the softmax's
+    constant part, task by task) and M^T Omega = c I_m (each task reads its own block only),
+    Omega, M the H x m matrices of omega and mu.  M^T Omega = c I has rank m, but a matrix whose
+    columns sum to zero has rank <= H - 1, so H >= m + 1 is necessary; H = m + 1 suffices
+    (head i: omega = eps e_i, mu = (c/eps) e_i for i <= m; head m+1: omega = 0, mu = -(c/eps) 1)."""
+    tasks = check_tasks(tasks)
+    heads = check_positive_int("heads", heads)
+    return heads >= len(tasks) + 1
+
+
+def linear_attention_point(tasks, heads, eps=0.02, c=1.0) -> tuple[np.ndarray, np.ndarray]:
+    """The (omega, mu) (H x m) of the construction in :func:`reaches_linear_attention`: within
+    O(eps^2) of linear attention y_hat_i = (c_i/L) sum_l y_li (s_li - sbar_i) (extra heads beyond
+    m + 1 idle); ``c`` a scalar or one value per task.  With c = :func:`linear_attention_scale`
+    it is the optimally scaled centred linear attention.  Raises when heads < m + 1 (no such
+    point exists)."""
+    tasks = check_tasks(tasks)
+    heads = check_positive_int("heads", heads)
+    m = len(tasks)
+    if not reaches_linear_attention(tasks, heads):
+        raise ValueError(f"linear attention on all {m} tasks needs heads >= m + 1 = {m + 1}, got heads={heads}")
+    c = np.broadcast_to(np.asarray(c, dtype=float), (m,))
+    omega, mu = np.zeros((heads, m)), np.zeros((heads, m))
+    omega[np.arange(m), np.arange(m)] = eps
+    mu[np.arange(m), np.arange(m)] = c / eps
+    mu[m, :] = -c / eps
+    return omega, mu
+
+
+def linear_attention_scale(tasks, L, sigma=0.0) -> np.ndarray:
+    """Per task the c of :func:`linear_attention_point` that makes it optimal: the optimal
+    a = 1/(n + r + 1 + sigma^2), n = L - 1, of :func:`linear_attention_loss`, times L
+    (y_hat = (c/L) sum_l ...): c_i = L / (L + r_i + sigma^2)."""
+    tasks = check_tasks(tasks)
+    L, sigma = check_L(L), check_sigma(sigma)
+    return np.array([L / (L + r + sigma ** 2) for r in tasks])
+
+
+def constant_bracket(tasks, heads, L, sigma=0.0) -> dict:
+    """Theory's bracket for the constant C_H(L) = (loss of the gradient-flow limit) / (loss of
+    the best H-head softmax attention) at context length L.
+
+    The gradient-flow limit (claim 4) is the allocated point, whose exact finite-L loss is
+    ``theory.exact.exact_fixed_point`` (quadrature); it is itself an H-head model for H >= m,
+    so C_H >= 1.  SPEC.md's account of the best model: at large L the best softmax attention is
+    (centred) linear attention, :func:`linear_attention_loss`, which H >= m + 1 heads reach
+    (:func:`reaches_linear_attention`) and H <= m heads cannot.  Hence
+
+    - H <= m:     1 <= C_H <= allocated / linear       (finite, below the linear-attention ratio);
+    - H >= m + 1: C_H = allocated / linear              (the bracket closes on that value).
+
+    The upper edge (and the closed bracket) rests on "linear attention is the best softmax
+    attention", the SPEC's large-L account; a measured C above it would contradict that account.
+    Returns {"low", "high", "allocated", "linear", "reaches_linear", "allocated_error"}."""
+    from . import exact  # noqa: PLC0415 -- quadrature module, only needed here
+
+    tasks = check_tasks(tasks)
+    heads = check_positive_int("heads", heads)
+    L, sigma = check_L(L), check_sigma(sigma)
+    alloc = exact.exact_fixed_point(tasks, L, sigma)
+    linear = linear_attention_loss(tasks, L, sigma)
+    ratio = alloc["loss"] / linear
+    reach = reaches_linear_attention(tasks, heads)
+    return {"low": ratio if reach else 1.0, "high": ratio, "allocated": alloc["loss"], "linear": linear,
+            "reaches_linear": reach, "allocated_error": float(alloc["error_estimate"]),
+            "omega_star": alloc["omega_star"], "mu_star": alloc["mu_star"]}

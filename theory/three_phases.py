@@ -146,6 +146,32 @@ def warmup_law(param: str) -> str:
     raise ValueError(f"param must be 'merged' or 'factored', got {param!r}")
 
 
+def warmup_law_time(init_scale, C, c0, exponent: float = 1.0):
+    """The factored warm-up law evaluated at init scale(s) s0: T = C / s0**exponent + c0
+    (exponent = 1 is the law; other exponents exist for perturbation checks)."""
+    s0 = np.asarray(init_scale, dtype=float)
+    if np.any(~np.isfinite(s0)) or np.any(s0 <= 0):
+        raise ValueError(f"init scales must be positive and finite, got {s0.tolist()}")
+    return C / s0 ** exponent + c0
+
+
+def ov_share(mu, task_of_head) -> np.ndarray:
+    """Share of each head's OV mass on one task: |mu[..., h, i_h]| / sum_i |mu[..., h, i]|
+    with i_h = task_of_head[h] (the task head h ends with).  mu: (..., H, m); returns
+    (..., H); a head with mu = 0 on every task has share NaN (no mass to share)."""
+    mu = np.abs(np.asarray(mu, dtype=float))
+    idx = np.asarray(task_of_head, dtype=int)
+    if mu.shape[-2] != idx.size:
+        raise ValueError(f"task_of_head needs one task per head ({mu.shape[-2]}), got {idx.size}")
+    if np.any(idx < 0) or np.any(idx >= mu.shape[-1]):
+        raise ValueError(f"task_of_head entries must lie in 0..{mu.shape[-1] - 1}, got {idx.tolist()}")
+    own = np.take_along_axis(mu, idx.reshape((1,) * (mu.ndim - 2) + (-1, 1)) + np.zeros(mu.shape[:-1] + (1,), int),
+                             axis=-1)[..., 0]
+    total = mu.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, own / np.where(total > 0, total, 1.0), np.nan)
+
+
 def _linear_fit(x, y):
     """Least-squares y = slope x + intercept and the relative rms residual."""
     A = np.stack([x, np.ones_like(x)], axis=1)

@@ -20,6 +20,10 @@ this machine's limits.
    L = 1024, batch 4096): resident-set peak in a fresh process on CPU,
    ``torch.cuda.max_memory_allocated`` on CUDA (:func:`peak_memory`).
 
+Profiles: ``--quick`` runs sections 1 and 3 only at the quick size (issue 15's contract:
+the top-level JSON keys of :func:`~tools.bench.run.contract`); the default runs all five;
+``--smoke`` runs either at tiny sizes (a test of the code paths, numbers meaningless).
+
 Timings are medians over rounds, with min and max; the contenders of a comparison are run
 interleaved, round by round (:func:`time_interleaved`), so a shared machine's drifting load
 hits all of them alike, and process CPU time is recorded next to wall time.  Everything is
@@ -34,13 +38,13 @@ By concern: :mod:`~tools.bench.timing` (timers, precision policy),
 :mod:`~tools.bench.run` (the five sections), :mod:`~tools.bench.cli` (flags, table, JSON).
 """
 from tools.bench.cli import main, parse_args, render
-from tools.bench.config import DTYPES, LR, PAPER, QUICK, SMOKE, BenchConfig
+from tools.bench.config import DTYPES, LR, PAPER, PROFILES, QUICK, SMOKE, TARGETS, BenchConfig
 from tools.bench.memory import peak_memory
 from tools.bench.roofline import bytes_moved, flops, roofline
-from tools.bench.run import fit_exponent, run_bench
+from tools.bench.run import contract, fit_exponent, run_bench
 from tools.bench.steps import TrainerSteps
 from tools.bench.timing import precise_float32, time_interleaved
 
-__all__ = ["DTYPES", "LR", "PAPER", "QUICK", "SMOKE", "BenchConfig", "TrainerSteps", "bytes_moved", "fit_exponent",
+__all__ = ["DTYPES", "LR", "PAPER", "PROFILES", "QUICK", "SMOKE", "TARGETS", "BenchConfig", "TrainerSteps", "bytes_moved", "contract", "fit_exponent",
            "flops", "main", "parse_args", "peak_memory", "precise_float32", "render", "roofline", "run_bench",
            "time_interleaved"]

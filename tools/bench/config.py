@@ -5,10 +5,18 @@ from dataclasses import dataclass
 
 QUICK = dict(tasks=(4, 4, 4), heads=3, L=256, batch=4096)
 PAPER = dict(tasks=(8, 8, 8, 8), heads=4, L=1024, batch=4096)
-# --quick: a smoke test of every code path in seconds (the numbers mean nothing)
+# --smoke: a smoke test of every code path in seconds (the numbers mean nothing)
 SMOKE = dict(tasks=(2, 2), heads=2, L=32, batch=128)
 LR = 0.05                 # the trainer's default eta; the step's cost does not depend on it
 DTYPES = ("float32", "float64")
+# what each profile runs: "quick" the issue-15 contract (ratios, sampling, model and reduced
+# flow at the QUICK size); "full" adds the roofline, the scaling and peak memory (QUICK and
+# PAPER sizes). smoke=True runs either at the SMOKE size.
+PROFILES = ("quick", "full")
+# issue 15's targets (2 cores): ours over the standard implementation, and full over reduced flow
+TARGETS = {"ratio_full_step": {"float32": 10.0, "float64": 15.0},
+           "ratio_model_step": {"float32": 25.0, "float64": 25.0},
+           "ratio_reduced_flow": {"float32": 3.0, "float64": 3.0}}
 
 
 @dataclass
@@ -17,7 +25,8 @@ class BenchConfig:
     dtypes: tuple = DTYPES
     repeats: int = 5          # rounds of the step comparison, repeats of the probes
     warmup: int = 2           # untimed probe calls; > 0: one untimed round of each comparison
-    quick: bool = False       # smoke-test sizes
+    profile: str = "full"     # one of PROFILES
+    smoke: bool = False       # SMOKE sizes: the code paths in seconds, meaningless numbers
     seed: int = 0
     reduced_time: float = 0.5  # gradient-flow time t of section 3 (t / lr steps)
     scaling_steps: int = 4    # timed rounds of section 4

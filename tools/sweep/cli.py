@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from theory._validate import check_output_dir
 from tools.sweep.execute import resolve_point_fn
 from tools.sweep.grid import expand_grid, load_grid
 from tools.sweep.identity import DEFAULT_POINT_FN, point_id
@@ -63,6 +64,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             args.workers = None
         check_scheduler(args.scheduler)
         resolve_point_fn(args.point_fn)
+        check_output_dir("--out", args.out)      # before anything is created or run
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -223,12 +224,24 @@ def _fill(given: dict, fields_: dict[str, _Field], section: str) -> dict:
     out = {}
     for name, f in fields_.items():
         if name in given:
+            _check_finite(f"{section}.{name}", given[name])
             out[name] = canonical(given[name], f.type)
         elif f.default is dataclasses.MISSING:
             raise ValueError(f"grid: every point needs {section}.{name}; give it in [{section}] or as a range in [cross]")
         else:
             out[name] = canonical(f.default, f.type)
     return out
+
+
+def _check_finite(label: str, value: Any) -> None:
+    """Refuse nan/inf (TOML writes them ``nan``, ``inf``) up front, naming the field: a point
+    holding one has no JSON form, so it could be neither hashed nor stored."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"grid: {label} = {value} is not a finite number; give a finite value (TOML's nan and "
+                         "inf are not valid configuration values)")
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _check_finite(label, v)
 
 
 def complete_point(point: dict) -> dict:
@@ -248,9 +261,18 @@ def complete_point(point: dict) -> dict:
 def load_grid(path: Union[str, Path]) -> tuple[dict, str]:
     """Read a grid file: ``(parsed spec, its text)``; a clear error if missing or not TOML."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"grid file {str(path)!r} is a directory; pass the grid TOML file itself "
+                         "(see examples/grid.toml for the format)")
     if not path.is_file():
         raise FileNotFoundError(f"grid file {str(path)!r} does not exist (see examples/grid.toml for the format)")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"grid file {str(path)!r} is not a text file (it is not UTF-8: a binary file?); pass "
+                         "the grid TOML file (see examples/grid.toml for the format)") from None
+    except OSError as exc:
+        raise ValueError(f"grid file {str(path)!r} cannot be read ({exc.strerror}); check its permissions") from None
     try:
         spec = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

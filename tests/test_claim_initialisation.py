@@ -1,0 +1,154 @@
+"""boundary-initialisation and boundary-allocation-race (claims/initialisation.py, issue 14).
+
+Properties on drawn configurations (m in 1..3, r in 1..4, H in 1..m+1, L in 16..512,
+sigma in {0, 0.5}): from any random full start below theory's small scale the movable off-D
+part at t_end stays under the warm-up bound; Q's y columns never move; the race winner
+equals theory's ODE rule in every cell where two data seeds agree; the unbalanced reduced
+metric is the full model's flow on D (one GD step), the balanced one is not.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from claims.initialisation import (RaceProfile, check_gradient_free, check_race, check_warmup_bound,
+                                   race_grid, random_start_run, run, run_race)
+from numerics.config import ProblemConfig
+from numerics.data import make_generator, sample_prompts
+from numerics.model import MultiHeadAttention, factor_balance, mse_loss
+from numerics.reduced import reduced_loss
+from numerics.train import TrainConfig
+from theory.initialisation import small_scale, unbalanced_metric_factors
+from theory.reduced_ode import metric_factors
+
+TASKS = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
+
+
+@st.composite
+def problems(draw, max_L=512):
+    tasks = draw(TASKS)
+    heads = draw(st.integers(1, len(tasks) + 1))
+    L = draw(st.sampled_from([16, 32, 64, 128, 256, 512][: 1 + [16, 32, 64, 128, 256, 512].index(max_L)]))
+    sigma = draw(st.sampled_from([0.0, 0.5]))
+    return tasks, heads, L, sigma
+
+
+@given(problems(), st.floats(0.2, 0.9), st.integers(0, 50))
+def test_small_random_start_stays_under_warmup_bound(device, problem, fraction, seed):
+    """Below theory's small scale (warm-up bound exponent <= 1/2 at t_end) every off-D part of
+    (W, U) at t_end is under the bound, and Q's y columns never move."""
+    tasks, heads, L, sigma = problem
+    t_end = 8.0
+    base = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, device=device)
+    s = math.sqrt(base.token_dim)
+    s0 = fraction * small_scale(tasks, heads, L, t_end, sigma, s)
+    cfg = base.replace(init="uniform_full", init_scale=s0, init_seed=seed, logit_scale=s)
+    r = random_start_run(cfg, TrainConfig(lr=0.1, time=t_end, batch=64, seed=seed, records=5), n_eval=256)
+    c = check_warmup_bound([r], cfg, t_end)
+    assert c.agrees, c.explain()
+    assert c.discriminates, c.explain()   # and the bound is not vacuous: 'halves' is rejected
+    g = check_gradient_free([r], cfg)
+    assert g.agrees and g.discriminates, g.explain()
+
+
+@given(st.integers(1, 4), st.sampled_from([16, 32, 64]), st.sampled_from([0.0, 0.5]),
+       st.sampled_from([(0.5, 2.0), (0.6, 1.6), (0.5, 1.25)]))
+@settings(max_examples=2)
+def test_race_winner_matches_ode_rule_where_seeds_agree(device, r, L, sigma, ratios):
+    """Two heads race for one task from (s0, s0) against (rho_w s0, rho_m s0): in every cell
+    where two data seeds agree (and the race has ended) the winner is theory's ODE rule's;
+    undecided cells are counted."""
+    p = RaceProfile(tasks=(r,), L=L, sigma=sigma, ratios=ratios, time=30.0, batch=128, records=11)
+    cells = race_grid(p, device=device)["cells"]
+    c = check_race(cells)
+    assert len(cells) == 4 and c.details["decided"] + c.details["undecided"] == 4
+    if c.details["decided"]:
+        assert c.agrees, c.explain()
+        assert c.discriminates, c.explain()
+    else:  # nothing decided: the comparison says it cannot decide (inf), never passes
+        assert not c.agrees
+
+
+@given(TASKS, st.integers(1, 3), st.integers(0, 20), st.floats(0.5, 3.0))
+def test_unbalanced_metric_is_the_full_flow_on_D(tasks, heads, seed, s):
+    """One small GD step of the full model from an unbalanced start moves (omega, mu) by
+    -lr f dL/d(omega, mu) with theory's unbalanced factors (relative error O(lr), 1e-3 at
+    lr = 1e-6); the balanced factors (the paper's) miss it wherever the balance is large."""
+    cfg = ProblemConfig(tasks=tasks, heads=heads, L=16, init="unbalanced_decomposable", init_seed=seed,
+                        logit_scale=s)
+    model = MultiHeadAttention(cfg)
+    before = model.semi_singular_values()
+    c_om, c_mu = factor_balance(model)
+    prompts = sample_prompts(cfg, 256, make_generator(seed, "cpu"))
+    lr = 1e-6
+    loss = mse_loss(model(prompts.context, prompts.query), prompts.target)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    with torch.no_grad():
+        for p_, g in zip(model.parameters(), grads):
+            p_.sub_(lr * g)
+    after = model.semi_singular_values()
+    om = torch.tensor(before.omega, requires_grad=True)
+    mu = torch.tensor(before.mu, requires_grad=True)
+    g_om, g_mu = (g.numpy() for g in torch.autograd.grad(reduced_loss(om, mu, prompts, cfg), (om, mu)))
+    full = np.concatenate([(after.omega - before.omega).ravel(), (after.mu - before.mu).ravel()])
+
+    def predicted(f_om, f_mu):
+        return np.concatenate([(-lr * f_om * g_om).ravel(), (-lr * f_mu * g_mu).ravel()])
+
+    scale = np.abs(full).max()
+    err = np.abs(full - predicted(*unbalanced_metric_factors(before.omega, before.mu, c_om, c_mu, tasks, s))).max()
+    assert err <= 1e-3 * scale, f"unbalanced metric: error {err:.3g} vs step {scale:.3g}"
+    bal = np.abs(full - predicted(*metric_factors("factored", before.omega, before.mu, tasks, s))).max()
+    imbalance = max(np.abs(c_om).max() / (2 * s * np.abs(before.omega).max()), np.abs(c_mu).max() / (2 * np.abs(before.mu).max()))
+    if imbalance > 0.5:   # the balanced metric is then off by a factor >= sqrt(1 + 0.25)
+        assert bal > 1e-2 * scale, f"balanced metric not rejected: {bal:.3g} vs step {scale:.3g}"
+
+
+def test_unbalanced_factors_reduce_to_balanced():
+    om = np.array([[0.2, -0.1]])
+    mu = np.array([[0.5, 1.0]])
+    f = unbalanced_metric_factors(om, mu, np.zeros_like(om), np.zeros_like(mu), (2, 3), 1.5)
+    g = metric_factors("factored", om, mu, (2, 3), 1.5)
+    np.testing.assert_allclose(f[0], g[0], rtol=1e-14)
+    np.testing.assert_allclose(f[1], g[1], rtol=1e-14)
+
+
+@given(problems(max_L=32))
+@settings(max_examples=1)
+def test_tiny_initialisation_run(device, problem):
+    """The claim at the tiny profile on a drawn configuration: theory's account holds (frozen
+    gradient-free part, the warm-up bound, the unbalanced reduced flow) and every
+    perturbation is rejected."""
+    tasks, heads, L, sigma = problem
+    r = run(profile="tiny", device=device, problem={"tasks": tasks, "heads": heads, "L": L, "sigma": sigma})
+    assert r.details.get("domain"), r.details.get("error")
+    decidable = [c for c in r.details["comparisons"]
+                 if c["details"].get("compared", 1) > 0 and c["details"].get("decided", 1) > 0]
+    failing = [c for c in decidable if not c["agrees"]]
+    assert not failing, failing
+    rejected = [p["rejected"] for c in decidable for p in c["perturbations"]]
+    assert rejected and all(rejected), decidable
+    # pass; or, where nothing is decidable (phase times undefined in one of the two curves, a
+    # drop at the noise threshold; every winner a tie or seed-dependent), error saying so
+    assert r.verdict == "pass" or (r.verdict == "error" and "cannot decide" in r.details["undecided"]), r.verdict
+    assert {f.name for f in r.figures} == {"init-residual", "init-phases-random", "init-unbalanced"}
+
+
+@pytest.mark.thorough
+def test_race_claim_tiny(device):
+    r = run_race(profile="tiny", device=device)
+    assert r.details.get("domain"), r.details.get("error")
+    race = next(c for c in r.details["comparisons"] if c["name"].startswith("race winner"))
+    assert race["agrees"], race
+    assert {f.name for f in r.figures} == {"race-heatmap", "race-border", "race-phases"}
+
+
+@pytest.mark.thorough
+@given(problems(max_L=128), st.floats(0.2, 0.9), st.integers(0, 1000))
+def test_small_random_start_thorough(device, problem, fraction, seed):
+    test_small_random_start_stays_under_warmup_bound.hypothesis.inner_test(device, problem, fraction, seed)

@@ -1,0 +1,134 @@
+"""Mutation suite of claim 3: wrong theories and wrong numerics, applied by monkeypatching
+theory/ or numerics/, each of which the claim's run at a small dedicated profile must not
+pass.  Each profile is first run unmutated and must pass (else a mutant's non-pass verdict
+would mean nothing).  Run: python -m pytest -q -s --mutants -m mutants tests/test_mutants_three_phases.py
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import numerics.data
+import numerics.model
+import theory.task_allocation
+import theory.three_phases
+from claims import three_phases as claim
+
+pytestmark = pytest.mark.mutants
+
+# the warm-up law needs >= 3 init scales; a 10 % error of C moves T(s0) by 0.1 C / s0 (1.4 at
+# s0 = 0.015), so the tolerances must be below that: large batch (SGD spread ~ 1/sqrt B, and
+# relative to T it shrinks as s0 grows) and fine records (one spacing is in every tolerance)
+LAW = claim.ThreePhasesProfile(tasks=(3, 3), heads=2, L=32, init_scales=(0.015, 0.02, 0.03), batch=4096,
+                               records=161, eval_batch=4096, held_out=4096)
+# one case with two heads and two tasks: the selection mechanism and the converged loss
+SMALL = claim.ThreePhasesProfile(tasks=(3, 3), heads=2, L=32, init_scales=(0.05,), batch=256, records=81,
+                                 eval_batch=2048, held_out=16384)
+# one precise case (small s0, large batch, fine records): tight phase-time tolerances
+PRECISE = claim.ThreePhasesProfile(tasks=(3, 3), heads=2, L=32, init_scales=(0.02,), batch=1024, records=161,
+                                   eval_batch=2048, held_out=4096)
+# label noise that matters: small blocks, short context, sigma = 0.5
+NOISY = claim.ThreePhasesProfile(tasks=(1, 1), heads=2, L=16, sigma=0.5, logit_scale=6.0, init_scales=(0.05,),
+                                 batch=256, records=81, eval_batch=2048, held_out=16384)
+
+_measurements: dict = {}
+
+
+@pytest.fixture
+def cached_measurement(monkeypatch):
+    """For mutants of theory only: the training runs do not depend on the mutated function,
+    so they are measured once (keyed by configuration and training plan) and reused."""
+    real = claim.measure
+
+    def measure(cfg, tcfg, eval_batch, held_out):
+        key = (repr(cfg.to_dict()), repr(tcfg.to_dict()), eval_batch, held_out)
+        if key not in _measurements:
+            _measurements[key] = real(cfg, tcfg, eval_batch, held_out)
+        return _measurements[key]
+
+    monkeypatch.setattr(claim, "measure", measure)
+
+
+def _report(name, result):
+    print(f"MUTANT {name}: verdict {result.verdict}")
+    for c in result.details.get("comparisons", []):
+        print(f"    {c['name']}: error {c['error']} tolerance {c['tolerance']} agrees {c['agrees']}")
+    return result.verdict
+
+
+@pytest.mark.parametrize("profile", [LAW, SMALL, PRECISE, NOISY], ids=["law", "small", "precise", "noisy"])
+def test_unmutated_profiles_pass(profile, cached_measurement):
+    result = claim.run(profile=profile)
+    assert _report(f"none ({profile.tasks}, s0={profile.init_scales}, sigma={profile.sigma})", result) == "pass", \
+        result.details.get("comparisons") or result.details
+
+
+def test_mutant_warmup_constant_off_by_10_percent(monkeypatch, cached_measurement):
+    real = theory.three_phases.predicted_warmup_scaling
+
+    def wrong(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out["inverse"] = {**out["inverse"], "C": 1.1 * out["inverse"]["C"]}
+        return out
+
+    monkeypatch.setattr(theory.three_phases, "predicted_warmup_scaling", wrong)
+    assert _report("warm-up constant C x 1.1", claim.run(profile=LAW)) != "pass"
+
+
+def test_mutant_law_exponent_1_2(monkeypatch, cached_measurement):
+    real = theory.three_phases.warmup_law_time
+    monkeypatch.setattr(theory.three_phases, "warmup_law_time",
+                        lambda s0, C, c0, exponent=1.0: real(s0, C, c0, 1.2 * exponent))
+    assert _report("warm-up law 1/s0 -> 1/s0^1.2", claim.run(profile=LAW)) != "pass"
+
+
+def test_mutant_law_without_c0(monkeypatch, cached_measurement):
+    real = theory.three_phases.predicted_warmup_scaling
+
+    def wrong(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out["inverse"] = {**out["inverse"], "c0": 0.0}
+        return out
+
+    monkeypatch.setattr(theory.three_phases, "predicted_warmup_scaling", wrong)
+    assert _report("warm-up law c0 -> 0 (pure inverse)", claim.run(profile=LAW)) != "pass"
+
+
+def test_mutant_winners_permuted(monkeypatch):
+    real = theory.task_allocation.predicted_winners
+
+    def wrong(*args, **kwargs):
+        w = real(*args, **kwargs)
+        return w[1:] + w[:1]
+
+    monkeypatch.setattr(theory.task_allocation, "predicted_winners", wrong)
+    assert _report("predicted winners permuted", claim.run(profile=SMALL)) != "pass"
+
+
+def test_mutant_logits_doubled(monkeypatch):
+    def forward(self, context, query):
+        W, U = self.merged_weights()
+        d = self.cfg.d
+        a = torch.einsum("hij,bj->bhi", W[:, :, :d], query[:, :d])
+        p = torch.softmax(2.0 * torch.bmm(a, context.transpose(1, 2)), dim=-1)   # the mutation: 2 x logits
+        return torch.einsum("hki,bhi->bk", U, torch.bmm(p, context))
+
+    monkeypatch.setattr(numerics.model.MultiHeadAttention, "forward", forward)
+    result = claim.run(profile=PRECISE)
+    assert _report("full model's logits doubled", result) != "pass"
+    # caught by a comparison, not only by a perturbation that stopped being rejected
+    assert not all(c["agrees"] for c in result.details["comparisons"])
+
+
+def test_mutant_label_noise_dropped(monkeypatch):
+    real = numerics.data._assemble
+    monkeypatch.setattr(numerics.data, "_assemble",
+                        lambda x, q, g, eps, *args, **kwargs: real(x, q, g, None, *args, **kwargs))
+    assert _report("label noise dropped (sigma = 0.5)", claim.run(profile=NOISY)) != "pass"
+
+
+def test_profiles_are_frozen_dataclasses():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LAW.batch = 1
