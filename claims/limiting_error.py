@@ -78,8 +78,8 @@ class LimitingErrorProfile:
 
 
 TINY = LimitingErrorProfile(train_Ls=(32, 64),
-                            schedule=TrainingSchedule(time=40.0, tokens=2 ** 13, polish_time=2.0,
-                                                      polish_tokens=2 ** 16, held_out_tokens=2 ** 21,
+                            schedule=TrainingSchedule(time=40.0, tokens=2 ** 14, polish_time=4.0,
+                                                      polish_tokens=2 ** 18, held_out_tokens=2 ** 22,
                                                       held_out_min=32768),
                             bridge_elements=2 ** 21)
 QUICK = LimitingErrorProfile(cases=(((2, 2), 0.0), ((3, 3), 0.5)), train_Ls=(32, 64),
@@ -138,7 +138,13 @@ def check_trained_loss(cfg: ProblemConfig, run: dict, predicted: dict, label: st
     status, sign = "inside", 0
     if not inside["inside"]:
         status = "outside the domain: " + "; ".join(inside["reasons"])
-        sign = +1 if cfg.heads < cfg.m else (-1 if cfg.heads > cfg.m else 0)
+        if cfg.param == "factored" and cfg.init == "decomposable":
+            # H < m: the best model with fewer heads is above the fixed point, and an unconverged
+            # run is further above; H > m: the family contains the allocated point, so a converged
+            # run is not above it, while an unconverged one has no side (its surplus heads race)
+            sign = +1 if cfg.heads < cfg.m else (-1 if run["converged"] else 0)
+            if sign == 0:
+                status += "; not converged (held-out loss still falling): no side of the fixed point"
     elif cfg.heads > 1 and run["allocation"]["opposite_sign_share"] > ALLOCATION_SHARE:
         status, sign = (f"left the allocated set (an off-task mu of opposite sign, share "
                         f"{run['allocation']['opposite_sign_share']:.2f} > {ALLOCATION_SHARE:g}: a superposition)"), -1
