@@ -78,9 +78,7 @@ class LimitingErrorProfile:
 
 
 TINY = LimitingErrorProfile(train_Ls=(32, 64),
-                            schedule=TrainingSchedule(time=40.0, tokens=2 ** 14, polish_time=4.0,
-                                                      polish_tokens=2 ** 18, held_out_tokens=2 ** 22,
-                                                      held_out_min=32768),
+                            schedule=TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=32768),
                             bridge_elements=2 ** 21)
 QUICK = LimitingErrorProfile(cases=(((2, 2), 0.0), ((3, 3), 0.5)), train_Ls=(32, 64),
                              schedule=TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=65536),
