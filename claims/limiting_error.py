@@ -34,8 +34,20 @@ A trained run is compared with the fixed point only if it is in the domain, has 
 Otherwise it is a boundary finding with its own check: not converged -> its loss is not below
 the fixed point (minus the tolerance); left the allocated set -> its loss is not above it
 (a superposition lowers the loss); H < m -> not below; H > m -> not above (the allocated model
-with idle surplus heads is in its family); merged or another start -> recorded, check
-"loss below sum r_i" (it learned).
+with idle surplus heads is in its family; unconverged: no side); merged or another start ->
+recorded, check "loss below sum r_i" (it learned).  ``details["findings"]`` lists the boundary
+rows of a run.  A run with no trained model inside the domain does not decide the claim on
+trained models: verdict error with ``details["undecided"]``, never pass.
+
+Findings (quick profile, CPU, seed 0): (2, 2), sigma 0 is inside at L = 32 and 64 (0.766 and
+0.483 against 0.779 and 0.477; decay ratio 1.587 against 1.633).  (3, 3), sigma 0.5 leaves the
+allocated set in the factored flow too (off-task mu of opposite sign, share 0.45 at L = 32,
+0.14 at L = 64) for a superposition with LOWER loss than the allocated fixed point: 1.372 against
+1.547 at L = 32, 0.917 against 0.958 at L = 64; the bridge (exact reduced allocated minimum
+0.957 against 0.958) and the limit row (L * loss = 90.3 against Lambda = 88.2 at L = 4096) still
+agree.  So the allocated fixed point is the gradient-flow limit only where omega* is well
+inside the saturation edge; at larger r (omega* -> 1/sqrt 2) and sigma > 0 the trained model
+does better than theory's finite-L prediction, which is then an upper bound.
 """
 from __future__ import annotations
 
@@ -315,6 +327,10 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None,
             {"profile": profile if isinstance(profile, str) else "custom", "seed": seed, "ran": ran,
              "domain": {"conditions": domain(configs[0][0])["conditions"], "cases": doms}},
             short_why=True, headline=rows)
+        res.details["findings"] = [
+            f"{c.name}: {c.details.get('status', c.details.get('status_multi'))}; measured {c.measured:.4g} against "
+            f"theory {c.predicted:.4g}; check: {c.details['boundary_check']} ({'holds' if c.agrees else 'FAILS'})"
+            for c in comps if "boundary_check" in c.details]
         if not any(c.details.get("status") == "inside" for c in comps if "run" in c.details):
             res.verdict = "error" if res.verdict == "pass" else res.verdict
             res.details["undecided"] = ("no trained run was inside the domain (converged and allocated): the claim on "

@@ -29,7 +29,21 @@ Rows (each a Comparison):
 Domain (from the configuration, before any run): m >= 2 (with one task the gain is 1 = H and
 nothing can be told apart), factored parametrisation, decomposable balanced start.  A trained
 run that did not converge, or whose m-head model left the allocated set, is a boundary finding
-(claims.limiting_error's account; the gain rows need both runs inside).
+(claims.limiting_error's account); the pair's gain is then decided by :func:`check_gain_pair`:
+one-sided on the side theory puts it (a superposition lowers the m-head loss and raises the
+gain: "not below"; an unconverged m-head run: "not above"), or undecided when the sides
+conflict (``details["gain_undecided"]``, no row).  Only pairs with both runs inside count as a
+decision on trained models; with none the verdict is error (``details["undecided"]``).
+``details["findings"]`` lists the boundary rows.
+
+Findings (quick profile, CPU, seed 0): (2, 2), sigma 0: trained gains 1.492 (L = 32) and 1.519
+(L = 64) against theory's 1.485 and 1.512 (rho_inf 1.484; the paper's round number H = 2 is
+rejected).  (3, 3, 3), sigma 0.5: the one-head runs reach theory's one-head optimum (4.226
+against 4.217 at L = 32, 2.865 against 2.844 at L = 64), but the three-head runs leave the
+allocated set for a superposition (opposite-sign off-task mu, share 0.39 at L = 32) with much
+lower loss, 1.759 against 2.321 (L = 32) and 1.325 against 1.437 (L = 64), so the trained gain
+(2.40, 2.16) exceeds theory's finite-L gain (1.82, 1.98): multi-head beats single-head by more
+than the allocated theory predicts there.
 """
 from __future__ import annotations
 
@@ -347,6 +361,10 @@ def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None,
              "domain": {"conditions": domain(configs[0][0])["conditions"], "cases": doms},
              "gain_undecided": undecided},
             short_why=True, headline=gain_rows + rows)
+        res.details["findings"] = [
+            f"{c.name}: {c.details.get('status', c.details.get('status_multi'))}; measured {c.measured:.4g} against "
+            f"theory {c.predicted:.4g}; check: {c.details['boundary_check']} ({'holds' if c.agrees else 'FAILS'})"
+            for c in comps if "boundary_check" in c.details]
         if not gains:
             res.verdict = "error" if res.verdict == "pass" else res.verdict
             res.details["undecided"] = ("no L had both trained runs inside the domain (converged, the m-head run "
