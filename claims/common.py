@@ -356,6 +356,7 @@ import copy  # noqa: E402
 import time  # noqa: E402
 
 from numerics.evaluate import held_out_loss  # noqa: E402
+from numerics.exact_reduced import one_thread  # noqa: E402
 from numerics.train import TrainConfig, train  # noqa: E402
 
 @dataclass(frozen=True)
@@ -424,8 +425,12 @@ def allocation_readout(mu) -> dict:
             "allocated": bool(max(same, opposite) <= ALLOCATION_SHARE and distinct)}
 
 
+@one_thread
 def converged_loss(cfg, schedule: TrainingSchedule, seed: int = 0) -> dict:
-    """Train the full model of ``cfg`` by ``schedule`` and measure its converged loss.
+    """Train the full model of ``cfg`` by ``schedule`` and measure its converged loss (with one
+    torch CPU thread, ``numerics.exact_reduced.one_thread``: these small batched matmuls ran
+    ~12x slower with 2 threads than with 1 on the shared 2-core machine, 20.8 s against 1.7 s
+    for (2, 2), L = 64).
 
     Returns a dict: ``loss``, ``se``, ``n`` (held-out loss at the final weights, fresh prompts
     of the held-out stream of ``seed``, the same prompts for every estimate below);
