@@ -399,6 +399,16 @@ the run that left allocation (tasks (2,3), L = 32, sigma 0.5: off-task mu -0.38 
 was at ~0.3.  The threshold decides which theory applies, never the agreement itself."""
 
 
+SATURATED_OMEGA = 1.0
+"""A trained run whose largest |omega| readout exceeds SATURATED_OMEGA sits in the softmax's
+saturation regime (2 omega^2 = 2, twice the edge 2 omega^2 = 1 beyond which theory's L -> inf
+loss diverges), not at a point of theory's account: the allocated and one-head optima lie
+inside the edge (omega* <= 0.71 for r <= 4 at L >= 32).  Seen: one head, tasks (3, 4, 4),
+L = 128, sigma 0 (thorough draw) ended at omega ~ 3.2, mu ~ 0.58, loss 6.26 against the
+one-head optimum 2.30 (omega* 0.30), still descending.  Decides which theory applies (a
+boundary finding), never the agreement itself."""
+
+
 def allocation_readout(mu) -> dict:
     """From the (H, m) mu readout of a trained model: the serving head of each task (largest
     |mu|), the largest off-task share max_{h != h(i)} |mu[h,i]| / |mu[h(i),i]| among off-task

@@ -58,7 +58,7 @@ from typing import Sequence
 import numpy as np
 
 from claims.base import ClaimResult, Figure, Series, no_progress, run_claim
-from claims.common import (ALLOCATION_SHARE, Z_SE, Comparison, TrainingSchedule, check_profile, comparisons_result, converged_loss,
+from claims.common import (ALLOCATION_SHARE, SATURATED_OMEGA, Z_SE, Comparison, TrainingSchedule, check_profile, comparisons_result, converged_loss,
                            headline_row, perturbation)
 from numerics import exact_reduced
 from numerics.config import ProblemConfig
@@ -155,6 +155,10 @@ def check_trained_loss(cfg: ProblemConfig, run: dict, predicted: dict, label: st
             sign = +1 if cfg.heads < cfg.m else (-1 if run["converged"] else 0)
             if sign == 0:
                 status += "; not converged (held-out loss still falling): no side of the fixed point"
+    elif "omega" in run and float(np.max(np.abs(run["omega"]))) > SATURATED_OMEGA:
+        status = (f"saturated (largest |omega| {float(np.max(np.abs(run['omega']))):.2f} > {SATURATED_OMEGA:g}: "
+                  "the softmax's saturation regime, not a point of theory's account)")
+        sign = 0
     elif cfg.heads > 1 and run["allocation"]["opposite_sign_share"] > ALLOCATION_SHARE:
         status, sign = (f"left the allocated set (an off-task mu of opposite sign, share "
                         f"{run['allocation']['opposite_sign_share']:.2f} > {ALLOCATION_SHARE:g}: a superposition)"), -1

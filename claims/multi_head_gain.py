@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from claims.base import ClaimResult, Figure, Series, no_progress, run_claim
-from claims.common import (ALLOCATION_SHARE, Z_SE, Comparison, TrainingSchedule, check_profile, comparisons_result,
+from claims.common import (ALLOCATION_SHARE, SATURATED_OMEGA, Z_SE, Comparison, TrainingSchedule, check_profile, comparisons_result,
                            converged_loss, headline_row, paired_ratio, perturbation)
 from numerics import exact_reduced
 from numerics.config import ProblemConfig
@@ -117,6 +117,10 @@ def run_status(cfg: ProblemConfig, run: dict, inside: dict) -> tuple[str, int]:
     puts it on (+1: not below the prediction, -1: not above it, 0: no side)."""
     if not inside["inside"]:
         return "outside the domain: " + "; ".join(inside["reasons"]), 0
+    om = float(np.max(np.abs(run["omega"]))) if "omega" in run else 0.0
+    if om > SATURATED_OMEGA:    # in the softmax's saturation regime, not at a point of theory's account
+        return (f"saturated (largest |omega| {om:.2f} > {SATURATED_OMEGA:g}: the softmax's saturation regime)",
+                +1 if cfg.heads < cfg.m else 0)
     if cfg.heads > 1 and run["allocation"]["opposite_sign_share"] > ALLOCATION_SHARE:
         return (f"left the allocated set (opposite-sign off-task share "
                 f"{run['allocation']['opposite_sign_share']:.2f}: a superposition)"), -1
