@@ -1,82 +1,141 @@
-"""Claim 5 (limiting error ~ Lambda / L), on Hypothesis-drawn configurations.
+"""Claim 5 (limiting error), on Hypothesis-drawn configurations and on the tiny profile.
 
-Each property runs the claim's own check functions (claims/limiting_error.py) and asserts
-that the measurement agrees with theory at the derived tolerance *and* that every perturbed
-prediction (limit constant x1.5 and x2/3, exponent -1/2 and -2, prediction x1.5) is rejected at
-that same tolerance.  The drawn seeds are in the falsifying example Hypothesis prints.
+A drawn configuration (m in 1..3, r in 1..4 of mixed sizes, H in 1..m+1, sigma in {0, 0.5};
+L in {16, 32, 64} by default, {128, 256, 512} under ``--thorough``) trains the full model to
+its converged loss and compares it with theory.exact's fixed point.  Every draw is decided by
+one comparison, never skipped: inside the domain (factored, decomposable start, H = m,
+converged, allocated) it must agree; a draw outside the domain, or a run that did not converge
+or left the allocated set, is a boundary finding whose one-sided check (the side of the fixed
+point theory puts it on, ``claims.limiting_error.check_trained_loss``) must hold.  The limit
+row (L * loss -> Lambda) is drawn over (tasks, sigma); the tiny profile's run must pass
+(trained rows at two L, the decay row, the bridge, the limit).
 """
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, note, settings, strategies as st
+from hypothesis import Phase, given, note, settings, strategies as st
 
 from claims import limiting_error as claim
-from claims.common import fit_limit
+from claims.common import Comparison, TrainingSchedule, converged_loss, perturbation
 from numerics.config import ProblemConfig
-from numerics.exact_reduced import exact_minima
-from numerics.train import TrainConfig
+from numerics.model import TrainingDiverged
 
-TASKS = st.lists(st.integers(1, 4), min_size=1, max_size=2).map(tuple)
-SIGMA = st.sampled_from([0.0, 0.5, 1.0])
+# the profiles' schedule with a smaller held-out sample (the se is in the tolerance)
+TEST_SCHEDULE = TrainingSchedule(held_out_tokens=2 ** 21, held_out_min=16384)
 
-# training runs and many-L minimisations: half the profile's examples (default 2, thorough 12)
-HEAVY = settings(max_examples=max(2, settings.default.max_examples // 2))
-
-
-def _points(tasks, sigma, Ls, seed, device, eval_elements, fit_elements):
-    rows = exact_minima(tasks, sigma, Ls, None, seed, device, eval_elements=eval_elements,
-                        fit_elements=fit_elements)
-    return [{"L": r["L"], "loss": r["allocated"].loss, "se": r["allocated"].se} for r in rows]
+# training runs cost seconds each: half the profile's examples (default 2, thorough 12)
+HEAVY = settings(max_examples=max(2, settings.default.max_examples // 2),
+                 phases=(Phase.explicit, Phase.reuse, Phase.generate))   # no shrinking: runs cost seconds
+STATUSES = ("inside", "outside the domain", "saturated", "left the allocated set", "not converged")
 
 
-@HEAVY
-@given(tasks=TASKS, sigma=SIGMA, seed=st.integers(0, 2 ** 16))
-def test_L_times_loss_tends_to_Lambda(request, device, tasks, sigma, seed):
-    thorough = request.config._icl_thorough
-    Ls = (256, 1024, 4096, 16384) if thorough else (256, 1024, 4096)
-    pts = _points(tasks, sigma, Ls, seed, device, 2 ** 24 if thorough else 2 ** 21, 2 ** 20 if thorough else 2 ** 18)
-    for check in (claim.check_limit_trend, claim.check_slope):
-        c = check(tasks, sigma, pts)
+@st.composite
+def problems(draw, Ls):
+    m = draw(st.integers(1, 3))
+    tasks = tuple(draw(st.integers(1, 4)) for _ in range(m))
+    return {"tasks": tasks, "heads": draw(st.integers(1, m + 1)), "L": draw(st.sampled_from(Ls)),
+            "sigma": draw(st.sampled_from([0.0, 0.5]))}
+
+
+def _decide(device, problem, seed, in_hypothesis=True):
+    cfg = ProblemConfig(device=device, **problem)
+    try:
+        run = converged_loss(cfg, TEST_SCHEDULE, seed)
+    except TrainingDiverged as e:   # no converged loss: the draw is undecided, and says why
+        print(f"[claim 5] tasks={list(cfg.tasks)} H={cfg.heads} L={cfg.L}: undecided: {e}")
+        assert "diverged" in str(e)
+        return None
+    c = claim.check_trained_loss(cfg, run, claim.fixed_point_loss(cfg.tasks, cfg.L, cfg.sigma))
+    if in_hypothesis:
         note(c.explain())
-        print(f"[claim 5] {c.name}: margin {c.margin:.3f} (error {c.error:.4g} / tolerance {c.tolerance:.4g})")
-        assert c.agrees, c.explain()
+    status = c.details["status"]
+    print(f"[claim 5] {c.name}: {status}: error {c.error:.4g} / tolerance {c.tolerance:.4g}")
+    assert status.startswith(STATUSES), status
+    assert status == "inside" or c.details["boundary_check"], c.details   # a boundary finding states its check
+    if not claim.domain(cfg)["inside"]:
+        assert status.startswith("outside the domain"), status
+    assert c.agrees, c.explain()
+    if status == "inside" and c.tolerance < 0.09 * c.predicted:
+        # the resolution allows it: the perturbed predictions x1.1 and /1.1 are rejected
         assert c.discriminates, c.explain()
+    return c
 
 
 @HEAVY
-@given(tasks=st.sampled_from([(1, 1), (2,), (1, 2)]), seed=st.integers(0, 2 ** 16))
-def test_full_model_converges_to_exact_limit(device, tasks, seed):
-    """The full (factored) model, trained from the default init, ends at the exact finite-L
-    gradient-flow limit's loss: the bridge between training and the exact minima above."""
-    cfg = ProblemConfig(tasks=tasks, heads=len(tasks), L=16, device=device)
-    tcfg = TrainConfig(lr=0.1, time=20.0, batch=256, seed=seed, records=5)
-    c = claim.check_converged_loss(cfg, tcfg, "full", n_eval=2 ** 15, seed=seed)
-    note(c.explain())
-    print(f"[claim 5] {c.name}: margin {c.margin:.3f}")
-    assert c.agrees, c.explain()
-    assert c.discriminates, c.explain()
+@given(problem=problems((16, 32, 64)), seed=st.integers(0, 2 ** 16))
+def test_trained_model_reaches_the_exact_fixed_point(device, problem, seed):
+    _decide(device, problem, seed)
 
 
 @pytest.mark.thorough
-@given(tasks=st.sampled_from([(2, 2), (3, 3)]), L=st.sampled_from([32, 64]), seed=st.integers(0, 2 ** 16))
-def test_full_model_converges_to_exact_limit_thorough(device, tasks, L, seed):
-    cfg = ProblemConfig(tasks=tasks, heads=len(tasks), L=L, device=device)
-    tcfg = TrainConfig(lr=0.1, time=40.0, batch=1024, seed=seed, records=11)
-    c = claim.check_converged_loss(cfg, tcfg, "full", n_eval=2 ** 17, seed=seed)
+@HEAVY
+@given(problem=problems((128, 256, 512)), seed=st.integers(0, 2 ** 16))
+def test_trained_model_reaches_the_exact_fixed_point_large_L(device, problem, seed):
+    _decide(device, problem, seed)
+
+
+@settings(max_examples=1 if settings.default.max_examples < 10 else 6)
+@given(tasks=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple), sigma=st.sampled_from([0.0, 0.5]),
+       seed=st.integers(0, 2 ** 16))
+def test_L_times_loss_tends_to_Lambda(device, tasks, sigma, seed):
+    c = claim.check_limit(tasks, sigma, 4096, 2 ** 24, 2 ** 16, seed, device)
+    note(c.explain())
+    print(f"[claim 5] {c.name}: margin {c.margin:.3f}, tolerance / Lambda {c.tolerance / c.predicted:.3f}")
     assert c.agrees, c.explain()
-    assert c.discriminates, c.explain()
+    if c.tolerance < 0.18 * c.predicted:
+        # the resolution allows it (at r = 1 the per-prompt loss is so heavy-tailed that 4096
+        # prompts give a 5 % standard error, and it does not): Lambda x1.2 and /1.2 are rejected
+        assert c.discriminates, c.explain()
+
+
+def test_tiny_run_passes():
+    res = claim.run("tiny")
+    assert res.verdict == "pass", res.details.get("error") or res.details.get("comparisons")
+    names = [row["name"] for row in res.headline]
+    assert sum(n.startswith("converged loss of trained full model") for n in names) == 2, names
+    assert any(n.startswith("decay of trained losses") for n in names), names
+    assert any(n.startswith("exact reduced minimum (bridge)") for n in names), names
+    assert any(n.startswith("L * loss -> Lambda") for n in names), names
+    assert res.details["domain"]["conditions"] and res.details["ran"]
+    for row in res.headline:
+        assert set(row) == {"name", "theory", "measured", "se", "tolerance", "agrees"}, row
+
+
+def test_undecided_run_is_an_error_not_a_pass(monkeypatch):
+    """A run with no trained model inside the domain cannot decide the claim on trained models:
+    verdict error with the reason, never pass (the runs are faked as unconverged)."""
+    import claims.limiting_error as mod
+
+    def unconverged(cfg, schedule, seed=0):     # a run that stopped while still descending
+        return {"loss": 1.5, "se": 0.01, "n": 16384, "converged": False, "step_error": 0.0,
+                "allocation": {"allocated": True, "same_sign_share": 0.0, "opposite_sign_share": 0.0},
+                "mu": [[1.0] * cfg.m] * cfg.heads, "seconds": 0.0}
+    def agreeing(name):     # bridge and limit rows that agree and discriminate (no Monte Carlo)
+        def check(*a, **k):
+            return Comparison(name=name, measured=1.0, predicted=1.0, error=0.0, tolerance=0.01, why="fake",
+                              perturbations=[perturbation("x1.1", 0.1, 0.01)],
+                              details={"minimum": {"se": 0.001, "L_times_se": 0.001}})
+        return check
+    monkeypatch.setattr(mod, "converged_loss", unconverged)
+    monkeypatch.setattr(mod, "check_bridge", agreeing("exact reduced minimum (bridge)"))
+    monkeypatch.setattr(mod, "check_limit", agreeing("L * loss -> Lambda"))
+    prof = claim.LimitingErrorProfile(train_Ls=(32, 64), schedule=TEST_SCHEDULE)
+    res = claim.run(prof)
+    assert all(c["agrees"] for c in res.details["comparisons"]), res.details   # every check holds ...
+    assert res.verdict == "error" and "not decided" in res.details.get("undecided", ""), res.details  # ... undecided
+
+
+def test_domain_is_decided_from_the_configuration():
+    assert claim.domain(ProblemConfig(tasks=(2, 2), heads=2, L=32))["inside"]
+    for bad in ({"heads": 1}, {"heads": 3}, {"param": "merged"}):
+        d = claim.domain(ProblemConfig(**{"tasks": (2, 2), "heads": 2, "L": 32, **bad}))
+        assert not d["inside"] and d["reasons"], d
 
 
 def test_bad_input_is_refused():
-    with pytest.raises(ValueError, match="at least 3"):
-        fit_limit([16, 32], [1.0, 1.0], [0.1, 0.1])
-    with pytest.raises(ValueError, match="heads must equal"):
-        claim.check_converged_loss(ProblemConfig(tasks=(1, 1), heads=1, L=4), TrainConfig(time=0.1, lr=0.1))
     with pytest.raises(ValueError, match="profile"):
-        claim.run(profile="huge")
-
-
-def test_tiny_run_gives_a_verdict():
-    res = claim.run("tiny")
-    assert res.verdict in ("pass", "fail"), res.details
-    assert res.figures and res.figures[0].xscale == "log"
+        claim.run("huge")
+    res = claim.run("tiny", sweep="somewhere")
+    assert res.verdict == "error" and "sweep" in res.details["error"]
+    res = claim.run("tiny", problem={"tasks": (2, 2), "heads": 0, "L": 32})
+    assert res.verdict == "error" and "heads" in res.details["error"]

@@ -67,3 +67,39 @@ def test_L_times_loss_at_L_tends_to_the_limit():
     gaps = [abs(L * allocated_loss_at_L(tasks, L) - lim) for L in (250, 1000, 4000)]
     assert gaps[0] > gaps[1] > gaps[2]
     assert 3 < gaps[0] / gaps[1] < 5 and 3 < gaps[1] / gaps[2] < 5
+
+
+# ---------------------------------------------------------------------------------------
+# claim 6's theory, unit-tested against itself (the claim compares trained models with it)
+# ---------------------------------------------------------------------------------------
+
+@given(m=st.integers(2, 8), sigma=st.sampled_from([0.0, 1.0]))
+def test_gain_rises_towards_H(m, sigma):
+    """rho_inf(r) for m equal blocks rises with r, above 1 and below H = m at every finite r
+    (the paper's round number H is the r -> inf limit, not the value at finite r)."""
+    seq = [gain((r,) * m, sigma) for r in (1, 2, 4, 10, 40, 100)]
+    assert 1 < seq[0], seq
+    assert all(a < b for a, b in zip(seq, seq[1:])), seq
+    assert seq[-1] < m and m - seq[-1] < m - seq[0], seq
+    # a perturbed theory (gain exactly H at every r) is far from it at small r
+    assert m - seq[0] > 0.1 * m, seq
+
+
+@pytest.mark.parametrize("tasks", [(2, 2), (1, 3)])
+def test_finite_L_gain_tends_to_rho_inf(tasks):
+    """theory.exact's finite-L gain (one-head optimum / allocated fixed point of the exact loss)
+    lies between 1 and H and tends to rho_inf: its gap shrinks from L = 1024 to 4096, and the
+    O(1/L) expansion's gain at L (single_head_at_L / allocated_loss_at_L) approaches it."""
+    from theory import exact
+    from theory.limiting_error import single_head_at_L
+
+    rho = gain(tasks)
+    gaps, exp_gaps = [], []
+    for L in (1024, 4096):
+        g = exact.finite_L_gain(tasks, L)["gain"]
+        assert 1 < g < len(tasks), g
+        gaps.append(abs(g - rho))
+        g_exp = single_head_at_L(tasks, L)["loss"] / allocated_loss_at_L(tasks, L)
+        exp_gaps.append(abs(g_exp - g))
+    assert gaps[1] < gaps[0] and gaps[1] < 0.02, gaps
+    assert exp_gaps[1] < exp_gaps[0], exp_gaps

@@ -1,0 +1,76 @@
+"""Mutation suite of claim 5 (limiting-error): wrong theories and numerics, applied by
+monkeypatching theory/ or numerics/, each of which the claim must reject at a small dedicated
+profile.  Run: ``python -m pytest -q -s --mutants -m mutants tests/test_mutants_limiting_error.py``.
+
+Every test asserts ``verdict != "pass"`` *and* that a comparison disagrees (the mutant is caught
+by a comparison, not by an error of the run), and prints the mutant's name and verdict."""
+from __future__ import annotations
+
+import pytest
+
+from claims import limiting_error as claim
+from claims.common import TrainingSchedule
+from numerics import data as numerics_data
+from theory import exact as exact_theory
+from theory import limiting_error as limit_theory
+
+# one trained L (H = m = 2, sigma 0.5 so that dropping the noise matters), the bridge, the limit row
+MUTANT_PROFILE = claim.LimitingErrorProfile(
+    cases=(((2, 2), 0.5),), train_Ls=(32,),
+    schedule=TrainingSchedule(held_out_tokens=2 ** 21, held_out_min=65536),
+    bridge_elements=2 ** 21, limit_L=4096, limit_elements=2 ** 25)
+
+
+def _caught(name: str) -> None:
+    res = claim.run(MUTANT_PROFILE)
+    failing = [c["name"] for c in res.details.get("comparisons", []) if not c["agrees"]]
+    print(f"[mutant] {claim.CLAIM_ID}: {name}: verdict {res.verdict}; disagreeing: {failing}")
+    assert res.verdict != "pass", res.details
+    assert failing, f"{name}: verdict {res.verdict} but no comparison disagrees: {res.details.get('error')}"
+
+
+
+@pytest.mark.mutants
+def test_control_unmutated_profile_passes():
+    """The control: without a mutation the same profile passes, so each mutant below is caught
+    by its mutation, not by the profile."""
+    res = claim.run(MUTANT_PROFILE)
+    print(f"[mutant] {claim.CLAIM_ID}: control (no mutation): verdict {res.verdict}")
+    assert res.verdict == "pass", res.details
+
+@pytest.mark.mutants
+def test_limit_F_scaled(monkeypatch):
+    original = limit_theory.minimise_F
+    monkeypatch.setattr(limit_theory, "minimise_F",
+                        lambda r, D, sigma=0.0, dps=30: (original(r, D, sigma, dps)[0],
+                                                         1.1 * original(r, D, sigma, dps)[1]))
+    _caught("limit F x1.1 (theory.limiting_error.minimise_F)")
+
+
+@pytest.mark.mutants
+def test_F_exponent_shifted(monkeypatch):
+    """(1 - 2w)^{-D/2} -> (1 - 2w)^{-(D+1)/2}: F evaluated with D + 1."""
+    original = limit_theory.minimise_F
+    monkeypatch.setattr(limit_theory, "minimise_F", lambda r, D, sigma=0.0, dps=30: original(r, D + 1, sigma, dps))
+    _caught("exponent of (1-2w) in F shifted by -1/2")
+
+
+@pytest.mark.mutants
+def test_label_noise_dropped(monkeypatch):
+    original = numerics_data._assemble
+    monkeypatch.setattr(numerics_data, "_assemble",
+                        lambda x, q, g, eps, *a, **k: original(x, q, g, None, *a, **k))
+    _caught("label noise dropped in numerics.data (sigma = 0.5)")
+
+
+@pytest.mark.mutants
+def test_exact_fixed_point_scaled(monkeypatch):
+    original = exact_theory.exact_fixed_point
+
+    def scaled(*a, **k):
+        out = dict(original(*a, **k))
+        out["loss"] *= 1.1
+        out["loss_per_task"] = [1.1 * v for v in out["loss_per_task"]]
+        return out
+    monkeypatch.setattr(exact_theory, "exact_fixed_point", scaled)
+    _caught("theory.exact.exact_fixed_point loss x1.1")
