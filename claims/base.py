@@ -138,10 +138,15 @@ class ClaimResult:
 def judge(agrees: bool, perturbations: list[PerturbationCheck]) -> str:
     """Verdict of a comparison: ``pass`` only if theory and numerics agree *and* every
     perturbed prediction was rejected at the same tolerance; a check that accepts a wrong
-    prediction cannot discriminate, which is an ``error`` of the check, not a pass."""
+    prediction cannot discriminate, which is an ``error`` of the check, not a pass.
+    A disagreement is ``fail`` even then: a measurement outside a tolerance too wide to
+    reject the perturbations lies outside any narrower one as well, so it contradicts theory
+    conclusively; only an agreement needs the perturbations to mean something."""
+    if not agrees:
+        return "fail"
     if perturbations and not all(p.rejected for p in perturbations):
         return "error"
-    return "pass" if agrees else "fail"
+    return "pass"
 
 
 def jsonable(obj: Any) -> Any:

@@ -8,7 +8,6 @@ theory / numerics is the one every caller sees.
 """
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import numerics.model
 import theory.block_structure
 import theory.reduced_ode
 from claims import block_structure as claim
+from mutation import patch_everywhere
 
 pytestmark = pytest.mark.mutants
 
@@ -25,21 +25,6 @@ MUTANT_PROFILE = claim.BlockStructureProfile(
     exact_tasks=((2, 1),), exact_heads=2, exact_L=4, exact_steps=20, fresh_tasks=((2, 1),), fresh_heads=2,
     fresh_L=8, batch=32, time=1.0, records=5, params=("factored",), bases=("identity",))
 """A dedicated small profile: d = 3 >= 2 and m = 2 >= 2, so every wrong-group perturbation applies."""
-
-
-def patch_everywhere(monkeypatch, original, replacement) -> int:
-    """Replace ``original`` by ``replacement`` in every loaded theory/numerics/claims module
-    that binds it; returns how many bindings were patched."""
-    n = 0
-    for name, mod in list(sys.modules.items()):
-        if mod is None or not name.split(".")[0] in ("theory", "numerics", "claims"):
-            continue
-        for attr, value in list(vars(mod).items()):
-            if value is original:
-                monkeypatch.setattr(mod, attr, replacement)
-                n += 1
-    assert n, f"{original!r} is bound nowhere: the mutant would change nothing"
-    return n
 
 
 def broken_projection(W, U, tasks, basis):

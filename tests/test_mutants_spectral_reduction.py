@@ -8,7 +8,6 @@ binds the same function object), so the wrong theory / numerics is the one every
 """
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import numerics.model
 import theory.block_structure
 import theory.reduced_ode
 from claims import spectral_reduction as claim
+from mutation import patch_everywhere
 
 pytestmark = pytest.mark.mutants
 
@@ -32,21 +32,6 @@ TREND_PROFILE = claim.SpectralReductionProfile(
     bases=("identity",), trend_tasks=(3,), trend_heads=1, trend_logit_scale=8.0, trend_Ls=(4, 8, 16, 32, 64),
     trend_time=4.0, trend_batch=1024, trend_records=9, trend_seeds=3)
 """(c) at the quick profile's trend settings (what the report runs)."""
-
-
-def patch_everywhere(monkeypatch, original, replacement) -> int:
-    """Replace ``original`` by ``replacement`` in every loaded theory/numerics/claims module
-    that binds it; returns how many bindings were patched."""
-    n = 0
-    for name, mod in list(sys.modules.items()):
-        if mod is None or not name.split(".")[0] in ("theory", "numerics", "claims"):
-            continue
-        for attr, value in list(vars(mod).items()):
-            if value is original:
-                monkeypatch.setattr(mod, attr, replacement)
-                n += 1
-    assert n, f"{original!r} is bound nowhere: the mutant would change nothing"
-    return n
 
 
 def apply_mutant(monkeypatch, name: str) -> None:

@@ -204,16 +204,6 @@ def gain_limit(m) -> float:
     expr = gain_limit_symbolic()["gain_limit"]
     return float(expr.subs(sp.Symbol("m", positive=True), m))
 
-
-def gain_sequence(m, rs=(10, 100, 1000, 10000), sigma=0.0) -> list[dict]:
-    """High-precision gain for m equal blocks of growing size r (to watch -> m)."""
-    out = []
-    for r in rs:
-        tasks = (int(r),) * int(m)
-        out.append({"r": int(r), "gain": gain(tasks, sigma)})
-    return out
-
-
 def single_head_at_L(tasks, L, sigma=0.0) -> dict:
     """The best one-head model of the expansion at finite L: minimise over omega in R^m
     (mu profiled out exactly, ``reduced_ode.profile_mu``), started from the L -> inf
