@@ -355,7 +355,7 @@ def points_from_sweep(records: list[dict], heads_of=lambda tasks: len(tasks)) ->
 import copy  # noqa: E402
 import time  # noqa: E402
 
-from numerics.evaluate import held_out_loss  # noqa: E402
+from numerics.evaluate import held_out_loss, held_out_loss_difference  # noqa: E402
 from numerics.exact_reduced import one_thread  # noqa: E402
 from numerics.train import TrainConfig, train  # noqa: E402
 
@@ -448,9 +448,11 @@ def converged_loss(cfg, schedule: TrainingSchedule, seed: int = 0) -> dict:
     proportional to lr/B, the explore-end minus polish-end held-out loss is (1 - k) of the
     explore excess, k the ratio of lr/B of the two phases, so the polish's own excess is
     k/(1-k) times that difference); ``converged``: the held-out loss falls neither over the
-    last quarter of the explore phase by more than Z_SE combined standard errors plus the
+    last quarter of the explore phase by more than Z_SE standard errors of the paired
+    difference (same prompts) plus the
     explore phase's SGD excess (its weights fluctuate by about that much), nor over the second
-    half of the polish by more than Z_SE combined standard errors; the readout omega, mu,
+    half of the polish by more than Z_SE standard errors of the paired difference plus the
+    same excess (the polish relaxes from the explore phase's SGD excess towards its own); the readout omega, mu,
     residual; ``allocation`` (:func:`allocation_readout`); configuration and seconds."""
     t0 = time.perf_counter()
     L = cfg.L
@@ -464,7 +466,7 @@ def converged_loss(cfg, schedule: TrainingSchedule, seed: int = 0) -> dict:
     def at(step_wanted, key):
         def record(step, t, model, loss):
             if step == step_wanted:
-                marks[key] = held_out_loss(model, n_eval, seed)
+                marks[key] = copy.deepcopy(model)     # compared later on the same prompts (paired)
         return record
 
     first = train(cfg, explore, on_record=at(explore.record_steps()[-2], "explore_3/4"))
@@ -474,17 +476,22 @@ def converged_loss(cfg, schedule: TrainingSchedule, seed: int = 0) -> dict:
     k = (polish.lr / polish.batch) / (explore.lr / explore.batch)
     excess = max(0.0, end_explore.mean - final.mean)
     step_error = excess * k / (1.0 - k) if k < 1 else math.inf
-    d_explore = marks["explore_3/4"].mean - end_explore.mean
-    d_polish = marks["polish_1/2"].mean - final.mean
-    tol_explore = Z_SE * math.hypot(marks["explore_3/4"].se, end_explore.se) + excess
-    tol_polish = Z_SE * math.hypot(marks["polish_1/2"].se, final.se)
+    # the descents are paired differences on the same held-out prompts: their standard errors
+    # are those of the differences, not of the two losses combined (which made the test lax)
+    de = held_out_loss_difference(marks["explore_3/4"], first.final_model, n_eval, seed)
+    dp = held_out_loss_difference(marks["polish_1/2"], second.final_model, n_eval, seed)
+    d_explore, d_polish = de.mean, dp.mean
+    tol_explore = Z_SE * de.se + excess
+    # the polish still relaxes from the explore phase's SGD excess towards its own: what is left
+    # of that in its second half is bounded by the same excess
+    tol_polish = Z_SE * dp.se + excess
     readout = second.final_model.semi_singular_values()
     return {"loss": final.mean, "se": final.se, "n": final.n,
             "converged": bool(d_explore <= tol_explore and d_polish <= tol_polish),
             "descent_explore": d_explore, "descent_explore_tolerance": tol_explore,
             "descent_polish": d_polish, "descent_polish_tolerance": tol_polish,
-            "loss_explore_3/4": marks["explore_3/4"].mean, "loss_explore_end": end_explore.mean,
-            "loss_polish_1/2": marks["polish_1/2"].mean, "step_error": step_error, "lr_over_batch_ratio": k,
+            "loss_explore_3/4": end_explore.mean + d_explore, "loss_explore_end": end_explore.mean,
+            "loss_polish_1/2": final.mean + d_polish, "step_error": step_error, "lr_over_batch_ratio": k,
             "omega": readout.omega.tolist(), "mu": readout.mu.tolist(), "residual": readout.residual,
             "allocation": allocation_readout(readout.mu), "config": cfg.to_dict(),
             "schedule": asdict(schedule), "explore_batch": explore.batch, "polish_batch": polish.batch,

@@ -86,3 +86,25 @@ def held_out_reduced_loss(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: i
     omega = torch.as_tensor(omega, dtype=cfg.torch_dtype, device=cfg.device)
     mu = torch.as_tensor(mu, dtype=cfg.torch_dtype, device=cfg.device)
     return _held_out(cfg, lambda pr: per_prompt_reduced_losses(omega, mu, pr, cfg), n, seed, chunk)
+
+
+def held_out_loss_difference(model_a: MultiHeadAttention, model_b: MultiHeadAttention, n: int = 16384,
+                             seed: int = 0, chunk: int = 4096) -> LossEstimate:
+    """Loss of ``model_a`` minus loss of ``model_b`` on the same ``n`` fresh prompts (held-out
+    stream of ``seed``), with the standard error of the paired difference: far smaller than
+    the two separate standard errors combined when the models are close (the per-prompt
+    losses are strongly correlated), which is what a test of "the loss still falls" needs."""
+    for name, m in (("model_a", model_a), ("model_b", model_b)):
+        if not isinstance(m, MultiHeadAttention):
+            raise TypeError(f"{name} must be a MultiHeadAttention, got {type(m).__name__}")
+    a, b = model_a.cfg, model_b.cfg
+    if (a.tasks, a.L, a.sigma, a.basis, a.basis_seed, a.dtype, a.device) != \
+            (b.tasks, b.L, b.sigma, b.basis, b.basis_seed, b.dtype, b.device):
+        raise ValueError("the two models must be of the same problem (tasks, L, sigma, basis, dtype, device) "
+                         "to be compared on the same prompts")
+
+    def per_prompt(pr):
+        la = ((model_a(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
+        lb = ((model_b(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
+        return la - lb
+    return _held_out(a, per_prompt, n, seed, chunk)

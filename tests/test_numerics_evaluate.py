@@ -42,3 +42,16 @@ def test_held_out_prompts_are_not_the_training_prompts():
 def test_bad_sizes_are_refused(bad):
     with pytest.raises(ValueError, match="integer >= 2"):
         held_out_loss(MultiHeadAttention(CFG), **bad)
+
+
+def test_paired_difference_is_the_difference_on_the_same_prompts_with_a_smaller_se():
+    from numerics.evaluate import held_out_loss_difference
+    a = MultiHeadAttention.from_semi_singular_values(CFG, [[0.4, 0.1], [0.1, 0.4]], [[1.0, 0.1], [0.1, 1.0]])
+    b = MultiHeadAttention.from_semi_singular_values(CFG, [[0.41, 0.1], [0.1, 0.4]], [[1.02, 0.1], [0.1, 1.0]])
+    la, lb = held_out_loss(a, n=2048, seed=5), held_out_loss(b, n=2048, seed=5)
+    d = held_out_loss_difference(a, b, n=2048, seed=5)
+    assert d.n == 2048 and abs(d.mean - (la.mean - lb.mean)) < 1e-10
+    assert d.se < 0.2 * np.hypot(la.se, lb.se)       # close models: strongly correlated per-prompt losses
+    other = MultiHeadAttention(ProblemConfig(tasks=(3, 2), heads=2, L=8))
+    with pytest.raises(ValueError, match="same problem"):
+        held_out_loss_difference(a, other)
