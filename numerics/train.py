@@ -8,7 +8,10 @@ iteration is an unbiased Euler discretisation of the population flow dtheta/dt =
 or one fixed batch (``fresh_batches=False``: the exact flow on that batch).  The reduced
 flow moves (omega, mu) with the metric factors of cfg.param (numerics/reduced.py):
 omega -= eta f_omega dL/domega, mu -= eta f_mu dL/dmu, drawing the same prompt stream as
-:func:`train` for the same seed (one ``sample_prompts`` call per step, same generator).
+:func:`train` for the same seed (one ``sample_prompts`` call per step, same generator); or,
+with ``estimator="marginal"``, driven by the Rao-Blackwellised batch loss of
+``numerics.exact_reduced`` (m Gaussians per token instead of d + m: ~5x cheaper per step than
+the full model at tasks 4,4,4, H = 3, L = 256, docs/performance.md), a stream of its own.
 
 Step k's batch is drawn, its loss recorded (before the update), the parameters updated; a
 last batch at k = steps gives the final record.  ``TrainResult.loss`` is the mean of the
