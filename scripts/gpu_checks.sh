@@ -112,6 +112,7 @@ if ! (cd /tmp && "$PYTHON" -c 'import numerics, claims, tools.sweep' >/dev/null 
 fi
 
 # --- bench -----------------------------------------------------------------------------
+rm -f "$OUT/bench.json"     # the summary reads it: never a stale one
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
 run_step bench "$BENCH_TIMEOUT" "$OUT/bench.log" \
     "$PYTHON" -m tools.bench --device cuda --no-progress --out "$OUT/bench.json" ${BENCH_ARGS:-}
@@ -150,6 +151,19 @@ TOTAL=$(($(date +%s) - START))
         IFS='|' read -r n rc secs v <<<"$s"
         printf '%-16s %-6s %-10s %s\n' "$n" "$rc" "$secs" "$v"
     done
+    # issue 15's ratios from bench.json, one line each (nothing if the bench wrote none)
+    "$PYTHON" - "$OUT/bench.json" <<'PY' 2>/dev/null || true
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("bench (" + d["meta"]["device"] + ", " + str(d["meta"].get("gpu", "")) + "): median ratios, target met?")
+for k in ("ratio_full_step", "ratio_model_step", "ratio_reduced_flow", "ratio_expansion_flow"):
+    if k in d:
+        print(f"  {k:21s}" + "   ".join(f"{dt} {v:.1f}x ({'met' if d['targets_met'][k][dt] else 'NOT met'})"
+                                        for dt, v in d[k].items()))
+for k in ("sampling_ms", "model_ms"):
+    if k in d:
+        print(f"  {k:21s}" + "   ".join(f"{dt} {v:.2f}" for dt, v in d[k].items()))
+PY
 } | tee "$OUT/summary.txt"
 "$PYTHON" - "$OUT/summary.json" "$TOTAL" ${STEPS[@]+"${STEPS[@]}"} <<'EOF' || true
 import json, sys

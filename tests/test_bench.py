@@ -125,7 +125,11 @@ def test_bench_smoke_writes_valid_json(tmp_path, capsys):
     res = main(["--smoke", "--dtype", "float32", "--no-progress", "--out", str(out)])
     assert "1. milliseconds per gradient step" in capsys.readouterr().out
     data = json.loads(out.read_text())
-    assert set(data) >= {"meta", "probes", "step", "roofline", "reduced_vs_full", "scaling", "peak_memory"}
+    assert set(data) >= {"meta", "probes", "step", "roofline", "reduced_vs_full", "scaling", "peak_memory",
+                         "paper_step"}
+    assert "report_profiles" not in data           # opt-in only
+    paper = data["paper_step"]["float32"]
+    assert 0 < paper["trainer_seconds"]["median"] and 0 < paper["sampling_share_of_trainer_step"]
     step = data["step"]["float32"]
     for key in ("trainer_seconds", "reference_seconds", "sampling_seconds", "model_only_seconds"):
         t = step[key]
@@ -147,7 +151,8 @@ def test_bench_quick_contract_keys_and_types(tmp_path):
     out = tmp_path / "bench.json"
     main(["--quick", "--smoke", "--threads", "1", "--no-progress", "--out", str(out)])
     data = json.loads(out.read_text())
-    for key in ("ratio_full_step", "ratio_model_step", "sampling_ms", "model_ms", "ratio_reduced_flow"):
+    for key in ("ratio_full_step", "ratio_model_step", "sampling_ms", "model_ms", "ratio_reduced_flow",
+                "ratio_expansion_flow"):
         assert set(data[key]) == {"float32", "float64"}, key
         assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in data[key].values()), key
     step = data["step"]
@@ -155,6 +160,16 @@ def test_bench_quick_contract_keys_and_types(tmp_path):
         assert data["ratio_full_step"][dt] == step[dt]["ratio_reference_over_trainer"]["median"]
         assert data["ratio_model_step"][dt] == step[dt]["ratio_model_only"]["median"]
         assert data["sampling_ms"][dt] == pytest.approx(1e3 * step[dt]["sampling_seconds"]["median"])
+        red = data["reduced_vs_full"][dt]
+        assert data["ratio_reduced_flow"][dt] == red["speedup"]["median"]
+        assert data["ratio_expansion_flow"][dt] == red["expansion_speedup"]
+        # the full flow to the expansion time: its measured fixed cost plus T / lr trainer steps
+        steps, exp_steps = data["reduced_vs_full"]["steps"], data["reduced_vs_full"]["expansion_steps"]
+        tr = step[dt]["trainer_seconds"]["median"]
+        fixed = max(0.0, red["full_seconds"]["median"] - steps * tr)
+        assert red["full_seconds_to_expansion_time"] == pytest.approx(fixed + exp_steps * tr)
+    assert data["reduced_vs_full"]["estimator"] == "marginal"
+    assert data["reduced_vs_full"]["expansion"]["status"] == ["t_end"]
     assert data["threads"] == 1 and isinstance(data["threads"], int)
     assert data["precision"]["float32_matmul_precision"] == "highest"
     # TF32 off, in whichever API this torch has (numerics.config.use_precise_float32)
@@ -163,6 +178,20 @@ def test_bench_quick_contract_keys_and_types(tmp_path):
     assert data["profile"] == "quick" and data["targets"]["ratio_full_step"] == {"float32": 10.0, "float64": 15.0}
     assert all(isinstance(v, bool) for per in data["targets_met"].values() for v in per.values())
     assert "scaling" not in data and "peak_memory" not in data and "roofline" not in data
+    assert "paper_step" not in data and "report_profiles" not in data
+
+
+def test_report_profile_timing_reports_status():
+    """--report-profiles runs reports.build in a subprocess; its exit status and a timeout
+    are reported, not raised (stand-in commands: the real profiles take minutes)."""
+    from tools.bench.run import report_profile_seconds
+    ok = report_profile_seconds("quick", "cpu", 60, command=[sys.executable, "-c", "pass"])
+    assert ok["status"] == "ok" and ok["returncode"] == 0 and ok["seconds"] > 0
+    failed = report_profile_seconds("quick", "cpu", 60, command=[sys.executable, "-c", "raise SystemExit(1)"])
+    assert failed["status"] == "claims failed (exit 1)"
+    slow = report_profile_seconds("quick", "cpu", 0.5, command=[sys.executable, "-c", "import time; time.sleep(30)"])
+    assert slow["status"] == "timed out" and slow["seconds"] < 20
+    assert parse_args(["--report-profiles", "quick,paper"]).report_profiles == ("quick", "paper")
 
 
 @pytest.mark.thorough
@@ -179,6 +208,9 @@ def test_peak_memory_in_a_fresh_process_sees_the_context():
     (["--device", "tpu"], "unknown device"),
     (["--repeats", "0"], "positive integer"),
     (["--reduced-time", "nan"], "finite number"),
+    (["--expansion-time", "0"], "finite number"),
+    (["--report-profiles", "huge"], "unknown profile"),
+    (["--report-timeout", "-1"], "positive number"),
 ])
 def test_bench_refuses_bad_flags(argv, message, capsys):
     with pytest.raises(SystemExit):

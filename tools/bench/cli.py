@@ -9,7 +9,7 @@ import torch
 
 from theory._validate import check_output_file
 from tools.atomic import write_json_atomic
-from tools.bench.config import DTYPES, LR, BenchConfig
+from tools.bench.config import DTYPES, EXPANSION_TIME, LR, REPORT_PROFILES, BenchConfig
 from tools.bench.run import run_bench
 
 
@@ -47,17 +47,32 @@ def render(res: dict) -> str:
             f"  {dt}  in process CPU time: ratio {s['cpu_ratio_reference_over_trainer']:.1f}x,"
             f" without sampling {s['cpu_ratio_model_only']:.1f}x"]
     rv = res["reduced_vs_full"]
-    lines += ["", f"3. seconds to gradient-flow time t = {rv['time_t']} ({rv['steps']} steps, batch {rv['batch']})"]
+    lines += ["", f"3. seconds to gradient-flow time t = {rv['time_t']} ({rv['steps']} steps, batch {rv['batch']});"
+                  " reduced: driven by the Rao-Blackwellised marginals"]
     for dt in m["dtypes"]:
         r = rv[dt]
         lines.append(f"  {dt}  full {_fmt_t(r['full_seconds'], 1)}   reduced {_fmt_t(r['reduced_seconds'], 1)}"
-                     f"   full / reduced {r['speedup']['median']:.2f}x   (drawing the prompts alone:"
-                     f" {r['sampling_floor_seconds']:.2f})")
+                     f"   full / reduced {r['speedup']['median']:.2f}x   (whole-prompt reduced flow"
+                     f" {r['reduced_prompts_seconds']['median']:.2f}: {r['speedup_whole_prompt_estimator']['median']:.2f}x;"
+                     f" drawing the full flow's prompts alone: {r['sampling_floor_seconds']:.2f})")
+    ex = rv["expansion"]
+    lines.append(f"  expansion flow (theory, deterministic): to t = {ex['time_t']:g} {_fmt_t(ex['seconds_to_time_t'])} ms,"
+                 f" to t = {ex['expansion_time_t']:g} {_fmt_t(ex['seconds_to_expansion_time'])} ms"
+                 f" (status {', '.join(ex['status'])})")
+    for dt in m["dtypes"]:
+        r = rv[dt]
+        lines.append(f"  {dt}  full / expansion: {r['expansion_speedup_at_time_t']:.3g}x at t = {ex['time_t']:g} (measured),"
+                     f" {r['expansion_speedup']:.3g}x at t = {ex['expansion_time_t']:g} (full flow"
+                     f" {r['full_seconds_to_expansion_time']:.1f} s, {r['full_seconds_to_expansion_time_method']})")
     lines += ["", "issue 15 targets (median ratios of this run):"]
     for key, per in res["targets"].items():
         lines.append(f"  {key:20s} " + "   ".join(
             f"{dt} {res[key][dt]:.1f}x (target {per[dt]:g}x: {'met' if res['targets_met'][key][dt] else 'NOT met'})"
             for dt in res[key]))
+    if "report_profiles" in res:
+        lines += ["", "report profiles (python -m reports.build, wall time):"]
+        for p, r in res["report_profiles"].items():
+            lines.append(f"  {p:6s} {r['seconds']:.1f} s (children's CPU {r['cpu_seconds']:.1f} s): {r['status']}")
     if "roofline" not in res or not res["roofline"]:
         lines += ["", f"total {m['seconds']:.1f} s (--quick: sections 1 and 3 only)"]
         return "\n".join(lines)
@@ -81,6 +96,15 @@ def render(res: dict) -> str:
     lines += ["", "5. peak memory one step adds (MiB)"]
     for dt, mm in res["peak_memory"].items():
         lines.append(f"  {dt}  " + ", ".join(f"{k} {v['bytes'] / 2**20:.0f}" for k, v in mm.items()))
+    pc = res["configs"]["paper"]
+    lines += ["", f"6. milliseconds per step at the paper configuration, tasks {tuple(pc['tasks'])}, H = {pc['heads']},"
+                  f" L = {pc['L']}, batch {pc['batch']}"]
+    for dt, r in res["paper_step"].items():
+        ref = (f"   reference {_fmt_t(r['reference_seconds'])} ratio {r['ratio_reference_over_trainer']['median']:.1f}x"
+               if "reference_seconds" in r else "")
+        lines.append(f"  {dt}  ours (train()) {_fmt_t(r['trainer_seconds'])}   sampling {_fmt_t(r['sampling_seconds'])}"
+                     f" ({100 * r['sampling_share_of_trainer_step']:.0f}%)   without sampling"
+                     f" {_fmt_t(r['model_only_seconds'])}{ref}")
     lines += ["", f"total {m['seconds']:.1f} s"]
     return "\n".join(lines)
 
@@ -116,6 +140,16 @@ def parse_args(argv=None) -> BenchConfig:
     p.add_argument("--reduced-time", type=float, default=0.5,
                    help="gradient-flow time t of the reduced-vs-full comparison (default 0.5, "
                         "i.e. t / lr = 10 steps of lr = 0.05)")
+    p.add_argument("--expansion-time", type=float, default=EXPANSION_TIME,
+                   help=f"time t of the expansion flow against the full flow (default {EXPANSION_TIME:g}, "
+                        "the trainer's default horizon); the full flow's time to it is extrapolated from its "
+                        "measured step (section 3)")
+    p.add_argument("--report-profiles", default=None, metavar="P[,P]",
+                   help="also time `python -m reports.build --profile P` for each listed profile "
+                        f"({', '.join(REPORT_PROFILES)}) in a subprocess writing into a temporary directory "
+                        "(opt-in: the quick profile takes minutes, the paper one hours on a CPU)")
+    p.add_argument("--report-timeout", type=float, default=3600.0,
+                   help="seconds allowed to each report profile (default 3600); past it the JSON says 'timed out'")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op CPU threads (default: torch's choice, the core count). On "
                         "a machine shared with other jobs, 1 avoids threads waiting on each other "
@@ -144,6 +178,17 @@ def parse_args(argv=None) -> BenchConfig:
         p.error(f"--warmup must be >= 0, got {a.warmup}")
     if not (math.isfinite(a.reduced_time) and a.reduced_time >= LR):
         p.error(f"--reduced-time must be a finite number >= {LR} (one step), got {a.reduced_time}")
+    if not (math.isfinite(a.expansion_time) and a.expansion_time >= LR):
+        p.error(f"--expansion-time must be a finite number >= {LR} (one step), got {a.expansion_time}")
+    profiles = ()
+    if a.report_profiles is not None:
+        profiles = tuple(x.strip() for x in a.report_profiles.split(",") if x.strip())
+        bad = [x for x in profiles if x not in REPORT_PROFILES]
+        if bad or not profiles:
+            p.error(f"--report-profiles: unknown profile(s) {bad or a.report_profiles!r}; use "
+                    f"{', '.join(REPORT_PROFILES)}, comma-separated")
+    if not (math.isfinite(a.report_timeout) and a.report_timeout > 0):
+        p.error(f"--report-timeout must be a positive number of seconds, got {a.report_timeout}")
     if a.out is not None:
         try:
             check_output_file("--out", a.out)       # before minutes of timing, not after
@@ -152,9 +197,11 @@ def parse_args(argv=None) -> BenchConfig:
     if a.smoke:
         a.repeats, a.warmup = 1, 0
         a.reduced_time = LR
+        a.expansion_time = 2 * LR
     bc = BenchConfig(device=dev, dtypes=dtypes, repeats=a.repeats, warmup=a.warmup,
                      profile="quick" if a.quick else "full", smoke=a.smoke,
-                     seed=a.seed, reduced_time=a.reduced_time, progress=not a.no_progress,
+                     seed=a.seed, reduced_time=a.reduced_time, expansion_time=a.expansion_time,
+                     report_profiles=profiles, report_timeout=a.report_timeout, progress=not a.no_progress,
                      scaling_steps=1 if a.smoke else 4, out=a.out, threads=a.threads)
     return bc
 

@@ -16,7 +16,10 @@ PROFILES = ("quick", "full")
 # issue 15's targets (2 cores): ours over the standard implementation, and full over reduced flow
 TARGETS = {"ratio_full_step": {"float32": 10.0, "float64": 15.0},
            "ratio_model_step": {"float32": 25.0, "float64": 25.0},
-           "ratio_reduced_flow": {"float32": 3.0, "float64": 3.0}}
+           "ratio_reduced_flow": {"float32": 3.0, "float64": 3.0},
+           "ratio_expansion_flow": {"float32": 1000.0, "float64": 1000.0}}
+EXPANSION_TIME = 60.0     # t of the expansion-flow comparison: TrainConfig's default horizon
+REPORT_PROFILES = ("tiny", "quick", "paper")   # claims.base.PROFILES (reports.build --profile)
 
 
 @dataclass
@@ -29,6 +32,9 @@ class BenchConfig:
     smoke: bool = False       # SMOKE sizes: the code paths in seconds, meaningless numbers
     seed: int = 0
     reduced_time: float = 0.5  # gradient-flow time t of section 3 (t / lr steps)
+    expansion_time: float = EXPANSION_TIME  # t of the expansion flow against the full flow
+    report_profiles: tuple = ()  # reports.build profiles to time in a subprocess (opt-in)
+    report_timeout: float = 3600.0  # seconds per report profile
     scaling_steps: int = 4    # timed rounds of section 4
     progress: bool = True
     out: str | None = None    # JSON path

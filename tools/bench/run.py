@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from numerics.model import initial_semi_singular_values
 from numerics.train import TrainConfig, train, train_reduced
+from theory.reduced_ode import integrate_expansion_flow
 from tools.bench.config import LR, PAPER, QUICK, SMOKE, TARGETS, BenchConfig
 from tools.bench.memory import peak_memory
 from tools.bench.roofline import bytes_moved, flops, item_bytes, matmul_throughput, memory_bandwidth, roofline
@@ -118,23 +122,38 @@ def run_bench(bc: BenchConfig) -> dict:
             t["model_only"]["median"], ws["copy_bytes_per_s"]["median"])
         bar.update(1)
 
-    # -- 3. reduced ODE against full gradient flow -----------------------------------------
+    # -- 3. reduced flows against full gradient flow -------------------------------------
     steps = max(1, round(bc.reduced_time / LR))
-    out["reduced_vs_full"] = {"time_t": bc.reduced_time, "lr": LR, "steps": steps,
-                              "batch": main["batch"]}
+    exp_steps = max(1, round(bc.expansion_time / LR))
+    red = out["reduced_vs_full"] = {"time_t": bc.reduced_time, "lr": LR, "steps": steps,
+                                    "batch": main["batch"], "estimator": "marginal",
+                                    "expansion_time_t": LR * exp_steps, "expansion_steps": exp_steps}
     for dt in bc.dtypes:
         phase(f"reduced vs full {dt}")
         cfg = problem(main, dt, dev)
         tcfg = TrainConfig(lr=LR, time=bc.reduced_time, batch=main["batch"], seed=bc.seed,
                            records=2, progress=False)
         t = time_interleaved({"full": lambda: train(cfg, tcfg),
-                              "reduced": lambda: train_reduced(cfg, tcfg)}, slow_reps, 0, dev)
-        # both draw the same steps + 1 batches: section 1's sampling time is their common floor
+                              "reduced": lambda: train_reduced(cfg, tcfg, estimator="marginal"),
+                              "reduced_prompts": lambda: train_reduced(cfg, tcfg)}, slow_reps, 0, dev)
+        # the full flow (and the whole-prompt reduced flow) draw steps + 1 batches of whole
+        # prompts: section 1's sampling time is their floor; the marginal flow draws m per token
         floor = (steps + 1) * out["step"][dt]["sampling_seconds"]["median"]
-        out["reduced_vs_full"][dt] = {
+        red[dt] = {
             "full_seconds": t["full"], "reduced_seconds": t["reduced"],
-            "sampling_floor_seconds": floor, "speedup": ratio_summary(t["full"], t["reduced"])}
+            "reduced_prompts_seconds": t["reduced_prompts"],
+            "sampling_floor_seconds": floor, "speedup": ratio_summary(t["full"], t["reduced"]),
+            "speedup_whole_prompt_estimator": ratio_summary(t["full"], t["reduced_prompts"])}
         bar.update(1)
+
+    # the expansion flow: theory's deterministic ODE (float64 numpy, the same for every dtype)
+    phase("expansion flow")
+    red["expansion"] = expansion_timing(problem(main, "float64", "cpu"), bc.reduced_time,
+                                        LR * exp_steps, slow_reps)
+    for dt in bc.dtypes:
+        red[dt].update(expansion_ratios(red["expansion"], red[dt]["full_seconds"]["median"],
+                                        out["step"][dt]["trainer_seconds"]["median"], steps, exp_steps))
+    bar.update(1)
 
     if not full:
         return _finish(out, bc, bar, marks, t_start)
@@ -181,7 +200,88 @@ def run_bench(bc: BenchConfig) -> dict:
             mem[dt]["reference_paper"] = peak_memory(paper, dt, dev, "reference", bc.seed)
     out["peak_memory"] = mem
     bar.update(1)
+
+    # -- 6. the step at the paper configuration ------------------------------------------
+    out["paper_step"] = {}
+    for dt in bc.dtypes:
+        phase(f"paper step {dt}")
+        cfg = problem(paper, dt, dev)
+        B = paper["batch"]
+        fns = {"trainer": TrainerSteps(cfg, B, steps=3, seed=bc.seed),
+               "sampling": sampling_only(cfg, B, bc.seed),
+               "model_only": model_only_step(cfg, B, "ours", bc.seed)}
+        if dev.startswith("cuda"):   # the reference needs ~12x the context: tens of GB
+            fns["reference"] = reference_step(cfg, B, bc.seed)
+        t = time_interleaved(fns, slow_reps, min(warm, 1), dev)
+        fns.clear()
+        res = {"trainer_seconds": t["trainer"], "sampling_seconds": t["sampling"],
+               "model_only_seconds": t["model_only"],
+               "sampling_share_of_trainer_step": t["sampling"]["median"] / t["trainer"]["median"]}
+        if "reference" in t:
+            res["reference_seconds"] = t["reference"]
+            res["ratio_reference_over_trainer"] = ratio_summary(t["reference"], t["trainer"])
+        out["paper_step"][dt] = res
+        bar.update(1)
     return _finish(out, bc, bar, marks, t_start)
+
+
+def expansion_timing(cfg, time_t: float, expansion_t: float, rounds: int) -> dict:
+    """Seconds of ``theory.reduced_ode.integrate_expansion_flow`` (its default tolerances,
+    as the claims call it) from cfg's initial values to ``time_t`` (section 3's t) and to
+    ``expansion_t``, interleaved rounds, and whether it reached them."""
+    om0, mu0 = (v.cpu().double().numpy() for v in initial_semi_singular_values(cfg))
+
+    def flow(t_end: float):
+        def call():
+            traj = integrate_expansion_flow(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale,
+                                            t_end=t_end, t_eval=np.array([0.0, t_end]))
+            status.append(str(traj.status))
+        return call
+
+    status: list = []
+    t = time_interleaved({"to_time_t": flow(time_t), "to_expansion_time": flow(expansion_t)}, rounds, 1, "cpu")
+    return {"time_t": time_t, "expansion_time_t": expansion_t, "seconds_to_time_t": t["to_time_t"],
+            "seconds_to_expansion_time": t["to_expansion_time"], "status": sorted(set(status))}
+
+
+def expansion_ratios(exp: dict, full_seconds: float, step_seconds: float, steps: int, exp_steps: int) -> dict:
+    """Full flow over expansion flow at section 3's t (both measured) and at the expansion
+    time T (the full flow extrapolated: its fixed cost full(t) - steps * step, measured,
+    plus T / lr steps of section 1's trainer step, whose cost does not depend on t)."""
+    fixed = max(0.0, full_seconds - steps * step_seconds)
+    full_T = full_seconds if exp_steps == steps else fixed + exp_steps * step_seconds
+    return {"expansion_speedup_at_time_t": full_seconds / exp["seconds_to_time_t"]["median"],
+            "full_seconds_to_expansion_time": full_T,
+            "full_seconds_to_expansion_time_method": "measured" if exp_steps == steps else
+            "extrapolated: (full(t) - steps * trainer step) + T/lr * trainer step",
+            "expansion_speedup": full_T / exp["seconds_to_expansion_time"]["median"]}
+
+
+def report_profile_seconds(profile: str, device: str, timeout: float, command: list | None = None) -> dict:
+    """Wall time of ``python -m reports.build --profile PROFILE`` in a subprocess writing into
+    a temporary directory (removed afterwards), from this checkout (cwd and PYTHONPATH set to
+    the repository root); ``command`` replaces the command line (tests)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
+        cmd = command or [sys.executable, "-m", "reports.build", "--profile", profile, "--device", device,
+                          "--out", os.path.join(tmp, "report"), "--no-progress"]
+        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        t0, c0 = time.perf_counter(), _children_cpu()
+        try:
+            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+            rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-2000:]
+        except subprocess.TimeoutExpired as exc:
+            rc, tail = None, f"timed out after {timeout:g} s: {str(exc.stderr or '')[-1500:]}"
+        return {"profile": profile, "device": device, "seconds": time.perf_counter() - t0,
+                "cpu_seconds": _children_cpu() - c0, "returncode": rc,
+                "status": "ok" if rc == 0 else ("timed out" if rc is None else
+                                                "claims failed (exit 1)" if rc == 1 else f"error (exit {rc})"),
+                "command": " ".join(cmd), "output_tail": tail if rc != 0 else ""}
+
+
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
 
 
 def contract(out: dict) -> dict:
@@ -190,7 +290,10 @@ def contract(out: dict) -> dict:
     sampling a fresh batch; median of the interleaved rounds), ``ratio_model_step`` = the same
     on one fixed batch (forward, backward, update: the model alone), ``sampling_ms`` and
     ``model_ms`` = our sampling and our model step (medians, milliseconds),
-    ``ratio_reduced_flow`` = full flow over reduced flow to the same t, each per dtype;
+    ``ratio_reduced_flow`` = full flow over the reduced flow driven by the Rao-Blackwellised
+    marginals to the same t, ``ratio_expansion_flow`` = full flow over theory's expansion
+    flow to the expansion time (the full flow extrapolated from its measured step, see
+    :func:`expansion_ratios`), each per dtype;
     ``threads``, ``precision``, the ``targets`` and which are met."""
     step, red = out["step"], out["reduced_vs_full"]
     c = {"ratio_full_step": {dt: s["ratio_reference_over_trainer"]["median"] for dt, s in step.items()},
@@ -198,6 +301,7 @@ def contract(out: dict) -> dict:
          "sampling_ms": {dt: 1e3 * s["sampling_seconds"]["median"] for dt, s in step.items()},
          "model_ms": {dt: 1e3 * s["model_only_seconds"]["median"] for dt, s in step.items()},
          "ratio_reduced_flow": {dt: red[dt]["speedup"]["median"] for dt in step},
+         "ratio_expansion_flow": {dt: red[dt]["expansion_speedup"] for dt in step},
          "threads": out["meta"]["torch_threads"], "precision": out["meta"]["precision"],
          "profile": out["meta"]["profile"], "configuration": out["configs"]["quick"], "targets": TARGETS}
     c["targets_met"] = {k: {dt: bool(c[k][dt] >= TARGETS[k][dt]) for dt in c[k]} for k in TARGETS}
@@ -205,6 +309,12 @@ def contract(out: dict) -> dict:
 
 
 def _finish(out: dict, bc: BenchConfig, bar, marks: list, t_start: float) -> dict:
+    if bc.report_profiles:     # opt-in (--report-profiles): minutes to hours
+        out["report_profiles"] = {}
+        for p in bc.report_profiles:
+            marks.append((f"report {p}", time.perf_counter()))
+            bar.set_description(f"report profile {p}")
+            out["report_profiles"][p] = report_profile_seconds(p, bc.device, bc.report_timeout)
     bar.close()
     marks.append(("end", time.perf_counter()))
     out["meta"]["section_seconds"] = {a[0]: b[1] - a[1] for a, b in zip(marks, marks[1:])}
@@ -227,5 +337,5 @@ def _meta(bc: BenchConfig, precision: dict) -> dict:
 
 
 def _bar(bc: BenchConfig):
-    total = 1 + 2 * len(bc.dtypes) + (5 if bc.profile != "quick" else 0)
+    total = 2 + 2 * len(bc.dtypes) + (5 + len(bc.dtypes) if bc.profile != "quick" else 0)
     return tqdm(total=total, disable=not bc.progress, file=sys.stderr, leave=False)
