@@ -277,10 +277,9 @@ def unbalanced_run(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
         f = unbalanced_metric_factors(o.cpu().double().numpy(), m_.cpu().double().numpy(), c_om, c_mu, tasks, s)
         return tuple(torch.as_tensor(x, dtype=o.dtype, device=o.device) for x in f)
 
-    # copies for each run: train_reduced updates the tensors it makes from ``start`` in place,
-    # and torch.as_tensor shares memory with a float64 numpy array
-    red_u = train_reduced(cfg, tcfg, start=(ro.omega.copy(), ro.mu.copy()), metric=metric)
-    red_b = train_reduced(cfg, tcfg, start=(ro.omega.copy(), ro.mu.copy()))
+    # train_reduced copies ``start`` (the caller's arrays are never updated in place)
+    red_u = train_reduced(cfg, tcfg, start=(ro.omega, ro.mu), metric=metric)
+    red_b = train_reduced(cfg, tcfg, start=(ro.omega, ro.mu))
     out = {"seed": cfg.init_seed, "data_seed": tcfg.seed, "omega0": omega0.tolist(), "mu0": mu0.tolist(),
            "c_omega": np.round(c_om, 4).tolist(), "c_mu": np.round(c_mu, 4).tolist(),
            "spacing": tcfg.time / (tcfg.records - 1)}
