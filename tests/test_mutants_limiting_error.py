@@ -13,6 +13,7 @@ from claims.common import TrainingSchedule
 from numerics import data as numerics_data
 from theory import exact as exact_theory
 from theory import limiting_error as limit_theory
+from mutation import assert_caught, assert_control_passes
 
 # one trained L (H = m = 2, sigma 0.5 so that dropping the noise matters), the bridge, the limit row
 MUTANT_PROFILE = claim.LimitingErrorProfile(
@@ -22,21 +23,13 @@ MUTANT_PROFILE = claim.LimitingErrorProfile(
 
 
 def _caught(name: str) -> None:
-    res = claim.run(MUTANT_PROFILE)
-    failing = [c["name"] for c in res.details.get("comparisons", []) if not c["agrees"]]
-    print(f"[mutant] {claim.CLAIM_ID}: {name}: verdict {res.verdict}; disagreeing: {failing}")
-    assert res.verdict != "pass", res.details
-    assert failing, f"{name}: verdict {res.verdict} but no comparison disagrees: {res.details.get('error')}"
-
+    assert_caught(claim, MUTANT_PROFILE, name)
 
 
 @pytest.mark.mutants
 def test_control_unmutated_profile_passes():
-    """The control: without a mutation the same profile passes, so each mutant below is caught
-    by its mutation, not by the profile."""
-    res = claim.run(MUTANT_PROFILE)
-    print(f"[mutant] {claim.CLAIM_ID}: control (no mutation): verdict {res.verdict}")
-    assert res.verdict == "pass", res.details
+    assert_control_passes(claim, MUTANT_PROFILE)
+
 
 @pytest.mark.mutants
 def test_limit_F_scaled(monkeypatch):

@@ -9,15 +9,10 @@ binds the same function object), so the wrong theory / numerics is the one every
 from __future__ import annotations
 
 
-import numpy as np
 import pytest
-import torch
 
-import numerics.model
-import theory.block_structure
-import theory.reduced_ode
 from claims import spectral_reduction as claim
-from mutation import patch_everywhere
+from mutation import apply_mutant
 
 pytestmark = pytest.mark.mutants
 
@@ -32,50 +27,6 @@ TREND_PROFILE = claim.SpectralReductionProfile(
     bases=("identity",), trend_tasks=(3,), trend_heads=1, trend_logit_scale=8.0, trend_Ls=(4, 8, 16, 32, 64),
     trend_time=4.0, trend_batch=1024, trend_records=9, trend_seeds=3)
 """(c) at the quick profile's trend settings (what the report runs)."""
-
-
-def apply_mutant(monkeypatch, name: str) -> None:
-    if name == "P_D broken":
-        def broken_projection(W, U, tasks, basis):
-            d = sum(tasks)
-            W, U = np.asarray(W, float), np.asarray(U, float)
-            W, U = (W[None] if W.ndim == 2 else W), (U[None] if U.ndim == 2 else U)
-            W_D, U_D = np.zeros_like(W), np.zeros_like(U)
-            W_D[:, :d, :d] = W[:, :d, :d]
-            U_D[:, :, d:] = U[:, :, d:]
-            return W_D, U_D
-        patch_everywhere(monkeypatch, theory.block_structure.project_decomposable, broken_projection)
-    elif name == "metric factors swapped":
-        orig = theory.reduced_ode.metric_factors
-
-        def swapped(param, omega, mu, tasks, logit_scale=1.0):
-            f_om, f_mu = orig(param, omega, mu, tasks, logit_scale)
-            return f_mu, f_om
-        patch_everywhere(monkeypatch, orig, swapped)
-    elif name == "pair kernel x1.25":
-        orig = theory.reduced_ode._kernels
-
-        def scaled():
-            k = dict(orig())
-            pk, dpk = k["pair_kernel"], k["d_pair_kernel"]
-            k["pair_kernel"] = lambda c, r, s2: 1.25 * pk(c, r, s2)
-            k["d_pair_kernel"] = lambda c, r, s2: 1.25 * dpk(c, r, s2)
-            return k
-        monkeypatch.setattr(theory.reduced_ode, "_kernels", scaled)
-    elif name in ("query attends to itself", "logits doubled (full model)"):
-        orig = numerics.model.MultiHeadAttention.forward
-        self_attend = name == "query attends to itself"
-
-        def forward(self, context, query):
-            if self_attend:       # the query token among the keys and values
-                return orig(self, torch.cat([context, query[:, None, :]], dim=1), query)
-            W, U = self.merged_weights()
-            a = torch.einsum("hij,bj->bhi", W[:, :, :self.cfg.d], query[:, :self.cfg.d])
-            p = torch.softmax(2.0 * torch.bmm(a, context.transpose(1, 2)), dim=-1)
-            return torch.einsum("hki,bhi->bk", U, torch.bmm(p, context))
-        monkeypatch.setattr(numerics.model.MultiHeadAttention, "forward", forward)
-    else:
-        raise ValueError(name)
 
 
 def verdict_under(monkeypatch, name: str, profile=MUTANT_PROFILE):
