@@ -390,6 +390,14 @@ class TrainingSchedule:
         return max(self.held_out_min, int(self.held_out_tokens) // int(L))
 
 
+# the schedules of claims 5 and 6 (the same trained models serve both): tiny and quick differ
+# only in the held-out sample; paper is meant for a GPU
+TINY_SCHEDULE = TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=32768)
+QUICK_SCHEDULE = TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=65536)
+PAPER_SCHEDULE = TrainingSchedule(time=100.0, lr=0.05, tokens=2 ** 18, polish_time=5.0, polish_lr=0.05,
+                                  polish_tokens=2 ** 21, held_out_tokens=2 ** 24, held_out_min=65536)
+
+
 ALLOCATION_SHARE = 0.1
 """A trained H >= m model counts as allocated when, for every task, each head but the one with
 the largest |mu| carries at most ALLOCATION_SHARE of that |mu|, and distinct tasks have

@@ -53,7 +53,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from claims.base import ClaimResult, Figure, Series, no_progress, run_claim
-from claims.common import (ALLOCATION_SHARE, SATURATED_OMEGA, Z_SE, Comparison, TrainingSchedule, check_profile, comparisons_result,
+from claims.common import (ALLOCATION_SHARE, PAPER_SCHEDULE, QUICK_SCHEDULE, SATURATED_OMEGA, TINY_SCHEDULE, Z_SE,
+                           Comparison, TrainingSchedule, check_profile, comparisons_result,
                            converged_loss, headline_row, paired_ratio, perturbation)
 from numerics import exact_reduced
 from numerics.config import ProblemConfig
@@ -84,16 +85,14 @@ class MultiHeadGainProfile:
 
 
 TINY = MultiHeadGainProfile(train_Ls=(64,),
-                            schedule=TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=32768),
+                            schedule=TINY_SCHEDULE,
                             bridge_elements=2 ** 21)
 QUICK = MultiHeadGainProfile(cases=(((2, 2), 0.0), ((3, 3, 3), 0.5)), train_Ls=(32, 64),
-                             schedule=TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=65536),
+                             schedule=QUICK_SCHEDULE,
                              limit_elements=2 ** 25)
 PAPER = MultiHeadGainProfile(cases=(((4, 4, 4), 0.0), ((10, 10, 10), 0.0), ((3, 3), 0.5)),
                              train_Ls=(64, 128, 256, 512),
-                             schedule=TrainingSchedule(time=100.0, lr=0.05, tokens=2 ** 18, polish_time=5.0,
-                                                       polish_lr=0.05, polish_tokens=2 ** 21,
-                                                       held_out_tokens=2 ** 24, held_out_min=65536),
+                             schedule=PAPER_SCHEDULE,
                              bridge_elements=2 ** 24, limit_L=16384, limit_elements=2 ** 27, fit_elements=2 ** 21)
 PROFILES = {"tiny": TINY, "quick": QUICK, "paper": PAPER}
 
