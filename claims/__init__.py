@@ -1,48 +1,82 @@
 """Claim checks: theory against numerics, one module per claim of the paper.
 
-Each entry of :data:`REGISTRY` maps a claim id (the ids of ``claims.json``) to
-``"module:function"``; the function has the signature
+Each claim module declares a :class:`claims.spec.ClaimSpec` (``SPEC``, or ``SPECS`` for a
+module holding two ids); :data:`REGISTRY` maps each claim id (the ids of ``claims.json``) to
+``"module:NAME"``.  Every claim runs through the one runner, ``claims.spec.run_spec``:
 
-    run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None) -> ClaimResult
+    run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None, problem=None) -> ClaimResult
 
-A runner may also accept ``problem=None``: a dict of ProblemConfig fields (tasks, heads, L,
-sigma, param, init_scale, logit_scale, basis, dtype) given by the researcher
-(``python -m reports.build --tasks 3,3 ...``); the claim then runs its experiment at that
-configuration (building any family it needs, several L or one head against H, around it) and
-says in ``details["ran"]`` what it ran.  ``reports.build`` passes ``problem`` only to runners
-whose signature has it.
-
-``profile`` is one of :data:`claims.base.PROFILES`; ``sweep`` is an optional directory of
-sweep results (``tools.sweep``) that the claims over families of configurations
-(``limiting-error``, ``multi-head-gain``) use instead of running their own grid.
+``problem``: a dict of ProblemConfig fields given by the researcher (``python -m reports.build
+--tasks 3,3 ...``), parsed once by :func:`check_problem`; the claim then runs its experiment at
+that configuration (building any family it needs around it) and says in ``details["ran"]``
+what it ran.  ``sweep``: a directory of sweep results (``tools.sweep``) whose stored trained
+runs the claims that read sweeps (:func:`reads_sweep`) take instead of training them.
 """
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from typing import Callable, Optional
 
 from claims.base import ClaimResult
 
 REGISTRY: dict[str, str] = {
-    "block-structure": "claims.block_structure:run",
-    "spectral-reduction": "claims.spectral_reduction:run",
-    "three-phases": "claims.three_phases:run",
-    "task-allocation": "claims.task_allocation:run",
-    "limiting-error": "claims.limiting_error:run",
-    "multi-head-gain": "claims.multi_head_gain:run",
-    "optimality": "claims.optimality:run",
-    "boundary-merged-superposition": "claims.boundaries:run_merged_superposition",
-    "boundary-saturation": "claims.boundaries:run_saturation",
-    "boundary-small-L": "claims.boundaries:run_small_L",
-    "boundary-fewer-heads": "claims.boundaries:run_fewer_heads",
-    "boundary-initialisation": "claims.initialisation:run",
-    "boundary-allocation-race": "claims.initialisation:run_race",
+    "block-structure": "claims.block_structure:SPEC",
+    "spectral-reduction": "claims.spectral_reduction:SPEC",
+    "three-phases": "claims.three_phases:SPEC",
+    "task-allocation": "claims.task_allocation:SPEC",
+    "limiting-error": "claims.limiting_error:SPEC",
+    "multi-head-gain": "claims.multi_head_gain:SPEC",
+    "optimality": "claims.optimality:SPEC",
+    "boundary-merged-superposition": "claims.boundaries:MERGED_SPEC",
+    "boundary-saturation": "claims.boundaries:SATURATION_SPEC",
+    "boundary-small-L": "claims.boundaries:SMALL_L_SPEC",
+    "boundary-fewer-heads": "claims.boundaries:FEWER_SPEC",
+    "boundary-initialisation": "claims.initialisation:INIT_SPEC",
+    "boundary-allocation-race": "claims.initialisation:RACE_SPEC",
 }
+
+
+def spec(claim_id: str):
+    """The ClaimSpec of one claim id (KeyError naming the known ids)."""
+    if claim_id not in REGISTRY:
+        raise KeyError(f"unknown claim id {claim_id!r}; known: {', '.join(REGISTRY)}")
+    module, name = REGISTRY[claim_id].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def claim_runner(claim_id: str) -> Callable[..., ClaimResult]:
     """The ``run`` function of one claim id."""
-    if claim_id not in REGISTRY:
-        raise KeyError(f"unknown claim id {claim_id!r}; known: {', '.join(REGISTRY)}")
-    module, func = REGISTRY[claim_id].split(":")
-    return getattr(importlib.import_module(module), func)
+    return spec(claim_id).run
+
+
+def check_problem(problem: Optional[dict], device: str = "cpu") -> Optional[dict]:
+    """The one parser of a researcher's configuration (``claims.spec.check_problem``)."""
+    from claims.spec import check_problem as parse
+    return parse(problem, device)
+
+
+def cannot_run(claim_id: str, problem: Optional[dict]) -> Optional[str]:
+    """Why ``claim_id`` cannot build its experiment at ``problem`` (None: it can), decided
+    before any run: a problem field it would ignore, or the claim's own ``cannot_run``."""
+    s = spec(claim_id)
+    if not problem:
+        return None
+    ignored = sorted(set(problem) - set(s.fields))
+    if ignored:
+        return f"it would ignore the field(s) {ignored}"
+    if s.resolve is None:
+        return "it runs at its profiles' configurations only"
+    return s.cannot_run(problem) if s.cannot_run is not None else None
+
+
+def reads_sweep(claim_id: str) -> bool:
+    """Whether the claim takes trained runs from a sweep store (``--from-sweep``)."""
+    return bool(spec(claim_id).reads_sweep)
+
+
+def estimate_seconds(claim_id: str, profile: str, problem: Optional[dict] = None) -> Optional[float]:
+    """The claim's own estimate of its wall time on 2 CPU cores (None: it gives none)."""
+    s = spec(claim_id)
+    if s.estimate is None:
+        return None
+    return float(s.estimate(s.profile(profile, problem)))

@@ -27,6 +27,30 @@ PROFILES = ("tiny", "quick", "paper")
 meant for a GPU."""
 
 VERDICTS = ("pass", "fail", "error")
+"""Verdicts of the paper's claims (``kind == "claim"``)."""
+
+BOUNDARY_OUTCOMES = ("located", "contradicted", "undecided", "error")
+"""Outcomes of a boundary (``kind == "boundary"``): ``located`` (its regime was measured
+conclusively and theory's account of it agrees; the finding says where and what happens),
+``contradicted`` (measured conclusively, and theory's account disagrees: the numbers say by how
+much), ``undecided`` (the measurement could not decide; ``details["undecided"]`` says why),
+``error`` (the check raised)."""
+
+KINDS = ("claim", "boundary")
+"""A ClaimResult is one of the paper's claims or a boundary (where a claim stops, or what the
+paper does not say)."""
+
+FAILING = {"claim": ("fail", "error"), "boundary": ("contradicted", "error")}
+"""The verdicts that make ``reports.build`` exit 1."""
+
+SIDES = ("two-sided", "not above", "not below", "reported")
+"""How a headline row compares: |measured - theory| <= tolerance (``two-sided``); measured <=
+theory + tolerance (``not above``); measured >= theory - tolerance (``not below``); or no
+comparison at all (``reported``: a measurement shown with no tick)."""
+
+FINDING_KINDS = ("holds", "stops", "beyond")
+"""``holds``: the claim holds inside its stated domain, with how precisely; ``stops``: where it
+stops, as a measured location with an error bar; ``beyond``: something the paper does not say."""
 
 Progress = Callable[[str, float], None]
 """``progress(message, fraction_done)``: how a claim run reports how far it is."""
@@ -105,6 +129,24 @@ class HeadlineRow:
     se: Optional[float] = None
     tolerance: Optional[float] = None
     agrees: Optional[bool] = None
+    side: str = "two-sided"
+    """One of :data:`SIDES`, taken from the comparison behind the row."""
+    config: Optional[str] = None
+    """The configuration the row was measured at (``"tasks=(2, 2) H=2 L=32"``): tables group
+    rows by it instead of repeating it in every name."""
+
+
+@dataclass
+class Finding:
+    """One sentence a reader takes away, generated from the result's own numbers by the claim's
+    template (never typed in): ``claim`` (id), ``kind`` (one of :data:`FINDING_KINDS`), ``text``
+    (the sentence, numbers in it), ``numbers`` ({name: {"value": v, "se": se or None}}: the
+    values the sentence uses)."""
+
+    claim: str
+    kind: str
+    text: str
+    numbers: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -122,6 +164,7 @@ class ClaimResult:
     title: str
     statement: str
     verdict: str
+    kind: str = "claim"
     theory: dict = field(default_factory=dict)
     numerics: dict = field(default_factory=dict)
     tolerance: dict = field(default_factory=dict)
@@ -130,23 +173,35 @@ class ClaimResult:
     perturbations: list[PerturbationCheck] = field(default_factory=list)
     seconds: float = 0.0
     headline: list[dict] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return jsonable(dataclasses.asdict(self))
 
 
-def judge(agrees: bool, perturbations: list[PerturbationCheck]) -> str:
-    """Verdict of a comparison: ``pass`` only if theory and numerics agree *and* every
-    perturbed prediction was rejected at the same tolerance; a check that accepts a wrong
-    prediction cannot discriminate, which is an ``error`` of the check, not a pass.
+def judge(agrees: bool, perturbations: list[PerturbationCheck], kind: str = "claim",
+          undecided: Optional[str] = None) -> str:
+    """The one verdict rule.  For a claim: ``pass`` only if theory and numerics agree *and*
+    every perturbed prediction was rejected at the same tolerance; a check that accepts a wrong
+    prediction cannot discriminate, which is an ``error`` of the check, not a pass; a run whose
+    measurement could not decide (``undecided``: the reason) is ``error`` too, never pass.
     A disagreement is ``fail`` even then: a measurement outside a tolerance too wide to
     reject the perturbations lies outside any narrower one as well, so it contradicts theory
-    conclusively; only an agreement needs the perturbations to mean something."""
+    conclusively; only an agreement needs the perturbations to mean something.
+
+    For a boundary the same rule in :data:`BOUNDARY_OUTCOMES`' words: pass -> ``located``,
+    fail -> ``contradicted``, a check that cannot decide -> ``undecided``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not agrees:
-        return "fail"
-    if perturbations and not all(p.rejected for p in perturbations):
-        return "error"
-    return "pass"
+        verdict = "fail"
+    elif undecided or (perturbations and not all(p.rejected for p in perturbations)):
+        verdict = "error"
+    else:
+        verdict = "pass"
+    if kind == "boundary":
+        return {"pass": "located", "fail": "contradicted", "error": "undecided"}[verdict]
+    return verdict
 
 
 def jsonable(obj: Any) -> Any:
@@ -179,6 +234,7 @@ def run_claim(
     title: str,
     statement: str,
     body: Callable[[], ClaimResult],
+    kind: str = "claim",
 ) -> ClaimResult:
     """Run ``body`` and time it; an exception becomes a ``ClaimResult`` with verdict
     ``"error"`` and the traceback in ``details``, so one broken claim never hides the rest."""
@@ -191,9 +247,11 @@ def run_claim(
             title=title,
             statement=statement,
             verdict="error",
+            kind=kind,
             details={"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()},
         )
     result.seconds = time.perf_counter() - t0
-    if result.verdict not in VERDICTS:
-        raise ValueError(f"claim {claim_id}: verdict {result.verdict!r} is not one of {VERDICTS}")
+    allowed = VERDICTS if result.kind == "claim" else BOUNDARY_OUTCOMES
+    if result.verdict not in allowed:
+        raise ValueError(f"{result.kind} {claim_id}: verdict {result.verdict!r} is not one of {allowed}")
     return result

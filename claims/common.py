@@ -13,6 +13,7 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -61,6 +62,11 @@ class Comparison:
     perturbations: list[PerturbationCheck] = field(default_factory=list)
     details: dict = field(default_factory=dict)
     figures: list[Figure] = field(default_factory=list)
+    side: str = "two-sided"
+    """How ``error`` was computed: |measured - predicted| (``two-sided``), max(0, measured -
+    predicted) (``not above``), max(0, predicted - measured) (``not below``); claims.base.SIDES."""
+    config: Optional[str] = None
+    """The configuration the comparison was measured at, for the headline row."""
 
     @property
     def agrees(self) -> bool:
@@ -207,7 +213,8 @@ def _scalar(x):
 
 
 def headline_row(c: Comparison, name: str | None = None, *, theory=None, measured=None,
-                 se: float | None = None, tolerance: float | None = None) -> dict:
+                 se: float | None = None, tolerance: float | None = None, side: str | None = None,
+                 config: str | None = None) -> dict:
     """The headline row (claims.base.HeadlineRow as a dict) of one comparison: its name,
     prediction, measurement, tolerance and agreement, taken from the comparison itself (so
     the row cannot disagree with the verdict).  ``theory``/``measured``/``tolerance``
@@ -219,7 +226,27 @@ def headline_row(c: Comparison, name: str | None = None, *, theory=None, measure
         measured=jsonable(measured if measured is not None else _scalar(c.measured)),
         se=None if se is None else float(se),
         tolerance=float(tolerance if tolerance is not None else c.tolerance),
-        agrees=c.agrees))
+        agrees=c.agrees, side=side or c.side, config=config or c.config))
+
+
+def reported_row(name: str, measured=None, *, theory=None, se: float | None = None,
+                 config: str | None = None) -> dict:
+    """A headline row with no comparison (``side="reported"``, no tick): a measurement the paper
+    is silent about, shown as what it is."""
+    return asdict(HeadlineRow(name=name, theory=jsonable(theory), measured=jsonable(measured),
+                              se=None if se is None else float(se), tolerance=None, agrees=None,
+                              side="reported", config=config))
+
+
+def config_label(cfg) -> str:
+    """The short configuration string of a headline row: tasks, H, L, sigma (+ what differs
+    from the defaults that matter: param, init)."""
+    parts = [f"tasks={tuple(cfg.tasks)}", f"H={cfg.heads}", f"L={cfg.L}", f"sigma={cfg.sigma:g}"]
+    if cfg.param != "factored":
+        parts.append(f"param={cfg.param}")
+    if cfg.init != "decomposable":
+        parts.append(f"init={cfg.init}")
+    return " ".join(parts)
 
 
 def comparisons_result(claim_id: str, title: str, statement: str, comps: list, figures: list, details: dict,
@@ -315,192 +342,3 @@ def fit_limit(L, y, se) -> dict:
     return {"a": 0.5 * (a1 + a2), "a_se": max(f["a_se"] for f in fits.values()),
             "systematic": 0.5 * abs(a1 - a2), "dof": int(L.size - 2),
             "fits": {f"p={p:g}": f for p, f in fits.items()}}
-
-def sweep_points(tasks, sigma, Ls, time_, lr, batch, model="full", seed=0, device="cpu") -> list[dict]:
-    """tools.sweep points of the multi-head (H = m, factored) runs of one case."""
-    return [{"model": model,
-             "problem": {"tasks": list(tasks), "heads": len(tasks), "L": int(L), "sigma": float(sigma),
-                         "device": device},
-             "train": {"lr": lr, "time": time_, "batch": batch, "seed": seed}} for L in Ls]
-
-
-def points_from_sweep(records: list[dict], heads_of=lambda tasks: len(tasks)) -> dict:
-    """Group finished sweep records into {(tasks, sigma): [{"L", "loss", "se"}, ...]} for the
-    factored runs with ``heads_of(tasks)`` heads.  The standard error of a run's loss is
-    taken from the batch losses of its trajectory records in the last 10% of the run
-    (std / sqrt(k): each is one independent batch), a conservative stand-in for the per-step
-    losses, which a sweep does not store."""
-    groups: dict = {}
-    for rec in records:
-        res = rec.get("result")
-        if not res or rec.get("error"):
-            continue
-        cfg = res["config"]
-        tasks = tuple(cfg["tasks"])
-        if cfg["heads"] != heads_of(tasks) or cfg.get("param", "factored") != "factored":
-            continue
-        traj = res["trajectory"]
-        t_end = traj[-1]["t"]
-        tail = [r["loss"] for r in traj if r["t"] >= 0.9 * t_end] or [traj[-1]["loss"]]
-        se = float(np.std(tail, ddof=1) / math.sqrt(len(tail))) if len(tail) > 1 else abs(res["loss"])
-        groups.setdefault((tasks, float(cfg["sigma"])), []).append(
-            {"L": int(cfg["L"]), "loss": float(res["loss"]), "se": se, "source": res.get("model", "full")})
-    return {k: sorted(v, key=lambda p: p["L"]) for k, v in groups.items()}
-
-
-# ---------------------------------------------------------------------------------------
-# claims 5-6 (limiting-error, multi-head-gain): the converged loss of a trained full model
-# ---------------------------------------------------------------------------------------
-# (imported here, not at the top, because this file is append-only for the claims' authors)
-import copy  # noqa: E402
-import time  # noqa: E402
-
-from numerics.evaluate import held_out_loss, held_out_loss_difference  # noqa: E402
-from numerics.exact_reduced import one_thread  # noqa: E402
-from numerics.train import TrainConfig, train  # noqa: E402
-
-@dataclass(frozen=True)
-class TrainingSchedule:
-    """How claims 5 and 6 train a full model to its converged loss: gradient descent on fresh
-    prompts in two phases (``numerics.train.train`` twice, the second from the first's model).
-
-    explore: from cfg's initialisation to t = ``time`` at step ``lr`` with ``tokens`` prompt
-    tokens per step (batch = tokens // L: the per-prompt loss falls like 1/L, so a fixed token
-    count keeps the gradient noise per step comparable across L).  polish: ``polish_time``
-    more at a ``polish_tokens`` batch, so the excess loss SGD's noise leaves at stationarity,
-    ~ (lr / 4B) tr(Sigma) (Sigma the per-prompt gradient covariance), is cut by the ratio of
-    lr/B of the two phases.  The converged loss is then measured again at the final weights on
-    fresh prompts (``numerics.evaluate.held_out_loss``), never read from the training losses."""
-
-    time: float = 40.0            # explore: gradient-flow time t_end
-    lr: float = 0.1               # explore: step eta
-    tokens: int = 2 ** 14         # explore: prompt tokens per step (batch = tokens // L)
-    polish_time: float = 3.0      # polish: extra time at a smaller step and a larger batch
-    polish_lr: float = 0.03       # polish: step (at 0.1 the one-head runs at sigma = 0.5, r = 3..4, L = 64
-                                  # kept ~2x the excess lr/B predicts: 1.97..2.02 against 1.883)
-    polish_tokens: int = 2 ** 17  # polish: prompt tokens per step
-    held_out_tokens: int = 2 ** 21  # held-out prompts: held_out_tokens // L, at least held_out_min
-    held_out_min: int = 16384
-    min_batch: int = 32           # smallest batch at large L
-
-    def batch(self, L: int, tokens: int) -> int:
-        return max(self.min_batch, int(tokens) // int(L))
-
-    def held_out(self, L: int) -> int:
-        return max(self.held_out_min, int(self.held_out_tokens) // int(L))
-
-
-# the schedules of claims 5 and 6 (the same trained models serve both): tiny and quick differ
-# only in the held-out sample; paper is meant for a GPU
-TINY_SCHEDULE = TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=32768)
-QUICK_SCHEDULE = TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=65536)
-PAPER_SCHEDULE = TrainingSchedule(time=100.0, lr=0.05, tokens=2 ** 18, polish_time=5.0, polish_lr=0.05,
-                                  polish_tokens=2 ** 21, held_out_tokens=2 ** 24, held_out_min=65536)
-
-
-ALLOCATION_SHARE = 0.1
-"""A trained H >= m model counts as allocated when, for every task, each head but the one with
-the largest |mu| carries at most ALLOCATION_SHARE of that |mu|, and distinct tasks have
-distinct serving heads.  Why 0.1: at the allocated fixed point the off-task mu are 0 and a
-converged run leaves them at the SGD-noise level (measured <= 0.01 at (2,2), L = 32..64);
-the run that left allocation (tasks (2,3), L = 32, sigma 0.5: off-task mu -0.38 against 1.34)
-was at ~0.3.  The threshold decides which theory applies, never the agreement itself."""
-
-
-SATURATED_OMEGA = 1.0
-"""A trained run whose largest |omega| readout exceeds SATURATED_OMEGA sits in the softmax's
-saturation regime (2 omega^2 = 2, twice the edge 2 omega^2 = 1 beyond which theory's L -> inf
-loss diverges), not at a point of theory's account: the allocated and one-head optima lie
-inside the edge (omega* <= 0.71 for r <= 4 at L >= 32).  Seen: one head, tasks (3, 4, 4),
-L = 128, sigma 0 (thorough draw) ended at omega ~ 3.2, mu ~ 0.58, loss 6.26 against the
-one-head optimum 2.30 (omega* 0.30), still descending.  Decides which theory applies (a
-boundary finding), never the agreement itself."""
-
-
-def allocation_readout(mu) -> dict:
-    """From the (H, m) mu readout of a trained model: the serving head of each task (largest
-    |mu|), the largest off-task share max_{h != h(i)} |mu[h,i]| / |mu[h(i),i]| among off-task
-    mu of the serving head's sign (``same_sign_share``: heads not yet pruned -- still
-    converging) and of the opposite sign (``opposite_sign_share``: heads cancelling the
-    softmax's constant part -- a superposition, SPEC.md); ``allocated`` when both are <=
-    :data:`ALLOCATION_SHARE` and distinct tasks have distinct serving heads."""
-    mu = np.asarray(mu, float)
-    serving = np.abs(mu).argmax(axis=0)
-    same, opposite = 0.0, 0.0
-    for i, h in enumerate(serving):
-        ref = mu[h, i]
-        for k in range(mu.shape[0]):
-            if k == h or ref == 0:
-                continue
-            share = abs(mu[k, i] / ref)
-            if mu[k, i] * ref >= 0:
-                same = max(same, share)
-            else:
-                opposite = max(opposite, share)
-    distinct = len(set(serving.tolist())) == mu.shape[1]
-    return {"serving_head": serving.tolist(), "same_sign_share": same, "opposite_sign_share": opposite,
-            "distinct_heads": distinct,
-            "allocated": bool(max(same, opposite) <= ALLOCATION_SHARE and distinct)}
-
-
-@one_thread
-def converged_loss(cfg, schedule: TrainingSchedule, seed: int = 0) -> dict:
-    """Train the full model of ``cfg`` by ``schedule`` and measure its converged loss (with one
-    torch CPU thread, ``numerics.exact_reduced.one_thread``: these small batched matmuls ran
-    ~12x slower with 2 threads than with 1 on the shared 2-core machine, 20.8 s against 1.7 s
-    for (2, 2), L = 64).
-
-    Returns a dict: ``loss``, ``se``, ``n`` (held-out loss at the final weights, fresh prompts
-    of the held-out stream of ``seed``, the same prompts for every estimate below);
-    ``step_error`` (the excess loss SGD's step leaves after the polish: if the excess is
-    proportional to lr/B, the explore-end minus polish-end held-out loss is (1 - k) of the
-    explore excess, k the ratio of lr/B of the two phases, so the polish's own excess is
-    k/(1-k) times that difference); ``converged``: the held-out loss falls neither over the
-    last quarter of the explore phase by more than Z_SE standard errors of the paired
-    difference (same prompts) plus the
-    explore phase's SGD excess (its weights fluctuate by about that much), nor over the second
-    half of the polish by more than Z_SE standard errors of the paired difference plus the
-    same excess (the polish relaxes from the explore phase's SGD excess towards its own); the readout omega, mu,
-    residual; ``allocation`` (:func:`allocation_readout`); configuration and seconds."""
-    t0 = time.perf_counter()
-    L = cfg.L
-    n_eval = schedule.held_out(L)
-    explore = TrainConfig(lr=schedule.lr, time=schedule.time, batch=schedule.batch(L, schedule.tokens), seed=seed,
-                          records=5)
-    polish = TrainConfig(lr=schedule.polish_lr, time=schedule.polish_time,
-                         batch=schedule.batch(L, schedule.polish_tokens), seed=seed + 1, records=3)
-    marks = {}
-
-    def at(step_wanted, key):
-        def record(step, t, model, loss):
-            if step == step_wanted:
-                marks[key] = copy.deepcopy(model)     # compared later on the same prompts (paired)
-        return record
-
-    first = train(cfg, explore, on_record=at(explore.record_steps()[-2], "explore_3/4"))
-    end_explore = held_out_loss(first.final_model, n_eval, seed)
-    second = train(cfg, polish, start=copy.deepcopy(first.final_model), on_record=at(polish.record_steps()[1], "polish_1/2"))
-    final = held_out_loss(second.final_model, n_eval, seed)
-    k = (polish.lr / polish.batch) / (explore.lr / explore.batch)
-    excess = max(0.0, end_explore.mean - final.mean)
-    step_error = excess * k / (1.0 - k) if k < 1 else math.inf
-    # the descents are paired differences on the same held-out prompts: their standard errors
-    # are those of the differences, not of the two losses combined (which made the test lax)
-    de = held_out_loss_difference(marks["explore_3/4"], first.final_model, n_eval, seed)
-    dp = held_out_loss_difference(marks["polish_1/2"], second.final_model, n_eval, seed)
-    d_explore, d_polish = de.mean, dp.mean
-    tol_explore = Z_SE * de.se + excess
-    # the polish still relaxes from the explore phase's SGD excess towards its own: what is left
-    # of that in its second half is bounded by the same excess
-    tol_polish = Z_SE * dp.se + excess
-    readout = second.final_model.semi_singular_values()
-    return {"loss": final.mean, "se": final.se, "n": final.n,
-            "converged": bool(d_explore <= tol_explore and d_polish <= tol_polish),
-            "descent_explore": d_explore, "descent_explore_tolerance": tol_explore,
-            "descent_polish": d_polish, "descent_polish_tolerance": tol_polish,
-            "loss_explore_3/4": end_explore.mean + d_explore, "loss_explore_end": end_explore.mean,
-            "loss_polish_1/2": final.mean + d_polish, "step_error": step_error, "lr_over_batch_ratio": k,
-            "omega": readout.omega.tolist(), "mu": readout.mu.tolist(), "residual": readout.residual,
-            "allocation": allocation_readout(readout.mu), "config": cfg.to_dict(),
-            "schedule": asdict(schedule), "explore_batch": explore.batch, "polish_batch": polish.batch,
-            "seconds": time.perf_counter() - t0}

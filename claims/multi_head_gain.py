@@ -13,7 +13,7 @@ Rows (each a Comparison):
 
 1. "converged loss of trained full model (H = m)" and "(one head)": at two or more L, the full
    (factored) model with m heads and with one head, trained on the same prompt stream to
-   convergence (``claims.common.converged_loss``: held-out loss at the final weights), against
+   convergence (``numerics.experiments.converged``: held-out loss at the final weights), against
    theory's exact losses.
 2. "gain of trained full models": the ratio single / multi of those held-out losses against
    theory's finite-L gain (one row per L; the largest L carries the plain name).
@@ -50,22 +50,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
-from claims.base import ClaimResult, Figure, Series, no_progress, run_claim
-from claims.common import (ALLOCATION_SHARE, PAPER_SCHEDULE, QUICK_SCHEDULE, SATURATED_OMEGA, TINY_SCHEDULE, Z_SE,
-                           Comparison, TrainingSchedule, check_profile, comparisons_result,
-                           converged_loss, headline_row, paired_ratio, perturbation)
+from claims.base import Figure, Series
+from claims.common import Z_SE, Comparison, paired_ratio, headline_row, perturbation
+from claims.spec import ClaimSpec, Outcome, finding
+from claims.trained import check_trained_loss, run_status
 from numerics import exact_reduced
 from numerics.config import ProblemConfig
+from numerics.experiments.converged import (PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, TrainingSchedule,
+                                            converged_run)
 from theory import exact as exact_theory
 from theory import limiting_error as limit_theory
-
-CLAIM_ID = "multi-head-gain"
-TITLE = "Multi-head beats single-head H-fold"
-STATEMENT = ("Trained multi-head models (H = m) beat trained single heads by theory's finite-L gain, the exact "
-             "ratio of the one-head optimum to the allocated fixed point; the gain tends to theory's rho_inf as "
-             "L grows, which is below H at finite block size and rises towards H = m with r.")
 
 TAIL_FACTOR = 2.0
 """The part of the gain still to come beyond L is bounded by TAIL_FACTOR times theory.exact's
@@ -82,6 +76,7 @@ class MultiHeadGainProfile:
     limit_L: int = 4096                    # the L of the rho_inf row
     limit_elements: int = 2 ** 24
     fit_elements: int = 2 ** 17
+    problem: tuple = ()                    # a researcher's ProblemConfig fields (sorted items), if any
 
 
 TINY = MultiHeadGainProfile(train_Ls=(64,),
@@ -111,48 +106,10 @@ def domain(cfg: ProblemConfig) -> dict:
                           "converged and the m-head run ended allocated"}
 
 
-def run_status(cfg: ProblemConfig, run: dict, inside: dict) -> tuple[str, int]:
-    """(status, sign) of a trained run: "inside", or the boundary it is at with the side theory
-    puts it on (+1: not below the prediction, -1: not above it, 0: no side)."""
-    if not inside["inside"]:
-        return "outside the domain: " + "; ".join(inside["reasons"]), 0
-    om = float(np.max(np.abs(run["omega"]))) if "omega" in run else 0.0
-    if om > SATURATED_OMEGA:    # in the softmax's saturation regime, not at a point of theory's account
-        return (f"saturated (largest |omega| {om:.2f} > {SATURATED_OMEGA:g}: the softmax's saturation regime)",
-                +1 if cfg.heads < cfg.m else 0)
-    if cfg.heads > 1 and run["allocation"]["opposite_sign_share"] > ALLOCATION_SHARE:
-        return (f"left the allocated set (opposite-sign off-task share "
-                f"{run['allocation']['opposite_sign_share']:.2f}: a superposition)"), -1
-    if not run["converged"] or (cfg.heads > 1 and not run["allocation"]["allocated"]):
-        return "not converged", +1
-    return "inside", 0
-
-
-def check_trained_loss(cfg: ProblemConfig, run: dict, predicted: dict, label: str, status: tuple) -> Comparison:
-    """A trained run's held-out loss against theory's exact loss ({"loss", "error_estimate"}):
-    tolerance Z_SE standard errors + the run's step error + the quadrature bound; perturbations
-    x1.1 and /1.1 inside the domain; outside, the one-sided boundary check (module docstring)."""
-    meas, pred = run["loss"], predicted["loss"]
-    tol = Z_SE * run["se"] + run["step_error"] + predicted["error_estimate"]
-    why = (f"{Z_SE:g} standard errors of the held-out loss ({run['se']:.3g}, {run['n']} fresh prompts) plus the SGD "
-           f"step's excess left after polishing ({run['step_error']:.3g}) plus theory's quadrature error bound")
+def check_trained(cfg: ProblemConfig, run, predicted: dict, label: str, status: tuple) -> Comparison:
+    """A trained run's held-out loss against theory's exact loss (claims.trained)."""
     name = f"converged loss of trained full model ({label}), tasks={list(cfg.tasks)}, L={cfg.L}, sigma={cfg.sigma:g}"
-    st, sign = status
-    details = {"run": run, "prediction": predicted, "status": st}
-    if st == "inside":
-        return Comparison(name=name, measured=meas, predicted=pred, error=abs(meas - pred), tolerance=tol, why=why,
-                          perturbations=[perturbation("prediction x1.1", abs(meas - 1.1 * pred), tol),
-                                         perturbation("prediction /1.1", abs(meas - pred / 1.1), tol)],
-                          details=details)
-    if sign > 0:
-        err, bound = max(0.0, pred - meas), "not below the prediction"
-    elif sign < 0:
-        err, bound = max(0.0, meas - pred), "not above the prediction"
-    else:
-        err, bound, tol = max(0.0, meas - float(sum(cfg.tasks))), "below the zero model's loss sum r_i", Z_SE * run["se"]
-    details["boundary_check"] = bound
-    return Comparison(name=f"{name} [boundary: {st.split(':')[0].split(' (')[0]}]", measured=meas, predicted=pred,
-                      error=err, tolerance=tol, why=f"boundary finding ({st}); check: {bound}; " + why, details=details)
+    return check_trained_loss(cfg, run, predicted, name, status)
 
 
 def check_trained_gain(cfg: ProblemConfig, multi: dict, single: dict, theory_gain: dict,
@@ -268,12 +225,6 @@ def check_gain_limit(tasks, sigma: float, L: int, elements: int, fit_elements: i
                  "multi": multi.summary(), "single": single.summary()})
 
 
-def _profile(profile) -> MultiHeadGainProfile:
-    if isinstance(profile, MultiHeadGainProfile):
-        return profile
-    return PROFILES[check_profile(profile)]
-
-
 def _figure(points: dict) -> Figure:
     series, hl = [], []
     for (tasks, sigma), rows in points.items():
@@ -287,91 +238,106 @@ def _figure(points: dict) -> Figure:
                   caption="points: held-out losses of trained full models; line: theory.exact.finite_L_gain")
 
 
-def run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None, problem=None) -> ClaimResult:
-    """Claim 6 on a profile (a name or a :class:`MultiHeadGainProfile`), or with ``problem`` (a
-    dict of ProblemConfig fields) at that configuration: the m-head and the one-head model
-    (problem's heads replaced by m and 1) trained at L and 2L, plus the bridge and limit rows."""
-    prof = _profile(profile)
+def evaluate(ctx) -> Outcome:
+    """Claim 6: per case and L, the m-head and one-head runs (same prompt stream) against
+    theory's exact losses, their gain, then the bridge and limit rows."""
+    p, seed, device = ctx.p, ctx.seed, ctx.device
+    if p.problem:
+        base = ProblemConfig.from_dict({**dict(p.problem), "device": device})
+        configs = [(base, (base.L, 2 * base.L))]
+        ran = (f"problem {base.to_dict()}: m = {base.m} heads and one head (problem heads = {base.heads} "
+               f"replaced), trained at L = {base.L}, {2 * base.L}")
+    else:
+        configs = [(ProblemConfig(tasks=tuple(t), heads=len(t), L=p.train_Ls[0], sigma=s, device=device), p.train_Ls)
+                   for t, s in p.cases]
+        ran = f"profile cases {list(p.cases)}: m heads and one head trained at L = {list(p.train_Ls)}"
+    comps, rows, gains, points, undecided = [], [], [], {}, []
+    steps, done = sum(2 * len(Ls) + 2 for _, Ls in configs), 0
+    for k, (base, Ls) in enumerate(configs):
+        tasks, sigma = base.tasks, base.sigma
+        inside = domain(base)
+        for j, L in enumerate(sorted(Ls)):
+            ctx.progress(f"multi-head gain: training tasks={list(tasks)} L={L}", done / steps)
+            theory_gain = exact_theory.finite_L_gain(tuple(tasks), L, sigma)
+            runs = {}
+            for heads, label, pred in ((base.m, f"H = {base.m}", theory_gain["allocated"]),
+                                       (1, "one head", theory_gain["single"])):
+                cfg = replace(base, heads=heads, L=int(L))
+                # the same prompt stream for both models: the same training seed
+                r = converged_run(cfg, p.schedule, seed + 100 * k + j)
+                st = run_status(cfg, r, inside)
+                c = check_trained(cfg, r, pred, label, st)
+                comps.append(c)
+                rows.append(headline_row(c, se=r["se"]))
+                runs[heads] = (r, st)
+                done += 1
+            c = check_gain_pair(replace(base, L=int(L)), runs[base.m][0], runs[1][0], theory_gain,
+                                runs[base.m][1], runs[1][1],
+                                name=f"gain of trained full models at L={L}, tasks={list(tasks)}, sigma={sigma:g}")
+            if isinstance(c, dict):
+                undecided.append({"L": int(L), "tasks": list(tasks), "sigma": sigma, **c})
+            elif "boundary_check" in c.details:
+                comps.append(c)
+                rows.append(headline_row(c, se=c.details["se"]))
+            else:
+                comps.append(c)
+                gains.append(c)
+                points.setdefault((tuple(tasks), sigma), []).append((L, c.measured, c.predicted))
+        ctx.progress(f"multi-head gain: bridge and limit tasks={list(tasks)}", done / steps)
+        if base.m >= 2:
+            for c in (check_bridge_gain(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements, seed + 7 + k, device),
+                      check_gain_limit(tasks, sigma, p.limit_L, p.limit_elements, p.fit_elements, seed + 11 + k,
+                                       device)):
+                comps.append(c)
+                rows.append(headline_row(c, se=c.details["se"]))
+        done += 2
+    # the headline's first row: the trained gain at the largest L of the first case
+    gain_rows = [headline_row(c, se=c.details["se"]) for c in gains]
+    if gain_rows:
+        first = max(range(len(gains)), key=lambda i: (gains[i].details["L"] if
+                                                     gains[i].details["tasks"] == list(configs[0][0].tasks) else -1))
+        gain_rows[first] = {**gain_rows[first], "name": "gain of trained full models"}
+        gain_rows.insert(0, gain_rows.pop(first))
+    doms = {f"tasks={list(b.tasks)} param={b.param}": domain(b) for b, _ in configs}
+    return Outcome(comps, gain_rows + rows, [_figure(points)], short_why=True,
+                   undecided=None if gains else ("no L had both trained runs inside the domain (converged, the m-head "
+                                                 "run allocated): the gain of trained models is not decided here"),
+                   details={"ran": ran, "domain": {"conditions": domain(configs[0][0])["conditions"], "cases": doms},
+                            "gain_undecided": undecided,
+                            "boundary_rows": [c.name for c in comps if "boundary_check" in c.details]})
 
-    def body() -> ClaimResult:
-        if sweep is not None:
-            raise ValueError("multi-head-gain does not read sweeps: a sweep stores the tail of the training losses, "
-                             "not the held-out loss at the final weights this claim compares; run it without sweep")
-        if problem is not None:
-            base = ProblemConfig.from_dict({**dict(problem), "device": device})
-            configs = [(base, (base.L, 2 * base.L))]
-            ran = (f"problem {base.to_dict()}: m = {base.m} heads and one head (problem heads = {base.heads} "
-                   f"replaced), trained at L = {base.L}, {2 * base.L}")
-        else:
-            configs = [(ProblemConfig(tasks=tuple(t), heads=len(t), L=prof.train_Ls[0], sigma=s, device=device),
-                        prof.train_Ls) for t, s in prof.cases]
-            ran = f"profile cases {list(prof.cases)}: m heads and one head trained at L = {list(prof.train_Ls)}"
-        comps, rows, gains, points, undecided = [], [], [], {}, []
-        steps = sum(2 * len(Ls) + 2 for _, Ls in configs)
-        done = 0
-        for k, (base, Ls) in enumerate(configs):
-            tasks, sigma = base.tasks, base.sigma
-            inside = domain(base)
-            for j, L in enumerate(sorted(Ls)):
-                progress(f"multi-head gain: training tasks={list(tasks)} L={L}", done / steps)
-                theory_gain = exact_theory.finite_L_gain(tuple(tasks), L, sigma)
-                runs = {}
-                for heads, label, pred in ((base.m, f"H = {base.m}", theory_gain["allocated"]),
-                                           (1, "one head", theory_gain["single"])):
-                    cfg = replace(base, heads=heads, L=int(L))
-                    # the same prompt stream for both models: the same training seed
-                    r = converged_loss(cfg, prof.schedule, seed + 100 * k + j)
-                    st = run_status(cfg, r, inside)
-                    c = check_trained_loss(cfg, r, pred, label, st)
-                    comps.append(c)
-                    rows.append(headline_row(c, se=r["se"]))
-                    runs[heads] = (r, st)
-                    done += 1
-                c = check_gain_pair(replace(base, L=int(L)), runs[base.m][0], runs[1][0], theory_gain,
-                                    runs[base.m][1], runs[1][1],
-                                    name=f"gain of trained full models at L={L}, tasks={list(tasks)}, sigma={sigma:g}")
-                if isinstance(c, dict):
-                    undecided.append({"L": int(L), "tasks": list(tasks), "sigma": sigma, **c})
-                elif "boundary_check" in c.details:
-                    comps.append(c)
-                    rows.append(headline_row(c, se=c.details["se"]))
-                else:
-                    comps.append(c)
-                    gains.append((c, runs[base.m][0], runs[1][0]))
-                    points.setdefault((tuple(tasks), sigma), []).append((L, c.measured, c.predicted))
-            progress(f"multi-head gain: bridge and limit tasks={list(tasks)}", done / steps)
-            if base.m >= 2:
-                for c in (check_bridge_gain(tasks, sigma, max(Ls), prof.bridge_elements, prof.fit_elements,
-                                            seed + 7 + k, device),
-                          check_gain_limit(tasks, sigma, prof.limit_L, prof.limit_elements, prof.fit_elements,
-                                           seed + 11 + k, device)):
-                    comps.append(c)
-                    rows.append(headline_row(c, se=c.details["se"]))
-            done += 2
-        # the headline's first row: the trained gain at the largest L of the first case
-        gain_rows = [headline_row(c, se=c.details["se"]) for c, _, _ in gains]
-        if gain_rows:
-            first = max(range(len(gains)), key=lambda i: (gains[i][0].details["L"] if
-                                                         gains[i][0].details["tasks"] == list(configs[0][0].tasks)
-                                                         else -1))
-            gain_rows[first] = {**gain_rows[first], "name": "gain of trained full models"}
-            gain_rows.insert(0, gain_rows.pop(first))
-        progress("multi-head gain: done", 1.0)
-        doms = {f"tasks={list(b.tasks)} param={b.param}": domain(b) for b, _ in configs}
-        res = comparisons_result(
-            CLAIM_ID, TITLE, STATEMENT, comps, [_figure(points)],
-            {"profile": profile if isinstance(profile, str) else "custom", "seed": seed, "ran": ran,
-             "domain": {"conditions": domain(configs[0][0])["conditions"], "cases": doms},
-             "gain_undecided": undecided},
-            short_why=True, headline=gain_rows + rows)
-        res.details["findings"] = [
-            f"{c.name}: {c.details.get('status', c.details.get('status_multi'))}; measured {c.measured:.4g} against "
-            f"theory {c.predicted:.4g}; check: {c.details['boundary_check']} ({'holds' if c.agrees else 'FAILS'})"
-            for c in comps if "boundary_check" in c.details]
-        if not gains:
-            res.verdict = "error" if res.verdict == "pass" else res.verdict
-            res.details["undecided"] = ("no L had both trained runs inside the domain (converged, the m-head run "
-                                        "allocated): the gain of trained models is not decided here")
-        return res
 
-    return run_claim(CLAIM_ID, TITLE, STATEMENT, body)
+def resolve(p: MultiHeadGainProfile, problem: dict) -> MultiHeadGainProfile:
+    return replace(p, problem=tuple(sorted(problem.items())))
+
+
+def findings(result) -> list:
+    """The trained gain against theory's finite-L gain, and each boundary gain row."""
+    out = []
+    for c in result.details["comparisons"]:
+        if not c["name"].startswith("gain of trained"):
+            continue
+        d = c["details"]
+        kind = "holds" if "boundary_check" not in d and c["agrees"] else "stops"
+        text = ("At tasks {tasks}, L = {L}, sigma {sigma}, trained single-head over multi-head loss is {gain} against "
+                "theory's finite-L gain {theory} (the paper's round number H = {H})"
+                + ("; " + d["status_multi"].split(" (")[0] + ", check: " + d["boundary_check"]
+                   if "boundary_check" in d else "") + ".")
+        out.append(finding(result, kind, text, tasks=str(tuple(d["tasks"])), L=d["L"], sigma=d["sigma"],
+                           gain=(c["measured"], d["se"]), theory=c["predicted"], H=len(d["tasks"])))
+    for c in result.details["comparisons"]:
+        if c["name"].startswith("gain at large L"):
+            out.append(finding(result, "holds" if c["agrees"] else "stops",
+                               "At large L the exact reduced gain is {g} against rho_inf = {rho}, not H.",
+                               g=(c["measured"], c["details"]["se"]), rho=c["predicted"]))
+    return out
+
+
+SPEC = ClaimSpec(
+    id="multi-head-gain", title="Multi-head beats single-head H-fold",
+    statement=("Trained multi-head models (H = m) beat trained single heads by theory's finite-L gain, the exact "
+               "ratio of the one-head optimum to the allocated fixed point; the gain tends to theory's rho_inf as "
+               "L grows, which is below H at finite block size and rises towards H = m with r."),
+    profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings, reads_sweep=True)
+CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
+run = SPEC.run

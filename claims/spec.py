@@ -1,0 +1,228 @@
+"""A claim as a spec, and the one runner that does everything a claim shares.
+
+A claim module declares a :class:`ClaimSpec`: its id, statement and kind, its profiles (a
+frozen dataclass per profile name), how a researcher's ``problem`` is laid over a profile,
+its domain check, its cost estimate and its ``evaluate`` function: the experiment plan (which
+runs it asks of ``numerics.experiments``, which predictions of ``theory``) and its
+comparisons, returned as an :class:`Outcome`.  :func:`run_spec` does the rest for every claim:
+the profile and ``problem`` parsing (one parser; unknown or ignored fields refused), the sweep
+store and the run cache, progress, judging (``claims.base.judge``, once, with the outcome's
+``undecided`` reason), the findings from the claim's own template, and the one
+:class:`~claims.base.ClaimResult` constructor.  No verdict is changed after the judge.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from claims.base import (PROFILES, ClaimResult, Figure, Finding, FINDING_KINDS, HeadlineRow, Progress, judge,
+                         jsonable, no_progress, run_claim)
+
+PROBLEM_FIELDS = ("tasks", "heads", "L", "sigma", "param", "init_scale", "logit_scale", "basis", "dtype")
+"""The ProblemConfig fields a researcher may set for an audit (``reports.build --tasks ...``)."""
+
+
+def check_problem(problem: Optional[dict], device: str = "cpu", fields: tuple = PROBLEM_FIELDS) -> Optional[dict]:
+    """The one parser of a researcher's configuration: a dict of ProblemConfig fields, each
+    validated by ProblemConfig itself (missing tasks/heads/L are filled with placeholders only
+    for the validation).  Unknown fields, and fields the claim would ignore (not in
+    ``fields``), are refused with a ValueError naming them.  Returns a normalised copy."""
+    if problem is None:
+        return None
+    if not isinstance(problem, dict):
+        raise ValueError(f"problem must be a dict of ProblemConfig fields, got {type(problem).__name__}")
+    unknown = sorted(set(problem) - set(PROBLEM_FIELDS))
+    if unknown:
+        raise ValueError(f"problem has unknown field(s) {unknown}; known: {', '.join(PROBLEM_FIELDS)}")
+    ignored = sorted(set(problem) - set(fields))
+    if ignored:
+        raise ValueError(f"problem field(s) {ignored} would be ignored by this claim (it reads "
+                         f"{', '.join(fields)}); drop them or audit another claim")
+    out = dict(problem)
+    if "tasks" in out:
+        out["tasks"] = tuple(int(r) for r in out["tasks"])
+    from numerics.config import ProblemConfig  # torch only when a configuration is audited
+    probe = {"tasks": (1,), "heads": 1, "L": 2, **out, "device": device}
+    ProblemConfig.from_dict({k: (list(v) if k == "tasks" else v) for k, v in probe.items()})
+    return out
+
+
+@dataclass
+class Context:
+    """What ``evaluate`` gets: the resolved profile dataclass ``p`` (the researcher's problem
+    already laid over it when the spec knows how), its name, the raw ``problem`` (None for a
+    profile run), device, seed and a progress sink."""
+
+    p: Any
+    profile: str
+    problem: Optional[dict]
+    device: str = "cpu"
+    seed: int = 0
+    progress: Progress = no_progress
+
+
+@dataclass
+class Outcome:
+    """What a claim's ``evaluate`` returns: its comparisons (``claims.common.Comparison``), the
+    headline rows (dicts of :class:`~claims.base.HeadlineRow`; default one per comparison),
+    figures, details, and ``undecided`` (why the run could not decide the claim, or None)."""
+
+    comparisons: list
+    headline: Optional[list] = None
+    figures: list = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+    undecided: Optional[str] = None
+    theory: Optional[dict] = None
+    numerics: Optional[dict] = None
+    short_why: bool = False
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """One claim (or boundary) as data.  ``profiles``: {name: frozen dataclass};
+    ``evaluate(ctx) -> Outcome``: the plan and the comparisons; ``resolve(p, problem) -> p``:
+    the researcher's problem laid over a profile (None: problems are refused); ``fields``:
+    the problem fields it reads; ``cannot_run(problem) -> reason or None``: a configuration the
+    claim cannot build its experiment for, decided before any run; ``estimate(p) -> seconds``:
+    its cost from its own plan on 2 CPU cores; ``findings(result) -> [Finding]``: the
+    template of its sentences, from the result's own numbers; ``reads_sweep``: whether its
+    trained runs may come from a sweep store (``--from-sweep``)."""
+
+    id: str
+    title: str
+    statement: str
+    profiles: dict
+    evaluate: Callable[[Context], Outcome]
+    kind: str = "claim"
+    resolve: Optional[Callable[[Any, dict], Any]] = None
+    fields: tuple = PROBLEM_FIELDS
+    cannot_run: Optional[Callable[[dict], Optional[str]]] = None
+    estimate: Optional[Callable[[Any], float]] = None
+    findings: Optional[Callable[[ClaimResult], list]] = None
+    reads_sweep: bool = False
+
+    def profile(self, profile, problem: Optional[dict] = None):
+        """The profile dataclass for a name (or a dataclass given directly), problem laid over it."""
+        if isinstance(profile, str):
+            if profile not in PROFILES or profile not in self.profiles:
+                raise ValueError(f"profile must be one of {tuple(self.profiles)}, got {profile!r}")
+            p = self.profiles[profile]
+        else:
+            p = profile
+        if problem:
+            if self.resolve is None:
+                raise ValueError(f"{self.id} runs at its profiles' configurations only; drop the problem fields")
+            p = self.resolve(p, problem)
+        return p
+
+    def run(self, profile="quick", device="cpu", seed=0, progress: Progress = no_progress, sweep=None,
+            problem=None) -> ClaimResult:
+        return run_spec(self, profile, device, seed, progress, sweep, problem)
+
+
+def run_spec(spec: ClaimSpec, profile="quick", device="cpu", seed=0, progress: Progress = no_progress,
+             sweep=None, problem=None) -> ClaimResult:
+    """The one runner (module docstring)."""
+    from numerics import experiments  # torch only when a claim runs
+
+    def body() -> ClaimResult:
+        if sweep is not None and not spec.reads_sweep:
+            raise ValueError(f"{spec.id} reads no sweep (its runs are not trained models); run it without --from-sweep")
+        parsed = check_problem(problem, device, spec.fields)
+        if parsed and spec.cannot_run is not None:
+            reason = spec.cannot_run(parsed)
+            if reason:
+                raise ValueError(f"{spec.id} cannot run at this configuration: {reason}")
+        p = spec.profile(profile, parsed)
+        ctx = Context(p=p, profile=profile if isinstance(profile, str) else "custom", problem=parsed,
+                      device=device, seed=int(seed), progress=progress)
+        with experiments.store(sweep) as store:
+            out = spec.evaluate(ctx)
+            used = store.used if store is not None else None
+        progress(f"{spec.id}: done", 1.0)
+        details = {"profile": ctx.profile, "seed": ctx.seed, **out.details}
+        if used is not None:
+            details["sweep_runs"] = int(used)
+        if out.undecided:
+            details["undecided"] = out.undecided
+        result = build_result(spec, out, details)
+        if spec.findings is not None:
+            result.findings = [f for f in spec.findings(result) if f is not None]
+            for f in result.findings:
+                if f.kind not in FINDING_KINDS:
+                    raise ValueError(f"{spec.id}: finding kind {f.kind!r} is not one of {FINDING_KINDS}")
+        return result
+
+    return run_claim(spec.id, spec.title, spec.statement, body, kind=spec.kind)
+
+
+def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:
+    """The one constructor of a ClaimResult from an Outcome: the verdict from
+    :func:`claims.base.judge` (all comparisons agree, every perturbation rejected, nothing
+    undecided), theory/numerics/tolerance keyed by comparison name, the worst case and every
+    comparison's summary in ``details``."""
+    from claims.common import headline_row, worst
+    comps = out.comparisons
+    perts = [p for c in comps for p in c.perturbations]
+    whys = {c.why.split(" (")[0] if out.short_why else c.why for c in comps}
+    verdict = judge(all(c.agrees for c in comps), perts, spec.kind, out.undecided or (None if comps else
+                                                                                      "no comparison was made"))
+    return ClaimResult(
+        id=spec.id, title=spec.title, statement=spec.statement, verdict=verdict, kind=spec.kind,
+        theory=out.theory if out.theory is not None else {c.name: c.predicted for c in comps},
+        numerics=out.numerics if out.numerics is not None else {c.name: c.measured for c in comps},
+        tolerance={"value": {c.name: c.tolerance for c in comps}, "why": "; ".join(sorted(whys))},
+        details={**details, "worst": worst(comps), "comparisons": [c.summary() for c in comps]},
+        figures=out.figures, perturbations=perts,
+        headline=out.headline if out.headline is not None else [headline_row(c) for c in comps])
+
+
+# ---------------------------------------------------------------------------------------
+# findings: sentences from a result's own numbers
+# ---------------------------------------------------------------------------------------
+
+def fmt(x, se=None) -> str:
+    """A number for a sentence: 4 significant digits, '± se' (2 digits) when given."""
+    if x is None:
+        return "n/a"
+    if isinstance(x, (list, tuple)):
+        return "[" + ", ".join(fmt(v) for v in x) + "]"
+    if isinstance(x, str):
+        return x
+    x = float(x)
+    if not math.isfinite(x):
+        return str(x)
+    s = f"{x:.4g}"
+    return s if se is None or not math.isfinite(float(se)) else f"{s} ± {float(se):.2g}"
+
+
+def row_of(result: ClaimResult, prefix: str) -> Optional[dict]:
+    """The first headline row whose name starts with ``prefix`` (None if none)."""
+    for r in result.headline:
+        if isinstance(r, dict) and str(r.get("name", "")).startswith(prefix):
+            return r
+    return None
+
+
+def finding(result: ClaimResult, kind: str, template: str, **numbers) -> Finding:
+    """A Finding whose text is ``template.format(**formatted numbers)``: each number is a value
+    or a (value, se) pair; the sentence and ``numbers`` come from the same values."""
+    vals, text_vals = {}, {}
+    for k, v in numbers.items():
+        value, se = (v if isinstance(v, tuple) else (v, None))
+        vals[k] = {"value": jsonable(value), "se": jsonable(se)}
+        text_vals[k] = fmt(value, se)
+    return Finding(claim=result.id, kind=kind, text=template.format(**text_vals), numbers=vals)
+
+
+def verdict_word(result: ClaimResult) -> str:
+    return {"pass": "holds", "fail": "fails", "error": "is undecided", "located": "located",
+            "contradicted": "contradicted", "undecided": "undecided"}.get(result.verdict, result.verdict)
+
+
+def replace_fields(p, problem: dict, keys: tuple):
+    """``p`` with the problem's values for ``keys`` (the profile fields named like ProblemConfig's)."""
+    return dataclasses.replace(p, **{k: (tuple(problem[k]) if k == "tasks" else problem[k])
+                                     for k in keys if k in problem})

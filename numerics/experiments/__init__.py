@@ -1,0 +1,115 @@
+"""The experiment layer: what the claims measure, as runs identified by their full
+configuration and computed once per report.
+
+Every training run a claim needs is a function here (or in the module that owns the
+estimator), returning a frozen result type; claims call them and compare, they never loop.
+Three policies live here once:
+
+- **threads** (:func:`one_thread`): every run uses one torch CPU thread.  Why: on a shared
+  2-core machine the small batched matmuls of these runs ran ~12x slower with 2 threads than
+  with 1 (20.8 s against 1.7 s for (2, 2), L = 64: a descheduled thread stalls every parallel
+  region); parallelism comes from running several runs side by side (``tools.sweep``).
+- **the run cache** (:func:`cached`): a run is keyed by its full configuration (problem,
+  schedule, seeds, device) -- the identity the sweep uses -- and computed once per process, so
+  a run two claims need (claims 5 and 6 both train (2, 2), H = 2 at L = 32 and 64) is trained
+  once.  The cached values are frozen; callers that mutate must copy.
+- **the sweep store** (:func:`store`): inside ``with store(DIR)``, a run that a sweep
+  (``python -m tools.sweep``) has already stored in DIR is read from there instead of being
+  trained, and counted (``Store.used``).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from numerics.exact_reduced import one_thread
+
+__all__ = ["one_thread", "cached", "clear_cache", "store", "active_store", "identity", "Store"]
+
+_CACHE: dict[str, Any] = {}
+_STORE: Optional["Store"] = None
+
+
+def _canonical(obj):
+    import dataclasses
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _canonical(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): _canonical(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return _canonical(obj.tolist())
+    return obj
+
+
+def identity(kind: str, **parts) -> str:
+    """The canonical key of a run: its kind and every part of its configuration, as sorted
+    JSON (dataclasses and tuples normalised as lists)."""
+    return json.dumps({"kind": kind, **_canonical(parts)}, sort_keys=True)
+
+
+def cached(key: str, compute: Callable[[], Any]) -> Any:
+    """The value of ``key`` computed once per process (:func:`identity` gives the key)."""
+    if key not in _CACHE:
+        _CACHE[key] = compute()
+    return _CACHE[key]
+
+
+def clear_cache() -> None:
+    """Forget every cached run (tests that patch theory or numerics call this first)."""
+    _CACHE.clear()
+
+
+class Store:
+    """A sweep directory read as a store of finished runs: ``lookup(point)`` returns the stored
+    result of a point equal to ``point`` (compared after normalisation by ``normalise``), or
+    None; ``used`` counts the runs taken from it."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        points = self.path / "points"
+        if not points.is_dir():
+            raise FileNotFoundError(f"--from-sweep {str(path)!r} is not a sweep directory (no points/ inside); "
+                                    f"run `python -m tools.sweep GRID --out {path}` first")
+        self.records = []
+        for f in sorted(points.glob("*.json")):
+            if f.name.startswith(".") or not f.is_file():
+                continue
+            try:
+                rec = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("point"), dict) and rec.get("result") is not None \
+                    and not rec.get("error"):
+                self.records.append(rec)
+        self.used = 0
+
+    def lookup(self, point: dict, normalise: Callable[[dict], Any]) -> Optional[dict]:
+        want = normalise(point)
+        for rec in self.records:
+            try:
+                if normalise(rec["point"]) == want:
+                    self.used += 1
+                    return rec["result"]
+            except (KeyError, TypeError, ValueError):
+                continue
+        return None
+
+
+@contextlib.contextmanager
+def store(path):
+    """Within the block, runs are read from the sweep at ``path`` where stored (None: no store)."""
+    global _STORE
+    before = _STORE
+    _STORE = Store(path) if path is not None else None
+    try:
+        yield _STORE
+    finally:
+        _STORE = before
+
+
+def active_store() -> Optional[Store]:
+    return _STORE

@@ -1,0 +1,125 @@
+"""The one readout of allocation: which head serves each task in a trained model's (omega, mu),
+how much the other heads still carry, and what that makes the model.
+
+Two rules name a task's head, and each is argued once here:
+
+- the **serving head** (largest |mu[h, i]|): the head whose OV value carries task i's output;
+  used to say whether a trained model is *allocated* (every off-task |mu| small against the
+  serving one, distinct tasks on distinct heads) or a *superposition* (an off-task mu of the
+  opposite sign, a head cancelling the softmax's constant part, SPEC.md);
+- the **winning head** (largest mu[h, i] omega[h, i], signed): theory's ODE rule reads the
+  race in the same product (the warm-up growth rate of a head on a task is proportional to it,
+  theory.task_allocation), so a race's measured winner is read the same way, with its *mass
+  share* mu omega / sum_h |mu omega|.
+
+Thresholds (each decides which theory applies or whether a race has ended, never an agreement
+with a number):
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ALLOCATED_SHARE = 0.1
+"""A trained model is allocated when, for every task, each head but the serving one carries at
+most ALLOCATED_SHARE of the serving |mu| (and distinct tasks have distinct serving heads).
+Why 0.1: at the allocated fixed point the off-task mu are 0 and a converged run leaves them at
+the SGD-noise level (measured <= 0.01 at (2,2), L = 32..64); the run that left allocation
+(tasks (2,3), L = 32, sigma 0.5: off-task mu -0.38 against 1.34) was at ~0.3.  Under the
+factored metric an off-task mu decays only like 1/t (d mu/dt ~ -2|mu| dL/dmu with dL/dmu ~ mu),
+so at t = 20..40 it is still 4-9% of the served one at r = 1 (measured): 0.1, not less."""
+
+SUPERPOSED_SHARE = 0.2
+"""A head serves several tasks (a superposition) when its second-largest |mu| is at least 20%
+of its largest, and a task is served in signed superposition when heads of both signs carry at
+least 20% of its largest |mu|.  SPEC.md's merged run has shares 1.8/3.42 = 0.53 and its factored
+run ~0; the merged shares are 0.2-0.5 once the superposition has formed.  Also the share below
+which theory's flow has decided a race before a run (boundary-fewer-heads)."""
+
+WINNER_MASS_SHARE = 0.9
+"""A task is allocated to its winning head when that head carries at least 90% of
+sum_h |mu[h,i] omega[h,i]| (the initialisation boundaries' classification)."""
+
+RACE_DECIDED_SHARE = 2.0 / 3.0
+"""A race's winner counts as measured when the leading head carries at least 2/3 of
+sum_h |mu omega| at t_end (the loser's share only falls after the race is decided, slowly when
+one task is shared by two heads: at t_end = 40 the measured shares were either >= 0.92 or
+between 0.5 and 0.88 with the argmax fixed); below, the race has not ended."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The allocation readout of one (H, m) pair (omega, mu); see the module docstring."""
+
+    serving_head: tuple          # per task: argmax_h |mu[h, i]|
+    same_sign_share: float       # largest off-task |mu| / serving |mu| among same-sign values
+    opposite_sign_share: float   # ... among opposite-sign values (a superposition's mark)
+    distinct_heads: bool         # distinct tasks on distinct serving heads
+    winners: tuple               # per task: argmax_h mu[h, i] omega[h, i]
+    mass_share: tuple            # the winner's share of sum_h |mu omega|
+    head_share: tuple            # per head: second-largest |mu| over its largest (0: one task)
+    runner_up_share: tuple       # per task: runner-up |mu| over the largest
+    signed_superposed: tuple     # per task: heads of both signs carry >= SUPERPOSED_SHARE of it
+
+    @property
+    def allocated(self) -> bool:
+        return bool(max(self.same_sign_share, self.opposite_sign_share) <= ALLOCATED_SHARE and self.distinct_heads)
+
+    @property
+    def superposition(self) -> bool:
+        """Left allocation for a signed superposition: an opposite-sign off-task value at least
+        SUPERPOSED_SHARE of the serving one."""
+        return bool(self.opposite_sign_share >= SUPERPOSED_SHARE)
+
+    @property
+    def race_decided(self) -> bool:
+        return bool(min(self.mass_share) >= RACE_DECIDED_SHARE) if self.mass_share else True
+
+    @property
+    def mass_allocated(self) -> bool:
+        return bool(min(self.mass_share) >= WINNER_MASS_SHARE) if self.mass_share else True
+
+    def to_dict(self) -> dict:
+        return {"serving_head": list(self.serving_head), "same_sign_share": self.same_sign_share,
+                "opposite_sign_share": self.opposite_sign_share, "distinct_heads": self.distinct_heads,
+                "allocated": self.allocated, "superposition": self.superposition, "winners": list(self.winners),
+                "mass_share": list(self.mass_share), "head_share": list(self.head_share),
+                "runner_up_share": list(self.runner_up_share), "signed_superposed": list(self.signed_superposed)}
+
+
+def _second_over_first(values) -> float:
+    a = np.sort(np.abs(np.asarray(values, float)))
+    return float(a[-2] / a[-1]) if a.size > 1 and a[-1] > 0 else 0.0
+
+
+def allocation(omega, mu) -> Allocation:
+    """The readout of (omega, mu) (each H x m; omega may be None when only mu is known: then
+    the winners and mass shares use |omega| = 1)."""
+    mu = np.asarray(mu, float)
+    omega = np.ones_like(mu) if omega is None else np.asarray(omega, float)
+    serving = np.abs(mu).argmax(axis=0)
+    same, opposite = 0.0, 0.0
+    for i, h in enumerate(serving):
+        ref = mu[h, i]
+        for k in range(mu.shape[0]):
+            if k == h or ref == 0:
+                continue
+            share = abs(mu[k, i] / ref)
+            if mu[k, i] * ref >= 0:
+                same = max(same, share)
+            else:
+                opposite = max(opposite, share)
+    B = mu * omega
+    win = np.argmax(B, axis=0)
+    tot = np.abs(B).sum(axis=0)
+    mass = [float(B[w, i] / tot[i]) if tot[i] > 0 else 0.0 for i, w in enumerate(win)]
+    top = np.abs(mu).max(axis=0)
+    signed = [bool(np.any(mu[:, i] > SUPERPOSED_SHARE * top[i]) and np.any(mu[:, i] < -SUPERPOSED_SHARE * top[i]))
+              for i in range(mu.shape[1])]
+    return Allocation(serving_head=tuple(int(h) for h in serving), same_sign_share=float(same),
+                      opposite_sign_share=float(opposite), distinct_heads=len(set(serving.tolist())) == mu.shape[1],
+                      winners=tuple(int(h) for h in win), mass_share=tuple(mass),
+                      head_share=tuple(_second_over_first(row) for row in mu),
+                      runner_up_share=tuple(_second_over_first(mu[:, i]) for i in range(mu.shape[1])),
+                      signed_superposed=tuple(signed))
