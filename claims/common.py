@@ -96,6 +96,8 @@ class Comparison:
             "why": self.why,
             "agrees": self.agrees,
             "margin": self.margin,
+            "side": self.side,
+            "config": self.config,
             "perturbations": [{"description": p.description, "rejected": p.rejected, **p.details}
                               for p in self.perturbations],
             "details": self.details,

@@ -269,29 +269,28 @@ def resolve(p: LimitingErrorProfile, problem: dict) -> LimitingErrorProfile:
 
 
 def findings(result) -> list:
-    """One sentence per trained run class: in-domain agreement, and each boundary row."""
+    """One sentence per trained run (in-domain agreement, or the boundary it reached) and the
+    limit row."""
     out = []
     for c in result.details["comparisons"]:
-        if "run" not in c["details"]:
+        d = c["details"]
+        if "run" not in d:
             continue
-        run, st = c["details"]["run"], c["details"]["status"]
-        if st == "inside":
-            out.append(finding(result, "holds", "At tasks {config}, the trained model's held-out loss {loss} agrees with "
-                               "theory's exact finite-L fixed point {theory} (tolerance {tol}).",
-                               config=str(tuple(run["config"]["tasks"])) + f" L={run['config']['L']}",
-                               loss=(run["loss"], run["se"]), theory=c["predicted"], tol=c["tolerance"]))
+        if d["status"] == "inside":
+            out.append(finding(result, "holds", "At {config}, the trained model's held-out loss {loss} agrees with "
+                               "theory's exact finite-L fixed point {theory} (tolerance {tol}).", config=c["config"],
+                               loss=(c["measured"], d["run"]["se"]), theory=c["predicted"], tol=c["tolerance"]))
         else:
-            out.append(finding(result, "stops", "At tasks {config}, sigma {sigma}, the trained model is "
-                               + st.split(" (")[0] + ": held-out loss {loss} against theory's allocated fixed point "
-                               "{theory} (check: " + c["details"]["boundary_check"] + ").",
-                               config=str(tuple(run["config"]["tasks"])) + f" L={run['config']['L']}",
-                               sigma=run["config"]["sigma"], loss=(run["loss"], run["se"]),
-                               theory=c["details"]["prediction"]["loss"]))
-    lim = [c for c in result.details["comparisons"] if c["name"].startswith("L * loss")]
-    for c in lim:
-        out.append(finding(result, "holds" if c["agrees"] else "stops",
-                           "L x (exact reduced allocated minimum) at large L is {m} against Lambda = {lam} "
-                           "(tolerance {tol}).", m=c["measured"], lam=c["predicted"], tol=c["tolerance"]))
+            out.append(finding(result, "stops", "At {config}, the trained model is " + d["status"].split(" (")[0]
+                               + ": held-out loss {loss} against theory's allocated fixed point {theory} (check: "
+                               + d["boundary_check"] + ").", config=c["config"], loss=(c["measured"], d["run"]["se"]),
+                               theory=d["prediction"]["loss"]))
+    for c in result.details["comparisons"]:
+        if c["name"].startswith("L * loss"):
+            out.append(finding(result, "holds" if c["agrees"] else "stops",
+                               "L x (exact reduced allocated minimum) at L = {L} is {m} against Lambda = {lam} "
+                               "(tolerance {tol}).", L=c["name"].split("L=")[-1], m=c["measured"],
+                               lam=c["predicted"], tol=c["tolerance"]))
     return out
 
 

@@ -51,7 +51,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, paired_ratio, headline_row, perturbation
+from claims.common import Z_SE, Comparison, config_label, paired_ratio, headline_row, perturbation
 from claims.spec import ClaimSpec, Outcome, finding
 from claims.trained import check_trained_loss, run_status
 from numerics import exact_reduced
@@ -126,7 +126,7 @@ def check_trained_gain(cfg: ProblemConfig, multi: dict, single: dict, theory_gai
     tol = Z_SE * se + R * (single["step_error"] / single["loss"] + multi["step_error"] / multi["loss"]) + quad
     m = cfg.m
     return Comparison(
-        name=name, measured=R, predicted=g, error=abs(R - g), tolerance=tol,
+        name=name, measured=R, predicted=g, error=abs(R - g), tolerance=tol, config=config_label(cfg),
         why=f"{Z_SE:g} standard errors of the ratio ({se:.3g}, delta method on the two held-out losses) plus the runs' "
             "relative step errors and the quadrature bounds",
         perturbations=[perturbation(f"gain exactly H = {m}", abs(R - m), tol, predicted=m),
@@ -158,7 +158,8 @@ def check_gain_pair(cfg: ProblemConfig, multi: dict, single: dict, theory_gain: 
     if cfg.m == 1:
         return Comparison(name=f"{name} [boundary: one task]", measured=R, predicted=1.0, error=abs(R - 1.0),
                           tolerance=tol, why="boundary finding (m = 1: the m-head and one-head models coincide); "
-                          "check: ratio 1; " + c.why, details={**details, "boundary_check": "ratio 1"})
+                          "check: ratio 1; " + c.why, details={**details, "boundary_check": "ratio 1"},
+                          config=c.config)
     sides = set()
     if st_m != "inside":
         sides.add(0 if st_m.startswith("outside") else -sign_m)   # multi below (-1) -> ratio up (+1)
@@ -173,7 +174,8 @@ def check_gain_pair(cfg: ProblemConfig, multi: dict, single: dict, theory_gain: 
     tag = ("m-head run " + st_m if st_m != "inside" else "one-head run " + st_s).split(" (")[0].split(":")[0]
     return Comparison(name=f"{name} [boundary: {tag}]", measured=R, predicted=g, error=err, tolerance=tol,
                       why=f"boundary finding (m-head run: {st_m}; one-head run: {st_s}); check: {bound}; " + c.why,
-                      details={**details, "boundary_check": bound})
+                      details={**details, "boundary_check": bound}, config=c.config,
+                      side="not below" if up else "not above")
 
 
 def _reduced_gain(tasks, sigma, L, elements, fit_elements, seed, device):

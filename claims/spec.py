@@ -126,6 +126,8 @@ def run_spec(spec: ClaimSpec, profile="quick", device="cpu", seed=0, progress: P
              sweep=None, problem=None) -> ClaimResult:
     """The one runner (module docstring)."""
     from numerics import experiments  # torch only when a claim runs
+    if isinstance(profile, str):
+        spec.profile(profile)    # an unknown profile name is a bad argument, raised at once
 
     def body() -> ClaimResult:
         if sweep is not None and not spec.reads_sweep:

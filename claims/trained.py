@@ -45,7 +45,7 @@ def run_status(cfg, run, inside: dict, outside_sides: bool = False) -> tuple[str
             if sign == 0:
                 status += "; not converged (held-out loss still falling): no side of the fixed point"
         return status, sign
-    om = float(np.max(np.abs(run["omega"])))
+    om = float(np.max(np.abs(run["omega"]))) if run.get("omega") is not None else 0.0
     if om > SATURATED_OMEGA:
         return (f"saturated (largest |omega| {om:.2f} > {SATURATED_OMEGA:g}: the softmax's saturation regime, "
                 "not a point of theory's account)"), (+1 if cfg.heads < cfg.m else 0)

@@ -63,3 +63,17 @@ def device(request) -> str:
         if not torch.cuda.is_available():
             pytest.skip("--device cuda given but no CUDA device is available")
     return dev
+
+
+@pytest.fixture(autouse=True)
+def _fresh_run_cache():
+    """Each test starts with an empty run cache (numerics.experiments): a run cached by one test
+    would otherwise hide a mutant patched into numerics by the next (the mutation suite)."""
+    try:
+        from numerics import experiments
+    except ImportError:   # torch missing: the tests that need it skip on their own
+        yield
+        return
+    experiments.clear_cache()
+    yield
+    experiments.clear_cache()

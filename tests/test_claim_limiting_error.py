@@ -16,7 +16,8 @@ import pytest
 from hypothesis import Phase, given, note, settings, strategies as st
 
 from claims import limiting_error as claim
-from claims.common import Comparison, TrainingSchedule, converged_loss, perturbation
+from claims.common import Comparison, perturbation
+from numerics.experiments.converged import TrainingSchedule, converged_run
 from numerics.config import ProblemConfig
 from numerics.model import TrainingDiverged
 
@@ -40,12 +41,12 @@ def problems(draw, Ls):
 def _decide(device, problem, seed, in_hypothesis=True):
     cfg = ProblemConfig(device=device, **problem)
     try:
-        run = converged_loss(cfg, TEST_SCHEDULE, seed)
+        run = converged_run(cfg, TEST_SCHEDULE, seed)
     except TrainingDiverged as e:   # no converged loss: the draw is undecided, and says why
         print(f"[claim 5] tasks={list(cfg.tasks)} H={cfg.heads} L={cfg.L}: undecided: {e}")
         assert "diverged" in str(e)
         return None
-    c = claim.check_trained_loss(cfg, run, claim.fixed_point_loss(cfg.tasks, cfg.L, cfg.sigma))
+    c = claim.check_trained(cfg, run, claim.fixed_point_loss(cfg.tasks, cfg.L, cfg.sigma))
     if in_hypothesis:
         note(c.explain())
     status = c.details["status"]
@@ -98,7 +99,7 @@ def test_tiny_run_passes():
     assert any(n.startswith("L * loss -> Lambda") for n in names), names
     assert res.details["domain"]["conditions"] and res.details["ran"]
     for row in res.headline:
-        assert set(row) == {"name", "theory", "measured", "se", "tolerance", "agrees"}, row
+        assert set(row) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config"}, row
 
 
 def test_undecided_run_is_an_error_not_a_pass(monkeypatch):
@@ -116,7 +117,7 @@ def test_undecided_run_is_an_error_not_a_pass(monkeypatch):
                               perturbations=[perturbation("x1.1", 0.1, 0.01)],
                               details={"minimum": {"se": 0.001, "L_times_se": 0.001}})
         return check
-    monkeypatch.setattr(mod, "converged_loss", unconverged)
+    monkeypatch.setattr(mod, "converged_run", unconverged)
     monkeypatch.setattr(mod, "check_bridge", agreeing("exact reduced minimum (bridge)"))
     monkeypatch.setattr(mod, "check_limit", agreeing("L * loss -> Lambda"))
     prof = claim.LimitingErrorProfile(train_Ls=(32, 64), schedule=TEST_SCHEDULE)

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import Phase, given, note, settings, strategies as st
 
 from claims import multi_head_gain as claim
-from claims.common import Comparison, TrainingSchedule, converged_loss
+from claims.common import Comparison
+from numerics.experiments.converged import TrainingSchedule, converged_run
 from numerics.config import ProblemConfig
 from numerics.model import TrainingDiverged
 from theory import exact as exact_theory
@@ -46,13 +47,13 @@ def _decide(device, problem, seed):
         cfg = ProblemConfig(device=device, heads=heads, **problem)
         # the same prompt stream for both (the same seed); with m = 1 they are the same model: trained once
         try:
-            run = runs[1][0] if heads in runs else converged_loss(cfg, TEST_SCHEDULE, seed)
+            run = runs[1][0] if heads in runs else converged_run(cfg, TEST_SCHEDULE, seed)
         except TrainingDiverged as e:   # no converged loss: the draw is undecided, and says why
             print(f"[claim 6] tasks={list(cfg.tasks)} H={heads} L={cfg.L}: undecided: {e}")
             assert "diverged" in str(e)
             return None
         status = claim.run_status(cfg, run, inside)
-        c = claim.check_trained_loss(cfg, run, pred, label, status)
+        c = claim.check_trained(cfg, run, pred, label, status)
         note(c.explain())
         print(f"[claim 6] {c.name}: {status[0]}: error {c.error:.4g} / tolerance {c.tolerance:.4g}")
         assert c.agrees, c.explain()
@@ -100,7 +101,7 @@ def test_tiny_run_passes():
     assert row["agrees"] and 1 < row["measured"] < 2 and row["se"] > 0, row
     assert res.details["domain"]["conditions"] and res.details["ran"]
     for row in res.headline:
-        assert set(row) == {"name", "theory", "measured", "se", "tolerance", "agrees"}, row
+        assert set(row) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config"}, row
 
 
 def _fake_run(loss, converged=True, opposite=0.0):
@@ -142,7 +143,7 @@ def test_undecided_run_is_an_error_not_a_pass(monkeypatch):
             return Comparison(name=name, measured=1.5, predicted=1.5, error=0.0, tolerance=0.01, why="fake",
                               perturbations=[claim.perturbation("H", 0.5, 0.01)], details={"se": 0.001})
         return check
-    monkeypatch.setattr(mod, "converged_loss", lambda cfg, schedule, seed=0: _fake_run(2.0, converged=False))
+    monkeypatch.setattr(mod, "converged_run", lambda cfg, schedule, seed=0: _fake_run(2.0, converged=False))
     monkeypatch.setattr(mod, "check_bridge_gain", agreeing("gain of exact reduced minima (bridge)"))
     monkeypatch.setattr(mod, "check_gain_limit", agreeing("gain at large L -> rho_inf"))
     res = claim.run(claim.MultiHeadGainProfile(train_Ls=(64,), schedule=TEST_SCHEDULE))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from claims import limiting_error as claim
-from claims.common import TrainingSchedule
+from numerics.experiments.converged import TrainingSchedule
 from numerics import data as numerics_data
 from theory import exact as exact_theory
 from theory import limiting_error as limit_theory

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from claims import multi_head_gain as claim
-from claims.common import TrainingSchedule
+from numerics.experiments.converged import TrainingSchedule
 from theory import exact as exact_theory
 from theory import limiting_error as limit_theory
 from mutation import assert_caught, assert_control_passes
