@@ -4,6 +4,8 @@
   off (training runs take seconds), the reproduction blob printed on failure.
 - ``--thorough`` (or ``HYPOTHESIS_PROFILE=thorough``): the ``thorough`` Hypothesis profile
   (more examples) and the tests marked ``@pytest.mark.thorough`` (larger L and d).
+- ``--e2e``: the end-to-end pipelines (tests marked ``@pytest.mark.e2e``: a sweep of trained
+  runs, then the report built from it); ``.ci/run`` runs them as their own step.
 - ``--device cuda`` (or ``ICL_DEVICE=cuda``): the device the claim tests train on.
 - ``--mutants``: the mutation suite (tests marked ``@pytest.mark.mutants``): wrong theories and
   numerics applied by monkeypatching, each of which the claim that owns it must reject. It
@@ -34,6 +36,8 @@ def pytest_addoption(parser):
                      help="run the heavier claim checks and the 'thorough' Hypothesis profile")
     parser.addoption("--mutants", action="store_true", default=False,
                      help="run the mutation suite (tests marked 'mutants'): each wrong theory must be rejected")
+    parser.addoption("--e2e", action="store_true", default=False,
+                     help="run the end-to-end pipelines (tests marked 'e2e': sweep -> report); .ci/run's own step")
     parser.addoption("--device", action="store", default=os.environ.get("ICL_DEVICE", "cpu"),
                      help="device for the claim tests: cpu or cuda (default: $ICL_DEVICE or cpu)")
 
@@ -52,6 +56,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_thorough)
         if "mutants" in item.keywords and not config.getoption("--mutants"):
             item.add_marker(skip_mutants)
+        if "e2e" in item.keywords and not config.getoption("--e2e"):
+            item.add_marker(pytest.mark.skip(reason="end-to-end pipeline: run with --e2e -m e2e"))
 
 
 @pytest.fixture(scope="session")

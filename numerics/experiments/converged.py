@@ -109,6 +109,28 @@ class ConvergedRun:
         return asdict(self)
 
 
+def check_schedule(fields: dict, L: int = 1) -> TrainingSchedule:
+    """A sweep point's [train] section of a converged run (TrainingSchedule fields and
+    ``seed``) validated before any point runs: both phases must be valid TrainConfigs (positive
+    finite step and time, a sane step count), the token counts positive integers."""
+    fields = dict(fields)
+    seed = fields.pop("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise ValueError(f"grid: train.seed must be an integer in [0, 2^63), got {seed!r}")
+    sch = TrainingSchedule(**fields)
+    for name in ("tokens", "polish_tokens", "held_out_tokens", "held_out_min", "min_batch"):
+        v = getattr(sch, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"grid: train.{name} must be a positive integer, got {v!r}")
+    for lr, t, tokens, what in ((sch.lr, sch.time, sch.tokens, "lr/time"),
+                                (sch.polish_lr, sch.polish_time, sch.polish_tokens, "polish_lr/polish_time")):
+        try:
+            TrainConfig(lr=lr, time=t, batch=sch.batch(L, tokens), seed=seed)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"grid: train.{what}: {exc}") from None
+    return sch
+
+
 def converged_point(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int) -> dict:
     """The sweep point of this run (``tools.sweep``, ``model = "converged"``): its identity."""
     return {"model": "converged", "problem": cfg.to_dict(), "train": {**asdict(schedule), "seed": int(seed)}}

@@ -20,7 +20,7 @@ import torch
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig, train, train_reduced
 from tools.sweep.grid import MODELS
-from tools.sweep.identity import PointFn, code_version
+from tools.sweep.identity import DEFAULT_POINT_FN_NAMES, PointFn, code_version
 
 
 def train_point(point: dict) -> dict:
@@ -32,6 +32,9 @@ def train_point(point: dict) -> dict:
     torch.set_num_threads(1)
     if point.get("model") not in MODELS:
         raise ValueError(f"point model must be one of {MODELS}, got {point.get('model')!r}")
+    if point["model"] == "converged":     # a claim's trained run: explore, polish, held-out loss
+        from numerics.experiments.converged import run_point
+        return run_point(point)
     cfg = ProblemConfig.from_dict(point["problem"])
     tcfg = TrainConfig(**point["train"], progress=False, checkpoint=None)
     run = train if point["model"] == "full" else train_reduced
@@ -41,7 +44,7 @@ def train_point(point: dict) -> dict:
 def resolve_point_fn(fn: Union[None, str, PointFn]) -> PointFn:
     """``None`` -> :func:`train_point`; ``"module:function"`` -> that function; a callable
     as is (for a process pool or Dask it must be importable: a module-level function)."""
-    if fn is None:
+    if fn is None or fn in DEFAULT_POINT_FN_NAMES:     # the default under each of its names (ids survive)
         return train_point
     if callable(fn):
         return fn

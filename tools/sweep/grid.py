@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -24,13 +25,24 @@ except ModuleNotFoundError:  # Python 3.10: the backport named in pyproject.toml
     import tomli as tomllib
 
 from numerics.config import ProblemConfig
-from numerics.train import TrainConfig
+from numerics.train import MAX_STEPS, TrainConfig
+from theory._validate import MAX_INPUT_BYTES, SEED_MAX, check_input_file, read_input_bytes
 
-MODELS = ("full", "reduced")
+MODELS = ("full", "reduced", "converged")
+"""``full``/``reduced``: one ``numerics.train`` run (its [train] section holds TrainConfig fields);
+``converged``: a full model trained to its converged loss the way claims 5 and 6 do
+(``numerics.experiments.converged``: explore, polish, held-out loss; its [train] section holds
+TrainingSchedule fields and ``seed``), so a report built with ``--from-sweep`` takes these runs
+instead of training them."""
 GRID_SECTIONS = ("description", "model", "problem", "train", "cross", "zip")
 # TrainConfig fields the sweep owns: its own progress bar replaces the per-run one, and a
 # point's checkpoint would be a path outside the content hash.
 SWEEP_MANAGED_TRAIN_FIELDS = ("progress", "checkpoint")
+MAX_GRID_POINTS = 100_000
+"""The most points a grid may expand to, counted arithmetically before any point is built (a
+grid of 10^9 points would otherwise fill the memory, even with --dry-run)."""
+MAX_GRID_BYTES = MAX_INPUT_BYTES
+"""A grid file is a few hundred bytes; the limit (16 MiB) refuses a wrong file before parsing it."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +64,14 @@ def _dataclass_fields(cls) -> dict[str, _Field]:
     return out
 
 
-def config_fields() -> tuple[dict[str, _Field], dict[str, _Field]]:
+def config_fields(model: str = "full") -> tuple[dict[str, _Field], dict[str, _Field]]:
     """The fields (default, annotation) of ``ProblemConfig`` and of ``TrainConfig``, less the
-    training fields the sweep manages itself (progress bar, checkpoint path)."""
+    training fields the sweep manages itself (progress bar, checkpoint path); for
+    ``model = "converged"`` the [train] fields are TrainingSchedule's and ``seed``."""
     problem = _dataclass_fields(ProblemConfig)
+    if model == "converged":
+        from numerics.experiments.converged import TrainingSchedule
+        return problem, {**_dataclass_fields(TrainingSchedule), "seed": _Field(0, "int")}
     train = {k: v for k, v in _dataclass_fields(TrainConfig).items() if k not in SWEEP_MANAGED_TRAIN_FIELDS}
     return problem, train
 
@@ -144,7 +160,7 @@ def expand_grid(spec: dict) -> list[dict]:
     unknown = sorted(set(spec) - set(GRID_SECTIONS))
     if unknown:
         raise ValueError(f"grid: unknown top-level key(s) {unknown}; allowed: {', '.join(GRID_SECTIONS)}")
-    problem_fields, train_fields = config_fields()
+    problem_fields, train_fields = config_fields(spec.get("model", "full"))
 
     fixed_problem = spec.get("problem", {})
     fixed_train = spec.get("train", {})
@@ -201,6 +217,12 @@ def expand_grid(spec: dict) -> list[dict]:
             raise ValueError(f"grid: {where} repeats a row: {rows}")
         factors.append(([t for t, _ in entries], rows))
 
+    size = math.prod(len(values) for _, values in factors)       # counted before anything is built
+    if size > MAX_GRID_POINTS:
+        shape = " x ".join(f"{len(values)} ({'/'.join(t[1] for t in targets)})" for targets, values in factors)
+        raise ValueError(f"grid: {shape} = {size:,} points, more than the limit of {MAX_GRID_POINTS:,} (a sweep "
+                         "of more is weeks of compute even at seconds a point, and its list of points alone takes "
+                         "gigabytes); split the grid or shorten its ranges")
     points = []
     for combo in itertools.product(*[values for _, values in factors]):
         model, problem, train = fixed_model, dict(fixed_problem), dict(fixed_train)
@@ -214,10 +236,31 @@ def expand_grid(spec: dict) -> list[dict]:
                     train[name] = value
         if model not in MODELS:
             raise ValueError(f"grid: model must be one of {MODELS}, got {model!r}")
+        if (model == "converged") != (fixed_model == "converged"):
+            raise ValueError("grid: model 'converged' takes TrainingSchedule fields in [train]; it cannot be swept "
+                             "together with 'full'/'reduced' (write two grids)")
+        filled = _fill(train, train_fields, "train")
+        if model == "converged":
+            from numerics.experiments.converged import check_schedule
+            check_schedule(filled, int(problem.get("L", 1)) if isinstance(problem.get("L"), int) else 1)
+        else:
+            _check_steps(filled)
         points.append({"model": model,
                        "problem": _fill(problem, problem_fields, "problem"),
-                       "train": _fill(train, train_fields, "train")})
+                       "train": filled})
     return points
+
+
+def _check_steps(train: dict) -> None:
+    """Refuse a point whose step count round(time / lr) is absurd (time 1e18, lr 1e-300):
+    structural like a NaN, since no such run could end; TrainConfig's limit, named here with
+    the grid's fields."""
+    time_, lr = train.get("time"), train.get("lr")
+    if isinstance(time_, (int, float)) and isinstance(lr, (int, float)) and not isinstance(time_, bool) \
+            and not isinstance(lr, bool) and lr > 0 and time_ > 0 and not time_ / lr <= MAX_STEPS:
+        raise ValueError(f"grid: train.time / train.lr = {time_:g} / {lr:g} = {time_ / lr:.3g} steps, more than the "
+                         f"trainer's limit of {MAX_STEPS:,} steps (numerics.train.MAX_STEPS); raise train.lr or "
+                         "lower train.time")
 
 
 def _fill(given: dict, fields_: dict[str, _Field], section: str) -> dict:
@@ -225,12 +268,21 @@ def _fill(given: dict, fields_: dict[str, _Field], section: str) -> dict:
     for name, f in fields_.items():
         if name in given:
             _check_finite(f"{section}.{name}", given[name])
+            if name.endswith("seed"):
+                _check_seed(f"{section}.{name}", given[name])
             out[name] = canonical(given[name], f.type)
         elif f.default is dataclasses.MISSING:
             raise ValueError(f"grid: every point needs {section}.{name}; give it in [{section}] or as a range in [cross]")
         else:
             out[name] = canonical(f.default, f.type)
     return out
+
+
+def _check_seed(label: str, value: Any) -> None:
+    """Seeds are integers in 0 .. 2^64 - 1 (theory._validate.SEED_MAX): refused up front, as
+    the command lines' --seed, rather than as a failed point."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        raise ValueError(f"grid: {label} = {value!r} is not a seed: seeds are integers in 0 .. 2^64 - 1")
 
 
 def _check_finite(label: str, value: Any) -> None:
@@ -264,15 +316,15 @@ def load_grid(path: Union[str, Path]) -> tuple[dict, str]:
     if path.is_dir():
         raise ValueError(f"grid file {str(path)!r} is a directory; pass the grid TOML file itself "
                          "(see examples/grid.toml for the format)")
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"grid file {str(path)!r} does not exist (see examples/grid.toml for the format)")
+    check_input_file(path, "grid file", max_bytes=MAX_GRID_BYTES)   # a FIFO or a huge file: refused unread
+    data = read_input_bytes(path, "grid file", max_bytes=MAX_GRID_BYTES)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"grid file {str(path)!r} is not a text file (it is not UTF-8: a binary file?); pass "
                          "the grid TOML file (see examples/grid.toml for the format)") from None
-    except OSError as exc:
-        raise ValueError(f"grid file {str(path)!r} cannot be read ({exc.strerror}); check its permissions") from None
     try:
         spec = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
