@@ -28,15 +28,15 @@ REGISTRY: dict[str, str] = {
     "multi-head-gain": "claims.multi_head_gain:SPEC",
     "optimality": "claims.optimality:SPEC",
     "boundary-merged-superposition": "claims.boundaries:MERGED_SPEC",
-    "boundary-saturation": "claims.boundaries:SATURATION_SPEC",
-    "boundary-small-L": "claims.boundaries:SMALL_L_SPEC",
+    "boundary-saturation": "claims.expansion_limits:SATURATION_SPEC",
+    "boundary-small-L": "claims.expansion_limits:SMALL_L_SPEC",
     "boundary-fewer-heads": "claims.boundaries:FEWER_SPEC",
     "boundary-initialisation": "claims.initialisation:INIT_SPEC",
     "boundary-allocation-race": "claims.initialisation:RACE_SPEC",
 }
 
 
-def spec(claim_id: str):
+def spec_of(claim_id: str):
     """The ClaimSpec of one claim id (KeyError naming the known ids)."""
     if claim_id not in REGISTRY:
         raise KeyError(f"unknown claim id {claim_id!r}; known: {', '.join(REGISTRY)}")
@@ -46,7 +46,7 @@ def spec(claim_id: str):
 
 def claim_runner(claim_id: str) -> Callable[..., ClaimResult]:
     """The ``run`` function of one claim id."""
-    return spec(claim_id).run
+    return spec_of(claim_id).run
 
 
 def check_problem(problem: Optional[dict], device: str = "cpu") -> Optional[dict]:
@@ -58,7 +58,7 @@ def check_problem(problem: Optional[dict], device: str = "cpu") -> Optional[dict
 def cannot_run(claim_id: str, problem: Optional[dict]) -> Optional[str]:
     """Why ``claim_id`` cannot build its experiment at ``problem`` (None: it can), decided
     before any run: a problem field it would ignore, or the claim's own ``cannot_run``."""
-    s = spec(claim_id)
+    s = spec_of(claim_id)
     if not problem:
         return None
     ignored = sorted(set(problem) - set(s.fields))
@@ -71,12 +71,12 @@ def cannot_run(claim_id: str, problem: Optional[dict]) -> Optional[str]:
 
 def reads_sweep(claim_id: str) -> bool:
     """Whether the claim takes trained runs from a sweep store (``--from-sweep``)."""
-    return bool(spec(claim_id).reads_sweep)
+    return bool(spec_of(claim_id).reads_sweep)
 
 
 def estimate_seconds(claim_id: str, profile: str, problem: Optional[dict] = None) -> Optional[float]:
     """The claim's own estimate of its wall time on 2 CPU cores (None: it gives none)."""
-    s = spec(claim_id)
+    s = spec_of(claim_id)
     if s.estimate is None:
         return None
     return float(s.estimate(s.profile(profile, problem)))

@@ -196,6 +196,8 @@ def fmt(x, se=None) -> str:
     x = float(x)
     if not math.isfinite(x):
         return str(x)
+    if x.is_integer() and abs(x) < 1e9 and se is None:
+        return str(int(x))
     s = f"{x:.4g}"
     return s if se is None or not math.isfinite(float(se)) else f"{s} ± {float(se):.2g}"
 

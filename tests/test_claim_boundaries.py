@@ -1,4 +1,4 @@
-"""Boundaries of the paper's assumptions (claims/boundaries.py), on drawn configurations.
+"""Boundaries of the paper's assumptions (claims/boundaries.py, claims/expansion_limits.py), on drawn configurations.
 
 Draws cover m in 1..3, block sizes r in 1..4 (mixed), H in 1..m+1, L in 16..512, sigma in
 {0, 0.5}.  A draw inside a boundary's domain must agree with theory's account of that regime
@@ -12,6 +12,7 @@ import pytest
 from hypothesis import Phase, example, given, note, settings, strategies as st
 
 from claims import boundaries as claim
+from claims import expansion_limits as limits
 from claims.common import Z_SE
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig
@@ -30,7 +31,7 @@ def test_expansion_coefficient(tasks, sigma):
     local exponent is nearer -2 than -1 and the wrong-coefficient exponent -1 is rejected;
     outside (r = 1, 2) the exponents steepen below -1 and flattening is rejected."""
     for r in sorted(set(tasks)):
-        c = claim.check_expansion_coefficient(r, (4096, 16384, 65536), sigma)
+        c = limits.check_expansion_coefficient(r, (4096, 16384, 65536), sigma)
         note(c.explain())
         print(f"[boundary small L] r={r} sigma={sigma}: exponents {c.details['local_exponents']} "
               f"(in O(L^-2) domain: {c.details['in_domain']})")
@@ -43,7 +44,7 @@ def test_expansion_coefficient(tasks, sigma):
 def test_monte_carlo_measures_the_exact_loss(r, L, sigma, seed):
     """numerics' Rao-Blackwellised Monte Carlo agrees with theory.exact at theory's allocated
     point; where it resolves the expansion's gap (|gap| >= 2 Z_SE se) it rejects the expansion."""
-    c = claim.check_measured_exact_loss(r, (L,), sigma, mc_elements=2 ** 19, seed=seed)
+    c = limits.check_measured_exact_loss(r, (L,), sigma, mc_elements=2 ** 19, seed=seed)
     note(c.explain())
     row = c.details["rows"][0]
     assert c.agrees, c.explain()
@@ -56,7 +57,7 @@ def test_monte_carlo_measures_the_exact_loss(r, L, sigma, seed):
 def test_small_L_reproduces_spec():
     """SPEC.md: r = 3 at L = 128, theory's fixed point: exact loss 0.28 per task, expansion 0.30;
     relative error of the expansion 6.1% at L = 256 (quadrature, no Monte Carlo)."""
-    rows = {x["L"]: x for x in claim.gap_ladder(3, (128, 256))}
+    rows = {x["L"]: x for x in limits.gap_ladder(3, (128, 256))}
     assert abs(rows[128]["exact"] - 0.28) <= 0.0025 and abs(rows[128]["expansion"] - 0.30) <= 0.0025, rows
     assert abs(rows[256]["gap"] / rows[256]["exact"] - 0.061) <= 0.0005, rows
 
@@ -66,7 +67,7 @@ def test_saturation(r, L, sigma, seed):
     """The expansion is finite exactly below theory's edge (omega = 1/sqrt 2) and +inf beyond,
     the exact loss finite everywhere, and the expansion's error grows toward the edge; the edge
     at 1/sqrt 6 is rejected."""
-    c = claim.check_saturation(r, L, (0.05, 0.45, 0.65, 0.8), sigma, n_eval=4000, seed=seed)
+    c = limits.check_saturation(r, L, (0.05, 0.45, 0.65, 0.8), sigma, n_eval=4000, seed=seed)
     note(c.explain())
     assert abs(c.details["edge"] - 1 / math.sqrt(2)) < 1e-12, c.explain()
     assert c.agrees, c.explain()
@@ -124,16 +125,16 @@ def test_fewer_heads(tasks, fewer, sigma, L, seed, init_seed):
 def test_run_reports_domain_headline_and_refusals():
     """A tiny run: headline rows from the comparisons, the domain in details; a problem
     outside a boundary's domain gives verdict error with the reason; bad input is refused."""
-    res = claim.run_small_L(profile="tiny")
-    assert res.verdict == "pass", res.details
-    assert res.headline and all(set(r) == {"name", "theory", "measured", "se", "tolerance", "agrees"}
+    res = limits.run_small_L(profile="tiny")
+    assert res.verdict == "located", res.details
+    assert res.headline and all(set(r) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config"}
                                 for r in res.headline)
     assert "r=4" in res.details["domain"] and res.details["ran"]
     out = claim.run_fewer_heads(profile="tiny", problem={"tasks": (1, 1), "heads": 2})
-    assert out.verdict == "error" and "outside the domain" in out.details["error"]
+    assert out.verdict == "error" and "fewer heads than tasks" in out.details["error"]
     with pytest.raises(ValueError, match="fewer heads"):
         claim.check_fewer_heads(ProblemConfig(tasks=(1, 1), heads=2, L=8), TrainConfig(time=0.1, lr=0.1))
     with pytest.raises(ValueError, match="profile"):
-        claim.run_saturation(profile="big")
-    bad = claim.run_small_L(profile="tiny", problem={"blocks": 3})
+        limits.run_saturation(profile="big")
+    bad = limits.run_small_L(profile="tiny", problem={"blocks": 3})
     assert bad.verdict == "error" and "unknown" in bad.details["error"]

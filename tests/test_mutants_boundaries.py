@@ -10,13 +10,13 @@ import pytest
 import numerics.exact_reduced as exact_reduced
 import theory.reduced_ode as reduced_ode
 import theory.task_allocation as task_allocation
-from claims import boundaries
+from claims import boundaries, expansion_limits
 
 pytestmark = pytest.mark.mutants
 
 # dedicated small profiles (the quick ones with fewer blocks / shorter runs)
-SMALL_L = boundaries.SmallLProfile(blocks=(4,), L_exact=(4096, 16384, 65536), L_mc=(64,), mc_elements=2 ** 20)
-SATURATION = boundaries.SaturationProfile(omegas=(0.1, 0.3, 0.5, 0.6, 0.75, 0.9), n_eval=6000)
+SMALL_L = expansion_limits.SmallLProfile(blocks=(4,), L_exact=(4096, 16384, 65536), L_mc=(64,), mc_elements=2 ** 20)
+SATURATION = expansion_limits.SaturationProfile(omegas=(0.1, 0.3, 0.5, 0.6, 0.75, 0.9), n_eval=6000)
 FEWER = boundaries.FewerHeadsProfile(tasks=(1, 1, 1), L=32, init_seed=6, lr=0.2, time=40.0, batch=256, n_eval=8000)
 
 
@@ -42,9 +42,9 @@ def _scaled_pair_kernel(factor: float):
 def test_pair_kernel_scaled(monkeypatch):
     """The expansion's pair kernel (its O(1/L) coefficient) x 1.25 -> boundary-small-L."""
     monkeypatch.setattr(reduced_ode, "_kernels", _scaled_pair_kernel(1.25))
-    res = _run(monkeypatch, boundaries.SMALL_L, boundaries.run_small_L, SMALL_L)
+    res = _run(monkeypatch, expansion_limits.SMALL_L, expansion_limits.run_small_L, SMALL_L)
     _report("pair kernel x 1.25", res)
-    assert res.verdict != "pass", res.details
+    assert res.verdict != "located", res.details
 
 
 def test_winners_permuted(monkeypatch):
@@ -58,7 +58,7 @@ def test_winners_permuted(monkeypatch):
     monkeypatch.setattr(task_allocation, "predicted_winners", permuted)
     res = _run(monkeypatch, boundaries.FEWER, boundaries.run_fewer_heads, FEWER)
     _report("winners permuted", res)
-    assert res.verdict != "pass", res.details
+    assert res.verdict != "located", res.details
 
 
 def test_validity_edge_moved_out(monkeypatch):
@@ -66,9 +66,9 @@ def test_validity_edge_moved_out(monkeypatch):
     (the edge's size doubled) -> boundary-saturation."""
     monkeypatch.setattr(reduced_ode, "expansion_valid",
                         lambda omega, margin=0.0: bool(np.all(np.asarray(omega, float) ** 2 < 1.0 - margin)))
-    res = _run(monkeypatch, boundaries.SATURATION, boundaries.run_saturation, SATURATION)
+    res = _run(monkeypatch, expansion_limits.SATURATION, expansion_limits.run_saturation, SATURATION)
     _report("validity edge at omega^2 = 1", res)
-    assert res.verdict != "pass", res.details
+    assert res.verdict != "located", res.details
 
 
 def test_validity_edge_moved_in(monkeypatch):
@@ -80,9 +80,9 @@ def test_validity_edge_moved_in(monkeypatch):
     would let it pass: a known blind spot (docs/claims_5_7.md)."""
     monkeypatch.setattr(reduced_ode, "expansion_valid",
                         lambda omega, margin=0.0: bool(np.all(4.0 * np.asarray(omega, float) ** 2 < 1.0 - margin)))
-    res = _run(monkeypatch, boundaries.SATURATION, boundaries.run_saturation, SATURATION)
+    res = _run(monkeypatch, expansion_limits.SATURATION, expansion_limits.run_saturation, SATURATION)
     _report("validity edge at 4 omega^2 = 1", res)
-    assert res.verdict != "pass", res.details
+    assert res.verdict != "located", res.details
 
 
 def test_numerics_logits_doubled(monkeypatch):
@@ -90,6 +90,6 @@ def test_numerics_logits_doubled(monkeypatch):
     -> boundary-small-L (its Monte Carlo no longer measures the loss theory.exact computes)."""
     original = exact_reduced.marginal_scores
     monkeypatch.setattr(exact_reduced, "marginal_scores", lambda prompts: 2.0 * original(prompts))
-    res = _run(monkeypatch, boundaries.SMALL_L, boundaries.run_small_L, SMALL_L)
+    res = _run(monkeypatch, expansion_limits.SMALL_L, expansion_limits.run_small_L, SMALL_L)
     _report("numerics logits doubled", res)
-    assert res.verdict != "pass", res.details
+    assert res.verdict != "located", res.details
