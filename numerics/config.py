@@ -42,7 +42,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from theory._validate import check_positive_int, check_sigma, check_tasks
+from theory._validate import SEED_MAX, check_positive_int, check_sigma, check_tasks
 
 BASES = ("identity", "random")
 PARAMS = ("factored", "merged")
@@ -177,8 +177,8 @@ class ProblemConfig:
         set_("init_scale", float(self.init_scale))
         for name in ("basis_seed", "init_seed"):
             v = getattr(self, name)
-            if not _is_int(v) or v < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+            if not _is_int(v) or v < 0 or v > SEED_MAX:
+                raise ValueError(f"{name} must be an integer in 0 .. 2^64 - 1 (a 64-bit seed), got {v!r}")
             set_(name, int(v))
         if self.init == "given":
             if self.init_omega is None or self.init_mu is None:

@@ -46,7 +46,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
@@ -55,7 +54,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from theory._validate import check_output_file
+from theory._validate import (SEED_MAX, check_output_path, float_option, int_option, parse_int, seed_option,
+                              threads_option, write_output)
 
 from .config import INITS, PARAMS, ProblemConfig, check_known_fields, use_precise_float32
 from .data import STREAM_VERSION, Prompts, make_generator, sample_prompts
@@ -71,6 +71,11 @@ Metric = Callable[[torch.Tensor, torch.Tensor], tuple]
 """(omega, mu) -> (f_omega, f_mu): the reduced flow moves omega -= lr f_omega dL/domega, mu likewise."""
 
 CHECKPOINT_VERSION = 1
+
+MAX_STEPS = 10 ** 7
+"""The most gradient steps (round(time / lr)) a run may have: a step takes a millisecond at the
+least, so 10^7 is hours to days; the per-step loss record of a run holds steps + 1 numbers.
+More is a typo (time 1e18, lr 1e-300), refused before anything is allocated."""
 
 ESTIMATORS = ("prompts", "marginal")
 """Batch losses of the reduced flow: whole prompts (numerics.reduced) or the Rao-Blackwellised
@@ -102,9 +107,17 @@ class TrainConfig:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
             object.__setattr__(self, name, int(v))
+        if self.seed > SEED_MAX:
+            raise ValueError(f"seed must be an integer in 0 .. 2^64 - 1 (a 64-bit seed), got {self.seed}")
         if self.time < self.lr:
             raise ValueError(f"time ({self.time}) must be at least one step lr ({self.lr}); the run has "
                              "round(time / lr) steps")
+        if not self.time / self.lr <= MAX_STEPS:
+            raise ValueError(f"time / lr = {self.time:g} / {self.lr:g} = {self.time / self.lr:.3g} steps is more than "
+                             f"the limit of {MAX_STEPS:,} steps (days of training even at a millisecond a step); "
+                             "raise lr or lower time")
+        if self.records > MAX_STEPS + 1:
+            raise ValueError(f"records must be at most steps + 1, got {self.records}")
         if self.checkpoint is not None and not isinstance(self.checkpoint, (str, os.PathLike)):
             raise TypeError(f"checkpoint must be a path or None, got {self.checkpoint!r}")
         if self.checkpoint is not None:
@@ -190,21 +203,16 @@ class TrainResult:
 
 
 def _atomic_write(path: str, write) -> None:
-    """Write via a temp file in the same directory and os.replace: never half a file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)       # mkstemp makes 0600; give the file normal permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write via ``write(file)`` and :func:`theory._validate.write_output`: a temp file in the
+    same directory and os.replace (never half a file; the permission bits of the file replaced,
+    or the umask's default); a character device such as /dev/null is written through.  The
+    missing parent directories of a checkpoint given through the Python API are created."""
+    import io
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    buf = io.BytesIO()
+    write(buf)
+    write_output(path, buf.getvalue())
 
 
 def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional[BatchSource] = None,
@@ -310,6 +318,9 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional
     # --- resume --------------------------------------------------------------------------------
     ckpt_path = tcfg.checkpoint
     if ckpt_path is not None and os.path.exists(ckpt_path):
+        if not os.path.isfile(ckpt_path):      # a FIFO would block torch.load for ever
+            raise ValueError(f"checkpoint {ckpt_path!r} is not a regular file (a FIFO, socket or device); give a "
+                             "file path")
         try:
             ck = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         except Exception as exc:
@@ -456,74 +467,62 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("problem")
     g.add_argument("--tasks", type=_parse_tasks, default=(3, 3), help="comma-separated task block sizes r_1,..,r_m (d = sum)")
-    g.add_argument("--heads", type=_int_arg("--heads", 1), default=2, help="number of heads H")
-    g.add_argument("--L", type=_int_arg("--L", 1), default=128, help="context length L")
-    g.add_argument("--sigma", type=float, default=0.0, help="label noise standard deviation")
+    g.add_argument("--heads", type=int_option("--heads", 1), default=2, help="number of heads H")
+    g.add_argument("--L", type=int_option("--L", 1), default=128, help="context length L")
+    g.add_argument("--sigma", type=float_option("--sigma", finite=False), default=0.0, help="label noise standard deviation")
     g.add_argument("--basis", choices=("identity", "random"), default="identity",
                    help="task basis Phi: contiguous blocks or a seeded Haar-random orthonormal basis")
-    g.add_argument("--basis-seed", type=int, default=0, help="seed of the random basis")
+    g.add_argument("--basis-seed", type=seed_option("--basis-seed"), default=None,
+                   help="seed of the random basis (with --basis random; default 0)")
     g.add_argument("--param", choices=PARAMS, default="factored",
                    help="factored: train K,Q,V,O with W=K^T Q/s, U=O V; merged: train W, U")
-    g.add_argument("--logit-scale", type=float, default=1.0, help="s in W = K^T Q / s (factored)")
-    g.add_argument("--init", type=float, default=0.15,
+    g.add_argument("--logit-scale", type=float_option("--logit-scale", finite=False), default=None,
+                   help="s in W = K^T Q / s (--param factored only; default 1)")
+    g.add_argument("--init", type=float_option("--init", finite=False), default=0.15,
                    help="initial scale s0: omega = s0, mu = s0 (2 s0 on head h's task h mod m)")
     g.add_argument("--init-pattern", choices=[i for i in INITS if i != "given"], default="decomposable",
                    help="initialisation pattern (see docs/numerics.md; init='given' needs the Python API)")
-    g.add_argument("--init-seed", type=int, default=0, help="seed of random initialisations")
+    g.add_argument("--init-seed", type=seed_option("--init-seed"), default=None,
+                   help="seed of the random initialisation patterns (not with the deterministic 'decomposable'; default 0)")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float64", help="floating point type")
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (TF32 is switched off on cuda)")
-    g.add_argument("--threads", type=_int_arg("--threads", 1), default=None,
-                   help="torch CPU threads (torch.set_num_threads); default: torch's own choice")
+    g.add_argument("--threads", type=threads_option("--threads"), default=None,
+                   help="torch CPU threads (torch.set_num_threads), at most 4 x the CPUs; default: torch's own choice")
     g = p.add_argument_group("training")
-    g.add_argument("--time", type=float, default=60.0, help="final time t_end; steps = round(time / lr)")
-    g.add_argument("--lr", type=float, default=0.05, help="GD step = time step of the gradient flow")
-    g.add_argument("--batch", type=_int_arg("--batch", 1), default=2048, help="prompts per step")
-    g.add_argument("--seed", type=int, default=0, help="seed of the prompt stream")
-    g.add_argument("--records", type=_int_arg("--records", 2), default=None,
+    g.add_argument("--time", type=float_option("--time", finite=False), default=60.0, help="final time t_end; steps = round(time / lr)")
+    g.add_argument("--lr", type=float_option("--lr", finite=False), default=0.05, help="GD step = time step of the gradient flow")
+    g.add_argument("--batch", type=int_option("--batch", 1), default=2048, help="prompts per step")
+    g.add_argument("--seed", type=seed_option("--seed"), default=0, help="seed of the prompt stream (0 .. 2^64 - 1)")
+    g.add_argument("--records", type=int_option("--records", 2), default=None,
                    help="trajectory records, evenly spaced in t, at most steps + 1 (default: 61, or steps + 1 "
                         "for a run of fewer than 60 steps)")
     g.add_argument("--fixed-batch", action="store_true",
                    help="one fixed batch for all steps instead of fresh batches")
     g.add_argument("--symmetrize", action="store_true",
                    help="apply the per-task sign-flip group to every prompt (batch multiple of 2^m)")
-    g.add_argument("--diverge-loss", type=float, default=1e6, help="stop with an error above this loss")
+    g.add_argument("--diverge-loss", type=float_option("--diverge-loss", finite=False), default=1e6, help="stop with an error above this loss")
     g.add_argument("--reduced", action="store_true",
                    help="train the exact finite-L reduced model on (omega, mu) instead of the full model")
     g = p.add_argument_group("output")
     g.add_argument("--out", default="run.json", help="JSON result file (written atomically at the end)")
     g.add_argument("--checkpoint", default=None,
                    help="checkpoint file: written every --checkpoint-every steps, resumed from if present")
-    g.add_argument("--checkpoint-every", type=_int_arg("--checkpoint-every", 1), default=500, help="steps between checkpoints")
+    g.add_argument("--checkpoint-every", type=int_option("--checkpoint-every", 1), default=None,
+                   help="steps between checkpoints (with --checkpoint; default 500)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
-def _int_arg(flag: str, low: int):
-    """argparse type: an integer >= low written in digits (1e9 or 2.5 are refused by name)."""
-    what = "a positive integer" if low == 1 else f"an integer >= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be {what} written in digits (e.g. 3), "
-                                             f"got {text!r}") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"{flag} must be {what}, got {v}")
-        return v
-    return parse
-
-
 def _parse_tasks(text: str) -> tuple:
-    """'3,3' -> (3, 3); every comma-separated entry must be a positive integer (no empty ones)."""
-    parts = [p.strip() for p in text.split(",")]
+    """'3,3' -> (3, 3); every comma-separated entry must be a positive integer written in digits
+    (no empty entries, no underscores: the strict parser of theory._validate)."""
     try:
-        tasks = tuple(int(p) for p in parts)
+        tasks = tuple(parse_int(p, "--tasks", low=1) for p in text.split(","))
     except ValueError:
         tasks = ()
-    if not tasks or any(r < 1 for r in tasks):
+    if not tasks:
         raise argparse.ArgumentTypeError(f"--tasks must be comma-separated positive integers such as 3,3 "
-                                         f"(no empty entries); got {text!r}")
+                                         f"(no empty entries, no spaces or underscores); got {text!r}")
     return tasks
 
 
@@ -560,11 +559,16 @@ def _available_memory(device: str) -> Optional[int]:
 
 def _check_checkpoint_file(path: str) -> None:
     """An existing checkpoint must be one numerics.train wrote (a torch file of plain
-    tensors and dicts); anything else gets a message here instead of torch's loader text."""
+    tensors and dicts); anything else gets a message here instead of torch's loader text.
+    Only a regular file is opened (a FIFO would block the read for ever, a device is no
+    checkpoint)."""
     if os.path.isdir(path):
         raise ValueError(f"--checkpoint {path} is a directory; give a file name such as run.ckpt")
     if not os.path.exists(path):
         return
+    if not os.path.isfile(path):
+        raise ValueError(f"--checkpoint {path} is not a regular file (a FIFO, socket or device); a checkpoint is "
+                         "written and read back as a regular file: choose another --checkpoint path")
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:
@@ -578,25 +582,55 @@ def _check_checkpoint_file(path: str) -> None:
 
 DEFAULT_RECORDS = 61
 
+# configuration fields -> the flag that sets them, so that a message of ProblemConfig or
+# TrainConfig ("lr must be ...") names the flag the user typed ("--lr must be ...")
+_FIELD_FLAGS = (("time / lr", "--time / --lr"), ("tasks", "--tasks"), ("heads", "--heads"), ("L", "--L"),
+                ("sigma", "--sigma"), ("basis_seed", "--basis-seed"), ("logit_scale", "--logit-scale"),
+                ("init_scale", "--init"), ("init_seed", "--init-seed"), ("device", "--device"),
+                ("lr", "--lr"), ("time", "--time"), ("batch", "--batch"), ("seed", "--seed"),
+                ("records", "--records"), ("checkpoint_every", "--checkpoint-every"),
+                ("diverge_loss", "--diverge-loss"), ("checkpoint", "--checkpoint"))
+
+
+def _flag_message(text: str) -> str:
+    for name, flag in _FIELD_FLAGS:
+        if text.startswith(name + " "):
+            return flag + text[len(name):]
+    return text
+
 
 def main(argv=None) -> int:
     """Exit status: 0 done; 1 training diverged; 2 bad arguments (nothing computed, nothing
     written)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    # options that would be silently ignored are refused: the user meant something by them
+    ignored = [(args.basis_seed is not None and args.basis != "random",
+                "--basis-seed is used only with --basis random (the identity basis has no seed)"),
+               (args.init_seed is not None and args.init_pattern == "decomposable",
+                "--init-seed is used only by the random --init-pattern values (the default 'decomposable' "
+                "start is deterministic)"),
+               (args.logit_scale is not None and args.param != "factored",
+                "--logit-scale is used only with --param factored (merged weights have no logit scale)"),
+               (args.checkpoint_every is not None and args.checkpoint is None,
+                "--checkpoint-every is used only with --checkpoint PATH")]
+    for bad, why in ignored:
+        if bad:
+            parser.error(f"{why}; drop it or add what it needs")
     try:
         cfg = ProblemConfig(tasks=args.tasks, heads=args.heads, L=args.L, sigma=args.sigma, basis=args.basis,
-                            basis_seed=args.basis_seed, param=args.param, logit_scale=args.logit_scale,
-                            init=args.init_pattern, init_scale=args.init, init_seed=args.init_seed,
+                            basis_seed=args.basis_seed or 0, param=args.param,
+                            logit_scale=1.0 if args.logit_scale is None else args.logit_scale,
+                            init=args.init_pattern, init_scale=args.init, init_seed=args.init_seed or 0,
                             dtype=args.dtype, device=args.device)
         tcfg = TrainConfig(lr=args.lr, time=args.time, batch=args.batch, seed=args.seed,
                            records=args.records if args.records is not None else DEFAULT_RECORDS,
                            fresh_batches=not args.fixed_batch,
                            symmetrize=args.symmetrize, checkpoint=args.checkpoint,
-                           checkpoint_every=args.checkpoint_every, progress=not args.no_progress,
+                           checkpoint_every=args.checkpoint_every or 500, progress=not args.no_progress,
                            diverge_loss=args.diverge_loss)
     except (ValueError, TypeError) as exc:
-        parser.error(str(exc))
+        parser.error(_flag_message(str(exc)))
     # every check that does not need the computation, before it
     if args.records is None and tcfg.records > tcfg.steps + 1:   # the default, for a short run: what it records
         tcfg = dataclasses.replace(tcfg, records=tcfg.steps + 1)
@@ -615,10 +649,14 @@ def main(argv=None) -> int:
                      f"weights) but {free / 2**30:.3g} GiB is available on {cfg.device}; lower --batch, --L, "
                      "--heads or the task sizes")
     try:
-        check_output_file("--out", args.out)
         if tcfg.checkpoint is not None:
-            check_output_file("--checkpoint", tcfg.checkpoint)
             _check_checkpoint_file(tcfg.checkpoint)
+            ckpt = check_output_path(tcfg.checkpoint, "--checkpoint")
+            if os.path.exists(ckpt) and not os.path.isfile(ckpt):      # a device: never a checkpoint
+                raise ValueError(f"--checkpoint {tcfg.checkpoint} is not a regular file; a checkpoint is written "
+                                 "and read back: choose a file path")
+        # the checkpoint is this run's input when it resumes: the result never overwrites it
+        out = check_output_path(args.out, "--out", inputs=(tcfg.checkpoint,))
     except ValueError as exc:
         parser.error(str(exc))
     if args.threads is not None:
@@ -629,10 +667,10 @@ def main(argv=None) -> int:
         print(f"error: {exc}\n(no output written)", file=sys.stderr)
         return 1
     except ValueError as exc:   # e.g. a checkpoint of another run: a usage error
-        print(f"error: {exc}\n(no output written)", file=sys.stderr)
+        print(f"error: {_flag_message(str(exc))}\n(no output written)", file=sys.stderr)
         return 2
     text = json.dumps(result.to_dict(), indent=1)
-    _atomic_write(args.out, lambda f: f.write(text.encode()))
+    write_output(out, text)
     print(f"wrote {args.out}: {result.steps} steps in {result.wall_seconds:.1f} s "
           f"({result.wall_seconds / result.steps * 1e3:.2f} ms/step), final loss {result.loss:.5g}")
     print("omega =", np.array2string(result.omega, precision=4))

@@ -31,6 +31,7 @@ from numerics.config import ProblemConfig
 from numerics.data import STREAM_VERSION, make_generator, sample_prompts
 from numerics.fused import attention_readout
 from numerics.model import MultiHeadAttention, mse_loss
+from theory._validate import check_output_path, int_option, write_output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_SMALL = dict(tasks=(4, 4, 4), heads=3, L=256)
@@ -232,14 +233,19 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=("sampling", "trainer", "fused"), action="append")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--steps", type=int, default=8, help="trainer steps per run")
-    p.add_argument("--json", default=None, help="also write the rows as JSON here")
+    p.add_argument("--repeats", type=int_option("--repeats", 1, 1000), default=7)
+    p.add_argument("--steps", type=int_option("--steps", 1, 10000), default=8, help="trainer steps per run")
+    p.add_argument("--json", default=None, help="also write the rows as JSON here (checked before the timing)")
     p.add_argument("--memory-probe", nargs=3, metavar=("DTYPE", "PARAM", "WHICH"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_probe:
         memory_probe(*args.memory_probe)
         return 0
+    if args.json:
+        try:
+            check_output_path(args.json, "--json")
+        except ValueError as exc:
+            p.error(str(exc))
     parts = args.only or ["sampling", "trainer", "fused"]
     print(f"blocks {PAPER_SMALL['tasks']}, H = {PAPER_SMALL['heads']}, L = {PAPER_SMALL['L']}, batch {BATCH}; "
           f"stream version {STREAM_VERSION}; torch {torch.__version__}; {os.cpu_count()} cpus; "
@@ -253,8 +259,7 @@ def main(argv=None) -> int:
             print(f"\n[{part}] (ms; load average now {os.getloadavg()[0]:.2f})")
             print(table(out[part]), flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_output(args.json, json.dumps(out, indent=1))
     return 0
 
 

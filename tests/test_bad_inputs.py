@@ -117,7 +117,7 @@ CASES = [
     ("tools.sweep", ["{tmp}/nan_range.toml", "--out", "{tmp}/sweep"], 2, "problem.sigma = nan"),
     ("tools.sweep", ["{tmp}/inf_lr.toml", "--out", "{tmp}/sweep"], 2, "train.lr = inf"),
     ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/a_file"], 2, "exists and is not a directory"),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", NOT_A_DIR + "/sweep"], 2, "is a file where a directory"),
+    ("tools.sweep", ["{tmp}/ok.toml", "--out", NOT_A_DIR + "/sweep"], 2, "is a file, not a directory"),
     ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/sweep", "--workers", "0"], 2,
      "--workers must be a positive integer"),
 ]

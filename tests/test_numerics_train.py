@@ -127,6 +127,10 @@ BAD_TRAIN = [
     (dict(seed=-2), "seed must be an integer >= 0"),
     (dict(checkpoint_every=0), "checkpoint_every must be an integer >= 1"),
     (dict(diverge_loss=float("inf")), "diverge_loss must be a finite number > 0"),
+    (dict(seed=2 ** 64), "seed must be an integer in 0 .. 2\\^64 - 1"),
+    (dict(time=1e18, lr=1.0), r"time / lr = .* steps is more than the limit"),
+    (dict(time=1.0, lr=1e-300), r"time / lr = .* steps is more than the limit"),
+    (dict(time=1e308, lr=1e-10), r"time / lr = .* steps is more than the limit"),
 ]
 
 
@@ -137,6 +141,7 @@ def test_bad_train_config(change, message):
 
 
 def test_command_line(tmp_path, capsys):
+    (tmp_path / "sub").mkdir()       # the output's directory must exist (theory._validate.check_output_path)
     out = tmp_path / "sub" / "run.json"
     rc = T.main(["--tasks", "2,1", "--heads", "2", "--L", "8", "--time", "0.5", "--lr", "0.05",
                  "--batch", "32", "--records", "3", "--init", "0.2", "--param", "merged", "--seed", "4",

@@ -2,7 +2,7 @@
 grid expansion, content-hash ids, atomic storage, resume after a SIGKILL, retry after a
 worker death, per-point errors, bit-identical training results serially, in a process pool
 and on a 2-worker Dask LocalCluster, pool workers that exit when the sweep is killed
-(issue 13), and the ``numerics.sweep`` alias.
+(issue 13); the old ``numerics.sweep`` alias is gone (issue 22).
 
 The point functions below are module-level so that pool and Dask workers can import them
 (pickled by reference as ``test_sweep.<name>``; the workers inherit ``sys.path``).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import os
 import signal
 import subprocess
@@ -138,7 +139,8 @@ def test_example_grids_expand():
     assert len(points) == 12  # the benchmark grid of docs/sweep.md
     assert len({point_id(p) for p in points}) == 12
     gain = expand_grid(sweep.load_grid(REPO / "examples" / "multi_head_gain.toml")[0])
-    assert {(len(p["problem"]["tasks"]), p["problem"]["heads"]) for p in gain} == {(2, 1), (2, 2), (3, 1), (3, 3)}
+    # claim 6's paper case (4, 4, 4) with H = 3 and H = 1 (examples/multi_head_gain.toml)
+    assert {(len(p["problem"]["tasks"]), p["problem"]["heads"]) for p in gain} == {(3, 1), (3, 3)}
     for path in sorted((REPO / "examples").glob("*.toml")):
         assert expand_grid(sweep.load_grid(path)[0]), path
 
@@ -378,13 +380,17 @@ def test_pool_workers_exit_when_the_sweep_is_killed(tmp_path):
         client.wait()
 
 
-def test_numerics_sweep_is_an_alias_of_tools_sweep():
-    from numerics import sweep as alias
+def test_numerics_has_no_sweep_alias_and_imports_no_tools():
+    """The old aliases numerics.sweep / numerics.bench are gone (issue 22): nothing in numerics/
+    imports tools/ (the library never depends on the tools beside it); stored points named
+    with the old default point function still resolve to it."""
+    import importlib.util
 
-    assert alias.run_grid is run_grid and alias.load_results is load_results and alias.main is sweep.main
-    shown = subprocess.run([sys.executable, "-m", "numerics.sweep", "--help"], cwd=REPO, capture_output=True,
-                           text=True, timeout=60)
-    assert shown.returncode == 0 and "--retry-failed" in shown.stdout
+    assert importlib.util.find_spec("numerics.sweep") is None and importlib.util.find_spec("numerics.bench") is None
+    for path in (REPO / "numerics").glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"^\s*(from|import)\s+tools\b", text, re.M), path
+    assert sweep.resolve_point_fn("numerics.sweep:train_point") is sweep.train_point
 
 
 # --- storage and bad input ---------------------------------------------------------------------------

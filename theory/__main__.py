@@ -12,41 +12,43 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 
-from ._validate import check_output_file
+from ._validate import check_output_path, int_option, parse_int, seed_option, write_output
+
+MAX_PREDICT_TASKS = 256
+"""The most tasks (and heads) ``theory predict`` takes: each task costs one mpmath fixed point
+(about 0.05 s) and the single-head optimum grows with them; thousands are minutes to hours
+with nothing learnt that a few blocks of each size do not show (equal blocks share one answer)."""
+MAX_DPS = 1000
+"""The most mpmath digits: 30 (the default) is already far beyond what any comparison uses, and
+the cost of the root finders grows faster than linearly in the digits."""
 
 
 def _tasks(text: str) -> tuple[int, ...]:
     try:
-        tasks = tuple(int(x) for x in text.split(","))     # an empty entry ("2,,2") is an error too
+        tasks = tuple(parse_int(x, "--tasks", low=1) for x in text.split(","))   # "2,,2" and "3_3" too
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--tasks must be comma-separated positive integers like 4,4,4; got {text!r}")
-    if not tasks or any(r < 1 for r in tasks):
+        raise argparse.ArgumentTypeError(f"--tasks must be comma-separated positive integers like 4,4,4 (no "
+                                         f"spaces or underscores); got {text!r}") from None
+    if not tasks:
         raise argparse.ArgumentTypeError(f"--tasks must be comma-separated positive integers like 4,4,4; got {text!r}")
     return tasks
 
 
-def _positive_int(name):
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}")
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {v}")
-        return v
-    return parse
+def _positive_int(name, high=None, why=""):
+    return int_option(name, 1, high, why)
 
 
 def _positive_float(name, allow_zero=False):
     def parse(text):
         try:
+            if "_" in text:
+                raise ValueError(text)
             v = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{name} must be a number (no underscores), got {text!r}") from None
         if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
             raise argparse.ArgumentTypeError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {text!r}")
         return v
@@ -57,6 +59,8 @@ def _matrix(name):
     """One number, or rows of comma-separated numbers separated by ';' (heads x tasks)."""
     def parse(text):
         try:
+            if "_" in text:
+                raise ValueError(text)
             rows = [[float(x) for x in row.split(",")] for row in text.split(";")]
         except ValueError:
             raise argparse.ArgumentTypeError(
@@ -83,32 +87,96 @@ def _exact_matrix(name, rows, heads, m):
     return rows
 
 
+def check_exact_args(args) -> None:
+    """Refuse, before any quadrature, the ``exact`` options that would be ignored and the points
+    whose quadrature would run for minutes or overflow (:data:`theory.exact.BETA_MAX`)."""
+    from .exact import BETA_MAX, max_logit_scale
+
+    given = {"--omega": args.omega is not None, "--mu": args.mu is not None, "--gradient": args.gradient,
+             "--heads": args.heads is not None, "--sigma": args.sigma is not None, "--gain": args.gain,
+             "--fixed-point": args.fixed_point}
+    if args.benchmark:
+        extra = [f for f, on in given.items() if on]
+        if extra:
+            raise ValueError(f"--benchmark times exact_loss at its own points and ignores {', '.join(extra)}; "
+                             "drop them (or --benchmark)")
+        return
+    if args.gain and not args.fixed_point:
+        raise ValueError("--gain is used only with --fixed-point (the gain compares the allocated fixed point "
+                         "with the best single head); add --fixed-point or drop --gain")
+    if args.fixed_point:
+        extra = [f for f in ("--omega", "--mu", "--gradient", "--heads") if given[f]]
+        if extra:
+            raise ValueError(f"--fixed-point finds its own (omega*, mu*) and ignores {', '.join(extra)}; drop them "
+                             "(or --fixed-point to evaluate the loss at your point)")
+        return
+    m = len(args.tasks)
+    heads = args.heads or 1
+    omega = _exact_matrix("--omega", args.omega, heads, m)
+    _exact_matrix("--mu", args.mu, heads, m)
+    beta = max_logit_scale(omega, args.tasks)
+    if not beta <= BETA_MAX:
+        raise ValueError(
+            f"--omega (largest |omega| {max(abs(x) for row in omega for x in row):.4g}): the softmax logits reach a scale beta = {beta:.4g} (|omega| times the "
+            f"largest |q| of the quadrature), beyond what the exact quadrature handles (beta <= {BETA_MAX:g}): its "
+            "cost grows like beta^2 (minutes to hours here, an overflow at very large omega), while the softmax "
+            "is then essentially a hard max over the context. Lower --omega, or estimate the loss by Monte "
+            "Carlo (numerics.exact_reduced.evaluate)")
+
+
 def exact(args) -> dict:
     """The JSON object of ``python -m theory exact`` (docs/theory.md, "Exact finite-L loss")."""
     from .exact import exact_fixed_point, exact_gradient, exact_loss, finite_L_gain
 
     m = len(args.tasks)
+    heads = args.heads or 1
+    sigma = args.sigma or 0.0
     if args.benchmark:
         from .exact import benchmark
 
         return {"benchmark": benchmark((args.L,))}
     if args.fixed_point:
         if args.gain:
-            return finite_L_gain(args.tasks, args.L, args.sigma)
-        return exact_fixed_point(args.tasks, args.L, args.sigma)
-    omega = _exact_matrix("--omega", args.omega, args.heads, m)
-    mu = _exact_matrix("--mu", args.mu, args.heads, m)
+            return finite_L_gain(args.tasks, args.L, sigma)
+        return exact_fixed_point(args.tasks, args.L, sigma)
+    omega = _exact_matrix("--omega", args.omega, heads, m)
+    mu = _exact_matrix("--mu", args.mu, heads, m)
     t0 = time.perf_counter()
     if args.gradient:
-        G = exact_gradient(omega, mu, args.tasks, args.L, args.sigma)
+        G = exact_gradient(omega, mu, args.tasks, args.L, sigma)
         out = G.loss.to_dict()
         out.update({"d_omega": G.d_omega.tolist(), "d_mu": G.d_mu.tolist(),
                     "gradient_error_estimate": G.error_estimate})
     else:
-        out = exact_loss(omega, mu, args.tasks, args.L, args.sigma).to_dict()
-    out.update({"tasks": list(args.tasks), "heads": args.heads, "omega": omega, "mu": mu,
+        out = exact_loss(omega, mu, args.tasks, args.L, sigma).to_dict()
+    out.update({"tasks": list(args.tasks), "heads": heads, "omega": omega, "mu": mu,
                 "seconds": time.perf_counter() - t0})
     return out
+
+
+def json_text(obj) -> str:
+    """``obj`` as strict JSON (RFC 8259 has no NaN or Infinity): a non-finite number becomes
+    null, and the key ``"non_finite"`` lists where and what it was, so that the output always
+    parses and says what happened."""
+    where: list = []
+
+    def clean(x, path):
+        if isinstance(x, dict):
+            return {k: clean(v, f"{path}.{k}" if path else str(k)) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v, f"{path}[{n}]") for n, v in enumerate(x)]
+        if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
+            return clean(x.tolist(), path)
+        if isinstance(x, float) and not math.isfinite(x):
+            where.append(f"{path}: {x!r}")
+            return None
+        return x
+
+    out = clean(obj, "")
+    if where and isinstance(out, dict):
+        out["non_finite"] = {"values": where, "why": "a computed value is not a finite number (written as null: "
+                                                    "JSON has no NaN or Infinity)"}
+    return json.dumps(out, indent=2, allow_nan=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "the expansion's minimum at this L for both models."))
     pr.add_argument("--tasks", type=_tasks, required=True,
                     help="block sizes r_1,...,r_m of the m tasks, comma-separated (e.g. 4,4,4 or 2,5,9); d = sum")
-    pr.add_argument("--heads", type=_positive_int("--heads"), required=True,
+    pr.add_argument("--heads", type=_positive_int("--heads", MAX_PREDICT_TASKS, "theory.__main__.MAX_PREDICT_TASKS"),
+                    required=True,
                     help="number of attention heads H; the allocated model needs H >= m (extra heads stay idle)")
     pr.add_argument("--L", type=_positive_float("--L"), required=True,
                     help="context length L > 0 (the expansion is in powers of 1/L)")
@@ -133,9 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--optimality", action="store_true",
                     help="also search the best decomposable attention over signed (omega, mu) with H heads "
                          "at this L and report the optimality ratio (slower: several L-BFGS runs)")
-    pr.add_argument("--seed", type=int, default=0,
-                    help="seed of the random starts of the --optimality search (default 0); same seed, same output")
-    pr.add_argument("--dps", type=_positive_int("--dps"), default=30,
+    pr.add_argument("--seed", type=seed_option("--seed"), default=None,
+                    help="with --optimality: seed of the random starts of its search, 0 .. 2^64 - 1 (default 0); "
+                         "same seed, same output")
+    pr.add_argument("--dps", type=_positive_int("--dps", MAX_DPS, "more digits only cost time"), default=30,
                     help="mpmath decimal digits for the fixed point and the limits (default 30)")
     pr.add_argument("--out", default=None,
                     help="also write the JSON to this file (written atomically: complete or absent)")
@@ -147,8 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "the allocated fixed point at L (and with --gain the best single head and the gain)."))
     ex.add_argument("--tasks", type=_tasks, required=True,
                     help="block sizes r_1,...,r_m of the m tasks, comma-separated (e.g. 3 or 3,3)")
-    ex.add_argument("--heads", type=_positive_int("--heads"), default=1,
-                    help="number of heads H (default 1); --omega/--mu matrices must have H rows")
+    ex.add_argument("--heads", type=_positive_int("--heads", MAX_PREDICT_TASKS, "theory.__main__.MAX_PREDICT_TASKS"),
+                    default=None,
+                    help="number of heads H (default 1); --omega/--mu matrices must have H rows (not with "
+                         "--fixed-point or --benchmark)")
     ex.add_argument("--L", type=_positive_int("--L"), required=True,
                     help="context length L: a positive integer (the number of context tokens)")
     ex.add_argument("--omega", type=_matrix("--omega"), default=None,
@@ -156,8 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "'0.3,0.1;0.2,0.4' (rows, i.e. heads, separated by ';')")
     ex.add_argument("--mu", type=_matrix("--mu"), default=None,
                     help="OV semi-singular values, same format as --omega")
-    ex.add_argument("--sigma", type=_positive_float("--sigma", allow_zero=True), default=0.0,
-                    help="label-noise standard deviation sigma >= 0 (default 0)")
+    ex.add_argument("--sigma", type=_positive_float("--sigma", allow_zero=True), default=None,
+                    help="label-noise standard deviation sigma >= 0 (default 0; not with --benchmark)")
     ex.add_argument("--gradient", action="store_true", help="also print d loss/d omega and d loss/d mu")
     ex.add_argument("--fixed-point", action="store_true",
                     help="print the allocated fixed point at L (per task: omega*, mu*, loss) instead of a loss")
@@ -165,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --fixed-point: also the best single head at L and the gain single/allocated")
     ex.add_argument("--benchmark", action="store_true",
                     help="print timing lines of exact_loss (first call at a new L and warm calls) and exit")
+    ex.add_argument("--out", default=None,
+                    help="also write the JSON to this file (written atomically: complete or absent; a device "
+                         "such as /dev/null is written through)")
     fo = sub.add_parser("formulas", help="print the derived formulas as the code uses them",
                         description="Print the sympy-derived formulas (expansion, F, metric factors, gain limit).")
     fo.add_argument("--json", action="store_true", help="print them as a JSON object instead of text")
@@ -290,19 +365,16 @@ def predict(tasks, heads, L, sigma=0.0, optimality=False, seed=0, dps=30) -> dic
     return out
 
 
-def _write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (temporary file + rename); creates the
-    missing parent directories."""
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+def check_predict_args(args) -> None:
+    """Refuse, before any computation, the ``predict`` options that would be ignored or that
+    ask for more than it can do in reasonable time (:data:`MAX_PREDICT_TASKS`)."""
+    if len(args.tasks) > MAX_PREDICT_TASKS:
+        raise ValueError(f"--tasks has {len(args.tasks)} blocks, more than the limit of {MAX_PREDICT_TASKS} (each "
+                         "costs an mpmath fixed point, and the single-head optimum grows with them: minutes to "
+                         "hours); predict a few blocks of each size (equal blocks share one answer)")
+    if args.seed is not None and not args.optimality:
+        raise ValueError("--seed seeds the random starts of the --optimality search and is ignored without it; "
+                         "add --optimality or drop --seed")
 
 
 def main(argv=None) -> int:
@@ -315,6 +387,17 @@ def main(argv=None) -> int:
         formulas = all_formulas()
         print(json.dumps(formulas, indent=2) if args.json else "\n\n".join(f"[{k}]\n{v}" for k, v in formulas.items()))
         return 0
+    out_path = None
+    try:
+        if args.command == "exact":
+            check_exact_args(args)
+        else:
+            check_predict_args(args)
+        if args.out is not None:
+            out_path = check_output_path(args.out, "--out")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.command == "exact":
         try:
             out = exact(args)
@@ -324,18 +407,20 @@ def main(argv=None) -> int:
         except NotImplementedError as exc:
             print(f"not covered: {exc}", file=sys.stderr)
             return 3
-        print(json.dumps(out, indent=2))
+        text = json_text(out)
+        if out_path is not None:
+            write_output(out_path, text + "\n")
+        print(text)
         return 0
     try:
-        if args.out is not None:
-            check_output_file("--out", args.out)
-        out = predict(args.tasks, args.heads, args.L, args.sigma, args.optimality, args.seed, args.dps)
+        out = predict(args.tasks, args.heads, args.L, args.sigma, args.optimality,
+                      0 if args.seed is None else args.seed, args.dps)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    text = json.dumps(out, indent=2)
-    if args.out:
-        _write_atomic(args.out, text + "\n")
+    text = json_text(out)
+    if out_path is not None:
+        write_output(out_path, text + "\n")
     print(text)
     if not out["valid"]:
         print("warning: this prediction is not valid (\"valid\": false):\n  - " + "\n  - ".join(out["invalid_reasons"]),

@@ -2,11 +2,19 @@
 to fix it."""
 from __future__ import annotations
 
+import argparse
+import errno
+from glob import escape as glob_escape
 import math
 import numbers
 import os
+import re
+import stat
 import tempfile
+import time
+import uuid
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -92,54 +100,421 @@ def check_omega_mu(omega, mu, tasks) -> tuple[np.ndarray, np.ndarray]:
     return om, mu_
 
 
-# --- output paths of the command lines (numerics.train, theory, tools.bench, tools.sweep) ------
-# Checked before any computation, so that a bad --out costs nothing and leaves nothing behind.
+# --- the command lines' options and files (numerics.train, theory, tools.bench, tools.sweep,
+# reports) -- one policy, checked before any computation, so that a bad option or path costs
+# nothing and leaves nothing behind.  Every message names the flag, says what is wrong and
+# how to fix it.
 
-def _probe_dir(flag: str, path: str, directory) -> None:
-    """Create and remove a file in ``directory``: the only sure test that it is writable."""
+SEED_MAX = 2 ** 64 - 1
+"""Seeds are integers in 0 .. 2^64 - 1 (what torch.Generator.manual_seed and numpy accept alike)."""
+
+_INT_TEXT = re.compile(r"[+-]?[0-9]+\Z")
+
+
+def parse_int(text, flag: str, *, low: Optional[int] = None, high: Optional[int] = None,
+              why_high: str = "") -> int:
+    """The one strict integer parser of the command lines: optional sign and decimal digits
+    only (``int()`` would also take ``3_3`` as 33 and `` 3 ``; ``1e9`` and ``2.5`` are refused
+    too), within ``low .. high``.  Raises ValueError naming ``flag``."""
+    s = str(text)
+    what = "a positive integer" if low == 1 else ("an integer" if low is None else f"an integer >= {low}")
+    if not _INT_TEXT.match(s):
+        raise ValueError(f"{flag} must be {what} written in digits (e.g. 3; no underscores, spaces, exponent or "
+                         f"decimal point), got {s!r}")
+    v = int(s)
+    if low is not None and v < low:
+        raise ValueError(f"{flag} must be {what}, got {v}")
+    if high is not None and v > high:
+        raise ValueError(f"{flag} must be at most {high}{' (' + why_high + ')' if why_high else ''}, got {v}")
+    return v
+
+
+def int_option(flag: str, low: Optional[int] = None, high: Optional[int] = None, why_high: str = ""):
+    """argparse ``type=`` of :func:`parse_int` (argparse prints the message, exit status 2)."""
+    def parse(text):
+        try:
+            return parse_int(text, flag, low=low, high=high, why_high=why_high)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse.__name__ = "integer"
+    return parse
+
+
+def seed_option(flag: str = "--seed"):
+    """argparse ``type=`` of a seed: an integer in 0 .. 2^64 - 1."""
+    return int_option(flag, 0, SEED_MAX, "seeds are 64-bit unsigned integers")
+
+
+def thread_limit() -> int:
+    """The most CPU threads (or local worker processes) a command accepts: 4 x the CPUs of
+    this machine (at least 4).  More only makes threads wait on each other for a core, and
+    a mistyped 100000 would start that many threads or processes."""
+    return 4 * max(1, os.cpu_count() or 1)
+
+
+def threads_option(flag: str = "--threads"):
+    """argparse ``type=`` of a thread or worker count: 1 .. :func:`thread_limit`."""
+    return int_option(flag, 1, thread_limit(),
+                      f"4 x the {os.cpu_count() or 1} CPUs of this machine: more only wait on each other for a core")
+
+
+def float_option(flag: str, *, low: Optional[float] = None, high: Optional[float] = None,
+                 allow_low: bool = False, finite: bool = True):
+    """argparse ``type=`` of a number written without underscores (``float()`` takes ``1_0`` as
+    10): finite unless ``finite=False`` (then the value's own validation says more), above
+    ``low`` (or equal with ``allow_low``) and at most ``high``."""
+    def parse(text):
+        try:
+            if "_" in str(text):
+                raise ValueError
+            v = float(str(text))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number written without underscores (e.g. 0.05 "
+                                             f"or 1e-3), got {text!r}") from None
+        if not math.isfinite(v):
+            if not finite:
+                return v
+            raise argparse.ArgumentTypeError(f"{flag} must be a finite number, got {text!r}")
+        if low is not None and (v < low or (v == low and not allow_low)):
+            raise argparse.ArgumentTypeError(f"{flag} must be {'>=' if allow_low else '>'} {low:g}, got {text!r}")
+        if high is not None and v > high:
+            raise argparse.ArgumentTypeError(f"{flag} must be at most {high:g}, got {text!r}")
+        return v
+    parse.__name__ = "number"
+    return parse
+
+
+# --- input files --------------------------------------------------------------------------------
+
+MAX_INPUT_BYTES = 16 * 2 ** 20
+"""Default size limit of a configuration or grid file read by a command (16 MiB): such files
+are a few kB; a larger one is a mistake, and parsing 100 MB of TOML takes minutes."""
+
+
+def check_input_file(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BYTES) -> Path:
+    """An input file that exists, is a regular file (a FIFO, socket or device is refused
+    without being opened: reading one would block or never end) and holds at most
+    ``max_bytes``.  Returns it as a Path."""
+    text = _path_text(path, flag)
     try:
-        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=directory)
+        st = os.stat(text)
+    except OSError as exc:
+        if os.path.islink(text):
+            raise ValueError(f"{flag} {text}: a symbolic link that leads nowhere ({_strerror(exc)}); fix the link "
+                             "or give the file itself") from None
+        raise ValueError(f"{flag} {text}: no such file ({_strerror(exc)}); check the path") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{flag} {text} is a directory, not a file; give the file itself")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{flag} {text} is not a regular file ({_kind(st.st_mode)}): reading it could block for "
+                         "ever; give a regular file")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise ValueError(f"{flag} {text} is {st.st_size / 2 ** 20:.1f} MiB, more than the limit of "
+                         f"{max_bytes / 2 ** 20:.0f} MiB for this kind of file (they are a few kB); give the right "
+                         "file")
+    if not os.access(text, os.R_OK):
+        raise ValueError(f"{flag} {text} cannot be read (permission denied); check its permissions")
+    return Path(text)
+
+
+def read_input_bytes(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BYTES) -> bytes:
+    """The content of an input file checked by :func:`check_input_file`, opened without
+    blocking (``O_NONBLOCK``: a FIFO swapped in after the check cannot hang the read) and
+    read to at most ``max_bytes``."""
+    checked = check_input_file(path, flag, max_bytes=max_bytes)
+    try:
+        fd = os.open(checked, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise ValueError(f"{flag} {checked}: cannot be read ({_strerror(exc)})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{flag} {checked} is not a regular file; give a regular file")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if max_bytes is not None and total > max_bytes:
+                raise ValueError(f"{flag} {checked} grew past the limit of {max_bytes / 2 ** 20:.0f} MiB while "
+                                 "being read; give the right file")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+# --- output paths -------------------------------------------------------------------------------
+
+TEMP_PREFIX = ".icl-tmp-"
+"""Name prefix of the temporaries of :func:`write_output`: a writer killed between writing and
+renaming (SIGKILL) leaves at most one such file, which :func:`clean_stale_temporaries` removes."""
+
+
+def _strerror(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def _path_text(path, flag: str) -> str:
+    if isinstance(path, (bytes, bytearray)):
+        path = os.fsdecode(bytes(path))
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"{flag} must be a path, got {type(path).__name__}")
+    text = os.fspath(path)
+    if text.strip() == "":
+        raise ValueError(f"{flag} is empty; give a path")
+    if "\x00" in text:
+        raise ValueError(f"{flag} {text!r} contains a NUL character; give a valid path")
+    return text
+
+
+def _resolve_link(text: str, flag: str) -> str:
+    """The target of a path that may be a symbolic link: followed to the end; a loop or a
+    link leading nowhere is refused (nothing could be written through it)."""
+    try:
+        os.stat(text)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{flag} {text} is a symbolic link loop (it never reaches a file); remove the link or "
+                             f"choose another {flag}") from None
+        if os.path.islink(text):
+            raise ValueError(f"{flag} {text} is a symbolic link to {os.readlink(text)!r}, which does not exist "
+                             f"(a dangling link); fix or remove the link, or choose another {flag}") from None
+        if exc.errno == errno.ENOTDIR:
+            existing = os.path.dirname(os.path.abspath(text))
+            while existing and existing != os.path.dirname(existing) and not os.path.isfile(existing):
+                existing = os.path.dirname(existing)
+            raise ValueError(f"{flag} {text}: {existing} is a file, not a directory; choose another path") from None
+        if exc.errno not in (errno.ENOENT,):
+            raise ValueError(f"{flag} {text}: cannot be used ({_strerror(exc)}); choose another {flag}") from None
+    return os.path.realpath(text)
+
+
+def _probe_dir(flag: str, text: str, directory: str) -> None:
+    """Create and remove a file in ``directory``: the only sure test that it is writable
+    (permission bits say nothing for root, a read-only mount or /proc)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=TEMP_PREFIX + "probe-", dir=directory)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise ValueError(f"{flag} {path}: cannot write in {directory} ({exc.strerror or exc}); choose a "
-                         "writable location") from None
+        raise ValueError(f"{flag} {text}: cannot write in {directory} ({_strerror(exc)}); choose a writable "
+                         "location") from None
 
 
-def check_output_file(flag: str, path) -> str:
-    """Refuse an output *file* path that cannot be written: an existing directory, a file
-    among its parents, a nearest existing parent where nothing can be created (missing parent
-    directories are allowed: the writers create them). Returns the path as a str. Creates
-    nothing."""
-    text = str(path)
-    if text.strip() == "":
-        raise ValueError(f"{flag} is empty; give a file name such as run.json")
-    out = Path(text)
-    if out.is_dir():
-        raise ValueError(f"{flag} {text} is a directory; give a file name such as {out / 'out.json'}")
-    existing = out.absolute().parent     # missing parents are created by the writer
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"{flag} {text}: {existing} is a file, not a directory; choose another path")
-    _probe_dir(flag, text, existing)
-    return text
+def _same(a: str, b: str) -> bool:
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
-def check_output_dir(flag: str, path) -> str:
-    """Refuse an output *directory* that cannot be made or written: an existing file there,
-    a file among its parents, an unwritable nearest existing parent. Creates nothing."""
-    text = str(path)
-    if text.strip() == "":
-        raise ValueError(f"{flag} is empty; give a directory name")
-    out = Path(text)
-    if out.exists() and not out.is_dir():
+def _check_not_input(flag: str, text: str, target: str, inputs) -> None:
+    for inp in inputs or ():
+        if inp is None:
+            continue
+        if _same(target, os.fspath(inp)):
+            raise ValueError(f"{flag} {text} is the same file as the input {os.fspath(inp)}: inputs are never "
+                             f"overwritten by outputs; choose another {flag}")
+
+
+def check_output_path(path, flag: str, *, inputs=(), previous_marker=None) -> Path:
+    """Check, before any computation, that the output *file* ``path`` of option ``flag`` can
+    be written, and return the path to write (symbolic links followed).
+
+    Accepted: a new file in an existing writable directory; an existing regular file (a
+    symbolic link to one is followed: its target is written, the link kept); an existing
+    character device such as /dev/null, which :func:`write_output` writes *through*, never
+    replaces.  With ``previous_marker`` (str or bytes), an existing regular file is accepted
+    only if its first 64 KiB contain the marker: the command's own previous output.
+
+    Refused with a ValueError naming ``flag`` and saying how to fix it: a directory; a FIFO,
+    socket or block device; a dangling symbolic link or a link loop; a missing or unwritable
+    parent directory; a file that cannot be written; a path that is (after following links)
+    any of ``inputs`` -- inputs are never overwritten by outputs.  Creates nothing."""
+    text = _path_text(path, flag)
+    target = _resolve_link(text, flag)
+    _check_not_input(flag, text, target, inputs)
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ValueError(f"{flag} {text}: cannot be used ({_strerror(exc)}); choose another {flag}") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"{flag} {text} is a directory; give a file name such as "
+                             f"{os.path.join(text, 'out.json')}")
+        if stat.S_ISCHR(st.st_mode):
+            if not os.access(target, os.W_OK):
+                raise ValueError(f"{flag} {text} is a character device that cannot be written (permission denied)")
+            return Path(target)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{flag} {text} is {_kind(st.st_mode)}, not a regular file: it is never replaced or "
+                             f"written to; choose another {flag}")
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"{flag} {text} exists and is read-only; make it writable or choose another {flag}")
+        if previous_marker is not None:
+            marker = previous_marker.encode() if isinstance(previous_marker, str) else bytes(previous_marker)
+            try:
+                with open(target, "rb") as fh:
+                    head = fh.read(65536)
+            except OSError as exc:
+                raise ValueError(f"{flag} {text}: cannot be read ({_strerror(exc)})") from None
+            if marker not in head:
+                raise ValueError(f"{flag} {text} exists and is not an output of this command; it is not replaced: "
+                                 f"remove it or choose another {flag}")
+    parent = os.path.dirname(target) or "."
+    try:
+        pst = os.stat(parent)
+    except OSError:
+        # the nearest existing ancestor says whether the missing directory is a typo or a file
+        existing = parent
+        while existing and not os.path.lexists(existing):
+            existing = os.path.dirname(existing)
+        if existing and os.path.exists(existing) and not os.path.isdir(existing):
+            raise ValueError(f"{flag} {text}: {existing} is a file, not a directory; choose another path") from None
+        raise ValueError(f"{flag} {text}: the directory {parent} does not exist; create it first or choose an "
+                         "existing directory") from None
+    if not stat.S_ISDIR(pst.st_mode):
+        raise ValueError(f"{flag} {text}: {parent} is a file, not a directory; choose another path")
+    _probe_dir(flag, text, parent)
+    return Path(target)
+
+
+def check_output_dir(path, flag: str, *, marker: str, inputs=()) -> Path:
+    """Check, before any computation, that ``path`` can be the output *directory* of option
+    ``flag``; returns it (symbolic links followed).
+
+    Accepted: a new directory (missing parents are created by the writer; the nearest existing
+    one must be writable), an empty existing directory, or the command's own previous output,
+    recognised by the file ``marker`` inside it.  Refused with a ValueError naming ``flag``:
+    a file, a symbolic link loop or dangling link, an unwritable location, a directory that
+    holds a sweep (``points/``) or anything else that is not this command's output (it could
+    be deleted or mixed with), and a directory that is one of ``inputs``.  A command never
+    deletes a directory it did not create: only its own previous output may be replaced."""
+    text = _path_text(path, flag)
+    target = _resolve_link(text, flag)
+    _check_not_input(flag, text, target, inputs)
+    if os.path.lexists(target) and not os.path.isdir(target):
         raise ValueError(f"{flag} {text} exists and is not a directory; choose another {flag}")
-    existing = out.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"{flag} {text}: {existing} is a file where a directory is expected; choose another "
-                         f"{flag}")
+    if os.path.isdir(target):
+        try:
+            entries = os.listdir(target)
+        except OSError as exc:
+            raise ValueError(f"{flag} {text}: cannot be listed ({_strerror(exc)}); choose another {flag}") from None
+        if entries and marker not in entries:
+            if "points" in entries and os.path.isdir(os.path.join(target, "points")):
+                what = "holds a sweep (points/)"
+            else:
+                shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
+                what = f"is a non-empty directory ({shown}) that is not an output of this command (no {marker})"
+            raise ValueError(f"{flag} {text} {what}: it is neither replaced nor mixed with; give a new or empty "
+                             f"directory as {flag}")
+        _probe_dir(flag, text, target)
+        return Path(target)
+    existing = os.path.dirname(target)
+    while existing and not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    existing = existing or "."
+    if not os.path.isdir(existing):
+        raise ValueError(f"{flag} {text}: {existing} is a file where a directory is expected; choose another {flag}")
     _probe_dir(flag, text, existing)
-    return text
+    return Path(target)
+
+
+def write_output(path, data) -> None:
+    """Write ``data`` (str: UTF-8, or bytes) to the output ``path`` that
+    :func:`check_output_path` accepted.
+
+    A character device (/dev/null) is opened and written through, never replaced.  Anything
+    else is written atomically: a temporary ``.icl-tmp-*`` in the target's directory (links
+    followed), flushed and fsynced, then ``os.replace``-d onto the target, so a reader or a
+    process killed at any instant sees the old content or the whole new one.  The file keeps
+    an existing file's permission bits, or gets the umask's default (0666 & ~umask) when new.
+    On any exception the temporary is removed; a SIGKILL leaves at most one temporary, which
+    :func:`clean_stale_temporaries` removes later."""
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    text = os.fspath(path)
+    target = os.path.realpath(text)
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISCHR(st.st_mode):
+        with open(target, "wb", buffering=0) as fh:
+            fh.write(payload)
+        return
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{text} is {_kind(st.st_mode)}, not a regular file: not written")
+    directory = os.path.dirname(target) or "."
+    _clean_own(directory, os.path.basename(target))
+    tmp = os.path.join(directory, f"{TEMP_PREFIX}{os.path.basename(target)}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    try:
+        # mode 0666 through open(): the kernel applies the umask, as for any new file
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        with os.fdopen(fd, "wb") as fh:
+            if st is not None:
+                os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode))
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:                        # the rename itself durable (best effort: not every system allows it)
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def _clean_own(directory: str, name: str, older_than_s: float = 3600.0) -> None:
+    """Remove the stale temporaries of earlier writes of this very file (a writer killed by
+    SIGKILL between writing and renaming): ``.icl-tmp-NAME.*`` older than an hour."""
+    now = time.time()
+    for tmp in Path(directory).glob(f"{glob_escape(TEMP_PREFIX + name)}.*"):
+        try:
+            st = tmp.lstat()
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > older_than_s:
+                tmp.unlink()
+        except OSError:
+            pass
+
+
+def clean_stale_temporaries(directory, older_than_s: float = 3600.0) -> list:
+    """Remove the temporaries (``.icl-tmp-*``, and the older ``.*.tmp``) that a writer killed
+    between writing and renaming left in ``directory``, if older than ``older_than_s`` (a
+    live writer's are younger).  Returns the paths actually removed."""
+    removed = []
+    now = time.time()
+    d = Path(directory)
+    if not d.is_dir():
+        return removed
+    for tmp in list(d.glob(TEMP_PREFIX + "*")) + list(d.glob(".*.tmp")):
+        try:
+            st = tmp.lstat()
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > older_than_s:
+                tmp.unlink()
+                removed.append(tmp)
+        except OSError:
+            pass
+    return removed

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 
 import torch
 
-from theory._validate import check_output_file
+from numerics.train import MAX_STEPS
+from theory._validate import check_output_path, float_option, int_option, seed_option, threads_option
 from tools.atomic import write_json_atomic
 from tools.bench.config import DTYPES, EXPANSION_TIME, LR, REPORT_PROFILES, BenchConfig
 from tools.bench.run import run_bench
@@ -120,14 +120,14 @@ def parse_args(argv=None) -> BenchConfig:
     p.add_argument("--dtype", default=",".join(DTYPES),
                    help="comma-separated dtypes to time: float32, float64 (default both); the "
                         "scaling section uses the first")
-    p.add_argument("--repeats", type=int, default=5,
+    p.add_argument("--repeats", type=int_option("--repeats", 1, 1000, "medians settle long before"), default=None,
                    help="timed rounds of the step comparison (section 1: one call of each contender "
                         "per round, two trainer steps) and timed repeats of the probes; the whole "
                         "training runs of section 3 use max(3, repeats // 2) rounds, the scaling "
-                        "section 4 rounds; medians, min and max are reported (default 5)")
-    p.add_argument("--warmup", type=int, default=2,
+                        "section 4 rounds; medians, min and max are reported (default 5; not with --smoke, which runs one)")
+    p.add_argument("--warmup", type=int_option("--warmup", 0, 1000), default=None,
                    help="untimed warm-up calls of the probes; the interleaved comparisons run one "
-                        "untimed round first when this is > 0 (default 2)")
+                        "untimed round first when this is > 0 (default 2; not with --smoke, which runs none)")
     p.add_argument("--out", default=None, help="write the results as JSON to this path")
     p.add_argument("--quick", action="store_true",
                    help="issue 15's contract only, at the quick size (tasks 4,4,4, H = 3, L = 256, batch "
@@ -136,21 +136,23 @@ def parse_args(argv=None) -> BenchConfig:
     p.add_argument("--smoke", action="store_true",
                    help="smoke test: the sections at tiny sizes in seconds (with --quick: the contract's); "
                         "the numbers are meaningless")
-    p.add_argument("--seed", type=int, default=0, help="seed of the prompt stream (default 0)")
-    p.add_argument("--reduced-time", type=float, default=0.5,
+    p.add_argument("--seed", type=seed_option("--seed"), default=0, help="seed of the prompt stream, 0 .. 2^64 - 1 "
+                                                                        "(default 0)")
+    p.add_argument("--reduced-time", type=float_option("--reduced-time", finite=False), default=None,
                    help="gradient-flow time t of the reduced-vs-full comparison (default 0.5, "
-                        "i.e. t / lr = 10 steps of lr = 0.05)")
-    p.add_argument("--expansion-time", type=float, default=EXPANSION_TIME,
+                        "i.e. t / lr = 10 steps of lr = 0.05; not with --smoke, which runs one step)")
+    p.add_argument("--expansion-time", type=float_option("--expansion-time", finite=False), default=None,
                    help=f"time t of the expansion flow against the full flow (default {EXPANSION_TIME:g}, "
                         "the trainer's default horizon); the full flow's time to it is extrapolated from its "
-                        "measured step (section 3)")
+                        "measured step (section 3; not with --smoke, which uses two steps)")
     p.add_argument("--report-profiles", default=None, metavar="P[,P]",
                    help="also time `python -m reports.build --profile P` for each listed profile "
                         f"({', '.join(REPORT_PROFILES)}) in a subprocess writing into a temporary directory "
                         "(opt-in: the quick profile takes minutes, the paper one hours on a CPU)")
-    p.add_argument("--report-timeout", type=float, default=3600.0,
-                   help="seconds allowed to each report profile (default 3600); past it the JSON says 'timed out'")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--report-timeout", type=float_option("--report-timeout", finite=False), default=None,
+                   help="with --report-profiles: seconds allowed to each report profile (default 3600); past it the "
+                        "JSON says 'timed out'")
+    p.add_argument("--threads", type=threads_option("--threads"), default=None,
                    help="torch intra-op CPU threads (default: torch's choice, the core count). On "
                         "a machine shared with other jobs, 1 avoids threads waiting on each other "
                         "for a core, which can make small steps 10-100x slower")
@@ -170,16 +172,17 @@ def parse_args(argv=None) -> BenchConfig:
             p.error(f"--device {dev}: no CUDA device is available here; use --device cpu")
         if ":" in dev and int(dev[5:]) >= torch.cuda.device_count():
             p.error(f"--device {dev}: only {torch.cuda.device_count()} CUDA device(s) here")
-    if a.repeats < 1:
-        p.error(f"--repeats must be a positive integer, got {a.repeats}")
-    if a.threads is not None and a.threads < 1:
-        p.error(f"--threads must be a positive integer, got {a.threads}")
-    if a.warmup < 0:
-        p.error(f"--warmup must be >= 0, got {a.warmup}")
-    if not (math.isfinite(a.reduced_time) and a.reduced_time >= LR):
+    # values first (the message about the value), then options that this run would ignore
+    if a.reduced_time is not None and not (math.isfinite(a.reduced_time) and a.reduced_time >= LR):
         p.error(f"--reduced-time must be a finite number >= {LR} (one step), got {a.reduced_time}")
-    if not (math.isfinite(a.expansion_time) and a.expansion_time >= LR):
+    if a.reduced_time is not None and not a.reduced_time / LR <= MAX_STEPS:
+        p.error(f"--reduced-time {a.reduced_time:g} is {a.reduced_time / LR:.3g} steps of lr = {LR}, more than the "
+                f"trainer's limit of {MAX_STEPS:,}; give a shorter time")
+    if a.expansion_time is not None and not (math.isfinite(a.expansion_time) and a.expansion_time >= LR):
         p.error(f"--expansion-time must be a finite number >= {LR} (one step), got {a.expansion_time}")
+    if a.expansion_time is not None and not a.expansion_time / LR <= MAX_STEPS:
+        p.error(f"--expansion-time {a.expansion_time:g} is {a.expansion_time / LR:.3g} steps of lr = {LR}, more "
+                f"than the trainer's limit of {MAX_STEPS:,}; give a shorter time")
     profiles = ()
     if a.report_profiles is not None:
         profiles = tuple(x.strip() for x in a.report_profiles.split(",") if x.strip())
@@ -187,22 +190,37 @@ def parse_args(argv=None) -> BenchConfig:
         if bad or not profiles:
             p.error(f"--report-profiles: unknown profile(s) {bad or a.report_profiles!r}; use "
                     f"{', '.join(REPORT_PROFILES)}, comma-separated")
-    if not (math.isfinite(a.report_timeout) and a.report_timeout > 0):
+    if a.report_timeout is not None and not (math.isfinite(a.report_timeout) and a.report_timeout > 0):
         p.error(f"--report-timeout must be a positive number of seconds, got {a.report_timeout}")
+    if a.report_timeout is not None and not profiles:
+        p.error("--report-timeout is used only with --report-profiles; add --report-profiles or drop "
+                "--report-timeout")
+    if a.smoke:
+        given = [f for f, v in (("--repeats", a.repeats), ("--warmup", a.warmup), ("--reduced-time", a.reduced_time),
+                                ("--expansion-time", a.expansion_time)) if v is not None]
+        if given:
+            p.error(f"--smoke sets its own tiny sizes and would ignore {', '.join(given)}; drop "
+                    f"{'them' if len(given) > 1 else 'it'} (or --smoke)")
+    out = None
     if a.out is not None:
         try:
-            check_output_file("--out", a.out)       # before minutes of timing, not after
+            out = check_output_path(a.out, "--out")       # before minutes of timing, not after
         except ValueError as exc:
             p.error(str(exc))
+    repeats = 5 if a.repeats is None else a.repeats
+    warmup = 2 if a.warmup is None else a.warmup
+    reduced_time = 0.5 if a.reduced_time is None else a.reduced_time
+    expansion_time = EXPANSION_TIME if a.expansion_time is None else a.expansion_time
+    report_timeout = 3600.0 if a.report_timeout is None else a.report_timeout
     if a.smoke:
-        a.repeats, a.warmup = 1, 0
-        a.reduced_time = LR
-        a.expansion_time = 2 * LR
-    bc = BenchConfig(device=dev, dtypes=dtypes, repeats=a.repeats, warmup=a.warmup,
+        repeats, warmup = 1, 0
+        reduced_time = LR
+        expansion_time = 2 * LR
+    bc = BenchConfig(device=dev, dtypes=dtypes, repeats=repeats, warmup=warmup,
                      profile="quick" if a.quick else "full", smoke=a.smoke,
-                     seed=a.seed, reduced_time=a.reduced_time, expansion_time=a.expansion_time,
-                     report_profiles=profiles, report_timeout=a.report_timeout, progress=not a.no_progress,
-                     scaling_steps=1 if a.smoke else 4, out=a.out, threads=a.threads)
+                     seed=a.seed, reduced_time=reduced_time, expansion_time=expansion_time,
+                     report_profiles=profiles, report_timeout=report_timeout, progress=not a.no_progress,
+                     scaling_steps=1 if a.smoke else 4, out=None if out is None else a.out, threads=a.threads)
     return bc
 
 
@@ -211,7 +229,6 @@ def main(argv=None) -> dict:
     res = run_bench(bc)
     print(render(res))
     if bc.out:
-        os.makedirs(os.path.dirname(os.path.abspath(bc.out)), exist_ok=True)
         write_json_atomic(bc.out, res, allow_nan=True)  # as before the move: a NaN timing is written, not refused
         print(f"wrote {bc.out}")
     return res

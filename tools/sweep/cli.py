@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from theory._validate import check_output_dir
+from theory._validate import check_output_dir, int_option, threads_option
 from tools.sweep.execute import resolve_point_fn
 from tools.sweep.grid import expand_grid, load_grid
 from tools.sweep.identity import DEFAULT_POINT_FN, point_id
 from tools.sweep.runner import run_grid
 from tools.sweep.schedulers import check_scheduler
+from tools.sweep.store import SWEEP_MARKER, check_sweep_files
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,16 +27,17 @@ def _parser() -> argparse.ArgumentParser:
                "the error); 2 bad arguments or grid; 130 interrupted (what finished is kept).")
     p.add_argument("grid", help="the grid TOML file: [problem]/[train] fixed values, [cross] ranges to cross, "
                                 "[zip] ranges taken together; see docs/sweep.md")
-    p.add_argument("--out", required=True, help="output directory (created); holds points/, grid.toml, "
+    p.add_argument("--out", required=True, help="output directory (created): a new or empty directory, or this "
+                                                "sweep's own earlier output (resumed); holds points/, grid.toml, "
                                                 "summary.json, log.jsonl")
     p.add_argument("--scheduler", default=None,
                    help="where points run: omitted = a local process pool; 'serial' = one by one in this process; "
                         "'local' = a Dask LocalCluster; an address (tcp://HOST:8786) = a running Dask scheduler "
                         "(needs pip install -e .[dask])")
-    p.add_argument("--workers", type=int, default=None,
-                   help="processes of the pool or of the LocalCluster (default: the number of CPUs); ignored with "
-                        "a scheduler address")
-    p.add_argument("--retries", type=int, default=1,
+    p.add_argument("--workers", type=threads_option("--workers"), default=None,
+                   help="processes of the pool or of the LocalCluster (default: the number of CPUs; at most 4 x the "
+                        "CPUs); ignored with a scheduler address")
+    p.add_argument("--retries", type=int_option("--retries", 0, 100), default=1,
                    help="times a point whose worker process died is resubmitted (default 1)")
     p.add_argument("--retry-failed", action="store_true",
                    help="rerun points stored as failed (by default they are skipped and counted in the summary)")
@@ -51,20 +53,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         spec, text = load_grid(args.grid)
-        points = expand_grid(spec)
+        try:
+            points = expand_grid(spec)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{args.grid}: {exc}") from None     # name the file the mistake is in
         if args.dry_run:
             fn_name = args.point_fn or DEFAULT_POINT_FN
             print(json.dumps([{"id": point_id(p, point_fn=fn_name), "point": p} for p in points], indent=1))
             return 0
-        if args.workers is not None and args.workers < 1:
-            raise ValueError(f"--workers must be a positive integer, got {args.workers}")
         if args.workers is not None and args.scheduler not in (None, "local", "serial"):
             print("note: --workers is ignored with a scheduler address (the cluster has its own workers)",
                   file=sys.stderr)
             args.workers = None
         check_scheduler(args.scheduler)
         resolve_point_fn(args.point_fn)
-        check_output_dir("--out", args.out)      # before anything is created or run
+        # before anything is created or run: a new or empty directory, or a sweep's own (resumed);
+        # never a report directory or any other non-empty one
+        if Path(args.out).is_dir():
+            check_sweep_files(Path(args.out))
+        check_output_dir(args.out, "--out", marker=SWEEP_MARKER, inputs=(args.grid,))
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -35,6 +35,9 @@ def train_point(point: dict) -> dict:
     if point["model"] == "converged":     # a claim's trained run: explore, polish, held-out loss
         from numerics.experiments.converged import run_point
         return run_point(point)
+    if point["model"] == "atlas":         # an atlas point: a full model from a stated start, measured
+        from numerics.experiments.atlas import run_point as run_atlas_point
+        return run_atlas_point(point)
     cfg = ProblemConfig.from_dict(point["problem"])
     tcfg = TrainConfig(**point["train"], progress=False, checkpoint=None)
     run = train if point["model"] == "full" else train_reduced

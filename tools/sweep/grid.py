@@ -28,12 +28,14 @@ from numerics.config import ProblemConfig
 from numerics.train import MAX_STEPS, TrainConfig
 from theory._validate import MAX_INPUT_BYTES, SEED_MAX, check_input_file, read_input_bytes
 
-MODELS = ("full", "reduced", "converged")
+MODELS = ("full", "reduced", "converged", "atlas")
 """``full``/``reduced``: one ``numerics.train`` run (its [train] section holds TrainConfig fields);
 ``converged``: a full model trained to its converged loss the way claims 5 and 6 do
 (``numerics.experiments.converged``: explore, polish, held-out loss; its [train] section holds
 TrainingSchedule fields and ``seed``), so a report built with ``--from-sweep`` takes these runs
-instead of training them."""
+instead of training them; ``atlas``: one full model trained from a stated start and measured for the
+atlas's phase diagrams (``numerics.experiments.atlas``: its [train] section holds AtlasSchedule
+fields and ``seed``; ``claims.atlas`` reads these points with ``--from-sweep``)."""
 GRID_SECTIONS = ("description", "model", "problem", "train", "cross", "zip")
 # TrainConfig fields the sweep owns: its own progress bar replaces the per-run one, and a
 # point's checkpoint would be a path outside the content hash.
@@ -72,6 +74,9 @@ def config_fields(model: str = "full") -> tuple[dict[str, _Field], dict[str, _Fi
     if model == "converged":
         from numerics.experiments.converged import TrainingSchedule
         return problem, {**_dataclass_fields(TrainingSchedule), "seed": _Field(0, "int")}
+    if model == "atlas":
+        from numerics.experiments.atlas import AtlasSchedule
+        return problem, {**_dataclass_fields(AtlasSchedule), "seed": _Field(0, "int")}
     train = {k: v for k, v in _dataclass_fields(TrainConfig).items() if k not in SWEEP_MANAGED_TRAIN_FIELDS}
     return problem, train
 
@@ -239,8 +244,14 @@ def expand_grid(spec: dict) -> list[dict]:
         if (model == "converged") != (fixed_model == "converged"):
             raise ValueError("grid: model 'converged' takes TrainingSchedule fields in [train]; it cannot be swept "
                              "together with 'full'/'reduced' (write two grids)")
+        if (model == "atlas") != (fixed_model == "atlas"):
+            raise ValueError("grid: model 'atlas' takes AtlasSchedule fields in [train]; it cannot be swept "
+                             "together with other models (write two grids)")
         filled = _fill(train, train_fields, "train")
-        if model == "converged":
+        if model == "atlas":
+            from numerics.experiments.atlas import check_point
+            check_point({"model": model, "train": filled}, problem=False)   # the schedule; ProblemConfig at run time
+        elif model == "converged":
             from numerics.experiments.converged import check_schedule
             check_schedule(filled, int(problem.get("L", 1)) if isinstance(problem.get("L"), int) else 1)
         else:

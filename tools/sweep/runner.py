@@ -23,7 +23,7 @@ from tools.atomic import write_json_atomic, write_text_atomic
 from tools.sweep.execute import resolve_point_fn
 from tools.sweep.identity import DEFAULT_POINT_FN, REPO_ROOT, PointFn, code_sources, code_version, fn_name, point_id
 from tools.sweep.schedulers import check_scheduler, require_dask, run_dask, run_pool, run_serial
-from tools.sweep.store import Item, Sink, clean_stale_temporaries, read_point_file, utc_now
+from tools.sweep.store import Item, Sink, check_sweep_files, clean_stale_temporaries, read_point_file, utc_now
 
 
 @dataclass
@@ -101,6 +101,8 @@ def run_grid(points: list[dict], out_dir: Union[str, Path], scheduler: Optional[
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {str(out)!r} exists and is not a directory")
+    if out.is_dir():
+        check_sweep_files(out)
     points_dir = out / "points"
     points_dir.mkdir(parents=True, exist_ok=True)
     clean_stale_temporaries(points_dir)

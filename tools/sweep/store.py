@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import datetime
 import json
-import time
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from theory._validate import clean_stale_temporaries as _clean
+from theory._validate import read_input_bytes
 from tools.atomic import write_json_atomic
 from tools.sweep.grid import canonical
 from tools.sweep.identity import canonical_json
@@ -26,10 +29,18 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+MAX_POINT_FILE_BYTES = 256 * 2 ** 20
+"""A point file is a few kB to a few MB (its trajectory); anything larger is not one."""
+
+
 def read_point_file(path: Path) -> Optional[dict]:
+    """The record stored at ``path``, or None when it is absent or not a point record (then
+    the point is run again and the file replaced).  Only a regular file is opened, without
+    blocking: a FIFO or a device in points/ is never read (reading it would hang)."""
     try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = read_input_bytes(path, "point file", max_bytes=MAX_POINT_FILE_BYTES)
+        record = json.loads(data.decode("utf-8"))
+    except (OSError, ValueError):        # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
     if not isinstance(record, dict) or record.get("id") != path.stem or "point" not in record:
         return None
@@ -84,15 +95,37 @@ def select_results(records: list[dict], model: Optional[str] = None, include_fai
     return list(latest.values())
 
 
-def clean_stale_temporaries(points_dir: Path, older_than_s: float = 3600.0) -> None:
-    # temporaries of a writer killed between write and rename; a live writer's are younger
-    now = time.time()
-    for tmp in points_dir.glob(".*.tmp"):
-        try:
-            if now - tmp.stat().st_mtime > older_than_s:
-                tmp.unlink()
-        except OSError:
-            pass
+def clean_stale_temporaries(points_dir: Path, older_than_s: float = 3600.0) -> list:
+    """Remove the temporaries of a writer killed between write and rename (a live writer's
+    are younger): :func:`theory._validate.clean_stale_temporaries`."""
+    return _clean(points_dir, older_than_s)
+
+
+SWEEP_MARKER = "points"
+"""The entry that makes a directory a sweep's own output (``check_output_dir(..., marker=SWEEP_MARKER)``):
+a rerun resumes it; any other non-empty directory is refused as ``--out``."""
+
+
+def check_sweep_files(out: Path) -> None:
+    """Refuse a sweep directory whose own entries are not what the sweep writes (``points``
+    a directory; ``log.jsonl``, ``summary.json``, ``grid.toml`` regular files or absent): a
+    FIFO there would block the sweep, a device would be replaced."""
+    for name, want_dir in (("points", True), ("log.jsonl", False), ("summary.json", False), ("grid.toml", False)):
+        p = out / name
+        if not os.path.lexists(p):
+            continue
+        mode = os.stat(p).st_mode if os.path.exists(p) else 0
+        ok = stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode)
+        if not ok:
+            raise ValueError(f"--out {out}: {name} is not a {'directory' if want_dir else 'regular file'} (a "
+                             f"FIFO, device, dangling link or the wrong kind); the sweep writes it itself: remove it "
+                             "or choose another --out")
+    points = out / "points"
+    if points.is_dir():
+        for entry in os.scandir(points):
+            if entry.name.endswith(".json") and not entry.is_file():
+                raise ValueError(f"--out {out}: points/{entry.name} is not a regular file (a FIFO, device, directory "
+                                 "or dangling link): it is neither read nor replaced; remove it and run again")
 
 
 @dataclass
@@ -114,7 +147,10 @@ class Sink:
 
     def log(self, event: str, **fields_) -> None:
         line = canonical_json({"event": event, "run": self.run_token, "time": utc_now(), **fields_})
-        with open(self.out / "log.jsonl", "a") as fh:
+        # O_NONBLOCK: a FIFO put in place of the log fails at once (ENXIO) instead of blocking
+        fd = os.open(self.out / "log.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0),
+                     0o666)
+        with os.fdopen(fd, "a") as fh:
             fh.write(line + "\n")
 
     def record(self, item: Item, out: dict) -> None:
