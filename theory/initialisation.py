@@ -1,6 +1,7 @@
 """Starts outside the paper's "suitable initialisation": what theory says about them.
 
-Three pieces of mathematics (numpy only), used by ``claims.initialisation``:
+Three pieces of mathematics (numpy only), used by ``claims.initialisation`` and
+``claims.allocation_race`` (and a fourth: the starts they run):
 
 1. **The residual split** (:func:`residual_split`).  The query z_q = (q, 0) has no y part,
    so the y columns of every W_h (W_h[:, d:]) never enter the output: no gradient reaches
@@ -44,6 +45,12 @@ Three pieces of mathematics (numpy only), used by ``claims.initialisation``:
    within a factor sqrt 2 of their initial norm while 8 c4 u0 t <= 1/2 (the warm-up, leading
    order in the weights).  The merged weights obey |(W, U)| <= max(1, 1/s) |theta|^2 / 2, so
    every off-D part of (W, U) at time t is at most max(1, 1/s) u(t) / 2.
+
+4. **The starts the boundaries run and what theory predicts from them**: the random starts'
+   scales around the small scale (:func:`random_start_scales`), the authors' logit scale
+   sqrt(d + m) (:func:`authors_logit_scale`), the race grid's starts (:func:`race_starts`),
+   which tasks a start leaves to noise (:func:`untied_tasks`) and theory's ODE winners from the
+   default start at a given scale (:func:`default_start_winners`).
 """
 from __future__ import annotations
 
@@ -53,6 +60,8 @@ import numpy as np
 
 from ._validate import check_L, check_omega_mu, check_sigma, check_tasks
 from .block_structure import off_decomposable_parts
+from .reduced_ode import default_init, expansion_valid
+from .task_allocation import predicted_winners
 
 
 def residual_split(W, U, tasks, basis) -> dict:
@@ -128,3 +137,54 @@ def small_scale(tasks, heads, L, t_end, sigma=0.0, logit_scale=1.0, exponent=0.5
     c4 = warmup_quartic_constant(tasks, heads, L, sigma, logit_scale)
     per_unit = uniform_full_norm_sq(tasks, heads, 1.0)
     return math.sqrt(exponent / (8.0 * c4 * per_unit * float(t_end)))
+
+
+def authors_logit_scale(tasks) -> float:
+    """The authors' logit scale sqrt(d + m) (d = sum r_i, m tasks): with init_scale = 1 the
+    uniform_full start is PyTorch's nn.Linear default with their logit scaling."""
+    tasks = check_tasks(tasks)
+    return math.sqrt(sum(tasks) + len(tasks))
+
+
+def random_start_scales(scales, small_factor, tasks, heads, L, t_end, sigma=0.0) -> tuple[list, float]:
+    """The random starts' init scales: each entry of ``scales`` as a number, "small" meaning
+    ``small_factor`` x :func:`small_scale` at the authors' logit scale; and that small scale."""
+    s_small = small_scale(tasks, heads, L, t_end, sigma, authors_logit_scale(tasks))
+    return [small_factor * s_small if s == "small" else float(s) for s in scales], s_small
+
+
+def untied_tasks(omega0, mu0) -> list[int]:
+    """Tasks whose two leading heads (by omega0 mu0) do not start from the same (omega0, mu0):
+    on a tie (several heads at the same start, H > m) the winner is chosen by noise, not by
+    theory, so only untied tasks have a predicted outcome."""
+    om, mu = np.asarray(omega0), np.asarray(mu0)
+    out = []
+    for i in range(om.shape[1]):
+        order = np.argsort(-(om[:, i] * mu[:, i]))
+        if om.shape[0] == 1 or not (np.isclose(om[order[0], i], om[order[1], i], rtol=1e-12, atol=0)
+                                    and np.isclose(mu[order[0], i], mu[order[1], i], rtol=1e-12, atol=0)):
+            out.append(i)
+    return out
+
+
+def race_starts(s0, ratios, heads, m) -> list[dict]:
+    """The race grid's starts: head 0 at omega0 = mu0 = s0 on every task, the other heads at
+    (rho_omega s0, rho_mu s0); rho_mu over ``ratios`` (outer), rho_omega over ``ratios`` (inner).
+    Each: {"rho_omega", "rho_mu", "omega0", "mu0"} ((H, m) arrays)."""
+    out = []
+    for rm in ratios:
+        for rw in ratios:
+            om0, mu0 = np.full((heads, m), float(s0)), np.full((heads, m), float(s0))
+            om0[1:] *= rw
+            mu0[1:] *= rm
+            out.append({"rho_omega": rw, "rho_mu": rm, "omega0": om0, "mu0": mu0})
+    return out
+
+
+def default_start_winners(tasks, s0, L, sigma=0.0):
+    """Theory's ODE winners from the default decomposable start at scale s0 (H = m), or None
+    where the start lies outside the expansion's domain (2 omega0^2 >= 1: no prediction)."""
+    omega0, mu0 = default_init(tasks, len(tasks), s0)
+    if not expansion_valid(omega0, 1e-3):
+        return None
+    return predicted_winners(omega0, mu0, tasks, L, sigma)

@@ -1,0 +1,358 @@
+"""``boundary-allocation-race`` (issue 14, items 3 and 4), on the full model:
+
+  3. a grid over the runner-up head's (omega0, mu0) relative to the favoured head's (one task,
+     two heads; theory.initialisation.race_starts): the measured winner against theory's ODE
+     rule and the "largest mu0" rule;
+  4. the default decomposable start at growing scale s0: where the warm-up disappears and
+     allocation stops being predictable, against the reduced flow from the same start.
+
+Outcome: theory's ODE rule in every cell where the data seeds agree and the race has ended
+(both runs start on D, where the reduced flow is exact), and the reduced flow's phase times at
+every scale (:func:`phase_comparison`, used by both boundaries: a phase that ends in neither curve is
+no disagreement, one that ends in one curve only is counted and said).  Where the warm-up
+vanishes and where allocation stops being predictable are findings (the paper assumes small
+starts); so is which side the measurement takes where "largest mu0" and the ODE rule differ.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from claims.base import Figure, Series
+from claims.common import Comparison, config_label, headline_row, perturbation, reported_row
+from claims.spec import ClaimSpec, Outcome, finding, fmt, replace_fields
+from numerics.config import ProblemConfig
+from numerics.experiments.starts import large_init_run, race_cell
+from numerics.train import TrainConfig
+from theory.initialisation import default_start_winners, race_starts
+from theory.task_allocation import predicted_winners
+
+
+FIELDS = ("tasks", "heads", "L", "sigma")
+"""The problem fields both initialisation boundaries read (their profiles' own names)."""
+PHASES = {"warmup_end": "warm-up", "emergence_end": "emergence"}
+
+
+@dataclass(frozen=True)
+class RaceProfile:
+    tasks: tuple = (2,)            # one task: the race between two heads for it
+    heads: int = 2
+    L: int = 32
+    sigma: float = 0.0
+    s0: float = 0.1                # the favoured head 0 starts at omega0 = mu0 = s0
+    ratios: tuple = (0.5, 0.8, 1.25, 2.0)   # runner-up's omega0/s0 (columns) and mu0/s0 (rows)
+    data_seeds: tuple = (0, 1)     # two prompt streams per cell: a cell is decided when they agree
+    lr: float = 0.1
+    time: float = 60.0
+    batch: int = 256
+    records: int = 41
+    large_tasks: tuple = (2, 2)    # item 4: default decomposable start at growing scale
+    large_scales: tuple = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
+    large_time: float = 40.0
+    large_records: int = 201       # fine records: the warm-up at large s0 lasts a few time units
+
+
+RACE_PROFILES = {
+    "tiny": RaceProfile(L=16, ratios=(0.5, 2.0), batch=128, time=30.0, records=31, large_tasks=(2,),
+                        large_scales=(0.1, 0.8), large_time=30.0, large_records=61),
+    "quick": RaceProfile(),
+    "paper": RaceProfile(tasks=(4,), L=256, ratios=(0.4, 0.6, 0.8, 0.9, 1.1, 1.25, 1.6, 2.5), data_seeds=(0, 1, 2),
+                         lr=0.05, time=100.0, batch=1024, records=61, large_tasks=(4, 4, 4),
+                         large_scales=(0.02, 0.05, 0.1, 0.2, 0.4, 0.8), large_time=100.0, large_records=401),
+}
+
+
+def tcfg(p, seed: int, time_=None, records=None) -> TrainConfig:
+    return TrainConfig(lr=p.lr, time=time_ or p.time, batch=p.batch, seed=seed, records=records or p.records)
+
+
+# --- phase times of two curves, and comparisons that have nothing to compare
+
+def phase_state(ph: dict, key: str, t_end: float):
+    """A phase's end time, or what happened instead, with the run length: "warm-up undefined by
+    t_end = 30 (loss drop ... not clear of the noise)" (theory.three_phases defines the phases
+    only for a drop clear of 10x the noise) or "emergence did not end by t_end = 30"."""
+    t = ph[key]
+    if isinstance(t, (int, float)) and math.isfinite(t):
+        return float(t)
+    if not ph.get("defined", True):
+        return f"{PHASES[key]} undefined by t_end = {t_end:g} ({ph.get('reason', '')})"
+    return f"{PHASES[key]} did not end by t_end = {t_end:g}"
+
+
+def phase_comparison(name: str, pairs: list, spacing: float, reference: str, config=None) -> Comparison:
+    """Warm-up and emergence ends of measured curves against reference curves (``pairs``:
+    (where, measured phases, reference phases, t_end)) within 2 record spacings (each crossing
+    time is interpolated between records, so each is resolved to one spacing).  A phase that
+    ends in both curves is compared; one that ends in neither is no disagreement (both curves
+    say the same: not ended, or undefined, by t_end); one that ends in one curve only is
+    counted and said (its drop sits at theory.three_phases' definedness threshold, 10x the
+    noise, so the pair cannot decide), never compared.  Perturbation through the same
+    comparison: the reference's phase times 50% longer.  Nothing compared: error 0 and the
+    perturbation not rejected, so the judge cannot call it located (``undecided``)."""
+    rows = [{"where": w, "phase": PHASES[k], "measured": phase_state(a, k, t), "reference": phase_state(b, k, t)}
+            for w, a, b, t in pairs for k in PHASES]
+    num = lambda x: isinstance(x, float)  # noqa: E731
+    both = [(r["measured"], r["reference"]) for r in rows if num(r["measured"]) and num(r["reference"])]
+    one = [r for r in rows if num(r["measured"]) != num(r["reference"])]
+
+    def compare(factor: float) -> float:
+        return max((abs(a - factor * b) for a, b in both), default=0.0)
+
+    tol = 2.0 * spacing
+    return Comparison(
+        name=name, measured={r["where"]: [x["measured"] for x in rows if x["where"] == r["where"]] for r in rows},
+        predicted={r["where"]: [x["reference"] for x in rows if x["where"] == r["where"]] for r in rows},
+        error=compare(1.0), tolerance=tol,
+        why=f"phase times within 2 record spacings ({tol:.3g}): each crossing time is interpolated between records, "
+            "so each is resolved to one spacing; compared where a phase ends in both curves",
+        perturbations=[perturbation(f"phase times 50% longer than the {reference}'s", compare(1.5), tol)],
+        details={"compared": len(both), "ended_in_one_only": len(one), "one_only": one,
+                 "ended_in_neither": len(rows) - len(both) - len(one), "defined_in_one_only": len(one)},
+        config=config)
+
+
+def phase_row(c: Comparison, name: str | None = None) -> list:
+    """The headline rows of a phase comparison: max |difference| against 0 (with nothing
+    compared, a reported row: no tick), and the count of phases ending in one curve only."""
+    name = name or c.name
+    main = (reported_row(name, None, config=c.config) if c.details["compared"] == 0
+            else headline_row(c, name, measured=c.error, theory=0.0))
+    return [main, reported_row(f"{name}: phases ending in one curve only (not compared)",
+                               c.details["ended_in_one_only"], config=c.config)]
+
+
+def nothing_compared(comps: list) -> str | None:
+    """Why the comparisons cannot decide (None when each compared something)."""
+    why = []
+    for c in comps:
+        d = c.details
+        if d.get("compared", 1) == 0:
+            e = d["one_only"][0] if d["one_only"] else None
+            eg = f"; e.g. {e['where']}, {e['phase']}: {fmt(e['measured'])} against {fmt(e['reference'])}" if e else ""
+            why.append(f"{c.name}: no phase ends in both curves ({d['ended_in_neither']} in neither, "
+                       f"{d['ended_in_one_only']} in one curve only{eg})")
+        elif d.get("decided", 1) == 0:
+            why.append(f"{c.name}: no outcome decided (data seeds disagree, a tied start, or a race not ended)")
+    return "; ".join(why) or None
+
+
+# --- item 3: the race grid; item 4: large initialisation
+
+def race_grid(p: RaceProfile, device="cpu", seed=0, progress=lambda msg, f: None) -> dict:
+    """Every cell (omega ratio rho_w, mu ratio rho_m) of theory.initialisation.race_starts:
+    measured winners per data seed (decided when the seeds agree and the race has ended:
+    numerics.readout's race_decided), theory's ODE and largest-mu0 predictions."""
+    base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=device)
+    starts, cells = race_starts(p.s0, p.ratios, p.heads, base.m), []
+    for n, st in enumerate(starts):
+        rw, rm, om0, mu0 = st["rho_omega"], st["rho_mu"], st["omega0"], st["mu0"]
+        progress(f"race cell omega x{rw:g}, mu x{rm:g}", n / len(starts))
+        cfg = base.replace(init="given", init_omega=tuple(map(tuple, om0)), init_mu=tuple(map(tuple, mu0)))
+        meas = [race_cell(cfg, tcfg(p, seed + k)) for k in p.data_seeds]
+        wins = [m_["winners"] for m_ in meas]
+        seeds_agree = all(w == wins[0] for w in wins)
+        finished = all(m_["race_decided"] for m_ in meas)
+        cells.append({"rho_omega": rw, "rho_mu": rm, "measured": wins, "decided": seeds_agree and finished,
+                      "seeds_agree": seeds_agree, "allocated": finished, "share": [m_["share"] for m_ in meas],
+                      "ode": predicted_winners(om0, mu0, p.tasks, p.L, p.sigma, rule="ode"),
+                      "largest_mu": predicted_winners(om0, mu0, p.tasks, rule="largest_mu")})
+    return {"cells": cells}
+
+
+def check_race(cells: list[dict]) -> Comparison:
+    """In every cell where the data seeds agree (and the race has ended in both: the winner
+    carries >= RACE_DECIDED_SHARE of sum_h |mu omega| at t_end), the measured winners equal
+    theory's ODE rule: error = number of decided cells where they differ, tolerance 0 (a winner
+    is a discrete outcome; undecided cells are counted, not compared).  Perturbation through the
+    same comparison: every winner swapped to another head.  No decided cell: error 0 and the
+    perturbation not rejected (undecided)."""
+    decided = [c for c in cells if c["decided"]]
+    compare = lambda rule: float(sum(c["measured"][0] != rule(c) for c in decided))  # noqa: E731
+    heads = 1 + max(max(c["ode"]) for c in cells) if cells else 2
+    return Comparison(
+        name="race winner = theory's ODE rule where two data seeds agree", measured=len(decided) - int(compare(
+            lambda c: c["ode"])), predicted=len(decided), error=compare(lambda c: c["ode"]), tolerance=0.0,
+        why="exact: a discrete outcome, compared only where the data seeds agree and the race has ended",
+        perturbations=[perturbation("every winner swapped to another head",
+                                    compare(lambda c: [(w + 1) % max(2, heads) for w in c["ode"]]), 0.0)],
+        details={"decided": len(decided), "undecided": len(cells) - len(decided),
+                 "seeds_disagree": sum(not c["seeds_agree"] for c in cells),
+                 "not_allocated": sum(c["seeds_agree"] and not c["allocated"] for c in cells),
+                 "largest_mu_disagrees_with_measured": int(compare(lambda c: c["largest_mu"]))})
+
+
+def bracket(scales: list, hits: list):
+    """[largest scale below the first hit, first hit] (None: no hit; [None, s]: already at the smallest)."""
+    if not hits:
+        return None
+    below = [s for s in scales if s < min(hits)]
+    return [max(below) if below else None, min(hits)]
+
+
+def evaluate(ctx) -> Outcome:
+    """boundary-allocation-race: items 3 and 4 of issue 14 (module docstring)."""
+    p, seed, progress = ctx.p, ctx.seed, ctx.progress
+    cells = race_grid(p, ctx.device, seed, lambda msg, f: progress(msg, 0.6 * f))["cells"]
+    large = {}
+    base = ProblemConfig(tasks=p.large_tasks, heads=len(p.large_tasks), L=p.L, sigma=p.sigma, device=ctx.device)
+    for j, s0 in enumerate(p.large_scales):
+        progress(f"large init s0={s0:g}", 0.6 + 0.4 * j / len(p.large_scales))
+        cfg = base.replace(init_scale=s0)
+        large[s0] = [large_init_run(cfg, tcfg(p, seed + k, p.large_time, p.large_records)) for k in p.data_seeds]
+    spacing = p.large_time / (p.large_records - 1)
+    label = config_label(base) + " init=decomposable at growing s0"
+    comps = [check_race(cells), phase_comparison(
+        "phase times against init scale: full model vs reduced flow",
+        [(f"s0={s:g} seed {k}", r["full"]["phases"], r["reduced"]["phases"], p.large_time)
+         for s, rs in large.items() for k, r in zip(p.data_seeds, rs)], spacing, "reduced flow", label)]
+    comps[0].config = config_label(ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma)) + f" s0={p.s0:g}"
+    predicted = {s0: default_start_winners(p.large_tasks, s0, p.L, p.sigma) for s0 in p.large_scales}
+    # no warm-up: in every seed the loss has fallen by 10% of its drop within 2 record spacings
+    no_warmup = [s0 for s0, rs in large.items() if all(math.isfinite(r["full"]["phases"]["warmup_end"])
+                                                       and r["full"]["phases"]["warmup_end"] <= 2 * spacing for r in rs)]
+    # unpredictable: a seed's winners differ from the reduced flow's from the same start, or from
+    # theory's ODE rule where the start is inside the expansion's domain, or a task is not allocated
+    # (its winner carries < WINNER_MASS_SHARE of sum_h |mu omega|), or the seeds disagree
+    unpredictable = [s0 for s0, rs in large.items()
+                     if any(r["full"]["winners"] != r["reduced"]["winners"]
+                            or (predicted[s0] is not None and r["full"]["winners"] != predicted[s0])
+                            or not r["full"]["mass_allocated"] or r["full"]["winners"] != rs[0]["full"]["winners"]
+                            for r in rs)]
+    undefined = [s0 for s0, rs in large.items() if any(not math.isfinite(r["full"]["phases"]["warmup_end"]) for r in rs)]
+    dis = [c for c in cells if c["ode"] != c["largest_mu"]]
+    race, cfg0 = comps[0], comps[0].config
+    contra = sum(c["decided"] and c["measured"][0] == c["ode"] for c in dis)
+    headline = [headline_row(race, measured=race.measured, theory=race.predicted) if race.details["decided"]
+                else reported_row(race.name, None, config=cfg0),
+                reported_row("race: undecided cells: data seeds disagree", race.details["seeds_disagree"], config=cfg0),
+                reported_row("race: undecided cells: seeds agree, race not ended by t_end",
+                             race.details["not_allocated"], config=cfg0),
+                reported_row("race: cells where 'largest mu0' and the ODE rule disagree", len(dis), config=cfg0),
+                reported_row("race: decided cells where the measurement sides with 'largest mu0' against the ODE rule",
+                             sum(c["decided"] and c["measured"][0] == c["largest_mu"] for c in dis), config=cfg0),
+                reported_row("race: decided cells where the measurement contradicts 'largest mu0' (sides with the ODE "
+                             "rule)", contra, config=cfg0),
+                *phase_row(comps[1]),
+                reported_row("no warm-up from init scale (bracket [below, at])", bracket(list(p.large_scales), no_warmup),
+                             config=label),
+                reported_row("allocation unpredictable from init scale (bracket [below, at])",
+                             bracket(list(p.large_scales), unpredictable), config=label)]
+    details = {"domain": "theory's ODE rule decides the race in cells where the data seeds agree (both runs start on "
+                         "D, where the reduced flow is exact); on D the reduced flow gives the phase times at every "
+                         "scale. Where the warm-up vanishes and where allocation stops being predictable are findings "
+                         "(the paper assumes small starts).",
+               "ran": {"profile": asdict(p)}, "cells": cells, "large": {f"{s:g}": rs for s, rs in large.items()},
+               "predicted_winners_large": {f"{s:g}": w for s, w in predicted.items()},
+               "no_warmup_scales": no_warmup, "unpredictable_scales": unpredictable,
+               "warmup_undefined_scales": undefined, "largest_mu_contradicted": contra,
+               "largest_mu_decided": sum(c["decided"] for c in dis), "rules_disagree": len(dis)}
+    figures = [_race_heatmap(p, cells), _race_border_figure(p, cells), _large_phase_figure(large, spacing)]
+    return Outcome(comps, headline, figures, details, undecided=nothing_compared(comps))
+
+
+def findings(result) -> list:
+    """The race's winners against both rules (beyond) and the scale where the warm-up vanishes (stops)."""
+    d = result.details
+    race = next(c for c in d["comparisons"] if c["name"].startswith("race winner"))
+    p = d["ran"]["profile"]
+    out = [finding(result, "beyond", "In the (omega0, mu0) race ({cells} cells, one task, two heads) the measured "
+                   "winner is theory's ODE rule's in {agree} of {decided} decided cells; 'largest mu0' and the ODE "
+                   "rule disagree in {dis} cells, and the measurement contradicts 'largest mu0' in {contra} of the "
+                   "{dis_dec} of them that are decided ({undecided} cells undecided by t_end = {t}).",
+                   cells=len(d["cells"]), agree=race["measured"], decided=race["details"]["decided"],
+                   dis=d["rules_disagree"], contra=d["largest_mu_contradicted"], dis_dec=d["largest_mu_decided"],
+                   undecided=race["details"]["undecided"], t=p["time"])]
+    scales, hits = p["large_scales"], d["no_warmup_scales"]
+    where = bracket(scales, hits)
+    unpred = bracket(scales, d["unpredictable_scales"])
+    tail = (" allocation is unpredictable from s0 in [{u_lo}, {u_hi}]." if unpred else
+            " allocation stays predictable up to s0 = {top}.")
+    nums = dict(top=max(scales), t=p["large_time"], u_lo=(unpred or [None, None])[0], u_hi=(unpred or [None, None])[1])
+    if where:
+        out.append(finding(result, "stops", "From the default decomposable start the warm-up disappears (10% of the "
+                           "loss drop within 2 record spacings in every seed) at an init scale s0 in ({lo}, {hi}];"
+                           + tail, lo=where[0], hi=where[1], **nums))
+    elif d["warmup_undefined_scales"]:
+        out.append(finding(result, "stops", "From the default decomposable start up to s0 = {top} the scale where the "
+                           "warm-up disappears is not located: at s0 = {und} the full model's warm-up is undefined or "
+                           "not ended by t_end = {t} in some seed;" + tail, und=d["warmup_undefined_scales"], **nums))
+    else:
+        out.append(finding(result, "stops", "From the default decomposable start the warm-up does not disappear up "
+                           "to s0 = {top} (t_end = {t});" + tail, **nums))
+    return out
+
+
+def estimate(p: RaceProfile) -> float:
+    """Wall seconds on 2 cores: a fixed part (the tiny profile took 23 s, load ~5: per-step
+    overheads and the ODE rule's predictions) plus cell units x c: race cells x seeds + large-init
+    pairs x 1.5 (full + reduced), each scaled by steps x batch x L x H (d + m)^2 against a cell of
+    the quick profile (600 steps x 256 prompts, L = 32, one task r = 2, H = 2).  The quick report
+    of 2026-12-01 (/tmp/base): 32 cells + 12 pairs of 4 units = 80 units in 113 s, c = (113 - 23)
+    / 80 = 1.1 s."""
+    unit = lambda t, tasks, heads: t / p.lr * p.batch * p.L * heads * (sum(tasks) + len(tasks)) ** 2 / (  # noqa: E731
+        600 * 256 * 32 * 18)
+    cells = unit(p.time, p.tasks, p.heads) * len(p.ratios) ** 2 * len(p.data_seeds)
+    large = 1.5 * unit(p.large_time, p.large_tasks, len(p.large_tasks)) * len(p.large_scales) * len(p.data_seeds)
+    return 23.0 + 1.1 * (cells + large)
+
+
+RACE_SPEC = ClaimSpec(
+    id="boundary-allocation-race", title="Boundary: the (omega0, mu0) race and large initialisation",
+    statement="Which head wins a task from a given (omega0, mu0), against theory's ODE rule and the "
+              "'largest mu0' rule; above which init scale the warm-up vanishes and allocation is unpredictable.",
+    profiles=RACE_PROFILES, evaluate=evaluate, kind="boundary", fields=FIELDS, estimate=estimate, findings=findings,
+    resolve=lambda p, problem: replace_fields(p, problem, FIELDS),
+    cannot_run=lambda problem: ("the race needs at least two heads" if int(problem.get("heads", 2)) < 2 else None))
+CLAIM_ID, TITLE, STATEMENT = RACE_SPEC.id, RACE_SPEC.title, RACE_SPEC.statement
+run = RACE_SPEC.run
+
+
+def _race_heatmap(p: RaceProfile, cells) -> Figure:
+    rows, look = list(reversed(p.ratios)), {(c["rho_omega"], c["rho_mu"]): c for c in cells}
+    matrix = [[float(look[(rw, rm)]["measured"][0][0]) if look[(rw, rm)]["decided"] else 0.5 for rw in p.ratios]
+              for rm in rows]
+    ode = [[look[(rw, rm)]["ode"][0] for rw in p.ratios] for rm in rows]
+    return Figure(name="race-heatmap", title="Winning head of task 0 (0.5: undecided -- seeds disagree or race not "
+                  "ended)", kind="heatmap", xlabel="runner-up omega0 / favoured omega0",
+                  ylabel="runner-up mu0 / favoured mu0", matrix=matrix, row_labels=[f"{r:g}" for r in rows],
+                  col_labels=[f"{r:g}" for r in p.ratios],
+                  caption=f"theory's ODE rule per cell (same layout): {ode}; its border is drawn in race-border")
+
+
+def _race_border_figure(p: RaceProfile, cells) -> Figure:
+    """The measured winners as points over the ratio grid, with the ODE rule's border (between
+    grid cells where its winner switches, per omega ratio; outside the grid: just beyond its
+    edge) and the 'largest mu0' border (mu ratio 1)."""
+    picks = (("measured: head 0", lambda c: c["decided"] and c["measured"][0][0] == 0),
+             ("measured: head 1", lambda c: c["decided"] and c["measured"][0][0] == 1),
+             ("measured: undecided", lambda c: not c["decided"]))
+    series = [Series(label, [c["rho_omega"] for c in cells if pick(c)], [c["rho_mu"] for c in cells if pick(c)],
+                     "points") for label, pick in picks]
+    ratios, by = list(p.ratios), []
+    for rw in ratios:
+        col = sorted((c for c in cells if c["rho_omega"] == rw), key=lambda c: c["rho_mu"])
+        switch = [math.sqrt(a["rho_mu"] * b["rho_mu"]) for a, b in zip(col, col[1:]) if a["ode"][0] != b["ode"][0]]
+        by.append(switch[0] if switch else ratios[0] / 1.5 if col and col[0]["ode"][0] == 1 else ratios[-1] * 1.5)
+    series += [Series("ODE rule border", ratios, by, "line"),
+               Series("'largest mu0' border", [ratios[0], ratios[-1]], [1.0, 1.0], "dashed")]
+    return Figure(name="race-border", title="Race winners over the (omega0, mu0) ratio grid with theory's border",
+                  xlabel="runner-up omega0 / favoured omega0", ylabel="runner-up mu0 / favoured mu0",
+                  xscale="log", yscale="log", series=series,
+                  caption="above the solid line the ODE rule gives the task to the runner-up head; a border "
+                          "outside the grid is drawn just beyond its edge")
+
+
+def _large_phase_figure(large, spacing) -> Figure:
+    series = []
+    for key, style in (("full", "points"), ("reduced", "line")):
+        for which in PHASES:
+            pts = [(s0, float(np.mean(v))) for s0, rs in large.items()
+                   if (v := [r[key]["phases"][which] for r in rs if math.isfinite(r[key]["phases"][which])])]
+            series.append(Series(f"{key} {which.replace('_', ' ')}", [x for x, _ in pts], [y for _, y in pts], style))
+    return Figure(name="race-phases", title="Phase times against the init scale (default decomposable start)",
+                  xlabel="s0", ylabel="t", xscale="log", yscale="log", series=series,
+                  hlines=[{"y": 2 * spacing, "label": "two record spacings"}],
+                  caption="a warm-up end below two record spacings: no warm-up at that scale")
