@@ -1,10 +1,13 @@
 """The audit report: runs the claim checks of ``claims`` and renders their results.
 
-``python -m reports.build`` (or ``python -m reports``) writes ``claims.json``, a
-self-contained ``index.html`` and the figures as PNG files, at a profile or at a
-configuration of the researcher's choosing, or re-renders a finished report from its
-claims.json (``--from-json``); ``python -m reports.compare A B`` sets two reports side by
-side.  See ``reports.build`` for the command, ``reports.render`` for the drawing and
-``reports.compare`` for the comparison.  Nothing in this package computes a result: every
-number comes from a ``claims.base.ClaimResult``.
+``python -m reports.build`` (or ``python -m reports``) writes ``claims.json`` (findings first,
+then one entry per claim), a self-contained ``index.html`` whose first screen is the findings,
+and the figures as PNG files, at a profile or at a configuration of the researcher's choosing,
+or re-renders a finished report from its claims.json (``--from-json``); ``python -m
+reports.compare A B`` sets two reports side by side; ``python -m reports.findings`` writes
+README's findings block.  Modules: ``build`` (the command), ``plan`` (what the claims say
+before any runs: configuration, cost, sweep), ``schema`` (claims.json's schema, derived from
+``claims.base``), ``output`` (the --out directory), ``render`` (figures, page),
+``provenance``, ``progress``.  Nothing in this package computes a result: every number comes
+from a ``claims.base.ClaimResult``.
 """

@@ -3,15 +3,21 @@
     python -m reports.compare A/claims.json B/claims.json [--out diff.html]
 
 A and B are the ``claims.json`` files of two ``reports.build`` runs (or their directories),
-say before and after a code change, or at two configurations.  The comparison is of what the
-reports recorded; nothing is recomputed.  Per claim id (in A's order, then B's new ids): the
-verdict in A and in B; per headline row (matched by name): theory, measured ± se, tolerance
-and agreement in A and in B.  A change is any difference of verdict, of agreement, or of a
+say before and after a code change, or at two configurations; both are read and checked as
+``--from-json`` reads one (``reports.schema.load_report``: a hand-edited or inconsistent file
+is refused, exit 2), and a claims.json written before kinds, sides, configs and findings
+existed is read with their defaults.  The comparison is of what the reports recorded; nothing
+is recomputed.  Per claim id (in A's order, then B's new ids): the outcome in A and in B; per
+headline row (matched by claim id, row name and config): theory, side, measured ± se,
+tolerance and agreement in A and in B.  A change is any difference of verdict, of agreement, or of a
 number beyond relative ``1e-9`` (printing noise), or a claim or row present on one side only.
 
 On stdout: a text summary (one line per claim, the changed rows under it, then the
 configurations and profiles of A and B when they differ).  ``--out FILE``: the same as one
-self-contained HTML page (written to a temporary file beside FILE, then renamed).
+self-contained HTML page, checked and written by the project's output policy
+(``theory._validate.check_output_path`` / ``write_output``): never one of the inputs, written
+through a character device such as /dev/null, atomically with the umask's permissions
+otherwise.
 
 Exit status: 0 no change, 1 changes (as ``diff``), 2 bad arguments.
 """
@@ -20,25 +26,24 @@ from __future__ import annotations
 import argparse
 import html
 import math
-import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from reports.build import BadArguments, load_report
-from reports.render import CSS, _badge, describe_problem, format_value
+from reports.render import CSS, _badge, describe_problem, format_value, headline_cells
+from reports.schema import BadArguments, load_report
+from theory._validate import check_output_path, write_output
 
 EXIT_SAME, EXIT_CHANGED, EXIT_BAD_ARGUMENTS = 0, 1, 2
-HEADLINE_FIELDS = ("theory", "measured", "se", "tolerance", "agrees")
+HEADLINE_FIELDS = ("theory", "measured", "se", "tolerance", "agrees", "side")
 # Numbers that differ by less than this (relative) are the same number printed twice.
 RELATIVE_NOISE = 1e-9
 
 
 @dataclass
 class RowChange:
-    name: str
+    name: str           # the row name, with its config when it has one
     a: Optional[dict]   # the headline row in A (None: absent)
     b: Optional[dict]
     changed: bool
@@ -93,22 +98,23 @@ def compare_reports(a: dict, b: dict) -> list[ClaimChange]:
 
 
 def _rows(entry: Optional[dict]) -> dict[str, dict]:
+    """The headline rows of a claim keyed by row name and config ("name [config]"); the claim id
+    is the outer key, so a row is matched by (claim id, name, config)."""
     if not entry:
         return {}
-    return {str(r.get("name")): r for r in entry.get("headline") or [] if isinstance(r, dict)}
+    return {str(r.get("name")) + (f" [{r['config']}]" if r.get("config") is not None else ""): r
+            for r in entry.get("headline") or [] if isinstance(r, dict)}
 
 
 def _row_text(row: Optional[dict]) -> str:
     if row is None:
         return "(absent)"
-    theory = row.get("theory")
-    theory_text = (f"[{format_value(theory[0])}, {format_value(theory[1])}]"
-                   if isinstance(theory, (list, tuple)) and len(theory) == 2 else format_value(theory))
-    measured = format_value(row.get("measured"))
-    if row.get("se") is not None:
-        measured += f" ± {format_value(row.get('se'))}"
-    agrees = {True: "agrees", False: "disagrees"}.get(row.get("agrees"), "no verdict")
-    return f"theory {theory_text}, measured {measured}, tol {format_value(row.get('tolerance'))}, {agrees}"
+    theory, measured, allowed, cell = headline_cells(row)
+    outcome = {True: "agrees", False: "disagrees"}.get(row.get("agrees"), "no verdict")
+    if row.get("side") == "reported":
+        outcome = "reported"
+    tol = format_value(row.get("tolerance")) if row.get("side", "two-sided") == "two-sided" else allowed
+    return f"theory {theory}, measured {measured}, tol {tol}, {outcome}"
 
 
 def _setting(report: dict) -> str:
@@ -163,40 +169,6 @@ def html_page(changes: list[ClaimChange], a: dict, b: dict, name_a: str, name_b:
             + "".join(rows) + "</table></body></html>\n")
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    path = path.absolute()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def check_output_file(path: str) -> None:
-    """Refuse ``--out`` before reading anything: a directory, or a parent that is missing,
-    not a directory or not writable."""
-    out = Path(path)
-    if out.is_dir():
-        raise BadArguments(f"--out {path} is a directory; give a file name such as diff.html")
-    parent = out.absolute().parent
-    if not parent.is_dir():
-        raise BadArguments(f"--out {path}: {parent} is not an existing directory; create it or choose "
-                           "another --out")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=parent)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise BadArguments(f"--out {path}: cannot write in {parent} ({exc.strerror or exc}); "
-                           "choose a writable directory") from None
-
-
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m reports.compare",
@@ -212,10 +184,18 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse's own errors: its message, exit status 2
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_ARGUMENTS
+    try:
+        out = None
         if args.out is not None:
-            check_output_file(args.out)
+            inputs = [Path(x) / "claims.json" if Path(x).is_dir() else Path(x) for x in (args.a, args.b)]
+            try:
+                out = check_output_path(args.out, "--out", inputs=inputs)
+            except ValueError as exc:
+                raise BadArguments(str(exc)) from None
         a = load_report(args.a, "A")
         b = load_report(args.b, "B")
     except BadArguments as exc:
@@ -225,7 +205,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     changes = compare_reports(a, b)
     print(text_summary(changes, a, b, args.a, args.b))
     if args.out is not None:
-        write_text_atomic(Path(args.out), html_page(changes, a, b, args.a, args.b))
+        write_output(out, html_page(changes, a, b, args.a, args.b))
         print(f"comparison: {args.out}")
     return EXIT_CHANGED if any(c.changed for c in changes) else EXIT_SAME
 

@@ -45,6 +45,14 @@ LEGEND_INSIDE_MAX = 8
 # Lists longer than this are shown on the page by their first and last LIST_SHOWN_EDGE values.
 LIST_SHOWN_MAX = 40
 LIST_SHOWN_EDGE = 8
+# Size caps of a figure (issue 22: a figure of 400 panels became a 92-megapixel PNG): at most
+# MAX_PANELS panels and LEGEND_MAX legend entries are drawn (the caption says so, the data stay
+# in claims.json), heatmap labels only up to HEATMAP_LABELS_MAX per axis, and a PNG larger than
+# MAX_PIXELS (a huge legend or title) is scaled down to it.
+MAX_PANELS = 16
+LEGEND_MAX = 40
+HEATMAP_LABELS_MAX = 40
+MAX_PIXELS = 4_000_000
 
 
 class RenderError(ValueError):
@@ -172,12 +180,13 @@ def _draw_lines(ax, fig: Figure) -> None:
     ax.set_title(fig.title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
+    handles, labels = handles[:LEGEND_MAX], labels[:LEGEND_MAX]
     if labels:
         if len(labels) <= LEGEND_INSIDE_MAX:
-            ax.legend(fontsize=7, loc="best", framealpha=0.85)
+            ax.legend(handles, labels, fontsize=7, loc="best", framealpha=0.85)
         else:
-            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
-                      ncol=1 + len(labels) // 24)
+            ax.legend(handles, labels, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                      borderaxespad=0, ncol=1 + len(labels) // 24)
 
 
 def _log_ticks(axis) -> None:
@@ -221,8 +230,10 @@ def _draw_heatmap(fig_mpl, ax, fig: Figure) -> None:
         image = ax.imshow(values, cmap="viridis", aspect="auto")
         mid = (min(finite) + max(finite)) / 2 if finite else 0.0
     fig_mpl.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_xticks(range(cols), fig.col_labels or [str(j) for j in range(cols)], fontsize=8)
-    ax.set_yticks(range(rows), fig.row_labels or [str(i) for i in range(rows)], fontsize=8)
+    if cols <= HEATMAP_LABELS_MAX:  # beyond that the labels overlap: Matplotlib's own ticks
+        ax.set_xticks(range(cols), fig.col_labels or [str(j) for j in range(cols)], fontsize=8)
+    if rows <= HEATMAP_LABELS_MAX:
+        ax.set_yticks(range(rows), fig.row_labels or [str(i) for i in range(rows)], fontsize=8)
     if rows * cols <= 144:  # beyond that the numbers would not fit in their cells
         bound = max((abs(v) for v in finite), default=1.0)
         for i, row in enumerate(values):
@@ -252,14 +263,15 @@ def figure_png(figure: Any, dpi: int = 110) -> bytes:
             if p.kind != "lines":
                 raise RenderError(f"figure {fig.name!r}: every panel must be of kind 'lines', got {p.kind!r}")
         # Side by side up to 4 panels; more wrap into rows of at most 4 (2H panels of
-        # omega and mu per head give one row of omega and one of mu).
-        n = len(fig.panels)
+        # omega and mu per head give one row of omega and one of mu); beyond MAX_PANELS only
+        # the first are drawn (size_note says so in the caption).
+        n = min(len(fig.panels), MAX_PANELS)
         rows = math.ceil(n / 4)
         cols = math.ceil(n / rows)
         mpl_fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols + 1.0, 3.6 * rows + 0.4),
                                      squeeze=False, layout="constrained")
         try:
-            for ax, panel in zip(axes.flat, fig.panels):
+            for ax, panel in zip(axes.flat, fig.panels[:n]):
                 _draw_lines(ax, panel)
             for ax in list(axes.flat)[n:]:
                 ax.set_visible(False)
@@ -278,6 +290,19 @@ def figure_png(figure: Any, dpi: int = 110) -> bytes:
         plt.close(mpl_fig)
 
 
+def size_note(figure: Any) -> str:
+    """What the size caps left out of a figure, for its caption ("" when nothing was)."""
+    fig = as_figure(figure)
+    notes = []
+    if fig.kind == "panels" and len(fig.panels) > MAX_PANELS:
+        notes.append(f"the first {MAX_PANELS} of its {len(fig.panels)} panels are drawn")
+    for panel in ([fig] if fig.kind == "lines" else fig.panels[:MAX_PANELS] if fig.kind == "panels" else []):
+        labelled = len([s for s in panel.series if s.label]) + len(panel.spans) + len(panel.hlines)
+        if labelled > LEGEND_MAX:
+            notes.append(f"the legend of {panel.name!r} lists the first {LEGEND_MAX} of {labelled} entries")
+    return f"(Size cap: {'; '.join(notes)}; every value is in claims.json.)" if notes else ""
+
+
 # Colours kept in a figure's PNG: Matplotlib's antialiased RGBA PNGs reduced to a 256-colour
 # palette (no dithering) are about 2.7 times smaller and look the same; the tiny report's 16
 # figures went from 511 kB to 189 kB, which keeps the quick report's page (figures inline as
@@ -290,7 +315,11 @@ def _png(mpl_fig, dpi: int) -> bytes:
     mpl_fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
     buffer.seek(0)
     with Image.open(buffer) as image:
-        palette = image.convert("RGB").quantize(colors=PNG_COLOURS, method=Image.Quantize.MEDIANCUT,
+        image = image.convert("RGB")
+        if image.width * image.height > MAX_PIXELS:
+            scale = math.sqrt(MAX_PIXELS / (image.width * image.height))
+            image = image.resize((max(1, int(image.width * scale)), max(1, int(image.height * scale))))
+        palette = image.quantize(colors=PNG_COLOURS, method=Image.Quantize.MEDIANCUT,
                                                dither=Image.Dither.NONE)
     out = io.BytesIO()
     palette.save(out, format="PNG", optimize=True)
@@ -343,9 +372,9 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 CSS = """
-body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 1.2em auto;
        max-width: 1150px; padding: 0 1em; color: #222; line-height: 1.45; }
-h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { margin-top: 2.2em; border-bottom: 1px solid #ccc; }
+h1 { font-size: 1.5em; margin: 0 0 .2em; } h2 { margin-top: 2.2em; border-bottom: 1px solid #ccc; }
 h3 { font-size: 1.05em; margin-bottom: .3em; }
 table { border-collapse: collapse; margin: .6em 0; font-size: .9em; }
 th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
@@ -354,6 +383,7 @@ td.num { font-family: Menlo, Consolas, monospace; font-size: .9em; max-width: 32
 .badge { display: inline-block; padding: .1em .6em; border-radius: .8em; color: white;
          font-weight: bold; font-size: .85em; text-transform: uppercase; }
 .pass { background: #1a7f37; } .fail { background: #cf222e; } .error { background: #8250df; }
+.located { background: #0969da; } .contradicted { background: #bc4c00; } .undecided { background: #6e7781; }
 .rejected { color: #1a7f37; font-weight: bold; } .accepted { color: #cf222e; font-weight: bold; }
 .statement { background: #f6f8fa; border-left: 4px solid #888; padding: .5em 1em; }
 pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: .85em; }
@@ -361,17 +391,29 @@ pre.traceback { background: #fff0f0; border: 1px solid #f3b5b5; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: .9em; color: #333; } figcaption code { color: #777; font-size: .85em; }
 .muted { color: #666; font-size: .9em; }
-.banner { background: #fff4ce; border: 2px solid #d4a72c; padding: .6em 1em; font-weight: bold; }
+.banner { background: #fff4ce; border: 2px solid #d4a72c; padding: .4em 1em; font-weight: bold; margin: .4em 0; }
 .warning { background: #fff0f0; border: 1px solid #f3b5b5; padding: .5em 1em; }
 table.headline td.agree { color: #1a7f37; font-weight: bold; }
+table.headline td.bound { color: #0969da; font-weight: bold; }
 table.headline td.disagree { color: #cf222e; font-weight: bold; }
+table.headline td.reported { color: #666; }
+table.headline tr.config td { background: #f6f8fa; font-weight: bold; font-size: .9em; }
+#findings h2 { margin-top: .6em; }
+#findings .lists { display: grid; grid-template-columns: repeat(3, 1fr); gap: 0 1.4em; }
+#findings h3 { margin: .2em 0; } #findings ul { margin: 0; padding-left: 1.1em; font-size: .92em; }
+#findings li { margin-bottom: .35em; } #findings li a { font-size: .85em; color: #555; }
 details > summary { cursor: pointer; color: #444; }
 """
 
+BADGE_CLASSES = ("pass", "fail", "error", "located", "contradicted", "undecided")
+# The headings of the summary and of the findings lists.
+GROUPS = (("claims", "The paper's claims"), ("stops", "Where they stop"), ("beyond", "Beyond the paper"))
+FINDING_HEADINGS = {"holds": "What holds", "stops": "Where it stops", "beyond": "Beyond the paper"}
+
 
 def _badge(verdict: str) -> str:
-    cls = verdict if verdict in ("pass", "fail", "error") else "error"
-    return f'<span class="badge {cls}">{html.escape(verdict)}</span>'
+    cls = verdict if verdict in BADGE_CLASSES else "error"
+    return f'<span class="badge {cls}">{html.escape(str(verdict))}</span>'
 
 
 def _esc(v: Any) -> str:
@@ -382,24 +424,49 @@ def _seconds(v: Any) -> str:
     return f"{v:.1f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else html.escape(str(v))
 
 
+def kind_of(entry: dict) -> str:
+    """``claim`` or ``boundary`` (an entry written before kinds existed: from its id)."""
+    return entry.get("kind") or ("boundary" if str(entry.get("id", "")).startswith("boundary-") else "claim")
+
+
+def group_of(entry: dict) -> str:
+    """The summary group: ``claims`` (the paper's), ``beyond`` (a boundary all of whose findings
+    are of kind "beyond": what the paper does not say), ``stops`` (the other boundaries)."""
+    if kind_of(entry) == "claim":
+        return "claims"
+    kinds = {f.get("kind") for f in entry.get("findings") or [] if isinstance(f, dict)}
+    return "beyond" if kinds == {"beyond"} else "stops"
+
+
 def _verdict_reason(entry: dict) -> str:
     """Which rule of ``claims.base.judge`` (or of ``run_claim``) gave the verdict."""
     verdict = entry.get("verdict")
-    if verdict == "pass":
-        return "theory and numerics agree within the tolerance, and every perturbed prediction was rejected."
-    if verdict == "fail":
-        return "theory and numerics disagree beyond the tolerance (the numbers are below)."
-    if (entry.get("details") or {}).get("traceback"):
-        error = (entry.get("details") or {}).get("error", "an exception")
-        return f"the check raised {error} before reaching a verdict (traceback below)."
-    if any(not p.get("rejected") for p in entry.get("perturbations") or []):
+    details = entry.get("details") or {}
+    reasons = {
+        "pass": "theory and numerics agree within the tolerance, and every perturbed prediction was rejected.",
+        "fail": "theory and numerics disagree beyond the tolerance (the numbers are below).",
+        "located": "the regime was measured conclusively and theory's account of it agrees (the findings say "
+                   "where and what happens).",
+        "contradicted": "the regime was measured conclusively and theory's account of it disagrees (the numbers "
+                        "below say by how much).",
+    }
+    if verdict in reasons:
+        return reasons[verdict]
+    if details.get("traceback"):
+        return f"the check raised {details.get('error', 'an exception')} before reaching a verdict (traceback below)."
+    if details.get("undecided"):
+        return f"the measurement could not decide: {details['undecided']}"
+    if any(not p.get("rejected") for p in entry.get("perturbations") or [] if isinstance(p, dict)):
         return ("a deliberately wrong prediction was accepted at the same tolerance: the check cannot "
                 "discriminate, so its agreement is no evidence.")
-    return "the check reported an error (see the details)."
+    return "the check reported an error (see the details)." if verdict == "error" else "see the details."
 
 
-def _anchor(claim_id: str) -> str:
-    return "claim-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in claim_id)
+def anchor(claim_id: str) -> str:
+    return "claim-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in str(claim_id))
+
+
+_anchor = anchor
 
 
 def _number_text(v: Any) -> str:
@@ -411,27 +478,71 @@ def _number_text(v: Any) -> str:
     return format_value(v)
 
 
+SIDE_WORDS = {"not above": ("≤", "not above"), "not below": ("≥", "not below")}
+
+
+def _bound(v: Any, side: str) -> Any:
+    """The end of a bracket that a one-sided comparison uses."""
+    if isinstance(v, (list, tuple)) and len(v) == 2:
+        return v[1] if side == "not above" else v[0]
+    return v
+
+
+def headline_cells(r: dict) -> tuple[str, str, str, str]:
+    """The theory, measured, allowed-difference and agreement cells of a headline row, by its
+    side: two-sided rows read "|Δ| ≤ tol" with a tick; one-sided rows "≤ theory (not above)" with
+    a bound mark (never the two-sided tick); reported rows have no comparison and no tick."""
+    side = r.get("side") or "two-sided"
+    measured = _number_text(r.get("measured"))
+    if r.get("se") is not None and r.get("measured") is not None:
+        measured += f" ± {format_value(r.get('se'))}"
+    tol = r.get("tolerance")
+    agrees = r.get("agrees")
+    if side == "reported":
+        theory = "—" if r.get("theory") is None else f"{_number_text(r.get('theory'))} (for reference)"
+        return (theory, measured, "—", "<td class='reported'>reported, no comparison</td>")
+    if side in SIDE_WORDS:
+        sign, words = SIDE_WORDS[side]
+        theory = f"{sign} {_number_text(_bound(r.get('theory'), side))} ({words})"
+        allowed = "—" if tol is None else (f"Δ ≤ +{format_value(tol)}" if side == "not above"
+                                           else f"Δ ≥ −{format_value(tol)}")
+        cell = (f"<td class='bound'>{words} ✓</td>" if agrees is True else
+                f"<td class='disagree'>{'above' if side == 'not above' else 'below'} ✗</td>" if agrees is False
+                else "<td>—</td>")
+        return theory, measured, allowed, cell
+    allowed = "—" if tol is None else f"|Δ| ≤ {format_value(tol)}"
+    cell = ("<td class='agree'>yes ✓</td>" if agrees is True else
+            "<td class='disagree'>no ✗</td>" if agrees is False else "<td>—</td>")
+    return _number_text(r.get("theory")), measured, allowed, cell
+
+
+def group_by_config(rows: list[dict]) -> list[tuple[Any, list[dict]]]:
+    """Rows grouped by their ``config``, in order of first appearance (None first)."""
+    groups: dict[Any, list[dict]] = {}
+    for r in sorted(rows, key=lambda r: r.get("config") is not None):
+        groups.setdefault(r.get("config"), []).append(r)
+    return list(groups.items())
+
+
 def headline_table(entry: dict) -> str:
     """The claim's headline rows (claims.base.HeadlineRow as dicts) as one small table: what
-    theory predicts, what was measured (± its standard error), the allowed difference fixed
-    before the comparison, and whether the two agree.  Without headline rows: a short
-    summary of the theory/numerics values the two share and of the tolerance."""
+    theory predicts (by the row's side), what was measured (± its standard error), the allowed
+    difference fixed before the comparison, and the outcome; rows grouped under a sub-heading
+    per configuration.  Without headline rows: a short summary of the values theory and
+    numerics share and of the tolerance."""
     rows = [r for r in entry.get("headline") or [] if isinstance(r, dict)]
     if not rows:
         return _short_summary(entry)
     body = []
-    for r in rows:
-        measured = _number_text(r.get("measured"))
-        if r.get("se") is not None and r.get("measured") is not None:
-            measured += f" ± {format_value(r.get('se'))}"
-        tolerance = "—" if r.get("tolerance") is None else f"|Δ| ≤ {format_value(r.get('tolerance'))}"
-        agrees = r.get("agrees")
-        cell = ("<td class='agree'>yes ✓</td>" if agrees is True else
-                "<td class='disagree'>no ✗</td>" if agrees is False else "<td>—</td>")
-        body.append(f"<tr><td>{html.escape(str(r.get('name', '')))}</td>"
-                    f"<td class='num'>{html.escape(_number_text(r.get('theory')))}</td>"
-                    f"<td class='num'>{html.escape(measured)}</td>"
-                    f"<td class='num'>{html.escape(tolerance)}</td>{cell}</tr>")
+    for config, group in group_by_config(rows):
+        if config is not None:
+            body.append(f"<tr class='config'><td colspan='5'>{html.escape(str(config))}</td></tr>")
+        for r in group:
+            theory, measured, allowed, cell = headline_cells(r)
+            body.append(f"<tr data-side='{html.escape(str(r.get('side') or 'two-sided'))}'>"
+                        f"<td>{html.escape(str(r.get('name', '')))}</td>"
+                        f"<td class='num'>{html.escape(theory)}</td><td class='num'>{html.escape(measured)}</td>"
+                        f"<td class='num'>{html.escape(allowed)}</td>{cell}</tr>")
     return ("<table class='headline'><tr><th>quantity</th><th>theory predicts</th>"
             "<th>measured (± s.e.)</th><th>allowed difference</th><th>agree?</th></tr>"
             + "".join(body) + "</table>")
@@ -445,7 +556,8 @@ PERTURBATIONS_SHOWN_MAX = 4
 
 def _headline_count(entry: dict) -> str:
     """"2 of 3 agree" for the summary table; "—" without headline rows with a verdict."""
-    judged = [r for r in entry.get("headline") or [] if isinstance(r, dict) and isinstance(r.get("agrees"), bool)]
+    judged = [r for r in entry.get("headline") or [] if isinstance(r, dict) and isinstance(r.get("agrees"), bool)
+              and r.get("side") != "reported"]
     return f"{sum(r['agrees'] for r in judged)} of {len(judged)} agree" if judged else "—"
 
 
@@ -563,17 +675,23 @@ def describe_problem(problem: dict) -> str:
     return ", ".join(parts)
 
 
+def verdict_counts(claims: list[dict]) -> str:
+    """"7 pass, 0 fail, 0 error; boundaries: 3 located, 1 contradicted, 1 undecided, 0 error"."""
+    parts = []
+    for kind, outcomes, label in (("claim", ("pass", "fail", "error"), ""),
+                                  ("boundary", ("located", "contradicted", "undecided", "error"), "boundaries: ")):
+        of_kind = [c for c in claims if kind_of(c) == kind]
+        if of_kind or kind == "claim":
+            parts.append(label + ", ".join(f"{sum(c['verdict'] == v for c in of_kind)} {v}" for v in outcomes))
+    return "; ".join(parts)
+
+
 def _run_summary(report: dict) -> str:
-    """Profile, configuration, which claims ran where, the tiny-profile banner, skipped sweep
-    points: what a reader must know before reading any verdict."""
+    """Profile, configuration, which claims ran where, skipped sweep points, a re-render: what a
+    reader must know before reading any verdict."""
     prov = report["provenance"]
     claims = report["claims"]
-    counts = {v: sum(1 for c in claims if c["verdict"] == v) for v in ("pass", "fail", "error")}
     parts = []
-    if prov.get("profile") == "tiny":
-        parts.append("<p class='banner'>Profile tiny: these verdicts are smoke tests of the pipeline, "
-                     "not evidence. The configurations are too small and the runs too short for the "
-                     "comparisons to mean anything; use the quick or paper profile.</p>")
     problem = prov.get("problem")
     ran_at = prov.get("ran_at") or {}
     if problem:
@@ -582,13 +700,13 @@ def _run_summary(report: dict) -> str:
         parts.append(f"<p>Configuration audited: <b>{html.escape(describe_problem(problem))}</b>. "
                      f"Run at this configuration: {html.escape(', '.join(at)) if at else 'no claim'}"
                      + (f"; at profile {html.escape(str(prov.get('profile')))} (they cannot take a "
-                        f"configuration yet): {html.escape(', '.join(rest))}" if rest else "") + ".</p>")
+                        f"configuration): {html.escape(', '.join(rest))}" if rest else "") + ".</p>")
     else:
         parts.append(f"<p>Every claim ran at its own configurations of profile "
                      f"<b>{html.escape(str(prov.get('profile')))}</b>.</p>")
     parts.append(f"<p>Profile <b>{html.escape(str(prov.get('profile')))}</b>, device "
                  f"<b>{html.escape(str(prov.get('device')))}</b>, seed {html.escape(str(prov.get('seed')))}: "
-                 f"{counts['pass']} pass, {counts['fail']} fail, {counts['error']} error.</p>")
+                 f"{html.escape(verdict_counts(claims))}.</p>")
     skipped = prov.get("sweep_skipped") or []
     if skipped:
         items = "".join(f"<li><code>{html.escape(str(p.get('file')))}</code>: {html.escape(str(p.get('reason')))}</li>"
@@ -604,18 +722,47 @@ def _run_summary(report: dict) -> str:
     return "".join(parts)
 
 
+def findings_section(report: dict) -> str:
+    """The first screen: the findings of every claim (claims.json's top-level ``findings``) in
+    three short lists, what holds / where it stops / beyond the paper, each sentence linked to
+    its claim's section."""
+    findings = [f for f in report.get("findings") or [] if isinstance(f, dict)]
+    lists = []
+    for kind, heading in FINDING_HEADINGS.items():
+        items = "".join(f"<li>{html.escape(str(f.get('text', '')))} <a href='#{anchor(f.get('claim', ''))}'>"
+                        f"{html.escape(str(f.get('claim', '')))}</a></li>"
+                        for f in findings if f.get("kind") == kind)
+        lists.append(f"<div><h3>{heading}</h3>" + (f"<ul>{items}</ul>" if items else
+                                                    "<p class='muted'>none</p>") + "</div>")
+    if not findings:
+        note = ("<p class='muted'>No findings recorded: this claims.json was written before claims "
+                "stated their findings; the verdicts are below.</p>")
+        return f"<section id='findings'><h2>Findings</h2>{note}</section>"
+    return f"<section id='findings'><h2>Findings</h2><div class='lists'>{''.join(lists)}</div></section>"
+
+
+def summary_tables(claims: list[dict]) -> str:
+    """The summary, grouped: the paper's claims, where they stop, beyond the paper."""
+    parts = []
+    for group, heading in GROUPS:
+        rows = "".join(
+            f"<tr><td><a href='#{anchor(c['id'])}'>{html.escape(c['id'])}</a></td>"
+            f"<td>{html.escape(c['title'])}</td><td>{_badge(c['verdict'])}</td>"
+            f"<td>{html.escape(_headline_count(c))}</td>"
+            f"<td class='num'>{_seconds(c.get('seconds', ''))}</td></tr>"
+            for c in claims if group_of(c) == group)
+        if rows:
+            parts.append(f"<h3>{html.escape(heading)}</h3><table><tr><th>id</th><th>title</th><th>outcome</th>"
+                         f"<th>headline</th><th>seconds</th></tr>{rows}</table>")
+    return "<h2>Summary</h2>" + "".join(parts)
+
+
 def render_html(report: dict, pngs: dict[str, bytes]) -> str:
     """The page of a ``claims.json`` document; ``pngs`` maps each figure's file name (as in
-    ``claims[*].figures[*].file``) to its PNG bytes, embedded as data URIs."""
+    ``claims[*].figures[*].file``) to its PNG bytes, embedded as data URIs.  The findings come
+    first, then the grouped summary, then one section per claim."""
     claims = report["claims"]
     prov = report["provenance"]
-    summary_rows = "".join(
-        f"<tr><td><a href='#{_anchor(c['id'])}'>{html.escape(c['id'])}</a></td>"
-        f"<td>{html.escape(c['title'])}</td><td>{_badge(c['verdict'])}</td>"
-        f"<td>{html.escape(_headline_count(c))}</td>"
-        f"<td class='num'>{_seconds(c.get('seconds', ''))}</td></tr>"
-        for c in claims
-    )
     prov_rows = "".join(f"<tr><td>{html.escape(k)}</td><td class='num'>{_esc(v)}</td></tr>"
                         for k, v in flatten(prov).items())
     at_configuration = set((prov.get("ran_at") or {}).get("configuration") or []) if prov.get("problem") else set()
@@ -623,13 +770,16 @@ def render_html(report: dict, pngs: dict[str, bytes]) -> str:
     for c in claims:
         where = ("ran at the audited configuration" if c["id"] in at_configuration
                  else f"ran at profile {prov.get('profile')}")
+        own = "".join(f"<li>{html.escape(str(f.get('text', '')))}</li>" for f in c.get("findings") or []
+                      if isinstance(f, dict))
         sections.append(
-            f"<section id='{_anchor(c['id'])}'>"
+            f"<section id='{anchor(c['id'])}'>"
             f"<h2>{html.escape(c['title'])} {_badge(c['verdict'])}</h2>"
-            f"<p class='muted'>id <code>{html.escape(c['id'])}</code> · {html.escape(where)} · "
-            f"{_seconds(c.get('seconds', ''))} s</p>"
+            f"<p class='muted'>id <code>{html.escape(c['id'])}</code> · {html.escape(kind_of(c))} · "
+            f"{html.escape(where)} · {_seconds(c.get('seconds', ''))} s</p>"
             f"<div class='statement'>{html.escape(c['statement'])}</div>"
-            f"<p><b>Verdict {html.escape(str(c['verdict']))}:</b> {html.escape(_verdict_reason(c))}</p>"
+            + (f"<ul class='own-findings'>{own}</ul>" if own else "") +
+            f"<p><b>Outcome {html.escape(str(c['verdict']))}:</b> {html.escape(_verdict_reason(c))}</p>"
             f"{headline_table(c)}"
             f"<h3>Perturbation checks</h3>{_perturbation_table(c)}"
             f"{_figures_block(c, pngs, c.get('figure_errors') or [])}"
@@ -639,19 +789,21 @@ def render_html(report: dict, pngs: dict[str, bytes]) -> str:
             "</section>"
         )
     title = "Audit: Training Dynamics of Multi-Head Softmax Attention for In-Context Learning"
+    banner = ("<p class='banner'>Profile tiny: these verdicts are smoke tests of the pipeline, not evidence. "
+              "The configurations are too small and the runs too short for the comparisons to mean "
+              "anything; use the quick or paper profile.</p>" if prov.get("profile") == "tiny" else "")
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1>"
+        f"<h1>{html.escape(title)}</h1>{banner}"
+        + findings_section(report) +
         "<p class='muted'>Chen, Sheen, Wang, Yang (COLT 2024). Each claim of the paper is checked by "
         "running the model (numerics) against the derived prediction (theory) at a tolerance whose "
         "argument is stated; each check is also run against a deliberately wrong prediction, which "
-        "must be rejected.</p>"
-        + _run_summary(report) +
-        "<h2>Summary</h2><table><tr><th>claim</th><th>title</th><th>verdict</th><th>headline</th>"
-        "<th>seconds</th></tr>"
-        f"{summary_rows}</table>"
-        f"<details><summary>Provenance</summary><table>{prov_rows}</table></details>"
+        "must be rejected. A boundary is where a claim stops, or what the paper does not say: it is "
+        "located (measured, theory's account agrees), contradicted, or undecided.</p>"
+        + _run_summary(report) + summary_tables(claims)
+        + f"<details><summary>Provenance</summary><table>{prov_rows}</table></details>"
         + "".join(sections)
         + "</body></html>\n"
     )

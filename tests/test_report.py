@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import claims
-from claims.base import ClaimResult, Figure, PerturbationCheck, Series, judge, run_claim
+from claims.base import ClaimResult, Figure, Finding, PerturbationCheck, Series, judge, run_claim
 from reports import build as report_build
 from reports import render as report_render
 from reports.build import BuildConfig, check_report, main
@@ -115,19 +115,67 @@ def fake_interrupt(profile="quick", device="cpu", seed=0, progress=None, sweep=N
     raise KeyboardInterrupt
 
 
+def fake_boundary(profile="quick", device="cpu", seed=0, progress=None, sweep=None, measured=1.372):
+    """A boundary whose regime was located: a one-sided row, a reported row, a finding of kind
+    "stops" whose sentence is generated from the measured number (as a claim's template does)."""
+    rows = [{"name": "held-out loss vs the allocated fixed point", "theory": 1.547, "measured": measured,
+             "se": 0.012, "tolerance": 0.035, "agrees": measured <= 1.547 + 0.035, "side": "not above",
+             "config": "tasks=(3, 3) H=2 L=32 sigma=0.5"},
+            {"name": "held-out loss of linear attention", "theory": None, "measured": 1.2512345678,
+             "se": 0.0034567, "tolerance": None, "agrees": None, "side": "reported",
+             "config": "tasks=(3, 3) H=2 L=32 sigma=0.5"},
+            {"name": "held-out loss vs the best decomposable point", "theory": 1.36, "measured": measured,
+             "se": 0.012, "tolerance": 0.05, "agrees": abs(measured - 1.36) <= 0.05, "side": "two-sided",
+             "config": "tasks=(3, 3) H=2 L=64 sigma=0.5"}]
+    agrees = all(r["agrees"] for r in rows if r["side"] != "reported")
+    perturbations = [PerturbationCheck("rate 0 instead of 2a", True)]
+    return ClaimResult(
+        id="fake-boundary", kind="boundary", title="Where allocation stops", statement="with noise, superposition.",
+        verdict=judge(agrees, perturbations, kind="boundary"), headline=rows, perturbations=perturbations,
+        findings=[Finding("fake-boundary", "stops", f"With label noise sigma = 0.5 the trained model leaves "
+                          f"allocation: held-out loss {measured:.4g} ± 0.012 against the fixed point's 1.547.",
+                          {"loss": {"value": measured, "se": 0.012}}),
+                  Finding("fake-boundary", "holds", "Below sigma = 0.25 the allocated point is reached "
+                          "(loss 0.4812 ± 0.002 vs 0.4770).", {"loss": {"value": 0.4812, "se": 0.002}})])
+
+
+def fake_beyond(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+    """A boundary the paper does not speak of, contradicted (a failing outcome: exit 1)."""
+    rows = [{"name": "saddle: growth rate of off-task |mu| vs 2a", "theory": 0.084, "measured": 0.161,
+             "se": 0.01, "tolerance": 0.04, "agrees": False, "side": "two-sided", "config": "tasks=(1, 1) H=2 L=32"},
+            {"name": "saddle: escape time vs batch size", "theory": 20.0, "measured": 31.0, "se": 2.0,
+             "tolerance": 8.0, "agrees": False, "side": "two-sided", "config": "tasks=(2, 2) H=2 L=64"}]
+    perturbations = [PerturbationCheck("rate a instead of 2a", True)]
+    return ClaimResult(
+        id="fake-beyond", kind="boundary", title="The allocated point is a saddle", statement="saddle.",
+        verdict=judge(False, perturbations, kind="boundary"), headline=rows, perturbations=perturbations,
+        findings=[Finding("fake-beyond", "beyond", "The allocated point is a saddle: the off-task |mu| grows at "
+                          "0.161 ± 0.01 per unit time, against theory's 2a = 0.084.",
+                          {"rate": {"value": 0.161, "se": 0.01}, "2a": {"value": 0.084, "se": None}}),
+                  Finding("fake-beyond", "beyond", "Escape takes 31 ± 2 time units at B = 1024, against "
+                          "the predicted 20.", {"T": {"value": 31.0, "se": 2.0}})])
+
+
 FAKES = {"fake-pass": fake_pass, "fake-plain": fake_plain, "fake-fail": fake_fail, "fake-raise": fake_raise,
          "fake-undiscriminating": fake_undiscriminating, "fake-bad-figure": fake_bad_figure,
-         "fake-interrupt": fake_interrupt}
+         "fake-interrupt": fake_interrupt, "fake-boundary": fake_boundary, "fake-beyond": fake_beyond}
+
+
+def install_registry(monkeypatch, name: str, functions: dict) -> dict:
+    """claims.REGISTRY pointing at fake claims: each id maps to ``module:NAME`` where NAME is an
+    object whose ``run`` is the fake function (as the real entries name a ClaimSpec)."""
+    module = types.ModuleType(name)
+    for fn in functions.values():
+        setattr(module, fn.__name__, types.SimpleNamespace(run=fn))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    registry = {cid: f"{module.__name__}:{fn.__name__}" for cid, fn in functions.items()}
+    monkeypatch.setattr(claims, "REGISTRY", registry)
+    monkeypatch.setattr(claims, "claim_runner", lambda cid: getattr(module, registry[cid].split(":")[1]).run)
+    return registry
 
 
 def _install_fake_registry(monkeypatch) -> dict:
-    module = types.ModuleType("fake_claims_for_report")
-    for fn in FAKES.values():
-        setattr(module, fn.__name__, fn)
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    registry = {cid: f"{module.__name__}:{fn.__name__}" for cid, fn in FAKES.items()}
-    monkeypatch.setattr(claims, "REGISTRY", registry)
-    return registry
+    return install_registry(monkeypatch, "fake_claims_for_report", FAKES)
 
 
 @pytest.fixture
@@ -216,6 +264,26 @@ def test_unrenderable_figure_is_reported_not_hidden(fake_registry, tmp_path):
     assert "figure not rendered" in (out / "index.html").read_text(encoding="utf-8")
 
 
+def test_a_result_that_breaks_the_schema_becomes_an_error_not_a_lost_report(monkeypatch, tmp_path):
+    """A claim returning "pass" with a judged headline row that disagrees (or an unknown side)
+    breaks the ClaimResult contract: that claim is an error with the reason, the rest of the
+    report is written (the schema is checked as each claim returns, not after all have run)."""
+    def inconsistent(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+        return ClaimResult(id="fake-inconsistent", title="t", statement="s", verdict="pass",
+                           headline=[{"name": "gain", "theory": 3.0, "measured": 2.0, "agrees": False},
+                                     {"name": "rate", "theory": 1.0, "measured": 1.0, "agrees": True,
+                                      "side": "upward"}])
+
+    install_registry(monkeypatch, "fake_claims_inconsistent", {"fake-plain": fake_plain,
+                                                               "fake-inconsistent": inconsistent})
+    out = tmp_path / "r"
+    assert main(build_args(out, "fake-plain,fake-inconsistent")) == 1
+    entries = {c["id"]: c for c in strict_load(out / "claims.json")["claims"]}
+    assert entries["fake-plain"]["verdict"] == "pass" and entries["fake-inconsistent"]["verdict"] == "error"
+    error = entries["fake-inconsistent"]["details"]["error"]
+    assert "verdict 'pass' but headline row(s) ['gain'] do not agree" in error and "side 'upward'" in error
+
+
 def test_progress_lines_name_claim_and_its_messages(fake_registry, tmp_path, capsys):
     cfg = BuildConfig(profile="tiny", out=str(tmp_path / "r"), only=("fake-plain", "fake-fail"))
     report_build.build(cfg, stream=sys.stderr)
@@ -249,7 +317,7 @@ module = types.ModuleType("slow_fake_claims")
 def slow(profile, device, seed, progress, sweep):
     progress("sleeping", 0.1)
     time.sleep(120)
-module.slow = slow
+module.slow = types.SimpleNamespace(run=slow)
 sys.modules[module.__name__] = module
 claims.REGISTRY = {"slow": "slow_fake_claims:slow"}
 from reports.build import main
@@ -296,14 +364,19 @@ def test_failed_write_leaves_previous_report(fake_registry, tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
-def test_rebuild_replaces_whole_report(fake_registry, tmp_path):
+def test_rebuild_replaces_whole_report(fake_registry, tmp_path, capsys):
     out = tmp_path / "r"
     assert main(build_args(out, "fake-bad-figure")) == 1
-    (out / "stale.txt").write_text("from an older report")
+    assert list(out.glob("figures/*.png"))
     assert main(build_args(out, "fake-fail")) == 1
-    assert not (out / "stale.txt").exists() and not list(out.glob("figures/*.png"))
+    assert not list(out.glob("figures/*.png"))  # the old figures went with the old report
     assert [c["id"] for c in strict_load(out / "claims.json")["claims"]] == ["fake-fail"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    # a file the command did not write (a sweep's points/, notes): refused, never deleted
+    (out / "notes.txt").write_text("mine")
+    assert main(build_args(out, "fake-fail")) == 2
+    assert "which this command did not write" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 # --------------------------------------------------------------------------- bad arguments
@@ -338,7 +411,7 @@ def test_out_that_is_not_a_report_is_never_replaced(tmp_path, capsys):
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("precious")
     assert main(["--out", str(foreign)]) == 2
-    assert "not a previous report" in capsys.readouterr().err
+    assert "not an output of this command" in capsys.readouterr().err
     assert (foreign / "thesis.tex").read_text() == "precious"
     a_file = tmp_path / "file"
     a_file.write_text("x")
@@ -445,13 +518,13 @@ json_values = st.recursive(json_leaves, lambda inner: st.one_of(
 def test_any_claim_values_give_a_valid_strict_report(tmp_path_factory, theory, numerics, statement):
     """Whatever values a claim returns (NaN, inf, nesting, markup in text), the report is strict
     JSON, satisfies its schema and escapes text in the page."""
-    result = ClaimResult(id="c<1>", title="<b>t</b>", statement=statement + "<script>", verdict="fail",
+    result = ClaimResult(id="c-1", title="<b>t</b>", statement=statement + "<script>", verdict="fail",
                          theory=theory, numerics=numerics, details={"nested": {"x": theory}})
     entries, pngs = report_build.render_results([result])
     prov = report_build.provenance(BuildConfig(profile="tiny"), [result], "2024-01-01T00:00:00+00:00",
                                    0.0, ["python"])
     out = tmp_path_factory.mktemp("prop") / "r"
-    report_build.write_report(out, {"claims": entries, "provenance": prov}, pngs)
+    report_build.write_report(out, report_build.document(entries, prov), pngs)
     assert check_report(out) == []
     page = (out / "index.html").read_text(encoding="utf-8")
     assert "<script>" not in page and "&lt;b&gt;t&lt;/b&gt;" in page
@@ -471,5 +544,7 @@ def test_real_registry_tiny_end_to_end(tmp_path):
     page = (out / "index.html").read_text(encoding="utf-8")
     for claim_id in claims.REGISTRY:
         assert f"id='claim-{claim_id}'" in page
-    assert status == (0 if all(c["verdict"] == "pass" and not c["figure_errors"] for c in report["claims"]) else 1)
+    assert status == report_build.exit_status(report)  # FAILING: a claim's fail/error, a boundary's contradicted/error
+    assert {c["kind"] for c in report["claims"]} <= {"claim", "boundary"}
+    assert all(f["claim"] in claims.REGISTRY for f in report["findings"])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report")]

@@ -13,8 +13,14 @@ claim; see tests/test_report.py) is built in a second and opened in ``chromium -
 - a screenshot of the page is saved (the directory in $REPORT_BROWSER_ARTIFACTS, else the
   test's tmp directory; the path is printed).
 
+The first screen (issue 21) is checked in a 1400x900 window, on a report re-rendered with
+``--from-json`` from a synthetic claims.json: the findings section lies within it with at
+least four findings (with numbers) visible, and no one-sided or reported headline row shows
+the two-sided tick.
+
 The same checks are first shown to catch faults, on a page with a broken image, a console
-error and an uncaught exception.  Skipped, with the reason, when no Chromium is installed
+error and an uncaught exception, findings below the first screen and a one-sided row with a
+two-sided tick.  Skipped, with the reason, when no Chromium is installed
 (``apt-get install chromium``; .ci/run installs it).
 """
 from __future__ import annotations
@@ -27,16 +33,14 @@ import re
 import shutil
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
-import claims
 from reports.build import check_report, main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_report import FAKES, strict_load  # noqa: E402
+from test_report import FAKES, install_registry, strict_load  # noqa: E402
 from test_report_frontdoor import fake_config  # noqa: E402
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -54,6 +58,18 @@ window.addEventListener("load", function () {
                 decoded: images.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length,
                 sections: Array.prototype.map.call(document.querySelectorAll("section[id]"),
                                                    function (s) { return s.id; })};
+  var findings = document.getElementById("findings"), viewport = 900;
+  result.findings = findings ? {top: findings.getBoundingClientRect().top,
+    items: Array.prototype.filter.call(findings.querySelectorAll("li"), function (li) {
+      return li.getBoundingClientRect().bottom <= viewport && /[0-9]/.test(li.textContent); }).length} : null;
+  result.ticks = Array.prototype.filter.call(document.querySelectorAll("tr[data-side]"), function (tr) {
+      var cell = tr.cells[tr.cells.length - 1];
+      return tr.getAttribute("data-side") !== "two-sided" &&
+             (cell.className === "agree" || cell.textContent.indexOf("yes") >= 0); })
+    .map(function (tr) { return tr.getAttribute("data-side") + ": " + tr.cells[0].textContent; });
+  result.rows = document.querySelectorAll("tr[data-side]").length;
+  result.sides = Array.prototype.map.call(document.querySelectorAll("tr[data-side]"),
+                                          function (tr) { return tr.getAttribute("data-side"); });
   var out = document.createElement("pre");
   out.id = "%s";
   out.textContent = JSON.stringify(result);
@@ -71,12 +87,12 @@ def chromium(page: Path, *mode: str, profile_dir: Path) -> subprocess.CompletedP
 
 
 def browser_check(page: Path, work: Path) -> tuple[dict, list[str]]:
-    """Open a test-only copy of ``page`` (with CHECK_SCRIPT) and return what the script saw
-    and the console lines of Chromium's log."""
+    """Open a test-only copy of ``page`` (with CHECK_SCRIPT) in a 1400x900 window and return
+    what the script saw and the console lines of Chromium's log."""
     copy = work / f"{page.stem}.browser-check.html"
     copy.write_text(page.read_text(encoding="utf-8").replace("</body>", CHECK_SCRIPT + "</body>"),
                     encoding="utf-8")
-    proc = chromium(copy, "--dump-dom", profile_dir=work / "chromium-profile")
+    proc = chromium(copy, "--dump-dom", "--window-size=1400,900", profile_dir=work / "chromium-profile")
     assert proc.returncode == 0, f"chromium exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     found = re.search(rf'<pre id="{CHECK_ID}">(.*?)</pre>', proc.stdout, re.S)
     assert found, "the check script wrote nothing: the page did not load or its load event never came"
@@ -93,18 +109,23 @@ def test_the_checks_catch_a_broken_page(tmp_path):
                    "<img src='data:image/png;base64,AAAA'></section>"
                    "<script>console.error('deliberate'); null.x;</script></body></html>")
     seen, console = browser_check(bad, tmp_path)
-    assert seen == {"images": 2, "decoded": 1, "sections": ["claim-x"]}
+    assert {k: seen[k] for k in ("images", "decoded", "sections")} == {"images": 2, "decoded": 1,
+                                                                       "sections": ["claim-x"]}
     assert any("deliberate" in line for line in console)
     assert any("Uncaught" in line for line in console)
+    assert seen["findings"] is None and seen["ticks"] == []
+    late = tmp_path / "late.html"  # findings below the first screen, a one-sided row with a two-sided tick
+    late.write_text("<!DOCTYPE html><html><body><div style='height:2000px'></div><section id='findings'><ul>"
+                    "<li>1.5 vs 1.6</li></ul></section><table><tr data-side='not above'><td>loss</td>"
+                    "<td class='agree'>yes ✓</td></tr><tr data-side='two-sided'><td>gain</td>"
+                    "<td class='agree'>yes ✓</td></tr></table></body></html>")
+    seen, _ = browser_check(late, tmp_path)
+    assert seen["findings"]["top"] >= 900 and seen["findings"]["items"] == 0
+    assert seen["ticks"] == ["not above: loss"]
 
 
 def test_report_page_in_headless_chromium(tmp_path, monkeypatch):
-    module = types.ModuleType("fake_claims_browser")
-    functions = {**FAKES, "fake-config": fake_config}
-    for fn in functions.values():
-        setattr(module, fn.__name__, fn)
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(claims, "REGISTRY", {cid: f"{module.__name__}:{fn.__name__}" for cid, fn in functions.items()})
+    install_registry(monkeypatch, "fake_claims_browser", {**FAKES, "fake-config": fake_config})
     out = tmp_path / "report"
     ids = ["fake-pass", "fake-plain", "fake-fail", "fake-raise", "fake-undiscriminating", "fake-config"]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -117,7 +138,7 @@ def test_report_page_in_headless_chromium(tmp_path, monkeypatch):
     seen, console = browser_check(out / "index.html", tmp_path)
     assert console == [], "console messages from the report page:\n" + "\n".join(console)
     assert seen["images"] == n_figures and seen["decoded"] == n_figures, seen
-    assert sorted(seen["sections"]) == sorted(f"claim-{cid}" for cid in ids)
+    assert sorted(seen["sections"]) == sorted(["findings"] + [f"claim-{cid}" for cid in ids])
 
     artifacts = Path(os.environ.get("REPORT_BROWSER_ARTIFACTS") or tmp_path / "artifacts")
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -127,3 +148,31 @@ def test_report_page_in_headless_chromium(tmp_path, monkeypatch):
     assert proc.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", proc.stderr[-3000:]
     assert not [line for line in proc.stderr.splitlines() if CONSOLE_LINE.search(line)]
     print(f"\nreport screenshot: {shot} ({shot.stat().st_size} bytes)")
+
+
+def test_findings_first_screen_and_one_sided_rows(tmp_path, monkeypatch):
+    """Issue 21, on a synthetic claims.json re-rendered with --from-json (no claim computes): the
+    findings section lies within the first 1400x900 viewport and shows at least four findings
+    with numbers there; no "reported" or one-sided row shows the two-sided tick."""
+    install_registry(monkeypatch, "fake_claims_browser_findings", {**FAKES, "fake-config": fake_config})
+    source, out = tmp_path / "source", tmp_path / "report"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        main(["--profile", "tiny", "--out", str(source), "--only", "fake-config,fake-boundary,fake-beyond",
+              "--no-progress"])
+        assert main(["--from-json", str(source / "claims.json"), "--out", str(out)]) == 1  # a contradiction
+    report = strict_load(out / "claims.json")
+    assert len(report["findings"]) >= 4
+    sides = {r["side"] for c in report["claims"] for r in c["headline"]}
+    assert {"two-sided", "not above", "reported"} <= sides
+
+    seen, console = browser_check(out / "index.html", tmp_path)
+    assert console == [], "console messages from the report page:\n" + "\n".join(console)
+    assert seen["findings"] is not None and 0 <= seen["findings"]["top"] < 900, seen
+    assert seen["findings"]["items"] >= 4, seen
+    assert seen["rows"] == sum(len(c["headline"]) for c in report["claims"]), seen
+    assert seen["ticks"] == [], f"one-sided or reported rows with a two-sided tick: {seen['ticks']}"
+    shot = tmp_path / "first-screen.png"
+    proc = chromium(out / "index.html", f"--screenshot={shot}", "--window-size=1400,900", "--hide-scrollbars",
+                    profile_dir=tmp_path / "chromium-profile")
+    assert proc.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print(f"\nfirst screen: {shot}")

@@ -14,30 +14,41 @@ import os
 import shutil
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
 import claims
-from claims.base import ClaimResult, Figure, PerturbationCheck, Series, judge
+from claims.base import ClaimResult, Figure, Finding, PerturbationCheck, Series, judge
 from reports import build as report_build
 from reports import compare as report_compare
 from reports import render as report_render
 from reports.build import check_report, main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_report import FAKES, _snapshot, strict_load  # noqa: E402 - the fake claims of test_report
+from test_report import FAKES, _snapshot, install_registry, strict_load  # noqa: E402 - the fake claims of test_report
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 HEADLINE = [
     {"name": "limiting error ρ∞", "theory": 0.25, "measured": 0.26, "se": 0.004, "tolerance": 0.02,
-     "agrees": True},
+     "agrees": True, "side": "two-sided", "config": "tasks=(3, 3) H=2 L=32"},
     {"name": "emergence time", "theory": [10.0, 14.0], "measured": 12.5, "se": None, "tolerance": 0.5,
-     "agrees": True},
-    {"name": "gain ratio", "theory": 3.0, "measured": 2.3, "se": 0.05, "tolerance": 0.1, "agrees": False},
+     "agrees": True, "side": "two-sided", "config": "tasks=(3, 3) H=2 L=32"},
+    {"name": "loss not above the allocated fixed point", "theory": 1.547, "measured": 1.372, "se": 0.012,
+     "tolerance": 0.035, "agrees": True, "side": "not above", "config": "tasks=(3, 3) H=2 L=64"},
+    {"name": "gain ratio", "theory": None, "measured": 2.3, "se": 0.05, "tolerance": None, "agrees": None,
+     "side": "reported", "config": "tasks=(3, 3) H=2 L=64"},
 ]
+
+
+def fake_estimate(claim_id, profile, problem):
+    """A claim's own cost estimate (claims.estimate_seconds) as a plan would give it: one training
+    run of 1200 steps x batch 2048 at the configuration; None for the claims without a plan."""
+    if claim_id != "fake-config" or not problem:
+        return None
+    d, m = sum(problem.get("tasks", [3])), len(problem.get("tasks", [3]))
+    return 1200 * 2048 * problem.get("L", 32) * problem.get("heads", 2) * (d + m) * 7e-9
 
 
 def fake_config(profile="quick", device="cpu", seed=0, progress=None, sweep=None, problem=None):
@@ -47,7 +58,9 @@ def fake_config(profile="quick", device="cpu", seed=0, progress=None, sweep=None
         id="fake-config", title="A claim that takes a configuration", statement="ρ∞ = d/L.",
         verdict=judge(True, perturbations), theory={"rho": 0.25}, numerics={"rho": 0.26},
         tolerance={"value": 0.02, "why": "3 se"}, perturbations=perturbations,
-        details={"ran": {"problem": problem, "profile": profile}}, headline=HEADLINE,
+        details={"ran": {"problem": problem, "profile": profile}}, headline=[dict(r) for r in HEADLINE],
+        findings=[Finding("fake-config", "holds", f"ρ∞ = {HEADLINE[0]['measured']} ± 0.004 against d/L = 0.25.",
+                          {"rho": {"value": HEADLINE[0]["measured"], "se": 0.004}})],
         figures=[Figure(name="rho", title="ρ∞ against d/L", caption="the points lie on the line y = x",
                         series=[Series("measured", [0.1, 0.2], [0.1, 0.21], "points"),
                                 Series("theory", [0.1, 0.2], [0.1, 0.2], "line")])])
@@ -66,14 +79,8 @@ EXTRA = {"fake-config": fake_config, "fake-config-b": fake_config_b}
 
 @pytest.fixture
 def registry(monkeypatch):
-    module = types.ModuleType("fake_claims_frontdoor")
-    functions = {**FAKES, **EXTRA}
-    for fn in functions.values():
-        setattr(module, fn.__name__, fn)
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    registry = {cid: f"{module.__name__}:{fn.__name__}" for cid, fn in functions.items()}
-    monkeypatch.setattr(claims, "REGISTRY", registry)
-    return registry
+    monkeypatch.setattr(claims, "estimate_seconds", fake_estimate, raising=False)
+    return install_registry(monkeypatch, "fake_claims_frontdoor", {**FAKES, **EXTRA})
 
 
 def args(out: Path, only: str, *extra: str) -> list[str]:
@@ -111,8 +118,9 @@ def test_configuration_reaches_claims_that_take_it_and_is_recorded(registry, tmp
     prov = report["provenance"]
     assert prov["problem"] == problem
     assert prov["ran_at"] == {"configuration": ["fake-config"], "profile": ["fake-plain"]}
-    assert prov["cost_estimate"]["runs"] == 1 and prov["cost_estimate"]["elements"] > 0
-    assert "estimated 1 training run(s)" in err and "fake-plain cannot run at a given configuration" in err
+    assert prov["cost_estimate"]["per_claim"]["fake-plain"] is None and prov["cost_estimate"]["seconds"] > 0
+    assert prov["cost_estimate"]["per_claim"]["fake-config"] == prov["cost_estimate"]["seconds"]
+    assert "estimated about" in err and "fake-plain cannot run at a given configuration" in err
     page = (out / "index.html").read_text(encoding="utf-8")
     assert "r = (3, 3), H = 2, L = 32, σ = 0.5" in page
     assert "ran at the audited configuration" in page and "ran at profile tiny" in page
@@ -136,19 +144,23 @@ def test_cost_estimate_refuses_and_says_how_to_raise_the_limit(registry, tmp_pat
     status, _, err = run_main(args(tmp_path / "r", "fake-config", *CONFIG, "--max-minutes", "0.0001"))
     assert status == 2 and "Traceback" not in err
     assert "over --max-minutes 0.0001" in err and "Raise the limit (--max-minutes 1)" in err
-    assert "training run(s) x 1200 steps x batch 2048 x L 32" in err
+    assert "estimated cost: about 9 s (fake-config 9 s)" in err  # 1200 x 2048 x 32 x 2 x 8 x 7e-9 s
     assert not (tmp_path / "r").exists()
     # the same configuration under the default limit runs
     assert run_main(args(tmp_path / "r", "fake-config", *CONFIG))[0] == 0
 
 
-def test_estimate_scales_with_steps_batch_and_L():
-    small = report_build.estimate_cost({"tasks": [3, 3], "heads": 2, "L": 32}, 1)
-    double_l = report_build.estimate_cost({"tasks": [3, 3], "heads": 2, "L": 64}, 1)
-    two_claims = report_build.estimate_cost({"tasks": [3, 3], "heads": 2, "L": 32}, 2)
-    assert small.elements == 1200 * 2048 * 32
-    assert double_l.elements == 2 * small.elements and two_claims.seconds == pytest.approx(2 * small.seconds)
-    assert report_build.estimate_cost({"tasks": [3, 3], "heads": 2, "L": 32}, 0).seconds == 0
+def test_the_estimate_is_the_claims_own(registry, monkeypatch):
+    """The build adds up claims.estimate_seconds of the selected claims (no cost model of its own);
+    a claim without an estimate is named, not guessed."""
+    from reports.build import BuildConfig
+
+    cfg = BuildConfig(profile="tiny", only=("fake-config", "fake-plain"), problem={"tasks": [3, 3], "heads": 2, "L": 64})
+    cost = report_build.estimate(cfg)
+    assert cost["seconds"] == pytest.approx(fake_estimate("fake-config", "tiny", cfg.problem))
+    assert cost["unknown"] == ["fake-plain"]
+    monkeypatch.delattr(claims, "estimate_seconds")
+    assert report_build.estimate(cfg) is None
 
 
 # --------------------------------------------------------------------------- bad input (exit 2)
@@ -169,10 +181,7 @@ NOT_A_REPORT = '{"claims": 3}'
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--logit-scale", "-1"], "logit_scale s must be a finite"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--logit-scale", "inf"], "logit_scale s must be a finite"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--only", "fake-plain"],
-     "none of the selected claims (fake-plain) can run at a given configuration yet"),
-    (["--tasks", "3,3"], "needs --heads, --L as well"),
-    (["--heads", "3", "--L", "8"], "needs --tasks as well"),
-    (["--sigma", "0.5"], "needs --tasks, --heads, --L as well"),
+     "none of the selected claims (fake-plain) can run at a given configuration"),
     (["--tasks", "100000", "--heads", "3", "--L", "256"], "over --max-minutes 60"),
     (["--tasks", "3,3", "--heads", "1000", "--L", "100000"], "over --max-minutes 60"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--max-minutes", "0"], "--max-minutes must be a number > 0"),
@@ -185,8 +194,12 @@ NOT_A_REPORT = '{"claims": 3}'
     (["--config", "{file:nan.toml=tasks = [3]\nheads = 3\nL = 8\nsigma = nan}"], "sigma (label noise std)"),
     (["--config", "{file:huge.toml=tasks = [3]\nheads = 1000000000\nL = 8}"], "over --max-minutes 60"),
     (["--config", "{file:bin.toml=\x00\x01\x02}"], "not valid TOML"),
+    (["--seed", "3_3"], "got '3_3'"),
+    (["--seed", "18446744073709551616"], "--seed must be at most 18446744073709551615"),
+    (["--config", "{file:big.toml=" + "#" * (2**20 + 1) + "}"], "more than the limit of 1 MiB"),
+    (["--config", "{file:deep.toml=x = " + "[" * 5000 + "]" * 5000 + "}"], "--config"),
     (["--out", "{file:afile=x}"], "exists and is not a directory"),
-    (["--out", "{file:afile=x}/sub/r"], "is a file where a directory is expected"),
+    (["--out", "{file:afile=x}/sub/r"], "is a file, not a directory"),
     (["--out", "/proc/self/cannot/r"], "cannot write in"),
     (["--from-json", "{tmp}/none/claims.json"], "no such file"),
     (["--from-json", "{file:bad.json={nope}"], "not strict JSON"),
@@ -217,11 +230,12 @@ def test_bad_input_exits_2_with_a_message(registry, tmp_path, argv, message):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--tasks", "3,3", "--heads", "1e9", "--L", "8"], "invalid int value: '1e9'"),
+    (["--tasks", "3,3", "--heads", "1e9", "--L", "8"], "--heads must be an integer written in digits"),
+    (["--tasks", "3,3", "--heads", "3_3", "--L", "8"], "got '3_3'"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--param", "tied"], "invalid choice: 'tied'"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--basis", "haar"], "invalid choice: 'haar'"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--dtype", "float16"], "invalid choice: 'float16'"),
-    (["--tasks", "3,3", "--heads", "2", "--L", "8", "--sigma", "big"], "invalid float value: 'big'"),
+    (["--tasks", "3,3", "--heads", "2", "--L", "8", "--sigma", "big"], "--sigma must be a number"),
 ])
 def test_bad_values_through_the_real_command_line(tmp_path, argv, message):
     proc = subprocess.run([sys.executable, "-m", "reports.build", "--out", str(tmp_path / "r"), *argv],
@@ -277,8 +291,8 @@ import claims
 from claims.base import ClaimResult
 from reports import render
 module = types.ModuleType("killed_write_claims")
-module.quick = lambda profile, device, seed, progress, sweep: ClaimResult(
-    id="quick", title="t", statement="s", verdict="pass")
+module.quick = types.SimpleNamespace(run=lambda profile, device, seed, progress, sweep: ClaimResult(
+    id="quick", title="t", statement="s", verdict="pass"))
 sys.modules[module.__name__] = module
 claims.REGISTRY = {"quick": "killed_write_claims:quick"}
 def slow_render(report, pngs):
@@ -393,11 +407,15 @@ def test_headline_table_leads_each_section(registry, tmp_path):
     table = section.index("<table class='headline'>")
     assert table < section.index("Perturbation checks") < section.index("<details>")
     for text in ("theory predicts", "measured (± s.e.)", "allowed difference", "limiting error ρ∞",
-                 "0.26 ± 0.004", "|Δ| ≤ 0.02", "between 10 and 14", "yes ✓", "no ✗"):
+                 "0.26 ± 0.004", "|Δ| ≤ 0.02", "between 10 and 14", "yes ✓",
+                 "≤ 1.547 (not above)", "Δ ≤ +0.035", "not above ✓", "reported, no comparison"):
         assert text in section, text
+    # rows grouped by configuration: one sub-heading per config, not repeated in the names
+    assert section.count("tasks=(3, 3) H=2 L=32") == 1 and section.count("tasks=(3, 3) H=2 L=64") == 1
+    assert section.index("tasks=(3, 3) H=2 L=32") < section.index("emergence time") < section.index("L=64")
     assert "the points lie on the line y = x" in section  # the figure's caption under it
-    summary = page[page.index("<h2>Summary"):page.index("<section")]
-    assert "2 of 3 agree" in summary  # the headline at a glance in the summary table
+    summary = page[page.index("<h2>Summary"):page.index("<section id='claim-")]
+    assert "3 of 3 agree" in summary  # the reported row is not counted as a judged row
     plain = _section(page, "fake-plain")  # no headline rows: a short summary instead
     assert "gives no headline rows yet" in plain and plain.index("gives no headline") < plain.index("<details>")
     assert "Allowed difference: <b>0.05</b> — MC error" in plain
@@ -481,7 +499,8 @@ def test_compare_marks_changed_verdicts_and_numbers(registry, tmp_path, capsys, 
     stdout = capsys.readouterr().out
     assert status == 1
     assert "fake-config  pass     fail     verdict changed" in stdout
-    assert "limiting error ρ∞: A theory 0.25, measured 0.26 ± 0.004, tol 0.02, agrees" in stdout
+    # rows matched by (claim id, name, config)
+    assert "limiting error ρ∞ [tasks=(3, 3) H=2 L=32]: A theory 0.25, measured 0.26 ± 0.004, tol 0.02, agrees" in stdout
     assert "measured 0.31 ± 0.004, tol 0.02, disagrees" in stdout
     assert "fake-fail" in stdout and "absent" in stdout
     assert "emergence time" not in stdout  # unchanged rows are not listed in the text summary
@@ -498,7 +517,7 @@ def test_compare_marks_changed_verdicts_and_numbers(registry, tmp_path, capsys, 
     (["{a}", "{file:bad.json=[1, 2}"], "not strict JSON"),
     (["{a}", "{file:list.json=[1, 2]}"], "not a claims.json of a report"),
     (["{a}", "{a}", "--out", "{tmp}"], "is a directory"),
-    (["{a}", "{a}", "--out", "{tmp}/missing/d.html"], "is not an existing directory"),
+    (["{a}", "{a}", "--out", "{tmp}/missing/d.html"], "does not exist"),
     (["{a}", "{a}", "--out", "/proc/self/d.html"], "cannot write in"),
 ])
 def test_compare_bad_input_exits_2(registry, tmp_path, capsys, argv, message):
@@ -524,3 +543,444 @@ def test_compare_from_the_real_command_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "reports.compare", str(tmp_path / "x.json"), str(tmp_path)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no such file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- findings first (issue 21)
+
+FINDINGS_IDS = "fake-fail,fake-config,fake-boundary,fake-beyond"
+
+
+@pytest.fixture(scope="module")
+def findings_report(tmp_path_factory):
+    """A report of a failing claim, a passing one, a located boundary and a contradicted
+    boundary the paper does not speak of: (directory, exit status)."""
+    out = tmp_path_factory.mktemp("findings") / "r"
+    with pytest.MonkeyPatch.context() as mp:
+        install_registry(mp, "fake_claims_findings", {**FAKES, **EXTRA})
+        status = run_main(args(out, FINDINGS_IDS))[0]
+    return out, status
+
+
+def test_findings_are_data_and_come_first(findings_report):
+    out, status = findings_report
+    assert status == 1 and check_report(out) == []
+    report = strict_load(out / "claims.json")
+    assert set(report) == {"claims", "findings", "provenance"}
+    assert report["findings"] == [f for c in report["claims"] for f in c["findings"]]  # report order
+    assert [c["id"] for c in report["claims"]] == ["fake-fail", "fake-boundary", "fake-beyond", "fake-config"]
+    assert [f["claim"] for f in report["findings"]] == ["fake-boundary", "fake-boundary", "fake-beyond",
+                                                         "fake-beyond", "fake-config"]
+    assert {c["id"]: c["kind"] for c in report["claims"]} == {
+        "fake-fail": "claim", "fake-config": "claim", "fake-boundary": "boundary", "fake-beyond": "boundary"}
+    assert {c["id"]: c["verdict"] for c in report["claims"]}["fake-beyond"] == "contradicted"
+    page = (out / "index.html").read_text(encoding="utf-8")
+    findings = page[page.index("<section id='findings'>"):page.index("</section>")]
+    assert page.index("<section id='findings'>") < page.index("<h2>Summary")
+    holds, stops, beyond = (findings.index(h) for h in ("What holds", "Where it stops", "Beyond the paper"))
+    assert holds < findings.index("Below sigma = 0.25") < findings.index("ρ∞ = 0.26") < stops
+    assert stops < findings.index("leaves allocation") < beyond
+    assert beyond < findings.index("The allocated point is a saddle")
+    assert findings.count("<li>") == 5 and "href='#claim-fake-beyond'" in findings
+    summary = page[page.index("<h2>Summary"):page.index("<section id='claim-")]
+    claims_part, stops_part, beyond_part = (summary.index(h) for h in
+                                            ("The paper&#x27;s claims", "Where they stop", "Beyond the paper"))
+    assert claims_part < summary.index("fake-config") < stops_part < summary.index("fake-boundary") < beyond_part
+    assert beyond_part < summary.index("fake-beyond")
+    assert 'class="badge located"' in summary and 'class="badge contradicted"' in summary
+    assert 'class="badge pass"' not in summary[stops_part:]  # no green pass on a boundary
+
+
+def test_page_prints_4_significant_digits_and_json_keeps_all(findings_report):
+    out, _ = findings_report
+    report = strict_load(out / "claims.json")
+    row = next(r for c in report["claims"] for r in c["headline"] if r["name"] == "held-out loss of linear attention")
+    assert row["measured"] == 1.2512345678 and row["se"] == 0.0034567 and row["side"] == "reported"
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "1.251 ± 0.003457" in page and "1.2512345678" not in page.split("<details>")[0]
+
+
+@pytest.mark.parametrize("outcomes, status", [
+    ({"claim": "pass", "boundary": "located"}, 0),
+    ({"claim": "pass", "boundary": "undecided"}, 0),
+    ({"claim": "pass", "boundary": "contradicted"}, 1),
+    ({"claim": "pass", "boundary": "error"}, 1),
+    ({"claim": "fail", "boundary": "located"}, 1),
+    ({"claim": "error", "boundary": "located"}, 1),
+])
+def test_exit_status_follows_failing(outcomes, status):
+    entries = [{"id": kind, "kind": kind, "verdict": verdict, "figure_errors": []} for kind, verdict in outcomes.items()]
+    assert report_build.exit_status({"claims": entries}) == status
+
+
+def _old_style(report: dict) -> dict:
+    """claims.json as written before kinds, sides, configs and findings: boundaries said pass."""
+    old = json.loads(json.dumps(report))
+    old.pop("findings")
+    for c in old["claims"]:
+        kind = c.pop("kind")
+        c.pop("findings")
+        if kind == "boundary":
+            c["verdict"] = {"located": "pass", "contradicted": "fail"}.get(c["verdict"], c["verdict"])
+        for r in c["headline"]:
+            r.pop("side"), r.pop("config")
+    return old
+
+
+def test_compare_and_rerender_read_a_claims_json_from_before_findings(registry, tmp_path, capsys):
+    src = tmp_path / "a"
+    assert run_main(args(src, "fake-config,fake-plain"))[0] == 0
+    report = strict_load(src / "claims.json")
+    report["claims"].append(dict(report["claims"][1], id="boundary-old", kind="boundary", verdict="located"))
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(_old_style(report)))
+    assert report_compare.main([str(old), str(old)]) == 0
+    assert "no change in 3 claim(s)" in capsys.readouterr().out
+    status, _, err = run_main(["--from-json", str(old), "--out", str(tmp_path / "b")])
+    assert status == 0, err
+    redone = strict_load(tmp_path / "b" / "claims.json")
+    assert redone["findings"] == [] and redone["claims"][2]["kind"] == "boundary"
+    assert redone["claims"][2]["verdict"] == "located"  # an old boundary "pass" is its located
+    assert all(r["side"] == "two-sided" and r["config"] is None for r in redone["claims"][0]["headline"])
+    assert "No findings recorded" in (tmp_path / "b" / "index.html").read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- hand-edited claims.json (issue 22)
+
+
+@pytest.fixture(scope="module")
+def good_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("good") / "r"
+    with pytest.MonkeyPatch.context() as mp:
+        install_registry(mp, "fake_claims_good", {**FAKES, **EXTRA})
+        assert run_main(args(out, "fake-pass,fake-config,fake-boundary"))[0] == 0
+    return strict_load(out / "claims.json")
+
+
+def _nest(depth: int):
+    value: object = 1
+    for _ in range(depth):
+        value = {"x": value}
+    return value
+
+
+def _c(report: dict, cid: str) -> dict:
+    return next(c for c in report["claims"] if c["id"] == cid)
+
+
+EDITS = [
+    ("wrong type of verdict", lambda r: _c(r, "fake-pass").update(verdict=3), "'verdict' is int, not str"),
+    ("wrong type of headline", lambda r: _c(r, "fake-config").update(headline="all good"), "'headline' is str"),
+    ("wrong type of seconds", lambda r: _c(r, "fake-pass").update(seconds="fast"), "'seconds' is str"),
+    ("a row's agrees as text", lambda r: _c(r, "fake-config")["headline"][0].update(agrees="yes"), "'agrees' is str"),
+    ("duplicate ids", lambda r: r["claims"].append(r["claims"][0]), "duplicate claim ids ['fake-pass']"),
+    ("a 300-character id", lambda r: _c(r, "fake-pass").update(id="x" * 300), "at most 80 characters"),
+    ("markup in an id", lambda r: _c(r, "fake-pass").update(id="<script>"), "the id must be letters"),
+    ("empty claims list", lambda r: r.update(claims=[], findings=[]), "'claims' is empty"),
+    ("nesting 60 deep", lambda r: _c(r, "fake-pass")["details"].update(deep=_nest(60)), "nested more than 40 levels"),
+    ("verdict edited to pass", lambda r: _c(r, "fake-config")["headline"][0].update(agrees=False),
+     "verdict 'pass' but headline row(s) ['limiting error ρ∞'] do not agree"),
+    ("boundary edited to located", lambda r: _c(r, "fake-boundary")["headline"][2].update(agrees=False),
+     "verdict 'located' but headline row(s)"),
+    ("pass with a perturbation accepted", lambda r: _c(r, "fake-pass")["perturbations"][0].update(rejected=False),
+     "were accepted; a passing verdict needs every perturbation rejected"),
+    ("a boundary said pass", lambda r: _c(r, "fake-boundary").update(verdict="pass"), "the outcomes of a boundary"),
+    ("an unknown kind", lambda r: _c(r, "fake-boundary").update(kind="lemma"), "kind 'lemma' is not one of"),
+    ("an unknown side", lambda r: _c(r, "fake-config")["headline"][0].update(side="sideways"), "has side 'sideways'"),
+    ("an unknown finding kind", lambda r: _c(r, "fake-config")["findings"][0].update(kind="maybe"), "kind 'maybe'"),
+    ("a finding of another claim", lambda r: _c(r, "fake-config")["findings"][0].update(claim="fake-pass"),
+     "not its own id"),
+    ("top-level findings edited", lambda r: r["findings"][0].update(text="the paper is right"),
+     "the top-level 'findings' are not the claims' findings"),
+    ("an unknown key in a row", lambda r: _c(r, "fake-config")["headline"][0].update(colour="green"), "unknown keys"),
+]
+
+
+@pytest.mark.parametrize("what, edit, message", EDITS, ids=[e[0] for e in EDITS])
+def test_hand_edited_claims_json_is_refused_before_drawing(registry, good_report, tmp_path, monkeypatch,
+                                                           what, edit, message):
+    report = json.loads(json.dumps(good_report))
+    edit(report)
+    source = tmp_path / "edited.json"
+    source.write_text(json.dumps(report))
+    drawn = []
+    monkeypatch.setattr(report_render, "figure_png", lambda *a, **k: drawn.append(1))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    status, stdout, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
+    assert status == 2 and "--from-json" in err and message in err, err
+    assert "Traceback" not in err and stdout == "" and not drawn
+    out, errb = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(errb):
+        assert report_compare.main([str(source), str(source)]) == 2
+    assert "error: A " in errb.getvalue() and message in errb.getvalue() and out.getvalue() == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+@pytest.mark.parametrize("what, text, message", [
+    ("nested 100000 deep", "[" * 100000 + "]" * 100000, "nested too deep"),
+    ("not UTF-8", b"\xff\xfe{}", "cannot be read as UTF-8"),
+])
+def test_unparseable_claims_json_is_refused(tmp_path, what, text, message):
+    source = tmp_path / "bad.json"
+    (source.write_bytes if isinstance(text, bytes) else source.write_text)(text)
+    status, stdout, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
+    assert status == 2 and message in err and "Traceback" not in err and not (tmp_path / "r").exists()
+
+
+def test_a_fifo_as_claims_json_is_refused_unopened(tmp_path):
+    fifo = tmp_path / "claims.json"
+    os.mkfifo(fifo)
+    status, _, err = run_main(["--from-json", str(fifo), "--out", str(tmp_path / "r")])  # would block if opened
+    assert status == 2 and "not a regular file" in err
+
+
+def test_a_figure_of_400_panels_is_capped(monkeypatch):
+    """Only MAX_PANELS panels are drawn (4 here, to keep the test fast; 16 by default: a 4 x 4
+    grid of 2046 x 1628 pixels), the caption says so, and no PNG exceeds MAX_PIXELS."""
+    monkeypatch.setattr(report_render, "MAX_PANELS", 4)
+    panel = Figure(name="p", title="p", series=[Series("s", [0.0, 1.0], [0.0, 1.0])])
+    fig = Figure(name="many", title="400 panels", kind="panels", panels=[panel] * 400)
+    entries, pngs = report_build.draw_figures([{"id": "c", "figure_data": [fig]}])
+    assert entries[0]["figure_errors"] == []
+    assert "the first 4 of its 400 panels are drawn" in entries[0]["figures"][0]["caption"]
+    from PIL import Image
+
+    with Image.open(io.BytesIO(pngs[entries[0]["figures"][0]["file"]])) as image:
+        assert image.width * image.height <= report_render.MAX_PIXELS
+    many = Figure(name="legend", title="t", series=[Series(f"s{k}", [0.0], [0.0]) for k in range(300)])
+    assert "first 40 of 300 entries" in report_render.size_note(many)
+
+
+# --------------------------------------------------------------------------- output paths (issue 22)
+
+
+def _report_dir(tmp_path: Path, name: str = "prev") -> Path:
+    """A previous report (its marker and files), made by hand: no build needed."""
+    d = tmp_path / name
+    (d / "figures").mkdir(parents=True)
+    (d / ".icl-audit-report").write_text("written by python -m reports.build\n")
+    (d / "claims.json").write_text("{}")
+    return d
+
+
+def _sweep_in(d: Path) -> Path:
+    (d / "points").mkdir(parents=True, exist_ok=True)
+    (d / "points" / "aaaa.json").write_text(json.dumps({"id": "aaaa", "point": {}}))
+    return d
+
+
+OUT_CASES = [
+    # (what, setup(tmp) -> extra argv, message)
+    ("a sweep stored in a previous report", lambda t: ["--out", str(_sweep_in(_report_dir(t)))],
+     "which this command did not write"),
+    ("a sweep in a directory that is no report", lambda t: ["--out", str(_sweep_in(t / "sw"))], "holds a sweep"),
+    ("--out is the --from-sweep source", lambda t: ["--out", str(_sweep_in(_report_dir(t))), "--from-sweep",
+                                                     str(t / "prev")], "inputs are never overwritten"),
+    ("--out holds the --config file", lambda t: ["--out", str(_report_dir(t)), "--config",
+                                                  str(_write(t / "prev" / "c.toml", "tasks = [2]\nheads = 1\nL = 8\n"))],
+     "an input of this command"),
+    ("a symlink loop", lambda t: ["--out", str(_symlink(t / "loop", t / "loop"))], "symbolic link loop"),
+    ("a dangling symlink", lambda t: ["--out", str(_symlink(t / "dangling", t / "nowhere"))], "dangling link"),
+    ("a file", lambda t: ["--out", str(_write(t / "afile", "x"))], "exists and is not a directory"),
+]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _symlink(link: Path, target: Path) -> Path:
+    os.symlink(target, link)
+    return link
+
+
+@pytest.mark.parametrize("what, setup, message", OUT_CASES, ids=[c[0] for c in OUT_CASES])
+def test_out_that_cannot_be_replaced_is_refused_before_any_claim(registry, tmp_path, what, setup, message):
+    extra = setup(tmp_path)
+    before = _snapshot(tmp_path)
+    names = sorted(os.listdir(tmp_path))
+    status, stdout, err = run_main(["--profile", "tiny", "--only", "fake-interrupt", "--no-progress", *extra])
+    assert status == 2, err  # 130 would mean the claim ran
+    assert message in err and "Traceback" not in err and stdout == ""
+    assert _snapshot(tmp_path) == before and sorted(os.listdir(tmp_path)) == names
+
+
+def test_out_where_nothing_can_be_written_is_refused_before_any_claim(registry, tmp_path, monkeypatch):
+    """An immutable empty directory (chattr +i where the filesystem and user allow it; else
+    simulated by a failing write probe, since root ignores permission bits): refused before
+    any claim runs, not after all the compute."""
+    frozen = tmp_path / "frozen"
+    frozen.mkdir()
+    chattr = shutil.which("chattr")
+    immutable = chattr is not None and subprocess.run([chattr, "+i", str(frozen)], capture_output=True).returncode == 0
+    if not immutable:
+        import theory._validate as policy
+
+        real = policy.tempfile.mkstemp
+
+        def refuse(*a, dir=None, **k):
+            if dir is not None and Path(dir) == frozen:
+                raise PermissionError(1, "Operation not permitted")
+            return real(*a, dir=dir, **k)
+
+        monkeypatch.setattr(policy.tempfile, "mkstemp", refuse)
+    try:
+        status, _, err = run_main(["--profile", "tiny", "--only", "fake-interrupt", "--no-progress", "--out",
+                                   str(frozen)])
+    finally:
+        if immutable:
+            subprocess.run([chattr, "-i", str(frozen)], check=True)
+    assert status == 2 and "cannot write in" in err and "Operation not permitted" in err  # 130: the claim ran
+    assert os.listdir(frozen) == [] and sorted(os.listdir(tmp_path)) == ["frozen"]
+
+
+def test_a_symlinked_out_is_followed_and_kept(registry, tmp_path):
+    target = tmp_path / "real"
+    link = _symlink(tmp_path / "link", target.absolute())
+    target.mkdir()
+    assert run_main(args(link, "fake-plain"))[0] == 0
+    assert link.is_symlink() and (target / "claims.json").is_file()
+    assert run_main(args(link, "fake-plain"))[0] == 0  # a previous report through the link: replaced
+    assert link.is_symlink() and check_report(target) == []
+
+
+def test_an_empty_directory_is_filled_in_place_with_umask_permissions(registry, tmp_path):
+    empty = tmp_path / "mine"
+    empty.mkdir()
+    inode = empty.stat().st_ino
+    old = os.umask(0o027)
+    try:
+        assert run_main(args(empty, "fake-pass"))[0] == 0
+        fresh = tmp_path / "fresh"
+        assert run_main(args(fresh, "fake-pass"))[0] == 0
+    finally:
+        os.umask(old)
+    assert empty.stat().st_ino == inode  # the user's directory, never deleted
+    assert check_report(empty) == []
+    assert fresh.stat().st_mode & 0o777 == 0o750  # not mkdtemp's 0700
+    assert (fresh / "index.html").stat().st_mode & 0o777 == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["fresh", "mine"]
+
+
+def test_stale_leftovers_are_cleaned_for_real_or_not_claimed(registry, tmp_path, monkeypatch):
+    out = _report_dir(tmp_path, "r")
+    stale = _report_dir(tmp_path, ".r.old-0123456789ab")
+    real = shutil.rmtree
+
+    def stuck(path, *a, **k):
+        if Path(path) == stale:
+            raise PermissionError(1, "Operation not permitted", str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(shutil, "rmtree", stuck)
+    status, _, err = run_main(args(out, "fake-plain"))
+    assert status == 0 and "cleaned" not in err and "could not remove .r.old-0123456789ab" in err
+    assert stale.is_dir()
+    monkeypatch.setattr(shutil, "rmtree", real)
+    status, _, err = run_main(args(out, "fake-plain"))
+    assert status == 0 and "cleaned: removed .r.old-0123456789ab" in err and not stale.exists()
+
+
+COMPARE_OUT_CASES = [
+    ("--out is A", lambda a, t: str(a / "claims.json"), "same file as the input"),
+    ("--out is A through a symlink", lambda a, t: str(_symlink(t / "alias.json", a / "claims.json")),
+     "same file as the input"),
+    ("--out a FIFO", lambda a, t: (os.mkfifo(t / "fifo"), str(t / "fifo"))[1], "a FIFO"),
+    ("--out a dangling symlink", lambda a, t: str(_symlink(t / "d.html", t / "gone" / "d.html")), "dangling"),
+]
+
+
+@pytest.mark.parametrize("what, out, message", COMPARE_OUT_CASES, ids=[c[0] for c in COMPARE_OUT_CASES])
+def test_compare_never_overwrites_its_inputs(registry, tmp_path, capsys, what, out, message):
+    a = tmp_path / "a"
+    assert run_main(args(a, "fake-plain"))[0] == 0
+    target = out(a, tmp_path)
+    before = _snapshot(tmp_path)
+    assert report_compare.main([str(a), str(a / "claims.json"), "--out", target]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "--out" in captured.err and "Traceback" not in captured.err
+    assert captured.out == "" and _snapshot(tmp_path) == before
+
+
+def test_compare_writes_through_a_device_and_with_umask_permissions(registry, tmp_path, capsys):
+    a = tmp_path / "a"
+    assert run_main(args(a, "fake-plain"))[0] == 0
+    device = tmp_path / "null"
+    try:
+        os.mknod(device, 0o666 | 0o020000, os.makedev(1, 3))  # a character device like /dev/null
+    except (PermissionError, OSError) as exc:
+        pytest.skip(f"cannot make a device file here: {exc}")
+    assert report_compare.main([str(a), str(a), "--out", str(device)]) == 0
+    assert os.path.exists(device) and os.stat(device).st_rdev == os.makedev(1, 3)
+    assert (os.stat(device).st_mode & 0o170000) == 0o020000  # still a device, not a regular file
+    old = os.umask(0o022)
+    try:
+        assert report_compare.main([str(a), str(a), "--out", str(tmp_path / "d.html")]) == 0
+    finally:
+        os.umask(old)
+    assert (tmp_path / "d.html").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+
+
+# --------------------------------------------------------------------------- what the claims say (issue 22)
+
+
+def test_from_sweep_with_claims_that_read_none_is_refused(registry, tmp_path, monkeypatch):
+    monkeypatch.setattr(claims, "reads_sweep", lambda cid: cid == "fake-config", raising=False)
+    sweep = _sweep_in(tmp_path / "sweep")
+    status, _, err = run_main(args(tmp_path / "r", "fake-plain,fake-interrupt", "--from-sweep", str(sweep)))
+    assert status == 2 and "none of the selected claims (fake-plain, fake-interrupt) reads a sweep" in err
+    assert "the claims that do: fake-config" in err and not (tmp_path / "r").exists()
+    status, _, err = run_main(args(tmp_path / "r", "fake-plain,fake-config", "--from-sweep", str(sweep)))
+    assert status == 0 and "fake-plain read no sweep" in err
+
+
+def test_claims_that_cannot_run_at_a_configuration_are_named_before_any_runs(registry, tmp_path, monkeypatch):
+    def cannot_run(cid, problem):
+        return f"L = {problem['L']} leaves no room for its family of L" if cid == "fake-config" else None
+
+    monkeypatch.setattr(claims, "cannot_run", cannot_run, raising=False)
+    status, _, err = run_main(args(tmp_path / "r", "fake-config,fake-config-b", "--tasks", "2", "--heads", "1",
+                                   "--L", "2"))
+    assert status == 2 and "fake-config cannot run: L = 2 leaves no room" in err
+    assert "These can: --only fake-config-b" in err and not (tmp_path / "r").exists()
+
+
+# --------------------------------------------------------------------------- README's findings (issue 21)
+
+from reports import findings as report_findings  # noqa: E402
+
+
+def test_readme_findings_block_is_generated_from_claims_json(findings_report, tmp_path, capsys):
+    out, _ = findings_report
+    report = strict_load(out / "claims.json")
+    text = report_findings.markdown(report)
+    for f in report["findings"]:
+        assert f["text"] in text
+    assert text.index("**What holds**") < text.index("**Where it stops**") < text.index("**Beyond the paper**")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n\n{report_findings.START}\nold, hand-written\n{report_findings.END}\n\nafter\n")
+    assert report_findings.main([str(out / "claims.json"), "--check", str(readme)]) == 1
+    assert report_findings.main([str(out / "claims.json"), "--readme", str(readme)]) == 0
+    written = readme.read_text()
+    assert written.startswith("# x\n\nbefore\n\n") and written.endswith("\n\nafter\n") and text in written
+    assert report_findings.main([str(out / "claims.json"), "--check", str(readme)]) == 0
+    # a measured number changes, its sentence changes, and the README no longer matches
+    changed = json.loads(json.dumps(report))
+    entry = _c(changed, "fake-boundary")
+    entry["findings"][0]["text"] = entry["findings"][0]["text"].replace("1.372", "1.401")
+    changed["findings"] = [f for c in changed["claims"] for f in c["findings"]]
+    (tmp_path / "changed.json").write_text(json.dumps(changed))
+    assert report_findings.main([str(tmp_path / "changed.json"), "--check", str(readme)]) == 1
+    assert report_findings.main([str(out / "claims.json"), "--readme", str(tmp_path / "none.md")]) == 2
+    capsys.readouterr()
+
+
+def test_the_readme_block_matches_the_quick_report_when_there_is_one():
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert report_findings.START in readme and report_findings.END in readme
+    assert "reports/out/index.html#findings" in readme
+    built = REPO_ROOT / "reports" / "out" / "claims.json"
+    if not built.is_file() or strict_load(built)["provenance"].get("profile") != "quick":
+        pytest.skip("no quick report in reports/out to check the README's findings against")
+    assert report_findings.main([str(built), "--check", str(REPO_ROOT / "README.md")]) == 0

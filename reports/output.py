@@ -1,0 +1,194 @@
+"""Where a report goes: ``--out DIR`` checked before any claim runs, then written whole or not at all.
+
+The policy (the project's one output-path policy, ``theory._validate.check_output_dir``, plus
+what replacing a *directory* needs): DIR may be new, an empty directory, or a previous report
+of this command (it carries :data:`REPORT_MARKER` and nothing but what a report holds).  A
+symlinked DIR is followed; a symlink loop or a dangling symlink is refused.  A directory that
+holds anything else (a sweep's ``points/``, a thesis) or an input of the command is refused,
+never deleted.  Whether DIR can be written at all (an immutable or read-only directory, an
+unwritable parent) is probed by creating and removing a file, before any compute.
+
+Writing: the report is written into a temporary directory beside DIR (same filesystem), checked,
+then swapped in: a previous report is renamed away, the new one renamed to DIR, the old one
+deleted; an empty directory the user made is filled in place (it is never deleted).  The new
+directory gets the permissions the umask gives (``mkdtemp`` makes 0700).  A build killed
+between the two renames leaves ``.DIR.old-*``; a killed write leaves ``.DIR.tmp-<pid>-*``: the
+next build repairs both (:func:`recover_leftovers`) and says what it did only when it did it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Iterable, Optional, TextIO
+
+from reports.schema import BadArguments
+
+REPORT_MARKER = ".icl-audit-report"
+FIGURE_DIR = "figures"
+OWN_ENTRIES = {"claims.json", "index.html", FIGURE_DIR, REPORT_MARKER}
+# A temporary directory of a build that is no longer running: its pid is in its name
+# (``.DIR.tmp-<pid>-<random>``); one without a pid (older builds) counts as stale after this.
+STALE_TMP_SECONDS = 3600.0
+
+
+def umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def foreign_entries(out: Path) -> list[str]:
+    """What in a previous report directory this command did not write (empty: safe to replace)."""
+    names = set(os.listdir(out))
+    foreign = sorted(names - OWN_ENTRIES)
+    figures = out / FIGURE_DIR
+    if figures.is_symlink() or (figures.exists() and not figures.is_dir()):
+        foreign.append(FIGURE_DIR)
+    elif figures.is_dir():
+        foreign += [f"{FIGURE_DIR}/{p.name}" for p in figures.iterdir()
+                    if p.is_symlink() or not p.is_file() or p.suffix != ".png"]
+    return foreign
+
+
+def check_out_dir(path: str, flag: str = "--out", inputs: Iterable[str] = ()) -> Path:
+    """The absolute report directory of ``path`` (a symlink followed), or :class:`BadArguments`
+    saying why it cannot be written or replaced: the project's policy
+    (``theory._validate.check_output_dir``: a file, a link loop or dangling link, an unwritable
+    place, a non-empty directory without the marker, an input) and what replacing a report
+    directory adds: a previous report that also holds files this command did not write (a sweep
+    stored in it) and a directory that holds an input are refused, never deleted."""
+    from theory._validate import check_output_dir
+
+    inputs = [Path(p).resolve() for p in inputs]
+    try:
+        out = Path(check_output_dir(path, flag, marker=REPORT_MARKER, inputs=tuple(inputs))).absolute()
+    except ValueError as exc:
+        raise BadArguments(str(exc)) from None
+    for source in inputs:
+        if out in source.parents:
+            raise BadArguments(f"{flag} {path} holds {source}, an input of this command; replacing it would "
+                               f"delete that input. Choose another {flag}")
+    foreign = foreign_entries(out) if out.is_dir() and os.listdir(out) else []
+    if foreign:
+        raise BadArguments(f"{flag} {path} is a previous report that also holds {foreign[:5]}, which this "
+                           "command did not write (a sweep stored there?); building would delete them. "
+                           f"Move them or choose another {flag}")
+    return out
+
+
+def write_tree(out: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` ({relative path: bytes}) and the report marker into the (temporary) directory
+    ``out``; the caller checks the tree, then puts it in place with :func:`replace_with`."""
+    for name, data in files.items():
+        target = out / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    (out / REPORT_MARKER).write_text("written by python -m reports.build\n", encoding="utf-8")
+
+
+def new_temporary(out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~umask())  # mkdtemp's 0700 would become the report's permissions
+    return tmp
+
+
+def replace_with(tmp: Path, out: Path, stream: Optional[TextIO] = None) -> Path:
+    """Put the finished report ``tmp`` at ``out``; returns where it went.  ``out`` absent: renamed
+    there; an empty directory: filled in place (marker first); a previous report: swapped (the
+    old one deleted after).  Should something this command did not write have appeared in
+    ``out`` while the claims ran, nothing is deleted: the report goes beside it, and stderr
+    says where."""
+    stream = sys.stderr if stream is None else stream
+    if not out.exists():
+        os.rename(tmp, out)
+        return out
+    names = os.listdir(out)
+    if names and (REPORT_MARKER not in names or foreign_entries(out)):
+        beside = out.parent / f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        os.rename(tmp, beside)
+        print(f"warning: {out} changed while the claims ran (it now holds files this command did not "
+              f"write); the report was written to {beside} instead", file=stream, flush=True)
+        return beside
+    if not names:
+        for name in [REPORT_MARKER] + sorted(set(os.listdir(tmp)) - {REPORT_MARKER}):
+            os.rename(tmp / name, out / name)
+        os.rmdir(tmp)
+        return out
+    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)  # put the previous report back before reporting the failure
+        raise
+    _remove(old, "the replaced report", stream, quiet=True)
+    return out
+
+
+def _remove(path: Path, what: str, stream: TextIO, quiet: bool = False) -> Optional[str]:
+    """Delete ``path``; the message says whether it is really gone."""
+    try:
+        shutil.rmtree(path)
+    except OSError as exc:
+        message = f"warning: could not remove {path.name}, {what} ({exc.strerror or exc}); remove it by hand"
+        print(message, file=stream, flush=True)
+        return message
+    return None if quiet else f"cleaned: removed {path.name}, {what}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def recover_leftovers(out: Path, stream: Optional[TextIO] = None) -> list[str]:
+    """Repair what a killed build left beside ``out`` (returns the messages, also printed on
+    ``stream``): no ``out`` but a stranded ``.out.old-*`` report -> the newest is renamed back;
+    ``.out.old-*`` reports beside an existing ``out`` -> removed; ``.out.tmp-*`` directories of
+    builds no longer running -> removed.  Only directories with this command's names are touched,
+    an ``.old-*`` one only if it holds the report marker; "cleaned" is said only of what is gone."""
+    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
+    out = Path(out).absolute()
+    parent = out.parent
+    if not parent.is_dir():
+        return []
+    messages = []
+    olds = sorted((p for p in parent.glob(f".{out.name}.old-*")
+                   if p.is_dir() and not p.is_symlink() and (p / REPORT_MARKER).is_file()),
+                  key=lambda p: p.stat().st_mtime, reverse=True)
+    if olds and not out.exists() and not out.is_symlink():
+        os.rename(olds[0], out)
+        messages.append(f"recovered: {out} was missing (a build was killed while swapping reports); "
+                        f"restored the previous report from {olds[0].name}")
+        olds = olds[1:]
+    for old in olds:
+        message = _remove(old, "a replaced report a killed build left behind", stream)
+        if message and message.startswith("cleaned"):
+            messages.append(message)
+    now = time.time()
+    for tmp in parent.glob(f".{out.name}.tmp-*"):
+        if not tmp.is_dir() or tmp.is_symlink():
+            continue
+        pid_text = tmp.name[len(f".{out.name}.tmp-"):].split("-", 1)[0]
+        if pid_text.isdigit():
+            stale = int(pid_text) != os.getpid() and not _pid_alive(int(pid_text))
+        else:
+            stale = now - tmp.stat().st_mtime > STALE_TMP_SECONDS
+        if stale:
+            message = _remove(tmp, "the unfinished output of a killed build", stream)
+            if message and message.startswith("cleaned"):
+                messages.append(message)
+    for message in messages:
+        print(message, file=stream, flush=True)
+    return messages

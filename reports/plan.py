@@ -1,0 +1,139 @@
+"""What the claims say about a build before any of them runs (``reports.build`` asks, never guesses).
+
+The configuration is parsed by ``claims.check_problem`` (the one parser); which claims cannot
+build their experiment at it, by ``claims.cannot_run``; which read a sweep, by
+``claims.reads_sweep``; the cost, by ``claims.estimate_seconds`` (each claim's own plan).  A
+claim that cannot answer (a fake registry in the tests, a claim that does not import) is
+treated as giving no answer; it shows up as an error when it is run.  ``cfg`` is a
+``reports.build.BuildConfig``.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Optional
+
+import claims
+from reports.schema import BadArguments
+
+DEFAULT_MAX_MINUTES = 60.0
+"""A per-configuration audit estimated longer than this is refused (--max-minutes raises it)."""
+
+# The ProblemConfig fields a researcher may set, with their command-line flag (the TOML file
+# of --config uses the field names).
+PROBLEM_FLAGS = {"tasks": "--tasks", "heads": "--heads", "L": "--L", "sigma": "--sigma",
+                 "param": "--param", "init_scale": "--init", "logit_scale": "--logit-scale",
+                 "basis": "--basis", "dtype": "--dtype"}
+
+
+def _ask(name: str, *args, default=None):
+    """``claims.<name>(*args)``, or ``default`` where claims has no such function (yet) or it
+    cannot answer for this id (a claim that does not import shows up as an error when run)."""
+    fn = getattr(claims, name, None)
+    if fn is None:
+        return default
+    try:
+        return fn(*args)
+    except Exception:
+        return default
+
+
+def check_problem(fields: dict, device: str = "cpu") -> dict:
+    """The configuration, parsed and validated by ``claims.check_problem`` (the one parser:
+    each field checked by ProblemConfig, unknown fields refused); its ValueError becomes
+    :class:`BadArguments`.  Returns the normalised fields (tasks a list)."""
+    try:
+        problem = dict(claims.check_problem(dict(fields), device))
+    except (ValueError, TypeError) as exc:
+        raise BadArguments(str(exc)) from None
+    if "tasks" in problem:
+        problem["tasks"] = [int(r) for r in problem["tasks"]]
+    return problem
+
+
+def accepts_problem(claim_id: str) -> bool:
+    """Whether the runner of ``claim_id`` takes ``problem=``."""
+    try:
+        return "problem" in inspect.signature(claims.claim_runner(claim_id)).parameters
+    except Exception:  # a claim that cannot be imported shows up as an error when it is run
+        return False
+
+
+def selected(cfg) -> list[str]:
+    return list(cfg.only) if cfg.only is not None else list(claims.REGISTRY)
+
+
+def claims_at_configuration(cfg) -> dict:
+    """``{"configuration": ids run at cfg.problem, "profile": ids run at their profile}``."""
+    ids = selected(cfg)
+    if cfg.problem is None:
+        return {"configuration": [], "profile": ids}
+    at = [cid for cid in ids if accepts_problem(cid)]
+    return {"configuration": at, "profile": [cid for cid in ids if cid not in at]}
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.3g} days"
+
+
+def estimate(cfg) -> Optional[dict]:
+    """The cost of the selected claims from their own plans (``claims.estimate_seconds``):
+    ``{"seconds", "per_claim": {id: seconds or None}, "unknown": [ids]}``, or None when the
+    claims give no estimate."""
+    if not hasattr(claims, "estimate_seconds"):
+        return None
+    at = set(claims_at_configuration(cfg)["configuration"])
+    per = {cid: _ask("estimate_seconds", cid, cfg.profile, cfg.problem if cid in at else None)
+           for cid in selected(cfg)}
+    per = {cid: float(s) if isinstance(s, (int, float)) and math.isfinite(s) else None for cid, s in per.items()}
+    return {"seconds": sum(s for s in per.values() if s is not None), "per_claim": per,
+            "unknown": [cid for cid, s in per.items() if s is None]}
+
+
+def describe_estimate(cost: dict) -> str:
+    worst = sorted(((s, cid) for cid, s in cost["per_claim"].items() if s), reverse=True)[:3]
+    text = f"about {_duration(cost['seconds'])}" + (
+        " (" + ", ".join(f"{cid} {_duration(s)}" for s, cid in worst) + ")" if worst else "")
+    return text + (f"; no estimate for {', '.join(cost['unknown'])}" if cost["unknown"] else "")
+
+
+def check_claims(cfg) -> Optional[dict]:
+    """What the selected claims say about this build, before any of them runs: the configuration
+    is one they can take and build their experiment at, the sweep is read by one of them, the
+    cost is within --max-minutes.  Returns the cost estimate; :class:`BadArguments` otherwise."""
+    ids = selected(cfg)
+    if cfg.sweep is not None and hasattr(claims, "reads_sweep"):
+        readers = [cid for cid in ids if _ask("reads_sweep", cid, default=True)]
+        if not readers:
+            everyone = [cid for cid in claims.REGISTRY if _ask("reads_sweep", cid, default=False)]
+            raise BadArguments(f"--from-sweep {cfg.sweep}: none of the selected claims ({', '.join(ids)}) reads "
+                               f"a sweep; the claims that do: {', '.join(everyone) or 'none'}")
+    if cfg.problem is not None:
+        ran_at = claims_at_configuration(cfg)
+        if not ran_at["configuration"]:
+            raise BadArguments(f"none of the selected claims ({', '.join(ran_at['profile'])}) can run at a given "
+                               "configuration (their runners take no problem= argument); drop the "
+                               "configuration flags to run them at a --profile, or select claims that take one")
+        reasons = {cid: _ask("cannot_run", cid, cfg.problem) for cid in ran_at["configuration"]}
+        cannot = {cid: why for cid, why in reasons.items() if why}
+        if cannot:
+            can = [cid for cid in ran_at["configuration"] if cid not in cannot]
+            raise BadArguments("at this configuration " + "; ".join(f"{cid} cannot run: {why}" for cid, why
+                                                                      in cannot.items())
+                               + (f". These can: --only {','.join(can)}" if can else ". No selected claim can"))
+    cost = estimate(cfg)
+    limit = cfg.max_minutes if cfg.max_minutes is not None else (
+        DEFAULT_MAX_MINUTES if cfg.problem is not None else None)
+    if cost is not None and limit is not None and cost["seconds"] > 60 * limit:
+        raise BadArguments(f"estimated cost: {describe_estimate(cost)}, over --max-minutes {limit:g}. Raise the "
+                           f"limit (--max-minutes {math.ceil(cost['seconds'] / 60)}), choose smaller sizes, or "
+                           "run fewer claims (--only)")
+    return cost
+
+
