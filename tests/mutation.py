@@ -9,6 +9,7 @@ import torch
 import numerics.model
 import theory.block_structure
 import theory.reduced_ode
+from numerics.experiments import clear_cache
 
 
 def patch_everywhere(monkeypatch, original, replacement) -> int:
@@ -23,6 +24,7 @@ def patch_everywhere(monkeypatch, original, replacement) -> int:
                 monkeypatch.setattr(mod, attr, replacement)
                 n += 1
     assert n, f"{original!r} is bound nowhere: the mutant would change nothing"
+    clear_cache()     # a run cached before the mutation must not answer for the mutant
     return n
 
 
@@ -77,6 +79,7 @@ def apply_mutant(monkeypatch, name: str) -> None:
             k["d_pair_kernel"] = lambda c, r, s2: 1.25 * dpk(c, r, s2)
             return k
         monkeypatch.setattr(theory.reduced_ode, "_kernels", scaled)
+        clear_cache()
     elif name in ("query attends to itself", "logits doubled (full model)"):
         orig = numerics.model.MultiHeadAttention.forward
         self_attend = name == "query attends to itself"
@@ -89,5 +92,6 @@ def apply_mutant(monkeypatch, name: str) -> None:
             p = torch.softmax(2.0 * torch.bmm(a, context.transpose(1, 2)), dim=-1)
             return torch.einsum("hki,bhi->bk", U, torch.bmm(p, context))
         monkeypatch.setattr(numerics.model.MultiHeadAttention, "forward", forward)
+        clear_cache()
     else:
         raise ValueError(name)

@@ -105,6 +105,11 @@ def test_run_tiny_profile(device):
     assert result.figures and result.perturbations
     assert result.details["domain"]["cases_outside"] == []
     assert [r["agrees"] for r in result.headline] == [True, True], result.headline
+    assert all(r["config"] and r["side"] == "two-sided" for r in result.headline), result.headline
+    # the findings are generated from the result's own numbers
+    assert [f.kind for f in result.findings] == ["holds", "holds"], result.findings
+    result.details["comparisons"][0]["measured"] = 1.25e-15
+    assert "1.25e-15" in claim.findings(result)[0].text
     with pytest.raises(ValueError, match="profile"):
         claim.run(profile="huge")
 

@@ -14,6 +14,8 @@ from hypothesis import example, given, note, settings, strategies as st
 
 from claims import optimality as claim
 from claims.common import log_comparison
+from claims.spec import check_problem
+from theory import optimality as th_opt
 
 # small and cheap: one full merged start, a short run, no random decomposable starts (the
 # structured ones -- the limit, the linear-attention construction, a superposition -- remain)
@@ -37,9 +39,9 @@ def problems(draw):
 @example(p={"tasks": (1, 2, 4), "heads": 2, "L": 24, "sigma": 0.0, "seed": 2})
 def test_constant_at_heads_against_bracket(device, p):
     tasks, H, L, sigma = p["tasks"], p["heads"], p["L"], p["sigma"]
-    dom = claim.domain(tasks, H, L, sigma)
-    bracket = claim.th_opt.constant_bracket(tasks, H, L, sigma)
-    cand = claim.candidates_at_heads(tasks, H, L, sigma, TEST_PROFILE, p["seed"], device)
+    dom = th_opt.constant_domain(tasks, H, L, sigma)
+    bracket = th_opt.constant_bracket(tasks, H, L, sigma)
+    cand = claim.candidates(replace(TEST_PROFILE, tasks=tasks, L=L, sigma=sigma), H, p["seed"], device)
     c = claim.check_constant_at_heads(cand, bracket, dom)
     bridge = claim.check_best_as_full_model(cand, device, TEST_PROFILE.held_out_prompts, p["seed"])
     for comp in (c, bridge):
@@ -64,7 +66,7 @@ def test_bracket_comparison_rejects_shifted_predictions():
     shifted by a stated factor (a different prediction through the same function)."""
     cand = {"H": 3, "tasks": [2, 2], "L": 64, "sigma": 0.0, "spread": {}, "starts": {}, "candidates": [],
             "allocated": {}, "best": {"C": 2.6, "C_se": 0.02, "kind": "decomposable search"}}
-    dom = claim.domain((2, 2), 3, 64, 0.0)
+    dom = th_opt.constant_domain((2, 2), 3, 64, 0.0)
     right = {"low": 2.62, "high": 2.62, "allocated": 0.477, "linear": 0.1818, "allocated_error": 0.0,
              "reaches_linear": True}
     assert claim.check_constant_at_heads(cand, right, dom).agrees
@@ -74,15 +76,46 @@ def test_bracket_comparison_rejects_shifted_predictions():
 
 
 def test_profiles_and_problem_validation():
-    assert claim.heads_list(claim.PROFILES["quick"], 3) == [3, 4, 6]
-    assert claim.heads_list(claim.PROFILES["quick"], 1) == [1, 2]
-    prof, heads = claim._profile_for("tiny", {"tasks": [4, 4, 4], "L": 256, "heads": 3})
-    assert prof.tasks == (4, 4, 4) and prof.L == 256 and heads == [3]
+    assert th_opt.heads_list(claim.PROFILES["quick"].heads, 3) == [3, 4, 6]
+    assert th_opt.heads_list(claim.PROFILES["quick"].heads, 1) == [1, 2]
+    prof = claim.SPEC.profile("tiny", check_problem({"tasks": [4, 4, 4], "L": 256, "heads": 3, "basis": "random"}))
+    assert prof.tasks == (4, 4, 4) and prof.L == 256 and claim.heads_of(prof) == [3] and prof.extra == (("basis", "random"),)
+    assert claim.heads_of(claim.SPEC.profile("tiny", {"tasks": (1, 2), "heads": 1})) == [1, 2]
     with pytest.raises(ValueError, match="unknown field"):
-        claim._profile_for("tiny", {"task": [1]})
+        check_problem({"task": [1]})
+    with pytest.raises(ValueError, match="would be ignored"):
+        check_problem({"tasks": [1], "param": "merged"}, fields=claim.SPEC.fields)
     with pytest.raises(ValueError, match="profile must be one of"):
-        claim._profile_for("huge", None)
-    assert claim.domain((4,), 1, 16, 0.0)["inside"] is False and claim.domain((4,), 1, 40, 0.0)["inside"]
+        claim.SPEC.profile("huge")
+    assert th_opt.constant_domain((4,), 1, 16, 0.0)["inside"] is False and th_opt.constant_domain((4,), 1, 40, 0.0)["inside"]
+
+
+def test_best_decomposable_is_cached_and_matches_the_table(device):
+    """The shared minimiser (also read by claims 5-6's boundary rows): its best point is the
+    table's best decomposable candidate, and a second call is the cached result."""
+    from numerics.experiments import probes
+    p = replace(TEST_PROFILE, tasks=(1, 1), L=32)
+    kw = dict(random_starts=p.decomposable_starts, fit_elements=p.fit_elements, eval_prompts=p.eval_prompts)
+    best = probes.best_decomposable((1, 1), 3, 32, 0.0, 5, device, **kw)
+    assert probes.best_decomposable((1, 1), 3, 32, 0.0, 5, device, **kw) == best
+    cand = claim.candidates(replace(p, full_starts=0), 3, 5, device)
+    assert best.loss == cand["best_decomposable"].loss and best.C == cand["best"]["C"]
+    assert best.loss < best.allocated_loss and len(best.omega) == 3
+
+
+def test_findings_come_from_the_numbers():
+    """The finding sentences are generated from the result's own numbers."""
+    from claims.base import ClaimResult
+    bd = {"loss": 0.25, "se": 0.005, "omega": [[0.01, 0.0], [0.0, 0.02], [0.0, 0.0]],
+          "mu": [[100.0, 0.0], [0.0, 90.0], [-100.0, -90.0]], "linear": 0.24, "signed_superposed": [True, True]}
+    row = {"H": 3, "C": 2.1, "se": 0.05, "bracket": [2.2, 2.2], "agrees": True, "tolerance": 0.2, "inside": True,
+           "best_decomposable": bd}
+    res = ClaimResult(id="optimality", title="", statement="", verdict="pass",
+                      details={"constant_against_H": [row], "ran": {"tasks": [2, 2], "L": 64}, "comparisons": []})
+    texts = [f.text for f in claim.findings(res)]
+    assert "C = 2.1 ± 0.05" in texts[0] and "a signed superposition" in texts[1] and "carrying a task 0.02)" in texts[1], texts
+    row["C"] = 2.3
+    assert "C = 2.3 ± 0.05" in claim.findings(res)[0].text
 
 
 @pytest.mark.thorough

@@ -135,6 +135,10 @@ def test_run_tiny_profile(device):
     assert result.figures and result.perturbations
     assert [r["agrees"] for r in result.headline] == [True, True], result.headline
     assert set(result.details["domain"]["condition"]) == {"gradient_projection", "trajectory", "expansion_trend"}
+    assert all(r["config"] for r in result.headline), result.headline
+    assert [f.kind for f in result.findings] == ["holds", "holds"], result.findings
+    result.details["comparisons"][1]["measured"] = 0.000125
+    assert "0.000125" in claim.findings(result)[1].text
 
 
 def test_run_at_a_given_problem(device):

@@ -11,6 +11,7 @@ import pytest
 import sympy as sp
 
 from claims import optimality as claim
+from numerics.experiments import clear_cache
 from numerics.model import MultiHeadAttention
 from theory import exact, limiting_error, optimality as th_opt
 
@@ -26,6 +27,7 @@ LIMIT = replace(claim.PROFILES["tiny"], heads=(), full_starts=0, limit_tasks=(2,
 
 
 def _run(monkeypatch, profile, name):
+    clear_cache()     # the decomposable searches are cached: a mutant must not read the control's
     monkeypatch.setitem(claim.PROFILES, "tiny", profile)
     r = claim.run(profile="tiny")
     print(f"[mutant] {name}: verdict {r.verdict}; " +

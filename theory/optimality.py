@@ -237,3 +237,58 @@ def constant_bracket(tasks, heads, L, sigma=0.0) -> dict:
     return {"low": ratio if reach else 1.0, "high": ratio, "allocated": alloc["loss"], "linear": linear,
             "reaches_linear": reach, "allocated_error": float(alloc["error_estimate"]),
             "omega_star": alloc["omega_star"], "mu_star": alloc["mu_star"]}
+
+
+# ---------------------------------------------------------------------------------------
+# claim 7's plan: the H table, its domain, the starts of the signed search
+# ---------------------------------------------------------------------------------------
+
+def heads_list(heads, m) -> list[int]:
+    """The H values of claim 7's table: expressions "m", "m+1", "2m" (or integers) evaluated at
+    m tasks, in order, duplicates and values below 1 dropped."""
+    m = check_positive_int("m", m)
+    out = []
+    for h in heads:
+        v = int(h) if not isinstance(h, str) else int(eval(h.replace("2m", "2*m"), {}, {"m": m}))  # noqa: S307
+        if v >= 1 and v not in out:
+            out.append(v)
+    return out
+
+
+def constant_domain(tasks, heads, L, sigma=0.0) -> dict:
+    """Where :func:`constant_bracket` is asserted, decided before any run: the bracket is the
+    SPEC's large-L account, so it holds where linear attention's own relative correction
+    (r + 1 + sigma^2)/L <= 1/8 for every block, and where the gradient-flow limit is the
+    allocated point (H >= m heads; with fewer heads the flow's limit is a task partition, the
+    boundary-fewer-heads claim).  Outside: a boundary finding (C recorded; checked only against
+    the edge theory still gives there)."""
+    tasks = check_tasks(tasks)
+    heads = check_positive_int("heads", heads)
+    L, sigma = check_L(L), check_sigma(sigma)
+    large_L = L >= 8 * (max(tasks) + 1 + sigma ** 2)
+    enough = heads >= len(tasks)
+    return {"inside": bool(large_L and enough), "L_large": bool(large_L), "heads_at_least_m": bool(enough),
+            "rule": "L >= 8 (max r_i + 1 + sigma^2) and H >= m"}
+
+
+def search_starts(tasks, heads, allocated_omega, n_random, seed) -> list[tuple[str, np.ndarray]]:
+    """(name, omega start (H x m)) of the signed search over H shared heads: the allocated
+    point (``allocated_omega``, m x m, zeros lifted to 0.01; H >= m), the linear-attention
+    construction at eps = 0.02 (H >= m + 1), a signed superposition (head h: 0.4 on task
+    h mod m, -0.3 elsewhere) and ``n_random`` uniform signed points in [-0.6, 0.6] (``seed``)."""
+    tasks = check_tasks(tasks)
+    heads = check_positive_int("heads", heads)
+    m = len(tasks)
+    rng = np.random.default_rng(seed)
+    starts = []
+    if heads >= m:
+        a = np.full((heads, m), 0.01)
+        a[:m] = np.where(np.asarray(allocated_omega) != 0, allocated_omega, 0.01)
+        starts.append(("allocated", a))
+    if reaches_linear_attention(tasks, heads):
+        starts.append(("linear attention", linear_attention_point(tasks, heads, eps=0.02)[0] + 0.0))
+    sup = np.full((heads, m), -0.3)
+    sup[np.arange(heads), np.arange(heads) % m] = 0.4
+    starts.append(("superposition", sup))
+    starts += [(f"random {k}", rng.uniform(-0.6, 0.6, (heads, m))) for k in range(int(n_random))]
+    return starts

@@ -1,0 +1,506 @@
+"""Short runs and probes of claims 1, 2 and 7: the experiments behind the block-structure,
+spectral-reduction and optimality checks, each returning a frozen result (claims compare,
+they never loop).
+
+- claim 1: GD on one fixed (exactly G-invariant, or deliberately not) batch
+  (:func:`fixed_batch_run`, :func:`symmetric_batch_runs`); training on fresh batches with the
+  one-step probes of the off-D step noise at every record, a start kicked into D_+ \\ D and a
+  non-decomposable start (:func:`fresh_batch_runs`);
+- claim 2: the full velocity read out on D against the reduced gradient on the same batch
+  (:func:`gradient_projection`); full GD and the reduced flow on one symmetric batch at lr and
+  lr/2 (Richardson) and with a wrong metric (:func:`richardson_runs`); the full model on fresh
+  batches at several L and prompt streams (:func:`trend_runs`);
+- claim 7: the signed decomposable search with H shared heads (:func:`decomposable_search`,
+  and its best point, :func:`best_decomposable`, also used by the boundary rows of claims 5-6),
+  the full merged models trained from random starts (:func:`candidates_at_heads`) and the
+  constant at 2m heads over L (:func:`constant_rows`).
+
+Every function runs with one torch thread (``numerics.experiments.one_thread``); the searches,
+which other claims may ask for again, are cached by their full identity.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from numerics.config import ProblemConfig
+from numerics.data import make_generator, sample_prompts
+from numerics.evaluate import held_out_loss
+from numerics.exact_reduced import FamilyMinimum, allocated_minimum, best_found_minimum, measure, minimise_family
+from numerics.experiments import cached, identity, one_thread
+from numerics.model import MultiHeadAttention, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values
+from numerics.reduced import metric_factors, per_prompt_reduced_gradients, reduced_gradient
+from numerics.symmetry import symmetrize_full, symmetrize_subgroup
+from numerics.train import TrainConfig, train, train_reduced
+from theory import optimality as th_opt
+from theory.block_structure import off_decomposable_parts, project_decomposable
+
+TWIN_SIZE = 1e-9
+"""Relative size of the off-D perturbation of the twin run that measures amplification (claim 1)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """A recorded run as arrays: t (n,), loss (n,), omega/mu (n, H, m), residual (n,); ``parts``:
+    the off-D parts of the merged weights per record (claim 1's fixed-batch runs), ``diverged``:
+    a run stopped at divergence (its records up to the last finite one)."""
+
+    t: np.ndarray
+    loss: Optional[np.ndarray]
+    omega: Optional[np.ndarray]
+    mu: Optional[np.ndarray]
+    residual: np.ndarray
+    parts: tuple = ()
+    diverged: bool = False
+
+
+def _arrays(res, parts=()) -> Run:
+    recs = res.trajectory
+    return Run(t=np.array([r.t for r in recs], float), loss=np.array([r.loss for r in recs], float),
+               omega=np.array([r.omega for r in recs], float), mu=np.array([r.mu for r in recs], float),
+               residual=np.array([r.residual for r in recs], float), parts=tuple(parts))
+
+
+def _merged_numpy(model) -> tuple[np.ndarray, np.ndarray]:
+    W, U = model.merged_weights()
+    return W.detach().cpu().double().numpy(), U.detach().cpu().double().numpy()
+
+
+# ---------------------------------------------------------------------------------------
+# claim 1 (and 2): GD on one fixed batch
+# ---------------------------------------------------------------------------------------
+
+@one_thread
+def fixed_batch_run(cfg, prompts, lr: float, steps: int, every: int, start=None, until_divergence: bool = False,
+                    parts: bool = False, metric_factor: Optional[float] = None) -> Run:
+    """GD on one fixed batch from cfg's init (or ``start``), recorded every ``every`` steps:
+    the full model (``numerics.train.train``), or with ``metric_factor`` the reduced flow with
+    theory's metric times that factor (``train_reduced``).  ``parts``: also the off-D parts of
+    the merged weights at each record.  ``until_divergence``: a run that diverges (a batch off
+    the symmetry can make the flow blow up once it leaves D) returns its records up to the
+    last finite one."""
+    tcfg = TrainConfig(lr=lr, time=lr * steps, records=2)
+    if metric_factor is not None:
+        def metric(om, mu):
+            return tuple(metric_factor * f for f in metric_factors(om, mu, cfg))
+        res = train_reduced(cfg, tcfg, batches=lambda k: prompts, record_every=every, metric=metric)
+        if res.steps != steps:
+            raise ValueError(f"time/lr must give {steps} steps, got {res.steps}")
+        return _arrays(res)
+    got, early = [], {"t": [], "residual": []}
+
+    def record_parts(step, t, model, loss):
+        W, U = _merged_numpy(model)
+        got.append(off_decomposable_parts(W, U, cfg.tasks, cfg.basis_numpy()))
+        if until_divergence and np.all(np.isfinite(W)) and np.all(np.isfinite(U)):
+            early["t"].append(t)
+            early["residual"].append(model.semi_singular_values().residual)
+
+    try:
+        res = train(cfg, tcfg, batches=lambda k: prompts, record_every=every,
+                    on_record=record_parts if (parts or until_divergence) else None, start=start)
+    except TrainingDiverged:
+        if not until_divergence:
+            raise
+        return Run(t=np.array(early["t"]), loss=None, omega=None, mu=None, residual=np.array(early["residual"]),
+                   parts=tuple(got), diverged=True)
+    if res.steps != steps:
+        raise ValueError(f"time/lr must give {steps} steps, got {res.steps}")
+    return _arrays(res, got)
+
+
+@dataclass(frozen=True)
+class SymmetricBatchRuns:
+    """Claim 1 on one fixed batch of whole G-orbits: the run, its twin (a start moved off D by
+    TWIN_SIZE, measuring the amplification of off-D errors), and the runs on the wrong batches
+    ({keep: Run}: a subgroup's orbits, and "one_dropped": a G-orbit minus one element)."""
+
+    run: Run
+    twin: Run
+    wrong: dict
+    batch: int
+
+
+@one_thread
+def symmetric_batch_runs(cfg, lr: float, steps: int, base_prompts: int, seed: int, records: int,
+                         wrong_keeps: Sequence[str] = ()) -> SymmetricBatchRuns:
+    """GD from cfg's init on ``base_prompts`` whole G-orbits (prompt stream ``seed``), recorded
+    ``records`` times; the twin run (torch seed ``seed + 1``); the same GD on the orbits of each
+    subgroup in ``wrong_keeps`` and on a G-orbit with one element dropped (stopped at divergence)."""
+    base = sample_prompts(cfg, base_prompts, make_generator(seed, cfg.device))
+    sym = symmetrize_full(base, cfg)
+    every = max(1, steps // (records - 1))
+    run = fixed_batch_run(cfg, sym, lr, steps, every, parts=True)
+    twin = MultiHeadAttention(cfg)
+    tgen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p += TWIN_SIZE * (p.abs().max() + 1e-3) * torch.randn(p.shape, generator=tgen, dtype=torch.float64).to(p)
+    run_twin = fixed_batch_run(cfg, sym, lr, steps, every, start=twin, parts=True)
+    batches = [(keep, symmetrize_subgroup(base, cfg, keep)) for keep in wrong_keeps]
+    batches.append(("one_dropped", symmetrize_full(base, cfg, drop=1)))
+    wrong = {keep: fixed_batch_run(cfg, b, lr, steps, every, until_divergence=True) for keep, b in batches}
+    return SymmetricBatchRuns(run=run, twin=run_twin, wrong=wrong, batch=sym.batch)
+
+
+# ---------------------------------------------------------------------------------------
+# claim 1: fresh batches, the off-D step noise probes, broken starts
+# ---------------------------------------------------------------------------------------
+
+def off_D_step_noise_samples(cfg, omega, mu, lr: float, batch: int, n_probe: int, generator) -> np.ndarray:
+    """||P_perp(theta_1 - theta_0)||^2 on each of ``n_probe`` fresh batches: the squared norm
+    of the off-D part of the change of the merged weights (W, U) in one GD step of size lr
+    (``numerics.train.train``, one step on that batch) from the decomposable point (omega, mu)."""
+    base = MultiHeadAttention.from_semi_singular_values(cfg, omega, mu)
+    W0, U0 = _merged_numpy(base)
+    one_step = TrainConfig(lr=lr, time=lr, records=2)
+    out = []
+    for _ in range(n_probe):
+        prompts = sample_prompts(cfg, batch, generator)
+        res = train(cfg, one_step, batches=lambda k: prompts, start=copy.deepcopy(base))
+        W1, U1 = _merged_numpy(res.final_model)
+        dW, dU = W1 - W0, U1 - U0
+        dWD, dUD = project_decomposable(dW, dU, cfg.tasks, cfg.basis_numpy())
+        out.append(float(np.sum((dW - dWD) ** 2) + np.sum((dU - dUD) ** 2)))
+    return np.array(out)
+
+
+@one_thread
+def step_noise_probes(cfg, lr: float, batch: int, omega, mu, n_probe: int, seed: int) -> np.ndarray:
+    """(records, n_probe): :func:`off_D_step_noise_samples` at each recorded (omega, mu), one
+    probe prompt stream of ``seed`` drawn in record order."""
+    gen = make_generator(seed, cfg.device)
+    return np.array([off_D_step_noise_samples(cfg, om, m_, lr, batch, n_probe, gen) for om, m_ in zip(omega, mu)])
+
+
+def accumulated_noise(t: np.ndarray, lr: float, samples: np.ndarray, tail: float) -> dict:
+    """The accumulated variance of the off-D noise of the GD steps up to each record time
+    ``t``: sum over steps of nu^2 (between two records the larger of the two ends), nu^2 the
+    mean of the probes' squared norms ``samples`` (records, n_probe), replaced by its upper
+    confidence bound at tail probability ``tail``.
+
+    nu^2 is a mean of n_probe squared norms of a Gaussian quadratic form, chi^2_k / k
+    distributed about its mean for k effective dimensions (k = 2 / CV^2); k = 1 is the most
+    likely to be underestimated.  k is estimated from the probes pooled over the records (each
+    normalised by its record's mean) and halved for that estimate's own error (floor 1); the
+    accumulated variance is replaced by var_hat N k / chi2_{N k}^{-1}(tail), N = the
+    n_probe (j + 1) probes behind record j.  (Measured, (2,), H = 1, L = 179, B = 32: the
+    probes' squared norms have median/mean 0.42 and max/mean 13 over 200 draws, i.e. k ~ 1;
+    with the plain mean of 2 probes one Hypothesis draw in ~40 exceeded the bound.)
+    Returns nu2, rms (sqrt of the bound), rms_point_estimate, confidence_factor,
+    effective_dimensions."""
+    from scipy.stats import chi2
+    n_probe = samples.shape[1]
+    nu2 = samples.mean(axis=1)
+    steps = np.rint(np.diff(t) / lr)
+    var_hat = np.concatenate([[0.0], np.cumsum(steps * np.maximum(nu2[:-1], nu2[1:]))])
+    z = samples / np.maximum(nu2[:, None], 1e-300)
+    cv2 = float(np.sum((z - 1.0) ** 2) / max(z.size - len(t), 1)) if n_probe > 1 else 2.0
+    k_eff = max(1.0, 0.5 * 2.0 / max(cv2, 1e-12))
+    n_used = n_probe * np.arange(1, len(t) + 1) * k_eff
+    confidence = n_used / chi2.ppf(tail, n_used)
+    return {"nu2": nu2, "rms": np.sqrt(var_hat * confidence), "rms_point_estimate": np.sqrt(var_hat),
+            "confidence_factor": confidence, "effective_dimensions": k_eff}
+
+
+def kicked_start(cfg, size: float, seed: int = 0) -> MultiHeadAttention:
+    """cfg's decomposable start moved off D inside D_+ = {W_XX, U_Y unrestricted}: a random
+    kick of relative size ``size`` on the X-X block of the QK weight (K for factored, W for
+    merged) and on the Y block of the OV weight (O for factored, U for merged)."""
+    model = MultiHeadAttention(cfg)
+    d = cfg.d
+    gen = torch.Generator().manual_seed(seed + 7)
+    qk, ov = ("K", "O") if cfg.param == "factored" else ("W", "U")
+    with torch.no_grad():
+        for name, block in ((qk, (slice(None), slice(0, d), slice(0, d))), (ov, (slice(None), slice(None), slice(d, None)))):
+            p = getattr(model, name)
+            view = p[block]
+            noise = torch.randn(view.shape, generator=gen, dtype=torch.float64).to(p)
+            view += size * view.abs().max() * noise / noise.abs().max()
+    return model
+
+
+@dataclass(frozen=True)
+class FreshBatchRuns:
+    """Claim 1 on fresh batches: the run from cfg's decomposable init, its step-noise probes
+    ((records, n_probe), :func:`step_noise_probes`), the residuals of the broken starts (None
+    where not run), the final batch loss and the wall time of the run."""
+
+    run: Run
+    probes: np.ndarray
+    residual_kicked: Optional[np.ndarray]
+    residual_random_full: Optional[np.ndarray]
+    loss_tail: float
+    wall_seconds: float
+
+
+@one_thread
+def fresh_batch_runs(cfg, tcfg, n_probe: int, kick: float, probe_seed: int = 10_000, kicked: bool = True,
+                     random_full: bool = True) -> FreshBatchRuns:
+    """Train from cfg's init on fresh batches; probe the off-D step noise at every record
+    (stream ``probe_seed + tcfg.seed``); train from :func:`kicked_start` (``kicked``) and from a
+    ``random_full`` start (``random_full``) on the same stream."""
+    res = train(cfg, tcfg)
+    run = _arrays(res)
+    probes = step_noise_probes(cfg, tcfg.lr, tcfg.batch, run.omega, run.mu, n_probe, probe_seed + tcfg.seed)
+    rk = _arrays(train(cfg, tcfg, start=kicked_start(cfg, kick, tcfg.seed))).residual if kicked else None
+    rf = (_arrays(train(cfg.replace(init="random_full", init_omega=None, init_mu=None), tcfg)).residual
+          if random_full else None)
+    return FreshBatchRuns(run=run, probes=probes, residual_kicked=rk, residual_random_full=rf, loss_tail=res.loss,
+                          wall_seconds=res.wall_seconds)
+
+
+# ---------------------------------------------------------------------------------------
+# claim 2
+# ---------------------------------------------------------------------------------------
+
+@one_thread
+def gradient_projection(cfg, omega, mu, batch: int, seed: int) -> dict:
+    """On one batch (stream ``seed``) at the point (omega, mu) of D: the full model's velocity
+    read out on D (``full_velocity_on_D``: v_om, v_mu and its off-D residual ``off``), the
+    reduced gradient (g_om, g_mu) and the mean over prompts of |per-prompt gradient| (abs_om,
+    abs_mu: the scale the rounding error is relative to)."""
+    prompts = sample_prompts(cfg, batch, make_generator(seed, cfg.device))
+    v_om, v_mu, off = full_velocity_on_D(cfg, omega, mu, prompts)
+    g_om, g_mu = (g.cpu().double().numpy() for g in reduced_gradient(omega, mu, prompts, cfg))
+    j_om, j_mu = per_prompt_reduced_gradients(omega, mu, prompts, cfg)
+    return {"v_om": v_om, "v_mu": v_mu, "off": off, "g_om": g_om, "g_mu": g_mu,
+            "abs_om": np.abs(j_om.cpu().double().numpy()).mean(axis=0),
+            "abs_mu": np.abs(j_mu.cpu().double().numpy()).mean(axis=0)}
+
+
+def symmetric_prompts(cfg, base_prompts: int, seed: int):
+    """``base_prompts`` whole G-orbits (prompt stream ``seed``)."""
+    return symmetrize_full(sample_prompts(cfg, base_prompts, make_generator(seed, cfg.device)), cfg)
+
+
+@one_thread
+def stiffness_step(cfg, prompts, time: float, max_relative_step: float) -> float:
+    """The GD step of a run of length ``time`` on the fixed batch ``prompts`` chosen from the
+    stiffness of the reduced flow there: the largest relative velocity |x_dot / x| at cfg's init
+    (theory's metric, ``numerics.reduced.metric_factors``) times lr is at most
+    ``max_relative_step``, lr <= 0.05, and time / lr an integer >= 2."""
+    om0, mu0 = (a.numpy().copy() for a in initial_semi_singular_values(cfg))
+    g_om, g_mu = (g.cpu().double().numpy() for g in reduced_gradient(om0, mu0, prompts, cfg))
+    f_om, f_mu = (f.cpu().double().numpy() for f in metric_factors(torch.as_tensor(om0, dtype=torch.float64),
+                                                                    torch.as_tensor(mu0, dtype=torch.float64), cfg))
+    x = np.abs(np.concatenate([om0.ravel(), mu0.ravel()]))
+    v = np.abs(np.concatenate([(f_om * g_om).ravel(), (f_mu * g_mu).ravel()]))
+    rel = float(np.max(v / np.maximum(x, 1e-12)))
+    return time / max(2, int(math.ceil(time / min(0.05, max_relative_step / max(rel, 1e-12)))))
+
+
+@one_thread
+def richardson_runs(cfg, prompts, lr: float, steps: int, every: int, wrong_factor: float) -> dict:
+    """Full GD and the reduced flow (theory's metric) on one fixed batch at lr and lr/2 (every
+    record of the lr run compared with every second of the lr/2 run), and the reduced flow
+    with the metric times ``wrong_factor``: {"full", "full_half", "red", "red_half", "wrong"}."""
+    return {"full": fixed_batch_run(cfg, prompts, lr, steps, every),
+            "full_half": fixed_batch_run(cfg, prompts, lr / 2, 2 * steps, 2 * every),
+            "red": fixed_batch_run(cfg, prompts, lr, steps, every, metric_factor=1.0),
+            "red_half": fixed_batch_run(cfg, prompts, lr / 2, 2 * steps, 2 * every, metric_factor=1.0),
+            "wrong": fixed_batch_run(cfg, prompts, lr, steps, every, metric_factor=wrong_factor)}
+
+
+@one_thread
+def trend_runs(cfg, Ls: Sequence[int], tcfg, seeds: Sequence[int]) -> tuple:
+    """The full model on fresh batches at each L of ``Ls`` and prompt stream of ``seeds``:
+    ((Run per seed) per L)."""
+    return tuple(tuple(_arrays(train(cfg.replace(L=int(L)), tcfg.__class__(**{**tcfg.to_dict(), "seed": int(s)})))
+                       for s in seeds) for L in Ls)
+
+
+def relative_gap(omega, mu, omega_ref, mu_ref) -> np.ndarray:
+    """(omega - omega_ref)/max|omega_ref| and (mu - mu_ref)/max|mu_ref| over a run, flattened
+    (each value over its scale: mu ~ 1/omega, so absolute errors of mu would hide omega's)."""
+    so = max(float(np.max(np.abs(omega_ref))), 1e-12)
+    sm = max(float(np.max(np.abs(mu_ref))), 1e-12)
+    return np.concatenate([((omega - omega_ref) / so).ravel(), ((mu - mu_ref) / sm).ravel()])
+
+
+def noise_corrected_bias(G: np.ndarray) -> tuple[float, float]:
+    """(b, se(b)) from the gap trajectories G (n streams x elements): b^2 = mean(Gbar^2) -
+    mean(var_s G) / n (the variance across streams is the noise of one run), se = sqrt(mean
+    var / n); b floored at 0.1 se (a log fit needs b > 0)."""
+    n = G.shape[0]
+    noise = float(np.mean(G.var(axis=0, ddof=1)))
+    b2 = float(np.mean(G.mean(axis=0) ** 2)) - noise / n
+    se = math.sqrt(noise / n)
+    return math.sqrt(max(b2, (0.1 * se) ** 2)), se
+
+
+def log_log_slope(x, y, y_se) -> tuple[float, float]:
+    """Weighted least squares of log y on log x, weights (y / y_se)^2 (se(log y) = y_se / y):
+    the slope and its standard error 1/sqrt(sum w (log x - mean)^2)."""
+    lx, ly = np.log(np.asarray(x, float)), np.log(y)
+    wt = (y / y_se) ** 2
+    xm = np.sum(wt * lx) / np.sum(wt)
+    sxx = np.sum(wt * (lx - xm) ** 2)
+    return float(np.sum(wt * (lx - xm) * ly) / sxx), float(1.0 / math.sqrt(sxx))
+
+
+# ---------------------------------------------------------------------------------------
+# claim 7: the best decomposable attention with H shared heads, trained full models
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DecomposableSearch:
+    """The allocated minimum (the gradient-flow limit) and the H-head decomposable candidates,
+    all measured on one paired evaluation sample: ``fixed`` constructions taken as they are
+    (the limit itself as an H-head model where H >= m, optimally scaled linear attention where
+    H >= m + 1), then one signed search per start of ``theory.optimality.search_starts``."""
+
+    allocated: FamilyMinimum
+    candidates: tuple
+    fixed: int
+
+
+def decomposable_search(tasks, H: int, L: int, sigma: float, seed: int, device="cpu", random_starts: int = 2,
+                        fit_elements: int = 2 ** 19, eval_prompts: int = 4096) -> DecomposableSearch:
+    """Cached: see :class:`DecomposableSearch`.  Every omega and mu free (signs free, heads
+    shared between tasks), one local search per start (numerics.exact_reduced.minimise_family)
+    on a fit sample of ``fit_elements`` (prompts x H x L), evaluated on ``eval_prompts`` paired
+    prompts.  Seeds: allocated minimum ``seed``, fit sample ``seed + 1``, evaluation ``seed + 2``,
+    random starts ``seed + 17``."""
+    tasks = tuple(int(r) for r in tasks)
+    key = identity("decomposable_search", tasks=tasks, H=int(H), L=int(L), sigma=float(sigma), seed=int(seed),
+                   device=str(device), random_starts=int(random_starts), fit_elements=int(fit_elements),
+                   eval_prompts=int(eval_prompts))
+    return cached(key, lambda: _decomposable_search(tasks, int(H), int(L), float(sigma), int(seed), device,
+                                                    int(random_starts), int(fit_elements), int(eval_prompts)))
+
+
+@one_thread
+def _decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_elements, eval_prompts):
+    m = len(tasks)
+    alloc = allocated_minimum(tasks, L, sigma, seed, device, fit_elements)
+    full = np.ones((H, m), bool)
+    n_fit = max(128, fit_elements // (H * L))
+    decs = [minimise_family(tasks, L, sigma, full, full, [start], seed + 1, n_fit=n_fit,
+                            family=f"{H} shared heads from {name}", device=device)
+            for name, start in th_opt.search_starts(tasks, H, alloc.omega, random_starts, seed + 17)]
+    fixed = []
+    if H >= m:
+        om, mu_ = np.zeros((H, m)), np.zeros((H, m))
+        om[:m], mu_[:m] = alloc.omega, alloc.mu
+        fixed.append(FamilyMinimum(f"{H} heads: the limit itself", tasks, L, sigma, om, mu_, alloc.fit_loss))
+    if th_opt.reaches_linear_attention(tasks, H):
+        om, mu_ = th_opt.linear_attention_point(tasks, H, 1e-3, th_opt.linear_attention_scale(tasks, L, sigma))
+        fixed.append(FamilyMinimum(f"{H} heads: linear-attention construction", tasks, L, sigma, om, mu_, math.nan))
+    decs = fixed + decs
+    measure([alloc] + decs, eval_prompts, seed + 2, device)
+    return DecomposableSearch(allocated=alloc, candidates=tuple(decs), fixed=len(fixed))
+
+
+@dataclass(frozen=True)
+class BestDecomposable:
+    """The best H-head decomposable point found (signs free): its loss and standard error on
+    ``n_eval`` evaluation prompts, (omega, mu) (H x m), the start it came from, and the paired
+    ratio C = allocated / best (with se) against the allocated point on the same prompts."""
+
+    loss: float
+    se: float
+    n_eval: int
+    omega: tuple
+    mu: tuple
+    family: str
+    allocated_loss: float
+    allocated_se: float
+    C: float
+    C_se: float
+
+
+def best_decomposable(tasks, heads: int, L: int, sigma: float, seed: int, device="cpu", random_starts: int = 2,
+                      fit_elements: int = 2 ** 19, eval_prompts: int = 4096) -> BestDecomposable:
+    """The best decomposable point of the same H, signs free (:func:`decomposable_search`,
+    cached): the candidate of highest paired C = allocated / candidate, i.e. lowest loss on the
+    shared evaluation prompts.  Cost (quick profile's sizes, 2 idle cores, one thread):
+    about 1-3 s per H at (2, 2), L = 64 (one L-BFGS search per start)."""
+    s = decomposable_search(tasks, heads, L, sigma, seed, device, random_starts, fit_elements, eval_prompts)
+    k, C, se = _best_index(s)
+    fm, a = s.candidates[k], s.allocated
+    return BestDecomposable(loss=float(fm.loss), se=float(fm.se), n_eval=int(fm.n_eval),
+                            omega=tuple(map(tuple, np.asarray(fm.omega, float).tolist())),
+                            mu=tuple(map(tuple, np.asarray(fm.mu, float).tolist())), family=fm.family,
+                            allocated_loss=float(a.loss), allocated_se=float(a.se), C=C, C_se=se)
+
+
+def _paired_ratio(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """mean(a) / mean(b) on the same prompts and its delta-method se (as claims.common.paired_ratio)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    R = a.mean() / b.mean()
+    return float(R), float(np.std(a - R * b, ddof=1) / math.sqrt(a.size) / b.mean())
+
+
+def _best_index(s: DecomposableSearch) -> tuple[int, float, float]:
+    ratios = [_paired_ratio(s.allocated.per_prompt, fm.per_prompt) for fm in s.candidates]
+    k = int(np.argmax([C for C, _ in ratios]))
+    return k, ratios[k][0], ratios[k][1]
+
+
+@one_thread
+def candidates_at_heads(tasks, H: int, L: int, sigma: float, seed: int, device="cpu", *, random_starts: int,
+                        full_starts: int, fit_elements: int, eval_prompts: int, train_lr: float, train_time: float,
+                        train_batch: int, init_scale: float, held_out_prompts: int, extra: Optional[dict] = None,
+                        progress=None) -> dict:
+    """The gradient-flow limit and every H-head candidate: the decomposable search
+    (:func:`decomposable_search`) and ``full_starts`` full MERGED models (W_h, U_h free) trained
+    from random full starts (init seed ``seed + k``, prompt stream ``seed + 100 + k``), each
+    measured again at its final weights on ``held_out_prompts`` fresh prompts.  Each candidate
+    with its loss, standard error and constant C = limit / candidate (paired with the limit for
+    a decomposable point, independent for a trained model); ``extra``: basis/dtype/logit_scale
+    of the full models."""
+    s = decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_elements, eval_prompts)
+    alloc, decs = s.allocated, s.candidates
+    rows = []
+    for k, fm in enumerate(decs):
+        C, se = _paired_ratio(alloc.per_prompt, fm.per_prompt)
+        rows.append({"kind": "construction" if k < s.fixed else "decomposable search", "start": fm.family,
+                     "loss": fm.loss, "se": fm.se, "C": C, "C_se": se,
+                     "omega": np.round(fm.omega, 4).tolist(), "mu": np.round(fm.mu, 3).tolist()})
+    for k in range(full_starts):
+        if progress is not None:
+            progress(f"optimality: full merged model, H={H}, start {k}", 0.0)
+        cfg = ProblemConfig(tasks=tuple(tasks), heads=H, L=L, sigma=sigma, param="merged", init="random_full",
+                            init_scale=init_scale, init_seed=seed + k, device=device, **(extra or {}))
+        tcfg = TrainConfig(lr=train_lr, time=train_time, batch=train_batch, seed=seed + 100 + k, records=5)
+        try:
+            res = train(cfg, tcfg)
+        except TrainingDiverged as exc:
+            rows.append({"kind": "full merged", "start": f"random full {k}", "diverged": str(exc)})
+            continue
+        est = held_out_loss(res.final_model, n=held_out_prompts, seed=seed + 100 + k)
+        C = alloc.loss / est.mean
+        rows.append({"kind": "full merged", "start": f"random full {k}", "loss": est.mean, "se": est.se, "C": C,
+                     "C_se": C * math.hypot(alloc.se / alloc.loss, est.se / est.mean),
+                     "off_D_residual": float(res.trajectory[-1].residual), "steps": res.steps})
+    done = [r for r in rows if "C" in r]
+    best = max(done, key=lambda r: r["C"])
+    best_dec = decs[int(np.argmax([r["C"] for r in rows[:len(decs)]]))]
+    spread = {kind: [min(r["C"] for r in done if r["kind"] == kind), max(r["C"] for r in done if r["kind"] == kind)]
+              for kind in ("construction", "decomposable search", "full merged") if any(r["kind"] == kind for r in done)}
+    return {"H": H, "L": L, "tasks": list(tasks), "sigma": sigma, "allocated": alloc.summary(), "candidates": rows,
+            "best": best, "spread": spread, "starts": {"decomposable search": len(decs) - s.fixed,
+                                                       "full merged": full_starts},
+            "best_decomposable": best_dec}
+
+
+@one_thread
+def constant_rows(tasks, sigma: float, Ls: Sequence[int], seed: int, device="cpu", eval_elements: int = 2 ** 21,
+                  fit_elements: int = 2 ** 17) -> list[dict]:
+    """Per L: the limit and the best two-heads-per-task (2m heads) decomposable point on one
+    paired evaluation sample (seeds ``seed + 1000 k``, +1, +2 at the k-th L), and C(L)."""
+    rows = []
+    for k, L in enumerate(Ls):
+        s = seed + 1000 * k
+        gf = allocated_minimum(tasks, L, sigma, s, device, fit_elements)
+        best = best_found_minimum(tasks, L, sigma, s + 1, 2, 0, device, fit_elements)
+        measure([gf, best], max(256, eval_elements // (best.omega.shape[0] * int(L))), s + 2, device)
+        C, se = _paired_ratio(gf.per_prompt, best.per_prompt)
+        rows.append({"L": int(L), "constant": C, "se": se, "gf": gf.summary(), "best": best.summary()})
+    return rows
