@@ -32,6 +32,7 @@ REGISTRY: dict[str, str] = {
     "boundary-small-L": "claims.expansion_limits:SMALL_L_SPEC",
     "boundary-fewer-heads": "claims.boundaries:FEWER_SPEC",
     "boundary-left-allocation": "claims.left_allocation:SPEC",
+    "boundary-saddle": "claims.saddle:SPEC",
     "boundary-initialisation": "claims.initialisation:INIT_SPEC",
     "boundary-allocation-race": "claims.allocation_race:RACE_SPEC",
     "atlas-initialisation": "claims.atlas:INIT_SPEC",

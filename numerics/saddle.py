@@ -1,0 +1,882 @@
+"""Measurements of the allocated point's saddle in the full factored model, and of one task
+served by several heads (issue 21).  Theory: :mod:`theory.saddle` (derivations there).
+
+Every function returns a frozen dataclass with values, standard errors over seeds, the
+tolerance and its argument (fixed before the comparison) and the perturbed predictions
+sent through the same comparison.  Training runs go through :func:`numerics.train.train`
+(the one GD loop, ``start=`` the model at theory's allocated point, ``on_record=`` the
+readout); one torch thread per run.
+
+The start.  The exact allocated point (off-task entries 0: O[:, d+i] = 0, V[d+i, :] = 0 in
+the off-task head) is NEVER left, with or without SGD noise: an empty inner channel receives
+no gradient on any batch (theory.saddle, section 2; :func:`saddle_runs` runs it for the floor:
+the off-task |mu| stays at the noise floor of the served channel, O[i,d+j] V[d+j,d+i]).
+A trained run reaches the allocated point with each off-task value still balanced and
+positive, decaying at rate 2a.  So the saddle runs start at the allocated point with every
+off-task value set to a small balanced mu0 > 0 (``mu0``, stated per profile): the value a
+run passing the allocation has.  From there gradient flow decays to the allocated point
+and stays (the conservation law); SGD builds an imbalance ~ lr mu0 dS / (2 a B) and the
+opposite-sign branch grows at 2a from seed ~ (lr/B)^2.
+
+Profiles (``PROFILES``; sizes in docs/saddle.md): ``tiny`` (seconds), ``quick`` (about 30 s
+for the saddle, 30 s for the single-task runs, one core), ``paper`` (not run here).
+"""
+from __future__ import annotations
+
+import math
+import time as _time
+from dataclasses import dataclass, asdict
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from theory import exact as th_exact
+from theory import optimality as th_opt
+from theory import saddle as th
+
+from .config import ProblemConfig
+from .data import make_generator, sample_prompts
+from .evaluate import held_out_loss
+from .exact_reduced import measure, minimise_family
+from .model import MultiHeadAttention
+from .symmetry import symmetrize_full
+from .train import TrainConfig, train
+
+Z_SE = 4.0
+"""Standard errors in a tolerance (the project's policy, claims.common.Z_SE; a chi2_1 tail
+of 6e-5): numerics may not import claims, so the number is repeated here."""
+EPS64 = float(np.finfo(np.float64).eps)
+
+
+class _Stop(Exception):
+    """Raised by a run's on_record hook once every off-task share has crossed the threshold."""
+
+
+def _one_thread(fn):
+    def wrapper(*args, **kwargs):
+        old = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(old)
+    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+    wrapper.__wrapped__ = fn
+    return wrapper
+
+
+# ---------------------------------------------------------------------------------------
+# the setting
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SaddleTheory:
+    """theory.saddle's numbers for one configuration: the allocated point, the off-task entries
+    (h, i) with their slope a, curvature c, capacity K = a/c, and the served mu* of task i."""
+    tasks: tuple
+    heads: int
+    L: int
+    sigma: float
+    omega: np.ndarray
+    mu: np.ndarray
+    entries: tuple          # ((h, i), ...) off-task entries with a > 0
+    a: np.ndarray           # (E,)
+    c: np.ndarray           # (E,)
+    K: np.ndarray           # (E,)
+    mu_star: np.ndarray     # (E,) serving mu of task i
+
+    @property
+    def rate(self) -> float:
+        """2a averaged over the entries (equal by symmetry in the profiles' configurations)."""
+        return float(2.0 * self.a.mean())
+
+
+_THEORY_CACHE: dict = {}
+
+
+def saddle_theory(tasks, heads, L, sigma=0.0) -> SaddleTheory:
+    key = (tuple(tasks), int(heads), int(L), float(sigma))
+    if key not in _THEORY_CACHE:
+        om, mu = th.allocated_point(tasks, L, sigma, heads)
+        a = th.off_task_slope(tasks, L, sigma, heads)
+        c = th.off_task_curvature(tasks, L, sigma, heads)
+        # the serving heads' off-task entries (h < m): the surplus heads' entries have their own
+        # (smaller) slope and are reported by theory but not seeded here
+        entries = tuple((h, i) for h in range(min(heads, len(tasks))) for i in range(len(tasks))
+                        if mu[h, i] == 0 and a[h, i] > 0)
+        if len(tasks) == 1:
+            entries = ((1, 0),) if a[1, 0] > 0 else ()
+        if not entries:
+            raise ValueError(f"no off-task entry with a > 0 at tasks={tasks}, H={heads}, L={L}: not a saddle")
+        E = np.array([a[e] for e in entries])
+        C = np.array([c[e] for e in entries])
+        _THEORY_CACHE[key] = SaddleTheory(tuple(tasks), int(heads), int(L), float(sigma), om, mu, entries, E, C,
+                                          E / C, np.array([mu[i, i] for _, i in entries]))
+    return _THEORY_CACHE[key]
+
+
+def _cfg(tasks, heads, L, sigma=0.0) -> ProblemConfig:
+    return ProblemConfig(tasks=tuple(tasks), heads=heads, L=L, sigma=sigma)
+
+
+def allocated_model(cfg: ProblemConfig, mu0: float = 0.0) -> MultiHeadAttention:
+    """The full factored model at theory's allocated point of cfg, every seeded off-task entry
+    (SaddleTheory.entries) set to the balanced value mu0 (> 0: o = v; < 0: o = -v, the
+    opposite-sign branch; 0: the exact allocated point, off-task channel empty)."""
+    if cfg.param != "factored":
+        raise ValueError("the saddle is a property of the factored parametrisation (param='factored')")
+    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    mu = st.mu.copy()
+    for e in st.entries:
+        mu[e] = mu0
+    return MultiHeadAttention.from_semi_singular_values(cfg, st.omega, mu)
+
+
+def _off_task_readout(model: MultiHeadAttention, entries) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(mu_off (E,), serving mu (E,), o (E,), v (E,)) read from the weights: mu[h, i] =
+    (O_h V_h)[i, d+i]; the off-task channel o = O_h[i, d+i], v = V_h[d+i, d+i]."""
+    d = model.cfg.d
+    with torch.no_grad():
+        U = torch.einsum("hik,hkc->hic", model.O, model.V).double().cpu().numpy()
+        O = model.O.detach().double().cpu().numpy()
+        V = model.V.detach().double().cpu().numpy()
+    mu_off = np.array([U[h, i, d + i] for h, i in entries])
+    served = np.array([U[i, i, d + i] for h, i in entries])
+    o = np.array([O[h, i, d + i] for h, i in entries])
+    v = np.array([V[h, d + i, d + i] for h, i in entries])
+    return mu_off, served, o, v
+
+
+# ---------------------------------------------------------------------------------------
+# the runs
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SaddleRun:
+    """One SGD run from the seeded allocated point: records t (T,), off-task mu (T, E),
+    serving mu (T, E), the off-task channel o, v (T, E) (``anti`` = o - v, ``imbalance`` =
+    o^2 - v^2), the readout omega (T, H, m); stopped early once every entry's share
+    |mu_off|/|mu_serving| passed ``stop_share`` (t_stop), wall seconds."""
+    batch: int
+    seed: int
+    lr: float
+    mu0: float
+    t: np.ndarray
+    mu_off: np.ndarray
+    served: np.ndarray
+    o: np.ndarray
+    v: np.ndarray
+    omega: np.ndarray
+    t_stop: float
+    escaped: bool
+    wall: float
+
+    @property
+    def anti(self) -> np.ndarray:
+        return self.o - self.v
+
+    @property
+    def imbalance(self) -> np.ndarray:
+        return self.o ** 2 - self.v ** 2
+
+
+@_one_thread
+def saddle_run(cfg: ProblemConfig, lr: float, batch: int, seed: int, mu0: float, t_max: float,
+               stop_share: float = 0.1, record_dt: float = 0.5, batches=None,
+               start: Optional[MultiHeadAttention] = None) -> SaddleRun:
+    """Train the full model from :func:`allocated_model` (cfg, mu0) with SGD (lr, batch, data
+    seed) up to t_max, recording the off-task channel every ``record_dt``; stops once every
+    seeded entry's share has passed ``stop_share`` (``batches``: numerics.train's seam, e.g. a
+    fixed symmetrised batch; then no early stop; ``start``: another start model)."""
+    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    model = allocated_model(cfg, mu0) if start is None else start
+    every = max(1, int(round(record_dt / lr)))
+    ts, offs, servs, os_, vs, oms = [], [], [], [], [], []
+
+    def hook(step, t, state, loss):
+        o, s, oo, vv = _off_task_readout(state, st.entries)
+        ts.append(t), offs.append(o), servs.append(s), os_.append(oo), vs.append(vv)
+        oms.append(state.semi_singular_values().omega)
+        if batches is None and np.all(np.abs(o) >= stop_share * np.abs(s)) and np.all(o < 0):
+            raise _Stop
+
+    tcfg = TrainConfig(lr=lr, time=t_max, batch=batch, seed=seed, records=2)
+    t0 = _time.perf_counter()
+    escaped = False
+    try:
+        train(cfg, tcfg, start=model, on_record=hook, record_every=every, batches=batches)
+    except _Stop:
+        escaped = True
+    return SaddleRun(batch=batch, seed=seed, lr=lr, mu0=mu0, t=np.array(ts), mu_off=np.array(offs),
+                     served=np.array(servs), o=np.array(os_), v=np.array(vs), omega=np.array(oms),
+                     t_stop=float(ts[-1]), escaped=escaped,
+                     wall=_time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class SaddleRuns:
+    """The escape runs of one configuration: runs[(batch, seed)], the exact-start floors
+    floor[batch] (max |mu_off| from the exact allocated point over t_floor), the theory."""
+    cfg: ProblemConfig
+    theory: SaddleTheory
+    lr: float
+    mu0: float
+    runs: dict
+    floor: dict
+    t_floor: float
+    wall: float
+
+
+def saddle_runs(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Sequence[int], mu0: float,
+                t_max: float, stop_share: float = 0.1, t_floor: float = 10.0, record_dt: float = 0.5) -> SaddleRuns:
+    """Every (batch, seed) escape run, plus one exact-start run per batch for the noise floor."""
+    t0 = _time.perf_counter()
+    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    runs = {(B, s): saddle_run(cfg, lr, B, s, mu0, t_max, stop_share, record_dt) for B in batches for s in seeds}
+    floor = {}
+    for B in batches:
+        f = saddle_run(cfg, lr, B, 10_000 + int(seeds[0]), 0.0, t_floor, stop_share=math.inf, record_dt=record_dt)
+        if np.any(f.o != 0) or np.any(f.v != 0):
+            raise RuntimeError("the exact allocated point's empty off-task channel received a gradient "
+                               "(theory.saddle section 2 says it cannot)")
+        floor[B] = float(np.abs(f.mu_off).max())
+    return SaddleRuns(cfg, st, lr, mu0, runs, floor, t_floor, _time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------
+# (a) the growth rate
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Perturbation:
+    name: str
+    predicted: float
+    error: float
+    tolerance: float
+
+    @property
+    def rejected(self) -> bool:
+        return bool(self.error > self.tolerance)
+
+
+@dataclass(frozen=True)
+class GrowthRateMeasurement:
+    """Rate of the off-task |mu| on the opposite-sign branch: ``measured`` +- ``se`` (over
+    seeds; each seed the mean over entries of the fitted slope of the logistic coordinate),
+    ``raw`` +- ``raw_se`` (plain log|mu| fit), ``predicted`` = 2a, ``tolerance`` and ``why``,
+    ``agrees``, ``perturbations`` (rate a, rate 0), the window [lo, hi] (absolute |mu|), the
+    floor, e-folds and points per fit."""
+    config: dict
+    lr: float
+    batch: int
+    seeds: tuple
+    mu0: float
+    measured: float
+    se: float
+    raw: float
+    raw_se: float
+    per_seed: tuple
+    predicted: float
+    a: float
+    tolerance: float
+    why: str
+    agrees: bool
+    perturbations: tuple
+    window: tuple
+    floor: float
+    e_folds: float
+    points: int
+    held_omega: tuple = ()
+    held_mu: tuple = ()
+    rate_at_held_point: float = math.nan
+
+
+def held_point_rate(runs: "SaddleRuns", batch: int, seeds: Sequence[int]) -> tuple[np.ndarray, np.ndarray, float]:
+    """The served point the SGD runs actually hold (mean omega, serving mu over the records
+    from t = 1/a on while every off-task |mu| < 1e-2 mu*: the allocated plateau), and
+    theory.exact's 2a there (off-task entries 0):
+    a diagnostic of what the rate is measured against when SGD displaces the served point."""
+    st = runs.theory
+    oms, mus = [], []
+    for s in seeds:
+        r = runs.runs[(batch, s)]
+        small = np.abs(r.mu_off).max(axis=1) < 1e-2 * st.mu_star.min()
+        sel = (r.t >= 1.0 / float(st.a.mean())) & small
+        if sel.sum() < 2:
+            continue
+        oms.append(r.omega[sel].mean(axis=0))
+        mus.append(r.served[sel].mean(axis=0))
+    if not oms:
+        return np.full_like(st.omega, np.nan), np.full(len(st.entries), np.nan), math.nan
+    om = np.mean(oms, axis=0)
+    served = np.mean(mus, axis=0)
+    om_alloc = np.where(st.omega != 0, om, 0.0)
+    mu_alloc = st.mu.copy()
+    for (h, i), v in zip(st.entries, served):
+        mu_alloc[i, i] = v
+    g = th_exact.exact_gradient(om_alloc, mu_alloc, st.tasks, st.L, st.sigma, with_loss=False)
+    return om_alloc, served, float(2.0 * np.mean([g.d_mu[e] for e in st.entries]))
+
+
+def _window_fit(t, mu_off, lo, hi, K):
+    """Fit window of one entry: after the last record with |mu| < lo (or mu >= 0) before the
+    first record with |mu| >= hi, records with mu < 0 up to it.  Returns (slope of the
+    logistic coordinate, slope of log|mu|, e-folds, points) or None."""
+    u = np.abs(mu_off)
+    above = np.flatnonzero((u >= hi) & (mu_off < 0))
+    if above.size == 0:
+        return None
+    j = int(above[0])
+    below = np.flatnonzero((u[:j] < lo) | (mu_off[:j] >= 0))
+    if below.size == 0:
+        return None
+    i0 = int(below[-1]) + 1
+    sel = np.arange(i0, j + 1)
+    if sel.size < 5:
+        return None
+    tt = t[sel]
+    z = th.logistic_coordinate(u[sel], K)
+    raw = np.log(u[sel])
+    return (float(np.polyfit(tt, z, 1)[0]), float(np.polyfit(tt, raw, 1)[0]), float(raw[-1] - raw[0]), int(sel.size))
+
+
+def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Sequence[int], mu0: float = 0.05,
+                            t_max: float = 300.0, floor_factor: float = 10.0, top_fraction: float = 0.05,
+                            runs: Optional[SaddleRuns] = None) -> GrowthRateMeasurement:
+    """The log-growth rate of each off-task |mu| against theory's 2a.
+
+    Window, fixed in advance: from where |mu| exceeds ``floor_factor`` x the noise floor
+    (max |mu_off| of a run from the exact allocated point at the same lr, B) to where it
+    reaches ``top_fraction`` x mu* of its task, on the opposite-sign branch (mu < 0).  The
+    fitted coordinate is theory's logistic z = log(|mu|/(1 - |mu|/K)) (K = a/c, the
+    curvature's correction, <= top_fraction mu*/K of the rate); the plain log fit is reported.
+
+    Tolerance (fixed before comparing): Z_SE x se over seeds + the step's bias
+    |2a - 2 log(1 + lr a)/lr| + half the mean logistic correction |raw - measured| (an
+    allowance for what the logistic misses: the serving head's and omega's slower response).
+    Perturbations through the same comparison: rate a (the amplitude's rate, not |mu|'s) and
+    rate 0 (a true minimum)."""
+    if runs is None:
+        runs = saddle_runs(cfg, lr, [batch], seeds, mu0, t_max, stop_share=max(top_fraction, 0.1))
+    st = runs.theory
+    floor = runs.floor[batch]
+    per_seed, raws, e_folds, points = [], [], [], []
+    lo, his = floor_factor * floor, top_fraction * st.mu_star
+    for s in seeds:
+        run = runs.runs[(batch, s)]
+        fits = [_window_fit(run.t, run.mu_off[:, e], lo, his[e], st.K[e]) for e in range(len(st.entries))]
+        fits = [f for f in fits if f is not None]
+        if not fits:
+            continue
+        per_seed.append(float(np.mean([f[0] for f in fits])))
+        raws.append(float(np.mean([f[1] for f in fits])))
+        e_folds += [f[2] for f in fits]
+        points += [f[3] for f in fits]
+    if len(per_seed) < 2:
+        raise ValueError(f"fewer than 2 seeds gave a fit window (floor {floor:.3g}, lo {lo:.3g}, hi {his.min():.3g}): "
+                         "raise t_max, B or lower floor_factor")
+    n = len(per_seed)
+    meas, se = float(np.mean(per_seed)), float(np.std(per_seed, ddof=1) / math.sqrt(n))
+    raw, raw_se = float(np.mean(raws)), float(np.std(raws, ddof=1) / math.sqrt(n))
+    pred = st.rate
+    step_bias = abs(pred - float(np.mean(th.gd_growth_rate(st.a, lr))))
+    allowance = 0.5 * abs(raw - meas)
+    tol = Z_SE * se + step_bias + allowance
+    why = (f"{Z_SE:g} se over {n} seeds ({Z_SE * se:.3g}) + GD step bias |2a - 2 log(1+lr a)/lr| ({step_bias:.2g}) "
+           f"+ half the logistic correction ({allowance:.2g})")
+    perts = tuple(Perturbation(name, p, abs(meas - p), tol) for name, p in
+                  (("rate a (amplitude, not |mu|)", pred / 2), ("rate 0 (a true minimum)", 0.0)))
+    h_om, h_mu, h_rate = held_point_rate(runs, batch, seeds)
+    return GrowthRateMeasurement(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma},
+                                 lr=lr, batch=batch, seeds=tuple(seeds), mu0=runs.mu0, measured=meas, se=se, raw=raw,
+                                 raw_se=raw_se, per_seed=tuple(per_seed), predicted=pred, a=float(st.a.mean()),
+                                 tolerance=tol, why=why, agrees=bool(abs(meas - pred) <= tol), perturbations=perts,
+                                 window=(float(lo), float(his.min())), floor=floor, e_folds=float(np.mean(e_folds)),
+                                 points=int(np.min(points)), held_omega=tuple(np.diag(h_om).tolist()),
+                                 held_mu=tuple(np.asarray(h_mu).tolist()), rate_at_held_point=h_rate)
+
+
+# ---------------------------------------------------------------------------------------
+# (b) the escape time against the batch size; the measured seed input
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GradientVariance:
+    """Per-prompt gradient variances of dl/dU_h at the allocated point, per off-task entry:
+    S_col (column d+i), S_row (row i), dS = S_col - S_row with its standard error (16 groups)."""
+    n: int
+    S_col: np.ndarray
+    S_row: np.ndarray
+    dS: np.ndarray
+    dS_se: np.ndarray
+
+
+@_one_thread
+def gradient_variance_measurement(cfg: ProblemConfig, n: int = 8192, seed: int = 54321,
+                                  groups: int = 16) -> GradientVariance:
+    """dS = S_col - S_row at the exact allocated point (the measured input of the seed,
+    theory.saddle section 3).  dl/dU_h[l, c] = 2 (yhat_l - y_l) c_h[c], c_h = sum_l p_hl z_l;
+    the prediction is recomputed from the model's weights and checked against its forward."""
+    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    model = allocated_model(cfg, 0.0)
+    d = cfg.d
+    pr = sample_prompts(cfg, n, make_generator(seed, cfg.device))
+    with torch.no_grad():
+        W, U = model.merged_weights()
+        q = pr.query[:, :d]
+        a_h = torch.einsum("hcx,bx->bhc", W[:, :, :d], q)                    # (n, H, D)
+        p = torch.softmax(torch.einsum("blc,bhc->bhl", pr.context, a_h), dim=-1)
+        c_h = torch.einsum("bhl,blc->bhc", p, pr.context)                   # (n, H, D)
+        yhat = torch.einsum("hic,bhc->bi", U, c_h)
+        ref = model(pr.context, pr.query)
+        if not torch.allclose(yhat, ref, rtol=1e-10, atol=1e-12):
+            raise RuntimeError("the recomputed prediction disagrees with the model's forward pass")
+        r = 2.0 * (yhat - pr.target)                                         # (n, m)
+        r, c_h = r.double().cpu().numpy(), c_h.double().cpu().numpy()
+    cols, rows = [], []
+    for h, i in st.entries:
+        col = r[:, :, None] * c_h[:, h, d + i][:, None, None]                 # (n, m, 1): dl/dU[l, d+i]
+        row = r[:, i][:, None] * c_h[:, h, :]                                # (n, D):   dl/dU[i, c]
+        cols.append(col.reshape(n, -1))
+        rows.append(row)
+    S_col = np.array([x.var(axis=0, ddof=1).sum() for x in cols])
+    S_row = np.array([x.var(axis=0, ddof=1).sum() for x in rows])
+    g = np.array_split(np.arange(n), groups)
+    parts = np.array([[cols[e][k].var(axis=0, ddof=1).sum() - rows[e][k].var(axis=0, ddof=1).sum()
+                       for e in range(len(st.entries))] for k in g])
+    return GradientVariance(n=n, S_col=S_col, S_row=S_row, dS=S_col - S_row,
+                            dS_se=parts.std(axis=0, ddof=1) / math.sqrt(groups))
+
+
+@dataclass(frozen=True)
+class EscapeTimeMeasurement:
+    """Escape time T (first time the off-task share |mu_off|/|mu_serving| reaches ``threshold``
+    on the opposite-sign branch; mean over entries per run) per batch size: ``T`` and ``T_se``
+    (over seeds), ``T_pred`` and ``T_pred_se`` (theory.saddle.escape_time with the measured dS);
+    the fitted slope dT/dlog B +- se against ``slope_pred`` = 2/rate (rate = GD's 2a), its
+    tolerance, ``agrees``; the absolute times' check (``T_agrees`` per B, ``T_tolerance``);
+    perturbations (additive-noise slope 1/rate, rate a, rate 0)."""
+    config: dict
+    lr: float
+    batches: tuple
+    seeds: tuple
+    mu0: float
+    threshold: float
+    T: tuple
+    T_se: tuple
+    T_per_seed: tuple
+    T_pred: tuple
+    T_pred_se: tuple
+    T_tolerance: tuple
+    T_agrees: tuple
+    slope: float
+    slope_se: float
+    slope_pred: float
+    tolerance: float
+    why: str
+    agrees: bool
+    perturbations: tuple
+    variance: dict
+    imbalance_pred: tuple
+    imbalance_measured: tuple
+    all_escaped: bool
+
+
+def _crossing(t, mu_off, served, threshold):
+    share = np.abs(mu_off) / np.abs(served)
+    ok = np.flatnonzero((share >= threshold) & (mu_off < 0))
+    if ok.size == 0:
+        return math.inf
+    j = int(ok[0])
+    if j == 0:
+        return float(t[0])
+    # interpolate log(share) linearly between the two records
+    s0, s1 = math.log(max(share[j - 1], 1e-300)), math.log(share[j])
+    f = (math.log(threshold) - s0) / (s1 - s0) if s1 > s0 else 1.0
+    return float(t[j - 1] + min(max(f, 0.0), 1.0) * (t[j] - t[j - 1]))
+
+
+def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int] = (16, 64, 256),
+                            seeds: Sequence[int] = (0, 1, 2), mu0: float = 0.05, threshold: float = 0.1,
+                            t_max: float = 300.0, n_var: int = 8192, runs: Optional[SaddleRuns] = None,
+                            variance: Optional[GradientVariance] = None) -> EscapeTimeMeasurement:
+    """Escape time against the batch size at fixed step.
+
+    Prediction (theory.saddle section 3): T(B) = (1/rate)[log(theta mu*/(1 - theta mu*/K))
+    - log seed(B)], seed = M^2/(16 mu0), M = lr^2 mu0 dS/(B(1 - (1 - lr a)^2)), dS measured
+    (:func:`gradient_variance_measurement`), rate = GD's 2 log(1 + lr a)/lr; so
+    dT/dlog B = 2/rate.
+
+    Tolerances (fixed before comparing).  Slope: Z_SE x its se from an ordinary least-squares
+    fit of every run's T on log B (residual variance pooled over B); nothing systematic enters
+    it (theory's nonlinear end phase and record spacing are the same at every B).  Absolute T
+    per B: Z_SE x sqrt(se_T^2 + se_pred^2) + the record spacing; a reported check (the seed's
+    prefactor is a leading-order account).  Perturbations through the slope's comparison:
+    the additive-noise picture (slope 1/rate), rate a instead of 2a (slope 2/a), rate 0 (no
+    escape: T = inf, rejected when every run escaped)."""
+    if runs is None:
+        runs = saddle_runs(cfg, lr, batches, seeds, mu0, t_max, stop_share=threshold)
+    st = runs.theory
+    var = variance if variance is not None else gradient_variance_measurement(cfg, n_var)
+    rate = float(np.mean(th.gd_growth_rate(st.a, lr)))
+    T, T_se, per, xs, ys = [], [], [], [], []
+    all_escaped = True
+    imb_meas = []
+    for B in batches:
+        ts = []
+        for s in seeds:
+            run = runs.runs[(B, s)]
+            te = [_crossing(run.t, run.mu_off[:, e], run.served[:, e], threshold) for e in range(len(st.entries))]
+            all_escaped &= bool(np.all(np.isfinite(te)))
+            ts.append(float(np.mean(te)))
+        per.append(tuple(ts))
+        fin = [x for x in ts if math.isfinite(x)]
+        T.append(float(np.mean(fin)) if fin else math.inf)
+        T_se.append(float(np.std(fin, ddof=1) / math.sqrt(len(fin))) if len(fin) > 1 else math.inf)
+        xs += [math.log(B)] * len(fin)
+        ys += fin
+    M = np.array([[th.imbalance(lr, mu0, var.dS[e], st.a[e], B) for e in range(len(st.entries))] for B in batches])
+    M_se = np.array([[abs(th.imbalance(lr, mu0, var.dS_se[e], st.a[e], B)) for e in range(len(st.entries))]
+                     for B in batches])
+    seed = th.seed_level(M, mu0)
+    thr = threshold * st.mu_star
+    T_pred_e = th.escape_time(rate, thr[None, :], seed, st.K[None, :])
+    T_pred = T_pred_e.mean(axis=1)
+    T_pred_se = (2.0 / rate) * (M_se / np.abs(M)).mean(axis=1)
+    spacing = float(np.max([np.diff(r.t).max() for r in runs.runs.values()]))
+    T_tol = [Z_SE * math.sqrt(a ** 2 + b ** 2) + spacing for a, b in zip(T_se, T_pred_se)]
+    T_ok = [bool(abs(a - b) <= tol) for a, b, tol in zip(T, T_pred, T_tol)]
+    x, y = np.array(xs), np.array(ys)
+    if x.size < 3 or np.ptp(x) == 0:
+        raise ValueError("the slope needs escaped runs at >= 2 batch sizes")
+    A = np.vstack([x, np.ones_like(x)]).T
+    coef, res, *_ = np.linalg.lstsq(A, y, rcond=None)
+    resid = y - A @ coef
+    s2 = float(resid @ resid / max(1, x.size - 2))
+    slope, slope_se = float(coef[0]), float(math.sqrt(s2 / np.sum((x - x.mean()) ** 2)))
+    pred = th.escape_time_slope(rate)
+    tol = Z_SE * slope_se
+    why = f"{Z_SE:g} se of the OLS slope over {x.size} runs (residual sd {math.sqrt(s2):.3g} pooled over B)"
+    perts = (Perturbation("additive noise: seed ~ lr/B, slope 1/rate", th.additive_noise_slope(rate),
+                          abs(slope - th.additive_noise_slope(rate)), tol),
+             Perturbation("rate a instead of 2a: slope 2/a", th.escape_time_slope(rate / 2),
+                          abs(slope - th.escape_time_slope(rate / 2)), tol),
+             Perturbation("rate 0 (a true minimum): never escapes", math.inf,
+                          math.inf if all_escaped else 0.0, tol))
+    # the imbalance o^2 - v^2 each run actually built, read at t = 4/a (the balanced part
+    # decayed by 4 e-folds, the opposite-sign one not yet grown; median over seeds and entries)
+    for B in batches:
+        vals = []
+        for s in seeds:
+            run = runs.runs[(B, s)]
+            k = int(np.argmin(np.abs(run.t - 4.0 / float(st.a.mean()))))
+            vals += list(run.imbalance[k])
+        imb_meas.append(float(np.median(vals)))
+    return EscapeTimeMeasurement(
+        config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma}, lr=lr,
+        batches=tuple(batches), seeds=tuple(seeds), mu0=runs.mu0, threshold=threshold, T=tuple(T), T_se=tuple(T_se),
+        T_per_seed=tuple(per), T_pred=tuple(float(v) for v in T_pred), T_pred_se=tuple(float(v) for v in T_pred_se),
+        T_tolerance=tuple(T_tol), T_agrees=tuple(T_ok), slope=slope, slope_se=slope_se, slope_pred=pred,
+        tolerance=tol, why=why, agrees=bool(abs(slope - pred) <= tol), perturbations=perts,
+        variance={"dS": var.dS.tolist(), "dS_se": var.dS_se.tolist(), "S_col": var.S_col.tolist(),
+                  "S_row": var.S_row.tolist(), "n": var.n},
+        imbalance_pred=tuple(float(v) for v in M.mean(axis=1)), imbalance_measured=tuple(imb_meas),
+        all_escaped=bool(all_escaped))
+
+
+@dataclass(frozen=True)
+class PooledSlope:
+    """The escape-time slopes of several configurations in units of theory's 1/a
+    (slope x rate / 2): inverse-variance weighted ``ratio`` +- ``se``; predicted 1 (seed ~
+    (lr/B)^2); ``tolerance`` Z_SE se; perturbations: the additive-noise picture (0.5) and
+    rate a instead of 2a (2)."""
+    ratio: float
+    se: float
+    per_config: tuple
+    predicted: float
+    tolerance: float
+    agrees: bool
+    perturbations: tuple
+
+
+def pooled_slope_ratio(escapes: Sequence[EscapeTimeMeasurement]) -> PooledSlope:
+    """Pool :func:`escape_time_measurement` slopes over configurations (each divided by its
+    own prediction 2/rate, so each config's ratio has expectation 1), weights 1/se^2."""
+    r = np.array([e.slope / e.slope_pred for e in escapes])
+    s = np.array([e.slope_se / e.slope_pred for e in escapes])
+    w = 1.0 / s ** 2
+    ratio, se = float((w * r).sum() / w.sum()), float(1.0 / math.sqrt(w.sum()))
+    tol = Z_SE * se
+    perts = tuple(Perturbation(n, p, abs(ratio - p), tol) for n, p in
+                  (("additive noise: seed ~ lr/B (ratio 1/2)", 0.5), ("rate a instead of 2a (ratio 2)", 2.0)))
+    return PooledSlope(ratio, se, tuple(zip(r.tolist(), s.tolist())), 1.0, tol, bool(abs(ratio - 1.0) <= tol), perts)
+
+
+# ---------------------------------------------------------------------------------------
+# (c) the noiseless flow on an exactly G-invariant batch
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class InvariantFlowCheck:
+    """GD on one fixed, exactly G-invariant batch (numerics.symmetry.symmetrize_full) from the
+    same seeded start, over the same time: the max |o - v| (opposite-sign amplitude) and the
+    min off-task mu over the run, against a rounding tolerance; ``amplification`` the largest
+    growth of an opposite-sign perturbation along the run (twin run); the SGD runs' amplitude
+    at their escape (the perturbation "it leaves like SGD")."""
+    config: dict
+    lr: float
+    time: float
+    prompts: int
+    mu0: float
+    max_anti: float
+    min_mu_off: float
+    final_mu_off: float
+    amplification: float
+    tolerance: float
+    why: str
+    agrees: bool
+    sgd_anti: float
+    perturbations: tuple
+    wall: float
+
+
+TWIN_KICK = 1e-7
+"""Relative size of the twin run's opposite-sign kick (x sqrt(mu0)): far above rounding, far
+below the nonlinear scale."""
+
+
+def invariant_flow_check(cfg: ProblemConfig, lr: float, time: float, mu0: float = 0.05, prompts: int = 512,
+                         seed: int = 7, sgd_anti: float = math.nan) -> InvariantFlowCheck:
+    """The seeded start trained on one fixed G-invariant batch of ~``prompts`` prompts: the
+    batch gradient lies in D (to rounding), so o and v receive the same update and the
+    opposite-sign amplitude |o - v| stays at rounding.
+
+    Tolerance (claim 1's rounding argument): 64 eps (steps + 1) sqrt(mu0) x A, with A the
+    largest amplification of an opposite-sign perturbation along the run, measured by a twin
+    run on the same batch kicked by o += k, v -= k (k = TWIN_KICK sqrt(mu0)): A = max_t
+    |(o - v)_twin - (o - v)| / (2k) (the fixed batch's landscape is not the population's, and
+    GD at a finite step can amplify more than e^{a t}).  Perturbation: the SGD runs'
+    amplitude |o - v| at escape (``sgd_anti``) held to the same tolerance."""
+    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    from theory.block_structure import group_order
+    base = max(1, int(prompts) // int(group_order(cfg.tasks)))
+    fixed = symmetrize_full(sample_prompts(cfg, base, make_generator(seed, cfg.device)), cfg)
+    t0 = _time.perf_counter()
+    n = int(fixed.query.shape[0])
+    run = saddle_run(cfg, lr, n, seed, mu0, time, stop_share=math.inf, record_dt=1.0, batches=lambda k: fixed)
+    kick = TWIN_KICK * math.sqrt(mu0)
+    twin_model = allocated_model(cfg, mu0)
+    d = cfg.d
+    with torch.no_grad():
+        for h, i in st.entries:
+            twin_model.O[h, i, d + i] += kick
+            twin_model.V[h, d + i, d + i] -= kick
+    twin = saddle_run(cfg, lr, n, seed, mu0, time, stop_share=math.inf, record_dt=1.0, batches=lambda k: fixed,
+                      start=twin_model)
+    A = float(np.max(np.abs(twin.anti - run.anti)) / (2 * kick))
+    steps = max(1, int(round(time / lr)))
+    tol = 64 * EPS64 * (steps + 1) * math.sqrt(mu0) * max(A, 1.0)
+    max_anti = float(np.abs(run.anti).max())
+    perts = (Perturbation("it leaves like the SGD runs (|o - v| at their escape)", sgd_anti, sgd_anti, tol),) \
+        if math.isfinite(sgd_anti) else ()
+    return InvariantFlowCheck(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma},
+                              lr=lr, time=time, prompts=n, mu0=mu0, max_anti=max_anti,
+                              min_mu_off=float(run.mu_off.min()), final_mu_off=float(np.abs(run.mu_off[-1]).max()),
+                              amplification=A, tolerance=tol,
+                              why=f"64 eps (steps+1) sqrt(mu0) A: rounding per step, amplified at most by A = {A:.3g} "
+                                  "(twin run)", agrees=bool(max_anti <= tol), sgd_anti=sgd_anti,
+                              perturbations=perts, wall=_time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------
+# (d) one task, several heads, from the PyTorch-default start
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SingleTaskRun:
+    heads: int
+    seed: int
+    mu: tuple                 # OV values mu[h, 0] at the end
+    pair: tuple               # (mu_a, mu_b): the largest positive and the most negative value
+    pair_ratio: float         # |mu_a + mu_b| / (|mu_a| + |mu_b|)   (nan without opposite signs)
+    omega: tuple              # omega[h, 0] at the end
+    kq_offdiag: tuple         # per head ||W_XX - diag|| / ||diag(W_XX)||
+    kq_spread: tuple          # per head std/|mean| of diag(W_XX)
+    residual: float           # off-D residual of the final weights
+    loss: float
+    loss_se: float
+    wall: float
+
+
+@dataclass(frozen=True)
+class SingleTaskHeads:
+    """m = 1, H heads from the PyTorch-default start, trained: per run the OV values and the
+    zero-sum pair ratio, KQ diagonality/homogeneity, held-out loss +- se; references: one-head
+    optimum (theory.exact), allocated point (= the one-head optimum plus idle heads), the
+    best decomposable two-head point (signs free, numerics.exact_reduced) +- se, linear
+    attention (theory.optimality.linear_attention_loss); per H the mean loss +- se over seeds
+    and its gaps to each reference in se units."""
+    r: int
+    L: int
+    lr: float
+    time: float
+    batch: int
+    runs: tuple
+    one_head: float
+    best_two_head: float
+    best_two_head_se: float
+    best_two_head_point: dict
+    linear_attention: float
+    summary: dict
+    wall: float
+
+
+@_one_thread
+def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequence[int] = (0, 1, 2),
+                      lr: float = 0.1, time: float = 60.0, batch: int = 256, n_eval: int = 8192,
+                      fit_prompts: int = 4096) -> SingleTaskHeads:
+    """One task (r,) at context length L with H heads, from ProblemConfig(init="uniform_full",
+    init_scale=1.0) (PyTorch's nn.Linear default, per entry U(-1/sqrt(D), 1/sqrt(D))) and the
+    authors' logit scale sqrt(D), D = r + 1, as claims/initialisation.py runs it; trained by
+    numerics.train.train (fresh batches) to t = ``time``.  Reported, not judged: the loss gaps
+    are in units of their standard errors."""
+    t_all = _time.perf_counter()
+    tasks = (int(r),)
+    D = r + 1
+    one = float(th_exact.single_head_optimum(tasks, L)["loss"])
+    lin = float(th_opt.linear_attention_loss(tasks, L))
+    # best decomposable two-head point, signs free (as claims/optimality.py searches it)
+    starts = [th_opt.linear_attention_point(tasks, 2, eps=0.02)[0] + 0.0, np.array([[0.5], [0.05]]),
+              np.array([[0.3], [-0.3]])]
+    fm = minimise_family(tasks, L, 0.0, np.ones((2, 1), bool), np.ones((2, 1), bool), starts, seed=11,
+                         n_fit=fit_prompts, family="2 heads, signs free")
+    measure([fm], n_eval, seed=12)
+    runs = []
+    for H in heads:
+        for s in seeds:
+            t0 = _time.perf_counter()
+            cfg = ProblemConfig(tasks=tasks, heads=H, L=L, init="uniform_full", init_scale=1.0, init_seed=s,
+                                logit_scale=math.sqrt(D))
+            res = train(cfg, TrainConfig(lr=lr, time=time, batch=batch, seed=1000 + s, records=2))
+            model = res.final_model
+            ro = model.semi_singular_values()
+            mu = ro.mu[:, 0]
+            pos, neg = mu[mu > 0], mu[mu < 0]
+            if pos.size and neg.size:
+                pa, pb = float(pos.max()), float(neg.min())
+                ratio = abs(pa + pb) / (abs(pa) + abs(pb))
+            else:
+                pa, pb, ratio = float(mu.max()), float(mu.min()), math.nan
+            W, _ = model.merged_weights()
+            Wx = W[:, :r, :r].detach().double().cpu().numpy()
+            diag = np.array([np.diag(w) for w in Wx])
+            off = [float(np.linalg.norm(w - np.diag(np.diag(w))) / max(np.linalg.norm(np.diag(w)), 1e-300)) for w in Wx]
+            spread = [float(dg.std() / max(abs(dg.mean()), 1e-300)) if r > 1 else 0.0 for dg in diag]
+            est = held_out_loss(model, n=n_eval, seed=2000 + s)
+            runs.append(SingleTaskRun(H, s, tuple(float(v) for v in mu), (pa, pb), float(ratio),
+                                      tuple(float(v) for v in ro.omega[:, 0]), tuple(off), tuple(spread),
+                                      float(ro.residual), float(est.mean), float(est.se),
+                                      _time.perf_counter() - t0))
+    summary = {}
+    for H in heads:
+        rs = [x for x in runs if x.heads == H]
+        losses = np.array([x.loss for x in rs])
+        se = float(np.sqrt(losses.var(ddof=1) / len(rs) + np.mean([x.loss_se ** 2 for x in rs]) / len(rs))) \
+            if len(rs) > 1 else rs[0].loss_se
+        mean = float(losses.mean())
+        summary[H] = {"loss": mean, "se": se,
+                      "gap_one_head_se": (mean - one) / se,
+                      "gap_best_two_head_se": (mean - fm.loss) / math.sqrt(se ** 2 + fm.se ** 2),
+                      "gap_linear_se": (mean - lin) / se,
+                      "pair_ratio": [x.pair_ratio for x in rs],
+                      "zero_sum_pairs": int(sum(1 for x in rs if x.pair_ratio < 0.1)),
+                      "residual": [x.residual for x in rs]}
+    return SingleTaskHeads(r=r, L=L, lr=lr, time=time, batch=batch, runs=tuple(runs), one_head=one,
+                           best_two_head=float(fm.loss), best_two_head_se=float(fm.se),
+                           best_two_head_point={"omega": fm.omega.ravel().tolist(), "mu": fm.mu.ravel().tolist()},
+                           linear_attention=lin, summary=summary, wall=_time.perf_counter() - t_all)
+
+
+# ---------------------------------------------------------------------------------------
+# profiles
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SaddleProfile:
+    """One configuration's saddle measurements: (tasks, heads, L), step lr, batch sizes,
+    seeds, the seeded off-task mu0, the escape threshold (share), the growth window
+    (floor_factor, top_fraction), t_max, the invariant check's batch size, the probe size of
+    dS, the record spacing."""
+    tasks: tuple
+    heads: int
+    L: int
+    lr: float
+    batches: tuple
+    seeds: tuple
+    mu0: float = 0.05
+    threshold: float = 0.1
+    floor_factor: float = 10.0
+    top_fraction: float = 0.05
+    t_max: float = 300.0
+    invariant_prompts: int = 512
+    n_var: int = 65536
+    record_dt: float = 1.0
+
+
+@dataclass(frozen=True)
+class SingleTaskProfile:
+    L: int
+    r: int
+    heads: tuple
+    seeds: tuple
+    lr: float
+    time: float
+    batch: int
+    n_eval: int
+
+
+PROFILES = {
+    "tiny": {"saddle": (SaddleProfile((1, 1), 2, 32, lr=0.2, batches=(32, 128, 512), seeds=(0, 1), mu0=0.1),),
+             "single": SingleTaskProfile(L=16, r=1, heads=(2,), seeds=(0, 1), lr=0.2, time=100.0, batch=128,
+                                         n_eval=4096)},
+    "quick": {"saddle": (SaddleProfile((1, 1), 2, 32, lr=0.3, batches=(64, 256, 1024), seeds=(0, 1, 2)),
+                         SaddleProfile((2, 2), 2, 64, lr=0.2, batches=(128, 362, 1024), seeds=(0, 1, 2))),
+              "single": SingleTaskProfile(L=32, r=2, heads=(2, 4), seeds=(0, 1, 2), lr=0.1, time=120.0, batch=256,
+                                          n_eval=8192)},
+    "paper": {"saddle": (SaddleProfile((1, 1), 2, 32, lr=0.05, batches=(64, 256, 1024, 4096), seeds=tuple(range(8)),
+                                       mu0=0.01, t_max=600.0, n_var=65536),
+                         SaddleProfile((2, 2), 2, 64, lr=0.05, batches=(64, 256, 1024, 4096), seeds=tuple(range(8)),
+                                       mu0=0.01, t_max=600.0, n_var=65536),
+                         SaddleProfile((3, 1, 4), 3, 64, lr=0.05, batches=(256, 1024, 4096), seeds=tuple(range(8)),
+                                       mu0=0.01, t_max=600.0, n_var=65536)),
+              "single": SingleTaskProfile(L=100, r=50, heads=(2, 4, 8), seeds=tuple(range(5)), lr=0.01, time=100.0,
+                                          batch=10000, n_eval=65536)},
+}
+
+
+def run_saddle_profile(p: SaddleProfile) -> dict:
+    """(a), (b), (c) at one configuration, sharing the runs; returns the three results and
+    the wall seconds of each part."""
+    cfg = _cfg(p.tasks, p.heads, p.L)
+    t0, c0 = _time.perf_counter(), _time.process_time()
+    saddle_theory(p.tasks, p.heads, p.L)
+    t_theory = _time.perf_counter() - t0
+    stop = max(p.threshold, p.top_fraction)
+    runs = saddle_runs(cfg, p.lr, p.batches, p.seeds, p.mu0, p.t_max, stop_share=stop, record_dt=p.record_dt)
+    t1 = _time.perf_counter()
+    var = gradient_variance_measurement(cfg, p.n_var)
+    t_var = _time.perf_counter() - t1
+    growth = growth_rate_measurement(cfg, p.lr, max(p.batches), p.seeds, p.mu0, p.t_max, p.floor_factor,
+                                     p.top_fraction, runs=runs)
+    escape = escape_time_measurement(cfg, p.lr, p.batches, p.seeds, p.mu0, p.threshold, p.t_max, runs=runs,
+                                     variance=var)
+    horizon = float(np.nanmax([x for x in escape.T if math.isfinite(x)] or [p.t_max]))
+    # the SGD runs' opposite-sign amplitude at escape (largest batch: the smallest seed)
+    sgd_anti = float(np.median([np.abs(runs.runs[(max(p.batches), s)].anti[-1]).min() for s in p.seeds]))
+    t2 = _time.perf_counter()
+    inv = invariant_flow_check(cfg, p.lr, horizon, p.mu0, p.invariant_prompts, sgd_anti=sgd_anti)
+    t_inv = _time.perf_counter() - t2
+    return {"profile": asdict(p), "growth": growth, "escape": escape, "invariant": inv, "escape_theory": runs.theory,
+            "seconds": {"theory": t_theory, "runs": runs.wall, "variance": t_var, "invariant": t_inv,
+                        "total": _time.perf_counter() - t0, "cpu": _time.process_time() - c0}}

@@ -1,0 +1,115 @@
+"""Measure the allocated point's saddle and the single-task several-heads regime (issue 21)
+and print the table of docs/saddle.md.
+
+    python scripts/measure_saddle.py [--profile tiny|quick|paper] [--skip-single] [--skip-saddle]
+
+One torch thread per run (numerics.saddle); the quick profile takes about 30 s for the
+saddle part and 30 s for the single-task part on one core."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+def _fmt(x, se=None, digits=4):
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return str(x)
+    s = f"{x:.{digits}g}"
+    return s if se is None else f"{s} +- {se:.2g}"
+
+
+def saddle_table(profile: str) -> None:
+    from numerics import saddle as S
+
+    escapes = []
+    for p in S.PROFILES[profile]["saddle"]:
+        out = S.run_saddle_profile(p)
+        escapes.append(out["escape"])
+        g, e, inv, sec = out["growth"], out["escape"], out["invariant"], out["seconds"]
+        print(f"\n== saddle: tasks={p.tasks} H={p.heads} L={p.L}  lr={p.lr} B={p.batches} seeds={len(p.seeds)} "
+              f"mu0={p.mu0} threshold={p.threshold}  ({sec['cpu']:.1f} s CPU, {sec['total']:.1f} s wall: theory {sec['theory']:.1f}, "
+              f"runs {sec['runs']:.1f}, variance {sec['variance']:.1f}, invariant {sec['invariant']:.1f})")
+        print(f"a = dL/dmu (theory.exact) = {_fmt(g.a)};  2a = {_fmt(g.predicted)}")
+        print(f"growth rate (B={g.batch}, window |mu| in [{g.window[0]:.2g}, {g.window[1]:.2g}], floor {g.floor:.2g}, "
+              f"{g.e_folds:.1f} e-folds, >= {g.points} points):")
+        print(f"  measured {_fmt(g.measured, g.se)} (plain log fit {_fmt(g.raw, g.raw_se)}) vs 2a {_fmt(g.predicted)}: "
+              f"|diff| {abs(g.measured - g.predicted):.3g}, tolerance {g.tolerance:.3g} -> "
+              f"{'agrees' if g.agrees else 'DISAGREES'}  [{g.why}]")
+        for q in g.perturbations:
+            print(f"  perturbation {q.name}: predicted {_fmt(q.predicted)}, error {q.error:.3g} -> "
+                  f"{'rejected' if q.rejected else 'NOT rejected'}")
+        print(f"  diagnostic: the runs hold the served point omega {np.round(g.held_omega, 4).tolist()}, mu "
+              f"{np.round(g.held_mu, 4).tolist()} (theory {np.round(np.diag(out['escape_theory'].omega), 4).tolist()}, "
+              f"{np.round(out['escape_theory'].mu_star, 4).tolist()}); theory.exact's 2a there: {_fmt(g.rate_at_held_point)}")
+        print(f"escape time (share >= {e.threshold}): dS = S_col - S_row = "
+              + ", ".join(_fmt(a, b, 3) for a, b in zip(e.variance['dS'], e.variance['dS_se'])))
+        for B, T, se, tp, tps, ok, per, mp, mm in zip(e.batches, e.T, e.T_se, e.T_pred, e.T_pred_se, e.T_agrees,
+                                                      e.T_per_seed, e.imbalance_pred, e.imbalance_measured):
+            print(f"  B={B:5d}: T = {_fmt(T, se)} (seeds {', '.join(f'{x:.1f}' for x in per)}) vs predicted "
+                  f"{_fmt(tp, tps)} -> {'agrees' if ok else 'differs'};  imbalance o^2-v^2 predicted {mp:.3g}, "
+                  f"measured {mm:.3g}")
+        print(f"  slope dT/dlog B = {_fmt(e.slope, e.slope_se)} vs 2/rate = 1/a = {_fmt(e.slope_pred)}: tolerance "
+              f"{e.tolerance:.3g} -> {'agrees' if e.agrees else 'DISAGREES'}")
+        for q in e.perturbations:
+            print(f"  perturbation {q.name}: predicted {_fmt(q.predicted)}, error {q.error:.3g} -> "
+                  f"{'rejected' if q.rejected else 'NOT rejected'}")
+        print(f"invariant flow ({inv.prompts} G-invariant prompts, t = {inv.time:.1f}): max |o - v| = {inv.max_anti:.3g} "
+              f"(tolerance {inv.tolerance:.3g}: {'agrees' if inv.agrees else 'DISAGREES'}), min off-task mu "
+              f"{inv.min_mu_off:.3g} (>= 0: never on the opposite-sign branch), final |mu_off| {inv.final_mu_off:.3g}; "
+              f"SGD runs' |o - v| at escape {inv.sgd_anti:.3g} -> "
+              + ("rejected" if all(q.rejected for q in inv.perturbations) else "NOT rejected"))
+        sys.stdout.flush()
+    if len(escapes) > 1:
+        ps = S.pooled_slope_ratio(escapes)
+        print(f"\npooled escape-time slope in units of 1/a over {len(escapes)} configurations: "
+              f"{_fmt(ps.ratio, ps.se)} vs 1: tolerance {ps.tolerance:.3g} -> {'agrees' if ps.agrees else 'DISAGREES'}; "
+              + "; ".join(f"{q.name}: error {q.error:.3g} -> {'rejected' if q.rejected else 'NOT rejected'}"
+                          for q in ps.perturbations))
+
+
+def single_table(profile: str) -> None:
+    from numerics import saddle as S
+
+    p = S.PROFILES[profile]["single"]
+    res = S.single_task_heads(p.L, p.r, p.heads, p.seeds, p.lr, p.time, p.batch, p.n_eval)
+    print(f"\n== single task, several heads: r={p.r} L={p.L}, init uniform_full (PyTorch default), logit scale "
+          f"sqrt(D), lr={p.lr} t={p.time} B={p.batch}, {len(p.seeds)} seeds ({res.wall:.1f} s)")
+    print(f"references: one-head optimum (theory.exact) {res.one_head:.4f}; best decomposable two-head point "
+          f"(signs free) {_fmt(res.best_two_head, res.best_two_head_se)} at omega "
+          f"{np.round(res.best_two_head_point['omega'], 3).tolist()}, mu {np.round(res.best_two_head_point['mu'], 3).tolist()}; "
+          f"linear attention {res.linear_attention:.4f}")
+    for r in res.runs:
+        print(f"  H={r.heads} seed {r.seed}: mu {np.round(r.mu, 3).tolist()}  omega {np.round(r.omega, 3).tolist()}  "
+              f"pair ({r.pair[0]:.3f}, {r.pair[1]:.3f}) |sum|/size {r.pair_ratio:.3f}  KQ offdiag "
+              f"{np.round(r.kq_offdiag, 3).tolist()} spread {np.round(r.kq_spread, 3).tolist()}  off-D residual "
+              f"{r.residual:.3f}  loss {_fmt(r.loss, r.loss_se)}  ({r.wall:.1f} s)")
+    for H, s in res.summary.items():
+        print(f"  H={H}: loss {_fmt(s['loss'], s['se'])}; gap to one-head {s['gap_one_head_se']:+.1f} se, to best "
+              f"two-head {s['gap_best_two_head_se']:+.1f} se, to linear attention {s['gap_linear_se']:+.1f} se; "
+              f"zero-sum pairs (ratio < 0.1) in {s['zero_sum_pairs']}/{len(s['pair_ratio'])} runs")
+    sys.stdout.flush()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="quick", choices=("tiny", "quick", "paper"))
+    ap.add_argument("--skip-single", action="store_true")
+    ap.add_argument("--skip-saddle", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    if not args.skip_saddle:
+        saddle_table(args.profile)
+    if not args.skip_single:
+        single_table(args.profile)
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The allocated point's saddle: theory.saddle (unit tests, numpy toys) and one tiny
+measurement of numerics.saddle (the growth rate against 2a, rejecting a and 0)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from theory import exact
+from theory import saddle as th
+
+TASKS, L = (1, 1), 32
+
+
+@pytest.fixture(scope="module")
+def alloc():
+    return th.allocated_point(TASKS, L)
+
+
+def test_allocated_point_and_slope(alloc):
+    om, mu = alloc
+    fp = exact.exact_fixed_point(TASKS, L)
+    assert om.shape == mu.shape == (2, 2)
+    assert np.allclose(np.diag(om), fp["omega_star"]) and np.allclose(np.diag(mu), fp["mu_star"])
+    a = th.off_task_slope(TASKS, L)
+    assert np.all(np.isnan(np.diag(a)))
+    off = a[~np.eye(2, dtype=bool)]
+    assert np.all(off > 0)                                  # a saddle: the slope is positive
+    assert off == pytest.approx(0.0621012, rel=1e-5)        # the value quoted in docs/claims_1_4.md
+    assert np.allclose(th.growth_rate(TASKS, L)[~np.eye(2, dtype=bool)], 2 * off)
+    assert th.max_growth_rate(TASKS, L) == pytest.approx(2 * off.max())
+
+
+def test_one_task_needs_a_second_head():
+    with pytest.raises(ValueError, match="heads"):
+        th.off_task_slope((2,), 32, heads=1)
+    a = th.off_task_slope((1,), 32)                         # m = 1: head 1 is the off-task entry
+    assert a.shape == (2, 1) and np.isnan(a[0, 0]) and a[1, 0] > 0
+
+
+def test_curvature_against_monte_carlo(alloc):
+    """c = 2 (C_hh - C_hk^2/C_kk): C_hh,i = E (sum_l p_hl y_li)^2 for head 0 (omega on task 0
+    only) and task 1, by Monte Carlo in numpy, within 4 standard errors."""
+    om, _ = alloc
+    c = th.off_task_curvature(TASKS, L)
+    rng = np.random.default_rng(0)
+    n = 20000
+    x = rng.standard_normal((n, L, 2))
+    q = rng.standard_normal((n, 2))
+    g = rng.standard_normal(n)
+    s = om[0, 0] * x[:, :, 0] * q[:, None, 0]
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    y1 = g[:, None] * x[:, :, 1]
+    z = (p * y1).sum(axis=1) ** 2
+    C_hh_mc, se = z.mean(), z.std(ddof=1) / math.sqrt(n)
+    _, C_h, _, _ = exact.one_head_terms(om[0], TASKS, L)
+    assert abs(C_h[1] - C_hh_mc) <= 4 * se
+    assert 0 < c[0, 1] <= 2 * C_h[1]
+    assert th.carrying_level(th.off_task_slope(TASKS, L)[0, 1], c[0, 1]) > 0
+
+
+def test_logistic_coordinate_grows_at_2a():
+    a, c = 0.06, 0.16
+    K = a / c
+    t = np.linspace(0, 80, 81)
+    u0 = 1e-6
+    # exact solution of d|mu|/dt = 2|mu|(a - c|mu|)
+    u = K / (1 + (K / u0 - 1) * np.exp(-2 * a * t))
+    z = th.logistic_coordinate(u, K)
+    assert np.allclose(np.diff(z) / np.diff(t), 2 * a, rtol=1e-9)
+    assert np.isnan(th.logistic_coordinate(np.array([K]), K))[0]
+
+
+def test_gd_growth_rate():
+    assert th.gd_growth_rate(0.06, 1e-6) == pytest.approx(0.12, rel=1e-5)
+    assert th.gd_growth_rate(0.06, 0.2) < 0.12
+
+
+def test_escape_time_and_slope():
+    rate, thr = 0.12, 0.1
+    assert th.escape_time(rate, thr, 1e-8) == pytest.approx(math.log(thr / 1e-8) / rate)
+    assert th.escape_time(rate, thr, 1e-8, K=0.4) > th.escape_time(rate, thr, 1e-8)
+    assert np.isinf(th.escape_time(0.0, thr, 1e-8)) and np.isinf(th.escape_time(-0.1, thr, 1e-8))
+    # the chain imbalance -> seed -> T gives dT/dlog B = 2/rate
+    a, lr, mu0, dS = rate / 2, 0.1, 0.05, -0.9
+    T = [th.escape_time(rate, thr, th.seed_level(th.imbalance(lr, mu0, dS, a, B), mu0)) for B in (64, 256)]
+    assert (T[1] - T[0]) / math.log(4) == pytest.approx(th.escape_time_slope(rate), rel=1e-12)
+    assert th.escape_time_slope(rate) == pytest.approx(2 * th.additive_noise_slope(rate))
+    assert math.isinf(th.escape_time_slope(0.0))
+
+
+def test_additive_noise_seed_on_a_linear_sde():
+    """y <- (1 + lr a) y + xi, Var xi = lr^2 s2 / B: Var(y_n (1 + lr a)^-n) -> additive_noise_seed."""
+    rng = np.random.default_rng(1)
+    a, lr, s2, B, steps, paths = 0.06, 0.1, 2.0, 64, 800, 10000
+    y = np.zeros(paths)
+    sd = math.sqrt(lr ** 2 * s2 / B)
+    for _ in range(steps):
+        y = (1 + lr * a) * y + sd * rng.standard_normal(paths)
+    w = y * (1 + lr * a) ** -steps
+    pred = th.additive_noise_seed(lr, s2, a, B)
+    var, se = w.var(), w.var() * math.sqrt(2 / (paths - 1))
+    assert abs(var - pred) <= 4 * se + pred * (1 + lr * a) ** (-2 * steps)
+
+
+def test_imbalance_identity_and_drift():
+    """One SGD step on U = O V changes M = O^T O - V V^T by lr^2 (V G^T G V^T - O^T G G^T O)
+    exactly; on a balanced channel with noisy gradients the accumulated imbalance is
+    theory.saddle.imbalance (toy: one channel, gradient a e_i e_c^T + noise with per-entry
+    variances of given row and column sums)."""
+    rng = np.random.default_rng(2)
+    O, V, G = rng.standard_normal((2, 5)), rng.standard_normal((5, 6)), rng.standard_normal((2, 6))
+    lr = 0.3
+    O2, V2 = O - lr * G @ V.T, V - lr * O.T @ G
+    dM = (O2.T @ O2 - V2 @ V2.T) - (O.T @ O - V @ V.T)
+    assert np.allclose(dM, lr ** 2 * (V @ G.T @ G @ V.T - O.T @ G @ G.T @ O), atol=1e-12)
+
+    # toy: o (m,), v (D,), mu = o[0] v[0]; batch gradient of U: a at (0, 0) + N/sqrt(B)
+    m, D, a, mu0, B, paths = 2, 4, 0.06, 0.05, 16, 4000
+    sd = np.array([[1.0, 0.7, 0.5, 0.3], [0.4, 0.2, 0.2, 0.2]])        # per-prompt sd of dl/dU entries
+    S_col, S_row = (sd[:, 0] ** 2).sum(), (sd[0] ** 2).sum()
+    steps = int(12 / (a * lr))
+    o = np.zeros((paths, m)); v = np.zeros((paths, D))
+    o[:, 0] = v[:, 0] = math.sqrt(mu0)
+    for _ in range(steps):
+        Gb = sd * rng.standard_normal((paths, m, D)) / math.sqrt(B)
+        Gb[:, 0, 0] += a
+        o, v = o - lr * np.einsum("pic,pc->pi", Gb, v), v - lr * np.einsum("pi,pic->pc", o, Gb)
+    M = (o ** 2).sum(1) - (v ** 2).sum(1)
+    pred = th.imbalance(lr, mu0, S_col - S_row, a, B)
+    assert abs(M.mean() - pred) <= 4 * M.std(ddof=1) / math.sqrt(paths) + 0.05 * abs(pred)
+
+
+def test_theory_saddle_imports_no_torch():
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(th))
+    names = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
+    names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not names & {"torch", "numerics", "claims"}
+
+
+# ---------------------------------------------------------------------------------------
+# numerics: one tiny measurement
+# ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_growth():
+    from numerics import saddle as S
+
+    cfg = S._cfg(TASKS, 2, L)
+    runs = S.saddle_runs(cfg, lr=0.2, batches=[256], seeds=[0, 1], mu0=0.1, t_max=250.0, stop_share=0.05,
+                         record_dt=1.0)
+    return S, cfg, runs, S.growth_rate_measurement(cfg, 0.2, 256, [0, 1], mu0=0.1, runs=runs)
+
+
+def test_exact_allocated_point_is_never_left(tiny_growth):
+    """The floor runs start at the exact allocated point: the empty off-task channel stayed
+    exactly 0 (saddle_runs raises otherwise); the off-task |mu| is the served channel's noise."""
+    S, cfg, runs, g = tiny_growth
+    assert 0 < runs.floor[256] < 0.01 * runs.theory.mu_star.min()
+
+
+def test_tiny_growth_rate_is_2a(tiny_growth):
+    S, cfg, runs, g = tiny_growth
+    assert g.predicted == pytest.approx(2 * 0.0621012, rel=1e-5)
+    assert g.e_folds > 2 and g.points >= 5
+    assert g.agrees, (g.measured, g.se, g.predicted, g.tolerance, g.why)
+    names = [p.name for p in g.perturbations]
+    assert any("rate a" in n for n in names) and any("rate 0" in n for n in names)
+    assert all(p.rejected for p in g.perturbations), [(p.name, p.error, p.tolerance) for p in g.perturbations]
+    # every run left through the opposite-sign branch
+    assert all(r.escaped and np.all(r.mu_off[-1] < 0) for r in runs.runs.values())
+
+
+def test_run_is_reproducible(tiny_growth):
+    S, cfg, runs, g = tiny_growth
+    a = S.saddle_run(cfg, 0.2, 64, 3, 0.1, 4.0, record_dt=1.0)
+    b = S.saddle_run(cfg, 0.2, 64, 3, 0.1, 4.0, record_dt=1.0)
+    assert np.array_equal(a.mu_off, b.mu_off) and np.array_equal(a.o, b.o)
+
+
+def test_pooled_slope_ratio():
+    from types import SimpleNamespace
+
+    from numerics import saddle as S
+
+    e1 = SimpleNamespace(slope=16.0, slope_pred=16.2, slope_se=1.0)
+    e2 = SimpleNamespace(slope=11.0, slope_pred=11.5, slope_se=2.0)
+    ps = S.pooled_slope_ratio([e1, e2])
+    w = np.array([16.2 ** 2, (11.5 / 2) ** 2])
+    r = np.array([16.0 / 16.2, 11.0 / 11.5])
+    assert ps.ratio == pytest.approx((w * r).sum() / w.sum())
+    assert ps.agrees and all(p.rejected for p in ps.perturbations)
