@@ -17,7 +17,7 @@ NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
 from claims import task_allocation as claim
 from claims.common import log_comparison
-from numerics.config import ProblemConfig
+from numerics.experiments import phases as experiments
 from numerics.train import TrainConfig
 
 
@@ -62,7 +62,7 @@ def _train_config(cfg, seed):
 def test_inside_the_domain_every_comparison_agrees(device, problem, seed):
     tasks, heads, favourite, L, sigma = problem
     # surplus heads start small (0.2 s0): from 1 x s0 theory's own flow keeps them past any run
-    cfg = claim.favoured_problem(tasks, heads, L, favourite, device=device, sigma=sigma, surplus_mu=0.2)
+    cfg = experiments.favoured_problem(tasks, heads, L, favourite, device=device, sigma=sigma, surplus_mu=0.2)
     dom = claim.domain(cfg, claim.horizon(cfg))
     if not dom["inside"]:
         # theory itself puts this draw outside (e.g. L < L_MIN, or the saddle's escape within the
@@ -88,7 +88,7 @@ def test_inside_the_domain_every_comparison_agrees(device, problem, seed):
 @given(problem=problems(inside=False), seed=st.integers(0, 2 ** 16))
 def test_outside_the_domain_is_a_recorded_boundary(device, problem, seed):
     tasks, heads, favourite, L, sigma = problem
-    cfg = claim.favoured_problem(tasks, heads, L, favourite, device=device, sigma=sigma)
+    cfg = experiments.favoured_problem(tasks, heads, L, favourite, device=device, sigma=sigma)
     dom = claim.domain(cfg, claim.horizon(cfg))
     tcfg = _train_config(cfg, seed)
     if dom["inside"]:
@@ -111,18 +111,18 @@ def test_inside_the_domain_thorough(device, problem, seed):
 
 
 def test_domain_and_bad_input(device):
-    merged = claim.favoured_problem((1, 1), 2, 32, device=device, param="merged")
+    merged = experiments.favoured_problem((1, 1), 2, 32, device=device, param="merged")
     assert not claim.domain(merged, 100.0)["inside"]
-    fewer = claim.favoured_problem((1, 1, 1), 2, 32, device=device)
+    fewer = experiments.favoured_problem((1, 1, 1), 2, 32, device=device)
     assert any("H = 2 < m = 3" in r for r in claim.domain(fewer, 100.0)["reasons"])
-    short = claim.favoured_problem((1, 1), 2, 32, device=device)
+    short = experiments.favoured_problem((1, 1), 2, 32, device=device)
     assert any("horizon" in r for r in claim.domain(short, 1.0)["reasons"])
     with pytest.raises(ValueError, match="inside the domain"):
         claim.check_allocation(fewer, TrainConfig(lr=0.1, time=0.5, batch=8, records=5))
     with pytest.raises(ValueError, match="tail records"):
-        claim.tail_standard_errors([[[0.0]], [[1.0]]])
-    with pytest.raises(ValueError, match="problem must give"):
-        claim.run(profile="tiny", device=device, problem={"tasks": (1,), "L": 16})
+        experiments.tail_standard_errors([[[0.0]], [[1.0]]])
+    res = claim.run(profile="tiny", device=device, problem={"tasks": (1,), "L": 16})
+    assert res.verdict == "error" and "problem must give" in res.details["error"], res.details
     with pytest.raises(ValueError, match="profile"):
         claim.run(profile="huge")
 
@@ -143,3 +143,5 @@ def test_run_tiny_profile(device):
     assert any(n.startswith("OV singular values above threshold per head") for n in names), names
     assert result.details["ran"] and all(r["inside_domain"] for r in result.details["ran"])
     assert result.figures and result.figures[0].kind == "heatmap"
+    assert result.findings and result.findings[0].kind == "holds", result.findings
+    assert all(row["config"] for row in result.headline), result.headline

@@ -15,10 +15,15 @@ import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import three_phases as claim
-from claims.common import log_comparison
+from claims.common import Z_SE, log_comparison
 from numerics.config import ProblemConfig
+from numerics.experiments import phases as experiments
 from numerics.train import TrainConfig
-from theory.three_phases import ov_share, phase_times, warmup_law_time
+from theory.three_phases import ov_share, phase_times, phases_resolved, warmup_law_time
+
+
+def three_phases_resolved(pt, t, drop_se=0.0):
+    return phases_resolved(pt, t, drop_se, Z_SE)
 
 
 @st.composite
@@ -43,11 +48,11 @@ def test_drawn_case_agrees_inside_domain_or_shows_its_boundary(device, problem, 
     # the per-prompt losses are heavy-tailed; 2048 prompts gave 0.131 +- 0.011 against
     # 0.147 +- 0.002 at 65536 prompts and 0.1451 exact
     case = claim.run_case(cfg, lr=0.05, batch=128, records=41, eval_batch=1536, held_out=16384, seed=seed)
-    note(f"domain {case.prediction.domain}; boundary {case.boundary}")
+    note(f"domain {case.domain}; boundary {case.boundary}")
     for c in case.comparisons:
         note(c.explain())
         log_comparison(c, __name__)
-    if not case.prediction.domain["inside"]:
+    if not case.domain["inside"]:
         assert case.boundary is not None and case.boundary["theory_account_holds"], case.boundary
         return
     assert case.comparisons, "an in-domain case must make comparisons"
@@ -60,7 +65,7 @@ def test_drawn_case_agrees_inside_domain_or_shows_its_boundary(device, problem, 
         else:
             assert "UNDECIDABLE" in c.why, c.explain()
     names = [c.name.split(" tasks")[0] for c in case.comparisons]
-    assert ("head selection" in names) == case.prediction.domain["selection"], names
+    assert ("head selection" in names) == case.domain["selection"], names
     if heads < len(tasks):
         # outside the selection domain: theory's account of H < m (a head carries two tasks)
         assert case.boundary["theory_account_holds"], case.boundary
@@ -72,8 +77,8 @@ def test_a_curve_without_emergence_is_not_three_phases(device, seed, s0):
     # seed, the detector must not see three resolved phases (the first version did, by luck)
     cfg = ProblemConfig(tasks=(3,), heads=1, L=16, logit_scale=4.0, init_scale=s0, device=device)
     tcfg = TrainConfig(lr=0.05, time=0.25, batch=32, records=6, seed=seed)
-    meas = claim.measure(cfg, tcfg, eval_batch=256, held_out=256)
-    ok, why = claim.three_phases_resolved(meas.phases, meas.t, meas.drop_se)
+    meas = experiments.phase_run(cfg, tcfg, eval_batch=256, held_out=256)
+    ok, why = three_phases_resolved(meas.phases, meas.t, meas.drop_se)
     assert not ok, (meas.phases, meas.drop_se)
     assert why
 
@@ -82,16 +87,16 @@ def test_phase_detector_rejects_unresolved_and_accepts_a_clear_sigmoid():
     t = np.linspace(0.0, 20.0, 81)
     clear = 1.0 + 9.0 / (1.0 + np.exp((t - 8.0) / 0.7))
     pt = phase_times(t, clear)
-    assert claim.three_phases_resolved(pt, t, drop_se=0.01)[0]
+    assert three_phases_resolved(pt, t, drop_se=0.01)[0]
     # the same drop with a standard error of the drop above drop / Z_SE: not clear
-    ok, why = claim.three_phases_resolved(pt, t, drop_se=9.0 / 3.5)
+    ok, why = three_phases_resolved(pt, t, drop_se=9.0 / 3.5)
     assert not ok and "standard error" in why
     # a drop still going on at the end of the record: no convergence phase resolved
     late = 1.0 + 9.0 / (1.0 + np.exp((t - 19.0) / 0.7))
-    ok, why = claim.three_phases_resolved(phase_times(t, late), t, drop_se=0.01)
+    ok, why = three_phases_resolved(phase_times(t, late), t, drop_se=0.01)
     assert not ok and "convergence" in why
     # a straight line: each phase has the same rate, the emergence is not the fastest
-    ok, why = claim.three_phases_resolved(phase_times(t, 10.0 - 0.4 * t), t)
+    ok, why = three_phases_resolved(phase_times(t, 10.0 - 0.4 * t), t)
     assert not ok and "fastest" in why
 
 
@@ -120,8 +125,11 @@ def test_run_tiny_profile_and_problem(device):
     ran = res.details["ran"][0]
     assert ran["config"]["tasks"] == [2, 2] and ran["config"]["heads"] == 1
     assert ran["boundary"]["theory_account_holds"], ran["boundary"]
-    with pytest.raises(ValueError, match="unknown fields"):
-        claim._resolve("tiny", {"heads": 2, "bogus": 1})
+    bad = claim.run(profile="tiny", device=device, problem={"heads": 2, "bogus": 1})
+    assert bad.verdict == "error" and "unknown field" in bad.details["error"], bad.details
+    merged = claim.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 2, "L": 32, "param": "merged"})
+    assert merged.verdict == "error" and "factored" in merged.details["error"], merged.details
+    assert result.findings and any(ch.isdigit() for ch in result.findings[0].text), result.findings
 
 
 @pytest.mark.thorough

@@ -5,7 +5,7 @@ Run with ``python -m pytest -q --mutants -m mutants tests/test_mutants_task_allo
 (``-s`` shows the "MUTANT name: verdict" lines the lead collects).
 
 Every mutant changes theory only, so the training runs and their measurements are the same
-for all of them: ``claims.task_allocation.measure`` is memoised for this module (the same
+for all of them: ``numerics.experiments.phases.allocation_run`` is memoised for this module (the same
 measured numbers judged against each wrong theory), which keeps the file near one minute.
 The unmutated run at the same profile must pass (else the mutants would be caught vacuously).
 """
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from claims import task_allocation as claim
+from numerics.experiments import phases as experiments
 from theory import exact as exact_theory
 from theory import task_allocation as allocation_theory
 
@@ -27,19 +28,19 @@ MUTANT_PROFILE = claim.TaskAllocationProfile(
 FACTOR = 1.1
 
 _measured: dict = {}
-_real_measure = claim.measure
+_real_measure = experiments.allocation_run
 
 
-def _memo_measure(cfg, tcfg, held_out, seed=0):
-    key = (repr(cfg.to_dict()), repr(tcfg.to_dict()), held_out, seed)
+def _memo_measure(cfg, tcfg, held_out, seed=0, *args):
+    key = (repr(cfg.to_dict()), repr(tcfg.to_dict()), held_out, seed, args)
     if key not in _measured:
-        _measured[key] = _real_measure(cfg, tcfg, held_out, seed)
+        _measured[key] = _real_measure(cfg, tcfg, held_out, seed, *args)
     return _measured[key]
 
 
 @pytest.fixture(autouse=True)
 def _same_measurements(monkeypatch):
-    monkeypatch.setattr(claim, "measure", _memo_measure)
+    monkeypatch.setattr(experiments, "allocation_run", _memo_measure)
 
 
 def _verdict(name: str) -> str:

@@ -15,6 +15,7 @@ import numerics.model
 import theory.task_allocation
 import theory.three_phases
 from claims import three_phases as claim
+from numerics.experiments import phases as experiments
 
 pytestmark = pytest.mark.mutants
 
@@ -40,7 +41,7 @@ _measurements: dict = {}
 def cached_measurement(monkeypatch):
     """For mutants of theory only: the training runs do not depend on the mutated function,
     so they are measured once (keyed by configuration and training plan) and reused."""
-    real = claim.measure
+    real = experiments.phase_run
 
     def measure(cfg, tcfg, eval_batch, held_out):
         key = (repr(cfg.to_dict()), repr(tcfg.to_dict()), eval_batch, held_out)
@@ -48,7 +49,7 @@ def cached_measurement(monkeypatch):
             _measurements[key] = real(cfg, tcfg, eval_batch, held_out)
         return _measurements[key]
 
-    monkeypatch.setattr(claim, "measure", measure)
+    monkeypatch.setattr(experiments, "phase_run", measure)
 
 
 def _report(name, result):

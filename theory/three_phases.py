@@ -124,17 +124,199 @@ def phase_times(t, loss, low: float = 0.1, high: float = 0.9, min_snr: float = 1
     return PhaseTimes(w_end, e_end, L0, Lend, steepest, noise, True, "")
 
 
+def phase_rates(pt: PhaseTimes, t_end: float) -> dict:
+    """Mean rate of descent in each phase, in units of the total drop per unit time."""
+    if not pt.defined:
+        return {"warmup": float("nan"), "emergence": float("nan"), "convergence": float("nan")}
+    w, e = pt.warmup_end, pt.emergence_end
+    rate = lambda frac, dt: frac / dt if dt > 0 else float("inf")  # noqa: E731
+    return {"warmup": rate(0.1, w), "emergence": rate(0.8, e - w), "convergence": rate(0.1, t_end - e)}
+
+
+def phases_resolved(pt: PhaseTimes, t, drop_se: float = 0.0, z: float = 4.0) -> tuple[bool, str]:
+    """Whether a curve (measured or predicted) shows the three phases, each resolved: the drop
+    is clear of the noise (``pt.defined``: 10 x the scatter about the monotone fit; and > z x
+    ``drop_se``, the standard error of the drop over the evaluation prompts), warm-up and
+    emergence each last at least one record spacing, the final window that sets the end level
+    (the last 10% of records, >= 3) lies inside the convergence, and the loss falls faster on
+    average in the emergence than in the warm-up and in the convergence.  (ok, why not)."""
+    t = np.asarray(t, float)
+    if not pt.defined:
+        return False, f"no drop clear of the noise ({pt.reason})"
+    drop = pt.loss_start - pt.loss_end
+    if drop <= z * drop_se:
+        return False, f"drop {drop:.4g} is not clear of {z:g} x its standard error {drop_se:.3g}"
+    spacing = float(np.max(np.diff(t)))
+    n_end = max(3, int(np.ceil(0.1 * t.size)))
+    if pt.warmup_end < spacing:
+        return False, f"warm-up ({pt.warmup_end:.3g}) shorter than one record spacing ({spacing:.3g})"
+    if pt.emergence_end - pt.warmup_end < spacing:
+        return False, "emergence shorter than one record spacing"
+    if pt.emergence_end > t[-n_end]:
+        return False, (f"emergence end {pt.emergence_end:.4g} inside the final window (t >= {t[-n_end]:.4g}): "
+                       "no convergence phase resolved")
+    r = phase_rates(pt, float(t[-1]))
+    if not (r["emergence"] > r["warmup"] and r["emergence"] > r["convergence"]):
+        return False, f"the emergence is not the fastest phase (rates {r})"
+    return True, ""
+
+
 def predicted_phase_times(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0,
-                          t_end=60.0, records=61):
+                          t_end=60.0, records=61, t_eval=None, strict: bool = True):
     """Phase times the expansion flow predicts from (omega0, mu0): integrate on the same
-    ``records`` evenly spaced times as the numerics and apply :func:`phase_times`.
-    Returns (PhaseTimes, ExpansionTrajectory)."""
-    t_eval = np.linspace(0.0, float(t_end), int(records))
-    traj = integrate_expansion_flow(omega0, mu0, tasks, L, sigma, param, logit_scale, t_end=t_end, t_eval=t_eval)
+    ``records`` evenly spaced times as the numerics (or on the run's own record times
+    ``t_eval``, which then fix t_end) and apply :func:`phase_times`.
+    Returns (PhaseTimes, ExpansionTrajectory); a flow that stops early raises, or with
+    ``strict=False`` returns (None, trajectory) (its ``status`` says why)."""
+    if t_eval is None:
+        t_eval = np.linspace(0.0, float(t_end), int(records))
+    t_eval = np.asarray(t_eval, float)
+    traj = integrate_expansion_flow(omega0, mu0, tasks, L, sigma, param, logit_scale, t_end=float(t_eval[-1]),
+                                    t_eval=t_eval)
     if traj.status != "t_end":
+        if not strict:
+            return None, traj
         raise RuntimeError(f"the expansion flow stopped early ({traj.status}: {traj.message}) at "
                            f"t = {traj.t[-1]:.4g}; phase times need the whole curve")
     return phase_times(traj.t, traj.loss), traj
+
+
+def loss_slope(t, curve, time) -> float:
+    """|dL/dt| of a recorded curve at ``time`` (central difference at the nearest interior record)."""
+    k = int(np.clip(np.searchsorted(t, time), 1, len(t) - 2))
+    return abs(float((curve[k + 1] - curve[k - 1]) / (t[k + 1] - t[k - 1])))
+
+
+def run_length(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0, lr=0.05,
+               factor: float = 2.0) -> tuple[float, str]:
+    """A run length showing all three phases: ``factor`` x the expansion flow's emergence end,
+    a multiple of lr; and the flow's status ("t_end", or "left_domain" = saturation: nan)."""
+    from .task_allocation import warmup_race_times
+
+    race = warmup_race_times(omega0, mu0, tasks, param, logit_scale)
+    finite = race[np.isfinite(race)]
+    if finite.size == 0:
+        raise ValueError("no (head, task) pair escapes the warm-up from this init: no phases to check")
+    # the warm-up race time (finite-time blow-up of the small-weight flow) scales the horizon;
+    # the emergence follows within a few race times
+    t_max = 3.0 * float(finite.max()) + 5.0
+    for _ in range(3):
+        grid = np.linspace(0.0, t_max, 241)
+        traj = integrate_expansion_flow(omega0, mu0, tasks, L, sigma, param, logit_scale, t_end=t_max, t_eval=grid)
+        if traj.status != "t_end":
+            return float("nan"), traj.status
+        pt = phase_times(grid, traj.loss)
+        # the emergence must end well before t_max, or the end level (last 10%) is not yet flat
+        if pt.defined and pt.emergence_end < 0.6 * t_max:
+            return float(np.ceil(factor * pt.emergence_end / lr) * lr), "t_end"
+        t_max *= 2.0
+    raise RuntimeError(f"the expansion flow shows no completed emergence on [0, {t_max / 2:g}]: {pt.reason}")
+
+
+def allocated_projection(mu, omega, winners=None) -> tuple[np.ndarray, np.ndarray]:
+    """(omega, mu) with each task's mu kept only on the head carrying it (``winners``, default
+    argmax_h mu omega, the readout's winning head) and on heads whose omega row equals that
+    head's to rounding (rtol 1e-9: with the default init heads h and h + m start equal and
+    stay equal but for float rounding; their rows are set bitwise equal so that theory.exact
+    merges them -- same softmax, their mu add); zero elsewhere."""
+    mu, omega = np.asarray(mu, float), np.asarray(omega, float)
+    om, keep = np.array(omega, float), np.zeros_like(mu)
+    winners = np.argmax(mu * omega, axis=0) if winners is None else winners
+    for i, c in enumerate(winners):
+        same = np.all(np.isclose(omega, omega[c], rtol=1e-9, atol=0.0), axis=1)
+        om[same] = omega[c]
+        keep[same, i] = mu[same, i]
+    return om, keep
+
+
+@dataclass
+class PhasePrediction:
+    """What theory says for one run, from its init and on its record times ``t`` (before the
+    run): the expansion flow's loss and mu, its phase times (``phases``; None if the flow left
+    the expansion's domain, ``flow_status``), the phase times of the expansion along the GD
+    map (None if that left it), the winners and the task each winning head ends with, and the
+    expansion's own approximation error against theory.exact: at the init (``start_error``),
+    at the flow's end point (``end_error``), relative at each phase end (``rate_error``), and
+    the shift of the warm-up end that its level error makes (``level_shift``)."""
+
+    horizon: float
+    t: np.ndarray
+    loss: np.ndarray | None
+    mu: np.ndarray | None
+    phases: PhaseTimes | None
+    gd_map_phases: PhaseTimes | None
+    winners: list
+    task_of_head: list
+    start_error: float
+    end_error: float
+    flow_status: str = "t_end"
+    rate_error: dict | None = None
+    level_shift: float | None = None
+
+
+def phase_prediction(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0, lr=0.05,
+                     t=(), run_status: str = "t_end") -> PhasePrediction:
+    """Theory's prediction on a run's record times ``t`` (multiples of ``lr``): the expansion
+    flow (:func:`predicted_phase_times`), the GD map, the winners
+    (``task_allocation.predicted_winners``), the expansion's errors against theory.exact.
+    ``run_status``: :func:`run_length`'s status; other than "t_end" (the flow saturates before
+    its emergence ends) there is no prediction: an empty one with that status."""
+    from . import exact as exact_theory
+    from . import task_allocation as allocation_theory
+    from .reduced_ode import expansion_gd_map, expansion_loss
+
+    t = np.asarray(t, float)
+    om0, mu0 = np.asarray(omega0, float), np.asarray(mu0, float)
+    if run_status != "t_end":
+        return PhasePrediction(float(t[-1]), t, None, None, None, None, [], [None] * om0.shape[0], float("nan"),
+                               float("nan"), run_status)
+    pt, traj = predicted_phase_times(om0, mu0, tasks, L, sigma, param, logit_scale, t_eval=t, strict=False)
+    winners = allocation_theory.predicted_winners(om0, mu0, tasks, L, sigma, param, logit_scale, t_end=float(t[-1]))
+    task_of_head = [None] * om0.shape[0]
+    for i, h in enumerate(winners):
+        task_of_head[h] = i
+    if pt is None:
+        return PhasePrediction(float(t[-1]), t, np.full(t.size, np.nan), np.full((t.size,) + om0.shape, np.nan),
+                               None, None, winners, task_of_head, float("nan"), float("nan"), traj.status)
+    oms, mus = expansion_gd_map(om0, mu0, tasks, L, sigma, param, logit_scale, lr, t, on_exit="stop")
+    gd = None
+    if len(oms) == t.size:
+        gd = phase_times(t, [expansion_loss(o, m_, tasks, L, sigma) for o, m_ in zip(oms, mus)])
+    # theory's own approximation error of the expansion: against the exact loss at the init
+    # and at the end point of the flow (near a stationary point the difference of the two
+    # losses at one point is, to first order, the difference of their minimum levels)
+    start_err = abs(exact_theory.exact_loss(om0, mu0, tasks, L, sigma).loss - float(traj.loss[0]))
+    # at the end point, on its allocated projection (each task's mu kept on its carrying head
+    # only: the exact loss is then a sum of one-head terms, fast; both losses at that one point)
+    om_end, mu_end = allocated_projection(traj.mu[-1], traj.omega[-1])
+    end_err = abs(exact_theory.exact_loss(om_end, mu_end, tasks, L, sigma).loss
+                  - expansion_loss(om_end, mu_end, tasks, L, sigma))
+    rate_err = level_shift = None
+    if pt.defined:
+        # theory's relative error of the expansion at the flow's point at each predicted phase
+        # end: a relative error of the loss there is one of its gradient, hence of the rates
+        # that carry the flow to that time (exact loss with the pair moments: every mu is
+        # nonzero mid-flow)
+        rate_err = {}
+        for key in ("warmup_end", "emergence_end"):
+            k = int(np.argmin(np.abs(t - getattr(pt, key))))
+            ex = exact_theory.exact_loss(traj.omega[k], traj.mu[k], tasks, L, sigma).loss
+            rate_err[key] = abs(ex - float(traj.loss[k])) / max(float(traj.loss[k]), 1e-300)
+        # theory's own level error moves its warm-up end by (0.1 end_err + 0.9 start_err) / |dL/dt|
+        level_shift = float((0.1 * end_err + 0.9 * start_err) / max(loss_slope(t, traj.loss, pt.warmup_end), 1e-12))
+    return PhasePrediction(float(t[-1]), t, traj.loss, traj.mu, pt, gd, winners, task_of_head, start_err, end_err,
+                           traj.status, rate_err, level_shift)
+
+
+def warmup_relative_rates(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0) -> np.ndarray:
+    """The mean relative growth rate x_dot / x of every entry (omega first, then mu, flattened)
+    at the init, on the expansion flow (its gradient and metric factors)."""
+    from .reduced_ode import expansion_gradient, metric_factors
+
+    om0, mu0 = np.asarray(omega0, float), np.asarray(mu0, float)
+    g_om, g_mu = expansion_gradient(om0, mu0, tasks, L, sigma)
+    f_om, f_mu = metric_factors(param, om0, mu0, tasks, logit_scale)
+    return np.concatenate([(-f_om * g_om / om0).ravel(), (-f_mu * g_mu / mu0).ravel()])
 
 
 def warmup_law(param: str) -> str:
@@ -218,3 +400,13 @@ def predicted_warmup_scaling(tasks, heads, L, sigma=0.0, param="factored",
             "log": {"a": a, "b": b, "rel_residual": res_log},
             "best_law": "inverse" if res_inv < res_log else "log",
             "law": warmup_law(param)}
+
+
+def warmup_law_prediction(tasks, heads, L, sigma, param, init_scales, logit_scale=1.0) -> dict:
+    """Theory's warm-up ends T(s0) = C/s0 + c0 at ``init_scales`` (C, c0: :func:`predicted_warmup_scaling`'s fit
+    of the expansion flow's warm-up ends), with the law's own fit residual against those ends and the whole fit."""
+    s = np.asarray(init_scales, float)
+    law = predicted_warmup_scaling(tasks, heads, L, sigma, param, tuple(s), logit_scale)
+    C, c0 = law["inverse"]["C"], law["inverse"]["c0"]
+    return {"C": C, "c0": c0, "T": np.asarray(warmup_law_time(s, C, c0)),
+            "residual": np.abs(np.asarray(law["warmup_end"]) - C / s - c0), "law": law}

@@ -1,0 +1,243 @@
+"""The runs and probes of claims 3 and 4 (three phases, task allocation).
+
+- :func:`phase_run` (claim 3): the full factored model trained with fresh batches; the loss
+  curve of the recorded readout on one fixed evaluation batch (common random numbers: a smooth
+  curve), its phases, and the held-out losses at the final weights (:class:`PhaseRun`).
+- :func:`escape_time_spread` (claim 3): the Monte-Carlo spread of a warm-up escape time of an
+  SGD run, from per-prompt gradients at the init (a probe, no training).
+- :func:`allocation_run` (claim 4): the full factored model trained with fresh batches, the
+  tail means of its readout and OV matrices with their standard errors
+  (:func:`tail_standard_errors`), their spectra and the held-out losses.
+
+Same seeds and same order of random draws as when these lived in the claims.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from numerics.config import ProblemConfig
+from numerics.data import make_generator, sample_prompts
+from numerics.evaluate import LossEstimate, held_out_loss, held_out_reduced_loss
+from numerics.experiments import cached, identity, one_thread
+from numerics.model import MultiHeadAttention, initial_semi_singular_values
+from numerics.readout import allocation
+from numerics.reduced import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
+from numerics.train import TrainConfig, train
+from theory.task_allocation import favoured_init
+from theory.three_phases import allocated_projection, phase_times, warmup_relative_rates
+
+EVAL_SEED, HELD_OUT_SEED, SPREAD_SEED = 99_991, 424_243, 77_777
+"""Claim 3's seeds: the fixed evaluation batch of the loss curve, the held-out prompts, the probe."""
+
+
+def _initial_values(cfg: ProblemConfig) -> tuple[np.ndarray, np.ndarray]:
+    return tuple(a.numpy().copy() for a in initial_semi_singular_values(cfg))
+
+
+def _arrays(result) -> tuple:
+    recs = result.trajectory
+    return tuple(np.array([getattr(r, k) for r in recs], float) for k in ("t", "omega", "mu", "residual"))
+
+
+# ---------------------------------------------------------------------------------------
+# claim 3: three phases
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PhaseRun:
+    """A trained run of claim 3: record times, the loss curve on the fixed evaluation batch
+    (mean and per prompt), the readout mu/omega (records, H, m), the curve's phases, the
+    standard error of the drop l(0) - l(end) (paired over prompts), the held-out loss of the
+    full model at the final weights (``held_out``, at most 4096 prompts) and of the reduced
+    model at the final readout's allocated projection (``held_out_allocated``, same prompts)."""
+
+    t: np.ndarray
+    loss: np.ndarray
+    per_prompt: np.ndarray
+    mu: np.ndarray
+    omega: np.ndarray
+    phases: object
+    drop_se: float
+    held_out: LossEstimate
+    held_out_allocated: LossEstimate
+    final_omega: np.ndarray
+    final_mu: np.ndarray
+    residual: float
+    wall_seconds: float
+
+
+def phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: int) -> PhaseRun:
+    """The run of (cfg, tcfg) measured as :class:`PhaseRun` says (cached by its identity)."""
+    return cached(identity("three-phases", problem=cfg.to_dict(), train=tcfg.to_dict(), eval_batch=int(eval_batch),
+                           held_out=int(held_out)), lambda: _phase_run(cfg, tcfg, eval_batch, held_out))
+
+
+@one_thread
+def _phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: int) -> PhaseRun:
+    res = train(cfg, tcfg)
+    t, omega, mu, _ = _arrays(res)
+    evalset = sample_prompts(cfg, eval_batch, make_generator(EVAL_SEED, cfg.device))
+    with torch.no_grad():
+        per = np.array([per_prompt_reduced_losses(torch.tensor(om, dtype=cfg.torch_dtype, device=cfg.device),
+                                                  torch.tensor(m_, dtype=cfg.torch_dtype, device=cfg.device),
+                                                  evalset, cfg).cpu().double().numpy()
+                        for om, m_ in zip(omega, mu)])
+    n_end = max(3, int(np.ceil(0.1 * len(t))))
+    drop = per[0] - per[-n_end:].mean(axis=0)
+    ro = res.final_model.semi_singular_values()
+    # both on the same fresh prompts (one held-out seed): their gap is the effect of the
+    # off-D weights and of the off-task mu left at the end, reported with the comparison
+    full = held_out_loss(res.final_model, n=min(held_out, 4096), seed=HELD_OUT_SEED)
+    winners = allocation(ro.omega, ro.mu).winners
+    alloc = held_out_reduced_loss(*allocated_projection(ro.mu, ro.omega, winners), cfg, n=held_out,
+                                  seed=HELD_OUT_SEED)
+    return PhaseRun(t, per.mean(axis=1), per, mu, omega, phase_times(t, per.mean(axis=1)),
+                    float(drop.std(ddof=1) / math.sqrt(eval_batch)), full, alloc, ro.omega, ro.mu,
+                    float(ro.residual), res.wall_seconds)
+
+
+@one_thread
+def escape_time_spread(cfg: ProblemConfig, batch: int, lr: float, probe_batch: int = 384,
+                       seed: int = SPREAD_SEED) -> dict:
+    """Monte-Carlo spread of a phase time of an SGD run (fresh batches of ``batch``).
+
+    In the warm-up every value grows at a relative rate v = x_dot / x; a step adds lr v_B with
+    noise lr sigma_v / sqrt B, so after time T log x has wandered by sigma_v sqrt(lr T / B)
+    and the time at which it reaches a level moves by dT = sigma_v sqrt(lr T / B) / v.  The
+    mean rate v is theory's (``theory.three_phases.warmup_relative_rates``: expansion gradient
+    and metric factors at the init; an estimate of a small mean from a few hundred noisy
+    prompts was unstable, 0.74 -> 5.5 between two s0); its per-prompt std sigma_v is measured
+    from the per-prompt gradients of the exact reduced loss on ``probe_batch`` prompts.  The
+    entry with the largest rate leads the emergence.  In the factored warm-up x blows up at
+    T = 1/v (d log x / dt = v x / x0), and a kick delta to log x at time t moves the blow-up by
+    (T - t) delta, so dT^2 = int_0^T (T - t)^2 sigma_v^2 lr / B dt = sigma_v^2 (lr / B) T^3 / 3:
+    with T ~ 1/v, dT = coef sqrt(T) / sqrt 3.  Returns ``coef`` = sigma_v sqrt(lr / B) / v and
+    ``log_noise`` = sigma_v sqrt(lr / B) (the rms wander of log x is log_noise sqrt t)."""
+    om0_np, mu0_np = _initial_values(cfg)
+    v = warmup_relative_rates(om0_np, mu0_np, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale)
+    om0, mu0 = (a.to(cfg.device, cfg.torch_dtype) for a in initial_semi_singular_values(cfg))
+    prompts = sample_prompts(cfg, probe_batch, make_generator(seed, cfg.device))
+    j_om, j_mu = per_prompt_reduced_gradients(om0, mu0, prompts, cfg)
+    f_om, f_mu = (f.cpu().double().numpy() for f in metric_factors(om0, mu0, cfg))
+    rel = np.concatenate([
+        (-f_om[None] * j_om.cpu().double().numpy() / om0.cpu().numpy()[None]).reshape(probe_batch, -1),
+        (-f_mu[None] * j_mu.cpu().double().numpy() / mu0.cpu().numpy()[None]).reshape(probe_batch, -1)], axis=1)
+    sv = rel.std(axis=0, ddof=1)
+    k = int(np.argmax(v))
+    log_noise = float(sv[k] * math.sqrt(lr / batch))
+    coef = log_noise / v[k] if v[k] > 0 else math.inf
+    return {"coef": float(coef), "rate": float(v[k]), "sigma": float(sv[k]), "log_noise": log_noise}
+
+
+# ---------------------------------------------------------------------------------------
+# claim 4: task allocation
+# ---------------------------------------------------------------------------------------
+
+def favoured_problem(tasks, heads, L, favourite=None, device="cpu", **fields) -> ProblemConfig:
+    """ProblemConfig of claim 4's favoured start (``theory.task_allocation.favoured_init``; favourite: head of each
+    task, default task i -> head i mod H; fields: ProblemConfig fields, init_scale (default 0.15), surplus_mu)."""
+    tasks = tuple(int(r) for r in tasks)
+    favourite = list(favourite) if favourite is not None else [i % heads for i in range(len(tasks))]
+    s0 = float(fields.pop("init_scale", 0.15))
+    om, mu = favoured_init(tasks, heads, favourite, s0, float(fields.pop("surplus_mu", 1.0)))
+    return ProblemConfig(tasks=tasks, heads=heads, L=L, init="given", init_omega=om, init_mu=mu, init_scale=s0,
+                         device=device, **fields)
+
+
+TAIL_FRACTION = 0.25
+"""The tail of a run whose records are averaged: the last 25% (at least 4 records)."""
+LOSS_RESOLUTION = 0.03
+HELD_OUT_MAX = 2 ** 20
+"""The held-out sample grows (to at most HELD_OUT_MAX prompts) until z standard errors are
+3% of the measured loss, a third of claim 4's 10% perturbation: at r = 1 the per-prompt loss
+is heavy-tailed (65536 prompts: 2% relative se at L = 64)."""
+
+
+def tail_standard_errors(samples) -> tuple[np.ndarray, np.ndarray]:
+    """(se, spread) per entry of the records ``samples`` (n, ...): spread = per-record
+    Monte-Carlo fluctuation std(diff)/sqrt 2 (first differences ignore the slow drift along
+    the loss valley), se = spread / sqrt(n_eff) the standard error of the tail mean, with
+    n_eff = n (1 - rho)/(1 + rho) from the lag-1 autocorrelation rho (clipped to [0, 0.95])."""
+    x = np.asarray(samples, float)
+    n = x.shape[0]
+    if n < 4:
+        raise ValueError("need at least 4 tail records to estimate the precision of a tail mean; record more often")
+    spread = np.std(np.diff(x, axis=0), axis=0, ddof=1) / math.sqrt(2)
+    dev = x - x.mean(axis=0)
+    num = np.sum(dev[1:] * dev[:-1], axis=0)
+    den = np.maximum(np.sum(dev * dev, axis=0), 1e-300)
+    rho = np.clip(num / den, 0.0, 0.95)
+    return spread / np.sqrt(n * (1 - rho) / (1 + rho)), spread
+
+
+def allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: int = 0, z: float = 4.0,
+                   threshold_sigmas: float = 5.0) -> dict:
+    """The run of (cfg, tcfg) for claim 4 (cached by its identity): tail means of omega, mu and
+    the OV matrices U_h with standard errors and per-record spreads, the singular values of
+    each tail-mean U_h, the per-head ``threshold`` = max(threshold_sigmas x the Frobenius norm
+    of their entries' standard errors, 1e-6) and the count of values ``above`` it (claim 4's
+    detection threshold), W_h spectra (per block and whole), and the held-out losses:
+    of the tail-averaged merged weights (``held_out``; ``z`` standard errors resolve
+    LOSS_RESOLUTION of it), of the final weights, and of the reduced model at the tail-mean
+    readout (same prompts)."""
+    key = identity("task-allocation", problem=cfg.to_dict(), train=tcfg.to_dict(), held_out=int(held_out),
+                   seed=int(seed), z=float(z), threshold_sigmas=float(threshold_sigmas))
+    return cached(key, lambda: _allocation_run(cfg, tcfg, held_out, seed, z, threshold_sigmas))
+
+
+@one_thread
+def _allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: int, z: float,
+                    threshold_sigmas: float) -> dict:
+    Us, Ws = [], []
+
+    def on_record(step, t, model, loss):
+        W, U = model.merged_weights()
+        Us.append(U.detach().cpu().double().numpy().copy())
+        Ws.append(W.detach().cpu().double().numpy().copy())
+
+    res = train(cfg, tcfg, on_record=on_record)
+    t, omega, mu, residual = _arrays(res)
+    n = len(t)
+    k = max(4, int(round(TAIL_FRACTION * n)))
+    tail = slice(n - k, n)
+    U_tail = np.array(Us[-k:])
+    U_mean = U_tail.mean(axis=0)
+    U_se, _ = tail_standard_errors(U_tail)
+    threshold = np.maximum(threshold_sigmas * np.sqrt(np.sum(U_se ** 2, axis=(1, 2))), 1e-6)   # (H,)
+    sv = [np.linalg.svd(U_mean[h], compute_uv=False) for h in range(cfg.heads)]
+    W_mean = np.array(Ws[-k:]).mean(axis=0)
+    d = cfg.d
+    Phi = cfg.basis_matrix().cpu().double().numpy()
+    W_blocks = [[np.linalg.svd(Phi[:, sl].T @ W_mean[h, :d, :d] @ Phi[:, sl], compute_uv=False).tolist()
+                 for sl in cfg.block_slices] for h in range(cfg.heads)]
+    om_mean, mu_mean = omega[tail].mean(axis=0), mu[tail].mean(axis=0)
+    om_se, om_spread = tail_standard_errors(omega[tail])
+    mu_se, mu_spread = tail_standard_errors(mu[tail])
+    # the converged loss at the tail-averaged merged weights (W_h, U_h): the prediction depends
+    # on the weights only through them, and averaging the tail removes the final step's SGD
+    # jitter (r = 3, L = 32, lr 0.05, B = 512: final weights 0.774, 5% above theory's 0.735,
+    # almost all of it off-D jitter)
+    averaged = MultiHeadAttention.from_weights(dataclasses.replace(cfg, param="merged"),
+                                               W=torch.as_tensor(W_mean), U=torch.as_tensor(U_mean))
+    final = held_out_loss(res.final_model, n=held_out, seed=seed)
+    full = held_out_loss(averaged, n=held_out, seed=seed)
+    # the sample size (not the tolerance) follows the measurement's own precision: enough
+    # prompts that z standard errors are LOSS_RESOLUTION of the measured loss (cap HELD_OUT_MAX)
+    need = int(held_out * (z * full.se / (LOSS_RESOLUTION * full.mean)) ** 2) if full.mean > 0 else 0
+    if need > held_out:
+        held_out = min(HELD_OUT_MAX, -(-need // 4096) * 4096)
+        full = held_out_loss(averaged, n=held_out, seed=seed)
+    reduced_at_mean = held_out_reduced_loss(om_mean, mu_mean, cfg, n=held_out, seed=seed)   # same prompts
+    return {"t": t, "omega": omega, "mu": mu, "omega_end": om_mean, "mu_end": mu_mean,
+            "omega_se": om_se, "omega_spread": om_spread, "mu_se": mu_se, "mu_spread": mu_spread,
+            "U_singular_values": [s.tolist() for s in sv], "threshold": threshold,
+            "above": [int(np.sum(s > th)) for s, th in zip(sv, threshold)],
+            "W_block_singular_values": W_blocks,
+            "W_singular_values": [np.linalg.svd(W_mean[h], compute_uv=False).tolist() for h in range(cfg.heads)],
+            "residual_end": float(residual[-1]), "held_out": full, "held_out_reduced_at_mean": reduced_at_mean,
+            "held_out_final_weights": final, "train_tail_loss": res.loss, "tail_records": k}
