@@ -255,9 +255,10 @@ def evaluate(ctx) -> Outcome:
                "t_end": p.time, "balance_changes_outcome": changed,
                "random_runs": {f"{s0:.4g}": [{k: v for k, v in r.items() if k != "trajectory"} for r in rs]
                                for s0, rs in runs.items()}}
-    s_comps, s_rows, details["single_task"] = single_task(ctx)
-    comps += s_comps
-    headline += s_rows
+    if ctx.problem is None:     # its own sizes (numerics.saddle's profile), unrelated to a researcher's problem
+        s_comps, s_rows, details["single_task"] = single_task(ctx)
+        comps += s_comps
+        headline += s_rows
     return Outcome(comps, headline, [_residual_figure(runs), _phase_figure_random(runs), _unbalanced_figure(unb)],
                    details, undecided=nothing_compared(comps))
 
@@ -313,7 +314,7 @@ def findings(result) -> list:
                        "and the paper's balanced metric changes the outcome of {changed} of {starts} starts.",
                        s0=d["unbalanced_scale"], shared=c["details"]["shared_full"], decided=c["details"]["decided"],
                        same=c["measured"], changed=d["balance_changes_outcome"], starts=d["unbalanced_starts"]))
-    st = d["single_task"]
+    st = d.get("single_task") or {"summary": {}}
     for H, sm in st["summary"].items():
         near = next(c for c in d["comparisons"] if c["name"] == f"single task: loss vs best decomposable two-head point, H={H}")
         out.append(finding(result, "beyond", "One task (r = {r}, L = {L}), H = {H} heads from PyTorch's default start: "

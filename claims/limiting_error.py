@@ -40,15 +40,7 @@ recorded, check "loss below sum r_i" (it learned).  ``details["findings"]`` list
 rows of a run.  A run with no trained model inside the domain does not decide the claim on
 trained models: verdict error with ``details["undecided"]``, never pass.
 
-Findings (quick profile, CPU, seed 0): (2, 2), sigma 0 is inside at L = 32 and 64 (0.766 and
-0.483 against 0.779 and 0.477; decay ratio 1.587 against 1.633).  (3, 3), sigma 0.5 leaves the
-allocated set in the factored flow too (off-task mu of opposite sign, share 0.45 at L = 32,
-0.14 at L = 64) for a superposition with LOWER loss than the allocated fixed point: 1.372 against
-1.547 at L = 32, 0.917 against 0.958 at L = 64; the bridge (exact reduced allocated minimum
-0.957 against 0.958) and the limit row (L * loss = 90.3 against Lambda = 88.2 at L = 4096) still
-agree.  So the allocated fixed point is the gradient-flow limit only where omega* is well
-inside the saturation edge; at larger r (omega* -> 1/sqrt 2) and sigma > 0 the trained model
-does better than theory's finite-L prediction, which is then an upper bound.
+Findings are generated from each run's own numbers (``findings``; the report's first section).
 """
 from __future__ import annotations
 

@@ -36,14 +36,7 @@ conflict (``details["gain_undecided"]``, no row).  Only pairs with both runs ins
 decision on trained models; with none the verdict is error (``details["undecided"]``).
 ``details["findings"]`` lists the boundary rows.
 
-Findings (quick profile, CPU, seed 0): (2, 2), sigma 0: trained gains 1.492 (L = 32) and 1.519
-(L = 64) against theory's 1.485 and 1.512 (rho_inf 1.484; the paper's round number H = 2 is
-rejected).  (3, 3, 3), sigma 0.5: the one-head runs reach theory's one-head optimum (4.226
-against 4.217 at L = 32, 2.865 against 2.844 at L = 64), but the three-head runs leave the
-allocated set for a superposition (opposite-sign off-task mu, share 0.39 at L = 32) with much
-lower loss, 1.759 against 2.321 (L = 32) and 1.325 against 1.437 (L = 64), so the trained gain
-(2.40, 2.16) exceeds theory's finite-L gain (1.82, 1.98): multi-head beats single-head by more
-than the allocated theory predicts there.
+Findings are generated from each run's own numbers (``findings``; the report's first section).
 """
 from __future__ import annotations
 

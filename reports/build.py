@@ -301,7 +301,7 @@ def run_one(claim_id: str, cfg: BuildConfig, progress=None) -> ClaimResult:
                              f"claims.json: {'; '.join(problems[:5])}")
         return result
 
-    kind = "boundary" if claim_id.startswith("boundary-") else "claim"
+    kind = "boundary" if claim_id.startswith(("boundary-", "atlas-")) else "claim"
     return run_claim(claim_id, claim_id, "(not available: the claim check raised before returning "
                      "its result; see the error below)", body, kind=kind)
 

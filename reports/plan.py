@@ -60,7 +60,12 @@ def accepts_problem(claim_id: str) -> bool:
 
 
 def selected(cfg) -> list[str]:
-    return list(cfg.only) if cfg.only is not None else list(claims.REGISTRY)
+    """``--only``'s ids, or every registered id except the opt-in ones (``claims.OPT_IN``: the
+    atlas, which runs only when named and only from a sweep)."""
+    if cfg.only is not None:
+        return list(cfg.only)
+    opt_in = set(getattr(claims, "OPT_IN", ()))
+    return [cid for cid in claims.REGISTRY if cid not in opt_in]
 
 
 def claims_at_configuration(cfg) -> dict:

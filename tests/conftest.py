@@ -6,6 +6,9 @@
   (more examples) and the tests marked ``@pytest.mark.thorough`` (larger L and d).
 - ``--e2e``: the end-to-end pipelines (tests marked ``@pytest.mark.e2e``: a sweep of trained
   runs, then the report built from it); ``.ci/run`` runs them as their own step.
+- ``--atlas``: the atlas's tiny grid end to end (tests marked ``@pytest.mark.atlas``:
+  examples/atlas_tiny.toml swept, then the four atlas ids built from it; about 3 minutes on
+  2 cores); ``.ci/run`` runs it as its own step.
 - ``--device cuda`` (or ``ICL_DEVICE=cuda``): the device the claim tests train on.
 - ``--mutants``: the mutation suite (tests marked ``@pytest.mark.mutants``): wrong theories and
   numerics applied by monkeypatching, each of which the claim that owns it must reject. It
@@ -38,6 +41,8 @@ def pytest_addoption(parser):
                      help="run the mutation suite (tests marked 'mutants'): each wrong theory must be rejected")
     parser.addoption("--e2e", action="store_true", default=False,
                      help="run the end-to-end pipelines (tests marked 'e2e': sweep -> report); .ci/run's own step")
+    parser.addoption("--atlas", action="store_true", default=False,
+                     help="run the atlas's tiny grid end to end (tests marked 'atlas': sweep -> report); .ci/run's own step")
     parser.addoption("--device", action="store", default=os.environ.get("ICL_DEVICE", "cpu"),
                      help="device for the claim tests: cpu or cuda (default: $ICL_DEVICE or cpu)")
 
@@ -58,6 +63,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_mutants)
         if "e2e" in item.keywords and not config.getoption("--e2e"):
             item.add_marker(pytest.mark.skip(reason="end-to-end pipeline: run with --e2e -m e2e"))
+        if "atlas" in item.keywords and not config.getoption("--atlas"):
+            item.add_marker(pytest.mark.skip(reason="the atlas's tiny grid end to end: run with --atlas -m atlas"))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,398 @@
+"""The atlas (issue 23): where the paper's picture holds, as phase diagrams over a sweep.
+
+Four boundaries, each a panel of a sweep of ``model = "atlas"`` points (numerics.experiments.
+atlas; grids ``examples/atlas_tiny.toml``, ``examples/atlas.toml``; what each panel compares
+with theory: ``docs/atlas.md``): ``atlas-initialisation`` (pattern x s0; theory.initialisation's
+small scale), ``atlas-heads`` (H x tasks and start; allocation needs H >= m), ``atlas-noise``
+(sigma x L from the allocated point; theory.saddle's T(B) against the run) and ``atlas-batch``
+(lr x B; dT/dlog(B/lr) = 2/rate).  They train nothing (no ``--from-sweep``: they refuse), read
+exactly the points of the sweep's last grid with their ``panel`` label, classify each by
+``numerics.experiments.atlas.classify`` and mark cells whose seeds disagree.  Not in the default
+report: the ids are ``claims.OPT_IN``, run only when named in ``--only``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from claims.base import Figure, Series
+from claims.common import Z_SE, Comparison, headline_row, perturbation, reported_row
+from claims.spec import ClaimSpec, Outcome, finding
+from numerics.experiments.atlas import (CLASSES, PATTERNS, cell_class, class_counts, crossing_L, escape_cells, grid_of,
+                                        last_and_first, mean_se, ols_slope, panel_matrices, panel_points, ratios,
+                                        warmup_border)
+
+IDS = ("atlas-initialisation", "atlas-heads", "atlas-noise", "atlas-batch")
+LEGEND = "cell value = outcome: " + ", ".join(f"{k} {c}" for k, c in enumerate(CLASSES)) + \
+         " (x.5: the seeds disagree, the lower class shown)"
+
+
+@dataclass(frozen=True)
+class AtlasProfile:
+    name: str   # the atlas has no sizes of its own: its points are the sweep's
+
+
+PROFILES = {k: AtlasProfile(k) for k in ("tiny", "quick", "paper")}
+
+
+def outcome_maps(name, title, cells, rows, cols, row_label, col_label, xlabel, ylabel, caption):
+    """The outcome heatmap (class codes, x.5 where seeds disagree) and the loss-ratio heatmaps
+    (numerics.experiments.atlas.panel_matrices), and the per-cell numbers for details."""
+    m = panel_matrices(cells, rows, cols, row_label, col_label)
+    rl, cl = m["row_labels"], m["col_labels"]
+    figs = [Figure(name=f"{name}-outcome", title=f"{title}: outcome", kind="heatmap", matrix=m["outcome"],
+                   row_labels=rl, col_labels=cl, xlabel=xlabel, ylabel=ylabel, caption=caption + " " + LEGEND),
+            Figure(name=f"{name}-loss-ratio", title=f"{title}: held-out loss / theory.exact's allocated loss",
+                   kind="heatmap", matrix=m["over_allocated"], row_labels=rl, col_labels=cl, xlabel=xlabel,
+                   ylabel=ylabel, caption="mean over seeds of the held-out loss over theory.exact's allocated "
+                   "fixed-point loss (blank: H < m, no allocated point); below 1: a lower-loss model than the limit")]
+    if any(v is not None for row in m["over_best"] for v in row):
+        figs.append(Figure(name=f"{name}-loss-over-best", title=f"{title}: held-out loss / best decomposable point",
+                           kind="heatmap", matrix=m["over_best"], row_labels=rl, col_labels=cl, xlabel=xlabel,
+                           ylabel=ylabel, caption="mean over seeds of the held-out loss over the best decomposable "
+                           "point of the same H (numerics.experiments.probes.best_decomposable, signs free; below 1: "
+                           "the trained model beats every decomposable point found)"))
+    return figs, m["info"]
+
+
+def classes_finding(result, panel: str):
+    cc = result.details["classes"]
+    return finding(result, "beyond", "Over {cells} cells of the " + panel + " panel: {a} allocated, {s} superposition, "
+                   "{o} off D, {mx} mixed, {nc} not converged, {dv} diverged; seeds disagree in {dis}.",
+                   cells=cc["cells"], a=cc["allocated"], s=cc["superposition"], o=cc["off D"], mx=cc["mixed"],
+                   nc=cc["not converged"], dv=cc["diverged"], dis=cc["seeds_disagree"])
+
+
+def _common(points, missing, cells) -> dict:
+    secs = [x["result"].get("cpu_seconds") for x in points]
+    return {"points": len(points), "missing_points": missing, "classes": class_counts(cells),
+            "point_cpu_seconds": float(np.nansum([s for s in secs if s is not None]))}
+
+
+_cfg = lambda x: x["point"]["problem"]  # noqa: E731
+_t_end = lambda points: float(max(x["point"]["train"]["time"] for x in points))  # noqa: E731
+
+
+def _config_text(points, keys) -> str:
+    p = _cfg(points[0])
+    return " ".join(f"{k}={tuple(p[k]) if isinstance(p[k], list) else p[k]}" for k in keys)
+
+
+# ---------------------------------------------------------------------------------------
+# atlas-initialisation
+# ---------------------------------------------------------------------------------------
+
+def evaluate_initialisation(ctx) -> Outcome:
+    points, missing = panel_points("initialisation")
+    cells, rows, cols = grid_of(points, lambda x: _cfg(x)["init"], lambda x: _cfg(x)["init_scale"])
+    t_end = _t_end(points)
+    figs, info = outcome_maps("atlas-init", "Initialisation", cells, rows, cols, lambda r: PATTERNS.get(r, r),
+                              lambda c: f"{c:g}", "init scale s0", "pattern",
+                              "Rows: start pattern; columns: init scale s0.")
+    borders, below, left_below, measured, series = {}, [], [], {}, []
+    for r in rows:
+        by_s = {c: cells[(r, c)] for c in cols if (r, c) in cells}
+        b = borders[r] = warmup_border(by_s)
+        lo, hi = last_and_first(by_s, lambda x: x["in_warmup"])
+        measured[r] = {"last_in_warmup": lo, "first_out": hi,
+                       "border": math.sqrt(lo * hi) if lo and hi else None, "theory": b}
+        below += [x for s, rs in by_s.items() for x in rs if b is not None and s < b]
+        left_below += [{"pattern": r, "s0": s, "seed": x["seed"]} for s, rs in by_s.items() for x in rs
+                       if b is not None and s < b and not x["in_warmup"]]
+        xs = sorted(by_s)
+        series.append(Series(f"{PATTERNS.get(r, r)} movable off-D / ||(W,U)||", xs,
+                             [float(np.mean([x["residual_end"]["movable_relative"] for x in by_s[s]])) for s in xs],
+                             "points"))
+        if b is not None:
+            series.append(Series(f"{PATTERNS.get(r, r)} theory small scale", [b, b], [0.0, 1.0], "dashed"))
+    figs.append(Figure(name="atlas-init-residual", title="Movable off-D residual at t_end against s0",
+                       xlabel="init scale s0", ylabel="movable off-D part / ||(W, U)||", xscale="log",
+                       series=series,
+                       caption="points: mean over seeds; dashed: theory.initialisation's small scale of the pattern "
+                               "(warm-up bound exponent 1/2 at t_end), below which a run is still in warm-up"))
+    n_left = len(left_below)
+    comp = Comparison(
+        name="runs below theory's small scale still in warm-up at t_end", measured=n_left, predicted=0,
+        error=float(n_left), tolerance=0.0, side="not above",
+        why="one-sided and exact: below the small scale the quartic warm-up bound keeps |theta|^2 <= 2 |theta0|^2 "
+            "to t_end (theory.initialisation), so no such run may have left its warm-up; theory's scale is a "
+            "sufficient bound, so runs above it may stay in warm-up too",
+        details={"below": len(below), "left_below": left_below, "borders": borders, "measured": measured},
+        config=_config_text(points, ("tasks", "heads", "L", "sigma", "logit_scale")))
+    undecided = None if below else ("no point of the grid lies below theory's small scale: nothing tested it")
+    head = [headline_row(comp)] + [reported_row(f"{PATTERNS.get(r, r)}: warm-up border s0 (measured / theory's small "
+                                                "scale)", m["border"], theory=m["theory"], config=comp.config)
+                                   for r, m in measured.items()]
+    off = sorted((PATTERNS.get(r, r), c) for (r, c), res in cells.items() if cell_class(res)[0] == "off D")
+    details = {**_common(points, missing, cells), "t_end": t_end, "cells": info, "borders": borders,
+               "measured_borders": measured, "off_D_cells": off,
+               "authors": {k: v for k, v in info.items() if k == "PyTorch-default uniform | 1"}}
+    return Outcome([comp], head, figs, details, undecided=undecided)
+
+
+def findings_initialisation(result) -> list:
+    d, out, c = result.details, [], result.details["comparisons"][0]
+    out.append(finding(result, "holds" if c["agrees"] else "stops",
+                       "Of {n_below} run(s) started below theory.initialisation's small scale, {left} had left their "
+                       "warm-up by t_end = {t} (theory: none may).", n_below=c["details"]["below"],
+                       left=c["measured"], t=d["t_end"]))
+    for pat, m in d["measured_borders"].items():
+        if m["border"] and m["theory"]:
+            out.append(finding(result, "stops", "Pattern " + PATTERNS.get(pat, pat) + ": runs leave their warm-up "
+                               "by t_end between s0 = {lo} and {hi}, {ratio} x theory's small scale {th}.",
+                               lo=m["last_in_warmup"], hi=m["first_out"], ratio=m["border"] / m["theory"],
+                               th=m["theory"]))
+    for key, v in d["authors"].items():
+        out.append(finding(result, "beyond", "From PyTorch's default start (uniform, s0 = 1) the trained model "
+                           "ends " + v["class"] + ": held-out loss {r} x theory.exact's allocated loss and {b} x "
+                           "the best decomposable point of the same H.", r=(v["over_allocated"],
+                                                                            v["over_allocated_se"]),
+                           b=(v["over_best"], v["over_best_se"])))
+    return out + [classes_finding(result, "initialisation")]
+
+
+# ---------------------------------------------------------------------------------------
+# atlas-heads
+# ---------------------------------------------------------------------------------------
+
+def evaluate_heads(ctx) -> Outcome:
+    points, missing = panel_points("heads")
+    cells, rows, cols = grid_of(points, lambda x: (len(_cfg(x)["tasks"]), _cfg(x)["init"], _cfg(x)["init_scale"],
+                                                   tuple(_cfg(x)["tasks"])),
+                                lambda x: _cfg(x)["heads"])
+    label = lambda r: f"tasks={r[3]} {PATTERNS.get(r[1], r[1])} s0={r[2]:g}"  # noqa: E731
+    figs, info = outcome_maps("atlas-heads", "Heads against tasks", cells, rows, cols, label, lambda c: f"H={c}",
+                              "heads H", "tasks and start", "Rows: task blocks and start; columns: heads H.")
+    rows_out, errors, decided, series = [], [], 0, []
+    for r in rows:
+        m = r[0]
+        hs = [h for h in cols if (r, h) in cells]
+        classes = {h: cell_class(cells[(r, h)]) for h in hs}
+        allocated = [h for h in hs if classes[h] == ("allocated", True)]
+        balanced = r[1] in ("decomposable", "random_decomposable")
+        above = [h for h in hs if h >= m and classes[h][1] and classes[h][0] != "not converged"]
+        border = min(allocated) if allocated else (math.inf if above else None)
+        rows_out.append({"row": label(r), "m": m, "balanced": balanced, "measured_border": border,
+                         "classes": {h: classes[h][0] for h in hs},
+                         "superposition_above_m": sum(classes[h][0] == "superposition" for h in hs if h > m),
+                         "off_D_above_m": sum(classes[h][0] == "off D" for h in hs if h > m),
+                         "not_converged_above_m": sum(classes[h][0] == "not converged" for h in hs if h > m),
+                         "cells_above_m": sum(1 for h in hs if h > m),
+                         "ratio_above_m": mean_se([ratios(cells[(r, h)])["over_allocated"] for h in hs if h > m])})
+        if balanced and border is not None:
+            decided += 1
+            errors.append((border, m))
+        series.append(Series(f"{label(r)} loss / best decomposable", hs,
+                             [ratios(cells[(r, h)])["over_best"] for h in hs], "points"))
+    for m in sorted({r[0] for r in rows}):
+        series.append(Series(f"theory border H = m = {m}", [m, m], [0.5, 2.0], "dashed"))
+    figs.append(Figure(name="atlas-heads-best", title="Held-out loss / best decomposable point of the same H",
+                       xlabel="heads H", ylabel="loss / best decomposable", series=series,
+                       caption="points: mean over seeds; dashed: theory's border H = m (allocation needs a head per "
+                               "task)"))
+    pert = lambda shift: max((abs(b - (m + shift)) for b, m in errors), default=0.0)  # noqa: E731
+    err = pert(0)
+    comp = Comparison(
+        name="balanced starts: smallest allocated H against theory's border H = m", measured=[b for b, _ in errors],
+        predicted=[m for _, m in errors], error=float(err), tolerance=0.0,
+        why="exact: H is an integer and the grid contains H = m; a row's border is its smallest H whose seeds all "
+            "end allocated (inf: a converged row with no allocated H >= m)",
+        perturbations=[perturbation("border at H = m - 1", pert(-1), 0.0), perturbation("border at H = m + 1",
+                                                                                         pert(1), 0.0)],
+        details={"rows": rows_out}, config=_config_text(points, ("L", "sigma")))
+    undecided = None if decided else "no balanced-start row has a decided cell at H >= m"
+    head = [headline_row(comp, measured=err)] + [reported_row(f"{ro['row']}: smallest allocated H",
+                                                              ro["measured_border"], theory=ro["m"],
+                                                              config=comp.config) for ro in rows_out]
+    details = {**_common(points, missing, cells), "cells": info, "rows": rows_out}
+    return Outcome([comp], head, figs, details, undecided=undecided)
+
+
+def findings_heads(result) -> list:
+    d, out = result.details, []
+    for ro in d["rows"]:
+        b, n, nc = ro["measured_border"], ro["cells_above_m"], ro["not_converged_above_m"]
+        if ro["balanced"]:
+            out.append(finding(result, "holds" if b == ro["m"] else ("stops" if b else "beyond"), "From " + ro["row"]
+                               + (" the smallest H whose seeds all end allocated is {b}" if b else " no H had all its "
+                                  "seeds allocated and converged by t_end (undecided)") + " (theory's border: H = m = "
+                               "{m}).", b=b, m=ro["m"]))
+            continue
+        shared = ro["superposition_above_m"] + ro["off_D_above_m"]
+        word = ("as He, Pan, Chen, Yang (ICML 2025) report from random starts when heads outnumber tasks" if
+                2 * shared >= max(n, 1) else "still descending at t_end, so not yet comparable with the superposition "
+                "He, Pan, Chen, Yang (ICML 2025) report" if 2 * nc >= max(n, 1) else "unlike the superposition He, "
+                "Pan, Chen, Yang (ICML 2025) report from random starts when heads outnumber tasks")
+        out.append(finding(result, "beyond", "From " + ro["row"] + ", of {n} cells with H > m {sp} end in a "
+                           "superposition, {od} off D and {nc} not converged, at {r} x theory.exact's allocated loss: "
+                           + word + ".", n=n, sp=ro["superposition_above_m"], od=ro["off_D_above_m"], nc=nc,
+                           r=tuple(ro["ratio_above_m"])))
+    return out + [classes_finding(result, "heads")]
+
+
+# ---------------------------------------------------------------------------------------
+# atlas-noise
+# ---------------------------------------------------------------------------------------
+
+def leave_comparison(name, cells, keyfmt, t_end, config) -> Comparison:
+    """Per decided cell (every seed's run escaped by t_end, or none did), theory's prediction
+    T_pred < t_end against the measurement; cells within theory's own uncertainty of t_end
+    (|T_pred - t_end| <= Z_SE se(T_pred) + the record spacing) are border cells, not counted.
+    error = cells that disagree; tolerance 0.  Perturbations through the same comparison: rate a
+    instead of 2a, rate 0 (the allocated point a true minimum: never left)."""
+    rows = escape_cells(cells, keyfmt, t_end, Z_SE)
+    decided = [r for r in rows if r["decided"]]
+
+    def wrong(pred):
+        return float(sum((pred(r) < t_end) != r["left"][0] for r in decided))
+
+    return Comparison(
+        name=name, measured=sum(r["left"][0] for r in decided), predicted=sum(r["T_pred"] < t_end for r in decided),
+        error=wrong(lambda r: r["T_pred"]), tolerance=0.0,
+        why="exact count over the decided cells (seeds agree; theory's T_pred farther from t_end than Z_SE se of "
+            "T_pred plus the record spacing): escape time from theory.saddle (rate 2 log(1 + lr a)/lr, seed from "
+            "the measured per-prompt gradient variance) against the first crossing of the opposite-sign share",
+        perturbations=[perturbation("rate a instead of 2a", wrong(lambda r: r["T_pred_rate_a"]), 0.0),
+                       perturbation("rate 0: a true minimum, never left", wrong(lambda r: math.inf), 0.0)],
+        details={"cells": rows, "decided": len(decided), "t_end": t_end}, config=config)
+
+
+def evaluate_noise(ctx) -> Outcome:
+    points, missing = panel_points("noise")
+    cells, rows, cols = grid_of(points, lambda x: _cfg(x)["sigma"], lambda x: _cfg(x)["L"])
+    t_end = _t_end(points)
+    figs, info = outcome_maps("atlas-noise", "Noise and length", cells, rows, cols, lambda r: f"sigma={r:g}",
+                              lambda c: f"L={c}", "context length L", "label noise sigma",
+                              "From theory's allocated point (off-task values mu0). Rows: sigma; columns: L.")
+    config = _config_text(points, ("tasks", "heads")) + f" lr={points[0]['point']['train']['lr']:g} " \
+        f"B={points[0]['point']['train']['batch']} t_end={t_end:g}"
+    comp = leave_comparison("left allocation by t_end: measured against theory's T(B) < t_end", cells,
+                            lambda k: f"sigma={k[0]:g} L={k[1]}", t_end, config)
+    series, borders = [], []
+    for r in rows:
+        Ls = [c for c in cols if (r, c) in cells]
+        Tm = [mean_se([x["escape_time"] for x in cells[(r, c)]])[0] for c in Ls]
+        Tp = [cells[(r, c)][0]["saddle"]["T_pred"] for c in Ls]
+        series.append(Series(f"sigma={r:g} measured", Ls, [t if t is not None else math.nan for t in Tm], "points"))
+        series.append(Series(f"sigma={r:g} theory", Ls, Tp, "line"))
+        th = crossing_L(Ls, Tp, t_end)
+        lo, hi = last_and_first({c: cells[(r, c)] for c in Ls}, lambda x: math.isfinite(x["escape_time"]))
+        borders.append({"sigma": r, "theory_L": th, "measured_last_left": lo, "measured_first_stay": hi,
+                        "measured_L": math.sqrt(lo * hi) if lo and hi else None})
+    figs.append(Figure(name="atlas-noise-escape", title="Escape time from the allocated point against L",
+                       xlabel="L", ylabel="escape time", xscale="log", series=series,
+                       hlines=[{"y": t_end, "label": "t_end (the run)"}],
+                       caption="points: first crossing of the opposite-sign share (mean over seeds; missing: none by "
+                               "t_end); lines: theory.saddle's T(B); theory's border is where a line crosses t_end"))
+    undecided = None if comp.details["decided"] else "no cell decided (seeds disagree, or T(B) too close to t_end)"
+    head = [headline_row(comp)]
+    for b in borders:
+        head.append(reported_row(f"sigma={b['sigma']:g}: border L (measured between last left and first stayed)",
+                                 b["measured_L"], theory=b["theory_L"], config=config))
+    esc = [x for res in cells.values() for x in res if math.isfinite(x["escape_time"])]
+    details = {**_common(points, missing, cells), "t_end": t_end, "cells": info, "borders": borders,
+               "escaped_over_allocated": mean_se([x["loss"] / x["allocated_loss"] for x in esc]),
+               "escaped_over_best": mean_se([x["loss"] / x["best_decomposable"]["loss"] for x in esc])}
+    return Outcome([comp], head, figs, details, undecided=undecided)
+
+
+def findings_noise(result) -> list:
+    d, out = result.details, []
+    c = d["comparisons"][0]
+    out.append(finding(result, "holds" if c["agrees"] else "stops",
+                       "From the allocated point, {n} decided (sigma, L) cells: theory's saddle law (T(B) < t_end = "
+                       "{t}) predicts {p} to leave allocation, {m} left; {e} disagree.", n=c["details"]["decided"],
+                       t=d["t_end"], p=c["predicted"], m=c["measured"], e=c["error"]))
+    for b in d["borders"]:
+        out.append(finding(result, "stops", "At sigma = {s} theory's border (T(B) = t_end) lies at L = {th}; the "
+                           "runs left allocation up to L = {lo} and stayed from L = {hi}.", s=b["sigma"],
+                           th=b["theory_L"], lo=b["measured_last_left"], hi=b["measured_first_stay"]))
+    ea, eb = d["escaped_over_allocated"], d["escaped_over_best"]
+    if ea[0] is not None:
+        out.append(finding(result, "beyond", "Runs that left allocation end at {a} x theory.exact's allocated loss "
+                           "and {b} x the best decomposable point of the same H.", a=tuple(ea), b=tuple(eb)))
+    return out + [classes_finding(result, "noise")]
+
+
+# ---------------------------------------------------------------------------------------
+# atlas-batch
+# ---------------------------------------------------------------------------------------
+
+def evaluate_batch(ctx) -> Outcome:
+    points, missing = panel_points("batch")
+    cells, rows, cols = grid_of(points, lambda x: x["point"]["train"]["lr"], lambda x: x["point"]["train"]["batch"])
+    t_end = _t_end(points)
+    figs, info = outcome_maps("atlas-batch", "Batch size and step", cells, rows, cols, lambda r: f"lr={r:g}",
+                              lambda c: f"B={c}", "batch B", "step lr",
+                              "From theory's allocated point. Rows: step lr; columns: batch B.")
+    config = _config_text(points, ("tasks", "heads", "L", "sigma")) + f" t_end={t_end:g}"
+    xs, ys, preds, series = [], [], [], []
+    for r in rows:
+        Bs = [c for c in cols if (r, c) in cells]
+        for c in Bs:
+            for x in cells[(r, c)]:
+                if math.isfinite(x["escape_time"]):
+                    xs.append(math.log(c / r))
+                    ys.append(x["escape_time"])
+                    preds.append(x["saddle"]["slope_pred"])
+        series.append(Series(f"lr={r:g} measured", Bs, [(mean_se([x["escape_time"] for x in cells[(r, c)]])[0]
+                                                         or math.nan) for c in Bs], "points"))
+        series.append(Series(f"lr={r:g} theory", Bs, [cells[(r, c)][0]["saddle"]["T_pred"] for c in Bs], "line"))
+    figs.append(Figure(name="atlas-batch-escape", title="Escape time against the batch size, per step",
+                       xlabel="batch B", ylabel="escape time", xscale="log", series=series,
+                       hlines=[{"y": t_end, "label": "t_end (the run)"}],
+                       caption="points: first crossing of the opposite-sign share (mean over seeds); lines: "
+                               "theory.saddle's T(B) (slope 2/rate in log B, seed from the measured gradient noise)"))
+    slope, se = ols_slope(xs, ys)
+    undecided = None if math.isfinite(slope) else "fewer than 4 escaped runs at distinct B / lr: no slope with an se"
+    pred = float(np.mean(preds)) if preds else math.nan
+    tol = Z_SE * se
+    comp = Comparison(
+        name="escape time slope dT / d log(B / lr) against theory's 2 / rate", measured=slope, predicted=pred,
+        error=abs(slope - pred) if math.isfinite(slope) else math.inf, tolerance=tol,
+        why=f"{Z_SE:g} se of the OLS slope over the escaped runs (seed ~ (lr/B)^2, theory.saddle section 3)",
+        perturbations=[perturbation("additive noise: seed ~ lr/B, half the slope", abs(slope - pred / 2), tol),
+                       perturbation("rate a instead of 2a: twice the slope", abs(slope - 2 * pred), tol)],
+        details={"escaped": len(xs), "runs": sum(len(v) for v in cells.values()), "slope_se": se},
+        config=config)
+    head = [headline_row(comp, se=se if math.isfinite(se) else None)]
+    details = {**_common(points, missing, cells), "t_end": t_end, "cells": info,
+               "a": points[0]["result"]["saddle"]["a"]}
+    return Outcome([comp], head, figs, details, undecided=undecided)
+
+
+def findings_batch(result) -> list:
+    d = result.details
+    c = d["comparisons"][0]
+    return [finding(result, "beyond", "Escape from the allocated point: dT/dlog(B/lr) = {s} over {n} escaped runs "
+                    "against theory's 2/rate = {p} (1/a, a = {a}; additive noise would give {half}).",
+                    s=(c["measured"], c["details"]["slope_se"]), n=c["details"]["escaped"], p=c["predicted"],
+                    a=d["a"], half=c["predicted"] / 2 if isinstance(c["predicted"], float) else None),
+            classes_finding(result, "batch")]
+
+
+# ---------------------------------------------------------------------------------------
+# the specs
+# ---------------------------------------------------------------------------------------
+
+def _spec(cid, title, statement, evaluate, findings):
+    return ClaimSpec(id=cid, title=title, statement=statement, profiles=PROFILES, evaluate=evaluate, kind="boundary",
+                     findings=findings, reads_sweep=True, estimate=lambda p: 5.0)
+
+
+INIT_SPEC = _spec("atlas-initialisation", "Atlas: initialisation pattern x scale",
+                  "Over init patterns and scales from well below theory's small scale to PyTorch's default, where "
+                  "does training end allocated, in a superposition, off D or not converged, and does theory's small "
+                  "scale bound the warm-up?", evaluate_initialisation, findings_initialisation)
+HEADS_SPEC = _spec("atlas-heads", "Atlas: heads against tasks",
+                   "As H runs from below m to 2m + 1, from balanced and PyTorch-default starts: where does allocation "
+                   "(surplus heads vanish) give way to superposition?", evaluate_heads, findings_heads)
+NOISE_SPEC = _spec("atlas-noise", "Atlas: noise and context length",
+                   "Over sigma x L, where do trained models leave the allocated saddle for a superposition, against "
+                   "theory's escape time T(B) compared with the run?", evaluate_noise, findings_noise)
+BATCH_SPEC = _spec("atlas-batch", "Atlas: batch size and step",
+                   "The saddle's escape time against the batch size and step: theory's log law dT/dlog(B/lr) = 1/a.",
+                   evaluate_batch, findings_batch)
+SPECS = (INIT_SPEC, HEADS_SPEC, NOISE_SPEC, BATCH_SPEC)

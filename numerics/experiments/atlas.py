@@ -1,0 +1,569 @@
+"""The atlas point (issue 23): one full model trained from a stated start, measured for the
+phase diagrams of ``claims.atlas``.
+
+A sweep point of ``model = "atlas"`` (``tools.sweep``) is
+
+    {"model": "atlas", "problem": {ProblemConfig fields}, "train": {AtlasSchedule fields, "seed"}}
+
+The start is ProblemConfig's own initialisation (``init``, ``init_scale``, ``init_seed``,
+``logit_scale``: the patterns ``decomposable`` (balanced), ``random_full``, ``uniform_full``
+(PyTorch's default at s0 = 1 with logit scale sqrt(d+m)), ``unbalanced_decomposable``), or,
+with ``start = "allocated"``, theory's allocated point with every off-task value set to the
+small balanced ``start_mu0`` (``numerics.saddle.allocated_model``: the value a run passing
+the allocation has; the exact allocated point, off-task channels empty, is never left).
+
+:func:`run_point` trains once (``numerics.train.train``, one torch thread) and returns what
+classification needs, as plain JSON (:func:`train_atlas` says what each number is); the
+class itself is :func:`classify` (the one readout, ``numerics.readout.allocation``, plus the
+off-D rule and the convergence flag below).  The claims read these results from the sweep
+store (``python -m reports.build --only atlas-... --from-sweep DIR``) and train nothing.
+
+Reference numbers stored with each point, computed on the worker (cached per process, so a
+configuration repeated in a grid is paid once per worker): theory.exact's allocated loss at
+(tasks, L, sigma) (H >= m), the best decomposable point of the same H with signs free
+(``numerics.experiments.probes.best_decomposable``, a reduced search size stated in
+:data:`BEST_SEARCH`), and, for the allocated start, theory.saddle's escape prediction with its
+measured seed input (``numerics.saddle.gradient_variance_measurement``).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from numerics.config import ProblemConfig
+from numerics.evaluate import held_out_loss, held_out_loss_difference
+from numerics.experiments import active_store, one_thread
+from numerics.readout import SUPERPOSED_SHARE, allocation
+from numerics.train import TrainConfig, train
+
+__all__ = ["AtlasSchedule", "CLASSES", "classify", "run_point", "check_point", "train_atlas", "escape_time",
+           "atlas_point", "Z_CONVERGED", "CONVERGED_RELATIVE", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_points",
+           "grid_of", "cell_class", "mean_se", "ratios", "panel_matrices", "class_counts", "warmup_border",
+           "record_spacing", "crossing_L", "last_and_first", "ols_slope", "escape_cells", "PATTERNS"]
+
+Z_CONVERGED = 4.0
+"""Standard errors of the paired held-out difference a converged run's loss may still fall by
+over the last quarter of its run (the report's one tolerance policy, claims.common.Z_SE, restated
+because numerics does not import claims)."""
+
+CONVERGED_RELATIVE = 0.01
+"""...plus 1% of the loss: a single-phase SGD run at fixed step fluctuates about its stationary
+loss by its SGD excess ~ (lr/4B) tr Sigma, measured at 0.3-1% of the loss at the atlas's steps
+and batches ((2, 2), L = 32, lr 0.1, B 256: explore-end minus polish-end 0.005 of 0.78, the
+converged schedule's step error); a run falling by more than that over its last quarter is
+still descending (a warm-up or an escape in progress)."""
+
+OFF_D_RELATIVE = 0.5
+"""A run ends off D when its movable off-D part (theory.initialisation.residual_split) exceeds
+the bound theory.initialisation's warm-up law gives for its start and run length (below) AND is
+at least half of ||(W, U)|| (the claims' boundary-initialisation threshold: the random starts
+there ended either at 0.0-0.1 or at 0.8-1.0 of ||(W, U)||, so the class does not hinge on it; a
+decomposable start has no movable part and SGD's noise puts ~1e-2 there).
+
+The bound: within the warm-up the weights obey u(t) = |theta(t)|^2 <= u0 / (1 - x), x = 8 c4 u0 t
+(theory.initialisation.warmup_norm_bound), and every merged weight is of degree 2 in the factors,
+so an off-D part the start carries can grow by at most the factor 1 / (1 - x) while x <= 1/2:
+bound = movable(0) / (1 - min(x(t_end), 1/2)).  A movable part above it was built by the flow
+after the warm-up (it left D), not carried over from the start.  (theory's absolute bound on
+||(W, U)||, max(1, 1/s) u / 2, is far from tight for random factors -- 12.5 against a measured
+movable part of 3.0 from PyTorch's default start at (2, 2), L = 32 -- so it cannot classify.)"""
+
+BEST_SEARCH = {"random_starts": 1, "fit_elements": 2 ** 17, "eval_prompts": 2048, "seed": 0}
+"""The best decomposable point's search (numerics.experiments.probes.best_decomposable) at a
+size a sweep worker pays once per configuration: one random start besides theory.optimality's
+structured starts, fit on 2^17 prompt tokens x heads, evaluated on 2048 prompts (se ~1%)."""
+
+CLASSES = ("allocated", "superposition", "off D", "mixed", "not converged", "diverged")
+"""The atlas's outcomes, by precedence (:func:`classify`): ``not converged`` (still in warm-up,
+or the held-out loss still falls), ``off D`` (movable off-D part above the warm-up bound and
+OFF_D_RELATIVE), ``superposition`` (an opposite-sign off-task value >= SUPERPOSED_SHARE of the
+serving one: numerics.readout), ``allocated`` (numerics.readout's rule), ``mixed`` (none of
+these: heads sharing tasks with one sign, or fewer heads than tasks); ``diverged`` (the loss
+blew up: numerics.train.TrainingDiverged, e.g. a large unbalanced start; stored as a result, not
+as a failed point, because it is an outcome of the start)."""
+
+STARTS = ("config", "allocated")
+PATTERNS = {"decomposable": "balanced decomposable", "random_decomposable": "balanced decomposable (random)",
+            "random_full": "random full", "uniform_full": "PyTorch-default uniform",
+            "unbalanced_decomposable": "unbalanced", "given": "given"}
+"""Reader's names of ProblemConfig's init patterns (the atlas's row labels)."""
+
+
+@dataclass(frozen=True)
+class AtlasSchedule:
+    """How an atlas point trains: ``time`` at step ``lr`` on fresh batches of ``batch`` prompts
+    (``numerics.train.train``), ``records`` evenly spaced readouts (the escape time is read off
+    them); ``start``: ``"config"`` (ProblemConfig's init) or ``"allocated"`` (theory's allocated
+    point, off-task values ``start_mu0``); ``threshold``: the opposite-sign off-task share whose
+    first crossing is the escape time; ``n_eval``: held-out prompts per loss; ``best_search``:
+    whether to store the best decomposable point of the same H; ``panel``: which panel of
+    ``claims.atlas`` draws the point ("initialisation", "heads", "noise", "batch"; it enters the
+    point's id but not the run)."""
+
+    lr: float = 0.1
+    time: float = 40.0
+    batch: int = 256
+    records: int = 41
+    start: str = "config"
+    start_mu0: float = 0.05
+    threshold: float = SUPERPOSED_SHARE
+    n_eval: int = 8192
+    best_search: bool = True      # store the best decomposable point of the same H (BEST_SEARCH)
+    panel: str = ""               # the atlas panel the point is drawn in (a label: the run ignores it)
+
+
+def check_point(point: dict, problem: bool = True):
+    """A point's (ProblemConfig, AtlasSchedule, seed), validated.  The grid calls it with
+    ``problem=False`` on every point before anything runs (a bad schedule is structural: it
+    stops the sweep before it starts; a value ProblemConfig rejects fails that point only, as
+    for every model); returns (None, schedule, seed) then."""
+    if point.get("model") != "atlas":
+        raise ValueError(f"an atlas point has model 'atlas', got {point.get('model')!r}")
+    fields = dict(point.get("train", {}))
+    seed = fields.pop("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise ValueError(f"grid: train.seed must be an integer in [0, 2^63), got {seed!r}")
+    sch = AtlasSchedule(**fields)
+    if not isinstance(sch.panel, str) or not isinstance(sch.best_search, bool):
+        raise ValueError(f"grid: train.panel must be a string and train.best_search a boolean, got "
+                         f"{sch.panel!r}, {sch.best_search!r}")
+    if sch.start not in STARTS:
+        raise ValueError(f"grid: train.start must be one of {STARTS}, got {sch.start!r}")
+    for name in ("batch", "records", "n_eval"):
+        v = getattr(sch, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+            raise ValueError(f"grid: train.{name} must be an integer >= 2, got {v!r}")
+    for name in ("start_mu0", "threshold"):
+        v = getattr(sch, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"grid: train.{name} must be a finite number > 0, got {v!r}")
+    try:
+        TrainConfig(lr=sch.lr, time=sch.time, batch=sch.batch, seed=seed, records=sch.records)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"grid: train: {exc}") from None
+    if not problem:
+        return None, sch, int(seed)
+    cfg = ProblemConfig.from_dict(point["problem"])
+    if sch.start == "allocated" and (cfg.param != "factored" or cfg.heads < max(cfg.m, 2)):
+        raise ValueError("grid: start = 'allocated' needs param = 'factored' and heads >= max(m, 2) (the saddle "
+                         f"needs an off-task entry); got param={cfg.param!r}, heads={cfg.heads}, m={cfg.m}")
+    return cfg, sch, int(seed)
+
+
+def atlas_point(cfg: ProblemConfig, schedule: AtlasSchedule, seed: int) -> dict:
+    """The sweep point of (cfg, schedule, seed) (its identity in the store)."""
+    return {"model": "atlas", "problem": cfg.to_dict(), "train": {**asdict(schedule), "seed": int(seed)}}
+
+
+def normalise_point(point: dict):
+    """What makes two atlas points the same run (for ``numerics.experiments.Store.lookup``)."""
+    cfg, sch, seed = check_point(point)
+    return json.dumps(cfg.to_dict(), sort_keys=True), sch, seed
+
+
+def run_point(point: dict) -> dict:
+    """The sweep's point function for ``model = "atlas"``: :func:`train_atlas` as JSON."""
+    cfg, sch, seed = check_point(point)
+    return train_atlas(cfg, sch, seed)
+
+
+# ---------------------------------------------------------------------------------------
+# reference numbers (cached per process)
+# ---------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=128)
+def theory_allocated_loss(tasks: tuple, heads: int, L: int, sigma: float):
+    """theory.exact's allocated loss at (tasks, L, sigma) (the sum over tasks of the one-head
+    fixed points; surplus heads idle), or None for H < m (no allocated point)."""
+    if heads < len(tasks):
+        return None
+    from theory.exact import exact_fixed_point
+    return float(exact_fixed_point(tasks, L, sigma)["loss"])
+
+
+@lru_cache(maxsize=128)
+def best_decomposable_summary(tasks: tuple, heads: int, L: int, sigma: float, device: str) -> dict:
+    from numerics.experiments.probes import best_decomposable
+    b = best_decomposable(tasks, heads, L, sigma, BEST_SEARCH["seed"], device, BEST_SEARCH["random_starts"],
+                          BEST_SEARCH["fit_elements"], BEST_SEARCH["eval_prompts"])
+    return {"loss": b.loss, "se": b.se, "n_eval": b.n_eval, "family": b.family,
+            "omega": [list(r) for r in b.omega], "mu": [list(r) for r in b.mu]}
+
+
+def _saddle_prediction(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
+    """theory.saddle's escape time T(B) for this run (rate: gradient descent's 2 log(1 + lr a)/lr;
+    seed from the measured per-prompt gradient variance dS at the allocated point; threshold
+    ``sch.threshold`` x mu*), with its standard error from dS's, as numerics.saddle computes it."""
+    from numerics import saddle as ns
+    from theory import saddle as th
+    st = ns.saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    var = ns.gradient_variance_measurement(cfg, n=4096)
+    rate = float(np.mean(th.gd_growth_rate(st.a, sch.lr)))
+    E = len(st.entries)
+    M = np.array([th.imbalance(sch.lr, sch.start_mu0, var.dS[e], st.a[e], sch.batch) for e in range(E)])
+    M_se = np.array([abs(th.imbalance(sch.lr, sch.start_mu0, var.dS_se[e], st.a[e], sch.batch)) for e in range(E)])
+    seed = th.seed_level(M, sch.start_mu0)
+    T_e = th.escape_time(rate, sch.threshold * st.mu_star, seed, st.K)
+    return {"a": float(np.mean(st.a)), "rate_flow": float(2 * np.mean(st.a)), "rate_gd": rate,
+            "slope_pred": th.escape_time_slope(rate), "slope_additive": th.additive_noise_slope(rate),
+            "K": st.K.tolist(), "mu_star": st.mu_star.tolist(), "entries": [list(e) for e in st.entries],
+            "dS": var.dS.tolist(), "dS_se": var.dS_se.tolist(), "seed_level": np.asarray(seed).tolist(),
+            "T_pred": float(np.mean(T_e)), "T_pred_se": float((2.0 / rate) * np.mean(M_se / np.abs(M))),
+            "T_pred_rate_a": float(np.mean(th.escape_time(rate / 2, sch.threshold * st.mu_star, seed, st.K)))}
+
+
+# ---------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------
+
+def escape_time(t, shares, threshold: float) -> float:
+    """First time the opposite-sign off-task share reaches ``threshold``, log-interpolated
+    between the two records around the crossing (inf: never by the last record; the first
+    record's time if it starts above)."""
+    t, s = np.asarray(t, float), np.asarray(shares, float)
+    ok = np.flatnonzero(s >= threshold)
+    if ok.size == 0:
+        return math.inf
+    j = int(ok[0])
+    if j == 0:
+        return float(t[0])
+    a, b = math.log(max(s[j - 1], 1e-300)), math.log(s[j])
+    f = (math.log(threshold) - a) / (b - a) if b > a else 1.0
+    return float(t[j - 1] + min(max(f, 0.0), 1.0) * (t[j] - t[j - 1]))
+
+
+def _split(model, cfg) -> dict:
+    from theory.initialisation import residual_split
+    W, U = (x.detach().cpu().double().numpy() for x in model.merged_weights())
+    return residual_split(W, U, cfg.tasks, cfg.basis_numpy())
+
+
+def _norm_sq(model) -> float:
+    return float(sum((p.detach().double() ** 2).sum() for p in model.parameters()))
+
+
+@one_thread
+def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
+    """Train the full model of ``cfg`` from its start by ``sch`` and measure it.  Returns:
+
+    - ``omega``, ``mu`` (H x m), ``allocation`` (numerics.readout.allocation(...).to_dict());
+    - ``residual_start``/``residual_end``: theory.initialisation.residual_split of the merged
+      weights (``movable``, ``gradient_free``, ``norm`` and the ``*_relative`` parts);
+    - ``norm0_sq``/``norm_end_sq``: |theta|^2 of the trainable factors; ``warmup``: theory's
+      warm-up law for this start and run length (``c4``, ``exponent`` = 8 c4 |theta0|^2 t_end,
+      ``growth`` = 1 / (1 - min(exponent, 1/2)), ``bound`` = movable(0) x growth: what the start
+      can carry off D through the warm-up, :data:`OFF_D_RELATIVE`); ``off_D``: movable part above
+      ``bound`` and >= OFF_D_RELATIVE of ||(W, U)||;
+    - ``loss``, ``se``, ``n``: held-out loss at the final weights (numerics.evaluate); ``descent``,
+      ``descent_se``: paired held-out difference loss(3/4 t_end) - loss(t_end) on the same prompts;
+      ``in_warmup`` (config starts: |theta_end|^2 < 2 |theta0|^2, the warm-up's sqrt 2 factor);
+      ``converged``: not in warm-up and descent <= Z_CONVERGED se + CONVERGED_RELATIVE loss;
+    - ``t``, ``loss_curve``, ``opposite_share``, ``same_share``: per record; ``escape_time``:
+      first crossing of ``threshold`` by the opposite-sign share (inf: none);
+    - ``allocated_loss`` (theory.exact, None for H < m), ``best_decomposable`` (dict), and for
+      the allocated start ``saddle`` (theory.saddle's T(B) with the measured seed input);
+    - ``class`` (:func:`classify`), ``seconds``, ``cpu_seconds``.
+
+    A run that diverges (numerics.train.TrainingDiverged) returns ``diverged`` (the message),
+    class "diverged", the start's numbers and the reference numbers, NaN for the rest."""
+    from numerics.model import MultiHeadAttention
+    from theory.initialisation import warmup_norm_bound, warmup_quartic_constant
+    t0, c0 = time.perf_counter(), time.process_time()
+    if sch.start == "allocated":
+        from numerics.saddle import allocated_model
+        model = allocated_model(cfg, sch.start_mu0)
+    else:
+        model = MultiHeadAttention(cfg)
+    norm0_sq = _norm_sq(model)
+    split0 = _split(model, cfg)
+    tcfg = TrainConfig(lr=sch.lr, time=sch.time, batch=sch.batch, seed=seed, records=sch.records)
+    marks = {}
+    steps = tcfg.record_steps()
+    three_quarters = steps[min(len(steps) - 1, int(round(0.75 * (len(steps) - 1))))]
+
+    def on_record(step, t, m, loss):
+        if step == three_quarters:
+            marks["3/4"] = copy.deepcopy(m)
+
+    from numerics.model import TrainingDiverged
+    refs = {"allocated_loss": theory_allocated_loss(tuple(cfg.tasks), cfg.heads, cfg.L, cfg.sigma),
+            "best_decomposable": (best_decomposable_summary(tuple(cfg.tasks), cfg.heads, cfg.L, cfg.sigma, cfg.device)
+                                  if sch.best_search else None),
+            "saddle": _saddle_prediction(cfg, sch) if sch.start == "allocated" else None}
+    c4 = warmup_quartic_constant(cfg.tasks, cfg.heads, cfg.L, cfg.sigma, cfg.logit_scale)
+    try:
+        res = train(cfg, tcfg, start=model, on_record=on_record)
+    except TrainingDiverged as exc:
+        nan = math.nan
+        return {"config": cfg.to_dict(), "schedule": asdict(sch), "seed": int(seed), "diverged": str(exc),
+                "class": "diverged", "converged": False, "in_warmup": False, "off_D": False,
+                "residual_start": split0, "residual_end": {k: nan for k in split0}, "norm0_sq": norm0_sq,
+                "warmup": {"c4": c4, "exponent": 8.0 * c4 * norm0_sq * sch.time}, "loss": nan, "se": nan,
+                "escape_time": nan, "t": [], "opposite_share": [], **refs,
+                "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
+    final = res.final_model
+    est = held_out_loss(final, n=sch.n_eval, seed=seed)
+    diff = held_out_loss_difference(marks["3/4"], final, n=sch.n_eval, seed=seed)
+    split1 = _split(final, cfg)
+    norm1_sq = _norm_sq(final)
+    t_half = 1.0 / (16.0 * c4 * norm0_sq) if norm0_sq > 0 else math.inf
+    wb = warmup_norm_bound(norm0_sq, min(sch.time, t_half), cfg.tasks, cfg.heads, cfg.L, cfg.sigma, cfg.logit_scale)
+    growth = 1.0 / (1.0 - min(wb["exponent"], 0.5))
+    bound = split0["movable"] * growth
+    in_warmup = bool(sch.start == "config" and norm1_sq < 2.0 * norm0_sq)
+    converged = bool(not in_warmup and diff.mean <= Z_CONVERGED * diff.se + CONVERGED_RELATIVE * est.mean)
+    shares = [allocation(r.omega, r.mu) for r in res.trajectory]
+    a = allocation(res.omega, res.mu)
+    out = {
+        "config": cfg.to_dict(), "schedule": asdict(sch), "seed": int(seed),
+        "omega": np.asarray(res.omega, float).tolist(), "mu": np.asarray(res.mu, float).tolist(),
+        "allocation": a.to_dict(), "residual_start": split0, "residual_end": split1,
+        "norm0_sq": norm0_sq, "norm_end_sq": norm1_sq,
+        "warmup": {"c4": c4, "exponent": 8.0 * c4 * norm0_sq * sch.time, "t_half": t_half, "growth": growth,
+                   "bound": bound, "merged_norm_bound": wb["merged"]},
+        "off_D": bool(split1["movable"] > bound and split1["movable_relative"] >= OFF_D_RELATIVE),
+        "loss": est.mean, "se": est.se, "n": est.n, "descent": diff.mean, "descent_se": diff.se,
+        "in_warmup": in_warmup, "converged": converged,
+        "t": [r.t for r in res.trajectory], "loss_curve": [r.loss for r in res.trajectory],
+        "opposite_share": [s.opposite_sign_share for s in shares], "same_share": [s.same_sign_share for s in shares],
+        "escape_time": escape_time([r.t for r in res.trajectory], [s.opposite_sign_share for s in shares],
+                                   sch.threshold),
+        **refs,
+        "steps": res.steps,
+    }
+    out["class"] = classify(out)
+    out["seconds"] = time.perf_counter() - t0
+    out["cpu_seconds"] = time.process_time() - c0
+    return out
+
+
+def classify(r: dict) -> str:
+    """The atlas outcome of one point's result (:data:`CLASSES`, by precedence)."""
+    if r.get("diverged"):
+        return "diverged"
+    if not r["converged"]:
+        return "not converged"
+    if r["off_D"]:
+        return "off D"
+    a = r["allocation"]
+    if a["superposition"]:
+        return "superposition"
+    if a["allocated"]:
+        return "allocated"
+    return "mixed"
+
+
+def from_stored(d: dict) -> dict:
+    """A stored result with its non-finite floats (strings in JSON) turned back into floats."""
+    def fix(v):
+        if isinstance(v, str) and v in ("inf", "-inf", "nan"):
+            return float(v)
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v
+    return fix(d)
+
+
+def schedule_fields() -> dict:
+    """AtlasSchedule's fields and defaults (tools.sweep.grid.config_fields)."""
+    return {f.name: f for f in dataclasses.fields(AtlasSchedule)}
+
+
+# ---------------------------------------------------------------------------------------
+# reading a sweep of atlas points (claims.atlas draws them)
+# ---------------------------------------------------------------------------------------
+
+def panel_points(panel: str) -> tuple[list[dict], int]:
+    """The atlas points of ``panel`` in the active sweep store, restricted to its last grid's ids
+    (summary.json): [{"point", "result"}], and the number of the grid's points (any panel) not
+    stored as finished (still running, or failed).  Raises when there is no sweep (the atlas
+    trains nothing) or it holds no point of the panel.  Counts the points read (Store.used)."""
+    st = active_store()
+    if st is None:
+        raise ValueError("the atlas trains nothing: build it from a sweep, e.g. `python -m tools.sweep "
+                         "examples/atlas_tiny.toml --out D` then `python -m reports.build --only "
+                         "atlas-initialisation,atlas-heads,atlas-noise,atlas-batch --from-sweep D` (docs/atlas.md)")
+    ids = None
+    summary = Path(st.path) / "summary.json"
+    if summary.is_file():
+        try:
+            ids = set(json.loads(summary.read_text()).get("ids") or []) or None
+        except (OSError, ValueError):
+            ids = None
+    out = []
+    for rec in st.records:
+        p = rec["point"]
+        if p.get("model") != "atlas" or p.get("train", {}).get("panel") != panel:
+            continue
+        if ids is not None and rec.get("id") not in ids:
+            continue
+        out.append({"point": p, "result": from_stored(rec["result"])})
+    missing = len(ids - {rec.get("id") for rec in st.records}) if ids is not None else 0
+    st.used += len(out)
+    if not out:
+        raise ValueError(f"the sweep {str(st.path)!r} holds no finished atlas point of panel {panel!r} (points whose "
+                         f"[train] panel = \"{panel}\"); run examples/atlas_tiny.toml or examples/atlas.toml into it")
+    return out, missing
+
+
+def grid_of(points, row_key, col_key):
+    """cells {(row, col): [result, ...]} with sorted row and column keys."""
+    cells: dict = {}
+    for x in points:
+        cells.setdefault((row_key(x), col_key(x)), []).append(x["result"])
+    rows = sorted({k[0] for k in cells}, key=_sort_key)
+    cols = sorted({k[1] for k in cells}, key=_sort_key)
+    return cells, rows, cols
+
+
+def _sort_key(v):
+    return tuple(_sort_key(x) for x in v) if isinstance(v, tuple) else ((0, v, "") if isinstance(v, (int, float))
+                                                                       else (1, 0, str(v)))
+
+
+def cell_class(results) -> tuple[str, bool]:
+    """(the cell's class, seeds agree): the class of every seed when they agree, else the one
+    first in CLASSES order (the map marks the cell)."""
+    classes = [classify(r) for r in results]
+    agree = len(set(classes)) == 1
+    return (classes[0] if agree else min(classes, key=CLASSES.index)), agree
+
+
+def mean_se(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return None, None
+    return float(np.mean(xs)), (float(np.std(xs, ddof=1) / math.sqrt(len(xs))) if len(xs) > 1 else None)
+
+
+def ratios(results) -> dict:
+    """Mean held-out loss over theory.exact's allocated loss and over the best decomposable point."""
+    alloc = mean_se([r["loss"] / r["allocated_loss"] for r in results if r.get("allocated_loss")])
+    best = mean_se([r["loss"] / r["best_decomposable"]["loss"] for r in results if r.get("best_decomposable")])
+    return {"over_allocated": alloc[0], "over_allocated_se": alloc[1], "over_best": best[0], "over_best_se": best[1]}
+
+
+def panel_matrices(cells, rows, cols, row_label, col_label) -> dict:
+    """The panel's maps: ``outcome`` (class code, + 0.5 where the seeds disagree), ``over_allocated``
+    and ``over_best`` (mean loss ratios), None where a cell is empty; labels; per-cell ``info``."""
+    code = {c: k for k, c in enumerate(CLASSES)}
+    M, R, Bm, info = [], [], [], {}
+    for r in rows:
+        mrow, rrow, brow = [], [], []
+        for c in cols:
+            res = cells.get((r, c))
+            if not res:
+                mrow.append(None)
+                rrow.append(None)
+                brow.append(None)
+                continue
+            cls, agree = cell_class(res)
+            rat = ratios(res)
+            mrow.append(code[cls] + (0.0 if agree else 0.5))
+            rrow.append(rat["over_allocated"])
+            brow.append(rat["over_best"])
+            info[f"{row_label(r)} | {col_label(c)}"] = {"class": cls, "seeds_agree": agree,
+                                                       "classes": [classify(x) for x in res], **rat,
+                                                       "loss": [x["loss"] for x in res],
+                                                       "escape_time": [x["escape_time"] for x in res]}
+        M.append(mrow)
+        R.append(rrow)
+        Bm.append(brow)
+    return {"outcome": M, "over_allocated": R, "over_best": Bm, "row_labels": [row_label(r) for r in rows],
+            "col_labels": [col_label(c) for c in cols], "info": info}
+
+
+def class_counts(cells) -> dict:
+    out = {c: 0 for c in CLASSES}
+    disagree = 0
+    for res in cells.values():
+        cls, agree = cell_class(res)
+        out[cls] += 1
+        disagree += not agree
+    return {**out, "seeds_disagree": disagree, "cells": len(cells)}
+
+
+def warmup_border(results_by_scale: dict) -> float | None:
+    """The scale s0 at which the warm-up bound's exponent 8 c4 |theta0|^2 t_end reaches 1/2
+    (theory.initialisation's small scale for this pattern), from the row's stored exponents by
+    log-log interpolation (|theta0|^2 is a power of s0 for each pattern; extrapolated at the ends)."""
+    pts = sorted((s, float(np.mean([r["warmup"]["exponent"] for r in rs]))) for s, rs in results_by_scale.items())
+    pts = [(s, e) for s, e in pts if s > 0 and e > 0]
+    if len(pts) < 2:
+        return None
+    ls, le = np.log([s for s, _ in pts]), np.log([e for _, e in pts])
+    target = math.log(0.5)
+    for k in range(len(pts) - 1):
+        if (le[k] - target) * (le[k + 1] - target) <= 0 and le[k + 1] != le[k]:
+            f = (target - le[k]) / (le[k + 1] - le[k])
+            return float(math.exp(ls[k] + f * (ls[k + 1] - ls[k])))
+    slope, icpt = np.polyfit(ls, le, 1)
+    return float(math.exp((target - icpt) / slope)) if slope > 0 else None
+
+
+def record_spacing(x) -> float:
+    t = x["t"]
+    return float(max(np.diff(t))) if len(t) > 1 else 0.0
+
+
+def crossing_L(Ls, T, t_end):
+    """The L at which theory's T(B) crosses t_end (log-linear interpolation), None if it does not."""
+    for k in range(len(Ls) - 1):
+        a, b = T[k] - t_end, T[k + 1] - t_end
+        if a * b <= 0 and T[k + 1] != T[k]:
+            f = a / (a - b)
+            return float(math.exp(math.log(Ls[k]) + f * (math.log(Ls[k + 1]) - math.log(Ls[k]))))
+    return None
+
+
+def last_and_first(results_by_x: dict, before) -> tuple:
+    """Along one row (x -> the cell's results): the largest x whose every run has property
+    ``before`` and lies below the smallest x where no run has it, and that smallest x (None where
+    absent): the measured border lies between them."""
+    yes = sorted(x for x, rs in results_by_x.items() if all(before(r) for r in rs))
+    no = sorted(x for x, rs in results_by_x.items() if not any(before(r) for r in rs))
+    lo = max([x for x in yes if not no or x < min(no)], default=None)
+    hi = min([x for x in no if lo is None or x > lo], default=None)
+    return lo, hi
+
+
+def ols_slope(x, y) -> tuple[float, float]:
+    """Ordinary least-squares slope of y on x and its standard error (residual variance with
+    n - 2 degrees of freedom); (nan, inf) with fewer than 4 points or one distinct x."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if x.size < 4 or np.unique(x).size < 2:
+        return math.nan, math.inf
+    A = np.vstack([x, np.ones_like(x)]).T
+    coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+    resid = y - A @ coef
+    s2 = float(resid @ resid / (x.size - 2))
+    return float(coef[0]), float(math.sqrt(s2 / np.sum((x - x.mean()) ** 2)))
+
+
+def escape_cells(cells: dict, keyfmt, t_end: float, z: float) -> list[dict]:
+    """Per cell of an allocated-start panel: whether each seed's run left allocation by t_end
+    (first crossing of the opposite-sign share), theory.saddle's T_pred (and at rate a), and
+    ``decided``: the seeds agree and |T_pred - t_end| exceeds z se(T_pred) + the record spacing
+    (closer cells are border cells theory cannot place); diverged cells are never decided."""
+    rows = []
+    for key, res in cells.items():
+        if any(x.get("diverged") for x in res):
+            rows.append({"cell": keyfmt(key), "diverged": True, "decided": False})
+            continue
+        left = [math.isfinite(x["escape_time"]) and x["escape_time"] <= t_end for x in res]
+        sd = res[0]["saddle"]
+        margin = z * sd["T_pred_se"] + record_spacing(res[0])
+        rows.append({"cell": keyfmt(key), "left": left, "T_pred": sd["T_pred"], "T_pred_rate_a": sd["T_pred_rate_a"],
+                     "margin": margin, "escape_times": [x["escape_time"] for x in res],
+                     "decided": len(set(left)) == 1 and abs(sd["T_pred"] - t_end) > margin})
+    return rows

@@ -1,0 +1,185 @@
+"""The atlas (issue 23): atlas points (numerics.experiments.atlas), their grids, and the four
+atlas ids (claims.atlas) built from a sweep.
+
+Default suite: unit tests, the example grids, and a 4-point sweep (one point per panel, serial)
+read by the four ids (about 15-30 s on 2 cores).  Marker ``atlas``: examples/atlas_tiny.toml
+swept with the CLI, then ``python -m reports.build --only atlas-... --from-sweep D`` (about 3
+minutes on 2 cores): ``python -m pytest -q --atlas -m atlas tests/test_atlas.py``, its own
+step of ``.ci/run``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import claims
+from claims.atlas import IDS, SPECS, warmup_border
+from claims.base import BOUNDARY_OUTCOMES
+from numerics.experiments.atlas import CLASSES, check_point, classify, escape_time
+from tools.sweep import expand_grid, load_grid, run_grid
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- units
+
+def test_escape_time_interpolates_and_censors():
+    t = [0.0, 1.0, 2.0, 3.0]
+    assert escape_time(t, [0.0, 0.01, 0.1, 0.4], 0.2) == pytest.approx(2.5)   # log-midpoint of 0.1 -> 0.4
+    assert escape_time(t, [0.0, 0.01, 0.1, 0.15], 0.2) == math.inf
+    assert escape_time(t, [0.3, 0.01, 0.1, 0.15], 0.2) == 0.0
+
+
+def _result(**kw):
+    r = {"converged": True, "off_D": False,
+         "allocation": {"superposition": False, "allocated": True}}
+    r.update(kw)
+    return r
+
+
+def test_classify_precedence():
+    assert classify(_result()) == "allocated"
+    assert classify(_result(allocation={"superposition": True, "allocated": False})) == "superposition"
+    assert classify(_result(off_D=True, allocation={"superposition": True, "allocated": False})) == "off D"
+    assert classify(_result(converged=False, off_D=True)) == "not converged"
+    assert classify(_result(allocation={"superposition": False, "allocated": False})) == "mixed"
+    assert classify(_result(diverged="TrainingDiverged: ...", converged=False)) == "diverged"
+    assert set(CLASSES) == {"allocated", "superposition", "off D", "mixed", "not converged", "diverged"}
+
+
+def test_warmup_border_interpolates_in_log_log():
+    # exponent = 50 s0^2: 1/2 at s0 = 0.1
+    rows = {s: [{"warmup": {"exponent": 50 * s * s}}] for s in (0.01, 0.03, 0.3, 1.0)}
+    assert warmup_border(rows) == pytest.approx(0.1, rel=1e-9)
+    rows = {s: [{"warmup": {"exponent": 50 * s * s}}] for s in (0.3, 1.0)}   # extrapolated
+    assert warmup_border(rows) == pytest.approx(0.1, rel=1e-9)
+
+
+def test_schedule_mistakes_are_structural():
+    base = {"model": "atlas", "problem": {"tasks": [2, 2], "heads": 2, "L": 16}}
+    with pytest.raises(ValueError, match="start"):
+        expand_grid({**base, "train": {"start": "nowhere"}})
+    with pytest.raises(ValueError, match="AtlasSchedule|unknown field"):
+        expand_grid({**base, "train": {"steps": 3}})
+    with pytest.raises(ValueError, match="atlas"):
+        expand_grid({"problem": base["problem"], "cross": {"model": ["atlas", "full"]}})
+    with pytest.raises(ValueError, match="heads >= max"):
+        check_point({**base, "problem": {"tasks": [2, 2], "heads": 1, "L": 16}, "train": {"start": "allocated"}})
+
+
+def test_example_grids():
+    """The tiny grid has a few points per panel; the full grid >= 5 values per axis of each panel
+    and 2 seeds per point."""
+    for name, n in (("atlas_tiny.toml", 15), ("atlas.toml", 196)):
+        spec, _ = load_grid(REPO / "examples" / name)
+        points = expand_grid(spec)
+        assert len(points) == n and {p["model"] for p in points} == {"atlas"}
+        assert {p["train"]["panel"] for p in points} == {"initialisation", "heads", "noise", "batch"}
+    by = lambda panel, f: {f(p) for p in points if p["train"]["panel"] == panel}  # noqa: E731
+    assert len(by("initialisation", lambda p: p["problem"]["init_scale"])) >= 5
+    assert len(by("initialisation", lambda p: p["problem"]["init"])) >= 4
+    assert len(by("heads", lambda p: p["problem"]["heads"])) >= 5
+    assert len(by("noise", lambda p: p["problem"]["sigma"])) >= 5 and len(by("noise", lambda p: p["problem"]["L"])) >= 5
+    assert len(by("batch", lambda p: p["train"]["lr"])) >= 5 and len(by("batch", lambda p: p["train"]["batch"])) >= 5
+    assert {p["train"]["seed"] for p in points} == {0, 1}
+
+
+def test_registered_and_opt_in():
+    assert set(IDS) == set(claims.OPT_IN) and all(cid in claims.REGISTRY for cid in IDS)
+    assert all(claims.reads_sweep(cid) for cid in IDS)
+
+
+def test_default_report_skips_the_atlas():
+    """reports.build with no --only must not run the atlas ids (issue 23)."""
+    from reports import plan
+    from reports.build import BuildConfig
+    assert not set(plan.selected(BuildConfig())) & set(claims.OPT_IN)
+
+
+def test_refuses_without_a_sweep():
+    for spec in SPECS:
+        res = spec.run()
+        assert res.verdict == "error" and res.kind == "boundary"
+        assert "trains nothing" in res.details["error"]
+
+
+# --------------------------------------------------------------------------- 4 points, end to end
+
+FOUR = {
+    "model": "atlas",
+    "problem": {"tasks": [2, 2], "heads": 2, "L": 16},
+    "train": {"time": 4.0, "batch": 64, "records": 11, "n_eval": 1024, "best_search": False},
+    "zip": {"init": ["decomposable", "random_decomposable", "decomposable", "decomposable"],
+            "start": ["config", "config", "allocated", "allocated"],
+            "panel": ["initialisation", "heads", "noise", "batch"]},
+}
+
+
+@pytest.fixture(scope="module")
+def four_point_sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("atlas") / "D"
+    points = expand_grid(FOUR)
+    summary = run_grid(points, out, scheduler="serial", progress=False, grid_text=json.dumps(FOUR))
+    assert summary.done == 4 and summary.failed == 0
+    return out
+
+
+def test_four_points_through_the_four_ids(four_point_sweep):
+    for spec in SPECS:
+        res = spec.run(sweep=str(four_point_sweep))
+        assert res.verdict in BOUNDARY_OUTCOMES and res.verdict != "error", (spec.id, res.details.get("error"),
+                                                                             res.details.get("traceback"))
+        assert res.details["sweep_runs"] == 1
+        assert any(f.kind == "heatmap" for f in res.figures)
+        assert res.findings and all(f.numbers for f in res.findings)
+        outcome = next(f for f in res.figures if f.name.endswith("-outcome"))
+        assert len(outcome.matrix) == 1 and len(outcome.matrix[0]) == 1
+
+
+def test_findings_come_from_the_numbers(four_point_sweep, tmp_path):
+    """Changing a stored measurement changes the sentence (the template reads the result)."""
+    import shutil
+    D = tmp_path / "D"
+    shutil.copytree(four_point_sweep, D)
+    noise = claims.spec_of("atlas-noise")
+    before = [f.text for f in noise.run(sweep=str(D)).findings]
+    for f in (D / "points").glob("*.json"):
+        rec = json.loads(f.read_text())
+        if rec["point"]["train"]["panel"] == "noise":
+            rec["result"]["escape_time"] = 1.5
+            f.write_text(json.dumps(rec))
+    after = [f.text for f in noise.run(sweep=str(D)).findings]
+    assert before != after
+
+
+# --------------------------------------------------------------------------- the tiny grid (marker atlas)
+
+def _run(*args):
+    res = subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert res.returncode in (0, 1), f"{args}: exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    return res
+
+
+@pytest.mark.atlas
+def test_tiny_atlas_end_to_end(tmp_path):
+    sweep = tmp_path / "D"
+    res = _run("tools.sweep", str(REPO / "examples" / "atlas_tiny.toml"), "--out", str(sweep), "--workers", "2",
+               "--no-progress")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len(list((sweep / "points").glob("*.json"))) == 15
+    _run("reports.build", "--only", ",".join(IDS), "--from-sweep", str(sweep), "--out", str(tmp_path / "R"),
+         "--no-progress")
+    report = json.loads((tmp_path / "R" / "claims.json").read_text())
+    got = {c["id"]: c for c in report["claims"]}
+    assert set(got) == set(IDS)
+    for cid, c in got.items():
+        assert c["verdict"] in BOUNDARY_OUTCOMES and c["verdict"] != "error", (cid, c["details"].get("error"))
+        assert c["figures"] and any(f["kind"] == "heatmap" for f in c["figures"])
+        mine = [f for f in report["findings"] if f["claim"] == cid]
+        assert mine and all(f["numbers"] for f in mine)
+        assert c["details"]["sweep_runs"] >= 3
