@@ -46,6 +46,11 @@ OPT_IN: tuple[str, ...] = ("atlas-initialisation", "atlas-heads", "atlas-noise",
 sweep of its own grid (``examples/atlas*.toml``) and trains nothing (issue 23)."""
 
 
+SHARED_RUNS: tuple[tuple[str, ...], ...] = (("limiting-error", "multi-head-gain", "boundary-left-allocation"),)
+"""Claims that ask for the same trained runs (numerics.experiments' run cache): reports.build
+keeps each group in one process, so every shared run is trained once."""
+
+
 def spec_of(claim_id: str):
     """The ClaimSpec of one claim id (KeyError naming the known ids)."""
     if claim_id not in REGISTRY:

@@ -127,7 +127,9 @@ class HeadlineRow:
     theory: Any = None
     measured: Any = None
     se: Optional[float] = None
-    tolerance: Optional[float] = None
+    tolerance: Any = None
+    """A number, or a list of per-entry numbers where the comparison is entrywise (claim 4's
+    served point), or None."""
     agrees: Optional[bool] = None
     side: str = "two-sided"
     """One of :data:`SIDES`, taken from the comparison behind the row."""
