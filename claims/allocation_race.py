@@ -22,17 +22,12 @@ import numpy as np
 
 from claims.base import Figure, Series
 from claims.common import Comparison, config_label, headline_row, perturbation, reported_row
-from claims.spec import ClaimSpec, Outcome, finding, fmt, replace_fields
+from claims.phase_checks import FIELDS, PHASES, nothing_compared, phase_comparison, phase_row, tcfg  # noqa: F401
+from claims.spec import ClaimSpec, Outcome, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import large_init_run, race_cell
-from numerics.train import TrainConfig
 from theory.initialisation import default_start_winners, race_starts
 from theory.task_allocation import predicted_winners
-
-
-FIELDS = ("tasks", "heads", "L", "sigma")
-"""The problem fields both initialisation boundaries read (their profiles' own names)."""
-PHASES = {"warmup_end": "warm-up", "emergence_end": "emergence"}
 
 
 @dataclass(frozen=True)
@@ -62,81 +57,6 @@ RACE_PROFILES = {
                          lr=0.05, time=100.0, batch=1024, records=61, large_tasks=(4, 4, 4),
                          large_scales=(0.02, 0.05, 0.1, 0.2, 0.4, 0.8), large_time=100.0, large_records=401),
 }
-
-
-def tcfg(p, seed: int, time_=None, records=None) -> TrainConfig:
-    return TrainConfig(lr=p.lr, time=time_ or p.time, batch=p.batch, seed=seed, records=records or p.records)
-
-
-# --- phase times of two curves, and comparisons that have nothing to compare
-
-def phase_state(ph: dict, key: str, t_end: float):
-    """A phase's end time, or what happened instead, with the run length: "warm-up undefined by
-    t_end = 30 (loss drop ... not clear of the noise)" (theory.three_phases defines the phases
-    only for a drop clear of 10x the noise) or "emergence did not end by t_end = 30"."""
-    t = ph[key]
-    if isinstance(t, (int, float)) and math.isfinite(t):
-        return float(t)
-    if not ph.get("defined", True):
-        return f"{PHASES[key]} undefined by t_end = {t_end:g} ({ph.get('reason', '')})"
-    return f"{PHASES[key]} did not end by t_end = {t_end:g}"
-
-
-def phase_comparison(name: str, pairs: list, spacing: float, reference: str, config=None) -> Comparison:
-    """Warm-up and emergence ends of measured curves against reference curves (``pairs``:
-    (where, measured phases, reference phases, t_end)) within 2 record spacings (each crossing
-    time is interpolated between records, so each is resolved to one spacing).  A phase that
-    ends in both curves is compared; one that ends in neither is no disagreement (both curves
-    say the same: not ended, or undefined, by t_end); one that ends in one curve only is
-    counted and said (its drop sits at theory.three_phases' definedness threshold, 10x the
-    noise, so the pair cannot decide), never compared.  Perturbation through the same
-    comparison: the reference's phase times 50% longer.  Nothing compared: error 0 and the
-    perturbation not rejected, so the judge cannot call it located (``undecided``)."""
-    rows = [{"where": w, "phase": PHASES[k], "measured": phase_state(a, k, t), "reference": phase_state(b, k, t)}
-            for w, a, b, t in pairs for k in PHASES]
-    num = lambda x: isinstance(x, float)  # noqa: E731
-    both = [(r["measured"], r["reference"]) for r in rows if num(r["measured"]) and num(r["reference"])]
-    one = [r for r in rows if num(r["measured"]) != num(r["reference"])]
-
-    def compare(factor: float) -> float:
-        return max((abs(a - factor * b) for a, b in both), default=0.0)
-
-    tol = 2.0 * spacing
-    return Comparison(
-        name=name, measured={r["where"]: [x["measured"] for x in rows if x["where"] == r["where"]] for r in rows},
-        predicted={r["where"]: [x["reference"] for x in rows if x["where"] == r["where"]] for r in rows},
-        error=compare(1.0), tolerance=tol,
-        why=f"phase times within 2 record spacings ({tol:.3g}): each crossing time is interpolated between records, "
-            "so each is resolved to one spacing; compared where a phase ends in both curves",
-        perturbations=[perturbation(f"phase times 50% longer than the {reference}'s", compare(1.5), tol)],
-        details={"compared": len(both), "ended_in_one_only": len(one), "one_only": one,
-                 "ended_in_neither": len(rows) - len(both) - len(one), "defined_in_one_only": len(one)},
-        config=config)
-
-
-def phase_row(c: Comparison, name: str | None = None) -> list:
-    """The headline rows of a phase comparison: max |difference| against 0 (with nothing
-    compared, a reported row: no tick), and the count of phases ending in one curve only."""
-    name = name or c.name
-    main = (reported_row(name, None, config=c.config) if c.details["compared"] == 0
-            else headline_row(c, name, measured=c.error, theory=0.0))
-    return [main, reported_row(f"{name}: phases ending in one curve only (not compared)",
-                               c.details["ended_in_one_only"], config=c.config)]
-
-
-def nothing_compared(comps: list) -> str | None:
-    """Why the comparisons cannot decide (None when each compared something)."""
-    why = []
-    for c in comps:
-        d = c.details
-        if d.get("compared", 1) == 0:
-            e = d["one_only"][0] if d["one_only"] else None
-            eg = f"; e.g. {e['where']}, {e['phase']}: {fmt(e['measured'])} against {fmt(e['reference'])}" if e else ""
-            why.append(f"{c.name}: no phase ends in both curves ({d['ended_in_neither']} in neither, "
-                       f"{d['ended_in_one_only']} in one curve only{eg})")
-        elif d.get("decided", 1) == 0:
-            why.append(f"{c.name}: no outcome decided (data seeds disagree, a tied start, or a race not ended)")
-    return "; ".join(why) or None
 
 
 # --- item 3: the race grid; item 4: large initialisation

@@ -26,7 +26,7 @@ a task still shared there is a slow race: its winner is recorded, not judged.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -69,21 +69,6 @@ def _pattern_holds(shares: np.ndarray, pattern: str) -> bool:
     if pattern == "allocated":
         return bool(np.all(shares <= ALLOCATED_SHARE))
     raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-
-
-def superposition_error(diff: float, se: float, share_merged, share_factored, predicted: dict) -> float:
-    """The one comparison of the merged boundary, for any prediction
-    {"merged": pattern, "factored": pattern, "merged_lower": bool}: inf when a predicted
-    pattern does not hold in the measured shares; otherwise how far the signed loss difference
-    merged - factored is from the predicted side by more than Z_SE standard errors
-    (max(0, diff + Z_SE se) if merged is predicted lower, else max(0, Z_SE se - diff))."""
-    if not (_pattern_holds(np.asarray(share_merged), predicted["merged"])
-            and _pattern_holds(np.asarray(share_factored), predicted["factored"])):
-        return math.inf
-    return max(0.0, diff + Z_SE * se) if predicted["merged_lower"] else max(0.0, Z_SE * se - diff)
-
-
-THEORY_MERGED = {"merged": "superposed", "factored": "allocated", "merged_lower": True}
 
 
 def superposition_error(diff: float, se: float, share_merged, share_factored, predicted: dict) -> float:

@@ -1,7 +1,8 @@
 """What the claim checks share: the comparison object every check returns, the one
-tolerance policy (:data:`Z_SE`), the one constructor of a claim's result
-(:func:`comparisons_result`), trajectory arrays and figures, and the statistics of
-measured numbers (batch-means standard errors, paired ratios, the L -> inf extrapolation).
+tolerance policy (:data:`Z_SE`), headline rows, figure panels, and the optimisation error
+left in a window of training losses (:func:`window_drift`).  The statistics of measured
+numbers (batch-means standard errors, paired ratios, the L -> inf extrapolation) are
+estimators: ``numerics.statistics``; the result constructor is ``claims.spec.build_result``.
 
 A claim module is its experiment plan and its comparisons: every estimator and every loop
 is in ``numerics``, every prediction in ``theory``.  Nothing here decides a verdict (that
@@ -17,8 +18,9 @@ from typing import Optional
 
 import numpy as np
 
-from claims.base import PROFILES, ClaimResult, HeadlineRow, judge, Figure, PerturbationCheck, Series, jsonable
+from claims.base import HeadlineRow, Figure, PerturbationCheck, Series, jsonable
 from numerics.model import initial_semi_singular_values
+from numerics.statistics import loss_standard_error
 
 EPS64 = float(np.finfo(np.float64).eps)
 """Unit round-off of float64 (2.2e-16): the scale of every 'exact to rounding' tolerance."""
@@ -133,39 +135,9 @@ def worst(comparisons: list[Comparison]) -> dict:
     return {"margin": c.margin, "name": c.name, "error": c.error, "tolerance": c.tolerance}
 
 
-def check_profile(profile: str) -> str:
-    """The one profile check of the claims layer: one of claims.base.PROFILES, or ValueError."""
-    if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
-    return profile
-
-
 # ---------------------------------------------------------------------------------------
 # trajectories
 # ---------------------------------------------------------------------------------------
-
-@dataclass
-class Trajectory:
-    """A recorded run as arrays: t (n,), loss (n,), omega/mu (n, H, m), residual (n,)."""
-
-    t: np.ndarray
-    loss: np.ndarray
-    omega: np.ndarray
-    mu: np.ndarray
-    residual: np.ndarray
-
-
-def trajectory_of(result) -> Trajectory:
-    """Arrays from a ``numerics.train.TrainResult`` (its ``trajectory`` of ``Record``)."""
-    recs = result.trajectory
-    return Trajectory(
-        t=np.array([r.t for r in recs], float),
-        loss=np.array([r.loss for r in recs], float),
-        omega=np.array([r.omega for r in recs], float),
-        mu=np.array([r.mu for r in recs], float),
-        residual=np.array([r.residual for r in recs], float),
-    )
-
 
 def value_panels(name: str, title: str, t_points: np.ndarray, omega_points: np.ndarray,
                  mu_points: np.ndarray, t_line: np.ndarray, omega_line: np.ndarray,
@@ -251,42 +223,9 @@ def config_label(cfg) -> str:
     return " ".join(parts)
 
 
-def comparisons_result(claim_id: str, title: str, statement: str, comps: list, figures: list, details: dict,
-                       theory: dict | None = None, short_why: bool = False, numerics: dict | None = None,
-                       tolerance: dict | None = None, headline: list | None = None) -> ClaimResult:
-    """The one constructor of a claim's ClaimResult from its list of comparisons: verdict from
-    ``judge`` (all agree and every perturbation is rejected), theory/numerics/tolerance keyed
-    by comparison name (``theory``, ``numerics``, ``tolerance`` override them with a claim's
-    own summary), the worst case and every comparison's summary in ``details``.
-    ``short_why`` keeps each tolerance argument up to its first " (", where the per-case
-    numbers start.  ``headline``: the claim's headline rows (:func:`headline_row`); by
-    default one row per comparison."""
-    perts = [p for c in comps for p in c.perturbations]
-    whys = {c.why.split(" (")[0] if short_why else c.why for c in comps}
-    return ClaimResult(
-        id=claim_id, title=title, statement=statement, verdict=judge(all(c.agrees for c in comps), perts),
-        theory=theory if theory is not None else {c.name: c.predicted for c in comps},
-        numerics=numerics if numerics is not None else {c.name: c.measured for c in comps},
-        tolerance=tolerance if tolerance is not None else {"value": {c.name: c.tolerance for c in comps},
-                                                           "why": "; ".join(sorted(whys))},
-        details={**details, "worst": worst(comps), "comparisons": [c.summary() for c in comps]},
-        figures=figures, perturbations=perts,
-        headline=headline if headline is not None else [headline_row(c) for c in comps])
-
-
 # ---------------------------------------------------------------------------------------
 # statistics of measured numbers (claims 5-7 and the boundaries)
 # ---------------------------------------------------------------------------------------
-
-def loss_standard_error(losses: np.ndarray, blocks: int = 10) -> float:
-    """Standard error of the mean of per-step batch losses by batch means: the window is cut
-    into ``blocks`` contiguous blocks and the block means treated as independent, which
-    accounts for the autocorrelation the parameter noise of SGD puts between steps."""
-    losses = np.asarray(losses, float)
-    k = max(2, min(blocks, losses.size // 2))
-    means = np.array([b.mean() for b in np.array_split(losses, k)])
-    return float(means.std(ddof=1) / math.sqrt(k))
-
 
 def window_drift(tail: np.ndarray) -> float:
     """The part of the change of the loss between the two halves of the final window that
@@ -296,51 +235,3 @@ def window_drift(tail: np.ndarray) -> float:
     halves = np.array_split(np.asarray(tail, float), 2)
     se = math.hypot(*(loss_standard_error(h, 5) for h in halves))
     return max(0.0, abs(float(halves[0].mean() - halves[1].mean())) - Z_SE * se)
-
-
-def paired_ratio(single: np.ndarray, multi: np.ndarray) -> tuple[float, float]:
-    """R = mean(single) / mean(multi) on the same prompts, and its delta-method standard error
-    sqrt(var(single - R multi) / n) / mean(multi) (pairing removes the common prompt noise)."""
-    single, multi = np.asarray(single, float), np.asarray(multi, float)
-    R = single.mean() / multi.mean()
-    se = float(np.std(single - R * multi, ddof=1) / math.sqrt(single.size) / multi.mean())
-    return float(R), se
-
-
-def _wls(L: np.ndarray, y: np.ndarray, se: np.ndarray, power: float):
-    """Weighted least squares of y = a + c L^-power: (a, c), covariance, chi^2."""
-    X = np.stack([np.ones_like(L), L ** -power], axis=1)
-    wt = 1.0 / se ** 2
-    cov = np.linalg.inv(X.T @ (X * wt[:, None]))
-    coef = cov @ (X.T @ (wt * y))
-    chi2 = float(np.sum(((y - X @ coef) / se) ** 2))
-    return coef, cov, chi2
-
-
-CORRECTION_POWERS = (1.0, 0.5)
-"""The finite-L correction of L * loss (and of ratios of such losses) is fitted as c L^-p with
-p = 1 (the expansion's O(1/L) term) and p = 1/2.  Why both: the expansion's remainder is
-O(L^-2) only while the third cumulant of the softmax weights has a finite Gaussian average
-(6 omega^2 < 1); at the optimum omega ~ 0.39..0.55 for r <= 4 it is not, the remainder is
-O(L^{-1-alpha}) with 0 < alpha < 1, and the measured approach of L * loss to its limit is
-indeed slower than 1/L (r = 1: 7.08, 7.52, 8.08, 8.36 at L = 256, 1024, 4096, 8192 against
-8.44).  The two fits bracket the extrapolation; their midpoint is reported and half their
-difference is the systematic error of the extrapolation."""
-
-def fit_limit(L, y, se) -> dict:
-    """Extrapolate y(L) to L -> inf from the weighted fits y = a + c L^-p, p in
-    CORRECTION_POWERS: a = midpoint of the two intercepts, a_se = the larger of their
-    Monte-Carlo standard errors, systematic = half their difference."""
-    L, y, se = (np.asarray(v, float) for v in (L, y, se))
-    if L.size < 3:
-        raise ValueError(f"the L -> inf extrapolation needs at least 3 context lengths, got {L.size}")
-    if np.any(~np.isfinite(se)) or np.any(se <= 0):
-        raise ValueError(f"standard errors must be positive and finite, got {se.tolist()}")
-    fits = {}
-    for p in CORRECTION_POWERS:
-        coef, cov, chi2 = _wls(L, y, se, p)
-        fits[p] = {"a": float(coef[0]), "a_se": float(math.sqrt(cov[0, 0])), "c": float(coef[1]), "chi2": chi2}
-    a1, a2 = (fits[p]["a"] for p in CORRECTION_POWERS)
-    return {"a": 0.5 * (a1 + a2), "a_se": max(f["a_se"] for f in fits.values()),
-            "systematic": 0.5 * abs(a1 - a2), "dof": int(L.size - 2),
-            "fits": {f"p={p:g}": f for p, f in fits.items()}}

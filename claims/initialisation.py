@@ -28,8 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from claims.base import Figure, Series
-from claims.allocation_race import (FIELDS, PHASES, RACE_SPEC, nothing_compared, phase_comparison, phase_row,
-                                   tcfg)
+from claims.phase_checks import FIELDS, PHASES, nothing_compared, phase_comparison, phase_row, tcfg
 from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation, reported_row
 from claims.spec import ClaimSpec, Outcome, finding, replace_fields
 from numerics import saddle as single_heads
@@ -351,7 +350,6 @@ CLAIM_ID, TITLE, STATEMENT = INIT_SPEC.id, INIT_SPEC.title, INIT_SPEC.statement
 run = INIT_SPEC.run
 
 
-run_race = RACE_SPEC.run   # boundary-allocation-race lives in claims.allocation_race
 
 
 def _residual_figure(runs) -> Figure:

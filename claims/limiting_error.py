@@ -50,7 +50,7 @@ from typing import Sequence
 
 from claims.base import Figure, Series
 from claims.common import Z_SE, Comparison, headline_row, perturbation
-from claims.spec import ClaimSpec, Outcome, finding, replace_fields
+from claims.spec import ClaimSpec, Outcome, finding
 from claims.trained import check_trained_loss, run_status
 from numerics import exact_reduced
 from numerics.config import ProblemConfig
@@ -273,8 +273,8 @@ def findings(result) -> list:
                                "theory's exact finite-L fixed point {theory} (tolerance {tol}).", config=c["config"],
                                loss=(c["measured"], d["run"]["se"]), theory=c["predicted"], tol=c["tolerance"]))
         else:
-            out.append(finding(result, "stops", "At {config}, the trained model is " + d["status"].split(" (")[0]
-                               + ": held-out loss {loss} against theory's allocated fixed point {theory} (check: "
+            out.append(finding(result, "stops", "At {config}, the trained run is outside claim 5's account ("
+                               + d["status"].split(" (")[0] + "): held-out loss {loss} against theory's allocated fixed point {theory} (check: "
                                + d["boundary_check"] + ").", config=c["config"], loss=(c["measured"], d["run"]["se"]),
                                theory=d["prediction"]["loss"]))
     for c in result.details["comparisons"]:

@@ -44,7 +44,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, config_label, paired_ratio, headline_row, perturbation
+from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation
+from numerics.statistics import paired_ratio
 from claims.spec import ClaimSpec, Outcome, finding
 from claims.trained import check_trained_loss, run_status
 from numerics import exact_reduced

@@ -36,7 +36,8 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, fit_limit, headline_row, perturbation
+from claims.common import Z_SE, Comparison, headline_row, perturbation
+from numerics.statistics import fit_limit
 from claims.spec import ClaimSpec, Outcome, finding
 from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
-import inspect
 import json
 import math
 import shutil
@@ -44,13 +43,13 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 import claims
-from claims.base import FAILING, PROFILES, ClaimResult, run_claim
+from claims.base import FAILING, PROFILES, ClaimResult
 from theory._validate import SEED_MAX, float_option, int_option, read_input_bytes, seed_option
 from reports.output import (FIGURE_DIR, REPORT_MARKER, check_out_dir, new_temporary, recover_leftovers,  # noqa: F401
                             replace_with, write_tree)
 from reports.plan import (PROBLEM_FLAGS, _ask, accepts_problem, check_claims, check_problem,  # noqa: F401
                           claims_at_configuration, describe_estimate, estimate, selected)
-from reports.progress import ClaimProgress
+from reports.run import run_all, run_one  # noqa: F401  (the claims' runner of a build)
 from reports.provenance import git_state, provenance, unreadable_sweep_points  # noqa: F401
 from reports.schema import BadArguments, OUTCOMES, check_report, entry_problems, load_report, upgrade  # noqa: F401
 
@@ -217,7 +216,7 @@ def make_parser() -> argparse.ArgumentParser:
                              "(limiting-error, multi-head-gain) take their trained runs from it "
                              "instead of training them (refused when no selected claim reads one)")
     parser.add_argument("--jobs", type=int_option("--jobs", low=1, high=64, why_high="more processes than claims gain nothing"), default=None, metavar="N",
-                        help="run the claims side by side in N processes, one torch thread each (default: "
+                        help="run the claims side by side in N worker processes, one torch thread each (default: "
                              "the number of CPU cores, at most 4; 1 runs them one after another; CUDA runs use 1). "
                              "Claims that share trained runs stay in one process, so each run is trained once")
     parser.add_argument("--no-progress", action="store_true",
@@ -286,143 +285,6 @@ def default_jobs() -> int:
 
 
 # --------------------------------------------------------------------------- running
-
-
-def run_one(claim_id: str, cfg: BuildConfig, progress=None) -> ClaimResult:
-    """Run one claim through ``claims.claim_runner``; any exception (an import error, a claim
-    that breaks its contract) becomes a ``ClaimResult`` with verdict ``error`` and the
-    traceback, so one broken claim never hides the rest.  KeyboardInterrupt propagates."""
-
-    def body() -> ClaimResult:
-        run = claims.claim_runner(claim_id)
-        kwargs = dict(profile=cfg.profile, device=cfg.device, seed=cfg.seed, sweep=cfg.sweep)
-        if cfg.problem is not None and "problem" in inspect.signature(run).parameters:
-            kwargs["problem"] = dict(cfg.problem)
-        if progress is not None:
-            kwargs["progress"] = progress
-        result = run(**kwargs)
-        if not isinstance(result, ClaimResult):
-            raise TypeError(f"{claims.REGISTRY[claim_id]} returned {type(result).__name__}, "
-                            "not a claims.base.ClaimResult")
-        if result.verdict not in OUTCOMES.get(result.kind, ()):
-            raise ValueError(f"{claims.REGISTRY[claim_id]} returned verdict {result.verdict!r}, not one of "
-                             f"{OUTCOMES.get(result.kind)} (kind {result.kind!r})")
-        if result.id != claim_id:
-            raise ValueError(f"{claims.REGISTRY[claim_id]} returned id {result.id!r} for registry id "
-                             f"{claim_id!r}; the ids of claims.json are the registry's")
-        entry = result.to_dict()  # the schema's checks now, not after every claim has run
-        entry.update(figure_data=entry.pop("figures"), figures=[], figure_errors=[])
-        problems = entry_problems(upgrade({"claims": [entry]})["claims"][0], 0)
-        if problems:
-            raise ValueError(f"{claims.REGISTRY[claim_id]} returned a result that breaks the schema of "
-                             f"claims.json: {'; '.join(problems[:5])}")
-        return result
-
-    kind = "boundary" if claim_id.startswith(("boundary-", "atlas-")) else "claim"
-    return run_claim(claim_id, claim_id, "(not available: the claim check raised before returning "
-                     "its result; see the error below)", body, kind=kind)
-
-
-def run_all(cfg: BuildConfig, stream: Optional[TextIO] = None,
-            cpu_seconds: Optional[dict] = None) -> list[ClaimResult]:
-    """Every selected claim, in registry order, with progress "[k/n] id ..." on ``stream``;
-    ``cpu_seconds``, if given, receives each claim's CPU time.  With ``cfg.jobs`` > 1 (CPU
-    only) the claims run in that many forked processes (:func:`run_parallel`)."""
-    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
-    ids = selected(cfg)
-    if cfg.jobs > 1 and len(ids) > 1 and not str(cfg.device).startswith("cuda"):
-        return run_parallel(cfg, ids, stream, cpu_seconds)
-    results = []
-    for k, claim_id in enumerate(ids, start=1):
-        display = ClaimProgress(f"[{k}/{len(ids)}] {claim_id}", stream, cfg.progress)
-        cpu0 = time.process_time()
-        try:
-            result = run_one(claim_id, cfg, display)
-        except BaseException:  # Ctrl-C or SIGTERM: end the bar's line before the message
-            if display.bar is not None:
-                display.bar.close()
-            raise
-        if cpu_seconds is not None:
-            cpu_seconds[claim_id] = time.process_time() - cpu0
-        display.close(result)
-        results.append(result)
-    return results
-
-
-def claim_groups(ids: list[str], profile: str = "quick") -> list[list[str]]:
-    """The selected ids cut into groups that run in one process: the claims of a
-    ``claims.SHARED_RUNS`` group together (they share trained runs through the run cache, so each
-    is trained once), every other claim alone; the most expensive group first (the claims' own
-    estimates), so that the longest runs start first."""
-    groups, seen = [], set()
-    for shared in getattr(claims, "SHARED_RUNS", ()):
-        g = [cid for cid in ids if cid in shared]
-        if g:
-            groups.append(g)
-            seen.update(g)
-    groups += [[cid] for cid in ids if cid not in seen]
-
-    def cost(g):
-        try:
-            return sum(claims.estimate_seconds(cid, profile) or 0.0 for cid in g)
-        except Exception:  # a claim that cannot estimate runs last
-            return 0.0
-    return sorted(groups, key=cost, reverse=True)
-
-
-def _run_group(args) -> list[tuple[str, ClaimResult, float]]:
-    """One group of claims in a worker process, one torch thread (parallelism is across
-    processes: on 2 cores, two intra-op threads per process stall each other)."""
-    group, cfg = args
-    import torch
-    torch.set_num_threads(1)
-    out = []
-    for claim_id in group:
-        cpu0 = time.process_time()
-        result = run_one(claim_id, dataclasses.replace(cfg, progress=False))
-        out.append((claim_id, result, time.process_time() - cpu0))
-    return out
-
-
-def run_parallel(cfg: BuildConfig, ids: list[str], stream: TextIO,
-                 cpu_seconds: Optional[dict]) -> list[ClaimResult]:
-    """The claims in ``cfg.jobs`` forked worker processes (a fork keeps this process's modules,
-    so a registry given in-process runs the same), one line per finished claim on ``stream``
-    (a bar over the claims with progress on); the results in registry order.  Ctrl-C or SIGTERM
-    terminates the workers: nothing is written before every claim has returned."""
-    import multiprocessing
-
-    groups = claim_groups(ids, cfg.profile)
-    done: dict[str, ClaimResult] = {}
-    bar = None
-    if cfg.progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(ids), desc=f"{len(ids)} claims in {cfg.jobs} processes", file=stream,
-                   dynamic_ncols=True, bar_format="{desc} {n_fmt}/{total_fmt}|{bar:20}| {elapsed}{postfix}")
-    pool = multiprocessing.get_context("fork").Pool(min(cfg.jobs, len(groups)))
-    try:
-        for finished in pool.imap_unordered(_run_group, [(g, cfg) for g in groups]):
-            for claim_id, result, cpu in finished:
-                done[claim_id] = result
-                if cpu_seconds is not None:
-                    cpu_seconds[claim_id] = cpu
-                line = f"[{len(done)}/{len(ids)}] {claim_id}: {result.verdict} in {result.seconds:.1f} s"
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix_str(line[:70])
-                else:
-                    print(line, file=stream, flush=True)
-                if result.verdict == "error" and "error" in result.details:
-                    print(f"    {claim_id}: {result.details['error']}", file=stream, flush=True)
-        pool.close()
-    except BaseException:
-        pool.terminate()
-        raise
-    finally:
-        pool.join()
-        if bar is not None:
-            bar.close()
-    return [done[cid] for cid in ids]
 
 
 # --------------------------------------------------------------------------- writing

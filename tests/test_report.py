@@ -533,8 +533,9 @@ def test_any_claim_values_give_a_valid_strict_report(tmp_path_factory, theory, n
 # --------------------------------------------------------------------------- the real registry
 
 
+@pytest.mark.e2e
 def test_real_registry_tiny_end_to_end(tmp_path):
-    """The real claims at profile tiny: every registry id has a section and a valid entry
+    """(marker e2e: about a minute on 2 cores, .ci/run's own step) The real claims at profile tiny: every registry id has a section and a valid entry
     (claims not written yet show up as verdict "error" with their traceback)."""
     out = tmp_path / "report"
     status = main(["--profile", "tiny", "--out", str(out), "--no-progress"])

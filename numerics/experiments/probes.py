@@ -33,6 +33,7 @@ from numerics.data import make_generator, sample_prompts
 from numerics.evaluate import held_out_loss
 from numerics.exact_reduced import FamilyMinimum, allocated_minimum, best_found_minimum, measure, minimise_family
 from numerics.experiments import cached, identity, one_thread
+from numerics.statistics import paired_ratio
 from numerics.model import MultiHeadAttention, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values
 from numerics.reduced import metric_factors, per_prompt_reduced_gradients, reduced_gradient
 from numerics.symmetry import symmetrize_full, symmetrize_subgroup
@@ -430,15 +431,8 @@ def best_decomposable(tasks, heads: int, L: int, sigma: float, seed: int, device
                             allocated_loss=float(a.loss), allocated_se=float(a.se), C=C, C_se=se)
 
 
-def _paired_ratio(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """mean(a) / mean(b) on the same prompts and its delta-method se (as claims.common.paired_ratio)."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    R = a.mean() / b.mean()
-    return float(R), float(np.std(a - R * b, ddof=1) / math.sqrt(a.size) / b.mean())
-
-
 def _best_index(s: DecomposableSearch) -> tuple[int, float, float]:
-    ratios = [_paired_ratio(s.allocated.per_prompt, fm.per_prompt) for fm in s.candidates]
+    ratios = [paired_ratio(s.allocated.per_prompt, fm.per_prompt) for fm in s.candidates]
     k = int(np.argmax([C for C, _ in ratios]))
     return k, ratios[k][0], ratios[k][1]
 
@@ -459,7 +453,7 @@ def candidates_at_heads(tasks, H: int, L: int, sigma: float, seed: int, device="
     alloc, decs = s.allocated, s.candidates
     rows = []
     for k, fm in enumerate(decs):
-        C, se = _paired_ratio(alloc.per_prompt, fm.per_prompt)
+        C, se = paired_ratio(alloc.per_prompt, fm.per_prompt)
         rows.append({"kind": "construction" if k < s.fixed else "decomposable search", "start": fm.family,
                      "loss": fm.loss, "se": fm.se, "C": C, "C_se": se,
                      "omega": np.round(fm.omega, 4).tolist(), "mu": np.round(fm.mu, 3).tolist()})
@@ -501,6 +495,6 @@ def constant_rows(tasks, sigma: float, Ls: Sequence[int], seed: int, device="cpu
         gf = allocated_minimum(tasks, L, sigma, s, device, fit_elements)
         best = best_found_minimum(tasks, L, sigma, s + 1, 2, 0, device, fit_elements)
         measure([gf, best], max(256, eval_elements // (best.omega.shape[0] * int(L))), s + 2, device)
-        C, se = _paired_ratio(gf.per_prompt, best.per_prompt)
+        C, se = paired_ratio(gf.per_prompt, best.per_prompt)
         rows.append({"L": int(L), "constant": C, "se": se, "gf": gf.summary(), "best": best.summary()})
     return rows

@@ -1,0 +1,173 @@
+"""Running the selected claims of a build: one after another, or side by side in fresh
+worker processes (``--jobs``), each claim through ``claims.claim_runner`` with its result
+checked against the claims.json schema as soon as it returns."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+import time
+from typing import Optional, TextIO
+
+import claims
+from claims.base import ClaimResult, no_progress, run_claim
+from reports.plan import selected
+from reports.progress import ClaimProgress
+from reports.schema import OUTCOMES, entry_problems, upgrade
+
+
+def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
+    """Run one claim through ``claims.claim_runner``; any exception (an import error, a claim
+    that breaks its contract) becomes a ``ClaimResult`` with verdict ``error`` and the
+    traceback, so one broken claim never hides the rest.  KeyboardInterrupt propagates."""
+
+    def body() -> ClaimResult:
+        run = claims.claim_runner(claim_id)
+        kwargs = dict(profile=cfg.profile, device=cfg.device, seed=cfg.seed, sweep=cfg.sweep)
+        if cfg.problem is not None and "problem" in inspect.signature(run).parameters:
+            kwargs["problem"] = dict(cfg.problem)
+        if progress is not None:
+            kwargs["progress"] = progress
+        result = run(**kwargs)
+        if not isinstance(result, ClaimResult):
+            raise TypeError(f"{claims.REGISTRY[claim_id]} returned {type(result).__name__}, "
+                            "not a claims.base.ClaimResult")
+        if result.verdict not in OUTCOMES.get(result.kind, ()):
+            raise ValueError(f"{claims.REGISTRY[claim_id]} returned verdict {result.verdict!r}, not one of "
+                             f"{OUTCOMES.get(result.kind)} (kind {result.kind!r})")
+        if result.id != claim_id:
+            raise ValueError(f"{claims.REGISTRY[claim_id]} returned id {result.id!r} for registry id "
+                             f"{claim_id!r}; the ids of claims.json are the registry's")
+        entry = result.to_dict()  # the schema's checks now, not after every claim has run
+        entry.update(figure_data=entry.pop("figures"), figures=[], figure_errors=[])
+        problems = entry_problems(upgrade({"claims": [entry]})["claims"][0], 0)
+        if problems:
+            raise ValueError(f"{claims.REGISTRY[claim_id]} returned a result that breaks the schema of "
+                             f"claims.json: {'; '.join(problems[:5])}")
+        return result
+
+    kind = "boundary" if claim_id.startswith(("boundary-", "atlas-")) else "claim"
+    return run_claim(claim_id, claim_id, "(not available: the claim check raised before returning "
+                     "its result; see the error below)", body, kind=kind)
+
+
+def run_all(cfg, stream: Optional[TextIO] = None,
+            cpu_seconds: Optional[dict] = None) -> list[ClaimResult]:
+    """Every selected claim, in registry order, with progress "[k/n] id ..." on ``stream``;
+    ``cpu_seconds``, if given, receives each claim's CPU time.  With ``cfg.jobs`` > 1 (CPU
+    only) the claims run in that many worker processes (:func:`run_parallel`)."""
+    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
+    ids = selected(cfg)
+    if cfg.jobs > 1 and len(ids) > 1 and not str(cfg.device).startswith("cuda") and parallel_safe():
+        return run_parallel(cfg, ids, stream, cpu_seconds)
+    results = []
+    for k, claim_id in enumerate(ids, start=1):
+        display = ClaimProgress(f"[{k}/{len(ids)}] {claim_id}", stream, cfg.progress)
+        cpu0 = time.process_time()
+        try:
+            result = run_one(claim_id, cfg, display)
+        except BaseException:  # Ctrl-C or SIGTERM: end the bar's line before the message
+            if display.bar is not None:
+                display.bar.close()
+            raise
+        if cpu_seconds is not None:
+            cpu_seconds[claim_id] = time.process_time() - cpu0
+        display.close(result)
+        results.append(result)
+    return results
+
+
+def claim_groups(ids: list[str], profile: str = "quick") -> list[list[str]]:
+    """The selected ids cut into groups that run in one process: the claims of a
+    ``claims.SHARED_RUNS`` group together (they share trained runs through the run cache, so each
+    is trained once), every other claim alone; the most expensive group first (the claims' own
+    estimates), so that the longest runs start first."""
+    groups, seen = [], set()
+    for shared in getattr(claims, "SHARED_RUNS", ()):
+        g = [cid for cid in ids if cid in shared]
+        if g:
+            groups.append(g)
+            seen.update(g)
+    groups += [[cid] for cid in ids if cid not in seen]
+
+    def cost(g):
+        try:
+            return sum(claims.estimate_seconds(cid, profile) or 0.0 for cid in g)
+        except Exception:  # a claim that cannot estimate runs last
+            return 0.0
+    return sorted(groups, key=cost, reverse=True)
+
+
+def _run_group(args) -> list[tuple[str, ClaimResult, float]]:
+    """One group of claims in a worker process (the parent's registry, one torch thread:
+    parallelism is across processes; on 2 cores two intra-op threads per process stall each
+    other)."""
+    group, cfg, registry = args
+    import torch
+    torch.set_num_threads(1)
+    claims.REGISTRY = registry
+    out = []
+    for claim_id in group:
+        cpu0 = time.process_time()
+        result = run_one(claim_id, dataclasses.replace(cfg, progress=False), no_progress)
+        out.append((claim_id, result, time.process_time() - cpu0))
+    return out
+
+
+def parallel_safe() -> bool:
+    """Whether the claims can run in fresh worker processes: the registry is made of importable
+    ``module:NAME`` entries and ``claims.claim_runner`` is the package's own (a runner or
+    registry patched in this process only -- the report's tests -- runs in this process)."""
+    import importlib
+    if getattr(claims.claim_runner, "__module__", None) != "claims":
+        return False
+    try:
+        for entry in claims.REGISTRY.values():
+            module, _, name = str(entry).partition(":")
+            if not name or not hasattr(importlib.import_module(module), name):
+                return False
+    except Exception:
+        return False
+    return True
+
+
+def run_parallel(cfg, ids: list[str], stream: TextIO,
+                 cpu_seconds: Optional[dict]) -> list[ClaimResult]:
+    """The claims in ``cfg.jobs`` worker processes, started fresh (multiprocessing's ``spawn``:
+    a fork of a process whose torch threads have run can deadlock in the child), one line per
+    finished claim on ``stream`` (a bar over the claims with progress on); the results in
+    registry order.  Ctrl-C or SIGTERM terminates the workers: nothing is written before every
+    claim has returned."""
+    import multiprocessing
+
+    groups = claim_groups(ids, cfg.profile)
+    done: dict[str, ClaimResult] = {}
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(ids), desc=f"{len(ids)} claims in {min(cfg.jobs, len(groups))} processes", file=stream,
+                   dynamic_ncols=True, bar_format="{desc} {n_fmt}/{total_fmt}|{bar:20}| {elapsed}{postfix}")
+    pool = multiprocessing.get_context("spawn").Pool(min(cfg.jobs, len(groups)))
+    try:
+        for finished in pool.imap_unordered(_run_group, [(g, cfg, dict(claims.REGISTRY)) for g in groups]):
+            for claim_id, result, cpu in finished:
+                done[claim_id] = result
+                if cpu_seconds is not None:
+                    cpu_seconds[claim_id] = cpu
+                line = f"[{len(done)}/{len(ids)}] {claim_id}: {result.verdict} in {result.seconds:.1f} s"
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(line[:70])
+                else:
+                    print(line, file=stream, flush=True)
+                if result.verdict == "error" and "error" in result.details:
+                    print(f"    {claim_id}: {result.details['error']}", file=stream, flush=True)
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+        if bar is not None:
+            bar.close()
+    return [done[cid] for cid in ids]
