@@ -17,6 +17,7 @@ with a number):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,3 +124,23 @@ def allocation(omega, mu) -> Allocation:
                       head_share=tuple(_second_over_first(row) for row in mu),
                       runner_up_share=tuple(_second_over_first(mu[:, i]) for i in range(mu.shape[1])),
                       signed_superposed=tuple(signed))
+
+
+def crossing_time(t, shares, threshold: float, eligible=None) -> float:
+    """The first time a share reaches ``threshold`` (where ``eligible``, if given, is true:
+    e.g. an off-task value on the opposite-sign branch), log-interpolated between the two
+    records around the crossing; inf if it never does by the last record, the first record's
+    time if it starts there.  The escape-time readout of the saddle and of the atlas."""
+    t, s = np.asarray(t, float), np.asarray(shares, float)
+    hit = s >= threshold
+    if eligible is not None:
+        hit &= np.asarray(eligible, bool)
+    ok = np.flatnonzero(hit)
+    if ok.size == 0:
+        return math.inf
+    j = int(ok[0])
+    if j == 0:
+        return float(t[0])
+    a, b = math.log(max(s[j - 1], 1e-300)), math.log(s[j])
+    f = (math.log(threshold) - a) / (b - a) if b > a else 1.0
+    return float(t[j - 1] + min(max(f, 0.0), 1.0) * (t[j] - t[j - 1]))

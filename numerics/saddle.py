@@ -38,8 +38,9 @@ from theory import saddle as th
 from .config import ProblemConfig
 from .data import make_generator, sample_prompts
 from .evaluate import held_out_loss
-from .exact_reduced import measure, minimise_family
+from .exact_reduced import measure, minimise_family, one_thread as _one_thread
 from .model import MultiHeadAttention
+from .readout import crossing_time
 from .symmetry import symmetrize_full
 from .train import TrainConfig, train
 
@@ -51,19 +52,6 @@ EPS64 = float(np.finfo(np.float64).eps)
 
 class _Stop(Exception):
     """Raised by a run's on_record hook once every off-task share has crossed the threshold."""
-
-
-def _one_thread(fn):
-    def wrapper(*args, **kwargs):
-        old = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            torch.set_num_threads(old)
-    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
-    wrapper.__wrapped__ = fn
-    return wrapper
 
 
 # ---------------------------------------------------------------------------------------
@@ -484,17 +472,9 @@ class EscapeTimeMeasurement:
 
 
 def _crossing(t, mu_off, served, threshold):
-    share = np.abs(mu_off) / np.abs(served)
-    ok = np.flatnonzero((share >= threshold) & (mu_off < 0))
-    if ok.size == 0:
-        return math.inf
-    j = int(ok[0])
-    if j == 0:
-        return float(t[0])
-    # interpolate log(share) linearly between the two records
-    s0, s1 = math.log(max(share[j - 1], 1e-300)), math.log(share[j])
-    f = (math.log(threshold) - s0) / (s1 - s0) if s1 > s0 else 1.0
-    return float(t[j - 1] + min(max(f, 0.0), 1.0) * (t[j] - t[j - 1]))
+    """First time an off-task value on the opposite-sign branch reaches ``threshold`` of the
+    served one (numerics.readout.crossing_time)."""
+    return crossing_time(t, np.abs(mu_off) / np.abs(served), threshold, eligible=np.asarray(mu_off) < 0)
 
 
 def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int] = (16, 64, 256),

@@ -41,7 +41,7 @@ import numpy as np
 from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss, held_out_loss_difference
 from numerics.experiments import active_store, one_thread
-from numerics.readout import SUPERPOSED_SHARE, allocation
+from numerics.readout import SUPERPOSED_SHARE, allocation, crossing_time
 from numerics.train import TrainConfig, train
 
 __all__ = ["AtlasSchedule", "CLASSES", "classify", "run_point", "check_point", "train_atlas", "escape_time",
@@ -225,19 +225,8 @@ def _saddle_prediction(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
 # ---------------------------------------------------------------------------------------
 
 def escape_time(t, shares, threshold: float) -> float:
-    """First time the opposite-sign off-task share reaches ``threshold``, log-interpolated
-    between the two records around the crossing (inf: never by the last record; the first
-    record's time if it starts above)."""
-    t, s = np.asarray(t, float), np.asarray(shares, float)
-    ok = np.flatnonzero(s >= threshold)
-    if ok.size == 0:
-        return math.inf
-    j = int(ok[0])
-    if j == 0:
-        return float(t[0])
-    a, b = math.log(max(s[j - 1], 1e-300)), math.log(s[j])
-    f = (math.log(threshold) - a) / (b - a) if b > a else 1.0
-    return float(t[j - 1] + min(max(f, 0.0), 1.0) * (t[j] - t[j - 1]))
+    """First time the opposite-sign off-task share reaches ``threshold`` (numerics.readout.crossing_time)."""
+    return crossing_time(t, shares, threshold)
 
 
 def _split(model, cfg) -> dict:
