@@ -31,7 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from claims.base import Figure
-from claims.common import Z_SE, Comparison, config_label, headline_row, initial_values, perturbation, window_drift
+from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation
+from numerics.model import initial_values
+from numerics.statistics import window_drift
 from claims.spec import ClaimSpec, Outcome, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.experiments.reduced_flows import fewer_heads_run, mean_se, merged_and_factored, paired_difference
@@ -206,7 +208,7 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
     trained, se_trained = mean_se(losses[0])
     predicted_loss = float(losses[1].mean())
     fluctuation = max(0.0, float(losses[3:].mean() - trained)) / run.averaged_records
-    drift = window_drift(run.train_losses[-max(2, int(math.ceil(0.1 * run.steps))):])
+    drift = window_drift(run.train_losses[-max(2, int(math.ceil(0.1 * run.steps))):], Z_SE)
     tol = Z_SE * math.sqrt(2.0) * se_trained + drift + fluctuation
     err = fewer_heads_error(trained, predicted_loss, measured_winners, winners, decisive)
     permuted = [(h + 1) % cfg.heads for h in winners]

@@ -19,8 +19,6 @@ from typing import Optional
 import numpy as np
 
 from claims.base import HeadlineRow, Figure, PerturbationCheck, Series, jsonable
-from numerics.model import initial_semi_singular_values
-from numerics.statistics import loss_standard_error
 
 EPS64 = float(np.finfo(np.float64).eps)
 """Unit round-off of float64 (2.2e-16): the scale of every 'exact to rounding' tolerance."""
@@ -127,6 +125,35 @@ def perturbation(description: str, error: float, tolerance: float, **details) ->
                              details=jsonable({"error": error, "tolerance": tolerance, **details}))
 
 
+SIDE_ERRORS = {
+    "two-sided": lambda measured, predicted: abs(measured - predicted),
+    "not above": lambda measured, predicted: max(0.0, measured - predicted),
+    "not below": lambda measured, predicted: max(0.0, predicted - measured),
+}
+"""The error of a scalar comparison on each side (claims.base.SIDES)."""
+
+
+def compare(name: str, measured, predicted, tolerance: float, why: str, *, wrong=(), error=None,
+            side: str = "two-sided", details: Optional[dict] = None, config: Optional[str] = None) -> Comparison:
+    """A comparison whose perturbations cannot be a second inequality: one error function,
+    ``error(measured, prediction)`` (default :data:`SIDE_ERRORS` of ``side``), applied to the
+    prediction under test and to each wrong prediction of ``wrong`` ((description, prediction)
+    pairs, or a dict), at the one tolerance.  A wrong prediction is rejected when its error
+    exceeds the tolerance; it is recorded with the prediction it stood for."""
+    err = error or SIDE_ERRORS[side]
+    pairs = wrong.items() if isinstance(wrong, dict) else wrong
+    return Comparison(name=name, measured=measured, predicted=predicted, error=float(err(measured, predicted)),
+                      tolerance=tolerance, why=why, side=side, config=config, details=details or {},
+                      perturbations=[perturbation(d, float(err(measured, alt)), tolerance, predicted=alt)
+                                     for d, alt in pairs])
+
+
+def off_by(factor: float, predicted: float, what: str = "prediction") -> tuple:
+    """The two wrong predictions ``what`` x factor and ``what`` / factor (a constant off by a
+    stated factor, both ways)."""
+    return ((f"{what} x{factor:g}", factor * predicted), (f"{what} /{factor:g}", predicted / factor))
+
+
 def worst(comparisons: list[Comparison]) -> dict:
     """The worst agreement over a list of comparisons: the largest error/tolerance."""
     if not comparisons:
@@ -159,6 +186,13 @@ def value_panels(name: str, title: str, t_points: np.ndarray, omega_points: np.n
     return Figure(name=name, title=title, kind="panels", panels=panels)
 
 
+def lines_figure(name: str, title: str, curves, **figure) -> Figure:
+    """A figure of kind "lines" from ``curves``: (label, x, y, style) with style "points" (measured),
+    "line" (theory) or "dashed" (a border); ``figure``: the other Figure fields."""
+    return Figure(name=name, title=title, series=[Series(label, [float(v) for v in x], [float(v) for v in y], style)
+                                                  for label, x, y, style in curves], **figure)
+
+
 def log_comparison(c: Comparison, test: str) -> None:
     """Append one line (test, name, error, tolerance, margin, perturbations rejected) to the
     JSON-lines file named by $ICL_CLAIMS_LOG, if set: how the worst agreement over the drawn
@@ -171,11 +205,6 @@ def log_comparison(c: Comparison, test: str) -> None:
                                                            for p in c.perturbations]})
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
-
-
-def initial_values(cfg) -> tuple[np.ndarray, np.ndarray]:
-    """(omega, mu) (H, m) float64 numpy of cfg's decomposable initialisation."""
-    return tuple(a.numpy().copy() for a in initial_semi_singular_values(cfg))
 
 
 def _scalar(x):
@@ -221,17 +250,3 @@ def config_label(cfg) -> str:
     if cfg.init != "decomposable":
         parts.append(f"init={cfg.init}")
     return " ".join(parts)
-
-
-# ---------------------------------------------------------------------------------------
-# statistics of measured numbers (claims 5-7 and the boundaries)
-# ---------------------------------------------------------------------------------------
-
-def window_drift(tail: np.ndarray) -> float:
-    """The part of the change of the loss between the two halves of the final window that
-    Monte-Carlo noise does not explain: max(0, |mean_1 - mean_2| - Z_SE se(mean_1 - mean_2)),
-    the se by batch means within each half.  An estimate of the optimisation error left (a
-    run still descending), zero for a run that has converged to within its noise."""
-    halves = np.array_split(np.asarray(tail, float), 2)
-    se = math.hypot(*(loss_standard_error(h, 5) for h in halves))
-    return max(0.0, abs(float(halves[0].mean() - halves[1].mean())) - Z_SE * se)

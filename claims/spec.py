@@ -201,14 +201,6 @@ def fmt(x, se=None) -> str:
     return s if se is None or not math.isfinite(float(se)) else f"{s} ± {float(se):.2g}"
 
 
-def row_of(result: ClaimResult, prefix: str) -> Optional[dict]:
-    """The first headline row whose name starts with ``prefix`` (None if none)."""
-    for r in result.headline:
-        if isinstance(r, dict) and str(r.get("name", "")).startswith(prefix):
-            return r
-    return None
-
-
 def finding(result: ClaimResult, kind: str, template: str, **numbers) -> Finding:
     """A Finding whose text is ``template.format(**formatted numbers)``: each number is a value
     or a (value, se) pair; the sentence and ``numbers`` come from the same values."""
@@ -220,9 +212,14 @@ def finding(result: ClaimResult, kind: str, template: str, **numbers) -> Finding
     return Finding(claim=result.id, kind=kind, text=template.format(**text_vals), numbers=vals)
 
 
-def verdict_word(result: ClaimResult) -> str:
-    return {"pass": "holds", "fail": "fails", "error": "is undecided", "located": "located",
-            "contradicted": "contradicted", "undecided": "undecided"}.get(result.verdict, result.verdict)
+def comparisons_named(result: ClaimResult, prefix: str) -> list[dict]:
+    """The comparison summaries (``details["comparisons"]``) whose name starts with ``prefix``."""
+    return [c for c in result.details.get("comparisons", []) if c["name"].startswith(prefix)]
+
+
+def agreement(comparison: dict) -> str:
+    """The finding kind of one comparison summary: "holds" if it agrees, else "stops"."""
+    return "holds" if comparison["agrees"] else "stops"
 
 
 def replace_fields(p, problem: dict, keys: tuple):

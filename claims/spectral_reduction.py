@@ -57,7 +57,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from claims.block_structure import SECONDS_PER_MTOKEN_STEP, SECONDS_PER_STEP, eps_of, label
-from claims.common import Z_SE, Comparison, headline_row, initial_values, perturbation, value_panels
+from claims.common import Z_SE, Comparison, headline_row, perturbation, value_panels
+from numerics.model import initial_values
 from claims.spec import ClaimSpec, Outcome, finding
 from numerics.config import ProblemConfig
 from numerics.experiments import probes

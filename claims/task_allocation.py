@@ -51,7 +51,8 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from claims.base import Figure, HeadlineRow, jsonable
-from claims.common import Z_SE, Comparison, initial_values, perturbation, reported_row
+from claims.common import Z_SE, Comparison, perturbation, reported_row
+from numerics.model import initial_values
 from claims.spec import ClaimSpec, Outcome, finding
 from numerics.config import ProblemConfig
 from numerics.experiments import phases as experiments

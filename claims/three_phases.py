@@ -23,7 +23,8 @@ import numpy as np
 import theory.exact as exact_theory
 import theory.three_phases as phase_theory
 from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, config_label, headline_row, initial_values, perturbation, worst
+from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation, worst
+from numerics.model import initial_values
 from claims.spec import ClaimSpec, Outcome, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.experiments import phases as experiments

@@ -89,6 +89,14 @@ def initial_semi_singular_values(cfg: ProblemConfig) -> tuple[torch.Tensor, torc
                      "'unbalanced_decomposable'")
 
 
+
+
+def initial_values(cfg: ProblemConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(omega, mu), each (H, m) float64 numpy, of cfg's initialisation
+    (:func:`initial_semi_singular_values` as arrays: what theory's flows start from)."""
+    return tuple(a.numpy().copy() for a in initial_semi_singular_values(cfg))
+
+
 def unbalanced_factor_scales(cfg: ProblemConfig) -> tuple[np.ndarray, np.ndarray]:
     """(a, b), each (H,): the per-head factor scales of init='unbalanced_decomposable',
     i.i.d. N(0, 1) (seed cfg.init_seed; the authors multiply each head's K by a standard

@@ -63,3 +63,14 @@ def fit_limit(L, y, se) -> dict:
     return {"a": 0.5 * (a1 + a2), "a_se": max(f["a_se"] for f in fits.values()),
             "systematic": 0.5 * abs(a1 - a2), "dof": int(L.size - 2),
             "fits": {f"p={p:g}": f for p, f in fits.items()}}
+
+
+def window_drift(tail: np.ndarray, z: float) -> float:
+    """The part of the change of the loss between the two halves of the final window that
+    Monte-Carlo noise does not explain: max(0, |mean_1 - mean_2| - z se(mean_1 - mean_2)), the
+    se by batch means within each half (z: the caller's standard errors, claims.common.Z_SE).
+    An estimate of the optimisation error left (a run still descending), zero for a run that
+    has converged to within its noise."""
+    halves = np.array_split(np.asarray(tail, float), 2)
+    se = math.hypot(*(loss_standard_error(h, 5) for h in halves))
+    return max(0.0, abs(float(halves[0].mean() - halves[1].mean())) - z * se)

@@ -24,7 +24,7 @@ from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
 from numerics.evaluate import LossEstimate, held_out_loss, held_out_reduced_loss
 from numerics.experiments import cached, identity, one_thread
-from numerics.model import MultiHeadAttention, initial_semi_singular_values
+from numerics.model import MultiHeadAttention, initial_semi_singular_values, initial_values
 from numerics.readout import allocation
 from numerics.reduced import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
 from numerics.train import TrainConfig, train
@@ -33,10 +33,6 @@ from theory.three_phases import allocated_projection, phase_times, warmup_relati
 
 EVAL_SEED, HELD_OUT_SEED, SPREAD_SEED = 99_991, 424_243, 77_777
 """Claim 3's seeds: the fixed evaluation batch of the loss curve, the held-out prompts, the probe."""
-
-
-def _initial_values(cfg: ProblemConfig) -> tuple[np.ndarray, np.ndarray]:
-    return tuple(a.numpy().copy() for a in initial_semi_singular_values(cfg))
 
 
 def _arrays(result) -> tuple:
@@ -118,7 +114,7 @@ def escape_time_spread(cfg: ProblemConfig, batch: int, lr: float, probe_batch: i
     (T - t) delta, so dT^2 = int_0^T (T - t)^2 sigma_v^2 lr / B dt = sigma_v^2 (lr / B) T^3 / 3:
     with T ~ 1/v, dT = coef sqrt(T) / sqrt 3.  Returns ``coef`` = sigma_v sqrt(lr / B) / v and
     ``log_noise`` = sigma_v sqrt(lr / B) (the rms wander of log x is log_noise sqrt t)."""
-    om0_np, mu0_np = _initial_values(cfg)
+    om0_np, mu0_np = initial_values(cfg)
     v = warmup_relative_rates(om0_np, mu0_np, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale)
     om0, mu0 = (a.to(cfg.device, cfg.torch_dtype) for a in initial_semi_singular_values(cfg))
     prompts = sample_prompts(cfg, probe_batch, make_generator(seed, cfg.device))
