@@ -1,17 +1,12 @@
-"""``boundary-allocation-race`` (issue 14, items 3 and 4), on the full model:
+"""``boundary-allocation-race`` (issue 14, items 3 and 4), on the full model: a grid over the
+runner-up head's (omega0, mu0) relative to the favoured head's (one task, two heads), the
+measured winner against theory's ODE rule and the "largest mu0" rule; and the default
+decomposable start at growing scale s0 against the reduced flow from the same start.
 
-  3. a grid over the runner-up head's (omega0, mu0) relative to the favoured head's (one task,
-     two heads; theory.initialisation.race_starts): the measured winner against theory's ODE
-     rule and the "largest mu0" rule;
-  4. the default decomposable start at growing scale s0: where the warm-up disappears and
-     allocation stops being predictable, against the reduced flow from the same start.
-
-Outcome: theory's ODE rule in every cell where the data seeds agree and the race has ended
-(both runs start on D, where the reduced flow is exact), and the reduced flow's phase times at
-every scale (:func:`phase_comparison`, used by both boundaries: a phase that ends in neither curve is
-no disagreement, one that ends in one curve only is counted and said).  Where the warm-up
-vanishes and where allocation stops being predictable are findings (the paper assumes small
-starts); so is which side the measurement takes where "largest mu0" and the ODE rule differ.
+Judged: the ODE rule where the race is decided and the reduced flow's phase times at every
+scale (both runs start on D, where the reduced flow is exact).  Where the warm-up vanishes and
+where allocation stops being predictable are findings (the paper assumes small starts); so is
+which side the measurement takes where "largest mu0" and the ODE rule differ.
 """
 from __future__ import annotations
 
@@ -20,10 +15,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from claims.base import Figure, Series
-from claims.common import Comparison, config_label, headline_row, perturbation, reported_row
-from claims.phase_checks import FIELDS, PHASES, nothing_compared, phase_comparison, phase_row, tcfg  # noqa: F401
-from claims.spec import ClaimSpec, Outcome, finding, replace_fields
+from claims.base import Figure
+from claims.common import Comparison, config_label, headline_row, lines_figure, reported_row
+from claims.phase_checks import (FIELDS, PHASES, nothing_compared, outcome_comparison, phase_comparison, phase_row,
+                                 tcfg)
+from claims.spec import ClaimSpec, Outcome, comparisons_named, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import large_init_run, race_cell
 from theory.initialisation import default_start_winners, race_starts
@@ -82,26 +78,21 @@ def race_grid(p: RaceProfile, device="cpu", seed=0, progress=lambda msg, f: None
     return {"cells": cells}
 
 
-def check_race(cells: list[dict]) -> Comparison:
+def check_race(cells: list[dict], config=None) -> Comparison:
     """In every cell where the data seeds agree (and the race has ended in both: the winner
     carries >= RACE_DECIDED_SHARE of sum_h |mu omega| at t_end), the measured winners equal
-    theory's ODE rule: error = number of decided cells where they differ, tolerance 0 (a winner
-    is a discrete outcome; undecided cells are counted, not compared).  Perturbation through the
-    same comparison: every winner swapped to another head.  No decided cell: error 0 and the
-    perturbation not rejected (undecided)."""
+    theory's ODE rule (:func:`outcome_comparison`).  Perturbation through the same comparison:
+    every winner swapped to another head."""
     decided = [c for c in cells if c["decided"]]
-    compare = lambda rule: float(sum(c["measured"][0] != rule(c) for c in decided))  # noqa: E731
     heads = 1 + max(max(c["ode"]) for c in cells) if cells else 2
-    return Comparison(
-        name="race winner = theory's ODE rule where two data seeds agree", measured=len(decided) - int(compare(
-            lambda c: c["ode"])), predicted=len(decided), error=compare(lambda c: c["ode"]), tolerance=0.0,
-        why="exact: a discrete outcome, compared only where the data seeds agree and the race has ended",
-        perturbations=[perturbation("every winner swapped to another head",
-                                    compare(lambda c: [(w + 1) % max(2, heads) for w in c["ode"]]), 0.0)],
-        details={"decided": len(decided), "undecided": len(cells) - len(decided),
-                 "seeds_disagree": sum(not c["seeds_agree"] for c in cells),
-                 "not_allocated": sum(c["seeds_agree"] and not c["allocated"] for c in cells),
-                 "largest_mu_disagrees_with_measured": int(compare(lambda c: c["largest_mu"]))})
+    return outcome_comparison(
+        "race winner = theory's ODE rule where two data seeds agree", [(c["measured"][0], c["ode"]) for c in decided],
+        "exact: a discrete outcome, compared only where the data seeds agree and the race has ended",
+        ("every winner swapped to another head", lambda ode: [(w + 1) % max(2, heads) for w in ode]),
+        {"decided": len(decided), "undecided": len(cells) - len(decided),
+         "seeds_disagree": sum(not c["seeds_agree"] for c in cells),
+         "not_allocated": sum(c["seeds_agree"] and not c["allocated"] for c in cells),
+         "largest_mu_disagrees_with_measured": sum(c["measured"][0] != c["largest_mu"] for c in decided)}, config)
 
 
 def bracket(scales: list, hits: list):
@@ -124,15 +115,16 @@ def evaluate(ctx) -> Outcome:
         large[s0] = [large_init_run(cfg, tcfg(p, seed + k, p.large_time, p.large_records)) for k in p.data_seeds]
     spacing = p.large_time / (p.large_records - 1)
     label = config_label(base) + " init=decomposable at growing s0"
-    comps = [check_race(cells), phase_comparison(
+    cfg0 = config_label(ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma)) + f" s0={p.s0:g}"
+    race, phases = check_race(cells, cfg0), phase_comparison(
         "phase times against init scale: full model vs reduced flow",
         [(f"s0={s:g} seed {k}", r["full"]["phases"], r["reduced"]["phases"], p.large_time)
-         for s, rs in large.items() for k, r in zip(p.data_seeds, rs)], spacing, "reduced flow", label)]
-    comps[0].config = config_label(ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma)) + f" s0={p.s0:g}"
+         for s, rs in large.items() for k, r in zip(p.data_seeds, rs)], spacing, "reduced flow", label)
     predicted = {s0: default_start_winners(p.large_tasks, s0, p.L, p.sigma) for s0 in p.large_scales}
+    warmup = lambda r: r["full"]["phases"]["warmup_end"]  # noqa: E731
     # no warm-up: in every seed the loss has fallen by 10% of its drop within 2 record spacings
-    no_warmup = [s0 for s0, rs in large.items() if all(math.isfinite(r["full"]["phases"]["warmup_end"])
-                                                       and r["full"]["phases"]["warmup_end"] <= 2 * spacing for r in rs)]
+    no_warmup = [s0 for s0, rs in large.items() if all(math.isfinite(warmup(r)) and warmup(r) <= 2 * spacing
+                                                       for r in rs)]
     # unpredictable: a seed's winners differ from the reduced flow's from the same start, or from
     # theory's ODE rule where the start is inside the expansion's domain, or a task is not allocated
     # (its winner carries < WINNER_MASS_SHARE of sum_h |mu omega|), or the seeds disagree
@@ -141,25 +133,24 @@ def evaluate(ctx) -> Outcome:
                             or (predicted[s0] is not None and r["full"]["winners"] != predicted[s0])
                             or not r["full"]["mass_allocated"] or r["full"]["winners"] != rs[0]["full"]["winners"]
                             for r in rs)]
-    undefined = [s0 for s0, rs in large.items() if any(not math.isfinite(r["full"]["phases"]["warmup_end"]) for r in rs)]
+    undefined = [s0 for s0, rs in large.items() if any(not math.isfinite(warmup(r)) for r in rs)]
     dis = [c for c in cells if c["ode"] != c["largest_mu"]]
-    race, cfg0 = comps[0], comps[0].config
-    contra = sum(c["decided"] and c["measured"][0] == c["ode"] for c in dis)
+    sides_with = lambda rule: sum(c["decided"] and c["measured"][0] == c[rule] for c in dis)  # noqa: E731
+    contra = sides_with("ode")
     headline = [headline_row(race, measured=race.measured, theory=race.predicted) if race.details["decided"]
                 else reported_row(race.name, None, config=cfg0),
-                reported_row("race: undecided cells: data seeds disagree", race.details["seeds_disagree"], config=cfg0),
-                reported_row("race: undecided cells: seeds agree, race not ended by t_end",
-                             race.details["not_allocated"], config=cfg0),
-                reported_row("race: cells where 'largest mu0' and the ODE rule disagree", len(dis), config=cfg0),
-                reported_row("race: decided cells where the measurement sides with 'largest mu0' against the ODE rule",
-                             sum(c["decided"] and c["measured"][0] == c["largest_mu"] for c in dis), config=cfg0),
-                reported_row("race: decided cells where the measurement contradicts 'largest mu0' (sides with the ODE "
-                             "rule)", contra, config=cfg0),
-                *phase_row(comps[1]),
-                reported_row("no warm-up from init scale (bracket [below, at])", bracket(list(p.large_scales), no_warmup),
-                             config=label),
-                reported_row("allocation unpredictable from init scale (bracket [below, at])",
-                             bracket(list(p.large_scales), unpredictable), config=label)]
+                *(reported_row(name, value, config=cfg0) for name, value in (
+                    ("race: undecided cells: data seeds disagree", race.details["seeds_disagree"]),
+                    ("race: undecided cells: seeds agree, race not ended by t_end", race.details["not_allocated"]),
+                    ("race: cells where 'largest mu0' and the ODE rule disagree", len(dis)),
+                    ("race: decided cells where the measurement sides with 'largest mu0' against the ODE rule",
+                     sides_with("largest_mu")),
+                    ("race: decided cells where the measurement contradicts 'largest mu0' (sides with the ODE rule)",
+                     contra))),
+                *phase_row(phases),
+                *(reported_row(f"{what} from init scale (bracket [below, at])", bracket(list(p.large_scales), hits),
+                               config=label)
+                  for what, hits in (("no warm-up", no_warmup), ("allocation unpredictable", unpredictable)))]
     details = {"domain": "theory's ODE rule decides the race in cells where the data seeds agree (both runs start on "
                          "D, where the reduced flow is exact); on D the reduced flow gives the phase times at every "
                          "scale. Where the warm-up vanishes and where allocation stops being predictable are findings "
@@ -170,13 +161,13 @@ def evaluate(ctx) -> Outcome:
                "warmup_undefined_scales": undefined, "largest_mu_contradicted": contra,
                "largest_mu_decided": sum(c["decided"] for c in dis), "rules_disagree": len(dis)}
     figures = [_race_heatmap(p, cells), _race_border_figure(p, cells), _large_phase_figure(large, spacing)]
-    return Outcome(comps, headline, figures, details, undecided=nothing_compared(comps))
+    return Outcome([race, phases], headline, figures, details, undecided=nothing_compared([race, phases]))
 
 
 def findings(result) -> list:
     """The race's winners against both rules (beyond) and the scale where the warm-up vanishes (stops)."""
     d = result.details
-    race = next(c for c in d["comparisons"] if c["name"].startswith("race winner"))
+    race = comparisons_named(result, "race winner")[0]
     p = d["ran"]["profile"]
     out = [finding(result, "beyond", "In the (omega0, mu0) race ({cells} cells, one task, two heads) the measured "
                    "winner is theory's ODE rule's in {agree} of {decided} decided cells; 'largest mu0' and the ODE "
@@ -185,12 +176,11 @@ def findings(result) -> list:
                    cells=len(d["cells"]), agree=race["measured"], decided=race["details"]["decided"],
                    dis=d["rules_disagree"], contra=d["largest_mu_contradicted"], dis_dec=d["largest_mu_decided"],
                    undecided=race["details"]["undecided"], t=p["time"])]
-    scales, hits = p["large_scales"], d["no_warmup_scales"]
-    where = bracket(scales, hits)
-    unpred = bracket(scales, d["unpredictable_scales"])
+    scales = p["large_scales"]
+    where, unpred = bracket(scales, d["no_warmup_scales"]), bracket(scales, d["unpredictable_scales"])
     tail = (" allocation is unpredictable from s0 in [{u_lo}, {u_hi}]." if unpred else
             " allocation stays predictable up to s0 = {top}.")
-    nums = dict(top=max(scales), t=p["large_time"], u_lo=(unpred or [None, None])[0], u_hi=(unpred or [None, None])[1])
+    nums = dict(zip(("u_lo", "u_hi"), unpred or (None, None)), top=max(scales), t=p["large_time"])
     if where:
         out.append(finding(result, "stops", "From the default decomposable start the warm-up disappears (10% of the "
                            "loss drop within 2 record spacings in every seed) at an init scale s0 in ({lo}, {hi}];"
@@ -249,30 +239,30 @@ def _race_border_figure(p: RaceProfile, cells) -> Figure:
     picks = (("measured: head 0", lambda c: c["decided"] and c["measured"][0][0] == 0),
              ("measured: head 1", lambda c: c["decided"] and c["measured"][0][0] == 1),
              ("measured: undecided", lambda c: not c["decided"]))
-    series = [Series(label, [c["rho_omega"] for c in cells if pick(c)], [c["rho_mu"] for c in cells if pick(c)],
-                     "points") for label, pick in picks]
+    curves = [(label, [c["rho_omega"] for c in cells if pick(c)], [c["rho_mu"] for c in cells if pick(c)], "points")
+              for label, pick in picks]
     ratios, by = list(p.ratios), []
     for rw in ratios:
         col = sorted((c for c in cells if c["rho_omega"] == rw), key=lambda c: c["rho_mu"])
         switch = [math.sqrt(a["rho_mu"] * b["rho_mu"]) for a, b in zip(col, col[1:]) if a["ode"][0] != b["ode"][0]]
         by.append(switch[0] if switch else ratios[0] / 1.5 if col and col[0]["ode"][0] == 1 else ratios[-1] * 1.5)
-    series += [Series("ODE rule border", ratios, by, "line"),
-               Series("'largest mu0' border", [ratios[0], ratios[-1]], [1.0, 1.0], "dashed")]
-    return Figure(name="race-border", title="Race winners over the (omega0, mu0) ratio grid with theory's border",
-                  xlabel="runner-up omega0 / favoured omega0", ylabel="runner-up mu0 / favoured mu0",
-                  xscale="log", yscale="log", series=series,
-                  caption="above the solid line the ODE rule gives the task to the runner-up head; a border "
-                          "outside the grid is drawn just beyond its edge")
+    curves += [("ODE rule border", ratios, by, "line"),
+               ("'largest mu0' border", [ratios[0], ratios[-1]], [1.0, 1.0], "dashed")]
+    return lines_figure("race-border", "Race winners over the (omega0, mu0) ratio grid with theory's border", curves,
+                        xlabel="runner-up omega0 / favoured omega0", ylabel="runner-up mu0 / favoured mu0",
+                        xscale="log", yscale="log",
+                        caption="above the solid line the ODE rule gives the task to the runner-up head; a border "
+                                "outside the grid is drawn just beyond its edge")
 
 
 def _large_phase_figure(large, spacing) -> Figure:
-    series = []
+    curves = []
     for key, style in (("full", "points"), ("reduced", "line")):
         for which in PHASES:
-            pts = [(s0, float(np.mean(v))) for s0, rs in large.items()
+            pts = [(s0, np.mean(v)) for s0, rs in large.items()
                    if (v := [r[key]["phases"][which] for r in rs if math.isfinite(r[key]["phases"][which])])]
-            series.append(Series(f"{key} {which.replace('_', ' ')}", [x for x, _ in pts], [y for _, y in pts], style))
-    return Figure(name="race-phases", title="Phase times against the init scale (default decomposable start)",
-                  xlabel="s0", ylabel="t", xscale="log", yscale="log", series=series,
-                  hlines=[{"y": 2 * spacing, "label": "two record spacings"}],
-                  caption="a warm-up end below two record spacings: no warm-up at that scale")
+            curves.append((f"{key} {which.replace('_', ' ')}", [x for x, _ in pts], [y for _, y in pts], style))
+    return lines_figure("race-phases", "Phase times against the init scale (default decomposable start)", curves,
+                        xlabel="s0", ylabel="t", xscale="log", yscale="log",
+                        hlines=[{"y": 2 * spacing, "label": "two record spacings"}],
+                        caption="a warm-up end below two record spacings: no warm-up at that scale")

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, headline_row, perturbation, reported_row
+from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row
 from claims.spec import ClaimSpec, Outcome, finding
-from numerics.experiments.atlas import (CLASSES, PATTERNS, cell_class, class_counts, crossing_L, escape_cells, grid_of,
-                                        last_and_first, mean_se, ols_slope, panel_matrices, panel_points, ratios,
-                                        warmup_border)
+from numerics.experiments.atlas import (CLASSES, PATTERNS, cell_class, class_counts, escape_cells, escape_row,
+                                        escaped_runs, grid_of, heads_row, mean_se, ols_slope, panel_matrices,
+                                        panel_points, ratios, warmup_border, warmup_row)
 
 IDS = ("atlas-initialisation", "atlas-heads", "atlas-noise", "atlas-batch")
 LEGEND = "cell value = outcome: " + ", ".join(f"{k} {c}" for k, c in enumerate(CLASSES)) + \
@@ -91,27 +91,24 @@ def evaluate_initialisation(ctx) -> Outcome:
     figs, info = outcome_maps("atlas-init", "Initialisation", cells, rows, cols, lambda r: PATTERNS.get(r, r),
                               lambda c: f"{c:g}", "init scale s0", "pattern",
                               "Rows: start pattern; columns: init scale s0.")
-    borders, below, left_below, measured, series = {}, [], [], {}, []
+    borders, below, left_below, measured, curves = {}, [], [], {}, []
     for r in rows:
         by_s = {c: cells[(r, c)] for c in cols if (r, c) in cells}
         b = borders[r] = warmup_border(by_s)
-        lo, hi = last_and_first(by_s, lambda x: x["in_warmup"])
-        measured[r] = {"last_in_warmup": lo, "first_out": hi,
-                       "border": math.sqrt(lo * hi) if lo and hi else None, "theory": b}
+        measured[r] = {**warmup_row(by_s), "theory": b}
         below += [x for s, rs in by_s.items() for x in rs if b is not None and s < b]
         left_below += [{"pattern": r, "s0": s, "seed": x["seed"]} for s, rs in by_s.items() for x in rs
                        if b is not None and s < b and not x["in_warmup"]]
         xs = sorted(by_s)
-        series.append(Series(f"{PATTERNS.get(r, r)} movable off-D / ||(W,U)||", xs,
-                             [float(np.mean([x["residual_end"]["movable_relative"] for x in by_s[s]])) for s in xs],
-                             "points"))
+        curves.append((f"{PATTERNS.get(r, r)} movable off-D / ||(W,U)||", xs,
+                       [np.mean([x["residual_end"]["movable_relative"] for x in by_s[s]]) for s in xs], "points"))
         if b is not None:
-            series.append(Series(f"{PATTERNS.get(r, r)} theory small scale", [b, b], [0.0, 1.0], "dashed"))
-    figs.append(Figure(name="atlas-init-residual", title="Movable off-D residual at t_end against s0",
-                       xlabel="init scale s0", ylabel="movable off-D part / ||(W, U)||", xscale="log",
-                       series=series,
-                       caption="points: mean over seeds; dashed: theory.initialisation's small scale of the pattern "
-                               "(warm-up bound exponent 1/2 at t_end), below which a run is still in warm-up"))
+            curves.append((f"{PATTERNS.get(r, r)} theory small scale", [b, b], [0.0, 1.0], "dashed"))
+    figs.append(lines_figure("atlas-init-residual", "Movable off-D residual at t_end against s0", curves,
+                             xlabel="init scale s0", ylabel="movable off-D part / ||(W, U)||", xscale="log",
+                             caption="points: mean over seeds; dashed: theory.initialisation's small scale of the "
+                                     "pattern (warm-up bound exponent 1/2 at t_end), below which a run is still in "
+                                     "warm-up"))
     n_left = len(left_below)
     comp = Comparison(
         name="runs below theory's small scale still in warm-up at t_end", measured=n_left, predicted=0,
@@ -169,21 +166,12 @@ def evaluate_heads(ctx) -> Outcome:
     for r in rows:
         m = r[0]
         hs = [h for h in cols if (r, h) in cells]
-        classes = {h: cell_class(cells[(r, h)]) for h in hs}
-        allocated = [h for h in hs if classes[h] == ("allocated", True)]
         balanced = r[1] in ("decomposable", "random_decomposable")
-        above = [h for h in hs if h >= m and classes[h][1] and classes[h][0] != "not converged"]
-        border = min(allocated) if allocated else (math.inf if above else None)
-        rows_out.append({"row": label(r), "m": m, "balanced": balanced, "measured_border": border,
-                         "classes": {h: classes[h][0] for h in hs},
-                         "superposition_above_m": sum(classes[h][0] == "superposition" for h in hs if h > m),
-                         "off_D_above_m": sum(classes[h][0] == "off D" for h in hs if h > m),
-                         "not_converged_above_m": sum(classes[h][0] == "not converged" for h in hs if h > m),
-                         "cells_above_m": sum(1 for h in hs if h > m),
-                         "ratio_above_m": mean_se([ratios(cells[(r, h)])["over_allocated"] for h in hs if h > m])})
-        if balanced and border is not None:
+        ro = {"row": label(r), "m": m, "balanced": balanced, **heads_row({h: cells[(r, h)] for h in hs}, m)}
+        rows_out.append(ro)
+        if balanced and ro["measured_border"] is not None:
             decided += 1
-            errors.append((border, m))
+            errors.append((ro["measured_border"], m))
         series.append(Series(f"{label(r)} loss / best decomposable", hs,
                              [ratios(cells[(r, h)])["over_best"] for h in hs], "points"))
     for m in sorted({r[0] for r in rows}):
@@ -192,16 +180,16 @@ def evaluate_heads(ctx) -> Outcome:
                        xlabel="heads H", ylabel="loss / best decomposable", series=series,
                        caption="points: mean over seeds; dashed: theory's border H = m (allocation needs a head per "
                                "task)"))
-    pert = lambda shift: max((abs(b - (m + shift)) for b, m in errors), default=0.0)  # noqa: E731
-    err = pert(0)
-    comp = Comparison(
-        name="balanced starts: smallest allocated H against theory's border H = m", measured=[b for b, _ in errors],
-        predicted=[m for _, m in errors], error=float(err), tolerance=0.0,
-        why="exact: H is an integer and the grid contains H = m; a row's border is its smallest H whose seeds all "
-            "end allocated (inf: a converged row with no allocated H >= m)",
-        perturbations=[perturbation("border at H = m - 1", pert(-1), 0.0), perturbation("border at H = m + 1",
-                                                                                         pert(1), 0.0)],
-        details={"rows": rows_out}, config=_config_text(points, ("L", "sigma")))
+    def largest_miss(measured, predicted):
+        return max((abs(b - m) for b, m in zip(measured, predicted)), default=0.0)
+
+    ms = [m for _, m in errors]
+    comp = compare("balanced starts: smallest allocated H against theory's border H = m", [b for b, _ in errors], ms,
+                   0.0, "exact: H is an integer and the grid contains H = m; a row's border is its smallest H whose "
+                   "seeds all end allocated (inf: a converged row with no allocated H >= m)", error=largest_miss,
+                   wrong=(("border at H = m - 1", [m - 1 for m in ms]), ("border at H = m + 1", [m + 1 for m in ms])),
+                   details={"rows": rows_out}, config=_config_text(points, ("L", "sigma")))
+    err = comp.error
     undecided = None if decided else "no balanced-start row has a decided cell at H >= m"
     head = [headline_row(comp, measured=err)] + [reported_row(f"{ro['row']}: smallest allocated H",
                                                               ro["measured_border"], theory=ro["m"],
@@ -270,22 +258,19 @@ def evaluate_noise(ctx) -> Outcome:
         f"B={points[0]['point']['train']['batch']} t_end={t_end:g}"
     comp = leave_comparison("left allocation by t_end: measured against theory's T(B) < t_end", cells,
                             lambda k: f"sigma={k[0]:g} L={k[1]}", t_end, config)
-    series, borders = [], []
+    curves, borders = [], []
     for r in rows:
-        Ls = [c for c in cols if (r, c) in cells]
-        Tm = [mean_se([x["escape_time"] for x in cells[(r, c)]])[0] for c in Ls]
-        Tp = [cells[(r, c)][0]["saddle"]["T_pred"] for c in Ls]
-        series.append(Series(f"sigma={r:g} measured", Ls, [t if t is not None else math.nan for t in Tm], "points"))
-        series.append(Series(f"sigma={r:g} theory", Ls, Tp, "line"))
-        th = crossing_L(Ls, Tp, t_end)
-        lo, hi = last_and_first({c: cells[(r, c)] for c in Ls}, lambda x: math.isfinite(x["escape_time"]))
-        borders.append({"sigma": r, "theory_L": th, "measured_last_left": lo, "measured_first_stay": hi,
-                        "measured_L": math.sqrt(lo * hi) if lo and hi else None})
-    figs.append(Figure(name="atlas-noise-escape", title="Escape time from the allocated point against L",
-                       xlabel="L", ylabel="escape time", xscale="log", series=series,
-                       hlines=[{"y": t_end, "label": "t_end (the run)"}],
-                       caption="points: first crossing of the opposite-sign share (mean over seeds; missing: none by "
-                               "t_end); lines: theory.saddle's T(B); theory's border is where a line crosses t_end"))
+        e = escape_row({c: cells[(r, c)] for c in cols if (r, c) in cells}, t_end)
+        curves += [(f"sigma={r:g} measured", e["L"], e["measured"], "points"),
+                   (f"sigma={r:g} theory", e["L"], e["theory"], "line")]
+        borders.append({"sigma": r, **{k: e[k] for k in ("theory_L", "measured_last_left", "measured_first_stay",
+                                                         "measured_L")}})
+    figs.append(lines_figure("atlas-noise-escape", "Escape time from the allocated point against L", curves,
+                             xlabel="L", ylabel="escape time", xscale="log",
+                             hlines=[{"y": t_end, "label": "t_end (the run)"}],
+                             caption="points: first crossing of the opposite-sign share (mean over seeds; missing: "
+                                     "none by t_end); lines: theory.saddle's T(B); theory's border is where a line "
+                                     "crosses t_end"))
     undecided = None if comp.details["decided"] else "no cell decided (seeds disagree, or T(B) too close to t_end)"
     head = [headline_row(comp)]
     for b in borders:
@@ -328,23 +313,19 @@ def evaluate_batch(ctx) -> Outcome:
                               lambda c: f"B={c}", "batch B", "step lr",
                               "From theory's allocated point. Rows: step lr; columns: batch B.")
     config = _config_text(points, ("tasks", "heads", "L", "sigma")) + f" t_end={t_end:g}"
-    xs, ys, preds, series = [], [], [], []
+    xs, ys, preds = escaped_runs(cells, rows, cols)
+    curves = []
     for r in rows:
         Bs = [c for c in cols if (r, c) in cells]
-        for c in Bs:
-            for x in cells[(r, c)]:
-                if math.isfinite(x["escape_time"]):
-                    xs.append(math.log(c / r))
-                    ys.append(x["escape_time"])
-                    preds.append(x["saddle"]["slope_pred"])
-        series.append(Series(f"lr={r:g} measured", Bs, [(mean_se([x["escape_time"] for x in cells[(r, c)]])[0]
-                                                         or math.nan) for c in Bs], "points"))
-        series.append(Series(f"lr={r:g} theory", Bs, [cells[(r, c)][0]["saddle"]["T_pred"] for c in Bs], "line"))
-    figs.append(Figure(name="atlas-batch-escape", title="Escape time against the batch size, per step",
-                       xlabel="batch B", ylabel="escape time", xscale="log", series=series,
-                       hlines=[{"y": t_end, "label": "t_end (the run)"}],
-                       caption="points: first crossing of the opposite-sign share (mean over seeds); lines: "
-                               "theory.saddle's T(B) (slope 2/rate in log B, seed from the measured gradient noise)"))
+        curves += [(f"lr={r:g} measured", Bs, [(mean_se([x["escape_time"] for x in cells[(r, c)]])[0] or math.nan)
+                                               for c in Bs], "points"),
+                   (f"lr={r:g} theory", Bs, [cells[(r, c)][0]["saddle"]["T_pred"] for c in Bs], "line")]
+    figs.append(lines_figure("atlas-batch-escape", "Escape time against the batch size, per step", curves,
+                             xlabel="batch B", ylabel="escape time", xscale="log",
+                             hlines=[{"y": t_end, "label": "t_end (the run)"}],
+                             caption="points: first crossing of the opposite-sign share (mean over seeds); lines: "
+                                     "theory.saddle's T(B) (slope 2/rate in log B, seed from the measured gradient "
+                                     "noise)"))
     slope, se = ols_slope(xs, ys)
     undecided = None if math.isfinite(slope) else "fewer than 4 escaped runs at distinct B / lr: no slope with an se"
     pred = float(np.mean(preds)) if preds else math.nan

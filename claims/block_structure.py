@@ -1,51 +1,12 @@
 """Claim 1: started from decomposable weights, gradient flow keeps them decomposable.
 
-What is run (``numerics.experiments.probes``) and why it can decide the claim:
-
-1. **Exactly symmetric batches** (:func:`check_symmetrised_exact`).  The loss of a batch
-   made of whole orbits of the finite group G of :func:`theory.block_structure.symmetry_group`
-   (coordinate sign flips and cyclic shifts inside each task block, per-task output sign
-   flips; |G| = 2^(d+m) prod r_i) is G-invariant, and the fixed set of G is exactly D, so
-   gradient descent from a point of D stays in D *exactly*; in floating point the residual
-   ||theta - P_D theta|| / ||theta|| is rounding only.  Tolerance: each step adds at most a
-   few round-offs (relative eps of the dtype) per entry to the off-D part, carried along and
-   amplified at most as much as a tiny off-D perturbation is (measured by a twin run), so
-   after n steps residual <= c n eps A(t), c = 64.  Perturbations -- wrong symmetry groups,
-   i.e. wrong invariant subspaces, sent through the same rounding comparison: (i) "the
-   per-task output sign flips alone fix D" (d >= 2): on a batch symmetric under that
-   subgroup only the flow must leave D (through the non-block-scalar part of W_XX);
-   (ii) "the x symmetries alone fix D" (m >= 2): the flow must leave D (through the
-   off-diagonal of U_Y); (iii) "any G-orbit minus one element fixes D".  (i) and (ii) are
-   what a residual meter blind to those directions -- a P_D that keeps W_XX and U_Y whole --
-   cannot reject, so such a meter makes the verdict ``error``.
-2. **Fresh Monte-Carlo batches** (:func:`check_structure_preserved`).  The population
-   gradient at a point of D lies in D (SPEC.md: the data law is invariant under block
-   rotations and sign flips), so the off-D part of each step's update is pure Monte-Carlo
-   noise of mean zero.  We *measure* its size: at every recorded (omega, mu) we rebuild the
-   decomposable model, take one GD step on ``n_probe`` independent batches of the run's batch
-   size, and average the squared norm nu^2 of the off-D part of the change of the merged
-   weights (W, U).  Independent increments add in quadrature, so after n steps
-   E||delta||^2 = sum_k nu_k^2 (nu between two records: the larger of the two ends).
-   ||delta||^2 is (by the CLT) a Gaussian quadratic form, whose tail is at worst that of
-   chi^2 with one degree of freedom: P(||delta|| > Z_SE rms) <= 6e-5 (claims.common.Z_SE = 4).
-   nu^2 itself is estimated from few probes: a quadratic form with k effective dimensions
-   makes that estimate chi^2_{Nk} / (Nk) distributed (N probes so far; k = 2/CV^2 estimated
-   from the pooled probes, halved, at least 1): the accumulated variance is replaced by its
-   upper confidence bound at the same tail probability (factor Nk / chi2_{Nk}^{-1}(6e-5)).
-   The bound is therefore
-       residual(t) <= Z_SE sqrt(UCB sum_{k < t/lr} nu_k^2) / ||P_D theta(t)||  (+ rounding floor).
-   What the bound ignores: the linearised dynamics of the off-D part (if D were unstable
-   the noise would be amplified and the claim would *fail* the check, as it should) and
-   O(lr^2) products of noise.  Perturbations (broken structures held to the same bound):
-   a non-decomposable start (``random_full``), and a start in D_+ \\ D, D_+ = {W_XX and U_Y
-   unrestricted} (the set a P_D keeping W_XX and U_Y whole would call decomposable;
-   d >= 2 or m >= 2), kicked off D by KICK relative size.
-
-Domain (decided from theory before any run): every start in D (init decomposable,
-random_decomposable or given), any tasks, H, L, sigma, parametrisation and basis: the
-symmetry argument has no condition on them.  The exact check is run where the symmetrised
-batch is affordable (|G| base_prompts L <= the profile's ``max_exact_tokens``; a cost, not a
-domain: a case above it is recorded as not run in ``details["ran"]``).
+Two checks of the full model's off-D residual ||theta - P_D theta|| / ||theta|| (runs in
+``numerics.experiments.probes``): on exactly G-invariant batches it stays at rounding
+(:func:`check_symmetrised_exact`, against wrong symmetry groups), on fresh Monte-Carlo batches
+within the measured Monte-Carlo noise of the steps (:func:`check_structure_preserved`, against
+broken starts).  Domain (:data:`DOMAIN`): every start in D, no other condition; the exact check
+runs where |G| base_prompts L <= the profile's ``max_exact_tokens`` (a cost, not a domain: a case
+above it is recorded as not run in ``details["ran"]``).
 """
 from __future__ import annotations
 
@@ -55,9 +16,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.stats import norm
 
-from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation
-from claims.spec import ClaimSpec, Outcome, finding
+from claims.common import Z_SE, Comparison, config_label, eps_of, gd_seconds, headline_row, lines_figure, perturbation
+from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
 from numerics.config import ProblemConfig
 from numerics.experiments import probes
 from numerics.train import TrainConfig
@@ -102,7 +62,7 @@ PROFILES = {
 }
 
 ROUNDING_PER_STEP = 64.0
-"""c in the exact-symmetry tolerance c * n_steps * eps * amplification (module docstring)."""
+"""c in the exact-symmetry tolerance c * n_steps * eps * amplification (:func:`check_symmetrised_exact`)."""
 
 NU2_TAIL = float(2.0 * norm.sf(Z_SE))
 """Tail probability of the upper confidence bound on the measured off-D step noise nu^2:
@@ -114,16 +74,6 @@ KICK = 0.05
 DOMAIN = ("every start in D (decomposable / random_decomposable / given init), any tasks, H, L, sigma, "
           "parametrisation and basis Phi: the symmetry argument (G-invariance of the data law, Fix(G) = D) "
           "has no condition on them")
-
-
-def eps_of(cfg) -> float:
-    """Unit round-off of the configuration's dtype."""
-    return float(np.finfo(np.float32 if cfg.dtype == "float32" else np.float64).eps)
-
-
-def label(cfg) -> str:
-    """A headline row's configuration: claims.common.config_label, plus the basis when not identity."""
-    return config_label(cfg) + ("" if cfg.basis == "identity" else f" basis={cfg.basis}")
 
 
 def _check_start_in_D(cfg, what: str) -> None:
@@ -143,10 +93,20 @@ def wrong_groups(cfg) -> list[tuple[str, str]]:
 
 def check_symmetrised_exact(cfg, lr: float = 0.05, steps: int = 60, base_prompts: int = 1,
                             seed: int = 0, records: int = 7) -> Comparison:
-    """GD on one fixed batch of ``base_prompts`` whole G-orbits from the point of D of cfg's
-    init (``probes.symmetric_batch_runs``); the off-D residual must stay at rounding level.  The
-    same comparison, with the same tolerance, is run for the wrong-group predictions
-    (:func:`wrong_groups`) and for a G-orbit with one element dropped: each must be rejected."""
+    """GD on one fixed batch of ``base_prompts`` whole orbits of the group G of
+    :func:`theory.block_structure.symmetry_group` (coordinate sign flips and cyclic shifts inside
+    each task block, per-task output sign flips; |G| = 2^(d+m) prod r_i) from the point of D of
+    cfg's init (``probes.symmetric_batch_runs``).  The batch loss is G-invariant and Fix(G) = D,
+    so GD from D stays in D exactly: the off-D residual is rounding only.  Tolerance: each step
+    adds at most a few round-offs (relative eps of the dtype) per entry to the off-D part,
+    carried along and amplified at most as much as a tiny off-D perturbation is (measured by a
+    twin run), so after n steps residual <= c n eps A(t), c = ROUNDING_PER_STEP = 64.
+
+    The same comparison, with the same tolerance, is run for the wrong-group predictions
+    (:func:`wrong_groups`; the flow must leave D, through the non-block-scalar part of W_XX or
+    the off-diagonal of U_Y: a residual meter blind to those directions, a P_D that keeps W_XX
+    and U_Y whole, cannot reject them and makes the verdict ``error``) and for a G-orbit with one
+    element dropped: each must be rejected."""
     _check_start_in_D(cfg, "the exact-symmetry check")
     groups = wrong_groups(cfg)
     runs = probes.symmetric_batch_runs(cfg, lr, steps, base_prompts, seed, records, [k for k, _ in groups])
@@ -159,15 +119,13 @@ def check_symmetrised_exact(cfg, lr: float = 0.05, steps: int = 60, base_prompts
     amp = np.array([max(1.0, float(np.max(growth[j] / growth[: j + 1]))) for j in range(len(growth))])
     tol_t = ROUNDING_PER_STEP * (np.rint(run.t / lr) + 1) * eps_of(cfg) * amp
     j = int(np.argmax(run.residual / tol_t))
-    perts, wrong_residuals = [], {}
+    perts = []
     for keep, description in groups + [("one_dropped", "a G-orbit with one element dropped keeps D to rounding")]:
         # the same comparison on the records the run reached (a batch off the symmetry can make
         # the flow diverge once it leaves D)
         w = runs.wrong[keep]
-        wrong_residuals[keep] = w.residual
         perts.append(perturbation(description, float(np.max(w.residual / tol_t[: len(w.residual)])), 1.0,
                                   max_residual=float(np.max(w.residual)), diverged=w.diverged))
-    res_drop = wrong_residuals.pop("one_dropped")
     why = (f"exact G-invariance of the batch (|G| = {group_order(cfg.tasks)}): residual is rounding only, "
            f"<= {ROUNDING_PER_STEP:g} x steps x eps x (amplification of off-D errors measured by a perturbed "
            f"twin run, max {float(np.max(amp)):.3g}); compared at the worst record")
@@ -175,21 +133,29 @@ def check_symmetrised_exact(cfg, lr: float = 0.05, steps: int = 60, base_prompts
     return Comparison(
         name=f"symmetrised-exact tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} {cfg.basis}",
         measured=measured, predicted=0.0, error=measured, tolerance=float(tol_t[j]), why=why, perturbations=perts,
-        config=label(cfg),
+        config=config_label(cfg, basis=True),
         details={"config": cfg.to_dict(), "lr": lr, "steps": steps, "seed": seed, "batch": runs.batch,
                  "group_order": group_order(cfg.tasks), "t": run.t, "residual": run.residual,
-                 "residual_wrong_group": wrong_residuals, "residual_one_dropped": res_drop, "tolerance_t": tol_t,
+                 "residual_wrong_group": {k: runs.wrong[k].residual for k, _ in groups},
+                 "residual_one_dropped": runs.wrong["one_dropped"].residual, "tolerance_t": tol_t,
                  "off_D_amplification": amp, "final_off_D_parts": run.parts[-1], "final_omega": run.omega[-1],
                  "final_mu": run.mu[-1]})
 
 
 def noise_bound(cfg, tcfg, t: np.ndarray, omega: np.ndarray, mu: np.ndarray, samples: np.ndarray) -> dict:
-    """The Monte-Carlo bound on the relative residual at the record times (module docstring),
-    from the probes' squared norms ``samples`` (records, n_probe): the accumulated off-D noise
-    with nu^2 replaced by its upper confidence bound at NU2_TAIL (``probes.accumulated_noise``),
-    over ||P_D theta||, plus the rounding floor of the exact case (a random basis makes the start
-    itself decomposable only to rounding).  Returns ``bound`` = Z_SE rms / norm_D + floor and
-    its parts."""
+    """The Monte-Carlo bound on the relative residual at the record times.  The population
+    gradient at a point of D lies in D (SPEC.md: the data law is invariant under block rotations
+    and sign flips), so the off-D part of each step's update is Monte-Carlo noise of mean zero;
+    its squared norm nu^2 is measured by the probes ``samples`` (records, n_probe: one GD step of
+    the decomposable model on independent batches of the run's size).  Independent increments
+    add in quadrature, so after n steps E||delta||^2 = sum_k nu_k^2; ||delta||^2 is (by the CLT)
+    a Gaussian quadratic form, whose tail is at worst chi^2_1's: P(||delta|| > Z_SE rms) <= 6e-5.
+    nu^2 is replaced by its upper confidence bound at the same tail, NU2_TAIL
+    (``probes.accumulated_noise``).  Ignored: the linearised dynamics of the off-D part (were D
+    unstable, the noise would grow and the claim fail the check, as it should) and O(lr^2)
+    products of noise.  Returns ``bound`` = Z_SE rms / ||P_D theta|| + the rounding floor of the
+    exact case (a random basis makes the start itself decomposable only to rounding), and its
+    parts."""
     acc = probes.accumulated_noise(t, tcfg.lr, samples, NU2_TAIL)
     r = np.asarray(cfg.tasks, float)[None, None, :]
     norm_D = np.sqrt(np.sum(r * omega ** 2, axis=(1, 2)) + np.sum(mu ** 2, axis=(1, 2)))
@@ -199,9 +165,10 @@ def noise_bound(cfg, tcfg, t: np.ndarray, omega: np.ndarray, mu: np.ndarray, sam
 
 def check_structure_preserved(cfg, tcfg, n_probe: int = 4, check_random_full: bool = True) -> Comparison:
     """Train the full model on fresh batches from cfg's decomposable init and compare its
-    residual with the Monte-Carlo bound at every record (``probes.fresh_batch_runs``);
-    perturbations (broken structures held to the same bound): a ``random_full`` start and a
-    start kicked into D_+ \\ D (where d >= 2 or m >= 2)."""
+    residual with the Monte-Carlo bound (:func:`noise_bound`) at every record
+    (``probes.fresh_batch_runs``); perturbations (broken structures held to the same bound): a
+    ``random_full`` start and a start kicked into D_+ \\ D, D_+ = {W_XX and U_Y unrestricted}
+    (the set a P_D keeping W_XX and U_Y whole would call decomposable; where d >= 2 or m >= 2)."""
     _check_start_in_D(cfg, "claim 1")
     kicked = cfg.d >= 2 or cfg.m >= 2
     fr = probes.fresh_batch_runs(cfg, tcfg, n_probe, KICK, kicked=kicked, random_full=check_random_full)
@@ -211,23 +178,18 @@ def check_structure_preserved(cfg, tcfg, n_probe: int = 4, check_random_full: bo
     ratio = tr.residual / bound
     k = int(np.argmax(ratio))
     margin = float(ratio[k])
-    perts = []
+    # the broken starts that ran (fresh_batch_runs gives None for the others): (details key, residual, description)
+    broken = [b for b in [("residual_kicked_D_plus", fr.residual_kicked, f"fixed set D_+ = {{W_XX, U_Y unrestricted}}: "
+                           f"a start kicked into D_+ \\ D (relative {KICK:g}) held to the same bound"),
+                          ("residual_random_full", fr.residual_random_full,
+                           "non-decomposable start (random_full) held to the same bound")] if b[1] is not None]
     details = {"config": cfg.to_dict(), "train": tcfg.to_dict(), "t": tr.t, "residual": tr.residual,
                "bound": bound, "rms_noise": nb["rms"], "rms_noise_point_estimate": nb["rms_point_estimate"],
                "confidence_factor": nb["confidence_factor"], "effective_dimensions": nb["effective_dimensions"],
                "nu2": nb["nu2"], "norm_D": nb["norm_D"], "se_at_worst": float(nb["rms"][k] / nb["norm_D"][k]),
                "bound_looseness": 1.0 / margin if margin > 0 else math.inf,
                "final_omega": tr.omega[-1], "final_mu": tr.mu[-1], "final_loss_tail": fr.loss_tail,
-               "wall_seconds": fr.wall_seconds}
-    if kicked:
-        perts.append(perturbation(f"fixed set D_+ = {{W_XX, U_Y unrestricted}}: a start kicked into D_+ \\ D "
-                                  f"(relative {KICK:g}) held to the same bound",
-                                  float(np.max(fr.residual_kicked / bound)), 1.0))
-        details["residual_kicked_D_plus"] = fr.residual_kicked
-    if check_random_full:
-        perts.append(perturbation("non-decomposable start (random_full) held to the same bound",
-                                  float(np.max(fr.residual_random_full / bound)), 1.0))
-        details["residual_random_full"] = fr.residual_random_full
+               "wall_seconds": fr.wall_seconds, **{key: residual for key, residual, _ in broken}}
     why = (f"{Z_SE:g} x rms of the accumulated off-D Monte-Carlo noise of the GD steps, measured "
            f"at each record with {n_probe} probe batches of size {tcfg.batch} (chi^2_1 tail at {Z_SE:g} rms; "
            "the estimate of nu^2 replaced by its upper confidence bound at the same tail), "
@@ -236,7 +198,8 @@ def check_structure_preserved(cfg, tcfg, n_probe: int = 4, check_random_full: bo
         name=(f"fresh-batch tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g} {cfg.param} {cfg.basis} "
               f"B={tcfg.batch} lr={tcfg.lr} t={tcfg.time:g}"),
         measured=float(tr.residual[k]), predicted=float(bound[k]), error=margin, tolerance=1.0, why=why,
-        perturbations=perts, details=details, config=label(cfg))
+        perturbations=[perturbation(description, float(np.max(residual / bound)), 1.0)
+                       for _, residual, description in broken], details=details, config=config_label(cfg, basis=True))
 
 
 # ---------------------------------------------------------------------------------------
@@ -261,8 +224,9 @@ def plan(p: BlockStructureProfile, device: str = "cpu", seed: int = 0, problem: 
     exact = [(cfg, dict(lr=p.lr, steps=p.exact_steps, base_prompts=p.exact_base_prompts))
              for cfg in exact_cfgs if tokens[cfg] <= p.max_exact_tokens]
     not_run = [{"case": f"symmetrised-exact tasks={cfg.tasks} L={cfg.L}",
-                "reason": f"|G| base_prompts L = {tokens[cfg]} tokens > max_exact_tokens = {p.max_exact_tokens} (cost; "
-                          "the fresh-batch check still runs)"} for cfg in exact_cfgs if tokens[cfg] > p.max_exact_tokens]
+                "reason": f"|G| base_prompts L = {tokens[cfg]} tokens > max_exact_tokens = {p.max_exact_tokens} "
+                          "(cost; the fresh-batch check still runs)"}
+               for cfg in exact_cfgs if tokens[cfg] > p.max_exact_tokens]
     return exact, [(cfg, tcfg) for cfg in fresh_cfgs], not_run
 
 
@@ -274,8 +238,8 @@ def evaluate(ctx) -> Outcome:
     ctx.progress("block-structure: fresh batches", len(exact) / (len(exact) + len(fresh_cases)))
     fresh = [check_structure_preserved(cfg, tcfg, n_probe=p.n_probe) for cfg, tcfg in fresh_cases]
     comps = exact + fresh
-    headline = ([headline_row(c, "off-D residual on an exactly G-invariant batch: " + c.name[len("symmetrised-exact "):])
-                 for c in exact]
+    headline = ([headline_row(c, "off-D residual on an exactly G-invariant batch: "
+                              + c.name[len("symmetrised-exact "):]) for c in exact]
                 + [headline_row(c, "off-D residual on fresh batches (bound = Z_SE x MC noise): "
                                 + c.name[len("fresh-batch "):], theory=0.0, tolerance=c.predicted,
                                 se=c.details["se_at_worst"]) for c in fresh])
@@ -289,31 +253,30 @@ def evaluate(ctx) -> Outcome:
 def _figures(fresh: list, exact: list) -> list:
     figures, pos = [], lambda v: [max(float(x), 1e-18) for x in v]  # noqa: E731
     if fresh:
-        c, t = fresh[0], list(map(float, fresh[0].details["t"]))
-        series = [Series("measured residual", t[1:], pos(c.details["residual"][1:]), "points"),
-                  Series(f"Monte-Carlo bound ({Z_SE:g} rms)", t[1:], pos(c.details["bound"][1:]), "line")]
-        series += [Series(lab, t[1:], pos(c.details[key][1:]), "dashed") for key, lab in
-                   (("residual_random_full", "random_full start"), ("residual_kicked_D_plus", "start kicked into D_+ \\ D"))
-                   if key in c.details]
-        figures.append(Figure(name="block-structure-residual", title=f"off-D residual vs t ({c.name})", yscale="log",
-                              xlabel="t", ylabel="||theta - P_D theta|| / ||theta||", series=series))
+        c, t = fresh[0], fresh[0].details["t"][1:]
+        curves = [("measured residual", "residual", "points"), (f"Monte-Carlo bound ({Z_SE:g} rms)", "bound", "line"),
+                  ("random_full start", "residual_random_full", "dashed"),
+                  ("start kicked into D_+ \\ D", "residual_kicked_D_plus", "dashed")]
+        figures.append(lines_figure("block-structure-residual", f"off-D residual vs t ({c.name})",
+                                    [(lab, t, pos(c.details[key][1:]), style) for lab, key, style in curves
+                                     if key in c.details],
+                                    yscale="log", xlabel="t", ylabel="||theta - P_D theta|| / ||theta||"))
     if exact:
-        c, t = exact[0], list(map(float, exact[0].details["t"]))
-        res = {"G-invariant batch": c.details["residual"], "one group element dropped": c.details["residual_one_dropped"],
+        c, t = exact[0], exact[0].details["t"]
+        res = {"G-invariant batch": c.details["residual"],
+               "one group element dropped": c.details["residual_one_dropped"],
                **{f"symmetric under {k} only": v for k, v in c.details["residual_wrong_group"].items()}}
-        figures.append(Figure(name="block-structure-exact", title=f"exactly symmetric batch ({c.name})", yscale="log",
-                              xlabel="t", ylabel="residual", hlines=[{"y": c.tolerance, "label": "rounding tolerance"}],
-                              series=[Series(k, t[: len(v)], pos(v), "points") for k, v in res.items()]))
+        figures.append(lines_figure("block-structure-exact", f"exactly symmetric batch ({c.name})",
+                                    [(k, t[: len(v)], pos(v), "points") for k, v in res.items()], yscale="log",
+                                    xlabel="t", ylabel="residual",
+                                    hlines=[{"y": c.tolerance, "label": "rounding tolerance"}]))
     return figures
 
 
 def findings(result) -> list:
     """One sentence per check: the exact residual against rounding, the fresh residual against
     its noise bound (the largest fraction of the bound reached)."""
-    comps = result.details.get("comparisons", [])
-    exact = [c for c in comps if c["name"].startswith("symmetrised")]
-    fresh = [c for c in comps if c["name"].startswith("fresh")]
-    out = []
+    exact, fresh, out = comparisons_named(result, "symmetrised"), comparisons_named(result, "fresh"), []
     if exact:
         c = max(exact, key=lambda c: c["margin"])
         out.append(finding(result, "holds" if all(c["agrees"] for c in exact) else "stops",
@@ -331,12 +294,6 @@ def findings(result) -> list:
     return out
 
 
-SECONDS_PER_STEP, SECONDS_PER_MTOKEN_STEP = 1e-3, 0.25
-"""Cost of a GD step of the small full models of claims 1-2, one thread: a fixed overhead plus a
-part per million prompt tokens (CPU seconds measured on the quick profile under load: an exact
-case, 5 runs x 60 steps of 512 tokens, 0.31 s; a fresh case, 388 steps of 16384 tokens, 2.0 s)."""
-
-
 def estimate(p: BlockStructureProfile) -> float:
     """Seconds from the plan: per exact case the run, its twin, the wrong batches and the dropped
     orbit (|G| L tokens per step); per fresh case three runs plus records x n_probe one-step probes."""
@@ -344,11 +301,7 @@ def estimate(p: BlockStructureProfile) -> float:
     runs = [((3 + (c.d >= 2) + (c.m >= 2)) * p.exact_steps, group_order(c.tasks) * p.exact_base_prompts * c.L)
             for c, _ in exact]
     runs += [(3 * round(t.time / t.lr) + p.records * p.n_probe, t.batch * c.L) for c, t in fresh]
-    return sum(n * (SECONDS_PER_STEP + SECONDS_PER_MTOKEN_STEP * tok / 1e6) for n, tok in runs)
-
-
-def resolve(p: BlockStructureProfile, problem: dict) -> BlockStructureProfile:
-    return replace(p, problem=tuple(sorted(problem.items())))
+    return gd_seconds(runs)
 
 
 SPEC = ClaimSpec(
@@ -356,6 +309,7 @@ SPEC = ClaimSpec(
     statement=("Started from block-structured (decomposable) weights, gradient flow keeps them so: only "
                "the X-X block of each head's QK weight and the Y block of each head's OV weight are ever "
                "nonzero, each diagonal in the task basis (for both parametrisations and any basis Phi)."),
-    profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings, estimate=estimate)
+    profiles=PROFILES, evaluate=evaluate, findings=findings, estimate=estimate,
+    resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

@@ -3,25 +3,17 @@ each judged against theory's own account of its regime (``located``: measured, a
 account agrees; ``contradicted``: it disagrees; a measurement that cannot decide:
 ``undecided``).  The expansion's own limits are in ``claims.expansion_limits``.
 
-- ``boundary-merged-superposition``: trained *merged* (W, U directly) the exact reduced flow does
-  not allocate: every head serves every task with signed weights, at a lower loss than the
-  allocation the *factored* flow reaches from the same start.  Theory's account: the merged
+- ``boundary-merged-superposition`` (:func:`check_merged_superposition`): trained *merged*
+  (W, U directly) the exact reduced flow does not allocate; theory's account: the merged
   metric does not vanish at the allocated point, where dL/dmu[h, j] != 0 for a head not
-  serving j (theory.task_allocation), so merged weights leave allocation.  Domain: H = m >= 2
-  (a superposition needs two heads, a head's off-task share two tasks; with H > m the default
-  init ties two heads on a task, and the tie is kept by symmetry).
-- ``boundary-fewer-heads``: H < m.  Each task ends on the head theory's flow predicts (a
-  partition, some head serving several tasks), at the minimum of the exact loss over that
-  partition.
+  serving j (theory.task_allocation).  The superposition forms on a time scale ~ L (its
+  driving gradient there is (2/L) mu* Q (r + sigma^2)): short runs need short L.
+- ``boundary-fewer-heads`` (:func:`check_fewer_heads`): H < m; each task ends on the head
+  theory's flow predicts, at the minimum of the exact loss over that partition.
 
-A head "serves several tasks" when its second-largest |mu| is at least SUPERPOSED_SHARE (0.2)
-of its largest, and is "allocated" at most ALLOCATED_SHARE (0.1) (numerics.readout, where the
-thresholds are argued): SPEC.md's merged run has shares 1.8/3.42 = 0.53, its factored run ~0.
-The merged superposition forms on a time scale ~ L (its driving gradient at the allocated
-point is (2/L) mu* Q (r + sigma^2), theory.task_allocation): short runs need short L.  A task
-is decided by theory before a fewer-heads run when, on the expansion flow from the same init
-to the run's end time, its runner-up head's |mu| is at most SUPERPOSED_SHARE of the winner's;
-a task still shared there is a slow race: its winner is recorded, not judged.
+"Serves several tasks" and "allocated" are numerics.readout's shares (SUPERPOSED_SHARE,
+ALLOCATED_SHARE, argued there): SPEC.md's merged run has shares 1.8/3.42 = 0.53, its
+factored run ~0.
 """
 from __future__ import annotations
 
@@ -108,7 +100,7 @@ def check_merged_superposition(cfg, tcfg, n_eval: int = 20000, seed: int = 0) ->
     share_m = np.array(allocation(run.merged_omega, run.merged_mu).head_share)
     share_f = np.array(allocation(run.factored_omega, run.factored_mu).head_share)
     err = superposition_error(diff, se, share_m, share_f, THEORY_MERGED)
-    perts = [perturbation(f"{desc}", superposition_error(diff, se, share_m, share_f, pred), 0.0, predicted=pred)
+    perts = [perturbation(desc, superposition_error(diff, se, share_m, share_f, pred), 0.0, predicted=pred)
              for desc, pred in (("merged allocates too", {**THEORY_MERGED, "merged": "allocated"}),
                                 ("factored superposes too", {**THEORY_MERGED, "factored": "superposed"}))]
     return Comparison(
@@ -129,15 +121,10 @@ def check_merged_superposition(cfg, tcfg, n_eval: int = 20000, seed: int = 0) ->
                  "se_difference": se}, config=config_label(cfg))
 
 
-def _heatmaps(name: str, comp: Comparison) -> list[Figure]:
-    figs = []
-    for which in ("merged", "factored"):
-        for key in ("omega", "mu"):
-            M = comp.details[which][key]
-            figs.append(Figure(name=f"{name}-{which}-{key}", title=f"{which}: final {key}[h, i]", kind="heatmap",
-                               matrix=M, row_labels=[f"head {h}" for h in range(len(M))],
-                               col_labels=[f"task {i}" for i in range(len(M[0]))]))
-    return figs
+def _heatmap(name: str, title: str, M) -> Figure:
+    """A head x task heatmap of final semi-singular values."""
+    return Figure(name=name, title=title, kind="heatmap", matrix=M, row_labels=[f"head {h}" for h in range(len(M))],
+                  col_labels=[f"task {i}" for i in range(len(M[0]))])
 
 
 @dataclass(frozen=True)
@@ -254,7 +241,9 @@ def evaluate_merged(ctx) -> Outcome:
             headline_row(comp, "largest off-task share, factored (merged)",
                          theory=f"<= {ALLOCATED_SHARE} (>= {SUPERPOSED_SHARE})",
                          measured=[max(comp.measured["share_factored"]), min(comp.measured["share_merged"])])]
-    return Outcome([comp], rows, _heatmaps("merged-superposition", comp), details=details)
+    figs = [_heatmap(f"merged-superposition-{which}-{key}", f"{which}: final {key}[h, i]", comp.details[which][key])
+            for which in ("merged", "factored") for key in ("omega", "mu")]
+    return Outcome([comp], rows, figs, details=details)
 
 
 def evaluate_fewer(ctx) -> Outcome:
@@ -268,9 +257,8 @@ def evaluate_fewer(ctx) -> Outcome:
                          measured=comp.measured["loss_trained"], se=comp.details["se_trained"]),
             headline_row(comp, "winners (head of each task)", theory=comp.predicted["winners"],
                          measured=comp.measured["winners"], tolerance=0.0)]
-    figs = [Figure(name=f"fewer-heads-{k}", title=f"H={cfg.heads} < m={cfg.m}: final {k}[h, i]", kind="heatmap",
-                   matrix=comp.details[k], row_labels=[f"head {h}" for h in range(cfg.heads)],
-                   col_labels=[f"task {i}" for i in range(cfg.m)]) for k in ("omega", "mu")]
+    figs = [_heatmap(f"fewer-heads-{k}", f"H={cfg.heads} < m={cfg.m}: final {k}[h, i]", comp.details[k])
+            for k in ("omega", "mu")]
     return Outcome([comp], head, figs, details={
         "ran": f"exact reduced flow ({cfg.param}), tasks={list(cfg.tasks)}, H={cfg.heads}, L={cfg.L}, "
                f"sigma={cfg.sigma:g}, random decomposable init seed {cfg.init_seed}",

@@ -2,15 +2,11 @@
 against theory's account of each regime (``located``: measured and theory's account agrees;
 ``contradicted``: it disagrees; a measurement that cannot decide: ``undecided``).
 
-- ``boundary-saturation``: the large-L expansion's Gaussian integrals diverge for 2 omega^2 >= 1
-  (theory's validity flag) while the exact loss stays finite; before the edge the expansion
-  drifts away from the exact loss as kappa = omega^2 r / log L grows.
-- ``boundary-small-L``: the expansion's O(1/L) coefficient.  The gap expansion - exact loss at
-  theory's allocated point falls like L^-2 when the coefficient is right and like L^-1 when
-  it is wrong; measured with theory.exact's one-head quadrature out to L = 2^16 .. 2^18 (local
-  exponent over the top factor-4 step, judged by which of -2 / -1 it is nearer), and with
-  numerics' Rao-Blackwellised Monte Carlo where that resolves the gap (which must agree with
-  the quadrature and reject the expansion as the exact loss).
+- ``boundary-saturation`` (:func:`check_saturation`): the expansion's Gaussian integrals diverge
+  for 2 omega^2 >= 1 while the exact loss stays finite, and its error grows toward that edge.
+- ``boundary-small-L`` (:func:`check_expansion_coefficient`, :func:`check_measured_exact_loss`):
+  the expansion's O(1/L) coefficient, from the gap expansion - exact loss at theory's allocated
+  point along L (theory.exact's quadrature; numerics' Monte Carlo where it resolves the gap).
 """
 from __future__ import annotations
 
@@ -20,8 +16,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, headline_row, perturbation
-from claims.spec import ClaimSpec, Outcome, finding
+from claims.common import Z_SE, Comparison, compare, headline_row, perturbation
+from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
 from numerics.experiments.reduced_flows import monte_carlo_losses, saturation_scan
 from theory import reduced_ode
 from theory.expansion_gap import gap_ladder, local_exponent, validity_edge
@@ -160,14 +156,6 @@ assigned to the nearer one.  Fixed by theory alone (it is neither the measured d
 depends on which prediction is tested); the local exponent's own error (quadrature) is added."""
 
 
-def exponent_comparison(p: float, se: float, predicted: float) -> tuple[float, float]:
-    """(error, tolerance) of a measured local exponent p (se) against a predicted exponent:
-    |p - predicted| against EXPONENT_TOLERANCE + Z_SE se.  An inconclusive p (within Z_SE se
-    of the midpoint) lies within tolerance of both -2 and -1, so the wrong-coefficient
-    perturbation is not rejected and the verdict is error, not pass."""
-    return abs(p - predicted), EXPONENT_TOLERANCE + Z_SE * se
-
-
 def trend_error(steps: list[float], se: float, direction: float) -> float:
     """The comparison outside the O(L^-2) domain, for a predicted direction of the local
     exponents along the L ladder: direction -1 ('steepening', theory: the gap is o(1/L) and
@@ -187,9 +175,11 @@ def check_expansion_coefficient(r: int, Ls, sigma: float = 0.0) -> Comparison:
     exponents of the gap along the L ladder (theory.exact: deterministic, error ~1e-11).
 
     Domain (theory's own remainder analysis, ``expansion_reliable``): 6 omega*^2 < 1 at the
-    top two L, where the remainder is O(L^-2).  Inside: the top exponent is compared with -2
-    (EXPONENT_RIGHT) at tolerance :data:`EXPONENT_TOLERANCE` + Z_SE se by
-    :func:`exponent_comparison`; perturbation through it: a wrong coefficient (-1).  Outside
+    top two L, where the remainder is O(L^-2).  Inside: the top exponent p is compared with -2
+    (EXPONENT_RIGHT), |p + 2| against :data:`EXPONENT_TOLERANCE` + Z_SE se; perturbation
+    through the same comparison: a wrong coefficient (-1).  An inconclusive p (within Z_SE se
+    of the midpoint) lies within tolerance of both -2 and -1, so the wrong-coefficient
+    perturbation is not rejected and the verdict is error, not pass.  Outside
     (a finding; theory gives o(1/L) only): :func:`trend_error` -- the exponents steepen along
     the ladder and the top one is below -1; perturbation through it: they flatten toward -1.
     The expansion must be finite (2 omega*^2 < 1) at the top two L, else ValueError."""
@@ -206,16 +196,11 @@ def check_expansion_coefficient(r: int, Ls, sigma: float = 0.0) -> Comparison:
     details = {"r": r, "sigma": sigma, "rows": rows, "exponent_se": se, "local_exponents": steps,
                "in_domain": in_domain, "relative_gap_at_top": rows[-1]["gap"] / rows[-1]["exact"]}
     if in_domain:
-        err, tol = exponent_comparison(p, se, EXPONENT_RIGHT)
-        w_err, w_tol = exponent_comparison(p, se, EXPONENT_WRONG)
-        return Comparison(
-            name=f"gap exponent, r={r}, sigma={sigma:g}, L={Ls[-2]}..{Ls[-1]}",
-            measured=p, predicted=EXPONENT_RIGHT, error=err, tolerance=tol,
-            why=f"half the distance between the exponents of a right (-2) and a wrong (-1) O(1/L) coefficient, plus "
-                f"{Z_SE:g} quadrature errors of the exponent ({Z_SE * se:.2g})",
-            perturbations=[perturbation("wrong O(1/L) coefficient (gap ~ 1/L)", w_err, w_tol,
-                                        predicted=EXPONENT_WRONG)],
-            details=details)
+        return compare(f"gap exponent, r={r}, sigma={sigma:g}, L={Ls[-2]}..{Ls[-1]}", p, EXPONENT_RIGHT,
+                       EXPONENT_TOLERANCE + Z_SE * se,
+                       f"half the distance between the exponents of a right (-2) and a wrong (-1) O(1/L) coefficient, "
+                       f"plus {Z_SE:g} quadrature errors of the exponent ({Z_SE * se:.2g})",
+                       wrong=(("wrong O(1/L) coefficient (gap ~ 1/L)", EXPONENT_WRONG),), details=details)
     if len(steps) < 2:
         raise ValueError(f"outside the O(L^-2) domain (6 omega*^2 >= 1 at r={r}) the trend of the local exponent "
                          f"needs at least three context lengths, got {Ls}")
@@ -240,16 +225,14 @@ def check_measured_exact_loss(r: int, Ls, sigma: float = 0.0, mc_elements: int =
     for row, mc in zip(rows, monte_carlo_losses(rows, r, sigma, mc_elements, seed, device)):
         row.update(mc)
 
-    def error(key):
-        return max(abs(x["mc"] - x[key]) / (Z_SE * x["mc_se"] + x["exact_error"]) for x in rows)
+    def error(measured, predicted):
+        return max(abs(m - q) / (Z_SE * x["mc_se"] + x["exact_error"]) for m, q, x in zip(measured, predicted, rows))
 
-    return Comparison(
-        name=f"Monte-Carlo exact loss vs quadrature, r={r}, sigma={sigma:g}, L={[x['L'] for x in rows]}",
-        measured=[x["mc"] for x in rows], predicted=[x["exact"] for x in rows], error=error("exact"), tolerance=1.0,
-        why=f"{Z_SE:g} Monte-Carlo standard errors plus the quadrature's error bound at every L",
-        perturbations=[perturbation("the expansion is the exact loss", error("expansion"), 1.0,
-                                    predicted=[x["expansion"] for x in rows])],
-        details={"r": r, "sigma": sigma, "rows": rows}, config=f"one head, r={r} sigma={sigma:g}")
+    return compare(f"Monte-Carlo exact loss vs quadrature, r={r}, sigma={sigma:g}, L={[x['L'] for x in rows]}",
+                   [x["mc"] for x in rows], [x["exact"] for x in rows], 1.0,
+                   f"{Z_SE:g} Monte-Carlo standard errors plus the quadrature's error bound at every L", error=error,
+                   wrong=(("the expansion is the exact loss", [x["expansion"] for x in rows]),),
+                   details={"r": r, "sigma": sigma, "rows": rows}, config=f"one head, r={r} sigma={sigma:g}")
 
 
 def evaluate_small_L(ctx) -> Outcome:
@@ -294,10 +277,8 @@ def resolve_small_L(p: SmallLProfile, problem: dict) -> SmallLProfile:
 
 def findings_small_L(result) -> list:
     out = []
-    for c in result.details["comparisons"]:
+    for c in comparisons_named(result, "gap exponent"):
         d = c["details"]
-        if "local_exponents" not in d:
-            continue
         top = d["rows"][-1]
         out.append(finding(result, "stops",
                            "At r = {r}, the gap between the large-L expansion and the exact loss has local exponent "

@@ -1,17 +1,7 @@
-"""Where "suitable initialisation" ends (issue 14): ``boundary-initialisation`` (here) and
-``boundary-allocation-race`` (``claims.allocation_race``), both on the full model.
-
-``boundary-initialisation`` (:data:`INIT_SPEC`):
-  1. random full starts (``init="uniform_full"``, every entry of K, Q, V, O uniform on
-     +-s0/sqrt(d+m), logits scaled by 1/sqrt(d+m); s0 = 1 is the authors' PyTorch default)
-     at a theory-derived small scale, an intermediate one and the authors' one: the off-D
-     residual over time split into its movable part and the gradient-free part (theory.
-     initialisation.residual_split), OV singular values per head, the held-out loss against
-     the allocated minimum at that L;
-  2. unbalanced factored starts inside D (``init="unbalanced_decomposable"``: K_h = a_h Q_h,
-     O_h = |b_h| V_h^T, a_h, b_h ~ N(0, 1)) against the reduced flow from the same start
-     with the unbalanced metric (theory.initialisation.unbalanced_metric_factors) and with
-     the balanced one (the paper's).
+"""``boundary-initialisation`` (issue 14, items 1 and 2; its sibling ``boundary-allocation-race``,
+items 3 and 4, is ``claims.allocation_race``), on the full model: random full starts
+(``init="uniform_full"``, up to PyTorch's default s0 = 1) at growing scale, and unbalanced
+factored starts inside D against the reduced flow with the unbalanced and the balanced metric.
 
 The runs are ``numerics.experiments.starts``'; the starts and predictions ``theory.
 initialisation``'s.  Outcomes rest on theory's account of these regimes (the gradient-free
@@ -27,10 +17,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from claims.base import Figure, Series
-from claims.phase_checks import FIELDS, PHASES, nothing_compared, phase_comparison, phase_row, tcfg
-from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation, reported_row
-from claims.spec import ClaimSpec, Outcome, finding, replace_fields
+from claims.base import Figure
+from claims.common import (Z_SE, Comparison, compare, config_label, headline_row, lines_figure, perturbation,
+                           reported_row)
+from claims.phase_checks import (FIELDS, PHASES, nothing_compared, outcome_comparison, phase_comparison, phase_row,
+                                 tcfg)
+from claims.spec import ClaimSpec, Outcome, comparisons_named, finding, replace_fields
 from numerics import saddle as single_heads
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import allocated_loss, random_start_run, unbalanced_run
@@ -74,6 +66,8 @@ INIT_PROFILES = {
 
 
 def mean_se(xs) -> tuple[float, float | None]:
+    """Mean and standard error (None from one value).  Unlike numerics.experiments.atlas.mean_se it
+    drops no value: a non-finite loss (a diverged run) shows in the mean instead of vanishing."""
     xs = np.asarray(xs, float)
     return float(xs.mean()), (float(xs.std(ddof=1) / math.sqrt(xs.size)) if xs.size > 1 else None)
 
@@ -85,15 +79,11 @@ def check_gradient_free(runs: list[dict], cfg: ProblemConfig) -> Comparison:
     where they started.  Measured: max over runs of ||Q_Y(t_end) - Q_Y(0)||.  The same
     comparison |measured - predicted| <= 0 sent the prediction 'the y columns train like the x
     columns' (the same change per entry: ||dQ_X|| sqrt(m/d), largest over runs) must reject it."""
-    measured, like_x = max(r["dQ_y"] for r in runs), max(r["dQ_x"] for r in runs) * math.sqrt(cfg.m / cfg.d)
-    compare = lambda predicted: abs(measured - predicted)  # noqa: E731 - the one comparison
-    return Comparison(
-        name="gradient-free part (Q's y columns) never moves", measured=measured, predicted=0.0,
-        error=compare(0.0), tolerance=0.0,
-        why="exact: the gradient of Q[:, :, d:] is a product with the zero y part of the query, so every GD "
-            "step subtracts exactly 0",
-        perturbations=[perturbation("the y columns train like the x columns", compare(like_x), 0.0,
-                                    predicted=like_x)],
+    like_x = max(r["dQ_x"] for r in runs) * math.sqrt(cfg.m / cfg.d)
+    return compare(
+        "gradient-free part (Q's y columns) never moves", max(r["dQ_y"] for r in runs), 0.0, 0.0,
+        "exact: the gradient of Q[:, :, d:] is a product with the zero y part of the query, so every GD "
+        "step subtracts exactly 0", wrong=[("the y columns train like the x columns", like_x)],
         details={"dQ_y": [r["dQ_y"] for r in runs], "dQ_x": [r["dQ_x"] for r in runs]},
         config=config_label(cfg.replace(init="uniform_full")))
 
@@ -111,13 +101,14 @@ def check_warmup_bound(runs: list[dict], cfg: ProblemConfig, t_end: float) -> Co
         halves.append(end - 0.5 * start)
         rows.append({"seed": r["seed"], "movable_end": end, "movable_start": start, "bound": b["merged"],
                      "exponent": b["exponent"]})
-    compare = lambda diffs: max(0.0, max(diffs))  # noqa: E731
+    above = lambda diffs: max(0.0, max(diffs))  # noqa: E731 - the one comparison
     return Comparison(
-        name="movable off-D part below the warm-up bound at the small scale", measured=max(r["movable_end"] for r in rows),
-        predicted=min(r["bound"] for r in rows), error=compare(excess), tolerance=0.0,
+        name="movable off-D part below the warm-up bound at the small scale",
+        measured=max(r["movable_end"] for r in rows), predicted=min(r["bound"] for r in rows), error=above(excess),
+        tolerance=0.0,
         why="one-sided: |(W,U)_offD(t)| <= max(1,1/s) |theta0|^2 / (2 (1 - 8 c4 |theta0|^2 t)), the leading-order "
             "quartic warm-up bound (theory.initialisation); the exponent is <= 1/2 here",
-        perturbations=[perturbation("the movable off-D part halves by t_end", compare(halves), 0.0)],
+        perturbations=[perturbation("the movable off-D part halves by t_end", above(halves), 0.0)],
         details={"runs": rows}, side="not above", config=config_label(cfg.replace(init="uniform_full")))
 
 
@@ -158,10 +149,8 @@ def check_unbalanced_winners(runs: list[dict], config=None) -> Comparison:
     'shared' (-1: a superposition of heads).  Compared on the (start, task) pairs whose start
     is not a tie (theory.initialisation.untied_tasks: with H > m several heads start from the
     same (omega0, mu0), and the tie is broken by noise, not by theory) and where the data seeds
-    agree for the full run and for the reduced flow (as in the race).  error = number of such
-    pairs where they differ, tolerance 0.  Perturbation: every reduced outcome replaced by
-    another (head + 1, or head 0 for a shared task).  No pair decided: error 0 and the
-    perturbation not rejected (undecided)."""
+    agree for the full run and for the reduced flow (as in the race), by :func:`outcome_comparison`.
+    Perturbation: every reduced outcome replaced by another (head + 1, or head 0 for a shared task)."""
     by_start: dict = {}
     for r in runs:
         by_start.setdefault(r["seed"], []).append(r)
@@ -173,16 +162,12 @@ def check_unbalanced_winners(runs: list[dict], config=None) -> Comparison:
             if len(wf) == 1 and len(wr) == 1:
                 decided.append({"start": start, "task": i, "full": wf.pop(), "reduced": wr.pop()})
     heads = len(runs[0]["omega0"])
-    compare = lambda pick: float(sum(d["full"] != pick(d) for d in decided))  # noqa: E731
-    return Comparison(
-        name="unbalanced start: outcome per task (winner or shared), full model vs reduced flow (unbalanced metric)",
-        measured=sum(d["full"] == d["reduced"] for d in decided), predicted=len(decided),
-        error=compare(lambda d: d["reduced"]), tolerance=0.0,
-        why="exact: a discrete outcome, compared where the data seeds agree",
-        perturbations=[perturbation("every reduced outcome replaced by another",
-                                    compare(lambda d: (d["reduced"] + 1) % max(2, heads)), 0.0)],
-        details={"decided": len(decided), "pairs": decided, "shared_full": sum(d["full"] == -1 for d in decided),
-                 "shared_reduced": sum(d["reduced"] == -1 for d in decided)}, config=config)
+    return outcome_comparison(
+        "unbalanced start: outcome per task (winner or shared), full model vs reduced flow (unbalanced metric)",
+        [(d["full"], d["reduced"]) for d in decided], "exact: a discrete outcome, compared where the data seeds agree",
+        ("every reduced outcome replaced by another", lambda w: (w + 1) % max(2, heads)),
+        {"decided": len(decided), "pairs": decided, "shared_full": sum(d["full"] == -1 for d in decided),
+         "shared_reduced": sum(d["reduced"] == -1 for d in decided)}, config)
 
 
 # --- boundary-initialisation
@@ -231,9 +216,8 @@ def evaluate(ctx) -> Outcome:
         found.append({"init_scale": s0, "movable_relative_end": mov, "movable_se": se_mov,
                       "gradient_free_relative_end": free, "classes": classes, "conclusive": len(classes) == 1,
                       "loss_over_allocated": ratio, "loss_over_allocated_se": se_ratio,
-                      "ov_above_5pct": [r["ov_above_5pct"] for r in rs],
-                      "superposed_tasks": [r["superposed_tasks"] for r in rs],
-                      "winners": [r["winners"] for r in rs], "warmup_end": [r["phases"]["warmup_end"] for r in rs]})
+                      **{k: [r[k] for r in rs] for k in ("ov_above_5pct", "superposed_tasks", "winners")},
+                      "warmup_end": [r["phases"]["warmup_end"] for r in rs]})
     off = [f["init_scale"] for f in found if f["conclusive"] and f["classes"] == ["off D"]]
     dT = [x for x in (r["reduced_balanced"]["phases"]["warmup_end"] - r["reduced_unbalanced"]["phases"]["warmup_end"]
                       for r in unb) if math.isfinite(x)]
@@ -254,12 +238,36 @@ def evaluate(ctx) -> Outcome:
                "t_end": p.time, "balance_changes_outcome": changed,
                "random_runs": {f"{s0:.4g}": [{k: v for k, v in r.items() if k != "trajectory"} for r in rs]
                                for s0, rs in runs.items()}}
-    if ctx.problem is None:     # its own sizes (numerics.saddle's profile), unrelated to a researcher's problem
+    if ctx.problem is None:     # its own sizes (SINGLE_TASK), unrelated to a researcher's problem
         s_comps, s_rows, details["single_task"] = single_task(ctx)
         comps += s_comps
         headline += s_rows
     return Outcome(comps, headline, [_residual_figure(runs), _phase_figure_random(runs), _unbalanced_figure(unb)],
                    details, undecided=nothing_compared(comps))
+
+
+@dataclass(frozen=True)
+class SingleTaskProfile:
+    """Sizes of the single-task part (one task of r, H heads from the PyTorch-default start,
+    numerics.saddle.single_task_heads): context length, block size, head counts, seeds, step,
+    time, batch, held-out prompts."""
+    L: int
+    r: int
+    heads: tuple
+    seeds: tuple
+    lr: float
+    time: float
+    batch: int
+    n_eval: int
+
+
+SINGLE_TASK = {
+    "tiny": SingleTaskProfile(L=16, r=1, heads=(2,), seeds=(0, 1), lr=0.2, time=100.0, batch=128, n_eval=4096),
+    "quick": SingleTaskProfile(L=32, r=2, heads=(2, 4), seeds=(0, 1, 2), lr=0.1, time=120.0, batch=256, n_eval=8192),
+    "paper": SingleTaskProfile(L=100, r=50, heads=(2, 4, 8), seeds=tuple(range(5)), lr=0.01, time=100.0, batch=10000,
+                               n_eval=65536),
+}
+"""The single-task part's sizes per profile (its own, unrelated to a researcher's problem)."""
 
 
 def single_task(ctx):
@@ -268,22 +276,22 @@ def single_task(ctx):
     (perturbation: equal to it) and two-sided against the best decomposable two-head point,
     signs free (tolerance Z_SE x the combined se; perturbation: the one-head optimum); the
     zero-sum pair ratio |mu_a + mu_b| / (|mu_a| + |mu_b|) and linear attention reported."""
-    sp = single_heads.PROFILES.get(ctx.profile, single_heads.PROFILES["quick"])["single"]
+    sp = SINGLE_TASK.get(ctx.profile, SINGLE_TASK["quick"])
     ctx.progress("single task, several heads", 0.95)
     st = single_heads.single_task_heads(sp.L, sp.r, sp.heads, sp.seeds, sp.lr, sp.time, sp.batch, sp.n_eval)
     comps, rows = [], []
     for H, sm in st.summary.items():
         cfg = f"tasks=({sp.r},) H={H} L={sp.L} init=uniform_full s0=1"
         m, se = sm["loss"], sm["se"]
+        # the perturbation is two-sided (|m - optimum|), the comparison one-sided: not one error function
         one = Comparison(name=f"single task: loss not above the one-head optimum, H={H}", measured=m,
                          predicted=st.one_head, error=max(0.0, m - st.one_head), tolerance=Z_SE * se, side="not above",
                          why=f"{Z_SE:g} standard errors of the mean held-out loss over seeds ({se:.3g})", config=cfg,
                          perturbations=[perturbation("equal to the one-head optimum", abs(m - st.one_head), Z_SE * se)])
         tol = Z_SE * math.hypot(se, st.best_two_head_se)
-        best = Comparison(name=f"single task: loss vs best decomposable two-head point, H={H}", measured=m,
-                          predicted=st.best_two_head, error=abs(m - st.best_two_head), tolerance=tol, config=cfg,
-                          why=f"{Z_SE:g} standard errors of the difference ({tol / Z_SE:.3g})",
-                          perturbations=[perturbation("the one-head optimum", abs(m - st.one_head), tol)])
+        best = compare(f"single task: loss vs best decomposable two-head point, H={H}", m, st.best_two_head, tol,
+                       f"{Z_SE:g} standard errors of the difference ({tol / Z_SE:.3g})",
+                       wrong=[("the one-head optimum", st.one_head)], config=cfg)
         comps += [one, best]
         rows += [headline_row(one, se=se), headline_row(best, se=se),
                  reported_row(f"single task: zero-sum OV pairs (|mu_a + mu_b| / (|mu_a| + |mu_b|) < 0.1), H={H}",
@@ -301,29 +309,36 @@ def findings(result) -> list:
     authors = [f for f in d["findings"] if f["init_scale"] == 1.0] or d["findings"][-1:]
     for f in authors:
         out.append(finding(result, "beyond", "From the uniform random full start at s0 = {s0} (1: PyTorch's default) "
-                           "the trained model ends " + " / ".join(f["classes"]) + " at t_end = {t}: movable off-D residual {mov} of "
-                           "||(W, U)||, held-out loss {ratio} x the allocated minimum {alloc}.",
+                           "the trained model ends " + " / ".join(f["classes"]) + " at t_end = {t}: movable off-D "
+                           "residual {mov} of ||(W, U)||, held-out loss {ratio} x the allocated minimum {alloc}.",
                            s0=f["init_scale"], t=d["t_end"], mov=(f["movable_relative_end"], f["movable_se"]),
                            ratio=(f["loss_over_allocated"], f["loss_over_allocated_se"]),
                            alloc=(d["allocated_loss"] or {}).get("mean")))
-    c = next(c for c in d["comparisons"] if c["name"].startswith("unbalanced start: outcome"))
-    out.append(finding(result, "beyond", "From unbalanced factored starts (K_h = a_h Q_h, O_h = |b_h| V_h^T, s0 = {s0}) "
-                       "{shared} of {decided} decided (start, task) outcomes of the full model are shared by heads (a "
-                       "superposition, no allocation); the unbalanced reduced flow gives the same outcome in {same}, "
-                       "and the paper's balanced metric changes the outcome of {changed} of {starts} starts.",
+    c = comparisons_named(result, "unbalanced start: outcome")[0]
+    out.append(finding(result, "beyond", "From unbalanced factored starts (K_h = a_h Q_h, O_h = |b_h| V_h^T, "
+                       "s0 = {s0}) {shared} of {decided} decided (start, task) outcomes of the full model are shared "
+                       "by heads (a superposition, no allocation); the unbalanced reduced flow gives the same outcome "
+                       "in {same}, and the paper's balanced metric changes the outcome of {changed} of {starts} "
+                       "starts.",
                        s0=d["unbalanced_scale"], shared=c["details"]["shared_full"], decided=c["details"]["decided"],
                        same=c["measured"], changed=d["balance_changes_outcome"], starts=d["unbalanced_starts"]))
     st = d.get("single_task") or {"summary": {}}
     for H, sm in st["summary"].items():
-        near = next(c for c in d["comparisons"] if c["name"] == f"single task: loss vs best decomposable two-head point, H={H}")
+        near = next(c for c in d["comparisons"]
+                    if c["name"] == f"single task: loss vs best decomposable two-head point, H={H}")
         out.append(finding(result, "beyond", "One task (r = {r}, L = {L}), H = {H} heads from PyTorch's default start: "
-                           "a zero-sum OV pair forms in {pairs} of {n} runs, as He et al. (ICML 2025) report from random "
-                           "starts; the held-out loss is {loss} against the one-head optimum {one}, and "
+                           "a zero-sum OV pair forms in {pairs} of {n} runs, as He et al. (ICML 2025) report from "
+                           "random starts; the held-out loss is {loss} against the one-head optimum {one}, and "
                            + ("at" if near["agrees"] else "not at") + " the best decomposable two-head point {best} "
-                           "(linear attention {lin}) by t = {t}.", r=st["r"], L=st["L"], H=H, pairs=sm["zero_sum_pairs"],
-                           n=len(sm["pair_ratio"]), loss=(sm["loss"], sm["se"]), one=st["one_head"],
-                           best=(st["best_two_head"], st["best_two_head_se"]), lin=st["linear_attention"], t=st["time"]))
+                           "(linear attention {lin}) by t = {t}.", r=st["r"], L=st["L"], H=H,
+                           pairs=sm["zero_sum_pairs"], n=len(sm["pair_ratio"]), loss=(sm["loss"], sm["se"]),
+                           one=st["one_head"], best=(st["best_two_head"], st["best_two_head_se"]),
+                           lin=st["linear_attention"], t=st["time"]))
     return out
+
+
+SINGLE_TASK_SECONDS = 25.0
+"""The single-task runs (numerics.saddle, quick: 6 runs of 1200 steps, r = 2, L = 32): 22-27 s measured."""
 
 
 def estimate(p: InitProfile) -> float:
@@ -336,9 +351,6 @@ def estimate(p: InitProfile) -> float:
     return 10.0 + 3.0 * units * (len(p.scales) * len(p.init_seeds)
                                  + 2 * len(p.unbalanced_seeds) * len(p.unbalanced_data_seeds)) + SINGLE_TASK_SECONDS
 
-SINGLE_TASK_SECONDS = 25.0
-"""The single-task runs (numerics.saddle, quick: 6 runs of 1200 steps, r = 2, L = 32): 22-27 s measured."""
-
 
 INIT_SPEC = ClaimSpec(
     id="boundary-initialisation", title="Boundary: random and unbalanced initialisation",
@@ -350,32 +362,30 @@ CLAIM_ID, TITLE, STATEMENT = INIT_SPEC.id, INIT_SPEC.title, INIT_SPEC.statement
 run = INIT_SPEC.run
 
 
-
-
 def _residual_figure(runs) -> Figure:
-    series = [Series(f"s0={s0:.3g} seed {r['seed']} {label}", [x["t"] for x in r["trajectory"]],
-                     [max(x[key], 1e-12) for x in r["trajectory"]], style)
+    curves = [(f"s0={s0:.3g} seed {r['seed']} {label}", [x["t"] for x in r["trajectory"]],
+               [max(x[key], 1e-12) for x in r["trajectory"]], style)
               for s0, rs in runs.items() for r in rs
               for label, key, style in (("movable", "movable_relative", "line"),
                                         ("gradient-free", "gradient_free_relative", "dashed"))]
-    return Figure(name="init-residual", title="Off-D residual from random full starts (relative to ||(W,U)||)",
-                  xlabel="t", ylabel="residual / ||(W, U)||", yscale="log", series=series,
-                  caption="solid: the part the loss can move; dashed: W's y columns, which no gradient reaches "
-                          "(a floor set by the init, not 'staying off D')")
+    return lines_figure("init-residual", "Off-D residual from random full starts (relative to ||(W,U)||)", curves,
+                        xlabel="t", ylabel="residual / ||(W, U)||", yscale="log",
+                        caption="solid: the part the loss can move; dashed: W's y columns, which no gradient reaches "
+                                "(a floor set by the init, not 'staying off D')")
 
 
 def _phase_figure_random(runs) -> Figure:
-    series = [Series(f"{label} end (per seed)", [s for s, rs in runs.items() for _ in rs],
-                     [r["phases"][key] for rs in runs.values() for r in rs], "points") for key, label in PHASES.items()]
-    return Figure(name="init-phases-random", title="Phase times against the random start's scale", xlabel="s0",
-                  ylabel="t", xscale="log", series=series,
-                  caption="missing points: no drop clear of the noise (phases undefined) by t_end")
+    curves = [(f"{label} end (per seed)", [s for s, rs in runs.items() for _ in rs],
+               [r["phases"][key] for rs in runs.values() for r in rs], "points") for key, label in PHASES.items()]
+    return lines_figure("init-phases-random", "Phase times against the random start's scale", curves, xlabel="s0",
+                        ylabel="t", xscale="log",
+                        caption="missing points: no drop clear of the noise (phases undefined) by t_end")
 
 
 def _unbalanced_figure(unb) -> Figure:
-    series = [Series(f"start {r['seed']} data {r['data_seed']} {key}", r[key]["t"], r[key]["loss"], style) for r in unb
+    curves = [(f"start {r['seed']} data {r['data_seed']} {key}", r[key]["t"], r[key]["loss"], style) for r in unb
               for key, style in (("full", "points"), ("reduced_unbalanced", "line"), ("reduced_balanced", "dashed"))]
-    return Figure(name="init-unbalanced", title="Unbalanced starts: full model, reduced flow with and without "
-                  "the balance", xlabel="t", ylabel="loss", series=series,
-                  caption="points: full model; line: reduced flow with the conserved balances; dashed: balanced "
-                          "metric (the paper's)")
+    return lines_figure("init-unbalanced", "Unbalanced starts: full model, reduced flow with and without the balance",
+                        curves, xlabel="t", ylabel="loss",
+                        caption="points: full model; line: reduced flow with the conserved balances; dashed: balanced "
+                                "metric (the paper's)")

@@ -3,18 +3,10 @@
 With label noise the factored flow of the full model does not stay at the allocated fixed
 point (an off-task OV value of the opposite sign grows: the allocated point is a saddle at
 finite L, ``boundary-saddle``).  Theory's account of the regime has two parts, each a
-prediction that can fail:
-
-1. a superposition lowers the loss: the trained held-out loss is **not above** the allocated
-   fixed point (``theory.exact.exact_fixed_point``), one-sided, at the tolerance of claim 5
-   (Z_SE standard errors of the held-out loss + the SGD step's excess after polishing + the
-   quadrature bound);
-2. it ends at the best decomposable point of the same H, signs free
-   (``numerics.experiments.probes.best_decomposable``: a search, so its loss bounds the optimum
-   from above): **two-sided**, tolerance Z_SE x sqrt(se_run^2 + se_best^2) + the run's step
-   error, all from the two measurements' own noise.  Perturbation through the same comparison:
-   the allocated fixed point as the prediction (must be rejected: a superposition that merely
-   equals the allocated loss is not "somewhere else").
+prediction that can fail: a superposition lowers the loss (the trained held-out loss is not
+above the allocated fixed point, ``claims.trained.check_trained_loss`` at claim 5's
+tolerance), and it ends at the best decomposable point of the same H, signs free
+(:func:`check_best_decomposable`).
 
 The runs are claims 5 and 6's own (same configuration, schedule and seed: taken from the run
 cache or a sweep store, trained once per report).  A run that stayed allocated did not reach
@@ -26,11 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation, reported_row
-from claims.spec import ClaimSpec, Outcome, finding
-from claims.trained import check_trained_loss, run_status
+from claims.common import Z_SE, Comparison, compare, config_label, headline_row, reported_row
+from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
+from claims.trained import check_trained_loss, domain, run_status
 from numerics.config import ProblemConfig
-from numerics.experiments.converged import QUICK_SCHEDULE, TINY_SCHEDULE, PAPER_SCHEDULE, TrainingSchedule, converged_run
+from numerics.experiments.converged import (PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, TrainingSchedule,
+                                            converged_run)
 from numerics.experiments.probes import best_decomposable
 from theory import exact as exact_theory
 
@@ -56,29 +49,22 @@ PROFILES = {
 }
 
 
-def domain(cfg: ProblemConfig) -> dict:
-    """Claims 5-6's domain (factored, decomposable balanced start, H = m): a run inside it that
-    leaves the allocated set is this boundary's case."""
-    reasons = [r for r, bad in ((f"param={cfg.param}", cfg.param != "factored"),
-                                (f"init={cfg.init}", cfg.init != "decomposable"),
-                                (f"H={cfg.heads} != m={cfg.m}", cfg.heads != cfg.m)) if bad]
-    return {"inside": not reasons, "reasons": reasons}
-
-
 def check_best_decomposable(cfg: ProblemConfig, run, best, allocated_loss: float) -> Comparison:
-    """The trained loss against the best decomposable point of the same H (module docstring, 2)."""
-    meas, pred = run["loss"], best.loss
-    tol = Z_SE * math.hypot(run["se"], best.se) + run["step_error"]
-    return Comparison(
-        name=f"left allocation: trained loss vs best decomposable point of the same H, tasks={list(cfg.tasks)}, "
-             f"L={cfg.L}, sigma={cfg.sigma:g}",
-        measured=meas, predicted=pred, error=abs(meas - pred), tolerance=tol, config=config_label(cfg),
-        why=f"{Z_SE:g} standard errors of the difference of the two held-out losses "
-            f"({math.hypot(run['se'], best.se):.3g}) plus the run's step error ({run['step_error']:.3g})",
-        perturbations=[perturbation("the allocated fixed point", abs(meas - allocated_loss), tol,
-                                    predicted=allocated_loss)],
-        details={"run_se": run["se"], "best": {"loss": best.loss, "se": best.se, "family": best.family, "omega": best.omega, "mu": best.mu},
-                 "allocation": run["allocation"], "status": "left the allocated set"})
+    """The trained loss against the best decomposable point of the same H, signs free
+    (``numerics.experiments.probes.best_decomposable``: a search, so its loss bounds the optimum
+    from above): two-sided, tolerance Z_SE x sqrt(se_run^2 + se_best^2) + the run's step error,
+    all from the two measurements' own noise.  Perturbation: the allocated fixed point as the
+    prediction (must be rejected: a superposition that merely equals the allocated loss is not
+    "somewhere else")."""
+    se = math.hypot(run["se"], best.se)
+    return compare(f"left allocation: trained loss vs best decomposable point of the same H, tasks={list(cfg.tasks)}, "
+                   f"L={cfg.L}, sigma={cfg.sigma:g}", run["loss"], best.loss, Z_SE * se + run["step_error"],
+                   f"{Z_SE:g} standard errors of the difference of the two held-out losses ({se:.3g}) plus the run's "
+                   f"step error ({run['step_error']:.3g})", wrong=(("the allocated fixed point", allocated_loss),),
+                   config=config_label(cfg),
+                   details={"run_se": run["se"], "allocation": run["allocation"], "status": "left the allocated set",
+                            "best": {"loss": best.loss, "se": best.se, "family": best.family, "omega": best.omega,
+                                     "mu": best.mu}})
 
 
 def evaluate(ctx) -> Outcome:
@@ -113,9 +99,7 @@ def evaluate(ctx) -> Outcome:
 
 def findings(result) -> list:
     out, comps = [], result.details["comparisons"]
-    for c in comps:
-        if not c["name"].startswith("left allocation: trained loss vs best"):
-            continue
+    for c in comparisons_named(result, "left allocation: trained loss vs best"):
         fixed = next((x for x in comps if x["config"] == c["config"] and "allocated fixed point" in x["name"]), None)
         verb = "sits at" if c["agrees"] else "does not reach"
         out.append(finding(result, "stops", "At {config}, the trained model leaves allocation (opposite-sign off-task "

@@ -1,109 +1,57 @@
 """Claim 6: multi-head beats single-head H-fold (H = m heads for m tasks).
 
-What is compared
-----------------
 At context length L the gradient-flow limit of m heads is the allocated fixed point and the
 best single head is the one-head optimum; theory gives both losses exactly at finite L
-(``theory.exact.exact_fixed_point``, ``single_head_optimum``) and their ratio, the gain
+(``theory.exact.exact_fixed_point``, ``single_head_optimum``), their ratio, the gain
 (``theory.exact.finite_L_gain``), and the L -> inf gain rho_inf (``theory.limiting_error.gain``:
 not H at finite block size r; it rises towards H = m as r grows -- unit tests of theory in
 tests/test_theory_limiting_error.py).
 
-Rows (each a Comparison):
-
-1. "converged loss of trained full model (H = m)" and "(one head)": at two or more L, the full
-   (factored) model with m heads and with one head, trained on the same prompt stream to
-   convergence (``numerics.experiments.converged``: held-out loss at the final weights), against
-   theory's exact losses.
-2. "gain of trained full models": the ratio single / multi of those held-out losses against
-   theory's finite-L gain (one row per L; the largest L carries the plain name).
-   Perturbations: gain exactly H, and the wrong winner 1/gain.
-3. "gain of exact reduced minima (bridge)": the paired ratio of the Monte-Carlo minima of the
-   exact reduced loss (``numerics.exact_reduced``) over the one-head and allocated families at
-   the largest trained L, against finite_L_gain.
-4. "gain at large L -> rho_inf": the same paired ratio at a large L (4096) against
-   rho_inf.  Tolerance: Z_SE standard errors + theory's approximation error at that L, the part
-   of the gain still to come beyond L, bounded by twice theory.exact's change over [L, 4L]
-   (independent of rho_inf, so a wrong rho_inf cannot widen its own tolerance).
-
-Domain (from the configuration, before any run): m >= 2 (with one task the gain is 1 = H and
-nothing can be told apart), factored parametrisation, decomposable balanced start.  A trained
-run that did not converge, or whose m-head model left the allocated set, is a boundary finding
-(claims.limiting_error's account); the pair's gain is then decided by :func:`check_gain_pair`:
-one-sided on the side theory puts it (a superposition lowers the m-head loss and raises the
-gain: "not below"; an unconverged m-head run: "not above"), or undecided when the sides
-conflict (``details["gain_undecided"]``, no row).  Only pairs with both runs inside count as a
-decision on trained models; with none the verdict is error (``details["undecided"]``).
-``details["findings"]`` lists the boundary rows.
-
-Findings are generated from each run's own numbers (``findings``; the report's first section).
+Rows: the converged losses of the full model trained with m heads and with one head on the
+same prompt stream, at two or more L (``claims.trained``); the gain of each trained pair
+against theory's finite-L gain (:func:`check_gain_pair`; the largest L of the first case
+carries the plain name and heads the headline); the gain of the exact reduced minima at the
+largest trained L (:func:`check_bridge_gain`) and at a large L against rho_inf
+(:func:`check_gain_limit`).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation
-from numerics.statistics import paired_ratio
-from claims.spec import ClaimSpec, Outcome, finding
-from claims.trained import check_trained_loss, run_status
-from numerics import exact_reduced
+from claims import trained
+from claims.common import Z_SE, Comparison, compare, config_label, headline_row
+from claims.spec import ClaimSpec, Outcome, agreement, comparisons_named, finding
+from claims.trained import TrainedProfile, check_trained, configurations, resolve, run_status
 from numerics.config import ProblemConfig
-from numerics.experiments.converged import (PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, TrainingSchedule,
-                                            converged_run)
+from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, converged_run
+from numerics.statistics import paired_ratio
 from theory import exact as exact_theory
 from theory import limiting_error as limit_theory
 
-TAIL_FACTOR = 2.0
-"""The part of the gain still to come beyond L is bounded by TAIL_FACTOR times theory.exact's
-change of the gain over [L, 4L] (a correction falling at least like L^-1/2: the tail is the
-change / (1 - 4^-p) <= 2 for p >= 1/2)."""
+
+class MultiHeadGainProfile(TrainedProfile):
+    """Claim 6's profile (cases with m >= 2)."""
 
 
-@dataclass(frozen=True)
-class MultiHeadGainProfile:
-    cases: tuple = (((2, 2), 0.0),)        # (tasks, sigma), m >= 2
-    train_Ls: tuple = (32, 64)             # context lengths of the trained pairs (m heads, one head)
-    schedule: TrainingSchedule = field(default_factory=TrainingSchedule)
-    bridge_elements: int = 2 ** 22         # exact reduced minima at the largest trained L: eval prompts x L
-    limit_L: int = 4096                    # the L of the rho_inf row
-    limit_elements: int = 2 ** 24
-    fit_elements: int = 2 ** 17
-    problem: tuple = ()                    # a researcher's ProblemConfig fields (sorted items), if any
-
-
-TINY = MultiHeadGainProfile(train_Ls=(64,),
-                            schedule=TINY_SCHEDULE,
-                            bridge_elements=2 ** 21)
-QUICK = MultiHeadGainProfile(cases=(((2, 2), 0.0), ((3, 3, 3), 0.5)), train_Ls=(32, 64),
-                             schedule=QUICK_SCHEDULE,
+TINY = MultiHeadGainProfile(train_Ls=(64,), schedule=TINY_SCHEDULE, bridge_elements=2 ** 21)
+QUICK = MultiHeadGainProfile(cases=(((2, 2), 0.0), ((3, 3, 3), 0.5)), train_Ls=(32, 64), schedule=QUICK_SCHEDULE,
                              limit_elements=2 ** 25)
 PAPER = MultiHeadGainProfile(cases=(((4, 4, 4), 0.0), ((10, 10, 10), 0.0), ((3, 3), 0.5)),
-                             train_Ls=(64, 128, 256, 512),
-                             schedule=PAPER_SCHEDULE,
+                             train_Ls=(64, 128, 256, 512), schedule=PAPER_SCHEDULE,
                              bridge_elements=2 ** 24, limit_L=16384, limit_elements=2 ** 27, fit_elements=2 ** 21)
 PROFILES = {"tiny": TINY, "quick": QUICK, "paper": PAPER}
 
 
 def domain(cfg: ProblemConfig) -> dict:
-    """Where theory's finite-L gain applies to trained models, from the configuration alone."""
-    reasons = []
-    if cfg.m < 2:
-        reasons.append("m = 1: one task, the gain is 1 = H, nothing to tell apart")
-    if cfg.param != "factored":
-        reasons.append(f"param={cfg.param}: the allocated point is a fixed point of the factored metric only")
-    if cfg.init != "decomposable":
-        reasons.append(f"init={cfg.init}: theory's flow starts decomposable and balanced")
-    return {"inside": not reasons, "reasons": reasons,
-            "conditions": "m >= 2, factored parametrisation, decomposable balanced start; both trained runs "
-                          "converged and the m-head run ended allocated"}
+    """Where theory's finite-L gain applies to trained models (``claims.trained.domain``, gain)."""
+    return trained.domain(cfg, gain=True)
 
 
-def check_trained(cfg: ProblemConfig, run, predicted: dict, label: str, status: tuple) -> Comparison:
-    """A trained run's held-out loss against theory's exact loss (claims.trained)."""
-    name = f"converged loss of trained full model ({label}), tasks={list(cfg.tasks)}, L={cfg.L}, sigma={cfg.sigma:g}"
-    return check_trained_loss(cfg, run, predicted, name, status)
+def wrong_gains(m: int, gain: float, what: str = "gain") -> tuple:
+    """The wrong predictions of a gain: exactly H = m (the paper's round number) and the wrong
+    winner 1/gain."""
+    return ((f"gain exactly H = {m}", m), (f"wrong winner (1/{what})", 1 / gain))
 
 
 def check_trained_gain(cfg: ProblemConfig, multi: dict, single: dict, theory_gain: dict,
@@ -118,15 +66,11 @@ def check_trained_gain(cfg: ProblemConfig, multi: dict, single: dict, theory_gai
     quad = g * (theory_gain["single"]["error_estimate"] / theory_gain["loss_single"]
                 + theory_gain["allocated"]["error_estimate"] / theory_gain["loss_allocated"])
     tol = Z_SE * se + R * (single["step_error"] / single["loss"] + multi["step_error"] / multi["loss"]) + quad
-    m = cfg.m
-    return Comparison(
-        name=name, measured=R, predicted=g, error=abs(R - g), tolerance=tol, config=config_label(cfg),
-        why=f"{Z_SE:g} standard errors of the ratio ({se:.3g}, delta method on the two held-out losses) plus the runs' "
-            "relative step errors and the quadrature bounds",
-        perturbations=[perturbation(f"gain exactly H = {m}", abs(R - m), tol, predicted=m),
-                       perturbation("wrong winner (1/gain)", abs(R - 1 / g), tol, predicted=1 / g)],
-        details={"tasks": list(cfg.tasks), "L": cfg.L, "sigma": cfg.sigma, "se": se, "theory": {
-            k: theory_gain[k] for k in ("gain", "loss_single", "loss_allocated")}})
+    return compare(name, R, g, tol, f"{Z_SE:g} standard errors of the ratio ({se:.3g}, delta method on the two "
+                   "held-out losses) plus the runs' relative step errors and the quadrature bounds",
+                   wrong=wrong_gains(cfg.m, g), config=config_label(cfg),
+                   details={"tasks": list(cfg.tasks), "L": cfg.L, "sigma": cfg.sigma, "se": se, "theory": {
+                       k: theory_gain[k] for k in ("gain", "loss_single", "loss_allocated")}})
 
 
 def check_gain_pair(cfg: ProblemConfig, multi: dict, single: dict, theory_gain: dict, status_multi: tuple,
@@ -144,16 +88,15 @@ def check_gain_pair(cfg: ProblemConfig, multi: dict, single: dict, theory_gain: 
     - sides that conflict, or a run outside the domain for another reason: no prediction of the
       ratio.  Returned as ``{"undecided": reason}`` (never a passing comparison)."""
     (st_m, sign_m), (st_s, sign_s) = status_multi, status_single
-    if st_m == "inside" and st_s == "inside":
-        return check_trained_gain(cfg, multi, single, theory_gain, name)
     c = check_trained_gain(cfg, multi, single, theory_gain, name)
+    if st_m == "inside" and st_s == "inside":
+        return c
     R, g, tol = c.measured, c.predicted, c.tolerance
     details = {**c.details, "status_multi": st_m, "status_single": st_s}
     if cfg.m == 1:
-        return Comparison(name=f"{name} [boundary: one task]", measured=R, predicted=1.0, error=abs(R - 1.0),
-                          tolerance=tol, why="boundary finding (m = 1: the m-head and one-head models coincide); "
-                          "check: ratio 1; " + c.why, details={**details, "boundary_check": "ratio 1"},
-                          config=c.config)
+        return compare(f"{name} [boundary: one task]", R, 1.0, tol, "boundary finding (m = 1: the m-head and "
+                       "one-head models coincide); check: ratio 1; " + c.why,
+                       details={**details, "boundary_check": "ratio 1"}, config=c.config)
     sides = set()
     if st_m != "inside":
         sides.add(0 if st_m.startswith("outside") else -sign_m)   # multi below (-1) -> ratio up (+1)
@@ -162,22 +105,20 @@ def check_gain_pair(cfg: ProblemConfig, multi: dict, single: dict, theory_gain: 
     if len(sides) != 1 or 0 in sides:
         return {"undecided": f"no side of theory's gain: m-head run {st_m}; one-head run {st_s}",
                 "measured": R, "predicted": g}
-    up = sides.pop() > 0
-    err = max(0.0, g - R) if up else max(0.0, R - g)
-    bound = "not below theory's gain" if up else "not above theory's gain"
+    side = "not below" if sides.pop() > 0 else "not above"
+    bound = f"{side} theory's gain"
     tag = ("m-head run " + st_m if st_m != "inside" else "one-head run " + st_s).split(" (")[0].split(":")[0]
-    return Comparison(name=f"{name} [boundary: {tag}]", measured=R, predicted=g, error=err, tolerance=tol,
-                      why=f"boundary finding (m-head run: {st_m}; one-head run: {st_s}); check: {bound}; " + c.why,
-                      details={**details, "boundary_check": bound}, config=c.config,
-                      side="not below" if up else "not above")
+    return compare(f"{name} [boundary: {tag}]", R, g, tol,
+                   f"boundary finding (m-head run: {st_m}; one-head run: {st_s}); check: {bound}; " + c.why,
+                   side=side, details={**details, "boundary_check": bound}, config=c.config)
 
 
-def _reduced_gain(tasks, sigma, L, elements, fit_elements, seed, device):
-    multi = exact_reduced.allocated_minimum(tasks, L, sigma, seed, device, fit_elements)
-    single = exact_reduced.single_head_minimum(tasks, L, sigma, seed + 1, device, fit_elements)
-    multi, single = exact_reduced.measure([multi, single], max(2000, elements // L), seed + 2, device)
+def _reduced_gain(tasks, sigma, L, elements, fit_elements, seed, device) -> tuple:
+    """The paired ratio (one head / allocated) of the exact reduced minima at L, its standard
+    error, and the details of the two minima."""
+    multi, single = trained.reduced_minima(tasks, sigma, L, elements, fit_elements, seed, device, single=True)
     R, se = paired_ratio(single.per_prompt, multi.per_prompt)
-    return R, se, multi, single
+    return R, se, {"se": se, "multi": multi.summary(), "single": single.summary()}
 
 
 def check_bridge_gain(tasks, sigma: float, L: int, elements: int, fit_elements: int, seed: int,
@@ -185,67 +126,40 @@ def check_bridge_gain(tasks, sigma: float, L: int, elements: int, fit_elements: 
     """Paired ratio of the Monte-Carlo minima of the exact reduced loss (one head / allocated)
     against theory.exact.finite_L_gain at L: Z_SE paired standard errors; perturbations gain =
     H and 1/gain."""
-    R, se, multi, single = _reduced_gain(tasks, sigma, L, elements, fit_elements, seed, device)
+    R, se, details = _reduced_gain(tasks, sigma, L, elements, fit_elements, seed, device)
     g = exact_theory.finite_L_gain(tuple(tasks), L, sigma)["gain"]
-    tol = Z_SE * se
-    m = len(tasks)
-    return Comparison(
-        name=f"gain of exact reduced minima (bridge), tasks={list(tasks)}, L={L}, sigma={sigma:g}",
-        measured=R, predicted=g, error=abs(R - g), tolerance=tol,
-        why=f"{Z_SE:g} paired standard errors of the ratio ({se:.3g}, one evaluation sample for both minima)",
-        perturbations=[perturbation(f"gain exactly H = {m}", abs(R - m), tol, predicted=m),
-                       perturbation("wrong winner (1/gain)", abs(R - 1 / g), tol, predicted=1 / g)],
-        details={"se": se, "multi": multi.summary(), "single": single.summary()})
+    return compare(f"gain of exact reduced minima (bridge), tasks={list(tasks)}, L={L}, sigma={sigma:g}", R, g,
+                   Z_SE * se, f"{Z_SE:g} paired standard errors of the ratio ({se:.3g}, one evaluation sample for "
+                   "both minima)", wrong=wrong_gains(len(tasks), g), details=details)
 
 
 def check_gain_limit(tasks, sigma: float, L: int, elements: int, fit_elements: int, seed: int,
                      device="cpu") -> Comparison:
-    """Paired ratio of the exact reduced minima at a large L against rho_inf = gain(tasks, sigma).
-    Tolerance: Z_SE paired standard errors + TAIL_FACTOR x |gain_th(4L) - gain_th(L)| from
-    theory.exact (the approximation error at L, independent of rho_inf).  Perturbations: gain =
-    H (the paper's round number) and 1/rho_inf (the wrong winner)."""
-    R, se, multi, single = _reduced_gain(tasks, sigma, L, elements, fit_elements, seed, device)
+    """Paired ratio of the exact reduced minima at a large L against rho_inf = gain(tasks, sigma),
+    at the tolerance of ``claims.trained.check_large_L``: Z_SE paired standard errors + the part
+    of the gain still to come beyond L (from theory.exact's gain at L and 4L, independent of
+    rho_inf).  Perturbations: gain = H (the paper's round number) and 1/rho_inf (the wrong winner)."""
+    R, se, details = _reduced_gain(tasks, sigma, L, elements, fit_elements, seed, device)
     rho = float(limit_theory.gain(tuple(tasks), sigma))
-    here, far = exact_theory.finite_L_gain(tuple(tasks), L, sigma), exact_theory.finite_L_gain(tuple(tasks), 4 * L, sigma)
-    tail = TAIL_FACTOR * abs(far["gain"] - here["gain"])
-    tol = Z_SE * se + tail
-    m = len(tasks)
-    return Comparison(
-        name=f"gain at large L -> rho_inf, tasks={list(tasks)}, sigma={sigma:g}, L={L}",
-        measured=R, predicted=rho, error=abs(R - rho), tolerance=tol,
-        why=f"{Z_SE:g} paired standard errors of the ratio ({se:.3g}) plus theory's approximation error at L, "
-            f"{TAIL_FACTOR:g} x theory.exact's change of the gain over [L, 4L] ({tail:.3g})",
-        perturbations=[perturbation(f"gain exactly H = {m}", abs(R - m), tol, predicted=m),
-                       perturbation("wrong winner (1/rho_inf)", abs(R - 1 / rho), tol, predicted=1 / rho)],
-        details={"se": se, "tail": tail, "gain_exact_L": here["gain"], "gain_exact_4L": far["gain"],
-                 "multi": multi.summary(), "single": single.summary()})
-
-
-def _figure(points: dict) -> Figure:
-    series, hl = [], []
-    for (tasks, sigma), rows in points.items():
-        series.append(Series(f"trained, tasks={list(tasks)} sigma={sigma:g}", [float(L) for L, _, _ in rows],
-                             [g for _, g, _ in rows], "points"))
-        series.append(Series(f"theory finite-L gain, tasks={list(tasks)} sigma={sigma:g}",
-                             [float(L) for L, _, _ in rows], [t for _, _, t in rows], "line"))
-        hl.append({"y": float(len(tasks)), "label": f"H = {len(tasks)}"})
-    return Figure(name="multi-head-gain-vs-L", title="Single-head / multi-head converged loss against L",
-                  xlabel="L", ylabel="loss(1 head) / loss(m heads)", xscale="log", series=series, hlines=hl,
-                  caption="points: held-out losses of trained full models; line: theory.exact.finite_L_gain")
+    here = exact_theory.finite_L_gain(tuple(tasks), L, sigma)["gain"]
+    far = exact_theory.finite_L_gain(tuple(tasks), 4 * L, sigma)["gain"]
+    return trained.check_large_L(f"gain at large L -> rho_inf, tasks={list(tasks)}, sigma={sigma:g}, L={L}", R, se,
+                                 "paired standard errors of the ratio", rho, far - here, "the gain",
+                                 wrong_gains(len(tasks), rho, "rho_inf"),
+                                 {**details, "gain_exact_L": here, "gain_exact_4L": far})
 
 
 def evaluate(ctx) -> Outcome:
     """Claim 6: per case and L, the m-head and one-head runs (same prompt stream) against
-    theory's exact losses, their gain, then the bridge and limit rows."""
+    theory's exact losses, their gain, then the bridge and limit rows.  Only pairs with both
+    runs inside the domain decide the claim on trained models; with none: verdict error."""
     p, seed, device = ctx.p, ctx.seed, ctx.device
+    configs = configurations(ctx)
     if p.problem:
-        base = ProblemConfig.from_dict({**dict(p.problem), "device": device})
-        configs = [(base, (base.L, 2 * base.L))]
+        base = configs[0][0]
         ran = (f"problem {base.to_dict()}: m = {base.m} heads and one head (problem heads = {base.heads} "
                f"replaced), trained at L = {base.L}, {2 * base.L}")
     else:
-        configs = [(ProblemConfig(tasks=tuple(t), heads=len(t), L=p.train_Ls[0], sigma=s, device=device), p.train_Ls)
-                   for t, s in p.cases]
         ran = f"profile cases {list(p.cases)}: m heads and one head trained at L = {list(p.train_Ls)}"
     comps, rows, gains, points, undecided = [], [], [], {}, []
     steps, done = sum(2 * len(Ls) + 2 for _, Ls in configs), 0
@@ -292,10 +206,14 @@ def evaluate(ctx) -> Outcome:
     if gain_rows:
         first = max(range(len(gains)), key=lambda i: (gains[i].details["L"] if
                                                      gains[i].details["tasks"] == list(configs[0][0].tasks) else -1))
-        gain_rows[first] = {**gain_rows[first], "name": "gain of trained full models"}
-        gain_rows.insert(0, gain_rows.pop(first))
+        gain_rows.insert(0, {**gain_rows.pop(first), "name": "gain of trained full models"})
     doms = {f"tasks={list(b.tasks)} param={b.param}": domain(b) for b, _ in configs}
-    return Outcome(comps, gain_rows + rows, [_figure(points)], short_why=True,
+    figure = trained.case_figure("multi-head-gain-vs-L", "Single-head / multi-head converged loss against L", points,
+                                 "trained", "theory finite-L gain", xlabel="L", ylabel="loss(1 head) / loss(m heads)",
+                                 xscale="log", caption="points: held-out losses of trained full models; line: "
+                                         "theory.exact.finite_L_gain",
+                                 hlines=[{"y": float(len(t)), "label": f"H = {len(t)}"} for t, _ in points])
+    return Outcome(comps, gain_rows + rows, [figure], short_why=True,
                    undecided=None if gains else ("no L had both trained runs inside the domain (converged, the m-head "
                                                  "run allocated): the gain of trained models is not decided here"),
                    details={"ran": ran, "domain": {"conditions": domain(configs[0][0])["conditions"], "cases": doms},
@@ -303,16 +221,10 @@ def evaluate(ctx) -> Outcome:
                             "boundary_rows": [c.name for c in comps if "boundary_check" in c.details]})
 
 
-def resolve(p: MultiHeadGainProfile, problem: dict) -> MultiHeadGainProfile:
-    return replace(p, problem=tuple(sorted(problem.items())))
-
-
 def findings(result) -> list:
     """The trained gain against theory's finite-L gain, and each boundary gain row."""
     out = []
-    for c in result.details["comparisons"]:
-        if not c["name"].startswith("gain of trained"):
-            continue
+    for c in comparisons_named(result, "gain of trained"):
         d = c["details"]
         kind = "holds" if "boundary_check" not in d and c["agrees"] else "stops"
         text = ("At tasks {tasks}, L = {L}, sigma {sigma}, trained single-head over multi-head loss is {gain} against "
@@ -321,11 +233,9 @@ def findings(result) -> list:
                    if "boundary_check" in d else "") + ".")
         out.append(finding(result, kind, text, tasks=str(tuple(d["tasks"])), L=d["L"], sigma=d["sigma"],
                            gain=(c["measured"], d["se"]), theory=c["predicted"], H=len(d["tasks"])))
-    for c in result.details["comparisons"]:
-        if c["name"].startswith("gain at large L"):
-            out.append(finding(result, "holds" if c["agrees"] else "stops",
-                               "At large L the exact reduced gain is {g} against rho_inf = {rho}, not H.",
-                               g=(c["measured"], c["details"]["se"]), rho=c["predicted"]))
+    for c in comparisons_named(result, "gain at large L"):
+        out.append(finding(result, agreement(c), "At large L the exact reduced gain is {g} against rho_inf = {rho}, "
+                           "not H.", g=(c["measured"], c["details"]["se"]), rho=c["predicted"]))
     return out
 
 

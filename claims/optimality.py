@@ -1,32 +1,14 @@
 """Claim 7: the gradient-flow limit is within a constant factor of the best multi-head softmax
 attention -- measured at EQUAL numbers of heads (issue 12).
 
-What is compared, at one context length L and for each H in (m, m + 1, 2m)
-(``theory.optimality.heads_list``), the runs in ``numerics.experiments.probes``:
-
-- the gradient-flow limit: the allocated point (one head per task, claim 4), its loss measured by
-  the exact reduced estimator at its minimiser (``numerics.exact_reduced.allocated_minimum``);
-- the best H-head softmax attention found, over two searches: signed decomposable points whose
-  H heads are SHARED between tasks (``probes.decomposable_search``: every omega, mu free, one
-  local search per start of ``theory.optimality.search_starts``: the allocated point, the
-  linear-attention construction where H >= m + 1, a signed superposition and random signed
-  points), and the full merged model (W_h, U_h free, it need not stay decomposable) trained from
-  several random full starts, its loss measured again at the final weights on fresh prompts.
-
-C_H = loss(limit) / loss(best found).  The best of a search only bounds the optimum from above,
+C_H = loss(limit) / loss(best found), at one L for each H of ``theory.optimality.heads_list``:
+the limit is the allocated point (claim 4) at its exact reduced minimiser; the best found is the
+better of a shared-head signed decomposable search and full merged models from random starts
+(``numerics.experiments.probes.candidates_at_heads``).  A search bounds the optimum from above,
 so the measured C_H is a LOWER bound on the true constant; every start's C is kept (the spread).
-
-Theory (``theory.optimality.constant_bracket``, before any run): C_H in [1, allocated/linear]
-for H <= m (finite, below the linear-attention ratio, since H = m heads cannot reach linear
-attention: a zero-sum mu matrix has rank <= H - 1 < m), and C_H = allocated/linear for
-H >= m + 1 (linear attention reachable, and the SPEC's account is that it is the best); allocated
-from the exact quadrature fixed point, linear the exact centred linear-attention loss at L.
-Domain (``theory.optimality.constant_domain``): L >= 8 (max r_i + 1 + sigma^2) and H >= m;
-outside, only the edges that stay rigorous are asserted (C >= 1 where H >= m; C <= allocated/
-linear where H <= m cannot reach linear attention and L is large).
-A second check extrapolates C at 2m heads (two per task) over several L to theory's
-C_inf = limit_multi / linear_attention_limit (the F of claim 5), and a bridge runs the best
-decomposable point as a full merged model (it must have the loss the reduced estimator says).
+Compared: C_H against ``theory.optimality.constant_bracket`` (inside ``constant_domain``; outside
+it only the rigorous edges), C at 2m heads extrapolated in L against theory's C_inf, and a bridge
+(the best decomposable point run as a full merged model has the loss the reduced estimator says).
 """
 from __future__ import annotations
 
@@ -35,10 +17,9 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, headline_row, perturbation
+from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure
 from numerics.statistics import fit_limit
-from claims.spec import ClaimSpec, Outcome, finding
+from claims.spec import ClaimSpec, Outcome, agreement, comparisons_named, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss
 from numerics.exact_reduced import evaluate as reduced_evaluate
@@ -105,27 +86,24 @@ def check_constant_at_heads(cand: dict, bracket: dict, dom: dict) -> Comparison:
     loss; fixed before the comparison.  Perturbations, through the same bracket test:
     H <= m "reaches linear attention" (the bracket closed at allocated/linear), H >= m + 1
     "allocation is optimal" (the bracket closed at 1).  Outside the domain: only the edges
-    that stay rigorous (module docstring), no perturbation."""
+    that stay rigorous (C >= 1 where H >= m; C <= allocated/linear where H <= m cannot reach
+    linear attention and L is large), no perturbation."""
     H, best = cand["H"], cand["best"]
     C, se = best["C"], best["C_se"]
     tol = Z_SE * se + bracket["allocated_error"] / bracket["linear"]
     low, high = bracket["low"], bracket["high"]
-    perts = []
+    wrong = []
     if not dom["inside"]:
         low = 1.0 if dom["heads_at_least_m"] else 0.0
         high = bracket["high"] if (dom["L_large"] and not bracket["reaches_linear"]) else math.inf
     elif bracket["reaches_linear"]:
-        perts.append(perturbation("allocation is optimal (C = 1)", bracket_error(C, 1.0, 1.0), tol,
-                                  predicted=[1.0, 1.0]))
+        wrong = [("allocation is optimal (C = 1)", [1.0, 1.0])]
     else:
-        perts.append(perturbation(f"H = {H} reaches linear attention (C = allocated/linear)",
-                                  bracket_error(C, bracket["high"], bracket["high"]), tol,
-                                  predicted=[bracket["high"]] * 2))
-    return Comparison(
-        name=f"constant at H = {H}, tasks={cand['tasks']}, L={cand['L']}, sigma={cand['sigma']:g}",
-        measured=C, predicted=[low, high], error=bracket_error(C, low, high), tolerance=tol,
-        why=f"{Z_SE:g} standard errors of C plus the quadrature error of the allocated loss",
-        perturbations=perts, side="two-sided" if math.isfinite(high) else "not below",
+        wrong = [(f"H = {H} reaches linear attention (C = allocated/linear)", [bracket["high"]] * 2)]
+    return compare(
+        f"constant at H = {H}, tasks={cand['tasks']}, L={cand['L']}, sigma={cand['sigma']:g}", C, [low, high], tol,
+        f"{Z_SE:g} standard errors of C plus the quadrature error of the allocated loss", wrong=wrong,
+        error=lambda C, edges: bracket_error(C, *edges), side="two-sided" if math.isfinite(high) else "not below",
         config=f"tasks={tuple(cand['tasks'])} H={H} L={cand['L']} sigma={cand['sigma']:g}",
         details={"bracket": bracket, "domain": dom, "best": best, "spread": cand["spread"], "starts": cand["starts"],
                  "candidates": cand["candidates"], "allocated": cand["allocated"]})
@@ -144,12 +122,10 @@ def check_best_as_full_model(cand: dict, device="cpu", n: int = 8192, seed: int 
     doubled = float(reduced_evaluate([(2.0 * fm.omega, fm.mu)], tasks, cand["L"], cand["sigma"], n, seed + 1,
                                      device).mean())
     tol = Z_SE * math.hypot(est.se, fm.se)
-    return Comparison(
-        name=f"best decomposable point as a full model, H = {cand['H']}", measured=est.mean, predicted=fm.loss,
-        error=abs(est.mean - fm.loss), tolerance=tol,
-        why=f"{Z_SE:g} standard errors of the difference of two independent Monte-Carlo estimates",
-        perturbations=[perturbation("logits doubled: the reduced loss at (2 omega, mu)", abs(est.mean - doubled),
-                                    tol, predicted=doubled)],
+    return compare(
+        f"best decomposable point as a full model, H = {cand['H']}", est.mean, fm.loss, tol,
+        f"{Z_SE:g} standard errors of the difference of two independent Monte-Carlo estimates",
+        wrong=[("logits doubled: the reduced loss at (2 omega, mu)", doubled)],
         config=f"tasks={tasks} H={cand['H']} L={cand['L']} sigma={cand['sigma']:g}",
         details={"full_model": asdict(est), "reduced": {"loss": fm.loss, "se": fm.se},
                  "omega": fm.omega.tolist(), "mu": fm.mu.tolist()})
@@ -163,13 +139,10 @@ def check_constant_limit(tasks, sigma: float, rows) -> Comparison:
     C_inf = th_limit.limit_multi(tasks, sigma) / th_opt.linear_attention_limit(tasks, sigma)
     fit = fit_limit(np.array([r["L"] for r in rows], float), [r["constant"] for r in rows], [r["se"] for r in rows])
     tol = Z_SE * fit["a_se"] + fit["systematic"]
-    return Comparison(
-        name=f"constant at 2m heads as L -> inf, tasks={list(tasks)}, sigma={sigma:g}", measured=fit["a"],
-        predicted=C_inf, error=abs(fit["a"] - C_inf), tolerance=tol,
-        why=f"{Z_SE:g} standard errors of the extrapolated constant plus the extrapolation's systematic error",
-        perturbations=[perturbation("constant = 1", abs(fit["a"] - 1.0), tol, predicted=1.0),
-                       perturbation("constant = e (the large-r value)", abs(fit["a"] - math.e), tol,
-                                    predicted=math.e)],
+    return compare(
+        f"constant at 2m heads as L -> inf, tasks={list(tasks)}, sigma={sigma:g}", fit["a"], C_inf, tol,
+        f"{Z_SE:g} standard errors of the extrapolated constant plus the extrapolation's systematic error",
+        wrong=[("constant = 1", 1.0), ("constant = e (the large-r value)", math.e)],
         config=f"tasks={tuple(tasks)} H={2 * len(tasks)} L->inf sigma={sigma:g}",
         details={"fit": fit, "rows": rows, "C_inf": C_inf})
 
@@ -211,11 +184,11 @@ def evaluate(ctx) -> Outcome:
         c = check_constant_limit(tuple(p.limit_tasks), sigma, lrows)
         comps.append(c)
         rows.append(headline_row(c, "constant at 2m heads as L -> inf", se=c.details["fit"]["a_se"]))
-    fig = Figure(name="optimality-constant-against-H", title=f"constant against H, tasks={list(tasks)}, L={L}",
-                 xlabel="H", ylabel="C_H = loss(limit) / loss(best found)",
-                 series=[Series("measured (best found)", Hs, [t["C"] for t in table], "points"),
-                         Series("theory: upper edge", Hs, [t["bracket"][1] for t in table], "dashed"),
-                         Series("theory: lower edge", Hs, [t["bracket"][0] for t in table], "dashed")])
+    fig = lines_figure("optimality-constant-against-H", f"constant against H, tasks={list(tasks)}, L={L}",
+                       [("measured (best found)", Hs, [t["C"] for t in table], "points"),
+                        ("theory: upper edge", Hs, [t["bracket"][1] for t in table], "dashed"),
+                        ("theory: lower edge", Hs, [t["bracket"][0] for t in table], "dashed")],
+                       xlabel="H", ylabel="C_H = loss(limit) / loss(best found)")
     return Outcome(comps, rows, [fig], short_why=True, details={
         "domain": doms, "constant_against_H": table,
         "ran": {"tasks": list(tasks), "L": L, "sigma": sigma, "heads": Hs, "problem": ctx.problem, "profile": asdict(p),
@@ -231,18 +204,16 @@ def findings(result) -> list:
     loss approaches linear attention's."""
     out, table, ran = [], result.details.get("constant_against_H", []), result.details.get("ran", {})
     for t in table:
-        out.append(finding(result, "holds" if t["agrees"] else "stops",
-                           "With H = {H} heads (tasks {tasks}, L = {L}) the gradient-flow limit's loss is C = {C} times "
-                           "the loss of the best H-head attention found (a lower bound on the constant), "
+        out.append(finding(result, agreement(t),
+                           "With H = {H} heads (tasks {tasks}, L = {L}) the gradient-flow limit's loss is C = {C} "
+                           "times the loss of the best H-head attention found (a lower bound on the constant), "
                            + ("within" if t["agrees"] else "outside") + " theory's bracket [{low}, {high}] (tolerance "
                            "{tol})" + ("" if t["inside"] else ", outside the bracket's domain: its rigorous edges only")
                            + ".", H=t["H"], tasks=str(tuple(ran.get("tasks", ()))), L=ran.get("L"),
                            C=(t["C"], t["se"]), low=t["bracket"][0], high=t["bracket"][1], tol=t["tolerance"]))
-    for c in result.details.get("comparisons", []):
-        if c["name"].startswith("constant at 2m"):
-            out.append(finding(result, "holds" if c["agrees"] else "stops",
-                               "At 2m heads the constant extrapolates to {a} as L -> inf, against theory's C_inf = {C}.",
-                               a=(c["measured"], c["details"]["fit"]["a_se"]), C=c["predicted"]))
+    for c in comparisons_named(result, "constant at 2m"):
+        out.append(finding(result, agreement(c), "At 2m heads the constant extrapolates to {a} as L -> inf, against "
+                           "theory's C_inf = {C}.", a=(c["measured"], c["details"]["fit"]["a_se"]), C=c["predicted"]))
     if table:
         t = table[-1]
         bd = t["best_decomposable"]
@@ -253,7 +224,8 @@ def findings(result) -> list:
             + ("a signed superposition" if all(bd["signed_superposed"]) else "not a signed superposition")
             + " (heads of both signs on every task, their OV values cancelling to {cancel} of the largest; largest "
             "|omega| of a head carrying a task {om}) with loss {loss}, {ratio} times linear attention's {lin}: not the "
-            "allocated limit, but a superposition tending to linear attention.", H=t["H"], om=float(np.max(om[serving])),
+            "allocated limit, but a superposition tending to linear attention.", H=t["H"],
+            om=float(np.max(om[serving])),
             cancel=float(np.max(np.abs(np.sum(bd["mu"], axis=0)) / mu.max(axis=0))),
             loss=(bd["loss"], bd["se"]), ratio=bd["loss"] / bd["linear"], lin=bd["linear"]))
     return out
@@ -274,14 +246,14 @@ def estimate(p: OptimalityProfile) -> float:
 def resolve(p: OptimalityProfile, problem: dict) -> OptimalityProfile:
     """The researcher's tasks, L, sigma for the table; H = its heads next to m (equal heads);
     init_scale, basis, dtype, logit_scale for the full models."""
-    q = replace(p, **{k: (tuple(problem[k]) if k == "tasks" else problem[k])
-                      for k in ("tasks", "L", "sigma", "init_scale") if k in problem},
+    q = replace(replace_fields(p, problem, ("tasks", "L", "sigma", "init_scale")),
                 extra=tuple(sorted((k, v) for k, v in problem.items() if k in ("basis", "dtype", "logit_scale"))))
     return replace(q, heads=tuple(sorted({int(problem["heads"]), len(q.tasks)}))) if "heads" in problem else q
 
 
 SPEC = ClaimSpec(
-    id="optimality", title="The gradient-flow limit is within a constant factor of the best attention with as many heads",
+    id="optimality",
+    title="The gradient-flow limit is within a constant factor of the best attention with as many heads",
     statement=("The loss of the gradient-flow limit is within a constant factor of the best multi-head softmax "
                "attention with the same number of heads H; the constant is measured against H = m, m + 1, 2m "
                "(signed decomposable points with shared heads, and full merged models from random starts)."),

@@ -1,6 +1,7 @@
 """What the two initialisation boundaries share (boundary-initialisation, boundary-allocation-
-race): their problem fields, their run configurations, and the comparison of the phase times
-of two loss curves, with phases that do not end within a run reported as such."""
+race): their problem fields, their run configurations, the comparison of the phase times
+of two loss curves (phases that do not end within a run reported as such) and the exact
+comparison of discrete outcomes (winners)."""
 from __future__ import annotations
 
 import math
@@ -53,15 +54,30 @@ def phase_comparison(name: str, pairs: list, spacing: float, reference: str, con
 
     tol = 2.0 * spacing
     return Comparison(
-        name=name, measured={r["where"]: [x["measured"] for x in rows if x["where"] == r["where"]] for r in rows},
-        predicted={r["where"]: [x["reference"] for x in rows if x["where"] == r["where"]] for r in rows},
+        name=name, measured={w: [phase_state(a, k, t) for k in PHASES] for w, a, b, t in pairs},
+        predicted={w: [phase_state(b, k, t) for k in PHASES] for w, a, b, t in pairs},
         error=compare(1.0), tolerance=tol,
         why=f"phase times within 2 record spacings ({tol:.3g}): each crossing time is interpolated between records, "
             "so each is resolved to one spacing; compared where a phase ends in both curves",
         perturbations=[perturbation(f"phase times 50% longer than the {reference}'s", compare(1.5), tol)],
         details={"compared": len(both), "ended_in_one_only": len(one), "one_only": one,
-                 "ended_in_neither": len(rows) - len(both) - len(one), "defined_in_one_only": len(one)},
+                 "ended_in_neither": len(rows) - len(both) - len(one)},
         config=config)
+
+
+def outcome_comparison(name: str, outcomes: list, why: str, wrong: tuple, details: dict,
+                       config=None) -> Comparison:
+    """Discrete outcomes (winners) compared exactly: ``outcomes`` are the decided (measured,
+    predicted) pairs, error = the number of pairs where they differ, tolerance 0 (an outcome
+    is discrete; the undecided ones are counted by the caller, never compared); measured =
+    the number where they agree, predicted = the number decided.  ``wrong``: (description,
+    function of a predicted outcome -> another one), sent through the same count.  No pair
+    decided: error 0 and the perturbation not rejected (undecided)."""
+    differ = lambda swap: float(sum(m != swap(p) for m, p in outcomes))  # noqa: E731 - the one comparison
+    description, swap = wrong
+    return Comparison(name=name, measured=len(outcomes) - int(differ(lambda p: p)), predicted=len(outcomes),
+                      error=differ(lambda p: p), tolerance=0.0, why=why, details=details, config=config,
+                      perturbations=[perturbation(description, differ(swap), 0.0)])
 
 
 def phase_row(c: Comparison, name: str | None = None) -> list:

@@ -1,53 +1,15 @@
 """Claim 2: gradient flow on the full weights is an ODE on the semi-singular values.
 
-Three checks, each against a prediction of ``theory.reduced_ode`` (the runs and probes are in
-``numerics.experiments.probes``):
+Three checks, each against a prediction of ``theory.reduced_ode`` (runs and probes in
+``numerics.experiments.probes``): (a) :func:`check_gradient_projection`, the full model's
+velocity read out on D against the reduced velocity, on one batch; (b)
+:func:`check_trajectory_agreement`, full gradient descent against the reduced flow over a whole
+run on an exactly symmetric batch; (c) :func:`check_expansion_trend`, the full model against the
+large-L expansion flow, whose gap must shrink as L grows.  Each is also run against a metric off
+by a factor (or the other parametrisation's metric), which must be rejected.
 
-(a) :func:`check_gradient_projection` -- same batch, one point of D.  The full model's
-    gradient-flow velocity, read out on D (omega_dot = tr(Phi_i^T W_dot Phi_i)/r_i,
-    mu_dot = diag U_dot_Y, with W_dot = -(dK^T Q + K^T dQ)/s, U_dot = -(dO V + O dV) for
-    the factored weights; ``numerics.model.full_velocity_on_D``), must equal the theory's
-    reduced velocity -f * grad L_L with the metric factors f of
-    ``theory.reduced_ode.metric_factors`` and grad L_L the gradient of the exact finite-L
-    reduced loss on the same batch (``numerics.reduced.reduced_gradient``).  Both sides are the same
-    sums of B L per-token terms, computed along different graphs, so they differ by
-    rounding only: float64 pairwise summation errs by <= eps log2(B L D) relative to the
-    sum of the *absolute* per-prompt terms; tolerance = 64 eps log2(B L D) f |g|_abs, with
-    |g|_abs the mean over prompts of |per-prompt gradient| (measured).
-    Perturbation: the metric off by a factor 2 (the factored metric without its 2; the
-    merged metric with a spurious 2) must be rejected.
-
-(b) :func:`check_trajectory_agreement` -- the whole run, same samples.  On a batch made of
-    whole orbits of the symmetry group (``numerics.symmetry.symmetrize_full``) the full flow
-    never leaves D, so full gradient descent and the reduced flow are two first-order
-    discretisations of the *same* ODE on the same samples; their difference D_lr is O(lr)
-    only (for merged weights zero: GD on W restricted to D *is* the Euler step of the
-    reduced flow).  The O(lr) part is estimated by Richardson on the difference itself:
-    D_lr = C lr + O(lr^2), so |D_lr| ~ 2 |D_lr - D_{lr/2}|; tolerance = 1.5 x that estimate
-    (max over the run and entries; the 1.5 covers the O(lr^2) remainder) plus a rounding
-    floor.  A wrong ODE adds to D a part that does not vanish with lr, which the tolerance
-    does not cover.  Perturbation: the reduced flow with the metric off by a factor 2.
-
-(c) :func:`check_expansion_trend` -- large L.  The full model trained on fresh batches
-    against the large-L expansion flow (``theory.reduced_ode.expansion_gradient`` with the
-    theory's metric, discretised by the same GD step as the full model so that the O(lr)
-    gap, which does not shrink with L, is not mistaken for the expansion's error) over the
-    same run, for >= 3 context lengths; the expansion drops O(L^-2) terms of the loss, so the
-    noise-corrected gap b(L) (root-mean-square over the run, relative to each value's scale)
-    must shrink as L grows: fitted exponent p of b ~ L^p with p + Z_SE se(p) < 0, se(p)
-    from the Monte-Carlo spread of independent prompt streams.  Perturbation, through the
-    same statistic: the expansion flow with the other parametrisation's metric (its gap does
-    not vanish as L grows).  What (c) cannot see: an error in the O(1/L) terms (a wrong pair
-    kernel) also gives a gap that shrinks, so it passes (c); the coefficient is checked by
-    boundary-small-L against the exact loss (docs/claims_1_4.md, blind spots).
-
-Domain (decided from theory before any run): (a) and (b) hold at every point of D and every
-configuration (exact identities of the chain rule on D; (b) needs the symmetrised batch,
-whose size |G| base_prompts is a cost, not a condition).  (c) holds where the expansion's
-remainder is O(L^-2): 6 omega^2 < 1 along the expansion flow from the start
-(``theory.reduced_ode.expansion_reliable``, evaluated on the expansion GD map before any
-training; with logit scale s = 1 and small r the emergence lands near (r s)^(-1/4) > 1/sqrt(6));
-outside it (c) is run as a boundary finding (its gaps recorded, not judged).
+Domain (:data:`DOMAIN`, decided from theory before any run; (b)'s batch size |G| base_prompts is a
+cost, not a condition): outside :func:`expansion_domain` (c) is a boundary finding (recorded, not judged).
 """
 from __future__ import annotations
 
@@ -56,16 +18,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from claims.block_structure import SECONDS_PER_MTOKEN_STEP, SECONDS_PER_STEP, eps_of, label
-from claims.common import Z_SE, Comparison, headline_row, perturbation, value_panels
+from claims.common import (Z_SE, Comparison, compare, config_label, eps_of, gd_seconds, headline_row, perturbation,
+                           value_panels)
+from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
 from numerics.model import initial_values
-from claims.spec import ClaimSpec, Outcome, finding
 from numerics.config import ProblemConfig
 from numerics.experiments import probes
 from numerics.train import TrainConfig
 from theory.block_structure import group_order
-from theory.reduced_ode import expansion_gd_map, expansion_reliable
-from theory.reduced_ode import metric_factors as theory_metric_factors
+from theory.reduced_ode import expansion_gd_map, expansion_reliable, metric_factors
 
 
 @dataclass(frozen=True)
@@ -113,7 +74,7 @@ PROFILES = {
                                       trend_Ls=(64, 128, 256, 512, 1024), trend_batch=2048, trend_records=41),
 }
 
-RICHARDSON_SAFETY = 1.5   # the factor on the Richardson estimate that covers the O(lr^2) remainder (docstring (b))
+RICHARDSON_SAFETY = 1.5   # the factor on the Richardson estimate that covers the O(lr^2) remainder (check (b))
 DOMAIN = {
     "gradient_projection": "every point of D, every configuration (chain rule on D, exact to rounding)",
     "trajectory": "every start in D, every configuration (a G-invariant batch keeps the full flow in D)",
@@ -122,41 +83,44 @@ DOMAIN = {
 }
 
 
-def _theory_metric(param, omega, mu, tasks, logit_scale):
-    return theory_metric_factors(param, np.asarray(omega, float), np.asarray(mu, float), tasks, logit_scale)
-
-
 def _wrong_factor(param: str) -> float:   # the factored metric without its 2, the merged one with a 2
     return 0.5 if param == "factored" else 2.0
 
 
 def check_gradient_projection(cfg, omega, mu, batch: int = 64, seed: int = 0) -> Comparison:
-    """(a) at the point (omega, mu) of D, on one batch (``probes.gradient_projection``): full
-    velocity read out on D against -f * grad L_L (theory's metric, numerics' reduced loss)."""
+    """(a) at the point (omega, mu) of D, on one batch (``probes.gradient_projection``): the full
+    model's gradient-flow velocity read out on D (omega_dot = tr(Phi_i^T W_dot Phi_i)/r_i, mu_dot =
+    diag U_dot_Y; ``numerics.model.full_velocity_on_D``) against -f * grad L_L, f the metric
+    factors of ``theory.reduced_ode.metric_factors`` and grad L_L the gradient of the exact
+    finite-L reduced loss on the same batch (``numerics.reduced.reduced_gradient``).  Both sides
+    are the same sums of B L per-token terms along different graphs, so they differ by rounding
+    only: float64 pairwise summation errs by <= eps log2(B L D) relative to the sum of the
+    *absolute* per-prompt terms; tolerance = 64 eps log2(B L D) f |g|_abs per entry (+ eps),
+    |g|_abs the mean over prompts of |per-prompt gradient|, compared as the max ratio.
+    Perturbation: the metric off by a factor 2 (the factored one without its 2, the merged one
+    with a spurious 2)."""
     omega, mu = np.asarray(omega, float), np.asarray(mu, float)
     g = probes.gradient_projection(cfg, omega, mu, batch, seed)
-    v_om, v_mu, g_om, g_mu = g["v_om"], g["v_mu"], g["g_om"], g["g_mu"]
-    f_om, f_mu = _theory_metric(cfg.param, omega, mu, cfg.tasks, cfg.logit_scale)
-    pred_om, pred_mu = -f_om * g_om, -f_mu * g_mu
+    f_om, f_mu = metric_factors(cfg.param, omega, mu, cfg.tasks, cfg.logit_scale)
+    fo_om, fo_mu = metric_factors("merged" if cfg.param == "factored" else "factored", omega, mu, cfg.tasks,
+                                  cfg.logit_scale)
+    pred, pred_other = ({"omega_dot": -a * g["g_om"], "mu_dot": -b * g["g_mu"]}
+                        for a, b in ((f_om, f_mu), (fo_om, fo_mu)))
     n_terms, eps = batch * cfg.L * cfg.token_dim, eps_of(cfg)
     slack = 64 * eps * max(1.0, math.log2(n_terms))
-    tol_om, tol_mu = slack * f_om * g["abs_om"] + eps, slack * f_mu * g["abs_mu"] + eps
+    tol = {"omega_dot": slack * f_om * g["abs_om"] + eps, "mu_dot": slack * f_mu * g["abs_mu"] + eps}
 
-    def ratio(p_om, p_mu):
-        return max(float(np.max(np.abs(v_om - p_om) / tol_om)), float(np.max(np.abs(v_mu - p_mu) / tol_mu)))
+    def ratio(measured, predicted):
+        return max(float(np.max(np.abs(measured[v] - predicted[v]) / tol[v])) for v in ("omega_dot", "mu_dot"))
 
-    k = _wrong_factor(cfg.param)
-    fo_om, fo_mu = _theory_metric("merged" if cfg.param == "factored" else "factored", omega, mu, cfg.tasks,
-                                  cfg.logit_scale)
-    return Comparison(
-        name=f"gradient-projection tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} {cfg.basis} B={batch}",
-        measured={"omega_dot": v_om, "mu_dot": v_mu}, predicted={"omega_dot": pred_om, "mu_dot": pred_mu},
-        error=ratio(pred_om, pred_mu), tolerance=1.0, config=label(cfg),
-        why=(f"rounding: |full - reduced| <= 64 eps log2(B L D) f |grad|_abs per entry (B L D = {n_terms}); "
-             "compared as the max ratio"),
-        perturbations=[perturbation(f"metric off by a factor {k:g}", ratio(k * pred_om, k * pred_mu), 1.0)],
+    measured, k = {"omega_dot": g["v_om"], "mu_dot": g["v_mu"]}, _wrong_factor(cfg.param)
+    return compare(
+        f"gradient-projection tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} {cfg.basis} B={batch}",
+        measured, pred, 1.0, f"rounding: |full - reduced| <= 64 eps log2(B L D) f |grad|_abs per entry "
+        f"(B L D = {n_terms}); compared as the max ratio", error=ratio, config=config_label(cfg, basis=True),
+        wrong=[(f"metric off by a factor {k:g}", {v: k * x for v, x in pred.items()})],
         details={"config": cfg.to_dict(), "omega": omega, "mu": mu, "batch": batch, "seed": seed,
-                 "velocity_off_D_residual": g["off"], "other_metric_ratio": ratio(-fo_om * g_om, -fo_mu * g_mu)})
+                 "velocity_off_D_residual": g["off"], "other_metric_ratio": ratio(measured, pred_other)})
 
 
 def _signed_gap(a, b) -> np.ndarray:   # per record: (omega_a - omega_b, mu_a - mu_b) flattened
@@ -165,8 +129,15 @@ def _signed_gap(a, b) -> np.ndarray:   # per record: (omega_a - omega_b, mu_a - 
 
 def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: int = 1,
                                seed: int = 0, record_every: int = 1, max_relative_step: float = 0.01) -> Comparison:
-    """(b) full GD vs the reduced flow on one fixed, exactly symmetric batch, over the whole
-    run, at the Richardson tolerance (module docstring; ``probes.richardson_runs``).  Compared
+    """(b) full GD vs the reduced flow on one fixed, exactly symmetric batch
+    (``numerics.symmetry.symmetrize_full``), over the whole run (``probes.richardson_runs``).  On
+    such a batch the full flow never leaves D, so the two are first-order discretisations of the
+    *same* ODE on the same samples and their difference D_lr is O(lr) only (zero for merged
+    weights: GD on W restricted to D *is* the Euler step of the reduced flow).  Tolerance:
+    D_lr = C lr + O(lr^2), so |D_lr| ~ 2 |D_lr - D_lr/2| (Richardson); RICHARDSON_SAFETY = 1.5 x
+    that estimate (max over the run and entries; the 1.5 covers the O(lr^2) remainder) + a
+    rounding floor.  A wrong ODE adds a part that does not vanish with lr, which the tolerance
+    does not cover; perturbation: the reduced flow with the metric off by a factor 2.  Compared
     every ``record_every`` steps: a fixed small batch can bring the flow to its fixed point
     within a few steps, and a wrong metric only changes the speed, so the transient must be
     resolved.
@@ -185,16 +156,14 @@ def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: in
     full, red = runs["full"], runs["red"]
     diff, diff_half = _signed_gap(full, red), _signed_gap(runs["full_half"], runs["red_half"])
     gap = np.max(np.abs(diff), axis=1)
-    # the difference of two first-order schemes of one ODE is c lr + O(lr^2), so its O(lr)
-    # part is 2 |D_lr - D_lr/2| (Richardson, per record and entry); a wrong ODE adds a part
-    # that does not depend on lr and is not covered
+    # the O(lr) part of the difference, 2 |D_lr - D_lr/2| per record and entry (Richardson, docstring)
     rich = 2.0 * np.max(np.abs(diff - diff_half), axis=1)
     scale = float(np.max(np.abs(np.concatenate([red.omega.ravel(), red.mu.ravel()]))))
     tol = RICHARDSON_SAFETY * float(np.max(rich)) + 64 * (2 * steps + 1) * eps_of(cfg) * scale
     measured, wrong_gap = float(np.max(gap)), float(np.max(np.abs(_signed_gap(full, runs["wrong"]))))
     return Comparison(
         name=f"trajectory tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} {cfg.basis} lr={lr:.4g} t={time:g}",
-        measured=measured, predicted=0.0, error=measured, tolerance=tol, config=label(cfg),
+        measured=measured, predicted=0.0, error=measured, tolerance=tol, config=config_label(cfg, basis=True),
         why=(f"same samples, exactly symmetric batch ({prompts.batch} prompts): both runs discretise the same "
              f"ODE; tolerance {RICHARDSON_SAFETY:g} x the Richardson estimate 2|D_lr - D_lr/2| of the O(lr) part "
              "of their difference D (max over the run and entries) + rounding"),
@@ -208,7 +177,9 @@ def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: in
 def expansion_domain(cfg, Ls, tcfg) -> dict:
     """Theory's decision, before any training, whether (c) is inside its domain: the
     expansion GD map from cfg's start over the run at each L stays where its remainder is
-    O(L^-2) (6 omega^2 < 1, ``theory.reduced_ode.expansion_reliable``)."""
+    O(L^-2) (6 omega^2 < 1, ``theory.reduced_ode.expansion_reliable``), so the noise-corrected
+    gap to the full model must shrink as L grows (with logit scale s = 1 and small r the emergence
+    lands near (r s)^(-1/4) > 1/sqrt(6): outside)."""
     om0, mu0 = initial_values(cfg)
     t = np.linspace(0.0, tcfg.time, tcfg.records)
     worst_w2, left = 0.0, []
@@ -224,7 +195,12 @@ def expansion_domain(cfg, Ls, tcfg) -> dict:
 
 def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1, 2)) -> Comparison:
     """(c) full model (fresh batches, ``probes.trend_runs``) against the expansion flow at each
-    L in ``Ls`` (>= 3), over the independent prompt streams ``seeds`` (>= 2).
+    L in ``Ls`` (>= 3), over the independent prompt streams ``seeds`` (>= 2).  The expansion flow
+    (``theory.reduced_ode.expansion_gd_map``, theory's metric) is discretised by the same GD step
+    as the full model, so that the O(lr) gap, which does not shrink with L, is not mistaken for
+    the expansion's error.  What (c) cannot see: an error in the O(1/L) terms (a wrong pair
+    kernel) also gives a gap that shrinks; that coefficient is checked by boundary-small-L
+    against the exact loss (docs/claims_1_4.md, blind spots).
 
     The gap of one run is bias (the expansion's error, the claim) plus Monte-Carlo noise of
     the SGD trajectory.  Per L, with X_s the relative gap trajectory of seed s (each value
@@ -237,39 +213,37 @@ def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1, 2)) -> Comparison:
     little weight; ``probes.log_log_slope``) and the statistic p + Z_SE se(p) (< 0: the gap
     shrinks at Z_SE standard errors).  The perturbed prediction (the other parametrisation's
     metric) goes through the same fit and statistic and must not shrink."""
-    Ls, other, n = [int(L) for L in Ls], "merged" if cfg.param == "factored" else "factored", len(seeds)
+    Ls, n = [int(L) for L in Ls], len(seeds)
+    metric = {"theory": cfg.param, "other": "merged" if cfg.param == "factored" else "factored"}
     if len(Ls) < 3 or sorted(set(Ls)) != Ls:
         raise ValueError(f"need >= 3 increasing distinct context lengths, got {Ls}")
     if len(seeds) < 2:
         raise ValueError("need >= 2 prompt-stream seeds to estimate the Monte-Carlo error")
-    est, runs = {"theory": ([], []), "other": ([], [])}, []
+    est, runs = {k: [] for k in metric}, []   # per metric, per L: (b, se(b))
     for L, per_seed in zip(Ls, probes.trend_runs(cfg, Ls, tcfg, seeds)):
-        c = cfg.replace(L=L)
-        om0, mu0 = initial_values(c)
+        om0, mu0 = initial_values(cfg.replace(L=L))
         t = per_seed[0].t
-        ex = expansion_gd_map(om0, mu0, c.tasks, L, c.sigma, c.param, c.logit_scale, tcfg.lr, t)
-        exo = expansion_gd_map(om0, mu0, c.tasks, L, c.sigma, other, c.logit_scale, tcfg.lr, t)
+        ex = {k: expansion_gd_map(om0, mu0, cfg.tasks, L, cfg.sigma, param, cfg.logit_scale, tcfg.lr, t)
+              for k, param in metric.items()}
         runs.append({"L": L, "t": t, "omega": per_seed[0].omega, "mu": per_seed[0].mu, "ex_t": t,
-                     "ex_omega": ex[0], "ex_mu": ex[1]})
-        for key, ref in (("theory", ex), ("other", exo)):
-            b, se = probes.noise_corrected_bias(np.array([probes.relative_gap(r.omega, r.mu, *ref) for r in per_seed]))
-            est[key][0].append(b)
-            est[key][1].append(se)
-    bias, bias_se = (np.array(v) for v in est["theory"])
-    bias_o, bias_o_se = (np.array(v) for v in est["other"])
-    slope, se = probes.log_log_slope(Ls, bias, bias_se)
-    slope_o, se_o = probes.log_log_slope(Ls, bias_o, bias_o_se)
+                     "ex_omega": ex["theory"][0], "ex_mu": ex["theory"][1]})
+        for k, ref in ex.items():
+            est[k].append(probes.noise_corrected_bias(np.array([probes.relative_gap(r.omega, r.mu, *ref)
+                                                                 for r in per_seed])))
+    (bias, bias_se), (bias_o, bias_o_se) = (np.array(est[k]).T for k in metric)
+    (slope, se), (slope_o, se_o) = probes.log_log_slope(Ls, bias, bias_se), probes.log_log_slope(Ls, bias_o, bias_o_se)
     stat, stat_o = slope + Z_SE * se, slope_o + Z_SE * se_o
     return Comparison(
         name=f"expansion-trend tasks={cfg.tasks} H={cfg.heads} L={Ls} {cfg.param} s={cfg.logit_scale:g} B={tcfg.batch}",
         measured={"bias": bias, "bias_se": bias_se, "exponent": slope, "exponent_se": se},
         predicted={"exponent": "< 0 (the expansion's dropped terms are O(L^-2))"},
-        error=stat, tolerance=0.0, side="not above", config=label(cfg).replace(f" L={cfg.L}", f" L={Ls}"),
+        error=stat, tolerance=0.0, side="not above", config=config_label(cfg, basis=True).replace(f" L={cfg.L}", f" L={Ls}"),
         why=("noise-corrected rms gap b(L) between the full model and the expansion flow (relative to each value's "
              f"scale, over the run) must shrink: fitted exponent p of b ~ L^p with p + {Z_SE:g} se(p) < 0, se from the "
              f"Monte-Carlo spread of {n} independent prompt streams"),
-        perturbations=[perturbation(f"expansion flow with the {other} metric (same fit and statistic: its gap must "
-                                    "not shrink)", stat_o, 0.0, exponent=slope_o, exponent_se=se_o, bias=bias_o)],
+        perturbations=[perturbation(f"expansion flow with the {metric['other']} metric (same fit and statistic: its "
+                                    "gap must not shrink)", stat_o, 0.0, exponent=slope_o, exponent_se=se_o,
+                                    bias=bias_o)],
         details={"config": cfg.to_dict(), "train": tcfg.to_dict(), "Ls": Ls, "seeds": list(seeds),
                  "bias": bias, "bias_se": bias_se, "bias_other_metric": bias_o, "runs": runs})
 
@@ -305,7 +279,8 @@ def plan(p: SpectralReductionProfile, device: str = "cpu", seed: int = 0, proble
                 f"max_traj_prompts = {p.max_traj_prompts} (cost; (a) still runs)"}
                for cfg in traj_cfgs if size[cfg] > p.max_traj_prompts]
     if trend is None and problem is not None:
-        not_run.append({"case": "expansion-trend", "reason": f"needs >= 3 distinct L in L/8..L, L = {problem.get('L')}"})
+        not_run.append({"case": "expansion-trend",
+                        "reason": f"needs >= 3 distinct L in L/8..L, L = {problem.get('L')}"})
     return {"grad": grad, "traj": traj, "trend": trend, "not_run": not_run}
 
 
@@ -331,10 +306,11 @@ def evaluate(ctx) -> Outcome:
     comps = grad_c + traj_c + trend_c
     domain["cases_in_domain"] = [c.name for c in comps]
     figures = [value_panels("spectral-reduction-trajectories", f"full model (points) vs reduced flow (lines): {c.name}",
-                            d["t"], d["full_omega"], d["full_mu"], d["t"], d["red_omega"], d["red_mu"], "full", "reduced")
-               for c, d in [(c, c.details) for c in traj_c[:1]]]
-    figures += [value_panels("spectral-reduction-expansion", f"full model (points) vs expansion flow (lines) at L={r['L']}",
-                             r["t"], r["omega"], r["mu"], r["ex_t"], r["ex_omega"], r["ex_mu"], "full", "expansion")
+                            c.details["t"], c.details["full_omega"], c.details["full_mu"], c.details["t"],
+                            c.details["red_omega"], c.details["red_mu"], "full", "reduced") for c in traj_c[:1]]
+    figures += [value_panels("spectral-reduction-expansion",
+                             f"full model (points) vs expansion flow (lines) at L={r['L']}", r["t"], r["omega"],
+                             r["mu"], r["ex_t"], r["ex_omega"], r["ex_mu"], "full", "expansion")
                 for r in [c.details["runs"][-1] for c in trend_c[:1]]]
     headline = ([headline_row(c, "(a) full velocity on D = -f grad L_L: max |diff| / rounding tolerance, "
                               + c.name[len("gradient-projection "):], theory=0.0, measured=c.error) for c in grad_c]
@@ -352,8 +328,7 @@ def evaluate(ctx) -> Outcome:
 def findings(result) -> list:
     """(a) the largest rounding ratio, (b) the largest gap against its Richardson tolerance,
     (c) the exponent of the expansion gap (or where (c) stops: outside its domain)."""
-    comps, out = result.details.get("comparisons", []), []
-    group = {k: [c for c in comps if c["name"].startswith(k)] for k in ("gradient", "trajectory", "expansion")}
+    out, group = [], {k: comparisons_named(result, k) for k in ("gradient", "trajectory", "expansion")}
     kind = {k: "holds" if all(c["agrees"] for c in v) else "stops" for k, v in group.items()}
     if group["gradient"]:
         out.append(finding(result, kind["gradient"], "The full model's velocity read out on D equals theory's reduced "
@@ -382,18 +357,16 @@ def estimate(p: SpectralReductionProfile) -> float:
     runs per L; (a) negligible.  Measured (CPU, quick, under load): (b) 0.47 s a case, (c) 7.7 s."""
     cases, steps = plan(p), round(p.traj_time / 0.05)
     runs = [(7 * steps, group_order(c.tasks) * p.traj_base_prompts * c.L) for c, _ in cases["traj"]]
-    runs += [(p.trend_seeds * round(p.trend_time / p.trend_lr), p.trend_batch * L) for L in (cases["trend"] or [0, []])[1]]
-    return sum(n * (SECONDS_PER_STEP + SECONDS_PER_MTOKEN_STEP * tok / 1e6) for n, tok in runs)
-
-
-def resolve(p: SpectralReductionProfile, problem: dict) -> SpectralReductionProfile:
-    return replace(p, problem=tuple(sorted(problem.items())))
+    runs += [(p.trend_seeds * round(p.trend_time / p.trend_lr), p.trend_batch * L)
+             for L in (cases["trend"] or [0, []])[1]]
+    return gd_seconds(runs)
 
 
 SPEC = ClaimSpec(
     id="spectral-reduction", title="Spectral reduction to the semi-singular values",
     statement=("Gradient flow on the full weights becomes an ODE on the H(d+m) semi-singular values: per "
                "head, m distinct QK values omega[h,i] (equal within a task block) and m OV values mu[h,i]."),
-    profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings, estimate=estimate)
+    profiles=PROFILES, evaluate=evaluate, findings=findings, estimate=estimate,
+    resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

@@ -1,47 +1,11 @@
 """Claim 4: task allocation -- at the limit each head's OV matrix has exactly one nonzero singular value, and task i
 goes to the head the dynamics favour.
 
-What is run (``numerics.experiments.phases.allocation_run``): the full factored model, fresh batches, from a start
-favouring one head per task (``theory.task_allocation.favoured_init``); the trained OV matrices U_h = O_h V_h
-(m x (d + m), every entry trained) recorded on the last 25% of the records.  Theory's side, before the run:
-``theory.task_allocation`` (winners, fixed point, allocated point, its counts and exact loss, the horizon) and the
-saddle's escape rate (``theory.saddle.max_growth_rate``).
-
-Comparisons (one set per run with H >= m, all through :func:`_compare`):
-
-- **OV singular values above threshold per head**: the singular values of each head's tail-mean U_h above the
-  precision threshold, counted, against theory's allocated point (1 for a head that serves a task, 0 for a surplus
-  head).  Threshold: THRESHOLD_SIGMAS x ||S_h||_F, S_h the matrix of standard errors of the entries of the tail mean
-  of U_h (``numerics.experiments.phases.tail_standard_errors``).  Why: a singular value that is 0 in truth reads at
-  most ||E||_2 <= ||E||_F (Weyl), E the error of the tail mean; for a Gaussian E, ||E||_F^2 is a weighted chi-square
-  of mean ||S_h||_F^2 whatever the correlations, and P(||E||_F > 5 ||S_h||_F) <= P(chi2_1 > 25) = 6e-7.  W_h's
-  spectrum (per block and whole) is reported beside it: at allocation the off-task omega decay only algebraically
-  (~1/t: the loss is even in them), so they are small but not zero at t_end.
-- **winners**: the tail mean's winning heads (``numerics.readout``: argmax_h mu[h,i] omega[h,i]) against
-  ``theory.task_allocation.predicted_winners`` (rule "ode").
-- **allocated fixed point**: the serving entries (omega[h(i),i], mu[h(i),i]) (tail mean) against
-  theory.exact.exact_fixed_point (quadrature error ~1e-12) moved by theory's shift of the served optimum by the
-  off-task omega the run still holds (``theory.task_allocation.served_shift``).  Tolerance per entry: Z_SE x its
-  standard error + its per-record spread.  Why the spread: SGD iterates fluctuate about the flow's fixed point with
-  that spread; the finite step and batch can displace the centre of the cloud (a bias O(lr/B) in the flat loss
-  valley, measured 1-3% at B = 512-2048), by no more than the cloud's own width.  Both numbers come from the run's
-  own records, neither from theory.
-- **surplus heads** (H > m): their largest tail-mean |mu| against the predicted 0, tolerance the OV threshold of that
-  head, at least the SURPLUS_FRACTION mu* that theory's expansion flow may still leave in them at the horizon.
-- **trained loss**: the held-out loss of the tail-averaged merged weights (W_h, U_h) on fresh prompts (the final
-  weights' loss, inflated by the last step's SGD jitter, is kept in the details) against theory.exact.exact_loss at
-  the allocated point.  Tolerance Z_SE x its standard error + max(0, held-out loss of the averaged full model -
-  held-out reduced loss at the tail-mean readout, on the same prompts): the loss the off-D parts and the final step's
-  jitter add, both Monte-Carlo noise of the training run (theory's population flow stays on D) + the quadrature error.
-
-Perturbations (different predictions through the same :func:`_compare`): task 0 given to another head (counts and
-winners), omega* and mu* each x 1.1, a surplus head serving task 0 with mu*_0, the exact loss x 1.1.
-
-Domain (:func:`domain`, decided before the run): factored weights (allocation is a fixed point of the factored flow
-only; merged weights leave it, SPEC "superposition"), H >= m, a positive favoured start, a run no longer than the
-saddle's escape allows (ESCAPE_EFOLDS), no shorter than theory's horizon, and L >= L_MIN.  Outside it the run is a
-boundary finding: its counts are recorded and only "the measurement is conclusive" (every task has a resolved value)
-is asserted.
+The full factored model is trained on fresh batches from a start favouring one head per task
+(``numerics.experiments.phases.allocation_run``, ``theory.task_allocation.favoured_init``); its tail records are
+compared with ``theory.task_allocation`` (:func:`check_allocation`: OV counts, winners, the served fixed point, the
+surplus heads, the held-out loss) inside the domain decided before the run (:func:`domain`), and recorded as a
+boundary finding outside it (:func:`check_boundary`).
 """
 from __future__ import annotations
 
@@ -51,11 +15,11 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from claims.base import Figure, HeadlineRow, jsonable
-from claims.common import Z_SE, Comparison, perturbation, reported_row
-from numerics.model import initial_values
+from claims.common import Z_SE, Comparison, compare, reported_row
 from claims.spec import ClaimSpec, Outcome, finding
 from numerics.config import ProblemConfig
 from numerics.experiments import phases as experiments
+from numerics.model import initial_values
 from numerics.readout import allocation
 from numerics.train import TrainConfig
 from theory import saddle
@@ -63,7 +27,7 @@ from theory import task_allocation as allocation_theory
 
 THRESHOLD_SIGMAS = 5.0
 """Detection threshold (which singular values are nonzero), in units of the Frobenius norm of the standard errors of
-the tail-mean OV matrix (module docstring): a zero value is misread with probability <= 6e-7.  Not a comparison
+the tail-mean OV matrix (:func:`check_allocation`): a zero value is misread with probability <= 6e-7.  Not a comparison
 tolerance (that is claims.common.Z_SE)."""
 L_MIN = 32
 """Smallest L inside the domain: a measured boundary, not a theoretical one.  The allocated point is a fixed point of
@@ -149,7 +113,7 @@ def domain(cfg: ProblemConfig, t_end: float, need: float | None = None) -> dict:
         reasons.append("the start is not sign-aligned (some omega0 or mu0 <= 0)")
     rate = (saddle.max_growth_rate(cfg.tasks, cfg.L, cfg.sigma)
             if cfg.param == "factored" and cfg.heads >= max(cfg.m, 2) else None)
-    if rate is not None and cfg.heads > 1 and not reasons and rate * t_end > ESCAPE_EFOLDS:
+    if rate is not None and not reasons and rate * t_end > ESCAPE_EFOLDS:
         reasons.append(f"the allocated point is a saddle: theory's off-task slope makes its unstable direction "
                        f"grow at rate {rate:.3g}, {rate * t_end:.3g} e-folds over t_end = {t_end:.4g} > "
                        f"{ESCAPE_EFOLDS:g}: a trained (noisy) run is predicted to leave it for a superposition")
@@ -178,11 +142,10 @@ def _comparison(row: str, tag: str, measured, predicted, tolerance, why, wrong: 
     """A Comparison from :func:`_compare` named ``row tag`` (config ``tag``); ``wrong`` = [(description, different
     prediction)], each sent through the same function.  ``details["row"]`` keeps the headline row's fields (name
     ``row``, theory, measured, se, tolerance in the units of the measurement)."""
-    err, tol = _compare(measured, predicted, tolerance)
-    perts = [perturbation(desc, *_compare(measured, alt, tolerance), prediction=alt) for desc, alt in wrong]
     row_fields = {"name": row, "theory": predicted, "measured": measured, "se": se, "tolerance": tolerance}
-    return Comparison(name=f"{row} {tag}", measured=measured, predicted=predicted, error=err, tolerance=tol, why=why,
-                      perturbations=perts, details={"row": jsonable(row_fields), **(details or {})}, config=tag)
+    return compare(f"{row} {tag}", measured, predicted, _compare(measured, predicted, tolerance)[1], why, wrong=wrong,
+                   error=lambda m, p: _compare(m, p, tolerance)[0], config=tag,
+                   details={"row": jsonable(row_fields), **(details or {})})
 
 
 def headline_of(c: Comparison, suffix: str = "") -> dict:
@@ -195,8 +158,34 @@ def headline_of(c: Comparison, suffix: str = "") -> dict:
 
 def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 65536, seed: int = 0,
                      dom: dict | None = None) -> list[Comparison]:
-    """H >= m, inside the domain: OV counts, winners, the allocated fixed point, surplus heads, the trained loss; each
-    against theory, each with its different-prediction perturbations (module docstring)."""
+    """H >= m, inside the domain; each comparison through :func:`_compare`, with its different predictions:
+
+    - **OV singular values above threshold per head** of each head's tail-mean U_h = O_h V_h (m x (d + m), every entry
+      trained), counted, against theory's allocated point (1 for a head that serves a task, 0 for a surplus head);
+      wrong: task 0 given to another head.  Threshold: THRESHOLD_SIGMAS x ||S_h||_F, S_h the standard errors of the
+      entries of the tail mean (``phases.tail_standard_errors``).  Why: a singular value that is 0 in truth reads at
+      most ||E||_2 <= ||E||_F (Weyl), E the error of the tail mean; for a Gaussian E, ||E||_F^2 is a weighted
+      chi-square of mean ||S_h||_F^2 whatever the correlations, and P(||E||_F > 5 ||S_h||_F) <= P(chi2_1 > 25) = 6e-7.
+      W_h's spectrum is reported beside it: the off-task omega decay only algebraically (~1/t: the loss is even in
+      them), so they are small but not zero at t_end.
+    - **winners** (``numerics.readout``: argmax_h mu[h,i] omega[h,i] of the tail mean) against
+      ``theory.task_allocation.predicted_winners`` (rule "ode"); wrong: task 0 given to another head.
+    - **allocated fixed point**: the serving (omega[h(i),i], mu[h(i),i]) (tail mean) against
+      theory.exact.exact_fixed_point (quadrature error ~1e-12) moved by theory's shift of the served optimum by the
+      off-task omega the run still holds (``theory.task_allocation.served_shift``); wrong: omega* or mu* x 1.1.
+      Tolerance per entry: Z_SE x its standard error + its per-record spread.  Why the spread: SGD iterates fluctuate
+      about the flow's fixed point with that spread; the finite step and batch can displace the centre of the cloud
+      (a bias O(lr/B) in the flat loss valley, measured 1-3% at B = 512-2048), by no more than the cloud's own width.
+      Both numbers come from the run's own records, neither from theory.
+    - **surplus heads** (H > m): their largest tail-mean |mu| against 0, tolerance the OV threshold of that head, at
+      least the SURPLUS_FRACTION mu* that theory's expansion flow may still leave in them at the horizon; wrong: a
+      surplus head serving task 0 with mu*_0.
+    - **trained loss**: the held-out loss of the tail-averaged merged weights (W_h, U_h) on fresh prompts (the final
+      weights' loss, inflated by the last step's SGD jitter, is kept in the details) against theory.exact.exact_loss
+      at the allocated point; wrong: the exact loss x 1.1.  Tolerance Z_SE x its standard error + max(0, held-out loss
+      of the averaged full model - held-out reduced loss at the tail-mean readout, same prompts): the loss the off-D
+      parts and the final step's jitter add, both Monte-Carlo noise of the training run (theory's population flow
+      stays on D) + the quadrature error."""
     dom = domain(cfg, tcfg.time) if dom is None else dom
     if not dom["inside"]:
         raise ValueError(f"check_allocation needs a case inside the domain ({dom['conditions']}); "
@@ -238,14 +227,13 @@ def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 6553
             "exact: the head carrying task i (numerics.readout: argmax_h tail-mean mu omega) is "
             "theory.task_allocation.predicted_winners", [(f"winners {wrong_winners}", wrong_winners)], common))
     idx = (np.asarray(winners), np.arange(m))
-    fp_meas = np.concatenate([meas["omega_end"][idx], meas["mu_end"][idx]])
+    served = lambda what: np.concatenate([meas[f"omega_{what}"][idx], meas[f"mu_{what}"][idx]])  # noqa: E731
     shift = allocation_theory.served_shift(meas["omega_end"], winners, cfg.tasks, cfg.L, cfg.sigma)
-    fp_tol = (Z_SE * np.concatenate([meas["omega_se"][idx], meas["mu_se"][idx]])
-              + np.concatenate([meas["omega_spread"][idx], meas["mu_spread"][idx]]))
     f = PERTURB_FACTOR
     fp = lambda om, mu: np.concatenate([om, mu]) + shift.reshape(-1)  # noqa: E731
     comps.append(_comparison(
-        "allocated fixed point (omega*_i..., mu*_i...)", tag, fp_meas, fp(pred["omega_star"], mu_star), fp_tol,
+        "allocated fixed point (omega*_i..., mu*_i...)", tag, served("end"), fp(pred["omega_star"], mu_star),
+        Z_SE * served("se") + served("spread"),
         f"per entry: Z_SE = {Z_SE:g} standard errors of the tail mean + the per-record spread of the SGD iterates "
         "(the finite step and batch may displace the cloud's centre by its width).  Prediction: "
         "theory.exact.exact_fixed_point (exact to ~1e-12) moved by theory's shift of the served optimum by the "
@@ -273,7 +261,7 @@ def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 6553
         "tail-mean readout, same prompts) + the quadrature error", [(f"exact loss x {f:g}", f * pred["loss"])],
         {**common, "held_out": full, "held_out_final_weights": meas["held_out_final_weights"],
          "held_out_reduced_at_mean": red, "train_tail_loss": meas["train_tail_loss"]}, se=full.se))
-    off = np.abs(meas["omega_end"]).copy()
+    off = np.abs(meas["omega_end"])
     off[idx] = 0.0
     comps[0].details |= {"largest_off_task_omega": float(off.max()), "prediction": pred,
                          "measurement": {k: meas[k] for k in ("t", "omega", "mu", "omega_end", "mu_end")}}

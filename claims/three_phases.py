@@ -1,16 +1,11 @@
 """Claim 3: three phases -- warm-up, emergence, convergence -- and the mechanism behind them.
 
-One *case* per init scale s0 of the profile: the full factored model trained with fresh batches from the default
-decomposable init at scale s0, its loss curve on one fixed evaluation batch, its heads' shares of OV mass and its
-converged loss (``numerics.experiments.phases.phase_run``), against theory's prediction from the same init, before the
-run (``theory.three_phases.run_length`` and ``phase_prediction``: the expansion flow on the run's record times, its
-phase times and shares, the GD map's, the winners, the expansion's own error against ``theory.exact``).
-
-Comparisons, each ``check_*`` with its tolerance argument and its perturbations: 1. *phase times* (three *resolved*
-phases on both curves, :func:`phase_tolerances`); 2. *selection* (H >= m, distinct predicted winners: each winning
-head's share of OV mass on its task rises in the warm-up and exceeds 0.9 by the end of the emergence, as the flow's);
-3. *converged loss*; 4. *warm-up law* T = C/s0 + c0 (>= 3 init scales).  Tolerances come from the numerics' noise, the
-O(lr) discretisation and theory's own approximation error; never from the measured discrepancy.
+One case per init scale s0 of the profile: the full factored model trained from the default decomposable init
+(``numerics.experiments.phases.phase_run``) against theory's prediction from the same init, made before the run
+(``theory.three_phases.run_length`` and ``phase_prediction``).  Compared: the phase times, the head selection, the
+converged loss and, over >= 3 init scales, the warm-up law T = C/s0 + c0 (each ``check_*`` with its tolerance
+argument and its perturbations); tolerances come from the numerics' noise, the O(lr) discretisation and theory's
+own approximation error, never from the measured discrepancy.
 """
 from __future__ import annotations
 
@@ -22,12 +17,11 @@ import numpy as np
 
 import theory.exact as exact_theory
 import theory.three_phases as phase_theory
-from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation, worst
-from numerics.model import initial_values
-from claims.spec import ClaimSpec, Outcome, finding, replace_fields
+from claims.common import Z_SE, Comparison, compare, config_label, headline_row, lines_figure, worst
+from claims.spec import ClaimSpec, Outcome, agreement, comparisons_named, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.experiments import phases as experiments
+from numerics.model import initial_values
 from numerics.readout import allocation
 from numerics.train import TrainConfig
 from theory.three_phases import PhasePrediction, loss_slope
@@ -131,23 +125,21 @@ def check_phase_times(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, to
                                 ("predicted", (False, "no flow") if pred.phases is None else
                                  phase_theory.phases_resolved(pred.phases, pred.t, 0.0, Z_SE))):
         if not ok:
-            return Comparison(name, meas.phases.to_dict(), details["predicted"], math.inf, 1.0,
-                              f"the {what} curve does not show three resolved phases: " + why_not,
-                              [perturbation("wrong init-scale exponent (no phases to compare)", math.inf, 1.0)],
-                              details)
-    ratio = lambda times: max(abs(getattr(meas.phases, k) - v) / tols[k]["tolerance"]  # noqa: E731
-                              for k, v in times.items())
+            return compare(name, meas.phases.to_dict(), details["predicted"], 1.0,
+                           f"the {what} curve does not show three resolved phases: " + why_not, details=details,
+                           wrong=[("wrong init-scale exponent (no phases to compare)", None)],
+                           error=lambda measured, predicted: math.inf)
     predicted = {k: getattr(pred.phases, k) for k in ("warmup_end", "emergence_end")}
     details["resolvable"] = bool(0.5 * predicted["warmup_end"] > tols["warmup_end"]["tolerance"])
-    perts = [perturbation(f"warm-up end with the init-scale exponent off by {dp:+d} (T x {factor:g})",
-                          ratio({"warmup_end": factor * predicted["warmup_end"]}), 1.0,
-                          warmup_end=factor * predicted["warmup_end"]) for dp, factor in ((-1, 2.0), (1, 0.5))]
-    return Comparison(
-        name, {k: getattr(meas.phases, k) for k in predicted}, predicted, ratio(predicted), 1.0,
+    return compare(
+        name, {k: getattr(meas.phases, k) for k in predicted}, predicted, 1.0,
         "per phase end: record spacing + GD-map shift + Z_SE x SGD escape-time spread + (Z_SE x eval se of the "
         "level + theory's expansion-vs-exact level error)/|dL/dt| + T x relative start error; max |dt|/tol"
         + ("" if details["resolvable"] else " (UNDECIDABLE: the warm-up tolerance exceeds T/2, a factor-2 error "
-           "of the warm-up cannot be told apart; raise eval_batch, batch or records)"), perts, details)
+           "of the warm-up cannot be told apart; raise eval_batch, batch or records)"), details=details,
+        wrong=[(f"warm-up end with the init-scale exponent off by {dp:+d} (T x {factor:g})",
+                {"warmup_end": factor * predicted["warmup_end"]}) for dp, factor in ((-1, 2.0), (1, 0.5))],
+        error=lambda measured, times: max(abs(measured[k] - v) / tols[k]["tolerance"] for k, v in times.items()))
 
 
 def check_selection(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, tols: dict, spread: dict) -> Comparison:
@@ -198,16 +190,16 @@ def check_selection(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, tols
                                                "than its tolerance"}
         return float((np.array(errs) / np.maximum(np.array(tolv), 1e-300)).max()), info
 
-    (err, info), perts = evaluate(pred.task_of_head), []
+    info = evaluate(pred.task_of_head)[1]
     heads, wrong = [h for h, i in enumerate(pred.task_of_head) if i is not None], [None] * cfg.heads
     for j, h in enumerate(heads):
         wrong[heads[(j + 1) % len(heads)] if len(heads) >= 2 else (h + 1) % cfg.heads] = pred.task_of_head[h]
-    if len(heads) >= 2 or cfg.heads > len(heads):
-        perts.append(perturbation("winners permuted", evaluate(wrong)[0], 1.0, task_of_head=wrong))
-    return Comparison(name, info.get("share_emergence_end"), [SELECTED_SHARE, pred.task_of_head], err, 1.0,
-                      "structural (predicted task, share at emergence end >= min(0.9, flow share) - tol); "
-                      "then |share_meas - share_pred| at both phase ends <= Z_SE share noise + predicted share "
-                      "change over the phase-time tolerance", perts, info)
+    permuted = [("winners permuted", [SELECTED_SHARE, wrong])] if len(heads) >= 2 or cfg.heads > len(heads) else []
+    return compare(name, info.get("share_emergence_end"), [SELECTED_SHARE, pred.task_of_head], 1.0,
+                   "structural (predicted task, share at emergence end >= min(0.9, flow share) - tol); "
+                   "then |share_meas - share_pred| at both phase ends <= Z_SE share noise + predicted share "
+                   "change over the phase-time tolerance", wrong=permuted, details=info,
+                   error=lambda measured, predicted: evaluate(predicted[1])[0])
 
 
 def check_converged_loss(cfg, meas: experiments.PhaseRun) -> Comparison:
@@ -225,11 +217,11 @@ def check_converged_loss(cfg, meas: experiments.PhaseRun) -> Comparison:
     ex = exact_theory.exact_loss(om_alloc, mu_alloc, cfg.tasks, cfg.L, cfg.sigma)
     wrong = exact_theory.exact_loss(om_alloc, mu_alloc, cfg.tasks, max(1, cfg.L // 4), cfg.sigma).loss
     m, tol = meas.held_out_allocated, Z_SE * meas.held_out_allocated.se + ex.error_estimate
-    return Comparison(name, m.mean, ex.loss, abs(m.mean - ex.loss), tol, f"{Z_SE:g} x held-out se + quadrature error",
-                      [perturbation("exact loss at context length L/4", abs(m.mean - wrong), tol, predicted=wrong)],
-                      {"se": m.se, "n": m.n, "exact_case": ex.case, "residual": meas.residual,
-                       "full_model": {"mean": meas.held_out.mean, "se": meas.held_out.se},
-                       "gap_full_minus_allocated": meas.held_out.mean - m.mean})
+    return compare(name, m.mean, ex.loss, tol, f"{Z_SE:g} x held-out se + quadrature error",
+                   wrong=[("exact loss at context length L/4", wrong)],
+                   details={"se": m.se, "n": m.n, "exact_case": ex.case, "residual": meas.residual,
+                            "full_model": {"mean": meas.held_out.mean, "se": meas.held_out.se},
+                            "gap_full_minus_allocated": meas.held_out.mean - m.mean})
 
 
 def check_warmup_law(cfg0, scales, warmups, tols) -> tuple[Comparison, Comparison]:
@@ -243,20 +235,20 @@ def check_warmup_law(cfg0, scales, warmups, tols) -> tuple[Comparison, Compariso
     s, tol, T = np.asarray(scales, float), np.asarray(tols, float), np.asarray(warmups, float)
     law = phase_theory.warmup_law_prediction(cfg0.tasks, cfg0.heads, cfg0.L, cfg0.sigma, cfg0.param, s,
                                              cfg0.logit_scale)
-    C, c0, T_pred = law["C"], law["c0"], law["T"]
-    ratio = lambda pred: float(np.max(np.abs(T - pred) / tol))  # noqa: E731
-    perts = [perturbation("pure inverse law (c0 = 0)", ratio(C / s), 1.0, predicted=(C / s).tolist()),
-             perturbation("exponent of s0 1.2", ratio(C / s ** 1.2 + c0), 1.0, predicted=(C / s ** 1.2 + c0).tolist())]
-    law_c = Comparison(f"warm-up law tasks={cfg0.tasks} H={cfg0.heads} L={cfg0.L} s0={list(s)}", T.tolist(),
-                       T_pred.tolist(), ratio(T_pred), 1.0,
-                       "per s0: the phase comparison's warm-up tolerance (fixed before the law is consulted)", perts,
-                       {"C": C, "c0": c0, "tolerances": tol.tolist(), "law_residual": law["residual"].tolist(),
-                        "law": law["law"]})
+    C, c0 = law["C"], law["c0"]
+    law_c = compare(f"warm-up law tasks={cfg0.tasks} H={cfg0.heads} L={cfg0.L} s0={list(s)}", T.tolist(),
+                    law["T"].tolist(), 1.0,
+                    "per s0: the phase comparison's warm-up tolerance (fixed before the law is consulted)",
+                    wrong=[("pure inverse law (c0 = 0)", (C / s).tolist()),
+                           ("exponent of s0 1.2", (C / s ** 1.2 + c0).tolist())],
+                    error=lambda measured, predicted: np.max(np.abs(T - np.asarray(predicted)) / tol),
+                    details={"C": C, "c0": c0, "tolerances": tol.tolist(), "law_residual": law["residual"].tolist(),
+                             "law": law["law"]})
     coef_map = np.linalg.pinv(np.stack([1.0 / s, np.ones_like(s)], axis=1))     # (2, n): [C, c0] = coef_map @ T
-    C_meas, C_tol = float(coef_map[0] @ T), float(np.abs(coef_map[0]) @ tol)
-    c_row = Comparison(f"warm-up constant C tasks={cfg0.tasks} H={cfg0.heads} L={cfg0.L}", C_meas, C,
-                       abs(C_meas - C), C_tol, "least-squares C of the measured T(s0); sum_j |dC/dT_j| tol_j", [],
-                       {"c0_measured": float(coef_map[1] @ T), "c0": c0})
+    C_meas = float(coef_map[0] @ T)
+    c_row = compare(f"warm-up constant C tasks={cfg0.tasks} H={cfg0.heads} L={cfg0.L}", C_meas, C,
+                    float(np.abs(coef_map[0]) @ tol), "least-squares C of the measured T(s0); sum_j |dC/dT_j| tol_j",
+                    details={"c0_measured": float(coef_map[1] @ T), "c0": c0})
     return law_c, c_row
 
 
@@ -351,11 +343,10 @@ def evaluate(ctx) -> Outcome:
     m, p0 = cases[0].measurement, cases[0].prediction
     curves = [("full model (loss on a fixed evaluation batch)", m.t, m.loss, "points"),
               ("expansion flow", p0.t, p0.loss, "line")]
-    figure = Figure(name="three-phases-loss", title=f"loss curve and its phases (s0 = {cases[0].cfg.init_scale:g})",
-                    xlabel="t", ylabel="loss", yscale="log", spans=m.phases.spans(float(m.t[-1])),
-                    series=[Series(n, list(map(float, x)), list(map(float, y)), st) for n, x, y, st in curves
-                            if y is not None],
-                    caption="the loss plateaus (warm-up), falls fast (emergence), then flattens (convergence)")
+    figure = lines_figure("three-phases-loss", f"loss curve and its phases (s0 = {cases[0].cfg.init_scale:g})",
+                          [c for c in curves if c[2] is not None], xlabel="t", ylabel="loss", yscale="log",
+                          spans=m.phases.spans(float(m.t[-1])),
+                          caption="the loss plateaus (warm-up), falls fast (emergence), then flattens (convergence)")
     return Outcome(comps, headline, [figure], details=details,
                    numerics={"measured": [c.measured for c in comps], "worst": worst(comps)},
                    theory={"definition": "theory.three_phases.phase_times (10% / 90% of the drop of the monotone "
@@ -372,17 +363,16 @@ def resolve(p: ThreePhasesProfile, problem: dict) -> ThreePhasesProfile:
 
 def findings(result) -> list:
     """The measured phase times against the expansion flow's, and the warm-up law."""
-    comps = result.details.get("comparisons", [])
-    ph = [c for c in comps if c["name"].startswith("phase times") and "warmup_end" in (c["predicted"] or {})]
+    ph = [c for c in comparisons_named(result, "phase times") if "warmup_end" in (c["predicted"] or {})]
     out = [finding(result, "holds" if all(c["agrees"] for c in ph) else "stops", "At {config} and {n} init scale(s) "
                    "the trained model's loss curve shows warm-up, emergence and convergence: warm-up ends at t = {wm} "
                    "against the expansion flow's {wp}, emergence at {em} against {ep} (worst |dt|/tolerance {worst}).",
                    config=ph[0]["config"].rsplit(" s0=", 1)[0], n=len(ph), worst=max(c["error"] for c in ph),
                    **{f"{a}{b}": [c[k][f"{key}_end"] for c in ph] for a, key in (("w", "warmup"), ("e", "emergence"))
                       for b, k in (("m", "measured"), ("p", "predicted"))})] if ph else []
-    out += [finding(result, "holds" if c["agrees"] else "stops", "The warm-up length follows T = C/s0 + c0: C fitted "
+    out += [finding(result, agreement(c), "The warm-up length follows T = C/s0 + c0: C fitted "
                     "to the measured warm-up ends is {Cm} against theory's {C} (tolerance {tol}).", Cm=c["measured"],
-                    C=c["predicted"], tol=c["tolerance"]) for c in comps if c["name"].startswith("warm-up constant C")]
+                    C=c["predicted"], tol=c["tolerance"]) for c in comparisons_named(result, "warm-up constant C")]
     return out
 
 

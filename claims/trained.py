@@ -1,23 +1,36 @@
-"""What the claims on trained full models share (claims 5 and 6): where a trained run stands
-against theory's account (its status and the side theory puts it on) and the one comparison
-of its held-out loss with theory's exact loss.
-
-Status of a converged run (``numerics.experiments.converged``), decided from the run's own
-readout, in this order:
-
-- outside the claim's domain (from the configuration alone);
-- saturated: largest |omega| above :data:`SATURATED_OMEGA`;
-- left the allocated set for a superposition (``numerics.readout``: an opposite-sign off-task
-  mu above ALLOCATED_SHARE): theory's side "not above" (a superposition lowers the loss);
-- not converged (held-out loss still falling, or heads not yet pruned): "not below";
-- inside: compared two-sidedly.
+"""What the claims on trained full models share (claims 5, 6 and boundary-left-allocation):
+their domain and trained family, where a trained run stands against theory's account
+(:func:`run_status`: its status and the side theory puts it on), the one comparison of its
+held-out loss with theory's exact loss, the Monte-Carlo minima of the exact reduced loss with
+the comparison of a large-L measurement against theory's L -> inf limit, and the figure of
+the trained points against theory's line.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+
 import numpy as np
 
-from claims.common import Z_SE, Comparison, config_label, perturbation
+from claims.base import Figure
+from claims.common import Z_SE, Comparison, compare, config_label, lines_figure, off_by
+from numerics import exact_reduced
+from numerics.config import ProblemConfig
+from numerics.experiments.converged import TrainingSchedule
 from numerics.readout import ALLOCATED_SHARE
+
+
+@dataclass(frozen=True)
+class TrainedProfile:
+    """The profile of claims 5 and 6: the trained family, the bridge and the large-L rows."""
+    cases: tuple = (((2, 2), 0.0),)        # (tasks, sigma) of the trained models and the limit rows
+    train_Ls: tuple = (32, 64)             # context lengths of the trained full models (>= 2 for claim 5's decay)
+    schedule: TrainingSchedule = field(default_factory=TrainingSchedule)   # explore + polish, held-out size
+    bridge_elements: int = 2 ** 22         # exact reduced minima at the largest trained L: eval prompts x L
+    limit_L: int = 4096                    # the L of the large-L row
+    limit_elements: int = 2 ** 24          # its evaluation prompts x L
+    fit_elements: int = 2 ** 17            # fit sample of the exact reduced minima (prompts x L)
+    problem: tuple = ()                    # a researcher's ProblemConfig fields (sorted items), if any
+
 
 SATURATED_OMEGA = 1.0
 """A trained run whose largest |omega| readout exceeds SATURATED_OMEGA sits in the softmax's
@@ -29,9 +42,65 @@ one-head optimum 2.30 (omega* 0.30), still descending.  Decides which theory app
 boundary finding), never the agreement itself."""
 
 
+TAIL_FACTOR = 2.0
+"""The part of L * loss (or of the gain) still to come beyond L is bounded by TAIL_FACTOR times
+theory.exact's change of it over [L, 4L]: for a correction c L^-p the tail is the change /
+(1 - 4^-p), <= 2 for p >= 1/2 (the slowest correction of numerics.statistics.CORRECTION_POWERS;
+measured on theory.exact: the change of L * loss over [4096, 16384] is 0.38x that over
+[1024, 4096] at r = 2, p ~ 0.7)."""
+
+
+def domain(cfg: ProblemConfig, gain: bool = False) -> dict:
+    """Where theory's account applies to a trained model, from the configuration alone (before
+    any run): the factored parametrisation (the allocated point is a fixed point of the factored
+    metric 2|mu|, which vanishes at mu = 0; the merged flow leaves it for a superposition,
+    SPEC.md), the decomposable balanced start theory's flow starts from, and
+
+    - one model (claim 5, boundary-left-allocation): H = m (with H < m some head serves several
+      tasks; with H > m the surplus heads idle only at t -> inf, a race at finite t);
+    - the gain (claim 6, ``gain``: m heads against one head): m >= 2 (with one task the gain
+      is 1 = H, nothing can be told apart)."""
+    reasons = ["m = 1: one task, the gain is 1 = H, nothing to tell apart"] if gain and cfg.m < 2 else []
+    if cfg.param != "factored":
+        reasons.append(f"param={cfg.param}: the allocated point is a fixed point of the factored metric only"
+                       + ("" if gain else " (the merged flow ends in a superposition, SPEC.md)"))
+    if cfg.init != "decomposable":
+        reasons.append(f"init={cfg.init}: theory's flow starts decomposable and balanced")
+    if not gain and cfg.heads < cfg.m:
+        reasons.append(f"H={cfg.heads} < m={cfg.m}: some head serves several tasks, not the allocated point")
+    if not gain and cfg.heads > cfg.m:
+        reasons.append(f"H={cfg.heads} > m={cfg.m}: surplus heads idle only at t -> inf (a race at finite t)")
+    conditions = ("m >= 2, factored parametrisation, decomposable balanced start; both trained runs converged and "
+                  "the m-head run ended allocated" if gain else "factored parametrisation, decomposable balanced "
+                  "start, H = m; the run converged (held-out loss no longer falling) and ended allocated")
+    return {"inside": not reasons, "reasons": reasons, "conditions": conditions}
+
+
+def configurations(ctx) -> list[tuple[ProblemConfig, tuple]]:
+    """The trained family of claims 5 and 6: each profile case (tasks, sigma) with H = m heads at
+    the profile's train_Ls, or the researcher's problem at L and 2L."""
+    p = ctx.p
+    if p.problem:
+        base = ProblemConfig.from_dict({**dict(p.problem), "device": ctx.device})
+        return [(base, (base.L, 2 * base.L))]
+    return [(ProblemConfig(tasks=tuple(t), heads=len(t), L=p.train_Ls[0], sigma=s, device=ctx.device), p.train_Ls)
+            for t, s in p.cases]
+
+
+def resolve(p, problem: dict):
+    """The profile with the researcher's problem laid over it (its sorted items)."""
+    return replace(p, problem=tuple(sorted(problem.items())))
+
+
 def run_status(cfg, run, inside: dict, outside_sides: bool = False) -> tuple[str, int]:
-    """(status, sign) of a trained run: "inside", or the boundary it is at with the side theory
-    puts it on (+1: not below the prediction, -1: not above it, 0: no side).
+    """(status, sign) of a converged run (``numerics.experiments.converged``): "inside", or the
+    boundary it is at with the side theory puts it on (+1: not below the prediction, -1: not
+    above it, 0: no side).  Decided from the run's own readout, in this order: outside the
+    claim's domain (``inside``, from the configuration alone); saturated (largest |omega| above
+    :data:`SATURATED_OMEGA`); left the allocated set for a superposition (``numerics.readout``:
+    an opposite-sign off-task mu above ALLOCATED_SHARE): -1, a superposition lowers the loss;
+    not converged (held-out loss still falling, or heads not yet pruned): +1; else inside,
+    compared two-sidedly.
 
     ``outside_sides``: outside the domain, a factored decomposable run still has a side (claim
     5's family argument): H < m -> the best model with fewer heads is above the fixed point, and
@@ -59,7 +128,8 @@ def run_status(cfg, run, inside: dict, outside_sides: bool = False) -> tuple[str
     return "inside", 0
 
 
-def check_trained_loss(cfg, run, predicted: dict, name: str, status: tuple, target: str = "the prediction") -> Comparison:
+def check_trained_loss(cfg, run, predicted: dict, name: str, status: tuple,
+                       target: str = "the prediction") -> Comparison:
     """A trained run's converged (held-out) loss against theory's exact finite-L loss
     ``predicted`` ({"loss", "error_estimate"}).  Tolerance (fixed before comparing): Z_SE
     standard errors of the held-out loss + the SGD step's excess left after polishing
@@ -75,23 +145,60 @@ def check_trained_loss(cfg, run, predicted: dict, name: str, status: tuple, targ
            f"plus theory's quadrature error bound")
     st, sign = status
     details = {"run": run.to_dict() if hasattr(run, "to_dict") else run, "prediction": predicted, "status": st}
-    label = config_label(cfg)
     if st == "inside":
-        return Comparison(name=name, measured=meas, predicted=pred, error=abs(meas - pred), tolerance=tol, why=why,
-                          perturbations=[perturbation("prediction x1.1", abs(meas - 1.1 * pred), tol,
-                                                      predicted=1.1 * pred),
-                                         perturbation("prediction /1.1", abs(meas - pred / 1.1), tol,
-                                                      predicted=pred / 1.1)],
-                          details=details, config=label)
-    if sign > 0:
-        err, bound, side = max(0.0, pred - meas), f"not below {target}", "not below"
-    elif sign < 0:
-        err, bound, side = max(0.0, meas - pred), f"not above {target}", "not above"
+        return compare(name, meas, pred, tol, why, wrong=off_by(1.1, pred), details=details, config=config_label(cfg))
+    if sign == 0:
+        bound, side = "below the zero model's loss sum r_i", "not above"
+        pred, tol = float(sum(cfg.tasks)), Z_SE * run["se"]
     else:
-        base = float(sum(cfg.tasks))
-        err, bound, tol, side = max(0.0, meas - base), "below the zero model's loss sum r_i", Z_SE * run["se"], "not above"
-        pred = base
+        side = "not below" if sign > 0 else "not above"
+        bound = f"{side} {target}"
     details["boundary_check"] = bound
-    return Comparison(name=f"{name} [boundary: {st.split(':')[0].split(' (')[0]}]", measured=meas, predicted=pred,
-                      error=err, tolerance=tol, why=f"boundary finding ({st}); check: {bound}; " + why,
-                      details=details, side=side, config=label)
+    return compare(f"{name} [boundary: {st.split(':')[0].split(' (')[0]}]", meas, pred, tol,
+                   f"boundary finding ({st}); check: {bound}; " + why, side=side, details=details,
+                   config=config_label(cfg))
+
+
+def check_trained(cfg, run, predicted: dict, label: str | None, status: tuple,
+                  target: str = "the prediction") -> Comparison:
+    """:func:`check_trained_loss` under the trained rows' name (``label``: which model of the
+    pair, claim 6)."""
+    model = "trained full model" + (f" ({label})" if label else "")
+    name = f"converged loss of {model}, tasks={list(cfg.tasks)}, L={cfg.L}, sigma={cfg.sigma:g}"
+    return check_trained_loss(cfg, run, predicted, name, status, target)
+
+
+def reduced_minima(tasks, sigma: float, L: int, elements: int, fit_elements: int, seed: int, device="cpu",
+                   single: bool = False) -> list:
+    """The Monte-Carlo minima of the exact reduced loss (``numerics.exact_reduced``) at L over the
+    allocated family (fitted at ``seed``) and, with ``single``, the one-head family (``seed`` + 1),
+    measured on one sample of max(2000, elements // L) fresh prompts (the next seed)."""
+    minima = [exact_reduced.allocated_minimum(tasks, L, sigma, seed, device, fit_elements)]
+    if single:
+        minima.append(exact_reduced.single_head_minimum(tasks, L, sigma, seed + 1, device, fit_elements))
+    return exact_reduced.measure(minima, max(2000, elements // L), seed + len(minima), device)
+
+
+def check_large_L(name: str, measured: float, se: float, se_what: str, limit: float, change: float,
+                  quantity: str, wrong, details: dict, quadrature: float = 0.0) -> Comparison:
+    """A Monte-Carlo measurement at a large L (standard error ``se``) against theory's L -> inf
+    ``limit``.  Tolerance: Z_SE standard errors + theory's approximation error at L, the part of
+    the ``quantity`` still to come beyond L, TAIL_FACTOR x |``change``| (theory.exact's change of
+    it over [L, 4L]: exact theory, never from the limit, so a wrong limit cannot widen its own
+    tolerance) + ``quadrature`` (theory.exact's quadrature bound, where it enters)."""
+    tail = TAIL_FACTOR * abs(change)
+    return compare(name, measured, limit, Z_SE * se + tail + quadrature,
+                   f"{Z_SE:g} {se_what} ({se:.3g}) plus theory's approximation error at L: the part of {quantity} "
+                   f"still to come beyond L, {TAIL_FACTOR:g} x theory.exact's change over [L, 4L] ({tail:.3g})",
+                   wrong=wrong, details={**details, "tail": tail})
+
+
+def case_figure(name: str, title: str, points: dict, measured: str, theory: str, **figure) -> Figure:
+    """Per case of ``points`` ({(tasks, sigma): [(x, measured, theory), ...]}) the measured points
+    and theory's line; ``figure``: the other Figure fields."""
+    curves = []
+    for (tasks, sigma), rows in points.items():
+        x, case = [r[0] for r in rows], f"tasks={list(tasks)} sigma={sigma:g}"
+        curves += [(f"{measured}, {case}", x, [r[1] for r in rows], "points"),
+                   (f"{theory}, {case}", x, [r[2] for r in rows], "line")]
+    return lines_figure(name, title, curves, **figure)

@@ -1,9 +1,10 @@
 """Measurements of the allocated point's saddle in the full factored model, and of one task
 served by several heads (issue 21).  Theory: :mod:`theory.saddle` (derivations there).
 
-Every function returns a frozen dataclass with values, standard errors over seeds, the
-tolerance and its argument (fixed before the comparison) and the perturbed predictions
-sent through the same comparison.  Training runs go through :func:`numerics.train.train`
+Every function returns a frozen dataclass of measurements: values, standard errors over
+seeds, and what a tolerance is built from (the GD step's bias, the record spacing, the
+amplification of a twin run); the comparisons with theory, their tolerances and perturbed
+predictions are claims.saddle's.  Training runs go through :func:`numerics.train.train`
 (the one GD loop, ``start=`` the model at theory's allocated point, ``on_record=`` the
 readout); one torch thread per run.
 
@@ -18,14 +19,15 @@ run passing the allocation has.  From there gradient flow decays to the allocate
 and stays (the conservation law); SGD builds an imbalance ~ lr mu0 dS / (2 a B) and the
 opposite-sign branch grows at 2a from seed ~ (lr/B)^2.
 
-Profiles (``PROFILES``; sizes in docs/saddle.md): ``tiny`` (seconds), ``quick`` (about 30 s
-for the saddle, 30 s for the single-task runs, one core), ``paper`` (not run here).
+Sizes in docs/saddle.md (the saddle's configurations: claims.saddle.PROFILES; the single-task
+runs: claims.initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 30 s for the saddle, 30 s for
+the single-task runs, one core), ``paper`` (not run here).
 """
 from __future__ import annotations
 
 import math
 import time as _time
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -43,11 +45,6 @@ from .model import MultiHeadAttention
 from .readout import crossing_time
 from .symmetry import symmetrize_full
 from .train import TrainConfig, train
-
-Z_SE = 4.0
-"""Standard errors in a tolerance (the project's policy, claims.common.Z_SE; a chi2_1 tail
-of 6e-5): numerics may not import claims, so the number is repeated here."""
-EPS64 = float(np.finfo(np.float64).eps)
 
 
 class _Stop(Exception):
@@ -237,24 +234,13 @@ def saddle_runs(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Se
 # ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Perturbation:
-    name: str
-    predicted: float
-    error: float
-    tolerance: float
-
-    @property
-    def rejected(self) -> bool:
-        return bool(self.error > self.tolerance)
-
-
-@dataclass(frozen=True)
 class GrowthRateMeasurement:
     """Rate of the off-task |mu| on the opposite-sign branch: ``measured`` +- ``se`` (over
     seeds; each seed the mean over entries of the fitted slope of the logistic coordinate),
-    ``raw`` +- ``raw_se`` (plain log|mu| fit), ``predicted`` = 2a, ``tolerance`` and ``why``,
-    ``agrees``, ``perturbations`` (rate a, rate 0), the window [lo, hi] (absolute |mu|), the
-    floor, e-folds and points per fit."""
+    ``raw`` +- ``raw_se`` (plain log|mu| fit), theory's ``predicted`` = 2a with ``a``, the GD
+    step's bias ``step_bias`` = |2a - 2 log(1 + lr a)/lr|, the window [lo, hi] (absolute
+    |mu|), the floor, e-folds and points per fit, and the served point the runs hold with
+    theory.exact's 2a there (:func:`held_point_rate`)."""
     config: dict
     lr: float
     batch: int
@@ -267,10 +253,7 @@ class GrowthRateMeasurement:
     per_seed: tuple
     predicted: float
     a: float
-    tolerance: float
-    why: str
-    agrees: bool
-    perturbations: tuple
+    step_bias: float
     window: tuple
     floor: float
     e_folds: float
@@ -332,19 +315,13 @@ def _window_fit(t, mu_off, lo, hi, K):
 def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Sequence[int], mu0: float = 0.05,
                             t_max: float = 300.0, floor_factor: float = 10.0, top_fraction: float = 0.05,
                             runs: Optional[SaddleRuns] = None) -> GrowthRateMeasurement:
-    """The log-growth rate of each off-task |mu| against theory's 2a.
+    """The log-growth rate of each off-task |mu| (theory's prediction: 2a).
 
     Window, fixed in advance: from where |mu| exceeds ``floor_factor`` x the noise floor
     (max |mu_off| of a run from the exact allocated point at the same lr, B) to where it
     reaches ``top_fraction`` x mu* of its task, on the opposite-sign branch (mu < 0).  The
     fitted coordinate is theory's logistic z = log(|mu|/(1 - |mu|/K)) (K = a/c, the
-    curvature's correction, <= top_fraction mu*/K of the rate); the plain log fit is reported.
-
-    Tolerance (fixed before comparing): Z_SE x se over seeds + the step's bias
-    |2a - 2 log(1 + lr a)/lr| + half the mean logistic correction |raw - measured| (an
-    allowance for what the logistic misses: the serving head's and omega's slower response).
-    Perturbations through the same comparison: rate a (the amplitude's rate, not |mu|'s) and
-    rate 0 (a true minimum)."""
+    curvature's correction, <= top_fraction mu*/K of the rate); the plain log fit is reported."""
     if runs is None:
         runs = saddle_runs(cfg, lr, [batch], seeds, mu0, t_max, stop_share=max(top_fraction, 0.1))
     st = runs.theory
@@ -368,18 +345,11 @@ def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Se
     meas, se = float(np.mean(per_seed)), float(np.std(per_seed, ddof=1) / math.sqrt(n))
     raw, raw_se = float(np.mean(raws)), float(np.std(raws, ddof=1) / math.sqrt(n))
     pred = st.rate
-    step_bias = abs(pred - float(np.mean(th.gd_growth_rate(st.a, lr))))
-    allowance = 0.5 * abs(raw - meas)
-    tol = Z_SE * se + step_bias + allowance
-    why = (f"{Z_SE:g} se over {n} seeds ({Z_SE * se:.3g}) + GD step bias |2a - 2 log(1+lr a)/lr| ({step_bias:.2g}) "
-           f"+ half the logistic correction ({allowance:.2g})")
-    perts = tuple(Perturbation(name, p, abs(meas - p), tol) for name, p in
-                  (("rate a (amplitude, not |mu|)", pred / 2), ("rate 0 (a true minimum)", 0.0)))
     h_om, h_mu, h_rate = held_point_rate(runs, batch, seeds)
     return GrowthRateMeasurement(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma},
                                  lr=lr, batch=batch, seeds=tuple(seeds), mu0=runs.mu0, measured=meas, se=se, raw=raw,
                                  raw_se=raw_se, per_seed=tuple(per_seed), predicted=pred, a=float(st.a.mean()),
-                                 tolerance=tol, why=why, agrees=bool(abs(meas - pred) <= tol), perturbations=perts,
+                                 step_bias=abs(pred - float(np.mean(th.gd_growth_rate(st.a, lr)))),
                                  window=(float(lo), float(his.min())), floor=floor, e_folds=float(np.mean(e_folds)),
                                  points=int(np.min(points)), held_omega=tuple(np.diag(h_om).tolist()),
                                  held_mu=tuple(np.asarray(h_mu).tolist()), rate_at_held_point=h_rate)
@@ -441,10 +411,10 @@ def gradient_variance_measurement(cfg: ProblemConfig, n: int = 8192, seed: int =
 class EscapeTimeMeasurement:
     """Escape time T (first time the off-task share |mu_off|/|mu_serving| reaches ``threshold``
     on the opposite-sign branch; mean over entries per run) per batch size: ``T`` and ``T_se``
-    (over seeds), ``T_pred`` and ``T_pred_se`` (theory.saddle.escape_time with the measured dS);
-    the fitted slope dT/dlog B +- se against ``slope_pred`` = 2/rate (rate = GD's 2a), its
-    tolerance, ``agrees``; the absolute times' check (``T_agrees`` per B, ``T_tolerance``);
-    perturbations (additive-noise slope 1/rate, rate a, rate 0)."""
+    (over seeds), ``T_pred`` and ``T_pred_se`` (theory.saddle.escape_time with the measured dS,
+    at GD's ``rate`` 2 log(1 + lr a)/lr); the OLS slope dT/dlog B +- se over ``slope_runs``
+    escaped runs (residual sd ``slope_resid_sd``, pooled over B) and theory's ``slope_pred`` =
+    2/rate; the record ``spacing``; the imbalance predicted and read from the runs."""
     config: dict
     lr: float
     batches: tuple
@@ -456,15 +426,13 @@ class EscapeTimeMeasurement:
     T_per_seed: tuple
     T_pred: tuple
     T_pred_se: tuple
-    T_tolerance: tuple
-    T_agrees: tuple
+    spacing: float
+    rate: float
     slope: float
     slope_se: float
     slope_pred: float
-    tolerance: float
-    why: str
-    agrees: bool
-    perturbations: tuple
+    slope_runs: int
+    slope_resid_sd: float
     variance: dict
     imbalance_pred: tuple
     imbalance_measured: tuple
@@ -481,20 +449,13 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
                             seeds: Sequence[int] = (0, 1, 2), mu0: float = 0.05, threshold: float = 0.1,
                             t_max: float = 300.0, n_var: int = 8192, runs: Optional[SaddleRuns] = None,
                             variance: Optional[GradientVariance] = None) -> EscapeTimeMeasurement:
-    """Escape time against the batch size at fixed step.
+    """Escape time against the batch size at fixed step, and theory's T(B) with the measured seed input.
 
     Prediction (theory.saddle section 3): T(B) = (1/rate)[log(theta mu*/(1 - theta mu*/K))
     - log seed(B)], seed = M^2/(16 mu0), M = lr^2 mu0 dS/(B(1 - (1 - lr a)^2)), dS measured
     (:func:`gradient_variance_measurement`), rate = GD's 2 log(1 + lr a)/lr; so
-    dT/dlog B = 2/rate.
-
-    Tolerances (fixed before comparing).  Slope: Z_SE x its se from an ordinary least-squares
-    fit of every run's T on log B (residual variance pooled over B); nothing systematic enters
-    it (theory's nonlinear end phase and record spacing are the same at every B).  Absolute T
-    per B: Z_SE x sqrt(se_T^2 + se_pred^2) + the record spacing; a reported check (the seed's
-    prefactor is a leading-order account).  Perturbations through the slope's comparison:
-    the additive-noise picture (slope 1/rate), rate a instead of 2a (slope 2/a), rate 0 (no
-    escape: T = inf, rejected when every run escaped)."""
+    dT/dlog B = 2/rate.  The slope is an ordinary least-squares fit of every escaped run's T
+    on log B (residual variance pooled over B)."""
     if runs is None:
         runs = saddle_runs(cfg, lr, batches, seeds, mu0, t_max, stop_share=threshold)
     st = runs.theory
@@ -525,8 +486,6 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
     T_pred = T_pred_e.mean(axis=1)
     T_pred_se = (2.0 / rate) * (M_se / np.abs(M)).mean(axis=1)
     spacing = float(np.max([np.diff(r.t).max() for r in runs.runs.values()]))
-    T_tol = [Z_SE * math.sqrt(a ** 2 + b ** 2) + spacing for a, b in zip(T_se, T_pred_se)]
-    T_ok = [bool(abs(a - b) <= tol) for a, b, tol in zip(T, T_pred, T_tol)]
     x, y = np.array(xs), np.array(ys)
     if x.size < 3 or np.ptp(x) == 0:
         raise ValueError("the slope needs escaped runs at >= 2 batch sizes")
@@ -535,15 +494,6 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
     resid = y - A @ coef
     s2 = float(resid @ resid / max(1, x.size - 2))
     slope, slope_se = float(coef[0]), float(math.sqrt(s2 / np.sum((x - x.mean()) ** 2)))
-    pred = th.escape_time_slope(rate)
-    tol = Z_SE * slope_se
-    why = f"{Z_SE:g} se of the OLS slope over {x.size} runs (residual sd {math.sqrt(s2):.3g} pooled over B)"
-    perts = (Perturbation("additive noise: seed ~ lr/B, slope 1/rate", th.additive_noise_slope(rate),
-                          abs(slope - th.additive_noise_slope(rate)), tol),
-             Perturbation("rate a instead of 2a: slope 2/a", th.escape_time_slope(rate / 2),
-                          abs(slope - th.escape_time_slope(rate / 2)), tol),
-             Perturbation("rate 0 (a true minimum): never escapes", math.inf,
-                          math.inf if all_escaped else 0.0, tol))
     # the imbalance o^2 - v^2 each run actually built, read at t = 4/a (the balanced part
     # decayed by 4 e-folds, the opposite-sign one not yet grown; median over seeds and entries)
     for B in batches:
@@ -557,40 +507,18 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
         config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma}, lr=lr,
         batches=tuple(batches), seeds=tuple(seeds), mu0=runs.mu0, threshold=threshold, T=tuple(T), T_se=tuple(T_se),
         T_per_seed=tuple(per), T_pred=tuple(float(v) for v in T_pred), T_pred_se=tuple(float(v) for v in T_pred_se),
-        T_tolerance=tuple(T_tol), T_agrees=tuple(T_ok), slope=slope, slope_se=slope_se, slope_pred=pred,
-        tolerance=tol, why=why, agrees=bool(abs(slope - pred) <= tol), perturbations=perts,
+        spacing=spacing, rate=rate, slope=slope, slope_se=slope_se, slope_pred=th.escape_time_slope(rate),
+        slope_runs=int(x.size), slope_resid_sd=math.sqrt(s2),
         variance={"dS": var.dS.tolist(), "dS_se": var.dS_se.tolist(), "S_col": var.S_col.tolist(),
                   "S_row": var.S_row.tolist(), "n": var.n},
         imbalance_pred=tuple(float(v) for v in M.mean(axis=1)), imbalance_measured=tuple(imb_meas),
         all_escaped=bool(all_escaped))
 
 
-@dataclass(frozen=True)
-class PooledSlope:
-    """The escape-time slopes of several configurations in units of theory's 1/a
-    (slope x rate / 2): inverse-variance weighted ``ratio`` +- ``se``; predicted 1 (seed ~
-    (lr/B)^2); ``tolerance`` Z_SE se; perturbations: the additive-noise picture (0.5) and
-    rate a instead of 2a (2)."""
-    ratio: float
-    se: float
-    per_config: tuple
-    predicted: float
-    tolerance: float
-    agrees: bool
-    perturbations: tuple
-
-
-def pooled_slope_ratio(escapes: Sequence[EscapeTimeMeasurement]) -> PooledSlope:
-    """Pool :func:`escape_time_measurement` slopes over configurations (each divided by its
-    own prediction 2/rate, so each config's ratio has expectation 1), weights 1/se^2."""
-    r = np.array([e.slope / e.slope_pred for e in escapes])
-    s = np.array([e.slope_se / e.slope_pred for e in escapes])
-    w = 1.0 / s ** 2
-    ratio, se = float((w * r).sum() / w.sum()), float(1.0 / math.sqrt(w.sum()))
-    tol = Z_SE * se
-    perts = tuple(Perturbation(n, p, abs(ratio - p), tol) for n, p in
-                  (("additive noise: seed ~ lr/B (ratio 1/2)", 0.5), ("rate a instead of 2a (ratio 2)", 2.0)))
-    return PooledSlope(ratio, se, tuple(zip(r.tolist(), s.tolist())), 1.0, tol, bool(abs(ratio - 1.0) <= tol), perts)
+def anti_at_escape(runs: SaddleRuns, batch: int, seeds: Sequence[int]) -> float:
+    """The SGD runs' opposite-sign amplitude |o - v| at escape: per seed the smallest over entries
+    at the run's last record, median over seeds."""
+    return float(np.median([np.abs(runs.runs[(batch, s)].anti[-1]).min() for s in seeds]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -598,26 +526,22 @@ def pooled_slope_ratio(escapes: Sequence[EscapeTimeMeasurement]) -> PooledSlope:
 # ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class InvariantFlowCheck:
+class InvariantFlowMeasurement:
     """GD on one fixed, exactly G-invariant batch (numerics.symmetry.symmetrize_full) from the
-    same seeded start, over the same time: the max |o - v| (opposite-sign amplitude) and the
-    min off-task mu over the run, against a rounding tolerance; ``amplification`` the largest
-    growth of an opposite-sign perturbation along the run (twin run); the SGD runs' amplitude
-    at their escape (the perturbation "it leaves like SGD")."""
+    same seeded start, over the same time (``steps`` GD steps): the max |o - v| (opposite-sign
+    amplitude) and the min off-task mu over the run; ``amplification`` A the largest growth of
+    an opposite-sign perturbation along the run (twin run on the same batch kicked by
+    o += k, v -= k, k = TWIN_KICK sqrt(mu0): A = max_t |(o - v)_twin - (o - v)| / (2k))."""
     config: dict
     lr: float
     time: float
     prompts: int
     mu0: float
+    steps: int
     max_anti: float
     min_mu_off: float
     final_mu_off: float
     amplification: float
-    tolerance: float
-    why: str
-    agrees: bool
-    sgd_anti: float
-    perturbations: tuple
     wall: float
 
 
@@ -626,18 +550,11 @@ TWIN_KICK = 1e-7
 below the nonlinear scale."""
 
 
-def invariant_flow_check(cfg: ProblemConfig, lr: float, time: float, mu0: float = 0.05, prompts: int = 512,
-                         seed: int = 7, sgd_anti: float = math.nan) -> InvariantFlowCheck:
-    """The seeded start trained on one fixed G-invariant batch of ~``prompts`` prompts: the
-    batch gradient lies in D (to rounding), so o and v receive the same update and the
-    opposite-sign amplitude |o - v| stays at rounding.
-
-    Tolerance (claim 1's rounding argument): 64 eps (steps + 1) sqrt(mu0) x A, with A the
-    largest amplification of an opposite-sign perturbation along the run, measured by a twin
-    run on the same batch kicked by o += k, v -= k (k = TWIN_KICK sqrt(mu0)): A = max_t
-    |(o - v)_twin - (o - v)| / (2k) (the fixed batch's landscape is not the population's, and
-    GD at a finite step can amplify more than e^{a t}).  Perturbation: the SGD runs'
-    amplitude |o - v| at escape (``sgd_anti``) held to the same tolerance."""
+def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: float = 0.05, prompts: int = 512,
+                               seed: int = 7) -> InvariantFlowMeasurement:
+    """The seeded start trained on one fixed G-invariant batch of ~``prompts`` prompts (theory:
+    the batch gradient lies in D to rounding, so o and v receive the same update and |o - v|
+    stays at rounding), with its twin run for the amplification."""
     st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     from theory.block_structure import group_order
     base = max(1, int(prompts) // int(group_order(cfg.tasks)))
@@ -655,18 +572,14 @@ def invariant_flow_check(cfg: ProblemConfig, lr: float, time: float, mu0: float 
     twin = saddle_run(cfg, lr, n, seed, mu0, time, stop_share=math.inf, record_dt=1.0, batches=lambda k: fixed,
                       start=twin_model)
     A = float(np.max(np.abs(twin.anti - run.anti)) / (2 * kick))
-    steps = max(1, int(round(time / lr)))
-    tol = 64 * EPS64 * (steps + 1) * math.sqrt(mu0) * max(A, 1.0)
-    max_anti = float(np.abs(run.anti).max())
-    perts = (Perturbation("it leaves like the SGD runs (|o - v| at their escape)", sgd_anti, sgd_anti, tol),) \
-        if math.isfinite(sgd_anti) else ()
-    return InvariantFlowCheck(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma},
-                              lr=lr, time=time, prompts=n, mu0=mu0, max_anti=max_anti,
-                              min_mu_off=float(run.mu_off.min()), final_mu_off=float(np.abs(run.mu_off[-1]).max()),
-                              amplification=A, tolerance=tol,
-                              why=f"64 eps (steps+1) sqrt(mu0) A: rounding per step, amplified at most by A = {A:.3g} "
-                                  "(twin run)", agrees=bool(max_anti <= tol), sgd_anti=sgd_anti,
-                              perturbations=perts, wall=_time.perf_counter() - t0)
+    return InvariantFlowMeasurement(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L,
+                                            "sigma": cfg.sigma},
+                                    lr=lr, time=time, prompts=n, mu0=mu0, steps=max(1, int(round(time / lr))),
+                                    max_anti=float(np.abs(run.anti).max()), min_mu_off=float(run.mu_off.min()),
+                                    final_mu_off=float(np.abs(run.mu_off[-1]).max()), amplification=A,
+                                    wall=_time.perf_counter() - t0)
+
+
 
 
 # ---------------------------------------------------------------------------------------
@@ -777,86 +690,3 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
                            best_two_head_point={"omega": fm.omega.ravel().tolist(), "mu": fm.mu.ravel().tolist()},
                            linear_attention=lin, summary=summary, wall=_time.perf_counter() - t_all)
 
-
-# ---------------------------------------------------------------------------------------
-# profiles
-# ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SaddleProfile:
-    """One configuration's saddle measurements: (tasks, heads, L), step lr, batch sizes,
-    seeds, the seeded off-task mu0, the escape threshold (share), the growth window
-    (floor_factor, top_fraction), t_max, the invariant check's batch size, the probe size of
-    dS, the record spacing."""
-    tasks: tuple
-    heads: int
-    L: int
-    lr: float
-    batches: tuple
-    seeds: tuple
-    mu0: float = 0.05
-    threshold: float = 0.1
-    floor_factor: float = 10.0
-    top_fraction: float = 0.05
-    t_max: float = 300.0
-    invariant_prompts: int = 512
-    n_var: int = 65536
-    record_dt: float = 1.0
-
-
-@dataclass(frozen=True)
-class SingleTaskProfile:
-    L: int
-    r: int
-    heads: tuple
-    seeds: tuple
-    lr: float
-    time: float
-    batch: int
-    n_eval: int
-
-
-PROFILES = {
-    "tiny": {"saddle": (SaddleProfile((1, 1), 2, 32, lr=0.2, batches=(32, 128, 512), seeds=(0, 1), mu0=0.1),),
-             "single": SingleTaskProfile(L=16, r=1, heads=(2,), seeds=(0, 1), lr=0.2, time=100.0, batch=128,
-                                         n_eval=4096)},
-    "quick": {"saddle": (SaddleProfile((1, 1), 2, 32, lr=0.3, batches=(64, 256, 1024), seeds=(0, 1, 2)),
-                         SaddleProfile((2, 2), 2, 64, lr=0.2, batches=(128, 362, 1024), seeds=(0, 1, 2))),
-              "single": SingleTaskProfile(L=32, r=2, heads=(2, 4), seeds=(0, 1, 2), lr=0.1, time=120.0, batch=256,
-                                          n_eval=8192)},
-    "paper": {"saddle": (SaddleProfile((1, 1), 2, 32, lr=0.05, batches=(64, 256, 1024, 4096), seeds=tuple(range(8)),
-                                       mu0=0.01, t_max=600.0, n_var=65536),
-                         SaddleProfile((2, 2), 2, 64, lr=0.05, batches=(64, 256, 1024, 4096), seeds=tuple(range(8)),
-                                       mu0=0.01, t_max=600.0, n_var=65536),
-                         SaddleProfile((3, 1, 4), 3, 64, lr=0.05, batches=(256, 1024, 4096), seeds=tuple(range(8)),
-                                       mu0=0.01, t_max=600.0, n_var=65536)),
-              "single": SingleTaskProfile(L=100, r=50, heads=(2, 4, 8), seeds=tuple(range(5)), lr=0.01, time=100.0,
-                                          batch=10000, n_eval=65536)},
-}
-
-
-def run_saddle_profile(p: SaddleProfile) -> dict:
-    """(a), (b), (c) at one configuration, sharing the runs; returns the three results and
-    the wall seconds of each part."""
-    cfg = _cfg(p.tasks, p.heads, p.L)
-    t0, c0 = _time.perf_counter(), _time.process_time()
-    saddle_theory(p.tasks, p.heads, p.L)
-    t_theory = _time.perf_counter() - t0
-    stop = max(p.threshold, p.top_fraction)
-    runs = saddle_runs(cfg, p.lr, p.batches, p.seeds, p.mu0, p.t_max, stop_share=stop, record_dt=p.record_dt)
-    t1 = _time.perf_counter()
-    var = gradient_variance_measurement(cfg, p.n_var)
-    t_var = _time.perf_counter() - t1
-    growth = growth_rate_measurement(cfg, p.lr, max(p.batches), p.seeds, p.mu0, p.t_max, p.floor_factor,
-                                     p.top_fraction, runs=runs)
-    escape = escape_time_measurement(cfg, p.lr, p.batches, p.seeds, p.mu0, p.threshold, p.t_max, runs=runs,
-                                     variance=var)
-    horizon = float(np.nanmax([x for x in escape.T if math.isfinite(x)] or [p.t_max]))
-    # the SGD runs' opposite-sign amplitude at escape (largest batch: the smallest seed)
-    sgd_anti = float(np.median([np.abs(runs.runs[(max(p.batches), s)].anti[-1]).min() for s in p.seeds]))
-    t2 = _time.perf_counter()
-    inv = invariant_flow_check(cfg, p.lr, horizon, p.mu0, p.invariant_prompts, sgd_anti=sgd_anti)
-    t_inv = _time.perf_counter() - t2
-    return {"profile": asdict(p), "growth": growth, "escape": escape, "invariant": inv, "escape_theory": runs.theory,
-            "seconds": {"theory": t_theory, "runs": runs.wall, "variance": t_var, "invariant": t_inv,
-                        "total": _time.perf_counter() - t0, "cpu": _time.process_time() - c0}}

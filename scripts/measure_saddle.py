@@ -3,8 +3,9 @@ and print the table of docs/saddle.md.
 
     python scripts/measure_saddle.py [--profile tiny|quick|paper] [--skip-single] [--skip-saddle]
 
-One torch thread per run (numerics.saddle); the quick profile takes about 30 s for the
-saddle part and 30 s for the single-task part on one core."""
+Measurements of numerics.saddle, compared as claims.saddle compares them; one torch thread per
+run; the quick profile takes about 30 s for the saddle part and 30 s for the single-task part
+on one core."""
 from __future__ import annotations
 
 import argparse
@@ -23,59 +24,73 @@ def _fmt(x, se=None, digits=4):
     return s if se is None else f"{s} +- {se:.2g}"
 
 
+def _verdict(c) -> str:
+    return "agrees" if c.agrees else "DISAGREES"
+
+
+def _perturbations(c) -> str:
+    # the details are JSON-able: an infinite prediction or error is the string "inf"
+    return "\n".join(f"  perturbation {q.description}: predicted {_fmt(float(q.details['predicted']))}, error "
+                     f"{float(q.details['error']):.3g} -> {'rejected' if q.rejected else 'NOT rejected'}"
+                     for q in c.perturbations)
+
+
 def saddle_table(profile: str) -> None:
-    from numerics import saddle as S
+    from claims import saddle as C
 
     escapes = []
-    for p in S.PROFILES[profile]["saddle"]:
-        out = S.run_saddle_profile(p)
+    for p in C.PROFILES[profile].configurations:
+        out = C.run_saddle_profile(p)
         escapes.append(out["escape"])
         g, e, inv, sec = out["growth"], out["escape"], out["invariant"], out["seconds"]
+        label = C._label(g.config)
+        gc, ec, ic = C.check_growth_rate(g, label), C.check_escape_slope(e), C.check_invariant_flow(
+            inv, out["sgd_anti"], label)
         print(f"\n== saddle: tasks={p.tasks} H={p.heads} L={p.L}  lr={p.lr} B={p.batches} seeds={len(p.seeds)} "
-              f"mu0={p.mu0} threshold={p.threshold}  ({sec['cpu']:.1f} s CPU, {sec['total']:.1f} s wall: theory {sec['theory']:.1f}, "
-              f"runs {sec['runs']:.1f}, variance {sec['variance']:.1f}, invariant {sec['invariant']:.1f})")
+              f"mu0={p.mu0} threshold={p.threshold}  ({sec['cpu']:.1f} s CPU, {sec['total']:.1f} s wall: theory "
+              f"{sec['theory']:.1f}, runs {sec['runs']:.1f}, variance {sec['variance']:.1f}, invariant "
+              f"{sec['invariant']:.1f})")
         print(f"a = dL/dmu (theory.exact) = {_fmt(g.a)};  2a = {_fmt(g.predicted)}")
         print(f"growth rate (B={g.batch}, window |mu| in [{g.window[0]:.2g}, {g.window[1]:.2g}], floor {g.floor:.2g}, "
               f"{g.e_folds:.1f} e-folds, >= {g.points} points):")
         print(f"  measured {_fmt(g.measured, g.se)} (plain log fit {_fmt(g.raw, g.raw_se)}) vs 2a {_fmt(g.predicted)}: "
-              f"|diff| {abs(g.measured - g.predicted):.3g}, tolerance {g.tolerance:.3g} -> "
-              f"{'agrees' if g.agrees else 'DISAGREES'}  [{g.why}]")
-        for q in g.perturbations:
-            print(f"  perturbation {q.name}: predicted {_fmt(q.predicted)}, error {q.error:.3g} -> "
-                  f"{'rejected' if q.rejected else 'NOT rejected'}")
+              f"|diff| {gc.error:.3g}, tolerance {gc.tolerance:.3g} -> {_verdict(gc)}  [{gc.why}]")
+        print(_perturbations(gc))
         print(f"  diagnostic: the runs hold the served point omega {np.round(g.held_omega, 4).tolist()}, mu "
               f"{np.round(g.held_mu, 4).tolist()} (theory {np.round(np.diag(out['escape_theory'].omega), 4).tolist()}, "
-              f"{np.round(out['escape_theory'].mu_star, 4).tolist()}); theory.exact's 2a there: {_fmt(g.rate_at_held_point)}")
+              f"{np.round(out['escape_theory'].mu_star, 4).tolist()}); theory.exact's 2a there: "
+              f"{_fmt(g.rate_at_held_point)}")
         print(f"escape time (share >= {e.threshold}): dS = S_col - S_row = "
               + ", ".join(_fmt(a, b, 3) for a, b in zip(e.variance['dS'], e.variance['dS_se'])))
-        for B, T, se, tp, tps, ok, per, mp, mm in zip(e.batches, e.T, e.T_se, e.T_pred, e.T_pred_se, e.T_agrees,
-                                                      e.T_per_seed, e.imbalance_pred, e.imbalance_measured):
+        for B, T, se, tp, tps, tc, per, mp, mm in zip(e.batches, e.T, e.T_se, e.T_pred, e.T_pred_se,
+                                                      C.check_escape_times(e), e.T_per_seed, e.imbalance_pred,
+                                                      e.imbalance_measured):
             print(f"  B={B:5d}: T = {_fmt(T, se)} (seeds {', '.join(f'{x:.1f}' for x in per)}) vs predicted "
-                  f"{_fmt(tp, tps)} -> {'agrees' if ok else 'differs'};  imbalance o^2-v^2 predicted {mp:.3g}, "
-                  f"measured {mm:.3g}")
+                  f"{_fmt(tp, tps)} -> {'agrees' if tc.agrees else 'differs'};  imbalance o^2-v^2 predicted "
+                  f"{mp:.3g}, measured {mm:.3g}")
         print(f"  slope dT/dlog B = {_fmt(e.slope, e.slope_se)} vs 2/rate = 1/a = {_fmt(e.slope_pred)}: tolerance "
-              f"{e.tolerance:.3g} -> {'agrees' if e.agrees else 'DISAGREES'}")
-        for q in e.perturbations:
-            print(f"  perturbation {q.name}: predicted {_fmt(q.predicted)}, error {q.error:.3g} -> "
-                  f"{'rejected' if q.rejected else 'NOT rejected'}")
-        print(f"invariant flow ({inv.prompts} G-invariant prompts, t = {inv.time:.1f}): max |o - v| = {inv.max_anti:.3g} "
-              f"(tolerance {inv.tolerance:.3g}: {'agrees' if inv.agrees else 'DISAGREES'}), min off-task mu "
+              f"{ec.tolerance:.3g} -> {_verdict(ec)}")
+        print(_perturbations(ec))
+        print(f"invariant flow ({inv.prompts} G-invariant prompts, t = {inv.time:.1f}): max |o - v| = "
+              f"{inv.max_anti:.3g} "
+              f"(tolerance {ic.tolerance:.3g}: {_verdict(ic).lower()}), min off-task mu "
               f"{inv.min_mu_off:.3g} (>= 0: never on the opposite-sign branch), final |mu_off| {inv.final_mu_off:.3g}; "
-              f"SGD runs' |o - v| at escape {inv.sgd_anti:.3g} -> "
-              + ("rejected" if all(q.rejected for q in inv.perturbations) else "NOT rejected"))
+              f"SGD runs' |o - v| at escape {out['sgd_anti']:.3g} -> "
+              + ("rejected" if ic.discriminates else "NOT rejected"))
         sys.stdout.flush()
     if len(escapes) > 1:
-        ps = S.pooled_slope_ratio(escapes)
+        pc = C.check_pooled_slope(escapes, "pooled")
         print(f"\npooled escape-time slope in units of 1/a over {len(escapes)} configurations: "
-              f"{_fmt(ps.ratio, ps.se)} vs 1: tolerance {ps.tolerance:.3g} -> {'agrees' if ps.agrees else 'DISAGREES'}; "
-              + "; ".join(f"{q.name}: error {q.error:.3g} -> {'rejected' if q.rejected else 'NOT rejected'}"
-                          for q in ps.perturbations))
+              f"{_fmt(pc.measured, pc.details['se'])} vs 1: tolerance {pc.tolerance:.3g} -> {_verdict(pc)}; "
+              + "; ".join(f"{q.description}: error {float(q.details['error']):.3g} -> "
+                          f"{'rejected' if q.rejected else 'NOT rejected'}" for q in pc.perturbations))
 
 
 def single_table(profile: str) -> None:
+    from claims.initialisation import SINGLE_TASK
     from numerics import saddle as S
 
-    p = S.PROFILES[profile]["single"]
+    p = SINGLE_TASK[profile]
     res = S.single_task_heads(p.L, p.r, p.heads, p.seeds, p.lr, p.time, p.batch, p.n_eval)
     print(f"\n== single task, several heads: r={p.r} L={p.L}, init uniform_full (PyTorch default), logit scale "
           f"sqrt(D), lr={p.lr} t={p.time} B={p.batch}, {len(p.seeds)} seeds ({res.wall:.1f} s)")

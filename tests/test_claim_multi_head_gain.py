@@ -18,7 +18,7 @@ import pytest
 from hypothesis import Phase, given, note, settings, strategies as st
 
 from claims import multi_head_gain as claim
-from claims.common import Comparison
+from claims.common import Comparison, perturbation
 from numerics.experiments.converged import TrainingSchedule, converged_run
 from numerics.config import ProblemConfig
 from numerics.model import TrainingDiverged
@@ -141,7 +141,7 @@ def test_undecided_run_is_an_error_not_a_pass(monkeypatch):
     def agreeing(name):
         def check(*a, **k):
             return Comparison(name=name, measured=1.5, predicted=1.5, error=0.0, tolerance=0.01, why="fake",
-                              perturbations=[claim.perturbation("H", 0.5, 0.01)], details={"se": 0.001})
+                              perturbations=[perturbation("H", 0.5, 0.01)], details={"se": 0.001})
         return check
     monkeypatch.setattr(mod, "converged_run", lambda cfg, schedule, seed=0: _fake_run(2.0, converged=False))
     monkeypatch.setattr(mod, "check_bridge_gain", agreeing("gain of exact reduced minima (bridge)"))

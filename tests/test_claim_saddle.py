@@ -2,6 +2,11 @@
 and 0, the invariant flow stays at rounding, the findings are generated from the numbers."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
 from claims import saddle as claim
 
 
@@ -17,3 +22,14 @@ def test_tiny_saddle_rows_and_findings():
     before = claim.findings(res)[0].text
     res.details["comparisons"][[c["name"] for c in res.details["comparisons"]].index(growth["name"])]["measured"] = 0.5
     assert claim.findings(res)[0].text != before and "0.5" in claim.findings(res)[0].text
+
+
+def test_pooled_slope_ratio():
+    """Inverse-variance pooling of the slopes in units of theory's 1/a; agrees with 1, rejects 1/2 and 2."""
+    e1 = SimpleNamespace(slope=16.0, slope_pred=16.2, slope_se=1.0)
+    e2 = SimpleNamespace(slope=11.0, slope_pred=11.5, slope_se=2.0)
+    c = claim.check_pooled_slope([e1, e2], "two configurations")
+    w = np.array([16.2 ** 2, (11.5 / 2) ** 2])
+    r = np.array([16.0 / 16.2, 11.0 / 11.5])
+    assert c.measured == pytest.approx((w * r).sum() / w.sum())
+    assert c.agrees and c.discriminates, c.explain()

@@ -556,3 +556,62 @@ def escape_cells(cells: dict, keyfmt, t_end: float, z: float) -> list[dict]:
                      "margin": margin, "escape_times": [x["escape_time"] for x in res],
                      "decided": len(set(left)) == 1 and abs(sd["T_pred"] - t_end) > margin})
     return rows
+
+
+# ---------------------------------------------------------------------------------------
+# per-row readouts of a panel (claims.atlas compares them with theory)
+# ---------------------------------------------------------------------------------------
+
+def warmup_row(by_scale: dict) -> dict:
+    """One row of the initialisation panel (s0 -> the cell's results): the largest s0 whose runs
+    are all still in warm-up at t_end below the smallest s0 where none is, that smallest s0, and
+    the measured border between them (their geometric mean; None where either is absent)."""
+    lo, hi = last_and_first(by_scale, lambda x: x["in_warmup"])
+    return {"last_in_warmup": lo, "first_out": hi, "border": math.sqrt(lo * hi) if lo and hi else None}
+
+
+def heads_row(by_heads: dict, m: int) -> dict:
+    """One row of the heads panel (H -> the cell's results, in column order; m tasks): the
+    measured border (the smallest H whose seeds all end allocated; inf: no such H although an H
+    >= m converged with its seeds agreeing; None: undecided), each H's class, and over the cells
+    with H > m the superposition / off-D / not-converged counts and the mean loss over
+    theory.exact's allocated loss."""
+    classes = {h: cell_class(res) for h, res in by_heads.items()}
+    allocated = [h for h, c in classes.items() if c == ("allocated", True)]
+    above = [h for h, c in classes.items() if h >= m and c[1] and c[0] != "not converged"]
+    surplus = [h for h in by_heads if h > m]
+    return {"measured_border": min(allocated) if allocated else (math.inf if above else None),
+            "classes": {h: c[0] for h, c in classes.items()},
+            "superposition_above_m": sum(classes[h][0] == "superposition" for h in surplus),
+            "off_D_above_m": sum(classes[h][0] == "off D" for h in surplus),
+            "not_converged_above_m": sum(classes[h][0] == "not converged" for h in surplus),
+            "cells_above_m": len(surplus),
+            "ratio_above_m": mean_se([ratios(by_heads[h])["over_allocated"] for h in surplus])}
+
+
+def escape_row(by_L: dict, t_end: float) -> dict:
+    """One row of the noise panel (L -> the cell's results): per L the mean escape time over seeds
+    (nan: none by t_end) and theory.saddle's T_pred; the L where T_pred crosses t_end
+    (:func:`crossing_L`); the largest L where every run left allocation below the smallest L
+    where none did, that smallest L, and their geometric mean."""
+    Ls = list(by_L)
+    Tm = [mean_se([x["escape_time"] for x in by_L[c]])[0] for c in Ls]
+    Tp = [by_L[c][0]["saddle"]["T_pred"] for c in Ls]
+    lo, hi = last_and_first(by_L, lambda x: math.isfinite(x["escape_time"]))
+    return {"L": Ls, "measured": [t if t is not None else math.nan for t in Tm], "theory": Tp,
+            "theory_L": crossing_L(Ls, Tp, t_end), "measured_last_left": lo, "measured_first_stay": hi,
+            "measured_L": math.sqrt(lo * hi) if lo and hi else None}
+
+
+def escaped_runs(cells: dict, rows, cols) -> tuple[list, list, list]:
+    """Every escaped run of the batch panel (rows: lr, columns: B): log(B/lr), its escape time,
+    and theory.saddle's slope 2/rate of its cell."""
+    xs, ys, preds = [], [], []
+    for r in rows:
+        for c in cols:
+            for x in cells.get((r, c), []):
+                if math.isfinite(x["escape_time"]):
+                    xs.append(math.log(c / r))
+                    ys.append(x["escape_time"])
+                    preds.append(x["saddle"]["slope_pred"])
+    return xs, ys, preds

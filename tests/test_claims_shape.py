@@ -1,0 +1,84 @@
+"""The shape of the claims layer (issue 20), read from the source: a claim is its spec and its
+comparisons.  No claim module imports another (what several share lives in the shared modules),
+no claim runs a training loop or sets a thread policy (numerics.experiments does), no verdict is
+assigned outside the one runner, and numerics imports neither claims nor tools (one direction of
+flow).  Each rule is a function of source text, shown to fire on a source that breaks it."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = {"claims", "claims.base", "claims.common", "claims.spec", "claims.trained", "claims.phase_checks"}
+"""The claims modules every claim may import: vocabulary, the runner, and what groups of claims share."""
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every module named by an import statement of ``source`` (any depth: lazy imports count)."""
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out |= {f"claims.{a.name}" for a in node.names
+                    if node.module == "claims" and (ROOT / "claims" / f"{a.name}.py").exists()}
+    return out
+
+
+def claim_imports(source: str) -> set[str]:
+    """The claims modules ``source`` imports beyond :data:`SHARED`."""
+    return {m for m in imported_modules(source) if m.split(".")[0] == "claims" and m not in SHARED}
+
+
+def experiment_calls(source: str) -> set[str]:
+    """Training loops and thread policies a claim must leave to numerics: calls of ``train`` or
+    ``train_reduced`` and any use of ``one_thread``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in ("train", "train_reduced"):
+                found.add(name)
+        if isinstance(node, (ast.Name, ast.Attribute)) and (getattr(node, "id", None) == "one_thread"
+                                                            or getattr(node, "attr", None) == "one_thread"):
+            found.add("one_thread")
+    return found
+
+
+def verdict_assignments(source: str) -> int:
+    """Assignments to an attribute ``verdict`` (``x.verdict = ...``)."""
+    return sum(1 for node in ast.walk(ast.parse(source)) if isinstance(node, (ast.Assign, ast.AugAssign))
+               for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+               if isinstance(t, ast.Attribute) and t.attr == "verdict")
+
+
+CLAIM_FILES = sorted((ROOT / "claims").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", CLAIM_FILES, ids=lambda p: p.name)
+def test_claim_modules_keep_to_their_shape(path):
+    source = path.read_text()
+    assert not claim_imports(source), f"{path.name} imports another claim: {claim_imports(source)}"
+    assert not experiment_calls(source), f"{path.name} runs an experiment itself: {experiment_calls(source)}"
+    assert verdict_assignments(source) == 0, f"{path.name} assigns a verdict outside the judge"
+
+
+def test_numerics_imports_neither_claims_nor_tools():
+    bad = {p.relative_to(ROOT).as_posix(): sorted(m for m in imported_modules(p.read_text())
+                                                  if m.split(".")[0] in ("claims", "tools", "reports"))
+           for p in (ROOT / "numerics").rglob("*.py")}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_the_rules_fire():
+    """Each rule sees a source that breaks it (the checks are not vacuous)."""
+    assert claim_imports("from claims.block_structure import eps_of") == {"claims.block_structure"}
+    assert claim_imports("def f():\n    from claims import three_phases\n") == {"claims.three_phases"}
+    assert not claim_imports("from claims.common import compare\nfrom claims import spec_of")
+    assert experiment_calls("from numerics.train import train\nr = train(cfg, tcfg)") == {"train"}
+    assert experiment_calls("@experiments.one_thread\ndef f(): pass") == {"one_thread"}
+    assert verdict_assignments("res.verdict = 'error' if bad else res.verdict") == 1
