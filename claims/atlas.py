@@ -227,10 +227,17 @@ def findings_heads(result) -> list:
 def leave_comparison(name, cells, keyfmt, t_end, config) -> Comparison:
     """Per decided cell (every seed's run escaped by t_end, or none did), theory's prediction
     T_pred < t_end against the measurement; cells within theory's own uncertainty of t_end
-    (|T_pred - t_end| <= Z_SE se(T_pred) + the record spacing) are border cells, not counted.
+    (|T_pred - t_end| <= Z_SE se(T_pred) + the record spacing) are border cells, not counted,
+    nor are cells whose seeds disagree or diverged.
     error = cells that disagree; tolerance 0.  Perturbations through the same comparison: rate a
     instead of 2a, rate 0 (the allocated point a true minimum: never left)."""
-    rows = escape_cells(cells, keyfmt, t_end, Z_SE)
+    rows = escape_cells(cells, keyfmt, t_end)
+    for r in rows:
+        if r.get("diverged"):
+            r["decided"] = False
+            continue
+        r["margin"] = Z_SE * r["T_pred_se"] + r["spacing"]
+        r["decided"] = len(set(r["left"])) == 1 and abs(r["T_pred"] - t_end) > r["margin"]
     decided = [r for r in rows if r["decided"]]
 
     def wrong(pred):

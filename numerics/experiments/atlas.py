@@ -539,22 +539,21 @@ def ols_slope(x, y) -> tuple[float, float]:
     return float(coef[0]), float(math.sqrt(s2 / np.sum((x - x.mean()) ** 2)))
 
 
-def escape_cells(cells: dict, keyfmt, t_end: float, z: float) -> list[dict]:
+def escape_cells(cells: dict, keyfmt, t_end: float) -> list[dict]:
     """Per cell of an allocated-start panel: whether each seed's run left allocation by t_end
-    (first crossing of the opposite-sign share), theory.saddle's T_pred (and at rate a), and
-    ``decided``: the seeds agree and |T_pred - t_end| exceeds z se(T_pred) + the record spacing
-    (closer cells are border cells theory cannot place); diverged cells are never decided."""
+    (first crossing of the opposite-sign share, ``left``), theory.saddle's T_pred, its standard
+    error and T_pred at rate a, and the record spacing; diverged cells are marked (claims.atlas
+    decides which cells a comparison can use)."""
     rows = []
     for key, res in cells.items():
         if any(x.get("diverged") for x in res):
-            rows.append({"cell": keyfmt(key), "diverged": True, "decided": False})
+            rows.append({"cell": keyfmt(key), "diverged": True})
             continue
-        left = [math.isfinite(x["escape_time"]) and x["escape_time"] <= t_end for x in res]
         sd = res[0]["saddle"]
-        margin = z * sd["T_pred_se"] + record_spacing(res[0])
-        rows.append({"cell": keyfmt(key), "left": left, "T_pred": sd["T_pred"], "T_pred_rate_a": sd["T_pred_rate_a"],
-                     "margin": margin, "escape_times": [x["escape_time"] for x in res],
-                     "decided": len(set(left)) == 1 and abs(sd["T_pred"] - t_end) > margin})
+        rows.append({"cell": keyfmt(key), "left": [math.isfinite(x["escape_time"]) and x["escape_time"] <= t_end
+                                                   for x in res],
+                     "T_pred": sd["T_pred"], "T_pred_rate_a": sd["T_pred_rate_a"], "T_pred_se": sd["T_pred_se"],
+                     "spacing": record_spacing(res[0]), "escape_times": [x["escape_time"] for x in res]})
     return rows
 
 
