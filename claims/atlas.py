@@ -20,9 +20,9 @@ import numpy as np
 from claims.base import Figure, Series
 from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row
 from claims.spec import ClaimSpec, Outcome, finding
-from numerics.experiments.atlas import (CLASSES, PATTERNS, cell_class, class_counts, escape_cells, escape_row,
-                                        escaped_runs, grid_of, heads_row, mean_se, ols_slope, panel_matrices,
-                                        panel_points, ratios, warmup_border, warmup_row)
+from numerics.experiments.atlas import (CLASSES, PATTERNS, cell_class, class_counts, escape_cells, escape_means,
+                                        escape_row, escaped_runs, grid_of, heads_row, mean_se, ols_slope,
+                                        panel_matrices, panel_points, ratios, warmup_border, warmup_row)
 
 IDS = ("atlas-initialisation", "atlas-heads", "atlas-noise", "atlas-batch")
 LEGEND = "cell value = outcome: " + ", ".join(f"{k} {c}" for k, c in enumerate(CLASSES)) + \
@@ -224,6 +224,15 @@ def findings_heads(result) -> list:
 # atlas-noise
 # ---------------------------------------------------------------------------------------
 
+def escape_figure(name: str, title: str, curves, xlabel: str, t_end: float, caption: str):
+    """Escape times from the allocated point (measured points, theory.saddle's T(B) lines) against
+    a log axis, with the run's length t_end marked; ``caption`` follows "points: first crossing of
+    the opposite-sign share "."""
+    return lines_figure(name, title, curves, xlabel=xlabel, ylabel="escape time", xscale="log",
+                        hlines=[{"y": t_end, "label": "t_end (the run)"}],
+                        caption="points: first crossing of the opposite-sign share " + caption)
+
+
 def leave_comparison(name, cells, keyfmt, t_end, config) -> Comparison:
     """Per decided cell (every seed's run escaped by t_end, or none did), theory's prediction
     T_pred < t_end against the measurement; cells within theory's own uncertainty of t_end
@@ -272,12 +281,9 @@ def evaluate_noise(ctx) -> Outcome:
                    (f"sigma={r:g} theory", e["L"], e["theory"], "line")]
         borders.append({"sigma": r, **{k: e[k] for k in ("theory_L", "measured_last_left", "measured_first_stay",
                                                          "measured_L")}})
-    figs.append(lines_figure("atlas-noise-escape", "Escape time from the allocated point against L", curves,
-                             xlabel="L", ylabel="escape time", xscale="log",
-                             hlines=[{"y": t_end, "label": "t_end (the run)"}],
-                             caption="points: first crossing of the opposite-sign share (mean over seeds; missing: "
-                                     "none by t_end); lines: theory.saddle's T(B); theory's border is where a line "
-                                     "crosses t_end"))
+    figs.append(escape_figure("atlas-noise-escape", "Escape time from the allocated point against L", curves, "L",
+                              t_end, "(mean over seeds; missing: none by t_end); lines: theory.saddle's T(B); "
+                                     "theory's border is where a line crosses t_end"))
     undecided = None if comp.details["decided"] else "no cell decided (seeds disagree, or T(B) too close to t_end)"
     head = [headline_row(comp)]
     for b in borders:
@@ -323,16 +329,11 @@ def evaluate_batch(ctx) -> Outcome:
     xs, ys, preds = escaped_runs(cells, rows, cols)
     curves = []
     for r in rows:
-        Bs = [c for c in cols if (r, c) in cells]
-        curves += [(f"lr={r:g} measured", Bs, [(mean_se([x["escape_time"] for x in cells[(r, c)]])[0] or math.nan)
-                                               for c in Bs], "points"),
-                   (f"lr={r:g} theory", Bs, [cells[(r, c)][0]["saddle"]["T_pred"] for c in Bs], "line")]
-    figs.append(lines_figure("atlas-batch-escape", "Escape time against the batch size, per step", curves,
-                             xlabel="batch B", ylabel="escape time", xscale="log",
-                             hlines=[{"y": t_end, "label": "t_end (the run)"}],
-                             caption="points: first crossing of the opposite-sign share (mean over seeds); lines: "
-                                     "theory.saddle's T(B) (slope 2/rate in log B, seed from the measured gradient "
-                                     "noise)"))
+        Bs, measured, theory = escape_means({c: cells[(r, c)] for c in cols if (r, c) in cells})
+        curves += [(f"lr={r:g} measured", Bs, measured, "points"), (f"lr={r:g} theory", Bs, theory, "line")]
+    figs.append(escape_figure("atlas-batch-escape", "Escape time against the batch size, per step", curves,
+                              "batch B", t_end, "(mean over seeds); lines: theory.saddle's T(B) (slope 2/rate in "
+                                                "log B, seed from the measured gradient noise)"))
     slope, se = ols_slope(xs, ys)
     undecided = None if math.isfinite(slope) else "fewer than 4 escaped runs at distinct B / lr: no slope with an se"
     pred = float(np.mean(preds)) if preds else math.nan

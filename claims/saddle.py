@@ -20,7 +20,6 @@ and the escape-time slopes pooled over configurations with theory's 1/a
 from __future__ import annotations
 
 import math
-import time as _time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -28,7 +27,6 @@ import numpy as np
 from claims.common import EPS64, Z_SE, Comparison, compare, headline_row, reported_row
 from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
 from numerics import saddle as measure
-from numerics.config import ProblemConfig
 from theory import saddle as th
 
 
@@ -81,33 +79,8 @@ PROFILES = {
 
 
 def run_saddle_profile(p: SaddleProfile) -> dict:
-    """The measurements (a), (b), (c) of numerics.saddle at one configuration, sharing the
-    runs; the invariant batch's flow runs over the SGD runs' escape horizon.  Returns the
-    measurements, the SGD runs' |o - v| at escape and the wall seconds of each part."""
-    cfg = ProblemConfig(tasks=tuple(p.tasks), heads=p.heads, L=p.L)
-    t0, c0 = _time.perf_counter(), _time.process_time()
-    measure.saddle_theory(p.tasks, p.heads, p.L)
-    t_theory = _time.perf_counter() - t0
-    stop = max(p.threshold, p.top_fraction)
-    runs = measure.saddle_runs(cfg, p.lr, p.batches, p.seeds, p.mu0, p.t_max, stop_share=stop,
-                               record_dt=p.record_dt)
-    t1 = _time.perf_counter()
-    var = measure.gradient_variance_measurement(cfg, p.n_var)
-    t_var = _time.perf_counter() - t1
-    growth = measure.growth_rate_measurement(cfg, p.lr, max(p.batches), p.seeds, p.mu0, p.t_max, p.floor_factor,
-                                             p.top_fraction, runs=runs)
-    escape = measure.escape_time_measurement(cfg, p.lr, p.batches, p.seeds, p.mu0, p.threshold, p.t_max, runs=runs,
-                                             variance=var)
-    horizon = float(np.nanmax([x for x in escape.T if math.isfinite(x)] or [p.t_max]))
-    # the largest batch's runs: the smallest seed
-    sgd_anti = measure.anti_at_escape(runs, max(p.batches), p.seeds)
-    t2 = _time.perf_counter()
-    inv = measure.invariant_flow_measurement(cfg, p.lr, horizon, p.mu0, p.invariant_prompts)
-    t_inv = _time.perf_counter() - t2
-    return {"profile": asdict(p), "growth": growth, "escape": escape, "invariant": inv, "sgd_anti": sgd_anti,
-            "escape_theory": runs.theory,
-            "seconds": {"theory": t_theory, "runs": runs.wall, "variance": t_var, "invariant": t_inv,
-                        "total": _time.perf_counter() - t0, "cpu": _time.process_time() - c0}}
+    """The measurements of one configuration of the plan (numerics.saddle.measure_configuration)."""
+    return {"profile": asdict(p), **measure.measure_configuration(**asdict(p))}
 
 
 # ---------------------------------------------------------------------------------------

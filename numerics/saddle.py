@@ -690,3 +690,31 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
                            best_two_head_point={"omega": fm.omega.ravel().tolist(), "mu": fm.mu.ravel().tolist()},
                            linear_attention=lin, summary=summary, wall=_time.perf_counter() - t_all)
 
+
+def measure_configuration(tasks, heads: int, L: int, lr: float, batches: Sequence[int], seeds: Sequence[int],
+                          mu0: float = 0.05, threshold: float = 0.1, floor_factor: float = 10.0,
+                          top_fraction: float = 0.05, t_max: float = 300.0, invariant_prompts: int = 512,
+                          n_var: int = 65536, record_dt: float = 1.0) -> dict:
+    """The measurements (a) growth rate, (b) escape times, (c) invariant batch's flow at one
+    configuration, sharing the SGD runs; the invariant flow runs over the SGD runs' escape horizon.
+    Returns the measurements, the SGD runs' |o - v| at escape (the largest batch, the smallest
+    seed), theory's escape account of the runs and the wall seconds of each part."""
+    cfg = ProblemConfig(tasks=tuple(tasks), heads=heads, L=L)
+    t0, c0 = _time.perf_counter(), _time.process_time()
+    saddle_theory(tasks, heads, L)
+    t_theory = _time.perf_counter() - t0
+    runs = saddle_runs(cfg, lr, batches, seeds, mu0, t_max, stop_share=max(threshold, top_fraction),
+                       record_dt=record_dt)
+    t1 = _time.perf_counter()
+    var = gradient_variance_measurement(cfg, n_var)
+    t_var = _time.perf_counter() - t1
+    growth = growth_rate_measurement(cfg, lr, max(batches), seeds, mu0, t_max, floor_factor, top_fraction, runs=runs)
+    escape = escape_time_measurement(cfg, lr, batches, seeds, mu0, threshold, t_max, runs=runs, variance=var)
+    horizon = float(np.nanmax([x for x in escape.T if math.isfinite(x)] or [t_max]))
+    sgd_anti = anti_at_escape(runs, max(batches), seeds)
+    t2 = _time.perf_counter()
+    inv = invariant_flow_measurement(cfg, lr, horizon, mu0, invariant_prompts)
+    t_inv = _time.perf_counter() - t2
+    return {"growth": growth, "escape": escape, "invariant": inv, "sgd_anti": sgd_anti, "escape_theory": runs.theory,
+            "seconds": {"theory": t_theory, "runs": runs.wall, "variance": t_var, "invariant": t_inv,
+                        "total": _time.perf_counter() - t0, "cpu": _time.process_time() - c0}}

@@ -47,7 +47,7 @@ from numerics.train import TrainConfig, train
 __all__ = ["AtlasSchedule", "CLASSES", "classify", "run_point", "check_point", "train_atlas", "escape_time",
            "atlas_point", "Z_CONVERGED", "CONVERGED_RELATIVE", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_points",
            "grid_of", "cell_class", "mean_se", "ratios", "panel_matrices", "class_counts", "warmup_border",
-           "record_spacing", "crossing_L", "last_and_first", "ols_slope", "escape_cells", "PATTERNS"]
+           "record_spacing", "crossing_L", "last_and_first", "ols_slope", "escape_cells", "escape_means", "PATTERNS"]
 
 Z_CONVERGED = 4.0
 """Standard errors of the paired held-out difference a converged run's loss may still fall by
@@ -588,16 +588,22 @@ def heads_row(by_heads: dict, m: int) -> dict:
             "ratio_above_m": mean_se([ratios(by_heads[h])["over_allocated"] for h in surplus])}
 
 
+def escape_means(by_column: dict) -> tuple[list, list, list]:
+    """One row of an allocated-start panel (column value -> the cell's results): the columns, per
+    column the mean escape time over seeds (nan: none by t_end) and theory.saddle's T_pred."""
+    cols = list(by_column)
+    Tm = [mean_se([x["escape_time"] for x in by_column[c]])[0] for c in cols]
+    return (cols, [t if t is not None else math.nan for t in Tm],
+            [by_column[c][0]["saddle"]["T_pred"] for c in cols])
+
+
 def escape_row(by_L: dict, t_end: float) -> dict:
-    """One row of the noise panel (L -> the cell's results): per L the mean escape time over seeds
-    (nan: none by t_end) and theory.saddle's T_pred; the L where T_pred crosses t_end
-    (:func:`crossing_L`); the largest L where every run left allocation below the smallest L
-    where none did, that smallest L, and their geometric mean."""
-    Ls = list(by_L)
-    Tm = [mean_se([x["escape_time"] for x in by_L[c]])[0] for c in Ls]
-    Tp = [by_L[c][0]["saddle"]["T_pred"] for c in Ls]
+    """One row of the noise panel (L -> the cell's results): :func:`escape_means`; the L where
+    T_pred crosses t_end (:func:`crossing_L`); the largest L where every run left allocation below
+    the smallest L where none did, that smallest L, and their geometric mean."""
+    Ls, Tm, Tp = escape_means(by_L)
     lo, hi = last_and_first(by_L, lambda x: math.isfinite(x["escape_time"]))
-    return {"L": Ls, "measured": [t if t is not None else math.nan for t in Tm], "theory": Tp,
+    return {"L": Ls, "measured": Tm, "theory": Tp,
             "theory_L": crossing_L(Ls, Tp, t_end), "measured_last_left": lo, "measured_first_stay": hi,
             "measured_L": math.sqrt(lo * hi) if lo and hi else None}
 
