@@ -67,6 +67,16 @@ class Comparison:
     predicted) (``not above``), max(0, predicted - measured) (``not below``); claims.base.SIDES."""
     config: Optional[str] = None
     """The configuration the comparison was measured at, for the headline row."""
+    se: Optional[float] = None
+    """The standard error of a scalar ``measured`` (None: exact to rounding, or not a scalar):
+    what the report's forest plot draws as the error bar of (measured - predicted) / tolerance."""
+    resolving_power: Optional[dict] = None
+    """The smallest error of the prediction this comparison rejects at its tolerance, each way:
+    ``{"low": eps, "high": eps, "units": "relative" | "absolute"}`` -- relative: the prediction
+    x (1 - eps) / x (1 + eps) is rejected; absolute: prediction - eps / + eps (a prediction of
+    0, a fitted exponent, a count).  ``None`` for an eps that no factor up to
+    :data:`RESOLVING_MAX` reaches (the comparison cannot see that direction at all).  Computed
+    by :func:`compare` from the comparison's own error function (:func:`resolving_power`)."""
 
     @property
     def agrees(self) -> bool:
@@ -98,6 +108,8 @@ class Comparison:
             "margin": self.margin,
             "side": self.side,
             "config": self.config,
+            "se": self.se,
+            "resolving_power": self.resolving_power,
             "perturbations": [{"description": p.description, "rejected": p.rejected, **p.details}
                               for p in self.perturbations],
             "details": self.details,
@@ -133,17 +145,100 @@ SIDE_ERRORS = {
 """The error of a scalar comparison on each side (claims.base.SIDES)."""
 
 
+RESOLVING_MAX = {"relative": 10.0, "absolute": 1e6}
+"""How far :func:`resolving_power` looks: a prediction up to a factor 11 above (relative; below,
+down to 0), or up to 1e6 tolerances either way (absolute); a direction not rejected within
+that range is reported None."""
+
+
+def _scaled(value, factor: float, shift: float):
+    """``value`` with every number x replaced by x * factor + shift (lists and tuples kept)."""
+    if isinstance(value, (bool, np.bool_)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_scaled(v, factor, shift) for v in value)
+    if isinstance(value, np.ndarray):
+        return value * factor + shift
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value) * factor + shift
+    raise TypeError(f"cannot scale a prediction of type {type(value).__name__}")
+
+
+def _numbers(value) -> list[float]:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [x for v in value for x in _numbers(v)]
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+        return [float(value)]
+    return []
+
+
+def resolving_power(error, measured, predicted, tolerance: float, units: Optional[str] = None) -> Optional[dict]:
+    """The smallest eps, each way, for which ``error(measured, prediction moved by eps)`` exceeds
+    ``tolerance``: the resolving power of a comparison (the smallest error of the prediction it
+    would catch).  ``units`` "relative" moves every number of the prediction to x (1 +- eps),
+    "absolute" to x +- eps (default: relative, absolute where the prediction is 0).  Found by a
+    geometric scan then bisection on the comparison's own error function (so a one-sided
+    comparison has None on the side it cannot see).  0 where the prediction itself is already
+    rejected; None for a prediction that is not numbers."""
+    nums = _numbers(predicted)
+    if not nums or not all(math.isfinite(x) for x in nums) or not math.isfinite(tolerance):
+        return None
+    if units is None:
+        units = "relative" if any(x != 0 for x in nums) else "absolute"
+    scale = 1.0 if units == "relative" else max(float(tolerance), 1e-300)
+
+    def rejected(eps: float, sign: float) -> bool:
+        moved = (_scaled(predicted, 1.0 + sign * eps, 0.0) if units == "relative"
+                 else _scaled(predicted, 1.0, sign * eps * scale))
+        e = float(error(measured, moved))
+        return not (e <= tolerance)
+
+    out = {"units": units}
+    for key, sign in (("low", -1.0), ("high", 1.0)):
+        if rejected(0.0, sign):
+            out[key] = 0.0
+            continue
+        # relative: up to x11 above, down to 0 below (beyond it the prediction changes sign)
+        top = 1.0 if (units == "relative" and sign < 0) else RESOLVING_MAX[units]
+        lo, hi = 0.0, None
+        eps = top * 1e-9
+        while eps <= top:
+            if rejected(eps, sign):
+                hi = eps
+                break
+            lo, eps = eps, eps * 2.0
+        if hi is None:
+            out[key] = None
+            continue
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if rejected(mid, sign):
+                hi = mid
+            else:
+                lo = mid
+        out[key] = hi if units == "relative" else hi * scale
+    return out
+
+
 def compare(name: str, measured, predicted, tolerance: float, why: str, *, wrong=(), error=None,
-            side: str = "two-sided", details: Optional[dict] = None, config: Optional[str] = None) -> Comparison:
+            side: str = "two-sided", details: Optional[dict] = None, config: Optional[str] = None,
+            se: Optional[float] = None, units: Optional[str] = None) -> Comparison:
     """A comparison whose perturbations cannot be a second inequality: one error function,
     ``error(measured, prediction)`` (default :data:`SIDE_ERRORS` of ``side``), applied to the
     prediction under test and to each wrong prediction of ``wrong`` ((description, prediction)
     pairs, or a dict), at the one tolerance.  A wrong prediction is rejected when its error
-    exceeds the tolerance; it is recorded with the prediction it stood for."""
+    exceeds the tolerance; it is recorded with the prediction it stood for.  ``se``: the
+    standard error of ``measured``; ``units``: how its resolving power is counted
+    (:func:`resolving_power`)."""
     err = error or SIDE_ERRORS[side]
     pairs = wrong.items() if isinstance(wrong, dict) else wrong
+    try:
+        power = resolving_power(err, measured, predicted, tolerance, units)
+    except (TypeError, ValueError):   # a prediction the error function cannot take scaled
+        power = None
     return Comparison(name=name, measured=measured, predicted=predicted, error=float(err(measured, predicted)),
                       tolerance=tolerance, why=why, side=side, config=config, details=details or {},
+                      se=None if se is None else float(se), resolving_power=power,
                       perturbations=[perturbation(d, float(err(measured, alt)), tolerance, predicted=alt)
                                      for d, alt in pairs])
 
@@ -229,7 +324,8 @@ def headline_row(c: Comparison, name: str | None = None, *, theory=None, measure
         measured=jsonable(measured if measured is not None else _scalar(c.measured)),
         se=None if se is None else float(se),
         tolerance=float(tolerance if tolerance is not None else c.tolerance),
-        agrees=c.agrees, side=side or c.side, config=config or c.config))
+        agrees=c.agrees, side=side or c.side, config=config or c.config,
+        resolving_power=c.resolving_power))
 
 
 def reported_row(name: str, measured=None, *, theory=None, se: float | None = None,
