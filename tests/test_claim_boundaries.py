@@ -127,7 +127,7 @@ def test_run_reports_domain_headline_and_refusals():
     outside a boundary's domain gives verdict error with the reason; bad input is refused."""
     res = limits.run_small_L(profile="tiny")
     assert res.verdict == "located", res.details
-    assert res.headline and all(set(r) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config"}
+    assert res.headline and all(set(r) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config", "resolving_power"}
                                 for r in res.headline)
     assert "r=4" in res.details["domain"] and res.details["ran"]
     out = claim.run_fewer_heads(profile="tiny", problem={"tasks": (1, 1), "heads": 2})

@@ -99,7 +99,7 @@ def test_tiny_run_passes():
     assert any(n.startswith("L * loss -> Lambda") for n in names), names
     assert res.details["domain"]["conditions"] and res.details["ran"]
     for row in res.headline:
-        assert set(row) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config"}, row
+        assert set(row) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config", "resolving_power"}, row
 
 
 def test_undecided_run_is_an_error_not_a_pass(monkeypatch):

@@ -101,7 +101,7 @@ def test_tiny_run_passes():
     assert row["agrees"] and 1 < row["measured"] < 2 and row["se"] > 0, row
     assert res.details["domain"]["conditions"] and res.details["ran"]
     for row in res.headline:
-        assert set(row) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config"}, row
+        assert set(row) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config", "resolving_power"}, row
 
 
 def _fake_run(loss, converged=True, opposite=0.0):
