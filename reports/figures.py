@@ -360,7 +360,7 @@ FOREST_FILE = "figures/forest.png"   # written beside the claims' figures (READM
 AGREE_COLOUR, DISAGREE_COLOUR, BAND_COLOUR = "#0969da", "#cf222e", "#dcefdc"
 
 
-def _scalar(v: Any) -> Optional[float]:
+def scalar(v: Any) -> Optional[float]:
     """A float from a JSON number (or ``jsonable``'s "nan"/"inf" strings); None for anything else."""
     if isinstance(v, bool) or v is None:
         return None
@@ -390,8 +390,8 @@ def comparison_records(entry: dict) -> list[dict]:
 
 def forest_row(claim_id: str, c: dict) -> Optional[ForestRow]:
     """The forest row of one comparison record (None where it has no tolerance to normalise by)."""
-    measured, predicted = _scalar(c.get("measured")), _scalar(c.get("predicted"))
-    error, tolerance, se = _scalar(c.get("error")), _scalar(c.get("tolerance")), _scalar(c.get("se"))
+    measured, predicted = scalar(c.get("measured")), scalar(c.get("predicted"))
+    error, tolerance, se = scalar(c.get("error")), scalar(c.get("tolerance")), scalar(c.get("se"))
     side = c.get("side") or "two-sided"
     if tolerance is None or math.isnan(tolerance) or tolerance < 0:
         return None

@@ -33,9 +33,11 @@ from typing import Any, Optional
 import jinja2
 
 from claims.base import FAILING
-from reports.figures import (FIGURE_KINDS, FOREST_CLIP, FOREST_FILE, MAX_PANELS, MAX_PIXELS,  # noqa: F401
-                             RenderError, _scalar, as_figure, comparison_records, figure_png, forest_png,
-                             forest_rows, forest_svg, series_colours, size_note)
+from reports.figures import FOREST_CLIP, FOREST_FILE, scalar, comparison_records, forest_png, forest_rows, forest_svg
+# The figure functions' old home: callers of ``reports.render.figure_png`` and friends keep working
+# (they live in reports.figures; patch them there).
+from reports.figures import (FIGURE_KINDS, MAX_PANELS, MAX_PIXELS, RenderError, as_figure,  # noqa: F401,E402
+                             figure_png, series_colours, size_note)
 
 TEMPLATES = Path(__file__).with_name("templates")
 CSS = (TEMPLATES / "report.css").read_text(encoding="utf-8")
@@ -107,12 +109,12 @@ def printed(measured: Any, se: Any = None, tolerance: Any = None) -> str:
     tolerance and at most 4 significant digits ("< 1e-14" for a rounding residual inside its
     rounding tolerance: those digits differ between CPUs); anything else as
     :func:`format_value` prints it."""
-    x = _scalar(measured)
+    x = scalar(measured)
     if x is None or isinstance(measured, int) or not math.isfinite(x):
         text = format_value(measured)
-        s = _scalar(se)
+        s = scalar(se)
         return text + (f" ± {s:.2g}" if s is not None and math.isfinite(s) and measured is not None else "")
-    s, t = _scalar(se), _scalar(tolerance)
+    s, t = scalar(se), scalar(tolerance)
     if s is not None and math.isfinite(s) and s > 0:
         quantum, cap, suffix = 10.0 ** (math.floor(math.log10(s)) - 1), 6, f" ± {s:.2g}"
     elif t is not None and math.isfinite(t) and t > 0:
@@ -302,7 +304,7 @@ def theory_text(row: dict) -> str:
 def headline_number(row: dict) -> str:
     """A headline row as one line of the scorecard: "measured ± se vs theory"."""
     tol = row.get("tolerance")
-    return f"{printed(row.get('measured'), row.get('se'), tol if _scalar(tol) is not None else None)} {theory_text(row)}"
+    return f"{printed(row.get('measured'), row.get('se'), tol if scalar(tol) is not None else None)} {theory_text(row)}"
 
 
 # --------------------------------------------------------------------------- the scorecard
@@ -332,7 +334,7 @@ def resolving_text(entry: dict) -> str:
         rp = c.get("resolving_power")
         sides = []
         if isinstance(rp, dict):
-            sides = [v for v in (_scalar(rp.get("low")), _scalar(rp.get("high"))) if v is not None and math.isfinite(v)]
+            sides = [v for v in (scalar(rp.get("low")), scalar(rp.get("high"))) if v is not None and math.isfinite(v)]
         if not sides:
             missing += 1
             continue
@@ -362,10 +364,10 @@ def _stated(name: str, config: Optional[str]) -> str:
 
 
 def _margin(c: dict) -> float:
-    margin = _scalar(c.get("margin"))
+    margin = scalar(c.get("margin"))
     if margin is not None and not math.isnan(margin):
         return margin
-    error, tolerance = _scalar(c.get("error")), _scalar(c.get("tolerance"))
+    error, tolerance = scalar(c.get("error")), scalar(c.get("tolerance"))
     if error is None or tolerance is None:
         return math.inf
     return error / tolerance if tolerance > 0 else (0.0 if error <= 0 else math.inf)
@@ -390,7 +392,7 @@ def by_how_much(entry: dict) -> Optional[str]:
             else f"1 of {judged} comparisons disagrees: " if judged > 1 else "")
     error, tolerance = worst.get("error"), worst.get("tolerance")
     margin = _margin(worst)
-    if _scalar(error) is None:  # a headline row read as a comparison: no error was stored
+    if scalar(error) is None:  # a headline row read as a comparison: no error was stored
         size = f"its tolerance {format_value(tolerance)}"
     elif math.isfinite(margin):
         size = f"error {format_value(error)}, {margin:.3g} × its tolerance {format_value(tolerance)}"
@@ -480,11 +482,11 @@ def finding_outcome(entry: Optional[dict], finding: dict) -> Optional[str]:
     prediction is one number, its prediction: the same floats, written by the same claim."""
     if not entry:
         return None
-    scalars = [x for x in (_scalar(v) for v in _numbers_of(finding)) if x is not None]
+    scalars = [x for x in (scalar(v) for v in _numbers_of(finding)) if x is not None]
     for c in comparison_records(entry):
         if c.get("agrees") is not False:
             continue
-        measured, predicted = _scalar(c.get("measured")), _scalar(c.get("predicted"))
+        measured, predicted = scalar(c.get("measured")), scalar(c.get("predicted"))
         if measured is None or not any(_same(measured, x) for x in scalars):
             continue
         if predicted is not None and not any(_same(predicted, x) for x in scalars):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import math
 import re
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from claims.base import ClaimResult, Finding, PerturbationCheck, judge
+from claims.base import ClaimResult, Finding, judge
 from claims.common import compare, headline_row
 from reports import figures as report_figures
 from reports import render as report_render
