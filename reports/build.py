@@ -56,6 +56,17 @@ from reports.schema import BadArguments, OUTCOMES, check_report, entry_problems,
 DEFAULT_OUT = "reports/out"
 EXIT_OK, EXIT_CLAIMS_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+REPRODUCIBILITY_HELP = """\
+reproducibility: on one machine the same seed gives the same claims.json to the last digit (the
+  thread count, --jobs and the order of the claims change none). On another CPU the BLAS
+  libraries (MKL in torch, OpenBLAS in numpy/scipy) run kernels that round differently, so
+  digits at rounding level move: an exact check's residual (a rounding-level residual, 1e-16
+  relative) and quantities an optimiser leaves in a flat valley (the best decomposable point's
+  cancellation, at 1e-3 relative); trained numbers move at about 1e-13 relative. The scorecard
+  (the page's first screen, README's block) prints no such digit: a measured number to the second
+  digit of its standard error, one without a standard error to a tenth of its tolerance.
+"""
+
 PROFILE_HELP = """\
 profiles (every claim runs at the chosen scale; see docs/report.md for what each claim does):
   tiny   seconds per claim (the whole report in well under a minute). For the report's own
@@ -187,11 +198,12 @@ def make_parser() -> argparse.ArgumentParser:
         description=textwrap.fill("Run every claim check of the audit of 'Training Dynamics of Multi-Head Softmax "
                     "Attention for In-Context Learning' (Chen, Sheen, Wang, Yang; COLT 2024) and write "
                     "the report: DIR/claims.json (findings, verdicts, theory vs numerics, tolerances, "
-                    "provenance), DIR/index.html (one self-contained page, findings first) and "
-                    "DIR/figures/*.png. Exit status: 0 no claim fails or errors and no boundary is "
+                    "provenance), DIR/index.html (one self-contained page: a scorecard of every claim "
+                    "and a forest plot of every comparison first, then the findings) and "
+                    "DIR/figures/*.png (forest.png among them). Exit status: 0 no claim fails or errors and no boundary is "
                     "contradicted or errors, 1 otherwise, 2 bad arguments, 130 interrupted (the "
                     "previous report is then left intact).", width=92),
-        epilog=PROFILE_HELP + "\nclaim ids: " + ", ".join(claims.REGISTRY),
+        epilog=PROFILE_HELP + "\n" + REPRODUCIBILITY_HELP + "\nclaim ids: " + ", ".join(claims.REGISTRY),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--profile", choices=PROFILES, default=None,
@@ -207,7 +219,9 @@ def make_parser() -> argparse.ArgumentParser:
                              "of torch and a visible GPU")
     parser.add_argument("--seed", type=seed_option("--seed"), default=None, metavar="N",
                         help="seed passed to every claim (data, init); the same seed, profile and "
-                             "device reproduce the report's numbers exactly (default 0)")
+                             "device reproduce the report's numbers exactly on the same machine and "
+                             "library versions, whatever --jobs (default 0); on another CPU, digits "
+                             "at rounding level differ (reproducibility, below)")
     parser.add_argument("--only", default=None, metavar="ID[,ID]",
                         help="run only these claim ids (comma-separated; see the list below); "
                              "default: all")
@@ -321,7 +335,7 @@ def draw_figures(entries: list[dict]) -> tuple[list[dict], dict[str, bytes]]:
     caption, file) and ``figure_errors`` filled in, and the PNG bytes by file name.  Used by a
     build and by a re-render alike.  A figure that cannot be drawn is listed in
     ``figure_errors`` (and on the page) instead of stopping the report."""
-    from reports.render import as_figure, figure_png, size_note
+    from reports.figures import as_figure, figure_png, size_note
 
     out, pngs, taken = [], {}, set()
     for entry in entries:
@@ -348,15 +362,17 @@ def draw_figures(entries: list[dict]) -> tuple[list[dict], dict[str, bytes]]:
 def write_report(out: Path, report: dict, pngs: dict[str, bytes], stream: Optional[TextIO] = None) -> Path:
     """Write ``report`` into a temporary directory beside ``out``, check it, then put it in place
     (``reports.output.replace_with``).  On any exception (KeyboardInterrupt included) the
-    temporary directory is removed and a previous report in ``out`` is left as it was."""
-    from reports.render import render_html
+    temporary directory is removed and a previous report in ``out`` is left as it was.  Beside the
+    claims' figures it writes the report's own (``reports.render.report_figures``: the forest
+    plot, drawn from ``report`` alone, which the README links)."""
+    from reports.render import render_html, report_figures
 
     out = Path(out).absolute()
     tmp = new_temporary(out)
     try:
         (tmp / FIGURE_DIR).mkdir()
         text = json.dumps(report, indent=2, allow_nan=False)  # strict JSON or an error here
-        write_tree(tmp, {**pngs, "claims.json": (text + "\n").encode("utf-8"),
+        write_tree(tmp, {**pngs, **report_figures(report), "claims.json": (text + "\n").encode("utf-8"),
                          "index.html": render_html(report, pngs).encode("utf-8")})
         problems = check_report(tmp)
         if problems:

@@ -24,14 +24,13 @@ Exit status: 0 no change, 1 changes (as ``diff``), 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import html
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from reports.render import CSS, _badge, describe_problem, format_value, headline_cells
+from reports.render import describe_problem, format_value, headline_cells, render
 from reports.schema import BadArguments, load_report
 from theory._validate import check_output_path, write_output
 
@@ -109,12 +108,12 @@ def _rows(entry: Optional[dict]) -> dict[str, dict]:
 def _row_text(row: Optional[dict]) -> str:
     if row is None:
         return "(absent)"
-    theory, measured, allowed, cell = headline_cells(row)
+    cells = headline_cells(row)
     outcome = {True: "agrees", False: "disagrees"}.get(row.get("agrees"), "no verdict")
     if row.get("side") == "reported":
         outcome = "reported"
-    tol = format_value(row.get("tolerance")) if row.get("side", "two-sided") == "two-sided" else allowed
-    return f"theory {theory}, measured {measured}, tol {tol}, {outcome}"
+    tol = format_value(row.get("tolerance")) if row.get("side", "two-sided") == "two-sided" else cells["allowed"]
+    return f"theory {cells['theory']}, measured {cells['measured']}, tol {tol}, {outcome}"
 
 
 def _setting(report: dict) -> str:
@@ -144,29 +143,14 @@ def text_summary(changes: list[ClaimChange], a: dict, b: dict, name_a: str, name
 
 
 def html_page(changes: list[ClaimChange], a: dict, b: dict, name_a: str, name_b: str) -> str:
-    def verdict(v: Optional[str]) -> str:
-        return _badge(v) if v else "<span class='muted'>absent</span>"
-
-    rows = []
-    for c in changes:
-        cls = " class='changed'" if c.changed else ""
-        rows.append(f"<tr{cls}><td><b>{html.escape(c.id)}</b></td><td>{verdict(c.verdict_a)}</td>"
-                    f"<td>{verdict(c.verdict_b)}</td><td>{'changed' if c.changed else 'same'}</td></tr>")
-        for r in c.rows:
-            rcls = " class='changed'" if r.changed else ""
-            rows.append(f"<tr{rcls}><td>&nbsp;&nbsp;{html.escape(r.name)}</td>"
-                        f"<td class='num'>{html.escape(_row_text(r.a))}</td>"
-                        f"<td class='num'>{html.escape(_row_text(r.b))}</td>"
-                        f"<td>{'changed' if r.changed else 'same'}</td></tr>")
-    n = sum(c.changed for c in changes)
-    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Audit comparison</title>"
-            f"<style>{CSS} tr.changed {{ background: #fff4ce; }}</style></head><body>"
-            "<h1>Audit comparison</h1>"
-            f"<p><b>A</b>: {html.escape(name_a)} — {html.escape(_setting(a))}<br>"
-            f"<b>B</b>: {html.escape(name_b)} — {html.escape(_setting(b))}</p>"
-            f"<p>{n} of {len(changes)} claim(s) changed (highlighted).</p>"
-            "<table><tr><th>claim / headline row</th><th>A</th><th>B</th><th>change</th></tr>"
-            + "".join(rows) + "</table></body></html>\n")
+    """The comparison as one self-contained page (``templates/compare.html.j2``)."""
+    claims = [{"id": c.id, "a": c.verdict_a, "b": c.verdict_b, "changed": c.changed,
+               "rows": [{"name": r.name, "a": _row_text(r.a), "b": _row_text(r.b), "changed": r.changed}
+                        for r in c.rows]}
+              for c in changes]
+    return render("compare.html.j2", title="Audit comparison", name_a=name_a, name_b=name_b,
+                  setting_a=_setting(a), setting_b=_setting(b), claims=claims,
+                  changed=sum(c.changed for c in changes))
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -13,14 +13,15 @@ claim; see tests/test_report.py) is built in a second and opened in ``chromium -
 - a screenshot of the page is saved (the directory in $REPORT_BROWSER_ARTIFACTS, else the
   test's tmp directory; the path is printed).
 
-The first screen (issue 21) is checked in a 1400x900 window, on a report re-rendered with
-``--from-json`` from a synthetic claims.json: the findings section lies within it with at
-least four findings (with numbers) visible, and no one-sided or reported headline row shows
-the two-sided tick.
+The first screen (issue 29) is checked in a 1400x900 window, on a report of 15 ids (7 claims, 5
+boundaries that say where they stop, 3 beyond the paper, two of them failing) re-rendered with
+``--from-json`` from a synthetic claims.json: the scorecard shows every id within it, every
+failing or contradicted id marked there with the word of its outcome, the forest plot is
+visible beside it, and no one-sided or reported headline row shows the two-sided tick.
 
 The same checks are first shown to catch faults, on a page with a broken image, a console
-error and an uncaught exception, findings below the first screen and a one-sided row with a
-two-sided tick.  Skipped, with the reason, when no Chromium is installed
+error and an uncaught exception, an id below the first screen, a failing row without its
+word, a forest plot below the first screen and a one-sided row with a two-sided tick.  Skipped, with the reason, when no Chromium is installed
 (``apt-get install chromium``; .ci/run installs it).
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from claims.base import FAILING
 from reports.build import check_report, main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,10 +60,25 @@ window.addEventListener("load", function () {
                 decoded: images.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length,
                 sections: Array.prototype.map.call(document.querySelectorAll("section[id]"),
                                                    function (s) { return s.id; })};
-  var findings = document.getElementById("findings"), viewport = 900;
+  var findings = document.getElementById("findings"), viewport = 900, failing = %s;
   result.findings = findings ? {top: findings.getBoundingClientRect().top,
-    items: Array.prototype.filter.call(findings.querySelectorAll("li"), function (li) {
-      return li.getBoundingClientRect().bottom <= viewport && /[0-9]/.test(li.textContent); }).length} : null;
+    items: findings.querySelectorAll("li").length} : null;
+  var card = document.getElementById("scorecard");
+  result.scorecard = card ? {
+    visible: Array.prototype.filter.call(card.querySelectorAll("tr[data-id]"), function (tr) {
+      var box = tr.getBoundingClientRect();
+      return box.top >= 0 && box.bottom <= viewport && box.height > 0; })
+      .map(function (tr) { return tr.getAttribute("data-id"); }),
+    unmarked: Array.prototype.filter.call(card.querySelectorAll("tr[data-id]"), function (tr) {
+      var outcome = tr.getAttribute("data-outcome");
+      return failing.indexOf(outcome) >= 0 && tr.textContent.indexOf(outcome) < 0; })
+      .map(function (tr) { return tr.getAttribute("data-id"); })} : null;
+  var forest = document.getElementById("forest-plot");
+  if (forest) {
+    var box = forest.getBoundingClientRect();
+    result.forest = {top: box.top, height: box.height, width: box.width,
+                     shown: Math.max(0, Math.min(box.bottom, viewport) - Math.max(box.top, 0))};
+  } else { result.forest = null; }
   result.ticks = Array.prototype.filter.call(document.querySelectorAll("tr[data-side]"), function (tr) {
       var cell = tr.cells[tr.cells.length - 1];
       return tr.getAttribute("data-side") !== "two-sided" &&
@@ -75,7 +92,7 @@ window.addEventListener("load", function () {
   out.textContent = JSON.stringify(result);
   document.body.appendChild(out);
 });
-</script>""" % CHECK_ID
+</script>""" % (json.dumps(sorted({v for words in FAILING.values() for v in words})), CHECK_ID)
 CONSOLE_LINE = re.compile(r"CONSOLE|Uncaught")
 
 
@@ -113,14 +130,22 @@ def test_the_checks_catch_a_broken_page(tmp_path):
                                                                        "sections": ["claim-x"]}
     assert any("deliberate" in line for line in console)
     assert any("Uncaught" in line for line in console)
-    assert seen["findings"] is None and seen["ticks"] == []
-    late = tmp_path / "late.html"  # findings below the first screen, a one-sided row with a two-sided tick
-    late.write_text("<!DOCTYPE html><html><body><div style='height:2000px'></div><section id='findings'><ul>"
-                    "<li>1.5 vs 1.6</li></ul></section><table><tr data-side='not above'><td>loss</td>"
-                    "<td class='agree'>yes ✓</td></tr><tr data-side='two-sided'><td>gain</td>"
-                    "<td class='agree'>yes ✓</td></tr></table></body></html>")
+    assert seen["findings"] is None and seen["scorecard"] is None and seen["forest"] is None
+    assert seen["ticks"] == []
+    # an id below the first screen, a contradicted row without its word, the forest plot below the
+    # first screen, a one-sided row with a two-sided tick
+    late = tmp_path / "late.html"
+    late.write_text("<!DOCTYPE html><html><body><section id='scorecard'><table>"
+                    "<tr data-id='a' data-outcome='pass'><td>a</td><td>pass</td></tr>"
+                    "<tr data-id='b' data-outcome='contradicted'><td>b</td><td>!</td></tr>"
+                    "<tr><td><div style='height:2000px'></div></td></tr>"
+                    "<tr data-id='c' data-outcome='located'><td>c</td><td>located</td></tr></table></section>"
+                    "<svg id='forest-plot' width='100' height='100'></svg>"
+                    "<table><tr data-side='not above'><td>loss</td><td class='agree'>yes ✓</td></tr>"
+                    "<tr data-side='two-sided'><td>gain</td><td class='agree'>yes ✓</td></tr></table></body></html>")
     seen, _ = browser_check(late, tmp_path)
-    assert seen["findings"]["top"] >= 900 and seen["findings"]["items"] == 0
+    assert seen["scorecard"] == {"visible": ["a", "b"], "unmarked": ["b"]}
+    assert seen["forest"]["top"] >= 900 and seen["forest"]["shown"] == 0
     assert seen["ticks"] == ["not above: loss"]
 
 
@@ -138,7 +163,7 @@ def test_report_page_in_headless_chromium(tmp_path, monkeypatch):
     seen, console = browser_check(out / "index.html", tmp_path)
     assert console == [], "console messages from the report page:\n" + "\n".join(console)
     assert seen["images"] == n_figures and seen["decoded"] == n_figures, seen
-    assert sorted(seen["sections"]) == sorted(["findings"] + [f"claim-{cid}" for cid in ids])
+    assert sorted(seen["sections"]) == sorted(["scorecard", "findings", "run"] + [f"claim-{cid}" for cid in ids])
 
     artifacts = Path(os.environ.get("REPORT_BROWSER_ARTIFACTS") or tmp_path / "artifacts")
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -150,28 +175,64 @@ def test_report_page_in_headless_chromium(tmp_path, monkeypatch):
     print(f"\nreport screenshot: {shot} ({shot.stat().st_size} bytes)")
 
 
-def test_findings_first_screen_and_one_sided_rows(tmp_path, monkeypatch):
-    """Issue 21, on a synthetic claims.json re-rendered with --from-json (no claim computes): the
-    findings section lies within the first 1400x900 viewport and shows at least four findings
-    with numbers there; no "reported" or one-sided row shows the two-sided tick."""
+def synthetic_report(source: dict) -> dict:
+    """A claims.json of 15 ids shaped like the quick report's (7 claims, 5 boundaries that say where
+    they stop, 3 beyond the paper; one claim fails, one boundary beyond the paper is contradicted),
+    made of the fake claims' entries under new ids."""
+    entries = {c["id"]: c for c in source["claims"]}
+    plan = ([("fake-fail" if k == 2 else "fake-config", f"claim-{k}") for k in range(7)]
+            + [("fake-boundary", f"boundary-stop-{k}") for k in range(5)]
+            + [("fake-beyond", f"boundary-beyond-{k}") for k in range(3)])
+    claims_out = []
+    for template, cid in plan:
+        entry = json.loads(json.dumps(entries[template]))
+        entry["id"] = cid
+        for f in entry["findings"]:
+            f["claim"] = cid
+        if template == "fake-beyond" and cid != "boundary-beyond-0":  # one contradicted, two located
+            entry["verdict"] = "located"
+            for r in entry["headline"]:
+                r.update(measured=r["theory"], agrees=True)
+            entry["findings"] = [f for f in entry["findings"] if "saddle" not in f["text"]]
+        claims_out.append(entry)
+    return {"claims": claims_out, "findings": [f for c in claims_out for f in c["findings"]],
+            "provenance": source["provenance"]}
+
+
+def test_first_screen_scorecard_forest_and_one_sided_rows(tmp_path, monkeypatch):
+    """Issue 29, on a synthetic claims.json of 15 ids re-rendered with --from-json (no claim
+    computes): in the first 1400x900 viewport the scorecard shows every id, each failing or
+    contradicted one with the word of its outcome, and the forest plot is visible beside it; the
+    findings follow; no "reported" or one-sided row shows the two-sided tick."""
     install_registry(monkeypatch, "fake_claims_browser_findings", {**FAKES, "fake-config": fake_config})
     source, out = tmp_path / "source", tmp_path / "report"
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        main(["--profile", "tiny", "--out", str(source), "--only", "fake-config,fake-boundary,fake-beyond",
+        main(["--profile", "tiny", "--out", str(source), "--only", "fake-fail,fake-config,fake-boundary,fake-beyond",
               "--no-progress"])
-        assert main(["--from-json", str(source / "claims.json"), "--out", str(out)]) == 1  # a contradiction
+        synthetic = tmp_path / "synthetic.json"
+        report = synthetic_report(strict_load(source / "claims.json"))
+        report["provenance"]["profile"] = "quick"  # no tiny banner: the first screen a quick report has
+        synthetic.write_text(json.dumps(report))
+        assert main(["--from-json", str(synthetic), "--out", str(out)]) == 1  # a failure, a contradiction
     report = strict_load(out / "claims.json")
-    assert len(report["findings"]) >= 4
+    ids = [c["id"] for c in report["claims"]]
+    assert len(ids) == 15 and (out / "figures" / "forest.png").is_file()
     sides = {r["side"] for c in report["claims"] for r in c["headline"]}
     assert {"two-sided", "not above", "reported"} <= sides
 
     seen, console = browser_check(out / "index.html", tmp_path)
     assert console == [], "console messages from the report page:\n" + "\n".join(console)
-    assert seen["findings"] is not None and 0 <= seen["findings"]["top"] < 900, seen
-    assert seen["findings"]["items"] >= 4, seen
+    assert sorted(seen["scorecard"]["visible"]) == sorted(ids), seen["scorecard"]
+    assert seen["scorecard"]["unmarked"] == [], seen["scorecard"]
+    assert seen["forest"] is not None and 0 <= seen["forest"]["top"] < 900, seen["forest"]
+    assert seen["forest"]["shown"] >= min(400, seen["forest"]["height"]) > 200, seen["forest"]  # whole, or 400 px of it
+    assert seen["forest"]["width"] >= 300, seen["forest"]
+    assert seen["findings"] is not None and seen["findings"]["items"] == len(report["findings"])
     assert seen["rows"] == sum(len(c["headline"]) for c in report["claims"]), seen
     assert seen["ticks"] == [], f"one-sided or reported rows with a two-sided tick: {seen['ticks']}"
-    shot = tmp_path / "first-screen.png"
+    artifacts = Path(os.environ.get("REPORT_BROWSER_ARTIFACTS") or tmp_path)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / "first-screen.png"
     proc = chromium(out / "index.html", f"--screenshot={shot}", "--window-size=1400,900", "--hide-scrollbars",
                     profile_dir=tmp_path / "chromium-profile")
     assert proc.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -22,6 +22,7 @@ import claims
 from claims.base import ClaimResult, Figure, Finding, PerturbationCheck, Series, judge
 from reports import build as report_build
 from reports import compare as report_compare
+from reports import figures as report_figures
 from reports import render as report_render
 from reports.build import check_report, main
 
@@ -414,21 +415,28 @@ def test_headline_table_leads_each_section(registry, tmp_path):
     assert section.count("tasks=(3, 3) H=2 L=32") == 1 and section.count("tasks=(3, 3) H=2 L=64") == 1
     assert section.index("tasks=(3, 3) H=2 L=32") < section.index("emergence time") < section.index("L=64")
     assert "the points lie on the line y = x" in section  # the figure's caption under it
-    summary = page[page.index("<h2>Summary"):page.index("<section id='claim-")]
-    assert "3 of 3 agree" in summary  # the reported row is not counted as a judged row
+    card = page[page.index("<section id='scorecard'>"):page.index("<section id='findings'>")]
+    row = card[card.index("data-id='fake-config'"):]
+    assert "<td class='num'>3/3</td>" in row[:row.index("</tr>")]  # the reported row is no comparison
     plain = _section(page, "fake-plain")  # no headline rows: a short summary instead
     assert "gives no headline rows yet" in plain and plain.index("gives no headline") < plain.index("<details>")
     assert "Allowed difference: <b>0.05</b> — MC error" in plain
 
 
 def test_many_perturbation_checks_fold_under_a_count():
-    entry = {"perturbations": [{"description": f"wrong constant {k}", "rejected": k != 3, "details": {}}
+    entry = {"id": "c", "title": "t", "statement": "s", "verdict": "error", "kind": "claim",
+             "perturbations": [{"description": f"wrong constant {k}", "rejected": k != 3, "details": {}}
                                for k in range(6)]}
-    folded = report_render._perturbation_table(entry)
+    macros = report_render.environment().get_template("macros.html.j2").module
+
+    def table(e: dict) -> str:
+        return str(macros.perturbation_table(report_render.section(e, {"provenance": {}, "claims": [e]}, {}))).strip()
+
+    folded = table(entry)
     assert folded.startswith("<details>") and "5 of 6 perturbed predictions rejected" in folded
     assert "class='accepted'" in folded  # one accepted: the count is shown in red
     entry["perturbations"] = entry["perturbations"][:2]
-    assert report_render._perturbation_table(entry).startswith("<table>")
+    assert table(entry).startswith("<table>")
 
 
 def test_tiny_banner_and_profile_in_the_summary(registry, tmp_path):
@@ -437,7 +445,7 @@ def test_tiny_banner_and_profile_in_the_summary(registry, tmp_path):
     report = strict_load(out / "claims.json")
     page = (out / "index.html").read_text(encoding="utf-8")
     assert "smoke tests of the pipeline, not evidence" in page
-    assert page.index("class='banner'") < page.index("<h2>Summary")
+    assert page.index("class='banner'") < page.index("<section id='scorecard'>")
     report["provenance"]["profile"] = "quick"
     quick_page = report_render.render_html(report, {})
     assert "class='banner'" not in quick_page and "Profile <b>quick</b>" in quick_page
@@ -574,20 +582,25 @@ def test_findings_are_data_and_come_first(findings_report):
         "fake-fail": "claim", "fake-config": "claim", "fake-boundary": "boundary", "fake-beyond": "boundary"}
     assert {c["id"]: c["verdict"] for c in report["claims"]}["fake-beyond"] == "contradicted"
     page = (out / "index.html").read_text(encoding="utf-8")
-    findings = page[page.index("<section id='findings'>"):page.index("</section>")]
-    assert page.index("<section id='findings'>") < page.index("<h2>Summary")
+    assert page.index("<section id='scorecard'>") < page.index("<section id='findings'>")  # the scorecard first
+    findings = page[page.index("<section id='findings'>"):page.index("<section id='run'>")]
     holds, stops, beyond = (findings.index(h) for h in ("What holds", "Where it stops", "Beyond the paper"))
     assert holds < findings.index("Below sigma = 0.25") < findings.index("ρ∞ = 0.26") < stops
     assert stops < findings.index("leaves allocation") < beyond
     assert beyond < findings.index("The allocated point is a saddle")
-    assert findings.count("<li>") == 5 and "href='#claim-fake-beyond'" in findings
-    summary = page[page.index("<h2>Summary"):page.index("<section id='claim-")]
-    claims_part, stops_part, beyond_part = (summary.index(h) for h in
-                                            ("The paper&#x27;s claims", "Where they stop", "Beyond the paper"))
-    assert claims_part < summary.index("fake-config") < stops_part < summary.index("fake-boundary") < beyond_part
-    assert beyond_part < summary.index("fake-beyond")
-    assert 'class="badge located"' in summary and 'class="badge contradicted"' in summary
-    assert 'class="badge pass"' not in summary[stops_part:]  # no green pass on a boundary
+    assert findings.count("<li") == 5 and "href='#claim-fake-beyond'" in findings
+    # the saddle sentence states the row that disagrees (0.161 against 0.084): it says so in its own words
+    saddle = findings[:findings.index("The allocated point is a saddle")]
+    assert saddle.endswith("<b class='outcome contradicted'>contradicted:</b> ")
+    escape = findings[:findings.index("Escape takes 31")]
+    assert not escape.endswith("</b> ")  # it states 31 and 2 (se), not the prediction 20: no mark
+    card = page[page.index("<section id='scorecard'>"):page.index("<section id='findings'>")]
+    claims_part, stops_part, beyond_part = (card.index(h) for h in
+                                            ("The paper&#39;s claims", "Where they stop", "Beyond the paper"))
+    assert claims_part < card.index("fake-fail") < card.index("fake-config") < stops_part  # failing first
+    assert stops_part < card.index("fake-boundary") < beyond_part < card.index("fake-beyond")
+    assert 'class="badge located"' in card and 'class="badge contradicted"' in card
+    assert 'class="badge pass"' not in card[stops_part:]  # no green pass on a boundary
 
 
 def test_page_prints_4_significant_digits_and_json_keeps_all(findings_report):
@@ -703,7 +716,7 @@ def test_hand_edited_claims_json_is_refused_before_drawing(registry, good_report
     source = tmp_path / "edited.json"
     source.write_text(json.dumps(report))
     drawn = []
-    monkeypatch.setattr(report_render, "figure_png", lambda *a, **k: drawn.append(1))
+    monkeypatch.setattr(report_figures, "figure_png", lambda *a, **k: drawn.append(1))
     before = sorted(p.name for p in tmp_path.iterdir())
     status, stdout, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
     assert status == 2 and "--from-json" in err and message in err, err
@@ -736,7 +749,7 @@ def test_a_fifo_as_claims_json_is_refused_unopened(tmp_path):
 def test_a_figure_of_400_panels_is_capped(monkeypatch):
     """Only MAX_PANELS panels are drawn (4 here, to keep the test fast; 16 by default: a 4 x 4
     grid of 2046 x 1628 pixels), the caption says so, and no PNG exceeds MAX_PIXELS."""
-    monkeypatch.setattr(report_render, "MAX_PANELS", 4)
+    monkeypatch.setattr(report_figures, "MAX_PANELS", 4)
     panel = Figure(name="p", title="p", series=[Series("s", [0.0, 1.0], [0.0, 1.0])])
     fig = Figure(name="many", title="400 panels", kind="panels", panels=[panel] * 400)
     entries, pngs = report_build.draw_figures([{"id": "c", "figure_data": [fig]}])
@@ -745,9 +758,9 @@ def test_a_figure_of_400_panels_is_capped(monkeypatch):
     from PIL import Image
 
     with Image.open(io.BytesIO(pngs[entries[0]["figures"][0]["file"]])) as image:
-        assert image.width * image.height <= report_render.MAX_PIXELS
+        assert image.width * image.height <= report_figures.MAX_PIXELS
     many = Figure(name="legend", title="t", series=[Series(f"s{k}", [0.0], [0.0]) for k in range(300)])
-    assert "first 40 of 300 entries" in report_render.size_note(many)
+    assert "first 40 of 300 entries" in report_figures.size_note(many)
 
 
 # --------------------------------------------------------------------------- output paths (issue 22)
@@ -951,36 +964,54 @@ def test_claims_that_cannot_run_at_a_configuration_are_named_before_any_runs(reg
 from reports import findings as report_findings  # noqa: E402
 
 
-def test_readme_findings_block_is_generated_from_claims_json(findings_report, tmp_path, capsys):
+def test_readme_block_is_the_scorecard_generated_from_claims_json(findings_report, tmp_path, capsys):
     out, _ = findings_report
     report = strict_load(out / "claims.json")
     text = report_findings.markdown(report)
-    for f in report["findings"]:
-        assert f["text"] in text
-    assert text.index("**What holds**") < text.index("**Where it stops**") < text.index("**Beyond the paper**")
+    for c in report["claims"]:
+        assert f"| `{c['id']}` | " in text
+    assert text.index("**The paper's claims**") < text.index("**Where they stop**") < text.index("**Beyond the paper**")
+    assert "| `fake-beyond` | **contradicted** | 0.161 ± 0.01 vs 0.084 (saddle: growth rate of off-task \\|mu\\| vs 2a) | 0/2 |" in text
+    assert "- `fake-beyond` contradicted: 2 of 2 comparisons disagree; the worst," in text  # by how much
+    assert "(reports/out/figures/forest.png)" in text and "started" not in text and "run of" not in text
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n\n{report_findings.START}\nold, hand-written\n{report_findings.END}\n\nafter\n")
     assert report_findings.main([str(out / "claims.json"), "--check", str(readme)]) == 1
+    assert "old, hand-written" in capsys.readouterr().err  # the lines that differ are shown
     assert report_findings.main([str(out / "claims.json"), "--readme", str(readme)]) == 0
     written = readme.read_text()
     assert written.startswith("# x\n\nbefore\n\n") and written.endswith("\n\nafter\n") and text in written
     assert report_findings.main([str(out / "claims.json"), "--check", str(readme)]) == 0
-    # a measured number changes, its sentence changes, and the README no longer matches
-    changed = json.loads(json.dumps(report))
-    entry = _c(changed, "fake-boundary")
-    entry["findings"][0]["text"] = entry["findings"][0]["text"].replace("1.372", "1.401")
-    changed["findings"] = [f for c in changed["claims"] for f in c["findings"]]
-    (tmp_path / "changed.json").write_text(json.dumps(changed))
-    assert report_findings.main([str(tmp_path / "changed.json"), "--check", str(readme)]) == 1
+
+    def check(edit) -> int:
+        changed = json.loads(json.dumps(report))
+        edit(changed)
+        changed["findings"] = [f for c in changed["claims"] for f in c["findings"]]
+        (tmp_path / "changed.json").write_text(json.dumps(changed))
+        return report_findings.main([str(tmp_path / "changed.json"), "--check", str(readme)])
+
+    # what a reader would not see change: the time of the run, its commit, digits below the printed ones
+    assert check(lambda r: r["provenance"].update(started_utc="2031-01-01T00:00:00+00:00",
+                                                  git={"commit": "f" * 40, "dirty": True})) == 0
+    assert check(lambda r: _c(r, "fake-config")["headline"][0].update(measured=0.2600001)) == 0
+    # what a reader would see change: an outcome, a headline number at its printed precision
+    assert check(lambda r: _c(r, "fake-config")["headline"][0].update(measured=0.261)) == 1
+    assert "0.261 ± 0.004 vs 0.25" in capsys.readouterr().err
+    assert check(lambda r: _c(r, "fake-boundary").update(verdict="undecided")) == 1
+    # whitespace and line wrapping of the README's block are not what a reader reads
+    readme.write_text(readme.read_text().replace(" | ", " |  ").replace("Headline: the", "Headline:\nthe"))
+    assert report_findings.main([str(out / "claims.json"), "--check", str(readme)]) == 0
     assert report_findings.main([str(out / "claims.json"), "--readme", str(tmp_path / "none.md")]) == 2
-    capsys.readouterr()
+    assert report_findings.main([str(out / "claims.json"), "--findings"]) == 0
+    listed = capsys.readouterr().out
+    assert "- **contradicted:** The allocated point is a saddle" in listed and "**Beyond the paper**" in listed
 
 
 def test_the_readme_block_matches_the_quick_report_when_there_is_one():
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     assert report_findings.START in readme and report_findings.END in readme
-    assert "reports/out/index.html#findings" in readme
+    assert "reports/out/index.html#scorecard" in readme and "reports/out/figures/forest.png" in readme
     built = REPO_ROOT / "reports" / "out" / "claims.json"
     if not built.is_file() or strict_load(built)["provenance"].get("profile") != "quick":
-        pytest.skip("no quick report in reports/out to check the README's findings against")
+        pytest.skip("no quick report in reports/out to check the README's scorecard against")
     assert report_findings.main([str(built), "--check", str(REPO_ROOT / "README.md")]) == 0
