@@ -49,7 +49,7 @@ from claims.common import Z_SE, compare, config_label, headline_row, off_by, rep
 from claims.spec import ClaimSpec, Outcome, finding, fmt
 from claims.trained import run_status
 from numerics import external
-from numerics.readout import ALLOCATED_SHARE, SUPERPOSED_SHARE, ZERO_SUM_SHARE
+from numerics.readout import ZERO_SUM_SHARE
 
 ON_D_SHARE = 0.1
 """A model is on D when the movable off-D part of its merged weights is at most 10% of their
@@ -203,7 +203,6 @@ def plan_audit(request: AuditRequest) -> AuditPlan:
         raise ValueError(f"--skip: unknown reference point(s) {unknown}; known: "
                          f"{', '.join(r.replace('_', '-') for r in REFERENCES)}")
     exts = [external.read_checkpoint(p, request.layout, request.logit_scale) for p in request.checkpoints]
-    cfgs = [e.config for e in exts if e.config is not None]
     pick = lambda key: [(e.path, e.config[key]) for e in exts if e.config is not None]  # noqa: E731
     tasks = _agree("tasks", None if request.tasks is None else tuple(request.tasks),
                    [(p, tuple(v)) for p, v in pick("tasks")], "--tasks")

@@ -40,8 +40,8 @@ from typing import Optional, TextIO
 
 from claims.base import FAILING, jsonable
 from reports.output import check_out_dir, new_temporary, recover_leftovers, replace_with, write_tree
-from reports.provenance import git_state
-from reports.schema import VERSIONED_PACKAGES, BadArguments, document_problems, parse_strict
+from reports.provenance import _version, git_state
+from reports.schema import VERSIONED_PACKAGES, BadArguments, check_report
 from theory._validate import float_option, int_option, parse_int, seed_option, threads_option
 
 DEFAULT_OUT = "reports/audit"
@@ -218,13 +218,6 @@ class Bar:
             self.bar.close()
 
 
-def _version(package: str) -> str:
-    try:
-        return str(getattr(__import__(package), "__version__", "unknown"))
-    except Exception:
-        return "not installed"
-
-
 def provenance(plan, audit, started: str, total: float, command: list, render_seconds: float) -> dict:
     req = plan.request
     return {
@@ -303,9 +296,12 @@ def page(doc: dict, files: dict) -> str:
     """index.html from the template (autoescaped; figures inline as data URIs)."""
     import jinja2
 
+    from reports.render import anchor      # the main page's section ids, which check_report looks for
+
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = _fmt
+    env.filters["anchor"] = anchor
     env.filters["pm"] = lambda e: "n/a" if not e else f"{_fmt(e['mean'])} ± {_fmt(e['se'], 2)}"
     inline = {k: "data:image/png;base64," + base64.b64encode(v).decode("ascii")
               for k, v in files.items() if k.endswith(".png")}
@@ -331,35 +327,6 @@ def _fmt(x, digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
-def check_written(out: Path) -> list[str]:
-    """What is wrong with the report in ``out`` (empty when sound): strict JSON satisfying the main
-    schema plus ``model``, every figure a PNG file and inline on the page, every claim a section."""
-    try:
-        doc = parse_strict((out / "claims.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return [f"claims.json: {exc}"]
-    problems = [f"claims.json: {p}" for p in document_problems(doc, strict=True)]
-    if problems:
-        return problems
-    page_text = (out / "index.html").read_text(encoding="utf-8")
-    n = 0
-    for e in doc["claims"]:
-        for fig in e["figures"]:
-            n += 1
-            f = out / fig["file"]
-            if not f.is_file() or f.read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
-                problems.append(f"{e['id']}: {fig['file']} is not a PNG in the report")
-        if f"id='{e['id']}'" not in page_text:
-            problems.append(f"index.html: no section for {e['id']}")
-    if page_text.count('src="data:image/png;base64,') != n:
-        problems.append("index.html: the inline figures are not the figures of claims.json")
-    if "<section id='findings'>" not in page_text:
-        problems.append("index.html: no findings section")
-    if "<script" in page_text.lower():
-        problems.append("index.html: not self-contained")
-    return problems
-
-
 def write(out: Path, files: dict, stream: TextIO) -> Path:
     out = Path(out).absolute()
     recover_leftovers(out, stream)
@@ -367,7 +334,7 @@ def write(out: Path, files: dict, stream: TextIO) -> Path:
     try:
         (tmp / "figures").mkdir()
         write_tree(tmp, files)
-        problems = check_written(tmp)
+        problems = check_report(tmp)    # the main report's checks: strict JSON, schema, PNGs, sections
         if problems:
             raise RuntimeError("the audit report does not satisfy its schema:\n  " + "\n  ".join(problems))
         return replace_with(tmp, out, stream)
@@ -399,10 +366,6 @@ def summary(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def _raise_interrupt(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: Optional[list] = None, stream: Optional[TextIO] = None) -> int:
     stream = sys.stderr if stream is None else stream
     parser = make_parser()
@@ -425,6 +388,8 @@ def main(argv: Optional[list] = None, stream: Optional[TextIO] = None) -> int:
         print(f"{c.ext.path}: layout {c.ext.layout} ({c.ext.picked}), H = {c.ext.heads}, {c.ext.param}"
               + (f", t = {c.time:g} ({c.time_source})" if c.time is not None else ""), file=stream, flush=True)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    from reports.build import _main_thread, _raise_interrupt   # the build's SIGTERM handling, as it is
+
     previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
     t0 = time.perf_counter()
     bar = Bar(stream, not args.no_progress)
@@ -445,12 +410,6 @@ def main(argv: Optional[list] = None, stream: Optional[TextIO] = None) -> int:
     print(summary(doc))
     print(f"report: {where / 'index.html'}")
     return exit_status(doc)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

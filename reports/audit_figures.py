@@ -93,7 +93,7 @@ def trajectory_png(t, loss, se, mu, predicted_t=None, predicted_loss=None, phase
     else:
         ax.plot(t, loss, "o", ms=3, label="recorded loss")
     if predicted_t is not None and predicted_loss is not None:
-        ax.plot(predicted_t, predicted_loss, "-", lw=1.2, label="theory from the first checkpoint")
+        ax.plot(predicted_t, predicted_loss, "-", lw=1.2, label="theory: expansion flow from the first checkpoint")
     if phases and _number(phases.get("warmup_end")) is not None and _number(phases.get("emergence_end")) is not None:
         ax.axvspan(t[0], phases["warmup_end"], color="tab:gray", alpha=0.12, label="warm-up (measured)")
         ax.axvspan(phases["warmup_end"], phases["emergence_end"], color="tab:red", alpha=0.10, label="emergence")

@@ -102,6 +102,21 @@ def test_two_models_one_judged_inside_one_bounded_outside(tmp_path, one_thread):
     assert rc2 == 0 and len(parse_strict((out / "claims.json").read_text())["model"]) == 1
 
 
+def test_a_model_off_the_fixed_point_fails_the_served_comparison(tmp_path, one_thread):
+    """mu 10% below mu*: the held-out loss cannot tell (the loss is flat at its minimum), the served
+    comparison, resolved by the first-order gradient noise, can."""
+    fp = exact_fixed_point(TASKS, L)
+    cfg = ProblemConfig(tasks=TASKS, heads=2, L=L, logit_scale=2.0)
+    path = save_factored(tmp_path / "low_mu.npz", MultiHeadAttention.from_semi_singular_values(
+        cfg, np.diag(fp["omega_star"]), 0.9 * np.diag(fp["mu_star"])))
+    plan = ma.plan_audit(ma.AuditRequest(checkpoints=(path,), tasks=TASKS, L=L, assume_converged=True,
+                                         skip=("one_head_optimum", "best_decomposable")))
+    result = ma.run_audit(plan).results[0]
+    assert (result.kind, result.verdict) == ("claim", "fail")
+    loss, served = result.details["comparisons"]
+    assert loss["agrees"] and not served["agrees"] and 1.5 < served["error"] < 10, served
+
+
 def test_bad_arguments_exit_2_and_write_nothing(tmp_path):
     good = allocated_checkpoint(tmp_path)
     marker = tmp_path / "pwned"
