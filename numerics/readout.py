@@ -126,6 +126,22 @@ def allocation(omega, mu) -> Allocation:
                       signed_superposed=tuple(signed))
 
 
+ZERO_SUM_SHARE = 0.1
+"""A task is carried by a zero-sum group of OV values when |sum_h mu[h, i]| is at most 10% of
+sum_h |mu[h, i]|: the heads cancel the softmax's constant part (SPEC.md; He et al., ICML 2025).
+The same 0.1 as the single-task boundary's pair ratio |mu_a + mu_b| / (|mu_a| + |mu_b|) < 0.1
+(numerics.saddle.single_task_heads), of which this is the many-head form; the measured pairs from
+PyTorch's default start sit near 0 (3 of 3 runs), an allocated task at 1."""
+
+
+def zero_sum_ratio(mu) -> tuple:
+    """Per task |sum_h mu[h, i]| / sum_h |mu[h, i]| (1: one sign, 0: the heads cancel exactly;
+    nan for a task no head carries)."""
+    mu = np.asarray(mu, float)
+    tot = np.abs(mu).sum(axis=0)
+    return tuple(float(abs(mu[:, i].sum()) / tot[i]) if tot[i] > 0 else math.nan for i in range(mu.shape[1]))
+
+
 def crossing_time(t, shares, threshold: float, eligible=None) -> float:
     """The first time a share reaches ``threshold`` (where ``eligible``, if given, is true:
     e.g. an off-task value on the opposite-sign branch), log-interpolated between the two

@@ -41,6 +41,31 @@ PASSING = {"claim": "pass", "boundary": "located"}
 OLD_BOUNDARY_VERDICT = {"pass": "located", "fail": "contradicted", "error": "error"}
 
 
+OPTIONAL_TOP_LEVEL = {"model": list}
+"""Top-level keys a claims.json may carry besides claims/findings/provenance: ``model``, the audit
+of handed checkpoints (``python -m reports.audit``, docs/audit.md), one object per checkpoint."""
+MODEL_KEYS = ("index", "checkpoint", "readout", "held_out_loss", "theory", "position", "judged")
+"""The keys every ``model`` entry has (docs/audit.md describes them all)."""
+
+
+def model_problems(models: Any, claim_ids: list) -> list[str]:
+    """What is wrong with a top-level ``model`` list: each entry an object with :data:`MODEL_KEYS`,
+    ``judged`` naming one of the document's claims (or null)."""
+    if not isinstance(models, list):
+        return ["'model' must be a list of objects, one per audited checkpoint"]
+    problems = []
+    for k, m in enumerate(models):
+        if not isinstance(m, dict):
+            problems.append(f"model[{k}] is not an object")
+            continue
+        missing = [key for key in MODEL_KEYS if key not in m]
+        if missing:
+            problems.append(f"model[{k}] lacks {missing}")
+        elif m["judged"] is not None and m["judged"] not in claim_ids:
+            problems.append(f"model[{k}] is judged by {str(m['judged'])[:40]!r}, which is not a claim of the document")
+    return problems
+
+
 class BadArguments(ValueError):
     """Command-line arguments or input files that cannot work, with what to do instead (exit 2)."""
 
@@ -220,8 +245,9 @@ def document_problems(report: Any, strict: bool = True) -> list[str]:
     if _depth(report) > MAX_DEPTH:
         return [f"nested more than {MAX_DEPTH} levels deep"]
     expected = {"claims", "findings", "provenance"}
-    if strict and set(report) != expected or not expected <= set(report):
-        return [f"the top level must be an object with the keys {sorted(expected)}, has {sorted(report)[:10]}"]
+    if strict and set(report) - set(OPTIONAL_TOP_LEVEL) != expected or not expected <= set(report):
+        return [f"the top level must be an object with the keys {sorted(expected)} (and optionally "
+                f"{sorted(OPTIONAL_TOP_LEVEL)}), has {sorted(report)[:10]}"]
     entries, prov = report["claims"], report["provenance"]
     if not isinstance(entries, list) or not isinstance(prov, dict) or not isinstance(report["findings"], list):
         return ["'claims' and 'findings' must be lists and 'provenance' an object"]
@@ -234,6 +260,8 @@ def document_problems(report: Any, strict: bool = True) -> list[str]:
     duplicates = sorted({str(i)[:40] for i in ids if ids.count(i) > 1})
     if duplicates:
         problems.append(f"duplicate claim ids {duplicates}")
+    if "model" in report:
+        problems += model_problems(report["model"], ids)
     if not problems and report["findings"] != [f for e in entries for f in e["findings"]]:
         problems.append("the top-level 'findings' are not the claims' findings in report order")
     if strict:

@@ -1,0 +1,757 @@
+"""Weights trained elsewhere: read without unpickling, mapped into this project's model, measured.
+
+A researcher hands a checkpoint of a one-layer multi-head softmax attention (the model of SPEC.md:
+y_hat = sum_h U_h sum_l softmax_l(z_l^T W_h z_q) z_l, the query attending to the L context tokens,
+no residual, MLP, norm or bias).  :func:`read_checkpoint` reads it, whatever trained it, in one of
+four layouts (docs/audit.md):
+
+- ``authors``: a state_dict of the authors' MultiHeadAttention: ``q_proj.weight``, ``k_proj.weight``,
+  ``v_proj.weight`` of shape (H D, D) and ``o_proj.weight`` of shape (m, H D), D = d + m, no biases,
+  logits scaled by D^(-1/2).  The mapping, read off the shapes: the projections of a token z are
+  q = q_proj z, k = k_proj z, v = v_proj z, each cut into H consecutive pieces of D rows, so with
+  Q_h = q_proj[h D:(h+1) D, :], K_h, V_h likewise, the logit of head h is
+  <K_h z_l, Q_h z_q> / sqrt(D) = z_l^T (K_h^T Q_h / sqrt(D)) z_q, and o_proj applied to the
+  concatenated head outputs is sum_h O_h (sum_l p_hl V_h z_l) with O_h = o_proj[:, h D:(h+1) D].
+  Hence W_h = K_h^T Q_h / s, U_h = O_h V_h with s = sqrt(D): this project's *factored* model with
+  ``logit_scale`` sqrt(D) (tests/test_audit_layouts.py holds it against an independent forward pass
+  written the authors' way).
+- ``project``: a checkpoint of ``numerics.train`` (a torch file of tensors and plain values: its
+  config, step, parameters) or its ``run.json`` (the readout and trajectory only: no weights).
+- ``factored``: named arrays ``K``, ``Q`` (H, k, D), ``V`` (H, k', D), ``O`` (H, m, k') and a scalar
+  ``logit_scale`` s (W_h = K_h^T Q_h / s, U_h = O_h V_h); k = k' = D maps onto the factored model,
+  any other head width onto the merged one (the same function, its factors not kept).
+- ``merged``: named arrays ``W`` (H, D, D) and ``U`` (H, m, D).
+
+``factored`` and ``merged`` files are ``.safetensors`` or ``.npz``; ``auto`` picks the layout by keys
+and shapes and says what it picked.  A training time may come with the file: an entry ``time`` (this
+project's units) or ``step`` (0-d arrays in an npz, ``__metadata__`` strings in a safetensors file,
+plain values beside the state_dict in a torch file).
+
+Safety: the file is read once, into memory, through ``theory._validate.read_input_bytes`` (regular
+files only, at most :data:`MAX_CHECKPOINT_BYTES`), and parsed by content, never by its name: a torch
+file only by ``torch.load(weights_only=True)`` (its restricted unpickler refuses any class or
+function, so a pickled payload is refused and its code never runs), an npz by
+``numpy.load(allow_pickle=False)``, safetensors by the safetensors parser, JSON strictly.  Every
+array must be floating point and finite and have the layout's shape: each problem is one
+:class:`CheckpointError` line, raised before any computation.
+
+Measurement (:func:`measure`): the model's own readout (``MultiHeadAttention.semi_singular_values``:
+omega, mu, off-D residual; ``theory.initialisation.residual_split``: the part of the off-D weights
+the loss can move against the part no gradient reaches), the allocation readout
+(``numerics.readout``), the factor balance of a factored model, and the held-out loss
+(``numerics.evaluate.held_out_loss``) with the loss of its projection onto D on the same prompts.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import time
+import warnings
+import zipfile
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from theory._validate import read_input_bytes
+
+from .config import ProblemConfig
+from .evaluate import LossEstimate, held_out_loss, held_out_loss_difference, held_out_reduced_loss
+from .model import MultiHeadAttention, factor_balance
+from .readout import allocation, zero_sum_ratio
+
+LAYOUTS = ("auto", "authors", "project", "factored", "merged")
+
+MAX_CHECKPOINT_BYTES = 512 * 2 ** 20
+"""The largest file read (512 MiB).  The models audited here are a few layers of (d + m)^2 numbers:
+the authors' configuration (d = 50, m = 3, H = 3) is 0.1 MB, d = 1000 with 8 heads 100 MB in float32;
+a project checkpoint adds its per-step losses (8 bytes a step, 80 MB at the trainer's limit of 10^7
+steps).  A larger file is another kind of file, or a model this class does not describe."""
+
+AUTHORS_KEYS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
+FACTORED_KEYS = ("K", "Q", "V", "O")
+MERGED_KEYS = ("W", "U")
+TIME_KEYS = ("time", "t")
+STEP_KEYS = ("step", "global_step", "iteration")
+NESTED_KEYS = ("state_dict", "model_state_dict", "model", "weights", "params")
+"""Where a torch file may hold its state_dict beside plain values such as the step."""
+
+HELD_OUT_CHUNK = 4096
+"""Prompts per held-out batch (numerics.evaluate's default): the prompts drawn depend on the chunk,
+so a fixed chunk makes an audit's held-out loss the very number ``held_out_loss(model)`` gives."""
+MEMORY_FRACTION = 0.5
+"""A held-out batch may take at most half the memory available when the audit starts."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be audited: one line saying what is wrong and how to fix it."""
+
+
+@dataclass(frozen=True)
+class ExternalModel:
+    """A checkpoint read and checked by :func:`read_checkpoint`.
+
+    ``param``: ``factored`` (weights K, Q, V, O), ``merged`` (W, U), ``reduced`` (a project
+    checkpoint of the reduced flow: omega, mu are the model) or ``readout`` (a run.json: omega, mu and
+    the residual from the file, no weights); ``weights``: float64 arrays by name; ``heads``, ``m``,
+    ``token_dim`` (d + m) from the shapes; ``config``: a project file's ProblemConfig fields;
+    ``time`` in this project's units (t = lr x steps, loss summed over the tasks) or None, ``step``
+    the file's step entry; ``records``: a project file's trajectory records; ``missing``: what this
+    file cannot give; ``notes``: what was read and how."""
+
+    path: str
+    format: str
+    layout: str
+    picked: str
+    param: str
+    heads: int
+    m: int
+    token_dim: int
+    logit_scale: Optional[float]
+    weights: dict = field(repr=False)
+    stored_dtype: str = "float64"
+    sha256: str = ""
+    bytes: int = 0
+    config: Optional[dict] = None
+    time: Optional[float] = None
+    time_source: Optional[str] = None
+    step: Optional[int] = None
+    records: Optional[list] = field(default=None, repr=False)
+    readout: Optional[dict] = None
+    missing: tuple = ()
+    notes: tuple = ()
+
+    @property
+    def has_weights(self) -> bool:
+        return self.param in ("factored", "merged")
+
+    def summary(self) -> dict:
+        """The JSON record of what was read (claims.json's ``model[k].checkpoint``)."""
+        return {"path": self.path, "name": os.path.basename(self.path), "format": self.format,
+                "layout": self.layout, "picked": self.picked, "param": self.param, "heads": self.heads,
+                "m": self.m, "token_dim": self.token_dim, "logit_scale": self.logit_scale,
+                "stored_dtype": self.stored_dtype, "sha256": self.sha256, "bytes": self.bytes,
+                "arrays": {k: list(v.shape) for k, v in self.weights.items()},
+                "time": self.time, "time_source": self.time_source, "step": self.step,
+                "missing": list(self.missing), "notes": list(self.notes)}
+
+
+# --------------------------------------------------------------------------- reading
+
+def _fail(path: str, what: str) -> CheckpointError:
+    return CheckpointError(f"{path}: {what}")
+
+
+def _sniff(data: bytes) -> str:
+    """The format of ``data`` from its first bytes (never from the file name)."""
+    if data[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return "zip"
+    if len(data) >= 9:
+        n = int.from_bytes(data[:8], "little")
+        if 0 < n <= len(data) - 8 and data[8:9] == b"{":
+            return "safetensors"
+    if data[:1] == b"\x80":
+        return "pickle"
+    if data.lstrip()[:1] in (b"{", b"["):
+        return "json"
+    return "unknown"
+
+
+def _torch_load(path: str, data: bytes):
+    try:
+        with warnings.catch_warnings():   # torch's note on the pickle protocol is not the user's business
+            warnings.simplefilter("ignore")
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:   # the unpickler's refusal, a truncated archive, a corrupt record
+        text = str(exc).replace("\n", " ")
+        if "weights_only" in text.lower() or "unsupported global" in text.lower() or "weights only" in text.lower():
+            raise _fail(path, "refused: the file holds pickled objects other than tensors and plain values (torch's "
+                              "weights-only loader would not run them, and neither does this command); save the "
+                              "weights only (torch.save(model.state_dict(), ...)) or export them as safetensors "
+                              "(docs/audit.md)") from None
+        raise _fail(path, f"not a readable torch file: truncated or corrupt ({type(exc).__name__}: {text[:160]})") from None
+
+
+def _zip_load(path: str, data: bytes):
+    """A zip archive is a torch file (it holds a data.pkl) or an npz (only .npy members)."""
+    try:
+        names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise _fail(path, f"a zip archive that cannot be read: truncated or corrupt ({exc})") from None
+    if any(n.endswith("data.pkl") for n in names):
+        return "torch", _torch_load(path, data)
+    if names and all(n.endswith(".npy") for n in names):
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                return "npz", {k: npz[k] for k in npz.files}
+        except ValueError as exc:
+            if "pickle" in str(exc).lower():
+                raise _fail(path, "refused: the npz holds object arrays, which only unpickling could read; save "
+                                  "float arrays (np.savez(path, K=..., ...))") from None
+            raise _fail(path, f"an npz that cannot be read: truncated or corrupt ({exc})") from None
+        except (OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise _fail(path, f"an npz that cannot be read: truncated or corrupt ({exc})") from None
+    raise _fail(path, f"a zip archive that is neither a torch file nor an npz (members {names[:4]}); give a "
+                      "torch state_dict, a .safetensors or an .npz file")
+
+
+def _safetensors_load(path: str, data: bytes):
+    from safetensors import SafetensorError
+    from safetensors.torch import load as st_load
+
+    n = int.from_bytes(data[:8], "little")
+    try:
+        header = json.loads(data[8:8 + n].decode("utf-8"))
+        tensors = st_load(data)
+    except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
+        raise _fail(path, f"a safetensors file that cannot be read: truncated or corrupt ({exc})") from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    out = dict(tensors)
+    for k, v in (meta or {}).items():
+        out[k] = v          # strings: the step/time/logit_scale entries are read from them
+    return out
+
+
+def _json_load(path: str, data: bytes):
+    def strict(name):
+        raise ValueError(f"non-strict JSON constant {name}")
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=strict)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _fail(path, f"not valid JSON: truncated or corrupt ({str(exc)[:160]})") from None
+
+
+def _array(path: str, name: str, value) -> np.ndarray:
+    """A float64 array of a tensor/array entry; integer, boolean or complex data refused."""
+    if torch.is_tensor(value):
+        if not (value.is_floating_point()):
+            raise _fail(path, f"{name} has dtype {value.dtype}, not floating point; weights are real numbers")
+        return value.detach().to("cpu", torch.float64).numpy().copy()
+    arr = np.asarray(value)
+    if arr.dtype.kind != "f":
+        raise _fail(path, f"{name} has dtype {arr.dtype}, not floating point; weights are real numbers")
+    return arr.astype(np.float64)
+
+
+def _stored_dtype(values) -> str:
+    kinds = sorted({str(v.dtype).replace("torch.", "") for v in values if hasattr(v, "dtype")})
+    return ",".join(kinds) or "float64"
+
+
+def _scalar(path: str, name: str, value) -> float:
+    """A number given as a plain value, a string (safetensors metadata) or a one-element array."""
+    try:
+        if isinstance(value, str):
+            x = float(value)
+        elif torch.is_tensor(value) or isinstance(value, np.ndarray):
+            if int(np.prod(tuple(value.shape))) != 1:
+                raise ValueError
+            x = float(value.reshape(-1)[0])
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            x = float(value)
+        else:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise _fail(path, f"{name} must be a single number, got {str(value)[:60]!r}") from None
+    if not math.isfinite(x):
+        raise _fail(path, f"{name} must be finite, got {x}")
+    return x
+
+
+def _finite(path: str, arrays: dict) -> None:
+    for name, a in arrays.items():
+        bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
+        if bad:
+            raise _fail(path, f"{name} holds {bad} NaN or infinite entries (a diverged run?); a model with "
+                              "non-finite weights has no loss to audit")
+
+
+def _flatten(payload) -> dict:
+    """The entries of a torch payload: a state_dict, or a dict holding one (NESTED_KEYS) beside
+    plain values (step, time); a project checkpoint is returned as it is."""
+    if not isinstance(payload, dict):
+        return {"": payload}
+    if {"version", "params", "config"} <= set(payload):
+        return payload
+    out = {k: v for k, v in payload.items() if not isinstance(v, dict)}
+    nested = [payload[k] for k in NESTED_KEYS if isinstance(payload.get(k), dict)]
+    if len(nested) == 1:
+        out.update(nested[0])
+    elif any(isinstance(v, dict) for v in payload.values()):
+        out.update({k: v for k, v in payload.items() if isinstance(v, dict)})
+    return out
+
+
+def _common_prefix(keys) -> Optional[str]:
+    """The prefix p ('' or ending in '.') for which every authors' key p + 'q_proj.weight' etc. is
+    present (one wrapping module, e.g. 'attention.'), or None."""
+    for k in keys:
+        if isinstance(k, str) and k.endswith("q_proj.weight"):
+            p = k[: -len("q_proj.weight")]
+            if (p == "" or p.endswith(".")) and all(p + a in keys for a in AUTHORS_KEYS):
+                return p
+    return None
+
+
+def _pick(entries: dict) -> tuple[str, str]:
+    """(layout, why) from the keys and shapes (the ``auto`` rule)."""
+    keys = set(entries)
+    if {"version", "params", "config"} <= keys:
+        return "project", "a numerics.train checkpoint (keys version, params, config)"
+    if {"config", "omega", "mu", "trajectory"} <= keys:
+        return "project", "a numerics.train run.json (keys config, omega, mu, trajectory)"
+    p = _common_prefix(keys)
+    if p is not None:
+        return "authors", f"keys {p}q_proj.weight, {p}k_proj.weight, {p}v_proj.weight, {p}o_proj.weight"
+    if set(FACTORED_KEYS) <= keys:
+        return "factored", "arrays K, Q, V, O"
+    if set(MERGED_KEYS) <= keys:
+        return "merged", "arrays W, U"
+    shown = sorted(str(k) for k in keys)[:8]
+    raise CheckpointError(f"holds {shown}{' ...' if len(keys) > 8 else ''}: none of the layouts (authors: "
+                          "q_proj/k_proj/v_proj/o_proj.weight; factored: K, Q, V, O, logit_scale; merged: W, U; "
+                          "project: a numerics.train checkpoint or run.json); see docs/audit.md for the export")
+
+
+def _time_entry(path: str, entries: dict) -> tuple[Optional[float], Optional[int], Optional[str]]:
+    t = next((entries[k] for k in TIME_KEYS if k in entries), None)
+    s = next((entries[k] for k in STEP_KEYS if k in entries), None)
+    time_ = None if t is None else _scalar(path, "time", t)
+    step = None
+    if s is not None:
+        x = _scalar(path, "step", s)
+        if x < 0 or not float(x).is_integer():
+            raise _fail(path, f"step must be a whole number >= 0, got {x}")
+        step = int(x)
+    if time_ is not None and time_ < 0:
+        raise _fail(path, f"time must be >= 0, got {time_}")
+    return time_, step, ("the file's time entry" if time_ is not None else None)
+
+
+def read_checkpoint(path, layout: str = "auto", logit_scale: Optional[float] = None,
+                    max_bytes: int = MAX_CHECKPOINT_BYTES) -> ExternalModel:
+    """Read and check one checkpoint (module docstring); :class:`CheckpointError` on anything
+    wrong, before any computation.  ``logit_scale``: the s of a factored file that does not
+    carry one (refused where the file or the layout fixes it)."""
+    if layout not in LAYOUTS:
+        raise CheckpointError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    text = os.fspath(path)
+    try:
+        data = read_input_bytes(text, text, max_bytes=max_bytes)
+    except ValueError as exc:
+        msg = str(exc)
+        if "MiB" in msg and "limit" in msg:
+            msg = (f"{text} is {os.path.getsize(text) / 2 ** 20:.0f} MiB, more than the {max_bytes / 2 ** 20:.0f} MiB "
+                   "a checkpoint of this model class can be (docs/audit.md); give the attention layer's weights only")
+        raise CheckpointError(msg) from None
+    if not data:
+        raise _fail(text, "empty file (0 bytes); give the saved weights")
+    kind = _sniff(data)
+    if kind == "zip":
+        fmt, payload = _zip_load(text, data)
+    elif kind == "safetensors":
+        fmt, payload = "safetensors", _safetensors_load(text, data)
+    elif kind == "pickle":
+        fmt, payload = "torch", _torch_load(text, data)
+    elif kind == "json":
+        fmt, payload = "json", _json_load(text, data)
+    else:
+        raise _fail(text, "not a format this command reads (a torch file, .safetensors, .npz or a run.json), by its "
+                          "first bytes; see docs/audit.md for the export")
+    entries = _flatten(payload) if fmt == "torch" else payload
+    if not isinstance(entries, dict):
+        raise _fail(text, f"holds a {type(entries).__name__}, not named weights; save a state_dict or named arrays")
+    try:
+        picked, why = _pick(entries)
+    except CheckpointError as exc:
+        if layout == "auto":
+            raise _fail(text, str(exc)) from None
+        picked, why = None, str(exc)
+    if layout != "auto" and picked != layout:
+        raise _fail(text, f"--layout {layout} does not fit this file ({'it ' + why if picked is None else 'it reads as ' + picked + ': ' + why}); "
+                          f"use --layout auto or {picked or 'the export of docs/audit.md'}")
+    common = dict(path=text, format=fmt, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data),
+                  picked=("auto: " if layout == "auto" else "given: ") + why)
+    if picked == "project":
+        if logit_scale is not None:
+            raise _fail(text, "--logit-scale does not apply: a project file carries its configuration's logit_scale")
+        return _project(text, entries, fmt, common)
+    time_, step, source = _time_entry(text, entries)
+    common.update(time=time_, step=step, time_source=source)
+    if picked == "authors":
+        return _authors(text, entries, logit_scale, common)
+    return _named(text, entries, picked, logit_scale, common)
+
+
+def _authors(path: str, entries: dict, logit_scale, common: dict) -> ExternalModel:
+    if logit_scale is not None:
+        raise _fail(path, "--logit-scale does not apply to the authors' layout: its logits are scaled by (d + m)^(-1/2)")
+    p = _common_prefix(set(entries))
+    raw = {k: entries[p + k] for k in AUTHORS_KEYS}
+    extra = sorted(str(k) for k, v in entries.items()
+                   if (torch.is_tensor(v) or isinstance(v, np.ndarray)) and k not in {p + a for a in AUTHORS_KEYS}
+                   and k not in TIME_KEYS + STEP_KEYS)
+    biases = [k for k in extra if k.endswith(".bias")]
+    notes = []
+    for k in biases:
+        b = _array(path, k, entries[k])
+        if np.any(b != 0):
+            raise _fail(path, f"{k} is a nonzero bias; this model has none (SPEC.md: one layer of attention, no "
+                              "biases), so these weights are another model")
+        notes.append(f"{k} is all zero (ignored)")
+    others = [k for k in extra if k not in biases]
+    if others:
+        raise _fail(path, f"holds weights besides the attention's q/k/v/o projections ({others[:4]}); this model "
+                          "is one attention layer and nothing else, so these weights are another model")
+    arr = {k: _array(path, k, v) for k, v in raw.items()}
+    q, k_, v, o = (arr[n] for n in AUTHORS_KEYS)
+    if any(a.ndim != 2 for a in arr.values()):
+        raise _fail(path, "q_proj/k_proj/v_proj/o_proj.weight must be matrices, got shapes "
+                          + ", ".join(f"{n} {tuple(a.shape)}" for n, a in arr.items()))
+    if not (q.shape == k_.shape == v.shape):
+        raise _fail(path, f"q_proj, k_proj, v_proj must have one shape (H (d+m), d+m), got {q.shape}, {k_.shape}, {v.shape}")
+    rows, D = q.shape
+    if rows % D:
+        raise _fail(path, f"q_proj.weight has shape {q.shape}: its rows ({rows}) must be H x its columns (d + m = {D}) "
+                          "in the authors' layout (head width d + m)")
+    H = rows // D
+    m = o.shape[0]
+    if o.shape[1] != rows:
+        raise _fail(path, f"o_proj.weight has shape {o.shape}; it must be (m, H (d+m)) = (m, {rows}) to read the {H} "
+                          "concatenated heads")
+    if not 1 <= m < D:
+        raise _fail(path, f"o_proj.weight has {m} rows (m outputs) for tokens of width {D}: need 1 <= m < d + m")
+    _finite(path, arr)
+    K = np.stack([k_[h * D:(h + 1) * D] for h in range(H)])
+    Q = np.stack([q[h * D:(h + 1) * D] for h in range(H)])
+    V = np.stack([v[h * D:(h + 1) * D] for h in range(H)])
+    O = np.stack([o[:, h * D:(h + 1) * D] for h in range(H)])
+    return ExternalModel(layout="authors", param="factored", heads=H, m=m, token_dim=D, logit_scale=math.sqrt(D),
+                         weights={"K": K, "Q": Q, "V": V, "O": O}, stored_dtype=_stored_dtype(raw.values()),
+                         notes=tuple(notes + [f"authors' layout: H = {H} heads of width d + m = {D}, logit scale "
+                                              f"sqrt({D}) = {math.sqrt(D):.6g}"]), **common)
+
+
+def _named(path: str, entries: dict, layout: str, logit_scale, common: dict) -> ExternalModel:
+    names = FACTORED_KEYS if layout == "factored" else MERGED_KEYS
+    raw = {k: entries[k] for k in names}
+    arr = {k: _array(path, k, v) for k, v in raw.items()}
+    extra = sorted(str(k) for k, v in entries.items() if k not in names and k not in TIME_KEYS + STEP_KEYS
+                   and k != "logit_scale" and (torch.is_tensor(v) or isinstance(v, np.ndarray)))
+    if extra:
+        raise _fail(path, f"holds arrays besides {', '.join(names)}{' and logit_scale' if layout == 'factored' else ''} "
+                          f"({extra[:4]}); this model is one attention layer and nothing else")
+    if any(a.ndim != 3 for a in arr.values()):
+        raise _fail(path, f"{', '.join(names)} must be stacks of per-head matrices (3 dimensions, heads first), got "
+                          + ", ".join(f"{n} {tuple(a.shape)}" for n, a in arr.items()))
+    notes = []
+    if layout == "merged":
+        W, U = arr["W"], arr["U"]
+        H, D = W.shape[0], W.shape[2]
+        if W.shape != (H, D, D) or U.shape[0] != H or U.shape[2] != D:
+            raise _fail(path, f"W must be (H, d+m, d+m) and U (H, m, d+m), got W {W.shape}, U {U.shape}")
+        if "logit_scale" in entries or logit_scale is not None:
+            raise _fail(path, "a merged file has no logit scale (W_h multiplies the tokens directly); drop "
+                              "logit_scale, or give K, Q, V, O as a factored file")
+        m = U.shape[1]
+        weights, param, s = {"W": W, "U": U}, "merged", None
+    else:
+        K, Q, V, O = (arr[n] for n in FACTORED_KEYS)
+        H, D = K.shape[0], K.shape[2]
+        if not (Q.shape == K.shape and V.shape[0] == H and V.shape[2] == D and O.shape[0] == H
+                and O.shape[2] == V.shape[1]):
+            raise _fail(path, f"K, Q must be (H, k, d+m), V (H, k', d+m) and O (H, m, k'), got K {K.shape}, "
+                              f"Q {Q.shape}, V {V.shape}, O {O.shape}")
+        m = O.shape[1]
+        if "logit_scale" in entries:
+            if logit_scale is not None:
+                raise _fail(path, "the file carries its logit_scale; --logit-scale would be ignored: drop it")
+            s = _scalar(path, "logit_scale", entries["logit_scale"])
+        elif logit_scale is not None:
+            s = float(logit_scale)
+            notes.append(f"logit scale {s:g} from --logit-scale")
+        else:
+            raise _fail(path, "a factored file needs logit_scale (the s of W_h = K_h^T Q_h / s): store it beside K, Q, "
+                              "V, O (0-d array, or safetensors metadata), or pass --logit-scale")
+        if not s > 0:
+            raise _fail(path, f"logit_scale must be > 0, got {s}")
+        if K.shape[1] == D and V.shape[1] == D:
+            weights, param = {"K": K, "Q": Q, "V": V, "O": O}, "factored"
+        else:
+            weights, param = {"W": np.einsum("hka,hkb->hab", K, Q) / s, "U": O @ V}, "merged"
+            notes.append(f"head widths k = {K.shape[1]}, k' = {V.shape[1]} differ from d + m = {D}: mapped onto the "
+                         "merged model W_h = K_h^T Q_h / s, U_h = O_h V_h (the same function; the factors are not kept)")
+            s = None
+    if not 1 <= m < D:
+        raise _fail(path, f"the outputs have {m} rows (m tasks) for tokens of width {D}: need 1 <= m < d + m")
+    _finite(path, arr)
+    return ExternalModel(layout=layout, param=param, heads=H, m=m, token_dim=D, logit_scale=s, weights=weights,
+                         stored_dtype=_stored_dtype(raw.values()), notes=tuple(notes), **common)
+
+
+def _project(path: str, entries: dict, fmt: str, common: dict) -> ExternalModel:
+    try:
+        cfg = ProblemConfig.from_dict(dict(entries["config"]))
+    except (TypeError, ValueError) as exc:
+        raise _fail(path, f"a project file whose config is not a valid ProblemConfig ({exc})") from None
+    H, m, D = cfg.heads, cfg.m, cfg.token_dim
+    train = entries.get("train") if isinstance(entries.get("train"), dict) else {}
+    lr = train.get("lr")
+    records = [dict(r) for r in entries.get("trajectory") or [] if isinstance(r, dict)]
+    base = dict(heads=H, m=m, token_dim=D, config=cfg.to_dict(), records=records or None, **common)
+    if fmt == "json":          # run.json: the readout only
+        om = np.asarray(entries["omega"], dtype=float)
+        mu = np.asarray(entries["mu"], dtype=float)
+        if om.shape != (H, m) or mu.shape != (H, m):
+            raise _fail(path, f"omega and mu must be (heads, m) = ({H}, {m}) as its config says, got {om.shape}, {mu.shape}")
+        _finite(path, {"omega": om, "mu": mu})
+        residual = entries.get("residual")
+        t_end = entries.get("t_end")
+        return ExternalModel(layout="project", param="readout" if entries.get("model", "full") == "full" else "reduced",
+                             logit_scale=cfg.logit_scale, weights={"omega": om, "mu": mu},
+                             readout={"omega": om, "mu": mu, "residual": None if residual is None else float(residual),
+                                      "train_tail_loss": entries.get("loss")},
+                             time=None if t_end is None else float(t_end), time_source="run.json t_end",
+                             missing=("weights: a run.json holds the readout and the trajectory, not the weights, so "
+                                      "the model's own held-out loss and its off-D split cannot be measured (hand the "
+                                      "--checkpoint file of the run instead)",) if entries.get("model", "full") == "full"
+                             else (), notes=(f"{entries.get('model', 'full')} run of numerics.train",), **base)
+    kind = entries.get("model", "full")
+    params = entries.get("params")
+    if not isinstance(params, (list, tuple)) or not all(torch.is_tensor(p) for p in params):
+        raise _fail(path, "a project checkpoint whose params are not a list of tensors; it is not one numerics.train wrote")
+    step = entries.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise _fail(path, f"a project checkpoint whose step is not a whole number ({step!r})")
+    time_ = float(lr) * step if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
+    if kind == "reduced":
+        names, shapes = ("omega", "mu"), [(H, m), (H, m)]
+    elif cfg.param == "factored":
+        names, shapes = FACTORED_KEYS, [(H, D, D)] * 3 + [(H, m, D)]
+    else:
+        names, shapes = MERGED_KEYS, [(H, D, D), (H, m, D)]
+    if len(params) != len(names):
+        raise _fail(path, f"a {kind} {cfg.param} checkpoint needs {len(names)} parameter tensors ({', '.join(names)}), "
+                          f"got {len(params)}")
+    arr = {n: _array(path, n, p) for n, p in zip(names, params)}
+    for (n, a), shape in zip(arr.items(), shapes):
+        if a.shape != shape:
+            raise _fail(path, f"{n} has shape {a.shape}, its config (tasks {cfg.tasks}, H = {H}) says {shape}")
+    _finite(path, arr)
+    param = "reduced" if kind == "reduced" else cfg.param
+    return ExternalModel(layout="project", param=param, logit_scale=cfg.logit_scale if param == "factored" else None,
+                         weights=arr, stored_dtype=_stored_dtype(params),
+                         readout={"omega": arr["omega"], "mu": arr["mu"], "residual": 0.0} if kind == "reduced" else None,
+                         notes=(f"numerics.train {kind} checkpoint at step {step}",), time=time_, step=step,
+                         time_source="project checkpoint: step x train.lr" if time_ is not None else None, **base)
+
+
+# --------------------------------------------------------------------------- configuration
+
+def check_against(ext: ExternalModel, tasks: tuple) -> None:
+    """The checkpoint's shapes against the researcher's ``--tasks``: m outputs and token width
+    d + m; one :class:`CheckpointError` naming both on a mismatch."""
+    d, m = sum(tasks), len(tasks)
+    spec = ",".join(map(str, tasks))
+    if ext.config is not None and tuple(ext.config["tasks"]) != tuple(tasks):
+        raise _fail(ext.path, f"its config says tasks {','.join(map(str, ext.config['tasks']))}, but --tasks {spec}")
+    if ext.m != m:
+        raise _fail(ext.path, f"the weights have m = {ext.m} outputs (one per task), but --tasks {spec} gives m = {m} tasks")
+    if ext.token_dim != d + m:
+        raise _fail(ext.path, f"the weights read tokens of width d + m = {ext.token_dim}, but --tasks {spec} gives "
+                              f"d + m = {d} + {m} = {d + m}")
+
+
+def problem_config(ext: ExternalModel, tasks, L: int, sigma: float = 0.0, basis: str = "identity",
+                   basis_seed: int = 0, device: str = "cpu") -> ProblemConfig:
+    """The ProblemConfig the checkpoint is audited at: the researcher's problem, the checkpoint's H,
+    parametrisation and logit scale, float64."""
+    check_against(ext, tuple(tasks))
+    param = "merged" if ext.param == "merged" else "factored"
+    return ProblemConfig(tasks=tuple(tasks), heads=ext.heads, L=int(L), sigma=float(sigma), basis=basis,
+                         basis_seed=int(basis_seed), param=param,
+                         logit_scale=float(ext.logit_scale) if ext.logit_scale else 1.0, device=device)
+
+
+def build_model(ext: ExternalModel, cfg: ProblemConfig) -> Optional[MultiHeadAttention]:
+    """The checkpoint as this project's model (``MultiHeadAttention.from_weights``), None for a file
+    without weights (run.json, a reduced checkpoint)."""
+    if not ext.has_weights:
+        return None
+    return MultiHeadAttention.from_weights(cfg, **{k: torch.as_tensor(v, dtype=cfg.torch_dtype, device=cfg.device)
+                                                   for k, v in ext.weights.items()})
+
+
+def held_out_chunk(cfg: ProblemConfig, wanted: int = HELD_OUT_CHUNK) -> int:
+    """Prompts per held-out batch: HELD_OUT_CHUNK unless a batch of that size (context, logits and
+    their softmax, about numerics.train.step_memory_bytes) would take more than MEMORY_FRACTION of
+    the memory available; a CheckpointError if not even 2 prompts fit."""
+    from .train import step_memory_bytes
+
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if cfg.device == "cpu" else None
+    except (ValueError, OSError, AttributeError):
+        free = None
+    chunk = int(wanted)
+    while free is not None and chunk > 2 and step_memory_bytes(cfg, chunk) > MEMORY_FRACTION * free:
+        chunk //= 2
+    if free is not None and step_memory_bytes(cfg, chunk) > MEMORY_FRACTION * free:
+        raise CheckpointError(f"a held-out batch of {chunk} prompts at L = {cfg.L}, d + m = {cfg.token_dim}, "
+                              f"H = {cfg.heads} needs {step_memory_bytes(cfg, chunk) / 2 ** 30:.2g} GiB, more than "
+                              f"half the {free / 2 ** 30:.2g} GiB available; lower --L or use a larger machine")
+    return chunk
+
+
+# --------------------------------------------------------------------------- measurement
+
+@dataclass(frozen=True)
+class Measurement:
+    """What numerics measures of one checkpoint (module docstring): the readout, its off-D split
+    (``split``: theory.initialisation.residual_split; None without weights), the allocation
+    readout and the zero-sum ratios, the factor balance (factored models: max over heads and tasks
+    of |k^2 - q^2| / (2 s |omega|) and |o^2 - v^2| / (2 |mu|), 0 when balanced), the held-out loss
+    (None without weights; a reduced checkpoint's is its reduced loss) and the loss of the
+    projection onto D at the readout on the same prompts; ``spread`` (H x m each, None without
+    weights): the off-D part of the very entries each value is read from -- ``omega``: the RMS
+    deviation ||Phi_i^T (W_h - P_D W_h)_XX Phi_i||_F / sqrt(r_i) of block i's eigenvalues from
+    omega[h, i], ``mu``: the norm of row i of U_h - P_D U_h (0 on D)."""
+
+    omega: np.ndarray
+    mu: np.ndarray
+    residual: Optional[float]
+    split: Optional[dict]
+    allocation: dict
+    zero_sum: tuple
+    balance: Optional[dict]
+    loss: Optional[LossEstimate]
+    projected_loss: Optional[LossEstimate]
+    spread: Optional[dict]
+    chunk: int
+    seed: int
+    seconds: float
+    cpu_seconds: float
+
+    def to_dict(self) -> dict:
+        est = lambda e: None if e is None else {"mean": e.mean, "se": e.se, "n": e.n}  # noqa: E731
+        return {"omega": self.omega.tolist(), "mu": self.mu.tolist(), "residual": self.residual, "split": self.split,
+                "allocation": self.allocation, "zero_sum_ratio": list(self.zero_sum), "balance": self.balance,
+                "held_out_loss": est(self.loss), "projected_loss": est(self.projected_loss), "spread": self.spread,
+                "chunk": self.chunk,
+                "seed": self.seed, "seconds": self.seconds, "cpu_seconds": self.cpu_seconds}
+
+
+def _balance(model: MultiHeadAttention, omega: np.ndarray, mu: np.ndarray) -> dict:
+    c_om, c_mu = factor_balance(model)
+    s = model.cfg.logit_scale
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r_om = np.where(np.abs(omega) > 0, np.abs(c_om) / (2.0 * s * np.abs(omega)), np.where(c_om == 0, 0.0, np.inf))
+        r_mu = np.where(np.abs(mu) > 0, np.abs(c_mu) / (2.0 * np.abs(mu)), np.where(c_mu == 0, 0.0, np.inf))
+    return {"omega": float(np.max(r_om)), "mu": float(np.max(r_mu)), "c_omega": c_om.tolist(), "c_mu": c_mu.tolist()}
+
+
+def readout_spread(W: np.ndarray, U: np.ndarray, cfg: ProblemConfig) -> dict:
+    """The ``spread`` of :class:`Measurement` from merged weights W (H, D, D), U (H, m, D)."""
+    from theory.block_structure import project_decomposable
+
+    Phi, d = cfg.basis_numpy(), cfg.d
+    W_D, U_D = project_decomposable(W, U, cfg.tasks, Phi)
+    off_W, off_U = W - W_D, U - U_D
+    om = np.stack([np.linalg.norm(np.einsum("ak,hab,bl->hkl", Phi[:, sl], off_W[:, :d, :d], Phi[:, sl]), axis=(1, 2))
+                   / math.sqrt(sl.stop - sl.start) for sl in cfg.block_slices], axis=1)
+    mu = np.linalg.norm(off_U, axis=2)
+    return {"omega": om.tolist(), "mu": mu.tolist()}
+
+
+def measure(ext: ExternalModel, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
+            chunk: Optional[int] = None) -> Measurement:
+    """Measure one checkpoint at ``cfg`` (the class docstring): ``n`` held-out prompts of the
+    held-out stream of ``seed`` (numerics.evaluate), in batches of ``chunk`` (default
+    :func:`held_out_chunk`)."""
+    from theory.initialisation import residual_split
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    chunk = held_out_chunk(cfg) if chunk is None else int(chunk)
+    model = build_model(ext, cfg)
+    balance = split = spread = None
+    if model is not None:
+        ro = model.semi_singular_values()
+        omega, mu, residual = ro.omega, ro.mu, float(ro.residual)
+        W, U = (x.detach().to("cpu", torch.float64).numpy() for x in model.merged_weights())
+        split = residual_split(W, U, cfg.tasks, cfg.basis_numpy())
+        spread = readout_spread(W, U, cfg)
+        if cfg.param == "factored":
+            balance = _balance(model, omega, mu)
+        with torch.no_grad():
+            loss = held_out_loss(model, n=n, seed=seed, chunk=chunk)
+    else:
+        omega, mu = np.asarray(ext.readout["omega"], float), np.asarray(ext.readout["mu"], float)
+        residual = ext.readout.get("residual")
+        loss = None
+    projected = held_out_reduced_loss(omega, mu, cfg, n=n, seed=seed, chunk=chunk)
+    if ext.param == "reduced":
+        loss = projected            # the reduced model is its own projection
+    return Measurement(omega=np.asarray(omega, float), mu=np.asarray(mu, float), residual=residual, split=split,
+                       allocation=allocation(omega, mu).to_dict(), zero_sum=zero_sum_ratio(mu), balance=balance,
+                       loss=loss, projected_loss=projected, spread=spread, chunk=chunk, seed=int(seed),
+                       seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0)
+
+
+def gradient_noise(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
+                   chunk: int = HELD_OUT_CHUNK) -> dict:
+    """The held-out gradient of the loss at the point (omega, mu) of D and its noise: over ``n``
+    fresh prompts of the held-out stream of ``seed`` (numerics.evaluate's), the per-prompt
+    gradients J of the reduced model's prompt loss (the one prediction formula,
+    numerics.reduced.predict_from_scores, differentiated prompt by prompt with torch.func:
+    memory linear in the batch, unlike a Jacobian of the batch's losses) give ``mean`` (2, H, m:
+    d/domega, d/dmu), their standard errors ``se`` (2, H, m) and per (h, i) the 2 x 2 covariance
+    ``cov`` (H, m, 2, 2) of (J_omega[h, i], J_mu[h, i]) per prompt.  On D the reduced model's
+    gradient is the full model's read out on D (the chain rule)."""
+    from torch.func import grad, vmap
+
+    from .data import make_generator, sample_prompts
+    from .evaluate import HELD_OUT_OFFSET
+    from .reduced import block_scores, predict_from_scores
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"n must be an integer >= 2 (prompts), got {n!r}")
+    gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
+    om = torch.as_tensor(np.asarray(omega, float), dtype=cfg.torch_dtype, device=cfg.device)
+    mu_ = torch.as_tensor(np.asarray(mu, float), dtype=cfg.torch_dtype, device=cfg.device)
+
+    def prompt_loss(o, u, scores, labels, target):
+        return ((predict_from_scores(o, u, scores[None], labels[None])[0] - target) ** 2).sum()
+    per_prompt = vmap(grad(prompt_loss, argnums=(0, 1)), in_dims=(None, None, 0, 0, 0))
+    H, m = cfg.heads, cfg.m
+    s1 = np.zeros((2, H, m))
+    s2 = np.zeros((H, m, 2, 2))
+    left = n
+    while left > 0:
+        b = min(chunk, left)
+        pr = sample_prompts(cfg, b, gen)
+        scores, labels = block_scores(pr, cfg)
+        J = per_prompt(om, mu_, scores, labels, pr.target)
+        G = torch.stack([j.detach() for j in J], dim=-1).to("cpu", torch.float64).numpy()   # (b, H, m, 2)
+        s1 += np.moveaxis(G.sum(axis=0), -1, 0)
+        s2 += np.einsum("bhia,bhic->hiac", G, G)
+        left -= b
+    mean = s1 / n
+    mean_hi = np.moveaxis(mean, 0, -1)                                       # (H, m, 2)
+    cov = (s2 / n - np.einsum("hia,hic->hiac", mean_hi, mean_hi)) * n / (n - 1)
+    se = np.sqrt(np.maximum(np.stack([cov[..., 0, 0], cov[..., 1, 1]]), 0.0) / n)
+    return {"mean": mean, "se": se, "cov": cov, "n": int(n), "seed": int(seed), "chunk": int(chunk)}
+
+
+def loss_descent(earlier: ExternalModel, later: ExternalModel, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
+                 chunk: Optional[int] = None) -> Optional[LossEstimate]:
+    """The held-out loss of ``earlier`` minus that of ``later`` on the same prompts, with the
+    paired standard error (``numerics.evaluate.held_out_loss_difference``): how much the run still
+    fell between the two checkpoints.  None when either file has no weights."""
+    a, b = build_model(earlier, cfg), build_model(later, cfg)
+    if a is None or b is None:
+        return None
+    with torch.no_grad():
+        return held_out_loss_difference(a, b, n=n, seed=seed, chunk=held_out_chunk(cfg) if chunk is None else chunk)
