@@ -199,25 +199,19 @@ def best_decomposable_summary(tasks: tuple, heads: int, L: int, sigma: float, de
 
 
 def _saddle_prediction(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
-    """theory.saddle's escape time T(B) for this run (rate: gradient descent's 2 log(1 + lr a)/lr;
-    seed from the measured per-prompt gradient variance dS at the allocated point; threshold
-    ``sch.threshold`` x mu*), with its standard error from dS's, as numerics.saddle computes it."""
+    """theory.saddle's escape time T(B) for this run (theory.saddle.escape_prediction: rate
+    gradient descent's 2 log(1 + lr a)/lr; seed from the per-prompt gradient variance dS
+    measured at the allocated point; threshold ``sch.threshold`` x mu*), with its standard
+    error from dS's."""
     from numerics import saddle as ns
     from theory import saddle as th
-    st = ns.saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     var = ns.gradient_variance_measurement(cfg, n=4096)
-    rate = float(np.mean(th.gd_growth_rate(st.a, sch.lr)))
-    E = len(st.entries)
-    M = np.array([th.imbalance(sch.lr, sch.start_mu0, var.dS[e], st.a[e], sch.batch) for e in range(E)])
-    M_se = np.array([abs(th.imbalance(sch.lr, sch.start_mu0, var.dS_se[e], st.a[e], sch.batch)) for e in range(E)])
-    seed = th.seed_level(M, sch.start_mu0)
-    T_e = th.escape_time(rate, sch.threshold * st.mu_star, seed, st.K)
-    return {"a": float(np.mean(st.a)), "rate_flow": float(2 * np.mean(st.a)), "rate_gd": rate,
-            "slope_pred": th.escape_time_slope(rate), "slope_additive": th.additive_noise_slope(rate),
-            "K": st.K.tolist(), "mu_star": st.mu_star.tolist(), "entries": [list(e) for e in st.entries],
-            "dS": var.dS.tolist(), "dS_se": var.dS_se.tolist(), "seed_level": np.asarray(seed).tolist(),
-            "T_pred": float(np.mean(T_e)), "T_pred_se": float((2.0 / rate) * np.mean(M_se / np.abs(M))),
-            "T_pred_rate_a": float(np.mean(th.escape_time(rate / 2, sch.threshold * st.mu_star, seed, st.K)))}
+    p = th.escape_prediction(cfg.tasks, cfg.heads, cfg.L, cfg.sigma, sch.lr, (sch.batch,), sch.start_mu0,
+                             sch.threshold, var.dS, var.dS_se)
+    return {"a": p["a"], "rate_flow": p["rate_flow"], "rate_gd": p["rate_gd"], "slope_pred": p["slope_pred"],
+            "slope_additive": p["slope_additive"], "K": p["K"], "mu_star": p["mu_star"], "entries": p["entries"],
+            "dS": var.dS.tolist(), "dS_se": var.dS_se.tolist(), "seed_level": p["seed_level"][0],
+            "T_pred": p["T_pred"][0], "T_pred_se": p["T_pred_se"][0], "T_pred_rate_a": p["T_pred_rate_a"][0]}
 
 
 # ---------------------------------------------------------------------------------------
