@@ -182,6 +182,9 @@ def check_schedule(fields: dict, L: int = 1) -> TrainingSchedule:
         v = getattr(sch, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"grid: train.{name} must be a positive integer, got {v!r}")
+    v = sch.polish_extensions
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 100:
+        raise ValueError(f"grid: train.polish_extensions must be an integer in 0 .. 100, got {v!r}")
     for lr, t, tokens, what in ((sch.lr, sch.time, sch.tokens, "lr/time"),
                                 (sch.polish_lr, sch.polish_time, sch.polish_tokens, "polish_lr/polish_time")):
         try:
