@@ -479,12 +479,13 @@ def candidates_at_heads(tasks, H: int, L: int, sigma: float, seed: int, device="
         C_se = C * math.hypot(alloc.se / alloc.loss, est.se / est.mean)
         # the one convergence test (numerics.experiments.converged) at the tolerance of the comparison the
         # candidate's loss feeds, C's Z standard errors on the loss scale with the final iterate's fluctuation
-        d = stage_descent(snaps, held_out_prompts, seed + 100 + k)
-        tol = stage_tolerance(est.mean * C_se / C, d.jitter)
+        d = stage_descent(snaps, held_out_prompts, seed + 100 + k)       # None: under 3 records to fit
+        tol = stage_tolerance(est.mean * C_se / C, d.jitter if d is not None else 0.0)
+        left = d.left if d is not None else math.inf
         rows.append({"kind": "full merged", "start": f"random full {k}", "loss": est.mean, "se": est.se, "C": C,
                      "C_se": C_se, "off_D_residual": float(res.trajectory[-1].residual), "steps": res.steps,
-                     "descent_left": d.left, "descent": d.to_dict(), "convergence_tolerance": tol,
-                     "converged": converged_for({"descent_left": d.left}, tol)})
+                     "descent_left": left, "descent": d.to_dict() if d is not None else None,
+                     "convergence_tolerance": tol, "converged": converged_for({"descent_left": left}, tol)})
     done = [r for r in rows if "C" in r]
     best = max(done, key=lambda r: r["C"])
     best_dec = decs[int(np.argmax([r["C"] for r in rows[:len(decs)]]))]
