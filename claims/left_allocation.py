@@ -5,27 +5,37 @@ point (an off-task OV value of the opposite sign grows: the allocated point is a
 finite L, ``boundary-saddle``).  Theory's account of the regime has two parts, each a
 prediction that can fail: a superposition lowers the loss (the trained held-out loss is not
 above the allocated fixed point, ``claims.trained.check_trained_loss`` at claim 5's
-tolerance), and it ends at the best decomposable point of the same H, signs free
-(:func:`check_best_decomposable`).
+tolerance), and the flow ends at the best decomposable point of the same H, signs free
+(:func:`check_best_decomposable`, two-sided).
 
 The runs are claims 5 and 6's own (same configuration, schedule and seed: taken from the run
 cache or a sweep store, trained once per report).  A run that stayed allocated did not reach
-the boundary: it is reported, not compared; with no run leaving allocation the boundary is
-undecided.
+the boundary: it is reported, not compared.  A run that left is compared with the best
+decomposable point only once it has converged for that comparison
+(``numerics.experiments.converged.converged_for``); the trained runs have not (they leave the
+saddle along the superposition valley during their polish), so each is followed on D by the
+exact finite-L reduced flow from its readout (``numerics.experiments.converged.continue_on_D``:
+on D the full model's flow is the reduced flow, claims 1-2, and the run is on D when its
+off-D part carries no loss beyond noise) until converged, within a stated budget of flow time;
+a run that leaves D, or is still descending when the budget is spent, is undecided with that
+reason.  Where each run ended is reported: on or off D, the readout's words, its loss against
+linear attention's.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from claims.common import Z_SE, Comparison, compare, config_label, headline_row, reported_row
 from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
 from claims.trained import check_trained_loss, domain, run_status
 from numerics.config import ProblemConfig
-from numerics.experiments.converged import (PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, TrainingSchedule,
-                                            converged_run)
+from numerics.experiments.converged import (PAPER_CONTINUATION, PAPER_SCHEDULE, QUICK_CONTINUATION, QUICK_SCHEDULE,
+                                            TINY_SCHEDULE, ContinuationSchedule, TrainingSchedule, continue_on_D,
+                                            converged_for, converged_run)
 from numerics.experiments.probes import best_decomposable
 from theory import exact as exact_theory
+from theory.optimality import linear_attention_loss
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,7 @@ class LeftAllocationProfile:
     search_starts: int = 0          # random starts of the decomposable search besides the allocated/merged ones
     search_fit_elements: int = 2 ** 17
     search_eval_prompts: int = 4096
+    continuation: ContinuationSchedule = QUICK_CONTINUATION   # the reduced flow on D, and its budget
 
 
 PROFILES = {
@@ -45,31 +56,59 @@ PROFILES = {
                                          ((3, 3, 3), 3, 32, 0.5, 100), ((3, 3, 3), 3, 64, 0.5, 101)),
                                    schedule=QUICK_SCHEDULE),
     "paper": LeftAllocationProfile(runs=tuple(((3, 3), 2, L, 0.5, 200 + j) for j, L in enumerate((64, 128, 256, 512))),
-                                   schedule=PAPER_SCHEDULE, search_starts=2, search_fit_elements=2 ** 19),
+                                   schedule=PAPER_SCHEDULE, search_starts=2, search_fit_elements=2 ** 19,
+                                   continuation=PAPER_CONTINUATION),
 }
 
 
-def check_best_decomposable(cfg: ProblemConfig, run, best, allocated_loss: float) -> Comparison:
-    """The trained loss against the best decomposable point of the same H, signs free
+def run_tolerance(run, best) -> float:
+    """The tolerance of the trained run's own two-sided comparison with the best decomposable
+    point (fixed before comparing): Z_SE x sqrt(se_run^2 + se_best^2) + the run's step error."""
+    return Z_SE * math.hypot(run["se"], best.se) + run["step_error"]
+
+
+def check_best_decomposable(cfg: ProblemConfig, end, best, allocated_loss: float, followed: bool) -> Comparison:
+    """Where the flow ended against the best decomposable point of the same H, signs free
     (``numerics.experiments.probes.best_decomposable``: a search, so its loss bounds the optimum
-    from above): two-sided, tolerance Z_SE x sqrt(se_run^2 + se_best^2) + the run's step error,
-    all from the two measurements' own noise.  Perturbation: the allocated fixed point as the
-    prediction (must be rejected: a superposition that merely equals the allocated loss is not
-    "somewhere else")."""
-    se = math.hypot(run["se"], best.se)
-    return compare(f"left allocation: trained loss vs best decomposable point of the same H, tasks={list(cfg.tasks)}, "
-                   f"L={cfg.L}, sigma={cfg.sigma:g}", run["loss"], best.loss, Z_SE * se + run["step_error"],
-                   f"{Z_SE:g} standard errors of the difference of the two held-out losses ({se:.3g}) plus the run's "
-                   f"step error ({run['step_error']:.3g})", wrong=(("the allocated fixed point", allocated_loss),),
-                   config=config_label(cfg),
-                   details={"run_se": run["se"], "allocation": run["allocation"], "status": "left the allocated set",
+    from above): two-sided.  ``end``: the converged end of the flow, the trained run itself
+    (its held-out loss) or, ``followed``, its continuation on D (the exact reduced loss at the
+    end).  Tolerance, from the two measurements' own noise: Z_SE x sqrt(se_end^2 + se_best^2)
+    + the end's step error (the trained run's SGD excess; for the continuation the residual
+    scatter of its last window, what the last iterate's fluctuation may add).  Perturbation:
+    the allocated fixed point as the prediction (must be rejected: a superposition that merely
+    equals the allocated loss is not "somewhere else")."""
+    se = math.hypot(end["se"], best.se)
+    step = end["jitter"] if followed else end["step_error"]
+    what = "the continuation's last-window scatter" if followed else "the run's step error"
+    return compare(f"left allocation: converged loss vs best decomposable point of the same H, tasks={list(cfg.tasks)}, "
+                   f"L={cfg.L}, sigma={cfg.sigma:g}", end["loss"], best.loss, Z_SE * se + step,
+                   f"{Z_SE:g} standard errors of the difference of the two losses ({se:.3g}) plus {what} ({step:.3g})",
+                   wrong=(("the allocated fixed point", allocated_loss),), config=config_label(cfg),
+                   details={"se": end["se"], "followed_on_D": followed, "allocation": end["allocation"],
+                            "status": "left the allocated set",
                             "best": {"loss": best.loss, "se": best.se, "family": best.family, "omega": best.omega,
                                      "mu": best.mu}})
 
 
+def ended(cfg: ProblemConfig, run, cont) -> dict:
+    """Where a run that left the allocated set ended: on or off D, the readout's words
+    (numerics.readout.allocation of the end point), its loss over optimally scaled linear
+    attention's (theory.optimality.linear_attention_loss: what a signed superposition tends to
+    as omega -> 0, reachable on every task only with H >= m + 1)."""
+    end = cont if cont is not None and cont.on_D else run
+    a = end["allocation"]
+    words = ("a signed superposition (every task carried by heads of both signs)" if all(a["signed_superposed"]) else
+             "a superposition" if a["superposition"] else "allocated" if a["allocated"] else "mixed")
+    lin = linear_attention_loss(tuple(cfg.tasks), cfg.L, cfg.sigma)
+    return {"on_D": bool(cont is None or cont.on_D), "residual": float(run["residual"]), "words": words,
+            "omega": end["omega"], "mu": end["mu"], "loss": float(end["loss"]), "se": float(end["se"]),
+            "linear_attention": lin, "over_linear": float(end["loss"]) / lin,
+            "flow_time": float(cont.time) if cont is not None else 0.0}
+
+
 def evaluate(ctx) -> Outcome:
     p = ctx.p
-    comps, rows, left = [], [], 0
+    comps, rows, left, decided, undecided, where = [], [], 0, 0, [], []
     for k, (tasks, heads, L, sigma, seed) in enumerate(p.runs):
         ctx.progress(f"left allocation: tasks={list(tasks)} H={heads} L={L}", k / len(p.runs))
         cfg = ProblemConfig(tasks=tuple(tasks), heads=heads, L=L, sigma=sigma, device=ctx.device)
@@ -77,38 +116,82 @@ def evaluate(ctx) -> Outcome:
         fixed = exact_theory.exact_fixed_point(tuple(tasks), L, sigma)
         status = run_status(cfg, run, domain(cfg))
         name = f"left allocation: trained loss vs allocated fixed point, tasks={list(tasks)}, L={L}, sigma={sigma:g}"
+        label = config_label(cfg)
         if status[0] == "inside":
             rows.append(reported_row(name + " (stayed allocated: boundary not reached)", run["loss"],
-                                     theory=fixed["loss"], se=run["se"], config=config_label(cfg)))
+                                     theory=fixed["loss"], se=run["se"], config=label))
             continue
         c = check_trained_loss(cfg, run, fixed, name, status, target="the allocated fixed point")
         comps.append(c)
         rows.append(headline_row(c, se=run["se"]))
-        if status[0].startswith("left the allocated set"):
-            left += 1
-            best = best_decomposable(tuple(tasks), heads, L, sigma, seed + ctx.seed + 7, ctx.device,
-                                     random_starts=p.search_starts, fit_elements=p.search_fit_elements,
-                                     eval_prompts=p.search_eval_prompts)
-            b = check_best_decomposable(cfg, run, best, fixed["loss"])
-            comps.append(b)
-            rows.append(headline_row(b, se=run["se"]))
-    return Outcome(comps, rows, undecided=None if left else "no trained run left the allocated set",
+        if not status[0].startswith("left the allocated set"):
+            continue
+        left += 1
+        best = best_decomposable(tuple(tasks), heads, L, sigma, seed + ctx.seed + 7, ctx.device,
+                                 random_starts=p.search_starts, fit_elements=p.search_fit_elements,
+                                 eval_prompts=p.search_eval_prompts)
+        tol = run_tolerance(run, best)
+        rows.append(reported_row(f"left allocation: trained run's loss still to lose vs tolerance / {Z_SE:g}",
+                                 run["descent_left"], theory=tol / Z_SE, config=label))
+        cont = None
+        if converged_for(run, tol):
+            end, followed = run, False
+        else:
+            cont = continue_on_D(cfg, run, seed + ctx.seed + 11, p.continuation, reference_se=best.se)
+            end, followed = cont, True
+        where.append({"config": label, "trained_converged": cont is None, "trained_descent_left": run["descent_left"],
+                      "trained_tolerance": tol, "trained_loss": run["loss"], "trained_se": run["se"],
+                      "best_loss": best.loss, "best_se": best.se,
+                      "continuation": cont.to_dict() if cont is not None else None, **ended(cfg, run, cont)})
+        if followed and not (cont.on_D and cont.converged):
+            undecided.append(f"{label}: {cont.reason}")
+            rows.append(reported_row(f"left allocation: flow on D at the budget vs best decomposable point, {label}",
+                                     cont.loss, theory=best.loss, se=cont.se, config=label))
+            continue
+        b = check_best_decomposable(cfg, end, best, fixed["loss"], followed)
+        b.details["where"] = where[-1]
+        comps.append(b)
+        rows.append(headline_row(b, se=end["se"]))
+        decided += 1
+    reason = None
+    if not left:
+        reason = "no trained run left the allocated set"
+    elif not decided:
+        reason = "no run that left the allocated set converged within the budget: " + "; ".join(undecided)
+    return Outcome(comps, rows, undecided=reason,
                    details={"ran": f"claims 5-6's noisy runs {list(p.runs)} (seed offset {ctx.seed})",
-                            "runs_left": left})
+                            "runs_left": left, "decided": decided, "undecided_runs": undecided, "where": where,
+                            "continuation": asdict(p.continuation)})
 
 
 def findings(result) -> list:
+    """One sentence per run that left the allocated set: where it was when trained, and where
+    the flow took it (converged at, above or below the best decomposable point, off D, or still
+    descending at the budget)."""
     out, comps = [], result.details["comparisons"]
-    for c in comparisons_named(result, "left allocation: trained loss vs best"):
-        fixed = next((x for x in comps if x["config"] == c["config"] and "allocated fixed point" in x["name"]), None)
-        verb = "sits at" if c["agrees"] else "does not reach"
-        out.append(finding(result, "stops", "At {config}, the trained model leaves allocation (opposite-sign off-task "
-                           "share {share}) for a superposition with held-out loss {loss}, below the allocated fixed "
-                           "point {fixed}; it " + verb + " the best decomposable point of the same H, {best}.",
-                           config=c["config"], share=c["details"]["allocation"]["opposite_sign_share"],
-                           loss=(c["measured"], c["details"].get("run_se")),
-                           fixed=fixed["predicted"] if fixed else None,
-                           best=(c["predicted"], c["details"]["best"]["se"])))
+    for w in result.details.get("where", []):
+        c = next((x for x in comps if x["config"] == w["config"] and "best decomposable" in x["name"]), None)
+        fixed = next((x for x in comps if x["config"] == w["config"] and "allocated fixed point" in x["name"]), None)
+        cont = w["continuation"]
+        text = ("At {config}, the trained model leaves allocation for a superposition (held-out loss {trained}, below "
+                "the allocated fixed point {fixed}"
+                + ("" if cont is None else "; still falling: it could lose {left} more, against {tol} allowed")
+                + "); " + ("by the end of its schedule" if cont is None else
+                           "followed on D by the exact reduced flow for t = {t}") + ", it ")
+        if c is not None:
+            verb = "sits at" if c["agrees"] else ("stops above" if c["measured"] > c["predicted"] else "ends below")
+            text += ("converges to {loss} as " + w["words"] + ", " + verb + " the best decomposable point of the same "
+                     "H, {best}, at {lin} x linear attention's loss.")
+        elif not w["on_D"]:
+            text += "has left D (its off-D part carries loss: full model {trained}, on D {start}): undecided."
+        else:
+            text += ("is still descending at the budget, at {loss} as " + w["words"] + ", against the best "
+                     "decomposable point {best}: undecided.")
+        out.append(finding(result, "stops", text, config=w["config"], trained=(w["trained_loss"], w["trained_se"]),
+                           fixed=fixed["predicted"] if fixed else None, left=w["trained_descent_left"],
+                           tol=w["trained_tolerance"] / Z_SE, t=w["flow_time"], loss=(w["loss"], w["se"]),
+                           best=(w["best_loss"], w["best_se"]), lin=w["over_linear"],
+                           start=(cont or {}).get("start_loss")))
     if not out:
         out.append(finding(result, "stops", "None of the {n} noisy runs left the allocated set.", n=len(comps)))
     return out
@@ -118,7 +201,7 @@ SPEC = ClaimSpec(
     id="boundary-left-allocation", kind="boundary",
     title="Boundary: trained models that leave allocation (label noise)",
     statement=("Where claims 5-6's trained models leave the allocated set, their loss is not above the allocated "
-               "fixed point and equals the best decomposable point of the same H."),
+               "fixed point, and the flow, followed until converged, ends at the best decomposable point of the same H."),
     profiles=PROFILES, evaluate=evaluate, findings=findings, reads_sweep=True,
-    estimate=lambda p: 12.0 * len(p.runs))
+    estimate=lambda p: 12.0 * len(p.runs) + 0.15 * p.continuation.time * len(p.runs))
 run = SPEC.run

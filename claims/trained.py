@@ -15,7 +15,7 @@ from claims.base import Figure
 from claims.common import Z_SE, Comparison, compare, config_label, lines_figure, off_by
 from numerics import exact_reduced
 from numerics.config import ProblemConfig
-from numerics.experiments.converged import TrainingSchedule
+from numerics.experiments.converged import TrainingSchedule, converged_for
 from numerics.readout import ALLOCATED_SHARE
 
 
@@ -92,25 +92,36 @@ def resolve(p, problem: dict):
     return replace(p, problem=tuple(sorted(problem.items())))
 
 
-def run_status(cfg, run, inside: dict, outside_sides: bool = False) -> tuple[str, int]:
+def run_tolerance(run) -> float:
+    """The tolerance of the comparison a trained run's held-out loss feeds first (claim 5's
+    :func:`check_trained_loss`, less theory's quadrature bound of ~1e-12): Z_SE standard errors
+    of the held-out loss + the SGD step's excess left after polishing, from the run's own
+    numbers before any comparison."""
+    return Z_SE * run["se"] + run["step_error"]
+
+
+def run_status(cfg, run, inside: dict, outside_sides: bool = False, tolerance: float | None = None) -> tuple[str, int]:
     """(status, sign) of a converged run (``numerics.experiments.converged``): "inside", or the
     boundary it is at with the side theory puts it on (+1: not below the prediction, -1: not
     above it, 0: no side).  Decided from the run's own readout, in this order: outside the
     claim's domain (``inside``, from the configuration alone); saturated (largest |omega| above
     :data:`SATURATED_OMEGA`); left the allocated set for a superposition (``numerics.readout``:
     an opposite-sign off-task mu above ALLOCATED_SHARE): -1, a superposition lowers the loss;
-    not converged (held-out loss still falling, or heads not yet pruned): +1; else inside,
-    compared two-sidedly.
+    not converged (``numerics.experiments.converged.converged_for`` at ``tolerance``, default
+    :func:`run_tolerance`: the loss it could still lose is more than tolerance / Z_SE, or heads
+    not yet pruned): +1; else inside, compared two-sidedly.
 
     ``outside_sides``: outside the domain, a factored decomposable run still has a side (claim
     5's family argument): H < m -> the best model with fewer heads is above the fixed point, and
     an unconverged run further above (+1); H > m -> the family contains the allocated point, so
     a converged run is not above it (-1), while an unconverged one has no side (its surplus
     heads race)."""
+    tol = run_tolerance(run) if tolerance is None else float(tolerance)
+    converged = converged_for(run, tol)
     if not inside["inside"]:
         status, sign = "outside the domain: " + "; ".join(inside["reasons"]), 0
         if outside_sides and cfg.param == "factored" and cfg.init == "decomposable":
-            sign = +1 if cfg.heads < cfg.m else (-1 if run["converged"] else 0)
+            sign = +1 if cfg.heads < cfg.m else (-1 if converged else 0)
             if sign == 0:
                 status += "; not converged (held-out loss still falling): no side of the fixed point"
         return status, sign
@@ -122,8 +133,13 @@ def run_status(cfg, run, inside: dict, outside_sides: bool = False) -> tuple[str
     if cfg.heads > 1 and alloc["opposite_sign_share"] > ALLOCATED_SHARE:
         return (f"left the allocated set (an off-task mu of opposite sign, share {alloc['opposite_sign_share']:.2f} "
                 f"> {ALLOCATED_SHARE:g}: a superposition)"), -1
-    if not run["converged"] or (cfg.heads > 1 and not alloc["allocated"]):
-        return ("not converged (held-out loss still falling, or heads not yet pruned: off-task share "
+    if not converged:
+        left = run.get("descent_left")
+        return ("not converged (held-out loss still falling: it could still lose "
+                + (f"{left:.3g}" if left is not None else "more") + f" against tolerance / {Z_SE:g} = "
+                f"{tol / Z_SE:.3g})"), +1
+    if cfg.heads > 1 and not alloc["allocated"]:
+        return ("not converged (heads not yet pruned: off-task share "
                 f"{alloc['same_sign_share']:.2f})"), +1
     return "inside", 0
 

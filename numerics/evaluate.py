@@ -108,3 +108,33 @@ def held_out_loss_difference(model_a: MultiHeadAttention, model_b: MultiHeadAtte
         lb = ((model_b(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
         return la - lb
     return _held_out(a, per_prompt, n, seed, chunk)
+
+
+def held_out_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096):
+    """Per-prompt losses (len(models), n) of several full models of one problem on the SAME
+    ``n`` fresh prompts (held-out stream of ``seed``), drawn once: paired snapshots of one run,
+    whose differences and slopes have far smaller standard errors than the losses themselves
+    (numerics.statistics.descent_left)."""
+    import numpy as np
+
+    models = list(models)
+    if not models:
+        raise ValueError("held_out_losses needs at least one model")
+    for m in models:
+        if not isinstance(m, MultiHeadAttention):
+            raise TypeError(f"models must be MultiHeadAttention, got {type(m).__name__}")
+    cfg = models[0].cfg
+    keys = lambda c: (c.tasks, c.L, c.sigma, c.basis, c.basis_seed, c.dtype, c.device)  # noqa: E731
+    if any(keys(m.cfg) != keys(cfg) for m in models):
+        raise ValueError("the models must be of the same problem (tasks, L, sigma, basis, dtype, device) to be "
+                         "compared on the same prompts")
+    _check(n, chunk)
+    gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
+    out, left = [[] for _ in models], n
+    with torch.no_grad():
+        while left > 0:
+            pr = sample_prompts(cfg, min(chunk, left), gen)
+            for k, m in enumerate(models):
+                out[k].append(((m(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1).double().cpu().numpy())
+            left -= chunk
+    return np.array([np.concatenate(v) for v in out])

@@ -2,9 +2,10 @@
 served by several heads (issue 21).  Theory: :mod:`theory.saddle` (derivations there).
 
 Every function returns a frozen dataclass of measurements: values, standard errors over
-seeds, and what a tolerance is built from (the GD step's bias, the record spacing, the
-amplification of a twin run); the comparisons with theory, their tolerances and perturbed
-predictions are claims.saddle's.  Training runs go through :func:`numerics.train.train`
+seeds, and what a tolerance is built from (the record spacing, the amplification of a twin
+run, the path of served points a run held); every prediction (2a, the discrete map's rate
+at the held point, T(B), the slope 1/a) is theory.saddle's, and the comparisons, their
+tolerances and perturbed predictions are claims.saddle's.  Training runs go through :func:`numerics.train.train`
 (the one GD loop, ``start=`` the model at theory's allocated point, ``on_record=`` the
 readout); one torch thread per run.
 
@@ -17,11 +18,14 @@ positive, decaying at rate 2a.  So the saddle runs start at the allocated point 
 off-task value set to a small balanced mu0 > 0 (``mu0``, stated per profile): the value a
 run passing the allocation has.  From there gradient flow decays to the allocated point
 and stays (the conservation law); SGD builds an imbalance ~ lr mu0 dS / (2 a B) and the
-opposite-sign branch grows at 2a from seed ~ (lr/B)^2.
+opposite-sign branch grows at 2a from seed ~ (lr/B)^2.  The growth rate at several steps
+(:func:`step_size_measurement`) is measured from runs seeded on the opposite-sign branch
+directly (o = -v), just below the fit window, so that every step size sees the same window
+without the long plateau of the escape runs.
 
 Sizes in docs/saddle.md (the saddle's configurations: claims.saddle.PROFILES; the single-task
-runs: claims.initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 30 s for the saddle, 30 s for
-the single-task runs, one core), ``paper`` (not run here).
+runs: claims.initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 65 s CPU for the saddle,
+30 s for the single-task runs, one core), ``paper`` (not run here).
 """
 from __future__ import annotations
 
@@ -55,50 +59,10 @@ class _Stop(Exception):
 # the setting
 # ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class SaddleTheory:
-    """theory.saddle's numbers for one configuration: the allocated point, the off-task entries
-    (h, i) with their slope a, curvature c, capacity K = a/c, and the served mu* of task i."""
-    tasks: tuple
-    heads: int
-    L: int
-    sigma: float
-    omega: np.ndarray
-    mu: np.ndarray
-    entries: tuple          # ((h, i), ...) off-task entries with a > 0
-    a: np.ndarray           # (E,)
-    c: np.ndarray           # (E,)
-    K: np.ndarray           # (E,)
-    mu_star: np.ndarray     # (E,) serving mu of task i
-
-    @property
-    def rate(self) -> float:
-        """2a averaged over the entries (equal by symmetry in the profiles' configurations)."""
-        return float(2.0 * self.a.mean())
-
-
-_THEORY_CACHE: dict = {}
-
-
-def saddle_theory(tasks, heads, L, sigma=0.0) -> SaddleTheory:
-    key = (tuple(tasks), int(heads), int(L), float(sigma))
-    if key not in _THEORY_CACHE:
-        om, mu = th.allocated_point(tasks, L, sigma, heads)
-        a = th.off_task_slope(tasks, L, sigma, heads)
-        c = th.off_task_curvature(tasks, L, sigma, heads)
-        # the serving heads' off-task entries (h < m): the surplus heads' entries have their own
-        # (smaller) slope and are reported by theory but not seeded here
-        entries = tuple((h, i) for h in range(min(heads, len(tasks))) for i in range(len(tasks))
-                        if mu[h, i] == 0 and a[h, i] > 0)
-        if len(tasks) == 1:
-            entries = ((1, 0),) if a[1, 0] > 0 else ()
-        if not entries:
-            raise ValueError(f"no off-task entry with a > 0 at tasks={tasks}, H={heads}, L={L}: not a saddle")
-        E = np.array([a[e] for e in entries])
-        C = np.array([c[e] for e in entries])
-        _THEORY_CACHE[key] = SaddleTheory(tuple(tasks), int(heads), int(L), float(sigma), om, mu, entries, E, C,
-                                          E / C, np.array([mu[i, i] for _, i in entries]))
-    return _THEORY_CACHE[key]
+def saddle_theory(tasks, heads, L, sigma=0.0) -> th.SaddlePoint:
+    """theory.saddle's seeded entries and their constants for one configuration (the runs'
+    set-up: which entries to seed, the window's capacity K; never a prediction here)."""
+    return th.saddle_point(tasks, heads, L, sigma)
 
 
 def _cfg(tasks, heads, L, sigma=0.0) -> ProblemConfig:
@@ -107,7 +71,7 @@ def _cfg(tasks, heads, L, sigma=0.0) -> ProblemConfig:
 
 def allocated_model(cfg: ProblemConfig, mu0: float = 0.0) -> MultiHeadAttention:
     """The full factored model at theory's allocated point of cfg, every seeded off-task entry
-    (SaddleTheory.entries) set to the balanced value mu0 (> 0: o = v; < 0: o = -v, the
+    (theory.saddle.SaddlePoint.entries) set to the balanced value mu0 (> 0: o = v; < 0: o = -v, the
     opposite-sign branch; 0: the exact allocated point, off-task channel empty)."""
     if cfg.param != "factored":
         raise ValueError("the saddle is a property of the factored parametrisation (param='factored')")
@@ -204,7 +168,7 @@ class SaddleRuns:
     """The escape runs of one configuration: runs[(batch, seed)], the exact-start floors
     floor[batch] (max |mu_off| from the exact allocated point over t_floor), the theory."""
     cfg: ProblemConfig
-    theory: SaddleTheory
+    theory: th.SaddlePoint
     lr: float
     mu0: float
     runs: dict
@@ -214,13 +178,15 @@ class SaddleRuns:
 
 
 def saddle_runs(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Sequence[int], mu0: float,
-                t_max: float, stop_share: float = 0.1, t_floor: float = 10.0, record_dt: float = 0.5) -> SaddleRuns:
-    """Every (batch, seed) escape run, plus one exact-start run per batch for the noise floor."""
+                t_max: float, stop_share: float = 0.1, t_floor: float = 10.0, record_dt: float = 0.5,
+                floors: bool = True) -> SaddleRuns:
+    """Every (batch, seed) escape run, plus (``floors``) one exact-start run per batch for the
+    noise floor."""
     t0 = _time.perf_counter()
     st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     runs = {(B, s): saddle_run(cfg, lr, B, s, mu0, t_max, stop_share, record_dt) for B in batches for s in seeds}
     floor = {}
-    for B in batches:
+    for B in (batches if floors else ()):
         f = saddle_run(cfg, lr, B, 10_000 + int(seeds[0]), 0.0, t_floor, stop_share=math.inf, record_dt=record_dt)
         if np.any(f.o != 0) or np.any(f.v != 0):
             raise RuntimeError("the exact allocated point's empty off-task channel received a gradient "
@@ -235,12 +201,13 @@ def saddle_runs(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Se
 
 @dataclass(frozen=True)
 class GrowthRateMeasurement:
-    """Rate of the off-task |mu| on the opposite-sign branch: ``measured`` +- ``se`` (over
-    seeds; each seed the mean over entries of the fitted slope of the logistic coordinate),
-    ``raw`` +- ``raw_se`` (plain log|mu| fit), theory's ``predicted`` = 2a with ``a``, the GD
-    step's bias ``step_bias`` = |2a - 2 log(1 + lr a)/lr|, the window [lo, hi] (absolute
-    |mu|), the floor, e-folds and points per fit, and the served point the runs hold with
-    theory.exact's 2a there (:func:`held_point_rate`)."""
+    """Rate of the off-task |mu| on the opposite-sign branch at step ``lr``, batch ``batch``:
+    ``measured`` +- ``se`` (over seeds; each seed the mean over entries of the fitted slope of
+    the logistic coordinate), ``raw`` +- ``raw_se`` (plain log|mu| fit), the window [lo, hi]
+    (absolute |mu|), the floor, e-folds and points per fit, and the path the runs held in the
+    window: per seed the readout omega (n, H, m) and the serving mu (n, E) at up to
+    PATH_POINTS evenly spaced records of the window (where theory.saddle evaluates its
+    discrete-time account), the largest |omega| of an off-task entry there."""
     config: dict
     lr: float
     batch: int
@@ -251,49 +218,25 @@ class GrowthRateMeasurement:
     raw: float
     raw_se: float
     per_seed: tuple
-    predicted: float
-    a: float
-    step_bias: float
     window: tuple
     floor: float
     e_folds: float
     points: int
-    held_omega: tuple = ()
-    held_mu: tuple = ()
-    rate_at_held_point: float = math.nan
+    path_omega: tuple = ()
+    path_served: tuple = ()
+    off_task_omega: float = math.nan
 
 
-def held_point_rate(runs: "SaddleRuns", batch: int, seeds: Sequence[int]) -> tuple[np.ndarray, np.ndarray, float]:
-    """The served point the SGD runs actually hold (mean omega, serving mu over the records
-    from t = 1/a on while every off-task |mu| < 1e-2 mu*: the allocated plateau), and
-    theory.exact's 2a there (off-task entries 0):
-    a diagnostic of what the rate is measured against when SGD displaces the served point."""
-    st = runs.theory
-    oms, mus = [], []
-    for s in seeds:
-        r = runs.runs[(batch, s)]
-        small = np.abs(r.mu_off).max(axis=1) < 1e-2 * st.mu_star.min()
-        sel = (r.t >= 1.0 / float(st.a.mean())) & small
-        if sel.sum() < 2:
-            continue
-        oms.append(r.omega[sel].mean(axis=0))
-        mus.append(r.served[sel].mean(axis=0))
-    if not oms:
-        return np.full_like(st.omega, np.nan), np.full(len(st.entries), np.nan), math.nan
-    om = np.mean(oms, axis=0)
-    served = np.mean(mus, axis=0)
-    om_alloc = np.where(st.omega != 0, om, 0.0)
-    mu_alloc = st.mu.copy()
-    for (h, i), v in zip(st.entries, served):
-        mu_alloc[i, i] = v
-    g = th_exact.exact_gradient(om_alloc, mu_alloc, st.tasks, st.L, st.sigma, with_loss=False)
-    return om_alloc, served, float(2.0 * np.mean([g.d_mu[e] for e in st.entries]))
+PATH_POINTS = 8
+"""Records of a fit window at which the held served point is read out for theory's
+discrete-time account (the path mean of 2 log(1 + lr a)/lr): the SGD cloud is sampled evenly
+over the window; eight records put the sampling error of that mean below the seeds' spread."""
 
 
-def _window_fit(t, mu_off, lo, hi, K):
-    """Fit window of one entry: after the last record with |mu| < lo (or mu >= 0) before the
-    first record with |mu| >= hi, records with mu < 0 up to it.  Returns (slope of the
-    logistic coordinate, slope of log|mu|, e-folds, points) or None."""
+def _window(t, mu_off, lo, hi):
+    """Indices of one entry's fit window: after the last record with |mu| < lo (or mu >= 0)
+    before the first record with |mu| >= hi on the opposite-sign branch, up to it; None if
+    there is none or it has fewer than 5 records."""
     u = np.abs(mu_off)
     above = np.flatnonzero((u >= hi) & (mu_off < 0))
     if above.size == 0:
@@ -302,10 +245,17 @@ def _window_fit(t, mu_off, lo, hi, K):
     below = np.flatnonzero((u[:j] < lo) | (mu_off[:j] >= 0))
     if below.size == 0:
         return None
-    i0 = int(below[-1]) + 1
-    sel = np.arange(i0, j + 1)
-    if sel.size < 5:
+    sel = np.arange(int(below[-1]) + 1, j + 1)
+    return sel if sel.size >= 5 else None
+
+
+def _window_fit(t, mu_off, lo, hi, K):
+    """Fit over :func:`_window`: (slope of the logistic coordinate, slope of log|mu|, e-folds,
+    points) or None."""
+    sel = _window(t, mu_off, lo, hi)
+    if sel is None:
         return None
+    u = np.abs(mu_off)
     tt = t[sel]
     z = th.logistic_coordinate(u[sel], K)
     raw = np.log(u[sel])
@@ -314,23 +264,26 @@ def _window_fit(t, mu_off, lo, hi, K):
 
 def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Sequence[int], mu0: float = 0.05,
                             t_max: float = 300.0, floor_factor: float = 10.0, top_fraction: float = 0.05,
-                            runs: Optional[SaddleRuns] = None) -> GrowthRateMeasurement:
-    """The log-growth rate of each off-task |mu| (theory's prediction: 2a).
+                            runs: Optional[SaddleRuns] = None, floor: Optional[float] = None) -> GrowthRateMeasurement:
+    """The log-growth rate of each off-task |mu| on the opposite-sign branch.
 
     Window, fixed in advance: from where |mu| exceeds ``floor_factor`` x the noise floor
-    (max |mu_off| of a run from the exact allocated point at the same lr, B) to where it
-    reaches ``top_fraction`` x mu* of its task, on the opposite-sign branch (mu < 0).  The
-    fitted coordinate is theory's logistic z = log(|mu|/(1 - |mu|/K)) (K = a/c, the
+    (max |mu_off| of a run from the exact allocated point at the same lr, B; or ``floor``) to
+    where it reaches ``top_fraction`` x mu* of its task, on the opposite-sign branch (mu < 0).
+    The fitted coordinate is theory's logistic z = log(|mu|/(1 - |mu|/K)) (K = a/c, the
     curvature's correction, <= top_fraction mu*/K of the rate); the plain log fit is reported."""
     if runs is None:
         runs = saddle_runs(cfg, lr, [batch], seeds, mu0, t_max, stop_share=max(top_fraction, 0.1))
     st = runs.theory
-    floor = runs.floor[batch]
-    per_seed, raws, e_folds, points = [], [], [], []
+    floor = runs.floor[batch] if floor is None else float(floor)
+    per_seed, raws, e_folds, points, path_om, path_sv, off_om = [], [], [], [], [], [], []
     lo, his = floor_factor * floor, top_fraction * st.mu_star
+    off_task = st.omega == 0
     for s in seeds:
         run = runs.runs[(batch, s)]
         fits = [_window_fit(run.t, run.mu_off[:, e], lo, his[e], st.K[e]) for e in range(len(st.entries))]
+        wins = [w for w in (_window(run.t, run.mu_off[:, e], lo, his[e]) for e in range(len(st.entries)))
+                if w is not None]
         fits = [f for f in fits if f is not None]
         if not fits:
             continue
@@ -338,21 +291,48 @@ def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Se
         raws.append(float(np.mean([f[1] for f in fits])))
         e_folds += [f[2] for f in fits]
         points += [f[3] for f in fits]
+        span = np.arange(min(w[0] for w in wins), max(w[-1] for w in wins) + 1)
+        pick = span[np.unique(np.linspace(0, span.size - 1, min(PATH_POINTS, span.size)).round().astype(int))]
+        path_om.append(run.omega[pick].copy())
+        path_sv.append(run.served[pick].copy())
+        off_om.append(float(np.abs(run.omega[span][:, off_task]).max()) if off_task.any() else 0.0)
     if len(per_seed) < 2:
         raise ValueError(f"fewer than 2 seeds gave a fit window (floor {floor:.3g}, lo {lo:.3g}, hi {his.min():.3g}): "
                          "raise t_max, B or lower floor_factor")
     n = len(per_seed)
     meas, se = float(np.mean(per_seed)), float(np.std(per_seed, ddof=1) / math.sqrt(n))
     raw, raw_se = float(np.mean(raws)), float(np.std(raws, ddof=1) / math.sqrt(n))
-    pred = st.rate
-    h_om, h_mu, h_rate = held_point_rate(runs, batch, seeds)
     return GrowthRateMeasurement(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma},
                                  lr=lr, batch=batch, seeds=tuple(seeds), mu0=runs.mu0, measured=meas, se=se, raw=raw,
-                                 raw_se=raw_se, per_seed=tuple(per_seed), predicted=pred, a=float(st.a.mean()),
-                                 step_bias=abs(pred - float(np.mean(th.gd_growth_rate(st.a, lr)))),
-                                 window=(float(lo), float(his.min())), floor=floor, e_folds=float(np.mean(e_folds)),
-                                 points=int(np.min(points)), held_omega=tuple(np.diag(h_om).tolist()),
-                                 held_mu=tuple(np.asarray(h_mu).tolist()), rate_at_held_point=h_rate)
+                                 raw_se=raw_se, per_seed=tuple(per_seed), window=(float(lo), float(his.min())),
+                                 floor=floor, e_folds=float(np.mean(e_folds)), points=int(np.min(points)),
+                                 path_omega=tuple(path_om), path_served=tuple(path_sv),
+                                 off_task_omega=float(max(off_om)))
+
+
+START_BELOW = 2.0
+"""The step-size runs start on the opposite-sign branch at |mu| = lo / START_BELOW (lo the
+window's lower edge): log(START_BELOW) / (2a) = 4..6 time units below the window, in which the
+served point settles into its SGD cloud (measured: the served mu moves to its displaced level
+within 1-2 time units)."""
+
+
+def step_size_measurement(cfg: ProblemConfig, lrs: Sequence[float], batch: int, seeds: Sequence[int], floor: float,
+                          floor_factor: float = 10.0, top_fraction: float = 0.05, t_max: float = 300.0,
+                          record_dt: float = 1.0) -> tuple:
+    """The growth rate at each step ``lr`` of ``lrs`` (same batch, seeds, window; the floor
+    of the largest step, ``floor``, the noisiest, so the window is the same at every lr):
+    runs from theory's allocated point with each seeded entry on the opposite-sign branch
+    (o = -v) at |mu| = lo / START_BELOW, stopped once every share passed 2 top_fraction.
+    Returns one :class:`GrowthRateMeasurement` per lr."""
+    lo = floor_factor * float(floor)
+    out = []
+    for lr in lrs:
+        runs = saddle_runs(cfg, lr, [batch], seeds, -lo / START_BELOW, t_max, stop_share=2 * top_fraction,
+                           record_dt=record_dt, floors=False)
+        out.append(growth_rate_measurement(cfg, lr, batch, seeds, runs.mu0, t_max, floor_factor, top_fraction,
+                                           runs=runs, floor=floor))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------
@@ -411,10 +391,10 @@ def gradient_variance_measurement(cfg: ProblemConfig, n: int = 8192, seed: int =
 class EscapeTimeMeasurement:
     """Escape time T (first time the off-task share |mu_off|/|mu_serving| reaches ``threshold``
     on the opposite-sign branch; mean over entries per run) per batch size: ``T`` and ``T_se``
-    (over seeds), ``T_pred`` and ``T_pred_se`` (theory.saddle.escape_time with the measured dS,
-    at GD's ``rate`` 2 log(1 + lr a)/lr); the OLS slope dT/dlog B +- se over ``slope_runs``
-    escaped runs (residual sd ``slope_resid_sd``, pooled over B) and theory's ``slope_pred`` =
-    2/rate; the record ``spacing``; the imbalance predicted and read from the runs."""
+    (over seeds); the OLS slope dT/dlog B +- se over ``slope_runs`` escaped runs (residual sd
+    ``slope_resid_sd``, pooled over B); the record ``spacing``; the measured seed input (the
+    per-prompt gradient variances, ``variance``) and the imbalance o^2 - v^2 read from the
+    runs.  theory.saddle.escape_prediction turns the variances into T(B) and the slope."""
     config: dict
     lr: float
     batches: tuple
@@ -424,17 +404,12 @@ class EscapeTimeMeasurement:
     T: tuple
     T_se: tuple
     T_per_seed: tuple
-    T_pred: tuple
-    T_pred_se: tuple
     spacing: float
-    rate: float
     slope: float
     slope_se: float
-    slope_pred: float
     slope_runs: int
     slope_resid_sd: float
     variance: dict
-    imbalance_pred: tuple
     imbalance_measured: tuple
     all_escaped: bool
 
@@ -449,18 +424,13 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
                             seeds: Sequence[int] = (0, 1, 2), mu0: float = 0.05, threshold: float = 0.1,
                             t_max: float = 300.0, n_var: int = 8192, runs: Optional[SaddleRuns] = None,
                             variance: Optional[GradientVariance] = None) -> EscapeTimeMeasurement:
-    """Escape time against the batch size at fixed step, and theory's T(B) with the measured seed input.
-
-    Prediction (theory.saddle section 3): T(B) = (1/rate)[log(theta mu*/(1 - theta mu*/K))
-    - log seed(B)], seed = M^2/(16 mu0), M = lr^2 mu0 dS/(B(1 - (1 - lr a)^2)), dS measured
-    (:func:`gradient_variance_measurement`), rate = GD's 2 log(1 + lr a)/lr; so
-    dT/dlog B = 2/rate.  The slope is an ordinary least-squares fit of every escaped run's T
-    on log B (residual variance pooled over B)."""
+    """Escape time against the batch size at fixed step, the OLS slope of every escaped run's
+    T on log B (residual variance pooled over B), and the seed input dS
+    (:func:`gradient_variance_measurement`) theory's T(B) needs."""
     if runs is None:
         runs = saddle_runs(cfg, lr, batches, seeds, mu0, t_max, stop_share=threshold)
     st = runs.theory
     var = variance if variance is not None else gradient_variance_measurement(cfg, n_var)
-    rate = float(np.mean(th.gd_growth_rate(st.a, lr)))
     T, T_se, per, xs, ys = [], [], [], [], []
     all_escaped = True
     imb_meas = []
@@ -477,14 +447,6 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
         T_se.append(float(np.std(fin, ddof=1) / math.sqrt(len(fin))) if len(fin) > 1 else math.inf)
         xs += [math.log(B)] * len(fin)
         ys += fin
-    M = np.array([[th.imbalance(lr, mu0, var.dS[e], st.a[e], B) for e in range(len(st.entries))] for B in batches])
-    M_se = np.array([[abs(th.imbalance(lr, mu0, var.dS_se[e], st.a[e], B)) for e in range(len(st.entries))]
-                     for B in batches])
-    seed = th.seed_level(M, mu0)
-    thr = threshold * st.mu_star
-    T_pred_e = th.escape_time(rate, thr[None, :], seed, st.K[None, :])
-    T_pred = T_pred_e.mean(axis=1)
-    T_pred_se = (2.0 / rate) * (M_se / np.abs(M)).mean(axis=1)
     spacing = float(np.max([np.diff(r.t).max() for r in runs.runs.values()]))
     x, y = np.array(xs), np.array(ys)
     if x.size < 3 or np.ptp(x) == 0:
@@ -506,13 +468,11 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
     return EscapeTimeMeasurement(
         config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma}, lr=lr,
         batches=tuple(batches), seeds=tuple(seeds), mu0=runs.mu0, threshold=threshold, T=tuple(T), T_se=tuple(T_se),
-        T_per_seed=tuple(per), T_pred=tuple(float(v) for v in T_pred), T_pred_se=tuple(float(v) for v in T_pred_se),
-        spacing=spacing, rate=rate, slope=slope, slope_se=slope_se, slope_pred=th.escape_time_slope(rate),
-        slope_runs=int(x.size), slope_resid_sd=math.sqrt(s2),
+        T_per_seed=tuple(per), spacing=spacing, slope=slope, slope_se=slope_se, slope_runs=int(x.size),
+        slope_resid_sd=math.sqrt(s2),
         variance={"dS": var.dS.tolist(), "dS_se": var.dS_se.tolist(), "S_col": var.S_col.tolist(),
                   "S_row": var.S_row.tolist(), "n": var.n},
-        imbalance_pred=tuple(float(v) for v in M.mean(axis=1)), imbalance_measured=tuple(imb_meas),
-        all_escaped=bool(all_escaped))
+        imbalance_measured=tuple(imb_meas), all_escaped=bool(all_escaped))
 
 
 def anti_at_escape(runs: SaddleRuns, batch: int, seeds: Sequence[int]) -> float:
@@ -694,11 +654,12 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
 def measure_configuration(tasks, heads: int, L: int, lr: float, batches: Sequence[int], seeds: Sequence[int],
                           mu0: float = 0.05, threshold: float = 0.1, floor_factor: float = 10.0,
                           top_fraction: float = 0.05, t_max: float = 300.0, invariant_prompts: int = 512,
-                          n_var: int = 65536, record_dt: float = 1.0) -> dict:
-    """The measurements (a) growth rate, (b) escape times, (c) invariant batch's flow at one
-    configuration, sharing the SGD runs; the invariant flow runs over the SGD runs' escape horizon.
-    Returns the measurements, the SGD runs' |o - v| at escape (the largest batch, the smallest
-    seed), theory's escape account of the runs and the wall seconds of each part."""
+                          n_var: int = 65536, record_dt: float = 1.0, lrs: Sequence[float] = ()) -> dict:
+    """The measurements at one configuration: (a) the growth rate at each step of ``lrs``
+    (:func:`step_size_measurement`, at the largest batch, window from that batch's floor at
+    ``lr``), (b) escape times at ``lr`` over ``batches`` and (c) the invariant batch's flow over
+    the escape runs' horizon.  Returns the measurements, the SGD runs' |o - v| at escape (the
+    largest batch), the wall and CPU seconds of each part."""
     cfg = ProblemConfig(tasks=tuple(tasks), heads=heads, L=L)
     t0, c0 = _time.perf_counter(), _time.process_time()
     saddle_theory(tasks, heads, L)
@@ -708,13 +669,16 @@ def measure_configuration(tasks, heads: int, L: int, lr: float, batches: Sequenc
     t1 = _time.perf_counter()
     var = gradient_variance_measurement(cfg, n_var)
     t_var = _time.perf_counter() - t1
-    growth = growth_rate_measurement(cfg, lr, max(batches), seeds, mu0, t_max, floor_factor, top_fraction, runs=runs)
     escape = escape_time_measurement(cfg, lr, batches, seeds, mu0, threshold, t_max, runs=runs, variance=var)
+    t2 = _time.perf_counter()
+    steps = step_size_measurement(cfg, tuple(lrs) or (lr,), max(batches), seeds, runs.floor[max(batches)],
+                                  floor_factor, top_fraction, t_max, record_dt)
+    t_steps = _time.perf_counter() - t2
     horizon = float(np.nanmax([x for x in escape.T if math.isfinite(x)] or [t_max]))
     sgd_anti = anti_at_escape(runs, max(batches), seeds)
-    t2 = _time.perf_counter()
+    t3 = _time.perf_counter()
     inv = invariant_flow_measurement(cfg, lr, horizon, mu0, invariant_prompts)
-    t_inv = _time.perf_counter() - t2
-    return {"growth": growth, "escape": escape, "invariant": inv, "sgd_anti": sgd_anti, "escape_theory": runs.theory,
-            "seconds": {"theory": t_theory, "runs": runs.wall, "variance": t_var, "invariant": t_inv,
-                        "total": _time.perf_counter() - t0, "cpu": _time.process_time() - c0}}
+    t_inv = _time.perf_counter() - t3
+    return {"growth": steps, "escape": escape, "invariant": inv, "sgd_anti": sgd_anti,
+            "seconds": {"theory": t_theory, "runs": runs.wall, "variance": t_var, "step_sizes": t_steps,
+                        "invariant": t_inv, "total": _time.perf_counter() - t0, "cpu": _time.process_time() - c0}}

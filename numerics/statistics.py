@@ -1,8 +1,11 @@
 """Statistics of measured numbers: batch-means standard errors, paired ratios on common
-prompts, and the L -> inf extrapolation of L * loss (claims 5-7 and the boundaries)."""
+prompts, the L -> inf extrapolation of L * loss (claims 5-7 and the boundaries), the loss a
+run could still lose (the one convergence measure: :func:`descent_left`) and the lr -> 0
+extrapolation of a rate (the saddle)."""
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -74,3 +77,85 @@ def window_drift(tail: np.ndarray, z: float) -> float:
     halves = np.array_split(np.asarray(tail, float), 2)
     se = math.hypot(*(loss_standard_error(h, 5) for h in halves))
     return max(0.0, abs(float(halves[0].mean() - halves[1].mean())) - z * se)
+
+
+def extrapolate_to_zero(x, y, se) -> dict:
+    """y(x) extrapolated to x -> 0 from measurements y +- se at n >= 2 distinct x > 0 (the
+    saddle's growth rate at several steps lr): the polynomial of degree n - 1 through every
+    point (Richardson), a = sum_k w_k y_k with the Lagrange weights w_k of the points at 0,
+    a_se = sqrt(sum_k (w_k se_k)^2); ``systematic`` = half the change of a when the largest x
+    is left out (degree n - 2 through the others; with n = 2 the value at the smallest x): the
+    part of the extrapolation its own points cannot pin, from the measurements alone."""
+    x, y, se = (np.asarray(v, float) for v in (x, y, se))
+    if x.ndim != 1 or x.size < 2 or y.shape != x.shape or se.shape != x.shape:
+        raise ValueError(f"the extrapolation needs >= 2 points (x, y, se of one length), got {x.size}")
+    if np.any(~np.isfinite(x)) or np.any(x <= 0) or np.unique(x).size != x.size:
+        raise ValueError(f"x must be distinct, positive and finite, got {x.tolist()}")
+    if np.any(~np.isfinite(y)) or np.any(~np.isfinite(se)) or np.any(se < 0):
+        raise ValueError(f"y and se must be finite (se >= 0), got y={y.tolist()}, se={se.tolist()}")
+
+    def at_zero(idx):
+        xs = x[idx]
+        w = np.array([np.prod([-xj / (xi - xj) for j, xj in enumerate(xs) if j != i]) for i, xi in enumerate(xs)])
+        return float(w @ y[idx]), float(math.sqrt(np.sum((w * se[idx]) ** 2))), w
+
+    order = np.argsort(x)
+    a, a_se, w = at_zero(order)
+    b, _, _ = at_zero(order[:-1])
+    return {"a": a, "a_se": a_se, "systematic": 0.5 * abs(a - b), "lower_order": b, "weights": w.tolist(),
+            "x": x[order].tolist(), "degree": int(x.size - 1)}
+
+
+@dataclass(frozen=True)
+class DescentLeft:
+    """The loss a run could still lose, from paired snapshots at the end of its final stage
+    (:func:`descent_left`): ``rate`` (descent per unit time, > 0 while the loss falls) +-
+    ``rate_se``, ``jitter`` (the residual sd of the snapshots' losses about the fitted line: the
+    iterates' fluctuation plus Monte-Carlo noise), the ``window`` (first and last snapshot time),
+    ``points`` snapshots, the ``horizon`` and ``left`` = max(0, rate + rate_se) x horizon."""
+
+    rate: float
+    rate_se: float
+    jitter: float
+    window: tuple
+    points: int
+    horizon: float
+    left: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def descent_left(t, losses, horizon: float) -> DescentLeft:
+    """The loss a run could still lose over ``horizon`` at its recent descent rate.
+
+    ``t`` (k,): snapshot times over the second half of the run's final stage (the first half
+    absorbs the relaxation from the previous stage's SGD noise level to this one's, so the
+    window sees the descent left, not the noise's relaxation); ``losses`` (k, n): each
+    snapshot's per-prompt loss on the SAME n prompts.  The rate is minus the least-squares
+    slope of the snapshots' mean losses in t.  Its standard error is the larger of the paired
+    Monte-Carlo one (the sd over prompts of each prompt's own slope, / sqrt n: common prompts
+    cancel the prompt noise) and the one the residual scatter about the line gives
+    (jitter / sqrt(sum (t - tbar)^2)): the iterates fluctuate together on every prompt, which
+    pairing cannot remove.  ``left`` counts the rate one standard error above its estimate, so
+    a descent the noise hides is not taken for none; the horizon is the caller's (the
+    converged schedule: the final stage's length, "as long again")."""
+    t = np.asarray(t, float)
+    losses = np.asarray(losses, float)
+    if t.ndim != 1 or t.size < 3 or losses.ndim != 2 or losses.shape[0] != t.size or losses.shape[1] < 2:
+        raise ValueError(f"descent_left needs >= 3 snapshot times and a (snapshots, prompts) loss array, got t of "
+                         f"shape {t.shape} and losses of shape {losses.shape}")
+    if np.ptp(t) <= 0 or not (math.isfinite(horizon) and horizon > 0):
+        raise ValueError(f"the snapshot times must differ and the horizon be positive, got t={t.tolist()}, "
+                         f"horizon={horizon!r}")
+    tc = t - t.mean()
+    sxx = float(tc @ tc)
+    means = losses.mean(axis=1)
+    slope = float(tc @ means / sxx)
+    per_prompt = tc @ losses / sxx
+    se_mc = float(per_prompt.std(ddof=1) / math.sqrt(losses.shape[1]))
+    resid = means - means.mean() - slope * tc
+    jitter = float(math.sqrt(resid @ resid / (t.size - 2)))
+    rate, rate_se = -slope, max(se_mc, jitter / math.sqrt(sxx))
+    return DescentLeft(rate=rate, rate_se=rate_se, jitter=jitter, window=(float(t[0]), float(t[-1])),
+                       points=int(t.size), horizon=float(horizon), left=max(0.0, rate + rate_se) * float(horizon))

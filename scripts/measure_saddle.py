@@ -38,38 +38,43 @@ def _perturbations(c) -> str:
 def saddle_table(profile: str) -> None:
     from claims import saddle as C
 
-    escapes = []
+    escapes, slopes = [], []
     for p in C.PROFILES[profile].configurations:
         out = C.run_saddle_profile(p)
-        escapes.append(out["escape"])
-        g, e, inv, sec = out["growth"], out["escape"], out["invariant"], out["seconds"]
-        label = C._label(g.config)
-        gc, ec, ic = C.check_growth_rate(g, label), C.check_escape_slope(e), C.check_invariant_flow(
+        gs, e, inv, sec = out["growth"], out["escape"], out["invariant"], out["seconds"]
+        label = C._label(e.config)
+        pred = C.escape_prediction(e, p.heads)
+        escapes.append(e)
+        slopes.append(pred["slope_pred"])
+        gc, ec, ic = C.check_growth_rate(gs, label), C.check_escape_slope(e, pred), C.check_invariant_flow(
             inv, out["sgd_anti"], label)
         print(f"\n== saddle: tasks={p.tasks} H={p.heads} L={p.L}  lr={p.lr} B={p.batches} seeds={len(p.seeds)} "
               f"mu0={p.mu0} threshold={p.threshold}  ({sec['cpu']:.1f} s CPU, {sec['total']:.1f} s wall: theory "
-              f"{sec['theory']:.1f}, runs {sec['runs']:.1f}, variance {sec['variance']:.1f}, invariant "
-              f"{sec['invariant']:.1f})")
-        print(f"a = dL/dmu (theory.exact) = {_fmt(g.a)};  2a = {_fmt(g.predicted)}")
-        print(f"growth rate (B={g.batch}, window |mu| in [{g.window[0]:.2g}, {g.window[1]:.2g}], floor {g.floor:.2g}, "
-              f"{g.e_folds:.1f} e-folds, >= {g.points} points):")
-        print(f"  measured {_fmt(g.measured, g.se)} (plain log fit {_fmt(g.raw, g.raw_se)}) vs 2a {_fmt(g.predicted)}: "
-              f"|diff| {gc.error:.3g}, tolerance {gc.tolerance:.3g} -> {_verdict(gc)}  [{gc.why}]")
+              f"{sec['theory']:.1f}, escape runs {sec['runs']:.1f}, variance {sec['variance']:.1f}, step-size runs "
+              f"{sec['step_sizes']:.1f}, invariant {sec['invariant']:.1f})")
+        print(f"a = dL/dmu (theory.exact) = {_fmt(gc.details['a'])};  2a = {_fmt(gc.predicted)}")
+        for g in gs:
+            sc = C.check_step_rate(g, label)
+            held = sc.details["held"]
+            print(f"growth rate at lr={g.lr:g} (B={g.batch}, window |mu| in [{g.window[0]:.2g}, {g.window[1]:.2g}], "
+                  f"{g.e_folds:.1f} e-folds, >= {g.points} points): measured {_fmt(g.measured, g.se)} (plain log fit "
+                  f"{_fmt(g.raw, g.raw_se)}) vs discrete map at the held point {_fmt(sc.predicted)} (served omega "
+                  f"{held[0]}, mu {held[1]}; off-task |omega| <= {g.off_task_omega:.2g}): |diff| {sc.error:.3g}, "
+                  f"tolerance {sc.tolerance:.3g} -> {_verdict(sc)}")
+        print(f"  extrapolated to lr -> 0: {_fmt(gc.measured, gc.details['se'])} (systematic "
+              f"{gc.details['systematic']:.2g}) vs 2a {_fmt(gc.predicted)}: |diff| {gc.error:.3g}, tolerance "
+              f"{gc.tolerance:.3g} -> {_verdict(gc)}  [{gc.why}]")
         print(_perturbations(gc))
-        print(f"  diagnostic: the runs hold the served point omega {np.round(g.held_omega, 4).tolist()}, mu "
-              f"{np.round(g.held_mu, 4).tolist()} (theory {np.round(np.diag(out['escape_theory'].omega), 4).tolist()}, "
-              f"{np.round(out['escape_theory'].mu_star, 4).tolist()}); theory.exact's 2a there: "
-              f"{_fmt(g.rate_at_held_point)}")
         print(f"escape time (share >= {e.threshold}): dS = S_col - S_row = "
               + ", ".join(_fmt(a, b, 3) for a, b in zip(e.variance['dS'], e.variance['dS_se'])))
-        for B, T, se, tp, tps, tc, per, mp, mm in zip(e.batches, e.T, e.T_se, e.T_pred, e.T_pred_se,
-                                                      C.check_escape_times(e), e.T_per_seed, e.imbalance_pred,
-                                                      e.imbalance_measured):
+        for B, T, se, tp, tps, tc, per, mp, mm in zip(e.batches, e.T, e.T_se, pred["T_pred"], pred["T_pred_se"],
+                                                      C.check_escape_times(e, pred), e.T_per_seed,
+                                                      pred["imbalance"], e.imbalance_measured):
             print(f"  B={B:5d}: T = {_fmt(T, se)} (seeds {', '.join(f'{x:.1f}' for x in per)}) vs predicted "
                   f"{_fmt(tp, tps)} -> {'agrees' if tc.agrees else 'differs'};  imbalance o^2-v^2 predicted "
                   f"{mp:.3g}, measured {mm:.3g}")
-        print(f"  slope dT/dlog B = {_fmt(e.slope, e.slope_se)} vs 2/rate = 1/a = {_fmt(e.slope_pred)}: tolerance "
-              f"{ec.tolerance:.3g} -> {_verdict(ec)}")
+        print(f"  slope dT/dlog B = {_fmt(e.slope, e.slope_se)} vs 2/rate = 1/a = {_fmt(pred['slope_pred'])}: "
+              f"tolerance {ec.tolerance:.3g} -> {_verdict(ec)}")
         print(_perturbations(ec))
         print(f"invariant flow ({inv.prompts} G-invariant prompts, t = {inv.time:.1f}): max |o - v| = "
               f"{inv.max_anti:.3g} "
@@ -79,7 +84,7 @@ def saddle_table(profile: str) -> None:
               + ("rejected" if ic.discriminates else "NOT rejected"))
         sys.stdout.flush()
     if len(escapes) > 1:
-        pc = C.check_pooled_slope(escapes, "pooled")
+        pc = C.check_pooled_slope(escapes, slopes, "pooled")
         print(f"\npooled escape-time slope in units of 1/a over {len(escapes)} configurations: "
               f"{_fmt(pc.measured, pc.details['se'])} vs 1: tolerance {pc.tolerance:.3g} -> {_verdict(pc)}; "
               + "; ".join(f"{q.description}: error {float(q.details['error']):.3g} -> "

@@ -29,6 +29,25 @@ and with the curvature, d|mu|/dt = 2|mu| (a - c|mu|) on that branch (factored me
 (:func:`logistic_coordinate`).  Gradient descent with step lr multiplies y by (1 + lr a)
 per step: rate 2 log(1 + lr a)/lr (:func:`gd_growth_rate`).
 
+1b. The discrete step and the point a run holds
+-----------------------------------------------
+The step's factor is the balanced factored parametrisation's own map.  One GD step on the
+channel (slope a of the loss in mu = o v, the other weights fixed) is o' = o - lr a v,
+v' = v - lr a o, so y' = o' - v' = (1 + lr a) y exactly and x' = (1 - lr a) x: the
+opposite-sign branch |mu| = y^2/4 is multiplied by (1 + lr a)^2 per step, i.e. grows at
+
+    2 log(1 + lr a) / lr = 2a - lr a^2 + O(lr^2)    per unit time (t = lr x steps).
+
+An SGD run does not hold theory's allocated point: its served (omega, mu) fluctuate about a
+centre displaced by the finite step and batch (measured in docs/saddle.md), and a there is
+theory.exact's slope at the served point the run holds (:func:`slope_at`).  Along a path of
+served points theta_n the channel is multiplied by prod_n (1 + lr a(theta_n)), so the
+discrete account of the rate over a window is the path mean
+(2/lr) <log(1 + lr a(theta_n))>_n (:func:`discrete_rate_along`).  The batch's noise in a
+adds -lr Var(a_hat)(...) ~ lr S/B to the rate (S the per-prompt variance of dl/dmu): below
+1e-3 of 2a at the profiles' lr/B, not included.  As lr -> 0 at fixed B the served point's
+displacement and the step's factor both vanish and the rate tends to 2a at theory's point.
+
 2. Gradient flow never enters it: a conservation law
 ----------------------------------------------------
 For U = O V and any loss of U, dO/dt = -G V^T, dV/dt = -O^T G (G = dL/dU) conserve the
@@ -77,6 +96,7 @@ direction (section 2); the numerics test which slope the trained model follows.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -235,3 +255,110 @@ def additive_noise_slope(rate):
     """dT/d log B = 1/rate in the additive-noise picture (seed ~ 1/B)."""
     rate = float(rate)
     return math.inf if rate <= 0 else 1.0 / rate
+
+
+# ---------------------------------------------------------------------------------------
+# the seeded entries of one configuration, and the predictions the measurements are compared with
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SaddlePoint:
+    """theory's numbers for one configuration: the allocated point (omega, mu), the off-task
+    entries (h, i) a saddle run seeds (the serving heads' off-task entries with a > 0; with
+    m = 1 the surplus head's entry (1, 0)), their slope a, curvature c, capacity K = a/c and
+    the served mu* of task i."""
+    tasks: tuple
+    heads: int
+    L: int
+    sigma: float
+    omega: np.ndarray
+    mu: np.ndarray
+    entries: tuple          # ((h, i), ...) off-task entries with a > 0
+    a: np.ndarray           # (E,)
+    c: np.ndarray           # (E,)
+    K: np.ndarray           # (E,)
+    mu_star: np.ndarray     # (E,) serving mu of task i
+
+    @property
+    def rate(self) -> float:
+        """2a averaged over the entries (equal by symmetry in the profiles' configurations):
+        the prediction under test."""
+        return float(2.0 * self.a.mean())
+
+
+def saddle_point(tasks, heads, L, sigma=0.0) -> SaddlePoint:
+    """The :class:`SaddlePoint` of (tasks, heads, L, sigma).  Raises when no off-task entry has
+    a > 0 (the allocated point is then not a saddle).  Cached, keyed also by the functions it is
+    built from (:func:`off_task_slope`, :func:`off_task_curvature`), so a definition replaced
+    after a first call (the mutation suite) is never answered from the cache."""
+    tasks = check_tasks(tasks)
+    sigma = check_sigma(sigma)
+    key = (tuple(tasks), _heads(tasks, heads), int(L), float(sigma), off_task_slope, off_task_curvature)
+    if key not in _SADDLE_POINTS:
+        _SADDLE_POINTS[key] = _saddle_point(*key[:4])
+    return _SADDLE_POINTS[key]
+
+
+_SADDLE_POINTS: dict = {}
+
+
+def _saddle_point(tasks, heads, L, sigma):
+    om, mu = allocated_point(tasks, L, sigma, heads)
+    a = off_task_slope(tasks, L, sigma, heads)
+    c = off_task_curvature(tasks, L, sigma, heads)
+    # the serving heads' off-task entries (h < m); the surplus heads' entries have their own
+    # (smaller) slope and are not seeded
+    m = len(tasks)
+    entries = tuple((h, i) for h in range(min(heads, m)) for i in range(m) if mu[h, i] == 0 and a[h, i] > 0)
+    if m == 1:
+        entries = ((1, 0),) if a[1, 0] > 0 else ()
+    if not entries:
+        raise ValueError(f"no off-task entry with a > 0 at tasks={tasks}, H={heads}, L={L}: not a saddle")
+    E = np.array([a[e] for e in entries])
+    C = np.array([c[e] for e in entries])
+    return SaddlePoint(tasks, heads, L, sigma, om, mu, entries, E, C, E / C, np.array([mu[i, i] for _, i in entries]))
+
+
+def slope_at(omega, served_mu, tasks, L, sigma=0.0, heads=None) -> np.ndarray:
+    """a (E,) at a served point a run holds: theory.exact's d L / d mu at the allocated pattern
+    with the served omega taken from ``omega`` (H x m; its off-task entries are set to 0) and
+    the served mu[i, i] from ``served_mu`` (E,), every off-task mu 0 (section 1b)."""
+    sp = saddle_point(tasks, heads, L, sigma)
+    om = np.where(sp.omega != 0, np.asarray(omega, float), 0.0)
+    mu = sp.mu.copy()
+    for (h, i), v in zip(sp.entries, np.asarray(served_mu, float)):
+        mu[i, i] = v
+    g = _exact.exact_gradient(om, mu, sp.tasks, sp.L, sp.sigma, with_loss=False)
+    return np.array([g.d_mu[e] for e in sp.entries], float)
+
+
+def discrete_rate_along(omega_path, served_path, lr, tasks, L, sigma=0.0, heads=None) -> float:
+    """The discrete-time account of the growth rate over a window (section 1b):
+    (2/lr) mean_n log(1 + lr a(theta_n)) over the served points theta_n of the window
+    (``omega_path`` (n, H, m), ``served_path`` (n, E)), averaged over the entries."""
+    a = np.array([slope_at(om, sv, tasks, L, sigma, heads) for om, sv in zip(omega_path, served_path)])
+    return float(np.mean(gd_growth_rate(a, lr)))
+
+
+def escape_prediction(tasks, heads, L, sigma, lr, batches, mu0, threshold, dS, dS_se) -> dict:
+    """theory's escape times T(B) (section 3) at gradient descent's rate 2 log(1 + lr a)/lr,
+    with the measured seed input dS (E,) +- dS_se: per batch size the imbalance M, the seed
+    M^2/(16 mu0) and T (mean over entries) with its standard error (2/rate) mean|M_se/M|;
+    the slope dT/dlog B = 2/rate and the additive-noise picture's 1/rate; the same T at rate a
+    (half of it: a different prediction)."""
+    sp = saddle_point(tasks, heads, L, sigma)
+    dS, dS_se = np.asarray(dS, float), np.asarray(dS_se, float)
+    rate = float(np.mean(gd_growth_rate(sp.a, lr)))
+    M = np.array([[imbalance(lr, mu0, dS[e], sp.a[e], B) for e in range(len(sp.entries))] for B in batches])
+    M_se = np.abs(np.array([[imbalance(lr, mu0, dS_se[e], sp.a[e], B) for e in range(len(sp.entries))]
+                            for B in batches]))
+    seed = seed_level(M, mu0)
+    thr = threshold * sp.mu_star
+    T = escape_time(rate, thr[None, :], seed, sp.K[None, :]).mean(axis=1)
+    T_rate_a = escape_time(rate / 2, thr[None, :], seed, sp.K[None, :]).mean(axis=1)
+    return {"a": float(sp.a.mean()), "rate_flow": sp.rate, "rate_gd": rate, "step_bias": abs(sp.rate - rate),
+            "imbalance": M.mean(axis=1).tolist(), "seed_level": seed.tolist(),
+            "T_pred": T.tolist(), "T_pred_se": ((2.0 / rate) * (M_se / np.abs(M)).mean(axis=1)).tolist(),
+            "T_pred_rate_a": T_rate_a.tolist(), "slope_pred": escape_time_slope(rate),
+            "slope_additive": additive_noise_slope(rate), "K": sp.K.tolist(), "mu_star": sp.mu_star.tolist(),
+            "entries": [list(e) for e in sp.entries]}

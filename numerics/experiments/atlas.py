@@ -39,27 +39,21 @@ from pathlib import Path
 import numpy as np
 
 from numerics.config import ProblemConfig
-from numerics.evaluate import held_out_loss, held_out_loss_difference
+from numerics.evaluate import held_out_loss
+from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
 from numerics.experiments import active_store, one_thread
 from numerics.readout import SUPERPOSED_SHARE, allocation, crossing_time
 from numerics.train import TrainConfig, train
 
 __all__ = ["AtlasSchedule", "CLASSES", "classify", "run_point", "check_point", "train_atlas", "escape_time",
-           "atlas_point", "Z_CONVERGED", "CONVERGED_RELATIVE", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_points",
+           "atlas_point", "Z_CONVERGED", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_points",
            "grid_of", "cell_class", "mean_se", "ratios", "panel_matrices", "class_counts", "warmup_border",
            "record_spacing", "crossing_L", "last_and_first", "ols_slope", "escape_cells", "escape_means", "PATTERNS"]
 
 Z_CONVERGED = 4.0
-"""Standard errors of the paired held-out difference a converged run's loss may still fall by
-over the last quarter of its run (the report's one tolerance policy, claims.common.Z_SE, restated
-because numerics does not import claims)."""
-
-CONVERGED_RELATIVE = 0.01
-"""...plus 1% of the loss: a single-phase SGD run at fixed step fluctuates about its stationary
-loss by its SGD excess ~ (lr/4B) tr Sigma, measured at 0.3-1% of the loss at the atlas's steps
-and batches ((2, 2), L = 32, lr 0.1, B 256: explore-end minus polish-end 0.005 of 0.78, the
-converged schedule's step error); a run falling by more than that over its last quarter is
-still descending (a warm-up or an escape in progress)."""
+"""The report's one tolerance policy (claims.common.Z_SE), as numerics.experiments.converged
+restates it: an atlas point is converged when the loss it could still lose is at most its
+comparison's tolerance / Z_CONVERGED (numerics.experiments.converged.converged_for)."""
 
 OFF_D_RELATIVE = 0.5
 """A run ends off D when its movable off-D part (theory.initialisation.residual_split) exceeds
@@ -199,25 +193,19 @@ def best_decomposable_summary(tasks: tuple, heads: int, L: int, sigma: float, de
 
 
 def _saddle_prediction(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
-    """theory.saddle's escape time T(B) for this run (rate: gradient descent's 2 log(1 + lr a)/lr;
-    seed from the measured per-prompt gradient variance dS at the allocated point; threshold
-    ``sch.threshold`` x mu*), with its standard error from dS's, as numerics.saddle computes it."""
+    """theory.saddle's escape time T(B) for this run (theory.saddle.escape_prediction: rate
+    gradient descent's 2 log(1 + lr a)/lr; seed from the per-prompt gradient variance dS
+    measured at the allocated point; threshold ``sch.threshold`` x mu*), with its standard
+    error from dS's."""
     from numerics import saddle as ns
     from theory import saddle as th
-    st = ns.saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     var = ns.gradient_variance_measurement(cfg, n=4096)
-    rate = float(np.mean(th.gd_growth_rate(st.a, sch.lr)))
-    E = len(st.entries)
-    M = np.array([th.imbalance(sch.lr, sch.start_mu0, var.dS[e], st.a[e], sch.batch) for e in range(E)])
-    M_se = np.array([abs(th.imbalance(sch.lr, sch.start_mu0, var.dS_se[e], st.a[e], sch.batch)) for e in range(E)])
-    seed = th.seed_level(M, sch.start_mu0)
-    T_e = th.escape_time(rate, sch.threshold * st.mu_star, seed, st.K)
-    return {"a": float(np.mean(st.a)), "rate_flow": float(2 * np.mean(st.a)), "rate_gd": rate,
-            "slope_pred": th.escape_time_slope(rate), "slope_additive": th.additive_noise_slope(rate),
-            "K": st.K.tolist(), "mu_star": st.mu_star.tolist(), "entries": [list(e) for e in st.entries],
-            "dS": var.dS.tolist(), "dS_se": var.dS_se.tolist(), "seed_level": np.asarray(seed).tolist(),
-            "T_pred": float(np.mean(T_e)), "T_pred_se": float((2.0 / rate) * np.mean(M_se / np.abs(M))),
-            "T_pred_rate_a": float(np.mean(th.escape_time(rate / 2, sch.threshold * st.mu_star, seed, st.K)))}
+    p = th.escape_prediction(cfg.tasks, cfg.heads, cfg.L, cfg.sigma, sch.lr, (sch.batch,), sch.start_mu0,
+                             sch.threshold, var.dS, var.dS_se)
+    return {"a": p["a"], "rate_flow": p["rate_flow"], "rate_gd": p["rate_gd"], "slope_pred": p["slope_pred"],
+            "slope_additive": p["slope_additive"], "K": p["K"], "mu_star": p["mu_star"], "entries": p["entries"],
+            "dS": var.dS.tolist(), "dS_se": var.dS_se.tolist(), "seed_level": p["seed_level"][0],
+            "T_pred": p["T_pred"][0], "T_pred_se": p["T_pred_se"][0], "T_pred_rate_a": p["T_pred_rate_a"][0]}
 
 
 # ---------------------------------------------------------------------------------------
@@ -251,10 +239,17 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
       ``growth`` = 1 / (1 - min(exponent, 1/2)), ``bound`` = movable(0) x growth: what the start
       can carry off D through the warm-up, :data:`OFF_D_RELATIVE`); ``off_D``: movable part above
       ``bound`` and >= OFF_D_RELATIVE of ||(W, U)||;
-    - ``loss``, ``se``, ``n``: held-out loss at the final weights (numerics.evaluate); ``descent``,
-      ``descent_se``: paired held-out difference loss(3/4 t_end) - loss(t_end) on the same prompts;
-      ``in_warmup`` (config starts: |theta_end|^2 < 2 |theta0|^2, the warm-up's sqrt 2 factor);
-      ``converged``: not in warm-up and descent <= Z_CONVERGED se + CONVERGED_RELATIVE loss;
+    - ``loss``, ``se``, ``n``: held-out loss at the final weights (numerics.evaluate); the descent fit
+      over the last quarter (``descent_fit``: numerics.statistics.descent_left on every record of
+      it as paired snapshots, horizon the quarter's length: a single fixed-step stage has no
+      polish, and its class is read at t_end, so the test asks whether the last quarter again
+      would move the loss beyond the comparison's tolerance; ``descent``, ``descent_se``: its rate x the
+      horizon; ``descent_left``); ``in_warmup`` (config starts: |theta_end|^2 < 2 |theta0|^2, the
+      warm-up's sqrt 2 factor); ``converged``: not in warm-up and
+      numerics.experiments.converged.converged_for at the tolerance of the loss comparison the
+      point feeds, ``convergence_tolerance`` = Z_CONVERGED sqrt(se^2 + jitter^2) (the held-out se
+      and the final iterate's fluctuation, the window's residual scatter: a fixed-step run has no
+      polish to remove it);
     - ``t``, ``loss_curve``, ``opposite_share``, ``same_share``: per record; ``escape_time``:
       first crossing of ``threshold`` by the opposite-sign share (inf: none);
     - ``allocated_loss`` (theory.exact, None for H < m), ``best_decomposable`` (dict), and for
@@ -274,13 +269,15 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
     norm0_sq = _norm_sq(model)
     split0 = _split(model, cfg)
     tcfg = TrainConfig(lr=sch.lr, time=sch.time, batch=sch.batch, seed=seed, records=sch.records)
-    marks = {}
-    steps = tcfg.record_steps()
-    three_quarters = steps[min(len(steps) - 1, int(round(0.75 * (len(steps) - 1))))]
+    # every record of the last quarter is a snapshot of the descent fit: a fixed-step run's
+    # iterates jitter, and the fitted rate's standard error over a window of span s falls like
+    # jitter / (s sqrt(k)) in the k snapshots (41 records: 11 in the last quarter)
+    window = last_quarter(tcfg.record_steps())
+    snaps = []
 
     def on_record(step, t, m, loss):
-        if step == three_quarters:
-            marks["3/4"] = copy.deepcopy(m)
+        if step in window:
+            snaps.append((t, copy.deepcopy(m)))
 
     from numerics.model import TrainingDiverged
     refs = {"allocated_loss": theory_allocated_loss(tuple(cfg.tasks), cfg.heads, cfg.L, cfg.sigma),
@@ -300,7 +297,7 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
                 "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
     final = res.final_model
     est = held_out_loss(final, n=sch.n_eval, seed=seed)
-    diff = held_out_loss_difference(marks["3/4"], final, n=sch.n_eval, seed=seed)
+    descent = stage_descent(snaps, sch.n_eval, seed)      # None: fewer than 3 records in the last quarter
     split1 = _split(final, cfg)
     norm1_sq = _norm_sq(final)
     t_half = 1.0 / (16.0 * c4 * norm0_sq) if norm0_sq > 0 else math.inf
@@ -308,7 +305,10 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
     growth = 1.0 / (1.0 - min(wb["exponent"], 0.5))
     bound = split0["movable"] * growth
     in_warmup = bool(sch.start == "config" and norm1_sq < 2.0 * norm0_sq)
-    converged = bool(not in_warmup and diff.mean <= Z_CONVERGED * diff.se + CONVERGED_RELATIVE * est.mean)
+    # the tolerance of the loss comparison the point feeds (its loss against theory.exact's and the
+    # best decomposable point's), with the final iterate's fluctuation: no polish removes it
+    tol = stage_tolerance(est.se, descent.jitter) if descent is not None else 0.0
+    converged = bool(not in_warmup and descent is not None and converged_for({"descent_left": descent.left}, tol))
     shares = [allocation(r.omega, r.mu) for r in res.trajectory]
     a = allocation(res.omega, res.mu)
     out = {
@@ -319,7 +319,11 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
         "warmup": {"c4": c4, "exponent": 8.0 * c4 * norm0_sq * sch.time, "t_half": t_half, "growth": growth,
                    "bound": bound, "merged_norm_bound": wb["merged"]},
         "off_D": bool(split1["movable"] > bound and split1["movable_relative"] >= OFF_D_RELATIVE),
-        "loss": est.mean, "se": est.se, "n": est.n, "descent": diff.mean, "descent_se": diff.se,
+        "loss": est.mean, "se": est.se, "n": est.n,
+        "descent": descent.rate * descent.horizon if descent is not None else math.nan,
+        "descent_se": descent.rate_se * descent.horizon if descent is not None else math.nan,
+        "descent_left": descent.left if descent is not None else math.inf,
+        "descent_fit": descent.to_dict() if descent is not None else None, "convergence_tolerance": tol,
         "in_warmup": in_warmup, "converged": converged,
         "t": [r.t for r in res.trajectory], "loss_curve": [r.loss for r in res.trajectory],
         "opposite_share": [s.opposite_sign_share for s in shares], "same_share": [s.same_sign_share for s in shares],

@@ -9,16 +9,24 @@ import math
 import time
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from numerics.config import ProblemConfig
-from numerics.evaluate import held_out_loss, held_out_loss_difference
+from numerics.evaluate import held_out_loss, held_out_losses
 from numerics.experiments import active_store, cached, identity, one_thread
-from numerics.readout import allocation
+from numerics.readout import ALLOCATED_SHARE, allocation
+from numerics.statistics import descent_left
 from numerics.train import TrainConfig, train
 
 Z_CONVERGED = 4.0
-"""Standard errors of a paired held-out difference a converged run's loss may still fall by
-(the report's one tolerance policy, claims.common.Z_SE, restated here because numerics does not
-import claims; tests pin the two equal)."""
+"""The report's one tolerance policy, claims.common.Z_SE, restated here because numerics does
+not import claims (tests pin the two equal): a run is converged for a comparison of tolerance
+tol when the loss it could still lose is at most tol / Z_CONVERGED (:func:`converged_for`)."""
+
+WINDOW_POINTS = 5
+"""Snapshots of the final stage's second half (its records 4/8 .. 8/8) on which the descent
+rate is fitted (numerics.statistics.descent_left): five give the residual scatter three
+degrees of freedom, enough to see the iterates' jitter, at five model evaluations a run."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +40,11 @@ class TrainingSchedule:
     more at a ``polish_tokens`` batch, so the excess loss SGD's noise leaves at stationarity,
     ~ (lr / 4B) tr(Sigma) (Sigma the per-prompt gradient covariance), is cut by the ratio of
     lr/B of the two phases.  The converged loss is then measured again at the final weights on
-    fresh prompts (``numerics.evaluate.held_out_loss``), never read from the training losses."""
+    fresh prompts (``numerics.evaluate.held_out_loss``), never read from the training losses;
+    the descent left (:func:`converged_for`) and the step error on ``descent_tokens`` paired
+    prompt tokens.  A run not converged for its own comparison's tolerance goes on polishing,
+    ``polish_time`` at a time, up to ``polish_extensions`` times (the budget), unless it has left
+    the allocated set (:func:`train_converged` says why)."""
 
     time: float = 40.0            # explore: gradient-flow time t_end
     lr: float = 0.1               # explore: step eta
@@ -44,6 +56,8 @@ class TrainingSchedule:
     held_out_tokens: int = 2 ** 21  # held-out prompts: held_out_tokens // L, at least held_out_min
     held_out_min: int = 16384
     min_batch: int = 32           # smallest batch at large L
+    descent_tokens: int = 2 ** 20   # paired prompts of the descent fit and the step error: // L, >= 4096
+    polish_extensions: int = 2    # budget: the polish goes on, polish_time at a time, at most this often
 
     def batch(self, L: int, tokens: int) -> int:
         return max(self.min_batch, int(tokens) // int(L))
@@ -51,41 +65,87 @@ class TrainingSchedule:
     def held_out(self, L: int) -> int:
         return max(self.held_out_min, int(self.held_out_tokens) // int(L))
 
+    def descent_prompts(self, L: int) -> int:
+        return max(4096, int(self.descent_tokens) // int(L))
+
 
 # tiny and quick differ only in the held-out sample; paper is meant for a GPU
 TINY_SCHEDULE = TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=32768)
 QUICK_SCHEDULE = TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=65536)
 PAPER_SCHEDULE = TrainingSchedule(time=100.0, lr=0.05, tokens=2 ** 18, polish_time=5.0, polish_lr=0.05,
-                                  polish_tokens=2 ** 21, held_out_tokens=2 ** 24, held_out_min=65536)
+                                  polish_tokens=2 ** 21, held_out_tokens=2 ** 24, held_out_min=65536,
+                                  descent_tokens=2 ** 22)
+
+
+def converged_for(run, tolerance: float) -> bool:
+    """The one convergence test: a run is converged for a comparison of tolerance ``tolerance``
+    (fixed before comparing, from the comparison's own noise) when the loss it could still
+    lose, ``run["descent_left"]`` (its descent rate over the second half of its final stage,
+    one standard error up, times the stage's length: numerics.statistics.descent_left), is at
+    most tolerance / Z_CONVERGED, i.e. within about one standard error of the comparison.
+    Small against the comparison's tolerance, not against the loss: a run that would still
+    lose 0.02 is converged for a comparison of tolerance 0.1 and not for one of 0.05.  A run
+    handed in without a descent fit (a test's stand-in) is read by its own ``converged``."""
+    left = run.get("descent_left") if hasattr(run, "get") else None
+    if left is None:
+        return bool(run["converged"])
+    return bool(float(left) <= float(tolerance) / Z_CONVERGED)
+
+
+def last_quarter(record_steps) -> set:
+    """The record steps of a single fixed-step stage's last quarter: the snapshots of its
+    descent fit (:func:`stage_descent`)."""
+    steps = np.asarray(record_steps)
+    return set(int(x) for x in steps[steps >= 0.75 * steps[-1]])
+
+
+def stage_descent(snapshots, n: int, seed: int):
+    """The descent fit of a single fixed-step stage (an atlas point, an optimality candidate):
+    numerics.statistics.descent_left on its last quarter's snapshots ((t, model) pairs, at
+    least 3, paired on ``n`` held-out prompts of ``seed``), horizon the quarter's length.  Such
+    a stage has no polish and is read at its end, so the test asks whether the last quarter
+    again would move its loss beyond its comparison's tolerance, which must then carry the
+    final iterate's fluctuation (the fit's ``jitter``) besides the held-out standard error
+    (:func:`stage_tolerance`).  None with fewer than 3 snapshots."""
+    if len(snapshots) < 3:
+        return None
+    t = [x[0] for x in snapshots]
+    return descent_left(t, held_out_losses([m for _, m in snapshots], n, seed), horizon=float(t[-1] - t[0]))
+
+
+def stage_tolerance(se: float, jitter: float) -> float:
+    """The tolerance of a single fixed-step stage's loss comparison: Z_CONVERGED x
+    sqrt(se^2 + jitter^2), the held-out standard error and the final iterate's fluctuation (one
+    draw of the fixed step's SGD cloud)."""
+    return Z_CONVERGED * math.hypot(se, jitter)
 
 
 @dataclass(frozen=True)
 class ConvergedRun:
     """A full model trained by a :class:`TrainingSchedule` and measured at its final weights.
 
-    ``loss``, ``se``, ``n``: held-out loss on fresh prompts of the held-out stream of ``seed``
-    (the same prompts for every estimate below); ``step_error``: the excess loss SGD's step
-    leaves after the polish (if the excess is proportional to lr/B, the explore-end minus
-    polish-end held-out loss is (1 - k) of the explore excess, k the ratio of lr/B of the two
-    phases, so the polish's own excess is k/(1-k) times that difference); ``converged``: the
-    held-out loss falls neither over the last quarter of the explore phase by more than
-    Z_CONVERGED standard errors of the paired difference (same prompts) plus the explore
-    phase's SGD excess (its weights fluctuate by about that much), nor over the second half of
-    the polish by more than the same (the polish relaxes from the explore phase's SGD excess
-    towards its own); the readout omega, mu, residual and its ``allocation``
-    (``numerics.readout.allocation(...).to_dict()``).  Read as a mapping too (``run["loss"]``)."""
+    ``loss``, ``se``, ``n``: held-out loss on fresh prompts of the held-out stream of ``seed``;
+    ``step_error``: the excess loss SGD's step leaves after the polish (if the excess is
+    proportional to lr/B, the explore-end minus polish-end held-out loss, ``excess``, paired on
+    the descent prompts, is (1 - k) of the explore excess, k the ratio of lr/B of the two
+    phases, so the polish's own excess is k/(1-k) times it); ``descent``: the descent fit over
+    the polish's second half (numerics.statistics.DescentLeft.to_dict(), horizon the polish's
+    length) and ``descent_left`` its loss still to lose; ``converged``: :func:`converged_for`
+    at the run's own comparison tolerance ``convergence_tolerance`` = Z_CONVERGED se +
+    step_error (claim 5's, less theory's ~1e-12 quadrature bound); the readout omega, mu,
+    residual and its ``allocation`` (``numerics.readout.allocation(...).to_dict()``).  Read as a
+    mapping too (``run["loss"]``)."""
 
     loss: float
     se: float
     n: int
     converged: bool
-    descent_explore: float
-    descent_explore_tolerance: float
-    descent_polish: float
-    descent_polish_tolerance: float
-    loss_explore_3_4: float
+    convergence_tolerance: float
+    descent_left: float
+    descent: dict
+    excess: float
+    excess_se: float
     loss_explore_end: float
-    loss_polish_1_2: float
     step_error: float
     lr_over_batch_ratio: float
     omega: tuple
@@ -118,10 +178,13 @@ def check_schedule(fields: dict, L: int = 1) -> TrainingSchedule:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
         raise ValueError(f"grid: train.seed must be an integer in [0, 2^63), got {seed!r}")
     sch = TrainingSchedule(**fields)
-    for name in ("tokens", "polish_tokens", "held_out_tokens", "held_out_min", "min_batch"):
+    for name in ("tokens", "polish_tokens", "held_out_tokens", "held_out_min", "min_batch", "descent_tokens"):
         v = getattr(sch, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"grid: train.{name} must be a positive integer, got {v!r}")
+    v = sch.polish_extensions
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 100:
+        raise ValueError(f"grid: train.polish_extensions must be an integer in 0 .. 100, got {v!r}")
     for lr, t, tokens, what in ((sch.lr, sch.time, sch.tokens, "lr/time"),
                                 (sch.polish_lr, sch.polish_time, sch.polish_tokens, "polish_lr/polish_time")):
         try:
@@ -175,47 +238,252 @@ def run_point(point: dict) -> dict:
     return train_converged(ProblemConfig.from_dict(point["problem"]), schedule, seed).to_dict()
 
 
+def _window_snapshots(snaps, total: float) -> list:
+    """WINDOW_POINTS snapshots (t, model) of the polish evenly spaced over its second half
+    [total / 2, total] (the records nearest to those times)."""
+    times = np.array([t for t, _ in snaps])
+    want = np.linspace(0.5 * total, total, WINDOW_POINTS)
+    idx = sorted({int(np.argmin(np.abs(times - w))) for w in want})
+    return [snaps[i] for i in idx]
+
+
 @one_thread
 def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 0) -> ConvergedRun:
     """Train the full model of ``cfg`` by ``schedule`` and measure its converged loss
-    (:class:`ConvergedRun` says what each number is)."""
+    (:class:`ConvergedRun` says what each number is).
+
+    The polish runs ``polish_time`` at a time (piece e on the prompt stream seed + 1 + e); after
+    each piece the descent left is fitted over the second half of the whole polish (horizon:
+    the polish's length so far, "as long again") and, while the run is not converged for its
+    own tolerance, another piece follows, at most ``polish_extensions`` of them.  A run that
+    has left the allocated set for a superposition (an opposite-sign off-task mu above
+    numerics.readout.ALLOCATED_SHARE of the serving one) is not extended: its descent is the
+    flow leaving the saddle along the superposition valley, which more polish at this step does
+    not settle within the budget (the boundary follows it on D instead:
+    :func:`continue_on_D`)."""
     t0 = time.perf_counter()
     L = cfg.L
-    n_eval = schedule.held_out(L)
     explore = TrainConfig(lr=schedule.lr, time=schedule.time, batch=schedule.batch(L, schedule.tokens), seed=seed,
                           records=5)
-    polish = TrainConfig(lr=schedule.polish_lr, time=schedule.polish_time,
-                         batch=schedule.batch(L, schedule.polish_tokens), seed=seed + 1, records=3)
-    marks = {}
+    first = train(cfg, explore)
+    snaps, model, total = [], first.final_model, 0.0
 
-    def at(step_wanted, key):
-        def record(step, t, model, loss):
-            if step == step_wanted:
-                marks[key] = copy.deepcopy(model)     # compared later on the same prompts (paired)
-        return record
+    for piece in range(schedule.polish_extensions + 1):
+        polish = TrainConfig(lr=schedule.polish_lr, time=schedule.polish_time,
+                             batch=schedule.batch(L, schedule.polish_tokens), seed=seed + 1 + piece,
+                             records=2 * (WINDOW_POINTS - 1) + 1)
 
-    first = train(cfg, explore, on_record=at(explore.record_steps()[-2], "explore_3/4"))
-    end_explore = held_out_loss(first.final_model, n_eval, seed)
-    second = train(cfg, polish, start=copy.deepcopy(first.final_model), on_record=at(polish.record_steps()[1], "polish_1/2"))
-    final = held_out_loss(second.final_model, n_eval, seed)
-    k = (polish.lr / polish.batch) / (explore.lr / explore.batch)
-    excess = max(0.0, end_explore.mean - final.mean)
-    step_error = excess * k / (1.0 - k) if k < 1 else math.inf
-    # the descents are paired differences on the same held-out prompts: their standard errors
-    # are those of the differences, not of the two losses combined (which made the test lax)
-    de = held_out_loss_difference(marks["explore_3/4"], first.final_model, n_eval, seed)
-    dp = held_out_loss_difference(marks["polish_1/2"], second.final_model, n_eval, seed)
-    tol_explore = Z_CONVERGED * de.se + excess
-    tol_polish = Z_CONVERGED * dp.se + excess
-    readout = second.final_model.semi_singular_values()
+        def keep(step, t, m, loss, offset=total):
+            snaps.append((offset + t, copy.deepcopy(m)))     # compared later on the same prompts (paired)
+
+        second = train(cfg, polish, start=copy.deepcopy(model), on_record=keep)
+        model, total = second.final_model, total + polish.time
+        final = held_out_loss(model, schedule.held_out(L), seed)
+        window = _window_snapshots(snaps, total)
+        # the descent fit and the explore-end excess on one paired sample: snapshots, then the explore end
+        paired = held_out_losses([m for _, m in window] + [first.final_model], schedule.descent_prompts(L), seed)
+        descent = descent_left([t for t, _ in window], paired[:-1], horizon=total)
+        diff = paired[-1] - paired[-2]
+        excess, excess_se = max(0.0, float(diff.mean())), float(diff.std(ddof=1) / math.sqrt(diff.size))
+        k = (polish.lr / polish.batch) / (explore.lr / explore.batch)
+        step_error = excess * k / (1.0 - k) if k < 1 else math.inf
+        tol = Z_CONVERGED * final.se + step_error
+        readout = model.semi_singular_values()
+        alloc = allocation(readout.omega, readout.mu)
+        converged = converged_for({"descent_left": descent.left}, tol)
+        if converged or (cfg.heads > 1 and alloc.opposite_sign_share > ALLOCATED_SHARE):
+            break
     return ConvergedRun(
-        loss=final.mean, se=final.se, n=final.n,
-        converged=bool(de.mean <= tol_explore and dp.mean <= tol_polish),
-        descent_explore=de.mean, descent_explore_tolerance=tol_explore,
-        descent_polish=dp.mean, descent_polish_tolerance=tol_polish,
-        loss_explore_3_4=end_explore.mean + de.mean, loss_explore_end=end_explore.mean,
-        loss_polish_1_2=final.mean + dp.mean, step_error=step_error, lr_over_batch_ratio=k,
+        loss=final.mean, se=final.se, n=final.n, converged=converged,
+        convergence_tolerance=tol, descent_left=descent.left, descent={**descent.to_dict(), "polish_time": total,
+                                                                         "pieces": piece + 1},
+        excess=excess, excess_se=excess_se, loss_explore_end=final.mean + float(diff.mean()), step_error=step_error,
+        lr_over_batch_ratio=k,
         omega=tuple(map(tuple, readout.omega.tolist())), mu=tuple(map(tuple, readout.mu.tolist())),
-        residual=float(readout.residual), allocation=allocation(readout.omega, readout.mu).to_dict(),
+        residual=float(readout.residual), allocation=alloc.to_dict(),
         config=cfg.to_dict(), schedule=asdict(schedule), seed=int(seed), explore_batch=explore.batch,
         polish_batch=polish.batch, seconds=time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------
+# a run that left the allocated set, followed on D by the exact reduced flow
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ContinuationSchedule:
+    """How a trained run is followed on D to where its flow goes (:func:`continue_on_D`): the
+    exact finite-L reduced flow (``numerics.train.train_reduced``, theory's factored balanced
+    metric, the Rao-Blackwellised ``marginal`` estimator on tokens // L fresh prompts a step, at
+    least ``min_batch``: a fixed token count keeps the gradient noise per step comparable across
+    L, as the trained schedule's) in pieces of ``chunk`` flow time, at most ``time`` in all (the
+    budget), each piece at the step
+    min(``lr``, 1/lambda_max) (lambda_max: the largest eigenvalue of the metric-weighted Hessian
+    F^1/2 Hess F^1/2 of the exact reduced loss at the piece's start on ``hessian_prompts``
+    prompts: gradient descent is stable below 2/lambda_max, and the valley the superposition
+    runs along stiffens as mu grows), the descent fit and the loss on ``eval_prompts`` common
+    prompts."""
+
+    lr: float = 0.1
+    tokens: int = 2 ** 14
+    min_batch: int = 64
+    chunk: float = 20.0
+    time: float = 100.0
+    eval_prompts: int = 8192
+    hessian_prompts: int = 2048
+    records: int = 21             # records per piece (the window's snapshots are taken from them)
+
+    def batch(self, L: int) -> int:
+        return max(self.min_batch, int(self.tokens) // int(L))
+
+
+QUICK_CONTINUATION = ContinuationSchedule()
+PAPER_CONTINUATION = ContinuationSchedule(tokens=2 ** 17, time=1000.0, eval_prompts=65536)
+
+
+@dataclass(frozen=True)
+class ContinuedRun:
+    """A trained run that left the allocated set, followed on D (:func:`continue_on_D`).
+
+    ``on_D``: the run's held-out loss (full model, ``start_full`` +- ``start_full_se``) agrees
+    with the exact reduced loss at its readout (``start_loss`` +- ``start_se``) within
+    Z_CONVERGED standard errors of the difference: its off-D part (``residual`` of ||(W, U)||)
+    carries no loss beyond noise, so on D the full model's flow is the reduced flow (claims 1-2)
+    and the continuation follows the run; off D it is not continued.  ``time``: flow time
+    followed; ``converged``: the descent left (``descent``: numerics.statistics.descent_left over
+    the continuation's second half, horizon its length) is at most hypot(se, ``reference_se``),
+    i.e. within tolerance / Z_CONVERGED of a two-sided comparison with a prediction of standard
+    error ``reference_se`` at Z_CONVERGED standard errors; else ``reason``.  ``loss`` +- ``se``:
+    the exact reduced loss at the end on the eval prompts; ``jitter`` the window's residual
+    scatter (what the last iterate's fluctuation may add); (``omega``, ``mu``) and their
+    ``allocation``; per piece its step (``steps_lr``)."""
+
+    on_D: bool
+    start_full: float
+    start_full_se: float
+    start_loss: float
+    start_se: float
+    residual: float
+    time: float
+    converged: bool
+    reason: str
+    descent: dict
+    descent_left: float
+    reference_se: float
+    loss: float
+    se: float
+    jitter: float
+    omega: tuple
+    mu: tuple
+    allocation: dict
+    steps_lr: tuple
+    steps: int
+    schedule: dict
+    seconds: float
+
+    def __getitem__(self, key):
+        return getattr(self, key)
+
+    def get(self, key, default=None):
+        return getattr(self, key, default)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def stable_step(cfg: ProblemConfig, omega, mu, lr_max: float, n: int, seed: int) -> float:
+    """min(lr_max, 1/lambda_max): lambda_max the largest eigenvalue of F^1/2 Hess F^1/2 of the
+    exact reduced loss at (omega, mu) (``n`` marginal prompts of ``seed``; F theory's metric
+    factors, theory.reduced_ode.metric_factors).  The linearised step x' = x - lr F Hess x is
+    stable while lr lambda_max < 2; half of that bound is kept."""
+    import torch
+
+    from numerics.exact_reduced import marginal_chunks, marginal_losses
+    from theory.reduced_ode import metric_factors
+
+    omega, mu = np.asarray(omega, float), np.asarray(mu, float)
+    H, m = omega.shape
+    prompts = next(marginal_chunks(cfg.tasks, cfg.L, n, seed, H))
+
+    def loss(x):
+        return marginal_losses(x[:H * m].view(H, m), x[H * m:].view(H, m), prompts, cfg.tasks, cfg.sigma).mean()
+
+    x0 = torch.tensor(np.concatenate([omega.ravel(), mu.ravel()]), dtype=torch.float64)
+    hess = torch.autograd.functional.hessian(loss, x0).numpy()
+    f_om, f_mu = metric_factors(cfg.param, omega, mu, cfg.tasks, cfg.logit_scale)
+    s = np.sqrt(np.concatenate([f_om.ravel(), f_mu.ravel()]))
+    lam = float(np.linalg.eigvalsh(0.5 * (hess + hess.T) * s[:, None] * s[None, :]).max())
+    return float(min(lr_max, 1.0 / lam)) if lam > 0 else float(lr_max)
+
+
+def continue_on_D(cfg: ProblemConfig, run, seed: int, schedule: ContinuationSchedule = QUICK_CONTINUATION,
+                  reference_se: float = 0.0) -> ContinuedRun:
+    """The run (a :class:`ConvergedRun`, of ``cfg``) followed on D by the exact reduced flow
+    until converged for a comparison with a prediction of standard error ``reference_se``, or
+    the budget is spent (:class:`ContinuedRun`, :class:`ContinuationSchedule`).  Cached by the
+    run's identity, the schedule and ``reference_se``; prompt streams: piece k seed + k, the
+    eval prompts seed + 7919, the Hessians' seed + 104729."""
+    key = identity("continued", problem=cfg.to_dict(), run=run["schedule"], run_seed=run["seed"], seed=int(seed),
+                   schedule=schedule, reference_se=float(reference_se))
+    return cached(key, lambda: _continue_on_D(cfg, run, int(seed), schedule, float(reference_se)))
+
+
+@one_thread
+def _continue_on_D(cfg, run, seed, sch, reference_se):
+    from numerics import exact_reduced
+    from numerics.train import train_reduced
+    from numerics.model import TrainingDiverged
+
+    t0 = time.perf_counter()
+    tasks, L, sigma = cfg.tasks, cfg.L, cfg.sigma
+    eval_seed = seed + 7919
+    om, mu = np.array(run["omega"], float), np.array(run["mu"], float)
+
+    def evaluate(points):
+        return exact_reduced.evaluate(points, tasks, L, sigma, sch.eval_prompts, eval_seed, cfg.device)
+
+    first = evaluate([(om, mu)])[0]
+    start_loss, start_se = float(first.mean()), float(first.std(ddof=1) / math.sqrt(first.size))
+    on_D = abs(run["loss"] - start_loss) <= Z_CONVERGED * math.hypot(run["se"], start_se)
+    records, steps_lr, steps, t = [(0.0, om.copy(), mu.copy())], [], 0, 0.0
+    descent, loss, se, converged = None, start_loss, start_se, False
+    reason = "" if on_D else (f"off D: the full model's held-out loss {run['loss']:.4g} +- {run['se']:.2g} and the "
+                              f"reduced loss at its readout {start_loss:.4g} +- {start_se:.2g} differ by more than "
+                              f"{Z_CONVERGED:g} standard errors (off-D residual {run['residual']:.3g}): not followed")
+    piece = 0
+    while on_D and t < sch.time - 1e-9:
+        lr = stable_step(cfg, om, mu, sch.lr, sch.hessian_prompts, seed + 104729 + piece)
+        span = min(sch.chunk, sch.time - t)
+        lr = span / max(2, int(math.ceil(span / lr)))          # a whole number of steps per piece
+        tcfg = TrainConfig(lr=lr, time=span, batch=sch.batch(L), seed=seed + piece, records=sch.records)
+
+        def keep(step, tt, state, batch_loss, offset=t):
+            records.append((offset + tt, *(x.detach().cpu().double().numpy().copy() for x in state)))
+
+        try:
+            res = train_reduced(cfg, tcfg, start=(om, mu), estimator="marginal", on_record=keep)
+        except TrainingDiverged as exc:
+            reason = f"the reduced flow diverged at t = {t:.3g} ({exc})"
+            break
+        om, mu = np.asarray(res.omega, float), np.asarray(res.mu, float)
+        t, steps, piece = t + span, steps + res.steps, piece + 1
+        steps_lr.append(lr)
+        times = np.array([r[0] for r in records])
+        idx = sorted({int(np.argmin(np.abs(times - w))) for w in np.linspace(0.5 * t, t, WINDOW_POINTS)})
+        per = evaluate([(records[i][1], records[i][2]) for i in idx])
+        descent = descent_left(times[idx], per, horizon=t)
+        loss, se = float(per[-1].mean()), float(per[-1].std(ddof=1) / math.sqrt(per.shape[1]))
+        converged = descent.left <= math.hypot(se, reference_se)
+        if converged:
+            break
+    if on_D and not converged and not reason:
+        reason = (f"budget spent: after t = {t:g} of the reduced flow it could still lose {descent.left:.3g} "
+                  f"(rate {descent.rate:.3g} per unit time), more than hypot(se, reference se) = "
+                  f"{math.hypot(se, reference_se):.3g}")
+    d = descent.to_dict() if descent is not None else {}
+    return ContinuedRun(
+        on_D=bool(on_D), start_full=float(run["loss"]), start_full_se=float(run["se"]), start_loss=start_loss,
+        start_se=start_se, residual=float(run["residual"]), time=float(t), converged=bool(converged), reason=reason,
+        descent=d, descent_left=float(d.get("left", math.inf)), reference_se=reference_se, loss=loss, se=se,
+        jitter=float(d.get("jitter", 0.0)), omega=tuple(map(tuple, om.tolist())), mu=tuple(map(tuple, mu.tolist())),
+        allocation=allocation(om, mu).to_dict(), steps_lr=tuple(steps_lr), steps=int(steps), schedule=asdict(sch),
+        seconds=time.perf_counter() - t0)

@@ -33,6 +33,7 @@ from numerics.data import make_generator, sample_prompts
 from numerics.evaluate import held_out_loss
 from numerics.exact_reduced import FamilyMinimum, allocated_minimum, best_found_minimum, measure, minimise_family
 from numerics.experiments import cached, identity, one_thread
+from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
 from numerics.statistics import paired_ratio
 from numerics.model import MultiHeadAttention, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values
 from numerics.reduced import metric_factors, per_prompt_reduced_gradients, reduced_gradient
@@ -462,17 +463,29 @@ def candidates_at_heads(tasks, H: int, L: int, sigma: float, seed: int, device="
             progress(f"optimality: full merged model, H={H}, start {k}", 0.0)
         cfg = ProblemConfig(tasks=tuple(tasks), heads=H, L=L, sigma=sigma, param="merged", init="random_full",
                             init_scale=init_scale, init_seed=seed + k, device=device, **(extra or {}))
-        tcfg = TrainConfig(lr=train_lr, time=train_time, batch=train_batch, seed=seed + 100 + k, records=5)
+        tcfg = TrainConfig(lr=train_lr, time=train_time, batch=train_batch, seed=seed + 100 + k, records=17)
+        window, snaps = last_quarter(tcfg.record_steps()), []
+
+        def keep(step, t, model, loss):
+            if step in window:
+                snaps.append((t, copy.deepcopy(model)))
         try:
-            res = train(cfg, tcfg)
+            res = train(cfg, tcfg, on_record=keep)
         except TrainingDiverged as exc:
             rows.append({"kind": "full merged", "start": f"random full {k}", "diverged": str(exc)})
             continue
         est = held_out_loss(res.final_model, n=held_out_prompts, seed=seed + 100 + k)
         C = alloc.loss / est.mean
+        C_se = C * math.hypot(alloc.se / alloc.loss, est.se / est.mean)
+        # the one convergence test (numerics.experiments.converged) at the tolerance of the comparison the
+        # candidate's loss feeds, C's Z standard errors on the loss scale with the final iterate's fluctuation
+        d = stage_descent(snaps, held_out_prompts, seed + 100 + k)       # None: under 3 records to fit
+        tol = stage_tolerance(est.mean * C_se / C, d.jitter if d is not None else 0.0)
+        left = d.left if d is not None else math.inf
         rows.append({"kind": "full merged", "start": f"random full {k}", "loss": est.mean, "se": est.se, "C": C,
-                     "C_se": C * math.hypot(alloc.se / alloc.loss, est.se / est.mean),
-                     "off_D_residual": float(res.trajectory[-1].residual), "steps": res.steps})
+                     "C_se": C_se, "off_D_residual": float(res.trajectory[-1].residual), "steps": res.steps,
+                     "descent_left": left, "descent": d.to_dict() if d is not None else None,
+                     "convergence_tolerance": tol, "converged": converged_for({"descent_left": left}, tol)})
     done = [r for r in rows if "C" in r]
     best = max(done, key=lambda r: r["C"])
     best_dec = decs[int(np.argmax([r["C"] for r in rows[:len(decs)]]))]
