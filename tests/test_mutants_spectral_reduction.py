@@ -68,3 +68,18 @@ def test_pair_kernel_blind_spot(monkeypatch):
     trend = [c for c in result.details["comparisons"] if c["name"].startswith("expansion")]
     print("  (c) scale of the measured gap over theory's", trend[0]["measured"].get("scale") if trend else None)
     assert result.verdict != "pass"
+
+
+def test_small_factor_headline_prediction_is_caught(monkeypatch):
+    # theory's metric factors -- and with them the predicted velocity on D, the headline (a) -- scaled by
+    # 1 -+ twice the headline's own resolving power (rounding: ~1e-13) at the quick profile: claim 2 must not pass
+    from mutation import assert_small_factor_caught, memoise
+    from numerics.experiments import probes
+
+    memoise(monkeypatch, probes, "gradient_projection", "richardson_runs", "trend_runs")
+
+    def patch(mp, factor):
+        real = claim.metric_factors
+        mp.setattr(claim, "metric_factors", lambda *a, **k: tuple(factor * f for f in real(*a, **k)))
+
+    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile="quick", seed=0), patch)
