@@ -23,7 +23,7 @@ import torch
 from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
 from numerics.evaluate import LossEstimate, held_out_loss, held_out_reduced_loss
-from numerics.exact_reduced import evaluate as exact_reduced_losses
+from numerics.exact_reduced import evaluate as exact_reduced_losses, loss_and_gradient
 from numerics.experiments import cached, identity, one_thread
 from numerics.model import MultiHeadAttention, initial_semi_singular_values, initial_values
 from numerics.readout import allocation
@@ -162,6 +162,18 @@ HELD_OUT_MAX = 2 ** 20
 """The held-out sample grows (to at most HELD_OUT_MAX prompts) until z standard errors are
 3% of the measured loss, a third of claim 4's 10% perturbation: at r = 1 the per-prompt loss
 is heavy-tailed (65536 prompts: 2% relative se at L = 64)."""
+
+
+def off_task_gradient(tasks, L: int, sigma: float, omega, mu, n: int, seed: int, device="cpu") -> dict:
+    """d loss / d mu of the exact reduced loss at (omega, mu) by Monte Carlo (the
+    Rao-Blackwellised estimator of ``numerics.exact_reduced.loss_and_gradient`` on ``n`` fresh
+    prompts, standard errors from independent groups; cached by its arguments): claim 4 measures
+    the off-task slope a of the saddle at theory's allocated point with it."""
+    om, mu_ = np.asarray(omega, float), np.asarray(mu, float)
+    key = identity("off-task-gradient", tasks=list(tasks), L=int(L), sigma=float(sigma), omega=om.tolist(),
+                   mu=mu_.tolist(), n=int(n), seed=int(seed))
+    return cached(key, lambda: one_thread(loss_and_gradient)(om, mu_, tuple(tasks), int(L), float(sigma), int(n),
+                                                              int(seed), device=device))
 
 
 def tail_standard_errors(samples) -> tuple[np.ndarray, np.ndarray]:
