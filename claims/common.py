@@ -244,7 +244,8 @@ def moved_prediction(predicted, eps: float, sign: float, units: str, only: Optio
 
 def _side(rejected, units: str, sign: float, scale: float) -> Optional[float]:
     """The smallest eps >= 0 that ``rejected(eps)`` accepts as rejected: a geometric scan (factor 4)
-    then bisection to 1e-6 relative (integers for counts); None beyond RESOLVING_MAX."""
+    then bisection to 1e-6 relative, at most 60 halvings (integers for counts); None beyond
+    RESOLVING_MAX."""
     if rejected(0.0):
         return 0.0
     if units == "count":
@@ -267,7 +268,11 @@ def _side(rejected, units: str, sign: float, scale: float) -> Optional[float]:
         lo, eps = eps, min(4.0 * eps, top) if eps < top else 2 * top
     if hi is None:
         return None
-    while hi - lo > 1e-6 * hi:
+    # to 1e-6 relative; at most 60 halvings (an exact comparison, tolerance 0, rejects every move: its
+    # power is the first scanned eps halved 60 times, ~1e-29 of the scale)
+    for _ in range(60):
+        if hi - lo <= 1e-6 * hi:
+            break
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if rejected(mid) else (mid, hi)
     return hi * scale

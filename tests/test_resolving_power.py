@@ -152,3 +152,12 @@ def test_fast():
     for _ in range(200):
         compare("x", 1.02, 1.0, 0.05, "w", wrong=[("x 1.1", 1.1)])
     assert (time.perf_counter() - t0) / 200 < 5e-3
+
+
+def test_exact_comparison_with_zero_tolerance_terminates():
+    # tolerance 0 and a measurement equal to the prediction: every move is rejected, the scan ends at once
+    t0 = time.perf_counter()
+    c = compare("exact", 0.0, 0.0, 0.0, "w")
+    assert time.perf_counter() - t0 < 0.5
+    assert 0 < c.resolving_power["low"] < 1e-20 and 0 < c.resolving_power["high"] < 1e-20
+    assert all(p.rejected for p in c.perturbations)
