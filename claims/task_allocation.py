@@ -302,8 +302,9 @@ def check_off_task_slope(cfg: ProblemConfig, n: int, seed: int = 0) -> Compariso
             (f"a {round(100 * (1 - SLOPE_LOW)):d} % low (x {SLOPE_LOW:g})", (SLOPE_LOW * predicted).tolist()),
             ("a of the wrong sign (the allocated point a minimum)", (-predicted).tolist())],
         {"omega": om, "mu": mu, "slope": a, "grad_mu": g["grad_mu"], "grad_mu_se": g["grad_mu_se"], "n": n,
-         "escape_rate": 2.0 * float(max(0.0, np.max(predicted))) if predicted.size else 0.0},
-        se=se.tolist(), entrywise=True)
+         "escape_rate": 2.0 * float(max(0.0, np.max(predicted))) if predicted.size else 0.0,
+         "grad_mu_se_off_task": se.tolist()},
+        se=float(np.max(se)) if se.size else None, entrywise=True)   # the row's se: the largest entry's
 
 
 def check_boundary(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 16384, seed: int = 0,

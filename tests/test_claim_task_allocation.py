@@ -157,3 +157,6 @@ def test_off_task_slope_is_measured_two_sided(device):
     assert c.discriminates and len(c.perturbations) >= 2, c.explain()
     assert c.resolving_power["entrywise"] and 0 < c.resolving_power["low"] < 0.2, c.resolving_power
     assert c.details["escape_rate"] > 0
+    # its headline row fits the schema of claims.json (a scalar se: the largest entry's)
+    row = claim.headline_of(c)
+    assert isinstance(row["se"], float) and isinstance(row["tolerance"], list), row
