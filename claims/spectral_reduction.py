@@ -486,12 +486,15 @@ def findings(result) -> list:
 def estimate(p: SpectralReductionProfile) -> float:
     """Seconds from the plan (block_structure's rates): (b) five fixed-batch runs per case (lr,
     lr/2 twice, the wrong metric: 7 x time/lr steps) of |G| base_prompts L tokens, (c) trend_seeds
-    runs per L; (a) negligible.  Measured (CPU, quick, under load): (b) 0.47 s a case, (c) 7.7 s."""
+    runs per L and, with one head, theory's exact flow per L (~0.45 s: 2.2 s for the quick
+    profile's five L); (a) negligible.  Measured (CPU, quick, under load): (b) 0.47 s a case, (c)
+    7.7 s of runs."""
     cases, steps = plan(p), round(p.traj_time / 0.05)
     runs = [(7 * steps, group_order(c.tasks) * p.traj_base_prompts * c.L) for c, _ in cases["traj"]]
-    runs += [(p.trend_seeds * round(p.trend_time / p.trend_lr), p.trend_batch * L)
-             for L in (cases["trend"] or [0, []])[1]]
-    return gd_seconds(runs)
+    trend = cases["trend"] or [None, []]
+    runs += [(p.trend_seeds * round(p.trend_time / p.trend_lr), p.trend_batch * L) for L in trend[1]]
+    exact = 0.45 * len(trend[1]) if trend[0] is not None and trend[0].heads <= EXACT_GAP_MAX_HEADS else 0.0
+    return gd_seconds(runs) + exact
 
 
 SPEC = ClaimSpec(

@@ -428,7 +428,8 @@ SPEC = ClaimSpec(
         f"keys {sorted(q)}"),
     # seconds on 2 idle cores: the quick profile's 3 runs (1100 steps of B x L = 1024 x 64) took 35.5 s in the quick
     # report, ~1.6e-7 s per prompt-token-step; scaled by cases x steps x B x L (t = 60 where the horizon decides)
+    # + the Monte-Carlo off-task slope, ~1.4 s CPU at 16384 prompts, L = 64 (scaled by prompts x L)
     estimate=lambda p: (1 if p.problem else 1 + bool(p.surplus_heads) + bool(p.fewer_heads_tasks)) * 1.6e-7
-    * ((p.time or 60.0) / p.lr) * p.batch * p.L + 2.0)
+    * ((p.time or 60.0) / p.lr) * p.batch * p.L + 2.0 + 1.4 * p.slope_prompts * p.L / (16384 * 64))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run
