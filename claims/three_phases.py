@@ -245,28 +245,35 @@ def check_selection(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, tols
                    error=lambda measured, predicted: evaluate(predicted)[0])
 
 
-def check_converged_loss(cfg, meas: experiments.PhaseRun) -> Comparison:
+def check_converged_loss(cfg, meas: experiments.PhaseRun) -> tuple[Comparison, Comparison]:
     """The level the convergence phase reaches: the held-out loss (fresh prompts, standard error) of the final
     readout's allocated projection (each task's mu kept on its winning head, ``numerics.readout``) against theory's
-    exact finite-L loss at that same point (a sum of one-head terms, ``theory.exact.exact_loss``), measured by the
-    Rao-Blackwellised estimator (``numerics.exact_reduced``: the labels integrated analytically, a fifth of the
-    per-prompt variance of whole prompts); tolerance Z_SE se + the quadrature's error.  The full model's own
-    held-out loss (whole prompts) is reported beside that of the same projection on the same prompts
-    (``full_model``, ``gap_full_minus_allocated``: the off-D weights and the off-task mu still decaying), not judged:
-    theory's exact loss of a point with every mu nonzero needs the pair moments (minutes for H >= 3).  Perturbation:
-    the exact loss at context length L/4 (the finite-L part ~ 1/L is ~4 x larger there; at 2L only halved, which
-    heavy-tailed per-prompt losses at n ~ 2000 cannot always resolve)."""
-    name = f"converged loss tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g} s0={cfg.init_scale:g}"
+    exact finite-L loss at that same point (a sum of one-head terms, ``theory.exact.exact_loss``); tolerance Z_SE se
+    + the quadrature's error.  Two measurements, two comparisons: by the Rao-Blackwellised estimator
+    (``numerics.exact_reduced``: the labels integrated analytically, a fifth of the per-prompt variance; the sharp
+    one) and on whole prompts of ``numerics.data`` (the prompts the model is trained on: it sees an error of the
+    data generator -- label noise dropped, say -- which the analytic labels of the first cannot).  The full model's
+    own held-out loss (whole prompts) is reported beside the projection's on the same prompts (``full_model``,
+    ``gap_full_minus_allocated``: the off-D weights and the off-task mu still decaying), not judged: theory's exact
+    loss of a point with every mu nonzero needs the pair moments (minutes for H >= 3).  Perturbation: the exact loss
+    at context length L/4 (the finite-L part ~ 1/L is ~4 x larger there; at 2L only halved, which heavy-tailed
+    per-prompt losses at n ~ 2000 cannot always resolve)."""
+    tag = f"tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g} s0={cfg.init_scale:g}"
     om_alloc, mu_alloc = phase_theory.allocated_projection(meas.final_mu, meas.final_omega,
                                                            allocation(meas.final_omega, meas.final_mu).winners)
     ex = exact_theory.exact_loss(om_alloc, mu_alloc, cfg.tasks, cfg.L, cfg.sigma)
     wrong = exact_theory.exact_loss(om_alloc, mu_alloc, cfg.tasks, max(1, cfg.L // 4), cfg.sigma).loss
-    m, tol = meas.held_out_allocated, Z_SE * meas.held_out_allocated.se + ex.error_estimate
-    return compare(name, m.mean, ex.loss, tol, f"{Z_SE:g} x held-out se ({m.n} fresh Rao-Blackwellised prompts) + "
-                   "quadrature error", wrong=[("exact loss at context length L/4", wrong)], se=m.se,
-                   details={"se": m.se, "n": m.n, "exact_case": ex.case, "residual": meas.residual,
-                            "full_model": {"mean": meas.held_out.mean, "se": meas.held_out.se},
-                            "gap_full_minus_allocated": meas.held_out.mean - meas.held_out_allocated_whole.mean})
+    details = {"exact_case": ex.case, "residual": meas.residual,
+               "full_model": {"mean": meas.held_out.mean, "se": meas.held_out.se},
+               "gap_full_minus_allocated": meas.held_out.mean - meas.held_out_allocated_whole.mean}
+    out = []
+    for label, m, how in (("converged loss", meas.held_out_allocated, "fresh Rao-Blackwellised prompts"),
+                          ("converged loss (whole prompts)", meas.held_out_allocated_whole, "fresh whole prompts")):
+        out.append(compare(f"{label} {tag}", m.mean, ex.loss, Z_SE * m.se + ex.error_estimate,
+                           f"{Z_SE:g} x held-out se ({m.n} {how}) + quadrature error",
+                           wrong=[("exact loss at context length L/4", wrong)], se=m.se,
+                           details={"se": m.se, "n": m.n, **details}))
+    return out[0], out[1]
 
 
 def check_warmup_law(cfg0, scales, warmups, tols) -> tuple[Comparison, Comparison]:
@@ -341,7 +348,7 @@ def run_case(cfg: ProblemConfig, lr: float, batch: int, records: int, eval_batch
     tols = phase_tolerances(pred, meas, spread) if pred.phases is not None and pred.phases.defined else None
     ph = check_phase_times(cfg, pred, meas, tols)
     sel = check_selection(cfg, pred, meas, tols, spread) if dom["selection"] and ph.error < math.inf else None
-    comps = [c for c in (ph, sel, check_converged_loss(cfg, meas)) if c is not None]
+    comps = [c for c in (ph, sel, *check_converged_loss(cfg, meas)) if c is not None]
     for c in comps:
         c.details["spread"] = spread
         c.config = f"{config_label(cfg)} s0={cfg.init_scale:g}"
@@ -356,7 +363,8 @@ def run_case(cfg: ProblemConfig, lr: float, batch: int, records: int, eval_batch
                  "expansion flow's share))", theory=min(sel.details.get("share_threshold") or [math.nan]),
             measured=min(sel.details.get("share_emergence_end") or [math.nan]),
             tolerance=max(sel.details["share_tolerances"][1]) if sel.details.get("share_tolerances") else math.inf))
-    rows.append(headline_row(comps[-1], f"converged loss (s0={s0:g})", se=comps[-1].details["se"]))
+    rows += [headline_row(comps[-2], f"converged loss (s0={s0:g})", se=comps[-2].details["se"]),
+             headline_row(comps[-1], f"converged loss on whole prompts (s0={s0:g})", se=comps[-1].details["se"])]
     boundary = boundary_check(cfg, meas) if not dom["selection"] and cfg.heads < cfg.m else None
     return Case(cfg, tcfg, pred, meas, comps, boundary, dom, rows)
 

@@ -53,9 +53,10 @@ class PhaseRun:
     (mean and per prompt), the readout mu/omega (records, H, m), the curve's phases, the
     standard error of the drop l(0) - l(end) (paired over prompts), the held-out loss of the
     full model at the final weights (``held_out``, at most 4096 prompts) and of the reduced
-    model at the final readout's allocated projection on the same whole prompts
-    (``held_out_allocated_whole``: their gap is what the off-D weights and the off-task mu add)
-    and by the Rao-Blackwellised estimator on ``held_out`` fresh prompts (``held_out_allocated``,
+    model at the final readout's allocated projection on whole prompts of the same stream
+    (``held_out_allocated_whole``, ``held_out`` prompts: their gap is what the off-D weights and the
+    off-task mu add) and by the Rao-Blackwellised estimator on ``held_out`` fresh prompts
+    (``held_out_allocated``,
     ``numerics.exact_reduced.evaluate``: the labels integrated analytically, about a fifth of
     the per-prompt variance)."""
 
@@ -99,7 +100,7 @@ def _phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out:
     full = held_out_loss(res.final_model, n=min(held_out, 4096), seed=HELD_OUT_SEED)
     winners = allocation(ro.omega, ro.mu).winners
     projection = allocated_projection(ro.mu, ro.omega, winners)
-    whole = held_out_reduced_loss(*projection, cfg, n=min(held_out, 4096), seed=HELD_OUT_SEED)
+    whole = held_out_reduced_loss(*projection, cfg, n=held_out, seed=HELD_OUT_SEED)
     per_rb = exact_reduced_losses([projection], cfg.tasks, cfg.L, cfg.sigma, held_out, HELD_OUT_SEED, cfg.device)[0]
     alloc = LossEstimate(float(per_rb.mean()), float(per_rb.std(ddof=1) / math.sqrt(per_rb.size)), int(per_rb.size))
     return PhaseRun(t, per.mean(axis=1), per, mu, omega, phase_times(t, per.mean(axis=1)),
