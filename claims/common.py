@@ -259,7 +259,8 @@ def _side(rejected, units: str, sign: float, scale: float) -> Optional[float]:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if rejected(float(mid)) else (mid, hi)
         return float(hi)
-    top = 1.0 if (units == "relative" and sign < 0) else RESOLVING_MAX[units]
+    # relative, downwards: up to (not onto) 0 -- an error function may be undefined there (a ratio to the prediction)
+    top = 1.0 - 1e-9 if (units == "relative" and sign < 0) else RESOLVING_MAX[units]
     lo, hi, eps = 0.0, None, top * 4.0 ** -28
     while eps <= top * (1 + 1e-12):
         if rejected(eps):
@@ -354,13 +355,13 @@ def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], si
         if eps == 0.0:
             continue
         if eps is None:
-            step = (1.0 if sign < 0 else RESOLVING_MAX["relative"]) if units == "relative" else (
+            step = (1.0 - 1e-9 if sign < 0 else RESOLVING_MAX["relative"]) if units == "relative" else (
                 RESOLVING_MAX[units] * (1.0 if units == "count" else float(tol_at(predicted)) or 1.0))
             what = f"no resolving power {key} (nothing rejected up to the end of the scan)"
         elif units == "count":
             step, what = float(math.ceil(EDGE_MARGIN * eps)), f"{EDGE_MARGIN:g} x its resolving power {eps:g}"
         elif units == "relative":
-            step, what = min(EDGE_MARGIN * eps, 1.0) if sign < 0 else EDGE_MARGIN * eps, \
+            step, what = min(EDGE_MARGIN * eps, 1.0 - 1e-9) if sign < 0 else EDGE_MARGIN * eps, \
                 f"{EDGE_MARGIN:g} x its resolving power {eps:.3g}"
         else:
             step, what = EDGE_MARGIN * eps, f"{EDGE_MARGIN:g} x its resolving power {eps:.3g}"
@@ -398,8 +399,8 @@ def compare(name: str, measured, predicted, tolerance, why: str, *, wrong=(), er
     pairs = wrong.items() if isinstance(wrong, dict) else wrong
     try:
         power = resolving_power(err, measured, predicted, tolerance, units, entrywise)
-    except (TypeError, ValueError, IndexError, KeyError):   # a prediction the error function cannot take moved
-        power = None
+    except (TypeError, ValueError, IndexError, KeyError, ArithmeticError):
+        power = None        # a prediction the error function cannot take moved
     perts = [perturbation(d, float(err(measured, alt)), float(tol_at(alt)), predicted=alt) for d, alt in pairs]
     perts += edge_probes(err, measured, predicted, tolerance, power, side)
     return Comparison(name=name, measured=measured, predicted=predicted, error=float(err(measured, predicted)),

@@ -161,3 +161,9 @@ def test_exact_comparison_with_zero_tolerance_terminates():
     assert time.perf_counter() - t0 < 0.5
     assert 0 < c.resolving_power["low"] < 1e-20 and 0 < c.resolving_power["high"] < 1e-20
     assert all(p.rejected for p in c.perturbations)
+
+
+def test_an_error_undefined_at_a_zero_prediction():
+    # a ratio to the prediction: the downward scan stops short of 0 instead of dividing by it
+    c = compare("ratio", 0.03, 0.36, 1.0, "w", error=lambda m, p: m / p)
+    assert c.resolving_power["low"] is not None and c.resolving_power["high"] is None
