@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from claims.base import Figure
-from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation
+from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation, resolved
 from numerics.model import initial_values
 from numerics.statistics import window_drift
 from claims.spec import ClaimSpec, Outcome, finding, replace_fields
@@ -65,16 +65,18 @@ def _pattern_holds(shares: np.ndarray, pattern: str) -> bool:
     raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
 
 
-def superposition_error(diff: float, se: float, share_merged, share_factored, predicted: dict) -> float:
+def superposition_error(diff: float, se: float, share_merged, share_factored, predicted: dict,
+                        bound: float = 0.0) -> float:
     """The one comparison of the merged boundary, for any prediction
     {"merged": pattern, "factored": pattern, "merged_lower": bool}: inf when a predicted
     pattern does not hold in the measured shares; otherwise how far the signed loss difference
-    merged - factored is from the predicted side by more than Z_SE standard errors
-    (max(0, diff + Z_SE se) if merged is predicted lower, else max(0, Z_SE se - diff))."""
+    merged - factored is from the predicted side of ``bound`` (0: merged lower, or higher) by
+    more than Z_SE standard errors (max(0, diff + Z_SE se - bound) if merged is predicted lower,
+    else max(0, bound + Z_SE se - diff))."""
     if not (_pattern_holds(np.asarray(share_merged), predicted["merged"])
             and _pattern_holds(np.asarray(share_factored), predicted["factored"])):
         return math.inf
-    return max(0.0, diff + Z_SE * se) if predicted["merged_lower"] else max(0.0, Z_SE * se - diff)
+    return max(0.0, diff + Z_SE * se - bound) if predicted["merged_lower"] else max(0.0, bound + Z_SE * se - diff)
 
 
 THEORY_MERGED = {"merged": "superposed", "factored": "allocated", "merged_lower": True}
@@ -103,13 +105,15 @@ def check_merged_superposition(cfg, tcfg, n_eval: int = 20000, seed: int = 0) ->
     perts = [perturbation(desc, superposition_error(diff, se, share_m, share_f, pred), 0.0, predicted=pred)
              for desc, pred in (("merged allocates too", {**THEORY_MERGED, "merged": "allocated"}),
                                 ("factored superposes too", {**THEORY_MERGED, "factored": "superposed"}))]
-    return Comparison(
+    # one-sided (merged - factored below the bound 0); its resolving power is in loss units: how far below 0 a
+    # predicted bound could lie and still be passed
+    return resolved(Comparison(
         name=f"merged vs factored, tasks={list(cfg.tasks)}, H={cfg.heads}, L={cfg.L}",
         measured={"loss_merged": float(losses[0].mean()), "loss_factored": float(losses[1].mean()),
                   "difference": diff, "share_merged": share_m.tolist(), "share_factored": share_f.tolist()},
-        predicted={"difference": "< 0", "share_merged": f">= {SUPERPOSED_SHARE}",
+        predicted={"difference_below": 0.0, "share_merged": f">= {SUPERPOSED_SHARE}",
                    "share_factored": f"<= {ALLOCATED_SHARE}"},
-        error=err, tolerance=0.0,
+        error=err, tolerance=0.0, side="not above",
         why=f"the difference must be negative beyond {Z_SE:g} standard errors of the paired loss difference on "
             f"{n_eval} held-out prompts ({Z_SE * se:.3g}), and each end point must show its predicted pattern",
         perturbations=perts,
@@ -118,7 +122,9 @@ def check_merged_superposition(cfg, tcfg, n_eval: int = 20000, seed: int = 0) ->
                  "factored": {"omega": np.round(run.factored_omega, 4).tolist(),
                               "mu": np.round(run.factored_mu, 4).tolist()},
                  "loss_ratio_factored_over_merged": float(losses[1].mean() / losses[0].mean()),
-                 "se_difference": se}, config=config_label(cfg))
+                 "se_difference": se}, config=config_label(cfg)),
+        error=lambda m, p: superposition_error(diff, se, share_m, share_f, THEORY_MERGED, p["difference_below"]),
+        units="absolute")
 
 
 def _heatmap(name: str, title: str, M) -> Figure:
@@ -200,7 +206,7 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
     err = fewer_heads_error(trained, predicted_loss, measured_winners, winners, decisive)
     permuted = [(h + 1) % cfg.heads for h in winners]
     shares = list(allocation(None, mu_avg).runner_up_share)
-    return Comparison(
+    return resolved(Comparison(
         name=f"H < m: tasks={list(cfg.tasks)}, H={cfg.heads}, L={cfg.L}",
         measured={"loss_trained": trained, "winners": measured_winners},
         predicted={"loss_partition_minimum": predicted_loss, "winners": winners},
@@ -220,7 +226,9 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
                  "omega": np.round(om_avg, 4).tolist(), "mu": np.round(mu_avg, 4).tolist(),
                  "second_share": shares, "averaged_records": run.averaged_records, "drift": drift, "fluctuation": fluctuation,
                  "partition_minimum": part.summary(), "allocated_with_m_heads": alloc.summary(),
-                 "loss_ratio_to_allocated": float(trained / losses[2].mean())}, config=config_label(cfg))
+                 "loss_ratio_to_allocated": float(trained / losses[2].mean())}, config=config_label(cfg)),
+        error=lambda m, p: fewer_heads_error(m["loss_trained"], p["loss_partition_minimum"], m["winners"],
+                                             p["winners"], decisive))
 
 
 def evaluate_merged(ctx) -> Outcome:
@@ -240,7 +248,8 @@ def evaluate_merged(ctx) -> Outcome:
                          se=se, tolerance=Z_SE * se, side="not above"),
             headline_row(comp, "largest off-task share, factored (merged)",
                          theory=f"<= {ALLOCATED_SHARE} (>= {SUPERPOSED_SHARE})",
-                         measured=[max(comp.measured["share_factored"]), min(comp.measured["share_merged"])])]
+                         measured=[max(comp.measured["share_factored"]), min(comp.measured["share_merged"])],
+                         side="two-sided")]
     figs = [_heatmap(f"merged-superposition-{which}-{key}", f"{which}: final {key}[h, i]", comp.details[which][key])
             for which in ("merged", "factored") for key in ("omega", "mu")]
     return Outcome([comp], rows, figs, details=details)

@@ -72,11 +72,25 @@ class Comparison:
     what the report's forest plot draws as the error bar of (measured - predicted) / tolerance."""
     resolving_power: Optional[dict] = None
     """The smallest error of the prediction this comparison rejects at its tolerance, each way:
-    ``{"low": eps, "high": eps, "units": "relative" | "absolute"}`` -- relative: the prediction
-    x (1 - eps) / x (1 + eps) is rejected; absolute: prediction - eps / + eps (a prediction of
-    0, a fitted exponent, a count).  ``None`` for an eps that no factor up to
-    :data:`RESOLVING_MAX` reaches (the comparison cannot see that direction at all).  Computed
-    by :func:`compare` from the comparison's own error function (:func:`resolving_power`)."""
+    ``{"low": eps, "high": eps, "units": "relative" | "absolute" | "count"}`` -- relative: the
+    prediction x (1 - eps) / x (1 + eps) is rejected; absolute: prediction - eps / + eps (a
+    prediction of 0, a fitted exponent); count: - k / + k (counts, indices).  ``None`` for a side
+    that nothing up to :data:`RESOLVING_MAX` reaches (the comparison cannot see that direction);
+    None as a whole for a prediction with no quantities.  An entrywise comparison moves each
+    entry alone (``entrywise``, ``entries``).  Computed by :func:`compare` (or :func:`resolved`)
+    from the comparison's own error function and tolerance (:func:`resolving_power`); each
+    direction it sees is also probed at 1.5 x its eps (:func:`edge_probes`, in ``perturbations``)."""
+
+    def __post_init__(self):
+        # a comparison built by hand whose error is its side's default error of two scalars gets its
+        # resolving power and edge probes here (the others through compare() or resolved())
+        if self.resolving_power is None and self.side in SIDE_ERRORS:
+            m, p = _scalar(self.measured), _scalar(self.predicted)
+            if m is not None and p is not None and math.isfinite(self.tolerance) and math.isfinite(self.error):
+                if math.isclose(SIDE_ERRORS[self.side](m, p), self.error, rel_tol=1e-9, abs_tol=1e-300):
+                    counts = all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+                                 for x in (self.measured, self.predicted))
+                    resolved(self, units="count" if counts else None)
 
     @property
     def agrees(self) -> bool:
@@ -145,102 +159,325 @@ SIDE_ERRORS = {
 """The error of a scalar comparison on each side (claims.base.SIDES)."""
 
 
-RESOLVING_MAX = {"relative": 10.0, "absolute": 1e6}
+RESOLVING_UNITS = ("relative", "absolute", "count")
+"""How a resolving power is counted: ``relative`` (the prediction x (1 -+ eps)), ``absolute`` (the
+prediction -+ eps, in its own units: a prediction of 0, a fitted exponent), ``count`` (the
+prediction -+ k, k = 1, 2, ...: counts, head indices, outcomes)."""
+
+RESOLVING_MAX = {"relative": 10.0, "absolute": 1e6, "count": 2 ** 20}
 """How far :func:`resolving_power` looks: a prediction up to a factor 11 above (relative; below,
-down to 0), or up to 1e6 tolerances either way (absolute); a direction not rejected within
-that range is reported None."""
+down to 0, beyond which it changes sign), up to 1e6 of its scale (absolute: the tolerance, or the
+measurement's size where the tolerance is 0), up to 2^20 (count); a direction not rejected within
+that range is reported None: the comparison cannot see it."""
+
+RESOLVING_FLOOR = 0.05
+"""The resolving power every paper claim's headline comparison must reach at the quick profile
+(issue 31): a prediction 5 % off, either way, is rejected.  Where a claim cannot reach it (a
+bracket, or noise the quick profile cannot afford), its docs say the number reached and why."""
+
+EDGE_MARGIN = 1.5
+"""The edge probes (:func:`edge_probes`): the prediction moved by EDGE_MARGIN x its own resolving
+power, each way the comparison sees, must be rejected -- through the comparison's own error
+function and its tolerance recomputed from the moved prediction.  A comparison whose tolerance
+grows with the prediction as fast as its error (so that no move is ever rejected) fails its probe:
+its verdict is ``error``, never pass."""
 
 
-def _scaled(value, factor: float, shift: float):
-    """``value`` with every number x replaced by x * factor + shift (lists and tuples kept)."""
-    if isinstance(value, (bool, np.bool_)) or value is None:
-        return value
+def _is_quantity(x, units: str) -> bool:
+    """A number the resolving power moves: floats always; integers only when counting (elsewhere
+    an int is a label: a head index, a task; bools never)."""
+    if isinstance(x, (bool, np.bool_)):
+        return False
+    if isinstance(x, (float, np.floating)):
+        return True
+    return units == "count" and isinstance(x, (int, np.integer))
+
+
+def _map_quantities(value, fn, units: str, only: Optional[int] = None, _seen: Optional[list] = None):
+    """``value`` with ``fn`` applied to every quantity in it (:func:`_is_quantity`; dict values,
+    list/tuple items and array entries are walked, strings and None kept), or only to the quantity
+    numbered ``only`` in walking order."""
+    seen = [0] if _seen is None else _seen
+    if isinstance(value, dict):
+        return {k: _map_quantities(v, fn, units, only, seen) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_scaled(v, factor, shift) for v in value)
+        return type(value)(_map_quantities(v, fn, units, only, seen) for v in value)
     if isinstance(value, np.ndarray):
-        return value * factor + shift
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        return float(value) * factor + shift
-    raise TypeError(f"cannot scale a prediction of type {type(value).__name__}")
-
-
-def _numbers(value) -> list[float]:
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [x for v in value for x in _numbers(v)]
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
-        return [float(value)]
-    return []
-
-
-def resolving_power(error, measured, predicted, tolerance: float, units: Optional[str] = None) -> Optional[dict]:
-    """The smallest eps, each way, for which ``error(measured, prediction moved by eps)`` exceeds
-    ``tolerance``: the resolving power of a comparison (the smallest error of the prediction it
-    would catch).  ``units`` "relative" moves every number of the prediction to x (1 +- eps),
-    "absolute" to x +- eps (default: relative, absolute where the prediction is 0).  Found by a
-    geometric scan then bisection on the comparison's own error function (so a one-sided
-    comparison has None on the side it cannot see).  0 where the prediction itself is already
-    rejected; None for a prediction that is not numbers."""
-    nums = _numbers(predicted)
-    if not nums or not all(math.isfinite(x) for x in nums) or not math.isfinite(tolerance):
-        return None
-    if units is None:
-        units = "relative" if any(x != 0 for x in nums) else "absolute"
-    scale = 1.0 if units == "relative" else max(float(tolerance), 1e-300)
-
-    def rejected(eps: float, sign: float) -> bool:
-        moved = (_scaled(predicted, 1.0 + sign * eps, 0.0) if units == "relative"
-                 else _scaled(predicted, 1.0, sign * eps * scale))
-        e = float(error(measured, moved))
-        return not (e <= tolerance)
-
-    out = {"units": units}
-    for key, sign in (("low", -1.0), ("high", 1.0)):
-        if rejected(0.0, sign):
-            out[key] = 0.0
-            continue
-        # relative: up to x11 above, down to 0 below (beyond it the prediction changes sign)
-        top = 1.0 if (units == "relative" and sign < 0) else RESOLVING_MAX[units]
-        lo, hi = 0.0, None
-        eps = top * 1e-9
-        while eps <= top:
-            if rejected(eps, sign):
-                hi = eps
-                break
-            lo, eps = eps, eps * 2.0
-        if hi is None:
-            out[key] = None
-            continue
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            if rejected(mid, sign):
-                hi = mid
+        if value.dtype.kind == "f" or (units == "count" and value.dtype.kind in "iu"):
+            flat = np.array(value, dtype=float).ravel()
+            if only is None:
+                out = np.array([fn(float(x)) for x in flat])
             else:
-                lo = mid
-        out[key] = hi if units == "relative" else hi * scale
+                out = flat.copy()
+                if seen[0] <= only < seen[0] + flat.size:
+                    out[only - seen[0]] = fn(float(flat[only - seen[0]]))
+            seen[0] += flat.size
+            return out.reshape(value.shape)
+        return value
+    if _is_quantity(value, units):
+        k = seen[0]
+        seen[0] += 1
+        return fn(float(value)) if only is None or only == k else value
+    return value
+
+
+def _quantities(value, units: str) -> list[float]:
+    out: list[float] = []
+    _map_quantities(value, lambda x: out.append(x) or x, units)
     return out
 
 
-def compare(name: str, measured, predicted, tolerance: float, why: str, *, wrong=(), error=None,
+def _tolerance_at(tolerance):
+    """The tolerance as a function of the prediction (a number is the same for every prediction)."""
+    return tolerance if callable(tolerance) else (lambda predicted: tolerance)
+
+
+def moved_prediction(predicted, eps: float, sign: float, units: str, only: Optional[int] = None):
+    """``predicted`` moved by ``eps`` (:data:`RESOLVING_UNITS`): x (1 + sign eps), x + sign eps, or
+    x + sign eps for counts (eps an integer); ``only``: move that quantity alone."""
+    if units == "relative":
+        fn = lambda x: x * (1.0 + sign * eps)  # noqa: E731
+    else:
+        fn = lambda x: x + sign * eps  # noqa: E731
+    return _map_quantities(predicted, fn, units, only)
+
+
+def _side(rejected, units: str, sign: float, scale: float) -> Optional[float]:
+    """The smallest eps >= 0 that ``rejected(eps)`` accepts as rejected: a geometric scan (factor 4)
+    then bisection to 1e-6 relative, at most 60 halvings (integers for counts); None beyond
+    RESOLVING_MAX."""
+    if rejected(0.0):
+        return 0.0
+    if units == "count":
+        lo, k = 0, 1
+        while k <= RESOLVING_MAX["count"] and not rejected(float(k)):
+            lo, k = k, 2 * k
+        if k > RESOLVING_MAX["count"]:
+            return None
+        hi = k
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if rejected(float(mid)) else (mid, hi)
+        return float(hi)
+    # relative, downwards: up to (not onto) 0 -- an error function may be undefined there (a ratio to the prediction)
+    top = 1.0 - 1e-9 if (units == "relative" and sign < 0) else RESOLVING_MAX[units]
+    lo, hi, eps = 0.0, None, top * 4.0 ** -28
+    while eps <= top * (1 + 1e-12):
+        if rejected(eps):
+            hi = eps
+            break
+        lo, eps = eps, min(4.0 * eps, top) if eps < top else 2 * top
+    if hi is None:
+        return None
+    # to 1e-6 relative; at most 60 halvings (an exact comparison, tolerance 0, rejects every move: its
+    # power is the first scanned eps halved 60 times, ~1e-29 of the scale)
+    for _ in range(60):
+        if hi - lo <= 1e-6 * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if rejected(mid) else (mid, hi)
+    return hi * scale
+
+
+def resolving_power(error, measured, predicted, tolerance, units: Optional[str] = None,
+                    entrywise: bool = False) -> Optional[dict]:
+    """The smallest eps, each way, for which ``error(measured, prediction moved by eps)`` exceeds
+    the tolerance: the resolving power of a comparison (the smallest error of the prediction it
+    catches), ``{"low": eps, "high": eps, "units": units}``.
+
+    ``units`` (:data:`RESOLVING_UNITS`; default relative, absolute where every quantity of the
+    prediction is 0): relative moves every quantity of the prediction to x (1 -+ eps), absolute to
+    x -+ eps (eps in the prediction's units), count to x -+ k.  ``tolerance``: a number, or a
+    function of the prediction -- then it is recomputed from each moved prediction, through the same
+    code path as for the prediction itself, so a tolerance that grows with the prediction shows as a
+    weaker (or absent) resolving power.  ``entrywise``: each quantity is moved alone; ``low``/``high``
+    are then the largest over the entries (an error of that size in any one entry is caught) and
+    ``entries`` lists each entry's.  Found by a geometric scan then bisection on the comparison's own
+    error function, so a one-sided comparison has None on the side it cannot see.  0 where the
+    prediction itself is already rejected; None (the whole result) for a prediction without
+    quantities, or a non-finite one."""
+    units_guess = units or "relative"
+    nums = _quantities(predicted, units_guess)
+    tol_at = _tolerance_at(tolerance)
+    if not nums or not all(math.isfinite(x) for x in nums):
+        return None
+    if not math.isfinite(float(tol_at(predicted))):
+        return None
+    if units is None:
+        units = "relative" if any(x != 0 for x in nums) else "absolute"
+    if units not in RESOLVING_UNITS:
+        raise ValueError(f"units must be one of {RESOLVING_UNITS}, got {units!r}")
+    scale = 1.0
+    if units == "absolute":
+        t0 = float(tol_at(predicted))
+        size = [abs(x) for x in _quantities(measured, "count") if math.isfinite(x)]
+        scale = t0 if t0 > 0 else max([1.0] + size)
+
+    def power(only: Optional[int]) -> dict:
+        out = {}
+        for key, sign in (("low", -1.0), ("high", 1.0)):
+            def rejected(eps: float) -> bool:
+                moved = moved_prediction(predicted, eps * (1.0 if units == "relative" else scale) if units != "count"
+                                         else eps, sign, units, only)
+                return not (float(error(measured, moved)) <= float(tol_at(moved)))
+            out[key] = _side(rejected, units, sign, 1.0 if units == "relative" or units == "count" else scale)
+        return out
+
+    if not entrywise or len(nums) == 1:
+        return {**power(None), "units": units}
+    entries = [power(k) for k in range(len(nums))]
+    worst = {key: (None if any(e[key] is None for e in entries) else max(e[key] for e in entries))
+             for key in ("low", "high")}
+    return {**worst, "units": units, "entrywise": True, "entries": entries}
+
+
+SEES = {"two-sided": ("low", "high"), "not above": ("low",), "not below": ("high",)}
+"""The directions of a prediction error each side of comparison can see: a 'not above' check
+(measured <= predicted + tol) rejects a prediction that is too low, never one too high."""
+
+
+def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], side: str = "two-sided"
+                ) -> list[PerturbationCheck]:
+    """The perturbations at the tolerance's edge: for each direction the comparison sees
+    (:data:`SEES`), the prediction moved by :data:`EDGE_MARGIN` x its resolving power (each entry
+    alone, all of them to be rejected, for an entrywise power), sent through the same error function
+    and the tolerance recomputed from the moved prediction.  A direction with no resolving power
+    (None: nothing up to RESOLVING_MAX is rejected) is probed at the end of that range, which is not
+    rejected -- the comparison cannot see a direction it claims to, and the judge makes it ``error``.
+    A direction already at 0 (the prediction itself rejected) needs no probe."""
+    if power is None:
+        return []
+    units, tol_at, out = power["units"], _tolerance_at(tolerance), []
+    entries = power.get("entries") if power.get("entrywise") else None
+    for key in SEES.get(side, ("low", "high")):
+        sign = -1.0 if key == "low" else 1.0
+        eps = power.get(key)
+        if eps == 0.0:
+            continue
+        if eps is None:
+            step = (1.0 - 1e-9 if sign < 0 else RESOLVING_MAX["relative"]) if units == "relative" else (
+                RESOLVING_MAX[units] * (1.0 if units == "count" else float(tol_at(predicted)) or 1.0))
+            what = f"no resolving power {key} (nothing rejected up to the end of the scan)"
+        elif units == "count":
+            step, what = float(math.ceil(EDGE_MARGIN * eps)), f"{EDGE_MARGIN:g} x its resolving power {eps:g}"
+        elif units == "relative":
+            step, what = min(EDGE_MARGIN * eps, 1.0 - 1e-9) if sign < 0 else EDGE_MARGIN * eps, \
+                f"{EDGE_MARGIN:g} x its resolving power {eps:.3g}"
+        else:
+            step, what = EDGE_MARGIN * eps, f"{EDGE_MARGIN:g} x its resolving power {eps:.3g}"
+        targets = range(len(entries)) if entries else [None]
+        moves = [moved_prediction(predicted, step, sign, units, k) for k in targets]
+        errs = [(float(error(measured, mv)), float(tol_at(mv))) for mv in moves]
+        rejected = all(not (e <= t) for e, t in errs)
+        how = {"relative": f"x (1 {'-' if sign < 0 else '+'} {step:.3g})",
+               "absolute": f"{'-' if sign < 0 else '+'} {step:.3g}",
+               "count": f"{'-' if sign < 0 else '+'} {step:g}"}[units]
+        desc = f"edge: prediction {how}{' (each entry alone)' if entries else ''}, {what}"
+        details = {"edge": key, "eps": eps, "step": step, "units": units, "error": max(e for e, _ in errs),
+                   "tolerance": min(t for _, t in errs)}
+        if not entries:
+            details["predicted"] = moves[0]
+        out.append(PerturbationCheck(description=desc, rejected=bool(rejected), details=jsonable(details)))
+    return out
+
+
+def compare(name: str, measured, predicted, tolerance, why: str, *, wrong=(), error=None,
             side: str = "two-sided", details: Optional[dict] = None, config: Optional[str] = None,
-            se: Optional[float] = None, units: Optional[str] = None) -> Comparison:
+            se: Optional[float] = None, units: Optional[str] = None, entrywise: bool = False) -> Comparison:
     """A comparison whose perturbations cannot be a second inequality: one error function,
     ``error(measured, prediction)`` (default :data:`SIDE_ERRORS` of ``side``), applied to the
-    prediction under test and to each wrong prediction of ``wrong`` ((description, prediction)
-    pairs, or a dict), at the one tolerance.  A wrong prediction is rejected when its error
-    exceeds the tolerance; it is recorded with the prediction it stood for.  ``se``: the
-    standard error of ``measured``; ``units``: how its resolving power is counted
+    prediction under test, to each wrong prediction of ``wrong`` ((description, prediction)
+    pairs, or a dict) and to the edge probes (:func:`edge_probes`), each at the tolerance.
+    ``tolerance``: a number, or a function of the prediction (where the tolerance is made from
+    the prediction -- a relative tolerance, theory's stated error -- it is recomputed for every
+    wrong or moved prediction through that same function).  A wrong prediction is rejected when
+    its error exceeds its tolerance; it is recorded with the prediction it stood for.  ``se``: the
+    standard error of ``measured``; ``units``, ``entrywise``: how its resolving power is counted
     (:func:`resolving_power`)."""
     err = error or SIDE_ERRORS[side]
+    tol_at = _tolerance_at(tolerance)
     pairs = wrong.items() if isinstance(wrong, dict) else wrong
     try:
-        power = resolving_power(err, measured, predicted, tolerance, units)
-    except (TypeError, ValueError):   # a prediction the error function cannot take scaled
-        power = None
+        power = resolving_power(err, measured, predicted, tolerance, units, entrywise)
+    except (TypeError, ValueError, IndexError, KeyError, ArithmeticError):
+        power = None        # a prediction the error function cannot take moved
+    perts = [perturbation(d, float(err(measured, alt)), float(tol_at(alt)), predicted=alt) for d, alt in pairs]
+    perts += edge_probes(err, measured, predicted, tolerance, power, side)
     return Comparison(name=name, measured=measured, predicted=predicted, error=float(err(measured, predicted)),
-                      tolerance=tolerance, why=why, side=side, config=config, details=details or {},
-                      se=None if se is None else float(se), resolving_power=power,
-                      perturbations=[perturbation(d, float(err(measured, alt)), tolerance, predicted=alt)
-                                     for d, alt in pairs])
+                      tolerance=float(tol_at(predicted)), why=why, side=side, config=config, details=details or {},
+                      se=None if se is None else float(se), resolving_power=power, perturbations=perts)
+
+
+def resolved(c: Comparison, error=None, units: Optional[str] = None, tolerance=None,
+             entrywise: bool = False) -> Comparison:
+    """A comparison built by hand (its perturbations are other runs or other statistics, which
+    :func:`compare` cannot express) given its resolving power and edge probes from ``error`` --
+    the function its ``error`` was computed by (default :data:`SIDE_ERRORS` of its side), which
+    must reproduce it -- and ``tolerance`` (default its own number; a function of the prediction
+    where the tolerance is made from it).  Returns ``c``."""
+    err = error or SIDE_ERRORS[c.side]
+    tol = c.tolerance if tolerance is None else tolerance
+    here = float(err(c.measured, c.predicted))
+    if not (here == c.error or (math.isnan(here) and math.isnan(c.error))
+            or math.isclose(here, c.error, rel_tol=1e-9, abs_tol=1e-300)):
+        raise ValueError(f"{c.name}: the error function gives {here!r}, the comparison holds {c.error!r}")
+    c.resolving_power = resolving_power(err, c.measured, c.predicted, tol, units, entrywise)
+    c.perturbations = [p for p in c.perturbations if "edge" not in p.details] + edge_probes(err, c.measured, c.predicted, tol, c.resolving_power, c.side)
+    return c
+
+
+def seen_eps(c: Comparison | dict) -> Optional[float]:
+    """The resolving power of a comparison (object or summary) over the directions it sees
+    (:data:`SEES`): the larger of the two for a two-sided one; None where it has none, or is blind
+    in a direction it should see."""
+    rp = c["resolving_power"] if isinstance(c, dict) else c.resolving_power
+    side = c["side"] if isinstance(c, dict) else c.side
+    if not rp:
+        return None
+    vals = [rp.get(k) for k in SEES.get(side, ("low", "high"))]
+    return None if any(v is None for v in vals) else float(max(vals))
+
+
+def resolving_summary(comparisons: list, headline: Optional[str] = None) -> dict:
+    """The per-claim summary of the comparisons' resolving powers (``details["resolving_power"]``):
+    ``headline`` (the claim's headline comparison, named by its evaluate: name, low, high, units,
+    eps = :func:`seen_eps`, ``meets_floor`` against :data:`RESOLVING_FLOOR` for relative units,
+    None otherwise); ``best`` and ``worst`` (smallest and largest eps, each {name, eps, units}) over
+    the relative-unit comparisons, or over those of the commonest unit where none is relative;
+    ``by_units`` the same per unit; ``blind`` the comparisons with a numeric prediction that cannot
+    see a direction they claim to (no resolving power there)."""
+    rows, blind = [], []
+    for c in comparisons:
+        d = c if isinstance(c, dict) else {"name": c.name, "side": c.side, "resolving_power": c.resolving_power}
+        rp = d["resolving_power"]
+        if not rp:
+            continue
+        eps = seen_eps(d)
+        if eps is None:
+            blind.append(d["name"])
+        else:
+            rows.append({"name": d["name"], "eps": eps, "units": rp["units"]})
+    by_units = {}
+    for u in RESOLVING_UNITS:
+        rs = [r for r in rows if r["units"] == u]
+        if rs:
+            by_units[u] = {"best": min(rs, key=lambda r: r["eps"]), "worst": max(rs, key=lambda r: r["eps"]),
+                           "n": len(rs)}
+    main = by_units.get("relative") or (max(by_units.values(), key=lambda v: v["n"]) if by_units else None)
+    head = None
+    if headline is not None:
+        hit = [c for c in comparisons if (c["name"] if isinstance(c, dict) else c.name) == headline]
+        if not hit:
+            raise ValueError(f"headline comparison {headline!r} is not among the comparisons")
+        h = hit[0]
+        d = h if isinstance(h, dict) else {"name": h.name, "side": h.side, "resolving_power": h.resolving_power}
+        rp, eps = d["resolving_power"] or {}, seen_eps(d)
+        head = {"name": d["name"], "low": rp.get("low"), "high": rp.get("high"), "units": rp.get("units"),
+                "eps": eps, "side": d["side"],
+                "meets_floor": (None if rp.get("units") != "relative" else bool(eps is not None
+                                                                                  and eps <= RESOLVING_FLOOR))}
+    return {"headline": head, "best": main["best"] if main else None, "worst": main["worst"] if main else None,
+            "floor": RESOLVING_FLOOR, "by_units": by_units, "blind": blind}
 
 
 def off_by(factor: float, predicted: float, what: str = "prediction") -> tuple:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, compare, headline_row, perturbation
+from claims.common import Z_SE, Comparison, compare, headline_row, perturbation, resolved
 from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
 from numerics.experiments.reduced_flows import monte_carlo_losses, saturation_scan
 from theory import reduced_ode
@@ -75,7 +75,8 @@ def check_saturation(r: int, L: int, omegas, sigma: float = 0.0, n_eval: int = 2
     err, growth, tol = saturation_error(rows, edge)
     wrong_edge = reduced_ode.OMEGA_RELIABLE
     p_err, p_growth, p_tol = saturation_error(rows, wrong_edge)
-    return Comparison(
+    # resolving power of the edge: how far theory's edge may move before a scanned omega changes side of it
+    return resolved(Comparison(
         name=f"saturation, r={r}, L={L}, sigma={sigma:g}", measured={"growth_of_relative_error": growth},
         predicted={"growth_of_relative_error": "> 0", "validity_edge_omega": edge},
         error=err, tolerance=0.0,
@@ -84,7 +85,8 @@ def check_saturation(r: int, L: int, omegas, sigma: float = 0.0, n_eval: int = 2
         perturbations=[perturbation("validity edge at 6 omega^2 = 1 instead of 2 omega^2 = 1", p_err, 0.0,
                                     predicted=wrong_edge)],
         details={"r": r, "L": L, "sigma": sigma, "rows": rows, "growth_tolerance": tol, "edge": edge},
-        config=f"one head, r={r} L={L} sigma={sigma:g}")
+        config=f"one head, r={r} L={L} sigma={sigma:g}"),
+        error=lambda m, p: saturation_error(rows, p["validity_edge_omega"])[0])
 
 
 def evaluate_saturation(ctx) -> Outcome:
@@ -200,7 +202,8 @@ def check_expansion_coefficient(r: int, Ls, sigma: float = 0.0) -> Comparison:
                        EXPONENT_TOLERANCE + Z_SE * se,
                        f"half the distance between the exponents of a right (-2) and a wrong (-1) O(1/L) coefficient, "
                        f"plus {Z_SE:g} quadrature errors of the exponent ({Z_SE * se:.2g})",
-                       wrong=(("wrong O(1/L) coefficient (gap ~ 1/L)", EXPONENT_WRONG),), details=details)
+                       wrong=(("wrong O(1/L) coefficient (gap ~ 1/L)", EXPONENT_WRONG),), details=details,
+                       units="absolute")
     if len(steps) < 2:
         raise ValueError(f"outside the O(L^-2) domain (6 omega*^2 >= 1 at r={r}) the trend of the local exponent "
                          f"needs at least three context lengths, got {Ls}")

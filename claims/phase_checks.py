@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from claims.common import Comparison, headline_row, perturbation, reported_row
+from claims.common import Comparison, headline_row, perturbation, reported_row, resolved
 from claims.spec import fmt
 from numerics.train import TrainConfig
 
@@ -52,8 +52,13 @@ def phase_comparison(name: str, pairs: list, spacing: float, reference: str, con
     def compare(factor: float) -> float:
         return max((abs(a - factor * b) for a, b in both), default=0.0)
 
+    def error(measured, predicted) -> float:
+        # the same comparison for any reference times (the resolving power moves them)
+        return max((abs(a - b) for w in measured for a, b in zip(measured[w], predicted[w]) if num(a) and num(b)),
+                   default=0.0)
+
     tol = 2.0 * spacing
-    return Comparison(
+    return resolved(Comparison(
         name=name, measured={w: [phase_state(a, k, t) for k in PHASES] for w, a, b, t in pairs},
         predicted={w: [phase_state(b, k, t) for k in PHASES] for w, a, b, t in pairs},
         error=compare(1.0), tolerance=tol,
@@ -62,7 +67,7 @@ def phase_comparison(name: str, pairs: list, spacing: float, reference: str, con
         perturbations=[perturbation(f"phase times 50% longer than the {reference}'s", compare(1.5), tol)],
         details={"compared": len(both), "ended_in_one_only": len(one), "one_only": one,
                  "ended_in_neither": len(rows) - len(both) - len(one)},
-        config=config)
+        config=config), error=error)
 
 
 def outcome_comparison(name: str, outcomes: list, why: str, wrong: tuple, details: dict,

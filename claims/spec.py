@@ -66,7 +66,10 @@ class Context:
 class Outcome:
     """What a claim's ``evaluate`` returns: its comparisons (``claims.common.Comparison``), the
     headline rows (dicts of :class:`~claims.base.HeadlineRow`; default one per comparison),
-    figures, details, and ``undecided`` (why the run could not decide the claim, or None)."""
+    figures, details, ``undecided`` (why the run could not decide the claim, or None) and
+    ``headline_comparison``: the name of the comparison that is the claim's headline (the one
+    whose resolving power is the claim's, ``details["resolving_power"]["headline"]``; None: the
+    claim names none, as boundaries do not)."""
 
     comparisons: list
     headline: Optional[list] = None
@@ -76,6 +79,7 @@ class Outcome:
     theory: Optional[dict] = None
     numerics: Optional[dict] = None
     short_why: bool = False
+    headline_comparison: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -162,9 +166,11 @@ def run_spec(spec: ClaimSpec, profile="quick", device="cpu", seed=0, progress: P
 def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:
     """The one constructor of a ClaimResult from an Outcome: the verdict from
     :func:`claims.base.judge` (all comparisons agree, every perturbation rejected, nothing
-    undecided), theory/numerics/tolerance keyed by comparison name, the worst case and every
-    comparison's summary in ``details``."""
-    from claims.common import headline_row, worst
+    undecided), theory/numerics/tolerance keyed by comparison name, the worst case, the summary of
+    the comparisons' resolving powers (``details["resolving_power"]``: headline, best, worst, by
+    units, blind; ``claims.common.resolving_summary``) and every comparison's summary in
+    ``details``."""
+    from claims.common import headline_row, resolving_summary, worst
     comps = out.comparisons
     perts = [p for c in comps for p in c.perturbations]
     whys = {c.why.split(" (")[0] if out.short_why else c.why for c in comps}
@@ -175,7 +181,9 @@ def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:
         theory=out.theory if out.theory is not None else {c.name: c.predicted for c in comps},
         numerics=out.numerics if out.numerics is not None else {c.name: c.measured for c in comps},
         tolerance={"value": {c.name: c.tolerance for c in comps}, "why": "; ".join(sorted(whys))},
-        details={**details, "worst": worst(comps), "comparisons": [c.summary() for c in comps]},
+        details={**details, "worst": worst(comps),
+                 "resolving_power": resolving_summary(comps, out.headline_comparison if comps else None),
+                 "comparisons": [c.summary() for c in comps]},
         figures=out.figures, perturbations=perts,
         headline=out.headline if out.headline is not None else [headline_row(c) for c in comps])
 

@@ -66,6 +66,7 @@ class TaskAllocationProfile:
     batch: int = 512                   # fresh prompts per step
     records: int = 61                  # trajectory records (the tail = last 25% of them)
     held_out: int = 65536              # fresh prompts of the held-out loss
+    slope_prompts: int = 16384         # Monte-Carlo prompts of the measured off-task slope a (check_off_task_slope)
     problem: tuple = ()                # a researcher's ProblemConfig fields (sorted items): one case, run as given
 
 
@@ -81,7 +82,8 @@ PROFILES = {
     # the SPEC.md problem (r = 3, m = 2, L = 128, B = 2048, lr 0.05), long enough for the surplus heads to decay on
     # theory's flow; meant for a GPU
     "paper": TaskAllocationProfile(tasks=(3, 3), L=128, surplus_heads=2, fewer_heads_tasks=(3, 3, 3),
-                                   lr=0.05, time=600.0, batch=2048, records=121, held_out=262144),
+                                   lr=0.05, time=600.0, batch=2048, records=121, held_out=262144,
+                                   slope_prompts=65536),
 }
 
 
@@ -138,13 +140,14 @@ def _compare(measured, predicted, tolerance) -> tuple[float, float]:
 
 
 def _comparison(row: str, tag: str, measured, predicted, tolerance, why, wrong: list, details=None,
-                se=None) -> Comparison:
+                se=None, units=None, entrywise: bool = False) -> Comparison:
     """A Comparison from :func:`_compare` named ``row tag`` (config ``tag``); ``wrong`` = [(description, different
     prediction)], each sent through the same function.  ``details["row"]`` keeps the headline row's fields (name
-    ``row``, theory, measured, se, tolerance in the units of the measurement)."""
+    ``row``, theory, measured, se, tolerance in the units of the measurement).  ``units``, ``entrywise``: how its
+    resolving power is counted (counts and head indices: ``count``; the served point: each entry alone)."""
     row_fields = {"name": row, "theory": predicted, "measured": measured, "se": se, "tolerance": tolerance}
     return compare(f"{row} {tag}", measured, predicted, _compare(measured, predicted, tolerance)[1], why, wrong=wrong,
-                   error=lambda m, p: _compare(m, p, tolerance)[0], config=tag,
+                   error=lambda m, p: _compare(m, p, tolerance)[0], config=tag, units=units, entrywise=entrywise,
                    details={"row": jsonable(row_fields), **(details or {})})
 
 
@@ -153,7 +156,8 @@ def headline_of(c: Comparison, suffix: str = "") -> dict:
     comparison is entrywise), its agreement from the comparison itself."""
     r = c.details["row"]
     return asdict(HeadlineRow(name=r["name"] + suffix, theory=r["theory"], measured=r["measured"], se=r["se"],
-                              tolerance=r["tolerance"], agrees=c.agrees, side=c.side, config=c.config))
+                              tolerance=r["tolerance"], agrees=c.agrees, side=c.side, config=c.config,
+                              resolving_power=c.resolving_power))
 
 
 def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 65536, seed: int = 0,
@@ -220,12 +224,13 @@ def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 6553
         f"(thresholds {np.round(thresholds, 4).tolist()}), counted", [(wrong_desc, wrong_counts)],
         {**common, "U_singular_values": meas["U_singular_values"], "threshold": threshold,
          "W_block_singular_values": meas["W_block_singular_values"], "W_singular_values": meas["W_singular_values"],
-         "residual_end": meas["residual_end"]})]
+         "residual_end": meas["residual_end"]}, units="count")]
     if H > 1:
         comps.append(_comparison(
             "winners", tag, list(allocation(meas["omega_end"], meas["mu_end"]).winners), winners, 0.0,
             "exact: the head carrying task i (numerics.readout: argmax_h tail-mean mu omega) is "
-            "theory.task_allocation.predicted_winners", [(f"winners {wrong_winners}", wrong_winners)], common))
+            "theory.task_allocation.predicted_winners", [(f"winners {wrong_winners}", wrong_winners)], common,
+            units="count"))
     idx = (np.asarray(winners), np.arange(m))
     served = lambda what: np.concatenate([meas[f"omega_{what}"][idx], meas[f"mu_{what}"][idx]])  # noqa: E731
     shift = allocation_theory.served_shift(meas["omega_end"], winners, cfg.tasks, cfg.L, cfg.sigma)
@@ -240,7 +245,8 @@ def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 6553
         "off-task omega the run still holds at t_end (theory.served_optimum at the measured row minus at zeros)",
         [(f"omega* x {f:g}", fp(f * pred["omega_star"], mu_star)),
          (f"mu* x {f:g}", fp(pred["omega_star"], f * mu_star))],
-        {**common, "omega_end": meas["omega_end"], "mu_end": meas["mu_end"], "off_task_shift": shift}))
+        {**common, "omega_end": meas["omega_end"], "mu_end": meas["mu_end"], "off_task_shift": shift},
+        entrywise=True))
     if surplus:
         alt = np.zeros(len(surplus))
         alt[0] = mu_star[0]
@@ -250,7 +256,7 @@ def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 6553
             f"the OV threshold of each surplus head (as above), at least the {allocation_theory.SURPLUS_FRACTION:g} "
             "mu* that theory's expansion flow may still leave in them at the horizon (the domain's surplus condition)",
             [(f"surplus head {surplus[0]} serves task 0 with mu*_0", alt)],
-            {**common, "surplus_heads": surplus, "mu_end": meas["mu_end"]}))
+            {**common, "surplus_heads": surplus, "mu_end": meas["mu_end"]}, units="absolute"))
     full, red = meas["held_out"], meas["held_out_reduced_at_mean"]
     excess = max(0.0, full.mean - red.mean)
     comps.append(_comparison(
@@ -266,6 +272,39 @@ def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 6553
     comps[0].details |= {"largest_off_task_omega": float(off.max()), "prediction": pred,
                          "measurement": {k: meas[k] for k in ("t", "omega", "mu", "omega_end", "mu_end")}}
     return comps
+
+
+SLOPE_LOW = 0.8
+"""The wrong prediction 'a 20 % low' of :func:`check_off_task_slope`: an error of the size the domain's rule
+escape_rate x t_end <= ESCAPE_EFOLDS cannot see."""
+
+
+def check_off_task_slope(cfg: ProblemConfig, n: int, seed: int = 0) -> Comparison:
+    """The input of the domain's saddle rule, measured: theory's off-task slope a[h, i] = d loss / d mu[h, i] at its
+    allocated point (``theory.saddle.off_task_slope``, by quadrature; its escape rate is 2 max a) against the
+    Monte-Carlo gradient of the exact reduced loss at that same point (``phases.off_task_gradient``: n fresh
+    Rao-Blackwellised prompts), entrywise over the off-task entries (surplus heads' included).  The rule
+    escape_rate x t_end <= ESCAPE_EFOLDS alone is one-sided and coarse: a slope 20 % low, or of the wrong sign (a
+    minimum, not a saddle), would leave a run inside it; here either is a different prediction through the same
+    comparison.  Tolerance per entry: Z_SE standard errors of the Monte-Carlo gradient (independent groups); the
+    quadrature's error (~1e-10) is below it by orders of magnitude."""
+    om, mu = saddle.allocated_point(cfg.tasks, cfg.L, cfg.sigma, heads=cfg.heads)
+    a = saddle.off_task_slope(cfg.tasks, cfg.L, cfg.sigma, heads=cfg.heads)
+    g = experiments.off_task_gradient(cfg.tasks, cfg.L, cfg.sigma, om, mu, n, seed, cfg.device)
+    off = np.isfinite(a)
+    measured, predicted, se = g["grad_mu"][off], a[off], g["grad_mu_se"][off]
+    tag = f"tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g}"
+    return _comparison(
+        "off-task slope a = dL/dmu at the allocated point (the saddle's rate 2a)", tag, measured.tolist(),
+        predicted.tolist(), (Z_SE * se).tolist(),
+        f"per off-task entry: Z_SE = {Z_SE:g} standard errors of the Monte-Carlo gradient ({n} prompts, independent "
+        "groups) of the exact reduced loss at theory's allocated point", [
+            (f"a {round(100 * (1 - SLOPE_LOW)):d} % low (x {SLOPE_LOW:g})", (SLOPE_LOW * predicted).tolist()),
+            ("a of the wrong sign (the allocated point a minimum)", (-predicted).tolist())],
+        {"omega": om, "mu": mu, "slope": a, "grad_mu": g["grad_mu"], "grad_mu_se": g["grad_mu_se"], "n": n,
+         "escape_rate": 2.0 * float(max(0.0, np.max(predicted))) if predicted.size else 0.0,
+         "grad_mu_se_off_task": se.tolist()},
+        se=float(np.max(se)) if se.size else None, entrywise=True)   # the row's se: the largest entry's
 
 
 def check_boundary(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 16384, seed: int = 0,
@@ -285,7 +324,7 @@ def check_boundary(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 16384,
          "above_per_head": meas["above"], "U_singular_values": meas["U_singular_values"],
          "threshold": meas["threshold"], "mu_end": meas["mu_end"],
          "omega_end": meas["omega_end"], "W_block_singular_values": meas["W_block_singular_values"],
-         "held_out": meas["held_out"]})
+         "held_out": meas["held_out"]}, units="count")
 
 
 def plan(p: TaskAllocationProfile, device: str = "cpu") -> list[ProblemConfig]:
@@ -306,7 +345,7 @@ def evaluate(ctx) -> Outcome:
     without a time runs each case to the domain's horizon (theory's race and settling times); a case whose horizon is
     infinite (theory's flow keeps its surplus heads) runs to BOUNDARY_TIME as a boundary finding."""
     p, cfgs = ctx.p, plan(ctx.p, ctx.device)
-    comps, headline, ran, domains = [], [], [], []
+    comps, headline, ran, domains, slopes = [], [], [], [], set()
     for j, cfg in enumerate(cfgs):
         ctx.progress(f"task-allocation: tasks {cfg.tasks}, H = {cfg.heads}, L = {cfg.L}", j / len(cfgs))
         need = horizon(cfg)
@@ -324,6 +363,12 @@ def evaluate(ctx) -> Outcome:
             headline.append(reported_row("largest off-task |omega| (reported: decays ~1/t)" + suffix, theory=0.0,
                                          measured=cs[0].details["largest_off_task_omega"], config=cs[0].config))
             comps += cs
+            # the saddle's slope behind the domain's escape rule, measured once per (tasks, L, sigma)
+            if dom["escape_rate"] is not None and (cfg.tasks, cfg.L, cfg.sigma) not in slopes:
+                slopes.add((cfg.tasks, cfg.L, cfg.sigma))
+                c = check_off_task_slope(cfg, p.slope_prompts, ctx.seed)
+                headline.append(headline_of(c, suffix))
+                comps.append(c)
         else:
             c = check_boundary(cfg, tcfg, min(p.held_out, 16384), ctx.seed, dom)
             headline.append(headline_of(c, suffix + f" [{'; '.join(dom['reasons'])}]"))
@@ -334,7 +379,9 @@ def evaluate(ctx) -> Outcome:
                       col_labels=[f"task {i}" for i in range(len(mu[0]))], xlabel="task", ylabel="head",
                       caption="one value per row (head) and per column (task) when allocated")
                for k, (c, mu) in enumerate((c, c.details["mu_end"]) for c in with_mu[:3])]
-    return Outcome(comps, headline, figures, short_why=True,
+    # the headline: the served fixed point of the first case inside the domain (the claim's numbers)
+    served = [c.name for c in comps if c.name.startswith("allocated fixed point")]
+    return Outcome(comps, headline, figures, short_why=True, headline_comparison=served[0] if served else None,
                    details={"ran": ran, "domain": domains, "profile_fields": asdict(p)})
 
 
@@ -381,7 +428,8 @@ SPEC = ClaimSpec(
         f"keys {sorted(q)}"),
     # seconds on 2 idle cores: the quick profile's 3 runs (1100 steps of B x L = 1024 x 64) took 35.5 s in the quick
     # report, ~1.6e-7 s per prompt-token-step; scaled by cases x steps x B x L (t = 60 where the horizon decides)
+    # + the Monte-Carlo off-task slope, ~1.4 s CPU at 16384 prompts, L = 64 (scaled by prompts x L)
     estimate=lambda p: (1 if p.problem else 1 + bool(p.surplus_heads) + bool(p.fewer_heads_tasks)) * 1.6e-7
-    * ((p.time or 60.0) / p.lr) * p.batch * p.L + 2.0)
+    * ((p.time or 60.0) / p.lr) * p.batch * p.L + 2.0 + 1.4 * p.slope_prompts * p.L / (16384 * 64))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

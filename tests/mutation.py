@@ -95,3 +95,78 @@ def apply_mutant(monkeypatch, name: str) -> None:
         clear_cache()
     else:
         raise ValueError(name)
+
+
+# ---------------------------------------------------------------------------------------
+# small-factor mutants: the headline prediction moved by twice its own resolving power
+# ---------------------------------------------------------------------------------------
+
+SMALL_FACTOR = 2.0
+"""How far past its resolving power the headline prediction is moved: eps is the smallest error the
+comparison rejects, so 2 eps must be rejected -- by the whole claim, run end to end."""
+
+
+def memoise(monkeypatch, module, *names) -> None:
+    """Replace ``module.name`` (numerics' runs, which a mutant of theory does not change) by a memoised copy for
+    the test: the control and the mutated runs of a small-factor mutant then share the training runs, so only
+    theory and the comparisons are computed again.  The key is the repr of the arguments."""
+    for name in names:
+        real, memo = getattr(module, name), {}
+
+        def wrapped(*args, _real=real, _memo=memo, **kwargs):
+            key = repr((args, sorted(kwargs.items())))
+            if key not in _memo:
+                _memo[key] = _real(*args, **kwargs)
+            return _memo[key]
+
+        monkeypatch.setattr(module, name, wrapped)
+
+
+def headline_power(result) -> dict:
+    """The headline comparison's resolving power of a result (``details["resolving_power"]["headline"]``)."""
+    head = (result.details.get("resolving_power") or {}).get("headline")
+    assert head and head["units"], f"{result.id}: no headline comparison with a resolving power: {head}"
+    return head
+
+
+def small_factor_moves(head: dict) -> list:
+    """(label, move) for each direction the headline sees: relative -> the factor 1 -+ SMALL_FACTOR eps,
+    absolute -> the shift -+ SMALL_FACTOR eps (``move`` is what the claim's patch applies)."""
+    out = []
+    for key, sign in (("low", -1.0), ("high", 1.0)):
+        eps = head.get(key)
+        if eps is None or (head["side"] == "not above" and key == "high") or (head["side"] == "not below"
+                                                                               and key == "low"):
+            continue
+        step = SMALL_FACTOR * eps
+        if head["units"] == "relative":
+            out.append((f"x (1 {'-' if sign < 0 else '+'} {step:.3g})", 1.0 + sign * step))
+        else:
+            out.append((f"{'-' if sign < 0 else '+'} {step:.3g}", sign * step))
+    assert out, f"the headline {head['name']} sees no direction"
+    return out
+
+
+def assert_small_factor_caught(monkeypatch, run, patch) -> list:
+    """The control ``run()`` passes; then for each move of :func:`small_factor_moves` (from the control's own
+    headline resolving power) ``patch(mp, move)`` moves theory's headline prediction and ``run()`` must not pass,
+    its headline comparison disagreeing.  Returns the verdicts (printed with -s)."""
+    control = run()
+    print(f"[small-factor] {control.id}: control verdict {control.verdict}")
+    assert control.verdict == "pass", control.details.get("comparisons") or control.details
+    head = headline_power(control)
+    print(f"[small-factor] headline {head['name']}: resolving power {head['low']:.4g} / {head['high']:.4g} "
+          f"({head['units']})")
+    verdicts = []
+    for label, move in small_factor_moves(head):
+        with monkeypatch.context() as mp:
+            patch(mp, move)
+            res = run()
+        comps = {c["name"]: c for c in res.details.get("comparisons", [])}
+        hit = comps.get(head["name"])
+        print(f"[small-factor] prediction {label}: verdict {res.verdict}; headline agrees "
+              f"{hit and hit['agrees']} (error {hit and hit['error']:.4g}, tolerance {hit and hit['tolerance']:.4g})")
+        assert res.verdict != "pass", (label, res.details.get("comparisons"))
+        assert hit is not None and not hit["agrees"], (label, hit)
+        verdicts.append((label, res.verdict))
+    return verdicts

@@ -25,6 +25,11 @@ EXACT_TOKENS = 2 ** 14
 """Cost cap |G| L of one exactly symmetric batch in the default run (|G| = 2^(d+m) prod r_i)."""
 
 
+def wrong_predictions(c):
+    """The perturbations that stand for a wrong theory (not the edge probes at the tolerance)."""
+    return [p for p in c.perturbations if "edge" not in p.details]
+
+
 @st.composite
 def tasks_heads(draw, max_group=None):
     """m in 1..3, block sizes r in 1..4 (mixed), H in 1..m+1; optionally |G| <= max_group."""
@@ -57,7 +62,9 @@ def test_symmetric_batch_keeps_D_to_rounding(device, th, L, sigma, param, basis,
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
     # the wrong-group predictions that theory says apply (a subgroup with a larger fixed set) were all made
-    assert len(c.perturbations) == 1 + (cfg.d >= 2) + (cfg.m >= 2), c.explain()
+    assert len(wrong_predictions(c)) == 1 + (cfg.d >= 2) + (cfg.m >= 2), c.explain()
+    # and the prediction off by 1.5 x its resolving power, both ways (absolute: theory predicts 0)
+    assert [p.details["edge"] for p in c.perturbations if "edge" in p.details] == ["low", "high"], c.explain()
 
 
 @settings(max_examples=8)
@@ -75,7 +82,8 @@ def test_fresh_batches_residual_within_noise_bound(device, th, L, sigma, param, 
     log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
-    assert len(c.perturbations) == 1 + (cfg.d >= 2 or cfg.m >= 2), c.explain()
+    assert len(wrong_predictions(c)) == 1 + (cfg.d >= 2 or cfg.m >= 2), c.explain()
+    assert c.resolving_power["units"] == "absolute" and c.resolving_power["high"] > c.tolerance, c.explain()
 
 
 @pytest.mark.thorough
@@ -106,6 +114,10 @@ def test_run_tiny_profile(device):
     assert result.details["domain"]["cases_outside"] == []
     assert [r["agrees"] for r in result.headline] == [True, True], result.headline
     assert all(r["config"] and r["side"] == "two-sided" for r in result.headline), result.headline
+    # every row carries its comparison's resolving power; the headline one is the exact invariance's
+    assert all(r["resolving_power"]["units"] == "absolute" for r in result.headline), result.headline
+    head = result.details["resolving_power"]["headline"]
+    assert head["name"].startswith("symmetrised-exact") and 0 < head["eps"] < 1e-10, head
     # the findings are generated from the result's own numbers
     assert [f.kind for f in result.findings] == ["holds", "holds"], result.findings
     result.details["comparisons"][0]["measured"] = 1.25e-15

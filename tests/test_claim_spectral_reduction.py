@@ -149,3 +149,14 @@ def test_run_at_a_given_problem(device):
     big = claim.plan(claim.PROFILES["tiny"], problem={"tasks": (4, 4, 4), "heads": 3, "L": 2})
     assert big["traj"] == [] and {n["case"] for n in big["not_run"]} == {"trajectory tasks=(4, 4, 4)",
                                                                        "expansion-trend"}, big["not_run"]
+
+
+def test_expansion_gap_error_is_a_two_sided_value_comparison():
+    # (c)'s one error function: the pooled scale of the measured gap over theory's against 1 and each L against
+    # its value -- a gap 20x larger, or none at all, is rejected; a gap that agrees within its noise is not
+    b, se, d = [0.07, 0.06, 0.035, 0.014], [0.01, 0.005, 0.004, 0.002], [0.0, 0.0, 0.0, 0.001]
+    err = claim.expansion_gap_error(b, se, d)
+    assert err({}, [0.068, 0.058, 0.034, 0.0145]) < 1.0
+    assert err({}, [20 * x for x in b]) > 1.0 and err({}, [0.0] * 4) == float("inf")
+    assert err({}, [1.3 * x for x in b]) > 1.0          # the pooled scale sees 30 % (se(k) ~ 5 %)
+    assert err({}, [0.07, 0.07, 0.07, 0.07]) > 1.0      # a gap that does not shrink: the per-L branch

@@ -17,6 +17,7 @@ NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
 from claims import task_allocation as claim
 from claims.common import log_comparison
+from numerics.config import ProblemConfig
 from numerics.experiments import phases as experiments
 from numerics.train import TrainConfig
 
@@ -145,3 +146,17 @@ def test_run_tiny_profile(device):
     assert result.figures and result.figures[0].kind == "heatmap"
     assert result.findings and result.findings[0].kind == "holds", result.findings
     assert all(row["config"] for row in result.headline), result.headline
+
+
+def test_off_task_slope_is_measured_two_sided(device):
+    # the saddle's slope a behind the domain's escape rule: theory's quadrature against the Monte-Carlo gradient at
+    # the same point; a slope 20 % low or of the wrong sign is rejected through the same comparison
+    cfg = ProblemConfig(tasks=(1, 1), heads=2, L=32, device=device)
+    c = claim.check_off_task_slope(cfg, n=8192, seed=3)
+    assert c.agrees, c.explain()
+    assert c.discriminates and len(c.perturbations) >= 2, c.explain()
+    assert c.resolving_power["entrywise"] and 0 < c.resolving_power["low"] < 0.2, c.resolving_power
+    assert c.details["escape_rate"] > 0
+    # its headline row fits the schema of claims.json (a scalar se: the largest entry's)
+    row = claim.headline_of(c)
+    assert isinstance(row["se"], float) and isinstance(row["tolerance"], list), row

@@ -120,6 +120,9 @@ def test_run_tiny_profile_and_problem(device):
     assert all(h["agrees"] for h in result.headline), result.headline
     assert result.details["domain"][0]["inside"]
     assert result.figures and result.figures[0].spans
+    # one init scale: no warm-up law, so the headline comparison is the phase times, with its resolving power
+    head = result.details["resolving_power"]["headline"]
+    assert head["name"].startswith("phase times") and head["units"] == "relative" and 0 < head["eps"] < 1, head
     # a researcher's problem: H < m runs, its boundary (one head carries both tasks) recorded
     res = claim.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 1, "L": 16})
     ran = res.details["ran"][0]
@@ -130,6 +133,14 @@ def test_run_tiny_profile_and_problem(device):
     merged = claim.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 2, "L": 32, "param": "merged"})
     assert merged.verdict == "error" and "factored" in merged.details["error"], merged.details
     assert result.findings and any(ch.isdigit() for ch in result.findings[0].text), result.findings
+
+
+def test_phase_tolerance_scales_theory_parts_with_the_prediction():
+    # the measurement's parts stay, theory's scale with the predicted time it is held against
+    tol = {"fixed": 1.0, "theory": 0.5, "predicted": 10.0}
+    assert claim.phase_tolerance_at(tol, 10.0) == pytest.approx(1.5)
+    assert claim.phase_tolerance_at(tol, 20.0) == pytest.approx(2.0)
+    assert claim.phase_tolerance_at(tol, 5.0) == pytest.approx(1.25)
 
 
 @pytest.mark.thorough

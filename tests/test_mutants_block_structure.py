@@ -54,3 +54,14 @@ BLIND = ("claim 1 is a symmetry statement: D is invariant for any G-equivariant 
 def test_blind_spots(monkeypatch, name):
     result = verdict_under(monkeypatch, name)
     assert result.verdict != "pass"
+
+
+def test_small_factor_headline_prediction_is_caught(monkeypatch):
+    # theory's off-D residual on a G-invariant batch (0) moved by twice the headline's own resolving power,
+    # both ways (absolute units: the prediction is 0), at the quick profile: claim 1 must not pass
+    from mutation import assert_small_factor_caught, memoise
+    from numerics.experiments import probes
+
+    memoise(monkeypatch, probes, "symmetric_batch_runs", "fresh_batch_runs")   # the runs do not depend on it
+    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile="quick", seed=0),
+                               lambda mp, shift: mp.setattr(claim, "predicted_residual", lambda cfg: shift))

@@ -67,3 +67,23 @@ def test_exact_fixed_point_scaled(monkeypatch):
         return out
     monkeypatch.setattr(exact_theory, "exact_fixed_point", scaled)
     _caught("theory.exact.exact_fixed_point loss x1.1")
+
+
+@pytest.mark.mutants
+def test_small_factor_fixed_point_loss_is_caught(monkeypatch):
+    """theory.exact's fixed-point loss (the headline's prediction: the trained loss at the profile's largest L)
+    scaled by 1 -+ twice the headline's own resolving power: the claim must not pass.  The trained run and the
+    reduced minima do not depend on it and are shared by the control and the mutants."""
+    from claims import trained
+    from mutation import assert_small_factor_caught, memoise
+
+    memoise(monkeypatch, trained, "reduced_minima")
+    original = exact_theory.exact_fixed_point
+
+    def patch(mp, factor):
+        def scaled(*a, **k):
+            out = dict(original(*a, **k))
+            return {**out, "loss": factor * out["loss"], "loss_per_task": [factor * v for v in out["loss_per_task"]]}
+        mp.setattr(exact_theory, "exact_fixed_point", scaled)
+
+    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile=MUTANT_PROFILE), patch)

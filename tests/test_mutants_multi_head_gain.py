@@ -60,3 +60,23 @@ def test_exact_loss_scaled(monkeypatch):
         return e
     monkeypatch.setattr(exact_theory, "exact_loss", scaled)
     _caught("theory.exact.exact_loss x1.1")
+
+
+@pytest.mark.mutants
+def test_small_factor_finite_L_gain_is_caught(monkeypatch):
+    """theory.exact's finite-L gain (the headline's prediction: the trained gain) scaled by 1 -+ twice the
+    headline's own resolving power: the claim must not pass.  The trained runs and the reduced minima do not
+    depend on it and are shared by the control and the mutants."""
+    from claims import trained
+    from mutation import assert_small_factor_caught, memoise
+
+    memoise(monkeypatch, trained, "reduced_minima")
+    original = exact_theory.finite_L_gain
+
+    def patch(mp, factor):
+        def scaled(tasks, L, sigma=0.0):
+            out = dict(original(tasks, L, sigma))
+            return {**out, "gain": factor * out["gain"]}
+        mp.setattr(exact_theory, "finite_L_gain", scaled)
+
+    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile=MUTANT_PROFILE), patch)

@@ -98,3 +98,22 @@ def test_mutant_full_model_logits_doubled(monkeypatch):
 
     monkeypatch.setattr(MultiHeadAttention, "merged_weights", doubled)
     assert _run(monkeypatch, TABLE, "full model logits x 2").verdict != "pass"
+
+
+@pytest.mark.mutants
+def test_small_factor_constant_is_caught(monkeypatch):
+    """Theory's bracket of the constant -- at H = m + 1 the value allocated / linear, the headline -- scaled by
+    1 -+ twice the headline's own resolving power (TABLE: H = m, m + 1, no training): the claim must not pass.
+    The decomposable searches do not depend on it and are shared by the control and the mutants (run cache)."""
+    from mutation import assert_small_factor_caught
+
+    clear_cache()
+    original = th_opt.constant_bracket
+
+    def patch(mp, factor):
+        def scaled(*a, **k):
+            out = dict(original(*a, **k))
+            return {**out, "low": factor * out["low"], "high": factor * out["high"]}
+        mp.setattr(th_opt, "constant_bracket", scaled)
+
+    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile=TABLE), patch)

@@ -100,3 +100,27 @@ def test_exact_loss_scaled(monkeypatch):
         return out
     monkeypatch.setattr(exact_theory, "exact_loss", scaled)
     assert _verdict(f"exact one-head loss x {FACTOR:g}") != "pass"
+
+
+SMALL_FACTOR_PROFILE = claim.TaskAllocationProfile(**{**claim.asdict(claim.PROFILES["quick"]), "surplus_heads": 0,
+                                                      "fewer_heads_tasks": None})
+"""The quick profile's H = m case alone (its surplus and H < m cases do not carry the headline)."""
+
+
+def test_small_factor_served_point_is_caught(monkeypatch):
+    # theory's served fixed point (omega*, mu*, and the off-task shift added to it) scaled by 1 -+ twice the
+    # headline's own resolving power (entrywise: an error that large in any one entry is caught) at the quick
+    # profile's H = m case: claim 4 must not pass
+    from mutation import assert_small_factor_caught
+
+    real_prediction, real_shift = allocation_theory.allocation_prediction, allocation_theory.served_shift
+
+    def patch(mp, factor):
+        def prediction(*args, **kwargs):
+            out = dict(real_prediction(*args, **kwargs))
+            return {**out, "omega_star": factor * np.asarray(out["omega_star"]),
+                    "mu_star": factor * np.asarray(out["mu_star"])}
+        mp.setattr(allocation_theory, "allocation_prediction", prediction)
+        mp.setattr(allocation_theory, "served_shift", lambda *a, **k: factor * real_shift(*a, **k))
+
+    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile=SMALL_FACTOR_PROFILE, seed=0), patch)

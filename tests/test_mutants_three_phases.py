@@ -133,3 +133,22 @@ def test_mutant_label_noise_dropped(monkeypatch):
 def test_profiles_are_frozen_dataclasses():
     with pytest.raises(dataclasses.FrozenInstanceError):
         LAW.batch = 1
+
+
+def test_small_factor_warmup_constant_is_caught(monkeypatch):
+    # theory's warm-up constant C (the headline) scaled by 1 -+ twice its own resolving power at the quick profile
+    # (C resolves ~13 % there): claim 3 must not pass.  The runs and the flow's phase prediction do not depend on C
+    # and are shared by the control and the mutants.
+    from mutation import assert_small_factor_caught, memoise
+
+    memoise(monkeypatch, experiments, "phase_run", "escape_time_spread")
+    memoise(monkeypatch, theory.three_phases, "run_length", "phase_prediction")
+    real = theory.three_phases.predicted_warmup_scaling
+
+    def patch(mp, factor):
+        def scaled(*args, **kwargs):
+            out = real(*args, **kwargs)
+            return {**out, "inverse": {**out["inverse"], "C": factor * out["inverse"]["C"]}}
+        mp.setattr(theory.three_phases, "predicted_warmup_scaling", scaled)
+
+    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile="quick"), patch)

@@ -23,6 +23,7 @@ import torch
 from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
 from numerics.evaluate import LossEstimate, held_out_loss, held_out_reduced_loss
+from numerics.exact_reduced import evaluate as exact_reduced_losses, loss_and_gradient
 from numerics.experiments import cached, identity, one_thread
 from numerics.model import MultiHeadAttention, initial_semi_singular_values, initial_values
 from numerics.readout import allocation
@@ -32,7 +33,9 @@ from theory.task_allocation import favoured_init
 from theory.three_phases import allocated_projection, phase_times, warmup_relative_rates
 
 EVAL_SEED, HELD_OUT_SEED, SPREAD_SEED = 99_991, 424_243, 77_777
-"""Claim 3's seeds: the fixed evaluation batch of the loss curve, the held-out prompts, the probe."""
+"""Claim 3's seeds: the fixed evaluation batch of the loss curve (EVAL_SEED + the run's training
+seed: runs with independent prompt streams are evaluated on independent prompts too, so the
+noise of their curves is independent), the held-out prompts, the probe."""
 
 
 def _arrays(result) -> tuple:
@@ -50,7 +53,12 @@ class PhaseRun:
     (mean and per prompt), the readout mu/omega (records, H, m), the curve's phases, the
     standard error of the drop l(0) - l(end) (paired over prompts), the held-out loss of the
     full model at the final weights (``held_out``, at most 4096 prompts) and of the reduced
-    model at the final readout's allocated projection (``held_out_allocated``, same prompts)."""
+    model at the final readout's allocated projection on whole prompts of the same stream
+    (``held_out_allocated_whole``, ``held_out`` prompts: their gap is what the off-D weights and the
+    off-task mu add) and by the Rao-Blackwellised estimator on ``held_out`` fresh prompts
+    (``held_out_allocated``,
+    ``numerics.exact_reduced.evaluate``: the labels integrated analytically, about a fifth of
+    the per-prompt variance)."""
 
     t: np.ndarray
     loss: np.ndarray
@@ -61,6 +69,7 @@ class PhaseRun:
     drop_se: float
     held_out: LossEstimate
     held_out_allocated: LossEstimate
+    held_out_allocated_whole: LossEstimate
     final_omega: np.ndarray
     final_mu: np.ndarray
     residual: float
@@ -77,7 +86,7 @@ def phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: 
 def _phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: int) -> PhaseRun:
     res = train(cfg, tcfg)
     t, omega, mu, _ = _arrays(res)
-    evalset = sample_prompts(cfg, eval_batch, make_generator(EVAL_SEED, cfg.device))
+    evalset = sample_prompts(cfg, eval_batch, make_generator(EVAL_SEED + tcfg.seed, cfg.device))
     with torch.no_grad():
         per = np.array([per_prompt_reduced_losses(torch.tensor(om, dtype=cfg.torch_dtype, device=cfg.device),
                                                   torch.tensor(m_, dtype=cfg.torch_dtype, device=cfg.device),
@@ -90,10 +99,12 @@ def _phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out:
     # off-D weights and of the off-task mu left at the end, reported with the comparison
     full = held_out_loss(res.final_model, n=min(held_out, 4096), seed=HELD_OUT_SEED)
     winners = allocation(ro.omega, ro.mu).winners
-    alloc = held_out_reduced_loss(*allocated_projection(ro.mu, ro.omega, winners), cfg, n=held_out,
-                                  seed=HELD_OUT_SEED)
+    projection = allocated_projection(ro.mu, ro.omega, winners)
+    whole = held_out_reduced_loss(*projection, cfg, n=held_out, seed=HELD_OUT_SEED)
+    per_rb = exact_reduced_losses([projection], cfg.tasks, cfg.L, cfg.sigma, held_out, HELD_OUT_SEED, cfg.device)[0]
+    alloc = LossEstimate(float(per_rb.mean()), float(per_rb.std(ddof=1) / math.sqrt(per_rb.size)), int(per_rb.size))
     return PhaseRun(t, per.mean(axis=1), per, mu, omega, phase_times(t, per.mean(axis=1)),
-                    float(drop.std(ddof=1) / math.sqrt(eval_batch)), full, alloc, ro.omega, ro.mu,
+                    float(drop.std(ddof=1) / math.sqrt(eval_batch)), full, alloc, whole, ro.omega, ro.mu,
                     float(ro.residual), res.wall_seconds)
 
 
@@ -152,6 +163,18 @@ HELD_OUT_MAX = 2 ** 20
 """The held-out sample grows (to at most HELD_OUT_MAX prompts) until z standard errors are
 3% of the measured loss, a third of claim 4's 10% perturbation: at r = 1 the per-prompt loss
 is heavy-tailed (65536 prompts: 2% relative se at L = 64)."""
+
+
+def off_task_gradient(tasks, L: int, sigma: float, omega, mu, n: int, seed: int, device="cpu") -> dict:
+    """d loss / d mu of the exact reduced loss at (omega, mu) by Monte Carlo (the
+    Rao-Blackwellised estimator of ``numerics.exact_reduced.loss_and_gradient`` on ``n`` fresh
+    prompts, standard errors from independent groups; cached by its arguments): claim 4 measures
+    the off-task slope a of the saddle at theory's allocated point with it."""
+    om, mu_ = np.asarray(omega, float), np.asarray(mu, float)
+    key = identity("off-task-gradient", tasks=list(tasks), L=int(L), sigma=float(sigma), omega=om.tolist(),
+                   mu=mu_.tolist(), n=int(n), seed=int(seed))
+    return cached(key, lambda: one_thread(loss_and_gradient)(om, mu_, tuple(tasks), int(L), float(sigma), int(n),
+                                                              int(seed), device=device))
 
 
 def tail_standard_errors(samples) -> tuple[np.ndarray, np.ndarray]:

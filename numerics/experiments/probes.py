@@ -325,6 +325,12 @@ def relative_gap(omega, mu, omega_ref, mu_ref) -> np.ndarray:
     return np.concatenate([((omega - omega_ref) / so).ravel(), ((mu - mu_ref) / sm).ravel()])
 
 
+def trajectory_gap(omega, mu, omega_ref, mu_ref) -> float:
+    """The rms of :func:`relative_gap` over a run: the gap b of one noiseless trajectory to a
+    reference (what :func:`noise_corrected_bias` estimates from noisy runs)."""
+    return float(np.sqrt(np.mean(relative_gap(omega, mu, omega_ref, mu_ref) ** 2)))
+
+
 def noise_corrected_bias(G: np.ndarray) -> tuple[float, float]:
     """(b, se(b)) from the gap trajectories G (n streams x elements): b^2 = mean(Gbar^2) -
     mean(var_s G) / n (the variance across streams is the noise of one run), se = sqrt(mean
