@@ -7,6 +7,8 @@ the trained points against theory's line.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -116,8 +118,13 @@ def run_status(cfg, run, inside: dict, outside_sides: bool = False, tolerance: f
     an unconverged run further above (+1); H > m -> the family contains the allocated point, so
     a converged run is not above it (-1), while an unconverged one has no side (its surplus
     heads race)."""
-    tol = run_tolerance(run) if tolerance is None else float(tolerance)
-    converged = converged_for(run, tol)
+    if tolerance is not None:
+        tol = float(tolerance)
+    elif run.get("descent_left") is None:
+        tol = None          # a run handed in without a descent fit is read by its own "converged"
+    else:
+        tol = run_tolerance(run)
+    converged = converged_for(run, math.inf if tol is None else tol)
     if not inside["inside"]:
         status, sign = "outside the domain: " + "; ".join(inside["reasons"]), 0
         if outside_sides and cfg.param == "factored" and cfg.init == "decomposable":
@@ -135,9 +142,10 @@ def run_status(cfg, run, inside: dict, outside_sides: bool = False, tolerance: f
                 f"> {ALLOCATED_SHARE:g}: a superposition)"), -1
     if not converged:
         left = run.get("descent_left")
+        if left is None or tol is None:
+            return "not converged (held-out loss still falling)", +1
         return ("not converged (held-out loss still falling: it could still lose "
-                + (f"{left:.3g}" if left is not None else "more") + f" against tolerance / {Z_SE:g} = "
-                f"{tol / Z_SE:.3g})"), +1
+                f"{left:.3g} against tolerance / {Z_SE:g} = {tol / Z_SE:.3g})"), +1
     if cfg.heads > 1 and not alloc["allocated"]:
         return ("not converged (heads not yet pruned: off-task share "
                 f"{alloc['same_sign_share']:.2f})"), +1

@@ -278,8 +278,24 @@ def headline_row(entry: dict) -> tuple[Optional[dict], str]:
     rows = [r for r in entry.get("headline") or [] if isinstance(r, dict)]
     if not rows:
         return None, ""
-    named = (entry.get("details") or {}).get("headline_row")
+    details = entry.get("details") or {}
+    named = details.get("headline_row")
     if named is None:
+        # the comparison the spec names as its headline (claims.spec.Outcome.headline_comparison,
+        # stored as details.resolving_power.headline.name): its row, or the comparison itself
+        power = details.get("resolving_power")
+        head = power.get("headline") if isinstance(power, dict) else None
+        name = head.get("name") if isinstance(head, dict) else None
+        if isinstance(name, str):
+            for r in rows:
+                if r.get("name") == name:
+                    return r, ""
+            for c in details.get("comparisons") or []:
+                if isinstance(c, dict) and c.get("name") == name:
+                    return {"name": name, "theory": c.get("predicted"), "measured": c.get("measured"),
+                            "se": c.get("se"), "tolerance": c.get("tolerance"), "agrees": c.get("agrees"),
+                            "side": c.get("side", "two-sided"), "config": c.get("config"),
+                            "resolving_power": c.get("resolving_power")}, ""
         return rows[0], ""
     if isinstance(named, int) and not isinstance(named, bool) and 0 <= named < len(rows):
         return rows[named], ""
