@@ -163,9 +163,20 @@ class Stream:
     source: Optional[Callable] = None
 
 
-def _stream_key(cfg: ProblemConfig, tcfg) -> tuple:
-    """Runs with equal keys (within one program: same shapes and batch) draw the same prompts."""
+def stream_key(cfg: ProblemConfig, tcfg) -> tuple:
+    """Runs of one shape_key and batch size with equal keys draw the same prompts (train()'s
+    stream: make_generator(seed) and sample_prompts of cfg, which reads sigma, and symmetrize;
+    a fixed batch when not fresh_batches)."""
     return (tcfg.seed, cfg.sigma, tcfg.symmetrize, tcfg.fresh_batches)
+
+
+MERGE_CONTEXT_ELEMENTS = 2 ** 21
+"""On the CPU, runs of different prompt streams share a program only while the program's
+contexts (streams x batch x L x (d + m)) hold at most this many numbers (16 MiB in float64).
+Measured (1 thread, 8 runs of 8 streams, docs/performance.md): at 8 x 128-362 prompts of
+L = 64, d + m = 6 (0.4-1.1 M numbers) one program is 1.3-1.7x faster than the runs one after
+another (fewer, larger kernels); at 8 x 1024 (3.1 M) it is not faster (the contexts leave the
+cache), so larger streams are trained one program per stream."""
 
 
 class _Layout:
@@ -234,7 +245,7 @@ def run_program(cfgs: Sequence[ProblemConfig], tcfgs: Sequence, indices: Sequenc
             s = len(streams)
             streams.append(Stream(cfg, tcfg.symmetrize, source=batches[i]))
         else:
-            key = _stream_key(cfg, tcfg)
+            key = stream_key(cfg, tcfg)
             if key not in keyed:
                 keyed[key] = len(streams)
                 if tcfg.fresh_batches:

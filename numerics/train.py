@@ -495,9 +495,12 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
     allowed) and ``record_every`` (an int for all, or a sequence) are train()'s seams per run.
 
     What is batched: runs with the same tasks, heads, L, param, basis (and basis_seed), dtype,
-    device and batch size form a group (numerics.batched.SHAPE_FIELDS), trained as one program
-    (at most ``max_runs`` runs each, default: as many as fit in half the free memory, by
-    step_memory_bytes).  Within a group everything else may differ: seed, sigma, init,
+    device and batch size form a group (numerics.batched.SHAPE_FIELDS), trained as one or a few
+    programs: at most ``max_runs`` runs each (default: as many as fit in half the free memory,
+    by step_memory_bytes); the runs of one prompt stream together; on the CPU, runs of
+    different streams share a program only while its contexts hold at most
+    numerics.batched.MERGE_CONTEXT_ELEMENTS numbers (beyond, one program per stream: merging
+    large streams gains nothing on a CPU).  Within a group everything else may differ: seed, sigma, init,
     init_scale, init_seed, given (omega, mu), logit_scale, start model, lr, time (so the
     number of steps: a run leaves the program at its last step), records and record_every,
     fresh_batches, symmetrize, diverge_loss, on_record and batches.  Runs that draw the same
@@ -575,7 +578,7 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
             raise ValueError(f"run {i}: symmetrize=True needs batch to be a multiple of 2^m = {2 ** cfg.m}; got "
                              f"batch={tcfg.batch}")
 
-    from .batched import run_program, shape_key
+    from .batched import MERGE_CONTEXT_ELEMENTS, run_program, shape_key, stream_key
 
     groups: dict = {}
     for i, (cfg, tcfg) in enumerate(zip(cfgs, tcfgs)):
@@ -589,10 +592,24 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
             free = _available_memory(cfg0.device)
             need = step_memory_bytes(cfg0, tcfg0.batch)
             cap = len(members) if free is None else max(1, int(free // 2 // max(need, 1)))
-        # runs of one stream side by side, so that a split keeps them in one program
-        members = sorted(members, key=lambda i: (tcfgs[i].seed, cfgs[i].sigma, i))
-        for lo in range(0, len(members), cap):
-            part = members[lo:lo + cap]
+        # programs: the runs of one stream always together (unless over cap); on the CPU, streams
+        # of their own are merged only while their contexts stay small (numerics.batched)
+        streams: dict = {}
+        for i in members:
+            streams.setdefault(("source", i) if batches[i] is not None else stream_key(cfgs[i], tcfgs[i]), []).append(i)
+        per_stream = tcfg0.batch * cfg0.L * cfg0.token_dim
+        budget = (max(1, MERGE_CONTEXT_ELEMENTS // per_stream) if cfg0.torch_device.type == "cpu"
+                  else len(streams))
+        parts, part, held = [], [], 0
+        for runs_of_stream in streams.values():
+            for lo in range(0, len(runs_of_stream), cap):
+                chunk = runs_of_stream[lo:lo + cap]
+                if part and (held + 1 > budget or len(part) + len(chunk) > cap):
+                    parts.append(part)
+                    part, held = [], 0
+                part, held = part + chunk, held + 1
+        parts.append(part)
+        for part in parts:
             if len(part) == 1:
                 i = part[0]
                 try:

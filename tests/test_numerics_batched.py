@@ -23,6 +23,16 @@ from numerics.train import TrainConfig, train, train_many
 RTOL = 1e-11
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Small ops on one intra-op thread, as the experiments run them (numerics.experiments.one_thread):
+    on a shared 2-core machine two threads make these steps several times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _close(a, b, rtol=RTOL) -> bool:
     a, b = np.asarray(a, float), np.asarray(b, float)
     scale = max(float(np.max(np.abs(a))), float(np.max(np.abs(b))), 1e-300)
@@ -212,3 +222,40 @@ def test_a_start_given_twice_is_refused():
     m = MultiHeadAttention(BASE)
     with pytest.raises(ValueError, match="appears twice"):
         train_many([BASE, BASE], TrainConfig(time=0.1), start=[m, m])
+
+
+def test_the_race_grid_of_boundary_allocation_race_as_one_program():
+    """A real experiment's run set: the race cells of boundary-allocation-race's quick profile
+    (16 starts x 2 data seeds, built as claims.allocation_race.race_grid builds them), cut to
+    10 steps: two streams, 16 runs each, and every run is the run alone."""
+    import dataclasses
+
+    from claims.allocation_race import RACE_PROFILES
+    from claims.phase_checks import tcfg as race_tcfg
+    from theory.initialisation import race_starts
+
+    p = dataclasses.replace(RACE_PROFILES["quick"], time=10 * RACE_PROFILES["quick"].lr, records=3)
+    base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma)
+    cfgs, tcfgs = [], []
+    for st in race_starts(p.s0, p.ratios, p.heads, base.m):
+        cfg = base.replace(init="given", init_omega=tuple(map(tuple, st["omega0"])), init_mu=tuple(map(tuple, st["mu0"])))
+        for k in p.data_seeds:
+            cfgs.append(cfg)
+            tcfgs.append(race_tcfg(p, k))
+    many = train_many(cfgs, tcfgs)
+    assert len(many) == 32 and all(m.batched_runs == 32 for m in many)
+    for c, t, m in zip(cfgs, tcfgs, many):
+        assert _same_run(train(c, t), m)
+
+
+def test_large_streams_get_programs_of_their_own_on_the_cpu():
+    """Above MERGE_CONTEXT_ELEMENTS (here 60000 x 8 x 5 = 2.4 M > 2^21) two streams are two
+    programs, each keeping its own runs together; small streams share one."""
+    from numerics.batched import MERGE_CONTEXT_ELEMENTS
+    big = 60000
+    assert big * BASE.L * BASE.token_dim > MERGE_CONTEXT_ELEMENTS
+    cfgs = [BASE, BASE.replace(init_scale=0.3)] * 2
+    tcfgs = [TrainConfig(lr=0.05, time=0.05, batch=big, records=2, seed=s) for s in (0, 0, 1, 1)]
+    assert [m.batched_runs for m in train_many(cfgs, tcfgs)] == [2, 2, 2, 2]
+    small = [TrainConfig(lr=0.05, time=0.05, batch=16, records=2, seed=s) for s in (0, 0, 1, 1)]
+    assert [m.batched_runs for m in train_many(cfgs, small)] == [4, 4, 4, 4]
