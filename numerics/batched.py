@@ -19,11 +19,11 @@ run axis:
 
 Each run's numbers are those of the run trained alone by numerics.train.train to rounding
 (the same prompts from its own stream, the same arithmetic in a different kernel order),
-tested in tests/test_numerics_batched.py.  Why stacking and not torch.func.vmap: at the
-sizes the report trains (L = 32-64, d = 4-6, batch 256-1024) a step costs tens of small
-kernels whose fixed overhead dominates; stacking turns R of them into one, and measured
-(docs/performance.md) vmap over the per-run loss and grad added its own per-call overhead
-without sharing the prompts.
+tested in tests/test_numerics_batched.py.  Why stacking and not torch.func.vmap (measured,
+one thread, forward + backward of 8 runs, tasks 2,2, H = 2, float64, CPU ms; docs/
+performance.md): at L = 32, batch 512, on one shared batch vmap(grad) took 24.0 against 6.2
+stacked (vmap expands the shared context per run; 16.6 the runs one after another), on 8
+batches of their own 13.3 against 10.2; at L = 64, batch 1024: 64.7 / 12.5 and 32.3 / 21.2.
 
 A run leaves the program when it ends (its last step), when its loss diverges (its result
 is the TrainingDiverged that train() would raise, the others go on) or when its on_record
@@ -104,9 +104,10 @@ class StackedAttention:
             return p["W"], p["U"]
         return torch.matmul(p["K"].transpose(-1, -2), p["Q"]) / self.scale, torch.matmul(p["O"], p["V"])
 
-    def readout(self, r: int):
-        """Run r's Readout (numerics.model.readout, the one readout)."""
-        W, U = self.merged_weights()
+    def readout(self, r: int, merged: Optional[tuple] = None):
+        """Run r's Readout (numerics.model.readout, the one readout), from ``merged`` =
+        merged_weights() when given (one product for all the runs recording at a step)."""
+        W, U = merged if merged is not None else self.merged_weights()
         return readout(self.cfgs[r], W[r], U[r])
 
     def losses(self, context: torch.Tensor, query: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:
@@ -290,7 +291,7 @@ def run_program(cfgs: Sequence[ProblemConfig], tcfgs: Sequence, indices: Sequenc
             vals = per_run.detach()
             table[rows, step] = vals
             host = vals.tolist() if check_every == 1 else None
-            leaving = set()
+            leaving, merged = set(), None
             for j, a in enumerate(active):
                 r = runs[a]
                 ends, records = step == r.tcfg.steps, step in r.record_at
@@ -303,7 +304,10 @@ def run_program(cfgs: Sequence[ProblemConfig], tcfgs: Sequence, indices: Sequenc
                     continue
                 if records:
                     try:
-                        ro = state.readout(j)
+                        if merged is None:
+                            with torch.no_grad():
+                                merged = state.merged_weights()
+                        ro = state.readout(j, merged)
                         loss = host[j] if host is not None else float(vals[j])
                         r.trajectory.append(Record(t=step * r.tcfg.lr, loss=loss, omega=ro.omega.tolist(),
                                                    mu=ro.mu.tolist(), residual=float(ro.residual)))
