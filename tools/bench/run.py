@@ -1,4 +1,4 @@
-"""The benchmark itself: :func:`run_bench` runs the five sections of a :class:`BenchConfig`
+"""The benchmark itself: :func:`run_bench` runs the seven sections of a :class:`BenchConfig`
 and returns one result dict (what ``--out`` writes as JSON)."""
 from __future__ import annotations
 
