@@ -131,15 +131,16 @@ float32 passes over a block of 64 KiB arrays stay in a core's L2 cache; over a w
 (MiBs) every pass would stream from L3 (measured 2x slower)."""
 
 
-def _scratch(block: int, rows: int, words: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scratch(block: int, rows: int, words: int, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """This thread's float32 work arrays for :func:`_gaussian_rows`: a block's (2, block,
-    words) and (block, words), and the result (rows, 2, words), reused from call to call:
+    words) and (block, words), and the result (rows, 2, words) of ``slot`` (0: x, q, g; 1:
+    eps, both alive until the chunk is written), reused from call to call:
     fresh arrays of this size are fresh pages, whose first-touch faults cost as much as the
     arithmetic.  A result is therefore valid only until the thread's next call."""
     cache = getattr(_local, "scratch", None)
     if cache is None:
         cache = _local.scratch = {}
-    key = (block, rows, words)
+    key = (block, rows, words, slot)
     if key not in cache:
         if len(cache) >= 4:          # a few shapes per thread (x/q/g and eps, the last chunk)
             cache.clear()
@@ -152,9 +153,12 @@ _RADIUS_SCALE = np.float32(-2.0 ** -24)
 _ANGLE_SCALE = np.float32(2.0 * np.pi * 2.0 ** -24)
 
 
-def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: int) -> np.ndarray:
-    """Rows ``first`` .. ``first + rows - 1`` of a sub-stream, (rows, 2 words) float32 N(0, 1)
-    (this thread's scratch memory, see :func:`_scratch`: copy it before the thread's next call).
+def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: int,
+                   private: bool = False, slot: int = 0) -> np.ndarray:
+    """Rows ``first`` .. ``first + rows - 1`` of a sub-stream, (rows, 2 words) float32 N(0, 1):
+    this thread's scratch memory ``slot`` (:func:`_scratch`: valid until the thread's next call
+    with that slot), or a new array if ``private`` (a pool thread's result, read after its next
+    call).
 
     Row p (a prompt) is made of the stream's 64-bit words p * words .. (p + 1) * words - 1
     (a copy of ``stream`` is advanced to the row's first word: any row is drawn without the
@@ -174,7 +178,9 @@ def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: in
     np.right_shift(bits, 8, out=bits)
     bits = bits.view(np.int32).reshape(rows, 2, words)
     step = max(1, _BLOCK_PAIRS // words)                      # rows per cache-sized block
-    u, trig, out = _scratch(min(step, rows), rows, words)
+    u, trig, out = _scratch(min(step, rows), rows, words, slot)
+    if private:
+        out = np.empty_like(out)
     for a in range(0, rows, step):
         b = min(rows, a + step)
         uu, tt = u[:, :b - a], trig[:b - a]
@@ -236,20 +242,33 @@ def _assemble(x, q, g, eps, cfg: ProblemConfig, E: torch.Tensor, Phi: torch.Tens
     target.copy_(torch.bmm(query[:, None, :d], coef)[:, 0, :])
 
 
-def _labels(q, g, cfg: ProblemConfig, E: torch.Tensor, Phi: torch.Tensor | None,
-            context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
-    """The labels of prompts whose x (and, with sigma > 0, eps) the sampler has already
-    written into context (k, L, d+m) (x in [..., :d], eps in [..., d:]): y_l = B^T x_l +
-    sigma eps_l into [..., d:], the query (q, 0) and the target y_q = B^T q, with
-    B = Phi diag(g) E (q, g float32 (k, d))."""
-    d, dt = cfg.d, cfg.torch_dtype
+def _write_chunk(z: np.ndarray, eps: np.ndarray | None, cfg: ProblemConfig, E: torch.Tensor,
+                 Phi: torch.Tensor | None, context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
+    """A chunk's prompts from its rows: z (k, 2 W) of sub-stream 0 (x, q, g), eps (k, 2 W')
+    of sub-stream 1 or None, into context (k, L, d+m), query (k, d+m), target (k, m).
+
+    The whole token z_l = (x_l, y_l) comes out of one batched matmul written straight into the
+    (contiguous) context: z_l^T = x_l^T [I | B] + sigma eps_l^T [0 | I] with B = Phi diag(g) E,
+    so x is copied exactly (x 1 + 0s) and y_l = B^T x_l + sigma eps_l -- cheaper than copying x
+    into the context's strided slots and writing y there (d and m numbers a token: a strided
+    copy pays per token)."""
+    d, m, L, dt = cfg.d, cfg.m, cfg.L, cfg.torch_dtype
+    k = z.shape[0]
+    zt = torch.from_numpy(z)
+    x = zt[:, :L * d].unflatten(1, (L, d))
+    q, g = zt[:, L * d:L * d + d], zt[:, L * d + d:L * d + 2 * d]
     coef = g.to(dt)[:, :, None] * E[None]                   # diag(g) E: (k, d, m)
     if Phi is not None:
         coef = Phi @ coef                                   # B = Phi diag(g) E
-    y = torch.bmm(context[..., :d], coef)
-    if cfg.sigma > 0:
-        y.add_(context[..., d:], alpha=cfg.sigma)
-    context[..., d:] = y
+    tokens = torch.zeros(k, d, d + m, dtype=dt)
+    tokens[:, :, :d] = torch.eye(d, dtype=dt)
+    tokens[:, :, d:] = coef
+    torch.bmm(x if x.dtype == dt else x.to(dt), tokens, out=context)
+    if eps is not None:
+        noise = torch.zeros(m, d + m, dtype=dt)
+        noise[:, d:] = cfg.sigma * torch.eye(m, dtype=dt)
+        e = torch.from_numpy(eps)[:, :L * m].unflatten(1, (L, m))
+        context.baddbmm_(e if e.dtype == dt else e.to(dt), noise.expand(k, m, d + m))
     query[:, :d] = q
     query[:, d:] = 0
     target.copy_(torch.bmm(query[:, None, :d], coef)[:, 0, :])
@@ -302,9 +321,9 @@ def _sample_keyed(cfg: ProblemConfig, n: int, generator: torch.Generator, thread
     key from ``generator``; prompt p's x, q, g are row p of sub-stream 0 (L d + 2 d Gaussians,
     in this order), its eps row p of sub-stream 1 (L m, drawn only when sigma > 0)
     (:func:`_gaussian_rows`).  The rows are drawn in chunks of :func:`chunk_rows` prompts on
-    a pool of ``threads`` threads (numpy releases the GIL); each chunk's labels are built on
-    the caller's thread as soon as it is drawn, while the pool draws the next ones, serially
-    (see _serial_torch) in chunk-sized pieces whose operands stay in cache."""
+    a pool of ``threads`` threads (numpy releases the GIL); each chunk is written into the
+    prompts on the caller's thread (:func:`_write_chunk`, serially: see _serial_torch) as soon
+    as it is drawn, while the pool draws the next ones."""
     key = int(torch.randint(0, 2 ** 63 - 1, (), generator=generator, dtype=torch.int64))
     d, m, L = cfg.d, cfg.m, cfg.L
     E = cfg.task_indicator()
@@ -314,27 +333,20 @@ def _sample_keyed(cfg: ProblemConfig, n: int, generator: torch.Generator, thread
     w_noise = words_per_prompt(L * m)
     rows = chunk_rows(cfg)
 
-    ctx = context.numpy()            # the same memory: the pool's numpy copies write into it
+    n_chunks = -(-n // rows)
+    pooled = threads > 1 and n_chunks > 1           # a pool thread's rows are read after its next call
 
-    def draw(c: int):
-        # numpy only (GIL released): x straight into the context (cast to its dtype), eps into
-        # its label slots; q and g copied out of the thread's scratch
+    def draw(c: int):                                # numpy only: the GIL is released
         first = c * rows
         k = min(n, first + rows) - first
-        z = _gaussian_rows(main, first, k, w_main)
-        np.copyto(ctx[first:first + k, :, :d], z[:, :L * d].reshape(k, L, d))
-        qg = torch.from_numpy(z[:, L * d:L * d + 2 * d].copy())
-        if noise is not None:
-            np.copyto(ctx[first:first + k, :, d:], _gaussian_rows(noise, first, k, w_noise)[:, :L * m].reshape(k, L, m))
-        return qg[:, :d], qg[:, d:]
+        return (_gaussian_rows(main, first, k, w_main, pooled),
+                _gaussian_rows(noise, first, k, w_noise, pooled, slot=1) if noise is not None else None)
 
-    n_chunks = -(-n // rows)
-    chunks = (map(draw, range(n_chunks)) if threads == 1 or n_chunks == 1
-              else _thread_pool(threads).map(draw, range(n_chunks)))   # in order; re-raises
+    chunks = _thread_pool(threads).map(draw, range(n_chunks)) if pooled else map(draw, range(n_chunks))
     with _serial_torch():
-        for c, (q, g) in enumerate(chunks):
+        for c, (z, eps) in enumerate(chunks):       # in order; the pool re-raises
             k = slice(c * rows, min(n, (c + 1) * rows))
-            _labels(q, g, cfg, E, Phi, context[k], query[k], target[k])
+            _write_chunk(z, eps, cfg, E, Phi, context[k], query[k], target[k])
 
 
 def _draw_on_device(cfg: ProblemConfig, n: int, generator: torch.Generator):
