@@ -28,27 +28,38 @@ def our_step(cfg: ProblemConfig, batch: int, seed: int = 0) -> Callable[[], torc
     this bare version isolates the step from the trainer's bookkeeping."""
     model = MultiHeadAttention(cfg)
     gen = make_generator(seed, cfg.device)
+    held = []
 
     def step():
-        prompts = sample_prompts(cfg, batch, gen)
+        prompts = _draw(cfg, batch, gen, held)
         return gd_step(model, prompts, LR, mse_loss)
     return step
+
+
+def _draw(cfg: ProblemConfig, batch: int, gen, held: list):
+    """A fresh batch drawn as the trainer draws it: into the previous batch's tensors
+    (``sample_prompts(out=)``), which ``held`` keeps from call to call."""
+    held[:] = [sample_prompts(cfg, batch, gen, out=held[0] if held else None)]
+    return held[0]
 
 
 def reference_step(cfg: ProblemConfig, batch: int, seed: int = 0) -> Callable[[], torch.Tensor]:
     """One step of the standard-way reference, on the same prompt stream and weights."""
     ref = ReferenceAttention.from_model(MultiHeadAttention(cfg))
     gen = make_generator(seed, cfg.device)
+    held = []
 
     def step():
-        prompts = sample_prompts(cfg, batch, gen)
+        prompts = _draw(cfg, batch, gen, held)
         return gd_step(ref, prompts, LR, mse_loss)
     return step
 
 
 def sampling_only(cfg: ProblemConfig, batch: int, seed: int = 0) -> Callable[[], object]:
+    """Drawing one fresh batch, as the trainer does (into the previous batch's tensors)."""
     gen = make_generator(seed, cfg.device)
-    return lambda: sample_prompts(cfg, batch, gen)
+    held = []
+    return lambda: _draw(cfg, batch, gen, held)
 
 
 def model_only_step(cfg: ProblemConfig, batch: int, which: str = "ours",
@@ -90,11 +101,13 @@ class TrainerSteps:
         cpu_stamps: list[float] = []
         gen = make_generator(self.tcfg.seed, self.cfg.device)
 
+        held = []
+
         def stamped(step: int):
             sync(self.cfg.device)
             stamps.append(time.perf_counter())
             cpu_stamps.append(time.process_time())
-            return sample_prompts(self.cfg, self.tcfg.batch, gen)
+            return _draw(self.cfg, self.tcfg.batch, gen, held)   # as the trainer's own stream
 
         t0 = time.perf_counter()
         res = (train_reduced if self.reduced else train)(self.cfg, self.tcfg, batches=stamped)
