@@ -171,13 +171,15 @@ def stream_key(cfg: ProblemConfig, tcfg) -> tuple:
     return (tcfg.seed, cfg.sigma, tcfg.symmetrize, tcfg.fresh_batches)
 
 
-MERGE_CONTEXT_ELEMENTS = 2 ** 21
+MERGE_CONTEXT_ELEMENTS = 2 ** 20
 """On the CPU, runs of different prompt streams share a program only while the program's
-contexts (streams x batch x L x (d + m)) hold at most this many numbers (16 MiB in float64).
-Measured (1 thread, 8 runs of 8 streams, docs/performance.md): at 8 x 128-362 prompts of
-L = 64, d + m = 6 (0.4-1.1 M numbers) one program is 1.3-1.7x faster than the runs one after
-another (fewer, larger kernels); at 8 x 1024 (3.1 M) it is not faster (the contexts leave the
-cache), so larger streams are trained one program per stream."""
+contexts (streams x batch x L x (d + m)) hold at most this many numbers (8 MiB in float64).
+Measured (one thread, 8 runs of 8 own streams against the 8 runs one after another, CPU time,
+float64, H = 2; docs/performance.md): 1.49x at tasks 3,3, L = 32, batch 256 (8 streams: 0.5 M
+numbers), 1.29x at tasks 2,2, L = 32, batch 512 (0.8 M), but 1.09x at tasks 3,3, L = 64,
+batch 512 (2.1 M) and 0.9-1.0x at tasks 2,2, L = 64, batch 1024 (5 streams a program: 2 M):
+beyond about a million numbers the merged contexts leave the cache and merging gains
+nothing, so larger streams get programs of their own (their runs still share their draw)."""
 
 
 class _Layout:

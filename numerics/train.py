@@ -499,7 +499,7 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
     programs: at most ``max_runs`` runs each (default: as many as fit in half the free memory,
     by step_memory_bytes); the runs of one prompt stream together; on the CPU, runs of
     different streams share a program only while its contexts hold at most
-    numerics.batched.MERGE_CONTEXT_ELEMENTS numbers (beyond, one program per stream: merging
+    numerics.batched.MERGE_CONTEXT_ELEMENTS numbers (beyond, programs per stream: merging
     large streams gains nothing on a CPU).  Within a group everything else may differ: seed, sigma, init,
     init_scale, init_seed, given (omega, mu), logit_scale, start model, lr, time (so the
     number of steps: a run leaves the program at its last step), records and record_every,
