@@ -205,7 +205,7 @@ class _Layout:
         self.buffer = Prompts(context=torch.empty(n, batch, cfg.L, cfg.token_dim, **opts),
                               query=torch.empty(n, batch, cfg.token_dim, **opts),
                               target=torch.empty(n, batch, cfg.m, **opts))
-        self.held = [None] * n     # the Prompts object a slot last copied (fixed batches: copied once)
+        self.held = [None] * n     # what a slot last copied (a fixed batch is copied once)
 
     def slot(self, j: int) -> Prompts:
         b = self.buffer
@@ -213,7 +213,8 @@ class _Layout:
 
     def fill(self, streams: list, step: int, batch: int) -> None:
         """Every slot's batch of this step: fresh streams drawn into it (once per stream),
-        fixed batches and batch sources copied (a source's batch only when it is a new object)."""
+        fixed batches and batch sources copied -- a source's batch only when it is not the
+        very tensors, unchanged, that the slot holds already (the probes' fixed batches)."""
         drawn: dict = {}
         for j, s in enumerate(self.slots):
             st, view = streams[s], self.slot(j)
@@ -224,10 +225,16 @@ class _Layout:
                 continue
             else:
                 pr = drawn[s] = st.fixed if st.fixed is not None else st.source(step)
-            if pr is not self.held[j]:
+            if st.generator is not None:                 # a copy of this step's draw (ragged layout)
+                held = None
+            else:   # the source's batch itself (kept alive: its memory cannot be reused) and its
+                    # tensors' version counters (an in-place change of them is seen)
+                held = (pr, tuple(t._version for t in (pr.context, pr.query, pr.target)))
+            old = self.held[j]
+            if held is None or old is None or old[0] is not pr or old[1] != held[1]:
                 for name in ("context", "query", "target"):
                     getattr(view, name).copy_(getattr(pr, name))
-                self.held[j] = pr if st.generator is None else None
+                self.held[j] = held
 
 
 def run_program(cfgs: Sequence[ProblemConfig], tcfgs: Sequence, indices: Sequence[int], *,

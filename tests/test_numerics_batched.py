@@ -259,3 +259,22 @@ def test_large_streams_get_programs_of_their_own_on_the_cpu():
     assert [m.batched_runs for m in train_many(cfgs, tcfgs)] == [2, 2, 2, 2]
     small = [TrainConfig(lr=0.05, time=0.05, batch=16, records=2, seed=s) for s in (0, 0, 1, 1)]
     assert [m.batched_runs for m in train_many(cfgs, small)] == [4, 4, 4, 4]
+
+
+def test_a_batch_source_changed_in_place_is_read_again():
+    """A source that returns the same Prompts object with new numbers (written in place) is
+    copied again; one that returns a fresh object each step is too."""
+    buf = sample_prompts(BASE, 16, make_generator(0, "cpu"))
+    gen = make_generator(3, "cpu")
+
+    def in_place(step):              # the very same object every step, refilled in place
+        if step:
+            sample_prompts(BASE, 16, gen, out=buf)
+        return buf
+
+    fresh_gen = make_generator(3, "cpu")
+    tcfg = TrainConfig(lr=0.05, time=0.4, batch=16, records=2)
+    alone = train(BASE, tcfg, batches=lambda k: sample_prompts(BASE, 16, fresh_gen) if k else
+                  sample_prompts(BASE, 16, make_generator(0, "cpu")))
+    many = train_many([BASE, BASE.replace(init_scale=0.3)], tcfg, batches=[in_place, None])
+    assert _same_run(alone, many[0])
