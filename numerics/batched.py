@@ -327,14 +327,14 @@ def run_program(cfgs: Sequence[ProblemConfig], tcfgs: Sequence, indices: Sequenc
                         leaving.add(j)
                         continue
                 if ends:
-                    if r.start is not None:                # train() trains a start model in place
-                        with torch.no_grad():
-                            for n, v in state.weights(j).items():
-                                getattr(r.start, n).copy_(v)
-                        r.final = r.start
-                    else:
-                        r.final = state.model(j)
+                    r.final = r.start if r.start is not None else state.model(j)
                     leaving.add(j)
+            for j in leaving:
+                r = runs[active[j]]
+                if r.start is not None:   # train() trains a start model in place: it holds the weights
+                    with torch.no_grad():  # at the run's end, or where an error stopped it
+                        for n, v in state.weights(j).items():
+                            getattr(r.start, n).copy_(v)
             if len(leaving) == len(active):
                 break
             # one backward pass of the summed losses and one update (runs leaving now take it

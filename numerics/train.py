@@ -513,7 +513,8 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
     gets that exception as its entry (the hook stops its run as it would stop train(), e.g.
     numerics.saddle's early stop).  The hook receives a copy of the run's model at the record
     (its weights then; train() passes the live model, so a hook must not rely on changing it).
-    A start model is trained in place and is the result's final_model, as in train().
+    A start model is trained in place and is the result's final_model, as in train(); a run
+    that ends early leaves it at the weights of the step that ended it, as train() does.
     ``wall_seconds`` and ``cpu_seconds`` of a batched run are its share of the program's
     (in proportion to its steps); ``batched_runs`` says how many runs the program had."""
     cfgs = [cfgs] if isinstance(cfgs, ProblemConfig) else list(cfgs)

@@ -278,3 +278,25 @@ def test_a_batch_source_changed_in_place_is_read_again():
                   sample_prompts(BASE, 16, make_generator(0, "cpu")))
     many = train_many([BASE, BASE.replace(init_scale=0.3)], tcfg, batches=[in_place, None])
     assert _same_run(alone, many[0])
+
+
+def test_a_start_model_holds_the_weights_where_its_run_stopped():
+    """As with train(): a start model trained in place holds the weights at the record where
+    its hook stopped the run (or at its end)."""
+    class Stop(Exception):
+        pass
+
+    def stop_at_4(step, t, model, loss):
+        if step == 4:
+            raise Stop
+
+    tcfg = TrainConfig(lr=0.05, time=0.5, batch=16, records=2)
+    alone = MultiHeadAttention(BASE)
+    with pytest.raises(Stop):
+        train(BASE, tcfg, start=alone, on_record=stop_at_4, record_every=2)
+    starts = [MultiHeadAttention(BASE), MultiHeadAttention(BASE.replace(init_scale=0.3))]
+    many = train_many([BASE, BASE.replace(init_scale=0.3)], tcfg, start=starts, on_record=[stop_at_4, None],
+                      record_every=[2, None])
+    assert isinstance(many[0], Stop) and many[1].final_model is starts[1]
+    assert all(_close(a.detach(), b.detach()) for a, b in zip(alone.parameters(), starts[0].parameters()))
+    assert not _close(MultiHeadAttention(BASE).K.detach(), starts[0].K.detach())     # it did train
