@@ -25,15 +25,19 @@ prompts).  The caller's ``torch.Generator`` fixes the stream:
   batch-prefix property, for every k).  The rows are drawn in chunks of about
   ``CHUNK_GAUSSIANS`` Gaussians (a unit of work only) on a thread pool of ``threads``
   workers (default ``torch.get_num_threads()``; numpy's generators and ufuncs release the
-  GIL); each chunk's labels are built on the caller's thread as soon as the pool has drawn it.
+  GIL); each chunk's tokens are written on the caller's thread, by one batched matmul
+  (:func:`_write_chunk`), as soon as the pool has drawn it.
   Because eps has its own sub-stream, x, q, g do not depend on whether eps was drawn: it is
   skipped when sigma = 0 and runs that differ only in sigma still share x, q, g (common
   random numbers).
-  Why not torch's own CPU sampler (version 2): its Mersenne Twister yields one 32-bit word
-  per call through the generator (5.5 ns per Gaussian here); PCG64DXSM's words in bulk plus
-  numpy's vectorised float32 Box-Muller cost about 3 ns, and drawing into a reused output
-  (``out=``) avoids the context's page faults: together 2x less CPU time per batch
-  (docs/performance.md).
+  Why not torch's own CPU sampler (version 2): version 2 had to write the Mersenne Twister's
+  state bytes into torch's private generator layout (checked against each torch version) to
+  key its chunks; PCG64DXSM rows are keyed by numpy's public API, any row is reached by
+  advancing, and the draws cost about the same (3.3-4.4 ns a Gaussian here against torch's
+  3.8-4.3).  What makes a batch cheaper is elsewhere: drawing into a reused output (``out=``,
+  no fresh pages) and writing each chunk's tokens with one matmul instead of strided copies
+  -- 30 % (float32) to 40 % (float64) less CPU time per batch at tasks 4,4,4, L = 256, batch
+  4096 (docs/performance.md).
 - CUDA: one stream from the caller's device generator, no threads (the GPU draws in
   parallel), in the fixed order x, q, g, eps; eps is drawn even when sigma = 0 (it costs a
   GPU microseconds, and skipping it would shift the generator and so the next call's x, q, g
