@@ -7,7 +7,8 @@ Modules: ``config`` (ProblemConfig, check_device, use_precise_float32), ``data``
 (the reduced model's prediction on per-block scores, its loss and gradients, the metric
 factors), ``exact_reduced`` (the exact reduced loss by Rao-Blackwellised Monte Carlo and its
 minimisers), ``evaluate`` (held-out loss of final weights on fresh prompts, with its
-standard error), ``symmetry`` (exact symmetrisation of a batch), ``train`` (the trainer).
+standard error), ``symmetry`` (exact symmetrisation of a batch), ``train`` (the trainer;
+``train_many``: many runs as one batched program, through ``batched``).
 
 ``numerics.train`` and ``numerics.exact_reduced`` are imported lazily (on first use of their
 names): ``python -m numerics.train`` must not import the module twice, and the estimator
@@ -27,7 +28,7 @@ from .symmetry import symmetrize_full
 from .evaluate import LossEstimate, held_out_loss, held_out_reduced_loss
 
 _LAZY = {
-    "train": ("TrainConfig", "Record", "TrainResult", "train", "train_reduced"),
+    "train": ("TrainConfig", "Record", "TrainResult", "train", "train_reduced", "train_many"),
     "exact_reduced": ("evaluate", "measure", "allocated_minimum", "single_head_minimum", "best_found_minimum",
                       "minimise_family", "exact_minima", "optimal_mu_at", "loss_and_gradient", "FamilyMinimum"),
 }

@@ -8,33 +8,44 @@ query token z_q = (q, 0).
 Written as one matrix per prompt: y_l = B^T x_l + eps_l with B = Phi diag(g) E (d x m),
 E the task indicator (E[k, i] = 1 iff basis coordinate k belongs to task i).
 
-The stream (version ``STREAM_VERSION`` = 2; version 1 drew the whole batch from the caller's
-generator in one thread).  The caller's ``torch.Generator`` fixes the stream:
+The stream (version ``STREAM_VERSION`` = 3; version 1 drew the whole batch from the caller's
+generator in one thread, version 2 from torch Mersenne Twisters keyed per chunk of 256
+prompts).  The caller's ``torch.Generator`` fixes the stream:
 
 - CPU: each call draws one 63-bit key from the caller's generator (so its state advances by
   the same amount whatever the batch, sigma or thread count, and a saved generator state
-  resumes the stream bit-identically).  The prompts are split into fixed chunks of
-  ``CHUNK_PROMPTS``; chunk c draws (x, q, g) from a generator derived from (key, c, 0) and
-  the noise eps from one derived from (key, c, 1) (counter-based: a chunk's numbers depend
-  only on the key and its index, never on which thread draws it, so 1 or N threads give the
-  same batch).  The chunks are drawn on a thread pool of ``threads`` workers (default
-  ``torch.get_num_threads()``): torch's seeded CPU sampler runs on one thread per generator
-  but releases the GIL.  Each chunk's labels are built on the caller's thread as soon as the
-  pool has drawn it.  The derived generators are torch Mersenne Twisters whose whole
-  624-word state is filled from SplitMix64 of the derived 64-bit seed (torch's manual_seed
-  keeps only 32 bits of a seed: by the birthday bound, per-(call, chunk) seeds would
-  repeat a chunk's numbers once some 2^16 chunks had been drawn).
+  resumes the stream bit-identically).  The key seeds two sub-streams (numpy's PCG64DXSM
+  through SeedSequence(key, spawn_key=(s,))): s = 0 holds x, q, g, s = 1 the noise eps.
+  Prompt p owns a fixed block of each sub-stream, its row p (:func:`_gaussian_rows`: words
+  p W .. (p + 1) W - 1, W = ceil(count / 2) for L d + 2 d Gaussians x, q, g, resp. L m for
+  eps), turned into Gaussians by Box-Muller on 24-bit uniforms.  Counter-based: a prompt's
+  numbers depend only on the key and its index p (the generator is advanced to the row, in
+  O(log) time), never on which thread draws it or on how the batch is split, so 1 or N
+  threads give the same batch, and the first k prompts of any batch are the batch of k (the
+  batch-prefix property, for every k).  The rows are drawn in chunks of about
+  ``CHUNK_GAUSSIANS`` Gaussians (a unit of work only) on a thread pool of ``threads``
+  workers (default ``torch.get_num_threads()``; numpy's generators and ufuncs release the
+  GIL); each chunk's tokens are written on the caller's thread, by one batched matmul
+  (:func:`_write_chunk`), as soon as the pool has drawn it.
   Because eps has its own sub-stream, x, q, g do not depend on whether eps was drawn: it is
   skipped when sigma = 0 and runs that differ only in sigma still share x, q, g (common
-  random numbers).  A batch's whole chunks do not depend on the batch size either (the
-  first 256 prompts of a batch of 4096 are those of a batch of 256).
+  random numbers).
+  Why not torch's own CPU sampler (version 2): version 2 had to write the Mersenne Twister's
+  state bytes into torch's private generator layout (checked against each torch version) to
+  key its chunks; PCG64DXSM rows are keyed by numpy's public API, any row is reached by
+  advancing, and the draws cost about the same (3.3-4.4 ns a Gaussian here against torch's
+  3.8-4.3).  What makes a batch cheaper is elsewhere: drawing into a reused output (``out=``,
+  no fresh pages) and writing each chunk's tokens with one matmul instead of strided copies
+  -- 30 % (float32) to 40 % (float64) less CPU time per batch at tasks 4,4,4, L = 256, batch
+  4096 (docs/performance.md).
 - CUDA: one stream from the caller's device generator, no threads (the GPU draws in
   parallel), in the fixed order x, q, g, eps; eps is drawn even when sigma = 0 (it costs a
   GPU microseconds, and skipping it would shift the generator and so the next call's x, q, g
-  between runs that differ only in sigma).
+  between runs that differ only in sigma).  Unchanged since version 2.
 
 CPU and CUDA give different streams for the same seed.  The Gaussians are drawn in float32
-and cast to cfg.dtype (see ``_normal``), so float32 and float64 runs see the same data.
+and cast to cfg.dtype (see ``_normal`` and ``_gaussian_rows``), so float32 and float64 runs
+see the same data.
 
 ``symmetrize=True`` applies the per-task sign-flip group {+-1}^m (y_i, g_i, eps_i -> -)
 to each drawn prompt and returns all 2^m images, so that sign-flip identities (the reason
@@ -53,19 +64,16 @@ import torch
 
 from .config import ProblemConfig, check_device
 
-STREAM_VERSION = 2
-"""Version of the prompt stream (1: one sequential draw per call; 2: keyed chunks, see the
-module docstring).  A checkpoint written under another version cannot resume this stream."""
+STREAM_VERSION = 3
+"""Version of the prompt stream (1: one sequential draw per call; 2: torch Mersenne Twisters
+keyed per chunk; 3: PCG64DXSM rows keyed per prompt, see the module docstring).  A checkpoint
+written under another version cannot resume this stream."""
 
-CHUNK_PROMPTS = 256
-"""Prompts per chunk of the CPU stream.  Part of the stream's definition: changing it changes
-every batch (bump STREAM_VERSION).  256 prompts keep the per-chunk overhead (a generator
-state and a few torch calls, ~0.1 ms) small against the draws at L >= 64 while leaving
-16 chunks to balance over the threads at batch 4096."""
-
-_MASK64 = (1 << 64) - 1
-_MT_WORDS = 624                       # mt19937 state words
-_MT_STATE_OFFSET = 24                 # bytes before the state words in torch's CPU generator state
+CHUNK_GAUSSIANS = 2 ** 18
+"""Gaussians per unit of work of the CPU sampler (:func:`chunk_rows` prompts; not part of the
+stream's definition).  2^18 float32 values (1 MiB, a few such buffers in flight) stay in a
+core's L2 cache while the per-chunk overhead (a generator state, ~25 numpy and torch calls,
+~0.1 ms) stays below 10 % of the chunk's draws."""
 
 
 @dataclass
@@ -93,91 +101,106 @@ def sign_flips(m: int, dtype=torch.float64, device="cpu") -> torch.Tensor:
     return torch.tensor(list(itertools.product((1.0, -1.0), repeat=m)), dtype=dtype, device=device)
 
 
-# --- counter-based generators ----------------------------------------------------------------
+# --- counter-based Gaussians --------------------------------------------------------------------
 
-def _mix64(z: int) -> int:
-    """SplitMix64's finaliser: a bijection of 64-bit integers that scrambles every bit."""
-    z &= _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def _splitmix64_words(seed: int, n: int) -> np.ndarray:
-    """The first n outputs of SplitMix64 started at ``seed`` (uint64; numpy wraps mod 2^64)."""
-    golden = np.uint64(0x9E3779B97F4A7C15)
-    with np.errstate(over="ignore"):
-        z = np.uint64(seed & _MASK64) + golden * np.arange(1, n + 1, dtype=np.uint64)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+def _substream(key: int, substream: int) -> np.random.PCG64DXSM:
+    """The bit generator of sub-stream ``substream`` (0: x, q, g; 1: eps) of the call with
+    ``key``: numpy's PCG64DXSM seeded through SeedSequence(key, spawn_key=(substream,)),
+    numpy's construction for statistically independent streams (the key's 63 bits and the
+    sub-stream index are hashed into the generator's 128-bit state and increment)."""
+    return np.random.PCG64DXSM(np.random.SeedSequence(key, spawn_key=(substream,)))
 
 
-def chunk_seed(key: int, chunk: int, substream: int) -> int:
-    """The 64-bit seed of chunk ``chunk``'s sub-stream ``substream`` (0: x, q, g; 1: eps)
-    for the call with ``key``: nested SplitMix64 finalisers, distinct inputs give
-    unrelated seeds."""
-    return _mix64(_mix64(_mix64(key) ^ (2 * chunk + substream + 1)) + 0x9E3779B97F4A7C15)
+def words_per_prompt(count: int) -> int:
+    """64-bit words of a prompt's sub-stream that holds ``count`` Gaussians: one word per
+    Box-Muller pair, so ceil(count / 2) (a prompt's last Gaussian is dropped when count is odd)."""
+    return (count + 1) // 2
 
 
-_template_lock = threading.Lock()
-_template_state: torch.Tensor | None = None
+_local = threading.local()
 
 
-def _mt_generator(words: np.ndarray) -> torch.Generator:
-    """A CPU torch.Generator whose mt19937 state is ``words`` (624 uint32 values, not all 0),
-    positioned to regenerate (as right after seeding).  torch's CPU state layout (uint64 seed,
-    int32 left, int32 seeded, uint64 next, 624 uint64 words, normal caches) is checked once
-    against manual_seed (see _check_state_layout)."""
-    global _template_state
-    if _template_state is None:
-        with _template_lock:
-            if _template_state is None:
-                _template_state = _check_state_layout()
-    state = _template_state.clone()
-    view = state.numpy()
-    view[_MT_STATE_OFFSET:_MT_STATE_OFFSET + 8 * _MT_WORDS] = (
-        words.astype("<u8").view(np.uint8))
-    gen = torch.Generator()
-    gen.set_state(state)
+def _scratch_generator() -> np.random.PCG64DXSM:
+    """This thread's generator to copy a sub-stream's state into (constructing one costs a
+    SeedSequence hash, ~10 us; setting a state ~2 us)."""
+    gen = getattr(_local, "generator", None)
+    if gen is None:
+        gen = _local.generator = np.random.PCG64DXSM(0)
     return gen
 
 
-def _mt19937_init_words(seed: int) -> np.ndarray:
-    """mt19937's standard initialisation from a 32-bit seed (init_genrand)."""
-    words = [seed & 0xFFFFFFFF]
-    for i in range(1, _MT_WORDS):
-        prev = words[-1]
-        words.append((1812433253 * (prev ^ (prev >> 30)) + i) & 0xFFFFFFFF)
-    return np.array(words, dtype=np.uint64)
+_BLOCK_PAIRS = 2 ** 14
+"""Box-Muller pairs per block of :func:`_gaussian_rows` (whole rows, at least one): its five
+float32 passes over a block of 64 KiB arrays stay in a core's L2 cache; over a whole chunk
+(MiBs) every pass would stream from L3 (measured 2x slower)."""
 
 
-def _check_state_layout() -> torch.Tensor:
-    """torch's CPU generator state right after manual_seed(5489), after checking that writing
-    mt19937 words at _MT_STATE_OFFSET reproduces manual_seed (else torch changed its layout)."""
-    ref = torch.Generator().manual_seed(5489)
-    template = ref.get_state()
-    raw = template.numpy()
-    words = raw[_MT_STATE_OFFSET:_MT_STATE_OFFSET + 8 * _MT_WORDS].view("<u8")
-    probe = template.clone()
-    probe.numpy()[_MT_STATE_OFFSET:_MT_STATE_OFFSET + 8 * _MT_WORDS] = (
-        _mt19937_init_words(77).astype("<u8").view(np.uint8))
-    gen = torch.Generator()
-    gen.set_state(probe)
-    if (raw.size != _MT_STATE_OFFSET + 8 * _MT_WORDS + 40
-            or not np.array_equal(words, _mt19937_init_words(5489))
-            or not torch.equal(torch.randn(64, generator=gen),
-                               torch.randn(64, generator=torch.Generator().manual_seed(77)))):
-        raise RuntimeError(f"this torch ({torch.__version__}) stores its CPU generator state in a layout "
-                           "numerics.data does not know, so the keyed prompt stream cannot be built; "
-                           "update _mt_generator for this torch version")
-    return template
+def _scratch(block: int, rows: int, words: int, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's float32 work arrays for :func:`_gaussian_rows`: a block's (2, block,
+    words) and (block, words), and the result (rows, 2, words) of ``slot`` (0: x, q, g; 1:
+    eps, both alive until the chunk is written), reused from call to call:
+    fresh arrays of this size are fresh pages, whose first-touch faults cost as much as the
+    arithmetic.  A result is therefore valid only until the thread's next call."""
+    cache = getattr(_local, "scratch", None)
+    if cache is None:
+        cache = _local.scratch = {}
+    key = (block, rows, words, slot)
+    if key not in cache:
+        if len(cache) >= 4:          # a few shapes per thread (x/q/g and eps, the last chunk)
+            cache.clear()
+        cache[key] = (np.empty((2, block, words), np.float32), np.empty((block, words), np.float32),
+                      np.empty((rows, 2, words), np.float32))
+    return cache[key]
 
 
-def _chunk_generator(key: int, chunk: int, substream: int) -> torch.Generator:
-    seed = chunk_seed(key, chunk, substream)
-    words = _splitmix64_words(seed, _MT_WORDS // 2).view(np.uint32).astype(np.uint64)
-    return _mt_generator(words)
+_RADIUS_SCALE = np.float32(-2.0 ** -24)
+_ANGLE_SCALE = np.float32(2.0 * np.pi * 2.0 ** -24)
+
+
+def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: int,
+                   private: bool = False, slot: int = 0) -> np.ndarray:
+    """Rows ``first`` .. ``first + rows - 1`` of a sub-stream, (rows, 2 words) float32 N(0, 1):
+    this thread's scratch memory ``slot`` (:func:`_scratch`: valid until the thread's next call
+    with that slot), or a new array if ``private`` (a pool thread's result, read after its next
+    call).
+
+    Row p (a prompt) is made of the stream's 64-bit words p * words .. (p + 1) * words - 1
+    (a copy of ``stream`` is advanced to the row's first word: any row is drawn without the
+    ones before it).  Those words are 2 words uint32 halves u_0 .. u_{2 words - 1} (little-
+    endian); the top 24 bits of each give a uniform U = (u >> 8) 2^-24 in [0, 1 - 2^-24], and
+    Box-Muller pairs the first half with the second: with R_j = sqrt(-2 log(1 - U_j)) and
+    theta_j = 2 pi U_{words + j}, the row is (R_j cos theta_j)_j followed by (R_j sin theta_j)_j.
+    Float32 throughout (numpy's vectorised log1p, sqrt, cos, sin: a few ulp): the draws are
+    N(0, 1) to 24 bits, |z| <= sqrt(2 ln 2^24) = 5.77 (a tail of mass 8e-9 dropped), as the
+    float32 sampler of torch these replace.  Every elementwise pass runs over contiguous,
+    cache-sized blocks (numpy's vectorised loops are 3-4x slower on the rows' strided halves,
+    and 2x slower over blocks that do not fit in L2)."""
+    gen = _scratch_generator()
+    gen.state = stream.state
+    gen.advance(first * words)
+    bits = gen.random_raw(rows * words).view(np.uint32)
+    np.right_shift(bits, 8, out=bits)
+    bits = bits.view(np.int32).reshape(rows, 2, words)
+    step = max(1, _BLOCK_PAIRS // words)                      # rows per cache-sized block
+    u, trig, out = _scratch(min(step, rows), rows, words, slot)
+    if private:
+        out = np.empty_like(out)
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        uu, tt = u[:, :b - a], trig[:b - a]
+        # (rows, 2, words) -> (2, rows, words): all radii, then all angles, each contiguous
+        np.copyto(uu, bits[a:b].transpose(1, 0, 2), casting="unsafe")
+        radius, angle = uu[0], uu[1]
+        np.multiply(radius, _RADIUS_SCALE, out=radius)
+        np.log1p(radius, out=radius)                         # log(1 - U), U < 1
+        np.multiply(radius, np.float32(-2.0), out=radius)
+        np.sqrt(radius, out=radius)
+        np.multiply(angle, _ANGLE_SCALE, out=angle)
+        np.cos(angle, out=tt)
+        np.multiply(tt, radius, out=out[a:b, 0])
+        np.sin(angle, out=tt)
+        np.multiply(tt, radius, out=out[a:b, 1])
+    return out.reshape(rows, 2 * words)
 
 
 _pool_lock = threading.Lock()
@@ -223,6 +246,38 @@ def _assemble(x, q, g, eps, cfg: ProblemConfig, E: torch.Tensor, Phi: torch.Tens
     target.copy_(torch.bmm(query[:, None, :d], coef)[:, 0, :])
 
 
+def _write_chunk(z: np.ndarray, eps: np.ndarray | None, cfg: ProblemConfig, E: torch.Tensor,
+                 Phi: torch.Tensor | None, context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
+    """A chunk's prompts from its rows: z (k, 2 W) of sub-stream 0 (x, q, g), eps (k, 2 W')
+    of sub-stream 1 or None, into context (k, L, d+m), query (k, d+m), target (k, m).
+
+    The whole token z_l = (x_l, y_l) comes out of one batched matmul written straight into the
+    (contiguous) context: z_l^T = x_l^T [I | B] + sigma eps_l^T [0 | I] with B = Phi diag(g) E,
+    so x is copied exactly (x 1 + 0s) and y_l = B^T x_l + sigma eps_l -- cheaper than copying x
+    into the context's strided slots and writing y there (d and m numbers a token: a strided
+    copy pays per token)."""
+    d, m, L, dt = cfg.d, cfg.m, cfg.L, cfg.torch_dtype
+    k = z.shape[0]
+    zt = torch.from_numpy(z)
+    x = zt[:, :L * d].unflatten(1, (L, d))
+    q, g = zt[:, L * d:L * d + d], zt[:, L * d + d:L * d + 2 * d]
+    coef = g.to(dt)[:, :, None] * E[None]                   # diag(g) E: (k, d, m)
+    if Phi is not None:
+        coef = Phi @ coef                                   # B = Phi diag(g) E
+    tokens = torch.zeros(k, d, d + m, dtype=dt)
+    tokens[:, :, :d] = torch.eye(d, dtype=dt)
+    tokens[:, :, d:] = coef
+    torch.bmm(x if x.dtype == dt else x.to(dt), tokens, out=context)
+    if eps is not None:
+        noise = torch.zeros(m, d + m, dtype=dt)
+        noise[:, d:] = cfg.sigma * torch.eye(m, dtype=dt)
+        e = torch.from_numpy(eps)[:, :L * m].unflatten(1, (L, m))
+        context.baddbmm_(e if e.dtype == dt else e.to(dt), noise.expand(k, m, d + m))
+    query[:, :d] = q
+    query[:, d:] = 0
+    target.copy_(torch.bmm(query[:, None, :d], coef)[:, 0, :])
+
+
 def _empty_prompts(cfg: ProblemConfig, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dt = cfg.torch_dtype
     return (torch.empty(n, cfg.L, cfg.token_dim, dtype=dt, device=device),
@@ -258,37 +313,44 @@ class _serial_torch:
         return False
 
 
-def _sample_keyed_chunks(cfg: ProblemConfig, n: int, generator: torch.Generator, threads: int):
-    """The CPU stream: one key from ``generator``; chunk c's float32 draws (from its own
-    generators) on a pool of ``threads`` threads, each chunk's labels built on the caller's
-    thread as soon as the chunk is drawn, while the pool draws the next ones.  The pool only
-    draws (one serial torch kernel per tensor, GIL released); the building runs serially
-    (see _serial_torch) in chunk-sized pieces whose operands stay in cache (2-3x less CPU
-    time than one pass over the batch at L = 256)."""
+def chunk_rows(cfg: ProblemConfig) -> int:
+    """Prompts per unit of work of the CPU sampler: about CHUNK_GAUSSIANS Gaussians (at least
+    one prompt).  Only the work is split by it; the numbers do not depend on it."""
+    return max(1, CHUNK_GAUSSIANS // (2 * words_per_prompt(cfg.L * cfg.d + 2 * cfg.d)))
+
+
+def _sample_keyed(cfg: ProblemConfig, n: int, generator: torch.Generator, threads: int,
+                  context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
+    """The CPU stream, written into context (n, L, d+m), query (n, d+m), target (n, m): one
+    key from ``generator``; prompt p's x, q, g are row p of sub-stream 0 (L d + 2 d Gaussians,
+    in this order), its eps row p of sub-stream 1 (L m, drawn only when sigma > 0)
+    (:func:`_gaussian_rows`).  The rows are drawn in chunks of :func:`chunk_rows` prompts on
+    a pool of ``threads`` threads (numpy releases the GIL); each chunk is written into the
+    prompts on the caller's thread (:func:`_write_chunk`, serially: see _serial_torch) as soon
+    as it is drawn, while the pool draws the next ones."""
     key = int(torch.randint(0, 2 ** 63 - 1, (), generator=generator, dtype=torch.int64))
     d, m, L = cfg.d, cfg.m, cfg.L
-    context, query, target = _empty_prompts(cfg, n, "cpu")
     E = cfg.task_indicator()
     Phi = cfg.basis_matrix() if cfg.basis != "identity" else None
-    noisy = cfg.sigma > 0
+    main, w_main = _substream(key, 0), words_per_prompt(L * d + 2 * d)
+    noise = _substream(key, 1) if cfg.sigma > 0 else None
+    w_noise = words_per_prompt(L * m)
+    rows = chunk_rows(cfg)
 
-    def draw(c: int):
-        k = min(n, (c + 1) * CHUNK_PROMPTS) - c * CHUNK_PROMPTS
-        main = _chunk_generator(key, c, 0)
-        x = _normal((k, L, d), main, "cpu")
-        q = _normal((k, d), main, "cpu")
-        g = _normal((k, d), main, "cpu")
-        eps = _normal((k, L, m), _chunk_generator(key, c, 1), "cpu") if noisy else None
-        return x, q, g, eps
+    n_chunks = -(-n // rows)
+    pooled = threads > 1 and n_chunks > 1           # a pool thread's rows are read after its next call
 
-    n_chunks = -(-n // CHUNK_PROMPTS)
-    chunks = (map(draw, range(n_chunks)) if threads == 1 or n_chunks == 1
-              else _thread_pool(threads).map(draw, range(n_chunks)))   # in order; re-raises
+    def draw(c: int):                                # numpy only: the GIL is released
+        first = c * rows
+        k = min(n, first + rows) - first
+        return (_gaussian_rows(main, first, k, w_main, pooled),
+                _gaussian_rows(noise, first, k, w_noise, pooled, slot=1) if noise is not None else None)
+
+    chunks = _thread_pool(threads).map(draw, range(n_chunks)) if pooled else map(draw, range(n_chunks))
     with _serial_torch():
-        for c, (x, q, g, eps) in enumerate(chunks):
-            k = slice(c * CHUNK_PROMPTS, min(n, (c + 1) * CHUNK_PROMPTS))
-            _assemble(x, q, g, eps, cfg, E, Phi, context[k], query[k], target[k])
-    return context, query, target
+        for c, (z, eps) in enumerate(chunks):       # in order; the pool re-raises
+            k = slice(c * rows, min(n, (c + 1) * rows))
+            _write_chunk(z, eps, cfg, E, Phi, context[k], query[k], target[k])
 
 
 def _draw_on_device(cfg: ProblemConfig, n: int, generator: torch.Generator):
@@ -302,8 +364,22 @@ def _draw_on_device(cfg: ProblemConfig, n: int, generator: torch.Generator):
     return x, q, g, eps
 
 
+def _check_out(out, cfg: ProblemConfig, batch: int) -> None:
+    if not isinstance(out, Prompts):
+        raise TypeError(f"out must be a Prompts to overwrite (e.g. the previous call's), got {type(out).__name__}")
+    want = {"context": (batch, cfg.L, cfg.token_dim), "query": (batch, cfg.token_dim), "target": (batch, cfg.m)}
+    for name, shape in want.items():
+        t = getattr(out, name)
+        if (tuple(t.shape) != shape or t.dtype != cfg.torch_dtype or t.device.type != cfg.torch_device.type
+                or not t.is_contiguous()):
+            raise ValueError(f"out.{name} must be a contiguous {cfg.dtype} tensor of shape {shape} on {cfg.device} "
+                             f"(batch {batch} of this problem), got {t.dtype} {tuple(t.shape)} on {t.device}; "
+                             "pass out=None to allocate new tensors")
+
+
 def sample_prompts(cfg: ProblemConfig, batch: int, generator: torch.Generator,
-                   symmetrize: bool = False, *, threads: int | None = None) -> Prompts:
+                   symmetrize: bool = False, *, threads: int | None = None,
+                   out: Prompts | None = None) -> Prompts:
     """Draw ``batch`` prompts of cfg's problem on cfg.device with ``generator`` (stream
     version STREAM_VERSION, see the module docstring; one call advances ``generator`` by a
     fixed amount).
@@ -311,7 +387,11 @@ def sample_prompts(cfg: ProblemConfig, batch: int, generator: torch.Generator,
     With ``symmetrize``, batch/2^m prompts are drawn and each is returned under all 2^m
     per-task sign flips (image k of prompt p at index k * batch/2^m + p).  ``threads``: CPU
     threads drawing the chunks (default torch.get_num_threads(); the numbers do not depend
-    on it)."""
+    on it).  ``out``: a Prompts of this batch's shapes, dtype and device (the previous call's,
+    once it is no longer needed) whose tensors are overwritten and returned instead of new
+    ones: the same numbers, without allocating (on the CPU a context of more than 32 MB is
+    fresh memory at every allocation, and its page faults cost about a third of drawing it at
+    tasks 4,4,4, L = 256, batch 4096)."""
     if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
     batch = int(batch)
@@ -330,17 +410,26 @@ def sample_prompts(cfg: ProblemConfig, batch: int, generator: torch.Generator,
         raise ValueError(f"symmetrize=True returns every prompt under all 2^m = {n_flips} sign flips, so "
                          f"batch must be a multiple of {n_flips}; got {batch} (use e.g. "
                          f"{max(n_flips, batch - batch % n_flips)})")
+    if out is not None:
+        _check_out(out, cfg, batch)
+        context, query, target = out.context, out.query, out.target
+    else:
+        context, query, target = _empty_prompts(cfg, batch, cfg.device)
     n = batch // n_flips if symmetrize else batch
     if generator.device.type == "cpu":
-        context, query, target = _sample_keyed_chunks(cfg, n, generator, int(threads))
+        _sample_keyed(cfg, n, generator, int(threads), context[:n], query[:n], target[:n])
     else:
-        context, query, target = _prompts_from_draws(cfg, *_draw_on_device(cfg, n, generator))
+        for t, v in zip((context, query, target), _prompts_from_draws(cfg, *_draw_on_device(cfg, n, generator))):
+            t[:n] = v
     if symmetrize:
-        # flipping task i's sign maps (g_i, eps_i) -> -(g_i, eps_i): y_i, y_{q,i} -> -y_i, -y_{q,i}
-        d, m = cfg.d, cfg.m
-        s = sign_flips(m, cfg.torch_dtype, cfg.device)      # (2^m, m)
-        context = context.repeat(n_flips, 1, 1)
-        context[..., d:] *= s.repeat_interleave(n, dim=0)[:, None, :]
-        query = query.repeat(n_flips, 1)
-        target = (s[:, None, :] * target[None]).reshape(batch, m)
+        # flipping task i's sign maps (g_i, eps_i) -> -(g_i, eps_i): y_i, y_{q,i} -> -y_i, -y_{q,i};
+        # image k of prompt p at k n + p (image 0, the identity, is the drawn prompt itself)
+        d = cfg.d
+        s = sign_flips(cfg.m, cfg.torch_dtype, cfg.device)      # (2^m, m)
+        for k in range(1, n_flips):
+            img = slice(k * n, (k + 1) * n)
+            context[img, :, :d] = context[:n, :, :d]
+            torch.mul(context[:n, :, d:], s[k], out=context[img, :, d:])
+            query[img] = query[:n]
+            torch.mul(target[:n], s[k], out=target[img])
     return Prompts(context=context, query=query, target=target)

@@ -41,13 +41,30 @@ def _check(n: int, chunk: int) -> None:
             raise ValueError(f"{name} must be an integer >= 2 (prompts to average), got {v!r}")
 
 
-def _estimate(per_prompt_chunks) -> LossEstimate:
-    total, total2, count = 0.0, 0.0, 0
-    for losses in per_prompt_chunks:
-        losses = losses.detach().double()
-        total += float(losses.sum())
-        total2 += float((losses ** 2).sum())
-        count += losses.numel()
+def _held_out_many(cfg: ProblemConfig, per_prompt_fns, n: int, seed: int, chunk: int) -> list[LossEstimate]:
+    """Means of each ``per_prompt(prompts)`` of ``per_prompt_fns`` over the same ``n`` fresh
+    prompts of cfg's problem, drawn once, in chunks from the held-out stream of ``seed`` (a
+    chunk's tensors reused for the next: the per-prompt values are new tensors), with their
+    standard errors."""
+    _check(n, chunk)
+    gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
+    sums = [[0.0, 0.0, 0] for _ in per_prompt_fns]
+    left, buf = n, None
+    with torch.no_grad():
+        while left > 0:
+            b = min(chunk, left)
+            prompts = sample_prompts(cfg, b, gen, out=buf if buf is not None and buf.batch == b else None)
+            buf = prompts
+            for acc, fn in zip(sums, per_prompt_fns):
+                losses = fn(prompts).detach().double()
+                acc[0] += float(losses.sum())
+                acc[1] += float((losses ** 2).sum())
+                acc[2] += losses.numel()
+            left -= b
+    return [_from_sums(*acc) for acc in sums]
+
+
+def _from_sums(total: float, total2: float, count: int) -> LossEstimate:
     mean = total / count
     var = max(total2 / count - mean ** 2, 0.0) * count / (count - 1)
     return LossEstimate(mean=mean, se=math.sqrt(var / count), n=count)
@@ -56,17 +73,7 @@ def _estimate(per_prompt_chunks) -> LossEstimate:
 def _held_out(cfg: ProblemConfig, per_prompt, n: int, seed: int, chunk: int) -> LossEstimate:
     """Mean of ``per_prompt(prompts)`` over ``n`` fresh prompts of cfg's problem, drawn in
     chunks from the held-out stream of ``seed``, with its standard error."""
-    _check(n, chunk)
-    gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
-
-    def chunks():
-        left = n
-        with torch.no_grad():
-            while left > 0:
-                b = min(chunk, left)
-                yield per_prompt(sample_prompts(cfg, b, gen))
-                left -= b
-    return _estimate(chunks())
+    return _held_out_many(cfg, [per_prompt], n, seed, chunk)[0]
 
 
 def held_out_loss(model: MultiHeadAttention, n: int = 16384, seed: int = 0, chunk: int = 4096) -> LossEstimate:
@@ -76,6 +83,28 @@ def held_out_loss(model: MultiHeadAttention, n: int = 16384, seed: int = 0, chun
         raise TypeError(f"model must be a MultiHeadAttention, got {type(model).__name__}")
     return _held_out(model.cfg, lambda pr: ((model(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1),
                      n, seed, chunk)
+
+
+def held_out_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096) -> list[LossEstimate]:
+    """:func:`held_out_loss` of every model of one problem (the same tasks, L, sigma, basis,
+    dtype, device: the same held-out prompts), drawing each chunk of prompts once for all of
+    them: each estimate equals the model's own held_out_loss exactly (e.g. the final models of
+    numerics.train.train_many's runs of one seed)."""
+    models = list(models)
+    for i, m in enumerate(models):
+        if not isinstance(m, MultiHeadAttention):
+            raise TypeError(f"models[{i}] must be a MultiHeadAttention, got {type(m).__name__}")
+    if not models:
+        return []
+    a = models[0].cfg
+    for i, m in enumerate(models[1:], start=1):
+        b = m.cfg
+        if (a.tasks, a.L, a.sigma, a.basis, a.basis_seed, a.dtype, a.device) != \
+                (b.tasks, b.L, b.sigma, b.basis, b.basis_seed, b.dtype, b.device):
+            raise ValueError(f"models[{i}] is of another problem than models[0] (tasks, L, sigma, basis, dtype, "
+                             "device): they would not see the same held-out prompts; evaluate them apart")
+    return _held_out_many(a, [lambda pr, m=m: ((m(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
+                              for m in models], n, seed, chunk)
 
 
 def held_out_reduced_loss(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: int = 0,

@@ -319,15 +319,35 @@ class MultiHeadAttention(torch.nn.Module):
     def semi_singular_values(self) -> Readout:
         """omega[h,i] = tr(Phi_i^T W_XX Phi_i)/r_i, mu[h,i] = (U_Y)_ii and the residual
         ||(W,U) - P_D(W,U)||_F / ||(W,U)||_F (0 at the zero point), on the merged weights
-        (``theory.block_structure.semi_singular_values`` and ``decomposable_residual``)."""
-        cfg = self.cfg
-        W, U = (t.detach().to("cpu", torch.float64).numpy() for t in self.merged_weights())
-        if not (np.all(np.isfinite(W)) and np.all(np.isfinite(U))):
-            raise TrainingDiverged("the model's weights contain NaN or inf (the run diverged); "
-                                     "lower the learning rate or the initial scale")
-        # theory's readout and residual (the one definition of both)
-        omega, mu = semi_singular_values(W, U, cfg.tasks, cfg.basis_numpy())
-        return Readout(omega=omega, mu=mu, residual=decomposable_residual(W, U, cfg.tasks, cfg.basis_numpy()))
+        (:func:`readout`)."""
+        return readout(self.cfg, *self.merged_weights())
+
+    @classmethod
+    def from_parameters(cls, cfg: ProblemConfig, **tensors) -> "MultiHeadAttention":
+        """The model whose parameters ARE the given tensors (K, Q, V, O or W, U, of cfg's shapes,
+        dtype and device; not copied, not checked, no initialisation run): a cheap view of
+        weights held elsewhere (numerics.batched hands each run's weights to its hooks this
+        way).  Use :meth:`from_weights` for weights from outside."""
+        model = cls.__new__(cls)
+        torch.nn.Module.__init__(model)
+        model.cfg = cfg
+        for name in (("K", "Q", "V", "O") if cfg.param == "factored" else ("W", "U")):
+            setattr(model, name, torch.nn.Parameter(tensors[name]))
+        return model
+
+
+@torch.no_grad()
+def readout(cfg: ProblemConfig, W: torch.Tensor, U: torch.Tensor) -> Readout:
+    """The readout of merged weights W (H, d+m, d+m), U (H, m, d+m): omega[h,i] =
+    tr(Phi_i^T W_XX Phi_i)/r_i, mu[h,i] = (U_Y)_ii and the residual ||(W,U) - P_D(W,U)||_F /
+    ||(W,U)||_F (``theory.block_structure.semi_singular_values`` and ``decomposable_residual``,
+    the one definition of both); TrainingDiverged for weights that are no longer finite."""
+    W, U = (t.detach().to("cpu", torch.float64).numpy() for t in (W, U))
+    if not (np.all(np.isfinite(W)) and np.all(np.isfinite(U))):
+        raise TrainingDiverged("the model's weights contain NaN or inf (the run diverged); "
+                               "lower the learning rate or the initial scale")
+    omega, mu = semi_singular_values(W, U, cfg.tasks, cfg.basis_numpy())
+    return Readout(omega=omega, mu=mu, residual=decomposable_residual(W, U, cfg.tasks, cfg.basis_numpy()))
 
 
 def full_velocity_on_D(cfg: ProblemConfig, omega, mu, prompts) -> tuple[np.ndarray, np.ndarray, float]:

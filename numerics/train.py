@@ -48,7 +48,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -169,6 +169,7 @@ class TrainResult:
     losses: Optional[np.ndarray] = field(default=None, repr=False)  # per-step batch losses (steps,)
     cpu_seconds: float = 0.0   # process CPU time (all threads) of this invocation's steps
     final_model: Optional[MultiHeadAttention] = field(default=None, repr=False)  # full model at the end (not serialised)
+    batched_runs: int = 1      # runs of the one batched program it was trained in (train_many; not serialised)
 
     def to_dict(self) -> dict:
         """The JSON schema of the CLI (docs/numerics.md)."""
@@ -243,9 +244,7 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional
                          f"is used under all per-task sign flips); got batch={tcfg.batch}")
     kind = "reduced" if reduced else "full"
     n_steps, lr = tcfg.steps, tcfg.lr
-    record_at = set(tcfg.record_steps())
-    if record_every is not None:
-        record_at |= set(range(0, n_steps + 1, record_every))
+    record_at = record_steps(tcfg, record_every)
 
     # --- the state being trained, its loss and its update rule -------------------------------
     if reduced:
@@ -300,12 +299,14 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional
         # m Gaussians per token (plus |q_i|) instead of d + m; drawn in float32 and cast, as
         # numerics.data draws the whole prompts.  symmetrize has nothing to do here: the labels
         # are integrated out, so the sign-flip identities already hold on every batch.
-        def draw(g):
+        def draw(g, out=None):
             return sample_marginal_prompts(cfg.tasks, cfg.L, tcfg.batch, g, cfg.torch_dtype, cfg.device,
                                            draw_dtype=torch.float32, blocks_major=True)
     else:
-        def draw(g):
-            return sample_prompts(cfg, tcfg.batch, g, tcfg.symmetrize)
+        # each fresh batch overwrites the last one's tensors (out=): it is dead once the step is
+        # taken, and drawing into memory already touched saves the fresh pages' faults
+        def draw(g, out=None):
+            return sample_prompts(cfg, tcfg.batch, g, tcfg.symmetrize, out=out)
     gen = make_generator(tcfg.seed, cfg.device)
     fixed = None
     if not tcfg.fresh_batches:
@@ -373,15 +374,12 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional
         nonlocal checked
         vals = losses[checked:upto + 1].cpu().tolist()
         for k, v in enumerate(vals, start=checked):
-            if not math.isfinite(v) or v > tcfg.diverge_loss:
-                raise TrainingDiverged(
-                    f"training diverged at step {k} (t = {k * lr:.6g}): batch loss {v!r} "
-                    f"({'non-finite' if not math.isfinite(v) else f'above diverge_loss = {tcfg.diverge_loss:g}'}); "
-                    f"lower the learning rate (lr = {lr:g}) or the initial scale "
-                    f"(init_scale = {cfg.init_scale:g})")
+            if diverged(v, tcfg):
+                raise divergence(k, v, cfg, tcfg)
         checked = upto + 1
 
     t0, cpu0 = time.perf_counter(), time.process_time()
+    reused = None
     bar = tqdm(total=n_steps, initial=start, disable=not tcfg.progress, desc=f"{kind} GD", unit="step")
     try:
         for step in range(start, n_steps + 1):
@@ -390,8 +388,10 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional
                 save_checkpoint(step, wall_before + time.perf_counter() - t0)
             if batches is not None:
                 prompts = batches(step)
+            elif fixed is not None:
+                prompts = fixed
             else:
-                prompts = fixed if fixed is not None else draw(gen)
+                prompts = reused = draw(gen, reused)
             loss = loss_fn(prompts)
             losses[step] = loss.detach()
             if step in record_at or step % check_every == 0 or step == n_steps:
@@ -414,14 +414,42 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional
     wall = wall_before + time.perf_counter() - t0
     cpu = time.process_time() - cpu0
 
-    step_losses = losses[:n_steps].cpu().double().numpy()
-    tail = max(1, int(math.ceil(0.1 * n_steps)))
+    return make_result(cfg, tcfg, trajectory, losses[:n_steps].cpu().double().numpy(), wall, cpu, kind,
+                       None if reduced else model)
+
+
+def record_steps(tcfg: TrainConfig, record_every: Optional[int] = None) -> set:
+    """The steps at which a run records: ``tcfg.record_steps()`` and every ``record_every``-th."""
+    at = set(tcfg.record_steps())
+    if record_every is not None:
+        at |= set(range(0, tcfg.steps + 1, record_every))
+    return at
+
+
+def diverged(loss: float, tcfg: TrainConfig) -> bool:
+    """The divergence rule: a batch loss that is not finite or exceeds ``tcfg.diverge_loss``."""
+    return not math.isfinite(loss) or loss > tcfg.diverge_loss
+
+
+def divergence(step: int, loss: float, cfg: ProblemConfig, tcfg: TrainConfig) -> TrainingDiverged:
+    """The error of a run whose batch loss at ``step`` broke the rule of :func:`diverged`."""
+    why = "non-finite" if not math.isfinite(loss) else f"above diverge_loss = {tcfg.diverge_loss:g}"
+    return TrainingDiverged(f"training diverged at step {step} (t = {step * tcfg.lr:.6g}): batch loss {loss!r} "
+                            f"({why}); lower the learning rate (lr = {tcfg.lr:g}) or the initial scale "
+                            f"(init_scale = {cfg.init_scale:g})")
+
+
+def make_result(cfg: ProblemConfig, tcfg: TrainConfig, trajectory: list, step_losses: np.ndarray, wall: float,
+                cpu: float, kind: str = "full", final_model=None, batched_runs: int = 1) -> TrainResult:
+    """The TrainResult of a finished run: the final record's values, and the loss = mean of the
+    last 10% of the per-step batch losses ``step_losses`` (steps,)."""
+    tail = max(1, int(math.ceil(0.1 * len(step_losses))))
     final = trajectory[-1]
     return TrainResult(config=cfg, train=tcfg, trajectory=trajectory,
                        omega=np.asarray(final.omega), mu=np.asarray(final.mu),
-                       loss=float(step_losses[-tail:].mean()), wall_seconds=wall, steps=n_steps,
-                       model=kind, losses=step_losses, cpu_seconds=cpu,
-                       final_model=None if reduced else model)
+                       loss=float(step_losses[-tail:].mean()), wall_seconds=wall, steps=len(step_losses),
+                       model=kind, losses=step_losses, cpu_seconds=cpu, final_model=final_model,
+                       batched_runs=batched_runs)
 
 
 def train(cfg: ProblemConfig, tcfg: TrainConfig, *, batches: Optional[BatchSource] = None,
@@ -454,6 +482,147 @@ def train_reduced(cfg: ProblemConfig, tcfg: TrainConfig, *, batches: Optional[Ba
       integrated out).  Its records are importance-weighted batch means of the same loss.
       Checkpoints record the estimator and refuse to resume under the other one."""
     return _run(cfg, tcfg, True, batches, on_record, record_every, start, metric, estimator)
+
+
+def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Optional[Sequence] = None,
+               record_every=None, start: Optional[Sequence] = None, max_runs: Optional[int] = None) -> list:
+    """Train many full-model runs, each exactly as :func:`train` would (to rounding), batching
+    the compatible ones into one tensor program (``numerics.batched``).  Returns one entry per
+    run, in order: its TrainResult, or the exception that ended it.
+
+    ``cfgs``, ``tcfgs``: sequences of ProblemConfig and TrainConfig of equal length (a single
+    one is used for every run); ``batches``, ``on_record``, ``start`` (sequences, None entries
+    allowed) and ``record_every`` (an int for all, or a sequence) are train()'s seams per run.
+
+    What is batched: runs with the same tasks, heads, L, param, basis (and basis_seed), dtype,
+    device and batch size form a group (numerics.batched.SHAPE_FIELDS), trained as one or a few
+    programs: at most ``max_runs`` runs each (default: as many as fit in half the free memory,
+    by step_memory_bytes); the runs of one prompt stream together; on the CPU, runs of
+    different streams share a program only while its contexts hold at most
+    numerics.batched.MERGE_CONTEXT_ELEMENTS numbers (beyond, programs per stream: merging
+    large streams gains nothing on a CPU).  Within a group everything else may differ: seed, sigma, init,
+    init_scale, init_seed, given (omega, mu), logit_scale, start model, lr, time (so the
+    number of steps: a run leaves the program at its last step), records and record_every,
+    fresh_batches, symmetrize, diverge_loss, on_record and batches.  Runs that draw the same
+    prompts (same seed, sigma, symmetrize and fresh_batches, no batch source of their own)
+    share one draw per step.  Trained one by one with train(): a run alone in its group, and a
+    run with a checkpoint (a program's checkpoint would have to hold every run's state).
+
+    How a run ends early without ending the others: a diverging run's entry is the
+    TrainingDiverged train() would raise (same message); a run whose on_record hook raises
+    gets that exception as its entry (the hook stops its run as it would stop train(), e.g.
+    numerics.saddle's early stop).  The hook receives a copy of the run's model at the record
+    (its weights then; train() passes the live model, so a hook must not rely on changing it).
+    A start model is trained in place and is the result's final_model, as in train(); a run
+    that ends early leaves it at the weights of the step that ended it, as train() does.
+    ``wall_seconds`` and ``cpu_seconds`` of a batched run are its share of the program's
+    (in proportion to its steps); ``batched_runs`` says how many runs the program had."""
+    cfgs = [cfgs] if isinstance(cfgs, ProblemConfig) else list(cfgs)
+    tcfgs = [tcfgs] if isinstance(tcfgs, TrainConfig) else list(tcfgs)
+    n = max(len(cfgs), len(tcfgs))
+    if n == 0:
+        return []
+    if len(cfgs) == 1:
+        cfgs = cfgs * n
+    if len(tcfgs) == 1:
+        tcfgs = tcfgs * n
+    if len(cfgs) != n or len(tcfgs) != n:
+        raise ValueError(f"cfgs and tcfgs must have the same length (or one of them a single config), got "
+                         f"{len(cfgs)} and {len(tcfgs)}")
+
+    def per_run(name, value, check):
+        if value is None:
+            return [None] * n
+        if name == "record_every" and (value is None or isinstance(value, int)):
+            value = [value] * n
+        value = list(value)
+        if len(value) != n:
+            raise ValueError(f"{name} must have one entry per run ({n}), got {len(value)}")
+        for i, v in enumerate(value):
+            if v is not None:
+                check(i, v)
+        return value
+
+    def callable_check(what):
+        def check(i, v):
+            if not callable(v):
+                raise TypeError(f"{what}[{i}] must be callable, got {type(v).__name__}")
+        return check
+
+    def every_check(i, v):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"record_every[{i}] must be a positive integer or None, got {v!r}")
+
+    def start_check(i, v):
+        if not isinstance(v, MultiHeadAttention):
+            raise TypeError(f"start[{i}] must be a MultiHeadAttention (the model to train), got {type(v).__name__}")
+        if v.cfg != cfgs[i]:
+            raise ValueError(f"start[{i}] was built for a different ProblemConfig than cfgs[{i}]")
+
+    batches = per_run("batches", batches, callable_check("batches"))
+    on_record = per_run("on_record", on_record, callable_check("on_record"))
+    record_every = per_run("record_every", record_every, every_check)
+    start = per_run("start", start, start_check)
+    if start is not None and len({id(s) for s in start if s is not None}) < sum(s is not None for s in start):
+        raise ValueError("a start model appears twice: each run trains its own start in place")
+    if max_runs is not None and (isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1):
+        raise ValueError(f"max_runs must be a positive integer or None, got {max_runs!r}")
+    for i, (cfg, tcfg) in enumerate(zip(cfgs, tcfgs)):
+        if not isinstance(cfg, ProblemConfig):
+            raise TypeError(f"cfgs[{i}] must be a ProblemConfig, got {type(cfg).__name__}")
+        if not isinstance(tcfg, TrainConfig):
+            raise TypeError(f"tcfgs[{i}] must be a TrainConfig, got {type(tcfg).__name__}")
+        if batches[i] is not None and tcfg.checkpoint is not None:
+            raise ValueError(f"run {i}: a run with its own batch source cannot be checkpointed; drop checkpoint "
+                             "or the batches")
+        if tcfg.symmetrize and tcfg.batch % 2 ** cfg.m:
+            raise ValueError(f"run {i}: symmetrize=True needs batch to be a multiple of 2^m = {2 ** cfg.m}; got "
+                             f"batch={tcfg.batch}")
+
+    from .batched import MERGE_CONTEXT_ELEMENTS, run_program, shape_key, stream_key
+
+    groups: dict = {}
+    for i, (cfg, tcfg) in enumerate(zip(cfgs, tcfgs)):
+        key = ("alone", i) if tcfg.checkpoint is not None else (shape_key(cfg), tcfg.batch)
+        groups.setdefault(key, []).append(i)
+    out: list = [None] * n
+    for key, members in groups.items():
+        cfg0, tcfg0 = cfgs[members[0]], tcfgs[members[0]]
+        cap = max_runs
+        if cap is None:
+            free = _available_memory(cfg0.device)
+            need = step_memory_bytes(cfg0, tcfg0.batch)
+            cap = len(members) if free is None else max(1, int(free // 2 // max(need, 1)))
+        # programs: the runs of one stream always together (unless over cap); on the CPU, streams
+        # of their own are merged only while their contexts stay small (numerics.batched)
+        streams: dict = {}
+        for i in members:
+            streams.setdefault(("source", i) if batches[i] is not None else stream_key(cfgs[i], tcfgs[i]), []).append(i)
+        per_stream = tcfg0.batch * cfg0.L * cfg0.token_dim
+        budget = (max(1, MERGE_CONTEXT_ELEMENTS // per_stream) if cfg0.torch_device.type == "cpu"
+                  else len(streams))
+        parts, part, held = [], [], 0
+        for runs_of_stream in streams.values():
+            for lo in range(0, len(runs_of_stream), cap):
+                chunk = runs_of_stream[lo:lo + cap]
+                if part and (held + 1 > budget or len(part) + len(chunk) > cap):
+                    parts.append(part)
+                    part, held = [], 0
+                part, held = part + chunk, held + 1
+        parts.append(part)
+        for part in parts:
+            if len(part) == 1:
+                i = part[0]
+                try:
+                    out[i] = train(cfgs[i], tcfgs[i], batches=batches[i], on_record=on_record[i],
+                                   record_every=record_every[i], start=start[i])
+                except Exception as exc:        # ends this run only, as in a program
+                    out[i] = exc
+                continue
+            for i, res in run_program(cfgs, tcfgs, part, batches=batches, on_record=on_record,
+                                      record_every=record_every, start=start).items():
+                out[i] = res
+    return out
 
 
 # --- command line ------------------------------------------------------------------------------

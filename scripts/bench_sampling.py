@@ -1,6 +1,7 @@
-"""Scratch benchmark of issue 15, first part: the keyed, chunked prompt sampler (stream
-version 2) against the version-1 sampler, the trainer's step with each, and the
-hand-written backward of numerics.fused against autograd.
+"""Scratch benchmark of the prompt sampler (issues 15 and 28): the current keyed stream
+(numerics.data, STREAM_VERSION; drawing into fresh tensors and into the previous call's,
+``out=``, as the trainer does) against the version-1 sampler (one sequential torch draw), the
+trainer's step with each, and the hand-written backward of numerics.fused against autograd.
 
     python -m scripts.bench_sampling                 # everything (a few minutes on 2 cores)
     python -m scripts.bench_sampling --only sampling --repeats 9
@@ -38,9 +39,10 @@ PAPER_SMALL = dict(tasks=(4, 4, 4), heads=3, L=256)
 BATCH = 4096
 
 
-def sample_prompts_v1(cfg: ProblemConfig, batch: int, generator: torch.Generator, symmetrize=False):
+def sample_prompts_v1(cfg: ProblemConfig, batch: int, generator: torch.Generator, symmetrize=False, out=None):
     """The version-1 sampler (numerics/data.py before stream version 2), for comparison only:
-    one sequential float32 draw of (x, eps), then q, g, from the caller's generator."""
+    one sequential float32 draw of (x, eps), then q, g, from the caller's generator (``out``,
+    which the trainer passes, is ignored: version 1 allocated every batch)."""
     from numerics.data import Prompts
     assert not symmetrize
     d, m, L, D, dt = cfg.d, cfg.m, cfg.L, cfg.token_dim, cfg.torch_dtype
@@ -88,12 +90,16 @@ def bench_sampling(repeats: int) -> list[dict]:
     for dtype, sigma, threads in itertools.product(("float32", "float64"), (0.0, 0.5), (1, 2)):
         cfg = ProblemConfig(**PAPER_SMALL, dtype=dtype, sigma=sigma)
         torch.set_num_threads(threads)
-        g_old, g_new = make_generator(0, "cpu"), make_generator(0, "cpu")
+        g_old, g_new, g_out = make_generator(0, "cpu"), make_generator(0, "cpu"), make_generator(0, "cpu")
+        buf = sample_prompts(cfg, BATCH, make_generator(1, "cpu"))
         res = interleaved({"v1": lambda: sample_prompts_v1(cfg, BATCH, g_old),
-                           "v2": lambda: sample_prompts(cfg, BATCH, g_new, threads=threads)}, repeats)
+                           "current": lambda: sample_prompts(cfg, BATCH, g_new, threads=threads),
+                           "current_out": lambda: sample_prompts(cfg, BATCH, g_out, threads=threads, out=buf)},
+                          repeats)
         rows.append(dict(dtype=dtype, sigma=sigma, threads=threads,
                          v1_wall_ms=res["v1"][0], v1_cpu_ms=res["v1"][1],
-                         v2_wall_ms=res["v2"][0], v2_cpu_ms=res["v2"][1]))
+                         current_wall_ms=res["current"][0], current_cpu_ms=res["current"][1],
+                         out_wall_ms=res["current_out"][0], out_cpu_ms=res["current_out"][1]))
     return rows
 
 
@@ -125,7 +131,7 @@ def _fused_forward(self, context, query):
 
 
 def bench_trainer(steps: int) -> list[dict]:
-    """The default (factored) model: v1 sampler, v2 sampler, v2 sampler + fused backward."""
+    """The default (factored) model: v1 sampler, the current sampler, current + fused backward."""
     rows = []
     for dtype, threads in itertools.product(("float32", "float64"), (1, 2)):
         cfg = ProblemConfig(**PAPER_SMALL, dtype=dtype)
@@ -139,8 +145,8 @@ def bench_trainer(steps: int) -> list[dict]:
         finally:
             MultiHeadAttention.forward = autograd_forward
         rows.append(dict(dtype=dtype, threads=threads, v1_wall_ms=old[0], v1_cpu_ms=old[1],
-                         v2_wall_ms=new[0], v2_cpu_ms=new[1], v2_fused_wall_ms=fused[0],
-                         v2_fused_cpu_ms=fused[1]))
+                         current_wall_ms=new[0], current_cpu_ms=new[1], fused_wall_ms=fused[0],
+                         fused_cpu_ms=fused[1]))
     return rows
 
 

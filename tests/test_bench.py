@@ -6,7 +6,7 @@
   the weights after one GD step, to float64 rounding; a perturbed reference (wrong logit
   scale, one weight moved by 1e-8) is rejected at the same tolerance.
 - ``python -m tools.bench --smoke`` runs and writes valid JSON, ``--quick`` writes
-  issue 15's contract keys; bad flags are refused
+  issue 15's contract keys and issue 28's ``batched_runs``; bad flags are refused
   with a message saying what is wrong.
 - On ``--device cuda`` (marker ``gpu``): the same agreement on the GPU, and CPU and GPU agree
   on the same batch.
@@ -123,7 +123,8 @@ def test_fit_exponent_recovers_a_power_law():
 def test_bench_smoke_writes_valid_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     res = main(["--smoke", "--dtype", "float32", "--no-progress", "--out", str(out)])
-    assert "1. milliseconds per gradient step" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "1. milliseconds per gradient step" in printed and "7. 8 runs of 3 steps" in printed
     data = json.loads(out.read_text())
     assert set(data) >= {"meta", "probes", "step", "roofline", "reduced_vs_full", "scaling", "peak_memory",
                          "paper_step"}
@@ -141,6 +142,23 @@ def test_bench_smoke_writes_valid_json(tmp_path, capsys):
     assert data["peak_memory"]["float32"]["ours_quick"]["bytes"] >= 0
     assert data["meta"]["precision"]["float32_matmul_precision"] == "highest"
     assert res["meta"]["smoke"] is True and res["meta"]["profile"] == "full"
+    # section 7 at both sizes (the authors' configuration only in the full profile)
+    assert set(data["batched"]) >= {"quick", "authors", "runs", "steps", "dtype"}
+    for size in ("quick", "authors"):
+        _check_batched(data["batched"][size], data["batched"]["runs"])
+
+
+def _check_batched(section: dict, runs: int) -> None:
+    """Section 7's numbers are what they say: runs per second = runs / median seconds, ratio =
+    one after another / batched, every run set split into programs holding all its runs."""
+    seq = section["sequential_seconds"]["median"]
+    assert section["sequential_per_s"] == pytest.approx(runs / seq)
+    for kind in ("mixed", "one_stream", "own_streams"):
+        k = section[kind]
+        assert k["batched_per_s"] == pytest.approx(runs / k["seconds"]["median"])
+        assert k["ratio"] == pytest.approx(seq / k["seconds"]["median"])
+        assert sum(k["programs"]) == runs and all(isinstance(p, int) and p >= 1 for p in k["programs"])
+    assert section["one_stream"]["programs"] == [runs]          # one stream: always one program
 
 
 def test_bench_quick_contract_keys_and_types(tmp_path):
@@ -179,6 +197,16 @@ def test_bench_quick_contract_keys_and_types(tmp_path):
     assert all(isinstance(v, bool) for per in data["targets_met"].values() for v in per.values())
     assert "scaling" not in data and "peak_memory" not in data and "roofline" not in data
     assert "paper_step" not in data and "report_profiles" not in data
+    # issue 28's contract: batched_runs at the quick size, read off section 7's mixed run set
+    br = data["batched_runs"]
+    assert {"runs", "batched_per_s", "sequential_per_s", "ratio"} <= set(br)
+    assert isinstance(br["runs"], int) and br["runs"] == data["batched"]["runs"] == 8
+    assert all(isinstance(br[k], float) and math.isfinite(br[k]) and br[k] > 0
+               for k in ("batched_per_s", "sequential_per_s", "ratio"))
+    assert br["ratio"] == data["batched"]["quick"]["mixed"]["ratio"]
+    assert br["ratio"] == pytest.approx(br["batched_per_s"] / br["sequential_per_s"])
+    _check_batched(data["batched"]["quick"], 8)
+    assert "authors" not in data["batched"]                     # --quick: the quick size only
 
 
 def test_report_profile_timing_reports_status():

@@ -130,21 +130,20 @@ def test_bad_sampler_input():
         make_generator(0, "tpu")
 
 
-# --- the keyed, chunked stream (STREAM_VERSION 2) ------------------------------------------------
-
+# --- the keyed stream (STREAM_VERSION 3): rows of PCG64DXSM sub-streams -----------------------
 
 
 def test_same_numbers_for_any_thread_count():
-    """Counter-based chunks: 1, 2 or 3 threads draw bit-identical batches (the batch of
-    1000 has 4 chunks, the last one partial)."""
+    """Counter-based rows: 1, 2 or 3 threads draw bit-identical batches (4 chunks of work,
+    the last one partial)."""
     cfg = ProblemConfig(tasks=(2, 3), heads=1, L=6, sigma=0.4, basis="random", basis_seed=1)
-    n = 3 * data.CHUNK_PROMPTS + 232
+    c = data.chunk_rows(cfg)
+    n = 3 * c + 232
     runs = [sample_prompts(cfg, n, make_generator(9, "cpu"), threads=t) for t in (1, 2, 3)]
     for other in runs[1:]:
         assert torch.equal(runs[0].context, other.context)
         assert torch.equal(runs[0].query, other.query) and torch.equal(runs[0].target, other.target)
     # the chunks are distinct draws (not one chunk repeated)
-    c = data.CHUNK_PROMPTS
     assert not torch.equal(runs[0].context[:c], runs[0].context[c:2 * c])
 
 
@@ -169,11 +168,12 @@ def test_one_call_advances_the_generator_by_one_key():
 
 def test_common_random_numbers_across_sigma_and_batch_prefix():
     """Runs that differ only in sigma share x, q, g at every call (the noise has its own
-    sub-stream and is skipped at sigma = 0), and a batch's first prompts do not depend on the
-    batch size (in whole chunks); float32 and float64 see the same draws."""
+    sub-stream and is skipped at sigma = 0); the first k prompts of any batch are the batch
+    of k (rows are keyed per prompt), for k on and off a chunk boundary; float32 and float64
+    see the same draws."""
     cfg0 = ProblemConfig(tasks=(2, 2), heads=1, L=4)
     cfg = cfg0.replace(sigma=0.8)
-    n, d = data.CHUNK_PROMPTS + 50, cfg0.d
+    n, d = data.chunk_rows(cfg0) + 50, cfg0.d
     g0, g1 = make_generator(2, "cpu"), make_generator(2, "cpu")
     for _ in range(2):                                      # two steps: the state stays in step
         p0, p1 = sample_prompts(cfg0, n, g0), sample_prompts(cfg, n, g1)
@@ -181,45 +181,149 @@ def test_common_random_numbers_across_sigma_and_batch_prefix():
         assert torch.equal(p0.query, p1.query) and torch.equal(p0.target, p1.target)
         assert not torch.equal(p0.context[..., d:], p1.context[..., d:])
     big = sample_prompts(cfg, 2 * n, make_generator(2, "cpu"))
-    small = sample_prompts(cfg, n, make_generator(2, "cpu"))
-    c = data.CHUNK_PROMPTS                  # whole chunks are shared; a partial chunk is not a prefix
-    assert torch.equal(big.context[:c], small.context[:c]) and torch.equal(big.target[:c], small.target[:c])
+    for k in (1, 37, n):
+        small = sample_prompts(cfg, k, make_generator(2, "cpu"))
+        assert torch.equal(big.context[:k], small.context) and torch.equal(big.target[:k], small.target)
     p32 = sample_prompts(cfg0.replace(dtype="float32"), n, make_generator(2, "cpu"))
     first64 = sample_prompts(cfg0, n, make_generator(2, "cpu"))
     assert torch.equal(p32.context[..., :d].double(), first64.context[..., :d])
     assert torch.equal(p32.query.double(), first64.query)
 
 
-def test_chunk_generators_use_the_whole_64_bit_seed():
-    """torch's manual_seed keeps 32 bits of a seed; the chunk generators are built from the
-    full 64-bit seed (their whole mt19937 state), so seeds equal in their low 32 bits still
-    give different streams.  The state layout is the one torch's manual_seed writes."""
-    data._check_state_layout()                   # raises if torch changed its state layout
-    key = 123456789
-    a = data._chunk_generator(key, 0, 0)
-    gens = [data._mt_generator(data._splitmix64_words(s, 312).view(np.uint32).astype(np.uint64))
-            for s in (5, 5 + 2 ** 32)]
-    draws = [torch.randn(32, generator=g) for g in gens]
-    assert not torch.equal(draws[0], draws[1])
-    assert not torch.equal(torch.randn(32, generator=a), torch.randn(32, generator=data._chunk_generator(key, 0, 1)))
-    seeds = {data.chunk_seed(k, c, s) for k in range(50) for c in range(20) for s in (0, 1)}
-    assert len(seeds) == 50 * 20 * 2
+def test_rows_are_addressed_by_prompt_and_keyed_by_the_whole_key():
+    """Row p of a sub-stream is the same whether drawn from row 0 or alone (the generator is
+    advanced to it); sub-streams 0 and 1 and keys equal in their low 32 bits are unrelated."""
+    words = 7
+    whole = data._gaussian_rows(data._substream(123, 0), 0, 10, words).copy()
+    assert np.array_equal(data._gaussian_rows(data._substream(123, 0), 4, 3, words), whole[4:7])
+    assert np.array_equal(data._gaussian_rows(data._substream(123, 0), 9, 1, words), whole[9:])
+    for other in (data._substream(123, 1), data._substream(123 + 2 ** 32, 0)):
+        row = data._gaussian_rows(other, 0, 10, words)
+        assert not np.any(row == whole)
+    # one word per Box-Muller pair: L d + 2 d Gaussians of a prompt take ceil(/ 2) words
+    assert data.words_per_prompt(7) == 4 and data.words_per_prompt(8) == 4
 
 
-def test_chunks_are_independent_standard_normals():
-    """Across chunk boundaries the x draws have mean 0, variance 1 and no correlation between
-    prompt p of chunk 0 and prompt p of chunk 1 (each within 5 sd / sqrt(N) of the prediction;
-    a correlation of 0.2, the perturbed prediction, is rejected)."""
-    cfg = ProblemConfig(tasks=(3,), heads=1, L=32)
-    c = data.CHUNK_PROMPTS
-    x = sample_prompts(cfg, 2 * c, make_generator(0, "cpu")).context[..., :cfg.d]
-    a, b = x[:c].reshape(-1), x[c:].reshape(-1)
-    N = a.numel()
-    tol = 5 / np.sqrt(N)
-    corr = float((a * b).mean())
-    assert abs(corr) < tol and abs(corr - 0.2) > tol
-    assert abs(float(x.mean())) < 5 / np.sqrt(x.numel())
-    assert abs(float((x ** 2).mean()) - 1) < 5 * np.sqrt(2 / x.numel())
+def test_gaussians_follow_the_normal_law():
+    """The Box-Muller draws against N(0, 1): at 11 points the empirical CDF is within 5
+    binomial standard errors sqrt(F(1 - F)/N) of Phi, the moments 1..4 within 5 of their
+    standard errors (sd of z^k: sqrt(E z^2k - (E z^k)^2)), |z| <= sqrt(2 ln 2^24) = 5.77 (the
+    24-bit uniforms' cap); a normal of sd 1.01 (the perturbed prediction) is rejected."""
+    from scipy.stats import norm
+    z = data._gaussian_rows(data._substream(2024, 0), 0, 400, 2500).ravel().astype(np.float64)
+    N = z.size
+    pts = np.linspace(-2.5, 2.5, 11)
+    F = norm.cdf(pts)
+    tol = 5 * np.sqrt(F * (1 - F) / N)
+    emp = np.searchsorted(np.sort(z), pts) / N
+    assert np.all(np.abs(emp - F) < tol)
+    assert np.any(np.abs(emp - norm.cdf(pts / 1.01)) > tol)
+    for k, (mean, sq) in {1: (0, 1), 2: (1, 3), 3: (0, 15), 4: (3, 105)}.items():
+        assert abs((z ** k).mean() - mean) < 5 * np.sqrt((sq - mean ** 2) / N), k
+    assert np.abs(z).max() <= np.sqrt(2 * np.log(2.0 ** 24)) + 1e-6
+
+
+def _reference_prompts(cfg: ProblemConfig, n: int, seed: int):
+    """The law written directly with torch's own Gaussians (float64): x, q, g, eps ~ N(0, 1),
+    y = B^T x + sigma eps, y_q = B^T q, B = Phi diag(g) E -- the construction the sampler's
+    stream must reproduce in law."""
+    gen = torch.Generator().manual_seed(seed)
+    d, m, L = cfg.d, cfg.m, cfg.L
+    x = torch.randn(n, L, d, generator=gen, dtype=torch.float64)
+    q = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    g = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    eps = torch.randn(n, L, m, generator=gen, dtype=torch.float64)
+    B = cfg.basis_matrix() @ (g[:, :, None] * cfg.task_indicator()[None])
+    y = torch.bmm(x, B) + cfg.sigma * eps
+    return x, y, q, torch.bmm(q[:, None, :], B)[:, 0]
+
+
+def _prompt_statistics(x, y, q, t, cfg) -> dict:
+    """Per prompt (prompts are i.i.d., tokens within one are not): token means of x, y and
+    the means of q, y_q; the second moments E x x^T, E y y^T, E x y^T, E q q^T, E y_q y_q^T,
+    E q y_q^T, E y_l y_q^T (cross moments of labels and target) and the ICL signal
+    E[y_li y_qi <Phi_i^T x_l, Phi_i^T q>] per task (= r_i: the fourth-order moment tying x, q,
+    the labels and the target together), each (n, ...)."""
+    L, tasks, Phi = x.shape[1], cfg.tasks, cfg.basis_matrix()
+    stats = {"x": x.mean(1), "y": y.mean(1), "q": q, "target": t,
+             "xx": torch.einsum("nli,nlj->nij", x, x) / L, "yy": torch.einsum("nli,nlj->nij", y, y) / L,
+             "xy": torch.einsum("nli,nlj->nij", x, y) / L, "qq": q[:, :, None] * q[:, None, :],
+             "tt": t[:, :, None] * t[:, None, :], "qt": q[:, :, None] * t[:, None, :],
+             "yt": torch.einsum("nli,nj->nij", y, t) / L}
+    edges = np.concatenate([[0], np.cumsum(tasks)])
+    xb, qb = x @ Phi, q @ Phi                           # coordinates in the task basis
+    stats["signal"] = torch.stack([(y[..., i] * t[:, None, i] * (xb[..., a:b] * qb[:, None, a:b]).sum(-1)).mean(1)
+                                   for i, (a, b) in enumerate(zip(edges[:-1], edges[1:]))], dim=1)
+    return {k: v.reshape(v.shape[0], -1) for k, v in stats.items()}
+
+
+def _law(cfg: ProblemConfig) -> dict:
+    """The expectations of _prompt_statistics under the law: every mean and cross moment 0
+    except E x x^T = E q q^T = I, E y y^T = diag(r_i) + sigma^2 I, E y_q y_q^T = diag(r_i),
+    and the signal E[y_i y_qi <x_i, q_i>] = E sum_ab g_a g_b E[x_a x_b] ... = r_i."""
+    d, m, r = cfg.d, cfg.m, np.asarray(cfg.tasks, float)
+    zero = lambda *s: np.zeros(s)                                              # noqa: E731
+    return {"x": zero(d), "y": zero(m), "q": zero(d), "target": zero(m), "xx": np.eye(d).ravel(),
+            "yy": (np.diag(r) + cfg.sigma ** 2 * np.eye(m)).ravel(), "xy": zero(d * m), "qq": np.eye(d).ravel(),
+            "tt": np.diag(r).ravel(), "qt": zero(d * m), "yt": zero(m * m), "signal": r}
+
+
+@pytest.mark.parametrize("basis", ["identity", "random"])
+def test_sampler_moments_match_the_law_and_the_reference_sampler(basis):
+    """The stream's prompts against the law and against _reference_prompts (torch's Gaussians):
+    every statistic of _prompt_statistics, averaged over n i.i.d. prompts, is within 5 of its
+    standard errors (std over prompts / sqrt(n), from the sample itself) of the law's value,
+    and the two samplers' means within 5 sqrt(se_1^2 + se_2^2) of each other (two-sample).
+    The noise: y_sigma - y_0 of one seed (common random numbers) has variance sigma^2, no
+    correlation with x or across tasks.  Perturbed predictions -- E x x^T = 1.05 I, the
+    signal 1.25 r_i (5 standard errors are 8-12 % of r_i here), the noise variance 1.1 sigma^2 --
+    are rejected at the same tolerances."""
+    cfg = ProblemConfig(tasks=(2, 5), heads=1, L=24, sigma=0.5, basis=basis, basis_seed=3)
+    n = 6000
+    p = sample_prompts(cfg, n, make_generator(13, "cpu"))
+    d = cfg.d
+    new = _prompt_statistics(p.context[..., :d], p.context[..., d:], p.query[:, :d], p.target, cfg)
+    ref = _prompt_statistics(*_reference_prompts(cfg, n, 13), cfg)
+    law = _law(cfg)
+    for key, v in new.items():
+        mean, se = v.mean(0).numpy(), (v.std(0) / np.sqrt(n)).numpy()
+        r_mean, r_se = ref[key].mean(0).numpy(), (ref[key].std(0) / np.sqrt(n)).numpy()
+        tol = 5 * np.maximum(se, 1e-12)
+        assert np.all(np.abs(mean - law[key]) < tol), (key, mean, law[key], tol)
+        assert np.all(np.abs(r_mean - law[key]) < 5 * np.maximum(r_se, 1e-12)), key   # the reference is the law
+        assert np.all(np.abs(mean - r_mean) < 5 * np.sqrt(se ** 2 + r_se ** 2)), key
+    # the same comparisons reject wrong values
+    xx = new["xx"].mean(0).numpy()
+    assert np.any(np.abs(xx - 1.05 * law["xx"]) > 5 * (new["xx"].std(0) / np.sqrt(n)).numpy())
+    sig, sig_se = new["signal"].mean(0).numpy(), (new["signal"].std(0) / np.sqrt(n)).numpy()
+    assert np.all(np.abs(sig - 1.25 * law["signal"]) > 5 * sig_se)
+    # the noise, from the sigma = 0 twin of the same stream
+    p0 = sample_prompts(cfg.replace(sigma=0.0), n, make_generator(13, "cpu"))
+    e = (p.context[..., d:] - p0.context[..., d:]) / cfg.sigma        # eps: (n, L, m)
+    per = {"var": (e ** 2).mean(1), "cross": (e[..., 0] * e[..., 1]).mean(1)[:, None],
+           "ex": torch.einsum("nli,nlj->nij", p.context[..., :d], e).reshape(n, -1) / cfg.L}
+    for key, want in (("var", 1.0), ("cross", 0.0), ("ex", 0.0)):
+        v = per[key]
+        assert np.all(np.abs(v.mean(0).numpy() - want) < 5 * (v.std(0) / np.sqrt(n)).numpy()), key
+    assert np.all(np.abs(per["var"].mean(0).numpy() - 1.1) > 5 * (per["var"].std(0) / np.sqrt(n)).numpy())
+
+
+def test_out_reuses_the_tensors_with_the_same_numbers():
+    cfg = ProblemConfig(tasks=(2, 1), heads=1, L=5, sigma=0.2)
+    a = sample_prompts(cfg, 24, make_generator(1, "cpu"))
+    buf = sample_prompts(cfg, 24, make_generator(8, "cpu"))
+    ptr = buf.context.data_ptr()
+    for sym in (False, True):
+        fresh = sample_prompts(cfg, 24, make_generator(1, "cpu"), symmetrize=sym)
+        b = sample_prompts(cfg, 24, make_generator(1, "cpu"), symmetrize=sym, out=buf)
+        assert b.context.data_ptr() == ptr
+        assert torch.equal(b.context, fresh.context) and torch.equal(b.query, fresh.query)
+        assert torch.equal(b.target, fresh.target)
+    assert torch.equal(sample_prompts(cfg, 24, make_generator(1, "cpu"), out=buf).context, a.context)
+    with pytest.raises(ValueError, match="out.context must be a contiguous float64 tensor of shape"):
+        sample_prompts(cfg, 12, make_generator(1, "cpu"), out=buf)
+    with pytest.raises(TypeError, match="out must be a Prompts"):
+        sample_prompts(cfg, 24, make_generator(1, "cpu"), out=buf.context)
 
 
 def test_device_stream_draws_noise_whatever_sigma():

@@ -55,3 +55,17 @@ def test_paired_difference_is_the_difference_on_the_same_prompts_with_a_smaller_
     other = MultiHeadAttention(ProblemConfig(tasks=(3, 2), heads=2, L=8))
     with pytest.raises(ValueError, match="same problem"):
         held_out_loss_difference(a, other)
+
+
+def test_many_models_on_one_draw_equal_each_model_alone():
+    from numerics.evaluate import held_out_losses
+    models = [MultiHeadAttention(CFG.replace(init_scale=s)) for s in (0.1, 0.3)] + \
+             [MultiHeadAttention(CFG.replace(init="random_full", init_seed=2, heads=3))]
+    many = held_out_losses(models, n=700, seed=4, chunk=256)       # a partial last chunk too
+    for m, est in zip(models, many):
+        assert est == held_out_loss(m, n=700, seed=4, chunk=256)
+    assert many[0] != many[1]
+    with pytest.raises(ValueError, match="another problem"):
+        held_out_losses([models[0], MultiHeadAttention(CFG.replace(L=8))])
+    with pytest.raises(TypeError, match="must be a MultiHeadAttention"):
+        held_out_losses([models[0], "model"])

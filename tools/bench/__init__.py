@@ -18,10 +18,15 @@ this machine's limits.
    against log size, over 4 sizes each, one size varied at a time);
 5. peak memory of one step at the quick and the paper configuration (tasks 8,8,8,8, H = 4,
    L = 1024, batch 4096): resident-set peak in a fresh process on CPU,
-   ``torch.cuda.max_memory_allocated`` on CUDA (:func:`peak_memory`).
+   ``torch.cuda.max_memory_allocated`` on CUDA (:func:`peak_memory`);
+6. the step at the paper configuration;
+7. runs per second of 8 runs trained one after another (``numerics.train.train``) and as
+   ``numerics.train.train_many``'s batched programs, for three run sets (shared and own
+   prompt streams), at the quick size and at the authors' configuration (tasks 16,17,17,
+   H = 3, L = 100, batch 10000).
 
-Profiles: ``--quick`` runs sections 1 and 3 only at the quick size (issue 15's contract:
-the top-level JSON keys of :func:`~tools.bench.run.contract`); the default runs all five;
+Profiles: ``--quick`` runs sections 1, 3 and 7 only at the quick size (issues 15 and 28's
+contracts: the top-level JSON keys of :func:`~tools.bench.run.contract`); the default runs all seven;
 ``--smoke`` runs either at tiny sizes (a test of the code paths, numbers meaningless).
 
 Timings are medians over rounds, with min and max; the contenders of a comparison are run
@@ -35,16 +40,16 @@ so a float32 matmul is a float32 matmul on every device (docs/performance.md).
 By concern: :mod:`~tools.bench.timing` (timers, precision policy),
 :mod:`~tools.bench.roofline` (machine limits and the step's bytes and FLOPs),
 :mod:`~tools.bench.steps` (the contenders), :mod:`~tools.bench.memory` (peak memory),
-:mod:`~tools.bench.run` (the five sections), :mod:`~tools.bench.cli` (flags, table, JSON).
+:mod:`~tools.bench.run` (the seven sections), :mod:`~tools.bench.cli` (flags, table, JSON).
 """
 from tools.bench.cli import main, parse_args, render
-from tools.bench.config import DTYPES, LR, PAPER, PROFILES, QUICK, SMOKE, TARGETS, BenchConfig
+from tools.bench.config import AUTHORS, DTYPES, LR, PAPER, PROFILES, QUICK, SMOKE, TARGETS, BenchConfig
 from tools.bench.memory import peak_memory
 from tools.bench.roofline import bytes_moved, flops, roofline
 from tools.bench.run import contract, fit_exponent, run_bench
 from tools.bench.steps import TrainerSteps
 from tools.bench.timing import precise_float32, time_interleaved
 
-__all__ = ["DTYPES", "LR", "PAPER", "PROFILES", "QUICK", "SMOKE", "TARGETS", "BenchConfig", "TrainerSteps", "bytes_moved", "contract", "fit_exponent",
+__all__ = ["AUTHORS", "DTYPES", "LR", "PAPER", "PROFILES", "QUICK", "SMOKE", "TARGETS", "BenchConfig", "TrainerSteps", "bytes_moved", "contract", "fit_exponent",
            "flops", "main", "parse_args", "peak_memory", "precise_float32", "render", "roofline", "run_bench",
            "time_interleaved"]

@@ -74,7 +74,8 @@ def render(res: dict) -> str:
         for p, r in res["report_profiles"].items():
             lines.append(f"  {p:6s} {r['seconds']:.1f} s (children's CPU {r['cpu_seconds']:.1f} s): {r['status']}")
     if "roofline" not in res or not res["roofline"]:
-        lines += ["", f"total {m['seconds']:.1f} s (--quick: sections 1 and 3 only)"]
+        lines += _render_batched(res)
+        lines += ["", f"total {m['seconds']:.1f} s (--quick: sections 1, 3 and 7 at the quick size only)"]
         return "\n".join(lines)
     lines += ["", "2. roofline: share of our step's time that its bytes (at the copy bandwidth) and"
                   " FLOPs (at the matmul rate) account for"]
@@ -105,8 +106,28 @@ def render(res: dict) -> str:
         lines.append(f"  {dt}  ours (train()) {_fmt_t(r['trainer_seconds'])}   sampling {_fmt_t(r['sampling_seconds'])}"
                      f" ({100 * r['sampling_share_of_trainer_step']:.0f}%)   without sampling"
                      f" {_fmt_t(r['model_only_seconds'])}{ref}")
+    lines += _render_batched(res)
     lines += ["", f"total {m['seconds']:.1f} s"]
     return "\n".join(lines)
+
+
+def _render_batched(res: dict) -> list[str]:
+    """Section 7: runs per second, one after another and as train_many's programs."""
+    b = res["batched"]
+    lines = ["", f"7. {b['runs']} runs of {b['steps']} steps ({b['dtype']}): runs per second one after another"
+                 " (train) and batched (train_many; programs: runs per program)"]
+    for size in ("quick", "authors"):
+        if size not in b:
+            continue
+        c, r = res["configs"][size], b[size]
+        lines.append(f"  {size} (tasks {tuple(c['tasks'])}, H = {c['heads']}, L = {c['L']}, batch {c['batch']}):"
+                     f" one after another {r['sequential_per_s']:.3g}/s")
+        for kind, desc in (("mixed", "4 starts x 2 seeds"), ("one_stream", "8 starts, 1 seed"),
+                           ("own_streams", "8 seeds")):
+            k = r[kind]
+            lines.append(f"    {kind:11s} ({desc}): {k['batched_per_s']:.3g}/s, ratio {k['ratio']:.2f}x"
+                         f" (CPU time {k['cpu_ratio']:.2f}x), programs {k['programs']}")
+    return lines
 
 
 def parse_args(argv=None) -> BenchConfig:

@@ -5,13 +5,21 @@ from dataclasses import dataclass
 
 QUICK = dict(tasks=(4, 4, 4), heads=3, L=256, batch=4096)
 PAPER = dict(tasks=(8, 8, 8, 8), heads=4, L=1024, batch=4096)
+# the authors' released script: dx = 50 split 16, 17, 17 by their DataGenerator, H = 3, L = 100,
+# 10,000 fresh samples a step (SPEC.md)
+AUTHORS = dict(tasks=(16, 17, 17), heads=3, L=100, batch=10000)
+# section 7: R runs of one configuration trained one after another and as one program
+BATCHED_RUNS = 8
+BATCHED_STEPS = 3         # gradient steps per run (steps + 1 batches: a few are enough to time)
+BATCHED_KINDS = ("mixed", "one_stream", "own_streams")
 # --smoke: a smoke test of every code path in seconds (the numbers mean nothing)
 SMOKE = dict(tasks=(2, 2), heads=2, L=32, batch=128)
 LR = 0.05                 # the trainer's default eta; the step's cost does not depend on it
 DTYPES = ("float32", "float64")
 # what each profile runs: "quick" the issue-15 contract (ratios, sampling, model and reduced
-# flow at the QUICK size); "full" adds the roofline, the scaling and peak memory (QUICK and
-# PAPER sizes). smoke=True runs either at the SMOKE size.
+# flow at the QUICK size) and the batched runs at the QUICK size (issue 28); "full" adds the
+# roofline, the scaling, peak memory, the PAPER step and the batched runs at the AUTHORS size.
+# smoke=True runs either at the SMOKE size.
 PROFILES = ("quick", "full")
 # issue 15's targets (2 cores): ours over the standard implementation, and full over reduced flow
 TARGETS = {"ratio_full_step": {"float32": 10.0, "float64": 15.0},

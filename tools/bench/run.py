@@ -1,4 +1,4 @@
-"""The benchmark itself: :func:`run_bench` runs the five sections of a :class:`BenchConfig`
+"""The benchmark itself: :func:`run_bench` runs the seven sections of a :class:`BenchConfig`
 and returns one result dict (what ``--out`` writes as JSON)."""
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from tqdm.auto import tqdm
 from numerics.model import initial_semi_singular_values
 from numerics.train import TrainConfig, train, train_reduced
 from theory.reduced_ode import integrate_expansion_flow
-from tools.bench.config import LR, PAPER, QUICK, SMOKE, TARGETS, BenchConfig
+from tools.bench.config import (AUTHORS, BATCHED_KINDS, BATCHED_RUNS, BATCHED_STEPS, LR, PAPER, QUICK, SMOKE,
+                                TARGETS, BenchConfig)
 from tools.bench.memory import peak_memory
 from tools.bench.roofline import bytes_moved, flops, item_bytes, matmul_throughput, memory_bandwidth, roofline
-from tools.bench.steps import TrainerSteps, model_only_step, our_step, problem, reference_step, sampling_only
+from tools.bench.steps import (AsPrograms, TrainerSteps, model_only_step, one_after_another, our_step, problem,
+                               reference_step, run_set, sampling_only)
 from tools.bench.timing import precise_float32, ratio_summary, time_interleaved
 
 
@@ -155,6 +157,12 @@ def run_bench(bc: BenchConfig) -> dict:
                                         out["step"][dt]["trainer_seconds"]["median"], steps, exp_steps))
     bar.update(1)
 
+    # -- 7. many runs as one program (issue 28), at the quick size ----------------------------
+    phase("batched runs")
+    out["batched"] = {"runs": BATCHED_RUNS, "steps": BATCHED_STEPS, "dtype": bc.dtypes[0],
+                      "quick": batched_runs(main, bc.dtypes[0], dev, bc.seed, slow_reps, min(warm, 1))}
+    bar.update(1)
+
     if not full:
         return _finish(out, bc, bar, marks, t_start)
 
@@ -222,7 +230,33 @@ def run_bench(bc: BenchConfig) -> dict:
             res["ratio_reference_over_trainer"] = ratio_summary(t["reference"], t["trainer"])
         out["paper_step"][dt] = res
         bar.update(1)
+
+    # -- 7 (continued). the batched runs at the authors' configuration: one round (seconds a step)
+    phase("batched runs, authors' configuration")
+    out["configs"]["authors"] = {**(SMOKE if bc.smoke else AUTHORS), "param": "factored"}
+    out["batched"]["authors"] = batched_runs(SMOKE if bc.smoke else AUTHORS, bc.dtypes[0], dev, bc.seed, 1, 0)
+    bar.update(1)
     return _finish(out, bc, bar, marks, t_start)
+
+
+def batched_runs(sizes: dict, dtype: str, device: str, seed: int, rounds: int, warmup: int) -> dict:
+    """Section 7: BATCHED_RUNS runs of BATCHED_STEPS steps at ``sizes``, trained one after
+    another (numerics.train.train, on the ``mixed`` set: a run's cost does not depend on its
+    seed or init scale) and by numerics.train.train_many for each run set of
+    tools.bench.steps.run_set, interleaved rounds; runs per second (wall and CPU) and the
+    ratio batched / one after another, with how train_many split each set into programs."""
+    sets = {kind: run_set(sizes, dtype, device, kind, BATCHED_RUNS, BATCHED_STEPS, seed) for kind in BATCHED_KINDS}
+    programs = {kind: AsPrograms(*sets[kind]) for kind in BATCHED_KINDS}
+    t = time_interleaved({"sequential": one_after_another(*sets["mixed"]), **programs}, rounds, warmup, device)
+    seq = t["sequential"]
+    res = {"sequential_per_s": BATCHED_RUNS / seq["median"],
+           "sequential_per_cpu_s": BATCHED_RUNS / seq["cpu"]["median"], "sequential_seconds": seq}
+    for kind in BATCHED_KINDS:
+        b = t[kind]
+        res[kind] = {"batched_per_s": BATCHED_RUNS / b["median"], "batched_per_cpu_s": BATCHED_RUNS / b["cpu"]["median"],
+                     "ratio": seq["median"] / b["median"], "cpu_ratio": seq["cpu"]["median"] / b["cpu"]["median"],
+                     "programs": programs[kind].programs, "seconds": b}
+    return res
 
 
 def expansion_timing(cfg, time_t: float, expansion_t: float, rounds: int) -> dict:
@@ -294,7 +328,9 @@ def contract(out: dict) -> dict:
     marginals to the same t, ``ratio_expansion_flow`` = full flow over theory's expansion
     flow to the expansion time (the full flow extrapolated from its measured step, see
     :func:`expansion_ratios`), each per dtype;
-    ``threads``, ``precision``, the ``targets`` and which are met."""
+    ``threads``, ``precision``, the ``targets`` and which are met; ``batched_runs`` (issue 28):
+    {runs, batched_per_s, sequential_per_s, ratio} of section 7's ``mixed`` run set at the
+    quick size (runs per second of wall time; ratio = batched / one after another)."""
     step, red = out["step"], out["reduced_vs_full"]
     c = {"ratio_full_step": {dt: s["ratio_reference_over_trainer"]["median"] for dt, s in step.items()},
          "ratio_model_step": {dt: s["ratio_model_only"]["median"] for dt, s in step.items()},
@@ -304,6 +340,10 @@ def contract(out: dict) -> dict:
          "ratio_expansion_flow": {dt: red[dt]["expansion_speedup"] for dt in step},
          "threads": out["meta"]["torch_threads"], "precision": out["meta"]["precision"],
          "profile": out["meta"]["profile"], "configuration": out["configs"]["quick"], "targets": TARGETS}
+    bq = out["batched"]["quick"]
+    c["batched_runs"] = {"runs": out["batched"]["runs"], "batched_per_s": bq["mixed"]["batched_per_s"],
+                         "sequential_per_s": bq["sequential_per_s"], "ratio": bq["mixed"]["ratio"],
+                         "run_set": "mixed", "steps": out["batched"]["steps"], "dtype": out["batched"]["dtype"]}
     c["targets_met"] = {k: {dt: bool(c[k][dt] >= TARGETS[k][dt]) for dt in c[k]} for k in TARGETS}
     return c
 
@@ -337,5 +377,5 @@ def _meta(bc: BenchConfig, precision: dict) -> dict:
 
 
 def _bar(bc: BenchConfig):
-    total = 2 + 2 * len(bc.dtypes) + (5 + len(bc.dtypes) if bc.profile != "quick" else 0)
+    total = 3 + 2 * len(bc.dtypes) + (6 + len(bc.dtypes) if bc.profile != "quick" else 0)
     return tqdm(total=total, disable=not bc.progress, file=sys.stderr, leave=False)
