@@ -139,7 +139,7 @@ def held_out_loss_difference(model_a: MultiHeadAttention, model_b: MultiHeadAtte
     return _held_out(a, per_prompt, n, seed, chunk)
 
 
-def held_out_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096):
+def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096):
     """Per-prompt losses (len(models), n) of several full models of one problem on the SAME
     ``n`` fresh prompts (held-out stream of ``seed``), drawn once: paired snapshots of one run,
     whose differences and slopes have far smaller standard errors than the losses themselves
@@ -148,7 +148,7 @@ def held_out_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096):
 
     models = list(models)
     if not models:
-        raise ValueError("held_out_losses needs at least one model")
+        raise ValueError("held_out_prompt_losses needs at least one model")
     for m in models:
         if not isinstance(m, MultiHeadAttention):
             raise TypeError(f"models must be MultiHeadAttention, got {type(m).__name__}")

@@ -109,16 +109,16 @@ def test_the_stable_step_shrinks_as_the_valley_stiffens(left_run):
     assert big < stable_step(cfg, om, mu, 10.0, 512, 0) and stable_step(cfg, om, mu, 1e-3, 512, 0) == 1e-3
 
 
-def test_held_out_losses_are_the_held_out_prompts():
+def test_held_out_prompt_losses_are_the_held_out_prompts():
     """The paired snapshots are evaluated on exactly the held-out prompts of held_out_loss."""
-    from numerics.evaluate import held_out_loss, held_out_loss_difference, held_out_losses
+    from numerics.evaluate import held_out_loss, held_out_loss_difference, held_out_prompt_losses
     from numerics.model import MultiHeadAttention
 
     a = MultiHeadAttention(ProblemConfig(tasks=(2, 2), heads=2, L=16, init_scale=0.2))
     b = MultiHeadAttention(ProblemConfig(tasks=(2, 2), heads=2, L=16, init_scale=0.3))
-    per = held_out_losses([a, b], n=3000, seed=4, chunk=1024)
+    per = held_out_prompt_losses([a, b], n=3000, seed=4, chunk=1024)
     assert per.shape == (2, 3000)
     assert per[0].mean() == pytest.approx(held_out_loss(a, n=3000, seed=4, chunk=1024).mean, rel=1e-12)
     assert (per[0] - per[1]).mean() == pytest.approx(held_out_loss_difference(a, b, 3000, 4, 1024).mean, rel=1e-10)
     with pytest.raises(ValueError, match="same problem"):
-        held_out_losses([a, MultiHeadAttention(ProblemConfig(tasks=(2, 2), heads=2, L=8))])
+        held_out_prompt_losses([a, MultiHeadAttention(ProblemConfig(tasks=(2, 2), heads=2, L=8))])

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from numerics.config import ProblemConfig
-from numerics.evaluate import held_out_loss, held_out_losses
+from numerics.evaluate import held_out_loss, held_out_prompt_losses
 from numerics.experiments import active_store, cached, identity, one_thread
 from numerics.readout import ALLOCATED_SHARE, allocation
 from numerics.statistics import descent_left
@@ -112,7 +112,7 @@ def stage_descent(snapshots, n: int, seed: int):
     if len(snapshots) < 3:
         return None
     t = [x[0] for x in snapshots]
-    return descent_left(t, held_out_losses([m for _, m in snapshots], n, seed), horizon=float(t[-1] - t[0]))
+    return descent_left(t, held_out_prompt_losses([m for _, m in snapshots], n, seed), horizon=float(t[-1] - t[0]))
 
 
 def stage_tolerance(se: float, jitter: float) -> float:
@@ -283,7 +283,7 @@ def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 
         final = held_out_loss(model, schedule.held_out(L), seed)
         window = _window_snapshots(snaps, total)
         # the descent fit and the explore-end excess on one paired sample: snapshots, then the explore end
-        paired = held_out_losses([m for _, m in window] + [first.final_model], schedule.descent_prompts(L), seed)
+        paired = held_out_prompt_losses([m for _, m in window] + [first.final_model], schedule.descent_prompts(L), seed)
         descent = descent_left([t for t, _ in window], paired[:-1], horizon=total)
         diff = paired[-1] - paired[-2]
         excess, excess_se = max(0.0, float(diff.mean())), float(diff.std(ddof=1) / math.sqrt(diff.size))
