@@ -39,11 +39,13 @@ REGISTRY: dict[str, str] = {
     "atlas-heads": "claims.atlas:HEADS_SPEC",
     "atlas-noise": "claims.atlas:NOISE_SPEC",
     "atlas-batch": "claims.atlas:BATCH_SPEC",
+    "authors-replica": "claims.authors_replica:SPEC",
 }
 
-OPT_IN: tuple[str, ...] = ("atlas-initialisation", "atlas-heads", "atlas-noise", "atlas-batch")
+OPT_IN: tuple[str, ...] = ("atlas-initialisation", "atlas-heads", "atlas-noise", "atlas-batch", "authors-replica")
 """Ids that run only when named in ``--only`` (never in the default report): the atlas reads a
-sweep of its own grid (``examples/atlas*.toml``) and trains nothing (issue 23)."""
+sweep of its own grid (``examples/atlas*.toml``) and trains nothing (issue 23); authors-replica
+trains the authors' released experiment at their sizes, meant for a GPU (issue 28, docs/authors.md)."""
 
 
 SHARED_RUNS: tuple[tuple[str, ...], ...] = (("limiting-error", "multi-head-gain", "boundary-left-allocation"),)

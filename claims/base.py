@@ -21,10 +21,11 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-PROFILES = ("tiny", "quick", "paper")
+PROFILES = ("tiny", "quick", "paper", "authors")
 """``tiny``: seconds, for the report's own end-to-end test; ``quick``: the default report
 (about 10 minutes on 2 CPU cores in total); ``paper``: the scale of the paper's experiments,
-meant for a GPU."""
+meant for a GPU; ``authors``: the authors' released experiment (claims.authors_replica, the one
+id that has it; meant for a GPU, reduced on a CPU)."""
 
 VERDICTS = ("pass", "fail", "error")
 """Verdicts of the paper's claims (``kind == "claim"``)."""

@@ -105,7 +105,7 @@ class AuditRequest:
     steps), one per checkpoint, else the files' own entries; ``prompts``: held-out prompts per
     model; ``assume_converged``: the researcher states that each checkpoint's run had converged."""
 
-    checkpoints: tuple
+    checkpoints: tuple            # paths, or numerics.external.ExternalModel objects (models in memory)
     tasks: Optional[tuple] = None
     L: Optional[int] = None
     sigma: Optional[float] = None
@@ -202,7 +202,10 @@ def plan_audit(request: AuditRequest) -> AuditPlan:
     if unknown:
         raise ValueError(f"--skip: unknown reference point(s) {unknown}; known: "
                          f"{', '.join(r.replace('_', '-') for r in REFERENCES)}")
-    exts = [external.read_checkpoint(p, request.layout, request.logit_scale) for p in request.checkpoints]
+    # a checkpoint is a file, or a model already in memory (numerics.external.ExternalModel: a run trained in this
+    # process, e.g. numerics.experiments.authors.checkpoint), audited the same way
+    exts = [p if isinstance(p, external.ExternalModel) else external.read_checkpoint(p, request.layout, request.logit_scale)
+            for p in request.checkpoints]
     pick = lambda key: [(e.path, e.config[key]) for e in exts if e.config is not None]  # noqa: E731
     tasks = _agree("tasks", None if request.tasks is None else tuple(request.tasks),
                    [(p, tuple(v)) for p, v in pick("tasks")], "--tasks")
@@ -617,6 +620,10 @@ class ModelCase:
     meas: object
     refs: dict
     converged: tuple
+    learned_check: bool = True
+    """False: a model outside every side theory gives and not shown converged is not compared (the
+    learned-something check asks it of a trained model; a run cut short by design, as
+    claims.authors_replica's reduced CPU run, is not one), it is undecided."""
 
 
 def evaluate_model(ctx) -> Outcome:
@@ -660,7 +667,7 @@ def evaluate_model(ctx) -> Outcome:
             b = check_best_decomposable(f"{name}: {loss_what}", loss, best, fixed, config)
             comps.append(b)
             rows.append(headline_row(b, se=loss.se))
-    else:
+    elif mc.learned_check or converged:
         c = check_learned(f"{name}: {loss_what}", loss, float(sum(cfg.tasks)), config)
         comps.append(c)
         rows.append(headline_row(c, se=loss.se))
@@ -676,8 +683,11 @@ def evaluate_model(ctx) -> Outcome:
                "converged": {"value": converged, "how": conv_how, "descent": descent}, "words": label,
                "readout_sentence": sentence, "position": pos, "loss_what": loss_what, "loss": _est(loss),
                "config": config}
+    undecided = None if comps else (f"{status}: no side of theory, and a run cut short is not asked whether it "
+                                    "learned something (not shown converged)")
     return Outcome(comps, rows, details=details, theory={k: v.get("loss") for k, v in refs.items()},
-                   numerics={"loss": loss.mean, "se": loss.se, "omega": meas.omega.tolist(), "mu": meas.mu.tolist()})
+                   numerics={"loss": loss.mean, "se": loss.se, "omega": meas.omega.tolist(), "mu": meas.mu.tolist()},
+                   undecided=undecided)
 
 
 def model_findings(result: ClaimResult) -> list:
@@ -935,8 +945,15 @@ def trajectory_findings(result: ClaimResult) -> list:
 
 # --------------------------------------------------------------------------- the whole audit
 
-def run_audit(plan: AuditPlan, progress=no_progress) -> Audit:
-    """Measure every checkpoint, compute theory's points once per H, and judge (module docstring)."""
+def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Optional[dict] = None,
+              outcomes: Optional[list] = None, learned_check: bool = True) -> Audit:
+    """Measure every checkpoint, compute theory's points once per H, and judge (module docstring).
+
+    For a caller that audits models it trained itself (claims.authors_replica):
+    ``references_by_heads`` ({H: :func:`references`}) theory's points already computed (else
+    computed here); ``outcomes``: a list that receives (result id, kind, Outcome) of each judged
+    model and of the trajectory, the comparisons as objects, before the judge; ``learned_check``:
+    :attr:`ModelCase.learned_check`."""
     t0, c0 = time.perf_counter(), time.process_time()
     req = plan.request
     stages = {}
@@ -950,6 +967,9 @@ def run_audit(plan: AuditPlan, progress=no_progress) -> Audit:
     refs_by_heads = {}
     w0, cpu0 = time.perf_counter(), time.process_time()
     for H in sorted({c.cfg.heads for c in plan.cases}):
+        if references_by_heads is not None and H in references_by_heads:
+            refs_by_heads[H] = references_by_heads[H]
+            continue
         refs_by_heads[H] = references(plan.problem["tasks"], H, plan.problem["L"], plan.problem["sigma"], req.seed,
                                       req.device, dict(req.search),
                                       lambda msg, f: progress(msg, 0.6 + 0.3 * f), skip=tuple(req.skip))
@@ -964,19 +984,19 @@ def run_audit(plan: AuditPlan, progress=no_progress) -> Audit:
         if k in judged:
             rid = f"model-{len(results) + 1}"
             progress(f"{rid}: comparisons", 0.9)
-            mc = ModelCase(case, meas, refs_by_heads[case.cfg.heads], conv)
+            mc = ModelCase(case, meas, refs_by_heads[case.cfg.heads], conv, learned_check)
             # the kind (claim or boundary) is the model's standing, from its readout, before any comparison
             dom = domain(case.cfg, meas)
             st, _ = run_status(case.cfg, {"omega": meas.omega, "allocation": meas.allocation,
                                           "converged": bool(conv[0])}, dom)
             fixed_ok = mc.refs.get("allocated_fixed_point", {}).get("available", False)
+            kind = "claim" if st == "inside" and fixed_ok else "boundary"
             spec = ClaimSpec(id=rid, title=f"Audit of {case.ext.summary()['name']}",
                              statement=("Theory's account of one handed model: inside the allocated account (on D, "
                                         "allocated, converged) its loss and served (omega, mu) are the exact allocated "
                                         "fixed point's; outside, it lies on the side theory says."),
-                             profiles={}, evaluate=evaluate_model,
-                             kind="claim" if st == "inside" and fixed_ok else "boundary",
-                             findings=model_findings)
+                             profiles={}, evaluate=_kept(evaluate_model, outcomes, rid, kind),
+                             kind=kind, findings=model_findings)
             result = spec.run(profile=mc, device=req.device, seed=req.seed)
             results.append(result)
             status = result.details.get("status", st)
@@ -989,10 +1009,69 @@ def run_audit(plan: AuditPlan, progress=no_progress) -> Audit:
         spec = ClaimSpec(id="trajectory", title="Claims 3-4 on this run (phases and winners)",
                          statement=("From the first checkpoint, theory predicts the run's warm-up and emergence times "
                                     "(claim 3) and the head each task ends on (claim 4)."),
-                         profiles={}, evaluate=evaluate_trajectory, kind=kind, findings=trajectory_findings)
+                         profiles={}, evaluate=_kept(evaluate_trajectory, outcomes, "trajectory", kind), kind=kind,
+                         findings=trajectory_findings)
         results.append(spec.run(profile=TrajectoryCase(plan, tuple(measurements), prepared), device=req.device,
                                 seed=req.seed))
     stages["compare"] = {"seconds": time.perf_counter() - w0, "cpu_seconds": time.process_time() - cpu0}
     progress("done", 1.0)
     return Audit(results=results, model=entries, seconds=time.perf_counter() - t0,
                  cpu_seconds=time.process_time() - c0, stages=stages)
+
+
+def _kept(evaluate, outcomes: Optional[list], result_id: str, kind: str):
+    """``evaluate`` itself, or (``outcomes`` given) one that also appends (result_id, kind, its
+    Outcome) to ``outcomes`` (:func:`run_audit`)."""
+    if outcomes is None:
+        return evaluate
+
+    def keeping(ctx):
+        out = evaluate(ctx)
+        outcomes.append((result_id, kind, out))
+        return out
+    return keeping
+
+
+H_INDEPENDENT = ("allocated_fixed_point", "one_head_optimum", "linear_attention")
+"""Reference points that do not depend on H (given H >= m for the fixed point): per task the one-head
+optimum of the exact loss, the best single head, and linear attention (its reachability does)."""
+
+
+def references_for_heads(tasks, heads, L: int, sigma: float, seed: int = 0, device: str = "cpu",
+                         search: dict = None, progress=no_progress, skip=()) -> dict:
+    """{H: :func:`references`} for several head counts of one problem, each H-independent point
+    (:data:`H_INDEPENDENT`) computed once and shared (its ``how`` says so); with one task the
+    one-head optimum is the allocated fixed point (one task, one serving head: the same
+    minimisation), taken from it rather than searched again."""
+    from theory import optimality
+
+    tasks, heads = tuple(tasks), sorted({int(h) for h in heads})
+    out, shared = {}, None
+    for k, H in enumerate(heads):
+        report = (lambda msg, f, k=k: progress(f"H = {H}: {msg}", (k + f) / len(heads)))
+        if shared is None:
+            extra = ("one_head_optimum",) if len(tasks) == 1 else ()
+            refs = references(tasks, H, L, sigma, seed, device, search, report, skip=tuple(skip) + extra)
+            fixed = refs.get("allocated_fixed_point", {})
+            if extra and "one_head_optimum" not in skip and fixed.get("available"):
+                refs["one_head_optimum"] = {**{k_: fixed[k_] for k_ in ("loss", "error_estimate", "se")},
+                                            "omega": list(fixed["omega_star"]), "mu": list(fixed["mu_star"]),
+                                            "available": True, "seconds": 0.0, "cpu_seconds": 0.0,
+                                            "how": "one task: the one-head optimum is the allocated fixed point "
+                                                   "(theory.exact.exact_fixed_point, the same minimisation)"}
+            if H >= len(tasks):
+                shared = (H, refs)
+        else:
+            H0, first = shared
+            refs = references(tasks, H, L, sigma, seed, device, search, report,
+                              skip=tuple(set(skip) | set(H_INDEPENDENT)))
+            for name in H_INDEPENDENT:
+                if name in skip or not first[name].get("available"):
+                    refs[name] = first[name] if name in skip else {**first[name]}
+                    continue
+                refs[name] = {**first[name], "seconds": 0.0, "cpu_seconds": 0.0,
+                              "how": first[name]["how"] + f" (computed once, at H = {H0}: it does not depend on H)"}
+            if refs["linear_attention"].get("available"):
+                refs["linear_attention"]["reachable"] = bool(optimality.reaches_linear_attention(tasks, H))
+        out[H] = refs
+    return out

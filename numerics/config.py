@@ -23,7 +23,22 @@ Initialisations (scale s0 = ``init_scale``):
 - ``uniform_full``: every trainable entry i.i.d. uniform on [-s0/sqrt(d+m), s0/sqrt(d+m)]
   (seed ``init_seed``).  With s0 = 1 and logit_scale = sqrt(d+m) this is PyTorch's
   nn.Linear default (kaiming_uniform with a = sqrt(5): bound 1/sqrt(fan_in)) with the
-  authors' logit scaling 1/sqrt(d+m) (no biases: the model has none).
+  authors' logit scaling 1/sqrt(d+m) (no biases: the model has none) for K, Q and V; for O
+  its bound is sqrt(H) times the authors' (their o_proj reads the H heads' concatenated
+  outputs, fan_in H (d+m)): ``linear_default`` is their module's default exactly.
+- ``linear_default`` (factored only): the authors' module as nn.Linear initialises it, times
+  s0: K, Q, V entries i.i.d. uniform on [-s0/sqrt(D), s0/sqrt(D)] (q_proj, k_proj, v_proj:
+  fan_in D = d+m), O entries on [-s0/sqrt(H D), s0/sqrt(H D)] (o_proj: fan_in H D), seed
+  ``init_seed``.  s0 = 1 with logit_scale sqrt(D) is the authors' released script.
+- ``authors_small`` (factored only): the authors' small initialisation (their
+  ``initialization()``, defined but not called by the released script), with c =
+  s0 L^(-3/4): per head one a_h ~ N(0, 1) (seed ``init_seed``) multiplying both K_h = Q_h =
+  a_h c I_D (the whole token, y coordinates included, as theirs); V_h = diag(0_d, v_h),
+  O_h = [0 | diag(v_h)] with v_h[j] = c, and 2c on the head's favoured task j = h mod m (theirs
+  is head i for task i and exists only for H = m: it indexes task h).  So omega[h, i] =
+  a_h^2 c^2 / s on every task, mu[h, j] = c^2 and 4 c^2 on the favoured task, balanced
+  (K = Q, O = V^T on Y), on D up to W's y columns (a_h^2 c^2 / s on W_YY: gradient-free,
+  no query reads them).  s0 = 1 is theirs (v in [L^(-3/4), 2 L^(-3/4)]).
 - ``unbalanced_decomposable``: a point of D with the default values of ``decomposable``
   except for signs, realised with unbalanced factors (factored only), as in the authors'
   last version: per head a_h, b_h ~ N(0, 1) (seed ``init_seed``); Q_XX block i =
@@ -46,7 +61,8 @@ from theory._validate import SEED_MAX, check_positive_int, check_sigma, check_ta
 
 BASES = ("identity", "random")
 PARAMS = ("factored", "merged")
-INITS = ("decomposable", "random_decomposable", "given", "random_full", "uniform_full", "unbalanced_decomposable")
+INITS = ("decomposable", "random_decomposable", "given", "random_full", "uniform_full", "unbalanced_decomposable",
+         "linear_default", "authors_small")
 DTYPES = ("float32", "float64")
 
 
@@ -147,7 +163,8 @@ class ProblemConfig:
     param: str = "factored"           # "factored" (K,Q,V,O) | "merged" (W,U)
     logit_scale: float = 1.0          # s in W_h = K_h^T Q_h / s  (factored only)
     init: str = "decomposable"        # "decomposable" | "random_decomposable" | "given" | "random_full"
-                                      # | "uniform_full" | "unbalanced_decomposable" (module docstring)
+                                      # | "uniform_full" | "unbalanced_decomposable" | "linear_default"
+                                      # | "authors_small" (module docstring)
     init_scale: float = 0.15          # s0 of the default init
     init_omega: Optional[tuple] = None  # H x m nested tuples, with init="given"
     init_mu: Optional[tuple] = None
@@ -191,6 +208,9 @@ class ProblemConfig:
         if self.init == "unbalanced_decomposable" and self.param != "factored":
             raise ValueError("init='unbalanced_decomposable' needs param='factored' (merged weights have no "
                              "factors to unbalance); use init='decomposable' with param='merged'")
+        if self.init in ("linear_default", "authors_small") and self.param != "factored":
+            raise ValueError(f"init={self.init!r} is defined on the factors K, Q, V, O of the authors' module and "
+                             "needs param='factored'; merged weights have no factors")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         set_("device", check_device(self.device))

@@ -84,9 +84,13 @@ def initial_semi_singular_values(cfg: ProblemConfig) -> tuple[torch.Tensor, torc
         a, _ = unbalanced_factor_scales(cfg)
         return (torch.tensor(np.sign(a)[:, None] * omega, dtype=torch.float64),
                 torch.tensor(mu, dtype=torch.float64))
+    if cfg.init == "authors_small":            # its point on D (W's gradient-free y columns aside)
+        a, c, v = authors_small_factors(cfg)
+        omega = np.repeat((a ** 2 * c ** 2 / cfg.logit_scale)[:, None], m, axis=1)
+        return torch.tensor(omega, dtype=torch.float64), torch.tensor(v ** 2, dtype=torch.float64)
     raise ValueError(f"init={cfg.init!r} is not a point of the decomposable set D; semi-singular "
-                     "values exist only for 'decomposable', 'random_decomposable', 'given' and "
-                     "'unbalanced_decomposable'")
+                     "values exist only for 'decomposable', 'random_decomposable', 'given', "
+                     "'unbalanced_decomposable' and 'authors_small'")
 
 
 
@@ -104,6 +108,17 @@ def unbalanced_factor_scales(cfg: ProblemConfig) -> tuple[np.ndarray, np.ndarray
     gen = np.random.default_rng(cfg.init_seed)
     ab = gen.standard_normal((2, cfg.heads))
     return ab[0], ab[1]
+
+
+def authors_small_factors(cfg: ProblemConfig) -> tuple[np.ndarray, float, np.ndarray]:
+    """(a, c, v) of init='authors_small' (numerics.config): a (H,) the per-head standard normals
+    (seed cfg.init_seed, numpy's default_rng), c = init_scale L^(-3/4) the scale of K_h = Q_h =
+    a_h c I_D, v (H, m) the Y diagonal of V_h and O_h: c, and 2c on task h mod m."""
+    a = np.random.default_rng(cfg.init_seed).standard_normal(cfg.heads)
+    c = cfg.init_scale * cfg.L ** -0.75
+    v = np.full((cfg.heads, cfg.m), c)
+    v[np.arange(cfg.heads), np.arange(cfg.heads) % cfg.m] = 2.0 * c
+    return a, c, v
 
 
 def factor_balance(model: "MultiHeadAttention") -> tuple[np.ndarray, np.ndarray]:
@@ -149,6 +164,10 @@ class MultiHeadAttention(torch.nn.Module):
             self._init_random_full()
         elif cfg.init == "uniform_full":
             self._init_uniform_full()
+        elif cfg.init == "linear_default":
+            self._init_linear_default()
+        elif cfg.init == "authors_small":
+            self._init_authors_small()
         else:
             self._set_semi_singular_values(*initial_semi_singular_values(cfg))
             if cfg.init == "unbalanced_decomposable":
@@ -213,6 +232,35 @@ class MultiHeadAttention(torch.nn.Module):
         gen = torch.Generator().manual_seed(cfg.init_seed)
         for _, p in self.named_parameters():
             p.copy_(bound * (2.0 * torch.rand(p.shape, generator=gen, dtype=torch.float64) - 1.0))
+
+    @torch.no_grad()
+    def _init_linear_default(self) -> None:
+        """nn.Linear's default on each of the authors' projections, times s0 (seed init_seed):
+        kaiming_uniform with a = sqrt(5) is U(-1/sqrt(fan_in), 1/sqrt(fan_in)); q_proj, k_proj,
+        v_proj read a token (fan_in D), o_proj the H heads' concatenated outputs (fan_in H D)."""
+        cfg = self.cfg
+        D, H, s0 = cfg.token_dim, cfg.heads, cfg.init_scale
+        bound = {"K": s0 / math.sqrt(D), "Q": s0 / math.sqrt(D), "V": s0 / math.sqrt(D), "O": s0 / math.sqrt(H * D)}
+        gen = torch.Generator().manual_seed(cfg.init_seed)
+        for name, p in self.named_parameters():
+            p.copy_(bound[name] * (2.0 * torch.rand(p.shape, generator=gen, dtype=torch.float64) - 1.0))
+
+    @torch.no_grad()
+    def _init_authors_small(self) -> None:
+        """The authors' small initialisation (numerics.config): K_h = Q_h = a_h c I_D,
+        V_h = diag(0_d, v_h), O_h = [0 | diag(v_h)] (:func:`authors_small_factors`)."""
+        cfg = self.cfg
+        d, m, D = cfg.d, cfg.m, cfg.token_dim
+        a, c, v = authors_small_factors(cfg)
+        eye = torch.eye(D, dtype=torch.float64)
+        KQ = torch.as_tensor(a * c, dtype=torch.float64)[:, None, None] * eye
+        V = torch.zeros(cfg.heads, D, D, dtype=torch.float64)
+        O = torch.zeros(cfg.heads, m, D, dtype=torch.float64)
+        idx = torch.arange(m)
+        V[:, d + idx, d + idx] = torch.as_tensor(v, dtype=torch.float64)
+        O[:, idx, d + idx] = torch.as_tensor(v, dtype=torch.float64)
+        for param, value in ((self.K, KQ), (self.Q, KQ), (self.V, V), (self.O, O)):
+            param.copy_(value)
 
     @torch.no_grad()
     def _unbalance(self, a: np.ndarray, b: np.ndarray) -> None:

@@ -1,0 +1,301 @@
+"""``authors-replica`` (issue 28): the authors' released experiment, trained here, audited by theory.
+
+Their script trains one layer of H softmax heads at d_x = 50 over d_y tasks (their DataGenerator:
+blocks 16, 17, 17 for d_y = 3, one block of 50 for d_y = 1), L = 100, torch SGD at lr 0.01 on MSELoss
+over 10,000 fresh prompts a step, from nn.Linear's default initialisation; beside it they define a
+small initialisation.  This id trains the eight runs {d_y = 3, 1} x {H = 3, 8} x {nn.Linear's
+default (init ``linear_default``), their small init (``authors_small``)} with this project's trainer
+(``numerics.experiments.authors``: numerics.train.train_many, one program per shape, the two starts
+of a shape on one prompt stream) for the same number of their SGD steps, keeps checkpoints evenly
+spaced in time, and hands every run's checkpoints to the audit of handed models
+(``claims.model_audit``, the machinery of ``python -m reports.audit``: the same readout, held-out
+loss, theory's reference points, comparisons and findings), one trajectory per run.
+
+Units: their loss is ours / m (MSELoss averages over the m outputs), so S of their steps at lr are
+t = lr S / m of this project's time; both are stated per run.
+
+Kind: a boundary, decided from the plan before any run -- nn.Linear's default is off D (the
+paper's "suitable initialisation" does not hold: boundary-initialisation), H = 8 > m and d_y = 1
+lie outside claim 5's domain, and the small init's warm-up outlasts any run here (theory's
+expansion flow from it ends its emergence at t ~ 10^3, hundreds of thousands of their steps); so
+what is judged is each model's standing on the side theory puts it (claims.model_audit), and a
+model inside the allocated account, if any, is compared two-sidedly there as in the audit.
+
+Time.  Profile ``authors`` (= ``paper``) is the experiment at ``STATED_STEPS`` of their steps, sized
+for one H200 within 5 minutes (docs/authors.md: the roofline estimate).  On a CPU it runs reduced
+(as profile ``quick``): fewer steps, fewer checkpoints and held-out prompts, a note saying what was
+reduced and what it means: every run is far from converged, so a model on D is compared one-sidedly
+(not below the fixed point), a model off D is not compared (undecided: the audit's "it learned
+something" check is asked of trained models), the trajectories' claims 3-4 are undecided, and the
+outcome is ``undecided``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from claims.base import Figure, Finding
+from claims.common import lines_figure, reported_row
+from claims.model_audit import SEARCH, AuditRequest, plan_audit, references_for_heads, run_audit
+from claims.spec import ClaimSpec, Outcome, finding
+from numerics.experiments import authors
+
+STATED_STEPS = 15_000
+"""Their SGD steps in the stated (GPU) run: t = 0.01 x 15000 / 3 = 50 at d_y = 3, 150 at d_y = 1.
+Sized for one H200 within 5 minutes with room to spare (docs/authors.md: the four programs' step
+is memory bound, about 9 GB a step moved at the roofline, 2 ms at 4.8 TB/s; budgeted at 8 ms)."""
+
+
+@dataclass(frozen=True)
+class AuthorsProfile:
+    """The experiment: their settings (``dx``, ``dys``, ``heads``, ``L``, ``lr``, ``batch``, the
+    starts ``inits``), ``steps`` of their SGD steps, ``snapshots`` checkpoints per run (evenly
+    spaced in t), ``prompts`` held-out prompts per checkpoint, ``skip`` reference points not
+    computed, ``search`` the best decomposable point's search, ``background`` theory's reference
+    points computed in a second process while the runs train.  ``cpu``: the reduced profile a CPU
+    runs instead (None: run as is)."""
+
+    dys: tuple = (3, 1)
+    heads: tuple = (3, 8)
+    inits: tuple = authors.AUTHORS_INITS
+    dx: int = authors.AUTHORS_DX
+    L: int = authors.AUTHORS_L
+    lr: float = authors.AUTHORS_LR
+    batch: int = authors.AUTHORS_BATCH
+    steps: int = STATED_STEPS
+    snapshots: int = 13
+    prompts: int = 16384
+    dtype: str = "float32"
+    skip: tuple = ()
+    search: tuple = tuple(sorted(SEARCH.items()))
+    background: bool = True
+    cpu: Optional["AuthorsProfile"] = None
+
+
+REDUCED = AuthorsProfile(steps=30, snapshots=5, prompts=4096)
+"""The CPU run: 30 of the 15,000 steps (t = 0.1 at d_y = 3), 5 checkpoints (the phase readout's
+least), 4096 held-out prompts (standard errors twice the stated run's).  About 4 CPU s a step for
+the four programs at batch 10,000 (docs/authors.md)."""
+
+STATED = AuthorsProfile(cpu=REDUCED)
+
+PROFILES = {
+    "tiny": AuthorsProfile(dx=6, dys=(3, 1), heads=(3,), L=16, batch=128, steps=40, snapshots=5, prompts=512,
+                           skip=("one_head_optimum", "best_decomposable"), background=False, lr=0.1),
+    "quick": REDUCED,
+    "paper": STATED,
+    "authors": STATED,
+}
+
+
+def effective(p: AuthorsProfile, device: str) -> tuple[AuthorsProfile, Optional[str]]:
+    """The profile that runs on ``device`` and, when it is a reduced one, the note that says so:
+    what was reduced, by how much, and what it means for the comparisons."""
+    run = p.cpu if (p.cpu is not None and str(device).startswith("cpu")) else p
+    if run.steps >= STATED.steps:
+        return run, None
+    ts = ", ".join(f"t = {run.lr * run.steps / dy:.3g} (of {run.lr * STATED.steps / dy:.3g}) at d_y = {dy}"
+                   for dy in run.dys)
+    note = (f"reduced run{' on the CPU' if run is not p else ''}: {run.steps} of the stated {STATED.steps} SGD steps "
+            f"({ts}), {run.snapshots} checkpoints per run (of {STATED.snapshots}), {run.prompts} held-out prompts (of "
+            f"{STATED.prompts}: standard errors {math.sqrt(STATED.prompts / run.prompts):.2g}x larger). Every run is far "
+            "from converged: a model on D is compared one-sidedly (not below the allocated fixed point), a model off D "
+            "is not compared (undecided), claims 3-4 on the trajectories are undecided; run the stated experiment on a "
+            "GPU (bash scripts/gpu_checks.sh authors)")
+    return run, note
+
+
+def runs_of(p: AuthorsProfile, device: str, seed: int) -> list:
+    """The runs of the profile: every (d_y, H, start), their settings, data seed ``seed`` shared by
+    the starts of one shape (one prompt stream), init seed ``seed``."""
+    return [authors.AuthorsRun(dy=dy, heads=H, init=init, steps=p.steps, dx=p.dx, L=p.L, lr=p.lr, batch=p.batch,
+                               snapshots=p.snapshots, seed=seed, init_seed=seed, dtype=p.dtype, device=device)
+            for dy in p.dys for H in p.heads for init in p.inits]
+
+
+def _theory(p: AuthorsProfile, runs, seed: int, progress):
+    """Theory's reference points for every (tasks, heads) of the runs: {tasks: {H: references}}
+    (claims.model_audit.references_for_heads); returns a function that waits for them, so that with
+    ``background`` they are computed in another process while the runs train."""
+    by_tasks: dict = {}
+    for r in runs:
+        by_tasks.setdefault(r.tasks, set()).add(r.heads)
+    args = {tasks: (tasks, sorted(hs), p.L, 0.0, seed, "cpu", dict(p.search)) for tasks, hs in by_tasks.items()}
+    if not p.background:
+        done = {tasks: references_for_heads(*a, skip=p.skip) for tasks, a in args.items()}
+        return lambda: done
+    pending = {tasks: authors.in_background(references_for_heads, *a, skip=p.skip) for tasks, a in args.items()}
+
+    def wait():
+        out = {}
+        try:
+            for tasks, (future, _) in pending.items():
+                progress(f"theory's reference points for tasks {tasks} (background process)", 0.85)
+                out[tasks] = future.result()
+        finally:
+            for _, pool in pending.values():
+                pool.shutdown(wait=True, cancel_futures=True)
+        return out
+    return wait
+
+
+def _emergence(run: "authors.AuthorsRun") -> Optional[dict]:
+    """Theory's expansion flow from a small-init run's start: when its emergence ends (in our time
+    and in their steps) -- reported, so a reader sees how far the run is from it; None for a start
+    off D (no reduced flow starts there)."""
+    if run.init != "authors_small":
+        return None
+    from numerics.model import initial_values
+    from theory.three_phases import run_length
+
+    om0, mu0 = initial_values(run.cfg)
+    try:
+        t2, status = run_length(om0, mu0, run.tasks, run.L, 0.0, "factored", run.logit_scale, lr=run.our_lr, factor=1.0)
+    except (RuntimeError, ValueError) as exc:
+        return {"t": None, "status": f"{type(exc).__name__}: {exc}"}
+    if not math.isfinite(t2):
+        return {"t": None, "status": status}
+    return {"t": float(t2), "steps": int(round(t2 / run.our_lr)), "status": status}
+
+
+def _prefixed(label: str, c):
+    """A comparison of one run's audit, renamed with the run's label (the merged result keys by name)."""
+    c.name = f"{label}: {c.name}" if not c.name.startswith(label) else c.name
+    return c
+
+
+def evaluate(ctx) -> Outcome:
+    p, note = effective(ctx.p, ctx.device)
+    runs = runs_of(p, ctx.device, ctx.seed)
+    theory_refs = _theory(p, runs, ctx.seed, ctx.progress)
+    trained = authors.train_runs(runs, lambda msg, f: ctx.progress(msg, 0.8 * f))
+    refs = theory_refs()
+    comps, rows, undecided, per_run, sub_findings, panels = [], [], [], [], [], {}
+    for k, res in enumerate(trained):
+        run = res.run
+        label = run.label
+        ctx.progress(f"auditing {label} ({len(res.snapshots)} checkpoints)", 0.85 + 0.15 * k / len(trained))
+        entry = {"label": label, "dy": run.dy, "tasks": list(run.tasks), "heads": run.heads, "init": run.init,
+                 "their_steps": run.steps, "their_lr": run.lr, "our_lr": run.our_lr, "t_end": run.t_end,
+                 "batch": run.batch, "dtype": run.dtype, "train_seconds": res.seconds,
+                 "train_cpu_seconds": res.cpu_seconds, "batched_runs": res.batched_runs,
+                 "emergence_prediction": _emergence(run), "records": [dataclasses.asdict(r) for r in res.records]}
+        if res.error is not None:
+            entry["error"] = res.error
+            undecided.append(f"{label}: the run ended early ({res.error})")
+            per_run.append(entry)
+            continue
+        request = AuditRequest(checkpoints=tuple(authors.checkpoint(res, j) for j in range(len(res.snapshots))),
+                               lr=run.lr, loss_units="mean", prompts=p.prompts, seed=ctx.seed, device=ctx.device,
+                               search=p.search, skip=p.skip)
+        outs: list = []
+        audit = run_audit(plan_audit(request), references_by_heads=refs[run.tasks], outcomes=outs,
+                          learned_check=note is None)
+        for rid, kind, out in outs:
+            comps.extend(_prefixed(label, c) for c in out.comparisons)
+            rows.extend({**r, "name": f"{label}: {r['name']}"} for r in (out.headline or [])
+                        if r.get("side") != "reported")
+            if out.undecided:
+                undecided.append(f"{label}, {rid}: {out.undecided}")
+        for r in audit.results:
+            sub_findings.extend(dataclasses.asdict(f) for f in r.findings)
+        last = audit.model[-1]
+        loss = last["held_out_loss"]
+        rows.append(reported_row(f"{label}: held-out loss at {run.steps} steps (t = {run.t_end:.3g}; per-task mean "
+                                 f"{loss['per_task_mean']['mean']:.4g}, their units)", loss["mean"], se=loss["se"],
+                                 theory=last["theory"]["allocated_fixed_point"].get("loss"),
+                                 config=f"tasks={tuple(run.tasks)} H={run.heads} L={run.L}"))
+        entry.update({"audit": {"results": [{"id": r.id, "kind": r.kind, "verdict": r.verdict,
+                                              "status": r.details.get("status"), "undecided": r.details.get("undecided")}
+                                             for r in audit.results],
+                                "seconds": audit.seconds, "cpu_seconds": audit.cpu_seconds, "stages": audit.stages},
+                      "model": audit.model[-1], "trajectory": [{"t": m["time"], "step": m["checkpoint"]["step"],
+                                                                "loss": m["held_out_loss"], "words": m["readout"]["words"],
+                                                                "off_D_share": m["readout"]["off_D"]["share"]}
+                                                               for m in audit.model]})
+        per_run.append(entry)
+        panels.setdefault((run.dy, run.heads), []).append((run, audit.model))
+    figures = [_loss_figure(panels, refs)] if panels else []
+    details = {"note": note, "runs": per_run, "sub_findings": sub_findings, "undecided_parts": undecided,
+               "stated_steps": STATED.steps, "steps": p.steps, "device": ctx.device,
+               "references": {",".join(map(str, t)): {str(H): {k: {kk: v.get(kk) for kk in ("available", "loss", "se",
+                                                                                            "how", "reason", "cpu_seconds")}
+                                                                 for k, v in r.items()} for H, r in by_h.items()}
+                              for t, by_h in refs.items()},
+               "units": "loss: this project's, E||y_q - y_hat||^2 summed over the m tasks (their MSELoss: / m); time: "
+                        "t = lr x steps / m (their SGD steps at lr on a loss averaged over the m tasks)"}
+    why = note or (None if comps else "no comparison was made: " + "; ".join(undecided))
+    return Outcome(comps, rows, figures=figures, details=details, undecided=why)
+
+
+def _loss_figure(panels: dict, refs: dict) -> Figure:
+    """Held-out loss against t per (d_y, H), both starts, with theory's reference points as lines."""
+    subs = []
+    for (dy, H), items in sorted(panels.items(), reverse=True):
+        curves = [(run.label.split(f"H={H} ", 1)[-1], [m["time"] for m in models],
+                   [m["held_out_loss"]["mean"] for m in models], "points") for run, models in items]
+        tasks = items[0][0].tasks
+        hl = [{"y": r["loss"], "label": name} for name, r in
+              (("allocated fixed point", refs[tasks][H]["allocated_fixed_point"]),
+               ("best decomposable (same H)", refs[tasks][H]["best_decomposable"]),
+               ("linear attention", refs[tasks][H]["linear_attention"])) if r.get("available")]
+        subs.append(lines_figure(f"authors-loss-{dy}-{H}", f"d_y = {dy}, H = {H}", curves, hlines=hl,
+                                 xlabel="t (ours: lr x steps / m)", ylabel="held-out loss (sum over tasks)"))
+    return Figure(name="authors-loss", title="The authors' experiment trained here: held-out loss", kind="panels",
+                  panels=subs, caption="checkpoints of each run (points) against theory's reference points at its "
+                  "configuration (lines); the zero model's loss is sum r_i = d_x")
+
+
+def findings(result) -> list:
+    d = result.details
+    out = []
+    if d.get("note"):
+        out.append(finding(result, "stops", "This run is reduced: {note}.", note=d["note"]))
+    for f in d.get("sub_findings", []):
+        out.append(Finding(claim=result.id, kind=f["kind"], text=f["text"], numbers=f.get("numbers", {})))
+    for r in d.get("runs", []):
+        e = r.get("emergence_prediction")
+        if e and e.get("t"):
+            out.append(finding(result, "beyond", "{label}: theory's expansion flow from this start ends its emergence at "
+                               "t = {t} ({steps} of their steps at lr {lr}); this run stopped at t = {t_end} ({done} "
+                               "steps).", label=r["label"], t=e["t"], steps=e["steps"], lr=r["their_lr"],
+                               t_end=r["t_end"], done=r["their_steps"]))
+    return out
+
+
+def estimate(p: AuthorsProfile) -> float:
+    """Wall seconds on 2 CPU cores (where the stated profile runs reduced, the reduced one): the
+    training (per step of a program: CPU_SAMPLE_NS per context number drawn, CPU_MODEL_NS per
+    context number and head and run) and the audit's held-out prompts (AUDIT_NS per context number
+    and head, 2 evaluations per checkpoint), theory's reference points beside them
+    (THEORY_SECONDS per tasks, in its own process); constants measured in docs/authors.md."""
+    run = p.cpu if p.cpu is not None else p
+    D = run.dx
+    train = 0.0
+    audit = 0.0
+    for dy in run.dys:
+        ctx = run.batch * run.L * (D + dy)
+        for H in run.heads:
+            train += run.steps * ctx * 1e-9 * (CPU_SAMPLE_NS + CPU_MODEL_NS * H * len(run.inits))
+            audit += len(run.inits) * run.snapshots * 2 * run.prompts * run.L * (D + dy) * H * AUDIT_NS * 1e-9
+    theory = THEORY_SECONDS * len(run.dys) * (0.0 if "one_head_optimum" in run.skip else 1.0)
+    return max(train + audit, theory) + STARTUP_SECONDS
+
+
+CPU_SAMPLE_NS = 6.0
+CPU_MODEL_NS = 2.5
+AUDIT_NS = 4.0
+THEORY_SECONDS = 90.0
+STARTUP_SECONDS = 15.0
+
+
+SPEC = ClaimSpec(
+    id="authors-replica", title="The authors' released experiment, trained here and audited",
+    statement="The authors' own experiment (d_x = 50 over d_y = 3 or 1 tasks, H = 3 or 8, L = 100, SGD at 0.01 on "
+              "10,000 fresh prompts a step, from nn.Linear's default and from their small initialisation), trained by "
+              "this project's trainer: where do its models stand against the paper's theory at that configuration?",
+    profiles=PROFILES, evaluate=evaluate, kind="boundary", fields=(), estimate=estimate, findings=findings)
+CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
+run = SPEC.run
