@@ -179,7 +179,7 @@ def test_replaced_files_keep_their_mode_and_nothing_half_written_is_left(tmp_pat
     V.write_output(f, "new")
     assert f.read_text() == "new" and stat.S_IMODE(f.stat().st_mode) == 0o640
 
-    def boom(*a):
+    def boom(*a, **k):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
@@ -189,8 +189,8 @@ def test_replaced_files_keep_their_mode_and_nothing_half_written_is_left(tmp_pat
 
 
 def test_stale_temporaries_are_cleaned_and_reported(tmp_path):
-    stale = tmp_path / (V.TEMP_PREFIX + "f.json.123.abcdef12")
-    fresh = tmp_path / (V.TEMP_PREFIX + "g.json.124.abcdef12")
+    stale = tmp_path / V.temporary_name("f.json")
+    fresh = tmp_path / V.temporary_name("g.json")
     stale.write_text("half")
     fresh.write_text("half")
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
@@ -312,7 +312,7 @@ HOSTILE = [
     ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/notes"], 2, ["--out", "not an output of this command"]),
     ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/loop"], 2, ["--out", "symbolic link loop"]),
     ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/sweep_with_fifo_log"], 2,
-     ["--out", "log.jsonl is not a regular file"]),
+     ["--out", "log.jsonl is a FIFO"]),
     ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/sweep_with_fifo_point"], 2,
      ["--out", "points/0123456789abcdef.json is not a regular file"]),
     ("tools.sweep", ["{tmp}/fifo.toml", "--out", "{tmp}/s"], 2, ["grid file", "not a regular file"]),
@@ -354,7 +354,7 @@ HOSTILE = [
     ("theory", ["predict", "--tasks", ",".join(["2"] * 1000), "--heads", "1000", "--L", "50"], 2,
      ["--heads must be at most 256"]),
     ("theory", ["predict", "--tasks", ",".join(["2"] * 1000), "--heads", "1", "--L", "50"], 2,
-     ["--tasks has 1000 blocks, more than the limit of 256"]),
+     ["--tasks has 1000 blocks, more than the limit of 32"]),
     ("theory", PREDICT + ["--dps", "100000"], 2, ["--dps must be at most 1000"]),
     ("theory", EXACT + ["--omega", "30", "--mu", "2"], 2, ["--omega", "beta = 424.3", "hard max"]),
     ("theory", EXACT + ["--omega", "100", "--mu", "2"], 2, ["--omega", "beyond what the exact quadrature handles"]),
