@@ -936,6 +936,27 @@ def run_in_own_group(command: list, *, timeout: float, **popen):
 
 # --- the command line itself -------------------------------------------------------------------
 
+DELETED_CWD = ("error: the current directory no longer exists (it was deleted or moved away); cd to an existing "
+               "directory and run the command again")
+
+
+def refuse_a_deleted_cwd_at_startup() -> None:
+    """Called first by the packages whose command lines import torch (``numerics``, ``tools``): while
+    ``python -m`` imports the package (``sys.argv[0] == "-m"``), a working directory that no longer
+    exists would make torch's import abort ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so")
+    before any command line could say what is wrong; this says it and exits 2.  A library import
+    (any other ``sys.argv``) is left alone."""
+    import sys
+
+    if sys.argv[:1] != ["-m"]:
+        return
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        print(DELETED_CWD, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def command_line(main):
     """The one wrapper of every ``main(argv)`` of the project's command lines: what no single
     option can cause, handled once, each as one line on stderr and never a traceback.
@@ -961,8 +982,7 @@ def command_line(main):
         try:
             os.getcwd()
         except FileNotFoundError:
-            print("error: the current directory no longer exists (it was deleted or moved away); cd to an "
-                  "existing directory and run the command again", file=sys.stderr)
+            print(DELETED_CWD, file=sys.stderr)
             raise SystemExit(2) from None
         try:
             return main(*args, **kwargs)

@@ -120,8 +120,9 @@ def check_sweep_files(out: Path) -> None:
         for entry in os.scandir(points):
             if entry.name.endswith(".json") and not entry.is_file(follow_symlinks=False):
                 what = "a symbolic link" if entry.is_symlink() else "not a regular file (a FIFO, device or directory)"
-                raise ValueError(f"--out {out}: points/{entry.name} is {what}: it is neither read, followed nor "
-                                 "replaced; remove it and run again")
+                raise ValueError(f"--out {out}: points/{entry.name} is {what}: the sweep never follows a link (or "
+                                 "reads a special file) inside its folder, so it is neither read nor replaced; "
+                                 "remove it and run again")
 
 
 @dataclass
