@@ -1399,3 +1399,66 @@ def test_a_finding_cannot_carry_the_readmes_end_marker(registry, tmp_path, capsy
         assert "&lt;!-- findings:end --&gt;" in text
     assert report_findings.main([str(edited), "--check", str(readme)]) == 0
     capsys.readouterr()
+
+
+# --------------------------------------------------------------------------- the environment (issue 33)
+
+
+@pytest.mark.parametrize("env, argv", [
+    ({"PYTHONIOENCODING": "ascii"}, ["-m", "reports.findings", "{report}/claims.json"]),
+    ({"PYTHONIOENCODING": "ascii"}, ["-m", "reports.compare", "{report}", "{report}/claims.json"]),
+    ({"MPLBACKEND": "nonsense"}, ["-m", "reports.build", "--from-json", "{report}/claims.json", "--out", "{tmp}/r"]),
+], ids=["findings with ascii output", "compare with ascii output", "build with a bad MPLBACKEND"])
+def test_the_environment_cannot_make_a_traceback(findings_report, tmp_path, env, argv):
+    """An output encoding that cannot write '±' and a backend Matplotlib does not know: a working run."""
+    out, _ = findings_report
+    argv = [a.replace("{report}", str(out)).replace("{tmp}", str(tmp_path)) for a in argv]
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, capture_output=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env})
+    stderr = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode in (0, 1) and "Traceback" not in stderr, stderr
+    if "PYTHONIOENCODING" in env:
+        proc.stdout.decode("ascii")                       # ascii indeed, the rest escaped
+        assert "findings" not in argv[1] or b"\\xb1" in proc.stdout    # the scorecard's "±", as \xb1
+    else:
+        assert check_report(tmp_path / "r") == []
+
+
+# --------------------------------------------------------------------------- a full disk (issue 33)
+
+from test_hostile_inputs import fill, small_fs  # noqa: E402,F401 - the tmpfs fixture (root only, else skipped)
+
+
+def test_a_build_on_a_full_disk_says_so_and_keeps_the_previous_report(registry, findings_report, small_fs):
+    """reports.build on a disk with room for the probe but not for the report: "disk full: N bytes
+    needed at PATH", exit 75 (not 1, "claims failed"), the previous report intact, no temporary left."""
+    out, _ = findings_report
+    target = small_fs / "r"
+    assert run_main(args(target, "fake-plain"))[0] == 0
+    before = _snapshot(target)
+    fill(small_fs, leave=96 * 1024)
+    status, stdout, err = run_main(["--from-json", str(out / "claims.json"), "--out", str(target)])
+    assert status == 75 and "disk full:" in err and "bytes needed at" in err and "Traceback" not in err, err
+    assert _snapshot(target) == before
+    assert sorted(p.name for p in small_fs.iterdir() if p.name != ".filler") == ["r"]
+
+
+def test_compare_on_a_full_disk_is_not_reports_differ(registry, findings_report, small_fs, capsys):
+    out, _ = findings_report
+    fill(small_fs)
+    with pytest.raises(SystemExit) as exc:
+        report_compare.main([str(out), str(out), "--out", str(small_fs / "d.html")])
+    assert exc.value.code == 75 and "disk full" in capsys.readouterr().err
+    assert [p.name for p in small_fs.iterdir() if p.name != ".filler"] == []
+
+
+def test_readme_on_a_full_disk_is_left_as_it_was(findings_report, small_fs, capsys):
+    out, _ = findings_report
+    readme = small_fs / "README.md"
+    readme.write_text(f"# x\n{report_findings.START}\nold\n{report_findings.END}\n")
+    fill(small_fs)
+    with pytest.raises(SystemExit) as exc:
+        report_findings.main([str(out / "claims.json"), "--readme", str(readme)])
+    assert exc.value.code == 75 and "disk full" in capsys.readouterr().err
+    assert readme.read_text() == f"# x\n{report_findings.START}\nold\n{report_findings.END}\n"
+    assert sorted(p.name for p in small_fs.iterdir()) == [".filler", "README.md"]
