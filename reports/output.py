@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterable, Optional, TextIO
 
 from reports.schema import BadArguments
-from theory._validate import read_inside, write_inside
+from theory._validate import create_inside, read_inside, write_inside
 
 REPORT_MARKER = ".icl-audit-report"
 """The file that makes a directory this command's report.  It is written first, into the build's
@@ -97,11 +97,12 @@ def check_out_dir(path: str, flag: str = "--out", inputs: Iterable[str] = ()) ->
 
 def write_tree(out: Path, files: dict[str, bytes]) -> None:
     """Write ``files`` ({relative path: bytes}) into the temporary directory ``out`` (its marker is
-    already there, :func:`new_temporary`), each through the project's link policy
-    (``theory._validate.write_inside``: nothing below ``out`` reached through a link; a full disk
-    is ``DiskFull``); the caller checks the tree, then puts it in place with :func:`replace_with`."""
+    already there, :func:`new_temporary`), each a new file through the project's link policy
+    (``theory._validate.create_inside``: nothing below ``out`` reached through a link, nothing
+    existing replaced; a full disk is ``DiskFull``); the caller checks the tree, then puts it in
+    place with :func:`replace_with` (the rename of the whole directory is what makes it atomic)."""
     for name, data in files.items():
-        write_inside(out, name, data, "--out")
+        create_inside(out, name, data, "--out")
 
 
 def marker_text(token: str, pid: Optional[int] = None) -> str:

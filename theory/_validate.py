@@ -715,6 +715,32 @@ def write_inside(root, relative: str, data, flag: str = "--out") -> None:
         os.close(fd)
 
 
+def create_inside(root, relative: str, data, flag: str = "--out") -> None:
+    """Create the *new* file ``root/relative`` holding ``data``, no link followed below ``root``
+    and none at ``relative`` (O_EXCL: an existing entry of any kind is refused, never replaced):
+    the files of a temporary folder this command has just made, whose atomicity is the folder's
+    rename -- no per-file temporary and fsync (27 fsyncs cost a report 0.2 s of wall time).  A
+    full disk raises :class:`DiskFull` (the partial file removed)."""
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    fd, name = _open_parent(root, relative, flag, create=True)
+    try:
+        try:
+            out = _open_new(name, 0o666, dir_fd=fd)
+        except FileExistsError:
+            raise LinkInside(_link_message(flag, root, relative, "an entry that already exists")) from None
+        try:
+            with os.fdopen(out, "wb") as fh:
+                fh.write(payload)
+        except OSError as exc:
+            try:
+                os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
+            raise disk_full(exc, os.path.join(os.fspath(root), relative), len(payload)) from None
+    finally:
+        os.close(fd)
+
+
 def append_inside(root, relative: str, text: str, flag: str = "--out") -> None:
     """Append ``text`` (UTF-8) to ``root/relative`` (created if absent), reached without following
     any link (O_NOFOLLOW) and opened without blocking (O_NONBLOCK: a FIFO put in its place fails
