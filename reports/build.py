@@ -53,7 +53,8 @@ from reports.plan import (PROBLEM_FLAGS, _ask, accepts_problem, check_claims, ch
                           claims_at_configuration, describe_estimate, estimate, selected)
 from reports.run import run_all, run_one  # noqa: F401  (the claims' runner of a build)
 from reports.provenance import git_state, provenance, unreadable_sweep_points  # noqa: F401
-from reports.schema import BadArguments, OUTCOMES, check_report, entry_problems, load_report, upgrade  # noqa: F401
+from reports.schema import (BadArguments, OUTCOMES, check_report, entry_problems, load_report,  # noqa: F401
+                            provenance_problems, upgrade)
 
 DEFAULT_OUT = "reports/out"
 EXIT_OK, EXIT_CLAIMS_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130   # and EXIT_DISK_FULL (75)
@@ -469,6 +470,13 @@ def rerender(source: str, out: str, stream: Optional[TextIO] = None) -> dict:
     ``reports.render``; the provenance is the original run's, with ``rerendered`` added."""
     stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     report = load_report(source, "--from-json")
+    # the re-render writes the original provenance again, and a report's provenance is complete: a
+    # file that lacks part of it is refused here, not by the check of what was written
+    missing = provenance_problems(report["provenance"], strict=True)
+    if missing:
+        raise BadArguments(f"--from-json {source}: its provenance is not a report's ({'; '.join(missing[:3])}"
+                           f"{'; ...' if len(missing) > 3 else ''}), so it cannot be re-rendered as one (reports.compare "
+                           "can still read it)")
     source_file = Path(source).resolve()
     source_dir = source_file if source_file.is_dir() else source_file.parent
     if Path(out).resolve() == source_dir:

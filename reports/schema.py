@@ -471,7 +471,15 @@ def document_problems(report: Any, strict: bool = True) -> list[str]:
         problems.append(f"duplicate claim ids {duplicates}")
     if not problems and report["findings"] != [f for e in entries for f in e["findings"]]:
         problems.append("the top-level 'findings' are not the claims' findings in report order")
-    for key, kind in PROVENANCE_KEYS.items():   # read back, the keys present must have their type too
+    return problems + provenance_problems(prov, strict)
+
+
+def provenance_problems(prov: dict, strict: bool = True) -> list[str]:
+    """What is wrong with a provenance: the keys present always of their type (a float seed, a
+    seed beyond 2^64, a numeric profile are refused when read back); with ``strict`` (what a build
+    writes, and what a re-render will write again) every key and sub-key present."""
+    problems = []
+    for key, kind in PROVENANCE_KEYS.items():
         if key not in prov:
             if strict:
                 problems.append(f"provenance: missing key {key!r}")

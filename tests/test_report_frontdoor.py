@@ -996,6 +996,8 @@ READ_BACK = [
     ("a lone surrogate in a key", lambda r: _text(r).replace('"details": {', '"details": {"\\udc00": 1, ', 1),
      "lone surrogate"),
     ("a profile that is a number", lambda r: _text(r, profile=7), "'profile' has type int, not str"),
+    ("a provenance without versions (re-rendered, it would break the schema)",
+     lambda r: _text(r, versions={}), "its provenance is not a report's (provenance.versions: missing python"),
 ]
 
 
@@ -1010,44 +1012,49 @@ def test_values_a_report_cannot_hold_are_refused_by_the_reader(registry, spec_re
     assert status == 2 and message in err and "Traceback" not in err and not (tmp_path / "r").exists(), err
 
 
-def _many_claims(n: int) -> dict:
-    """A claims.json of ``n`` claims (about 500 bytes each), consistent, as a build writes it."""
-    entry = {"id": "", "title": "A claim", "statement": "s", "verdict": "pass", "kind": "claim", "theory": {},
-             "numerics": {}, "tolerance": {}, "figure_data": [], "seconds": 1.0, "figures": [], "figure_errors": [],
-             "details": {"comparisons": [{"name": "x", "measured": 0.26, "predicted": 0.25, "error": 0.01,
-                                          "tolerance": 0.02, "agrees": True, "side": "two-sided", "perturbations": []}]},
-             "perturbations": [{"description": "doubled", "rejected": True, "details": {"error": 0.25, "tolerance": 0.02}}],
-             "headline": [{"name": "x", "theory": 0.25, "measured": 0.26, "se": 0.004, "tolerance": 0.02,
-                           "agrees": True, "side": "two-sided", "config": None, "resolving_power": None}]}
-    claims_ = []
-    for k in range(n):
-        e = json.loads(json.dumps(entry))
-        e["id"] = f"c-{k:05d}"
-        e["findings"] = [{"claim": e["id"], "kind": "holds", "text": "x holds.", "numbers": {}}]
-        claims_.append(e)
-    prov = {"versions": {}, "device": "cpu", "seed": 0, "profile": "tiny", "wall_seconds": {"per_claim": {}, "total": 1.0},
-            "cpu_seconds": {}, "git": {"commit": "x", "dirty": False}, "command": [], "started_utc": "", "seeds": {}}
-    return {"claims": claims_, "findings": [f for e in claims_ for f in e["findings"]], "provenance": prov}
+_ENTRY = json.dumps({
+    "id": "@ID@", "title": "A claim", "statement": "s", "verdict": "pass", "kind": "claim", "theory": {}, "numerics": {},
+    "tolerance": {}, "figure_data": [], "seconds": 1.0, "figures": [], "figure_errors": [],
+    "details": {"comparisons": [{"name": "x", "measured": 0.26, "predicted": 0.25, "error": 0.01, "tolerance": 0.02,
+                                 "agrees": True, "side": "two-sided", "perturbations": []}]},
+    "perturbations": [{"description": "doubled", "rejected": True, "details": {"error": 0.25, "tolerance": 0.02}}],
+    "headline": [{"name": "x", "theory": 0.25, "measured": "@M@", "se": 0.004, "tolerance": 0.02, "agrees": True,
+                  "side": "two-sided", "config": None, "resolving_power": None}],
+    "findings": [{"claim": "@ID@", "kind": "holds", "text": "x holds.", "numbers": {}}]})
+_FINDING = '{"claim": "@ID@", "kind": "holds", "text": "x holds.", "numbers": {}}'
+_PROVENANCE = json.dumps({"versions": {p: "1" for p in ("python", "torch", "numpy", "scipy", "sympy", "mpmath",
+                                                         "matplotlib")},
+                          "device": "cpu", "seed": 0, "profile": "tiny", "wall_seconds": {"per_claim": {}, "total": 1.0},
+                          "cpu_seconds": {}, "git": {"commit": "x", "dirty": False}, "command": [], "started_utc": "",
+                          "seeds": {}})
+
+
+def _many_claims(n: int, forged: int = -1) -> str:
+    """The text of a claims.json of ``n`` consistent claims (about 850 bytes each) as a build writes
+    it; claim ``forged``'s headline row says it agrees while it measures 5.0 against 0.25."""
+    ids = [f"c-{k:05d}" for k in range(n)]
+    entries = [_ENTRY.replace("@ID@", cid).replace('"@M@"', "5.0" if k == forged else "0.26") for k, cid in enumerate(ids)]
+    findings = [_FINDING.replace("@ID@", cid) for cid in ids]
+    return '{"claims": [' + ", ".join(entries) + '], "findings": [' + ", ".join(findings) + '], "provenance": ' \
+        + _PROVENANCE + "}"
 
 
 def test_a_20000_claim_claims_json_is_checked_in_linear_time(tmp_path):
     """Issue 33: the checks were quadratic (ids.count per id, a type-hint evaluation per row):
     a 20,000-claim claims.json took minutes.  Now one pass: seconds (CPU time, the machine may be
-    shared); a forged verdict among them is found."""
+    shared); a forged row among them is found."""
     import time
 
     from reports.schema import load_report
 
-    doc = _many_claims(20000)
     source = tmp_path / "big.json"
-    source.write_text(json.dumps(doc))
-    assert source.stat().st_size > 9 * 2 ** 20
+    source.write_text(_many_claims(20000))
+    assert source.stat().st_size > 15 * 2 ** 20
     cpu = time.process_time()
     assert len(load_report(str(source), "--from-json")["claims"]) == 20000
     assert time.process_time() - cpu < 20
-    doc["claims"][19999]["headline"][0]["measured"] = 5.0
-    source.write_text(json.dumps(doc))
-    with pytest.raises(report_build.BadArguments, match="c-19999.*its own numbers"):
+    source.write_text(_many_claims(2000, forged=1999))
+    with pytest.raises(report_build.BadArguments, match="c-01999.*its own numbers"):
         load_report(str(source), "--from-json")
 
 
@@ -1059,7 +1066,7 @@ def test_a_20000_claim_claims_json_rerenders_in_seconds(tmp_path):
     import time
 
     source = tmp_path / "big.json"
-    source.write_text(json.dumps(_many_claims(20000)))
+    source.write_text(_many_claims(20000))
     cpu = time.process_time()
     status, _, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
     assert status == 0, err
