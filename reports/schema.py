@@ -359,7 +359,11 @@ def judged_problems(entry: dict, where: str) -> list[str]:
             problems.append(f"{where}: comparison {_short(c.get('name'))} says agrees={c.get('agrees')!r} but its "
                             f"error {_short(c.get('error'))} against its tolerance {_short(c.get('tolerance'))} says "
                             f"{recomputed}: the file disagrees with itself")
-        for q in c.get("perturbations") or []:
+        stored = c.get("perturbations") if c.get("perturbations") is not None else []
+        if not isinstance(stored, list):
+            problems.append(f"{where}: comparison {_short(c.get('name'))}: 'perturbations' is not a list")
+            stored = []
+        for q in stored:
             rej = _rejected(q)
             if isinstance(q, dict) and rej is not None and q.get("rejected") is not rej:
                 problems.append(f"{where}: comparison {_short(c.get('name'))}: perturbation "
@@ -474,6 +478,31 @@ def document_problems(report: Any, strict: bool = True) -> list[str]:
     return problems + provenance_problems(prov, strict)
 
 
+def _strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _scalar_value(v: Any) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+PROVENANCE_SHAPES = (
+    ("problem", lambda v: isinstance(v, dict) and all(_scalar_value(x) for k, x in v.items() if k != "tasks")
+     and (("tasks" not in v) or (isinstance(v["tasks"], list) and all(isinstance(r, int) and not isinstance(r, bool)
+                                                                          for r in v["tasks"]))),
+     "a configuration (tasks a list of integers, the other fields numbers or words)"),
+    ("ran_at", lambda v: isinstance(v, dict) and all(_strings(v.get(k) or []) for k in ("configuration", "profile")),
+     "{configuration: [claim ids], profile: [claim ids]}"),
+    ("sweep_skipped", lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v), "a list of {file, reason}"),
+    ("only", _strings, "a list of claim ids"),
+    ("sweep", lambda v: isinstance(v, str), "a path"),
+    ("started_utc", lambda v: isinstance(v, str), "a time"),
+)
+"""The optional provenance fields a report writes and its page reads, with the shape the page
+needs: a handed claims.json with another shape there is refused by the reader, not by a crash of
+the renderer (``reports.render.run_summary``)."""
+
+
 def provenance_problems(prov: dict, strict: bool = True) -> list[str]:
     """What is wrong with a provenance: the keys present always of their type (a float seed, a
     seed beyond 2^64, a numeric profile are refused when read back); with ``strict`` (what a build
@@ -488,6 +517,9 @@ def provenance_problems(prov: dict, strict: bool = True) -> list[str]:
     seed = prov.get("seed")
     if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed <= SEED_MAX:
         problems.append(f"provenance: seed {seed} is not a seed (an integer in 0 .. 2^64 - 1)")
+    for key, ok, what in PROVENANCE_SHAPES:     # what the page reads of it beyond the required keys
+        if prov.get(key) is not None and not ok(prov[key]):
+            problems.append(f"provenance: {key!r} is not {what}")
     if strict:
         for package in ("python",) + VERSIONED_PACKAGES:
             if package not in (prov.get("versions") or {}):

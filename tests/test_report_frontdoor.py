@@ -996,6 +996,11 @@ READ_BACK = [
     ("a lone surrogate in a key", lambda r: _text(r).replace('"details": {', '"details": {"\\udc00": 1, ', 1),
      "lone surrogate"),
     ("a profile that is a number", lambda r: _text(r, profile=7), "'profile' has type int, not str"),
+    ("ran_at naming a claim by a number (found by fuzzing: the page crashed)",
+     lambda r: _text(r, ran_at={"configuration": [], "profile": ["fake-pass", -1]}), "'ran_at' is not"),
+    ("a configuration whose tasks is a number", lambda r: _text(r, problem={"tasks": 3, "heads": 1, "L": 8}),
+     "'problem' is not a configuration"),
+    ("sweep_skipped of strings", lambda r: _text(r, sweep_skipped=["x"]), "'sweep_skipped' is not"),
     ("a provenance without versions (re-rendered, it would break the schema)",
      lambda r: _text(r, versions={}), "its provenance is not a report's (provenance.versions: missing python"),
 ]

@@ -338,8 +338,9 @@ def _probe_dir(flag: str, text: str, directory: str) -> None:
     or /proc) and that its file system has room (a full disk: :class:`DiskFull`)."""
     probe = None
     try:
-        probe = os.path.join(directory, temporary_name("probe"))
-        fd = _open_new(probe, 0o600)
+        name = os.path.join(directory, temporary_name("probe"))
+        fd = _open_new(name, 0o600)
+        probe = name            # ours from here on: only a file this call created is ever removed
         try:
             view = memoryview(bytes(PROBE_BYTES))
             while view:
@@ -538,8 +539,10 @@ def _replace_in(dir_fd: int, name: str, payload: bytes, mode: Optional[int], sho
     ``payload``, atomically (a temporary, fsynced, renamed over it; the directory fsynced after):
     the one atomic write of the project, by :func:`write_output` and :func:`write_inside`."""
     tmp = temporary_name(name)
+    created = False
     try:
         fd = _open_new(tmp, 0o666, dir_fd=dir_fd)
+        created = True          # only a temporary this call created is ever removed
         with os.fdopen(fd, "wb") as fh:
             if mode is not None:
                 os.fchmod(fh.fileno(), mode)
@@ -548,10 +551,11 @@ def _replace_in(dir_fd: int, name: str, payload: bytes, mode: Optional[int], sho
             os.fsync(fh.fileno())
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException as exc:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
+        if created:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
         if isinstance(exc, OSError):
             raise disk_full(exc, shown, len(payload)) from None
         raise
