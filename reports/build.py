@@ -378,18 +378,18 @@ def draw_figures(entries: list[dict]) -> tuple[list[dict], dict[str, bytes]]:
         entry = dict(entry)
         figures, errors = [], []
         for raw in entry.get("figure_data") or []:
-            try:
+            try:      # everything a figure's data decides, inside: a handed file's odd value is one figure error
                 fig = as_figure(raw)
                 data = figure_png(fig)
+                caption = " ".join(str(part) for part in (fig.caption, size_note(fig)) if part)
+                shown = {"name": str(fig.name), "title": str(fig.title), "kind": str(fig.kind), "caption": caption}
             except Exception as exc:
                 name = getattr(raw, "name", None) or (raw.get("name") if isinstance(raw, dict) else None)
                 errors.append(f"{str(name or '?')[:80]}: {type(exc).__name__}: {str(exc)[:300]}")
                 continue
-            file = _figure_file(entry["id"], fig.name, taken)
+            file = _figure_file(entry["id"], shown["name"], taken)
             pngs[file] = data
-            caption = " ".join(part for part in (fig.caption, size_note(fig)) if part)
-            figures.append({"name": fig.name, "title": fig.title, "kind": fig.kind, "caption": caption,
-                            "file": file})
+            figures.append({**shown, "file": file})
         entry.update(figures=figures, figure_errors=errors)
         out.append(entry)
     return out, pngs

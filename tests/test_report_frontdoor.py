@@ -1034,6 +1034,23 @@ _PROVENANCE = json.dumps({"versions": {p: "1" for p in ("python", "torch", "nump
                           "seeds": {}})
 
 
+def test_a_figure_of_the_wrong_shape_is_one_figure_error(registry, spec_report, findings_report, tmp_path):
+    """Found by fuzzing --from-json: a caption that is a number crashed the re-render (outside the
+    per-figure guard); now what a figure's data decides is inside it: the number is shown as text,
+    and anything that cannot be drawn is one figure error, never a traceback."""
+    out, _ = findings_report
+    report = strict_load(out / "claims.json")
+    entry = next(c for c in report["claims"] if c["figure_data"])
+    entry["figure_data"][0]["caption"] = -1e308
+    source = tmp_path / "x.json"
+    source.write_text(json.dumps(report))
+    status, _, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
+    assert status == 1 and "Traceback" not in err, err
+    written = strict_load(tmp_path / "r" / "claims.json")
+    assert any(f["caption"].startswith("-1e+308") for c in written["claims"] for f in c["figures"])
+    assert check_report(tmp_path / "r") == []
+
+
 def _many_claims(n: int, forged: int = -1) -> str:
     """The text of a claims.json of ``n`` consistent claims (about 850 bytes each) as a build writes
     it; claim ``forged``'s headline row says it agrees while it measures 5.0 against 0.25."""
