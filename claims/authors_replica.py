@@ -24,10 +24,11 @@ model inside the allocated account, if any, is compared two-sidedly there as in 
 Time.  Profile ``authors`` (= ``paper``) is the experiment at ``STATED_STEPS`` of their steps, sized
 for one H200 within 5 minutes (docs/authors.md: the roofline estimate).  On a CPU it runs reduced
 (as profile ``quick``): fewer steps, fewer checkpoints and held-out prompts, a note saying what was
-reduced and what it means: every run is far from converged, so a model on D is compared one-sidedly
-(not below the fixed point), a model off D is not compared (undecided: the audit's "it learned
-something" check is asked of trained models), the trajectories' claims 3-4 are undecided, and the
-outcome is ``undecided``.
+reduced and what it means: every run is far from converged, so convergence is not asked (a plateau
+would pass the descent test), a model on D is compared one-sidedly (not below the fixed point), a
+model off D is not compared (undecided: the audit's "it learned something" check is asked of
+trained models), the trajectories' claims 3-4 are not computed (claims.model_audit.run_audit's
+``cut_short``), and the outcome is ``undecided`` unless a one-sided comparison fails.
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ class AuthorsProfile:
     starts ``inits``), ``steps`` of their SGD steps, ``snapshots`` checkpoints per run (evenly
     spaced in t), ``prompts`` held-out prompts per checkpoint, ``skip`` reference points not
     computed, ``search`` the best decomposable point's search, ``background`` theory's reference
-    points computed in a second process while the runs train.  ``cpu``: the reduced profile a CPU
+    points computed in a second process while the runs train, ``emergence`` theory's expansion flow from each
+    small-init start to its emergence end (reported beside the run).  ``cpu``: the reduced profile a CPU
     runs instead (None: run as is)."""
 
     dys: tuple = (3, 1)
@@ -71,6 +73,7 @@ class AuthorsProfile:
     skip: tuple = ()
     search: tuple = tuple(sorted(SEARCH.items()))
     background: bool = True
+    emergence: bool = True
     cpu: Optional["AuthorsProfile"] = None
 
 
@@ -83,7 +86,8 @@ STATED = AuthorsProfile(cpu=REDUCED)
 
 PROFILES = {
     "tiny": AuthorsProfile(dx=6, dys=(3, 1), heads=(3,), L=16, batch=128, steps=40, snapshots=5, prompts=512,
-                           skip=("one_head_optimum", "best_decomposable"), background=False, lr=0.1),
+                           skip=("one_head_optimum", "best_decomposable"), background=False, emergence=False,
+                           lr=0.1),
     "quick": REDUCED,
     "paper": STATED,
     "authors": STATED,
@@ -96,14 +100,15 @@ def effective(p: AuthorsProfile, device: str) -> tuple[AuthorsProfile, Optional[
     run = p.cpu if (p.cpu is not None and str(device).startswith("cpu")) else p
     if run.steps >= STATED.steps:
         return run, None
-    ts = ", ".join(f"t = {run.lr * run.steps / dy:.3g} (of {run.lr * STATED.steps / dy:.3g}) at d_y = {dy}"
+    ts = ", ".join(f"t = {run.lr * run.steps / dy:.3g} (of {STATED.lr * STATED.steps / dy:.3g}) at d_y = {dy}"
                    for dy in run.dys)
     note = (f"reduced run{' on the CPU' if run is not p else ''}: {run.steps} of the stated {STATED.steps} SGD steps "
             f"({ts}), {run.snapshots} checkpoints per run (of {STATED.snapshots}), {run.prompts} held-out prompts (of "
             f"{STATED.prompts}: standard errors {math.sqrt(STATED.prompts / run.prompts):.2g}x larger). Every run is far "
             "from converged: a model on D is compared one-sidedly (not below the allocated fixed point), a model off D "
-            "is not compared (undecided), claims 3-4 on the trajectories are undecided; run the stated experiment on a "
-            "GPU (bash scripts/gpu_checks.sh authors)")
+            "is not compared (undecided), convergence is not asked and claims 3-4 on the trajectories are not computed "
+            "(a run cut short cannot resolve its phase ends); run the stated experiment on a GPU (bash "
+            "scripts/gpu_checks.sh authors)")
     return run, note
 
 
@@ -181,7 +186,7 @@ def evaluate(ctx) -> Outcome:
                  "their_steps": run.steps, "their_lr": run.lr, "our_lr": run.our_lr, "t_end": run.t_end,
                  "batch": run.batch, "dtype": run.dtype, "train_seconds": res.seconds,
                  "train_cpu_seconds": res.cpu_seconds, "batched_runs": res.batched_runs,
-                 "emergence_prediction": _emergence(run), "records": [dataclasses.asdict(r) for r in res.records]}
+                 "emergence_prediction": _emergence(run) if p.emergence else None, "records": [dataclasses.asdict(r) for r in res.records]}
         if res.error is not None:
             entry["error"] = res.error
             undecided.append(f"{label}: the run ended early ({res.error})")
@@ -192,7 +197,7 @@ def evaluate(ctx) -> Outcome:
                                search=p.search, skip=p.skip)
         outs: list = []
         audit = run_audit(plan_audit(request), references_by_heads=refs[run.tasks], outcomes=outs,
-                          learned_check=note is None)
+                          cut_short=None if note is None else f"{run.steps} of the stated {STATED.steps} steps")
         for rid, kind, out in outs:
             comps.extend(_prefixed(label, c) for c in out.comparisons)
             rows.extend({**r, "name": f"{label}: {r['name']}"} for r in (out.headline or [])

@@ -946,14 +946,18 @@ def trajectory_findings(result: ClaimResult) -> list:
 # --------------------------------------------------------------------------- the whole audit
 
 def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Optional[dict] = None,
-              outcomes: Optional[list] = None, learned_check: bool = True) -> Audit:
+              outcomes: Optional[list] = None, cut_short: Optional[str] = None) -> Audit:
     """Measure every checkpoint, compute theory's points once per H, and judge (module docstring).
 
     For a caller that audits models it trained itself (claims.authors_replica):
     ``references_by_heads`` ({H: :func:`references`}) theory's points already computed (else
     computed here); ``outcomes``: a list that receives (result id, kind, Outcome) of each judged
-    model and of the trajectory, the comparisons as objects, before the judge; ``learned_check``:
-    :attr:`ModelCase.learned_check`."""
+    model and of the trajectory, the comparisons as objects, before the judge; ``cut_short``: why
+    the run was stopped early by design (a reduced run): then convergence is not asked (a plateau
+    looks converged to the descent test, and a run cut short is not one), the learned-something
+    check is not made (:attr:`ModelCase.learned_check`) and claims 3-4 on the trajectory are not
+    computed (no trajectory result: theory's flows from the first checkpoint are the audit's
+    costliest part, and the checkpoints of a run cut short cannot resolve its phase ends)."""
     t0, c0 = time.perf_counter(), time.process_time()
     req = plan.request
     stages = {}
@@ -975,7 +979,8 @@ def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Option
                                       lambda msg, f: progress(msg, 0.6 + 0.3 * f), skip=tuple(req.skip))
     stages["theory"] = {"seconds": time.perf_counter() - w0, "cpu_seconds": time.process_time() - cpu0}
     judged = [len(plan.cases) - 1] if plan.trajectory else list(range(n))
-    conv = convergence(plan, measurements)
+    conv = (convergence(plan, measurements) if cut_short is None
+            else (None, f"not asked: the run was cut short ({cut_short})", None))
     w0, cpu0 = time.perf_counter(), time.process_time()
     results, entries = [], []
     for k, (case, meas) in enumerate(zip(plan.cases, measurements)):
@@ -984,7 +989,7 @@ def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Option
         if k in judged:
             rid = f"model-{len(results) + 1}"
             progress(f"{rid}: comparisons", 0.9)
-            mc = ModelCase(case, meas, refs_by_heads[case.cfg.heads], conv, learned_check)
+            mc = ModelCase(case, meas, refs_by_heads[case.cfg.heads], conv, cut_short is None)
             # the kind (claim or boundary) is the model's standing, from its readout, before any comparison
             dom = domain(case.cfg, meas)
             st, _ = run_status(case.cfg, {"omega": meas.omega, "allocation": meas.allocation,
@@ -1002,7 +1007,7 @@ def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Option
             status = result.details.get("status", st)
         entries.append(_model_entry(case, meas, refs_by_heads[case.cfg.heads], rid, status,
                                     {"value": conv[0], "how": conv[1], "descent": conv[2]} if k in judged else None))
-    if plan.trajectory:
+    if plan.trajectory and cut_short is None:
         progress("trajectory: claims 3-4 on this run", 0.95)
         prepared = prepare_trajectory(plan, measurements)
         kind = "claim" if prepared["domain"]["inside"] and not prepared["undecided"] else "boundary"

@@ -3,6 +3,10 @@
 #
 #   bash scripts/gpu_checks.sh            # everything under ./gpu_out
 #   OUT=/some/dir bash scripts/gpu_checks.sh
+#   bash scripts/gpu_checks.sh authors    # env, install, then only the authors' experiment
+#
+# The argument picks the steps: `all` (default: the steps below but authors) or `authors`
+# (env, install, authors; about 5 minutes on one H200, docs/authors.md).
 #
 # Steps, each under its own `timeout`, each timed; a failed step does not stop the others:
 #   env      python, torch, CUDA device, nvidia-smi          (the machine, in words)
@@ -14,6 +18,10 @@
 #                                                                 -> report.tar.gz, report.log
 #   pytest-thorough  python -m pytest --thorough --device cuda -m "thorough and not gpu"
 #                    (with the time left; appended to pytest.log)
+#   authors          (mode `authors` only) python -m reports.build --only authors-replica
+#                    --profile authors --device cuda: the authors' released experiment at
+#                    their sizes (8 runs, 15,000 of their SGD steps), trained and audited
+#                    -> authors.tar.gz, authors.log (its time, per run and in total)
 # and a summary (summary.txt, summary.json): per step the exit status, seconds, verdict.
 # Together the two pytest steps are `pytest --thorough --device cuda -m "thorough or gpu"`,
 # split so that the short GPU cases and the report run before the long thorough cases.
@@ -31,10 +39,16 @@
 # PYTEST_ARGS (thorough step; default: --thorough --device cuda -m "thorough and not gpu" -q -rfE),
 # BENCH_ARGS (extra flags for tools.bench), REPORT_ARGS (extra flags for reports.build,
 # e.g. "--only block-structure,task-allocation" when the whole paper profile does not fit
-# in REPORT_TIMEOUT), KEEP_REPORT_DIR, SKIP_INSTALL=1 (use
+# in REPORT_TIMEOUT), AUTHORS_TIMEOUT (330; mode authors: TOTAL_BUDGET defaults to 420),
+# AUTHORS_ARGS (extra flags for that reports.build), KEEP_REPORT_DIR, SKIP_INSTALL=1 (use
 # PYTHONPATH instead of pip: for trying the script out on a machine you share).
 set -u
 
+MODE=${1:-all}
+case $MODE in
+    all|authors) ;;
+    *) echo "usage: bash scripts/gpu_checks.sh [all|authors]   (got '$MODE')" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/gpu_out}
@@ -43,7 +57,8 @@ OUT=$(cd "$OUT" && pwd)
 if [ -z "${PYTHON:-}" ]; then
     if command -v python3 >/dev/null 2>&1; then PYTHON=python3; else PYTHON=python; fi
 fi
-TOTAL_BUDGET=${TOTAL_BUDGET:-465}
+if [ "$MODE" = authors ]; then TOTAL_BUDGET=${TOTAL_BUDGET:-420}; else TOTAL_BUDGET=${TOTAL_BUDGET:-465}; fi
+AUTHORS_TIMEOUT=${AUTHORS_TIMEOUT:-330}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-100}
 PYTEST_GPU_TIMEOUT=${PYTEST_GPU_TIMEOUT:-60}
 REPORT_TIMEOUT=${REPORT_TIMEOUT:-200}
@@ -111,6 +126,42 @@ if ! (cd /tmp && "$PYTHON" -c 'import numerics, claims, tools.sweep' >/dev/null 
     export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 fi
 
+# --- the authors' experiment (mode authors): only where the env step found a CUDA device;
+# without one the profile would run its reduced CPU version, which is not what this step is for --
+authors_step() {
+    local env_ok=1 s
+    for s in ${STEPS[@]+"${STEPS[@]}"}; do case $s in "env|"*"|ok") env_ok=0 ;; esac; done
+    if [ "$env_ok" != 0 ]; then
+        STEPS+=("authors|-|0|skipped: no CUDA device (the env step failed; see env.txt)")
+        echo "== authors: skipped, no CUDA device" | tee -a "$OUT/authors.log"
+        return 0
+    fi
+    rm -rf "$OUT/authors" "$OUT/authors.tar.gz"
+    # shellcheck disable=SC2086  # AUTHORS_ARGS is a list of flags
+    run_step authors "$AUTHORS_TIMEOUT" "$OUT/authors.log" \
+        "$PYTHON" -m reports.build --only authors-replica --profile authors --device cuda --no-progress \
+        --out "$OUT/authors" ${AUTHORS_ARGS:-}
+    # its time: the claim's, each run's training (their steps, our t) and the verdict, from claims.json
+    "$PYTHON" - "$OUT/authors/claims.json" <<'PY' 2>&1 | tee -a "$OUT/authors.log" || true
+import json, sys
+c = next(c for c in json.load(open(sys.argv[1]))["claims"] if c["id"] == "authors-replica")
+d = c["details"]
+print(f"authors-replica: {c['verdict']} in {c['seconds']:.1f} s on {d.get('device')}; {d['steps']} of their steps"
+      + (f"; NOTE {d['note']}" if d.get("note") else ""))
+for r in d["runs"]:
+    m = r.get("model", {}).get("held_out_loss", {})
+    print(f"  {r['label']:28s} t = {r['t_end']:.4g}  train {r['train_seconds']:.1f} s ({r['batched_runs']} run(s) a "
+          f"program)  held-out loss {m.get('mean', float('nan')):.4g} +- {m.get('se', float('nan')):.2g}"
+          + (f"  ERROR {r['error']}" if r.get("error") else ""))
+PY
+    if [ -d "$OUT/authors" ] && tar -czf "$OUT/authors.tar.gz" -C "$OUT" authors; then
+        [ "${KEEP_REPORT_DIR:-0}" = 1 ] || rm -rf "$OUT/authors"
+    fi
+}
+
+if [ "$MODE" = authors ]; then
+    authors_step
+else
 # --- bench -----------------------------------------------------------------------------
 rm -f "$OUT/bench.json"     # the summary reads it: never a stale one
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
@@ -141,6 +192,8 @@ else
 fi
 run_step pytest-thorough "$PYTEST_TIMEOUT" "$OUT/pytest.log" \
     "$PYTHON" -m pytest -p no:cacheprovider "${PARGS[@]}" ${PLIMIT[@]+"${PLIMIT[@]}"}
+
+fi
 
 # --- summary ---------------------------------------------------------------------------
 TOTAL=$(($(date +%s) - START))

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = {"claims", "claims.base", "claims.common", "claims.spec", "claims.trained", "claims.phase_checks"}
-"""The claims modules every claim may import: vocabulary, the runner, and what groups of claims share."""
+SHARED = {"claims", "claims.base", "claims.common", "claims.spec", "claims.trained", "claims.phase_checks",
+          "claims.model_audit"}
+"""The claims modules every claim may import: vocabulary, the runner, and what groups of claims share
+(claims.model_audit: the audit of handed models, no registered claim, which authors-replica applies to
+the models it trains)."""
 
 
 def imported_modules(source: str) -> set[str]:
