@@ -54,7 +54,9 @@ class AuthorsProfile:
     """The experiment: their settings (``dx``, ``dys``, ``heads``, ``L``, ``lr``, ``batch``, the
     starts ``inits``), ``steps`` of their SGD steps, ``snapshots`` checkpoints per run (evenly
     spaced in t), ``prompts`` held-out prompts per checkpoint, ``skip`` reference points not
-    computed, ``search`` the best decomposable point's search, ``background`` theory's reference
+    computed (by default the one-head optimum: 253 CPU s at (16, 17, 17), L = 100, longer than the
+    whole GPU run's training, and only reported, never compared; with one task it is the fixed
+    point), ``search`` the best decomposable point's search, ``background`` theory's reference
     points computed in a second process while the runs train, ``emergence`` theory's expansion flow from each
     small-init start to its emergence end (reported beside the run).  ``cpu``: the reduced profile a CPU
     runs instead (None: run as is)."""
@@ -70,7 +72,7 @@ class AuthorsProfile:
     snapshots: int = 13
     prompts: int = 16384
     dtype: str = "float32"
-    skip: tuple = ()
+    skip: tuple = ("one_head_optimum",)
     search: tuple = tuple(sorted(SEARCH.items()))
     background: bool = True
     emergence: bool = True
@@ -122,28 +124,71 @@ def runs_of(p: AuthorsProfile, device: str, seed: int) -> list:
 
 def _theory(p: AuthorsProfile, runs, seed: int, progress):
     """Theory's reference points for every (tasks, heads) of the runs: {tasks: {H: references}}
-    (claims.model_audit.references_for_heads); returns a function that waits for them, so that with
-    ``background`` they are computed in another process while the runs train."""
+    (claims.model_audit.references_for_heads); returns a function that waits for them.  With
+    ``background`` they are computed while the runs train, in one process per independent piece
+    (:func:`_pieces`: the H-independent points, the one-head optimum, the best decomposable point
+    at each H), so that on a GPU machine's idle cores the longest piece, not their sum, is the
+    wait (at (16, 17, 17), L = 100 the pieces take minutes of CPU each: docs/authors.md)."""
     by_tasks: dict = {}
     for r in runs:
         by_tasks.setdefault(r.tasks, set()).add(r.heads)
     args = {tasks: (tasks, sorted(hs), p.L, 0.0, seed, "cpu", dict(p.search)) for tasks, hs in by_tasks.items()}
     if not p.background:
         done = {tasks: references_for_heads(*a, skip=p.skip) for tasks, a in args.items()}
+        done["emergence"] = {k: _emergence(r) for k, r in enumerate(runs) if p.emergence}
         return lambda: done
-    pending = {tasks: authors.in_background(references_for_heads, *a, skip=p.skip) for tasks, a in args.items()}
+    pending = {tasks: [(piece, authors.in_background(fn, *fa, **fk)) for piece, fn, fa, fk in _pieces(a, p.skip)]
+               for tasks, a in args.items()}
+    flows = {k: authors.in_background(_emergence, r) for k, r in enumerate(runs)
+             if p.emergence and r.init == "authors_small"}
 
     def wait():
         out = {}
         try:
-            for tasks, (future, _) in pending.items():
-                progress(f"theory's reference points for tasks {tasks} (background process)", 0.85)
-                out[tasks] = future.result()
+            for tasks, jobs in pending.items():
+                progress(f"theory's reference points for tasks {tasks} ({len(jobs)} background processes)", 0.85)
+                out[tasks] = _assemble({piece: future.result() for piece, (future, _) in jobs})
+            out["emergence"] = {k: future.result() for k, (future, _) in flows.items()}
         finally:
-            for _, pool in pending.values():
+            for _, pool in [j for jobs in pending.values() for _, j in jobs] + list(flows.values()):
                 pool.shutdown(wait=True, cancel_futures=True)
         return out
     return wait
+
+
+def _pieces(args: tuple, skip: tuple) -> list:
+    """The independent pieces of references_for_heads(*args, skip=skip), each (name, fn, args,
+    kwargs): "shared" the H-independent points (the one-head optimum left out when it is a piece of
+    its own), "one_head" (m > 1; with one task it is the fixed point, taken from it), and
+    ("best", H) for each H."""
+    from claims.model_audit import REFERENCES, references
+
+    tasks, heads, L, sigma, seed, device, search = args
+    only = lambda name: tuple(set(REFERENCES) - {name}) + tuple(skip)  # noqa: E731 - every point but one
+    own_one_head = len(tasks) > 1 and "one_head_optimum" not in skip
+    out = [("shared", references_for_heads, args,
+            {"skip": tuple(skip) + ("best_decomposable",) + (("one_head_optimum",) if own_one_head else ())})]
+    if own_one_head:
+        H0 = max(heads)
+        out.append(("one_head", references, (tasks, H0, L, sigma, seed, device, search), {"skip": only("one_head_optimum")}))
+    if "best_decomposable" not in skip:
+        out += [(("best", H), references, (tasks, H, L, sigma, seed, device, search), {"skip": only("best_decomposable")})
+                for H in heads]
+    return out
+
+
+def _assemble(parts: dict) -> dict:
+    """{H: references} from the pieces of :func:`_pieces`: the shared points, with the one-head
+    optimum and each H's best decomposable point put in from their own pieces."""
+    out = {}
+    for H, refs in parts["shared"].items():
+        refs = dict(refs)
+        if "one_head" in parts:
+            refs["one_head_optimum"] = parts["one_head"]["one_head_optimum"]
+        if ("best", H) in parts:
+            refs["best_decomposable"] = parts[("best", H)]["best_decomposable"]
+        out[H] = refs
+    return out
 
 
 def _emergence(run: "authors.AuthorsRun") -> Optional[dict]:
@@ -177,6 +222,7 @@ def evaluate(ctx) -> Outcome:
     theory_refs = _theory(p, runs, ctx.seed, ctx.progress)
     trained = authors.train_runs(runs, lambda msg, f: ctx.progress(msg, 0.8 * f))
     refs = theory_refs()
+    flows = refs.pop("emergence")
     comps, rows, undecided, per_run, sub_findings, panels = [], [], [], [], [], {}
     for k, res in enumerate(trained):
         run = res.run
@@ -186,7 +232,7 @@ def evaluate(ctx) -> Outcome:
                  "their_steps": run.steps, "their_lr": run.lr, "our_lr": run.our_lr, "t_end": run.t_end,
                  "batch": run.batch, "dtype": run.dtype, "train_seconds": res.seconds,
                  "train_cpu_seconds": res.cpu_seconds, "batched_runs": res.batched_runs,
-                 "emergence_prediction": _emergence(run) if p.emergence else None, "records": [dataclasses.asdict(r) for r in res.records]}
+                 "emergence_prediction": flows.get(k), "records": [dataclasses.asdict(r) for r in res.records]}
         if res.error is not None:
             entry["error"] = res.error
             undecided.append(f"{label}: the run ended early ({res.error})")
@@ -271,28 +317,33 @@ def findings(result) -> list:
 
 
 def estimate(p: AuthorsProfile) -> float:
-    """Wall seconds on 2 CPU cores (where the stated profile runs reduced, the reduced one): the
-    training (per step of a program: CPU_SAMPLE_NS per context number drawn, CPU_MODEL_NS per
-    context number and head and run) and the audit's held-out prompts (AUDIT_NS per context number
-    and head, 2 evaluations per checkpoint), theory's reference points beside them
-    (THEORY_SECONDS per tasks, in its own process); constants measured in docs/authors.md."""
+    """Wall seconds on 2 idle CPU cores (where the stated profile runs reduced, the reduced one):
+    the main process trains (per step of a program: CPU_SAMPLE_NS per context number drawn,
+    CPU_MODEL_NS per context number, head and run) and audits (AUDIT_CHECKPOINT_SECONDS a
+    checkpoint at 4096 prompts, in proportion), while the background processes compute theory's
+    points and flows (BACKGROUND_SECONDS per task split, on the other core); constants are CPU
+    seconds measured on the reduced run (docs/authors.md)."""
     run = p.cpu if p.cpu is not None else p
-    D = run.dx
-    train = 0.0
-    audit = 0.0
+    train = audit = 0.0
     for dy in run.dys:
-        ctx = run.batch * run.L * (D + dy)
+        ctx = run.batch * run.L * (run.dx + dy)
         for H in run.heads:
             train += run.steps * ctx * 1e-9 * (CPU_SAMPLE_NS + CPU_MODEL_NS * H * len(run.inits))
-            audit += len(run.inits) * run.snapshots * 2 * run.prompts * run.L * (D + dy) * H * AUDIT_NS * 1e-9
-    theory = THEORY_SECONDS * len(run.dys) * (0.0 if "one_head_optimum" in run.skip else 1.0)
-    return max(train + audit, theory) + STARTUP_SECONDS
+            audit += len(run.inits) * run.snapshots * AUDIT_CHECKPOINT_SECONDS * run.prompts / 4096
+    main = train + audit
+    background = BACKGROUND_SECONDS * len(run.dys) * (run.dx * run.L / 5000) ** 0.5
+    return max(main, (main + background) / 2) + STARTUP_SECONDS
 
 
-CPU_SAMPLE_NS = 6.0
-CPU_MODEL_NS = 2.5
-AUDIT_NS = 4.0
-THEORY_SECONDS = 90.0
+CPU_SAMPLE_NS = 3.7
+CPU_MODEL_NS = 0.45
+"""Fitted to the reduced run's training CPU seconds (one thread, load ~7 per core): 0.34 s a step at
+tasks (16, 17, 17), H = 3, 0.58 at H = 8 (two runs a program, 5.3e7 context numbers)."""
+AUDIT_CHECKPOINT_SECONDS = 1.3
+"""CPU seconds to measure one checkpoint at 4096 held-out prompts (readout, two evaluations)."""
+BACKGROUND_SECONDS = 60.0
+"""CPU seconds of theory's points (fixed point, best decomposable at each H, linear attention),
+the small inits' expansion flows and the processes' start-up, per task split at d_x = 50, L = 100."""
 STARTUP_SECONDS = 15.0
 
 
