@@ -339,12 +339,14 @@ CPU_SAMPLE_NS = 3.7
 CPU_MODEL_NS = 0.45
 """Fitted to the reduced run's training CPU seconds (one thread, load ~7 per core): 0.34 s a step at
 tasks (16, 17, 17), H = 3, 0.58 at H = 8 (two runs a program, 5.3e7 context numbers)."""
-AUDIT_CHECKPOINT_SECONDS = 1.3
+AUDIT_CHECKPOINT_SECONDS = 1.45
 """CPU seconds to measure one checkpoint at 4096 held-out prompts (readout, two evaluations)."""
-BACKGROUND_SECONDS = 60.0
+BACKGROUND_SECONDS = 80.0
 """CPU seconds of theory's points (fixed point, best decomposable at each H, linear attention),
 the small inits' expansion flows and the processes' start-up, per task split at d_x = 50, L = 100."""
-STARTUP_SECONDS = 15.0
+STARTUP_SECONDS = 55.0
+"""The main process's CPU seconds beside training and audit in the reduced run (imports, the
+reports' JSON and figures): 165 in all, 53 training, 58 auditing."""
 
 
 SPEC = ClaimSpec(
