@@ -166,10 +166,13 @@ def mix_phrase(mix: dict, key: str = "m") -> tuple[str, dict]:
         nums.update({f"{p}_k": e["count"], f"{p}_lo": e["interval"][0], f"{p}_hi": e["interval"][1],
                      f"{p}_a": (e["over_allocated"], e["over_allocated_se"]), f"{p}_b": (e["over_best"],
                                                                                            e["over_best_se"])})
-        ratio = (f"held-out loss {{{p}_a}} x the allocated fixed point and {{{p}_b}} x the best decomposable point"
-                 if label != "diverged" else "the loss diverged")
+        refs = [f"{{{p}_{x}}} x the {what}" for x, what, v in (("a", "allocated fixed point", e["over_allocated"]),
+                                                                   ("b", "best decomposable point", e["over_best"]))
+                if v is not None]
+        ratio = ("the loss diverged" if label == "diverged" else
+                 "held-out loss " + " and ".join(refs) if refs else "")
         count = "" if len(labels) == 1 else f" in {{{p}_k}} of {{{key}_n}} (share interval [{{{p}_lo}}, {{{p}_hi}}])"
-        parts.append(label + count + ", " + ratio)
+        parts.append(label + count + (", " + ratio if ratio else ""))
     if len(labels) == 1:
         return f"all {{{key}_n}} seeds end " + parts[0], nums
     return f"the {{{key}_n}} seeds end in {len(labels)} classes: " + "; ".join(parts), nums

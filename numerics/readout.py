@@ -130,7 +130,7 @@ OUTCOME_CLASSES = ("allocated", "superposition", "off D", "mixed", "not converge
 """Where a trained run ends, by precedence (:func:`end_class`): ``diverged`` (the loss blew up:
 numerics.train.TrainingDiverged), ``not converged`` (still in its warm-up, or the loss it could
 still lose exceeds its comparison's tolerance: numerics.experiments.converged.converged_for),
-``off D`` (its movable off-D part built by the flow: numerics.experiments.starts.off_D),
+``off D`` (its movable off-D part built by the flow: numerics.experiments.starts.off_D_test),
 ``superposition`` (on k of the m tasks: heads of both signs carry >= SUPERPOSED_SHARE of the
 task, :attr:`Allocation.signed_superposed`), ``allocated`` (:attr:`Allocation.allocated`),
 ``mixed`` (none of these: heads sharing tasks with one sign, or fewer heads than tasks).  The
