@@ -453,10 +453,15 @@ def large_init_reduced(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
 # what a plan of starts costs, before it runs
 # ---------------------------------------------------------------------------------------
 
-FALLBACK_STEP_SECONDS = {"step": 1.5e-3, "context": 2.0e-9, "flops": 1.2e-10}
+FALLBACK_STEP_SECONDS = {"step": 1.0e-3, "context": 3.9e-8, "flops": 4.7e-9, "reduced": 0.57}
 """Until numerics.cost (the step-cost model, issue 28) is on this branch: CPU seconds of one step
-of a program = step + context x (streams B L D) + flops x (runs B L D H), one torch thread; a
-provisional fit to this branch's quick runs (the cost model replaces it where it is importable)."""
+of a program = step + context x (streams B L D) + flops x (runs B L D H), one torch thread, and a
+reduced-flow step ``reduced`` x a one-run step.  Fitted to this branch's quick boundary-
+initialisation (102 CPU s under load 9-14; cProfile shares: 24 random runs on one stream 30 ms
+per step, 6 single-stream unbalanced runs 5.8 ms per run-step, 12 reduced flows 3.3 ms per step;
+(2, 2), H = 2, L = 32, B = 512): sampling the prompts is the larger part of a one-run step.
+Checked against boundary-allocation-race at quick: about 50 s priced, 59 CPU s measured.
+numerics.cost replaces it where it is importable."""
 
 
 def _step_cost(tasks, heads: int, L: int, batch: int, runs: int, streams: int) -> float:
@@ -469,14 +474,22 @@ def _step_cost(tasks, heads: int, L: int, batch: int, runs: int, streams: int) -
     return cost.step_seconds(tasks, heads, L, batch, runs=runs, streams=streams)
 
 
+def _reduced_cost(tasks, heads: int, L: int, batch: int) -> float:
+    try:
+        from numerics import cost
+    except ImportError:
+        return FALLBACK_STEP_SECONDS["reduced"] * _step_cost(tasks, heads, L, batch, 1, 1)
+    return cost.reduced_step_seconds(tasks, heads, L, batch)
+
+
 def _forward_cost(tasks, heads: int, L: int, n: int, models: int) -> float:
     D = sum(tasks) + len(tasks)
     try:
         from numerics import cost
     except ImportError:
-        c = FALLBACK_STEP_SECONDS
-        return math.ceil(n / 4096) * models * c["step"] + c["context"] * n * L * D / 2 \
-            + c["flops"] * models * n * L * D * heads / 3     # no backward pass: about a third of a step's products
+        c = FALLBACK_STEP_SECONDS     # the prompts drawn once; no backward pass: about a third of the products
+        return math.ceil(n / 4096) * models * c["step"] + c["context"] * n * L * D \
+            + c["flops"] * models * n * L * D * heads / 3
     return cost.forward_seconds(tasks, heads, L, n, models=models)
 
 
@@ -485,10 +498,9 @@ def plan_seconds(tasks, heads: int, L: int, batch: int, steps: int, runs_per_str
     """CPU seconds of one plan of starts of one shape before it runs: train_many's programs
     (``runs_per_stream[s]`` runs on prompt stream s, the runs of one stream in one program),
     each run's end state (:func:`end_states`: ``snapshots`` held-out evaluations on ``n_eval``
-    prompts) and ``reduced`` reduced flows of the same steps (priced as a full step of one run:
-    an upper bound).  Through numerics.cost where it is importable, else
+    prompts) and ``reduced`` reduced flows of the same steps.  Through numerics.cost where it is importable, else
     :data:`FALLBACK_STEP_SECONDS`."""
     runs = int(sum(runs_per_stream))
     train = sum(steps * _step_cost(tasks, heads, L, batch, k, 1) for k in runs_per_stream if k > 0)
     evaluate = _forward_cost(tasks, heads, L, n_eval, runs * snapshots)
-    return train + evaluate + reduced * steps * _step_cost(tasks, heads, L, batch, 1, 1)
+    return train + evaluate + reduced * steps * _reduced_cost(tasks, heads, L, batch)
