@@ -103,6 +103,9 @@ def nothing_compared(comps: list) -> str | None:
         if d.get("compared", 1) == 0:
             e = d["one_only"][0] if d["one_only"] else None
             eg = f"; e.g. {e['where']}, {e['phase']}: {fmt(e['measured'])} against {fmt(e['reference'])}" if e else ""
+            if not e and isinstance(c.measured, dict):     # say what happened instead, with the run length
+                first = next(((k, x) for k, v in c.measured.items() for x in v if isinstance(x, str)), None)
+                eg = f"; e.g. {first[0]}: {first[1]}" if first else ""
             why.append(f"{c.name}: no phase ends in both curves ({d['ended_in_neither']} in neither, "
                        f"{d['ended_in_one_only']} in one curve only{eg})")
         elif d.get("decided", 1) == 0:
