@@ -127,3 +127,27 @@ def test_mix_figure_renders_and_refuses_bad_data():
     bad.matrix = [[1.0]]
     with pytest.raises(RenderError, match="column label"):
         figure_png(bad)
+
+
+# --- the cost of a plan of starts, before it runs
+
+def test_plan_seconds_prices_the_plan():
+    """Seeds on one stream cost less than the same seeds on streams of their own (one draw per
+    step), more seeds or more evaluations cost more, and the claims' estimates are priced from
+    their own profiles (the authors' configuration far above the quick one)."""
+    from claims.allocation_race import RACE_PROFILES
+    from claims.allocation_race import estimate as race_estimate
+    from claims.initialisation import FIELDS, INIT_PROFILES
+    from claims.initialisation import estimate as init_estimate
+    from claims.spec import replace_fields
+    from numerics.experiments.starts import plan_seconds
+
+    shared = plan_seconds((2, 2), 2, 32, 512, 800, [8], 8192, 11)
+    own = plan_seconds((2, 2), 2, 32, 512, 800, [1] * 8, 8192, 11)
+    assert 0 < shared < own
+    assert plan_seconds((2, 2), 2, 32, 512, 800, [16], 8192, 11) > shared
+    assert plan_seconds((2, 2), 2, 32, 512, 800, [8], 8192, 11, reduced=4) > shared
+    authors = {"tasks": (16, 17, 17), "heads": 3, "L": 100}
+    for estimate, profiles in ((init_estimate, INIT_PROFILES), (race_estimate, RACE_PROFILES)):
+        quick = estimate(profiles["quick"])
+        assert estimate(profiles["tiny"]) < quick < estimate(replace_fields(profiles["quick"], authors, FIELDS))
