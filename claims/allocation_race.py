@@ -3,8 +3,11 @@ runner-up head's (omega0, mu0) relative to the favoured head's (one task, two he
 measured winner against theory's ODE rule and the "largest mu0" rule; and the default
 decomposable start at growing scale s0 against the reduced flow from the same start.
 
-Judged: the ODE rule where the race is decided and the reduced flow's phase times at every
-scale (both runs start on D, where the reduced flow is exact).  Where the warm-up vanishes and
+Judged: the ODE rule where the race is decided, the reduced flow's phase times at every
+scale (both runs start on D, where the reduced flow is exact), and the paper's suitable
+initialisation: from the smallest default decomposable start every converged seed allocates
+(the share of converged seeds through its binomial interval, issue 34).  Every start's seeds
+are counted by end class (numerics.readout.end_class), reported per scale.  Where the warm-up vanishes and
 where allocation stops being predictable are findings (the paper assumes small starts); so is
 which side the measurement takes where "largest mu0" and the ODE rule differ.
 """

@@ -7,7 +7,10 @@ The runs are ``numerics.experiments.starts``'; the starts and predictions ``theo
 initialisation``'s.  Outcomes rest on theory's account of these regimes (the gradient-free
 part never moves; the warm-up norm bound below the small scale; the unbalanced reduced flow);
 everything the paper is silent about is reported (headline rows with no comparison, and the
-findings), never judged.  A comparison with nothing to compare (no phase ending in both curves,
+findings), never judged.  Every random start is trained for several seeds (issue 34) and where
+they end is a counted distribution of end classes (numerics.experiments.starts.outcome_mix),
+never one class called "the" outcome unless every seed shares it; He et al.'s zero-sum pair
+from the default start is the one class a prior account predicts, judged as a share.  A comparison with nothing to compare (no phase ending in both curves,
 no decided outcome) cannot decide: the outcome is then ``undecided`` with the reason.
 """
 from __future__ import annotations
