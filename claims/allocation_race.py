@@ -3,8 +3,11 @@ runner-up head's (omega0, mu0) relative to the favoured head's (one task, two he
 measured winner against theory's ODE rule and the "largest mu0" rule; and the default
 decomposable start at growing scale s0 against the reduced flow from the same start.
 
-Judged: the ODE rule where the race is decided and the reduced flow's phase times at every
-scale (both runs start on D, where the reduced flow is exact).  Where the warm-up vanishes and
+Judged: the ODE rule where the race is decided, the reduced flow's phase times at every
+scale (both runs start on D, where the reduced flow is exact), and the paper's suitable
+initialisation: from the smallest default decomposable start every converged seed allocates
+(the share of converged seeds through its binomial interval, issue 34).  Every start's seeds
+are counted by end class (numerics.readout.end_class), reported per scale.  Where the warm-up vanishes and
 where allocation stops being predictable are findings (the paper assumes small starts); so is
 which side the measurement takes where "largest mu0" and the ODE rule differ.
 """
@@ -16,12 +19,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from claims.base import Figure
-from claims.common import Comparison, config_label, headline_row, lines_figure, reported_row
-from claims.phase_checks import (FIELDS, PHASES, nothing_compared, outcome_comparison, phase_comparison, phase_row,
+from claims.common import Z_SE, Comparison, config_label, headline_row, lines_figure, reported_row
+from claims.phase_checks import (ALLOCATION, FIELDS, PHASES, decided, mix_figure, mix_phrase, mix_rows,
+                                 nothing_compared, outcome_comparison, phase_comparison, phase_row, share_comparison,
                                  tcfg)
 from claims.spec import ClaimSpec, Outcome, comparisons_named, finding, replace_fields
 from numerics.config import ProblemConfig
-from numerics.experiments.starts import large_init_run, race_cell
+from numerics.experiments.starts import (large_init_reduced, large_init_starts, outcome_mix, race_cells,
+                                       references)
 from theory.initialisation import default_start_winners, race_starts
 from theory.task_allocation import predicted_winners
 
@@ -34,7 +39,7 @@ class RaceProfile:
     sigma: float = 0.0
     s0: float = 0.1                # the favoured head 0 starts at omega0 = mu0 = s0
     ratios: tuple = (0.5, 0.8, 1.25, 2.0)   # runner-up's omega0/s0 (columns) and mu0/s0 (rows)
-    data_seeds: tuple = (0, 1)     # two prompt streams per cell: a cell is decided when they agree
+    data_seeds: tuple = (0, 1)     # prompt streams per cell (shared by all cells): a cell is decided when they agree
     lr: float = 0.1
     time: float = 60.0
     batch: int = 256
@@ -43,39 +48,87 @@ class RaceProfile:
     large_scales: tuple = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
     large_time: float = 40.0
     large_records: int = 201       # fine records: the warm-up at large s0 lasts a few time units
+    large_seeds: tuple = tuple(range(8))   # prompt streams per scale (the start is deterministic), shared by the scales
+    reduced_seeds: int = 2         # of them, the first this many also run the reduced flow (the phase comparison)
+    n_eval: int = 4096             # held-out prompts per end state
 
 
 RACE_PROFILES = {
     "tiny": RaceProfile(L=16, ratios=(0.5, 2.0), batch=128, time=30.0, records=31, large_tasks=(2,),
-                        large_scales=(0.1, 0.8), large_time=30.0, large_records=61),
+                        large_scales=(0.1, 0.8), large_time=30.0, large_records=61, large_seeds=(0, 1), n_eval=1024),
     "quick": RaceProfile(),
     "paper": RaceProfile(tasks=(4,), L=256, ratios=(0.4, 0.6, 0.8, 0.9, 1.1, 1.25, 1.6, 2.5), data_seeds=(0, 1, 2),
                          lr=0.05, time=100.0, batch=1024, records=61, large_tasks=(4, 4, 4),
-                         large_scales=(0.02, 0.05, 0.1, 0.2, 0.4, 0.8), large_time=100.0, large_records=401),
+                         large_scales=(0.02, 0.05, 0.1, 0.2, 0.4, 0.8), large_time=100.0, large_records=401,
+                         large_seeds=tuple(range(16)), reduced_seeds=3, n_eval=16384),
 }
 
 
 # --- item 3: the race grid; item 4: large initialisation
 
 def race_grid(p: RaceProfile, device="cpu", seed=0, progress=lambda msg, f: None) -> dict:
-    """Every cell (omega ratio rho_w, mu ratio rho_m) of theory.initialisation.race_starts:
-    measured winners per data seed (decided when the seeds agree and the race has ended:
-    numerics.readout's race_decided), theory's ODE and largest-mu0 predictions."""
+    """Every cell (omega ratio rho_w, mu ratio rho_m) of theory.initialisation.race_starts, on
+    each prompt stream of ``p.data_seeds`` (stream k shared by every cell: common random
+    numbers), all trained together (numerics.experiments.starts.race_cells): measured winners
+    per data seed (decided when the seeds agree and the race has ended: numerics.readout's
+    race_decided), each seed's end class counted (``mix``), theory's ODE and largest-mu0
+    predictions."""
     base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=device)
-    starts, cells = race_starts(p.s0, p.ratios, p.heads, base.m), []
-    for n, st in enumerate(starts):
+    starts = race_starts(p.s0, p.ratios, p.heads, base.m)
+    cfgs = [base.replace(init="given", init_omega=tuple(map(tuple, st["omega0"])), init_mu=tuple(map(tuple, st["mu0"])))
+            for st in starts]
+    progress(f"{len(starts)} race cells x {len(p.data_seeds)} prompt streams, trained together", 0.0)
+    every = race_cells([c for c in cfgs for _ in p.data_seeds], [tcfg(p, seed + k) for _ in cfgs for k in p.data_seeds],
+                       p.n_eval)
+    cells, n = [], len(p.data_seeds)
+    for j, st in enumerate(starts):
         rw, rm, om0, mu0 = st["rho_omega"], st["rho_mu"], st["omega0"], st["mu0"]
-        progress(f"race cell omega x{rw:g}, mu x{rm:g}", n / len(starts))
-        cfg = base.replace(init="given", init_omega=tuple(map(tuple, om0)), init_mu=tuple(map(tuple, mu0)))
-        meas = [race_cell(cfg, tcfg(p, seed + k)) for k in p.data_seeds]
+        meas = every[j * n:(j + 1) * n]
         wins = [m_["winners"] for m_ in meas]
         seeds_agree = all(w == wins[0] for w in wins)
         finished = all(m_["race_decided"] for m_ in meas)
         cells.append({"rho_omega": rw, "rho_mu": rm, "measured": wins, "decided": seeds_agree and finished,
                       "seeds_agree": seeds_agree, "allocated": finished, "share": [m_["share"] for m_ in meas],
+                      "classes": [m_["class"]["label"] for m_ in meas], "mix": outcome_mix(meas, Z_SE),
                       "ode": predicted_winners(om0, mu0, p.tasks, p.L, p.sigma, rule="ode"),
                       "largest_mu": predicted_winners(om0, mu0, p.tasks, rule="largest_mu")})
     return {"cells": cells}
+
+
+def large_runs(p: RaceProfile, base: ProblemConfig, seed: int, progress) -> dict:
+    """The default decomposable start at each of ``p.large_scales`` on each prompt stream of
+    ``p.large_seeds`` (the start is deterministic: the streams are the seeds; stream k shared by
+    every scale), the full models trained together (numerics.experiments.starts.
+    large_init_starts); the first ``p.reduced_seeds`` streams also run the reduced flow from the
+    same start on the same prompts.  Returns {s0: [{"full": end state, "reduced": readout or
+    None}, ...]}."""
+    cfgs = [base.replace(init_scale=s0) for s0 in p.large_scales for _ in p.large_seeds]
+    tcfgs = [tcfg(p, seed + k, p.large_time, p.large_records) for _ in p.large_scales for k in p.large_seeds]
+    progress(f"large init: {len(cfgs)} runs ({len(p.large_scales)} scales x {len(p.large_seeds)} streams), "
+             "trained together", 0.6)
+    full = large_init_starts(cfgs, tcfgs, p.n_eval)
+    n, out = len(p.large_seeds), {}
+    for j, s0 in enumerate(p.large_scales):
+        out[s0] = [{"full": full[j * n + i],
+                    "reduced": large_init_reduced(cfgs[j * n + i], tcfgs[j * n + i]) if i < p.reduced_seeds else None}
+                   for i in range(n)]
+    return out
+
+
+def check_small_start_allocates(runs: list[dict], s0: float, config=None) -> Comparison:
+    """The paper's "suitable initialisation" (the default decomposable start at a small scale)
+    predicts its picture: every seed that has converged ends allocated (or with heads still
+    sharing a task with one sign, the race not ended: claims.phase_checks.ALLOCATION).  Compared
+    as the share of converged seeds in those classes against 1 through their binomial interval
+    (claims.phase_checks.share_comparison); the wrong prediction "no seed allocates" (share 0)
+    goes through the same comparison.  No seed converged: undecided."""
+    states = [r["full"] for r in runs]
+    ok = decided(states)
+    k = sum(s["class"]["name"] in ALLOCATION for s in ok)
+    return share_comparison(f"small decomposable start (s0={s0:g}): share of converged seeds allocated", k, len(ok),
+                            1.0, "the paper's suitable initialisation: from a small balanced start the heads allocate "
+                            "the tasks", (("no seed allocates (share 0)", 0.0),), config=config,
+                            details={"seeds": len(states), "not_converged": len(states) - len(ok)})
 
 
 def check_race(cells: list[dict], config=None) -> Comparison:
@@ -107,38 +160,40 @@ def evaluate(ctx) -> Outcome:
     """boundary-allocation-race: items 3 and 4 of issue 14 (module docstring)."""
     p, seed, progress = ctx.p, ctx.seed, ctx.progress
     cells = race_grid(p, ctx.device, seed, lambda msg, f: progress(msg, 0.6 * f))["cells"]
-    large = {}
     base = ProblemConfig(tasks=p.large_tasks, heads=len(p.large_tasks), L=p.L, sigma=p.sigma, device=ctx.device)
-    for j, s0 in enumerate(p.large_scales):
-        progress(f"large init s0={s0:g}", 0.6 + 0.4 * j / len(p.large_scales))
-        cfg = base.replace(init_scale=s0)
-        large[s0] = [large_init_run(cfg, tcfg(p, seed + k, p.large_time, p.large_records)) for k in p.data_seeds]
+    large = large_runs(p, base, seed, progress)
     spacing = p.large_time / (p.large_records - 1)
     label = config_label(base) + " init=decomposable at growing s0"
     cfg0 = config_label(ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma)) + f" s0={p.s0:g}"
     race, phases = check_race(cells, cfg0), phase_comparison(
         "phase times against init scale: full model vs reduced flow",
         [(f"s0={s:g} seed {k}", r["full"]["phases"], r["reduced"]["phases"], p.large_time)
-         for s, rs in large.items() for k, r in zip(p.data_seeds, rs)], spacing, "reduced flow", label)
+         for s, rs in large.items() for k, r in zip(p.large_seeds, rs) if r["reduced"] is not None
+         and r["full"]["phases"] is not None], spacing, "reduced flow", label)
+    small = check_small_start_allocates(large[min(p.large_scales)], min(p.large_scales), label)
     predicted = {s0: default_start_winners(p.large_tasks, s0, p.L, p.sigma) for s0 in p.large_scales}
-    warmup = lambda r: r["full"]["phases"]["warmup_end"]  # noqa: E731
+    warmup = lambda r: (r["full"]["phases"] or {}).get("warmup_end", math.nan)  # noqa: E731
     # no warm-up: in every seed the loss has fallen by 10% of its drop within 2 record spacings
     no_warmup = [s0 for s0, rs in large.items() if all(math.isfinite(warmup(r)) and warmup(r) <= 2 * spacing
                                                        for r in rs)]
     # unpredictable: a seed's winners differ from the reduced flow's from the same start, or from
     # theory's ODE rule where the start is inside the expansion's domain, or a task is not allocated
-    # (its winner carries < WINNER_MASS_SHARE of sum_h |mu omega|), or the seeds disagree
+    # (its winner carries < WINNER_MASS_SHARE of sum_h |mu omega|), or the seeds disagree, or a seed diverged
     unpredictable = [s0 for s0, rs in large.items()
-                     if any(r["full"]["winners"] != r["reduced"]["winners"]
+                     if any(r["full"]["winners"] is None
+                            or (r["reduced"] is not None and r["full"]["winners"] != r["reduced"]["winners"])
                             or (predicted[s0] is not None and r["full"]["winners"] != predicted[s0])
                             or not r["full"]["mass_allocated"] or r["full"]["winners"] != rs[0]["full"]["winners"]
                             for r in rs)]
+    refs = references(tuple(p.large_tasks), len(p.large_tasks), p.L, p.sigma, ctx.device, best=False)
+    mixes = {f"s0={s0:g}": outcome_mix([r["full"] for r in rs], Z_SE, refs) for s0, rs in large.items()}
     undefined = [s0 for s0, rs in large.items() if any(not math.isfinite(warmup(r)) for r in rs)]
     dis = [c for c in cells if c["ode"] != c["largest_mu"]]
     sides_with = lambda rule: sum(c["decided"] and c["measured"][0] == c[rule] for c in dis)  # noqa: E731
     contra = sides_with("ode")
     headline = [headline_row(race, measured=race.measured, theory=race.predicted) if race.details["decided"]
                 else reported_row(race.name, None, config=cfg0),
+                headline_row(small) if small.details["decided"] else reported_row(small.name, None, config=label),
                 *(reported_row(name, value, config=cfg0) for name, value in (
                     ("race: undecided cells: data seeds disagree", race.details["seeds_disagree"]),
                     ("race: undecided cells: seeds agree, race not ended by t_end", race.details["not_allocated"]),
@@ -150,18 +205,34 @@ def evaluate(ctx) -> Outcome:
                 *phase_row(phases),
                 *(reported_row(f"{what} from init scale (bracket [below, at])", bracket(list(p.large_scales), hits),
                                config=label)
-                  for what, hits in (("no warm-up", no_warmup), ("allocation unpredictable", unpredictable)))]
+                  for what, hits in (("no warm-up", no_warmup), ("allocation unpredictable", unpredictable))),
+                *(row for s0, mix in mixes.items() for row in mix_rows(f"large init {s0}", mix, config=label))]
     details = {"domain": "theory's ODE rule decides the race in cells where the data seeds agree (both runs start on "
                          "D, where the reduced flow is exact); on D the reduced flow gives the phase times at every "
                          "scale. Where the warm-up vanishes and where allocation stops being predictable are findings "
                          "(the paper assumes small starts).",
-               "ran": {"profile": asdict(p)}, "cells": cells, "large": {f"{s:g}": rs for s, rs in large.items()},
+               "ran": {"profile": asdict(p), "design": "the cells share their prompt streams, and so do the large-init "
+                       "scales (common random numbers); each start's seeds are its prompt streams (the start itself "
+                       "is deterministic), trained together"},
+               "cells": cells, "large_mix": mixes,
+               "large": {f"{s:g}": [{"full": {k: v for k, v in r["full"].items() if k not in ("t", "loss_curve")},
+                                     "reduced": r["reduced"] and {k: v for k, v in r["reduced"].items()
+                                                                  if k not in ("t", "loss_curve")}} for r in rs]
+                         for s, rs in large.items()},
                "predicted_winners_large": {f"{s:g}": w for s, w in predicted.items()},
                "no_warmup_scales": no_warmup, "unpredictable_scales": unpredictable,
                "warmup_undefined_scales": undefined, "largest_mu_contradicted": contra,
                "largest_mu_decided": sum(c["decided"] for c in dis), "rules_disagree": len(dis)}
-    figures = [_race_heatmap(p, cells), _race_border_figure(p, cells), _large_phase_figure(large, spacing)]
-    return Outcome([race, phases], headline, figures, details, undecided=nothing_compared([race, phases]))
+    figures = [_race_heatmap(p, cells), _race_border_figure(p, cells), _large_phase_figure(large, spacing),
+               mix_figure("race-large-outcomes", "Where the default decomposable start ends, per scale (counted "
+                          "classes)", mixes, caption="one bar per init scale: its prompt streams (seeds) by end class "
+                          "(numerics.readout.end_class)")]
+    if any(len(c["mix"]["labels"]) > 1 for c in cells):     # seeds disagree somewhere: the cells' counted mix
+        figures.append(mix_figure("race-cell-outcomes", "Race cells whose seeds end in different classes",
+                                  {f"omega x{c['rho_omega']:g}, mu x{c['rho_mu']:g}": c["mix"] for c in cells
+                                   if len(c["mix"]["labels"]) > 1}))
+    comps = [race, phases, small]
+    return Outcome(comps, headline, figures, details, undecided=nothing_compared(comps))
 
 
 def findings(result) -> list:
@@ -176,6 +247,10 @@ def findings(result) -> list:
                    cells=len(d["cells"]), agree=race["measured"], decided=race["details"]["decided"],
                    dis=d["rules_disagree"], contra=d["largest_mu_contradicted"], dis_dec=d["largest_mu_decided"],
                    undecided=race["details"]["undecided"], t=p["time"])]
+    for s0, mix in (d.get("large_mix") or {}).items():     # every large-init scale: where its seeds end, counted
+        phrase, nums = mix_phrase(mix)
+        out.append(finding(result, "beyond", "From the default decomposable start at " + s0.replace("s0=", "s0 = ")
+                           + " (its seeds: prompt streams) " + phrase + " by t_end = {t}.", t=p["large_time"], **nums))
     scales = p["large_scales"]
     where, unpred = bracket(scales, d["no_warmup_scales"]), bracket(scales, d["unpredictable_scales"])
     tail = (" allocation is unpredictable from s0 in [{u_lo}, {u_hi}]." if unpred else
@@ -196,17 +271,19 @@ def findings(result) -> list:
 
 
 def estimate(p: RaceProfile) -> float:
-    """Wall seconds on 2 cores: a fixed part (the tiny profile took 23 s, load ~5: per-step
-    overheads and the ODE rule's predictions) plus cell units x c: race cells x seeds + large-init
-    pairs x 1.5 (full + reduced), each scaled by steps x batch x L x H (d + m)^2 against a cell of
-    the quick profile (600 steps x 256 prompts, L = 32, one task r = 2, H = 2).  The quick report
-    of 2026-12-01 (/tmp/base): 32 cells + 12 pairs of 4 units = 80 units in 113 s, c = (113 - 23)
-    / 80 = 1.1 s."""
-    unit = lambda t, tasks, heads: t / p.lr * p.batch * p.L * heads * (sum(tasks) + len(tasks)) ** 2 / (  # noqa: E731
-        600 * 256 * 32 * 18)
-    cells = unit(p.time, p.tasks, p.heads) * len(p.ratios) ** 2 * len(p.data_seeds)
-    large = 1.5 * unit(p.large_time, p.large_tasks, len(p.large_tasks)) * len(p.large_scales) * len(p.data_seeds)
-    return 23.0 + 1.1 * (cells + large)
+    """Seconds before it runs, priced from the claim's own plan (numerics.experiments.starts.
+    plan_seconds: the step-cost model): the race cells (every cell on each prompt stream, a
+    stream's cells in one program), the large-init runs (every scale on each stream) with
+    ``reduced_seeds`` reduced flows per scale, every run's end-state evaluations, plus a fixed
+    part (imports, theory's ODE rule per cell: 10 s)."""
+    from numerics.experiments.starts import WINDOW_MOST, plan_seconds
+    snaps = lambda records: min(WINDOW_MOST, records // 4 + 1)  # noqa: E731
+    cells = plan_seconds(p.tasks, p.heads, p.L, p.batch, round(p.time / p.lr), [len(p.ratios) ** 2] * len(p.data_seeds),
+                         p.n_eval, snaps(p.records))
+    large = plan_seconds(p.large_tasks, len(p.large_tasks), p.L, p.batch, round(p.large_time / p.lr),
+                         [len(p.large_scales)] * len(p.large_seeds), p.n_eval, snaps(p.large_records),
+                         reduced=len(p.large_scales) * min(p.reduced_seeds, len(p.large_seeds)))
+    return 10.0 + cells + large
 
 
 RACE_SPEC = ClaimSpec(
@@ -260,9 +337,11 @@ def _large_phase_figure(large, spacing) -> Figure:
     for key, style in (("full", "points"), ("reduced", "line")):
         for which in PHASES:
             pts = [(s0, np.mean(v)) for s0, rs in large.items()
-                   if (v := [r[key]["phases"][which] for r in rs if math.isfinite(r[key]["phases"][which])])]
+                   if (v := [r[key]["phases"][which] for r in rs if r[key] is not None and r[key]["phases"] is not None
+                             and math.isfinite(r[key]["phases"][which])])]
             curves.append((f"{key} {which.replace('_', ' ')}", [x for x, _ in pts], [y for _, y in pts], style))
+    drawn = any(len(c[1]) for c in curves)     # no phase ended anywhere: nothing to put on a log axis
     return lines_figure("race-phases", "Phase times against the init scale (default decomposable start)", curves,
-                        xlabel="s0", ylabel="t", xscale="log", yscale="log",
+                        xlabel="s0", ylabel="t", xscale="log" if drawn else "linear", yscale="log" if drawn else "linear",
                         hlines=[{"y": 2 * spacing, "label": "two record spacings"}],
                         caption="a warm-up end below two record spacings: no warm-up at that scale")

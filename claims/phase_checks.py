@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from claims.common import Comparison, headline_row, perturbation, reported_row, resolved
+from claims.common import Z_SE, Comparison, compare, headline_row, perturbation, reported_row, resolved
 from claims.spec import fmt
 from numerics.train import TrainConfig
 
@@ -103,8 +103,97 @@ def nothing_compared(comps: list) -> str | None:
         if d.get("compared", 1) == 0:
             e = d["one_only"][0] if d["one_only"] else None
             eg = f"; e.g. {e['where']}, {e['phase']}: {fmt(e['measured'])} against {fmt(e['reference'])}" if e else ""
+            if not e and isinstance(c.measured, dict):     # say what happened instead, with the run length
+                first = next(((k, x) for k, v in c.measured.items() for x in v if isinstance(x, str)), None)
+                eg = f"; e.g. {first[0]}: {first[1]}" if first else ""
             why.append(f"{c.name}: no phase ends in both curves ({d['ended_in_neither']} in neither, "
                        f"{d['ended_in_one_only']} in one curve only{eg})")
         elif d.get("decided", 1) == 0:
             why.append(f"{c.name}: no outcome decided (data seeds disagree, a tied start, or a race not ended)")
     return "; ".join(why) or None
+
+
+# --- where the seeds of a start end: counted classes, and the share a theory predicts
+
+ALLOCATION = ("allocated", "mixed")
+"""The classes of the paper's picture from a balanced small start: allocated, or heads still
+sharing a task with one sign (``mixed``: the race not ended by t_end; under the factored metric
+the loser's mu decays like 1/t, so the limit is allocated).  A superposition, an end off D or a
+divergence is outside it."""
+
+
+def decided(states: list) -> list:
+    """The seeds whose end state has a class to compare: converged (or diverged, an end state
+    too); a seed still converging says nothing about where it ends."""
+    return [s for s in states if s["class"]["name"] != "not converged"]
+
+
+def share_comparison(name: str, k: int, n: int, predicted: float, why: str, wrong: tuple, config=None,
+                     details=None) -> Comparison:
+    """The share k / n of seeds in a class against a predicted share, through the seeds' own
+    binomial interval: [lo, hi] = numerics.statistics.binomial_interval(k, n, Z_SE) (Clopper-
+    Pearson: a true share lies outside it with probability at most 6e-5, the report's Z_SE
+    policy).  Error |k/n - p|, tolerance the interval's reach on the side of the prediction
+    (k/n - lo below the share, hi - k/n above it), so the prediction agrees exactly when it lies
+    in the interval; the interval is the measurement's alone (a prediction picks a side, it cannot
+    widen it).  ``wrong``: (description, share) pairs sent through the same comparison (the other
+    class: share 0 for a predicted 1).  Resolving power in absolute share units.  No seed decided
+    (n = 0): error 0, every wrong prediction unrejected -- undecided, never located."""
+    if n == 0:
+        return Comparison(name=name, measured=None, predicted=predicted, error=0.0, tolerance=0.0, why=why,
+                          perturbations=[perturbation(d, 0.0, 0.0) for d, _ in wrong], config=config,
+                          details={"decided": 0, "count": 0, "n": 0, **(details or {})})
+    from numerics.statistics import binomial_interval
+    lo, hi = binomial_interval(k, n, Z_SE)
+    share = k / n
+
+    def reach(p):
+        return share - lo if p <= share else hi - share
+
+    return compare(name, share, float(predicted), reach,
+                   f"{why}; the prediction must lie in the Clopper-Pearson interval [{lo:.3g}, {hi:.3g}] of {k} of "
+                   f"{n} seeds ({Z_SE:g}-sigma level)", wrong=wrong, units="absolute",
+                   se=math.sqrt(share * (1 - share) / n), config=config,
+                   details={"decided": n, "count": k, "n": n, "interval": [lo, hi], **(details or {})})
+
+
+def mix_phrase(mix: dict, key: str = "m") -> tuple[str, dict]:
+    """The sentence part naming every class a start's seeds ended in (numerics.experiments.starts.
+    outcome_mix), and its numbers: "all 8 seeds end off D (...)" when they share one class, else
+    "the 8 seeds end in 2 classes: off D in 5 of 8 (share interval [...]) ...; ..."; each class
+    with its loss ratios to the allocated fixed point and the best decomposable point."""
+    labels, n = mix["labels"], mix["n"]
+    nums, parts = {f"{key}_n": n}, []
+    for j, (label, e) in enumerate(labels.items()):
+        p = f"{key}{j}"
+        nums.update({f"{p}_k": e["count"], f"{p}_lo": e["interval"][0], f"{p}_hi": e["interval"][1],
+                     f"{p}_a": (e["over_allocated"], e["over_allocated_se"]), f"{p}_b": (e["over_best"],
+                                                                                           e["over_best_se"])})
+        refs = [f"{{{p}_{x}}} x the {what}" for x, what, v in (("a", "allocated fixed point", e["over_allocated"]),
+                                                                   ("b", "best decomposable point", e["over_best"]))
+                if v is not None]
+        ratio = ("the loss diverged" if label == "diverged" else
+                 "held-out loss " + " and ".join(refs) if refs else "")
+        count = "" if len(labels) == 1 else f" in {{{p}_k}} of {{{key}_n}} (share interval [{{{p}_lo}}, {{{p}_hi}}])"
+        parts.append(label + count + (", " + ratio if ratio else ""))
+    if len(labels) == 1:
+        return f"all {{{key}_n}} seeds end " + parts[0], nums
+    return f"the {{{key}_n}} seeds end in {len(labels)} classes: " + "; ".join(parts), nums
+
+
+def mix_rows(prefix: str, mix: dict, config=None) -> list:
+    """Reported headline rows of a start's class mix: one per class, "k of n" with its interval."""
+    return [reported_row(f"{prefix}: {label} (seeds of {mix['n']}; share interval {fmt(e['interval'])})",
+                         e["count"], config=config) for label, e in mix["labels"].items()]
+
+
+def mix_figure(name: str, title: str, mixes: dict, caption: str = ""):
+    """A 'mix' figure (reports.figures): one stacked bar per start (``mixes``: bar label ->
+    outcome_mix), one segment per class label, its count of seeds."""
+    from claims.base import Figure
+    labels = []
+    for m in mixes.values():
+        labels += [k for k in m["labels"] if k not in labels]
+    return Figure(name=name, title=title, kind="mix", row_labels=list(mixes), col_labels=labels,
+                  matrix=[[float(m["labels"].get(k, {}).get("count", 0)) for k in labels] for m in mixes.values()],
+                  xlabel="seeds", caption=caption)

@@ -126,6 +126,62 @@ def allocation(omega, mu) -> Allocation:
                       signed_superposed=tuple(signed))
 
 
+OUTCOME_CLASSES = ("allocated", "superposition", "off D", "mixed", "not converged", "diverged")
+"""Where a trained run ends, by precedence (:func:`end_class`): ``diverged`` (the loss blew up:
+numerics.train.TrainingDiverged), ``not converged`` (still in its warm-up, or the loss it could
+still lose exceeds its comparison's tolerance: numerics.experiments.converged.converged_for),
+``off D`` (its movable off-D part built by the flow: numerics.experiments.starts.off_D_test),
+``superposition`` (on k of the m tasks: heads of both signs carry >= SUPERPOSED_SHARE of the
+task, :attr:`Allocation.signed_superposed`), ``allocated`` (:attr:`Allocation.allocated`),
+``mixed`` (none of these: heads sharing tasks with one sign, or fewer heads than tasks).  The
+order is that of what each class needs: a class is read only once the run has converged, and
+the readout of (omega, mu) means what it says only on D."""
+
+
+@dataclass(frozen=True)
+class EndClass:
+    """The class of one run's end state (:data:`OUTCOME_CLASSES`); ``superposed``: how many of
+    its ``tasks`` are in signed superposition (the k of "superposition on k of m tasks");
+    ``reason``: why a run is not converged or diverged."""
+
+    name: str
+    superposed: int
+    tasks: int
+    reason: str = ""
+
+    @property
+    def label(self) -> str:
+        """The class as counted: a superposition on k of m tasks is its own class for each k."""
+        return f"superposition on {self.superposed} of {self.tasks} tasks" if self.name == "superposition" else self.name
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "label": self.label, "superposed": self.superposed, "tasks": self.tasks,
+                "reason": self.reason}
+
+
+def end_class(readout, *, off_D: bool, converged: bool, diverged: bool = False, reason: str = "") -> EndClass:
+    """The one classifier of a trained run's end state (:data:`OUTCOME_CLASSES`, by precedence)
+    from its final readout (an :class:`Allocation`, or its ``to_dict()`` as stored; None for a
+    diverged run), whether its movable off-D part was built by the flow (``off_D``) and whether it
+    has converged; ``reason`` is kept for a run not converged or diverged."""
+    if readout is None:
+        if not diverged:
+            raise ValueError("end_class needs the run's readout (numerics.readout.allocation) unless it diverged")
+        return EndClass("diverged", 0, 0, reason)
+    a = readout.to_dict() if isinstance(readout, Allocation) else readout
+    signed = list(a["signed_superposed"])
+    k, m = int(sum(bool(x) for x in signed)), len(signed)
+    if diverged:
+        return EndClass("diverged", 0, m, reason)
+    if not converged:
+        return EndClass("not converged", k, m, reason)
+    if off_D:
+        return EndClass("off D", k, m)
+    if k > 0:
+        return EndClass("superposition", k, m)
+    return EndClass("allocated" if a["allocated"] else "mixed", 0, m)
+
+
 ZERO_SUM_SHARE = 0.1
 """A task is carried by a zero-sum group of OV values when |sum_h mu[h, i]| is at most 10% of
 sum_h |mu[h, i]|: the heads cancel the softmax's constant part (SPEC.md; He et al., ICML 2025).

@@ -5,7 +5,7 @@ claim's ``Figure`` data) or from ``claims.json`` (the forest plot); this module 
 it looks.
 
 - :func:`figure_png` draws a ``claims.base.Figure`` (kinds ``"lines"``, ``"heatmap"``,
-  ``"panels"``) with Matplotlib's Agg backend and returns the PNG bytes.
+  ``"panels"``, ``"mix"``) with Matplotlib's Agg backend and returns the PNG bytes.
 - :func:`forest_rows` reads every comparison of a ``claims.json`` document
   (``details["comparisons"]`` of each claim; its judged headline rows where a claim recorded
   none) as one row of the forest plot; :func:`forest_svg` / :func:`forest_png` draw them: the
@@ -39,7 +39,7 @@ from PIL import Image  # noqa: E402 - Matplotlib's own dependency
 
 from claims.base import Figure, Series  # noqa: E402
 
-FIGURE_KINDS = ("lines", "heatmap", "panels")
+FIGURE_KINDS = ("lines", "heatmap", "panels", "mix")
 SERIES_STYLES = ("line", "points", "dashed")
 SCALES = ("linear", "log")
 
@@ -255,6 +255,43 @@ def _draw_heatmap(fig_mpl, ax, fig: Figure) -> None:
     ax.set_title(fig.title, fontsize=10)
 
 
+MIX_COLOURS = ("#1b7837", "#762a83", "#e08214", "#2166ac", "#bdbdbd", "#b2182b", "#35978f", "#8c510a")
+
+
+def _draw_mix(ax, fig: Figure) -> None:
+    """A class mix: one horizontal stacked bar per row (``row_labels``: a start), one segment
+    per column (``col_labels``: a class) of length ``matrix[row][col]`` (a count), its count
+    written inside; classes coloured in column order."""
+    if not fig.matrix or not all(isinstance(row, (list, tuple)) for row in fig.matrix):
+        raise RenderError(f"figure {fig.name!r}: a mix needs a non-empty matrix (a list of rows of counts)")
+    cols = len(fig.col_labels)
+    if cols == 0 or any(len(row) != cols for row in fig.matrix):
+        raise RenderError(f"figure {fig.name!r}: a mix needs one column label per count of every row "
+                          f"({cols} labels)")
+    if len(fig.row_labels) != len(fig.matrix):
+        raise RenderError(f"figure {fig.name!r}: {len(fig.row_labels)} row labels for {len(fig.matrix)} rows")
+    values = [[_number(v) for v in row] for row in fig.matrix]
+    if any(not math.isfinite(v) or v < 0 for row in values for v in row):
+        raise RenderError(f"figure {fig.name!r}: a mix's counts must be finite and >= 0")
+    rows = len(values)
+    left = [0.0] * rows
+    for j, label in enumerate(fig.col_labels):
+        width = [row[j] for row in values]
+        bars = ax.barh(range(rows), width, left=left, color=MIX_COLOURS[j % len(MIX_COLOURS)], label=str(label),
+                       edgecolor="white")
+        for bar, w in zip(bars, width):
+            if w > 0:
+                ax.text(bar.get_x() + w / 2, bar.get_y() + bar.get_height() / 2, f"{w:g}", ha="center",
+                        va="center", fontsize=8, color="white")
+        left = [a + w for a, w in zip(left, width)]
+    ax.set_yticks(range(rows), [str(r) for r in fig.row_labels], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(fig.xlabel)
+    ax.set_ylabel(fig.ylabel)
+    ax.set_title(fig.title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
 def figure_png(figure: Any, dpi: int = 110) -> bytes:
     """PNG bytes of one figure. Raises :class:`RenderError` saying what is wrong with it."""
     fig = as_figure(figure)
@@ -287,6 +324,9 @@ def figure_png(figure: Any, dpi: int = 110) -> bytes:
     try:
         if fig.kind == "lines":
             _draw_lines(ax, fig)
+        elif fig.kind == "mix":
+            _draw_mix(ax, fig)
+            mpl_fig.tight_layout()
         else:
             _draw_heatmap(mpl_fig, ax, fig)
         return _png(mpl_fig, dpi)

@@ -23,7 +23,7 @@ from claims.allocation_race import run as run_race
 from claims.base import ClaimResult
 from claims.initialisation import check_gradient_free, check_warmup_bound, run
 from claims.initialisation import findings as init_findings
-from numerics.experiments.starts import random_start_run
+from numerics.experiments.starts import outcome_mix, random_starts
 from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, factor_balance, mse_loss
@@ -54,7 +54,7 @@ def test_small_random_start_stays_under_warmup_bound(device, problem, fraction, 
     s = math.sqrt(base.token_dim)
     s0 = fraction * small_scale(tasks, heads, L, t_end, sigma, s)
     cfg = base.replace(init="uniform_full", init_scale=s0, init_seed=seed, logit_scale=s)
-    r = random_start_run(cfg, TrainConfig(lr=0.1, time=t_end, batch=64, seed=seed, records=5), n_eval=256)
+    r, = random_starts([cfg], [TrainConfig(lr=0.1, time=t_end, batch=64, seed=seed, records=5)], n_eval=256)
     c = check_warmup_bound([r], cfg, t_end)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()   # and the bound is not vacuous: 'halves' is rejected
@@ -69,7 +69,7 @@ def test_race_winner_matches_ode_rule_where_seeds_agree(device, r, L, sigma, rat
     """Two heads race for one task from (s0, s0) against (rho_w s0, rho_m s0): in every cell
     where two data seeds agree (and the race has ended) the winner is theory's ODE rule's;
     undecided cells are counted."""
-    p = RaceProfile(tasks=(r,), L=L, sigma=sigma, ratios=ratios, time=30.0, batch=128, records=11)
+    p = RaceProfile(tasks=(r,), L=L, sigma=sigma, ratios=ratios, time=30.0, batch=128, records=11, n_eval=1024)
     cells = race_grid(p, device=device)["cells"]
     c = check_race(cells)
     assert len(cells) == 4 and c.details["decided"] + c.details["undecided"] == 4
@@ -143,7 +143,10 @@ def test_tiny_initialisation_run(device, problem):
     # threshold; every winner a tie or seed-dependent), undecided saying so
     assert r.verdict == "located" or (r.verdict == "undecided" and r.details["undecided"]), r.verdict
     assert len(r.findings) >= 2 and all(f.numbers for f in r.findings), r.findings
-    assert {f.name for f in r.figures} == {"init-residual", "init-phases-random", "init-unbalanced"}
+    assert {f.name for f in r.figures} == {"init-residual", "init-phases-random", "init-unbalanced", "init-outcomes"}
+    # every random start's seeds counted: a class mix per scale, its counts summing to the seeds
+    for f in r.details["findings"]:
+        assert sum(e["count"] for e in f["mix"]["labels"].values()) == f["mix"]["n"] == 2
 
 
 @pytest.mark.thorough
@@ -158,7 +161,7 @@ def test_race_claim_tiny(device):
     assert r.verdict in ("located", "undecided"), r.verdict
     if r.verdict == "undecided":
         assert "t_end = " in r.details["undecided"], r.details["undecided"]
-    assert {f.name for f in r.figures} == {"race-heatmap", "race-border", "race-phases"}
+    assert {"race-heatmap", "race-border", "race-phases", "race-large-outcomes"} <= {f.name for f in r.figures}
     assert {f.kind for f in r.findings} == {"beyond", "stops"}
 
 
@@ -200,22 +203,34 @@ def test_race_findings_follow_the_numbers():
     assert "(0.05, 0.1]" in a[1].text and "(n/a, 0.05]" in b[1].text
 
 
+def _state(cls, loss, seed, superposed=0):
+    name = "superposition" if cls.startswith("superposition") else cls
+    return {"class": {"name": name, "label": cls, "superposed": superposed, "tasks": 2}, "loss": loss,
+            "init_seed": seed}
+
+
 def test_initialisation_findings_follow_the_numbers():
-    """The authors' start and the unbalanced starts: sentences from the result's own numbers."""
-    f = {"init_scale": 1.0, "classes": ["off D"], "movable_relative_end": 0.797, "movable_se": 0.0006,
-         "loss_over_allocated": 1.10, "loss_over_allocated_se": 0.013}
-    details = {"findings": [f], "t_end": 80.0, "allocated_loss": {"mean": 0.786}, "unbalanced_scale": 0.03,
-               "balance_changes_outcome": 3, "unbalanced_starts": 3,
+    """Every random start's class mix and the unbalanced starts: sentences from the result's own
+    numbers; a start whose seeds all share a class says so with n, one whose seeds differ names
+    every class with its count (never one class as 'the' outcome)."""
+    refs = {"allocated_loss": 0.8, "best_decomposable": {"loss": 0.7}}
+    same = outcome_mix([_state("off D", 0.88 + 0.001 * (k - 3.5), k) for k in range(8)], 4.0, refs)
+    f = {"init_scale": 1.0, "mix": same, "movable_relative_end": 0.797, "movable_se": 0.0006}
+    details = {"findings": [f], "t_end": 80.0, "unbalanced_scale": 0.03, "balance_changes_outcome": 3,
+               "unbalanced_starts": 3, "unbalanced_mix": same,
                "comparisons": [{"name": "unbalanced start: outcome per task", "measured": 6,
                                 "details": {"shared_full": 6, "decided": 6}}]}
     res = ClaimResult(id="boundary-initialisation", title="", statement="", verdict="located", kind="boundary",
                       details=details)
     a = init_findings(res)
-    assert [x.kind for x in a] == ["beyond", "beyond"] and "off D" in a[0].text and "1.1 ± 0.013" in a[0].text
-    f["loss_over_allocated"], f["classes"] = 0.95, ["on D"]
+    assert [x.kind for x in a] == ["beyond", "beyond", "beyond"]
+    assert "all 8 seeds end off D" in a[0].text and "1.1 ± 0.00" in a[0].text, a[0].text
+    f["mix"] = outcome_mix([_state("off D", 0.88, k) for k in range(5)]
+                           + [_state("superposition on 1 of 2 tasks", 0.7, k, 1) for k in range(5, 8)], 4.0, refs)
     details["comparisons"][0]["details"]["shared_full"] = 2
     b = init_findings(res)
-    assert a[0].text != b[0].text and "on D" in b[0].text and a[1].text != b[1].text
+    assert "in 2 classes" in b[0].text and "off D in 5 of 8" in b[0].text, b[0].text
+    assert "superposition on 1 of 2 tasks in 3 of 8" in b[0].text and a[2].text != b[2].text
 
 
 @pytest.mark.thorough

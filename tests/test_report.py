@@ -58,6 +58,8 @@ def _figures() -> list[Figure]:
                series=[Series("measured", [4, 10, 40], [2.3, 2.6, 2.9], "points"),
                        Series("theory", [4, 10, 40], [2.316, 2.661, 2.904], "line")],
                hlines=[{"y": 3, "label": "H"}]),
+        Figure(name="outcomes", title="where the seeds end", kind="mix", matrix=[[5.0, 3.0], [8.0, 0.0]],
+               row_labels=["s0=1", "s0=0.3"], col_labels=["off D", "allocated"], xlabel="seeds"),
     ]
 
 
@@ -224,7 +226,7 @@ def test_fake_registry_end_to_end(fake_report):
     passing = report["claims"][0]
     assert passing["numerics"]["unstable"] == "nan" and passing["numerics"]["far"] == "inf"
     assert passing["details"]["seed"] == 7 and passing["details"]["profile"] == "tiny"
-    assert [f["name"] for f in passing["figures"]] == ["loss", "trajectories", "allocation", "gain"]
+    assert [f["name"] for f in passing["figures"]] == ["loss", "trajectories", "allocation", "gain", "outcomes"]
     for f in passing["figures"]:
         assert (out / f["file"]).read_bytes()[:8] == PNG_MAGIC
     assert passing["perturbations"][0]["rejected"] is True
@@ -238,7 +240,7 @@ def test_fake_registry_end_to_end(fake_report):
         assert c["title"] in page and f"id='claim-{c['id']}'" in page
     assert page.index("id='scorecard'") < page.index("id='claim-fake-pass'")  # the scorecard first
     assert "fake claim exploded" in page and "cannot discriminate" in page
-    assert page.count("data:image/png;base64,") == 4 and "<script" not in page
+    assert page.count("data:image/png;base64,") == 5 and "<script" not in page
     assert "fake-fail" in stdout and "1 pass, 1 fail, 2 error" in stdout
 
 

@@ -1,152 +1,506 @@
 """Runs from starts outside the paper's "suitable initialisation" (the initialisation
-boundaries, ``claims.initialisation`` and ``claims.allocation_race``, issue 14).
+boundaries, ``claims.initialisation`` and ``claims.allocation_race``, issues 14 and 34), and the
+one measurement of where a trained run ends (:func:`end_states`, used by these runs and by the
+atlas points of ``numerics.experiments.atlas``).
 
-Each function trains (or probes) once per configuration and returns a plain dict (the claims
-read many of its keys); every run is keyed by its full configuration (:func:`cached`), so a run
-asked twice in a report is trained once, and uses one torch thread (:func:`one_thread`).
-Winners, mass shares and signed superposition come from the one readout
-(``numerics.readout.allocation``).  The cached dicts are shared: callers must not mutate them.
+Where a random start lands is a distribution over its seeds, not one outcome: every start is
+trained for several seeds at once (``numerics.train.train_many``: one tensor program per shape),
+each seed's end state classified by the one classifier (``numerics.readout.end_class``: allocated /
+superposition on k of m tasks / off D / mixed / not converged / diverged), and the classes
+counted (:func:`outcome_mix`, with each class's binomial interval and loss ratios).  The seeds of
+one start share their prompt stream (common random numbers: the randomness of interest is the
+initialisation, and runs that draw the same prompts share one draw per step, 2-5x cheaper on a
+CPU than runs with their own streams; docs/initialisation.md holds the check that independent
+streams give the same class mix).
+
+Each function returns plain dicts, one per run, keyed by its full configuration
+(:func:`cached`: a run asked twice in a report is trained once; a batch trains only the runs
+not cached yet) and trained with one torch thread (:func:`one_thread`).  The cached dicts are
+shared: callers must not mutate them.
 """
 from __future__ import annotations
+
+import copy
+import math
+from functools import lru_cache
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from numerics.config import ProblemConfig
-from numerics.evaluate import held_out_loss, held_out_reduced_loss
-from numerics.exact_reduced import allocated_minimum
-from numerics.experiments import cached, identity, one_thread
-from numerics.model import MultiHeadAttention, factor_balance
-from numerics.readout import RACE_DECIDED_SHARE, allocation
-from numerics.train import TrainConfig, train, train_reduced
-from theory.initialisation import residual_split, unbalanced_metric_factors
+from numerics.evaluate import held_out_prompt_losses
+from numerics.experiments import _CACHE, cached, identity, one_thread
+from numerics.experiments.converged import converged_for, stage_tolerance
+from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
+from numerics.readout import RACE_DECIDED_SHARE, allocation, end_class, zero_sum_ratio
+from numerics.statistics import binomial_interval, descent_left
+from numerics.train import TrainConfig, train_many, train_reduced
+from theory.initialisation import (residual_split, unbalanced_metric_factors, warmup_norm_bound,
+                                   warmup_quartic_constant)
 from theory.three_phases import phase_times
 
-__all__ = ["random_start_run", "unbalanced_run", "race_cell", "large_init_run", "allocated_loss"]
+__all__ = ["OFF_D_RELATIVE", "WINDOW_MOST", "off_D_test", "descent_window", "end_states", "train_starts",
+           "random_starts", "unbalanced_starts", "unbalanced_reduced", "race_cells", "large_init_starts",
+           "large_init_reduced", "single_task_starts", "references", "outcome_mix"]
 
+OFF_D_RELATIVE = 0.5
+"""A run ends off D when its movable off-D part (theory.initialisation.residual_split) exceeds
+what its start can carry off D through the warm-up (:func:`off_D_test`) AND is at least half of
+||(W, U)||: boundary-initialisation's random starts ended either at 0.0-0.1 or at 0.8-1.0 of
+||(W, U)||, so the class does not hinge on the 1/2; a decomposable start has no movable part and
+SGD's noise puts ~1e-2 there.
+
+The carry bound: within the warm-up the weights obey u(t) = |theta(t)|^2 <= u0 / (1 - x),
+x = 8 c4 u0 t (theory.initialisation.warmup_norm_bound), and every merged weight is of degree 2
+in the factors, so an off-D part the start carries can grow by at most the factor 1 / (1 - x)
+while x <= 1/2: bound = movable(0) / (1 - min(x(t_end), 1/2)).  A movable part above it was built
+by the flow after the warm-up (it left D), not carried over from the start.  (theory's absolute
+bound on ||(W, U)||, max(1, 1/s) u / 2, is far from tight for random factors -- 12.5 against a
+measured movable part of 3.0 from PyTorch's default start at (2, 2), L = 32 -- so it cannot
+classify.)"""
+
+WINDOW_MOST = 11
+"""The descent fit of a run (numerics.statistics.descent_left) takes the records of its last
+quarter as paired snapshots, at most this many (evenly thinned): a run of 41 records has 11 there,
+and the fit's rate se falls like jitter / (span sqrt(k)), so a run of 201 records gains little
+from its 51 (each snapshot costs one held-out evaluation)."""
+
+
+# ---------------------------------------------------------------------------------------
+# the end state of a run: convergence, off D, the class
+# ---------------------------------------------------------------------------------------
+
+def off_D_test(cfg: ProblemConfig, norm0_sq: float, split0: dict, split1: dict, t_end: float) -> dict:
+    """Whether a run's movable off-D part at t_end was built by the flow (:data:`OFF_D_RELATIVE`):
+    theory's warm-up law for its start and run length (``c4``, ``exponent`` = 8 c4 |theta0|^2
+    t_end, ``t_half`` (the time the exponent reaches 1/2), ``growth``, ``bound`` = movable(0) x
+    growth, ``merged_norm_bound``) and ``off_D``."""
+    c4 = warmup_quartic_constant(cfg.tasks, cfg.heads, cfg.L, cfg.sigma, cfg.logit_scale)
+    t_half = 1.0 / (16.0 * c4 * norm0_sq) if norm0_sq > 0 else math.inf
+    wb = warmup_norm_bound(norm0_sq, min(t_end, t_half), cfg.tasks, cfg.heads, cfg.L, cfg.sigma, cfg.logit_scale)
+    growth = 1.0 / (1.0 - min(wb["exponent"], 0.5))
+    bound = split0["movable"] * growth
+    return {"c4": c4, "exponent": 8.0 * c4 * norm0_sq * t_end, "t_half": t_half, "growth": growth, "bound": bound,
+            "merged_norm_bound": wb["merged"],
+            "off_D": bool(split1["movable"] > bound and split1["movable_relative"] >= OFF_D_RELATIVE)}
+
+
+def descent_window(record_steps: Sequence[int], most: int = WINDOW_MOST) -> set:
+    """The record steps of a single fixed-step run's last quarter (its descent fit's snapshots),
+    thinned evenly to at most ``most``, the last record always kept."""
+    steps = np.asarray(sorted(record_steps))
+    window = steps[steps >= 0.75 * steps[-1]]
+    if window.size > most:
+        window = window[np.unique(np.round(np.linspace(0, window.size - 1, most)).astype(int))]
+    return set(int(x) for x in window)
+
+
+def _split(model: MultiHeadAttention) -> dict:
+    W, U = (x.detach().cpu().double().numpy() for x in model.merged_weights())
+    return residual_split(W, U, model.cfg.tasks, model.cfg.basis_numpy())
+
+
+def _norm_sq(model: MultiHeadAttention) -> float:
+    return float(sum((p.detach().double() ** 2).sum() for p in model.parameters()))
+
+
+def _eval_key(cfg: ProblemConfig) -> tuple:
+    return (cfg.tasks, cfg.L, cfg.sigma, cfg.basis, cfg.basis_seed, cfg.dtype, cfg.device)
+
+
+def end_states(runs: list[dict], n_eval: int) -> list[dict]:
+    """The end state of each trained run of ``runs`` ({"cfg", "tcfg", "result" (a TrainResult or
+    the exception that ended it), "norm0_sq", "split0", "snapshots" [(t, model)] of its descent
+    window, "eval_seed"}): its held-out loss at the final weights on ``n_eval`` prompts of the
+    held-out stream of ``eval_seed`` (``loss``, ``se``, ``n``), the descent fit on the window's
+    snapshots on the same prompts (``descent_fit``, ``descent_left``; numerics.statistics.
+    descent_left, horizon the window's span: a single fixed-step stage has no polish and is read
+    at its end, so the test asks whether the last quarter again would move its loss beyond its
+    comparison's tolerance), ``convergence_tolerance`` = Z_CONVERGED sqrt(se^2 + jitter^2) (the
+    held-out se and the final iterate's fluctuation: numerics.experiments.converged.
+    stage_tolerance), ``in_warmup`` (|theta_end|^2 < 2 |theta0|^2 while the warm-up law's exponent
+    at t_end is <= 1/2: the warm-up bound's factor 2),
+    ``converged`` (not in warm-up and converged_for at that tolerance), the residual split at the
+    start and the end, the warm-up law and ``off_D`` (:func:`off_D_test`), the readout (``omega``,
+    ``mu``, ``allocation``, ``zero_sum``) and the ``class`` (numerics.readout.end_class(...).
+    to_dict()).  Runs of one problem and eval seed are evaluated on prompts drawn once for all of
+    their snapshots (each run's numbers are those of its own evaluation)."""
+    out: list = [None] * len(runs)
+    groups: dict = {}
+    for i, r in enumerate(runs):
+        if isinstance(r["result"], BaseException):
+            out[i] = _diverged_state(r)
+        else:
+            groups.setdefault((_eval_key(r["cfg"]), r["eval_seed"]), []).append(i)
+    for (_, seed), idx in groups.items():
+        models = [m for i in idx for _, m in runs[i]["snapshots"]]
+        losses = held_out_prompt_losses(models, n_eval, seed)
+        at = 0
+        for i in idx:
+            k = len(runs[i]["snapshots"])
+            out[i] = _end_state(runs[i], losses[at:at + k])
+            at += k
+    return out
+
+
+def _diverged_state(r: dict) -> dict:
+    exc = r["result"]
+    if not isinstance(exc, TrainingDiverged):
+        raise exc
+    nan = math.nan
+    cls = end_class(None, off_D=False, converged=False, diverged=True, reason=str(exc)).to_dict()
+    cls["tasks"] = r["cfg"].m
+    return {"init_seed": r["cfg"].init_seed, "data_seed": r["tcfg"].seed, "init_scale": r["cfg"].init_scale,
+            "diverged": str(exc), "class": cls, "converged": False, "in_warmup": False, "off_D": False,
+            "loss": nan, "se": nan, "n": 0, "descent_left": math.inf, "descent_fit": None,
+            "convergence_tolerance": nan, "norm0_sq": r["norm0_sq"], "residual_start": r["split0"],
+            "residual_end": None, "omega": None, "mu": None, "allocation": None, "zero_sum": None,
+            "winners": None, "share": None, "race_decided": False, "mass_allocated": False,
+            "t": [], "loss_curve": [], "phases": None}
+
+
+def _end_state(r: dict, losses: np.ndarray) -> dict:
+    cfg, tcfg, res = r["cfg"], r["tcfg"], r["result"]
+    final = res.final_model
+    last = losses[-1]
+    mean, se = float(last.mean()), float(last.std(ddof=1) / math.sqrt(last.size))
+    t = [x for x, _ in r["snapshots"]]
+    fit = descent_left(t, losses, horizon=float(t[-1] - t[0])) if len(t) >= 3 else None
+    split1 = _split(final)
+    norm1_sq = _norm_sq(final)
+    warm = off_D_test(cfg, r["norm0_sq"], r["split0"], split1, tcfg.time)
+    # still in the warm-up: |theta|^2 has not doubled while theory's warm-up law still holds at t_end
+    # (exponent 8 c4 |theta0|^2 t_end <= 1/2, where the law caps the growth at 2x); a larger start has
+    # no warm-up to be in (its norm need not double), and the descent fit decides alone
+    in_warmup = bool(norm1_sq < 2.0 * r["norm0_sq"] and warm["exponent"] <= 0.5)
+    tol = stage_tolerance(se, fit.jitter) if fit is not None else math.nan
+    converged = bool(not in_warmup and fit is not None and converged_for({"descent_left": fit.left}, tol))
+    reason = ("in warm-up at t_end (|theta|^2 not doubled)" if in_warmup else
+              "fewer than 3 snapshots in the last quarter" if fit is None else
+              f"could still lose {fit.left:.3g} (tolerance {tol:.3g} / 4)" if not converged else "")
+    a = allocation(res.omega, res.mu)
+    cls = end_class(a, off_D=warm["off_D"], converged=converged, reason=reason)
+    curve_t, curve = [x.t for x in res.trajectory], [x.loss for x in res.trajectory]
+    return {"init_seed": cfg.init_seed, "data_seed": tcfg.seed, "init_scale": cfg.init_scale,
+            "omega": np.round(res.omega, 4).tolist(), "mu": np.round(res.mu, 4).tolist(),
+            "allocation": a.to_dict(), "winners": list(a.winners), "share": list(a.mass_share),
+            "race_decided": a.race_decided, "mass_allocated": a.mass_allocated,
+            "zero_sum": list(zero_sum_ratio(res.mu)),
+            "residual_start": r["split0"], "residual_end": split1, "norm0_sq": r["norm0_sq"], "norm_end_sq": norm1_sq,
+            "warmup": {k: v for k, v in warm.items() if k != "off_D"}, "off_D": warm["off_D"], "in_warmup": in_warmup,
+            "loss": mean, "se": se, "n": int(last.size), "descent_fit": fit.to_dict() if fit is not None else None,
+            "descent_left": fit.left if fit is not None else math.inf, "convergence_tolerance": tol,
+            "converged": converged, "class": cls.to_dict(), "t": curve_t, "loss_curve": curve,
+            "phases": phase_times(curve_t, curve).to_dict() if len(curve_t) >= 5 else None}
+
+
+# ---------------------------------------------------------------------------------------
+# many runs trained together, measured, cached per run
+# ---------------------------------------------------------------------------------------
 
 def _key(kind: str, cfg: ProblemConfig, tcfg: TrainConfig, **more) -> str:
     return identity(kind, problem=cfg.to_dict(), train=tcfg, **more)
 
 
-def _curve(r) -> tuple[list, list]:
-    return [x.t for x in r.trajectory], [x.loss for x in r.trajectory]
+def train_starts(kind: str, cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int, *,
+                 on_start: Optional[Callable] = None, on_record: Optional[Callable] = None,
+                 on_end: Optional[Callable] = None) -> list[dict]:
+    """Train the runs (cfgs[i], tcfgs[i]) from their configs' starts together
+    (numerics.train.train_many), each measured by :func:`end_states` (held-out stream of its data
+    seed), cached per run under ``kind``: only the runs not cached yet are trained.  Hooks per run
+    (optional): ``on_start(model) -> dict`` before training, ``on_record(extra, step, t, model,
+    loss)`` at each record (``extra``: that dict, to add to), ``on_end(extra, model)`` after; the
+    extra dict is merged into the run's end state."""
+    keys = [_key(kind, c, t, n_eval=int(n_eval)) for c, t in zip(cfgs, tcfgs)]
+    todo = [i for i, k in enumerate(keys) if k not in _CACHE]     # the cache only read here: filled by cached()
+    if todo:
+        states = _train_measured([cfgs[i] for i in todo], [tcfgs[i] for i in todo], n_eval, on_start, on_record,
+                                 on_end)
+        for i, state in zip(todo, states):
+            cached(keys[i], lambda state=state: state)
+    return [cached(k, _missing) for k in keys]
 
 
-def _readout(r) -> dict:
-    """Final winners (argmax mu omega), their mass shares, whether the race has ended
-    (``race_decided``) and every task is allocated to its winner (``mass_allocated``), the rounded
-    (omega, mu) and the phase times of a TrainResult."""
-    a = allocation(r.omega, r.mu)
-    t, loss = _curve(r)
-    return {"winners": list(a.winners), "share": list(a.mass_share), "race_decided": a.race_decided,
-            "mass_allocated": a.mass_allocated, "omega": np.round(r.omega, 4).tolist(),
-            "mu": np.round(r.mu, 4).tolist(), "phases": phase_times(t, loss).to_dict()}
+def _missing():
+    raise RuntimeError("a run of the batch was not trained (numerics.experiments.starts.train_starts)")
+
+
+@one_thread
+def _train_measured(cfgs, tcfgs, n_eval, on_start, on_record, on_end) -> list[dict]:
+    models = [MultiHeadAttention(c) for c in cfgs]
+    extras = [on_start(m) if on_start else {} for m in models]
+    runs = [{"cfg": c, "tcfg": t, "norm0_sq": _norm_sq(m), "split0": _split(m), "snapshots": [],
+             "window": descent_window(t.record_steps()), "eval_seed": t.seed} for c, t, m in zip(cfgs, tcfgs, models)]
+
+    def hook(i):
+        run, model = runs[i], models[i]
+
+        def record(step, t, m, loss):
+            m = copy.deepcopy(m) if m is model else m     # train() (a run alone) hands the live model
+            if on_record:
+                on_record(extras[i], step, t, m, loss)
+            if step in run["window"]:
+                run["snapshots"].append((t, m))
+        return record
+
+    results = train_many(list(cfgs), list(tcfgs), start=models, on_record=[hook(i) for i in range(len(cfgs))])
+    for run, res in zip(runs, results):
+        run["result"] = res
+    states = end_states(runs, n_eval)
+    for state, res, extra in zip(states, results, extras):
+        if on_end and not isinstance(res, BaseException):
+            on_end(extra, res.final_model)
+        state.update(extra)
+    return states
+
+
+# ---------------------------------------------------------------------------------------
+# the reference points of the loss ratios
+# ---------------------------------------------------------------------------------------
+
+BEST_SEARCH = {"random_starts": 1, "fit_elements": 2 ** 17, "eval_prompts": 2048, "seed": 0}
+"""The best decomposable point's search (numerics.experiments.probes.best_decomposable) at a
+size paid once per configuration (per sweep worker for the atlas): one random start besides
+theory.optimality's structured starts, fit on 2^17 prompt tokens x heads, evaluated on 2048
+prompts (se ~1%)."""
+
+
+@lru_cache(maxsize=128)
+def references(tasks: tuple, heads: int, L: int, sigma: float, device: str = "cpu", best: bool = True) -> dict:
+    """The two points a trained run's loss is read against: theory.exact's allocated fixed point
+    at (tasks, L, sigma) (the sum over tasks of the one-head fixed points, surplus heads idle;
+    None for H < m: there is none) and the best decomposable point of the same H with signs free
+    (numerics.experiments.probes.best_decomposable at :data:`BEST_SEARCH`: loss, se, family,
+    (omega, mu); None unless ``best``)."""
+    from theory.exact import exact_fixed_point
+    alloc = float(exact_fixed_point(tuple(tasks), L, sigma)["loss"]) if heads >= len(tasks) else None
+    b = None
+    if best:
+        from numerics.experiments.probes import best_decomposable
+        x = best_decomposable(tuple(tasks), heads, L, sigma, BEST_SEARCH["seed"], device,
+                              BEST_SEARCH["random_starts"], BEST_SEARCH["fit_elements"], BEST_SEARCH["eval_prompts"])
+        b = {"loss": x.loss, "se": x.se, "n_eval": x.n_eval, "family": x.family,
+             "omega": [list(r) for r in x.omega], "mu": [list(r) for r in x.mu]}
+    return {"allocated_loss": alloc, "best_decomposable": b}
+
+
+def _mean_se(xs) -> tuple:
+    xs = np.asarray([x for x in xs if x is not None and math.isfinite(x)], float)
+    if xs.size == 0:
+        return None, None
+    return float(xs.mean()), (float(xs.std(ddof=1) / math.sqrt(xs.size)) if xs.size > 1 else None)
+
+
+def outcome_mix(states: Sequence[dict], z: float, refs: Optional[dict] = None) -> dict:
+    """Where the seeds of one start ended: per class label (numerics.readout.EndClass.label, in
+    the order of OUTCOME_CLASSES, superpositions by k) ``count`` of ``n`` seeds, the ``share``,
+    its binomial ``interval`` (numerics.statistics.binomial_interval at ``z``), the seeds, and the
+    held-out loss over the allocated fixed point and over the best decomposable point of
+    ``refs`` (:func:`references`), mean +- se over the class's seeds; ``classes`` (names: any k)
+    the same counts by class name."""
+    from numerics.readout import OUTCOME_CLASSES
+    n = len(states)
+    alloc = (refs or {}).get("allocated_loss")
+    best = ((refs or {}).get("best_decomposable") or {}).get("loss")
+
+    def entry(members):
+        over_a = _mean_se([s["loss"] / alloc for s in members]) if alloc else (None, None)
+        over_b = _mean_se([s["loss"] / best for s in members]) if best else (None, None)
+        lo, hi = binomial_interval(len(members), n, z)
+        return {"count": len(members), "n": n, "share": len(members) / n, "interval": [lo, hi],
+                "seeds": [s["init_seed"] if s.get("init_seed") is not None else s.get("data_seed") for s in members],
+                "over_allocated": over_a[0], "over_allocated_se": over_a[1],
+                "over_best": over_b[0], "over_best_se": over_b[1]}
+
+    order = lambda c: (OUTCOME_CLASSES.index(c["name"]), c.get("superposed", 0))  # noqa: E731
+    labels: dict = {}
+    names: dict = {}
+    for s in sorted(states, key=lambda s: order(s["class"])):
+        labels.setdefault(s["class"]["label"], []).append(s)
+        names.setdefault(s["class"]["name"], []).append(s)
+    return {"n": n, "labels": {k: entry(v) for k, v in labels.items()},
+            "classes": {k: entry(v) for k, v in names.items()},
+            "allocated_loss": alloc, "best_decomposable_loss": best}
 
 
 # ---------------------------------------------------------------------------------------
 # boundary-initialisation
 # ---------------------------------------------------------------------------------------
 
-def random_start_run(cfg: ProblemConfig, tcfg: TrainConfig, n_eval: int) -> dict:
-    """Train the full factored model from cfg (init uniform_full): the residual split at every
-    record, Q's y columns before and after, OV singular values, the held-out loss."""
-    return cached(_key("random_start", cfg, tcfg, n_eval=int(n_eval)), lambda: _random_start_run(cfg, tcfg, n_eval))
+def random_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int) -> list[dict]:
+    """The full factored model from each cfg's start (init uniform_full), trained together: the
+    end state (:func:`end_states`), the residual split at every record (``trajectory``), Q's y and
+    x columns' moves (``dQ_y``, ``dQ_x``) and each head's OV singular values."""
+    def on_start(model):
+        d = model.cfg.d
+        return {"_Q0": model.Q.detach().clone(), "trajectory": []} if d else {"trajectory": []}
+
+    def on_record(extra, step, t, m, loss):
+        extra["trajectory"].append({"t": t, "loss": loss, **_split(m)})
+
+    def on_end(extra, model):
+        d, Q0 = model.cfg.d, extra.pop("_Q0")
+        with torch.no_grad():
+            U = model.merged_weights()[1].detach().cpu().double().numpy()
+            extra["dQ_y"] = float((model.Q[:, :, d:] - Q0[:, :, d:]).norm())
+            extra["dQ_x"] = float((model.Q[:, :, :d] - Q0[:, :, :d]).norm())
+        sv = [np.linalg.svd(U[h], compute_uv=False) for h in range(model.cfg.heads)]
+        top = max(float(s.max()) for s in sv) if sv else 0.0
+        extra["ov_singular_values"] = [np.round(s, 4).tolist() for s in sv]
+        extra["ov_above_5pct"] = [int(np.sum(s > 0.05 * top)) for s in sv]
+
+    return train_starts("random_start", cfgs, tcfgs, n_eval, on_start=on_start, on_record=on_record, on_end=on_end)
+
+
+def unbalanced_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int) -> list[dict]:
+    """The full model from each unbalanced start, trained together: the end state, the start's
+    (omega0, mu0) and conserved balances (numerics.model.factor_balance), and the outcome per task
+    (its winning head where that head carries >= RACE_DECIDED_SHARE of sum_h |mu omega|, else -1:
+    shared, a superposition)."""
+    def on_start(model):
+        ro = model.semi_singular_values()
+        c_om, c_mu = factor_balance(model)
+        return {"omega0": ro.omega.tolist(), "mu0": ro.mu.tolist(), "c_omega": np.round(c_om, 4).tolist(),
+                "c_mu": np.round(c_mu, 4).tolist()}
+
+    states = train_starts("unbalanced_full", cfgs, tcfgs, n_eval, on_start=on_start)
+    for s in states:
+        if "outcome" not in s and s["winners"] is not None:
+            s["outcome"] = _outcome(s)
+    return states
+
+
+def _outcome(r: dict) -> list:
+    return [int(w) if sh >= RACE_DECIDED_SHARE else -1 for w, sh in zip(r["winners"], r["share"])]
+
+
+def unbalanced_reduced(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
+    """The reduced flow from the unbalanced start's (omega0, mu0), on the full run's prompts, with
+    the unbalanced metric (the conserved balances read off the start) and with the balanced one:
+    per curve the readout, the outcome per task (:func:`unbalanced_starts`), the phase times and
+    the loss curve."""
+    return cached(_key("unbalanced_reduced", cfg, tcfg), lambda: _unbalanced_reduced(cfg, tcfg))
 
 
 @one_thread
-def _random_start_run(cfg: ProblemConfig, tcfg: TrainConfig, n_eval: int) -> dict:
-    model = MultiHeadAttention(cfg)
-    d = cfg.d
-    Q_y0 = model.Q.detach()[:, :, d:].clone()
-    Q_x0 = model.Q.detach()[:, :, :d].clone()
-    norm0_sq = float(sum((p.detach().double() ** 2).sum() for p in model.parameters()))
-    rows = []
-
-    def on_record(step, t, m, loss):
-        W, U = (x.detach().cpu().double().numpy() for x in m.merged_weights())
-        rows.append({"t": t, "loss": loss, **residual_split(W, U, cfg.tasks, cfg.basis_numpy())})
-
-    res = train(cfg, tcfg, start=model, on_record=on_record)
-    with torch.no_grad():
-        U = model.merged_weights()[1].detach().cpu().double().numpy()
-        dQy = float((model.Q[:, :, d:] - Q_y0).norm())
-        dQx = float((model.Q[:, :, :d] - Q_x0).norm())
-    sv = [np.linalg.svd(U[h], compute_uv=False) for h in range(cfg.heads)]
-    top = max(float(s.max()) for s in sv) if sv else 0.0
-    est = held_out_loss(model, n=n_eval, seed=tcfg.seed)
-    a = allocation(res.omega, res.mu)
-    return {"init_scale": cfg.init_scale, "seed": cfg.init_seed, "norm0_sq": norm0_sq, "trajectory": rows,
-            "dQ_y": dQy, "dQ_x": dQx, "ov_singular_values": [np.round(s, 4).tolist() for s in sv],
-            "ov_above_5pct": [int(np.sum(s > 0.05 * top)) for s in sv], "loss": est.mean, "loss_se": est.se,
-            "omega": np.round(res.omega, 4).tolist(), "mu": np.round(res.mu, 4).tolist(),
-            "winners": list(a.winners), "winner_share": list(a.mass_share),
-            "superposed_tasks": list(a.signed_superposed),
-            "phases": phase_times([r["t"] for r in rows], [r["loss"] for r in rows]).to_dict()}
-
-
-def unbalanced_run(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
-    """Full model from the unbalanced start; the reduced flow from the same (omega0, mu0) on the
-    same prompts with the unbalanced metric (the conserved balances read off the start) and
-    with the balanced one.  Each curve's outcome per task: its winning head where that head
-    carries >= RACE_DECIDED_SHARE of sum_h |mu omega|, else -1 (shared: a superposition)."""
-    return cached(_key("unbalanced", cfg, tcfg), lambda: _unbalanced_run(cfg, tcfg))
-
-
-@one_thread
-def _unbalanced_run(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
+def _unbalanced_reduced(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
     model = MultiHeadAttention(cfg)
     ro = model.semi_singular_values()
-    omega0, mu0 = ro.omega.copy(), ro.mu.copy()
     c_om, c_mu = factor_balance(model)
-    full = train(cfg, tcfg, start=model)
     s, tasks = cfg.logit_scale, cfg.tasks
 
     def metric(o, m_):
         f = unbalanced_metric_factors(o.cpu().double().numpy(), m_.cpu().double().numpy(), c_om, c_mu, tasks, s)
         return tuple(torch.as_tensor(x, dtype=o.dtype, device=o.device) for x in f)
 
+    out = {"init_seed": cfg.init_seed, "data_seed": tcfg.seed}
     # train_reduced copies ``start`` (the caller's arrays are never updated in place)
-    red_u = train_reduced(cfg, tcfg, start=(ro.omega, ro.mu), metric=metric)
-    red_b = train_reduced(cfg, tcfg, start=(ro.omega, ro.mu))
-    out = {"seed": cfg.init_seed, "data_seed": tcfg.seed, "omega0": omega0.tolist(), "mu0": mu0.tolist(),
-           "c_omega": np.round(c_om, 4).tolist(), "c_mu": np.round(c_mu, 4).tolist(),
-           "spacing": tcfg.time / (tcfg.records - 1), "t_end": tcfg.time}
-    for key, r in (("full", full), ("reduced_unbalanced", red_u), ("reduced_balanced", red_b)):
-        ro_ = _readout(r)
-        t, loss = _curve(r)
-        ro_["outcome"] = [int(w) if sh >= RACE_DECIDED_SHARE else -1 for w, sh in zip(ro_["winners"], ro_["share"])]
-        out[key] = {**ro_, "t": t, "loss": loss}
+    for key, kw in (("reduced_unbalanced", {"metric": metric}), ("reduced_balanced", {})):
+        out[key] = _readout(train_reduced(cfg, tcfg, start=(ro.omega, ro.mu), **kw))
     return out
 
 
-def allocated_loss(cfg: ProblemConfig, n_eval: int, seed: int) -> dict | None:
-    """The allocated minimum at cfg's (tasks, L, sigma) (``numerics.exact_reduced``), surplus
-    heads at zero, and its held-out loss on ``n_eval`` prompts of cfg (None for H < m: there is
-    no allocated point)."""
-    def compute():
-        if cfg.heads < cfg.m:
-            return None
-        alloc = allocated_minimum(cfg.tasks, cfg.L, cfg.sigma, seed=seed, device=cfg.device)
-        om, mu = (np.vstack([a, np.zeros((cfg.heads - cfg.m, cfg.m))])[:cfg.heads] for a in (alloc.omega, alloc.mu))
-        est = held_out_reduced_loss(om, mu, cfg, n=n_eval, seed=seed)
-        return {"mean": est.mean, "se": est.se, "omega": om.tolist(), "mu": mu.tolist()}
+def _readout(r) -> dict:
+    """Winners (argmax mu omega), mass shares, the outcome per task, the rounded (omega, mu), the
+    loss curve and phase times of a TrainResult (a reduced flow's)."""
+    a = allocation(r.omega, r.mu)
+    t, loss = [x.t for x in r.trajectory], [x.loss for x in r.trajectory]
+    out = {"winners": list(a.winners), "share": list(a.mass_share), "race_decided": a.race_decided,
+           "mass_allocated": a.mass_allocated, "omega": np.round(r.omega, 4).tolist(),
+           "mu": np.round(r.mu, 4).tolist(), "phases": phase_times(t, loss).to_dict(), "t": t, "loss_curve": loss}
+    out["outcome"] = _outcome(out)
+    return out
 
-    return cached(identity("allocated_loss", problem=cfg.to_dict(), n_eval=int(n_eval), seed=int(seed)), compute)
+
+def single_task_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int) -> list[dict]:
+    """One task, several heads, from PyTorch's default start, trained together: the end state
+    and the zero-sum pair ratio |mu_a + mu_b| / (|mu_a| + |mu_b|) of the largest positive and the
+    most negative OV value (nan: one sign only; the many-head form is the end state's
+    ``zero_sum``, numerics.readout.zero_sum_ratio)."""
+    states = train_starts("single_task", cfgs, tcfgs, n_eval)
+    for s in states:
+        if "pair_ratio" not in s:
+            mu = np.asarray(s["mu"], float)[:, 0] if s["mu"] is not None else np.array([])
+            pos, neg = mu[mu > 0], mu[mu < 0]
+            s["pair_ratio"] = (float(abs(pos.max() + neg.min()) / (abs(pos.max()) + abs(neg.min())))
+                               if pos.size and neg.size else math.nan)
+    return states
 
 
 # ---------------------------------------------------------------------------------------
 # boundary-allocation-race
 # ---------------------------------------------------------------------------------------
 
-def race_cell(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
-    """Full model from the given (omega0, mu0): final winners, shares and phase times."""
-    return cached(_key("race_cell", cfg, tcfg), lambda: one_thread(lambda: _readout(train(cfg, tcfg)))())
+def race_cells(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int) -> list[dict]:
+    """The full model from each given (omega0, mu0), trained together: the end state (winners,
+    mass shares, whether the race has ended: numerics.readout's race_decided, the class)."""
+    return train_starts("race_cell", cfgs, tcfgs, n_eval)
 
 
-def large_init_run(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
-    """Full model and reduced flow from the default decomposable start at cfg.init_scale."""
-    def compute():
-        return {key: _readout(fn(cfg, tcfg)) for key, fn in (("full", train), ("reduced", train_reduced))}
+def large_init_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int) -> list[dict]:
+    """The full model from the default decomposable start at each cfg's init_scale, trained
+    together: the end state with its phase times."""
+    return train_starts("large_init", cfgs, tcfgs, n_eval)
 
-    return cached(_key("large_init", cfg, tcfg), one_thread(compute))
+
+def large_init_reduced(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
+    """The reduced flow from the default decomposable start on the full run's prompts."""
+    return cached(_key("large_init_reduced", cfg, tcfg), one_thread(lambda: _readout(train_reduced(cfg, tcfg))))
+
+
+# ---------------------------------------------------------------------------------------
+# what a plan of starts costs, before it runs
+# ---------------------------------------------------------------------------------------
+
+FALLBACK_STEP_SECONDS = {"step": 1.0e-3, "context": 3.9e-8, "flops": 4.7e-9, "reduced": 0.57}
+"""Until numerics.cost (the step-cost model, issue 28) is on this branch: CPU seconds of one step
+of a program = step + context x (streams B L D) + flops x (runs B L D H), one torch thread, and a
+reduced-flow step ``reduced`` x a one-run step.  Fitted to this branch's quick boundary-
+initialisation (102 CPU s under load 9-14; cProfile shares: 24 random runs on one stream 30 ms
+per step, 6 single-stream unbalanced runs 5.8 ms per run-step, 12 reduced flows 3.3 ms per step;
+(2, 2), H = 2, L = 32, B = 512): sampling the prompts is the larger part of a one-run step.
+Checked against boundary-allocation-race at quick: about 50 s priced, 59 CPU s measured.
+numerics.cost replaces it where it is importable."""
+
+
+def _step_cost(tasks, heads: int, L: int, batch: int, runs: int, streams: int) -> float:
+    D = sum(tasks) + len(tasks)
+    try:
+        from numerics import cost
+    except ImportError:
+        c = FALLBACK_STEP_SECONDS
+        return c["step"] + c["context"] * streams * batch * L * D + c["flops"] * runs * batch * L * D * heads
+    return cost.step_seconds(tasks, heads, L, batch, runs=runs, streams=streams)
+
+
+def _reduced_cost(tasks, heads: int, L: int, batch: int) -> float:
+    try:
+        from numerics import cost
+    except ImportError:
+        return FALLBACK_STEP_SECONDS["reduced"] * _step_cost(tasks, heads, L, batch, 1, 1)
+    return cost.reduced_step_seconds(tasks, heads, L, batch)
+
+
+def _forward_cost(tasks, heads: int, L: int, n: int, models: int) -> float:
+    D = sum(tasks) + len(tasks)
+    try:
+        from numerics import cost
+    except ImportError:
+        c = FALLBACK_STEP_SECONDS     # the prompts drawn once; no backward pass: about a third of the products
+        return math.ceil(n / 4096) * models * c["step"] + c["context"] * n * L * D \
+            + c["flops"] * models * n * L * D * heads / 3
+    return cost.forward_seconds(tasks, heads, L, n, models=models)
+
+
+def plan_seconds(tasks, heads: int, L: int, batch: int, steps: int, runs_per_stream: Sequence[int], n_eval: int,
+                 snapshots: int, reduced: int = 0) -> float:
+    """CPU seconds of one plan of starts of one shape before it runs: train_many's programs
+    (``runs_per_stream[s]`` runs on prompt stream s, the runs of one stream in one program),
+    each run's end state (:func:`end_states`: ``snapshots`` held-out evaluations on ``n_eval``
+    prompts) and ``reduced`` reduced flows of the same steps.  Through numerics.cost where it is importable, else
+    :data:`FALLBACK_STEP_SECONDS`."""
+    runs = int(sum(runs_per_stream))
+    train = sum(steps * _step_cost(tasks, heads, L, batch, k, 1) for k in runs_per_stream if k > 0)
+    evaluate = _forward_cost(tasks, heads, L, n_eval, runs * snapshots)
+    return train + evaluate + reduced * steps * _reduced_cost(tasks, heads, L, batch)
