@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -41,10 +42,19 @@ def check_problem(problem: Optional[dict], device: str = "cpu", fields: tuple = 
                          f"{', '.join(fields)}); drop them or audit another claim")
     out = dict(problem)
     if "tasks" in out:
-        out["tasks"] = tuple(int(r) for r in out["tasks"])
+        # integers only: int() would read 3.5 as 3 and "3" as 3 (a TOML [3.5] is not a block size)
+        tasks = out["tasks"]
+        if isinstance(tasks, (str, bytes)) or not isinstance(tasks, (list, tuple)) or not all(
+                isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in tasks):
+            raise ValueError(f"tasks must be a list of positive integers (the block sizes r_i, e.g. [3, 3]), got "
+                             f"{tasks!r}")
+        out["tasks"] = tuple(int(r) for r in tasks)
     from numerics.config import ProblemConfig  # torch only when a configuration is audited
     probe = {"tasks": (1,), "heads": 1, "L": 2, **out, "device": device}
     ProblemConfig.from_dict({k: (list(v) if k == "tasks" else v) for k, v in probe.items()})
+    if out.get("L") == 1:
+        raise ValueError("L = 1: with one context token softmax has no choice (its weight is 1 whatever the logits), "
+                         "so the QK weights get no gradient and none of the claims' dynamics exist; give L >= 2")
     return out
 
 

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import importlib
 
+from theory._validate import refuse_a_deleted_cwd_at_startup
+
+refuse_a_deleted_cwd_at_startup()   # `python -m numerics.X` from a deleted directory: a message, not torch's abort
+
 from .config import ProblemConfig, check_device, use_precise_float32
 from .data import Prompts, make_generator, sample_prompts
 from .model import (MultiHeadAttention, Readout, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values,

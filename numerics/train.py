@@ -54,8 +54,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from theory._validate import (SEED_MAX, check_output_path, float_option, int_option, parse_int, seed_option,
-                              threads_option, write_output)
+from theory._validate import (SEED_MAX, DiskFull, check_output_path, command_line, float_option, int_option,
+                              parse_int, seed_option, threads_option, write_output)
 
 from .config import INITS, PARAMS, ProblemConfig, check_known_fields, use_precise_float32
 from .data import STREAM_VERSION, Prompts, make_generator, sample_prompts
@@ -768,9 +768,11 @@ def _flag_message(text: str) -> str:
     return text
 
 
+@command_line
 def main(argv=None) -> int:
     """Exit status: 0 done; 1 training diverged; 2 bad arguments (nothing computed, nothing
-    written)."""
+    written); 75 the disk is full (theory._validate.EXIT_DISK_FULL: the checkpoint written last is
+    whole, and a result that cannot be written is printed on stdout instead)."""
     parser = _parser()
     args = parser.parse_args(argv)
     # options that would be silently ignored are refused: the user meant something by them
@@ -839,7 +841,11 @@ def main(argv=None) -> int:
         print(f"error: {_flag_message(str(exc))}\n(no output written)", file=sys.stderr)
         return 2
     text = json.dumps(result.to_dict(), indent=1)
-    write_output(out, text)
+    try:
+        write_output(out, text)
+    except DiskFull:   # the run is not lost: its JSON on stdout; command_line says "disk full", exit 75
+        print(text)
+        raise
     print(f"wrote {args.out}: {result.steps} steps in {result.wall_seconds:.1f} s "
           f"({result.wall_seconds / result.steps * 1e3:.2f} ms/step), final loss {result.loss:.5g}")
     print("omega =", np.array2string(result.omega, precision=4))

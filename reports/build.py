@@ -22,8 +22,9 @@ The schema of claims.json is derived from the dataclasses of ``claims.base``
 ``findings`` list, which the page shows first.
 
 Exit status: 0 when no claim fails or errors and no boundary is contradicted or errors
-(``claims.base.FAILING``) and every figure rendered; 1 otherwise; 2 on bad arguments; 130 when
-interrupted.
+(``claims.base.FAILING``) and every figure rendered; 1 otherwise; 2 on bad arguments; 75
+(``theory._validate.EXIT_DISK_FULL``) when the disk is full ("disk full: N bytes needed at PATH";
+the previous report is intact); 130 when interrupted.
 """
 from __future__ import annotations
 
@@ -44,17 +45,19 @@ from typing import Optional, TextIO
 
 import claims
 from claims.base import FAILING, PROFILES, ClaimResult
-from theory._validate import SEED_MAX, float_option, int_option, read_input_bytes, seed_option
+from theory._validate import (EXIT_DISK_FULL, SEED_MAX, check_inside, command_line, float_option, int_option,
+                              read_input_bytes, seed_option)
 from reports.output import (FIGURE_DIR, REPORT_MARKER, check_out_dir, new_temporary, recover_leftovers,  # noqa: F401
                             replace_with, write_tree)
 from reports.plan import (PROBLEM_FLAGS, _ask, accepts_problem, check_claims, check_problem,  # noqa: F401
                           claims_at_configuration, describe_estimate, estimate, selected)
 from reports.run import run_all, run_one  # noqa: F401  (the claims' runner of a build)
 from reports.provenance import git_state, provenance, unreadable_sweep_points  # noqa: F401
-from reports.schema import BadArguments, OUTCOMES, check_report, entry_problems, load_report, upgrade  # noqa: F401
+from reports.schema import (BadArguments, OUTCOMES, check_report, entry_problems, load_report,  # noqa: F401
+                            provenance_problems, upgrade)
 
 DEFAULT_OUT = "reports/out"
-EXIT_OK, EXIT_CLAIMS_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_CLAIMS_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130   # and EXIT_DISK_FULL (75)
 
 REPRODUCIBILITY_HELP = """\
 reproducibility: on one machine the same seed gives the same claims.json to the last digit (the
@@ -166,15 +169,47 @@ def validate(cfg: BuildConfig) -> BuildConfig:
             raise BadArguments(f"--from-sweep {cfg.sweep}: not a tools.sweep output directory "
                                "(it has neither points/ nor summary.json); give the DIR of "
                                "'python -m tools.sweep ... --out DIR'")
+        try:   # its points/ is read without following a link (a link there points anywhere)
+            check_inside(sweep, (), "--from-sweep", directories=("points",) if (sweep / "points").exists()
+                         or (sweep / "points").is_symlink() else ())
+        except ValueError as exc:
+            raise BadArguments(str(exc)) from None
         cfg = dataclasses.replace(cfg, sweep=str(sweep.resolve()))
     if cfg.max_minutes is not None and (isinstance(cfg.max_minutes, bool) or not isinstance(cfg.max_minutes, (int, float))
                                         or not math.isfinite(cfg.max_minutes) or cfg.max_minutes <= 0):
         raise BadArguments(f"--max-minutes must be a number > 0, got {cfg.max_minutes!r}")
     if cfg.problem is not None:
         cfg = dataclasses.replace(cfg, problem=check_problem(dict(cfg.problem), cfg.device))
+        check_size(cfg.problem, cfg.device)
     inputs = [p for p in (cfg.sweep, cfg.config_file) if p is not None]
     out = check_out_dir(cfg.out, "--out", inputs)
     return dataclasses.replace(cfg, out=str(out))
+
+
+def check_size(problem: dict, device: str = "cpu") -> None:
+    """Refuse, before any estimate or run, a configuration whose smallest training step (one
+    prompt: ``numerics.train.step_memory_bytes`` at batch 1, the weights and their gradients
+    alone for a large H or d) needs more memory than this machine has: ``heads = 2**63`` is a
+    size error here, not an estimate of "about 1 s" and a crash in the first allocation."""
+    import os
+
+    from numerics.config import ProblemConfig
+    from numerics.train import step_memory_bytes
+
+    fields = {"tasks": [1], "heads": 1, "L": 2, **problem, "device": "cpu" if device == "cpu" else device}
+    try:
+        need = step_memory_bytes(ProblemConfig.from_dict(fields), 1)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadArguments(f"the configuration cannot be built: {exc}") from None
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > total:
+        raise BadArguments(f"tasks {list(problem.get('tasks', []))[:8]}{'...' if len(problem.get('tasks', [])) > 8 else ''}"
+                           f", heads {problem.get('heads')}, L {problem.get('L')}: one training step on a single "
+                           f"prompt needs about {need / 2 ** 30:.3g} GiB (numerics.train.step_memory_bytes), more than "
+                           f"this machine's {total / 2 ** 30:.3g} GiB of memory; choose smaller sizes")
 
 
 def _validate_device(device: str) -> None:
@@ -201,8 +236,9 @@ def make_parser() -> argparse.ArgumentParser:
                     "provenance), DIR/index.html (one self-contained page: a scorecard of every claim "
                     "and a forest plot of every comparison first, then the findings) and "
                     "DIR/figures/*.png (forest.png among them). Exit status: 0 no claim fails or errors and no boundary is "
-                    "contradicted or errors, 1 otherwise, 2 bad arguments, 130 interrupted (the "
-                    "previous report is then left intact).", width=92),
+                    "contradicted or errors, 1 otherwise, 2 bad arguments, 75 the disk is full "
+                    "(the message says how many bytes were needed where), 130 interrupted (after a "
+                    "full disk or an interruption the previous report is left intact).", width=92),
         epilog=PROFILE_HELP + "\n" + REPRODUCIBILITY_HELP + "\nclaim ids: " + ", ".join(claims.REGISTRY),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -342,18 +378,18 @@ def draw_figures(entries: list[dict]) -> tuple[list[dict], dict[str, bytes]]:
         entry = dict(entry)
         figures, errors = [], []
         for raw in entry.get("figure_data") or []:
-            try:
+            try:      # everything a figure's data decides, inside: a handed file's odd value is one figure error
                 fig = as_figure(raw)
                 data = figure_png(fig)
+                caption = " ".join(str(part) for part in (fig.caption, size_note(fig)) if part)
+                shown = {"name": str(fig.name), "title": str(fig.title), "kind": str(fig.kind), "caption": caption}
             except Exception as exc:
                 name = getattr(raw, "name", None) or (raw.get("name") if isinstance(raw, dict) else None)
                 errors.append(f"{str(name or '?')[:80]}: {type(exc).__name__}: {str(exc)[:300]}")
                 continue
-            file = _figure_file(entry["id"], fig.name, taken)
+            file = _figure_file(entry["id"], shown["name"], taken)
             pngs[file] = data
-            caption = " ".join(part for part in (fig.caption, size_note(fig)) if part)
-            figures.append({"name": fig.name, "title": fig.title, "kind": fig.kind, "caption": caption,
-                            "file": file})
+            figures.append({**shown, "file": file})
         entry.update(figures=figures, figure_errors=errors)
         out.append(entry)
     return out, pngs
@@ -395,8 +431,8 @@ def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: Optiona
     recover_leftovers(Path(cfg.out), stream)
     sweep_skipped = unreadable_sweep_points(cfg.sweep) if cfg.sweep is not None else []
     for point in sweep_skipped:
-        print(f"warning: --from-sweep: skipping {point['file']}: {point['reason']}; the claims "
-              "reading this sweep will not see that point", file=stream, flush=True)
+        print(f"warning: --from-sweep: not using {point['file']}: {point['reason']}; the claims reading this "
+              "sweep train that run themselves if they need it", file=stream, flush=True)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     print(f"audit report: profile {cfg.profile}, device {cfg.device}, seed {cfg.seed}, {len(selected(cfg))} "
           f"claim(s) -> {cfg.out}" + (f"; estimated {describe_estimate(cost)}"
@@ -434,6 +470,13 @@ def rerender(source: str, out: str, stream: Optional[TextIO] = None) -> dict:
     ``reports.render``; the provenance is the original run's, with ``rerendered`` added."""
     stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     report = load_report(source, "--from-json")
+    # the re-render writes the original provenance again, and a report's provenance is complete: a
+    # file that lacks part of it is refused here, not by the check of what was written
+    missing = provenance_problems(report["provenance"], strict=True)
+    if missing:
+        raise BadArguments(f"--from-json {source}: its provenance is not a report's ({'; '.join(missing[:3])}"
+                           f"{'; ...' if len(missing) > 3 else ''}), so it cannot be re-rendered as one (reports.compare "
+                           "can still read it)")
     source_file = Path(source).resolve()
     source_dir = source_file if source_file.is_dir() else source_file.parent
     if Path(out).resolve() == source_dir:
@@ -485,6 +528,7 @@ def _raise_interrupt(signum, frame):  # noqa: ARG001
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+@command_line
 def main(argv: Optional[list[str]] = None) -> int:
     parser = make_parser()
     try:

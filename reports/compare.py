@@ -19,7 +19,9 @@ self-contained HTML page, checked and written by the project's output policy
 through a character device such as /dev/null, atomically with the umask's permissions
 otherwise.
 
-Exit status: 0 no change, 1 changes (as ``diff``), 2 bad arguments.
+Exit status: 0 no change, 1 changes (as ``diff``), 2 bad arguments (a file that disagrees with
+itself among them: every agreement and verdict is recomputed from its own numbers by the reader),
+75 the disk is full (never read as "reports differ").
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from typing import Any, Optional
 
 from reports.render import describe_problem, format_value, headline_cells, render
 from reports.schema import BadArguments, load_report
-from theory._validate import check_output_path, write_output
+from theory._validate import command_line, check_output_path, write_output
 
 EXIT_SAME, EXIT_CHANGED, EXIT_BAD_ARGUMENTS = 0, 1, 2
 HEADLINE_FIELDS = ("theory", "measured", "se", "tolerance", "agrees", "side")
@@ -158,7 +160,7 @@ def make_parser() -> argparse.ArgumentParser:
         prog="python -m reports.compare",
         description="Compare two audit reports (their claims.json): verdicts and headline numbers "
                     "side by side, changes marked. Exit status: 0 no change, 1 changes, 2 bad "
-                    "arguments.")
+                    "arguments (or a claims.json that disagrees with itself), 75 the disk is full.")
     parser.add_argument("a", metavar="A", help="claims.json of the first report (or its directory)")
     parser.add_argument("b", metavar="B", help="claims.json of the second report (or its directory)")
     parser.add_argument("--out", default=None, metavar="FILE.html",
@@ -166,6 +168,7 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@command_line
 def main(argv: Optional[list[str]] = None) -> int:
     parser = make_parser()
     try:

@@ -22,13 +22,17 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import matplotlib
+# files only, never a display (the report runs on headless machines): Agg, whatever MPLBACKEND says --
+# a bad value there would otherwise stop `import matplotlib` itself with a traceback
+os.environ["MPLBACKEND"] = "Agg"
+import matplotlib  # noqa: E402
 
-matplotlib.use("Agg")  # files only, never a display: the report runs on headless machines
+matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 from PIL import Image  # noqa: E402 - Matplotlib's own dependency
@@ -454,8 +458,17 @@ def _forest_label(claim_id: str) -> str:
     return claim_id[len("boundary-"):] if claim_id.startswith("boundary-") else claim_id
 
 
+FOREST_MAX_ROWS = 400
+"""The most rows the forest plot draws (the quick report has about 100): a hand-made report of
+20,000 comparisons would make a figure of 3,000 inches (hundreds of megapixels, minutes to draw);
+beyond, the first rows in the scorecard's order (failing claims first) are drawn and the caption
+says how many were left out (``reports.render.forest_caption``)."""
+
+
 def forest_figure(rows: list[ForestRow], width: float = 5.4):
-    """The Matplotlib figure of the forest plot (the caller saves and closes it)."""
+    """The Matplotlib figure of the forest plot (the caller saves and closes it): at most
+    :data:`FOREST_MAX_ROWS` rows."""
+    rows = rows[:FOREST_MAX_ROWS]
     ys, groups = _forest_layout(rows)
     total = (groups[-1][2] if groups else 1.0)
     height = 1.05 + 0.066 * total

@@ -11,24 +11,38 @@ unwritable parent) is probed by creating and removing a file, before any compute
 Writing: the report is written into a temporary directory beside DIR (same filesystem), checked,
 then swapped in: a previous report is renamed away, the new one renamed to DIR, the old one
 deleted; an empty directory the user made is filled in place (it is never deleted).  The new
-directory gets the permissions the umask gives (``mkdtemp`` makes 0700).  A build killed
-between the two renames leaves ``.DIR.old-*``; a killed write leaves ``.DIR.tmp-<pid>-*``: the
-next build repairs both (:func:`recover_leftovers`) and says what it did only when it did it.
+directory gets the permissions the umask gives (``mkdtemp`` makes 0700).  Every file inside the
+temporary is written without following a link (``theory._validate.write_inside``).  A build
+killed between the two renames leaves ``.DIR.old-<token>``; a killed write leaves
+``.DIR.tmp-<pid>-<token>``: the next build repairs both (:func:`recover_leftovers`) and says
+what it did only when it did it -- and only to directories whose marker, written by the build,
+holds the token of their name (:data:`REPORT_MARKER`): a directory that merely looks like a
+leftover, with a user's files in it, is never deleted.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
 import time
 import uuid
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Iterable, Optional, TextIO
 
 from reports.schema import BadArguments
+from theory._validate import create_inside, read_inside, write_inside
 
 REPORT_MARKER = ".icl-audit-report"
+"""The file that makes a directory this command's report.  It is written first, into the build's
+temporary, and holds the build's pid and a random token that is also in the temporary's name
+(``.DIR.tmp-<pid>-<token>``) and, once the report is replaced, in the name it is moved to
+(``.DIR.old-<token>``): only a directory whose marker holds the token of its own name is ever
+deleted or restored by :func:`recover_leftovers` -- a user's directory that merely has such a
+name, or a copy of a report under another name, is left alone."""
+MARKER_TEXT = "written by python -m reports.build\n"
 FIGURE_DIR = "figures"
 OWN_ENTRIES = {"claims.json", "index.html", FIGURE_DIR, REPORT_MARKER}
 # A temporary directory of a build that is no longer running: its pid is in its name
@@ -82,19 +96,45 @@ def check_out_dir(path: str, flag: str = "--out", inputs: Iterable[str] = ()) ->
 
 
 def write_tree(out: Path, files: dict[str, bytes]) -> None:
-    """Write ``files`` ({relative path: bytes}) and the report marker into the (temporary) directory
-    ``out``; the caller checks the tree, then puts it in place with :func:`replace_with`."""
+    """Write ``files`` ({relative path: bytes}) into the temporary directory ``out`` (its marker is
+    already there, :func:`new_temporary`), each a new file through the project's link policy
+    (``theory._validate.create_inside``: nothing below ``out`` reached through a link, nothing
+    existing replaced; a full disk is ``DiskFull``); the caller checks the tree, then puts it in
+    place with :func:`replace_with` (the rename of the whole directory is what makes it atomic)."""
     for name, data in files.items():
-        target = out / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-    (out / REPORT_MARKER).write_text("written by python -m reports.build\n", encoding="utf-8")
+        create_inside(out, name, data, "--out")
+
+
+def marker_text(token: str, pid: Optional[int] = None) -> str:
+    """The content of a report's marker: who wrote it, the build's pid and the report's token."""
+    return f"{MARKER_TEXT}pid {os.getpid() if pid is None else pid}\ntoken {token}\n"
+
+
+def marker_token(directory: Path) -> Optional[str]:
+    """The token in the marker of ``directory`` (None: no marker, a link, not this command's, or an
+    older report's marker without one); read without following a link, at most 4 KiB."""
+    try:
+        text = read_inside(directory, REPORT_MARKER, "--out", max_bytes=4096).decode("utf-8")
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not text.startswith(MARKER_TEXT):
+        return None
+    tokens = [line[len("token "):] for line in text.splitlines() if line.startswith("token ")]
+    return tokens[0] if len(tokens) == 1 and re.fullmatch(r"[A-Za-z0-9_]{6,64}", tokens[0]) else None
 
 
 def new_temporary(out: Path) -> Path:
+    """A new temporary directory beside ``out``, ``.OUT.tmp-<pid>-<token>``, with the report's
+    marker (holding the same pid and token) written into it first."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
-    os.chmod(tmp, 0o777 & ~umask())  # mkdtemp's 0700 would become the report's permissions
+    prefix = f".{out.name}.tmp-{os.getpid()}-"
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp's 0700 would become the report's permissions
+        write_inside(tmp, REPORT_MARKER, marker_text(tmp.name[len(prefix):]), "--out")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return tmp
 
 
@@ -120,7 +160,11 @@ def replace_with(tmp: Path, out: Path, stream: Optional[TextIO] = None) -> Path:
             os.rename(tmp / name, out / name)
         os.rmdir(tmp)
         return out
-    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+    # a fresh token in the previous report's marker, then the same token in the name it is moved to:
+    # what recover_leftovers needs to know it for this command's own, should this build be killed
+    token = uuid.uuid4().hex[:12]
+    write_inside(out, REPORT_MARKER, marker_text(token), "--out")
+    old = out.parent / f".{out.name}.old-{token}"
     os.rename(out, old)
     try:
         os.rename(tmp, out)
@@ -152,20 +196,42 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def own_leftover(path: Path, kind: str) -> bool:
+    """Whether ``path`` (beside the report) is a leftover of this command: a real directory (not a
+    link), whose marker holds the token of its own name (``.OUT.tmp-<pid>-<token>``,
+    ``.OUT.old-<token>``); an ``old`` one must also hold nothing but what a report holds.  A
+    user's directory that only looks like one is never touched."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    token = marker_token(path)
+    if token is None:
+        return False
+    suffix = path.name.rsplit(f".{kind}-", 1)[-1]
+    name_token = suffix.split("-", 1)[1] if kind == "tmp" and "-" in suffix else suffix
+    if name_token != token:
+        return False
+    if kind == "old":
+        try:
+            return not foreign_entries(path)
+        except OSError:
+            return False
+    return True
+
+
 def recover_leftovers(out: Path, stream: Optional[TextIO] = None) -> list[str]:
     """Repair what a killed build left beside ``out`` (returns the messages, also printed on
     ``stream``): no ``out`` but a stranded ``.out.old-*`` report -> the newest is renamed back;
     ``.out.old-*`` reports beside an existing ``out`` -> removed; ``.out.tmp-*`` directories of
-    builds no longer running -> removed.  Only directories with this command's names are touched,
-    an ``.old-*`` one only if it holds the report marker; "cleaned" is said only of what is gone."""
+    builds no longer running -> removed.  Only this command's own leftovers are touched
+    (:func:`own_leftover`: the marker written by the build holds the token of the directory's
+    name); "cleaned" is said only of what is gone."""
     stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     out = Path(out).absolute()
     parent = out.parent
     if not parent.is_dir():
         return []
     messages = []
-    olds = sorted((p for p in parent.glob(f".{out.name}.old-*")
-                   if p.is_dir() and not p.is_symlink() and (p / REPORT_MARKER).is_file()),
+    olds = sorted((p for p in parent.glob(f"{glob_escape('.' + out.name)}.old-*") if own_leftover(p, "old")),
                   key=lambda p: p.stat().st_mtime, reverse=True)
     if olds and not out.exists() and not out.is_symlink():
         os.rename(olds[0], out)
@@ -177,8 +243,8 @@ def recover_leftovers(out: Path, stream: Optional[TextIO] = None) -> list[str]:
         if message and message.startswith("cleaned"):
             messages.append(message)
     now = time.time()
-    for tmp in parent.glob(f".{out.name}.tmp-*"):
-        if not tmp.is_dir() or tmp.is_symlink():
+    for tmp in parent.glob(f"{glob_escape('.' + out.name)}.tmp-*"):
+        if not own_leftover(tmp, "tmp"):
             continue
         pid_text = tmp.name[len(f".{out.name}.tmp-"):].split("-", 1)[0]
         if pid_text.isdigit():

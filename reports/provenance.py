@@ -1,7 +1,6 @@
 """The provenance of a report: versions, platform, device, seeds, timings, git state, sweep points skipped."""
 from __future__ import annotations
 
-import json
 import platform
 import subprocess
 from pathlib import Path
@@ -37,25 +36,24 @@ def git_state() -> dict:
 
 
 def unreadable_sweep_points(sweep: str) -> list[dict]:
-    """The files of ``sweep/points/`` that ``tools.sweep`` skips (not JSON, or not a point
-    record): ``[{"file", "reason"}]``; the report says which."""
-    from tools.sweep.store import read_point_file  # the sweep's own reading rule, not a copy
+    """The files of ``sweep/points/`` that the claims will not use, with why: ``[{"file",
+    "reason"}]`` -- the one reader's verdict (:func:`numerics.stored.read_point` against this
+    training code: a link, a file too large, not JSON, an id that is not its file name or not
+    its own hash, another code version).  The build prints each as a warning and the report
+    records them; the claims train those runs themselves."""
+    import os
 
-    skipped = []
+    from numerics.stored import code_version, read_point   # the store's own reading rule, not a copy
+
     points = Path(sweep) / "points"
     if not points.is_dir():
-        return skipped
-    for path in sorted(points.glob("*.json")):
-        if path.name.startswith(".") or not path.is_file() or read_point_file(path) is not None:
-            continue
-        try:
-            json.loads(path.read_text())
-            reason = "not a point record of this sweep (no 'point', or its 'id' is not the file name)"
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = f"unreadable: {exc}"
-        except ValueError as exc:
-            reason = f"not valid JSON: {exc}"
-        skipped.append({"file": str(path), "reason": reason})
+        return []
+    code = code_version()
+    skipped = []
+    for name in sorted(n for n in os.listdir(points) if n.endswith(".json") and not n.startswith(".")):
+        record, reason = read_point(sweep, name, code=code)
+        if record is None:
+            skipped.append({"file": str(points / name), "reason": reason})
     return skipped
 
 

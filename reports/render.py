@@ -33,7 +33,8 @@ from typing import Any, Optional
 import jinja2
 
 from claims.base import FAILING
-from reports.figures import FOREST_CLIP, FOREST_FILE, scalar, comparison_records, forest_png, forest_rows, forest_svg
+from reports.figures import (FOREST_CLIP, FOREST_FILE, FOREST_MAX_ROWS, scalar, comparison_records, forest_png,
+                             forest_rows, forest_svg)
 # The figure functions' old home: callers of ``reports.render.figure_png`` and friends keep working
 # (they live in reports.figures; patch them there).
 from reports.figures import (FIGURE_KINDS, MAX_PANELS, MAX_PIXELS, RenderError, as_figure,  # noqa: F401,E402
@@ -476,6 +477,9 @@ def forest_caption(rows: list, left_out: int) -> str:
              "nothing and are not drawn."]
     if left_out:
         parts.append(f"{left_out} comparison(s) without a tolerance or error to normalise by are left out.")
+    if len(rows) > FOREST_MAX_ROWS:
+        parts.append(f"Only the first {FOREST_MAX_ROWS} rows (in the scorecard's order, failing claims first) are "
+                     f"drawn; {len(rows) - FOREST_MAX_ROWS} more are in claims.json.")
     return " ".join(parts)
 
 
@@ -588,7 +592,9 @@ def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
         "where": ("ran at the audited configuration" if entry["id"] in at_configuration
                   else f"ran at profile {prov.get('profile')}"),
         "seconds": _seconds(entry.get("seconds", "")), "statement": str(entry["statement"]),
-        "findings": marked_findings(report, [f for f in entry.get("findings") or [] if isinstance(f, dict)]),
+        # the section's findings are its own claim's: marked against this entry alone (against the whole
+        # report, every section would index every claim: quadratic in the claims)
+        "findings": marked_findings({"claims": [entry]}, [f for f in entry.get("findings") or [] if isinstance(f, dict)]),
         "reason": _verdict_reason(entry),
         "headline": headline_groups(entry), "summary": None if entry.get("headline") else _short_summary(entry),
         "perturbations": [{"description": str(p.get("description", "")), "rejected": bool(p.get("rejected")),

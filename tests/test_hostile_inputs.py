@@ -179,7 +179,7 @@ def test_replaced_files_keep_their_mode_and_nothing_half_written_is_left(tmp_pat
     V.write_output(f, "new")
     assert f.read_text() == "new" and stat.S_IMODE(f.stat().st_mode) == 0o640
 
-    def boom(*a):
+    def boom(*a, **k):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
@@ -189,8 +189,8 @@ def test_replaced_files_keep_their_mode_and_nothing_half_written_is_left(tmp_pat
 
 
 def test_stale_temporaries_are_cleaned_and_reported(tmp_path):
-    stale = tmp_path / (V.TEMP_PREFIX + "f.json.123.abcdef12")
-    fresh = tmp_path / (V.TEMP_PREFIX + "g.json.124.abcdef12")
+    stale = tmp_path / V.temporary_name("f.json")
+    fresh = tmp_path / V.temporary_name("g.json")
     stale.write_text("half")
     fresh.write_text("half")
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
@@ -285,6 +285,10 @@ def _fixtures(tmp: Path) -> None:
     (tmp / "sweep_with_fifo_point" / "points").mkdir(parents=True)
     os.mkfifo(tmp / "sweep_with_fifo_point" / "points" / "0123456789abcdef.json")
     (tmp / "a_dir").mkdir()
+    (tmp / "date.toml").write_text(GRID_OK.replace("L = 8\n", "L = 8\nsigma = 1979-05-27\n"))
+    (tmp / "date_cross.toml").write_text(GRID_OK + "[cross]\nseed = [0, 1979-05-27T07:32:00]\n")
+    (tmp / "negzero.toml").write_text(GRID_OK + "[cross]\nsigma = [0.0, -0.0]\n")
+    (tmp / "table.toml").write_text(GRID_OK.replace("L = 8\n", "L = 8\nsigma = {value = 0.5}\n"))
 
 
 BENCH_SMOKE = ["--smoke", "--no-progress"]
@@ -312,7 +316,7 @@ HOSTILE = [
     ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/notes"], 2, ["--out", "not an output of this command"]),
     ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/loop"], 2, ["--out", "symbolic link loop"]),
     ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/sweep_with_fifo_log"], 2,
-     ["--out", "log.jsonl is not a regular file"]),
+     ["--out", "log.jsonl is a FIFO"]),
     ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/sweep_with_fifo_point"], 2,
      ["--out", "points/0123456789abcdef.json is not a regular file"]),
     ("tools.sweep", ["{tmp}/fifo.toml", "--out", "{tmp}/s"], 2, ["grid file", "not a regular file"]),
@@ -354,12 +358,26 @@ HOSTILE = [
     ("theory", ["predict", "--tasks", ",".join(["2"] * 1000), "--heads", "1000", "--L", "50"], 2,
      ["--heads must be at most 256"]),
     ("theory", ["predict", "--tasks", ",".join(["2"] * 1000), "--heads", "1", "--L", "50"], 2,
-     ["--tasks has 1000 blocks, more than the limit of 256"]),
+     ["--tasks has 1000 blocks, more than the limit of 32"]),
     ("theory", PREDICT + ["--dps", "100000"], 2, ["--dps must be at most 1000"]),
     ("theory", EXACT + ["--omega", "30", "--mu", "2"], 2, ["--omega", "beta = 424.3", "hard max"]),
     ("theory", EXACT + ["--omega", "100", "--mu", "2"], 2, ["--omega", "beyond what the exact quadrature handles"]),
     ("theory", EXACT + ["--omega", "1e300", "--mu", "2"], 2, ["--omega", "beta = inf"]),
     ("theory", EXACT + ["--omega", "30", "--mu", "2", "--gradient"], 2, ["--omega", "beta = 424.3"]),
+    # --- round 3 (issue 33): values of the wrong kind, a directory named as a file, the size limits ------
+    ("tools.sweep", ["{tmp}/date.toml", "--out", "{tmp}/s"], 2, ["problem.sigma = 1979-05-27 is a TOML date"]),
+    ("tools.sweep", ["{tmp}/date_cross.toml", "--out", "{tmp}/s"], 2, ["seed = 1979-05-27 07:32:00 is a TOML date-time"]),
+    ("tools.sweep", ["{tmp}/date.toml", "--out", "{tmp}/s", "--dry-run"], 2, ["is a TOML date"]),
+    ("tools.sweep", ["{tmp}/table.toml", "--out", "{tmp}/s"], 2, ["problem.sigma = {'value': 0.5} is a table"]),
+    ("tools.sweep", ["{tmp}/negzero.toml", "--out", "{tmp}/s"], 2, ["repeats a value", "0.0 and -0.0, are one value"]),
+    ("theory", PREDICT + ["--out", "{tmp}/newdir/"], 2, ["--out", "ends with '/'", "names a directory"]),
+    ("theory", PREDICT + ["--out", "{tmp}/a_dir/"], 2, ["--out", "ends with '/'"]),
+    ("numerics.train", TRAIN + ["--out", "{tmp}/newdir/"], 2, ["--out", "ends with '/'"]),
+    ("tools.bench", BENCH_SMOKE + ["--out", "{tmp}/newdir/"], 2, ["--out", "ends with '/'"]),
+    ("theory", ["predict", "--tasks", ",".join(["2"] * 33), "--heads", "33", "--L", "50"], 2,
+     ["--tasks has 33 blocks, more than the limit of 32"]),
+    ("theory", ["predict", "--tasks", ",".join(["2"] * 8), "--heads", "8", "--L", "50", "--optimality"], 2,
+     ["--optimality at 8 tasks x 8 heads = 64, more than the limit of 32"]),
     # --- options that would be ignored ---------------------------------------------------------------
     ("theory", EXACT + ["--gain"], 2, ["--gain is used only with --fixed-point"]),
     ("theory", EXACT + ["--fixed-point", "--omega", "1"], 2, ["--fixed-point", "ignores --omega"]),
@@ -520,3 +538,552 @@ def test_a_fifo_in_points_neither_hangs_nor_is_read(tmp_path, alarm):
     fifo.unlink()
     assert run_grid(points, tmp_path, scheduler="serial", progress=False, point_fn=fn).done == 2
     assert len(load_results(tmp_path)) == 2
+
+
+# --- 4. round 3 (issue 33): a handed folder, a forged store, a full disk, a killed parent -----------
+#
+# The classes of the issue, each fixed once at its root: one link policy inside a folder the command
+# writes (theory._validate.write_inside & co.), one reader of a stored point (numerics.stored.read_point),
+# one disk-full path (DiskFull, exit 75), one way for workers to die with their command
+# (die_with_parent, run_in_own_group).
+
+import errno  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from numerics.stored import code_version, point_id, read_point  # noqa: E402
+from tools.sweep import expand_grid  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = f"{__name__}:fast_point"
+VICTIM_TEXT = "export PATH=/usr/bin  # a shell start-up file\n"
+
+
+def _victim(tmp: Path) -> Path:
+    victim = tmp / "victim" / ".bashrc"
+    victim.parent.mkdir(exist_ok=True)
+    victim.write_text(VICTIM_TEXT)
+    return victim
+
+
+def _stale(path: Path) -> Path:
+    os.utime(path, (time.time() - 7200, time.time() - 7200), follow_symlinks=False)
+    return path
+
+
+def _points(seeds=(0, 1)) -> list:
+    return expand_grid({"problem": {"tasks": [2], "heads": 1, "L": 8}, "train": {"time": 0.1, "batch": 8},
+                        "cross": {"seed": list(seeds)}})
+
+
+# 4a. links inside the sweep's --out: refused before anything runs, never followed ---------------
+
+SWEEP_LINKS = ["grid.toml", "summary.json", "log.jsonl", "points/{id}.json", "points", "summary.json:dangling"]
+
+
+@pytest.mark.parametrize("entry", SWEEP_LINKS)
+def test_a_link_inside_the_sweeps_folder_is_refused_never_followed(tmp_path, entry, capsys):
+    """A handed sweep directory whose own files are symbolic links (to a shell start-up file, to a
+    directory of the user's, to a file that does not exist yet): the sweep refuses it -- through the
+    command line and through run_grid -- and the target is neither written, created nor cleaned."""
+    victim = _victim(tmp_path)
+    stale = victim.parent / V.temporary_name("notes.json")   # would be "cleaned" through a link
+    stale.write_text("the user's")
+    _stale(stale)
+    out = tmp_path / "s"
+    (out / "points").mkdir(parents=True)
+    points = _points()
+    name, _, how = entry.partition(":")
+    name = name.format(id=point_id(points[0], point_fn=FAST))
+    link = out / name
+    if name == "points":
+        (out / "points").rmdir()
+        link.symlink_to(victim.parent, target_is_directory=True)
+    else:
+        link.symlink_to(victim if how != "dangling" else victim.parent / "new.rc")
+    before = _tree(tmp_path / "victim")
+    grid = tmp_path / "g.toml"
+    grid.write_text(GRID_OK)
+    assert sweep_cli.main([str(grid), "--out", str(out), "--scheduler", "serial", "--point-fn", FAST,
+                           "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "is a symbolic link" in err and "never follows a link" in err and "Traceback" not in err, err
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        run_grid(points, out, scheduler="serial", progress=False, point_fn=FAST, grid_text=GRID_OK)
+    assert _tree(tmp_path / "victim") == before and victim.read_text() == VICTIM_TEXT
+    assert not (victim.parent / "new.rc").exists()
+
+
+def test_links_swapped_in_after_the_check_are_still_refused(tmp_path, alarm):
+    """The policy holds at the write itself (O_NOFOLLOW through directory descriptors), not only in
+    the check before the run: a link put in place of a file, of a directory on the way, or a FIFO."""
+    victim = _victim(tmp_path)
+    folder = tmp_path / "f"
+    (folder / "points").mkdir(parents=True)
+    (folder / "a.json").symlink_to(victim)
+    (folder / "sub").symlink_to(victim.parent, target_is_directory=True)
+    os.mkfifo(folder / "fifo.jsonl")
+    cases = [(V.write_inside, (folder, "a.json", "x")), (V.write_inside, (folder, "sub/b.json", "x")),
+             (V.append_inside, (folder, "a.json", "x\n")), (V.append_inside, (folder, "sub/log", "x\n")),
+             (V.append_inside, (folder, "fifo.jsonl", "x\n")), (V.read_inside, (folder, "a.json", "f")),
+             (V.read_inside, (folder, "fifo.jsonl", "f")), (V.make_dirs_inside, (folder, "sub/deeper"))]
+    for fn, argv in cases:
+        with pytest.raises(V.LinkInside):
+            fn(*argv)
+    assert sorted(os.listdir(victim.parent)) == [".bashrc"] and victim.read_text() == VICTIM_TEXT
+    V.write_inside(folder, "points/ok.json", "{}")                # and what is sound still works
+    V.append_inside(folder, "log.jsonl", "one\n")
+    assert V.read_inside(folder, "points/ok.json", "f") == b"{}" and (folder / "log.jsonl").read_text() == "one\n"
+
+
+def test_a_report_temporary_is_written_without_following_links(tmp_path):
+    from reports.output import new_temporary, write_tree
+
+    victim = _victim(tmp_path)
+    tmp = new_temporary(tmp_path / "r")
+    (tmp / "figures").symlink_to(victim.parent, target_is_directory=True)
+    with pytest.raises(V.LinkInside):
+        write_tree(tmp, {"figures/forest.png": b"\x89PNG"})
+    assert sorted(os.listdir(victim.parent)) == [".bashrc"]
+
+
+# 4b. deleting only what the project made -----------------------------------------------------------
+
+def _hard_link(d: Path, victim: Path) -> Path:
+    link = d / V.temporary_name("h.json")
+    os.link(victim, link)
+    return link
+
+
+STALE_LOOKALIKES = [
+    # (what, make(points dir, victim) -> path): old enough, but not the project's own temporary
+    ("an editor's .notes.tmp (the old pattern)", lambda d, v: _write(d / ".notes.tmp")),
+    ("a .x.json.123.tmp (the old pattern)", lambda d, v: _write(d / ".x.json.123.tmp")),
+    ("an unmarked .icl-tmp- name", lambda d, v: _write(d / (V.TEMP_PREFIX + "f.json.123.abcdef12"))),
+    ("a .icl-tmp- name with a forged mark", lambda d, v: _write(d / (V.TEMP_PREFIX + "f.json.123.abcdef12.00000000"))),
+    ("a marked name that is a hard link to the user's file", _hard_link),
+    ("a marked name that is a symbolic link", lambda d, v: _symlink(d / V.temporary_name("s.json"), v)),
+    ("a marked name that is a directory", lambda d, v: _mkdir(d / V.temporary_name("d.json"))),
+]
+
+
+def _write(path: Path) -> Path:
+    path.write_text("the user's")
+    return path
+
+
+def _symlink(link: Path, target: Path) -> Path:
+    link.symlink_to(target)
+    return link
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    (path / "inside").write_text("the user's")
+    return path
+
+
+@pytest.mark.parametrize("what, make", STALE_LOOKALIKES, ids=[c[0] for c in STALE_LOOKALIKES])
+def test_the_cleaner_deletes_only_the_projects_own_temporaries(tmp_path, what, make):
+    victim = _victim(tmp_path)
+    points = tmp_path / "s" / "points"
+    points.mkdir(parents=True)
+    kept = _stale(make(points, victim))
+    mine = _stale(_write(points / V.temporary_name("0123456789abcdef.json")))     # a killed writer's
+    assert V.clean_stale_temporaries(points) == [mine]
+    assert os.path.lexists(kept) and victim.read_text() == VICTIM_TEXT
+    run_grid(_points((0,)), tmp_path / "s", scheduler="serial", progress=False, point_fn=FAST)
+    assert os.path.lexists(kept) and victim.read_text() == VICTIM_TEXT
+
+
+def test_the_cleaner_never_cleans_through_a_symlinked_folder(tmp_path):
+    victim = _victim(tmp_path)
+    theirs = _stale(_write(victim.parent / V.temporary_name("x.json")))
+    link = tmp_path / "points"
+    link.symlink_to(victim.parent, target_is_directory=True)
+    assert V.clean_stale_temporaries(link) == [] and theirs.exists()
+
+
+# 4c. a handed store: a point is used only if everything that identifies it matches ----------------
+
+def _record(point: dict, code=None, fn=FAST) -> dict:
+    code = code_version() if code is None else code
+    return {"id": point_id(point, code=code, point_fn=fn), "status": "done", "point": point, "result": {"loss": 0.5},
+            "error": None, "code_version": code, "point_fn": fn}
+
+
+def _huge(path: Path) -> None:
+    with open(path, "wb") as fh:          # 1.5 GB, sparse: costs no disk
+        fh.truncate(1536 * 2 ** 20)
+
+
+POINT_FILES = [
+    # (what, write(points dir, a sound record) -> file name, fragment of the reason)
+    ("renamed: its id is not its file name", lambda d, r: _put(d, "0" * 16, r), "is not its file name"),
+    ("edited: its point is not what its id hashes",
+     lambda d, r: _put(d, r["id"], {**r, "point": {**r["point"], "model": "reduced"}}), "not the hash of its own point"),
+    ("another code version (self-consistent)", lambda d, r: _put(d, None, _record(r["point"], code="0.0.1+src.0")),
+     "computed by training code 0.0.1+src.0"),
+    ("no code version at all", lambda d, r: _put(d, r["id"], {k: v for k, v in r.items() if k != "code_version"}),
+     "records no code version"),
+    ("truncated by a kill", lambda d, r: _raw(d, r["id"], json.dumps(r)[:40]), "not valid JSON"),
+    ("a NaN token", lambda d, r: _raw(d, r["id"], json.dumps(r).replace('"loss": 0.5', '"loss": NaN')),
+     "not valid JSON"),
+    ("not UTF-8", lambda d, r: _raw(d, r["id"], b"\xff\xfe{}"), "not UTF-8"),
+    ("neither a result nor an error", lambda d, r: _put(d, r["id"], {**r, "result": None}), "not a finished point"),
+    ("a name that is no point id", lambda d, r: _put(d, "notes", r), "not a point file"),
+    ("a symbolic link to a sound point elsewhere", lambda d, r: _link_point(d, r), "is a symbolic link"),
+    ("1.5 GB (refused before a byte is read)", lambda d, r: (_huge(d / f"{r['id']}.json"), f"{r['id']}.json")[1],
+     "more than the limit of 256 MiB"),
+]
+
+
+def _put(d: Path, name, record) -> str:
+    name = (record["id"] if name is None else name) + ".json"
+    (d / name).write_text(json.dumps(record))
+    return name
+
+
+def _raw(d: Path, pid: str, data) -> str:
+    (d / f"{pid}.json").write_bytes(data if isinstance(data, bytes) else data.encode())
+    return f"{pid}.json"
+
+
+def _link_point(d: Path, r: dict) -> str:
+    elsewhere = d.parent.parent / "elsewhere.json"
+    elsewhere.write_text(json.dumps(r))
+    (d / f"{r['id']}.json").symlink_to(elsewhere)
+    return f"{r['id']}.json"
+
+
+@pytest.mark.parametrize("what, write, reason", POINT_FILES, ids=[c[0] for c in POINT_FILES])
+def test_a_point_is_used_only_if_it_identifies_itself(tmp_path, what, write, reason, alarm):
+    """numerics.stored.read_point, the one reader (the library's Store, the report's warnings, the
+    sweep's resume): a point file whose name, hash, code version, size or kind is not right is
+    skipped with why -- and trained again -- never used."""
+    from numerics.experiments import Store
+
+    points = tmp_path / "s" / "points"
+    points.mkdir(parents=True)
+    sound = _record(_points((0,))[0])
+    name = write(points, sound)
+    t0 = time.perf_counter()
+    record, why = read_point(tmp_path / "s", name, code=code_version())
+    assert record is None and reason in why and time.perf_counter() - t0 < 5, why
+    store = Store(tmp_path / "s")
+    assert store.records == [] and [s["reason"] for s in store.skipped] == [why]
+
+
+def test_a_resumed_sweep_reruns_an_edited_point_and_keeps_a_sound_one(tmp_path):
+    points = _points()
+    out = tmp_path / "s"
+    assert run_grid(points, out, scheduler="serial", progress=False, point_fn=FAST).done == 2
+    files = sorted((out / "points").glob("*.json"))
+    forged = json.loads(files[0].read_text())
+    forged["point"]["problem"]["L"] = 64                      # its id no longer its hash
+    files[0].write_text(json.dumps(forged))
+    again = run_grid(points, out, scheduler="serial", progress=False, point_fn=FAST)
+    assert (again.done, again.skipped) == (1, 1)
+    assert all(read_point(out, f.name)[0] is not None for f in files)
+
+
+# 4d. a full disk: "disk full: N bytes needed at PATH", exit 75, nothing half-written ----------------
+
+def _enospc(*a, **k):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_is_one_error_and_leaves_the_old_content(tmp_path, monkeypatch):
+    """Simulated (every machine): fsync reports ENOSPC, as a delayed-allocation file system does."""
+    f = tmp_path / "f.json"
+    f.write_text("old")
+    monkeypatch.setattr(V.os, "fsync", _enospc)
+    for write in (lambda: V.write_output(f, "x" * 5000), lambda: V.write_inside(tmp_path, "f.json", "x" * 5000)):
+        with pytest.raises(V.DiskFull, match=f"disk full: 5,000 bytes needed at {tmp_path}/f.json"):
+            write()
+        assert f.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["f.json"]
+    with pytest.raises(V.DiskFull, match="disk full: 65,536 bytes needed at"):
+        V.check_output_path(tmp_path / "new.json", "--out")       # the probe writes (and syncs) a block
+    assert sorted(os.listdir(tmp_path)) == ["f.json"]
+
+
+def test_a_log_line_is_whole_or_absent(tmp_path, monkeypatch):
+    V.append_inside(tmp_path, "log.jsonl", "first\n")
+    real = os.write
+    calls = []
+
+    def half_then_full(fd, data):
+        if calls:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        calls.append(1)
+        return real(fd, bytes(data)[:3])
+
+    monkeypatch.setattr(V.os, "write", half_then_full)
+    with pytest.raises(V.DiskFull):
+        V.append_inside(tmp_path, "log.jsonl", "second line\n")
+    assert (tmp_path / "log.jsonl").read_text() == "first\n"
+
+
+def test_every_command_line_turns_enospc_into_exit_75(capsys):
+    @V.command_line
+    def main(argv=None):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/out.json")
+
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    assert exc.value.code == V.EXIT_DISK_FULL == 75
+    err = capsys.readouterr().err
+    assert "disk full" in err and "/data/out.json" in err and "Traceback" not in err
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 256 KiB tmpfs of its own (root only; skipped where it cannot be mounted: then the
+    simulated ENOSPC tests above are the disk-full tests)."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()[:80]})")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(mnt: Path, leave: int = 0) -> None:
+    """Fill the file system of ``mnt`` with 4 KiB files, then free ``leave`` bytes of them."""
+    d = mnt / ".filler"
+    d.mkdir(exist_ok=True)
+    k = 0
+    try:
+        while True:
+            with open(d / str(k), "wb") as fh:
+                fh.write(b"\0" * 4096)
+            k += 1
+    except OSError:
+        (d / str(k)).unlink(missing_ok=True)
+    for j in range(min(k, -(-leave // 4096))):
+        (d / str(j)).unlink()
+
+
+def _listing(mnt: Path) -> list:
+    return sorted(str(p.relative_to(mnt)) for p in mnt.rglob("*") if ".filler" not in p.parts)
+
+
+def test_on_a_real_full_disk_the_probe_refuses_up_front(small_fs, capsys):
+    fill(small_fs)
+    with pytest.raises(V.DiskFull, match="disk full: 65,536 bytes needed at"):
+        V.check_output_path(small_fs / "run.json", "--out")
+    with pytest.raises(SystemExit) as exc:       # before any computation (the table's no_compute is not needed)
+        theory_cli.main(EXACT + ["--omega", "0.3", "--mu", "2", "--out", str(small_fs / "e.json")])
+    assert exc.value.code == 75 and "disk full" in capsys.readouterr().err
+    assert _listing(small_fs) == []
+
+
+def fat_point(point: dict) -> dict:
+    """A point whose result is 30 kB (a long trajectory): a 256 KiB disk holds a few."""
+    return {"seed": point["train"]["seed"], "trajectory": [0.123456789] * 2500}
+
+
+def test_a_sweep_that_fills_the_disk_keeps_what_it_stored(small_fs, capsys):
+    grid = small_fs.parent / "g.toml"
+    grid.write_text(GRID_OK + "[cross]\nseed = [" + ", ".join(str(k) for k in range(12)) + "]\n")
+    fill(small_fs, leave=128 * 1024)
+    out = small_fs / "s"
+    with pytest.raises(SystemExit) as exc:
+        sweep_cli.main([str(grid), "--out", str(out), "--scheduler", "serial", "--point-fn",
+                        f"{__name__}:fat_point", "--no-progress"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 75 and "disk full:" in err and "bytes needed at" in err and "Traceback" not in err, err
+    stored = load_results(out)
+    assert 1 <= len(stored) < 12                          # what was stored is whole and used on resume
+    assert [p for p in os.listdir(out / "points") if p.startswith(".")] == []   # no temporary left
+    for line in (out / "log.jsonl").read_text().splitlines():
+        json.loads(line)                                  # every log line whole
+
+
+def test_train_on_a_disk_that_fills_prints_its_result(small_fs, monkeypatch, capsys):
+    """The disk fills while the run trains: the result cannot be written, so it is printed (the
+    run is not lost), exit 75, no temporary left."""
+    real = train_cli.train
+
+    def train_then_fill(*a, **k):
+        result = real(*a, **k)
+        fill(small_fs)
+        return result
+
+    monkeypatch.setattr(train_cli, "train", train_then_fill)
+    with pytest.raises(SystemExit) as exc:
+        train_cli.main(TRAIN + ["--records", "2", "--out", str(small_fs / "run.json")])
+    captured = capsys.readouterr()
+    assert exc.value.code == 75 and "disk full" in captured.err and '"trajectory"' in captured.out
+    assert _listing(small_fs) == []
+
+
+# 4e. a killed parent leaves nothing computing ---------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:        # a zombie (exited, not yet reaped) computes nothing
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _wait_gone(pids, seconds: float = 20.0) -> list:
+    deadline = time.time() + seconds
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
+def test_run_in_own_group_kills_the_whole_group_on_a_timeout(tmp_path):
+    """tools.bench --report-timeout's runner: the command and every process it started die."""
+    pidfile = tmp_path / "grandchild"
+    script = f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; " \
+             f"time.sleep(120)']); open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(120)"
+    with pytest.raises(subprocess.TimeoutExpired):
+        V.run_in_own_group([sys.executable, "-c", script], timeout=3, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert pidfile.is_file() and _wait_gone([int(pidfile.read_text())]) == []
+
+
+def test_a_worker_dies_with_its_parent(tmp_path):
+    """theory._validate.die_with_parent, every pool's initializer: SIGKILL of the parent ends the worker."""
+    pidfile = tmp_path / "worker"
+    script = (f"import os, sys, time\npid = os.fork()\nif pid == 0:\n    from theory._validate import die_with_parent\n"
+              f"    die_with_parent()\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n    time.sleep(120)\n"
+              f"    os._exit(0)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    try:
+        deadline = time.time() + 60
+        while not pidfile.is_file() or not pidfile.read_text():
+            assert time.time() < deadline and parent.poll() is None
+            time.sleep(0.1)
+        worker = int(pidfile.read_text())
+        parent.kill()
+        parent.wait()
+        assert _wait_gone([worker], 10) == []
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+SLOW_CLAIMS = '''
+import os, time
+from claims.base import ClaimResult
+
+class Slow:
+    def __init__(self, cid):
+        self.cid = cid
+
+    def run(self, profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+        open(os.path.join(os.environ["HOSTILE_PIDS"], str(os.getpid())), "w").close()
+        time.sleep(300)
+        return ClaimResult(id=self.cid, title="t", statement="s", verdict="pass")
+
+a, b = Slow("slow-a"), Slow("slow-b")
+'''
+
+BUILD = '''
+import sys
+import claims
+claims.REGISTRY = {"slow-a": "hostile_slow_claims:a", "slow-b": "hostile_slow_claims:b"}
+from reports.build import main
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def test_kill_9_of_a_build_with_jobs_leaves_no_worker_computing(tmp_path):
+    """Issue 33: kill -9 of reports.build --jobs 2 left both workers computing for 90 s (350 MB each);
+    now each worker dies with the build (die_with_parent in the pool's initializer)."""
+    (tmp_path / "hostile_slow_claims.py").write_text(SLOW_CLAIMS)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "HOSTILE_PIDS": str(pids)}
+    build = subprocess.Popen([sys.executable, "-c", BUILD, "--jobs", "2", "--profile", "tiny", "--no-progress",
+                              "--out", str(tmp_path / "r")], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240          # two spawned workers import torch and the claims on a busy machine
+        while len(os.listdir(pids)) < 2:
+            assert time.time() < deadline and build.poll() is None, "the workers did not start"
+            time.sleep(0.2)
+        workers = [int(p) for p in os.listdir(pids)]
+        build.kill()
+        build.wait()
+        assert _wait_gone(workers, 15) == [], "workers still computing after their build was killed"
+    finally:
+        build.kill()
+        build.wait()
+    assert not (tmp_path / "r").exists()
+
+
+# 4f. values of the wrong kind, sizes, the environment ---------------------------------------------
+
+def test_zero_and_negative_zero_are_one_sweep_point():
+    spec = {"problem": {"tasks": [2], "heads": 1, "L": 8}, "train": {"time": 0.1, "batch": 8}}
+    (a,) = expand_grid({**spec, "problem": {**spec["problem"], "sigma": 0.0}})
+    (b,) = expand_grid({**spec, "problem": {**spec["problem"], "sigma": -0.0}})
+    (c,) = expand_grid({**spec, "problem": {**spec["problem"], "sigma": 0}})
+    assert point_id(a) == point_id(b) == point_id(c) and json.dumps(b["problem"]["sigma"]) == "0.0"
+
+
+@pytest.mark.thorough
+def test_theory_predict_at_its_limit_runs_in_seconds():
+    """32 distinct blocks (MAX_PREDICT_TASKS) and 256 heads: measured 5.4 s CPU; --optimality at its
+    limit of 32 = 4 tasks x 8 heads: 8.8 s CPU (a shared 2-core machine)."""
+    cpu = time.process_time()
+    theory_cli.predict(tuple(range(1, theory_cli.MAX_PREDICT_TASKS + 1)), theory_cli.MAX_PREDICT_HEADS, 1000.0)
+    assert time.process_time() - cpu < 30
+    cpu = time.process_time()
+    theory_cli.predict((2, 2, 2, 2), 8, 1000.0, optimality=True)
+    assert time.process_time() - cpu < 40
+
+
+def _python(argv, env=None, cwd=ROOT, shell_prefix=None, timeout=120):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    command = [sys.executable, *argv]
+    if shell_prefix:        # run through sh: e.g. a working directory deleted before the command starts
+        command = ["sh", "-c", shell_prefix + " exec " + " ".join(f"'{a}'" for a in command)]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("argv", [["-m", "theory", "predict", "--tasks", "2", "--heads", "1", "--L", "50",
+                                   "--out", "rel.json"],
+                                  ["-m", "tools.sweep", "g.toml", "--out", "s"]])
+def test_a_deleted_working_directory_is_a_message(tmp_path, argv):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = _python(argv, cwd=gone, shell_prefix=f"cd '{gone}' && rmdir '{gone}' &&")
+    assert proc.returncode == 2, proc.stderr
+    assert "the current directory no longer exists" in proc.stderr and "Traceback" not in proc.stderr
+    assert not gone.exists()
+
+
+def test_an_ascii_only_output_stream_is_written_escaped(capsys):
+    """PYTHONIOENCODING=ascii: what a command prints is escaped, never a UnicodeEncodeError."""
+    import io
+
+    ascii_out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+
+    @V.command_line
+    def main(argv=None):
+        print("measured 0.26 ± 0.004 ✓", file=sys.stdout)
+        return 0
+
+    old = sys.stdout
+    sys.stdout = ascii_out
+    try:
+        assert main([]) == 0
+        sys.stdout.flush()
+        text = ascii_out.buffer.getvalue().decode("ascii")
+    finally:
+        sys.stdout = old
+    assert text == "measured 0.26 \\xb1 0.004 \\u2713\n"

@@ -8,6 +8,7 @@ status, its message, the absence of a traceback and the absence of anything writ
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -23,6 +24,7 @@ from claims.base import ClaimResult, Figure, Finding, PerturbationCheck, Series,
 from reports import build as report_build
 from reports import compare as report_compare
 from reports import figures as report_figures
+from reports import output as report_output
 from reports import render as report_render
 from reports.build import check_report, main
 
@@ -75,7 +77,41 @@ def fake_config_b(profile="quick", device="cpu", seed=0, progress=None, sweep=No
     return result
 
 
-EXTRA = {"fake-config": fake_config, "fake-config-b": fake_config_b}
+@dataclasses.dataclass(frozen=True)
+class _Profile:
+    measured: float = 0.781
+
+
+def _spec(claim_id: str, measured: float, undecided=None, kind: str = "claim"):
+    """A claim as the real ones are: a ClaimSpec run by claims.spec.run_spec, its comparisons made by
+    claims.common.compare (so details["comparisons"] holds each one's error, tolerance, agreement and
+    perturbations, and the verdict is claims.base.judge's)."""
+    from claims.common import compare, off_by
+    from claims.spec import ClaimSpec, Outcome
+
+    def evaluate(ctx):
+        loss = compare("converged loss, tasks=[2, 2], L=32", ctx.p.measured, 0.7792937908845126, 0.018848,
+                       "4 se", wrong=off_by(1.5, 0.7792937908845126), se=0.0047)
+        bracket = compare("emergence time in its bracket", 12.5, [10.0, 14.0], 0.5, "the step",
+                          error=lambda m, b: max(0.0, b[0] - m, m - b[1]), wrong=[("bracket 20-30", [20.0, 30.0])])
+        rows = [headline_row(loss), headline_row(bracket, theory=[10.0, 14.0], measured=12.5),
+                reported_row("gain ratio", 2.3, se=0.05)]
+        return Outcome(comparisons=[loss, bracket], headline=rows, undecided=undecided)
+
+    from claims.common import headline_row, reported_row
+    spec = ClaimSpec(id=claim_id, title="A claim run as a spec", statement="the loss converges to the fixed point's.",
+                     profiles={"tiny": _Profile(measured), "quick": _Profile(measured)}, evaluate=evaluate, kind=kind)
+
+    def run(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+        return spec.run(profile, device, seed)
+    run.__name__ = claim_id.replace("-", "_")
+    return run
+
+
+EXTRA = {"fake-config": fake_config, "fake-config-b": fake_config_b,
+         "fake-spec-pass": _spec("fake-spec-pass", 0.781), "fake-spec-fail": _spec("fake-spec-fail", 5.0),
+         "fake-spec-undecided": _spec("fake-spec-undecided", 0.781, undecided="the run did not converge"),
+         "boundary-spec": _spec("boundary-spec", 5.0, kind="boundary")}
 
 
 @pytest.fixture
@@ -183,7 +219,7 @@ NOT_A_REPORT = '{"claims": 3}'
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--logit-scale", "inf"], "logit_scale s must be a finite"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--only", "fake-plain"],
      "none of the selected claims (fake-plain) can run at a given configuration"),
-    (["--tasks", "100000", "--heads", "3", "--L", "256"], "over --max-minutes 60"),
+    (["--tasks", "100000", "--heads", "3", "--L", "256"], "GiB of memory; choose smaller sizes"),
     (["--tasks", "3,3", "--heads", "1000", "--L", "100000"], "over --max-minutes 60"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--max-minutes", "0"], "--max-minutes must be a number > 0"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--max-minutes", "nan"], "--max-minutes must be a number > 0"),
@@ -193,8 +229,18 @@ NOT_A_REPORT = '{"claims": 3}'
     (["--config", "{file:unknown.toml=head = 3}"], "unknown field(s) ['head']"),
     (["--config", "{file:str.toml=tasks = [3]\nheads = \"3\"\nL = 8}"], "heads must be a positive integer, got '3'"),
     (["--config", "{file:nan.toml=tasks = [3]\nheads = 3\nL = 8\nsigma = nan}"], "sigma (label noise std)"),
-    (["--config", "{file:huge.toml=tasks = [3]\nheads = 1000000000\nL = 8}"], "over --max-minutes 60"),
+    (["--config", "{file:huge.toml=tasks = [3]\nheads = 1000000000\nL = 8}"], "GiB of memory; choose smaller sizes"),
+    (["--config", "{file:big2.toml=tasks = [3]\nheads = 100000\nL = 8}"], "over --max-minutes 60"),
     (["--config", "{file:bin.toml=\x00\x01\x02}"], "not valid TOML"),
+    # issue 33: values of the wrong kind, never read as something else
+    (["--config", "{file:f35.toml=tasks = [3.5]\nheads = 1\nL = 8}"], "tasks must be a list of positive integers"),
+    (["--config", "{file:fs3.toml=tasks = [3, \"3\"]\nheads = 2\nL = 8}"], "tasks must be a list of positive integers"),
+    (["--config", "{file:fb.toml=tasks = [true]\nheads = 1\nL = 8}"], "tasks must be a list of positive integers"),
+    (["--config", "{file:fd.toml=tasks = [2]\nheads = 1\nL = 8\nsigma = 1979-05-27}"], "sigma (label noise std)"),
+    (["--config", "{file:h63.toml=tasks = [2]\nheads = 9223372036854775807\nL = 8}"],
+     "GiB of memory; choose smaller sizes"),
+    (["--tasks", "3", "--heads", "1", "--L", "1"], "L = 1: with one context token softmax has no choice"),
+    (["--config", "{file:l1.toml=tasks = [3]\nheads = 1\nL = 1}"], "L = 1: with one context token"),
     (["--seed", "3_3"], "got '3_3'"),
     (["--seed", "18446744073709551616"], "--seed must be at most 18446744073709551615"),
     (["--config", "{file:big.toml=" + "#" * (2**20 + 1) + "}"], "more than the limit of 1 MiB"),
@@ -258,10 +304,21 @@ def test_bad_configuration_in_a_subprocess_has_numerics_message(tmp_path):
 
 def _kill_between_renames(out: Path) -> Path:
     """The state a SIGKILL between the two renames of the swap leaves: no report, the previous
-    one stranded as .r.old-*."""
-    stranded = out.parent / f".{out.name}.old-0123456789ab"
+    one stranded as .r.old-<token>, its marker holding the same token (what replace_with writes
+    before it renames)."""
+    token = "0123456789ab"
+    (out / report_output.REPORT_MARKER).write_text(report_output.marker_text(token))
+    stranded = out.parent / f".{out.name}.old-{token}"
     os.rename(out, stranded)
     return stranded
+
+
+def _killed_write(parent: Path, name: str, pid: int, token: str = "deadbeef") -> Path:
+    """What a build killed while writing leaves: .NAME.tmp-<pid>-<token>, its marker written first."""
+    tmp = parent / f".{name}.tmp-{pid}-{token}"
+    (tmp / "figures").mkdir(parents=True)
+    (tmp / report_output.REPORT_MARKER).write_text(report_output.marker_text(token, pid))
+    return tmp
 
 
 def _dead_pid() -> int:
@@ -273,10 +330,8 @@ def _dead_pid() -> int:
 def test_stranded_report_is_restored_and_survives_an_interrupted_rebuild(registry, tmp_path):
     out = tmp_path / "r"
     assert run_main(args(out, "fake-plain"))[0] == 0
-    before = _snapshot(out)
-    _kill_between_renames(out)
-    killed_write = tmp_path / f".r.tmp-{_dead_pid()}-deadbeef"
-    (killed_write / "figures").mkdir(parents=True)
+    before = _snapshot(_kill_between_renames(out))    # the report as the swap left it (its marker's token)
+    killed_write = _killed_write(tmp_path, "r", _dead_pid())
     (killed_write / "claims.json").write_text('{"claims": [')  # half-written
     status, _, err = run_main(args(out, "fake-fail,fake-interrupt"))
     assert status == 130
@@ -334,6 +389,7 @@ def test_leftover_old_report_beside_a_report_is_removed(registry, tmp_path):
     out = tmp_path / "r"
     assert run_main(args(out, "fake-plain"))[0] == 0
     shutil.copytree(out, tmp_path / ".r.old-feedfacecafe")  # killed after the swap, before the delete
+    (tmp_path / ".r.old-feedfacecafe" / report_output.REPORT_MARKER).write_text(report_output.marker_text("feedfacecafe"))
     status, _, err = run_main(args(out, "fake-fail"))
     assert status == 1 and "cleaned: removed .r.old-feedfacecafe" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
@@ -356,6 +412,67 @@ def test_recovery_touches_only_its_own_leftovers(registry, tmp_path):
     assert (foreign / "notes.txt").read_text() == "keep" and busy.is_dir()
 
 
+LOOKALIKES = [
+    # (what, make(tmp) -> the directory beside --out that must survive the next build)
+    ("a .r.tmp-<dead pid>-x of the user's, no marker", lambda t: _user_dir(t / f".r.tmp-{_dead_pid()}-mine")),
+    ("a .r.tmp- whose marker holds another token", lambda t: _with_marker(_user_dir(t / f".r.tmp-{_dead_pid()}-abcdef12"),
+                                                                         "0f0f0f0f")),
+    ("a .r.tmp- whose marker is a symbolic link to a real one", lambda t: _linked_marker(t, f".r.tmp-{_dead_pid()}-cafe1234",
+                                                                                        "cafe1234")),
+    ("a copy of a report named .r.old-<not its token>", lambda t: _with_marker(_user_dir(t / ".r.old-feedface0000"),
+                                                                               "123456789abc")),
+    ("an .r.old-<its token> holding a user's file", lambda t: _with_marker(_user_dir(t / ".r.old-0badc0de0000"),
+                                                                           "0badc0de0000")),
+    ("an .r.old- that is a symbolic link to a report", lambda t: _link_to_report(t)),
+]
+
+
+def _user_dir(d: Path) -> Path:
+    d.mkdir()
+    (d / "thesis.tex").write_text("months of work")
+    return d
+
+
+def _with_marker(d: Path, token: str) -> Path:
+    (d / report_output.REPORT_MARKER).write_text(report_output.marker_text(token))
+    return d
+
+
+def _linked_marker(t: Path, name: str, token: str) -> Path:
+    real = _with_marker(_user_dir(t / "elsewhere"), token)
+    d = _user_dir(t / name)
+    (d / report_output.REPORT_MARKER).symlink_to(real / report_output.REPORT_MARKER)
+    return d
+
+
+def _link_to_report(t: Path) -> Path:
+    real = _report_dir(t, "kept-report")
+    (t / ".r.old-0a1b2c3d4e5f").symlink_to(real)
+    return real
+
+
+@pytest.mark.parametrize("what, make", LOOKALIKES, ids=[c[0] for c in LOOKALIKES])
+def test_directories_that_only_look_like_leftovers_are_never_deleted(registry, tmp_path, what, make):
+    """Issue 33: a directory beside --out is deleted (or restored) only if it carries the build's own
+    marker with the token of its own name; the user's files inside a look-alike survive every build."""
+    kept = make(tmp_path)
+    before = _snapshot(kept)
+    for _ in range(2):     # with and without a previous report at --out
+        status, _, err = run_main(args(tmp_path / "r", "fake-plain"))
+        assert status == 0 and "cleaned" not in err and "recovered" not in err, err
+    assert _snapshot(kept) == before
+
+
+def test_from_sweep_with_a_symlinked_points_is_refused(registry, tmp_path):
+    elsewhere = _sweep_in(tmp_path / "elsewhere")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "summary.json").write_text("{}")
+    (sweep / "points").symlink_to(elsewhere / "points")
+    status, _, err = run_main(args(tmp_path / "r", "fake-plain", "--from-sweep", str(sweep)))
+    assert status == 2 and "points is a symbolic link" in err and not (tmp_path / "r").exists(), err
+
+
 def test_rerender_recovers_a_stranded_report_too(registry, tmp_path):
     src = tmp_path / "src"
     assert run_main(args(src, "fake-config"))[0] == 0
@@ -367,28 +484,66 @@ def test_rerender_recovers_a_stranded_report_too(registry, tmp_path):
     assert [c["id"] for c in strict_load(out / "claims.json")["claims"]] == ["fake-config"]
 
 
+def _point_record(point: dict, code: str = None, **extra) -> dict:
+    """A point record as tools.sweep stores it (its id the hash of its point and code version)."""
+    from numerics.stored import code_version, point_id
+
+    code = code_version() if code is None else code
+    return {"id": point_id(point, code=code), "status": "done", "point": point, "result": {"loss": 0.5},
+            "error": None, "code_version": code, "point_fn": "tools.sweep:train_point", **extra}
+
+
 def _sweep(tmp_path: Path) -> Path:
+    """A sweep holding one sound point and the kinds of file a sweep must not use."""
     sweep = tmp_path / "sweep"
     (sweep / "points").mkdir(parents=True)
-    (sweep / "points" / "aaaa.json").write_text(json.dumps({"id": "aaaa", "point": {"problem": {}}}))
-    (sweep / "points" / "bbbb.json").write_text('{"id": "bbbb", "point": ')  # truncated by a kill
-    (sweep / "points" / "cccc.json").write_text(json.dumps({"id": "other", "point": {}}))
-    (sweep / "points" / ".dddd.json.tmp").write_text("in progress")  # a temporary: not a point
+
+    def put(name: str, record) -> None:
+        (sweep / "points" / name).write_text(record if isinstance(record, str) else json.dumps(record))
+
+    good = _point_record({"model": "full", "problem": {"L": 8}, "train": {}})
+    put(f"{good['id']}.json", good)                                       # used: nothing said
+    put("bbbbbbbbbbbbbbbb.json", '{"id": "bbbbbbbbbbbbbbbb", "point": ')  # truncated by a kill
+    put("cccccccccccccccc.json", good)                                    # its id is not its file name...
+    forged = dict(_point_record({"model": "full", "problem": {"L": 16}, "train": {}}), result={"loss": 5.0})
+    forged["point"] = {"model": "full", "problem": {"L": 8}, "train": {}}  # ...or not its own hash (edited)
+    put(f"{forged['id']}.json", forged)
+    foreign = _point_record({"model": "full", "problem": {"L": 32}, "train": {}}, code="0.0.1+src.0123456789abcdef")
+    put(f"{foreign['id']}.json", foreign)                                  # another code version
+    put("aaaa.json", {"id": "aaaa", "point": {}})                          # not a point file name
+    (sweep / "points" / ".dddd.json.tmp").write_text("in progress")        # hidden: not looked at
     return sweep
 
 
 def test_unreadable_sweep_points_are_warned_recorded_and_shown(registry, tmp_path):
+    """Issue 33: a point is used only if everything that identifies it matches; every other file
+    is named, with why, on stderr and in the report, and is not used."""
     sweep = _sweep(tmp_path)
     out = tmp_path / "r"
     status, _, err = run_main(args(out, "fake-plain", "--from-sweep", str(sweep)))
     assert status == 0
-    assert "warning: --from-sweep: skipping" in err and "bbbb.json: not valid JSON" in err
-    assert "cccc.json" in err and "aaaa.json" not in err
-    skipped = strict_load(out / "claims.json")["provenance"]["sweep_skipped"]
-    assert [Path(p["file"]).name for p in skipped] == ["bbbb.json", "cccc.json"]
-    assert "not a point record" in skipped[1]["reason"]
+    assert "warning: --from-sweep: not using" in err and "bbbbbbbbbbbbbbbb.json: not valid JSON" in err
+    skipped = {Path(p["file"]).name: p["reason"] for p in strict_load(out / "claims.json")["provenance"]["sweep_skipped"]}
+    assert len(skipped) == 5 and all(name in err for name in skipped)
+    assert "is not its file name" in skipped["cccccccccccccccc.json"]
+    assert sum("not the hash of its own point" in r for r in skipped.values()) == 1
+    assert sum("computed by training code 0.0.1+src.0123456789abcdef" in r for r in skipped.values()) == 1
+    assert "not a point file" in skipped["aaaa.json"]
     page = (out / "index.html").read_text(encoding="utf-8")
-    assert "2 point file(s) of the sweep" in page and "bbbb.json" in page
+    assert "5 point file(s) of the sweep" in page and "bbbbbbbbbbbbbbbb.json" in page
+
+
+def test_the_store_uses_only_points_that_identify_themselves(tmp_path):
+    """numerics.experiments.Store (what a claim reads with --from-sweep): the forged, renamed and
+    foreign points of _sweep are skipped -- the claim trains them -- never used."""
+    from numerics.experiments import Store
+
+    store = Store(_sweep(tmp_path))
+    assert len(store.records) == 1 and store.records[0]["result"] == {"loss": 0.5}
+    assert len(store.skipped) == 5
+    assert store.lookup({"model": "full", "problem": {"L": 8}, "train": {}}, lambda p: p) == {"loss": 0.5}
+    assert store.lookup({"model": "full", "problem": {"L": 32}, "train": {}}, lambda p: p) is None   # foreign
+    assert store.used == 1
 
 
 # --------------------------------------------------------------------------- reading at a glance
@@ -728,6 +883,218 @@ def test_hand_edited_claims_json_is_refused_before_drawing(registry, good_report
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
 
 
+# --------------------------------------------------------------------------- a claims.json that disagrees with itself (issue 33)
+
+
+@pytest.fixture(scope="module")
+def spec_report(tmp_path_factory):
+    """A report of claims run as specs (their comparisons stored): one passes, one fails (measured 5.0
+    against 0.779 at a tolerance of 0.019), one is undecided, one boundary is contradicted."""
+    out = tmp_path_factory.mktemp("spec") / "r"
+    with pytest.MonkeyPatch.context() as mp:
+        install_registry(mp, "fake_claims_spec", {**FAKES, **EXTRA})
+        status, _, err = run_main(args(out, "fake-spec-pass,fake-spec-fail,fake-spec-undecided,boundary-spec"))
+    assert status == 1, err
+    report = strict_load(out / "claims.json")
+    assert [c["verdict"] for c in report["claims"]] == ["pass", "fail", "error", "contradicted"]
+    return report
+
+
+def _forge_pass(report: dict, cid: str) -> None:
+    """The issue's forgery: the verdict and every agreement flipped to pass, the numbers untouched."""
+    entry = _c(report, cid)
+    entry["verdict"] = "located" if entry["kind"] == "boundary" else "pass"
+    for row in entry["headline"]:
+        if row["side"] != "reported":
+            row["agrees"] = True
+    for c in entry["details"]["comparisons"]:
+        c["agrees"] = True
+        for q in c["perturbations"]:
+            q["rejected"] = True
+    for q in entry["perturbations"]:
+        q["rejected"] = True
+
+
+def _drop_comparisons(report: dict, cid: str) -> None:
+    _forge_pass(report, cid)
+    del _c(report, cid)["details"]["comparisons"]
+
+
+FORGED = [
+    # (what, edit, message): each a file whose numbers say otherwise than its words
+    ("a fail flipped to pass, every agreement too, numbers untouched", lambda r: _forge_pass(r, "fake-spec-fail"),
+     "its own numbers (measured 5.0, theory 0.7792937908845126, tolerance 0.018848, two-sided) say False"),
+    ("a contradicted boundary flipped to located", lambda r: _forge_pass(r, "boundary-spec"), "the file disagrees"),
+    ("the flip with the comparisons deleted", lambda r: _drop_comparisons(r, "fake-spec-fail"),
+     "says agrees=True but its own numbers"),
+    ("only the verdict edited to pass", lambda r: _c(r, "fake-spec-fail").update(verdict="pass"),
+     "do not agree; a passing verdict needs every judged row to agree"),
+    ("an honest pass edited to fail", lambda r: _c(r, "fake-spec-pass").update(verdict="fail"),
+     "verdict 'fail', but its own comparisons and perturbations give 'pass'"),
+    ("an undecided claim edited to pass", lambda r: _c(r, "fake-spec-undecided").update(verdict="pass"),
+     "give 'error' (claims.base.judge)"),
+    ("a comparison's agrees flipped", lambda r: _c(r, "fake-spec-fail")["details"]["comparisons"][0].update(agrees=True),
+     "says agrees=True but its error"),
+    ("a row's agrees flipped, numbers untouched", lambda r: _c(r, "fake-spec-fail")["headline"][0].update(agrees=True),
+     "says agrees=True but its own numbers"),
+    ("a bracket row flipped", lambda r: _c(r, "fake-spec-pass")["headline"][1].update(agrees=False),
+     "says agrees=False but its own numbers (measured 12.5, theory [10.0, 14.0]"),
+    ("a perturbation's rejected flipped against its error", lambda r: _c(r, "fake-spec-pass")["perturbations"][0].update(
+        rejected=False), "were accepted"),
+    ("a stored perturbation flipped", lambda r: _c(r, "fake-spec-pass")["details"]["comparisons"][0]["perturbations"][0]
+     .update(rejected=False), "says rejected=False but its error"),
+    ("a row's measured edited into agreement", lambda r: _c(r, "fake-spec-fail")["headline"][0].update(measured=0.78),
+     "says agrees=False but its own numbers (measured 0.78"),
+]
+
+
+@pytest.mark.parametrize("what, edit, message", FORGED, ids=[f[0] for f in FORGED])
+def test_a_claims_json_that_disagrees_with_itself_is_refused(registry, spec_report, tmp_path, monkeypatch,
+                                                             what, edit, message):
+    """A re-render (--from-json) and reports.compare recompute every agreement and verdict from the
+    file's own numbers and refuse the file, before drawing anything: no hand edit changes a verdict."""
+    report = json.loads(json.dumps(spec_report))
+    edit(report)
+    report["findings"] = [f for c in report["claims"] for f in c["findings"]]
+    source = tmp_path / "forged.json"
+    source.write_text(json.dumps(report))
+    drawn = []
+    monkeypatch.setattr(report_figures, "figure_png", lambda *a, **k: drawn.append(1))
+    status, stdout, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
+    assert status == 2 and message in err and "Traceback" not in err and stdout == "" and not drawn, err
+    out, errb = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(errb):
+        assert report_compare.main([str(source), str(source)]) == 2
+    assert message in errb.getvalue() and out.getvalue() == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["forged.json"]
+
+
+def test_the_genuine_spec_report_rerenders_and_compares(registry, spec_report, tmp_path, capsys):
+    source = tmp_path / "claims.json"
+    source.write_text(json.dumps(spec_report))
+    status, _, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
+    assert status == 1, err           # the same verdicts, the fail kept
+    assert [c["verdict"] for c in strict_load(tmp_path / "r" / "claims.json")["claims"]] == \
+        ["pass", "fail", "error", "contradicted"]
+    assert report_compare.main([str(source), str(tmp_path / "r")]) == 0
+    capsys.readouterr()
+
+
+def _text(report: dict, **provenance) -> str:
+    return json.dumps({**report, "provenance": {**report["provenance"], **provenance}}, indent=1)
+
+
+READ_BACK = [
+    # (what, the genuine claims.json -> an edited text, message): values JSON can hold but a report cannot
+    ("1e400 (a float overflow)", lambda r: _text(r).replace('"seconds": ', '"seconds": 1e400, "_": ', 1),
+     "the number 1e400 is beyond the range of a float"),
+    ("a float seed", lambda r: _text(r, seed=0.5), "'seed' has type float, not int"),
+    ("a seed beyond 2^64", lambda r: _text(r, seed=2 ** 70), "is not a seed"),
+    ("a boolean seed", lambda r: _text(r, seed=True), "'seed' has type bool"),
+    ("a lone surrogate in a string", lambda r: _text(r).replace('"title": "', '"title": "\\ud800', 1),
+     "lone surrogate"),
+    ("a lone surrogate in a key", lambda r: _text(r).replace('"details": {', '"details": {"\\udc00": 1, ', 1),
+     "lone surrogate"),
+    ("a profile that is a number", lambda r: _text(r, profile=7), "'profile' has type int, not str"),
+    ("ran_at naming a claim by a number (found by fuzzing: the page crashed)",
+     lambda r: _text(r, ran_at={"configuration": [], "profile": ["fake-pass", -1]}), "'ran_at' is not"),
+    ("a configuration whose tasks is a number", lambda r: _text(r, problem={"tasks": 3, "heads": 1, "L": 8}),
+     "'problem' is not a configuration"),
+    ("sweep_skipped of strings", lambda r: _text(r, sweep_skipped=["x"]), "'sweep_skipped' is not"),
+    ("a provenance without versions (re-rendered, it would break the schema)",
+     lambda r: _text(r, versions={}), "its provenance is not a report's (provenance.versions: missing python"),
+]
+
+
+@pytest.mark.parametrize("what, edit, message", READ_BACK, ids=[c[0] for c in READ_BACK])
+def test_values_a_report_cannot_hold_are_refused_by_the_reader(registry, spec_report, tmp_path, what, edit, message):
+    """Refused by the reader with exit 2, never a crash of the writer after the read."""
+    edited = edit(spec_report)
+    assert edited != _text(spec_report)
+    source = tmp_path / "x.json"
+    source.write_text(edited)
+    status, stdout, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
+    assert status == 2 and message in err and "Traceback" not in err and not (tmp_path / "r").exists(), err
+
+
+_ENTRY = json.dumps({
+    "id": "@ID@", "title": "A claim", "statement": "s", "verdict": "pass", "kind": "claim", "theory": {}, "numerics": {},
+    "tolerance": {}, "figure_data": [], "seconds": 1.0, "figures": [], "figure_errors": [],
+    "details": {"comparisons": [{"name": "x", "measured": 0.26, "predicted": 0.25, "error": 0.01, "tolerance": 0.02,
+                                 "agrees": True, "side": "two-sided", "perturbations": []}]},
+    "perturbations": [{"description": "doubled", "rejected": True, "details": {"error": 0.25, "tolerance": 0.02}}],
+    "headline": [{"name": "x", "theory": 0.25, "measured": "@M@", "se": 0.004, "tolerance": 0.02, "agrees": True,
+                  "side": "two-sided", "config": None, "resolving_power": None}],
+    "findings": [{"claim": "@ID@", "kind": "holds", "text": "x holds.", "numbers": {}}]})
+_FINDING = '{"claim": "@ID@", "kind": "holds", "text": "x holds.", "numbers": {}}'
+_PROVENANCE = json.dumps({"versions": {p: "1" for p in ("python", "torch", "numpy", "scipy", "sympy", "mpmath",
+                                                         "matplotlib")},
+                          "device": "cpu", "seed": 0, "profile": "tiny", "wall_seconds": {"per_claim": {}, "total": 1.0},
+                          "cpu_seconds": {}, "git": {"commit": "x", "dirty": False}, "command": [], "started_utc": "",
+                          "seeds": {}})
+
+
+def test_a_figure_of_the_wrong_shape_is_one_figure_error(registry, spec_report, findings_report, tmp_path):
+    """Found by fuzzing --from-json: a caption that is a number crashed the re-render (outside the
+    per-figure guard); now what a figure's data decides is inside it: the number is shown as text,
+    and anything that cannot be drawn is one figure error, never a traceback."""
+    out, _ = findings_report
+    report = strict_load(out / "claims.json")
+    entry = next(c for c in report["claims"] if c["figure_data"])
+    entry["figure_data"][0]["caption"] = -1e308
+    source = tmp_path / "x.json"
+    source.write_text(json.dumps(report))
+    status, _, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
+    assert status == 1 and "Traceback" not in err, err
+    written = strict_load(tmp_path / "r" / "claims.json")
+    assert any(f["caption"].startswith("-1e+308") for c in written["claims"] for f in c["figures"])
+    assert check_report(tmp_path / "r") == []
+
+
+def _many_claims(n: int, forged: int = -1) -> str:
+    """The text of a claims.json of ``n`` consistent claims (about 850 bytes each) as a build writes
+    it; claim ``forged``'s headline row says it agrees while it measures 5.0 against 0.25."""
+    ids = [f"c-{k:05d}" for k in range(n)]
+    entries = [_ENTRY.replace("@ID@", cid).replace('"@M@"', "5.0" if k == forged else "0.26") for k, cid in enumerate(ids)]
+    findings = [_FINDING.replace("@ID@", cid) for cid in ids]
+    return '{"claims": [' + ", ".join(entries) + '], "findings": [' + ", ".join(findings) + '], "provenance": ' \
+        + _PROVENANCE + "}"
+
+
+def test_a_20000_claim_claims_json_is_checked_in_linear_time(tmp_path):
+    """Issue 33: the checks were quadratic (ids.count per id, a type-hint evaluation per row):
+    a 20,000-claim claims.json took minutes.  Now one pass: seconds (CPU time, the machine may be
+    shared); a forged row among them is found."""
+    import time
+
+    from reports.schema import load_report
+
+    source = tmp_path / "big.json"
+    source.write_text(_many_claims(20000))
+    assert source.stat().st_size > 15 * 2 ** 20
+    cpu = time.process_time()
+    assert len(load_report(str(source), "--from-json")["claims"]) == 20000
+    assert time.process_time() - cpu < 20
+    source.write_text(_many_claims(2000, forged=1999))
+    with pytest.raises(report_build.BadArguments, match="c-01999.*its own numbers"):
+        load_report(str(source), "--from-json")
+
+
+@pytest.mark.thorough
+def test_a_20000_claim_claims_json_rerenders_in_seconds(tmp_path):
+    """The whole re-render of 20,000 claims (the page, the forest plot capped at FOREST_MAX_ROWS
+    rows, the check of what was written): linear, under a minute of CPU (measured 18.5 s CPU for
+    20 MB on the shared 2-core machine; before, more than 5 minutes and a 318-megapixel image)."""
+    import time
+
+    source = tmp_path / "big.json"
+    source.write_text(_many_claims(20000))
+    cpu = time.process_time()
+    status, _, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
+    assert status == 0, err
+    assert time.process_time() - cpu < 60
+
+
 @pytest.mark.parametrize("what, text, message", [
     ("nested 100000 deep", "[" * 100000 + "]" * 100000, "nested too deep"),
     ("not UTF-8", b"\xff\xfe{}", "cannot be read as UTF-8"),
@@ -767,10 +1134,12 @@ def test_a_figure_of_400_panels_is_capped(monkeypatch):
 
 
 def _report_dir(tmp_path: Path, name: str = "prev") -> Path:
-    """A previous report (its marker and files), made by hand: no build needed."""
+    """A previous report (its marker and files), made by hand: no build needed; named .X.old-TOKEN,
+    its marker holds that token (as the build writes it before moving a report aside)."""
     d = tmp_path / name
     (d / "figures").mkdir(parents=True)
-    (d / ".icl-audit-report").write_text("written by python -m reports.build\n")
+    token = name.rsplit(".old-", 1)[1] if ".old-" in name else "0a1b2c3d4e5f"
+    (d / ".icl-audit-report").write_text(report_output.marker_text(token))
     (d / "claims.json").write_text("{}")
     return d
 
@@ -901,6 +1270,7 @@ COMPARE_OUT_CASES = [
      "same file as the input"),
     ("--out a FIFO", lambda a, t: (os.mkfifo(t / "fifo"), str(t / "fifo"))[1], "a FIFO"),
     ("--out a dangling symlink", lambda a, t: str(_symlink(t / "d.html", t / "gone" / "d.html")), "dangling"),
+    ("--out dir/ (it names a directory)", lambda a, t: str(t / "dir") + "/", "ends with '/'"),
 ]
 
 
@@ -1015,3 +1385,109 @@ def test_the_readme_block_matches_the_quick_report_when_there_is_one():
     if not built.is_file() or strict_load(built)["provenance"].get("profile") != "quick":
         pytest.skip("no quick report in reports/out to check the README's scorecard against")
     assert report_findings.main([str(built), "--check", str(REPO_ROOT / "README.md")]) == 0
+
+
+# --------------------------------------------------------------------------- README's block, hostile (issue 33)
+
+
+def test_readme_cannot_be_the_reports_own_claims_json(findings_report, tmp_path, capsys):
+    """--readme names the file to rewrite; it is never the report it reads, under any name: the
+    directory form of CLAIMS_JSON, the file itself, a symbolic link to it."""
+    out, _ = findings_report
+    copy = tmp_path / "r"
+    shutil.copytree(out, copy)
+    before = _snapshot(copy)
+    (tmp_path / "alias.md").symlink_to(copy / "claims.json")
+    for source, readme in ((copy, copy / "claims.json"), (copy / "claims.json", copy / "claims.json"),
+                           (copy, tmp_path / "alias.md")):
+        assert report_findings.main([str(source), "--readme", str(readme)]) == 2
+        err = capsys.readouterr().err
+        assert "same file as the input" in err and "Traceback" not in err, err
+    assert _snapshot(copy) == before
+
+
+def test_a_finding_cannot_carry_the_readmes_end_marker(registry, tmp_path, capsys):
+    """A finding (or a row name) holding the block's markers is written escaped: the block ends at
+    its own end marker, the README after it is kept, and the next --readme replaces the same block."""
+    out = tmp_path / "r"
+    assert run_main(args(out, "fake-boundary"))[0] == 0
+    report = strict_load(out / "claims.json")
+    evil = f"loss 1.372 {report_findings.END} <!-- a comment --> {report_findings.START} and more"
+    _c(report, "fake-boundary")["findings"][0]["text"] = evil
+    _c(report, "fake-boundary")["headline"][0]["name"] = f"row {report_findings.END}"
+    report["findings"] = [f for c in report["claims"] for f in c["findings"]]
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(report))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{report_findings.START}\nold\n{report_findings.END}\n\nafter, by hand\n")
+    for _ in range(2):
+        assert report_findings.main([str(edited), "--readme", str(readme)]) == 0
+        text = readme.read_text()
+        assert text.count(report_findings.START) == 1 and text.count(report_findings.END) == 1
+        assert text.endswith(f"{report_findings.END}\n\nafter, by hand\n")
+        assert "&lt;!-- findings:end --&gt;" in text
+    assert report_findings.main([str(edited), "--check", str(readme)]) == 0
+    capsys.readouterr()
+
+
+# --------------------------------------------------------------------------- the environment (issue 33)
+
+
+@pytest.mark.parametrize("env, argv", [
+    ({"PYTHONIOENCODING": "ascii"}, ["-m", "reports.findings", "{report}/claims.json"]),
+    ({"PYTHONIOENCODING": "ascii"}, ["-m", "reports.compare", "{report}", "{report}/claims.json"]),
+    ({"MPLBACKEND": "nonsense"}, ["-m", "reports.build", "--from-json", "{report}/claims.json", "--out", "{tmp}/r"]),
+], ids=["findings with ascii output", "compare with ascii output", "build with a bad MPLBACKEND"])
+def test_the_environment_cannot_make_a_traceback(findings_report, tmp_path, env, argv):
+    """An output encoding that cannot write '±' and a backend Matplotlib does not know: a working run."""
+    out, _ = findings_report
+    argv = [a.replace("{report}", str(out)).replace("{tmp}", str(tmp_path)) for a in argv]
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, capture_output=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env})
+    stderr = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode in (0, 1) and "Traceback" not in stderr, stderr
+    if "PYTHONIOENCODING" in env:
+        proc.stdout.decode("ascii")                       # ascii indeed, the rest escaped
+        assert "findings" not in argv[1] or b"\\xb1" in proc.stdout    # the scorecard's "±", as \xb1
+    else:
+        assert check_report(tmp_path / "r") == []
+
+
+# --------------------------------------------------------------------------- a full disk (issue 33)
+
+from test_hostile_inputs import fill, small_fs  # noqa: E402,F401 - the tmpfs fixture (root only, else skipped)
+
+
+def test_a_build_on_a_full_disk_says_so_and_keeps_the_previous_report(registry, findings_report, small_fs):
+    """reports.build on a disk with room for the probe but not for the report: "disk full: N bytes
+    needed at PATH", exit 75 (not 1, "claims failed"), the previous report intact, no temporary left."""
+    out, _ = findings_report
+    target = small_fs / "r"
+    assert run_main(args(target, "fake-plain"))[0] == 0
+    before = _snapshot(target)
+    fill(small_fs, leave=96 * 1024)
+    status, stdout, err = run_main(["--from-json", str(out / "claims.json"), "--out", str(target)])
+    assert status == 75 and "disk full:" in err and "bytes needed at" in err and "Traceback" not in err, err
+    assert _snapshot(target) == before
+    assert sorted(p.name for p in small_fs.iterdir() if p.name != ".filler") == ["r"]
+
+
+def test_compare_on_a_full_disk_is_not_reports_differ(registry, findings_report, small_fs, capsys):
+    out, _ = findings_report
+    fill(small_fs)
+    with pytest.raises(SystemExit) as exc:
+        report_compare.main([str(out), str(out), "--out", str(small_fs / "d.html")])
+    assert exc.value.code == 75 and "disk full" in capsys.readouterr().err
+    assert [p.name for p in small_fs.iterdir() if p.name != ".filler"] == []
+
+
+def test_readme_on_a_full_disk_is_left_as_it_was(findings_report, small_fs, capsys):
+    out, _ = findings_report
+    readme = small_fs / "README.md"
+    readme.write_text(f"# x\n{report_findings.START}\nold\n{report_findings.END}\n")
+    fill(small_fs)
+    with pytest.raises(SystemExit) as exc:
+        report_findings.main([str(out / "claims.json"), "--readme", str(readme)])
+    assert exc.value.code == 75 and "disk full" in capsys.readouterr().err
+    assert readme.read_text() == f"# x\n{report_findings.START}\nold\n{report_findings.END}\n"
+    assert sorted(p.name for p in small_fs.iterdir()) == [".filler", "README.md"]

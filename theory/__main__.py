@@ -15,12 +15,21 @@ import math
 import sys
 import time
 
-from ._validate import check_output_path, int_option, parse_int, seed_option, write_output
+from ._validate import check_output_path, command_line, int_option, parse_int, seed_option, write_output
 
-MAX_PREDICT_TASKS = 256
-"""The most tasks (and heads) ``theory predict`` takes: each task costs one mpmath fixed point
-(about 0.05 s) and the single-head optimum grows with them; thousands are minutes to hours
-with nothing learnt that a few blocks of each size do not show (equal blocks share one answer)."""
+MAX_PREDICT_TASKS = 32
+"""The most tasks ``theory predict`` takes: what runs in seconds.  Each task costs an mpmath fixed
+point and the single-head optimum is a joint minimisation over all of them, which grows about
+as m^2: measured (CPU seconds, one core, a shared machine) 5.4-6.5 s at 32 tasks (4.8 s of it the
+start-up, sympy's derivation), 9-18 s at 64, 48 s at 128, more than 99 s at 256 (it was the limit
+until round 3 of the hostile inputs, and ran for minutes).  More blocks show nothing a few blocks
+of each size do not (equal blocks share one answer)."""
+MAX_PREDICT_HEADS = 256
+"""The most heads: without --optimality the heads only name the model (its cost does not grow with
+them); with it, :data:`MAX_OPTIMALITY_SIZE` bounds heads x tasks."""
+MAX_OPTIMALITY_SIZE = 32
+"""The most heads x tasks of ``predict --optimality`` (several L-BFGS runs over the H x m signed
+(omega, mu)): measured 8.8 s CPU at 4 tasks x 8 heads, 8.9 s at 2 x 16, 25.6 s at 8 x 8 (refused)."""
 MAX_DPS = 1000
 """The most mpmath digits: 30 (the default) is already far beyond what any comparison uses, and
 the cost of the root finders grows faster than linearly in the digits."""
@@ -182,7 +191,9 @@ def json_text(obj) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m theory", description=(
         "Predictions of the theory package for the multi-head softmax attention ICL model "
-        "(Chen, Sheen, Wang, Yang, COLT 2024). Prints JSON."))
+        "(Chen, Sheen, Wang, Yang, COLT 2024). Prints JSON."),
+        epilog="Exit status: 0 answered, 2 bad arguments (or no prediction at these arguments), 3 not covered "
+               "by the exact quadrature, 75 the disk is full at --out (the JSON is printed on stdout first).")
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("predict", help="limits, allocated fixed point and losses at L (JSON)",
                         description=(
@@ -192,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "the expansion's minimum at this L for both models."))
     pr.add_argument("--tasks", type=_tasks, required=True,
                     help="block sizes r_1,...,r_m of the m tasks, comma-separated (e.g. 4,4,4 or 2,5,9); d = sum")
-    pr.add_argument("--heads", type=_positive_int("--heads", MAX_PREDICT_TASKS, "theory.__main__.MAX_PREDICT_TASKS"),
+    pr.add_argument("--heads", type=_positive_int("--heads", MAX_PREDICT_HEADS, "theory.__main__.MAX_PREDICT_HEADS"),
                     required=True,
                     help="number of attention heads H; the allocated model needs H >= m (extra heads stay idle)")
     pr.add_argument("--L", type=_positive_float("--L"), required=True,
@@ -217,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "the allocated fixed point at L (and with --gain the best single head and the gain)."))
     ex.add_argument("--tasks", type=_tasks, required=True,
                     help="block sizes r_1,...,r_m of the m tasks, comma-separated (e.g. 3 or 3,3)")
-    ex.add_argument("--heads", type=_positive_int("--heads", MAX_PREDICT_TASKS, "theory.__main__.MAX_PREDICT_TASKS"),
+    ex.add_argument("--heads", type=_positive_int("--heads", MAX_PREDICT_HEADS, "theory.__main__.MAX_PREDICT_HEADS"),
                     default=None,
                     help="number of heads H (default 1); --omega/--mu matrices must have H rows (not with "
                          "--fixed-point or --benchmark)")
@@ -370,13 +381,19 @@ def check_predict_args(args) -> None:
     ask for more than it can do in reasonable time (:data:`MAX_PREDICT_TASKS`)."""
     if len(args.tasks) > MAX_PREDICT_TASKS:
         raise ValueError(f"--tasks has {len(args.tasks)} blocks, more than the limit of {MAX_PREDICT_TASKS} (each "
-                         "costs an mpmath fixed point, and the single-head optimum grows with them: minutes to "
-                         "hours); predict a few blocks of each size (equal blocks share one answer)")
+                         "costs an mpmath fixed point, and the single-head optimum grows as their square: 64 take "
+                         "10-20 s, 256 minutes); predict a few blocks of each size (equal blocks share one answer)")
+    if args.optimality and len(args.tasks) * args.heads > MAX_OPTIMALITY_SIZE:
+        raise ValueError(f"--optimality at {len(args.tasks)} tasks x {args.heads} heads = "
+                         f"{len(args.tasks) * args.heads}, more than the limit of {MAX_OPTIMALITY_SIZE} (its L-BFGS "
+                         "search over the heads x tasks signed (omega, mu) takes 25 s at 8 x 8 and grows with "
+                         "them); give fewer heads or tasks")
     if args.seed is not None and not args.optimality:
         raise ValueError("--seed seeds the random starts of the --optimality search and is ignored without it; "
                          "add --optimality or drop --seed")
 
 
+@command_line
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "formulas":
@@ -408,9 +425,9 @@ def main(argv=None) -> int:
             print(f"not covered: {exc}", file=sys.stderr)
             return 3
         text = json_text(out)
+        print(text, flush=True)      # first: a full disk at --out still leaves the answer on stdout
         if out_path is not None:
             write_output(out_path, text + "\n")
-        print(text)
         return 0
     try:
         out = predict(args.tasks, args.heads, args.L, args.sigma, args.optimality,
@@ -419,9 +436,9 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     text = json_text(out)
+    print(text, flush=True)          # first: a full disk at --out still leaves the answer on stdout
     if out_path is not None:
         write_output(out_path, text + "\n")
-    print(text)
     if not out["valid"]:
         print("warning: this prediction is not valid (\"valid\": false):\n  - " + "\n  - ".join(out["invalid_reasons"]),
               file=sys.stderr)

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import errno
-from glob import escape as glob_escape
 import math
 import numbers
 import os
 import re
 import stat
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -247,8 +245,38 @@ def read_input_bytes(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BY
 # --- output paths -------------------------------------------------------------------------------
 
 TEMP_PREFIX = ".icl-tmp-"
-"""Name prefix of the temporaries of :func:`write_output`: a writer killed between writing and
-renaming (SIGKILL) leaves at most one such file, which :func:`clean_stale_temporaries` removes."""
+"""Name prefix of the temporaries of :func:`write_output` and :func:`write_inside`: a writer killed
+between writing and renaming (SIGKILL) leaves at most one such file, which
+:func:`clean_stale_temporaries` removes -- only if its name carries the project's mark
+(:func:`temporary_name`); a file that merely looks like a temporary is never deleted."""
+
+_TEMP_NAME = re.compile(r"\.icl-tmp-(?P<name>.+)\.(?P<pid>[0-9]+)\.(?P<rand>[0-9a-f]{8})\.(?P<mark>[0-9a-f]{8})\Z", re.S)
+
+
+def _mark(*parts: str) -> str:
+    import hashlib
+
+    return hashlib.sha256("\0".join(("icl-attention-audit temporary",) + parts).encode("utf-8", "surrogateescape")
+                          ).hexdigest()[:8]
+
+
+def temporary_name(name: str) -> str:
+    """The name of a temporary of the file ``name``: ``.icl-tmp-NAME.PID.RAND.MARK``, where MARK
+    is a hash of the rest.  The mark is what makes it the project's own: a cleaner deletes a
+    file only if its name carries a valid mark (:func:`is_own_temporary`), so a user's
+    ``.notes.tmp``, or a name copied from the pattern by hand, is never taken for one."""
+    rand = uuid.uuid4().hex[:8]
+    pid = str(os.getpid())
+    return f"{TEMP_PREFIX}{name}.{pid}.{rand}.{_mark(name, pid, rand)}"
+
+
+def is_own_temporary(entry: str, name: Optional[str] = None) -> bool:
+    """Whether the directory entry ``entry`` is a temporary this project named
+    (:func:`temporary_name`), of the file ``name`` if given."""
+    match = _TEMP_NAME.match(entry)
+    if match is None or (name is not None and match["name"] != name):
+        return False
+    return match["mark"] == _mark(match["name"], match["pid"], match["rand"])
 
 
 def _strerror(exc: OSError) -> str:
@@ -299,16 +327,45 @@ def _resolve_link(text: str, flag: str) -> str:
     return os.path.realpath(text)
 
 
+PROBE_BYTES = 64 * 1024
+"""What the write probe of an output location writes (then removes): a real block, not an empty
+file -- an empty file needs no space, so it would pass on a full disk."""
+
+
 def _probe_dir(flag: str, text: str, directory: str) -> None:
-    """Create and remove a file in ``directory``: the only sure test that it is writable
-    (permission bits say nothing for root, a read-only mount or /proc)."""
+    """Create a file of :data:`PROBE_BYTES` bytes in ``directory``, fsync it and remove it: the
+    only sure test that it is writable (permission bits say nothing for root, a read-only mount
+    or /proc) and that its file system has room (a full disk: :class:`DiskFull`)."""
+    probe = None
     try:
-        fd, probe = tempfile.mkstemp(prefix=TEMP_PREFIX + "probe-", dir=directory)
-        os.close(fd)
-        os.unlink(probe)
+        name = os.path.join(directory, temporary_name("probe"))
+        fd = _open_new(name, 0o600)
+        probe = name            # ours from here on: only a file this call created is ever removed
+        try:
+            view = memoryview(bytes(PROBE_BYTES))
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError as exc:
+        if exc.errno in _FULL:
+            raise DiskFull(directory, PROBE_BYTES) from None
         raise ValueError(f"{flag} {text}: cannot write in {directory} ({_strerror(exc)}); choose a writable "
                          "location") from None
+    finally:
+        if probe is not None:
+            try:
+                os.unlink(probe)
+            except OSError:
+                pass
+
+
+def _open_new(path: str, mode: int = 0o666, dir_fd: Optional[int] = None) -> int:
+    """A new file opened for writing: never an existing one, never through a symbolic link
+    (O_EXCL); mode 0666 lets the kernel apply the umask, as for any new file."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode,
+                   dir_fd=dir_fd)
 
 
 def _same(a: str, b: str) -> bool:
@@ -342,8 +399,12 @@ def check_output_path(path, flag: str, *, inputs=(), previous_marker=None) -> Pa
     Refused with a ValueError naming ``flag`` and saying how to fix it: a directory; a FIFO,
     socket or block device; a dangling symbolic link or a link loop; a missing or unwritable
     parent directory; a file that cannot be written; a path that is (after following links)
-    any of ``inputs`` -- inputs are never overwritten by outputs.  Creates nothing."""
+    any of ``inputs`` -- inputs are never overwritten by outputs; a path ending in ``/`` (it
+    names a directory: writing would make a *file* of that name).  Creates nothing."""
     text = _path_text(path, flag)
+    if text.endswith(("/", os.sep)) or (os.altsep and text.endswith(os.altsep)):
+        raise ValueError(f"{flag} {text} ends with '/', so it names a directory, not a file; give a file name "
+                         f"such as {os.path.join(text, 'out.json')}")
     target = _resolve_link(text, flag)
     _check_not_input(flag, text, target, inputs)
     try:
@@ -436,14 +497,16 @@ def check_output_dir(path, flag: str, *, marker: str, inputs=()) -> Path:
 
 def write_output(path, data) -> None:
     """Write ``data`` (str: UTF-8, or bytes) to the output ``path`` that
-    :func:`check_output_path` accepted.
+    :func:`check_output_path` accepted (a file named on the command line: a symbolic link there
+    is followed, as the user asked for it).
 
     A character device (/dev/null) is opened and written through, never replaced.  Anything
-    else is written atomically: a temporary ``.icl-tmp-*`` in the target's directory (links
-    followed), flushed and fsynced, then ``os.replace``-d onto the target, so a reader or a
-    process killed at any instant sees the old content or the whole new one.  The file keeps
+    else is written atomically: a temporary (:func:`temporary_name`) in the target's directory
+    (links followed), flushed and fsynced, then ``os.replace``-d onto the target, so a reader or
+    a process killed at any instant sees the old content or the whole new one.  The file keeps
     an existing file's permission bits, or gets the umask's default (0666 & ~umask) when new.
-    On any exception the temporary is removed; a SIGKILL leaves at most one temporary, which
+    On any exception the temporary is removed; a full disk raises :class:`DiskFull` (the old
+    content intact); a SIGKILL leaves at most one temporary, which
     :func:`clean_stale_temporaries` removes later."""
     payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     text = os.fspath(path)
@@ -453,68 +516,511 @@ def write_output(path, data) -> None:
     except FileNotFoundError:
         st = None
     if st is not None and stat.S_ISCHR(st.st_mode):
-        with open(target, "wb", buffering=0) as fh:
-            fh.write(payload)
+        try:
+            with open(target, "wb", buffering=0) as fh:
+                fh.write(payload)
+        except OSError as exc:
+            raise disk_full(exc, target, len(payload)) from None
         return
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise ValueError(f"{text} is {_kind(st.st_mode)}, not a regular file: not written")
     directory = os.path.dirname(target) or "."
-    _clean_own(directory, os.path.basename(target))
-    tmp = os.path.join(directory, f"{TEMP_PREFIX}{os.path.basename(target)}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        # mode 0666 through open(): the kernel applies the umask, as for any new file
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        _clean_own(fd, os.path.basename(target))
+        _replace_in(fd, os.path.basename(target), payload, None if st is None else stat.S_IMODE(st.st_mode),
+                    shown=target)
+    finally:
+        os.close(fd)
+
+
+def _replace_in(dir_fd: int, name: str, payload: bytes, mode: Optional[int], shown: str) -> None:
+    """Replace the entry ``name`` of the directory ``dir_fd`` by a regular file holding
+    ``payload``, atomically (a temporary, fsynced, renamed over it; the directory fsynced after):
+    the one atomic write of the project, by :func:`write_output` and :func:`write_inside`."""
+    tmp = temporary_name(name)
+    created = False
+    try:
+        fd = _open_new(tmp, 0o666, dir_fd=dir_fd)
+        created = True          # only a temporary this call created is ever removed
         with os.fdopen(fd, "wb") as fh:
-            if st is not None:
-                os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode))
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException as exc:
+        if created:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
+        if isinstance(exc, OSError):
+            raise disk_full(exc, shown, len(payload)) from None
         raise
     try:                        # the rename itself durable (best effort: not every system allows it)
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        os.fsync(dir_fd)
     except OSError:
         pass
 
 
-def _clean_own(directory: str, name: str, older_than_s: float = 3600.0) -> None:
+def _clean_own(dir_fd: int, name: str, older_than_s: float = 3600.0) -> None:
     """Remove the stale temporaries of earlier writes of this very file (a writer killed by
-    SIGKILL between writing and renaming): ``.icl-tmp-NAME.*`` older than an hour."""
-    now = time.time()
-    for tmp in Path(directory).glob(f"{glob_escape(TEMP_PREFIX + name)}.*"):
-        try:
-            st = tmp.lstat()
-            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > older_than_s:
-                tmp.unlink()
-        except OSError:
-            pass
+    SIGKILL between writing and renaming): the project's own (:func:`is_own_temporary`) of
+    ``name``, older than an hour."""
+    try:
+        entries = [e for e in os.listdir(dir_fd) if e.startswith(TEMP_PREFIX)]
+    except OSError:
+        return
+    for entry in entries:
+        if is_own_temporary(entry, name):
+            _remove_if_own(dir_fd, entry, older_than_s)
+
+
+def _remove_if_own(dir_fd: int, entry: str, older_than_s: float) -> bool:
+    """Unlink ``entry`` of ``dir_fd`` if it is a plain file of this user with one link, older
+    than ``older_than_s`` (a live writer's temporaries are younger): never a link, a directory,
+    a device, another user's file or a second name of some other file (a hard link)."""
+    try:
+        st = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+        if (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
+                and time.time() - st.st_mtime > older_than_s):
+            os.unlink(entry, dir_fd=dir_fd)
+            return True
+    except OSError:
+        pass
+    return False
 
 
 def clean_stale_temporaries(directory, older_than_s: float = 3600.0) -> list:
-    """Remove the temporaries (``.icl-tmp-*``, and the older ``.*.tmp``) that a writer killed
-    between writing and renaming left in ``directory``, if older than ``older_than_s`` (a
-    live writer's are younger).  Returns the paths actually removed."""
+    """Remove the temporaries that a writer killed between writing and renaming left in
+    ``directory``: only the project's own (a name with a valid mark, :func:`is_own_temporary`;
+    a plain file of this user with one link), older than ``older_than_s`` (a live writer's are
+    younger).  ``directory`` is opened without following a link at its last component (a
+    symbolic link there is cleaned of nothing).  Returns the paths actually removed."""
     removed = []
-    now = time.time()
-    d = Path(directory)
-    if not d.is_dir():
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
+    except OSError:
         return removed
-    for tmp in list(d.glob(TEMP_PREFIX + "*")) + list(d.glob(".*.tmp")):
+    try:
+        for entry in os.listdir(fd):
+            if entry.startswith(TEMP_PREFIX) and is_own_temporary(entry) and _remove_if_own(fd, entry, older_than_s):
+                removed.append(Path(directory) / entry)
+    finally:
+        os.close(fd)
+    return removed
+
+
+# --- a folder the command was handed -----------------------------------------------------------
+#
+# The one link policy: a path named on the command line may be a symbolic link (the user chose
+# it; it is followed), but nothing *inside* a folder the command writes (a sweep's --out, a
+# report's temporary) is ever reached through a link: each component below the folder is
+# opened with O_NOFOLLOW through directory descriptors, so a link there -- made by whoever
+# handed the folder over -- is refused, never followed, whatever it points at.
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+class LinkInside(ValueError):
+    """A symbolic link (or another file of the wrong kind) where the command writes or reads its
+    own file inside a folder: refused, never followed."""
+
+
+def _link_message(flag: str, root, relative: str, what: str = "a symbolic link") -> str:
+    return (f"{flag} {root}: {relative} is {what}; the command writes its own files there and never follows a "
+            f"link (or writes through a special file) inside the folder it was given: remove it, or choose "
+            f"another {flag}")
+
+
+def _open_parent(root, relative: str, flag: str, create: bool) -> tuple[int, str]:
+    """(descriptor of the directory holding ``relative`` below ``root``, its last name): every
+    component below ``root`` opened with O_NOFOLLOW (a link: :class:`LinkInside`); with
+    ``create`` the missing ones are made."""
+    parts = [part for part in Path(relative).parts if part not in ("", ".")]
+    if not parts or any(part == ".." or "/" in part for part in parts) or Path(relative).is_absolute():
+        raise ValueError(f"{relative!r} is not a path inside a folder")
+    fd = os.open(os.fspath(root), os.O_RDONLY | _DIRECTORY)
+    try:
+        for k, part in enumerate(parts[:-1]):
+            try:
+                child = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, 0o777, dir_fd=fd)
+                child = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    shown = "/".join(parts[:k + 1])
+                    kind = "a symbolic link" if os.path.islink(os.path.join(os.fspath(root), shown)) else "not a directory"
+                    raise LinkInside(_link_message(flag, root, shown, kind)) from None
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, parts[-1]
+
+
+def _check_entry(fd: int, name: str, root, relative: str, flag: str, directory: bool = False) -> Optional[os.stat_result]:
+    """The lstat of ``name`` in ``fd`` (None when absent); a symbolic link, or anything but a
+    regular file (a directory with ``directory``), is refused."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        raise LinkInside(_link_message(flag, root, relative))
+    if not (stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)):
+        raise LinkInside(_link_message(flag, root, relative, _kind(st.st_mode)))
+    return st
+
+
+def check_inside(root, relatives, flag: str = "--out", directories=()) -> None:
+    """Refuse, before anything is written, a folder whose own entries (``relatives``; those in
+    ``directories`` are directories) are symbolic links or files of the wrong kind; absent
+    entries are fine (the command makes them)."""
+    for relative in list(relatives) + list(directories):
         try:
-            st = tmp.lstat()
-            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > older_than_s:
-                tmp.unlink()
-                removed.append(tmp)
+            fd, name = _open_parent(root, relative, flag, create=False)
+        except FileNotFoundError:
+            continue
+        try:
+            _check_entry(fd, name, root, relative, flag, directory=relative in directories)
+        finally:
+            os.close(fd)
+
+
+def make_dirs_inside(root, relative: str, flag: str = "--out") -> None:
+    """``root/relative`` as a directory (made where missing), no link followed below ``root``."""
+    fd, name = _open_parent(root, os.path.join(relative, "x"), flag, create=True)
+    os.close(fd)
+
+
+def write_inside(root, relative: str, data, flag: str = "--out") -> None:
+    """Write ``data`` atomically to ``root/relative`` (:func:`_replace_in`), reaching it without
+    following any link below ``root``; a link or a special file at ``relative`` itself is refused
+    (:class:`LinkInside`), never replaced or written through.  A new file gets the umask's
+    permissions, a replaced one keeps its own; a full disk raises :class:`DiskFull`.  Stale
+    temporaries are not looked for at each write (a folder of 10^5 point files would be listed
+    10^5 times): the command cleans the folder once (:func:`clean_stale_temporaries`)."""
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    fd, name = _open_parent(root, relative, flag, create=True)
+    try:
+        st = _check_entry(fd, name, root, relative, flag)
+        _replace_in(fd, name, payload, None if st is None else stat.S_IMODE(st.st_mode),
+                    shown=os.path.join(os.fspath(root), relative))
+    finally:
+        os.close(fd)
+
+
+def create_inside(root, relative: str, data, flag: str = "--out") -> None:
+    """Create the *new* file ``root/relative`` holding ``data``, no link followed below ``root``
+    and none at ``relative`` (O_EXCL: an existing entry of any kind is refused, never replaced):
+    the files of a temporary folder this command has just made, whose atomicity is the folder's
+    rename -- no per-file temporary and fsync (27 fsyncs cost a report 0.2 s of wall time).  A
+    full disk raises :class:`DiskFull` (the partial file removed)."""
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    fd, name = _open_parent(root, relative, flag, create=True)
+    try:
+        try:
+            out = _open_new(name, 0o666, dir_fd=fd)
+        except FileExistsError:
+            raise LinkInside(_link_message(flag, root, relative, "an entry that already exists")) from None
+        try:
+            with os.fdopen(out, "wb") as fh:
+                fh.write(payload)
+        except OSError as exc:
+            try:
+                os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
+            raise disk_full(exc, os.path.join(os.fspath(root), relative), len(payload)) from None
+    finally:
+        os.close(fd)
+
+
+def append_inside(root, relative: str, text: str, flag: str = "--out") -> None:
+    """Append ``text`` (UTF-8) to ``root/relative`` (created if absent), reached without following
+    any link (O_NOFOLLOW) and opened without blocking (O_NONBLOCK: a FIFO put in its place fails
+    at once); a regular file only.  On a failed or short write the file is cut back to its former
+    length: nothing half-written (a log line is whole or absent); a full disk raises
+    :class:`DiskFull`."""
+    payload = text.encode("utf-8")
+    fd, name = _open_parent(root, relative, flag, create=True)
+    try:
+        try:
+            out = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+                          | getattr(os, "O_CLOEXEC", 0), 0o666, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR) or os.path.islink(
+                    os.path.join(os.fspath(root), relative)):
+                raise LinkInside(_link_message(flag, root, relative, "a symbolic link or a special file")) from None
+            raise disk_full(exc, os.path.join(os.fspath(root), relative), len(payload)) from None
+    finally:
+        os.close(fd)
+    try:
+        st = os.fstat(out)
+        if not stat.S_ISREG(st.st_mode):
+            raise LinkInside(_link_message(flag, root, relative, _kind(st.st_mode)))
+        size = st.st_size
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(out, view):]
+        except OSError as exc:
+            try:
+                os.ftruncate(out, size)
+            except OSError:
+                pass
+            raise disk_full(exc, os.path.join(os.fspath(root), relative), len(payload)) from None
+    finally:
+        os.close(out)
+
+
+def read_inside(root, relative: str, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BYTES) -> bytes:
+    """The content of the regular file ``root/relative``, reached without following any link
+    below ``root`` (a link, FIFO or device: :class:`LinkInside`, unopened or opened without
+    blocking), its size checked before reading (more than ``max_bytes``: ValueError, nothing
+    read).  FileNotFoundError when absent."""
+    fd, name = _open_parent(root, relative, flag, create=False)
+    try:
+        try:
+            src = os.open(name, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0),
+                          dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise LinkInside(_link_message(flag, root, relative)) from None
+            raise
+    finally:
+        os.close(fd)
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):
+            raise LinkInside(_link_message(flag, root, relative, _kind(st.st_mode)))
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise ValueError(f"{flag} {os.path.join(os.fspath(root), relative)} is {st.st_size / 2 ** 20:.1f} MiB, "
+                             f"more than the limit of {max_bytes / 2 ** 20:.0f} MiB for this kind of file; it is "
+                             "not read")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(src, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if max_bytes is not None and total > max_bytes:
+                raise ValueError(f"{flag} {os.path.join(os.fspath(root), relative)} grew past the limit of "
+                                 f"{max_bytes / 2 ** 20:.0f} MiB while being read; it is not read")
+        return b"".join(chunks)
+    finally:
+        os.close(src)
+
+
+# --- a full disk -------------------------------------------------------------------------------
+
+EXIT_DISK_FULL = 75
+"""The exit status of every command line whose write found the disk full (sysexits' EX_TEMPFAIL:
+free some space and run the same command again).  Distinct from 1 (claims failed, reports
+differ) and 2 (bad arguments), so that a full disk is never read as a verdict."""
+
+_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def free_bytes(path) -> Optional[int]:
+    """Bytes available to this user on the file system of ``path`` (its nearest existing
+    ancestor); None where it cannot be known."""
+    p = os.path.abspath(os.fspath(path)) if os.fspath(path) else "."
+    while p and not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+class DiskFull(OSError):
+    """A write that found no room (ENOSPC, or EDQUOT: over quota).  Its message says how many
+    bytes were needed at which path and how many are free; every command line turns it into
+    that one line and :data:`EXIT_DISK_FULL` (:func:`command_line`).  What was written before
+    is whole: every write of the project is atomic, so the failed one left nothing behind."""
+
+    def __init__(self, path, needed: Optional[int] = None, free: Optional[int] = None):
+        path = os.fspath(path)
+        free = free_bytes(path) if free is None else free
+        need = f"{needed:,} bytes needed" if needed is not None else "more space needed"
+        room = f" ({free:,} bytes free on its file system)" if free is not None else ""
+        super().__init__(errno.ENOSPC, f"disk full: {need} at {path}{room}; free some space and run the same "
+                                       "command again (what was written before is kept whole)")
+        self.path, self.needed, self.free = path, needed, free
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def disk_full(exc: OSError, path, needed: Optional[int] = None) -> OSError:
+    """``exc`` as :class:`DiskFull` if it says the disk is full (ENOSPC, EDQUOT), else ``exc``."""
+    if isinstance(exc, DiskFull) or getattr(exc, "errno", None) not in _FULL:
+        return exc
+    return DiskFull(path, needed)
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_POLL_SECONDS = 0.5
+
+
+def die_with_parent(parent_pid: Optional[int] = None) -> None:
+    """Make this (worker) process exit when its parent dies: the initializer of every pool of
+    worker processes (a build's --jobs, a sweep's pool), so that ``kill -9`` of the command
+    leaves nothing computing.  ``parent_pid``: the command's process (default: the parent).
+
+    Two mechanisms, because a forkserver worker's parent is the fork server, not the command:
+
+    - Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills this process when its parent
+      dies.  SIGKILL, not SIGTERM: a worker holds nothing to clean up (only the command writes
+      files), and a computation deep in a torch kernel would not run a Python handler.
+    - everywhere: a daemon thread that polls, every :data:`PARENT_POLL_SECONDS`, whether the
+      command still exists and this process was not re-parented, and ends it if not (other
+      systems, and a parent that died before the prctl call)."""
+    import signal
+    import sys
+    import threading
+
+    parent = os.getppid()
+    command = parent if parent_pid is None else int(parent_pid)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import ctypes.util
+
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except OSError:
             pass
-    return removed
+
+    def alive() -> bool:
+        if os.getppid() != parent:  # re-parented: the parent is gone
+            return False
+        if os.name != "posix":  # there os.kill(pid, 0) would terminate the process, not probe it
+            return True
+        try:
+            os.kill(command, 0)  # signal 0: the existence check, nothing is sent
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    if not alive():
+        os._exit(1)
+
+    def watch() -> None:
+        while alive():
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+def run_in_own_group(command: list, *, timeout: float, **popen):
+    """Run ``command`` (``subprocess.Popen`` keywords in ``popen``) as the leader of a new
+    process group and wait at most ``timeout`` seconds: the finished ``CompletedProcess``, or
+    ``subprocess.TimeoutExpired`` after the *whole group* -- the command and every worker it
+    started -- was killed (SIGKILL), so a timed-out build leaves nothing computing."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(command, start_new_session=True, **popen)
+
+    def kill_group() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group()
+        try:   # a process that left the group may hold the pipes: do not wait on it for ever
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            out, err = None, None
+        raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
+    except BaseException:
+        kill_group()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+# --- the command line itself -------------------------------------------------------------------
+
+DELETED_CWD = ("error: the current directory no longer exists (it was deleted or moved away); cd to an existing "
+               "directory and run the command again")
+
+
+def refuse_a_deleted_cwd_at_startup() -> None:
+    """Called first by the packages whose command lines import torch (``numerics``, ``tools``): while
+    ``python -m`` imports the package (``sys.argv[0] == "-m"``), a working directory that no longer
+    exists would make torch's import abort ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so")
+    before any command line could say what is wrong; this says it and exits 2.  A library import
+    (any other ``sys.argv``) is left alone."""
+    import sys
+
+    if sys.argv[:1] != ["-m"]:
+        return
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        print(DELETED_CWD, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def command_line(main):
+    """The one wrapper of every ``main(argv)`` of the project's command lines: what no single
+    option can cause, handled once, each as one line on stderr and never a traceback.
+
+    - an output stream that cannot encode a character (``PYTHONIOENCODING=ascii``, a C locale)
+      writes it escaped (``\\u00b1``) instead of raising;
+    - a working directory that no longer exists: "the current directory was deleted", exit 2;
+    - a full disk anywhere in the command (:class:`DiskFull`, or any ENOSPC/EDQUOT): its
+      message ("disk full: N bytes needed at PATH"), exit :data:`EXIT_DISK_FULL`.
+
+    The wrapped function raises ``SystemExit`` with that status (as argparse does for a bad
+    option), so ``sys.exit(main())`` and in-process callers see the same thing."""
+    import functools
+    import sys
+
+    @functools.wraps(main)
+    def run(*args, **kwargs):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (AttributeError, ValueError, OSError):
+                pass
+        try:
+            os.getcwd()
+        except FileNotFoundError:
+            print(DELETED_CWD, file=sys.stderr)
+            raise SystemExit(2) from None
+        try:
+            return main(*args, **kwargs)
+        except OSError as exc:
+            if isinstance(exc, DiskFull) or exc.errno in _FULL:
+                full = exc if isinstance(exc, DiskFull) else DiskFull(exc.filename or "(unknown path)")
+                print(f"error: {full}", file=sys.stderr)
+                raise SystemExit(EXIT_DISK_FULL) from None
+            raise
+
+    return run

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -66,24 +67,28 @@ def clear_cache() -> None:
 class Store:
     """A sweep directory read as a store of finished runs: ``lookup(point)`` returns the stored
     result of a point equal to ``point`` (compared after normalisation by ``normalise``), or
-    None; ``used`` counts the runs taken from it."""
+    None; ``used`` counts the runs taken from it.  Each point file is read by the one reader,
+    :func:`numerics.stored.read_point`, against this training code: a point is used only if
+    its id is its file name and its own hash and it was computed by this code version;
+    ``skipped`` lists the others (``{"file", "reason"}``), which are trained instead."""
 
     def __init__(self, path: str | Path):
+        from numerics.stored import code_version, read_point
+        from theory._validate import check_inside
+
         self.path = Path(path)
         points = self.path / "points"
         if not points.is_dir():
             raise FileNotFoundError(f"--from-sweep {str(path)!r} is not a sweep directory (no points/ inside); "
                                     f"run `python -m tools.sweep GRID --out {path}` first")
-        self.records = []
-        for f in sorted(points.glob("*.json")):
-            if f.name.startswith(".") or not f.is_file():
-                continue
-            try:
-                rec = json.loads(f.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("point"), dict) and rec.get("result") is not None \
-                    and not rec.get("error"):
+        check_inside(self.path, (), "--from-sweep", directories=("points",))   # points/ itself no link
+        self.records, self.skipped = [], []
+        code = code_version()
+        for name in sorted(n for n in os.listdir(points) if n.endswith(".json") and not n.startswith(".")):
+            rec, reason = read_point(self.path, name, code=code)
+            if rec is None:
+                self.skipped.append({"file": str(points / name), "reason": reason})
+            elif rec.get("result") is not None and not rec.get("error"):
                 self.records.append(rec)
         self.used = 0
 

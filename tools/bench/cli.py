@@ -7,7 +7,7 @@ import math
 import torch
 
 from numerics.train import MAX_STEPS
-from theory._validate import check_output_path, float_option, int_option, seed_option, threads_option
+from theory._validate import check_output_path, command_line, float_option, int_option, seed_option, threads_option
 from tools.atomic import write_json_atomic
 from tools.bench.config import DTYPES, EXPANSION_TIME, LR, REPORT_PROFILES, BenchConfig
 from tools.bench.run import run_bench
@@ -172,7 +172,8 @@ def parse_args(argv=None) -> BenchConfig:
                         "(opt-in: the quick profile takes minutes, the paper one hours on a CPU)")
     p.add_argument("--report-timeout", type=float_option("--report-timeout", finite=False), default=None,
                    help="with --report-profiles: seconds allowed to each report profile (default 3600); past it the "
-                        "JSON says 'timed out'")
+                        "build's whole process group (its --jobs workers too) is killed and the JSON says 'timed "
+                        "out'")
     p.add_argument("--threads", type=threads_option("--threads"), default=None,
                    help="torch intra-op CPU threads (default: torch's choice, the core count). On "
                         "a machine shared with other jobs, 1 avoids threads waiting on each other "
@@ -245,6 +246,7 @@ def parse_args(argv=None) -> BenchConfig:
     return bc
 
 
+@command_line     # a full disk at --out: "disk full: N bytes needed at PATH", exit 75
 def main(argv=None) -> dict:
     bc = parse_args(argv)
     res = run_bench(bc)

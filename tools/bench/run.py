@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from numerics.model import initial_semi_singular_values
 from numerics.train import TrainConfig, train, train_reduced
+from theory._validate import run_in_own_group
 from theory.reduced_ode import integrate_expansion_flow
 from tools.bench.config import (AUTHORS, BATCHED_KINDS, BATCHED_RUNS, BATCHED_STEPS, LR, PAPER, QUICK, SMOKE,
                                 TARGETS, BenchConfig)
@@ -302,7 +303,9 @@ def report_profile_seconds(profile: str, device: str, timeout: float, command: l
         env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
         t0, c0 = time.perf_counter(), _children_cpu()
         try:
-            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+            # its own process group, killed whole on a timeout: the build's --jobs workers too
+            proc = run_in_own_group(cmd, timeout=timeout, cwd=root, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
             rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-2000:]
         except subprocess.TimeoutExpired as exc:
             rc, tail = None, f"timed out after {timeout:g} s: {str(exc.stderr or '')[-1500:]}"

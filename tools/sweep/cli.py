@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from theory._validate import check_output_dir, int_option, threads_option
+from theory._validate import EXIT_DISK_FULL, DiskFull, check_output_dir, command_line, int_option, threads_option
 from tools.sweep.execute import resolve_point_fn
 from tools.sweep.grid import expand_grid, load_grid
 from tools.sweep.identity import DEFAULT_POINT_FN, point_id
@@ -24,7 +24,10 @@ def _parser() -> argparse.ArgumentParser:
                     "per point under OUT/points/<id>.json, the id a content hash of the point's full configuration "
                     "and of the training code. Rerunning resumes: stored points are skipped.",
         epilog="Exit status: 0 every point of the grid is stored without error; 1 some point failed (its file holds "
-               "the error); 2 bad arguments or grid; 130 interrupted (what finished is kept).")
+               f"the error); 2 bad arguments or grid; {EXIT_DISK_FULL} the disk is full (\"disk full: N bytes needed at "
+               "PATH\"; the points stored before are kept whole: free space and run the same command to resume); "
+               "130 interrupted (what finished is kept). Inside --out nothing is ever reached through a symbolic "
+               "link: a link there (grid.toml, summary.json, log.jsonl, points/ or a point file) is refused.")
     p.add_argument("grid", help="the grid TOML file: [problem]/[train] fixed values, [cross] ranges to cross, "
                                 "[zip] ranges taken together; see docs/sweep.md")
     p.add_argument("--out", required=True, help="output directory (created): a new or empty directory, or this "
@@ -49,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@command_line
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -88,6 +92,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("interrupted; finished points are kept, run the same command again to resume "
               f"(summary in {Path(args.out) / 'summary.json'})", file=sys.stderr)
         return 130
+    except DiskFull:
+        raise                          # command_line: its message, exit EXIT_DISK_FULL; stored points kept
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

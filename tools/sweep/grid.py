@@ -82,14 +82,35 @@ def config_fields(model: str = "full") -> tuple[dict[str, _Field], dict[str, _Fi
 
 
 def canonical(value: Any, annotation: str) -> Any:
-    """JSON form of a field value: tuples become lists, and an integer given for a ``float``
-    field becomes a float (``sigma = 0`` and ``sigma = 0.0`` are the same point)."""
+    """JSON form of a field value: tuples become lists, an integer given for a ``float`` field
+    becomes a float (``sigma = 0`` and ``sigma = 0.0`` are the same point), and -0.0 becomes 0.0
+    (the same number: ``sigma = -0.0`` is the point ``sigma = 0.0``, one id)."""
     if isinstance(value, (list, tuple)):
         return [canonical(v, "") for v in value]
     if annotation.replace(" ", "") in ("float", "float|None", "Optional[float]") and isinstance(value, int) \
             and not isinstance(value, bool):
         return float(value)
+    if isinstance(value, float) and value == 0.0:
+        return 0.0
     return value
+
+
+_VALUE_TYPES = (bool, int, float, str)
+
+
+def _check_value(label: str, value: Any) -> None:
+    """A configuration value is a number, a string, a boolean or a list of them (what JSON, the
+    point's stored form, holds); TOML's dates and times, and tables, are refused here -- before
+    any output folder exists -- naming the field."""
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _check_value(label, v)
+        return
+    if not isinstance(value, _VALUE_TYPES):
+        kind = {"datetime": "a TOML date-time", "date": "a TOML date", "time": "a TOML time",
+                "dict": "a table"}.get(type(value).__name__, type(value).__name__)
+        raise ValueError(f"grid: {label} = {value} is {kind}, not a configuration value; give a number, a string, "
+                         "true/false or a list of them")
 
 
 def _flatten_ranges(table: dict, where: str, problem: dict, train: dict) -> list[tuple[tuple[str, str], Any]]:
@@ -124,18 +145,23 @@ def _flatten_ranges(table: dict, where: str, problem: dict, train: dict) -> list
     return out
 
 
-def _check_range(where: str, name: str, values: Any, problem: dict, unique: bool = True) -> list:
+def _check_range(where: str, name: str, values: Any, problem: dict, unique: bool = True,
+                 annotation: str = "") -> list:
     if not isinstance(values, list) or not values:
         raise ValueError(f"{where}: the range of {name} must be a non-empty list of values, got {values!r} "
                          f"(a fixed value belongs in [problem] or [train])")
+    for v in values:
+        _check_value(f"{where} {name}", v)
     if name in problem and "tuple" in problem[name].type:
         bad = [v for v in values if not isinstance(v, list)]
         if bad:
             raise ValueError(f"{where}: {name} takes a list per point, so its range is a list of lists, "
                              f"e.g. {name} = [[3, 3], [4, 4]]; got {values!r}")
-    canon = [json.dumps(v, sort_keys=True) for v in values]
+    # compared in the form the point stores (0 and 0.0 for a float, 0.0 and -0.0: one point)
+    canon = [json.dumps(canonical(v, annotation), sort_keys=True) for v in values]
     if unique and len(set(canon)) != len(canon):
-        raise ValueError(f"{where}: the range of {name} repeats a value: {values!r}")
+        raise ValueError(f"{where}: the range of {name} repeats a value: {values!r} (compared as a point stores "
+                         "them: 0 and 0.0 of a float field, and 0.0 and -0.0, are one value)")
     return values
 
 
@@ -197,9 +223,13 @@ def expand_grid(spec: dict) -> list[dict]:
     cross = spec.get("cross", {})
     if not isinstance(cross, dict):
         raise ValueError("grid: [cross] must be a table of ranges")
+    def annotation(target: tuple[str, str]) -> str:
+        fields_ = problem_fields if target[0] == "problem" else train_fields if target[0] == "train" else {}
+        return fields_[target[1]].type if target[1] in fields_ else ""
+
     for target, values in _flatten_ranges(cross, "[cross]", problem_fields, train_fields):
         claim(target, "[cross]")
-        values = _check_range("[cross]", target[1], values, problem_fields)
+        values = _check_range("[cross]", target[1], values, problem_fields, annotation=annotation(target))
         factors.append(([target], [(v,) for v in values]))
 
     zips = spec.get("zip", [])
@@ -218,7 +248,9 @@ def expand_grid(spec: dict) -> list[dict]:
         if len(set(lengths.values())) != 1:
             raise ValueError(f"grid: the ranges of {where} are taken together, so they need equal lengths; got {lengths}")
         rows = list(zip(*[values for _, values in entries]))
-        if len({json.dumps(row, sort_keys=True) for row in rows}) != len(rows):
+        canon_rows = {json.dumps([canonical(v, annotation(t)) for (t, _), v in zip(entries, row)], sort_keys=True)
+                      for row in rows}
+        if len(canon_rows) != len(rows):
             raise ValueError(f"grid: {where} repeats a row: {rows}")
         factors.append(([t for t, _ in entries], rows))
 
@@ -278,6 +310,7 @@ def _fill(given: dict, fields_: dict[str, _Field], section: str) -> dict:
     out = {}
     for name, f in fields_.items():
         if name in given:
+            _check_value(f"{section}.{name}", given[name])
             _check_finite(f"{section}.{name}", given[name])
             if name.endswith("seed"):
                 _check_seed(f"{section}.{name}", given[name])

@@ -9,6 +9,7 @@ sweep goes on.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -19,7 +20,7 @@ from typing import Optional, Union
 
 from tqdm import tqdm
 
-from tools.atomic import write_json_atomic, write_text_atomic
+from theory._validate import make_dirs_inside, write_inside
 from tools.sweep.execute import resolve_point_fn
 from tools.sweep.identity import DEFAULT_POINT_FN, REPO_ROOT, PointFn, code_sources, code_version, fn_name, point_id
 from tools.sweep.schedulers import check_scheduler, require_dask, run_dask, run_pool, run_serial
@@ -104,10 +105,11 @@ def run_grid(points: list[dict], out_dir: Union[str, Path], scheduler: Optional[
     if out.is_dir():
         check_sweep_files(out)
     points_dir = out / "points"
-    points_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)          # --out itself: the user's path (a link there is followed)
+    make_dirs_inside(out, "points")                 # inside it, nothing is reached through a link
     clean_stale_temporaries(points_dir)
     if grid_text is not None:
-        write_text_atomic(out / "grid.toml", grid_text)
+        write_inside(out, "grid.toml", grid_text)
 
     code = code_version(refresh=True)
     ids, items, seen = [], [], set()
@@ -119,7 +121,7 @@ def run_grid(points: list[dict], out_dir: Union[str, Path], scheduler: Optional[
             items.append(Item(pid, point))
     todo, skipped, skipped_failed = [], 0, 0
     for item in items:
-        record = read_point_file(points_dir / f"{item.id}.json")
+        record = read_point_file(points_dir / f"{item.id}.json", code=code)
         if record is None:  # absent (or unreadable: then it is rerun and replaced)
             todo.append(item)
         elif record.get("error") and retry_failed:
@@ -154,8 +156,10 @@ def run_grid(points: list[dict], out_dir: Union[str, Path], scheduler: Optional[
                            worker_deaths=None if mode not in ("serial", "pool") else sink.deaths,
                            interrupted=interrupted, point_seconds=sink.point_seconds, scheduler=mode, workers=workers, code_version=code,
                            failed_ids=sink.failed_ids)
-    write_json_atomic(out / "summary.json", {**summary.to_dict(), "finished_at": utc_now(),
-                                             "code_sources": [p.relative_to(REPO_ROOT).as_posix() for p in code_sources()]})
+    write_inside(out, "summary.json", json.dumps({**summary.to_dict(), "finished_at": utc_now(),
+                                                  "code_sources": [p.relative_to(REPO_ROOT).as_posix()
+                                                                   for p in code_sources()]},
+                                                 indent=1, allow_nan=False) + "\n")
     sink.log("sweep_end", **{k: v for k, v in summary.to_dict().items() if k not in ("ids", "failed_ids")})
     if interrupted:
         raise KeyboardInterrupt

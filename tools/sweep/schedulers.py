@@ -8,16 +8,10 @@ which stores it at once. What each does when a worker process dies is in its doc
 from __future__ import annotations
 
 import concurrent.futures as cf
-import ctypes
-import ctypes.util
 import logging
 import multiprocessing
 import os
 import re
-import signal
-import sys
-import threading
-import time
 import traceback
 from collections import deque
 from concurrent.futures.process import BrokenProcessPool
@@ -25,54 +19,21 @@ from typing import Optional
 
 import torch
 
+from theory._validate import die_with_parent
 from tools.sweep.execute import execute_point
 from tools.sweep.store import Item, Sink
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-CLIENT_POLL_SECONDS = 0.5
-
 
 def die_with_client(client_pid: int) -> None:
-    """Pool worker initializer: this worker exits when the client process dies.
+    """Pool worker initializer: this worker exits when the client process dies
+    (:func:`theory._validate.die_with_parent`, the one mechanism every pool of the project uses).
 
     Without it a client killed by SIGKILL (or the OOM killer) leaves its workers behind
     for good (issue 13: ~220 MB each): a worker waits on the pool's call queue, whose
-    write end it holds itself, so it never reads end-of-file. Two mechanisms, because a
-    forkserver worker's parent is the fork server, not the client:
-
-    - Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills this worker when its
-      parent (the fork server, which exits when the client's end of its pipe closes, or
-      the client itself under spawn) dies. SIGKILL, not SIGTERM: the worker holds nothing
-      to clean up (only the client writes files), and a point deep in a torch kernel would
-      not run a Python handler until it returns.
-    - everywhere: a daemon thread that polls, every ``CLIENT_POLL_SECONDS``, whether the
-      client still exists or this worker was re-parented, and ends the process if not
-      (covers other systems, and a parent that died before the prctl call)."""
-    parent = os.getppid()
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-    def client_alive() -> bool:
-        if os.getppid() != parent:  # re-parented: the parent (client or fork server) is gone
-            return False
-        if os.name != "posix":  # there os.kill(pid, 0) would terminate the client, not probe it
-            return True
-        try:
-            os.kill(client_pid, 0)  # signal 0: the existence check, nothing is sent
-        except ProcessLookupError:
-            return False
-        return True
-
-    if not client_alive():
-        os._exit(1)
-
-    def watch() -> None:
-        while client_alive():
-            time.sleep(CLIENT_POLL_SECONDS)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="die-with-client", daemon=True).start()
+    write end it holds itself, so it never reads end-of-file.  A forkserver worker's parent
+    is the fork server, which exits when the client's end of its pipe closes; the worker
+    also polls for the client itself."""
+    die_with_parent(client_pid)
 
 
 def _mp_context():

@@ -13,14 +13,13 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from numerics.stored import MAX_POINT_FILE_BYTES, POINT_FILE, read_point  # noqa: F401 (re-exported)
+from theory._validate import append_inside, check_inside, write_inside
 from theory._validate import clean_stale_temporaries as _clean
-from theory._validate import read_input_bytes
-from tools.atomic import write_json_atomic
 from tools.sweep.grid import canonical
 from tools.sweep.identity import canonical_json
 
@@ -29,40 +28,37 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-MAX_POINT_FILE_BYTES = 256 * 2 ** 20
-"""A point file is a few kB to a few MB (its trajectory); anything larger is not one."""
+def read_point_file(path: Path, code: Optional[str] = None) -> Optional[dict]:
+    """The record stored at ``path`` (``DIR/points/<id>.json``), or None when it is absent or
+    not usable (then the point is run again and the file replaced): the one reader,
+    :func:`numerics.stored.read_point` (no link followed, size checked first, the id its own
+    hash, with ``code`` this code version)."""
+    path = Path(path)
+    return read_point(path.parent.parent, path.name, code=code)[0]
 
 
-def read_point_file(path: Path) -> Optional[dict]:
-    """The record stored at ``path``, or None when it is absent or not a point record (then
-    the point is run again and the file replaced).  Only a regular file is opened, without
-    blocking: a FIFO or a device in points/ is never read (reading it would hang)."""
-    try:
-        data = read_input_bytes(path, "point file", max_bytes=MAX_POINT_FILE_BYTES)
-        record = json.loads(data.decode("utf-8"))
-    except (OSError, ValueError):        # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
-        return None
-    if not isinstance(record, dict) or record.get("id") != path.stem or "point" not in record:
-        return None
-    return record
+def point_files(out_dir: Union[str, Path]) -> list[str]:
+    """The names in ``DIR/points/`` that could be point files (``*.json``, not hidden), sorted."""
+    return sorted(name for name in os.listdir(Path(out_dir) / "points")
+                  if name.endswith(".json") and not name.startswith("."))
 
 
-def load_results(out_dir: Union[str, Path]) -> list[dict]:
-    """Every stored point of a sweep directory, sorted by id.
+def load_results(out_dir: Union[str, Path], code: Optional[str] = None) -> list[dict]:
+    """Every stored point of a sweep directory that passes :func:`numerics.stored.read_point`
+    (any code version, or only ``code``), sorted by id.
 
     Each record: ``{"id", "point", "result": TrainResult.to_dict() or None, "error": str or
     None, "wall_seconds", ...}`` (plus ``status``, ``traceback``, ``worker``,
     ``worker_deaths``, ``code_version``, ``point_fn``, ``finished_at``). Files that are not
-    point records (temporaries of a sweep in progress) are ignored."""
+    point records (temporaries of a sweep in progress, edited or foreign files) are ignored."""
     points_dir = Path(out_dir) / "points"
     if not points_dir.is_dir():
         raise FileNotFoundError(f"{str(out_dir)!r} is not a sweep directory (no points/ inside); "
                                 f"run `python -m tools.sweep GRID --out {out_dir}` first")
+    check_inside(out_dir, (), "sweep directory", directories=("points",))
     records = []
-    for path in sorted(points_dir.glob("*.json")):
-        if path.name.startswith("."):
-            continue
-        record = read_point_file(path)
+    for name in point_files(out_dir):
+        record, _ = read_point(out_dir, name, code=code)
         if record is not None:
             records.append(record)
     return records
@@ -96,36 +92,37 @@ def select_results(records: list[dict], model: Optional[str] = None, include_fai
 
 
 def clean_stale_temporaries(points_dir: Path, older_than_s: float = 3600.0) -> list:
-    """Remove the temporaries of a writer killed between write and rename (a live writer's
-    are younger): :func:`theory._validate.clean_stale_temporaries`."""
+    """Remove the temporaries of a writer killed between write and rename: only the project's
+    own (a marked name, :func:`theory._validate.is_own_temporary`), older than an hour (a live
+    writer's are younger), never through a link (:func:`theory._validate.clean_stale_temporaries`)."""
     return _clean(points_dir, older_than_s)
 
 
 SWEEP_MARKER = "points"
 """The entry that makes a directory a sweep's own output (``check_output_dir(..., marker=SWEEP_MARKER)``):
 a rerun resumes it; any other non-empty directory is refused as ``--out``."""
+SWEEP_FILES = ("log.jsonl", "summary.json", "grid.toml")
 
 
 def check_sweep_files(out: Path) -> None:
     """Refuse a sweep directory whose own entries are not what the sweep writes (``points``
-    a directory; ``log.jsonl``, ``summary.json``, ``grid.toml`` regular files or absent): a
-    FIFO there would block the sweep, a device would be replaced."""
-    for name, want_dir in (("points", True), ("log.jsonl", False), ("summary.json", False), ("grid.toml", False)):
-        p = out / name
-        if not os.path.lexists(p):
-            continue
-        mode = os.stat(p).st_mode if os.path.exists(p) else 0
-        ok = stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode)
-        if not ok:
-            raise ValueError(f"--out {out}: {name} is not a {'directory' if want_dir else 'regular file'} (a "
-                             f"FIFO, device, dangling link or the wrong kind); the sweep writes it itself: remove it "
-                             "or choose another --out")
+    a directory; ``log.jsonl``, ``summary.json``, ``grid.toml`` regular files or absent; every
+    ``points/*.json`` a regular file), all checked without following a link: a symbolic link
+    there would make the sweep write (or clean) wherever it points -- a shell start-up file
+    included -- so it is refused, never followed; a FIFO would block the sweep, a device would
+    be replaced."""
+    try:
+        check_inside(out, SWEEP_FILES, "--out", directories=("points",))
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
     points = out / "points"
-    if points.is_dir():
+    if points.is_dir() and not points.is_symlink():
         for entry in os.scandir(points):
-            if entry.name.endswith(".json") and not entry.is_file():
-                raise ValueError(f"--out {out}: points/{entry.name} is not a regular file (a FIFO, device, directory "
-                                 "or dangling link): it is neither read nor replaced; remove it and run again")
+            if entry.name.endswith(".json") and not entry.is_file(follow_symlinks=False):
+                what = "a symbolic link" if entry.is_symlink() else "not a regular file (a FIFO, device or directory)"
+                raise ValueError(f"--out {out}: points/{entry.name} is {what}: the sweep never follows a link (or "
+                                 "reads a special file) inside its folder, so it is neither read nor replaced; "
+                                 "remove it and run again")
 
 
 @dataclass
@@ -147,11 +144,9 @@ class Sink:
 
     def log(self, event: str, **fields_) -> None:
         line = canonical_json({"event": event, "run": self.run_token, "time": utc_now(), **fields_})
-        # O_NONBLOCK: a FIFO put in place of the log fails at once (ENXIO) instead of blocking
-        fd = os.open(self.out / "log.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0),
-                     0o666)
-        with os.fdopen(fd, "a") as fh:
-            fh.write(line + "\n")
+        # no link followed, a FIFO put in place of the log fails at once (O_NONBLOCK), a line is
+        # whole or absent (a full disk cuts it back)
+        append_inside(self.out, "log.jsonl", line + "\n")
 
     def record(self, item: Item, out: dict) -> None:
         status = "failed" if out.get("error") else "done"
@@ -160,7 +155,7 @@ class Sink:
                   "wall_seconds": out.get("wall_seconds"), "worker": out.get("worker"), "torch": out.get("torch"),
                   "worker_deaths": item.deaths, "code_version": self.code, "point_fn": self.fn_name,
                   "finished_at": utc_now()}
-        write_json_atomic(self.out / "points" / f"{item.id}.json", record)
+        write_inside(self.out, f"points/{item.id}.json", json.dumps(record, indent=1, allow_nan=False) + "\n")
         self.point_seconds += out.get("wall_seconds") or 0.0
         self.log(status, id=item.id, worker=out.get("worker"))
         if status == "done":
