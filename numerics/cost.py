@@ -47,31 +47,33 @@ CALIBRATION = {
     "date": "2026-12-02",
     "load": "load average 3-8 during the calibration (CPU time, not wall)",
     "how": "python -m tools.bench --calibrate --out FILE (tools/bench/calibrate.py)",
-    "accuracy": "every calibration point within a factor 1.5 of the model (tools.bench --calibrate prints each)",
+    "accuracy": "calibration points within a factor 1.6 of the fitted model, one (L = 12, 16,17,17) at 2.3 (tools.bench --calibrate prints each)",
 }
 """Where and how the coefficients below were measured."""
 
-# coefficients (CPU seconds per unit of each feature), fitted by tools.bench --calibrate; "float32"
-# steps are cheaper per element (half the bytes, a cheaper cast of the float32 draws)
+# coefficients (CPU seconds per unit of each feature), fitted by tools.bench --calibrate on 2026-12-02
+# (CALIBRATION; 28 CPU s).  float32 was not calibrated: its per-element coefficients are float64's x 0.67,
+# the ratio tools.bench section 7 measured at 16,17,17 / H = 3 / L = 100 / batch 10000 (566 / 846 ms)
 STEP = {
-    "float64": {"step": 4.0e-4, "run": 1.5e-4, "context": 1.2e-8, "logits": 1.0e-8, "flops": 4.0e-10},
-    "float32": {"step": 4.0e-4, "run": 1.5e-4, "context": 8.0e-9, "logits": 6.0e-9, "flops": 2.0e-10},
+    "float64": {"step": 1.65e-3, "run": 1.2e-3, "context": 1.88e-8, "logits": 9.45e-9, "flops": 6.57e-10},
+    "float32": {"step": 1.65e-3, "run": 1.2e-3, "context": 1.26e-8, "logits": 6.3e-9, "flops": 4.4e-10},
 }
-FORWARD = {"chunk": 1.0e-3, "context": 6.0e-9, "logits": 4.0e-9, "flops": 1.5e-10}
+FORWARD = {"chunk": 1.18e-3, "context": 1.06e-8, "logits": 0.0, "flops": 8.25e-10}
 REDUCED_STEP = {
-    "prompts": {"step": 5.0e-4, "context": 1.2e-8, "scores": 2.0e-8, "mix": 2.0e-9},
-    "marginal": {"step": 5.0e-4, "draws": 1.0e-8, "mix": 5.0e-9},
+    "prompts": {"step": 2.65e-3, "context": 1.43e-8, "scores": 0.0, "mix": 0.0},
+    "marginal": {"step": 5.0e-4, "draws": 3.65e-8, "mix": 0.0},
 }
-MARGINAL = {"call": 2.0e-3, "draws": 1.0e-8, "mix": 3.0e-9}
-FIT = {"evaluation": 2.0e-3, "mix": 8.0e-9}
+MARGINAL = {"call": 0.0, "draws": 3.99e-8, "mix": 4.63e-9}
+FIT = {"evaluation": 2.5e-2, "mix": 1.78e-8}
 
-FIT_EVALUATIONS = 40
-"""Objective evaluations of one L-BFGS-B search of ``minimise_family`` (its maxiter is 100; measured
-searches took 15-60 evaluations from the claims' starts): a stated mean, not a bound."""
+FIT_EVALUATIONS = 80
+"""Objective evaluations of one L-BFGS-B search of ``minimise_family`` (its maxiter is 100; the
+calibration's searches took 11, 41, 124 and 146 evaluations): a stated mean, not a bound."""
 
 THEORY_SECONDS = {
-    "exact_fixed_point": 7.5,      # theory.exact.exact_fixed_point, per distinct (r, L, sigma) (cached per r)
-    "finite_L_gain": 60.0,         # theory.exact.finite_L_gain: the fixed point and the one-head optimum
+    "exact_fixed_point": 3.0,      # theory.exact.exact_fixed_point, per (tasks, L, sigma): 2.8 s at (2, 2), L = 64
+    "finite_L_gain": 4.0,          # theory.exact.finite_L_gain: the fixed point and the one-head optimum, 2.4-3.7 s
+                                   # at (2, 2), L = 32..4096
     "exact_flow": 0.45,            # theory.exact.exact_flow, one head, per L
     "expansion_flow": 0.2,         # theory.reduced_ode flows (LSODA to t ~ 60)
 }
