@@ -593,12 +593,9 @@ def eps_of(cfg) -> float:
     return float(np.finfo(np.float32 if cfg.dtype == "float32" else np.float64).eps)
 
 
-SECONDS_PER_STEP, SECONDS_PER_MTOKEN_STEP = 1e-3, 0.25
-"""Cost of a GD step of the small full models of claims 1-2, one thread: a fixed overhead plus a
-part per million prompt tokens (CPU seconds measured on the quick profile under load: an exact
-case, 5 runs x 60 steps of 512 tokens, 0.31 s; a fresh case, 388 steps of 16384 tokens, 2.0 s)."""
-
-
 def gd_seconds(runs) -> float:
-    """Estimated seconds of GD runs given as (steps, prompt tokens per step) pairs."""
-    return sum(n * (SECONDS_PER_STEP + SECONDS_PER_MTOKEN_STEP * tok / 1e6) for n, tok in runs)
+    """CPU seconds of full-model GD runs given as (ProblemConfig, steps, prompts per step)
+    triples, each step priced by ``numerics.cost.step_seconds`` at the configuration's shape and
+    dtype (the one cost model; claims 1-2's estimates)."""
+    from numerics import cost
+    return sum(n * cost.step_seconds(c.tasks, c.heads, c.L, prompts, dtype=c.dtype) for c, n, prompts in runs)

@@ -74,6 +74,8 @@ THEORY_SECONDS = {
     "exact_fixed_point": 3.0,      # theory.exact.exact_fixed_point, per (tasks, L, sigma): 2.8 s at (2, 2), L = 64
     "finite_L_gain": 4.0,          # theory.exact.finite_L_gain: the fixed point and the one-head optimum, 2.4-3.7 s
                                    # at (2, 2), L = 32..4096
+    "phase_prediction": 2.9,       # claim 3 per init scale: run_length, the expansion flow's phases, the exact losses
+                                   # (measured under load in the quick report; run_length alone 0.4-4.4 s)
     "exact_flow": 0.45,            # theory.exact.exact_flow, one head, per L
     "expansion_flow": 0.2,         # theory.reduced_ode flows (LSODA to t ~ 60)
 }
