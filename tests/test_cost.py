@@ -79,3 +79,14 @@ def test_claim_estimate_within_the_stated_factor_of_its_measured_cpu_time(claim_
     # below a second the fixed costs (imports done, the first allocations) dominate: a floor of 0.3 s
     ratio = max(measured, 0.3) / max(estimated, 0.3)
     assert 1 / ESTIMATE_FACTOR <= ratio <= ESTIMATE_FACTOR, (claim_id, estimated, measured)
+
+
+def test_wall_estimate_schedules_groups_as_the_runner_does():
+    """reports.plan.wall_seconds: the SHARED_RUNS group stays in one process, the costliest
+    group first to the freest process; one process is the sum."""
+    from reports.plan import wall_seconds
+    per = {"limiting-error": 50.0, "multi-head-gain": 100.0, "optimality": 120.0, "three-phases": 30.0}
+    assert wall_seconds(per, 1) == pytest.approx(300.0)
+    # groups: {limiting-error, multi-head-gain} 150, optimality 120, three-phases 30 -> 150 | 120 + 30
+    assert wall_seconds(per, 2) == pytest.approx(150.0)
+    assert wall_seconds(per, 8) == pytest.approx(150.0)
