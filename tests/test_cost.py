@@ -53,7 +53,8 @@ def test_step_cost_within_the_stated_factor_of_a_measured_step():
         cfg = ProblemConfig(tasks=tasks, heads=heads, L=L)
         tcfg = TrainConfig(lr=0.05, time=1.0, batch=batch, records=2)
         train(cfg, TrainConfig(lr=0.05, time=0.1, batch=batch, records=2))     # warm the allocator
-        measured = _cpu(lambda: train(cfg, tcfg)) / 20
+        # the least of three: a loaded machine's shared caches only ever add time
+        measured = min(_cpu(lambda: train(cfg, tcfg)) for _ in range(3)) / 20
         ratio = measured / cost.step_seconds(tasks, heads, L, batch)
         assert 1 / ESTIMATE_FACTOR <= ratio <= ESTIMATE_FACTOR, (tasks, heads, L, batch, measured, ratio)
 
