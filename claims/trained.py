@@ -112,10 +112,10 @@ def estimate(p, gain: bool = False) -> float:
             seconds += converged_seconds(cfg, p.schedule)
             if gain:
                 seconds += converged_seconds(replace(cfg, heads=1), p.schedule)
-            seconds += cost.theory_seconds(kind)
+            seconds += cost.theory_seconds(kind, tasks=tasks)
         for L, elements in ((max(Ls), p.bridge_elements), (p.limit_L, p.limit_elements)):
             seconds += exact_reduced.minima_seconds(tasks, L, max(2000, elements // L), p.fit_elements, single=gain)
-        seconds += cost.theory_seconds(kind, 2)
+        seconds += cost.theory_seconds(kind, 2, tasks=tasks)
     return seconds
 
 

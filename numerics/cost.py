@@ -71,15 +71,22 @@ FIT_EVALUATIONS = 80
 calibration's searches took 11, 41, 124 and 146 evaluations): a stated mean, not a bound."""
 
 THEORY_SECONDS = {
-    "exact_fixed_point": 3.0,      # theory.exact.exact_fixed_point, per (tasks, L, sigma): 2.8 s at (2, 2), L = 64
-    "finite_L_gain": 4.0,          # theory.exact.finite_L_gain: the fixed point and the one-head optimum, 2.4-3.7 s
-                                   # at (2, 2), L = 32..4096
+    "exact_fixed_point": 3.2,      # theory.exact.exact_fixed_point, per distinct block size r_i: 2.8 s at (2, 2),
+                                   # 7.1 s at (16, 17, 17) (L = 100; 6.4 s at L = 200)
+    "finite_L_gain": 3.2,          # theory.exact.finite_L_gain: the fixed point (per distinct r_i, as above) plus the
+                                   # one-head optimum, SINGLE_HEAD_SECONDS x (d / 4)^SINGLE_HEAD_POWER
     "phase_prediction": 2.9,       # claim 3 per init scale: run_length, the expansion flow's phases, the exact losses
                                    # (measured under load in the quick report; run_length alone 0.4-4.4 s)
     "exact_flow": 0.45,            # theory.exact.exact_flow, one head, per L
     "expansion_flow": 0.2,         # theory.reduced_ode flows (LSODA to t ~ 60)
 }
-"""CPU seconds of one call of theory's quadrature or flows, by kind, measured at the claims' sizes."""
+"""CPU seconds of one call of theory's quadrature or flows, by kind, measured at the claims' sizes;
+the quadrature's by the blocks (:func:`theory_seconds`)."""
+
+SINGLE_HEAD_SECONDS, SINGLE_HEAD_POWER = 1.0, 1.85
+"""The one-head optimum of theory.exact (one head serving all d = sum r_i coordinates): ~1 s at
+d = 4 ((2, 2): finite_L_gain 3.7 s against the fixed point's 2.8 s), 108 s at d = 50 ((16, 17, 17),
+L = 100: 114.7 s against 7.1 s): d^1.85 between them (two points: an interpolation, stated as such)."""
 
 
 def _dims(tasks) -> tuple[int, int, int]:
@@ -188,11 +195,19 @@ def fit_seconds(tasks, heads: int, L: int, n_fit: int, *, starts: int = 1) -> fl
     return float(starts) * FIT_EVALUATIONS * per
 
 
-def theory_seconds(kind: str, calls: int = 1) -> float:
-    """CPU seconds of ``calls`` calls of theory's ``kind`` (:data:`THEORY_SECONDS`)."""
+def theory_seconds(kind: str, calls: int = 1, tasks: Optional[Sequence[int]] = None) -> float:
+    """CPU seconds of ``calls`` calls of theory's ``kind`` (:data:`THEORY_SECONDS`); for the
+    quadrature (exact_fixed_point, finite_L_gain) at the block sizes ``tasks`` (default: one
+    distinct block of size 2)."""
     if kind not in THEORY_SECONDS:
         raise KeyError(f"no measured cost for theory call {kind!r}; known: {', '.join(THEORY_SECONDS)}")
-    return float(calls) * THEORY_SECONDS[kind]
+    per = THEORY_SECONDS[kind]
+    if kind in ("exact_fixed_point", "finite_L_gain"):
+        blocks = tuple(int(r) for r in (tasks if tasks is not None else (2, 2)))
+        per *= len(set(blocks))
+        if kind == "finite_L_gain":
+            per += SINGLE_HEAD_SECONDS * (sum(blocks) / 4.0) ** SINGLE_HEAD_POWER
+    return float(calls) * per
 
 
 def total(parts: Iterable[float]) -> float:
