@@ -549,19 +549,21 @@ def _scalar(x):
 
 def headline_row(c: Comparison, name: str | None = None, *, theory=None, measured=None,
                  se: float | None = None, tolerance: float | None = None, side: str | None = None,
-                 config: str | None = None) -> dict:
+                 config: str | None = None, agrees: bool | None = None) -> dict:
     """The headline row (claims.base.HeadlineRow as a dict) of one comparison: its name,
     prediction, measurement, tolerance and agreement, taken from the comparison itself (so
     the row cannot disagree with the verdict).  ``theory``/``measured``/``tolerance``
     replace the comparison's numbers where those are not the scalar a reader wants (a
-    bracket, a ratio); ``se`` is the measurement's standard error."""
+    bracket, a ratio); ``se`` is the measurement's standard error; ``agrees`` the agreement
+    of those replaced numbers, where the row shows one part of a comparison of several (a
+    row must agree with its own numbers; the verdict stays the comparison's)."""
     return asdict(HeadlineRow(
         name=name or c.name,
         theory=jsonable(theory if theory is not None else _scalar(c.predicted)),
         measured=jsonable(measured if measured is not None else _scalar(c.measured)),
         se=None if se is None else float(se),
         tolerance=float(tolerance if tolerance is not None else c.tolerance),
-        agrees=c.agrees, side=side or c.side, config=config or c.config,
+        agrees=c.agrees if agrees is None else bool(agrees), side=side or c.side, config=config or c.config,
         resolving_power=c.resolving_power))
 
 
