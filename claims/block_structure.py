@@ -315,9 +315,9 @@ def estimate(p: BlockStructureProfile) -> float:
     """Seconds from the plan: per exact case the run, its twin, the wrong batches and the dropped
     orbit (|G| L tokens per step); per fresh case three runs plus records x n_probe one-step probes."""
     exact, fresh, _ = plan(p)
-    runs = [((3 + (c.d >= 2) + (c.m >= 2)) * p.exact_steps, group_order(c.tasks) * p.exact_base_prompts * c.L)
+    runs = [(c, (3 + (c.d >= 2) + (c.m >= 2)) * p.exact_steps, group_order(c.tasks) * p.exact_base_prompts)
             for c, _ in exact]
-    runs += [(3 * round(t.time / t.lr) + p.records * p.n_probe, t.batch * c.L) for c, t in fresh]
+    runs += [(c, 3 * round(t.time / t.lr) + p.records * p.n_probe, t.batch) for c, t in fresh]
     return gd_seconds(runs)
 
 

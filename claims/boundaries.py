@@ -309,17 +309,38 @@ def _fewer_cannot(problem):
     return None
 
 
+def estimate_merged(p: MergedProfile) -> float:
+    """CPU seconds (``numerics.cost``) of ``merged_and_factored``: two exact reduced flows (merged, factored:
+    time / lr steps of the whole-prompt estimator at ``batch``) and their end points on ``n_eval`` marginal prompts."""
+    from numerics import cost
+    steps = round(p.time / p.lr)
+    return (2 * steps * cost.reduced_step_seconds(p.tasks, p.heads, p.L, p.batch)
+            + cost.marginal_seconds(p.tasks, p.heads, p.L, p.n_eval, points=2))
+
+
+def estimate_fewer(p: FewerHeadsProfile) -> float:
+    """CPU seconds (``numerics.cost``) of ``fewer_heads_run``: the reduced flow, the partition minimum (one
+    L-BFGS-B search), the allocated minimum, and 3 + the late quarter of the 61 records on ``n_eval`` prompts."""
+    from numerics import cost, exact_reduced
+    steps = round(p.time / p.lr)
+    n_fit = exact_reduced.fit_sample_size(p.heads, p.L)
+    return (steps * cost.reduced_step_seconds(p.tasks, p.heads, p.L, p.batch)
+            + cost.fit_seconds(p.tasks, p.heads, p.L, n_fit)
+            + exact_reduced.minima_seconds(p.tasks, p.L, 0)
+            + cost.marginal_seconds(p.tasks, p.heads, p.L, p.n_eval, points=3 + 16))
+
+
 KEYS = ("tasks", "heads", "L", "sigma")
 MERGED_SPEC = ClaimSpec(
     id="boundary-merged-superposition", kind="boundary", title="Boundary: merged parametrisation finds a superposition",
     statement=("Trained merged, the flow ends in a signed superposition of heads with a lower loss than the allocated "
                "limit the factored flow reaches."),
     profiles=MERGED, evaluate=evaluate_merged, resolve=lambda p, pr: replace_fields(p, pr, KEYS), fields=KEYS,
-    cannot_run=_merged_cannot, findings=findings_merged, estimate=lambda p: 2.0 * p.time * p.batch * p.L / (40 * 512 * 32))
+    cannot_run=_merged_cannot, findings=findings_merged, estimate=lambda p: estimate_merged(p))
 FEWER_SPEC = ClaimSpec(
     id="boundary-fewer-heads", kind="boundary", title="Boundary: fewer heads than tasks (H < m)",
     statement=("With H < m heads each task ends on the head theory's flow predicts, at the loss of that task "
                "partition (above the m-head allocated limit)."),
     profiles=FEWER, evaluate=evaluate_fewer, resolve=lambda p, pr: replace_fields(p, pr, KEYS), fields=KEYS,
-    cannot_run=_fewer_cannot, findings=findings_fewer, estimate=lambda p: 7.0 * p.time * p.batch * p.L / (120 * 512 * 64))
+    cannot_run=_fewer_cannot, findings=findings_fewer, estimate=lambda p: estimate_fewer(p))
 run_merged_superposition, run_fewer_heads = MERGED_SPEC.run, FEWER_SPEC.run

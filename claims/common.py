@@ -549,19 +549,21 @@ def _scalar(x):
 
 def headline_row(c: Comparison, name: str | None = None, *, theory=None, measured=None,
                  se: float | None = None, tolerance: float | None = None, side: str | None = None,
-                 config: str | None = None) -> dict:
+                 config: str | None = None, agrees: bool | None = None) -> dict:
     """The headline row (claims.base.HeadlineRow as a dict) of one comparison: its name,
     prediction, measurement, tolerance and agreement, taken from the comparison itself (so
     the row cannot disagree with the verdict).  ``theory``/``measured``/``tolerance``
     replace the comparison's numbers where those are not the scalar a reader wants (a
-    bracket, a ratio); ``se`` is the measurement's standard error."""
+    bracket, a ratio); ``se`` is the measurement's standard error; ``agrees`` the agreement
+    of those replaced numbers, where the row shows one part of a comparison of several (a
+    row must agree with its own numbers; the verdict stays the comparison's)."""
     return asdict(HeadlineRow(
         name=name or c.name,
         theory=jsonable(theory if theory is not None else _scalar(c.predicted)),
         measured=jsonable(measured if measured is not None else _scalar(c.measured)),
         se=None if se is None else float(se),
         tolerance=float(tolerance if tolerance is not None else c.tolerance),
-        agrees=c.agrees, side=side or c.side, config=config or c.config,
+        agrees=c.agrees if agrees is None else bool(agrees), side=side or c.side, config=config or c.config,
         resolving_power=c.resolving_power))
 
 
@@ -593,12 +595,9 @@ def eps_of(cfg) -> float:
     return float(np.finfo(np.float32 if cfg.dtype == "float32" else np.float64).eps)
 
 
-SECONDS_PER_STEP, SECONDS_PER_MTOKEN_STEP = 1e-3, 0.25
-"""Cost of a GD step of the small full models of claims 1-2, one thread: a fixed overhead plus a
-part per million prompt tokens (CPU seconds measured on the quick profile under load: an exact
-case, 5 runs x 60 steps of 512 tokens, 0.31 s; a fresh case, 388 steps of 16384 tokens, 2.0 s)."""
-
-
 def gd_seconds(runs) -> float:
-    """Estimated seconds of GD runs given as (steps, prompt tokens per step) pairs."""
-    return sum(n * (SECONDS_PER_STEP + SECONDS_PER_MTOKEN_STEP * tok / 1e6) for n, tok in runs)
+    """CPU seconds of full-model GD runs given as (ProblemConfig, steps, prompts per step)
+    triples, each step priced by ``numerics.cost.step_seconds`` at the configuration's shape and
+    dtype (the one cost model; claims 1-2's estimates)."""
+    from numerics import cost
+    return sum(n * cost.step_seconds(c.tasks, c.heads, c.L, prompts, dtype=c.dtype) for c, n, prompts in runs)

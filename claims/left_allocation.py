@@ -197,11 +197,33 @@ def findings(result) -> list:
     return out
 
 
+def estimate(p: LeftAllocationProfile) -> float:
+    """CPU seconds of the plan (``numerics.cost``), per noisy run: its converged run
+    (``converged_seconds``; in one process with claims 5 and 6, which train the same runs, it is
+    trained once: counted here too, an upper bound for the group), the continuation on D at its
+    whole budget (time / lr steps of the marginal reduced estimator; it runs only for a run that left
+    the allocated set, and at a step below lr takes more steps), and the decomposable search
+    (the allocated and the merged start plus search_starts)."""
+    from numerics import cost, exact_reduced
+    from numerics.experiments.converged import converged_seconds
+    seconds = 0.0
+    for tasks, heads, L, sigma, _ in p.runs:
+        cfg = ProblemConfig(tasks=tuple(tasks), heads=heads, L=L, sigma=sigma)
+        c = p.continuation
+        seconds += converged_seconds(cfg, p.schedule)
+        seconds += round(c.time / c.lr) * cost.reduced_step_seconds(cfg.tasks, heads, L, c.batch(L), estimator="marginal")
+        seconds += cost.marginal_seconds(cfg.tasks, heads, L, c.eval_prompts, points=c.records)
+        n_fit = exact_reduced.fit_sample_size(heads, L, p.search_fit_elements)
+        seconds += cost.fit_seconds(cfg.tasks, heads, L, n_fit, starts=2 + p.search_starts)
+        seconds += cost.marginal_seconds(cfg.tasks, heads, L, p.search_eval_prompts, points=3 + p.search_starts)
+    return seconds
+
+
 SPEC = ClaimSpec(
     id="boundary-left-allocation", kind="boundary",
     title="Boundary: trained models that leave allocation (label noise)",
     statement=("Where claims 5-6's trained models leave the allocated set, their loss is not above the allocated "
                "fixed point, and the flow, followed until converged, ends at the best decomposable point of the same H."),
     profiles=PROFILES, evaluate=evaluate, findings=findings, reads_sweep=True,
-    estimate=lambda p: 12.0 * len(p.runs) + 0.15 * p.continuation.time * len(p.runs))
+    estimate=lambda p: estimate(p))
 run = SPEC.run

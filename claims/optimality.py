@@ -241,15 +241,36 @@ def findings(result) -> list:
 
 
 def estimate(p: OptimalityProfile) -> float:
-    """Seconds from the plan, at rates measured on the quick profile ((2, 2), L = 64; CPU seconds,
-    one thread, under load): one local search ~0.25 H^2 s per 2^19 fit elements (3.8, 6.7, 23 s
-    for the 4, 5, 5 starts at H = 2, 3, 4); a full merged run 0.12 s per million prompt-token
-    steps (10.6 s for 1200 steps of 1024 x 64 at H = 4); the L -> inf rows ~1.5 s per L."""
-    m, Hs = len(p.tasks), heads_of(p)
-    starts = {H: (H >= m) + (H >= m + 1) + 1 + p.decomposable_starts for H in Hs}
-    search = sum(starts[H] * 0.25 * H ** 2 * p.fit_elements / 2 ** 19 for H in Hs)
-    full = len(Hs) * p.full_starts * 0.12e-6 * round(p.train_time / p.train_lr) * p.train_batch * p.L
-    return search + full + 0.5 * len(Hs) + 1.5 * len(p.limit_Ls) * p.limit_eval_elements / 2 ** 24
+    """CPU seconds of the plan (``numerics.cost``).  Per H: the allocated minimum, one L-BFGS-B search
+    per start of the shared-head search ((H >= m) + (H >= m + 1) + 1 structured + decomposable_starts
+    random, on fit_elements / (H L) prompts) and their paired evaluation on eval_prompts, the full merged
+    model from full_starts random starts (train_time / train_lr steps at train_batch) and the held-out
+    losses of those runs and of the bridge; the L -> inf rows: per L the allocated minimum and a search
+    at 2m heads (two starts), measured on limit_eval_elements / (2m L) prompts."""
+    from numerics import cost, exact_reduced
+    from numerics.config import ProblemConfig
+    tasks, L, m, Hs = tuple(p.tasks), int(p.L), len(p.tasks), heads_of(p)
+    extra = dict(p.extra)
+    seconds = 0.0
+    for H in Hs:
+        starts = (H >= m) + (H >= m + 1) + 1 + p.decomposable_starts
+        n_fit = exact_reduced.fit_sample_size(H, L, p.fit_elements)
+        seconds += exact_reduced.minima_seconds(tasks, L, 0, p.fit_elements)
+        seconds += cost.fit_seconds(tasks, H, L, n_fit, starts=starts)
+        seconds += cost.marginal_seconds(tasks, H, L, p.eval_prompts, points=starts + 1)
+        dtype = ProblemConfig(tasks=tasks, heads=H, L=L, **extra).dtype
+        seconds += p.full_starts * cost.train_seconds(tasks, H, L, p.train_batch, round(p.train_time / p.train_lr),
+                                                      dtype=dtype)
+        seconds += (p.full_starts + 1) * cost.forward_seconds(tasks, H, L, p.held_out_prompts)
+    if p.limit_tasks and p.limit_Ls:
+        lt = tuple(p.limit_tasks)
+        for Lk in p.limit_Ls:
+            H2 = 2 * len(lt)
+            seconds += exact_reduced.minima_seconds(lt, Lk, 0, p.limit_fit_elements)
+            seconds += cost.fit_seconds(lt, H2, Lk, exact_reduced.fit_sample_size(H2, Lk, p.limit_fit_elements),
+                                        starts=2)
+            seconds += cost.marginal_seconds(lt, H2, Lk, max(256, p.limit_eval_elements // (H2 * Lk)), points=2)
+    return seconds
 
 
 def resolve(p: OptimalityProfile, problem: dict) -> OptimalityProfile:

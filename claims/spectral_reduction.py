@@ -490,9 +490,10 @@ def estimate(p: SpectralReductionProfile) -> float:
     profile's five L); (a) negligible.  Measured (CPU, quick, under load): (b) 0.47 s a case, (c)
     7.7 s of runs."""
     cases, steps = plan(p), round(p.traj_time / 0.05)
-    runs = [(7 * steps, group_order(c.tasks) * p.traj_base_prompts * c.L) for c, _ in cases["traj"]]
+    runs = [(c, 7 * steps, group_order(c.tasks) * p.traj_base_prompts) for c, _ in cases["traj"]]
     trend = cases["trend"] or [None, []]
-    runs += [(p.trend_seeds * round(p.trend_time / p.trend_lr), p.trend_batch * L) for L in trend[1]]
+    runs += [(replace(trend[0], L=int(L)), p.trend_seeds * round(p.trend_time / p.trend_lr), p.trend_batch)
+             for L in trend[1]]
     exact = 0.45 * len(trend[1]) if trend[0] is not None and trend[0].heads <= EXACT_GAP_MAX_HEADS else 0.0
     return gd_seconds(runs) + exact
 

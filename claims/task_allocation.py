@@ -417,6 +417,25 @@ def findings(result) -> list:
     return out
 
 
+def estimate(p: TaskAllocationProfile) -> float:
+    """CPU seconds of the plan (``numerics.cost``): per case its run (t / lr steps at the case's shape, t the
+    profile's time or, without one, BOUNDARY_TIME: the domain's horizon is theory's flow, seconds of CPU that an
+    estimate made before every build does not spend), the tail records,
+    the held-out loss (``held_out`` prompts inside the domain, 16384 at most outside), and once per (tasks, L, sigma)
+    the Monte-Carlo off-task slope (``slope_prompts`` prompts: a forward pass and its gradient, ~3 forwards)."""
+    from numerics import cost
+    seconds, slopes = 0.0, set()
+    for cfg in plan(p):
+        t = p.time if p.time is not None else BOUNDARY_TIME
+        seconds += cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, p.batch, round(t / p.lr), dtype=cfg.dtype,
+                                      records=p.records)
+        seconds += cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, p.held_out)
+        if (cfg.tasks, cfg.L, cfg.sigma) not in slopes:
+            slopes.add((cfg.tasks, cfg.L, cfg.sigma))
+            seconds += 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, p.slope_prompts)
+    return seconds
+
+
 SPEC = ClaimSpec(
     id="task-allocation", title="Task allocation: one task per head",
     statement=("At the limit each head's OV weight has exactly one nonzero semi-singular value; task i goes to "
@@ -426,10 +445,6 @@ SPEC = ClaimSpec(
     cannot_run=lambda q: None if {"tasks", "heads", "L"} <= set(q) else (
         "problem must give tasks, heads, L and optionally sigma, param, init_scale, logit_scale, basis, dtype; got "
         f"keys {sorted(q)}"),
-    # seconds on 2 idle cores: the quick profile's 3 runs (1100 steps of B x L = 1024 x 64) took 35.5 s in the quick
-    # report, ~1.6e-7 s per prompt-token-step; scaled by cases x steps x B x L (t = 60 where the horizon decides)
-    # + the Monte-Carlo off-task slope, ~1.4 s CPU at 16384 prompts, L = 64 (scaled by prompts x L)
-    estimate=lambda p: (1 if p.problem else 1 + bool(p.surplus_heads) + bool(p.fewer_heads_tasks)) * 1.6e-7
-    * ((p.time or 60.0) / p.lr) * p.batch * p.L + 2.0 + 1.4 * p.slope_prompts * p.L / (16384 * 64))
+    estimate=lambda p: estimate(p))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

@@ -81,12 +81,42 @@ def domain(cfg: ProblemConfig, gain: bool = False) -> dict:
 def configurations(ctx) -> list[tuple[ProblemConfig, tuple]]:
     """The trained family of claims 5 and 6: each profile case (tasks, sigma) with H = m heads at
     the profile's train_Ls, or the researcher's problem at L and 2L."""
-    p = ctx.p
+    return profile_configurations(ctx.p, ctx.device)
+
+
+def profile_configurations(p, device: str = "cpu") -> list[tuple[ProblemConfig, tuple]]:
+    """:func:`configurations` of the profile ``p`` (what its estimate prices)."""
     if p.problem:
-        base = ProblemConfig.from_dict({**dict(p.problem), "device": ctx.device})
+        base = ProblemConfig.from_dict({**dict(p.problem), "device": device})
         return [(base, (base.L, 2 * base.L))]
-    return [(ProblemConfig(tasks=tuple(t), heads=len(t), L=p.train_Ls[0], sigma=s, device=ctx.device), p.train_Ls)
+    return [(ProblemConfig(tasks=tuple(t), heads=len(t), L=p.train_Ls[0], sigma=s, device=device), p.train_Ls)
             for t, s in p.cases]
+
+
+def estimate(p, gain: bool = False) -> float:
+    """CPU seconds of claim 5's plan (``gain``: claim 6's) priced through ``numerics.cost``: per
+    configuration and L the converged run (claim 6: the m-head and the one-head run), theory's exact
+    point (claim 5: the fixed point at L; claim 6: the gain at L), then the bridge (reduced minima at
+    the largest L) and the limit row (at limit_L, with theory's values at limit_L and 4 limit_L).
+    Each run priced as converged after its first polish piece (the budget allows
+    ``schedule.polish_extensions`` more); a run already cached (shared with boundary-left-allocation
+    in one process) is counted in each claim that reads it."""
+    from numerics import cost
+    from numerics.experiments.converged import converged_seconds
+    kind = "finite_L_gain" if gain else "exact_fixed_point"
+    seconds = 0.0
+    for base, Ls in profile_configurations(p):
+        tasks = base.tasks
+        for L in Ls:
+            cfg = replace(base, L=int(L))
+            seconds += converged_seconds(cfg, p.schedule)
+            if gain:
+                seconds += converged_seconds(replace(cfg, heads=1), p.schedule)
+            seconds += cost.theory_seconds(kind, tasks=tasks)
+        for L, elements in ((max(Ls), p.bridge_elements), (p.limit_L, p.limit_elements)):
+            seconds += exact_reduced.minima_seconds(tasks, L, max(2000, elements // L), p.fit_elements, single=gain)
+        seconds += cost.theory_seconds(kind, 2, tasks=tasks)
+    return seconds
 
 
 def resolve(p, problem: dict):

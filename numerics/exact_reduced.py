@@ -604,3 +604,23 @@ def loss_and_gradient(omega, mu, tasks, L: int, sigma: float, n: int, seed: int,
         se = np.std(x, axis=0, ddof=1) / math.sqrt(groups)
         out[name + "_se"] = float(se) if x.ndim == 1 else se
     return out
+
+
+ONE_TASK_EVALUATIONS = 27
+"""Objective evaluations of :func:`one_task_minimum`: its 7 grid points and a bounded Brent search
+(measured 15-25 evaluations at the claims' sizes): a stated mean, not a bound."""
+
+
+def minima_seconds(tasks, L: int, n_eval: int, fit_elements: int = FIT_ELEMENTS, single: bool = False) -> float:
+    """CPU seconds (``numerics.cost``) of the allocated minimum at (tasks, L) (one
+    :func:`one_task_minimum` per distinct block size), with ``single`` the one-head minimum
+    (its grid start and one L-BFGS-B search), and their :func:`measure` on ``n_eval`` prompts."""
+    from numerics import cost
+    tasks = tuple(int(r) for r in tasks)
+    m = len(tasks)
+    n_fit = fit_sample_size(1, L, fit_elements)
+    seconds = sum(cost.marginal_seconds((r,), 1, L, n_fit, points=ONE_TASK_EVALUATIONS) for r in set(tasks))
+    if single:
+        seconds += cost.marginal_seconds(tasks, 1, L, max(64, fit_elements // (4 * L)), points=6)
+        seconds += cost.fit_seconds(tasks, 1, L, n_fit)
+    return seconds + cost.marginal_seconds(tasks, m, L, n_eval, points=2 if single else 1)

@@ -79,11 +79,12 @@ def run_all(cfg, stream: Optional[TextIO] = None,
     return results
 
 
-def claim_groups(ids: list[str], profile: str = "quick") -> list[list[str]]:
+def claim_groups(ids: list[str], profile: str = "quick", costs: Optional[dict] = None) -> list[list[str]]:
     """The selected ids cut into groups that run in one process: the claims of a
     ``claims.SHARED_RUNS`` group together (they share trained runs through the run cache, so each
     is trained once), every other claim alone; the most expensive group first (the claims' own
-    estimates), so that the longest runs start first."""
+    estimates at ``profile``, or ``costs`` {id: seconds} where given: reports.plan's at a
+    configuration), so that the longest runs start first."""
     groups, seen = [], set()
     for shared in getattr(claims, "SHARED_RUNS", ()):
         g = [cid for cid in ids if cid in shared]
@@ -93,6 +94,8 @@ def claim_groups(ids: list[str], profile: str = "quick") -> list[list[str]]:
     groups += [[cid] for cid in ids if cid not in seen]
 
     def cost(g):
+        if costs is not None:
+            return sum(costs.get(cid) or 0.0 for cid in g)
         try:
             return sum(claims.estimate_seconds(cid, profile) or 0.0 for cid in g)
         except Exception:  # a claim that cannot estimate runs last
@@ -143,7 +146,12 @@ def run_parallel(cfg, ids: list[str], stream: TextIO,
     written before every claim has returned, and nothing goes on computing after the build is gone."""
     import multiprocessing
 
-    groups = claim_groups(ids, cfg.profile)
+    try:   # the claims' own estimates at this build's configuration (reports.plan), to start the longest first
+        from reports.plan import estimate
+        costs = (estimate(cfg) or {}).get("per_claim")
+    except Exception:   # a claim that cannot estimate runs last
+        costs = None
+    groups = claim_groups(ids, cfg.profile, costs=costs)
     done: dict[str, ClaimResult] = {}
     bar = None
     if cfg.progress:

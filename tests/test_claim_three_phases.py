@@ -155,3 +155,18 @@ def test_quick_profile_passes_with_the_warmup_law(device):
 @given(problem=problems(), seed=st.integers(0, 2 ** 16))
 def test_drawn_case_thorough(device, problem, seed):
     test_drawn_case_agrees_inside_domain_or_shows_its_boundary.hypothesis.inner_test(device, problem, seed)
+
+
+def test_a_phase_end_row_agrees_by_its_own_numbers():
+    """The phase-times comparison is the max over both ends; a row showing one end must agree
+    with its own numbers (at the authors' configuration one end agreed, the other did not, and
+    the inherited False broke claims.json's consistency check), while the comparison fails."""
+    from claims.common import compare, headline_row
+    tols = {"warmup_end": 0.66, "emergence_end": 0.40}
+    c = compare("phase times", {"warmup_end": 3.08, "emergence_end": 2.5}, {"warmup_end": 3.61, "emergence_end": 1.82},
+                1.0, "max |dt| / tol", error=lambda m, p: max(abs(m[k] - p[k]) / tols[k] for k in p))
+    assert not c.agrees
+    rows = {k: headline_row(c, k, theory=c.predicted[k], measured=c.measured[k], tolerance=tols[k],
+                            agrees=abs(c.measured[k] - c.predicted[k]) <= tols[k]) for k in tols}
+    assert rows["warmup_end"]["agrees"] is True and rows["emergence_end"]["agrees"] is False
+    assert headline_row(c)["agrees"] is False     # without an override: the comparison's own

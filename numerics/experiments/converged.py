@@ -79,6 +79,23 @@ PAPER_SCHEDULE = TrainingSchedule(time=100.0, lr=0.05, tokens=2 ** 18, polish_ti
                                   descent_tokens=2 ** 22)
 
 
+def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: int = 1) -> float:
+    """CPU seconds (``numerics.cost``) of :func:`train_converged` at ``cfg`` with ``pieces`` polish
+    pieces (1: converged after the first; the budget allows ``schedule.polish_extensions + 1``): the
+    explore, and per piece its polish, the held-out loss and the paired descent sample
+    (WINDOW_POINTS snapshots and the explore end)."""
+    from numerics import cost
+    L, tasks, H, dt = cfg.L, cfg.tasks, cfg.heads, cfg.dtype
+    explore = cost.train_seconds(tasks, H, L, schedule.batch(L, schedule.tokens),
+                                 round(schedule.time / schedule.lr), dtype=dt, records=5)
+    piece = (cost.train_seconds(tasks, H, L, schedule.batch(L, schedule.polish_tokens),
+                                round(schedule.polish_time / schedule.polish_lr), dtype=dt,
+                                records=2 * WINDOW_POINTS - 1)
+             + cost.forward_seconds(tasks, H, L, schedule.held_out(L))
+             + cost.forward_seconds(tasks, H, L, schedule.descent_prompts(L), models=WINDOW_POINTS + 1))
+    return explore + int(pieces) * piece
+
+
 def converged_for(run, tolerance: float) -> bool:
     """The one convergence test: a run is converged for a comparison of tolerance ``tolerance``
     (fixed before comparing, from the comparison's own noise) when the loss it could still

@@ -1,6 +1,8 @@
 """``python -m tools.bench [...]``: the flags, the printed table and the JSON file."""
 from __future__ import annotations
 
+import sys
+
 import argparse
 import math
 
@@ -179,6 +181,10 @@ def parse_args(argv=None) -> BenchConfig:
                         "a machine shared with other jobs, 1 avoids threads waiting on each other "
                         "for a core, which can make small steps 10-100x slower")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure numerics.cost's primitives on this machine (CPU time, one thread; ~30 CPU s) and "
+                        "fit its coefficients, printing each point's measured / modelled ratio (--out: as JSON); "
+                        "numerics.cost is updated by hand from the result")
     a = p.parse_args(argv)
     dtypes = tuple(s.strip() for s in a.dtype.split(",") if s.strip())
     for dt in dtypes:
@@ -248,6 +254,16 @@ def parse_args(argv=None) -> BenchConfig:
 
 @command_line     # a full disk at --out: "disk full: N bytes needed at PATH", exit 75
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--calibrate" in argv:
+        bc = parse_args(argv)    # the same checks of every flag (--out among them)
+        from tools.bench.calibrate import calibrate, render as render_calibration
+        res = calibrate(progress=bc.progress if hasattr(bc, "progress") else True)
+        print(render_calibration(res))
+        if bc.out:
+            write_json_atomic(bc.out, res, allow_nan=True)
+            print(f"wrote {bc.out}")
+        return res
     bc = parse_args(argv)
     res = run_bench(bc)
     print(render(res))
