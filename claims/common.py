@@ -18,7 +18,8 @@ from typing import Optional
 
 import numpy as np
 
-from claims.base import HeadlineRow, Figure, PerturbationCheck, Series, jsonable
+from audit_io.jsonable import jsonable
+from claims.base import HeadlineRow, Figure, PerturbationCheck, Series
 
 EPS64 = float(np.finfo(np.float64).eps)
 """Unit round-off of float64 (2.2e-16): the scale of every 'exact to rounding' tolerance."""

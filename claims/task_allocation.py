@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from claims.base import Figure, HeadlineRow, jsonable
+from audit_io.jsonable import jsonable
+from claims.base import Figure, HeadlineRow
 from claims.common import Z_SE, Comparison, compare, reported_row
 from claims.spec import ClaimSpec, Outcome, finding
 from numerics.config import ProblemConfig

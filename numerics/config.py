@@ -42,7 +42,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from theory._validate import SEED_MAX, check_positive_int, check_sigma, check_tasks
+from theory._validate import check_positive_int, check_sigma, check_tasks
+from audit_io.options import SEED_MAX
 
 BASES = ("identity", "random")
 PARAMS = ("factored", "merged")

@@ -27,7 +27,7 @@ and shapes and says what it picked.  A training time may come with the file: an 
 project's units) or ``step`` (0-d arrays in an npz, ``__metadata__`` strings in a safetensors file,
 plain values beside the state_dict in a torch file).
 
-Safety: the file is read once, into memory, through ``theory._validate.read_input_bytes`` (regular
+Safety: the file is read once, into memory, through ``audit_io.files.read_input_bytes`` (regular
 files only, at most :data:`MAX_CHECKPOINT_BYTES`), and parsed by content, never by its name: a torch
 file only by ``torch.load(weights_only=True)`` (its restricted unpickler refuses any class or
 function, so a pickled payload is refused and its code never runs), an npz by
@@ -57,7 +57,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from theory._validate import read_input_bytes
+from audit_io.files import read_input_bytes
 
 from .config import ProblemConfig
 from .evaluate import LossEstimate, held_out_loss, held_out_loss_difference, held_out_reduced_loss

@@ -15,7 +15,7 @@ from claims.base import ClaimResult, no_progress, run_claim
 from reports.plan import selected
 from reports.progress import ClaimProgress
 from reports.schema import OUTCOMES, entry_problems, upgrade
-from theory._validate import die_with_parent
+from audit_io.processes import die_with_parent
 
 
 def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
@@ -139,7 +139,7 @@ def run_parallel(cfg, ids: list[str], stream: TextIO,
     a fork of a process whose torch threads have run can deadlock in the child), one line per
     finished claim on ``stream`` (a bar over the claims with progress on); the results in
     registry order.  Ctrl-C or SIGTERM terminates the workers, and a SIGKILL of this process kills
-    them too (each watches this process, :func:`theory._validate.die_with_parent`): nothing is
+    them too (each watches this process, :func:`audit_io.processes.die_with_parent`): nothing is
     written before every claim has returned, and nothing goes on computing after the build is gone."""
     import multiprocessing
 
@@ -150,7 +150,7 @@ def run_parallel(cfg, ids: list[str], stream: TextIO,
         from tqdm import tqdm
         bar = tqdm(total=len(ids), desc=f"{len(ids)} claims in {min(cfg.jobs, len(groups))} processes", file=stream,
                    dynamic_ncols=True, bar_format="{desc} {n_fmt}/{total_fmt}|{bar:20}| {elapsed}{postfix}")
-    # each worker dies with this process (theory._validate.die_with_parent: the kernel's parent-death
+    # each worker dies with this process (audit_io.processes.die_with_parent: the kernel's parent-death
     # signal, and a watch of this pid): a build killed with SIGKILL leaves nothing computing
     pool = multiprocessing.get_context("spawn").Pool(min(cfg.jobs, len(groups)), initializer=die_with_parent,
                                                      initargs=(os.getpid(),))

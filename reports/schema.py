@@ -34,7 +34,7 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from theory._validate import SEED_MAX
+from audit_io.options import SEED_MAX
 from claims.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
                          HeadlineRow, PerturbationCheck, judge)
 
@@ -45,7 +45,7 @@ PROVENANCE_KEYS = {"versions": dict, "device": str, "seed": int, "profile": str,
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}")
 MAX_DEPTH = 40            # nesting of a claims.json (the real ones stay under 10)
 MAX_PROBLEMS_SHOWN = 5
-NON_FINITE = ("nan", "inf", "-inf")   # how claims.base.jsonable stores non-finite floats
+NON_FINITE = ("nan", "inf", "-inf")   # how audit_io.jsonable.jsonable stores non-finite floats
 OUTCOMES = {"claim": VERDICTS, "boundary": BOUNDARY_OUTCOMES}
 PASSING = {"claim": "pass", "boundary": "located"}
 # how a claims.json written before kinds existed named a boundary's outcome (claims.base.judge)
@@ -587,7 +587,7 @@ MAX_BYTES = 200 * 2**20
 def load_report(path: str, flag: str) -> dict:
     """A claims.json document (or a report directory holding one), upgraded to the current schema
     and checked (:func:`document_problems`); :class:`BadArguments` naming ``flag`` otherwise."""
-    from theory._validate import read_input_bytes
+    from audit_io.files import read_input_bytes
 
     file = Path(path)
     if file.is_dir() and (file / "claims.json").is_file():
