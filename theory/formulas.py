@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sympy as sp
 
+from .limiting_error import gain_limit_symbolic, limit_expressions
+from .reduced_ode import derive_expansion, derive_metric_factors, expansion_formula
+from .task_allocation import one_head_expressions
+
 
 def all_formulas() -> dict[str, str]:
-    from .limiting_error import gain_limit_symbolic, limit_expressions
-    from .reduced_ode import derive_expansion, derive_metric_factors, expansion_formula
-    from .task_allocation import one_head_expressions
-
     D = derive_expansion()
     st = D.steps
     M = derive_metric_factors()

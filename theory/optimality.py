@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ._validate import check_L, check_positive_int, check_sigma, check_tasks
+from . import exact
 from .limiting_error import limit_multi
 from .reduced_ode import OMEGA_RELIABLE, expansion_gradient, expansion_loss, profile_mu
 from .task_allocation import allocated_fixed_point, allocated_loss_at_L, allocated_point
@@ -225,8 +226,6 @@ def constant_bracket(tasks, heads, L, sigma=0.0) -> dict:
     The upper edge (and the closed bracket) rests on "linear attention is the best softmax
     attention", the SPEC's large-L account; a measured C above it would contradict that account.
     Returns {"low", "high", "allocated", "linear", "reaches_linear", "allocated_error"}."""
-    from . import exact  # noqa: PLC0415 -- quadrature module, only needed here
-
     tasks = check_tasks(tasks)
     heads = check_positive_int("heads", heads)
     L, sigma = check_L(L), check_sigma(sigma)
