@@ -41,6 +41,18 @@ KINDS = ("claim", "boundary")
 """A ClaimResult is one of the paper's claims or a boundary (where a claim stops, or what the
 paper does not say)."""
 
+BOUNDARY_ID_PREFIXES = ("boundary-", "atlas-")
+"""The ids that name boundaries: ``boundary-...`` (where a claim stops) and ``atlas-...`` (the
+maps of where the claims hold)."""
+
+
+def kind_from_id(claim_id) -> str:
+    """The kind an id names, for where its spec cannot say (a claim module that failed to
+    import, an entry of an older claims.json without ``kind``): "boundary" for an id starting
+    with one of :data:`BOUNDARY_ID_PREFIXES`, else "claim".  A spec's own ``kind`` is the
+    authority; every registered spec declares the kind its id names (tests/claims/test_contract.py)."""
+    return "boundary" if str(claim_id).startswith(BOUNDARY_ID_PREFIXES) else "claim"
+
 FAILING = {"claim": ("fail", "error"), "boundary": ("contradicted", "error")}
 """The verdicts that make ``reports.build`` exit 1."""
 

@@ -11,7 +11,7 @@ import time
 from typing import Optional, TextIO
 
 import claims
-from claims.base import ClaimResult, no_progress, run_claim
+from claims.base import ClaimResult, kind_from_id, no_progress, run_claim
 from reports.plan import selected
 from reports.progress import ClaimProgress
 from reports.schema import OUTCOMES, entry_problems, upgrade
@@ -48,7 +48,10 @@ def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
                              f"claims.json: {'; '.join(problems[:5])}")
         return result
 
-    kind = "boundary" if claim_id.startswith(("boundary-", "atlas-")) else "claim"
+    try:    # the spec's declared kind; the id's, where the spec itself cannot be loaded
+        kind = claims.spec_of(claim_id).kind
+    except Exception:   # noqa: BLE001 -- the same failure then shows as the claim's error below
+        kind = kind_from_id(claim_id)
     return run_claim(claim_id, claim_id, "(not available: the claim check raised before returning "
                      "its result; see the error below)", body, kind=kind)
 

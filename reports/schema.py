@@ -6,7 +6,7 @@ report's own ``figures`` (the drawn PNGs) and ``figure_errors`` added; its headl
 and their JSON types are read off those dataclasses' fields (:func:`fields_of`), so a field
 added to ``claims.base`` is in the schema without an edit here.  A field with a default is
 optional when a file is *read* (a claims.json written before that field existed gets the
-default; ``kind`` from the id: ``boundary-...`` is a boundary) and required in what a build
+default; ``kind`` from the id: claims.base.kind_from_id) and required in what a build
 *writes* (:func:`check_report`).
 
 Beyond the types, a file read back (``--from-json``, ``reports.compare``) must be consistent
@@ -36,7 +36,7 @@ from typing import Any, Optional, Union
 
 from audit_io.options import SEED_MAX
 from claims.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
-                         HeadlineRow, PerturbationCheck, judge)
+                         HeadlineRow, PerturbationCheck, judge, kind_from_id)
 
 VERSIONED_PACKAGES = ("torch", "numpy", "scipy", "sympy", "mpmath", "matplotlib")
 PROVENANCE_KEYS = {"versions": dict, "device": str, "seed": int, "profile": str, "wall_seconds": dict,
@@ -180,7 +180,8 @@ def _depth(obj: Any) -> int:
 
 
 def default_kind(claim_id: Any) -> str:
-    return "boundary" if str(claim_id).startswith("boundary-") else "claim"
+    """The kind of an entry written without one: the id's (claims.base.kind_from_id)."""
+    return kind_from_id(claim_id)
 
 
 def upgrade(report: dict) -> dict:
