@@ -107,9 +107,10 @@ def parse_tasks(text, flag: str = "--tasks") -> tuple[int, ...]:
         if part == "":
             raise ValueError(f"{flag} {_TASKS_RULE}; got {s!r}: an empty block size (two commas, or a comma at an "
                              "end)")
-        if not _TASK_ENTRY.match(part) or int(part) < 1:
-            raise ValueError(f"{flag} {_TASKS_RULE}; got {s!r}: {part!r} is not a positive integer written in "
-                             "digits")
+        if not _TASK_ENTRY.match(part):
+            raise ValueError(f"{flag} {_TASKS_RULE}; got {s!r}: {part!r} is not an integer written in digits")
+        if int(part) < 1:
+            raise ValueError(f"{flag} {_TASKS_RULE}; got {s!r}: every block size r_i must be >= 1")
     return tuple(int(part) for part in s.split(","))
 
 
