@@ -1,4 +1,4 @@
-"""numerics: the model of SPEC.md in PyTorch -- prompts, the full model, the exact finite-L
+"""numerics: the model of docs/model.md in PyTorch -- prompts, the full model, the exact finite-L
 reduced model and its Rao-Blackwellised estimator, and the one gradient-descent loop.
 See docs/numerics.md and docs/ARCHITECTURE.md.
 

@@ -1,7 +1,7 @@
 """The problem configuration: tasks, heads, context length, noise, basis, parametrisation,
 initialisation, dtype and device, validated on construction.
 
-Notation of SPEC.md: m tasks, task i owns an input block of size r_i, d = sum r_i, tokens
+Notation of docs/model.md: m tasks, task i owns an input block of size r_i, d = sum r_i, tokens
 z = (x, y) in R^{d+m}.  Phi = [Phi_1 .. Phi_m] is an orthonormal basis of R^d whose column
 groups split the blocks (identity: contiguous blocks; random: a seeded Haar-random
 orthogonal matrix, to check basis invariance).

@@ -1,6 +1,6 @@
 """Weights trained elsewhere: read without unpickling, mapped into this project's model, measured.
 
-A researcher hands a checkpoint of a one-layer multi-head softmax attention (the model of SPEC.md:
+A researcher hands a checkpoint of a one-layer multi-head softmax attention (the model of docs/model.md:
 y_hat = sum_h U_h sum_l softmax_l(z_l^T W_h z_q) z_l, the query attending to the L context tokens,
 no residual, MLP, norm or bias).  :func:`read_checkpoint` reads it, whatever trained it, in one of
 four layouts (docs/audit.md):
@@ -400,7 +400,7 @@ def _authors(path: str, entries: dict, logit_scale, common: dict) -> ExternalMod
     for k in biases:
         b = _array(path, k, entries[k])
         if np.any(b != 0):
-            raise _fail(path, f"{k} is a nonzero bias; this model has none (SPEC.md: one layer of attention, no "
+            raise _fail(path, f"{k} is a nonzero bias; this model has none (docs/model.md: one layer of attention, no "
                               "biases), so these weights are another model")
         notes.append(f"{k} is all zero (ignored)")
     others = [k for k in extra if k not in biases]

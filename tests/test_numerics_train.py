@@ -26,7 +26,7 @@ def test_records_and_result():
     assert np.array_equal(res.omega, np.asarray(res.trajectory[-1].omega))
     # loss = mean of the last 10% of the per-step batch losses (2 of 20 steps)
     assert res.loss == pytest.approx(float(np.mean(res.losses[-2:])), rel=1e-15)
-    # the start is on D; unsymmetrised finite batches push the weights off it (SPEC.md)
+    # the start is on D; unsymmetrised finite batches push the weights off it (docs/model.md)
     assert res.trajectory[0].residual == 0.0 and res.trajectory[-1].residual > 0.0
     out = json.loads(json.dumps(res.to_dict()))
     assert set(out) >= {"config", "trajectory", "omega", "mu", "loss", "wall_seconds"}
@@ -194,7 +194,7 @@ def allocated(mu, factor=10.0):
 
 @pytest.mark.thorough
 def test_acceptance_command_allocates_tasks(tmp_path):
-    """The issue's acceptance run (SPEC.md saw off-task mu -> 5e-4 against on-task 1.84):
+    """The issue's acceptance run (docs/model.md saw off-task mu -> 5e-4 against on-task 1.84):
     minutes on 2 CPU cores, hence thorough.  The same criterion rejects the start (ratio 2)."""
     out = tmp_path / "run.json"
     assert T.main(["--tasks", "3,3", "--heads", "2", "--L", "128", "--time", "60", "--lr", "0.05",

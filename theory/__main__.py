@@ -270,7 +270,7 @@ class PredictionFailed(ValueError):
 
 def expansion_size(tasks, L, sigma) -> float:
     """max_i e (r_i + sigma^2) / L: the relative size of the 1/L correction at the allocated
-    optimum (SPEC, large-L expansion: relative error ~ e (r + sigma^2) / L for large r). At 1
+    optimum (docs/model.md, large-L expansion: relative error ~ e (r + sigma^2) / L for large r). At 1
     or more the correction is as large as the leading term and the expansion says little."""
     return max(math.e * (r + sigma ** 2) / L for r in tasks)
 

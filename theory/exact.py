@@ -4,7 +4,7 @@ No Monte Carlo, no expansion in 1/L: every expectation below is reduced to one- 
 two-dimensional integrals that are evaluated to ~1e-12 (each result carries an error
 estimate).  numpy/scipy only.
 
-Model (SPEC.md "Setting", our notation)
+Model (docs/model.md "Setting", our notation)
 ---------------------------------------
 Tasks r = (r_1..r_m); one prompt: x_l, q ~ N(0, I_d) (l = 1..L), g_i ~ N(0, I_{r_i}),
 y_{l,i} = g_i^T x_{l,(i)} + eps_{l,i} (eps ~ N(0, sigma^2)), target y_{q,i} = g_i^T q_{(i)}.
@@ -39,7 +39,7 @@ removes the 1/beta: A = beta (1 - P), and B - P = beta^2 E[1 - Q + 6 Q^2 - 6 sum
   b_i = omega_i E_q[ |q_i|^2 a(beta) ],
   C_i = omega_i^2 E_q[ |q_i|^2 K(beta) ] + (r_i + sigma^2) E_q[ P(beta) ].
 
-For m = 1 this is SPEC's formula  loss = r - 2 mu E[|q| A] + mu^2 E[B] + mu^2 (r - 1 + sigma^2) E[P].
+For m = 1 this is docs/model.md's formula  loss = r - 2 mu E[|q| A] + mu^2 E[B] + mu^2 (r - 1 + sigma^2) E[P].
 At beta = 0: P = 1/L, a = K = 1 - 1/L.  L = 1: P = 1, a = K = 0.
 
 3. The softmax moments as Laplace integrals (:func:`softmax_moments`)

@@ -419,7 +419,7 @@ def expansion_reliable(omega, margin: float = 0.0) -> bool:
     the third cumulant of e^{s} (E[(dN)(dD)^2] / Z^3 ~ E e^{3s} / (E e^{s})^3 =
     e^{3 omega^2 |q|^2} given q), whose Gaussian average is finite only for 6 omega^2 < 1.
     Between 1/sqrt(6) and 1/sqrt(2) the expansion is finite but its error is not O(L^-2):
-    compare with the exact finite-L loss there (SPEC: (0.51, 1.84) at L=128)."""
+    compare with the exact finite-L loss there (docs/model.md: (0.51, 1.84) at L=128)."""
     om = np.asarray(omega, dtype=float)
     return bool(np.all(np.isfinite(om)) and np.all(6.0 * om ** 2 < 1.0 - margin))
 
@@ -752,7 +752,7 @@ def expansion_fixed_point(omega0, mu0, tasks, L, sigma=0.0, param="factored", lo
     """Run the expansion flow from (omega0, mu0) until the velocity norm is below ``tol``
     (or t_end), and return (omega, mu, trajectory).  The fixed point reached depends on
     the metric: with the factored metric zero entries stay zero (an allocated point can be
-    a fixed point), with the merged metric they do not (see SPEC: superposition)."""
+    a fixed point), with the merged metric they do not (see docs/model.md: superposition)."""
     traj = integrate_expansion_flow(omega0, mu0, tasks, L, sigma, param, logit_scale, t_end=t_end,
                                     t_eval=np.geomspace(1e-3, t_end, 200), domain_margin=domain_margin,
                                     stationary_tol=tol)

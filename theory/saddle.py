@@ -1,7 +1,7 @@
 """The allocated point is a saddle of the factored flow: its unstable direction, its rate,
 and how SGD seeds it (the one definition; numpy/scipy, no torch).
 
-Notation of SPEC.md: tasks r = (r_1..r_m), H heads, context length L, label noise sigma.
+Notation of docs/model.md: tasks r = (r_1..r_m), H heads, context length L, label noise sigma.
 The *allocated point* puts head h < m on task h at theory.exact's one-head fixed point
 (omega*_h, mu*_h) (:func:`theory.exact.exact_fixed_point`); every other entry (the
 "off-task" entries, and the surplus heads h >= m) is zero.  With m = 1 the model needs

@@ -6,7 +6,7 @@ Allocated point: head h(i) serves task i with (omega[h(i), i], mu[h(i), i]) = (o
 mu*_i); every other entry is 0.  It is a fixed point of the *factored* flow (the metric
 2|omega|, 2|mu| vanishes at 0 and the gradient of the expansion w.r.t. the served entries
 vanishes there), but not of the merged flow: dL/d mu[h, j] = (2/L) mu*_j Q (r_j + sigma^2)
-!= 0 for a head h not serving j, so merged weights leave it (SPEC: superposition).
+!= 0 for a head h not serving j, so merged weights leave it (docs/model.md: superposition).
 Per task, (omega*_i, mu*_i) is the stationary point of the one-head, one-block expansion
 
     l_i(omega, mu) = r (1 - mu omega)^2 + (2/L)(1 - mu omega) mu omega bias_kernel(omega^2, r)
