@@ -34,8 +34,8 @@ def test_no_reference_to_a_file_the_project_does_not_hold():
 
 
 def test_every_cited_section_of_docs_model_exists():
-    have = headings()
-    missing = {(p.relative_to(ROOT).as_posix(), s) for p in tracked_text_files()
+    have, me = headings(), Path(__file__).resolve()
+    missing = {(p.relative_to(ROOT).as_posix(), s) for p in tracked_text_files() if p.resolve() != me
                for s in cited_sections(p.read_text(errors="replace")) if s not in have}
     assert not missing, f"sections cited but not in docs/model.md: {sorted(missing)}"
 
