@@ -15,11 +15,12 @@ discriminate, and its verdict is ``"error"``, not ``"pass"``.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
+
+from audit_io.jsonable import jsonable
 
 PROFILES = ("tiny", "quick", "paper", "authors")
 """``tiny``: seconds, for the report's own end-to-end test; ``quick``: the default report
@@ -40,6 +41,18 @@ much), ``undecided`` (the measurement could not decide; ``details["undecided"]``
 KINDS = ("claim", "boundary")
 """A ClaimResult is one of the paper's claims or a boundary (where a claim stops, or what the
 paper does not say)."""
+
+BOUNDARY_ID_PREFIXES = ("boundary-", "atlas-")
+"""The ids that name boundaries: ``boundary-...`` (where a claim stops) and ``atlas-...`` (the
+maps of where the claims hold)."""
+
+
+def kind_from_id(claim_id) -> str:
+    """The kind an id names, for where its spec cannot say (a claim module that failed to
+    import, an entry of an older claims.json without ``kind``): "boundary" for an id starting
+    with one of :data:`BOUNDARY_ID_PREFIXES`, else "claim".  A spec's own ``kind`` is the
+    authority; every registered spec declares the kind its id names (tests/claims/test_contract.py)."""
+    return "boundary" if str(claim_id).startswith(BOUNDARY_ID_PREFIXES) else "claim"
 
 FAILING = {"claim": ("fail", "error"), "boundary": ("contradicted", "error")}
 """The verdicts that make ``reports.build`` exit 1."""
@@ -208,31 +221,6 @@ def judge(agrees: bool, perturbations: list[PerturbationCheck], kind: str = "cla
     if kind == "boundary":
         return {"pass": "located", "fail": "contradicted", "error": "undecided"}[verdict]
     return verdict
-
-
-def jsonable(obj: Any) -> Any:
-    """Convert numpy/torch scalars and arrays, tuples and non-finite floats to plain JSON.
-
-    Non-finite floats become the strings ``"nan"``, ``"inf"``, ``"-inf"`` so that the file is
-    strict JSON."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return jsonable(dataclasses.asdict(obj))
-    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
-        return jsonable(obj.tolist())
-    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):
-        return obj
-    if isinstance(obj, float) or hasattr(obj, "__float__"):
-        v = float(obj)
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return v
-    return str(obj)
 
 
 def run_claim(

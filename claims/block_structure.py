@@ -57,7 +57,7 @@ PROFILES = {
                                   fresh_L=8, batch=256, time=1.0, records=5, params=("factored",),
                                   bases=("identity",)),
     "quick": BlockStructureProfile(),
-    # paper scale (SPEC: r = 3, m = 2, H = 2, L = 128, batch 2048, lr 0.05; a GPU run)
+    # paper scale (docs/model.md: r = 3, m = 2, H = 2, L = 128, batch 2048, lr 0.05; a GPU run)
     "paper": BlockStructureProfile(exact_tasks=((2, 2),), exact_L=32, exact_steps=400, exact_base_prompts=4,
                                    fresh_tasks=((3, 3),), fresh_L=128, batch=2048, time=60.0, records=31),
 }
@@ -85,7 +85,7 @@ def _check_start_in_D(cfg, what: str) -> None:
 
 def predicted_residual(cfg) -> float:
     """Theory's off-D residual of gradient descent from a point of D on an exactly G-invariant batch: 0 (the batch
-    loss is G-invariant and Fix(G) = D, so every step stays in D; SPEC.md).  The one place claim 1's prediction is
+    loss is G-invariant and Fix(G) = D, so every step stays in D; docs/model.md).  The one place claim 1's prediction is
     made (the mutation suite moves it by its resolving power)."""
     return 0.0
 
@@ -155,7 +155,7 @@ def check_symmetrised_exact(cfg, lr: float = 0.05, steps: int = 60, base_prompts
 
 def noise_bound(cfg, tcfg, t: np.ndarray, omega: np.ndarray, mu: np.ndarray, samples: np.ndarray) -> dict:
     """The Monte-Carlo bound on the relative residual at the record times.  The population
-    gradient at a point of D lies in D (SPEC.md: the data law is invariant under block rotations
+    gradient at a point of D lies in D (docs/model.md: the data law is invariant under block rotations
     and sign flips), so the off-D part of each step's update is Monte-Carlo noise of mean zero;
     its squared norm nu^2 is measured by the probes ``samples`` (records, n_probe: one GD step of
     the decomposable model on independent batches of the run's size).  Independent increments

@@ -12,7 +12,7 @@ account agrees; ``contradicted``: it disagrees; a measurement that cannot decide
   theory's flow predicts, at the minimum of the exact loss over that partition.
 
 "Serves several tasks" and "allocated" are numerics.readout's shares (SUPERPOSED_SHARE,
-ALLOCATED_SHARE, argued there): SPEC.md's merged run has shares 1.8/3.42 = 0.53, its
+ALLOCATED_SHARE, argued there): docs/model.md's merged run has shares 1.8/3.42 = 0.53, its
 factored run ~0.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ class MergedProfile:
 MERGED = {
     "tiny": MergedProfile(L=32, time=20.0, batch=256, n_eval=8000),
     "quick": MergedProfile(L=32),
-    # SPEC.md's run: r = 4, m = H = 3, L = 256, batch 1024, lr 0.05
+    # docs/model.md's run: r = 4, m = H = 3, L = 256, batch 1024, lr 0.05
     "paper": MergedProfile(tasks=(4, 4, 4), heads=3, L=256, lr=0.05, time=150.0, batch=1024, n_eval=200000),
 }
 
@@ -87,7 +87,7 @@ def check_merged_superposition(cfg, tcfg, n_eval: int = 20000, seed: int = 0) ->
     start (cfg.param is overridden); evaluate both end points on the same held-out prompts.
 
     Measured: merged loss - factored loss (paired, with its standard error) and each head's
-    off-task share.  Predicted (theory's account, SPEC.md): merged superposed (every share >=
+    off-task share.  Predicted (theory's account, docs/model.md): merged superposed (every share >=
     SUPERPOSED_SHARE), factored allocated (every share <= ALLOCATED_SHARE), merged lower
     beyond Z_SE paired standard errors (:func:`superposition_error`, tolerance 0).  The
     tolerance is the measurement's own noise (both losses are measured, none predicted).

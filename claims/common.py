@@ -18,21 +18,13 @@ from typing import Optional
 
 import numpy as np
 
-from claims.base import HeadlineRow, Figure, PerturbationCheck, Series, jsonable
+from audit_io.jsonable import jsonable
+from claims.base import HeadlineRow, Figure, PerturbationCheck, Series
+from numerics.statistics import Z_SE  # the one tolerance multiplier, defined where the estimators are
 
 EPS64 = float(np.finfo(np.float64).eps)
 """Unit round-off of float64 (2.2e-16): the scale of every 'exact to rounding' tolerance."""
 
-Z_SE = 4.0
-"""The one tolerance policy for Monte-Carlo comparisons: a measured number agrees with its
-prediction within Z_SE = 4 standard errors of its Monte-Carlo noise (plus any systematic
-error the theory states).  Why 4: a report holds of the order of 100 such comparisons; a
-Gaussian deviation beyond 4 standard errors has probability 6e-5, so a correct prediction
-fails somewhere in the report by chance with probability ~0.6% (at 3 standard errors,
-probability 2.7e-3 each, it would be ~25%), while a real discrepancy of a few standard
-errors -- what the perturbation checks send through the same comparison -- is still caught.
-The same constant bounds one-sided statistics (a trend "p + Z_SE se(p) < 0") and tail
-bounds of accumulated noise (Z_SE x rms)."""
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ The gradient-flow limit of H = m heads from a decomposable start is the allocate
 (``theory.exact.exact_fixed_point``: per task the one-head one-block minimum of the exact
 loss, by quadrature) and its L -> inf law (``theory.limiting_error.limit_multi``):
 
-    L * loss(L) -> Lambda = sum_i min_w F(w; r_i, r_i, sigma)   (F: SPEC.md; Lambda ~ e sum r_i (r_i + sigma^2)).
+    L * loss(L) -> Lambda = sum_i min_w F(w; r_i, r_i, sigma)   (F: docs/model.md; Lambda ~ e sum r_i (r_i + sigma^2)).
 
 Rows, in the headline's order: the converged losses of trained full models at two or more L
 (:func:`check_trained`; a run outside the domain, unconverged or not allocated is a boundary

@@ -18,7 +18,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from claims.base import PROFILES, ClaimResult, Finding, FINDING_KINDS, Progress, judge, jsonable, no_progress, run_claim
+from audit_io.jsonable import jsonable
+from claims.base import PROFILES, ClaimResult, Finding, FINDING_KINDS, Progress, judge, no_progress, run_claim
 
 PROBLEM_FIELDS = ("tasks", "heads", "L", "sigma", "param", "init_scale", "logit_scale", "basis", "dtype")
 """The ProblemConfig fields a researcher may set for an audit (``reports.build --tasks ...``)."""

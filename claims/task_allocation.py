@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from claims.base import Figure, HeadlineRow, jsonable
+from audit_io.jsonable import jsonable
+from claims.base import Figure, HeadlineRow
 from claims.common import Z_SE, Comparison, compare, reported_row
 from claims.spec import ClaimSpec, Outcome, finding
 from numerics.config import ProblemConfig
@@ -32,7 +33,7 @@ tolerance (that is claims.common.Z_SE)."""
 L_MIN = 32
 """Smallest L inside the domain: a measured boundary, not a theoretical one.  The allocated point is a fixed point of
 the factored flow but only semi-stable: an off-task mu that the batch noise pushes through 0 then grows (d mu/dt =
--2|mu| dL/dmu with dL/dmu > 0 there), towards the superposition of SPEC.md, at a rate ~ 1/L.  Measured (lr 0.05):
+-2|mu| dL/dmu with dL/dmu > 0 there), towards the superposition of docs/model.md, at a rate ~ 1/L.  Measured (lr 0.05):
 tasks (1,1), H = 2, L = 16, B = 128: allocated at t = 20-30, but by t = 140 both heads carry both tasks (two OV values
 each, omega 0.83 against omega* = 1.39, held-out loss 0.343 against the allocated 0.436); tasks (2,1,1), H = 3, L = 8,
 B = 128, t = 16: mu[1,0] = -0.098.  At L = 16 the served omega also sits 2-3% above omega* at t = 20-30 (B =
@@ -79,7 +80,7 @@ PROFILES = {
     # tolerance), and 55 stays under the saddle's escape limit 10 / 0.175 = 57
     "quick": TaskAllocationProfile(tasks=(2, 2), L=64, surplus_heads=1, fewer_heads_tasks=(2, 2, 2),
                                    lr=0.05, time=55.0, batch=1024, records=61, held_out=65536),
-    # the SPEC.md problem (r = 3, m = 2, L = 128, B = 2048, lr 0.05), long enough for the surplus heads to decay on
+    # docs/model.md problem (r = 3, m = 2, L = 128, B = 2048, lr 0.05), long enough for the surplus heads to decay on
     # theory's flow; meant for a GPU
     "paper": TaskAllocationProfile(tasks=(3, 3), L=128, surplus_heads=2, fewer_heads_tasks=(3, 3, 3),
                                    lr=0.05, time=600.0, batch=2048, records=121, held_out=262144,

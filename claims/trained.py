@@ -56,7 +56,7 @@ def domain(cfg: ProblemConfig, gain: bool = False) -> dict:
     """Where theory's account applies to a trained model, from the configuration alone (before
     any run): the factored parametrisation (the allocated point is a fixed point of the factored
     metric 2|mu|, which vanishes at mu = 0; the merged flow leaves it for a superposition,
-    SPEC.md), the decomposable balanced start theory's flow starts from, and
+    docs/model.md), the decomposable balanced start theory's flow starts from, and
 
     - one model (claim 5, boundary-left-allocation): H = m (with H < m some head serves several
       tasks; with H > m the surplus heads idle only at t -> inf, a race at finite t);
@@ -65,7 +65,7 @@ def domain(cfg: ProblemConfig, gain: bool = False) -> dict:
     reasons = ["m = 1: one task, the gain is 1 = H, nothing to tell apart"] if gain and cfg.m < 2 else []
     if cfg.param != "factored":
         reasons.append(f"param={cfg.param}: the allocated point is a fixed point of the factored metric only"
-                       + ("" if gain else " (the merged flow ends in a superposition, SPEC.md)"))
+                       + ("" if gain else " (the merged flow ends in a superposition, docs/model.md)"))
     if cfg.init != "decomposable":
         reasons.append(f"init={cfg.init}: theory's flow starts decomposable and balanced")
     if not gain and cfg.heads < cfg.m:

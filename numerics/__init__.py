@@ -1,4 +1,4 @@
-"""numerics: the model of SPEC.md in PyTorch -- prompts, the full model, the exact finite-L
+"""numerics: the model of docs/model.md in PyTorch -- prompts, the full model, the exact finite-L
 reduced model and its Rao-Blackwellised estimator, and the one gradient-descent loop.
 See docs/numerics.md and docs/ARCHITECTURE.md.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-from theory._validate import refuse_a_deleted_cwd_at_startup
+from audit_io.command import refuse_a_deleted_cwd_at_startup
 
 refuse_a_deleted_cwd_at_startup()   # `python -m numerics.X` from a deleted directory: a message, not torch's abort
 

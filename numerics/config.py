@@ -1,7 +1,7 @@
 """The problem configuration: tasks, heads, context length, noise, basis, parametrisation,
 initialisation, dtype and device, validated on construction.
 
-Notation of SPEC.md: m tasks, task i owns an input block of size r_i, d = sum r_i, tokens
+Notation of docs/model.md: m tasks, task i owns an input block of size r_i, d = sum r_i, tokens
 z = (x, y) in R^{d+m}.  Phi = [Phi_1 .. Phi_m] is an orthonormal basis of R^d whose column
 groups split the blocks (identity: contiguous blocks; random: a seeded Haar-random
 orthogonal matrix, to check basis invariance).
@@ -57,7 +57,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from theory._validate import SEED_MAX, check_positive_int, check_sigma, check_tasks
+from theory._validate import check_positive_int, check_sigma, check_tasks
+from audit_io.options import SEED_MAX
 
 BASES = ("identity", "random")
 PARAMS = ("factored", "merged")

@@ -1,4 +1,4 @@
-"""Prompts of the decomposable multi-task linear regression (SPEC.md, Setting).
+"""Prompts of the decomposable multi-task linear regression (docs/model.md, Setting).
 
 One prompt: x_1 .. x_L, q i.i.d. N(0, I_d); task parameters g_i ~ N(0, I_{r_i}) fresh per
 prompt, independent across tasks; labels y_{l,i} = g_i^T Phi_i^T x_l + eps_{l,i},

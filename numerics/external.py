@@ -1,6 +1,6 @@
 """Weights trained elsewhere: read without unpickling, mapped into this project's model, measured.
 
-A researcher hands a checkpoint of a one-layer multi-head softmax attention (the model of SPEC.md:
+A researcher hands a checkpoint of a one-layer multi-head softmax attention (the model of docs/model.md:
 y_hat = sum_h U_h sum_l softmax_l(z_l^T W_h z_q) z_l, the query attending to the L context tokens,
 no residual, MLP, norm or bias).  :func:`read_checkpoint` reads it, whatever trained it, in one of
 four layouts (docs/audit.md):
@@ -27,7 +27,7 @@ and shapes and says what it picked.  A training time may come with the file: an 
 project's units) or ``step`` (0-d arrays in an npz, ``__metadata__`` strings in a safetensors file,
 plain values beside the state_dict in a torch file).
 
-Safety: the file is read once, into memory, through ``theory._validate.read_input_bytes`` (regular
+Safety: the file is read once, into memory, through ``audit_io.files.read_input_bytes`` (regular
 files only, at most :data:`MAX_CHECKPOINT_BYTES`), and parsed by content, never by its name: a torch
 file only by ``torch.load(weights_only=True)`` (its restricted unpickler refuses any class or
 function, so a pickled payload is refused and its code never runs), an npz by
@@ -57,7 +57,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from theory._validate import read_input_bytes
+from audit_io.files import read_input_bytes
 
 from .config import ProblemConfig
 from .evaluate import LossEstimate, held_out_loss, held_out_loss_difference, held_out_reduced_loss
@@ -400,7 +400,7 @@ def _authors(path: str, entries: dict, logit_scale, common: dict) -> ExternalMod
     for k in biases:
         b = _array(path, k, entries[k])
         if np.any(b != 0):
-            raise _fail(path, f"{k} is a nonzero bias; this model has none (SPEC.md: one layer of attention, no "
+            raise _fail(path, f"{k} is a nonzero bias; this model has none (docs/model.md: one layer of attention, no "
                               "biases), so these weights are another model")
         notes.append(f"{k} is all zero (ignored)")
     others = [k for k in extra if k not in biases]

@@ -12,7 +12,7 @@ in one batched matmul, softmax over l (max subtracted, so saturated logits canno
 c_h = sum_l p_hl z_l, y_hat = sum_h U_h c_h.  The merged weights are formed once per step
 (H (d+m)^3 flops, independent of the batch).
 
-Decomposable set D (SPEC.md): W_XX = sum_i omega_i Phi_i Phi_i^T, every other block of W
+Decomposable set D (docs/model.md): W_XX = sum_i omega_i Phi_i Phi_i^T, every other block of W
 zero; U = [0 | diag(mu)].  The balanced factored point of D with values (omega, mu):
 K_XX = sum_i sign(omega_i) sqrt(s |omega_i|) Phi_i Phi_i^T, Q_XX = sum_i sqrt(s |omega_i|)
 Phi_i Phi_i^T, V[d+i, d+i] = sqrt|mu_i|, O[i, d+i] = sign(mu_i) sqrt|mu_i|, zero elsewhere.

@@ -6,7 +6,7 @@ Two rules name a task's head, and each is argued once here:
 - the **serving head** (largest |mu[h, i]|): the head whose OV value carries task i's output;
   used to say whether a trained model is *allocated* (every off-task |mu| small against the
   serving one, distinct tasks on distinct heads) or a *superposition* (an off-task mu of the
-  opposite sign, a head cancelling the softmax's constant part, SPEC.md);
+  opposite sign, a head cancelling the softmax's constant part, docs/model.md);
 - the **winning head** (largest mu[h, i] omega[h, i], signed): theory's ODE rule reads the
   race in the same product (the warm-up growth rate of a head on a task is proportional to it,
   theory.task_allocation), so a race's measured winner is read the same way, with its *mass
@@ -34,7 +34,7 @@ so at t = 20..40 it is still 4-9% of the served one at r = 1 (measured): 0.1, no
 SUPERPOSED_SHARE = 0.2
 """A head serves several tasks (a superposition) when its second-largest |mu| is at least 20%
 of its largest, and a task is served in signed superposition when heads of both signs carry at
-least 20% of its largest |mu|.  SPEC.md's merged run has shares 1.8/3.42 = 0.53 and its factored
+least 20% of its largest |mu|.  docs/model.md's merged run has shares 1.8/3.42 = 0.53 and its factored
 run ~0; the merged shares are 0.2-0.5 once the superposition has formed.  Also the share below
 which theory's flow has decided a race before a run (boundary-fewer-heads)."""
 
@@ -184,7 +184,7 @@ def end_class(readout, *, off_D: bool, converged: bool, diverged: bool = False, 
 
 ZERO_SUM_SHARE = 0.1
 """A task is carried by a zero-sum group of OV values when |sum_h mu[h, i]| is at most 10% of
-sum_h |mu[h, i]|: the heads cancel the softmax's constant part (SPEC.md; He et al., ICML 2025).
+sum_h |mu[h, i]|: the heads cancel the softmax's constant part (docs/model.md; He et al., ICML 2025).
 The same 0.1 as the single-task boundary's pair ratio |mu_a + mu_b| / (|mu_a| + |mu_b|) < 0.1
 (numerics.saddle.single_task_heads), of which this is the many-head form; the measured pairs from
 PyTorch's default start sit near 0 (3 of 3 runs), an allocated task at 1."""

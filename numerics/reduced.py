@@ -1,4 +1,4 @@
-"""The exact finite-L reduced model on the semi-singular values (SPEC.md).
+"""The exact finite-L reduced model on the semi-singular values (docs/model.md).
 
 At the point of D with values (omega, mu) the full model predicts
 

@@ -1,13 +1,81 @@
-"""Statistics of measured numbers: batch-means standard errors, paired ratios on common
-prompts, the L -> inf extrapolation of L * loss (claims 5-7 and the boundaries), the loss a
-run could still lose (the one convergence measure: :func:`descent_left`) and the lr -> 0
-extrapolation of a rate (the saddle)."""
+"""Statistics of measured numbers, each estimator once: the tolerance multiplier
+:data:`Z_SE`, the mean and its standard error (:func:`mean_se`), batch-means standard
+errors, paired ratios on common prompts, the least-squares line and its slope's standard
+error (:func:`line_fit`), the L -> inf extrapolation of L * loss (claims 5-7 and the
+boundaries), the loss a run could still lose (the one convergence measure:
+:func:`descent_left`) and the lr -> 0 extrapolation of a rate (the saddle)."""
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 import numpy as np
+
+Z_SE = 4.0
+"""The one tolerance policy for Monte-Carlo comparisons: a measured number agrees with its
+prediction within Z_SE = 4 standard errors of its Monte-Carlo noise (plus any systematic
+error the theory states).  Why 4: a report holds of the order of 100 such comparisons; a
+Gaussian deviation beyond 4 standard errors has probability 6e-5, so a correct prediction
+fails somewhere in the report by chance with probability ~0.6% (at 3 standard errors,
+probability 2.7e-3 each, it would be ~25%), while a real discrepancy of a few standard
+errors -- what the perturbation checks send through the same comparison -- is still caught.
+The same constant bounds one-sided statistics (a trend "p + Z_SE se(p) < 0") and tail
+bounds of accumulated noise (Z_SE x rms), and decides convergence: a run is converged for a
+comparison of tolerance tol when the loss it could still lose is at most tol / Z_SE
+(numerics.experiments.converged.converged_for).  Defined here, beside the estimators, so that
+claims.common and numerics.experiments read the same number."""
+
+NON_FINITE_POLICIES = ("keep", "drop")
+
+
+def mean_se(values, *, non_finite: str = "keep") -> tuple[Optional[float], Optional[float]]:
+    """The sample mean xbar = sum x_i / n and its standard error s / sqrt(n), with
+    s^2 = sum (x_i - xbar)^2 / (n - 1) (the unbiased variance, ``ddof=1``).
+
+    ``non_finite``: ``"keep"`` (a NaN or infinite value -- a diverged run -- shows in the mean
+    instead of vanishing) or ``"drop"`` (None, NaN and infinities are left out first: a point
+    that could not be measured is not a number of the sample).  The standard error is None from
+    fewer than two values; both are None from no value."""
+    if non_finite not in NON_FINITE_POLICIES:
+        raise ValueError(f"non_finite must be one of {NON_FINITE_POLICIES}, got {non_finite!r}")
+    if non_finite == "drop":
+        values = [v for v in values if v is not None and math.isfinite(v)]
+    x = np.asarray(values, float).ravel()
+    if x.size == 0:
+        return None, None
+    with np.errstate(invalid="ignore"):   # "keep": inf - inf in the variance is the NaN it should be
+        se = float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else None
+        return float(x.mean()), se
+
+
+@dataclass(frozen=True)
+class LineFit:
+    """The ordinary least-squares line y = slope x + intercept through n points:
+    slope = sum (x_i - xbar)(y_i - ybar) / sum (x_i - xbar)^2, intercept = ybar - slope xbar,
+    and the slope's standard error sqrt(s^2 / sum (x_i - xbar)^2) with the residual variance
+    s^2 = sum r_i^2 / (n - 2) (nan from two points: no degree of freedom left)."""
+
+    slope: float
+    intercept: float
+    slope_se: float
+    n: int
+
+
+def line_fit(x, y) -> LineFit:
+    """The least-squares line of y on x (:class:`LineFit`); ValueError from fewer than two
+    points, a length mismatch or a single distinct x (the slope is not defined)."""
+    x, y = np.asarray(x, float).ravel(), np.asarray(y, float).ravel()
+    if x.size != y.size:
+        raise ValueError(f"line_fit needs as many y as x values, got {x.size} x and {y.size} y")
+    if x.size < 2 or np.ptp(x) == 0:
+        raise ValueError(f"line_fit needs at least two distinct x values, got {x.tolist()}")
+    A = np.stack([x, np.ones_like(x)], axis=1)
+    coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+    resid = y - A @ coef
+    s2 = float(resid @ resid / (x.size - 2)) if x.size > 2 else math.nan
+    return LineFit(slope=float(coef[0]), intercept=float(coef[1]),
+                   slope_se=float(math.sqrt(s2 / np.sum((x - x.mean()) ** 2))), n=int(x.size))
 
 
 def loss_standard_error(losses: np.ndarray, blocks: int = 10) -> float:
@@ -17,7 +85,7 @@ def loss_standard_error(losses: np.ndarray, blocks: int = 10) -> float:
     losses = np.asarray(losses, float)
     k = max(2, min(blocks, losses.size // 2))
     means = np.array([b.mean() for b in np.array_split(losses, k)])
-    return float(means.std(ddof=1) / math.sqrt(k))
+    return mean_se(means)[1]
 
 
 def paired_ratio(single: np.ndarray, multi: np.ndarray) -> tuple[float, float]:
@@ -25,7 +93,7 @@ def paired_ratio(single: np.ndarray, multi: np.ndarray) -> tuple[float, float]:
     sqrt(var(single - R multi) / n) / mean(multi) (pairing removes the common prompt noise)."""
     single, multi = np.asarray(single, float), np.asarray(multi, float)
     R = single.mean() / multi.mean()
-    se = float(np.std(single - R * multi, ddof=1) / math.sqrt(single.size) / multi.mean())
+    se = float(mean_se(single - R * multi)[1] / multi.mean())
     return float(R), se
 
 
@@ -153,7 +221,7 @@ def descent_left(t, losses, horizon: float) -> DescentLeft:
     means = losses.mean(axis=1)
     slope = float(tc @ means / sxx)
     per_prompt = tc @ losses / sxx
-    se_mc = float(per_prompt.std(ddof=1) / math.sqrt(losses.shape[1]))
+    se_mc = mean_se(per_prompt)[1]
     resid = means - means.mean() - slope * tc
     jitter = float(math.sqrt(resid @ resid / (t.size - 2)))
     rate, rate_se = -slope, max(se_mc, jitter / math.sqrt(sxx))

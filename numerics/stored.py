@@ -32,7 +32,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
-from theory._validate import LinkInside, read_inside
+from audit_io.files import LinkInside, read_inside
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # What a training point executes, for the code version (see code_version).

@@ -54,8 +54,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from theory._validate import (SEED_MAX, DiskFull, check_output_path, command_line, float_option, int_option,
-                              parse_int, seed_option, threads_option, write_output)
+from audit_io.options import SEED_MAX, float_option, int_option, seed_option, tasks_option, threads_option
+from audit_io.files import DiskFull, check_output_path, write_output
+from audit_io.command import command_line
 
 from .config import INITS, PARAMS, ProblemConfig, check_known_fields, use_precise_float32
 from .data import STREAM_VERSION, Prompts, make_generator, sample_prompts
@@ -204,7 +205,7 @@ class TrainResult:
 
 
 def _atomic_write(path: str, write) -> None:
-    """Write via ``write(file)`` and :func:`theory._validate.write_output`: a temp file in the
+    """Write via ``write(file)`` and :func:`audit_io.files.write_output`: a temp file in the
     same directory and os.replace (never half a file; the permission bits of the file replaced,
     or the umask's default); a character device such as /dev/null is written through.  The
     missing parent directories of a checkpoint given through the Python API are created."""
@@ -635,7 +636,7 @@ def _parser() -> argparse.ArgumentParser:
                     "the trajectory of the semi-singular values (omega, mu) as JSON.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("problem")
-    g.add_argument("--tasks", type=_parse_tasks, default=(3, 3), help="comma-separated task block sizes r_1,..,r_m (d = sum)")
+    g.add_argument("--tasks", type=tasks_option(), default=(3, 3), help="comma-separated task block sizes r_1,..,r_m (d = sum)")
     g.add_argument("--heads", type=int_option("--heads", 1), default=2, help="number of heads H")
     g.add_argument("--L", type=int_option("--L", 1), default=128, help="context length L")
     g.add_argument("--sigma", type=float_option("--sigma", finite=False), default=0.0, help="label noise standard deviation")
@@ -680,19 +681,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="steps between checkpoints (with --checkpoint; default 500)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
-
-
-def _parse_tasks(text: str) -> tuple:
-    """'3,3' -> (3, 3); every comma-separated entry must be a positive integer written in digits
-    (no empty entries, no underscores: the strict parser of theory._validate)."""
-    try:
-        tasks = tuple(parse_int(p, "--tasks", low=1) for p in text.split(","))
-    except ValueError:
-        tasks = ()
-    if not tasks:
-        raise argparse.ArgumentTypeError(f"--tasks must be comma-separated positive integers such as 3,3 "
-                                         f"(no empty entries, no spaces or underscores); got {text!r}")
-    return tasks
 
 
 def step_memory_bytes(cfg: ProblemConfig, batch: int) -> int:
@@ -771,7 +759,7 @@ def _flag_message(text: str) -> str:
 @command_line
 def main(argv=None) -> int:
     """Exit status: 0 done; 1 training diverged; 2 bad arguments (nothing computed, nothing
-    written); 75 the disk is full (theory._validate.EXIT_DISK_FULL: the checkpoint written last is
+    written); 75 the disk is full (audit_io.files.EXIT_DISK_FULL: the checkpoint written last is
     whole, and a result that cannot be written is printed on stdout instead)."""
     parser = _parser()
     args = parser.parse_args(argv)

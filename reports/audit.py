@@ -38,11 +38,12 @@ import time
 from pathlib import Path
 from typing import Optional, TextIO
 
-from claims.base import FAILING, jsonable
+from audit_io.jsonable import jsonable
+from claims.base import FAILING
 from reports.output import check_out_dir, new_temporary, recover_leftovers, replace_with, write_tree
 from reports.provenance import _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments, check_report
-from theory._validate import float_option, int_option, parse_int, seed_option, threads_option
+from audit_io.options import float_option, int_option, parse_int, seed_option, tasks_option, threads_option
 
 DEFAULT_OUT = "reports/audit"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -67,15 +68,6 @@ def _numbers(text: str, flag: str, kind) -> tuple:
             raise argparse.ArgumentTypeError(f"{flag} {text!r}: {p!r} must be a finite number >= 0")
         out.append(v)
     return tuple(out)
-
-
-def _tasks(text: str) -> tuple:
-    try:
-        tasks = tuple(parse_int(p, "--tasks", low=1) for p in str(text).split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--tasks {text!r}: give the block sizes r_i as positive integers separated by "
-                                         "commas, e.g. --tasks 16,17,17") from None
-    return tasks
 
 
 def _skip(text: str) -> tuple:
@@ -112,7 +104,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoint files (torch state_dict, .safetensors, .npz, numerics.train checkpoint or run.json)")
     g = p.add_argument_group("the problem the models were trained on (a project file carries its own)")
-    g.add_argument("--tasks", type=_tasks, default=None, metavar="R,R,..",
+    g.add_argument("--tasks", type=tasks_option(), default=None, metavar="R,R,..",
                    help="block sizes r_i of the m tasks (d = sum r_i); the authors' d = 50 over 3 tasks is 16,17,17")
     g.add_argument("--L", type=int_option("--L", 1), default=None, metavar="L", help="context length L")
     g.add_argument("--sigma", type=float_option("--sigma", low=0.0, allow_low=True), default=None, metavar="S",

@@ -23,7 +23,7 @@ The schema of claims.json is derived from the dataclasses of ``claims.base``
 
 Exit status: 0 when no claim fails or errors and no boundary is contradicted or errors
 (``claims.base.FAILING``) and every figure rendered; 1 otherwise; 2 on bad arguments; 75
-(``theory._validate.EXIT_DISK_FULL``) when the disk is full ("disk full: N bytes needed at PATH";
+(``audit_io.files.EXIT_DISK_FULL``) when the disk is full ("disk full: N bytes needed at PATH";
 the previous report is intact); 130 when interrupted.
 """
 from __future__ import annotations
@@ -38,15 +38,18 @@ import signal
 import sys
 import textwrap
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, TextIO
 
 import claims
+from audit_io import toml
+from audit_io.command import command_line
+from audit_io.device import check_device_option
+from audit_io.files import check_inside, read_input_bytes
+from audit_io.options import SEED_MAX, float_option, int_option, seed_option
+from audit_io.options import parse_tasks as strict_tasks
 from claims.base import FAILING, PROFILES, ClaimResult
-from theory._validate import (EXIT_DISK_FULL, SEED_MAX, check_inside, command_line, float_option, int_option,
-                              read_input_bytes, seed_option)
 from reports.output import (FIGURE_DIR, REPORT_MARKER, check_out_dir, new_temporary, recover_leftovers,  # noqa: F401
                             replace_with, write_tree)
 from reports.plan import (PROBLEM_FLAGS, _ask, accepts_problem, check_claims, check_problem,  # noqa: F401
@@ -107,16 +110,12 @@ class BuildConfig:
 
 
 def parse_tasks(text: str) -> tuple[int, ...]:
-    """``"3,3,3"`` -> (3, 3, 3); an empty entry (``"2,,2"``) or a non-integer is an error."""
-    parts = [part.strip() for part in str(text).split(",")]
-    if any(part == "" for part in parts):
-        raise BadArguments(f"--tasks {text!r}: an empty block size (two commas, or a comma at an end); "
-                           "give the block sizes r_i as integers separated by commas, e.g. --tasks 3,3,3")
-    for part in parts:
-        if not part.isascii() or not part.lstrip("+-").isdigit():
-            raise BadArguments(f"--tasks {text!r}: {part!r} is not an integer; give the block sizes r_i "
-                               "as integers separated by commas, e.g. --tasks 3,3,3")
-    return tuple(int(part) for part in parts)
+    """``"3,3,3"`` -> (3, 3, 3) by the one strict parser of every command
+    (:func:`audit_io.options.parse_tasks`: digits only, no empty entries, signs or spaces)."""
+    try:
+        return strict_tasks(text)
+    except ValueError as exc:
+        raise BadArguments(str(exc)) from None
 
 
 def read_config_file(path: str) -> dict:
@@ -125,8 +124,8 @@ def read_config_file(path: str) -> dict:
     judges the fields."""
     try:
         raw = read_input_bytes(path, "--config", max_bytes=2**20)
-        data = tomllib.loads(raw.decode("utf-8"))
-    except tomllib.TOMLDecodeError as exc:
+        data = toml.loads(raw.decode("utf-8"))
+    except toml.TOMLDecodeError as exc:
         raise BadArguments(f"--config {path}: not valid TOML ({exc})") from None
     except (UnicodeDecodeError, RecursionError) as exc:
         raise BadArguments(f"--config {path}: cannot be read as a TOML text file ({exc})") from None
@@ -213,18 +212,10 @@ def check_size(problem: dict, device: str = "cpu") -> None:
 
 
 def _validate_device(device: str) -> None:
-    if device == "cpu":
-        return
-    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
-        raise BadArguments(f"--device must be cpu, cuda or cuda:N, got {device!r}")
-    import torch  # only here: --help and argument errors stay fast
-
-    if not torch.cuda.is_available():
-        raise BadArguments(f"--device {device} requested but no CUDA device is available "
-                           f"(torch {torch.__version__}); use --device cpu")
-    if ":" in device and int(device[5:]) >= torch.cuda.device_count():
-        raise BadArguments(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) "
-                           f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    try:
+        check_device_option(device)   # torch imported only for a CUDA name: --help stays fast
+    except ValueError as exc:
+        raise BadArguments(str(exc)) from None
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """Where a report goes: ``--out DIR`` checked before any claim runs, then written whole or not at all.
 
-The policy (the project's one output-path policy, ``theory._validate.check_output_dir``, plus
+The policy (the project's one output-path policy, ``audit_io.files.check_output_dir``, plus
 what replacing a *directory* needs): DIR may be new, an empty directory, or a previous report
 of this command (it carries :data:`REPORT_MARKER` and nothing but what a report holds).  A
 symlinked DIR is followed; a symlink loop or a dangling symlink is refused.  A directory that
@@ -12,7 +12,7 @@ Writing: the report is written into a temporary directory beside DIR (same files
 then swapped in: a previous report is renamed away, the new one renamed to DIR, the old one
 deleted; an empty directory the user made is filled in place (it is never deleted).  The new
 directory gets the permissions the umask gives (``mkdtemp`` makes 0700).  Every file inside the
-temporary is written without following a link (``theory._validate.write_inside``).  A build
+temporary is written without following a link (``audit_io.files.write_inside``).  A build
 killed between the two renames leaves ``.DIR.old-<token>``; a killed write leaves
 ``.DIR.tmp-<pid>-<token>``: the next build repairs both (:func:`recover_leftovers`) and says
 what it did only when it did it -- and only to directories whose marker, written by the build,
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterable, Optional, TextIO
 
 from reports.schema import BadArguments
-from theory._validate import create_inside, read_inside, write_inside
+from audit_io.files import create_inside, read_inside, write_inside
 
 REPORT_MARKER = ".icl-audit-report"
 """The file that makes a directory this command's report.  It is written first, into the build's
@@ -72,11 +72,11 @@ def foreign_entries(out: Path) -> list[str]:
 def check_out_dir(path: str, flag: str = "--out", inputs: Iterable[str] = ()) -> Path:
     """The absolute report directory of ``path`` (a symlink followed), or :class:`BadArguments`
     saying why it cannot be written or replaced: the project's policy
-    (``theory._validate.check_output_dir``: a file, a link loop or dangling link, an unwritable
+    (``audit_io.files.check_output_dir``: a file, a link loop or dangling link, an unwritable
     place, a non-empty directory without the marker, an input) and what replacing a report
     directory adds: a previous report that also holds files this command did not write (a sweep
     stored in it) and a directory that holds an input are refused, never deleted."""
-    from theory._validate import check_output_dir
+    from audit_io.files import check_output_dir
 
     inputs = [Path(p).resolve() for p in inputs]
     try:
@@ -98,7 +98,7 @@ def check_out_dir(path: str, flag: str = "--out", inputs: Iterable[str] = ()) ->
 def write_tree(out: Path, files: dict[str, bytes]) -> None:
     """Write ``files`` ({relative path: bytes}) into the temporary directory ``out`` (its marker is
     already there, :func:`new_temporary`), each a new file through the project's link policy
-    (``theory._validate.create_inside``: nothing below ``out`` reached through a link, nothing
+    (``audit_io.files.create_inside``: nothing below ``out`` reached through a link, nothing
     existing replaced; a full disk is ``DiskFull``); the caller checks the tree, then puts it in
     place with :func:`replace_with` (the rename of the whole directory is what makes it atomic)."""
     for name, data in files.items():

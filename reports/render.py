@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import jinja2
 
-from claims.base import FAILING
+from claims.base import FAILING, kind_from_id
 from reports.figures import (FOREST_CLIP, FOREST_FILE, FOREST_MAX_ROWS, scalar, comparison_records, forest_png,
                              forest_rows, forest_svg)
 # The figure functions' old home: callers of ``reports.render.figure_png`` and friends keep working
@@ -161,7 +161,7 @@ def _seconds(v: Any) -> str:
 
 def kind_of(entry: dict) -> str:
     """``claim`` or ``boundary`` (an entry written before kinds existed: from its id)."""
-    return entry.get("kind") or ("boundary" if str(entry.get("id", "")).startswith("boundary-") else "claim")
+    return entry.get("kind") or kind_from_id(entry.get("id", ""))
 
 
 def group_of(entry: dict) -> str:

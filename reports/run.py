@@ -11,11 +11,11 @@ import time
 from typing import Optional, TextIO
 
 import claims
-from claims.base import ClaimResult, no_progress, run_claim
+from claims.base import ClaimResult, kind_from_id, no_progress, run_claim
 from reports.plan import selected
 from reports.progress import ClaimProgress
 from reports.schema import OUTCOMES, entry_problems, upgrade
-from theory._validate import die_with_parent
+from audit_io.processes import die_with_parent
 
 
 def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
@@ -48,7 +48,10 @@ def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
                              f"claims.json: {'; '.join(problems[:5])}")
         return result
 
-    kind = "boundary" if claim_id.startswith(("boundary-", "atlas-")) else "claim"
+    try:    # the spec's declared kind; the id's, where the spec itself cannot be loaded
+        kind = claims.spec_of(claim_id).kind
+    except Exception:   # noqa: BLE001 -- the same failure then shows as the claim's error below
+        kind = kind_from_id(claim_id)
     return run_claim(claim_id, claim_id, "(not available: the claim check raised before returning "
                      "its result; see the error below)", body, kind=kind)
 
@@ -142,7 +145,7 @@ def run_parallel(cfg, ids: list[str], stream: TextIO,
     a fork of a process whose torch threads have run can deadlock in the child), one line per
     finished claim on ``stream`` (a bar over the claims with progress on); the results in
     registry order.  Ctrl-C or SIGTERM terminates the workers, and a SIGKILL of this process kills
-    them too (each watches this process, :func:`theory._validate.die_with_parent`): nothing is
+    them too (each watches this process, :func:`audit_io.processes.die_with_parent`): nothing is
     written before every claim has returned, and nothing goes on computing after the build is gone."""
     import multiprocessing
 
@@ -158,7 +161,7 @@ def run_parallel(cfg, ids: list[str], stream: TextIO,
         from tqdm import tqdm
         bar = tqdm(total=len(ids), desc=f"{len(ids)} claims in {min(cfg.jobs, len(groups))} processes", file=stream,
                    dynamic_ncols=True, bar_format="{desc} {n_fmt}/{total_fmt}|{bar:20}| {elapsed}{postfix}")
-    # each worker dies with this process (theory._validate.die_with_parent: the kernel's parent-death
+    # each worker dies with this process (audit_io.processes.die_with_parent: the kernel's parent-death
     # signal, and a watch of this pid): a build killed with SIGKILL leaves nothing computing
     pool = multiprocessing.get_context("spawn").Pool(min(cfg.jobs, len(groups)), initializer=die_with_parent,
                                                      initargs=(os.getpid(),))

@@ -6,7 +6,7 @@ report's own ``figures`` (the drawn PNGs) and ``figure_errors`` added; its headl
 and their JSON types are read off those dataclasses' fields (:func:`fields_of`), so a field
 added to ``claims.base`` is in the schema without an edit here.  A field with a default is
 optional when a file is *read* (a claims.json written before that field existed gets the
-default; ``kind`` from the id: ``boundary-...`` is a boundary) and required in what a build
+default; ``kind`` from the id: claims.base.kind_from_id) and required in what a build
 *writes* (:func:`check_report`).
 
 Beyond the types, a file read back (``--from-json``, ``reports.compare``) must be consistent
@@ -34,9 +34,9 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from theory._validate import SEED_MAX
+from audit_io.options import SEED_MAX
 from claims.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
-                         HeadlineRow, PerturbationCheck, judge)
+                         HeadlineRow, PerturbationCheck, judge, kind_from_id)
 
 VERSIONED_PACKAGES = ("torch", "numpy", "scipy", "sympy", "mpmath", "matplotlib")
 PROVENANCE_KEYS = {"versions": dict, "device": str, "seed": int, "profile": str, "wall_seconds": dict,
@@ -45,7 +45,7 @@ PROVENANCE_KEYS = {"versions": dict, "device": str, "seed": int, "profile": str,
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}")
 MAX_DEPTH = 40            # nesting of a claims.json (the real ones stay under 10)
 MAX_PROBLEMS_SHOWN = 5
-NON_FINITE = ("nan", "inf", "-inf")   # how claims.base.jsonable stores non-finite floats
+NON_FINITE = ("nan", "inf", "-inf")   # how audit_io.jsonable.jsonable stores non-finite floats
 OUTCOMES = {"claim": VERDICTS, "boundary": BOUNDARY_OUTCOMES}
 PASSING = {"claim": "pass", "boundary": "located"}
 # how a claims.json written before kinds existed named a boundary's outcome (claims.base.judge)
@@ -180,7 +180,8 @@ def _depth(obj: Any) -> int:
 
 
 def default_kind(claim_id: Any) -> str:
-    return "boundary" if str(claim_id).startswith("boundary-") else "claim"
+    """The kind of an entry written without one: the id's (claims.base.kind_from_id)."""
+    return kind_from_id(claim_id)
 
 
 def upgrade(report: dict) -> dict:
@@ -587,7 +588,7 @@ MAX_BYTES = 200 * 2**20
 def load_report(path: str, flag: str) -> dict:
     """A claims.json document (or a report directory holding one), upgraded to the current schema
     and checked (:func:`document_problems`); :class:`BadArguments` naming ``flag`` otherwise."""
-    from theory._validate import read_input_bytes
+    from audit_io.files import read_input_bytes
 
     file = Path(path)
     if file.is_dir() and (file / "claims.json").is_file():

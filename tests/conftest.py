@@ -5,7 +5,8 @@
 - ``--thorough`` (or ``HYPOTHESIS_PROFILE=thorough``): the ``thorough`` Hypothesis profile
   (more examples) and the tests marked ``@pytest.mark.thorough`` (larger L and d).
 - ``--e2e``: the end-to-end pipelines (tests marked ``@pytest.mark.e2e``: a sweep of trained
-  runs, then the report built from it); ``.ci/run`` runs them as their own step.
+  runs, then the report built from it; the registry-wide contract, every registered claim at
+  the tiny profile, tests/claims/test_contract.py); ``.ci/run`` runs them as their own step.
 - ``--atlas``: the atlas's tiny grid end to end (tests marked ``@pytest.mark.atlas``:
   examples/atlas_tiny.toml swept, then the four atlas ids built from it; about 3 minutes on
   2 cores); ``.ci/run`` runs it as its own step.

@@ -55,7 +55,7 @@ def test_monte_carlo_measures_the_exact_loss(r, L, sigma, seed):
 
 
 def test_small_L_reproduces_spec():
-    """SPEC.md: r = 3 at L = 128, theory's fixed point: exact loss 0.28 per task, expansion 0.30;
+    """docs/model.md: r = 3 at L = 128, theory's fixed point: exact loss 0.28 per task, expansion 0.30;
     relative error of the expansion 6.1% at L = 256 (quadrature, no Monte Carlo)."""
     rows = {x["L"]: x for x in limits.gap_ladder(3, (128, 256))}
     assert abs(rows[128]["exact"] - 0.28) <= 0.0025 and abs(rows[128]["expansion"] - 0.30) <= 0.0025, rows

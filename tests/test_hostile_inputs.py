@@ -1,7 +1,7 @@
 """Hostile inputs, round 2 (issue 22): nothing a user types can destroy a file, lose an output
 or hang.  Three parts:
 
-1. the one output-path policy of ``theory._validate`` (``check_output_path``,
+1. the one output-path policy of ``audit_io.files`` (``check_output_path``,
    ``check_output_dir``, ``write_output``, ``check_input_file``, ``parse_int``) on real files:
    devices written through, FIFOs and sockets refused, links followed or refused, inputs never
    overwritten, permission bits those of the umask, nothing half-written;
@@ -32,7 +32,10 @@ import numerics.train as train_cli
 import theory.__main__ as theory_cli
 import tools.bench.cli as bench_cli
 import tools.sweep.cli as sweep_cli
-from theory import _validate as V
+from audit_io import command as C
+from audit_io import files as V
+from audit_io import options as O
+from audit_io import processes as P
 from tools.sweep import load_results, run_grid
 from tools.sweep.grid import MAX_GRID_POINTS
 
@@ -230,13 +233,13 @@ def test_output_directories(tmp_path):
 @pytest.mark.parametrize("text", ["3_3", " 3", "3 ", "1e9", "2.5", "0x10", "", "３"])
 def test_the_strict_integer_parser(text):
     with pytest.raises(ValueError, match="--heads must be a positive integer written in digits"):
-        V.parse_int(text, "--heads", low=1)
+        O.parse_int(text, "--heads", low=1)
 
 
 def test_the_strict_integer_parser_accepts_digits_and_bounds():
-    assert V.parse_int("+12", "--x") == 12 and V.parse_int("-3", "--x") == -3
+    assert O.parse_int("+12", "--x") == 12 and O.parse_int("-3", "--x") == -3
     with pytest.raises(ValueError, match="--seed must be at most 18446744073709551615"):
-        V.parse_int(str(BIG), "--seed", low=0, high=V.SEED_MAX)
+        O.parse_int(str(BIG), "--seed", low=0, high=O.SEED_MAX)
 
 
 def test_input_files_fifo_and_size(tmp_path, alarm):
@@ -543,7 +546,7 @@ def test_a_fifo_in_points_neither_hangs_nor_is_read(tmp_path, alarm):
 # --- 4. round 3 (issue 33): a handed folder, a forged store, a full disk, a killed parent -----------
 #
 # The classes of the issue, each fixed once at its root: one link policy inside a folder the command
-# writes (theory._validate.write_inside & co.), one reader of a stored point (numerics.stored.read_point),
+# writes (audit_io.files.write_inside & co.), one reader of a stored point (numerics.stored.read_point),
 # one disk-full path (DiskFull, exit 75), one way for workers to die with their command
 # (die_with_parent, run_in_own_group).
 
@@ -826,7 +829,7 @@ def test_a_log_line_is_whole_or_absent(tmp_path, monkeypatch):
 
 
 def test_every_command_line_turns_enospc_into_exit_75(capsys):
-    @V.command_line
+    @C.command_line
     def main(argv=None):
         raise OSError(errno.ENOSPC, "No space left on device", "/data/out.json")
 
@@ -950,14 +953,14 @@ def test_run_in_own_group_kills_the_whole_group_on_a_timeout(tmp_path):
     script = f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; " \
              f"time.sleep(120)']); open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(120)"
     with pytest.raises(subprocess.TimeoutExpired):
-        V.run_in_own_group([sys.executable, "-c", script], timeout=3, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        P.run_in_own_group([sys.executable, "-c", script], timeout=3, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert pidfile.is_file() and _wait_gone([int(pidfile.read_text())]) == []
 
 
 def test_a_worker_dies_with_its_parent(tmp_path):
-    """theory._validate.die_with_parent, every pool's initializer: SIGKILL of the parent ends the worker."""
+    """audit_io.processes.die_with_parent, every pool's initializer: SIGKILL of the parent ends the worker."""
     pidfile = tmp_path / "worker"
-    script = (f"import os, sys, time\npid = os.fork()\nif pid == 0:\n    from theory._validate import die_with_parent\n"
+    script = (f"import os, sys, time\npid = os.fork()\nif pid == 0:\n    from audit_io.processes import die_with_parent\n"
               f"    die_with_parent()\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n    time.sleep(120)\n"
               f"    os._exit(0)\ntime.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
@@ -1073,7 +1076,7 @@ def test_an_ascii_only_output_stream_is_written_escaped(capsys):
 
     ascii_out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
 
-    @V.command_line
+    @C.command_line
     def main(argv=None):
         print("measured 0.26 ± 0.004 ✓", file=sys.stdout)
         return 0

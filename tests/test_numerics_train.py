@@ -26,7 +26,7 @@ def test_records_and_result():
     assert np.array_equal(res.omega, np.asarray(res.trajectory[-1].omega))
     # loss = mean of the last 10% of the per-step batch losses (2 of 20 steps)
     assert res.loss == pytest.approx(float(np.mean(res.losses[-2:])), rel=1e-15)
-    # the start is on D; unsymmetrised finite batches push the weights off it (SPEC.md)
+    # the start is on D; unsymmetrised finite batches push the weights off it (docs/model.md)
     assert res.trajectory[0].residual == 0.0 and res.trajectory[-1].residual > 0.0
     out = json.loads(json.dumps(res.to_dict()))
     assert set(out) >= {"config", "trajectory", "omega", "mu", "loss", "wall_seconds"}
@@ -141,7 +141,7 @@ def test_bad_train_config(change, message):
 
 
 def test_command_line(tmp_path, capsys):
-    (tmp_path / "sub").mkdir()       # the output's directory must exist (theory._validate.check_output_path)
+    (tmp_path / "sub").mkdir()       # the output's directory must exist (audit_io.files.check_output_path)
     out = tmp_path / "sub" / "run.json"
     rc = T.main(["--tasks", "2,1", "--heads", "2", "--L", "8", "--time", "0.5", "--lr", "0.05",
                  "--batch", "32", "--records", "3", "--init", "0.2", "--param", "merged", "--seed", "4",
@@ -194,7 +194,7 @@ def allocated(mu, factor=10.0):
 
 @pytest.mark.thorough
 def test_acceptance_command_allocates_tasks(tmp_path):
-    """The issue's acceptance run (SPEC.md saw off-task mu -> 5e-4 against on-task 1.84):
+    """The issue's acceptance run (docs/model.md saw off-task mu -> 5e-4 against on-task 1.84):
     minutes on 2 CPU cores, hence thorough.  The same criterion rejects the start (ratio 2)."""
     out = tmp_path / "run.json"
     assert T.main(["--tasks", "3,3", "--heads", "2", "--L", "128", "--time", "60", "--lr", "0.05",

@@ -1197,7 +1197,7 @@ def test_out_where_nothing_can_be_written_is_refused_before_any_claim(registry, 
     chattr = shutil.which("chattr")
     immutable = chattr is not None and subprocess.run([chattr, "+i", str(frozen)], capture_output=True).returncode == 0
     if not immutable:
-        import theory._validate as policy
+        import audit_io.files as policy
 
         real = policy.tempfile.mkstemp
 

@@ -4,7 +4,7 @@ Checked against (i) mpmath at high precision (L = 2, where the softmax moments a
 integrals, through the whole pipeline; general L through the Laplace representation under
 ``thorough``), (ii) an independent numpy Rao-Blackwellised Monte Carlo over Hypothesis-drawn
 (r, m, L in [2, 4096], sigma, signed omega and mu), (iii) the large-L expansion (the gap
-falls like L^-2), (iv) the closed forms of degenerate inputs and SPEC's two reference values.
+falls like L^-2), (iv) the closed forms of degenerate inputs and docs/model.md's two reference values.
 Tolerances are fixed before the comparisons: the Monte Carlo's own standard error (4.5 SE)
 plus theory's stated error estimate; mpmath: 1e-10 relative (the target is 1e-8)."""
 from __future__ import annotations
@@ -139,7 +139,7 @@ def mp_moments_laplace(beta, L, dps=16):
 # ---------------------------------------------------------------------------------------
 
 def test_spec_reference_values():
-    """SPEC: r = 3, L = 64, omega = 0.3, mu = 2: 0.78792 (sigma = 0), 0.80861 (sigma = 0.5),
+    """docs/model.md: r = 3, L = 64, omega = 0.3, mu = 2: 0.78792 (sigma = 0), 0.80861 (sigma = 0.5),
     given to 5 decimals (tolerance: half a unit of the last digit)."""
     assert abs(exact_loss([[0.3]], [[2.0]], (3,), 64).loss - 0.78792) <= 5e-6
     assert abs(exact_loss([[0.3]], [[2.0]], (3,), 64, sigma=0.5).loss - 0.80861) <= 5e-6

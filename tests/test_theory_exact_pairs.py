@@ -7,7 +7,7 @@ Checks, each against something computed independently of the Gumbel-max quadratu
 - a perturbation: a different prediction (one head's omega negated) sent through the same
   comparison is rejected, so the comparison has the power to see a wrong formula;
 - rho = 1 (two identical heads) against the one-head moment by another route: the Laplace
-  representation 1/D^2 = int_0^inf t e^{-tD} dt of SPEC.md, with its own quadratures;
+  representation 1/D^2 = int_0^inf t e^{-tD} dt of docs/model.md, with its own quadratures;
 - the closed forms through the general quadrature: L = 1 gives r_i + sigma^2, heads whose
   blocks overlap by eps -> 0 (a uniform head, or allocated heads) give (r_i + sigma^2)/L;
 - the symmetry C_hk = C_kh (the quadrature treats the two heads differently);
@@ -65,7 +65,7 @@ def _mc_cross_moments(om_h, om_k, tasks, L, sigma, n_prompts, seed=0, chunk=2000
 
 
 def _one_head_laplace(omega, tasks, L, sigma, i, n_outer=28):
-    """C_{hh,i} of one head by the Laplace route (SPEC.md 'One head, exactly'):
+    """C_{hh,i} of one head by the Laplace route (docs/model.md 'Exact finite-L loss'):
     given the norms, z = s Z with s^2 = sum_j omega_j^2 n_j^2, u = (alpha/s) Z + noise,
     alpha = omega_i n_i, and with phi(t) = E exp(-t e^z),
       P = L int t E[e^{2z} e^{-t e^z}] phi^{L-1} dt,

@@ -7,7 +7,7 @@ from theory.limiting_error import (F, gain, gain_limit, gain_limit_symbolic, lim
                                    minimise_F, minimise_single, single_head_objective)
 from theory.task_allocation import allocated_loss_at_L
 
-# SPEC.md reference table (sigma = 0, equal blocks, totals over tasks)
+# docs/model.md's reference table (sigma = 0, equal blocks, totals over tasks)
 REFERENCE = [((4,) * 3, 197.49, 457.45, 2.316), ((10,) * 3, 980.84, 2610.40, 2.661),
              ((40,) * 3, 13702.7, 39796.5, 2.904), ((100,) * 8, 221818.9, 1744052.7, 7.863)]
 

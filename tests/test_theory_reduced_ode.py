@@ -135,16 +135,16 @@ def test_metric_factors_derived_from_the_parametrisation():
 
 
 def test_spec_finite_L_observation_and_reliability():
-    """SPEC: r = 3, m = 2, L = 128: the expansion says 0.60 at (0.40, 2.31) and 0.80 at
+    """docs/model.md: r = 3, m = 2, L = 128: the expansion says 0.60 at (0.40, 2.31) and 0.80 at
     (0.51, 1.84).  Our expansion reproduces both; 0.51 lies beyond 1/sqrt(6), where the
     O(L^-2) remainder is not finite (``expansion_reliable``) -- the reason it is off there."""
     tasks = (3, 3)
 
     def box(o, u):
-        # SPEC quotes (omega, mu) to 2 digits: the expansion over that rounding box
+        # docs/model.md quotes (omega, mu) to 2 digits: the expansion over that rounding box
         vals = [ro.expansion_loss(np.diag([o + a, o + a]), np.diag([u + b, u + b]), tasks, 128)
                 for a in (-0.005, 0, 0.005) for b in (-0.005, 0, 0.005)]
-        return min(vals) - 0.005, max(vals) + 0.005   # and SPEC's 2-digit rounding of the loss
+        return min(vals) - 0.005, max(vals) + 0.005   # and docs/model.md's 2-digit rounding of the loss
 
     lo, hi = box(0.40, 2.31)
     assert lo <= 0.60 <= hi and not lo <= 0.56 <= hi          # 0.56: the true (MC) loss there
@@ -156,7 +156,7 @@ def test_spec_finite_L_observation_and_reliability():
 # --- the flow -------------------------------------------------------------------------
 
 def test_factored_flow_allocates_and_merged_superposes():
-    """SPEC facts: r = 4, m = 3, L = 1000, init favouring head i for task i: factored ends
+    """docs/model.md facts: r = 4, m = 3, L = 1000, init favouring head i for task i: factored ends
     allocated (omega ~ 0.373, mu ~ 2.645 on task, off-task -> 0); merged ends in a
     superposition with negative off-task omega and mu and a lower loss."""
     om0, mu0 = ro.default_init((4, 4, 4), 3, 0.15)

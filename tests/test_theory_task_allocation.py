@@ -9,7 +9,7 @@ from theory.task_allocation import (allocated_fixed_point, allocated_point, allo
 
 
 def test_allocated_point_matches_spec_and_is_a_local_minimum():
-    """SPEC: r = 4, m = 3, L = 1000 -> omega* ~ 0.373, mu* ~ 2.645; r = 3, L = 128 ->
+    """docs/model.md: r = 4, m = 3, L = 1000 -> omega* ~ 0.373, mu* ~ 2.645; r = 3, L = 128 ->
     (0.40, 2.31).  The mpmath root has gradient ~1e-30 (30 digits)."""
     om, mu = allocated_fixed_point((4, 4, 4), 1000)
     assert np.allclose(om, 0.373, atol=5e-4) and np.allclose(mu, 2.645, atol=5e-4)

@@ -15,7 +15,9 @@ import math
 import sys
 import time
 
-from ._validate import check_output_path, command_line, int_option, parse_int, seed_option, write_output
+from audit_io.files import check_output_path, write_output
+from audit_io.command import command_line
+from audit_io.options import int_option, seed_option, tasks_option
 
 MAX_PREDICT_TASKS = 32
 """The most tasks ``theory predict`` takes: what runs in seconds.  Each task costs an mpmath fixed
@@ -33,17 +35,6 @@ MAX_OPTIMALITY_SIZE = 32
 MAX_DPS = 1000
 """The most mpmath digits: 30 (the default) is already far beyond what any comparison uses, and
 the cost of the root finders grows faster than linearly in the digits."""
-
-
-def _tasks(text: str) -> tuple[int, ...]:
-    try:
-        tasks = tuple(parse_int(x, "--tasks", low=1) for x in text.split(","))   # "2,,2" and "3_3" too
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--tasks must be comma-separated positive integers like 4,4,4 (no "
-                                         f"spaces or underscores); got {text!r}") from None
-    if not tasks:
-        raise argparse.ArgumentTypeError(f"--tasks must be comma-separated positive integers like 4,4,4; got {text!r}")
-    return tasks
 
 
 def _positive_int(name, high=None, why=""):
@@ -201,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(allocated multi-head and best single head, summed over tasks), their ratio "
                             "(gain), the allocated fixed point (omega*, mu*) per task at this L (mpmath), and "
                             "the expansion's minimum at this L for both models."))
-    pr.add_argument("--tasks", type=_tasks, required=True,
+    pr.add_argument("--tasks", type=tasks_option(), required=True,
                     help="block sizes r_1,...,r_m of the m tasks, comma-separated (e.g. 4,4,4 or 2,5,9); d = sum")
     pr.add_argument("--heads", type=_positive_int("--heads", MAX_PREDICT_HEADS, "theory.__main__.MAX_PREDICT_HEADS"),
                     required=True,
@@ -226,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "by deterministic quadrature (theory.exact): no Monte Carlo, no 1/L expansion. "
                             "Covers one head (any m) and heads that serve disjoint tasks. With --fixed-point: "
                             "the allocated fixed point at L (and with --gain the best single head and the gain)."))
-    ex.add_argument("--tasks", type=_tasks, required=True,
+    ex.add_argument("--tasks", type=tasks_option(), required=True,
                     help="block sizes r_1,...,r_m of the m tasks, comma-separated (e.g. 3 or 3,3)")
     ex.add_argument("--heads", type=_positive_int("--heads", MAX_PREDICT_HEADS, "theory.__main__.MAX_PREDICT_HEADS"),
                     default=None,
@@ -279,7 +270,7 @@ class PredictionFailed(ValueError):
 
 def expansion_size(tasks, L, sigma) -> float:
     """max_i e (r_i + sigma^2) / L: the relative size of the 1/L correction at the allocated
-    optimum (SPEC, large-L expansion: relative error ~ e (r + sigma^2) / L for large r). At 1
+    optimum (docs/model.md, large-L expansion: relative error ~ e (r + sigma^2) / L for large r). At 1
     or more the correction is as large as the leading term and the expansion says little."""
     return max(math.e * (r + sigma ** 2) / L for r in tasks)
 

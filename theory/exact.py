@@ -4,7 +4,7 @@ No Monte Carlo, no expansion in 1/L: every expectation below is reduced to one- 
 two-dimensional integrals that are evaluated to ~1e-12 (each result carries an error
 estimate).  numpy/scipy only.
 
-Model (SPEC.md "Setting", our notation)
+Model (docs/model.md "Setting", our notation)
 ---------------------------------------
 Tasks r = (r_1..r_m); one prompt: x_l, q ~ N(0, I_d) (l = 1..L), g_i ~ N(0, I_{r_i}),
 y_{l,i} = g_i^T x_{l,(i)} + eps_{l,i} (eps ~ N(0, sigma^2)), target y_{q,i} = g_i^T q_{(i)}.
@@ -39,7 +39,7 @@ removes the 1/beta: A = beta (1 - P), and B - P = beta^2 E[1 - Q + 6 Q^2 - 6 sum
   b_i = omega_i E_q[ |q_i|^2 a(beta) ],
   C_i = omega_i^2 E_q[ |q_i|^2 K(beta) ] + (r_i + sigma^2) E_q[ P(beta) ].
 
-For m = 1 this is SPEC's formula  loss = r - 2 mu E[|q| A] + mu^2 E[B] + mu^2 (r - 1 + sigma^2) E[P].
+For m = 1 this is docs/model.md's formula  loss = r - 2 mu E[|q| A] + mu^2 E[B] + mu^2 (r - 1 + sigma^2) E[P].
 At beta = 0: P = 1/L, a = K = 1 - 1/L.  L = 1: P = 1, a = K = 0.
 
 3. The softmax moments as Laplace integrals (:func:`softmax_moments`)
@@ -97,6 +97,8 @@ from functools import lru_cache
 import numpy as np
 from scipy.special import gammaln
 
+from . import exact_pairs
+from .trajectory import FlowTrajectory
 from ._validate import check_omega_mu, check_sigma, check_tasks
 
 # quadrature constants (see the module docstring, section 3)
@@ -599,10 +601,8 @@ def _check_omega_row(omega_row, m: int) -> np.ndarray:
 
 
 def _pairs_module():
-    try:
-        from . import exact_pairs  # noqa: PLC0415 -- optional sibling module (several heads)
-    except ImportError:
-        return None
+    """The module of the two-head cross moments: theory.exact_pairs (a seam: the tests put a
+    stand-in with a known cross moment here to check how exact_loss assembles them)."""
     return exact_pairs
 
 
@@ -615,7 +615,7 @@ def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
     served (mu != 0) by at most one head after merging heads with identical omega rows
     (their mu add) and dropping heads with mu = 0 -- then loss_i = r_i - 2 mu b_i + mu^2 C_i
     of the serving head.  Otherwise the cross moments C_{hk,i} (h != k) come from
-    ``theory.exact_pairs.cross_moment`` if that module exists, else NotImplementedError.
+    ``theory.exact_pairs.cross_moment``.
     Degenerate inputs: L = 1 (softmax = 1), omega = 0 (uniform weights), mu = 0 (loss =
     sum r_i) are the closed forms the same formulas reduce to."""
     import time
@@ -648,7 +648,7 @@ def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
     err = np.sum(2.0 * np.abs(mu_) * Eb + mu_ ** 2 * EC, axis=0)
     if case == "pairs":
         pairs = _pairs_module()
-        if pairs is None or not hasattr(pairs, "cross_moment"):
+        if not hasattr(pairs, "cross_moment"):
             raise NotImplementedError(
                 "exact_loss covers one head, and several heads when each task is served (mu != 0) "
                 "by at most one head; this point has two heads serving one task, which needs the "
@@ -736,7 +736,7 @@ def exact_gradient(omega, mu, tasks, L, sigma=0.0, with_loss=True) -> ExactGradi
     pairs = _pairs_module()
     # two distinct rows serving one task: the omega-gradient needs d C_hk / d omega_h
     needs_pair_grad = any(len(sv) > 1 for sv in serving)
-    if needs_pair_grad and (pairs is None or not hasattr(pairs, "cross_moments_and_gradient")):
+    if needs_pair_grad and (not hasattr(pairs, "cross_moments_and_gradient")):
         raise NotImplementedError(
             "exact_gradient covers one head and allocated heads (each task served by at most one "
             "distinct omega row); two heads serve one task here, which needs the gradient of the "
@@ -804,36 +804,9 @@ def exact_gradient(omega, mu, tasks, L, sigma=0.0, with_loss=True) -> ExactGradi
     return ExactGradient(loss=loss, d_omega=g_om, d_mu=g_mu, error_estimate=float(err), missing=missing)
 
 
-@dataclass
-class ExactTrajectory:
-    """A trajectory of the gradient flow on the exact loss: t (T,), omega/mu (T, H, m),
-    loss (T,), status ("t_end", "stationary", "diverged", "failed"), message, param."""
-
-    t: np.ndarray
-    omega: np.ndarray
-    mu: np.ndarray
-    loss: np.ndarray
-    status: str
-    message: str = ""
-    param: str = "factored"
-
-    @property
-    def final_omega(self) -> np.ndarray:
-        return self.omega[-1]
-
-    @property
-    def final_mu(self) -> np.ndarray:
-        return self.mu[-1]
-
-    def to_dict(self) -> dict:
-        return {"t": self.t.tolist(), "omega": self.omega.tolist(), "mu": self.mu.tolist(),
-                "loss": self.loss.tolist(), "status": self.status, "message": self.message,
-                "param": self.param}
-
-
 def exact_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0, t_end=60.0,
                t_eval=None, stationary_tol=None, rtol=1e-8, atol=1e-10, method="LSODA",
-               max_abs=1e3) -> ExactTrajectory:
+               max_abs=1e3) -> FlowTrajectory:
     """Integrate d omega = -f_omega dL/d omega, d mu = -f_mu dL/d mu on the exact loss with
     the metric factors of ``param`` (theory.reduced_ode.metric_factors: merged 1/r_i and 1,
     factored 2|omega|/(s r_i) and 2|mu|) from (omega0, mu0) over [0, t_end] (scipy solve_ivp).
@@ -847,6 +820,8 @@ def exact_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1
     "diverged" when some |entry| exceeds ``max_abs``."""
     from scipy.integrate import solve_ivp
 
+    # here, not at the top: theory.reduced_ode imports sympy (about 1 s CPU), which the users of
+    # exact_loss alone (theory.saddle, theory.served_optimum, numerics.saddle) never need
     from .reduced_ode import PARAMS, metric_factors
 
     tasks = check_tasks(tasks)
@@ -921,13 +896,13 @@ def exact_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1
                     ts.append(float(ev_t[0]))
                     ys.append(ev_y[0])
     except NotImplementedError as exc:
-        return ExactTrajectory(t=np.zeros(0), omega=np.zeros((0,) + shape), mu=np.zeros((0,) + shape),
+        return FlowTrajectory(t=np.zeros(0), omega=np.zeros((0,) + shape), mu=np.zeros((0,) + shape),
                                loss=np.zeros(0), status="failed", message=str(exc), param=param)
     pairs_ = [from_state(y) for y in ys]
     om = np.stack([p[0] for p in pairs_]) if pairs_ else np.empty((0,) + shape)
     m_ = np.stack([p[1] for p in pairs_]) if pairs_ else np.empty((0,) + shape)
     loss = np.array([exact_loss(o, u, tasks, L, sigma).loss for o, u in zip(om, m_)])
-    return ExactTrajectory(t=np.asarray(ts), omega=om, mu=m_, loss=loss, status=status, message=message,
+    return FlowTrajectory(t=np.asarray(ts), omega=om, mu=m_, loss=loss, status=status, message=message,
                            param=param)
 
 
@@ -985,7 +960,7 @@ def single_head_optimum(tasks, L, sigma=0.0) -> dict:
     MAX_GROUPS).  Started from the expansion's single-head optimum at this L."""
     from scipy.optimize import minimize
 
-    from .limiting_error import single_head_at_L
+    from .limiting_error import single_head_at_L   # sympy and mpmath: as in exact_flow, only when needed
 
     tasks = check_tasks(tasks)
     L = _check_int_L(L)
@@ -1033,39 +1008,8 @@ def finite_L_gain(tasks, L, sigma=0.0) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# 7. the expansion against the exact loss; benchmark
+# 7. benchmark
 # ---------------------------------------------------------------------------------------
-
-def expansion_accuracy(r, L, sigma=0.0) -> dict:
-    """How far the O(1/L) expansion is from the exact loss for one allocated task of block
-    size r at context length L:
-
-    - at the expansion's allocated fixed point (theory.task_allocation.allocated_task_point):
-      expansion loss, exact loss there, and their relative error (expansion - exact)/exact;
-    - the two minima: the expansion's minimum vs the exact minimum (exact_fixed_point) and
-      where each lies."""
-    from .task_allocation import allocated_task_point
-
-    L = _check_int_L(L)
-    point = allocated_task_point(r, L, sigma)
-    w, u = point["omega_star"], point["mu_star"]
-    exp_loss = float(expansion_loss_one(w, u, r, L, sigma))
-    ex = exact_loss([[w]], [[u]], (r,), L, sigma)
-    fp = exact_fixed_point((r,), L, sigma)
-    return {"r": int(r), "L": L, "sigma": float(sigma),
-            "expansion_point": {"omega": w, "mu": u},
-            "expansion_loss": exp_loss, "exact_loss_at_expansion_point": ex.loss,
-            "relative_error": (exp_loss - ex.loss) / ex.loss,
-            "exact_point": {"omega": fp["omega_star"][0], "mu": fp["mu_star"][0]},
-            "exact_min_loss": fp["loss"], "relative_error_of_minimum": (exp_loss - fp["loss"]) / fp["loss"],
-            "error_estimate": ex.error_estimate}
-
-
-def expansion_loss_one(omega, mu, r, L, sigma=0.0) -> float:
-    from .reduced_ode import expansion_loss
-
-    return expansion_loss(np.array([[omega]]), np.array([[mu]]), (int(r),), float(L), sigma)
-
 
 def benchmark(L_values=(64, 1024, 4096), repeats=5) -> list[dict]:
     """Time per exact_loss evaluation (single thread as configured by the caller): the first

@@ -1,6 +1,6 @@
 r"""The cross moment of two softmax heads at finite L, exactly (deterministic quadrature).
 
-Setting (SPEC.md notation): tasks r = (r_1..r_m), one prompt x_l, q ~ N(0, I_d), l = 1..L;
+Setting (docs/model.md notation): tasks r = (r_1..r_m), one prompt x_l, q ~ N(0, I_d), l = 1..L;
 head h's logit for token l is z_{h,l} = sum_j omega[h,j] <x_{l,(j)}, q_{(j)}>, its weights
 p_{h,l} = softmax_l(z_{h,.}).  With the task parameters and the label noise integrated out,
 the loss needs, for every pair of heads and every task i,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sympy as sp
 
+from .limiting_error import gain_limit_symbolic, limit_expressions
+from .reduced_ode import derive_expansion, derive_metric_factors, expansion_formula
+from .task_allocation import one_head_expressions
+
 
 def all_formulas() -> dict[str, str]:
-    from .limiting_error import gain_limit_symbolic, limit_expressions
-    from .reduced_ode import derive_expansion, derive_metric_factors, expansion_formula
-    from .task_allocation import one_head_expressions
-
     D = derive_expansion()
     st = D.steps
     M = derive_metric_factors()
@@ -31,7 +31,7 @@ def all_formulas() -> dict[str, str]:
             + [f"merged f_mu = {sp.sstr(M['mu']['merged'])}, factored f_mu = {sp.sstr(M['mu']['factored'])} "
                "(= 2|mu|), off-diagonal U_Y velocity at a balanced point = "
                f"{sp.sstr(M['mu']['factored_offdiag_velocity'])}",
-               "general: merged (f_omega, f_mu) = (1/r_i, 1); factored = (2|omega|/(s r_i), 2|mu|) -- as SPEC.md"]),
+               "general: merged (f_omega, f_mu) = (1/r_i, 1); factored = (2|omega|/(s r_i), 2|mu|) -- as docs/model.md"]),
         "one allocated head, finite L": f"l(omega, mu) = {sp.sstr(one['loss'])}",
         "limit F": f"F(w; r, D, s2) = {sp.sstr(F['F'])}   (L * loss -> sum_i min_w F(w; r_i, D_i, s2))",
         "single head limit": "G(w) = prod_j (1-2 w_j)^(-r_j/2) * sum_i (r_i + s2 + w_i r_i/(1-2 w_i))/w_i",

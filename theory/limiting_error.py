@@ -21,8 +21,8 @@ import mpmath as mp
 import numpy as np
 import sympy as sp
 
-from ._validate import check_sigma, check_tasks
-from .reduced_ode import derive_expansion
+from ._validate import check_L, check_sigma, check_tasks
+from .reduced_ode import derive_expansion, expansion_gradient, expansion_reliable, expansion_valid, profile_mu
 
 
 @lru_cache(maxsize=None)
@@ -209,9 +209,6 @@ def single_head_at_L(tasks, L, sigma=0.0) -> dict:
     (mu profiled out exactly, ``reduced_ode.profile_mu``), started from the L -> inf
     optimum omega_i = sqrt(w_i*).  Returns omega, mu (m,), loss, valid, reliable."""
     from scipy.optimize import minimize
-
-    from ._validate import check_L
-    from .reduced_ode import expansion_gradient, expansion_reliable, expansion_valid, profile_mu
 
     tasks = check_tasks(tasks)
     L, sigma = check_L(L), check_sigma(sigma)

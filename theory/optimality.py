@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ._validate import check_L, check_positive_int, check_sigma, check_tasks
+from . import exact
 from .limiting_error import limit_multi
 from .reduced_ode import OMEGA_RELIABLE, expansion_gradient, expansion_loss, profile_mu
 from .task_allocation import allocated_fixed_point, allocated_loss_at_L, allocated_point
@@ -129,7 +130,7 @@ def optimality_ratio(tasks, heads, L, sigma=0.0, starts=8, seed=0) -> dict:
     ratio_at_L = allocated_loss_at_L / best.loss  (both from the expansion at this L),
     ratio_limit = limit_multi / linear_attention_limit  (L -> inf; -> e as r grows).
     Claim 7 says the ratio is bounded by a constant; a ratio > 1 means the flow's limit is
-    not the best model (see SPEC: the superposition beats allocation)."""
+    not the best model (see docs/model.md: the superposition beats allocation)."""
     tasks = check_tasks(tasks)
     heads = check_positive_int("heads", heads)
     L, sigma = check_L(L), check_sigma(sigma)
@@ -215,7 +216,7 @@ def constant_bracket(tasks, heads, L, sigma=0.0) -> dict:
 
     The gradient-flow limit (claim 4) is the allocated point, whose exact finite-L loss is
     ``theory.exact.exact_fixed_point`` (quadrature); it is itself an H-head model for H >= m,
-    so C_H >= 1.  SPEC.md's account of the best model: at large L the best softmax attention is
+    so C_H >= 1.  docs/model.md's account of the best model: at large L the best softmax attention is
     (centred) linear attention, :func:`linear_attention_loss`, which H >= m + 1 heads reach
     (:func:`reaches_linear_attention`) and H <= m heads cannot.  Hence
 
@@ -223,10 +224,8 @@ def constant_bracket(tasks, heads, L, sigma=0.0) -> dict:
     - H >= m + 1: C_H = allocated / linear              (the bracket closes on that value).
 
     The upper edge (and the closed bracket) rests on "linear attention is the best softmax
-    attention", the SPEC's large-L account; a measured C above it would contradict that account.
+    attention", docs/model.md's large-L account; a measured C above it would contradict that account.
     Returns {"low", "high", "allocated", "linear", "reaches_linear", "allocated_error"}."""
-    from . import exact  # noqa: PLC0415 -- quadrature module, only needed here
-
     tasks = check_tasks(tasks)
     heads = check_positive_int("heads", heads)
     L, sigma = check_L(L), check_sigma(sigma)
@@ -257,7 +256,7 @@ def heads_list(heads, m) -> list[int]:
 
 def constant_domain(tasks, heads, L, sigma=0.0) -> dict:
     """Where :func:`constant_bracket` is asserted, decided before any run: the bracket is the
-    SPEC's large-L account, so it holds where linear attention's own relative correction
+    docs/model.md's large-L account, so it holds where linear attention's own relative correction
     (r + 1 + sigma^2)/L <= 1/8 for every block, and where the gradient-flow limit is the
     allocated point (H >= m heads; with fewer heads the flow's limit is a task partition, the
     boundary-fewer-heads claim).  Outside: a boundary finding (C recorded; checked only against

@@ -36,6 +36,7 @@ import sympy as sp
 from scipy.integrate import solve_ivp
 from scipy.optimize import minimize
 
+from .trajectory import FlowTrajectory
 from ._validate import check_L, check_omega_mu, check_positive_int, check_sigma, check_tasks
 
 PARAMS = ("merged", "factored")
@@ -418,7 +419,7 @@ def expansion_reliable(omega, margin: float = 0.0) -> bool:
     the third cumulant of e^{s} (E[(dN)(dD)^2] / Z^3 ~ E e^{3s} / (E e^{s})^3 =
     e^{3 omega^2 |q|^2} given q), whose Gaussian average is finite only for 6 omega^2 < 1.
     Between 1/sqrt(6) and 1/sqrt(2) the expansion is finite but its error is not O(L^-2):
-    compare with the exact finite-L loss there (SPEC: (0.51, 1.84) at L=128)."""
+    compare with the exact finite-L loss there (docs/model.md: (0.51, 1.84) at L=128)."""
     om = np.asarray(omega, dtype=float)
     return bool(np.all(np.isfinite(om)) and np.all(6.0 * om ** 2 < 1.0 - margin))
 
@@ -602,37 +603,6 @@ def metric_factors(param, omega, mu, tasks, logit_scale=1.0) -> tuple[np.ndarray
 # the expansion flow (scipy solve_ivp)
 # ---------------------------------------------------------------------------------------
 
-@dataclass
-class ExpansionTrajectory:
-    """A trajectory of the expansion flow.  t (T,), omega/mu (T, H, m), loss (T,).
-
-    ``status``: "t_end" (reached t_end), "stationary" (velocity below ``stationary_tol``:
-    a fixed point), "left_domain" (some 2 omega^2 reached 1 - margin: the expansion is no
-    longer valid, the flow stops there), "diverged" (loss or state non-finite / too large)
-    or "failed" (solver error, ``message``)."""
-
-    t: np.ndarray
-    omega: np.ndarray
-    mu: np.ndarray
-    loss: np.ndarray
-    status: str
-    message: str = ""
-    param: str = "factored"
-
-    @property
-    def final_omega(self) -> np.ndarray:
-        return self.omega[-1]
-
-    @property
-    def final_mu(self) -> np.ndarray:
-        return self.mu[-1]
-
-    def to_dict(self) -> dict:
-        return {"t": self.t.tolist(), "omega": self.omega.tolist(), "mu": self.mu.tolist(),
-                "loss": self.loss.tolist(), "status": self.status, "message": self.message,
-                "param": self.param}
-
-
 def flow_velocity(omega, mu, tasks, L, sigma, param, logit_scale=1.0):
     """(d omega/dt, d mu/dt) of the expansion flow with the metric of ``param``."""
     g_om, g_mu = expansion_gradient(omega, mu, tasks, L, sigma)
@@ -643,7 +613,7 @@ def flow_velocity(omega, mu, tasks, L, sigma, param, logit_scale=1.0):
 def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0,
                              t_end=60.0, t_eval=None, domain_margin=1e-3, stationary_tol=None,
                              rtol=1e-9, atol=1e-12, method="LSODA",
-                             max_loss=1e6) -> ExpansionTrajectory:
+                             max_loss=1e6) -> FlowTrajectory:
     """Integrate d omega = -f_omega dL/d omega, d mu = -f_mu dL/d mu on the expansion
     ``expansion_loss`` from (omega0, mu0) over [0, t_end] with scipy ``solve_ivp``.
 
@@ -753,7 +723,7 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
     m_ = np.stack([p[1] for p in pairs]) if pairs else np.empty((0,) + shape)
     loss = np.array([expansion_loss(o, u, tasks, L, sigma) if np.all(np.isfinite(o)) else np.nan
                      for o, u in zip(om, m_)])
-    return ExpansionTrajectory(t=t, omega=om, mu=m_, loss=loss, status=status, message=message, param=param)
+    return FlowTrajectory(t=t, omega=om, mu=m_, loss=loss, status=status, message=message, param=param)
 
 
 def minimise_expansion(omega0, mu0, tasks, L, sigma=0.0) -> tuple[np.ndarray, np.ndarray, float]:
@@ -782,7 +752,7 @@ def expansion_fixed_point(omega0, mu0, tasks, L, sigma=0.0, param="factored", lo
     """Run the expansion flow from (omega0, mu0) until the velocity norm is below ``tol``
     (or t_end), and return (omega, mu, trajectory).  The fixed point reached depends on
     the metric: with the factored metric zero entries stay zero (an allocated point can be
-    a fixed point), with the merged metric they do not (see SPEC: superposition)."""
+    a fixed point), with the merged metric they do not (see docs/model.md: superposition)."""
     traj = integrate_expansion_flow(omega0, mu0, tasks, L, sigma, param, logit_scale, t_end=t_end,
                                     t_eval=np.geomspace(1e-3, t_end, 200), domain_margin=domain_margin,
                                     stationary_tol=tol)

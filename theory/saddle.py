@@ -1,7 +1,7 @@
 """The allocated point is a saddle of the factored flow: its unstable direction, its rate,
 and how SGD seeds it (the one definition; numpy/scipy, no torch).
 
-Notation of SPEC.md: tasks r = (r_1..r_m), H heads, context length L, label noise sigma.
+Notation of docs/model.md: tasks r = (r_1..r_m), H heads, context length L, label noise sigma.
 The *allocated point* puts head h < m on task h at theory.exact's one-head fixed point
 (omega*_h, mu*_h) (:func:`theory.exact.exact_fixed_point`); every other entry (the
 "off-task" entries, and the surplus heads h >= m) is zero.  With m = 1 the model needs
@@ -102,6 +102,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import exact as _exact
+from . import exact_pairs
 from ._validate import check_sigma, check_tasks
 
 
@@ -173,8 +174,6 @@ def off_task_curvature(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
     and m = 1 likewise), (H, m), NaN on served entries.  On the opposite-sign branch the
     slope is a - c |mu| (section 1); C from theory.exact.one_head_terms and
     theory.exact_pairs.cross_moment."""
-    from . import exact_pairs
-
     tasks = check_tasks(tasks)
     sigma = check_sigma(sigma)
     om, mu = allocated_point(tasks, L, sigma, heads)

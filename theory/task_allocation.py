@@ -6,7 +6,7 @@ Allocated point: head h(i) serves task i with (omega[h(i), i], mu[h(i), i]) = (o
 mu*_i); every other entry is 0.  It is a fixed point of the *factored* flow (the metric
 2|omega|, 2|mu| vanishes at 0 and the gradient of the expansion w.r.t. the served entries
 vanishes there), but not of the merged flow: dL/d mu[h, j] = (2/L) mu*_j Q (r_j + sigma^2)
-!= 0 for a head h not serving j, so merged weights leave it (SPEC: superposition).
+!= 0 for a head h not serving j, so merged weights leave it (docs/model.md: superposition).
 Per task, (omega*_i, mu*_i) is the stationary point of the one-head, one-block expansion
 
     l_i(omega, mu) = r (1 - mu omega)^2 + (2/L)(1 - mu omega) mu omega bias_kernel(omega^2, r)
@@ -22,9 +22,11 @@ import mpmath as mp
 import numpy as np
 import sympy as sp
 
+from . import exact as exact_theory
 from ._validate import check_L, check_omega_mu, check_sigma, check_tasks
 from .limiting_error import minimise_F
 from .reduced_ode import derive_expansion, integrate_expansion_flow
+from .served_optimum import served_optimum
 
 RULES = ("ode", "warmup_race", "largest_mu")
 
@@ -195,8 +197,6 @@ def allocation_prediction(omega0, mu0, tasks, L, sigma=0.0, param="factored", lo
     """Theory's predictions for a run from (omega0, mu0): the winners (rule "ode"), the exact
     fixed point (theory.exact.exact_fixed_point), the allocated point (H, m) and its exact
     loss with the quadrature's error."""
-    from . import exact as exact_theory
-
     heads = np.shape(omega0)[0]
     winners = list(predicted_winners(omega0, mu0, tasks, L, sigma, param, logit_scale, rule="ode"))
     fp = exact_theory.exact_fixed_point(tasks, L, sigma)
@@ -235,8 +235,6 @@ def one_head_convergence_time(r: int, L: int, sigma: float, omega0: float, mu0: 
 
 @lru_cache(maxsize=256)
 def _convergence_time_cached(r, L, sigma, omega0, mu0):
-    from . import exact as exact_theory
-
     # the flow's own end point (not exact_fixed_point: the horizon must not move with the
     # prediction under test); t_end doubles until the last quarter moves by < CONVERGED_TOL / 3
     t_end = 100.0
@@ -266,8 +264,6 @@ def horizon(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0,
     flow from the same start has every head outside the predicted winners below
     SURPLUS_FRACTION x the smallest mu* (inf if not by SURPLUS_T_MAX: theory's own flow then
     keeps them)."""
-    from . import exact as exact_theory
-
     om0, mu0 = np.asarray(omega0, float), np.asarray(mu0, float)
     heads, m = om0.shape
     T = warmup_race_times(om0, mu0, tasks, param, logit_scale)
@@ -297,8 +293,6 @@ def served_shift(omega, winners, tasks, L, sigma=0.0) -> np.ndarray:
     serving head still holds (they decay only ~1/t under the factored flow): the served optimum
     at the head's row ``omega[winners[i]]`` minus that at the allocated row (zeros),
     theory.served_optimum, each searched from the row's own served omega."""
-    from .served_optimum import served_optimum
-
     omega = np.asarray(omega, float)
     m = len(tasks)
     shift = np.zeros((2, m))

@@ -34,8 +34,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from . import exact as exact_theory
+from . import task_allocation as allocation_theory
 from ._validate import check_finite_array
-from .reduced_ode import default_init, integrate_expansion_flow
+from .reduced_ode import (default_init, expansion_gd_map, expansion_gradient, expansion_loss, integrate_expansion_flow,
+                          metric_factors)
+from .task_allocation import warmup_race_times
 
 
 @dataclass
@@ -166,7 +170,7 @@ def predicted_phase_times(omega0, mu0, tasks, L, sigma=0.0, param="factored", lo
     """Phase times the expansion flow predicts from (omega0, mu0): integrate on the same
     ``records`` evenly spaced times as the numerics (or on the run's own record times
     ``t_eval``, which then fix t_end) and apply :func:`phase_times`.
-    Returns (PhaseTimes, ExpansionTrajectory); a flow that stops early raises, or with
+    Returns (PhaseTimes, FlowTrajectory); a flow that stops early raises, or with
     ``strict=False`` returns (None, trajectory) (its ``status`` says why)."""
     if t_eval is None:
         t_eval = np.linspace(0.0, float(t_end), int(records))
@@ -191,8 +195,6 @@ def run_length(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1
                factor: float = 2.0) -> tuple[float, str]:
     """A run length showing all three phases: ``factor`` x the expansion flow's emergence end,
     a multiple of lr; and the flow's status ("t_end", or "left_domain" = saturation: nan)."""
-    from .task_allocation import warmup_race_times
-
     race = warmup_race_times(omega0, mu0, tasks, param, logit_scale)
     finite = race[np.isfinite(race)]
     if finite.size == 0:
@@ -261,10 +263,6 @@ def phase_prediction(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_s
     (``task_allocation.predicted_winners``), the expansion's errors against theory.exact.
     ``run_status``: :func:`run_length`'s status; other than "t_end" (the flow saturates before
     its emergence ends) there is no prediction: an empty one with that status."""
-    from . import exact as exact_theory
-    from . import task_allocation as allocation_theory
-    from .reduced_ode import expansion_gd_map, expansion_loss
-
     t = np.asarray(t, float)
     om0, mu0 = np.asarray(omega0, float), np.asarray(mu0, float)
     if run_status != "t_end":
@@ -311,8 +309,6 @@ def phase_prediction(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_s
 def warmup_relative_rates(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0) -> np.ndarray:
     """The mean relative growth rate x_dot / x of every entry (omega first, then mu, flattened)
     at the init, on the expansion flow (its gradient and metric factors)."""
-    from .reduced_ode import expansion_gradient, metric_factors
-
     om0, mu0 = np.asarray(omega0, float), np.asarray(mu0, float)
     g_om, g_mu = expansion_gradient(om0, mu0, tasks, L, sigma)
     f_om, f_mu = metric_factors(param, om0, mu0, tasks, logit_scale)
@@ -375,8 +371,6 @@ def predicted_warmup_scaling(tasks, heads, L, sigma=0.0, param="factored",
 
     The warm-up end is the 10%-drop time of :func:`phase_times` on the expansion flow, on
     ``records`` evenly spaced times up to 20 x the slowest task's race time."""
-    from .task_allocation import warmup_race_times
-
     scales = np.asarray(init_scales, dtype=float)
     if scales.ndim != 1 or scales.size < 3 or np.any(scales <= 0):
         raise ValueError("init_scales must hold at least three positive scales (two-parameter fits)")

@@ -5,6 +5,6 @@ They use ``numerics`` (the trainer, the model, the data) and nothing uses them b
 claims that read sweep results, the command line and the tests; the library does not
 import them.
 """
-from theory._validate import refuse_a_deleted_cwd_at_startup
+from audit_io.command import refuse_a_deleted_cwd_at_startup
 
 refuse_a_deleted_cwd_at_startup()   # `python -m tools.X` from a deleted directory: a message, not torch's abort

@@ -2,7 +2,7 @@
 
 A usual attention layer projects *every* token through per-head query, key and value
 linear layers and mixes the heads with an output projection.  Written that way, our model
-(SPEC.md, one layer, H heads, the query attends to the L context tokens only) is
+(docs/model.md, one layer, H heads, the query attends to the L context tokens only) is
 
     tokens  = [z_1, ..., z_L, z_q]                         (B, L+1, D),  D = d + m
     q_h     = Q_h z      k_h = K_h z      v_h = V_h z      for every token z   (per head)

@@ -74,7 +74,7 @@ class Store:
 
     def __init__(self, path: str | Path):
         from numerics.stored import code_version, read_point
-        from theory._validate import check_inside
+        from audit_io.files import check_inside
 
         self.path = Path(path)
         points = self.path / "points"

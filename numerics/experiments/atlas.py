@@ -43,17 +43,13 @@ from numerics.evaluate import held_out_loss
 from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
 from numerics.experiments import active_store, one_thread
 from numerics.readout import SUPERPOSED_SHARE, allocation, crossing_time
+from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.train import TrainConfig, train
 
 __all__ = ["AtlasSchedule", "CLASSES", "classify", "run_point", "check_point", "train_atlas", "escape_time",
            "atlas_point", "Z_CONVERGED", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_points",
            "grid_of", "cell_class", "mean_se", "ratios", "panel_matrices", "class_counts", "warmup_border",
            "record_spacing", "crossing_L", "last_and_first", "ols_slope", "escape_cells", "escape_means", "PATTERNS"]
-
-Z_CONVERGED = 4.0
-"""The report's one tolerance policy (claims.common.Z_SE), as numerics.experiments.converged
-restates it: an atlas point is converged when the loss it could still lose is at most its
-comparison's tolerance / Z_CONVERGED (numerics.experiments.converged.converged_for)."""
 
 OFF_D_RELATIVE = 0.5
 """A run ends off D when its movable off-D part (theory.initialisation.residual_split) exceeds

@@ -15,13 +15,9 @@ from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss, held_out_prompt_losses
 from numerics.experiments import active_store, cached, identity, one_thread
 from numerics.readout import ALLOCATED_SHARE, allocation
+from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.statistics import descent_left
 from numerics.train import TrainConfig, train
-
-Z_CONVERGED = 4.0
-"""The report's one tolerance policy, claims.common.Z_SE, restated here because numerics does
-not import claims (tests pin the two equal): a run is converged for a comparison of tolerance
-tol when the loss it could still lose is at most tol / Z_CONVERGED (:func:`converged_for`)."""
 
 WINDOW_POINTS = 5
 """Snapshots of the final stage's second half (its records 4/8 .. 8/8) on which the descent

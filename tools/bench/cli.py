@@ -9,8 +9,10 @@ import math
 import torch
 
 from numerics.train import MAX_STEPS
-from theory._validate import check_output_path, command_line, float_option, int_option, seed_option, threads_option
-from tools.atomic import write_json_atomic
+from audit_io.files import check_output_path
+from audit_io.command import command_line
+from audit_io.options import float_option, int_option, seed_option, threads_option
+from audit_io.files import write_json_atomic
 from tools.bench.config import DTYPES, EXPANSION_TIME, LR, REPORT_PROFILES, BenchConfig
 from tools.bench.run import run_bench
 

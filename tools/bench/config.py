@@ -6,7 +6,7 @@ from dataclasses import dataclass
 QUICK = dict(tasks=(4, 4, 4), heads=3, L=256, batch=4096)
 PAPER = dict(tasks=(8, 8, 8, 8), heads=4, L=1024, batch=4096)
 # the authors' released script: dx = 50 split 16, 17, 17 by their DataGenerator, H = 3, L = 100,
-# 10,000 fresh samples a step (SPEC.md)
+# 10,000 fresh samples a step (docs/model.md)
 AUTHORS = dict(tasks=(16, 17, 17), heads=3, L=100, batch=10000)
 # section 7: R runs of one configuration trained one after another and as one program
 BATCHED_RUNS = 8

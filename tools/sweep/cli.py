@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from theory._validate import EXIT_DISK_FULL, DiskFull, check_output_dir, command_line, int_option, threads_option
+from audit_io.files import EXIT_DISK_FULL, DiskFull, check_output_dir
+from audit_io.command import command_line
+from audit_io.options import int_option, threads_option
 from tools.sweep.execute import resolve_point_fn
 from tools.sweep.grid import expand_grid, load_grid
 from tools.sweep.identity import DEFAULT_POINT_FN, point_id

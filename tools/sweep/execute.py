@@ -6,17 +6,16 @@ and on a Dask worker; it is pickled by reference, so it and the default point fu
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import math
 import os
 import socket
 import time
 import traceback
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import torch
 
+from audit_io.jsonable import jsonable
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig, train, train_reduced
 from tools.sweep.grid import MODELS
@@ -67,29 +66,6 @@ def resolve_point_fn(fn: Union[None, str, PointFn]) -> PointFn:
     return obj
 
 
-def _jsonable(obj: Any) -> Any:
-    """numpy/torch values, tuples and non-finite floats -> strict JSON (non-finite floats
-    become the strings "nan", "inf", "-inf", as in claims.base.jsonable)."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return _jsonable(dataclasses.asdict(obj))
-    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
-        return _jsonable(obj.tolist())
-    if obj is None or isinstance(obj, (bool, str, int)):
-        return obj
-    if isinstance(obj, float) or hasattr(obj, "__float__"):
-        value = float(obj)
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return value
-    return str(obj)
-
-
 def execute_point(point: dict, point_fn: Union[None, str, PointFn], expected_code: Optional[str]) -> dict:
     """Run one point wherever this is called (client, pool worker, Dask worker).
 
@@ -104,7 +80,7 @@ def execute_point(point: dict, point_fn: Union[None, str, PointFn], expected_cod
             raise RuntimeError(f"this worker runs code version {code_version()} but the sweep started with "
                                f"{expected_code}: the training sources changed during the sweep, or this worker "
                                f"has another installation; rerun the sweep with the code you mean to measure")
-        out["result"] = _jsonable(resolve_point_fn(point_fn)(point))
+        out["result"] = jsonable(resolve_point_fn(point_fn)(point))
         out["torch"] = torch.__version__  # recorded, not enforced (CPU client, CUDA workers)
     except Exception as exc:  # the sweep goes on; the point file says what went wrong
         out["error"] = f"{type(exc).__name__}: {exc}"

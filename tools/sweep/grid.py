@@ -19,14 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the backport named in pyproject.toml
-    import tomli as tomllib
-
+from audit_io import toml
+from audit_io.files import MAX_INPUT_BYTES, check_input_file, read_input_bytes
+from audit_io.options import SEED_MAX
 from numerics.config import ProblemConfig
 from numerics.train import MAX_STEPS, TrainConfig
-from theory._validate import MAX_INPUT_BYTES, SEED_MAX, check_input_file, read_input_bytes
 
 MODELS = ("full", "reduced", "converged", "atlas")
 """``full``/``reduced``: one ``numerics.train`` run (its [train] section holds TrainConfig fields);
@@ -323,7 +320,7 @@ def _fill(given: dict, fields_: dict[str, _Field], section: str) -> dict:
 
 
 def _check_seed(label: str, value: Any) -> None:
-    """Seeds are integers in 0 .. 2^64 - 1 (theory._validate.SEED_MAX): refused up front, as
+    """Seeds are integers in 0 .. 2^64 - 1 (audit_io.options.SEED_MAX): refused up front, as
     the command lines' --seed, rather than as a failed point."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
         raise ValueError(f"grid: {label} = {value!r} is not a seed: seeds are integers in 0 .. 2^64 - 1")
@@ -370,7 +367,7 @@ def load_grid(path: Union[str, Path]) -> tuple[dict, str]:
         raise ValueError(f"grid file {str(path)!r} is not a text file (it is not UTF-8: a binary file?); pass "
                          "the grid TOML file (see examples/grid.toml for the format)") from None
     try:
-        spec = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        spec = toml.loads(text)
+    except toml.TOMLDecodeError as exc:
         raise ValueError(f"grid file {str(path)!r} is not valid TOML: {exc}") from None
     return spec, text

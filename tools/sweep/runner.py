@@ -20,7 +20,7 @@ from typing import Optional, Union
 
 from tqdm import tqdm
 
-from theory._validate import make_dirs_inside, write_inside
+from audit_io.files import make_dirs_inside, write_inside
 from tools.sweep.execute import resolve_point_fn
 from tools.sweep.identity import DEFAULT_POINT_FN, REPO_ROOT, PointFn, code_sources, code_version, fn_name, point_id
 from tools.sweep.schedulers import check_scheduler, require_dask, run_dask, run_pool, run_serial

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Optional, Union
 
 from numerics.stored import MAX_POINT_FILE_BYTES, POINT_FILE, read_point  # noqa: F401 (re-exported)
-from theory._validate import append_inside, check_inside, write_inside
-from theory._validate import clean_stale_temporaries as _clean
+from audit_io.files import append_inside, check_inside, write_inside
+from audit_io.files import clean_stale_temporaries as _clean
 from tools.sweep.grid import canonical
 from tools.sweep.identity import canonical_json
 
@@ -93,8 +93,8 @@ def select_results(records: list[dict], model: Optional[str] = None, include_fai
 
 def clean_stale_temporaries(points_dir: Path, older_than_s: float = 3600.0) -> list:
     """Remove the temporaries of a writer killed between write and rename: only the project's
-    own (a marked name, :func:`theory._validate.is_own_temporary`), older than an hour (a live
-    writer's are younger), never through a link (:func:`theory._validate.clean_stale_temporaries`)."""
+    own (a marked name, :func:`audit_io.files.is_own_temporary`), older than an hour (a live
+    writer's are younger), never through a link (:func:`audit_io.files.clean_stale_temporaries`)."""
     return _clean(points_dir, older_than_s)
 
 

@@ -1,0 +1,66 @@
+"""The command line itself: what no single option can cause, handled once for every
+``main(argv)`` of the project."""
+from __future__ import annotations
+
+import os
+
+from audit_io.files import _FULL, EXIT_DISK_FULL, DiskFull
+
+DELETED_CWD = ("error: the current directory no longer exists (it was deleted or moved away); cd to an existing "
+               "directory and run the command again")
+
+
+def refuse_a_deleted_cwd_at_startup() -> None:
+    """Called first by the packages whose command lines import torch (``numerics``, ``tools``): while
+    ``python -m`` imports the package (``sys.argv[0] == "-m"``), a working directory that no longer
+    exists would make torch's import abort ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so")
+    before any command line could say what is wrong; this says it and exits 2.  A library import
+    (any other ``sys.argv``) is left alone."""
+    import sys
+
+    if sys.argv[:1] != ["-m"]:
+        return
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        print(DELETED_CWD, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def command_line(main):
+    """The one wrapper of every ``main(argv)`` of the project's command lines: what no single
+    option can cause, handled once, each as one line on stderr and never a traceback.
+
+    - an output stream that cannot encode a character (``PYTHONIOENCODING=ascii``, a C locale)
+      writes it escaped (``\\u00b1``) instead of raising;
+    - a working directory that no longer exists: "the current directory was deleted", exit 2;
+    - a full disk anywhere in the command (:class:`DiskFull`, or any ENOSPC/EDQUOT): its
+      message ("disk full: N bytes needed at PATH"), exit :data:`EXIT_DISK_FULL`.
+
+    The wrapped function raises ``SystemExit`` with that status (as argparse does for a bad
+    option), so ``sys.exit(main())`` and in-process callers see the same thing."""
+    import functools
+    import sys
+
+    @functools.wraps(main)
+    def run(*args, **kwargs):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (AttributeError, ValueError, OSError):
+                pass
+        try:
+            os.getcwd()
+        except FileNotFoundError:
+            print(DELETED_CWD, file=sys.stderr)
+            raise SystemExit(2) from None
+        try:
+            return main(*args, **kwargs)
+        except OSError as exc:
+            if isinstance(exc, DiskFull) or exc.errno in _FULL:
+                full = exc if isinstance(exc, DiskFull) else DiskFull(exc.filename or "(unknown path)")
+                print(f"error: {full}", file=sys.stderr)
+                raise SystemExit(EXIT_DISK_FULL) from None
+            raise
+
+    return run
