@@ -42,9 +42,10 @@ KINDS = ("claim", "boundary")
 """A ClaimResult is one of the paper's claims or a boundary (where a claim stops, or what the
 paper does not say)."""
 
-BOUNDARY_ID_PREFIXES = ("boundary-", "atlas-")
-"""The ids that name boundaries: ``boundary-...`` (where a claim stops) and ``atlas-...`` (the
-maps of where the claims hold)."""
+BOUNDARY_ID_PREFIXES = ("boundary-", "atlas-", "authors-")
+"""The ids that name boundaries: ``boundary-...`` (where a claim stops), ``atlas-...`` (the
+maps of where the claims hold) and ``authors-...`` (the authors' released experiment trained and
+audited here: located or undecided, as an audited model is)."""
 
 
 def kind_from_id(claim_id) -> str:

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CITED_SECTION = re.compile(r"docs/model\.md,? [\"'](?P<section>[^\"']+)[\"']|docs/model\.md, (?P<bare>Setting)\b")
+CITED_SECTION = re.compile(r"docs/model\.md,? (?:\"(?P<section>[^\"]+)\"|'(?P<single>[^']+)')|docs/model\.md, (?P<bare>Setting)\b")
 OLD_REFERENCE = re.compile(r"SPEC\.md")
 
 
@@ -23,7 +23,7 @@ def headings() -> set[str]:
 
 
 def cited_sections(text: str) -> set[str]:
-    return {m["section"] or m["bare"] for m in CITED_SECTION.finditer(text)}
+    return {m["section"] or m["single"] or m["bare"] for m in CITED_SECTION.finditer(text)}
 
 
 def test_no_reference_to_a_file_the_project_does_not_hold():

@@ -1,6 +1,6 @@
 """The authors' released experiment, trained by this project's trainer (issue 28).
 
-Their script (AttentionNetwork + DataGenerator, SPEC.md and docs/model.md) trains one layer of H
+Their script (AttentionNetwork + DataGenerator, docs/model.md) trains one layer of H
 softmax heads on d_x = 50 inputs split over d_y tasks by their DataGenerator (blocks
 int(i d_x / d_y): 16, 17, 17 for d_y = 3; one block of 50 for d_y = 1), L = 100 context tokens,
 torch SGD at lr 0.01 on MSELoss over 10,000 fresh prompts a step, logits scaled by (d + m)^(-1/2),
