@@ -122,7 +122,13 @@ def _plain_equal(a, b) -> bool:
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite int or float (not a bool); an int beyond the float range is not."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def check_path(path: str, name: str = "checkpoint") -> None:
@@ -155,13 +161,14 @@ def load(path: str) -> dict:
                               "truncated or another kind of file); delete it to start afresh, or choose another "
                               "checkpoint path") from None
     if not isinstance(ck, dict) or not all(isinstance(k, str) for k in ck):
-        raise CheckpointError(f"checkpoint {path!r} is a torch file of a {type(ck).__name__}, not a numerics.train "
-                              "checkpoint (a dict of named fields); delete it to start afresh, or choose another "
+        what = "a dict whose keys are not all names" if isinstance(ck, dict) else f"a {type(ck).__name__}"
+        raise CheckpointError(f"checkpoint {path!r} is a torch file of {what}, not a numerics.train checkpoint (a "
+                              "dict of named fields); delete it to start afresh, or choose another "
                               "checkpoint path")
     missing, extra = [k for k in FIELDS if k not in ck], sorted(set(ck) - set(FIELDS))
     if missing or extra:
         what = "; ".join(([f"missing field(s) {', '.join(missing)}"] if missing else [])
-                         + ([f"unknown field(s) {', '.join(extra)}"] if extra else []))
+                         + ([f"unknown field(s) {_show(extra)}"] if extra else []))
         raise CheckpointError(f"checkpoint {path!r} is a torch file but not a numerics.train checkpoint ({what}); "
                               "delete it to start afresh, or choose another checkpoint path")
     return ck
@@ -180,7 +187,7 @@ def _identity_differences(ck: dict, run: Run) -> list:
             diffs.append(f"{key}: checkpoint {_show(ck[key])}, this run {mine!r}")
     for what, mine in (("config", run.config), ("train", run.train)):
         theirs = ck[what]
-        if not isinstance(theirs, dict) or not all(isinstance(k, str) for k in theirs):
+        if not isinstance(theirs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in theirs):
             diffs.append(f"{what}: checkpoint {_show(theirs)}, not a dict of named fields")
             continue
         skip = BOOKKEEPING if what == "train" else ()
@@ -277,8 +284,8 @@ def read(path: str, run: Run) -> Resume:
     trajectory = ck["trajectory"]
     recorded = sorted(k for k in run.record_at if k < step)
     if not isinstance(trajectory, list) or len(trajectory) != len(recorded):
-        raise bad("trajectory", f"is {_show(trajectory) if not isinstance(trajectory, list) else f'{len(trajectory)} record(s)'}"
-                                f", this run records {len(recorded)} time(s) before step {step} (records, "
+        held = f"{len(trajectory)} record(s)" if isinstance(trajectory, list) else _show(trajectory)
+        raise bad("trajectory", f"is {held}, this run records {len(recorded)} time(s) before step {step} (records, "
                                 "record_every)")
     for i, (r, k) in enumerate(zip(trajectory, recorded)):
         problem = _record_problem(r, k, losses, run)

@@ -22,7 +22,9 @@ Divergence (a non-finite batch loss, or one above ``diverge_loss``) raises
 :class:`TrainingDiverged` naming step, time and loss.  Checkpoints (``checkpoint=PATH``,
 every ``checkpoint_every`` steps, written atomically) hold the parameters, the generator
 state, the step, the losses and the trajectory; a run given an existing checkpoint resumes
-from it and ends bit-identical to an uninterrupted run with the same configuration.
+from it and ends bit-identical to an uninterrupted run with the same configuration.  The
+file's every field is checked against the run first (:func:`numerics.checkpoint.read`): a
+checkpoint that is not this run's, or not whole, is refused, never resumed or replaced.
 
 Seams (the one gradient-descent loop of the project; the claims, the sweep and the bench
 all run through it): ``batches`` (a callable step -> Prompts replacing the default stream of
@@ -307,10 +309,10 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional
 
     # --- resume: a checkpoint file that exists is checked field by field, then used, or refused
     ckpt_path = tcfg.checkpoint
-    ckpt_run = checkpoint.Run(kind=kind, estimator=estimator, stream=STREAM_VERSION, config=cfg.to_dict(),
-                              train=tcfg.to_dict(), params=params, generator=gen, steps=n_steps,
-                              record_at=frozenset(record_at), lr=lr, diverge_loss=tcfg.diverge_loss,
-                              heads=cfg.heads, m=cfg.m, dtype=cfg.torch_dtype)
+    ckpt_run = None if ckpt_path is None else checkpoint.Run(
+        kind=kind, estimator=estimator, stream=STREAM_VERSION, config=cfg.to_dict(), train=tcfg.to_dict(),
+        params=params, generator=gen, steps=n_steps, record_at=frozenset(record_at), lr=lr,
+        diverge_loss=tcfg.diverge_loss, heads=cfg.heads, m=cfg.m, dtype=cfg.torch_dtype)
     resume = checkpoint.read(ckpt_path, ckpt_run) if ckpt_path is not None and os.path.exists(ckpt_path) else None
 
     fixed = None

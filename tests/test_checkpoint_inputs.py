@@ -95,10 +95,12 @@ CASES = [
     ("non-dict payload", lambda ck: [ck["params"], ck["step"]], ["not a numerics.train checkpoint",
                                                                 "a dict of named fields"]),
     ("a bare tensor", lambda ck: torch.zeros(3), ["not a numerics.train checkpoint"]),
-    ("non-string keys", lambda ck: {1: 2}, ["not a numerics.train checkpoint"]),
+    ("non-string keys", lambda ck: {1: 2}, ["a dict whose keys are not all names"]),
+    ("a field name with a line break", _set("bad\nname", 1), ["unknown field(s) ['bad\\nname']"]),
+    ("a configuration key that is no name", _config("config", "L\nx", 1), ["config: checkpoint {", "not a dict of named fields"]),
     ("missing key", _delete("generator"), ["missing field(s) generator"]),
     ("missing every key but two", lambda ck: {"step": 8, "params": ck["params"]}, ["missing field(s) version"]),
-    ("unknown key", _set("optimizer", 1), ["unknown field(s) optimizer"]),
+    ("unknown key", _set("optimizer", 1), ["unknown field(s) ['optimizer']"]),
     ("a pickled object", _set("wall_seconds", datetime.date(2024, 1, 1)), ["objects other than tensors", "never unpickled"]),
     # --- params
     ("empty params", _set("params", []), ["params is a list of 0 tensor(s), this run trains 4 (full model)"]),
@@ -154,6 +156,9 @@ CASES = [
     ("negative wall time", _set("wall_seconds", -3.0), ["wall_seconds is -3.0, not a finite number >= 0"]),
     ("NaN wall time", _set("wall_seconds", math.nan), ["wall_seconds is nan"]),
     ("wall time a string", _set("wall_seconds", "1 s"), ["wall_seconds is '1 s'"]),
+    ("wall time beyond any float", _set("wall_seconds", 10 ** 400), ["wall_seconds is 1000", "not a finite number"]),
+    ("huge step beyond any float", _set("step", 10 ** 400), ["step is 1000", "not an integer in 0 .. 10"]),
+    ("record time beyond any float", _record(1, "t", 10 ** 400), ["trajectory[1] field t is 1000"]),
     # --- another run's checkpoint
     ("another configuration", _config("config", "L", 9), ["belongs to a different run",
                                                           "config.L: checkpoint 9, this run 8"]),
@@ -267,3 +272,19 @@ def test_a_genuine_checkpoint_resumes_at_every_admissible_step(genuine, tmp_path
     again = train(CFG, last)
     assert np.array_equal(first.losses, again.losses) and np.array_equal(first.mu, again.mu)
     assert [vars(r) for r in first.trajectory] == [vars(r) for r in again.trajectory]
+
+
+@pytest.mark.parametrize("runner,cfg_change,train_change,estimator", [
+    (train, dict(dtype="float32"), {}, None),
+    (train, {}, dict(fresh_batches=False, symmetrize=True), None),
+    (train_reduced, dict(dtype="float32"), {}, "marginal"),
+], ids=["float32", "fixed symmetrised batch", "reduced float32 marginal"])
+def test_genuine_checkpoints_of_other_kinds_pass_the_reader(runner, cfg_change, train_change, estimator, tmp_path):
+    """The reader's rules (dtype of the losses, record losses equal to the history's) hold for
+    every kind of run the trainer checkpoints: it resumes each and ends where the whole run does."""
+    cfg = CFG.replace(**cfg_change)
+    tcfg = TrainConfig(**{**TCFG.to_dict(), **train_change, "batch": 8, "checkpoint": str(tmp_path / "ck.pt")})
+    extra = {} if estimator is None else {"estimator": estimator}
+    first = runner(cfg, tcfg, **extra)
+    again = runner(cfg, tcfg, **extra)           # resumes from step 8
+    assert np.array_equal(first.losses, again.losses) and np.array_equal(first.mu, again.mu)
