@@ -22,7 +22,9 @@ Divergence (a non-finite batch loss, or one above ``diverge_loss``) raises
 :class:`TrainingDiverged` naming step, time and loss.  Checkpoints (``checkpoint=PATH``,
 every ``checkpoint_every`` steps, written atomically) hold the parameters, the generator
 state, the step, the losses and the trajectory; a run given an existing checkpoint resumes
-from it and ends bit-identical to an uninterrupted run with the same configuration.
+from it and ends bit-identical to an uninterrupted run with the same configuration.  The
+file's every field is checked against the run first (:func:`numerics.checkpoint.read`): a
+checkpoint that is not this run's, or not whole, is refused, never resumed or replaced.
 
 Seams (the one gradient-descent loop of the project; the claims, the sweep and the bench
 all run through it): ``batches`` (a callable step -> Prompts replacing the default stream of
@@ -63,6 +65,7 @@ from .data import STREAM_VERSION, Prompts, make_generator, sample_prompts
 from .model import MultiHeadAttention, TrainingDiverged, initial_semi_singular_values, mse_loss
 from .exact_reduced import MarginalPrompts, marginal_mean_loss, sample_marginal_prompts
 from .reduced import metric_factors, reduced_loss
+from . import checkpoint
 
 BatchSource = Callable[[int], Prompts]
 """step -> the batch of prompts of that step."""
@@ -70,8 +73,6 @@ OnRecord = Callable[[int, float, object, float], None]
 """(step, t, state, batch loss) at every record; state: the model (full) or (omega, mu) (reduced)."""
 Metric = Callable[[torch.Tensor, torch.Tensor], tuple]
 """(omega, mu) -> (f_omega, f_mu): the reduced flow moves omega -= lr f_omega dL/domega, mu likewise."""
-
-CHECKPOINT_VERSION = 1
 
 MAX_STEPS = 10 ** 7
 """The most gradient steps (round(time / lr)) a run may have: a step takes a millisecond at the
@@ -141,10 +142,6 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> "TrainConfig":
         check_known_fields(cls, d)
         return cls(**d)
-
-
-# fields that change how a run is watched, not what it computes: they may differ on resume
-_BOOKKEEPING = ("checkpoint", "checkpoint_every", "progress")
 
 
 @dataclass
@@ -309,62 +306,33 @@ def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional
         def draw(g, out=None):
             return sample_prompts(cfg, tcfg.batch, g, tcfg.symmetrize, out=out)
     gen = make_generator(tcfg.seed, cfg.device)
+
+    # --- resume: a checkpoint file that exists is checked field by field, then used, or refused
+    ckpt_path = tcfg.checkpoint
+    ckpt_run = None if ckpt_path is None else checkpoint.Run(
+        kind=kind, estimator=estimator, stream=STREAM_VERSION, config=cfg.to_dict(), train=tcfg.to_dict(),
+        params=params, generator=gen, steps=n_steps, record_at=frozenset(record_at), lr=lr,
+        diverge_loss=tcfg.diverge_loss, heads=cfg.heads, m=cfg.m, dtype=cfg.torch_dtype)
+    resume = checkpoint.read(ckpt_path, ckpt_run) if ckpt_path is not None and os.path.exists(ckpt_path) else None
+
     fixed = None
     if not tcfg.fresh_batches:
         fixed = draw(make_generator(tcfg.seed, cfg.device))
-
     losses = torch.zeros(n_steps + 1, dtype=cfg.torch_dtype, device=cfg.device)
     trajectory: list[Record] = []
     start, wall_before = 0, 0.0
-
-    # --- resume --------------------------------------------------------------------------------
-    ckpt_path = tcfg.checkpoint
-    if ckpt_path is not None and os.path.exists(ckpt_path):
-        if not os.path.isfile(ckpt_path):      # a FIFO would block torch.load for ever
-            raise ValueError(f"checkpoint {ckpt_path!r} is not a regular file (a FIFO, socket or device); give a "
-                             "file path")
-        try:
-            ck = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise ValueError(f"cannot read checkpoint {ckpt_path!r} ({exc}); delete it to start afresh") from None
-        mine = {k: v for k, v in tcfg.to_dict().items() if k not in _BOOKKEEPING}
-        theirs = {k: v for k, v in ck.get("train", {}).items() if k not in _BOOKKEEPING}
-        theirs_cfg, mine_cfg = ck.get("config", {}), cfg.to_dict()
-        diffs = [f"{what}.{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}"
-                 for what, a, b in (("config", theirs_cfg, mine_cfg), ("train", theirs, mine))
-                 for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-        if ck.get("model") != kind:
-            diffs.insert(0, f"model: checkpoint {ck.get('model')!r}, this run {kind!r}")
-        if ck.get("estimator", "prompts") != estimator:
-            diffs.insert(0, f"estimator: checkpoint {ck.get('estimator', 'prompts')!r}, this run {estimator!r}")
-        if ck.get("stream") != STREAM_VERSION:
-            # the saved generator state only continues the same prompts under the same stream
-            diffs.insert(0, f"prompt stream: checkpoint version {ck.get('stream')!r}, this code version "
-                            f"{STREAM_VERSION} (numerics.data changed how prompts are drawn)")
-        if ck.get("version") != CHECKPOINT_VERSION:
-            diffs.insert(0, f"version: checkpoint {ck.get('version')!r}, this code {CHECKPOINT_VERSION}")
-        if diffs:
-            raise ValueError(f"checkpoint {ckpt_path!r} belongs to a different run and cannot be resumed ("
-                             + "; ".join(diffs) + "); use another --checkpoint path, or delete the file "
-                             "to start afresh")
-        start = int(ck["step"])
+    if resume is not None:
+        start = resume.step
         with torch.no_grad():
-            for p, saved in zip(params, ck["params"]):
+            for p, saved in zip(params, resume.params):
                 p.copy_(saved.to(p.device, p.dtype))
-        gen.set_state(ck["generator"])
-        losses[:start] = ck["losses"][:start].to(losses.device, losses.dtype)
-        trajectory = [Record(**r) for r in ck["trajectory"]]
-        wall_before = float(ck["wall_seconds"])
+        gen.set_state(resume.generator_state)
+        losses[:start] = resume.losses.to(losses.device, losses.dtype)
+        trajectory = [Record(**r) for r in resume.trajectory]
+        wall_before = resume.wall_seconds
 
     def save_checkpoint(step: int, wall: float) -> None:
-        state = {
-            "version": CHECKPOINT_VERSION, "stream": STREAM_VERSION, "model": kind, "estimator": estimator,
-            "config": cfg.to_dict(),
-            "train": tcfg.to_dict(), "step": step,
-            "params": [p.detach().cpu().clone() for p in params],
-            "generator": gen.get_state(), "losses": losses[:step].cpu().clone(),
-            "trajectory": [asdict(r) for r in trajectory], "wall_seconds": wall,
-        }
+        state = checkpoint.payload(ckpt_run, step, params, gen, losses, [asdict(r) for r in trajectory], wall)
         _atomic_write(ckpt_path, lambda f: torch.save(state, f))
 
     # a sync per step costs nothing on the CPU; on a GPU check every 50 steps (and at records)
@@ -714,29 +682,6 @@ def _available_memory(device: str) -> Optional[int]:
     return None
 
 
-def _check_checkpoint_file(path: str) -> None:
-    """An existing checkpoint must be one numerics.train wrote (a torch file of plain
-    tensors and dicts); anything else gets a message here instead of torch's loader text.
-    Only a regular file is opened (a FIFO would block the read for ever, a device is no
-    checkpoint)."""
-    if os.path.isdir(path):
-        raise ValueError(f"--checkpoint {path} is a directory; give a file name such as run.ckpt")
-    if not os.path.exists(path):
-        return
-    if not os.path.isfile(path):
-        raise ValueError(f"--checkpoint {path} is not a regular file (a FIFO, socket or device); a checkpoint is "
-                         "written and read back as a regular file: choose another --checkpoint path")
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        raise ValueError(f"--checkpoint {path} exists but is not a readable numerics.train checkpoint (corrupt, "
-                         "truncated or another kind of file); delete it to start afresh, or choose another "
-                         "--checkpoint path") from None
-    if not isinstance(ck, dict) or "step" not in ck or "params" not in ck:
-        raise ValueError(f"--checkpoint {path} is a torch file but not a numerics.train checkpoint (no step and "
-                         "params); delete it to start afresh, or choose another --checkpoint path")
-
-
 DEFAULT_RECORDS = 61
 
 # configuration fields -> the flag that sets them, so that a message of ProblemConfig or
@@ -809,7 +754,7 @@ def main(argv=None) -> int:
                      "--heads or the task sizes")
     try:
         if tcfg.checkpoint is not None:
-            _check_checkpoint_file(tcfg.checkpoint)
+            checkpoint.check_path(tcfg.checkpoint, "--checkpoint")   # its fields: checkpoint.read, in the run
             ckpt = check_output_path(tcfg.checkpoint, "--checkpoint")
             if os.path.exists(ckpt) and not os.path.isfile(ckpt):      # a device: never a checkpoint
                 raise ValueError(f"--checkpoint {tcfg.checkpoint} is not a regular file; a checkpoint is written "
