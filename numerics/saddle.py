@@ -653,7 +653,7 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
 
 def measure_configuration(tasks, heads: int, L: int, lr: float, batches: Sequence[int], seeds: Sequence[int],
                           mu0: float = 0.05, threshold: float = 0.1, floor_factor: float = 10.0,
-                          top_fraction: float = 0.05, t_max: float = 300.0, invariant_prompts: int = 512,
+                          top_fraction: float = 0.05, t_max: float = 300.0, invariant_prompts: int = 2048,
                           n_var: int = 65536, record_dt: float = 1.0, lrs: Sequence[float] = ()) -> dict:
     """The measurements at one configuration: (a) the growth rate at each step of ``lrs``
     (:func:`step_size_measurement`, at the largest batch, window from that batch's floor at
