@@ -60,13 +60,7 @@ class SaddleProfile:
     floor_factor: float = 10.0
     top_fraction: float = 0.05
     t_max: float = 300.0
-    # 2048: the fixed G-invariant batch is built from invariant_prompts / |G| base prompts; at (2,2) |G| = 256, so
-    # 512 gave 2 base prompts, whose full-batch GD at lr 0.2 diverged at step 25 (stream v3's draw, loss 5e12):
-    # a property of two prompts' curvature, not of the invariance this run checks; 8 base prompts run to the horizon.
-    # Open (found at this merge): at (2,2) that run's largest |o - v| reads 2.2e-4 (lr 0.2), 5.5e-7 (lr 0.05)
-    # against the rounding tolerance 3e-8, although the batch gradient at the start is in D exactly (o, v
-    # gradients equal to the last bit); at (1,1) it stays exactly 0.  The row reports it as it is.
-    invariant_prompts: int = 2048
+    invariant_prompts: int = 512       # at least numerics.saddle.MIN_BASE_PROMPTS base prompts x |G|
     n_var: int = 65536
     record_dt: float = 1.0
     lrs: tuple = ()
