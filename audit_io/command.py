@@ -20,6 +20,13 @@ def refuse_a_deleted_cwd_at_startup() -> None:
 
     if sys.argv[:1] != ["-m"]:
         return
+    _exit_if_the_cwd_is_gone()
+
+
+def _exit_if_the_cwd_is_gone() -> None:
+    """Say :data:`DELETED_CWD` and exit 2 if the working directory no longer exists."""
+    import sys
+
     try:
         os.getcwd()
     except FileNotFoundError:
@@ -49,11 +56,7 @@ def command_line(main):
                 stream.reconfigure(errors="backslashreplace")
             except (AttributeError, ValueError, OSError):
                 pass
-        try:
-            os.getcwd()
-        except FileNotFoundError:
-            print(DELETED_CWD, file=sys.stderr)
-            raise SystemExit(2) from None
+        _exit_if_the_cwd_is_gone()
         try:
             return main(*args, **kwargs)
         except OSError as exc:

@@ -47,6 +47,20 @@ def check_input_file(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BY
     return Path(text)
 
 
+def _read_bounded(fd: int, max_bytes: Optional[int], grew) -> bytes:
+    """Everything an open descriptor holds, read in 1 MiB pieces; past ``max_bytes`` (a file that grew
+    after its size was checked) ``ValueError(grew("N MiB"))``."""
+    chunks, total = [], 0
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        total += len(chunk)
+        if max_bytes is not None and total > max_bytes:
+            raise ValueError(grew(f"{max_bytes / 2 ** 20:.0f} MiB"))
+
+
 def read_input_bytes(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BYTES) -> bytes:
     """The content of an input file checked by :func:`check_input_file`, opened without
     blocking (``O_NONBLOCK``: a FIFO swapped in after the check cannot hang the read) and
@@ -59,17 +73,8 @@ def read_input_bytes(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BY
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{flag} {checked} is not a regular file; give a regular file")
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if max_bytes is not None and total > max_bytes:
-                raise ValueError(f"{flag} {checked} grew past the limit of {max_bytes / 2 ** 20:.0f} MiB while "
-                                 "being read; give the right file")
-        return b"".join(chunks)
+        return _read_bounded(fd, max_bytes, lambda limit: f"{flag} {checked} grew past the limit of {limit} while "
+                                                           "being read; give the right file")
     finally:
         os.close(fd)
 
@@ -639,17 +644,8 @@ def read_inside(root, relative: str, flag: str, *, max_bytes: Optional[int] = MA
             raise ValueError(f"{flag} {os.path.join(os.fspath(root), relative)} is {st.st_size / 2 ** 20:.1f} MiB, "
                              f"more than the limit of {max_bytes / 2 ** 20:.0f} MiB for this kind of file; it is "
                              "not read")
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(src, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if max_bytes is not None and total > max_bytes:
-                raise ValueError(f"{flag} {os.path.join(os.fspath(root), relative)} grew past the limit of "
-                                 f"{max_bytes / 2 ** 20:.0f} MiB while being read; it is not read")
-        return b"".join(chunks)
+        return _read_bounded(src, max_bytes, lambda limit: f"{flag} {os.path.join(os.fspath(root), relative)} grew "
+                                                            f"past the limit of {limit} while being read; it is not read")
     finally:
         os.close(src)
 

@@ -135,8 +135,21 @@ def stage_tolerance(se: float, jitter: float) -> float:
     return Z_CONVERGED * math.hypot(se, jitter)
 
 
+class _RunRecord:
+    """Read like the dict the runs once were (``run["loss"]``, ``run.get(...)``) and written as one."""
+
+    def __getitem__(self, key):
+        return getattr(self, key)
+
+    def get(self, key, default=None):
+        return getattr(self, key, default)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
-class ConvergedRun:
+class ConvergedRun(_RunRecord):
     """A full model trained by a :class:`TrainingSchedule` and measured at its final weights.
 
     ``loss``, ``se``, ``n``: held-out loss on fresh prompts of the held-out stream of ``seed``;
@@ -174,14 +187,6 @@ class ConvergedRun:
     polish_batch: int
     seconds: float
 
-    def __getitem__(self, key):
-        return getattr(self, key)
-
-    def get(self, key, default=None):
-        return getattr(self, key, default)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def check_schedule(fields: dict, L: int = 1) -> TrainingSchedule:
@@ -356,7 +361,7 @@ PAPER_CONTINUATION = ContinuationSchedule(tokens=2 ** 17, time=1000.0, eval_prom
 
 
 @dataclass(frozen=True)
-class ContinuedRun:
+class ContinuedRun(_RunRecord):
     """A trained run that left the allocated set, followed on D (:func:`continue_on_D`).
 
     ``on_D``: the run's held-out loss (full model, ``start_full`` +- ``start_full_se``) agrees
@@ -395,14 +400,6 @@ class ContinuedRun:
     schedule: dict
     seconds: float
 
-    def __getitem__(self, key):
-        return getattr(self, key)
-
-    def get(self, key, default=None):
-        return getattr(self, key, default)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def stable_step(cfg: ProblemConfig, omega, mu, lr_max: float, n: int, seed: int) -> float:
