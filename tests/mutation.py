@@ -1,4 +1,4 @@
-"""Shared helper of the mutation suite (tests/test_mutants_*.py)."""
+"""Shared helper of the mutation suite (tests/claims/test_*_mutants.py)."""
 from __future__ import annotations
 
 import sys
@@ -170,3 +170,17 @@ def assert_small_factor_caught(monkeypatch, run, patch) -> list:
         assert hit is not None and not hit["agrees"], (label, hit)
         verdicts.append((label, res.verdict))
     return verdicts
+
+
+def run_at_profile(monkeypatch, table: dict, runner, profile):
+    """``runner(profile="tiny")`` with the module's profile table's "tiny" entry replaced by
+    ``profile`` (the boundaries' dedicated small mutant profiles)."""
+    monkeypatch.setitem(table, "tiny", profile)
+    return runner(profile="tiny")
+
+
+def report_verdict(name: str, result) -> None:
+    """Print the mutant's name, the verdict it got and the headline rows (read with ``-s``)."""
+    print(f"[mutant] {name}: {result.id} -> {result.verdict}")
+    for row in result.headline:
+        print(f"    {row}")

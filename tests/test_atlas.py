@@ -1,11 +1,11 @@
-"""The atlas (issue 23): atlas points (numerics.experiments.atlas), their grids, and the four
-atlas ids (claims.atlas) built from a sweep.
+"""The atlas (issue 23): atlas points (numerics.experiments.atlas), their grids, the atlas ids'
+registration, and the four ids (claims.atlas) built end to end from the tiny grid.
 
-Default suite: unit tests, the example grids, and a 4-point sweep (one point per panel, serial)
-read by the four ids (about 15-30 s on 2 cores).  Marker ``atlas``: examples/atlas_tiny.toml
-swept with the CLI, then ``python -m reports.build --only atlas-... --from-sweep D`` (about 3
-minutes on 2 cores): ``python -m pytest -q --atlas -m atlas tests/test_atlas.py``, its own
-step of ``.ci/run``.
+Default suite: unit tests, the example grids, the registration.  Each atlas id's own tests (its
+refusal without a sweep, a 4-point sweep, one point per panel, read by it):
+tests/claims/test_atlas_<panel>.py.  Marker ``atlas``: examples/atlas_tiny.toml swept with the
+CLI, then ``python -m reports.build --only atlas-... --from-sweep D`` (about 3 minutes on 2
+cores): ``python -m pytest -q --atlas -m atlas tests/test_atlas.py``, its own step of ``.ci/run``.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 import claims
-from claims.atlas import IDS, SPECS, warmup_border
+from claims.atlas import IDS
 from claims.base import BOUNDARY_OUTCOMES
 from numerics.experiments.atlas import CLASSES, check_point, classify, escape_time
-from tools.sweep import expand_grid, load_grid, run_grid
+from tools.sweep import expand_grid, load_grid
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,14 +50,6 @@ def test_classify_precedence():
     assert classify(_result(allocation={"superposition": False, "allocated": False})) == "mixed"
     assert classify(_result(diverged="TrainingDiverged: ...", converged=False)) == "diverged"
     assert set(CLASSES) == {"allocated", "superposition", "off D", "mixed", "not converged", "diverged"}
-
-
-def test_warmup_border_interpolates_in_log_log():
-    # exponent = 50 s0^2: 1/2 at s0 = 0.1
-    rows = {s: [{"warmup": {"exponent": 50 * s * s}}] for s in (0.01, 0.03, 0.3, 1.0)}
-    assert warmup_border(rows) == pytest.approx(0.1, rel=1e-9)
-    rows = {s: [{"warmup": {"exponent": 50 * s * s}}] for s in (0.3, 1.0)}   # extrapolated
-    assert warmup_border(rows) == pytest.approx(0.1, rel=1e-9)
 
 
 def test_schedule_mistakes_are_structural():
@@ -100,62 +92,6 @@ def test_default_report_skips_the_atlas():
     from reports import plan
     from reports.build import BuildConfig
     assert not set(plan.selected(BuildConfig())) & set(claims.OPT_IN)
-
-
-def test_refuses_without_a_sweep():
-    for spec in SPECS:
-        res = spec.run()
-        assert res.verdict == "error" and res.kind == "boundary"
-        assert "trains nothing" in res.details["error"]
-
-
-# --------------------------------------------------------------------------- 4 points, end to end
-
-FOUR = {
-    "model": "atlas",
-    "problem": {"tasks": [2, 2], "heads": 2, "L": 16},
-    "train": {"time": 4.0, "batch": 64, "records": 11, "n_eval": 1024, "best_search": False},
-    "zip": {"init": ["decomposable", "random_decomposable", "decomposable", "decomposable"],
-            "start": ["config", "config", "allocated", "allocated"],
-            "panel": ["initialisation", "heads", "noise", "batch"]},
-}
-
-
-@pytest.fixture(scope="module")
-def four_point_sweep(tmp_path_factory):
-    out = tmp_path_factory.mktemp("atlas") / "D"
-    points = expand_grid(FOUR)
-    summary = run_grid(points, out, scheduler="serial", progress=False, grid_text=json.dumps(FOUR))
-    assert summary.done == 4 and summary.failed == 0
-    return out
-
-
-def test_four_points_through_the_four_ids(four_point_sweep):
-    for spec in SPECS:
-        res = spec.run(sweep=str(four_point_sweep))
-        assert res.verdict in BOUNDARY_OUTCOMES and res.verdict != "error", (spec.id, res.details.get("error"),
-                                                                             res.details.get("traceback"))
-        assert res.details["sweep_runs"] == 1
-        assert any(f.kind == "heatmap" for f in res.figures)
-        assert res.findings and all(f.numbers for f in res.findings)
-        outcome = next(f for f in res.figures if f.name.endswith("-outcome"))
-        assert len(outcome.matrix) == 1 and len(outcome.matrix[0]) == 1
-
-
-def test_findings_come_from_the_numbers(four_point_sweep, tmp_path):
-    """Changing a stored measurement changes the sentence (the template reads the result)."""
-    import shutil
-    D = tmp_path / "D"
-    shutil.copytree(four_point_sweep, D)
-    noise = claims.spec_of("atlas-noise")
-    before = [f.text for f in noise.run(sweep=str(D)).findings]
-    for f in (D / "points").glob("*.json"):
-        rec = json.loads(f.read_text())
-        if rec["point"]["train"]["panel"] == "noise":
-            rec["result"]["escape_time"] = 1.5
-            f.write_text(json.dumps(rec))
-    after = [f.text for f in noise.run(sweep=str(D)).findings]
-    assert before != after
 
 
 # --------------------------------------------------------------------------- the tiny grid (marker atlas)

@@ -3,7 +3,9 @@ comparisons.  No claim module imports another (what several share lives in the s
 no claim runs a training loop or sets a thread policy (numerics.experiments does), no verdict is
 assigned outside the one runner, and numerics imports neither claims nor tools (one direction of
 flow), and a claims module stays short enough to read whole: at most :data:`MODULE_LINE_LIMIT`
-lines.  Each rule is a function of source text, shown to fire on a source that breaks it."""
+lines; every registered id has its test file, tests/claims/test_<id>.py (dashes as underscores),
+and tests/claims holds no test file of no id.  Each rule is a function of source text (or of file
+names), shown to fire on a source that breaks it."""
 from __future__ import annotations
 
 import ast
@@ -111,6 +113,34 @@ def test_numerics_imports_neither_claims_nor_tools():
     assert not {k: v for k, v in bad.items() if v}
 
 
+SHARED_TEST_FILES = {"test_contract.py", "test_kinds.py"}
+"""The tests/claims files that hold no one id's tests: the registry-wide contract and the kinds."""
+
+
+def claim_test_file(claim_id: str) -> str:
+    """The test file of ``claim_id``: ``test_<id>.py``, dashes as underscores."""
+    return f"test_{claim_id.replace('-', '_')}.py"
+
+
+def claim_test_file_problems(ids, names) -> list[str]:
+    """What breaks one-test-file-per-id for the registered ``ids`` and the test files ``names``
+    of tests/claims: an id without its file, a file that is no id's (a mutants file
+    ``test_<id>_mutants.py`` belongs to its id)."""
+    own = {claim_test_file(i) for i in ids}
+    mutants = {n.replace(".py", "_mutants.py") for n in own}
+    return ([f"{i} has no tests/claims/{claim_test_file(i)}" for i in ids if claim_test_file(i) not in names]
+            + [f"tests/claims/{n} is no registered id's" for n in sorted(names)
+               if n not in own | mutants | SHARED_TEST_FILES])
+
+
+
+def test_every_registered_id_has_its_test_file():
+    import claims
+
+    names = {p.name for p in (ROOT / "tests" / "claims").glob("test_*.py")}
+    assert not claim_test_file_problems(list(claims.REGISTRY), names)
+
+
 def test_the_rules_fire():
     """Each rule sees a source that breaks it (the checks are not vacuous)."""
     assert over_limit("claims/x.py", MODULE_LINE_LIMIT + 1) and not over_limit("claims/x.py", MODULE_LINE_LIMIT)
@@ -123,3 +153,7 @@ def test_the_rules_fire():
     assert experiment_calls("from numerics.train import train\nr = train(cfg, tcfg)") == {"train"}
     assert experiment_calls("@experiments.one_thread\ndef f(): pass") == {"one_thread"}
     assert verdict_assignments("res.verdict = 'error' if bad else res.verdict") == 1
+    assert claim_test_file_problems(["boundary-small-L"], {"test_boundary_small_l.py"}) == [
+        "boundary-small-L has no tests/claims/test_boundary_small_L.py",
+        "tests/claims/test_boundary_small_l.py is no registered id's"]
+    assert not claim_test_file_problems(["a-b"], {"test_a_b.py", "test_a_b_mutants.py", "test_contract.py"})

@@ -33,7 +33,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -41,9 +40,7 @@ import pytest
 from claims.base import FAILING
 from reports.build import check_report, main
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_report import FAKES, install_registry, strict_load  # noqa: E402
-from test_report_frontdoor import fake_config  # noqa: E402
+from report_fakes import FAKES, fake_config, install_registry, strict_load
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER = next((path for path in map(shutil.which, BROWSERS) if path), None)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import claims
-from claims.base import ClaimResult, Figure, Finding, PerturbationCheck, Series, judge
+from claims.base import Figure, Series
 from reports import build as report_build
 from reports import compare as report_compare
 from reports import figures as report_figures
@@ -28,22 +28,9 @@ from reports import output as report_output
 from reports import render as report_render
 from reports.build import check_report, main
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_report import FAKES, _snapshot, install_registry, strict_load  # noqa: E402 - the fake claims of test_report
+from report_fakes import FAKES, HEADLINE, fake_config, install_registry, snapshot, strict_load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-HEADLINE = [
-    {"name": "limiting error ρ∞", "theory": 0.25, "measured": 0.26, "se": 0.004, "tolerance": 0.02,
-     "agrees": True, "side": "two-sided", "config": "tasks=(3, 3) H=2 L=32"},
-    {"name": "emergence time", "theory": [10.0, 14.0], "measured": 12.5, "se": None, "tolerance": 0.5,
-     "agrees": True, "side": "two-sided", "config": "tasks=(3, 3) H=2 L=32"},
-    {"name": "loss not above the allocated fixed point", "theory": 1.547, "measured": 1.372, "se": 0.012,
-     "tolerance": 0.035, "agrees": True, "side": "not above", "config": "tasks=(3, 3) H=2 L=64"},
-    {"name": "gain ratio", "theory": None, "measured": 2.3, "se": 0.05, "tolerance": None, "agrees": None,
-     "side": "reported", "config": "tasks=(3, 3) H=2 L=64"},
-]
-
 
 def fake_estimate(claim_id, profile, problem):
     """A claim's own cost estimate (claims.estimate_seconds) as a plan would give it: one training
@@ -52,21 +39,6 @@ def fake_estimate(claim_id, profile, problem):
         return None
     d, m = sum(problem.get("tasks", [3])), len(problem.get("tasks", [3]))
     return 1200 * 2048 * problem.get("L", 32) * problem.get("heads", 2) * (d + m) * 7e-9
-
-
-def fake_config(profile="quick", device="cpu", seed=0, progress=None, sweep=None, problem=None):
-    """A claim that runs at the given configuration and echoes it (as a real one says what it ran)."""
-    perturbations = [PerturbationCheck("constant doubled", True)]
-    return ClaimResult(
-        id="fake-config", title="A claim that takes a configuration", statement="ρ∞ = d/L.",
-        verdict=judge(True, perturbations), theory={"rho": 0.25}, numerics={"rho": 0.26},
-        tolerance={"value": 0.02, "why": "3 se"}, perturbations=perturbations,
-        details={"ran": {"problem": problem, "profile": profile}}, headline=[dict(r) for r in HEADLINE],
-        findings=[Finding("fake-config", "holds", f"ρ∞ = {HEADLINE[0]['measured']} ± 0.004 against d/L = 0.25.",
-                          {"rho": {"value": HEADLINE[0]["measured"], "se": 0.004}})],
-        figures=[Figure(name="rho", title="ρ∞ against d/L", caption="the points lie on the line y = x",
-                        series=[Series("measured", [0.1, 0.2], [0.1, 0.21], "points"),
-                                Series("theory", [0.1, 0.2], [0.1, 0.2], "line")])])
 
 
 def fake_config_b(profile="quick", device="cpu", seed=0, progress=None, sweep=None, problem=None):
@@ -330,14 +302,14 @@ def _dead_pid() -> int:
 def test_stranded_report_is_restored_and_survives_an_interrupted_rebuild(registry, tmp_path):
     out = tmp_path / "r"
     assert run_main(args(out, "fake-plain"))[0] == 0
-    before = _snapshot(_kill_between_renames(out))    # the report as the swap left it (its marker's token)
+    before = snapshot(_kill_between_renames(out))    # the report as the swap left it (its marker's token)
     killed_write = _killed_write(tmp_path, "r", _dead_pid())
     (killed_write / "claims.json").write_text('{"claims": [')  # half-written
     status, _, err = run_main(args(out, "fake-fail,fake-interrupt"))
     assert status == 130
     assert "recovered:" in err and "restored the previous report" in err
     assert "cleaned: removed .r.tmp-" in err
-    assert _snapshot(out) == before  # the last good report is back, and the interrupted build kept it
+    assert snapshot(out) == before  # the last good report is back, and the interrupted build kept it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
@@ -365,7 +337,7 @@ def test_real_sigkill_during_the_write_is_cleaned_by_the_next_build(registry, tm
     report is intact, a .r.tmp-<pid>-* is left, and the next build removes it and says so."""
     out = tmp_path / "r"
     assert run_main(args(out, "fake-plain"))[0] == 0
-    before = _snapshot(out)
+    before = snapshot(out)
     proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITE_SCRIPT, "--profile", "tiny", "--out", str(out),
                              "--no-progress"], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True)
     try:
@@ -377,7 +349,7 @@ def test_real_sigkill_during_the_write_is_cleaned_by_the_next_build(registry, tm
     finally:
         proc.kill()
         proc.wait()
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
     leftovers = [p.name for p in tmp_path.iterdir() if p.name != "r"]
     assert len(leftovers) == 1 and leftovers[0].startswith(f".r.tmp-{proc.pid}-")
     status, _, err = run_main(args(out, "fake-fail"))
@@ -456,11 +428,11 @@ def test_directories_that_only_look_like_leftovers_are_never_deleted(registry, t
     """Issue 33: a directory beside --out is deleted (or restored) only if it carries the build's own
     marker with the token of its own name; the user's files inside a look-alike survive every build."""
     kept = make(tmp_path)
-    before = _snapshot(kept)
+    before = snapshot(kept)
     for _ in range(2):     # with and without a previous report at --out
         status, _, err = run_main(args(tmp_path / "r", "fake-plain"))
         assert status == 0 and "cleaned" not in err and "recovered" not in err, err
-    assert _snapshot(kept) == before
+    assert snapshot(kept) == before
 
 
 def test_from_sweep_with_a_symlinked_points_is_refused(registry, tmp_path):
@@ -645,11 +617,11 @@ def test_rerender_accepts_an_older_claims_json(registry, tmp_path):
 def test_rerender_refuses_its_own_directory(registry, tmp_path):
     src = tmp_path / "a"
     assert run_main(args(src, "fake-plain"))[0] == 0
-    before = _snapshot(src)
+    before = snapshot(src)
     status, _, err = run_main(["--from-json", str(src / "claims.json"), "--out", str(src)])
-    assert status == 2 and "is the directory of --from-json" in err and _snapshot(src) == before
+    assert status == 2 and "is the directory of --from-json" in err and snapshot(src) == before
     status, _, err = run_main(["--from-json", str(src), "--out", str(src)])  # the directory given
-    assert status == 2 and "is the directory of --from-json" in err and _snapshot(src) == before
+    assert status == 2 and "is the directory of --from-json" in err and snapshot(src) == before
 
 
 def test_compare_marks_changed_verdicts_and_numbers(registry, tmp_path, capsys, monkeypatch):
@@ -1180,12 +1152,12 @@ def _symlink(link: Path, target: Path) -> Path:
 @pytest.mark.parametrize("what, setup, message", OUT_CASES, ids=[c[0] for c in OUT_CASES])
 def test_out_that_cannot_be_replaced_is_refused_before_any_claim(registry, tmp_path, what, setup, message):
     extra = setup(tmp_path)
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     names = sorted(os.listdir(tmp_path))
     status, stdout, err = run_main(["--profile", "tiny", "--only", "fake-interrupt", "--no-progress", *extra])
     assert status == 2, err  # 130 would mean the claim ran
     assert message in err and "Traceback" not in err and stdout == ""
-    assert _snapshot(tmp_path) == before and sorted(os.listdir(tmp_path)) == names
+    assert snapshot(tmp_path) == before and sorted(os.listdir(tmp_path)) == names
 
 
 def test_out_where_nothing_can_be_written_is_refused_before_any_claim(registry, tmp_path, monkeypatch):
@@ -1279,11 +1251,11 @@ def test_compare_never_overwrites_its_inputs(registry, tmp_path, capsys, what, o
     a = tmp_path / "a"
     assert run_main(args(a, "fake-plain"))[0] == 0
     target = out(a, tmp_path)
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     assert report_compare.main([str(a), str(a / "claims.json"), "--out", target]) == 2
     captured = capsys.readouterr()
     assert message in captured.err and "--out" in captured.err and "Traceback" not in captured.err
-    assert captured.out == "" and _snapshot(tmp_path) == before
+    assert captured.out == "" and snapshot(tmp_path) == before
 
 
 def test_compare_writes_through_a_device_and_with_umask_permissions(registry, tmp_path, capsys):
@@ -1396,14 +1368,14 @@ def test_readme_cannot_be_the_reports_own_claims_json(findings_report, tmp_path,
     out, _ = findings_report
     copy = tmp_path / "r"
     shutil.copytree(out, copy)
-    before = _snapshot(copy)
+    before = snapshot(copy)
     (tmp_path / "alias.md").symlink_to(copy / "claims.json")
     for source, readme in ((copy, copy / "claims.json"), (copy / "claims.json", copy / "claims.json"),
                            (copy, tmp_path / "alias.md")):
         assert report_findings.main([str(source), "--readme", str(readme)]) == 2
         err = capsys.readouterr().err
         assert "same file as the input" in err and "Traceback" not in err, err
-    assert _snapshot(copy) == before
+    assert snapshot(copy) == before
 
 
 def test_a_finding_cannot_carry_the_readmes_end_marker(registry, tmp_path, capsys):
@@ -1455,7 +1427,7 @@ def test_the_environment_cannot_make_a_traceback(findings_report, tmp_path, env,
 
 # --------------------------------------------------------------------------- a full disk (issue 33)
 
-from test_hostile_inputs import fill, small_fs  # noqa: E402,F401 - the tmpfs fixture (root only, else skipped)
+from full_disk import fill, small_fs  # noqa: E402,F401 - the tmpfs fixture (root only, else skipped)
 
 
 def test_a_build_on_a_full_disk_says_so_and_keeps_the_previous_report(registry, findings_report, small_fs):
@@ -1464,11 +1436,11 @@ def test_a_build_on_a_full_disk_says_so_and_keeps_the_previous_report(registry, 
     out, _ = findings_report
     target = small_fs / "r"
     assert run_main(args(target, "fake-plain"))[0] == 0
-    before = _snapshot(target)
+    before = snapshot(target)
     fill(small_fs, leave=96 * 1024)
     status, stdout, err = run_main(["--from-json", str(out / "claims.json"), "--out", str(target)])
     assert status == 75 and "disk full:" in err and "bytes needed at" in err and "Traceback" not in err, err
-    assert _snapshot(target) == before
+    assert snapshot(target) == before
     assert sorted(p.name for p in small_fs.iterdir() if p.name != ".filler") == ["r"]
 
 

@@ -8,7 +8,6 @@ import contextlib
 import io
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,7 @@ from reports import figures as report_figures
 from reports import render as report_render
 from reports.build import check_report, main
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_report import install_registry, strict_load  # noqa: E402 - the fake registry of test_report
+from report_fakes import install_registry, strict_load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

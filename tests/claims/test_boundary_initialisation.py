@@ -1,11 +1,11 @@
-"""boundary-initialisation and boundary-allocation-race (claims/initialisation.py and
-claims/allocation_race.py, issue 14; runs in numerics/experiments/starts.py).
+"""boundary-initialisation (claims/initialisation.py, issue 14; runs in
+numerics/experiments/starts.py).
 
 Properties on drawn configurations (m in 1..3, r in 1..4, H in 1..m+1, L in 16..512,
 sigma in {0, 0.5}): from any random full start below theory's small scale the movable off-D
-part at t_end stays under the warm-up bound; Q's y columns never move; the race winner
-equals theory's ODE rule in every cell where two data seeds agree; the unbalanced reduced
-metric is the full model's flow on D (one GD step), the balanced one is not.
+part at t_end stays under the warm-up bound; Q's y columns never move; the unbalanced reduced
+metric is the full model's flow on D (one GD step), the balanced one is not.  The race of two
+heads for one task (boundary-allocation-race): tests/claims/test_boundary_allocation_race.py.
 """
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from claims.allocation_race import RaceProfile, check_race, phase_comparison, race_grid
-from claims.allocation_race import findings as race_findings
-from claims.allocation_race import run as run_race
 from claims.base import ClaimResult
 from claims.initialisation import check_gradient_free, check_warmup_bound, run
 from claims.initialisation import findings as init_findings
@@ -60,24 +57,6 @@ def test_small_random_start_stays_under_warmup_bound(device, problem, fraction, 
     assert c.discriminates, c.explain()   # and the bound is not vacuous: 'halves' is rejected
     g = check_gradient_free([r], cfg)
     assert g.agrees and g.discriminates, g.explain()
-
-
-@given(st.integers(1, 4), st.sampled_from([16, 32, 64]), st.sampled_from([0.0, 0.5]),
-       st.sampled_from([(0.5, 2.0), (0.6, 1.6), (0.5, 1.25)]))
-@settings(max_examples=2)
-def test_race_winner_matches_ode_rule_where_seeds_agree(device, r, L, sigma, ratios):
-    """Two heads race for one task from (s0, s0) against (rho_w s0, rho_m s0): in every cell
-    where two data seeds agree (and the race has ended) the winner is theory's ODE rule's;
-    undecided cells are counted."""
-    p = RaceProfile(tasks=(r,), L=L, sigma=sigma, ratios=ratios, time=30.0, batch=128, records=11, n_eval=1024)
-    cells = race_grid(p, device=device)["cells"]
-    c = check_race(cells)
-    assert len(cells) == 4 and c.details["decided"] + c.details["undecided"] == 4
-    if c.details["decided"]:
-        assert c.agrees, c.explain()
-        assert c.discriminates, c.explain()
-    else:  # nothing decided: nothing contradicts, but the perturbation is not rejected: never located
-        assert c.error == 0 and not c.discriminates
 
 
 @given(TASKS, st.integers(1, 3), st.integers(0, 20), st.floats(0.5, 3.0))
@@ -147,60 +126,6 @@ def test_tiny_initialisation_run(device, problem):
     # every random start's seeds counted: a class mix per scale, its counts summing to the seeds
     for f in r.details["findings"]:
         assert sum(e["count"] for e in f["mix"]["labels"].values()) == f["mix"]["n"] == 2
-
-
-@pytest.mark.thorough
-def test_race_claim_tiny(device):
-    """The tiny profile: the race is decided and agrees; the large-init phases (a drop not clear of
-    the noise at batch 128) end in one curve or neither, so that part is undecided, saying why
-    with the run length -- never contradicted (issue 22: the tiny report exited 1 here)."""
-    r = run_race(profile="tiny", device=device)
-    assert r.details.get("domain"), r.details.get("error")
-    race = next(c for c in r.details["comparisons"] if c["name"].startswith("race winner"))
-    assert race["agrees"], race
-    assert r.verdict in ("located", "undecided"), r.verdict
-    if r.verdict == "undecided":
-        assert "t_end = " in r.details["undecided"], r.details["undecided"]
-    assert {"race-heatmap", "race-border", "race-phases", "race-large-outcomes"} <= {f.name for f in r.figures}
-    assert {f.kind for f in r.findings} == {"beyond", "stops"}
-
-
-def _phases(w, e, defined=True):
-    return {"warmup_end": w, "emergence_end": e, "defined": defined, "reason": "" if defined else "noise"}
-
-
-def test_phase_comparison_counts_phases_that_do_not_end():
-    """A phase ending in neither curve is no disagreement; in one curve only it is counted and
-    said (with the run length); only phases ending in both are compared; none compared: error 0
-    and the perturbation not rejected (the judge says undecided, never contradicted)."""
-    nan = float("nan")
-    c = phase_comparison("p", [("a", _phases(1.0, 3.0), _phases(1.1, nan), 30.0),
-                               ("b", _phases(nan, nan, False), _phases(nan, nan, False), 30.0)], 0.1, "ref")
-    assert c.details["compared"] == 1 and c.details["ended_in_one_only"] == 1 and c.details["ended_in_neither"] == 2
-    assert c.agrees and c.discriminates and abs(c.error - 0.1) < 1e-12
-    assert c.predicted["a"][1] == "emergence did not end by t_end = 30"
-    assert c.measured["b"][0].startswith("warm-up undefined by t_end = 30")
-    none = phase_comparison("p", [("b", _phases(nan, nan, False), _phases(0.5, nan), 30.0)], 0.1, "ref")
-    assert none.details["compared"] == 0 and none.error == 0 and not none.discriminates
-    far = phase_comparison("p", [("a", _phases(1.0, 3.0), _phases(4.0, 9.0), 30.0)], 0.1, "ref")
-    assert not far.agrees
-
-
-def test_race_findings_follow_the_numbers():
-    """The race's sentences are generated from its own numbers: change one, the sentence changes."""
-    cells = [{"decided": True}] * 3 + [{"decided": False}]
-    details = {"cells": cells, "rules_disagree": 1, "largest_mu_contradicted": 1, "largest_mu_decided": 1,
-               "no_warmup_scales": [0.1], "unpredictable_scales": [], "warmup_undefined_scales": [],
-               "ran": {"profile": {"time": 30.0, "large_scales": [0.05, 0.1], "large_time": 30.0}},
-               "comparisons": [{"name": "race winner = ...", "measured": 3, "details": {"decided": 3, "undecided": 1}}]}
-    res = ClaimResult(id="boundary-allocation-race", title="", statement="", verdict="located", kind="boundary",
-                      details=details)
-    a = race_findings(res)
-    details["largest_mu_contradicted"] = 0
-    details["no_warmup_scales"] = [0.05]
-    b = race_findings(res)
-    assert a[0].text != b[0].text and a[1].text != b[1].text
-    assert "(0.05, 0.1]" in a[1].text and "(n/a, 0.05]" in b[1].text
 
 
 def _state(cls, loss, seed, superposed=0):

@@ -1,6 +1,6 @@
 """Mutants of claim 7 (issue 12): wrong theories and numerics applied with monkeypatch; the claim
 run at a dedicated small profile must return a verdict other than "pass".  Run with
-``python -m pytest -q --mutants -m mutants tests/test_mutants_optimality.py -s``; each test prints
+``python -m pytest -q --mutants -m mutants tests/claims/test_optimality_mutants.py -s``; each test prints
 the mutant's name and the verdict it got.  The controls run the same profiles unmutated (they
 must pass, so that a non-pass verdict is the mutant's doing)."""
 from __future__ import annotations

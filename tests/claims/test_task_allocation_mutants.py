@@ -1,7 +1,7 @@
 """Mutants of claim 4 (task allocation): wrong theories applied with monkeypatch; the claim's
 run at the dedicated profile MUTANT_PROFILE must not pass.
 
-Run with ``python -m pytest -q --mutants -m mutants tests/test_mutants_task_allocation.py -s``
+Run with ``python -m pytest -q --mutants -m mutants tests/claims/test_task_allocation_mutants.py -s``
 (``-s`` shows the "MUTANT name: verdict" lines the lead collects).
 
 Every mutant changes theory only, so the training runs and their measurements are the same

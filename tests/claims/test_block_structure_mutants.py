@@ -1,6 +1,6 @@
 """Mutants of theory/ and numerics/ that claim 1 (block structure) must reject, or is
 documented not to see (xfail, with why).  Run: python -m pytest -q --mutants -m mutants
-tests/test_mutants_block_structure.py -s  (each test prints the mutant and the verdict).
+tests/claims/test_block_structure_mutants.py -s  (each test prints the mutant and the verdict).
 
 Each mutant is applied with monkeypatch to every module binding of the original object
 (a ``from theory.x import f`` elsewhere binds the same function object), so the wrong

@@ -1,6 +1,6 @@
 """Mutation suite of claim 5 (limiting-error): wrong theories and numerics, applied by
 monkeypatching theory/ or numerics/, each of which the claim must reject at a small dedicated
-profile.  Run: ``python -m pytest -q -s --mutants -m mutants tests/test_mutants_limiting_error.py``.
+profile.  Run: ``python -m pytest -q -s --mutants -m mutants tests/claims/test_limiting_error_mutants.py``.
 
 Every test asserts ``verdict != "pass"`` *and* that a comparison disagrees (the mutant is caught
 by a comparison, not by an error of the run), and prints the mutant's name and verdict."""

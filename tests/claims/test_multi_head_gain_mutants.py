@@ -1,6 +1,6 @@
 """Mutation suite of claim 6 (multi-head-gain): wrong theories applied by monkeypatching
 theory/, each of which the claim must reject at a small dedicated profile.  Run:
-``python -m pytest -q -s --mutants -m mutants tests/test_mutants_multi_head_gain.py``.
+``python -m pytest -q -s --mutants -m mutants tests/claims/test_multi_head_gain_mutants.py``.
 
 Every test asserts ``verdict != "pass"`` *and* that a comparison disagrees, and prints the
 mutant's name and verdict.  Blind spot by construction: with m = 1 the gain is 1 = H, so

@@ -1,6 +1,8 @@
 """boundary-saddle at the tiny profile: the growth rate at each step agrees with the discrete
 map at the held point, its lr -> 0 extrapolation with theory's 2a, both reject a and 0; the
-invariant flow stays at rounding; the findings are generated from the numbers."""
+invariant flow stays at rounding; the findings are generated from the numbers.  And one tiny
+measurement of numerics.saddle (the growth rate, no prediction) through the claim's comparison.
+theory.saddle's unit tests: tests/test_theory_saddle.py."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -9,6 +11,8 @@ import numpy as np
 import pytest
 
 from claims import saddle as claim
+
+TASKS, L = (1, 1), 32     # the tiny measurement's problem
 
 
 def test_tiny_saddle_rows_and_findings():
@@ -51,3 +55,56 @@ def test_extrapolated_rate_rejects_the_step_biased_rate():
                                batch=512, seeds=(0, 1, 2), mu0=0.05)
     assert claim.check_growth_rate([g(x) for x in lrs], "toy").agrees
     assert not claim.check_growth_rate([g(x, 0.02) for x in lrs], "toy").agrees
+
+
+# ---------------------------------------------------------------------------------------
+# numerics: one tiny measurement
+# ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_growth():
+    from numerics import saddle as S
+
+    cfg = S._cfg(TASKS, 2, L)
+    runs = S.saddle_runs(cfg, lr=0.2, batches=[256], seeds=[0, 1], mu0=0.1, t_max=250.0, stop_share=0.05,
+                         record_dt=1.0)
+    return S, cfg, runs, S.growth_rate_measurement(cfg, 0.2, 256, [0, 1], mu0=0.1, runs=runs)
+
+
+def test_exact_allocated_point_is_never_left(tiny_growth):
+    """The floor runs start at the exact allocated point: the empty off-task channel stayed
+    exactly 0 (saddle_runs raises otherwise); the off-task |mu| is the served channel's noise."""
+    S, cfg, runs, g = tiny_growth
+    assert 0 < runs.floor[256] < 0.01 * runs.theory.mu_star.min()
+
+
+def test_tiny_growth_rate_is_measured(tiny_growth):
+    """Measurements only: the rate, its window and the path of served points the runs held
+    (where theory evaluates its discrete-time account), no prediction."""
+    S, cfg, runs, g = tiny_growth
+    assert not any(hasattr(g, k) for k in ("predicted", "a", "step_bias", "rate_at_held_point"))
+    assert g.e_folds > 2 and g.points >= 5 and len(g.per_seed) == 2 and g.se > 0
+    assert len(g.path_omega) == len(g.path_served) == 2
+    assert all(p.shape == (min(S.PATH_POINTS, g.points), 2, 2) or p.shape[1:] == (2, 2) for p in g.path_omega)
+    assert 0 <= g.off_task_omega < 0.01
+    # every run left through the opposite-sign branch
+    assert all(r.escaped and np.all(r.mu_off[-1] < 0) for r in runs.runs.values())
+
+
+def test_tiny_growth_rate_agrees_with_the_discrete_map(tiny_growth):
+    """The claim's comparison of this measurement: agrees with the discrete map at the held
+    point, rejects the amplitude's rate and rate 0."""
+    from claims.saddle import check_step_rate
+
+    c = check_step_rate(tiny_growth[3], "tiny")
+    assert c.agrees, c.explain()
+    names = [p.description for p in c.perturbations]
+    assert any("amplitude" in n for n in names) and any("rate 0" in n for n in names)
+    assert c.discriminates, c.explain()
+
+
+def test_run_is_reproducible(tiny_growth):
+    S, cfg, runs, g = tiny_growth
+    a = S.saddle_run(cfg, 0.2, 64, 3, 0.1, 4.0, record_dt=1.0)
+    b = S.saddle_run(cfg, 0.2, 64, 3, 0.1, 4.0, record_dt=1.0)
+    assert np.array_equal(a.mu_off, b.mu_off) and np.array_equal(a.o, b.o)

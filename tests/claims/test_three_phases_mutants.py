@@ -1,7 +1,7 @@
 """Mutation suite of claim 3: wrong theories and wrong numerics, applied by monkeypatching
 theory/ or numerics/, each of which the claim's run at a small dedicated profile must not
 pass.  Each profile is first run unmutated and must pass (else a mutant's non-pass verdict
-would mean nothing).  Run: python -m pytest -q -s --mutants -m mutants tests/test_mutants_three_phases.py
+would mean nothing).  Run: python -m pytest -q -s --mutants -m mutants tests/claims/test_three_phases_mutants.py
 """
 from __future__ import annotations
 

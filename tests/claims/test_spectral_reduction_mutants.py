@@ -1,6 +1,6 @@
 """Mutants of theory/ and numerics/ that claim 2 (spectral reduction) must reject, or is
 documented not to see (xfail, with why).  Run: python -m pytest -q --mutants -m mutants
-tests/test_mutants_spectral_reduction.py -s  (each test prints the mutant and the verdict).
+tests/claims/test_spectral_reduction_mutants.py -s  (each test prints the mutant and the verdict).
 
 Each mutant is applied with monkeypatch to every module binding of the original object
 (``from theory.reduced_ode import metric_factors`` in numerics.reduced and in the claim
