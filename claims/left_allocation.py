@@ -9,7 +9,9 @@ tolerance), and the flow ends at the best decomposable point of the same H, sign
 (:func:`check_best_decomposable`, two-sided).
 
 The runs are claims 5 and 6's own (same configuration, schedule and seed: taken from the run
-cache or a sweep store, trained once per report).  A run that stayed allocated did not reach
+cache or a sweep store, trained once per report): the seed of a run is its case's,
+``numerics.seeds.trained_run_seed`` of (tasks, sigma, L) at the report's seed, the name claims
+5 and 6 give their runs.  A run that stayed allocated did not reach
 the boundary: it is reported, not compared.  A run that left is compared with the best
 decomposable point only once it has converged for that comparison
 (``numerics.experiments.converged.converged_for``); the trained runs have not (they leave the
@@ -34,14 +36,15 @@ from numerics.experiments.converged import (PAPER_CONTINUATION, PAPER_SCHEDULE, 
                                             TINY_SCHEDULE, ContinuationSchedule, TrainingSchedule, continue_on_D,
                                             converged_for, converged_run)
 from numerics.experiments.probes import best_decomposable
+from numerics.seeds import case_seed, trained_run_seed
 from theory import exact as exact_theory
 from theory.optimality import linear_attention_loss
 
 
 @dataclass(frozen=True)
 class LeftAllocationProfile:
-    # (tasks, heads, L, sigma, seed): claims 5 and 6's noisy runs (seed 0 + 100 k + j of their case k, length j)
-    runs: tuple = (((3, 3), 2, 32, 0.5, 100),)
+    # (tasks, heads, L, sigma): claims 5 and 6's noisy runs (their seeds: numerics.seeds.trained_run_seed)
+    runs: tuple = (((3, 3), 2, 32, 0.5),)
     schedule: TrainingSchedule = field(default_factory=TrainingSchedule)
     search_starts: int = 0          # random starts of the decomposable search besides the allocated/merged ones
     search_fit_elements: int = 2 ** 17
@@ -51,11 +54,11 @@ class LeftAllocationProfile:
 
 PROFILES = {
     # tiny: claim 5's first tiny run (noiseless, stays allocated): the pipeline, undecided by design
-    "tiny": LeftAllocationProfile(runs=(((2, 2), 2, 32, 0.0, 0),), schedule=TINY_SCHEDULE),
-    "quick": LeftAllocationProfile(runs=(((3, 3), 2, 32, 0.5, 100), ((3, 3), 2, 64, 0.5, 101),
-                                         ((3, 3, 3), 3, 32, 0.5, 100), ((3, 3, 3), 3, 64, 0.5, 101)),
+    "tiny": LeftAllocationProfile(runs=(((2, 2), 2, 32, 0.0),), schedule=TINY_SCHEDULE),
+    "quick": LeftAllocationProfile(runs=(((3, 3), 2, 32, 0.5), ((3, 3), 2, 64, 0.5),
+                                         ((3, 3, 3), 3, 32, 0.5), ((3, 3, 3), 3, 64, 0.5)),
                                    schedule=QUICK_SCHEDULE),
-    "paper": LeftAllocationProfile(runs=tuple(((3, 3), 2, L, 0.5, 200 + j) for j, L in enumerate((64, 128, 256, 512))),
+    "paper": LeftAllocationProfile(runs=tuple(((3, 3), 2, L, 0.5) for L in (64, 128, 256, 512)),
                                    schedule=PAPER_SCHEDULE, search_starts=2, search_fit_elements=2 ** 19,
                                    continuation=PAPER_CONTINUATION),
 }
@@ -109,10 +112,11 @@ def ended(cfg: ProblemConfig, run, cont) -> dict:
 def evaluate(ctx) -> Outcome:
     p = ctx.p
     comps, rows, left, decided, undecided, where = [], [], 0, 0, [], []
-    for k, (tasks, heads, L, sigma, seed) in enumerate(p.runs):
+    for k, (tasks, heads, L, sigma) in enumerate(p.runs):
         ctx.progress(f"left allocation: tasks={list(tasks)} H={heads} L={L}", k / len(p.runs))
         cfg = ProblemConfig(tasks=tuple(tasks), heads=heads, L=L, sigma=sigma, device=ctx.device)
-        run = converged_run(cfg, p.schedule, seed + ctx.seed)
+        run = converged_run(cfg, p.schedule, trained_run_seed(ctx.seed, tasks, sigma, L))
+        case = (tuple(tasks), heads, L, sigma)      # the name of this run's own searches and flows
         fixed = exact_theory.exact_fixed_point(tuple(tasks), L, sigma)
         status = run_status(cfg, run, domain(cfg))
         name = f"left allocation: trained loss vs allocated fixed point, tasks={list(tasks)}, L={L}, sigma={sigma:g}"
@@ -127,7 +131,8 @@ def evaluate(ctx) -> Outcome:
         if not status[0].startswith("left the allocated set"):
             continue
         left += 1
-        best = best_decomposable(tuple(tasks), heads, L, sigma, seed + ctx.seed + 7, ctx.device,
+        best = best_decomposable(tuple(tasks), heads, L, sigma,
+                                 case_seed(ctx.seed, "left allocation: best decomposable", *case), ctx.device,
                                  random_starts=p.search_starts, fit_elements=p.search_fit_elements,
                                  eval_prompts=p.search_eval_prompts)
         tol = run_tolerance(run, best)
@@ -137,7 +142,8 @@ def evaluate(ctx) -> Outcome:
         if converged_for(run, tol):
             end, followed = run, False
         else:
-            cont = continue_on_D(cfg, run, seed + ctx.seed + 11, p.continuation, reference_se=best.se)
+            cont = continue_on_D(cfg, run, case_seed(ctx.seed, "left allocation: flow on D", *case), p.continuation,
+                                 reference_se=best.se)
             end, followed = cont, True
         where.append({"config": label, "trained_converged": cont is None, "trained_descent_left": run["descent_left"],
                       "trained_tolerance": tol, "trained_loss": run["loss"], "trained_se": run["se"],
@@ -159,7 +165,7 @@ def evaluate(ctx) -> Outcome:
     elif not decided:
         reason = "no run that left the allocated set converged within the budget: " + "; ".join(undecided)
     return Outcome(comps, rows, undecided=reason,
-                   details={"ran": f"claims 5-6's noisy runs {list(p.runs)} (seed offset {ctx.seed})",
+                   details={"ran": f"claims 5-6's noisy runs {list(p.runs)} (report seed {ctx.seed})",
                             "runs_left": left, "decided": decided, "undecided_runs": undecided, "where": where,
                             "continuation": asdict(p.continuation)})
 
@@ -207,7 +213,7 @@ def estimate(p: LeftAllocationProfile) -> float:
     from numerics import cost, exact_reduced
     from numerics.experiments.converged import converged_seconds
     seconds = 0.0
-    for tasks, heads, L, sigma, _ in p.runs:
+    for tasks, heads, L, sigma in p.runs:
         cfg = ProblemConfig(tasks=tuple(tasks), heads=heads, L=L, sigma=sigma)
         c = p.continuation
         seconds += converged_seconds(cfg, p.schedule)

@@ -36,6 +36,7 @@ from theory._validate import check_positive_int, check_sigma, check_tasks
 
 from .data import make_generator
 from .reduced import attention_weights
+from .seeds import case_seed
 
 def one_thread(fn):
     """Run ``fn`` with one torch intra-op thread (restored afterwards).  The tensors here are
@@ -479,14 +480,15 @@ def exact_minima(tasks, sigma: float, Ls: Sequence[int], n_eval: Optional[int], 
                  single: bool = False, progress=None, eval_elements: int = 2 ** 22,
                  fit_elements: int = FIT_ELEMENTS) -> list[dict]:
     """Allocated (and, with ``single``, single-head) minima of the exact loss at each L, each
-    measured on its own independent evaluation sample, paired between the families at one L.
+    measured on its own independent evaluation sample, paired between the families at one L
+    (the case at L draws from seeds s, s + 1, s + 2, s = numerics.seeds.case_seed(seed, "exact minima", L)).
     ``n_eval`` prompts per L, or (None) eval_elements / L: the Monte-Carlo error of L*loss
     then grows like sqrt(L), which the weighted fits account for."""
     out = []
     for k, L in enumerate(Ls):
         if progress is not None:
             progress(f"exact reduced minima at L={L}", k / len(Ls))
-        s = seed + 1000 * k
+        s = case_seed(seed, "exact minima", L)     # the case at L: its fits s, s + 1 and its evaluation s + 2
         mins = [allocated_minimum(tasks, L, sigma, s, device, fit_elements)]
         if single:
             mins.append(single_head_minimum(tasks, L, sigma, s + 1, device, fit_elements))

@@ -37,6 +37,7 @@ from numerics.experiments.converged import converged_for, last_quarter, stage_de
 from numerics.statistics import paired_ratio
 from numerics.model import MultiHeadAttention, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values
 from numerics.reduced import metric_factors, per_prompt_reduced_gradients, reduced_gradient
+from numerics.seeds import case_seed
 from numerics.symmetry import symmetrize_full, symmetrize_subgroup
 from numerics.train import TrainConfig, train, train_reduced
 from theory import optimality as th_opt
@@ -451,7 +452,8 @@ def candidates_at_heads(tasks, H: int, L: int, sigma: float, seed: int, device="
                         progress=None) -> dict:
     """The gradient-flow limit and every H-head candidate: the decomposable search
     (:func:`decomposable_search`) and ``full_starts`` full MERGED models (W_h, U_h free) trained
-    from random full starts (init seed ``seed + k``, prompt stream ``seed + 100 + k``), each
+    from random full starts (start k: init seed and prompt stream from numerics.seeds.case_seed
+    of ``seed`` and ("random full start", k, "init" / "prompts")), each
     measured again at its final weights on ``held_out_prompts`` fresh prompts.  Each candidate
     with its loss, standard error and constant C = limit / candidate (paired with the limit for
     a decomposable point, independent for a trained model); ``extra``: basis/dtype/logit_scale
@@ -467,9 +469,11 @@ def candidates_at_heads(tasks, H: int, L: int, sigma: float, seed: int, device="
     for k in range(full_starts):
         if progress is not None:
             progress(f"optimality: full merged model, H={H}, start {k}", 0.0)
+        stream = case_seed(seed, "random full start", k, "prompts")     # training, then held-out prompts
         cfg = ProblemConfig(tasks=tuple(tasks), heads=H, L=L, sigma=sigma, param="merged", init="random_full",
-                            init_scale=init_scale, init_seed=seed + k, device=device, **(extra or {}))
-        tcfg = TrainConfig(lr=train_lr, time=train_time, batch=train_batch, seed=seed + 100 + k, records=17)
+                            init_scale=init_scale, init_seed=case_seed(seed, "random full start", k, "init"),
+                            device=device, **(extra or {}))
+        tcfg = TrainConfig(lr=train_lr, time=train_time, batch=train_batch, seed=stream, records=17)
         window, snaps = last_quarter(tcfg.record_steps()), []
 
         def keep(step, t, model, loss):
@@ -480,12 +484,12 @@ def candidates_at_heads(tasks, H: int, L: int, sigma: float, seed: int, device="
         except TrainingDiverged as exc:
             rows.append({"kind": "full merged", "start": f"random full {k}", "diverged": str(exc)})
             continue
-        est = held_out_loss(res.final_model, n=held_out_prompts, seed=seed + 100 + k)
+        est = held_out_loss(res.final_model, n=held_out_prompts, seed=stream)
         C = alloc.loss / est.mean
         C_se = C * math.hypot(alloc.se / alloc.loss, est.se / est.mean)
         # the one convergence test (numerics.experiments.converged) at the tolerance of the comparison the
         # candidate's loss feeds, C's Z standard errors on the loss scale with the final iterate's fluctuation
-        d = stage_descent(snaps, held_out_prompts, seed + 100 + k)       # None: under 3 records to fit
+        d = stage_descent(snaps, held_out_prompts, stream)       # None: under 3 records to fit
         tol = stage_tolerance(est.mean * C_se / C, d.jitter if d is not None else 0.0)
         left = d.left if d is not None else math.inf
         rows.append({"kind": "full merged", "start": f"random full {k}", "loss": est.mean, "se": est.se, "C": C,
@@ -507,10 +511,11 @@ def candidates_at_heads(tasks, H: int, L: int, sigma: float, seed: int, device="
 def constant_rows(tasks, sigma: float, Ls: Sequence[int], seed: int, device="cpu", eval_elements: int = 2 ** 21,
                   fit_elements: int = 2 ** 17) -> list[dict]:
     """Per L: the limit and the best two-heads-per-task (2m heads) decomposable point on one
-    paired evaluation sample (seeds ``seed + 1000 k``, +1, +2 at the k-th L), and C(L)."""
+    paired evaluation sample (the row at L: seeds s, s + 1, s + 2 for the limit's fit, the best
+    point's and the evaluation, s = numerics.seeds.case_seed(seed, "constant row", L)), and C(L)."""
     rows = []
-    for k, L in enumerate(Ls):
-        s = seed + 1000 * k
+    for L in Ls:
+        s = case_seed(seed, "constant row", L)
         gf = allocated_minimum(tasks, L, sigma, s, device, fit_elements)
         best = best_found_minimum(tasks, L, sigma, s + 1, 2, 0, device, fit_elements)
         measure([gf, best], max(256, eval_elements // (best.omega.shape[0] * int(L))), s + 2, device)

@@ -48,7 +48,7 @@ def _fake(monkeypatch, loss, opposite, best, left=0.0, continued=None):
     monkeypatch.setattr(claim, "best_decomposable", lambda *a, **k: _best(best))
     monkeypatch.setattr(claim, "continue_on_D", lambda *a, **k: calls.append(k) or continued)
     monkeypatch.setattr(claim.exact_theory, "exact_fixed_point", lambda *a: {"loss": 1.5, "error_estimate": 1e-9})
-    prof = replace(claim.PROFILES["tiny"], runs=(((3, 3), 2, 32, 0.5, 100),))
+    prof = replace(claim.PROFILES["tiny"], runs=(((3, 3), 2, 32, 0.5),))
     res = claim.SPEC.run(prof)
     res.calls = calls
     return res
@@ -104,3 +104,29 @@ def test_allocated_run_is_reported_and_undecided(monkeypatch):
     res = _fake(monkeypatch, 1.50, 0.0, 1.20)
     assert res.verdict == "undecided" and "no trained run left" in res.details["undecided"]
     assert [r["side"] for r in res.headline] == ["reported"]
+
+
+def test_the_runs_are_claims_5_and_6s_by_case_name(monkeypatch):
+    """Every run, its search and its flow on D are seeded by their case's name at the report's
+    seed (numerics.seeds): the run is trained_run_seed(seed, tasks, sigma, L), the name claims 5
+    and 6 give the same run; the report's --seed moves every one of the seeds."""
+    from numerics.seeds import trained_run_seed
+
+    def seeds(report_seed):
+        seen = {"run": [], "best": [], "flow": []}
+        monkeypatch.setattr(claim, "converged_run",
+                            lambda cfg, schedule, seed: seen["run"].append(seed) or _run(1.37, 0.45, 0.05))
+        monkeypatch.setattr(claim, "best_decomposable", lambda *a, **k: seen["best"].append(a[4]) or _best(1.16))
+        monkeypatch.setattr(claim, "continue_on_D", lambda cfg, run, seed, *a, **k: seen["flow"].append(seed)
+                            or _continued(1.17))
+        monkeypatch.setattr(claim.exact_theory, "exact_fixed_point", lambda *a: {"loss": 1.5, "error_estimate": 1e-9})
+        runs = ((3, 3), 2, 32, 0.5), ((3, 3), 2, 64, 0.5), ((3, 3, 3), 3, 32, 0.5)
+        claim.SPEC.run(replace(claim.PROFILES["tiny"], runs=runs), seed=report_seed)
+        assert seen["run"] == [trained_run_seed(report_seed, t, s, L) for t, _, L, s in runs]
+        return seen
+
+    a, b = seeds(0), seeds(1)
+    for what in ("run", "best", "flow"):
+        assert len(a[what]) == 3 and len(set(a[what])) == 3, (what, a[what])        # distinct cases, distinct seeds
+        assert not set(a[what]) & set(b[what]), (what, a[what], b[what])           # --seed moves every one
+    assert len(set(a["run"]) | set(a["best"]) | set(a["flow"])) == 9       # a run, its search and its flow: three cases
