@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from claims.common import Z_SE, Comparison, compare, config_label, headline_row, reported_row
-from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
+from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
 from claims.trained import check_trained_loss, domain, run_status
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import (PAPER_CONTINUATION, PAPER_SCHEDULE, QUICK_CONTINUATION, QUICK_SCHEDULE,
@@ -87,7 +87,8 @@ def check_best_decomposable(cfg: ProblemConfig, end, best, allocated_loss: float
                    f"L={cfg.L}, sigma={cfg.sigma:g}", end["loss"], best.loss, Z_SE * se + step,
                    f"{Z_SE:g} standard errors of the difference of the two losses ({se:.3g}) plus {what} ({step:.3g})",
                    wrong=(("the allocated fixed point", allocated_loss),), config=config_label(cfg),
-                   details={"se": end["se"], "followed_on_D": followed, "allocation": end["allocation"],
+                   details={"role": "best decomposable", "se": end["se"], "followed_on_D": followed,
+                            "allocation": end["allocation"],
                             "status": "left the allocated set",
                             "best": {"loss": best.loss, "se": best.se, "family": best.family, "omega": best.omega,
                                      "mu": best.mu}})
@@ -126,6 +127,7 @@ def evaluate(ctx) -> Outcome:
                                      theory=fixed["loss"], se=run["se"], config=label))
             continue
         c = check_trained_loss(cfg, run, fixed, name, status, target="the allocated fixed point")
+        c.details["role"] = "trained loss vs allocated fixed point"      # what the findings look it up by
         comps.append(c)
         rows.append(headline_row(c, se=run["se"]))
         if not status[0].startswith("left the allocated set"):
@@ -176,8 +178,9 @@ def findings(result) -> list:
     descending at the budget)."""
     out, comps = [], result.details["comparisons"]
     for w in result.details.get("where", []):
-        c = next((x for x in comps if x["config"] == w["config"] and "best decomposable" in x["name"]), None)
-        fixed = next((x for x in comps if x["config"] == w["config"] and "allocated fixed point" in x["name"]), None)
+        c = next(iter(comparisons_where(result, config=w["config"], role="best decomposable")), None)
+        fixed = next(iter(comparisons_where(result, config=w["config"], role="trained loss vs allocated fixed point")),
+                     None)
         cont = w["continuation"]
         text = ("At {config}, the trained model leaves allocation for a superposition (held-out loss {trained}, below "
                 "the allocated fixed point {fixed}"

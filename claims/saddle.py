@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from claims.common import EPS64, Z_SE, Comparison, compare, headline_row, reported_row
-from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
+from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
 from numerics import saddle as measure
 from numerics.statistics import extrapolate_to_zero
 from theory import saddle as th
@@ -143,7 +143,8 @@ def check_step_rate(g, config: str) -> Comparison:
     return compare(f"saddle: growth rate at lr={g.lr:g} vs the discrete map at the held point, {config}", g.measured,
                    pred, tol, why, wrong=(("rate of the amplitude |o - v| (half)", pred / 2),
                                           ("rate 0 (a true minimum)", 0.0)),
-                   config=config, details={"se": g.se, "se_difference": se_d, "lr": g.lr, "batch": g.batch,
+                   config=config, details={"role": "step rate", "se": g.se, "se_difference": se_d, "lr": g.lr,
+                                           "batch": g.batch,
                                            "seeds": g.seeds, "per_seed": g.per_seed, "predicted_per_seed": per,
                                            "window": g.window, "e_folds": g.e_folds, "off_task_omega":
                                            g.off_task_omega, "held": _held(g), "mu0": g.mu0})
@@ -178,7 +179,8 @@ def check_growth_rate(gs, config: str) -> Comparison:
            f"({allowance:.2g})")
     return compare(f"saddle: growth rate of off-task |mu| vs 2a, {config}", ex["a"], sp.rate, tol, why,
                    wrong=(("rate a (amplitude, not |mu|)", sp.rate / 2), ("rate 0 (a true minimum)", 0.0)),
-                   config=config, details={"se": ex["a_se"], "systematic": ex["systematic"], "a": float(sp.a.mean()),
+                   config=config, details={"role": "growth rate", "se": ex["a_se"], "systematic": ex["systematic"],
+                                           "a": float(sp.a.mean()),
                                            "lrs": [g.lr for g in gs], "rates": [g.measured for g in gs],
                                            "rates_se": [g.se for g in gs], "lower_order": ex["lower_order"],
                                            "batch": gs[0].batch, "seeds": gs[0].seeds, "mu0": gs[0].mu0})
@@ -199,7 +201,8 @@ def check_invariant_flow(inv, sgd_anti: float, config: str) -> Comparison:
     why = f"64 eps (steps+1) sqrt(mu0) A: rounding per step, amplified at most by A = {A:.3g} (twin run)"
     return compare(f"saddle: noiseless flow on a G-invariant batch stays, {config}", inv.max_anti, 0.0, tol, why,
                    wrong=(("it leaves like SGD", sgd_anti),), config=config,
-                   details={"time": inv.time, "min_mu_off": inv.min_mu_off, "amplification": A})
+                   details={"role": "invariant flow", "time": inv.time, "min_mu_off": inv.min_mu_off,
+                            "amplification": A})
 
 
 def check_pooled_slope(escapes, slopes_pred, config: str) -> Comparison:
@@ -220,7 +223,8 @@ def check_pooled_slope(escapes, slopes_pred, config: str) -> Comparison:
     return compare("saddle: escape time vs batch size (pooled slope / theory's 1/a)", ratio, 1.0, Z_SE * se,
                    f"Z_SE standard errors of the inverse-variance pooled ratio ({se:.3g})",
                    wrong=(("additive noise: seed ~ lr/B (ratio 1/2)", 0.5), ("rate a instead of 2a (ratio 2)", 2.0)),
-                   config=config, details={"se": se, "per_config": tuple(zip(r.tolist(), s.tolist()))})
+                   config=config, details={"role": "pooled slope", "se": se,
+                                           "per_config": tuple(zip(r.tolist(), s.tolist()))})
 
 
 def check_escape_slope(e, pred: dict) -> Comparison:
@@ -237,7 +241,8 @@ def check_escape_slope(e, pred: dict) -> Comparison:
     return compare(f"saddle: escape-time slope, {_label(e.config)}", e.slope, pred["slope_pred"], Z_SE * e.slope_se,
                    why, error=error, wrong=(("additive noise: seed ~ lr/B, slope 1/rate", pred["slope_additive"]),
                                             ("rate a instead of 2a: slope 2/a", th.escape_time_slope(rate / 2)),
-                                            ("rate 0 (a true minimum): never escapes", math.inf)))
+                                            ("rate 0 (a true minimum): never escapes", math.inf)),
+                   details={"role": "escape slope"})
 
 
 def check_escape_times(e, pred: dict) -> list:
@@ -245,7 +250,7 @@ def check_escape_times(e, pred: dict) -> list:
     :func:`escape_prediction`): a reported check (the seed's prefactor is a leading-order
     account, docs/saddle.md).  Tolerance: Z_SE x sqrt(se_T^2 + se_pred^2) + the record spacing."""
     return [compare(f"saddle: escape time at B={B}", T, Tp, Z_SE * math.sqrt(a ** 2 + b ** 2) + e.spacing,
-                    f"{Z_SE:g} combined se + the record spacing ({e.spacing:.3g})")
+                    f"{Z_SE:g} combined se + the record spacing ({e.spacing:.3g})", details={"role": "escape time", "B": B})
             for B, T, Tp, a, b in zip(e.batches, e.T, pred["T_pred"], e.T_se, pred["T_pred_se"])]
 
 
@@ -293,10 +298,9 @@ def evaluate(ctx) -> Outcome:
 
 def findings(result) -> list:
     out = []
-    steps = comparisons_named(result, "saddle: growth rate at lr=")
-    for c in comparisons_named(result, "saddle: growth rate of off-task"):
+    for c in comparisons_where(result, role="growth rate"):
         d = c["details"]
-        mine = [s for s in steps if s["config"] == c["config"]]
+        mine = comparisons_where(result, config=c["config"], role="step rate")
         held = "; at each step the discrete map 2 log(1 + lr a)/lr at the served point the runs hold gives {preds}"
         verdicts = [s["agrees"] for s in mine]
         held += (" (agrees at every step)" if all(verdicts) else
@@ -307,12 +311,12 @@ def findings(result) -> list:
                            rates=", ".join(f"{x:.4g}" for x in d["rates"]), lrs=", ".join(f"{x:g}" for x in d["lrs"]),
                            rate=(c["measured"], d["se"]), pred=c["predicted"],
                            preds=", ".join(f"{s['predicted']:.4g}" for s in mine)))
-    pooled = comparisons_named(result, "saddle: escape time")[0]
+    pooled, = comparisons_where(result, role="pooled slope")
     out.append(finding(result, "beyond", "The escape time grows with the batch size with slope {ratio} x theory's 1/a "
                        "in log B (the seed scales like (lr/B)^2); the additive-noise law (1/2) is "
                        + ("rejected" if pooled["perturbations"][0]["rejected"] else "not rejected") + ".",
                        ratio=(pooled["measured"], pooled["details"]["se"])))
-    inv = comparisons_named(result, "saddle: noiseless")
+    inv = comparisons_where(result, role="invariant flow")
     out.append(finding(result, "beyond", "On an exactly G-invariant batch the noiseless flow never enters the unstable "
                        "direction (largest |o - v| {amp}, against {sgd} reached by SGD).",
                        amp=max(c["measured"] for c in inv),

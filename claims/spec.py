@@ -232,8 +232,27 @@ def finding(result: ClaimResult, kind: str, template: str, **numbers) -> Finding
 
 
 def comparisons_named(result: ClaimResult, prefix: str) -> list[dict]:
-    """The comparison summaries (``details["comparisons"]``) whose name starts with ``prefix``."""
+    """The comparison summaries (``details["comparisons"]``) whose name starts with ``prefix``.
+    Superseded by :func:`comparisons_where` (a name is a sentence for the reader, not a key):
+    kept for the claims not yet converted."""
     return [c for c in result.details.get("comparisons", []) if c["name"].startswith(prefix)]
+
+
+_ANY = object()
+
+
+def comparisons_where(result: ClaimResult, config=_ANY, **fields) -> list[dict]:
+    """The comparison summaries (``details["comparisons"]``, in their order) whose structured
+    fields are the given values: ``config`` the summary's own config label, every other keyword
+    a key of its ``details`` (set where the comparison is built, e.g. ``role="step rate"``,
+    ``L=64``), compared by equality; a summary without the key does not match.  Findings find
+    their comparisons so, never by parsing names."""
+    if not fields and config is _ANY:
+        raise ValueError("comparisons_where needs at least one field to match")
+    missing = object()
+    return [c for c in result.details.get("comparisons", [])
+            if (config is _ANY or c.get("config") == config)
+            and all(c.get("details", {}).get(k, missing) == v for k, v in fields.items())]
 
 
 def agreement(comparison: dict) -> str:

@@ -69,8 +69,13 @@ def test_superposition_short_of_the_best_point_is_contradicted(monkeypatch):
 
 def test_findings_follow_the_numbers(monkeypatch):
     a = _fake(monkeypatch, 1.20, 0.4, 1.20).findings[0].text
-    b = _fake(monkeypatch, 1.25, 0.4, 1.20).findings[0].text
+    res = _fake(monkeypatch, 1.25, 0.4, 1.20)
+    b = res.findings[0].text
     assert a != b and "1.25" in b
+    # they read the comparisons' fields (details["role"], config), not their names
+    for c in res.details["comparisons"]:
+        c["name"] = "renamed"
+    assert claim.findings(res)[0].text == b
 
 
 def test_an_unconverged_run_is_followed_on_D_and_the_end_compared(monkeypatch):

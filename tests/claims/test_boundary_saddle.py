@@ -30,6 +30,11 @@ def test_tiny_saddle_rows_and_findings():
     before = claim.findings(res)[0].text
     res.details["comparisons"][[c["name"] for c in res.details["comparisons"]].index(growth["name"])]["measured"] = 0.5
     assert claim.findings(res)[0].text != before and "0.5" in claim.findings(res)[0].text
+    # the findings read the comparisons' fields (details["role"], config), not their names
+    texts = [f.text for f in claim.findings(res)]
+    for c in res.details["comparisons"]:
+        c["name"] = "renamed"
+    assert [f.text for f in claim.findings(res)] == texts
 
 
 def test_pooled_slope_ratio():
