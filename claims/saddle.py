@@ -34,7 +34,7 @@ import numpy as np
 from claims.common import EPS64, Z_SE, Comparison, compare, headline_row, reported_row
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
 from numerics import saddle as measure
-from numerics.statistics import extrapolate_to_zero
+from numerics.statistics import extrapolate_to_zero, mean_se
 from theory import saddle as th
 
 
@@ -136,7 +136,7 @@ def check_step_rate(g, config: str) -> Comparison:
     the prediction) and rate 0 (a true minimum)."""
     pred, per = discrete_prediction(g)
     d = np.asarray(g.per_seed) - np.asarray(per)
-    se_d = float(np.std(d, ddof=1) / math.sqrt(d.size))
+    se_d = mean_se(d)[1]
     tol = Z_SE * se_d + _allowance(g)
     why = (f"{Z_SE:g} se over {d.size} seeds of measured - predicted ({Z_SE * se_d:.3g}) + half the logistic "
            f"correction ({_allowance(g):.2g})")

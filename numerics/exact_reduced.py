@@ -37,6 +37,7 @@ from theory._validate import check_positive_int, check_sigma, check_tasks
 from .data import make_generator
 from .reduced import attention_weights
 from .seeds import case_seed
+from .statistics import mean_se, standard_error_along
 
 def one_thread(fn):
     """Run ``fn`` with one torch intra-op thread (restored afterwards).  The tensors here are
@@ -393,8 +394,7 @@ def measure(minima: Sequence[FamilyMinimum], n_eval: int, seed: int, device="cpu
     losses = evaluate([(fm.omega, fm.mu) for fm in minima], first.tasks, first.L, first.sigma, n_eval, seed, device)
     for fm, pp in zip(minima, losses):
         fm.per_prompt = pp
-        fm.loss = float(pp.mean())
-        fm.se = float(pp.std(ddof=1) / math.sqrt(pp.size))
+        fm.loss, fm.se = mean_se(pp)
         fm.n_eval = int(pp.size)
     return list(minima)
 
@@ -603,7 +603,7 @@ def loss_and_gradient(omega, mu, tasks, L: int, sigma: float, n: int, seed: int,
     for name, x in (("loss", np.array(vals)), ("grad_omega", np.array(g_om)), ("grad_mu", np.array(g_mu))):
         mean = np.tensordot(w, x, axes=1)
         out[name] = float(mean) if x.ndim == 1 else mean
-        se = np.std(x, axis=0, ddof=1) / math.sqrt(groups)
+        se = standard_error_along(x)
         out[name + "_se"] = float(se) if x.ndim == 1 else se
     return out
 

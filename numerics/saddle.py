@@ -37,6 +37,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from numerics.statistics import line_fit, mean_se, standard_error_along
 from theory import exact as th_exact
 from theory import optimality as th_opt
 from theory import saddle as th
@@ -259,7 +260,7 @@ def _window_fit(t, mu_off, lo, hi, K):
     tt = t[sel]
     z = th.logistic_coordinate(u[sel], K)
     raw = np.log(u[sel])
-    return (float(np.polyfit(tt, z, 1)[0]), float(np.polyfit(tt, raw, 1)[0]), float(raw[-1] - raw[0]), int(sel.size))
+    return line_fit(tt, z).slope, line_fit(tt, raw).slope, float(raw[-1] - raw[0]), int(sel.size)
 
 
 def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Sequence[int], mu0: float = 0.05,
@@ -299,9 +300,7 @@ def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Se
     if len(per_seed) < 2:
         raise ValueError(f"fewer than 2 seeds gave a fit window (floor {floor:.3g}, lo {lo:.3g}, hi {his.min():.3g}): "
                          "raise t_max, B or lower floor_factor")
-    n = len(per_seed)
-    meas, se = float(np.mean(per_seed)), float(np.std(per_seed, ddof=1) / math.sqrt(n))
-    raw, raw_se = float(np.mean(raws)), float(np.std(raws, ddof=1) / math.sqrt(n))
+    (meas, se), (raw, raw_se) = mean_se(per_seed), mean_se(raws)
     return GrowthRateMeasurement(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma},
                                  lr=lr, batch=batch, seeds=tuple(seeds), mu0=runs.mu0, measured=meas, se=se, raw=raw,
                                  raw_se=raw_se, per_seed=tuple(per_seed), window=(float(lo), float(his.min())),
@@ -384,7 +383,7 @@ def gradient_variance_measurement(cfg: ProblemConfig, n: int = 8192, seed: int =
     parts = np.array([[cols[e][k].var(axis=0, ddof=1).sum() - rows[e][k].var(axis=0, ddof=1).sum()
                        for e in range(len(st.entries))] for k in g])
     return GradientVariance(n=n, S_col=S_col, S_row=S_row, dS=S_col - S_row,
-                            dS_se=parts.std(axis=0, ddof=1) / math.sqrt(groups))
+                            dS_se=standard_error_along(parts))
 
 
 @dataclass(frozen=True)
@@ -443,19 +442,16 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
             ts.append(float(np.mean(te)))
         per.append(tuple(ts))
         fin = [x for x in ts if math.isfinite(x)]
-        T.append(float(np.mean(fin)) if fin else math.inf)
-        T_se.append(float(np.std(fin, ddof=1) / math.sqrt(len(fin))) if len(fin) > 1 else math.inf)
+        mean, se = mean_se(fin)          # over the runs that escaped; inf where none (or one) did
+        T.append(mean if mean is not None else math.inf)
+        T_se.append(se if se is not None else math.inf)
         xs += [math.log(B)] * len(fin)
         ys += fin
     spacing = float(np.max([np.diff(r.t).max() for r in runs.runs.values()]))
     x, y = np.array(xs), np.array(ys)
     if x.size < 3 or np.ptp(x) == 0:
         raise ValueError("the slope needs escaped runs at >= 2 batch sizes")
-    A = np.vstack([x, np.ones_like(x)]).T
-    coef, res, *_ = np.linalg.lstsq(A, y, rcond=None)
-    resid = y - A @ coef
-    s2 = float(resid @ resid / max(1, x.size - 2))
-    slope, slope_se = float(coef[0]), float(math.sqrt(s2 / np.sum((x - x.mean()) ** 2)))
+    fit = line_fit(x, y)             # >= 3 runs: the residual variance has a degree of freedom
     # the imbalance o^2 - v^2 each run actually built, read at t = 4/a (the balanced part
     # decayed by 4 e-folds, the opposite-sign one not yet grown; median over seeds and entries)
     for B in batches:
@@ -468,8 +464,8 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
     return EscapeTimeMeasurement(
         config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma}, lr=lr,
         batches=tuple(batches), seeds=tuple(seeds), mu0=runs.mu0, threshold=threshold, T=tuple(T), T_se=tuple(T_se),
-        T_per_seed=tuple(per), spacing=spacing, slope=slope, slope_se=slope_se, slope_runs=int(x.size),
-        slope_resid_sd=math.sqrt(s2),
+        T_per_seed=tuple(per), spacing=spacing, slope=fit.slope, slope_se=fit.slope_se, slope_runs=fit.n,
+        slope_resid_sd=fit.residual_sd,
         variance={"dS": var.dS.tolist(), "dS_se": var.dS_se.tolist(), "S_col": var.S_col.tolist(),
                   "S_row": var.S_row.tolist(), "n": var.n},
         imbalance_measured=tuple(imb_meas), all_escaped=bool(all_escaped))

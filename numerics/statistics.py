@@ -1,7 +1,8 @@
 """Statistics of measured numbers, each estimator once: the tolerance multiplier
 :data:`Z_SE`, the mean and its standard error (:func:`mean_se`), batch-means standard
-errors, paired ratios on common prompts, the least-squares line and its slope's standard
-error (:func:`line_fit`), the L -> inf extrapolation of L * loss (claims 5-7 and the
+errors, the standard errors of several means over the same groups (:func:`standard_error_along`),
+paired ratios on common prompts, the least-squares line and its slope's standard error
+(:func:`line_fit`), the L -> inf extrapolation of L * loss (claims 5-7 and the
 boundaries), the loss a run could still lose (the one convergence measure:
 :func:`descent_left`) and the lr -> 0 extrapolation of a rate (the saddle)."""
 from __future__ import annotations
@@ -54,12 +55,14 @@ class LineFit:
     """The ordinary least-squares line y = slope x + intercept through n points:
     slope = sum (x_i - xbar)(y_i - ybar) / sum (x_i - xbar)^2, intercept = ybar - slope xbar,
     and the slope's standard error sqrt(s^2 / sum (x_i - xbar)^2) with the residual variance
-    s^2 = sum r_i^2 / (n - 2) (nan from two points: no degree of freedom left)."""
+    s^2 = sum r_i^2 / (n - 2) (nan from two points: no degree of freedom left); ``residual_sd``
+    is s."""
 
     slope: float
     intercept: float
     slope_se: float
     n: int
+    residual_sd: float
 
 
 def line_fit(x, y) -> LineFit:
@@ -75,7 +78,20 @@ def line_fit(x, y) -> LineFit:
     resid = y - A @ coef
     s2 = float(resid @ resid / (x.size - 2)) if x.size > 2 else math.nan
     return LineFit(slope=float(coef[0]), intercept=float(coef[1]),
-                   slope_se=float(math.sqrt(s2 / np.sum((x - x.mean()) ** 2))), n=int(x.size))
+                   slope_se=float(math.sqrt(s2 / np.sum((x - x.mean()) ** 2))), n=int(x.size),
+                   residual_sd=math.sqrt(s2))
+
+
+def standard_error_along(values, axis: int = 0):
+    """The standard error s / sqrt(n) of the mean of each slice along ``axis`` (n its length,
+    s^2 = sum (x_i - xbar)^2 / (n - 1)): :func:`mean_se`'s standard error for several
+    quantities measured on the same n independent groups at once (e.g. one per entry).
+    ValueError from fewer than two values along ``axis``."""
+    x = np.asarray(values, float)
+    n = x.shape[axis]
+    if n < 2:
+        raise ValueError(f"a standard error needs at least two values along axis {axis}, got {n}")
+    return np.std(x, axis=axis, ddof=1) / math.sqrt(n)
 
 
 def loss_standard_error(losses: np.ndarray, blocks: int = 10) -> float:

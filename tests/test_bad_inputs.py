@@ -98,7 +98,7 @@ CASES = [
      "at least one head per task"),
     ("theory", ["predict", "--tasks", "2,,2", "--heads", "2", "--L", "50"], 2,
      "comma-separated positive integers"),
-    ("theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "inf"], 2, "--L must be > 0 and finite"),
+    ("theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "inf"], 2, "--L must be a finite number"),
     ("theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "50", "--dps", "0"], 2,
      "--dps must be a positive integer"),
     # --- tools.bench ------------------------------------------------------------------------

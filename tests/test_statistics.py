@@ -41,6 +41,17 @@ def test_line_fit_against_scipy_linregress():
     assert fit.intercept == pytest.approx(ref.intercept, rel=1e-12)
     assert fit.slope_se == pytest.approx(ref.stderr, rel=1e-10)
     assert fit.n == x.size
+    resid = y - (ref.slope * x + ref.intercept)
+    assert fit.residual_sd == pytest.approx(math.sqrt(resid @ resid / (x.size - 2)), rel=1e-10)
+
+
+def test_standard_error_along_is_scipy_sem_per_column():
+    x = np.random.default_rng(3).normal(0, 1, (9, 4))
+    np.testing.assert_allclose(S.standard_error_along(x), stats.sem(x, axis=0), rtol=1e-13)
+    np.testing.assert_allclose(S.standard_error_along(x, axis=1), stats.sem(x, axis=1), rtol=1e-13)
+    assert S.standard_error_along(x[:, 0]) == pytest.approx(S.mean_se(x[:, 0])[1], rel=1e-13)
+    with pytest.raises(ValueError, match="at least two values"):
+        S.standard_error_along(x[:1])
 
 
 def test_line_fit_exact_line_and_refusals():
@@ -48,6 +59,7 @@ def test_line_fit_exact_line_and_refusals():
     assert (fit.slope, fit.intercept) == (pytest.approx(2.0), pytest.approx(1.0))
     assert fit.slope_se == pytest.approx(0.0, abs=1e-12)
     assert math.isnan(S.line_fit([0, 1], [0, 1]).slope_se)     # two points: no residual degree of freedom
+    assert math.isnan(S.line_fit([0, 1], [0, 1]).residual_sd) and fit.residual_sd == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError, match="two distinct x"):
         S.line_fit([1, 1, 1], [1, 2, 3])
     with pytest.raises(ValueError, match="as many y as x"):

@@ -51,7 +51,8 @@ def test_predict_unequal_blocks_with_noise():
     (["predict", "--tasks", "2,0", "--heads", "2", "--L", "10"], "positive integers"),
     (["predict", "--tasks", "2,2", "--heads", "0", "--L", "10"], "positive integer"),
     (["predict", "--tasks", "2,2", "--heads", "2", "--L", "-3"], "> 0"),
-    (["predict", "--tasks", "2,2", "--heads", "2", "--L", "10", "--sigma", "nan"], ">= 0"),
+    (["predict", "--tasks", "2,2", "--heads", "2", "--L", "10", "--sigma", "nan"], "--sigma must be a finite number"),
+    (["predict", "--tasks", "2,2", "--heads", "2", "--L", "10", "--sigma", "-0.5"], "--sigma must be >= 0"),
 ])
 def test_bad_arguments_say_what_is_wrong(argv, msg, capsys):
     with pytest.raises(SystemExit) as exc:

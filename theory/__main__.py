@@ -17,7 +17,7 @@ import time
 
 from audit_io.files import check_output_path, write_output
 from audit_io.command import command_line
-from audit_io.options import int_option, seed_option, tasks_option
+from audit_io.options import float_option, int_option, seed_option, tasks_option
 
 MAX_PREDICT_TASKS = 32
 """The most tasks ``theory predict`` takes: what runs in seconds.  Each task costs an mpmath fixed
@@ -39,20 +39,6 @@ the cost of the root finders grows faster than linearly in the digits."""
 
 def _positive_int(name, high=None, why=""):
     return int_option(name, 1, high, why)
-
-
-def _positive_float(name, allow_zero=False):
-    def parse(text):
-        try:
-            if "_" in text:
-                raise ValueError(text)
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number (no underscores), got {text!r}") from None
-        if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-            raise argparse.ArgumentTypeError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {text!r}")
-        return v
-    return parse
 
 
 def _matrix(name):
@@ -197,9 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--heads", type=_positive_int("--heads", MAX_PREDICT_HEADS, "theory.__main__.MAX_PREDICT_HEADS"),
                     required=True,
                     help="number of attention heads H; the allocated model needs H >= m (extra heads stay idle)")
-    pr.add_argument("--L", type=_positive_float("--L"), required=True,
+    pr.add_argument("--L", type=float_option("--L", low=0), required=True,
                     help="context length L > 0 (the expansion is in powers of 1/L)")
-    pr.add_argument("--sigma", type=_positive_float("--sigma", allow_zero=True), default=0.0,
+    pr.add_argument("--sigma", type=float_option("--sigma", low=0, allow_low=True), default=0.0,
                     help="label-noise standard deviation sigma >= 0 (default 0)")
     pr.add_argument("--optimality", action="store_true",
                     help="also search the best decomposable attention over signed (omega, mu) with H heads "
@@ -230,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "'0.3,0.1;0.2,0.4' (rows, i.e. heads, separated by ';')")
     ex.add_argument("--mu", type=_matrix("--mu"), default=None,
                     help="OV semi-singular values, same format as --omega")
-    ex.add_argument("--sigma", type=_positive_float("--sigma", allow_zero=True), default=None,
+    ex.add_argument("--sigma", type=float_option("--sigma", low=0, allow_low=True), default=None,
                     help="label-noise standard deviation sigma >= 0 (default 0; not with --benchmark)")
     ex.add_argument("--gradient", action="store_true", help="also print d loss/d omega and d loss/d mu")
     ex.add_argument("--fixed-point", action="store_true",

@@ -10,13 +10,8 @@ import numpy as np
 
 from numerics.exact_reduced import allocated_minimum, evaluate, minimise_family, optimal_mu_at
 from numerics.experiments import one_thread
+from numerics.statistics import mean_se   # also imported from here by claims/boundaries.py (until it imports numerics.statistics)
 from numerics.train import TrainConfig, train_reduced
-
-
-def mean_se(x) -> tuple[float, float]:
-    """Mean and standard error of per-prompt losses."""
-    x = np.asarray(x, float)
-    return float(x.mean()), float(x.std(ddof=1) / math.sqrt(x.size))
 
 
 def paired_difference(a, b) -> tuple[float, float]:
