@@ -195,14 +195,23 @@ def check_invariant_flow(inv, sgd_anti: float, config: str) -> Comparison:
     largest amplification of an opposite-sign perturbation along the run, measured by a twin
     run on the same batch (the fixed batch's landscape is not the population's, and GD at a
     finite step can amplify more than e^{a t}).  Perturbation: "it leaves like SGD", the SGD
-    runs' amplitude |o - v| at escape (``sgd_anti``), held to the same tolerance."""
+    runs' amplitude |o - v| at escape (``sgd_anti``), held to the same tolerance.
+
+    The run is GD at the largest step (the requested one halved at most
+    numerics.saddle.MAX_STEP_HALVINGS times) whose off-D residual stays within rounding: a step
+    past the fixed batch's stability edge leaves D through rounding (a step-size instability,
+    not the flow); the steps that did are in details["unstable"], and a run that left D at every
+    step tried is compared as measured (details["stable"] False)."""
     A = inv.amplification
     tol = 64 * EPS64 * (inv.steps + 1) * math.sqrt(inv.mu0) * max(A, 1.0)
-    why = f"64 eps (steps+1) sqrt(mu0) A: rounding per step, amplified at most by A = {A:.3g} (twin run)"
+    why = (f"64 eps (steps+1) sqrt(mu0) A: rounding per step, amplified at most by A = {A:.3g} (twin run); GD at "
+           f"lr {inv.lr:g}" + (f" (lr {inv.requested_lr:g} halved until GD stays on D)" if inv.unstable else ""))
     return compare(f"saddle: noiseless flow on a G-invariant batch stays, {config}", inv.max_anti, 0.0, tol, why,
                    wrong=(("it leaves like SGD", sgd_anti),), config=config,
                    details={"role": "invariant flow", "time": inv.time, "min_mu_off": inv.min_mu_off,
-                            "amplification": A})
+                            "amplification": A, "lr": inv.lr, "requested_lr": inv.requested_lr,
+                            "max_residual": inv.max_residual, "rounding_residual": measure.rounding_bound(inv.steps),
+                            "stable": inv.stable, "unstable": [dict(u) for u in inv.unstable]})
 
 
 def check_pooled_slope(escapes, slopes_pred, config: str) -> Comparison:
@@ -316,11 +325,28 @@ def findings(result) -> list:
                        "in log B (the seed scales like (lr/B)^2); the additive-noise law (1/2) is "
                        + ("rejected" if pooled["perturbations"][0]["rejected"] else "not rejected") + ".",
                        ratio=(pooled["measured"], pooled["details"]["se"])))
-    inv = comparisons_where(result, role="invariant flow")
-    out.append(finding(result, "beyond", "On an exactly G-invariant batch the noiseless flow never enters the unstable "
-                       "direction (largest |o - v| {amp}, against {sgd} reached by SGD).",
-                       amp=max(c["measured"] for c in inv),
-                       sgd=min(c["perturbations"][0]["predicted"] for c in inv)))
+    out.extend(invariant_findings(result))
+    return out
+
+
+def invariant_findings(result) -> list:
+    """One sentence per invariant-batch comparison: the steps that left D (a step-size
+    instability of GD on the fixed batch), the step measured, whether the flow stayed."""
+    out = []
+    for c in comparisons_where(result, role="invariant flow"):
+        d = c["details"]
+        left = d.get("unstable") or []
+        pre = ("GD on the G-invariant batch at lr " + ", ".join(f"{u['lr']:g}" for u in left) + " leaves D by a "
+               "step-size instability (its off-D residual, rounding at the start, reaches "
+               + ", ".join(f"{u['residual']:.2g} by t = {u['t']:.3g}" for u in left) + ": past the fixed batch's "
+               "stability edge, not the flow); " if left else "")
+        at = f"at lr {d['lr']:g}" + (" (the smallest step tried, still leaving D)" if not d.get("stable", True) else "")
+        stays = ("the flow stays off the unstable direction" if c["agrees"] else
+                 "the flow enters the unstable direction beyond rounding")
+        out.append(finding(result, "beyond", "At {config}, " + pre + at + " " + stays + ": largest |o - v| {amp} "
+                           "(rounding tolerance {tol}; off-D residual {res}), against {sgd} reached by SGD.",
+                           config=c["config"], amp=c["measured"], tol=c["tolerance"], res=d.get("max_residual"),
+                           sgd=c["perturbations"][0]["predicted"]))
     return out
 
 

@@ -113,3 +113,46 @@ def test_run_is_reproducible(tiny_growth):
     a = S.saddle_run(cfg, 0.2, 64, 3, 0.1, 4.0, record_dt=1.0)
     b = S.saddle_run(cfg, 0.2, 64, 3, 0.1, 4.0, record_dt=1.0)
     assert np.array_equal(a.mu_off, b.mu_off) and np.array_equal(a.o, b.o)
+
+
+def test_invariant_run_halves_a_step_that_leaves_D(monkeypatch):
+    """numerics.saddle.invariant_flow_measurement lowers the step until GD on the fixed batch keeps
+    its off-D residual at rounding (a step past the batch's stability edge is not the flow), records
+    the steps that left, and the claim's finding names them; a run that leaves at every step is
+    compared as measured and said so."""
+    from numerics import saddle as ns
+    from numerics.config import ProblemConfig
+    calls = []
+
+    def fake_run(cfg, lr, batch, seed, mu0, t_max, stop_share=0.1, record_dt=0.5, batches=None, start=None,
+                 stop_residual=np.inf):
+        calls.append(lr)
+        leaves = lr > leave_above
+        t = np.arange(0.0, 4.0 if leaves else t_max + 1e-9, 1.0)
+        resid = np.full(t.shape, 1e-17)
+        if leaves:
+            resid[-1] = 1e-3
+        z = np.zeros((len(t), 2))
+        return ns.SaddleRun(batch=batch, seed=seed, lr=lr, mu0=mu0, t=t, mu_off=z + mu0, served=z + 1, o=z, v=z,
+                            omega=np.zeros((len(t), 2, 2)), t_stop=float(t[-1]), escaped=leaves, wall=0.0,
+                            residual=resid)
+
+    monkeypatch.setattr(ns, "saddle_run", fake_run)
+    cfg = ProblemConfig(tasks=(1, 1), heads=2, L=16)
+    leave_above = 0.06
+    inv = ns.invariant_flow_measurement(cfg, 0.2, 10.0, 0.05, 64)
+    assert inv.stable and inv.lr == 0.05 and inv.requested_lr == 0.2 and inv.steps == 200
+    assert [u["lr"] for u in inv.unstable] == [0.2, 0.1] and all(u["residual"] == 1e-3 for u in inv.unstable)
+    comp = claim.check_invariant_flow(inv, 0.7, "cfg")
+    assert comp.agrees and comp.details["unstable"][0]["lr"] == 0.2
+    res = SimpleNamespace(id="boundary-saddle", details={"comparisons": [comp.summary()]})
+    text, = [f.text for f in claim.invariant_findings(res)]
+    assert "at lr 0.2, 0.1 leaves D by a step-size instability" in text and "at lr 0.05 the flow stays" in text
+    leave_above = 0.0                                   # every step leaves D: measured at the smallest, said so
+    calls.clear()
+    inv = ns.invariant_flow_measurement(cfg, 0.2, 10.0, 0.05, 64)
+    assert not inv.stable and inv.lr == 0.2 / 2 ** ns.MAX_STEP_HALVINGS and len(inv.unstable) == ns.MAX_STEP_HALVINGS
+    assert len(calls) == ns.MAX_STEP_HALVINGS + 2      # every step tried, then the twin at the last
+    res.details["comparisons"] = [claim.check_invariant_flow(inv, 0.7, "cfg").summary()]
+    text, = [f.text for f in claim.invariant_findings(res)]
+    assert "the smallest step tried, still leaving D" in text
