@@ -14,8 +14,10 @@ the allocation has; the exact allocated point, off-task channels empty, is never
 
 :func:`run_point` trains once (``numerics.train.train``, one torch thread) and returns what
 classification needs, as plain JSON (:func:`train_atlas` says what each number is); the
-class itself is :func:`classify` (the one readout, ``numerics.readout.allocation``, plus the
-off-D rule and the convergence flag below).  The claims read these results from the sweep
+class itself is :func:`point_class`: the one classifier, ``numerics.readout.end_class``, of the
+point's readout, off-D rule and convergence flag (below).  A cell's seeds are counted by class
+(:func:`cell_mix`: ``numerics.experiments.starts.outcome_mix``, each class's binomial interval
+and loss ratios), never summarised by one class unless every seed shares it.  The claims read these results from the sweep
 store (``python -m reports.build --only atlas-... --from-sweep DIR``) and train nothing.
 
 Reference numbers stored with each point, computed on the worker (cached per process, so a
@@ -42,11 +44,12 @@ from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss
 from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
 from numerics.experiments import active_store, one_thread
-from numerics.readout import SUPERPOSED_SHARE, allocation, crossing_time
+from numerics.readout import OUTCOME_CLASSES, SUPERPOSED_SHARE, allocation, crossing_time, end_class
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
+from numerics.statistics import mean_se as _mean_se
 from numerics.train import TrainConfig, train
 
-__all__ = ["AtlasSchedule", "CLASSES", "classify", "run_point", "check_point", "train_atlas", "escape_time",
+__all__ = ["AtlasSchedule", "point_class", "cell_mix", "run_point", "check_point", "train_atlas", "escape_time",
            "atlas_point", "Z_CONVERGED", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_points",
            "grid_of", "cell_class", "mean_se", "ratios", "panel_matrices", "class_counts", "warmup_border",
            "record_spacing", "crossing_L", "last_and_first", "ols_slope", "escape_cells", "escape_means", "PATTERNS"]
@@ -70,15 +73,6 @@ BEST_SEARCH = {"random_starts": 1, "fit_elements": 2 ** 17, "eval_prompts": 2048
 """The best decomposable point's search (numerics.experiments.probes.best_decomposable) at a
 size a sweep worker pays once per configuration: one random start besides theory.optimality's
 structured starts, fit on 2^17 prompt tokens x heads, evaluated on 2048 prompts (se ~1%)."""
-
-CLASSES = ("allocated", "superposition", "off D", "mixed", "not converged", "diverged")
-"""The atlas's outcomes, by precedence (:func:`classify`): ``not converged`` (still in warm-up,
-or the held-out loss still falls), ``off D`` (movable off-D part above the warm-up bound and
-OFF_D_RELATIVE), ``superposition`` (an opposite-sign off-task value >= SUPERPOSED_SHARE of the
-serving one: numerics.readout), ``allocated`` (numerics.readout's rule), ``mixed`` (none of
-these: heads sharing tasks with one sign, or fewer heads than tasks); ``diverged`` (the loss
-blew up: numerics.train.TrainingDiverged, e.g. a large unbalanced start; stored as a result, not
-as a failed point, because it is an outcome of the start)."""
 
 STARTS = ("config", "allocated")
 PATTERNS = {"decomposable": "balanced decomposable", "random_decomposable": "balanced decomposable (random)",
@@ -250,7 +244,8 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
       first crossing of ``threshold`` by the opposite-sign share (inf: none);
     - ``allocated_loss`` (theory.exact, None for H < m), ``best_decomposable`` (dict), and for
       the allocated start ``saddle`` (theory.saddle's T(B) with the measured seed input);
-    - ``class`` (:func:`classify`), ``seconds``, ``cpu_seconds``.
+    - ``class`` (:func:`point_class`: numerics.readout.EndClass.to_dict()), ``seconds``,
+      ``cpu_seconds``.
 
     A run that diverges (numerics.train.TrainingDiverged) returns ``diverged`` (the message),
     class "diverged", the start's numbers and the reference numbers, NaN for the rest."""
@@ -286,7 +281,7 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
     except TrainingDiverged as exc:
         nan = math.nan
         return {"config": cfg.to_dict(), "schedule": asdict(sch), "seed": int(seed), "diverged": str(exc),
-                "class": "diverged", "converged": False, "in_warmup": False, "off_D": False,
+                "class": point_class({"diverged": str(exc), "tasks": list(cfg.tasks)}), "converged": False, "in_warmup": False, "off_D": False,
                 "residual_start": split0, "residual_end": {k: nan for k in split0}, "norm0_sq": norm0_sq,
                 "warmup": {"c4": c4, "exponent": 8.0 * c4 * norm0_sq * sch.time}, "loss": nan, "se": nan,
                 "escape_time": nan, "t": [], "opposite_share": [], **refs,
@@ -328,26 +323,21 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
         **refs,
         "steps": res.steps,
     }
-    out["class"] = classify(out)
+    out["class"] = point_class(out)
     out["seconds"] = time.perf_counter() - t0
     out["cpu_seconds"] = time.process_time() - c0
     return out
 
 
-def classify(r: dict) -> str:
-    """The atlas outcome of one point's result (:data:`CLASSES`, by precedence)."""
+def point_class(r: dict) -> dict:
+    """The class of one point's result (numerics.readout.end_class: allocated / superposition on
+    k of m tasks / off D / mixed / not converged / diverged, by precedence), as
+    EndClass.to_dict(); read from the stored readout and flags, so a sweep stored before the
+    classifier changed is classified by the current one."""
     if r.get("diverged"):
-        return "diverged"
-    if not r["converged"]:
-        return "not converged"
-    if r["off_D"]:
-        return "off D"
-    a = r["allocation"]
-    if a["superposition"]:
-        return "superposition"
-    if a["allocated"]:
-        return "allocated"
-    return "mixed"
+        cls = end_class(None, off_D=False, converged=False, diverged=True, reason=str(r["diverged"])).to_dict()
+        return {**cls, "tasks": len(r.get("tasks") or (r.get("config") or {}).get("tasks") or ())}
+    return end_class(r["allocation"], off_D=bool(r["off_D"]), converged=bool(r["converged"])).to_dict()
 
 
 def from_stored(d: dict) -> dict:
@@ -420,19 +410,29 @@ def _sort_key(v):
                                                                        else (1, 0, str(v)))
 
 
-def cell_class(results) -> tuple[str, bool]:
-    """(the cell's class, seeds agree): the class of every seed when they agree, else the one
-    first in CLASSES order (the map marks the cell)."""
-    classes = [classify(r) for r in results]
-    agree = len(set(classes)) == 1
-    return (classes[0] if agree else min(classes, key=CLASSES.index)), agree
+def cell_mix(results) -> dict:
+    """Where a cell's seeds ended: numerics.experiments.starts.outcome_mix of their classes
+    (:func:`point_class`) at Z_CONVERGED, with the loss ratios to the cell's theory.exact
+    allocated loss and best decomposable point (one configuration: the first result's)."""
+    from numerics.experiments.starts import outcome_mix
+    states = [{"class": point_class(r), "loss": r.get("loss", math.nan),
+               "init_seed": (r.get("config") or {}).get("init_seed"), "data_seed": r.get("seed")} for r in results]
+    refs = {"allocated_loss": results[0].get("allocated_loss"), "best_decomposable": results[0].get("best_decomposable")}
+    return outcome_mix(states, Z_CONVERGED, refs)
+
+
+def cell_class(results) -> tuple:
+    """(the class name every seed of the cell shares, True), or (None, False) when the seeds end
+    in different classes (the cell is then its counted mix, :func:`cell_mix`)."""
+    labels = [point_class(r)["label"] for r in results]
+    if len(set(labels)) == 1:
+        return point_class(results[0])["name"], True
+    return None, False
 
 
 def mean_se(xs):
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if not xs:
-        return None, None
-    return float(np.mean(xs)), (float(np.std(xs, ddof=1) / math.sqrt(len(xs))) if len(xs) > 1 else None)
+    """numerics.statistics.mean_se of the finite values (an unmeasured point is no number of the sample)."""
+    return _mean_se(xs, non_finite="drop")
 
 
 def ratios(results) -> dict:
@@ -443,10 +443,11 @@ def ratios(results) -> dict:
 
 
 def panel_matrices(cells, rows, cols, row_label, col_label) -> dict:
-    """The panel's maps: ``outcome`` (class code, + 0.5 where the seeds disagree), ``over_allocated``
-    and ``over_best`` (mean loss ratios), None where a cell is empty; labels; per-cell ``info``."""
-    code = {c: k for k, c in enumerate(CLASSES)}
-    M, R, Bm, info = [], [], [], {}
+    """The panel's maps: ``outcome`` (the code, index in OUTCOME_CLASSES, of the class every seed
+    of a cell shares; None where the seeds disagree: ``mixes`` holds those cells' counted mixes),
+    ``over_allocated`` and ``over_best`` (mean loss ratios), None where a cell is empty; labels;
+    per-cell ``info`` (the class, its :func:`cell_mix`, the ratios, losses and escape times)."""
+    M, R, Bm, info, mixes = [], [], [], {}, {}
     for r in rows:
         mrow, rrow, brow = [], [], []
         for c in cols:
@@ -457,29 +458,39 @@ def panel_matrices(cells, rows, cols, row_label, col_label) -> dict:
                 brow.append(None)
                 continue
             cls, agree = cell_class(res)
-            rat = ratios(res)
-            mrow.append(code[cls] + (0.0 if agree else 0.5))
+            rat, mix, key = ratios(res), cell_mix(res), f"{row_label(r)} | {col_label(c)}"
+            mrow.append(OUTCOME_CLASSES.index(cls) if agree else None)
             rrow.append(rat["over_allocated"])
             brow.append(rat["over_best"])
-            info[f"{row_label(r)} | {col_label(c)}"] = {"class": cls, "seeds_agree": agree,
-                                                       "classes": [classify(x) for x in res], **rat,
-                                                       "loss": [x["loss"] for x in res],
-                                                       "escape_time": [x["escape_time"] for x in res]}
+            if not agree:
+                mixes[key] = mix
+            info[key] = {"class": cls, "seeds_agree": agree, "mix": mix,
+                         "classes": [point_class(x)["label"] for x in res], **rat,
+                         "loss": [x["loss"] for x in res], "escape_time": [x.get("escape_time") for x in res]}
         M.append(mrow)
         R.append(rrow)
         Bm.append(brow)
     return {"outcome": M, "over_allocated": R, "over_best": Bm, "row_labels": [row_label(r) for r in rows],
-            "col_labels": [col_label(c) for c in cols], "info": info}
+            "col_labels": [col_label(c) for c in cols], "info": info, "mixes": mixes}
 
 
 def class_counts(cells) -> dict:
-    out = {c: 0 for c in CLASSES}
-    disagree = 0
+    """Over a panel's cells: per class name the cells whose seeds all share it, ``seeds_disagree``
+    (cells whose seeds end in different classes), ``cells``; ``seeds`` per class label over every
+    seed of the panel, ``n_seeds`` and the seeds per cell (``seeds_per_cell``, sorted)."""
+    out = {c: 0 for c in OUTCOME_CLASSES}
+    disagree, seeds = 0, {}
     for res in cells.values():
         cls, agree = cell_class(res)
-        out[cls] += 1
+        if agree:
+            out[cls] += 1
         disagree += not agree
-    return {**out, "seeds_disagree": disagree, "cells": len(cells)}
+        for x in res:
+            label = point_class(x)["label"]
+            seeds[label] = seeds.get(label, 0) + 1
+    return {**out, "seeds_disagree": disagree, "cells": len(cells), "seeds": seeds,
+            "n_seeds": sum(len(res) for res in cells.values()),
+            "seeds_per_cell": sorted({len(res) for res in cells.values()})}
 
 
 def warmup_border(results_by_scale: dict) -> float | None:
@@ -572,18 +583,18 @@ def warmup_row(by_scale: dict) -> dict:
 def heads_row(by_heads: dict, m: int) -> dict:
     """One row of the heads panel (H -> the cell's results, in column order; m tasks): the
     measured border (the smallest H whose seeds all end allocated; inf: no such H although an H
-    >= m converged with its seeds agreeing; None: undecided), each H's class, and over the cells
-    with H > m the superposition / off-D / not-converged counts and the mean loss over
-    theory.exact's allocated loss."""
+    >= m converged with its seeds agreeing; None: undecided), each H's class (None: its seeds
+    disagree: its counted mix is the panel's cell info), and over the seeds of the cells with H > m the superposition /
+    off-D / not-converged counts and the mean loss over theory.exact's allocated loss."""
     classes = {h: cell_class(res) for h, res in by_heads.items()}
     allocated = [h for h, c in classes.items() if c == ("allocated", True)]
     above = [h for h, c in classes.items() if h >= m and c[1] and c[0] != "not converged"]
     surplus = [h for h in by_heads if h > m]
+    names = [point_class(x)["name"] for h in surplus for x in by_heads[h]]
     return {"measured_border": min(allocated) if allocated else (math.inf if above else None),
             "classes": {h: c[0] for h, c in classes.items()},
-            "superposition_above_m": sum(classes[h][0] == "superposition" for h in surplus),
-            "off_D_above_m": sum(classes[h][0] == "off D" for h in surplus),
-            "not_converged_above_m": sum(classes[h][0] == "not converged" for h in surplus),
+            "superposition_above_m": names.count("superposition"), "off_D_above_m": names.count("off D"),
+            "not_converged_above_m": names.count("not converged"), "seeds_above_m": len(names),
             "cells_above_m": len(surplus),
             "ratio_above_m": mean_se([ratios(by_heads[h])["over_allocated"] for h in surplus])}
 
