@@ -188,10 +188,14 @@ def test_phase_comparison_counts_phases_that_do_not_end():
 
 def test_race_findings_follow_the_numbers():
     """The race's sentences are generated from its own numbers: change one, the sentence changes."""
-    cells = [{"decided": True}] * 3 + [{"decided": False}]
+    one = {"labels": {"allocated": {"count": 2, "interval": [0.0056, 1.0], "over_allocated": None, "over_best": None,
+                                    "over_allocated_se": None, "over_best_se": None}}, "n": 2}
+    two = {"labels": {"allocated": {**one["labels"]["allocated"], "count": 1, "interval": [1.6e-5, 1.0]},
+                      "not converged": {**one["labels"]["allocated"], "count": 1, "interval": [1.6e-5, 1.0]}}, "n": 2}
+    cells = [{"decided": True, "mix": one}] * 3 + [{"decided": False, "mix": two, "rho_omega": 0.5, "rho_mu": 2.0}]
     details = {"cells": cells, "rules_disagree": 1, "largest_mu_contradicted": 1, "largest_mu_decided": 1,
                "no_warmup_scales": [0.1], "unpredictable_scales": [], "warmup_undefined_scales": [],
-               "ran": {"profile": {"time": 30.0, "large_scales": [0.05, 0.1], "large_time": 30.0}},
+               "ran": {"profile": {"time": 30.0, "large_scales": [0.05, 0.1], "large_time": 30.0, "data_seeds": [0, 1]}},
                "comparisons": [{"name": "race winner = ...", "measured": 3, "details": {"decided": 3, "undecided": 1}}]}
     res = ClaimResult(id="boundary-allocation-race", title="", statement="", verdict="located", kind="boundary",
                       details=details)
@@ -201,6 +205,9 @@ def test_race_findings_follow_the_numbers():
     b = race_findings(res)
     assert a[0].text != b[0].text and a[1].text != b[1].text
     assert "(0.05, 0.1]" in a[1].text and "(n/a, 0.05]" in b[1].text
+    # the race cells counted: 3 of 4 cells' streams all allocated, the fourth's mix k of n
+    assert "3 cells all allocated" in a[2].text and "of 1 in different classes" in a[2].text, a[2].text
+    assert a[3].text.startswith("Race cell omega x0.5, mu x2:") and "allocated in 1 of 2" in a[3].text, a[3].text
 
 
 def _state(cls, loss, seed, superposed=0):
@@ -237,3 +244,28 @@ def test_initialisation_findings_follow_the_numbers():
 @given(problems(max_L=128), st.floats(0.2, 0.9), st.integers(0, 1000))
 def test_small_random_start_thorough(device, problem, fraction, seed):
     test_small_random_start_stays_under_warmup_bound.hypothesis.inner_test(device, problem, fraction, seed)
+
+
+def test_single_task_counts_its_seeds(device):
+    """The single-task part at tiny (r = 1, L = 16, H = 2, 2 seeds, trained together on one prompt
+    stream): every seed classified and counted (the mix's counts sum to the seeds), the zero-sum
+    share compared with its interval, each comparison's perturbation rejected or the comparison
+    itself failing (a result), and the finding names the counted classes."""
+    from types import SimpleNamespace
+
+    from claims.initialisation import single_task
+    ctx = SimpleNamespace(profile="tiny", device=device, progress=lambda msg, f: None)
+    comps, rows, details = single_task(ctx)
+    sm = details["summary"][2]
+    assert sm["mix"]["n"] == 2 == sum(e["count"] for e in sm["mix"]["labels"].values()) == len(sm["classes"])
+    assert {c.name for c in comps} >= {"single task: share of seeds with a zero-sum OV pair (He et al.), H=2"}
+    pairs = next(c for c in comps if c.name.startswith("single task: share"))
+    assert pairs.details["n"] == 2 and pairs.details["count"] == sm["zero_sum_pairs"]
+    assert any("single task H=2" in str(r) and "seeds of 2" in str(r) for r in rows), rows
+    unbalanced = {"name": "unbalanced start: outcome", "measured": 0, "details": {"shared_full": 0, "decided": 0}}
+    result = ClaimResult(id="boundary-initialisation", title="t", statement="s", verdict="located", kind="boundary",
+                         details={"findings": [], "comparisons": [c.summary() for c in comps] + [unbalanced],
+                                  "single_task": details, "unbalanced_scale": 0.03, "unbalanced_starts": 0,
+                                  "balance_changes_outcome": 0})
+    texts = [f.text for f in init_findings(result) if f.text.startswith("One task")]
+    assert len(texts) == 1 and ("all 2 seeds end" in texts[0] or "the 2 seeds end in" in texts[0]), texts
