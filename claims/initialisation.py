@@ -248,8 +248,8 @@ def evaluate(ctx) -> Outcome:
                                             for r in rs] for s0, rs in runs.items()}}
     if ctx.problem is None:     # its own sizes (SINGLE_TASK), unrelated to a researcher's problem
         s_comps, s_rows, details["single_task"] = single_task(ctx)
-        comps += s_comps
-        headline += s_rows
+        comps, headline = comps + s_comps, headline + s_rows
+        mixes.update({f"single task H={H}": sm["mix"] for H, sm in details["single_task"]["summary"].items()})
     figures = [_residual_figure(runs), _phase_figure_random(runs), _unbalanced_figure(unb),
                mix_figure("init-outcomes", "Where the seeds of each start end (counted classes)", mixes,
                           caption="one bar per start: its seeds by end class (numerics.readout.end_class); the seeds "
@@ -302,6 +302,7 @@ def single_task(ctx):
         m, se = single_heads.seed_mean_se([r["loss"] for r in rs], [r["se"] for r in rs])
         pairs_k = sum(r["pair_ratio"] < ZERO_SUM_SHARE for r in rs)
         summary[H] = sm = {"loss": m, "se": se, "pair_ratio": [r["pair_ratio"] for r in rs], "zero_sum_pairs": pairs_k,
+                           "zero_sum_groups": sum(bool(r["zero_sum"]) and r["zero_sum"][0] < ZERO_SUM_SHARE for r in rs),
                            "mix": outcome_mix(rs, Z_SE, refs), "classes": [r["class"]["label"] for r in rs]}
         cfg = f"tasks=({sp.r},) H={H} L={sp.L} init=uniform_full s0=1"
         one = Comparison(name=f"single task: loss not above the one-head optimum, H={H}", measured=m,  # one-sided;
@@ -355,19 +356,18 @@ def findings(result) -> list:
         phrase, nums = mix_phrase(sm["mix"])
         out.append(finding(result, "beyond", "One task (r = {r}, L = {L}), H = {H} heads from PyTorch's default start "
                            "(the seeds share one prompt stream): " + phrase + "; a zero-sum OV pair forms in {pairs} "
-                           "of {n} seeds (He et al., ICML 2025, report it from random starts); the held-out loss over "
-                           "all seeds is {loss} against the one-head optimum {one}, and " + ("at" if near["agrees"]
-                                                                                              else "not at")
+                           "of {n} seeds (He et al., ICML 2025, report it from random starts), a zero-sum group of its "
+                           "heads (|sum_h mu| <= 0.1 sum_h |mu|) in {groups}; the held-out loss over all seeds is "
+                           "{loss} against the one-head optimum {one}, and " + ("at" if near["agrees"] else "not at")
                            + " the best decomposable two-head point {best} (linear attention {lin}) by t = {t}.",
                            r=st["r"], L=st["L"], H=H, pairs=sm["zero_sum_pairs"], n=len(sm["pair_ratio"]),
-                           loss=(sm["loss"], sm["se"]), one=st["one_head"],
+                           groups=sm["zero_sum_groups"], loss=(sm["loss"], sm["se"]), one=st["one_head"],
                            best=(st["best_two_head"], st["best_two_head_se"]), lin=st["linear_attention"],
                            t=st["time"], **nums))
     return out
 
 
-SINGLE_TASK_SECONDS = 16.0
-"""The single-task part at quick (16 runs of 1200 steps, r = 2, L = 32, 2 programs): 12.8 CPU s measured, + the fit."""
+SINGLE_TASK_SECONDS = 16.0   # the single-task part at quick: 16 runs of 1200 steps in 2 programs, 12.8 CPU s measured
 
 
 def estimate(p: InitProfile) -> float:
