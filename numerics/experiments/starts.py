@@ -295,7 +295,8 @@ def outcome_mix(states: Sequence[dict], z: float, refs: Optional[dict] = None) -
     the order of OUTCOME_CLASSES, superpositions by k) ``count`` of ``n`` seeds, the ``share``,
     its binomial ``interval`` (numerics.statistics.binomial_interval at ``z``), the seeds, and the
     held-out loss over the allocated fixed point and over the best decomposable point of
-    ``refs`` (:func:`references`), mean +- se over the class's seeds; ``classes`` (names: any k)
+    ``refs`` (:func:`references`), mean +- se over the class's seeds (``seeds``: their init seeds,
+    or their data seeds where the init seeds do not tell them apart); ``classes`` (names: any k)
     the same counts by class name."""
     from numerics.readout import OUTCOME_CLASSES
     n = len(states)
@@ -307,10 +308,14 @@ def outcome_mix(states: Sequence[dict], z: float, refs: Optional[dict] = None) -
         over_b = mean_se([s["loss"] / best for s in members], non_finite="drop") if best else (None, None)
         lo, hi = binomial_interval(len(members), n, z)
         return {"count": len(members), "n": n, "share": len(members) / n, "interval": [lo, hi],
-                "seeds": [s["init_seed"] if s.get("init_seed") is not None else s.get("data_seed") for s in members],
+                "seeds": [s.get(seed_key) for s in members],
                 "over_allocated": over_a[0], "over_allocated_se": over_a[1],
                 "over_best": over_b[0], "over_best_se": over_b[1]}
 
+    # a seed is named by its init seed where those tell the seeds apart, else by its prompt stream
+    # (a deterministic start's seeds are its streams)
+    inits = [s.get("init_seed") for s in states]
+    seed_key = "init_seed" if None not in inits and len(set(inits)) == n else "data_seed"
     order = lambda c: (OUTCOME_CLASSES.index(c["name"]), c.get("superposed", 0))  # noqa: E731
     labels: dict = {}
     names: dict = {}
