@@ -284,8 +284,9 @@ def _cells_finding(result, cells, p):
         parts.append(f"stream {stream}: " + ", ".join(f"{label} in {{s{j}_{q}}}" for q, label in enumerate(counts)))
         nums.update({f"s{j}_{q}": v for q, v in enumerate(counts.values())})
     return finding(result, "beyond", "Of the {cells} race cells the {n} prompt streams (each shared by every cell) end "
-                   "in one class in {k} cells and in different classes in {split} (race-cell-outcomes); cells per "
-                   "class on each stream: " + "; ".join(parts) + ".", **nums)
+                   "in one class in {k} cells and in different classes in {split}" + (" (race-cell-outcomes)" if split
+                                                                                     else "")
+                   + "; cells per class on each stream: " + "; ".join(parts) + ".", **nums)
 
 
 def estimate(p: RaceProfile) -> float:
