@@ -601,9 +601,11 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
                       fit_prompts: int = 4096) -> SingleTaskHeads:
     """One task (r,) at context length L with H heads, from ProblemConfig(init="uniform_full",
     init_scale=1.0) (PyTorch's nn.Linear default, per entry U(-1/sqrt(D), 1/sqrt(D))) and the
-    authors' logit scale sqrt(D), D = r + 1, as claims/initialisation.py runs it; trained by
-    numerics.train.train (fresh batches) to t = ``time``.  Reported, not judged: the loss gaps
-    are in units of their standard errors."""
+    authors' logit scale sqrt(D), D = r + 1; trained one run at a time by numerics.train.train
+    (each seed s its own prompt stream 1000 + s, held-out prompts 2000 + s) to t = ``time``
+    (scripts/measure_saddle.py; boundary-initialisation trains the same start through
+    numerics.experiments.starts.single_task_starts, batched and classified).  Reported, not
+    judged: the loss gaps are in units of their standard errors."""
     t_all = _time.perf_counter()
     tasks = (int(r),)
     D = r + 1
