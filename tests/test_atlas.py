@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import claims
-from claims.atlas import IDS, SPECS, outcome_maps, warmup_border
-from claims.base import BOUNDARY_OUTCOMES
+from claims.atlas import IDS, SPECS, classes_finding, outcome_maps, warmup_border
+from claims.base import BOUNDARY_OUTCOMES, ClaimResult
 from numerics.experiments import atlas
 from numerics.experiments.atlas import cell_class, cell_mix, check_point, class_counts, escape_time, point_class
 from numerics.readout import OUTCOME_CLASSES
@@ -74,6 +74,12 @@ def test_a_cell_whose_seeds_disagree_is_its_counted_mix():
     assert "2-3 seeds per cell" in mixfig.caption
     counts = class_counts({("a", 1): cell, ("a", 2): cell[:2]})
     assert counts["allocated"] == 1 and counts["seeds_disagree"] == 1 and counts["seeds"]["allocated"] == 4
+    result = ClaimResult(id="atlas-heads", title="", statement="", verdict="located", kind="boundary",
+                         details={"classes": counts, "cells": info})
+    texts = [f.text for f in classes_finding(result, "heads")]
+    assert "(2-3 seeds per cell, the grid's): the seeds of 1 cells all end allocated" in texts[0], texts
+    assert texts[1].startswith("Cell a | 1 of the heads panel: the 3 seeds end in 2 classes: allocated in 2 of 3 "), texts
+    assert "superposition on 1 of 2 tasks in 1 of 3" in texts[1] and len(texts) == 2
 
 
 def test_warmup_border_interpolates_in_log_log():
