@@ -80,7 +80,7 @@ def classes_finding(result, panel: str) -> list:
     cc, cells = result.details["classes"], result.details["cells"]
     per = cc["seeds_per_cell"]
     out = [finding(result, "beyond", "Over {cells} cells of the " + panel + " panel ({lo}" + ("-{hi}" if len(per) > 1
-                   else "") + " seeds per cell, the grid's): the seeds of {a} cells all end allocated, {s} in a "
+                   else "") + (" seed" if per == [1] else " seeds") + " per cell, the grid's): the seeds of {a} cells all end allocated, {s} in a "
                    "superposition, {o} off D, {mx} mixed, {nc} not converged, {dv} diverged; in {dis} cells they end "
                    "in different classes.", cells=cc["cells"], lo=per[0], hi=per[-1], a=cc["allocated"],
                    s=cc["superposition"], o=cc["off D"], mx=cc["mixed"], nc=cc["not converged"], dv=cc["diverged"],
