@@ -267,7 +267,26 @@ def findings(result) -> list:
     else:
         out.append(finding(result, "stops", "From the default decomposable start the warm-up does not disappear up "
                            "to s0 = {top} (t_end = {t});" + tail, **nums))
+    out.append(_cells_finding(result, d["cells"], p))
     return out
+
+
+def _cells_finding(result, cells, p):
+    """The race cells counted: in how many the prompt streams end in one class, and per stream
+    (each shared by every cell: common random numbers, so one stream's noise shows in every cell)
+    how many cells end in each class (each disagreeing cell's mix: details and race-cell-outcomes)."""
+    split = sum(len(c["mix"]["labels"]) > 1 for c in cells)
+    nums, parts = {"cells": len(cells), "n": len(p["data_seeds"]), "k": len(cells) - split, "split": split}, []
+    for j, stream in enumerate(p["data_seeds"]):
+        counts: dict = {}
+        for c in cells:
+            counts[c["classes"][j]] = counts.get(c["classes"][j], 0) + 1
+        parts.append(f"stream {stream}: " + ", ".join(f"{label} in {{s{j}_{q}}}" for q, label in enumerate(counts)))
+        nums.update({f"s{j}_{q}": v for q, v in enumerate(counts.values())})
+    return finding(result, "beyond", "Of the {cells} race cells the {n} prompt streams (each shared by every cell) end "
+                   "in one class in {k} cells and in different classes in {split}" + (" (race-cell-outcomes)" if split
+                                                                                     else "")
+                   + "; cells per class on each stream: " + "; ".join(parts) + ".", **nums)
 
 
 def estimate(p: RaceProfile) -> float:

@@ -6,8 +6,9 @@ with theory: ``docs/atlas.md``): ``atlas-initialisation`` (pattern x s0; theory.
 small scale), ``atlas-heads`` (H x tasks and start; allocation needs H >= m), ``atlas-noise``
 (sigma x L from the allocated point; theory.saddle's T(B) against the run) and ``atlas-batch``
 (lr x B; dT/dlog(B/lr) = 2/rate).  They train nothing (no ``--from-sweep``: they refuse), read
-exactly the points of the sweep's last grid with their ``panel`` label, classify each by
-``numerics.experiments.atlas.classify`` and mark cells whose seeds disagree.  Not in the default
+exactly the points of the sweep's last grid with their ``panel`` label, classify each seed by
+the one classifier (numerics.readout.end_class, through numerics.experiments.atlas.point_class)
+and count each cell's seeds by class (its mix, drawn where they disagree).  Not in the default
 report: the ids are ``claims.OPT_IN``, run only when named in ``--only``.
 """
 from __future__ import annotations
@@ -19,14 +20,16 @@ import numpy as np
 
 from claims.base import Figure, Series
 from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row
+from claims.phase_checks import mix_figure, mix_phrase
 from claims.spec import ClaimSpec, Outcome, finding
-from numerics.experiments.atlas import (CLASSES, PATTERNS, cell_class, class_counts, escape_cells, escape_means,
+from numerics.experiments.atlas import (PATTERNS, cell_class, class_counts, escape_cells, escape_means,
                                         escape_row, escaped_runs, grid_of, heads_row, mean_se, ols_slope,
                                         panel_matrices, panel_points, ratios, warmup_border, warmup_row)
+from numerics.readout import OUTCOME_CLASSES
 
 IDS = ("atlas-initialisation", "atlas-heads", "atlas-noise", "atlas-batch")
-LEGEND = "cell value = outcome: " + ", ".join(f"{k} {c}" for k, c in enumerate(CLASSES)) + \
-         " (x.5: the seeds disagree, the lower class shown)"
+LEGEND = "cell value = the class every seed of the cell ends in: " + ", ".join(
+    f"{k} {c}" for k, c in enumerate(OUTCOME_CLASSES)) + " (blank: the seeds disagree; their counted mix is the -mix figure)"
 
 
 @dataclass(frozen=True)
@@ -37,32 +40,54 @@ class AtlasProfile:
 PROFILES = {k: AtlasProfile(k) for k in ("tiny", "quick", "paper")}
 
 
+def seeds_text(cells) -> str:
+    """How many seeds a cell of the panel has ("2 seeds per cell", "1-2 seeds per cell")."""
+    n = sorted({len(res) for res in cells.values()})
+    return (f"{n[0]}" if len(n) == 1 else f"{n[0]}-{n[-1]}") + (" seed" if n == [1] else " seeds") + " per cell"
+
+
+RATIO_MAPS = (("over_allocated", "loss-ratio", "theory.exact's allocated loss", "theory.exact's allocated fixed-point "
+               "loss (blank: H < m, no allocated point); below 1: a lower-loss model than the limit"),
+              ("over_best", "loss-over-best", "best decomposable point", "the best decomposable point of the same H "
+               "(numerics.experiments.probes.best_decomposable, signs free; below 1: the trained model beats every "
+               "decomposable point found)"))
+
+
 def outcome_maps(name, title, cells, rows, cols, row_label, col_label, xlabel, ylabel, caption):
-    """The outcome heatmap (class codes, x.5 where seeds disagree) and the loss-ratio heatmaps
-    (numerics.experiments.atlas.panel_matrices), and the per-cell numbers for details."""
+    """The outcome heatmap (the class every seed of a cell shares; blank where they disagree),
+    the cells' counted mixes where the seeds disagree (a 'mix' figure: one stacked bar per cell)
+    and the loss-ratio heatmaps (numerics.experiments.atlas.panel_matrices; the one over the best
+    decomposable point where stored), and the per-cell numbers for details."""
     m = panel_matrices(cells, rows, cols, row_label, col_label)
-    rl, cl = m["row_labels"], m["col_labels"]
+    axes = {"row_labels": m["row_labels"], "col_labels": m["col_labels"], "xlabel": xlabel, "ylabel": ylabel}
+    seeds = seeds_text(cells)
     figs = [Figure(name=f"{name}-outcome", title=f"{title}: outcome", kind="heatmap", matrix=m["outcome"],
-                   row_labels=rl, col_labels=cl, xlabel=xlabel, ylabel=ylabel, caption=caption + " " + LEGEND),
-            Figure(name=f"{name}-loss-ratio", title=f"{title}: held-out loss / theory.exact's allocated loss",
-                   kind="heatmap", matrix=m["over_allocated"], row_labels=rl, col_labels=cl, xlabel=xlabel,
-                   ylabel=ylabel, caption="mean over seeds of the held-out loss over theory.exact's allocated "
-                   "fixed-point loss (blank: H < m, no allocated point); below 1: a lower-loss model than the limit")]
-    if any(v is not None for row in m["over_best"] for v in row):
-        figs.append(Figure(name=f"{name}-loss-over-best", title=f"{title}: held-out loss / best decomposable point",
-                           kind="heatmap", matrix=m["over_best"], row_labels=rl, col_labels=cl, xlabel=xlabel,
-                           ylabel=ylabel, caption="mean over seeds of the held-out loss over the best decomposable "
-                           "point of the same H (numerics.experiments.probes.best_decomposable, signs free; below 1: "
-                           "the trained model beats every decomposable point found)"))
+                   caption=f"{caption} {seeds} (the grid's seeds). {LEGEND}", **axes)]
+    if m["mixes"]:
+        figs.append(mix_figure(f"{name}-mix", f"{title}: cells whose seeds end in different classes", m["mixes"],
+                               caption=f"one bar per cell ({seeds}): its seeds counted by end class "
+                                       "(numerics.readout.end_class)"))
+    figs += [Figure(name=f"{name}-{suffix}", title=f"{title}: held-out loss / {what}", kind="heatmap", matrix=m[key],
+                    caption=f"mean over seeds of the held-out loss over {why}", **axes)
+             for key, suffix, what, why in RATIO_MAPS
+             if key == "over_allocated" or any(v is not None for row in m[key] for v in row)]
     return figs, m["info"]
 
 
-def classes_finding(result, panel: str):
-    cc = result.details["classes"]
-    return finding(result, "beyond", "Over {cells} cells of the " + panel + " panel: {a} allocated, {s} superposition, "
-                   "{o} off D, {mx} mixed, {nc} not converged, {dv} diverged; seeds disagree in {dis}.",
-                   cells=cc["cells"], a=cc["allocated"], s=cc["superposition"], o=cc["off D"], mx=cc["mixed"],
-                   nc=cc["not converged"], dv=cc["diverged"], dis=cc["seeds_disagree"])
+def classes_finding(result, panel: str) -> list:
+    """The panel's cells by class where their seeds agree, and every cell whose seeds disagree as
+    its counted mix (k of n seeds per class: claims.phase_checks.mix_phrase)."""
+    cc, cells = result.details["classes"], result.details["cells"]
+    per = cc["seeds_per_cell"]
+    out = [finding(result, "beyond", "Over {cells} cells of the " + panel + " panel ({lo}" + ("-{hi}" if len(per) > 1
+                   else "") + (" seed" if per == [1] else " seeds") + " per cell, the grid's): the seeds of {a} cells all end allocated, {s} in a "
+                   "superposition, {o} off D, {mx} mixed, {nc} not converged, {dv} diverged; in {dis} cells they end "
+                   "in different classes.", cells=cc["cells"], lo=per[0], hi=per[-1], a=cc["allocated"],
+                   s=cc["superposition"], o=cc["off D"], mx=cc["mixed"], nc=cc["not converged"], dv=cc["diverged"],
+                   dis=cc["seeds_disagree"])]
+    mixes = [(key, mix_phrase(v["mix"])) for key, v in cells.items() if not v["seeds_agree"]]
+    return out + [finding(result, "beyond", "Cell " + key + " of the " + panel + " panel: " + phrase + ".", **nums)
+                  for key, (phrase, nums) in mixes]
 
 
 def _common(points, missing, cells) -> dict:
@@ -80,9 +105,7 @@ def _config_text(points, keys) -> str:
     return " ".join(f"{k}={tuple(p[k]) if isinstance(p[k], list) else p[k]}" for k in keys)
 
 
-# ---------------------------------------------------------------------------------------
-# atlas-initialisation
-# ---------------------------------------------------------------------------------------
+# --- atlas-initialisation
 
 def evaluate_initialisation(ctx) -> Outcome:
     points, missing = panel_points("initialisation")
@@ -122,7 +145,7 @@ def evaluate_initialisation(ctx) -> Outcome:
     head = [headline_row(comp)] + [reported_row(f"{PATTERNS.get(r, r)}: warm-up border s0 (measured / theory's small "
                                                 "scale)", m["border"], theory=m["theory"], config=comp.config)
                                    for r, m in measured.items()]
-    off = sorted((PATTERNS.get(r, r), c) for (r, c), res in cells.items() if cell_class(res)[0] == "off D")
+    off = sorted((PATTERNS.get(r, r), c) for (r, c), res in cells.items() if cell_class(res) == ("off D", True))
     details = {**_common(points, missing, cells), "t_end": t_end, "cells": info, "borders": borders,
                "measured_borders": measured, "off_D_cells": off,
                "authors": {k: v for k, v in info.items() if k == "PyTorch-default uniform | 1"}}
@@ -141,18 +164,13 @@ def findings_initialisation(result) -> list:
                                "by t_end between s0 = {lo} and {hi}, {ratio} x theory's small scale {th}.",
                                lo=m["last_in_warmup"], hi=m["first_out"], ratio=m["border"] / m["theory"],
                                th=m["theory"]))
-    for key, v in d["authors"].items():
-        out.append(finding(result, "beyond", "From PyTorch's default start (uniform, s0 = 1) the trained model "
-                           "ends " + v["class"] + ": held-out loss {r} x theory.exact's allocated loss and {b} x "
-                           "the best decomposable point of the same H.", r=(v["over_allocated"],
-                                                                            v["over_allocated_se"]),
-                           b=(v["over_best"], v["over_best_se"])))
-    return out + [classes_finding(result, "initialisation")]
+    for v in d["authors"].values():
+        phrase, nums = mix_phrase(v["mix"])
+        out.append(finding(result, "beyond", "From PyTorch's default start (uniform, s0 = 1) " + phrase + ".", **nums))
+    return out + classes_finding(result, "initialisation")
 
 
-# ---------------------------------------------------------------------------------------
-# atlas-heads
-# ---------------------------------------------------------------------------------------
+# --- atlas-heads
 
 def evaluate_heads(ctx) -> Outcome:
     points, missing = panel_points("heads")
@@ -180,20 +198,16 @@ def evaluate_heads(ctx) -> Outcome:
                        xlabel="heads H", ylabel="loss / best decomposable", series=series,
                        caption="points: mean over seeds; dashed: theory's border H = m (allocation needs a head per "
                                "task)"))
-    def largest_miss(measured, predicted):
-        return max((abs(b - m) for b, m in zip(measured, predicted)), default=0.0)
-
+    largest_miss = lambda got, want: max((abs(b - m) for b, m in zip(got, want)), default=0.0)  # noqa: E731
     ms = [m for _, m in errors]
     comp = compare("balanced starts: smallest allocated H against theory's border H = m", [b for b, _ in errors], ms,
                    0.0, "exact: H is an integer and the grid contains H = m; a row's border is its smallest H whose "
                    "seeds all end allocated (inf: a converged row with no allocated H >= m)", error=largest_miss,
                    wrong=(("border at H = m - 1", [m - 1 for m in ms]), ("border at H = m + 1", [m + 1 for m in ms])),
                    details={"rows": rows_out}, config=_config_text(points, ("L", "sigma")))
-    err = comp.error
     undecided = None if decided else "no balanced-start row has a decided cell at H >= m"
-    head = [headline_row(comp, measured=err)] + [reported_row(f"{ro['row']}: smallest allocated H",
-                                                              ro["measured_border"], theory=ro["m"],
-                                                              config=comp.config) for ro in rows_out]
+    head = [headline_row(comp, measured=comp.error)] + [reported_row(
+        f"{ro['row']}: smallest allocated H", ro["measured_border"], theory=ro["m"], config=comp.config) for ro in rows_out]
     details = {**_common(points, missing, cells), "cells": info, "rows": rows_out}
     return Outcome([comp], head, figs, details, undecided=undecided)
 
@@ -201,7 +215,7 @@ def evaluate_heads(ctx) -> Outcome:
 def findings_heads(result) -> list:
     d, out = result.details, []
     for ro in d["rows"]:
-        b, n, nc = ro["measured_border"], ro["cells_above_m"], ro["not_converged_above_m"]
+        b, n, nc = ro["measured_border"], ro["seeds_above_m"], ro["not_converged_above_m"]
         if ro["balanced"]:
             out.append(finding(result, "holds" if b == ro["m"] else ("stops" if b else "beyond"), "From " + ro["row"]
                                + (" the smallest H whose seeds all end allocated is {b}" if b else " no H had all its "
@@ -213,16 +227,14 @@ def findings_heads(result) -> list:
                 2 * shared >= max(n, 1) else "still descending at t_end, so not yet comparable with the superposition "
                 "He, Pan, Chen, Yang (ICML 2025) report" if 2 * nc >= max(n, 1) else "unlike the superposition He, "
                 "Pan, Chen, Yang (ICML 2025) report from random starts when heads outnumber tasks")
-        out.append(finding(result, "beyond", "From " + ro["row"] + ", of {n} cells with H > m {sp} end in a "
-                           "superposition, {od} off D and {nc} not converged, at {r} x theory.exact's allocated loss: "
-                           + word + ".", n=n, sp=ro["superposition_above_m"], od=ro["off_D_above_m"], nc=nc,
-                           r=tuple(ro["ratio_above_m"])))
-    return out + [classes_finding(result, "heads")]
+        out.append(finding(result, "beyond", "From " + ro["row"] + ", of the {n} seeds of its {c} cells with H > m "
+                           "{sp} end in a superposition, {od} off D and {nc} not converged, at {r} x theory.exact's "
+                           "allocated loss (cell means): " + word + ".", n=n, c=ro["cells_above_m"],
+                           sp=ro["superposition_above_m"], od=ro["off_D_above_m"], nc=nc, r=tuple(ro["ratio_above_m"])))
+    return out + classes_finding(result, "heads")
 
 
-# ---------------------------------------------------------------------------------------
-# atlas-noise
-# ---------------------------------------------------------------------------------------
+# --- atlas-noise
 
 def escape_figure(name: str, title: str, curves, xlabel: str, t_end: float, caption: str):
     """Escape times from the allocated point (measured points, theory.saddle's T(B) lines) against
@@ -311,12 +323,10 @@ def findings_noise(result) -> list:
     if ea[0] is not None:
         out.append(finding(result, "beyond", "Runs that left allocation end at {a} x theory.exact's allocated loss "
                            "and {b} x the best decomposable point of the same H.", a=tuple(ea), b=tuple(eb)))
-    return out + [classes_finding(result, "noise")]
+    return out + classes_finding(result, "noise")
 
 
-# ---------------------------------------------------------------------------------------
-# atlas-batch
-# ---------------------------------------------------------------------------------------
+# --- atlas-batch
 
 def evaluate_batch(ctx) -> Outcome:
     points, missing = panel_points("batch")
@@ -359,12 +369,10 @@ def findings_batch(result) -> list:
                     "against theory's 2/rate = {p} (1/a, a = {a}; additive noise would give {half}).",
                     s=(c["measured"], c["details"]["slope_se"]), n=c["details"]["escaped"], p=c["predicted"],
                     a=d["a"], half=c["predicted"] / 2 if isinstance(c["predicted"], float) else None),
-            classes_finding(result, "batch")]
+            *classes_finding(result, "batch")]
 
 
-# ---------------------------------------------------------------------------------------
-# the specs
-# ---------------------------------------------------------------------------------------
+# --- the specs
 
 def _spec(cid, title, statement, evaluate, findings):
     return ClaimSpec(id=cid, title=title, statement=statement, profiles=PROFILES, evaluate=evaluate, kind="boundary",

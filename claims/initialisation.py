@@ -10,26 +10,27 @@ everything the paper is silent about is reported (headline rows with no comparis
 findings), never judged.  Every random start is trained for several seeds (issue 34) and where
 they end is a counted distribution of end classes (numerics.experiments.starts.outcome_mix),
 never one class called "the" outcome unless every seed shares it; He et al.'s zero-sum pair
-from the default start is the one class a prior account predicts, judged as a share.  A comparison with nothing to compare (no phase ending in both curves,
-no decided outcome) cannot decide: the outcome is then ``undecided`` with the reason.
+from the default start is the one class a prior account predicts, judged as a share.  A
+comparison with nothing to compare cannot decide: the outcome is then ``undecided``.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
 
-import numpy as np
 
 from claims.base import Figure
 from claims.common import (Z_SE, Comparison, compare, config_label, headline_row, lines_figure, perturbation,
                            reported_row)
-from claims.phase_checks import (FIELDS, PHASES, mix_figure, mix_phrase, mix_rows,
-                                 nothing_compared, outcome_comparison, phase_comparison, phase_row, share_comparison,
-                                 tcfg)
+from claims.phase_checks import (FIELDS, PHASES, mix_figure, mix_phrase, mix_rows, nothing_compared, outcome_comparison,
+                                 phase_comparison, phase_row, share_comparison, tcfg)
 from claims.spec import ClaimSpec, Outcome, comparisons_named, finding, replace_fields
 from numerics import saddle as single_heads
 from numerics.config import ProblemConfig
-from numerics.experiments.starts import outcome_mix, random_starts, references, unbalanced_reduced, unbalanced_starts
+from numerics.experiments.starts import (outcome_mix, random_starts, references, single_task_starts, unbalanced_reduced,
+                                       unbalanced_starts)
+from numerics.readout import ZERO_SUM_SHARE
+from numerics.statistics import mean_se     # non_finite "keep": a diverged run's loss shows in the mean
 from theory.initialisation import authors_logit_scale, random_start_scales, untied_tasks, warmup_norm_bound
 
 @dataclass(frozen=True)
@@ -60,13 +61,6 @@ INIT_PROFILES = {
                          init_seeds=tuple(range(16)), unbalanced_seeds=(0, 1, 2, 3, 4, 5), lr=0.05, time=150.0,
                          batch=1024, records=61, unbalanced_records=601, n_eval=65536),
 }
-
-
-def mean_se(xs) -> tuple[float, float | None]:
-    """Mean and standard error (None from one value).  Unlike numerics.experiments.atlas.mean_se it
-    drops no value: a non-finite loss (a diverged run) shows in the mean instead of vanishing."""
-    xs = np.asarray(xs, float)
-    return float(xs.mean()), (float(xs.std(ddof=1) / math.sqrt(xs.size)) if xs.size > 1 else None)
 
 
 # --- item 1: random full starts
@@ -102,8 +96,7 @@ def check_warmup_bound(runs: list[dict], cfg: ProblemConfig, t_end: float) -> Co
     above = lambda diffs: max(0.0, max(diffs))  # noqa: E731 - the one comparison
     return Comparison(
         name="movable off-D part below the warm-up bound at the small scale",
-        measured=max(r["movable_end"] for r in rows), predicted=min(r["bound"] for r in rows), error=above(excess),
-        tolerance=0.0,
+        measured=max(r["movable_end"] for r in rows), predicted=min(r["bound"] for r in rows), error=above(excess), tolerance=0.0,
         why="one-sided: |(W,U)_offD(t)| <= max(1,1/s) |theta0|^2 / (2 (1 - 8 c4 |theta0|^2 t)), the leading-order "
             "quartic warm-up bound (theory.initialisation); the exponent is <= 1/2 here",
         perturbations=[perturbation("the movable off-D part halves by t_end", above(halves), 0.0)],
@@ -161,14 +154,11 @@ def check_unbalanced_winners(runs: list[dict], config=None) -> Comparison:
 # --- boundary-initialisation
 
 def unbalanced_runs(p, base: ProblemConfig, seed: int, progress) -> list[dict]:
-    """The unbalanced starts (one per ``p.unbalanced_seeds``) on each prompt stream of
-    ``p.unbalanced_data_seeds`` (each (start, stream) its own data seed seed + 100 j + k, as
-    before issue 34: with one stream per j shared by the starts, one of the six quick-profile
-    phase pairs missed its 2-spacing tolerance by 7 %, and the plan whose comparison was
-    established is kept), the full models trained together (numerics.experiments.starts.
-    unbalanced_starts) and each start's two reduced flows on its full run's prompts: per (start,
-    stream) ``full`` (the full run's end state, numerics.experiments.starts.end_states),
-    ``reduced_unbalanced``, ``reduced_balanced``."""
+    """The unbalanced starts (``p.unbalanced_seeds``) on each stream of ``p.unbalanced_data_seeds``
+    (data seed seed + 100 j + k: with one stream per j shared by the starts one of the six quick
+    phase pairs missed its tolerance by 7 %, so the established plan is kept), the full models
+    trained together and each one's two reduced flows on its prompts: per (start, stream) ``full``
+    (its end state, numerics.experiments.starts.end_states), ``reduced_unbalanced``, ``reduced_balanced``."""
     cfgs, tcfgs = [], []
     for k in p.unbalanced_seeds:
         cfg = base.replace(init="unbalanced_decomposable", init_scale=p.unbalanced_scale, init_seed=seed + k)
@@ -188,10 +178,8 @@ def unbalanced_runs(p, base: ProblemConfig, seed: int, progress) -> list[dict]:
 
 
 def evaluate(ctx) -> Outcome:
-    """boundary-initialisation: items 1 and 2 of issue 14 (module docstring), every random start
-    counted over its seeds (issue 34): the seeds of one scale share one prompt stream and are
-    trained together (numerics.train.train_many), each seed's end state classified by
-    numerics.readout.end_class and the classes counted (numerics.experiments.starts.outcome_mix)."""
+    """boundary-initialisation: items 1 and 2 of issue 14 (module docstring); every random start's
+    seeds share one prompt stream, trained together, their end classes counted (issue 34)."""
     p, seed, progress = ctx.p, ctx.seed, ctx.progress
     base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
     s_authors = authors_logit_scale(p.tasks)
@@ -260,8 +248,8 @@ def evaluate(ctx) -> Outcome:
                                             for r in rs] for s0, rs in runs.items()}}
     if ctx.problem is None:     # its own sizes (SINGLE_TASK), unrelated to a researcher's problem
         s_comps, s_rows, details["single_task"] = single_task(ctx)
-        comps += s_comps
-        headline += s_rows
+        comps, headline = comps + s_comps, headline + s_rows
+        mixes.update({f"single task H={H}": sm["mix"] for H, sm in details["single_task"]["summary"].items()})
     figures = [_residual_figure(runs), _phase_figure_random(runs), _unbalanced_figure(unb),
                mix_figure("init-outcomes", "Where the seeds of each start end (counted classes)", mixes,
                           caption="one bar per start: its seeds by end class (numerics.readout.end_class); the seeds "
@@ -271,62 +259,72 @@ def evaluate(ctx) -> Outcome:
 
 @dataclass(frozen=True)
 class SingleTaskProfile:
-    """Sizes of the single-task part (one task of r, H heads from the PyTorch-default start,
-    numerics.saddle.single_task_heads): context length, block size, head counts, seeds, step,
-    time, batch, held-out prompts."""
-    L: int
-    r: int
-    heads: tuple
-    seeds: tuple
-    lr: float
-    time: float
-    batch: int
-    n_eval: int
+    """Sizes of the single-task part (one task of r, H heads from the PyTorch-default start; its own, unrelated
+    to a researcher's problem); the defaults are the quick profile's."""
+    L: int = 32
+    r: int = 2                      # the task's block size
+    heads: tuple = (2, 4)
+    seeds: tuple = tuple(range(8))  # init seeds: one prompt stream per H shared by its seeds, own held-out prompts
+    lr: float = 0.1
+    time: float = 120.0
+    batch: int = 256
+    n_eval: int = 8192
+    records: int = 41
 
 
 SINGLE_TASK = {
     "tiny": SingleTaskProfile(L=16, r=1, heads=(2,), seeds=(0, 1), lr=0.2, time=100.0, batch=128, n_eval=4096),
-    "quick": SingleTaskProfile(L=32, r=2, heads=(2, 4), seeds=(0, 1, 2), lr=0.1, time=120.0, batch=256, n_eval=8192),
-    "paper": SingleTaskProfile(L=100, r=50, heads=(2, 4, 8), seeds=tuple(range(5)), lr=0.01, time=100.0, batch=10000,
+    "quick": SingleTaskProfile(),
+    "paper": SingleTaskProfile(L=100, r=50, heads=(2, 4, 8), seeds=tuple(range(16)), lr=0.01, time=100.0, batch=10000,
                                n_eval=65536),
 }
-"""The single-task part's sizes per profile (its own, unrelated to a researcher's problem)."""
 
 
 def single_task(ctx):
-    """One task, H = 2 and 4 heads, from the PyTorch-default start (numerics.saddle.single_task_heads):
-    per H the held-out loss (mean over seeds, se) not above theory.exact's one-head optimum
-    (perturbation: equal to it) and two-sided against the best decomposable two-head point,
-    signs free (tolerance Z_SE x the combined se; perturbation: the one-head optimum); the
-    zero-sum pair ratio |mu_a + mu_b| / (|mu_a| + |mu_b|) and linear attention reported."""
+    """One task, H = 2 and 4 heads, from the PyTorch-default start (numerics.experiments.starts.
+    single_task_starts: each H's seeds on one prompt stream, trained together, their end classes
+    counted): per H the mean held-out loss over seeds at t_end (se: numerics.saddle.seed_mean_se)
+    not above theory.exact's one-head optimum (perturbation: equal to it) and two-sided against
+    the best decomposable two-head point (numerics.saddle.single_task_references; tolerance Z_SE x
+    the combined se; perturbation: the one-head optimum); the share of seeds with a zero-sum OV
+    pair against He et al.'s 1; linear attention reported."""
     sp = SINGLE_TASK.get(ctx.profile, SINGLE_TASK["quick"])
     ctx.progress("single task, several heads", 0.95)
-    st = single_heads.single_task_heads(sp.L, sp.r, sp.heads, sp.seeds, sp.lr, sp.time, sp.batch, sp.n_eval)
-    comps, rows = [], []
-    for H, sm in st.summary.items():
+    ref = single_heads.single_task_references(sp.L, sp.r, sp.n_eval)
+    refs = {"allocated_loss": ref["one_head"], "best_decomposable": {"loss": ref["best_two_head"]}}
+    cfgs = [ProblemConfig(tasks=(sp.r,), heads=H, L=sp.L, init="uniform_full", init_scale=1.0, init_seed=s,
+                          logit_scale=math.sqrt(sp.r + 1), device=ctx.device) for H in sp.heads for s in sp.seeds]
+    states = single_task_starts(cfgs, [tcfg(sp, 1000)] * len(cfgs), sp.n_eval,
+                                eval_seeds=[2000 + s for _ in sp.heads for s in sp.seeds])
+    comps, rows, summary = [], [], {}
+    for j, H in enumerate(sp.heads):
+        rs = states[j * len(sp.seeds):(j + 1) * len(sp.seeds)]
+        m, se = single_heads.seed_mean_se([r["loss"] for r in rs], [r["se"] for r in rs])
+        pairs_k = sum(r["pair_ratio"] < ZERO_SUM_SHARE for r in rs)
+        summary[H] = sm = {"loss": m, "se": se, "pair_ratio": [r["pair_ratio"] for r in rs], "zero_sum_pairs": pairs_k,
+                           "zero_sum_groups": sum(bool(r["zero_sum"]) and r["zero_sum"][0] < ZERO_SUM_SHARE for r in rs),
+                           "mix": outcome_mix(rs, Z_SE, refs), "classes": [r["class"]["label"] for r in rs]}
         cfg = f"tasks=({sp.r},) H={H} L={sp.L} init=uniform_full s0=1"
-        m, se = sm["loss"], sm["se"]
-        # the perturbation is two-sided (|m - optimum|), the comparison one-sided: not one error function
-        one = Comparison(name=f"single task: loss not above the one-head optimum, H={H}", measured=m,
-                         predicted=st.one_head, error=max(0.0, m - st.one_head), tolerance=Z_SE * se, side="not above",
-                         why=f"{Z_SE:g} standard errors of the mean held-out loss over seeds ({se:.3g})", config=cfg,
-                         perturbations=[perturbation("equal to the one-head optimum", abs(m - st.one_head), Z_SE * se)])
-        tol = Z_SE * math.hypot(se, st.best_two_head_se)
-        best = compare(f"single task: loss vs best decomposable two-head point, H={H}", m, st.best_two_head, tol,
+        one = Comparison(name=f"single task: loss not above the one-head optimum, H={H}", measured=m,  # one-sided;
+                         predicted=ref["one_head"], error=max(0.0, m - ref["one_head"]), tolerance=Z_SE * se,
+                         side="not above", config=cfg, why=f"{Z_SE:g} standard errors of the mean held-out loss over "
+                         f"seeds ({se:.3g})", perturbations=[perturbation(  # its perturbation two-sided
+                             "equal to the one-head optimum", abs(m - ref["one_head"]), Z_SE * se)])
+        tol = Z_SE * math.hypot(se, ref["best_two_head_se"])
+        best = compare(f"single task: loss vs best decomposable two-head point, H={H}", m, ref["best_two_head"], tol,
                        f"{Z_SE:g} standard errors of the difference ({tol / Z_SE:.3g})",
-                       wrong=[("the one-head optimum", st.one_head)], config=cfg)
+                       wrong=[("the one-head optimum", ref["one_head"])], config=cfg)
         pairs = share_comparison(
-            f"single task: share of seeds with a zero-sum OV pair (He et al.), H={H}", sm["zero_sum_pairs"],
-            len(sm["pair_ratio"]), 1.0, "He et al. (ICML 2025): from random starts the OV values of one task form a "
-            "zero-sum pair (|mu_a + mu_b| / (|mu_a| + |mu_b|) < 0.1); every seed counted at t_end (numerics.saddle "
-            "trains to a fixed time)", (("no seed forms a zero-sum pair (share 0)", 0.0),), config=cfg)
+            f"single task: share of seeds with a zero-sum OV pair (He et al.), H={H}", pairs_k, len(rs), 1.0,
+            "He et al. (ICML 2025): from random starts the OV values of one task form a zero-sum pair (|mu_a + mu_b| "
+            f"/ (|mu_a| + |mu_b|) < {ZERO_SUM_SHARE:g}); every seed counted at t_end",
+            (("no seed forms a zero-sum pair (share 0)", 0.0),), config=cfg)
         comps += [one, best, pairs]
         rows += [headline_row(one, se=se), headline_row(best, se=se), headline_row(pairs),
-                 reported_row(f"single task: loss vs linear attention, H={H}", m, theory=st.linear_attention, se=se,
-                              config=cfg)]
-    return comps, rows, {"summary": st.summary, "one_head": st.one_head, "best_two_head": st.best_two_head,
-                         "best_two_head_se": st.best_two_head_se, "linear_attention": st.linear_attention,
-                         "L": sp.L, "r": sp.r, "time": sp.time, "lr": sp.lr, "batch": sp.batch}
+                 reported_row(f"single task: loss vs linear attention, H={H}", m, theory=ref["linear_attention"], se=se,
+                              config=cfg), *mix_rows(f"single task H={H}", sm["mix"], config=cfg)]
+    return comps, rows, {"summary": summary, **{k: v for k, v in ref.items() if k != "best_two_head_point"},
+                         **{k: getattr(sp, k) for k in ("L", "r", "time", "lr", "batch")}, "seeds": len(sp.seeds)}
 
 
 def findings(result) -> list:
@@ -355,19 +353,21 @@ def findings(result) -> list:
     for H, sm in st["summary"].items():
         near = next(c for c in d["comparisons"]
                     if c["name"] == f"single task: loss vs best decomposable two-head point, H={H}")
-        out.append(finding(result, "beyond", "One task (r = {r}, L = {L}), H = {H} heads from PyTorch's default start: "
-                           "a zero-sum OV pair forms in {pairs} of {n} runs, as He et al. (ICML 2025) report from "
-                           "random starts; the held-out loss is {loss} against the one-head optimum {one}, and "
-                           + ("at" if near["agrees"] else "not at") + " the best decomposable two-head point {best} "
-                           "(linear attention {lin}) by t = {t}.", r=st["r"], L=st["L"], H=H,
-                           pairs=sm["zero_sum_pairs"], n=len(sm["pair_ratio"]), loss=(sm["loss"], sm["se"]),
-                           one=st["one_head"], best=(st["best_two_head"], st["best_two_head_se"]),
-                           lin=st["linear_attention"], t=st["time"]))
+        phrase, nums = mix_phrase(sm["mix"])
+        out.append(finding(result, "beyond", "One task (r = {r}, L = {L}), H = {H} heads from PyTorch's default start "
+                           "(the seeds share one prompt stream): " + phrase + "; a zero-sum OV pair forms in {pairs} "
+                           "of {n} seeds (He et al., ICML 2025, report it from random starts), a zero-sum group of its "
+                           "heads (|sum_h mu| <= 0.1 sum_h |mu|) in {groups}; the held-out loss over all seeds is "
+                           "{loss} against the one-head optimum {one}, and " + ("at" if near["agrees"] else "not at")
+                           + " the best decomposable two-head point {best} (linear attention {lin}) by t = {t}.",
+                           r=st["r"], L=st["L"], H=H, pairs=sm["zero_sum_pairs"], n=len(sm["pair_ratio"]),
+                           groups=sm["zero_sum_groups"], loss=(sm["loss"], sm["se"]), one=st["one_head"],
+                           best=(st["best_two_head"], st["best_two_head_se"]), lin=st["linear_attention"],
+                           t=st["time"], **nums))
     return out
 
 
-SINGLE_TASK_SECONDS = 25.0
-"""The single-task runs (numerics.saddle, quick: 6 runs of 1200 steps, r = 2, L = 32): 22-27 s measured."""
+SINGLE_TASK_SECONDS = 16.0   # the single-task part at quick: 16 runs of 1200 steps in 2 programs, 12.8 CPU s measured
 
 
 def estimate(p: InitProfile) -> float:

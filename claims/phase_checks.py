@@ -177,7 +177,7 @@ def mix_phrase(mix: dict, key: str = "m") -> tuple[str, dict]:
         count = "" if len(labels) == 1 else f" in {{{p}_k}} of {{{key}_n}} (share interval [{{{p}_lo}}, {{{p}_hi}}])"
         parts.append(label + count + (", " + ratio if ratio else ""))
     if len(labels) == 1:
-        return f"all {{{key}_n}} seeds end " + parts[0], nums
+        return (f"all {{{key}_n}} seeds end " if n > 1 else f"its {{{key}_n}} seed ends ") + parts[0], nums
     return f"the {{{key}_n}} seeds end in {len(labels)} classes: " + "; ".join(parts), nums
 
 

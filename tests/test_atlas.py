@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 import claims
-from claims.atlas import IDS
-from claims.base import BOUNDARY_OUTCOMES
-from numerics.experiments.atlas import CLASSES, check_point, classify, escape_time
+from claims.atlas import IDS, classes_finding, outcome_maps
+from claims.base import BOUNDARY_OUTCOMES, ClaimResult
+from numerics.experiments import atlas
+from numerics.experiments.atlas import cell_class, cell_mix, check_point, class_counts, escape_time, point_class
+from numerics.readout import OUTCOME_CLASSES
 from tools.sweep import expand_grid, load_grid
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,21 +37,49 @@ def test_escape_time_interpolates_and_censors():
     assert escape_time(t, [0.3, 0.01, 0.1, 0.15], 0.2) == 0.0
 
 
-def _result(**kw):
-    r = {"converged": True, "off_D": False,
-         "allocation": {"superposition": False, "allocated": True}}
+def _result(k=0, **kw):
+    """A stored point's result: converged, on D, allocated unless told (k tasks of 2 in signed superposition)."""
+    r = {"converged": True, "off_D": False, "loss": 1.0, "seed": 0, "config": {"init_seed": 0, "tasks": [2, 2]},
+         "allocated_loss": 1.0, "best_decomposable": None,
+         "allocation": {"allocated": k == 0, "superposition": k > 0, "signed_superposed": [True] * k + [False] * (2 - k)}}
     r.update(kw)
     return r
 
 
-def test_classify_precedence():
-    assert classify(_result()) == "allocated"
-    assert classify(_result(allocation={"superposition": True, "allocated": False})) == "superposition"
-    assert classify(_result(off_D=True, allocation={"superposition": True, "allocated": False})) == "off D"
-    assert classify(_result(converged=False, off_D=True)) == "not converged"
-    assert classify(_result(allocation={"superposition": False, "allocated": False})) == "mixed"
-    assert classify(_result(diverged="TrainingDiverged: ...", converged=False)) == "diverged"
-    assert set(CLASSES) == {"allocated", "superposition", "off D", "mixed", "not converged", "diverged"}
+def test_point_class_is_the_one_readout():
+    """The atlas classifies with numerics.readout.end_class (no classifier of its own), by precedence."""
+    name = lambda r: point_class(r)["name"]  # noqa: E731
+    assert name(_result()) == "allocated"
+    assert point_class(_result(1))["label"] == "superposition on 1 of 2 tasks"
+    assert name(_result(2, off_D=True)) == "off D"
+    assert name(_result(converged=False, off_D=True)) == "not converged"
+    assert name(_result(allocation={"allocated": False, "signed_superposed": [False, False]})) == "mixed"
+    assert point_class({"diverged": "TrainingDiverged: ...", "config": {"tasks": [2, 2]}})["name"] == "diverged"
+    assert "classify" not in vars(atlas) and "CLASSES" not in vars(atlas)
+
+
+def test_a_cell_whose_seeds_disagree_is_its_counted_mix():
+    """Seeds in different classes: no class for the cell, a blank in the outcome map, the counted mix
+    (k of n per class, its interval) in a 'mix' figure and in the findings."""
+    cell = [_result(), _result(), _result(1, loss=0.8)]
+    assert cell_class(cell) == (None, False) and cell_class(cell[:2]) == ("allocated", True)
+    mix = cell_mix(cell)
+    assert mix["n"] == 3 and {k: e["count"] for k, e in mix["labels"].items()} == {
+        "superposition on 1 of 2 tasks": 1, "allocated": 2}
+    assert mix["labels"]["superposition on 1 of 2 tasks"]["over_allocated"] == pytest.approx(0.8)
+    figs, info = outcome_maps("x", "X", {("a", 1): cell, ("a", 2): cell[:2]}, ["a"], [1, 2], str, str, "c", "r", "")
+    assert figs[0].matrix == [[None, OUTCOME_CLASSES.index("allocated")]]
+    mixfig = next(f for f in figs if f.kind == "mix")
+    assert mixfig.row_labels == ["a | 1"] and sum(mixfig.matrix[0]) == 3
+    assert "2-3 seeds per cell" in mixfig.caption
+    counts = class_counts({("a", 1): cell, ("a", 2): cell[:2]})
+    assert counts["allocated"] == 1 and counts["seeds_disagree"] == 1 and counts["seeds"]["allocated"] == 4
+    result = ClaimResult(id="atlas-heads", title="", statement="", verdict="located", kind="boundary",
+                         details={"classes": counts, "cells": info})
+    texts = [f.text for f in classes_finding(result, "heads")]
+    assert "(2-3 seeds per cell, the grid's): the seeds of 1 cells all end allocated" in texts[0], texts
+    assert texts[1].startswith("Cell a | 1 of the heads panel: the 3 seeds end in 2 classes: allocated in 2 of 3 "), texts
+    assert "superposition on 1 of 2 tasks in 1 of 3" in texts[1] and len(texts) == 2
 
 
 def test_schedule_mistakes_are_structural():

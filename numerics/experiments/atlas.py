@@ -14,8 +14,10 @@ the allocation has; the exact allocated point, off-task channels empty, is never
 
 :func:`run_point` trains once (``numerics.train.train``, one torch thread) and returns what
 classification needs, as plain JSON (:func:`train_atlas` says what each number is); the
-class itself is :func:`classify` (the one readout, ``numerics.readout.allocation``, plus the
-off-D rule and the convergence flag below).  The claims read these results from the sweep
+class itself is :func:`point_class`: the one classifier, ``numerics.readout.end_class``, of the
+point's readout, off-D rule and convergence flag (below).  A cell's seeds are counted by class
+(:func:`cell_mix`: ``numerics.experiments.starts.outcome_mix``, each class's binomial interval
+and loss ratios), never summarised by one class unless every seed shares it.  The claims read these results from the sweep
 store (``python -m reports.build --only atlas-... --from-sweep DIR``) and train nothing.
 
 Reference numbers stored with each point, computed on the worker (cached per process, so a
@@ -42,43 +44,21 @@ from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss
 from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
 from numerics.experiments import active_store, one_thread
-from numerics.readout import SUPERPOSED_SHARE, allocation, crossing_time
+from numerics.readout import OUTCOME_CLASSES, SUPERPOSED_SHARE, allocation, crossing_time, end_class
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
+from numerics.statistics import mean_se as _mean_se
+from numerics.experiments.starts import OFF_D_RELATIVE, off_D_test  # the report's one off-D rule (its docstring)
 from numerics.train import TrainConfig, train
 
-__all__ = ["AtlasSchedule", "CLASSES", "classify", "run_point", "check_point", "train_atlas", "escape_time",
+__all__ = ["AtlasSchedule", "point_class", "cell_mix", "run_point", "check_point", "train_atlas", "escape_time",
            "atlas_point", "Z_CONVERGED", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_points",
            "grid_of", "cell_class", "mean_se", "ratios", "panel_matrices", "class_counts", "warmup_border",
            "record_spacing", "crossing_L", "last_and_first", "ols_slope", "escape_cells", "escape_means", "PATTERNS"]
-
-OFF_D_RELATIVE = 0.5
-"""A run ends off D when its movable off-D part (theory.initialisation.residual_split) exceeds
-the bound theory.initialisation's warm-up law gives for its start and run length (below) AND is
-at least half of ||(W, U)|| (the claims' boundary-initialisation threshold: the random starts
-there ended either at 0.0-0.1 or at 0.8-1.0 of ||(W, U)||, so the class does not hinge on it; a
-decomposable start has no movable part and SGD's noise puts ~1e-2 there).
-
-The bound: within the warm-up the weights obey u(t) = |theta(t)|^2 <= u0 / (1 - x), x = 8 c4 u0 t
-(theory.initialisation.warmup_norm_bound), and every merged weight is of degree 2 in the factors,
-so an off-D part the start carries can grow by at most the factor 1 / (1 - x) while x <= 1/2:
-bound = movable(0) / (1 - min(x(t_end), 1/2)).  A movable part above it was built by the flow
-after the warm-up (it left D), not carried over from the start.  (theory's absolute bound on
-||(W, U)||, max(1, 1/s) u / 2, is far from tight for random factors -- 12.5 against a measured
-movable part of 3.0 from PyTorch's default start at (2, 2), L = 32 -- so it cannot classify.)"""
 
 BEST_SEARCH = {"random_starts": 1, "fit_elements": 2 ** 17, "eval_prompts": 2048, "seed": 0}
 """The best decomposable point's search (numerics.experiments.probes.best_decomposable) at a
 size a sweep worker pays once per configuration: one random start besides theory.optimality's
 structured starts, fit on 2^17 prompt tokens x heads, evaluated on 2048 prompts (se ~1%)."""
-
-CLASSES = ("allocated", "superposition", "off D", "mixed", "not converged", "diverged")
-"""The atlas's outcomes, by precedence (:func:`classify`): ``not converged`` (still in warm-up,
-or the held-out loss still falls), ``off D`` (movable off-D part above the warm-up bound and
-OFF_D_RELATIVE), ``superposition`` (an opposite-sign off-task value >= SUPERPOSED_SHARE of the
-serving one: numerics.readout), ``allocated`` (numerics.readout's rule), ``mixed`` (none of
-these: heads sharing tasks with one sign, or fewer heads than tasks); ``diverged`` (the loss
-blew up: numerics.train.TrainingDiverged, e.g. a large unbalanced start; stored as a result, not
-as a failed point, because it is an outcome of the start)."""
 
 STARTS = ("config", "allocated")
 PATTERNS = {"decomposable": "balanced decomposable", "random_decomposable": "balanced decomposable (random)",
@@ -233,15 +213,16 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
     - ``norm0_sq``/``norm_end_sq``: |theta|^2 of the trainable factors; ``warmup``: theory's
       warm-up law for this start and run length (``c4``, ``exponent`` = 8 c4 |theta0|^2 t_end,
       ``growth`` = 1 / (1 - min(exponent, 1/2)), ``bound`` = movable(0) x growth: what the start
-      can carry off D through the warm-up, :data:`OFF_D_RELATIVE`); ``off_D``: movable part above
-      ``bound`` and >= OFF_D_RELATIVE of ||(W, U)||;
+      can carry off D through the warm-up); ``off_D``: movable part above ``bound`` and >=
+      OFF_D_RELATIVE of ||(W, U)|| (numerics.experiments.starts.off_D_test, the report's one rule);
     - ``loss``, ``se``, ``n``: held-out loss at the final weights (numerics.evaluate); the descent fit
       over the last quarter (``descent_fit``: numerics.statistics.descent_left on every record of
       it as paired snapshots, horizon the quarter's length: a single fixed-step stage has no
       polish, and its class is read at t_end, so the test asks whether the last quarter again
       would move the loss beyond the comparison's tolerance; ``descent``, ``descent_se``: its rate x the
       horizon; ``descent_left``); ``in_warmup`` (config starts: |theta_end|^2 < 2 |theta0|^2, the
-      warm-up's sqrt 2 factor); ``converged``: not in warm-up and
+      warm-up's sqrt 2 factor); ``converged``: not in warm-up while theory's warm-up law holds at
+      t_end (exponent <= 1/2, as numerics.experiments.starts.end_states) and
       numerics.experiments.converged.converged_for at the tolerance of the loss comparison the
       point feeds, ``convergence_tolerance`` = Z_CONVERGED sqrt(se^2 + jitter^2) (the held-out se
       and the final iterate's fluctuation, the window's residual scatter: a fixed-step run has no
@@ -250,12 +231,13 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
       first crossing of ``threshold`` by the opposite-sign share (inf: none);
     - ``allocated_loss`` (theory.exact, None for H < m), ``best_decomposable`` (dict), and for
       the allocated start ``saddle`` (theory.saddle's T(B) with the measured seed input);
-    - ``class`` (:func:`classify`), ``seconds``, ``cpu_seconds``.
+    - ``class`` (:func:`point_class`: numerics.readout.EndClass.to_dict()), ``seconds``,
+      ``cpu_seconds``.
 
     A run that diverges (numerics.train.TrainingDiverged) returns ``diverged`` (the message),
     class "diverged", the start's numbers and the reference numbers, NaN for the rest."""
     from numerics.model import MultiHeadAttention
-    from theory.initialisation import warmup_norm_bound, warmup_quartic_constant
+    from theory.initialisation import warmup_quartic_constant
     t0, c0 = time.perf_counter(), time.process_time()
     if sch.start == "allocated":
         from numerics.saddle import allocated_model
@@ -286,7 +268,7 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
     except TrainingDiverged as exc:
         nan = math.nan
         return {"config": cfg.to_dict(), "schedule": asdict(sch), "seed": int(seed), "diverged": str(exc),
-                "class": "diverged", "converged": False, "in_warmup": False, "off_D": False,
+                "class": point_class({"diverged": str(exc), "tasks": list(cfg.tasks)}), "converged": False, "in_warmup": False, "off_D": False,
                 "residual_start": split0, "residual_end": {k: nan for k in split0}, "norm0_sq": norm0_sq,
                 "warmup": {"c4": c4, "exponent": 8.0 * c4 * norm0_sq * sch.time}, "loss": nan, "se": nan,
                 "escape_time": nan, "t": [], "opposite_share": [], **refs,
@@ -296,15 +278,17 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
     descent = stage_descent(snaps, sch.n_eval, seed)      # None: fewer than 3 records in the last quarter
     split1 = _split(final, cfg)
     norm1_sq = _norm_sq(final)
-    t_half = 1.0 / (16.0 * c4 * norm0_sq) if norm0_sq > 0 else math.inf
-    wb = warmup_norm_bound(norm0_sq, min(sch.time, t_half), cfg.tasks, cfg.heads, cfg.L, cfg.sigma, cfg.logit_scale)
-    growth = 1.0 / (1.0 - min(wb["exponent"], 0.5))
-    bound = split0["movable"] * growth
+    warm = off_D_test(cfg, norm0_sq, split0, split1, sch.time)
     in_warmup = bool(sch.start == "config" and norm1_sq < 2.0 * norm0_sq)
     # the tolerance of the loss comparison the point feeds (its loss against theory.exact's and the
     # best decomposable point's), with the final iterate's fluctuation: no polish removes it
     tol = stage_tolerance(est.se, descent.jitter) if descent is not None else 0.0
-    converged = bool(not in_warmup and descent is not None and converged_for({"descent_left": descent.left}, tol))
+    # as numerics.experiments.starts.end_states: a run counts as still in its warm-up (not converged)
+    # only while theory's warm-up law holds at t_end (exponent <= 1/2); a larger start need not double
+    # its norm, and the descent fit decides alone (``in_warmup`` itself is the raw flag the
+    # initialisation panel's warm-up border reads)
+    held = in_warmup and warm["exponent"] <= 0.5
+    converged = bool(not held and descent is not None and converged_for({"descent_left": descent.left}, tol))
     shares = [allocation(r.omega, r.mu) for r in res.trajectory]
     a = allocation(res.omega, res.mu)
     out = {
@@ -312,9 +296,7 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
         "omega": np.asarray(res.omega, float).tolist(), "mu": np.asarray(res.mu, float).tolist(),
         "allocation": a.to_dict(), "residual_start": split0, "residual_end": split1,
         "norm0_sq": norm0_sq, "norm_end_sq": norm1_sq,
-        "warmup": {"c4": c4, "exponent": 8.0 * c4 * norm0_sq * sch.time, "t_half": t_half, "growth": growth,
-                   "bound": bound, "merged_norm_bound": wb["merged"]},
-        "off_D": bool(split1["movable"] > bound and split1["movable_relative"] >= OFF_D_RELATIVE),
+        "warmup": {k: v for k, v in warm.items() if k != "off_D"}, "off_D": warm["off_D"],
         "loss": est.mean, "se": est.se, "n": est.n,
         "descent": descent.rate * descent.horizon if descent is not None else math.nan,
         "descent_se": descent.rate_se * descent.horizon if descent is not None else math.nan,
@@ -328,26 +310,21 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
         **refs,
         "steps": res.steps,
     }
-    out["class"] = classify(out)
+    out["class"] = point_class(out)
     out["seconds"] = time.perf_counter() - t0
     out["cpu_seconds"] = time.process_time() - c0
     return out
 
 
-def classify(r: dict) -> str:
-    """The atlas outcome of one point's result (:data:`CLASSES`, by precedence)."""
+def point_class(r: dict) -> dict:
+    """The class of one point's result (numerics.readout.end_class: allocated / superposition on
+    k of m tasks / off D / mixed / not converged / diverged, by precedence), as
+    EndClass.to_dict(); read from the stored readout and flags, so a sweep stored before the
+    classifier changed is classified by the current one."""
     if r.get("diverged"):
-        return "diverged"
-    if not r["converged"]:
-        return "not converged"
-    if r["off_D"]:
-        return "off D"
-    a = r["allocation"]
-    if a["superposition"]:
-        return "superposition"
-    if a["allocated"]:
-        return "allocated"
-    return "mixed"
+        cls = end_class(None, off_D=False, converged=False, diverged=True, reason=str(r["diverged"])).to_dict()
+        return {**cls, "tasks": len(r.get("tasks") or (r.get("config") or {}).get("tasks") or ())}
+    return end_class(r["allocation"], off_D=bool(r["off_D"]), converged=bool(r["converged"])).to_dict()
 
 
 def from_stored(d: dict) -> dict:
@@ -420,19 +397,29 @@ def _sort_key(v):
                                                                        else (1, 0, str(v)))
 
 
-def cell_class(results) -> tuple[str, bool]:
-    """(the cell's class, seeds agree): the class of every seed when they agree, else the one
-    first in CLASSES order (the map marks the cell)."""
-    classes = [classify(r) for r in results]
-    agree = len(set(classes)) == 1
-    return (classes[0] if agree else min(classes, key=CLASSES.index)), agree
+def cell_mix(results) -> dict:
+    """Where a cell's seeds ended: numerics.experiments.starts.outcome_mix of their classes
+    (:func:`point_class`) at Z_CONVERGED, with the loss ratios to the cell's theory.exact
+    allocated loss and best decomposable point (one configuration: the first result's)."""
+    from numerics.experiments.starts import outcome_mix
+    states = [{"class": point_class(r), "loss": r.get("loss", math.nan),
+               "init_seed": (r.get("config") or {}).get("init_seed"), "data_seed": r.get("seed")} for r in results]
+    refs = {"allocated_loss": results[0].get("allocated_loss"), "best_decomposable": results[0].get("best_decomposable")}
+    return outcome_mix(states, Z_CONVERGED, refs)
+
+
+def cell_class(results) -> tuple:
+    """(the class name every seed of the cell shares, True), or (None, False) when the seeds end
+    in different classes (the cell is then its counted mix, :func:`cell_mix`)."""
+    labels = [point_class(r)["label"] for r in results]
+    if len(set(labels)) == 1:
+        return point_class(results[0])["name"], True
+    return None, False
 
 
 def mean_se(xs):
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if not xs:
-        return None, None
-    return float(np.mean(xs)), (float(np.std(xs, ddof=1) / math.sqrt(len(xs))) if len(xs) > 1 else None)
+    """numerics.statistics.mean_se of the finite values (an unmeasured point is no number of the sample)."""
+    return _mean_se(xs, non_finite="drop")
 
 
 def ratios(results) -> dict:
@@ -443,10 +430,11 @@ def ratios(results) -> dict:
 
 
 def panel_matrices(cells, rows, cols, row_label, col_label) -> dict:
-    """The panel's maps: ``outcome`` (class code, + 0.5 where the seeds disagree), ``over_allocated``
-    and ``over_best`` (mean loss ratios), None where a cell is empty; labels; per-cell ``info``."""
-    code = {c: k for k, c in enumerate(CLASSES)}
-    M, R, Bm, info = [], [], [], {}
+    """The panel's maps: ``outcome`` (the code, index in OUTCOME_CLASSES, of the class every seed
+    of a cell shares; None where the seeds disagree: ``mixes`` holds those cells' counted mixes),
+    ``over_allocated`` and ``over_best`` (mean loss ratios), None where a cell is empty; labels;
+    per-cell ``info`` (the class, its :func:`cell_mix`, the ratios, losses and escape times)."""
+    M, R, Bm, info, mixes = [], [], [], {}, {}
     for r in rows:
         mrow, rrow, brow = [], [], []
         for c in cols:
@@ -457,29 +445,39 @@ def panel_matrices(cells, rows, cols, row_label, col_label) -> dict:
                 brow.append(None)
                 continue
             cls, agree = cell_class(res)
-            rat = ratios(res)
-            mrow.append(code[cls] + (0.0 if agree else 0.5))
+            rat, mix, key = ratios(res), cell_mix(res), f"{row_label(r)} | {col_label(c)}"
+            mrow.append(OUTCOME_CLASSES.index(cls) if agree else None)
             rrow.append(rat["over_allocated"])
             brow.append(rat["over_best"])
-            info[f"{row_label(r)} | {col_label(c)}"] = {"class": cls, "seeds_agree": agree,
-                                                       "classes": [classify(x) for x in res], **rat,
-                                                       "loss": [x["loss"] for x in res],
-                                                       "escape_time": [x["escape_time"] for x in res]}
+            if not agree:
+                mixes[key] = mix
+            info[key] = {"class": cls, "seeds_agree": agree, "mix": mix,
+                         "classes": [point_class(x)["label"] for x in res], **rat,
+                         "loss": [x["loss"] for x in res], "escape_time": [x.get("escape_time") for x in res]}
         M.append(mrow)
         R.append(rrow)
         Bm.append(brow)
     return {"outcome": M, "over_allocated": R, "over_best": Bm, "row_labels": [row_label(r) for r in rows],
-            "col_labels": [col_label(c) for c in cols], "info": info}
+            "col_labels": [col_label(c) for c in cols], "info": info, "mixes": mixes}
 
 
 def class_counts(cells) -> dict:
-    out = {c: 0 for c in CLASSES}
-    disagree = 0
+    """Over a panel's cells: per class name the cells whose seeds all share it, ``seeds_disagree``
+    (cells whose seeds end in different classes), ``cells``; ``seeds`` per class label over every
+    seed of the panel, ``n_seeds`` and the seeds per cell (``seeds_per_cell``, sorted)."""
+    out = {c: 0 for c in OUTCOME_CLASSES}
+    disagree, seeds = 0, {}
     for res in cells.values():
         cls, agree = cell_class(res)
-        out[cls] += 1
+        if agree:
+            out[cls] += 1
         disagree += not agree
-    return {**out, "seeds_disagree": disagree, "cells": len(cells)}
+        for x in res:
+            label = point_class(x)["label"]
+            seeds[label] = seeds.get(label, 0) + 1
+    return {**out, "seeds_disagree": disagree, "cells": len(cells), "seeds": seeds,
+            "n_seeds": sum(len(res) for res in cells.values()),
+            "seeds_per_cell": sorted({len(res) for res in cells.values()})}
 
 
 def warmup_border(results_by_scale: dict) -> float | None:
@@ -572,18 +570,18 @@ def warmup_row(by_scale: dict) -> dict:
 def heads_row(by_heads: dict, m: int) -> dict:
     """One row of the heads panel (H -> the cell's results, in column order; m tasks): the
     measured border (the smallest H whose seeds all end allocated; inf: no such H although an H
-    >= m converged with its seeds agreeing; None: undecided), each H's class, and over the cells
-    with H > m the superposition / off-D / not-converged counts and the mean loss over
-    theory.exact's allocated loss."""
+    >= m converged with its seeds agreeing; None: undecided), each H's class (None: its seeds
+    disagree: its counted mix is the panel's cell info), and over the seeds of the cells with H > m the superposition /
+    off-D / not-converged counts and the mean loss over theory.exact's allocated loss."""
     classes = {h: cell_class(res) for h, res in by_heads.items()}
     allocated = [h for h, c in classes.items() if c == ("allocated", True)]
     above = [h for h, c in classes.items() if h >= m and c[1] and c[0] != "not converged"]
     surplus = [h for h in by_heads if h > m]
+    names = [point_class(x)["name"] for h in surplus for x in by_heads[h]]
     return {"measured_border": min(allocated) if allocated else (math.inf if above else None),
             "classes": {h: c[0] for h, c in classes.items()},
-            "superposition_above_m": sum(classes[h][0] == "superposition" for h in surplus),
-            "off_D_above_m": sum(classes[h][0] == "off D" for h in surplus),
-            "not_converged_above_m": sum(classes[h][0] == "not converged" for h in surplus),
+            "superposition_above_m": names.count("superposition"), "off_D_above_m": names.count("off D"),
+            "not_converged_above_m": names.count("not converged"), "seeds_above_m": len(names),
             "cells_above_m": len(surplus),
             "ratio_above_m": mean_se([ratios(by_heads[h])["over_allocated"] for h in surplus])}
 

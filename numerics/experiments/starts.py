@@ -34,7 +34,7 @@ from numerics.experiments import _CACHE, cached, identity, one_thread
 from numerics.experiments.converged import converged_for, stage_tolerance
 from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
 from numerics.readout import RACE_DECIDED_SHARE, allocation, end_class, zero_sum_ratio
-from numerics.statistics import binomial_interval, descent_left
+from numerics.statistics import binomial_interval, descent_left, mean_se
 from numerics.train import TrainConfig, train_many, train_reduced
 from theory.initialisation import (residual_split, unbalanced_metric_factors, warmup_norm_bound,
                                    warmup_quartic_constant)
@@ -205,18 +205,23 @@ def _key(kind: str, cfg: ProblemConfig, tcfg: TrainConfig, **more) -> str:
 
 def train_starts(kind: str, cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int, *,
                  on_start: Optional[Callable] = None, on_record: Optional[Callable] = None,
-                 on_end: Optional[Callable] = None) -> list[dict]:
+                 on_end: Optional[Callable] = None, eval_seeds: Optional[Sequence[int]] = None) -> list[dict]:
     """Train the runs (cfgs[i], tcfgs[i]) from their configs' starts together
     (numerics.train.train_many), each measured by :func:`end_states` (held-out stream of its data
-    seed), cached per run under ``kind``: only the runs not cached yet are trained.  Hooks per run
+    seed, or of ``eval_seeds[i]``: runs that share a prompt stream but must be evaluated on
+    independent held-out prompts), cached per run under ``kind``: only the runs not cached yet are trained.  Hooks per run
     (optional): ``on_start(model) -> dict`` before training, ``on_record(extra, step, t, model,
     loss)`` at each record (``extra``: that dict, to add to), ``on_end(extra, model)`` after; the
     extra dict is merged into the run's end state."""
-    keys = [_key(kind, c, t, n_eval=int(n_eval)) for c, t in zip(cfgs, tcfgs)]
+    evals = [t.seed for t in tcfgs] if eval_seeds is None else [int(x) for x in eval_seeds]
+    if len(evals) != len(cfgs):
+        raise ValueError(f"train_starts: {len(evals)} eval seeds for {len(cfgs)} runs")
+    keys = [_key(kind, c, t, n_eval=int(n_eval), **({} if eval_seeds is None else {"eval_seed": e}))
+            for c, t, e in zip(cfgs, tcfgs, evals)]
     todo = [i for i, k in enumerate(keys) if k not in _CACHE]     # the cache only read here: filled by cached()
     if todo:
         states = _train_measured([cfgs[i] for i in todo], [tcfgs[i] for i in todo], n_eval, on_start, on_record,
-                                 on_end)
+                                 on_end, [evals[i] for i in todo])
         for i, state in zip(todo, states):
             cached(keys[i], lambda state=state: state)
     return [cached(k, _missing) for k in keys]
@@ -227,11 +232,11 @@ def _missing():
 
 
 @one_thread
-def _train_measured(cfgs, tcfgs, n_eval, on_start, on_record, on_end) -> list[dict]:
+def _train_measured(cfgs, tcfgs, n_eval, on_start, on_record, on_end, evals) -> list[dict]:
     models = [MultiHeadAttention(c) for c in cfgs]
     extras = [on_start(m) if on_start else {} for m in models]
     runs = [{"cfg": c, "tcfg": t, "norm0_sq": _norm_sq(m), "split0": _split(m), "snapshots": [],
-             "window": descent_window(t.record_steps()), "eval_seed": t.seed} for c, t, m in zip(cfgs, tcfgs, models)]
+             "window": descent_window(t.record_steps()), "eval_seed": e} for c, t, m, e in zip(cfgs, tcfgs, models, evals)]
 
     def hook(i):
         run, model = runs[i], models[i]
@@ -285,19 +290,13 @@ def references(tasks: tuple, heads: int, L: int, sigma: float, device: str = "cp
     return {"allocated_loss": alloc, "best_decomposable": b}
 
 
-def _mean_se(xs) -> tuple:
-    xs = np.asarray([x for x in xs if x is not None and math.isfinite(x)], float)
-    if xs.size == 0:
-        return None, None
-    return float(xs.mean()), (float(xs.std(ddof=1) / math.sqrt(xs.size)) if xs.size > 1 else None)
-
-
 def outcome_mix(states: Sequence[dict], z: float, refs: Optional[dict] = None) -> dict:
     """Where the seeds of one start ended: per class label (numerics.readout.EndClass.label, in
     the order of OUTCOME_CLASSES, superpositions by k) ``count`` of ``n`` seeds, the ``share``,
     its binomial ``interval`` (numerics.statistics.binomial_interval at ``z``), the seeds, and the
     held-out loss over the allocated fixed point and over the best decomposable point of
-    ``refs`` (:func:`references`), mean +- se over the class's seeds; ``classes`` (names: any k)
+    ``refs`` (:func:`references`), mean +- se over the class's seeds (``seeds``: their init seeds,
+    or their data seeds where the init seeds do not tell them apart); ``classes`` (names: any k)
     the same counts by class name."""
     from numerics.readout import OUTCOME_CLASSES
     n = len(states)
@@ -305,14 +304,18 @@ def outcome_mix(states: Sequence[dict], z: float, refs: Optional[dict] = None) -
     best = ((refs or {}).get("best_decomposable") or {}).get("loss")
 
     def entry(members):
-        over_a = _mean_se([s["loss"] / alloc for s in members]) if alloc else (None, None)
-        over_b = _mean_se([s["loss"] / best for s in members]) if best else (None, None)
+        over_a = mean_se([s["loss"] / alloc for s in members], non_finite="drop") if alloc else (None, None)
+        over_b = mean_se([s["loss"] / best for s in members], non_finite="drop") if best else (None, None)
         lo, hi = binomial_interval(len(members), n, z)
         return {"count": len(members), "n": n, "share": len(members) / n, "interval": [lo, hi],
-                "seeds": [s["init_seed"] if s.get("init_seed") is not None else s.get("data_seed") for s in members],
+                "seeds": [s.get(seed_key) for s in members],
                 "over_allocated": over_a[0], "over_allocated_se": over_a[1],
                 "over_best": over_b[0], "over_best_se": over_b[1]}
 
+    # a seed is named by its init seed where those tell the seeds apart, else by its prompt stream
+    # (a deterministic start's seeds are its streams)
+    inits = [s.get("init_seed") for s in states]
+    seed_key = "init_seed" if None not in inits and len(set(inits)) == n else "data_seed"
     order = lambda c: (OUTCOME_CLASSES.index(c["name"]), c.get("superposed", 0))  # noqa: E731
     labels: dict = {}
     names: dict = {}
@@ -413,12 +416,14 @@ def _readout(r) -> dict:
     return out
 
 
-def single_task_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int) -> list[dict]:
+def single_task_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int,
+                       eval_seeds: Optional[Sequence[int]] = None) -> list[dict]:
     """One task, several heads, from PyTorch's default start, trained together: the end state
-    and the zero-sum pair ratio |mu_a + mu_b| / (|mu_a| + |mu_b|) of the largest positive and the
-    most negative OV value (nan: one sign only; the many-head form is the end state's
-    ``zero_sum``, numerics.readout.zero_sum_ratio)."""
-    states = train_starts("single_task", cfgs, tcfgs, n_eval)
+    (held-out prompts of ``eval_seeds``, :func:`train_starts`) and the zero-sum pair ratio
+    |mu_a + mu_b| / (|mu_a| + |mu_b|) of the largest positive and the most negative OV value
+    (nan: one sign only; the many-head form is the end state's ``zero_sum``,
+    numerics.readout.zero_sum_ratio)."""
+    states = train_starts("single_task", cfgs, tcfgs, n_eval, eval_seeds=eval_seeds)
     for s in states:
         if "pair_ratio" not in s:
             mu = np.asarray(s["mu"], float)[:, 0] if s["mu"] is not None else np.array([])

@@ -72,10 +72,15 @@ def test_phase_comparison_counts_phases_that_do_not_end():
 
 def test_race_findings_follow_the_numbers():
     """The race's sentences are generated from its own numbers: change one, the sentence changes."""
-    cells = [{"decided": True}] * 3 + [{"decided": False}]
+    one = {"labels": {"allocated": {"count": 2, "interval": [0.0056, 1.0], "over_allocated": None, "over_best": None,
+                                    "over_allocated_se": None, "over_best_se": None}}, "n": 2}
+    two = {"labels": {"allocated": {**one["labels"]["allocated"], "count": 1, "interval": [1.6e-5, 1.0]},
+                      "not converged": {**one["labels"]["allocated"], "count": 1, "interval": [1.6e-5, 1.0]}}, "n": 2}
+    cells = [{"decided": True, "mix": one, "classes": ["allocated"] * 2}] * 3 + [
+        {"decided": False, "mix": two, "rho_omega": 0.5, "rho_mu": 2.0, "classes": ["allocated", "not converged"]}]
     details = {"cells": cells, "rules_disagree": 1, "largest_mu_contradicted": 1, "largest_mu_decided": 1,
                "no_warmup_scales": [0.1], "unpredictable_scales": [], "warmup_undefined_scales": [],
-               "ran": {"profile": {"time": 30.0, "large_scales": [0.05, 0.1], "large_time": 30.0}},
+               "ran": {"profile": {"time": 30.0, "large_scales": [0.05, 0.1], "large_time": 30.0, "data_seeds": [0, 1]}},
                "comparisons": [{"name": "race winner = ...", "measured": 3, "details": {"decided": 3, "undecided": 1}}]}
     res = ClaimResult(id="boundary-allocation-race", title="", statement="", verdict="located", kind="boundary",
                       details=details)
@@ -85,3 +90,6 @@ def test_race_findings_follow_the_numbers():
     b = race_findings(res)
     assert a[0].text != b[0].text and a[1].text != b[1].text
     assert "(0.05, 0.1]" in a[1].text and "(n/a, 0.05]" in b[1].text
+    # the race cells counted: 3 of 4 cells' streams end in one class; per stream the cells per class
+    assert "in one class in 3 cells and in different classes in 1" in a[2].text, a[2].text
+    assert "stream 0: allocated in 4; stream 1: allocated in 3, not converged in 1" in a[2].text, a[2].text

@@ -162,3 +162,28 @@ def test_initialisation_findings_follow_the_numbers():
 @given(problems(max_L=128), st.floats(0.2, 0.9), st.integers(0, 1000))
 def test_small_random_start_thorough(device, problem, fraction, seed):
     test_small_random_start_stays_under_warmup_bound.hypothesis.inner_test(device, problem, fraction, seed)
+
+
+def test_single_task_counts_its_seeds(device):
+    """The single-task part at tiny (r = 1, L = 16, H = 2, 2 seeds, trained together on one prompt
+    stream): every seed classified and counted (the mix's counts sum to the seeds), the zero-sum
+    share compared with its interval, each comparison's perturbation rejected or the comparison
+    itself failing (a result), and the finding names the counted classes."""
+    from types import SimpleNamespace
+
+    from claims.initialisation import single_task
+    ctx = SimpleNamespace(profile="tiny", device=device, progress=lambda msg, f: None)
+    comps, rows, details = single_task(ctx)
+    sm = details["summary"][2]
+    assert sm["mix"]["n"] == 2 == sum(e["count"] for e in sm["mix"]["labels"].values()) == len(sm["classes"])
+    assert {c.name for c in comps} >= {"single task: share of seeds with a zero-sum OV pair (He et al.), H=2"}
+    pairs = next(c for c in comps if c.name.startswith("single task: share"))
+    assert pairs.details["n"] == 2 and pairs.details["count"] == sm["zero_sum_pairs"]
+    assert any("single task H=2" in str(r) and "seeds of 2" in str(r) for r in rows), rows
+    unbalanced = {"name": "unbalanced start: outcome", "measured": 0, "details": {"shared_full": 0, "decided": 0}}
+    result = ClaimResult(id="boundary-initialisation", title="t", statement="s", verdict="located", kind="boundary",
+                         details={"findings": [], "comparisons": [c.summary() for c in comps] + [unbalanced],
+                                  "single_task": details, "unbalanced_scale": 0.03, "unbalanced_starts": 0,
+                                  "balance_changes_outcome": 0})
+    texts = [f.text for f in init_findings(result) if f.text.startswith("One task")]
+    assert len(texts) == 1 and ("all 2 seeds end" in texts[0] or "the 2 seeds end in" in texts[0]), texts
