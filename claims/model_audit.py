@@ -456,7 +456,8 @@ def check_fixed_point_loss(name, loss, excess: float, fixed: dict, config: str):
     return compare(name, loss.mean, fixed["loss"], tol,
                    f"{Z_SE:g} held-out standard errors ({loss.se:.3g}, {loss.n} prompts) + the loss its off-D parts add "
                    f"({excess:.3g}: the model minus its projection onto D, same prompts) + the quadrature bound",
-                   wrong=off_by(PERTURB_FACTOR, fixed["loss"], "the fixed point's loss"), se=loss.se, config=config)
+                   wrong=off_by(PERTURB_FACTOR, fixed["loss"], "the fixed point's loss"), se=loss.se, config=config,
+                   details={"role": "fixed point loss"})
 
 
 def served_curvature(omega_row, mu_value: float, task: int, tasks, L: int, sigma: float) -> np.ndarray:
@@ -543,7 +544,7 @@ def check_served(cfg, meas, noise: dict, fixed: dict, config: str):
                    wrong=[(f"omega* x {f:g}", pred(f * om_s, mu_s).tolist()),
                           (f"mu* x {f:g}", pred(om_s, f * mu_s).tolist())],
                    error=lambda a, b: _entrywise(a, b, tol), config=config,
-                   details={"serving_heads": heads, "tolerance_per_entry": tol.tolist(), "off_task_shift": shift.tolist(),
+                   details={"role": "served", "serving_heads": heads, "tolerance_per_entry": tol.tolist(), "off_task_shift": shift.tolist(),
                             "resolution": res, "hessian": [c.tolist() for c in curv],
                             "held_out_gradient": {"omega": g[0][idx].tolist(), "mu": g[1][idx].tolist(),
                                                   "omega_se": gse[0][idx].tolist(), "mu_se": gse[1][idx].tolist()},
@@ -557,7 +558,7 @@ def check_side(name, loss, target: float, target_error: float, sign: int, what: 
     side = "not above" if sign < 0 else "not below"
     return compare(f"{name}: {side} {what}", loss.mean, target, Z_SE * loss.se + target_error,
                    f"boundary: {side} {what}; {Z_SE:g} held-out standard errors ({loss.se:.3g}) + theory's error bound",
-                   side=side, se=loss.se, config=config)
+                   side=side, se=loss.se, config=config, details={"role": "side", "check": f"{side} {what}"})
 
 
 def check_learned(name, loss, zero_loss: float, config: str):
@@ -566,10 +567,11 @@ def check_learned(name, loss, zero_loss: float, config: str):
     untrained model, whose predictions are near 0, sits at sum r_i and fails).  One-sided, no wrong
     prediction (as :func:`check_side`)."""
     z = Z_SE * loss.se
-    return compare(f"{name}: below the zero model's loss sum r_i by more than {Z_SE:g} se (it learned something)",
+    check = f"below the zero model's loss sum r_i by more than {Z_SE:g} se (it learned something)"
+    return compare(f"{name}: {check}",
                    loss.mean, zero_loss, 0.0, f"one-sided: measured + {Z_SE:g} held-out standard errors ({loss.se:.3g}) "
                    "must lie below sum r_i", side="not above", error=lambda m, p: max(0.0, m + z - p),
-                   se=loss.se, config=config)
+                   se=loss.se, config=config, details={"role": "learned", "check": check})
 
 
 def check_best_decomposable(name, loss, best: dict, fixed: Optional[dict], config: str):
@@ -581,7 +583,8 @@ def check_best_decomposable(name, loss, best: dict, fixed: Optional[dict], confi
     return compare(f"{name}: vs the best decomposable point of the same H", loss.mean, best["loss"], Z_SE * se,
                    f"{Z_SE:g} standard errors of the difference of the two held-out losses ({se:.3g})",
                    wrong=(() if fixed is None else (("the allocated fixed point", fixed["loss"]),)), se=loss.se,
-                   config=config)
+                   config=config, details={"role": "best decomposable",
+                                           "check": "vs the best decomposable point of the same H"})
 
 
 def position(loss, refs: dict) -> dict:
@@ -697,8 +700,8 @@ def model_findings(result: ClaimResult) -> list:
     name, loss = d["checkpoint"]["name"], d["loss"]
     out = []
     if d["status"] == "inside":
-        lc = next((c for c in d["comparisons"] if "vs the exact allocated fixed point" in c["name"]), None)
-        sc = next((c for c in d["comparisons"] if c["name"].startswith("served")), None)
+        lc = next((c for c in d["comparisons"] if c["details"].get("role") == "fixed point loss"), None)
+        sc = next((c for c in d["comparisons"] if c["details"].get("role") == "served"), None)
         ok = all(c["agrees"] for c in d["comparisons"])
         resolved = all(p["rejected"] for c in d["comparisons"] for p in c["perturbations"])
         out.append(finding(result, "holds" if ok and resolved else "stops",
@@ -711,7 +714,7 @@ def model_findings(result: ClaimResult) -> list:
                            served=sc["error"] if sc else None))
     else:
         c = d["comparisons"][0] if d.get("comparisons") else None
-        check = (c["name"].rsplit(": ", 1)[-1] + " ({target}): " + ("holds" if c["agrees"] else "contradicted")) \
+        check = (c["details"].get("check", c["name"]) + " ({target}): " + ("holds" if c["agrees"] else "contradicted")) \
             if c else "no check"
         out.append(finding(result, "stops", "{name} ({config}) is outside the paper's allocated account ({status}): "
                            "{what} {loss}; checked " + check + ".", name=name, config=d["config"], status=d["status"],
@@ -896,7 +899,7 @@ def evaluate_trajectory(ctx) -> Outcome:
         wrong = [(f"both phase ends x{PHASE_FACTOR:g}", {k: t0 + PHASE_FACTOR * (v - t0) for k, v in predicted.items()}),
                  (f"both phase ends /{PHASE_FACTOR:g}", {k: t0 + (v - t0) / PHASE_FACTOR for k, v in predicted.items()})]
         c = compare(f"phase times from the first checkpoint, {config}", meas_d, predicted, 1.0, why, wrong=wrong,
-                    error=err, config=config, details={"tolerances": tols})
+                    error=err, config=config, details={"role": "phase times", "tolerances": tols})
         comps.append(c)
         rows.append(headline_row(c, theory=[predicted["warmup_end"], predicted["emergence_end"]],
                                  measured=[meas_d["warmup_end"], meas_d["emergence_end"]], tolerance=1.0,
@@ -911,7 +914,8 @@ def evaluate_trajectory(ctx) -> Outcome:
                         0.0, "exact: the head carrying each task (numerics.readout: argmax_h mu omega) is "
                         "theory.task_allocation.predicted_winners (rule ode) from the first checkpoint; counted",
                         wrong=[(f"winners {wrong_w}", wrong_w)], config=config, units="absolute",
-                        error=lambda a_, b_: float(sum(int(x != y) for x, y in zip(a_, b_))))
+                        error=lambda a_, b_: float(sum(int(x != y) for x, y in zip(a_, b_))),
+                        details={"role": "winners"})
             comps.append(c)
             rows.append(headline_row(c, theory=None, measured=None))
         else:
@@ -926,14 +930,15 @@ def trajectory_findings(result: ClaimResult) -> list:
     d = result.details
     out = []
     for c in d.get("comparisons", []):
-        if c["name"].startswith("phase times"):
+        role = c["details"].get("role")
+        if role == "phase times":
             m, p = c["measured"], c["predicted"]
             out.append(finding(result, "holds" if c["agrees"] else "stops",
                                "On this run ({config}) the warm-up ends at t = {mw} and the emergence at {me}, against "
                                "theory's {pw} and {pe} from the first checkpoint (worst |dt|/tolerance {err}).",
                                config=d["config"], mw=m.get("warmup_end"), me=m.get("emergence_end"),
                                pw=p["warmup_end"], pe=p["emergence_end"], err=c["error"]))
-        elif c["name"].startswith("winners"):
+        elif role == "winners":
             out.append(finding(result, "holds" if c["agrees"] else "stops",
                                "On this run ({config}) the tasks end on heads {m}, theory's winners from the first "
                                "checkpoint are {p}.", config=d["config"], m=c["measured"], p=c["predicted"]))

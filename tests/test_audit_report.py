@@ -190,6 +190,14 @@ def test_a_trajectory_is_checked_against_claims_3_and_4(tmp_path, one_thread):
     last = next(r for r in result.results if r.id == "model-1")
     assert last.details["converged"]["descent"] is not None
     json.dumps(result.model)                  # the model entries are JSON as they stand
+    # findings read the comparisons' structured fields (details["role"]), never their names
+    for r in (traj, last):
+        texts = [f.text for f in r.findings]
+        spec_findings = ma.trajectory_findings if r is traj else ma.model_findings
+        assert [f.text for f in spec_findings(r)] == texts and texts
+        for c in r.details["comparisons"]:
+            c["name"] = "renamed"
+        assert [f.text for f in spec_findings(r)] == texts
 
 
 def test_units_of_the_authors_steps(tmp_path):
