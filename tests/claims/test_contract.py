@@ -6,7 +6,8 @@
   what a report reads where the spec cannot say);
 - it compares something, unless it says why it could not decide (``details["undecided"]``);
 - every comparison that agrees rejects each of its wrong predictions, or the claim is
-  ``error`` / ``undecided`` (a check that accepts a wrong prediction cannot pass), and a
+  ``error`` / ``undecided`` (a check that accepts a wrong prediction cannot pass) or ``fail`` /
+  ``contradicted`` (claims.base.judge: a disagreement is conclusive whatever the tolerance), and a
   passing claim has no comparison that disagrees;
 - a measurement that could not decide (``details["undecided"]``) is never a pass;
 - its findings are sentences with numbers in them, each of a known kind, naming the claim.
@@ -52,7 +53,10 @@ def contract_problems(claim_id: str, res: ClaimResult, declared_kind: str) -> li
         out.append("no comparison in details['comparisons'] (and no reason it could not decide)")
     for c in comparisons:
         accepted = [p["description"] for p in c.get("perturbations", []) if not p["rejected"]]
-        if c["agrees"] and accepted and res.verdict not in NOT_DECIDED:
+        # claims.base.judge: an agreement that accepts a wrong prediction cannot pass (error /
+        # undecided); a verdict of fail / contradicted stands on a disagreement, conclusive whatever
+        # the tolerance, so a weak agreeing comparison beside it does not change it
+        if c["agrees"] and accepted and passed:
             out.append(f"{c['name']} agrees but accepts the wrong predictions {accepted}, verdict {res.verdict}")
         if passed and not c["agrees"]:
             out.append(f"{c['name']} disagrees, verdict {res.verdict}")
@@ -125,3 +129,7 @@ def test_the_contract_can_fail():
     assert not broken(verdict="error", details={"comparisons": [{"name": "L=64", "agrees": True,
                                                                  "perturbations": [{"description": "x2",
                                                                                     "rejected": False}]}]})
+    # ... and beside a disagreement, which decides the verdict on its own (claims.base.judge)
+    lax = {"name": "L=64", "agrees": True, "perturbations": [{"description": "x2", "rejected": False}]}
+    against = {"name": "L=32", "agrees": False, "perturbations": []}
+    assert not broken(verdict="fail", details={"comparisons": [lax, against]})
