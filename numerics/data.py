@@ -37,7 +37,10 @@ prompts).  The caller's ``torch.Generator`` fixes the stream:
   3.8-4.3).  What makes a batch cheaper is elsewhere: drawing into a reused output (``out=``,
   no fresh pages) and writing each chunk's tokens with one matmul instead of strided copies
   -- 30 % (float32) to 40 % (float64) less CPU time per batch at tasks 4,4,4, L = 256, batch
-  4096 (docs/performance.md).
+  4096 (docs/performance.md).  Since issue 28 (the same stream): float64 runs get their
+  float32 draws cast in the last Box-Muller pass (no separate cast), the chunks of a batch are
+  of equal size (no small last one) and the token maps are made once per problem and thread
+  (:func:`_token_maps`): 7-9 % less CPU per batch at 1024-4096 prompts, up to 45 % at 64.
 - CUDA: one stream from the caller's device generator, no threads (the GPU draws in
   parallel), in the fixed order x, q, g, eps; eps is drawn even when sigma = 0 (it costs a
   GPU microseconds, and skipping it would shift the generator and so the next call's x, q, g
@@ -135,21 +138,21 @@ float32 passes over a block of 64 KiB arrays stay in a core's L2 cache; over a w
 (MiBs) every pass would stream from L3 (measured 2x slower)."""
 
 
-def _scratch(block: int, rows: int, words: int, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """This thread's float32 work arrays for :func:`_gaussian_rows`: a block's (2, block,
-    words) and (block, words), and the result (rows, 2, words) of ``slot`` (0: x, q, g; 1:
-    eps, both alive until the chunk is written), reused from call to call:
+def _scratch(block: int, rows: int, words: int, slot: int, dtype=np.float32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's work arrays for :func:`_gaussian_rows`: a block's float32 (2, block,
+    words) and (block, words), and the result (rows, 2, words) in ``dtype`` of ``slot`` (0: x,
+    q, g; 1: eps, both alive until the chunk is written), reused from call to call:
     fresh arrays of this size are fresh pages, whose first-touch faults cost as much as the
     arithmetic.  A result is therefore valid only until the thread's next call."""
     cache = getattr(_local, "scratch", None)
     if cache is None:
         cache = _local.scratch = {}
-    key = (block, rows, words, slot)
+    key = (block, rows, words, slot, np.dtype(dtype).char)
     if key not in cache:
         if len(cache) >= 4:          # a few shapes per thread (x/q/g and eps, the last chunk)
             cache.clear()
         cache[key] = (np.empty((2, block, words), np.float32), np.empty((block, words), np.float32),
-                      np.empty((rows, 2, words), np.float32))
+                      np.empty((rows, 2, words), dtype))
     return cache[key]
 
 
@@ -158,8 +161,9 @@ _ANGLE_SCALE = np.float32(2.0 * np.pi * 2.0 ** -24)
 
 
 def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: int,
-                   private: bool = False, slot: int = 0) -> np.ndarray:
-    """Rows ``first`` .. ``first + rows - 1`` of a sub-stream, (rows, 2 words) float32 N(0, 1):
+                   private: bool = False, slot: int = 0, dtype=np.float32) -> np.ndarray:
+    """Rows ``first`` .. ``first + rows - 1`` of a sub-stream, (rows, 2 words) float32 N(0, 1)
+    (stored as ``dtype``: float64 holds the same float32 values, cast in the last pass):
     this thread's scratch memory ``slot`` (:func:`_scratch`: valid until the thread's next call
     with that slot), or a new array if ``private`` (a pool thread's result, read after its next
     call).
@@ -182,7 +186,7 @@ def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: in
     np.right_shift(bits, 8, out=bits)
     bits = bits.view(np.int32).reshape(rows, 2, words)
     step = max(1, _BLOCK_PAIRS // words)                      # rows per cache-sized block
-    u, trig, out = _scratch(min(step, rows), rows, words, slot)
+    u, trig, out = _scratch(min(step, rows), rows, words, slot, dtype)
     if private:
         out = np.empty_like(out)
     for a in range(0, rows, step):
@@ -197,9 +201,9 @@ def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: in
         np.sqrt(radius, out=radius)
         np.multiply(angle, _ANGLE_SCALE, out=angle)
         np.cos(angle, out=tt)
-        np.multiply(tt, radius, out=out[a:b, 0])
+        np.multiply(tt, radius, out=out[a:b, 0], dtype=np.float32)   # a float32 product, then cast
         np.sin(angle, out=tt)
-        np.multiply(tt, radius, out=out[a:b, 1])
+        np.multiply(tt, radius, out=out[a:b, 1], dtype=np.float32)
     return out.reshape(rows, 2 * words)
 
 
@@ -246,10 +250,36 @@ def _assemble(x, q, g, eps, cfg: ProblemConfig, E: torch.Tensor, Phi: torch.Tens
     target.copy_(torch.bmm(query[:, None, :d], coef)[:, 0, :])
 
 
-def _write_chunk(z: np.ndarray, eps: np.ndarray | None, cfg: ProblemConfig, E: torch.Tensor,
-                 Phi: torch.Tensor | None, context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
+def _token_maps(cfg: ProblemConfig, k: int) -> tuple:
+    """The fixed parts of :func:`_write_chunk`'s maps for chunks of at most k prompts: E, Phi
+    (None: identity), [I | *] (k, d, d+m) whose right block each chunk overwrites with its B,
+    and [0 | sigma I] (k, m, d+m) (None when sigma = 0).  Made once per (cfg, k) on each thread
+    (at a small batch their ~15 torch calls cost more than the draws) and reused: a chunk
+    overwrites only the right block, in the caller's thread, before its matmul reads it."""
+    cache = getattr(_local, "maps", None)
+    if cache is None:
+        cache = _local.maps = {}
+    if (cfg, k) in cache:
+        return cache[cfg, k]
+    d, m, dt = cfg.d, cfg.m, cfg.torch_dtype
+    tokens = torch.zeros(k, d, d + m, dtype=dt)
+    tokens[:, :, :d] = torch.eye(d, dtype=dt)
+    noise = None
+    if cfg.sigma > 0:
+        noise = torch.zeros(m, d + m, dtype=dt)
+        noise[:, d:] = cfg.sigma * torch.eye(m, dtype=dt)
+        noise = noise.expand(k, m, d + m)
+    if len(cache) >= 8:                  # a few problems per thread
+        cache.clear()
+    cache[cfg, k] = (cfg.task_indicator(), cfg.basis_matrix() if cfg.basis != "identity" else None, tokens, noise)
+    return cache[cfg, k]
+
+
+def _write_chunk(z: np.ndarray, eps: np.ndarray | None, cfg: ProblemConfig, maps: tuple,
+                 context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
     """A chunk's prompts from its rows: z (k, 2 W) of sub-stream 0 (x, q, g), eps (k, 2 W')
-    of sub-stream 1 or None, into context (k, L, d+m), query (k, d+m), target (k, m).
+    of sub-stream 1 or None (both in cfg.dtype), into context (k, L, d+m), query (k, d+m),
+    target (k, m); ``maps`` from :func:`_token_maps` (overwritten).
 
     The whole token z_l = (x_l, y_l) comes out of one batched matmul written straight into the
     (contiguous) context: z_l^T = x_l^T [I | B] + sigma eps_l^T [0 | I] with B = Phi diag(g) E,
@@ -261,21 +291,19 @@ def _write_chunk(z: np.ndarray, eps: np.ndarray | None, cfg: ProblemConfig, E: t
     zt = torch.from_numpy(z)
     x = zt[:, :L * d].unflatten(1, (L, d))
     q, g = zt[:, L * d:L * d + d], zt[:, L * d + d:L * d + 2 * d]
-    coef = g.to(dt)[:, :, None] * E[None]                   # diag(g) E: (k, d, m)
+    E, Phi, tokens, noise = maps
+    tokens = tokens[:k]
+    coef = tokens[:, :, d:]
+    torch.mul(g[:, :, None], E, out=coef)                   # diag(g) E: (k, d, m)
     if Phi is not None:
-        coef = Phi @ coef                                   # B = Phi diag(g) E
-    tokens = torch.zeros(k, d, d + m, dtype=dt)
-    tokens[:, :, :d] = torch.eye(d, dtype=dt)
-    tokens[:, :, d:] = coef
-    torch.bmm(x if x.dtype == dt else x.to(dt), tokens, out=context)
+        coef.copy_(Phi @ coef)                              # B = Phi diag(g) E
+    torch.bmm(x, tokens, out=context)
     if eps is not None:
-        noise = torch.zeros(m, d + m, dtype=dt)
-        noise[:, d:] = cfg.sigma * torch.eye(m, dtype=dt)
         e = torch.from_numpy(eps)[:, :L * m].unflatten(1, (L, m))
-        context.baddbmm_(e if e.dtype == dt else e.to(dt), noise.expand(k, m, d + m))
+        context.baddbmm_(e, noise[:k])
     query[:, :d] = q
     query[:, d:] = 0
-    target.copy_(torch.bmm(query[:, None, :d], coef)[:, 0, :])
+    torch.bmm(q[:, None, :], coef, out=target[:, None, :])
 
 
 def _empty_prompts(cfg: ProblemConfig, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -330,27 +358,27 @@ def _sample_keyed(cfg: ProblemConfig, n: int, generator: torch.Generator, thread
     as it is drawn, while the pool draws the next ones."""
     key = int(torch.randint(0, 2 ** 63 - 1, (), generator=generator, dtype=torch.int64))
     d, m, L = cfg.d, cfg.m, cfg.L
-    E = cfg.task_indicator()
-    Phi = cfg.basis_matrix() if cfg.basis != "identity" else None
     main, w_main = _substream(key, 0), words_per_prompt(L * d + 2 * d)
     noise = _substream(key, 1) if cfg.sigma > 0 else None
     w_noise = words_per_prompt(L * m)
-    rows = chunk_rows(cfg)
-
-    n_chunks = -(-n // rows)
+    n_chunks = -(-n // chunk_rows(cfg))
+    rows = -(-n // n_chunks)                         # equal chunks: no small last one
     pooled = threads > 1 and n_chunks > 1           # a pool thread's rows are read after its next call
+    np_dtype = np.float64 if cfg.torch_dtype == torch.float64 else np.float32
 
     def draw(c: int):                                # numpy only: the GIL is released
         first = c * rows
         k = min(n, first + rows) - first
-        return (_gaussian_rows(main, first, k, w_main, pooled),
-                _gaussian_rows(noise, first, k, w_noise, pooled, slot=1) if noise is not None else None)
+        return (_gaussian_rows(main, first, k, w_main, pooled, dtype=np_dtype),
+                _gaussian_rows(noise, first, k, w_noise, pooled, slot=1, dtype=np_dtype)
+                if noise is not None else None)
 
     chunks = _thread_pool(threads).map(draw, range(n_chunks)) if pooled else map(draw, range(n_chunks))
     with _serial_torch():
+        maps = _token_maps(cfg, rows)
         for c, (z, eps) in enumerate(chunks):       # in order; the pool re-raises
             k = slice(c * rows, min(n, (c + 1) * rows))
-            _write_chunk(z, eps, cfg, E, Phi, context[k], query[k], target[k])
+            _write_chunk(z, eps, cfg, maps, context[k], query[k], target[k])
 
 
 def _draw_on_device(cfg: ProblemConfig, n: int, generator: torch.Generator):
