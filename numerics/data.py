@@ -30,17 +30,12 @@ prompts).  The caller's ``torch.Generator`` fixes the stream:
   Because eps has its own sub-stream, x, q, g do not depend on whether eps was drawn: it is
   skipped when sigma = 0 and runs that differ only in sigma still share x, q, g (common
   random numbers).
-  Why not torch's own CPU sampler (version 2): version 2 had to write the Mersenne Twister's
-  state bytes into torch's private generator layout (checked against each torch version) to
-  key its chunks; PCG64DXSM rows are keyed by numpy's public API, any row is reached by
-  advancing, and the draws cost about the same (3.3-4.4 ns a Gaussian here against torch's
-  3.8-4.3).  What makes a batch cheaper is elsewhere: drawing into a reused output (``out=``,
-  no fresh pages) and writing each chunk's tokens with one matmul instead of strided copies
-  -- 30 % (float32) to 40 % (float64) less CPU time per batch at tasks 4,4,4, L = 256, batch
-  4096 (docs/performance.md).  Since issue 28 (the same stream): float64 runs get their
-  float32 draws cast in the last Box-Muller pass (no separate cast), the chunks of a batch are
-  of equal size (no small last one) and the token maps are made once per problem and thread
-  (:func:`_token_maps`): 7-9 % less CPU per batch at 1024-4096 prompts, up to 45 % at 64.
+  Why not torch's own CPU sampler (version 2): it needed torch's private generator layout to
+  key chunks; PCG64DXSM rows are keyed by numpy's public API at about the same cost (3.3-4.4
+  ns a Gaussian against torch's 3.8-4.3).  What makes a batch cheaper: drawing into a reused
+  output (``out=``, no fresh pages), one matmul per chunk for its tokens, float64 runs' draws
+  cast in the last Box-Muller pass, equal chunks and token maps made once per problem and
+  thread (:func:`_token_maps`) (docs/performance.md, issue 28).
 - CUDA: one stream from the caller's device generator, no threads (the GPU draws in
   parallel), in the fixed order x, q, g, eps; eps is drawn even when sigma = 0 (it costs a
   GPU microseconds, and skipping it would shift the generator and so the next call's x, q, g
@@ -56,6 +51,7 @@ the cross blocks of the gradient vanish) hold exactly on the finite batch.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import numbers
 import threading
@@ -138,15 +134,12 @@ float32 passes over a block of 64 KiB arrays stay in a core's L2 cache; over a w
 (MiBs) every pass would stream from L3 (measured 2x slower)."""
 
 
-def _scratch(block: int, rows: int, words: int, slot: int, dtype=np.float32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """This thread's work arrays for :func:`_gaussian_rows`: a block's float32 (2, block,
-    words) and (block, words), and the result (rows, 2, words) in ``dtype`` of ``slot`` (0: x,
-    q, g; 1: eps, both alive until the chunk is written), reused from call to call:
-    fresh arrays of this size are fresh pages, whose first-touch faults cost as much as the
-    arithmetic.  A result is therefore valid only until the thread's next call."""
-    cache = getattr(_local, "scratch", None)
-    if cache is None:
-        cache = _local.scratch = {}
+def _scratch(block: int, rows: int, words: int, slot: int, dtype=np.float32) -> tuple:
+    """This thread's work arrays for :func:`_gaussian_rows`: a block's float32 (2, block, words)
+    and (block, words), and the result (rows, 2, words) in ``dtype`` of ``slot`` (0: x, q, g; 1:
+    eps), reused (fresh arrays are fresh pages, whose faults cost as much as the arithmetic):
+    a result is valid only until the thread's next call with that slot."""
+    cache = _local.__dict__.setdefault("scratch", {})
     key = (block, rows, words, slot, np.dtype(dtype).char)
     if key not in cache:
         if len(cache) >= 4:          # a few shapes per thread (x/q/g and eps, the last chunk)
@@ -223,11 +216,8 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
 # --- the sampler -------------------------------------------------------------------------------
 
 def _normal(shape, generator: torch.Generator, device) -> torch.Tensor:
-    # Gaussians are drawn in float32 (torch's vectorised CPU sampler, ~4x faster than its
-    # float64 one) and cast to cfg.dtype by _assemble.  The draws are N(0, 1) rounded to
-    # 24 bits (relative 6e-8), and the sampler's float32 Box-Muller uniforms (resolution
-    # 2^-24) cap |z| at sqrt(2 ln 2^24) = 5.77, dropping a tail of mass 8e-9: both far below
-    # any Monte-Carlo error of this project (a batch of 2048 prompts has relative errors ~1e-2).
+    # float32 draws (torch's float64 sampler is ~4x slower), cast by _assemble: N(0, 1) to 24
+    # bits, |z| <= 5.77 (a tail of 8e-9 dropped), far below any Monte-Carlo error here
     return torch.randn(shape, generator=generator, dtype=torch.float32, device=device)
 
 
@@ -251,42 +241,31 @@ def _assemble(x, q, g, eps, cfg: ProblemConfig, E: torch.Tensor, Phi: torch.Tens
 
 
 def _token_maps(cfg: ProblemConfig, k: int) -> tuple:
-    """The fixed parts of :func:`_write_chunk`'s maps for chunks of at most k prompts: E, Phi
-    (None: identity), [I | *] (k, d, d+m) whose right block each chunk overwrites with its B,
-    and [0 | sigma I] (k, m, d+m) (None when sigma = 0).  Made once per (cfg, k) on each thread
-    (at a small batch their ~15 torch calls cost more than the draws) and reused: a chunk
-    overwrites only the right block, in the caller's thread, before its matmul reads it."""
-    cache = getattr(_local, "maps", None)
-    if cache is None:
-        cache = _local.maps = {}
-    if (cfg, k) in cache:
-        return cache[cfg, k]
-    d, m, dt = cfg.d, cfg.m, cfg.torch_dtype
-    tokens = torch.zeros(k, d, d + m, dtype=dt)
-    tokens[:, :, :d] = torch.eye(d, dtype=dt)
-    noise = None
-    if cfg.sigma > 0:
-        noise = torch.zeros(m, d + m, dtype=dt)
-        noise[:, d:] = cfg.sigma * torch.eye(m, dtype=dt)
-        noise = noise.expand(k, m, d + m)
-    if len(cache) >= 8:                  # a few problems per thread
-        cache.clear()
-    cache[cfg, k] = (cfg.task_indicator(), cfg.basis_matrix() if cfg.basis != "identity" else None, tokens, noise)
+    """(E, Phi or None, [I | *] (k, d, d+m), [0 | sigma I] (k, m, d+m) or None): the fixed parts
+    of :func:`_write_chunk`'s maps for chunks of at most k prompts, made once per (cfg, k) and
+    thread (at a small batch their ~15 torch calls cost more than the draws); a chunk
+    overwrites only the right block of [I | *], on the caller's thread, before reading it."""
+    cache = _local.__dict__.setdefault("maps", {})
+    if (cfg, k) not in cache:
+        d, m, dt = cfg.d, cfg.m, cfg.torch_dtype
+        tokens = torch.cat([torch.eye(d, dtype=dt).expand(k, d, d), torch.zeros(k, d, m, dtype=dt)], dim=2)
+        noise = torch.cat([torch.zeros(m, d, dtype=dt), cfg.sigma * torch.eye(m, dtype=dt)], dim=1)
+        if len(cache) >= 8:                  # a few problems per thread
+            cache.clear()
+        cache[cfg, k] = (cfg.task_indicator(), cfg.basis_matrix() if cfg.basis != "identity" else None, tokens,
+                         noise.expand(k, m, d + m) if cfg.sigma > 0 else None)
     return cache[cfg, k]
 
 
 def _write_chunk(z: np.ndarray, eps: np.ndarray | None, cfg: ProblemConfig, maps: tuple,
                  context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
-    """A chunk's prompts from its rows: z (k, 2 W) of sub-stream 0 (x, q, g), eps (k, 2 W')
-    of sub-stream 1 or None (both in cfg.dtype), into context (k, L, d+m), query (k, d+m),
-    target (k, m); ``maps`` from :func:`_token_maps` (overwritten).
-
-    The whole token z_l = (x_l, y_l) comes out of one batched matmul written straight into the
-    (contiguous) context: z_l^T = x_l^T [I | B] + sigma eps_l^T [0 | I] with B = Phi diag(g) E,
-    so x is copied exactly (x 1 + 0s) and y_l = B^T x_l + sigma eps_l -- cheaper than copying x
-    into the context's strided slots and writing y there (d and m numbers a token: a strided
-    copy pays per token)."""
-    d, m, L, dt = cfg.d, cfg.m, cfg.L, cfg.torch_dtype
+    """A chunk's prompts from its rows: z (k, 2 W) of sub-stream 0 (x, q, g), eps (k, 2 W') of
+    sub-stream 1 or None (cfg.dtype), into context (k, L, d+m), query (k, d+m), target (k, m);
+    ``maps``: :func:`_token_maps`'.  The whole token z_l = (x_l, y_l) is one batched matmul into
+    the (contiguous) context: z_l^T = x_l^T [I | B] + sigma eps_l^T [0 | I], B = Phi diag(g) E,
+    so x is copied exactly (x 1 + 0s) and y_l = B^T x_l + sigma eps_l -- cheaper than strided
+    copies of x and y into the context (a strided copy pays per token)."""
+    d, m, L = cfg.d, cfg.m, cfg.L
     k = z.shape[0]
     zt = torch.from_numpy(z)
     x = zt[:, :L * d].unflatten(1, (L, d))
@@ -323,22 +302,19 @@ def _prompts_from_draws(cfg: ProblemConfig, x, q, g, eps) -> tuple[torch.Tensor,
     return context, query, target
 
 
-class _serial_torch:
-    """Within the block, torch ops on this thread run on one intra-op thread (restored on
-    exit).  The labels are built in many small chunk-sized ops: with several intra-op
-    threads each op would be a parallel region whose barrier waits for a descheduled thread
-    whenever the cores are shared (measured: 600 ms instead of 150 ms per batch of 4096 on a
-    loaded 2-core machine), while the sampler's own threads already keep the cores busy."""
-
-    def __enter__(self):
-        self.threads = torch.get_num_threads()
-        if self.threads != 1:
-            torch.set_num_threads(1)
-
-    def __exit__(self, *exc):
-        if self.threads != 1:
-            torch.set_num_threads(self.threads)
-        return False
+@contextlib.contextmanager
+def _serial_torch():
+    """Within the block, torch ops on this thread run on one intra-op thread: the labels' many
+    small ops would each be a parallel region waiting for a descheduled thread on shared cores
+    (600 ms instead of 150 ms a batch of 4096, loaded 2 cores); the sampler's threads keep the cores busy."""
+    threads = torch.get_num_threads()
+    if threads != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if threads != 1:
+            torch.set_num_threads(threads)
 
 
 def chunk_rows(cfg: ProblemConfig) -> int:
@@ -357,10 +333,8 @@ def _sample_keyed(cfg: ProblemConfig, n: int, generator: torch.Generator, thread
     prompts on the caller's thread (:func:`_write_chunk`, serially: see _serial_torch) as soon
     as it is drawn, while the pool draws the next ones."""
     key = int(torch.randint(0, 2 ** 63 - 1, (), generator=generator, dtype=torch.int64))
-    d, m, L = cfg.d, cfg.m, cfg.L
-    main, w_main = _substream(key, 0), words_per_prompt(L * d + 2 * d)
-    noise = _substream(key, 1) if cfg.sigma > 0 else None
-    w_noise = words_per_prompt(L * m)
+    main, w_main = _substream(key, 0), words_per_prompt(cfg.L * cfg.d + 2 * cfg.d)
+    noise, w_noise = _substream(key, 1) if cfg.sigma > 0 else None, words_per_prompt(cfg.L * cfg.m)
     n_chunks = -(-n // chunk_rows(cfg))
     rows = -(-n // n_chunks)                         # equal chunks: no small last one
     pooled = threads > 1 and n_chunks > 1           # a pool thread's rows are read after its next call
@@ -369,9 +343,8 @@ def _sample_keyed(cfg: ProblemConfig, n: int, generator: torch.Generator, thread
     def draw(c: int):                                # numpy only: the GIL is released
         first = c * rows
         k = min(n, first + rows) - first
-        return (_gaussian_rows(main, first, k, w_main, pooled, dtype=np_dtype),
-                _gaussian_rows(noise, first, k, w_noise, pooled, slot=1, dtype=np_dtype)
-                if noise is not None else None)
+        return (_gaussian_rows(main, first, k, w_main, pooled, dtype=np_dtype), None if noise is None else
+                _gaussian_rows(noise, first, k, w_noise, pooled, slot=1, dtype=np_dtype))
 
     chunks = _thread_pool(threads).map(draw, range(n_chunks)) if pooled else map(draw, range(n_chunks))
     with _serial_torch():
@@ -417,9 +390,8 @@ def sample_prompts(cfg: ProblemConfig, batch: int, generator: torch.Generator,
     threads drawing the chunks (default torch.get_num_threads(); the numbers do not depend
     on it).  ``out``: a Prompts of this batch's shapes, dtype and device (the previous call's,
     once it is no longer needed) whose tensors are overwritten and returned instead of new
-    ones: the same numbers, without allocating (on the CPU a context of more than 32 MB is
-    fresh memory at every allocation, and its page faults cost about a third of drawing it at
-    tasks 4,4,4, L = 256, batch 4096)."""
+    ones: the same numbers, without the page faults of fresh memory (a third of a batch's
+    cost at tasks 4,4,4, L = 256, batch 4096)."""
     if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
     batch = int(batch)
