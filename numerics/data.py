@@ -30,14 +30,12 @@ prompts).  The caller's ``torch.Generator`` fixes the stream:
   Because eps has its own sub-stream, x, q, g do not depend on whether eps was drawn: it is
   skipped when sigma = 0 and runs that differ only in sigma still share x, q, g (common
   random numbers).
-  Why not torch's own CPU sampler (version 2): version 2 had to write the Mersenne Twister's
-  state bytes into torch's private generator layout (checked against each torch version) to
-  key its chunks; PCG64DXSM rows are keyed by numpy's public API, any row is reached by
-  advancing, and the draws cost about the same (3.3-4.4 ns a Gaussian here against torch's
-  3.8-4.3).  What makes a batch cheaper is elsewhere: drawing into a reused output (``out=``,
-  no fresh pages) and writing each chunk's tokens with one matmul instead of strided copies
-  -- 30 % (float32) to 40 % (float64) less CPU time per batch at tasks 4,4,4, L = 256, batch
-  4096 (docs/performance.md).
+  Why not torch's own CPU sampler (version 2): it needed torch's private generator layout to
+  key chunks; PCG64DXSM rows are keyed by numpy's public API at about the same cost (3.3-4.4
+  ns a Gaussian against torch's 3.8-4.3).  What makes a batch cheaper: drawing into a reused
+  output (``out=``, no fresh pages), one matmul per chunk for its tokens, float64 runs' draws
+  cast in the last Box-Muller pass, equal chunks and token maps made once per problem and
+  thread (:func:`_token_maps`) (docs/performance.md, issue 28).
 - CUDA: one stream from the caller's device generator, no threads (the GPU draws in
   parallel), in the fixed order x, q, g, eps; eps is drawn even when sigma = 0 (it costs a
   GPU microseconds, and skipping it would shift the generator and so the next call's x, q, g
@@ -53,6 +51,7 @@ the cross blocks of the gradient vanish) hold exactly on the finite batch.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import numbers
 import threading
@@ -135,21 +134,18 @@ float32 passes over a block of 64 KiB arrays stay in a core's L2 cache; over a w
 (MiBs) every pass would stream from L3 (measured 2x slower)."""
 
 
-def _scratch(block: int, rows: int, words: int, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """This thread's float32 work arrays for :func:`_gaussian_rows`: a block's (2, block,
-    words) and (block, words), and the result (rows, 2, words) of ``slot`` (0: x, q, g; 1:
-    eps, both alive until the chunk is written), reused from call to call:
-    fresh arrays of this size are fresh pages, whose first-touch faults cost as much as the
-    arithmetic.  A result is therefore valid only until the thread's next call."""
-    cache = getattr(_local, "scratch", None)
-    if cache is None:
-        cache = _local.scratch = {}
-    key = (block, rows, words, slot)
+def _scratch(block: int, rows: int, words: int, slot: int, dtype=np.float32) -> tuple:
+    """This thread's work arrays for :func:`_gaussian_rows`: a block's float32 (2, block, words)
+    and (block, words), and the result (rows, 2, words) in ``dtype`` of ``slot`` (0: x, q, g; 1:
+    eps), reused (fresh arrays are fresh pages, whose faults cost as much as the arithmetic):
+    a result is valid only until the thread's next call with that slot."""
+    cache = _local.__dict__.setdefault("scratch", {})
+    key = (block, rows, words, slot, np.dtype(dtype).char)
     if key not in cache:
         if len(cache) >= 4:          # a few shapes per thread (x/q/g and eps, the last chunk)
             cache.clear()
         cache[key] = (np.empty((2, block, words), np.float32), np.empty((block, words), np.float32),
-                      np.empty((rows, 2, words), np.float32))
+                      np.empty((rows, 2, words), dtype))
     return cache[key]
 
 
@@ -158,8 +154,9 @@ _ANGLE_SCALE = np.float32(2.0 * np.pi * 2.0 ** -24)
 
 
 def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: int,
-                   private: bool = False, slot: int = 0) -> np.ndarray:
-    """Rows ``first`` .. ``first + rows - 1`` of a sub-stream, (rows, 2 words) float32 N(0, 1):
+                   private: bool = False, slot: int = 0, dtype=np.float32) -> np.ndarray:
+    """Rows ``first`` .. ``first + rows - 1`` of a sub-stream, (rows, 2 words) float32 N(0, 1)
+    (stored as ``dtype``: float64 holds the same float32 values, cast in the last pass):
     this thread's scratch memory ``slot`` (:func:`_scratch`: valid until the thread's next call
     with that slot), or a new array if ``private`` (a pool thread's result, read after its next
     call).
@@ -182,7 +179,7 @@ def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: in
     np.right_shift(bits, 8, out=bits)
     bits = bits.view(np.int32).reshape(rows, 2, words)
     step = max(1, _BLOCK_PAIRS // words)                      # rows per cache-sized block
-    u, trig, out = _scratch(min(step, rows), rows, words, slot)
+    u, trig, out = _scratch(min(step, rows), rows, words, slot, dtype)
     if private:
         out = np.empty_like(out)
     for a in range(0, rows, step):
@@ -197,9 +194,9 @@ def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: in
         np.sqrt(radius, out=radius)
         np.multiply(angle, _ANGLE_SCALE, out=angle)
         np.cos(angle, out=tt)
-        np.multiply(tt, radius, out=out[a:b, 0])
+        np.multiply(tt, radius, out=out[a:b, 0], dtype=np.float32)   # a float32 product, then cast
         np.sin(angle, out=tt)
-        np.multiply(tt, radius, out=out[a:b, 1])
+        np.multiply(tt, radius, out=out[a:b, 1], dtype=np.float32)
     return out.reshape(rows, 2 * words)
 
 
@@ -219,11 +216,8 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
 # --- the sampler -------------------------------------------------------------------------------
 
 def _normal(shape, generator: torch.Generator, device) -> torch.Tensor:
-    # Gaussians are drawn in float32 (torch's vectorised CPU sampler, ~4x faster than its
-    # float64 one) and cast to cfg.dtype by _assemble.  The draws are N(0, 1) rounded to
-    # 24 bits (relative 6e-8), and the sampler's float32 Box-Muller uniforms (resolution
-    # 2^-24) cap |z| at sqrt(2 ln 2^24) = 5.77, dropping a tail of mass 8e-9: both far below
-    # any Monte-Carlo error of this project (a batch of 2048 prompts has relative errors ~1e-2).
+    # float32 draws (torch's float64 sampler is ~4x slower), cast by _assemble: N(0, 1) to 24
+    # bits, |z| <= 5.77 (a tail of 8e-9 dropped), far below any Monte-Carlo error here
     return torch.randn(shape, generator=generator, dtype=torch.float32, device=device)
 
 
@@ -246,36 +240,49 @@ def _assemble(x, q, g, eps, cfg: ProblemConfig, E: torch.Tensor, Phi: torch.Tens
     target.copy_(torch.bmm(query[:, None, :d], coef)[:, 0, :])
 
 
-def _write_chunk(z: np.ndarray, eps: np.ndarray | None, cfg: ProblemConfig, E: torch.Tensor,
-                 Phi: torch.Tensor | None, context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
-    """A chunk's prompts from its rows: z (k, 2 W) of sub-stream 0 (x, q, g), eps (k, 2 W')
-    of sub-stream 1 or None, into context (k, L, d+m), query (k, d+m), target (k, m).
+def _token_maps(cfg: ProblemConfig, k: int) -> tuple:
+    """(E, Phi or None, [I | *] (k, d, d+m), [0 | sigma I] (k, m, d+m) or None): the fixed parts
+    of :func:`_write_chunk`'s maps for chunks of at most k prompts, made once per (cfg, k) and
+    thread (at a small batch their ~15 torch calls cost more than the draws); a chunk
+    overwrites only the right block of [I | *], on the caller's thread, before reading it."""
+    cache = _local.__dict__.setdefault("maps", {})
+    if (cfg, k) not in cache:
+        d, m, dt = cfg.d, cfg.m, cfg.torch_dtype
+        tokens = torch.cat([torch.eye(d, dtype=dt).expand(k, d, d), torch.zeros(k, d, m, dtype=dt)], dim=2)
+        noise = torch.cat([torch.zeros(m, d, dtype=dt), cfg.sigma * torch.eye(m, dtype=dt)], dim=1)
+        if len(cache) >= 8:                  # a few problems per thread
+            cache.clear()
+        cache[cfg, k] = (cfg.task_indicator(), cfg.basis_matrix() if cfg.basis != "identity" else None, tokens,
+                         noise.expand(k, m, d + m) if cfg.sigma > 0 else None)
+    return cache[cfg, k]
 
-    The whole token z_l = (x_l, y_l) comes out of one batched matmul written straight into the
-    (contiguous) context: z_l^T = x_l^T [I | B] + sigma eps_l^T [0 | I] with B = Phi diag(g) E,
-    so x is copied exactly (x 1 + 0s) and y_l = B^T x_l + sigma eps_l -- cheaper than copying x
-    into the context's strided slots and writing y there (d and m numbers a token: a strided
-    copy pays per token)."""
-    d, m, L, dt = cfg.d, cfg.m, cfg.L, cfg.torch_dtype
+
+def _write_chunk(z: np.ndarray, eps: np.ndarray | None, cfg: ProblemConfig, maps: tuple,
+                 context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
+    """A chunk's prompts from its rows: z (k, 2 W) of sub-stream 0 (x, q, g), eps (k, 2 W') of
+    sub-stream 1 or None (cfg.dtype), into context (k, L, d+m), query (k, d+m), target (k, m);
+    ``maps``: :func:`_token_maps`'.  The whole token z_l = (x_l, y_l) is one batched matmul into
+    the (contiguous) context: z_l^T = x_l^T [I | B] + sigma eps_l^T [0 | I], B = Phi diag(g) E,
+    so x is copied exactly (x 1 + 0s) and y_l = B^T x_l + sigma eps_l -- cheaper than strided
+    copies of x and y into the context (a strided copy pays per token)."""
+    d, m, L = cfg.d, cfg.m, cfg.L
     k = z.shape[0]
     zt = torch.from_numpy(z)
     x = zt[:, :L * d].unflatten(1, (L, d))
     q, g = zt[:, L * d:L * d + d], zt[:, L * d + d:L * d + 2 * d]
-    coef = g.to(dt)[:, :, None] * E[None]                   # diag(g) E: (k, d, m)
+    E, Phi, tokens, noise = maps
+    tokens = tokens[:k]
+    coef = tokens[:, :, d:]
+    torch.mul(g[:, :, None], E, out=coef)                   # diag(g) E: (k, d, m)
     if Phi is not None:
-        coef = Phi @ coef                                   # B = Phi diag(g) E
-    tokens = torch.zeros(k, d, d + m, dtype=dt)
-    tokens[:, :, :d] = torch.eye(d, dtype=dt)
-    tokens[:, :, d:] = coef
-    torch.bmm(x if x.dtype == dt else x.to(dt), tokens, out=context)
+        coef.copy_(Phi @ coef)                              # B = Phi diag(g) E
+    torch.bmm(x, tokens, out=context)
     if eps is not None:
-        noise = torch.zeros(m, d + m, dtype=dt)
-        noise[:, d:] = cfg.sigma * torch.eye(m, dtype=dt)
         e = torch.from_numpy(eps)[:, :L * m].unflatten(1, (L, m))
-        context.baddbmm_(e if e.dtype == dt else e.to(dt), noise.expand(k, m, d + m))
+        context.baddbmm_(e, noise[:k])
     query[:, :d] = q
     query[:, d:] = 0
-    target.copy_(torch.bmm(query[:, None, :d], coef)[:, 0, :])
+    torch.bmm(q[:, None, :], coef, out=target[:, None, :])
 
 
 def _empty_prompts(cfg: ProblemConfig, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -295,22 +302,19 @@ def _prompts_from_draws(cfg: ProblemConfig, x, q, g, eps) -> tuple[torch.Tensor,
     return context, query, target
 
 
-class _serial_torch:
-    """Within the block, torch ops on this thread run on one intra-op thread (restored on
-    exit).  The labels are built in many small chunk-sized ops: with several intra-op
-    threads each op would be a parallel region whose barrier waits for a descheduled thread
-    whenever the cores are shared (measured: 600 ms instead of 150 ms per batch of 4096 on a
-    loaded 2-core machine), while the sampler's own threads already keep the cores busy."""
-
-    def __enter__(self):
-        self.threads = torch.get_num_threads()
-        if self.threads != 1:
-            torch.set_num_threads(1)
-
-    def __exit__(self, *exc):
-        if self.threads != 1:
-            torch.set_num_threads(self.threads)
-        return False
+@contextlib.contextmanager
+def _serial_torch():
+    """Within the block, torch ops on this thread run on one intra-op thread: the labels' many
+    small ops would each be a parallel region waiting for a descheduled thread on shared cores
+    (600 ms instead of 150 ms a batch of 4096, loaded 2 cores); the sampler's threads keep the cores busy."""
+    threads = torch.get_num_threads()
+    if threads != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if threads != 1:
+            torch.set_num_threads(threads)
 
 
 def chunk_rows(cfg: ProblemConfig) -> int:
@@ -329,28 +333,25 @@ def _sample_keyed(cfg: ProblemConfig, n: int, generator: torch.Generator, thread
     prompts on the caller's thread (:func:`_write_chunk`, serially: see _serial_torch) as soon
     as it is drawn, while the pool draws the next ones."""
     key = int(torch.randint(0, 2 ** 63 - 1, (), generator=generator, dtype=torch.int64))
-    d, m, L = cfg.d, cfg.m, cfg.L
-    E = cfg.task_indicator()
-    Phi = cfg.basis_matrix() if cfg.basis != "identity" else None
-    main, w_main = _substream(key, 0), words_per_prompt(L * d + 2 * d)
-    noise = _substream(key, 1) if cfg.sigma > 0 else None
-    w_noise = words_per_prompt(L * m)
-    rows = chunk_rows(cfg)
-
-    n_chunks = -(-n // rows)
+    main, w_main = _substream(key, 0), words_per_prompt(cfg.L * cfg.d + 2 * cfg.d)
+    noise, w_noise = _substream(key, 1) if cfg.sigma > 0 else None, words_per_prompt(cfg.L * cfg.m)
+    n_chunks = -(-n // chunk_rows(cfg))
+    rows = -(-n // n_chunks)                         # equal chunks: no small last one
     pooled = threads > 1 and n_chunks > 1           # a pool thread's rows are read after its next call
+    np_dtype = np.float64 if cfg.torch_dtype == torch.float64 else np.float32
 
     def draw(c: int):                                # numpy only: the GIL is released
         first = c * rows
         k = min(n, first + rows) - first
-        return (_gaussian_rows(main, first, k, w_main, pooled),
-                _gaussian_rows(noise, first, k, w_noise, pooled, slot=1) if noise is not None else None)
+        return (_gaussian_rows(main, first, k, w_main, pooled, dtype=np_dtype), None if noise is None else
+                _gaussian_rows(noise, first, k, w_noise, pooled, slot=1, dtype=np_dtype))
 
     chunks = _thread_pool(threads).map(draw, range(n_chunks)) if pooled else map(draw, range(n_chunks))
     with _serial_torch():
+        maps = _token_maps(cfg, rows)
         for c, (z, eps) in enumerate(chunks):       # in order; the pool re-raises
             k = slice(c * rows, min(n, (c + 1) * rows))
-            _write_chunk(z, eps, cfg, E, Phi, context[k], query[k], target[k])
+            _write_chunk(z, eps, cfg, maps, context[k], query[k], target[k])
 
 
 def _draw_on_device(cfg: ProblemConfig, n: int, generator: torch.Generator):
@@ -389,9 +390,8 @@ def sample_prompts(cfg: ProblemConfig, batch: int, generator: torch.Generator,
     threads drawing the chunks (default torch.get_num_threads(); the numbers do not depend
     on it).  ``out``: a Prompts of this batch's shapes, dtype and device (the previous call's,
     once it is no longer needed) whose tensors are overwritten and returned instead of new
-    ones: the same numbers, without allocating (on the CPU a context of more than 32 MB is
-    fresh memory at every allocation, and its page faults cost about a third of drawing it at
-    tasks 4,4,4, L = 256, batch 4096)."""
+    ones: the same numbers, without the page faults of fresh memory (a third of a batch's
+    cost at tasks 4,4,4, L = 256, batch 4096)."""
     if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
     batch = int(batch)

@@ -3,6 +3,7 @@ worker processes (``--jobs``), each claim through ``claims.claim_runner`` with i
 checked against the claims.json schema as soon as it returns."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -16,6 +17,61 @@ from reports.plan import selected
 from reports.progress import ClaimProgress
 from reports.schema import OUTCOMES, entry_problems, upgrade
 from audit_io.processes import die_with_parent
+
+ONE_BLAS_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+"""The environment of a build's worker processes (set before they start, so numpy's and scipy's
+OpenBLAS start with one thread).  Why: numpy's convolve and dot call OpenBLAS's ddot, threaded
+above a few thousand elements; each call then wakes a second thread for microseconds of work,
+and on 2 shared cores the two wait for each other.  theory.exact's moment tables (direct
+Gaussian convolutions) took 13x the CPU time (3.8 against 0.30 s for 3 convolutions of 60000
+by 20001, load 7) and multi-head-gain 227 CPU-s in a quick run, 54 with one thread.  It also
+makes the numbers independent of the BLAS thread count (a threaded ddot sums in another order:
+6e-16 relative)."""
+
+_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
+                 "openblas_set_num_threads")
+
+
+@contextlib.contextmanager
+def worker_environment():
+    """Within the block, this process's environment holds ``ONE_BLAS_THREAD`` (for worker
+    processes started in it); restored on exit, values set before included."""
+    saved = {k: os.environ.get(k) for k in ONE_BLAS_THREAD}
+    os.environ.update(ONE_BLAS_THREAD)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def one_blas_thread() -> int:
+    """Set every OpenBLAS loaded in this process to one thread (the ``ONE_BLAS_THREAD`` policy
+    for a process whose numpy is already loaded: a build run in-process, ``--jobs 1``), through
+    the library's own ``*openblas_set_num_threads*`` (Linux: the loaded libraries are read off
+    /proc/self/maps; elsewhere nothing is done).  Returns how many libraries were set."""
+    import ctypes
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line})
+    except OSError:
+        return 0
+    done = 0
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in _BLAS_SETTERS:
+            setter = getattr(lib, name, None)
+            if setter is not None:
+                setter(ctypes.c_int(1))
+                done += 1
+                break
+    return done
 
 
 def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
@@ -68,6 +124,7 @@ def run_all(cfg, stream: Optional[TextIO] = None,
     results = []
     for k, claim_id in enumerate(ids, start=1):
         display = ClaimProgress(f"[{k}/{len(ids)}] {claim_id}", stream, cfg.progress)
+        one_blas_thread()      # ONE_BLAS_THREAD's policy, also for libraries the last claim loaded
         cpu0 = time.process_time()
         try:
             result = run_one(claim_id, cfg, display)
@@ -113,6 +170,7 @@ def _run_group(args) -> list[tuple[str, ClaimResult, float]]:
     group, cfg, registry = args
     import torch
     torch.set_num_threads(1)
+    one_blas_thread()          # the environment already says so (ONE_BLAS_THREAD); a library that ignores it
     claims.REGISTRY = registry
     out = []
     for claim_id in group:
@@ -163,8 +221,9 @@ def run_parallel(cfg, ids: list[str], stream: TextIO,
                    dynamic_ncols=True, bar_format="{desc} {n_fmt}/{total_fmt}|{bar:20}| {elapsed}{postfix}")
     # each worker dies with this process (audit_io.processes.die_with_parent: the kernel's parent-death
     # signal, and a watch of this pid): a build killed with SIGKILL leaves nothing computing
-    pool = multiprocessing.get_context("spawn").Pool(min(cfg.jobs, len(groups)), initializer=die_with_parent,
-                                                     initargs=(os.getpid(),))
+    with worker_environment():     # inherited by the workers as they start
+        pool = multiprocessing.get_context("spawn").Pool(min(cfg.jobs, len(groups)), initializer=die_with_parent,
+                                                         initargs=(os.getpid(),))
     try:
         for finished in pool.imap_unordered(_run_group, [(g, cfg, dict(claims.REGISTRY)) for g in groups]):
             for claim_id, result, cpu in finished:

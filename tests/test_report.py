@@ -408,3 +408,49 @@ def test_real_registry_tiny_end_to_end(tmp_path):
     assert {c["kind"] for c in report["claims"]} <= {"claim", "boundary"}
     assert all(f["claim"] in claims.REGISTRY for f in report["findings"])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report")]
+
+
+def test_a_build_runs_openblas_on_one_thread(tmp_path):
+    """reports.run's BLAS policy (ONE_BLAS_THREAD, issue 28): worker_environment() holds the
+    one-thread variables and restores the caller's; one_blas_thread() sets numpy's loaded
+    OpenBLAS to one thread in a running process (read back through the library's own getter,
+    in a fresh process whose OpenBLAS started with every core), after which a threaded-size
+    convolution equals, bit for bit, the one of a process started with OPENBLAS_NUM_THREADS=1."""
+    import os
+
+    import numpy as np
+    from reports.run import ONE_BLAS_THREAD, worker_environment
+    before = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["MKL_NUM_THREADS"] = "7"
+    try:
+        with worker_environment():
+            assert all(os.environ[k] == v for k, v in ONE_BLAS_THREAD.items())
+        assert os.environ["MKL_NUM_THREADS"] == "7" and os.environ.get("OPENBLAS_NUM_THREADS") == before
+    finally:
+        os.environ.pop("MKL_NUM_THREADS")
+    if not sys.platform.startswith("linux"):
+        return
+    probe = ("import ctypes, numpy as np, sys\n"
+             "from reports.run import one_blas_thread\n"
+             "def threads():\n"
+             "    for line in open('/proc/self/maps'):\n"
+             "        if 'openblas' in line.lower() and '/' in line:\n"
+             "            lib = ctypes.CDLL(line.split()[-1])\n"
+             "            for n in ('scipy_openblas_get_num_threads64_', 'scipy_openblas_get_num_threads', 'openblas_get_num_threads'):\n"
+             "                if hasattr(lib, n): return getattr(lib, n)()\n"
+             "start = threads()\n"
+             "if sys.argv[1] == 'set': one_blas_thread()\n"
+             "rng = np.random.default_rng(0)\n"
+             "np.save(sys.argv[2], np.convolve(rng.random(6000), rng.random(5001), mode='valid'))\n"
+             "print(start, threads())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ONE_BLAS_THREAD}
+    run = lambda mode, f, e: subprocess.run([sys.executable, "-c", probe, mode, str(tmp_path / f)], env=e,  # noqa: E731
+                                            capture_output=True, text=True, check=True).stdout.split()
+    start, after = run("set", "a.npy", env)
+    if start == "None":
+        pytest.skip("numpy's BLAS is not an OpenBLAS with a thread getter")
+    assert int(after) == 1
+    if (os.cpu_count() or 1) > 1:
+        assert int(start) > 1           # the default it replaced (every core): the check sees a change
+    run("keep", "b.npy", {**env, **ONE_BLAS_THREAD})
+    assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
