@@ -108,10 +108,10 @@ def large_runs(p: RaceProfile, base: ProblemConfig, seed: int, progress) -> dict
              "trained together", 0.6)
     full = large_init_starts(cfgs, tcfgs, p.n_eval)
     n, out = len(p.large_seeds), {}
+    with_reduced = [a for a in range(len(cfgs)) if a % n < p.reduced_seeds]   # one program (train_reduced_many)
+    reduced = dict(zip(with_reduced, large_init_reduced([cfgs[a] for a in with_reduced], [tcfgs[a] for a in with_reduced])))
     for j, s0 in enumerate(p.large_scales):
-        out[s0] = [{"full": full[j * n + i],
-                    "reduced": large_init_reduced(cfgs[j * n + i], tcfgs[j * n + i]) if i < p.reduced_seeds else None}
-                   for i in range(n)]
+        out[s0] = [{"full": full[j * n + i], "reduced": reduced.get(j * n + i)} for i in range(n)]
     return out
 
 

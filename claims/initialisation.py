@@ -168,8 +168,7 @@ def unbalanced_runs(p, base: ProblemConfig, seed: int, progress) -> list[dict]:
     progress(f"{len(cfgs)} unbalanced starts, trained together", 0.5)
     full = unbalanced_starts(cfgs, tcfgs, p.n_eval)
     out = []
-    for cfg, tc, s in zip(cfgs, tcfgs, full):
-        red = unbalanced_reduced(cfg, tc)
+    for cfg, tc, s, red in zip(cfgs, tcfgs, full, unbalanced_reduced(cfgs, tcfgs)):
         out.append({"seed": cfg.init_seed, "data_seed": tc.seed, "omega0": s["omega0"], "mu0": s["mu0"],
                     "c_omega": s["c_omega"], "c_mu": s["c_mu"], "spacing": tc.time / (tc.records - 1),
                     "t_end": tc.time, "class": s["class"], "full": s,
