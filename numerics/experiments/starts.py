@@ -506,12 +506,20 @@ def _step_cost(tasks, heads: int, L: int, batch: int, runs: int, streams: int) -
     return cost.step_seconds(tasks, heads, L, batch, runs=runs, streams=streams)
 
 
-def _reduced_cost(tasks, heads: int, L: int, batch: int) -> float:
+def _reduced_cost(tasks, heads: int, L: int, batch: int, runs: int = 1, streams: int = 1) -> float:
+    """One step of a reduced-flow program (numerics.train.train_reduced_many) of ``runs`` flows
+    on ``streams`` prompt streams: each stream's prompts drawn once (the context part of
+    numerics.cost's reduced step, per stream), the rest of the step per run."""
+    D = sum(tasks) + len(tasks)
     try:
         from numerics import cost
     except ImportError:
-        return FALLBACK_STEP_SECONDS["reduced"] * _step_cost(tasks, heads, L, batch, 1, 1)
-    return cost.reduced_step_seconds(tasks, heads, L, batch)
+        one = FALLBACK_STEP_SECONDS["reduced"] * _step_cost(tasks, heads, L, batch, 1, 1)
+        drawn = FALLBACK_STEP_SECONDS["context"] * batch * L * D
+    else:
+        one = cost.reduced_step_seconds(tasks, heads, L, batch)
+        drawn = cost.REDUCED_STEP["prompts"]["context"] * batch * L * D
+    return runs * max(one - drawn, 0.0) + streams * min(drawn, one)
 
 
 def _forward_cost(tasks, heads: int, L: int, n: int, models: int) -> float:
@@ -526,13 +534,19 @@ def _forward_cost(tasks, heads: int, L: int, n: int, models: int) -> float:
 
 
 def plan_seconds(tasks, heads: int, L: int, batch: int, steps: int, runs_per_stream: Sequence[int], n_eval: int,
-                 snapshots: int, reduced: int = 0) -> float:
+                 snapshots: int, reduced: int = 0, reduced_streams: Optional[int] = None) -> float:
     """CPU seconds of one plan of starts of one shape before it runs: train_many's programs
-    (``runs_per_stream[s]`` runs on prompt stream s, the runs of one stream in one program),
-    each run's end state (:func:`end_states`: ``snapshots`` held-out evaluations on ``n_eval``
-    prompts) and ``reduced`` reduced flows of the same steps.  Through numerics.cost where it is importable, else
-    :data:`FALLBACK_STEP_SECONDS`."""
+    (``runs_per_stream[s]`` runs on prompt stream s, programs formed as train_many forms them:
+    numerics.cost.many_seconds), each run's end state (:func:`end_states`: ``snapshots`` held-out
+    evaluations on ``n_eval`` prompts) and ``reduced`` reduced flows of the same steps in one
+    program on ``reduced_streams`` prompt streams (default: one each).  Through numerics.cost
+    where it is importable, else :data:`FALLBACK_STEP_SECONDS`."""
     runs = int(sum(runs_per_stream))
-    train = sum(steps * _step_cost(tasks, heads, L, batch, k, 1) for k in runs_per_stream if k > 0)
+    try:
+        from numerics import cost
+        train = cost.many_seconds(tasks, heads, L, batch, steps, list(runs_per_stream))
+    except ImportError:
+        train = sum(steps * _step_cost(tasks, heads, L, batch, k, 1) for k in runs_per_stream if k > 0)
     evaluate = _forward_cost(tasks, heads, L, n_eval, runs * snapshots)
-    return train + evaluate + reduced * steps * _reduced_cost(tasks, heads, L, batch)
+    flows = steps * _reduced_cost(tasks, heads, L, batch, reduced, reduced if reduced_streams is None else reduced_streams)
+    return train + evaluate + (flows if reduced else 0.0)
