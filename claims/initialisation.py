@@ -168,8 +168,7 @@ def unbalanced_runs(p, base: ProblemConfig, seed: int, progress) -> list[dict]:
     progress(f"{len(cfgs)} unbalanced starts, trained together", 0.5)
     full = unbalanced_starts(cfgs, tcfgs, p.n_eval)
     out = []
-    for cfg, tc, s in zip(cfgs, tcfgs, full):
-        red = unbalanced_reduced(cfg, tc)
+    for cfg, tc, s, red in zip(cfgs, tcfgs, full, unbalanced_reduced(cfgs, tcfgs)):
         out.append({"seed": cfg.init_seed, "data_seed": tc.seed, "omega0": s["omega0"], "mu0": s["mu0"],
                     "c_omega": s["c_omega"], "c_mu": s["c_mu"], "spacing": tc.time / (tc.records - 1),
                     "t_end": tc.time, "class": s["class"], "full": s,
@@ -373,8 +372,8 @@ SINGLE_TASK_SECONDS = 16.0   # the single-task part at quick: 16 runs of 1200 st
 def estimate(p: InitProfile) -> float:
     """Seconds before it runs, priced from the claim's own plan (numerics.experiments.starts.
     plan_seconds: the step-cost model): the random starts (scales x seeds on one prompt stream,
-    one program), the unbalanced starts (each stream's starts in one program, two reduced flows
-    each), every run's end-state evaluations (its descent window's snapshots on n_eval prompts),
+    one program), the unbalanced starts (each stream's starts in one program; two reduced flows
+    each, all in one program), every run's end-state evaluations (its descent window's snapshots on n_eval prompts),
     plus a fixed part (imports, the reference points' fit: 10 s) and the single-task runs."""
     from numerics.experiments.starts import WINDOW_MOST, plan_seconds
     steps = round(p.time / p.lr)
@@ -383,7 +382,8 @@ def estimate(p: InitProfile) -> float:
     random_ = plan_seconds(p.tasks, p.heads, p.L, p.batch, steps, [scales], p.n_eval, snaps(p.records))
     unb = plan_seconds(p.tasks, p.heads, p.L, p.batch, steps, [1] * (len(p.unbalanced_seeds) * len(p.unbalanced_data_seeds)),
                        p.n_eval, snaps(p.unbalanced_records),
-                       reduced=2 * len(p.unbalanced_seeds) * len(p.unbalanced_data_seeds))
+                       reduced=2 * len(p.unbalanced_seeds) * len(p.unbalanced_data_seeds),
+                       reduced_streams=len(p.unbalanced_seeds) * len(p.unbalanced_data_seeds))
     return 10.0 + random_ + unb + SINGLE_TASK_SECONDS
 
 

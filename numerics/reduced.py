@@ -39,15 +39,16 @@ def _check_values(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) -> 
 
 
 def block_scores(prompts: Prompts, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores, labels), each (B, L, m): s_{l,j} = <Phi_j^T x_l, Phi_j^T q> and y_{l,j}."""
+    """(scores, labels), each (..., B, L, m): s_{l,j} = <Phi_j^T x_l, Phi_j^T q> and y_{l,j}
+    (prompts of any leading shape: one batch, or the stacked streams of numerics.batched_reduced)."""
     d = cfg.d
     if prompts.context.shape[-1] != cfg.token_dim:
         raise ValueError(f"prompts have token width {prompts.context.shape[-1]}, cfg needs d+m = {cfg.token_dim}")
-    x, y, q = prompts.context[..., :d], prompts.context[..., d:], prompts.query[:, :d]
+    x, y, q = prompts.context[..., :d], prompts.context[..., d:], prompts.query[..., :d]
     if cfg.basis != "identity":
         Phi = cfg.basis_matrix()
         x, q = x @ Phi, q @ Phi                     # coordinates in the task basis: Phi^T x
-    scores = (x * q[:, None, :]) @ cfg.task_indicator()   # (B, L, m): block sums of x_lk q_k
+    scores = (x * q[..., None, :]) @ cfg.task_indicator()   # (..., B, L, m): block sums of x_lk q_k
     return scores, y
 
 

@@ -453,6 +453,66 @@ def train_reduced(cfg: ProblemConfig, tcfg: TrainConfig, *, batches: Optional[Ba
     return _run(cfg, tcfg, True, batches, on_record, record_every, start, metric, estimator)
 
 
+def train_reduced_many(cfgs, tcfgs, *, start: Optional[Sequence] = None, metric: Optional[Sequence] = None,
+                       on_record: Optional[Sequence] = None, record_every=None) -> list:
+    """Train many reduced flows, each exactly as :func:`train_reduced` (estimator "prompts")
+    would (to rounding), the runs of one shape (numerics.batched.SHAPE_FIELDS) and batch size
+    as one tensor program (numerics.batched_reduced): runs that draw the same prompts share one
+    draw per step.  Returns one entry per run, in order: its TrainResult, or the exception that
+    ended it (TrainingDiverged, or the one its on_record hook raised).  ``cfgs``, ``tcfgs``
+    as in :func:`train_many`; ``start`` ((omega0, mu0) or None), ``metric``, ``on_record`` (its
+    state a copy of (omega, mu)) per run, ``record_every`` an int or one per run.  A run
+    with a checkpoint, or alone in its shape, is trained by train_reduced itself."""
+    cfgs = [cfgs] if isinstance(cfgs, ProblemConfig) else list(cfgs)
+    tcfgs = [tcfgs] if isinstance(tcfgs, TrainConfig) else list(tcfgs)
+    n = max(len(cfgs), len(tcfgs))
+    cfgs, tcfgs = (cfgs * n if len(cfgs) == 1 else cfgs), (tcfgs * n if len(tcfgs) == 1 else tcfgs)
+    if len(cfgs) != n or len(tcfgs) != n:
+        raise ValueError(f"cfgs and tcfgs must have the same length (or one of them a single config), got "
+                         f"{len(cfgs)} and {len(tcfgs)}")
+    if isinstance(record_every, int) or record_every is None:
+        record_every = [record_every] * n
+    per_run = {"start": start, "metric": metric, "on_record": on_record, "record_every": record_every}
+    for name, v in per_run.items():
+        v = [None] * n if v is None else list(v)
+        if len(v) != n:
+            raise ValueError(f"{name} must have one entry per run ({n}), got {len(v)}")
+        per_run[name] = v
+    for i, (cfg, tcfg) in enumerate(zip(cfgs, tcfgs)):
+        if not isinstance(cfg, ProblemConfig) or not isinstance(tcfg, TrainConfig):
+            raise TypeError(f"run {i}: cfgs[i] must be a ProblemConfig and tcfgs[i] a TrainConfig")
+        for name in ("metric", "on_record"):
+            if per_run[name][i] is not None and not callable(per_run[name][i]):
+                raise TypeError(f"{name}[{i}] must be callable, got {type(per_run[name][i]).__name__}")
+        r = per_run["record_every"][i]
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
+            raise ValueError(f"record_every[{i}] must be a positive integer or None, got {r!r}")
+        if tcfg.symmetrize and tcfg.batch % 2 ** cfg.m:
+            raise ValueError(f"run {i}: symmetrize=True needs batch to be a multiple of 2^m = {2 ** cfg.m}; got "
+                             f"batch={tcfg.batch}")
+
+    from .batched import shape_key
+    from .batched_reduced import run_reduced_program
+
+    groups: dict = {}
+    for i, (cfg, tcfg) in enumerate(zip(cfgs, tcfgs)):
+        groups.setdefault(("alone", i) if tcfg.checkpoint is not None else (shape_key(cfg), tcfg.batch), []).append(i)
+    out: list = [None] * n
+    for members in groups.values():
+        if len(members) == 1:
+            i = members[0]
+            try:
+                out[i] = train_reduced(cfgs[i], tcfgs[i], start=per_run["start"][i], metric=per_run["metric"][i],
+                                       on_record=per_run["on_record"][i], record_every=per_run["record_every"][i])
+            except Exception as exc:        # ends this run only, as in a program
+                out[i] = exc
+            continue
+        out_part = run_reduced_program(cfgs, tcfgs, members, **per_run)
+        for i, res in out_part.items():
+            out[i] = res
+    return out
+
+
 def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Optional[Sequence] = None,
                record_every=None, start: Optional[Sequence] = None, max_runs: Optional[int] = None) -> list:
     """Train many full-model runs, each exactly as :func:`train` would (to rounding), batching

@@ -226,8 +226,9 @@ def test_a_start_given_twice_is_refused():
 
 def test_the_race_grid_of_boundary_allocation_race_as_one_program():
     """A real experiment's run set: the race cells of boundary-allocation-race's quick profile
-    (16 starts x 2 data seeds, built as claims.allocation_race.race_grid builds them), cut to
-    10 steps: two streams, 16 runs each, and every run is the run alone."""
+    (16 starts x 8 data seeds, built as claims.allocation_race.race_grid builds them), cut to
+    10 steps: eight streams, 16 runs each, in one program; every run of streams 0 and 1 is the
+    run alone (the other streams' runs are the same program's rows)."""
     import dataclasses
 
     from claims.allocation_race import RACE_PROFILES
@@ -243,9 +244,11 @@ def test_the_race_grid_of_boundary_allocation_race_as_one_program():
             cfgs.append(cfg)
             tcfgs.append(race_tcfg(p, k))
     many = train_many(cfgs, tcfgs)
-    assert len(many) == 32 and all(m.batched_runs == 32 for m in many)
+    n = 16 * len(p.data_seeds)
+    assert len(p.data_seeds) == 8 and len(many) == n and all(m.batched_runs == n for m in many)
     for c, t, m in zip(cfgs, tcfgs, many):
-        assert _same_run(train(c, t), m)
+        if t.seed in (0, 1):
+            assert _same_run(train(c, t), m)
 
 
 def test_large_streams_get_programs_of_their_own_on_the_cpu():

@@ -155,3 +155,134 @@ def test_bad_estimator_and_batch_source():
     fixed = sample_marginal_prompts(CFG.tasks, CFG.L, 16, make_generator(0, "cpu"))
     r = train_reduced(CFG, tcfg, estimator="marginal", batches=lambda k: fixed)
     assert r.steps == 2 and np.isfinite(r.loss)
+
+
+# --- many reduced flows as one program (numerics.train.train_reduced_many, issues 28 and 34)
+
+import re                                            # noqa: E402
+
+from numerics.model import TrainingDiverged          # noqa: E402
+from numerics.train import train_reduced_many        # noqa: E402
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread, as the claims train (numerics.experiments.one_thread): with two on a
+    loaded 2-core machine these small batched products ran ~30x slower (15 s against 0.5 s)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+BATCHED_RTOL = 1e-12
+"""float64: the batched program does a run's arithmetic with the runs on a batch axis (other
+kernels, other summation orders over B <= 512 prompts and L <= 64 tokens), so a record differs
+from the run alone by a few ulps a step, grown by at most the flow's contraction over <= 100
+steps: ~1e-14 measured; 1e-12 leaves two decades.  A different prompt stream moves a record by
+~1e-2 (the Monte-Carlo error of a batch), ten decades above."""
+
+
+def skewed(omega, mu):
+    """A metric of its own (not theory's): each run's metric must reach only that run."""
+    return 0.5 + 0.0 * omega, 1.5 + 0.0 * mu
+
+
+def mixed_runs(cfg=CFG, batch=128, steps=30):
+    """Runs of one shape that differ in everything else: two fresh streams shared by several
+    runs, a fixed batch, a symmetrised stream, starts, metrics, logit scales, lengths, lrs."""
+    lr = 0.05
+    runs = []
+    for seed, extra in ((1, {}), (1, {"time": lr * steps / 2}), (2, {"lr": 0.08}), (2, {}),
+                        (3, {"fresh_batches": False}), (4, {"symmetrize": True})):
+        tc = TrainConfig(**{"lr": lr, "time": lr * steps, "batch": batch, "records": 7, "seed": seed, **extra})
+        runs.append((cfg.replace(logit_scale=1.0 + 0.5 * (len(runs) % 2)), tc))
+    starts = [(OM0, MU0), None, (0.5 * OM0, MU0), None, (OM0, 0.5 * MU0), None]
+    metrics = [None, skewed, None, None, skewed, None]
+    return runs, starts, metrics
+
+
+def max_relative_difference(a, b) -> float:
+    """Worst |a - b| / max |a| over the per-step losses, the final values and every record."""
+    def rel(x, y):
+        x, y = np.asarray(x, float), np.asarray(y, float)
+        return float(np.max(np.abs(x - y)) / max(np.max(np.abs(x)), 1e-300))
+    assert a.steps == b.steps and [r.t for r in a.trajectory] == [r.t for r in b.trajectory]
+    return max([rel(a.losses, b.losses), rel(a.omega, b.omega), rel(a.mu, b.mu), rel(a.loss, b.loss)]
+               + [rel([ra.loss, *np.ravel(ra.omega), *np.ravel(ra.mu)], [rb.loss, *np.ravel(rb.omega), *np.ravel(rb.mu)])
+                  for ra, rb in zip(a.trajectory, b.trajectory)])
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_reduced_many_equals_each_run_alone():
+    """Each run of train_reduced_many = train_reduced of that run alone, to rounding, every
+    record; and the comparison can fail: the same runs on other seeds' streams are far off."""
+    runs, starts, metrics = mixed_runs()
+    cfgs, tcfgs = zip(*runs)
+    many = train_reduced_many(cfgs, tcfgs, start=starts, metric=metrics)
+    alone = [train_reduced(c, t, start=s, metric=f) for c, t, s, f in zip(cfgs, tcfgs, starts, metrics)]
+    assert all(r.batched_runs == len(runs) and r.model == "reduced" for r in many)
+    worst = max(max_relative_difference(a, b) for a, b in zip(alone, many))
+    assert worst <= BATCHED_RTOL, worst
+    other = [train_reduced(c, TrainConfig(**{**t.to_dict(), "seed": t.seed + 10}), start=s, metric=f)
+             for c, t, s, f in zip(cfgs, tcfgs, starts, metrics)]
+    assert min(max_relative_difference(o, b) for o, b in zip(other, many)) > 1e3 * BATCHED_RTOL
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_reduced_many_draws_a_shared_stream_once(monkeypatch):
+    """Four runs on two streams draw 2 batches a step, not 4."""
+    import numerics.batched_reduced as br
+    calls = []
+    real = br.sample_prompts
+    monkeypatch.setattr(br, "sample_prompts", lambda *a, **k: calls.append(1) or real(*a, **k))
+    tc = TrainConfig(lr=0.05, time=0.5, batch=64, records=2)
+    tcfgs = [TrainConfig(**{**tc.to_dict(), "seed": s}) for s in (0, 0, 1, 1)]
+    train_reduced_many([CFG] * 4, tcfgs, metric=[None, skewed, None, skewed])
+    assert len(calls) == 2 * (tc.steps + 1)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_reduced_many_ends_a_diverging_run_alone():
+    """A diverging run's entry is the TrainingDiverged train_reduced raises (same message); a
+    hook that raises ends its own run; the other runs are those trained alone."""
+    tc = TrainConfig(lr=0.05, time=1.0, batch=64, records=5, seed=3)
+    wild = TrainConfig(**{**tc.to_dict(), "lr": 0.5, "diverge_loss": 1e3})   # 150 at step 0, 5e11 at 2
+    start = (np.full((2, 2), 3.0), np.full((2, 2), 3.0))
+
+    def stop(step, t, state, loss):
+        if step > 0:
+            raise RuntimeError("stop here")
+    many = train_reduced_many([CFG] * 3, [tc, wild, tc], start=[None, start, None], on_record=[None, None, stop])
+    with pytest.raises(TrainingDiverged) as alone:
+        train_reduced(CFG, wild, start=start)
+    number = r"batch loss [0-9.e+]+"            # the same loss to rounding, printed to 17 digits
+    assert isinstance(many[1], TrainingDiverged)
+    assert re.sub(number, "", str(many[1])) == re.sub(number, "", str(alone.value)) and "step 0 " not in str(many[1])
+    assert isinstance(many[2], RuntimeError) and "stop here" in str(many[2])
+    assert max_relative_difference(train_reduced(CFG, tc), many[0]) <= BATCHED_RTOL
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_reduced_many_refuses_bad_input_first():
+    tc = TrainConfig(lr=0.05, time=0.2, batch=64, records=2)
+    with pytest.raises(ValueError, match="same length"):
+        train_reduced_many([CFG] * 2, [tc] * 3)
+    with pytest.raises(TypeError, match="metric"):
+        train_reduced_many([CFG] * 2, tc, metric=[None, 3])
+    with pytest.raises(ValueError, match="start omega0 must have shape"):
+        train_reduced_many([CFG] * 2, tc, start=[None, (np.zeros((1, 2)), np.zeros((1, 2)))])
+    assert train_reduced_many([], []) == []
+
+
+@pytest.mark.thorough
+@pytest.mark.parametrize("dtype, rtol", [("float64", BATCHED_RTOL), ("float32", 1e-4)])
+@pytest.mark.usefixtures("one_torch_thread")
+def test_reduced_many_equals_each_run_alone_at_the_claims_size(dtype, rtol):
+    """At boundary-initialisation's quick size (tasks 2,2, H = 2, L = 32, batch 512, 100 steps)
+    and with a random task basis; float32 to its own rounding (~1e-7 a step, 1e-4 over the run)."""
+    cfg = ProblemConfig(tasks=(2, 2), heads=2, L=32, basis="random", dtype=dtype)
+    runs, starts, metrics = mixed_runs(cfg, batch=512, steps=100)
+    cfgs, tcfgs = zip(*runs)
+    many = train_reduced_many(cfgs, tcfgs, start=starts, metric=metrics)
+    alone = [train_reduced(c, t, start=s, metric=f) for c, t, s, f in zip(cfgs, tcfgs, starts, metrics)]
+    assert max(max_relative_difference(a, b) for a, b in zip(alone, many)) <= rtol

@@ -35,7 +35,7 @@ from numerics.experiments.converged import converged_for, stage_tolerance
 from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
 from numerics.readout import RACE_DECIDED_SHARE, allocation, end_class, zero_sum_ratio
 from numerics.statistics import binomial_interval, descent_left, mean_se
-from numerics.train import TrainConfig, train_many, train_reduced
+from numerics.train import TrainConfig, train_many, train_reduced_many
 from theory.initialisation import (residual_split, unbalanced_metric_factors, warmup_norm_bound,
                                    warmup_quartic_constant)
 from theory.three_phases import phase_times
@@ -378,30 +378,47 @@ def _outcome(r: dict) -> list:
     return [int(w) if sh >= RACE_DECIDED_SHARE else -1 for w, sh in zip(r["winners"], r["share"])]
 
 
-def unbalanced_reduced(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
-    """The reduced flow from the unbalanced start's (omega0, mu0), on the full run's prompts, with
-    the unbalanced metric (the conserved balances read off the start) and with the balanced one:
-    per curve the readout, the outcome per task (:func:`unbalanced_starts`), the phase times and
-    the loss curve."""
-    return cached(_key("unbalanced_reduced", cfg, tcfg), lambda: _unbalanced_reduced(cfg, tcfg))
+def unbalanced_reduced(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig]) -> list[dict]:
+    """Per unbalanced start (cfgs[i], tcfgs[i]): the reduced flow from its (omega0, mu0), on the
+    full run's prompts, with the unbalanced metric (the conserved balances read off the start)
+    and with the balanced one -- per curve the readout, the outcome per task
+    (:func:`unbalanced_starts`), the phase times and the loss curve.  Every flow not cached yet
+    is trained in one program (numerics.train.train_reduced_many: a start's two flows share its
+    prompt stream, drawn once a step)."""
+    keys = [_key("unbalanced_reduced", c, t) for c, t in zip(cfgs, tcfgs)]
+    todo = [i for i, k in enumerate(keys) if k not in _CACHE]     # the cache only read here: filled by cached()
+    if todo:
+        for i, out in zip(todo, _unbalanced_reduced([cfgs[i] for i in todo], [tcfgs[i] for i in todo])):
+            cached(keys[i], lambda out=out: out)
+    return [cached(k, _missing) for k in keys]
 
 
-@one_thread
-def _unbalanced_reduced(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
+def _unbalanced_metric(cfg: ProblemConfig):
+    """The start's (omega0, mu0) and the unbalanced metric of its conserved balances."""
     model = MultiHeadAttention(cfg)
     ro = model.semi_singular_values()
     c_om, c_mu = factor_balance(model)
-    s, tasks = cfg.logit_scale, cfg.tasks
 
     def metric(o, m_):
-        f = unbalanced_metric_factors(o.cpu().double().numpy(), m_.cpu().double().numpy(), c_om, c_mu, tasks, s)
+        f = unbalanced_metric_factors(o.cpu().double().numpy(), m_.cpu().double().numpy(), c_om, c_mu, cfg.tasks,
+                                      cfg.logit_scale)
         return tuple(torch.as_tensor(x, dtype=o.dtype, device=o.device) for x in f)
+    return (ro.omega, ro.mu), metric
 
-    out = {"init_seed": cfg.init_seed, "data_seed": tcfg.seed}
-    # train_reduced copies ``start`` (the caller's arrays are never updated in place)
-    for key, kw in (("reduced_unbalanced", {"metric": metric}), ("reduced_balanced", {})):
-        out[key] = _readout(train_reduced(cfg, tcfg, start=(ro.omega, ro.mu), **kw))
-    return out
+
+@one_thread
+def _unbalanced_reduced(cfgs, tcfgs) -> list[dict]:
+    starts, metrics = zip(*(_unbalanced_metric(c) for c in cfgs))
+    # per start: the unbalanced metric's flow, then the balanced one (metric None: theory's);
+    # train_reduced_many copies ``start`` (the caller's arrays are never updated in place)
+    res = train_reduced_many([c for c in cfgs for _ in (0, 1)], [t for t in tcfgs for _ in (0, 1)],
+                             start=[st for st in starts for _ in (0, 1)],
+                             metric=[f for met in metrics for f in (met, None)])
+    for r in res:
+        if isinstance(r, BaseException):
+            raise r
+    return [{"init_seed": c.init_seed, "data_seed": t.seed, "reduced_unbalanced": _readout(res[2 * i]),
+             "reduced_balanced": _readout(res[2 * i + 1])} for i, (c, t) in enumerate(zip(cfgs, tcfgs))]
 
 
 def _readout(r) -> dict:
@@ -449,9 +466,19 @@ def large_init_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig
     return train_starts("large_init", cfgs, tcfgs, n_eval)
 
 
-def large_init_reduced(cfg: ProblemConfig, tcfg: TrainConfig) -> dict:
-    """The reduced flow from the default decomposable start on the full run's prompts."""
-    return cached(_key("large_init_reduced", cfg, tcfg), one_thread(lambda: _readout(train_reduced(cfg, tcfg))))
+def large_init_reduced(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig]) -> list[dict]:
+    """The reduced flow from the default decomposable start on each full run's prompts, every
+    flow not cached yet in one program (numerics.train.train_reduced_many: the scales of one
+    stream draw it once a step)."""
+    keys = [_key("large_init_reduced", c, t) for c, t in zip(cfgs, tcfgs)]
+    todo = [i for i, k in enumerate(keys) if k not in _CACHE]
+    if todo:
+        res = one_thread(train_reduced_many)([cfgs[i] for i in todo], [tcfgs[i] for i in todo])
+        for i, r in zip(todo, res):
+            if isinstance(r, BaseException):
+                raise r
+            cached(keys[i], lambda r=r: _readout(r))
+    return [cached(k, _missing) for k in keys]
 
 
 # ---------------------------------------------------------------------------------------
@@ -479,12 +506,20 @@ def _step_cost(tasks, heads: int, L: int, batch: int, runs: int, streams: int) -
     return cost.step_seconds(tasks, heads, L, batch, runs=runs, streams=streams)
 
 
-def _reduced_cost(tasks, heads: int, L: int, batch: int) -> float:
+def _reduced_cost(tasks, heads: int, L: int, batch: int, runs: int = 1, streams: int = 1) -> float:
+    """One step of a reduced-flow program (numerics.train.train_reduced_many) of ``runs`` flows
+    on ``streams`` prompt streams: each stream's prompts drawn once (the context part of
+    numerics.cost's reduced step, per stream), the rest of the step per run."""
+    D = sum(tasks) + len(tasks)
     try:
         from numerics import cost
     except ImportError:
-        return FALLBACK_STEP_SECONDS["reduced"] * _step_cost(tasks, heads, L, batch, 1, 1)
-    return cost.reduced_step_seconds(tasks, heads, L, batch)
+        one = FALLBACK_STEP_SECONDS["reduced"] * _step_cost(tasks, heads, L, batch, 1, 1)
+        drawn = FALLBACK_STEP_SECONDS["context"] * batch * L * D
+    else:
+        one = cost.reduced_step_seconds(tasks, heads, L, batch)
+        drawn = cost.REDUCED_STEP["prompts"]["context"] * batch * L * D
+    return runs * max(one - drawn, 0.0) + streams * min(drawn, one)
 
 
 def _forward_cost(tasks, heads: int, L: int, n: int, models: int) -> float:
@@ -499,13 +534,19 @@ def _forward_cost(tasks, heads: int, L: int, n: int, models: int) -> float:
 
 
 def plan_seconds(tasks, heads: int, L: int, batch: int, steps: int, runs_per_stream: Sequence[int], n_eval: int,
-                 snapshots: int, reduced: int = 0) -> float:
+                 snapshots: int, reduced: int = 0, reduced_streams: Optional[int] = None) -> float:
     """CPU seconds of one plan of starts of one shape before it runs: train_many's programs
-    (``runs_per_stream[s]`` runs on prompt stream s, the runs of one stream in one program),
-    each run's end state (:func:`end_states`: ``snapshots`` held-out evaluations on ``n_eval``
-    prompts) and ``reduced`` reduced flows of the same steps.  Through numerics.cost where it is importable, else
-    :data:`FALLBACK_STEP_SECONDS`."""
+    (``runs_per_stream[s]`` runs on prompt stream s, programs formed as train_many forms them:
+    numerics.cost.many_seconds), each run's end state (:func:`end_states`: ``snapshots`` held-out
+    evaluations on ``n_eval`` prompts) and ``reduced`` reduced flows of the same steps in one
+    program on ``reduced_streams`` prompt streams (default: one each).  Through numerics.cost
+    where it is importable, else :data:`FALLBACK_STEP_SECONDS`."""
     runs = int(sum(runs_per_stream))
-    train = sum(steps * _step_cost(tasks, heads, L, batch, k, 1) for k in runs_per_stream if k > 0)
+    try:
+        from numerics import cost
+        train = cost.many_seconds(tasks, heads, L, batch, steps, list(runs_per_stream))
+    except ImportError:
+        train = sum(steps * _step_cost(tasks, heads, L, batch, k, 1) for k in runs_per_stream if k > 0)
     evaluate = _forward_cost(tasks, heads, L, n_eval, runs * snapshots)
-    return train + evaluate + reduced * steps * _reduced_cost(tasks, heads, L, batch)
+    flows = steps * _reduced_cost(tasks, heads, L, batch, reduced, reduced if reduced_streams is None else reduced_streams)
+    return train + evaluate + (flows if reduced else 0.0)

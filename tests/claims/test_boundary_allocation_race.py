@@ -22,7 +22,8 @@ def test_race_winner_matches_ode_rule_where_seeds_agree(device, r, L, sigma, rat
     """Two heads race for one task from (s0, s0) against (rho_w s0, rho_m s0): in every cell
     where two data seeds agree (and the race has ended) the winner is theory's ODE rule's;
     undecided cells are counted."""
-    p = RaceProfile(tasks=(r,), L=L, sigma=sigma, ratios=ratios, time=30.0, batch=128, records=11, n_eval=1024)
+    p = RaceProfile(tasks=(r,), L=L, sigma=sigma, ratios=ratios, data_seeds=(0, 1), time=30.0, batch=128, records=11,
+                    n_eval=1024)
     cells = race_grid(p, device=device)["cells"]
     c = check_race(cells)
     assert len(cells) == 4 and c.details["decided"] + c.details["undecided"] == 4
@@ -47,6 +48,14 @@ def test_race_claim_tiny(device):
         assert "t_end = " in r.details["undecided"], r.details["undecided"]
     assert {"race-heatmap", "race-border", "race-phases", "race-large-outcomes"} <= {f.name for f in r.figures}
     assert {f.kind for f in r.findings} == {"beyond", "stops"}
+
+
+def test_race_profiles_count_enough_streams_per_cell():
+    """Issue 34: every race cell's outcome is a distribution over at least 8 prompt streams at
+    the quick profile and 16 at the paper profile (the tiny one is a pipeline test)."""
+    from claims.allocation_race import RACE_PROFILES
+    assert len(set(RACE_PROFILES["quick"].data_seeds)) >= 8
+    assert len(set(RACE_PROFILES["paper"].data_seeds)) >= 16
 
 
 def _phases(w, e, defined=True):

@@ -187,3 +187,30 @@ def test_single_task_counts_its_seeds(device):
                                   "balance_changes_outcome": 0})
     texts = [f.text for f in init_findings(result) if f.text.startswith("One task")]
     assert len(texts) == 1 and ("all 2 seeds end" in texts[0] or "the 2 seeds end in" in texts[0]), texts
+
+
+def test_unbalanced_reduced_flows_in_one_program_are_each_flow_alone(device):
+    """boundary-initialisation's reduced flows (numerics.experiments.starts.unbalanced_reduced:
+    every start's two flows, unbalanced and balanced metric, in one program) end where each flow
+    trained alone by train_reduced ends, to float64 rounding (the values are rounded to 4 digits
+    in the readout: equal there), and the two metrics' flows differ (the comparison can fail)."""
+    import numpy.testing as npt
+    from numerics.experiments import clear_cache, one_thread
+    from numerics.experiments.starts import _unbalanced_metric, unbalanced_reduced
+    from numerics.readout import RACE_DECIDED_SHARE, allocation
+    from numerics.train import train_reduced
+    clear_cache()
+    base = ProblemConfig(tasks=(2,), heads=2, L=16, device=device, init="unbalanced_decomposable", init_scale=0.03)
+    cfgs = [base.replace(init_seed=k) for k in (0, 1)]
+    tcfgs = [TrainConfig(lr=0.1, time=6.0, batch=128, seed=s, records=7) for s in (5, 6)]
+    together = unbalanced_reduced(cfgs, tcfgs)
+    for cfg, tc, out in zip(cfgs, tcfgs, together):
+        start, metric = _unbalanced_metric(cfg)
+        for key, f in (("reduced_unbalanced", metric), ("reduced_balanced", None)):
+            alone = one_thread(train_reduced)(cfg, tc, start=start, metric=f)
+            npt.assert_allclose(out[key]["loss_curve"], [r.loss for r in alone.trajectory], rtol=1e-12)
+            npt.assert_allclose(out[key]["omega"], alone.omega, rtol=0, atol=5.01e-5)   # the readout's 4 digits
+            a = allocation(alone.omega, alone.mu)
+            assert out[key]["outcome"] == [int(w) if sh >= RACE_DECIDED_SHARE else -1
+                                           for w, sh in zip(a.winners, a.mass_share)]
+        assert out["reduced_unbalanced"]["loss_curve"] != out["reduced_balanced"]["loss_curve"]
