@@ -544,8 +544,8 @@ def check_served(cfg, meas, noise: dict, fixed: dict, config: str):
                    wrong=[(f"omega* x {f:g}", pred(f * om_s, mu_s).tolist()),
                           (f"mu* x {f:g}", pred(om_s, f * mu_s).tolist())],
                    error=lambda a, b: _entrywise(a, b, tol), config=config,
-                   details={"role": "served", "serving_heads": heads, "tolerance_per_entry": tol.tolist(), "off_task_shift": shift.tolist(),
-                            "resolution": res, "hessian": [c.tolist() for c in curv],
+                   details={"role": "served", "serving_heads": heads, "tolerance_per_entry": tol.tolist(),
+                            "off_task_shift": shift.tolist(), "resolution": res, "hessian": [c.tolist() for c in curv],
                             "held_out_gradient": {"omega": g[0][idx].tolist(), "mu": g[1][idx].tolist(),
                                                   "omega_se": gse[0][idx].tolist(), "mu_se": gse[1][idx].tolist()},
                             "readout_spread": {"omega": so.tolist(), "mu": sm.tolist()}})
@@ -566,8 +566,7 @@ def check_learned(name, loss, zero_loss: float, config: str):
     loss below the zero model's sum r_i (y_hat = 0) by more than Z_SE held-out standard errors (an
     untrained model, whose predictions are near 0, sits at sum r_i and fails).  One-sided, no wrong
     prediction (as :func:`check_side`)."""
-    z = Z_SE * loss.se
-    check = f"below the zero model's loss sum r_i by more than {Z_SE:g} se (it learned something)"
+    z, check = Z_SE * loss.se, f"below the zero model's loss sum r_i by more than {Z_SE:g} se (it learned something)"
     return compare(f"{name}: {check}",
                    loss.mean, zero_loss, 0.0, f"one-sided: measured + {Z_SE:g} held-out standard errors ({loss.se:.3g}) "
                    "must lie below sum r_i", side="not above", error=lambda m, p: max(0.0, m + z - p),
@@ -662,18 +661,14 @@ def evaluate_model(ctx) -> Outcome:
         rows.append(headline_row(s, theory=None, measured=None, tolerance=1.0,
                                  name="served (omega, mu) vs the allocated fixed point (max |d|/tol)"))
     elif sign != 0 and fixed is not None:
-        c = check_side(f"{name}: {loss_what}", loss, fixed["loss"], fixed["error_estimate"], sign,
-                       "the exact allocated fixed point", config)
-        comps.append(c)
-        rows.append(headline_row(c, se=loss.se))
+        comps.append(check_side(f"{name}: {loss_what}", loss, fixed["loss"], fixed["error_estimate"], sign,
+                                "the exact allocated fixed point", config))
         if sign < 0 and best is not None:
-            b = check_best_decomposable(f"{name}: {loss_what}", loss, best, fixed, config)
-            comps.append(b)
-            rows.append(headline_row(b, se=loss.se))
+            comps.append(check_best_decomposable(f"{name}: {loss_what}", loss, best, fixed, config))
     elif mc.learned_check or converged:
-        c = check_learned(f"{name}: {loss_what}", loss, float(sum(cfg.tasks)), config)
-        comps.append(c)
-        rows.append(headline_row(c, se=loss.se))
+        comps.append(check_learned(f"{name}: {loss_what}", loss, float(sum(cfg.tasks)), config))
+    rows.extend(headline_row(c, se=loss.se) for c in comps if c.details.get("role") in ("side", "best decomposable",
+                                                                                       "learned"))
     pos = position(loss, refs)
     for key, p in pos.items():
         if p.get("available"):
@@ -700,8 +695,8 @@ def model_findings(result: ClaimResult) -> list:
     name, loss = d["checkpoint"]["name"], d["loss"]
     out = []
     if d["status"] == "inside":
-        lc = next((c for c in d["comparisons"] if c["details"].get("role") == "fixed point loss"), None)
-        sc = next((c for c in d["comparisons"] if c["details"].get("role") == "served"), None)
+        lc, sc = (next((c for c in d["comparisons"] if c["details"].get("role") == r), None)
+                  for r in ("fixed point loss", "served"))
         ok = all(c["agrees"] for c in d["comparisons"])
         resolved = all(p["rejected"] for c in d["comparisons"] for p in c["perturbations"])
         out.append(finding(result, "holds" if ok and resolved else "stops",
@@ -930,15 +925,14 @@ def trajectory_findings(result: ClaimResult) -> list:
     d = result.details
     out = []
     for c in d.get("comparisons", []):
-        role = c["details"].get("role")
-        if role == "phase times":
+        if c["details"].get("role") == "phase times":
             m, p = c["measured"], c["predicted"]
             out.append(finding(result, "holds" if c["agrees"] else "stops",
                                "On this run ({config}) the warm-up ends at t = {mw} and the emergence at {me}, against "
                                "theory's {pw} and {pe} from the first checkpoint (worst |dt|/tolerance {err}).",
                                config=d["config"], mw=m.get("warmup_end"), me=m.get("emergence_end"),
                                pw=p["warmup_end"], pe=p["emergence_end"], err=c["error"]))
-        elif role == "winners":
+        elif c["details"].get("role") == "winners":
             out.append(finding(result, "holds" if c["agrees"] else "stops",
                                "On this run ({config}) the tasks end on heads {m}, theory's winners from the first "
                                "checkpoint are {p}.", config=d["config"], m=c["measured"], p=c["predicted"]))
