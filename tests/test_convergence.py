@@ -122,3 +122,23 @@ def test_held_out_prompt_losses_are_the_held_out_prompts():
     assert (per[0] - per[1]).mean() == pytest.approx(held_out_loss_difference(a, b, 3000, 4, 1024).mean, rel=1e-10)
     with pytest.raises(ValueError, match="same problem"):
         held_out_prompt_losses([a, MultiHeadAttention(ProblemConfig(tasks=(2, 2), heads=2, L=8))])
+
+
+def test_phase_steps_keep_small_sizes_and_cap_the_authors_blocks():
+    """numerics.experiments.converged.phase_steps: at the quick sizes the schedule's steps lie inside
+    gradient descent's stability bound 2 / lambda_end and stand; at the authors' blocks (d = 50,
+    L = 100) the explore step 0.1 lies beyond it (the full model diverges at step 3) and half the
+    bound is taken.  A stiffness off by 2x (the bound read as 1 / lambda_end) would cap (2, 2) too."""
+    from numerics.config import ProblemConfig
+    from numerics.experiments.converged import QUICK_SCHEDULE, end_stiffness, phase_steps
+
+    small = ProblemConfig(tasks=(2, 2), heads=2, L=64)
+    assert phase_steps(small, QUICK_SCHEDULE) == (QUICK_SCHEDULE.lr, QUICK_SCHEDULE.polish_lr)
+    lam = end_stiffness(small)
+    assert 2.0 / lam > QUICK_SCHEDULE.lr > 1.0 / lam * 0.5
+    big = ProblemConfig(tasks=(16, 17, 17), heads=3, L=100)
+    lr, polish = phase_steps(big, QUICK_SCHEDULE)
+    lam = end_stiffness(big)
+    assert QUICK_SCHEDULE.lr * lam >= 2.0
+    assert lr == pytest.approx(1.0 / lam) and lr < QUICK_SCHEDULE.lr
+    assert polish == QUICK_SCHEDULE.polish_lr            # 0.03 lies inside the bound there

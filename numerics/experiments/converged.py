@@ -75,6 +75,63 @@ PAPER_SCHEDULE = TrainingSchedule(time=100.0, lr=0.05, tokens=2 ** 18, polish_ti
                                   descent_tokens=2 ** 22)
 
 
+END_STIFFNESS_PROMPTS = 2048   # marginal prompts of the end point's Hessian (numerics.experiments.converged.stable_step)
+
+
+def end_point(cfg: ProblemConfig):
+    """Theory's end of the flow a converged run of ``cfg`` follows, as (omega, mu) of shape (H, m),
+    or None where theory names none: with H >= m heads the allocated fixed point
+    (theory.exact.exact_fixed_point; head i serves task i, the other heads idle at zero), with one
+    head the best one-head model (theory.exact.single_head_optimum)."""
+    from theory import exact as exact_theory
+
+    H, m = cfg.heads, len(cfg.tasks)
+    omega, mu = np.zeros((H, m)), np.zeros((H, m))
+    if H >= m:
+        fp = exact_theory.exact_fixed_point(cfg.tasks, cfg.L, cfg.sigma)
+        for i in range(m):
+            omega[i, i], mu[i, i] = fp["omega_star"][i], fp["mu_star"][i]
+        return omega, mu
+    if H == 1:
+        opt = exact_theory.single_head_optimum(cfg.tasks, cfg.L, cfg.sigma)
+        return np.array([opt["omega"]]), np.array([opt["mu"]])
+    return None
+
+
+_END_STIFFNESS: dict = {}
+
+
+def end_stiffness(cfg: ProblemConfig) -> float | None:
+    """lambda_end: the largest eigenvalue of the metric-weighted Hessian F^1/2 Hess F^1/2 of the exact
+    reduced loss at theory's end point (:func:`end_point`; :func:`stable_step` on
+    END_STIFFNESS_PROMPTS marginal prompts of a fixed seed), or None where theory names no end
+    point.  Gradient descent on D settles there only at steps below 2 / lambda_end; lambda_end grows
+    with d (about 9 at d = 4..6, L = 64; 27.5 at the authors' blocks 16,17,17, L = 100), which is
+    why one step cannot serve every size.  Memoised per (tasks, heads, L, sigma, param, logit scale)."""
+    key = (tuple(cfg.tasks), cfg.heads, cfg.L, float(cfg.sigma), cfg.param, float(cfg.logit_scale))
+    if key not in _END_STIFFNESS:
+        end = end_point(cfg)
+        _END_STIFFNESS[key] = (None if end is None else
+                               1.0 / stable_step(cfg, end[0], end[1], math.inf, END_STIFFNESS_PROMPTS, 0))
+    return _END_STIFFNESS[key]
+
+
+def phase_steps(cfg: ProblemConfig, schedule: "TrainingSchedule") -> tuple[float, float]:
+    """The (explore, polish) steps a converged run of ``cfg`` takes: each phase's step of the schedule
+    while it is within gradient descent's stability bound 2 / lambda_end (:func:`end_stiffness`),
+    else half that bound, 1 / lambda_end (the margin stable_step keeps).  The schedule's steps were
+    chosen at d <= 9, where they lie inside the bound (0.1 at (3, 3), L = 64 is 0.56 of it), so
+    there the runs are unchanged; at the authors' blocks (d = 50, L = 100: 2 / lambda_end = 0.073)
+    the explore step 0.1 diverges within three steps and 1 / lambda_end = 0.036 is taken instead,
+    the flow time kept (more steps).  Where theory names no end point the schedule's steps stand."""
+    lam = end_stiffness(cfg)
+
+    def capped(lr):
+        return float(lr) if lam is None or lam <= 0 or lr * lam < 2.0 else 1.0 / lam
+
+    return capped(schedule.lr), capped(schedule.polish_lr)
+
+
 def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: int = 1) -> float:
     """CPU seconds (``numerics.cost``) of :func:`train_converged` at ``cfg`` with ``pieces`` polish
     pieces (1: converged after the first; the budget allows ``schedule.polish_extensions + 1``): the
@@ -82,10 +139,11 @@ def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: in
     (WINDOW_POINTS snapshots and the explore end)."""
     from numerics import cost
     L, tasks, H, dt = cfg.L, cfg.tasks, cfg.heads, cfg.dtype
+    lr, polish_lr = phase_steps(cfg, schedule)
     explore = cost.train_seconds(tasks, H, L, schedule.batch(L, schedule.tokens),
-                                 round(schedule.time / schedule.lr), dtype=dt, records=5)
+                                 round(schedule.time / lr), dtype=dt, records=5)
     piece = (cost.train_seconds(tasks, H, L, schedule.batch(L, schedule.polish_tokens),
-                                round(schedule.polish_time / schedule.polish_lr), dtype=dt,
+                                round(schedule.polish_time / polish_lr), dtype=dt,
                                 records=2 * WINDOW_POINTS - 1)
              + cost.forward_seconds(tasks, H, L, schedule.held_out(L))
              + cost.forward_seconds(tasks, H, L, schedule.descent_prompts(L), models=WINDOW_POINTS + 1))
@@ -283,13 +341,14 @@ def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 
     :func:`continue_on_D`)."""
     t0 = time.perf_counter()
     L = cfg.L
-    explore = TrainConfig(lr=schedule.lr, time=schedule.time, batch=schedule.batch(L, schedule.tokens), seed=seed,
+    lr, polish_lr = phase_steps(cfg, schedule)
+    explore = TrainConfig(lr=lr, time=schedule.time, batch=schedule.batch(L, schedule.tokens), seed=seed,
                           records=5)
     first = train(cfg, explore)
     snaps, model, total = [], first.final_model, 0.0
 
     for piece in range(schedule.polish_extensions + 1):
-        polish = TrainConfig(lr=schedule.polish_lr, time=schedule.polish_time,
+        polish = TrainConfig(lr=polish_lr, time=schedule.polish_time,
                              batch=schedule.batch(L, schedule.polish_tokens), seed=seed + 1 + piece,
                              records=2 * (WINDOW_POINTS - 1) + 1)
 
