@@ -19,6 +19,7 @@ from claims.base import Figure, Series
 from claims.common import Z_SE, Comparison, compare, headline_row, perturbation, resolved
 from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
 from numerics.experiments.reduced_flows import monte_carlo_losses, saturation_scan
+from numerics.seeds import case_seed
 from theory import reduced_ode
 from theory.expansion_gap import gap_ladder, local_exponent, validity_edge
 
@@ -245,7 +246,8 @@ def evaluate_small_L(ctx) -> Outcome:
     for k, r in enumerate(blocks):
         ctx.progress(f"expansion against the exact loss, r={r}", k / len(blocks))
         coef = check_expansion_coefficient(r, p.L_exact, sigma)
-        mc = check_measured_exact_loss(r, L_mc, sigma, p.mc_elements, ctx.seed + 100 * k, ctx.device)
+        mc = check_measured_exact_loss(r, L_mc, sigma, p.mc_elements,
+                                        case_seed(ctx.seed, "monte-carlo exact loss", r, sigma), ctx.device)
         comps += [coef, mc]
         top = coef.details["rows"][-1]
         dom[f"r={r}"] = {"valid (2 omega*^2 < 1)": top["valid"],

@@ -30,6 +30,7 @@ from numerics.config import ProblemConfig
 from numerics.experiments.starts import (outcome_mix, random_starts, references, single_task_starts, unbalanced_reduced,
                                        unbalanced_starts)
 from numerics.readout import ZERO_SUM_SHARE
+from numerics.seeds import case_seed
 from numerics.statistics import mean_se     # non_finite "keep": a diverged run's loss shows in the mean
 from theory.initialisation import authors_logit_scale, random_start_scales, untied_tasks, warmup_norm_bound
 
@@ -154,17 +155,16 @@ def check_unbalanced_winners(runs: list[dict], config=None) -> Comparison:
 # --- boundary-initialisation
 
 def unbalanced_runs(p, base: ProblemConfig, seed: int, progress) -> list[dict]:
-    """The unbalanced starts (``p.unbalanced_seeds``) on each stream of ``p.unbalanced_data_seeds``
-    (data seed seed + 100 j + k: with one stream per j shared by the starts one of the six quick
-    phase pairs missed its tolerance by 7 %, so the established plan is kept), the full models
-    trained together and each one's two reduced flows on its prompts: per (start, stream) ``full``
-    (its end state, numerics.experiments.starts.end_states), ``reduced_unbalanced``, ``reduced_balanced``."""
+    """The unbalanced starts k (``p.unbalanced_seeds``) on each stream j (``p.unbalanced_data_seeds``), a stream
+    per pair (case_seed(seed, "unbalanced start", k, "prompts", j); one stream per j shared by the starts missed one
+    of six quick phase tolerances by 7 %), the full models trained together and each one's two reduced flows on its
+    prompts: per (start, stream) ``full`` (numerics.experiments.starts.end_states), ``reduced_unbalanced``, ``reduced_balanced``."""
     cfgs, tcfgs = [], []
     for k in p.unbalanced_seeds:
         cfg = base.replace(init="unbalanced_decomposable", init_scale=p.unbalanced_scale, init_seed=seed + k)
         for j in p.unbalanced_data_seeds:
             cfgs.append(cfg)
-            tcfgs.append(tcfg(p, seed + 100 * j + k, records=p.unbalanced_records))
+            tcfgs.append(tcfg(p, case_seed(seed, "unbalanced start", k, "prompts", j), records=p.unbalanced_records))
     progress(f"{len(cfgs)} unbalanced starts, trained together", 0.5)
     full = unbalanced_starts(cfgs, tcfgs, p.n_eval)
     out = []

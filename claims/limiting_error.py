@@ -25,6 +25,7 @@ from claims.spec import ClaimSpec, Outcome, agreement, comparisons_named, findin
 from claims.trained import TrainedProfile, configurations, domain, resolve, run_status
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, converged_run
+from numerics.seeds import case_seed, trained_run_seed
 from theory import exact as exact_theory
 from theory import limiting_error as limit_theory
 
@@ -116,10 +117,10 @@ def evaluate(ctx) -> Outcome:
         tasks, sigma = base.tasks, base.sigma
         inside = domain(base)
         runs, preds = [], {}
-        for j, L in enumerate(Ls):
+        for L in Ls:
             ctx.progress(f"limiting error: training tasks={list(tasks)} L={L}", done / steps)
             cfg = replace(base, L=int(L))
-            res = converged_run(cfg, p.schedule, seed + 100 * k + j)
+            res = converged_run(cfg, p.schedule, trained_run_seed(seed, tasks, sigma, L))
             preds[L] = fixed_point_loss(tasks, L, sigma)
             c = check_trained(cfg, res, preds[L], inside)
             if k == 0 and L == max(Ls):
@@ -135,10 +136,12 @@ def evaluate(ctx) -> Outcome:
             comps.append(c)
             rows.append(headline_row(c))
         ctx.progress(f"limiting error: bridge and limit tasks={list(tasks)}", done / steps)
-        c = check_bridge(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements, seed + 7 + k, device)
+        c = check_bridge(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements,
+                         case_seed(seed, "bridge", tasks, sigma), device)
         comps.append(c)
         rows.append(headline_row(c, se=c.details["minimum"]["se"]))
-        c = check_limit(tasks, sigma, p.limit_L, p.limit_elements, p.fit_elements, seed + 11 + k, device)
+        c = check_limit(tasks, sigma, p.limit_L, p.limit_elements, p.fit_elements,
+                        case_seed(seed, "limit", tasks, sigma), device)
         comps.append(c)
         rows.append(headline_row(c, se=c.details["minimum"]["L_times_se"]))
         done += 2

@@ -25,6 +25,7 @@ from claims.spec import ClaimSpec, Outcome, agreement, comparisons_named, findin
 from claims.trained import TrainedProfile, check_trained, configurations, resolve, run_status
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, converged_run
+from numerics.seeds import case_seed, trained_run_seed
 from numerics.statistics import paired_ratio
 from theory import exact as exact_theory
 from theory import limiting_error as limit_theory
@@ -168,15 +169,17 @@ def evaluate(ctx) -> Outcome:
         ran = f"profile cases {list(p.cases)}: m heads and one head trained at L = {list(p.train_Ls)}"
     comps, rows, gains, points, undecided = [], [], [], {}, []
     steps, done = sum(2 * len(Ls) + 2 for _, Ls in configs), 0
-    for k, (base, Ls) in enumerate(configs):
+    for base, Ls in configs:
         tasks, sigma = base.tasks, base.sigma
         inside = domain(base)
-        for j, L in enumerate(sorted(Ls)):
+        for L in sorted(Ls):
             ctx.progress(f"multi-head gain: training tasks={list(tasks)} L={L}", done / steps)
             # the runs first, theory after: a run that cannot train at this size (TrainingDiverged) fails in
             # seconds, before theory's quadrature (minutes at the authors' d = 50: the one-head optimum ~ d^1.85)
-            # the same prompt stream for both models: the same training seed
-            trained_runs = {heads: converged_run(replace(base, heads=heads, L=int(L)), p.schedule, seed + 100 * k + j)
+            # the same prompt stream for both models: the trained run's seed of (tasks, sigma, L), which
+            # names no head count (numerics.seeds.trained_run_seed), so the m-head run is claim 5's at its schedule
+            run_seed = trained_run_seed(seed, tasks, sigma, L)
+            trained_runs = {heads: converged_run(replace(base, heads=heads, L=int(L)), p.schedule, run_seed)
                             for heads in (base.m, 1)}
             theory_gain = exact_theory.finite_L_gain(tuple(tasks), L, sigma)
             runs = {}
@@ -204,9 +207,10 @@ def evaluate(ctx) -> Outcome:
                 points.setdefault((tuple(tasks), sigma), []).append((L, c.measured, c.predicted))
         ctx.progress(f"multi-head gain: bridge and limit tasks={list(tasks)}", done / steps)
         if base.m >= 2:
-            for c in (check_bridge_gain(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements, seed + 7 + k, device),
-                      check_gain_limit(tasks, sigma, p.limit_L, p.limit_elements, p.fit_elements, seed + 11 + k,
-                                       device)):
+            for c in (check_bridge_gain(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements,
+                                        case_seed(seed, "bridge", tasks, sigma), device),
+                      check_gain_limit(tasks, sigma, p.limit_L, p.limit_elements, p.fit_elements,
+                                       case_seed(seed, "limit", tasks, sigma), device)):
                 comps.append(c)
                 rows.append(headline_row(c, se=c.details["se"]))
         done += 2
