@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from claims import trained
 from claims.common import Z_SE, Comparison, compare, config_label, headline_row
-from claims.spec import ClaimSpec, Outcome, agreement, comparisons_named, finding
+from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
 from claims.trained import TrainedProfile, check_trained, configurations, resolve, run_status
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, converged_run
@@ -75,7 +75,8 @@ def check_trained_gain(cfg: ProblemConfig, multi: dict, single: dict, theory_gai
     return compare(name, R, g, tol, f"{Z_SE:g} standard errors of the ratio ({se:.3g}, delta method on the two "
                    "held-out losses) plus the runs' relative step errors and the quadrature bounds",
                    wrong=wrong_gains(cfg.m, g), config=config_label(cfg),
-                   details={"tasks": list(cfg.tasks), "L": cfg.L, "sigma": cfg.sigma, "se": se, "theory": {
+                   details={"role": "trained gain", "tasks": list(cfg.tasks), "L": cfg.L, "sigma": cfg.sigma, "se": se,
+                            "theory": {
                        k: theory_gain[k] for k in ("gain", "loss_single", "loss_allocated")}})
 
 
@@ -152,7 +153,7 @@ def check_gain_limit(tasks, sigma: float, L: int, elements: int, fit_elements: i
     return trained.check_large_L(f"gain at large L -> rho_inf, tasks={list(tasks)}, sigma={sigma:g}, L={L}", R, se,
                                  "paired standard errors of the ratio", rho, far - here, "the gain",
                                  wrong_gains(len(tasks), rho, "rho_inf"),
-                                 {**details, "gain_exact_L": here, "gain_exact_4L": far})
+                                 {**details, "role": "gain limit", "gain_exact_L": here, "gain_exact_4L": far})
 
 
 def evaluate(ctx) -> Outcome:
@@ -239,7 +240,7 @@ def evaluate(ctx) -> Outcome:
 def findings(result) -> list:
     """The trained gain against theory's finite-L gain, and each boundary gain row."""
     out = []
-    for c in comparisons_named(result, "gain of trained"):
+    for c in comparisons_where(result, role="trained gain"):
         d = c["details"]
         kind = "holds" if "boundary_check" not in d and c["agrees"] else "stops"
         text = ("At tasks {tasks}, L = {L}, sigma {sigma}, trained single-head over multi-head loss is {gain} against "
@@ -248,7 +249,7 @@ def findings(result) -> list:
                    if "boundary_check" in d else "") + ".")
         out.append(finding(result, kind, text, tasks=str(tuple(d["tasks"])), L=d["L"], sigma=d["sigma"],
                            gain=(c["measured"], d["se"]), theory=c["predicted"], H=len(d["tasks"])))
-    for c in comparisons_named(result, "gain at large L"):
+    for c in comparisons_where(result, role="gain limit"):
         out.append(finding(result, agreement(c), "At large L the exact reduced gain is {g} against rho_inf = {rho}, "
                            "not H.", g=(c["measured"], c["details"]["se"]), rho=c["predicted"]))
     return out

@@ -19,7 +19,7 @@ import numpy as np
 
 from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure
 from numerics.statistics import fit_limit
-from claims.spec import ClaimSpec, Outcome, agreement, comparisons_named, finding, replace_fields
+from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss
 from numerics.exact_reduced import evaluate as reduced_evaluate
@@ -147,7 +147,7 @@ def check_constant_limit(tasks, sigma: float, rows) -> Comparison:
         f"{Z_SE:g} standard errors of the extrapolated constant plus the extrapolation's systematic error",
         wrong=[("constant = 1", 1.0), ("constant = e (the large-r value)", math.e)],
         config=f"tasks={tuple(tasks)} H={2 * len(tasks)} L->inf sigma={sigma:g}",
-        details={"fit": fit, "rows": rows, "C_inf": C_inf})
+        details={"role": "constant limit", "fit": fit, "rows": rows, "C_inf": C_inf})
 
 
 def heads_of(p: OptimalityProfile) -> list[int]:
@@ -222,7 +222,7 @@ def findings(result) -> list:
                            "{tol})" + ("" if t["inside"] else ", outside the bracket's domain: its rigorous edges only")
                            + ".", H=t["H"], tasks=str(tuple(ran.get("tasks", ()))), L=ran.get("L"),
                            C=(t["C"], t["se"]), low=t["bracket"][0], high=t["bracket"][1], tol=t["tolerance"]))
-    for c in comparisons_named(result, "constant at 2m"):
+    for c in comparisons_where(result, role="constant limit"):
         out.append(finding(result, agreement(c), "At 2m heads the constant extrapolates to {a} as L -> inf, against "
                            "theory's C_inf = {C}.", a=(c["measured"], c["details"]["fit"]["a_se"]), C=c["predicted"]))
     if table:
