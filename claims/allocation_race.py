@@ -23,7 +23,7 @@ from claims.common import Z_SE, Comparison, config_label, headline_row, lines_fi
 from claims.phase_checks import (ALLOCATION, FIELDS, PHASES, decided, mix_figure, mix_phrase, mix_rows,
                                  nothing_compared, outcome_comparison, phase_comparison, phase_row, share_comparison,
                                  tcfg)
-from claims.spec import ClaimSpec, Outcome, comparisons_named, finding, replace_fields
+from claims.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import (large_init_reduced, large_init_starts, outcome_mix, race_cells,
                                        references)
@@ -142,7 +142,7 @@ def check_race(cells: list[dict], config=None) -> Comparison:
         "race winner = theory's ODE rule where the data seeds agree", [(c["measured"][0], c["ode"]) for c in decided],
         "exact: a discrete outcome, compared only where the data seeds agree and the race has ended",
         ("every winner swapped to another head", lambda ode: [(w + 1) % max(2, heads) for w in ode]),
-        {"decided": len(decided), "undecided": len(cells) - len(decided),
+        {"role": "race winner", "decided": len(decided), "undecided": len(cells) - len(decided),
          "seeds_disagree": sum(not c["seeds_agree"] for c in cells),
          "not_allocated": sum(c["seeds_agree"] and not c["allocated"] for c in cells),
          "largest_mu_disagrees_with_measured": sum(c["measured"][0] != c["largest_mu"] for c in decided)}, config)
@@ -238,7 +238,7 @@ def evaluate(ctx) -> Outcome:
 def findings(result) -> list:
     """The race's winners against both rules (beyond) and the scale where the warm-up vanishes (stops)."""
     d = result.details
-    race = comparisons_named(result, "race winner")[0]
+    race = comparisons_where(result, role="race winner")[0]
     p = d["ran"]["profile"]
     out = [finding(result, "beyond", "In the (omega0, mu0) race ({cells} cells, one task, two heads) the measured "
                    "winner is theory's ODE rule's in {agree} of {decided} decided cells; 'largest mu0' and the ODE "

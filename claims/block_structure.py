@@ -18,7 +18,7 @@ from scipy.stats import norm
 
 from claims.common import (Z_SE, Comparison, config_label, eps_of, gd_seconds, headline_row, lines_figure, perturbation,
                            resolved)
-from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
+from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
 from numerics.config import ProblemConfig
 from numerics.experiments import probes
 from numerics.train import TrainConfig
@@ -145,7 +145,7 @@ def check_symmetrised_exact(cfg, lr: float = 0.05, steps: int = 60, base_prompts
         measured=measured, predicted=predicted, error=abs(measured - predicted), tolerance=float(tol_t[j]), why=why,
         perturbations=perts,
         config=config_label(cfg, basis=True),
-        details={"config": cfg.to_dict(), "lr": lr, "steps": steps, "seed": seed, "batch": runs.batch,
+        details={"role": "exact", "config": cfg.to_dict(), "lr": lr, "steps": steps, "seed": seed, "batch": runs.batch,
                  "group_order": group_order(cfg.tasks), "t": run.t, "residual": run.residual,
                  "residual_wrong_group": {k: runs.wrong[k].residual for k, _ in groups},
                  "residual_one_dropped": runs.wrong["one_dropped"].residual, "tolerance_t": tol_t,
@@ -194,7 +194,7 @@ def check_structure_preserved(cfg, tcfg, n_probe: int = 4, check_random_full: bo
                            f"a start kicked into D_+ \\ D (relative {KICK:g}) held to the same bound"),
                           ("residual_random_full", fr.residual_random_full,
                            "non-decomposable start (random_full) held to the same bound")] if b[1] is not None]
-    details = {"config": cfg.to_dict(), "train": tcfg.to_dict(), "t": tr.t, "residual": tr.residual,
+    details = {"role": "fresh", "config": cfg.to_dict(), "train": tcfg.to_dict(), "t": tr.t, "residual": tr.residual,
                "bound": bound, "rms_noise": nb["rms"], "rms_noise_point_estimate": nb["rms_point_estimate"],
                "confidence_factor": nb["confidence_factor"], "effective_dimensions": nb["effective_dimensions"],
                "nu2": nb["nu2"], "norm_D": nb["norm_D"], "se_at_worst": float(nb["rms"][k] / nb["norm_D"][k]),
@@ -293,7 +293,7 @@ def _figures(fresh: list, exact: list) -> list:
 def findings(result) -> list:
     """One sentence per check: the exact residual against rounding, the fresh residual against
     its noise bound (the largest fraction of the bound reached)."""
-    exact, fresh, out = comparisons_named(result, "symmetrised"), comparisons_named(result, "fresh"), []
+    exact, fresh, out = comparisons_where(result, role="exact"), comparisons_where(result, role="fresh"), []
     if exact:
         c = max(exact, key=lambda c: c["margin"])
         out.append(finding(result, "holds" if all(c["agrees"] for c in exact) else "stops",

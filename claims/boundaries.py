@@ -25,10 +25,10 @@ import numpy as np
 from claims.base import Figure
 from claims.common import Z_SE, Comparison, config_label, headline_row, perturbation, resolved
 from numerics.model import initial_values
-from numerics.statistics import window_drift
+from numerics.statistics import mean_se, window_drift
 from claims.spec import ClaimSpec, Outcome, finding, replace_fields
 from numerics.config import ProblemConfig
-from numerics.experiments.reduced_flows import fewer_heads_run, mean_se, merged_and_factored, paired_difference
+from numerics.experiments.reduced_flows import fewer_heads_run, merged_and_factored, paired_difference
 from numerics.readout import ALLOCATED_SHARE, SUPERPOSED_SHARE, allocation
 from numerics.train import TrainConfig
 from theory import reduced_ode

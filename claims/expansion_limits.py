@@ -17,8 +17,9 @@ import numpy as np
 
 from claims.base import Figure, Series
 from claims.common import Z_SE, Comparison, compare, headline_row, perturbation, resolved
-from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
+from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
 from numerics.experiments.reduced_flows import monte_carlo_losses, saturation_scan
+from numerics.seeds import case_seed
 from theory import reduced_ode
 from theory.expansion_gap import gap_ladder, local_exponent, validity_edge
 
@@ -195,8 +196,9 @@ def check_expansion_coefficient(r: int, Ls, sigma: float = 0.0) -> Comparison:
     p, se = local_exponent(rows)
     steps = [local_exponent(rows[k:k + 2])[0] for k in range(len(rows) - 1)]
     in_domain = rows[-1]["reliable"] and rows[-2]["reliable"]
-    details = {"r": r, "sigma": sigma, "rows": rows, "exponent_se": se, "local_exponents": steps,
-               "in_domain": in_domain, "relative_gap_at_top": rows[-1]["gap"] / rows[-1]["exact"]}
+    details = {"role": "gap exponent", "r": r, "sigma": sigma, "rows": rows, "exponent_se": se,
+               "local_exponents": steps, "in_domain": in_domain, "relative_gap_at_top": rows[-1]["gap"] / rows[-1]["exact"],
+               "L_span": [Ls[-2] if in_domain else Ls[0], Ls[-1]]}     # the L of the comparison: the top two, or all
     if in_domain:
         return compare(f"gap exponent, r={r}, sigma={sigma:g}, L={Ls[-2]}..{Ls[-1]}", p, EXPONENT_RIGHT,
                        EXPONENT_TOLERANCE + Z_SE * se,
@@ -245,12 +247,13 @@ def evaluate_small_L(ctx) -> Outcome:
     for k, r in enumerate(blocks):
         ctx.progress(f"expansion against the exact loss, r={r}", k / len(blocks))
         coef = check_expansion_coefficient(r, p.L_exact, sigma)
-        mc = check_measured_exact_loss(r, L_mc, sigma, p.mc_elements, ctx.seed + 100 * k, ctx.device)
+        mc = check_measured_exact_loss(r, L_mc, sigma, p.mc_elements,
+                                        case_seed(ctx.seed, "monte-carlo exact loss", r, sigma), ctx.device)
         comps += [coef, mc]
         top = coef.details["rows"][-1]
         dom[f"r={r}"] = {"valid (2 omega*^2 < 1)": top["valid"],
                          "reliable (6 omega*^2 < 1): judged against -2": top["reliable"], "omega*": top["omega"]}
-        head += [headline_row(coef, f"local exponent of the gap, r={r}, L={coef.name.split('L=')[-1]}"
+        head += [headline_row(coef, "local exponent of the gap, r={}, L={}..{}".format(r, *coef.details["L_span"])
                                     + ("" if coef.details["in_domain"] else " (o(1/L) domain: steepening)"),
                               theory=EXPONENT_RIGHT if coef.details["in_domain"] else EXPONENT_WRONG,
                               measured=coef.details["local_exponents"][-1], se=coef.details["exponent_se"],
@@ -280,7 +283,7 @@ def resolve_small_L(p: SmallLProfile, problem: dict) -> SmallLProfile:
 
 def findings_small_L(result) -> list:
     out = []
-    for c in comparisons_named(result, "gap exponent"):
+    for c in comparisons_where(result, role="gap exponent"):
         d = c["details"]
         top = d["rows"][-1]
         out.append(finding(result, "stops",

@@ -24,12 +24,13 @@ from claims.common import (Z_SE, Comparison, compare, config_label, headline_row
                            reported_row)
 from claims.phase_checks import (FIELDS, PHASES, mix_figure, mix_phrase, mix_rows, nothing_compared, outcome_comparison,
                                  phase_comparison, phase_row, share_comparison, tcfg)
-from claims.spec import ClaimSpec, Outcome, comparisons_named, finding, replace_fields
+from claims.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
 from numerics import saddle as single_heads
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import (outcome_mix, random_starts, references, single_task_starts, unbalanced_reduced,
                                        unbalanced_starts)
 from numerics.readout import ZERO_SUM_SHARE
+from numerics.seeds import case_seed
 from numerics.statistics import mean_se     # non_finite "keep": a diverged run's loss shows in the mean
 from theory.initialisation import authors_logit_scale, random_start_scales, untied_tasks, warmup_norm_bound
 
@@ -147,24 +148,23 @@ def check_unbalanced_winners(runs: list[dict], config=None) -> Comparison:
         "unbalanced start: outcome per task (winner or shared), full model vs reduced flow (unbalanced metric)",
         [(d["full"], d["reduced"]) for d in decided], "exact: a discrete outcome, compared where the data seeds agree",
         ("every reduced outcome replaced by another", lambda w: (w + 1) % max(2, heads)),
-        {"decided": len(decided), "pairs": decided, "shared_full": sum(d["full"] == -1 for d in decided),
+        {"role": "unbalanced outcome", "decided": len(decided), "pairs": decided, "shared_full": sum(d["full"] == -1 for d in decided),
          "shared_reduced": sum(d["reduced"] == -1 for d in decided)}, config)
 
 
 # --- boundary-initialisation
 
 def unbalanced_runs(p, base: ProblemConfig, seed: int, progress) -> list[dict]:
-    """The unbalanced starts (``p.unbalanced_seeds``) on each stream of ``p.unbalanced_data_seeds``
-    (data seed seed + 100 j + k: with one stream per j shared by the starts one of the six quick
-    phase pairs missed its tolerance by 7 %, so the established plan is kept), the full models
-    trained together and each one's two reduced flows on its prompts: per (start, stream) ``full``
-    (its end state, numerics.experiments.starts.end_states), ``reduced_unbalanced``, ``reduced_balanced``."""
+    """The unbalanced starts k (``p.unbalanced_seeds``) on each stream j (``p.unbalanced_data_seeds``), a stream
+    per pair (case_seed(seed, "unbalanced start", k, "prompts", j); one stream per j shared by the starts missed one
+    of six quick phase tolerances by 7 %), the full models trained together and each one's two reduced flows on its
+    prompts: per (start, stream) ``full`` (numerics.experiments.starts.end_states), ``reduced_unbalanced``, ``reduced_balanced``."""
     cfgs, tcfgs = [], []
     for k in p.unbalanced_seeds:
         cfg = base.replace(init="unbalanced_decomposable", init_scale=p.unbalanced_scale, init_seed=seed + k)
         for j in p.unbalanced_data_seeds:
             cfgs.append(cfg)
-            tcfgs.append(tcfg(p, seed + 100 * j + k, records=p.unbalanced_records))
+            tcfgs.append(tcfg(p, case_seed(seed, "unbalanced start", k, "prompts", j), records=p.unbalanced_records))
     progress(f"{len(cfgs)} unbalanced starts, trained together", 0.5)
     full = unbalanced_starts(cfgs, tcfgs, p.n_eval)
     out = []
@@ -312,7 +312,7 @@ def single_task(ctx):
         tol = Z_SE * math.hypot(se, ref["best_two_head_se"])
         best = compare(f"single task: loss vs best decomposable two-head point, H={H}", m, ref["best_two_head"], tol,
                        f"{Z_SE:g} standard errors of the difference ({tol / Z_SE:.3g})",
-                       wrong=[("the one-head optimum", ref["one_head"])], config=cfg)
+                       wrong=[("the one-head optimum", ref["one_head"])], config=cfg, details={"role": "near", "H": H})
         pairs = share_comparison(
             f"single task: share of seeds with a zero-sum OV pair (He et al.), H={H}", pairs_k, len(rs), 1.0,
             "He et al. (ICML 2025): from random starts the OV values of one task form a zero-sum pair (|mu_a + mu_b| "
@@ -340,7 +340,7 @@ def findings(result) -> list:
         phrase, nums = mix_phrase(d["unbalanced_mix"])
         out.append(finding(result, "beyond", "From the unbalanced factored starts (s0 = {s0}, each start on each of "
                            "its prompt streams) " + phrase + ".", s0=d["unbalanced_scale"], **nums))
-    c = comparisons_named(result, "unbalanced start: outcome")[0]
+    c = comparisons_where(result, role="unbalanced outcome")[0]
     out.append(finding(result, "beyond", "From unbalanced factored starts (K_h = a_h Q_h, O_h = |b_h| V_h^T, "
                        "s0 = {s0}) {shared} of {decided} decided (start, task) outcomes of the full model are shared "
                        "by heads (a superposition, no allocation); the unbalanced reduced flow gives the same outcome "
@@ -350,8 +350,7 @@ def findings(result) -> list:
                        same=c["measured"], changed=d["balance_changes_outcome"], starts=d["unbalanced_starts"]))
     st = d.get("single_task") or {"summary": {}}
     for H, sm in st["summary"].items():
-        near = next(c for c in d["comparisons"]
-                    if c["name"] == f"single task: loss vs best decomposable two-head point, H={H}")
+        near, = comparisons_where(result, role="near", H=int(H))   # loss vs the best decomposable two-head point
         phrase, nums = mix_phrase(sm["mix"])
         out.append(finding(result, "beyond", "One task (r = {r}, L = {L}), H = {H} heads from PyTorch's default start "
                            "(the seeds share one prompt stream): " + phrase + "; a zero-sum OV pair forms in {pairs} "

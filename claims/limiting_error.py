@@ -21,10 +21,11 @@ from typing import Sequence
 
 from claims import trained
 from claims.common import Z_SE, Comparison, compare, headline_row, off_by
-from claims.spec import ClaimSpec, Outcome, agreement, comparisons_named, finding
+from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
 from claims.trained import TrainedProfile, configurations, domain, resolve, run_status
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, converged_run
+from numerics.seeds import case_seed, trained_run_seed
 from theory import exact as exact_theory
 from theory import limiting_error as limit_theory
 
@@ -51,7 +52,9 @@ def check_trained(cfg: ProblemConfig, run, predicted: dict, inside: dict | None 
     """A trained run's converged loss against the exact fixed point (claims.trained: two-sided
     inside the domain, on theory's side outside it)."""
     status = run_status(cfg, run, domain(cfg) if inside is None else inside, outside_sides=True)
-    return trained.check_trained(cfg, run, predicted, None, status, target="the fixed point")
+    c = trained.check_trained(cfg, run, predicted, None, status, target="the fixed point")
+    c.details["role"] = "trained loss"      # what the findings look it up by
+    return c
 
 
 def check_decay(tasks, sigma: float, runs: Sequence[tuple], predictions: dict) -> Comparison:
@@ -100,8 +103,8 @@ def check_limit(tasks, sigma: float, L: int, elements: int, fit_elements: int, s
     return trained.check_large_L(
         f"L * loss -> Lambda, tasks={list(tasks)}, sigma={sigma:g}, L={L}", y, L * fm.se, "standard errors of L * loss",
         Lam, 4 * L * far["loss"] - L * here["loss"], "L * loss", off_by(1.2, Lam, "Lambda"),
-        {"minimum": fm.summary(), "L_times_exact": L * here["loss"], "L4_times_exact": 4 * L * far["loss"],
-         "relative_gap": (y - Lam) / Lam}, quadrature=L * here["error_estimate"])
+        {"role": "limit", "L": int(L), "minimum": fm.summary(), "L_times_exact": L * here["loss"],
+         "L4_times_exact": 4 * L * far["loss"], "relative_gap": (y - Lam) / Lam}, quadrature=L * here["error_estimate"])
 
 
 def evaluate(ctx) -> Outcome:
@@ -116,10 +119,10 @@ def evaluate(ctx) -> Outcome:
         tasks, sigma = base.tasks, base.sigma
         inside = domain(base)
         runs, preds = [], {}
-        for j, L in enumerate(Ls):
+        for L in Ls:
             ctx.progress(f"limiting error: training tasks={list(tasks)} L={L}", done / steps)
             cfg = replace(base, L=int(L))
-            res = converged_run(cfg, p.schedule, seed + 100 * k + j)
+            res = converged_run(cfg, p.schedule, trained_run_seed(seed, tasks, sigma, L))
             preds[L] = fixed_point_loss(tasks, L, sigma)
             c = check_trained(cfg, res, preds[L], inside)
             if k == 0 and L == max(Ls):
@@ -135,10 +138,12 @@ def evaluate(ctx) -> Outcome:
             comps.append(c)
             rows.append(headline_row(c))
         ctx.progress(f"limiting error: bridge and limit tasks={list(tasks)}", done / steps)
-        c = check_bridge(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements, seed + 7 + k, device)
+        c = check_bridge(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements,
+                         case_seed(seed, "bridge", tasks, sigma), device)
         comps.append(c)
         rows.append(headline_row(c, se=c.details["minimum"]["se"]))
-        c = check_limit(tasks, sigma, p.limit_L, p.limit_elements, p.fit_elements, seed + 11 + k, device)
+        c = check_limit(tasks, sigma, p.limit_L, p.limit_elements, p.fit_elements,
+                        case_seed(seed, "limit", tasks, sigma), device)
         comps.append(c)
         rows.append(headline_row(c, se=c.details["minimum"]["L_times_se"]))
         done += 2
@@ -162,7 +167,7 @@ def findings(result) -> list:
     """One sentence per trained run (in-domain agreement, or the boundary it reached) and the
     limit row."""
     out = []
-    for c in comparisons_named(result, "converged loss of trained"):
+    for c in comparisons_where(result, role="trained loss"):
         d = c["details"]
         if d["status"] == "inside":
             out.append(finding(result, "holds", "At {config}, the trained model's held-out loss {loss} agrees with "
@@ -173,9 +178,9 @@ def findings(result) -> list:
                                + d["status"].split(" (")[0] + "): held-out loss {loss} against theory's allocated "
                                "fixed point {theory} (check: " + d["boundary_check"] + ").", config=c["config"],
                                loss=(c["measured"], d["run"]["se"]), theory=d["prediction"]["loss"]))
-    for c in comparisons_named(result, "L * loss"):
+    for c in comparisons_where(result, role="limit"):
         out.append(finding(result, agreement(c), "L x (exact reduced allocated minimum) at L = {L} is {m} against "
-                           "Lambda = {lam} (tolerance {tol}).", L=c["name"].split("L=")[-1], m=c["measured"],
+                           "Lambda = {lam} (tolerance {tol}).", L=c["details"]["L"], m=c["measured"],
                            lam=c["predicted"], tol=c["tolerance"]))
     return out
 

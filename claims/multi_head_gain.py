@@ -21,10 +21,11 @@ from dataclasses import replace
 
 from claims import trained
 from claims.common import Z_SE, Comparison, compare, config_label, headline_row
-from claims.spec import ClaimSpec, Outcome, agreement, comparisons_named, finding
+from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
 from claims.trained import TrainedProfile, check_trained, configurations, resolve, run_status
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, converged_run
+from numerics.seeds import case_seed, trained_run_seed
 from numerics.statistics import paired_ratio
 from theory import exact as exact_theory
 from theory import limiting_error as limit_theory
@@ -74,7 +75,8 @@ def check_trained_gain(cfg: ProblemConfig, multi: dict, single: dict, theory_gai
     return compare(name, R, g, tol, f"{Z_SE:g} standard errors of the ratio ({se:.3g}, delta method on the two "
                    "held-out losses) plus the runs' relative step errors and the quadrature bounds",
                    wrong=wrong_gains(cfg.m, g), config=config_label(cfg),
-                   details={"tasks": list(cfg.tasks), "L": cfg.L, "sigma": cfg.sigma, "se": se, "theory": {
+                   details={"role": "trained gain", "tasks": list(cfg.tasks), "L": cfg.L, "sigma": cfg.sigma, "se": se,
+                            "theory": {
                        k: theory_gain[k] for k in ("gain", "loss_single", "loss_allocated")}})
 
 
@@ -151,7 +153,7 @@ def check_gain_limit(tasks, sigma: float, L: int, elements: int, fit_elements: i
     return trained.check_large_L(f"gain at large L -> rho_inf, tasks={list(tasks)}, sigma={sigma:g}, L={L}", R, se,
                                  "paired standard errors of the ratio", rho, far - here, "the gain",
                                  wrong_gains(len(tasks), rho, "rho_inf"),
-                                 {**details, "gain_exact_L": here, "gain_exact_4L": far})
+                                 {**details, "role": "gain limit", "gain_exact_L": here, "gain_exact_4L": far})
 
 
 def evaluate(ctx) -> Outcome:
@@ -168,15 +170,17 @@ def evaluate(ctx) -> Outcome:
         ran = f"profile cases {list(p.cases)}: m heads and one head trained at L = {list(p.train_Ls)}"
     comps, rows, gains, points, undecided = [], [], [], {}, []
     steps, done = sum(2 * len(Ls) + 2 for _, Ls in configs), 0
-    for k, (base, Ls) in enumerate(configs):
+    for base, Ls in configs:
         tasks, sigma = base.tasks, base.sigma
         inside = domain(base)
-        for j, L in enumerate(sorted(Ls)):
+        for L in sorted(Ls):
             ctx.progress(f"multi-head gain: training tasks={list(tasks)} L={L}", done / steps)
             # the runs first, theory after: a run that cannot train at this size (TrainingDiverged) fails in
             # seconds, before theory's quadrature (minutes at the authors' d = 50: the one-head optimum ~ d^1.85)
-            # the same prompt stream for both models: the same training seed
-            trained_runs = {heads: converged_run(replace(base, heads=heads, L=int(L)), p.schedule, seed + 100 * k + j)
+            # the same prompt stream for both models: the trained run's seed of (tasks, sigma, L), which
+            # names no head count (numerics.seeds.trained_run_seed), so the m-head run is claim 5's at its schedule
+            run_seed = trained_run_seed(seed, tasks, sigma, L)
+            trained_runs = {heads: converged_run(replace(base, heads=heads, L=int(L)), p.schedule, run_seed)
                             for heads in (base.m, 1)}
             theory_gain = exact_theory.finite_L_gain(tuple(tasks), L, sigma)
             runs = {}
@@ -204,9 +208,10 @@ def evaluate(ctx) -> Outcome:
                 points.setdefault((tuple(tasks), sigma), []).append((L, c.measured, c.predicted))
         ctx.progress(f"multi-head gain: bridge and limit tasks={list(tasks)}", done / steps)
         if base.m >= 2:
-            for c in (check_bridge_gain(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements, seed + 7 + k, device),
-                      check_gain_limit(tasks, sigma, p.limit_L, p.limit_elements, p.fit_elements, seed + 11 + k,
-                                       device)):
+            for c in (check_bridge_gain(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements,
+                                        case_seed(seed, "bridge", tasks, sigma), device),
+                      check_gain_limit(tasks, sigma, p.limit_L, p.limit_elements, p.fit_elements,
+                                       case_seed(seed, "limit", tasks, sigma), device)):
                 comps.append(c)
                 rows.append(headline_row(c, se=c.details["se"]))
         done += 2
@@ -235,7 +240,7 @@ def evaluate(ctx) -> Outcome:
 def findings(result) -> list:
     """The trained gain against theory's finite-L gain, and each boundary gain row."""
     out = []
-    for c in comparisons_named(result, "gain of trained"):
+    for c in comparisons_where(result, role="trained gain"):
         d = c["details"]
         kind = "holds" if "boundary_check" not in d and c["agrees"] else "stops"
         text = ("At tasks {tasks}, L = {L}, sigma {sigma}, trained single-head over multi-head loss is {gain} against "
@@ -244,7 +249,7 @@ def findings(result) -> list:
                    if "boundary_check" in d else "") + ".")
         out.append(finding(result, kind, text, tasks=str(tuple(d["tasks"])), L=d["L"], sigma=d["sigma"],
                            gain=(c["measured"], d["se"]), theory=c["predicted"], H=len(d["tasks"])))
-    for c in comparisons_named(result, "gain at large L"):
+    for c in comparisons_where(result, role="gain limit"):
         out.append(finding(result, agreement(c), "At large L the exact reduced gain is {g} against rho_inf = {rho}, "
                            "not H.", g=(c["measured"], c["details"]["se"]), rho=c["predicted"]))
     return out

@@ -19,13 +19,14 @@ import numpy as np
 
 from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure
 from numerics.statistics import fit_limit
-from claims.spec import ClaimSpec, Outcome, agreement, comparisons_named, finding, replace_fields
+from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss
 from numerics.exact_reduced import evaluate as reduced_evaluate
 from numerics.experiments import probes
 from numerics.model import MultiHeadAttention
 from numerics.readout import SUPERPOSED_SHARE, allocation
+from numerics.seeds import case_seed
 from theory import limiting_error as th_limit
 from theory import optimality as th_opt
 
@@ -146,7 +147,7 @@ def check_constant_limit(tasks, sigma: float, rows) -> Comparison:
         f"{Z_SE:g} standard errors of the extrapolated constant plus the extrapolation's systematic error",
         wrong=[("constant = 1", 1.0), ("constant = e (the large-r value)", math.e)],
         config=f"tasks={tuple(tasks)} H={2 * len(tasks)} L->inf sigma={sigma:g}",
-        details={"fit": fit, "rows": rows, "C_inf": C_inf})
+        details={"role": "constant limit", "fit": fit, "rows": rows, "C_inf": C_inf})
 
 
 def heads_of(p: OptimalityProfile) -> list[int]:
@@ -163,11 +164,11 @@ def evaluate(ctx) -> Outcome:
     for k, H in enumerate(Hs):
         ctx.progress(f"optimality: H = {H}", k / (len(Hs) + 1))
         doms[f"H={H}"] = dom = th_opt.constant_domain(tasks, H, L, sigma)
-        cand = candidates(p, H, seed + 10_000 * k, device, ctx.progress)
+        cand = candidates(p, H, case_seed(seed, "candidates", H), device, ctx.progress)
         c = check_constant_at_heads(cand, th_opt.constant_bracket(tasks, H, L, sigma), dom)
         name = {2 * m: "constant at H = 2m", m + 1: "constant at H = m+1", m: "constant at equal heads"}.get(
             H, f"constant at H = {H}")
-        b = check_best_as_full_model(cand, device, p.held_out_prompts, seed + 7 + k)
+        b = check_best_as_full_model(cand, device, p.held_out_prompts, case_seed(seed, "best as full model", H))
         comps += [c, b]
         rows += [headline_row(c, name, theory=c.predicted, se=cand["best"]["C_se"]),
                  headline_row(b, f"bridge: best decomposable point as a full model, H = {H}",
@@ -181,7 +182,8 @@ def evaluate(ctx) -> Outcome:
                                             "signed_superposed": list(allocation(fm.omega, fm.mu).signed_superposed)}})
     if p.limit_tasks and p.limit_Ls:
         ctx.progress("optimality: L -> inf at 2m heads", len(Hs) / (len(Hs) + 1))
-        lrows = probes.constant_rows(tuple(p.limit_tasks), sigma, p.limit_Ls, seed + 99, device,
+        lrows = probes.constant_rows(tuple(p.limit_tasks), sigma, p.limit_Ls,
+                                     case_seed(seed, "constant limit", tuple(p.limit_tasks), sigma), device,
                                      p.limit_eval_elements, p.limit_fit_elements)
         c = check_constant_limit(tuple(p.limit_tasks), sigma, lrows)
         comps.append(c)
@@ -220,7 +222,7 @@ def findings(result) -> list:
                            "{tol})" + ("" if t["inside"] else ", outside the bracket's domain: its rigorous edges only")
                            + ".", H=t["H"], tasks=str(tuple(ran.get("tasks", ()))), L=ran.get("L"),
                            C=(t["C"], t["se"]), low=t["bracket"][0], high=t["bracket"][1], tol=t["tolerance"]))
-    for c in comparisons_named(result, "constant at 2m"):
+    for c in comparisons_where(result, role="constant limit"):
         out.append(finding(result, agreement(c), "At 2m heads the constant extrapolates to {a} as L -> inf, against "
                            "theory's C_inf = {C}.", a=(c["measured"], c["details"]["fit"]["a_se"]), C=c["predicted"]))
     if table:

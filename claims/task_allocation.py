@@ -393,7 +393,7 @@ def findings(result) -> list:
     for d in result.details.get("domain", []):
         key = f"tasks={tuple(d['tasks'])} H={d['heads']} L={d['L']} "
         tag = [c for c in comps if (c["config"] or "").startswith(key)]
-        rows = {c["name"].split(" tasks=")[0]: c for c in tag}
+        rows = {c["details"]["row"]["name"]: c for c in tag}
         if d["inside"] and tag:
             ov = rows["OV singular values above threshold per head"]
             fp = rows["allocated fixed point (omega*_i..., mu*_i...)"]

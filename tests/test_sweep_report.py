@@ -2,7 +2,7 @@
 built from it (``--from-sweep``) gives the same numbers as the report that trains them itself,
 and says how many runs it took from the sweep (``details["sweep_runs"]``).
 
-Marker ``e2e`` (about 2 minutes on 2 cores: four trainings, then the two claims twice):
+Marker ``e2e`` (about 2 minutes on 2 cores: three trainings, then the two claims twice):
 ``python -m pytest -q --e2e -m e2e tests/test_sweep_report.py``, its own step of ``.ci/run``.
 """
 from __future__ import annotations
@@ -34,15 +34,17 @@ def test_report_from_sweep_equals_report_that_trains(tmp_path):
     sweep = tmp_path / "D"
     _run("tools.sweep", str(REPO / "examples" / "sweep_tiny.toml"), "--out", str(sweep), "--no-progress")
     stored = list((sweep / "points").glob("*.json"))
-    assert len(stored) == 4, stored
+    assert len(stored) == 3, stored     # claim 6's H = 2 run at L = 64 is claim 5's (numerics.seeds.trained_run_seed)
     _run("reports.build", "--profile", "tiny", "--only", ",".join(IDS), "--from-sweep", str(sweep),
          "--out", str(tmp_path / "from_sweep"))
     _run("reports.build", "--profile", "tiny", "--only", ",".join(IDS), "--out", str(tmp_path / "trained"))
     a, claims_a = _numbers(tmp_path / "from_sweep" / "claims.json")
     b, claims_b = _numbers(tmp_path / "trained" / "claims.json")
     assert a == b
-    # every trained run came from the sweep: claim 5 trains H = 2 at L = 32, 64; claim 6 H = 2, 1 at L = 64
-    assert claims_a["limiting-error"]["details"]["sweep_runs"] == 2
-    assert claims_a["multi-head-gain"]["details"]["sweep_runs"] == 2
+    # every trained run came from the sweep: claim 5 trains H = 2 at L = 32, 64; claim 6 H = 2, 1 at L = 64.
+    # The H = 2 run at L = 64 is one run of both (numerics.seeds.trained_run_seed): the claims share a
+    # process (claims.SHARED_RUNS), so the second takes it from the run cache, and each point is read once
+    used = {cid: claims_a[cid]["details"]["sweep_runs"] for cid in IDS}
+    assert sum(used.values()) == 3 and min(used.values()) >= 1, used
     assert isinstance(claims_a["limiting-error"]["details"]["sweep_runs"], int)
     assert "sweep_runs" not in claims_b["limiting-error"]["details"]

@@ -10,7 +10,7 @@ import numpy as np
 
 from numerics.exact_reduced import allocated_minimum, evaluate, minimise_family, optimal_mu_at
 from numerics.experiments import one_thread
-from numerics.statistics import mean_se   # also imported from here by claims/boundaries.py (until it imports numerics.statistics)
+from numerics.statistics import mean_se
 from numerics.train import TrainConfig, train_reduced
 
 

@@ -90,7 +90,8 @@ def test_race_findings_follow_the_numbers():
     details = {"cells": cells, "rules_disagree": 1, "largest_mu_contradicted": 1, "largest_mu_decided": 1,
                "no_warmup_scales": [0.1], "unpredictable_scales": [], "warmup_undefined_scales": [],
                "ran": {"profile": {"time": 30.0, "large_scales": [0.05, 0.1], "large_time": 30.0, "data_seeds": [0, 1]}},
-               "comparisons": [{"name": "race winner = ...", "measured": 3, "details": {"decided": 3, "undecided": 1}}]}
+               "comparisons": [{"name": "race winner = ...", "measured": 3,
+                                "details": {"role": "race winner", "decided": 3, "undecided": 1}}]}
     res = ClaimResult(id="boundary-allocation-race", title="", statement="", verdict="located", kind="boundary",
                       details=details)
     a = race_findings(res)

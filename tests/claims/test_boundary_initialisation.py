@@ -144,7 +144,7 @@ def test_initialisation_findings_follow_the_numbers():
     details = {"findings": [f], "t_end": 80.0, "unbalanced_scale": 0.03, "balance_changes_outcome": 3,
                "unbalanced_starts": 3, "unbalanced_mix": same,
                "comparisons": [{"name": "unbalanced start: outcome per task", "measured": 6,
-                                "details": {"shared_full": 6, "decided": 6}}]}
+                                "details": {"role": "unbalanced outcome", "shared_full": 6, "decided": 6}}]}
     res = ClaimResult(id="boundary-initialisation", title="", statement="", verdict="located", kind="boundary",
                       details=details)
     a = init_findings(res)
@@ -180,7 +180,8 @@ def test_single_task_counts_its_seeds(device):
     pairs = next(c for c in comps if c.name.startswith("single task: share"))
     assert pairs.details["n"] == 2 and pairs.details["count"] == sm["zero_sum_pairs"]
     assert any("single task H=2" in str(r) and "seeds of 2" in str(r) for r in rows), rows
-    unbalanced = {"name": "unbalanced start: outcome", "measured": 0, "details": {"shared_full": 0, "decided": 0}}
+    unbalanced = {"name": "unbalanced start: outcome", "measured": 0, "details": {"role": "unbalanced outcome",
+                                                                                  "shared_full": 0, "decided": 0}}
     result = ClaimResult(id="boundary-initialisation", title="t", statement="s", verdict="located", kind="boundary",
                          details={"findings": [], "comparisons": [c.summary() for c in comps] + [unbalanced],
                                   "single_task": details, "unbalanced_scale": 0.03, "unbalanced_starts": 0,

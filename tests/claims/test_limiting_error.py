@@ -89,8 +89,13 @@ def test_L_times_loss_tends_to_Lambda(device, tasks, sigma, seed):
         assert c.discriminates, c.explain()
 
 
-def test_tiny_run_passes():
-    res = claim.run("tiny")
+@pytest.fixture(scope="module")
+def tiny():
+    return claim.run("tiny")
+
+
+def test_tiny_run_passes(tiny):
+    res = tiny
     assert res.verdict == "pass", res.details.get("error") or res.details.get("comparisons")
     names = [row["name"] for row in res.headline]
     assert sum(n.startswith("converged loss of trained full model") for n in names) == 2, names
@@ -100,6 +105,21 @@ def test_tiny_run_passes():
     assert res.details["domain"]["conditions"] and res.details["ran"]
     for row in res.headline:
         assert set(row) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config", "resolving_power"}, row
+
+
+
+def test_findings_read_fields_not_names(tiny):
+    """The findings find their comparisons by the fields they were built with (details["role"],
+    details["L"]: claims.spec.comparisons_where), never by their names: every comparison renamed,
+    the findings' sentences and numbers are unchanged."""
+    import copy
+    res = copy.deepcopy(tiny)
+    before = [(f.kind, f.text, f.numbers) for f in claim.findings(res)]
+    assert len(before) >= 3, before     # two trained runs and the limit row at least
+    assert any("at L = " in text for _, text, _ in before), before
+    for c in res.details["comparisons"]:
+        c["name"] = "renamed"
+    assert [(f.kind, f.text, f.numbers) for f in claim.findings(res)] == before
 
 
 def test_undecided_run_is_an_error_not_a_pass(monkeypatch):
