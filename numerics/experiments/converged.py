@@ -17,6 +17,7 @@ from numerics.experiments import active_store, cached, identity, one_thread
 from numerics.readout import ALLOCATED_SHARE, allocation
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.statistics import descent_left
+from numerics.model import TrainingDiverged
 from numerics.train import TrainConfig, train
 
 WINDOW_POINTS = 5
@@ -139,7 +140,7 @@ def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: in
     (WINDOW_POINTS snapshots and the explore end)."""
     from numerics import cost
     L, tasks, H, dt = cfg.L, cfg.tasks, cfg.heads, cfg.dtype
-    lr, polish_lr = phase_steps(cfg, schedule)
+    lr, polish_lr = schedule.lr, schedule.polish_lr   # a run capped by phase_steps (after a divergence) costs more
     explore = cost.train_seconds(tasks, H, L, schedule.batch(L, schedule.tokens),
                                  round(schedule.time / lr), dtype=dt, records=5)
     piece = (cost.train_seconds(tasks, H, L, schedule.batch(L, schedule.polish_tokens),
@@ -341,10 +342,21 @@ def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 
     :func:`continue_on_D`)."""
     t0 = time.perf_counter()
     L = cfg.L
-    lr, polish_lr = phase_steps(cfg, schedule)
+    # the schedule's steps first; only a run they diverge on pays for theory's end stiffness (2-4 s CPU
+    # per configuration, which every quick-size run would otherwise pay for nothing) and is re-run at
+    # phase_steps' capped steps
+    lr, polish_lr = schedule.lr, schedule.polish_lr
     explore = TrainConfig(lr=lr, time=schedule.time, batch=schedule.batch(L, schedule.tokens), seed=seed,
                           records=5)
-    first = train(cfg, explore)
+    try:
+        first = train(cfg, explore)
+    except TrainingDiverged:
+        capped = phase_steps(cfg, schedule)
+        if capped == (lr, polish_lr):
+            raise
+        lr, polish_lr = capped
+        explore = dataclasses.replace(explore, lr=lr)
+        first = train(cfg, explore)
     snaps, model, total = [], first.final_model, 0.0
 
     for piece in range(schedule.polish_extensions + 1):
