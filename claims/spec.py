@@ -231,13 +231,6 @@ def finding(result: ClaimResult, kind: str, template: str, **numbers) -> Finding
     return Finding(claim=result.id, kind=kind, text=template.format(**text_vals), numbers=vals)
 
 
-def comparisons_named(result: ClaimResult, prefix: str) -> list[dict]:
-    """The comparison summaries (``details["comparisons"]``) whose name starts with ``prefix``.
-    Superseded by :func:`comparisons_where` (a name is a sentence for the reader, not a key):
-    kept for the claims not yet converted."""
-    return [c for c in result.details.get("comparisons", []) if c["name"].startswith(prefix)]
-
-
 _ANY = object()
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from claims.common import (Z_SE, Comparison, compare, config_label, eps_of, gd_seconds, headline_row, perturbation,
                            resolved, value_panels)
-from claims.spec import ClaimSpec, Outcome, comparisons_named, finding
+from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
 from numerics.model import initial_values
 from numerics.config import ProblemConfig
 from numerics.experiments import probes
@@ -133,7 +133,7 @@ def check_gradient_projection(cfg, omega, mu, batch: int = 64, seed: int = 0) ->
         measured, pred, 1.0, f"rounding: |full - reduced| <= 64 eps log2(B L D) f |grad|_abs per entry "
         f"(B L D = {n_terms}); compared as the max ratio", error=ratio, config=config_label(cfg, basis=True),
         wrong=[(f"metric off by a factor {k:g}", {v: k * x for v, x in pred.items()})],
-        details={"config": cfg.to_dict(), "omega": omega, "mu": mu, "batch": batch, "seed": seed,
+        details={"role": "gradient", "config": cfg.to_dict(), "omega": omega, "mu": mu, "batch": batch, "seed": seed,
                  "velocity_off_D_residual": g["off"], "other_metric_ratio": ratio(measured, pred_other)})
 
 
@@ -184,9 +184,10 @@ def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: in
              "of their difference D (max over the run and entries) + rounding"),
         perturbations=[perturbation(f"reduced flow with the metric off by a factor {_wrong_factor(cfg.param):g}",
                                     wrong_gap, tol)],
-        details={"config": cfg.to_dict(), "lr": lr, "time": time, "seed": seed, "batch": prompts.batch,
-                 "t": full.t, "gap": gap, "richardson": rich, "max_residual_full": float(np.max(full.residual)),
-                 "full_omega": full.omega, "full_mu": full.mu, "red_omega": red.omega, "red_mu": red.mu}),
+        details={"role": "trajectory", "config": cfg.to_dict(), "lr": lr, "time": time, "seed": seed,
+                 "batch": prompts.batch, "t": full.t, "gap": gap, "richardson": rich,
+                 "max_residual_full": float(np.max(full.residual)), "full_omega": full.omega, "full_mu": full.mu,
+                 "red_omega": red.omega, "red_mu": red.mu}),
         units="absolute")
 
 
@@ -314,7 +315,7 @@ def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1, 2)) -> Comparison:
     (slope, se), (slope_o, se_o) = probes.log_log_slope(Ls, bias, bias_se), probes.log_log_slope(Ls, bias_o, bias_o_se)
     name = f"expansion-trend tasks={cfg.tasks} H={cfg.heads} L={Ls} {cfg.param} s={cfg.logit_scale:g} B={tcfg.batch}"
     config = config_label(cfg, basis=True).replace(f" L={cfg.L}", f" L={Ls}")
-    details = {"config": cfg.to_dict(), "train": tcfg.to_dict(), "Ls": Ls, "seeds": list(seeds),
+    details = {"role": "expansion", "config": cfg.to_dict(), "train": tcfg.to_dict(), "Ls": Ls, "seeds": list(seeds),
                "bias": bias, "bias_se": bias_se, "bias_other_metric": bias_o, "runs": runs}
     measured = {"bias": bias, "bias_se": bias_se, "exponent": slope, "exponent_se": se}
     if cfg.heads <= EXACT_GAP_MAX_HEADS:
@@ -450,14 +451,13 @@ def trend_row(c: Comparison) -> dict:
 def findings(result) -> list:
     """(a) the largest rounding ratio, (b) the largest gap against its Richardson tolerance,
     (c) the exponent of the expansion gap (or where (c) stops: outside its domain)."""
-    out, group = [], {k: comparisons_named(result, k) for k in ("gradient", "trajectory", "expansion")}
+    out, group = [], {k: comparisons_where(result, role=k) for k in ("gradient", "trajectory", "expansion")}
     kind = {k: "holds" if all(c["agrees"] for c in v) else "stops" for k, v in group.items()}
-    if group["gradient"]:
+    if grad := group["gradient"]:
         out.append(finding(result, kind["gradient"], "The full model's velocity read out on D equals theory's reduced "
                            "velocity -f grad L_L to rounding: at most {r} of the rounding tolerance ({n} points of D); "
-                           "a metric off by a factor 2 is {w}x outside it.", n=len(group["gradient"]),
-                           r=max(c["error"] for c in group["gradient"]),
-                           w=min(p["error"] for c in group["gradient"] for p in c["perturbations"])))
+                           "a metric off by a factor 2 is {w}x outside it.", n=len(grad),
+                           r=max(c["error"] for c in grad), w=min(p["error"] for c in grad for p in c["perturbations"])))
     if group["trajectory"]:
         c = max(group["trajectory"], key=lambda c: c["margin"])
         out.append(finding(result, kind["trajectory"], "On the same samples full gradient descent follows the reduced "

@@ -18,7 +18,7 @@ import numpy as np
 import theory.exact as exact_theory
 import theory.three_phases as phase_theory
 from claims.common import Z_SE, Comparison, compare, config_label, headline_row, lines_figure, worst
-from claims.spec import ClaimSpec, Outcome, agreement, comparisons_named, finding, replace_fields
+from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.experiments import phases as experiments
 from numerics.model import initial_values
@@ -142,7 +142,7 @@ def check_phase_times(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, to
     tolerance; if not, the case cannot discriminate and says so (the unrejected perturbation makes it "error")."""
     name = f"phase times tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g} s0={cfg.init_scale:g}"
     details = {"measured": meas.phases.to_dict(), "predicted": pred.phases.to_dict() if pred.phases else None,
-               "drop_se": meas.drop_se, "tolerances": tols}
+               "drop_se": meas.drop_se, "tolerances": tols, "role": "phase times"}
     for what, (ok, why_not) in (("measured", phase_theory.phases_resolved(meas.phases, meas.t, meas.drop_se, Z_SE)),
                                 ("predicted", (False, "no flow") if pred.phases is None else
                                  phase_theory.phases_resolved(pred.phases, pred.t, 0.0, Z_SE))):
@@ -323,7 +323,7 @@ def check_warmup_law(cfg0, scales, warmups, tols) -> tuple[Comparison, Compariso
                     wrong=[("C of the decoupled warm-up race (each head-task pair alone)", law["law"]["inverse"]["C_race"])],
                     details={"c0_measured": float(coef_map[1] @ T), "c0": c0, "weights": coef_map[0].tolist(),
                              "tolerance_parts": {"noise_quadrature": noise, "record_spacing_linear": measurement,
-                                                 "theory_linear": theory}})
+                                                 "theory_linear": theory}, "role": "warm-up constant"})
     return law_c, c_row
 
 
@@ -431,7 +431,7 @@ def evaluate(ctx) -> Outcome:
                           caption="the loss plateaus (warm-up), falls fast (emergence), then flattens (convergence)")
     # the headline: the warm-up constant C (the law's one number) where >= 3 init scales ran, else the first
     # case's phase times
-    head = next((c.name for c in comps if c.name.startswith("warm-up constant C")), comps[0].name)
+    head = next((c.name for c in comps if c.details.get("role") == "warm-up constant"), comps[0].name)
     return Outcome(comps, headline, [figure], details=details, headline_comparison=head,
                    numerics={"measured": [c.measured for c in comps], "worst": worst(comps)},
                    theory={"definition": "theory.three_phases.phase_times (10% / 90% of the drop of the monotone "
@@ -448,7 +448,7 @@ def resolve(p: ThreePhasesProfile, problem: dict) -> ThreePhasesProfile:
 
 def findings(result) -> list:
     """The measured phase times against the expansion flow's, and the warm-up law."""
-    ph = [c for c in comparisons_named(result, "phase times") if "warmup_end" in (c["predicted"] or {})]
+    ph = [c for c in comparisons_where(result, role="phase times") if "warmup_end" in (c["predicted"] or {})]
     out = [finding(result, "holds" if all(c["agrees"] for c in ph) else "stops", "At {config} and {n} init scale(s) "
                    "the trained model's loss curve shows warm-up, emergence and convergence: warm-up ends at t = {wm} "
                    "against the expansion flow's {wp}, emergence at {em} against {ep} (worst |dt|/tolerance {worst}).",
@@ -457,7 +457,7 @@ def findings(result) -> list:
                       for b, k in (("m", "measured"), ("p", "predicted"))})] if ph else []
     out += [finding(result, agreement(c), "The warm-up length follows T = C/s0 + c0: C fitted "
                     "to the measured warm-up ends is {Cm} against theory's {C} (tolerance {tol}).", Cm=c["measured"],
-                    C=c["predicted"], tol=c["tolerance"]) for c in comparisons_named(result, "warm-up constant C")]
+                    C=c["predicted"], tol=c["tolerance"]) for c in comparisons_where(result, role="warm-up constant")]
     return out
 
 

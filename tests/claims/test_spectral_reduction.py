@@ -10,6 +10,8 @@ off by a factor 2, the other parametrisation's metric) are rejected at the same 
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 from hypothesis import given, note, settings, strategies as st
@@ -128,8 +130,13 @@ def test_bad_input_is_refused(device):
         claim.run(profile="huge")
 
 
-def test_run_tiny_profile(device):
-    result = claim.run(profile="tiny", device=device, seed=0)
+@pytest.fixture(scope="module")
+def tiny(device):
+    return claim.run(profile="tiny", device=device, seed=0)
+
+
+def test_run_tiny_profile(tiny):
+    result = copy.deepcopy(tiny)
     assert result.id == claim.CLAIM_ID
     assert result.verdict == "pass", result.details
     assert result.figures and result.perturbations
@@ -139,6 +146,19 @@ def test_run_tiny_profile(device):
     assert [f.kind for f in result.findings] == ["holds", "holds"], result.findings
     result.details["comparisons"][1]["measured"] = 0.000125
     assert "0.000125" in claim.findings(result)[1].text
+
+
+def test_findings_read_roles_not_names(tiny):
+    """The findings find their comparisons by the role they were built with (details["role"]:
+    claims.spec.comparisons_where), never by their names: every comparison renamed, the findings'
+    sentences and numbers are unchanged."""
+    result = copy.deepcopy(tiny)
+    before = [(f.kind, f.text, f.numbers) for f in claim.findings(result)]
+    assert len(before) == 2, before     # (a) the gradient projection, (b) the trajectory
+    assert {c["details"]["role"] for c in result.details["comparisons"]} == {"gradient", "trajectory"}
+    for c in result.details["comparisons"]:
+        c["name"] = "renamed"
+    assert [(f.kind, f.text, f.numbers) for f in claim.findings(result)] == before
 
 
 def test_run_at_a_given_problem(device):

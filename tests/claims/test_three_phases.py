@@ -9,6 +9,7 @@ emergence whatever the seed.
 """
 from __future__ import annotations
 
+import copy
 
 import numpy as np
 import pytest
@@ -111,8 +112,13 @@ def test_share_and_law_definitions():
         warmup_law_time(0.0, 1.0, 0.0)
 
 
-def test_run_tiny_profile_and_problem(device):
-    result = claim.run(profile="tiny", device=device, seed=0)
+@pytest.fixture(scope="module")
+def tiny(device):
+    return claim.run(profile="tiny", device=device, seed=0)
+
+
+def test_run_tiny_profile_and_problem(device, tiny):
+    result = tiny
     assert result.id == claim.CLAIM_ID
     assert result.verdict == "pass", result.details
     names = [h["name"] for h in result.headline]
@@ -133,6 +139,22 @@ def test_run_tiny_profile_and_problem(device):
     merged = claim.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 2, "L": 32, "param": "merged"})
     assert merged.verdict == "error" and "factored" in merged.details["error"], merged.details
     assert result.findings and any(ch.isdigit() for ch in result.findings[0].text), result.findings
+
+
+def test_findings_read_roles_not_names(tiny):
+    """The findings find their comparisons by the role they were built with (details["role"]:
+    claims.spec.comparisons_where), never by their names: every comparison renamed, the findings'
+    sentences and numbers are unchanged.  The tiny profile has one init scale, so a warm-up constant
+    comparison (three or more init scales) is added by hand."""
+    result = copy.deepcopy(tiny)
+    law = {"name": "warm-up constant C (added)", "measured": 0.41, "predicted": 0.4, "tolerance": 0.05, "agrees": True,
+           "error": 0.01, "config": "c", "perturbations": [], "details": {"role": "warm-up constant"}}
+    result.details["comparisons"].append(law)
+    before = [(f.kind, f.text, f.numbers) for f in claim.findings(result)]
+    assert len(before) == 2 and "0.41" in before[1][1], before     # the phase times, the warm-up constant
+    for c in result.details["comparisons"]:
+        c["name"] = "renamed"
+    assert [(f.kind, f.text, f.numbers) for f in claim.findings(result)] == before
 
 
 def test_phase_tolerance_scales_theory_parts_with_the_prediction():
