@@ -23,6 +23,7 @@ from numerics.config import ProblemConfig
 from numerics.experiments import phases as experiments
 from numerics.model import initial_values
 from numerics.readout import allocation
+from numerics.statistics import mean_se
 from numerics.train import TrainConfig
 from theory.three_phases import PhasePrediction, loss_slope
 
@@ -114,10 +115,9 @@ def phase_tolerances(pred: PhasePrediction, meas: experiments.PhaseRun, spread: 
         k = int(np.clip(np.searchsorted(meas.t, tm), 0, len(meas.t) - 1))
         n_end = max(3, int(np.ceil(0.1 * len(meas.t))))
         rel = meas.per_prompt[k] - (1 - f) * meas.per_prompt[0] - f * meas.per_prompt[-n_end:].mean(axis=0)
-        level_noise = Z_SE * float(rel.std(ddof=1)) / math.sqrt(rel.size)
         gd = getattr(pred.gd_map_phases, key) if pred.gd_map_phases is not None else math.nan
         fixed = {"record_spacing": spacing, "sgd_spread": Z_SE * spread["coef"] * math.sqrt(max(tm, 0.0) / 3.0),
-                 "level_noise": level_noise / slope_m}
+                 "level_noise": Z_SE * mean_se(rel)[1] / slope_m}
         theory = {"gd_map_shift": abs(gd - tp) if math.isfinite(gd) else math.inf,
                   "level_theory": (f * pred.end_error + (1 - f) * pred.start_error) / slope,
                   "rate": tp * max(pred.start_error / pred.phases.loss_start, (pred.rate_error or {}).get(key, 0.0))}

@@ -725,8 +725,8 @@ def seed_mean_se(losses, loss_ses) -> tuple[float, float]:
     losses = np.asarray(losses, float)
     if losses.size < 2:
         return float(losses.mean()), float(np.asarray(loss_ses, float).ravel()[0])
-    return float(losses.mean()), float(np.sqrt(losses.var(ddof=1) / losses.size
-                                               + np.mean(np.square(loss_ses)) / losses.size))
+    mean, se = mean_se(losses)     # the seeds' spread, s / sqrt(n)
+    return mean, math.sqrt(se ** 2 + float(np.mean(np.square(loss_ses))) / losses.size)
 
 
 def measure_configuration(tasks, heads: int, L: int, lr: float, batches: Sequence[int], seeds: Sequence[int],

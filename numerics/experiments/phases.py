@@ -28,6 +28,7 @@ from numerics.experiments import cached, identity, one_thread
 from numerics.model import MultiHeadAttention, initial_semi_singular_values, initial_values
 from numerics.readout import allocation
 from numerics.reduced import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
+from numerics.statistics import mean_se
 from numerics.train import TrainConfig, train
 from theory.task_allocation import favoured_init
 from theory.three_phases import allocated_projection, phase_times, warmup_relative_rates
@@ -102,9 +103,9 @@ def _phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out:
     projection = allocated_projection(ro.mu, ro.omega, winners)
     whole = held_out_reduced_loss(*projection, cfg, n=held_out, seed=HELD_OUT_SEED)
     per_rb = exact_reduced_losses([projection], cfg.tasks, cfg.L, cfg.sigma, held_out, HELD_OUT_SEED, cfg.device)[0]
-    alloc = LossEstimate(float(per_rb.mean()), float(per_rb.std(ddof=1) / math.sqrt(per_rb.size)), int(per_rb.size))
+    alloc = LossEstimate(*mean_se(per_rb), int(per_rb.size))
     return PhaseRun(t, per.mean(axis=1), per, mu, omega, phase_times(t, per.mean(axis=1)),
-                    float(drop.std(ddof=1) / math.sqrt(eval_batch)), full, alloc, whole, ro.omega, ro.mu,
+                    mean_se(drop)[1], full, alloc, whole, ro.omega, ro.mu,
                     float(ro.residual), res.wall_seconds)
 
 

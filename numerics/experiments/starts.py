@@ -164,7 +164,7 @@ def _end_state(r: dict, losses: np.ndarray) -> dict:
     cfg, tcfg, res = r["cfg"], r["tcfg"], r["result"]
     final = res.final_model
     last = losses[-1]
-    mean, se = float(last.mean()), float(last.std(ddof=1) / math.sqrt(last.size))
+    mean, se = mean_se(last)
     t = [x for x, _ in r["snapshots"]]
     fit = descent_left(t, losses, horizon=float(t[-1] - t[0])) if len(t) >= 3 else None
     split1 = _split(final)
