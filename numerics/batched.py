@@ -242,7 +242,7 @@ def run_program(cfgs: Sequence[ProblemConfig], tcfgs: Sequence, indices: Sequenc
                 record_every: Sequence[Optional[int]], start: Sequence[Optional[MultiHeadAttention]]) -> dict:
     """Train the runs ``indices`` (one shape_key, one batch size) as one program; returns
     {index: TrainResult, or the exception that ended the run}.  See the module docstring."""
-    from .train import Record, divergence, diverged, make_result, record_steps   # train imports us lazily
+    from .train import Record, divergence, diverged, record_steps   # train imports us lazily
 
     use_precise_float32()
     cfg0, B = cfgs[indices[0]], tcfgs[indices[0]].batch
@@ -352,14 +352,23 @@ def run_program(cfgs: Sequence[ProblemConfig], tcfgs: Sequence, indices: Sequenc
             bar.update(1)
     finally:
         bar.close()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return program_results(runs, time.perf_counter() - t0, time.process_time() - cpu0, "full")
+
+
+def program_results(runs: list, wall: float, cpu: float, kind: str) -> dict:
+    """A program's results split per run (numerics.batched and numerics.batched_reduced):
+    {index: the exception that ended the run, or its TrainResult (numerics.train.make_result of
+    its records, its batch losses and its final model, kind ``kind``)}; each run's wall and CPU
+    seconds are its part of the program's ``wall`` and ``cpu``: its share of the steps."""
+    from .train import make_result   # train imports us lazily
+
     total = sum(r.tcfg.steps for r in runs)
     out = {}
     for r in runs:
         if r.error is not None:
             out[r.index] = r.error
             continue
-        share = r.tcfg.steps / total           # a run's part of the program's time: its share of the steps
+        share = r.tcfg.steps / total
         out[r.index] = make_result(r.cfg, r.tcfg, r.trajectory, r.losses[:r.tcfg.steps].cpu().double().numpy(),
-                                   wall * share, cpu * share, "full", r.final, batched_runs=len(runs))
+                                   wall * share, cpu * share, kind, r.final, batched_runs=len(runs))
     return out

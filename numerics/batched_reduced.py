@@ -34,7 +34,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from .batched import shape_key, stream_key
+from .batched import program_results, shape_key, stream_key
 from .config import ProblemConfig, use_precise_float32
 from .data import Prompts, make_generator, sample_prompts
 from .model import initial_semi_singular_values
@@ -53,6 +53,7 @@ class _Run:
     losses: torch.Tensor           # (steps + 1,) a row of the program's table
     trajectory: list
     error: Optional[BaseException] = None
+    final: None = None             # a reduced flow hands back no model (program_results)
 
 
 def _start_values(cfg: ProblemConfig, start) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +89,7 @@ def run_reduced_program(cfgs: Sequence[ProblemConfig], tcfgs: Sequence, indices:
     """Train the reduced flows ``indices`` (one shape_key, one batch size, no batch source, no
     checkpoint, estimator "prompts") as one program; returns {index: TrainResult, or the
     exception that ended the run}.  See the module docstring."""
-    from .train import Record, divergence, diverged, make_result, record_steps   # train imports us lazily
+    from .train import Record, divergence, diverged, record_steps   # train imports us lazily
 
     use_precise_float32()
     cfg0, B = cfgs[indices[0]], tcfgs[indices[0]].batch
@@ -188,14 +189,4 @@ def run_reduced_program(cfgs: Sequence[ProblemConfig], tcfgs: Sequence, indices:
             omega = omega.detach().index_select(0, idx).requires_grad_(True)
             mu = mu.detach().index_select(0, idx).requires_grad_(True)
             active, rows, slots, k, lr = pack([active[j] for j in keep])
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    total = sum(r.tcfg.steps for r in runs)
-    out = {}
-    for r in runs:
-        if r.error is not None:
-            out[r.index] = r.error
-            continue
-        share = r.tcfg.steps / total
-        out[r.index] = make_result(r.cfg, r.tcfg, r.trajectory, r.losses[:r.tcfg.steps].cpu().double().numpy(),
-                                   wall * share, cpu * share, "reduced", None, batched_runs=len(runs))
-    return out
+    return program_results(runs, time.perf_counter() - t0, time.process_time() - cpu0, "reduced")
