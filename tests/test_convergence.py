@@ -126,21 +126,29 @@ def test_held_out_prompt_losses_are_the_held_out_prompts():
         held_out_prompt_losses([a, MultiHeadAttention(ProblemConfig(tasks=(2, 2), heads=2, L=8))])
 
 
-def test_phase_steps_keep_small_sizes_and_cap_the_authors_blocks():
-    """numerics.experiments.converged.phase_steps: at the quick sizes the schedule's steps lie inside
-    gradient descent's stability bound 2 / lambda_end and stand; at the authors' blocks (d = 50,
-    L = 100) the explore step 0.1 lies beyond it (the full model diverges at step 3) and half the
-    bound is taken.  A stiffness off by 2x (the bound read as 1 / lambda_end) would cap (2, 2) too."""
+def test_stiff_schedule_steps_inside_the_full_models_bound():
+    """numerics.experiments.converged.stiff_schedule, the schedule a run takes where the schedule's
+    steps diverge: both steps at most 1 / lambda, lambda the larger of theory's stiffness on D and
+    the full model's (off D too) at theory's end point; the explore no longer than the schedule's,
+    the polish batch at most STIFF_POLISH_BATCHES explore batches.  At (3, 3), L = 64 the full
+    model's lambda exceeds theory's on D (its stiff direction, K's y columns, lies off D): a step
+    read from theory's stiffness alone is rejected by the same inequality."""
     from numerics.config import ProblemConfig
-    from numerics.experiments.converged import QUICK_SCHEDULE, end_stiffness, phase_steps
+    from numerics.experiments.converged import (QUICK_SCHEDULE, STIFF_POLISH_BATCHES, end_stiffness,
+                                                full_stiffness, stiff_schedule)
 
-    small = ProblemConfig(tasks=(2, 2), heads=2, L=64)
-    assert phase_steps(small, QUICK_SCHEDULE) == (QUICK_SCHEDULE.lr, QUICK_SCHEDULE.polish_lr)
-    lam = end_stiffness(small)
-    assert 2.0 / lam > QUICK_SCHEDULE.lr > 1.0 / lam * 0.5
-    big = ProblemConfig(tasks=(16, 17, 17), heads=3, L=100)
-    lr, polish = phase_steps(big, QUICK_SCHEDULE)
-    lam = end_stiffness(big)
-    assert QUICK_SCHEDULE.lr * lam >= 2.0
-    assert lr == pytest.approx(1.0 / lam) and lr < QUICK_SCHEDULE.lr
-    assert polish == QUICK_SCHEDULE.polish_lr            # 0.03 lies inside the bound there
+    cfg = ProblemConfig(tasks=(3, 3), heads=2, L=64)
+    lam_D, lam_full = end_stiffness(cfg), full_stiffness(cfg)
+    assert lam_full > 1.5 * lam_D, (lam_full, lam_D)
+    s = stiff_schedule(cfg, QUICK_SCHEDULE)
+    lam = max(lam_D, lam_full)
+
+    def inside(step):
+        return step * lam <= 1.0 + 1e-12
+
+    assert inside(s.lr) and inside(s.polish_lr)
+    assert s.lr == pytest.approx(min(QUICK_SCHEDULE.lr, 1.0 / lam))
+    assert not inside(min(QUICK_SCHEDULE.lr, 1.0 / lam_D))        # theory's D stiffness alone
+    assert 0 < s.time <= QUICK_SCHEDULE.time
+    assert s.batch(cfg.L, s.polish_tokens) <= STIFF_POLISH_BATCHES * s.batch(cfg.L, s.tokens)
+    assert (s.polish_time, s.tokens) == (QUICK_SCHEDULE.polish_time, QUICK_SCHEDULE.tokens)

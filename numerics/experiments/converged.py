@@ -16,7 +16,7 @@ from numerics.evaluate import held_out_loss, held_out_prompt_losses
 from numerics.experiments import active_store, cached, identity, one_thread
 from numerics.readout import ALLOCATED_SHARE, allocation
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
-from numerics.statistics import descent_left
+from numerics.statistics import descent_left, mean_se
 from numerics.model import TrainingDiverged
 from numerics.train import TrainConfig, train
 
@@ -117,20 +117,74 @@ def end_stiffness(cfg: ProblemConfig) -> float | None:
     return _END_STIFFNESS[key]
 
 
-def phase_steps(cfg: ProblemConfig, schedule: "TrainingSchedule") -> tuple[float, float]:
-    """The (explore, polish) steps a converged run of ``cfg`` takes: each phase's step of the schedule
-    while it is within gradient descent's stability bound 2 / lambda_end (:func:`end_stiffness`),
-    else half that bound, 1 / lambda_end (the margin stable_step keeps).  The schedule's steps were
-    chosen at d <= 9, where they lie inside the bound (0.1 at (3, 3), L = 64 is 0.56 of it), so
-    there the runs are unchanged; at the authors' blocks (d = 50, L = 100: 2 / lambda_end = 0.073)
-    the explore step 0.1 diverges within three steps and 1 / lambda_end = 0.036 is taken instead,
-    the flow time kept (more steps).  Where theory names no end point the schedule's steps stand."""
-    lam = end_stiffness(cfg)
+FULL_STIFFNESS_PROMPTS = 2048   # fresh prompts of each Hessian-vector product of full_stiffness
+FULL_STIFFNESS_ITERS = 16       # its power iterations (the last quarter's Rayleigh quotients averaged)
+EXPLORE_LENGTHS = 2.0           # a stiff run's explore: this many of theory's run lengths (three_phases.run_length)
+STIFF_POLISH_BATCHES = 4        # a stiff run's polish batch: at most this many explore batches (k = lr/B ratio 1/4)
 
-    def capped(lr):
-        return float(lr) if lam is None or lam <= 0 or lr * lam < 2.0 else 1.0 / lam
+_FULL_STIFFNESS: dict = {}
 
-    return capped(schedule.lr), capped(schedule.polish_lr)
+
+def full_stiffness(cfg: ProblemConfig) -> float | None:
+    """lambda_full: the largest eigenvalue of the full model's population Hessian, every weight, at
+    theory's end point (:func:`end_point`, the balanced model of D there;
+    numerics.evaluate.hessian_top_eigenvalue on FULL_STIFFNESS_PROMPTS fresh prompts a product), or
+    None where theory names no end point.  It sees what :func:`end_stiffness` cannot: directions off
+    D.  At the authors' blocks (16,17,17), H = 3, L = 100 the top direction is K's y columns (the
+    label of a context token entering its key), lambda_full ~ 1200 against lambda_end = 27.5 on D,
+    and it grows like r mu*^2 along the flow (11 at the init s0 = 0.15), so a step stable on D
+    (0.036) leaves D within a few steps (off-D residual 0.35 at t = 0.6) and the run never allocates;
+    at (3, 3), L = 64 it is ~38 (on D 11.2).  Memoised per configuration (~25 s CPU at d = 50)."""
+    key = (tuple(cfg.tasks), cfg.heads, cfg.L, float(cfg.sigma), cfg.param, float(cfg.logit_scale), cfg.dtype)
+    if key not in _FULL_STIFFNESS:
+        from numerics.evaluate import hessian_top_eigenvalue
+        from numerics.model import MultiHeadAttention
+
+        end = end_point(cfg)
+        _FULL_STIFFNESS[key] = (None if end is None else hessian_top_eigenvalue(
+            MultiHeadAttention.from_semi_singular_values(cfg, *end), FULL_STIFFNESS_PROMPTS, FULL_STIFFNESS_ITERS))
+    return _FULL_STIFFNESS[key]
+
+
+def stiff_schedule(cfg: ProblemConfig, schedule: "TrainingSchedule") -> "TrainingSchedule":
+    """The schedule a converged run of ``cfg`` takes where the schedule's own steps diverge: its
+    steps were chosen at d <= 9, and at the authors' blocks (d = 50) the explore step 0.1 diverges
+    within three steps.  Both phases step at min(the schedule's step, 1 / lambda), lambda the larger
+    of theory's stiffness on D (:func:`end_stiffness`) and the full model's (:func:`full_stiffness`)
+    at theory's end point: gradient descent settles there only below 2 / lambda, and the stiffness
+    grows along the flow toward it, so the end point's bound holds the whole way (half of it kept).
+    At so small a step the schedule's flow time is thousands of steps more than the flow needs, so
+    the explore lasts EXPLORE_LENGTHS of theory's run length from cfg's start (its warm-up and
+    emergence: theory.three_phases.run_length, ~2 x the emergence end) where that is shorter (the
+    polish and its extensions follow as always, and the convergence test still decides), and the
+    polish batch is at most STIFF_POLISH_BATCHES explore batches (the ratio of lr / B of the two
+    phases, which the step error divides by, is then 1/4 instead of 1/8: at a step this small the
+    explore's own lr / B, 5e-6 at d = 50, lies already below the quick polish's 1.5e-5).  Where
+    theory names no end point the schedule stands."""
+    lams = [lam for lam in (end_stiffness(cfg), full_stiffness(cfg)) if lam is not None and lam > 0]
+    if not lams:
+        return schedule
+    lam = max(lams)
+    lr, polish_lr = min(schedule.lr, 1.0 / lam), min(schedule.polish_lr, 1.0 / lam)
+    time_ = schedule.time
+    if cfg.init == "decomposable":
+        from numerics.model import initial_values
+        from theory.three_phases import run_length
+
+        length, status = run_length(*initial_values(cfg), cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale,
+                                    lr=lr)
+        if status == "t_end" and math.isfinite(length):
+            time_ = min(time_, EXPLORE_LENGTHS * length)
+    polish_batch = min(schedule.batch(cfg.L, schedule.polish_tokens),
+                       STIFF_POLISH_BATCHES * schedule.batch(cfg.L, schedule.tokens))
+    return dataclasses.replace(schedule, lr=lr, polish_lr=polish_lr, time=time_,
+                               polish_tokens=polish_batch * int(cfg.L))
+
+
+TUNED_D = 9
+"""The largest d at which the schedules' steps were chosen (every profile's sizes): beyond it an
+estimate asks :func:`stiff_schedule` (theory's and the full model's stiffness, ~30 s at d = 50)
+what a run will take, since there the schedule's own steps may diverge."""
 
 
 def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: int = 1) -> float:
@@ -140,7 +194,12 @@ def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: in
     (WINDOW_POINTS snapshots and the explore end)."""
     from numerics import cost
     L, tasks, H, dt = cfg.L, cfg.tasks, cfg.heads, cfg.dtype
-    lr, polish_lr = schedule.lr, schedule.polish_lr   # a run capped by phase_steps (after a divergence) costs more
+    if cfg.d > TUNED_D:
+        # beyond the sizes the schedule was tuned at, a run whose steps diverge takes the stiff schedule
+        stiff = stiff_schedule(cfg, schedule)
+        if stiff.lr < schedule.lr:
+            schedule = stiff
+    lr, polish_lr = schedule.lr, schedule.polish_lr
     explore = cost.train_seconds(tasks, H, L, schedule.batch(L, schedule.tokens),
                                  round(schedule.time / lr), dtype=dt, records=5)
     piece = (cost.train_seconds(tasks, H, L, schedule.batch(L, schedule.polish_tokens),
@@ -245,6 +304,7 @@ class ConvergedRun(_RunRecord):
     explore_batch: int
     polish_batch: int
     seconds: float
+    steps_taken: dict | None = None   # the stiff schedule (:func:`stiff_schedule`) where the schedule's steps diverged
 
 
 
@@ -348,20 +408,21 @@ def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 
     lr, polish_lr = schedule.lr, schedule.polish_lr
     explore = TrainConfig(lr=lr, time=schedule.time, batch=schedule.batch(L, schedule.tokens), seed=seed,
                           records=5)
+    steps = schedule
     try:
         first = train(cfg, explore)
     except TrainingDiverged:
-        capped = phase_steps(cfg, schedule)
-        if capped == (lr, polish_lr):
+        steps = stiff_schedule(cfg, schedule)
+        if steps.lr >= lr:
             raise
-        lr, polish_lr = capped
-        explore = dataclasses.replace(explore, lr=lr)
+        lr, polish_lr = steps.lr, steps.polish_lr
+        explore = dataclasses.replace(explore, lr=lr, time=steps.time)
         first = train(cfg, explore)
     snaps, model, total = [], first.final_model, 0.0
 
     for piece in range(schedule.polish_extensions + 1):
         polish = TrainConfig(lr=polish_lr, time=schedule.polish_time,
-                             batch=schedule.batch(L, schedule.polish_tokens), seed=seed + 1 + piece,
+                             batch=steps.batch(L, steps.polish_tokens), seed=seed + 1 + piece,
                              records=2 * (WINDOW_POINTS - 1) + 1)
 
         def keep(step, t, m, loss, offset=total):
@@ -375,7 +436,8 @@ def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 
         paired = held_out_prompt_losses([m for _, m in window] + [first.final_model], schedule.descent_prompts(L), seed)
         descent = descent_left([t for t, _ in window], paired[:-1], horizon=total)
         diff = paired[-1] - paired[-2]
-        excess, excess_se = max(0.0, float(diff.mean())), float(diff.std(ddof=1) / math.sqrt(diff.size))
+        diff_mean, excess_se = mean_se(diff)
+        excess = max(0.0, diff_mean)
         k = (polish.lr / polish.batch) / (explore.lr / explore.batch)
         step_error = excess * k / (1.0 - k) if k < 1 else math.inf
         tol = Z_CONVERGED * final.se + step_error
@@ -393,7 +455,8 @@ def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 
         omega=tuple(map(tuple, readout.omega.tolist())), mu=tuple(map(tuple, readout.mu.tolist())),
         residual=float(readout.residual), allocation=alloc.to_dict(),
         config=cfg.to_dict(), schedule=asdict(schedule), seed=int(seed), explore_batch=explore.batch,
-        polish_batch=polish.batch, seconds=time.perf_counter() - t0)
+        polish_batch=polish.batch, seconds=time.perf_counter() - t0,
+        steps_taken=None if steps is schedule else asdict(steps))
 
 
 # ---------------------------------------------------------------------------------------
@@ -525,7 +588,7 @@ def _continue_on_D(cfg, run, seed, sch, reference_se):
         return exact_reduced.evaluate(points, tasks, L, sigma, sch.eval_prompts, eval_seed, cfg.device)
 
     first = evaluate([(om, mu)])[0]
-    start_loss, start_se = float(first.mean()), float(first.std(ddof=1) / math.sqrt(first.size))
+    start_loss, start_se = mean_se(first)
     on_D = abs(run["loss"] - start_loss) <= Z_CONVERGED * math.hypot(run["se"], start_se)
     records, steps_lr, steps, t = [(0.0, om.copy(), mu.copy())], [], 0, 0.0
     descent, loss, se, converged = None, start_loss, start_se, False
@@ -554,7 +617,7 @@ def _continue_on_D(cfg, run, seed, sch, reference_se):
         idx = sorted({int(np.argmin(np.abs(times - w))) for w in np.linspace(0.5 * t, t, WINDOW_POINTS)})
         per = evaluate([(records[i][1], records[i][2]) for i in idx])
         descent = descent_left(times[idx], per, horizon=t)
-        loss, se = float(per[-1].mean()), float(per[-1].std(ddof=1) / math.sqrt(per.shape[1]))
+        loss, se = mean_se(per[-1])
         converged = descent.left <= math.hypot(se, reference_se)
         if converged:
             break
