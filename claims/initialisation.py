@@ -206,15 +206,16 @@ def evaluate(ctx) -> Outcome:
     for s0, rs in runs.items():
         mix = outcome_mix(rs, Z_SE, refs)
         mixes[f"s0={s0:.3g}"] = mix
-        mov, se_mov = mean_se([r["residual_end"]["movable_relative"] for r in rs])
-        free, _ = mean_se([r["residual_end"]["gradient_free_relative"] for r in rs])
+        ended = [r["residual_end"] for r in rs if r["residual_end"] is not None]   # a diverged run has no end weights
+        mov, se_mov = mean_se([e["movable_relative"] for e in ended])
+        free, _ = mean_se([e["gradient_free_relative"] for e in ended])
         ratio, se_ratio = mean_se([r["loss"] / alloc for r in rs]) if alloc else (None, None)
         headline += [reported_row(f"s0={s0:.3g}: movable off-D residual at t_end", mov, se=se_mov, config=cfg_r),
                      *mix_rows(f"s0={s0:.3g}", mix, config=cfg_r)]
         found.append({"init_scale": s0, "movable_relative_end": mov, "movable_se": se_mov,
                       "gradient_free_relative_end": free, "mix": mix, "classes": list(mix["labels"]),
                       "loss_over_allocated": ratio, "loss_over_allocated_se": se_ratio,
-                      **{k: [r[k] for r in rs] for k in ("ov_above_5pct", "winners", "init_seed")},
+                      **{k: [r.get(k) for r in rs] for k in ("ov_above_5pct", "winners", "init_seed")},
                       "warmup_end": [(r["phases"] or {}).get("warmup_end") for r in rs]})
     unb_mix = outcome_mix([r["full"] for r in unb], Z_SE, refs)
     mixes["unbalanced"] = unb_mix

@@ -25,6 +25,8 @@ def phase_state(ph: dict, key: str, t_end: float):
     """A phase's end time, or what happened instead, with the run length: "warm-up undefined by
     t_end = 30 (loss drop ... not clear of the noise)" (theory.three_phases defines the phases
     only for a drop clear of 10x the noise) or "emergence did not end by t_end = 30"."""
+    if ph is None:   # a run with no loss curve to read (it diverged, or recorded too few points)
+        return f"{PHASES[key]} not measured (no loss curve by t_end = {t_end:g}: the run diverged or recorded too few points)"
     t = ph[key]
     if isinstance(t, (int, float)) and math.isfinite(t):
         return float(t)

@@ -1,16 +1,13 @@
 """Claim 2: gradient flow on the full weights is an ODE on the semi-singular values.
 
-Three checks, each against a prediction of ``theory.reduced_ode`` (runs and probes in
-``numerics.experiments.probes``): (a) :func:`check_gradient_projection`, the full model's
-velocity read out on D against the reduced velocity, on one batch; (b)
-:func:`check_trajectory_agreement`, full gradient descent against the reduced flow over a whole
-run on an exactly symmetric batch; (c) :func:`check_expansion_trend`, the full model against the
-large-L expansion flow, whose gap must shrink as L grows.  Each is also run against a metric off
-by a factor (or the other parametrisation's metric), which must be rejected.
-
-Domain (:data:`DOMAIN`, decided from theory before any run; (b)'s batch size |G| base_prompts is a
-cost, not a condition): outside :func:`expansion_domain` (c) is a boundary finding (recorded, not judged).
-"""
+Three checks against ``theory.reduced_ode`` (runs and probes in ``numerics.experiments.probes``): (a)
+:func:`check_gradient_projection`, the full model's velocity read out on D against the reduced velocity, one batch;
+(b) :func:`check_trajectory_agreement`, full GD against the reduced flow over a run on an exactly symmetric batch;
+(c) :func:`check_expansion_trend`, the full model against the large-L expansion flow, whose gap must shrink as L
+grows.  Each also against a metric off by a factor (or the other parametrisation's), which must be rejected.
+Domain (:data:`DOMAIN`, decided from theory before any run; (b)'s |G| base_prompts is a cost, not a condition):
+outside :func:`expansion_domain` (c) is a boundary finding (recorded, not judged; not even recorded where the
+expansion GD map leaves 2 omega^2 < 1, where the expansion is undefined: the reason is)."""
 from __future__ import annotations
 
 import math
@@ -408,10 +405,13 @@ def evaluate(ctx) -> Outcome:
         cfg, Ls, tcfg = cases["trend"]
         domain["expansion_trend"] = dom = expansion_domain(cfg, Ls, tcfg)
         ctx.progress(f"spectral-reduction: (c) expansion vs full at L={Ls}", (total - 1) / total)
-        c = check_expansion_trend(cfg, Ls, tcfg, seeds=tuple(seed + k for k in range(p.trend_seeds)))
-        if dom["in_domain"]:
+        try:
+            c = check_expansion_trend(cfg, Ls, tcfg, seeds=tuple(seed + k for k in range(p.trend_seeds)))
+        except RuntimeError as exc:     # only outside the domain: the expansion GD map left 2 omega^2 < 1
+            c, dom["undefined"] = None, f"(c) not measured: {exc}, where the expansion is undefined"
+        if c is not None and dom["in_domain"]:
             trend_c.append(c)
-        else:   # outside the expansion's O(L^-2) domain: a boundary finding, recorded, not judged
+        elif c is not None:   # outside the expansion's O(L^-2) domain: a boundary finding, recorded, not judged
             domain["cases_outside"].append(c.name)
             boundary.append(c.summary())
     comps = grad_c + traj_c + trend_c

@@ -1,12 +1,9 @@
 """Claim 3: three phases -- warm-up, emergence, convergence -- and the mechanism behind them.
 
-One case per init scale s0 of the profile: the full factored model trained from the default decomposable init
-(``numerics.experiments.phases.phase_run``) against theory's prediction from the same init, made before the run
-(``theory.three_phases.run_length`` and ``phase_prediction``).  Compared: the phase times, the head selection, the
-converged loss and, over >= 3 init scales, the warm-up law T = C/s0 + c0 (each ``check_*`` with its tolerance
-argument and its perturbations); tolerances come from the numerics' noise, the O(lr) discretisation and theory's
-own approximation error, never from the measured discrepancy.
-"""
+One case per init scale s0: the full factored model from the decomposable init (``numerics.experiments.phases``)
+against theory's prediction from the same init, made before the run (``theory.three_phases``): phase times, head
+selection, converged loss and, over >= 3 init scales, the warm-up law T = C/s0 + c0; tolerances from the numerics'
+noise, the O(lr) discretisation and theory's own approximation error, never from the measured discrepancy."""
 from __future__ import annotations
 
 import math
@@ -21,6 +18,7 @@ from claims.common import Z_SE, Comparison, compare, config_label, headline_row,
 from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.experiments import phases as experiments
+from numerics.experiments.converged import TUNED_D, full_stiffness
 from numerics.model import initial_values
 from numerics.readout import allocation
 from numerics.statistics import mean_se
@@ -62,14 +60,14 @@ PROFILES = {
 }
 
 
-def domain(cfg: ProblemConfig, pred: PhasePrediction) -> dict:
-    """Where theory predicts agreement, decided before the run: factored weights (the merged flow's warm-up is
-    logarithmic and it ends in a superposition), a flow that stays in the expansion's domain 2 omega^2 < 1 (else
-    saturation), for the selection mechanism m >= 2 (with one task every share is 1) and H >= m with one distinct
-    predicted head per task; and an expansion fine enough at this L: theory's own level error moves its warm-up end
-    by ``pred.level_shift`` = (0.1 end_err + 0.9 start_err) / |dL/dt|; beyond T/4 not even a factor-2 error of the
-    warm-up could be told apart (the expansion is too coarse at this L and r: r = 4, L = 16 gives 0.93 against
-    T = 2.2) -- a boundary run, not an agreement check."""
+def domain(cfg: ProblemConfig, pred: PhasePrediction, lr: float | None = None) -> dict:
+    """Where theory predicts agreement, decided before the run: factored weights (the merged warm-up is logarithmic,
+    its end a superposition), a flow inside the expansion's domain 2 omega^2 < 1 (else saturation), for the selection
+    m >= 2 and H >= m with distinct predicted heads; an expansion fine enough at this L (its level error moves the
+    warm-up end by ``pred.level_shift`` = (0.1 end_err + 0.9 start_err) / |dL/dt|; beyond T/4 not even a factor-2
+    error could be told apart: r = 4, L = 16 gives 0.93 against T = 2.2); a step ``lr`` inside the full model's
+    stability bound at the flow's end (numerics.experiments.converged.full_stiffness; asked beyond d = TUNED_D only:
+    lr lambda_full is 0.4 at tiny and quick, 1.3 at paper, 59 at the authors' blocks).  Else a boundary run."""
     reasons = []
     if cfg.param != "factored":
         reasons.append("merged weights: warm-up law a + b log(1/s0) and a late superposition drift")
@@ -77,6 +75,9 @@ def domain(cfg: ProblemConfig, pred: PhasePrediction) -> dict:
         reasons.append(f"init {cfg.init!r}: the claim is stated from the default decomposable init")
     if pred.flow_status != "t_end":
         reasons.append(f"the expansion flow leaves 2 omega^2 < 1 ({pred.flow_status}): saturation regime")
+    if lr is not None and cfg.d > TUNED_D and (lam := full_stiffness(cfg)) and lr * lam >= 2.0:
+        reasons.append(f"the step {lr:g} lies beyond the full model's stability bound 2/lambda = {2 / lam:.3g} at "
+                       f"theory's end point (lambda = {lam:.4g}, off D): the run is not the gradient flow")
     selection = cfg.m >= 2 and cfg.heads >= cfg.m and len(set(pred.winners)) == cfg.m
     dom = {"inside": not reasons, "reasons": reasons, "selection": bool(selection and not reasons),
            "selection_reason": "" if selection else "one task: every head's share is 1 at all times, there is "
@@ -185,7 +186,6 @@ def check_selection(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, tols
     wander of log mu, log_noise sqrt(t), at the measured share and time.  Perturbation: the winners permuted."""
     name, t = f"head selection tasks={cfg.tasks} H={cfg.heads} L={cfg.L} s0={cfg.init_scale:g}", meas.t
     keys = ("warmup_end", "emergence_end")
-
     noise = lambda s, time: s * (1 - s) * math.sqrt(2) * spread["log_noise"] * math.sqrt(time)  # noqa: E731
     at = lambda s, time: np.array([np.interp(time, t, s[:, j]) for j in range(s.shape[1])])  # noqa: E731
 
@@ -339,7 +339,7 @@ def run_case(cfg: ProblemConfig, lr: float, batch: int, records: int, eval_batch
     t_end, status = phase_theory.run_length(*start, horizon_factor)
     tcfg = TrainConfig(lr=lr, time=t_end if status == "t_end" else 40.0, batch=batch, records=records, seed=seed)
     pred = phase_theory.phase_prediction(*start, tcfg.lr * np.array(tcfg.record_steps(), float), status)
-    dom = domain(cfg, pred)
+    dom = domain(cfg, pred, lr)
     meas = experiments.phase_run(cfg, tcfg, eval_batch, held_out)
     if not dom["inside"]:
         return Case(cfg, tcfg, pred, meas, [], boundary_check(cfg, meas, dom.get("expansion_too_coarse", False)), dom,

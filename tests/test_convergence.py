@@ -152,3 +152,20 @@ def test_stiff_schedule_steps_inside_the_full_models_bound():
     assert 0 < s.time <= QUICK_SCHEDULE.time
     assert s.batch(cfg.L, s.polish_tokens) <= STIFF_POLISH_BATCHES * s.batch(cfg.L, s.tokens)
     assert (s.polish_time, s.tokens) == (QUICK_SCHEDULE.polish_time, QUICK_SCHEDULE.tokens)
+
+
+@pytest.mark.thorough
+def test_stiff_schedule_at_the_authors_blocks():
+    """At the authors' blocks (16,17,17), H = 3, L = 100 the full model's stiffness at the allocated
+    point is far beyond theory's on D (measured ~1200 against 27.5: K's y columns, off D), so the stiff
+    schedule steps at ~8.5e-4, where a step read from theory's stiffness (0.036) would leave D; its
+    explore is theory's two run lengths (~3.9), far below the schedule's 40."""
+    from numerics.config import ProblemConfig
+    from numerics.experiments.converged import QUICK_SCHEDULE, end_stiffness, full_stiffness, stiff_schedule
+
+    cfg = ProblemConfig(tasks=(16, 17, 17), heads=3, L=100)
+    lam_D, lam_full = end_stiffness(cfg), full_stiffness(cfg)
+    assert lam_full > 20 * lam_D, (lam_full, lam_D)
+    s = stiff_schedule(cfg, QUICK_SCHEDULE)
+    assert s.lr == pytest.approx(1.0 / lam_full) and s.polish_lr == pytest.approx(1.0 / lam_full)
+    assert 1.0 < s.time < 10.0

@@ -215,3 +215,15 @@ def test_unbalanced_reduced_flows_in_one_program_are_each_flow_alone(device):
             assert out[key]["outcome"] == [int(w) if sh >= RACE_DECIDED_SHARE else -1
                                            for w, sh in zip(a.winners, a.mass_share)]
         assert out["reduced_unbalanced"]["loss_curve"] != out["reduced_balanced"]["loss_curve"]
+
+
+def test_a_diverged_run_is_said_not_subscripted():
+    """A full-model run that diverged (at the authors' blocks, d = 50, some random and unbalanced
+    starts do) carries no phases and no end weights: the phase comparison says so for that run and
+    still compares the others (the first audit at that configuration ended in TypeError here)."""
+    from claims.phase_checks import phase_comparison, phase_state
+
+    assert "not measured" in phase_state(None, "warmup_end", 40.0)
+    ok = {"warmup_end": 1.0, "emergence_end": 2.0, "defined": True}
+    c = phase_comparison("phases", [("diverged", None, ok, 40.0), ("run", ok, ok, 40.0)], 0.1, "reduced flow")
+    assert c.error == 0.0 and c.details["compared"] == 2 and c.details["ended_in_one_only"] == 2
