@@ -109,7 +109,7 @@ def check_warmup_bound(runs: list[dict], cfg: ProblemConfig, t_end: float) -> Co
 def _summary(runs):
     keep = ("phases", "winners", "share", "outcome", "omega", "mu")
     curves = ("full", "reduced_unbalanced", "reduced_balanced")
-    return [{k: v for k, v in r.items() if k not in curves} | {k: {x: r[k][x] for x in keep} for k in curves}
+    return [{k: v for k, v in r.items() if k not in curves} | {k: {x: r[k].get(x) for x in keep} for k in curves}
             for r in runs]
 
 
@@ -141,7 +141,7 @@ def check_unbalanced_winners(runs: list[dict], config=None) -> Comparison:
         for i in untied_tasks(group[0]["omega0"], group[0]["mu0"]):
             wf = {r["full"]["outcome"][i] for r in group}
             wr = {r["reduced_unbalanced"]["outcome"][i] for r in group}
-            if len(wf) == 1 and len(wr) == 1:
+            if len(wf) == 1 and len(wr) == 1 and None not in wf:     # a diverged run (outcome None) decides nothing
                 decided.append({"start": start, "task": i, "full": wf.pop(), "reduced": wr.pop()})
     heads = len(runs[0]["omega0"])
     return outcome_comparison(

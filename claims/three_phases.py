@@ -420,7 +420,7 @@ def evaluate(ctx) -> Outcome:
                         "boundary": c.boundary} for c in cases], "domain": [c.domain for c in cases],
                "boundaries": [c.boundary for c in cases if c.boundary]}
     if not comps:
-        why = "no case inside the claim's domain: nothing to compare"
+        why = f"no case inside the claim's domain ({'; '.join(sorted({r for c in cases for r in c.domain['reasons']}))})"
         return Outcome([], [], details={**details, "reason": why}, undecided=why)
     m, p0 = cases[0].measurement, cases[0].prediction
     curves = [("full model (loss on a fixed evaluation batch)", m.t, m.loss, "points"),

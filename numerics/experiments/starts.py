@@ -368,9 +368,9 @@ def unbalanced_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig
                 "c_mu": np.round(c_mu, 4).tolist()}
 
     states = train_starts("unbalanced_full", cfgs, tcfgs, n_eval, on_start=on_start)
-    for s in states:
-        if "outcome" not in s and s["winners"] is not None:
-            s["outcome"] = _outcome(s)
+    for s in states:   # a diverged run has no winners: no outcome for any task
+        if "outcome" not in s:
+            s["outcome"] = _outcome(s) if s["winners"] is not None else [None] * s["class"]["tasks"]
     return states
 
 

@@ -227,3 +227,16 @@ def test_a_diverged_run_is_said_not_subscripted():
     ok = {"warmup_end": 1.0, "emergence_end": 2.0, "defined": True}
     c = phase_comparison("phases", [("diverged", None, ok, 40.0), ("run", ok, ok, 40.0)], 0.1, "reduced flow")
     assert c.error == 0.0 and c.details["compared"] == 2 and c.details["ended_in_one_only"] == 2
+
+
+def test_a_diverged_unbalanced_run_decides_no_outcome():
+    """An unbalanced start whose full model diverged has outcome None on every task: its (start, task)
+    pairs are not decided (never compared), the other starts' are."""
+    from claims.initialisation import check_unbalanced_winners
+
+    def run(seed, full):
+        return {"seed": seed, "data_seed": 0, "omega0": [[0.1, 0.2], [0.3, 0.05]], "mu0": [[0.2, 0.1], [0.05, 0.3]],
+                "full": {"outcome": full}, "reduced_unbalanced": {"outcome": [0, 1]}}
+
+    c = check_unbalanced_winners([run(0, [None, None]), run(1, [0, 1])])
+    assert c.details["decided"] == 2 and all(d["start"] == 1 for d in c.details["pairs"])
