@@ -142,7 +142,7 @@ def evaluate(ctx) -> Outcome:
                          case_seed(seed, "bridge", tasks, sigma), device)
         comps.append(c)
         rows.append(headline_row(c, se=c.details["minimum"]["se"]))
-        c = check_limit(tasks, sigma, p.limit_L, p.limit_elements, p.fit_elements,
+        c = check_limit(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements,
                         case_seed(seed, "limit", tasks, sigma), device)
         comps.append(c)
         rows.append(headline_row(c, se=c.details["minimum"]["L_times_se"]))

@@ -210,7 +210,7 @@ def evaluate(ctx) -> Outcome:
         if base.m >= 2:
             for c in (check_bridge_gain(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements,
                                         case_seed(seed, "bridge", tasks, sigma), device),
-                      check_gain_limit(tasks, sigma, p.limit_L, p.limit_elements, p.fit_elements,
+                      check_gain_limit(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements,
                                        case_seed(seed, "limit", tasks, sigma), device)):
                 comps.append(c)
                 rows.append(headline_row(c, se=c.details["se"]))

@@ -165,3 +165,18 @@ def test_bad_input_is_refused():
     assert res.verdict == "error" and "sweep" in res.details["error"]
     res = claim.run("tiny", problem={"tasks": (2, 2), "heads": 0, "L": 32})
     assert res.verdict == "error" and "heads" in res.details["error"]
+
+
+def test_quick_limit_row_agrees_and_rejects_the_round_number():
+    """The quick profile's large-L row as the claim runs it (its seed, its fit sample): it agrees
+    with rho_inf, and the paper's round number gain = H is rejected by the same comparison.  With
+    the fit sample at the floor of 128 prompts it read 2.087 +- 0.011 against 2.195, a fitted
+    minimum's excess loss the evaluation's standard error does not see (limit_fit_elements)."""
+    from numerics.seeds import case_seed
+    p = claim.QUICK
+    tasks, sigma = (3, 3, 3), 0.5
+    assert ((tasks, sigma)) in p.cases and p.limit_fit_elements // p.limit_L >= 512
+    c = claim.check_gain_limit(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements,
+                               case_seed(0, "limit", tasks, sigma))
+    assert c.agrees, c.explain()
+    assert [p.rejected for p in c.perturbations if "gain exactly H" in p.description] == [True], c.explain()
