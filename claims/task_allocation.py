@@ -20,6 +20,7 @@ from claims.common import Z_SE, Comparison, compare, reported_row
 from claims.spec import ClaimSpec, Outcome, finding
 from numerics.config import ProblemConfig
 from numerics.experiments import phases as experiments
+from numerics.experiments.converged import unstable_step
 from numerics.model import initial_values
 from numerics.readout import allocation
 from numerics.train import TrainConfig
@@ -31,23 +32,15 @@ THRESHOLD_SIGMAS = 5.0
 the tail-mean OV matrix (:func:`check_allocation`): a zero value is misread with probability <= 6e-7.  Not a comparison
 tolerance (that is claims.common.Z_SE)."""
 L_MIN = 32
-"""Smallest L inside the domain: a measured boundary, not a theoretical one.  The allocated point is a fixed point of
-the factored flow but only semi-stable: an off-task mu that the batch noise pushes through 0 then grows (d mu/dt =
--2|mu| dL/dmu with dL/dmu > 0 there), towards the superposition of docs/model.md, at a rate ~ 1/L.  Measured (lr 0.05):
-tasks (1,1), H = 2, L = 16, B = 128: allocated at t = 20-30, but by t = 140 both heads carry both tasks (two OV values
-each, omega 0.83 against omega* = 1.39, held-out loss 0.343 against the allocated 0.436); tasks (2,1,1), H = 3, L = 8,
-B = 128, t = 16: mu[1,0] = -0.098.  At L = 16 the served omega also sits 2-3% above omega* at t = 20-30 (B =
-256-512), beyond 4 se + the per-record spread."""
+"""Smallest L inside the domain: a measured boundary, not a theoretical one.  The allocated point is only semi-stable:
+an off-task mu that the batch noise pushes through 0 then grows, towards the superposition of docs/model.md, at a rate
+~ 1/L (measurements: docs/claims_1_4.md, "The domain's two measured constants")."""
 PERTURB_FACTOR = 1.1
 BOUNDARY_TIME = 80.0
 ESCAPE_EFOLDS = 10.0
 """A run of length t_end stays allocated if escape_rate x t_end <= 10 (escape_rate = 2a, theory.saddle): the seed
 that SGD noise puts in the unstable direction is ~1e-5 of mu*, so ~10 e-folds bring it to the size of a counted
-singular value.  Measured (lr 0.05, sigma 0): tasks (1,1), H = 2, L = 32 (rate 0.124): allocated at t = 61 (7.6
-e-folds); L = 16: left by t = 140; tasks (3,1,4), H = 3, L = 64 (rate 0.427): allocated at t = 26 (11), left by
-t = 52-71 (22-30 e-folds), sigma 0 and 0.5.  A known miss (the seed grows with the step noise, which this rule
-ignores): tasks (2,2,2), H = 4, L = 512, B = 128, t = 134 (rate 0.031, 4.2 e-folds): the surplus head regrew to
-|mu| = 0.129 with three values above threshold, and the served point moved 3 tolerances."""
+singular value (measured, and a known miss: docs/claims_1_4.md, "The domain's two measured constants")."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +88,12 @@ def horizon(cfg: ProblemConfig) -> float:
                                      experiments.TAIL_FRACTION)
 
 
-def domain(cfg: ProblemConfig, t_end: float, need: float | None = None) -> dict:
+def domain(cfg: ProblemConfig, t_end: float, need: float | None = None, lr: float | None = None) -> dict:
     """Whether theory predicts allocation for cfg at a run of length t_end (decided before any run), and why not;
-    ``need``: the horizon if already computed.  Records theory's escape rate 2a of the saddle and 2a t_end."""
-    reasons = []
+    ``need``: the horizon if already computed.  Records theory's escape rate 2a of the saddle and 2a t_end, and
+    whether a step ``lr`` is ``unstable`` (``converged.unstable_step``: such a run is no evidence, and is not run)."""
+    unstable = unstable_step(cfg, lr) if lr is not None else None
+    reasons = [unstable] if unstable else []
     need = horizon(cfg) if need is None else need
     if math.isinf(need):
         reasons.append(f"surplus heads: theory's expansion flow from this start keeps them above "
@@ -123,6 +118,7 @@ def domain(cfg: ProblemConfig, t_end: float, need: float | None = None) -> dict:
     if cfg.L < L_MIN:
         reasons.append(f"L = {cfg.L} < L_MIN = {L_MIN}: the allocation plateau is escaped through the noise")
     return {"inside": not reasons, "reasons": reasons, "escape_rate": rate, "t_end": float(t_end),
+            "unstable": bool(unstable),
             "efolds": None if rate is None else rate * t_end,
             "conditions": f"factored, H >= m, positive favoured start, L >= {L_MIN}, escape_rate x t_end <= "
                           f"{ESCAPE_EFOLDS:g}, t_end >= {allocation_theory.HORIZON_FACTOR:g} warm-up race times, "
@@ -346,19 +342,21 @@ def evaluate(ctx) -> Outcome:
     without a time runs each case to the domain's horizon (theory's race and settling times); a case whose horizon is
     infinite (theory's flow keeps its surplus heads) runs to BOUNDARY_TIME as a boundary finding."""
     p, cfgs = ctx.p, plan(ctx.p, ctx.device)
-    comps, headline, ran, domains, slopes = [], [], [], [], set()
+    comps, headline, ran, domains, slopes, unstable = [], [], [], [], set(), []
     for j, cfg in enumerate(cfgs):
         ctx.progress(f"task-allocation: tasks {cfg.tasks}, H = {cfg.heads}, L = {cfg.L}", j / len(cfgs))
         need = horizon(cfg)
         t = p.time if p.time is not None else need
         tcfg = TrainConfig(lr=p.lr, time=t if math.isfinite(t) else BOUNDARY_TIME, batch=p.batch, records=p.records,
                            seed=ctx.seed)
-        dom = domain(cfg, tcfg.time, need)
+        dom = domain(cfg, tcfg.time, need, p.lr)
         domains.append({"tasks": cfg.tasks, "heads": cfg.heads, "L": cfg.L, **dom})
         ran.append({"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma, "param": cfg.param,
                     "inside_domain": dom["inside"], "train": tcfg.to_dict()})
         suffix = f" (tasks={cfg.tasks}, H={cfg.heads}, L={cfg.L})"
-        if dom["inside"]:
+        if dom["unstable"]:     # not run: a run past the stability bound is no evidence either way
+            unstable.append(f"tasks={cfg.tasks} H={cfg.heads} L={cfg.L}: {dom['reasons'][0]}")
+        elif dom["inside"]:
             cs = check_allocation(cfg, tcfg, p.held_out, ctx.seed, dom)
             headline += [headline_of(c, suffix) for c in cs]
             headline.append(reported_row("largest off-task |omega| (reported: decays ~1/t)" + suffix, theory=0.0,
@@ -383,7 +381,8 @@ def evaluate(ctx) -> Outcome:
     # the headline: the served fixed point of the first case inside the domain (the claim's numbers)
     served = [c.name for c in comps if c.name.startswith("allocated fixed point")]
     return Outcome(comps, headline, figures, short_why=True, headline_comparison=served[0] if served else None,
-                   details={"ran": ran, "domain": domains, "profile_fields": asdict(p)})
+                   details={"ran": ran, "domain": domains, "profile_fields": asdict(p), "not_run": unstable},
+                   undecided=("not run: " + "; ".join(unstable)) if unstable and not comps else None)
 
 
 def findings(result) -> list:

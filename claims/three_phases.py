@@ -18,7 +18,7 @@ from claims.common import Z_SE, Comparison, compare, config_label, headline_row,
 from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.experiments import phases as experiments
-from numerics.experiments.converged import TUNED_D, full_stiffness
+from numerics.experiments.converged import unstable_step
 from numerics.model import initial_values
 from numerics.readout import allocation
 from numerics.statistics import mean_se
@@ -75,9 +75,8 @@ def domain(cfg: ProblemConfig, pred: PhasePrediction, lr: float | None = None) -
         reasons.append(f"init {cfg.init!r}: the claim is stated from the default decomposable init")
     if pred.flow_status != "t_end":
         reasons.append(f"the expansion flow leaves 2 omega^2 < 1 ({pred.flow_status}): saturation regime")
-    if lr is not None and cfg.d > TUNED_D and (lam := full_stiffness(cfg)) and lr * lam >= 2.0:
-        reasons.append(f"the step {lr:g} lies beyond the full model's stability bound 2/lambda = {2 / lam:.3g} at "
-                       f"theory's end point (lambda = {lam:.4g}, off D): the run is not the gradient flow")
+    if lr is not None and (why := unstable_step(cfg, lr)):
+        reasons.append(why)
     selection = cfg.m >= 2 and cfg.heads >= cfg.m and len(set(pred.winners)) == cfg.m
     dom = {"inside": not reasons, "reasons": reasons, "selection": bool(selection and not reasons),
            "selection_reason": "" if selection else "one task: every head's share is 1 at all times, there is "

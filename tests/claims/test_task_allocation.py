@@ -165,3 +165,21 @@ def test_off_task_slope_is_measured_two_sided(device):
     # its headline row fits the schema of claims.json (a scalar se: the largest entry's)
     row = claim.headline_of(c)
     assert isinstance(row["se"], float) and isinstance(row["tolerance"], list), row
+
+
+def test_a_step_past_the_stability_bound_is_not_run(device, monkeypatch):
+    """Beyond d = TUNED_D a step at or past 2 / lambda_full puts the case outside the domain and the claim does not
+    train it (such a run is not the flow: at the authors' blocks lr 0.05 ended with every OV value 0 and failed the
+    boundary's row); the verdict is error (a claim that could not decide), with the reason.  lambda_full is stubbed (the Hessian at d = 10 costs
+    seconds); below the bound the same case is inside the domain."""
+    from numerics.experiments import converged, phases
+    cfg = experiments.favoured_problem((5, 5), 2, 32, device=device)
+    assert cfg.d > converged.TUNED_D
+    monkeypatch.setattr(converged, "full_stiffness", lambda c: 100.0)
+    dom = claim.domain(cfg, 50.0, lr=0.05)
+    assert dom["unstable"] and not dom["inside"] and "stability bound 2/lambda = 0.02" in dom["reasons"][0]
+    assert not claim.domain(cfg, 50.0, lr=0.01)["unstable"]
+    monkeypatch.setattr(phases, "allocation_run", lambda *a, **k: pytest.fail("an unstable case was trained"))
+    res = claim.run(profile="quick", device=device, problem={"tasks": (5, 5), "heads": 2, "L": 32})
+    assert res.verdict == "error" and "not run" in res.details["undecided"], res.details
+    assert "stability bound" in res.details["undecided"] and res.details["not_run"], res.details
