@@ -169,3 +169,22 @@ def test_stiff_schedule_at_the_authors_blocks():
     s = stiff_schedule(cfg, QUICK_SCHEDULE)
     assert s.lr == pytest.approx(1.0 / lam_full) and s.polish_lr == pytest.approx(1.0 / lam_full)
     assert 1.0 < s.time < 10.0
+
+
+def test_a_stiff_run_is_priced_with_two_polish_pieces(monkeypatch):
+    """Beyond d = TUNED_D a run whose schedule's steps diverge is priced on the stiff schedule with at
+    least two polish pieces (the authors' audit: every stiff run took a second one, 913 CPU s measured
+    against 380 s priced with one); where the schedule stands the pieces are the caller's.  The
+    stiffnesses are stubbed (the Hessian at d = 10 costs seconds)."""
+    from numerics.config import ProblemConfig
+    from numerics.experiments import converged
+
+    cfg = ProblemConfig(tasks=(5, 5), heads=2, L=32)
+    assert cfg.d > converged.TUNED_D
+    monkeypatch.setattr(converged, "end_stiffness", lambda c: 10.0)
+    monkeypatch.setattr(converged, "full_stiffness", lambda c: 1000.0)
+    s = converged.QUICK_SCHEDULE
+    one, two = converged.converged_seconds(cfg, s, pieces=1), converged.converged_seconds(cfg, s, pieces=2)
+    assert one == two > 0
+    monkeypatch.setattr(converged, "full_stiffness", lambda c: 1e-3)     # steps stable: the schedule stands
+    assert converged.converged_seconds(cfg, s, pieces=1) < converged.converged_seconds(cfg, s, pieces=2)

@@ -354,7 +354,8 @@ def test_stream_version_3_is_pinned():
     changing it (issue 28: the float64 cast folded into the last Box-Muller pass, equal chunks,
     cached token maps).  A change of the stream moves these at O(1) and must bump
     STREAM_VERSION; the tolerance 1e-6 (relative to O(1) values) admits only the few-ulp
-    float32 differences of another CPU's vectorised log1p/cos/sin."""
+    float32 differences of another CPU's vectorised log/cos/sin (and of the log1p the radius took
+    until 2026-12-03: the same numbers to ~4 ulp)."""
     assert data.STREAM_VERSION == 3
     cfg = ProblemConfig(tasks=(2, 1), heads=1, L=5, sigma=0.2)
     for dtype in ("float64", "float32"):
