@@ -15,7 +15,7 @@ runs the claims that read sweeps (:func:`reads_sweep`) take instead of training 
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from claims.base import ClaimResult
 
@@ -91,9 +91,21 @@ def reads_sweep(claim_id: str) -> bool:
     return bool(spec_of(claim_id).reads_sweep)
 
 
-def estimate_seconds(claim_id: str, profile: str, problem: Optional[dict] = None) -> Optional[float]:
-    """The claim's own estimate of its wall time on 2 CPU cores (None: it gives none)."""
+def estimate_seconds(claim_id: str, profile: str, problem: Optional[dict] = None,
+                     before: Sequence[tuple[str, Optional[dict]]] = ()) -> Optional[float]:
+    """The claim's own estimate of its wall time on 2 CPU cores (None: it gives none), less the
+    runs it shares with the claims ``before`` it in one process ((id, problem) pairs of its
+    SHARED_RUNS group that run first: they train those runs, the run cache hands them on)."""
     s = spec_of(claim_id)
     if s.estimate is None:
         return None
-    return float(s.estimate(s.profile(profile, problem)))
+    p = s.profile(profile, problem)
+    seconds = float(s.estimate(p))
+    if s.shared_runs is not None and before:
+        mine, theirs = s.shared_runs(p), set()
+        for other, other_problem in before:
+            o = spec_of(other)
+            if o.shared_runs is not None and other != claim_id:
+                theirs |= set(o.shared_runs(o.profile(profile, other_problem)))
+        seconds -= sum(sec for run, sec in mine.items() if run in theirs)
+    return seconds

@@ -260,6 +260,7 @@ SPEC = ClaimSpec(
     statement=("Trained multi-head models (H = m) beat trained single heads by theory's finite-L gain, the exact "
                "ratio of the one-head optimum to the allocated fixed point; the gain tends to theory's rho_inf as "
                "L grows, which is below H at finite block size and rises towards H = m with r."),
-    profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings, reads_sweep=True, estimate=lambda p: trained.estimate(p, gain=True))
+    profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings, reads_sweep=True, estimate=lambda p: trained.estimate(p, gain=True),
+    shared_runs=trained.shared_runs)
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

@@ -100,9 +100,12 @@ class ClaimSpec:
     the researcher's problem laid over a profile (None: problems are refused); ``fields``:
     the problem fields it reads; ``cannot_run(problem) -> reason or None``: a configuration the
     claim cannot build its experiment for, decided before any run; ``estimate(p) -> seconds``:
-    its cost from its own plan on 2 CPU cores; ``findings(result) -> [Finding]``: the
-    template of its sentences, from the result's own numbers; ``reads_sweep``: whether its
-    trained runs may come from a sweep store (``--from-sweep``)."""
+    its cost from its own plan on 2 CPU cores; ``shared_runs(p) -> {run: seconds}``: the
+    runs of that plan a claim of its ``claims.SHARED_RUNS`` group may train first (keyed by
+    what the run cache keys them by), so that a group is priced with each run once;
+    ``findings(result) -> [Finding]``: the template of its sentences, from the result's own
+    numbers; ``reads_sweep``: whether its trained runs may come from a sweep store
+    (``--from-sweep``)."""
 
     id: str
     title: str
@@ -114,6 +117,7 @@ class ClaimSpec:
     fields: tuple = PROBLEM_FIELDS
     cannot_run: Optional[Callable[[dict], Optional[str]]] = None
     estimate: Optional[Callable[[Any], float]] = None
+    shared_runs: Optional[Callable[[Any], dict]] = None
     findings: Optional[Callable[[ClaimResult], list]] = None
     reads_sweep: bool = False
 

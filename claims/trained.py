@@ -105,14 +105,23 @@ def profile_configurations(p, device: str = "cpu") -> list[tuple[ProblemConfig, 
             for t, s in p.cases]
 
 
+def shared_runs(p) -> dict:
+    """The m-head converged runs of claims 5 and 6's plans, {(cfg, schedule): CPU seconds}: the
+    runs both train (the run cache trains each once in one process; claim 6's one-head runs are
+    its own)."""
+    from numerics.experiments.converged import converged_seconds
+    return {(cfg, p.schedule): converged_seconds(cfg, p.schedule)
+            for base, Ls in profile_configurations(p) for cfg in (replace(base, L=int(L)) for L in Ls)}
+
+
 def estimate(p, gain: bool = False) -> float:
     """CPU seconds of claim 5's plan (``gain``: claim 6's) priced through ``numerics.cost``: per
     configuration and L the converged run (claim 6: the m-head and the one-head run), theory's exact
     point (claim 5: the fixed point at L; claim 6: the gain at L), then the bridge (reduced minima at
     the largest L) and the limit row (at limit_L, with theory's values at limit_L and 4 limit_L).
     Each run priced as converged after its first polish piece (the budget allows
-    ``schedule.polish_extensions`` more); a run already cached (shared with boundary-left-allocation
-    in one process) is counted in each claim that reads it."""
+    ``schedule.polish_extensions`` more); the m-head runs are counted in each claim's own estimate
+    (:func:`shared_runs`: claims.estimate_seconds takes them off the claim that runs second)."""
     from numerics import cost
     from numerics.experiments.converged import converged_seconds
     kind = "finite_L_gain" if gain else "exact_fixed_point"

@@ -105,8 +105,18 @@ def estimate(cfg) -> Optional[dict]:
     if not hasattr(claims, "estimate_seconds"):
         return None
     at = set(claims_at_configuration(cfg)["configuration"])
-    per = {cid: _ask("estimate_seconds", cid, cfg.profile, cfg.problem if cid in at else None)
-           for cid in selected(cfg)}
+    ids = selected(cfg)
+    problem = {cid: cfg.problem if cid in at else None for cid in ids}
+
+    def before(cid):
+        """The claims of cid's SHARED_RUNS group that run before it in its process (ids' order):
+        they train the runs the group shares (the run cache hands them on)."""
+        group = next((g for g in getattr(claims, "SHARED_RUNS", ()) if cid in g), ())
+        return [(other, problem[other]) for other in ids[:ids.index(cid)] if other in group]
+
+    per = {cid: (_ask("estimate_seconds", cid, cfg.profile, problem[cid], before(cid)) if before(cid) else
+                 _ask("estimate_seconds", cid, cfg.profile, problem[cid]))
+           for cid in ids}
     per = {cid: float(s) if isinstance(s, (int, float)) and math.isfinite(s) else None for cid, s in per.items()}
     jobs = max(1, int(getattr(cfg, "jobs", 1) or 1))
     return {"seconds": sum(s for s in per.values() if s is not None), "per_claim": per,

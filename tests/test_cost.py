@@ -97,3 +97,23 @@ def test_wall_estimate_schedules_groups_as_the_runner_does():
     # groups: {limiting-error, multi-head-gain} 150, optimality 120, three-phases 30 -> 150 | 120 + 30
     assert wall_seconds(per, 2) == pytest.approx(150.0)
     assert wall_seconds(per, 8) == pytest.approx(150.0)
+
+
+def test_a_shared_run_is_priced_once_in_its_group():
+    """Claims 5 and 6 train the same m-head runs (the run cache trains each once in one process):
+    multi-head-gain run after limiting-error is priced without them, by exactly limiting-error's
+    runs that it also plans (at quick the (2, 2) case is both claims', (3, 3) and (3, 3, 3) each
+    one's own); alone, or first, it prices them.  At the authors' configuration the group's estimate
+    had counted its four runs twice (82 min estimated on 2 processes against 54 measured)."""
+    from claims import limiting_error, multi_head_gain, trained
+    alone = claims.estimate_seconds("multi-head-gain", "quick")
+    after = claims.estimate_seconds("multi-head-gain", "quick", None, [("limiting-error", None)])
+    ours = trained.shared_runs(multi_head_gain.QUICK)
+    theirs = trained.shared_runs(limiting_error.QUICK)
+    both = [run for run in ours if run in theirs]
+    assert both and len(both) < len(ours)          # the (2, 2) runs only
+    assert alone - after == pytest.approx(sum(ours[run] for run in both))
+    assert claims.estimate_seconds("limiting-error", "quick", None, [("multi-head-gain", None)]) == pytest.approx(
+        claims.estimate_seconds("limiting-error", "quick") - sum(theirs[run] for run in both))
+    assert claims.estimate_seconds("optimality", "quick", None, [("limiting-error", None)]) == pytest.approx(
+        claims.estimate_seconds("optimality", "quick"))      # shares nothing
