@@ -114,9 +114,10 @@ def estimate(cfg) -> Optional[dict]:
         group = next((g for g in getattr(claims, "SHARED_RUNS", ()) if cid in g), ())
         return [(other, problem[other]) for other in ids[:ids.index(cid)] if other in group]
 
-    per = {cid: (_ask("estimate_seconds", cid, cfg.profile, problem[cid], before(cid)) if before(cid) else
-                 _ask("estimate_seconds", cid, cfg.profile, problem[cid]))
-           for cid in ids}
+    per = {}
+    for cid in ids:
+        first = before(cid)      # passed only where there is one: a three-argument estimate_seconds still answers
+        per[cid] = _ask("estimate_seconds", cid, cfg.profile, problem[cid], *([first] if first else []))
     per = {cid: float(s) if isinstance(s, (int, float)) and math.isfinite(s) else None for cid, s in per.items()}
     jobs = max(1, int(getattr(cfg, "jobs", 1) or 1))
     return {"seconds": sum(s for s in per.values() if s is not None), "per_claim": per,

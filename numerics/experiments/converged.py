@@ -202,7 +202,8 @@ def unstable_step(cfg: ProblemConfig, lr: float) -> str | None:
 
 def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: int = 1) -> float:
     """CPU seconds (``numerics.cost``) of :func:`train_converged` at ``cfg`` with ``pieces`` polish
-    pieces (1: converged after the first; the budget allows ``schedule.polish_extensions + 1``): the
+    pieces (1: converged after the first; the budget allows ``schedule.polish_extensions + 1``; a
+    stiff schedule at least 2, as measured): the
     explore, and per piece its polish, the held-out loss and the paired descent sample
     (WINDOW_POINTS snapshots and the explore end)."""
     from numerics import cost
