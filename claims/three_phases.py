@@ -66,8 +66,8 @@ def domain(cfg: ProblemConfig, pred: PhasePrediction, lr: float | None = None) -
     m >= 2 and H >= m with distinct predicted heads; an expansion fine enough at this L (its level error moves the
     warm-up end by ``pred.level_shift`` = (0.1 end_err + 0.9 start_err) / |dL/dt|; beyond T/4 not even a factor-2
     error could be told apart: r = 4, L = 16 gives 0.93 against T = 2.2); a step ``lr`` inside the full model's
-    stability bound at the flow's end (numerics.experiments.converged.full_stiffness; asked beyond d = TUNED_D only:
-    lr lambda_full is 0.4 at tiny and quick, 1.3 at paper, 15 at the authors' blocks).  Else a boundary run."""
+    stability bound at the flow's end (numerics.experiments.converged.unstable_step, asked beyond d = TUNED_D only;
+    lr lambda_full at this claim's logit scale is 15 at the authors' blocks).  Else a boundary run."""
     reasons = []
     if cfg.param != "factored":
         reasons.append("merged weights: warm-up law a + b log(1/s0) and a late superposition drift")
