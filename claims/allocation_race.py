@@ -20,11 +20,12 @@ import numpy as np
 
 from claims.base import Figure
 from claims.common import Z_SE, Comparison, config_label, headline_row, lines_figure, reported_row
-from claims.phase_checks import (ALLOCATION, FIELDS, PHASES, decided, mix_figure, mix_phrase, mix_rows,
+from claims.phase_checks import (ALLOCATION, FIELDS, PHASES, decided, mix_figure, mix_phrase, mix_rows, not_run,
                                  nothing_compared, outcome_comparison, phase_comparison, phase_row, share_comparison,
                                  tcfg)
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
 from numerics.config import ProblemConfig
+from numerics.experiments.converged import stiffness_seconds
 from numerics.experiments.starts import (large_init_reduced, large_init_starts, outcome_mix, race_cells,
                                        references)
 from theory.initialisation import default_start_winners, race_starts
@@ -74,6 +75,8 @@ def race_grid(p: RaceProfile, device="cpu", seed=0, progress=lambda msg, f: None
     race_decided), each seed's end class counted (``mix``), theory's ODE and largest-mu0
     predictions."""
     base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=device)
+    if why := not_run(p.lr, (("race cells", base),)):     # beyond d = 9 only: a cell past the stability bound decides nothing
+        return {"cells": [], "not_run": why}
     starts = race_starts(p.s0, p.ratios, p.heads, base.m)
     cfgs = [base.replace(init="given", init_omega=tuple(map(tuple, st["omega0"])), init_mu=tuple(map(tuple, st["mu0"])))
             for st in starts]
@@ -159,7 +162,8 @@ def bracket(scales: list, hits: list):
 def evaluate(ctx) -> Outcome:
     """boundary-allocation-race: items 3 and 4 of issue 14 (module docstring)."""
     p, seed, progress = ctx.p, ctx.seed, ctx.progress
-    cells = race_grid(p, ctx.device, seed, lambda msg, f: progress(msg, 0.6 * f))["cells"]
+    grid = race_grid(p, ctx.device, seed, lambda msg, f: progress(msg, 0.6 * f))
+    cells = grid["cells"]
     base = ProblemConfig(tasks=p.large_tasks, heads=len(p.large_tasks), L=p.L, sigma=p.sigma, device=ctx.device)
     large = large_runs(p, base, seed, progress)
     spacing = p.large_time / (p.large_records - 1)
@@ -192,7 +196,8 @@ def evaluate(ctx) -> Outcome:
     sides_with = lambda rule: sum(c["decided"] and c["measured"][0] == c[rule] for c in dis)  # noqa: E731
     contra = sides_with("ode")
     headline = [headline_row(race, measured=race.measured, theory=race.predicted) if race.details["decided"]
-                else reported_row(race.name, None, config=cfg0),
+                else reported_row(race.name + (f" (not run: {grid['not_run']})" if grid.get("not_run") else ""), None,
+                                  config=cfg0),
                 headline_row(small) if small.details["decided"] else reported_row(small.name, None, config=label),
                 *(reported_row(name, value, config=cfg0) for name, value in (
                     ("race: undecided cells: data seeds disagree", race.details["seeds_disagree"]),
@@ -214,7 +219,7 @@ def evaluate(ctx) -> Outcome:
                "ran": {"profile": asdict(p), "design": "the cells share their prompt streams, and so do the large-init "
                        "scales (common random numbers); each start's seeds are its prompt streams (the start itself "
                        "is deterministic), trained together"},
-               "cells": cells, "large_mix": mixes,
+               "cells": cells, "cells_not_run": grid.get("not_run"), "large_mix": mixes,
                "large": {f"{s:g}": [{"full": {k: v for k, v in r["full"].items() if k not in ("t", "loss_curve")},
                                      "reduced": r["reduced"] and {k: v for k, v in r["reduced"].items()
                                                                   if k not in ("t", "loss_curve")}} for r in rs]
@@ -223,7 +228,7 @@ def evaluate(ctx) -> Outcome:
                "no_warmup_scales": no_warmup, "unpredictable_scales": unpredictable,
                "warmup_undefined_scales": undefined, "largest_mu_contradicted": contra,
                "largest_mu_decided": sum(c["decided"] for c in dis), "rules_disagree": len(dis)}
-    figures = [_race_heatmap(p, cells), _race_border_figure(p, cells), _large_phase_figure(large, spacing),
+    figures = [*([_race_heatmap(p, cells), _race_border_figure(p, cells)] if cells else []), _large_phase_figure(large, spacing),
                mix_figure("race-large-outcomes", "Where the default decomposable start ends, per scale (counted "
                           "classes)", mixes, caption="one bar per init scale: its prompt streams (seeds) by end class "
                           "(numerics.readout.end_class)")]
@@ -240,13 +245,17 @@ def findings(result) -> list:
     d = result.details
     race = comparisons_where(result, role="race winner")[0]
     p = d["ran"]["profile"]
-    out = [finding(result, "beyond", "In the (omega0, mu0) race ({cells} cells, one task, two heads) the measured "
-                   "winner is theory's ODE rule's in {agree} of {decided} decided cells; 'largest mu0' and the ODE "
-                   "rule disagree in {dis} cells, and the measurement contradicts 'largest mu0' in {contra} of the "
-                   "{dis_dec} of them that are decided ({undecided} cells undecided by t_end = {t}).",
-                   cells=len(d["cells"]), agree=race["measured"], decided=race["details"]["decided"],
-                   dis=d["rules_disagree"], contra=d["largest_mu_contradicted"], dis_dec=d["largest_mu_decided"],
-                   undecided=race["details"]["undecided"], t=p["time"])]
+    if d.get("cells_not_run"):      # claims.phase_checks.not_run
+        out = [finding(result, "beyond", "The (omega0, mu0) race cells were not trained: "
+                       + d["cells_not_run"].replace("{", "{{").replace("}", "}}") + ".")]
+    else:
+        out = [finding(result, "beyond", "In the (omega0, mu0) race ({cells} cells, one task, two heads) the measured "
+                       "winner is theory's ODE rule's in {agree} of {decided} decided cells; 'largest mu0' and the ODE "
+                       "rule disagree in {dis} cells, and the measurement contradicts 'largest mu0' in {contra} of the "
+                       "{dis_dec} of them that are decided ({undecided} cells undecided by t_end = {t}).",
+                       cells=len(d["cells"]), agree=race["measured"], decided=race["details"]["decided"],
+                       dis=d["rules_disagree"], contra=d["largest_mu_contradicted"], dis_dec=d["largest_mu_decided"],
+                       undecided=race["details"]["undecided"], t=p["time"])]
     for s0, mix in (d.get("large_mix") or {}).items():     # every large-init scale: where its seeds end, counted
         phrase, nums = mix_phrase(mix)
         out.append(finding(result, "beyond", "From the default decomposable start at " + s0.replace("s0=", "s0 = ")
@@ -267,8 +276,7 @@ def findings(result) -> list:
     else:
         out.append(finding(result, "stops", "From the default decomposable start the warm-up does not disappear up "
                            "to s0 = {top} (t_end = {t});" + tail, **nums))
-    out.append(_cells_finding(result, d["cells"], p))
-    return out
+    return out + ([_cells_finding(result, d["cells"], p)] if d["cells"] else [])
 
 
 def _cells_finding(result, cells, p):
@@ -294,16 +302,18 @@ def estimate(p: RaceProfile) -> float:
     plan_seconds: the step-cost model): the race cells (every cell on each prompt stream, a
     stream's cells in one program), the large-init runs (every scale on each stream) with
     ``reduced_seeds`` reduced flows per scale, every run's end-state evaluations, plus a fixed
-    part (imports, theory's ODE rule per cell: 10 s)."""
+    part (imports, theory's ODE rule per cell: 10 s); no race cell past the stability bound."""
     from numerics.experiments.starts import WINDOW_MOST, plan_seconds
     snaps = lambda records: min(WINDOW_MOST, records // 4 + 1)  # noqa: E731
-    cells = plan_seconds(p.tasks, p.heads, p.L, p.batch, round(p.time / p.lr), [len(p.ratios) ** 2] * len(p.data_seeds),
-                         p.n_eval, snaps(p.records))
+    base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma)
+    cells = 0.0 if not_run(p.lr, (("race cells", base),)) else plan_seconds(
+        p.tasks, p.heads, p.L, p.batch, round(p.time / p.lr), [len(p.ratios) ** 2] * len(p.data_seeds), p.n_eval,
+        snaps(p.records))
     large = plan_seconds(p.large_tasks, len(p.large_tasks), p.L, p.batch, round(p.large_time / p.lr),
                          [len(p.large_scales)] * len(p.large_seeds), p.n_eval, snaps(p.large_records),
                          reduced=len(p.large_scales) * min(p.reduced_seeds, len(p.large_seeds)),
                          reduced_streams=min(p.reduced_seeds, len(p.large_seeds)))
-    return 10.0 + cells + large
+    return 10.0 + stiffness_seconds(base) + cells + large     # the stiffness: what not_run asks, beyond d = 9 only
 
 
 RACE_SPEC = ClaimSpec(

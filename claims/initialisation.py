@@ -18,15 +18,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-
-from claims.base import Figure
-from claims.common import (Z_SE, Comparison, compare, config_label, headline_row, lines_figure, perturbation,
+from claims.common import (Z_SE, Comparison, compare, config_label, headline_row, perturbation,
                            reported_row)
-from claims.phase_checks import (FIELDS, PHASES, mix_figure, mix_phrase, mix_rows, nothing_compared, outcome_comparison,
-                                 phase_comparison, phase_row, share_comparison, tcfg)
+from claims.phase_checks import (FIELDS, mix_figure, mix_phrase, mix_rows, not_run, nothing_compared, outcome_comparison,
+                                 phase_comparison, phase_row, random_phase_figure, residual_figure, share_comparison,
+                                 tcfg, unbalanced_figure)
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
 from numerics import saddle as single_heads
 from numerics.config import ProblemConfig
+from numerics.experiments.converged import stiffness_seconds
 from numerics.experiments.starts import (outcome_mix, random_starts, references, single_task_starts, unbalanced_reduced,
                                        unbalanced_starts)
 from numerics.readout import ZERO_SUM_SHARE
@@ -182,6 +182,8 @@ def evaluate(ctx) -> Outcome:
     p, seed, progress = ctx.p, ctx.seed, ctx.progress
     base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
     s_authors = authors_logit_scale(p.tasks)
+    if why := not_run(p.lr, starts(p, base)):    # beyond d = 9 only: a run past the stability bound is no evidence
+        return Outcome([], [], details={"ran": {"profile": asdict(p)}, "not_run": why}, undecided="not run: " + why)
     scales, s_small = random_start_scales(p.scales, p.small_factor, p.tasks, p.heads, p.L, p.time, p.sigma)
     cfgs = [base.replace(init="uniform_full", init_scale=s0, init_seed=seed + k, logit_scale=s_authors)
             for s0 in scales for k in p.init_seeds]
@@ -250,7 +252,7 @@ def evaluate(ctx) -> Outcome:
         s_comps, s_rows, details["single_task"] = single_task(ctx)
         comps, headline = comps + s_comps, headline + s_rows
         mixes.update({f"single task H={H}": sm["mix"] for H, sm in details["single_task"]["summary"].items()})
-    figures = [_residual_figure(runs), _phase_figure_random(runs), _unbalanced_figure(unb),
+    figures = [residual_figure(runs), random_phase_figure(runs), unbalanced_figure(unb),
                mix_figure("init-outcomes", "Where the seeds of each start end (counted classes)", mixes,
                           caption="one bar per start: its seeds by end class (numerics.readout.end_class); the seeds "
                                   "of one start share one prompt stream")]
@@ -331,6 +333,8 @@ def findings(result) -> list:
     """Where the seeds of every random start end, counted by class (beyond), and the unbalanced
     starts' outcomes (beyond)."""
     d, out = result.details, []
+    if "not_run" in d:      # nothing trained: the verdict's reason says why
+        return out
     for f in d["findings"]:     # every random start: the classes its seeds end in, counted
         phrase, nums = mix_phrase(f["mix"])
         out.append(finding(result, "beyond", "From the uniform random full start at s0 = {s0} (1: PyTorch's default; "
@@ -369,13 +373,24 @@ def findings(result) -> list:
 SINGLE_TASK_SECONDS = 16.0   # the single-task part at quick: 16 runs of 1200 steps in 2 programs, 12.8 CPU s measured
 
 
+def starts(p: InitProfile, base: ProblemConfig) -> tuple:
+    """(label, cfg) of the two kinds of start, for claims.phase_checks.not_run: the random ones train at the authors'
+    logit scale, the unbalanced ones at 1."""
+    return ("random starts", base.replace(logit_scale=authors_logit_scale(p.tasks))), ("unbalanced starts", base)
+
+
 def estimate(p: InitProfile) -> float:
     """Seconds before it runs, priced from the claim's own plan (numerics.experiments.starts.
     plan_seconds: the step-cost model): the random starts (scales x seeds on one prompt stream,
     one program), the unbalanced starts (each stream's starts in one program; two reduced flows
     each, all in one program), every run's end-state evaluations (its descent window's snapshots on n_eval prompts),
-    plus a fixed part (imports, the reference points' fit: 10 s) and the single-task runs."""
+    plus a fixed part (imports, the reference points' fit: 10 s; beyond d = 9 the stiffness not_run asks) and the
+    single-task runs; no start when they are not run (:func:`not_run`)."""
     from numerics.experiments.starts import WINDOW_MOST, plan_seconds
+    parts = starts(p, ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma))
+    fixed = 10.0 + sum(stiffness_seconds(c) for _, c in parts)     # + what not_run asks (beyond d = 9 only)
+    if not_run(p.lr, parts):
+        return fixed      # no start is trained
     steps = round(p.time / p.lr)
     snaps = lambda records: min(WINDOW_MOST, records // 4 + 1)  # noqa: E731
     scales = len(p.scales) * len(p.init_seeds)
@@ -384,7 +399,7 @@ def estimate(p: InitProfile) -> float:
                        p.n_eval, snaps(p.unbalanced_records),
                        reduced=2 * len(p.unbalanced_seeds) * len(p.unbalanced_data_seeds),
                        reduced_streams=len(p.unbalanced_seeds) * len(p.unbalanced_data_seeds))
-    return 10.0 + random_ + unb + SINGLE_TASK_SECONDS
+    return fixed + random_ + unb + SINGLE_TASK_SECONDS
 
 
 INIT_SPEC = ClaimSpec(
@@ -396,31 +411,3 @@ INIT_SPEC = ClaimSpec(
 CLAIM_ID, TITLE, STATEMENT = INIT_SPEC.id, INIT_SPEC.title, INIT_SPEC.statement
 run = INIT_SPEC.run
 
-
-def _residual_figure(runs) -> Figure:
-    curves = [(f"s0={s0:.3g} seed {r['init_seed']} {label}", [x["t"] for x in r["trajectory"]],
-               [max(x[key], 1e-12) for x in r["trajectory"]], style)
-              for s0, rs in runs.items() for r in rs[:2] if r.get("trajectory")
-              for label, key, style in (("movable", "movable_relative", "line"),
-                                        ("gradient-free", "gradient_free_relative", "dashed"))]
-    return lines_figure("init-residual", "Off-D residual from random full starts (relative to ||(W,U)||)", curves,
-                        xlabel="t", ylabel="residual / ||(W, U)||", yscale="log",
-                        caption="solid: the part the loss can move; dashed: W's y columns, which no gradient reaches "
-                                "(a floor set by the init, not 'staying off D')")
-
-
-def _phase_figure_random(runs) -> Figure:
-    curves = [(f"{label} end (per seed)", [s for s, rs in runs.items() for _ in rs],
-               [(r["phases"] or {}).get(key, math.nan) for rs in runs.values() for r in rs], "points") for key, label in PHASES.items()]
-    return lines_figure("init-phases-random", "Phase times against the random start's scale", curves, xlabel="s0",
-                        ylabel="t", xscale="log",
-                        caption="missing points: no drop clear of the noise (phases undefined) by t_end")
-
-
-def _unbalanced_figure(unb) -> Figure:
-    curves = [(f"start {r['seed']} data {r['data_seed']} {key}", r[key]["t"], r[key]["loss_curve"], style) for r in unb
-              for key, style in (("full", "points"), ("reduced_unbalanced", "line"), ("reduced_balanced", "dashed"))]
-    return lines_figure("init-unbalanced", "Unbalanced starts: full model, reduced flow with and without the balance",
-                        curves, xlabel="t", ylabel="loss",
-                        caption="points: full model; line: reduced flow with the conserved balances; dashed: balanced "
-                                "metric (the paper's)")

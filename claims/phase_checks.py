@@ -1,13 +1,15 @@
 """What the two initialisation boundaries share (boundary-initialisation, boundary-allocation-
 race): their problem fields, their run configurations, the comparison of the phase times
 of two loss curves (phases that do not end within a run reported as such) and the exact
-comparison of discrete outcomes (winners)."""
+comparison of discrete outcomes (winners), the stability guard of their runs and the figures
+of boundary-initialisation's starts."""
 from __future__ import annotations
 
 import math
 
-from claims.common import Z_SE, Comparison, compare, headline_row, perturbation, reported_row, resolved
+from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row, resolved
 from claims.spec import fmt
+from numerics.experiments.converged import unstable_step
 from numerics.train import TrainConfig
 
 FIELDS = ("tasks", "heads", "L", "sigma")
@@ -17,6 +19,19 @@ PHASES = {"warmup_end": "warm-up", "emergence_end": "emergence"}
 
 def tcfg(p, seed: int, time_=None, records=None) -> TrainConfig:
     return TrainConfig(lr=p.lr, time=time_ or p.time, batch=p.batch, seed=seed, records=records or p.records)
+
+
+def not_run(lr: float, parts) -> str | None:
+    """Why none of the runs of ``parts`` ((label, cfg) pairs) is trained (None: they are): the step ``lr`` at
+    or past the full model's stability bound at every part's cfg (numerics.experiments.converged.unstable_step,
+    asked beyond d = 9 only), where no run is evidence either way.  Where only some parts are past it, all are
+    trained and each run reported as it ends (diverged included): the paper profile's unbalanced starts, (4,4,4)
+    at lr 0.05 against 2/lambda = 0.020, beside random starts that are not.  At the authors' blocks (16,17,17),
+    H = 3, L = 100 the two boundaries' lr 0.1 lies past 2/lambda = 0.0017 (logit scale 1) and 0.0123 (the
+    authors' 7.28): trained anyway (until 2026-12-03) every unbalanced start, every random start at s0 = 0.3
+    and every race cell diverged, and no outcome was decided (boundary-initialisation: 14 CPU-min)."""
+    why = [f"{label}: {w}" for label, cfg in parts if (w := unstable_step(cfg, lr))]
+    return "; ".join(why) if why and len(why) == len(parts) else None
 
 
 # --- phase times of two curves, and comparisons that have nothing to compare
@@ -199,3 +214,37 @@ def mix_figure(name: str, title: str, mixes: dict, caption: str = ""):
     return Figure(name=name, title=title, kind="mix", row_labels=list(mixes), col_labels=labels,
                   matrix=[[float(m["labels"].get(k, {}).get("count", 0)) for k in labels] for m in mixes.values()],
                   xlabel="seeds", caption=caption)
+
+
+# --- boundary-initialisation's figures of its starts
+
+def residual_figure(runs):
+    """boundary-initialisation: the off-D residual of the random starts (two seeds a scale) against t."""
+    curves = [(f"s0={s0:.3g} seed {r['init_seed']} {label}", [x["t"] for x in r["trajectory"]],
+               [max(x[key], 1e-12) for x in r["trajectory"]], style)
+              for s0, rs in runs.items() for r in rs[:2] if r.get("trajectory")
+              for label, key, style in (("movable", "movable_relative", "line"),
+                                        ("gradient-free", "gradient_free_relative", "dashed"))]
+    return lines_figure("init-residual", "Off-D residual from random full starts (relative to ||(W,U)||)", curves,
+                        xlabel="t", ylabel="residual / ||(W, U)||", yscale="log",
+                        caption="solid: the part the loss can move; dashed: W's y columns, which no gradient reaches "
+                                "(a floor set by the init, not 'staying off D')")
+
+
+def random_phase_figure(runs):
+    """boundary-initialisation: each seed's phase ends against the random start's scale."""
+    curves = [(f"{label} end (per seed)", [s for s, rs in runs.items() for _ in rs],
+               [(r["phases"] or {}).get(key, math.nan) for rs in runs.values() for r in rs], "points") for key, label in PHASES.items()]
+    return lines_figure("init-phases-random", "Phase times against the random start's scale", curves, xlabel="s0",
+                        ylabel="t", xscale="log",
+                        caption="missing points: no drop clear of the noise (phases undefined) by t_end")
+
+
+def unbalanced_figure(unb):
+    """boundary-initialisation: the unbalanced starts' loss curves, full model and both reduced flows."""
+    curves = [(f"start {r['seed']} data {r['data_seed']} {key}", r[key]["t"], r[key]["loss_curve"], style) for r in unb
+              for key, style in (("full", "points"), ("reduced_unbalanced", "line"), ("reduced_balanced", "dashed"))]
+    return lines_figure("init-unbalanced", "Unbalanced starts: full model, reduced flow with and without the balance",
+                        curves, xlabel="t", ylabel="loss",
+                        caption="points: full model; line: reduced flow with the conserved balances; dashed: balanced "
+                                "metric (the paper's)")

@@ -20,7 +20,7 @@ from claims.common import Z_SE, Comparison, compare, reported_row
 from claims.spec import ClaimSpec, Outcome, finding
 from numerics.config import ProblemConfig
 from numerics.experiments import phases as experiments
-from numerics.experiments.converged import unstable_step
+from numerics.experiments.converged import stiffness_seconds, unstable_step
 from numerics.model import initial_values
 from numerics.readout import allocation
 from numerics.train import TrainConfig
@@ -418,14 +418,14 @@ def findings(result) -> list:
 
 
 def estimate(p: TaskAllocationProfile) -> float:
-    """CPU seconds of the plan (``numerics.cost``): per case its run (t / lr steps at the case's shape, t the
-    profile's time or, without one, BOUNDARY_TIME: the domain's horizon is theory's flow, seconds of CPU that an
-    estimate made before every build does not spend), the tail records,
-    the held-out loss (``held_out`` prompts inside the domain, 16384 at most outside), and once per (tasks, L, sigma)
-    the Monte-Carlo off-task slope (``slope_prompts`` prompts: a forward pass and its gradient, ~3 forwards)."""
+    """CPU seconds of the plan (``numerics.cost``): per case that runs (none past the stability bound) its run (t / lr
+    steps at its shape, t the profile's time or, without one, BOUNDARY_TIME: the domain's horizon is theory's flow,
+    CPU an estimate made before every build does not spend), the tail records, the held-out loss (``held_out``
+    prompts inside the domain, 16384 at most outside), and once per (tasks, L, sigma) the Monte-Carlo off-task
+    slope (``slope_prompts`` prompts: a forward pass and its gradient, ~3 forwards)."""
     from numerics import cost
-    seconds, slopes = 0.0, set()
-    for cfg in plan(p):
+    seconds, slopes = sum(stiffness_seconds(c) for c in plan(p)), set()     # what unstable_step asks, beyond d = 9
+    for cfg in (c for c in plan(p) if not unstable_step(c, p.lr)):     # beyond d = 9 only, as evaluate's domain
         t = p.time if p.time is not None else BOUNDARY_TIME
         seconds += cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, p.batch, round(t / p.lr), dtype=cfg.dtype,
                                       records=p.records)

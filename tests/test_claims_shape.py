@@ -70,7 +70,7 @@ a spec, its comparisons and its findings read in one sitting; more means a piece
 shared module or in numerics/theory."""
 
 OVER_THE_LIMIT = {"claims/common.py": 595, "claims/model_audit.py": 1082, "claims/spectral_reduction.py": 508,
-                  "claims/task_allocation.py": 450, "claims/three_phases.py": 497, "claims/initialisation.py": 426}
+                  "claims/task_allocation.py": 450, "claims/three_phases.py": 497, "claims/initialisation.py": 413}
 """The modules above the limit when it was set (their line counts then): each may shrink, none may
 grow, and one that comes under the limit leaves this table (the test says so)."""
 

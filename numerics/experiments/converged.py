@@ -146,6 +146,17 @@ def full_stiffness(cfg: ProblemConfig) -> float | None:
     return _FULL_STIFFNESS[key]
 
 
+def stiffness_seconds(cfg: ProblemConfig) -> float:
+    """CPU seconds of what :func:`unstable_step` asks at ``cfg`` (0 at d <= TUNED_D, where it asks nothing): theory's
+    end point (~4 s: the exact fixed point's quadratures) and :func:`full_stiffness`'s FULL_STIFFNESS_ITERS
+    Hessian-vector products, ~3 forward passes each (``numerics.cost``).  Measured 2026-12-03 (AMD EPYC): 10.8 s at
+    (16,17,17), H = 3, L = 100 (priced 11.9), 7.1 s at H = 4 (12.3)."""
+    from numerics import cost
+    if cfg.d <= TUNED_D:
+        return 0.0
+    return 5.0 + FULL_STIFFNESS_ITERS * 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, FULL_STIFFNESS_PROMPTS)
+
+
 def stiff_schedule(cfg: ProblemConfig, schedule: "TrainingSchedule") -> "TrainingSchedule":
     """The schedule a converged run of ``cfg`` takes where the schedule's own steps diverge: its
     steps were chosen at d <= 9, and at the authors' blocks (d = 50) the explore step 0.1 diverges

@@ -103,3 +103,28 @@ def test_race_findings_follow_the_numbers():
     # the race cells counted: 3 of 4 cells' streams end in one class; per stream the cells per class
     assert "in one class in 3 cells and in different classes in 1" in a[2].text, a[2].text
     assert "stream 0: allocated in 4; stream 1: allocated in 3, not converged in 1" in a[2].text, a[2].text
+
+
+def test_race_cells_past_the_stability_bound_are_not_run(device, monkeypatch):
+    """Beyond d = 9 the race cells at a step past the full model's stability bound are not trained (at the authors'
+    blocks all 16 x 8 diverged at lr 0.1): race_grid returns no cell and the reason, the estimate prices none, and
+    the findings say so.  lambda_full is stubbed (its Hessian costs seconds)."""
+    import claims.allocation_race as claim
+    from numerics.experiments import converged
+    p = claim.RACE_SPEC.profile("quick", {"tasks": (5, 5), "heads": 2, "L": 32})
+    monkeypatch.setattr(converged, "full_stiffness", lambda c: 10.0)       # 2 / lambda = 0.2 > lr 0.1: trained
+    before = claim.estimate(p)
+    monkeypatch.setattr(converged, "full_stiffness", lambda c: 100.0)      # 2 / lambda = 0.02 < lr 0.1: not run
+    monkeypatch.setattr(claim, "race_cells", lambda *a, **k: pytest.fail("a race cell past the bound was trained"))
+    grid = race_grid(p, device)
+    assert grid["cells"] == [] and grid["not_run"].startswith("race cells: the step 0.1 lies beyond"), grid
+    assert claim.estimate(p) < before
+    details = {"cells": [], "cells_not_run": grid["not_run"], "rules_disagree": 0, "largest_mu_contradicted": 0,
+               "largest_mu_decided": 0, "no_warmup_scales": [], "unpredictable_scales": [], "warmup_undefined_scales": [],
+               "ran": {"profile": {"time": 30.0, "large_scales": [0.05], "large_time": 30.0, "data_seeds": [0, 1]}},
+               "comparisons": [{"name": "race winner = ...", "measured": 0,
+                                "details": {"role": "race winner", "decided": 0, "undecided": 0}}]}
+    texts = [f.text for f in race_findings(ClaimResult(id="boundary-allocation-race", title="", statement="",
+                                                       verdict="located", kind="boundary", details=details))]
+    assert texts[0].startswith("The (omega0, mu0) race cells were not trained: race cells: the step 0.1"), texts
+    assert not any("race cells the" in t for t in texts), texts     # no count of cells that were not run

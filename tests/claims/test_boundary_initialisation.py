@@ -240,3 +240,32 @@ def test_a_diverged_unbalanced_run_decides_no_outcome():
 
     c = check_unbalanced_winners([run(0, [None, None]), run(1, [0, 1])])
     assert c.details["decided"] == 2 and all(d["start"] == 1 for d in c.details["pairs"])
+
+
+def test_starts_past_the_stability_bound_are_not_run(device, monkeypatch):
+    """Beyond d = 9 a step at or past the full model's stability bound 2 / lambda_full for both kinds of start
+    (claims.phase_checks.not_run) trains no start: at the authors' blocks every unbalanced start and every random one at s0 = 0.3 diverged at the
+    claim's lr 0.1, and nothing was decided after 14 CPU-min.  The verdict is undecided with the reason, the estimate
+    prices no run; below the bound the same problem is trained.  lambda_full is stubbed (its Hessian costs seconds)."""
+    import claims.initialisation as claim
+    from numerics.experiments import converged
+    problem = {"tasks": (5, 5), "heads": 2, "L": 32}
+    p = claim.INIT_SPEC.profile("quick", problem)
+    base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L)
+    assert base.d > converged.TUNED_D
+    monkeypatch.setattr(converged, "full_stiffness", lambda c: 10.0)       # 2 / lambda = 0.2 > lr 0.1: trained
+    assert claim.not_run(p.lr, claim.starts(p, base)) is None
+    before = claim.estimate(p)
+    # only the unbalanced starts (logit scale 1) past the bound: every start is trained, as at the paper profile
+    monkeypatch.setattr(converged, "full_stiffness", lambda c: 100.0 if c.logit_scale == 1.0 else 10.0)
+    assert claim.not_run(p.lr, claim.starts(p, base)) is None and claim.estimate(p) == before
+    monkeypatch.setattr(converged, "full_stiffness", lambda c: 100.0)      # 2 / lambda = 0.02 < lr 0.1: not run
+    why = claim.not_run(p.lr, claim.starts(p, base))
+    assert why.startswith("random starts: the step 0.1") and "; unbalanced starts: the step 0.1" in why, why
+    assert 10.0 < claim.estimate(p) < 0.2 * before     # the fixed part and the stiffness it asks, no run
+    monkeypatch.setattr(claim, "random_starts", lambda *a, **k: pytest.fail("a start past the bound was trained"))
+    monkeypatch.setattr(claim, "unbalanced_starts", lambda *a, **k: pytest.fail("a start past the bound was trained"))
+    res = run(profile="quick", device=device, problem=problem)
+    assert res.verdict == "undecided" and res.details["undecided"] == "not run: " + why, res.details
+    assert "stability bound 2/lambda = 0.02" in res.details["not_run"]
+    assert init_findings(res) == []
