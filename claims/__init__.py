@@ -92,20 +92,29 @@ def reads_sweep(claim_id: str) -> bool:
 
 
 def estimate_seconds(claim_id: str, profile: str, problem: Optional[dict] = None,
-                     before: Sequence[tuple[str, Optional[dict]]] = ()) -> Optional[float]:
+                     before: Sequence[tuple[str, Optional[dict]]] = (), stored: frozenset = frozenset(),
+                     seed: int = 0) -> Optional[float]:
     """The claim's own estimate of its wall time on 2 CPU cores (None: it gives none), less the
-    runs it shares with the claims ``before`` it in one process ((id, problem) pairs of its
-    SHARED_RUNS group that run first: they train those runs, the run cache hands them on)."""
+    runs a sweep store holds (``stored``: their store keys, numerics.experiments.converged.
+    stored_keys; runs of the report's ``seed``) and the runs it shares with the claims ``before``
+    it in one process ((id, problem) pairs of its SHARED_RUNS group that run first: they train
+    those runs, the run cache hands them on), each run taken off once."""
     s = spec_of(claim_id)
     if s.estimate is None:
         return None
     p = s.profile(profile, problem)
     seconds = float(s.estimate(p))
+    held = set()
+    if stored and s.sweep_runs is not None:
+        for run, (key, sec) in s.sweep_runs(p, seed).items():
+            if key in stored:
+                held.add(run)
+                seconds -= sec
     if s.shared_runs is not None and before:
         mine, theirs = s.shared_runs(p), set()
         for other, other_problem in before:
             o = spec_of(other)
             if o.shared_runs is not None and other != claim_id:
                 theirs |= set(o.shared_runs(o.profile(profile, other_problem)))
-        seconds -= sum(sec for run, sec in mine.items() if run in theirs)
+        seconds -= sum(sec for run, sec in mine.items() if run in theirs and run not in held)
     return seconds

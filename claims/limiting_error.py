@@ -191,7 +191,7 @@ SPEC = ClaimSpec(
                "converge to theory's exact finite-L fixed-point loss, which falls with L, and L * loss tends to "
                "Lambda = sum_i min_w F(w; r_i, r_i, sigma)."),
     profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings, reads_sweep=True, estimate=trained.estimate,
-    shared_runs=trained.shared_runs,
+    shared_runs=trained.shared_runs, sweep_runs=trained.sweep_runs,
     fields=("tasks", "heads", "L", "sigma", "param", "init_scale", "logit_scale", "basis", "dtype"))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

@@ -261,6 +261,6 @@ SPEC = ClaimSpec(
                "ratio of the one-head optimum to the allocated fixed point; the gain tends to theory's rho_inf as "
                "L grows, which is below H at finite block size and rises towards H = m with r."),
     profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings, reads_sweep=True, estimate=lambda p: trained.estimate(p, gain=True),
-    shared_runs=trained.shared_runs)
+    shared_runs=trained.shared_runs, sweep_runs=lambda p, seed: trained.sweep_runs(p, seed, gain=True))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

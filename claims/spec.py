@@ -103,6 +103,8 @@ class ClaimSpec:
     its cost from its own plan on 2 CPU cores; ``shared_runs(p) -> {run: seconds}``: the
     runs of that plan a claim of its ``claims.SHARED_RUNS`` group may train first (keyed by
     what the run cache keys them by), so that a group is priced with each run once;
+    ``sweep_runs(p, seed) -> {run: (store key, seconds)}``: the runs of its plan a sweep store can
+    hand it (same run keys), which the estimate of a build ``--from-sweep`` does not price;
     ``findings(result) -> [Finding]``: the template of its sentences, from the result's own
     numbers; ``reads_sweep``: whether its trained runs may come from a sweep store
     (``--from-sweep``)."""
@@ -118,6 +120,7 @@ class ClaimSpec:
     cannot_run: Optional[Callable[[dict], Optional[str]]] = None
     estimate: Optional[Callable[[Any], float]] = None
     shared_runs: Optional[Callable[[Any], dict]] = None
+    sweep_runs: Optional[Callable[[Any, int], dict]] = None
     findings: Optional[Callable[[ClaimResult], list]] = None
     reads_sweep: bool = False
 

@@ -114,6 +114,23 @@ def shared_runs(p) -> dict:
             for base, Ls in profile_configurations(p) for cfg in (replace(base, L=int(L)) for L in Ls)}
 
 
+def sweep_runs(p, seed: int = 0, gain: bool = False) -> dict:
+    """Every converged run of claim 5's plan (``gain``: claim 6's, its one-head runs too) at the
+    report's ``seed``, {(cfg, schedule): (its sweep-store key, CPU seconds)}: what a sweep store
+    (``--from-sweep``) can hand the claim instead of training it, so the estimate does not price
+    it (claims.estimate_seconds)."""
+    from numerics.experiments.converged import converged_seconds, store_key
+    from numerics.seeds import trained_run_seed
+    out = {}
+    for base, Ls in profile_configurations(p):
+        for L in Ls:
+            for heads in ((base.heads, 1) if gain else (base.heads,)):
+                cfg = replace(base, heads=heads, L=int(L))
+                seed_L = trained_run_seed(seed, base.tasks, base.sigma, int(L))
+                out[(cfg, p.schedule)] = (store_key(cfg, p.schedule, seed_L), converged_seconds(cfg, p.schedule))
+    return out
+
+
 def estimate(p, gain: bool = False) -> float:
     """CPU seconds of claim 5's plan (``gain``: claim 6's) priced through ``numerics.cost``: per
     configuration and L the converged run (claim 6: the m-head and the one-head run), theory's exact

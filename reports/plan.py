@@ -114,10 +114,19 @@ def estimate(cfg) -> Optional[dict]:
         group = next((g for g in getattr(claims, "SHARED_RUNS", ()) if cid in g), ())
         return [(other, problem[other]) for other in ids[:ids.index(cid)] if other in group]
 
+    stored = frozenset()
+    if getattr(cfg, "sweep", None) is not None:     # runs the sweep holds are read, not trained: not priced
+        from numerics.experiments.converged import stored_keys
+        stored = stored_keys(cfg.sweep)
     per = {}
     for cid in ids:
-        first = before(cid)      # passed only where there is one: a three-argument estimate_seconds still answers
-        per[cid] = _ask("estimate_seconds", cid, cfg.profile, problem[cid], *([first] if first else []))
+        # passed only where there is one: a three-argument estimate_seconds still answers
+        more = [before(cid)]
+        if stored:
+            more += [stored, int(getattr(cfg, "seed", 0) or 0)]
+        while more and not more[-1]:
+            more.pop()
+        per[cid] = _ask("estimate_seconds", cid, cfg.profile, problem[cid], *more)
     per = {cid: float(s) if isinstance(s, (int, float)) and math.isfinite(s) else None for cid, s in per.items()}
     jobs = max(1, int(getattr(cfg, "jobs", 1) or 1))
     return {"seconds": sum(s for s in per.values() if s is not None), "per_claim": per,

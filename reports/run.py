@@ -13,7 +13,7 @@ from typing import Optional, TextIO
 
 import claims
 from claims.base import ClaimResult, kind_from_id, no_progress, run_claim
-from reports.plan import selected
+from reports.plan import _ask, selected
 from reports.progress import ClaimProgress
 from reports.schema import OUTCOMES, entry_problems, upgrade
 from audit_io.processes import die_with_parent
@@ -81,7 +81,9 @@ def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
 
     def body() -> ClaimResult:
         run = claims.claim_runner(claim_id)
-        kwargs = dict(profile=cfg.profile, device=cfg.device, seed=cfg.seed, sweep=cfg.sweep)
+        # a claim that reads no sweep runs as without --from-sweep (the build says so before it starts)
+        reads = cfg.sweep is not None and _ask("reads_sweep", claim_id, default=True)
+        kwargs = dict(profile=cfg.profile, device=cfg.device, seed=cfg.seed, sweep=cfg.sweep if reads else None)
         if cfg.problem is not None and "problem" in inspect.signature(run).parameters:
             kwargs["problem"] = dict(cfg.problem)
         if progress is not None:

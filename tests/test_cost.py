@@ -117,3 +117,37 @@ def test_a_shared_run_is_priced_once_in_its_group():
         claims.estimate_seconds("limiting-error", "quick") - sum(theirs[run] for run in both))
     assert claims.estimate_seconds("optimality", "quick", None, [("limiting-error", None)]) == pytest.approx(
         claims.estimate_seconds("optimality", "quick"))      # shares nothing
+
+
+def fake_converged(point: dict) -> dict:
+    """A sweep point function that returns at once: the estimate reads which runs are stored, never their numbers."""
+    return {"seed": point["train"]["seed"]}
+
+
+def test_runs_a_sweep_holds_are_not_priced(tmp_path):
+    """A build --from-sweep reads the converged runs the sweep holds instead of training them, so its estimate
+    takes each held run off once: at tiny, examples/sweep_tiny.toml holds claim 5's two runs and claim 6's two
+    (its H = 2 run at L = 64 is claim 5's), so both claims are priced without them and the shared run is not
+    taken off twice; a sweep of another report seed's runs holds none of this build's."""
+    from pathlib import Path
+
+    from claims import trained
+    from numerics.experiments.converged import stored_keys
+    from reports import build, plan
+    from tools.sweep import expand_grid, load_grid, run_grid
+
+    points = expand_grid(load_grid(Path(__file__).resolve().parent.parent / "examples" / "sweep_tiny.toml")[0])
+    run_grid(points, tmp_path / "s", scheduler="serial", progress=False, point_fn=f"{__name__}:fake_converged")
+    assert len(stored_keys(tmp_path / "s")) == len(points) == 3
+    args = ["--profile", "tiny", "--only", "limiting-error,multi-head-gain", "--out", str(tmp_path / "r")]
+    cfg = lambda *more: build.validate(build.config_from_args(build.make_parser().parse_args(args + list(more))))  # noqa: E731
+    without, held = plan.estimate(cfg())["per_claim"], plan.estimate(cfg("--from-sweep", str(tmp_path / "s")))["per_claim"]
+    runs = {cid: trained.sweep_runs(claims.spec_of(cid).profile("tiny"), 0, gain=cid == "multi-head-gain")
+            for cid in without}
+    assert without["limiting-error"] - held["limiting-error"] == pytest.approx(
+        sum(sec for _, sec in runs["limiting-error"].values()))
+    # multi-head-gain runs after limiting-error: its shared run was already off; the sweep takes its own one-head run
+    own = [sec for run, (_, sec) in runs["multi-head-gain"].items() if run not in runs["limiting-error"]]
+    assert len(own) == 1 and without["multi-head-gain"] - held["multi-head-gain"] == pytest.approx(own[0])
+    other = plan.estimate(cfg("--from-sweep", str(tmp_path / "s"), "--seed", "1"))["per_claim"]
+    assert other == pytest.approx(without)

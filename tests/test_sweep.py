@@ -492,3 +492,27 @@ def test_dask_scheduler_address(serial_reference, tmp_path):
     assert (summary.done, summary.failed) == (4, 0)
     for key, record in by_point(load_results(tmp_path)).items():
         assert without_timing(record["result"]) == without_timing(reference[key]["result"])
+
+
+def test_authors_grid_is_the_runs_claims_5_and_6_ask_for():
+    """examples/authors_converged.toml's points are the converged runs limiting-error and multi-head-gain train at
+    the authors' configuration (quick profile, report seed 0), identity for identity, so a sweep of it leaves the
+    build nothing to train (the store matches points by their normalised identity)."""
+    from dataclasses import replace
+
+    import claims
+    from claims.trained import profile_configurations
+    from numerics.experiments.converged import _normalise_point, converged_point
+    from numerics.seeds import trained_run_seed
+
+    grid = expand_grid(sweep.load_grid(REPO / "examples" / "authors_converged.toml")[0])
+    wanted = []
+    for cid in ("limiting-error", "multi-head-gain"):
+        p = claims.spec_of(cid).profile("quick", {"tasks": (16, 17, 17), "heads": 3, "L": 100})
+        for base, Ls in profile_configurations(p):
+            for L in Ls:
+                for heads in ((base.heads, 1) if cid == "multi-head-gain" else (base.heads,)):
+                    wanted.append(converged_point(replace(base, heads=heads, L=int(L)), p.schedule,
+                                                  trained_run_seed(0, base.tasks, base.sigma, L)))
+    key = lambda point: repr(_normalise_point(point))  # noqa: E731 - the store's own comparison
+    assert sorted(map(key, grid)) == sorted(set(map(key, wanted))) and len(grid) == 4
