@@ -108,10 +108,8 @@ def profile_configurations(p, device: str = "cpu") -> list[tuple[ProblemConfig, 
 def shared_runs(p) -> dict:
     """The m-head converged runs of claims 5 and 6's plans, {(cfg, schedule): CPU seconds}: the
     runs both train (the run cache trains each once in one process; claim 6's one-head runs are
-    its own)."""
-    from numerics.experiments.converged import converged_seconds
-    return {(cfg, p.schedule): converged_seconds(cfg, p.schedule)
-            for base, Ls in profile_configurations(p) for cfg in (replace(base, L=int(L)) for L in Ls)}
+    its own): :func:`sweep_runs` without their store keys."""
+    return {run: seconds for run, (_, seconds) in sweep_runs(p).items()}
 
 
 def sweep_runs(p, seed: int = 0, gain: bool = False) -> dict:
