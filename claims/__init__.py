@@ -91,6 +91,16 @@ def reads_sweep(claim_id: str) -> bool:
     return bool(spec_of(claim_id).reads_sweep)
 
 
+def plan_of(claim_id: str, profile: str, problem: Optional[dict] = None, device: str = "cpu", seed: int = 0):
+    """Every need the claim's plan may ask for (its plan asked with no results: the conditional
+    needs included), or None for a claim that is not a plan."""
+    from claims.spec import context
+    s = spec_of(claim_id)
+    if s.plan is None:
+        return None
+    return list(s.plan(context(s, profile, device, seed, problem=problem), None))
+
+
 def estimate_seconds(claim_id: str, profile: str, problem: Optional[dict] = None,
                      before: Sequence[tuple[str, Optional[dict]]] = (), stored: frozenset = frozenset(),
                      seed: int = 0) -> Optional[float]:
@@ -100,6 +110,9 @@ def estimate_seconds(claim_id: str, profile: str, problem: Optional[dict] = None
     it in one process ((id, problem) pairs of its SHARED_RUNS group that run first: they train
     those runs, the run cache hands them on), each run taken off once."""
     s = spec_of(claim_id)
+    if s.plan is not None:
+        from numerics.engine import closure, cost_of
+        return sum(cost_of(n) for n in closure(plan_of(claim_id, profile, problem, seed=seed)))
     if s.estimate is None:
         return None
     p = s.profile(profile, problem)

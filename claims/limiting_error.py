@@ -22,12 +22,9 @@ from typing import Sequence
 from claims import trained
 from claims.common import Z_SE, Comparison, compare, headline_row, off_by
 from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
-from claims.trained import TrainedProfile, configurations, domain, resolve, run_status
+from claims.trained import TrainedProfile, configurations, domain, minima_need, resolve, run_status, theory_need, trained_need
 from numerics.config import ProblemConfig
-from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, converged_run
-from numerics.seeds import case_seed, trained_run_seed
-from theory import exact as exact_theory
-from theory import limiting_error as limit_theory
+from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
 
 
 class LimitingErrorProfile(TrainedProfile):
@@ -43,9 +40,34 @@ PAPER = LimitingErrorProfile(cases=(((4, 4, 4), 0.0), ((10, 10, 10), 0.0), ((3, 
 PROFILES = {"tiny": TINY, "quick": QUICK, "paper": PAPER}
 
 
-def fixed_point_loss(tasks, L: int, sigma: float) -> dict:
-    """theory.exact.exact_fixed_point at (tasks, L, sigma)."""
-    return exact_theory.exact_fixed_point(tuple(tasks), int(L), float(sigma))
+def plan(ctx, results=None) -> list:
+    """Per case: the converged runs at each L with theory's exact fixed point there, the bridge's
+    and the limit row's reduced minima with theory's values at limit_L and 4 limit_L."""
+    p, out = ctx.p, []
+    for base, Ls in configurations(ctx):
+        tasks, sigma = tuple(base.tasks), float(base.sigma)
+        for L in Ls:
+            out += [trained_need(replace(base, L=int(L)), p.schedule), theory_need("exact_fixed_point", tasks, int(L), sigma)]
+        out += [bridge_need(p, tasks, sigma, max(Ls), ctx.device), limit_need(p, tasks, sigma, ctx.device),
+                theory_need("limit_multi", tasks, sigma)]
+        out += [theory_need("exact_fixed_point", tasks, int(k * p.limit_L), sigma) for k in (1, 4)]
+    return out
+
+
+def bridge_need(p, tasks, sigma, L, device, single=False):
+    """The exact reduced minima at the largest trained L (the bridge; claim 6 asks for the one-head too)."""
+    return minima_need(tasks, sigma, L, p.bridge_elements, p.fit_elements, single, device, ("bridge", tasks, sigma))
+
+
+def limit_need(p, tasks, sigma, device, single=False):
+    """The exact reduced minima at limit_L (the limit row)."""
+    return minima_need(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements, single, device,
+                       ("limit", tasks, sigma))
+
+
+def fixed_point_loss(results, tasks, L: int, sigma: float) -> dict:
+    """theory.exact.exact_fixed_point at (tasks, L, sigma), from the plan's results."""
+    return results[theory_need("exact_fixed_point", tuple(tasks), int(L), float(sigma))]
 
 
 def check_trained(cfg: ProblemConfig, run, predicted: dict, inside: dict | None = None) -> Comparison:
@@ -76,13 +98,11 @@ def check_decay(tasks, sigma: float, runs: Sequence[tuple], predictions: dict) -
                    details={"tasks": list(tasks), "sigma": sigma, "L1": L1, "L2": L2, "se": se})
 
 
-def check_bridge(tasks, sigma: float, L: int, elements: int, fit_elements: int, seed: int,
-                 device="cpu") -> Comparison:
-    """The exact reduced loss minimised over the allocated family by Monte Carlo
-    (``claims.trained.reduced_minima``) against theory's exact fixed-point loss at L: Z_SE
-    standard errors + the quadrature bound; perturbations x1.1 and /1.1."""
-    (fm,) = trained.reduced_minima(tasks, sigma, L, elements, fit_elements, seed, device)
-    pred = fixed_point_loss(tasks, L, sigma)
+def check_bridge(tasks, sigma: float, L: int, minimum, pred: dict) -> Comparison:
+    """The exact reduced loss minimised over the allocated family by Monte Carlo (the plan's
+    reduced minima) against theory's exact fixed-point loss at L: Z_SE standard errors + the
+    quadrature bound; perturbations x1.1 and /1.1."""
+    fm = minimum
     return compare(f"exact reduced minimum (bridge), tasks={list(tasks)}, L={L}, sigma={sigma:g}", fm.loss,
                    pred["loss"], Z_SE * fm.se + pred["error_estimate"],
                    f"{Z_SE:g} standard errors of the Monte-Carlo minimum ({fm.se:.3g}, {fm.n_eval} independent "
@@ -90,16 +110,13 @@ def check_bridge(tasks, sigma: float, L: int, elements: int, fit_elements: int, 
                    wrong=off_by(1.1, pred["loss"]), details={"minimum": fm.summary(), "theory": pred})
 
 
-def check_limit(tasks, sigma: float, L: int, elements: int, fit_elements: int, seed: int,
-                device="cpu") -> Comparison:
+def check_limit(tasks, sigma: float, L: int, minimum, Lam: float, here: dict, far: dict) -> Comparison:
     """L * (exact reduced allocated minimum at L) against Lambda = limit_multi(tasks, sigma), at
     the tolerance of ``claims.trained.check_large_L``: Z_SE standard errors of L * loss + the part
     still to come beyond L (from theory.exact's L * loss at L and 4L, never from Lambda, so a
     wrong F cannot widen it) + L x the quadrature bound.  Perturbations: Lambda x1.2 and /1.2."""
-    Lam = float(limit_theory.limit_multi(tuple(tasks), sigma))
-    (fm,) = trained.reduced_minima(tasks, sigma, L, elements, fit_elements, seed, device)
+    fm, Lam = minimum, float(Lam)
     y = L * fm.loss
-    here, far = fixed_point_loss(tasks, L, sigma), fixed_point_loss(tasks, 4 * L, sigma)
     return trained.check_large_L(
         f"L * loss -> Lambda, tasks={list(tasks)}, sigma={sigma:g}, L={L}", y, L * fm.se, "standard errors of L * loss",
         Lam, 4 * L * far["loss"] - L * here["loss"], "L * loss", off_by(1.2, Lam, "Lambda"),
@@ -107,46 +124,43 @@ def check_limit(tasks, sigma: float, L: int, elements: int, fit_elements: int, s
          "L4_times_exact": 4 * L * far["loss"], "relative_gap": (y - Lam) / Lam}, quadrature=L * here["error_estimate"])
 
 
-def evaluate(ctx) -> Outcome:
+def compare_results(ctx, results) -> Outcome:
     """Claim 5: per case, the trained runs at each L against the exact fixed point, the decay
     between in-domain runs, the bridge and the limit rows.  With no trained run inside the
     domain the claim on trained models is not decided: verdict error, never pass."""
-    p, seed, device = ctx.p, ctx.seed, ctx.device
+    p = ctx.p
     configs = configurations(ctx)
     comps, rows, points, head = [], [], {}, None
-    steps, done = sum(len(Ls) + 2 for _, Ls in configs), 0
     for k, (base, Ls) in enumerate(configs):
-        tasks, sigma = base.tasks, base.sigma
+        tasks, sigma = tuple(base.tasks), float(base.sigma)
         inside = domain(base)
         runs, preds = [], {}
         for L in Ls:
-            ctx.progress(f"limiting error: training tasks={list(tasks)} L={L}", done / steps)
             cfg = replace(base, L=int(L))
-            res = converged_run(cfg, p.schedule, trained_run_seed(seed, tasks, sigma, L))
-            preds[L] = fixed_point_loss(tasks, L, sigma)
+            res = results[trained_need(cfg, p.schedule)]
+            preds[L] = fixed_point_loss(results, tasks, L, sigma)
             c = check_trained(cfg, res, preds[L], inside)
             if k == 0 and L == max(Ls):
                 head = c.name     # the headline: the trained loss at the first case's largest L
             comps.append(c)
             rows.append(headline_row(c, se=res["se"]))
             runs.append((L, res, c.details["status"]))
-            done += 1
-        points[(tuple(tasks), sigma)] = [(sum(tasks) / L, r["loss"], preds[L]["loss"]) for L, r, _ in runs]
+        points[(tasks, sigma)] = [(sum(tasks) / L, r["loss"], preds[L]["loss"]) for L, r, _ in runs]
         good = [(L, r) for L, r, st in runs if st == "inside"]
         if len(good) >= 2:
             c = check_decay(tasks, sigma, good, preds)
             comps.append(c)
             rows.append(headline_row(c))
-        ctx.progress(f"limiting error: bridge and limit tasks={list(tasks)}", done / steps)
-        c = check_bridge(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements,
-                         case_seed(seed, "bridge", tasks, sigma), device)
+        (bridge,) = results[bridge_need(p, tasks, sigma, max(Ls), ctx.device)]
+        c = check_bridge(tasks, sigma, max(Ls), bridge, fixed_point_loss(results, tasks, max(Ls), sigma))
         comps.append(c)
         rows.append(headline_row(c, se=c.details["minimum"]["se"]))
-        c = check_limit(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements,
-                        case_seed(seed, "limit", tasks, sigma), device)
+        (limit,) = results[limit_need(p, tasks, sigma, ctx.device)]
+        c = check_limit(tasks, sigma, p.limit_L, limit, results[theory_need("limit_multi", tasks, sigma)],
+                        fixed_point_loss(results, tasks, p.limit_L, sigma),
+                        fixed_point_loss(results, tasks, 4 * p.limit_L, sigma))
         comps.append(c)
         rows.append(headline_row(c, se=c.details["minimum"]["L_times_se"]))
-        done += 2
     doms = {f"tasks={list(b.tasks)} heads={b.heads} param={b.param}": domain(b) for b, _ in configs}
     ran = (f"problem {configs[0][0].to_dict()} trained at L = {list(configs[0][1])}" if p.problem else
            f"profile cases {list(p.cases)} trained at L = {list(p.train_Ls)}")
@@ -190,8 +204,7 @@ SPEC = ClaimSpec(
     statement=("The ICL prediction error of the gradient-flow limit vanishes as d/L -> 0: trained full models "
                "converge to theory's exact finite-L fixed-point loss, which falls with L, and L * loss tends to "
                "Lambda = sum_i min_w F(w; r_i, r_i, sigma)."),
-    profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings, reads_sweep=True, estimate=trained.estimate,
-    shared_runs=trained.shared_runs, sweep_runs=trained.sweep_runs,
+    profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings, reads_sweep=True,
     fields=("tasks", "heads", "L", "sigma", "param", "init_scale", "logit_scale", "basis", "dtype"))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

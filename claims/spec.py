@@ -113,7 +113,7 @@ class ClaimSpec:
     title: str
     statement: str
     profiles: dict
-    evaluate: Callable[[Context], Outcome]
+    evaluate: Optional[Callable[[Context], Outcome]] = None
     kind: str = "claim"
     resolve: Optional[Callable[[Any, dict], Any]] = None
     fields: tuple = PROBLEM_FIELDS
@@ -123,6 +123,8 @@ class ClaimSpec:
     sweep_runs: Optional[Callable[[Any, int], dict]] = None
     findings: Optional[Callable[[ClaimResult], list]] = None
     reads_sweep: bool = False
+    plan: Optional[Callable[[Context, Optional[dict]], list]] = None
+    compare: Optional[Callable[[Context, dict], Outcome]] = None
 
     def profile(self, profile, problem: Optional[dict] = None):
         """The profile dataclass for a name (or a dataclass given directly), problem laid over it."""
@@ -143,6 +145,32 @@ class ClaimSpec:
         return run_spec(self, profile, device, seed, progress, sweep, problem)
 
 
+def context(spec: ClaimSpec, profile="quick", device="cpu", seed=0, progress: Progress = no_progress,
+            problem=None) -> Context:
+    """The claim's Context: the researcher's problem parsed and laid over the profile."""
+    parsed = check_problem(problem, device, spec.fields)
+    if parsed and spec.cannot_run is not None:
+        reason = spec.cannot_run(parsed)
+        if reason:
+            raise ValueError(f"{spec.id} cannot run at this configuration: {reason}")
+    p = spec.profile(profile, parsed)
+    return Context(p=p, profile=profile if isinstance(profile, str) else "custom", problem=parsed,
+                   device=device, seed=int(seed), progress=progress)
+
+
+def run_plan(spec: ClaimSpec, ctx: Context, engine) -> dict:
+    """The results of the claim's plan: ``spec.plan(ctx, results)`` asked again with what has been
+    computed until it asks for nothing new (a plan whose later needs depend on earlier results,
+    e.g. a continuation of a run that left the allocated set)."""
+    from numerics.engine import Results
+    results = Results()
+    while True:
+        wanted = [n for n in spec.plan(ctx, results) if n not in results]
+        if not wanted:
+            return results
+        results.update(engine.run(wanted))
+
+
 def run_spec(spec: ClaimSpec, profile="quick", device="cpu", seed=0, progress: Progress = no_progress,
              sweep=None, problem=None) -> ClaimResult:
     """The one runner (module docstring)."""
@@ -153,32 +181,37 @@ def run_spec(spec: ClaimSpec, profile="quick", device="cpu", seed=0, progress: P
     def body() -> ClaimResult:
         if sweep is not None and not spec.reads_sweep:
             raise ValueError(f"{spec.id} reads no sweep (its runs are not trained models); run it without --from-sweep")
-        parsed = check_problem(problem, device, spec.fields)
-        if parsed and spec.cannot_run is not None:
-            reason = spec.cannot_run(parsed)
-            if reason:
-                raise ValueError(f"{spec.id} cannot run at this configuration: {reason}")
-        p = spec.profile(profile, parsed)
-        ctx = Context(p=p, profile=profile if isinstance(profile, str) else "custom", problem=parsed,
-                      device=device, seed=int(seed), progress=progress)
+        ctx = context(spec, profile, device, seed, progress, problem)
         with experiments.store(sweep) as store:
-            out = spec.evaluate(ctx)
-            used = store.used if store is not None else None
+            if spec.plan is not None:
+                from numerics.engine import Engine
+                engine = Engine(seed=ctx.seed, store=store, progress=progress)
+                results = run_plan(spec, ctx, engine)
+                out = spec.compare(ctx, results)
+                used = None if store is None else sum(n.identity in engine.stored_ids for n in results)
+            else:
+                out = spec.evaluate(ctx)
+                used = store.used if store is not None else None
         progress(f"{spec.id}: done", 1.0)
-        details = {"profile": ctx.profile, "seed": ctx.seed, **out.details}
-        if used is not None:
-            details["sweep_runs"] = int(used)
-        if out.undecided:
-            details["undecided"] = out.undecided
-        result = build_result(spec, out, details)
-        if spec.findings is not None:
-            result.findings = [f for f in spec.findings(result) if f is not None]
-            for f in result.findings:
-                if f.kind not in FINDING_KINDS:
-                    raise ValueError(f"{spec.id}: finding kind {f.kind!r} is not one of {FINDING_KINDS}")
-        return result
+        return finished(spec, ctx, out, used)
 
     return run_claim(spec.id, spec.title, spec.statement, body, kind=spec.kind)
+
+
+def finished(spec: ClaimSpec, ctx: Context, out: Outcome, used: Optional[int] = None) -> ClaimResult:
+    """The ClaimResult of an Outcome: judged once (:func:`build_result`), with its findings."""
+    details = {"profile": ctx.profile, "seed": ctx.seed, **out.details}
+    if used is not None:
+        details["sweep_runs"] = int(used)
+    if out.undecided:
+        details["undecided"] = out.undecided
+    result = build_result(spec, out, details)
+    if spec.findings is not None:
+        result.findings = [f for f in spec.findings(result) if f is not None]
+        for f in result.findings:
+            if f.kind not in FINDING_KINDS:
+                raise ValueError(f"{spec.id}: finding kind {f.kind!r} is not one of {FINDING_KINDS}")
+    return result
 
 
 def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:

@@ -15,7 +15,7 @@ import numpy as np
 
 from claims.base import Figure
 from claims.common import Z_SE, Comparison, compare, config_label, lines_figure, off_by
-from numerics import exact_reduced
+from numerics.engine import need
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import TrainingSchedule, converged_for
 from numerics.readout import ALLOCATED_SHARE
@@ -105,55 +105,26 @@ def profile_configurations(p, device: str = "cpu") -> list[tuple[ProblemConfig, 
             for t, s in p.cases]
 
 
-def shared_runs(p) -> dict:
-    """The m-head converged runs of claims 5 and 6's plans, {(cfg, schedule): CPU seconds}: the
-    runs both train (the run cache trains each once in one process; claim 6's one-head runs are
-    its own): :func:`sweep_runs` without their store keys."""
-    return {run: seconds for run, (_, seconds) in sweep_runs(p).items()}
+def trained_need(cfg: ProblemConfig, schedule: TrainingSchedule):
+    """The converged run of ``cfg`` by ``schedule``.  Its prompt stream is named by the problem
+    (tasks, sigma, L) and not by the head count: claim 6's m-head and one-head runs of a problem
+    see the same prompts (common random numbers, for the paired gain), and every claim that
+    trains the problem at one schedule asks for the same run."""
+    return need("converged", cfg=cfg, schedule=schedule,
+                stream=("trained run", tuple(cfg.tasks), float(cfg.sigma), int(cfg.L)))
 
 
-def sweep_runs(p, seed: int = 0, gain: bool = False) -> dict:
-    """Every converged run of claim 5's plan (``gain``: claim 6's, its one-head runs too) at the
-    report's ``seed``, {(cfg, schedule): (its sweep-store key, CPU seconds)}: what a sweep store
-    (``--from-sweep``) can hand the claim instead of training it, so the estimate does not price
-    it (claims.estimate_seconds)."""
-    from numerics.experiments.converged import converged_seconds, store_key
-    from numerics.seeds import trained_run_seed
-    out = {}
-    for base, Ls in profile_configurations(p):
-        for L in Ls:
-            for heads in ((base.heads, 1) if gain else (base.heads,)):
-                cfg = replace(base, heads=heads, L=int(L))
-                seed_L = trained_run_seed(seed, base.tasks, base.sigma, int(L))
-                out[(cfg, p.schedule)] = (store_key(cfg, p.schedule, seed_L), converged_seconds(cfg, p.schedule))
-    return out
+def minima_need(tasks, sigma: float, L: int, elements: int, fit_elements: int, single: bool, device: str,
+                stream: tuple):
+    """The Monte-Carlo minima of the exact reduced loss at L (``numerics.experiments.kinds``:
+    the allocated family and, with ``single``, the one-head family, on one evaluation sample)."""
+    return need("reduced_minima", tasks=tuple(tasks), sigma=float(sigma), L=int(L), elements=int(elements),
+                fit_elements=int(fit_elements), single=bool(single), device=str(device), stream=stream)
 
 
-def estimate(p, gain: bool = False) -> float:
-    """CPU seconds of claim 5's plan (``gain``: claim 6's) priced through ``numerics.cost``: per
-    configuration and L the converged run (claim 6: the m-head and the one-head run), theory's exact
-    point (claim 5: the fixed point at L; claim 6: the gain at L), then the bridge (reduced minima at
-    the largest L) and the limit row (at limit_L, with theory's values at limit_L and 4 limit_L).
-    Each run priced as converged after its first polish piece (the budget allows
-    ``schedule.polish_extensions`` more); the m-head runs are counted in each claim's own estimate
-    (:func:`shared_runs`: claims.estimate_seconds takes them off the claim that runs second)."""
-    from numerics import cost
-    from numerics.experiments.converged import converged_seconds
-    kind = "finite_L_gain" if gain else "exact_fixed_point"
-    seconds = 0.0
-    for base, Ls in profile_configurations(p):
-        tasks = base.tasks
-        for L in Ls:
-            cfg = replace(base, L=int(L))
-            seconds += converged_seconds(cfg, p.schedule)
-            if gain:
-                seconds += converged_seconds(replace(cfg, heads=1), p.schedule)
-            seconds += cost.theory_seconds(kind, tasks=tasks)
-        for L, elements, fit in ((max(Ls), p.bridge_elements, p.fit_elements),
-                                 (p.limit_L, p.limit_elements, p.limit_fit_elements)):
-            seconds += exact_reduced.minima_seconds(tasks, L, max(2000, elements // L), fit, single=gain)
-        seconds += cost.theory_seconds(kind, 2, tasks=tasks)
-    return seconds
+def theory_need(fn: str, *args):
+    """A theory value ``fn(*args)`` (``numerics.experiments.kinds.theory_value``)."""
+    return need("theory", fn=fn, args=tuple(tuple(a) if isinstance(a, list) else a for a in args))
 
 
 def resolve(p, problem: dict):
@@ -257,17 +228,6 @@ def check_trained(cfg, run, predicted: dict, label: str | None, status: tuple,
     model = "trained full model" + (f" ({label})" if label else "")
     name = f"converged loss of {model}, tasks={list(cfg.tasks)}, L={cfg.L}, sigma={cfg.sigma:g}"
     return check_trained_loss(cfg, run, predicted, name, status, target)
-
-
-def reduced_minima(tasks, sigma: float, L: int, elements: int, fit_elements: int, seed: int, device="cpu",
-                   single: bool = False) -> list:
-    """The Monte-Carlo minima of the exact reduced loss (``numerics.exact_reduced``) at L over the
-    allocated family (fitted at ``seed``) and, with ``single``, the one-head family (``seed`` + 1),
-    measured on one sample of max(2000, elements // L) fresh prompts (the next seed)."""
-    minima = [exact_reduced.allocated_minimum(tasks, L, sigma, seed, device, fit_elements)]
-    if single:
-        minima.append(exact_reduced.single_head_minimum(tasks, L, sigma, seed + 1, device, fit_elements))
-    return exact_reduced.measure(minima, max(2000, elements // L), seed + len(minima), device)
 
 
 def check_large_L(name: str, measured: float, se: float, se_what: str, limit: float, change: float,

@@ -118,8 +118,11 @@ def estimate(cfg) -> Optional[dict]:
     if getattr(cfg, "sweep", None) is not None:     # runs the sweep holds are read, not trained: not priced
         from numerics.experiments.converged import stored_keys
         stored = stored_keys(cfg.sweep)
-    per = {}
+    per = planned_costs(cfg, [cid for cid in ids if _ask("plan_of", cid, cfg.profile, problem[cid]) is not None],
+                        problem)
     for cid in ids:
+        if cid in per:
+            continue
         # passed only where there is one: a three-argument estimate_seconds still answers
         more = [before(cid)]
         if stored:
@@ -132,6 +135,29 @@ def estimate(cfg) -> Optional[dict]:
     return {"seconds": sum(s for s in per.values() if s is not None), "per_claim": per,
             "unknown": [cid for cid, s in per.items() if s is None], "jobs": jobs,
             "wall_seconds": wall_seconds(per, jobs)}
+
+
+def planned_costs(cfg, ids: list[str], problem: dict) -> dict:
+    """{id: CPU seconds} of the claims that are a plan: the union of their plans priced once by
+    the one cost model (a need k claims share counts 1/k to each), less what a sweep store holds."""
+    from numerics.engine import Engine, cost_of
+    store = None
+    if getattr(cfg, "sweep", None) is not None:
+        from numerics.experiments import Store
+        try:
+            store = Store(cfg.sweep)
+        except (OSError, ValueError):
+            store = None
+    engine = Engine(seed=int(getattr(cfg, "seed", 0) or 0), store=store)
+    readers: dict = {}
+    for cid in ids:
+        for n in engine.pending(claims.plan_of(cid, cfg.profile, problem[cid], cfg.device, engine.seed)):
+            readers.setdefault(n, []).append(cid)
+    per = {cid: 0.0 for cid in ids}
+    for n, cids in readers.items():
+        for cid in cids:
+            per[cid] += cost_of(n) / len(cids)
+    return per
 
 
 def wall_seconds(per_claim: dict, jobs: int) -> float:

@@ -88,23 +88,7 @@ def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
             kwargs["problem"] = dict(cfg.problem)
         if progress is not None:
             kwargs["progress"] = progress
-        result = run(**kwargs)
-        if not isinstance(result, ClaimResult):
-            raise TypeError(f"{claims.REGISTRY[claim_id]} returned {type(result).__name__}, "
-                            "not a claims.base.ClaimResult")
-        if result.verdict not in OUTCOMES.get(result.kind, ()):
-            raise ValueError(f"{claims.REGISTRY[claim_id]} returned verdict {result.verdict!r}, not one of "
-                             f"{OUTCOMES.get(result.kind)} (kind {result.kind!r})")
-        if result.id != claim_id:
-            raise ValueError(f"{claims.REGISTRY[claim_id]} returned id {result.id!r} for registry id "
-                             f"{claim_id!r}; the ids of claims.json are the registry's")
-        entry = result.to_dict()  # the schema's checks now, not after every claim has run
-        entry.update(figure_data=entry.pop("figures"), figures=[], figure_errors=[])
-        problems = entry_problems(upgrade({"claims": [entry]})["claims"][0], 0)
-        if problems:
-            raise ValueError(f"{claims.REGISTRY[claim_id]} returned a result that breaks the schema of "
-                             f"claims.json: {'; '.join(problems[:5])}")
-        return result
+        return checked(claim_id, run(**kwargs))
 
     try:    # the spec's declared kind; the id's, where the spec itself cannot be loaded
         kind = claims.spec_of(claim_id).kind
@@ -114,13 +98,132 @@ def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
                      "its result; see the error below)", body, kind=kind)
 
 
+def checked(claim_id: str, result) -> ClaimResult:
+    """``result`` if it keeps the contract of a claim's result (its type, its id, a verdict of its
+    kind, the claims.json schema), checked as soon as it is returned; ValueError/TypeError else."""
+    if not isinstance(result, ClaimResult):
+        raise TypeError(f"{claims.REGISTRY[claim_id]} returned {type(result).__name__}, "
+                        "not a claims.base.ClaimResult")
+    if result.verdict not in OUTCOMES.get(result.kind, ()):
+        raise ValueError(f"{claims.REGISTRY[claim_id]} returned verdict {result.verdict!r}, not one of "
+                         f"{OUTCOMES.get(result.kind)} (kind {result.kind!r})")
+    if result.id != claim_id:
+        raise ValueError(f"{claims.REGISTRY[claim_id]} returned id {result.id!r} for registry id "
+                         f"{claim_id!r}; the ids of claims.json are the registry's")
+    entry = result.to_dict()  # the schema's checks now, not after every claim has run
+    entry.update(figure_data=entry.pop("figures"), figures=[], figure_errors=[])
+    problems = entry_problems(upgrade({"claims": [entry]})["claims"][0], 0)
+    if problems:
+        raise ValueError(f"{claims.REGISTRY[claim_id]} returned a result that breaks the schema of "
+                         f"claims.json: {'; '.join(problems[:5])}")
+    return result
+
+
+def planned(ids: list[str]) -> list[str]:
+    """The ids whose claims are a plan and a comparison (run together by :func:`run_planned`)."""
+    out = []
+    for cid in ids:
+        try:
+            if claims.spec_of(cid).plan is not None and parallel_safe():
+                out.append(cid)
+        except Exception:  # noqa: BLE001 -- a claim that does not import shows its error when run alone
+            continue
+    return out
+
+
+def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]) -> dict:
+    """The claims ``ids`` (each a plan and a comparison) as one build: the union of their plans
+    executed once by one engine (a need two claims share is computed once; with ``cfg.jobs`` > 1
+    the needs run in worker processes, the costliest first), then each claim's comparison.  A
+    claim whose plan or comparison raises, or reads a need that failed, reads ``error``."""
+    from claims.spec import context, finished, run_plan
+    from numerics import experiments
+    from numerics.engine import Engine, Results, closure
+
+    at = set(claims_at_configuration_ids(cfg, ids))
+    specs = {cid: claims.spec_of(cid) for cid in ids}
+    ctxs, errors = {}, {}
+    for cid in ids:
+        try:
+            ctxs[cid] = context(specs[cid], cfg.profile, cfg.device, cfg.seed, no_progress,
+                                dict(cfg.problem) if cid in at and cfg.problem is not None else None)
+        except Exception as exc:  # noqa: BLE001
+            errors[cid] = exc
+    bar = ClaimProgress(f"{len(ctxs)} claims' needs", stream, cfg.progress)
+    results = {cid: Results() for cid in ctxs}
+    with experiments.store(cfg.sweep) as store:
+        engine = Engine(seed=cfg.seed, store=store, jobs=max(1, cfg.jobs if not str(cfg.device).startswith("cuda")
+                                                            else 1), progress=bar)
+        while True:
+            wanted = {}
+            for cid in list(ctxs):
+                try:
+                    wanted[cid] = [n for n in specs[cid].plan(ctxs[cid], results[cid]) if n not in results[cid]]
+                except Exception as exc:  # noqa: BLE001
+                    errors[cid] = exc
+                    del ctxs[cid]
+            if not any(wanted.values()):
+                break
+            computed = engine.run([n for ns in wanted.values() for n in ns])
+            for cid, ns in wanted.items():
+                results[cid].update({n: dict.__getitem__(computed, n) for n in closure(ns)})
+    if bar.bar is not None:
+        bar.bar.close()
+    shares = need_shares(results, engine.cpu_seconds)
+    out = {}
+    for cid in ids:
+        def body(cid=cid):
+            if cid in errors:
+                raise errors[cid]
+            used = None if store is None else sum(n.identity in engine.stored_ids for n in results[cid])
+            return checked(cid, finished(specs[cid], ctxs[cid], specs[cid].compare(ctxs[cid], results[cid]), used))
+        t0 = time.process_time()
+        out[cid] = run_claim(cid, specs[cid].title, specs[cid].statement, body, kind=specs[cid].kind)
+        spent = time.process_time() - t0 + shares.get(cid, 0.0)
+        out[cid].seconds += shares.get(cid, 0.0)
+        if cpu_seconds is not None:
+            cpu_seconds[cid] = spent
+        print(f"{cid}: {out[cid].verdict}", file=stream, flush=True)
+    return out
+
+
+def need_shares(results: dict, cpu: dict) -> dict:
+    """Each claim's share of the CPU seconds of the needs it read (a need read by k claims counts
+    1/k to each)."""
+    readers: dict = {}
+    for cid, res in results.items():
+        for n in res:
+            readers.setdefault(n.identity, []).append(cid)
+    shares: dict = {}
+    for ident, cids in readers.items():
+        for cid in cids:
+            shares[cid] = shares.get(cid, 0.0) + cpu.get(ident, 0.0) / len(cids)
+    return shares
+
+
+def claims_at_configuration_ids(cfg, ids: list[str]) -> list[str]:
+    from reports.plan import claims_at_configuration
+    return [cid for cid in claims_at_configuration(cfg)["configuration"] if cid in ids]
+
+
 def run_all(cfg, stream: Optional[TextIO] = None,
             cpu_seconds: Optional[dict] = None) -> list[ClaimResult]:
     """Every selected claim, in registry order, with progress "[k/n] id ..." on ``stream``;
     ``cpu_seconds``, if given, receives each claim's CPU time.  With ``cfg.jobs`` > 1 (CPU
     only) the claims run in that many worker processes (:func:`run_parallel`)."""
     stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
-    ids = selected(cfg)
+    everything = selected(cfg)
+    together = planned(everything)
+    done = run_planned(cfg, together, stream, cpu_seconds) if together else {}
+    ids = [cid for cid in everything if cid not in done]
+    if not ids:
+        return [done[cid] for cid in everything]
+    rest = {r.id: r for r in _run_rest(cfg, ids, stream, cpu_seconds)}
+    return [done.get(cid) or rest[cid] for cid in everything]
+
+
+def _run_rest(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]) -> list[ClaimResult]:
+    """The claims that are not yet a plan and a comparison, one by one or in worker processes."""
     if cfg.jobs > 1 and len(ids) > 1 and not str(cfg.device).startswith("cuda") and parallel_safe():
         return run_parallel(cfg, ids, stream, cpu_seconds)
     results = []

@@ -1,0 +1,313 @@
+"""The one engine: what the claims need, as data, computed once and priced before it runs.
+
+A claim's plan is a list of :class:`Need` s: frozen, hashable descriptions of a computation (a
+trained full model, a reduced flow, a Monte-Carlo minimum, a theory value), each naming its
+*kind* and every parameter that determines its result.  Two claims that ask for the same need
+get one computation.  A need's value may depend on other needs: a parameter whose value is a
+Need is a dependency, computed first and handed to the kind's function as its value.
+
+Each kind (:class:`Kind`, registered with :func:`kind`) says how to compute a need
+(``run(**params, seed=...)``), what it costs in CPU seconds before it runs (``cost(**params)``,
+from the parameters alone, through ``numerics.cost``), and, for runs a sweep can store, the
+sweep point it is (``point``) and how a stored result is read back (``load``).
+
+Seeds come from identities only: a need's seed is ``case_seed(report_seed, *stream)`` with
+``stream`` the need's own name parts, by default its kind and identity.  Needs that share a
+prompt stream on purpose (common random numbers: the m-head and the one-head run of a gain)
+name the same ``stream`` in the plan, where a reader sees it.
+
+:class:`Engine` executes the union of needs: from its memo (this process), else from a sweep
+store, else computed, dependencies first; with ``jobs`` > 1 the independent needs run in
+worker processes, the costliest first.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+from numerics.seeds import case_seed
+
+KIND_MODULES = ("numerics.experiments.kinds",)
+"""Modules whose import registers the kinds (imported on the first lookup)."""
+
+
+def _canonical(obj):
+    """JSON-ready canonical form of a parameter (dataclasses as dicts, tuples as lists, needs
+    by their identity)."""
+    if isinstance(obj, Need):
+        return {"need": obj.kind, "params": _canonical(dict(obj.params)), "stream": _canonical(obj.stream)}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _canonical(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        return float(obj)       # 0 and 0.0 name the same need, as in numerics.seeds.case_seed
+    return obj
+
+
+@dataclass(frozen=True)
+class Need:
+    """One computation a claim needs: ``kind`` (a registered :class:`Kind`), ``params`` (sorted
+    (name, value) pairs, every value hashable) and ``stream`` (the name parts of its seed; None:
+    its kind and identity)."""
+
+    kind: str
+    params: tuple
+    stream: Optional[tuple] = None
+
+    @property
+    def args(self) -> dict:
+        return dict(self.params)
+
+    @property
+    def identity(self) -> str:
+        """The need as canonical JSON: what the memo, the sweep store and the seed key it by."""
+        return json.dumps(_canonical(self), sort_keys=True, separators=(",", ":"))
+
+    def seed(self, report_seed: int) -> int:
+        """The seed of this need at the report's seed (:func:`numerics.seeds.case_seed`)."""
+        parts = self.stream if self.stream is not None else (self.kind, self.identity)
+        return case_seed(int(report_seed), *parts)
+
+    def dependencies(self) -> list:
+        return [v for _, v in self.params if isinstance(v, Need)]
+
+    def label(self) -> str:
+        """A short human-readable description (``reports.build --plan``)."""
+        parts = []
+        for k, v in self.params:
+            if isinstance(v, Need):
+                parts.append(f"{k}=<{v.kind}>")
+            elif dataclasses.is_dataclass(v) and hasattr(v, "tasks"):
+                parts.append(f"{k}=tasks {list(v.tasks)} H {v.heads} L {v.L} sigma {v.sigma:g}")
+            elif dataclasses.is_dataclass(v):
+                parts.append(f"{k}={type(v).__name__}")
+            else:
+                parts.append(f"{k}={v}")
+        return f"{self.kind}(" + ", ".join(parts) + ")"
+
+
+def need(kind_name: str, *, stream: Optional[tuple] = None, **params) -> Need:
+    """The Need of ``kind_name`` with ``params`` (keyword order does not matter)."""
+    for k, v in params.items():
+        try:
+            hash(v)
+        except TypeError:
+            raise TypeError(f"need {kind_name!r}: parameter {k}={v!r} is not hashable (use tuples and frozen "
+                            "dataclasses)") from None
+    return Need(kind_name, tuple(sorted(params.items())), None if stream is None else tuple(stream))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How to compute, price and store the needs of one kind."""
+
+    name: str
+    run: Callable[..., Any]
+    cost: Callable[..., float]
+    point: Optional[Callable[..., dict]] = None     # (**params, seed) -> the sweep point of this need
+    normalise: Optional[Callable[[dict], Any]] = None   # a sweep point -> what two equal points share
+    load: Optional[Callable[[dict], Any]] = None    # a stored result -> the value run returns
+
+
+KINDS: dict[str, Kind] = {}
+
+
+def kind(name: str, *, cost: Callable[..., float], point=None, normalise=None, load=None):
+    """Register the decorated function as the run of kind ``name``."""
+    def register(fn):
+        KINDS[name] = Kind(name, fn, cost, point, normalise, load)
+        return fn
+    return register
+
+
+def kind_of(name: str) -> Kind:
+    if name not in KINDS:
+        for module in KIND_MODULES:
+            importlib.import_module(module)
+    if name not in KINDS:
+        raise KeyError(f"unknown need kind {name!r}; known: {', '.join(sorted(KINDS))}")
+    return KINDS[name]
+
+
+def closure(needs: Iterable[Need]) -> list[Need]:
+    """Every need of ``needs`` and of their dependencies, each once, dependencies first."""
+    out, seen = [], set()
+
+    def visit(n: Need):
+        if n in seen:
+            return
+        for d in n.dependencies():
+            visit(d)
+        seen.add(n)
+        out.append(n)
+
+    for n in needs:
+        visit(n)
+    return out
+
+
+def cost_of(n: Need) -> float:
+    """CPU seconds of one need (its kind's cost model, from its parameters alone)."""
+    return float(kind_of(n.kind).cost(**n.args))
+
+
+_MEMO: dict[str, Any] = {}
+
+
+def clear_memo() -> None:
+    """Forget every computed need (tests that patch theory or numerics call this first)."""
+    _MEMO.clear()
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The value of a need whose computation raised: reading it raises the same error again, so
+    only the claims that need it fail."""
+
+    error: BaseException
+
+
+class Results(dict):
+    """{need: value} of a plan; a failed need raises its error when read."""
+
+    def __getitem__(self, n: Need):
+        value = super().__getitem__(n)
+        if isinstance(value, Failed):
+            raise value.error
+        return value
+
+
+def _resolved(n: Need, values: dict) -> dict:
+    out = {}
+    for k, v in n.params:
+        if isinstance(v, Need):
+            v = values[v.identity]
+            if isinstance(v, Failed):
+                raise v.error
+        out[k] = v
+    return out
+
+
+def compute(n: Need, report_seed: int, values: Optional[dict] = None) -> Any:
+    """The value of one need, its dependencies' values given in ``values`` (identity -> value);
+    an error becomes :class:`Failed` (KeyboardInterrupt and the like propagate)."""
+    try:
+        return kind_of(n.kind).run(**_resolved(n, values or {}), seed=n.seed(report_seed))
+    except Exception as exc:        # noqa: BLE001 -- the claims that read it show it as their error
+        return Failed(exc)
+
+
+def _compute_in_worker(args):
+    n, report_seed, deps = args
+    import torch
+    torch.set_num_threads(1)
+    t0 = time.process_time()
+    value = compute(n, report_seed, deps)
+    return n.identity, value, time.process_time() - t0
+
+
+@dataclass
+class Engine:
+    """Executes needs at one report seed: memo, then sweep store, then computation.
+
+    ``store``: a ``numerics.experiments.Store`` (or None); ``jobs``: worker processes for
+    independent needs (1: in this process); ``progress(message, fraction)``."""
+
+    seed: int = 0
+    store: Any = None
+    jobs: int = 1
+    progress: Callable[[str, float], None] = lambda message, fraction: None
+    cpu_seconds: dict = field(default_factory=dict)
+    stored_ids: set = field(default_factory=set)
+
+    def stored(self, n: Need) -> Any:
+        """The value a sweep store holds for ``n`` (None: not held)."""
+        k = kind_of(n.kind)
+        if self.store is None or k.point is None or n.dependencies():
+            return None
+        rec = self.store.lookup(k.point(**n.args, seed=n.seed(self.seed)), k.normalise)
+        return None if rec is None else k.load(rec)
+
+    def pending(self, needs: Iterable[Need]) -> list[Need]:
+        """The needs of ``needs``' closure neither memoised nor stored (the stored ones are read)."""
+        todo = []
+        for n in closure(needs):
+            if n.identity in _MEMO:
+                continue
+            value = self.stored(n)
+            if value is not None:
+                _MEMO[n.identity] = value
+                self.stored_ids.add(n.identity)
+            else:
+                todo.append(n)
+        return todo
+
+    def price(self, needs: Iterable[Need]) -> dict:
+        """{need: CPU seconds} of what :meth:`run` would compute."""
+        return {n: cost_of(n) for n in self.pending(needs)}
+
+    def run(self, needs: Iterable[Need]) -> dict:
+        """{need: value} of every need (and dependency), computing what is missing."""
+        needs = list(needs)
+        todo = self.pending(needs)
+        if self.jobs > 1 and len(todo) > 1:
+            self._run_parallel(todo)
+        else:
+            total = sum(cost_of(n) for n in todo) or 1.0
+            done = 0.0
+            for n in todo:
+                self.progress(n.label(), done / total)
+                t0 = time.process_time()
+                _MEMO[n.identity] = compute(n, self.seed, _MEMO)
+                self.cpu_seconds[n.identity] = time.process_time() - t0
+                done += cost_of(n)
+        return Results({n: _MEMO[n.identity] for n in closure(needs)})
+
+    def _run_parallel(self, todo: list) -> None:
+        """``todo`` in ``jobs`` fresh worker processes, the costliest ready need first."""
+        import multiprocessing
+        from audit_io.processes import die_with_parent
+
+        costs = {n: cost_of(n) for n in todo}
+        waiting, running, total, done = set(todo), {}, sum(costs.values()) or 1.0, 0.0
+        ctx = multiprocessing.get_context("spawn")
+        env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            pool = ctx.Pool(min(self.jobs, len(todo)), initializer=die_with_parent, initargs=(os.getpid(),))
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        try:
+            while waiting or running:
+                ready = sorted((n for n in waiting if all(d.identity in _MEMO for d in n.dependencies())),
+                               key=lambda n: -costs[n])
+                for n in ready[: max(0, self.jobs - len(running))]:
+                    deps = {d.identity: _MEMO[d.identity] for d in n.dependencies()}
+                    running[n] = pool.apply_async(_compute_in_worker, ((n, self.seed, deps),))
+                    waiting.discard(n)
+                finished = [n for n, r in running.items() if r.ready()]
+                if not finished:
+                    time.sleep(0.05)
+                for n in finished:
+                    ident, value, cpu = running.pop(n).get()
+                    _MEMO[ident], self.cpu_seconds[ident] = value, cpu
+                    done += costs[n]
+                    self.progress(n.label(), done / total)
+            pool.close()
+        except BaseException:
+            pool.terminate()
+            raise
+        finally:
+            pool.join()
