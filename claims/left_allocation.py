@@ -30,14 +30,11 @@ from dataclasses import asdict, dataclass, field
 
 from claims.common import Z_SE, Comparison, compare, config_label, headline_row, reported_row
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
-from claims.trained import check_trained_loss, domain, run_status
+from claims.trained import check_trained_loss, domain, run_status, theory_need, trained_need
 from numerics.config import ProblemConfig
+from numerics.engine import need
 from numerics.experiments.converged import (PAPER_CONTINUATION, PAPER_SCHEDULE, QUICK_CONTINUATION, QUICK_SCHEDULE,
-                                            TINY_SCHEDULE, ContinuationSchedule, TrainingSchedule, continue_on_D,
-                                            converged_for, converged_run)
-from numerics.experiments.probes import best_decomposable
-from numerics.seeds import case_seed, trained_run_seed
-from theory import exact as exact_theory
+                                            TINY_SCHEDULE, ContinuationSchedule, TrainingSchedule, converged_for)
 from theory.optimality import linear_attention_loss
 
 
@@ -110,15 +107,54 @@ def ended(cfg: ProblemConfig, run, cont) -> dict:
             "flow_time": float(cont.time) if cont is not None else 0.0}
 
 
-def evaluate(ctx) -> Outcome:
+def _case(p, k: int, device: str):
+    """The k-th noisy run's configuration, its converged-run need, and its own searches' name."""
+    tasks, heads, L, sigma = p.runs[k]
+    cfg = ProblemConfig(tasks=tuple(tasks), heads=heads, L=L, sigma=sigma, device=device)
+    return cfg, trained_need(cfg, p.schedule), (tuple(tasks), heads, L, sigma)
+
+
+def best_need(p, cfg, case, device):
+    """The best decomposable point of the run's H, signs free (``numerics.experiments.probes``)."""
+    return need("best_decomposable", tasks=tuple(cfg.tasks), heads=cfg.heads, L=cfg.L, sigma=float(cfg.sigma),
+                device=device, random_starts=p.search_starts, fit_elements=p.search_fit_elements,
+                eval_prompts=p.search_eval_prompts, stream=("left allocation: best decomposable", *case))
+
+
+def continuation_need(p, cfg, case, run_need, best):
+    """The run followed on D by the exact reduced flow, converged for the comparison with ``best``."""
+    return need("continue_on_D", cfg=cfg, run=run_need, schedule=p.continuation, best=best,
+                stream=("left allocation: flow on D", *case))
+
+
+def plan(ctx, results=None) -> list:
+    """Per noisy run: its converged run and theory's fixed point; for a run that left the allocated
+    set, the best decomposable point of its H; for one not converged for that comparison, its
+    continuation on D.  Asked with no results (the estimate), every conditional need."""
+    p, out = ctx.p, []
+    for k in range(len(p.runs)):
+        cfg, run_need, case = _case(p, k, ctx.device)
+        out += [run_need, theory_need("exact_fixed_point", tuple(cfg.tasks), cfg.L, float(cfg.sigma))]
+        if results is not None and run_need not in results:
+            continue
+        run = None if results is None else results[run_need]
+        if run is not None and not run_status(cfg, run, domain(cfg))[0].startswith("left the allocated set"):
+            continue
+        best = best_need(p, cfg, case, ctx.device)
+        out.append(best)
+        if results is None or (best in results and not converged_for(run, run_tolerance(run, results[best]))):
+            out.append(continuation_need(p, cfg, case, run_need, best))
+    return out
+
+
+def compare_results(ctx, results) -> Outcome:
     p = ctx.p
     comps, rows, left, decided, undecided, where = [], [], 0, 0, [], []
-    for k, (tasks, heads, L, sigma) in enumerate(p.runs):
-        ctx.progress(f"left allocation: tasks={list(tasks)} H={heads} L={L}", k / len(p.runs))
-        cfg = ProblemConfig(tasks=tuple(tasks), heads=heads, L=L, sigma=sigma, device=ctx.device)
-        run = converged_run(cfg, p.schedule, trained_run_seed(ctx.seed, tasks, sigma, L))
-        case = (tuple(tasks), heads, L, sigma)      # the name of this run's own searches and flows
-        fixed = exact_theory.exact_fixed_point(tuple(tasks), L, sigma)
+    for k in range(len(p.runs)):
+        cfg, run_need, case = _case(p, k, ctx.device)
+        tasks, L, sigma = cfg.tasks, cfg.L, cfg.sigma
+        run = results[run_need]
+        fixed = results[theory_need("exact_fixed_point", tuple(tasks), L, float(sigma))]
         status = run_status(cfg, run, domain(cfg))
         name = f"left allocation: trained loss vs allocated fixed point, tasks={list(tasks)}, L={L}, sigma={sigma:g}"
         label = config_label(cfg)
@@ -133,10 +169,8 @@ def evaluate(ctx) -> Outcome:
         if not status[0].startswith("left the allocated set"):
             continue
         left += 1
-        best = best_decomposable(tuple(tasks), heads, L, sigma,
-                                 case_seed(ctx.seed, "left allocation: best decomposable", *case), ctx.device,
-                                 random_starts=p.search_starts, fit_elements=p.search_fit_elements,
-                                 eval_prompts=p.search_eval_prompts)
+        best_n = best_need(p, cfg, case, ctx.device)
+        best = results[best_n]
         tol = run_tolerance(run, best)
         rows.append(reported_row(f"left allocation: trained run's loss still to lose vs tolerance / {Z_SE:g}",
                                  run["descent_left"], theory=tol / Z_SE, config=label))
@@ -144,8 +178,7 @@ def evaluate(ctx) -> Outcome:
         if converged_for(run, tol):
             end, followed = run, False
         else:
-            cont = continue_on_D(cfg, run, case_seed(ctx.seed, "left allocation: flow on D", *case), p.continuation,
-                                 reference_se=best.se)
+            cont = results[continuation_need(p, cfg, case, run_need, best_n)]
             end, followed = cont, True
         where.append({"config": label, "trained_converged": cont is None, "trained_descent_left": run["descent_left"],
                       "trained_tolerance": tol, "trained_loss": run["loss"], "trained_se": run["se"],
@@ -206,33 +239,10 @@ def findings(result) -> list:
     return out
 
 
-def estimate(p: LeftAllocationProfile) -> float:
-    """CPU seconds of the plan (``numerics.cost``), per noisy run: its converged run
-    (``converged_seconds``; in one process with claims 5 and 6, which train the same runs, it is
-    trained once: counted here too, an upper bound for the group), the continuation on D at its
-    whole budget (time / lr steps of the marginal reduced estimator; it runs only for a run that left
-    the allocated set, and at a step below lr takes more steps), and the decomposable search
-    (the allocated and the merged start plus search_starts)."""
-    from numerics import cost, exact_reduced
-    from numerics.experiments.converged import converged_seconds
-    seconds = 0.0
-    for tasks, heads, L, sigma in p.runs:
-        cfg = ProblemConfig(tasks=tuple(tasks), heads=heads, L=L, sigma=sigma)
-        c = p.continuation
-        seconds += converged_seconds(cfg, p.schedule)
-        seconds += round(c.time / c.lr) * cost.reduced_step_seconds(cfg.tasks, heads, L, c.batch(L), estimator="marginal")
-        seconds += cost.marginal_seconds(cfg.tasks, heads, L, c.eval_prompts, points=c.records)
-        n_fit = exact_reduced.fit_sample_size(heads, L, p.search_fit_elements)
-        seconds += cost.fit_seconds(cfg.tasks, heads, L, n_fit, starts=2 + p.search_starts)
-        seconds += cost.marginal_seconds(cfg.tasks, heads, L, p.search_eval_prompts, points=3 + p.search_starts)
-    return seconds
-
-
 SPEC = ClaimSpec(
     id="boundary-left-allocation", kind="boundary",
     title="Boundary: trained models that leave allocation (label noise)",
     statement=("Where claims 5-6's trained models leave the allocated set, their loss is not above the allocated "
                "fixed point, and the flow, followed until converged, ends at the best decomposable point of the same H."),
-    profiles=PROFILES, evaluate=evaluate, findings=findings, reads_sweep=True,
-    estimate=lambda p: estimate(p))
+    profiles=PROFILES, plan=plan, compare=compare_results, findings=findings, reads_sweep=True)
 run = SPEC.run

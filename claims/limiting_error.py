@@ -22,7 +22,8 @@ from typing import Sequence
 from claims import trained
 from claims.common import Z_SE, Comparison, compare, headline_row, off_by
 from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
-from claims.trained import TrainedProfile, configurations, domain, minima_need, resolve, run_status, theory_need, trained_need
+from claims.trained import (TrainedProfile, bridge_need, configurations, domain, limit_need, resolve, run_status,
+                            theory_need, trained_need)
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
 
@@ -52,17 +53,6 @@ def plan(ctx, results=None) -> list:
                 theory_need("limit_multi", tasks, sigma)]
         out += [theory_need("exact_fixed_point", tasks, int(k * p.limit_L), sigma) for k in (1, 4)]
     return out
-
-
-def bridge_need(p, tasks, sigma, L, device, single=False):
-    """The exact reduced minima at the largest trained L (the bridge; claim 6 asks for the one-head too)."""
-    return minima_need(tasks, sigma, L, p.bridge_elements, p.fit_elements, single, device, ("bridge", tasks, sigma))
-
-
-def limit_need(p, tasks, sigma, device, single=False):
-    """The exact reduced minima at limit_L (the limit row)."""
-    return minima_need(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements, single, device,
-                       ("limit", tasks, sigma))
 
 
 def fixed_point_loss(results, tasks, L: int, sigma: float) -> dict:

@@ -22,13 +22,11 @@ from dataclasses import replace
 from claims import trained
 from claims.common import Z_SE, Comparison, compare, config_label, headline_row
 from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
-from claims.trained import TrainedProfile, check_trained, configurations, resolve, run_status
+from claims.trained import (TrainedProfile, bridge_need, check_trained, configurations, limit_need, resolve, run_status,
+                            theory_need, trained_need)
 from numerics.config import ProblemConfig
-from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE, converged_run
-from numerics.seeds import case_seed, trained_run_seed
+from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
 from numerics.statistics import paired_ratio
-from theory import exact as exact_theory
-from theory import limiting_error as limit_theory
 
 
 class MultiHeadGainProfile(TrainedProfile):
@@ -120,47 +118,63 @@ def check_gain_pair(cfg: ProblemConfig, multi: dict, single: dict, theory_gain: 
                    side=side, details={**details, "boundary_check": bound}, config=c.config)
 
 
-def _reduced_gain(tasks, sigma, L, elements, fit_elements, seed, device) -> tuple:
-    """The paired ratio (one head / allocated) of the exact reduced minima at L, its standard
-    error, and the details of the two minima."""
-    multi, single = trained.reduced_minima(tasks, sigma, L, elements, fit_elements, seed, device, single=True)
+def plan(ctx, results=None) -> list:
+    """Per case and L the m-head and the one-head converged runs (one prompt stream) and theory's
+    finite-L gain; with m >= 2 the bridge's and the limit row's minima (allocated and one head)
+    with theory's rho_inf and its finite-L gain at limit_L and 4 limit_L."""
+    p, out = ctx.p, []
+    for base, Ls in configurations(ctx):
+        tasks, sigma = tuple(base.tasks), float(base.sigma)
+        for L in sorted(Ls):
+            out += [trained_need(replace(base, heads=heads, L=int(L)), p.schedule) for heads in (base.m, 1)]
+            out.append(theory_need("finite_L_gain", tasks, int(L), sigma))
+        if base.m >= 2:
+            out += [bridge_need(p, tasks, sigma, max(Ls), ctx.device, single=True),
+                    limit_need(p, tasks, sigma, ctx.device, single=True), theory_need("gain", tasks, sigma)]
+            out += [theory_need("finite_L_gain", tasks, int(k * p.limit_L), sigma) for k in (1, 4)]
+    return out
+
+
+def _reduced_gain(minima) -> tuple:
+    """The paired ratio (one head / allocated) of the exact reduced minima, its standard error,
+    and the details of the two minima."""
+    multi, single = minima
     R, se = paired_ratio(single.per_prompt, multi.per_prompt)
     return R, se, {"se": se, "multi": multi.summary(), "single": single.summary()}
 
 
-def check_bridge_gain(tasks, sigma: float, L: int, elements: int, fit_elements: int, seed: int,
-                      device="cpu") -> Comparison:
+def check_bridge_gain(tasks, sigma: float, L: int, minima, g: float) -> Comparison:
     """Paired ratio of the Monte-Carlo minima of the exact reduced loss (one head / allocated)
     against theory.exact.finite_L_gain at L: Z_SE paired standard errors; perturbations gain =
     H and 1/gain."""
-    R, se, details = _reduced_gain(tasks, sigma, L, elements, fit_elements, seed, device)
-    g = exact_theory.finite_L_gain(tuple(tasks), L, sigma)["gain"]
+    R, se, details = _reduced_gain(minima)
     return compare(f"gain of exact reduced minima (bridge), tasks={list(tasks)}, L={L}, sigma={sigma:g}", R, g,
                    Z_SE * se, f"{Z_SE:g} paired standard errors of the ratio ({se:.3g}, one evaluation sample for "
                    "both minima)", wrong=wrong_gains(len(tasks), g), details=details)
 
 
-def check_gain_limit(tasks, sigma: float, L: int, elements: int, fit_elements: int, seed: int,
-                     device="cpu") -> Comparison:
+def check_gain_limit(tasks, sigma: float, L: int, minima, rho: float, here: float, far: float) -> Comparison:
     """Paired ratio of the exact reduced minima at a large L against rho_inf = gain(tasks, sigma),
     at the tolerance of ``claims.trained.check_large_L``: Z_SE paired standard errors + the part
     of the gain still to come beyond L (from theory.exact's gain at L and 4L, independent of
     rho_inf).  Perturbations: gain = H (the paper's round number) and 1/rho_inf (the wrong winner)."""
-    R, se, details = _reduced_gain(tasks, sigma, L, elements, fit_elements, seed, device)
-    rho = float(limit_theory.gain(tuple(tasks), sigma))
-    here = exact_theory.finite_L_gain(tuple(tasks), L, sigma)["gain"]
-    far = exact_theory.finite_L_gain(tuple(tasks), 4 * L, sigma)["gain"]
+    R, se, details = _reduced_gain(minima)
+    rho = float(rho)
     return trained.check_large_L(f"gain at large L -> rho_inf, tasks={list(tasks)}, sigma={sigma:g}, L={L}", R, se,
                                  "paired standard errors of the ratio", rho, far - here, "the gain",
                                  wrong_gains(len(tasks), rho, "rho_inf"),
                                  {**details, "role": "gain limit", "gain_exact_L": here, "gain_exact_4L": far})
 
 
-def evaluate(ctx) -> Outcome:
+def _gain_at(results, tasks, L, sigma) -> dict:
+    return results[theory_need("finite_L_gain", tuple(tasks), int(L), float(sigma))]
+
+
+def compare_results(ctx, results) -> Outcome:
     """Claim 6: per case and L, the m-head and one-head runs (same prompt stream) against
     theory's exact losses, their gain, then the bridge and limit rows.  Only pairs with both
     runs inside the domain decide the claim on trained models; with none: verdict error."""
-    p, seed, device = ctx.p, ctx.seed, ctx.device
+    p = ctx.p
     configs = configurations(ctx)
     if p.problem:
         base = configs[0][0]
@@ -169,31 +183,21 @@ def evaluate(ctx) -> Outcome:
     else:
         ran = f"profile cases {list(p.cases)}: m heads and one head trained at L = {list(p.train_Ls)}"
     comps, rows, gains, points, undecided = [], [], [], {}, []
-    steps, done = sum(2 * len(Ls) + 2 for _, Ls in configs), 0
     for base, Ls in configs:
-        tasks, sigma = base.tasks, base.sigma
+        tasks, sigma = tuple(base.tasks), float(base.sigma)
         inside = domain(base)
         for L in sorted(Ls):
-            ctx.progress(f"multi-head gain: training tasks={list(tasks)} L={L}", done / steps)
-            # the runs first, theory after: a run that cannot train at this size (TrainingDiverged) fails in
-            # seconds, before theory's quadrature (minutes at the authors' d = 50: the one-head optimum ~ d^1.85)
-            # the same prompt stream for both models: the trained run's seed of (tasks, sigma, L), which
-            # names no head count (numerics.seeds.trained_run_seed), so the m-head run is claim 5's at its schedule
-            run_seed = trained_run_seed(seed, tasks, sigma, L)
-            trained_runs = {heads: converged_run(replace(base, heads=heads, L=int(L)), p.schedule, run_seed)
-                            for heads in (base.m, 1)}
-            theory_gain = exact_theory.finite_L_gain(tuple(tasks), L, sigma)
+            theory_gain = _gain_at(results, tasks, L, sigma)
             runs = {}
             for heads, label, pred in ((base.m, f"H = {base.m}", theory_gain["allocated"]),
                                        (1, "one head", theory_gain["single"])):
                 cfg = replace(base, heads=heads, L=int(L))
-                r = trained_runs[heads]
+                r = results[trained_need(cfg, p.schedule)]
                 st = run_status(cfg, r, inside)
                 c = check_trained(cfg, r, pred, label, st)
                 comps.append(c)
                 rows.append(headline_row(c, se=r["se"]))
                 runs[heads] = (r, st)
-                done += 1
             c = check_gain_pair(replace(base, L=int(L)), runs[base.m][0], runs[1][0], theory_gain,
                                 runs[base.m][1], runs[1][1],
                                 name=f"gain of trained full models at L={L}, tasks={list(tasks)}, sigma={sigma:g}")
@@ -205,16 +209,16 @@ def evaluate(ctx) -> Outcome:
             else:
                 comps.append(c)
                 gains.append(c)
-                points.setdefault((tuple(tasks), sigma), []).append((L, c.measured, c.predicted))
-        ctx.progress(f"multi-head gain: bridge and limit tasks={list(tasks)}", done / steps)
+                points.setdefault((tasks, sigma), []).append((L, c.measured, c.predicted))
         if base.m >= 2:
-            for c in (check_bridge_gain(tasks, sigma, max(Ls), p.bridge_elements, p.fit_elements,
-                                        case_seed(seed, "bridge", tasks, sigma), device),
-                      check_gain_limit(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements,
-                                       case_seed(seed, "limit", tasks, sigma), device)):
+            bridge = results[bridge_need(p, tasks, sigma, max(Ls), ctx.device, single=True)]
+            limit = results[limit_need(p, tasks, sigma, ctx.device, single=True)]
+            for c in (check_bridge_gain(tasks, sigma, max(Ls), bridge, _gain_at(results, tasks, max(Ls), sigma)["gain"]),
+                      check_gain_limit(tasks, sigma, p.limit_L, limit, results[theory_need("gain", tasks, sigma)],
+                                       _gain_at(results, tasks, p.limit_L, sigma)["gain"],
+                                       _gain_at(results, tasks, 4 * p.limit_L, sigma)["gain"])):
                 comps.append(c)
                 rows.append(headline_row(c, se=c.details["se"]))
-        done += 2
     # the headline's first row: the trained gain at the largest L of the first case
     gain_rows = [headline_row(c, se=c.details["se"]) for c in gains]
     if gain_rows:
@@ -260,7 +264,6 @@ SPEC = ClaimSpec(
     statement=("Trained multi-head models (H = m) beat trained single heads by theory's finite-L gain, the exact "
                "ratio of the one-head optimum to the allocated fixed point; the gain tends to theory's rho_inf as "
                "L grows, which is below H at finite block size and rises towards H = m with r."),
-    profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings, reads_sweep=True, estimate=lambda p: trained.estimate(p, gain=True),
-    shared_runs=trained.shared_runs, sweep_runs=lambda p, seed: trained.sweep_runs(p, seed, gain=True))
+    profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings, reads_sweep=True)
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

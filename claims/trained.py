@@ -122,6 +122,17 @@ def minima_need(tasks, sigma: float, L: int, elements: int, fit_elements: int, s
                 fit_elements=int(fit_elements), single=bool(single), device=str(device), stream=stream)
 
 
+def bridge_need(p, tasks, sigma, L, device, single=False):
+    """The exact reduced minima at the largest trained L (the bridge; claim 6 asks for the one-head too)."""
+    return minima_need(tasks, sigma, L, p.bridge_elements, p.fit_elements, single, device, ("bridge", tasks, sigma))
+
+
+def limit_need(p, tasks, sigma, device, single=False):
+    """The exact reduced minima at limit_L (the limit row)."""
+    return minima_need(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements, single, device,
+                       ("limit", tasks, sigma))
+
+
 def theory_need(fn: str, *args):
     """A theory value ``fn(*args)`` (``numerics.experiments.kinds.theory_value``)."""
     return need("theory", fn=fn, args=tuple(tuple(a) if isinstance(a, list) else a for a in args))

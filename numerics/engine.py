@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterable, Optional
 
 from numerics.seeds import case_seed
 
-KIND_MODULES = ("numerics.experiments.kinds",)
+KIND_MODULES = ("numerics.experiments.theory_values", "numerics.experiments.converged", "numerics.exact_reduced",
+                "numerics.experiments.probes")
 """Modules whose import registers the kinds (imported on the first lookup)."""
 
 
@@ -117,15 +118,18 @@ class Kind:
     point: Optional[Callable[..., dict]] = None     # (**params, seed) -> the sweep point of this need
     normalise: Optional[Callable[[dict], Any]] = None   # a sweep point -> what two equal points share
     load: Optional[Callable[[dict], Any]] = None    # a stored result -> the value run returns
+    shared: bool = True     # kept for the whole process (False: for one engine, i.e. one build or claim run)
 
 
 KINDS: dict[str, Kind] = {}
 
 
-def kind(name: str, *, cost: Callable[..., float], point=None, normalise=None, load=None):
-    """Register the decorated function as the run of kind ``name``."""
+def kind(name: str, *, cost: Callable[..., float], point=None, normalise=None, load=None, shared: bool = True):
+    """Register the decorated function as the run of kind ``name``.  ``shared``: its values are
+    kept for the whole process (runs: a test's control and its mutants share them); False: for
+    one engine only (theory values, which a mutation of theory must reach)."""
     def register(fn):
-        KINDS[name] = Kind(name, fn, cost, point, normalise, load)
+        KINDS[name] = Kind(name, fn, cost, point, normalise, load, shared)
         return fn
     return register
 
@@ -229,32 +233,40 @@ class Engine:
     progress: Callable[[str, float], None] = lambda message, fraction: None
     cpu_seconds: dict = field(default_factory=dict)
     stored_ids: set = field(default_factory=set)
+    local: dict = field(default_factory=dict)
+
+    def memo(self, n: Need) -> dict:
+        """Where the value of ``n`` is kept: the process's memo, or this engine's own."""
+        return _MEMO if kind_of(n.kind).shared else self.local
+
+    def known(self) -> dict:
+        return {**_MEMO, **self.local}
 
     def stored(self, n: Need) -> Any:
-        """The value a sweep store holds for ``n`` (None: not held)."""
+        """The result a sweep store holds for ``n``, as stored (None: not held)."""
         k = kind_of(n.kind)
         if self.store is None or k.point is None or n.dependencies():
             return None
-        rec = self.store.lookup(k.point(**n.args, seed=n.seed(self.seed)), k.normalise)
-        return None if rec is None else k.load(rec)
+        return self.store.lookup(k.point(**n.args, seed=n.seed(self.seed)), k.normalise)
 
-    def pending(self, needs: Iterable[Need]) -> list[Need]:
-        """The needs of ``needs``' closure neither memoised nor stored (the stored ones are read)."""
+    def pending(self, needs: Iterable[Need], read: bool = True) -> list[Need]:
+        """The needs of ``needs``' closure neither computed nor held by the sweep store (``read``:
+        the held ones are read into the memo)."""
         todo = []
         for n in closure(needs):
-            if n.identity in _MEMO:
+            if n.identity in self.memo(n):
                 continue
-            value = self.stored(n)
-            if value is not None:
-                _MEMO[n.identity] = value
-                self.stored_ids.add(n.identity)
-            else:
+            rec = self.stored(n)
+            if rec is None:
                 todo.append(n)
+            elif read:
+                self.memo(n)[n.identity] = kind_of(n.kind).load(rec)
+                self.stored_ids.add(n.identity)
         return todo
 
     def price(self, needs: Iterable[Need]) -> dict:
-        """{need: CPU seconds} of what :meth:`run` would compute."""
-        return {n: cost_of(n) for n in self.pending(needs)}
+        """{need: CPU seconds} of what :meth:`run` would compute (nothing is read or run)."""
+        return {n: cost_of(n) for n in self.pending(needs, read=False)}
 
     def run(self, needs: Iterable[Need]) -> dict:
         """{need: value} of every need (and dependency), computing what is missing."""
@@ -268,10 +280,10 @@ class Engine:
             for n in todo:
                 self.progress(n.label(), done / total)
                 t0 = time.process_time()
-                _MEMO[n.identity] = compute(n, self.seed, _MEMO)
+                self.memo(n)[n.identity] = compute(n, self.seed, self.known())
                 self.cpu_seconds[n.identity] = time.process_time() - t0
                 done += cost_of(n)
-        return Results({n: _MEMO[n.identity] for n in closure(needs)})
+        return Results({n: self.memo(n)[n.identity] for n in closure(needs)})
 
     def _run_parallel(self, todo: list) -> None:
         """``todo`` in ``jobs`` fresh worker processes, the costliest ready need first."""
@@ -291,10 +303,10 @@ class Engine:
                 os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         try:
             while waiting or running:
-                ready = sorted((n for n in waiting if all(d.identity in _MEMO for d in n.dependencies())),
+                ready = sorted((n for n in waiting if all(d.identity in self.memo(d) for d in n.dependencies())),
                                key=lambda n: -costs[n])
                 for n in ready[: max(0, self.jobs - len(running))]:
-                    deps = {d.identity: _MEMO[d.identity] for d in n.dependencies()}
+                    deps = {d.identity: self.memo(d)[d.identity] for d in n.dependencies()}
                     running[n] = pool.apply_async(_compute_in_worker, ((n, self.seed, deps),))
                     waiting.discard(n)
                 finished = [n for n, r in running.items() if r.ready()]
@@ -302,7 +314,7 @@ class Engine:
                     time.sleep(0.05)
                 for n in finished:
                     ident, value, cpu = running.pop(n).get()
-                    _MEMO[ident], self.cpu_seconds[ident] = value, cpu
+                    self.memo(n)[ident], self.cpu_seconds[ident] = value, cpu
                     done += costs[n]
                     self.progress(n.label(), done / total)
             pool.close()

@@ -35,6 +35,7 @@ from scipy.optimize import minimize, minimize_scalar
 from theory._validate import check_positive_int, check_sigma, check_tasks
 
 from .data import make_generator
+from .engine import kind
 from .reduced import attention_weights
 from .seeds import case_seed
 from .statistics import mean_se, standard_error_along
@@ -626,3 +627,24 @@ def minima_seconds(tasks, L: int, n_eval: int, fit_elements: int = FIT_ELEMENTS,
         seconds += cost.marginal_seconds(tasks, 1, L, max(64, fit_elements // (4 * L)), points=6)
         seconds += cost.fit_seconds(tasks, 1, L, n_fit)
     return seconds + cost.marginal_seconds(tasks, m, L, n_eval, points=2 if single else 1)
+
+
+# ---------------------------------------------------------------------------------------
+# Monte-Carlo minima of the exact reduced loss
+# ---------------------------------------------------------------------------------------
+
+
+def _minima_cost(tasks, sigma, L, elements, fit_elements, single, device) -> float:
+    return minima_seconds(tasks, L, max(2000, elements // L), fit_elements, single=single)
+
+
+@kind("reduced_minima", cost=_minima_cost)
+def reduced_minima(tasks, sigma: float, L: int, elements: int, fit_elements: int, single: bool, device: str,
+                   seed: int) -> tuple:
+    """The Monte-Carlo minima of the exact reduced loss at L over the allocated family (fitted at
+    ``seed``) and, with ``single``, the one-head family (``seed`` + 1), measured on one sample of
+    max(2000, elements // L) fresh prompts (the next seed)."""
+    minima = [allocated_minimum(tasks, L, sigma, seed, device, fit_elements)]
+    if single:
+        minima.append(single_head_minimum(tasks, L, sigma, seed + 1, device, fit_elements))
+    return tuple(measure(minima, max(2000, elements // L), seed + len(minima), device))

@@ -151,7 +151,7 @@ def planned_costs(cfg, ids: list[str], problem: dict) -> dict:
     engine = Engine(seed=int(getattr(cfg, "seed", 0) or 0), store=store)
     readers: dict = {}
     for cid in ids:
-        for n in engine.pending(claims.plan_of(cid, cfg.profile, problem[cid], cfg.device, engine.seed)):
+        for n in engine.price(claims.plan_of(cid, cfg.profile, problem[cid], cfg.device, engine.seed)):
             readers.setdefault(n, []).append(cid)
     per = {cid: 0.0 for cid in ids}
     for n, cids in readers.items():

@@ -136,7 +136,7 @@ def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]
     executed once by one engine (a need two claims share is computed once; with ``cfg.jobs`` > 1
     the needs run in worker processes, the costliest first), then each claim's comparison.  A
     claim whose plan or comparison raises, or reads a need that failed, reads ``error``."""
-    from claims.spec import context, finished, run_plan
+    from claims.spec import context, finished
     from numerics import experiments
     from numerics.engine import Engine, Results, closure
 

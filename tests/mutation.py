@@ -122,6 +122,15 @@ def memoise(monkeypatch, module, *names) -> None:
         monkeypatch.setattr(module, name, wrapped)
 
 
+def patch_kind(monkeypatch, name: str, run) -> None:
+    """Make the engine compute the needs of kind ``name`` by ``run(**params, seed)`` for the test
+    (a fake run, a mutant), and forget what it had computed."""
+    import dataclasses
+    from numerics import engine
+    monkeypatch.setitem(engine.KINDS, name, dataclasses.replace(engine.kind_of(name), run=run))
+    clear_cache()
+
+
 def headline_power(result) -> dict:
     """The headline comparison's resolving power of a result (``details["resolving_power"]["headline"]``)."""
     head = (result.details.get("resolving_power") or {}).get("headline")

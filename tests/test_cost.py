@@ -99,24 +99,20 @@ def test_wall_estimate_schedules_groups_as_the_runner_does():
     assert wall_seconds(per, 8) == pytest.approx(150.0)
 
 
-def test_a_shared_run_is_priced_once_in_its_group():
-    """Claims 5 and 6 train the same m-head runs (the run cache trains each once in one process):
-    multi-head-gain run after limiting-error is priced without them, by exactly limiting-error's
-    runs that it also plans (at quick the (2, 2) case is both claims', (3, 3) and (3, 3, 3) each
-    one's own); alone, or first, it prices them.  At the authors' configuration the group's estimate
-    had counted its four runs twice (82 min estimated on 2 processes against 54 measured)."""
-    from claims import limiting_error, multi_head_gain, trained
-    alone = claims.estimate_seconds("multi-head-gain", "quick")
-    after = claims.estimate_seconds("multi-head-gain", "quick", None, [("limiting-error", None)])
-    ours = trained.shared_runs(multi_head_gain.QUICK)
-    theirs = trained.shared_runs(limiting_error.QUICK)
-    both = [run for run in ours if run in theirs]
-    assert both and len(both) < len(ours)          # the (2, 2) runs only
-    assert alone - after == pytest.approx(sum(ours[run] for run in both))
-    assert claims.estimate_seconds("limiting-error", "quick", None, [("multi-head-gain", None)]) == pytest.approx(
-        claims.estimate_seconds("limiting-error", "quick") - sum(theirs[run] for run in both))
-    assert claims.estimate_seconds("optimality", "quick", None, [("limiting-error", None)]) == pytest.approx(
-        claims.estimate_seconds("optimality", "quick"))      # shares nothing
+def test_a_shared_need_is_priced_once():
+    """Claims 5 and 6 plan the same m-head runs and theory values: the build prices the union of
+    their plans, each need once (a need k claims share counts 1/k to each), so the two claims
+    together cost less than their separate estimates by exactly what they share."""
+    from numerics.engine import closure, cost_of
+    from reports import build, plan
+    ids = ["limiting-error", "multi-head-gain"]
+    needs = {cid: set(closure(claims.plan_of(cid, "quick"))) for cid in ids}
+    shared = needs[ids[0]] & needs[ids[1]]
+    assert any(n.kind == "converged" for n in shared) and shared != needs[ids[1]]
+    args = ["--profile", "quick", "--only", ",".join(ids), "--out", "/tmp/unused"]
+    cost = plan.estimate(build.validate(build.config_from_args(build.make_parser().parse_args(args))))
+    alone = sum(claims.estimate_seconds(cid, "quick") for cid in ids)
+    assert cost["seconds"] == pytest.approx(alone - sum(cost_of(n) for n in shared))
 
 
 def fake_converged(point: dict) -> dict:
@@ -126,28 +122,22 @@ def fake_converged(point: dict) -> dict:
 
 def test_runs_a_sweep_holds_are_not_priced(tmp_path):
     """A build --from-sweep reads the converged runs the sweep holds instead of training them, so its estimate
-    takes each held run off once: at tiny, examples/sweep_tiny.toml holds claim 5's two runs and claim 6's two
-    (its H = 2 run at L = 64 is claim 5's), so both claims are priced without them and the shared run is not
-    taken off twice; a sweep of another report seed's runs holds none of this build's."""
+    leaves each held run out, once: at tiny, examples/sweep_tiny.toml holds claim 5's two runs and claim 6's two
+    (its H = 2 run at L = 64 is claim 5's); a sweep of another report seed's runs holds none of this build's."""
     from pathlib import Path
 
-    from claims import trained
-    from numerics.experiments.converged import stored_keys
+    from numerics.engine import closure, cost_of
     from reports import build, plan
     from tools.sweep import expand_grid, load_grid, run_grid
 
     points = expand_grid(load_grid(Path(__file__).resolve().parent.parent / "examples" / "sweep_tiny.toml")[0])
     run_grid(points, tmp_path / "s", scheduler="serial", progress=False, point_fn=f"{__name__}:fake_converged")
-    assert len(stored_keys(tmp_path / "s")) == len(points) == 3
-    args = ["--profile", "tiny", "--only", "limiting-error,multi-head-gain", "--out", str(tmp_path / "r")]
+    ids = ["limiting-error", "multi-head-gain"]
+    args = ["--profile", "tiny", "--only", ",".join(ids), "--out", str(tmp_path / "r")]
     cfg = lambda *more: build.validate(build.config_from_args(build.make_parser().parse_args(args + list(more))))  # noqa: E731
-    without, held = plan.estimate(cfg())["per_claim"], plan.estimate(cfg("--from-sweep", str(tmp_path / "s")))["per_claim"]
-    runs = {cid: trained.sweep_runs(claims.spec_of(cid).profile("tiny"), 0, gain=cid == "multi-head-gain")
-            for cid in without}
-    assert without["limiting-error"] - held["limiting-error"] == pytest.approx(
-        sum(sec for _, sec in runs["limiting-error"].values()))
-    # multi-head-gain runs after limiting-error: its shared run was already off; the sweep takes its own one-head run
-    own = [sec for run, (_, sec) in runs["multi-head-gain"].items() if run not in runs["limiting-error"]]
-    assert len(own) == 1 and without["multi-head-gain"] - held["multi-head-gain"] == pytest.approx(own[0])
-    other = plan.estimate(cfg("--from-sweep", str(tmp_path / "s"), "--seed", "1"))["per_claim"]
+    without, held = plan.estimate(cfg())["seconds"], plan.estimate(cfg("--from-sweep", str(tmp_path / "s")))["seconds"]
+    runs = {n for cid in ids for n in closure(claims.plan_of(cid, "tiny")) if n.kind == "converged"}
+    assert len(runs) == len(points) == 3
+    assert without - held == pytest.approx(sum(cost_of(n) for n in runs))
+    other = plan.estimate(cfg("--from-sweep", str(tmp_path / "s"), "--seed", "1"))["seconds"]
     assert other == pytest.approx(without)

@@ -60,8 +60,11 @@ def cached(key: str, compute: Callable[[], Any]) -> Any:
 
 
 def clear_cache() -> None:
-    """Forget every cached run (tests that patch theory or numerics call this first)."""
+    """Forget every cached run and every need the engine kept (tests that patch theory or
+    numerics call this first)."""
+    from numerics.engine import clear_memo
     _CACHE.clear()
+    clear_memo()
 
 
 class Store:

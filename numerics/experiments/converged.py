@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from numerics import cost
 from numerics.config import ProblemConfig
+from numerics.engine import kind
 from numerics.evaluate import held_out_loss, held_out_prompt_losses
 from numerics.experiments import active_store, cached, identity, one_thread
 from numerics.readout import ALLOCATED_SHARE, allocation
@@ -684,3 +686,29 @@ def _continue_on_D(cfg, run, seed, sch, reference_se):
         jitter=float(d.get("jitter", 0.0)), omega=tuple(map(tuple, om.tolist())), mu=tuple(map(tuple, mu.tolist())),
         allocation=allocation(om, mu).to_dict(), steps_lr=tuple(steps_lr), steps=int(steps), schedule=asdict(sch),
         seconds=time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------
+# a full model trained to its converged loss (claims 5, 6, boundary-left-allocation; sweep model "converged")
+# ---------------------------------------------------------------------------------------
+
+
+@kind("converged", cost=lambda cfg, schedule: converged_seconds(cfg, schedule),
+      point=lambda cfg, schedule, seed: converged_point(cfg, schedule, seed),
+      normalise=_normalise_point, load=from_dict)
+def converged_need_run(cfg, schedule, seed: int):
+    return train_converged(cfg, schedule, seed)
+
+
+def _continuation_cost(cfg, run, schedule, best) -> float:
+    c = schedule
+    return (round(c.time / c.lr) * cost.reduced_step_seconds(cfg.tasks, cfg.heads, cfg.L, c.batch(cfg.L),
+                                                            estimator="marginal")
+            + cost.marginal_seconds(cfg.tasks, cfg.heads, cfg.L, c.eval_prompts, points=c.records))
+
+
+@kind("continue_on_D", cost=_continuation_cost)
+def continuation_run(cfg, run, schedule, best, seed: int):
+    """A trained run that left the allocated set followed on D (``converged.continue_on_D``),
+    converged for a comparison with the best decomposable point ``best`` (its standard error)."""
+    return _continue_on_D(cfg, run, int(seed), schedule, float(best.se))

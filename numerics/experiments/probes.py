@@ -28,7 +28,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from numerics import cost, exact_reduced
 from numerics.config import ProblemConfig
+from numerics.engine import kind
 from numerics.data import make_generator, sample_prompts
 from numerics.evaluate import held_out_loss
 from numerics.exact_reduced import FamilyMinimum, allocated_minimum, best_found_minimum, measure, minimise_family
@@ -522,3 +524,16 @@ def constant_rows(tasks, sigma: float, Ls: Sequence[int], seed: int, device="cpu
         C, se = paired_ratio(gf.per_prompt, best.per_prompt)
         rows.append({"L": int(L), "constant": C, "se": se, "gf": gf.summary(), "best": best.summary()})
     return rows
+
+
+def _best_cost(tasks, heads, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
+    n_fit = exact_reduced.fit_sample_size(heads, L, fit_elements)
+    return (cost.fit_seconds(tasks, heads, L, n_fit, starts=2 + random_starts)
+            + cost.marginal_seconds(tasks, heads, L, eval_prompts, points=3 + random_starts))
+
+
+@kind("best_decomposable", cost=_best_cost)
+def best_decomposable_run(tasks, heads: int, L: int, sigma: float, device: str, random_starts: int, fit_elements: int,
+                          eval_prompts: int, seed: int):
+    return best_decomposable(tasks, heads, L, sigma, seed, device, random_starts=random_starts,
+                                    fit_elements=fit_elements, eval_prompts=eval_prompts)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from claims import left_allocation as claim
+from mutation import patch_kind
 from numerics.experiments.probes import BestDecomposable
+from theory import exact as exact_theory
 
 
 def _run(loss, opposite, left=0.0):
@@ -44,10 +46,10 @@ def _best(loss):
 
 def _fake(monkeypatch, loss, opposite, best, left=0.0, continued=None):
     calls = []
-    monkeypatch.setattr(claim, "converged_run", lambda cfg, schedule, seed: _run(loss, opposite, left))
-    monkeypatch.setattr(claim, "best_decomposable", lambda *a, **k: _best(best))
-    monkeypatch.setattr(claim, "continue_on_D", lambda *a, **k: calls.append(k) or continued)
-    monkeypatch.setattr(claim.exact_theory, "exact_fixed_point", lambda *a: {"loss": 1.5, "error_estimate": 1e-9})
+    patch_kind(monkeypatch, "converged", lambda cfg, schedule, seed: _run(loss, opposite, left))
+    patch_kind(monkeypatch, "best_decomposable", lambda **k: _best(best))
+    patch_kind(monkeypatch, "continue_on_D", lambda **k: calls.append(k) or continued)
+    monkeypatch.setattr(exact_theory, "exact_fixed_point", lambda *a: {"loss": 1.5, "error_estimate": 1e-9})
     prof = replace(claim.PROFILES["tiny"], runs=(((3, 3), 2, 32, 0.5),))
     res = claim.SPEC.run(prof)
     res.calls = calls
@@ -83,7 +85,7 @@ def test_an_unconverged_run_is_followed_on_D_and_the_end_compared(monkeypatch):
     compared itself but followed on D, with the best point's standard error as the reference;
     the converged end is compared, and the finding says where it went."""
     res = _fake(monkeypatch, 1.37, 0.45, 1.16, left=0.05, continued=_continued(1.17))
-    assert len(res.calls) == 1 and res.calls[0]["reference_se"] == 0.005
+    assert len(res.calls) == 1 and res.calls[0]["best"].se == 0.005
     assert res.verdict == "located", res.details
     best = [c for c in res.details["comparisons"] if "best decomposable" in c["name"]][0]
     assert best["measured"] == 1.17 and best["details"]["followed_on_D"]
@@ -119,12 +121,11 @@ def test_the_runs_are_claims_5_and_6s_by_case_name(monkeypatch):
 
     def seeds(report_seed):
         seen = {"run": [], "best": [], "flow": []}
-        monkeypatch.setattr(claim, "converged_run",
-                            lambda cfg, schedule, seed: seen["run"].append(seed) or _run(1.37, 0.45, 0.05))
-        monkeypatch.setattr(claim, "best_decomposable", lambda *a, **k: seen["best"].append(a[4]) or _best(1.16))
-        monkeypatch.setattr(claim, "continue_on_D", lambda cfg, run, seed, *a, **k: seen["flow"].append(seed)
-                            or _continued(1.17))
-        monkeypatch.setattr(claim.exact_theory, "exact_fixed_point", lambda *a: {"loss": 1.5, "error_estimate": 1e-9})
+        patch_kind(monkeypatch, "converged",
+                   lambda cfg, schedule, seed: seen["run"].append(seed) or _run(1.37, 0.45, 0.05))
+        patch_kind(monkeypatch, "best_decomposable", lambda seed, **k: seen["best"].append(seed) or _best(1.16))
+        patch_kind(monkeypatch, "continue_on_D", lambda seed, **k: seen["flow"].append(seed) or _continued(1.17))
+        monkeypatch.setattr(exact_theory, "exact_fixed_point", lambda *a: {"loss": 1.5, "error_estimate": 1e-9})
         runs = ((3, 3), 2, 32, 0.5), ((3, 3), 2, 64, 0.5), ((3, 3, 3), 3, 32, 0.5)
         claim.SPEC.run(replace(claim.PROFILES["tiny"], runs=runs), seed=report_seed)
         assert seen["run"] == [trained_run_seed(report_seed, t, s, L) for t, _, L, s in runs]

@@ -20,6 +20,9 @@ from claims.common import Comparison, perturbation
 from numerics.experiments.converged import TrainingSchedule, converged_run
 from numerics.config import ProblemConfig
 from numerics.model import TrainingDiverged
+from numerics.exact_reduced import reduced_minima
+from theory import exact as exact_theory
+from theory import limiting_error as limit_theory
 
 # the profiles' schedule with a smaller held-out sample (the se is in the tolerance)
 TEST_SCHEDULE = TrainingSchedule(held_out_tokens=2 ** 21, held_out_min=16384)
@@ -46,7 +49,7 @@ def _decide(device, problem, seed, in_hypothesis=True):
         print(f"[claim 5] tasks={list(cfg.tasks)} H={cfg.heads} L={cfg.L}: undecided: {e}")
         assert "diverged" in str(e)
         return None
-    c = claim.check_trained(cfg, run, claim.fixed_point_loss(cfg.tasks, cfg.L, cfg.sigma))
+    c = claim.check_trained(cfg, run, exact_theory.exact_fixed_point(cfg.tasks, cfg.L, cfg.sigma))
     if in_hypothesis:
         note(c.explain())
     status = c.details["status"]
@@ -79,7 +82,9 @@ def test_trained_model_reaches_the_exact_fixed_point_large_L(device, problem, se
 @given(tasks=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple), sigma=st.sampled_from([0.0, 0.5]),
        seed=st.integers(0, 2 ** 16))
 def test_L_times_loss_tends_to_Lambda(device, tasks, sigma, seed):
-    c = claim.check_limit(tasks, sigma, 4096, 2 ** 24, 2 ** 16, seed, device)
+    (fm,) = reduced_minima(tasks, sigma, 4096, 2 ** 24, 2 ** 16, False, device, seed=seed)
+    c = claim.check_limit(tasks, sigma, 4096, fm, limit_theory.limit_multi(tasks, sigma),
+                          *(exact_theory.exact_fixed_point(tasks, k * 4096, sigma) for k in (1, 4)))
     note(c.explain())
     print(f"[claim 5] {c.name}: margin {c.margin:.3f}, tolerance / Lambda {c.tolerance / c.predicted:.3f}")
     assert c.agrees, c.explain()
@@ -137,7 +142,8 @@ def test_undecided_run_is_an_error_not_a_pass(monkeypatch):
                               perturbations=[perturbation("x1.1", 0.1, 0.01)],
                               details={"minimum": {"se": 0.001, "L_times_se": 0.001}})
         return check
-    monkeypatch.setattr(mod, "converged_run", unconverged)
+    from mutation import patch_kind
+    patch_kind(monkeypatch, "converged", unconverged)
     monkeypatch.setattr(mod, "check_bridge", agreeing("exact reduced minimum (bridge)"))
     monkeypatch.setattr(mod, "check_limit", agreeing("L * loss -> Lambda"))
     prof = claim.LimitingErrorProfile(train_Ls=(32, 64), schedule=TEST_SCHEDULE)

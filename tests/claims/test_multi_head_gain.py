@@ -143,7 +143,8 @@ def test_undecided_run_is_an_error_not_a_pass(monkeypatch):
             return Comparison(name=name, measured=1.5, predicted=1.5, error=0.0, tolerance=0.01, why="fake",
                               perturbations=[perturbation("H", 0.5, 0.01)], details={"se": 0.001})
         return check
-    monkeypatch.setattr(mod, "converged_run", lambda cfg, schedule, seed=0: _fake_run(2.0, converged=False))
+    from mutation import patch_kind
+    patch_kind(monkeypatch, "converged", lambda cfg, schedule, seed=0: _fake_run(2.0, converged=False))
     monkeypatch.setattr(mod, "check_bridge_gain", agreeing("gain of exact reduced minima (bridge)"))
     monkeypatch.setattr(mod, "check_gain_limit", agreeing("gain at large L -> rho_inf"))
     res = claim.run(claim.MultiHeadGainProfile(train_Ls=(64,), schedule=TEST_SCHEDULE))
@@ -176,7 +177,11 @@ def test_quick_limit_row_agrees_and_rejects_the_round_number():
     p = claim.QUICK
     tasks, sigma = (3, 3, 3), 0.5
     assert ((tasks, sigma)) in p.cases and p.limit_fit_elements // p.limit_L >= 512
-    c = claim.check_gain_limit(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements,
-                               case_seed(0, "limit", tasks, sigma))
+    from numerics.exact_reduced import reduced_minima
+    from theory import limiting_error as limit_theory
+    minima = reduced_minima(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements, True, "cpu",
+                            seed=case_seed(0, "limit", tasks, sigma))
+    c = claim.check_gain_limit(tasks, sigma, p.limit_L, minima, limit_theory.gain(tasks, sigma),
+                               *(exact_theory.finite_L_gain(tasks, k * p.limit_L, sigma)["gain"] for k in (1, 4)))
     assert c.agrees, c.explain()
     assert [p.rejected for p in c.perturbations if "gain exactly H" in p.description] == [True], c.explain()
