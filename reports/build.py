@@ -288,6 +288,10 @@ def make_parser() -> argparse.ArgumentParser:
     audit.add_argument("--max-minutes", type=float_option("--max-minutes", finite=False), default=None, metavar="M", dest="max_minutes",
                        help="refuse an audit whose estimated cost (each claim's own estimate, printed "
                             "before it starts) exceeds M minutes (default 60 at a configuration)")
+    parser.add_argument("--plan", action="store_true",
+                        help="print what the selected claims need (every trained run, flow, Monte-Carlo "
+                             "minimum and theory value, each once, with its cost in CPU seconds and the claims "
+                             "that read it) and exit without computing any of it")
     parser.add_argument("--from-json", default=None, metavar="FILE", dest="from_json",
                         help="re-render the report of this claims.json into --out without running any "
                              "claim (figures redrawn from their stored data); only --out goes with it")
@@ -545,6 +549,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         try:
             cfg = validate(config_from_args(args))
+            if args.plan:
+                print(plan_table(cfg))
+                return 0
             check_claims(cfg)
         except BadArguments as exc:
             return refuse(exc)
@@ -565,6 +572,37 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(summary_table(report))
     print(f"report: {Path(report['provenance']['written_to']) / 'index.html'}")
     return exit_status(report)
+
+
+def plan_table(cfg) -> str:
+    """The needs of the selected claims, one line each (kind and parameters, its identity's hash,
+    CPU seconds, the claims that read it), the costliest first, then the totals; claims that are
+    not a plan are listed with their own estimate."""
+    import hashlib
+
+    from numerics.engine import closure, cost_of
+    from reports.plan import claims_at_configuration, selected
+    at = set(claims_at_configuration(cfg)["configuration"])
+    readers, other = {}, {}
+    for cid in selected(cfg):
+        problem = cfg.problem if cid in at else None
+        needs = claims.plan_of(cid, cfg.profile, problem, cfg.device, cfg.seed)
+        if needs is None:
+            other[cid] = claims.estimate_seconds(cid, cfg.profile, problem)
+            continue
+        for n in closure(needs):
+            readers.setdefault(n, []).append(cid)
+    rows = sorted(((cost_of(n), n) for n in readers), key=lambda r: -r[0])
+    lines = [f"{'CPU s':>8}  {'id':16}  need  (read by)"]
+    for seconds, n in rows:
+        ident = hashlib.sha256(n.identity.encode()).hexdigest()[:16]
+        lines.append(f"{seconds:8.1f}  {ident}  {n.label()}  ({', '.join(readers[n])})")
+    total = sum(s for s, _ in rows)
+    lines.append(f"{len(rows)} needs, {total:.0f} CPU s in all (each once; {sum(len(r) for r in readers.values())} "
+                 "reads by the claims)")
+    for cid, seconds in other.items():
+        lines.append(f"{cid}: not a plan; its own estimate {seconds if seconds is None else round(seconds)} CPU s")
+    return "\n".join(lines)
 
 
 def _main_thread() -> bool:
