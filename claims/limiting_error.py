@@ -141,11 +141,11 @@ def compare_results(ctx, results) -> Outcome:
             c = check_decay(tasks, sigma, good, preds)
             comps.append(c)
             rows.append(headline_row(c))
-        (bridge,) = results[bridge_need(p, tasks, sigma, max(Ls), ctx.device)]
+        bridge = results[bridge_need(p, tasks, sigma, max(Ls), ctx.device)][0]
         c = check_bridge(tasks, sigma, max(Ls), bridge, fixed_point_loss(results, tasks, max(Ls), sigma))
         comps.append(c)
         rows.append(headline_row(c, se=c.details["minimum"]["se"]))
-        (limit,) = results[limit_need(p, tasks, sigma, ctx.device)]
+        limit = results[limit_need(p, tasks, sigma, ctx.device)][0]
         c = check_limit(tasks, sigma, p.limit_L, limit, results[theory_need("limit_multi", tasks, sigma)],
                         fixed_point_loss(results, tasks, p.limit_L, sigma),
                         fixed_point_loss(results, tasks, 4 * p.limit_L, sigma))

@@ -129,8 +129,8 @@ def plan(ctx, results=None) -> list:
             out += [trained_need(replace(base, heads=heads, L=int(L)), p.schedule) for heads in (base.m, 1)]
             out.append(theory_need("finite_L_gain", tasks, int(L), sigma))
         if base.m >= 2:
-            out += [bridge_need(p, tasks, sigma, max(Ls), ctx.device, single=True),
-                    limit_need(p, tasks, sigma, ctx.device, single=True), theory_need("gain", tasks, sigma)]
+            out += [bridge_need(p, tasks, sigma, max(Ls), ctx.device),
+                    limit_need(p, tasks, sigma, ctx.device), theory_need("gain", tasks, sigma)]
             out += [theory_need("finite_L_gain", tasks, int(k * p.limit_L), sigma) for k in (1, 4)]
     return out
 
@@ -211,8 +211,8 @@ def compare_results(ctx, results) -> Outcome:
                 gains.append(c)
                 points.setdefault((tasks, sigma), []).append((L, c.measured, c.predicted))
         if base.m >= 2:
-            bridge = results[bridge_need(p, tasks, sigma, max(Ls), ctx.device, single=True)]
-            limit = results[limit_need(p, tasks, sigma, ctx.device, single=True)]
+            bridge = results[bridge_need(p, tasks, sigma, max(Ls), ctx.device)]
+            limit = results[limit_need(p, tasks, sigma, ctx.device)]
             for c in (check_bridge_gain(tasks, sigma, max(Ls), bridge, _gain_at(results, tasks, max(Ls), sigma)["gain"]),
                       check_gain_limit(tasks, sigma, p.limit_L, limit, results[theory_need("gain", tasks, sigma)],
                                        _gain_at(results, tasks, p.limit_L, sigma)["gain"],

@@ -114,22 +114,21 @@ def trained_need(cfg: ProblemConfig, schedule: TrainingSchedule):
                 stream=("trained run", tuple(cfg.tasks), float(cfg.sigma), int(cfg.L)))
 
 
-def minima_need(tasks, sigma: float, L: int, elements: int, fit_elements: int, single: bool, device: str,
-                stream: tuple):
-    """The Monte-Carlo minima of the exact reduced loss at L (``numerics.experiments.kinds``:
-    the allocated family and, with ``single``, the one-head family, on one evaluation sample)."""
+def minima_need(tasks, sigma: float, L: int, elements: int, fit_elements: int, device: str, stream: tuple):
+    """(allocated, one head): the Monte-Carlo minima of the exact reduced loss at L on one
+    evaluation sample (``numerics.exact_reduced.reduced_minima``)."""
     return need("reduced_minima", tasks=tuple(tasks), sigma=float(sigma), L=int(L), elements=int(elements),
-                fit_elements=int(fit_elements), single=bool(single), device=str(device), stream=stream)
+                fit_elements=int(fit_elements), device=str(device), stream=stream)
 
 
-def bridge_need(p, tasks, sigma, L, device, single=False):
-    """The exact reduced minima at the largest trained L (the bridge; claim 6 asks for the one-head too)."""
-    return minima_need(tasks, sigma, L, p.bridge_elements, p.fit_elements, single, device, ("bridge", tasks, sigma))
+def bridge_need(p, tasks, sigma, L, device):
+    """The exact reduced minima at the largest trained L (the bridge of claims 5 and 6)."""
+    return minima_need(tasks, sigma, L, p.bridge_elements, p.fit_elements, device, ("bridge", tasks, sigma))
 
 
-def limit_need(p, tasks, sigma, device, single=False):
-    """The exact reduced minima at limit_L (the limit row)."""
-    return minima_need(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements, single, device,
+def limit_need(p, tasks, sigma, device):
+    """The exact reduced minima at limit_L (the limit row of claims 5 and 6)."""
+    return minima_need(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements, device,
                        ("limit", tasks, sigma))
 
 

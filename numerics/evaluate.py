@@ -8,8 +8,8 @@ weights* is
 
 estimated here by the mean over ``n`` fresh i.i.d. prompts, with standard error
 std(per-prompt loss) / sqrt(n) (the prompts are independent, so no autocorrelation
-correction is needed).  The prompts come from a held-out stream: the generator is seeded
-with ``HELD_OUT_OFFSET + seed``, so with the training run's own seed they are never the
+correction is needed).  The prompts come from a held-out stream, the one named "held out" at
+``seed`` (:func:`held_out_generator`), so with the training run's own seed they are never the
 prompts it trained on.
 """
 from __future__ import annotations
@@ -23,8 +23,12 @@ from .config import ProblemConfig
 from .data import make_generator, sample_prompts
 from .model import MultiHeadAttention
 from .reduced import per_prompt_reduced_losses
+from .seeds import case_seed
 
-HELD_OUT_OFFSET = 1_000_003   # a held-out seed is never a training seed of a sane run
+def held_out_generator(seed: int, device):
+    """The generator of the held-out prompts of ``seed``: the stream named "held out" at that
+    seed (numerics.seeds.case_seed), never a training stream."""
+    return make_generator(case_seed(seed, "held out"), device)
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ def _held_out_many(cfg: ProblemConfig, per_prompt_fns, n: int, seed: int, chunk:
     chunk's tensors reused for the next: the per-prompt values are new tensors), with their
     standard errors."""
     _check(n, chunk)
-    gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
+    gen = held_out_generator(seed, cfg.device)
     sums = [[0.0, 0.0, 0] for _ in per_prompt_fns]
     left, buf = n, None
     with torch.no_grad():
@@ -158,7 +162,7 @@ def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4
         raise ValueError("the models must be of the same problem (tasks, L, sigma, basis, dtype, device) to be "
                          "compared on the same prompts")
     _check(n, chunk)
-    gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
+    gen = held_out_generator(seed, cfg.device)
     out, left = [[] for _ in models], n
     with torch.no_grad():
         while left > 0:
@@ -186,7 +190,7 @@ def hessian_top_eigenvalue(model: MultiHeadAttention, n: int = 2048, iters: int 
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 2:
         raise ValueError(f"iters must be an integer >= 2, got {iters!r}")
     cfg = model.cfg
-    gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
+    gen = held_out_generator(seed, cfg.device)
     start = torch.Generator(device="cpu").manual_seed(int(seed))
     params = [p for p in model.parameters()]
     v = [torch.randn(p.shape, generator=start, dtype=torch.float64).to(p) for p in params]

@@ -407,7 +407,7 @@ def _grid_start(tasks, L, sigma, heads_of_task, seed, device, grid=(0.1, 0.2, 0.
     omega, where softmax is almost argmax)."""
     H = heads_of_task.shape[0]
     prompts = sample_marginal_prompts(tasks, L, max(64, fit_elements // (4 * H * L)),
-                                      make_generator(seed + 7919, device), device=device)
+                                      make_generator(case_seed(seed, "grid start"), device), device=device)
     vals = []
     with torch.no_grad():
         for w in grid:
@@ -451,7 +451,7 @@ def allocated_minimum(tasks, L: int, sigma: float = 0.0, seed: int = 0, device="
     one minimiser (:func:`one_task_minimum`, one fit sample per distinct r_i)."""
     tasks, L, sigma = check_problem(tasks, L, sigma)
     m = len(tasks)
-    per_size = {r: one_task_minimum(r, L, sigma, seed + 101 * r, device, fit_elements) for r in sorted(set(tasks))}
+    per_size = {r: one_task_minimum(r, L, sigma, case_seed(seed, "one task", r), device, fit_elements) for r in sorted(set(tasks))}
     omega, mu = np.zeros((m, m)), np.zeros((m, m))
     for i, r in enumerate(tasks):
         omega[i, i], mu[i, i] = per_size[r][0], per_size[r][1]
@@ -521,13 +521,13 @@ def best_found_minimum(tasks, L: int, sigma: float = 0.0, seed: int = 0, heads_p
     for r in sorted(set(tasks)):
         i = tasks.index(r)
         w = alloc.omega[i, i]
-        rng = np.random.default_rng(seed + r)
+        rng = np.random.default_rng(case_seed(seed, "random start", r))
         starts = [np.array([w] + [-w / 2] * (K - 1))[:, None]]
         for eps in (0.05, 0.2):
             starts.append(np.array([eps, -eps] + [w] * (K - 2))[:K, None])
         starts.append(rng.uniform(-0.5, 0.5, size=(K, 1)))
         one = np.ones((K, 1), bool)
-        per_size[r] = minimise_family((r,), L, sigma, one, one, starts, seed + 31 * r,
+        per_size[r] = minimise_family((r,), L, sigma, one, one, starts, case_seed(seed, "search", r),
                                       n_fit=max(128, fit_elements // (K * L)), family="one task, K heads",
                                       device=device)
     H = K * m
@@ -546,11 +546,11 @@ def best_found_minimum(tasks, L: int, sigma: float = 0.0, seed: int = 0, heads_p
         start_sep[:take] = omega[:take]
         sup = np.full((Hs, m), -0.1)
         sup[np.arange(Hs), np.arange(Hs) % m] = 0.2
-        joint = minimise_family(tasks, L, sigma, full, full, [start_sep, sup], seed + 977,
+        joint = minimise_family(tasks, L, sigma, full, full, [start_sep, sup], case_seed(seed, "joint search"),
                                 n_fit=max(128, fit_elements // (Hs * L)), family=f"best found ({Hs} shared heads)",
                                 device=device)
         # compare the two on one common sample, not each on its own (different) fit sample
-        prompts_seed = seed + 4242
+        prompts_seed = case_seed(seed, "common sample")
         vals = evaluate([(best.omega, best.mu), (joint.omega, joint.mu)], tasks, L, sigma,
                         max(128, fit_elements // (max(H, Hs) * L)), prompts_seed, device).mean(axis=1)
         if vals[1] < vals[0]:
@@ -634,17 +634,16 @@ def minima_seconds(tasks, L: int, n_eval: int, fit_elements: int = FIT_ELEMENTS,
 # ---------------------------------------------------------------------------------------
 
 
-def _minima_cost(tasks, sigma, L, elements, fit_elements, single, device) -> float:
-    return minima_seconds(tasks, L, max(2000, elements // L), fit_elements, single=single)
+def _minima_cost(tasks, sigma, L, elements, fit_elements, device) -> float:
+    return minima_seconds(tasks, L, max(2000, elements // L), fit_elements, single=True)
 
 
 @kind("reduced_minima", cost=_minima_cost)
-def reduced_minima(tasks, sigma: float, L: int, elements: int, fit_elements: int, single: bool, device: str,
-                   seed: int) -> tuple:
-    """The Monte-Carlo minima of the exact reduced loss at L over the allocated family (fitted at
-    ``seed``) and, with ``single``, the one-head family (``seed`` + 1), measured on one sample of
-    max(2000, elements // L) fresh prompts (the next seed)."""
-    minima = [allocated_minimum(tasks, L, sigma, seed, device, fit_elements)]
-    if single:
-        minima.append(single_head_minimum(tasks, L, sigma, seed + 1, device, fit_elements))
-    return tuple(measure(minima, max(2000, elements // L), seed + len(minima), device))
+def reduced_minima(tasks, sigma: float, L: int, elements: int, fit_elements: int, device: str, seed: int) -> tuple:
+    """(allocated, one head): the Monte-Carlo minima of the exact reduced loss at L over the
+    allocated family and the one-head family (each fitted on a sample of its own), measured on
+    one common sample of max(2000, elements // L) fresh prompts (paired: the gain of claim 6;
+    claim 5 reads the allocated one)."""
+    minima = [allocated_minimum(tasks, L, sigma, case_seed(seed, "allocated fit"), device, fit_elements),
+              single_head_minimum(tasks, L, sigma, case_seed(seed, "one-head fit"), device, fit_elements)]
+    return tuple(measure(minima, max(2000, elements // L), case_seed(seed, "evaluation"), device))

@@ -712,13 +712,13 @@ def gradient_noise(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
     gradient is the full model's read out on D (the chain rule)."""
     from torch.func import grad, vmap
 
-    from .data import make_generator, sample_prompts
-    from .evaluate import HELD_OUT_OFFSET
+    from .data import sample_prompts
+    from .evaluate import held_out_generator
     from .reduced import block_scores, predict_from_scores
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"n must be an integer >= 2 (prompts), got {n!r}")
-    gen = make_generator(HELD_OUT_OFFSET + seed, cfg.device)
+    gen = held_out_generator(seed, cfg.device)
     om = torch.as_tensor(np.asarray(omega, float), dtype=cfg.torch_dtype, device=cfg.device)
     mu_ = torch.as_tensor(np.asarray(mu, float), dtype=cfg.torch_dtype, device=cfg.device)
 

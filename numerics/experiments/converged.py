@@ -14,6 +14,7 @@ import numpy as np
 from numerics import cost
 from numerics.config import ProblemConfig
 from numerics.engine import kind
+from numerics.seeds import case_seed
 from numerics.evaluate import held_out_loss, held_out_prompt_losses
 from numerics.experiments import active_store, cached, identity, one_thread
 from numerics.readout import ALLOCATED_SHARE, allocation
@@ -444,7 +445,7 @@ def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 
     """Train the full model of ``cfg`` by ``schedule`` and measure its converged loss
     (:class:`ConvergedRun` says what each number is).
 
-    The polish runs ``polish_time`` at a time (piece e on the prompt stream seed + 1 + e); after
+    The polish runs ``polish_time`` at a time (piece e on the prompt stream named ("polish", e)); after
     each piece the descent left is fitted over the second half of the whole polish (horizon:
     the polish's length so far, "as long again") and, while the run is not converged for its
     own tolerance, another piece follows, at most ``polish_extensions`` of them.  A run that
@@ -475,7 +476,7 @@ def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 
 
     for piece in range(schedule.polish_extensions + 1):
         polish = TrainConfig(lr=polish_lr, time=schedule.polish_time,
-                             batch=steps.batch(L, steps.polish_tokens), seed=seed + 1 + piece,
+                             batch=steps.batch(L, steps.polish_tokens), seed=case_seed(seed, "polish", piece),
                              records=2 * (WINDOW_POINTS - 1) + 1)
 
         def keep(step, t, m, loss, offset=total):
@@ -619,8 +620,8 @@ def continue_on_D(cfg: ProblemConfig, run, seed: int, schedule: ContinuationSche
     """The run (a :class:`ConvergedRun`, of ``cfg``) followed on D by the exact reduced flow
     until converged for a comparison with a prediction of standard error ``reference_se``, or
     the budget is spent (:class:`ContinuedRun`, :class:`ContinuationSchedule`).  Cached by the
-    run's identity, the schedule and ``reference_se``; prompt streams: piece k seed + k, the
-    eval prompts seed + 7919, the Hessians' seed + 104729."""
+    run's identity, the schedule and ``reference_se``; prompt streams named from ``seed``: piece
+    k ("piece", k), the eval prompts ("evaluation"), the Hessians ("hessian", k)."""
     key = identity("continued", problem=cfg.to_dict(), run=run["schedule"], run_seed=run["seed"], seed=int(seed),
                    schedule=schedule, reference_se=float(reference_se))
     return cached(key, lambda: _continue_on_D(cfg, run, int(seed), schedule, float(reference_se)))
@@ -634,7 +635,7 @@ def _continue_on_D(cfg, run, seed, sch, reference_se):
 
     t0 = time.perf_counter()
     tasks, L, sigma = cfg.tasks, cfg.L, cfg.sigma
-    eval_seed = seed + 7919
+    eval_seed = case_seed(seed, "evaluation")
     om, mu = np.array(run["omega"], float), np.array(run["mu"], float)
 
     def evaluate(points):
@@ -650,10 +651,10 @@ def _continue_on_D(cfg, run, seed, sch, reference_se):
                               f"{Z_CONVERGED:g} standard errors (off-D residual {run['residual']:.3g}): not followed")
     piece = 0
     while on_D and t < sch.time - 1e-9:
-        lr = stable_step(cfg, om, mu, sch.lr, sch.hessian_prompts, seed + 104729 + piece)
+        lr = stable_step(cfg, om, mu, sch.lr, sch.hessian_prompts, case_seed(seed, "hessian", piece))
         span = min(sch.chunk, sch.time - t)
         lr = span / max(2, int(math.ceil(span / lr)))          # a whole number of steps per piece
-        tcfg = TrainConfig(lr=lr, time=span, batch=sch.batch(L), seed=seed + piece, records=sch.records)
+        tcfg = TrainConfig(lr=lr, time=span, batch=sch.batch(L), seed=case_seed(seed, "piece", piece), records=sch.records)
 
         def keep(step, tt, state, batch_loss, offset=t):
             records.append((offset + tt, *(x.detach().cpu().double().numpy().copy() for x in state)))

@@ -179,7 +179,7 @@ def test_quick_limit_row_agrees_and_rejects_the_round_number():
     assert ((tasks, sigma)) in p.cases and p.limit_fit_elements // p.limit_L >= 512
     from numerics.exact_reduced import reduced_minima
     from theory import limiting_error as limit_theory
-    minima = reduced_minima(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements, True, "cpu",
+    minima = reduced_minima(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements, "cpu",
                             seed=case_seed(0, "limit", tasks, sigma))
     c = claim.check_gain_limit(tasks, sigma, p.limit_L, minima, limit_theory.gain(tasks, sigma),
                                *(exact_theory.finite_L_gain(tasks, k * p.limit_L, sigma)["gain"] for k in (1, 4)))
