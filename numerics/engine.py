@@ -119,17 +119,23 @@ class Kind:
     normalise: Optional[Callable[[dict], Any]] = None   # a sweep point -> what two equal points share
     load: Optional[Callable[[dict], Any]] = None    # a stored result -> the value run returns
     shared: bool = True     # kept for the whole process (False: for one engine, i.e. one build or claim run)
+    run_many: Optional[Callable[[list, list], list]] = None   # ([params], [seeds]) -> [value or exception]
+    batch_key: Optional[Callable[..., Any]] = None            # (**params) -> what needs batched together share
 
 
 KINDS: dict[str, Kind] = {}
 
 
-def kind(name: str, *, cost: Callable[..., float], point=None, normalise=None, load=None, shared: bool = True):
+def kind(name: str, *, cost: Callable[..., float], point=None, normalise=None, load=None, shared: bool = True,
+         run_many=None, batch_key=None):
     """Register the decorated function as the run of kind ``name``.  ``shared``: its values are
     kept for the whole process (runs: a test's control and its mutants share them); False: for
-    one engine only (theory values, which a mutation of theory must reach)."""
+    one engine only (theory values, which a mutation of theory must reach).  ``run_many`` with
+    ``batch_key``: the needs of this kind with one key (from any claims) are computed as one
+    program, ``run_many([params], [seeds])`` returning one value (or the exception that ended
+    it) per need, each as ``run`` would give it."""
     def register(fn):
-        KINDS[name] = Kind(name, fn, cost, point, normalise, load, shared)
+        KINDS[name] = Kind(name, fn, cost, point, normalise, load, shared, run_many, batch_key)
         return fn
     return register
 
@@ -211,13 +217,39 @@ def compute(n: Need, report_seed: int, values: Optional[dict] = None) -> Any:
         return Failed(exc)
 
 
+def compute_job(job: list, report_seed: int, values: Optional[dict] = None) -> list:
+    """The values of one job: a need alone, or needs of one kind and batch key computed as one
+    program (:class:`Kind`'s ``run_many``)."""
+    if len(job) == 1:
+        return [compute(job[0], report_seed, values)]
+    k = kind_of(job[0].kind)
+    try:
+        out = k.run_many([_resolved(n, values or {}) for n in job], [n.seed(report_seed) for n in job])
+    except Exception as exc:        # noqa: BLE001
+        return [Failed(exc)] * len(job)
+    return [Failed(v) if isinstance(v, BaseException) else v for v in out]
+
+
+def jobs_of(todo: list) -> list:
+    """``todo`` cut into jobs: needs of a kind with ``run_many`` and no dependencies grouped by
+    their batch key, every other need alone."""
+    groups: dict = {}
+    for n in todo:
+        k = kind_of(n.kind)
+        if k.run_many is not None and not n.dependencies():
+            groups.setdefault((n.kind, k.batch_key(**n.args)), []).append(n)
+        else:
+            groups[("alone", n.identity)] = [n]
+    return list(groups.values())
+
+
 def _compute_in_worker(args):
-    n, report_seed, deps = args
+    job, report_seed, deps = args
     import torch
     torch.set_num_threads(1)
     t0 = time.process_time()
-    value = compute(n, report_seed, deps)
-    return n.identity, value, time.process_time() - t0
+    values = compute_job(job, report_seed, deps)
+    return [n.identity for n in job], values, time.process_time() - t0
 
 
 @dataclass
@@ -272,51 +304,57 @@ class Engine:
         """{need: value} of every need (and dependency), computing what is missing."""
         needs = list(needs)
         todo = self.pending(needs)
-        if self.jobs > 1 and len(todo) > 1:
-            self._run_parallel(todo)
+        jobs = jobs_of(todo)
+        if self.jobs > 1 and len(jobs) > 1:
+            self._run_parallel(jobs)
         else:
-            total = sum(cost_of(n) for n in todo) or 1.0
-            done = 0.0
-            for n in todo:
-                self.progress(n.label(), done / total)
+            total, done = sum(cost_of(n) for n in todo) or 1.0, 0.0
+            for job in jobs:
+                self.progress(job[0].label() + (f" and {len(job) - 1} more" if len(job) > 1 else ""), done / total)
                 t0 = time.process_time()
-                self.memo(n)[n.identity] = compute(n, self.seed, self.known())
-                self.cpu_seconds[n.identity] = time.process_time() - t0
-                done += cost_of(n)
+                self._keep(job, compute_job(job, self.seed, self.known()), time.process_time() - t0)
+                done += sum(cost_of(n) for n in job)
         return Results({n: self.memo(n)[n.identity] for n in closure(needs)})
 
-    def _run_parallel(self, todo: list) -> None:
-        """``todo`` in ``jobs`` fresh worker processes, the costliest ready need first."""
+    def _keep(self, job: list, values: list, cpu: float) -> None:
+        for n, value in zip(job, values):
+            self.memo(n)[n.identity] = value
+            self.cpu_seconds[n.identity] = cpu / len(job)
+
+    def _run_parallel(self, jobs: list) -> None:
+        """``jobs`` in ``self.jobs`` fresh worker processes, the costliest ready job first."""
         import multiprocessing
         from audit_io.processes import die_with_parent
 
-        costs = {n: cost_of(n) for n in todo}
-        waiting, running, total, done = set(todo), {}, sum(costs.values()) or 1.0, 0.0
+        costs = {id(j): sum(cost_of(n) for n in j) for j in jobs}
+        waiting, running, done = list(jobs), {}, 0.0
+        total = sum(costs.values()) or 1.0
         ctx = multiprocessing.get_context("spawn")
         env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            pool = ctx.Pool(min(self.jobs, len(todo)), initializer=die_with_parent, initargs=(os.getpid(),))
+            pool = ctx.Pool(min(self.jobs, len(jobs)), initializer=die_with_parent, initargs=(os.getpid(),))
         finally:
             for k, v in saved.items():
                 os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         try:
             while waiting or running:
-                ready = sorted((n for n in waiting if all(d.identity in self.memo(d) for d in n.dependencies())),
-                               key=lambda n: -costs[n])
-                for n in ready[: max(0, self.jobs - len(running))]:
-                    deps = {d.identity: self.memo(d)[d.identity] for d in n.dependencies()}
-                    running[n] = pool.apply_async(_compute_in_worker, ((n, self.seed, deps),))
-                    waiting.discard(n)
-                finished = [n for n, r in running.items() if r.ready()]
+                ready = sorted((j for j in waiting if all(d.identity in self.memo(d) for n in j
+                                                          for d in n.dependencies())), key=lambda j: -costs[id(j)])
+                for job in ready[: max(0, self.jobs - len(running))]:
+                    deps = {d.identity: self.memo(d)[d.identity] for n in job for d in n.dependencies()}
+                    running[id(job)] = (job, pool.apply_async(_compute_in_worker, ((job, self.seed, deps),)))
+                    waiting.remove(job)
+                finished = [key for key, (_, r) in running.items() if r.ready()]
                 if not finished:
                     time.sleep(0.05)
-                for n in finished:
-                    ident, value, cpu = running.pop(n).get()
-                    self.memo(n)[ident], self.cpu_seconds[ident] = value, cpu
-                    done += costs[n]
-                    self.progress(n.label(), done / total)
+                for key in finished:
+                    job, r = running.pop(key)
+                    _, values, cpu = r.get()
+                    self._keep(job, values, cpu)
+                    done += costs[key]
+                    self.progress(job[0].label(), done / total)
             pool.close()
         except BaseException:
             pool.terminate()
