@@ -241,13 +241,13 @@ EXACT_RECORDS = 7
 """Records of the exact-symmetry runs (the residual is compared at the worst of them)."""
 
 
-def exact_need(cfg, lr: float, steps: int, base_prompts: int, seed: int, records: int = EXACT_RECORDS):
+def exact_need(cfg, lr: float, steps: int, base_prompts: int, records: int = EXACT_RECORDS):
     """The runs of :func:`check_symmetrised_exact` (``probes.symmetric_batch_runs``): GD on
     ``base_prompts`` whole G-orbits, its twin, the wrong-group batches of :func:`wrong_groups`
     and the one-dropped orbit."""
     _check_start_in_D(cfg, "the exact-symmetry check")
     return need("symmetric_batch_runs", cfg=cfg, lr=float(lr), steps=int(steps), base_prompts=int(base_prompts),
-                records=int(records), wrong_keeps=tuple(k for k, _ in wrong_groups(cfg)), report_seed=int(seed))
+                records=int(records), wrong_keeps=tuple(k for k, _ in wrong_groups(cfg)))
 
 
 def fresh_need(cfg, tcfg, n_probe: int):
@@ -259,28 +259,30 @@ def fresh_need(cfg, tcfg, n_probe: int):
                 kicked=cfg.d >= 2 or cfg.m >= 2, random_full=True)
 
 
-def train_config(p: BlockStructureProfile, seed: int) -> TrainConfig:
-    """The fresh-batch runs' schedule."""
-    return TrainConfig(lr=p.lr, time=p.time, batch=p.batch, records=p.records, seed=seed)
+def train_config(p: BlockStructureProfile) -> TrainConfig:
+    """The fresh-batch runs' schedule (their prompt stream is the need's)."""
+    return TrainConfig(lr=p.lr, time=p.time, batch=p.batch, records=p.records)
 
 
 def plan(ctx, results=None) -> list:
     """Claim 1's runs: per exact case the symmetric-batch runs, per fresh case the fresh-batch runs."""
     p = ctx.p
     exact, fresh, _ = cases(p, ctx.device)
-    return ([exact_need(cfg, p.lr, p.exact_steps, p.exact_base_prompts, ctx.seed) for cfg in exact]
-            + [fresh_need(cfg, train_config(p, ctx.seed), p.n_probe) for cfg in fresh])
+    return ([exact_need(cfg, p.lr, p.exact_steps, p.exact_base_prompts) for cfg in exact]
+            + [fresh_need(cfg, train_config(p), p.n_probe) for cfg in fresh])
 
 
 def compare_results(ctx, results) -> Outcome:
     """Claim 1: the exact-symmetry cases, then the fresh-batch cases."""
     p = ctx.p
     exact_cfgs, fresh_cfgs, not_run = cases(p, ctx.device)
-    exact = [check_symmetrised_exact(cfg, results[exact_need(cfg, p.lr, p.exact_steps, p.exact_base_prompts,
-                                                             ctx.seed)], p.lr, p.exact_steps) for cfg in exact_cfgs]
-    tcfg = train_config(p, ctx.seed)
-    fresh = [check_structure_preserved(cfg, tcfg, results[fresh_need(cfg, tcfg, p.n_probe)], p.n_probe)
-             for cfg in fresh_cfgs]
+    exact = [check_symmetrised_exact(cfg, results[exact_need(cfg, p.lr, p.exact_steps, p.exact_base_prompts)],
+                                     p.lr, p.exact_steps) for cfg in exact_cfgs]
+    fresh = []
+    for cfg in fresh_cfgs:
+        n = fresh_need(cfg, train_config(p), p.n_probe)     # its schedule with the prompt stream it trained on
+        fresh.append(check_structure_preserved(cfg, replace(train_config(p), seed=n.seed(ctx.seed)), results[n],
+                                               p.n_probe))
     comps = exact + fresh
     headline = ([headline_row(c, "off-D residual on an exactly G-invariant batch: "
                               + c.name[len("symmetrised-exact "):]) for c in exact]

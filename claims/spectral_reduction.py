@@ -255,8 +255,8 @@ def check_expansion_trend(cfg, Ls, tcfg, n: int, results, seed: int) -> Comparis
     """(c) the full model on fresh batches against the large-L expansion flow discretised by the
     same GD step (the O(lr) gap, which does not shrink with L, is not the expansion's error), at
     each L in ``Ls`` (>= 3) over ``n`` (>= 2) prompt streams (``results`` of :func:`trend_needs`
-    and :func:`flow_needs`): the gap of one run is bias (the expansion's error, the claim) plus
-    Monte-Carlo noise, separated by ``probes.expansion_gaps``.
+    and :func:`flow_needs`, at the report's ``seed``): the gap of one run is bias (the expansion's
+    error, the claim) plus Monte-Carlo noise, separated by ``probes.expansion_gaps``.
 
     Up to EXACT_GAP_MAX_HEADS heads, two-sided: b(L) against theory's own gap of the expansion
     (exact reduced flow minus expansion flow, :func:`predicted_expansion_gap`) by
@@ -268,14 +268,15 @@ def check_expansion_trend(cfg, Ls, tcfg, n: int, results, seed: int) -> Comparis
     checks that coefficient (docs/claims_1_4.md, blind spots).  Above, one-sided: the exponent p
     of b ~ L^p by weighted least squares (``probes.log_log_slope``) with p + Z_SE se(p) < 0; the
     other metric through the same statistic."""
-    Ls, needs = [int(L) for L in Ls], trend_needs(cfg, Ls, tcfg, n, seed)
+    Ls, needs = [int(L) for L in Ls], trend_needs(cfg, Ls, tcfg, n)
     gaps, runs = probes.expansion_gaps(cfg, Ls, tcfg.lr, {L: [results[r] for r in needs[L]] for L in Ls})
     other = [param for param in gaps if param != cfg.param][0]
     (bias, bias_se), (bias_o, bias_o_se) = gaps[cfg.param], gaps[other]
     (slope, se), (slope_o, se_o) = probes.log_log_slope(Ls, bias, bias_se), probes.log_log_slope(Ls, bias_o, bias_o_se)
     name = f"expansion-trend tasks={cfg.tasks} H={cfg.heads} L={Ls} {cfg.param} s={cfg.logit_scale:g} B={tcfg.batch}"
     config = config_label(cfg, basis=True).replace(f" L={cfg.L}", f" L={Ls}")
-    details = {"role": "expansion", "config": cfg.to_dict(), "train": tcfg.to_dict(), "Ls": Ls, "streams": n,
+    details = {"role": "expansion", "config": cfg.to_dict(), "Ls": Ls, "streams": n,
+               "train": tcfg.to_dict() | {"seed": [r.seed(seed) for r in needs[Ls[0]]]},   # the streams' seeds
                "bias": bias, "bias_se": bias_se, "bias_other_metric": bias_o, "runs": runs}
     measured = {"bias": bias, "bias_se": bias_se, "exponent": slope, "exponent_se": se}
     if cfg.heads <= EXACT_GAP_MAX_HEADS:
@@ -319,12 +320,11 @@ def check_expansion_trend(cfg, Ls, tcfg, n: int, results, seed: int) -> Comparis
         details=details), error=lambda m, bound: m["exponent"] + Z_SE * m["exponent_se"] - bound, units="absolute")
 
 
-def cases(p: SpectralReductionProfile, device: str = "cpu", seed: int = 0) -> dict:
-    """The cases: ``grad`` [(cfg, omega, mu)], ``traj`` [cfg], ``trend`` (cfg, Ls, TrainConfig) or
+def cases(p: SpectralReductionProfile, device: str = "cpu") -> dict:
+    """The cases: ``grad`` [cfg], ``traj`` [cfg], ``trend`` (cfg, Ls, TrainConfig) or
     None, ``not_run`` [{case, reason}]; with a researcher's problem (laid over the profile by
     ``resolve``) (a) and (b) at that configuration, (c) around it at L/8, L/4, L/2, L."""
-    rng = np.random.default_rng(seed)
-    trend_tcfg = TrainConfig(lr=p.trend_lr, time=p.trend_time, batch=p.trend_batch, records=p.trend_records, seed=seed)
+    trend_tcfg = TrainConfig(lr=p.trend_lr, time=p.trend_time, batch=p.trend_batch, records=p.trend_records)
     if p.problem:
         base = ProblemConfig(device=device, **dict(p.problem))
         grad_cfgs = traj_cfgs = [base]
@@ -339,8 +339,6 @@ def cases(p: SpectralReductionProfile, device: str = "cpu", seed: int = 0) -> di
         trend = None if p.trend_tasks is None else (
             pc(tasks=tuple(p.trend_tasks), heads=p.trend_heads, L=int(p.trend_Ls[0]), param="factored",
                logit_scale=p.trend_logit_scale), list(p.trend_Ls), trend_tcfg)
-    grad = [(cfg, rng.uniform(0.05, 0.6, (cfg.heads, cfg.m)), rng.uniform(-1.5, 1.5, (cfg.heads, cfg.m)))
-            for cfg in grad_cfgs]
     size = {cfg: group_order(cfg.tasks) * p.traj_base_prompts for cfg in traj_cfgs}
     not_run = [{"case": f"trajectory tasks={cfg.tasks}", "reason": f"|G| base_prompts = {size[cfg]} prompts > "
                 f"max_traj_prompts = {p.max_traj_prompts} (cost; (a) still runs)"}
@@ -348,35 +346,34 @@ def cases(p: SpectralReductionProfile, device: str = "cpu", seed: int = 0) -> di
     if trend is None and p.problem:
         not_run.append({"case": "expansion-trend",
                         "reason": f"needs >= 3 distinct L in L/8..L, L = {dict(p.problem).get('L')}"})
-    return {"grad": grad, "traj": [cfg for cfg in traj_cfgs if size[cfg] <= p.max_traj_prompts], "trend": trend,
+    return {"grad": grad_cfgs, "traj": [cfg for cfg in traj_cfgs if size[cfg] <= p.max_traj_prompts], "trend": trend,
             "not_run": not_run}
 
 
-def gradient_need(cfg, omega, mu, batch: int, seed: int):
-    """(a)'s probe at the point (omega, mu) of D on one batch (``probes.gradient_projection``)."""
-    return need("gradient_projection", cfg=cfg, omega=tuple(map(tuple, np.asarray(omega, float).tolist())),
-                mu=tuple(map(tuple, np.asarray(mu, float).tolist())), batch=int(batch), report_seed=int(seed))
+def gradient_need(cfg, batch: int):
+    """(a)'s probe on one batch at a random point of D, omega in [0.05, 0.6] and mu in [-1.5, 1.5]
+    per entry (``probes.gradient_projection_at_random_point``)."""
+    return need("gradient_projection", cfg=cfg, batch=int(batch), omega_range=(0.05, 0.6), mu_range=(-1.5, 1.5))
 
 
-def trajectory_need(cfg, lr, time: float, base_prompts: int, record_every: int, seed: int):
+def trajectory_need(cfg, lr, time: float, base_prompts: int, record_every: int):
     """(b)'s runs on one exactly symmetric batch (``probes.richardson_runs``; ``lr`` None: the
     step from the stiffness of the flow); a given lr must divide ``time`` into >= 2 steps."""
     if lr is not None and (round(time / lr) < 2 or abs(round(time / lr) * lr - time) > 1e-9 * time):
         raise ValueError(f"time/lr must be an integer >= 2, got time={time}, lr={lr}")
     return need("richardson_runs", cfg=cfg, lr=None if lr is None else float(lr), time=float(time),
-                base_prompts=int(base_prompts), every=int(record_every), wrong_factor=_wrong_factor(cfg.param),
-                report_seed=int(seed))
+                base_prompts=int(base_prompts), every=int(record_every), wrong_factor=_wrong_factor(cfg.param))
 
 
-def trend_needs(cfg, Ls, tcfg, n: int, seed: int) -> dict:
-    """{L: [the full model's run on fresh batches, per prompt stream]} of (c) (``probes.trend_run``):
-    >= 3 increasing distinct L, >= 2 streams (refused before any run)."""
+def trend_needs(cfg, Ls, tcfg, n: int) -> dict:
+    """{L: [the full model's run on fresh batches, per prompt stream k]} of (c) (``probes.trend_run``;
+    stream k is case ("expansion trend", k) at every L): >= 3 increasing distinct L, >= 2 streams."""
     Ls = [int(L) for L in Ls]
     if len(Ls) < 3 or sorted(set(Ls)) != Ls:
         raise ValueError(f"need >= 3 increasing distinct context lengths, got {Ls}")
     if n < 2:
         raise ValueError("need >= 2 prompt-stream seeds to estimate the Monte-Carlo error")
-    return {L: [need("trend_run", cfg=cfg.replace(L=L), tcfg=tcfg, prompt_seed=seed + k) for k in range(n)]
+    return {L: [need("trend_run", cfg=cfg.replace(L=L), tcfg=tcfg, stream=("expansion trend", k)) for k in range(n)]
             for L in Ls}
 
 
@@ -391,13 +388,12 @@ def flow_needs(cfg, L: int, tcfg) -> tuple:
 def plan(ctx, results=None) -> list:
     """Claim 2's needs: (a)'s probes, (b)'s runs, (c)'s runs and, up to EXACT_GAP_MAX_HEADS
     heads, theory's two flows at each L."""
-    p, c = ctx.p, cases(ctx.p, ctx.device, ctx.seed)
-    out = [gradient_need(cfg, om, mu, p.grad_batch, ctx.seed) for cfg, om, mu in c["grad"]]
-    out += [trajectory_need(cfg, p.traj_lr, p.traj_time, p.traj_base_prompts, p.traj_record_every, ctx.seed)
-            for cfg in c["traj"]]
+    p, c = ctx.p, cases(ctx.p, ctx.device)
+    out = [gradient_need(cfg, p.grad_batch) for cfg in c["grad"]]
+    out += [trajectory_need(cfg, p.traj_lr, p.traj_time, p.traj_base_prompts, p.traj_record_every) for cfg in c["traj"]]
     if c["trend"]:
         cfg, Ls, tcfg = c["trend"]
-        out += [r for runs in trend_needs(cfg, Ls, tcfg, p.trend_seeds, ctx.seed).values() for r in runs]
+        out += [r for runs in trend_needs(cfg, Ls, tcfg, p.trend_seeds).values() for r in runs]
         if cfg.heads <= EXACT_GAP_MAX_HEADS:
             out += [f for L in Ls for f in flow_needs(cfg, L, tcfg)]
     return out
@@ -406,7 +402,7 @@ def plan(ctx, results=None) -> list:
 def trend_comparison(ctx, results, domain: dict) -> tuple[list, list]:
     """(c) inside its domain ([comparison], []), outside it a boundary finding ([], [summary]);
     ``domain`` receives theory's decision (:func:`expansion_domain`)."""
-    cfg, Ls, tcfg = cases(ctx.p, ctx.device, ctx.seed)["trend"]
+    cfg, Ls, tcfg = cases(ctx.p, ctx.device)["trend"]
     domain["expansion_trend"] = dom = expansion_domain(cfg, Ls, tcfg)
     try:
         c = check_expansion_trend(cfg, Ls, tcfg, ctx.p.trend_seeds, results, ctx.seed)
@@ -422,11 +418,11 @@ def trend_comparison(ctx, results, domain: dict) -> tuple[list, list]:
 def compare_results(ctx, results) -> Outcome:
     """Claim 2: (a) gradient projection, (b) trajectories, (c) expansion trend (a boundary
     finding, recorded and not judged, outside theory's O(L^-2) domain)."""
-    p, seed, cs = ctx.p, ctx.seed, cases(ctx.p, ctx.device, ctx.seed)
-    grad_c = [check_gradient_projection(cfg, results[gradient_need(cfg, om, mu, p.grad_batch, seed)], p.grad_batch)
-              for cfg, om, mu in cs["grad"]]
+    p, cs = ctx.p, cases(ctx.p, ctx.device)
+    grad_c = [check_gradient_projection(cfg, results[gradient_need(cfg, p.grad_batch)], p.grad_batch)
+              for cfg in cs["grad"]]
     traj_c = [check_trajectory_agreement(cfg, results[trajectory_need(cfg, p.traj_lr, p.traj_time, p.traj_base_prompts,
-                                                                      p.traj_record_every, seed)], p.traj_time)
+                                                                      p.traj_record_every)], p.traj_time)
               for cfg in cs["traj"]]
     domain = {"condition": DOMAIN, "cases_outside": []}
     trend_c, boundary = trend_comparison(ctx, results, domain) if cs["trend"] else ([], [])

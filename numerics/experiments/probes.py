@@ -135,28 +135,6 @@ class SymmetricBatchRuns:
     batch: int
 
 
-@one_thread
-def symmetric_batch_runs(cfg, lr: float, steps: int, base_prompts: int, seed: int, records: int,
-                         wrong_keeps: Sequence[str] = ()) -> SymmetricBatchRuns:
-    """GD from cfg's init on ``base_prompts`` whole G-orbits (prompt stream ``seed``), recorded
-    ``records`` times; the twin run (torch seed ``seed + 1``); the same GD on the orbits of each
-    subgroup in ``wrong_keeps`` and on a G-orbit with one element dropped (stopped at divergence)."""
-    base = sample_prompts(cfg, base_prompts, make_generator(seed, cfg.device))
-    sym = symmetrize_full(base, cfg)
-    every = max(1, steps // (records - 1))
-    run = fixed_batch_run(cfg, sym, lr, steps, every, parts=True)
-    twin = MultiHeadAttention(cfg)
-    tgen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in twin.parameters():
-            p += TWIN_SIZE * (p.abs().max() + 1e-3) * torch.randn(p.shape, generator=tgen, dtype=torch.float64).to(p)
-    run_twin = fixed_batch_run(cfg, sym, lr, steps, every, start=twin, parts=True)
-    batches = [(keep, symmetrize_subgroup(base, cfg, keep)) for keep in wrong_keeps]
-    batches.append(("one_dropped", symmetrize_full(base, cfg, drop=1)))
-    wrong = {keep: fixed_batch_run(cfg, b, lr, steps, every, until_divergence=True) for keep, b in batches}
-    return SymmetricBatchRuns(run=run, twin=run_twin, wrong=wrong, batch=sym.batch)
-
-
 def _gd_seconds(cfg, steps: int, prompts: int) -> float:
     """CPU seconds of ``steps`` full-model GD steps on ``prompts`` prompts at cfg's shape and dtype."""
     return float(steps) * cost.step_seconds(cfg.tasks, cfg.heads, cfg.L, prompts, dtype=cfg.dtype)
@@ -168,8 +146,27 @@ def _symmetric_cost(cfg, steps, base_prompts, wrong_keeps, **_) -> float:
 
 
 @kind("symmetric_batch_runs", cost=_symmetric_cost)
-def symmetric_batch_need(cfg, lr, steps, base_prompts, records, wrong_keeps, report_seed, seed):
-    return symmetric_batch_runs(cfg, lr, steps, base_prompts, report_seed, records, wrong_keeps)
+@one_thread
+def symmetric_batch_runs(cfg, lr: float, steps: int, base_prompts: int, seed: int, records: int,
+                         wrong_keeps: Sequence[str] = ()) -> SymmetricBatchRuns:
+    """GD from cfg's init on ``base_prompts`` whole G-orbits (prompt stream ``seed``), recorded
+    ``records`` times; the twin run (its off-D perturbation drawn from case ("twin") of ``seed``);
+    the same GD on the orbits of each subgroup in ``wrong_keeps`` and on a G-orbit with one element
+    dropped (stopped at divergence)."""
+    base = sample_prompts(cfg, base_prompts, make_generator(seed, cfg.device))
+    sym = symmetrize_full(base, cfg)
+    every = max(1, steps // (records - 1))
+    run = fixed_batch_run(cfg, sym, lr, steps, every, parts=True)
+    twin = MultiHeadAttention(cfg)
+    tgen = torch.Generator().manual_seed(case_seed(seed, "twin"))
+    with torch.no_grad():
+        for p in twin.parameters():
+            p += TWIN_SIZE * (p.abs().max() + 1e-3) * torch.randn(p.shape, generator=tgen, dtype=torch.float64).to(p)
+    run_twin = fixed_batch_run(cfg, sym, lr, steps, every, start=twin, parts=True)
+    batches = [(keep, symmetrize_subgroup(base, cfg, keep)) for keep in wrong_keeps]
+    batches.append(("one_dropped", symmetrize_full(base, cfg, drop=1)))
+    wrong = {keep: fixed_batch_run(cfg, b, lr, steps, every, until_divergence=True) for keep, b in batches}
+    return SymmetricBatchRuns(run=run, twin=run_twin, wrong=wrong, batch=sym.batch)
 
 
 # ---------------------------------------------------------------------------------------
@@ -232,13 +229,13 @@ def accumulated_noise(t: np.ndarray, lr: float, samples: np.ndarray, tail: float
             "confidence_factor": confidence, "effective_dimensions": k_eff}
 
 
-def kicked_start(cfg, size: float, seed: int = 0) -> MultiHeadAttention:
+def kicked_start(cfg, size: float, seed: int) -> MultiHeadAttention:
     """cfg's decomposable start moved off D inside D_+ = {W_XX, U_Y unrestricted}: a random
     kick of relative size ``size`` on the X-X block of the QK weight (K for factored, W for
-    merged) and on the Y block of the OV weight (O for factored, U for merged)."""
+    merged) and on the Y block of the OV weight (O for factored, U for merged), drawn from ``seed``."""
     model = MultiHeadAttention(cfg)
     d = cfg.d
-    gen = torch.Generator().manual_seed(seed + 7)
+    gen = torch.Generator().manual_seed(seed)
     qk, ov = ("K", "O") if cfg.param == "factored" else ("W", "U")
     with torch.no_grad():
         for name, block in ((qk, (slice(None), slice(0, d), slice(0, d))), (ov, (slice(None), slice(None), slice(d, None)))):
@@ -263,22 +260,6 @@ class FreshBatchRuns:
     wall_seconds: float
 
 
-@one_thread
-def fresh_batch_runs(cfg, tcfg, n_probe: int, kick: float, probe_seed: int = 10_000, kicked: bool = True,
-                     random_full: bool = True) -> FreshBatchRuns:
-    """Train from cfg's init on fresh batches; probe the off-D step noise at every record
-    (stream ``probe_seed + tcfg.seed``); train from :func:`kicked_start` (``kicked``) and from a
-    ``random_full`` start (``random_full``) on the same stream."""
-    res = train(cfg, tcfg)
-    run = _arrays(res)
-    probes = step_noise_probes(cfg, tcfg.lr, tcfg.batch, run.omega, run.mu, n_probe, probe_seed + tcfg.seed)
-    rk = _arrays(train(cfg, tcfg, start=kicked_start(cfg, kick, tcfg.seed))).residual if kicked else None
-    rf = (_arrays(train(cfg.replace(init="random_full", init_omega=None, init_mu=None), tcfg)).residual
-          if random_full else None)
-    return FreshBatchRuns(run=run, probes=probes, residual_kicked=rk, residual_random_full=rf, loss_tail=res.loss,
-                          wall_seconds=res.wall_seconds)
-
-
 def _fresh_cost(cfg, tcfg, n_probe, kicked, random_full, **_) -> float:
     # the run and each broken start (round(time / lr) steps), and records x n_probe one-step probes
     return _gd_seconds(cfg, (1 + kicked + random_full) * round(tcfg.time / tcfg.lr) + tcfg.records * n_probe,
@@ -286,8 +267,23 @@ def _fresh_cost(cfg, tcfg, n_probe, kicked, random_full, **_) -> float:
 
 
 @kind("fresh_batch_runs", cost=_fresh_cost)
-def fresh_batch_need(cfg, tcfg, n_probe, kick, kicked, random_full, seed):
-    return fresh_batch_runs(cfg, tcfg, n_probe, kick, kicked=kicked, random_full=random_full)
+@one_thread
+def fresh_batch_runs(cfg, tcfg, n_probe: int, kick: float, kicked: bool, random_full: bool,
+                     seed: int) -> FreshBatchRuns:
+    """Train from cfg's init on fresh batches (prompt stream ``seed``; tcfg's own seed is not
+    read); probe the off-D step noise at every record (stream of case ("probes") of ``seed``);
+    train from :func:`kicked_start` (kick drawn from case ("kick")) where ``kicked`` and from a
+    ``random_full`` start where ``random_full``, on the same prompt stream."""
+    tcfg = replace(tcfg, seed=int(seed))
+    res = train(cfg, tcfg)
+    run = _arrays(res)
+    probes = step_noise_probes(cfg, tcfg.lr, tcfg.batch, run.omega, run.mu, n_probe, case_seed(seed, "probes"))
+    rk = (_arrays(train(cfg, tcfg, start=kicked_start(cfg, kick, case_seed(seed, "kick")))).residual
+          if kicked else None)
+    rf = (_arrays(train(cfg.replace(init="random_full", init_omega=None, init_mu=None), tcfg)).residual
+          if random_full else None)
+    return FreshBatchRuns(run=run, probes=probes, residual_kicked=rk, residual_random_full=rf, loss_tail=res.loss,
+                          wall_seconds=res.wall_seconds)
 
 
 # ---------------------------------------------------------------------------------------
@@ -310,8 +306,12 @@ def gradient_projection(cfg, omega, mu, batch: int, seed: int) -> dict:
 
 
 @kind("gradient_projection", cost=lambda cfg, batch, **_: _gd_seconds(cfg, 3, batch))
-def gradient_projection_need(cfg, omega, mu, batch, report_seed, seed):
-    return gradient_projection(cfg, np.array(omega), np.array(mu), batch, report_seed)
+def gradient_projection_at_random_point(cfg, batch: int, omega_range: tuple, mu_range: tuple, seed: int) -> dict:
+    """:func:`gradient_projection` at a point of D drawn uniformly from ``omega_range`` x
+    ``mu_range`` per entry (case ("point of D") of ``seed``), prompt stream ``seed``."""
+    rng = np.random.default_rng(case_seed(seed, "point of D"))
+    omega, mu = rng.uniform(*omega_range, (cfg.heads, cfg.m)), rng.uniform(*mu_range, (cfg.heads, cfg.m))
+    return gradient_projection(cfg, omega, mu, batch, seed)
 
 
 def symmetric_prompts(cfg, base_prompts: int, seed: int):
@@ -344,13 +344,13 @@ def _richardson_cost(cfg, lr, time, base_prompts, **_) -> float:
 @kind("richardson_runs", cost=_richardson_cost)
 @one_thread
 def richardson_runs(cfg, lr: Optional[float], time: float, base_prompts: int, every: int, wrong_factor: float,
-                    report_seed: int, seed: int, max_relative_step: float = 0.01) -> dict:
+                    seed: int, max_relative_step: float = 0.01) -> dict:
     """On ``base_prompts`` whole G-orbits (:func:`symmetric_prompts`, stream ``seed``), full GD and
     the reduced flow (theory's metric) over ``time`` at lr and lr/2 (every record of the lr run
     compared with every second of the lr/2 run), and the reduced flow with the metric times
     ``wrong_factor``: {"full", "full_half", "red", "red_half", "wrong"}, with the step ``lr``
     (None: :func:`stiffness_step` at ``max_relative_step``) and the ``batch`` size."""
-    prompts = symmetric_prompts(cfg, base_prompts, report_seed)
+    prompts = symmetric_prompts(cfg, base_prompts, seed)
     lr = stiffness_step(cfg, prompts, time, max_relative_step) if lr is None else lr
     steps = int(round(time / lr))
     return {"full": fixed_batch_run(cfg, prompts, lr, steps, every),
@@ -363,9 +363,10 @@ def richardson_runs(cfg, lr: Optional[float], time: float, base_prompts: int, ev
 
 @kind("trend_run", cost=lambda cfg, tcfg, **_: _gd_seconds(cfg, round(tcfg.time / tcfg.lr), tcfg.batch))
 @one_thread
-def trend_run(cfg, tcfg, prompt_seed: int, seed: int) -> Run:
-    """The full model trained on fresh batches (prompt stream ``seed``), as arrays."""
-    return _arrays(train(cfg, replace(tcfg, seed=int(prompt_seed))))
+def trend_run(cfg, tcfg, seed: int) -> Run:
+    """The full model trained on fresh batches (prompt stream ``seed``; tcfg's own seed is not
+    read), as arrays."""
+    return _arrays(train(cfg, replace(tcfg, seed=int(seed))))
 
 
 def relative_gap(omega, mu, omega_ref, mu_ref) -> np.ndarray:

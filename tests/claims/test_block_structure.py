@@ -63,7 +63,7 @@ def test_symmetric_batch_keeps_D_to_rounding(device, th, L, sigma, param, basis,
     L = max(16, min(L, EXACT_TOKENS // group_order(tasks)))      # the cost cap, never below L = 16
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, param=param, basis=basis,
                         basis_seed=basis_seed, init_scale=init_scale, device=device)
-    runs = computed(claim.exact_need(cfg, 0.05, 12, 1, seed, records=4), seed)
+    runs = computed(claim.exact_need(cfg, 0.05, 12, 1, records=4), seed)
     c = claim.check_symmetrised_exact(cfg, runs, lr=0.05, steps=12)
     note(c.explain())
     log_comparison(c, __name__)
@@ -110,7 +110,7 @@ def test_non_decomposable_start_is_refused(device):
     cfg = ProblemConfig(tasks=(1, 1), heads=1, L=4, init="random_full", device=device)
     # refused when the plan is made, before any run
     with pytest.raises(ValueError, match="point of D"):
-        claim.exact_need(cfg, 0.05, 60, 1, 0)
+        claim.exact_need(cfg, 0.05, 60, 1)
     with pytest.raises(ValueError, match="point of D"):
         claim.fresh_need(cfg, TrainConfig(lr=0.05, time=0.1, batch=8, records=2), 4)
 

@@ -85,7 +85,7 @@ def test_full_trajectory_follows_reduced_flow(device, th, L, param, basis, sigma
     # a fixed batch of a few prompts can make the flow stiff (fast transients in the first
     # steps); lr=None picks the step from that stiffness (1% relative change per step) so
     # that the O(lr) Richardson tolerance lies below the effect of a wrong metric constant
-    need = claim.trajectory_need(cfg, lr=None, time=0.3, base_prompts=1, record_every=2, seed=seed)
+    need = claim.trajectory_need(cfg, lr=None, time=0.3, base_prompts=1, record_every=2)
     c = claim.check_trajectory_agreement(cfg, computed([need], seed)[need], time=0.3)
     note(c.explain())
     log_comparison(c, __name__)
@@ -105,7 +105,7 @@ def test_expansion_error_shrinks_with_L_thorough(device, seed, tasks, logit_scal
     tcfg = TrainConfig(lr=0.02, time=4.0, batch=2048, records=9)
     Ls = [8, 32, 128, 512]
     domain = claim.expansion_domain(cfg, Ls, tcfg)
-    needs = [r for runs in claim.trend_needs(cfg, Ls, tcfg, 3, seed).values() for r in runs]
+    needs = [r for runs in claim.trend_needs(cfg, Ls, tcfg, 3).values() for r in runs]
     needs += [f for L in Ls for f in claim.flow_needs(cfg, L, tcfg)] if cfg.heads <= claim.EXACT_GAP_MAX_HEADS else []
     c = claim.check_expansion_trend(cfg, Ls, tcfg, 3, computed(needs, seed), seed)
     log_comparison(c, __name__)
@@ -134,9 +134,9 @@ def test_bad_input_is_refused(device):
         probes.gradient_projection(cfg, [[0.1]], [[0.1]], 8, 0)
     # refused when the plan is made, before any run
     with pytest.raises(ValueError, match="time/lr"):
-        claim.trajectory_need(cfg, lr=0.05, time=0.07, base_prompts=1, record_every=1, seed=0)
+        claim.trajectory_need(cfg, lr=0.05, time=0.07, base_prompts=1, record_every=1)
     with pytest.raises(ValueError, match=">= 3"):
-        claim.trend_needs(cfg, [8, 16], TrainConfig(lr=0.05, time=0.1, batch=8, records=2), 3, 0)
+        claim.trend_needs(cfg, [8, 16], TrainConfig(lr=0.05, time=0.1, batch=8, records=2), 3)
     with pytest.raises(ValueError, match="profile"):
         claim.run(profile="huge")
 
