@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.stats import norm
 
-from claims.common import (Z_SE, Comparison, config_label, eps_of, gd_seconds, headline_row, lines_figure, perturbation,
-                           resolved)
+from claims.common import Z_SE, Comparison, config_label, eps_of, headline_row, lines_figure, perturbation, resolved
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
 from numerics.config import ProblemConfig
+from numerics.engine import need
 from numerics.experiments import probes
 from numerics.train import TrainConfig
 from theory.block_structure import group_order
@@ -99,13 +99,13 @@ def wrong_groups(cfg) -> list[tuple[str, str]]:
         ([("x_symmetries", "wrong group: the x sign flips and block shifts" + rest)] if cfg.m >= 2 else [])
 
 
-def check_symmetrised_exact(cfg, lr: float = 0.05, steps: int = 60, base_prompts: int = 1,
-                            seed: int = 0, records: int = 7) -> Comparison:
-    """GD on one fixed batch of ``base_prompts`` whole orbits of the group G of
+def check_symmetrised_exact(cfg, runs, lr: float, steps: int) -> Comparison:
+    """GD with step ``lr`` for ``steps`` steps on one fixed batch of whole orbits of the group G of
     :func:`theory.block_structure.symmetry_group` (coordinate sign flips and cyclic shifts inside
     each task block, per-task output sign flips; |G| = 2^(d+m) prod r_i) from the point of D of
-    cfg's init (``probes.symmetric_batch_runs``).  The batch loss is G-invariant and Fix(G) = D,
-    so GD from D stays in D exactly: the off-D residual is rounding only.  Tolerance: each step
+    cfg's init (``runs``: ``probes.symmetric_batch_runs``, :func:`exact_need`).  The batch loss is
+    G-invariant and Fix(G) = D, so GD from D stays in D exactly: the off-D residual is rounding
+    only.  Tolerance: each step
     adds at most a few round-offs (relative eps of the dtype) per entry to the off-D part,
     carried along and amplified at most as much as a tiny off-D perturbation is (measured by a
     twin run), so after n steps residual <= c n eps A(t), c = ROUNDING_PER_STEP = 64.
@@ -115,9 +115,7 @@ def check_symmetrised_exact(cfg, lr: float = 0.05, steps: int = 60, base_prompts
     the off-diagonal of U_Y: a residual meter blind to those directions, a P_D that keeps W_XX
     and U_Y whole, cannot reject them and makes the verdict ``error``) and for a G-orbit with one
     element dropped: each must be rejected."""
-    _check_start_in_D(cfg, "the exact-symmetry check")
     groups = wrong_groups(cfg)
-    runs = probes.symmetric_batch_runs(cfg, lr, steps, base_prompts, seed, records, [k for k, _ in groups])
     run = runs.run
     # amplification of off-D errors by the flow on this batch: the twin run (a tiny random off-D
     # perturbation) measures the growth G(t) = residual_twin(t) / residual_twin(0) in the
@@ -145,7 +143,7 @@ def check_symmetrised_exact(cfg, lr: float = 0.05, steps: int = 60, base_prompts
         measured=measured, predicted=predicted, error=abs(measured - predicted), tolerance=float(tol_t[j]), why=why,
         perturbations=perts,
         config=config_label(cfg, basis=True),
-        details={"role": "exact", "config": cfg.to_dict(), "lr": lr, "steps": steps, "seed": seed, "batch": runs.batch,
+        details={"role": "exact", "config": cfg.to_dict(), "lr": lr, "steps": steps, "batch": runs.batch,
                  "group_order": group_order(cfg.tasks), "t": run.t, "residual": run.residual,
                  "residual_wrong_group": {k: runs.wrong[k].residual for k, _ in groups},
                  "residual_one_dropped": runs.wrong["one_dropped"].residual, "tolerance_t": tol_t,
@@ -174,15 +172,13 @@ def noise_bound(cfg, tcfg, t: np.ndarray, omega: np.ndarray, mu: np.ndarray, sam
     return {**acc, "norm_D": norm_D, "floor": floor, "bound": Z_SE * acc["rms"] / norm_D + floor}
 
 
-def check_structure_preserved(cfg, tcfg, n_probe: int = 4, check_random_full: bool = True) -> Comparison:
-    """Train the full model on fresh batches from cfg's decomposable init and compare its
-    residual with the Monte-Carlo bound (:func:`noise_bound`) at every record
-    (``probes.fresh_batch_runs``); perturbations (broken structures held to the same bound): a
-    ``random_full`` start and a start kicked into D_+ \\ D, D_+ = {W_XX and U_Y unrestricted}
-    (the set a P_D keeping W_XX and U_Y whole would call decomposable; where d >= 2 or m >= 2)."""
-    _check_start_in_D(cfg, "claim 1")
-    kicked = cfg.d >= 2 or cfg.m >= 2
-    fr = probes.fresh_batch_runs(cfg, tcfg, n_probe, KICK, kicked=kicked, random_full=check_random_full)
+def check_structure_preserved(cfg, tcfg, fr, n_probe: int) -> Comparison:
+    """The full model trained on fresh batches from cfg's decomposable init (``fr``:
+    ``probes.fresh_batch_runs``, :func:`fresh_need`): its residual against the Monte-Carlo bound
+    (:func:`noise_bound`) at every record; perturbations (broken structures held to the same
+    bound): a ``random_full`` start and a start kicked into D_+ \\ D, D_+ = {W_XX and U_Y
+    unrestricted} (the set a P_D keeping W_XX and U_Y whole would call decomposable; where d >= 2
+    or m >= 2)."""
     tr = fr.run
     nb = noise_bound(cfg, tcfg, tr.t, tr.omega, tr.mu, fr.probes)
     bound = nb["bound"]
@@ -221,37 +217,72 @@ def check_structure_preserved(cfg, tcfg, n_probe: int = 4, check_random_full: bo
 # the spec
 # ---------------------------------------------------------------------------------------
 
-def plan(p: BlockStructureProfile, device: str = "cpu", seed: int = 0, problem: dict | None = None):
-    """(exact cases, fresh cases, not_run): lists of (ProblemConfig, kwargs / TrainConfig) and
-    the exact cases left out for cost (with the reason); with a problem (given, or laid over the
-    profile by ``resolve``) both checks at that configuration, with the profile's step counts."""
-    problem = dict(p.problem) if problem is None and p.problem else problem
-    tcfg = TrainConfig(lr=p.lr, time=p.time, batch=p.batch, records=p.records, seed=seed)
-    if problem is not None:
-        exact_cfgs = fresh_cfgs = [ProblemConfig(device=device, **dict(problem))]
+def cases(p: BlockStructureProfile, device: str = "cpu") -> tuple[list, list, list]:
+    """(exact configurations, fresh configurations, not_run): every tasks x param x basis of the
+    profile, or its researcher's problem (laid over it by ``resolve``) for both checks; the exact
+    cases above ``max_exact_tokens`` are left out for cost, with the reason."""
+    if p.problem:
+        exact_cfgs = fresh_cfgs = [ProblemConfig(device=device, **dict(p.problem))]
     else:
-        def cases(tasks, heads, L):
+        def configs(tasks, heads, L):
             return [ProblemConfig(tasks=tuple(t), heads=heads, L=L, sigma=p.sigma, param=pa, basis=b, device=device)
                     for t in tasks for pa in p.params for b in p.bases]
-        exact_cfgs = cases(p.exact_tasks, p.exact_heads, p.exact_L)
-        fresh_cfgs = cases(p.fresh_tasks, p.fresh_heads, p.fresh_L)
+        exact_cfgs = configs(p.exact_tasks, p.exact_heads, p.exact_L)
+        fresh_cfgs = configs(p.fresh_tasks, p.fresh_heads, p.fresh_L)
     tokens = {cfg: group_order(cfg.tasks) * p.exact_base_prompts * cfg.L for cfg in exact_cfgs}
-    exact = [(cfg, dict(lr=p.lr, steps=p.exact_steps, base_prompts=p.exact_base_prompts))
-             for cfg in exact_cfgs if tokens[cfg] <= p.max_exact_tokens]
     not_run = [{"case": f"symmetrised-exact tasks={cfg.tasks} L={cfg.L}",
                 "reason": f"|G| base_prompts L = {tokens[cfg]} tokens > max_exact_tokens = {p.max_exact_tokens} "
                           "(cost; the fresh-batch check still runs)"}
                for cfg in exact_cfgs if tokens[cfg] > p.max_exact_tokens]
-    return exact, [(cfg, tcfg) for cfg in fresh_cfgs], not_run
+    return [cfg for cfg in exact_cfgs if tokens[cfg] <= p.max_exact_tokens], fresh_cfgs, not_run
 
 
-def evaluate(ctx) -> Outcome:
+EXACT_RECORDS = 7
+"""Records of the exact-symmetry runs (the residual is compared at the worst of them)."""
+
+
+def exact_need(cfg, lr: float, steps: int, base_prompts: int, records: int = EXACT_RECORDS):
+    """The runs of :func:`check_symmetrised_exact` (``probes.symmetric_batch_runs``): GD on
+    ``base_prompts`` whole G-orbits, its twin, the wrong-group batches of :func:`wrong_groups`
+    and the one-dropped orbit."""
+    _check_start_in_D(cfg, "the exact-symmetry check")
+    return need("symmetric_batch_runs", cfg=cfg, lr=float(lr), steps=int(steps), base_prompts=int(base_prompts),
+                records=int(records), wrong_keeps=tuple(k for k, _ in wrong_groups(cfg)))
+
+
+def fresh_need(cfg, tcfg, n_probe: int):
+    """The runs of :func:`check_structure_preserved` (``probes.fresh_batch_runs``): the run on
+    fresh batches with its step-noise probes, a ``random_full`` start and, where d >= 2 or
+    m >= 2, a start kicked into D_+ \\ D."""
+    _check_start_in_D(cfg, "claim 1")
+    return need("fresh_batch_runs", cfg=cfg, tcfg=tcfg, n_probe=int(n_probe), kick=KICK,
+                kicked=cfg.d >= 2 or cfg.m >= 2, random_full=True)
+
+
+def train_config(p: BlockStructureProfile) -> TrainConfig:
+    """The fresh-batch runs' schedule (their prompt stream is the need's)."""
+    return TrainConfig(lr=p.lr, time=p.time, batch=p.batch, records=p.records)
+
+
+def plan(ctx, results=None) -> list:
+    """Claim 1's runs: per exact case the symmetric-batch runs, per fresh case the fresh-batch runs."""
+    p = ctx.p
+    exact, fresh, _ = cases(p, ctx.device)
+    return ([exact_need(cfg, p.lr, p.exact_steps, p.exact_base_prompts) for cfg in exact]
+            + [fresh_need(cfg, train_config(p), p.n_probe) for cfg in fresh])
+
+
+def compare_results(ctx, results) -> Outcome:
     """Claim 1: the exact-symmetry cases, then the fresh-batch cases."""
-    p, seed = ctx.p, ctx.seed
-    exact_cases, fresh_cases, not_run = plan(p, ctx.device, seed)
-    exact = [check_symmetrised_exact(cfg, seed=seed, **kw) for cfg, kw in exact_cases]
-    ctx.progress("block-structure: fresh batches", len(exact) / (len(exact) + len(fresh_cases)))
-    fresh = [check_structure_preserved(cfg, tcfg, n_probe=p.n_probe) for cfg, tcfg in fresh_cases]
+    p = ctx.p
+    exact_cfgs, fresh_cfgs, not_run = cases(p, ctx.device)
+    exact = [check_symmetrised_exact(cfg, results[exact_need(cfg, p.lr, p.exact_steps, p.exact_base_prompts)],
+                                     p.lr, p.exact_steps) for cfg in exact_cfgs]
+    fresh = []
+    for cfg in fresh_cfgs:
+        n = fresh_need(cfg, train_config(p), p.n_probe)     # its schedule with the prompt stream it trained on
+        fresh.append(check_structure_preserved(cfg, replace(train_config(p), seed=n.seed(ctx.seed)), results[n],
+                                               p.n_probe))
     comps = exact + fresh
     headline = ([headline_row(c, "off-D residual on an exactly G-invariant batch: "
                               + c.name[len("symmetrised-exact "):]) for c in exact]
@@ -311,22 +342,12 @@ def findings(result) -> list:
     return out
 
 
-def estimate(p: BlockStructureProfile) -> float:
-    """Seconds from the plan: per exact case the run, its twin, the wrong batches and the dropped
-    orbit (|G| L tokens per step); per fresh case three runs plus records x n_probe one-step probes."""
-    exact, fresh, _ = plan(p)
-    runs = [(c, (3 + (c.d >= 2) + (c.m >= 2)) * p.exact_steps, group_order(c.tasks) * p.exact_base_prompts)
-            for c, _ in exact]
-    runs += [(c, 3 * round(t.time / t.lr) + p.records * p.n_probe, t.batch) for c, t in fresh]
-    return gd_seconds(runs)
-
-
 SPEC = ClaimSpec(
     id="block-structure", title="Block structure is preserved",
     statement=("Started from block-structured (decomposable) weights, gradient flow keeps them so: only "
                "the X-X block of each head's QK weight and the Y block of each head's OV weight are ever "
                "nonzero, each diagonal in the task basis (for both parametrisations and any basis Phi)."),
-    profiles=PROFILES, evaluate=evaluate, findings=findings, estimate=estimate,
+    profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
     resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

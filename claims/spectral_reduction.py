@@ -15,16 +15,17 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from claims.common import (Z_SE, Comparison, compare, config_label, eps_of, gd_seconds, headline_row, perturbation,
-                           resolved, value_panels)
+from claims.common import (Z_SE, Comparison, compare, config_label, eps_of, headline_row, perturbation, resolved,
+                           value_panels)
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
+from claims.trained import theory_need
 from numerics.model import initial_values
 from numerics.config import ProblemConfig
+from numerics.engine import need
 from numerics.experiments import probes
 from numerics.train import TrainConfig
 from theory.block_structure import group_order
-from theory.exact import exact_flow
-from theory.reduced_ode import expansion_gd_map, expansion_reliable, integrate_expansion_flow, metric_factors
+from theory.reduced_ode import expansion_gd_map, expansion_reliable, metric_factors
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,11 @@ def _wrong_factor(param: str) -> float:   # the factored metric without its 2, t
     return 0.5 if param == "factored" else 2.0
 
 
-def check_gradient_projection(cfg, omega, mu, batch: int = 64, seed: int = 0) -> Comparison:
-    """(a) at the point (omega, mu) of D, on one batch (``probes.gradient_projection``): the full
-    model's gradient-flow velocity read out on D (omega_dot = tr(Phi_i^T W_dot Phi_i)/r_i, mu_dot =
-    diag U_dot_Y; ``numerics.model.full_velocity_on_D``) against -f * grad L_L, f the metric
+def check_gradient_projection(cfg, g: dict, batch: int) -> Comparison:
+    """(a) at the point (omega, mu) of D, on one batch of ``batch`` prompts (``g``:
+    ``probes.gradient_projection``): the full model's gradient-flow velocity read out on D
+    (omega_dot = tr(Phi_i^T W_dot Phi_i)/r_i, mu_dot = diag U_dot_Y;
+    ``numerics.model.full_velocity_on_D``) against -f * grad L_L, f the metric
     factors of ``theory.reduced_ode.metric_factors`` and grad L_L the gradient of the exact
     finite-L reduced loss on the same batch (``numerics.reduced.reduced_gradient``).  Both sides
     are the same sums of B L per-token terms along different graphs, so they differ by rounding
@@ -97,8 +99,7 @@ def check_gradient_projection(cfg, omega, mu, batch: int = 64, seed: int = 0) ->
     |g|_abs the mean over prompts of |per-prompt gradient|, compared as the max ratio.
     Perturbation: the metric off by a factor 2 (the factored one without its 2, the merged one
     with a spurious 2)."""
-    omega, mu = np.asarray(omega, float), np.asarray(mu, float)
-    g = probes.gradient_projection(cfg, omega, mu, batch, seed)
+    omega, mu = g["omega"], g["mu"]
     f_om, f_mu = metric_factors(cfg.param, omega, mu, cfg.tasks, cfg.logit_scale)
     fo_om, fo_mu = metric_factors("merged" if cfg.param == "factored" else "factored", omega, mu, cfg.tasks,
                                   cfg.logit_scale)
@@ -130,7 +131,7 @@ def check_gradient_projection(cfg, omega, mu, batch: int = 64, seed: int = 0) ->
         measured, pred, 1.0, f"rounding: |full - reduced| <= 64 eps log2(B L D) f |grad|_abs per entry "
         f"(B L D = {n_terms}); compared as the max ratio", error=ratio, config=config_label(cfg, basis=True),
         wrong=[(f"metric off by a factor {k:g}", {v: k * x for v, x in pred.items()})],
-        details={"role": "gradient", "config": cfg.to_dict(), "omega": omega, "mu": mu, "batch": batch, "seed": seed,
+        details={"role": "gradient", "config": cfg.to_dict(), "omega": omega, "mu": mu, "batch": batch,
                  "velocity_off_D_residual": g["off"], "other_metric_ratio": ratio(measured, pred_other)})
 
 
@@ -138,10 +139,10 @@ def _signed_gap(a, b) -> np.ndarray:   # per record: (omega_a - omega_b, mu_a - 
     return np.concatenate([(a.omega - b.omega).reshape(len(a.t), -1), (a.mu - b.mu).reshape(len(a.t), -1)], axis=1)
 
 
-def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: int = 1,
-                               seed: int = 0, record_every: int = 1, max_relative_step: float = 0.01) -> Comparison:
+def check_trajectory_agreement(cfg, runs: dict, time: float) -> Comparison:
     """(b) full GD vs the reduced flow on one fixed, exactly symmetric batch
-    (``numerics.symmetry.symmetrize_full``), over the whole run (``probes.richardson_runs``).  On
+    (``numerics.symmetry.symmetrize_full``), over the whole run of length ``time`` (``runs``:
+    ``probes.richardson_runs``, :func:`trajectory_need`).  On
     such a batch the full flow never leaves D, so the two are first-order discretisations of the
     *same* ODE on the same samples and their difference D_lr is O(lr) only (zero for merged
     weights: GD on W restricted to D *is* the Euler step of the reduced flow).  Tolerance:
@@ -153,17 +154,9 @@ def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: in
     within a few steps, and a wrong metric only changes the speed, so the transient must be
     resolved.
 
-    ``lr=None`` picks the step from the stiffness of the flow on this batch: the largest
-    relative velocity |x_dot / x| at the init (reduced flow, theory's metric) times lr is at
-    most ``max_relative_step`` (and lr <= 0.05), so that the O(lr) tolerance stays below
-    the effect of a wrong metric constant."""
-    prompts = probes.symmetric_prompts(cfg, base_prompts, seed)
-    if lr is None:
-        lr = probes.stiffness_step(cfg, prompts, time, max_relative_step)
-    steps = int(round(time / lr))
-    if steps < 2 or abs(steps * lr - time) > 1e-9 * time:
-        raise ValueError(f"time/lr must be an integer >= 2, got time={time}, lr={lr}")
-    runs = probes.richardson_runs(cfg, prompts, lr, steps, int(record_every), _wrong_factor(cfg.param))
+    A step chosen from the stiffness of the flow on this batch (:func:`trajectory_need`, lr None)
+    keeps the O(lr) tolerance below the effect of a wrong metric constant."""
+    lr, steps = runs["lr"], runs["steps"]
     full, red = runs["full"], runs["red"]
     diff, diff_half = _signed_gap(full, red), _signed_gap(runs["full_half"], runs["red_half"])
     gap = np.max(np.abs(diff), axis=1)
@@ -176,13 +169,13 @@ def check_trajectory_agreement(cfg, lr=0.05, time: float = 3.0, base_prompts: in
     return resolved(Comparison(
         name=f"trajectory tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} {cfg.basis} lr={lr:.4g} t={time:g}",
         measured=measured, predicted=0.0, error=measured, tolerance=tol, config=config_label(cfg, basis=True),
-        why=(f"same samples, exactly symmetric batch ({prompts.batch} prompts): both runs discretise the same "
+        why=(f"same samples, exactly symmetric batch ({runs['batch']} prompts): both runs discretise the same "
              f"ODE; tolerance {RICHARDSON_SAFETY:g} x the Richardson estimate 2|D_lr - D_lr/2| of the O(lr) part "
              "of their difference D (max over the run and entries) + rounding"),
         perturbations=[perturbation(f"reduced flow with the metric off by a factor {_wrong_factor(cfg.param):g}",
                                     wrong_gap, tol)],
-        details={"role": "trajectory", "config": cfg.to_dict(), "lr": lr, "time": time, "seed": seed,
-                 "batch": prompts.batch, "t": full.t, "gap": gap, "richardson": rich,
+        details={"role": "trajectory", "config": cfg.to_dict(), "lr": lr, "time": time,
+                 "batch": runs["batch"], "t": full.t, "gap": gap, "richardson": rich,
                  "max_residual_full": float(np.max(full.residual)), "full_omega": full.omega, "full_mu": full.mu,
                  "red_omega": red.omega, "red_mu": red.mu}),
         units="absolute")
@@ -213,22 +206,20 @@ heads every mid-flow point needs the pair moments (theory.exact_pairs: minutes p
 H = 2, L = 8 ran > 300 s), so above one head (c) falls back to the one-sided trend check."""
 
 
-def predicted_expansion_gap(cfg, Ls, tcfg) -> dict:
+def predicted_expansion_gap(cfg, Ls, tcfg, flows) -> dict:
     """Theory's gap b(L) between the exact finite-L reduced flow (``theory.exact.exact_flow``)
     and the expansion flow (``theory.reduced_ode.integrate_expansion_flow``), rms of the
     relative gap over the run's records (``probes.trajectory_gap``): what the full model's gap
     to the expansion is, if the full model follows the exact reduced flow -- the expansion's
     own error along the run.  ``discretisation``: the change of that gap when the expansion side
     is the GD map at the run's step instead of the flow (the measured gap is between two GD
-    runs, theory's between two flows: their O(lr) parts nearly cancel, by at most this much)."""
+    runs, theory's between two flows: their O(lr) parts nearly cancel, by at most this much).
+    ``flows(L)``: the two flows at L (:func:`flow_needs`)."""
     gap, disc = [], []
     for L in Ls:
         om0, mu0 = initial_values(cfg.replace(L=int(L)))
         t = np.linspace(0.0, tcfg.time, tcfg.records)
-        exact = exact_flow(om0, mu0, cfg.tasks, int(L), cfg.sigma, cfg.param, cfg.logit_scale, t_end=tcfg.time,
-                           t_eval=t)
-        flow = integrate_expansion_flow(om0, mu0, cfg.tasks, int(L), cfg.sigma, cfg.param, cfg.logit_scale,
-                                        t_end=tcfg.time, t_eval=t)
+        exact, flow = flows(L)
         gd = expansion_gd_map(om0, mu0, cfg.tasks, int(L), cfg.sigma, cfg.param, cfg.logit_scale, tcfg.lr, t)
         if exact.status != "t_end" or flow.status != "t_end" or len(gd[0]) < t.size:
             raise ValueError(f"theory's flows stop before t_end at L={L} (exact: {exact.status}, expansion: "
@@ -260,65 +251,37 @@ def expansion_gap_error(bias, bias_se, discretisation):
     return error
 
 
-def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1, 2)) -> Comparison:
-    """(c) full model (fresh batches, ``probes.trend_runs``) against the large-L expansion flow
-    at each L in ``Ls`` (>= 3), over the independent prompt streams ``seeds`` (>= 2).  The
-    expansion flow (``theory.reduced_ode.expansion_gd_map``, theory's metric) is discretised by
-    the same GD step as the full model, so that the O(lr) gap, which does not shrink with L, is
-    not mistaken for the expansion's error.
+def check_expansion_trend(cfg, Ls, tcfg, n: int, results, seed: int) -> Comparison:
+    """(c) the full model on fresh batches against the large-L expansion flow discretised by the
+    same GD step (the O(lr) gap, which does not shrink with L, is not the expansion's error), at
+    each L in ``Ls`` (>= 3) over ``n`` (>= 2) prompt streams (``results`` of :func:`trend_needs`
+    and :func:`flow_needs`, at the report's ``seed``): the gap of one run is bias (the expansion's
+    error, the claim) plus Monte-Carlo noise, separated by ``probes.expansion_gaps``.
 
-    The gap of one run is bias (the expansion's error, the claim) plus Monte-Carlo noise of
-    the SGD trajectory.  Per L, with X_s the relative gap trajectory of seed s (each value
-    over its scale max|x_ref|; mu ~ 1/omega, so absolute errors of mu would hide the omega
-    trend) and Xbar its mean over the n seeds, the squared bias is estimated without the
-    noise: b^2 = mean(Xbar^2) - mean(var_s X) / n (the sample variance across seeds is the
-    noise of one run); se(b) ~ sqrt(mean var / n), the noise left in Xbar
-    (``probes.noise_corrected_bias``).
-
-    Compared (H <= EXACT_GAP_MAX_HEADS), two-sided: the measured b(L) against theory's own gap
-    of the expansion, the exact reduced flow minus the expansion flow
-    (:func:`predicted_expansion_gap`), by :func:`expansion_gap_error` -- its pooled scale k
-    against 1 and each L against its value; tolerance Z_SE standard errors + theory's
-    discretisation allowance (from theory, never the measurement).  Wrong predictions through the
-    same function: no gap (the expansion exact at every L), a gap 20x theory's, a gap that does
-    not shrink (theory's at the smallest L, at every L); and the expansion flow with the other
-    parametrisation's metric (the full model's gap to that flow held to theory's gap).  What (c)
-    cannot see: an error in the O(1/L) terms (a wrong pair kernel) changes the expansion flow,
-    and with it both the measured gap and theory's predicted one; that coefficient is checked by
-    boundary-small-L against the exact loss (docs/claims_1_4.md, blind spots).
-
-    Above EXACT_GAP_MAX_HEADS heads (theory's exact flow unaffordable) the one-sided trend: the
-    exponent p of b ~ L^p by weighted least squares (weights (b / se(b))^2, ``probes.
-    log_log_slope``) with p + Z_SE se(p) < 0 (the gap shrinks at Z_SE standard errors); its
-    resolving power is an exponent bound (absolute); the other metric through the same statistic."""
-    Ls, n = [int(L) for L in Ls], len(seeds)
-    metric = {"theory": cfg.param, "other": "merged" if cfg.param == "factored" else "factored"}
-    if len(Ls) < 3 or sorted(set(Ls)) != Ls:
-        raise ValueError(f"need >= 3 increasing distinct context lengths, got {Ls}")
-    if len(seeds) < 2:
-        raise ValueError("need >= 2 prompt-stream seeds to estimate the Monte-Carlo error")
-    est, runs = {k: [] for k in metric}, []   # per metric, per L: (b, se(b))
-    for L, per_seed in zip(Ls, probes.trend_runs(cfg, Ls, tcfg, seeds)):
-        om0, mu0 = initial_values(cfg.replace(L=L))
-        t = per_seed[0].t
-        ex = {k: expansion_gd_map(om0, mu0, cfg.tasks, L, cfg.sigma, param, cfg.logit_scale, tcfg.lr, t)
-              for k, param in metric.items()}
-        runs.append({"L": L, "t": t, "omega": per_seed[0].omega, "mu": per_seed[0].mu, "ex_t": t,
-                     "ex_omega": ex["theory"][0], "ex_mu": ex["theory"][1]})
-        for k, ref in ex.items():
-            est[k].append(probes.noise_corrected_bias(np.array([probes.relative_gap(r.omega, r.mu, *ref)
-                                                                 for r in per_seed])))
-    (bias, bias_se), (bias_o, bias_o_se) = (np.array(est[k]).T for k in metric)
+    Up to EXACT_GAP_MAX_HEADS heads, two-sided: b(L) against theory's own gap of the expansion
+    (exact reduced flow minus expansion flow, :func:`predicted_expansion_gap`) by
+    :func:`expansion_gap_error`; tolerance Z_SE standard errors + theory's discretisation
+    allowance (from theory, never the measurement).  Wrong predictions through the same
+    function: no gap, a gap 20x theory's, a gap that does not shrink (theory's at the smallest L);
+    and the expansion flow with the other metric.  What (c) cannot see: an error in the O(1/L)
+    terms (a wrong pair kernel) moves the measured and the predicted gap together; boundary-small-L
+    checks that coefficient (docs/claims_1_4.md, blind spots).  Above, one-sided: the exponent p
+    of b ~ L^p by weighted least squares (``probes.log_log_slope``) with p + Z_SE se(p) < 0; the
+    other metric through the same statistic."""
+    Ls, needs = [int(L) for L in Ls], trend_needs(cfg, Ls, tcfg, n)
+    gaps, runs = probes.expansion_gaps(cfg, Ls, tcfg.lr, {L: [results[r] for r in needs[L]] for L in Ls})
+    other = [param for param in gaps if param != cfg.param][0]
+    (bias, bias_se), (bias_o, bias_o_se) = gaps[cfg.param], gaps[other]
     (slope, se), (slope_o, se_o) = probes.log_log_slope(Ls, bias, bias_se), probes.log_log_slope(Ls, bias_o, bias_o_se)
     name = f"expansion-trend tasks={cfg.tasks} H={cfg.heads} L={Ls} {cfg.param} s={cfg.logit_scale:g} B={tcfg.batch}"
     config = config_label(cfg, basis=True).replace(f" L={cfg.L}", f" L={Ls}")
-    details = {"role": "expansion", "config": cfg.to_dict(), "train": tcfg.to_dict(), "Ls": Ls, "seeds": list(seeds),
+    details = {"role": "expansion", "config": cfg.to_dict(), "Ls": Ls, "streams": n,
+               "train": tcfg.to_dict() | {"seed": [r.seed(seed) for r in needs[Ls[0]]]},   # the streams' seeds
                "bias": bias, "bias_se": bias_se, "bias_other_metric": bias_o, "runs": runs}
     measured = {"bias": bias, "bias_se": bias_se, "exponent": slope, "exponent_se": se}
     if cfg.heads <= EXACT_GAP_MAX_HEADS:
-        theory = predicted_expansion_gap(cfg, Ls, tcfg)
+        theory = predicted_expansion_gap(cfg, Ls, tcfg, lambda L: tuple(results[f] for f in flow_needs(cfg, L, tcfg)))
         p, disc = theory["gap"], theory["discretisation"]
-        err = expansion_gap_error(bias, bias_se, disc)
         w = 1.0 / np.asarray(bias_se) ** 2
         spp = float(np.sum(w * np.square(p)))
         scale, scale_se = float(np.sum(w * bias * np.asarray(p))) / spp, 1.0 / math.sqrt(spp)
@@ -330,7 +293,8 @@ def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1, 2)) -> Comparison:
                     "the noise-corrected gap b(L) between the full model and the expansion flow against theory's gap "
                     f"of the expansion (exact reduced flow minus expansion flow): pooled scale k = 1 within {Z_SE:g} "
                     f"se(k) and each L within {Z_SE:g} se(b), plus theory's O(lr) discretisation allowance; se from "
-                    f"the Monte-Carlo spread of {n} independent prompt streams", error=err, config=config,
+                    f"the Monte-Carlo spread of {n} independent prompt streams",
+                    error=expansion_gap_error(bias, bias_se, disc), config=config,
                     wrong=[("no gap: the expansion exact at every L", [0.0] * len(Ls)),
                            ("a gap 20x theory's", [20.0 * x for x in p]),
                            ("a gap that does not shrink with L (theory's at the smallest L)", [p[0]] * len(Ls))],
@@ -338,35 +302,31 @@ def check_expansion_trend(cfg, Ls, tcfg, seeds=(0, 1, 2)) -> Comparison:
         # the other metric changes what is measured (the gap to that metric's expansion flow), through
         # the same error function and tolerance
         c.perturbations.insert(0, perturbation(
-            f"expansion flow with the {metric['other']} metric: the full model's gap to it held to theory's gap",
+            f"expansion flow with the {other} metric: the full model's gap to it held to theory's gap",
             expansion_gap_error(bias_o, bias_o_se, disc)({}, p), 1.0, bias=bias_o))
         return c
-    stat, stat_o = slope + Z_SE * se, slope_o + Z_SE * se_o
     # one-sided: p + Z_SE se(p) below the bound 0; resolving power: how far below 0 an exponent bound
     # could be and still be passed (absolute, in exponent units)
     return resolved(Comparison(
-        name=name, measured=measured, predicted=0.0, error=stat, tolerance=0.0, side="not above", config=config,
+        name=name, measured=measured, predicted=0.0, error=slope + Z_SE * se, tolerance=0.0, side="not above",
+        config=config,
         why=("noise-corrected rms gap b(L) between the full model and the expansion flow (relative to each value's "
              f"scale, over the run) must shrink: fitted exponent p of b ~ L^p with p + {Z_SE:g} se(p) < 0, se from the "
              f"Monte-Carlo spread of {n} independent prompt streams (one-sided: theory's exact gap needs the pair "
              f"moments at H = {cfg.heads})"),
-        perturbations=[perturbation(f"expansion flow with the {metric['other']} metric (same fit and statistic: its "
-                                    "gap must not shrink)", stat_o, 0.0, exponent=slope_o, exponent_se=se_o,
-                                    bias=bias_o)],
+        perturbations=[perturbation(f"expansion flow with the {other} metric (same fit and statistic: its "
+                                    "gap must not shrink)", slope_o + Z_SE * se_o, 0.0, exponent=slope_o,
+                                    exponent_se=se_o, bias=bias_o)],
         details=details), error=lambda m, bound: m["exponent"] + Z_SE * m["exponent_se"] - bound, units="absolute")
 
 
-def plan(p: SpectralReductionProfile, device: str = "cpu", seed: int = 0, problem: dict | None = None) -> dict:
-    """The cases of a run: ``grad`` [(cfg, omega, mu, batch)], ``traj`` [(cfg, kwargs)],
-    ``trend`` (cfg, Ls, TrainConfig) or None, ``not_run`` [{case, reason}].  With a problem
-    (given, or laid over the profile by ``resolve``): (a) and (b) at that configuration, (c)
-    around it at L/8, L/4, L/2, L."""
-    problem = dict(p.problem) if problem is None and p.problem else problem
-    rng = np.random.default_rng(seed)
-    tkw = dict(lr=p.traj_lr, time=p.traj_time, base_prompts=p.traj_base_prompts, record_every=p.traj_record_every)
-    trend_tcfg = TrainConfig(lr=p.trend_lr, time=p.trend_time, batch=p.trend_batch, records=p.trend_records, seed=seed)
-    if problem is not None:
-        base = ProblemConfig(device=device, **dict(problem))
+def cases(p: SpectralReductionProfile, device: str = "cpu") -> dict:
+    """The cases: ``grad`` [cfg], ``traj`` [cfg], ``trend`` (cfg, Ls, TrainConfig) or
+    None, ``not_run`` [{case, reason}]; with a researcher's problem (laid over the profile by
+    ``resolve``) (a) and (b) at that configuration, (c) around it at L/8, L/4, L/2, L."""
+    trend_tcfg = TrainConfig(lr=p.trend_lr, time=p.trend_time, batch=p.trend_batch, records=p.trend_records)
+    if p.problem:
+        base = ProblemConfig(device=device, **dict(p.problem))
         grad_cfgs = traj_cfgs = [base]
         Ls = sorted({max(1, base.L // k) for k in (8, 4, 2, 1)})
         trend = (base, Ls, trend_tcfg) if len(Ls) >= 3 else None
@@ -379,41 +339,93 @@ def plan(p: SpectralReductionProfile, device: str = "cpu", seed: int = 0, proble
         trend = None if p.trend_tasks is None else (
             pc(tasks=tuple(p.trend_tasks), heads=p.trend_heads, L=int(p.trend_Ls[0]), param="factored",
                logit_scale=p.trend_logit_scale), list(p.trend_Ls), trend_tcfg)
-    grad = [(cfg, rng.uniform(0.05, 0.6, (cfg.heads, cfg.m)), rng.uniform(-1.5, 1.5, (cfg.heads, cfg.m)),
-             p.grad_batch) for cfg in grad_cfgs]
     size = {cfg: group_order(cfg.tasks) * p.traj_base_prompts for cfg in traj_cfgs}
-    traj = [(cfg, tkw) for cfg in traj_cfgs if size[cfg] <= p.max_traj_prompts]
     not_run = [{"case": f"trajectory tasks={cfg.tasks}", "reason": f"|G| base_prompts = {size[cfg]} prompts > "
                 f"max_traj_prompts = {p.max_traj_prompts} (cost; (a) still runs)"}
                for cfg in traj_cfgs if size[cfg] > p.max_traj_prompts]
-    if trend is None and problem is not None:
+    if trend is None and p.problem:
         not_run.append({"case": "expansion-trend",
-                        "reason": f"needs >= 3 distinct L in L/8..L, L = {problem.get('L')}"})
-    return {"grad": grad, "traj": traj, "trend": trend, "not_run": not_run}
+                        "reason": f"needs >= 3 distinct L in L/8..L, L = {dict(p.problem).get('L')}"})
+    return {"grad": grad_cfgs, "traj": [cfg for cfg in traj_cfgs if size[cfg] <= p.max_traj_prompts], "trend": trend,
+            "not_run": not_run}
 
 
-def evaluate(ctx) -> Outcome:
+def gradient_need(cfg, batch: int):
+    """(a)'s probe on one batch at a random point of D, omega in [0.05, 0.6] and mu in [-1.5, 1.5]
+    per entry (``probes.gradient_projection_at_random_point``)."""
+    return need("gradient_projection", cfg=cfg, batch=int(batch), omega_range=(0.05, 0.6), mu_range=(-1.5, 1.5))
+
+
+def trajectory_need(cfg, lr, time: float, base_prompts: int, record_every: int):
+    """(b)'s runs on one exactly symmetric batch (``probes.richardson_runs``; ``lr`` None: the
+    step from the stiffness of the flow); a given lr must divide ``time`` into >= 2 steps."""
+    if lr is not None and (round(time / lr) < 2 or abs(round(time / lr) * lr - time) > 1e-9 * time):
+        raise ValueError(f"time/lr must be an integer >= 2, got time={time}, lr={lr}")
+    return need("richardson_runs", cfg=cfg, lr=None if lr is None else float(lr), time=float(time),
+                base_prompts=int(base_prompts), every=int(record_every), wrong_factor=_wrong_factor(cfg.param))
+
+
+def trend_needs(cfg, Ls, tcfg, n: int) -> dict:
+    """{L: [the full model's run on fresh batches, per prompt stream k]} of (c) (``probes.trend_run``;
+    stream k is case ("expansion trend", k) at every L): >= 3 increasing distinct L, >= 2 streams."""
+    Ls = [int(L) for L in Ls]
+    if len(Ls) < 3 or sorted(set(Ls)) != Ls:
+        raise ValueError(f"need >= 3 increasing distinct context lengths, got {Ls}")
+    if n < 2:
+        raise ValueError("need >= 2 prompt-stream seeds to estimate the Monte-Carlo error")
+    return {L: [need("trend_run", cfg=cfg.replace(L=L), tcfg=tcfg, stream=("expansion trend", k)) for k in range(n)]
+            for L in Ls}
+
+
+def flow_needs(cfg, L: int, tcfg) -> tuple:
+    """Theory's exact reduced flow and expansion flow at L from cfg's start, at the run's records."""
+    om0, mu0 = (tuple(map(tuple, a.tolist())) for a in initial_values(cfg.replace(L=int(L))))
+    args = (om0, mu0, tuple(cfg.tasks), int(L), float(cfg.sigma), cfg.param, float(cfg.logit_scale),
+            float(tcfg.time), tuple(np.linspace(0.0, tcfg.time, tcfg.records).tolist()))
+    return theory_need("exact_flow", *args), theory_need("expansion_flow", *args)
+
+
+def plan(ctx, results=None) -> list:
+    """Claim 2's needs: (a)'s probes, (b)'s runs, (c)'s runs and, up to EXACT_GAP_MAX_HEADS
+    heads, theory's two flows at each L."""
+    p, c = ctx.p, cases(ctx.p, ctx.device)
+    out = [gradient_need(cfg, p.grad_batch) for cfg in c["grad"]]
+    out += [trajectory_need(cfg, p.traj_lr, p.traj_time, p.traj_base_prompts, p.traj_record_every) for cfg in c["traj"]]
+    if c["trend"]:
+        cfg, Ls, tcfg = c["trend"]
+        out += [r for runs in trend_needs(cfg, Ls, tcfg, p.trend_seeds).values() for r in runs]
+        if cfg.heads <= EXACT_GAP_MAX_HEADS:
+            out += [f for L in Ls for f in flow_needs(cfg, L, tcfg)]
+    return out
+
+
+def trend_comparison(ctx, results, domain: dict) -> tuple[list, list]:
+    """(c) inside its domain ([comparison], []), outside it a boundary finding ([], [summary]);
+    ``domain`` receives theory's decision (:func:`expansion_domain`)."""
+    cfg, Ls, tcfg = cases(ctx.p, ctx.device)["trend"]
+    domain["expansion_trend"] = dom = expansion_domain(cfg, Ls, tcfg)
+    try:
+        c = check_expansion_trend(cfg, Ls, tcfg, ctx.p.trend_seeds, results, ctx.seed)
+    except RuntimeError as exc:     # only outside the domain: the expansion GD map left 2 omega^2 < 1
+        dom["undefined"] = f"(c) not measured: {exc}, where the expansion is undefined"
+        return [], []
+    if dom["in_domain"]:
+        return [c], []
+    domain["cases_outside"].append(c.name)      # outside the expansion's O(L^-2) domain: recorded, not judged
+    return [], [c.summary()]
+
+
+def compare_results(ctx, results) -> Outcome:
     """Claim 2: (a) gradient projection, (b) trajectories, (c) expansion trend (a boundary
     finding, recorded and not judged, outside theory's O(L^-2) domain)."""
-    p, seed, cases = ctx.p, ctx.seed, plan(ctx.p, ctx.device, ctx.seed)
-    total = len(cases["grad"]) + len(cases["traj"]) + 1
-    grad_c = [check_gradient_projection(cfg, om, mu, batch=batch, seed=seed) for cfg, om, mu, batch in cases["grad"]]
-    ctx.progress("spectral-reduction: (b) full GD vs reduced flow", len(grad_c) / total)
-    traj_c = [check_trajectory_agreement(cfg, seed=seed, **kw) for cfg, kw in cases["traj"]]
-    domain, boundary, trend_c = {"condition": DOMAIN, "cases_outside": []}, [], []
-    if cases["trend"]:
-        cfg, Ls, tcfg = cases["trend"]
-        domain["expansion_trend"] = dom = expansion_domain(cfg, Ls, tcfg)
-        ctx.progress(f"spectral-reduction: (c) expansion vs full at L={Ls}", (total - 1) / total)
-        try:
-            c = check_expansion_trend(cfg, Ls, tcfg, seeds=tuple(seed + k for k in range(p.trend_seeds)))
-        except RuntimeError as exc:     # only outside the domain: the expansion GD map left 2 omega^2 < 1
-            c, dom["undefined"] = None, f"(c) not measured: {exc}, where the expansion is undefined"
-        if c is not None and dom["in_domain"]:
-            trend_c.append(c)
-        elif c is not None:   # outside the expansion's O(L^-2) domain: a boundary finding, recorded, not judged
-            domain["cases_outside"].append(c.name)
-            boundary.append(c.summary())
+    p, cs = ctx.p, cases(ctx.p, ctx.device)
+    grad_c = [check_gradient_projection(cfg, results[gradient_need(cfg, p.grad_batch)], p.grad_batch)
+              for cfg in cs["grad"]]
+    traj_c = [check_trajectory_agreement(cfg, results[trajectory_need(cfg, p.traj_lr, p.traj_time, p.traj_base_prompts,
+                                                                      p.traj_record_every)], p.traj_time)
+              for cfg in cs["traj"]]
+    domain = {"condition": DOMAIN, "cases_outside": []}
+    trend_c, boundary = trend_comparison(ctx, results, domain) if cs["trend"] else ([], [])
     comps = grad_c + traj_c + trend_c
     domain["cases_in_domain"] = [c.name for c in comps]
     figures = [value_panels("spectral-reduction-trajectories", f"full model (points) vs reduced flow (lines): {c.name}",
@@ -429,11 +441,10 @@ def evaluate(ctx) -> Outcome:
                    for c in traj_c]
                 + [trend_row(c) for c in trend_c])
     # the headline: (a), the velocity on D is theory's reduced velocity (the reduction itself, to rounding)
+    ran = {"problem": dict(p.problem) or None, "cases": [c.name for c in comps] + domain["cases_outside"],
+           "not_run": cs["not_run"]}
     return Outcome(comps, headline, figures, short_why=True, headline_comparison=comps[0].name if comps else None,
-                   details={
-        "domain": domain, "boundary_findings": boundary,
-        "ran": {"problem": dict(p.problem) or None, "cases": [c.name for c in comps] + domain["cases_outside"],
-                "not_run": cases["not_run"]}})
+                   details={"domain": domain, "boundary_findings": boundary, "ran": ran})
 
 
 def trend_row(c: Comparison) -> dict:
@@ -483,26 +494,11 @@ def findings(result) -> list:
     return out
 
 
-def estimate(p: SpectralReductionProfile) -> float:
-    """Seconds from the plan (block_structure's rates): (b) five fixed-batch runs per case (lr,
-    lr/2 twice, the wrong metric: 7 x time/lr steps) of |G| base_prompts L tokens, (c) trend_seeds
-    runs per L and, with one head, theory's exact flow per L (~0.45 s: 2.2 s for the quick
-    profile's five L); (a) negligible.  Measured (CPU, quick, under load): (b) 0.47 s a case, (c)
-    7.7 s of runs."""
-    cases, steps = plan(p), round(p.traj_time / 0.05)
-    runs = [(c, 7 * steps, group_order(c.tasks) * p.traj_base_prompts) for c, _ in cases["traj"]]
-    trend = cases["trend"] or [None, []]
-    runs += [(replace(trend[0], L=int(L)), p.trend_seeds * round(p.trend_time / p.trend_lr), p.trend_batch)
-             for L in trend[1]]
-    exact = 0.45 * len(trend[1]) if trend[0] is not None and trend[0].heads <= EXACT_GAP_MAX_HEADS else 0.0
-    return gd_seconds(runs) + exact
-
-
 SPEC = ClaimSpec(
     id="spectral-reduction", title="Spectral reduction to the semi-singular values",
     statement=("Gradient flow on the full weights becomes an ODE on the H(d+m) semi-singular values: per "
                "head, m distinct QK values omega[h,i] (equal within a task block) and m OV values mu[h,i]."),
-    profiles=PROFILES, evaluate=evaluate, findings=findings, estimate=estimate,
+    profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
     resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

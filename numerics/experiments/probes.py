@@ -9,20 +9,22 @@ they never loop).
 - claim 2: the full velocity read out on D against the reduced gradient on the same batch
   (:func:`gradient_projection`); full GD and the reduced flow on one symmetric batch at lr and
   lr/2 (Richardson) and with a wrong metric (:func:`richardson_runs`); the full model on fresh
-  batches at several L and prompt streams (:func:`trend_runs`);
+  batches (:func:`trend_run`, one per L and prompt stream) and its gaps to the expansion flow
+  (:func:`expansion_gaps`);
 - claim 7: the signed decomposable search with H shared heads (:func:`decomposable_search`,
   and its best point, :func:`best_decomposable`, also used by the boundary rows of claims 5-6),
   the full merged models trained from random starts (:func:`candidates_at_heads`) and the
   constant at 2m heads over L (:func:`constant_rows`).
 
 Every function runs with one torch thread (``numerics.experiments.one_thread``); the searches,
-which other claims may ask for again, are cached by their full identity.
+which other claims may ask for again, are cached by their full identity.  The runs claims 1 and 2
+plan are need kinds (``numerics.engine``), registered beside the function each runs.
 """
 from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import numpy as np
@@ -37,13 +39,15 @@ from numerics.exact_reduced import FamilyMinimum, allocated_minimum, best_found_
 from numerics.experiments import cached, identity, one_thread
 from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
 from numerics.statistics import paired_ratio
-from numerics.model import MultiHeadAttention, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values
+from numerics.model import (MultiHeadAttention, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values,
+                            initial_values)
 from numerics.reduced import metric_factors, per_prompt_reduced_gradients, reduced_gradient
 from numerics.seeds import case_seed
 from numerics.symmetry import symmetrize_full, symmetrize_subgroup
 from numerics.train import TrainConfig, train, train_reduced
 from theory import optimality as th_opt
-from theory.block_structure import off_decomposable_parts, project_decomposable
+from theory.block_structure import group_order, off_decomposable_parts, project_decomposable
+from theory.reduced_ode import expansion_gd_map
 
 TWIN_SIZE = 1e-9
 """Relative size of the off-D perturbation of the twin run that measures amplification (claim 1)."""
@@ -131,18 +135,30 @@ class SymmetricBatchRuns:
     batch: int
 
 
+def _gd_seconds(cfg, steps: int, prompts: int) -> float:
+    """CPU seconds of ``steps`` full-model GD steps on ``prompts`` prompts at cfg's shape and dtype."""
+    return float(steps) * cost.step_seconds(cfg.tasks, cfg.heads, cfg.L, prompts, dtype=cfg.dtype)
+
+
+def _symmetric_cost(cfg, steps, base_prompts, wrong_keeps, **_) -> float:
+    # the run, its twin, the one-dropped orbit and each wrong batch: |G| base_prompts prompts a step
+    return _gd_seconds(cfg, (3 + len(wrong_keeps)) * steps, group_order(cfg.tasks) * base_prompts)
+
+
+@kind("symmetric_batch_runs", cost=_symmetric_cost)
 @one_thread
 def symmetric_batch_runs(cfg, lr: float, steps: int, base_prompts: int, seed: int, records: int,
                          wrong_keeps: Sequence[str] = ()) -> SymmetricBatchRuns:
     """GD from cfg's init on ``base_prompts`` whole G-orbits (prompt stream ``seed``), recorded
-    ``records`` times; the twin run (torch seed ``seed + 1``); the same GD on the orbits of each
-    subgroup in ``wrong_keeps`` and on a G-orbit with one element dropped (stopped at divergence)."""
+    ``records`` times; the twin run (its off-D perturbation drawn from case ("twin") of ``seed``);
+    the same GD on the orbits of each subgroup in ``wrong_keeps`` and on a G-orbit with one element
+    dropped (stopped at divergence)."""
     base = sample_prompts(cfg, base_prompts, make_generator(seed, cfg.device))
     sym = symmetrize_full(base, cfg)
     every = max(1, steps // (records - 1))
     run = fixed_batch_run(cfg, sym, lr, steps, every, parts=True)
     twin = MultiHeadAttention(cfg)
-    tgen = torch.Generator().manual_seed(seed + 1)
+    tgen = torch.Generator().manual_seed(case_seed(seed, "twin"))
     with torch.no_grad():
         for p in twin.parameters():
             p += TWIN_SIZE * (p.abs().max() + 1e-3) * torch.randn(p.shape, generator=tgen, dtype=torch.float64).to(p)
@@ -213,13 +229,13 @@ def accumulated_noise(t: np.ndarray, lr: float, samples: np.ndarray, tail: float
             "confidence_factor": confidence, "effective_dimensions": k_eff}
 
 
-def kicked_start(cfg, size: float, seed: int = 0) -> MultiHeadAttention:
+def kicked_start(cfg, size: float, seed: int) -> MultiHeadAttention:
     """cfg's decomposable start moved off D inside D_+ = {W_XX, U_Y unrestricted}: a random
     kick of relative size ``size`` on the X-X block of the QK weight (K for factored, W for
-    merged) and on the Y block of the OV weight (O for factored, U for merged)."""
+    merged) and on the Y block of the OV weight (O for factored, U for merged), drawn from ``seed``."""
     model = MultiHeadAttention(cfg)
     d = cfg.d
-    gen = torch.Generator().manual_seed(seed + 7)
+    gen = torch.Generator().manual_seed(seed)
     qk, ov = ("K", "O") if cfg.param == "factored" else ("W", "U")
     with torch.no_grad():
         for name, block in ((qk, (slice(None), slice(0, d), slice(0, d))), (ov, (slice(None), slice(None), slice(d, None)))):
@@ -244,16 +260,26 @@ class FreshBatchRuns:
     wall_seconds: float
 
 
+def _fresh_cost(cfg, tcfg, n_probe, kicked, random_full, **_) -> float:
+    # the run and each broken start (round(time / lr) steps), and records x n_probe one-step probes
+    return _gd_seconds(cfg, (1 + kicked + random_full) * round(tcfg.time / tcfg.lr) + tcfg.records * n_probe,
+                       tcfg.batch)
+
+
+@kind("fresh_batch_runs", cost=_fresh_cost)
 @one_thread
-def fresh_batch_runs(cfg, tcfg, n_probe: int, kick: float, probe_seed: int = 10_000, kicked: bool = True,
-                     random_full: bool = True) -> FreshBatchRuns:
-    """Train from cfg's init on fresh batches; probe the off-D step noise at every record
-    (stream ``probe_seed + tcfg.seed``); train from :func:`kicked_start` (``kicked``) and from a
-    ``random_full`` start (``random_full``) on the same stream."""
+def fresh_batch_runs(cfg, tcfg, n_probe: int, kick: float, kicked: bool, random_full: bool,
+                     seed: int) -> FreshBatchRuns:
+    """Train from cfg's init on fresh batches (prompt stream ``seed``; tcfg's own seed is not
+    read); probe the off-D step noise at every record (stream of case ("probes") of ``seed``);
+    train from :func:`kicked_start` (kick drawn from case ("kick")) where ``kicked`` and from a
+    ``random_full`` start where ``random_full``, on the same prompt stream."""
+    tcfg = replace(tcfg, seed=int(seed))
     res = train(cfg, tcfg)
     run = _arrays(res)
-    probes = step_noise_probes(cfg, tcfg.lr, tcfg.batch, run.omega, run.mu, n_probe, probe_seed + tcfg.seed)
-    rk = _arrays(train(cfg, tcfg, start=kicked_start(cfg, kick, tcfg.seed))).residual if kicked else None
+    probes = step_noise_probes(cfg, tcfg.lr, tcfg.batch, run.omega, run.mu, n_probe, case_seed(seed, "probes"))
+    rk = (_arrays(train(cfg, tcfg, start=kicked_start(cfg, kick, case_seed(seed, "kick")))).residual
+          if kicked else None)
     rf = (_arrays(train(cfg.replace(init="random_full", init_omega=None, init_mu=None), tcfg)).residual
           if random_full else None)
     return FreshBatchRuns(run=run, probes=probes, residual_kicked=rk, residual_random_full=rf, loss_tail=res.loss,
@@ -274,9 +300,18 @@ def gradient_projection(cfg, omega, mu, batch: int, seed: int) -> dict:
     v_om, v_mu, off = full_velocity_on_D(cfg, omega, mu, prompts)
     g_om, g_mu = (g.cpu().double().numpy() for g in reduced_gradient(omega, mu, prompts, cfg))
     j_om, j_mu = per_prompt_reduced_gradients(omega, mu, prompts, cfg)
-    return {"v_om": v_om, "v_mu": v_mu, "off": off, "g_om": g_om, "g_mu": g_mu,
-            "abs_om": np.abs(j_om.cpu().double().numpy()).mean(axis=0),
+    return {"omega": np.asarray(omega, float), "mu": np.asarray(mu, float), "v_om": v_om, "v_mu": v_mu, "off": off,
+            "g_om": g_om, "g_mu": g_mu, "abs_om": np.abs(j_om.cpu().double().numpy()).mean(axis=0),
             "abs_mu": np.abs(j_mu.cpu().double().numpy()).mean(axis=0)}
+
+
+@kind("gradient_projection", cost=lambda cfg, batch, **_: _gd_seconds(cfg, 3, batch))
+def gradient_projection_at_random_point(cfg, batch: int, omega_range: tuple, mu_range: tuple, seed: int) -> dict:
+    """:func:`gradient_projection` at a point of D drawn uniformly from ``omega_range`` x
+    ``mu_range`` per entry (case ("point of D") of ``seed``), prompt stream ``seed``."""
+    rng = np.random.default_rng(case_seed(seed, "point of D"))
+    omega, mu = rng.uniform(*omega_range, (cfg.heads, cfg.m)), rng.uniform(*mu_range, (cfg.heads, cfg.m))
+    return gradient_projection(cfg, omega, mu, batch, seed)
 
 
 def symmetric_prompts(cfg, base_prompts: int, seed: int):
@@ -300,24 +335,38 @@ def stiffness_step(cfg, prompts, time: float, max_relative_step: float) -> float
     return time / max(2, int(math.ceil(time / min(0.05, max_relative_step / max(rel, 1e-12)))))
 
 
+def _richardson_cost(cfg, lr, time, base_prompts, **_) -> float:
+    # five fixed-batch runs (lr, lr/2 twice, the wrong metric: 7 x time/lr steps), the reduced ones priced as full
+    # GD; a step chosen from the stiffness (lr None) priced at 0.05, the largest it can be
+    return _gd_seconds(cfg, 7 * round(time / (lr or 0.05)), group_order(cfg.tasks) * base_prompts)
+
+
+@kind("richardson_runs", cost=_richardson_cost)
 @one_thread
-def richardson_runs(cfg, prompts, lr: float, steps: int, every: int, wrong_factor: float) -> dict:
-    """Full GD and the reduced flow (theory's metric) on one fixed batch at lr and lr/2 (every
-    record of the lr run compared with every second of the lr/2 run), and the reduced flow
-    with the metric times ``wrong_factor``: {"full", "full_half", "red", "red_half", "wrong"}."""
+def richardson_runs(cfg, lr: Optional[float], time: float, base_prompts: int, every: int, wrong_factor: float,
+                    seed: int, max_relative_step: float = 0.01) -> dict:
+    """On ``base_prompts`` whole G-orbits (:func:`symmetric_prompts`, stream ``seed``), full GD and
+    the reduced flow (theory's metric) over ``time`` at lr and lr/2 (every record of the lr run
+    compared with every second of the lr/2 run), and the reduced flow with the metric times
+    ``wrong_factor``: {"full", "full_half", "red", "red_half", "wrong"}, with the step ``lr``
+    (None: :func:`stiffness_step` at ``max_relative_step``) and the ``batch`` size."""
+    prompts = symmetric_prompts(cfg, base_prompts, seed)
+    lr = stiffness_step(cfg, prompts, time, max_relative_step) if lr is None else lr
+    steps = int(round(time / lr))
     return {"full": fixed_batch_run(cfg, prompts, lr, steps, every),
             "full_half": fixed_batch_run(cfg, prompts, lr / 2, 2 * steps, 2 * every),
             "red": fixed_batch_run(cfg, prompts, lr, steps, every, metric_factor=1.0),
             "red_half": fixed_batch_run(cfg, prompts, lr / 2, 2 * steps, 2 * every, metric_factor=1.0),
-            "wrong": fixed_batch_run(cfg, prompts, lr, steps, every, metric_factor=wrong_factor)}
+            "wrong": fixed_batch_run(cfg, prompts, lr, steps, every, metric_factor=wrong_factor),
+            "lr": lr, "steps": steps, "batch": prompts.batch}
 
 
+@kind("trend_run", cost=lambda cfg, tcfg, **_: _gd_seconds(cfg, round(tcfg.time / tcfg.lr), tcfg.batch))
 @one_thread
-def trend_runs(cfg, Ls: Sequence[int], tcfg, seeds: Sequence[int]) -> tuple:
-    """The full model on fresh batches at each L of ``Ls`` and prompt stream of ``seeds``:
-    ((Run per seed) per L)."""
-    return tuple(tuple(_arrays(train(cfg.replace(L=int(L)), tcfg.__class__(**{**tcfg.to_dict(), "seed": int(s)})))
-                       for s in seeds) for L in Ls)
+def trend_run(cfg, tcfg, seed: int) -> Run:
+    """The full model trained on fresh batches (prompt stream ``seed``; tcfg's own seed is not
+    read), as arrays."""
+    return _arrays(train(cfg, replace(tcfg, seed=int(seed))))
 
 
 def relative_gap(omega, mu, omega_ref, mu_ref) -> np.ndarray:
@@ -332,6 +381,26 @@ def trajectory_gap(omega, mu, omega_ref, mu_ref) -> float:
     """The rms of :func:`relative_gap` over a run: the gap b of one noiseless trajectory to a
     reference (what :func:`noise_corrected_bias` estimates from noisy runs)."""
     return float(np.sqrt(np.mean(relative_gap(omega, mu, omega_ref, mu_ref) ** 2)))
+
+
+def expansion_gaps(cfg, Ls, lr: float, per_L: dict) -> tuple[dict, list]:
+    """Per metric (cfg's parametrisation's and the other's) the noise-corrected gap (b(L), se(b))
+    (:func:`noise_corrected_bias`) of the full runs ``per_L`` ({L: [Run per prompt stream]}) to
+    that metric's expansion flow discretised by the runs' GD step ``lr``
+    (``theory.reduced_ode.expansion_gd_map``), each value relative to its scale
+    (:func:`relative_gap`); and per L the first run beside cfg's metric's map (for a figure)."""
+    metric = {cfg.param: [], ("merged" if cfg.param == "factored" else "factored"): []}
+    runs = []
+    for L in Ls:
+        om0, mu0 = initial_values(cfg.replace(L=L))
+        t = per_L[L][0].t
+        ex = {param: expansion_gd_map(om0, mu0, cfg.tasks, L, cfg.sigma, param, cfg.logit_scale, lr, t)
+              for param in metric}
+        runs.append({"L": L, "t": t, "omega": per_L[L][0].omega, "mu": per_L[L][0].mu, "ex_t": t,
+                     "ex_omega": ex[cfg.param][0], "ex_mu": ex[cfg.param][1]})
+        for param, ref in ex.items():
+            metric[param].append(noise_corrected_bias(np.array([relative_gap(r.omega, r.mu, *ref) for r in per_L[L]])))
+    return {param: np.array(est).T for param, est in metric.items()}, runs
 
 
 def noise_corrected_bias(G: np.ndarray) -> tuple[float, float]:

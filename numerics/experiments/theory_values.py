@@ -7,10 +7,11 @@ from numerics import cost
 from numerics.engine import kind
 
 def _theory_functions() -> dict:
-    from theory import exact, limiting_error
+    from theory import exact, limiting_error, reduced_ode
     return {"exact_fixed_point": exact.exact_fixed_point, "finite_L_gain": exact.finite_L_gain,
             "single_head_optimum": exact.single_head_optimum, "limit_multi": limiting_error.limit_multi,
-            "gain": limiting_error.gain}
+            "gain": limiting_error.gain,
+            "exact_flow": exact.exact_flow, "expansion_flow": reduced_ode.integrate_expansion_flow}
 
 
 def _theory_cost(fn: str, args: tuple) -> float:

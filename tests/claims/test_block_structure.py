@@ -1,6 +1,7 @@
 """Claim 1 (block structure is preserved), on Hypothesis-drawn configurations.
 
-Each property runs the claim's own check functions (claims/block_structure.py) and asserts
+Each property computes the claim's own needs and runs its check functions on them
+(claims/block_structure.py) and asserts
 (a) the measurement agrees with the prediction at the derived tolerance and (b) every
 perturbed prediction (wrong symmetry groups, broken structures) is rejected at that same
 tolerance.  Every draw is inside claim 1's domain (a start in D; no condition on tasks, H,
@@ -15,6 +16,7 @@ from hypothesis import given, note, settings, strategies as st
 from claims import block_structure as claim
 from claims.common import log_comparison
 from numerics.config import ProblemConfig
+from numerics.engine import Engine
 from numerics.train import TrainConfig
 from theory.block_structure import group_order
 
@@ -23,6 +25,11 @@ BASIS = st.sampled_from(["identity", "random"])
 SIGMA = st.sampled_from([0.0, 0.5])
 EXACT_TOKENS = 2 ** 14
 """Cost cap |G| L of one exactly symmetric batch in the default run (|G| = 2^(d+m) prod r_i)."""
+
+
+def computed(need, seed: int):
+    """The value of one need at the report seed ``seed`` (its error raised)."""
+    return Engine(seed=seed).run([need])[need]
 
 
 def wrong_predictions(c):
@@ -56,7 +63,8 @@ def test_symmetric_batch_keeps_D_to_rounding(device, th, L, sigma, param, basis,
     L = max(16, min(L, EXACT_TOKENS // group_order(tasks)))      # the cost cap, never below L = 16
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, param=param, basis=basis,
                         basis_seed=basis_seed, init_scale=init_scale, device=device)
-    c = claim.check_symmetrised_exact(cfg, lr=0.05, steps=12, base_prompts=1, seed=seed, records=4)
+    runs = computed(claim.exact_need(cfg, 0.05, 12, 1, records=4), seed)
+    c = claim.check_symmetrised_exact(cfg, runs, lr=0.05, steps=12)
     note(c.explain())
     log_comparison(c, __name__)
     assert c.agrees, c.explain()
@@ -77,7 +85,7 @@ def test_fresh_batches_residual_within_noise_bound(device, th, L, sigma, param, 
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, param=param, basis=basis, init=init,
                         init_scale=init_scale, init_seed=seed % 97, device=device)
     tcfg = TrainConfig(lr=0.05, time=0.8, batch=batch, records=5, seed=seed)
-    c = claim.check_structure_preserved(cfg, tcfg, n_probe=4)
+    c = claim.check_structure_preserved(cfg, tcfg, computed(claim.fresh_need(cfg, tcfg, 4), seed), n_probe=4)
     note(c.explain())
     log_comparison(c, __name__)
     assert c.agrees, c.explain()
@@ -93,17 +101,18 @@ def test_fresh_batches_thorough(device, th, L, sigma, param, basis, seed):
     tasks, heads = th
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, param=param, basis=basis, device=device)
     tcfg = TrainConfig(lr=0.05, time=5.0, batch=512, records=21, seed=seed)
-    c = claim.check_structure_preserved(cfg, tcfg, n_probe=3)
+    c = claim.check_structure_preserved(cfg, tcfg, computed(claim.fresh_need(cfg, tcfg, 3), seed), n_probe=3)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 
 
 def test_non_decomposable_start_is_refused(device):
     cfg = ProblemConfig(tasks=(1, 1), heads=1, L=4, init="random_full", device=device)
+    # refused when the plan is made, before any run
     with pytest.raises(ValueError, match="point of D"):
-        claim.check_symmetrised_exact(cfg)
+        claim.exact_need(cfg, 0.05, 60, 1)
     with pytest.raises(ValueError, match="point of D"):
-        claim.check_structure_preserved(cfg, TrainConfig(lr=0.05, time=0.1, batch=8, records=2))
+        claim.fresh_need(cfg, TrainConfig(lr=0.05, time=0.1, batch=8, records=2), 4)
 
 
 def test_run_tiny_profile(device):
@@ -135,7 +144,7 @@ def test_run_at_a_given_problem(device):
     assert result.verdict == "pass", result.details
     assert len(ran["exact"]) == 1 and len(ran["fresh"]) == 1 and "tasks=(3, 1)" in ran["fresh"][0], ran
     # a problem whose symmetrised batch is too large: the exact check is recorded as not run
-    big = claim.plan(prof, problem={"tasks": (4, 4, 4), "heads": 3, "L": 256})
+    big = claim.cases(claim.SPEC.profile(prof, {"tasks": (4, 4, 4), "heads": 3, "L": 256}))
     assert big[0] == [] and len(big[1]) == 1 and "max_exact_tokens" in big[2][0]["reason"]
 
 

@@ -19,6 +19,8 @@ from hypothesis import given, note, settings, strategies as st
 from claims import spectral_reduction as claim
 from claims.common import log_comparison
 from numerics.config import ProblemConfig
+from numerics.engine import Engine
+from numerics.experiments import probes
 from numerics.train import TrainConfig
 from theory.block_structure import group_order
 
@@ -27,6 +29,11 @@ BASIS = st.sampled_from(["identity", "random"])
 SIGMA = st.sampled_from([0.0, 0.5])
 TRAJ_TOKENS = 2 ** 13
 """Cost cap |G| base_prompts L of the symmetrised batch of (b) in the default run."""
+
+
+def computed(needs, seed: int):
+    """{need: value} of ``needs`` at the report seed ``seed`` (a failed need raises when read)."""
+    return Engine(seed=seed).run(needs)
 
 
 @st.composite
@@ -60,7 +67,7 @@ def test_projected_full_gradient_is_reduced_gradient(device, point, L, param, ba
     tasks, heads, omega, mu = point
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, param=param, basis=basis, logit_scale=logit_scale,
                         sigma=sigma, device=device)
-    c = claim.check_gradient_projection(cfg, omega, mu, batch=batch, seed=seed)
+    c = claim.check_gradient_projection(cfg, probes.gradient_projection(cfg, omega, mu, batch, seed), batch)
     note(c.explain())
     log_comparison(c, __name__)
     assert c.agrees, c.explain()
@@ -78,7 +85,8 @@ def test_full_trajectory_follows_reduced_flow(device, th, L, param, basis, sigma
     # a fixed batch of a few prompts can make the flow stiff (fast transients in the first
     # steps); lr=None picks the step from that stiffness (1% relative change per step) so
     # that the O(lr) Richardson tolerance lies below the effect of a wrong metric constant
-    c = claim.check_trajectory_agreement(cfg, lr=None, time=0.3, base_prompts=1, seed=seed, record_every=2)
+    need = claim.trajectory_need(cfg, lr=None, time=0.3, base_prompts=1, record_every=2)
+    c = claim.check_trajectory_agreement(cfg, computed([need], seed)[need], time=0.3)
     note(c.explain())
     log_comparison(c, __name__)
     assert c.agrees, c.explain()
@@ -97,7 +105,9 @@ def test_expansion_error_shrinks_with_L_thorough(device, seed, tasks, logit_scal
     tcfg = TrainConfig(lr=0.02, time=4.0, batch=2048, records=9)
     Ls = [8, 32, 128, 512]
     domain = claim.expansion_domain(cfg, Ls, tcfg)
-    c = claim.check_expansion_trend(cfg, Ls, tcfg, seeds=(seed, seed + 1, seed + 2))
+    needs = [r for runs in claim.trend_needs(cfg, Ls, tcfg, 3).values() for r in runs]
+    needs += [f for L in Ls for f in claim.flow_needs(cfg, L, tcfg)] if cfg.heads <= claim.EXACT_GAP_MAX_HEADS else []
+    c = claim.check_expansion_trend(cfg, Ls, tcfg, 3, computed(needs, seed), seed)
     log_comparison(c, __name__)
     if domain["in_domain"]:
         assert c.agrees, c.explain()
@@ -121,11 +131,12 @@ def test_expansion_domain_is_decided_by_theory():
 def test_bad_input_is_refused(device):
     cfg = ProblemConfig(tasks=(1, 1), heads=1, L=4, device=device)
     with pytest.raises(ValueError, match="shape"):
-        claim.check_gradient_projection(cfg, [[0.1]], [[0.1]])
+        probes.gradient_projection(cfg, [[0.1]], [[0.1]], 8, 0)
+    # refused when the plan is made, before any run
     with pytest.raises(ValueError, match="time/lr"):
-        claim.check_trajectory_agreement(cfg, lr=0.05, time=0.07)
+        claim.trajectory_need(cfg, lr=0.05, time=0.07, base_prompts=1, record_every=1)
     with pytest.raises(ValueError, match=">= 3"):
-        claim.check_expansion_trend(cfg, [8, 16], TrainConfig(lr=0.05, time=0.1, batch=8, records=2))
+        claim.trend_needs(cfg, [8, 16], TrainConfig(lr=0.05, time=0.1, batch=8, records=2), 3)
     with pytest.raises(ValueError, match="profile"):
         claim.run(profile="huge")
 
@@ -162,11 +173,11 @@ def test_findings_read_roles_not_names(tiny):
 
 
 def test_run_at_a_given_problem(device):
-    cases = claim.plan(claim.PROFILES["tiny"], problem={"tasks": (2, 1), "heads": 2, "L": 16, "sigma": 0.5,
-                                                        "param": "merged", "basis": "random"})
+    cases = claim.cases(claim.SPEC.profile("tiny", {"tasks": (2, 1), "heads": 2, "L": 16, "sigma": 0.5,
+                                                    "param": "merged", "basis": "random"}))
     assert len(cases["grad"]) == 1 and len(cases["traj"]) == 1, cases
     assert cases["trend"][1] == [2, 4, 8, 16] and cases["trend"][0].tasks == (2, 1), cases["trend"]
-    big = claim.plan(claim.PROFILES["tiny"], problem={"tasks": (4, 4, 4), "heads": 3, "L": 2})
+    big = claim.cases(claim.SPEC.profile("tiny", {"tasks": (4, 4, 4), "heads": 3, "L": 2}))
     assert big["traj"] == [] and {n["case"] for n in big["not_run"]} == {"trajectory tasks=(4, 4, 4)",
                                                                        "expansion-trend"}, big["not_run"]
 
