@@ -320,14 +320,14 @@ def case_needs(ctx, cfg: ProblemConfig) -> dict:
     horizon, point = (theory_need("allocation_horizon", *start_args(cfg), experiments.TAIL_FRACTION),
                       theory_need("saddle_allocated_point", *args))
     run = dict(cfg=cfg, lr=p.lr, time=p.time if p.time is not None else horizon, batch=p.batch, records=p.records,
-               z=Z_SE, threshold_sigmas=THRESHOLD_SIGMAS, report_seed=ctx.seed)
+               z=Z_SE, threshold_sigmas=THRESHOLD_SIGMAS)
     out = {"horizon": horizon, "unstable": unstable_need(cfg, p.lr), "point": point,
            "run": need("allocation_run", held_out=p.held_out, **run),
            "boundary_run": need("allocation_run", held_out=min(p.held_out, 16384), **run),
            "prediction": theory_need("allocation_prediction", *start_args(cfg)), "slope": theory_need(
                "off_task_slope", *args), "gradient": need("off_task_gradient", tasks=args[0], heads=cfg.heads, L=cfg.L,
                                                           sigma=cfg.sigma, point=point, n=p.slope_prompts,
-                                                          device=ctx.device, report_seed=ctx.seed)}
+                                                          device=ctx.device)}
     if cfg.param == "factored" and cfg.heads >= max(cfg.m, 2):
         out["rate"] = theory_need("max_growth_rate", tuple(cfg.tasks), cfg.L, cfg.sigma)
     return out

@@ -386,18 +386,18 @@ def boundary_check(cfg, meas: experiments.PhaseRun, expansion_too_coarse: bool =
 def case_needs(ctx) -> list[tuple[ProblemConfig, dict]]:
     """Per init scale, its configuration (the problem laid over the profile) and needs: theory's ``forecast`` of its
     run, made before it (length, phases on its record times), the step's stability guard (``unstable``), the ``run``
-    as long as the forecast says (independent prompt streams per init scale, so that C fitted over them adds their
-    escape-time noises in quadrature, check_warmup_law), the SGD escape-time probe at its init (``spread``), and
+    as long as the forecast says (seeded by its identity: independent prompt streams per init scale, so C fitted
+    over them adds their escape-time noises in quadrature, check_warmup_law), the SGD escape-time probe at its init (``spread``), and
     theory's warm-up law T = C/s0 + c0 at the profile's init scales (``law``, the same for every case)."""
     p, out = ctx.p, []
-    for j, s0 in enumerate(p.init_scales):
+    for s0 in p.init_scales:
         cfg = ProblemConfig(tasks=tuple(p.tasks), heads=p.heads, L=p.L, sigma=p.sigma, param="factored",
                             logit_scale=p.logit_scale, init_scale=s0, device=ctx.device, **dict(p.extra))
         forecast = theory_need("phase_prediction", *start_args(cfg), p.lr, p.horizon_factor, p.records, SATURATED_TIME)
         out.append((cfg, {"forecast": forecast, "unstable": unstable_need(cfg, p.lr), "spread": need(
             "escape_time_spread", cfg=cfg, batch=p.batch, lr=p.lr), "run": need(
             "phase_run", cfg=cfg, lr=p.lr, batch=p.batch, records=p.records, eval_batch=p.eval_batch,
-            held_out=p.held_out, horizon_factor=p.horizon_factor, forecast=forecast, report_seed=ctx.seed + j),
+            held_out=p.held_out, horizon_factor=p.horizon_factor, forecast=forecast),
             "law": theory_need("warmup_law_prediction", cfg.tasks, cfg.heads, cfg.L, cfg.sigma, cfg.param,
                                p.init_scales, cfg.logit_scale)}))
     return out

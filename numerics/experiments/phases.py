@@ -33,17 +33,12 @@ from numerics.experiments import one_thread
 from numerics.experiments.converged import stiffness_seconds, unstable_step
 from numerics.model import MultiHeadAttention, initial_semi_singular_values, initial_values
 from numerics.readout import allocation
+from numerics.seeds import case_seed
 from numerics.reduced import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
 from numerics.statistics import mean_se
 from numerics.train import TrainConfig, train
 from theory.task_allocation import favoured_init, warmup_race_times
 from theory.three_phases import allocated_projection, phase_times, warmup_relative_rates
-
-EVAL_SEED, HELD_OUT_SEED, SPREAD_SEED = 99_991, 424_243, 77_777
-"""Claim 3's seeds: the fixed evaluation batch of the loss curve (EVAL_SEED + the run's training
-seed: runs with independent prompt streams are evaluated on independent prompts too, so the
-noise of their curves is independent), the held-out prompts, the probe."""
-
 
 def _arrays(result) -> tuple:
     recs = result.trajectory
@@ -86,10 +81,12 @@ class PhaseRun:
 
 @one_thread
 def phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: int) -> PhaseRun:
-    """The run of (cfg, tcfg) measured as :class:`PhaseRun` says."""
+    """The run of (cfg, tcfg) measured as :class:`PhaseRun` says.  Its evaluation batch and held-out
+    prompts are named by the run's seed (runs with independent prompt streams are evaluated on
+    independent prompts too, so the noises of their curves are independent)."""
     res = train(cfg, tcfg)
     t, omega, mu, _ = _arrays(res)
-    evalset = sample_prompts(cfg, eval_batch, make_generator(EVAL_SEED + tcfg.seed, cfg.device))
+    evalset = sample_prompts(cfg, eval_batch, make_generator(case_seed(tcfg.seed, "evaluation batch"), cfg.device))
     with torch.no_grad():
         per = np.array([per_prompt_reduced_losses(torch.tensor(om, dtype=cfg.torch_dtype, device=cfg.device),
                                                   torch.tensor(m_, dtype=cfg.torch_dtype, device=cfg.device),
@@ -100,11 +97,12 @@ def phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: 
     ro = res.final_model.semi_singular_values()
     # both on the same fresh prompts (one held-out seed): their gap is the effect of the
     # off-D weights and of the off-task mu left at the end, reported with the comparison
-    full = held_out_loss(res.final_model, n=min(held_out, 4096), seed=HELD_OUT_SEED)
+    held_out_seed = case_seed(tcfg.seed, "held out")
+    full = held_out_loss(res.final_model, n=min(held_out, 4096), seed=held_out_seed)
     winners = allocation(ro.omega, ro.mu).winners
     projection = allocated_projection(ro.mu, ro.omega, winners)
-    whole = held_out_reduced_loss(*projection, cfg, n=held_out, seed=HELD_OUT_SEED)
-    per_rb = exact_reduced_losses([projection], cfg.tasks, cfg.L, cfg.sigma, held_out, HELD_OUT_SEED, cfg.device)[0]
+    whole = held_out_reduced_loss(*projection, cfg, n=held_out, seed=held_out_seed)
+    per_rb = exact_reduced_losses([projection], cfg.tasks, cfg.L, cfg.sigma, held_out, held_out_seed, cfg.device)[0]
     alloc = LossEstimate(*mean_se(per_rb), int(per_rb.size))
     return PhaseRun(t, per.mean(axis=1), per, mu, omega, phase_times(t, per.mean(axis=1)),
                     mean_se(drop)[1], full, alloc, whole, ro.omega, ro.mu,
@@ -112,8 +110,7 @@ def phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: 
 
 
 @one_thread
-def escape_time_spread(cfg: ProblemConfig, batch: int, lr: float, probe_batch: int = 384,
-                       seed: int = SPREAD_SEED) -> dict:
+def escape_time_spread(cfg: ProblemConfig, batch: int, lr: float, seed: int, probe_batch: int = 384) -> dict:
     """Monte-Carlo spread of a phase time of an SGD run (fresh batches of ``batch``).
 
     In the warm-up every value grows at a relative rate v = x_dot / x; a step adds lr v_B with
@@ -122,7 +119,8 @@ def escape_time_spread(cfg: ProblemConfig, batch: int, lr: float, probe_batch: i
     mean rate v is theory's (``theory.three_phases.warmup_relative_rates``: expansion gradient
     and metric factors at the init; an estimate of a small mean from a few hundred noisy
     prompts was unstable, 0.74 -> 5.5 between two s0); its per-prompt std sigma_v is measured
-    from the per-prompt gradients of the exact reduced loss on ``probe_batch`` prompts.  The
+    from the per-prompt gradients of the exact reduced loss on ``probe_batch`` prompts (of
+    ``seed``).  The
     entry with the largest rate leads the emergence.  In the factored warm-up x blows up at
     T = 1/v (d log x / dt = v x / x0), and a kick delta to log x at time t moves the blow-up by
     (T - t) delta, so dT^2 = int_0^T (T - t)^2 sigma_v^2 lr / B dt = sigma_v^2 (lr / B) T^3 / 3:
@@ -304,18 +302,18 @@ def _phase_run_cost(cfg, lr, batch, records, eval_batch, held_out, horizon_facto
 
 
 @kind("phase_run", cost=_phase_run_cost)
-def phase_run_need(cfg, lr, batch, records, eval_batch, held_out, horizon_factor, forecast, report_seed, seed):
+def phase_run_need(cfg, lr, batch, records, eval_batch, held_out, horizon_factor, forecast, seed):
     """Claim 3's run (:func:`phase_run`) for the length theory's ``forecast`` gives it (a
     dependency: the "phase_prediction" theory value, ``forecast["time"]``); ``horizon_factor``
     prices it before the forecast exists."""
-    tcfg = TrainConfig(lr=lr, time=forecast["time"], batch=batch, records=records, seed=report_seed)
+    tcfg = TrainConfig(lr=lr, time=forecast["time"], batch=batch, records=records, seed=seed)
     return phase_run(cfg, tcfg, eval_batch, held_out)
 
 
 @kind("escape_time_spread", cost=lambda cfg, batch, lr: 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, 384))
 def escape_time_spread_need(cfg, batch, lr, seed):
-    """:func:`escape_time_spread` at its own probe stream (a probe: per-prompt gradients at the init)."""
-    return escape_time_spread(cfg, batch, lr)
+    """:func:`escape_time_spread` (a probe: per-prompt gradients at the init)."""
+    return escape_time_spread(cfg, batch, lr, seed)
 
 
 def _allocation_cost(cfg, lr, time, batch, records, held_out, **_) -> float:
@@ -327,21 +325,21 @@ def _allocation_cost(cfg, lr, time, batch, records, held_out, **_) -> float:
 
 
 @kind("allocation_run", cost=_allocation_cost)
-def allocation_run_need(cfg, lr, time, batch, records, held_out, z, threshold_sigmas, report_seed, seed):
+def allocation_run_need(cfg, lr, time, batch, records, held_out, z, threshold_sigmas, seed):
     """Claim 4's run (:func:`allocation_run`) for ``time``: a number, or theory's horizon (a
-    dependency), where infinite BOUNDARY_TIME."""
-    tcfg = TrainConfig(lr=lr, time=run_time(time), batch=batch, records=records, seed=report_seed)
-    return allocation_run(cfg, tcfg, held_out, report_seed, z, threshold_sigmas)
+    dependency), where infinite BOUNDARY_TIME; its held-out prompts named by its seed."""
+    tcfg = TrainConfig(lr=lr, time=run_time(time), batch=batch, records=records, seed=seed)
+    return allocation_run(cfg, tcfg, held_out, case_seed(seed, "held out"), z, threshold_sigmas)
 
 
 @kind("off_task_gradient", cost=lambda tasks, heads, L, n, **_: 3 * cost.forward_seconds(tasks, heads, L, n))
-def off_task_gradient_need(tasks, heads, L, sigma, point, n, device, report_seed, seed):
+def off_task_gradient_need(tasks, heads, L, sigma, point, n, device, seed):
     """:func:`off_task_gradient` at ``point`` (a dependency: theory's allocated point of
     ``heads`` heads, (omega, mu))."""
     omega, mu = point
     if np.shape(omega)[0] != heads:
         raise ValueError(f"the allocated point has {np.shape(omega)[0]} heads, the need {heads}")
-    return off_task_gradient(tasks, L, sigma, omega, mu, n, report_seed, device)
+    return off_task_gradient(tasks, L, sigma, omega, mu, n, seed, device)
 
 
 @kind("unstable_step", cost=lambda cfg, lr: stiffness_seconds(cfg))
