@@ -22,3 +22,37 @@ def _theory_cost(fn: str, args: tuple) -> float:
 def theory_value(fn: str, args: tuple, seed: int):
     """``theory.<module>.<fn>(*args)`` (no seed: theory is deterministic)."""
     return _theory_functions()[fn](*args)
+
+
+# ---------------------------------------------------------------------------------------
+# claims 3 and 4 (three phases, task allocation): their theory values taking seconds
+# ---------------------------------------------------------------------------------------
+
+def _phase_prediction(omega0, mu0, tasks, L, sigma, param, logit_scale, lr, factor, records, saturated_time) -> dict:
+    """Claim 3's prediction of one run, made before it: the run's length (``time``:
+    theory.three_phases.run_length, ``factor`` x the expansion flow's emergence end, or
+    ``saturated_time`` where the flow saturates first, ``status``) and
+    theory.three_phases.phase_prediction on that run's record times (``records`` of them,
+    numerics.train.TrainConfig.record_steps x lr)."""
+    import numpy as np
+    from numerics.train import TrainConfig
+    from theory import three_phases
+    start = (np.asarray(omega0, float), np.asarray(mu0, float), tuple(tasks), L, sigma, param, logit_scale, lr)
+    t_end, status = three_phases.run_length(*start, factor)
+    time = t_end if status == "t_end" else saturated_time
+    steps = TrainConfig(lr=lr, time=time, records=records).record_steps()
+    return {"time": time, "status": status,
+            "prediction": three_phases.phase_prediction(*start, float(lr) * np.array(steps, float), status)}
+
+
+_TABLE_OF_CLAIMS_5_6 = _theory_functions
+
+
+def _theory_functions() -> dict:  # noqa: F811 -- the table above, with claims 3 and 4's values
+    from theory import saddle, task_allocation, three_phases
+    return {**_TABLE_OF_CLAIMS_5_6(), "phase_prediction": _phase_prediction,
+            "warmup_law_prediction": three_phases.warmup_law_prediction,
+            "allocation_horizon": task_allocation.horizon,
+            "allocation_prediction": task_allocation.allocation_prediction,
+            "max_growth_rate": saddle.max_growth_rate, "saddle_allocated_point": saddle.allocated_point,
+            "off_task_slope": saddle.off_task_slope}
