@@ -6,13 +6,6 @@ from __future__ import annotations
 from numerics import cost
 from numerics.engine import kind
 
-def _theory_functions() -> dict:
-    from theory import exact, limiting_error, reduced_ode
-    return {"exact_fixed_point": exact.exact_fixed_point, "finite_L_gain": exact.finite_L_gain,
-            "single_head_optimum": exact.single_head_optimum, "limit_multi": limiting_error.limit_multi,
-            "gain": limiting_error.gain,
-            "exact_flow": exact.exact_flow, "expansion_flow": reduced_ode.integrate_expansion_flow}
-
 
 def _theory_cost(fn: str, args: tuple) -> float:
     return cost.theory_seconds(fn, tasks=args[0]) if fn in cost.THEORY_SECONDS else 0.1
@@ -23,10 +16,6 @@ def theory_value(fn: str, args: tuple, seed: int):
     """``theory.<module>.<fn>(*args)`` (no seed: theory is deterministic)."""
     return _theory_functions()[fn](*args)
 
-
-# ---------------------------------------------------------------------------------------
-# claims 3 and 4 (three phases, task allocation): their theory values taking seconds
-# ---------------------------------------------------------------------------------------
 
 def _phase_prediction(omega0, mu0, tasks, L, sigma, param, logit_scale, lr, factor, records, saturated_time) -> dict:
     """Claim 3's prediction of one run, made before it: the run's length (``time``:
@@ -45,12 +34,13 @@ def _phase_prediction(omega0, mu0, tasks, L, sigma, param, logit_scale, lr, fact
             "prediction": three_phases.phase_prediction(*start, float(lr) * np.array(steps, float), status)}
 
 
-_TABLE_OF_CLAIMS_5_6 = _theory_functions
-
-
-def _theory_functions() -> dict:  # noqa: F811 -- the table above, with claims 3 and 4's values
-    from theory import saddle, task_allocation, three_phases
-    return {**_TABLE_OF_CLAIMS_5_6(), "phase_prediction": _phase_prediction,
+def _theory_functions() -> dict:
+    """The theory values a plan may ask for, by name."""
+    from theory import exact, limiting_error, reduced_ode, saddle, task_allocation, three_phases
+    return {"exact_fixed_point": exact.exact_fixed_point, "finite_L_gain": exact.finite_L_gain,
+            "single_head_optimum": exact.single_head_optimum, "limit_multi": limiting_error.limit_multi,
+            "gain": limiting_error.gain, "exact_flow": exact.exact_flow,
+            "expansion_flow": reduced_ode.integrate_expansion_flow, "phase_prediction": _phase_prediction,
             "warmup_law_prediction": three_phases.warmup_law_prediction,
             "allocation_horizon": task_allocation.horizon,
             "allocation_prediction": task_allocation.allocation_prediction,
