@@ -824,10 +824,9 @@ def prepare_trajectory(plan: AuditPlan, ms: list) -> dict:
     from theory import three_phases as phase_theory
     from theory.task_allocation import predicted_winners
 
-    t = np.array([c.time for c in plan.cases], float)
+    t, cfg = np.array([c.time for c in plan.cases], float), plan.cases[0].cfg
     losses = [m.loss if m.loss is not None else m.projected_loss for m in ms]
     y, rel = np.array([e.mean for e in losses]), t - t[0]
-    cfg = plan.cases[0].cfg
     out = {"t": t, "rel": rel, "loss": y, "se": np.array([e.se for e in losses]), "n": losses[0].n,
            "domain": trajectory_domain(plan, ms[0]), "prediction": None, "winners": None, "undecided": None,
            "measured": phase_theory.phase_times(rel, y) if t.size >= MIN_PHASE_CHECKPOINTS else None,
@@ -849,10 +848,11 @@ def prepare_trajectory(plan: AuditPlan, ms: list) -> dict:
     ok_p, why_p = ((False, f"the expansion flow left its domain ({pred.flow_status})") if pred.phases is None
                    else phases_resolved_between(pred.phases, rel))
     out["measured_resolved"] = (ok_m, why_m)
-    if not ok_p:
+    if not ok_p and not why_p.startswith("too sparse"):
         out["phase_undecided"] = f"theory's flow from the first checkpoint shows no three resolved phases here ({why_p})"
-    elif not ok_m and why_m.startswith("too sparse"):
-        out["phase_undecided"] = f"the checkpoints around the phase ends are {why_m}: save them more often there"
+    elif not ok_p or (not ok_m and why_m.startswith("too sparse")):
+        out["phase_undecided"] = (f"the checkpoints around {'theory' if not ok_p else 'the measured curve'}'s phase ends "
+                                  f"are {why_p if not ok_p else why_m}: save them more often there")
     return out
 
 

@@ -380,11 +380,9 @@ def decided_by(entry: dict) -> str:
     d = entry["details"]
     if d.get("error"):
         return f"the check raised {d['error']}"
-    if entry["verdict"] == "undecided" or d.get("undecided"):
-        return d.get("undecided") or "a wrong prediction was not rejected"
     comps = d.get("comparisons") or []
-    if not comps:
-        return "no comparison"
+    if entry["verdict"] == "undecided" or d.get("undecided") or not comps:
+        return d.get("undecided") or ("a wrong prediction was not rejected" if comps else "no comparison was made")
     c = next((c for c in comps if not c["agrees"]), None) or max(comps, key=lambda c: c["margin"])
     return (f"{c['name']}: error {_fmt(c['error'], 3)} {'within' if c['agrees'] else 'beyond'} its tolerance "
             f"{_fmt(c['tolerance'], 3)}")
