@@ -526,10 +526,6 @@ def position(loss, refs: dict) -> dict:
 
 # --------------------------------------------------------------------------- how many prompts
 
-def _values(x) -> np.ndarray:
-    return np.asarray(list(x.values()) if isinstance(x, dict) else x, float).ravel()
-
-
 def prompts_needed(comparisons) -> tuple[float, str]:
     """The fewest held-out prompts at which agreement implies that every wrong prediction is rejected,
     and the wrong prediction that sets it.  A comparison's tolerance per entry j is
@@ -540,12 +536,13 @@ def prompts_needed(comparisons) -> tuple[float, str]:
     never from the measured discrepancy, so the count cannot steer a verdict; inf where no entry of
     some wrong prediction can get there (its fixed parts alone exceed d_j / 2)."""
     need, what = 0.0, ""
+    values = lambda x: np.asarray(list(x.values()) if isinstance(x, dict) else x, float).ravel()  # noqa: E731
     for c in comparisons:
         parts = c.details.get("tolerance_parts")
         for q in (c.perturbations if parts else ()):
             if "edge" in q.details or "predicted" not in q.details:
                 continue
-            room = np.abs(_values(q.details["predicted"]) - _values(c.predicted)) / 2 - np.asarray(parts["fixed"], float)
+            room = np.abs(values(q.details["predicted"]) - values(c.predicted)) / 2 - np.asarray(parts["fixed"], float)
             ratio = np.asarray(parts["noise"], float) / np.where(room > 0, room, 1.0)
             n_j = float(np.min(np.where(room > 0, parts["n"] * ratio ** 2, math.inf)))
             if n_j > need:
@@ -554,9 +551,8 @@ def prompts_needed(comparisons) -> tuple[float, str]:
 
 
 def sized_count(need: float) -> Optional[int]:
-    """The prompts to measure for an estimated need: SIZING_MARGIN over it, in whole held-out chunks."""
-    chunk = external.HELD_OUT_CHUNK
-    return None if not math.isfinite(need) else int(math.ceil(SIZING_MARGIN * need / chunk)) * chunk
+    """The prompts to measure for an estimated need: SIZING_MARGIN over it, in whole pilots' worth."""
+    return None if not math.isfinite(need) else int(math.ceil(SIZING_MARGIN * need / PILOT_PROMPTS)) * PILOT_PROMPTS
 
 
 def undecided_reason(comparisons, n: int, seconds_per_prompt: float) -> Optional[str]:
@@ -602,15 +598,17 @@ def sized(mc: ModelCase, req: AuditRequest, progress=no_progress) -> ModelCase:
     """The judged model measured on the held-out prompts its comparisons need (:func:`prompts_needed`
     on the pilot's comparisons, :func:`sized_count`), at most ``max_prompts`` and what the pilot's
     rate fits in ``max_seconds``.  Decided from the pilot's noise and theory's predictions only."""
-    pilot = evaluate_model(Context(p=mc, profile="audit", problem=None))
+    try:
+        pilot = evaluate_model(Context(p=mc, profile="audit", problem=None))
+    except Exception:       # the judged evaluation raises it again: the result's error
+        return mc
     n0, rate = mc.meas.projected_loss.n, pilot.details["seconds_per_prompt"]
     cap = max(n0, min(int(req.max_prompts), int(req.max_seconds / max(rate, 1e-12))))
     count = sized_count(prompts_needed(pilot.comparisons)[0])
     n = n0 if count is None else min(max(count, n0), cap)
-    meas = mc.meas
     if n > n0:
         progress(f"measuring on {n} held-out prompts (sized from a pilot of {n0})", 0.9)
-        meas = external.measure(mc.case.ext, mc.case.cfg, n=n, seed=req.seed)
+    meas = external.measure(mc.case.ext, mc.case.cfg, n=n, seed=req.seed) if n > n0 else mc.meas
     return dataclasses.replace(mc, meas=meas, sizing={"pilot": n0, "needed": count, "cap": cap, "n": n,
                                                       "seconds_per_prompt": rate})
 
