@@ -39,7 +39,8 @@ from typing import Optional
 
 from claims.base import Figure, Finding
 from claims.common import lines_figure, reported_row
-from claims.model_audit import SEARCH, AuditRequest, plan_audit, references_for_heads, run_audit
+from claims.model_audit import AuditRequest, plan_audit, run_audit
+from numerics.reference_points import SEARCH, references_for_heads
 from claims.spec import ClaimSpec, Outcome, finding
 from numerics.experiments import authors
 
@@ -124,7 +125,7 @@ def runs_of(p: AuthorsProfile, device: str, seed: int) -> list:
 
 def _theory(p: AuthorsProfile, runs, seed: int, progress):
     """Theory's reference points for every (tasks, heads) of the runs: {tasks: {H: references}}
-    (claims.model_audit.references_for_heads); returns a function that waits for them.  With
+    (numerics.reference_points.references_for_heads); returns a function that waits for them.  With
     ``background`` they are computed while the runs train, in one process per independent piece
     (:func:`_pieces`: the H-independent points, the one-head optimum, the best decomposable point
     at each H), so that on a GPU machine's idle cores the longest piece, not their sum, is the
@@ -161,7 +162,7 @@ def _pieces(args: tuple, skip: tuple) -> list:
     kwargs): "shared" the H-independent points (the one-head optimum left out when it is a piece of
     its own), "one_head" (m > 1; with one task it is the fixed point, taken from it), and
     ("best", H) for each H."""
-    from claims.model_audit import REFERENCES, references
+    from numerics.reference_points import REFERENCES, references
 
     tasks, heads, L, sigma, seed, device, search = args
     only = lambda name: tuple(set(REFERENCES) - {name}) + tuple(skip)  # noqa: E731 - every point but one

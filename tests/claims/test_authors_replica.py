@@ -163,7 +163,7 @@ def test_reduced_cpu_run_at_their_sizes():
 def test_theory_pieces_assemble_to_references_for_heads():
     """The background pieces (one process each in the stated run) give what one call gives
     (thorough: theory's points twice, about 20 CPU s)."""
-    from claims.model_audit import references_for_heads
+    from numerics.reference_points import references_for_heads
 
     search = {"random_starts": 1, "fit_elements": 2 ** 12, "eval_prompts": 256}
     args = ((2, 1), [2, 3], 8, 0.0, 0, "cpu", search)
