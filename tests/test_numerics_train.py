@@ -92,6 +92,7 @@ def test_resume_after_interruption_is_bit_identical(runner, tmp_path, monkeypatc
     assert np.array_equal(resumed.omega, reference.omega) and np.array_equal(resumed.mu, reference.mu)
     assert [vars(r) for r in resumed.trajectory] == [vars(r) for r in reference.trajectory]
     assert resumed.loss == reference.loss
+    assert resumed.fingerprint == reference.fingerprint         # the first batch drawn again on resume
     # a checkpoint of another run is refused, naming what differs
     with pytest.raises(ValueError, match="belongs to a different run .*config.L: checkpoint 8, this run 9"):
         runner(SMALL.replace(L=9), tcfg)
