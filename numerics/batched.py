@@ -38,7 +38,7 @@ import io
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -106,9 +106,9 @@ def divergence(step: int, loss: float, cfg: ProblemConfig, tcfg) -> TrainingDive
                             f"(init_scale = {cfg.init_scale:g})")
 
 
-def fingerprint(*tensors) -> str:
+def fingerprint(*items) -> str:
     """numerics.seeds.digest of tensors (a Prompts or MarginalPrompts stands for its fields)."""
-    flat = [t for x in tensors for t in (vars(x).values() if hasattr(x, "__dataclass_fields__") else (x,))]
+    flat = [t for x in items for t in ([getattr(x, f.name) for f in fields(x)] if is_dataclass(x) else [x])]
     return digest(*(t.detach().to("cpu", torch.float64).numpy() for t in flat))
 
 
@@ -117,7 +117,6 @@ class StackedAttention:
     their readouts.  ``params``: name -> (R, ...) leaf tensor (K, Q, V, O or W, U);
     ``scale``: (R, 1, 1, 1) logit scales s_r (factored)."""
     kind = "full"
-    stacked_prompts = True
 
     def __init__(self, cfgs: Sequence[ProblemConfig], params: dict):
         self.cfgs = list(cfgs)
@@ -221,7 +220,6 @@ class StackedValues:
 
     def __init__(self, cfgs, omega: torch.Tensor, mu: torch.Tensor, metrics: list, marginal: bool):
         self.cfgs, self.omega, self.mu, self.metrics, self.marginal = list(cfgs), omega, mu, metrics, marginal
-        self.stacked_prompts = not marginal
 
     @classmethod
     def from_runs(cls, runs: Sequence["Run"]) -> "StackedValues":
@@ -253,7 +251,7 @@ class StackedValues:
         with the block scores s (numerics.reduced.block_scores, once per stream) and the k
         runs' H heads of a stream read as k H heads; marginal: each run's
         numerics.exact_reduced.marginal_mean_loss on its stream's MarginalPrompts."""
-        R, H, m = self.omega.shape
+        H, m = self.omega.shape[1:]
         if self.marginal:
             for pr in batch:
                 if not isinstance(pr, MarginalPrompts):

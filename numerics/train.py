@@ -268,16 +268,15 @@ def _alone(kind: str, cfg, tcfg, seams: dict, estimator: str = "prompts") -> Tra
 
 
 def train_reduced_many(cfgs, tcfgs, *, start: Optional[Sequence] = None, metric: Optional[Sequence] = None,
-                       on_record: Optional[Sequence] = None, record_every=None) -> list:
+                       on_record: Optional[Sequence] = None) -> list:
     """Train many reduced flows, each exactly as :func:`train_reduced` (estimator "prompts")
     would (to rounding), the runs of one shape (numerics.batched.SHAPE_FIELDS) and batch size
     as one program: runs that draw the same prompts share one draw per step.  Returns one entry
     per run, in order: its TrainResult, or the exception that ended it (TrainingDiverged, or
     the one its on_record hook raised).  ``cfgs``, ``tcfgs`` as in :func:`train_many`;
     ``start`` ((omega0, mu0) or None), ``metric``, ``on_record`` (its state a copy of
-    (omega, mu)) per run, ``record_every`` an int or one per run.  A run with a checkpoint is a
-    program of its own."""
-    return _train_all("reduced", cfgs, tcfgs, dict(batches=None, on_record=on_record, record_every=record_every,
+    (omega, mu)) per run.  A run with a checkpoint is a program of its own."""
+    return _train_all("reduced", cfgs, tcfgs, dict(batches=None, on_record=on_record, record_every=None,
                                                    start=start, metric=metric))
 
 

@@ -139,7 +139,7 @@ def test_checkpoint_resumes_bit_identically_and_names_the_estimator(tmp_path):
     first = train_reduced(CFG, tcfg, estimator="marginal")       # writes checkpoints as it goes
     again = train_reduced(CFG, tcfg, estimator="marginal")       # resumes from the last one
     assert np.array_equal(whole.losses, first.losses) and np.array_equal(whole.losses, again.losses)
-    assert np.array_equal(whole.omega, again.omega)
+    assert np.array_equal(whole.omega, again.omega) and again.fingerprint == whole.fingerprint
     with pytest.raises(ValueError, match="estimator: checkpoint 'marginal', this run 'prompts'"):
         train_reduced(CFG, tcfg)
 
