@@ -207,6 +207,7 @@ def _torch_load(path: str, data: bytes):
             if problem:
                 raise _fail(path, f"{where or 'the payload'} is {problem}; save dense CPU tensors (state_dict())")
         elif isinstance(value, dict):
+            walk += [(f"a key of {where or 'the payload'}", k) for k in value if not isinstance(k, str)]
             walk += [(str(k)[:80], v) for k, v in value.items()]
         elif isinstance(value, (list, tuple)):
             walk += [(f"{where}[{k}]", v) for k, v in enumerate(value)]
@@ -245,6 +246,10 @@ def _safetensors_load(path: str, data: bytes):
 
 
 def _json_load(path: str, data: bytes):
+    try:
+        handed.check_memory(handed.PARSE_FACTOR * len(data), "parsing it")
+    except ValueError as exc:
+        raise _fail(path, str(exc)) from None
     try:
         return handed.parse_json(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:

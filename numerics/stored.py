@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from audit_io.files import LinkInside, read_inside
-from audit_io.handed import MAX_DEPTH, parse_json
+from audit_io.handed import MAX_DEPTH, PARSE_FACTOR, check_memory, parse_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # What a training point executes, for the code version (see code_version).
@@ -191,6 +191,10 @@ def read_point(sweep, name: str, *, code: Optional[str] = None) -> tuple[Optiona
         return None, str(exc)
     except OSError as exc:
         return None, f"unreadable ({exc.strerror or exc})"
+    try:
+        check_memory(PARSE_FACTOR * len(data), "parsing it")
+    except ValueError as exc:
+        return None, str(exc)
     try:
         record = parse_json(data.decode("utf-8"))
     except UnicodeDecodeError:

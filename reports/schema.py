@@ -34,7 +34,7 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from audit_io.handed import check_memory, parse_json
+from audit_io.handed import PARSE_FACTOR, check_memory, parse_json
 from audit_io.options import SEED_MAX
 from claims.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
                          HeadlineRow, PerturbationCheck, judge, kind_from_id)
@@ -569,10 +569,7 @@ def parse_strict(text: str) -> Any:
 
 MAX_BYTES = 32 * 2 ** 20
 """The largest claims.json read back (32 MiB; the quick report's is about 1 MB): parsed, a JSON
-document takes up to :data:`PARSE_FACTOR` times its size in memory."""
-PARSE_FACTOR = 30
-"""Memory per byte of a parsed JSON document at worst (``[{}, {}, ...]``: a 64-byte dict and an
-8-byte pointer for every 3 bytes; a 190 MB file took 5.2 GB)."""
+document takes up to audit_io.handed.PARSE_FACTOR times its size in memory."""
 MAX_DRAWINGS = 400
 """Figures a claims.json read back may ask to draw, each panel counted (a drawing takes 0.1-0.3 s of
 CPU, so 400 are a minute or two; a file of 1,500 figures took 448 s to re-render)."""

@@ -1,5 +1,5 @@
 """Hostile inputs, round 2 (issue 22): nothing a user types can destroy a file, lose an output
-or hang.  Three parts:
+or hang.  Five parts:
 
 1. the one output-path policy of ``audit_io.files`` (``check_output_path``,
    ``check_output_dir``, ``write_output``, ``check_input_file``, ``parse_int``) on real files:
@@ -12,7 +12,13 @@ or hang.  Three parts:
    test if it is called);
 3. what must still work: an output that is a character device (/dev/null, or one made with
    mknod when root) written through and left a device, a symbolic link followed, a sweep
-   with a FIFO in its points/ that neither hangs nor is read.
+   with a FIFO in its points/ that neither hangs nor is read;
+4. a handed folder, a forged store, a full disk, a killed parent, the environment;
+5. handed files (audit_io.handed, the reader contract): crafted checkpoints (safetensors, npz,
+   torch, run.json) and reports read back, each through its command (reports.audit,
+   numerics.train --checkpoint, reports.build --from-json, reports.findings, reports.compare)
+   in a worker under resource limits: exit 2, one line naming the file and the problem, no
+   traceback, bounded CPU seconds and memory, nothing written.
 
 Every case that could block (a FIFO) runs under an alarm: a hang fails the test instead of
 stalling the suite.
