@@ -310,7 +310,8 @@ def _number(path: str, name: str, value, text: bool = False):
     except OverflowError:
         finite = False
     if not finite:
-        raise _fail(path, f"{name} must be a finite number, got {shown if isinstance(value, float) else 'an integer beyond the range of a float'}")
+        got = shown if isinstance(value, float) else "an integer beyond the range of a float"
+        raise _fail(path, f"{name} must be a finite number, got {got}")
     return value
 
 

@@ -152,11 +152,16 @@ def point_id(point: dict, *, code: Optional[str] = None, point_fn: Optional[str]
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:ID_HEX_DIGITS]
 
 
-def _result_problem(result: Any) -> Optional[str]:
+FINITE_LOSS_MODELS = ("full", "reduced", "converged")
+"""Point models whose stored loss is always a finite number: their runs that diverge are stored as
+errors (an atlas point stores a diverged start as a result of class "diverged", its loss NaN)."""
+
+
+def _result_problem(point: dict, result: Any) -> Optional[str]:
     """What makes a finished point's result unusable by a claim, said before a claim reads it:
-    nested deeper than audit_io.handed.MAX_DEPTH, or a ``loss`` that is not a finite number (a
-    run's loss is stored finite: a diverged run is stored as an error, so ``"nan"`` -- jsonable's
-    text for a NaN -- or a list there is not a run's)."""
+    nested deeper than audit_io.handed.MAX_DEPTH, or, for :data:`FINITE_LOSS_MODELS`, a ``loss``
+    that is not a finite number (``"nan"`` -- jsonable's text for a NaN -- or a list there is not
+    such a run's, and would reach a claim as a string)."""
     stack = [(result, 1)]
     while stack:
         item, depth = stack.pop()
@@ -166,8 +171,8 @@ def _result_problem(result: Any) -> Optional[str]:
             stack += [(v, depth + 1) for v in item.values()]
         elif isinstance(item, list):
             stack += [(v, depth + 1) for v in item]
-    loss = result.get("loss") if isinstance(result, dict) else None
-    if loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss)):
+    loss = result.get("loss", 0.0) if isinstance(result, dict) and point.get("model") in FINITE_LOSS_MODELS else 0.0
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
         shown = repr(loss)[:40] if isinstance(loss, (str, int, float)) else f"a {type(loss).__name__}"
         return f"its result's loss is {shown}, not a finite number (a diverged run is stored as an error)"
     return None
@@ -221,5 +226,5 @@ def read_point(sweep, name: str, *, code: Optional[str] = None) -> tuple[Optiona
                       "this code's run (run the sweep again to bring it up to date)")
     if record.get("error") is None and record.get("result") is None:
         return None, "neither a result nor an error: not a finished point"
-    problem = None if record.get("result") is None else _result_problem(record["result"])
+    problem = None if record.get("result") is None else _result_problem(record["point"], record["result"])
     return (None, problem) if problem else (record, None)
