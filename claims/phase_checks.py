@@ -144,7 +144,7 @@ def phase_finding(result, what: str):
     rest = (" The other {k} runs are not compared, never counted as agreement (e.g. " + skipped[0]["where"] + ": "
             + skipped[0]["why"].replace("{", "{{").replace("}", "}}") + ")." if skipped else "")
     if not w["details"]["compared"]:
-        return finding(result, "beyond", what + ": the phase times are not compared: "
+        return finding(result, "beyond", what + ": the phase times are "
                        + w["details"]["cannot_decide"].replace("{", "{{").replace("}", "}}") + "." + rest, k=len(skipped))
     return finding(result, "beyond", what + ": where the readout finds the three phases in both runs ({n} runs on {u} "
                    "prompt streams), the full model's phase ends minus the reduced flow's average {dw} (warm-up) and "
