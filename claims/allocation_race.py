@@ -23,16 +23,14 @@ import numpy as np
 
 from claims.base import Figure
 from claims.common import Z_SE, Comparison, config_label, headline_row, lines_figure, reported_row
-from claims.phase_checks import (ALLOCATION, FIELDS, PHASES, decided, mix_figure, mix_phrase, mix_rows, not_run,
-                                 nothing_compared, outcome_comparison, phase_comparisons, phase_finding, phase_rows,
-                                 share_comparison, tcfg)
+from claims.phase_checks import (ALLOCATION, FIELDS, PHASES, decided, guarded_plan, independent, mix_figure, mix_phrase,
+                                 mix_rows, not_run, nothing_compared, outcome_comparison, phase_comparisons,
+                                 phase_finding, phase_rows, reference_needs, references, share_comparison, tcfg)
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
+from claims.trained import theory_need
 from numerics.config import ProblemConfig
-from numerics.experiments.converged import stiffness_seconds
-from numerics.experiments.starts import (large_init_reduced, large_init_starts, outcome_mix, race_cells,
-                                       references)
-from numerics.seeds import case_seed
-from theory.initialisation import default_start_winners, race_starts
+from numerics.experiments.starts import outcome_mix, start_flows_need, start_runs_need
+from theory.initialisation import race_starts
 from theory.task_allocation import predicted_winners
 
 
@@ -70,53 +68,85 @@ RACE_PROFILES = {
 
 # --- item 3: the race grid; item 4: large initialisation
 
-def race_grid(p: RaceProfile, device="cpu", seed=0, progress=lambda msg, f: None) -> dict:
-    """Every cell (omega ratio rho_w, mu ratio rho_m) of theory.initialisation.race_starts, on
-    each prompt stream of ``p.data_seeds`` (stream k shared by every cell: common random
-    numbers), all trained together (numerics.experiments.starts.race_cells): measured winners
-    per data seed (decided when the seeds agree and the race has ended: numerics.readout's
-    race_decided), each seed's end class counted (``mix``), theory's ODE and largest-mu0
-    predictions."""
-    base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=device)
-    if why := not_run(p.lr, (("race cells", base),)):     # beyond d = 9 only: a cell past the stability bound decides nothing
-        return {"cells": [], "not_run": why}
+def _race_base(ctx) -> ProblemConfig:
+    p = ctx.p
+    return ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
+
+
+def _large_base(ctx) -> ProblemConfig:
+    p = ctx.p
+    return ProblemConfig(tasks=p.large_tasks, heads=len(p.large_tasks), L=p.L, sigma=p.sigma, device=ctx.device)
+
+
+def cells_part(ctx) -> tuple:
+    """(label, cfg) of the race cells, for claims.phase_checks' stability guard."""
+    return (("race cells", _race_base(ctx)),)
+
+
+def cell_needs(ctx) -> tuple[list, list]:
+    """The race cells' needs: per prompt stream k of ``p.data_seeds`` (("race", "prompts", k), shared by every
+    cell: common random numbers) the full model from every cell's start (theory.initialisation.race_starts: omega
+    ratio rho_w, mu ratio rho_m), trained together; per cell theory's ODE rule (a theory value)."""
+    p, base = ctx.p, _race_base(ctx)
     starts = race_starts(p.s0, p.ratios, p.heads, base.m)
     cfgs = [base.replace(init="given", init_omega=tuple(map(tuple, st["omega0"])), init_mu=tuple(map(tuple, st["mu0"])))
             for st in starts]
-    progress(f"{len(starts)} race cells x {len(p.data_seeds)} prompt streams, trained together", 0.0)
-    every = race_cells([c for c in cfgs for _ in p.data_seeds],
-                       [tcfg(p, case_seed(seed, "race", "prompts", k)) for _ in cfgs for k in p.data_seeds], p.n_eval)
-    cells, n = [], len(p.data_seeds)
-    for j, st in enumerate(starts):
-        rw, rm, om0, mu0 = st["rho_omega"], st["rho_mu"], st["omega0"], st["mu0"]
-        meas = every[j * n:(j + 1) * n]
+    runs = [start_runs_need("race", cfgs, tcfg(p), p.n_eval, ("race", "prompts", k)) for k in p.data_seeds]
+    return runs, [theory_need("predicted_winners", c.init_omega, c.init_mu, tuple(p.tasks), p.L, p.sigma,
+                              "factored", 1.0, "ode") for c in cfgs]
+
+
+def race_grid(ctx, results) -> dict:
+    """Every cell of :func:`cell_needs` on each prompt stream: measured winners per data seed (decided when the
+    seeds agree and the race has ended: numerics.readout's race_decided), each seed's end class counted
+    (``mix``), theory's ODE and largest-mu0 predictions; the streams of each cell checked to be independent
+    (their fingerprints).  No cell where the step lies past the stability bound (``not_run``)."""
+    p = ctx.p
+    if why := not_run(p.lr, cells_part(ctx), results):   # beyond d = 9 only: a cell past the bound decides nothing
+        return {"cells": [], "not_run": why}
+    starts = race_starts(p.s0, p.ratios, p.heads, _race_base(ctx).m)
+    runs, odes = cell_needs(ctx)
+    every = [results[n] for n in runs]
+    cells = []
+    for j, (st, ode) in enumerate(zip(starts, odes)):
+        rw, rm = st["rho_omega"], st["rho_mu"]
+        meas = [states[j] for states in every]
+        independent({f"cell (omega x{rw:g}, mu x{rm:g}) stream {k}": m_ for k, m_ in zip(p.data_seeds, meas)},
+                    f"race cell (omega x{rw:g}, mu x{rm:g}): its prompt streams")
         wins = [m_["winners"] for m_ in meas]
         seeds_agree = all(w == wins[0] for w in wins)
         finished = all(m_["race_decided"] for m_ in meas)
         cells.append({"rho_omega": rw, "rho_mu": rm, "measured": wins, "decided": seeds_agree and finished,
                       "seeds_agree": seeds_agree, "allocated": finished, "share": [m_["share"] for m_ in meas],
                       "classes": [m_["class"]["label"] for m_ in meas], "mix": outcome_mix(meas, Z_SE),
-                      "ode": predicted_winners(om0, mu0, p.tasks, p.L, p.sigma, rule="ode"),
-                      "largest_mu": predicted_winners(om0, mu0, p.tasks, rule="largest_mu")})
+                      "ode": results[ode], "largest_mu": predicted_winners(st["omega0"], st["mu0"], p.tasks,
+                                                                            rule="largest_mu")})
     return {"cells": cells}
 
 
-def large_runs(p: RaceProfile, base: ProblemConfig, seed: int, progress) -> dict:
-    """The default decomposable start at each of ``p.large_scales`` on each prompt stream of
-    ``p.large_seeds`` (the start is deterministic: the streams are the seeds; stream k,
-    case_seed(seed, "large init", "prompts", k), shared by every scale: common random numbers), the
-    full models trained together (numerics.experiments.starts.large_init_starts) and the reduced
-    flow from the same start on the same prompts, every flow in one program (about a tenth of the
-    full models' cost).  Returns {s0: [{"stream": k, "full": end state, "reduced": readout}, ...]}."""
-    cfgs = [base.replace(init_scale=s0) for s0 in p.large_scales for _ in p.large_seeds]
-    tcfgs = [tcfg(p, case_seed(seed, "large init", "prompts", k), p.large_time, p.large_records)
-             for _ in p.large_scales for k in p.large_seeds]
-    progress(f"large init: {len(cfgs)} runs ({len(p.large_scales)} scales x {len(p.large_seeds)} streams), "
-             "trained together", 0.6)
-    full, reduced = large_init_starts(cfgs, tcfgs, p.n_eval), large_init_reduced(cfgs, tcfgs)
-    n = len(p.large_seeds)
-    return {s0: [{"stream": k, "full": full[j * n + i], "reduced": reduced[j * n + i]}
-                 for i, k in enumerate(p.large_seeds)] for j, s0 in enumerate(p.large_scales)}
+def large_needs(ctx) -> list[tuple]:
+    """Per prompt stream k of ``p.large_seeds`` (("large init", "prompts", k), shared by every scale: common
+    random numbers; the start is deterministic, so the streams are the seeds): the full models from the default
+    decomposable start at each of ``p.large_scales``, trained together, and the reduced flows from the same starts
+    on the same prompts (every flow in one program, about a tenth of the full models' cost)."""
+    p, base = ctx.p, _large_base(ctx)
+    cfgs = [base.replace(init_scale=s0) for s0 in p.large_scales]
+    tc = tcfg(p, 0, p.large_time, p.large_records)
+    return [(start_runs_need("large", cfgs, tc, p.n_eval, ("large init", "prompts", k)),
+             start_flows_need("large", cfgs, tc, ("large init", "prompts", k))) for k in p.large_seeds]
+
+
+def large_runs(ctx, results) -> dict:
+    """{s0: [{"stream": k, "full": end state, "reduced": readout}, ...]} of :func:`large_needs`; the streams of
+    each scale checked to be independent (their fingerprints)."""
+    p = ctx.p
+    per_stream = [(results[f], results[r]) for f, r in large_needs(ctx)]
+    out = {s0: [{"stream": k, "full": full[j], "reduced": red[j]} for k, (full, red) in zip(p.large_seeds, per_stream)]
+           for j, s0 in enumerate(p.large_scales)}
+    for s0, rs in out.items():
+        independent({f"s0={s0:g} stream {r['stream']}": r["full"] for r in rs}, f"large init s0={s0:g}: its prompt "
+                    "streams")
+    return out
 
 
 def check_large_phases(large: dict, spacing: float, config=None) -> list[Comparison]:
@@ -175,34 +205,57 @@ def bracket(scales: list, hits: list):
     return [max(below) if below else None, min(hits)]
 
 
-def evaluate(ctx) -> Outcome:
-    """boundary-allocation-race: items 3 and 4 of issue 14 (module docstring)."""
-    p, seed, progress = ctx.p, ctx.seed, ctx.progress
-    grid = race_grid(p, ctx.device, seed, lambda msg, f: progress(msg, 0.6 * f))
-    cells = grid["cells"]
-    base = ProblemConfig(tasks=p.large_tasks, heads=len(p.large_tasks), L=p.L, sigma=p.sigma, device=ctx.device)
-    large = large_runs(p, base, seed, progress)
-    spacing = p.large_time / (p.large_records - 1)
-    label = config_label(base) + " init=decomposable at growing s0"
-    cfg0 = config_label(ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma)) + f" s0={p.s0:g}"
-    race, phases = check_race(cells, cfg0), check_large_phases(large, spacing, label)
-    small = check_small_start_allocates(large[min(p.large_scales)], min(p.large_scales), label)
-    predicted = {s0: default_start_winners(p.large_tasks, s0, p.L, p.sigma) for s0 in p.large_scales}
+def plan(ctx, results=None) -> list:
+    """The race cells' stability guard, then (where it lets them be trained) the cells and theory's ODE rule per
+    cell; the large-init runs and flows, theory's winners per scale and the allocated fixed point."""
+    p = ctx.p
+    runs, odes = cell_needs(ctx)
+    large = [n for pair in large_needs(ctx) for n in pair]
+    return (guarded_plan(p.lr, cells_part(ctx), results, runs + odes) + large + _winner_needs(ctx)
+            + reference_needs(p.large_tasks, len(p.large_tasks), p.L, p.sigma, ctx.device, best=False))
+
+
+def _winner_needs(ctx) -> list:
+    p = ctx.p
+    return [theory_need("default_start_winners", tuple(p.large_tasks), s0, p.L, p.sigma) for s0 in p.large_scales]
+
+
+def large_scales(ctx, results, large: dict, spacing: float) -> dict:
+    """Per scale what the large-init runs show: ``no_warmup`` (in every seed the loss has fallen by 10% of its drop
+    within 2 record spacings), ``unpredictable`` (a seed's winners differ from the reduced flow's from the same
+    start, or from theory's ODE rule where the start is inside the expansion's domain, or a task is not allocated
+    -- its winner carries < WINNER_MASS_SHARE of sum_h |mu omega| --, or the seeds disagree, or a seed diverged),
+    ``undefined`` (a seed's warm-up end undefined), theory's ``predicted`` winners."""
+    predicted = {s0: results[n] for s0, n in zip(ctx.p.large_scales, _winner_needs(ctx))}
     warmup = lambda r: (r["full"]["phases"] or {}).get("warmup_end", math.nan)  # noqa: E731
-    # no warm-up: in every seed the loss has fallen by 10% of its drop within 2 record spacings
     no_warmup = [s0 for s0, rs in large.items() if all(math.isfinite(warmup(r)) and warmup(r) <= 2 * spacing
                                                        for r in rs)]
-    # unpredictable: a seed's winners differ from the reduced flow's from the same start, or from
-    # theory's ODE rule where the start is inside the expansion's domain, or a task is not allocated
-    # (its winner carries < WINNER_MASS_SHARE of sum_h |mu omega|), or the seeds disagree, or a seed diverged
     unpredictable = [s0 for s0, rs in large.items()
                      if any(r["full"]["winners"] is None or r["full"]["winners"] != r["reduced"]["winners"]
                             or (predicted[s0] is not None and r["full"]["winners"] != predicted[s0])
                             or not r["full"]["mass_allocated"] or r["full"]["winners"] != rs[0]["full"]["winners"]
                             for r in rs)]
-    refs = references(tuple(p.large_tasks), len(p.large_tasks), p.L, p.sigma, ctx.device, best=False)
-    mixes = {f"s0={s0:g}": outcome_mix([r["full"] for r in rs], Z_SE, refs) for s0, rs in large.items()}
     undefined = [s0 for s0, rs in large.items() if any(not math.isfinite(warmup(r)) for r in rs)]
+    return {"predicted": predicted, "no_warmup": no_warmup, "unpredictable": unpredictable, "undefined": undefined}
+
+
+def compare(ctx, results) -> Outcome:
+    """boundary-allocation-race: items 3 and 4 of issue 14 (module docstring)."""
+    p = ctx.p
+    grid = race_grid(ctx, results)
+    cells = grid["cells"]
+    base = _large_base(ctx)
+    large = large_runs(ctx, results)
+    spacing = p.large_time / (p.large_records - 1)
+    label = config_label(base) + " init=decomposable at growing s0"
+    cfg0 = config_label(ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma)) + f" s0={p.s0:g}"
+    race, phases = check_race(cells, cfg0), check_large_phases(large, spacing, label)
+    small = check_small_start_allocates(large[min(p.large_scales)], min(p.large_scales), label)
+    by_scale = large_scales(ctx, results, large, spacing)
+    no_warmup, unpredictable, predicted = by_scale["no_warmup"], by_scale["unpredictable"], by_scale["predicted"]
+    refs = references(results, p.large_tasks, len(p.large_tasks), p.L, p.sigma, ctx.device, best=False)
+    mixes = {f"s0={s0:g}": outcome_mix([r["full"] for r in rs], Z_SE, refs) for s0, rs in large.items()}
+    undefined = by_scale["undefined"]
     dis = [c for c in cells if c["ode"] != c["largest_mu"]]
     sides_with = lambda rule: sum(c["decided"] and c["measured"][0] == c[rule] for c in dis)  # noqa: E731
     contra = sides_with("ode")
@@ -309,29 +362,11 @@ def _cells_finding(result, cells, p):
                    + "; cells per class on each stream: " + "; ".join(parts) + ".", **nums)
 
 
-def estimate(p: RaceProfile) -> float:
-    """Seconds before it runs, priced from the claim's own plan (numerics.experiments.starts.
-    plan_seconds: the step-cost model): the race cells (every cell on each prompt stream, a
-    stream's cells in one program), the large-init runs (every scale on each stream) with
-    a reduced flow per run, every run's end-state evaluations, plus a fixed
-    part (imports, theory's ODE rule per cell: 10 s); no race cell past the stability bound."""
-    from numerics.experiments.starts import WINDOW_MOST, plan_seconds
-    snaps = lambda records: min(WINDOW_MOST, records // 4 + 1)  # noqa: E731
-    base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma)
-    cells = 0.0 if not_run(p.lr, (("race cells", base),)) else plan_seconds(
-        p.tasks, p.heads, p.L, p.batch, round(p.time / p.lr), [len(p.ratios) ** 2] * len(p.data_seeds), p.n_eval,
-        snaps(p.records))
-    large = plan_seconds(p.large_tasks, len(p.large_tasks), p.L, p.batch, round(p.large_time / p.lr),
-                         [len(p.large_scales)] * len(p.large_seeds), p.n_eval, snaps(p.large_records),
-                         reduced=len(p.large_scales) * len(p.large_seeds), reduced_streams=len(p.large_seeds))
-    return 10.0 + stiffness_seconds(base) + cells + large     # the stiffness: what not_run asks, beyond d = 9 only
-
-
 RACE_SPEC = ClaimSpec(
     id="boundary-allocation-race", title="Boundary: the (omega0, mu0) race and large initialisation",
     statement="Which head wins a task from a given (omega0, mu0), against theory's ODE rule and the "
               "'largest mu0' rule; above which init scale the warm-up vanishes and allocation is unpredictable.",
-    profiles=RACE_PROFILES, evaluate=evaluate, kind="boundary", fields=FIELDS, estimate=estimate, findings=findings,
+    profiles=RACE_PROFILES, plan=plan, compare=compare, kind="boundary", fields=FIELDS, findings=findings,
     resolve=lambda p, problem: replace_fields(p, problem, FIELDS),
     cannot_run=lambda problem: ("the race needs at least two heads" if int(problem.get("heads", 2)) < 2 else None))
 CLAIM_ID, TITLE, STATEMENT = RACE_SPEC.id, RACE_SPEC.title, RACE_SPEC.statement

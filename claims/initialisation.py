@@ -14,20 +14,23 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from claims.common import (Z_SE, Comparison, compare, config_label, headline_row, perturbation,
+from claims.common import (Z_SE, Comparison, compare as compare_values, config_label, headline_row, perturbation,
                            reported_row)
-from claims.phase_checks import (FIELDS, mix_figure, mix_phrase, mix_rows, not_run, nothing_compared, outcome_comparison,
-                                 phase_comparisons, phase_finding, phase_rows, random_part, random_phase_figure, residual_figure,
+from claims.phase_checks import (FIELDS, guarded_plan, independent, mix_figure, mix_phrase, mix_rows, not_run,
+                                 nothing_compared, outcome_comparison, phase_comparisons, phase_finding, phase_rows,
+                                 random_part, random_phase_figure, reference_needs, references, residual_figure,
                                  share_at_least, share_phrase, tcfg, unbalanced_figure)
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
 from numerics.config import ProblemConfig
-from numerics.experiments.converged import stiffness_seconds
-from numerics.experiments.starts import (outcome_mix, random_starts, references, single_task_study, unbalanced_reduced,
-                                       unbalanced_starts)
+from numerics.engine import need
+from numerics.experiments.starts import outcome_mix, start_flows_need, start_runs_need
 from numerics.readout import ZERO_SUM_SHARE
+from numerics.saddle import seed_mean_se
 from numerics.seeds import case_seed
 from numerics.statistics import mean_se     # non_finite "keep": a diverged run's loss shows in the mean
+from numerics.train import TrainConfig
 from theory.initialisation import authors_logit_scale, random_start_scales, untied_tasks, warmup_norm_bound
+
 
 @dataclass(frozen=True)
 class InitProfile:
@@ -68,7 +71,7 @@ def check_gradient_free(runs: list[dict], cfg: ProblemConfig) -> Comparison:
     columns' (the same change per entry: ||dQ_X|| sqrt(m/d), largest over runs) must reject it."""
     runs = [r for r in runs if "dQ_y" in r]      # a diverged run has no end weights to read
     like_x = max(r["dQ_x"] for r in runs) * math.sqrt(cfg.m / cfg.d)
-    return compare(
+    return compare_values(
         "gradient-free part (Q's y columns) never moves", max(r["dQ_y"] for r in runs), 0.0, 0.0,
         "exact: the gradient of Q[:, :, d:] is a product with the zero y part of the query, so every GD "
         "step subtracts exactly 0", wrong=[("the y columns train like the x columns", like_x)],
@@ -153,24 +156,32 @@ def check_unbalanced_winners(runs: list[dict], config=None) -> Comparison:
 
 # --- boundary-initialisation
 
-def unbalanced_runs(p, base: ProblemConfig, seed: int, progress) -> list[dict]:
-    """The unbalanced starts k (``p.unbalanced_seeds``) on each stream j (``p.unbalanced_data_seeds``), a stream
-    per pair (case_seed(seed, "unbalanced start", k, "prompts", j); one stream per j shared by the starts missed one
-    of six quick phase tolerances by 7 %), the full models trained together and each one's two reduced flows on its
-    prompts: per (start, stream) ``full`` (numerics.experiments.starts.end_states), ``reduced_unbalanced``, ``reduced_balanced``."""
-    cfgs, tcfgs, names = [], [], []
+def unbalanced_needs(ctx) -> dict:
+    """{(k, j): (full runs, reduced flows)} of the unbalanced starts k (``p.unbalanced_seeds``) on each stream j
+    (``p.unbalanced_data_seeds``): a stream per pair, named ("unbalanced start", k, "prompts", j) (one stream per j
+    shared by the starts missed one of six quick phase tolerances by 7 %), the full model (its end state) and its two
+    reduced flows (unbalanced and balanced metric) on the same prompts."""
+    p, base = ctx.p, _base(ctx)
+    cfg = base.replace(init="unbalanced_decomposable", init_scale=p.unbalanced_scale)
+    tc = tcfg(p, records=p.unbalanced_records)
+    out = {}
     for k in p.unbalanced_seeds:
-        cfg = base.replace(init="unbalanced_decomposable", init_scale=p.unbalanced_scale,
-                           init_seed=case_seed(seed, "unbalanced start", k))
+        init = (case_seed(ctx.seed, "unbalanced start", k),)
         for j in p.unbalanced_data_seeds:
-            cfgs.append(cfg)
-            tcfgs.append(tcfg(p, case_seed(seed, "unbalanced start", k, "prompts", j), records=p.unbalanced_records))
-            names.append((k, j))
-    progress(f"{len(cfgs)} unbalanced starts, trained together", 0.5)
-    full = unbalanced_starts(cfgs, tcfgs, p.n_eval)
+            stream = ("unbalanced start", k, "prompts", j)
+            out[(k, j)] = (start_runs_need("unbalanced", [cfg], tc, p.n_eval, stream, inits=init),
+                           start_flows_need("unbalanced", [cfg], tc, stream, inits=init))
+    return out
+
+
+def unbalanced_runs(ctx, results) -> list[dict]:
+    """Per (start, stream) pair of :func:`unbalanced_needs`: ``full`` (numerics.experiments.starts.end_states),
+    ``reduced_unbalanced``, ``reduced_balanced``."""
     out = []
-    for (k, j), cfg, tc, s, red in zip(names, cfgs, tcfgs, full, unbalanced_reduced(cfgs, tcfgs)):
-        out.append({"seed": k, "stream": j, "init_seed": cfg.init_seed, "data_seed": tc.seed,
+    for (k, j), (full_need, flows_need) in unbalanced_needs(ctx).items():
+        (s,), (red,) = results[full_need], results[flows_need]
+        tc = full_need.args["tcfg"]
+        out.append({"seed": k, "stream": j, "init_seed": s["init_seed"], "data_seed": s["data_seed"],
                     "omega0": s["omega0"], "mu0": s["mu0"],
                     "c_omega": s["c_omega"], "c_mu": s["c_mu"], "spacing": tc.time / (tc.records - 1),
                     "t_end": tc.time, "class": s["class"], "full": s,
@@ -200,23 +211,61 @@ def unbalanced_part(unb: list[dict], refs: dict, config: str) -> tuple[list, lis
     return [*phases, winners], judged, reported, {"unbalanced_mix": mix, "balance_changes_outcome": changed}
 
 
-def evaluate(ctx) -> Outcome:
+def _base(ctx) -> ProblemConfig:
+    p = ctx.p
+    return ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
+
+
+def random_need(ctx):
+    """Every random start (each scale of ``p.scales`` x each init seed k, ("random start", k)), all on one prompt
+    stream ("random starts", "prompts": common random numbers, the randomness of interest is the initialisation)."""
+    p, base = ctx.p, _base(ctx)
+    scales, _ = random_start_scales(p.scales, p.small_factor, p.tasks, p.heads, p.L, p.time, p.sigma)
+    cfgs = [base.replace(init="uniform_full", init_scale=s0, logit_scale=authors_logit_scale(p.tasks))
+            for s0 in scales for _ in p.init_seeds]
+    return start_runs_need("random", cfgs, tcfg(p), p.n_eval, ("random starts", "prompts"),
+                           inits=[case_seed(ctx.seed, "random start", k) for _ in scales for k in p.init_seeds])
+
+
+def plan(ctx, results=None) -> list:
+    """The stability guards, then (where they let the starts be trained) the random starts, the unbalanced starts
+    and their reduced flows, the reference points and, at a profile, the single-task runs."""
+    p = ctx.p
+    needs = [random_need(ctx), *(n for pair in unbalanced_needs(ctx).values() for n in pair),
+             *reference_needs(p.tasks, p.heads, p.L, p.sigma, ctx.device)]
+    if ctx.problem is None:     # its own sizes (SINGLE_TASK), unrelated to a researcher's problem
+        needs += single_task_needs(ctx)
+    return guarded_plan(p.lr, starts(p, _base(ctx)), results, needs)
+
+
+def check_independence(runs: dict, unb: list) -> None:
+    """The runs counted as independent are (their fingerprints, numerics.seeds.check_independent; a ValueError
+    naming the runs otherwise): the seeds of each random start (one prompt stream on purpose: their starts), the
+    unbalanced (start, stream) pairs (each its own stream) and the unbalanced starts (their initial weights)."""
+    for s0, rs in runs.items():
+        independent({f"s0={s0:.3g} init seed {r['init_seed']}": r for r in rs},
+                     f"random starts at s0={s0:.3g} (one prompt stream on purpose)", shared_stream=True)
+    independent({f"unbalanced start {r['seed']} stream {r['stream']}": r["full"] for r in unb},
+                "unbalanced (start, stream) pairs")
+    first = {}
+    for r in unb:
+        first.setdefault(r["seed"], r["full"])
+    independent({f"unbalanced start {k}": s for k, s in first.items()}, "unbalanced starts", shared_stream=True)
+
+
+def compare(ctx, results) -> Outcome:
     """boundary-initialisation: items 1 and 2 (module docstring); every random start's seeds share one prompt stream
     (common random numbers), trained together, their end classes counted."""
-    p, seed, progress = ctx.p, ctx.seed, ctx.progress
-    base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
+    p, base = ctx.p, _base(ctx)
     s_authors = authors_logit_scale(p.tasks)
-    if why := not_run(p.lr, starts(p, base)):    # beyond d = 9 only: a run past the stability bound is no evidence
+    if why := not_run(p.lr, starts(p, base), results):   # beyond d = 9 only: a run past the bound is no evidence
         return Outcome([], [], details={"ran": {"profile": asdict(p)}, "not_run": why}, undecided="not run: " + why)
     scales, s_small = random_start_scales(p.scales, p.small_factor, p.tasks, p.heads, p.L, p.time, p.sigma)
-    cfgs = [base.replace(init="uniform_full", init_scale=s0, init_seed=case_seed(seed, "random start", k),
-                         logit_scale=s_authors) for s0 in scales for k in p.init_seeds]
-    progress(f"{len(cfgs)} random starts ({len(scales)} scales x {len(p.init_seeds)} seeds), trained together", 0.0)
-    states = random_starts(cfgs, [tcfg(p, case_seed(seed, "random starts", "prompts"))] * len(cfgs), p.n_eval)
+    states = results[random_need(ctx)]
     runs = {s0: states[j * len(p.init_seeds):(j + 1) * len(p.init_seeds)] for j, s0 in enumerate(scales)}
-    unb = unbalanced_runs(p, base, seed, progress)
-    progress("reference points (allocated fixed point, best decomposable point)", 0.9)
-    refs = references(tuple(p.tasks), p.heads, p.L, p.sigma, ctx.device)
+    unb = unbalanced_runs(ctx, results)
+    check_independence(runs, unb)
+    refs = references(results, p.tasks, p.heads, p.L, p.sigma, ctx.device)
     cfg_r, cfg_u = (config_label(base.replace(init=i)) for i in ("uniform_full", "unbalanced_decomposable"))
     u_comps, u_judged, u_reported, u_details = unbalanced_part(unb, refs, cfg_u)
     comps = [check_gradient_free(states, base),
@@ -237,14 +286,15 @@ def evaluate(ctx) -> Outcome:
                "ran": {"profile": asdict(p), "scales": scales, "logit_scale": s_authors, "small_scale": s_small,
                        "design": "the seeds of one start share one prompt stream (common random numbers: the "
                                  "randomness of interest is the initialisation), trained together; each unbalanced "
-                                 "(start, stream) pair has its own stream"},
+                                 "(start, stream) pair has its own stream; the runs counted as independent are "
+                                 "checked to be so by their fingerprints (initial weights where they share a stream)"},
                "allocated_loss": refs["allocated_loss"], "references": refs, "findings": found, **u_details,
                "off_D_from_scale": min(off) if off else None,
                "unbalanced_starts": len(p.unbalanced_seeds), "unbalanced_scale": p.unbalanced_scale, "t_end": p.time,
                "random_runs": {f"{s0:.4g}": [{k: v for k, v in r.items() if k not in ("trajectory", "t", "loss_curve")}
                                             for r in rs] for s0, rs in runs.items()}}
     if ctx.problem is None:     # its own sizes (SINGLE_TASK), unrelated to a researcher's problem
-        s_comps, s_rows, details["single_task"] = single_task(ctx)
+        s_comps, s_rows, details["single_task"] = single_task(ctx, results)
         comps, headline = comps + s_comps, headline + s_rows
         mixes.update({f"single task H={H}": sm["mix"] for H, sm in details["single_task"]["summary"].items()})
     figures = [residual_figure(runs), random_phase_figure(runs), unbalanced_figure(unb),
@@ -282,8 +332,38 @@ TYPICAL = 0.5
 """He et al. (ICML 2025) report what training typically finds ("consistently appear"), not what every seed does."""
 
 
-def single_task(ctx):
-    """One task, H = 2 and 4 heads, from the PyTorch-default start (numerics.experiments.starts.single_task_study):
+def single_task_needs(ctx) -> list:
+    """Per head count of the profile's SINGLE_TASK sizes the runs of one task of r from PyTorch's default start
+    (uniform_full, s0 = 1, logit scale sqrt(r + 1)), every seed's start from its own init seed, all on one prompt
+    stream ("single task", H, "prompts": common random numbers, the randomness of interest is the initialisation),
+    each seed evaluated on its own held-out prompts; and the references (numerics.saddle.single_task_references)."""
+    sp = SINGLE_TASK.get(ctx.profile, SINGLE_TASK["quick"])
+    out = []
+    for H in sp.heads:
+        cfg = ProblemConfig(tasks=(sp.r,), heads=H, L=sp.L, init="uniform_full", init_scale=1.0,
+                            logit_scale=math.sqrt(sp.r + 1), device=ctx.device)
+        tc = TrainConfig(lr=sp.lr, time=sp.time, batch=sp.batch, records=sp.records)
+        out.append(start_runs_need("single", [cfg] * len(sp.seeds), tc, sp.n_eval, ("single task", H, "prompts"),
+                                   inits=[case_seed(ctx.seed, "single task", H, "init", s) for s in sp.seeds],
+                                   held_out=[case_seed(ctx.seed, "single task", H, "held-out", s) for s in sp.seeds]))
+    return out + [need("single_task_references", L=sp.L, r=sp.r, n_eval=sp.n_eval)]
+
+
+def single_task_summary(states, ref: dict, z: float) -> dict:
+    """The seeds of one head count: the mean held-out loss over seeds and its se (numerics.saddle.seed_mean_se),
+    the zero-sum pair ratios, the counts of seeds whose OV values form a zero-sum pair or group (ratio below
+    numerics.readout.ZERO_SUM_SHARE), the class mix (outcome_mix at ``z``, against the one-head optimum and the best
+    decomposable two-head point)."""
+    refs = {"allocated_loss": ref["one_head"], "best_decomposable": {"loss": ref["best_two_head"]}}
+    m, se = seed_mean_se([r["loss"] for r in states], [r["se"] for r in states])
+    return {"loss": m, "se": se, "pair_ratio": [r["pair_ratio"] for r in states],
+            "zero_sum_pairs": sum(r["pair_ratio"] < ZERO_SUM_SHARE for r in states),
+            "zero_sum_groups": sum(bool(r["zero_sum"]) and r["zero_sum"][0] <= ZERO_SUM_SHARE for r in states),
+            "mix": outcome_mix(states, z, refs), "classes": [r["class"]["label"] for r in states]}
+
+
+def single_task(ctx, results):
+    """One task, H = 2 and 4 heads, from the PyTorch-default start (:func:`single_task_needs`):
     per H the mean held-out loss over seeds not above theory.exact's one-head optimum (the multi-head gain He et
     al. report; perturbation: equal to it); He et al.'s zero-sum pattern (the heads' OV values for the task sum to
     zero, |sum_h mu| <= ZERO_SUM_SHARE sum_h |mu|: at H = 2 the pair, at H > 2 a pair is one group among others,
@@ -291,10 +371,17 @@ def single_task(ctx):
     Reported, not judged: the loss against the best decomposable two-head point (no source places a mean over
     seeds of several end classes there at a fixed step: 96 seeds resolve 0.233 +- 0.011 against 0.174 at H = 2,
     16 seeds off D at 2.6 x it, the zero-sum ones at 1.05 x, still moving along the superposition valley) and
-    linear attention."""
+    linear attention.  The seeds of one H share their prompt stream on purpose: their independence is checked on
+    their starts (numerics.seeds.check_independent, shared_stream)."""
     sp = SINGLE_TASK.get(ctx.profile, SINGLE_TASK["quick"])
-    ctx.progress("single task, several heads", 0.95)
-    summary, ref = single_task_study(sp, ctx.seed, ctx.device, Z_SE)
+    *runs, ref_need = single_task_needs(ctx)
+    ref = results[ref_need]
+    summary = {}
+    for H, n in zip(sp.heads, runs):
+        states = results[n]
+        independent({f"H={H} init seed {r['init_seed']}": r for r in states},
+                    f"single-task seeds at H={H} (one prompt stream on purpose)", shared_stream=True)
+        summary[H] = single_task_summary(states, ref, Z_SE)
     comps, rows = [], []
     for H, sm in summary.items():
         m, se, cfg = sm["loss"], sm["se"], f"tasks=({sp.r},) H={H} L={sp.L} init=uniform_full s0=1"
@@ -367,41 +454,17 @@ def findings(result) -> list:
     return out
 
 
-SINGLE_TASK_SECONDS = 130.0   # at quick: 2 x 96 runs of 1200 steps in 2 programs (the claim 172 CPU s, 49 with 8 seeds)
-
-
 def starts(p: InitProfile, base: ProblemConfig) -> tuple:
     """(label, cfg) of the two kinds of start, for claims.phase_checks.not_run: the random ones train at the authors'
     logit scale, the unbalanced ones at 1."""
     return ("random starts", base.replace(logit_scale=authors_logit_scale(p.tasks))), ("unbalanced starts", base)
 
 
-def estimate(p: InitProfile) -> float:
-    """Seconds before it runs, from the claim's own plan (numerics.experiments.starts.plan_seconds): the random
-    starts (one program), the unbalanced starts and their two reduced flows each, every run's end-state evaluations,
-    a fixed part (imports, the references' fit: 10 s; beyond d = 9 the stiffness not_run asks) and the single task;
-    no start when they are not run (:func:`not_run`)."""
-    from numerics.experiments.starts import WINDOW_MOST, plan_seconds
-    parts = starts(p, ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma))
-    fixed = 10.0 + sum(stiffness_seconds(c) for _, c in parts)     # + what not_run asks (beyond d = 9 only)
-    if not_run(p.lr, parts):
-        return fixed      # no start is trained
-    steps = round(p.time / p.lr)
-    snaps = lambda records: min(WINDOW_MOST, records // 4 + 1)  # noqa: E731
-    scales = len(p.scales) * len(p.init_seeds)
-    random_ = plan_seconds(p.tasks, p.heads, p.L, p.batch, steps, [scales], p.n_eval, snaps(p.records))
-    unb = plan_seconds(p.tasks, p.heads, p.L, p.batch, steps, [1] * (len(p.unbalanced_seeds) * len(p.unbalanced_data_seeds)),
-                       p.n_eval, snaps(p.unbalanced_records),
-                       reduced=2 * len(p.unbalanced_seeds) * len(p.unbalanced_data_seeds),
-                       reduced_streams=len(p.unbalanced_seeds) * len(p.unbalanced_data_seeds))
-    return fixed + random_ + unb + SINGLE_TASK_SECONDS
-
-
 INIT_SPEC = ClaimSpec(
     id="boundary-initialisation", title="Boundary: random and unbalanced initialisation",
     statement="From random full starts (up to PyTorch's default) and from unbalanced factored starts, "
               "does the paper's picture (decomposable, allocated, three phases) still come out?",
-    profiles=INIT_PROFILES, evaluate=evaluate, kind="boundary", fields=FIELDS, estimate=estimate, findings=findings,
+    profiles=INIT_PROFILES, plan=plan, compare=compare, kind="boundary", fields=FIELDS, findings=findings,
     resolve=lambda p, problem: replace_fields(p, problem, FIELDS))
 CLAIM_ID, TITLE, STATEMENT = INIT_SPEC.id, INIT_SPEC.title, INIT_SPEC.statement
 run = INIT_SPEC.run

@@ -3,8 +3,9 @@ race): their problem fields, their run configurations, the comparison of the pha
 of paired loss curves (compared only where the readout finds the phases in both runs, and
 judged as a family by a rule fixed in advance), the exact comparison of discrete outcomes
 (winners), the comparison of a share of seeds (against a point, or one-sided against
-"typical"), the stability guard of their runs and the figures of boundary-initialisation's
-starts."""
+"typical"), the stability guard of their runs, the check that the runs they count as independent
+are (their fingerprints), the reference points of their loss ratios and the figures of
+boundary-initialisation's starts."""
 from __future__ import annotations
 
 import math
@@ -13,8 +14,11 @@ import numpy as np
 
 from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row
 from claims.spec import fmt
-from numerics.experiments.converged import unstable_step
+from claims.trained import theory_need
+from numerics.engine import need
+from numerics.experiments.phases import unstable_need
 from numerics.experiments.starts import outcome_mix
+from numerics.seeds import check_independent
 from numerics.statistics import binomial_interval, mean_se
 from numerics.train import TrainConfig
 from theory.three_phases import PhaseTimes, phases_resolved
@@ -24,21 +28,79 @@ FIELDS = ("tasks", "heads", "L", "sigma")
 PHASES = {"warmup_end": "warm-up", "emergence_end": "emergence"}
 
 
-def tcfg(p, seed: int, time_=None, records=None) -> TrainConfig:
+def tcfg(p, seed: int = 0, time_=None, records=None) -> TrainConfig:
+    """The TrainConfig of a profile's runs (in a need its seed is the need's: numerics.experiments.starts)."""
     return TrainConfig(lr=p.lr, time=time_ or p.time, batch=p.batch, seed=seed, records=records or p.records)
 
 
-def not_run(lr: float, parts) -> str | None:
+def guard_needs(lr: float, parts) -> list:
+    """The stability guard of each of ``parts`` ((label, cfg) pairs) at the step ``lr``
+    (numerics.experiments.phases.unstable_need: the full model's Hessian, asked beyond d = 9 only)."""
+    return [unstable_need(cfg, lr) for _, cfg in parts]
+
+
+def not_run(lr: float, parts, results) -> str | None:
     """Why none of the runs of ``parts`` ((label, cfg) pairs) is trained (None: they are): the step ``lr`` at
-    or past the full model's stability bound at every part's cfg (numerics.experiments.converged.unstable_step,
-    asked beyond d = 9 only), where no run is evidence either way.  Where only some parts are past it, all are
+    or past the full model's stability bound at every part's cfg (:func:`guard_needs`' values in ``results``),
+    where no run is evidence either way.  Where only some parts are past it, all are
     trained and each run reported as it ends (diverged included): the paper profile's unbalanced starts, (4,4,4)
     at lr 0.05 against 2/lambda = 0.020, beside random starts that are not.  At the authors' blocks (16,17,17),
     H = 3, L = 100 the two boundaries' lr 0.1 lies past 2/lambda = 0.0017 (logit scale 1) and 0.0123 (the
-    authors' 7.28): trained anyway (until 2026-12-03) every unbalanced start, every random start at s0 = 0.3
+    authors' 7.28): trained anyway every unbalanced start, every random start at s0 = 0.3
     and every race cell diverged, and no outcome was decided (boundary-initialisation: 14 CPU-min)."""
-    why = [f"{label}: {w}" for label, cfg in parts if (w := unstable_step(cfg, lr))]
+    why = [f"{label}: {w}" for (label, _), g in zip(parts, guard_needs(lr, parts)) if (w := results[g])]
     return "; ".join(why) if why and len(why) == len(parts) else None
+
+
+def guarded_plan(lr: float, parts, results, needs: list) -> list:
+    """A plan behind its stability guards: the guards, then (asked with no results, or once the
+    guards let the runs be trained: :func:`not_run`) ``needs``."""
+    guards = guard_needs(lr, parts)
+    if results is not None and (any(g not in results for g in guards) or not_run(lr, parts, results)):
+        return guards
+    return guards + list(needs)
+
+
+def independent(states: dict, what: str, shared_stream: bool = False) -> None:
+    """numerics.seeds.check_independent on the fingerprints of the runs ``states`` (id -> end state)
+    a comparison counts as independent (ValueError naming the runs that share their randomness;
+    ``shared_stream``: runs on one prompt stream on purpose, their starts checked).  A diverged run
+    has no fingerprint and is left out: its class is 'diverged' whatever its seed."""
+    check_independent({k: s["fingerprint"] for k, s in states.items() if s["fingerprint"] is not None}, what,
+                      shared_stream)
+
+
+# --- the reference points of the loss ratios
+
+BEST_SEARCH = {"random_starts": 1, "fit_elements": 2 ** 17, "eval_prompts": 2048}
+"""The best decomposable point's search (numerics.experiments.probes.best_decomposable) at a
+size paid once per configuration: one random start besides theory.optimality's structured
+starts, fit on 2^17 prompt tokens x heads, evaluated on 2048 prompts (se ~1%)."""
+
+
+def reference_needs(tasks, heads: int, L: int, sigma: float, device: str, best: bool = True) -> list:
+    """The needs of :func:`references`: theory.exact's allocated fixed point (H >= m only) and
+    the best decomposable point (``best`` only)."""
+    out = [theory_need("exact_fixed_point", tuple(tasks), int(L), float(sigma))] if heads >= len(tasks) else []
+    if best:
+        out.append(need("best_decomposable", tasks=tuple(tasks), heads=int(heads), L=int(L), sigma=float(sigma),
+                        device=str(device), **BEST_SEARCH))
+    return out
+
+
+def references(results, tasks, heads: int, L: int, sigma: float, device: str, best: bool = True) -> dict:
+    """The two points a trained run's loss is read against (numerics.experiments.starts.outcome_mix):
+    theory.exact's allocated fixed point at (tasks, L, sigma) (the sum over tasks of the one-head
+    fixed points, surplus heads idle; None for H < m: there is none) and the best decomposable
+    point of the same H with signs free (loss, se, family, (omega, mu); None unless ``best``)."""
+    needs = iter(reference_needs(tasks, heads, L, sigma, device, best))
+    alloc = float(results[next(needs)]["loss"]) if heads >= len(tasks) else None
+    b = None
+    if best:
+        x = results[next(needs)]
+        b = {"loss": x.loss, "se": x.se, "n_eval": x.n_eval, "family": x.family,
+             "omega": [list(r) for r in x.omega], "mu": [list(r) for r in x.mu]}
+    return {"allocated_loss": alloc, "best_decomposable": b}
 
 
 # --- phase times of paired curves, judged as a family; comparisons that have nothing to compare

@@ -131,24 +131,27 @@ def test_mix_figure_renders_and_refuses_bad_data():
 
 # --- the cost of a plan of starts, before it runs
 
-def test_plan_seconds_prices_the_plan():
-    """Seeds on one stream cost less than the same seeds on streams of their own (one draw per
-    step), more seeds or more evaluations cost more, and the claims' estimates are priced from
-    their own profiles (a larger configuration above the quick one; at the authors' blocks the starts
-    past the stability bound are not run, nor priced: tests/claims/test_boundary_initialisation.py)."""
-    from claims.allocation_race import RACE_PROFILES
-    from claims.allocation_race import estimate as race_estimate
-    from claims.initialisation import FIELDS, INIT_PROFILES
-    from claims.initialisation import estimate as init_estimate
-    from claims.spec import replace_fields
-    from numerics.experiments.starts import plan_seconds
+def test_start_needs_price_their_plan():
+    """A "start_runs" need is priced from its parameters (numerics.experiments.starts): seeds on one
+    stream cost less than the same seeds on streams of their own (one draw per step), more seeds or more
+    evaluations cost more, and the claims' estimates (their plans' needs) grow from tiny to quick to a
+    larger configuration."""
+    import claims
+    from numerics.config import ProblemConfig
+    from numerics.engine import cost_of
+    from numerics.experiments.starts import start_runs_need
+    from numerics.train import TrainConfig
 
-    shared = plan_seconds((2, 2), 2, 32, 512, 800, [8], 8192, 11)
-    own = plan_seconds((2, 2), 2, 32, 512, 800, [1] * 8, 8192, 11)
+    cfg, tc = ProblemConfig(tasks=(2, 2), heads=2, L=32), TrainConfig(lr=0.1, time=80.0, batch=512, records=41)
+    shared = cost_of(start_runs_need("random", [cfg] * 8, tc, 8192, ("s",)))
+    own = sum(cost_of(start_runs_need("random", [cfg], tc, 8192, ("s", k))) for k in range(8))
     assert 0 < shared < own
-    assert plan_seconds((2, 2), 2, 32, 512, 800, [16], 8192, 11) > shared
-    assert plan_seconds((2, 2), 2, 32, 512, 800, [8], 8192, 11, reduced=4) > shared
+    assert cost_of(start_runs_need("random", [cfg] * 16, tc, 8192, ("s",))) > shared
+    own_held_out = [("held out", k) for k in range(8)]
+    assert cost_of(start_runs_need("random", [cfg] * 8, tc, 8192, ("s",), held_out=own_held_out)) > shared
+    # a researcher's problem runs without the single-task part: the quick sizes as a problem against a larger one
     larger = {"tasks": (3, 3, 3), "heads": 3, "L": 128}     # d = 9: no stability question asked
-    for estimate, profiles in ((init_estimate, INIT_PROFILES), (race_estimate, RACE_PROFILES)):
-        quick = estimate(profiles["quick"])
-        assert estimate(profiles["tiny"]) < quick < estimate(replace_fields(profiles["quick"], larger, FIELDS))
+    for cid in ("boundary-initialisation", "boundary-allocation-race"):
+        at_quick = claims.estimate_seconds(cid, "quick", {"tasks": (2, 2), "heads": 2, "L": 32})
+        assert claims.estimate_seconds(cid, "tiny") < claims.estimate_seconds(cid, "quick")
+        assert at_quick < claims.estimate_seconds(cid, "quick", larger)

@@ -13,36 +13,42 @@ initialisation, and runs that draw the same prompts share one draw per step, 2-5
 CPU than runs with their own streams; docs/initialisation.md holds the check that independent
 streams give the same class mix).
 
-Each function returns plain dicts, one per run, keyed by its full configuration
-(:func:`cached`: a run asked twice in a report is trained once; a batch trains only the runs
-not cached yet) and trained with one torch thread (:func:`one_thread`).  The cached dicts are
-shared: callers must not mutate them.
+The runs are two need kinds of ``numerics.engine``: ``start_runs`` (the starts of one prompt
+stream, a tuple of end states, each with the run's fingerprint so that the claims can check that
+the runs they count as independent are: numerics.seeds.check_independent) and ``start_flows``
+(the reduced flows on the same prompts).  Needs of one shape and batch size, from any claim, are
+trained as one program (their ``run_many``), with one torch thread (:func:`one_thread`).  The
+values are kept by the engine for the whole process: callers must not mutate them.
 """
 from __future__ import annotations
 
 import copy
 import math
-from functools import lru_cache
-from typing import Callable, Optional, Sequence
+from collections import namedtuple
+from dataclasses import replace
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
+from numerics import cost
+from numerics.batched import shape_key
 from numerics.config import ProblemConfig
+from numerics.engine import kind, need
 from numerics.evaluate import held_out_prompt_losses
-from numerics.experiments import _CACHE, cached, identity, one_thread
+from numerics.experiments import one_thread
 from numerics.experiments.converged import converged_for, stage_tolerance
 from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
 from numerics.readout import RACE_DECIDED_SHARE, allocation, end_class, zero_sum_ratio
+from numerics.seeds import case_seed
 from numerics.statistics import binomial_interval, descent_left, mean_se
 from numerics.train import TrainConfig, train_many, train_reduced_many
 from theory.initialisation import (residual_split, unbalanced_metric_factors, warmup_norm_bound,
                                    warmup_quartic_constant)
 from theory.three_phases import phase_times
 
-__all__ = ["OFF_D_RELATIVE", "WINDOW_MOST", "off_D_test", "descent_window", "end_states", "train_starts",
-           "random_starts", "unbalanced_starts", "unbalanced_reduced", "race_cells", "large_init_starts",
-           "large_init_reduced", "single_task_starts", "single_task_study", "references", "outcome_mix"]
+__all__ = ["OFF_D_RELATIVE", "WINDOW_MOST", "MEASURES", "off_D_test", "descent_window", "end_states", "outcome_mix",
+           "start_runs_need", "start_flows_need"]
 
 OFF_D_RELATIVE = 0.5
 """A run ends off D when its movable off-D part (theory.initialisation.residual_split) exceeds
@@ -109,10 +115,10 @@ def _eval_key(cfg: ProblemConfig) -> tuple:
     return (cfg.tasks, cfg.L, cfg.sigma, cfg.basis, cfg.basis_seed, cfg.dtype, cfg.device)
 
 
-def end_states(runs: list[dict], n_eval: int) -> list[dict]:
+def end_states(runs: list[dict]) -> list[dict]:
     """The end state of each trained run of ``runs`` ({"cfg", "tcfg", "result" (a TrainResult or
     the exception that ended it), "norm0_sq", "split0", "snapshots" [(t, model)] of its descent
-    window, "eval_seed"}): its held-out loss at the final weights on ``n_eval`` prompts of the
+    window, "n_eval", "eval_seed"}): its held-out loss at the final weights on ``n_eval`` prompts of the
     held-out stream of ``eval_seed`` (``loss``, ``se``, ``n``), the descent fit on the window's
     snapshots on the same prompts (``descent_fit``, ``descent_left``; numerics.statistics.
     descent_left, horizon the window's span: a single fixed-step stage has no polish and is read
@@ -132,8 +138,8 @@ def end_states(runs: list[dict], n_eval: int) -> list[dict]:
         if isinstance(r["result"], BaseException):
             out[i] = _diverged_state(r)
         else:
-            groups.setdefault((_eval_key(r["cfg"]), r["eval_seed"]), []).append(i)
-    for (_, seed), idx in groups.items():
+            groups.setdefault((_eval_key(r["cfg"]), r["eval_seed"], r["n_eval"]), []).append(i)
+    for (_, seed, n_eval), idx in groups.items():
         models = [m for i in idx for _, m in runs[i]["snapshots"]]
         losses = held_out_prompt_losses(models, n_eval, seed)
         at = 0
@@ -195,101 +201,6 @@ def _end_state(r: dict, losses: np.ndarray) -> dict:
             "phases": phase_times(curve_t, curve).to_dict() if len(curve_t) >= 5 else None}
 
 
-# ---------------------------------------------------------------------------------------
-# many runs trained together, measured, cached per run
-# ---------------------------------------------------------------------------------------
-
-def _key(kind: str, cfg: ProblemConfig, tcfg: TrainConfig, **more) -> str:
-    return identity(kind, problem=cfg.to_dict(), train=tcfg, **more)
-
-
-def train_starts(kind: str, cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int, *,
-                 on_start: Optional[Callable] = None, on_record: Optional[Callable] = None,
-                 on_end: Optional[Callable] = None, eval_seeds: Optional[Sequence[int]] = None) -> list[dict]:
-    """Train the runs (cfgs[i], tcfgs[i]) from their configs' starts together
-    (numerics.train.train_many), each measured by :func:`end_states` (held-out stream of its data
-    seed, or of ``eval_seeds[i]``: runs that share a prompt stream but must be evaluated on
-    independent held-out prompts), cached per run under ``kind``: only the runs not cached yet are trained.  Hooks per run
-    (optional): ``on_start(model) -> dict`` before training, ``on_record(extra, step, t, model,
-    loss)`` at each record (``extra``: that dict, to add to), ``on_end(extra, model)`` after; the
-    extra dict is merged into the run's end state."""
-    evals = [t.seed for t in tcfgs] if eval_seeds is None else [int(x) for x in eval_seeds]
-    if len(evals) != len(cfgs):
-        raise ValueError(f"train_starts: {len(evals)} eval seeds for {len(cfgs)} runs")
-    keys = [_key(kind, c, t, n_eval=int(n_eval), **({} if eval_seeds is None else {"eval_seed": e}))
-            for c, t, e in zip(cfgs, tcfgs, evals)]
-    todo = [i for i, k in enumerate(keys) if k not in _CACHE]     # the cache only read here: filled by cached()
-    if todo:
-        states = _train_measured([cfgs[i] for i in todo], [tcfgs[i] for i in todo], n_eval, on_start, on_record,
-                                 on_end, [evals[i] for i in todo])
-        for i, state in zip(todo, states):
-            cached(keys[i], lambda state=state: state)
-    return [cached(k, _missing) for k in keys]
-
-
-def _missing():
-    raise RuntimeError("a run of the batch was not trained (numerics.experiments.starts.train_starts)")
-
-
-@one_thread
-def _train_measured(cfgs, tcfgs, n_eval, on_start, on_record, on_end, evals) -> list[dict]:
-    models = [MultiHeadAttention(c) for c in cfgs]
-    extras = [on_start(m) if on_start else {} for m in models]
-    runs = [{"cfg": c, "tcfg": t, "norm0_sq": _norm_sq(m), "split0": _split(m), "snapshots": [],
-             "window": descent_window(t.record_steps()), "eval_seed": e} for c, t, m, e in zip(cfgs, tcfgs, models, evals)]
-
-    def hook(i):
-        run, model = runs[i], models[i]
-
-        def record(step, t, m, loss):
-            m = copy.deepcopy(m) if m is model else m     # train() (a run alone) hands the live model
-            if on_record:
-                on_record(extras[i], step, t, m, loss)
-            if step in run["window"]:
-                run["snapshots"].append((t, m))
-        return record
-
-    results = train_many(list(cfgs), list(tcfgs), start=models, on_record=[hook(i) for i in range(len(cfgs))])
-    for run, res in zip(runs, results):
-        run["result"] = res
-    states = end_states(runs, n_eval)
-    for state, res, extra in zip(states, results, extras):
-        if on_end and not isinstance(res, BaseException):
-            on_end(extra, res.final_model)
-        state.update(extra)
-    return states
-
-
-# ---------------------------------------------------------------------------------------
-# the reference points of the loss ratios
-# ---------------------------------------------------------------------------------------
-
-BEST_SEARCH = {"random_starts": 1, "fit_elements": 2 ** 17, "eval_prompts": 2048, "seed": 0}
-"""The best decomposable point's search (numerics.experiments.probes.best_decomposable) at a
-size paid once per configuration (per sweep worker for the atlas): one random start besides
-theory.optimality's structured starts, fit on 2^17 prompt tokens x heads, evaluated on 2048
-prompts (se ~1%)."""
-
-
-@lru_cache(maxsize=128)
-def references(tasks: tuple, heads: int, L: int, sigma: float, device: str = "cpu", best: bool = True) -> dict:
-    """The two points a trained run's loss is read against: theory.exact's allocated fixed point
-    at (tasks, L, sigma) (the sum over tasks of the one-head fixed points, surplus heads idle;
-    None for H < m: there is none) and the best decomposable point of the same H with signs free
-    (numerics.experiments.probes.best_decomposable at :data:`BEST_SEARCH`: loss, se, family,
-    (omega, mu); None unless ``best``)."""
-    from theory.exact import exact_fixed_point
-    alloc = float(exact_fixed_point(tuple(tasks), L, sigma)["loss"]) if heads >= len(tasks) else None
-    b = None
-    if best:
-        from numerics.experiments.probes import best_decomposable
-        x = best_decomposable(tuple(tasks), heads, L, sigma, BEST_SEARCH["seed"], device,
-                              BEST_SEARCH["random_starts"], BEST_SEARCH["fit_elements"], BEST_SEARCH["eval_prompts"])
-        b = {"loss": x.loss, "se": x.se, "n_eval": x.n_eval, "family": x.family,
-             "omega": [list(r) for r in x.omega], "mu": [list(r) for r in x.mu]}
-    return {"allocated_loss": alloc, "best_decomposable": b}
-
-
 def outcome_mix(states: Sequence[dict], z: float, refs: Optional[dict] = None) -> dict:
     """Where the seeds of one start ended: per class label (numerics.readout.EndClass.label, in
     the order of OUTCOME_CLASSES, superpositions by k) ``count`` of ``n`` seeds, the ``share``,
@@ -327,71 +238,6 @@ def outcome_mix(states: Sequence[dict], z: float, refs: Optional[dict] = None) -
             "allocated_loss": alloc, "best_decomposable_loss": best}
 
 
-# ---------------------------------------------------------------------------------------
-# boundary-initialisation
-# ---------------------------------------------------------------------------------------
-
-def random_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int) -> list[dict]:
-    """The full factored model from each cfg's start (init uniform_full), trained together: the
-    end state (:func:`end_states`), the residual split at every record (``trajectory``), Q's y and
-    x columns' moves (``dQ_y``, ``dQ_x``) and each head's OV singular values."""
-    def on_start(model):
-        d = model.cfg.d
-        return {"_Q0": model.Q.detach().clone(), "trajectory": []} if d else {"trajectory": []}
-
-    def on_record(extra, step, t, m, loss):
-        extra["trajectory"].append({"t": t, "loss": loss, **_split(m)})
-
-    def on_end(extra, model):
-        d, Q0 = model.cfg.d, extra.pop("_Q0")
-        with torch.no_grad():
-            U = model.merged_weights()[1].detach().cpu().double().numpy()
-            extra["dQ_y"] = float((model.Q[:, :, d:] - Q0[:, :, d:]).norm())
-            extra["dQ_x"] = float((model.Q[:, :, :d] - Q0[:, :, :d]).norm())
-        sv = [np.linalg.svd(U[h], compute_uv=False) for h in range(model.cfg.heads)]
-        top = max(float(s.max()) for s in sv) if sv else 0.0
-        extra["ov_singular_values"] = [np.round(s, 4).tolist() for s in sv]
-        extra["ov_above_5pct"] = [int(np.sum(s > 0.05 * top)) for s in sv]
-
-    return train_starts("random_start", cfgs, tcfgs, n_eval, on_start=on_start, on_record=on_record, on_end=on_end)
-
-
-def unbalanced_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int) -> list[dict]:
-    """The full model from each unbalanced start, trained together: the end state, the start's
-    (omega0, mu0) and conserved balances (numerics.model.factor_balance), and the outcome per task
-    (its winning head where that head carries >= RACE_DECIDED_SHARE of sum_h |mu omega|, else -1:
-    shared, a superposition)."""
-    def on_start(model):
-        ro = model.semi_singular_values()
-        c_om, c_mu = factor_balance(model)
-        return {"omega0": ro.omega.tolist(), "mu0": ro.mu.tolist(), "c_omega": np.round(c_om, 4).tolist(),
-                "c_mu": np.round(c_mu, 4).tolist()}
-
-    states = train_starts("unbalanced_full", cfgs, tcfgs, n_eval, on_start=on_start)
-    for s in states:   # a diverged run has no winners: no outcome for any task
-        if "outcome" not in s:
-            s["outcome"] = _outcome(s) if s["winners"] is not None else [None] * s["class"]["tasks"]
-    return states
-
-
-def _outcome(r: dict) -> list:
-    return [int(w) if sh >= RACE_DECIDED_SHARE else -1 for w, sh in zip(r["winners"], r["share"])]
-
-
-def unbalanced_reduced(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig]) -> list[dict]:
-    """Per unbalanced start (cfgs[i], tcfgs[i]): the reduced flow from its (omega0, mu0), on the
-    full run's prompts, with the unbalanced metric (the conserved balances read off the start)
-    and with the balanced one -- per curve the readout, the outcome per task
-    (:func:`unbalanced_starts`), the phase times and the loss curve.  Every flow not cached yet
-    is trained in one program (numerics.train.train_reduced_many: a start's two flows share its
-    prompt stream, drawn once a step)."""
-    keys = [_key("unbalanced_reduced", c, t) for c, t in zip(cfgs, tcfgs)]
-    todo = [i for i, k in enumerate(keys) if k not in _CACHE]     # the cache only read here: filled by cached()
-    if todo:
-        for i, out in zip(todo, _unbalanced_reduced([cfgs[i] for i in todo], [tcfgs[i] for i in todo])):
-            cached(keys[i], lambda out=out: out)
-    return [cached(k, _missing) for k in keys]
-
 
 def _unbalanced_metric(cfg: ProblemConfig):
     """The start's (omega0, mu0) and the unbalanced metric of its conserved balances."""
@@ -406,21 +252,6 @@ def _unbalanced_metric(cfg: ProblemConfig):
     return (ro.omega, ro.mu), metric
 
 
-@one_thread
-def _unbalanced_reduced(cfgs, tcfgs) -> list[dict]:
-    starts, metrics = zip(*(_unbalanced_metric(c) for c in cfgs))
-    # per start: the unbalanced metric's flow, then the balanced one (metric None: theory's);
-    # train_reduced_many copies ``start`` (the caller's arrays are never updated in place)
-    res = train_reduced_many([c for c in cfgs for _ in (0, 1)], [t for t in tcfgs for _ in (0, 1)],
-                             start=[st for st in starts for _ in (0, 1)],
-                             metric=[f for met in metrics for f in (met, None)])
-    for r in res:
-        if isinstance(r, BaseException):
-            raise r
-    return [{"init_seed": c.init_seed, "data_seed": t.seed, "reduced_unbalanced": _readout(res[2 * i]),
-             "reduced_balanced": _readout(res[2 * i + 1])} for i, (c, t) in enumerate(zip(cfgs, tcfgs))]
-
-
 def _readout(r) -> dict:
     """Winners (argmax mu omega), mass shares, the outcome per task, the rounded (omega, mu), the
     loss curve and phase times of a TrainResult (a reduced flow's)."""
@@ -433,152 +264,245 @@ def _readout(r) -> dict:
     return out
 
 
-def single_task_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int,
-                       eval_seeds: Optional[Sequence[int]] = None) -> list[dict]:
-    """One task, several heads, from PyTorch's default start, trained together: the end state
-    (held-out prompts of ``eval_seeds``, :func:`train_starts`) and the zero-sum pair ratio
-    |mu_a + mu_b| / (|mu_a| + |mu_b|) of the largest positive and the most negative OV value
-    (nan: one sign only; the many-head form is the end state's ``zero_sum``,
-    numerics.readout.zero_sum_ratio)."""
-    states = train_starts("single_task", cfgs, tcfgs, n_eval, eval_seeds=eval_seeds)
-    for s in states:
-        if "pair_ratio" not in s:
-            mu = np.asarray(s["mu"], float)[:, 0] if s["mu"] is not None else np.array([])
-            pos, neg = mu[mu > 0], mu[mu < 0]
-            s["pair_ratio"] = (float(abs(pos.max() + neg.min()) / (abs(pos.max()) + abs(neg.min())))
-                               if pos.size and neg.size else math.nan)
+# ---------------------------------------------------------------------------------------
+# what each kind of start measures besides its end state
+# ---------------------------------------------------------------------------------------
+
+Measure = namedtuple("Measure", "start record end finish")
+"""Hooks of one kind of start (each optional): ``start(model) -> dict`` before training,
+``record(extra, step, t, model, loss)`` at each record (``extra``: that dict, to add to),
+``end(extra, final model)`` after, all merged into the end state; ``finish(state)`` on every end
+state, a diverged run's too."""
+
+
+def _random_start(model) -> dict:
+    return {"_Q0": model.Q.detach().clone(), "trajectory": []} if model.cfg.d else {"trajectory": []}
+
+
+def _random_record(extra, step, t, m, loss) -> None:
+    extra["trajectory"].append({"t": t, "loss": loss, **_split(m)})
+
+
+def _random_end(extra, model) -> None:
+    """Q's y and x columns' moves (``dQ_y``, ``dQ_x``) and each head's OV singular values."""
+    d, Q0 = model.cfg.d, extra.pop("_Q0")
+    with torch.no_grad():
+        U = model.merged_weights()[1].detach().cpu().double().numpy()
+        extra["dQ_y"] = float((model.Q[:, :, d:] - Q0[:, :, d:]).norm())
+        extra["dQ_x"] = float((model.Q[:, :, :d] - Q0[:, :, :d]).norm())
+    sv = [np.linalg.svd(U[h], compute_uv=False) for h in range(model.cfg.heads)]
+    top = max(float(s.max()) for s in sv) if sv else 0.0
+    extra["ov_singular_values"] = [np.round(s, 4).tolist() for s in sv]
+    extra["ov_above_5pct"] = [int(np.sum(s > 0.05 * top)) for s in sv]
+
+
+def _unbalanced_start(model) -> dict:
+    """The start's (omega0, mu0) and conserved balances (numerics.model.factor_balance)."""
+    ro = model.semi_singular_values()
+    c_om, c_mu = factor_balance(model)
+    return {"omega0": ro.omega.tolist(), "mu0": ro.mu.tolist(), "c_omega": np.round(c_om, 4).tolist(),
+            "c_mu": np.round(c_mu, 4).tolist()}
+
+
+def _unbalanced_finish(state) -> None:
+    """The outcome per task: its winning head where that head carries >= RACE_DECIDED_SHARE of
+    sum_h |mu omega|, else -1 (shared, a superposition); a diverged run none for any task."""
+    state["outcome"] = _outcome(state) if state["winners"] is not None else [None] * state["class"]["tasks"]
+
+
+def _single_finish(state) -> None:
+    """The zero-sum pair ratio |mu_a + mu_b| / (|mu_a| + |mu_b|) of the largest positive and the
+    most negative OV value of the one task (nan: one sign only; the many-head form is the end
+    state's ``zero_sum``, numerics.readout.zero_sum_ratio)."""
+    mu = np.asarray(state["mu"], float)[:, 0] if state["mu"] is not None else np.array([])
+    pos, neg = mu[mu > 0], mu[mu < 0]
+    state["pair_ratio"] = (float(abs(pos.max() + neg.min()) / (abs(pos.max()) + abs(neg.min())))
+                           if pos.size and neg.size else math.nan)
+
+
+MEASURES = {
+    "random": Measure(_random_start, _random_record, _random_end, None),   # boundary-initialisation, uniform_full
+    "unbalanced": Measure(_unbalanced_start, None, None, _unbalanced_finish),
+    "single": Measure(None, None, None, _single_finish),     # one task, PyTorch's default start
+    "race": Measure(None, None, None, None),       # boundary-allocation-race: given (omega0, mu0)
+    "large": Measure(None, None, None, None),      # the default decomposable start at a growing scale
+}
+"""What each kind of start measures besides :func:`end_states` (:class:`Measure`)."""
+
+
+def _outcome(r: dict) -> list:
+    return [int(w) if sh >= RACE_DECIDED_SHARE else -1 for w, sh in zip(r["winners"], r["share"])]
+
+
+# ---------------------------------------------------------------------------------------
+# the need kinds: starts of one prompt stream, trained together with every start of their shape
+# ---------------------------------------------------------------------------------------
+
+def _seed(seed: int, name) -> int:
+    """A seed inside a need: None, the need's own seed; an int, that seed; a tuple of name parts,
+    case_seed(need's seed, *name)."""
+    if name is None:
+        return int(seed)
+    return int(name) if isinstance(name, int) else case_seed(int(seed), *name)
+
+
+def _runs_of(p: dict, seed: int) -> list[dict]:
+    """The runs of one ``start_runs`` need's parameters ``p`` at its ``seed``: each start of
+    ``cfgs`` (its init seed ``inits[i]``, where given) on the prompt stream ``prompts`` (tcfg's
+    seed), evaluated on the held-out stream ``held_out[i]`` (default: the prompt stream's)."""
+    tcfg = replace(p["tcfg"], seed=_seed(seed, p["prompts"]))
+    n = len(p["cfgs"])
+    inits, held = p["inits"] or (None,) * n, p["held_out"] or (None,) * n
+    return [{"cfg": c if init is None else c.replace(init_seed=_seed(seed, init)), "tcfg": tcfg, "what": p["what"],
+             "n_eval": int(p["n_eval"]), "eval_seed": tcfg.seed if h is None else _seed(seed, h)}
+            for c, init, h in zip(p["cfgs"], inits, held)]
+
+
+@one_thread
+def _train_measured(runs: list[dict]) -> list[dict]:
+    """Train ``runs`` (:func:`_runs_of`) together (numerics.train.train_many: one program per
+    shape, the runs of one prompt stream drawing it once a step), each measured by
+    :func:`end_states` and its kind's :data:`MEASURES`, with its ``fingerprint`` (the
+    TrainResult's: digests of its first batch and its initial weights; None for a diverged run)."""
+    measures = [MEASURES[r["what"]] for r in runs]
+    models = [MultiHeadAttention(r["cfg"]) for r in runs]
+    extras = [me.start(m) if me.start else {} for me, m in zip(measures, models)]
+    for r, m in zip(runs, models):
+        r.update(norm0_sq=_norm_sq(m), split0=_split(m), snapshots=[], window=descent_window(r["tcfg"].record_steps()))
+
+    def hook(i):
+        run, model, record_ = runs[i], models[i], measures[i].record
+
+        def record(step, t, m, loss):
+            m = copy.deepcopy(m) if m is model else m     # train() (a run alone) hands the live model
+            if record_:
+                record_(extras[i], step, t, m, loss)
+            if step in run["window"]:
+                run["snapshots"].append((t, m))
+        return record
+
+    results = train_many([r["cfg"] for r in runs], [r["tcfg"] for r in runs], start=models,
+                         on_record=[hook(i) for i in range(len(runs))])
+    for run, res in zip(runs, results):
+        run["result"] = res
+    states = end_states(runs)
+    for state, res, extra, me in zip(states, results, extras, measures):
+        if me.end and not isinstance(res, BaseException):
+            me.end(extra, res.final_model)
+        state.update(extra)
+        state["fingerprint"] = None if isinstance(res, BaseException) else dict(res.fingerprint)
+        if me.finish:
+            me.finish(state)
     return states
 
 
-def single_task_study(sp, seed: int, device: str = "cpu", z: float = 4.0) -> tuple[dict, dict]:
-    """One task of r from PyTorch's default start (uniform_full, s0 = 1, logit scale sqrt(r + 1))
-    with each head count of ``sp.heads`` (``sp``: L, r, heads, seeds, lr, time, batch, n_eval,
-    records), every H's seeds on one prompt stream (common random numbers), each seed on its own
-    held-out prompts, all from identities (case_seed(seed, "single task", H, ...)): per H the
-    mean held-out loss over seeds and its se (numerics.saddle.seed_mean_se), the zero-sum pair
-    ratios, the counts of seeds whose OV values form a zero-sum pair or group (ratio below
-    numerics.readout.ZERO_SUM_SHARE), the class mix (:func:`outcome_mix` at ``z``); and the
-    references (numerics.saddle.single_task_references).  (summary {H: ...}, references)."""
-    from numerics.readout import ZERO_SUM_SHARE
-    from numerics.saddle import seed_mean_se, single_task_references
-    from numerics.seeds import case_seed
-    ref = single_task_references(sp.L, sp.r, sp.n_eval)
-    refs = {"allocated_loss": ref["one_head"], "best_decomposable": {"loss": ref["best_two_head"]}}
-    cfgs = [ProblemConfig(tasks=(sp.r,), heads=H, L=sp.L, init="uniform_full", init_scale=1.0,
-                          init_seed=case_seed(seed, "single task", H, "init", s), logit_scale=math.sqrt(sp.r + 1),
-                          device=device) for H in sp.heads for s in sp.seeds]
-    tcfgs = [TrainConfig(lr=sp.lr, time=sp.time, batch=sp.batch, records=sp.records,
-                         seed=case_seed(seed, "single task", H, "prompts")) for H in sp.heads for _ in sp.seeds]
-    states = single_task_starts(cfgs, tcfgs, sp.n_eval, eval_seeds=[case_seed(seed, "single task", H, "held-out", s)
-                                                                    for H in sp.heads for s in sp.seeds])
-    summary, n = {}, len(sp.seeds)
-    for j, H in enumerate(sp.heads):
-        rs = states[j * n:(j + 1) * n]
-        m, se = seed_mean_se([r["loss"] for r in rs], [r["se"] for r in rs])
-        summary[H] = {"loss": m, "se": se, "pair_ratio": [r["pair_ratio"] for r in rs],
-                      "zero_sum_pairs": sum(r["pair_ratio"] < ZERO_SUM_SHARE for r in rs),
-                      "zero_sum_groups": sum(bool(r["zero_sum"]) and r["zero_sum"][0] <= ZERO_SUM_SHARE for r in rs),
-                      "mix": outcome_mix(rs, z, refs), "classes": [r["class"]["label"] for r in rs]}
-    return summary, ref
+def _start_runs_many(params: list, seeds: list) -> list:
+    """Every need's runs in one call of :func:`_train_measured`; per need the tuple of its runs'
+    end states."""
+    runs = [_runs_of(p, s) for p, s in zip(params, seeds)]
+    states = iter(_train_measured([r for rs in runs for r in rs]))
+    return [tuple(next(states) for _ in rs) for rs in runs]
 
 
-# ---------------------------------------------------------------------------------------
-# boundary-allocation-race
-# ---------------------------------------------------------------------------------------
-
-def race_cells(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int) -> list[dict]:
-    """The full model from each given (omega0, mu0), trained together: the end state (winners,
-    mass shares, whether the race has ended: numerics.readout's race_decided, the class)."""
-    return train_starts("race_cell", cfgs, tcfgs, n_eval)
+def _snapshots(records: int) -> int:
+    return min(WINDOW_MOST, records // 4 + 1)
 
 
-def large_init_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig], n_eval: int) -> list[dict]:
-    """The full model from the default decomposable start at each cfg's init_scale, trained
-    together: the end state with its phase times."""
-    return train_starts("large_init", cfgs, tcfgs, n_eval)
+def _start_runs_cost(what, cfgs, tcfg, n_eval, held_out=None, **_) -> float:
+    """The program of the need's runs on one prompt stream (numerics.cost.many_seconds; merged
+    with other needs' programs it costs less: the steps' fixed part is shared) and each run's
+    end-state evaluations (its descent window's snapshots on ``n_eval`` held-out prompts, drawn
+    once per held-out stream)."""
+    c, steps, snaps = cfgs[0], round(tcfg.time / tcfg.lr), _snapshots(tcfg.records)
+    train = cost.many_seconds(c.tasks, c.heads, c.L, tcfg.batch, steps, [len(cfgs)])
+    streams = len(cfgs) if held_out else 1
+    evaluate = streams * cost.forward_seconds(c.tasks, c.heads, c.L, n_eval, models=len(cfgs) * snaps // streams)
+    return train + evaluate
 
 
-def large_init_reduced(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfig]) -> list[dict]:
-    """The reduced flow from the default decomposable start on each full run's prompts, every
-    flow not cached yet in one program (numerics.train.train_reduced_many: the scales of one
-    stream draw it once a step)."""
-    keys = [_key("large_init_reduced", c, t) for c, t in zip(cfgs, tcfgs)]
-    todo = [i for i, k in enumerate(keys) if k not in _CACHE]
-    if todo:
-        res = one_thread(train_reduced_many)([cfgs[i] for i in todo], [tcfgs[i] for i in todo])
-        for i, r in zip(todo, res):
-            if isinstance(r, BaseException):
-                raise r
-            cached(keys[i], lambda r=r: _readout(r))
-    return [cached(k, _missing) for k in keys]
+@kind("start_runs", cost=_start_runs_cost, run_many=_start_runs_many,
+      batch_key=lambda cfgs, tcfg, **_: (shape_key(cfgs[0]), tcfg.batch))
+def start_runs(what, cfgs, tcfg, n_eval, prompts, inits, held_out, seed) -> tuple:
+    """The full model from each start of ``cfgs`` on one prompt stream, trained together: the
+    tuple of their end states (:func:`end_states`, with what :data:`MEASURES` [what] adds and each
+    run's fingerprint).  Seeds (:func:`_seed`, under the need's seed): the prompt stream
+    ``prompts``, each start's init seed ``inits[i]`` (None: the cfg's own), each run's held-out
+    stream ``held_out[i]`` (None: the prompt stream's).  Needs of one shape and batch size, from
+    any claim, are trained as one program (``run_many``)."""
+    return _start_runs_many([dict(what=what, cfgs=cfgs, tcfg=tcfg, n_eval=n_eval, prompts=prompts, inits=inits,
+                                  held_out=held_out)], [seed])[0]
 
 
-# ---------------------------------------------------------------------------------------
-# what a plan of starts costs, before it runs
-# ---------------------------------------------------------------------------------------
-
-FALLBACK_STEP_SECONDS = {"step": 1.0e-3, "context": 3.9e-8, "flops": 4.7e-9, "reduced": 0.57}
-"""Until numerics.cost (the step-cost model, issue 28) is on this branch: CPU seconds of one step
-of a program = step + context x (streams B L D) + flops x (runs B L D H), one torch thread, and a
-reduced-flow step ``reduced`` x a one-run step.  Fitted to this branch's quick boundary-
-initialisation (102 CPU s under load 9-14; cProfile shares: 24 random runs on one stream 30 ms
-per step, 6 single-stream unbalanced runs 5.8 ms per run-step, 12 reduced flows 3.3 ms per step;
-(2, 2), H = 2, L = 32, B = 512): sampling the prompts is the larger part of a one-run step.
-Checked against boundary-allocation-race at quick: about 50 s priced, 59 CPU s measured.
-numerics.cost replaces it where it is importable."""
+def start_runs_need(what: str, cfgs, tcfg: TrainConfig, n_eval: int, stream: tuple, *, prompts=None, inits=None,
+                    held_out=None):
+    """The ``start_runs`` need of the starts ``cfgs`` of kind ``what`` (:data:`MEASURES`) trained by
+    ``tcfg`` (its seed is the need's: ``prompts`` under ``stream``) on one prompt stream."""
+    if what not in MEASURES:
+        raise ValueError(f"what must be one of {sorted(MEASURES)}, got {what!r}")
+    return need("start_runs", what=what, cfgs=tuple(cfgs), tcfg=replace(tcfg, seed=0), n_eval=int(n_eval),
+                prompts=prompts, inits=None if inits is None else tuple(inits),
+                held_out=None if held_out is None else tuple(held_out), stream=tuple(stream))
 
 
-def _step_cost(tasks, heads: int, L: int, batch: int, runs: int, streams: int) -> float:
-    D = sum(tasks) + len(tasks)
-    try:
-        from numerics import cost
-    except ImportError:
-        c = FALLBACK_STEP_SECONDS
-        return c["step"] + c["context"] * streams * batch * L * D + c["flops"] * runs * batch * L * D * heads
-    return cost.step_seconds(tasks, heads, L, batch, runs=runs, streams=streams)
+def _flows_many(params: list, seeds: list) -> list:
+    """Every need's reduced flows in one numerics.train.train_reduced_many program per shape: per
+    start of ``cfgs`` (its init seed set as in :func:`_runs_of`) on the need's prompt stream, for
+    ``what`` = "unbalanced" the flow from its (omega0, mu0) with the unbalanced metric of its
+    conserved balances and with the balanced one (theory's): {"reduced_unbalanced",
+    "reduced_balanced"}; for "large" the flow from cfg's decomposable start; each a
+    :func:`_readout`.  Per need the tuple of its starts' readouts."""
+    starts, cfgs, tcfgs, begin, metrics = [], [], [], [], []
+    for i, (p, s) in enumerate(zip(params, seeds)):
+        for r in _runs_of(dict(p, n_eval=0, held_out=None), s):
+            pair = p["what"] == "unbalanced"
+            start, metric = _unbalanced_metric(r["cfg"]) if pair else (None, None)
+            starts.append((i, pair))
+            cfgs += [r["cfg"]] * (1 + pair)
+            tcfgs += [r["tcfg"]] * (1 + pair)
+            begin += [start] * (1 + pair)
+            metrics += [metric, None] if pair else [None]
+    res = one_thread(train_reduced_many)(cfgs, tcfgs, start=begin, metric=metrics)
+    for r in res:
+        if isinstance(r, BaseException):
+            raise r
+    flows, out = iter(res), [[] for _ in params]
+    for i, pair in starts:
+        out[i].append({"reduced_unbalanced": _readout(next(flows)), "reduced_balanced": _readout(next(flows))}
+                      if pair else _readout(next(flows)))
+    return [tuple(o) for o in out]
 
 
-def _reduced_cost(tasks, heads: int, L: int, batch: int, runs: int = 1, streams: int = 1) -> float:
-    """One step of a reduced-flow program (numerics.train.train_reduced_many) of ``runs`` flows
-    on ``streams`` prompt streams: each stream's prompts drawn once (the context part of
-    numerics.cost's reduced step, per stream), the rest of the step per run."""
-    D = sum(tasks) + len(tasks)
-    try:
-        from numerics import cost
-    except ImportError:
-        one = FALLBACK_STEP_SECONDS["reduced"] * _step_cost(tasks, heads, L, batch, 1, 1)
-        drawn = FALLBACK_STEP_SECONDS["context"] * batch * L * D
-    else:
-        one = cost.reduced_step_seconds(tasks, heads, L, batch)
-        drawn = cost.REDUCED_STEP["prompts"]["context"] * batch * L * D
-    return runs * max(one - drawn, 0.0) + streams * min(drawn, one)
+def _flows_cost(what, cfgs, tcfg, **_) -> float:
+    """The program's steps: per step each stream's prompts drawn once (numerics.cost's reduced
+    step, its context part), the rest per flow (two a start for "unbalanced")."""
+    c = cfgs[0]
+    one = cost.reduced_step_seconds(c.tasks, c.heads, c.L, tcfg.batch)
+    drawn = min(cost.REDUCED_STEP["prompts"]["context"] * tcfg.batch * c.L * c.token_dim, one)
+    flows = len(cfgs) * (2 if what == "unbalanced" else 1)
+    return round(tcfg.time / tcfg.lr) * (flows * (one - drawn) + drawn)
 
 
-def _forward_cost(tasks, heads: int, L: int, n: int, models: int) -> float:
-    D = sum(tasks) + len(tasks)
-    try:
-        from numerics import cost
-    except ImportError:
-        c = FALLBACK_STEP_SECONDS     # the prompts drawn once; no backward pass: about a third of the products
-        return math.ceil(n / 4096) * models * c["step"] + c["context"] * n * L * D \
-            + c["flops"] * models * n * L * D * heads / 3
-    return cost.forward_seconds(tasks, heads, L, n, models=models)
+@kind("start_flows", cost=_flows_cost, run_many=_flows_many,
+      batch_key=lambda cfgs, tcfg, **_: (shape_key(cfgs[0]), tcfg.batch))
+def start_flows(what, cfgs, tcfg, prompts, inits, seed) -> tuple:
+    """The reduced flows of the starts ``cfgs`` on the prompt stream of a ``start_runs`` need with
+    the same stream and ``prompts`` (the same prompts as those full runs), :func:`_flows_many`."""
+    return _flows_many([dict(what=what, cfgs=cfgs, tcfg=tcfg, prompts=prompts, inits=inits)], [seed])[0]
 
 
-def plan_seconds(tasks, heads: int, L: int, batch: int, steps: int, runs_per_stream: Sequence[int], n_eval: int,
-                 snapshots: int, reduced: int = 0, reduced_streams: Optional[int] = None) -> float:
-    """CPU seconds of one plan of starts of one shape before it runs: train_many's programs
-    (``runs_per_stream[s]`` runs on prompt stream s, programs formed as train_many forms them:
-    numerics.cost.many_seconds), each run's end state (:func:`end_states`: ``snapshots`` held-out
-    evaluations on ``n_eval`` prompts) and ``reduced`` reduced flows of the same steps in one
-    program on ``reduced_streams`` prompt streams (default: one each).  Through numerics.cost
-    where it is importable, else :data:`FALLBACK_STEP_SECONDS`."""
-    runs = int(sum(runs_per_stream))
-    try:
-        from numerics import cost
-        train = cost.many_seconds(tasks, heads, L, batch, steps, list(runs_per_stream))
-    except ImportError:
-        train = sum(steps * _step_cost(tasks, heads, L, batch, k, 1) for k in runs_per_stream if k > 0)
-    evaluate = _forward_cost(tasks, heads, L, n_eval, runs * snapshots)
-    flows = steps * _reduced_cost(tasks, heads, L, batch, reduced, reduced if reduced_streams is None else reduced_streams)
-    return train + evaluate + (flows if reduced else 0.0)
+def start_flows_need(what: str, cfgs, tcfg: TrainConfig, stream: tuple, *, prompts=None, inits=None):
+    """The ``start_flows`` need ("unbalanced" or "large") beside ``start_runs_need`` of the same
+    arguments: the reduced flows on those runs' prompts."""
+    if what not in ("unbalanced", "large"):
+        raise ValueError(f"what must be 'unbalanced' or 'large', got {what!r}")
+    return need("start_flows", what=what, cfgs=tuple(cfgs), tcfg=replace(tcfg, seed=0), prompts=prompts,
+                inits=None if inits is None else tuple(inits), stream=tuple(stream))
+
+
+@kind("single_task_references", cost=lambda L, r, n_eval: (
+    cost.fit_seconds((r,), 2, L, 4096, starts=3) + cost.marginal_seconds((r,), 2, L, n_eval, points=1) + 1.0))
+def single_task_references_need(L: int, r: int, n_eval: int, seed: int) -> dict:
+    """numerics.saddle.single_task_references (its fit and evaluation seeds are its own): theory's
+    one-head optimum, linear attention and the best decomposable two-head point of one task."""
+    from numerics.saddle import single_task_references
+    return single_task_references(int(L), int(r), int(n_eval))

@@ -36,7 +36,7 @@ def _phase_prediction(omega0, mu0, tasks, L, sigma, param, logit_scale, lr, fact
 
 def _theory_functions() -> dict:
     """The theory values a plan may ask for, by name."""
-    from theory import exact, limiting_error, reduced_ode, saddle, task_allocation, three_phases
+    from theory import exact, initialisation, limiting_error, reduced_ode, saddle, task_allocation, three_phases
     return {"exact_fixed_point": exact.exact_fixed_point, "finite_L_gain": exact.finite_L_gain,
             "single_head_optimum": exact.single_head_optimum, "limit_multi": limiting_error.limit_multi,
             "gain": limiting_error.gain, "exact_flow": exact.exact_flow,
@@ -45,4 +45,5 @@ def _theory_functions() -> dict:
             "allocation_horizon": task_allocation.horizon,
             "allocation_prediction": task_allocation.allocation_prediction,
             "max_growth_rate": saddle.max_growth_rate, "saddle_allocated_point": saddle.allocated_point,
-            "off_task_slope": saddle.off_task_slope}
+            "off_task_slope": saddle.off_task_slope, "predicted_winners": task_allocation.predicted_winners,
+            "default_start_winners": initialisation.default_start_winners}

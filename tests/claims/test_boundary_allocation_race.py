@@ -9,10 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from claims.allocation_race import RaceProfile, check_race, race_grid
+from claims.allocation_race import RACE_SPEC, RaceProfile, cell_needs, cells_part, check_race, race_grid
 from claims.allocation_race import findings as race_findings
 from claims.allocation_race import run as run_race
 from claims.base import ClaimResult
+from claims.phase_checks import guard_needs
+from claims.spec import context
+from numerics.engine import Engine
+
+
+def grid_of(p: RaceProfile, device: str) -> dict:
+    """The race grid of the profile ``p``: its cells' needs (behind their stability guard) computed by the engine."""
+    ctx = context(RACE_SPEC, p, device)
+    runs, odes = cell_needs(ctx)
+    return race_grid(ctx, Engine(seed=0).run(guard_needs(p.lr, cells_part(ctx)) + runs + odes))
 
 
 @given(st.integers(1, 4), st.sampled_from([16, 32, 64]), st.sampled_from([0.0, 0.5]),
@@ -24,7 +34,7 @@ def test_race_winner_matches_ode_rule_where_seeds_agree(device, r, L, sigma, rat
     undecided cells are counted."""
     p = RaceProfile(tasks=(r,), L=L, sigma=sigma, ratios=ratios, data_seeds=(0, 1), time=30.0, batch=128, records=11,
                     n_eval=1024)
-    cells = race_grid(p, device=device)["cells"]
+    cells = grid_of(p, device)["cells"]
     c = check_race(cells)
     assert len(cells) == 4 and c.details["decided"] + c.details["undecided"] == 4
     if c.details["decided"]:
@@ -150,18 +160,23 @@ def test_race_findings_follow_the_numbers():
 
 def test_race_cells_past_the_stability_bound_are_not_run(device, monkeypatch):
     """Beyond d = 9 the race cells at a step past the full model's stability bound are not trained (at the authors'
-    blocks all 16 x 8 diverged at lr 0.1): race_grid returns no cell and the reason, the estimate prices none, and
-    the findings say so.  lambda_full is stubbed (its Hessian costs seconds)."""
+    blocks all 16 x 8 diverged at lr 0.1): race_grid returns no cell and the reason, the plan asks for no cell once
+    its guard says so, and the findings say so.  lambda_full is stubbed (its Hessian costs seconds)."""
     import claims.allocation_race as claim
+    from numerics.engine import clear_memo
     from numerics.experiments import converged
-    p = claim.RACE_SPEC.profile("quick", {"tasks": (5, 5), "heads": 2, "L": 32})
+    ctx = context(claim.RACE_SPEC, "quick", device, problem={"tasks": (5, 5), "heads": 2, "L": 32})
+    guards = guard_needs(ctx.p.lr, cells_part(ctx))
+    clear_memo()
     monkeypatch.setattr(converged, "full_stiffness", lambda c: 10.0)       # 2 / lambda = 0.2 > lr 0.1: trained
-    before = claim.estimate(p)
+    cells = set(cell_needs(ctx)[0])
+    assert cells <= set(claim.plan(ctx, Engine(seed=0).run(guards)))
+    clear_memo()
     monkeypatch.setattr(converged, "full_stiffness", lambda c: 100.0)      # 2 / lambda = 0.02 < lr 0.1: not run
-    monkeypatch.setattr(claim, "race_cells", lambda *a, **k: pytest.fail("a race cell past the bound was trained"))
-    grid = race_grid(p, device)
+    results = Engine(seed=0).run(guards)
+    assert not cells & set(claim.plan(ctx, results))
+    grid = race_grid(ctx, results)
     assert grid["cells"] == [] and grid["not_run"].startswith("race cells: the step 0.1 lies beyond"), grid
-    assert claim.estimate(p) < before
     details = {"cells": [], "cells_not_run": grid["not_run"], "rules_disagree": 0, "largest_mu_contradicted": 0,
                "largest_mu_decided": 0, "no_warmup_scales": [], "unpredictable_scales": [], "warmup_undefined_scales": [],
                "ran": {"profile": {"time": 30.0, "large_scales": [0.05], "large_time": 30.0, "data_seeds": [0, 1]}},

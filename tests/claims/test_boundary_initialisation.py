@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from claims.base import ClaimResult
 from claims.initialisation import check_gradient_free, check_warmup_bound, run
 from claims.initialisation import findings as init_findings
-from numerics.experiments.starts import outcome_mix, random_starts
 from numerics.config import ProblemConfig
+from numerics.engine import Engine
+from numerics.experiments.starts import outcome_mix, start_flows_need, start_runs_need
 from numerics.data import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, factor_balance, mse_loss
 from numerics.reduced import reduced_loss
@@ -51,7 +52,8 @@ def test_small_random_start_stays_under_warmup_bound(device, problem, fraction, 
     s = math.sqrt(base.token_dim)
     s0 = fraction * small_scale(tasks, heads, L, t_end, sigma, s)
     cfg = base.replace(init="uniform_full", init_scale=s0, init_seed=seed, logit_scale=s)
-    r, = random_starts([cfg], [TrainConfig(lr=0.1, time=t_end, batch=64, seed=seed, records=5)], n_eval=256)
+    n = start_runs_need("random", [cfg], TrainConfig(lr=0.1, time=t_end, batch=64, records=5), 256, ("random", seed))
+    r, = Engine(seed=0).run([n])[n]
     c = check_warmup_bound([r], cfg, t_end)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()   # and the bound is not vacuous: 'halves' is rejected
@@ -171,9 +173,9 @@ def test_single_task_counts_its_seeds(device):
     itself failing (a result), and the finding names the counted classes."""
     from types import SimpleNamespace
 
-    from claims.initialisation import single_task
+    from claims.initialisation import single_task, single_task_needs
     ctx = SimpleNamespace(profile="tiny", device=device, seed=0, progress=lambda msg, f: None)
-    comps, rows, details = single_task(ctx)
+    comps, rows, details = single_task(ctx, Engine(seed=0).run(single_task_needs(ctx)))
     sm = details["summary"][2]
     assert sm["mix"]["n"] == 2 == sum(e["count"] for e in sm["mix"]["labels"].values()) == len(sm["classes"])
     typical = next(c for c in comps if c.details.get("role") == "zero-sum")
@@ -193,24 +195,28 @@ def test_single_task_counts_its_seeds(device):
 
 
 def test_unbalanced_reduced_flows_in_one_program_are_each_flow_alone(device):
-    """boundary-initialisation's reduced flows (numerics.experiments.starts.unbalanced_reduced:
-    every start's two flows, unbalanced and balanced metric, in one program) end where each flow
-    trained alone by train_reduced ends, to float64 rounding (the values are rounded to 4 digits
-    in the readout: equal there), and the two metrics' flows differ (the comparison can fail)."""
+    """boundary-initialisation's reduced flows (numerics.experiments.starts' "start_flows" needs: every start's two
+    flows, unbalanced and balanced metric, of every need in one program) end where each flow trained alone by
+    train_reduced ends, to float64 rounding (the values are rounded to 4 digits in the readout: equal there), and
+    the two metrics' flows differ (the comparison can fail)."""
     import numpy.testing as npt
-    from numerics.experiments import clear_cache, one_thread
-    from numerics.experiments.starts import _unbalanced_metric, unbalanced_reduced
+    from numerics.engine import clear_memo
+    from numerics.experiments import one_thread
+    from numerics.experiments.starts import _unbalanced_metric
     from numerics.readout import RACE_DECIDED_SHARE, allocation
     from numerics.train import train_reduced
-    clear_cache()
+    clear_memo()
     base = ProblemConfig(tasks=(2,), heads=2, L=16, device=device, init="unbalanced_decomposable", init_scale=0.03)
     cfgs = [base.replace(init_seed=k) for k in (0, 1)]
-    tcfgs = [TrainConfig(lr=0.1, time=6.0, batch=128, seed=s, records=7) for s in (5, 6)]
-    together = unbalanced_reduced(cfgs, tcfgs)
-    for cfg, tc, out in zip(cfgs, tcfgs, together):
+    tc = TrainConfig(lr=0.1, time=6.0, batch=128, records=7)
+    needs = [start_flows_need("unbalanced", [cfg], tc, ("flows", s), prompts=s) for cfg, s in zip(cfgs, (5, 6))]
+    together = Engine(seed=0).run(needs)
+    for cfg, s, n in zip(cfgs, (5, 6), needs):
+        out, = together[n]
         start, metric = _unbalanced_metric(cfg)
         for key, f in (("reduced_unbalanced", metric), ("reduced_balanced", None)):
-            alone = one_thread(train_reduced)(cfg, tc, start=start, metric=f)
+            alone = one_thread(train_reduced)(cfg, TrainConfig(lr=0.1, time=6.0, batch=128, records=7, seed=s),
+                                              start=start, metric=f)
             npt.assert_allclose(out[key]["loss_curve"], [r.loss for r in alone.trajectory], rtol=1e-12)
             npt.assert_allclose(out[key]["omega"], alone.omega, rtol=0, atol=5.01e-5)   # the readout's 4 digits
             a = allocation(alone.omega, alone.mu)
@@ -277,27 +283,38 @@ def test_a_diverged_unbalanced_run_decides_no_outcome():
 
 def test_starts_past_the_stability_bound_are_not_run(device, monkeypatch):
     """Beyond d = 9 a step at or past the full model's stability bound 2 / lambda_full for both kinds of start
-    (claims.phase_checks.not_run) trains no start: at the authors' blocks every unbalanced start and every random one at s0 = 0.3 diverged at the
-    claim's lr 0.1, and nothing was decided after 14 CPU-min.  The verdict is undecided with the reason, the estimate
-    prices no run; below the bound the same problem is trained.  lambda_full is stubbed (its Hessian costs seconds)."""
+    (claims.phase_checks.not_run) trains no start: at the authors' blocks every unbalanced start and every random one
+    at s0 = 0.3 diverged at the claim's lr 0.1, and nothing was decided after 14 CPU-min.  The verdict is undecided
+    with the reason and the plan asks no start once its guards say so; below the bound the same problem is trained.
+    lambda_full is stubbed (its Hessian costs seconds)."""
     import claims.initialisation as claim
-    from numerics.experiments import converged
+    from claims.phase_checks import guard_needs, not_run
+    from claims.spec import context, run_plan
+    from numerics.engine import clear_memo
+    from numerics.experiments import converged, starts
     problem = {"tasks": (5, 5), "heads": 2, "L": 32}
-    p = claim.INIT_SPEC.profile("quick", problem)
-    base = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L)
-    assert base.d > converged.TUNED_D
-    monkeypatch.setattr(converged, "full_stiffness", lambda c: 10.0)       # 2 / lambda = 0.2 > lr 0.1: trained
-    assert claim.not_run(p.lr, claim.starts(p, base)) is None
-    before = claim.estimate(p)
+    ctx = context(claim.INIT_SPEC, "quick", device, problem=problem)
+    p, parts = ctx.p, claim.starts(ctx.p, ProblemConfig(tasks=ctx.p.tasks, heads=ctx.p.heads, L=ctx.p.L))
+    assert parts[0][1].d > converged.TUNED_D
+
+    def guards(stiffness):
+        clear_memo()
+        monkeypatch.setattr(converged, "full_stiffness", stiffness)
+        return Engine(seed=0).run(guard_needs(p.lr, parts))
+
+    assert not_run(p.lr, parts, guards(lambda c: 10.0)) is None        # 2 / lambda = 0.2 > lr 0.1: trained
+    asked = claim.plan(ctx, guards(lambda c: 10.0))
+    assert any(n.kind == "start_runs" for n in asked)
     # only the unbalanced starts (logit scale 1) past the bound: every start is trained, as at the paper profile
-    monkeypatch.setattr(converged, "full_stiffness", lambda c: 100.0 if c.logit_scale == 1.0 else 10.0)
-    assert claim.not_run(p.lr, claim.starts(p, base)) is None and claim.estimate(p) == before
-    monkeypatch.setattr(converged, "full_stiffness", lambda c: 100.0)      # 2 / lambda = 0.02 < lr 0.1: not run
-    why = claim.not_run(p.lr, claim.starts(p, base))
+    results = guards(lambda c: 100.0 if c.logit_scale == 1.0 else 10.0)
+    assert not_run(p.lr, parts, results) is None and claim.plan(ctx, results) == asked
+    results = guards(lambda c: 100.0)      # 2 / lambda = 0.02 < lr 0.1: not run
+    why = not_run(p.lr, parts, results)
     assert why.startswith("random starts: the step 0.1") and "; unbalanced starts: the step 0.1" in why, why
-    assert 10.0 < claim.estimate(p) < 0.2 * before     # the fixed part and the stiffness it asks, no run
-    monkeypatch.setattr(claim, "random_starts", lambda *a, **k: pytest.fail("a start past the bound was trained"))
-    monkeypatch.setattr(claim, "unbalanced_starts", lambda *a, **k: pytest.fail("a start past the bound was trained"))
+    assert claim.plan(ctx, results) == guard_needs(p.lr, parts)
+    monkeypatch.setattr(starts, "_train_measured", lambda *a, **k: pytest.fail("a start past the bound was trained"))
+    monkeypatch.setattr(starts, "train_reduced_many", lambda *a, **k: pytest.fail("a flow past the bound was trained"))
+    assert not any(n.kind in ("start_runs", "start_flows") for n in run_plan(claim.INIT_SPEC, ctx, Engine(seed=0)))
     res = run(profile="quick", device=device, problem=problem)
     assert res.verdict == "undecided" and res.details["undecided"] == "not run: " + why, res.details
     assert "stability bound 2/lambda = 0.02" in res.details["not_run"]
