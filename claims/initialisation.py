@@ -26,7 +26,6 @@ from numerics.engine import need
 from numerics.experiments.starts import outcome_mix, start_flows_need, start_runs_need
 from numerics.readout import ZERO_SUM_SHARE
 from numerics.saddle import seed_mean_se
-from numerics.seeds import case_seed
 from numerics.statistics import mean_se     # non_finite "keep": a diverged run's loss shows in the mean
 from numerics.train import TrainConfig
 from theory.initialisation import authors_logit_scale, random_start_scales, untied_tasks, warmup_norm_bound
@@ -157,20 +156,20 @@ def check_unbalanced_winners(runs: list[dict], config=None) -> Comparison:
 # --- boundary-initialisation
 
 def unbalanced_needs(ctx) -> dict:
-    """{(k, j): (full runs, reduced flows)} of the unbalanced starts k (``p.unbalanced_seeds``) on each stream j
-    (``p.unbalanced_data_seeds``): a stream per pair, named ("unbalanced start", k, "prompts", j) (one stream per j
-    shared by the starts missed one of six quick phase tolerances by 7 %), the full model (its end state) and its two
-    reduced flows (unbalanced and balanced metric) on the same prompts."""
+    """{(k, j): (full runs, reduced flows)} of the unbalanced starts k (``p.unbalanced_seeds``: seed ("unbalanced
+    start", k), its init seed named "init" under it) on each stream j (``p.unbalanced_data_seeds``): a prompt stream
+    per pair, ("prompts", j) under the start's seed (one stream per j shared by the starts missed one of six quick
+    phase tolerances by 7 %), the full model (its end state) and its two reduced flows (unbalanced and balanced
+    metric) on the same prompts."""
     p, base = ctx.p, _base(ctx)
     cfg = base.replace(init="unbalanced_decomposable", init_scale=p.unbalanced_scale)
     tc = tcfg(p, records=p.unbalanced_records)
     out = {}
     for k in p.unbalanced_seeds:
-        init = (case_seed(ctx.seed, "unbalanced start", k),)
         for j in p.unbalanced_data_seeds:
-            stream = ("unbalanced start", k, "prompts", j)
-            out[(k, j)] = (start_runs_need("unbalanced", [cfg], tc, p.n_eval, stream, inits=init),
-                           start_flows_need("unbalanced", [cfg], tc, stream, inits=init))
+            named = dict(stream=("unbalanced start", k), prompts=("prompts", j), inits=(("init",),))
+            out[(k, j)] = (start_runs_need("unbalanced", [cfg], tc, p.n_eval, **named),
+                           start_flows_need("unbalanced", [cfg], tc, **named))
     return out
 
 
@@ -217,14 +216,15 @@ def _base(ctx) -> ProblemConfig:
 
 
 def random_need(ctx):
-    """Every random start (each scale of ``p.scales`` x each init seed k, ("random start", k)), all on one prompt
-    stream ("random starts", "prompts": common random numbers, the randomness of interest is the initialisation)."""
+    """Every random start (each scale of ``p.scales`` x each init seed k, ("init", k) under the need's seed
+    ("random starts",): seed k at every scale), all on one prompt stream ("prompts" under it: common random numbers,
+    the randomness of interest is the initialisation)."""
     p, base = ctx.p, _base(ctx)
     scales, _ = random_start_scales(p.scales, p.small_factor, p.tasks, p.heads, p.L, p.time, p.sigma)
     cfgs = [base.replace(init="uniform_full", init_scale=s0, logit_scale=authors_logit_scale(p.tasks))
             for s0 in scales for _ in p.init_seeds]
-    return start_runs_need("random", cfgs, tcfg(p), p.n_eval, ("random starts", "prompts"),
-                           inits=[case_seed(ctx.seed, "random start", k) for _ in scales for k in p.init_seeds])
+    return start_runs_need("random", cfgs, tcfg(p), p.n_eval, ("random starts",), prompts=("prompts",),
+                           inits=[("init", k) for _ in scales for k in p.init_seeds])
 
 
 def plan(ctx, results=None) -> list:
@@ -334,18 +334,19 @@ TYPICAL = 0.5
 
 def single_task_needs(ctx) -> list:
     """Per head count of the profile's SINGLE_TASK sizes the runs of one task of r from PyTorch's default start
-    (uniform_full, s0 = 1, logit scale sqrt(r + 1)), every seed's start from its own init seed, all on one prompt
-    stream ("single task", H, "prompts": common random numbers, the randomness of interest is the initialisation),
-    each seed evaluated on its own held-out prompts; and the references (numerics.saddle.single_task_references)."""
+    (uniform_full, s0 = 1, logit scale sqrt(r + 1)), every seed s's start from its own init seed ("init", s under
+    the need's seed ("single task", H)), all on one prompt stream ("prompts" under it: common random numbers, the
+    randomness of interest is the initialisation), each seed evaluated on its own held-out prompts ("held-out", s);
+    and the references (numerics.saddle.single_task_references)."""
     sp = SINGLE_TASK.get(ctx.profile, SINGLE_TASK["quick"])
     out = []
     for H in sp.heads:
         cfg = ProblemConfig(tasks=(sp.r,), heads=H, L=sp.L, init="uniform_full", init_scale=1.0,
                             logit_scale=math.sqrt(sp.r + 1), device=ctx.device)
         tc = TrainConfig(lr=sp.lr, time=sp.time, batch=sp.batch, records=sp.records)
-        out.append(start_runs_need("single", [cfg] * len(sp.seeds), tc, sp.n_eval, ("single task", H, "prompts"),
-                                   inits=[case_seed(ctx.seed, "single task", H, "init", s) for s in sp.seeds],
-                                   held_out=[case_seed(ctx.seed, "single task", H, "held-out", s) for s in sp.seeds]))
+        out.append(start_runs_need("single", [cfg] * len(sp.seeds), tc, sp.n_eval, ("single task", H),
+                                   prompts=("prompts",), inits=[("init", s) for s in sp.seeds],
+                                   held_out=[("held-out", s) for s in sp.seeds]))
     return out + [need("single_task_references", L=sp.L, r=sp.r, n_eval=sp.n_eval)]
 
 
