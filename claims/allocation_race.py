@@ -241,21 +241,17 @@ def large_scales(ctx, results, large: dict, spacing: float) -> dict:
 
 def compare(ctx, results) -> Outcome:
     """boundary-allocation-race: items 3 and 4 of issue 14 (module docstring)."""
-    p = ctx.p
-    grid = race_grid(ctx, results)
-    cells = grid["cells"]
-    base = _large_base(ctx)
-    large = large_runs(ctx, results)
-    spacing = p.large_time / (p.large_records - 1)
-    label = config_label(base) + " init=decomposable at growing s0"
+    p, grid, large = ctx.p, race_grid(ctx, results), large_runs(ctx, results)
+    cells, spacing = grid["cells"], p.large_time / (p.large_records - 1)
+    label = config_label(_large_base(ctx)) + " init=decomposable at growing s0"
     cfg0 = config_label(ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma)) + f" s0={p.s0:g}"
     race, phases = check_race(cells, cfg0), check_large_phases(large, spacing, label)
     small = check_small_start_allocates(large[min(p.large_scales)], min(p.large_scales), label)
     by_scale = large_scales(ctx, results, large, spacing)
-    no_warmup, unpredictable, predicted = by_scale["no_warmup"], by_scale["unpredictable"], by_scale["predicted"]
+    no_warmup, unpredictable, predicted, undefined = (by_scale[k] for k in ("no_warmup", "unpredictable",
+                                                                              "predicted", "undefined"))
     refs = references(results, p.large_tasks, len(p.large_tasks), p.L, p.sigma, ctx.device, best=False)
     mixes = {f"s0={s0:g}": outcome_mix([r["full"] for r in rs], Z_SE, refs) for s0, rs in large.items()}
-    undefined = by_scale["undefined"]
     dis = [c for c in cells if c["ode"] != c["largest_mu"]]
     sides_with = lambda rule: sum(c["decided"] and c["measured"][0] == c[rule] for c in dis)  # noqa: E731
     contra = sides_with("ode")
@@ -282,7 +278,8 @@ def compare(ctx, results) -> Outcome:
                          "(the paper assumes small starts).",
                "ran": {"profile": asdict(p), "design": "the cells share their prompt streams, and so do the large-init "
                        "scales (common random numbers); each start's seeds are its prompt streams (the start itself "
-                       "is deterministic), trained together"},
+                       "is deterministic), trained together; a start's streams are checked to be independent by "
+                       "their fingerprints"},
                "cells": cells, "cells_not_run": grid.get("not_run"), "large_mix": mixes,
                "large": {f"{s:g}": [{"full": {k: v for k, v in r["full"].items() if k not in ("t", "loss_curve")},
                                      "reduced": r["reduced"] and {k: v for k, v in r["reduced"].items()

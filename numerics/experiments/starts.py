@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import namedtuple
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Optional, Sequence
 
 import numpy as np
@@ -346,16 +346,26 @@ def _seed(seed: int, name) -> int:
     return int(name) if isinstance(name, int) else case_seed(int(seed), *name)
 
 
+def _starts(cfgs) -> tuple:
+    """``cfgs`` as (their first, per run the fields in which it differs from it as (name, value)
+    pairs): a need's parameters that say what varies (``reports.build --plan`` prints them)."""
+    first = cfgs[0]
+    differ = lambda c: tuple((f.name, getattr(c, f.name)) for f in fields(c)  # noqa: E731
+                             if getattr(c, f.name) != getattr(first, f.name))
+    return first, tuple(differ(c) for c in cfgs)
+
+
 def _runs_of(p: dict, seed: int) -> list[dict]:
-    """The runs of one ``start_runs`` need's parameters ``p`` at its ``seed``: each start of
-    ``cfgs`` (its init seed ``inits[i]``, where given) on the prompt stream ``prompts`` (tcfg's
+    """The runs of one need's parameters ``p`` at its ``seed``: each start (``cfg`` with the fields of
+    ``starts[i]``; its init seed ``inits[i]``, where given) on the prompt stream ``prompts`` (tcfg's
     seed), evaluated on the held-out stream ``held_out[i]`` (default: the prompt stream's)."""
     tcfg = replace(p["tcfg"], seed=_seed(seed, p["prompts"]))
-    n = len(p["cfgs"])
+    n = len(p["starts"])
     inits, held = p["inits"] or (None,) * n, p["held_out"] or (None,) * n
+    cfgs = [p["cfg"].replace(**dict(d)) for d in p["starts"]]
     return [{"cfg": c if init is None else c.replace(init_seed=_seed(seed, init)), "tcfg": tcfg, "what": p["what"],
              "n_eval": int(p["n_eval"]), "eval_seed": tcfg.seed if h is None else _seed(seed, h)}
-            for c, init, h in zip(p["cfgs"], inits, held)]
+            for c, init, h in zip(cfgs, inits, held)]
 
 
 @one_thread
@@ -408,29 +418,29 @@ def _snapshots(records: int) -> int:
     return min(WINDOW_MOST, records // 4 + 1)
 
 
-def _start_runs_cost(what, cfgs, tcfg, n_eval, held_out=None, **_) -> float:
+def _start_runs_cost(what, cfg, starts, tcfg, n_eval, held_out=None, **_) -> float:
     """The program of the need's runs on one prompt stream (numerics.cost.many_seconds; merged
     with other needs' programs it costs less: the steps' fixed part is shared) and each run's
     end-state evaluations (its descent window's snapshots on ``n_eval`` held-out prompts, drawn
     once per held-out stream)."""
-    c, steps, snaps = cfgs[0], round(tcfg.time / tcfg.lr), _snapshots(tcfg.records)
-    train = cost.many_seconds(c.tasks, c.heads, c.L, tcfg.batch, steps, [len(cfgs)])
-    streams = len(cfgs) if held_out else 1
-    evaluate = streams * cost.forward_seconds(c.tasks, c.heads, c.L, n_eval, models=len(cfgs) * snaps // streams)
+    c, runs, steps, snaps = cfg, len(starts), round(tcfg.time / tcfg.lr), _snapshots(tcfg.records)
+    train = cost.many_seconds(c.tasks, c.heads, c.L, tcfg.batch, steps, [runs])
+    streams = runs if held_out else 1
+    evaluate = streams * cost.forward_seconds(c.tasks, c.heads, c.L, n_eval, models=runs * snaps // streams)
     return train + evaluate
 
 
 @kind("start_runs", cost=_start_runs_cost, run_many=_start_runs_many,
-      batch_key=lambda cfgs, tcfg, **_: (shape_key(cfgs[0]), tcfg.batch))
-def start_runs(what, cfgs, tcfg, n_eval, prompts, inits, held_out, seed) -> tuple:
-    """The full model from each start of ``cfgs`` on one prompt stream, trained together: the
-    tuple of their end states (:func:`end_states`, with what :data:`MEASURES` [what] adds and each
+      batch_key=lambda cfg, tcfg, **_: (shape_key(cfg), tcfg.batch))
+def start_runs(what, cfg, starts, tcfg, n_eval, prompts, inits, held_out, seed) -> tuple:
+    """The full model from each start (``cfg`` with ``starts[i]``'s fields) on one prompt stream,
+    trained together: the tuple of their end states (:func:`end_states`, with what :data:`MEASURES` [what] adds and each
     run's fingerprint).  Seeds (:func:`_seed`, under the need's seed): the prompt stream
     ``prompts``, each start's init seed ``inits[i]`` (None: the cfg's own), each run's held-out
     stream ``held_out[i]`` (None: the prompt stream's).  Needs of one shape and batch size, from
     any claim, are trained as one program (``run_many``)."""
-    return _start_runs_many([dict(what=what, cfgs=cfgs, tcfg=tcfg, n_eval=n_eval, prompts=prompts, inits=inits,
-                                  held_out=held_out)], [seed])[0]
+    return _start_runs_many([dict(what=what, cfg=cfg, starts=starts, tcfg=tcfg, n_eval=n_eval, prompts=prompts,
+                                  inits=inits, held_out=held_out)], [seed])[0]
 
 
 def start_runs_need(what: str, cfgs, tcfg: TrainConfig, n_eval: int, stream: tuple, *, prompts=None, inits=None,
@@ -439,14 +449,15 @@ def start_runs_need(what: str, cfgs, tcfg: TrainConfig, n_eval: int, stream: tup
     ``tcfg`` (its seed is the need's: ``prompts`` under ``stream``) on one prompt stream."""
     if what not in MEASURES:
         raise ValueError(f"what must be one of {sorted(MEASURES)}, got {what!r}")
-    return need("start_runs", what=what, cfgs=tuple(cfgs), tcfg=replace(tcfg, seed=0), n_eval=int(n_eval),
+    cfg, starts = _starts(cfgs)
+    return need("start_runs", what=what, cfg=cfg, starts=starts, tcfg=replace(tcfg, seed=0), n_eval=int(n_eval),
                 prompts=prompts, inits=None if inits is None else tuple(inits),
                 held_out=None if held_out is None else tuple(held_out), stream=tuple(stream))
 
 
 def _flows_many(params: list, seeds: list) -> list:
     """Every need's reduced flows in one numerics.train.train_reduced_many program per shape: per
-    start of ``cfgs`` (its init seed set as in :func:`_runs_of`) on the need's prompt stream, for
+    start (its init seed set as in :func:`_runs_of`) on the need's prompt stream, for
     ``what`` = "unbalanced" the flow from its (omega0, mu0) with the unbalanced metric of its
     conserved balances and with the balanced one (theory's): {"reduced_unbalanced",
     "reduced_balanced"}; for "large" the flow from cfg's decomposable start; each a
@@ -472,22 +483,22 @@ def _flows_many(params: list, seeds: list) -> list:
     return [tuple(o) for o in out]
 
 
-def _flows_cost(what, cfgs, tcfg, **_) -> float:
+def _flows_cost(what, cfg, starts, tcfg, **_) -> float:
     """The program's steps: per step each stream's prompts drawn once (numerics.cost's reduced
     step, its context part), the rest per flow (two a start for "unbalanced")."""
-    c = cfgs[0]
-    one = cost.reduced_step_seconds(c.tasks, c.heads, c.L, tcfg.batch)
-    drawn = min(cost.REDUCED_STEP["prompts"]["context"] * tcfg.batch * c.L * c.token_dim, one)
-    flows = len(cfgs) * (2 if what == "unbalanced" else 1)
+    one = cost.reduced_step_seconds(cfg.tasks, cfg.heads, cfg.L, tcfg.batch)
+    drawn = min(cost.REDUCED_STEP["prompts"]["context"] * tcfg.batch * cfg.L * cfg.token_dim, one)
+    flows = len(starts) * (2 if what == "unbalanced" else 1)
     return round(tcfg.time / tcfg.lr) * (flows * (one - drawn) + drawn)
 
 
 @kind("start_flows", cost=_flows_cost, run_many=_flows_many,
-      batch_key=lambda cfgs, tcfg, **_: (shape_key(cfgs[0]), tcfg.batch))
-def start_flows(what, cfgs, tcfg, prompts, inits, seed) -> tuple:
-    """The reduced flows of the starts ``cfgs`` on the prompt stream of a ``start_runs`` need with
-    the same stream and ``prompts`` (the same prompts as those full runs), :func:`_flows_many`."""
-    return _flows_many([dict(what=what, cfgs=cfgs, tcfg=tcfg, prompts=prompts, inits=inits)], [seed])[0]
+      batch_key=lambda cfg, tcfg, **_: (shape_key(cfg), tcfg.batch))
+def start_flows(what, cfg, starts, tcfg, prompts, inits, seed) -> tuple:
+    """The reduced flows of the starts (``cfg`` with ``starts[i]``'s fields) on the prompt stream of
+    a ``start_runs`` need with the same stream and ``prompts`` (the same prompts as those full runs),
+    :func:`_flows_many`."""
+    return _flows_many([dict(what=what, cfg=cfg, starts=starts, tcfg=tcfg, prompts=prompts, inits=inits)], [seed])[0]
 
 
 def start_flows_need(what: str, cfgs, tcfg: TrainConfig, stream: tuple, *, prompts=None, inits=None):
@@ -495,7 +506,8 @@ def start_flows_need(what: str, cfgs, tcfg: TrainConfig, stream: tuple, *, promp
     arguments: the reduced flows on those runs' prompts."""
     if what not in ("unbalanced", "large"):
         raise ValueError(f"what must be 'unbalanced' or 'large', got {what!r}")
-    return need("start_flows", what=what, cfgs=tuple(cfgs), tcfg=replace(tcfg, seed=0), prompts=prompts,
+    cfg, starts = _starts(cfgs)
+    return need("start_flows", what=what, cfg=cfg, starts=starts, tcfg=replace(tcfg, seed=0), prompts=prompts,
                 inits=None if inits is None else tuple(inits), stream=tuple(stream))
 
 

@@ -186,3 +186,17 @@ def test_race_cells_past_the_stability_bound_are_not_run(device, monkeypatch):
                                                        verdict="located", kind="boundary", details=details))]
     assert texts[0].startswith("The (omega0, mu0) race cells were not trained: race cells: the step 0.1"), texts
     assert not any("race cells the" in t for t in texts), texts     # no count of cells that were not run
+
+
+def test_streams_that_share_their_prompts_make_the_claim_an_error(device, monkeypatch):
+    """A race cell's prompt streams are what its seeds are (its start is deterministic), so they are checked to be
+    independent (their fingerprints): when every run of a program gets its first run's prompt stream, the claim
+    reads error naming the cell's streams, never 'the data seeds agree'."""
+    from test_boundary_initialisation import every_run_as_run_zero
+    with every_run_as_run_zero(monkeypatch):
+        r = run_race(profile="tiny", device=device)
+    assert r.verdict == "error", r.verdict
+    err = r.details["error"]
+    assert err.startswith("ValueError: race cell (omega x0.5, mu x0.5): its prompt streams: runs counted as "
+                          "independent share their first batch of prompts"), err
+    assert "stream 0'" in err and "stream 1'" in err, err

@@ -9,6 +9,8 @@ heads for one task (boundary-allocation-race): tests/claims/test_boundary_alloca
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 
 import numpy as np
@@ -319,3 +321,41 @@ def test_starts_past_the_stability_bound_are_not_run(device, monkeypatch):
     assert res.verdict == "undecided" and res.details["undecided"] == "not run: " + why, res.details
     assert "stability bound 2/lambda = 0.02" in res.details["not_run"]
     assert init_findings(res) == []
+
+
+@contextlib.contextmanager
+def every_run_as_run_zero(monkeypatch):
+    """A seeding bug, made on purpose: every program of start runs (numerics.experiments.starts._train_measured, one
+    train_many call) trains each of its runs from its first run's init seed on its first run's prompt stream.  The
+    engine's memo is cleared before and after (the runs of the bug are kept nowhere)."""
+    from numerics.engine import clear_memo
+    from numerics.experiments import starts
+    real = starts._train_measured
+
+    def as_run_zero(runs):
+        first = runs[0]
+        for r in runs:
+            r["cfg"] = r["cfg"].replace(init_seed=first["cfg"].init_seed)
+            r["tcfg"] = dataclasses.replace(r["tcfg"], seed=first["tcfg"].seed)
+        return real(runs)
+
+    monkeypatch.setattr(starts, "_train_measured", as_run_zero)
+    clear_memo()
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+        clear_memo()
+
+
+def test_runs_that_share_their_randomness_make_the_claim_an_error(device, monkeypatch):
+    """Runs counted as independent are checked to be so (their TrainResult fingerprints,
+    numerics.seeds.check_independent): when every run of a program gets its first run's init seed and prompt stream,
+    the claim reads error naming the runs that share them (the seeds of a random start share their prompt stream on
+    purpose, so their initial weights are what must differ), never a count of seeds that all agree."""
+    with every_run_as_run_zero(monkeypatch):
+        r = run(profile="tiny", device=device)
+    assert r.verdict == "error", (r.verdict, r.details.get("undecided"))
+    err = r.details["error"]
+    assert err.startswith("ValueError: random starts at s0=") and "share their initial weights" in err, err
+    assert "init seed 0'" in err and "init seed 1'" in err, err
