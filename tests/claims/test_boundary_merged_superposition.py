@@ -8,6 +8,7 @@ from hypothesis import given, note, strategies as st
 
 from claims import boundaries as claim
 from numerics.config import ProblemConfig
+from numerics.engine import Engine
 from numerics.train import TrainConfig
 from training_draws import HEAVY, sigma_st
 
@@ -22,9 +23,11 @@ def test_merged_superposition(tasks, sigma, L, seed):
     tcfg = TrainConfig(lr=0.1, time=40.0, batch=256, seed=seed, records=5)
     for outside in (ProblemConfig(tasks=tasks, heads=len(tasks) + 1, L=L), ProblemConfig(tasks=tasks[:1], heads=1, L=L)):
         with pytest.raises(ValueError, match="heads == m >= 2"):
-            claim.check_merged_superposition(outside, tcfg, n_eval=4000, seed=seed)
-    c = claim.check_merged_superposition(ProblemConfig(tasks=tasks, heads=len(tasks), L=L, sigma=sigma), tcfg,
-                                         n_eval=8000, seed=seed)
+            claim.merged_needs(outside, tcfg, 4000, seed)
+    cfg = ProblemConfig(tasks=tasks, heads=len(tasks), L=L, sigma=sigma)
+    needs = claim.merged_needs(cfg, tcfg, 8000, seed)
+    results = Engine(seed=seed).run(needs)
+    c = claim.check_merged_superposition(cfg, tcfg, 8000, *(results[n] for n in needs))
     note(c.explain())
     print(f"[boundary merged] {c.name}: {c.measured}")
     assert c.agrees, c.explain()
