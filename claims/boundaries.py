@@ -82,20 +82,21 @@ def superposition_error(diff: float, se: float, share_merged, share_factored, pr
 THEORY_MERGED = {"merged": "superposed", "factored": "allocated", "merged_lower": True}
 
 
-def merged_needs(cfg, tcfg, n_eval: int, report_seed: int) -> tuple:
+def merged_needs(cfg, tcfg, n_eval: int) -> tuple:
     """(merged flow, factored flow, their end points' losses): the exact reduced flow trained with
-    the merged and the factored metric from cfg's start on the same prompts (cfg.param is
-    overridden), both end points on the same ``n_eval`` held-out prompts.  Refused outside the
-    domain (H = m >= 2) before any run."""
+    the merged and the factored metric from cfg's start on the same prompts (one named stream;
+    cfg.param is overridden), both end points on the same ``n_eval`` held-out prompts.  Refused
+    outside the domain (H = m >= 2) before any run."""
     if cfg.heads != cfg.m or cfg.m < 2:
         raise ValueError(f"the merged-superposition boundary needs heads == m >= 2 (one favoured head per task), got "
                          f"heads={cfg.heads}, m={cfg.m}")
-    merged, factored = (need("reduced_flow", cfg=cfg.replace(param=param), tcfg=tcfg) for param in ("merged", "factored"))
-    return merged, factored, need("paired_end_losses", first=merged, second=factored, cfg=cfg, n_eval=int(n_eval),
-                                  report_seed=int(report_seed))
+    stream = ("merged vs factored", tuple(cfg.tasks), cfg.heads, cfg.L, float(cfg.sigma))
+    merged, factored = (need("reduced_flow", cfg=cfg.replace(param=param), tcfg=tcfg, stream=stream)
+                        for param in ("merged", "factored"))
+    return merged, factored, need("paired_end_losses", first=merged, second=factored, cfg=cfg, n_eval=int(n_eval))
 
 
-def check_merged_superposition(cfg, tcfg, n_eval: int, merged, factored, losses) -> Comparison:
+def check_merged_superposition(cfg, n_eval: int, merged, factored, losses) -> Comparison:
     """The exact reduced flow trained with the merged and the factored metric from the same
     start (``merged``, ``factored``: the flows of :func:`merged_needs`), both end points evaluated
     on the same held-out prompts (``losses``, (2, n_eval)).
@@ -126,7 +127,7 @@ def check_merged_superposition(cfg, tcfg, n_eval: int, merged, factored, losses)
         why=f"the difference must be negative beyond {Z_SE:g} standard errors of the paired loss difference on "
             f"{n_eval} held-out prompts ({Z_SE * se:.3g}), and each end point must show its predicted pattern",
         perturbations=perts,
-        details={"config": cfg.to_dict(), "train": tcfg.to_dict(),
+        details={"config": cfg.to_dict(), "train": merged.train.to_dict(),
                  "merged": {"omega": np.round(merged.omega, 4).tolist(), "mu": np.round(merged.mu, 4).tolist()},
                  "factored": {"omega": np.round(factored.omega, 4).tolist(),
                               "mu": np.round(factored.mu, 4).tolist()},
@@ -179,7 +180,7 @@ def fewer_heads_error(loss_trained: float, loss_predicted: float, measured_winne
     return abs(loss_trained - loss_predicted)
 
 
-def fewer_needs(cfg, tcfg, n_eval: int, report_seed: int) -> tuple:
+def fewer_needs(cfg, tcfg, n_eval: int) -> tuple:
     """(flow, theory's winners, theory's expansion flow to the run's end, the flow's end read
     out): the exact reduced flow (cfg.param) with H < m heads from cfg's init, theory's
     predictions from the same init, and the trained point, the partition minimum of theory's
@@ -191,13 +192,12 @@ def fewer_needs(cfg, tcfg, n_eval: int, report_seed: int) -> tuple:
     start = (om0, mu0, tuple(cfg.tasks), int(cfg.L), float(cfg.sigma), cfg.param, float(cfg.logit_scale))
     flow, winners = need("reduced_flow", cfg=cfg, tcfg=tcfg), theory_need("predicted_winners", *start)
     return (flow, winners, theory_need("expansion_flow", *start, float(tcfg.time), (0.0, float(tcfg.time))),
-            need("fewer_heads_end", flow=flow, winners=winners, cfg=cfg, n_eval=int(n_eval),
-                 report_seed=int(report_seed)))
+            need("fewer_heads_end", flow=flow, winners=winners, cfg=cfg, n_eval=int(n_eval)))
 
 
-def check_fewer_heads(cfg, tcfg, n_eval: int, winners, end_flow, run) -> Comparison:
-    """The exact reduced flow (cfg.param) with H < m heads from cfg's init, read out by
-    ``run`` (:func:`fewer_needs`), against theory's ``winners`` and its expansion flow to the
+def check_fewer_heads(cfg, n_eval: int, flow, winners, end_flow, run) -> Comparison:
+    """The exact reduced flow (cfg.param) with H < m heads from cfg's init (``flow``), read out
+    by ``run`` (:func:`fewer_needs`), against theory's ``winners`` and its expansion flow to the
     run's end ``end_flow``.
 
     Predicted (theory.task_allocation.predicted_winners: the expansion flow from the same
@@ -239,7 +239,7 @@ def check_fewer_heads(cfg, tcfg, n_eval: int, winners, end_flow, run) -> Compari
         + ([perturbation("winners permuted (head h -> h + 1 mod H)",
                          fewer_heads_error(trained, predicted_loss, measured_winners, permuted, decisive),
                          tol, predicted=permuted)] if cfg.heads > 1 else []),
-        details={"config": cfg.to_dict(), "train": tcfg.to_dict(), "omega0": om0.tolist(), "mu0": mu0.tolist(),
+        details={"config": cfg.to_dict(), "train": flow.train.to_dict(), "omega0": om0.tolist(), "mu0": mu0.tolist(),
                  "predicted_shares_at_end": end_shares, "winners_judged": decisive, "se_trained": se_trained,
                  "omega": np.round(om_avg, 4).tolist(), "mu": np.round(mu_avg, 4).tolist(),
                  "second_share": shares, "averaged_records": run.averaged_records, "drift": drift, "fluctuation": fluctuation,
@@ -250,15 +250,15 @@ def check_fewer_heads(cfg, tcfg, n_eval: int, winners, end_flow, run) -> Compari
 
 
 def _merged_case(ctx) -> tuple:
-    """(cfg, tcfg) of the merged boundary at ctx's profile (the flows' prompt stream: the report's seed)."""
+    """(cfg, tcfg) of the merged boundary at ctx's profile (the flows' prompt stream is their need's)."""
     p = ctx.p
     return (ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device),
-            TrainConfig(lr=p.lr, time=p.time, batch=p.batch, seed=ctx.seed, records=21))
+            TrainConfig(lr=p.lr, time=p.time, batch=p.batch, records=21))
 
 
 def plan_merged(ctx, results=None) -> list:
     cfg, tcfg = _merged_case(ctx)
-    return list(merged_needs(cfg, tcfg, ctx.p.n_eval, ctx.seed))
+    return list(merged_needs(cfg, tcfg, ctx.p.n_eval))
 
 
 def compare_merged(ctx, results) -> Outcome:
@@ -269,8 +269,7 @@ def compare_merged(ctx, results) -> Outcome:
                           "why": "a superposition needs two heads, a share two tasks; with H > m the default init "
                                  "favours two heads equally on a task, which then stay tied by symmetry (a shared "
                                  "task, not allocation) in both parametrisations"}}
-    comp = check_merged_superposition(cfg, tcfg, ctx.p.n_eval,
-                                      *(results[n] for n in merged_needs(cfg, tcfg, ctx.p.n_eval, ctx.seed)))
+    comp = check_merged_superposition(cfg, ctx.p.n_eval, *(results[n] for n in merged_needs(cfg, tcfg, ctx.p.n_eval)))
     se = comp.details["se_difference"]
     rows = [headline_row(comp, "merged minus factored loss", theory=0.0, measured=comp.measured["difference"],
                          se=se, tolerance=Z_SE * se, side="not above"),
@@ -284,22 +283,21 @@ def compare_merged(ctx, results) -> Outcome:
 
 
 def _fewer_case(ctx) -> tuple:
-    """(cfg, tcfg) of the fewer-heads boundary at ctx's profile (the flow's prompt stream: the report's seed)."""
+    """(cfg, tcfg) of the fewer-heads boundary at ctx's profile (the flow's prompt stream is its need's)."""
     p = ctx.p
     return (ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, init="random_decomposable",
                           init_seed=p.init_seed, device=ctx.device),
-            TrainConfig(lr=p.lr, time=p.time, batch=p.batch, seed=ctx.seed, records=21))
+            TrainConfig(lr=p.lr, time=p.time, batch=p.batch, records=21))
 
 
 def plan_fewer(ctx, results=None) -> list:
     cfg, tcfg = _fewer_case(ctx)
-    return list(fewer_needs(cfg, tcfg, ctx.p.n_eval, ctx.seed))
+    return list(fewer_needs(cfg, tcfg, ctx.p.n_eval))
 
 
 def compare_fewer(ctx, results) -> Outcome:
     cfg, tcfg = _fewer_case(ctx)
-    _, winners, end_flow, run = (results[n] for n in fewer_needs(cfg, tcfg, ctx.p.n_eval, ctx.seed))
-    comp = check_fewer_heads(cfg, tcfg, ctx.p.n_eval, winners, end_flow, run)
+    comp = check_fewer_heads(cfg, ctx.p.n_eval, *(results[n] for n in fewer_needs(cfg, tcfg, ctx.p.n_eval)))
     head = [headline_row(comp, "trained loss vs partition minimum", theory=comp.predicted["loss_partition_minimum"],
                          measured=comp.measured["loss_trained"], se=comp.details["se_trained"]),
             headline_row(comp, "winners (head of each task)", theory=comp.predicted["winners"],

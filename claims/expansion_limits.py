@@ -61,10 +61,10 @@ def saturation_error(rows: list[dict], edge: float) -> tuple[float, float, float
     return max(0.0, tol - growth), growth, tol
 
 
-def saturation_need(r: int, L: int, omegas, sigma: float, n_eval: int, report_seed: int, device="cpu"):
+def saturation_need(r: int, L: int, omegas, sigma: float, n_eval: int, device="cpu"):
     """The exact loss of one head on one block along ``omegas`` (``numerics.experiments.reduced_flows``)."""
     return need("saturation_scan", r=int(r), L=int(L), omegas=tuple(float(w) for w in omegas), sigma=float(sigma),
-                n_eval=int(n_eval), device=str(device), report_seed=int(report_seed))
+                n_eval=int(n_eval), device=str(device))
 
 
 def saturation_rows(scan: list[dict], r: int, L: int, sigma: float) -> list[dict]:
@@ -113,14 +113,13 @@ def check_saturation(r: int, L: int, sigma: float, scan: list[dict]) -> Comparis
 
 def plan_saturation(ctx, results=None) -> list:
     p = ctx.p
-    return [saturation_need(p.r, p.L, p.omegas, p.sigma, p.n_eval, ctx.seed, ctx.device)]
+    return [saturation_need(p.r, p.L, p.omegas, p.sigma, p.n_eval, ctx.device)]
 
 
 def compare_saturation(ctx, results) -> Outcome:
     p = ctx.p
     r, L, sigma = p.r, p.L, p.sigma
-    comp = check_saturation(r, L, sigma, results[saturation_need(r, L, p.omegas, sigma, p.n_eval, ctx.seed,
-                                                                 ctx.device)])
+    comp = check_saturation(r, L, sigma, results[saturation_need(r, L, p.omegas, sigma, p.n_eval, ctx.device)])
     rows = comp.details["rows"]
     fig = Figure(name="saturation", title=f"Exact loss vs expansion, one block r={r}, L={L}",
                  xlabel="kappa = omega^2 d / log L", ylabel="loss (mu optimal for the exact loss)", yscale="log",

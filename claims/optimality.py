@@ -91,7 +91,7 @@ def row_needs(p: OptimalityProfile, device: str = "cpu") -> list:
     tasks, sigma = tuple(p.limit_tasks), float(p.sigma)
     return [need("constant_row", tasks=tasks, sigma=sigma, L=int(L), device=str(device),
                  eval_elements=p.limit_eval_elements, fit_elements=p.limit_fit_elements,
-                 stream=("constant limit", tasks, sigma)) for L in p.limit_Ls] if p.limit_tasks else []
+                 stream=("constant row", tasks, sigma, int(L))) for L in p.limit_Ls] if p.limit_tasks else []
 
 
 def candidates(p: OptimalityProfile, H: int, results, device: str = "cpu") -> dict:

@@ -446,8 +446,7 @@ def decomposable_search(tasks, H: int, L: int, sigma: float, seed: int, device="
     """Cached: see :class:`DecomposableSearch`.  Every omega and mu free (signs free, heads
     shared between tasks), one local search per start (numerics.exact_reduced.minimise_family)
     on a fit sample of ``fit_elements`` (prompts x H x L), evaluated on ``eval_prompts`` paired
-    prompts.  Seeds: allocated minimum ``seed``, fit sample ``seed + 1``, evaluation ``seed + 2``,
-    random starts ``seed + 17``."""
+    prompts.  Seeds: the cases "allocated fit", "fit", "evaluation" and "random starts" of ``seed``."""
     tasks = tuple(int(r) for r in tasks)
     key = identity("decomposable_search", tasks=tasks, H=int(H), L=int(L), sigma=float(sigma), seed=int(seed),
                    device=str(device), random_starts=int(random_starts), fit_elements=int(fit_elements),
@@ -459,12 +458,13 @@ def decomposable_search(tasks, H: int, L: int, sigma: float, seed: int, device="
 @one_thread
 def _decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_elements, eval_prompts):
     m = len(tasks)
-    alloc = allocated_minimum(tasks, L, sigma, seed, device, fit_elements)
+    alloc = allocated_minimum(tasks, L, sigma, case_seed(seed, "allocated fit"), device, fit_elements)
     full = np.ones((H, m), bool)
     n_fit = max(128, fit_elements // (H * L))
-    decs = [minimise_family(tasks, L, sigma, full, full, [start], seed + 1, n_fit=n_fit,
+    decs = [minimise_family(tasks, L, sigma, full, full, [start], case_seed(seed, "fit"), n_fit=n_fit,
                             family=f"{H} shared heads from {name}", device=device)
-            for name, start in th_opt.search_starts(tasks, H, alloc.omega, random_starts, seed + 17)]
+            for name, start in th_opt.search_starts(tasks, H, alloc.omega, random_starts,
+                                                    case_seed(seed, "random starts"))]
     fixed = []
     if H >= m:
         om, mu_ = np.zeros((H, m)), np.zeros((H, m))
@@ -474,7 +474,7 @@ def _decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_el
         om, mu_ = th_opt.linear_attention_point(tasks, H, 1e-3, th_opt.linear_attention_scale(tasks, L, sigma))
         fixed.append(FamilyMinimum(f"{H} heads: linear-attention construction", tasks, L, sigma, om, mu_, math.nan))
     decs = fixed + decs
-    measure([alloc] + decs, eval_prompts, seed + 2, device)
+    measure([alloc] + decs, eval_prompts, case_seed(seed, "evaluation"), device)
     return DecomposableSearch(allocated=alloc, candidates=tuple(decs), fixed=len(fixed))
 
 
@@ -641,8 +641,8 @@ def best_as_full_model(search: DecomposableSearch, n: int, device: str, seed: in
     cfg = ProblemConfig(tasks=tuple(fm.tasks), heads=np.shape(fm.omega)[0], L=fm.L, sigma=fm.sigma, param="merged",
                         init="decomposable", device=device)
     est = held_out_loss(MultiHeadAttention.from_semi_singular_values(cfg, fm.omega, fm.mu), n=n, seed=seed)
-    doubled = float(exact_reduced.evaluate([(2.0 * fm.omega, fm.mu)], fm.tasks, fm.L, fm.sigma, n, seed + 1,
-                                           device).mean())
+    doubled = float(exact_reduced.evaluate([(2.0 * fm.omega, fm.mu)], fm.tasks, fm.L, fm.sigma, n,
+                                           case_seed(seed, "logits doubled"), device).mean())
     return {"full_model": est, "doubled": doubled}
 
 
@@ -657,11 +657,11 @@ def _row_cost(tasks, L, eval_elements, fit_elements, **_) -> float:
 @one_thread
 def constant_row(tasks, sigma: float, L: int, device: str, eval_elements: int, fit_elements: int, seed: int) -> dict:
     """The limit and the best two-heads-per-task (2m heads) decomposable point at L on one
-    paired evaluation sample, and C(L) (the row at L: seeds s, s + 1, s + 2 for the limit's fit,
-    the best point's and the evaluation, s = numerics.seeds.case_seed(seed, "constant row", L))."""
-    s = case_seed(seed, "constant row", L)
-    gf = allocated_minimum(tasks, L, sigma, s, device, fit_elements)
-    best = best_found_minimum(tasks, L, sigma, s + 1, 2, 0, device, fit_elements)
-    measure([gf, best], max(256, eval_elements // (best.omega.shape[0] * int(L))), s + 2, device)
+    paired evaluation sample, and C(L) (the limit's fit, the best point's and the evaluation
+    drawn from the cases "limit fit", "best fit" and "evaluation" of ``seed``)."""
+    gf = allocated_minimum(tasks, L, sigma, case_seed(seed, "limit fit"), device, fit_elements)
+    best = best_found_minimum(tasks, L, sigma, case_seed(seed, "best fit"), 2, 0, device, fit_elements)
+    measure([gf, best], max(256, eval_elements // (best.omega.shape[0] * int(L))), case_seed(seed, "evaluation"),
+            device)
     C, se = paired_ratio(gf.per_prompt, best.per_prompt)
     return {"L": int(L), "constant": C, "se": se, "gf": gf.summary(), "best": best.summary()}

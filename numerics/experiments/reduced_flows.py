@@ -16,7 +16,7 @@ The Rao-Blackwellised Monte-Carlo losses of ``numerics.exact_reduced`` measure e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from numerics.engine import kind
 from numerics.exact_reduced import (allocated_minimum, evaluate, fit_sample_size, minima_seconds, minimise_family,
                                     optimal_mu_at)
 from numerics.experiments import one_thread
+from numerics.seeds import case_seed
 from numerics.statistics import mean_se
 from numerics.train import TrainConfig, train_reduced, train_reduced_many
 
@@ -40,7 +41,8 @@ def _flow_cost(cfg, tcfg: TrainConfig) -> float:
 
 
 def _flows_many(params: list, seeds: list) -> list:
-    return one_thread(train_reduced_many)([p["cfg"] for p in params], [p["tcfg"] for p in params])
+    return one_thread(train_reduced_many)([p["cfg"] for p in params],
+                                          [replace(p["tcfg"], seed=int(s)) for p, s in zip(params, seeds)])
 
 
 @kind("reduced_flow", cost=_flow_cost, run_many=_flows_many,
@@ -48,17 +50,17 @@ def _flows_many(params: list, seeds: list) -> list:
 @one_thread
 def reduced_flow(cfg, tcfg: TrainConfig, seed: int):
     """The exact reduced flow of cfg (cfg.param's metric, cfg's decomposable init) on fresh
-    prompts (tcfg's prompt stream): a ``numerics.train.TrainResult``."""
-    return train_reduced(cfg, tcfg)
+    prompts (prompt stream ``seed``; tcfg's own seed is not read): a ``numerics.train.TrainResult``."""
+    return train_reduced(cfg, replace(tcfg, seed=int(seed)))
 
 
 @kind("paired_end_losses", cost=lambda cfg, n_eval, **_: cost.marginal_seconds(cfg.tasks, cfg.heads, cfg.L, n_eval,
                                                                                points=2))
-def paired_end_losses(first, second, cfg, n_eval: int, report_seed: int, seed: int) -> np.ndarray:
+def paired_end_losses(first, second, cfg, n_eval: int, seed: int) -> np.ndarray:
     """Per-prompt exact losses (2, n_eval) of the end points of the flows ``first`` and
-    ``second`` on the same held-out prompts (paired)."""
+    ``second`` on the same held-out prompts (paired; drawn from ``seed``)."""
     return evaluate([(first.omega, first.mu), (second.omega, second.mu)], cfg.tasks, cfg.L, cfg.sigma, n_eval,
-                    report_seed + 17, cfg.device)
+                    seed, cfg.device)
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ def _fewer_cost(cfg, n_eval, **_) -> float:
 
 @kind("fewer_heads_end", cost=_fewer_cost, shared=False)
 @one_thread
-def fewer_heads_end(flow, winners, cfg, n_eval: int, report_seed: int, seed: int) -> FewerHeadsRun:
+def fewer_heads_end(flow, winners, cfg, n_eval: int, seed: int) -> FewerHeadsRun:
     """The flow's end point (the iterates of its last quarter averaged: a finite-step run on
     fresh batches fluctuates around the flow's limit), the partition minimum of theory's
     ``winners`` (head of each task) and the m-head allocated minimum, each measured on the same
@@ -99,26 +101,25 @@ def fewer_heads_end(flow, winners, cfg, n_eval: int, report_seed: int, seed: int
     serves = np.zeros((cfg.heads, cfg.m), bool)
     serves[list(winners), np.arange(cfg.m)] = True
     part = minimise_family(cfg.tasks, cfg.L, cfg.sigma, serves, serves,
-                           [np.where(serves, np.maximum(np.abs(om_avg), 0.05), 0.0)], report_seed + 5,
+                           [np.where(serves, np.maximum(np.abs(om_avg), 0.05), 0.0)], case_seed(seed, "partition fit"),
                            family="partition", device=cfg.device)
-    alloc = allocated_minimum(cfg.tasks, cfg.L, cfg.sigma, report_seed + 6, cfg.device)
+    alloc = allocated_minimum(cfg.tasks, cfg.L, cfg.sigma, case_seed(seed, "allocated fit"), cfg.device)
     points = [(om_avg, mu_avg), (part.omega, part.mu), (alloc.omega, alloc.mu)] + [(r.omega, r.mu) for r in late]
-    losses = evaluate(points, cfg.tasks, cfg.L, cfg.sigma, n_eval, report_seed + 7, cfg.device)
+    losses = evaluate(points, cfg.tasks, cfg.L, cfg.sigma, n_eval, case_seed(seed, "evaluation"), cfg.device)
     return FewerHeadsRun(om_avg, mu_avg, part, alloc, losses, np.asarray(flow.losses), flow.steps, len(late))
 
 
 @kind("saturation_scan", cost=lambda omegas, n_eval, **_: 0.05 * len(omegas) * n_eval / 4000)
 @one_thread
-def saturation_scan(r: int, L: int, omegas: tuple, sigma: float, n_eval: int, device: str, report_seed: int,
-                    seed: int) -> list[dict]:
+def saturation_scan(r: int, L: int, omegas: tuple, sigma: float, n_eval: int, device: str, seed: int) -> list[dict]:
     """One head on one block of size r: at each omega, the mu minimising the exact loss (fit
-    sample) and the exact loss there on ``n_eval`` independent prompts, with kappa =
-    omega^2 r / log L."""
+    sample) and the exact loss there on ``n_eval`` independent prompts (each drawn from the
+    case (what, omega) of ``seed``), with kappa = omega^2 r / log L."""
     rows = []
-    for k, w in enumerate(omegas):
+    for w in omegas:
         om = np.full((1, 1), float(w))
-        mu = optimal_mu_at(om, (r,), L, sigma, report_seed, device=device)
-        loss, se = mean_se(evaluate([(om, mu)], (r,), L, sigma, n_eval, report_seed + 1000 + k, device)[0])
+        mu = optimal_mu_at(om, (r,), L, sigma, case_seed(seed, "mu fit", w), device=device)
+        loss, se = mean_se(evaluate([(om, mu)], (r,), L, sigma, n_eval, case_seed(seed, "evaluation", w), device)[0])
         rows.append({"omega": float(w), "mu": float(mu[0, 0]), "kappa": float(w) ** 2 * r / math.log(L),
                      "exact": loss, "exact_se": se})
     return rows
@@ -130,11 +131,12 @@ def saturation_scan(r: int, L: int, omegas: tuple, sigma: float, n_eval: int, de
 def monte_carlo_losses(points, r: int, sigma: float, mc_elements: int, device: str, seed: int) -> list[dict]:
     """The Rao-Blackwellised Monte-Carlo exact loss of one head on one block at each
     {"L", "omega", "mu"} of ``points`` (theory's: kept per engine), on max(2000, mc_elements // L)
-    prompts each."""
+    prompts each (drawn from the case ("evaluation", L) of ``seed``)."""
     out = []
-    for k, row in enumerate(points):
+    for row in points:
         n = max(2000, mc_elements // row["L"])
         om, mu = np.array([[row["omega"]]]), np.array([[row["mu"]]])
-        mc, se = mean_se(evaluate([(om, mu)], (r,), row["L"], sigma, n, seed + k, device)[0])
+        mc, se = mean_se(evaluate([(om, mu)], (r,), row["L"], sigma, n, case_seed(seed, "evaluation", row["L"]),
+                                  device)[0])
         out.append({"mc": mc, "mc_se": se, "mc_n": n})
     return out

@@ -74,7 +74,7 @@ def test_run_reports_domain_headline_and_refusals():
     out = claim.run_fewer_heads(profile="tiny", problem={"tasks": (1, 1), "heads": 2})
     assert out.verdict == "error" and "fewer heads than tasks" in out.details["error"]
     with pytest.raises(ValueError, match="fewer heads"):
-        claim.fewer_needs(ProblemConfig(tasks=(1, 1), heads=2, L=8), TrainConfig(time=0.1, lr=0.1), 1000, 0)
+        claim.fewer_needs(ProblemConfig(tasks=(1, 1), heads=2, L=8), TrainConfig(time=0.1, lr=0.1), 1000)
     with pytest.raises(ValueError, match="profile"):
         limits.run_saturation(profile="big")
     bad = limits.run_small_L(profile="tiny", problem={"blocks": 3})
