@@ -219,7 +219,7 @@ def check_fewer_heads(cfg, n_eval: int, flow, winners, end_flow, run) -> Compari
     trained, se_trained = mean_se(losses[0])
     predicted_loss = float(losses[1].mean())
     fluctuation = max(0.0, float(losses[3:].mean() - trained)) / run.averaged_records
-    drift = window_drift(run.train_losses[-max(2, int(math.ceil(0.1 * run.steps))):], Z_SE)
+    drift = window_drift(np.asarray(flow.losses)[-max(2, int(math.ceil(0.1 * flow.steps))):], Z_SE)
     tol = Z_SE * math.sqrt(2.0) * se_trained + drift + fluctuation
     err = fewer_heads_error(trained, predicted_loss, measured_winners, winners, decisive)
     permuted = [(h + 1) % cfg.heads for h in winners]

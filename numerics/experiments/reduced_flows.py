@@ -69,15 +69,13 @@ class FewerHeadsRun:
     (omega, mu), the partition minimum of the exact loss for theory's winners, the m-head
     allocated minimum, and their losses on the same held-out prompts (``losses[0]``: the
     averaged point, ``[1]``: the partition minimum, ``[2]``: the allocated minimum, ``[3:]``:
-    each averaged record); the training losses (``train_losses``), steps, record count."""
+    each averaged record); the number of averaged records."""
 
     omega: np.ndarray
     mu: np.ndarray
     partition: object
     allocated: object
     losses: list
-    train_losses: np.ndarray
-    steps: int
     averaged_records: int
 
 
@@ -106,7 +104,7 @@ def fewer_heads_end(flow, winners, cfg, n_eval: int, seed: int) -> FewerHeadsRun
     alloc = allocated_minimum(cfg.tasks, cfg.L, cfg.sigma, case_seed(seed, "allocated fit"), cfg.device)
     points = [(om_avg, mu_avg), (part.omega, part.mu), (alloc.omega, alloc.mu)] + [(r.omega, r.mu) for r in late]
     losses = evaluate(points, cfg.tasks, cfg.L, cfg.sigma, n_eval, case_seed(seed, "evaluation"), cfg.device)
-    return FewerHeadsRun(om_avg, mu_avg, part, alloc, losses, np.asarray(flow.losses), flow.steps, len(late))
+    return FewerHeadsRun(om_avg, mu_avg, part, alloc, losses, len(late))
 
 
 @kind("saturation_scan", cost=lambda omegas, n_eval, **_: 0.05 * len(omegas) * n_eval / 4000)
@@ -125,8 +123,12 @@ def saturation_scan(r: int, L: int, omegas: tuple, sigma: float, n_eval: int, de
     return rows
 
 
-@kind("monte_carlo_losses", cost=lambda points, mc_elements, **_: len(points.args["args"][1]) * mc_elements / 2 ** 23,
-      shared=False)
+def _mc_cost(points, mc_elements, **_) -> float:
+    ladder_Ls = points.args["args"][1]      # points: theory's gap_ladder(r, Ls, sigma) need
+    return len(ladder_Ls) * mc_elements / 2 ** 23
+
+
+@kind("monte_carlo_losses", cost=_mc_cost, shared=False)
 @one_thread
 def monte_carlo_losses(points, r: int, sigma: float, mc_elements: int, device: str, seed: int) -> list[dict]:
     """The Rao-Blackwellised Monte-Carlo exact loss of one head on one block at each
