@@ -135,17 +135,15 @@ def _stream(p: AuthorsProfile, dy: int, H: int) -> tuple:
 
 def run_need(ctx, p: AuthorsProfile, dy: int, H: int, init: str) -> Need:
     """One run of the experiment and the held-out prompts its checkpoints are audited on."""
-    return need("authors_run", stream=_stream(p, dy, H), **_settings(p, dy, H, init, ctx.device), held_out=p.prompts,
-                report_seed=ctx.seed)
+    return need("authors_run", stream=_stream(p, dy, H), **_settings(p, dy, H, init, ctx.device), held_out=p.prompts)
 
 
 def emergence_need(ctx, p: AuthorsProfile, dy: int, H: int) -> Need:
     """Theory's expansion flow from the small-init start of (d_y, H) (its run's init seed)."""
-    return need("authors_emergence", stream=_stream(p, dy, H), **_settings(p, dy, H, "authors_small", ctx.device),
-                report_seed=ctx.seed)
+    return need("authors_emergence", stream=_stream(p, dy, H), **_settings(p, dy, H, "authors_small", ctx.device))
 
 
-def reference_needs(ctx, p: AuthorsProfile, tasks: tuple) -> dict:
+def reference_needs(p: AuthorsProfile, tasks: tuple) -> dict:
     """Theory's reference points at ``tasks`` for every H of the profile, as independent pieces
     (numerics.experiments.authors "reference_points" needs, computed side by side): "shared" the
     H-independent points (the one-head optimum left out when it is a piece of its own),
@@ -154,7 +152,7 @@ def reference_needs(ctx, p: AuthorsProfile, tasks: tuple) -> dict:
     from numerics.reference_points import REFERENCES
 
     heads = tuple(sorted(p.heads))
-    base = {"tasks": tuple(tasks), "L": p.L, "sigma": 0.0, "search": p.search, "report_seed": ctx.seed}
+    base = {"tasks": tuple(tasks), "L": p.L, "sigma": 0.0, "search": p.search}
     skipped = lambda *names: tuple(sorted(set(p.skip) | set(names)))  # noqa: E731 - one name per point
     own_one_head = len(tasks) > 1 and "one_head_optimum" not in p.skip
     out = {"shared": need("reference_points", heads=heads, **base,
@@ -195,7 +193,7 @@ def plan(ctx, results=None) -> list:
     p, _, runs = _runs(ctx)
     out = [run_need(ctx, p, dy, H, init) for dy, H, init in runs]
     for dy in p.dys:
-        out += list(reference_needs(ctx, p, authors.datagenerator_blocks(p.dx, dy)).values())
+        out += list(reference_needs(p, authors.datagenerator_blocks(p.dx, dy)).values())
     if p.emergence:
         out += [emergence_need(ctx, p, dy, H) for dy, H, init in runs if init == "authors_small"]
     return out
@@ -248,7 +246,7 @@ def compare_results(ctx, results) -> Outcome:
     reference points of its task split; the emergence flows reported beside the small inits' runs."""
     p, note, runs = _runs(ctx)
     splits = [authors.datagenerator_blocks(p.dx, dy) for dy in p.dys]
-    refs = {t: _assemble({piece: results[n] for piece, n in reference_needs(ctx, p, t).items()}) for t in splits}
+    refs = {t: _assemble({piece: results[n] for piece, n in reference_needs(p, t).items()}) for t in splits}
     into = {"comps": [], "rows": [], "undecided": [], "sub_findings": []}
     per_run, panels = [], {}
     for k, (dy, H, init) in enumerate(runs):

@@ -40,6 +40,7 @@ from numerics import cost, external
 from numerics.config import ProblemConfig
 from numerics.engine import kind, kind_of
 from numerics.experiments import one_thread
+from numerics.seeds import case_seed
 from numerics.train import TrainConfig, train_many
 
 __all__ = ["AuthorsRun", "AuthorsResult", "datagenerator_blocks", "train_runs", "checkpoint", "emergence",
@@ -239,9 +240,10 @@ AUDIT_CHECKPOINT_SECONDS = 1.45
 the stated sizes (d_x = 50, L = 100)."""
 
 
-def _run_of(settings: dict, report_seed: int) -> AuthorsRun:
-    """The run a need names: its settings, data seed and init seed the report's seed."""
-    return AuthorsRun(**settings, seed=report_seed, init_seed=report_seed)
+def _run_of(settings: dict, seed: int) -> AuthorsRun:
+    """The run a need of seed ``seed`` names: its settings, its prompts drawn from ``seed`` (the
+    two starts of a shape name one stream: one draw a step), its start from the stream "init"."""
+    return AuthorsRun(**settings, seed=seed, init_seed=case_seed(seed, "init"))
 
 
 def _run_cost(dy, heads, steps, dx, L, batch, snapshots, held_out, **_) -> float:
@@ -263,10 +265,10 @@ def _shape(dx, dy, heads, L, batch, device, dtype, **_) -> tuple:
 def _trained(params: list, seeds: list) -> list:
     """The runs of ``params`` (needs' parameters) trained together (:func:`train_runs`), each with
     the held-out prompts its audit measures."""
-    settings = [{k: v for k, v in p.items() if k not in ("held_out", "report_seed")} for p in params]
-    results = train_runs([_run_of(s, p["report_seed"]) for s, p in zip(settings, params)])
-    return [dataclasses.replace(r, held_out_prompts=int(p["held_out"]), held_out_seed=int(p["report_seed"]))
-            for r, p in zip(results, params)]
+    settings = [{k: v for k, v in p.items() if k != "held_out"} for p in params]
+    results = train_runs([_run_of(s, seed) for s, seed in zip(settings, seeds)])
+    return [dataclasses.replace(r, held_out_prompts=int(p["held_out"]), held_out_seed=case_seed(seed, "held out"))
+            for r, p, seed in zip(results, params, seeds)]
 
 
 @kind("authors_run", cost=_run_cost, run_many=_trained, batch_key=_shape)
@@ -292,16 +294,16 @@ def _references_cost(tasks, heads, L, sigma, search, skip, **_) -> float:
 
 
 @kind("reference_points", cost=_references_cost, shared=False)
-def reference_points_need(tasks, heads, L, sigma, search, skip, report_seed, seed):
+def reference_points_need(tasks, heads, L, sigma, search, skip, seed):
     """numerics.reference_points.references_for_heads at (tasks, L, sigma) for ``heads`` on the CPU
     ({H: references}), ``skip`` the points not computed; the best decomposable point's search drawn
-    from the report's seed."""
+    from the need's seed."""
     from numerics.reference_points import references_for_heads
-    return references_for_heads(tuple(tasks), list(heads), L, sigma, report_seed, "cpu", dict(search), skip=tuple(skip))
+    return references_for_heads(tuple(tasks), list(heads), L, sigma, seed, "cpu", dict(search), skip=tuple(skip))
 
 
 @kind("authors_emergence", cost=lambda **_: cost.theory_seconds("phase_prediction"), shared=False)
-def emergence_need(seed: int, report_seed: int, **settings) -> Optional[dict]:
-    """:func:`emergence` of the run of ``settings`` (its start: the init seed of its run need; priced
-    as claim 3's forecast, run_length and its phases)."""
-    return emergence(_run_of(settings, report_seed))
+def emergence_need(seed: int, **settings) -> Optional[dict]:
+    """:func:`emergence` of the run of ``settings`` (its start: a need of its run's stream has its
+    run's seed, so its init seed; priced as claim 3's forecast, run_length and its phases)."""
+    return emergence(_run_of(settings, seed))

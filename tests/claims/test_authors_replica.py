@@ -180,23 +180,24 @@ def test_reduced_cpu_run_at_their_sizes():
 def test_theory_pieces_assemble_to_references_for_heads():
     """The pieces of theory's reference points (needs computed side by side) give what one call
     gives (thorough: theory's points twice, about 20 CPU s)."""
-    from claims.spec import context
     from numerics.engine import Engine
     from numerics.reference_points import references_for_heads
 
     search = {"random_starts": 1, "fit_elements": 2 ** 12, "eval_prompts": 256}
     p = ar.AuthorsProfile(dx=3, dys=(2,), heads=(2, 3), L=8, skip=(), search=tuple(sorted(search.items())))
-    ctx = context(ar.SPEC, p)
-    needs = ar.reference_needs(ctx, p, (2, 1))
+    needs = ar.reference_needs(p, (2, 1))
     assert list(needs) == ["shared", "one_head", ("best", 2), ("best", 3)]
     done = Engine(seed=0).run(needs.values())
     got = ar._assemble({piece: done[n] for piece, n in needs.items()})
-    want = references_for_heads((2, 1), [2, 3], 8, 0.0, 0, "cpu", search)
+    want = references_for_heads((2, 1), [2, 3], 8, 0.0, 0, "cpu", search, skip=("best_decomposable",))
     assert sorted(got) == [2, 3]
     for H in (2, 3):
+        # the best decomposable point is a search drawn from its own piece's seed
+        want[H]["best_decomposable"] = references_for_heads((2, 1), [H], 8, 0.0, needs[("best", H)].seed(0), "cpu",
+                                                             search)[H]["best_decomposable"]
         for name in ("allocated_fixed_point", "one_head_optimum", "best_decomposable", "linear_attention"):
             assert got[H][name]["available"] and math.isclose(got[H][name]["loss"], want[H][name]["loss"],
                                                               rel_tol=1e-12), (H, name)
         assert got[H]["linear_attention"]["reachable"] == want[H]["linear_attention"]["reachable"]
     one_task = ar.AuthorsProfile(dx=4, dys=(1,), heads=(3,), L=8, skip=("best_decomposable",))
-    assert list(ar.reference_needs(ctx, one_task, (4,))) == ["shared"]
+    assert list(ar.reference_needs(one_task, (4,))) == ["shared"]
