@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Optional
 from numerics.seeds import case_seed
 
 KIND_MODULES = ("numerics.experiments.theory_values", "numerics.experiments.converged", "numerics.exact_reduced",
-                "numerics.experiments.probes", "numerics.experiments.phases")
+                "numerics.experiments.probes", "numerics.experiments.phases", "numerics.experiments.authors")
 """Modules whose import registers the kinds (imported on the first lookup)."""
 
 
