@@ -1,42 +1,25 @@
 """The audit of models trained by anyone: what the paper's theory says about handed weights.
 
-``python -m reports.audit CHECKPOINT ...`` (docs/audit.md).  Nothing is trained here: numerics
-reads and measures each checkpoint (``numerics.external``: layout, readout, off-D split, held-out
-loss), theory gives its reference points at the researcher's configuration (:func:`references`:
-the allocated fixed point, the one-head optimum, the best decomposable point of the same H, signs
-free, and centred linear attention), and this module places the model among them and compares
-where the paper's account applies.  It is not one of the paper's claims run on a profile, so it is
-not in ``claims.REGISTRY``; its results are built by the one runner (``claims.spec.run_spec``), one
-``ClaimResult`` per judged model and one for a trajectory:
-
-- ``model-K`` (the K-th judged checkpoint).  Where the model stands is decided from its own readout
-  (:func:`domain`, then ``claims.trained.run_status``): *inside* the allocated account (on D,
-  allocated, H >= m, not saturated, converged) -> ``kind="claim"``, compared two-sidedly with the
-  exact allocated fixed point (its held-out loss, :func:`check_fixed_point_loss`; its served
-  (omega, mu), :func:`check_served`); outside -> ``kind="boundary"``, the one-sided check on the
-  side theory puts it (a superposition is not above the fixed point and is compared with the best
-  decomposable point; an unconverged model on D is not below it; anything else is checked to have
-  learned something: below the zero model's loss sum r_i).  Its loss over each reference point
-  (the *ladder*) is reported with its standard error, never judged: theory does not say where an
-  arbitrary model sits.
-- ``trajectory``: several checkpoints of one run with training times: the phase times read by
-  ``theory.three_phases.phase_times`` from the held-out losses against theory's prediction from the
-  first checkpoint (claim 3), and the final winners against ``theory.task_allocation.
-  predicted_winners`` from it (claim 4), where the first checkpoint is in the domain of those
-  predictions (on D, factored and balanced, every value positive); otherwise a boundary, undecided,
-  saying why.
-
-A single checkpoint cannot show that its loss had stopped falling, and a model is compared with a
-minimiser only once converged: without a trajectory (or ``assume_converged``, the researcher's own
-statement, recorded as such) a model is treated as not shown converged.
-
-Units: this project's loss is E||y_q - y_hat||^2 summed over the m tasks and its time t = lr x
-steps of plain gradient descent on it.  torch's MSELoss (the authors' script) averages over the m
-outputs, so its gradient is 1/m of ours: one of their steps at lr is one of ours at lr/m, t = lr x
-steps / m (``loss_units="mean"``).  The per-task mean (our loss / m) is reported beside ours.
+``python -m reports.audit CHECKPOINT ...`` (docs/audit.md has the account in full).  Nothing is
+trained: numerics reads and measures each checkpoint (``numerics.external``), theory gives its
+reference points at the researcher's configuration (``numerics.reference_points``), and this module
+places each model among them and compares where the paper's account applies, through the one runner
+(``claims.spec.run_spec``; not in ``claims.REGISTRY``): ``model-K`` per judged checkpoint -- inside
+the allocated account (on D, allocated, H >= m, not saturated, converged: :func:`domain`,
+``claims.trained.run_status``) a claim, its loss and served (omega, mu) against the exact allocated
+fixed point; outside a boundary, checked on the side theory puts it; the *ladder* (its loss over
+each reference point) reported, never judged -- and ``trajectory`` for a run: its phase times and
+final winners against theory from the first checkpoint (claims 3-4).  Each judged model is measured
+on as many held-out prompts as reject its comparisons' wrong predictions (:func:`sized`, within the
+request's caps); a comparison not made is a row saying why, and a result that agrees but cannot
+decide is undecided (:func:`judged_result`), never passed.  A single checkpoint cannot show that its
+loss had stopped falling: without a trajectory (or ``assume_converged``, the researcher's statement)
+a model is not shown converged.  Units: this project's loss sums over the m tasks and t = lr x steps;
+torch's MSELoss averages over them, so one of its steps at lr is one of ours at lr/m.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -46,9 +29,10 @@ import numpy as np
 
 from claims.base import ClaimResult, no_progress
 from claims.common import Z_SE, compare, config_label, headline_row, off_by, reported_row
-from claims.spec import ClaimSpec, Outcome, finding, fmt
+from claims.spec import ClaimSpec, Context, Outcome, finding, fmt
 from claims.trained import run_status
 from numerics import external
+from numerics.reference_points import REFERENCES, SEARCH, references
 from numerics.readout import ZERO_SUM_SHARE
 
 ON_D_SHARE = 0.1
@@ -56,9 +40,8 @@ ON_D_SHARE = 0.1
 function-relevant norm sqrt(||P_D theta||^2 + movable^2) (theory.initialisation.residual_split; the
 y columns of W, which no query reads and no gradient reaches, are left out: an untrained random
 part there changes nothing the model computes).  The same 0.1 as boundary-initialisation's "on D";
-its measured ends cluster at 0.0-0.1 (allocated runs, SGD noise puts ~1e-2 there) and 0.8-1.0
-(off D), so the class does not hinge on the threshold.  Decides which account applies, never an
-agreement."""
+its measured ends cluster at 0.0-0.1 (allocated runs) and 0.8-1.0 (off D), so the class does not
+hinge on the threshold.  Decides which account applies, never an agreement."""
 
 OFF_D_SHARE = 0.5
 """Off D (the readout's words; the boundary-initialisation threshold): at least half of the
@@ -68,7 +51,7 @@ BALANCED_SHARE = 0.1
 """Theory's phase and winner predictions integrate the balanced factored metric.  A factored start
 with conserved balances c = k^2 - q^2 has metric sqrt(c^2 + 4 s^2 omega^2)/(s^2 r) instead of
 2 |omega|/(s r) (theory.initialisation.unbalanced_metric_factors): with |c| <= 0.1 x 2 s |omega| the
-rates differ by at most sqrt(1 + 0.01) - 1 = 0.5%, below the phase tolerance's record spacing; the
+rates differ by at most sqrt(1 + 0.01) - 1 = 0.5%, below the phase tolerance's checkpoint gap; the
 same bound for o^2 - v^2 against 2 |mu|."""
 
 CONVERGED_RELATIVE = 0.01
@@ -86,12 +69,18 @@ PHASE_FACTOR = 2.0
 MIN_PHASE_CHECKPOINTS = 5
 """theory.three_phases.phase_times needs at least 5 records."""
 
-LOSS_UNITS = ("mean", "sum")
+PILOT_PROMPTS = 4096
+"""Held-out prompts of the pilot measurement that sizes each judged model's (:func:`prompts_needed`)."""
 
-SEARCH = {"random_starts": 2, "fit_elements": 2 ** 19, "eval_prompts": 4096}
-"""The best decomposable point's search (numerics.experiments.probes.best_decomposable, its
-defaults): at the authors' configuration (16, 17, 17), H = 3, L = 100 it took 7 CPU s with one random
-start and 2^17 fit elements (se 1.6%); the default sizes give se ~1%."""
+SIZING_MARGIN = 1.25
+"""The sized count is the pilot's estimate x 1.25: the pilot's standard deviations, from 4096 prompts, are
+uncertain by ~1/sqrt(2 x 4096) ~ 1% (a few % for heavy-tailed per-prompt gradients); 1.25 in prompts is 12%
+in tolerance, many times that."""
+
+MAX_PROMPTS, MAX_SECONDS = 2 ** 20, 600.0
+"""The default caps of a sized measurement (per judged model): 2^20 prompts, 10 minutes by the pilot's rate."""
+
+LOSS_UNITS = ("mean", "sum")
 
 SUM_UNITS = "this project's units: E||y_q - y_hat||^2 summed over the m tasks"
 
@@ -103,7 +92,8 @@ class AuditRequest:
     own; given ones must agree); ``times`` (this project's units) or ``steps`` with ``lr`` and
     ``loss_units`` ("mean": torch's MSELoss over the m outputs, t = lr steps / m; "sum": t = lr
     steps), one per checkpoint, else the files' own entries; ``prompts``: held-out prompts per
-    model; ``assume_converged``: the researcher states that each checkpoint's run had converged."""
+    model (None: sized, :func:`sized`, within ``max_prompts`` and ``max_seconds``);
+    ``assume_converged``: the researcher states that each checkpoint's run had converged."""
 
     checkpoints: tuple            # paths, or numerics.external.ExternalModel objects (models in memory)
     tasks: Optional[tuple] = None
@@ -117,17 +107,14 @@ class AuditRequest:
     steps: Optional[tuple] = None
     lr: Optional[float] = None
     loss_units: str = "mean"
-    prompts: int = 16384
+    prompts: Optional[int] = None
+    max_prompts: int = MAX_PROMPTS
+    max_seconds: float = MAX_SECONDS
     seed: int = 0
     assume_converged: bool = False
     device: str = "cpu"
     search: tuple = tuple(sorted(SEARCH.items()))
     skip: tuple = ()
-
-
-REFERENCES = ("allocated_fixed_point", "one_head_optimum", "best_decomposable", "linear_attention")
-"""Theory's reference points (:func:`references`), in the ladder's order; ``skip`` names some to leave
-out (each then says "not computed: skipped")."""
 
 
 @dataclass
@@ -196,6 +183,8 @@ def plan_audit(request: AuditRequest) -> AuditPlan:
         if seq is not None and len(seq) != len(request.checkpoints):
             raise ValueError(f"{name} has {len(seq)} entries for {len(request.checkpoints)} checkpoints; give one "
                              "per checkpoint, in the order of the files")
+    if not ((request.prompts is None or request.prompts >= 2) and request.max_prompts >= 2 and request.max_seconds > 0):
+        raise ValueError("prompts and max_prompts must be at least 2 and max_seconds positive")
     if request.steps is not None and request.lr is None:
         raise ValueError("--steps needs --lr (the trainer's step size) to become training times")
     unknown = sorted(set(request.skip) - set(REFERENCES))
@@ -204,8 +193,10 @@ def plan_audit(request: AuditRequest) -> AuditPlan:
                          f"{', '.join(r.replace('_', '-') for r in REFERENCES)}")
     # a checkpoint is a file, or a model already in memory (numerics.external.ExternalModel: a run trained in this
     # process, e.g. numerics.experiments.authors.checkpoint), audited the same way
-    exts = [p if isinstance(p, external.ExternalModel) else external.read_checkpoint(p, request.layout, request.logit_scale)
-            for p in request.checkpoints]
+    external.check_paths([p for p in request.checkpoints if not isinstance(p, external.ExternalModel)])
+    known = tuple(request.tasks) if request.tasks else None
+    exts = [p if isinstance(p, external.ExternalModel) else
+            external.read_checkpoint(p, request.layout, request.logit_scale, tasks=known) for p in request.checkpoints]
     pick = lambda key: [(e.path, e.config[key]) for e in exts if e.config is not None]  # noqa: E731
     tasks = _agree("tasks", None if request.tasks is None else tuple(request.tasks),
                    [(p, tuple(v)) for p, v in pick("tasks")], "--tasks")
@@ -274,81 +265,6 @@ def _trainer_step(request: AuditRequest, exts, m: int) -> tuple[Optional[float],
 
 
 # --------------------------------------------------------------------------- theory's points
-
-def references(tasks, heads: int, L: int, sigma: float, seed: int = 0, device: str = "cpu", search: dict = None,
-               progress=no_progress, skip=()) -> dict:
-    """Theory's reference points at (tasks, heads, L, sigma), each ``{"loss", ...}`` with how it was
-    computed and its cost, or ``{"available": False, "reason": ...}`` (never left out silently):
-
-    - ``allocated_fixed_point``: theory.exact.exact_fixed_point (quadrature; needs H >= m);
-    - ``one_head_optimum``: theory.exact.single_head_optimum (at most 3 distinct block sizes);
-    - ``best_decomposable``: numerics.experiments.probes.best_decomposable at the same H, signs free
-      (a Monte-Carlo search: its loss bounds the optimum over D from above, with a standard error);
-    - ``linear_attention``: theory.optimality.linear_attention_loss, centred linear attention with
-      the optimal scale, which softmax heads reach only with H >= m + 1 (``reachable``).
-
-    ``skip``: reference names not to compute (recorded as skipped)."""
-    from numerics.experiments.probes import best_decomposable
-    from theory import exact, optimality
-
-    search = dict(SEARCH if search is None else search)
-    tasks, m = tuple(tasks), len(tasks)
-    out = {}
-
-    def timed(name, fn):
-        t0, c0 = time.perf_counter(), time.process_time()
-        if name in skip:
-            out[name] = {"available": False, "reason": "skipped (--skip)", "seconds": 0.0, "cpu_seconds": 0.0}
-            return
-        try:
-            value = fn()
-            value["available"] = True
-        except (ValueError, RuntimeError, NotImplementedError, MemoryError, ArithmeticError) as exc:
-            value = {"available": False, "reason": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        value["seconds"], value["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
-        out[name] = value
-
-    progress("theory: the allocated fixed point (quadrature)", 0.0)
-    if heads < m and "allocated_fixed_point" not in skip:
-        out["allocated_fixed_point"] = {"available": False, "seconds": 0.0, "cpu_seconds": 0.0,
-                                        "reason": f"H = {heads} < m = {m}: no allocated point (some head must serve "
-                                                  "several tasks)"}
-    else:
-        timed("allocated_fixed_point", lambda: {
-            **(lambda fp: {"loss": fp["loss"], "error_estimate": fp["error_estimate"], "omega_star": fp["omega_star"],
-                           "mu_star": fp["mu_star"], "loss_per_task": fp["loss_per_task"], "se": 0.0})(
-                exact.exact_fixed_point(tasks, L, sigma)),
-            "how": "theory.exact.exact_fixed_point: per task the one-head optimum of the exact loss (quadrature)"})
-    progress("theory: the one-head optimum (quadrature)", 0.2)
-
-    def one_head():
-        r = exact.single_head_optimum(tasks, L, sigma)
-        if not r["converged"]:
-            raise RuntimeError(f"the one-head search did not converge (gradient norm {r['grad_norm']:.3g})")
-        return {"loss": r["loss"], "error_estimate": r["error_estimate"], "omega": r["omega"], "mu": r["mu"],
-                "se": 0.0, "how": "theory.exact.single_head_optimum: the best single head (quadrature, L-BFGS-B)"}
-    timed("one_head_optimum", one_head)
-    progress(f"theory: the best decomposable point with H = {heads} (Monte-Carlo search)", 0.6)
-
-    def best():
-        b = best_decomposable(tasks, heads, L, sigma, seed, device, random_starts=int(search["random_starts"]),
-                              fit_elements=int(search["fit_elements"]), eval_prompts=int(search["eval_prompts"]))
-        return {"loss": b.loss, "se": b.se, "n_eval": b.n_eval, "omega": [list(r) for r in b.omega],
-                "mu": [list(r) for r in b.mu], "family": b.family, "error_estimate": 0.0,
-                "how": f"numerics.experiments.probes.best_decomposable: signed search over (omega, mu) with H = {heads} "
-                       f"(a search: an upper bound on the optimum over D), {search}"}
-    timed("best_decomposable", best)
-
-    def linear():
-        return {"loss": optimality.linear_attention_loss(tasks, L, sigma), "se": 0.0, "error_estimate": 0.0,
-                "reachable": bool(optimality.reaches_linear_attention(tasks, heads)),
-                "scale": optimality.linear_attention_scale(tasks, L, sigma).tolist(),
-                "how": "theory.optimality.linear_attention_loss: optimally scaled centred linear attention (exact), "
-                       f"reached by softmax heads only with H >= m + 1 = {m + 1}"}
-    timed("linear_attention", linear)
-    progress("theory: done", 1.0)
-    return out
-
 
 REFERENCE_NAMES = {"allocated_fixed_point": "allocated fixed point", "one_head_optimum": "one-head optimum",
                    "best_decomposable": "best decomposable (same H)", "linear_attention": "linear attention"}
@@ -426,7 +342,7 @@ def convergence(plan: AuditPlan, measurements: list) -> tuple[Optional[bool], st
         last = plan.cases[-1]
         earlier = [c for c in plan.cases[:-1] if c.time <= last.time - 0.25 * (last.time - plan.cases[0].time)]
         prev = earlier[-1] if earlier else plan.cases[-2]
-        d = external.loss_descent(prev.ext, last.ext, last.cfg, n=req.prompts, seed=req.seed,
+        d = external.loss_descent(prev.ext, last.ext, last.cfg, n=measurements[-1].projected_loss.n, seed=req.seed,
                                   chunk=measurements[-1].chunk)
         loss = measurements[-1].loss or measurements[-1].projected_loss
         if d is None:
@@ -457,7 +373,8 @@ def check_fixed_point_loss(name, loss, excess: float, fixed: dict, config: str):
                    f"{Z_SE:g} held-out standard errors ({loss.se:.3g}, {loss.n} prompts) + the loss its off-D parts add "
                    f"({excess:.3g}: the model minus its projection onto D, same prompts) + the quadrature bound",
                    wrong=off_by(PERTURB_FACTOR, fixed["loss"], "the fixed point's loss"), se=loss.se, config=config,
-                   details={"role": "fixed point loss"})
+                   details={"role": "fixed point loss", "tolerance_parts": {
+                       "noise": [Z_SE * loss.se], "fixed": [excess + fixed["error_estimate"]], "n": loss.n}})
 
 
 def served_curvature(omega_row, mu_value: float, task: int, tasks, L: int, sigma: float) -> np.ndarray:
@@ -531,7 +448,8 @@ def check_served(cfg, meas, noise: dict, fixed: dict, config: str):
     res = [served_resolution(Hs, noise["cov"][h, i], noise["n"]) for Hs, (i, h) in zip(curv, enumerate(heads))]
     spread = meas.spread or {"omega": np.zeros((cfg.heads, m)).tolist(), "mu": np.zeros((cfg.heads, m)).tolist()}
     so, sm = np.asarray(spread["omega"])[idx], np.asarray(spread["mu"])[idx]
-    tol = np.concatenate([Z_SE * np.array([r["omega"] for r in res]) + so, Z_SE * np.array([r["mu"] for r in res]) + sm])
+    noise_tol, fixed_tol = Z_SE * np.array([[r[k] for r in res] for k in ("omega", "mu")]).ravel(), np.r_[so, sm]
+    tol = noise_tol + fixed_tol
     f = PERTURB_FACTOR
     g = np.asarray(noise["mean"])
     gse = np.asarray(noise["se"])
@@ -544,11 +462,11 @@ def check_served(cfg, meas, noise: dict, fixed: dict, config: str):
                    wrong=[(f"omega* x {f:g}", pred(f * om_s, mu_s).tolist()),
                           (f"mu* x {f:g}", pred(om_s, f * mu_s).tolist())],
                    error=lambda a, b: _entrywise(a, b, tol), config=config,
-                   details={"role": "served", "serving_heads": heads, "tolerance_per_entry": tol.tolist(),
+                   details={"role": "served", "serving_heads": heads,
+                            "tolerance_parts": {"noise": noise_tol.tolist(), "fixed": fixed_tol.tolist(), "n": noise["n"]},
                             "off_task_shift": shift.tolist(), "resolution": res, "hessian": [c.tolist() for c in curv],
                             "held_out_gradient": {"omega": g[0][idx].tolist(), "mu": g[1][idx].tolist(),
-                                                  "omega_se": gse[0][idx].tolist(), "mu_se": gse[1][idx].tolist()},
-                            "readout_spread": {"omega": so.tolist(), "mu": sm.tolist()}})
+                                                  "omega_se": gse[0][idx].tolist(), "mu_se": gse[1][idx].tolist()}})
 
 
 def check_side(name, loss, target: float, target_error: float, sign: int, what: str, config: str):
@@ -608,6 +526,55 @@ def position(loss, refs: dict) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- how many prompts
+
+def prompts_needed(comparisons) -> tuple[float, str]:
+    """The fewest held-out prompts at which agreement implies that every wrong prediction is rejected,
+    and the wrong prediction that sets it.  A comparison's tolerance per entry j is
+    noise_j sqrt(n0 / n) + fixed_j (``details["tolerance_parts"]`` at n0 prompts: Z_SE standard errors,
+    and what no number of prompts shrinks); a model within it of the prediction p lies more than
+    d_j - tol_j from a wrong prediction p' (d_j = |p'_j - p_j|), rejected once tol_j < d_j / 2 in one
+    entry: n > n0 (noise_j / (d_j / 2 - fixed_j))^2.  From the noise and theory's prediction alone,
+    never from the measured discrepancy, so the count cannot steer a verdict; inf where no entry of
+    some wrong prediction can get there (its fixed parts alone exceed d_j / 2)."""
+    need, what = 0.0, ""
+    values = lambda x: np.asarray(list(x.values()) if isinstance(x, dict) else x, float).ravel()  # noqa: E731
+    for c in comparisons:
+        parts = c.details.get("tolerance_parts")
+        for q in (c.perturbations if parts else ()):
+            if "edge" in q.details or "predicted" not in q.details:
+                continue
+            room = np.abs(values(q.details["predicted"]) - values(c.predicted)) / 2 - np.asarray(parts["fixed"], float)
+            ratio = np.asarray(parts["noise"], float) / np.where(room > 0, room, 1.0)
+            n_j = float(np.min(np.where(room > 0, parts["n"] * ratio ** 2, math.inf)))
+            if n_j > need:
+                need, what = n_j, q.description
+    return need, what
+
+
+def sized_count(need: float) -> Optional[int]:
+    """The prompts to measure for an estimated need: SIZING_MARGIN over it, in whole pilots' worth."""
+    return None if not math.isfinite(need) else int(math.ceil(SIZING_MARGIN * need / PILOT_PROMPTS)) * PILOT_PROMPTS
+
+
+def undecided_reason(comparisons, n: int, seconds_per_prompt: float) -> Optional[str]:
+    """Why comparisons that all agree cannot decide -- a wrong prediction or edge probe not rejected --
+    and what would: the prompts :func:`prompts_needed` names, or that no count of them would.  None
+    where they decide (a disagreement is conclusive; or every wrong prediction is rejected)."""
+    missed = [q.description for c in comparisons for q in c.perturbations if not q.rejected]
+    if not missed or not all(c.agrees for c in comparisons):
+        return None
+    need, what = prompts_needed(comparisons)
+    count = sized_count(need)
+    head = f"agrees, but on {n} held-out prompts does not reject {', '.join(map(repr, missed))}"
+    if count is None:
+        return (f"{head}; no number of prompts would: the tolerance's parts that do not shrink with them exceed "
+                f"half the distance to {what!r}")
+    if count > n:
+        return f"{head}; needs {count} prompts (about {count * seconds_per_prompt:.0f} s): --prompts {count}"
+    return f"{head} at its tolerance"
+
+
 # --------------------------------------------------------------------------- one model
 
 def _est(e) -> Optional[dict]:
@@ -623,16 +590,35 @@ class ModelCase:
     refs: dict
     converged: tuple
     learned_check: bool = True
-    """False: a model outside every side theory gives and not shown converged is not compared (the
-    learned-something check asks it of a trained model; a run cut short by design, as
-    claims.authors_replica's reduced CPU run, is not one), it is undecided."""
+    """False: a model outside every side theory gives and not shown converged is undecided (the learned-
+    something check asks it of a trained model; a run cut short by design, claims.authors_replica's, is not one)."""
+    sizing: Optional[dict] = None
+    """How :func:`sized` chose the held-out prompts (None: the request's count)."""
+
+
+def sized(mc: ModelCase, req: AuditRequest, progress=no_progress) -> ModelCase:
+    """The judged model measured on the held-out prompts its comparisons need (:func:`prompts_needed`
+    on the pilot's comparisons, :func:`sized_count`), at most ``max_prompts`` and what the pilot's
+    rate fits in ``max_seconds``.  Decided from the pilot's noise and theory's predictions only."""
+    try:
+        pilot = evaluate_model(Context(p=mc, profile="audit", problem=None))
+    except Exception:       # the judged evaluation raises it again: the result's error
+        return mc
+    n0, rate = mc.meas.projected_loss.n, pilot.details["seconds_per_prompt"]
+    cap = max(n0, min(int(req.max_prompts), int(req.max_seconds / max(rate, 1e-12))))
+    count = sized_count(prompts_needed(pilot.comparisons)[0])
+    n = n0 if count is None else min(max(count, n0), cap)
+    if n > n0:
+        progress(f"measuring on {n} held-out prompts (sized from a pilot of {n0})", 0.9)
+    meas = external.measure(mc.case.ext, mc.case.cfg, n=n, seed=req.seed) if n > n0 else mc.meas
+    return dataclasses.replace(mc, meas=meas, sizing={"pilot": n0, "needed": count, "cap": cap, "n": n,
+                                                      "seconds_per_prompt": rate})
 
 
 def evaluate_model(ctx) -> Outcome:
-    """The comparisons of one model (module docstring)."""
+    """The comparisons of one model (module docstring); one not made is a row saying why."""
     mc: ModelCase = ctx.p
-    case, meas, refs = mc.case, mc.meas, mc.refs
-    cfg = case.cfg
+    case, meas, refs, cfg = mc.case, mc.meas, mc.refs, mc.case.cfg
     converged, conv_how, descent = mc.converged
     loss = meas.loss if meas.loss is not None else meas.projected_loss
     loss_what = "held-out loss" if meas.loss is not None else "held-out loss of the readout's point on D (no weights)"
@@ -643,19 +629,21 @@ def evaluate_model(ctx) -> Outcome:
         status = "not shown converged (" + conv_how + ")" + ("" if meas.allocation["allocated"] else (
             f"; heads not yet pruned: off-task share {meas.allocation['same_sign_share']:.2f}"))
     config = config_label(cfg)
-    fixed = refs.get("allocated_fixed_point", {})
-    fixed = fixed if fixed.get("available") else None
-    best = refs.get("best_decomposable", {})
-    best = best if best.get("available") else None
+    fixed, best = (refs.get(k, {}) if refs.get(k, {}).get("available") else None
+                   for k in ("allocated_fixed_point", "best_decomposable"))
     name = f"{case.ext.summary()['name']}"
-    comps, rows = [], []
+    comps, rows, not_made, noise_seconds = [], [], [], 0.0
     excess = max(0.0, meas.loss.mean - meas.projected_loss.mean) if meas.loss is not None else 0.0
+    if fixed is None and (status == "inside" or sign != 0):
+        not_made.append(("vs the exact allocated fixed point", refs["allocated_fixed_point"].get("reason")))
     if status == "inside" and fixed is not None:
         c = check_fixed_point_loss(f"{name}: {loss_what} vs the exact allocated fixed point, {config}", loss, excess,
                                    fixed, config)
         comps.append(c)
         rows.append(headline_row(c, se=loss.se))
+        t0 = time.perf_counter()
         noise = external.gradient_noise(meas.omega, meas.mu, cfg, n=loss.n, seed=meas.seed, chunk=meas.chunk)
+        noise_seconds = time.perf_counter() - t0
         s = check_served(cfg, meas, noise, fixed, config)
         comps.append(s)
         rows.append(headline_row(s, theory=None, measured=None, tolerance=1.0,
@@ -663,12 +651,17 @@ def evaluate_model(ctx) -> Outcome:
     elif sign != 0 and fixed is not None:
         comps.append(check_side(f"{name}: {loss_what}", loss, fixed["loss"], fixed["error_estimate"], sign,
                                 "the exact allocated fixed point", config))
-        if sign < 0 and best is not None:
+        if sign < 0 and best is None:
+            not_made.append(("vs the best decomposable point of the same H", refs["best_decomposable"].get("reason")))
+        elif sign < 0:
             comps.append(check_best_decomposable(f"{name}: {loss_what}", loss, best, fixed, config))
     elif mc.learned_check or converged:
         comps.append(check_learned(f"{name}: {loss_what}", loss, float(sum(cfg.tasks)), config))
+    else:
+        not_made.append(("whether it learned something", "a run cut short is not asked (not shown converged)"))
     rows.extend(headline_row(c, se=loss.se) for c in comps if c.details.get("role") in ("side", "best decomposable",
                                                                                        "learned"))
+    rows.extend(reported_row(f"not compared: {what} ({why})", None, config=config) for what, why in not_made)
     pos = position(loss, refs)
     for key, p in pos.items():
         if p.get("available"):
@@ -677,12 +670,14 @@ def evaluate_model(ctx) -> Outcome:
         else:
             rows.append(reported_row(f"{REFERENCE_NAMES[key]}: not computed ({p['reason']})", None, config=config))
     label, sentence = words(meas, cfg)
+    rate = (meas.seconds + noise_seconds) / loss.n      # wall seconds per held-out prompt
     details = {"checkpoint": case.ext.summary(), "status": status, "side": sign, "domain": dom,
                "converged": {"value": converged, "how": conv_how, "descent": descent}, "words": label,
                "readout_sentence": sentence, "position": pos, "loss_what": loss_what, "loss": _est(loss),
-               "config": config}
-    undecided = None if comps else (f"{status}: no side of theory, and a run cut short is not asked whether it "
-                                    "learned something (not shown converged)")
+               "config": config, "not_compared": [{"what": w, "why": y} for w, y in not_made], "sizing": mc.sizing,
+               "seconds_per_prompt": rate}
+    undecided = (undecided_reason(comps, loss.n, rate) if comps else f"{status}: no side of theory, and a run cut "
+                 "short is not asked whether it learned something (not shown converged)")
     return Outcome(comps, rows, details=details, theory={k: v.get("loss") for k, v in refs.items()},
                    numerics={"loss": loss.mean, "se": loss.se, "omega": meas.omega.tolist(), "mu": meas.mu.tolist()},
                    undecided=undecided)
@@ -702,9 +697,8 @@ def model_findings(result: ClaimResult) -> list:
         out.append(finding(result, "holds" if ok and resolved else "stops",
                            "{name} ({config}) is allocated and on D: held-out loss {loss} against the exact allocated "
                            "fixed point {fixed} (tolerance {tol}); its served (omega, mu) lie at {served} of their "
-                           "tolerance (worst |d|/tol)" + ("" if resolved else "; the held-out noise is too large to "
-                                                          "reject a 10% error of the fixed point (raise --prompts)")
-                           + ".", name=name, config=d["config"], loss=(loss["mean"], loss["se"]),
+                           "tolerance (worst |d|/tol)" + ("" if resolved else "; undecided: {why}") + ".", name=name,
+                           config=d["config"], loss=(loss["mean"], loss["se"]), why=d.get("undecided"),
                            fixed=lc["predicted"] if lc else None, tol=lc["tolerance"] if lc else None,
                            served=sc["error"] if sc else None))
     else:
@@ -725,12 +719,9 @@ def model_findings(result: ClaimResult) -> list:
 
 def _model_entry(case, meas, refs, result_id, status=None, converged=None) -> dict:
     """The claims.json ``model`` entry of one checkpoint (docs/audit.md lists every field)."""
-    cfg = case.cfg
-    loss = meas.loss if meas.loss is not None else None
-    label, sentence = words(meas, cfg)
-    share, how = _share(meas)
-    m = cfg.m
-    entry = {
+    cfg, loss, m = case.cfg, meas.loss, case.cfg.m
+    (label, sentence), (share, how) = words(meas, cfg), _share(meas)
+    return {
         "index": case.index, "checkpoint": case.ext.summary(), "time": case.time, "time_source": case.time_source,
         "configuration": {"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma,
                           "basis": cfg.basis, "basis_seed": cfg.basis_seed, "param": cfg.param,
@@ -751,7 +742,6 @@ def _model_entry(case, meas, refs, result_id, status=None, converged=None) -> di
         "missing": list(case.ext.missing), "records": case.ext.records,
         "seconds": meas.seconds, "cpu_seconds": meas.cpu_seconds,
     }
-    return entry
 
 
 # --------------------------------------------------------------------------- a trajectory
@@ -794,22 +784,52 @@ def trajectory_domain(plan: AuditPlan, meas0) -> dict:
                           f"{MIN_PHASE_CHECKPOINTS} checkpoints"}
 
 
+def bracketing_gap(t, time: float) -> float:
+    """The gap between the two checkpoints around ``time``: a crossing interpolated between them is
+    resolved to it."""
+    k = int(np.clip(np.searchsorted(t, time), 1, len(t) - 1))
+    return float(t[k] - t[k - 1])
+
+
+def phases_resolved_between(pt, t) -> tuple[bool, str]:
+    """theory.three_phases.phases_resolved with each phase end resolved to the gap of the checkpoints
+    around it (:func:`bracketing_gap`), not to the run's largest gap, so that a schedule dense around
+    the crossings resolves them: a drop clear of the noise, warm-up and emergence longer than the gaps
+    at their ends (else "too sparse: ..."), the final window (the last 10% of checkpoints, >= 3) in the
+    convergence, the emergence the fastest phase.  ``pt`` on ``t`` from the first checkpoint."""
+    from theory.three_phases import phase_rates
+
+    if not pt.defined:
+        return False, f"no drop clear of the noise ({pt.reason})"
+    gw, ge = bracketing_gap(t, pt.warmup_end), bracketing_gap(t, pt.emergence_end)
+    if pt.warmup_end < gw:
+        return False, f"too sparse: the warm-up ({pt.warmup_end:.3g}) is shorter than the gap around its end ({gw:.3g})"
+    if pt.emergence_end - pt.warmup_end < max(gw, ge):
+        return False, (f"too sparse: the emergence ({pt.emergence_end - pt.warmup_end:.3g}) is shorter than the gaps "
+                       f"around its ends ({max(gw, ge):.3g})")
+    n_end = max(3, int(np.ceil(0.1 * len(t))))
+    if pt.emergence_end > t[-n_end]:
+        return False, f"emergence end {pt.emergence_end:.4g} inside the final window (t >= {t[-n_end]:.4g})"
+    r = phase_rates(pt, float(t[-1]))
+    if not (r["emergence"] > r["warmup"] and r["emergence"] > r["convergence"]):
+        return False, f"the emergence is not the fastest phase (rates {r})"
+    return True, ""
+
+
 def prepare_trajectory(plan: AuditPlan, ms: list) -> dict:
-    """Theory's predictions from the first checkpoint on the checkpoints' times and the measured phase
-    readout, before any comparison: the domain, ``prediction`` (theory.three_phases.phase_prediction
-    on t - t_0: the expansion flow, its GD map at the trainer's step, the expansion's errors against
-    theory.exact), the measured PhaseTimes, and ``undecided``: why no phase comparison can be made
-    (theory shows no resolved phases there, or the checkpoints are too sparse to resolve them)."""
+    """Theory's predictions from the first checkpoint and the measured phase readout, both on t - t_0,
+    before any comparison: the domain, ``prediction`` (theory.three_phases.phase_prediction: the
+    expansion flow, its GD map, its errors against theory.exact), the measured PhaseTimes, and
+    ``phase_undecided``: why no phase comparison can be made (:func:`phases_resolved_between`)."""
     from theory import three_phases as phase_theory
     from theory.task_allocation import predicted_winners
 
-    t = np.array([c.time for c in plan.cases], float)
+    t, cfg = np.array([c.time for c in plan.cases], float), plan.cases[0].cfg
     losses = [m.loss if m.loss is not None else m.projected_loss for m in ms]
-    y = np.array([e.mean for e in losses])
-    cfg = plan.cases[0].cfg
-    out = {"t": t, "loss": y, "se": np.array([e.se for e in losses]), "domain": trajectory_domain(plan, ms[0]),
-           "measured": phase_theory.phase_times(t, y) if t.size >= MIN_PHASE_CHECKPOINTS else None,
-           "prediction": None, "winners": None, "undecided": None, "lr": plan.lr,
+    y, rel = np.array([e.mean for e in losses]), t - t[0]
+    out = {"t": t, "rel": rel, "loss": y, "se": np.array([e.se for e in losses]), "n": losses[0].n,
+           "domain": trajectory_domain(plan, ms[0]), "prediction": None, "winners": None, "undecided": None,
+           "measured": phase_theory.phase_times(rel, y) if t.size >= MIN_PHASE_CHECKPOINTS else None,
            "lr_used": plan.lr if plan.lr is not None else (float(np.min(np.diff(t))) / 100.0 if t.size > 1 else None)}
     if not out["domain"]["inside"]:
         out["undecided"] = ("outside the domain of theory's predictions from the first checkpoint: "
@@ -819,105 +839,132 @@ def prepare_trajectory(plan: AuditPlan, ms: list) -> dict:
     if cfg.heads >= 2:
         out["winners"] = list(predicted_winners(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, "factored", s))
     try:
-        pred = phase_theory.phase_prediction(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, "factored", s, out["lr_used"],
-                                             t=t - t[0])
+        pred = phase_theory.phase_prediction(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, "factored", s, out["lr_used"], t=rel)
     except (RuntimeError, ValueError, NotImplementedError) as exc:
         out["phase_undecided"] = f"theory's phase prediction failed ({type(exc).__name__}: {exc})"
         return out
     out["prediction"] = pred
-    ok_m, why_m = phase_theory.phases_resolved(out["measured"], t, 0.0, Z_SE)
+    ok_m, why_m = phases_resolved_between(out["measured"], rel)
     ok_p, why_p = ((False, f"the expansion flow left its domain ({pred.flow_status})") if pred.phases is None
-                   else phase_theory.phases_resolved(pred.phases, t - t[0], 0.0, Z_SE))
+                   else phases_resolved_between(pred.phases, rel))
     out["measured_resolved"] = (ok_m, why_m)
-    if not ok_p:
+    if not ok_p and not why_p.startswith("too sparse"):
         out["phase_undecided"] = f"theory's flow from the first checkpoint shows no three resolved phases here ({why_p})"
-    elif not ok_m and "record spacing" in why_m:
-        out["phase_undecided"] = f"the checkpoints are too sparse to resolve the phases ({why_m}): save them more often"
-    if out.get("phase_undecided") and out["winners"] is None:
-        out["undecided"] = out["phase_undecided"]
+    elif not ok_p or (not ok_m and why_m.startswith("too sparse")):
+        out["phase_undecided"] = (f"the checkpoints around {'theory' if not ok_p else 'the measured curve'}'s phase ends "
+                                  f"are {why_p if not ok_p else why_m}: save them more often there")
     return out
 
 
-def evaluate_trajectory(ctx) -> Outcome:
-    """Claims 3 and 4 on someone else's run (module docstring), from :func:`prepare_trajectory`."""
-    from theory import three_phases as phase_theory
+def expansion_offset(pred, fixed: Optional[dict], se_end: float) -> Optional[dict]:
+    """How far the curve drawn as theory's (the expansion flow from the first checkpoint; the exact flow
+    needs the pair moments at every step: minutes at H = 2) ends from the exact allocated fixed point
+    (else PhasePrediction.end_error), and whether beyond the fixed-point loss comparison's tolerance
+    (Z_SE held-out se + the quadrature bound): then the figure names the offset."""
+    if pred is None or pred.loss is None or not np.isfinite(pred.loss[-1]):
+        return None
+    end, ok = float(pred.loss[-1]), bool(fixed and fixed.get("available"))
+    exact, bound = (float(fixed["loss"]), fixed["error_estimate"]) if ok else (None, 0.0)
+    return {"expansion_end": end, "end_error": pred.end_error, "exact": exact,
+            "relative": (end - exact) / exact if ok else None,
+            "beyond_tolerance": bool((abs(end - exact) if ok else pred.end_error) > Z_SE * se_end + bound)}
 
+
+def check_phase_times(pr: dict, lr_known: bool, config: str):
+    """The measured phase ends against theory's from the first checkpoint (on t - t_0, shown in the run's
+    times).  Tolerance per end, fixed before comparing: the larger gap of the checkpoints around the
+    measured and the predicted crossing (each is interpolated between its two) + Z_SE x the held-out
+    se / |dL/dt| (the part more prompts shrink) + theory's level error / |dL/dt| + T x its relative
+    error + the GD map's O(lr) shift (step known).  Wrong predictions: both ends x2 and /2."""
+    from theory.three_phases import loss_slope
+
+    pred, rel, se, t0 = pr["prediction"], pr["rel"], pr["se"], float(pr["t"][0])
+    ok_m, why_m = pr["measured_resolved"]
+    tols, predicted, meas_d = {}, {}, {}
+    for key, f in (("warmup_end", 0.1), ("emergence_end", 0.9)):
+        tp, tm = getattr(pred.phases, key), getattr(pr["measured"], key)
+        slope = max(loss_slope(rel, pred.loss, tp), 1e-12)
+        k = int(np.clip(np.searchsorted(rel, tp), 0, rel.size - 1))
+        gd = getattr(pred.gd_map_phases, key) if (lr_known and pred.gd_map_phases is not None) else math.nan
+        parts = {"bracketing_gap": max(bracketing_gap(rel, tp), bracketing_gap(rel, tm) if ok_m else 0.0),
+                 "level_noise": Z_SE * float(max(se[k], se[0], se[-1])) / slope,
+                 "level_theory": (f * pred.end_error + (1 - f) * pred.start_error) / slope,
+                 "gd_map_shift": abs(gd - tp) if math.isfinite(gd) else 0.0,
+                 "rate": tp * max(pred.start_error / pred.phases.loss_start, (pred.rate_error or {}).get(key, 0.0))}
+        tols[key] = {"tolerance": float(sum(parts.values())), "parts": parts}
+        predicted[key], meas_d[key] = float(tp + t0), float(tm + t0) if ok_m else math.nan
+    tol = [tols[k]["tolerance"] for k in predicted]
+    noise = [tols[k]["parts"]["level_noise"] for k in predicted]
+    why = ("per phase end: the gap of the checkpoints around the crossings + (Z_SE x the held-out se + theory's "
+           "expansion-vs-exact level error)/|dL/dt| + T x the expansion's relative error + the GD map's O(lr) shift "
+           "(0 if the trainer's step is unknown: give --lr); no SGD escape spread (the batch is unknown); max |dt|/tol")
+    if not ok_m:
+        why = f"the measured curve does not show three resolved phases ({why_m}); " + why
+    wrong = [(f"both phase ends x{PHASE_FACTOR:g}", {k: t0 + PHASE_FACTOR * (v - t0) for k, v in predicted.items()}),
+             (f"both phase ends /{PHASE_FACTOR:g}", {k: t0 + (v - t0) / PHASE_FACTOR for k, v in predicted.items()})]
+    err = (lambda a, b: _entrywise(list(a.values()), list(b.values()), tol)) if ok_m else (lambda a, b: math.inf)
+    return compare(f"phase times from the first checkpoint, {config}", meas_d, predicted, 1.0, why, wrong=wrong,
+                   error=err, config=config, details={"role": "phase times", "tolerances": tols, "tolerance_parts": {
+                       "noise": noise, "fixed": [a - b for a, b in zip(tol, noise)], "n": pr["n"]}})
+
+
+def check_winners(winners: list, last, cfg, config: str):
+    """The head carrying each task at the last checkpoint (numerics.readout: argmax_h mu omega) against
+    theory.task_allocation.predicted_winners from the first; exact, counted.  Wrong: the first
+    task's winner moved to the next head."""
+    wrong = [(winners[0] + 1) % cfg.heads] + list(winners[1:])
+    return compare(f"winners at the last checkpoint vs theory from the first, {config}", list(last.allocation["winners"]),
+                   list(winners), 0.0, "exact: the head carrying each task (numerics.readout: argmax_h mu omega) is "
+                   "theory.task_allocation.predicted_winners (rule ode) from the first checkpoint; counted",
+                   wrong=[(f"winners {wrong}", wrong)], config=config, units="absolute",
+                   error=lambda a_, b_: float(sum(int(x != y) for x, y in zip(a_, b_))), details={"role": "winners"})
+
+
+def evaluate_trajectory(ctx) -> Outcome:
+    """Claims 3 and 4 on someone else's run (module docstring), from :func:`prepare_trajectory`; a
+    comparison not made is a row saying why, and with none made the run is undecided."""
     tc: TrajectoryCase = ctx.p
     plan, ms, pr = tc.plan, list(tc.measurements), tc.prepared
-    t, se = pr["t"], pr["se"]
-    cfg = plan.cases[0].cfg
+    t, se, pred = pr["t"], pr["se"], pr["prediction"]
+    cfg, ends = plan.cases[0].cfg, ("warmup_end", "emergence_end", "steepest_time")
     config = config_label(cfg)
-    pred, measured = pr["prediction"], pr["measured"]
+    absolute = lambda pt: None if pt is None else {k: v + t[0] if k in ends else v  # noqa: E731 (of t - t_0)
+                                                   for k, v in pt.to_dict().items()}
     details = {"t": t.tolist(), "loss": pr["loss"].tolist(), "se": se.tolist(), "omega": [m.omega.tolist() for m in ms],
                "mu": [m.mu.tolist() for m in ms], "domain": pr["domain"], "config": config,
-               "measured_phases": measured.to_dict() if measured is not None else None, "lr": plan.lr,
-               "lr_source": plan.lr_source, "lr_used": pr["lr_used"],
-               "words": [words(m, c.cfg)[0] for m, c in zip(ms, plan.cases)],
+               "measured_phases": absolute(pr["measured"]), "lr": plan.lr, "lr_source": plan.lr_source,
+               "lr_used": pr["lr_used"], "words": [words(m, c.cfg)[0] for m, c in zip(ms, plan.cases)],
                "predicted_t": None if pred is None else (np.asarray(pred.t, float) + t[0]).tolist(),
                "predicted_loss": None if pred is None or pred.loss is None else np.asarray(pred.loss, float).tolist(),
-               "predicted_phases": None if pred is None or pred.phases is None else {
-                   k: (v + float(t[0]) if k in ("warmup_end", "emergence_end", "steepest_time") else v)
-                   for k, v in pred.phases.to_dict().items()},
+               "predicted_phases": None if pred is None else absolute(pred.phases),
+               "expansion_offset": expansion_offset(pred, pr.get("fixed_point"), float(se[-1])),
                "phase_undecided": pr.get("phase_undecided"), "winners": None}
+    comps, not_made = [], []
     if pr["undecided"]:
-        return Outcome([], [], details=details, undecided=pr["undecided"])
-    comps, rows = [], []
-    if pred is not None and not pr.get("phase_undecided"):
-        ok_m, why_m = pr["measured_resolved"]
-        rel_t = t - t[0]
-        spacing = float(np.max(np.diff(t)))
-        lr_known = plan.lr is not None
-        tols, predicted = {}, {}
-        for key, f in (("warmup_end", 0.1), ("emergence_end", 0.9)):
-            tp = getattr(pred.phases, key)
-            slope = max(phase_theory.loss_slope(rel_t, pred.loss, tp), 1e-12)
-            k = int(np.clip(np.searchsorted(rel_t, tp), 0, t.size - 1))
-            gd = getattr(pred.gd_map_phases, key) if (lr_known and pred.gd_map_phases is not None) else math.nan
-            parts = {"record_spacing": spacing,
-                     "level": (Z_SE * float(max(se[k], se[0], se[-1])) + f * pred.end_error
-                               + (1 - f) * pred.start_error) / slope,
-                     "gd_map_shift": abs(gd - tp) if math.isfinite(gd) else 0.0,
-                     "rate": tp * max(pred.start_error / pred.phases.loss_start, (pred.rate_error or {}).get(key, 0.0))}
-            tols[key] = {"tolerance": float(sum(parts.values())), "parts": parts}
-            predicted[key] = float(tp + t[0])
-        tol = [tols[k]["tolerance"] for k in predicted]
-        meas_d = {k: getattr(measured, k) for k in predicted} if ok_m else {k: math.nan for k in predicted}
-        err = (lambda a, b: _entrywise(list(a.values()), list(b.values()), tol)) if ok_m else (lambda a, b: math.inf)
-        why = ("per phase end: the checkpoints' largest spacing + (Z_SE x the held-out se + theory's expansion-vs-exact "
-               "level error)/|dL/dt| + T x the expansion's relative error" + (" + the GD map's O(lr) shift" if lr_known
-                                                                              else " (the trainer's step is unknown: "
-                                                                              "no O(lr) shift; give --lr)")
-               + "; the trainer's batch is unknown, so no SGD escape spread; max |dt|/tol")
-        if not ok_m:
-            why = f"the measured curve does not show three resolved phases ({why_m}); " + why
-        t0 = float(t[0])
-        wrong = [(f"both phase ends x{PHASE_FACTOR:g}", {k: t0 + PHASE_FACTOR * (v - t0) for k, v in predicted.items()}),
-                 (f"both phase ends /{PHASE_FACTOR:g}", {k: t0 + (v - t0) / PHASE_FACTOR for k, v in predicted.items()})]
-        c = compare(f"phase times from the first checkpoint, {config}", meas_d, predicted, 1.0, why, wrong=wrong,
-                    error=err, config=config, details={"role": "phase times", "tolerances": tols})
-        comps.append(c)
-        rows.append(headline_row(c, theory=[predicted["warmup_end"], predicted["emergence_end"]],
-                                 measured=[meas_d["warmup_end"], meas_d["emergence_end"]], tolerance=1.0,
-                                 name="phase ends (warm-up, emergence) from the first checkpoint (max |dt|/tol)"))
+        not_made = [("phase times and winners", pr["undecided"])]
+    elif pred is None or pr.get("phase_undecided"):
+        not_made.append(("phase times", pr.get("phase_undecided")))
+    else:
+        comps.append(check_phase_times(pr, plan.lr is not None, config))
+    rows = [headline_row(c, theory=list(c.predicted.values()), measured=list(c.measured.values()), tolerance=1.0,
+                         name="phase ends (warm-up, emergence) from the first checkpoint (max |dt|/tol)") for c in comps]
+    last = ms[-1]
+    if pr["winners"] is not None and last.allocation["allocated"]:
+        comps.append(check_winners(pr["winners"], last, cfg, config))
+        rows.append(headline_row(comps[-1], theory=None, measured=None))
+    elif pr["winners"] is not None:
+        not_made.append((f"winners at the last checkpoint {list(last.allocation['winners'])} vs theory's "
+                         f"{pr['winners']}", f"not allocated at the end: {words(last, cfg)[0]}"))
+    elif not pr["undecided"]:
+        not_made.append(("winners", "one head: no race between heads to predict"))
     if pr["winners"] is not None:
-        winners, last = pr["winners"], ms[-1]
-        a = last.allocation
-        measured_w = list(a["winners"])
-        wrong_w = [(winners[0] + 1) % cfg.heads] + list(winners[1:])
-        if a["allocated"]:
-            c = compare(f"winners at the last checkpoint vs theory from the first, {config}", measured_w, list(winners),
-                        0.0, "exact: the head carrying each task (numerics.readout: argmax_h mu omega) is "
-                        "theory.task_allocation.predicted_winners (rule ode) from the first checkpoint; counted",
-                        wrong=[(f"winners {wrong_w}", wrong_w)], config=config, units="absolute",
-                        error=lambda a_, b_: float(sum(int(x != y) for x, y in zip(a_, b_))),
-                        details={"role": "winners"})
-            comps.append(c)
-            rows.append(headline_row(c, theory=None, measured=None))
-        else:
-            rows.append(reported_row(f"winners at the last checkpoint (not allocated: {words(last, cfg)[0]}; theory "
-                                     f"{list(winners)})", measured_w, theory=list(winners), config=config))
-        details["winners"] = {"predicted": list(winners), "measured": measured_w, "allocated_at_end": a["allocated"]}
-    undecided = None if comps else (pr.get("phase_undecided") or "no comparison could be made")
+        details["winners"] = {"predicted": pr["winners"], "measured": list(last.allocation["winners"]),
+                              "allocated_at_end": last.allocation["allocated"]}
+    rows.extend(reported_row(f"not compared: {what} ({why})", None, config=config) for what, why in not_made)
+    details["not_compared"] = [{"what": w, "why": y} for w, y in not_made]
+    rate = sum(m.seconds for m in ms) / (len(ms) * pr["n"])
+    undecided = (undecided_reason(comps, pr["n"], rate) if comps else
+                 "; ".join(f"{w}: {y}" for w, y in not_made) or "no comparison could be made")
     return Outcome(comps, rows, details=details, undecided=undecided)
 
 
@@ -925,20 +972,19 @@ def trajectory_findings(result: ClaimResult) -> list:
     d = result.details
     out = []
     for c in d.get("comparisons", []):
+        kind = "holds" if c["agrees"] and all(p["rejected"] for p in c["perturbations"]) else "stops"
         if c["details"].get("role") == "phase times":
             m, p = c["measured"], c["predicted"]
-            out.append(finding(result, "holds" if c["agrees"] else "stops",
-                               "On this run ({config}) the warm-up ends at t = {mw} and the emergence at {me}, against "
-                               "theory's {pw} and {pe} from the first checkpoint (worst |dt|/tolerance {err}).",
-                               config=d["config"], mw=m.get("warmup_end"), me=m.get("emergence_end"),
+            out.append(finding(result, kind, "On this run ({config}) the warm-up ends at t = {mw} and the emergence at "
+                               "{me}, against theory's {pw} and {pe} from the first checkpoint (worst |dt|/tolerance "
+                               "{err}).", config=d["config"], mw=m.get("warmup_end"), me=m.get("emergence_end"),
                                pw=p["warmup_end"], pe=p["emergence_end"], err=c["error"]))
         elif c["details"].get("role") == "winners":
-            out.append(finding(result, "holds" if c["agrees"] else "stops",
-                               "On this run ({config}) the tasks end on heads {m}, theory's winners from the first "
-                               "checkpoint are {p}.", config=d["config"], m=c["measured"], p=c["predicted"]))
-    if not out and d.get("undecided"):
-        out.append(finding(result, "stops", "Claims 3-4 on this run ({config}): not compared, {why}.",
-                           config=d.get("config", "?"), why=d["undecided"]))
+            out.append(finding(result, kind, "On this run ({config}) the tasks end on heads {m}, theory's winners from "
+                               "the first checkpoint are {p}.", config=d["config"], m=c["measured"], p=c["predicted"]))
+    for x in d.get("not_compared", []):
+        out.append(finding(result, "stops", "Claims 3-4 on this run ({config}): {what} not compared, {why}.",
+                           config=d.get("config", "?"), what=x["what"], why=x["why"]))
     return out
 
 
@@ -946,33 +992,26 @@ def trajectory_findings(result: ClaimResult) -> list:
 
 def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Optional[dict] = None,
               outcomes: Optional[list] = None, cut_short: Optional[str] = None) -> Audit:
-    """Measure every checkpoint, compute theory's points once per H, and judge (module docstring).
-
-    For a caller that audits models it trained itself (claims.authors_replica):
-    ``references_by_heads`` ({H: :func:`references`}) theory's points already computed (else
-    computed here); ``outcomes``: a list that receives (result id, kind, Outcome) of each judged
-    model and of the trajectory, the comparisons as objects, before the judge; ``cut_short``: why
-    the run was stopped early by design (a reduced run): then convergence is not asked (a plateau
-    looks converged to the descent test, and a run cut short is not one), the learned-something
-    check is not made (:attr:`ModelCase.learned_check`) and claims 3-4 on the trajectory are not
-    computed (no trajectory result: theory's flows from the first checkpoint are the audit's
-    costliest part, and the checkpoints of a run cut short cannot resolve its phase ends)."""
+    """Measure every checkpoint (on ``prompts``, or a pilot of PILOT_PROMPTS that :func:`sized` sizes
+    each judged model from), compute theory's points once per H, and judge (module docstring).  For a
+    caller that audits models it trained itself (claims.authors_replica): ``references_by_heads``
+    ({H: numerics.reference_points.references}) theory's points already computed; ``outcomes``: a
+    list that receives (result id, kind, Outcome) of each result before the judge; ``cut_short``: why
+    the run was stopped early by design: then convergence is not asked (a plateau looks converged),
+    nor whether it learned something (:attr:`ModelCase.learned_check`), nor claims 3-4 (theory's
+    flows are the costliest part, and a run cut short cannot resolve its phase ends)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    req = plan.request
-    stages = {}
-    n = len(plan.cases)
+    req, n, stages = plan.request, len(plan.cases), {}
+    n0 = req.prompts or min(PILOT_PROMPTS, int(req.max_prompts))
     measurements = []
     for k, case in enumerate(plan.cases):
-        progress(f"checkpoint {k + 1}/{n}: readout and held-out loss ({req.prompts} prompts)", 0.6 * k / n)
-        measurements.append(external.measure(case.ext, case.cfg, n=req.prompts, seed=req.seed))
+        progress(f"checkpoint {k + 1}/{n}: readout and held-out loss ({n0} prompts)", 0.6 * k / n)
+        measurements.append(external.measure(case.ext, case.cfg, n=n0, seed=req.seed))
     stages["measure"] = {"seconds": sum(m.seconds for m in measurements),
                          "cpu_seconds": sum(m.cpu_seconds for m in measurements)}
-    refs_by_heads = {}
+    refs_by_heads = dict(references_by_heads or {})
     w0, cpu0 = time.perf_counter(), time.process_time()
-    for H in sorted({c.cfg.heads for c in plan.cases}):
-        if references_by_heads is not None and H in references_by_heads:
-            refs_by_heads[H] = references_by_heads[H]
-            continue
+    for H in sorted({c.cfg.heads for c in plan.cases} - set(refs_by_heads)):
         refs_by_heads[H] = references(plan.problem["tasks"], H, plan.problem["L"], plan.problem["sigma"], req.seed,
                                       req.device, dict(req.search),
                                       lambda msg, f: progress(msg, 0.6 + 0.3 * f), skip=tuple(req.skip))
@@ -983,99 +1022,61 @@ def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Option
     w0, cpu0 = time.perf_counter(), time.process_time()
     results, entries = [], []
     for k, (case, meas) in enumerate(zip(plan.cases, measurements)):
-        rid = None
-        status = None
+        rid = status = None
         if k in judged:
             rid = f"model-{len(results) + 1}"
             progress(f"{rid}: comparisons", 0.9)
             mc = ModelCase(case, meas, refs_by_heads[case.cfg.heads], conv, cut_short is None)
+            mc = mc if req.prompts else sized(mc, req, progress)
+            meas = mc.meas
             # the kind (claim or boundary) is the model's standing, from its readout, before any comparison
-            dom = domain(case.cfg, meas)
             st, _ = run_status(case.cfg, {"omega": meas.omega, "allocation": meas.allocation,
-                                          "converged": bool(conv[0])}, dom)
+                                          "converged": bool(conv[0])}, domain(case.cfg, meas))
             fixed_ok = mc.refs.get("allocated_fixed_point", {}).get("available", False)
-            kind = "claim" if st == "inside" and fixed_ok else "boundary"
             spec = ClaimSpec(id=rid, title=f"Audit of {case.ext.summary()['name']}",
                              statement=("Theory's account of one handed model: inside the allocated account (on D, "
                                         "allocated, converged) its loss and served (omega, mu) are the exact allocated "
-                                        "fixed point's; outside, it lies on the side theory says."),
-                             profiles={}, evaluate=_kept(evaluate_model, outcomes, rid, kind),
-                             kind=kind, findings=model_findings)
-            result = spec.run(profile=mc, device=req.device, seed=req.seed)
-            results.append(result)
-            status = result.details.get("status", st)
+                                        "fixed point's; outside, it lies on the side theory says."), profiles={},
+                             evaluate=evaluate_model, kind="claim" if st == "inside" and fixed_ok else "boundary",
+                             findings=model_findings)
+            results.append(judged_result(spec, mc, req, outcomes))
+            status = results[-1].details.get("status", st)
         entries.append(_model_entry(case, meas, refs_by_heads[case.cfg.heads], rid, status,
                                     {"value": conv[0], "how": conv[1], "descent": conv[2]} if k in judged else None))
     if plan.trajectory and cut_short is None:
         progress("trajectory: claims 3-4 on this run", 0.95)
         prepared = prepare_trajectory(plan, measurements)
-        kind = "claim" if prepared["domain"]["inside"] and not prepared["undecided"] else "boundary"
+        prepared["fixed_point"] = refs_by_heads[plan.cases[0].cfg.heads].get("allocated_fixed_point")
         spec = ClaimSpec(id="trajectory", title="Claims 3-4 on this run (phases and winners)",
                          statement=("From the first checkpoint, theory predicts the run's warm-up and emergence times "
-                                    "(claim 3) and the head each task ends on (claim 4)."),
-                         profiles={}, evaluate=_kept(evaluate_trajectory, outcomes, "trajectory", kind), kind=kind,
+                                    "(claim 3) and the head each task ends on (claim 4)."), profiles={},
+                         evaluate=evaluate_trajectory, kind="claim" if prepared["domain"]["inside"] else "boundary",
                          findings=trajectory_findings)
-        results.append(spec.run(profile=TrajectoryCase(plan, tuple(measurements), prepared), device=req.device,
-                                seed=req.seed))
+        results.append(judged_result(spec, TrajectoryCase(plan, tuple(measurements), prepared), req, outcomes))
     stages["compare"] = {"seconds": time.perf_counter() - w0, "cpu_seconds": time.process_time() - cpu0}
     progress("done", 1.0)
     return Audit(results=results, model=entries, seconds=time.perf_counter() - t0,
                  cpu_seconds=time.process_time() - c0, stages=stages)
 
 
-def _kept(evaluate, outcomes: Optional[list], result_id: str, kind: str):
-    """``evaluate`` itself, or (``outcomes`` given) one that also appends (result_id, kind, its
-    Outcome) to ``outcomes`` (:func:`run_audit`)."""
-    if outcomes is None:
-        return evaluate
+def judged_result(spec: ClaimSpec, profile, req: AuditRequest, outcomes: Optional[list]) -> ClaimResult:
+    """``spec`` run on ``profile`` by the one runner, judged as its kind -- except a claim whose
+    comparisons all agree but cannot decide (none made; a wrong prediction not rejected: its
+    ``undecided``), judged as an undecided boundary: claims.base.judge reads such a claim ``error``,
+    a fault of the check, where here it is the measurement's size.  ``outcomes`` (:func:`run_audit`)
+    receives (id, kind, Outcome)."""
+    try:
+        out = spec.evaluate(Context(p=profile, profile="audit", problem=None, device=req.device, seed=req.seed))
+    except Exception as exc:        # the runner records it as the result's error
+        out = exc
+    if isinstance(out, Outcome):
+        if outcomes is not None:
+            outcomes.append((spec.id, spec.kind, out))
+        if (out.undecided or not out.comparisons) and all(c.agrees for c in out.comparisons):
+            spec = dataclasses.replace(spec, kind="boundary")
 
-    def keeping(ctx):
-        out = evaluate(ctx)
-        outcomes.append((result_id, kind, out))
+    def replay(ctx):
+        if isinstance(out, Exception):
+            raise out
         return out
-    return keeping
-
-
-H_INDEPENDENT = ("allocated_fixed_point", "one_head_optimum", "linear_attention")
-"""Reference points that do not depend on H (given H >= m for the fixed point): per task the one-head
-optimum of the exact loss, the best single head, and linear attention (its reachability does)."""
-
-
-def references_for_heads(tasks, heads, L: int, sigma: float, seed: int = 0, device: str = "cpu",
-                         search: dict = None, progress=no_progress, skip=()) -> dict:
-    """{H: :func:`references`} for several head counts of one problem, each H-independent point
-    (:data:`H_INDEPENDENT`) computed once and shared (its ``how`` says so); with one task the
-    one-head optimum is the allocated fixed point (one task, one serving head: the same
-    minimisation), taken from it rather than searched again."""
-    from theory import optimality
-
-    tasks, heads = tuple(tasks), sorted({int(h) for h in heads})
-    out, shared = {}, None
-    for k, H in enumerate(heads):
-        report = (lambda msg, f, k=k: progress(f"H = {H}: {msg}", (k + f) / len(heads)))
-        if shared is None:
-            extra = ("one_head_optimum",) if len(tasks) == 1 else ()
-            refs = references(tasks, H, L, sigma, seed, device, search, report, skip=tuple(skip) + extra)
-            fixed = refs.get("allocated_fixed_point", {})
-            if extra and "one_head_optimum" not in skip and fixed.get("available"):
-                refs["one_head_optimum"] = {**{k_: fixed[k_] for k_ in ("loss", "error_estimate", "se")},
-                                            "omega": list(fixed["omega_star"]), "mu": list(fixed["mu_star"]),
-                                            "available": True, "seconds": 0.0, "cpu_seconds": 0.0,
-                                            "how": "one task: the one-head optimum is the allocated fixed point "
-                                                   "(theory.exact.exact_fixed_point, the same minimisation)"}
-            if H >= len(tasks):
-                shared = (H, refs)
-        else:
-            H0, first = shared
-            refs = references(tasks, H, L, sigma, seed, device, search, report,
-                              skip=tuple(set(skip) | set(H_INDEPENDENT)))
-            for name in H_INDEPENDENT:
-                if name in skip or not first[name].get("available"):
-                    refs[name] = first[name] if name in skip else {**first[name]}
-                    continue
-                refs[name] = {**first[name], "seconds": 0.0, "cpu_seconds": 0.0,
-                              "how": first[name]["how"] + f" (computed once, at H = {H0}: it does not depend on H)"}
-            if refs["linear_attention"].get("available"):
-                refs["linear_attention"]["reachable"] = bool(optimality.reaches_linear_attention(tasks, H))
-        out[H] = refs
-    return out
+    return dataclasses.replace(spec, evaluate=replay).run(profile=profile, device=req.device, seed=req.seed)

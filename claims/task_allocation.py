@@ -6,6 +6,8 @@ The full factored model is trained on fresh batches from a start favouring one h
 compared with ``theory.task_allocation`` (:func:`check_allocation`: OV counts, winners, the served fixed point, the
 surplus heads, the held-out loss) inside the domain decided before the run (:func:`domain`), and recorded as a
 boundary finding outside it (:func:`check_boundary`).
+
+The plan (:func:`plan`, staged: the domain's inputs, then what the domain asks), its needs (:func:`case_needs`).
 """
 from __future__ import annotations
 
@@ -18,13 +20,12 @@ from audit_io.jsonable import jsonable
 from claims.base import Figure, HeadlineRow
 from claims.common import Z_SE, Comparison, compare, reported_row
 from claims.spec import ClaimSpec, Outcome, finding
+from claims.trained import theory_need
 from numerics.config import ProblemConfig
+from numerics.engine import need
 from numerics.experiments import phases as experiments
-from numerics.experiments.converged import stiffness_seconds, unstable_step
-from numerics.model import initial_values
+from numerics.experiments.phases import run_time, start_args, unstable_need
 from numerics.readout import allocation
-from numerics.train import TrainConfig
-from theory import saddle
 from theory import task_allocation as allocation_theory
 
 THRESHOLD_SIGMAS = 5.0
@@ -36,7 +37,6 @@ L_MIN = 32
 an off-task mu that the batch noise pushes through 0 then grows, towards the superposition of docs/model.md, at a rate
 ~ 1/L (measurements: docs/claims_1_4.md, "The domain's two measured constants")."""
 PERTURB_FACTOR = 1.1
-BOUNDARY_TIME = 80.0
 ESCAPE_EFOLDS = 10.0
 """A run of length t_end stays allocated if escape_rate x t_end <= 10 (escape_rate = 2a, theory.saddle): the seed
 that SGD noise puts in the unstable direction is ~1e-5 of mu*, so ~10 e-folds bring it to the size of a counted
@@ -50,8 +50,7 @@ class TaskAllocationProfile:
     L: int = 32                        # context length
     sigma: float = 0.0                 # label noise std
     surplus_heads: int = 1             # also run H = m + surplus_heads (0: no surplus case)
-    surplus_mu: float = 0.2            # surplus heads start with mu = surplus_mu x s0 (1: as unfavoured heads,
-                                       # whose decay on theory's own flow takes t ~ 150-330: outside the horizon)
+    surplus_mu: float = 0.2            # surplus heads' mu / s0 (at 1, as unfavoured heads: decay by t ~ 150-330)
     fewer_heads_tasks: tuple | None = None  # block sizes of an H = m - 1 boundary case (None: none)
     param: str = "factored"            # parametrisation ("merged" runs as a boundary)
     init_scale: float = 0.15           # s0 of favoured_init
@@ -81,20 +80,12 @@ PROFILES = {
 }
 
 
-def horizon(cfg: ProblemConfig) -> float:
-    """theory.task_allocation.horizon from cfg's start: the shortest run inside the domain (inf: theory's own flow
-    keeps the surplus heads)."""
-    return allocation_theory.horizon(*initial_values(cfg), cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale,
-                                     experiments.TAIL_FRACTION)
-
-
-def domain(cfg: ProblemConfig, t_end: float, need: float | None = None, lr: float | None = None) -> dict:
-    """Whether theory predicts allocation for cfg at a run of length t_end (decided before any run), and why not;
-    ``need``: the horizon if already computed.  Records theory's escape rate 2a of the saddle and 2a t_end, and
-    whether a step ``lr`` is ``unstable`` (``converged.unstable_step``: such a run is no evidence, and is not run)."""
-    unstable = unstable_step(cfg, lr) if lr is not None else None
+def domain(cfg: ProblemConfig, t_end: float, need: float, rate: float | None, unstable: str | None = None) -> dict:
+    """Whether theory predicts allocation for cfg at a run of length t_end (decided before any run), and why not, from
+    theory's values: ``need`` the horizon (task_allocation.horizon: the shortest run inside the domain, inf where
+    theory's own flow keeps the surplus heads), ``rate`` the saddle's escape rate 2a (saddle.max_growth_rate; None:
+    no saddle to escape), ``unstable`` why the step is past the stability bound (such a run is no evidence)."""
     reasons = [unstable] if unstable else []
-    need = horizon(cfg) if need is None else need
     if math.isinf(need):
         reasons.append(f"surplus heads: theory's expansion flow from this start keeps them above "
                        f"{allocation_theory.SURPLUS_FRACTION:g} mu* up to t = {allocation_theory.SURPLUS_T_MAX:g} "
@@ -107,10 +98,8 @@ def domain(cfg: ProblemConfig, t_end: float, need: float | None = None, lr: floa
         reasons.append("merged weights: allocation is not a fixed point of the merged flow (superposition)")
     if cfg.heads < cfg.m:
         reasons.append(f"H = {cfg.heads} < m = {cfg.m}: the paper says nothing about fewer heads than tasks")
-    if any(np.any(a <= 0) for a in initial_values(cfg)):
+    if any(np.any(np.asarray(a) <= 0) for a in start_args(cfg)[:2]):
         reasons.append("the start is not sign-aligned (some omega0 or mu0 <= 0)")
-    rate = (saddle.max_growth_rate(cfg.tasks, cfg.L, cfg.sigma)
-            if cfg.param == "factored" and cfg.heads >= max(cfg.m, 2) else None)
     if rate is not None and not reasons and rate * t_end > ESCAPE_EFOLDS:
         reasons.append(f"the allocated point is a saddle: theory's off-task slope makes its unstable direction "
                        f"grow at rate {rate:.3g}, {rate * t_end:.3g} e-folds over t_end = {t_end:.4g} > "
@@ -139,9 +128,8 @@ def _compare(measured, predicted, tolerance) -> tuple[float, float]:
 def _comparison(row: str, tag: str, measured, predicted, tolerance, why, wrong: list, details=None,
                 se=None, units=None, entrywise: bool = False) -> Comparison:
     """A Comparison from :func:`_compare` named ``row tag`` (config ``tag``); ``wrong`` = [(description, different
-    prediction)], each sent through the same function.  ``details["row"]`` keeps the headline row's fields (name
-    ``row``, theory, measured, se, tolerance in the units of the measurement).  ``units``, ``entrywise``: how its
-    resolving power is counted (counts and head indices: ``count``; the served point: each entry alone)."""
+    prediction)], each through the same function.  ``details["row"]``: the headline row's fields (name ``row``, theory,
+    measured, se, tolerance in the measurement's units).  ``units``, ``entrywise``: how its resolving power counts."""
     row_fields = {"name": row, "theory": predicted, "measured": measured, "se": se, "tolerance": tolerance}
     return compare(f"{row} {tag}", measured, predicted, _compare(measured, predicted, tolerance)[1], why, wrong=wrong,
                    error=lambda m, p: _compare(m, p, tolerance)[0], config=tag, units=units, entrywise=entrywise,
@@ -157,44 +145,37 @@ def headline_of(c: Comparison, suffix: str = "") -> dict:
                               resolving_power=c.resolving_power))
 
 
-def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 65536, seed: int = 0,
-                     dom: dict | None = None) -> list[Comparison]:
-    """H >= m, inside the domain; each comparison through :func:`_compare`, with its different predictions:
+def check_allocation(cfg: ProblemConfig, meas: dict, pred: dict, dom: dict) -> list[Comparison]:
+    """The run ``meas`` (``phases.allocation_run``) against theory's prediction ``pred`` (theory.task_allocation.
+    allocation_prediction), H >= m, inside the domain ``dom``; each through :func:`_compare`, with wrong predictions:
 
     - **OV singular values above threshold per head** of each head's tail-mean U_h = O_h V_h (m x (d + m), every entry
-      trained), counted, against theory's allocated point (1 for a head that serves a task, 0 for a surplus head);
-      wrong: task 0 given to another head.  Threshold: THRESHOLD_SIGMAS x ||S_h||_F, S_h the standard errors of the
-      entries of the tail mean (``phases.tail_standard_errors``).  Why: a singular value that is 0 in truth reads at
-      most ||E||_2 <= ||E||_F (Weyl), E the error of the tail mean; for a Gaussian E, ||E||_F^2 is a weighted
-      chi-square of mean ||S_h||_F^2 whatever the correlations, and P(||E||_F > 5 ||S_h||_F) <= P(chi2_1 > 25) = 6e-7.
-      W_h's spectrum is reported beside it: the off-task omega decay only algebraically (~1/t: the loss is even in
-      them), so they are small but not zero at t_end.
+      trained), counted, against theory's allocated point (1 for a head serving a task, 0 for a surplus head); wrong:
+      task 0 given to another head.  Threshold: THRESHOLD_SIGMAS x ||S_h||_F, S_h the standard errors of the tail
+      mean's entries (``phases.tail_standard_errors``): a singular value 0 in truth reads at most ||E||_2 <= ||E||_F
+      (Weyl), E the tail mean's error; for a Gaussian E, ||E||_F^2 is a weighted chi-square of mean ||S_h||_F^2 whatever
+      the correlations, and P(||E||_F > 5 ||S_h||_F) <= P(chi2_1 > 25) = 6e-7.  W_h's spectrum is reported: the
+      off-task omega decay only algebraically (~1/t: the loss is even in them), small but not zero at t_end.
     - **winners** (``numerics.readout``: argmax_h mu[h,i] omega[h,i] of the tail mean) against
       ``theory.task_allocation.predicted_winners`` (rule "ode"); wrong: task 0 given to another head.
-    - **allocated fixed point**: the serving (omega[h(i),i], mu[h(i),i]) (tail mean) against
-      theory.exact.exact_fixed_point (quadrature error ~1e-12) moved by theory's shift of the served optimum by the
-      off-task omega the run still holds (``theory.task_allocation.served_shift``); wrong: omega* or mu* x 1.1.
-      Tolerance per entry: Z_SE x its standard error + its per-record spread.  Why the spread: SGD iterates fluctuate
-      about the flow's fixed point with that spread; the finite step and batch can displace the centre of the cloud
-      (a bias O(lr/B) in the flat loss valley, measured 1-3% at B = 512-2048), by no more than the cloud's own width.
-      Both numbers come from the run's own records, neither from theory.
+    - **allocated fixed point**: the serving (omega[h(i),i], mu[h(i),i]) (tail mean) against theory.exact.
+      exact_fixed_point (quadrature error ~1e-12) moved by theory's shift of the served optimum by the off-task omega
+      the run still holds (``served_shift``); wrong: omega* or mu* x 1.1.  Tolerance per entry: Z_SE x its standard
+      error + its per-record spread: SGD iterates fluctuate about the flow's fixed point with that spread, and the
+      finite step and batch may displace the cloud's centre (a bias O(lr/B) in the flat valley, measured 1-3% at
+      B = 512-2048) by no more than its width.  Both from the run's own records, neither from theory.
     - **surplus heads** (H > m): their largest tail-mean |mu| against 0, tolerance the OV threshold of that head, at
       least the SURPLUS_FRACTION mu* that theory's expansion flow may still leave in them at the horizon; wrong: a
       surplus head serving task 0 with mu*_0.
     - **trained loss**: the held-out loss of the tail-averaged merged weights (W_h, U_h) on fresh prompts (the final
-      weights' loss, inflated by the last step's SGD jitter, is kept in the details) against theory.exact.exact_loss
-      at the allocated point; wrong: the exact loss x 1.1.  Tolerance Z_SE x its standard error + max(0, held-out loss
-      of the averaged full model - held-out reduced loss at the tail-mean readout, same prompts): the loss the off-D
-      parts and the final step's jitter add, both Monte-Carlo noise of the training run (theory's population flow
-      stays on D) + the quadrature error."""
-    dom = domain(cfg, tcfg.time) if dom is None else dom
+      weights', inflated by the last step's jitter, in the details) against theory.exact.exact_loss at the allocated
+      point; wrong: x 1.1.  Tolerance Z_SE x its standard error + max(0, held-out loss of the averaged full model -
+      reduced loss at the tail-mean readout, same prompts): what the off-D parts and the last step's jitter add, both
+      Monte-Carlo noise of the run (theory's population flow stays on D) + the quadrature error."""
     if not dom["inside"]:
         raise ValueError(f"check_allocation needs a case inside the domain ({dom['conditions']}); "
                          f"this one is not: {'; '.join(dom['reasons'])}. Use check_boundary")
-    pred = allocation_theory.allocation_prediction(*initial_values(cfg), cfg.tasks, cfg.L, cfg.sigma, cfg.param,
-                                                   cfg.logit_scale)
-    meas = experiments.allocation_run(cfg, tcfg, held_out, seed, Z_SE, THRESHOLD_SIGMAS)
-    H, m = cfg.heads, cfg.m
+    H, m, tcfg = cfg.heads, cfg.m, meas["train"]
     tag = f"tasks={cfg.tasks} H={H} L={cfg.L} sigma={cfg.sigma:g} B={tcfg.batch} t={tcfg.time:g}"
     winners, mu_star = pred["winners"], pred["mu_star"]
     surplus = [h for h in range(H) if h not in winners]
@@ -207,10 +188,9 @@ def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 6553
         *allocation_theory.allocated_point(wrong_winners, pred["omega_star"], mu_star, H)))
     wrong_desc = (f"task 0 served by head {other} (counts {wrong_counts})" if other != winners[0]
                   else "the head learns nothing (counts [0])")
-    threshold = meas["threshold"]
     # a surplus head's threshold also allows the SURPLUS_FRACTION mu* that theory's own flow may still leave in it at
     # the horizon (the domain's surplus condition), as its |mu| row does
-    thresholds = threshold.copy()
+    threshold, thresholds = meas["threshold"], meas["threshold"].copy()
     thresholds[surplus] = np.maximum(thresholds[surplus], allocation_theory.SURPLUS_FRACTION * float(np.min(mu_star)))
     above = [int(np.sum(np.asarray(sv) > th)) for sv, th in zip(meas["U_singular_values"], thresholds)]
     comps = [_comparison(
@@ -233,6 +213,8 @@ def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 6553
     shift = allocation_theory.served_shift(meas["omega_end"], winners, cfg.tasks, cfg.L, cfg.sigma)
     f = PERTURB_FACTOR
     fp = lambda om, mu: np.concatenate([om, mu]) + shift.reshape(-1)  # noqa: E731
+    # the entry farthest from theory's, relative to it: a one-number summary beside the entrywise max |d| / tolerance
+    rel = np.abs(served("end") / fp(pred["omega_star"], mu_star) - 1)
     comps.append(_comparison(
         "allocated fixed point (omega*_i..., mu*_i...)", tag, served("end"), fp(pred["omega_star"], mu_star),
         Z_SE * served("se") + served("spread"),
@@ -242,7 +224,8 @@ def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 6553
         "off-task omega the run still holds at t_end (theory.served_optimum at the measured row minus at zeros)",
         [(f"omega* x {f:g}", fp(f * pred["omega_star"], mu_star)),
          (f"mu* x {f:g}", fp(pred["omega_star"], f * mu_star))],
-        {**common, "omega_end": meas["omega_end"], "mu_end": meas["mu_end"], "off_task_shift": shift},
+        {**common, "omega_end": meas["omega_end"], "mu_end": meas["mu_end"], "off_task_shift": shift,
+         "largest_relative_deviation": {"value": float(rel.max()), "entry": int(rel.argmax())}},
         entrywise=True))
     if surplus:
         alt = np.zeros(len(surplus))
@@ -272,22 +255,18 @@ def check_allocation(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 6553
 
 
 SLOPE_LOW = 0.8
-"""The wrong prediction 'a 20 % low' of :func:`check_off_task_slope`: an error of the size the domain's rule
-escape_rate x t_end <= ESCAPE_EFOLDS cannot see."""
+"""The wrong prediction 'a 20 % low' of :func:`check_off_task_slope`: an error the domain's escape rule cannot see."""
 
 
-def check_off_task_slope(cfg: ProblemConfig, n: int, seed: int = 0) -> Comparison:
-    """The input of the domain's saddle rule, measured: theory's off-task slope a[h, i] = d loss / d mu[h, i] at its
-    allocated point (``theory.saddle.off_task_slope``, by quadrature; its escape rate is 2 max a) against the
-    Monte-Carlo gradient of the exact reduced loss at that same point (``phases.off_task_gradient``: n fresh
-    Rao-Blackwellised prompts), entrywise over the off-task entries (surplus heads' included).  The rule
-    escape_rate x t_end <= ESCAPE_EFOLDS alone is one-sided and coarse: a slope 20 % low, or of the wrong sign (a
-    minimum, not a saddle), would leave a run inside it; here either is a different prediction through the same
-    comparison.  Tolerance per entry: Z_SE standard errors of the Monte-Carlo gradient (independent groups); the
-    quadrature's error (~1e-10) is below it by orders of magnitude."""
-    om, mu = saddle.allocated_point(cfg.tasks, cfg.L, cfg.sigma, heads=cfg.heads)
-    a = saddle.off_task_slope(cfg.tasks, cfg.L, cfg.sigma, heads=cfg.heads)
-    g = experiments.off_task_gradient(cfg.tasks, cfg.L, cfg.sigma, om, mu, n, seed, cfg.device)
+def check_off_task_slope(cfg: ProblemConfig, point: tuple, a, g: dict, n: int) -> Comparison:
+    """The input of the domain's saddle rule, measured: theory's off-task slope ``a``[h, i] = d loss / d mu[h, i] at its
+    allocated ``point`` (``theory.saddle.off_task_slope``, by quadrature; escape rate 2 max a) against the Monte-Carlo
+    gradient ``g`` of the exact reduced loss there (``phases.off_task_gradient``: n fresh Rao-Blackwellised prompts),
+    entrywise over the off-task entries (surplus heads' included).  The rule escape_rate x t_end <= ESCAPE_EFOLDS is
+    one-sided and coarse: a slope 20 % low, or of the wrong sign (a minimum, not a saddle), would leave a run inside it;
+    here either is a wrong prediction through the same comparison.  Tolerance per entry: Z_SE standard errors of the
+    Monte-Carlo gradient (independent groups); the quadrature's error (~1e-10) is far below it."""
+    a = np.asarray(a, float)
     off = np.isfinite(a)
     measured, predicted, se = g["grad_mu"][off], a[off], g["grad_mu_se"][off]
     tag = f"tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g}"
@@ -298,78 +277,119 @@ def check_off_task_slope(cfg: ProblemConfig, n: int, seed: int = 0) -> Compariso
         "groups) of the exact reduced loss at theory's allocated point", [
             (f"a {round(100 * (1 - SLOPE_LOW)):d} % low (x {SLOPE_LOW:g})", (SLOPE_LOW * predicted).tolist()),
             ("a of the wrong sign (the allocated point a minimum)", (-predicted).tolist())],
-        {"omega": om, "mu": mu, "slope": a, "grad_mu": g["grad_mu"], "grad_mu_se": g["grad_mu_se"], "n": n,
+        {"omega": point[0], "mu": point[1], "slope": a, "grad_mu": g["grad_mu"], "grad_mu_se": g["grad_mu_se"], "n": n,
          "escape_rate": 2.0 * float(max(0.0, np.max(predicted))) if predicted.size else 0.0,
          "grad_mu_se_off_task": se.tolist()},
         se=float(np.max(se)) if se.size else None, entrywise=True)   # the row's se: the largest entry's
 
 
-def check_boundary(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int = 16384, seed: int = 0,
-                   dom: dict | None = None) -> Comparison:
-    """A case outside the domain (H < m, merged, L < L_MIN, the saddle's escape): the measured allocation is recorded
-    (values above threshold per head, who serves what); asserted: the measurement is conclusive -- every task has a
-    value above the threshold of some head."""
-    dom = domain(cfg, tcfg.time) if dom is None else dom
-    meas = experiments.allocation_run(cfg, tcfg, held_out, seed, Z_SE, THRESHOLD_SIGMAS)
+def check_boundary(cfg: ProblemConfig, meas: dict, dom: dict) -> Comparison:
+    """A case outside the domain ``dom`` (H < m, merged, L < L_MIN, the saddle's escape), its run ``meas``: its
+    allocation recorded (values above threshold per head, who serves what); asserted: every task resolved by a head."""
+    tcfg = meas["train"]
     resolved = (np.abs(meas["mu_end"]) > meas["threshold"][:, None]).any(axis=0).astype(float)
     return _comparison(
         "boundary (outside the domain): every task resolved",
         f"tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} B={tcfg.batch} t={tcfg.time:g}", resolved.tolist(),
         [1.0] * cfg.m, 0.0, "exact: each task has some |mu| above its head's OV threshold (the finding is conclusive); "
         "the counts per head are recorded, not predicted", [("no task resolved", [0.0] * cfg.m)],
-        {"config": cfg.to_dict(), "train": tcfg.to_dict(), "domain": dom, "boundary": True,
-         "above_per_head": meas["above"], "U_singular_values": meas["U_singular_values"],
-         "threshold": meas["threshold"], "mu_end": meas["mu_end"],
-         "omega_end": meas["omega_end"], "W_block_singular_values": meas["W_block_singular_values"],
-         "held_out": meas["held_out"]}, units="count")
+        {"config": cfg.to_dict(), "train": tcfg.to_dict(), "domain": dom, "boundary": True, "above_per_head":
+         meas["above"], **{k: meas[k] for k in ("U_singular_values", "threshold", "mu_end", "omega_end",
+                                                 "W_block_singular_values", "held_out")}}, units="count")
 
 
-def plan(p: TaskAllocationProfile, device: str = "cpu") -> list[ProblemConfig]:
+def case_configs(p: TaskAllocationProfile, device: str = "cpu") -> list[ProblemConfig]:
     """The cases of a profile (H = m; H = m + surplus; H = m - 1 on fewer_heads_tasks), or the researcher's problem."""
     if p.problem:
         q = dict(p.problem)
         tasks, heads, L = tuple(q.pop("tasks")), int(q.pop("heads")), int(q.pop("L"))
         return [experiments.favoured_problem(tasks, heads, L, device=device, surplus_mu=p.surplus_mu, **q)]
     m, f = len(p.tasks), len(p.fewer_heads_tasks or ())
-    cases = [(p.tasks, m)] + [(p.tasks, m + p.surplus_heads)] * bool(p.surplus_heads) + [(p.fewer_heads_tasks,
-                                                                                         f - 1)] * bool(f)
+    cases = ([(p.tasks, m)] + [(p.tasks, m + p.surplus_heads)] * bool(p.surplus_heads)
+             + [(p.fewer_heads_tasks, f - 1)] * bool(f))
     return [experiments.favoured_problem(t, H, p.L, device=device, sigma=p.sigma, param=p.param,
                                          init_scale=p.init_scale, surplus_mu=p.surplus_mu) for t, H in cases]
 
 
-def evaluate(ctx) -> Outcome:
+def case_needs(ctx, cfg: ProblemConfig) -> dict:
+    """A case's needs: its domain's inputs (theory's ``horizon``, the saddle's escape ``rate`` where an off-task entry
+    can escape -- factored, H >= max(m, 2) --, the step's stability guard ``unstable``); its ``run`` for the profile's
+    time or else the horizon (a dependency), or ``boundary_run`` held out on <= 16384 prompts (recorded, not compared);
+    theory's ``prediction``; the off-task slope's inputs (theory's ``point`` and ``slope``, the MC ``gradient``)."""
+    p, args = ctx.p, (tuple(cfg.tasks), cfg.L, cfg.sigma, cfg.heads)
+    horizon, point = (theory_need("allocation_horizon", *start_args(cfg), experiments.TAIL_FRACTION),
+                      theory_need("saddle_allocated_point", *args))
+    run = dict(cfg=cfg, lr=p.lr, time=p.time if p.time is not None else horizon, batch=p.batch, records=p.records,
+               z=Z_SE, threshold_sigmas=THRESHOLD_SIGMAS)
+    out = {"horizon": horizon, "unstable": unstable_need(cfg, p.lr), "point": point,
+           "run": need("allocation_run", held_out=p.held_out, **run),
+           "boundary_run": need("allocation_run", held_out=min(p.held_out, 16384), **run),
+           "prediction": theory_need("allocation_prediction", *start_args(cfg)), "slope": theory_need(
+               "off_task_slope", *args), "gradient": need("off_task_gradient", tasks=args[0], heads=cfg.heads, L=cfg.L,
+                                                          sigma=cfg.sigma, point=point, n=p.slope_prompts,
+                                                          device=ctx.device)}
+    if cfg.param == "factored" and cfg.heads >= max(cfg.m, 2):
+        out["rate"] = theory_need("max_growth_rate", tuple(cfg.tasks), cfg.L, cfg.sigma)
+    return out
+
+
+def case_domain(p: TaskAllocationProfile, cfg: ProblemConfig, n: dict, results) -> dict:
+    """:func:`domain` of a case (its needs ``n``) from the results, for a run of the profile's time or the horizon."""
+    need_t = results[n["horizon"]]
+    return domain(cfg, run_time(p.time if p.time is not None else need_t), need_t,
+                  results[n["rate"]] if "rate" in n else None, results[n["unstable"]])
+
+
+def plan(ctx, results=None) -> list:
+    """Per case its domain's inputs; once known, the run (none past the stability bound) and, inside the domain,
+    theory's prediction and, once per (tasks, L, sigma), the off-task slope's.  Asked with no results (the estimate),
+    each case as its configuration alone places it, every stability guard passed."""
+    p, out, slopes = ctx.p, [], set()
+    for cfg in case_configs(p, ctx.device):
+        n = case_needs(ctx, cfg)
+        first = [n[k] for k in ("horizon", "rate", "unstable") if k in n]
+        out += first
+        if results is not None and not all(x in results for x in first):
+            continue
+        dom = domain(cfg, math.inf, 0.0, None) if results is None else case_domain(p, cfg, n, results)
+        if dom["unstable"]:
+            continue
+        out += [n["run"], n["prediction"]] if dom["inside"] else [n["boundary_run"]]
+        if dom["inside"] and "rate" in n and (cfg.tasks, cfg.L, cfg.sigma) not in slopes:
+            slopes.add((cfg.tasks, cfg.L, cfg.sigma))      # measured once per (tasks, L, sigma), as compared
+            out += [n["point"], n["slope"], n["gradient"]]
+    return out
+
+
+def compare_results(ctx, results) -> Outcome:
     """Claim 4: cases inside the domain compared with theory, cases outside it run as boundary findings.  A profile
     without a time runs each case to the domain's horizon (theory's race and settling times); a case whose horizon is
     infinite (theory's flow keeps its surplus heads) runs to BOUNDARY_TIME as a boundary finding."""
-    p, cfgs = ctx.p, plan(ctx.p, ctx.device)
-    comps, headline, ran, domains, slopes, unstable = [], [], [], [], set(), []
-    for j, cfg in enumerate(cfgs):
-        ctx.progress(f"task-allocation: tasks {cfg.tasks}, H = {cfg.heads}, L = {cfg.L}", j / len(cfgs))
-        need = horizon(cfg)
-        t = p.time if p.time is not None else need
-        tcfg = TrainConfig(lr=p.lr, time=t if math.isfinite(t) else BOUNDARY_TIME, batch=p.batch, records=p.records,
-                           seed=ctx.seed)
-        dom = domain(cfg, tcfg.time, need, p.lr)
+    p, comps, headline, ran, domains, slopes, unstable = ctx.p, [], [], [], [], set(), []
+    for cfg in case_configs(p, ctx.device):
+        n = case_needs(ctx, cfg)
+        dom = case_domain(p, cfg, n, results)
         domains.append({"tasks": cfg.tasks, "heads": cfg.heads, "L": cfg.L, **dom})
+        meas = None if dom["unstable"] else results[n["run" if dom["inside"] else "boundary_run"]]
         ran.append({"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma, "param": cfg.param,
-                    "inside_domain": dom["inside"], "train": tcfg.to_dict()})
+                    "inside_domain": dom["inside"], "train": meas["train"].to_dict() if meas else None})
         suffix = f" (tasks={cfg.tasks}, H={cfg.heads}, L={cfg.L})"
         if dom["unstable"]:     # not run: a run past the stability bound is no evidence either way
             unstable.append(f"tasks={cfg.tasks} H={cfg.heads} L={cfg.L}: {dom['reasons'][0]}")
         elif dom["inside"]:
-            cs = check_allocation(cfg, tcfg, p.held_out, ctx.seed, dom)
+            cs = check_allocation(cfg, meas, results[n["prediction"]], dom)
             headline += [headline_of(c, suffix) for c in cs]
             headline.append(reported_row("largest off-task |omega| (reported: decays ~1/t)" + suffix, theory=0.0,
                                          measured=cs[0].details["largest_off_task_omega"], config=cs[0].config))
             comps += cs
-            # the saddle's slope behind the domain's escape rule, measured once per (tasks, L, sigma)
-            if dom["escape_rate"] is not None and (cfg.tasks, cfg.L, cfg.sigma) not in slopes:
+            if dom["escape_rate"] is not None and (cfg.tasks, cfg.L, cfg.sigma) not in slopes:   # the saddle's slope
                 slopes.add((cfg.tasks, cfg.L, cfg.sigma))
-                c = check_off_task_slope(cfg, p.slope_prompts, ctx.seed)
+                c = check_off_task_slope(cfg, results[n["point"]], results[n["slope"]], results[n["gradient"]],
+                                         p.slope_prompts)
                 headline.append(headline_of(c, suffix))
                 comps.append(c)
         else:
-            c = check_boundary(cfg, tcfg, min(p.held_out, 16384), ctx.seed, dom)
+            c = check_boundary(cfg, meas, dom)
             headline.append(headline_of(c, suffix + f" [{'; '.join(dom['reasons'])}]"))
             comps.append(c)
     with_mu = [c for c in comps if c.name.startswith("allocated fixed point") or c.details.get("boundary")]
@@ -417,34 +437,14 @@ def findings(result) -> list:
     return out
 
 
-def estimate(p: TaskAllocationProfile) -> float:
-    """CPU seconds of the plan (``numerics.cost``): per case that runs (none past the stability bound) its run (t / lr
-    steps at its shape, t the profile's time or, without one, BOUNDARY_TIME: the domain's horizon is theory's flow,
-    CPU an estimate made before every build does not spend), the tail records, the held-out loss (``held_out``
-    prompts inside the domain, 16384 at most outside), and once per (tasks, L, sigma) the Monte-Carlo off-task
-    slope (``slope_prompts`` prompts: a forward pass and its gradient, ~3 forwards)."""
-    from numerics import cost
-    seconds, slopes = sum(stiffness_seconds(c) for c in plan(p)), set()     # what unstable_step asks, beyond d = 9
-    for cfg in (c for c in plan(p) if not unstable_step(c, p.lr)):     # beyond d = 9 only, as evaluate's domain
-        t = p.time if p.time is not None else BOUNDARY_TIME
-        seconds += cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, p.batch, round(t / p.lr), dtype=cfg.dtype,
-                                      records=p.records)
-        seconds += cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, p.held_out)
-        if (cfg.tasks, cfg.L, cfg.sigma) not in slopes:
-            slopes.add((cfg.tasks, cfg.L, cfg.sigma))
-            seconds += 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, p.slope_prompts)
-    return seconds
-
-
 SPEC = ClaimSpec(
     id="task-allocation", title="Task allocation: one task per head",
     statement=("At the limit each head's OV weight has exactly one nonzero semi-singular value; task i goes to "
                "the head whose OV value for i is largest (the head favoured by the initialisation)."),
-    profiles=PROFILES, evaluate=evaluate, findings=findings,
+    profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
     resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))),
     cannot_run=lambda q: None if {"tasks", "heads", "L"} <= set(q) else (
         "problem must give tasks, heads, L and optionally sigma, param, init_scale, logit_scale, basis, dtype; got "
-        f"keys {sorted(q)}"),
-    estimate=lambda p: estimate(p))
+        f"keys {sorted(q)}"))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

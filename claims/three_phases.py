@@ -3,7 +3,9 @@
 One case per init scale s0: the full factored model from the decomposable init (``numerics.experiments.phases``)
 against theory's prediction from the same init, made before the run (``theory.three_phases``): phase times, head
 selection, converged loss and, over >= 3 init scales, the warm-up law T = C/s0 + c0; tolerances from the numerics'
-noise, the O(lr) discretisation and theory's own approximation error, never from the measured discrepancy."""
+noise, the O(lr) discretisation and theory's own approximation error, never from the measured discrepancy.
+
+The plan and its needs: :func:`plan`, :func:`case_needs`; the comparison: :func:`compare_results`."""
 from __future__ import annotations
 
 import math
@@ -16,17 +18,19 @@ import theory.exact as exact_theory
 import theory.three_phases as phase_theory
 from claims.common import Z_SE, Comparison, compare, config_label, headline_row, lines_figure, worst
 from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
+from claims.trained import theory_need
 from numerics.config import ProblemConfig
+from numerics.engine import need
 from numerics.experiments import phases as experiments
-from numerics.experiments.converged import unstable_step
-from numerics.model import initial_values
+from numerics.experiments.phases import start_args, unstable_need
 from numerics.readout import allocation
 from numerics.statistics import mean_se
-from numerics.train import TrainConfig
 from theory.three_phases import PhasePrediction, loss_slope
 
 SELECTED_SHARE = 0.9
 """The paper's 'each head selects one task': the share of its OV mass on that task above 0.9."""
+SATURATED_TIME = 40.0
+"""The run length where theory's flow saturates before its emergence ends: long enough to record what happens."""
 
 
 @dataclass(frozen=True)
@@ -60,14 +64,14 @@ PROFILES = {
 }
 
 
-def domain(cfg: ProblemConfig, pred: PhasePrediction, lr: float | None = None) -> dict:
+def domain(cfg: ProblemConfig, pred: PhasePrediction, unstable: str | None = None) -> dict:
     """Where theory predicts agreement, decided before the run: factored weights (the merged warm-up is logarithmic,
     its end a superposition), a flow inside the expansion's domain 2 omega^2 < 1 (else saturation), for the selection
     m >= 2 and H >= m with distinct predicted heads; an expansion fine enough at this L (its level error moves the
     warm-up end by ``pred.level_shift`` = (0.1 end_err + 0.9 start_err) / |dL/dt|; beyond T/4 not even a factor-2
-    error could be told apart: r = 4, L = 16 gives 0.93 against T = 2.2); a step ``lr`` inside the full model's
-    stability bound at the flow's end (numerics.experiments.converged.unstable_step, asked beyond d = TUNED_D only;
-    lr lambda_full at this claim's logit scale is 15 at the authors' blocks).  Else a boundary run."""
+    error could be told apart: r = 4, L = 16 gives 0.93 against T = 2.2); a step inside the full model's stability
+    bound at the flow's end (``unstable``: why not, converged.unstable_step, asked beyond d = TUNED_D only; lr
+    lambda_full at this claim's logit scale is 15 at the authors' blocks).  Else a boundary run."""
     reasons = []
     if cfg.param != "factored":
         reasons.append("merged weights: warm-up law a + b log(1/s0) and a late superposition drift")
@@ -75,8 +79,8 @@ def domain(cfg: ProblemConfig, pred: PhasePrediction, lr: float | None = None) -
         reasons.append(f"init {cfg.init!r}: the claim is stated from the default decomposable init")
     if pred.flow_status != "t_end":
         reasons.append(f"the expansion flow leaves 2 omega^2 < 1 ({pred.flow_status}): saturation regime")
-    if lr is not None and (why := unstable_step(cfg, lr)):
-        reasons.append(why)
+    if unstable:
+        reasons.append(unstable)
     selection = cfg.m >= 2 and cfg.heads >= cfg.m and len(set(pred.winners)) == cfg.m
     dom = {"inside": not reasons, "reasons": reasons, "selection": bool(selection and not reasons),
            "selection_reason": "" if selection else "one task: every head's share is 1 at all times, there is "
@@ -129,9 +133,8 @@ def phase_tolerances(pred: PhasePrediction, meas: experiments.PhaseRun, spread: 
 
 
 def phase_tolerance_at(tol: dict, t: float) -> float:
-    """The tolerance of one phase end (an entry of :func:`phase_tolerances`) for a prediction t of it: the
-    measurement's parts as they are, theory's scaled by t / tp (a theory whose time is off by a factor is off by
-    that factor in its discretisation shift, its level-over-slope and its rate error too)."""
+    """The tolerance of one phase end (:func:`phase_tolerances`) for a prediction t of it: the measurement's parts as
+    they are, theory's x t / tp (a time off by a factor is off by it in its shift, level-over-slope and rate error)."""
     return tol["fixed"] + tol["theory"] * abs(float(t)) / tol["predicted"]
 
 
@@ -275,13 +278,14 @@ def check_converged_loss(cfg, meas: experiments.PhaseRun) -> tuple[Comparison, C
     return out[0], out[1]
 
 
-def check_warmup_law(cfg0, scales, warmups, tols) -> tuple[Comparison, Comparison]:
+def check_warmup_law(cfg0, scales, warmups, tols, law: dict) -> tuple[Comparison, Comparison]:
     """Measured warm-up ends T(s0) against the law C/s0 + c0 (C, c0: theory's fit of the expansion flow's warm-up
-    ends at these s0).  ``tols``: per s0 the phase comparison's warm-up tolerance (:func:`phase_tolerances`),
-    fixed before the law is consulted; the law's own fit residual against the flow's warm-up ends is reported,
-    never added: a tolerance may not depend on the prediction under test (a wrong C would widen it); it is below
-    0.1 % of T for the factored flow (tests/test_theory_three_phases.py), far below one record spacing.  Compared
-    as max |dT|/tol.  Perturbations: c0 = 0 (a pure inverse law) and the exponent 1.2.
+    ends at these s0, ``law``: theory.three_phases.warmup_law_prediction).  ``tols``: per s0 the phase comparison's
+    warm-up tolerance (:func:`phase_tolerances`), fixed before the law is consulted; the law's own fit residual
+    against the flow's warm-up ends is reported, never added: a tolerance may not depend on the prediction under test
+    (a wrong C would widen it); it is below 0.1 % of T for the factored flow (tests/test_theory_three_phases.py), far
+    below one record spacing.  Compared as max |dT|/tol.  Perturbations: c0 = 0 (a pure inverse law) and the
+    exponent 1.2.
 
     Second comparison: C fitted to the measured T (least squares, C = sum_j a_j T_j) against theory's C.  Its
     tolerance propagates the per-s0 tolerances: the noise parts (SGD escape-time spread, evaluation-batch level
@@ -293,8 +297,6 @@ def check_warmup_law(cfg0, scales, warmups, tols) -> tuple[Comparison, Compariso
     coupling through the shared softmax left out)."""
     s, T = np.asarray(scales, float), np.asarray(warmups, float)
     tol = np.array([t["tolerance"] for t in tols], float)
-    law = phase_theory.warmup_law_prediction(cfg0.tasks, cfg0.heads, cfg0.L, cfg0.sigma, cfg0.param, s,
-                                             cfg0.logit_scale)
     C, c0 = law["C"], law["c0"]
     law_c = compare(f"warm-up law tasks={cfg0.tasks} H={cfg0.heads} L={cfg0.L} s0={s.tolist()}", T.tolist(),
                     law["T"].tolist(), 1.0,
@@ -326,24 +328,15 @@ def check_warmup_law(cfg0, scales, warmups, tols) -> tuple[Comparison, Compariso
     return law_c, c_row
 
 
-Case = namedtuple("Case", "cfg tcfg prediction measurement comparisons boundary domain rows")
+Case = namedtuple("Case", "cfg prediction measurement comparisons boundary domain rows")
 
 
-def run_case(cfg: ProblemConfig, lr: float, batch: int, records: int, eval_batch: int, held_out: int,
-             seed: int = 0, horizon_factor: float = 2.0) -> Case:
-    """Prediction, run and comparisons of one configuration.  Outside the domain the run is a boundary finding: its
-    measured phases and shares are recorded in ``boundary``, no agreement comparison is made; its own check is
-    :func:`boundary_check`.  A flow that saturates runs for t = 40 to record what happens."""
-    start = (*initial_values(cfg), cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale, lr)
-    t_end, status = phase_theory.run_length(*start, horizon_factor)
-    tcfg = TrainConfig(lr=lr, time=t_end if status == "t_end" else 40.0, batch=batch, records=records, seed=seed)
-    pred = phase_theory.phase_prediction(*start, tcfg.lr * np.array(tcfg.record_steps(), float), status)
-    dom = domain(cfg, pred, lr)
-    meas = experiments.phase_run(cfg, tcfg, eval_batch, held_out)
+def case_outcome(cfg: ProblemConfig, pred: PhasePrediction, meas: experiments.PhaseRun, dom: dict,
+                 spread: dict | None) -> Case:
+    """Theory's prediction ``pred`` against the run ``meas`` inside the domain ``dom`` (``spread``: the escape-time
+    probe).  Outside it the run is a boundary finding (phases and shares in ``boundary``, :func:`boundary_check`)."""
     if not dom["inside"]:
-        return Case(cfg, tcfg, pred, meas, [], boundary_check(cfg, meas, dom.get("expansion_too_coarse", False)), dom,
-                    [])
-    spread = experiments.escape_time_spread(cfg, batch, lr)
+        return Case(cfg, pred, meas, [], boundary_check(cfg, meas, dom.get("expansion_too_coarse", False)), dom, [])
     tols = phase_tolerances(pred, meas, spread) if pred.phases is not None and pred.phases.defined else None
     ph = check_phase_times(cfg, pred, meas, tols)
     sel = check_selection(cfg, pred, meas, tols, spread) if dom["selection"] and ph.error < math.inf else None
@@ -352,9 +345,7 @@ def run_case(cfg: ProblemConfig, lr: float, batch: int, records: int, eval_batch
         c.details["spread"] = spread
         c.config = f"{config_label(cfg)} s0={cfg.init_scale:g}"
     s0 = cfg.init_scale     # the headline rows (names unchanged: reports.compare keys on them)
-    # one row per phase end, each agreeing by its own numbers (the comparison is the max over both ends: at the
-    # authors' configuration one end agreed while the other did not, and a row inheriting the comparison's False
-    # disagreed with itself); the verdict stays the comparison's
+    # one row per phase end, each agreeing by its own numbers; the verdict stays the comparison's (max over both ends)
     rows = ([headline_row(ph, f"{label} (s0={s0:g})", theory=ph.predicted[k], measured=ph.measured[k],
                           tolerance=tols[k]["tolerance"],
                           agrees=abs(ph.measured[k] - ph.predicted[k]) <= tols[k]["tolerance"])
@@ -369,7 +360,7 @@ def run_case(cfg: ProblemConfig, lr: float, batch: int, records: int, eval_batch
     rows += [headline_row(comps[-2], f"converged loss (s0={s0:g})", se=comps[-2].details["se"]),
              headline_row(comps[-1], f"converged loss on whole prompts (s0={s0:g})", se=comps[-1].details["se"])]
     boundary = boundary_check(cfg, meas) if not dom["selection"] and cfg.heads < cfg.m else None
-    return Case(cfg, tcfg, pred, meas, comps, boundary, dom, rows)
+    return Case(cfg, pred, meas, comps, boundary, dom, rows)
 
 
 def boundary_check(cfg, meas: experiments.PhaseRun, expansion_too_coarse: bool = False) -> dict:
@@ -392,32 +383,67 @@ def boundary_check(cfg, meas: experiments.PhaseRun, expansion_too_coarse: bool =
             "head_share": list(head_share), "theory_account_holds": bool(holds), "phases": meas.phases.to_dict()}
 
 
-def evaluate(ctx) -> Outcome:
-    """Claim 3: one case per init scale, then the warm-up law over them (>= 3 scales, all inside the domain)."""
-    p, cases = ctx.p, []
-    for j, s0 in enumerate(p.init_scales):
-        ctx.progress(f"three-phases: s0={s0:g} ({j + 1}/{len(p.init_scales)})", j / len(p.init_scales))
+def case_needs(ctx) -> list[tuple[ProblemConfig, dict]]:
+    """Per init scale, its configuration (the problem laid over the profile) and needs: theory's ``forecast`` of its
+    run, made before it (length, phases on its record times), the step's stability guard (``unstable``), the ``run``
+    as long as the forecast says (seeded by its identity: independent prompt streams per init scale, so C fitted
+    over them adds their escape-time noises in quadrature, check_warmup_law), the SGD escape-time probe at its init (``spread``), and
+    theory's warm-up law T = C/s0 + c0 at the profile's init scales (``law``, the same for every case)."""
+    p, out = ctx.p, []
+    for s0 in p.init_scales:
         cfg = ProblemConfig(tasks=tuple(p.tasks), heads=p.heads, L=p.L, sigma=p.sigma, param="factored",
                             logit_scale=p.logit_scale, init_scale=s0, device=ctx.device, **dict(p.extra))
-        # an independent prompt stream per init scale: the escape-time noises of the runs are independent, so
-        # the warm-up constant C fitted over them adds them in quadrature (check_warmup_law)
-        cases.append(run_case(cfg, p.lr, p.batch, p.records, p.eval_batch, p.held_out, ctx.seed + j,
-                              p.horizon_factor))
+        forecast = theory_need("phase_prediction", *start_args(cfg), p.lr, p.horizon_factor, p.records, SATURATED_TIME)
+        out.append((cfg, {"forecast": forecast, "unstable": unstable_need(cfg, p.lr), "spread": need(
+            "escape_time_spread", cfg=cfg, batch=p.batch, lr=p.lr), "run": need(
+            "phase_run", cfg=cfg, lr=p.lr, batch=p.batch, records=p.records, eval_batch=p.eval_batch,
+            held_out=p.held_out, horizon_factor=p.horizon_factor, forecast=forecast),
+            "law": theory_need("warmup_law_prediction", cfg.tasks, cfg.heads, cfg.L, cfg.sigma, cfg.param,
+                               p.init_scales, cfg.logit_scale)}))
+    return out
+
+
+def plan(ctx, results=None) -> list:
+    """Per init scale its forecast, stability guard and run, and once these two put it inside the domain its probe;
+    over >= 3 init scales all inside, theory's warm-up law.  Asked with no results (the estimate), all of them."""
+    out, inside, cases = [], [], case_needs(ctx)
+    for cfg, n in cases:
+        out += [n["forecast"], n["unstable"], n["run"]]
+        inside.append(results is None or (n["forecast"] in results and n["unstable"] in results and domain(
+            cfg, results[n["forecast"]]["prediction"], results[n["unstable"]])["inside"]))
+        out += [n["spread"]] if inside[-1] else []
+    return out + ([cases[0][1]["law"]] if len(cases) >= 3 and all(inside) else [])
+
+
+def case_results(ctx, results) -> list[Case]:
+    """Each init scale's :func:`case_outcome` from the plan's results."""
+    cases = []
+    for cfg, n in case_needs(ctx):
+        pred = results[n["forecast"]]["prediction"]
+        dom = domain(cfg, pred, results[n["unstable"]])
+        cases.append(case_outcome(cfg, pred, results[n["run"]], dom, results[n["spread"]] if dom["inside"] else None))
+    return cases
+
+
+def compare_results(ctx, results) -> Outcome:
+    """Claim 3: one case per init scale, then the warm-up law over them (>= 3 scales, all inside the domain)."""
+    cases = case_results(ctx, results)
     comps, headline = [c for case in cases for c in case.comparisons], [r for case in cases for r in case.rows]
     if len(cases) >= 3 and all(c.domain["inside"] and c.comparisons and c.comparisons[0].error < math.inf
                                for c in cases):
         law_c, c_row = check_warmup_law(cases[0].cfg, [c.cfg.init_scale for c in cases],
                                         [c.measurement.phases.warmup_end for c in cases],
-                                        [c.comparisons[0].details["tolerances"]["warmup_end"] for c in cases])
+                                        [c.comparisons[0].details["tolerances"]["warmup_end"] for c in cases],
+                                        results[case_needs(ctx)[0][1]["law"]])
         law_c.config = c_row.config = config_label(cases[0].cfg)
         comps += [law_c, c_row]
         headline += [headline_row(c_row, "warm-up constant C (T = C/s0 + c0)"),
                      headline_row(law_c, "warm-up law T = C/s0 + c0 (max |dT|/tol over s0)", measured=law_c.error,
                                   tolerance=1.0, theory=f"C/s0 + c0 with C = {law_c.details['C']:.4g}, "
                                                         f"c0 = {law_c.details['c0']:.4g}")]
-    details = {"ran": [{"config": c.cfg.to_dict(), "train": c.tcfg.to_dict(), "domain": c.domain,
-                        "boundary": c.boundary} for c in cases], "domain": [c.domain for c in cases],
-               "boundaries": [c.boundary for c in cases if c.boundary]}
+    details = {"ran": [{"config": c.cfg.to_dict(), "train": c.measurement.train.to_dict(), "domain": c.domain,
+                        "boundary": c.boundary} for c in cases],
+               "domain": [c.domain for c in cases], "boundaries": [c.boundary for c in cases if c.boundary]}
     if not comps:
         why = f"no case inside the claim's domain ({'; '.join(sorted({r for c in cases for r in c.domain['reasons']}))})"
         return Outcome([], [], details={**details, "reason": why}, undecided=why)
@@ -428,8 +454,7 @@ def evaluate(ctx) -> Outcome:
                           [c for c in curves if c[2] is not None], xlabel="t", ylabel="loss", yscale="log",
                           spans=m.phases.spans(float(m.t[-1])),
                           caption="the loss plateaus (warm-up), falls fast (emergence), then flattens (convergence)")
-    # the headline: the warm-up constant C (the law's one number) where >= 3 init scales ran, else the first
-    # case's phase times
+    # the headline: the warm-up constant C where >= 3 init scales ran, else the first case's phase times
     head = next((c.name for c in comps if c.details.get("role") == "warm-up constant"), comps[0].name)
     return Outcome(comps, headline, [figure], details=details, headline_comparison=head,
                    numerics={"measured": [c.measured for c in comps], "worst": worst(comps)},
@@ -460,38 +485,13 @@ def findings(result) -> list:
     return out
 
 
-def estimate(p: ThreePhasesProfile) -> float:
-    """CPU seconds of the plan (``numerics.cost``), per init scale: theory's prediction
-    (``theory_seconds("phase_prediction")``) and the run of ``numerics.experiments.phase_run``: its steps, the
-    reduced loss at every record on ``eval_batch`` prompts and the held-out losses.  The run's length is
-    ``horizon_factor`` x the warm-up race time (theory.task_allocation.warmup_race_times, closed form), which
-    the emergence end of theory's expansion flow follows closely (quick profile: run lengths 28.7, 21.6, 9.0
-    against 2 x 15.06, 11.30, 4.52); a flow with no finite race runs t = 40."""
-    from numerics import cost
-    from theory.task_allocation import warmup_race_times
-    seconds = 0.0
-    for s0 in p.init_scales:
-        cfg = ProblemConfig(tasks=tuple(p.tasks), heads=p.heads, L=p.L, sigma=p.sigma, param="factored",
-                            logit_scale=p.logit_scale, init_scale=s0, **dict(p.extra))
-        race = warmup_race_times(*initial_values(cfg), cfg.tasks, cfg.param, cfg.logit_scale)
-        finite = race[np.isfinite(race)]
-        t = p.horizon_factor * float(finite.max()) if finite.size else 40.0
-        seconds += (cost.theory_seconds("phase_prediction")
-                    + cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, p.batch, round(t / p.lr), dtype=cfg.dtype)
-                    + p.records * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, p.eval_batch)
-                    + cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, min(p.held_out, 4096))
-                    + cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, p.held_out))
-    return seconds
-
-
 SPEC = ClaimSpec(
     id="three-phases", title="Three phases: warm-up, emergence, convergence",
     statement=("Training goes through a warm-up (loss falls slowly while heads build an inclination to tasks), "
                "an emergence (each head selects one task and the loss falls fast) and a convergence phase."),
-    profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings,
+    profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings,
     cannot_run=lambda q: None if q.get("param", "factored") == "factored" else (
         "claim 3 is stated for factored weights (the paper's architecture); merged weights are the boundary "
-        "'boundary-merged-superposition'"),
-    estimate=lambda p: estimate(p))
+        "'boundary-merged-superposition'"))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

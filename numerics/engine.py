@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Optional
 from numerics.seeds import case_seed
 
 KIND_MODULES = ("numerics.experiments.theory_values", "numerics.experiments.converged", "numerics.exact_reduced",
-                "numerics.experiments.probes")
+                "numerics.experiments.probes", "numerics.experiments.phases", "numerics.experiments.authors")
 """Modules whose import registers the kinds (imported on the first lookup)."""
 
 
@@ -252,6 +252,10 @@ def _compute_in_worker(args):
     return [n.identity for n in job], values, time.process_time() - t0
 
 
+def _shared(n: Need) -> bool:
+    return kind_of(n.kind).shared and all(_shared(d) for d in n.dependencies())
+
+
 @dataclass
 class Engine:
     """Executes needs at one report seed: memo, then sweep store, then computation.
@@ -268,8 +272,10 @@ class Engine:
     local: dict = field(default_factory=dict)
 
     def memo(self, n: Need) -> dict:
-        """Where the value of ``n`` is kept: the process's memo, or this engine's own."""
-        return _MEMO if kind_of(n.kind).shared else self.local
+        """Where the value of ``n`` is kept: the process's memo if its kind and every need it
+        depends on are shared (a run that read a theory value is this engine's, so that a
+        mutation of theory reaches it too), else this engine's own."""
+        return _MEMO if _shared(n) else self.local
 
     def known(self) -> dict:
         return {**_MEMO, **self.local}

@@ -3,7 +3,8 @@
     python -m reports.audit CHECKPOINT [CHECKPOINT ...] --tasks R,R,.. --L L [--sigma S]
         [--basis identity|random] [--basis-seed N] [--layout auto|authors|project|factored|merged]
         [--logit-scale s] [--times T,T,.. | --steps N,N,.. --lr LR [--loss-units mean|sum]]
-        [--prompts N] [--seed N] [--assume-converged] [--device cpu|cuda] [--out DIR]
+        [--prompts N | --max-prompts N --max-minutes M] [--seed N] [--assume-converged] [--device cpu|cuda]
+        [--out DIR]
 
 This module parses the command line, checks every argument and every file before any
 computation (``claims.model_audit.plan_audit``: each checkpoint read safely and mapped by
@@ -130,7 +131,14 @@ def make_parser() -> argparse.ArgumentParser:
                         "or sum (this project's: t = lr steps); default mean")
     g = p.add_argument_group("measuring")
     g.add_argument("--prompts", type=int_option("--prompts", 2, MAX_PROMPTS, "more prompts than that take hours"),
-                   default=16384, metavar="N", help="held-out prompts per model (default 16384)")
+                   default=None, metavar="N", help="held-out prompts per model, as given (default: sized: a pilot of "
+                   "4096 prompts says how many reject the wrong predictions, within the two caps below)")
+    g.add_argument("--max-prompts", type=int_option("--max-prompts", 2, MAX_PROMPTS, "more prompts than that take hours"),
+                   default=None, metavar="N", help="the most held-out prompts a sized model is measured on (default "
+                   "1048576)")
+    g.add_argument("--max-minutes", type=float_option("--max-minutes", low=0.0), default=None, metavar="M",
+                   help="the most minutes a sized model's measurement may take at the pilot's rate (default 10); past "
+                   "either cap a model that agrees is undecided, and the report says how many prompts would decide it")
     g.add_argument("--seed", type=seed_option("--seed"), default=0, metavar="N",
                    help="seed of the held-out prompts and of theory's searches (same seed: same numbers)")
     g.add_argument("--skip", type=_skip, default=(), metavar="REF[,REF]",
@@ -160,20 +168,30 @@ def request_from_args(args):
                         basis=args.basis, basis_seed=args.basis_seed, layout=args.layout,
                         logit_scale=args.logit_scale, times=args.times, steps=args.steps, lr=args.lr,
                         loss_units=args.loss_units, prompts=args.prompts, seed=args.seed,
-                        assume_converged=args.assume_converged, device=args.device, skip=args.skip)
+                        assume_converged=args.assume_converged, device=args.device, skip=args.skip,
+                        **({} if args.max_prompts is None else {"max_prompts": args.max_prompts}),
+                        **({} if args.max_minutes is None else {"max_seconds": 60.0 * args.max_minutes}))
 
 
 def _validate(args) -> tuple:
     """(plan, out): every check before any computation; BadArguments on anything wrong."""
     from claims.model_audit import plan_audit
+    from numerics import external
     from numerics.config import check_device
 
+    if args.prompts is not None and (args.max_prompts is not None or args.max_minutes is not None):
+        raise BadArguments("--prompts N is measured as given; --max-prompts and --max-minutes cap a sized measurement: "
+                           "give one or the others")
     if args.basis_seed is not None and args.basis != "random":
         raise BadArguments("--basis-seed is used only with --basis random; drop it or add --basis random")
     try:
         check_device(args.device)
     except (TypeError, ValueError) as exc:
         raise BadArguments(f"--device: {exc}") from None
+    try:
+        external.check_paths(args.checkpoints)      # a link loop, a FIFO, a device: refused before any read
+    except ValueError as exc:
+        raise BadArguments(str(exc)) from None
     out = check_out_dir(args.out, "--out", args.checkpoints)
     try:
         plan = plan_audit(request_from_args(args))
@@ -266,12 +284,12 @@ def render(plan, audit, started: str, command: list, t0: float) -> tuple[dict, d
                         lambda recs=recs: af.trajectory_png([x["t"] for x in recs], [x["loss"] for x in recs], None,
                                                             [x["mu"] for x in recs], title="the file's records"), errors)
         if r.id == "trajectory":
-            d = r.details
+            theory = trajectory_theory(r.details)
             _figure(files, figures, "trajectory", "loss and OV values against time", "held-out loss of each checkpoint "
-                    "(1 se bars), theory's curve from the first checkpoint where it applies, the measured phases",
-                    lambda d=d: af.trajectory_png(d["t"], d["loss"], d["se"], d["mu"], d.get("predicted_t"),
-                                                  d.get("predicted_loss"), d.get("measured_phases"), "trajectory"),
-                    errors)
+                    "(1 se bars), the measured phases shaded, theory's curve from the first checkpoint and its judged "
+                    "phase ends (dashed, tolerance shaded) where it applies",
+                    lambda d=r.details, th=theory: af.trajectory_png(d["t"], d["loss"], d["se"], d["mu"], th,
+                                                                      d.get("measured_phases"), "trajectory"), errors)
         entry.update(figures=figures, figure_errors=errors)
         entries.append(entry)
     doc = {"claims": entries, "findings": [f for e in entries for f in e.get("findings") or []],
@@ -284,6 +302,26 @@ def render(plan, audit, started: str, command: list, t0: float) -> tuple[dict, d
     return doc, files
 
 
+def trajectory_theory(d: dict) -> Optional[dict]:
+    """What the trajectory figure draws of theory (from the result's details): the expansion flow from
+    the first checkpoint, labelled with its offset from theory's exact allocated fixed point where that
+    exceeds the loss comparison's tolerance; the exact fixed point's level; the judged phase ends with
+    their tolerances."""
+    if d.get("predicted_loss") is None:
+        return None
+    off = d.get("expansion_offset") or {}
+    label = "theory: expansion flow from the first checkpoint"
+    if off.get("beyond_tolerance") and off.get("relative") is not None:
+        label += f" (its end {off['relative']:+.0%} off the exact fixed point)"
+    elif off.get("beyond_tolerance"):
+        label += f" (off theory's exact loss by {off['end_error']:.3g} at its end)"
+    phase = next((c for c in d.get("comparisons", []) if c["details"].get("role") == "phase times"), None)
+    ends = {} if phase is None else {k: (phase["predicted"][k], phase["details"]["tolerances"][k]["tolerance"])
+                                     for k in ("warmup_end", "emergence_end")}
+    return {"t": d["predicted_t"], "loss": d["predicted_loss"], "label": label, "fixed_point": off.get("exact"),
+            "phase_ends": ends}
+
+
 def page(doc: dict, files: dict) -> str:
     """index.html from the template (autoescaped; figures inline as data URIs)."""
     import jinja2
@@ -294,6 +332,7 @@ def page(doc: dict, files: dict) -> str:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = _fmt
     env.filters["anchor"] = anchor
+    env.filters["decided"] = decided_by
     env.filters["pm"] = lambda e: "n/a" if not e else f"{_fmt(e['mean'])} ± {_fmt(e['se'], 2)}"
     inline = {k: "data:image/png;base64," + base64.b64encode(v).decode("ascii")
               for k, v in files.items() if k.endswith(".png")}
@@ -340,21 +379,59 @@ def exit_status(doc: dict) -> int:
     return EXIT_FAILED if bad else EXIT_OK
 
 
+def decided_by(entry: dict) -> str:
+    """The sentence that says what decided a result, with its numbers: the error, the undecided reason,
+    or the comparison behind the verdict (the first that disagrees, else the closest to its tolerance)."""
+    d = entry["details"]
+    if d.get("error"):
+        return f"the check raised {d['error']}"
+    comps = d.get("comparisons") or []
+    if entry["verdict"] == "undecided" or d.get("undecided") or not comps:
+        return d.get("undecided") or ("a wrong prediction was not rejected" if comps else "no comparison was made")
+    c = next((c for c in comps if not c["agrees"]), None) or max(comps, key=lambda c: c["margin"])
+    return (f"{c['name']}: error {_fmt(c['error'], 3)} {'within' if c['agrees'] else 'beyond'} its tolerance "
+            f"{_fmt(c['tolerance'], 3)}")
+
+
 def summary(doc: dict) -> str:
+    """The terminal's account: each result's verdict with what decided it and every comparison not
+    made, then the judged checkpoints (earlier ones of a run are on the page), then the cost."""
     lines = []
+    for c in doc["claims"]:
+        what = "" if c["id"] == "trajectory" else f" ({c['details'].get('checkpoint', {}).get('name', '?')})"
+        lines.append(f"{c['id']}{what}: {c['kind']} {c['verdict']}: {decided_by(c)}")
+        lines += [f"  {r['name']}" for r in c["headline"] if r["name"].startswith("not compared")]
+    earlier = [e for e in doc["model"] if not e["judged"]]
     for e in doc["model"]:
+        if not e["judged"]:
+            continue
         loss = e["held_out_loss"] or e["projected_loss"]
         fp = e["position"].get("allocated_fixed_point", {})
         lines.append(f"{e['checkpoint']['name']}: {e['readout']['words']}, loss {_fmt(loss['mean'])} ± "
-                     f"{_fmt(loss['se'], 2)}" + (f" = {_fmt(fp['ratio'])} x the allocated fixed point"
-                                                 if fp.get("available") else "")
-                     + (f" [{e['judged']}]" if e["judged"] else ""))
-    for c in doc["claims"]:
-        lines.append(f"{c['id']}: {c['kind']} {c['verdict']}" + (f" ({c['details'].get('undecided')})"
-                                                                 if c["details"].get("undecided") else ""))
+                     f"{_fmt(loss['se'], 2)} on {loss['n']} prompts" + (f" = {_fmt(fp['ratio'])} x the allocated "
+                                                                       "fixed point" if fp.get("available") else "")
+                     + f" [{e['judged']}]")
+    if earlier:
+        lines.append(f"{len(earlier)} earlier checkpoint(s) of the run: on the page")
     w, cpu = doc["provenance"]["wall_seconds"], doc["provenance"]["cpu_seconds"]
     lines.append(f"audit took {w['total']:.1f} s wall, {cpu['total']:.1f} s CPU (theory {w['stages'].get('theory', 0):.1f} s "
                  f"wall, {cpu['stages'].get('theory', 0):.1f} s CPU)")
+    return "\n".join(lines)
+
+
+def layouts(cases: list) -> str:
+    """How each file was read, one line per group of files read alike (a run's checkpoints are one):
+    the count, the first and last file, the layout, H and the times' range and source."""
+    groups: dict = {}
+    for c in cases:
+        groups.setdefault((c.ext.layout, c.ext.picked, c.ext.heads, c.ext.param, c.time_source), []).append(c)
+    lines = []
+    for (layout, picked, heads, param, source), cs in groups.items():
+        files = cs[0].ext.path if len(cs) == 1 else f"{len(cs)} files, {cs[0].ext.path} .. {cs[-1].ext.path}"
+        times = [c.time for c in cs if c.time is not None]
+        lines.append(f"{files}: layout {layout} ({picked}), H = {heads}, {param}" + (
+            f", t = {_fmt(min(times))}" + (f" .. {_fmt(max(times))}" if len(times) > 1 else "") + f" ({source})"
+            if times else ""))
     return "\n".join(lines)
 
 
@@ -376,9 +453,7 @@ def main(argv: Optional[list] = None, stream: Optional[TextIO] = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    for c in plan.cases:
-        print(f"{c.ext.path}: layout {c.ext.layout} ({c.ext.picked}), H = {c.ext.heads}, {c.ext.param}"
-              + (f", t = {c.time:g} ({c.time_source})" if c.time is not None else ""), file=stream, flush=True)
+    print(layouts(plan.cases), file=stream, flush=True)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     from reports.build import _main_thread, _raise_interrupt   # the build's SIGTERM handling, as it is
 

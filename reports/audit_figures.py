@@ -4,8 +4,10 @@
 - :func:`ladder_png`: the loss ladder, the model's held-out loss with its error bar among theory's
   reference points (allocated fixed point, one-head optimum, best decomposable of the same H with
   its error bar, linear attention), in this project's units;
-- :func:`trajectory_png`: a run's loss against time (with theory's curve from the first checkpoint
-  and the measured phases shaded, when there are) and the OV values mu[h, i] against time.
+- :func:`trajectory_png`: a run's loss against time (the measured phases shaded; theory's curve from
+  the first checkpoint, labelled with its offset from the exact fixed point where it exceeds the
+  tolerance, that fixed point's level and the judged phase ends, where they apply) and the OV
+  values mu[h, i] against time.
 
 matplotlib's Agg backend, PNG bytes; a figure that cannot be drawn raises, and the caller lists it
 on the page instead of stopping the report.
@@ -83,8 +85,9 @@ def ladder_png(entry: dict) -> bytes:
     return _png(fig)
 
 
-def trajectory_png(t, loss, se, mu, predicted_t=None, predicted_loss=None, phases=None, title="") -> bytes:
-    """Loss against time (points with 1 se bars, theory's curve as a line, the measured phases
+def trajectory_png(t, loss, se, mu, theory=None, phases=None, title="") -> bytes:
+    """Loss against time (points with 1 se bars, the measured phases shaded; ``theory``: its curve with
+    its label, the exact fixed point's level and the judged phase ends, dashed with their tolerances
     shaded) and the OV values mu[h, i] against time."""
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6))
     ax = axes[0]
@@ -92,14 +95,20 @@ def trajectory_png(t, loss, se, mu, predicted_t=None, predicted_loss=None, phase
         ax.errorbar(t, loss, yerr=se, fmt="o", ms=3, label="held-out loss")
     else:
         ax.plot(t, loss, "o", ms=3, label="recorded loss")
-    if predicted_t is not None and predicted_loss is not None:
-        ax.plot(predicted_t, predicted_loss, "-", lw=1.2, label="theory: expansion flow from the first checkpoint")
     if phases and _number(phases.get("warmup_end")) is not None and _number(phases.get("emergence_end")) is not None:
         ax.axvspan(t[0], phases["warmup_end"], color="tab:gray", alpha=0.12, label="warm-up (measured)")
         ax.axvspan(phases["warmup_end"], phases["emergence_end"], color="tab:red", alpha=0.10, label="emergence")
+    if theory:
+        ax.plot(theory["t"], theory["loss"], "-", lw=1.2, color="tab:orange", label=theory["label"])
+        if _number(theory.get("fixed_point")) is not None:
+            ax.axhline(theory["fixed_point"], color="tab:blue", lw=1.0,
+                       label=f"theory: exact allocated fixed point {theory['fixed_point']:.4g}")
+        for k, (name, (tp, tol)) in enumerate(sorted(theory.get("phase_ends", {}).items())):
+            ax.axvline(tp, color="black", ls="--", lw=0.9, label="theory's phase ends (judged)" if k == 0 else None)
+            ax.axvspan(tp - tol, tp + tol, color="black", alpha=0.06)
     ax.set_xlabel("t (lr x steps, this project's units)")
     ax.set_ylabel("loss")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     ax = axes[1]
     H, m = len(mu[0]), len(mu[0][0])
     for h in range(H):

@@ -203,3 +203,22 @@ def test_expansion_gd_map_is_the_gd_step_of_each_parametrisation():
     e1 = np.abs(ro.expansion_gd_map(om0, mu0, tasks, L, 0.0, "factored", s, 0.01, ts)[0] - flow.omega).max()
     e2 = np.abs(ro.expansion_gd_map(om0, mu0, tasks, L, 0.0, "factored", s, 0.005, ts)[0] - flow.omega).max()
     assert 1.6 < e1 / e2 < 2.4          # first order in lr
+
+
+@pytest.mark.parametrize("tasks", [(3,), (2, 3)])
+def test_expansion_is_stable_along_the_run_to_linear_attention(tasks):
+    """The (m+1)-head construction at scale eps (mu ~ 1/eps, zero-sum) at c = 1 has the
+    expansion's value linear_attention_limit / L + O(eps^2) (B_i = 1: only the pair term's
+    first-order part r(r+1+s^2) B^2 / L survives).  Evaluated in the stable form it stays
+    within 10 eps^2 (relative; measured 3.1 eps^2) down to eps = 1.3e-7, where mu^2 ~ 6e13; the
+    naive sum mu^T X mu of the same pieces (the perturbation) is off by rounding ~u mu^2, far
+    beyond it."""
+    from theory.optimality import linear_attention_limit, linear_attention_point
+    L, sigma = 1000.0, 0.5
+    limit = linear_attention_limit(tasks, sigma) / L
+    for eps in (1e-3, 1e-5, 1.3e-7):
+        om, mu = linear_attention_point(tasks, len(tasks) + 1, eps, 1.0)
+        assert abs(ro.expansion_loss(om, mu, tasks, L, sigma) / limit - 1) <= 10 * eps ** 2 + 1e-13, eps
+    p = ro._pieces(om, mu, tasks, sigma)
+    naive_pair = np.einsum("hi,ki,hki->", mu, mu, p["X"]) / L
+    assert abs(naive_pair / limit - 1) > 1e3 * (10 * eps ** 2 + 1e-13)

@@ -9,6 +9,7 @@ what this package predicts.  Modules, one per claim:
 - ``task_allocation``  claim 4: predicted winners, allocated fixed point (mpmath)
 - ``limiting_error``   claims 5-6: F, L*loss limits for multi/single head, gain
 - ``optimality``       claim 7: best decomposable attention over signed (omega, mu)
+- ``linear_attention`` the linear-attention bound every family minimum is held against
 - ``formulas``         the derived formulas as printed by ``python -m theory formulas``
 - ``exact``            the exact finite-L loss of the decomposable model by quadrature (one
                        head, allocated heads), its gradient, flow and fixed point

@@ -261,12 +261,12 @@ def expansion_size(tasks, L, sigma) -> float:
     return max(math.e * (r + sigma ** 2) / L for r in tasks)
 
 
-def validity(points, single, omega_star, loss_multi, loss_single, tasks, L, sigma) -> tuple[list, list]:
+def validity(points, single, omega_star, tasks, L, sigma) -> tuple[list, list]:
     """(reasons the prediction is invalid, reasons it is unreliable); empty lists: valid,
     reliable. Invalid: the expansion diverges (some 2 omega^2 >= 1, theory.reduced_ode.
     expansion_valid), or the allocated fixed point is not a strict local minimum (it has
-    collapsed onto the trivial point mu* = 0, loss = r), or a predicted loss is negative (the
-    truncated expansion outside its range). Unreliable: its O(1/L^2) remainder has no finite
+    collapsed onto the trivial point mu* = 0, loss = r) (a negative loss, the truncated expansion
+    outside its range, is refused by the functions that compute it). Unreliable: its O(1/L^2) remainder has no finite
     coefficient (6 omega^2 >= 1, expansion_reliable), or the 1/L correction is not small."""
     from .reduced_ode import expansion_reliable, expansion_valid
 
@@ -278,9 +278,6 @@ def validity(points, single, omega_star, loss_multi, loss_single, tasks, L, sigm
             invalid.append(f"task r = {p['r']}: the allocated fixed point is not a strict local minimum of the "
                            f"expansion (omega* = {p['omega_star']:.3g}, mu* = {p['mu_star']:.3g}: collapsed onto "
                            f"the trivial point, loss = r = {p['loss']:.6g}); L = {L:g} is too short for this block")
-    if loss_multi < 0 or loss_single < 0:
-        invalid.append(f"a predicted loss is negative (multi-head {loss_multi:.4g}, single head {loss_single:.4g}): "
-                       "the truncated expansion is used far outside its range; raise L")
     if not (expansion_reliable(omega_star) and single["reliable"]):
         unreliable.append("the O(1/L^2) remainder has no finite coefficient (some 6 omega^2 >= 1); compare with "
                           "theory exact")
@@ -323,7 +320,7 @@ def predict(tasks, heads, L, sigma=0.0, optimality=False, seed=0, dps=30) -> dic
     single = _solve(f"no single-head minimum at L = {L:g}, sigma = {sigma:g}: {hint}", single_head_at_L,
                     tasks, L, sigma)
     loss_multi = float(sum(p["loss"] for p in points))
-    invalid, unreliable = validity(points, single, omega_star, loss_multi, single["loss"], tasks, L, sigma)
+    invalid, unreliable = validity(points, single, omega_star, tasks, L, sigma)
     out = {
         "tasks": list(tasks), "heads": heads, "L": L, "sigma": sigma, "d": sum(tasks), "m": m,
         "limit_multi": lim_multi,

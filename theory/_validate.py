@@ -1,5 +1,7 @@
 """Argument checks of the theory functions: clear errors that say what is wrong and how to
-fix it.  (The command lines' options, files and outputs are audit_io's.)"""
+fix it; and the one range check of what they return (:func:`in_range`, :func:`check_loss`,
+:func:`check_minimum`): a loss, minimum, rate or time that cannot be is refused, never
+returned.  (The command lines' options, files and outputs are audit_io's.)"""
 from __future__ import annotations
 
 import math
@@ -88,3 +90,64 @@ def check_omega_mu(omega, mu, tasks) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("omega must have at least one head (H >= 1)")
     return om, mu_
 
+
+# ---------------------------------------------------------------------------------------
+# the range of what theory returns: every loss, minimum, rate and time passes here
+# ---------------------------------------------------------------------------------------
+
+def in_range(where: str, what: str, value, low=-math.inf, high=math.inf, why: str = "", *,
+             infinite_ok: bool = False, nan_ok: bool = False):
+    """``value`` (a number or an array) unchanged when every entry lies in [low, high], else
+    ValueError naming the function (``where``), the quantity, the offending values and ``why``
+    the range is what it is.  NaN is refused unless ``nan_ok`` (a documented "not defined
+    here" entry); an infinite entry unless ``infinite_ok`` (a documented +inf: "outside the
+    domain", "never"), and then only at an end of the range it lies in."""
+    arr = np.asarray(value, dtype=float)
+    nan = np.isnan(arr)
+    bad = (nan & (not nan_ok)) | (~nan & ((arr < low) | (arr > high)))
+    if not infinite_ok:
+        bad |= np.isinf(arr)
+    if np.any(bad):
+        shown = arr[bad].ravel()[:4].tolist() if arr.ndim else float(arr)
+        span = f"[{low:.6g}, {high:.6g}]" + ("" if infinite_ok else ", finite")
+        raise ValueError(f"{where}: {what} = {shown} cannot be: it must lie in {span}"
+                         + (f" ({why})" if why else ""))
+    return value
+
+
+LOSS_RANGE = "a mean squared error is >= 0, less the stated error of its computation"
+
+
+def check_loss(where: str, value, error=0.0, **kw):
+    """A loss (mean squared error, summed over tasks): >= -``error`` (its stated computation
+    error); +inf only where the caller passes ``infinite_ok`` (outside a domain)."""
+    return in_range(where, "loss", value, -float(error), math.inf, LOSS_RANGE, **kw)
+
+
+def check_minimum(where: str, value, tasks, L=None, sigma=0.0, error=0.0) -> float:
+    """A minimum of the loss over a family of softmax attention models, or its limit L * loss
+    (``L`` None): a loss, and not below the linear-attention bound of the same problem.
+
+    - L -> inf: L * loss >= sum_i r_i (r_i + 1 + sigma^2) (``linear_attention.linear_attention_limit``),
+      a theorem of the expansion: for each task, L * loss -> mu^T X_i mu with B_i = 1, and X_i
+      is a power series in the tilts c_hkj = omega_hj omega_kj with nonnegative coefficients,
+      (r_i + sigma^2) at order 0 and r_i (r_i + 1 + sigma^2) on c_hki, so
+      mu^T X_i mu >= r_i (r_i + 1 + sigma^2) B_i^2 (a sum of squares, each term dropped but one).
+    - finite L inside the large-L domain L >= 8 (max r_i + 1 + sigma^2)
+      (``linear_attention.large_L``): >= linear_attention_loss (1 - (max r_i + 1 + sigma^2)/L)
+      - error: docs/model.md's large-L account (``optimality.constant_bracket``) that centred
+      linear attention is the best softmax attention, less the O(1/L^2) remainder of the
+      expansion, a relative (r + 1 + sigma^2)/L of linear attention's loss.
+    - smaller L: the loss range only (theory states no bound there)."""
+    from .linear_attention import large_L, linear_attention_limit, linear_attention_loss  # it imports this module
+
+    check_loss(where, value, error)
+    if L is None:
+        return in_range(where, "L * loss (L -> inf)", value, linear_attention_limit(tasks, sigma) * (1 - 1e-12),
+                        math.inf, "the limit of every family is >= the linear-attention limit sum r(r+1+sigma^2)")
+    if not large_L(tasks, L, sigma):
+        return value
+    slack = (max(tasks) + 1 + sigma ** 2) / L
+    return in_range(where, "minimum", value, linear_attention_loss(tasks, L, sigma) * (1 - slack) - float(error),
+                    math.inf, f"centred linear attention is the best softmax attention at large L, up to the "
+                              f"expansion's relative {slack:.3g}")

@@ -99,7 +99,7 @@ from scipy.special import gammaln
 
 from . import exact_pairs
 from .trajectory import FlowTrajectory
-from ._validate import check_omega_mu, check_sigma, check_tasks
+from ._validate import check_loss, check_minimum, check_omega_mu, check_sigma, check_tasks, in_range
 
 # quadrature constants (see the module docstring, section 3)
 TAU_STEP = 0.15         # trapezoid step in tau = log t and (beta >= 1) in z = tau + beta v
@@ -672,7 +672,8 @@ def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
                     per_task[i] += 2.0 * mu_[h, i] * mu_[k, i] * val
                     err[i] += 2.0 * abs(mu_[h, i] * mu_[k, i]) * e
     rounding = 1e-15 * 10.0 * float(np.sum(r + np.sum(np.abs(mu_ * b), axis=0) + np.sum(mu_ ** 2 * C, axis=0)))
-    return ExactLoss(loss=float(per_task.sum()), error_estimate=float(err.sum()) + rounding,
+    error = float(err.sum()) + rounding
+    return ExactLoss(loss=check_loss("theory.exact.exact_loss", float(per_task.sum()), error), error_estimate=error,
                      per_task=per_task, case=case, L=L, sigma=sigma, b=b, C_diag=C, heads_used=H,
                      seconds=time.perf_counter() - t0)
 
@@ -948,7 +949,8 @@ def exact_fixed_point(tasks, L, sigma=0.0, omega_max=3.0, tol=1e-12) -> dict:
         out["mu_star"].append(float(mu_star))
         out["loss_per_task"].append(float(val))
         out["error_estimate"] += e
-    out["loss"] = float(sum(out["loss_per_task"]))
+    out["loss"] = check_minimum("theory.exact.exact_fixed_point", float(sum(out["loss_per_task"])), tasks, L, sigma,
+                                out["error_estimate"])
     return out
 
 
@@ -991,7 +993,8 @@ def single_head_optimum(tasks, L, sigma=0.0) -> dict:
     mu = b / C
     e = exact_loss(om[None, :], mu[None, :], tasks, L, sigma)
     return {"tasks": list(tasks), "L": L, "sigma": sigma, "omega": om.tolist(), "mu": mu.tolist(),
-            "loss": e.loss, "error_estimate": e.error_estimate,
+            "loss": check_minimum("theory.exact.single_head_optimum", e.loss, tasks, L, sigma, e.error_estimate),
+            "error_estimate": e.error_estimate,
             # L-BFGS-B may stop on a line-search failure at rounding level: judge by the gradient
             "converged": bool(res.success or np.linalg.norm(f(res.x)[1]) < 1e-8),
             "grad_norm": float(np.linalg.norm(f(res.x)[1]))}
@@ -1003,7 +1006,9 @@ def finite_L_gain(tasks, L, sigma=0.0) -> dict:
     multi = exact_fixed_point(tasks, L, sigma)
     single = single_head_optimum(tasks, L, sigma)
     return {"tasks": list(tasks), "L": int(L), "sigma": float(sigma), "loss_allocated": multi["loss"],
-            "loss_single": single["loss"], "gain": single["loss"] / multi["loss"],
+            "loss_single": single["loss"],
+            "gain": in_range("theory.exact.finite_L_gain", "gain", single["loss"] / multi["loss"], 0.0,
+                             why="a ratio of two losses > 0"),
             "allocated": multi, "single": single}
 
 

@@ -21,8 +21,8 @@ import mpmath as mp
 import numpy as np
 import sympy as sp
 
-from ._validate import check_L, check_sigma, check_tasks
-from .reduced_ode import derive_expansion, expansion_gradient, expansion_reliable, expansion_valid, profile_mu
+from ._validate import check_L, check_loss, check_minimum, check_sigma, check_tasks, in_range
+from .reduced_ode import _profile, derive_expansion, expansion_gradient, expansion_reliable, expansion_valid
 
 
 @lru_cache(maxsize=None)
@@ -74,7 +74,7 @@ def F(w, r, D, sigma=0.0):
     w = np.asarray(w, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         val = _F_numpy()(w, float(r), float(D), float(sigma) ** 2)
-    return np.where((w > 0) & (w < 0.5), val, np.inf)
+    return check_loss("theory.limiting_error.F", np.where((w > 0) & (w < 0.5), val, np.inf), infinite_ok=True)
 
 
 def minimise_F(r, D, sigma=0.0, dps=30):
@@ -91,7 +91,9 @@ def minimise_F(r, D, sigma=0.0, dps=30):
         lo, hi = mp.mpf("1e-12"), mp.mpf("0.5") - mp.mpf("1e-12")
         w_star = mp.findroot(f, (lo, hi), solver="anderson")
         val = _F_mpmath()(w_star, mp.mpf(r), mp.mpf(D), mp.mpf(sigma) ** 2)
-        return float(w_star), float(val)
+    low = r + D * (r + sigma ** 2)
+    return float(w_star), in_range("theory.limiting_error.minimise_F", "min F", float(val), low * (1 - 1e-12),
+                                   why=f"F(w) = nonnegative power series / w > r + D (r + sigma^2) = {low:.6g}")
 
 
 def limit_multi(tasks, sigma=0.0) -> float:
@@ -99,7 +101,8 @@ def limit_multi(tasks, sigma=0.0) -> float:
     over tasks: sum_i min_w F(w; r_i, r_i, sigma)."""
     tasks = check_tasks(tasks)
     sigma = check_sigma(sigma)
-    return float(sum(minimise_F(r, r, sigma)[1] for r in tasks))
+    return check_minimum("theory.limiting_error.limit_multi", float(sum(minimise_F(r, r, sigma)[1] for r in tasks)),
+                         tasks, None, sigma)
 
 
 def limit_multi_per_task(tasks, sigma=0.0) -> list[dict]:
@@ -122,7 +125,8 @@ def single_head_objective(w, tasks, sigma=0.0):
     r = np.asarray(tasks, dtype=float)
     if np.any(w <= 0) or np.any(w >= 0.5):
         return np.inf
-    return float(np.exp(np.sum(log_block(w, r))) * np.sum(term(w, r, sigma ** 2)))
+    return check_loss("theory.limiting_error.single_head_objective",
+                      float(np.exp(np.sum(log_block(w, r))) * np.sum(term(w, r, sigma ** 2))))
 
 
 def minimise_single(tasks, sigma=0.0, dps=30):
@@ -159,7 +163,8 @@ def minimise_single(tasks, sigma=0.0, dps=30):
         ws = [sol[k] for k in range(len(tasks))] if isinstance(sol, mp.matrix) else [sol]
         val = mp.exp(mp.fsum(log_block(wi, ri) for wi, ri in zip(ws, rr))) * \
             mp.fsum(term(wi, ri, s2) for wi, ri in zip(ws, rr))
-        return np.array([float(x) for x in ws]), float(val)
+    return np.array([float(x) for x in ws]), check_minimum("theory.limiting_error.minimise_single", float(val),
+                                                           tasks, None, sigma)
 
 
 def limit_single(tasks, sigma=0.0) -> float:
@@ -170,7 +175,8 @@ def limit_single(tasks, sigma=0.0) -> float:
 def gain(tasks, sigma=0.0) -> float:
     """limit_single / limit_multi: how many times the allocated multi-head limit beats one
     head (the paper says H = m)."""
-    return limit_single(tasks, sigma) / limit_multi(tasks, sigma)
+    return in_range("theory.limiting_error.gain", "gain", limit_single(tasks, sigma) / limit_multi(tasks, sigma),
+                    1.0 - 1e-12, why="one head's limit objective >= the allocated sum (block factors >= 1)")
 
 
 @lru_cache(maxsize=None)
@@ -217,14 +223,15 @@ def single_head_at_L(tasks, L, sigma=0.0) -> dict:
 
     def f(x):
         om = x[None, :]
-        mu, val, ok = profile_mu(om, tasks, L, sigma)
-        if not ok:
+        mu, val, ok = _profile(om, tasks, L, sigma)
+        if not ok or not val >= 0:         # unbounded below, or the truncation out of its range
             return 1e12, np.zeros_like(x)
         g, _ = expansion_gradient(om, mu, tasks, L, sigma)
         return val, g.ravel()
 
     res = minimize(f, np.sqrt(w_inf), jac=True, method="L-BFGS-B", bounds=[(1e-6, bound)] * len(tasks),
                    options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 2000})
-    mu, val, ok = profile_mu(res.x[None, :], tasks, L, sigma)
-    return {"omega": res.x.tolist(), "mu": mu[0].tolist(), "loss": float(val),
+    mu, val, ok = _profile(res.x[None, :], tasks, L, sigma)
+    return {"omega": res.x.tolist(), "mu": mu[0].tolist(),
+            "loss": check_minimum("theory.limiting_error.single_head_at_L", val, tasks, L, sigma),
             "valid": expansion_valid(res.x), "reliable": expansion_reliable(res.x)}

@@ -37,7 +37,8 @@ from scipy.integrate import solve_ivp
 from scipy.optimize import minimize
 
 from .trajectory import FlowTrajectory
-from ._validate import check_L, check_omega_mu, check_positive_int, check_sigma, check_tasks
+from ._validate import (check_L, check_loss, check_minimum, check_omega_mu, check_positive_int, check_sigma,
+                        check_tasks)
 
 PARAMS = ("merged", "factored")
 
@@ -310,20 +311,42 @@ def check_expansion_assembly(variant=None, seed=0) -> bool:
     return sp.simplify(sp.expand(diff)) == 0
 
 
+def _log_ratio(expr, c):
+    """log(expr(c) / expr(0)) as a sum of e * log1p(b(c)/b(0) - 1) over the factors b^e of expr
+    that depend on c: accurate to rounding relative to its own size as c -> 0, where
+    log(expr(c)) - log(expr(0)) would lose every digit below the rounding of log(expr(0)).
+    Each factor of the kernels (1 - 2c, r + s2 - c (r + 2 s2)) is positive for c < 1/2, so
+    the log of each ratio is real; the c-free factors multiply to 1 and drop out."""
+    from sympy.codegen.cfunctions import log1p
+
+    ratio = sp.factor(expr / expr.subs(c, 0))
+    return sp.Add(*[e * log1p(sp.simplify(b / b.subs(c, 0) - 1))
+                    for b, e in (f.as_base_exp() for f in sp.Mul.make_args(ratio)) if b.has(c)])
+
+
 @lru_cache(maxsize=None)
 def _kernels():
-    """numpy functions lambdified from :func:`derive_expansion` (values and derivatives)."""
+    """numpy functions lambdified from :func:`derive_expansion` (values and derivatives), the
+    logs in log1p form (:func:`_log_ratio`), checked against the kernels themselves."""
     D = derive_expansion()
     c, w, r, s2 = D.c, D.w, D.r, D.s2
-    log_bf = sp.expand_log(sp.log(D.block_factor), force=True)
+    log_bf = _log_ratio(D.block_factor, c)
+    log_pair = _log_ratio(D.pair_kernel, c)           # pair_kernel(0) = r + s2
     f = {
         "log_block_factor": sp.lambdify((c, r), log_bf, "numpy"),
-        "d_log_block_factor": sp.lambdify((c, r), sp.simplify(sp.diff(log_bf, c)), "numpy"),
+        "d_log_block_factor": sp.lambdify((c, r), sp.simplify(sp.diff(D.block_factor, c) / D.block_factor), "numpy"),
+        "log_pair_ratio": sp.lambdify((c, r, s2), log_pair, "numpy"),
         "bias_kernel": sp.lambdify((w, r), D.bias_kernel, "numpy"),
         "d_bias_kernel": sp.lambdify((w, r), sp.simplify(sp.diff(D.bias_kernel, w)), "numpy"),
         "pair_kernel": sp.lambdify((c, r, s2), D.pair_kernel, "numpy"),
         "d_pair_kernel": sp.lambdify((c, r, s2), sp.simplify(sp.diff(D.pair_kernel, c)), "numpy"),
     }
+    cs, rs, s2s = np.array([-0.3, 0.01, 0.2, 0.45]), np.array([1.0, 3.0, 4.0, 10.0]), 0.25
+    bf, pair = sp.lambdify((c, r), D.block_factor, "numpy"), f["pair_kernel"]
+    pair_back = (rs + s2s) * np.exp(f["log_pair_ratio"](cs, rs, s2s))
+    if not (np.allclose(np.exp(f["log_block_factor"](cs, rs)), bf(cs, rs), rtol=1e-13, atol=0)
+            and np.allclose(pair_back, pair(cs, rs, s2s), rtol=1e-13, atol=0)):
+        raise AssertionError("the log1p forms of the kernels differ from the kernels: derivation inconsistent")
     return f
 
 
@@ -359,21 +382,53 @@ def expansion_valid(omega, margin: float = 0.0) -> bool:
 
 
 def _pieces(omega, mu, tasks, sigma):
+    """The kernels at (omega, mu).  Besides the pair weights X[h, k, i] their excess over the
+    constant part, X_excess = X - (r_i + s2) = (r_i + s2) expm1(log(X / (r_i + s2))), the log
+    summed from the log1p forms of :func:`_kernels`: accurate relative to its own size
+    O(omega^2), so that  sum_hk mu_h mu_k X_hk = (r_i + s2) (sum_h mu_h)^2 + mu^T X_excess mu
+    forms no difference of terms of size |mu|^2 when zero-sum mu ~ 1/omega grow large."""
     k = _kernels()
     r = np.asarray(tasks, dtype=float)                      # (m,)
     c = omega[:, None, :] * omega[None, :, :]               # (H, H, m)
     log_bf = k["log_block_factor"](c, r)                    # (H, H, m)
-    log_Q = log_bf.sum(axis=2)                              # (H, H)
-    others = np.exp(log_Q[:, :, None] - log_bf)             # prod_{j != i} block_factor(c_hkj)
+    log_others = log_bf.sum(axis=2)[:, :, None] - log_bf    # log prod_{j != i} block_factor(c_hkj)
+    others = np.exp(log_others)
     X = k["pair_kernel"](c, r, sigma ** 2) * others         # (H, H, m)
+    X_excess = (r + sigma ** 2) * np.expm1(k["log_pair_ratio"](c, r, sigma ** 2) + log_others)
     w = omega ** 2
     H = omega.shape[0]
     idx = np.arange(H)
     others_diag = others[idx, idx, :]                       # (H, m)
     Z = k["bias_kernel"](w, r) * others_diag                # (H, m)
     B = np.sum(mu * omega, axis=0)                          # (m,)
-    return dict(r=r, c=c, log_bf=log_bf, others=others, X=X, w=w, Z=Z, B=B,
+    return dict(r=r, c=c, log_bf=log_bf, others=others, X=X, X_excess=X_excess, w=w, Z=Z, B=B,
                 others_diag=others_diag)
+
+
+def _profile(omega, tasks, L, sigma, ridge=0.0):
+    """:func:`profile_mu` without its checks, for the searches' inner loops, with an optional
+    Tikhonov term: it minimises the expansion plus ridge (r_i + sigma^2)/L |mu_i|^2 and returns
+    that penalised value (A_i gains ridge (r_i + sigma^2)/L on its diagonal)."""
+    H, m = omega.shape
+    if not expansion_valid(omega):
+        return np.zeros((H, m)), float("inf"), False
+    p = _pieces(omega, np.zeros_like(omega), tasks, sigma)
+    mu = np.zeros((H, m))
+    total = 0.0
+    for i, r in enumerate(tasks):
+        w = omega[:, i]
+        b = w * p["Z"][:, i]
+        constant = (r + sigma ** 2) / L
+        A = (constant + r * np.outer(w, w) - (np.outer(w, b) + np.outer(b, w)) / L + p["X_excess"][:, :, i] / L
+             + ridge * constant * np.eye(H))
+        beta = r * w - b / L
+        try:
+            C = np.linalg.cholesky(A)
+        except np.linalg.LinAlgError:
+            return mu, float("inf"), False
+        mu[:, i] = np.linalg.solve(C.T, np.linalg.solve(C, beta))
+        total += r - beta @ mu[:, i]
+    return mu, float(total), True
 
 
 def profile_mu(omega, tasks, L, sigma=0.0):
@@ -383,31 +438,18 @@ def profile_mu(omega, tasks, L, sigma=0.0):
       A_i = r_i w w^T - (w b^T + b w^T)/L + X[:, :, i]/L,  beta_i = r_i w - b/L,
       w = omega[:, i],  b = w * Z[:, i]  (bias weights),  X the pair weights;
     the minimum r_i - beta_i^T A_i^{-1} beta_i exists iff A_i is positive definite
-    (otherwise the truncated expansion is unbounded below and ok=False, loss=inf)."""
+    (otherwise the truncated expansion is unbounded below and ok=False, loss=inf).
+    The minimum is a minimum over a family of softmax attention (every mu at this omega):
+    ``_validate.check_minimum`` refuses one that cannot be (negative, or below linear
+    attention at large L: near omega = 0, where A_i's condition grows like |omega|^-4 with
+    more than m + 1 heads, rounding can send it there)."""
     tasks = check_tasks(tasks)
     omega = np.atleast_2d(np.asarray(omega, dtype=float))
     L, sigma = check_L(L), check_sigma(sigma)
-    if not expansion_valid(omega):
-        return np.zeros_like(omega), float("inf"), False
-    p = _pieces(omega, np.zeros_like(omega), tasks, sigma)
-    H, m = omega.shape
-    mu = np.zeros((H, m))
-    total = 0.0
-    ok = True
-    for i, r in enumerate(tasks):
-        w = omega[:, i]
-        b = w * p["Z"][:, i]
-        A = r * np.outer(w, w) - (np.outer(w, b) + np.outer(b, w)) / L + p["X"][:, :, i] / L
-        beta = r * w - b / L
-        try:
-            C = np.linalg.cholesky(A)
-        except np.linalg.LinAlgError:
-            ok = False
-            break
-        x = np.linalg.solve(C.T, np.linalg.solve(C, beta))
-        mu[:, i] = x
-        total += r - beta @ x
-    return mu, (float(total) if ok else float("inf")), ok
+    mu, val, ok = _profile(omega, tasks, L, sigma)
+    if ok:
+        check_minimum("theory.reduced_ode.profile_mu", val, tasks, L, sigma)
+    return mu, val, ok
 
 
 OMEGA_RELIABLE = float(1.0 / np.sqrt(6.0))
@@ -426,7 +468,10 @@ def expansion_reliable(omega, margin: float = 0.0) -> bool:
 
 def expansion_loss(omega, mu, tasks, L, sigma=0.0) -> float:
     """Large-L expansion of the exact reduced loss L_L(omega, mu) (sum over tasks),
-    ``expansion_formula()``; +inf outside the domain (some 2 omega^2 >= 1).
+    ``expansion_formula()``; +inf outside the domain (some 2 omega^2 >= 1).  The pair term
+    is summed as (r_i + s2)(sum_h mu_hi)^2 + mu_i^T X_excess mu_i (:func:`_pieces`), stable
+    for zero-sum mu of any size; a negative value (the truncation far outside its range,
+    small L or saturating omega) is refused (``_validate.check_loss``).
 
     omega, mu: (H, m) arrays; tasks: (r_1..r_m); L > 0; sigma >= 0."""
     tasks = check_tasks(tasks)
@@ -435,12 +480,13 @@ def expansion_loss(omega, mu, tasks, L, sigma=0.0) -> float:
     if not expansion_valid(omega):
         return float("inf")
     p = _pieces(omega, mu, tasks, sigma)
-    r, B, Z, X = p["r"], p["B"], p["Z"], p["X"]
+    r, B, Z = p["r"], p["B"], p["Z"]
     leading = np.sum(r * (1.0 - B) ** 2)
     S = np.sum(mu * omega * Z, axis=0)                      # (m,)
     bias = 2.0 / L * np.sum((1.0 - B) * S)
-    pair = 1.0 / L * np.einsum("hi,ki,hki->", mu, mu, X)
-    return float(leading + bias + pair)
+    pair = 1.0 / L * (np.sum((r + sigma ** 2) * np.sum(mu, axis=0) ** 2)
+                      + np.einsum("hi,ki,hki->", mu, mu, p["X_excess"]))
+    return float(check_loss("theory.reduced_ode.expansion_loss", leading + bias + pair))
 
 
 def expansion_gradient(omega, mu, tasks, L, sigma=0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -484,7 +530,7 @@ def _gradient(omega, mu, tasks, L, sigma):
     dZ_sum = 2.0 * omega * (dlog_w * (R[:, None] - own * Z) + own * Zd)
     g_om = g_om + 2.0 / L * (-mu * S + E * mu * Z + dZ_sum)
     # pair term
-    g_mu = g_mu + 2.0 / L * np.einsum("kj,gkj->gj", mu, X)
+    g_mu = g_mu + 2.0 / L * ((r + sigma ** 2) * np.sum(mu, axis=0) + np.einsum("kj,gkj->gj", mu, p["X_excess"]))
     Xd = k["d_pair_kernel"](c, r, sigma ** 2) * p["others"]
     A = np.einsum("hi,ki,hki->hk", mu, mu, X)
     mm = mu[:, None, :] * mu[None, :, :]                    # (H, H, m)
@@ -744,7 +790,8 @@ def minimise_expansion(omega0, mu0, tasks, L, sigma=0.0) -> tuple[np.ndarray, np
 
     res = minimize(f, np.concatenate([omega0.ravel(), mu0.ravel()]), jac=True, method="L-BFGS-B",
                    options={"gtol": 1e-12, "maxiter": 500})
-    return res.x[:n].reshape(shape), res.x[n:].reshape(shape), float(res.fun)
+    return (res.x[:n].reshape(shape), res.x[n:].reshape(shape),
+            check_minimum("theory.reduced_ode.minimise_expansion", float(res.fun), tasks, L, sigma))
 
 
 def expansion_fixed_point(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0,

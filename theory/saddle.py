@@ -103,7 +103,7 @@ import numpy as np
 
 from . import exact as _exact
 from . import exact_pairs
-from ._validate import check_sigma, check_tasks
+from ._validate import check_sigma, check_tasks, in_range
 
 
 def _heads(tasks, heads) -> int:
@@ -150,7 +150,8 @@ def off_task_slope(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
     (omega row 0) included.  Section 1 of the module docstring."""
     tasks = check_tasks(tasks)
     sigma = check_sigma(sigma)
-    return _slope(tuple(tasks), int(L), float(sigma), _heads(tasks, heads)).copy()
+    return in_range("theory.saddle.off_task_slope", "slope a", _slope(tuple(tasks), int(L), float(sigma),
+                    _heads(tasks, heads)).copy(), why="finite off the served entries (NaN there)", nan_ok=True)
 
 
 def growth_rate(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
@@ -165,7 +166,8 @@ def max_growth_rate(tasks, L, sigma=0.0, heads=None) -> float:
     a saddle)."""
     r = growth_rate(tasks, L, sigma, heads)
     r = r[np.isfinite(r)]
-    return float(max(0.0, r.max())) if r.size else 0.0
+    return in_range("theory.saddle.max_growth_rate", "escape rate", float(max(0.0, r.max())) if r.size else 0.0, 0.0,
+                    why="2 max(0, a)")
 
 
 def off_task_curvature(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
@@ -208,7 +210,10 @@ def gd_growth_rate(a, lr):
     """Growth rate of |mu| on the opposite-sign branch under gradient DESCENT with step lr:
     y is multiplied by (1 + lr a) per step, |mu| ~ y^2, so 2 log(1 + lr a) / lr (-> 2a)."""
     a = np.asarray(a, float)
-    return 2.0 * np.log1p(lr * a) / lr
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = 2.0 * np.log1p(lr * a) / lr
+    return in_range("theory.saddle.gd_growth_rate", "growth rate", rate,
+                    why="finite only while lr a > -1: a step that overshoots 0 has no rate")
 
 
 def imbalance(lr, mu0, dS, a, batch):
@@ -233,13 +238,16 @@ def escape_time(rate, threshold, seed, K=math.inf):
     rate = np.asarray(rate, float)
     level = np.log(threshold) - np.log1p(-threshold / np.asarray(K, float))
     with np.errstate(divide="ignore"):
-        return np.where(rate > 0, (level - np.log(seed)) / np.where(rate > 0, rate, 1.0), np.inf)
+        T = np.where(rate > 0, (level - np.log(seed)) / np.where(rate > 0, rate, 1.0), np.inf)
+    return in_range("theory.saddle.escape_time", "escape time", T, 0.0, infinite_ok=True,
+                    why="a time from the start: the seed must lie below the threshold")
 
 
 def escape_time_slope(rate):
     """dT/d log B = 2 / rate (seed ~ B^-2, section 3); 1/a for rate 2a."""
     rate = float(rate)
-    return math.inf if rate <= 0 else 2.0 / rate
+    return in_range("theory.saddle.escape_time_slope", "slope", math.inf if rate <= 0 else 2.0 / rate, 0.0,
+                    why="dT/dlog B > 0, inf when there is no escape", infinite_ok=True)
 
 
 def additive_noise_seed(lr, s2, a, batch):
@@ -253,7 +261,8 @@ def additive_noise_seed(lr, s2, a, batch):
 def additive_noise_slope(rate):
     """dT/d log B = 1/rate in the additive-noise picture (seed ~ 1/B)."""
     rate = float(rate)
-    return math.inf if rate <= 0 else 1.0 / rate
+    return in_range("theory.saddle.additive_noise_slope", "slope", math.inf if rate <= 0 else 1.0 / rate, 0.0,
+                    why="dT/dlog B > 0, inf when there is no escape", infinite_ok=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -282,7 +291,8 @@ class SaddlePoint:
     def rate(self) -> float:
         """2a averaged over the entries (equal by symmetry in the profiles' configurations):
         the prediction under test."""
-        return float(2.0 * self.a.mean())
+        return in_range("theory.saddle.SaddlePoint.rate", "growth rate", float(2.0 * self.a.mean()), 0.0,
+                        why="2a over entries with a > 0")
 
 
 def saddle_point(tasks, heads, L, sigma=0.0) -> SaddlePoint:
@@ -328,7 +338,8 @@ def slope_at(omega, served_mu, tasks, L, sigma=0.0, heads=None) -> np.ndarray:
     for (h, i), v in zip(sp.entries, np.asarray(served_mu, float)):
         mu[i, i] = v
     g = _exact.exact_gradient(om, mu, sp.tasks, sp.L, sp.sigma, with_loss=False)
-    return np.array([g.d_mu[e] for e in sp.entries], float)
+    return in_range("theory.saddle.slope_at", "slope a", np.array([g.d_mu[e] for e in sp.entries], float),
+                    why="a finite slope of the exact loss")
 
 
 def discrete_rate_along(omega_path, served_path, lr, tasks, L, sigma=0.0, heads=None) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 import sympy as sp
 
 from . import exact as exact_theory
-from ._validate import check_L, check_omega_mu, check_sigma, check_tasks
+from ._validate import check_L, check_loss, check_minimum, check_omega_mu, check_sigma, check_tasks, in_range
 from .limiting_error import minimise_F
 from .reduced_ode import derive_expansion, integrate_expansion_flow
 from .served_optimum import served_optimum
@@ -70,7 +70,7 @@ def allocated_task_point(r, L, sigma=0.0, dps=30) -> dict:
         eig = mp.eigsy(mp.matrix(Hm))[0]
         out = {
             "r": int(r), "omega_star": float(o), "mu_star": float(u),
-            "loss": float(loss_f(o, u, R, LL, S2)),
+            "loss": check_loss("theory.task_allocation.allocated_task_point", float(loss_f(o, u, R, LL, S2))),
             "grad_norm": float(mp.norm(mp.matrix(grad_f(o, u, R, LL, S2)))),
             "local_min": bool(min(eig[k] for k in range(2)) > 0),
             "valid": bool(2 * o ** 2 < 1),
@@ -91,7 +91,8 @@ def allocated_loss_at_L(tasks, L, sigma=0.0) -> float:
     """The expansion at the allocated fixed point, summed over tasks."""
     tasks = check_tasks(tasks)
     L, sigma = check_L(L), check_sigma(sigma)
-    return float(sum(allocated_task_point(r, L, sigma)["loss"] for r in tasks))
+    return check_minimum("theory.task_allocation.allocated_loss_at_L",
+                         float(sum(allocated_task_point(r, L, sigma)["loss"] for r in tasks)), tasks, L, sigma)
 
 
 def allocated_point(winners, omega_star, mu_star, heads) -> tuple[np.ndarray, np.ndarray]:
@@ -114,7 +115,9 @@ def warmup_race_times(omega0, mu0, tasks, param="factored", logit_scale=1.0) -> 
     conserved and omega blows up at T = s ln(mu0 / (r s omega0)) / (4 a)
     (T = 1/(4 r omega0) when a = 0); a nonpositive mu0 or omega0 never escapes (T = inf).
     merged: d omega = 2 mu, d mu = 2 r omega, growing mode e^{2 sqrt(r) t} with amplitude
-    (sqrt(r) omega0 + mu0)/2; T = ln(1 / amplitude) / (2 sqrt r) (time to reach O(1))."""
+    (sqrt(r) omega0 + mu0)/2; T = ln(1 / amplitude) / (2 sqrt r) (time to reach O(1)), 0 when
+    the amplitude starts at 1 or above (no warm-up: the start is past it).
+    Every time is >= 0 or +inf (``_validate.in_range``)."""
     tasks = check_tasks(tasks)
     omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
     r = np.broadcast_to(np.asarray(tasks, float), omega0.shape)
@@ -131,10 +134,11 @@ def warmup_race_times(omega0, mu0, tasks, param="factored", logit_scale=1.0) -> 
     elif param == "merged":
         amp = (np.sqrt(r) * omega0 + mu0) / 2.0
         with np.errstate(divide="ignore"):
-            T = np.where(amp > 0, np.log(1.0 / amp) / (2.0 * np.sqrt(r)), np.inf)
+            T = np.where(amp > 0, np.maximum(np.log(1.0 / amp), 0.0) / (2.0 * np.sqrt(r)), np.inf)
     else:
         raise ValueError(f"param must be 'merged' or 'factored', got {param!r}")
-    return T
+    return in_range("theory.task_allocation.warmup_race_times", "race time", T, 0.0, why="a time from the start",
+                    infinite_ok=True)
 
 
 def predicted_winners(omega0, mu0, tasks=None, L=None, sigma=0.0, param="factored", logit_scale=1.0,
@@ -230,7 +234,9 @@ SURPLUS_T_MAX = 1000.0
 def one_head_convergence_time(r: int, L: int, sigma: float, omega0: float, mu0: float) -> float:
     """Time at which theory's one-head exact flow from (omega0, mu0) stays within
     CONVERGED_TOL of its own end point (inf if it has not settled by t = 2000)."""
-    return _convergence_time_cached(int(r), int(L), float(sigma), round(float(omega0), 12), round(float(mu0), 12))
+    t = _convergence_time_cached(int(r), int(L), float(sigma), round(float(omega0), 12), round(float(mu0), 12))
+    return in_range("theory.task_allocation.one_head_convergence_time", "time", t, 0.0, why="a time from the start",
+                    infinite_ok=True)
 
 
 @lru_cache(maxsize=256)
@@ -275,6 +281,14 @@ def horizon(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0,
     settle = max(one_head_convergence_time(r, L, sigma, om0[w, i], mu0[w, i])
                  for i, (r, w) in enumerate(zip(tasks, winners)))
     t_min = max(float(HORIZON_FACTOR * first.max()), max(HORIZON_SAFETY, m) * settle / (1 - tail_fraction))
+    return in_range("theory.task_allocation.horizon", "horizon", _surplus_horizon(t_min, om0, mu0, winners, tasks, L,
+                    sigma, param, logit_scale), 0.0, why="a run length", infinite_ok=True)
+
+
+def _surplus_horizon(t_min, om0, mu0, winners, tasks, L, sigma, param, logit_scale) -> float:
+    """:func:`horizon` with surplus heads (H > m): at least the time theory's expansion flow
+    takes to bring every head outside ``winners`` below SURPLUS_FRACTION x the smallest mu*."""
+    heads, m = om0.shape
     if heads <= m:
         return t_min
     others = [h for h in range(heads) if h not in winners]

@@ -8,8 +8,11 @@
 - :func:`allocation_run` (claim 4): the full factored model trained with fresh batches, the
   tail means of its readout and OV matrices with their standard errors
   (:func:`tail_standard_errors`), their spectra and the held-out losses.
+- :func:`off_task_gradient` (claim 4): the Monte-Carlo gradient of the exact reduced loss.
 
-Same seeds and same order of random draws as when these lived in the claims.
+Each is a need kind of ``numerics.engine`` (end of file: "phase_run", "escape_time_spread",
+"allocation_run", "off_task_gradient", and "unstable_step", the stability guard both claims
+ask before they trust a run), priced from its parameters by ``numerics.cost``.
 """
 from __future__ import annotations
 
@@ -20,24 +23,22 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from numerics import cost
 from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
+from numerics.engine import Need, kind, need
 from numerics.evaluate import LossEstimate, held_out_loss, held_out_reduced_loss
 from numerics.exact_reduced import evaluate as exact_reduced_losses, loss_and_gradient
-from numerics.experiments import cached, identity, one_thread
+from numerics.experiments import one_thread
+from numerics.experiments.converged import stiffness_seconds, unstable_step
 from numerics.model import MultiHeadAttention, initial_semi_singular_values, initial_values
 from numerics.readout import allocation
+from numerics.seeds import case_seed
 from numerics.reduced import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
 from numerics.statistics import mean_se
 from numerics.train import TrainConfig, train
-from theory.task_allocation import favoured_init
+from theory.task_allocation import favoured_init, warmup_race_times
 from theory.three_phases import allocated_projection, phase_times, warmup_relative_rates
-
-EVAL_SEED, HELD_OUT_SEED, SPREAD_SEED = 99_991, 424_243, 77_777
-"""Claim 3's seeds: the fixed evaluation batch of the loss curve (EVAL_SEED + the run's training
-seed: runs with independent prompt streams are evaluated on independent prompts too, so the
-noise of their curves is independent), the held-out prompts, the probe."""
-
 
 def _arrays(result) -> tuple:
     recs = result.trajectory
@@ -59,7 +60,7 @@ class PhaseRun:
     off-task mu add) and by the Rao-Blackwellised estimator on ``held_out`` fresh prompts
     (``held_out_allocated``,
     ``numerics.exact_reduced.evaluate``: the labels integrated analytically, about a fifth of
-    the per-prompt variance)."""
+    the per-prompt variance); ``train``: the training configuration it ran."""
 
     t: np.ndarray
     loss: np.ndarray
@@ -75,19 +76,17 @@ class PhaseRun:
     final_mu: np.ndarray
     residual: float
     wall_seconds: float
-
-
-def phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: int) -> PhaseRun:
-    """The run of (cfg, tcfg) measured as :class:`PhaseRun` says (cached by its identity)."""
-    return cached(identity("three-phases", problem=cfg.to_dict(), train=tcfg.to_dict(), eval_batch=int(eval_batch),
-                           held_out=int(held_out)), lambda: _phase_run(cfg, tcfg, eval_batch, held_out))
+    train: TrainConfig
 
 
 @one_thread
-def _phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: int) -> PhaseRun:
+def phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: int) -> PhaseRun:
+    """The run of (cfg, tcfg) measured as :class:`PhaseRun` says.  Its evaluation batch and held-out
+    prompts are named by the run's seed (runs with independent prompt streams are evaluated on
+    independent prompts too, so the noises of their curves are independent)."""
     res = train(cfg, tcfg)
     t, omega, mu, _ = _arrays(res)
-    evalset = sample_prompts(cfg, eval_batch, make_generator(EVAL_SEED + tcfg.seed, cfg.device))
+    evalset = sample_prompts(cfg, eval_batch, make_generator(case_seed(tcfg.seed, "evaluation batch"), cfg.device))
     with torch.no_grad():
         per = np.array([per_prompt_reduced_losses(torch.tensor(om, dtype=cfg.torch_dtype, device=cfg.device),
                                                   torch.tensor(m_, dtype=cfg.torch_dtype, device=cfg.device),
@@ -98,20 +97,20 @@ def _phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out:
     ro = res.final_model.semi_singular_values()
     # both on the same fresh prompts (one held-out seed): their gap is the effect of the
     # off-D weights and of the off-task mu left at the end, reported with the comparison
-    full = held_out_loss(res.final_model, n=min(held_out, 4096), seed=HELD_OUT_SEED)
+    held_out_seed = case_seed(tcfg.seed, "held out")
+    full = held_out_loss(res.final_model, n=min(held_out, 4096), seed=held_out_seed)
     winners = allocation(ro.omega, ro.mu).winners
     projection = allocated_projection(ro.mu, ro.omega, winners)
-    whole = held_out_reduced_loss(*projection, cfg, n=held_out, seed=HELD_OUT_SEED)
-    per_rb = exact_reduced_losses([projection], cfg.tasks, cfg.L, cfg.sigma, held_out, HELD_OUT_SEED, cfg.device)[0]
+    whole = held_out_reduced_loss(*projection, cfg, n=held_out, seed=held_out_seed)
+    per_rb = exact_reduced_losses([projection], cfg.tasks, cfg.L, cfg.sigma, held_out, held_out_seed, cfg.device)[0]
     alloc = LossEstimate(*mean_se(per_rb), int(per_rb.size))
     return PhaseRun(t, per.mean(axis=1), per, mu, omega, phase_times(t, per.mean(axis=1)),
                     mean_se(drop)[1], full, alloc, whole, ro.omega, ro.mu,
-                    float(ro.residual), res.wall_seconds)
+                    float(ro.residual), res.wall_seconds, tcfg)
 
 
 @one_thread
-def escape_time_spread(cfg: ProblemConfig, batch: int, lr: float, probe_batch: int = 384,
-                       seed: int = SPREAD_SEED) -> dict:
+def escape_time_spread(cfg: ProblemConfig, batch: int, lr: float, seed: int, probe_batch: int = 384) -> dict:
     """Monte-Carlo spread of a phase time of an SGD run (fresh batches of ``batch``).
 
     In the warm-up every value grows at a relative rate v = x_dot / x; a step adds lr v_B with
@@ -120,7 +119,8 @@ def escape_time_spread(cfg: ProblemConfig, batch: int, lr: float, probe_batch: i
     mean rate v is theory's (``theory.three_phases.warmup_relative_rates``: expansion gradient
     and metric factors at the init; an estimate of a small mean from a few hundred noisy
     prompts was unstable, 0.74 -> 5.5 between two s0); its per-prompt std sigma_v is measured
-    from the per-prompt gradients of the exact reduced loss on ``probe_batch`` prompts.  The
+    from the per-prompt gradients of the exact reduced loss on ``probe_batch`` prompts (of
+    ``seed``).  The
     entry with the largest rate leads the emergence.  In the factored warm-up x blows up at
     T = 1/v (d log x / dt = v x / x0), and a kick delta to log x at time t moves the blow-up by
     (T - t) delta, so dT^2 = int_0^T (T - t)^2 sigma_v^2 lr / B dt = sigma_v^2 (lr / B) T^3 / 3:
@@ -169,13 +169,10 @@ is heavy-tailed (65536 prompts: 2% relative se at L = 64)."""
 def off_task_gradient(tasks, L: int, sigma: float, omega, mu, n: int, seed: int, device="cpu") -> dict:
     """d loss / d mu of the exact reduced loss at (omega, mu) by Monte Carlo (the
     Rao-Blackwellised estimator of ``numerics.exact_reduced.loss_and_gradient`` on ``n`` fresh
-    prompts, standard errors from independent groups; cached by its arguments): claim 4 measures
-    the off-task slope a of the saddle at theory's allocated point with it."""
-    om, mu_ = np.asarray(omega, float), np.asarray(mu, float)
-    key = identity("off-task-gradient", tasks=list(tasks), L=int(L), sigma=float(sigma), omega=om.tolist(),
-                   mu=mu_.tolist(), n=int(n), seed=int(seed))
-    return cached(key, lambda: one_thread(loss_and_gradient)(om, mu_, tuple(tasks), int(L), float(sigma), int(n),
-                                                              int(seed), device=device))
+    prompts, standard errors from independent groups): claim 4 measures the off-task slope a of
+    the saddle at theory's allocated point with it."""
+    return one_thread(loss_and_gradient)(np.asarray(omega, float), np.asarray(mu, float), tuple(tasks), int(L),
+                                         float(sigma), int(n), int(seed), device=device)
 
 
 def tail_standard_errors(samples) -> tuple[np.ndarray, np.ndarray]:
@@ -206,24 +203,17 @@ def tail_standard_errors(samples) -> tuple[np.ndarray, np.ndarray]:
     return spread * np.sqrt((1.0 + rho) / (n * (1.0 - rho))), spread
 
 
+@one_thread
 def allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: int = 0, z: float = 4.0,
                    threshold_sigmas: float = 5.0) -> dict:
-    """The run of (cfg, tcfg) for claim 4 (cached by its identity): tail means of omega, mu and
+    """The run of (cfg, tcfg) for claim 4: tail means of omega, mu and
     the OV matrices U_h with standard errors and per-record spreads, the singular values of
     each tail-mean U_h, the per-head ``threshold`` = max(threshold_sigmas x the Frobenius norm
     of their entries' standard errors, 1e-6) and the count of values ``above`` it (claim 4's
     detection threshold), W_h spectra (per block and whole), and the held-out losses:
     of the tail-averaged merged weights (``held_out``; ``z`` standard errors resolve
     LOSS_RESOLUTION of it), of the final weights, and of the reduced model at the tail-mean
-    readout (same prompts)."""
-    key = identity("task-allocation", problem=cfg.to_dict(), train=tcfg.to_dict(), held_out=int(held_out),
-                   seed=int(seed), z=float(z), threshold_sigmas=float(threshold_sigmas))
-    return cached(key, lambda: _allocation_run(cfg, tcfg, held_out, seed, z, threshold_sigmas))
-
-
-@one_thread
-def _allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: int, z: float,
-                    threshold_sigmas: float) -> dict:
+    readout (same prompts); ``seed``: the held-out prompts' stream."""
     Us, Ws = [], []
 
     def on_record(step, t, model, loss):
@@ -271,4 +261,94 @@ def _allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: 
             "W_block_singular_values": W_blocks,
             "W_singular_values": [np.linalg.svd(W_mean[h], compute_uv=False).tolist() for h in range(cfg.heads)],
             "residual_end": float(residual[-1]), "held_out": full, "held_out_reduced_at_mean": reduced_at_mean,
-            "held_out_final_weights": final, "train_tail_loss": res.loss, "tail_records": k}
+            "held_out_final_weights": final, "train_tail_loss": res.loss, "tail_records": k, "train": tcfg}
+
+
+# ---------------------------------------------------------------------------------------
+# the need kinds of claims 3 and 4 (numerics.engine), each priced from its parameters
+# ---------------------------------------------------------------------------------------
+
+BOUNDARY_TIME = 80.0
+"""Claim 4's run length where theory's horizon is infinite (its own flow keeps the surplus heads):
+such a case is a boundary finding, recorded at t = 80."""
+
+
+def run_time(time: float) -> float:
+    """The length of claim 4's run asked for ``time`` (BOUNDARY_TIME where it is infinite)."""
+    return float(time) if math.isfinite(time) else BOUNDARY_TIME
+
+
+def start_args(cfg: ProblemConfig) -> tuple:
+    """(omega0, mu0, tasks, L, sigma, param, logit_scale) of cfg's start, as the hashable
+    parameters of a theory need (omega0, mu0 as nested tuples of their float64 values)."""
+    om, mu = initial_values(cfg)
+    return (tuple(map(tuple, om.tolist())), tuple(map(tuple, mu.tolist())), tuple(cfg.tasks), cfg.L, cfg.sigma,
+            cfg.param, cfg.logit_scale)
+
+
+def _phase_run_cost(cfg, lr, batch, records, eval_batch, held_out, horizon_factor, forecast, **_) -> float:
+    """The training steps, the reduced loss at every record on ``eval_batch`` prompts and the two
+    held-out losses.  The run lasts ``horizon_factor`` x the warm-up race time
+    (theory.task_allocation.warmup_race_times, closed form), which the emergence end of theory's
+    expansion flow follows closely (quick profile: run lengths 28.7, 21.6, 9.0 against
+    2 x 15.06, 11.30, 4.52); a flow with no finite race runs 40."""
+    race = warmup_race_times(*initial_values(cfg), cfg.tasks, cfg.param, cfg.logit_scale)
+    finite = race[np.isfinite(race)]
+    t = horizon_factor * float(finite.max()) if finite.size else 40.0
+    return (cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, batch, round(t / lr), dtype=cfg.dtype)
+            + records * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, eval_batch)
+            + cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, min(held_out, 4096))
+            + cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, held_out))
+
+
+@kind("phase_run", cost=_phase_run_cost)
+def phase_run_need(cfg, lr, batch, records, eval_batch, held_out, horizon_factor, forecast, seed):
+    """Claim 3's run (:func:`phase_run`) for the length theory's ``forecast`` gives it (a
+    dependency: the "phase_prediction" theory value, ``forecast["time"]``); ``horizon_factor``
+    prices it before the forecast exists."""
+    tcfg = TrainConfig(lr=lr, time=forecast["time"], batch=batch, records=records, seed=seed)
+    return phase_run(cfg, tcfg, eval_batch, held_out)
+
+
+@kind("escape_time_spread", cost=lambda cfg, batch, lr: 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, 384))
+def escape_time_spread_need(cfg, batch, lr, seed):
+    """:func:`escape_time_spread` (a probe: per-prompt gradients at the init)."""
+    return escape_time_spread(cfg, batch, lr, seed)
+
+
+def _allocation_cost(cfg, lr, time, batch, records, held_out, **_) -> float:
+    """The run (t / lr steps, t the run's time or, where it is theory's horizon, BOUNDARY_TIME:
+    the horizon is a theory value not computed before pricing), its records and the held-out loss."""
+    t = BOUNDARY_TIME if isinstance(time, Need) else float(time)
+    return (cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, batch, round(t / lr), dtype=cfg.dtype, records=records)
+            + cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, held_out))
+
+
+@kind("allocation_run", cost=_allocation_cost)
+def allocation_run_need(cfg, lr, time, batch, records, held_out, z, threshold_sigmas, seed):
+    """Claim 4's run (:func:`allocation_run`) for ``time``: a number, or theory's horizon (a
+    dependency), where infinite BOUNDARY_TIME; its held-out prompts named by its seed."""
+    tcfg = TrainConfig(lr=lr, time=run_time(time), batch=batch, records=records, seed=seed)
+    return allocation_run(cfg, tcfg, held_out, case_seed(seed, "held out"), z, threshold_sigmas)
+
+
+@kind("off_task_gradient", cost=lambda tasks, heads, L, n, **_: 3 * cost.forward_seconds(tasks, heads, L, n))
+def off_task_gradient_need(tasks, heads, L, sigma, point, n, device, seed):
+    """:func:`off_task_gradient` at ``point`` (a dependency: theory's allocated point of
+    ``heads`` heads, (omega, mu))."""
+    omega, mu = point
+    if np.shape(omega)[0] != heads:
+        raise ValueError(f"the allocated point has {np.shape(omega)[0]} heads, the need {heads}")
+    return off_task_gradient(tasks, L, sigma, omega, mu, n, seed, device)
+
+
+@kind("unstable_step", cost=lambda cfg, lr: stiffness_seconds(cfg))
+def unstable_step_need(cfg, lr, seed):
+    """Why a step ``lr`` does not follow the flow at cfg, or None (``converged.unstable_step``:
+    the full model's Hessian at theory's end point, asked beyond d = TUNED_D only)."""
+    return unstable_step(cfg, lr)
+
+
+def unstable_need(cfg: ProblemConfig, lr: float):
+    """The "unstable_step" need of (cfg, lr)."""
+    return need("unstable_step", cfg=cfg, lr=float(lr))

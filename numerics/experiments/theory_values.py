@@ -6,16 +6,6 @@ from __future__ import annotations
 from numerics import cost
 from numerics.engine import kind
 
-def _theory_functions() -> dict:
-    from theory import exact, expansion_gap, limiting_error, optimality, reduced_ode, task_allocation
-    return {"exact_fixed_point": exact.exact_fixed_point, "finite_L_gain": exact.finite_L_gain,
-            "single_head_optimum": exact.single_head_optimum, "limit_multi": limiting_error.limit_multi,
-            "gain": limiting_error.gain,
-            "exact_flow": exact.exact_flow, "expansion_flow": reduced_ode.integrate_expansion_flow,
-            "constant_bracket": optimality.constant_bracket, "gap_ladder": expansion_gap.gap_ladder,
-            "predicted_winners": task_allocation.predicted_winners}
-
-
 CALL_SECONDS = {
     "constant_bracket": lambda tasks, *_: cost.theory_seconds("exact_fixed_point", tasks=tasks),   # its quadrature
     "gap_ladder": lambda r, Ls, *_: 0.3 * len(Ls),      # theory.exact's loss per L (0.02-0.7 s measured)
@@ -34,3 +24,36 @@ def _theory_cost(fn: str, args: tuple) -> float:
 def theory_value(fn: str, args: tuple, seed: int):
     """``theory.<module>.<fn>(*args)`` (no seed: theory is deterministic)."""
     return _theory_functions()[fn](*args)
+
+
+def _phase_prediction(omega0, mu0, tasks, L, sigma, param, logit_scale, lr, factor, records, saturated_time) -> dict:
+    """Claim 3's prediction of one run, made before it: the run's length (``time``:
+    theory.three_phases.run_length, ``factor`` x the expansion flow's emergence end, or
+    ``saturated_time`` where the flow saturates first, ``status``) and
+    theory.three_phases.phase_prediction on that run's record times (``records`` of them,
+    numerics.train.TrainConfig.record_steps x lr)."""
+    import numpy as np
+    from numerics.train import TrainConfig
+    from theory import three_phases
+    start = (np.asarray(omega0, float), np.asarray(mu0, float), tuple(tasks), L, sigma, param, logit_scale, lr)
+    t_end, status = three_phases.run_length(*start, factor)
+    time = t_end if status == "t_end" else saturated_time
+    steps = TrainConfig(lr=lr, time=time, records=records).record_steps()
+    return {"time": time, "status": status,
+            "prediction": three_phases.phase_prediction(*start, float(lr) * np.array(steps, float), status)}
+
+
+def _theory_functions() -> dict:
+    """The theory values a plan may ask for, by name."""
+    from theory import (exact, expansion_gap, limiting_error, optimality, reduced_ode, saddle, task_allocation,
+                        three_phases)
+    return {"exact_fixed_point": exact.exact_fixed_point, "finite_L_gain": exact.finite_L_gain,
+            "single_head_optimum": exact.single_head_optimum, "limit_multi": limiting_error.limit_multi,
+            "gain": limiting_error.gain, "exact_flow": exact.exact_flow,
+            "expansion_flow": reduced_ode.integrate_expansion_flow, "phase_prediction": _phase_prediction,
+            "warmup_law_prediction": three_phases.warmup_law_prediction,
+            "allocation_horizon": task_allocation.horizon,
+            "allocation_prediction": task_allocation.allocation_prediction,
+            "max_growth_rate": saddle.max_growth_rate, "saddle_allocated_point": saddle.allocated_point,
+            "off_task_slope": saddle.off_task_slope, "constant_bracket": optimality.constant_bracket,
+            "gap_ladder": expansion_gap.gap_ladder, "predicted_winners": task_allocation.predicted_winners}

@@ -16,10 +16,33 @@ from hypothesis import Phase, given, note, settings, strategies as st
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
 from claims import task_allocation as claim
-from claims.common import log_comparison
+from claims.common import Z_SE, log_comparison
+from claims.spec import context
 from numerics.config import ProblemConfig
+from numerics.engine import Engine
 from numerics.experiments import phases as experiments
+from numerics.model import initial_values
 from numerics.train import TrainConfig
+from theory import saddle
+from theory import task_allocation as allocation_theory
+
+
+def domain_of(cfg, time=None, lr=0.05) -> dict:
+    """The claim's domain of cfg for a run of ``time`` (None: theory's horizon), from its domain needs computed by an
+    engine (claim.case_domain, as its plan and comparison read them)."""
+    p = claim.TaskAllocationProfile(lr=lr, time=time)
+    n = claim.case_needs(context(claim.SPEC, p, cfg.device), cfg)
+    return claim.case_domain(p, cfg, n, Engine().run([n[k] for k in ("horizon", "rate", "unstable") if k in n]))
+
+
+def measured(cfg, tcfg, held_out, seed) -> dict:
+    """The claim's run of (cfg, tcfg) (numerics.experiments.phases.allocation_run), held out on ``held_out`` prompts."""
+    return experiments.allocation_run(cfg, tcfg, held_out, seed, Z_SE, claim.THRESHOLD_SIGMAS)
+
+
+def predicted(cfg) -> dict:
+    return allocation_theory.allocation_prediction(*initial_values(cfg), cfg.tasks, cfg.L, cfg.sigma, cfg.param,
+                                                   cfg.logit_scale)
 
 
 @st.composite
@@ -43,7 +66,7 @@ def problems(draw, inside: bool, thorough: bool = False):
     return tasks, heads, list(favourite), L, sigma
 
 
-def _train_config(cfg, seed):
+def _train_config(cfg, seed, t_end):
     # the horizon is the domain's (theory's race and settling times); where theory's flow keeps
     # surplus heads forever (an outside case) the run stops at 80.  The batch keeps the work
     # per step ~ B L constant so that a draw at L = 512 costs what one at 32 does; B L ~ 32768
@@ -54,13 +77,12 @@ def _train_config(cfg, seed):
     # B L ~ 65536 leaves a bias near the tolerance for m = 3 (a known limit of the tolerance, which
     # does not model the step's bias; see claims.task_allocation)
     B = max(128, min(2048, 65536 // cfg.L))
-    t_end = claim.horizon(cfg)
     # records = 81: a tail of 20 records (phases.TAIL_FRACTION), the fewest at which the tail's own AR(1)
     # standard error holds its promise at the correlations these runs show (simulated AR(1) tails under
     # the claim's 4 se + spread: 2.5 % false rejections at 10 records and rho = 0.8, 0.3 % at 20;
     # tests/test_tail_standard_errors.py); at 41 records the tail (10) is too short to see its own
     # correlation time
-    return TrainConfig(lr=0.05, time=t_end if t_end < float("inf") else 80.0, batch=B, records=81, seed=seed)
+    return TrainConfig(lr=0.05, time=t_end, batch=B, records=81, seed=seed)
 
 
 @settings(max_examples=1, phases=NO_SHRINK)
@@ -69,15 +91,16 @@ def test_inside_the_domain_every_comparison_agrees(device, problem, seed):
     tasks, heads, favourite, L, sigma = problem
     # surplus heads start small (0.2 s0): from 1 x s0 theory's own flow keeps them past any run
     cfg = experiments.favoured_problem(tasks, heads, L, favourite, device=device, sigma=sigma, surplus_mu=0.2)
-    dom = claim.domain(cfg, claim.horizon(cfg))
+    dom = domain_of(cfg)
     if not dom["inside"]:
         # theory itself puts this draw outside (e.g. L < L_MIN, or the saddle's escape within the
         # horizon): it runs as a boundary finding, never skipped
         note(f"outside the domain: {dom['reasons']}")
-        c = claim.check_boundary(cfg, _train_config(cfg, seed), held_out=8192, seed=seed)
+        c = claim.check_boundary(cfg, measured(cfg, _train_config(cfg, seed, dom["t_end"]), 8192, seed), dom)
         assert c.details["boundary"] and c.agrees and c.discriminates, c.explain()
         return
-    comps = claim.check_allocation(cfg, _train_config(cfg, seed), held_out=65536, seed=seed)
+    meas = measured(cfg, _train_config(cfg, seed, dom["t_end"]), 65536, seed)
+    comps = claim.check_allocation(cfg, meas, predicted(cfg), dom)
     names = [c.name for c in comps]
     assert any(n.startswith("OV singular values above threshold per head") for n in names)
     assert any(n.startswith("allocated fixed point") for n in names)
@@ -95,13 +118,13 @@ def test_inside_the_domain_every_comparison_agrees(device, problem, seed):
 def test_outside_the_domain_is_a_recorded_boundary(device, problem, seed):
     tasks, heads, favourite, L, sigma = problem
     cfg = experiments.favoured_problem(tasks, heads, L, favourite, device=device, sigma=sigma)
-    dom = claim.domain(cfg, claim.horizon(cfg))
-    tcfg = _train_config(cfg, seed)
+    dom = domain_of(cfg)
+    tcfg = _train_config(cfg, seed, dom["t_end"])
     if dom["inside"]:
-        comps = claim.check_allocation(cfg, tcfg, held_out=65536, seed=seed)
+        comps = claim.check_allocation(cfg, measured(cfg, tcfg, 65536, seed), predicted(cfg), dom)
         assert all(c.agrees and c.discriminates for c in comps), "\n".join(c.explain() for c in comps)
         return
-    c = claim.check_boundary(cfg, tcfg, held_out=8192, seed=seed)
+    c = claim.check_boundary(cfg, measured(cfg, tcfg, 8192, seed), dom)
     note(c.explain())
     assert c.details["boundary"] and c.details["domain"]["reasons"] == dom["reasons"]
     assert len(c.details["above_per_head"]) == heads
@@ -118,13 +141,14 @@ def test_inside_the_domain_thorough(device, problem, seed):
 
 def test_domain_and_bad_input(device):
     merged = experiments.favoured_problem((1, 1), 2, 32, device=device, param="merged")
-    assert not claim.domain(merged, 100.0)["inside"]
+    assert not domain_of(merged, 100.0)["inside"]
     fewer = experiments.favoured_problem((1, 1, 1), 2, 32, device=device)
-    assert any("H = 2 < m = 3" in r for r in claim.domain(fewer, 100.0)["reasons"])
+    fewer_domain = domain_of(fewer, 100.0)
+    assert any("H = 2 < m = 3" in r for r in fewer_domain["reasons"])
     short = experiments.favoured_problem((1, 1), 2, 32, device=device)
-    assert any("horizon" in r for r in claim.domain(short, 1.0)["reasons"])
+    assert any("horizon" in r for r in domain_of(short, 1.0)["reasons"])
     with pytest.raises(ValueError, match="inside the domain"):
-        claim.check_allocation(fewer, TrainConfig(lr=0.1, time=0.5, batch=8, records=5))
+        claim.check_allocation(fewer, None, None, fewer_domain)     # refused before reading any run
     with pytest.raises(ValueError, match="tail records"):
         experiments.tail_standard_errors([[[0.0]], [[1.0]]])
     res = claim.run(profile="tiny", device=device, problem={"tasks": (1,), "L": 16})
@@ -157,7 +181,9 @@ def test_off_task_slope_is_measured_two_sided(device):
     # the saddle's slope a behind the domain's escape rule: theory's quadrature against the Monte-Carlo gradient at
     # the same point; a slope 20 % low or of the wrong sign is rejected through the same comparison
     cfg = ProblemConfig(tasks=(1, 1), heads=2, L=32, device=device)
-    c = claim.check_off_task_slope(cfg, n=8192, seed=3)
+    om, mu = saddle.allocated_point(cfg.tasks, cfg.L, cfg.sigma, heads=cfg.heads)
+    g = experiments.off_task_gradient(cfg.tasks, cfg.L, cfg.sigma, om, mu, 8192, 3, device)
+    c = claim.check_off_task_slope(cfg, (om, mu), saddle.off_task_slope(cfg.tasks, cfg.L, cfg.sigma, heads=2), g, 8192)
     assert c.agrees, c.explain()
     assert c.discriminates and len(c.perturbations) >= 2, c.explain()
     assert c.resolving_power["entrywise"] and 0 < c.resolving_power["low"] < 0.2, c.resolving_power
@@ -172,14 +198,15 @@ def test_a_step_past_the_stability_bound_is_not_run(device, monkeypatch):
     train it (such a run is not the flow: at the authors' blocks lr 0.05 ended with every OV value 0 and failed the
     boundary's row); the verdict is error (a claim that could not decide), with the reason.  lambda_full is stubbed (the Hessian at d = 10 costs
     seconds); below the bound the same case is inside the domain."""
-    from numerics.experiments import converged, phases
+    from mutation import patch_kind
+    from numerics.experiments import converged
     cfg = experiments.favoured_problem((5, 5), 2, 32, device=device)
     assert cfg.d > converged.TUNED_D
     monkeypatch.setattr(converged, "full_stiffness", lambda c: 100.0)
-    dom = claim.domain(cfg, 50.0, lr=0.05)
+    dom = domain_of(cfg, 50.0, lr=0.05)
     assert dom["unstable"] and not dom["inside"] and "stability bound 2/lambda = 0.02" in dom["reasons"][0]
-    assert not claim.domain(cfg, 50.0, lr=0.01)["unstable"]
-    monkeypatch.setattr(phases, "allocation_run", lambda *a, **k: pytest.fail("an unstable case was trained"))
+    assert not domain_of(cfg, 50.0, lr=0.01)["unstable"]
+    patch_kind(monkeypatch, "allocation_run", lambda **k: pytest.fail("an unstable case was trained"))
     res = claim.run(profile="quick", device=device, problem={"tasks": (5, 5), "heads": 2, "L": 32})
     assert res.verdict == "error" and "not run" in res.details["undecided"], res.details
     assert "stability bound" in res.details["undecided"] and res.details["not_run"], res.details

@@ -5,8 +5,8 @@ Run with ``python -m pytest -q --mutants -m mutants tests/claims/test_task_alloc
 (``-s`` shows the "MUTANT name: verdict" lines the lead collects).
 
 Every mutant changes theory only, so the training runs and their measurements are the same
-for all of them: ``numerics.experiments.phases.allocation_run`` is memoised for this module (the same
-measured numbers judged against each wrong theory), which keeps the file near one minute.
+for all of them: the engine's "allocation_run" kind is memoised for this module (the same measured
+numbers judged against each wrong theory), which keeps the file near one minute.
 The unmutated run at the same profile must pass (else the mutants would be caught vacuously).
 """
 from __future__ import annotations
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from claims import task_allocation as claim
-from numerics.experiments import phases as experiments
+from mutation import patch_kind
+from numerics import engine
 from theory import exact as exact_theory
 from theory import task_allocation as allocation_theory
 
@@ -28,19 +29,19 @@ MUTANT_PROFILE = claim.TaskAllocationProfile(
 FACTOR = 1.1
 
 _measured: dict = {}
-_real_measure = experiments.allocation_run
-
-
-def _memo_measure(cfg, tcfg, held_out, seed=0, *args):
-    key = (repr(cfg.to_dict()), repr(tcfg.to_dict()), held_out, seed, args)
-    if key not in _measured:
-        _measured[key] = _real_measure(cfg, tcfg, held_out, seed, *args)
-    return _measured[key]
 
 
 @pytest.fixture(autouse=True)
 def _same_measurements(monkeypatch):
-    monkeypatch.setattr(experiments, "allocation_run", _memo_measure)
+    real = engine.kind_of("allocation_run").run
+
+    def measure(**params):
+        key = repr(sorted(params.items()))      # the run length arrives resolved (a number)
+        if key not in _measured:
+            _measured[key] = real(**params)
+        return _measured[key]
+
+    patch_kind(monkeypatch, "allocation_run", measure)
 
 
 def _verdict(name: str) -> str:

@@ -17,7 +17,9 @@ from hypothesis import given, note, settings, strategies as st
 
 from claims import three_phases as claim
 from claims.common import Z_SE, log_comparison
+from claims.spec import context, run_plan
 from numerics.config import ProblemConfig
+from numerics.engine import Engine
 from numerics.experiments import phases as experiments
 from numerics.train import TrainConfig
 from theory.three_phases import ov_share, phase_times, phases_resolved, warmup_law_time
@@ -25,6 +27,12 @@ from theory.three_phases import ov_share, phase_times, phases_resolved, warmup_l
 
 def three_phases_resolved(pt, t, drop_se=0.0):
     return phases_resolved(pt, t, drop_se, Z_SE)
+
+
+def run_case(profile, seed, device="cpu"):
+    """The claim's one case at ``profile`` (one init scale): its plan run by an engine at ``seed``, compared."""
+    ctx = context(claim.SPEC, profile, device, seed)
+    return claim.case_results(ctx, run_plan(claim.SPEC, ctx, Engine(seed=seed)))[0]
 
 
 @st.composite
@@ -44,11 +52,12 @@ def test_drawn_case_agrees_inside_domain_or_shows_its_boundary(device, problem, 
     tasks, heads, L, sigma, s0 = problem
     # logit scale with r s > 4 for the smallest block, so the flow stays in 2 omega^2 < 1
     s = 4.0 if min(tasks) >= 2 else 6.0
-    cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, logit_scale=s, init_scale=s0, device=device)
     # held_out = 16384: where a head saturates (2 omega^2 > 1, e.g. r = 1, L = 32, omega = 0.78)
     # the per-prompt losses are heavy-tailed; 2048 prompts gave 0.131 +- 0.011 against
     # 0.147 +- 0.002 at 65536 prompts and 0.1451 exact
-    case = claim.run_case(cfg, lr=0.05, batch=128, records=41, eval_batch=1536, held_out=16384, seed=seed)
+    profile = claim.ThreePhasesProfile(tasks=tasks, heads=heads, L=L, sigma=sigma, logit_scale=s, init_scales=(s0,),
+                                       lr=0.05, batch=128, records=41, eval_batch=1536, held_out=16384)
+    case = run_case(profile, seed, device)
     note(f"domain {case.domain}; boundary {case.boundary}")
     for c in case.comparisons:
         note(c.explain())

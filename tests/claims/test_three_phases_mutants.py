@@ -15,7 +15,8 @@ import numerics.model
 import theory.task_allocation
 import theory.three_phases
 from claims import three_phases as claim
-from numerics.experiments import phases as experiments
+from mutation import patch_kind
+from numerics import engine
 
 pytestmark = pytest.mark.mutants
 
@@ -40,16 +41,17 @@ _measurements: dict = {}
 @pytest.fixture
 def cached_measurement(monkeypatch):
     """For mutants of theory only: the training runs do not depend on the mutated function,
-    so they are measured once (keyed by configuration and training plan) and reused."""
-    real = experiments.phase_run
+    so each is measured once for the module (keyed by its parameters, the run length theory's
+    forecast gives it and its seed) and reused by every test."""
+    real = engine.kind_of("phase_run").run
 
-    def measure(cfg, tcfg, eval_batch, held_out):
-        key = (repr(cfg.to_dict()), repr(tcfg.to_dict()), eval_batch, held_out)
+    def measure(forecast, **params):
+        key = (forecast["time"], repr(sorted(params.items())))
         if key not in _measurements:
-            _measurements[key] = real(cfg, tcfg, eval_batch, held_out)
+            _measurements[key] = real(forecast=forecast, **params)
         return _measurements[key]
 
-    monkeypatch.setattr(experiments, "phase_run", measure)
+    patch_kind(monkeypatch, "phase_run", measure)
 
 
 def _report(name, result):
@@ -142,11 +144,10 @@ def test_profiles_are_frozen_dataclasses():
 
 def test_small_factor_warmup_constant_is_caught(monkeypatch):
     # theory's warm-up constant C (the headline) scaled by 1 -+ twice its own resolving power at the quick profile
-    # (C resolves ~13 % there): claim 3 must not pass.  The runs and the flow's phase prediction do not depend on C
-    # and are shared by the control and the mutants.
+    # (C resolves ~13 % there): claim 3 must not pass.  The runs (kept by the engine for the test) and the flow's
+    # phase prediction do not depend on C and are shared by the control and the mutants.
     from mutation import assert_small_factor_caught, memoise
 
-    memoise(monkeypatch, experiments, "phase_run", "escape_time_spread")
     memoise(monkeypatch, theory.three_phases, "run_length", "phase_prediction")
     real = theory.three_phases.predicted_warmup_scaling
 
