@@ -14,7 +14,7 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -71,7 +71,14 @@ class Comparison:
     None as a whole for a prediction with no quantities.  An entrywise comparison moves each
     entry alone (``entrywise``, ``entries``).  Computed by :func:`compare` (or :func:`resolved`)
     from the comparison's own error function and tolerance (:func:`resolving_power`); each
-    direction it sees is also probed at 1.5 x its eps (:func:`edge_probes`, in ``perturbations``)."""
+    direction it sees is also probed at 1.5 x its eps (:func:`edge_probes`, in ``perturbations``).
+    ``bound`` (where present) lists the directions whose eps is only an upper bound: every move the
+    scan tried was rejected (an exact comparison)."""
+    error_function: Optional[Callable] = field(default=None, repr=False, compare=False)
+    """``error(measured, prediction)``, the function ``error`` was computed by, and ``tolerance_function(prediction)``
+    its tolerance: set by :func:`compare` and :func:`resolved` (never written to claims.json), they confirm the
+    printed resolving power when the result is built (:func:`unconfirmed_power`)."""
+    tolerance_function: Optional[Callable] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         # a comparison built by hand whose error is its side's default error of two scalars gets its
@@ -234,23 +241,24 @@ def moved_prediction(predicted, eps: float, sign: float, units: str, only: Optio
     return _map_quantities(predicted, fn, units, only)
 
 
-def _side(rejected, units: str, sign: float, scale: float) -> Optional[float]:
-    """The smallest eps >= 0 that ``rejected(eps)`` accepts as rejected: a geometric scan (factor 4)
-    then bisection to 1e-6 relative, at most 60 halvings (integers for counts); None beyond
-    RESOLVING_MAX."""
+def _side(rejected, units: str, sign: float, scale: float) -> tuple[Optional[float], bool]:
+    """The smallest eps >= 0 that ``rejected(eps)`` accepts as rejected, and whether it is only a
+    bound: a geometric scan (factor 4) then bisection to 1e-6 relative, at most 60 halvings (integers
+    for counts); None beyond RESOLVING_MAX.  A bound (True): every move the scan tried was rejected,
+    down to the smallest (an exact comparison, tolerance 0), so the true power is at most eps."""
     if rejected(0.0):
-        return 0.0
+        return 0.0, False
     if units == "count":
         lo, k = 0, 1
         while k <= RESOLVING_MAX["count"] and not rejected(float(k)):
             lo, k = k, 2 * k
         if k > RESOLVING_MAX["count"]:
-            return None
+            return None, False
         hi = k
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if rejected(float(mid)) else (mid, hi)
-        return float(hi)
+        return float(hi), False
     # relative, downwards: up to (not onto) 0 -- an error function may be undefined there (a ratio to the prediction)
     top = 1.0 - 1e-9 if (units == "relative" and sign < 0) else RESOLVING_MAX[units]
     lo, hi, eps = 0.0, None, top * 4.0 ** -28
@@ -260,15 +268,15 @@ def _side(rejected, units: str, sign: float, scale: float) -> Optional[float]:
             break
         lo, eps = eps, min(4.0 * eps, top) if eps < top else 2 * top
     if hi is None:
-        return None
+        return None, False
     # to 1e-6 relative; at most 60 halvings (an exact comparison, tolerance 0, rejects every move: its
-    # power is the first scanned eps halved 60 times, ~1e-29 of the scale)
+    # power is the first scanned eps halved 60 times, ~1e-29 of the scale, and only a bound)
     for _ in range(60):
         if hi - lo <= 1e-6 * hi:
             break
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if rejected(mid) else (mid, hi)
-    return hi * scale
+    return hi * scale, lo == 0.0
 
 
 def resolving_power(error, measured, predicted, tolerance, units: Optional[str] = None,
@@ -306,21 +314,23 @@ def resolving_power(error, measured, predicted, tolerance, units: Optional[str] 
         scale = t0 if t0 > 0 else max([1.0] + size)
 
     def power(only: Optional[int]) -> dict:
-        out = {}
+        out, bound = {}, []
         for key, sign in (("low", -1.0), ("high", 1.0)):
             def rejected(eps: float) -> bool:
                 moved = moved_prediction(predicted, eps * (1.0 if units == "relative" else scale) if units != "count"
                                          else eps, sign, units, only)
                 return not (float(error(measured, moved)) <= float(tol_at(moved)))
-            out[key] = _side(rejected, units, sign, 1.0 if units == "relative" or units == "count" else scale)
-        return out
+            out[key], is_bound = _side(rejected, units, sign, 1.0 if units == "relative" or units == "count" else scale)
+            bound += [key] if is_bound else []
+        return {**out, "bound": bound} if bound else out
 
     if not entrywise or len(nums) == 1:
         return {**power(None), "units": units}
     entries = [power(k) for k in range(len(nums))]
     worst = {key: (None if any(e[key] is None for e in entries) else max(e[key] for e in entries))
              for key in ("low", "high")}
-    return {**worst, "units": units, "entrywise": True, "entries": entries}
+    bound = [key for key in ("low", "high") if any(key in e.get("bound", ()) for e in entries)]
+    return {**worst, **({"bound": bound} if bound else {}), "units": units, "entrywise": True, "entries": entries}
 
 
 SEES = {"two-sided": ("low", "high"), "not above": ("low",), "not below": ("high",)}
@@ -328,15 +338,17 @@ SEES = {"two-sided": ("low", "high"), "not above": ("low",), "not below": ("high
 (measured <= predicted + tol) rejects a prediction that is too low, never one too high."""
 
 
-def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], side: str = "two-sided"
-                ) -> list[PerturbationCheck]:
+def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], side: str = "two-sided",
+                margin: float = EDGE_MARGIN) -> list[PerturbationCheck]:
     """The perturbations at the tolerance's edge: for each direction the comparison sees
-    (:data:`SEES`), the prediction moved by :data:`EDGE_MARGIN` x its resolving power (each entry
-    alone, all of them to be rejected, for an entrywise power), sent through the same error function
-    and the tolerance recomputed from the moved prediction.  A direction with no resolving power
-    (None: nothing up to RESOLVING_MAX is rejected) is probed at the end of that range, which is not
-    rejected -- the comparison cannot see a direction it claims to, and the judge makes it ``error``.
-    A direction already at 0 (the prediction itself rejected) needs no probe."""
+    (:data:`SEES`), the prediction moved by ``margin`` (default :data:`EDGE_MARGIN`) x its resolving
+    power (each entry alone, all of them to be rejected, for an entrywise power), sent through the
+    same error function and the tolerance recomputed from the moved prediction.  A direction with no
+    resolving power (None: nothing up to RESOLVING_MAX is rejected) is probed at the end of that
+    range, which is not rejected -- the comparison cannot see a direction it claims to, and the judge
+    makes it ``error``.  A direction already at 0 (the prediction itself rejected) needs no probe.
+    A margin below 1 (:func:`unconfirmed_power`'s probe from below) moves only a direction with a
+    power that is not a bound, counts by the whole steps below it, and none by 0."""
     if power is None:
         return []
     units, tol_at, out = power["units"], _tolerance_at(tolerance), []
@@ -344,19 +356,19 @@ def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], si
     for key in SEES.get(side, ("low", "high")):
         sign = -1.0 if key == "low" else 1.0
         eps = power.get(key)
-        if eps == 0.0:
+        if eps == 0.0 or (margin < 1 and (eps is None or key in power.get("bound", ()))):
             continue
+        what = f"{margin:g} x its resolving power {eps:{'g' if units == 'count' else '.3g'}}" if eps is not None else \
+            f"no resolving power {key} (nothing rejected up to the end of the scan)"
         if eps is None:
             step = (1.0 - 1e-9 if sign < 0 else RESOLVING_MAX["relative"]) if units == "relative" else (
                 RESOLVING_MAX[units] * (1.0 if units == "count" else float(tol_at(predicted)) or 1.0))
-            what = f"no resolving power {key} (nothing rejected up to the end of the scan)"
         elif units == "count":
-            step, what = float(math.ceil(EDGE_MARGIN * eps)), f"{EDGE_MARGIN:g} x its resolving power {eps:g}"
-        elif units == "relative":
-            step, what = min(EDGE_MARGIN * eps, 1.0 - 1e-9) if sign < 0 else EDGE_MARGIN * eps, \
-                f"{EDGE_MARGIN:g} x its resolving power {eps:.3g}"
+            step = float(math.ceil(margin * eps) if margin >= 1 else math.floor(margin * eps))
         else:
-            step, what = EDGE_MARGIN * eps, f"{EDGE_MARGIN:g} x its resolving power {eps:.3g}"
+            step = min(margin * eps, 1.0 - 1e-9) if (units == "relative" and sign < 0) else margin * eps
+        if step == 0.0:
+            continue
         targets = range(len(entries)) if entries else [None]
         moves = [moved_prediction(predicted, step, sign, units, k) for k in targets]
         errs = [(float(error(measured, mv)), float(tol_at(mv))) for mv in moves]
@@ -397,7 +409,8 @@ def compare(name: str, measured, predicted, tolerance, why: str, *, wrong=(), er
     perts += edge_probes(err, measured, predicted, tolerance, power, side)
     return Comparison(name=name, measured=measured, predicted=predicted, error=float(err(measured, predicted)),
                       tolerance=float(tol_at(predicted)), why=why, side=side, config=config, details=details or {},
-                      se=None if se is None else float(se), resolving_power=power, perturbations=perts)
+                      se=None if se is None else float(se), resolving_power=power, perturbations=perts,
+                      error_function=err, tolerance_function=tol_at)
 
 
 def resolved(c: Comparison, error=None, units: Optional[str] = None, tolerance=None,
@@ -415,7 +428,43 @@ def resolved(c: Comparison, error=None, units: Optional[str] = None, tolerance=N
         raise ValueError(f"{c.name}: the error function gives {here!r}, the comparison holds {c.error!r}")
     c.resolving_power = resolving_power(err, c.measured, c.predicted, tol, units, entrywise)
     c.perturbations = [p for p in c.perturbations if "edge" not in p.details] + edge_probes(err, c.measured, c.predicted, tol, c.resolving_power, c.side)
+    c.error_function, c.tolerance_function = err, _tolerance_at(tol)
     return c
+
+
+CONFIRM_BELOW = 0.5
+"""The probe from below of a printed resolving power (:func:`unconfirmed_power`): the prediction moved by
+CONFIRM_BELOW x the power must still be accepted, so that the printed number never overstates the
+smallest error the comparison rejects by more than a factor 1 / CONFIRM_BELOW (nor understates it by more
+than EDGE_MARGIN: the edge probe above)."""
+
+
+def unconfirmed_power(c: Comparison, printed: Optional[dict] = None) -> Optional[str]:
+    """Why the resolving power printed for ``c`` (``printed``: what claims.json holds, default its
+    summary's) is not confirmed by the comparison's own error function and tolerance; None when it is.
+    Confirmed: in each direction ``c`` sees, a power of 0 is the prediction itself rejected (``c``
+    disagrees); a power eps > 0 moved by EDGE_MARGIN x eps is rejected, and moved by CONFIRM_BELOW x eps
+    is not (unless eps is printed as a bound: ``bound``).  The build calls this on every comparison
+    (``claims.spec.build_result``), so a resolving power computed wrong, or changed after its edge
+    probes were built, turns the claim's verdict into ``error`` with this reason."""
+    power = c.summary()["resolving_power"] if printed is None else printed
+    if not power:
+        return None
+    if c.error_function is None:
+        return "it was set without the error function that could confirm it"
+    if c.agrees and any(power.get(k) == 0.0 for k in SEES.get(c.side, ())):
+        return "it is 0 (the prediction itself rejected), yet the comparison agrees"
+    args = (c.error_function, c.measured, c.predicted, c.tolerance_function, power, c.side)
+    try:
+        above = [p.description for p in edge_probes(*args) if not p.rejected and p.details.get("eps") is not None]
+        below = [p.description for p in edge_probes(*args, margin=CONFIRM_BELOW) if p.rejected]
+    except (TypeError, ValueError, IndexError, KeyError, ArithmeticError) as exc:
+        return f"its probes could not be computed ({type(exc).__name__}: {exc})"
+    if above:
+        return f"it is too small: a wrong prediction beyond it is accepted ({above[0]})"
+    if below:
+        return f"it is too large: a wrong prediction well inside it is already rejected ({below[0]})"
+    return None
 
 
 def seen_eps(c: Comparison | dict) -> Optional[float]:

@@ -107,7 +107,8 @@ class ClaimSpec:
     hand it (same run keys), which the estimate of a build ``--from-sweep`` does not price;
     ``findings(result) -> [Finding]``: the template of its sentences, from the result's own
     numbers; ``reads_sweep``: whether its trained runs may come from a sweep store
-    (``--from-sweep``)."""
+    (``--from-sweep``); ``paper``: what the paper states, one line in its own terms (a paper
+    claim's; None for a boundary), printed beside the number the claim tests."""
 
     id: str
     title: str
@@ -123,6 +124,7 @@ class ClaimSpec:
     sweep_runs: Optional[Callable[[Any, int], dict]] = None
     findings: Optional[Callable[[ClaimResult], list]] = None
     reads_sweep: bool = False
+    paper: Optional[str] = None
 
     def profile(self, profile, problem: Optional[dict] = None):
         """The profile dataclass for a name (or a dataclass given directly), problem laid over it."""
@@ -178,30 +180,43 @@ def run_spec(spec: ClaimSpec, profile="quick", device="cpu", seed=0, progress: P
                     raise ValueError(f"{spec.id}: finding kind {f.kind!r} is not one of {FINDING_KINDS}")
         return result
 
-    return run_claim(spec.id, spec.title, spec.statement, body, kind=spec.kind)
+    result = run_claim(spec.id, spec.title, spec.statement, body, kind=spec.kind)
+    result.paper = spec.paper
+    return result
 
 
 def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:
     """The one constructor of a ClaimResult from an Outcome: the verdict from
     :func:`claims.base.judge` (all comparisons agree, every perturbation rejected, nothing
-    undecided), theory/numerics/tolerance keyed by comparison name, the worst case, the summary of
-    the comparisons' resolving powers (``details["resolving_power"]``: headline, best, worst, by
-    units, blind; ``claims.common.resolving_summary``) and every comparison's summary in
-    ``details``."""
-    from claims.common import headline_row, resolving_summary, worst
+    undecided), theory/numerics/tolerance keyed by comparison name, the worst case, every
+    comparison's summary in ``details`` and the summary of their resolving powers
+    (``details["resolving_power"]``: headline, best, worst, by units, blind;
+    ``claims.common.resolving_summary``) read off those summaries.  Each printed resolving power is
+    confirmed against its comparison's own error function (``claims.common.unconfirmed_power``); one
+    that is not makes the run undecided (``error``), the reason in ``details["undecided"]`` and in
+    the comparison's ``power_unconfirmed``."""
+    from claims.common import headline_row, resolving_summary, unconfirmed_power, worst
     comps = out.comparisons
     perts = [p for c in comps for p in c.perturbations]
     whys = {c.why.split(" (")[0] if out.short_why else c.why for c in comps}
-    verdict = judge(all(c.agrees for c in comps), perts, spec.kind, out.undecided or (None if comps else
-                                                                                      "no comparison was made"))
+    summaries = [c.summary() for c in comps]
+    reasons = [out.undecided] if out.undecided else ([] if comps else ["no comparison was made"])
+    for c, s in zip(comps, summaries):
+        s["power_unconfirmed"] = unconfirmed_power(c, s["resolving_power"])
+        if s["power_unconfirmed"]:
+            reasons.append(f"the resolving power printed for {c.name!r} is not confirmed: {s['power_unconfirmed']}")
+    undecided = "; ".join(reasons) or None
+    verdict = judge(all(c.agrees for c in comps), perts, spec.kind, undecided)
+    if undecided and comps:
+        details = {**details, "undecided": undecided}
     return ClaimResult(
         id=spec.id, title=spec.title, statement=spec.statement, verdict=verdict, kind=spec.kind,
         theory=out.theory if out.theory is not None else {c.name: c.predicted for c in comps},
         numerics=out.numerics if out.numerics is not None else {c.name: c.measured for c in comps},
         tolerance={"value": {c.name: c.tolerance for c in comps}, "why": "; ".join(sorted(whys))},
         details={**details, "worst": worst(comps),
-                 "resolving_power": resolving_summary(comps, out.headline_comparison if comps else None),
-                 "comparisons": [c.summary() for c in comps]},
+                 "resolving_power": resolving_summary(summaries, out.headline_comparison if comps else None),
+                 "comparisons": summaries},
         figures=out.figures, perturbations=perts,
         headline=out.headline if out.headline is not None else [headline_row(c) for c in comps])
 
