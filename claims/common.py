@@ -179,7 +179,7 @@ EDGE_MARGIN = 1.5
 power, each way the comparison sees, must be rejected -- through the comparison's own error
 function and its tolerance recomputed from the moved prediction.  A comparison whose tolerance
 grows with the prediction as fast as its error (so that no move is ever rejected) fails its probe:
-its verdict is ``error``, never pass."""
+its verdict is ``error``, never pass.  Counts move by whole steps: by the power k itself."""
 
 
 def _is_quantity(x, units: str) -> bool:
@@ -348,7 +348,8 @@ def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], si
     range, which is not rejected -- the comparison cannot see a direction it claims to, and the judge
     makes it ``error``.  A direction already at 0 (the prediction itself rejected) needs no probe.
     A margin below 1 (:func:`unconfirmed_power`'s probe from below) moves only a direction with a
-    power that is not a bound, counts by the whole steps below it, and none by 0."""
+    power that is not a bound, and none by 0.  Counts move by whole steps whatever the margin: by the
+    power k itself (to be rejected), or from below by k - 1 (to be accepted)."""
     if power is None:
         return []
     units, tol_at, out = power["units"], _tolerance_at(tolerance), []
@@ -363,8 +364,8 @@ def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], si
         if eps is None:
             step = (1.0 - 1e-9 if sign < 0 else RESOLVING_MAX["relative"]) if units == "relative" else (
                 RESOLVING_MAX[units] * (1.0 if units == "count" else float(tol_at(predicted)) or 1.0))
-        elif units == "count":
-            step = float(math.ceil(margin * eps) if margin >= 1 else math.floor(margin * eps))
+        elif units == "count":   # whole steps: the power k itself is rejected, k - 1 (the probe from below) is not
+            step, what = (eps, f"its resolving power {eps:g}") if margin >= 1 else (eps - 1, f"one below its power {eps:g}")
         else:
             step = min(margin * eps, 1.0 - 1e-9) if (units == "relative" and sign < 0) else margin * eps
         if step == 0.0:
@@ -444,7 +445,7 @@ def unconfirmed_power(c: Comparison, printed: Optional[dict] = None) -> Optional
     summary's) is not confirmed by the comparison's own error function and tolerance; None when it is.
     Confirmed: in each direction ``c`` sees, a power of 0 is the prediction itself rejected (``c``
     disagrees); a power eps > 0 moved by EDGE_MARGIN x eps is rejected, and moved by CONFIRM_BELOW x eps
-    is not (unless eps is printed as a bound: ``bound``).  The build calls this on every comparison
+    is not (unless eps is printed as a bound: ``bound``); a count k: moved by k rejected, by k - 1 not.  The build calls this on every comparison
     (``claims.spec.build_result``), so a resolving power computed wrong, or changed after its edge
     probes were built, turns the claim's verdict into ``error`` with this reason."""
     power = c.summary()["resolving_power"] if printed is None else printed

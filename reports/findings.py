@@ -7,15 +7,17 @@
 
 The block lies between :data:`START` and :data:`END` in the README.  It is the report's first
 screen in Markdown: the scorecard (``reports.render.scorecard``: one line per claim id, grouped,
-outcome, headline number "measured ± se vs theory", how many comparisons agree, resolving
-power; a failing or contradicted id first, with the sentence that says by how much) and the
-forest plot as an image link to the report's own figure (``figures/forest.png``).
+outcome, the row that decided the outcome as one sentence with its numbers and configuration,
+the paper's statement beside a paper claim, how many comparisons agree, that row's resolving
+power in words; a failing or contradicted id first) and the forest plot as an image link to the
+report's own figure (``figures/forest.png``).
 
 It prints only what a reader would see change: outcomes, counts and numbers at the precision
 their run resolves (``reports.render.printed``: a measured number to the second digit of its
-standard error, one without a standard error to a tenth of its tolerance, so the digits of an
-exact check's rounding residual, which differ between CPUs, are never printed), no timestamp,
-no commit.  ``--check`` compares
+standard error, one without a standard error to a tenth of its tolerance, and nothing of a
+comparison that agrees to rounding but the bound its tolerance sets, so the digits of an exact
+check's rounding residual, which differ between CPUs, are never printed), no timestamp, no
+commit.  ``--check`` compares
 the block a report gives with the README's, whitespace aside: two quick runs at the same seed
 give the same block, and a changed outcome or headline number shows as the lines that differ.
 

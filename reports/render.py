@@ -6,10 +6,14 @@ is shown where and how it is printed, and the markup lives in ``reports/template
 autoescaped: a claim's text can never become markup):
 
 - :func:`scorecard`: the first screen, one line per claim id grouped as the paper's claims /
-  where they stop / beyond the paper, a failing or contradicted id first in its group with
-  the sentence that says by how much; its headline number (:func:`headline_row`: the row a
-  claim names with ``details["headline_row"]``, by index or name, else its first row), how
-  many of its comparisons agree, and their resolving power (best and worst).
+  where they stop / beyond the paper, a failing or contradicted id first in its group.  Each
+  line is **the row that decided its outcome** (:func:`deciding`: for a failing id, its
+  disagreeing comparison of largest error / tolerance; for one that could not decide, the
+  reason; else the claim's headline, :func:`headline_row`), said as one sentence with its
+  numbers and its configuration in words (:func:`sentence`; a structured value is summarised:
+  how many numbers, the furthest pair, never the structure itself), beside the paper's
+  statement for a paper claim (``paper``); how many of its comparisons agree; that row's
+  resolving power in words (:func:`power_words`).
 - :func:`findings_lists`: the sentences behind it (what holds / where it stops / beyond the
   paper), a finding that states a comparison which disagrees marked with its claim's outcome
   (:func:`finding_outcome`).
@@ -17,10 +21,12 @@ autoescaped: a claim's text can never become markup):
   this document alone, inline SVG), findings, the run, one section per claim.
 
 Printed precision (:func:`printed`): a measured number with a standard error is printed to
-the second significant digit of its se; without one, to a tenth of its tolerance (the finest
-digit its comparison resolves: below it, an exact check's residual is rounding, which differs
-between CPUs whose BLAS kernels round differently), at most 4 significant digits; anything
-else to 4 significant digits.
+the second significant digit of its se; without one, to a tenth of its tolerance, at most 4
+significant digits; anything else to 4 significant digits.  No digit of a comparison that
+agrees to rounding is printed (:data:`ROUNDING_LEVEL`): its residual reads "< tolerance" (a
+bound the claim fixed from the dtype's eps and the problem's size), its structures "each
+theory's to rounding", its resolving power "beyond rounding" -- those digits differ between
+CPUs whose BLAS kernels round differently.
 """
 from __future__ import annotations
 
@@ -310,13 +316,16 @@ def headline_row(entry: dict) -> tuple[Optional[dict], str]:
 
 def _row_record(entry: dict, row: dict) -> dict:
     """A headline row as a comparison record: the comparison of its name (its error, margin and
-    resolving power) with the row's numbers, which the claim chose for a reader (theory as the prediction)."""
+    resolving power) with the numbers the row shows where it shows them (the claim chose those for a
+    reader: a scalar for a ratio, theory as the prediction)."""
     same = [c for c in comparison_records(entry) if c.get("name") == row.get("name")]
     shown = {"predicted": row.get("theory"), "measured": row.get("measured"), "tolerance": row.get("tolerance"),
-             "side": row.get("side"), "agrees": row.get("agrees")}
-    return {**(same[0] if same else row), **shown, "se": row.get("se") if row.get("se") is not None else
-            (same[0].get("se") if same else None), "config": row.get("config") or (same[0].get("config") if same
-                                                                                    else None)}
+             "se": row.get("se"), "side": row.get("side"), "agrees": row.get("agrees"), "config": row.get("config")}
+    if not same:
+        return {**row, **shown}
+    if shown["measured"] is None and shown["predicted"] is None:   # a structure the row could not show
+        shown.pop("measured"), shown.pop("predicted"), shown.pop("tolerance")
+    return {**same[0], **{k: v for k, v in shown.items() if v is not None}}
 
 
 def deciding(entry: dict) -> tuple[str, Optional[dict]]:
@@ -426,26 +435,25 @@ def at_rounding(c: dict) -> bool:
     return t <= ROUNDING_LEVEL * size or max(abs(m - p) for _, m, p in pairs) <= ROUNDING_LEVEL * size
 
 
-def _in_units(c: dict) -> bool:
-    """Whether a comparison's error (so its tolerance) is in the units of its values: a headline row
-    (no stored error), or an error that is the distance its side measures between one measured number
-    and a number or bracket [low, high], or between the furthest pair of a structure."""
-    error, m = scalar(c.get("error")), scalar(c.get("measured"))
-    if error is None:
-        return True
-    p = c.get("predicted")
+def _distance(c: dict) -> Optional[float]:
+    """The distance a comparison's side measures between its numbers: one measured number against a
+    number or a bracket [low, high] (0 inside it), or the furthest pair of a structure; None without one."""
+    m, p = scalar(c.get("measured")), c.get("predicted")
     ends = [scalar(p)] if scalar(p) is not None else [scalar(x) for x in p] if (
         isinstance(p, (list, tuple)) and len(p) == 2) else [None]
     if m is not None and None not in ends:
         low, high = min(ends), max(ends)
-        distance = {"not above": max(0.0, m - high), "not below": max(0.0, low - m)}.get(
+        return {"not above": max(0.0, m - high), "not below": max(0.0, low - m)}.get(
             c.get("side"), max(0.0, low - m, m - high))
-    else:
-        pairs, _ = _pairs(c)
-        if not pairs:
-            return False
-        distance = max(abs(a - b) for _, a, b in pairs)
-    return math.isclose(error, distance, rel_tol=1e-9, abs_tol=1e-300)
+    pairs, _ = _pairs(c)
+    return max(abs(a - b) for _, a, b in pairs) if pairs else None
+
+
+def _in_units(c: dict) -> bool:
+    """Whether a comparison's error (so its tolerance) is in the units of its values: a headline row
+    (no stored error), or an error that is the distance its side measures (:func:`_distance`)."""
+    error, distance = scalar(c.get("error")), _distance(c)
+    return error is None or (distance is not None and math.isclose(error, distance, rel_tol=1e-6, abs_tol=1e-300))
 
 
 def _up(x: float) -> str:
@@ -460,10 +468,9 @@ def _scalar_values(c: dict) -> str:
     """"measured M against P" for one measured number: M at the precision its run resolves (a
     rounding residual against 0 as "< tolerance"), P a number, a bracket or a one-sided bound."""
     m, p, side, tol = c.get("measured"), c.get("predicted"), c.get("side") or "two-sided", c.get("tolerance")
-    if at_rounding(c) and scalar(p) == 0 and scalar(m) != 0:
-        # the tolerance bounds the residual where the error is the residual itself (else it is in other units)
-        in_units = scalar(c.get("error")) in (None, abs(scalar(m)))
-        measured = f"< {_up(scalar(tol))}" if in_units and scalar(tol) else "0 to rounding"
+    if at_rounding(c) and scalar(p) == 0 and scalar(tol):
+        # a residual: bounded by its tolerance where the error is in its units (else "0 to rounding")
+        measured = f"< {_up(scalar(tol))}" if _in_units(c) else "0 to rounding"
     else:
         measured = printed(m, c.get("se"), tol if scalar(tol) is not None else None)
     if side in SIDE_WORDS:
@@ -486,11 +493,12 @@ def sentence(c: dict) -> str:
     elif isinstance(tol, (list, tuple)) and tol:
         ts = [x for _, v in _leaves(tol) if (x := scalar(v)) is not None]
         extras += [f"tolerance {format_value(min(ts))} to {format_value(max(ts))} per entry"] if ts else []
-    elif math.isfinite(margin) and c.get("agrees") and not at_rounding(c):
+    elif math.isfinite(margin) and scalar(tol) and c.get("agrees") and not at_rounding(c):
         extras.append(f"error {margin:.2g} × its tolerance")
-    if c.get("agrees") is False and scalar(c.get("error")) is not None:
-        extras.append(f"missed by {margin:.2g} × {'it' if extras else 'its tolerance'}" if math.isfinite(margin)
-                      else f"error {format_value(c.get('error'))}")
+    if c.get("agrees") is False and math.isfinite(margin):
+        extras.append(f"missed by {margin:.2g} × {'it' if extras else 'its tolerance'}")
+    elif c.get("agrees") is False and scalar(c.get("error")) is not None:
+        extras.append(f"error {format_value(c.get('error'))}")
     name, config = config_words(c.get("name", "")), c.get("config")
     if config and not _SETTING.search(str(c.get("name", ""))):
         extras.append(config_words(config))
@@ -544,10 +552,13 @@ def power_words(c: Optional[dict]) -> str:
 
 
 def _margin(c: dict) -> float:
+    """error / tolerance of a comparison record; of a headline row (no stored error), its distance
+    (:func:`_distance`) over its tolerance."""
     margin = scalar(c.get("margin"))
     if margin is not None and not math.isnan(margin):
         return margin
     error, tolerance = scalar(c.get("error")), scalar(c.get("tolerance"))
+    error = _distance(c) if error is None else error
     if error is None or tolerance is None:
         return math.inf
     return error / tolerance if tolerance > 0 else (0.0 if error <= 0 else math.inf)
