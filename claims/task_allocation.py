@@ -438,8 +438,7 @@ def estimate(p: TaskAllocationProfile) -> float:
 
 SPEC = ClaimSpec(
     id="task-allocation", title="Task allocation: one task per head",
-    paper=("at the limit each head's OV weight has one nonzero value; task i goes to the head whose initial OV "
-           "value for it is largest"),
+    paper="each head ends serving one task, the task its initial OV value favours most",
     statement=("At the limit each head's OV weight has exactly one nonzero semi-singular value; task i goes to "
                "the head whose OV value for i is largest (the head favoured by the initialisation)."),
     profiles=PROFILES, evaluate=evaluate, findings=findings,

@@ -486,7 +486,7 @@ def estimate(p: ThreePhasesProfile) -> float:
 
 SPEC = ClaimSpec(
     id="three-phases", title="Three phases: warm-up, emergence, convergence",
-    paper="training passes through a warm-up (slow), an emergence (fast: each head takes a task), then convergence",
+    paper="training goes through a slow warm-up, a fast emergence (each head takes a task), convergence",
     statement=("Training goes through a warm-up (loss falls slowly while heads build an inclination to tasks), "
                "an emergence (each head selects one task and the loss falls fast) and a convergence phase."),
     profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings,

@@ -418,3 +418,16 @@ def test_the_readme_block_does_not_move_with_rounding():
     trained = next(e for e in moved["claims"] if e["id"] == "trained")
     trained["headline"][0]["measured"] += 0.0033
     assert report_findings.block(moved) != block
+
+
+def test_each_paper_claim_states_the_paper_and_the_report_prints_it_beside_its_number():
+    import claims
+    specs = [claims.spec_of(cid) for cid in claims.REGISTRY]
+    papers = {s.id: s.paper for s in specs if s.kind == "claim"}
+    assert len(papers) == 7 and all(p and "\n" not in p and len(p) <= 160 for p in papers.values()), papers
+    assert all(s.paper is None for s in specs if s.kind == "boundary")
+    entry = _entry("multi-head-gain", [compare("gain at L=64", 1.505, 1.512, 0.0695, "4 se")],
+                   paper=papers["multi-head-gain"])
+    assert entry["paper"] == papers["multi-head-gain"]
+    row = report_render.scorecard(_document(entry))[0]["rows"][0]
+    assert row["paper"] == papers["multi-head-gain"] and row["headline"].startswith("gain at L = 64: measured 1.505")
