@@ -349,14 +349,15 @@ def deciding(entry: dict) -> tuple[str, Optional[dict]]:
 
 
 _SETTING = re.compile(r"(\w+)=(\([^)]*\)|\[[^\]]*\]|[^\s,;]+)")
-_WORD_SETTINGS = ("tasks", "init", "param", "basis")   # "tasks (2, 2)", "init decomposable"; the rest "H = 2"
+_WORD_SETTINGS = ("init", "param", "basis")   # "init decomposable"; the rest "H = 2", in the paper's notation
 
 
 def config_words(text: Any) -> str:
-    """A configuration label (or a name holding one) in words, in place: "tasks=(2, 2) H=2 sigma=0
-    init=decomposable at growing s0" -> "tasks (2, 2), H = 2, σ = 0, init decomposable at growing s0"."""
+    """A configuration label (or a name holding one) in words, in place, in the paper's notation:
+    "tasks=(2, 2) H=2 sigma=0 init=decomposable at growing s0" -> "r = (2, 2), H = 2, σ = 0, init
+    decomposable at growing s0"."""
     def word(match: re.Match) -> str:   # each setting marked (STX ... ETX) to join neighbours by commas
-        key, value = {"sigma": "σ"}.get(match[1], match[1]), match[2]
+        key, value = {"sigma": "σ", "tasks": "r"}.get(match[1], match[1]), match[2]
         value = f"({value[1:-1]})" if value.startswith("[") else value   # r = (2, 2), as the paper writes it
         return f"\x02{key} {value}\x03" if key in _WORD_SETTINGS else f"\x02{key} = {value}\x03"
     marked = re.sub("\x03\\s+\x02", ", ", _SETTING.sub(word, " ".join(str(text).split())))

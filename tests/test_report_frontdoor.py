@@ -1320,7 +1320,7 @@ def test_readme_block_is_the_scorecard_generated_from_claims_json(findings_repor
     # a contradicted id: the row that decided it, with by how much, on its own line and nowhere else
     assert ("| `fake-beyond` | **contradicted** | 2 of 2 comparisons disagree; the worst: saddle: growth rate of "
             "off-task \\|mu\\| vs 2a: measured 0.161 ± 0.01 against 0.084 (tolerance 0.04; missed by 1.9 × it; "
-            "tasks (1, 1), H = 2, L = 32). | 0/2 |") in text
+            "r = (1, 1), H = 2, L = 32). | 0/2 |") in text
     assert not [line for line in text.splitlines() if line.startswith("- ")]
     assert "(reports/out/figures/forest.png)" in text and "started" not in text and "run of" not in text
     readme = tmp_path / "README.md"

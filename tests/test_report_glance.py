@@ -180,7 +180,7 @@ def test_the_scorecard_line_of_each_id(glance_report):
     assert saddle["failing"] and saddle["verdict"] == "contradicted" and (saddle["agree"], saddle["of"]) == (2, 3)
     # a contradicted id: the comparison that decided it, never its agreeing headline row
     assert saddle["lead"] == "1 of 3 comparisons disagrees:"
-    assert saddle["headline"] == ("growth rate vs 2a, tasks (2, 2): measured 0.15751 ± 0.0008 against 0.1748 "
+    assert saddle["headline"] == ("growth rate vs 2a, r = (2, 2): measured 0.15751 ± 0.0008 against 0.1748 "
                                   "(tolerance 0.00895; missed by 1.9 × it).")
     assert saddle["resolving"] == "rejects its prediction itself"
 
@@ -296,7 +296,7 @@ def test_a_contradicted_id_is_headlined_by_the_row_that_decided_it():
     assert row["headline"] == (
         "phase times against init scale: full model vs reduced flow: 4 numbers, the furthest at s0=0.8 seed 0, "
         "entry 2: measured 1.055 against 0.1986, off by a factor 5.3; 2 measured value(s) not a number "
-        "(tolerance 0.4; missed by 2.1 × it; tasks (2, 2), H = 2, L = 32, σ = 0).")
+        "(tolerance 0.4; missed by 2.1 × it; r = (2, 2), H = 2, L = 32, σ = 0).")
     assert "winner" not in row["headline"] and row["resolving"] == "rejects its prediction itself"
     # the README's line says the same, and no dump of per-seed numbers follows it
     text = report_findings.markdown(_document(entry))
@@ -337,16 +337,16 @@ def test_no_raw_structure_on_the_first_screen():
     rows = {r["id"]: r for g in report_render.scorecard(doc) for r in g["rows"]}
     for row in rows.values():
         assert not RAW.search(f"{row['headline']} {row['resolving']}"), row
-    assert rows["spectral"]["headline"] == ("gradient-projection tasks (2, 1), H = 2, L = 8: 8 numbers, each "
+    assert rows["spectral"]["headline"] == ("gradient-projection r = (2, 1), H = 2, L = 8: 8 numbers, each "
                                             "theory's to rounding.")
     assert rows["spectral"]["paper"] == "gradient flow is an ODE on (omega, mu)"
     assert rows["allocation"]["headline"] == (
         "allocated fixed point (omega*, mu*): 4 numbers, the furthest at entry 3: measured 1.381 against 1.397, "
-        "1.1 % off (error 0.32 × its tolerance; tasks (2, 2), H = 2, L = 64).")
+        "1.1 % off (error 0.32 × its tolerance; r = (2, 2), H = 2, L = 64).")
     assert rows["optimality"]["headline"] == "constant at H = 3: measured 2.623 against 2.624 (tolerance 0.0834)."
     assert rows["block"]["headline"] == "off-D residual: measured < 5e-13 against 0 (tolerance 5e-13)."
     assert rows["boundary-trend"]["headline"] == "gap exponent trend: 2 measured values against steepening, below -1."
-    assert rows["trained"]["headline"] == ("converged loss, tasks (2, 2), L = 64, σ = 0: measured 0.4812 ± 0.0033 "
+    assert rows["trained"]["headline"] == ("converged loss, r = (2, 2), L = 64, σ = 0: measured 0.4812 ± 0.0033 "
                                            "against 0.4771 (tolerance 0.01413).")
     # the page's first screen and the README's block: no raw structure either
     page = report_render.render_html(doc, {})
