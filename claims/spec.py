@@ -193,8 +193,9 @@ def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:
     (``details["resolving_power"]``: headline, best, worst, by units, blind;
     ``claims.common.resolving_summary``) read off those summaries.  Each printed resolving power is
     confirmed against its comparison's own error function (``claims.common.unconfirmed_power``); one
-    that is not makes the run undecided (``error``), the reason in ``details["undecided"]`` and in
-    the comparison's ``power_unconfirmed``."""
+    that is not is said in the comparison's ``power_unconfirmed`` and, where every comparison agrees
+    (a disagreement decides without it), makes the run undecided (``error``), the reason in
+    ``details["undecided"]``."""
     from claims.common import headline_row, resolving_summary, unconfirmed_power, worst
     comps = out.comparisons
     perts = [p for c in comps for p in c.perturbations]
@@ -203,11 +204,11 @@ def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:
     reasons = [out.undecided] if out.undecided else ([] if comps else ["no comparison was made"])
     for c, s in zip(comps, summaries):
         s["power_unconfirmed"] = unconfirmed_power(c, s["resolving_power"])
-        if s["power_unconfirmed"]:
+        if s["power_unconfirmed"] and all(c.agrees for c in comps):   # a disagreement decides without it
             reasons.append(f"the resolving power printed for {c.name!r} is not confirmed: {s['power_unconfirmed']}")
     undecided = "; ".join(reasons) or None
     verdict = judge(all(c.agrees for c in comps), perts, spec.kind, undecided)
-    if undecided and comps:
+    if undecided != (out.undecided or None) and comps:
         details = {**details, "undecided": undecided}
     return ClaimResult(
         id=spec.id, title=spec.title, statement=spec.statement, verdict=verdict, kind=spec.kind,

@@ -542,14 +542,14 @@ def power_words(c: Optional[dict]) -> str:
         return "rejects any error (an exact comparison)"
     if at_rounding(c) and units != "count":
         return "rejects any error beyond rounding (its tolerance)"
-    way = f"a prediction {'{}'} too {'low' if keys == ('low',) else 'high'}" if len(keys) == 1 else "{} error"
     if units == "count":
         return f"rejects a count off by {worst:g}"
-    if units == "absolute":
-        return "rejects " + (way.format(f"{worst:.2g}") if len(keys) == 1 else f"an absolute error of {worst:.2g}")
-    if worst >= 1:
+    if units != "absolute" and worst >= 1:
         return f"rejects only order-of-magnitude errors (a prediction off by a factor {1 + worst:.2g})"
-    return "rejects " + (way.format(f"{100 * worst:.2g} %") if len(keys) == 1 else f"a {100 * worst:.2g} % error")
+    size = f"{worst:.2g}" if units == "absolute" else f"{100 * worst:.2g} %"
+    if len(keys) == 1:
+        return f"rejects a prediction {size} too {'low' if keys == ('low',) else 'high'}"
+    return f"rejects an absolute error of {size}" if units == "absolute" else f"rejects a {size} error"
 
 
 def _margin(c: dict) -> float:
