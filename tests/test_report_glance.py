@@ -382,15 +382,18 @@ def test_resolving_power_in_words(kw, words):
 
 
 def _perturbed(doc: dict, residual: float, relative: float) -> dict:
-    """``doc`` with what differs between two CPUs of one kind moved: every residual measured against 0 set
-    to ``residual``, every other measured number moved by ``relative`` (rounding in training)."""
+    """``doc`` with what differs between two CPUs of one kind moved: every rounding residual measured
+    against 0 (no standard error, below ROUNDING_LEVEL, and ``residual`` inside its tolerance) set to
+    ``residual``, every other measured number moved by ``relative`` (rounding in training)."""
     doc = copy.deepcopy(doc)
     for entry in doc["claims"]:
         for c in entry["details"]["comparisons"] + entry["headline"]:
             key = "predicted" if "predicted" in c else "theory"
             if c.get("measured") == c.get(key) or c.get("side") == "reported":
                 continue
-            if report_figures.scalar(c.get(key)) == 0 and c.get("se") is None:
+            m, tol = report_figures.scalar(c.get("measured")), report_figures.scalar(c.get("tolerance"))
+            if (report_figures.scalar(c.get(key)) == 0 and c.get("se") is None and m is not None
+                    and abs(m) <= report_render.ROUNDING_LEVEL and tol is not None and residual <= tol):
                 c["measured"] = residual
                 c["error"] = residual if "error" in c else None
             else:
