@@ -75,9 +75,8 @@ class Comparison:
     ``bound`` (where present) lists the directions whose eps is only an upper bound: every move the
     scan tried was rejected (an exact comparison)."""
     error_function: Optional[Callable] = field(default=None, repr=False, compare=False)
-    """``error(measured, prediction)``, the function ``error`` was computed by, and ``tolerance_function(prediction)``
-    its tolerance: set by :func:`compare` and :func:`resolved` (never written to claims.json), they confirm the
-    printed resolving power when the result is built (:func:`unconfirmed_power`)."""
+    """``error`` as a function of (measured, prediction), its tolerance of the prediction: set by compare() and
+    resolved(), never written; the build confirms the printed power with them (claims.spec.unconfirmed_power)."""
     tolerance_function: Optional[Callable] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
@@ -347,8 +346,7 @@ def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], si
     resolving power (None: nothing up to RESOLVING_MAX is rejected) is probed at the end of that
     range, which is not rejected -- the comparison cannot see a direction it claims to, and the judge
     makes it ``error``.  A direction already at 0 (the prediction itself rejected) needs no probe.
-    A margin below 1 (:func:`unconfirmed_power`'s probe from below) moves only a direction with a
-    power that is not a bound, and none by 0.  Counts move by whole steps whatever the margin: by the
+    A margin below 1 (the build's probe from below) skips a bound; counts move by whole steps: by the
     power k itself (to be rejected), or from below by k - 1 (to be accepted)."""
     if power is None:
         return []
@@ -433,40 +431,6 @@ def resolved(c: Comparison, error=None, units: Optional[str] = None, tolerance=N
     return c
 
 
-CONFIRM_BELOW = 0.5
-"""The probe from below of a printed resolving power (:func:`unconfirmed_power`): the prediction moved by
-CONFIRM_BELOW x the power must still be accepted, so that the printed number never overstates the
-smallest error the comparison rejects by more than a factor 1 / CONFIRM_BELOW (nor understates it by more
-than EDGE_MARGIN: the edge probe above)."""
-
-
-def unconfirmed_power(c: Comparison, printed: Optional[dict] = None) -> Optional[str]:
-    """Why the resolving power printed for ``c`` (``printed``: what claims.json holds, default its
-    summary's) is not confirmed by the comparison's own error function and tolerance; None when it is.
-    Confirmed: in each direction ``c`` sees, a power of 0 is the prediction itself rejected (``c``
-    disagrees); a power eps > 0 moved by EDGE_MARGIN x eps is rejected, and moved by CONFIRM_BELOW x eps
-    is not (unless eps is printed as a bound: ``bound``); a count k: moved by k rejected, by k - 1 not.  The build calls this on every comparison
-    (``claims.spec.build_result``), so a resolving power computed wrong, or changed after its edge
-    probes were built, turns the claim's verdict into ``error`` with this reason."""
-    power = c.summary()["resolving_power"] if printed is None else printed
-    if not power:
-        return None
-    if c.error_function is None:
-        return "it was set without the error function that could confirm it"
-    if c.agrees and any(power.get(k) == 0.0 for k in SEES.get(c.side, ())):
-        return "it is 0 (the prediction itself rejected), yet the comparison agrees"
-    args = (c.error_function, c.measured, c.predicted, c.tolerance_function, power, c.side)
-    try:
-        above = [p.description for p in edge_probes(*args) if not p.rejected and p.details.get("eps") is not None]
-        below = [p.description for p in edge_probes(*args, margin=CONFIRM_BELOW) if p.rejected]
-    except (TypeError, ValueError, IndexError, KeyError, ArithmeticError) as exc:
-        return f"its probes could not be computed ({type(exc).__name__}: {exc})"
-    if above:
-        return f"it is too small: a wrong prediction beyond it is accepted ({above[0]})"
-    if below:
-        return f"it is too large: a wrong prediction well inside it is already rejected ({below[0]})"
-    return None
-
 
 def seen_eps(c: Comparison | dict) -> Optional[float]:
     """The resolving power of a comparison (object or summary) over the directions it sees
@@ -478,48 +442,6 @@ def seen_eps(c: Comparison | dict) -> Optional[float]:
         return None
     vals = [rp.get(k) for k in SEES.get(side, ("low", "high"))]
     return None if any(v is None for v in vals) else float(max(vals))
-
-
-def resolving_summary(comparisons: list, headline: Optional[str] = None) -> dict:
-    """The per-claim summary of the comparisons' resolving powers (``details["resolving_power"]``):
-    ``headline`` (the claim's headline comparison, named by its evaluate: name, low, high, units,
-    eps = :func:`seen_eps`, ``meets_floor`` against :data:`RESOLVING_FLOOR` for relative units,
-    None otherwise); ``best`` and ``worst`` (smallest and largest eps, each {name, eps, units}) over
-    the relative-unit comparisons, or over those of the commonest unit where none is relative;
-    ``by_units`` the same per unit; ``blind`` the comparisons with a numeric prediction that cannot
-    see a direction they claim to (no resolving power there)."""
-    rows, blind = [], []
-    for c in comparisons:
-        d = c if isinstance(c, dict) else {"name": c.name, "side": c.side, "resolving_power": c.resolving_power}
-        rp = d["resolving_power"]
-        if not rp:
-            continue
-        eps = seen_eps(d)
-        if eps is None:
-            blind.append(d["name"])
-        else:
-            rows.append({"name": d["name"], "eps": eps, "units": rp["units"]})
-    by_units = {}
-    for u in RESOLVING_UNITS:
-        rs = [r for r in rows if r["units"] == u]
-        if rs:
-            by_units[u] = {"best": min(rs, key=lambda r: r["eps"]), "worst": max(rs, key=lambda r: r["eps"]),
-                           "n": len(rs)}
-    main = by_units.get("relative") or (max(by_units.values(), key=lambda v: v["n"]) if by_units else None)
-    head = None
-    if headline is not None:
-        hit = [c for c in comparisons if (c["name"] if isinstance(c, dict) else c.name) == headline]
-        if not hit:
-            raise ValueError(f"headline comparison {headline!r} is not among the comparisons")
-        h = hit[0]
-        d = h if isinstance(h, dict) else {"name": h.name, "side": h.side, "resolving_power": h.resolving_power}
-        rp, eps = d["resolving_power"] or {}, seen_eps(d)
-        head = {"name": d["name"], "low": rp.get("low"), "high": rp.get("high"), "units": rp.get("units"),
-                "eps": eps, "side": d["side"],
-                "meets_floor": (None if rp.get("units") != "relative" else bool(eps is not None
-                                                                                  and eps <= RESOLVING_FLOOR))}
-    return {"headline": head, "best": main["best"] if main else None, "worst": main["worst"] if main else None,
-            "floor": RESOLVING_FLOOR, "by_units": by_units, "blind": blind}
 
 
 def off_by(factor: float, predicted: float, what: str = "prediction") -> tuple:

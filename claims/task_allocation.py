@@ -438,7 +438,6 @@ def estimate(p: TaskAllocationProfile) -> float:
 
 SPEC = ClaimSpec(
     id="task-allocation", title="Task allocation: one task per head",
-    paper="each head ends serving one task, the task its initial OV value favours most",
     statement=("At the limit each head's OV weight has exactly one nonzero semi-singular value; task i goes to "
                "the head whose OV value for i is largest (the head favoured by the initialisation)."),
     profiles=PROFILES, evaluate=evaluate, findings=findings,
@@ -446,6 +445,6 @@ SPEC = ClaimSpec(
     cannot_run=lambda q: None if {"tasks", "heads", "L"} <= set(q) else (
         "problem must give tasks, heads, L and optionally sigma, param, init_scale, logit_scale, basis, dtype; got "
         f"keys {sorted(q)}"),
-    estimate=lambda p: estimate(p))
+    estimate=lambda p: estimate(p), paper="each head ends serving one task, the one its initial OV value favours most")
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

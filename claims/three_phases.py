@@ -486,13 +486,12 @@ def estimate(p: ThreePhasesProfile) -> float:
 
 SPEC = ClaimSpec(
     id="three-phases", title="Three phases: warm-up, emergence, convergence",
-    paper="training goes through a slow warm-up, a fast emergence (each head takes a task), convergence",
     statement=("Training goes through a warm-up (loss falls slowly while heads build an inclination to tasks), "
                "an emergence (each head selects one task and the loss falls fast) and a convergence phase."),
     profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings,
     cannot_run=lambda q: None if q.get("param", "factored") == "factored" else (
         "claim 3 is stated for factored weights (the paper's architecture); merged weights are the boundary "
         "'boundary-merged-superposition'"),
-    estimate=lambda p: estimate(p))
+    estimate=lambda p: estimate(p), paper="slow warm-up, fast emergence (each head takes a task), then convergence")
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

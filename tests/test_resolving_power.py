@@ -1,7 +1,7 @@
 """The resolving power of a comparison (claims.common.resolving_power) and the probes at the
 tolerance's edge (claims.common.edge_probes): right for each side, each unit and custom error
 functions, recomputing a tolerance made from the prediction, and fast; and the build's confirmation
-of every power it prints (claims.common.unconfirmed_power through claims.spec.build_result): a power
+of every power it prints (claims.spec.unconfirmed_power through claims.spec.build_result): a power
 computed wrong, or changed after its probes were built, makes the claim an error.  Unit tests (no runs)."""
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 
 from claims.base import judge
 from claims.common import (Comparison, RESOLVING_FLOOR, compare, edge_probes, moved_prediction, resolved,
-                           resolving_power, resolving_summary, seen_eps, unconfirmed_power)
+                           resolving_power, seen_eps)
+from claims.spec import resolving_summary, unconfirmed_power
 
 
 def test_two_sided_relative_matches_closed_form():
