@@ -288,6 +288,7 @@ def resolve(p: OptimalityProfile, problem: dict) -> OptimalityProfile:
 
 SPEC = ClaimSpec(
     id="optimality",
+    paper="the limit model is within a constant factor of the best multi-head softmax attention",
     title="The gradient-flow limit is within a constant factor of the best attention with as many heads",
     statement=("The loss of the gradient-flow limit is within a constant factor of the best multi-head softmax "
                "attention with the same number of heads H; the constant is measured against H = m, m + 1, 2m "

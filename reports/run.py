@@ -179,6 +179,7 @@ def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]
             return checked(cid, finished(specs[cid], ctxs[cid], specs[cid].compare(ctxs[cid], results[cid]), used))
         t0 = time.process_time()
         out[cid] = run_claim(cid, specs[cid].title, specs[cid].statement, body, kind=specs[cid].kind)
+        out[cid].paper = specs[cid].paper
         spent = time.process_time() - t0 + shares.get(cid, 0.0)
         out[cid].seconds += shares.get(cid, 0.0)
         if cpu_seconds is not None:
