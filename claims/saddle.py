@@ -27,13 +27,15 @@ are scripts/measure_saddle.py's table).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 from claims.common import EPS64, Z_SE, Comparison, compare, headline_row, reported_row
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
 from numerics import saddle as measure
+from numerics.config import ProblemConfig
+from numerics.engine import need
 from numerics.statistics import extrapolate_to_zero, mean_se
 from theory import saddle as th
 
@@ -88,9 +90,40 @@ PROFILES = {
 }
 
 
-def run_saddle_profile(p: SaddleProfile) -> dict:
-    """The measurements of one configuration of the plan (numerics.saddle.measure_configuration)."""
-    return {"profile": asdict(p), **measure.measure_configuration(**asdict(p))}
+def configuration_needs(p: SaddleProfile) -> dict:
+    """The needs of one configuration: its escape runs with their floors, the per-prompt
+    gradient variances (the seed input of theory's T(B)), the growth rate at each step of
+    ``lrs`` (at the largest batch, its window from that batch's floor: a dependency on the
+    escape runs) and the invariant batch's flow over the escape runs' horizon (a dependency too)."""
+    cfg = ProblemConfig(tasks=tuple(p.tasks), heads=p.heads, L=p.L)
+    batches, seeds = tuple(p.batches), tuple(p.seeds)
+    escape = need("saddle_escape_runs", cfg=cfg, lr=p.lr, batches=batches, seeds=seeds, mu0=p.mu0, t_max=p.t_max,
+                  stop_share=max(p.threshold, p.top_fraction), record_dt=p.record_dt)
+    return {"cfg": cfg, "escape": escape, "variance": need("saddle_variance", cfg=cfg, n=p.n_var),
+            "steps": need("saddle_step_sizes", cfg=cfg, lrs=tuple(p.lrs) or (p.lr,), batch=max(batches), seeds=seeds,
+                          escape=escape, floor_factor=p.floor_factor, top_fraction=p.top_fraction, t_max=p.t_max,
+                          record_dt=p.record_dt),
+            "invariant": need("saddle_invariant", cfg=cfg, lr=p.lr, escape=escape, batches=batches, seeds=seeds,
+                              threshold=p.threshold, t_max=p.t_max, mu0=p.mu0, prompts=p.invariant_prompts)}
+
+
+def plan(ctx, results=None) -> list:
+    """Every configuration's needs (:func:`configuration_needs`)."""
+    return [n for p in ctx.p.configurations for k, n in configuration_needs(p).items() if k != "cfg"]
+
+
+def measurements(p: SaddleProfile, results) -> dict:
+    """One configuration's measurements from the plan's results: the growth rates, the escape
+    times against B (numerics.saddle.escape_time_measurement of the escape runs and variances),
+    the invariant flow and the SGD runs' |o - v| at escape (the largest batch)."""
+    n = configuration_needs(p)
+    runs = results[n["escape"]]
+    escape = measure.escape_time_measurement(n["cfg"], p.lr, p.batches, p.seeds, p.mu0, p.threshold, p.t_max,
+                                             runs=runs, variance=results[n["variance"]])
+    inv = results[n["invariant"]]
+    return {"growth": results[n["steps"]], "escape": escape, "invariant": inv,
+            "sgd_anti": measure.anti_at_escape(runs, max(p.batches), p.seeds),
+            "seconds": {"escape_runs": runs.wall, "invariant": inv.wall}}
 
 
 def escape_prediction(e, heads: int) -> dict:
@@ -267,12 +300,12 @@ def check_escape_times(e, pred: dict) -> list:
 # the claim
 # ---------------------------------------------------------------------------------------
 
-def evaluate(ctx) -> Outcome:
-    profs = ctx.p.configurations
+def compare_results(ctx, results) -> Outcome:
+    """Per configuration the growth rates (extrapolated and at each step), the invariant flow and
+    the escape times as reported rows; the escape-time slopes pooled over configurations."""
     comps, rows, escapes, slopes, details = [], [], [], [], {"configurations": []}
-    for k, sp in enumerate(profs):
-        ctx.progress(f"saddle: tasks={sp.tasks} H={sp.heads} L={sp.L}", k / len(profs))
-        res = run_saddle_profile(sp)
+    for sp in ctx.p.configurations:
+        res = measurements(sp, results)
         gs, e, inv = res["growth"], res["escape"], res["invariant"]
         cfg = _label(e.config)
         c = check_growth_rate(gs, cfg)
@@ -356,6 +389,5 @@ SPEC = ClaimSpec(
                "direction grows at rate 2a (a = dL/dmu from theory.exact), at a step lr at the discrete map's rate "
                "2 log(1 + lr a)/lr of the point the run holds; SGD noise seeds it, so trained runs leave allocation "
                "after a time growing with the batch size, while a noiseless flow on an exactly invariant batch stays."),
-    profiles=PROFILES, evaluate=evaluate, findings=findings,
-    estimate=lambda p: {"tiny": 14.0, "quick": 75.0, "paper": 900.0}[p.name])
+    profiles=PROFILES, plan=plan, compare=compare_results, findings=findings)
 run = SPEC.run

@@ -43,14 +43,16 @@ from theory import exact as th_exact
 from theory import optimality as th_opt
 from theory import saddle as th
 
+from . import cost
 from .config import ProblemConfig
 from .data import make_generator, sample_prompts
+from .engine import kind
 from .evaluate import held_out_loss
 from .exact_reduced import measure, minimise_family, one_thread as _one_thread
 from .model import MultiHeadAttention
 from .readout import crossing_time
 from .symmetry import symmetrize_full
-from .train import TrainConfig, train
+from .train import TrainConfig, train, train_many
 
 
 class _Stop(Exception):
@@ -135,7 +137,61 @@ class SaddleRun:
         return self.o ** 2 - self.v ** 2
 
 
+def _recorder(cfg: ProblemConfig, entries, stop_share: float, stop_residual: float, fixed: bool):
+    """The record of one saddle run and its on_record hook: the off-task channel and readout at
+    every record; stops the run (:class:`_Stop`) once the off-D residual passes ``stop_residual``
+    or, without a ``fixed`` batch, once every entry's share passed ``stop_share`` on the
+    opposite-sign branch."""
+    rec = {k: [] for k in ("t", "mu_off", "served", "o", "v", "omega", "residual")}
+
+    def hook(step, t, state, loss):
+        o, s, oo, vv = _off_task_readout(state, entries)
+        readout = state.semi_singular_values()
+        for k, v in zip(rec, (t, o, s, oo, vv, readout.omega, readout.residual)):
+            rec[k].append(v)
+        if readout.residual > stop_residual:
+            raise _Stop
+        if not fixed and np.all(np.abs(o) >= stop_share * np.abs(s)) and np.all(o < 0):
+            raise _Stop
+
+    return rec, hook
+
+
+def _saddle_result(rec: dict, batch: int, seed: int, lr: float, mu0: float, escaped: bool, wall: float) -> SaddleRun:
+    arr = {k: np.array(v) for k, v in rec.items()}
+    return SaddleRun(batch=batch, seed=seed, lr=lr, mu0=mu0, t=arr["t"], mu_off=arr["mu_off"], served=arr["served"],
+                     o=arr["o"], v=arr["v"], omega=arr["omega"], t_stop=float(arr["t"][-1]), escaped=escaped,
+                     wall=wall, residual=arr["residual"])
+
+
 @_one_thread
+def saddle_many(cfg: ProblemConfig, runs: Sequence[dict]) -> list[SaddleRun]:
+    """Each run of ``runs`` (dicts of :func:`saddle_run`'s keyword arguments lr, batch, seed, mu0,
+    t_max and optionally stop_share, record_dt, batches, start, stop_residual) trained from
+    :func:`allocated_model` (cfg, mu0) (or its ``start``) with SGD, as numerics.train.train_many
+    trains them: runs of one batch size in one program, runs of one data seed drawing each
+    batch once (each run as train() gives it, to rounding).  An error other than the early stop
+    ends the measurement (as it ended a run alone)."""
+    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    runs = [{"stop_share": 0.1, "record_dt": 0.5, "batches": None, "start": None, "stop_residual": math.inf, **r}
+            for r in runs]
+    recs, hooks = zip(*[_recorder(cfg, st.entries, r["stop_share"], r["stop_residual"], r["batches"] is not None)
+                        for r in runs])
+    t0 = _time.perf_counter()
+    out = train_many([cfg] * len(runs), [TrainConfig(lr=r["lr"], time=r["t_max"], batch=r["batch"], seed=r["seed"],
+                                                     records=2) for r in runs],
+                     batches=[r["batches"] for r in runs], on_record=list(hooks),
+                     record_every=[max(1, int(round(r["record_dt"] / r["lr"]))) for r in runs],
+                     start=[allocated_model(cfg, r["mu0"]) if r["start"] is None else r["start"] for r in runs],
+                     max_runs=1)
+    wall = (_time.perf_counter() - t0) / len(runs)
+    for res in out:
+        if isinstance(res, BaseException) and not isinstance(res, _Stop):
+            raise res
+    return [_saddle_result(rec, r["batch"], r["seed"], r["lr"], r["mu0"], isinstance(res, _Stop), wall)
+            for rec, r, res in zip(recs, runs, out)]
+
+
 def saddle_run(cfg: ProblemConfig, lr: float, batch: int, seed: int, mu0: float, t_max: float,
                stop_share: float = 0.1, record_dt: float = 0.5, batches=None,
                start: Optional[MultiHeadAttention] = None, stop_residual: float = math.inf) -> SaddleRun:
@@ -144,33 +200,9 @@ def saddle_run(cfg: ProblemConfig, lr: float, batch: int, seed: int, mu0: float,
     seeded entry's share has passed ``stop_share`` (``batches``: numerics.train's seam, e.g. a
     fixed symmetrised batch; then no early stop on the share; ``start``: another start model;
     ``stop_residual``: stop once the off-D residual passes it, e.g. a fixed batch's GD leaving D
-    by a step-size instability)."""
-    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
-    model = allocated_model(cfg, mu0) if start is None else start
-    every = max(1, int(round(record_dt / lr)))
-    ts, offs, servs, os_, vs, oms, res = [], [], [], [], [], [], []
-
-    def hook(step, t, state, loss):
-        o, s, oo, vv = _off_task_readout(state, st.entries)
-        ts.append(t), offs.append(o), servs.append(s), os_.append(oo), vs.append(vv)
-        readout = state.semi_singular_values()
-        oms.append(readout.omega), res.append(readout.residual)
-        if readout.residual > stop_residual:
-            raise _Stop
-        if batches is None and np.all(np.abs(o) >= stop_share * np.abs(s)) and np.all(o < 0):
-            raise _Stop
-
-    tcfg = TrainConfig(lr=lr, time=t_max, batch=batch, seed=seed, records=2)
-    t0 = _time.perf_counter()
-    escaped = False
-    try:
-        train(cfg, tcfg, start=model, on_record=hook, record_every=every, batches=batches)
-    except _Stop:
-        escaped = True
-    return SaddleRun(batch=batch, seed=seed, lr=lr, mu0=mu0, t=np.array(ts), mu_off=np.array(offs),
-                     served=np.array(servs), o=np.array(os_), v=np.array(vs), omega=np.array(oms),
-                     t_stop=float(ts[-1]), escaped=escaped,
-                     wall=_time.perf_counter() - t0, residual=np.array(res))
+    by a step-size instability).  One run of :func:`saddle_many`."""
+    return saddle_many(cfg, [dict(lr=lr, batch=batch, seed=seed, mu0=mu0, t_max=t_max, stop_share=stop_share,
+                                  record_dt=record_dt, batches=batches, start=start, stop_residual=stop_residual)])[0]
 
 
 @dataclass(frozen=True)
@@ -191,18 +223,23 @@ def saddle_runs(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Se
                 t_max: float, stop_share: float = 0.1, t_floor: float = 10.0, record_dt: float = 0.5,
                 floors: bool = True) -> SaddleRuns:
     """Every (batch, seed) escape run, plus (``floors``) one exact-start run per batch for the
-    noise floor."""
+    noise floor, trained together (:func:`saddle_many`)."""
     t0 = _time.perf_counter()
     st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
-    runs = {(B, s): saddle_run(cfg, lr, B, s, mu0, t_max, stop_share, record_dt) for B in batches for s in seeds}
+    keys = [(B, s) for B in batches for s in seeds]
+    specs = [dict(lr=lr, batch=B, seed=s, mu0=mu0, t_max=t_max, stop_share=stop_share, record_dt=record_dt)
+             for B, s in keys]
+    floor_batches = list(batches) if floors else []
+    specs += [dict(lr=lr, batch=B, seed=10_000 + int(seeds[0]), mu0=0.0, t_max=t_floor, stop_share=math.inf,
+                   record_dt=record_dt) for B in floor_batches]
+    done = saddle_many(cfg, specs)
     floor = {}
-    for B in (batches if floors else ()):
-        f = saddle_run(cfg, lr, B, 10_000 + int(seeds[0]), 0.0, t_floor, stop_share=math.inf, record_dt=record_dt)
+    for B, f in zip(floor_batches, done[len(keys):]):
         if np.any(f.o != 0) or np.any(f.v != 0):
             raise RuntimeError("the exact allocated point's empty off-task channel received a gradient "
                                "(theory.saddle section 2 says it cannot)")
         floor[B] = float(np.abs(f.mu_off).max())
-    return SaddleRuns(cfg, st, lr, mu0, runs, floor, t_floor, _time.perf_counter() - t0)
+    return SaddleRuns(cfg, st, lr, mu0, dict(zip(keys, done)), floor, t_floor, _time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -331,16 +368,21 @@ def step_size_measurement(cfg: ProblemConfig, lrs: Sequence[float], batch: int, 
     """The growth rate at each step ``lr`` of ``lrs`` (same batch, seeds, window; the floor
     of the largest step, ``floor``, the noisiest, so the window is the same at every lr):
     runs from theory's allocated point with each seeded entry on the opposite-sign branch
-    (o = -v) at |mu| = lo / START_BELOW, stopped once every share passed 2 top_fraction.
+    (o = -v) at |mu| = lo / START_BELOW, stopped once every share passed 2 top_fraction, all
+    trained together (:func:`saddle_many`: a seed's runs at every lr draw its batches once).
     Returns one :class:`GrowthRateMeasurement` per lr."""
-    lo = floor_factor * float(floor)
-    out = []
-    for lr in lrs:
-        runs = saddle_runs(cfg, lr, [batch], seeds, -lo / START_BELOW, t_max, stop_share=2 * top_fraction,
-                           record_dt=record_dt, floors=False)
-        out.append(growth_rate_measurement(cfg, lr, batch, seeds, runs.mu0, t_max, floor_factor, top_fraction,
-                                           runs=runs, floor=floor))
-    return tuple(out)
+    t0 = _time.perf_counter()
+    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    mu0 = -floor_factor * float(floor) / START_BELOW
+    keys = [(lr, s) for lr in lrs for s in seeds]
+    done = dict(zip(keys, saddle_many(cfg, [dict(lr=lr, batch=batch, seed=s, mu0=mu0, t_max=t_max,
+                                                  stop_share=2 * top_fraction, record_dt=record_dt)
+                                             for lr, s in keys])))
+    wall = _time.perf_counter() - t0
+    return tuple(growth_rate_measurement(
+        cfg, lr, batch, seeds, mu0, t_max, floor_factor, top_fraction, floor=floor,
+        runs=SaddleRuns(cfg, st, lr, mu0, {(batch, s): done[(lr, s)] for s in seeds}, {}, 0.0, wall / len(lrs)))
+        for lr in lrs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -428,6 +470,34 @@ def _crossing(t, mu_off, served, threshold):
     return crossing_time(t, np.abs(mu_off) / np.abs(served), threshold, eligible=np.asarray(mu_off) < 0)
 
 
+def escape_times(runs: SaddleRuns, batches: Sequence[int], seeds: Sequence[int], threshold: float) -> tuple:
+    """Per batch size the escape time T and its se over the seeds that escaped (each run's T the
+    mean over entries of :func:`_crossing`; inf where none, or one, escaped), the per-seed times,
+    and whether every entry of every run escaped."""
+    T, T_se, per, all_escaped = [], [], [], True
+    for B in batches:
+        ts = []
+        for s in seeds:
+            run = runs.runs[(B, s)]
+            te = [_crossing(run.t, run.mu_off[:, e], run.served[:, e], threshold)
+                  for e in range(len(runs.theory.entries))]
+            all_escaped &= bool(np.all(np.isfinite(te)))
+            ts.append(float(np.mean(te)))
+        per.append(tuple(ts))
+        mean, se = mean_se([x for x in ts if math.isfinite(x)])
+        T.append(mean if mean is not None else math.inf)
+        T_se.append(se if se is not None else math.inf)
+    return T, T_se, per, all_escaped
+
+
+def escape_horizon(runs: SaddleRuns, batches: Sequence[int], seeds: Sequence[int], threshold: float,
+                   t_max: float) -> float:
+    """The escape runs' horizon: the largest finite escape time over the batch sizes (t_max where
+    none escaped), over which the invariant batch's flow is followed."""
+    T = escape_times(runs, batches, seeds, threshold)[0]
+    return float(np.nanmax([x for x in T if math.isfinite(x)] or [t_max]))
+
+
 def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int] = (16, 64, 256),
                             seeds: Sequence[int] = (0, 1, 2), mu0: float = 0.05, threshold: float = 0.1,
                             t_max: float = 300.0, n_var: int = 8192, runs: Optional[SaddleRuns] = None,
@@ -439,23 +509,13 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
         runs = saddle_runs(cfg, lr, batches, seeds, mu0, t_max, stop_share=threshold)
     st = runs.theory
     var = variance if variance is not None else gradient_variance_measurement(cfg, n_var)
-    T, T_se, per, xs, ys = [], [], [], [], []
-    all_escaped = True
-    imb_meas = []
-    for B in batches:
-        ts = []
-        for s in seeds:
-            run = runs.runs[(B, s)]
-            te = [_crossing(run.t, run.mu_off[:, e], run.served[:, e], threshold) for e in range(len(st.entries))]
-            all_escaped &= bool(np.all(np.isfinite(te)))
-            ts.append(float(np.mean(te)))
-        per.append(tuple(ts))
+    T, T_se, per, all_escaped = escape_times(runs, batches, seeds, threshold)
+    xs, ys = [], []
+    for B, ts in zip(batches, per):
         fin = [x for x in ts if math.isfinite(x)]
-        mean, se = mean_se(fin)          # over the runs that escaped; inf where none (or one) did
-        T.append(mean if mean is not None else math.inf)
-        T_se.append(se if se is not None else math.inf)
         xs += [math.log(B)] * len(fin)
         ys += fin
+    imb_meas = []
     spacing = float(np.max([np.diff(r.t).max() for r in runs.runs.values()]))
     x, y = np.array(xs), np.array(ys)
     if x.size < 3 or np.ptp(x) == 0:
@@ -729,34 +789,70 @@ def seed_mean_se(losses, loss_ses) -> tuple[float, float]:
     return mean, math.sqrt(se ** 2 + float(np.mean(np.square(loss_ses))) / losses.size)
 
 
-def measure_configuration(tasks, heads: int, L: int, lr: float, batches: Sequence[int], seeds: Sequence[int],
-                          mu0: float = 0.05, threshold: float = 0.1, floor_factor: float = 10.0,
-                          top_fraction: float = 0.05, t_max: float = 300.0, invariant_prompts: int = 512,
-                          n_var: int = 65536, record_dt: float = 1.0, lrs: Sequence[float] = ()) -> dict:
-    """The measurements at one configuration: (a) the growth rate at each step of ``lrs``
-    (:func:`step_size_measurement`, at the largest batch, window from that batch's floor at
-    ``lr``), (b) escape times at ``lr`` over ``batches`` and (c) the invariant batch's flow over
-    the escape runs' horizon.  Returns the measurements, the SGD runs' |o - v| at escape (the
-    largest batch), the wall and CPU seconds of each part."""
-    cfg = ProblemConfig(tasks=tuple(tasks), heads=heads, L=L)
-    t0, c0 = _time.perf_counter(), _time.process_time()
-    saddle_theory(tasks, heads, L)
-    t_theory = _time.perf_counter() - t0
-    runs = saddle_runs(cfg, lr, batches, seeds, mu0, t_max, stop_share=max(threshold, top_fraction),
-                       record_dt=record_dt)
-    t1 = _time.perf_counter()
-    var = gradient_variance_measurement(cfg, n_var)
-    t_var = _time.perf_counter() - t1
-    escape = escape_time_measurement(cfg, lr, batches, seeds, mu0, threshold, t_max, runs=runs, variance=var)
-    t2 = _time.perf_counter()
-    steps = step_size_measurement(cfg, tuple(lrs) or (lr,), max(batches), seeds, runs.floor[max(batches)],
-                                  floor_factor, top_fraction, t_max, record_dt)
-    t_steps = _time.perf_counter() - t2
-    horizon = float(np.nanmax([x for x in escape.T if math.isfinite(x)] or [t_max]))
-    sgd_anti = anti_at_escape(runs, max(batches), seeds)
-    t3 = _time.perf_counter()
-    inv = invariant_flow_measurement(cfg, lr, horizon, mu0, invariant_prompts)
-    t_inv = _time.perf_counter() - t3
-    return {"growth": steps, "escape": escape, "invariant": inv, "sgd_anti": sgd_anti,
-            "seconds": {"theory": t_theory, "runs": runs.wall, "variance": t_var, "step_sizes": t_steps,
-                        "invariant": t_inv, "total": _time.perf_counter() - t0, "cpu": _time.process_time() - c0}}
+# ---------------------------------------------------------------------------------------
+# the need kinds of boundary-saddle (numerics.engine), each priced from its parameters
+# ---------------------------------------------------------------------------------------
+
+PRICED_ESCAPE_TIME = 0.45
+"""The share of t_max an escape run is priced at: the runs stop at their escape, which theory
+puts at T(B) (its measured seed input is not known before the runs); at the profiles' sizes the
+runs escaped at 0.26 - 0.44 t_max (quick: T(B) 78 - 131 of t_max 300)."""
+
+
+def _sgd_seconds(cfg: ProblemConfig, batch: int, time: float, lr: float, record_dt: float, runs: int = 1) -> float:
+    """``runs`` runs of ``time`` / lr SGD steps at ``batch``, each with its readouts every
+    ``record_dt`` (two a record: the trainer's and the hook's)."""
+    steps = max(1, round(float(time) / float(lr)))
+    records = 2 * steps // max(1, round(float(record_dt) / float(lr)))
+    return runs * cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, int(batch), steps, records=records)
+
+
+def _escape_cost(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt) -> float:
+    return sum(_sgd_seconds(cfg, B, PRICED_ESCAPE_TIME * t_max, lr, record_dt, len(seeds))
+               + _sgd_seconds(cfg, B, 10.0, lr, record_dt) for B in batches)
+
+
+@kind("saddle_escape_runs", cost=_escape_cost)
+def escape_runs_need(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt, seed) -> SaddleRuns:
+    """The escape runs of one configuration and their floors (:func:`saddle_runs`)."""
+    return saddle_runs(cfg, lr, batches, seeds, mu0, t_max, stop_share=stop_share, record_dt=record_dt)
+
+
+@kind("saddle_variance", cost=lambda cfg, n: 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, n))
+def variance_need(cfg, n, seed) -> GradientVariance:
+    """The per-prompt gradient variances at the allocated point (:func:`gradient_variance_measurement`)."""
+    return gradient_variance_measurement(cfg, n)
+
+
+def _steps_cost(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_max, record_dt) -> float:
+    """Each step's runs over PRICED_STEP_TIME (they start just below the fit window and stop
+    above it)."""
+    return sum(_sgd_seconds(cfg, batch, PRICED_STEP_TIME, lr, record_dt, len(seeds)) for lr in lrs)
+
+
+PRICED_STEP_TIME = 40.0
+"""The length a step-size run is priced at: from |mu| = lo / START_BELOW to 2 top_fraction of
+mu*, log(4 top_fraction mu* / lo) / (2a), about 30 - 40 at the profiles' sizes."""
+
+
+@kind("saddle_step_sizes", cost=_steps_cost)
+def step_sizes_need(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_max, record_dt, seed) -> tuple:
+    """The growth rate at each step of ``lrs`` (:func:`step_size_measurement`), its window from
+    the floor of the escape runs (``escape``, a dependency) at ``batch``."""
+    return step_size_measurement(cfg, lrs, batch, seeds, escape.floor[batch], floor_factor, top_fraction, t_max,
+                                 record_dt)
+
+
+def _invariant_cost(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prompts) -> float:
+    """The run and its twin on the fixed batch over PRICED_ESCAPE_TIME t_max at lr (the halvings
+    tried before are stopped where they leave D, a few time units)."""
+    from theory.block_structure import group_order
+    n = max(MIN_BASE_PROMPTS, int(prompts) // int(group_order(cfg.tasks))) * int(group_order(cfg.tasks))
+    return _sgd_seconds(cfg, n, PRICED_ESCAPE_TIME * t_max, lr, 1.0, runs=2)
+
+
+@kind("saddle_invariant", cost=_invariant_cost)
+def invariant_need(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prompts, seed) -> InvariantFlowMeasurement:
+    """The invariant batch's flow (:func:`invariant_flow_measurement`) over the escape runs'
+    horizon (:func:`escape_horizon` of ``escape``, a dependency)."""
+    return invariant_flow_measurement(cfg, lr, escape_horizon(escape, batches, seeds, threshold, t_max), mu0, prompts)

@@ -37,11 +37,15 @@ def _perturbations(c) -> str:
 
 def saddle_table(profile: str) -> None:
     from claims import saddle as C
+    from numerics.engine import Engine
 
     escapes, slopes = [], []
     for p in C.PROFILES[profile].configurations:
-        out = C.run_saddle_profile(p)
-        gs, e, inv, sec = out["growth"], out["escape"], out["invariant"], out["seconds"]
+        needs = {k: n for k, n in C.configuration_needs(p).items() if k != "cfg"}
+        engine = Engine()
+        out = C.measurements(p, engine.run(needs.values()))
+        gs, e, inv = out["growth"], out["escape"], out["invariant"]
+        sec = {k: engine.cpu_seconds.get(n.identity, 0.0) for k, n in needs.items()}
         label = C._label(e.config)
         pred = C.escape_prediction(e, p.heads)
         escapes.append(e)
@@ -49,9 +53,9 @@ def saddle_table(profile: str) -> None:
         gc, ec, ic = C.check_growth_rate(gs, label), C.check_escape_slope(e, pred), C.check_invariant_flow(
             inv, out["sgd_anti"], label)
         print(f"\n== saddle: tasks={p.tasks} H={p.heads} L={p.L}  lr={p.lr} B={p.batches} seeds={len(p.seeds)} "
-              f"mu0={p.mu0} threshold={p.threshold}  ({sec['cpu']:.1f} s CPU, {sec['total']:.1f} s wall: theory "
-              f"{sec['theory']:.1f}, escape runs {sec['runs']:.1f}, variance {sec['variance']:.1f}, step-size runs "
-              f"{sec['step_sizes']:.1f}, invariant {sec['invariant']:.1f})")
+              f"mu0={p.mu0} threshold={p.threshold}  ({sum(sec.values()):.1f} s CPU: escape runs "
+              f"{sec['escape']:.1f}, variance {sec['variance']:.1f}, step-size runs {sec['steps']:.1f}, invariant "
+              f"{sec['invariant']:.1f})")
         print(f"a = dL/dmu (theory.exact) = {_fmt(gc.details['a'])};  2a = {_fmt(gc.predicted)}")
         for g in gs:
             sc = C.check_step_rate(g, label)
