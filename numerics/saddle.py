@@ -182,8 +182,7 @@ def saddle_many(cfg: ProblemConfig, runs: Sequence[dict]) -> list[SaddleRun]:
                                                      records=2) for r in runs],
                      batches=[r["batches"] for r in runs], on_record=list(hooks),
                      record_every=[max(1, int(round(r["record_dt"] / r["lr"]))) for r in runs],
-                     start=[allocated_model(cfg, r["mu0"]) if r["start"] is None else r["start"] for r in runs],
-                     max_runs=1)
+                     start=[allocated_model(cfg, r["mu0"]) if r["start"] is None else r["start"] for r in runs])
     wall = (_time.perf_counter() - t0) / len(runs)
     for res in out:
         if isinstance(res, BaseException) and not isinstance(res, _Stop):
@@ -793,21 +792,27 @@ def seed_mean_se(losses, loss_ses) -> tuple[float, float]:
 # the need kinds of boundary-saddle (numerics.engine), each priced from its parameters
 # ---------------------------------------------------------------------------------------
 
-PRICED_ESCAPE_TIME = 0.45
+PRICED_ESCAPE_TIME = 0.4
 """The share of t_max an escape run is priced at: the runs stop at their escape, which theory
-puts at T(B) (its measured seed input is not known before the runs); at the profiles' sizes the
-runs escaped at 0.26 - 0.44 t_max (quick: T(B) 78 - 131 of t_max 300)."""
+puts at T(B), but its seed input dS is measured with the runs; measured at quick's (1, 1): the
+nine runs stopped at 0.28 - 0.5 t_max, 0.38 on average."""
+
+PRICED_STEP_TIME = 45.0
+"""The length a step-size run is priced at: from |mu| = lo / START_BELOW to a share of
+2 top_fraction, log(4 top_fraction mu* / lo) / (2a); measured at quick's (1, 1): 43 - 45."""
 
 
 def _sgd_seconds(cfg: ProblemConfig, batch: int, time: float, lr: float, record_dt: float, runs: int = 1) -> float:
-    """``runs`` runs of ``time`` / lr SGD steps at ``batch``, each with its readouts every
-    ``record_dt`` (two a record: the trainer's and the hook's)."""
+    """``runs`` runs of ``time`` / lr SGD steps at ``batch``, each on its own prompt stream, in
+    numerics.train.train_many's programs, with two readouts a record (the trainer's and the
+    hook's) every ``record_dt``."""
     steps = max(1, round(float(time) / float(lr)))
     records = 2 * steps // max(1, round(float(record_dt) / float(lr)))
-    return runs * cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, int(batch), steps, records=records)
+    return cost.many_seconds(cfg.tasks, cfg.heads, cfg.L, int(batch), steps, [1] * int(runs), records=records)
 
 
 def _escape_cost(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt) -> float:
+    """Per batch size its runs (PRICED_ESCAPE_TIME x t_max) and its floor (t = 10)."""
     return sum(_sgd_seconds(cfg, B, PRICED_ESCAPE_TIME * t_max, lr, record_dt, len(seeds))
                + _sgd_seconds(cfg, B, 10.0, lr, record_dt) for B in batches)
 
@@ -825,14 +830,7 @@ def variance_need(cfg, n, seed) -> GradientVariance:
 
 
 def _steps_cost(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_max, record_dt) -> float:
-    """Each step's runs over PRICED_STEP_TIME (they start just below the fit window and stop
-    above it)."""
     return sum(_sgd_seconds(cfg, batch, PRICED_STEP_TIME, lr, record_dt, len(seeds)) for lr in lrs)
-
-
-PRICED_STEP_TIME = 40.0
-"""The length a step-size run is priced at: from |mu| = lo / START_BELOW to 2 top_fraction of
-mu*, log(4 top_fraction mu* / lo) / (2a), about 30 - 40 at the profiles' sizes."""
 
 
 @kind("saddle_step_sizes", cost=_steps_cost)
@@ -844,11 +842,20 @@ def step_sizes_need(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, 
 
 
 def _invariant_cost(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prompts) -> float:
-    """The run and its twin on the fixed batch over PRICED_ESCAPE_TIME t_max at lr (the halvings
-    tried before are stopped where they leave D, a few time units)."""
+    """The GD run and its twin on the fixed batch (no prompts drawn: a step less its stream's
+    draw) over PRICED_ESCAPE_TIME x t_max, at the requested step halved three times where the
+    batch has only MIN_BASE_PROMPTS base prompts, else at the requested step (the halvings a
+    fixed batch's stability edge forces are known only when it runs: quick's (1, 1), 128 base
+    prompts, stayed on D at lr 0.3; its (2, 2), 8 base prompts, left D at 0.2, 0.1 and 0.05 and
+    ran at 0.025; the steps that left are stopped within a few time units and not priced)."""
     from theory.block_structure import group_order
-    n = max(MIN_BASE_PROMPTS, int(prompts) // int(group_order(cfg.tasks))) * int(group_order(cfg.tasks))
-    return _sgd_seconds(cfg, n, PRICED_ESCAPE_TIME * t_max, lr, 1.0, runs=2)
+    G = int(group_order(cfg.tasks))
+    base = max(MIN_BASE_PROMPTS, int(prompts) // G)
+    step = float(lr) / (2 ** 3 if base == MIN_BASE_PROMPTS else 1)
+    steps = max(1, round(PRICED_ESCAPE_TIME * t_max / step))
+    n = base * G
+    drawn = cost.STEP[cfg.dtype]["context"] * n * cfg.L * cfg.token_dim
+    return 2 * steps * (cost.step_seconds(cfg.tasks, cfg.heads, cfg.L, n, dtype=cfg.dtype) - drawn)
 
 
 @kind("saddle_invariant", cost=_invariant_cost)
