@@ -16,7 +16,8 @@ The discrete step (theory.saddle section 1b): at step lr the channel is multipli
 batch displace it from theory's point), so the rate is the path mean of 2 log(1 + lr a)/lr;
 as lr -> 0 both effects vanish and the rate tends to 2a.
 
-``numerics.saddle`` measures; this module asks theory for every prediction and compares, per
+``numerics.saddle`` measures (the plan: per configuration four needs, :func:`configuration_needs`);
+this module asks theory for every prediction and compares, per
 configuration, the growth rate at each step with the discrete map at the held point
 (:func:`check_step_rate`), its lr -> 0 extrapolation with 2a (:func:`check_growth_rate`) and
 the invariant batch's flow with 0 (:func:`check_invariant_flow`), and the escape-time slopes
@@ -47,10 +48,11 @@ from theory import saddle as th
 @dataclass(frozen=True)
 class SaddleProfile:
     """One configuration's saddle measurements: (tasks, heads, L), step lr and batch sizes of
-    the escape runs, seeds, the seeded off-task mu0, the escape threshold (share), the growth
-    window (floor_factor, top_fraction), t_max, the invariant check's batch size, the probe
-    size of dS, the record spacing, and the steps ``lrs`` of the growth-rate runs (at the
-    largest batch; their lr -> 0 extrapolation is compared with 2a)."""
+    the escape runs, ``seeds`` (the replicates: each names its runs' prompt streams, drawn from
+    the report's seed by numerics.saddle), the seeded off-task mu0, the escape threshold
+    (share), the growth window (floor_factor, top_fraction), t_max, the invariant check's batch
+    size, the probe size of dS, the record spacing, and the steps ``lrs`` of the growth-rate
+    runs (at the largest batch; their lr -> 0 extrapolation is compared with 2a)."""
     tasks: tuple
     heads: int
     L: int
@@ -118,8 +120,8 @@ def measurements(p: SaddleProfile, results) -> dict:
     the invariant flow and the SGD runs' |o - v| at escape (the largest batch)."""
     n = configuration_needs(p)
     runs = results[n["escape"]]
-    escape = measure.escape_time_measurement(n["cfg"], p.lr, p.batches, p.seeds, p.mu0, p.threshold, p.t_max,
-                                             runs=runs, variance=results[n["variance"]])
+    escape = measure.escape_time_measurement(n["cfg"], p.lr, p.batches, p.seeds, p.threshold, runs,
+                                             results[n["variance"]])
     inv = results[n["invariant"]]
     return {"growth": results[n["steps"]], "escape": escape, "invariant": inv,
             "sgd_anti": measure.anti_at_escape(runs, max(p.batches), p.seeds),

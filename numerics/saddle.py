@@ -5,9 +5,12 @@ Every function returns a frozen dataclass of measurements: values, standard erro
 seeds, and what a tolerance is built from (the record spacing, the amplification of a twin
 run, the path of served points a run held); every prediction (2a, the discrete map's rate
 at the held point, T(B), the slope 1/a) is theory.saddle's, and the comparisons, their
-tolerances and perturbed predictions are claims.saddle's.  Training runs go through :func:`numerics.train.train`
-(the one GD loop, ``start=`` the model at theory's allocated point, ``on_record=`` the
-readout); one torch thread per run.
+tolerances and perturbed predictions are claims.saddle's.  Training runs go through
+:func:`numerics.train.train_many` (:func:`saddle_many`: the one GD loop, runs of one shape as
+one program, ``start=`` the model at theory's allocated point, ``on_record=`` the readout); one
+torch thread.  The need kinds of boundary-saddle (end of file) are measurements of one
+configuration each; their runs' prompt streams are named from the need's seed
+(numerics.seeds.case_seed).
 
 The start.  The exact allocated point (off-task entries 0: O[:, d+i] = 0, V[d+i, :] = 0 in
 the off-task head) is NEVER left, with or without SGD noise: an empty inner channel receives
@@ -24,7 +27,7 @@ directly (o = -v), just below the fit window, so that every step size sees the s
 without the long plateau of the escape runs.
 
 Sizes in docs/saddle.md (the saddle's configurations: claims.saddle.PROFILES; the single-task
-runs: claims.initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 65 s CPU for the saddle,
+runs: claims.initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 85 s CPU for the saddle,
 30 s for the single-task runs, one core), ``paper`` (not run here).
 """
 from __future__ import annotations
@@ -50,6 +53,7 @@ from .engine import kind
 from .evaluate import held_out_loss
 from .exact_reduced import measure, minimise_family, one_thread as _one_thread
 from .model import MultiHeadAttention
+from .seeds import case_seed
 from .readout import crossing_time
 from .symmetry import symmetrize_full
 from .train import TrainConfig, train, train_many
@@ -206,7 +210,7 @@ def saddle_run(cfg: ProblemConfig, lr: float, batch: int, seed: int, mu0: float,
 
 @dataclass(frozen=True)
 class SaddleRuns:
-    """The escape runs of one configuration: runs[(batch, seed)], the exact-start floors
+    """The escape runs of one configuration: runs[(batch, s)] (s a replicate), the exact-start floors
     floor[batch] (max |mu_off| from the exact allocated point over t_floor), the theory."""
     cfg: ProblemConfig
     theory: th.SaddlePoint
@@ -219,17 +223,20 @@ class SaddleRuns:
 
 
 def saddle_runs(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Sequence[int], mu0: float,
-                t_max: float, stop_share: float = 0.1, t_floor: float = 10.0, record_dt: float = 0.5,
+                t_max: float, seed: int, stop_share: float = 0.1, t_floor: float = 10.0, record_dt: float = 0.5,
                 floors: bool = True) -> SaddleRuns:
-    """Every (batch, seed) escape run, plus (``floors``) one exact-start run per batch for the
-    noise floor, trained together (:func:`saddle_many`)."""
+    """Every (batch, s) escape run (s in ``seeds``: the replicates; replicate s's runs at every
+    batch size on one prompt stream, case_seed(seed, "escape run", s): common random numbers
+    across B, whose slope the escape times measure), plus (``floors``) one exact-start run per
+    batch for the noise floor (case_seed(seed, "floor", batch)), trained together
+    (:func:`saddle_many`)."""
     t0 = _time.perf_counter()
     st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     keys = [(B, s) for B in batches for s in seeds]
-    specs = [dict(lr=lr, batch=B, seed=s, mu0=mu0, t_max=t_max, stop_share=stop_share, record_dt=record_dt)
-             for B, s in keys]
+    specs = [dict(lr=lr, batch=B, seed=case_seed(seed, "escape run", s), mu0=mu0, t_max=t_max,
+                  stop_share=stop_share, record_dt=record_dt) for B, s in keys]
     floor_batches = list(batches) if floors else []
-    specs += [dict(lr=lr, batch=B, seed=10_000 + int(seeds[0]), mu0=0.0, t_max=t_floor, stop_share=math.inf,
+    specs += [dict(lr=lr, batch=B, seed=case_seed(seed, "floor", B), mu0=0.0, t_max=t_floor, stop_share=math.inf,
                    record_dt=record_dt) for B in floor_batches]
     done = saddle_many(cfg, specs)
     floor = {}
@@ -308,18 +315,17 @@ def _window_fit(t, mu_off, lo, hi, K):
     return line_fit(tt, z).slope, line_fit(tt, raw).slope, float(raw[-1] - raw[0]), int(sel.size)
 
 
-def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Sequence[int], mu0: float = 0.05,
-                            t_max: float = 300.0, floor_factor: float = 10.0, top_fraction: float = 0.05,
-                            runs: Optional[SaddleRuns] = None, floor: Optional[float] = None) -> GrowthRateMeasurement:
-    """The log-growth rate of each off-task |mu| on the opposite-sign branch.
+def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Sequence[int], runs: SaddleRuns,
+                            floor_factor: float = 10.0, top_fraction: float = 0.05,
+                            floor: Optional[float] = None) -> GrowthRateMeasurement:
+    """The log-growth rate of each off-task |mu| on the opposite-sign branch, from the runs
+    (batch, s) of ``runs`` (:func:`saddle_runs`).
 
     Window, fixed in advance: from where |mu| exceeds ``floor_factor`` x the noise floor
     (max |mu_off| of a run from the exact allocated point at the same lr, B; or ``floor``) to
     where it reaches ``top_fraction`` x mu* of its task, on the opposite-sign branch (mu < 0).
     The fitted coordinate is theory's logistic z = log(|mu|/(1 - |mu|/K)) (K = a/c, the
     curvature's correction, <= top_fraction mu*/K of the rate); the plain log fit is reported."""
-    if runs is None:
-        runs = saddle_runs(cfg, lr, [batch], seeds, mu0, t_max, stop_share=max(top_fraction, 0.1))
     st = runs.theory
     floor = runs.floor[batch] if floor is None else float(floor)
     per_seed, raws, e_folds, points, path_om, path_sv, off_om = [], [], [], [], [], [], []
@@ -362,25 +368,27 @@ within 1-2 time units)."""
 
 
 def step_size_measurement(cfg: ProblemConfig, lrs: Sequence[float], batch: int, seeds: Sequence[int], floor: float,
-                          floor_factor: float = 10.0, top_fraction: float = 0.05, t_max: float = 300.0,
+                          seed: int, floor_factor: float = 10.0, top_fraction: float = 0.05, t_max: float = 300.0,
                           record_dt: float = 1.0) -> tuple:
     """The growth rate at each step ``lr`` of ``lrs`` (same batch, seeds, window; the floor
     of the largest step, ``floor``, the noisiest, so the window is the same at every lr):
     runs from theory's allocated point with each seeded entry on the opposite-sign branch
     (o = -v) at |mu| = lo / START_BELOW, stopped once every share passed 2 top_fraction, all
-    trained together (:func:`saddle_many`: a seed's runs at every lr draw its batches once).
+    trained together (:func:`saddle_many`); replicate s's runs at every lr see one prompt stream,
+    case_seed(seed, "step-size run", s), drawn once a step (common random numbers across lr).
     Returns one :class:`GrowthRateMeasurement` per lr."""
     t0 = _time.perf_counter()
     st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     mu0 = -floor_factor * float(floor) / START_BELOW
     keys = [(lr, s) for lr in lrs for s in seeds]
-    done = dict(zip(keys, saddle_many(cfg, [dict(lr=lr, batch=batch, seed=s, mu0=mu0, t_max=t_max,
+    done = dict(zip(keys, saddle_many(cfg, [dict(lr=lr, batch=batch, seed=case_seed(seed, "step-size run", s),
+                                                  mu0=mu0, t_max=t_max,
                                                   stop_share=2 * top_fraction, record_dt=record_dt)
                                              for lr, s in keys])))
     wall = _time.perf_counter() - t0
     return tuple(growth_rate_measurement(
-        cfg, lr, batch, seeds, mu0, t_max, floor_factor, top_fraction, floor=floor,
-        runs=SaddleRuns(cfg, st, lr, mu0, {(batch, s): done[(lr, s)] for s in seeds}, {}, 0.0, wall / len(lrs)))
+        cfg, lr, batch, seeds, SaddleRuns(cfg, st, lr, mu0, {(batch, s): done[(lr, s)] for s in seeds}, {}, 0.0,
+                                          wall / len(lrs)), floor_factor, top_fraction, floor=floor)
         for lr in lrs)
 
 
@@ -400,8 +408,7 @@ class GradientVariance:
 
 
 @_one_thread
-def gradient_variance_measurement(cfg: ProblemConfig, n: int = 8192, seed: int = 54321,
-                                  groups: int = 16) -> GradientVariance:
+def gradient_variance_measurement(cfg: ProblemConfig, n: int, seed: int, groups: int = 16) -> GradientVariance:
     """dS = S_col - S_row at the exact allocated point (the measured input of the seed,
     theory.saddle section 3).  dl/dU_h[l, c] = 2 (yhat_l - y_l) c_h[c], c_h = sum_l p_hl z_l;
     the prediction is recomputed from the model's weights and checked against its forward."""
@@ -497,17 +504,13 @@ def escape_horizon(runs: SaddleRuns, batches: Sequence[int], seeds: Sequence[int
     return float(np.nanmax([x for x in T if math.isfinite(x)] or [t_max]))
 
 
-def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int] = (16, 64, 256),
-                            seeds: Sequence[int] = (0, 1, 2), mu0: float = 0.05, threshold: float = 0.1,
-                            t_max: float = 300.0, n_var: int = 8192, runs: Optional[SaddleRuns] = None,
-                            variance: Optional[GradientVariance] = None) -> EscapeTimeMeasurement:
-    """Escape time against the batch size at fixed step, the OLS slope of every escaped run's
-    T on log B (residual variance pooled over B), and the seed input dS
-    (:func:`gradient_variance_measurement`) theory's T(B) needs."""
-    if runs is None:
-        runs = saddle_runs(cfg, lr, batches, seeds, mu0, t_max, stop_share=threshold)
-    st = runs.theory
-    var = variance if variance is not None else gradient_variance_measurement(cfg, n_var)
+def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Sequence[int],
+                            threshold: float, runs: SaddleRuns, variance: GradientVariance) -> EscapeTimeMeasurement:
+    """Escape time against the batch size at fixed step from the escape runs ``runs``
+    (:func:`saddle_runs`), the OLS slope of every escaped run's T on log B (residual variance
+    pooled over B), and the seed input dS (``variance``: :func:`gradient_variance_measurement`)
+    theory's T(B) needs."""
+    st, var = runs.theory, variance
     T, T_se, per, all_escaped = escape_times(runs, batches, seeds, threshold)
     xs, ys = [], []
     for B, ts in zip(batches, per):
@@ -607,8 +610,8 @@ def rounding_bound(steps: int) -> float:
     return 64 * float(np.finfo(np.float64).eps) * (int(steps) + 1)
 
 
-def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: float = 0.05, prompts: int = 512,
-                               seed: int = 7) -> InvariantFlowMeasurement:
+def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: float, prompts: int,
+                               seed: int) -> InvariantFlowMeasurement:
     """The seeded start trained on one fixed G-invariant batch of ~``prompts`` prompts (theory:
     the batch gradient lies in D to rounding, so o and v receive the same update and |o - v|
     stays at rounding), at the largest step lr / 2^k that keeps GD on D, with its twin run for
@@ -704,7 +707,8 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
     """One task (r,) at context length L with H heads, from ProblemConfig(init="uniform_full",
     init_scale=1.0) (PyTorch's nn.Linear default, per entry U(-1/sqrt(D), 1/sqrt(D))) and the
     authors' logit scale sqrt(D), D = r + 1; trained one run at a time by numerics.train.train
-    (each seed s its own prompt stream 1000 + s, held-out prompts 2000 + s) to t = ``time``
+    (each seed s its own prompt stream case_seed(s, "single task run"), its held-out prompts that
+    stream's "held out" one, numerics.evaluate) to t = ``time``
     (scripts/measure_saddle.py; boundary-initialisation trains the same start through
     numerics.experiments.starts.single_task_starts, batched and classified).  Reported, not
     judged: the loss gaps are in units of their standard errors."""
@@ -719,7 +723,8 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
             t0 = _time.perf_counter()
             cfg = ProblemConfig(tasks=tasks, heads=H, L=L, init="uniform_full", init_scale=1.0, init_seed=s,
                                 logit_scale=math.sqrt(D))
-            res = train(cfg, TrainConfig(lr=lr, time=time, batch=batch, seed=1000 + s, records=2))
+            run_seed = case_seed(s, "single task run")
+            res = train(cfg, TrainConfig(lr=lr, time=time, batch=batch, seed=run_seed, records=2))
             model = res.final_model
             ro = model.semi_singular_values()
             mu = ro.mu[:, 0]
@@ -734,7 +739,7 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
             diag = np.array([np.diag(w) for w in Wx])
             off = [float(np.linalg.norm(w - np.diag(np.diag(w))) / max(np.linalg.norm(np.diag(w)), 1e-300)) for w in Wx]
             spread = [float(dg.std() / max(abs(dg.mean()), 1e-300)) if r > 1 else 0.0 for dg in diag]
-            est = held_out_loss(model, n=n_eval, seed=2000 + s)
+            est = held_out_loss(model, n=n_eval, seed=run_seed)
             runs.append(SingleTaskRun(H, s, tuple(float(v) for v in mu), (pa, pb), float(ratio),
                                       tuple(float(v) for v in ro.omega[:, 0]), tuple(off), tuple(spread),
                                       float(ro.residual), float(est.mean), float(est.se),
@@ -820,13 +825,13 @@ def _escape_cost(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt) -> 
 @kind("saddle_escape_runs", cost=_escape_cost)
 def escape_runs_need(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt, seed) -> SaddleRuns:
     """The escape runs of one configuration and their floors (:func:`saddle_runs`)."""
-    return saddle_runs(cfg, lr, batches, seeds, mu0, t_max, stop_share=stop_share, record_dt=record_dt)
+    return saddle_runs(cfg, lr, batches, seeds, mu0, t_max, seed, stop_share=stop_share, record_dt=record_dt)
 
 
 @kind("saddle_variance", cost=lambda cfg, n: 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, n))
 def variance_need(cfg, n, seed) -> GradientVariance:
     """The per-prompt gradient variances at the allocated point (:func:`gradient_variance_measurement`)."""
-    return gradient_variance_measurement(cfg, n)
+    return gradient_variance_measurement(cfg, n, seed)
 
 
 def _steps_cost(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_max, record_dt) -> float:
@@ -837,8 +842,8 @@ def _steps_cost(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_ma
 def step_sizes_need(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_max, record_dt, seed) -> tuple:
     """The growth rate at each step of ``lrs`` (:func:`step_size_measurement`), its window from
     the floor of the escape runs (``escape``, a dependency) at ``batch``."""
-    return step_size_measurement(cfg, lrs, batch, seeds, escape.floor[batch], floor_factor, top_fraction, t_max,
-                                 record_dt)
+    return step_size_measurement(cfg, lrs, batch, seeds, escape.floor[batch], seed, floor_factor, top_fraction,
+                                 t_max, record_dt)
 
 
 def _invariant_cost(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prompts) -> float:
@@ -862,4 +867,5 @@ def _invariant_cost(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prom
 def invariant_need(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prompts, seed) -> InvariantFlowMeasurement:
     """The invariant batch's flow (:func:`invariant_flow_measurement`) over the escape runs'
     horizon (:func:`escape_horizon` of ``escape``, a dependency)."""
-    return invariant_flow_measurement(cfg, lr, escape_horizon(escape, batches, seeds, threshold, t_max), mu0, prompts)
+    return invariant_flow_measurement(cfg, lr, escape_horizon(escape, batches, seeds, threshold, t_max), mu0, prompts,
+                                      seed)

@@ -169,6 +169,11 @@ def best_decomposable_summary(tasks: tuple, heads: int, L: int, sigma: float, de
             "omega": [list(r) for r in b.omega], "mu": [list(r) for r in b.mu]}
 
 
+VARIANCE_SEED = 54321
+"""The prompts of the atlas's measured seed input dS: one draw for every point of a configuration,
+so that the cells' prediction T(B) is the configuration's, whichever seed a point trains with."""
+
+
 def _saddle_prediction(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
     """theory.saddle's escape time T(B) for this run (theory.saddle.escape_prediction: rate
     gradient descent's 2 log(1 + lr a)/lr; seed from the per-prompt gradient variance dS
@@ -176,7 +181,7 @@ def _saddle_prediction(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
     error from dS's."""
     from numerics import saddle as ns
     from theory import saddle as th
-    var = ns.gradient_variance_measurement(cfg, n=4096)
+    var = ns.gradient_variance_measurement(cfg, n=4096, seed=VARIANCE_SEED)
     p = th.escape_prediction(cfg.tasks, cfg.heads, cfg.L, cfg.sigma, sch.lr, (sch.batch,), sch.start_mu0,
                              sch.threshold, var.dS, var.dS_se)
     return {"a": p["a"], "rate_flow": p["rate_flow"], "rate_gd": p["rate_gd"], "slope_pred": p["slope_pred"],
