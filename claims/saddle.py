@@ -235,8 +235,8 @@ def check_invariant_flow(inv, sgd_anti: float, config: str) -> Comparison:
     The run is GD at the largest step (the requested one halved at most
     numerics.saddle.MAX_STEP_HALVINGS times) whose off-D residual stays within rounding: a step
     past the fixed batch's stability edge leaves D through rounding (a step-size instability,
-    not the flow); the steps that did are in details["unstable"], and a run that left D at every
-    step tried is compared as measured (details["stable"] False)."""
+    not the flow); the steps that did are in details["unstable"].  A run that left D at every
+    step tried is not compared (:func:`invariant_outcome`)."""
     A = inv.amplification
     tol = 64 * EPS64 * (inv.steps + 1) * math.sqrt(inv.mu0) * max(A, 1.0)
     why = (f"64 eps (steps+1) sqrt(mu0) A: rounding per step, amplified at most by A = {A:.3g} (twin run); GD at "
@@ -302,10 +302,34 @@ def check_escape_times(e, pred: dict) -> list:
 # the claim
 # ---------------------------------------------------------------------------------------
 
+NOT_MEASURED = ("GD on the G-invariant batch left D at every step tried, down to lr {lr} (off-D residual {res} "
+                "against rounding {rounding}: the fixed batch's step-size instability), so its flow was not measured "
+                "at {config}")
+"""Why an invariant batch's run is not compared (:func:`invariant_outcome`), a template of its numbers."""
+
+
+def invariant_outcome(inv, sgd_anti: float, config: str) -> tuple:
+    """(comparison or None, headline row, the numbers of :data:`NOT_MEASURED` or None) of the
+    invariant batch's run.
+
+    Where GD left D at every step tried (down to numerics.saddle.MAX_STEP_HALVINGS halvings), the
+    run is governed by the fixed batch's step-size instability: its off-D residual grew from
+    rounding far past it, and its |o - v| is that instability's, which the twin's amplification
+    of an o - v kick does not bound; the flow the comparison is about was not measured, and the
+    claim says so (undecided) instead of comparing."""
+    if inv.stable:
+        c = check_invariant_flow(inv, sgd_anti, config)
+        return c, headline_row(c, "saddle: noiseless flow on a G-invariant batch stays (max |o - v|)",
+                               config=config), None
+    note = {"config": config, "lr": inv.lr, "res": inv.max_residual, "rounding": measure.rounding_bound(inv.steps)}
+    return None, reported_row("saddle: noiseless flow on a G-invariant batch (not measured: GD left D at every step)",
+                              inv.max_anti, config=config), note
+
+
 def compare_results(ctx, results) -> Outcome:
     """Per configuration the growth rates (extrapolated and at each step), the invariant flow and
     the escape times as reported rows; the escape-time slopes pooled over configurations."""
-    comps, rows, escapes, slopes, details = [], [], [], [], {"configurations": []}
+    comps, rows, escapes, slopes, details = [], [], [], [], {"configurations": [], "not_measured": []}
     for sp in ctx.p.configurations:
         res = measurements(sp, results)
         gs, e, inv = res["growth"], res["escape"], res["invariant"]
@@ -319,10 +343,10 @@ def compare_results(ctx, results) -> Outcome:
             comps.append(c)
             rows.append(headline_row(c, f"saddle: growth rate at lr={g.lr:g} vs the discrete map at the held point",
                                      se=g.se, config=cfg))
-        inv_c = check_invariant_flow(inv, res["sgd_anti"], cfg)
-        comps.append(inv_c)
-        rows.append(headline_row(inv_c, "saddle: noiseless flow on a G-invariant batch stays (max |o - v|)",
-                                 config=cfg))
+        inv_c, row, note = invariant_outcome(inv, res["sgd_anti"], cfg)
+        comps += [inv_c] if inv_c is not None else []
+        rows.append(row)
+        details["not_measured"] += [note] if note else []
         pred = escape_prediction(e, sp.heads)
         for B, T, Tse, Tp in zip(e.batches, e.T, e.T_se, pred["T_pred"]):
             rows.append(reported_row(f"saddle: escape time at B={B}", T, theory=Tp, se=Tse, config=cfg))
@@ -337,7 +361,9 @@ def compare_results(ctx, results) -> Outcome:
     c = check_pooled_slope(escapes, slopes, "pooled over " + ", ".join(_label(e.config) for e in escapes))
     comps.append(c)
     rows.insert(0, headline_row(c, "saddle: escape time vs batch size", se=c.details["se"]))
-    return Outcome(comps, rows, details=details)
+    why = "; ".join(NOT_MEASURED.format(config=n["config"], lr=f"{n['lr']:g}", res=f"{n['res']:.2g}",
+                                        rounding=f"{n['rounding']:.2g}") for n in details["not_measured"])
+    return Outcome(comps, rows, details=details, undecided=why or None)
 
 
 def findings(result) -> list:
@@ -366,7 +392,8 @@ def findings(result) -> list:
 
 def invariant_findings(result) -> list:
     """One sentence per invariant-batch comparison: the steps that left D (a step-size
-    instability of GD on the fixed batch), the step measured, whether the flow stayed."""
+    instability of GD on the fixed batch), the step measured, whether the flow stayed; and one
+    per run not compared, as it left D at every step tried (details["not_measured"])."""
     out = []
     for c in comparisons_where(result, role="invariant flow"):
         d = c["details"]
@@ -375,14 +402,15 @@ def invariant_findings(result) -> list:
                "step-size instability (its off-D residual, rounding at the start, reaches "
                + ", ".join(f"{u['residual']:.2g} by t = {u['t']:.3g}" for u in left) + ": past the fixed batch's "
                "stability edge, not the flow); " if left else "")
-        at = f"at lr {d['lr']:g}" + (" (the smallest step tried, still leaving D)" if not d.get("stable", True) else "")
+        at = f"at lr {d['lr']:g}"
         stays = ("the flow stays off the unstable direction" if c["agrees"] else
                  "the flow enters the unstable direction beyond rounding")
         out.append(finding(result, "beyond", "At {config}, " + pre + at + " " + stays + ": largest |o - v| {amp} "
                            "(rounding tolerance {tol}; off-D residual {res}), against {sgd} reached by SGD.",
                            config=c["config"], amp=c["measured"], tol=c["tolerance"], res=d.get("max_residual"),
                            sgd=c["perturbations"][0]["predicted"]))
-    return out
+    return out + [finding(result, "beyond", "At {config}, " + NOT_MEASURED.replace(" at {config}", "") + ".",
+                          **note) for note in result.details.get("not_measured", [])]
 
 
 SPEC = ClaimSpec(

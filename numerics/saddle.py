@@ -223,24 +223,23 @@ class SaddleRuns:
 
 
 def saddle_runs(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Sequence[int], mu0: float,
-                t_max: float, seed: int, stop_share: float = 0.1, t_floor: float = 10.0, record_dt: float = 0.5,
-                floors: bool = True) -> SaddleRuns:
+                t_max: float, seed: int, stop_share: float = 0.1, t_floor: float = 10.0,
+                record_dt: float = 0.5) -> SaddleRuns:
     """Every (batch, s) escape run (s in ``seeds``: the replicates; replicate s's runs at every
     batch size on one prompt stream, case_seed(seed, "escape run", s): common random numbers
-    across B, whose slope the escape times measure), plus (``floors``) one exact-start run per
-    batch for the noise floor (case_seed(seed, "floor", batch)), trained together
+    across B, whose slope the escape times measure), plus one exact-start run per batch for the
+    noise floor (case_seed(seed, "floor", batch)), trained together
     (:func:`saddle_many`)."""
     t0 = _time.perf_counter()
     st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     keys = [(B, s) for B in batches for s in seeds]
     specs = [dict(lr=lr, batch=B, seed=case_seed(seed, "escape run", s), mu0=mu0, t_max=t_max,
                   stop_share=stop_share, record_dt=record_dt) for B, s in keys]
-    floor_batches = list(batches) if floors else []
     specs += [dict(lr=lr, batch=B, seed=case_seed(seed, "floor", B), mu0=0.0, t_max=t_floor, stop_share=math.inf,
-                   record_dt=record_dt) for B in floor_batches]
+                   record_dt=record_dt) for B in batches]
     done = saddle_many(cfg, specs)
     floor = {}
-    for B, f in zip(floor_batches, done[len(keys):]):
+    for B, f in zip(batches, done[len(keys):]):
         if np.any(f.o != 0) or np.any(f.v != 0):
             raise RuntimeError("the exact allocated point's empty off-task channel received a gradient "
                                "(theory.saddle section 2 says it cannot)")

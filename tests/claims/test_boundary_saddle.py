@@ -148,11 +148,13 @@ def test_invariant_run_halves_a_step_that_leaves_D(monkeypatch):
     res = SimpleNamespace(id="boundary-saddle", details={"comparisons": [comp.summary()]})
     text, = [f.text for f in claim.invariant_findings(res)]
     assert "at lr 0.2, 0.1 leaves D by a step-size instability" in text and "at lr 0.05 the flow stays" in text
-    leave_above = 0.0                                   # every step leaves D: measured at the smallest, said so
+    leave_above = 0.0                                   # every step leaves D: not compared, said so
     calls.clear()
     inv = ns.invariant_flow_measurement(cfg, 0.2, 10.0, 0.05, 64, seed=7)
     assert not inv.stable and inv.lr == 0.2 / 2 ** ns.MAX_STEP_HALVINGS and len(inv.unstable) == ns.MAX_STEP_HALVINGS
     assert len(calls) == ns.MAX_STEP_HALVINGS + 2      # every step tried, then the twin at the last
-    res.details["comparisons"] = [claim.check_invariant_flow(inv, 0.7, "cfg").summary()]
+    comp, row, note = claim.invariant_outcome(inv, 0.7, "cfg")
+    assert comp is None and row["side"] == "reported" and note["res"] == 1e-3 and note["lr"] == inv.lr
+    res.details.update(comparisons=[], not_measured=[note])
     text, = [f.text for f in claim.invariant_findings(res)]
-    assert "the smallest step tried, still leaving D" in text
+    assert "left D at every step tried, down to lr 0.0125" in text and "flow was not measured" in text
