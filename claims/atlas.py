@@ -5,13 +5,13 @@ atlas; grids ``examples/atlas_tiny.toml``, ``examples/atlas.toml``; what each pa
 with theory: ``docs/atlas.md``): ``atlas-initialisation`` (pattern x s0; theory.initialisation's
 small scale), ``atlas-heads`` (H x tasks and start; allocation needs H >= m), ``atlas-noise``
 (sigma x L from the allocated point; theory.saddle's T(B) against the run) and ``atlas-batch``
-(lr x B; dT/dlog(B/lr) = 2/rate).  They train nothing (no ``--from-sweep``: they refuse).  Each is
-a plan and a comparison: the plan is the points of the sweep's last grid with its ``panel`` label
-(numerics.experiments.atlas.panel_needs: "atlas" needs, which the engine reads from the sweep store
-and never trains; a point of the grid the sweep holds no finished result for is reported in
-``details["unheld_points"]`` with why, never compared); the comparison classifies each seed by
-the one classifier (numerics.readout.end_class, through numerics.experiments.atlas.point_class)
-and count each cell's seeds by class (its mix, drawn where they disagree).  Not in the default
+(lr x B; dT/dlog(B/lr) = 2/rate).  They train nothing (no ``--from-sweep``: they refuse).  The plan
+is the points of the sweep's last grid with the id's ``panel`` label (numerics.experiments.atlas.
+panel_needs: "atlas" needs the engine reads from the sweep store, never trains; a grid point the
+sweep does not hold is reported in ``details["unheld_points"]`` with why); the comparison
+classifies each seed by the one classifier (numerics.readout.end_class, through numerics.
+experiments.atlas.point_class) and counts each cell's seeds by class (its mix, drawn where they
+disagree).  Not in the default
 report: the ids are ``claims.OPT_IN``, run only when named in ``--only``.
 """
 from __future__ import annotations
@@ -25,9 +25,9 @@ from claims.base import Figure, Series
 from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row
 from claims.phase_checks import mix_figure, mix_phrase
 from claims.spec import ClaimSpec, Outcome, finding
-from numerics.experiments.atlas import (NO_SWEEP, PATTERNS, atlas_point, cell_class, class_counts, escape_cells,
-                                        escape_means, escape_row, escaped_runs, grid_of, heads_row, mean_se, ols_slope,
-                                        panel_matrices, panel_needs, ratios, warmup_border, warmup_row)
+from numerics.experiments.atlas import (PATTERNS, cell_class, class_counts, escape_cells, escape_means, escape_row,
+                                        escaped_runs, grid_of, heads_row, mean_se, ols_slope, panel_matrices,
+                                        panel_needs, panel_points, ratios, warmup_border, warmup_row)
 from numerics.readout import OUTCOME_CLASSES
 
 IDS = ("atlas-initialisation", "atlas-heads", "atlas-noise", "atlas-batch")
@@ -91,29 +91,6 @@ def classes_finding(result, panel: str) -> list:
     mixes = [(key, mix_phrase(v["mix"])) for key, v in cells.items() if not v["seeds_agree"]]
     return out + [finding(result, "beyond", "Cell " + key + " of the " + panel + " panel: " + phrase + ".", **nums)
                   for key, (phrase, nums) in mixes]
-
-
-def panel_points(results, panel: str) -> tuple[list[dict], list[dict]]:
-    """The points of ``panel`` the plan read off the sweep ({"point", "result"}, in the plan's order:
-    its "atlas" needs, numerics.experiments.atlas.panel_needs) and the grid's points the sweep holds
-    no finished result for, each with why (the "atlas_grid" need's, and any planned point the engine
-    found no result of): reported, never compared.  The plan's needs are read off the results, as
-    only the plan sees the sweep.  Raises without a sweep (the atlas trains nothing)."""
-    grid = [n for n in results if n.kind == "atlas_grid"]
-    if not grid:
-        raise ValueError(NO_SWEEP)
-    points, unheld = [], list(results[grid[0]]["unheld"])
-    for n in results:
-        if n.kind != "atlas" or n.args["schedule"].panel != panel:
-            continue
-        try:
-            points.append({"point": atlas_point(n.args["cfg"], n.args["schedule"], n.args["train_seed"]),
-                           "result": results[n]})
-        except ValueError as exc:
-            unheld.append({"id": None, "panel": panel, "why": str(exc)})
-    if not points:
-        raise ValueError(f"the sweep {results[grid[0]]['sweep']!r} holds no finished atlas point of panel {panel!r}")
-    return points, unheld
 
 
 def _common(points, unheld, cells) -> dict:
@@ -401,8 +378,7 @@ def findings_batch(result) -> list:
 # --- the specs
 
 def _spec(cid, title, statement, compare, findings):
-    """An atlas id: its plan is its panel's points in the sweep (panel_needs: nothing without one), its
-    comparison ``compare`` (the panel is the id's last word)."""
+    """An atlas id: its plan its panel's points (the id's last word), its comparison ``compare``."""
     panel = cid.split("-", 1)[1]
     return ClaimSpec(id=cid, title=title, statement=statement, profiles=PROFILES, kind="boundary", findings=findings,
                      reads_sweep=True, plan=lambda ctx, results=None: panel_needs(panel), compare=compare)

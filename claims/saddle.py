@@ -17,13 +17,12 @@ batch displace it from theory's point), so the rate is the path mean of 2 log(1 
 as lr -> 0 both effects vanish and the rate tends to 2a.
 
 ``numerics.saddle`` measures (the plan: per configuration four needs, :func:`configuration_needs`);
-this module asks theory for every prediction and compares, per
-configuration, the growth rate at each step with the discrete map at the held point
-(:func:`check_step_rate`), its lr -> 0 extrapolation with 2a (:func:`check_growth_rate`) and
-the invariant batch's flow with 0 (:func:`check_invariant_flow`), and the escape-time slopes
-pooled over configurations with theory's 1/a (:func:`check_pooled_slope`); the per-B escape
-times against T(B) are reported rows (:func:`check_escape_times` and :func:`check_escape_slope`
-are scripts/measure_saddle.py's table).
+this module asks theory for every prediction and compares, per configuration, the growth rate at
+each step with the discrete map at the held point (:func:`check_step_rate`), its lr -> 0
+extrapolation with 2a (:func:`check_growth_rate`) and the invariant batch's flow with 0
+(:func:`check_invariant_flow`), and the escape-time slopes pooled over configurations with
+theory's 1/a (:func:`check_pooled_slope`); the per-B escape times against T(B) are reported rows
+(scripts/measure_saddle.py compares them one by one).
 """
 from __future__ import annotations
 
@@ -269,33 +268,6 @@ def check_pooled_slope(escapes, slopes_pred, config: str) -> Comparison:
                    wrong=(("additive noise: seed ~ lr/B (ratio 1/2)", 0.5), ("rate a instead of 2a (ratio 2)", 2.0)),
                    config=config, details={"role": "pooled slope", "se": se,
                                            "per_config": tuple(zip(r.tolist(), s.tolist()))})
-
-
-def check_escape_slope(e, pred: dict) -> Comparison:
-    """One configuration's slope dT/dlog B against theory's 2/rate (``pred``:
-    :func:`escape_prediction`; rate = GD's 2 log(1 + lr a)/lr).  Tolerance: Z_SE x the se of
-    the OLS slope (the argument of :func:`check_pooled_slope`).  Perturbations: the
-    additive-noise picture (slope 1/rate), rate a instead of 2a (slope 2/a), rate 0 (no
-    escape: T = inf, rejected when every run escaped)."""
-    def error(measured, slope):
-        return abs(measured - slope) if math.isfinite(slope) else (math.inf if e.all_escaped else 0.0)
-
-    rate = pred["rate_gd"]
-    why = f"{Z_SE:g} se of the OLS slope over {e.slope_runs} runs (residual sd {e.slope_resid_sd:.3g} pooled over B)"
-    return compare(f"saddle: escape-time slope, {_label(e.config)}", e.slope, pred["slope_pred"], Z_SE * e.slope_se,
-                   why, error=error, wrong=(("additive noise: seed ~ lr/B, slope 1/rate", pred["slope_additive"]),
-                                            ("rate a instead of 2a: slope 2/a", th.escape_time_slope(rate / 2)),
-                                            ("rate 0 (a true minimum): never escapes", math.inf)),
-                   details={"role": "escape slope"})
-
-
-def check_escape_times(e, pred: dict) -> list:
-    """The escape time at each batch size against theory's T(B) with the measured dS (``pred``:
-    :func:`escape_prediction`): a reported check (the seed's prefactor is a leading-order
-    account, docs/saddle.md).  Tolerance: Z_SE x sqrt(se_T^2 + se_pred^2) + the record spacing."""
-    return [compare(f"saddle: escape time at B={B}", T, Tp, Z_SE * math.sqrt(a ** 2 + b ** 2) + e.spacing,
-                    f"{Z_SE:g} combined se + the record spacing ({e.spacing:.3g})", details={"role": "escape time", "B": B})
-            for B, T, Tp, a, b in zip(e.batches, e.T, pred["T_pred"], e.T_se, pred["T_pred_se"])]
 
 
 # ---------------------------------------------------------------------------------------

@@ -162,4 +162,6 @@ def test_an_atlas_need_is_read_never_trained():
     with pytest.raises(ValueError, match="trains nothing"):
         results[n]
     assert cost_of(n) == 0.0
-    assert all(claims.plan_of(cid, "tiny") == [] for cid in IDS)      # no sweep: nothing to read
+    for cid in IDS:                       # no sweep: no point to read, the build's own cost priced
+        plan, = claims.plan_of(cid, "tiny")
+        assert plan.kind == "atlas_grid" and plan.args["sweep"] == "" and claims.estimate_seconds(cid, "quick") > 0

@@ -52,7 +52,7 @@ from numerics.experiments.starts import OFF_D_RELATIVE, off_D_test  # the report
 from numerics.train import TrainConfig, train
 
 __all__ = ["AtlasSchedule", "point_class", "cell_mix", "run_point", "check_point", "train_atlas", "escape_time",
-           "atlas_point", "Z_CONVERGED", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_needs",
+           "atlas_point", "Z_CONVERGED", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_needs", "panel_points",
            "grid_of", "cell_class", "mean_se", "ratios", "panel_matrices", "class_counts", "warmup_border",
            "record_spacing", "crossing_L", "last_and_first", "ols_slope", "escape_cells", "escape_means", "PATTERNS"]
 
@@ -364,12 +364,13 @@ NO_SWEEP = ("the atlas trains nothing: build it from a sweep, e.g. `python -m to
 def panel_needs(panel: str) -> list:
     """The needs of ``panel`` read off the active sweep store: one "atlas" need per point of the
     panel (its ``[train] panel`` label) that the sweep's last grid (summary.json's ids) holds
-    finished, in the store's order, then the "atlas_grid" need: the grid's points the sweep holds
-    no finished result for (any panel), each with why.  [] without a sweep (the claims then say
-    how to build one: the atlas trains nothing); raises when the sweep holds no point of the panel."""
+    finished, in the store's order, then the "atlas_grid" need: the sweep and the grid's points it
+    holds no finished result for (any panel), each with why.  Without a sweep the "atlas_grid" need
+    of none (the claims then say how to build one: the atlas trains nothing); raises when the sweep
+    holds no point of the panel."""
     st = active_store()
     if st is None:
-        return []
+        return [need("atlas_grid", sweep="", unheld=())]
     ids = last_grid_ids(st)
     out = []
     for rec in st.records:
@@ -385,6 +386,29 @@ def panel_needs(panel: str) -> list:
     held = {rec.get("id") for rec in st.records}
     unheld = tuple(unheld_point(st.path, i) for i in sorted((ids or set()) - held))
     return out + [need("atlas_grid", sweep=str(st.path), unheld=unheld)]
+
+
+def panel_points(results, panel: str) -> tuple[list[dict], list[dict]]:
+    """The points of ``panel`` the plan read off the sweep ({"point", "result"}, in the plan's order:
+    its "atlas" needs, :func:`panel_needs`) and the grid's points the sweep holds
+    no finished result for, each with why (the "atlas_grid" need's, and any planned point the engine
+    found no result of): reported, never compared.  The plan's needs are read off the results, as
+    only the plan sees the sweep.  Raises without a sweep (the atlas trains nothing)."""
+    grid = [n for n in results if n.kind == "atlas_grid"]
+    if not grid or not grid[0].args["sweep"]:
+        raise ValueError(NO_SWEEP)
+    points, unheld = [], list(results[grid[0]]["unheld"])
+    for n in results:
+        if n.kind != "atlas" or n.args["schedule"].panel != panel:
+            continue
+        try:
+            points.append({"point": atlas_point(n.args["cfg"], n.args["schedule"], n.args["train_seed"]),
+                           "result": results[n]})
+        except ValueError as exc:
+            unheld.append({"id": None, "panel": panel, "why": str(exc)})
+    if not points:
+        raise ValueError(f"the sweep {results[grid[0]]['sweep']!r} holds no finished atlas point of panel {panel!r}")
+    return points, unheld
 
 
 def last_grid_ids(st):
@@ -669,8 +693,15 @@ def atlas_not_held(cfg, schedule, train_seed, seed):
                      ": the atlas trains nothing (run its grid into the sweep with python -m tools.sweep)")
 
 
-@kind("atlas_grid", cost=lambda sweep, unheld: 0.0, shared=False)
+READ_SECONDS = 5.0
+"""What an atlas id's build costs besides its points, which it reads and never trains: reading
+the sweep's grid and classifying and drawing the panel (the tiny grid's four ids: 6.7 s CPU in all,
+most of it the report's figures)."""
+
+
+@kind("atlas_grid", cost=lambda sweep, unheld: READ_SECONDS, shared=False)
 def atlas_grid(sweep: str, unheld: tuple, seed: int) -> dict:
-    """What the plan read of the sweep's last grid besides its points: the sweep and the points
-    it holds no finished result for ((id, panel, why), :func:`unheld_point`), reported, never trained."""
+    """What the plan read of the sweep's last grid besides its points: the sweep ("" where there
+    is none) and the points it holds no finished result for ((id, panel, why),
+    :func:`unheld_point`), reported, never trained."""
     return {"sweep": sweep, "unheld": [{"id": i, "panel": p or None, "why": w} for i, p, w in unheld]}
