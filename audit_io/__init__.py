@@ -8,6 +8,8 @@ imports nothing from it (theory is pure mathematics and checks only its own argu
 - :mod:`audit_io.options`   -- the command lines' number and option parsers (one ``--tasks``)
 - :mod:`audit_io.files`     -- input files, the output-path and link policy, the atomic writer,
   a full disk
+- :mod:`audit_io.handed`    -- a handed file read by its container first: memory budget, zip, npy,
+  safetensors headers, pickles scanned unexecuted, strict JSON
 - :mod:`audit_io.processes` -- workers that die with their command, a process group with a timeout
 - :mod:`audit_io.command`   -- the one wrapper of every ``main(argv)``
 - :mod:`audit_io.jsonable`  -- the one JSON normaliser

@@ -29,6 +29,9 @@ def check_input_file(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BY
     try:
         st = os.stat(text)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{flag} {text} is a symbolic link loop (it never reaches a file); give the file "
+                             "itself") from None
         if os.path.islink(text):
             raise ValueError(f"{flag} {text}: a symbolic link that leads nowhere ({_strerror(exc)}); fix the link "
                              "or give the file itself") from None
@@ -45,6 +48,24 @@ def check_input_file(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BY
     if not os.access(text, os.R_OK):
         raise ValueError(f"{flag} {text} cannot be read (permission denied); check its permissions")
     return Path(text)
+
+
+def check_input_files(paths, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BYTES) -> list[Path]:
+    """Every file of ``paths`` checked by :func:`check_input_file` before any is read (a loop, a
+    FIFO or a device last in the list is refused before the first file's bytes are taken), each
+    name also valid UTF-8: a name that is not (bytes of another encoding) cannot be written into a
+    report, a page or a terminal, so it is refused up front with its bytes shown."""
+    checked = []
+    for path in paths:
+        text = _path_text(path, flag)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+            raise ValueError(f"{flag} {shown}: its name is not valid UTF-8 (bytes of another encoding); rename the "
+                             "file, e.g. with convmv or by hand") from None
+        checked.append(check_input_file(text, flag, max_bytes=max_bytes))
+    return checked
 
 
 def _read_bounded(fd: int, max_bytes: Optional[int], grew) -> bytes:

@@ -193,8 +193,10 @@ def plan_audit(request: AuditRequest) -> AuditPlan:
                          f"{', '.join(r.replace('_', '-') for r in REFERENCES)}")
     # a checkpoint is a file, or a model already in memory (numerics.external.ExternalModel: a run trained in this
     # process, e.g. numerics.experiments.authors.checkpoint), audited the same way
-    exts = [p if isinstance(p, external.ExternalModel) else external.read_checkpoint(p, request.layout, request.logit_scale)
-            for p in request.checkpoints]
+    external.check_paths([p for p in request.checkpoints if not isinstance(p, external.ExternalModel)])
+    known = tuple(request.tasks) if request.tasks else None
+    exts = [p if isinstance(p, external.ExternalModel) else
+            external.read_checkpoint(p, request.layout, request.logit_scale, tasks=known) for p in request.checkpoints]
     pick = lambda key: [(e.path, e.config[key]) for e in exts if e.config is not None]  # noqa: E731
     tasks = _agree("tasks", None if request.tasks is None else tuple(request.tasks),
                    [(p, tuple(v)) for p, v in pick("tasks")], "--tasks")

@@ -1,16 +1,23 @@
 """What the two initialisation boundaries share (boundary-initialisation, boundary-allocation-
 race): their problem fields, their run configurations, the comparison of the phase times
-of two loss curves (phases that do not end within a run reported as such) and the exact
-comparison of discrete outcomes (winners), the stability guard of their runs and the figures
-of boundary-initialisation's starts."""
+of paired loss curves (compared only where the readout finds the phases in both runs, and
+judged as a family by a rule fixed in advance), the exact comparison of discrete outcomes
+(winners), the comparison of a share of seeds (against a point, or one-sided against
+"typical"), the stability guard of their runs and the figures of boundary-initialisation's
+starts."""
 from __future__ import annotations
 
 import math
 
-from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row, resolved
+import numpy as np
+
+from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row
 from claims.spec import fmt
 from numerics.experiments.converged import unstable_step
+from numerics.experiments.starts import outcome_mix
+from numerics.statistics import binomial_interval, mean_se
 from numerics.train import TrainConfig
+from theory.three_phases import PhaseTimes, phases_resolved
 
 FIELDS = ("tasks", "heads", "L", "sigma")
 """The problem fields both initialisation boundaries read (their profiles' own names)."""
@@ -34,57 +41,130 @@ def not_run(lr: float, parts) -> str | None:
     return "; ".join(why) if why and len(why) == len(parts) else None
 
 
-# --- phase times of two curves, and comparisons that have nothing to compare
+# --- phase times of paired curves, judged as a family; comparisons that have nothing to compare
 
-def phase_state(ph: dict, key: str, t_end: float):
-    """A phase's end time, or what happened instead, with the run length: "warm-up undefined by
-    t_end = 30 (loss drop ... not clear of the noise)" (theory.three_phases defines the phases
-    only for a drop clear of 10x the noise) or "emergence did not end by t_end = 30"."""
-    if ph is None:   # a run with no loss curve to read (it diverged, or recorded too few points)
-        return f"{PHASES[key]} not measured (no loss curve by t_end = {t_end:g}: the run diverged or recorded too few points)"
-    t = ph[key]
-    if isinstance(t, (int, float)) and math.isfinite(t):
-        return float(t)
-    if not ph.get("defined", True):
-        return f"{PHASES[key]} undefined by t_end = {t_end:g} ({ph.get('reason', '')})"
-    return f"{PHASES[key]} did not end by t_end = {t_end:g}"
+MIN_UNITS = 3
+"""The fewest independent units (prompt streams) a pooled phase comparison judges from: the
+standard error of their mean needs two degrees of freedom at least to be an estimate, not a guess."""
 
 
-def phase_comparison(name: str, pairs: list, spacing: float, reference: str, config=None) -> Comparison:
-    """Warm-up and emergence ends of measured curves against reference curves (``pairs``:
-    (where, measured phases, reference phases, t_end)) within 2 record spacings (each crossing
-    time is interpolated between records, so each is resolved to one spacing).  A phase that
-    ends in both curves is compared; one that ends in neither is no disagreement (both curves
-    say the same: not ended, or undefined, by t_end); one that ends in one curve only is
-    counted and said (its drop sits at theory.three_phases' definedness threshold, 10x the
-    noise, so the pair cannot decide), never compared.  Perturbation through the same
-    comparison: the reference's phase times 50% longer.  Nothing compared: error 0 and the
-    perturbation not rejected, so the judge cannot call it located (``undecided``)."""
-    rows = [{"where": w, "phase": PHASES[k], "measured": phase_state(a, k, t), "reference": phase_state(b, k, t)}
-            for w, a, b, t in pairs for k in PHASES]
-    num = lambda x: isinstance(x, float)  # noqa: E731
-    both = [(r["measured"], r["reference"]) for r in rows if num(r["measured"]) and num(r["reference"])]
-    one = [r for r in rows if num(r["measured"]) != num(r["reference"])]
+def phases_found(ph: dict | None, t) -> tuple[bool, str]:
+    """Whether the readout finds the three phases in one run's loss curve (its phase times ``ph``,
+    theory.three_phases.PhaseTimes as a dict, on record times ``t``): the three-phases claim's own
+    criterion, theory.three_phases.phases_resolved (a drop clear of the noise, a warm-up and an
+    emergence each at least one record spacing long, a convergence phase after them, the emergence
+    the fastest).  Without a warm-up (a large start) the fit's 10% and 90% crossings are two levels
+    of a curve already falling, not the phase ends of the paper's picture, so they are not compared.
+    (found, why not)."""
+    if ph is None:
+        return False, "no loss curve (the run diverged or recorded too few points)"
+    found, why = phases_resolved(PhaseTimes(**ph), np.asarray(t, float))
+    return found, why.split(" (rates ")[0]      # the phases' mean rates: in the run's phase times
 
-    def compare(factor: float) -> float:
-        return max((abs(a - factor * b) for a, b in both), default=0.0)
 
-    def error(measured, predicted) -> float:
-        # the same comparison for any reference times (the resolving power moves them)
-        return max((abs(a - b) for w in measured for a, b in zip(measured[w], predicted[w]) if num(a) and num(b)),
-                   default=0.0)
+def phase_comparisons(name: str, pairs: list[dict], spacing: float, reference: str, config=None,
+                      measured: str = "full model") -> list:
+    """The warm-up and emergence ends of measured curves against reference curves on the same
+    prompts, one comparison per phase, each judged as a family by a rule fixed before the runs.
+    ``pairs``: {"where", "group", "unit", "measured", "reference", "t"} (phase-time dicts, the
+    record times; ``unit``: the prompt stream, the independent unit).
 
-    tol = 2.0 * spacing
-    return resolved(Comparison(
-        name=name, measured={w: [phase_state(a, k, t) for k in PHASES] for w, a, b, t in pairs},
-        predicted={w: [phase_state(b, k, t) for k in PHASES] for w, a, b, t in pairs},
-        error=compare(1.0), tolerance=tol,
-        why=f"phase times within 2 record spacings ({tol:.3g}): each crossing time is interpolated between records, "
-            "so each is resolved to one spacing; compared where a phase ends in both curves",
-        perturbations=[perturbation(f"phase times 50% longer than the {reference}'s", compare(1.5), tol)],
-        details={"compared": len(both), "ended_in_one_only": len(one), "one_only": one,
-                 "ended_in_neither": len(rows) - len(both) - len(one)},
-        config=config), error=error)
+    A pair is compared only where the readout finds the three phases in both curves
+    (:func:`phases_found`); every other pair is listed with the reason, never counted as agreement.
+    The rule: per unit the mean of (measured - reference) over its compared pairs (pairs sharing a
+    stream are correlated: common random numbers), then the mean d over units and its standard
+    error se; agreement when |d| <= 2 record spacings + Z_SE se (2 spacings: each crossing time is
+    interpolated between records, so each is resolved to one spacing; Z_SE se: the seeds' spread).
+    One seed far off moves d by its miss / n and widens se: no verdict turns on one seed.  Wrong
+    prediction through the same comparison: the reference's phase times 50% longer (d predicted
+    at half their mean).  Fewer than :data:`MIN_UNITS` units compared: not compared (undecided)."""
+    found, skipped = [], []
+    for p in pairs:
+        (ok_m, why_m), (ok_r, why_r) = phases_found(p["measured"], p["t"]), phases_found(p["reference"], p["t"])
+        if ok_m and ok_r:
+            found.append(p)
+        else:
+            why = "; ".join(f"{what}: {w}" for what, ok, w in ((measured, ok_m, why_m), (reference, ok_r, why_r))
+                            if not ok)
+            skipped.append({"where": p["where"], "group": p["group"], "why": why})
+    return [_pooled_phase(f"{name}: {PHASES[key]} end, mean over seeds of ({measured} - {reference})", key, found,
+                          skipped, spacing, reference, config) for key in PHASES]
+
+
+def _pooled_phase(label: str, key: str, found: list, skipped: list, spacing: float, reference: str, config):
+    """One phase's family comparison (:func:`phase_comparisons`)."""
+    units: dict = {}
+    for p in found:
+        units.setdefault(p["unit"], []).append((p["measured"][key], p["reference"][key]))
+    diffs = [float(np.mean([a - b for a, b in v])) for v in units.values()]
+    refs = [float(np.mean([b for _, b in v])) for v in units.values()]
+    details = {"role": "phase times", "phase": key, "compared": len(found), "units": len(units),
+               "pairs": [{"where": p["where"], "unit": p["unit"], "measured": p["measured"][key],
+                          "reference": p["reference"][key]} for p in found], "not_compared": skipped}
+    rule = (f"the rule fixed in advance: per prompt stream the mean difference, then their mean d; agree when |d| <= "
+            f"2 record spacings ({2 * spacing:.3g}: each crossing is resolved to one spacing) + {Z_SE:g} standard "
+            "errors of d over the streams; compared where the readout finds the three phases in both runs")
+    if len(units) < MIN_UNITS:
+        why = (f"the three phases found in both runs on {len(units)} prompt stream(s), fewer than {MIN_UNITS}"
+               + (f" (e.g. {skipped[0]['where']}: {skipped[0]['why']})" if skipped else ""))
+        return Comparison(name=label, measured=None, predicted=0.0, error=0.0, tolerance=0.0, why=rule, config=config,
+                          perturbations=[perturbation(f"the {reference}'s phase times 50% longer", 0.0, 0.0)],
+                          details={**details, "compared": 0, "cannot_decide": "not compared: " + why})
+    d, se = mean_se(diffs)
+    return compare(label, d, 0.0, 2.0 * spacing + Z_SE * se, rule, se=se, units="absolute", config=config,
+                   wrong=[(f"the {reference}'s phase times 50% longer", 0.5 * float(np.mean(refs)))], details=details)
+
+
+def phase_rows(comps: list) -> list:
+    """The headline rows of a family of phase comparisons (:func:`phase_comparisons`): each
+    phase's pooled difference (a reported row saying why where nothing was compared), then per
+    group (an init scale, a start) the runs not compared and why."""
+    rows = [headline_row(c) if c.details["compared"] else reported_row(f"{c.name}: {c.details['cannot_decide']}",
+                                                                      config=c.config) for c in comps]
+    by_group: dict = {}
+    for s in comps[0].details["not_compared"]:
+        by_group.setdefault(s["group"], []).append(s)
+    for group, skipped in by_group.items():
+        rows.append(reported_row(f"{group}: phase times not compared in {len(skipped)} run(s) (not counted as "
+                                 f"agreement): {skipped[0]['why']}", len(skipped), config=comps[0].config))
+    return rows
+
+
+def phase_finding(result, what: str):
+    """The sentence of a family of phase comparisons (:func:`phase_comparisons`, found in the
+    result by ``role="phase times"``): on how many runs and streams the readout found the three
+    phases in both, the pooled differences against the rule's tolerances, and the runs not
+    compared with one reason.  None where the result holds no such family."""
+    from claims.spec import comparisons_where, finding
+    comps = {c["details"]["phase"]: c for c in comparisons_where(result, role="phase times")}
+    if not comps:
+        return None
+    w, e = comps["warmup_end"], comps["emergence_end"]
+    skipped = w["details"]["not_compared"]
+    rest = (" The other {k} runs are not compared, never counted as agreement (e.g. " + skipped[0]["where"] + ": "
+            + skipped[0]["why"].replace("{", "{{").replace("}", "}}") + ")." if skipped else "")
+    if not w["details"]["compared"]:
+        return finding(result, "beyond", what + ": the phase times are "
+                       + w["details"]["cannot_decide"].replace("{", "{{").replace("}", "}}") + "." + rest, k=len(skipped))
+    return finding(result, "beyond", what + ": where the readout finds the three phases in both runs ({n} runs on {u} "
+                   "prompt streams), the full model's phase ends minus the reduced flow's average {dw} (warm-up) and "
+                   "{de} (emergence) over the streams, against the rule's tolerances {tw} and {te} (2 record spacings + "
+                   "4 standard errors): " + ("they agree." if w["agrees"] and e["agrees"] else "they differ.") + rest,
+                   n=w["details"]["compared"], u=w["details"]["units"], dw=(w["measured"], w["se"]),
+                   de=(e["measured"], e["se"]), tw=w["tolerance"], te=e["tolerance"], k=len(skipped))
+
+
+def nothing_compared(comps: list) -> str | None:
+    """Why the comparisons cannot decide (None when each decides): a comparison's own
+    ``details["cannot_decide"]``, or an outcome comparison with no outcome decided."""
+    why = []
+    for c in comps:
+        d = c.details
+        if d.get("cannot_decide"):
+            why.append(f"{c.name}: {d['cannot_decide']}")
+        elif d.get("decided", 1) == 0:
+            why.append(f"{c.name}: no outcome decided (data seeds disagree, a tied start, or a race not ended)")
+    return "; ".join(why) or None
 
 
 def outcome_comparison(name: str, outcomes: list, why: str, wrong: tuple, details: dict,
@@ -100,34 +180,6 @@ def outcome_comparison(name: str, outcomes: list, why: str, wrong: tuple, detail
     return Comparison(name=name, measured=len(outcomes) - int(differ(lambda p: p)), predicted=len(outcomes),
                       error=differ(lambda p: p), tolerance=0.0, why=why, details=details, config=config,
                       perturbations=[perturbation(description, differ(swap), 0.0)])
-
-
-def phase_row(c: Comparison, name: str | None = None) -> list:
-    """The headline rows of a phase comparison: max |difference| against 0 (with nothing
-    compared, a reported row: no tick), and the count of phases ending in one curve only."""
-    name = name or c.name
-    main = (reported_row(name, None, config=c.config) if c.details["compared"] == 0
-            else headline_row(c, name, measured=c.error, theory=0.0))
-    return [main, reported_row(f"{name}: phases ending in one curve only (not compared)",
-                               c.details["ended_in_one_only"], config=c.config)]
-
-
-def nothing_compared(comps: list) -> str | None:
-    """Why the comparisons cannot decide (None when each compared something)."""
-    why = []
-    for c in comps:
-        d = c.details
-        if d.get("compared", 1) == 0:
-            e = d["one_only"][0] if d["one_only"] else None
-            eg = f"; e.g. {e['where']}, {e['phase']}: {fmt(e['measured'])} against {fmt(e['reference'])}" if e else ""
-            if not e and isinstance(c.measured, dict):     # say what happened instead, with the run length
-                first = next(((k, x) for k, v in c.measured.items() for x in v if isinstance(x, str)), None)
-                eg = f"; e.g. {first[0]}: {first[1]}" if first else ""
-            why.append(f"{c.name}: no phase ends in both curves ({d['ended_in_neither']} in neither, "
-                       f"{d['ended_in_one_only']} in one curve only{eg})")
-        elif d.get("decided", 1) == 0:
-            why.append(f"{c.name}: no outcome decided (data seeds disagree, a tied start, or a race not ended)")
-    return "; ".join(why) or None
 
 
 # --- where the seeds of a start end: counted classes, and the share a theory predicts
@@ -160,7 +212,6 @@ def share_comparison(name: str, k: int, n: int, predicted: float, why: str, wron
         return Comparison(name=name, measured=None, predicted=predicted, error=0.0, tolerance=0.0, why=why,
                           perturbations=[perturbation(d, 0.0, 0.0) for d, _ in wrong], config=config,
                           details={"decided": 0, "count": 0, "n": 0, **(details or {})})
-    from numerics.statistics import binomial_interval
     lo, hi = binomial_interval(k, n, Z_SE)
     share = k / n
 
@@ -172,6 +223,48 @@ def share_comparison(name: str, k: int, n: int, predicted: float, why: str, wron
                    f"{n} seeds ({Z_SE:g}-sigma level)", wrong=wrong, units="absolute",
                    se=math.sqrt(share * (1 - share) / n), config=config,
                    details={"decided": n, "count": k, "n": n, "interval": [lo, hi], **(details or {})})
+
+
+def share_at_least(name: str, k: int, n: int, least: float, why: str, config=None, details=None) -> Comparison:
+    """A claim that a class is typical -- the true share of seeds in it is at least ``least`` --
+    against k of n seeds, one-sided, through their Clopper-Pearson interval [lo, hi] =
+    numerics.statistics.binomial_interval(k, n, Z_SE) (each end a one-sided bound at the report's
+    Z_SE level: a true share lies above hi with probability at most 3e-5).  Contradicted when
+    hi < ``least``: the seeds exclude a share that large.  Error max(0, least - k/n), tolerance
+    hi - k/n: agreement exactly when ``least`` <= hi.  Wrong prediction through the same interval:
+    its negation, 'the class is atypical' (share below ``least``), rejected when lo > ``least``;
+    where neither is rejected the n seeds cannot tell the two apart, and the comparison says so
+    (``details["cannot_decide"]``: 7 of 8 gives [0.17, 1], and even 0 of 8 leaves hi = 0.73, so 8
+    seeds can neither contradict a share of 1/2 nor confirm it; 0 of 16 contradicts it, 38 of 48
+    confirms it).  No verdict turns on one seed: a share of 1 against 7 of 8 did (error = 1.00003
+    x tolerance)."""
+    lo, hi = binomial_interval(k, n, Z_SE) if n else (0.0, 1.0)
+    share = k / n if n else math.nan
+    negation = perturbation(f"its negation: atypical (share below {least:g})", max(0.0, share - least) if n else 0.0,
+                            share - lo if n else 0.0)
+    out = {"count": k, "n": n, "decided": n, "interval": [lo, hi], "least": least, **(details or {})}
+    if n == 0 or (hi >= least and not negation.rejected):
+        out["cannot_decide"] = (f"{k} of {n} seeds (interval [{lo:.3g}, {hi:.3g}] at {Z_SE:g} sigma) can neither exclude "
+                            f"a share of at least {least:g} nor its negation")
+    if n == 0:
+        return Comparison(name=name, measured=None, predicted=least, error=0.0, tolerance=0.0, why=why, config=config,
+                          perturbations=[negation], details=out, side="not below")
+    c = compare(name, share, float(least), lambda p: hi - share if p > share else 0.0,
+                f"{why}; one-sided: contradicted only when the Clopper-Pearson upper bound {hi:.3g} of {k} of {n} "
+                f"seeds lies below {least:g} ({Z_SE:g}-sigma level)", side="not below", units="absolute",
+                se=math.sqrt(share * (1 - share) / n), config=config, details=out)
+    c.perturbations.insert(0, negation)
+    return c
+
+
+def share_phrase(c: dict) -> str:
+    """What a :func:`share_at_least` comparison (its summary) decided, in words."""
+    least = c["details"]["least"]
+    if not c["agrees"]:
+        return f"excludes a typical share (at least {least:g}, one-sided)"
+    if c["details"].get("cannot_decide"):
+        return f"cannot tell a typical share (at least {least:g}, one-sided) from an atypical one"
+    return f"makes it typical (a share of at least {least:g}, one-sided; an atypical share is excluded)"
 
 
 def mix_phrase(mix: dict, key: str = "m") -> tuple[str, dict]:
@@ -216,7 +309,28 @@ def mix_figure(name: str, title: str, mixes: dict, caption: str = ""):
                   xlabel="seeds", caption=caption)
 
 
-# --- boundary-initialisation's figures of its starts
+# --- boundary-initialisation: its random starts reported, and the figures of its starts
+
+def random_part(runs: dict, refs: dict, config: str) -> tuple[list, list, dict]:
+    """boundary-initialisation: where the seeds of each random start end (reported, never judged): per scale its
+    class mix (numerics.experiments.starts.outcome_mix), the movable off-D residual and the loss over the allocated
+    fixed point, mean over seeds.  (headline rows, findings, mixes)."""
+    rows, found, mixes, alloc = [], [], {}, refs["allocated_loss"]
+    for s0, rs in runs.items():
+        mix = mixes[f"s0={s0:.3g}"] = outcome_mix(rs, Z_SE, refs)
+        ended = [r["residual_end"] for r in rs if r["residual_end"] is not None]   # a diverged run has no end weights
+        mov, se_mov = mean_se([e["movable_relative"] for e in ended])
+        free, _ = mean_se([e["gradient_free_relative"] for e in ended])
+        ratio, se_ratio = mean_se([r["loss"] / alloc for r in rs]) if alloc else (None, None)
+        rows += [reported_row(f"s0={s0:.3g}: movable off-D residual at t_end", mov, se=se_mov, config=config),
+                 *mix_rows(f"s0={s0:.3g}", mix, config=config)]
+        found.append({"init_scale": s0, "movable_relative_end": mov, "movable_se": se_mov,
+                      "gradient_free_relative_end": free, "mix": mix, "classes": list(mix["labels"]),
+                      "loss_over_allocated": ratio, "loss_over_allocated_se": se_ratio,
+                      **{k: [r.get(k) for r in rs] for k in ("ov_above_5pct", "winners", "init_seed")},
+                      "warmup_end": [(r["phases"] or {}).get("warmup_end") for r in rs]})
+    return rows, found, mixes
+
 
 def residual_figure(runs):
     """boundary-initialisation: the off-D residual of the random starts (two seeds a scale) against t."""
@@ -242,7 +356,7 @@ def random_phase_figure(runs):
 
 def unbalanced_figure(unb):
     """boundary-initialisation: the unbalanced starts' loss curves, full model and both reduced flows."""
-    curves = [(f"start {r['seed']} data {r['data_seed']} {key}", r[key]["t"], r[key]["loss_curve"], style) for r in unb
+    curves = [(f"start {r['seed']} stream {r['stream']} {key}", r[key]["t"], r[key]["loss_curve"], style) for r in unb
               for key, style in (("full", "points"), ("reduced_unbalanced", "line"), ("reduced_balanced", "dashed"))]
     return lines_figure("init-unbalanced", "Unbalanced starts: full model, reduced flow with and without the balance",
                         curves, xlabel="t", ylabel="loss",

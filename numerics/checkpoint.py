@@ -33,6 +33,7 @@ the run up to step s.  The checks prove consistency with the run, not authentici
 """
 from __future__ import annotations
 
+import io
 import math
 import os
 import pickle
@@ -40,6 +41,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+from audit_io import handed
+from audit_io.files import read_input_bytes
 
 CHECKPOINT_VERSION = 1
 
@@ -141,13 +145,33 @@ def check_path(path: str, name: str = "checkpoint") -> None:
                               f"written and read back as a regular file: choose another {name} path")
 
 
+MAX_BYTES = 2 ** 30
+"""The largest checkpoint read: the trainer's longest run (10^7 steps) keeps 80 MB of losses."""
+
+
+def _load_bytes(path: str) -> bytes:
+    """The file's bytes, its size within MAX_BYTES and the memory budget, its archive and pickle
+    bounded before torch sees them (audit_io.handed.check_torch_archive: a structure of shared
+    references that torch's own loader would hash for hours is refused here)."""
+    try:
+        size = os.stat(path).st_size
+        handed.check_memory(2 * size, f"loading its {size:,} bytes")
+        data = read_input_bytes(path, "checkpoint", max_bytes=MAX_BYTES)
+        handed.check_torch_archive(data, handed.memory_available())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path!r} is not a readable numerics.train checkpoint ({str(exc)[:300]}); "
+                              "delete it to start afresh, or choose another checkpoint path") from None
+    return data
+
+
 def load(path: str) -> dict:
     """The checkpoint dict of the file at ``path`` (weights_only: plain tensors and
-    containers, nothing unpickled), with exactly the keys :data:`FIELDS`; its values are
-    checked by :func:`read`."""
+    containers, nothing unpickled; checked before loading by :func:`_load_bytes`), with exactly
+    the keys :data:`FIELDS`; its values are checked by :func:`read`."""
     check_path(path)
+    data = _load_bytes(path)
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
+        ck = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if "weights_only" not in str(exc):
             raise CheckpointError(f"checkpoint {path!r} exists but is not a readable numerics.train checkpoint "
@@ -197,11 +221,30 @@ def _identity_differences(ck: dict, run: Run) -> list:
     return diffs
 
 
+def dense_problem(t: torch.Tensor) -> str | None:
+    """Why a loaded tensor is not an array of values the file holds (None when it is): nested,
+    sparse or another layout than strided, on the meta device (a shape without data) or another,
+    or a view of more elements than its storage holds (a one-element storage seen as 15,000 x
+    15,000 by zero strides: reading it would build 1.8 GB the file never held)."""
+    if t.is_nested:
+        return "a nested tensor, not a dense one"
+    if t.layout != torch.strided:
+        return f"a {t.layout} tensor, not a dense one"
+    if t.device.type != "cpu":
+        return f"a tensor on the {t.device.type} device, whose values are not in the file"
+    held = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+    if t.numel() > held:
+        return (f"a view of shape {tuple(t.shape)} ({t.numel():,} values) on a storage of {held:,}: reading it would "
+                "build values the file does not hold")
+    return None
+
+
 def _tensor_problem(t, shape, dtype) -> str | None:
     if not torch.is_tensor(t):
         return f"is {_show(t)}, not a tensor"
-    if t.layout != torch.strided:
-        return f"is a {t.layout} tensor, not a dense one"
+    dense = dense_problem(t)
+    if dense:
+        return f"is {dense}"
     if t.dtype != dtype:
         return f"has dtype {t.dtype}, this run's is {dtype}"
     if tuple(t.shape) != tuple(shape):

@@ -27,13 +27,23 @@ and shapes and says what it picked.  A training time may come with the file: an 
 project's units) or ``step`` (0-d arrays in an npz, ``__metadata__`` strings in a safetensors file,
 plain values beside the state_dict in a torch file).
 
-Safety: the file is read once, into memory, through ``audit_io.files.read_input_bytes`` (regular
-files only, at most :data:`MAX_CHECKPOINT_BYTES`), and parsed by content, never by its name: a torch
-file only by ``torch.load(weights_only=True)`` (its restricted unpickler refuses any class or
-function, so a pickled payload is refused and its code never runs), an npz by
-``numpy.load(allow_pickle=False)``, safetensors by the safetensors parser, JSON strictly.  Every
-array must be floating point and finite and have the layout's shape: each problem is one
-:class:`CheckpointError` line, raised before any computation.
+Safety (the reader contract of audit_io.handed: a handed file is data, never structure to trust):
+the path is checked before anything is read (a regular file, not a link loop, a FIFO or a device,
+its name valid UTF-8: :func:`check_paths`), the file read once, into memory, through
+``audit_io.files.read_input_bytes`` (at most :data:`MAX_CHECKPOINT_BYTES` and the memory budget),
+and parsed by content, never by its name.  Each container is read by its directory first: a
+safetensors header bounded, its offsets inside the file and not overlapping, each dtype and shape
+consistent with its bytes; an npz's members by their declared sizes and compression method (stored
+or deflate; encrypted refused), expanded boundedly, each ``.npy`` header checked before its array
+is allocated; a torch file's archive and pickle bounded before ``torch.load(weights_only=True)``
+sees them (its restricted unpickler refuses any class or function, so a pickled payload never
+runs; a structure of shared references is refused before torch's loader would hash it), and every
+tensor in it dense, on the CPU and no larger than its storage.  The arrays of the layout are then
+checked against the problem (``tasks``: their declared shapes) and the memory budget before they
+are read as float64.  Every number is checked as a flag is (finite, in range, of a real type:
+``"2_0"``, ``True``, ``2+1j`` or an integer beyond the float range refused), every array must be
+floating point and finite and have the layout's shape: each problem is one :class:`CheckpointError`
+line naming the file and the field, raised before any computation.
 
 Measurement (:func:`measure`): the model's own readout (``MultiHeadAttention.semi_singular_values``:
 omega, mu, off-D residual; ``theory.initialisation.residual_split``: the part of the off-D weights
@@ -45,20 +55,21 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import math
 import os
+import re
 import time
 import warnings
-import zipfile
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 import torch
 
-from audit_io.files import read_input_bytes
+from audit_io import handed
+from audit_io.files import check_input_files, read_input_bytes
 
+from .checkpoint import RECORD_FIELDS, dense_problem
 from .config import ProblemConfig
 from .evaluate import LossEstimate, held_out_loss, held_out_loss_difference, held_out_reduced_loss
 from .model import MultiHeadAttention, factor_balance
@@ -83,7 +94,7 @@ NESTED_KEYS = ("state_dict", "model_state_dict", "model", "weights", "params")
 HELD_OUT_CHUNK = 4096
 """Prompts per held-out batch (numerics.evaluate's default): the prompts drawn depend on the chunk,
 so a fixed chunk makes an audit's held-out loss the very number ``held_out_loss(model)`` gives."""
-MEMORY_FRACTION = 0.5
+MEMORY_FRACTION = handed.MEMORY_FRACTION
 """A held-out batch may take at most half the memory available when the audit starts."""
 
 
@@ -161,11 +172,25 @@ def _sniff(data: bytes) -> str:
     return "unknown"
 
 
+def _budget() -> Optional[int]:
+    """Bytes a file's expanded content may take (audit_io.handed: half of what this process can
+    still take); None where the machine does not say."""
+    free = handed.memory_available()
+    return None if free is None else int(handed.MEMORY_FRACTION * free)
+
+
 def _torch_load(path: str, data: bytes):
+    """A torch file checked before it is loaded (its archive and pickle bounded:
+    audit_io.handed.check_torch_archive), loaded weights-only, and every tensor in it dense, in
+    the file and no larger than its storage (numerics.checkpoint.dense_problem)."""
+    try:
+        handed.check_torch_archive(data, _budget())
+    except ValueError as exc:
+        raise _fail(path, f"a torch file refused before loading: {exc}") from None
     try:
         with warnings.catch_warnings():   # torch's note on the pickle protocol is not the user's business
             warnings.simplefilter("ignore")
-            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:   # the unpickler's refusal, a truncated archive, a corrupt record
         text = str(exc).replace("\n", " ")
         if "weights_only" in text.lower() or "unsupported global" in text.lower() or "weights only" in text.lower():
@@ -174,67 +199,74 @@ def _torch_load(path: str, data: bytes):
                               "weights only (torch.save(model.state_dict(), ...)) or export them as safetensors "
                               "(docs/audit.md)") from None
         raise _fail(path, f"not a readable torch file: truncated or corrupt ({type(exc).__name__}: {text[:160]})") from None
+    walk = [("", payload)]
+    while walk:                     # bounded: the pickle's expanded size was checked above
+        where, value = walk.pop()
+        if torch.is_tensor(value):
+            problem = dense_problem(value)
+            if problem:
+                raise _fail(path, f"{where or 'the payload'} is {problem}; save dense CPU tensors (state_dict())")
+        elif isinstance(value, dict):
+            walk += [(f"a key of {where or 'the payload'}", k) for k in value if not isinstance(k, str)]
+            walk += [(str(k)[:80], v) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            walk += [(f"{where}[{k}]", v) for k, v in enumerate(value)]
+    return payload
 
 
 def _zip_load(path: str, data: bytes):
-    """A zip archive is a torch file (it holds a data.pkl) or an npz (only .npy members)."""
+    """A zip archive is a torch file (it holds a data.pkl) or an npz (only .npy members), each
+    read by its directory first (audit_io.handed)."""
     try:
-        names = zipfile.ZipFile(io.BytesIO(data)).namelist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise _fail(path, f"a zip archive that cannot be read: truncated or corrupt ({exc})") from None
-    if any(n.endswith("data.pkl") for n in names):
+        archive, members = handed.zip_members(data, _budget())
+    except ValueError as exc:
+        raise _fail(path, f"a zip archive refused: {exc}") from None
+    if any(info.filename.endswith("data.pkl") for info in members):
         return "torch", _torch_load(path, data)
-    if names and all(n.endswith(".npy") for n in names):
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                return "npz", {k: npz[k] for k in npz.files}
-        except ValueError as exc:
-            if "pickle" in str(exc).lower():
-                raise _fail(path, "refused: the npz holds object arrays, which only unpickling could read; save "
-                                  "float arrays (np.savez(path, K=..., ...))") from None
-            raise _fail(path, f"an npz that cannot be read: truncated or corrupt ({exc})") from None
-        except (OSError, EOFError, zipfile.BadZipFile) as exc:
-            raise _fail(path, f"an npz that cannot be read: truncated or corrupt ({exc})") from None
-    raise _fail(path, f"a zip archive that is neither a torch file nor an npz (members {names[:4]}); give a "
-                      "torch state_dict, a .safetensors or an .npz file")
+    try:
+        return "npz", handed.npz_arrays(archive, members)
+    except ValueError as exc:
+        raise _fail(path, f"an npz refused: {exc}") from None
 
 
 def _safetensors_load(path: str, data: bytes):
+    """Tensors and metadata strings of a safetensors file, its header checked first
+    (audit_io.handed.safetensors_header), then read by the safetensors parser."""
     from safetensors import SafetensorError
     from safetensors.torch import load as st_load
 
-    n = int.from_bytes(data[:8], "little")
     try:
-        header = json.loads(data[8:8 + n].decode("utf-8"))
+        _, meta = handed.safetensors_header(data)
         tensors = st_load(data)
-    except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
+        raise _fail(path, f"a safetensors file refused, truncated or corrupt: {exc}") from None
+    except SafetensorError as exc:
         raise _fail(path, f"a safetensors file that cannot be read: truncated or corrupt ({exc})") from None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    out = dict(tensors)
-    for k, v in (meta or {}).items():
-        out[k] = v          # strings: the step/time/logit_scale entries are read from them
-    return out
+    return {**tensors, **meta}      # metadata strings: the step/time/logit_scale entries are read from them
 
 
 def _json_load(path: str, data: bytes):
-    def strict(name):
-        raise ValueError(f"non-strict JSON constant {name}")
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=strict)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        handed.check_memory(handed.PARSE_FACTOR * len(data), "parsing it")
+    except ValueError as exc:
+        raise _fail(path, str(exc)) from None
+    try:
+        return handed.parse_json(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
         raise _fail(path, f"not valid JSON: truncated or corrupt ({str(exc)[:160]})") from None
 
 
 def _array(path: str, name: str, value) -> np.ndarray:
     """A float64 array of a tensor/array entry; integer, boolean or complex data refused."""
     if torch.is_tensor(value):
-        if not (value.is_floating_point()):
+        if not value.is_floating_point():
             raise _fail(path, f"{name} has dtype {value.dtype}, not floating point; weights are real numbers")
-        return value.detach().to("cpu", torch.float64).numpy().copy()
-    arr = np.asarray(value)
-    if arr.dtype.kind != "f":
-        raise _fail(path, f"{name} has dtype {arr.dtype}, not floating point; weights are real numbers")
-    return arr.astype(np.float64)
+        return value.detach().to(torch.float64).numpy()
+    if not isinstance(value, np.ndarray):
+        raise _fail(path, f"{name} is a {type(value).__name__}, not an array; weights are arrays of real numbers")
+    if value.dtype.kind != "f":
+        raise _fail(path, f"{name} has dtype {value.dtype}, not floating point; weights are real numbers")
+    return value.astype(np.float64)
 
 
 def _stored_dtype(values) -> str:
@@ -242,24 +274,97 @@ def _stored_dtype(values) -> str:
     return ",".join(kinds) or "float64"
 
 
-def _scalar(path: str, name: str, value) -> float:
-    """A number given as a plain value, a string (safetensors metadata) or a one-element array."""
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+
+
+def _a(value) -> str:
+    """What a value is, for a message, without formatting it (a handed object may be large)."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return repr(value)[:40]
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
+def _number(path: str, name: str, value, text: bool = False):
+    """A real number of a file as a Python int or float, checked as a command line's number is: a
+    plain int or float, a one-element integer or floating-point array, or (``text``: the strings of
+    safetensors metadata) a string of decimal digits (no underscores: float('2_0') is 20); never a
+    bool (True is not 1.0), a complex (2+1j is not 2.0), a list or an object; finite, an int within
+    the range of a float."""
+    shown = _a(value)
+    if isinstance(value, str) and text:
+        if not _NUMBER_TEXT.match(value.strip()):
+            raise _fail(path, f"{name} must be a number written in decimal digits (e.g. 0.5 or 1e-3; no underscores), "
+                              f"got {shown}")
+        value = float(value)
+    elif torch.is_tensor(value) or isinstance(value, (np.ndarray, np.generic)):
+        dtype = str(value.dtype).replace("torch.", "")
+        if math.prod(tuple(value.shape)) != 1 or not dtype.startswith(("float", "int", "uint", "bfloat")):
+            raise _fail(path, f"{name} must be a single real number, got an array of shape {tuple(value.shape)} and "
+                              f"dtype {dtype}")
+        value = value.reshape(-1)[0].item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(path, f"{name} must be a single real number, got {shown}")
     try:
-        if isinstance(value, str):
-            x = float(value)
-        elif torch.is_tensor(value) or isinstance(value, np.ndarray):
-            if int(np.prod(tuple(value.shape))) != 1:
-                raise ValueError
-            x = float(value.reshape(-1)[0])
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            x = float(value)
-        else:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise _fail(path, f"{name} must be a single number, got {str(value)[:60]!r}") from None
-    if not math.isfinite(x):
-        raise _fail(path, f"{name} must be finite, got {x}")
+        finite = math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if not finite:
+        got = shown if isinstance(value, float) else "an integer beyond the range of a float"
+        raise _fail(path, f"{name} must be a finite number, got {got}")
+    return value
+
+
+def _scalar(path: str, name: str, value, low: Optional[float] = None, above: bool = False,
+            text: bool = False) -> float:
+    """:func:`_number` as a float, at least ``low`` (above it with ``above``)."""
+    x = float(_number(path, name, value, text))
+    if low is not None and (x < low or (above and x == low)):
+        raise _fail(path, f"{name} must be {'>' if above else '>='} {low:g}, got {x:g}")
     return x
+
+
+MAX_STEP = 2 ** 53
+"""The largest step read: t = lr x step is computed in floats, which hold whole numbers exactly up to 2^53."""
+
+
+def _count(path: str, name: str, value, text: bool = False) -> int:
+    """:func:`_number` as a whole number in 0 .. MAX_STEP (a float only if it is whole)."""
+    x = _number(path, name, value, text)
+    if isinstance(x, float) and not x.is_integer() or not 0 <= x <= MAX_STEP:
+        raise _fail(path, f"{name} must be a whole number in 0 .. 2^53, got {x:g}")
+    return int(x)
+
+
+def _grid(path: str, name: str, value, shape: tuple) -> np.ndarray:
+    """A (heads, m) table of finite numbers given as nested lists or an array of that shape."""
+    if torch.is_tensor(value) or isinstance(value, np.ndarray):
+        rows = value.tolist() if tuple(value.shape) == shape else None
+    else:
+        rows = value
+    if not (isinstance(rows, (list, tuple)) and len(rows) == shape[0]
+            and all(isinstance(r, (list, tuple)) and len(r) == shape[1] for r in rows)):
+        raise _fail(path, f"{name} must be {shape[0]} lists of {shape[1]} numbers (heads x m), as its config says")
+    return np.array([[_scalar(path, f"{name}[{h}][{i}]", x) for i, x in enumerate(r)] for h, r in enumerate(rows)])
+
+
+def _records(path: str, value, shape: tuple) -> Optional[list]:
+    """A project file's trajectory: a list of records {t, loss, omega, mu, residual} with t and
+    residual >= 0, every number finite, omega and mu (heads, m); None when absent or empty."""
+    if value is None or isinstance(value, (list, tuple)) and not value:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise _fail(path, f"trajectory must be a list of records, got {_a(value)}")
+    out = []
+    for k, r in enumerate(value):
+        if not isinstance(r, dict) or not set(RECORD_FIELDS) <= set(r):
+            raise _fail(path, f"trajectory[{k}] must be a record of {', '.join(RECORD_FIELDS)}")
+        out.append({"t": _scalar(path, f"trajectory[{k}].t", r["t"], 0.0),
+                    "loss": _scalar(path, f"trajectory[{k}].loss", r["loss"]),
+                    "omega": _grid(path, f"trajectory[{k}].omega", r["omega"], shape).tolist(),
+                    "mu": _grid(path, f"trajectory[{k}].mu", r["mu"], shape).tolist(),
+                    "residual": _scalar(path, f"trajectory[{k}].residual", r["residual"], 0.0)})
+    return out
 
 
 def _finite(path: str, arrays: dict) -> None:
@@ -320,48 +425,74 @@ def _pick(entries: dict) -> tuple[str, str]:
 def _time_entry(path: str, entries: dict) -> tuple[Optional[float], Optional[int], Optional[str]]:
     t = next((entries[k] for k in TIME_KEYS if k in entries), None)
     s = next((entries[k] for k in STEP_KEYS if k in entries), None)
-    time_ = None if t is None else _scalar(path, "time", t)
-    step = None
-    if s is not None:
-        x = _scalar(path, "step", s)
-        if x < 0 or not float(x).is_integer():
-            raise _fail(path, f"step must be a whole number >= 0, got {x}")
-        step = int(x)
-    if time_ is not None and time_ < 0:
-        raise _fail(path, f"time must be >= 0, got {time_}")
+    time_ = None if t is None else _scalar(path, "time", t, 0.0, text=True)
+    step = None if s is None else _count(path, "step", s, text=True)
     return time_, step, ("the file's time entry" if time_ is not None else None)
 
 
-def read_checkpoint(path, layout: str = "auto", logit_scale: Optional[float] = None,
-                    max_bytes: int = MAX_CHECKPOINT_BYTES) -> ExternalModel:
-    """Read and check one checkpoint (module docstring); :class:`CheckpointError` on anything
-    wrong, before any computation.  ``logit_scale``: the s of a factored file that does not
-    carry one (refused where the file or the layout fixes it)."""
-    if layout not in LAYOUTS:
-        raise CheckpointError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    text = os.fspath(path)
+def check_paths(paths, max_bytes: int = MAX_CHECKPOINT_BYTES) -> None:
+    """Every checkpoint path checked before any file is read (audit_io.files.check_input_files: a
+    regular file, not a link loop, a FIFO or a device, its name valid UTF-8, at most
+    ``max_bytes``): one :class:`CheckpointError` line for the first that is not."""
     try:
-        data = read_input_bytes(text, text, max_bytes=max_bytes)
+        check_input_files([os.fspath(p) for p in paths], "checkpoint", max_bytes=max_bytes)
     except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def _read_bytes(text: str, max_bytes: int) -> bytes:
+    """The file's bytes: a checked path (:func:`check_paths`), no larger than the memory budget,
+    read once."""
+    try:
+        check_paths([text], max_bytes)
+        size = os.stat(text).st_size
+        handed.check_memory(size, f"reading its {size:,} bytes")
+        return read_input_bytes(text, "checkpoint", max_bytes=max_bytes)
+    except (OSError, ValueError) as exc:
         msg = str(exc)
         if "MiB" in msg and "limit" in msg:
             msg = (f"{text} is {os.path.getsize(text) / 2 ** 20:.0f} MiB, more than the {max_bytes / 2 ** 20:.0f} MiB "
                    "a checkpoint of this model class can be (docs/audit.md); give the attention layer's weights only")
         raise CheckpointError(msg) from None
+
+
+def _load(text: str, data: bytes) -> tuple[str, object]:
+    """(format, payload) of a file's bytes, by its first bytes (never its name)."""
     if not data:
         raise _fail(text, "empty file (0 bytes); give the saved weights")
     kind = _sniff(data)
     if kind == "zip":
-        fmt, payload = _zip_load(text, data)
-    elif kind == "safetensors":
-        fmt, payload = "safetensors", _safetensors_load(text, data)
-    elif kind == "pickle":
-        fmt, payload = "torch", _torch_load(text, data)
-    elif kind == "json":
-        fmt, payload = "json", _json_load(text, data)
-    else:
+        return _zip_load(text, data)
+    if kind == "pickle":
+        return "torch", _torch_load(text, data)
+    loaders = {"safetensors": _safetensors_load, "json": _json_load}
+    if kind not in loaders:
         raise _fail(text, "not a format this command reads (a torch file, .safetensors, .npz or a run.json), by its "
                           "first bytes; see docs/audit.md for the export")
+    return kind, loaders[kind](text, data)
+
+
+def read_checkpoint(path, layout: str = "auto", logit_scale: Optional[float] = None,
+                    max_bytes: int = MAX_CHECKPOINT_BYTES, tasks: Optional[tuple] = None) -> ExternalModel:
+    """Read and check one checkpoint (module docstring); :class:`CheckpointError` on anything
+    wrong, before any computation.  ``logit_scale``: the s of a factored file that does not
+    carry one (refused where the file or the layout fixes it).  ``tasks``: the problem's block
+    sizes, against which the arrays' declared shapes are checked before they are read."""
+    if layout not in LAYOUTS:
+        raise CheckpointError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    text = os.fspath(path)
+    data = _read_bytes(text, max_bytes)
+    try:
+        return _read(text, data, layout, logit_scale, tasks)
+    except CheckpointError:
+        raise
+    except (ArithmeticError, LookupError, TypeError, ValueError, RuntimeError, MemoryError) as exc:
+        # every check above names what it refuses; this line is what a check not yet written would say
+        raise _fail(text, f"cannot be read ({type(exc).__name__}: {str(exc)[:160]})") from None
+
+
+def _read(text: str, data: bytes, layout: str, logit_scale, tasks) -> ExternalModel:
+    fmt, payload = _load(text, data)
     entries = _flatten(payload) if fmt == "torch" else payload
     if not isinstance(entries, dict):
         raise _fail(text, f"holds a {type(entries).__name__}, not named weights; save a state_dict or named arrays")
@@ -383,15 +514,40 @@ def read_checkpoint(path, layout: str = "auto", logit_scale: Optional[float] = N
     time_, step, source = _time_entry(text, entries)
     common.update(time=time_, step=step, time_source=source)
     if picked == "authors":
-        return _authors(text, entries, logit_scale, common)
-    return _named(text, entries, picked, logit_scale, common)
+        return _authors(text, entries, logit_scale, common, tasks)
+    return _named(text, entries, picked, logit_scale, common, tasks)
 
 
-def _authors(path: str, entries: dict, logit_scale, common: dict) -> ExternalModel:
+_TASK_AXES = {"q_proj.weight": ((1, "D"),), "k_proj.weight": ((1, "D"),), "v_proj.weight": ((1, "D"),),
+              "o_proj.weight": ((0, "m"),), "K": ((2, "D"),), "Q": ((2, "D"),), "V": ((2, "D"),), "O": ((1, "m"),),
+              "W": ((1, "D"), (2, "D")), "U": ((1, "m"), (2, "D"))}
+"""The axes of each layout's arrays that the problem fixes: the token width D = d + m, the m outputs."""
+
+
+def _check_raw(path: str, raw: dict, tasks: Optional[tuple]) -> None:
+    """A layout's arrays before they are read as float64: their declared shapes against ``tasks``
+    (when given) and their size against the memory budget (audit_io.handed.check_memory)."""
+    if tasks is not None:
+        want = {"D": sum(tasks) + len(tasks), "m": len(tasks)}
+        for name, value in raw.items():
+            shape = tuple(getattr(value, "shape", ()))
+            for axis, what in _TASK_AXES[name]:
+                if len(shape) <= axis or shape[axis] != want[what]:
+                    raise _fail(path, f"{name} has shape {shape}: --tasks {','.join(map(str, tasks))} needs "
+                                      f"{'d + m' if what == 'D' else 'm'} = {want[what]} on its axis {axis}; it is not read")
+    count = sum(math.prod(tuple(getattr(a, "shape", ()))) for a in raw.values())
+    try:
+        handed.check_memory(16 * count, f"reading its {count:,} weights as float64 (two copies)")
+    except ValueError as exc:
+        raise _fail(path, str(exc)) from None
+
+
+def _authors(path: str, entries: dict, logit_scale, common: dict, tasks=None) -> ExternalModel:
     if logit_scale is not None:
         raise _fail(path, "--logit-scale does not apply to the authors' layout: its logits are scaled by (d + m)^(-1/2)")
     p = _common_prefix(set(entries))
     raw = {k: entries[p + k] for k in AUTHORS_KEYS}
+    _check_raw(path, raw, tasks)
     extra = sorted(str(k) for k, v in entries.items()
                    if (torch.is_tensor(v) or isinstance(v, np.ndarray)) and k not in {p + a for a in AUTHORS_KEYS}
                    and k not in TIME_KEYS + STEP_KEYS)
@@ -415,9 +571,9 @@ def _authors(path: str, entries: dict, logit_scale, common: dict) -> ExternalMod
     if not (q.shape == k_.shape == v.shape):
         raise _fail(path, f"q_proj, k_proj, v_proj must have one shape (H (d+m), d+m), got {q.shape}, {k_.shape}, {v.shape}")
     rows, D = q.shape
-    if rows % D:
-        raise _fail(path, f"q_proj.weight has shape {q.shape}: its rows ({rows}) must be H x its columns (d + m = {D}) "
-                          "in the authors' layout (head width d + m)")
+    if D < 2 or rows < D or rows % D:
+        raise _fail(path, f"q_proj.weight has shape {q.shape}: its rows ({rows}) must be H x its columns (d + m = {D}), "
+                          "H >= 1 heads of width d + m >= 2, in the authors' layout")
     H = rows // D
     m = o.shape[0]
     if o.shape[1] != rows:
@@ -426,19 +582,18 @@ def _authors(path: str, entries: dict, logit_scale, common: dict) -> ExternalMod
     if not 1 <= m < D:
         raise _fail(path, f"o_proj.weight has {m} rows (m outputs) for tokens of width {D}: need 1 <= m < d + m")
     _finite(path, arr)
-    K = np.stack([k_[h * D:(h + 1) * D] for h in range(H)])
-    Q = np.stack([q[h * D:(h + 1) * D] for h in range(H)])
-    V = np.stack([v[h * D:(h + 1) * D] for h in range(H)])
-    O = np.stack([o[:, h * D:(h + 1) * D] for h in range(H)])
+    K, Q, V = (x.reshape(H, D, D) for x in (k_, q, v))       # rows h D .. (h+1) D are head h
+    O = o.reshape(m, H, D).transpose(1, 0, 2)
     return ExternalModel(layout="authors", param="factored", heads=H, m=m, token_dim=D, logit_scale=math.sqrt(D),
                          weights={"K": K, "Q": Q, "V": V, "O": O}, stored_dtype=_stored_dtype(raw.values()),
                          notes=tuple(notes + [f"authors' layout: H = {H} heads of width d + m = {D}, logit scale "
                                               f"sqrt({D}) = {math.sqrt(D):.6g}"]), **common)
 
 
-def _named(path: str, entries: dict, layout: str, logit_scale, common: dict) -> ExternalModel:
+def _named(path: str, entries: dict, layout: str, logit_scale, common: dict, tasks=None) -> ExternalModel:
     names = FACTORED_KEYS if layout == "factored" else MERGED_KEYS
     raw = {k: entries[k] for k in names}
+    _check_raw(path, raw, tasks)
     arr = {k: _array(path, k, v) for k, v in raw.items()}
     extra = sorted(str(k) for k, v in entries.items() if k not in names and k not in TIME_KEYS + STEP_KEYS
                    and k != "logit_scale" and (torch.is_tensor(v) or isinstance(v, np.ndarray)))
@@ -470,7 +625,7 @@ def _named(path: str, entries: dict, layout: str, logit_scale, common: dict) -> 
         if "logit_scale" in entries:
             if logit_scale is not None:
                 raise _fail(path, "the file carries its logit_scale; --logit-scale would be ignored: drop it")
-            s = _scalar(path, "logit_scale", entries["logit_scale"])
+            s = _scalar(path, "logit_scale", entries["logit_scale"], 0.0, above=True, text=True)
         elif logit_scale is not None:
             s = float(logit_scale)
             notes.append(f"logit scale {s:g} from --logit-scale")
@@ -486,48 +641,45 @@ def _named(path: str, entries: dict, layout: str, logit_scale, common: dict) -> 
             notes.append(f"head widths k = {K.shape[1]}, k' = {V.shape[1]} differ from d + m = {D}: mapped onto the "
                          "merged model W_h = K_h^T Q_h / s, U_h = O_h V_h (the same function; the factors are not kept)")
             s = None
-    if not 1 <= m < D:
-        raise _fail(path, f"the outputs have {m} rows (m tasks) for tokens of width {D}: need 1 <= m < d + m")
+    if H < 1 or not 1 <= m < D:
+        raise _fail(path, f"the weights have {H} heads and {m} output rows (m tasks) for tokens of width {D}: need "
+                          "H >= 1 and 1 <= m < d + m")
     _finite(path, arr)
     return ExternalModel(layout=layout, param=param, heads=H, m=m, token_dim=D, logit_scale=s, weights=weights,
                          stored_dtype=_stored_dtype(raw.values()), notes=tuple(notes), **common)
 
 
 def _project(path: str, entries: dict, fmt: str, common: dict) -> ExternalModel:
+    """A numerics.train checkpoint or run.json: its config, model kind, trajectory and every number
+    checked as the trainer's own flags are (an unknown kind, a non-finite or negative rate or time
+    refused)."""
+    config = entries["config"]
+    huge = [k for k, v in config.items() if isinstance(v, int) and abs(v) >= 2 ** 1024] if isinstance(config, dict) else []
+    if huge:
+        raise _fail(path, f"config.{str(huge[0])[:40]} is an integer beyond the range of a float")
     try:
-        cfg = ProblemConfig.from_dict(dict(entries["config"]))
-    except (TypeError, ValueError) as exc:
-        raise _fail(path, f"a project file whose config is not a valid ProblemConfig ({exc})") from None
+        cfg = ProblemConfig.from_dict(dict(config))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _fail(path, f"a project file whose config is not a valid ProblemConfig ({str(exc)[:200]})") from None
     H, m, D = cfg.heads, cfg.m, cfg.token_dim
-    train = entries.get("train") if isinstance(entries.get("train"), dict) else {}
-    lr = train.get("lr")
-    records = [dict(r) for r in entries.get("trajectory") or [] if isinstance(r, dict)]
-    base = dict(heads=H, m=m, token_dim=D, config=cfg.to_dict(), records=records or None, **common)
-    if fmt == "json":          # run.json: the readout only
-        om = np.asarray(entries["omega"], dtype=float)
-        mu = np.asarray(entries["mu"], dtype=float)
-        if om.shape != (H, m) or mu.shape != (H, m):
-            raise _fail(path, f"omega and mu must be (heads, m) = ({H}, {m}) as its config says, got {om.shape}, {mu.shape}")
-        _finite(path, {"omega": om, "mu": mu})
-        residual = entries.get("residual")
-        t_end = entries.get("t_end")
-        return ExternalModel(layout="project", param="readout" if entries.get("model", "full") == "full" else "reduced",
-                             logit_scale=cfg.logit_scale, weights={"omega": om, "mu": mu},
-                             readout={"omega": om, "mu": mu, "residual": None if residual is None else float(residual),
-                                      "train_tail_loss": entries.get("loss")},
-                             time=None if t_end is None else float(t_end), time_source="run.json t_end",
-                             missing=("weights: a run.json holds the readout and the trajectory, not the weights, so "
-                                      "the model's own held-out loss and its off-D split cannot be measured (hand the "
-                                      "--checkpoint file of the run instead)",) if entries.get("model", "full") == "full"
-                             else (), notes=(f"{entries.get('model', 'full')} run of numerics.train",), **base)
     kind = entries.get("model", "full")
+    if kind not in ("full", "reduced"):
+        raise _fail(path, f"its model is {_a(kind)}, not 'full' or 'reduced' (the two kinds numerics.train writes)")
+    base = dict(heads=H, m=m, token_dim=D, config=cfg.to_dict(), records=_records(path, entries.get("trajectory"), (H, m)),
+                notes=(f"numerics.train {kind} {'run' if fmt == 'json' else 'checkpoint'}",), **common)
+    if fmt == "json":
+        return _run_json(path, entries, cfg, kind, base)
+    train = entries.get("train")
+    if train is not None and not isinstance(train, dict):
+        raise _fail(path, f"its train is {_a(train)}, not the trainer's configuration")
+    lr = None if not train or train.get("lr") is None else _scalar(path, "train.lr", train["lr"], 0.0, above=True)
+    step = _count(path, "step", entries.get("step"))
+    time_ = None if lr is None else lr * step
+    if time_ is not None and not math.isfinite(time_):
+        raise _fail(path, f"train.lr x step = {lr:g} x {step} is beyond the range of a float; not a training time")
     params = entries.get("params")
     if not isinstance(params, (list, tuple)) or not all(torch.is_tensor(p) for p in params):
         raise _fail(path, "a project checkpoint whose params are not a list of tensors; it is not one numerics.train wrote")
-    step = entries.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise _fail(path, f"a project checkpoint whose step is not a whole number ({step!r})")
-    time_ = float(lr) * step if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
     if kind == "reduced":
         names, shapes = ("omega", "mu"), [(H, m), (H, m)]
     elif cfg.param == "factored":
@@ -537,17 +689,34 @@ def _project(path: str, entries: dict, fmt: str, common: dict) -> ExternalModel:
     if len(params) != len(names):
         raise _fail(path, f"a {kind} {cfg.param} checkpoint needs {len(names)} parameter tensors ({', '.join(names)}), "
                           f"got {len(params)}")
+    for n, p, shape in zip(names, params, shapes):
+        if tuple(p.shape) != shape:
+            raise _fail(path, f"{n} has shape {tuple(p.shape)}, its config (tasks {cfg.tasks}, H = {H}) says {shape}")
+    _check_raw(path, dict(zip(names, params)), None)
     arr = {n: _array(path, n, p) for n, p in zip(names, params)}
-    for (n, a), shape in zip(arr.items(), shapes):
-        if a.shape != shape:
-            raise _fail(path, f"{n} has shape {a.shape}, its config (tasks {cfg.tasks}, H = {H}) says {shape}")
     _finite(path, arr)
     param = "reduced" if kind == "reduced" else cfg.param
     return ExternalModel(layout="project", param=param, logit_scale=cfg.logit_scale if param == "factored" else None,
                          weights=arr, stored_dtype=_stored_dtype(params),
                          readout={"omega": arr["omega"], "mu": arr["mu"], "residual": 0.0} if kind == "reduced" else None,
-                         notes=(f"numerics.train {kind} checkpoint at step {step}",), time=time_, step=step,
+                         time=time_, step=step,
                          time_source="project checkpoint: step x train.lr" if time_ is not None else None, **base)
+
+
+def _run_json(path: str, entries: dict, cfg: ProblemConfig, kind: str, base: dict) -> ExternalModel:
+    """A run.json of numerics.train: the readout (omega, mu, residual), the tail loss, t_end; no weights."""
+    shape = (cfg.heads, cfg.m)
+    om, mu = _grid(path, "omega", entries.get("omega"), shape), _grid(path, "mu", entries.get("mu"), shape)
+    value = lambda key, low=None: None if entries.get(key) is None else _scalar(path, key, entries[key], low)  # noqa: E731
+    t_end = value("t_end", 0.0)
+    return ExternalModel(layout="project", param="readout" if kind == "full" else "reduced",
+                         logit_scale=cfg.logit_scale, weights={"omega": om, "mu": mu},
+                         readout={"omega": om, "mu": mu, "residual": value("residual", 0.0),
+                                  "train_tail_loss": value("loss")},
+                         time=t_end, time_source="run.json t_end",
+                         missing=("weights: a run.json holds the readout and the trajectory, not the weights, so "
+                                  "the model's own held-out loss and its off-D split cannot be measured (hand the "
+                                  "--checkpoint file of the run instead)",) if kind == "full" else (), **base)
 
 
 # --------------------------------------------------------------------------- configuration
@@ -592,10 +761,7 @@ def held_out_chunk(cfg: ProblemConfig, wanted: int = HELD_OUT_CHUNK) -> int:
     the memory available; a CheckpointError if not even 2 prompts fit."""
     from .train import step_memory_bytes
 
-    try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if cfg.device == "cpu" else None
-    except (ValueError, OSError, AttributeError):
-        free = None
+    free = handed.memory_available() if cfg.device == "cpu" else None
     chunk = int(wanted)
     while free is not None and chunk > 2 and step_memory_bytes(cfg, chunk) > MEMORY_FRACTION * free:
         chunk //= 2

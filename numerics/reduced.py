@@ -40,7 +40,7 @@ def _check_values(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) -> 
 
 def block_scores(prompts: Prompts, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores, labels), each (..., B, L, m): s_{l,j} = <Phi_j^T x_l, Phi_j^T q> and y_{l,j}
-    (prompts of any leading shape: one batch, or the stacked streams of numerics.batched_reduced)."""
+    (prompts of any leading shape: one batch, or the stacked streams of a numerics.batched program)."""
     d = cfg.d
     if prompts.context.shape[-1] != cfg.token_dim:
         raise ValueError(f"prompts have token width {prompts.context.shape[-1]}, cfg needs d+m = {cfg.token_dim}")

@@ -1,6 +1,7 @@
 """Seeds by identity (issue 32): the seed of a run is derived from the report's seed and the
 stable name of the run's case, never by arithmetic on positions (``seed + 100 * k + j``, a
-hard-coded 100 that must equal another claim's k = 1, j = 0).
+hard-coded 100 that must equal another claim's k = 1, j = 0); and the check that runs counted
+as independent are (:func:`check_independent`, on the runs' fingerprints).
 
 :func:`case_seed` hashes (seed, *name parts) with SHA-256, so a seed
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import numbers
+
+import numpy as np
 
 SEED_BITS = 31
 """A derived seed lies in [0, 2^31): a valid seed for torch, numpy (legacy seeds < 2^32) and a
@@ -65,3 +68,46 @@ def trained_run_seed(seed: int, tasks, sigma: float, L: int) -> int:
     H-head and one-head runs of a problem see the same prompt stream; and every claim that
     trains the problem at the same schedule asks for the same run (one cache key)."""
     return case_seed(seed, "trained run", tuple(tasks), sigma, L)
+
+
+DIGEST_CHARS = 16
+"""A fingerprint is the first 64 bits of a SHA-256, in hex: two different inputs share one with
+probability about 2^-64 per pair."""
+
+
+def digest(*arrays) -> str:
+    """The first :data:`DIGEST_CHARS` hex digits of SHA-256 over each array's shape and its
+    float64 bytes (C order): the same numbers give the same digest in every process and on
+    every machine (numerics.batched fingerprints a run's first batch and its initial state)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a, dtype=np.float64)
+        h.update(repr(a.shape).encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()[:DIGEST_CHARS]
+
+
+def check_independent(fingerprints: dict, what: str, shared_stream: bool = False) -> None:
+    """Refuse runs counted as independent that share their randomness: ValueError naming the
+    runs (and ``what`` they are) when two of them have the same fingerprint.
+
+    ``fingerprints``: run id -> the run's ``TrainResult.fingerprint``, {"prompts": digest of
+    its first batch, "weights": digest of its initial state}.  By default two runs clash when
+    their first batches are the same (one prompt stream: their batch losses are not independent
+    samples, whatever their starts).  ``shared_stream=True`` is for runs that share one stream
+    on purpose (common random numbers: the same prompts, different starts): two clash when
+    their initial states are the same (then nothing but the configuration tells them apart)."""
+    part = "weights" if shared_stream else "prompts"
+    by_value: dict = {}
+    for run_id, fp in fingerprints.items():
+        if not isinstance(fp, dict) or not isinstance(fp.get(part), str):
+            raise ValueError(f"{what}: run {run_id!r} has no {part} fingerprint (got {fp!r}); pass each "
+                             "run's TrainResult.fingerprint")
+        by_value.setdefault(fp[part], []).append(run_id)
+    clashes = [ids for ids in by_value.values() if len(ids) > 1]
+    if clashes:
+        shared, own = (("initial weights", "start (init_seed)") if shared_stream else
+                       ("first batch of prompts", "data seed"))
+        groups = "; ".join(", ".join(map(repr, ids)) for ids in clashes)
+        raise ValueError(f"{what}: runs counted as independent share their {shared} ({groups}); give each "
+                         f"its own {own} by numerics.seeds.case_seed")

@@ -6,12 +6,13 @@ them, and a resumed sweep skips them.  Both read a point only through :func:`rea
 uses it only if everything that identifies it agrees:
 
 - the file is a regular file reached without following a link, of bounded size, named
-  ``<16 hex digits>.json``, strict JSON;
+  ``<16 hex digits>.json``, strict JSON (no number beyond the float range);
 - its ``id`` is its file name, and is the hash (:func:`point_id`) of its own ``point``, its
   ``code_version`` and its point function: a record edited by hand, or copied under another
   name, fails here;
 - with ``code`` given, its ``code_version`` is that code: a run of other training code is not
-  a run of this code, however its numbers look.
+  a run of this code, however its numbers look;
+- its result is bounded in depth and its ``loss`` a finite number (what a claim computes with).
 
 Anything else is skipped with the reason (the caller says so and trains the run itself); a
 handed sweep can make a point be recomputed, never make a foreign number be used.
@@ -27,12 +28,14 @@ import ast
 import hashlib
 import importlib.metadata
 import json
+import math
 import re
 from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
 from audit_io.files import LinkInside, read_inside
+from audit_io.handed import MAX_DEPTH, PARSE_FACTOR, check_memory, parse_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # What a training point executes, for the code version (see code_version).
@@ -149,8 +152,30 @@ def point_id(point: dict, *, code: Optional[str] = None, point_fn: Optional[str]
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:ID_HEX_DIGITS]
 
 
-def _refuse_constant(name: str):
-    raise ValueError(f"the non-standard JSON constant {name}")
+FINITE_LOSS_MODELS = ("full", "reduced", "converged")
+"""Point models whose stored loss is always a finite number: their runs that diverge are stored as
+errors (an atlas point stores a diverged start as a result of class "diverged", its loss NaN)."""
+
+
+def _result_problem(point: dict, result: Any) -> Optional[str]:
+    """What makes a finished point's result unusable by a claim, said before a claim reads it:
+    nested deeper than audit_io.handed.MAX_DEPTH, or, for :data:`FINITE_LOSS_MODELS`, a ``loss``
+    that is not a finite number (``"nan"`` -- jsonable's text for a NaN -- or a list there is not
+    such a run's, and would reach a claim as a string)."""
+    stack = [(result, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"its result is nested more than {MAX_DEPTH} levels deep"
+        if isinstance(item, dict):
+            stack += [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            stack += [(v, depth + 1) for v in item]
+    loss = result.get("loss", 0.0) if isinstance(result, dict) and point.get("model") in FINITE_LOSS_MODELS else 0.0
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
+        shown = repr(loss)[:40] if isinstance(loss, (str, int, float)) else f"a {type(loss).__name__}"
+        return f"its result's loss is {shown}, not a finite number (a diverged run is stored as an error)"
+    return None
 
 
 def read_point(sweep, name: str, *, code: Optional[str] = None) -> tuple[Optional[dict], Optional[str]]:
@@ -172,10 +197,14 @@ def read_point(sweep, name: str, *, code: Optional[str] = None) -> tuple[Optiona
     except OSError as exc:
         return None, f"unreadable ({exc.strerror or exc})"
     try:
-        record = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+        check_memory(PARSE_FACTOR * len(data), "parsing it")
+    except ValueError as exc:
+        return None, str(exc)
+    try:
+        record = parse_json(data.decode("utf-8"))
     except UnicodeDecodeError:
         return None, "not UTF-8 text"
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         return None, f"not valid JSON ({str(exc)[:200]})"
     if not isinstance(record, dict) or not isinstance(record.get("point"), dict):
         return None, "not a point record of a sweep (no 'point')"
@@ -197,4 +226,5 @@ def read_point(sweep, name: str, *, code: Optional[str] = None) -> tuple[Optiona
                       "this code's run (run the sweep again to bring it up to date)")
     if record.get("error") is None and record.get("result") is None:
         return None, "neither a result nor an error: not a finished point"
-    return record, None
+    problem = None if record.get("result") is None else _result_problem(record["point"], record["result"])
+    return (None, problem) if problem else (record, None)

@@ -26,14 +26,21 @@ from it and ends bit-identical to an uninterrupted run with the same configurati
 file's every field is checked against the run first (:func:`numerics.checkpoint.read`): a
 checkpoint that is not this run's, or not whole, is refused, never resumed or replaced.
 
-Seams (the one gradient-descent loop of the project; the claims, the sweep and the bench
-all run through it): ``batches`` (a callable step -> Prompts replacing the default stream of
-fresh batches: a fixed symmetrised batch, a deliberately asymmetric one), ``on_record`` (a
-hook called at every record with (step, t, state, loss), state = the model or (omega, mu)),
-``record_every`` (records every k steps besides the evenly spaced ones), a start point
-(``start``: a model for :func:`train`, (omega0, mu0) for :func:`train_reduced`) and, for
-the reduced flow, ``metric`` (the metric factors; default theory's, through
+Every run is a run of numerics.batched.Program, the one gradient-descent loop of the project
+(the claims, the sweep and the bench all run through it): a single run is a program of one
+run, and :func:`train_many` / :func:`train_reduced_many` train runs of one shape together,
+each run's numbers those of the run alone to rounding.  Seams: ``batches`` (a callable step
+-> Prompts replacing the default stream of fresh batches: a fixed symmetrised batch, a
+deliberately asymmetric one), ``on_record`` (a hook called at every record with (step, t,
+state, loss), state = a copy of the model or of (omega, mu) at the record), ``record_every``
+(records every k steps besides the evenly spaced ones), a start point (``start``: a model for
+:func:`train`, trained in place, (omega0, mu0) for :func:`train_reduced`) and, for the reduced
+flow, ``metric`` (the metric factors; default theory's, through
 ``numerics.reduced.metric_factors``; a perturbation check passes a deliberately wrong one).
+
+``TrainResult.fingerprint`` = {"prompts": digest of the run's first batch, "weights": digest
+of its initial state} (numerics.seeds.digest): runs counted as independent are checked to be
+so by numerics.seeds.check_independent.
 
 On CUDA, TF32 matmuls are switched off (``numerics.config.use_precise_float32``): the
 precision checks need true float32/float64.
@@ -48,23 +55,23 @@ import json
 import math
 import os
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from audit_io.options import SEED_MAX, float_option, int_option, seed_option, tasks_option, threads_option
 from audit_io.files import DiskFull, check_output_path, write_output
 from audit_io.command import command_line
 
-from .config import INITS, PARAMS, ProblemConfig, check_known_fields, use_precise_float32
-from .data import STREAM_VERSION, Prompts, make_generator, sample_prompts
-from .model import MultiHeadAttention, TrainingDiverged, initial_semi_singular_values, mse_loss
-from .exact_reduced import MarginalPrompts, marginal_mean_loss, sample_marginal_prompts
-from .reduced import metric_factors, reduced_loss
+from .batched import (MERGE_CONTEXT_ELEMENTS, Program, Record, Run, StackedAttention, StackedValues, Stream,
+                      shape_key, stream_key)
+from .config import INITS, PARAMS, ProblemConfig, check_known_fields
+from .data import Prompts, make_generator, sample_prompts
+from .model import MultiHeadAttention, TrainingDiverged, initial_semi_singular_values
+from .exact_reduced import sample_marginal_prompts
+from .reduced import metric_factors
 from . import checkpoint
 
 BatchSource = Callable[[int], Prompts]
@@ -145,15 +152,6 @@ class TrainConfig:
 
 
 @dataclass
-class Record:
-    t: float
-    loss: float
-    omega: list
-    mu: list
-    residual: float
-
-
-@dataclass
 class TrainResult:
     config: ProblemConfig
     train: TrainConfig
@@ -167,7 +165,8 @@ class TrainResult:
     losses: Optional[np.ndarray] = field(default=None, repr=False)  # per-step batch losses (steps,)
     cpu_seconds: float = 0.0   # process CPU time (all threads) of this invocation's steps
     final_model: Optional[MultiHeadAttention] = field(default=None, repr=False)  # full model at the end (not serialised)
-    batched_runs: int = 1      # runs of the one batched program it was trained in (train_many; not serialised)
+    batched_runs: int = 1      # runs of the one program it was trained in (not serialised)
+    fingerprint: Optional[dict] = None   # {"prompts", "weights"}: digests of its first batch and initial state
 
     def to_dict(self) -> dict:
         """The JSON schema of the CLI (docs/numerics.md)."""
@@ -186,6 +185,7 @@ class TrainResult:
             "wall_seconds": self.wall_seconds,
             "seconds_per_step": self.wall_seconds / max(self.steps, 1),
             "cpu_seconds": self.cpu_seconds,
+            "fingerprint": self.fingerprint,
         }
 
     @classmethod
@@ -198,193 +198,8 @@ class TrainResult:
         return cls(config=ProblemConfig.from_dict(d["config"]), train=TrainConfig.from_dict(d["train"]),
                    trajectory=[Record(**r) for r in d["trajectory"]], omega=np.asarray(d["omega"], float),
                    mu=np.asarray(d["mu"], float), loss=float(d["loss"]), wall_seconds=float(d["wall_seconds"]),
-                   steps=int(d["steps"]), model=d.get("model", "full"), cpu_seconds=float(d.get("cpu_seconds", 0.0)))
-
-
-def _atomic_write(path: str, write) -> None:
-    """Write via ``write(file)`` and :func:`audit_io.files.write_output`: a temp file in the
-    same directory and os.replace (never half a file; the permission bits of the file replaced,
-    or the umask's default); a character device such as /dev/null is written through.  The
-    missing parent directories of a checkpoint given through the Python API are created."""
-    import io
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    buf = io.BytesIO()
-    write(buf)
-    write_output(path, buf.getvalue())
-
-
-def _run(cfg: ProblemConfig, tcfg: TrainConfig, reduced: bool, batches: Optional[BatchSource] = None,
-         on_record: Optional[OnRecord] = None, record_every: Optional[int] = None, start=None,
-         metric: Optional[Metric] = None, estimator: str = "prompts") -> TrainResult:
-    if not isinstance(cfg, ProblemConfig):
-        raise TypeError(f"cfg must be a ProblemConfig, got {type(cfg).__name__}")
-    if not isinstance(tcfg, TrainConfig):
-        raise TypeError(f"tcfg must be a TrainConfig, got {type(tcfg).__name__}")
-    if batches is not None and not callable(batches):
-        raise TypeError(f"batches must be a callable step -> Prompts, got {type(batches).__name__}")
-    if batches is not None and tcfg.checkpoint is not None:
-        raise ValueError("a run with its own batch source cannot be checkpointed (the source's state is not "
-                         "saved); drop checkpoint or the batches")
-    if on_record is not None and not callable(on_record):
-        raise TypeError(f"on_record must be a callable (step, t, state, loss), got {type(on_record).__name__}")
-    if record_every is not None and (isinstance(record_every, bool) or not isinstance(record_every, int)
-                                     or record_every < 1):
-        raise ValueError(f"record_every must be a positive integer or None, got {record_every!r}")
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-    marginal = estimator == "marginal"
-    if marginal and not reduced:
-        raise ValueError("estimator='marginal' drives the reduced flow only (train_reduced)")
-    use_precise_float32()
-    if tcfg.symmetrize and not marginal and tcfg.batch % 2 ** cfg.m:
-        raise ValueError(f"symmetrize=True needs batch to be a multiple of 2^m = {2 ** cfg.m} (every prompt "
-                         f"is used under all per-task sign flips); got batch={tcfg.batch}")
-    kind = "reduced" if reduced else "full"
-    n_steps, lr = tcfg.steps, tcfg.lr
-    record_at = record_steps(tcfg, record_every)
-
-    # --- the state being trained, its loss and its update rule -------------------------------
-    if reduced:
-        omega0, mu0 = initial_semi_singular_values(cfg) if start is None else start
-        # clone: torch.as_tensor shares memory with a float64 numpy array (and .to() is a no-op
-        # for a float64 CPU run), so without it the updates below would overwrite the caller's start
-        omega, mu = (torch.as_tensor(np.asarray(v.detach().cpu() if torch.is_tensor(v) else v, dtype=float))
-                     .to(cfg.device, cfg.torch_dtype).clone().requires_grad_(True) for v in (omega0, mu0))
-        for name, v in (("omega0", omega), ("mu0", mu)):
-            if tuple(v.shape) != (cfg.heads, cfg.m):
-                raise ValueError(f"start {name} must have shape (heads, m) = ({cfg.heads}, {cfg.m}), "
-                                 f"got {tuple(v.shape)}")
-        params = [omega, mu]
-        if marginal:
-            def loss_fn(pr):
-                if not isinstance(pr, MarginalPrompts):
-                    raise TypeError("with estimator='marginal' a batch source must return "
-                                    f"numerics.exact_reduced.MarginalPrompts, got {type(pr).__name__}")
-                return marginal_mean_loss(omega, mu, pr, cfg.tasks, cfg.sigma)
-        else:
-            loss_fn = lambda pr: reduced_loss(omega, mu, pr, cfg)  # noqa: E731
-        factors = metric if metric is not None else (lambda o, m_: metric_factors(o, m_, cfg))
-        state = (omega, mu)
-
-        def update(grads):
-            f_omega, f_mu = factors(omega.detach(), mu.detach())
-            omega.sub_(lr * f_omega * grads[0])
-            mu.sub_(lr * f_mu * grads[1])
-
-        def readout():
-            return (omega.detach().cpu().double().numpy().copy(),
-                    mu.detach().cpu().double().numpy().copy(), 0.0)
-    else:
-        if start is not None and not isinstance(start, MultiHeadAttention):
-            raise TypeError(f"start must be a MultiHeadAttention (the model to train), got {type(start).__name__}")
-        if start is not None and start.cfg != cfg:
-            raise ValueError("the start model was built for a different ProblemConfig than cfg")
-        model = MultiHeadAttention(cfg) if start is None else start
-        state = model
-        params = list(model.parameters())
-        loss_fn = lambda pr: mse_loss(model(pr.context, pr.query), pr.target)  # noqa: E731
-
-        def update(grads):
-            for p, g in zip(params, grads):
-                p.sub_(lr * g)
-
-        def readout():
-            r = model.semi_singular_values()
-            return r.omega, r.mu, r.residual
-
-    if marginal:
-        # m Gaussians per token (plus |q_i|) instead of d + m; drawn in float32 and cast, as
-        # numerics.data draws the whole prompts.  symmetrize has nothing to do here: the labels
-        # are integrated out, so the sign-flip identities already hold on every batch.
-        def draw(g, out=None):
-            return sample_marginal_prompts(cfg.tasks, cfg.L, tcfg.batch, g, cfg.torch_dtype, cfg.device,
-                                           draw_dtype=torch.float32, blocks_major=True)
-    else:
-        # each fresh batch overwrites the last one's tensors (out=): it is dead once the step is
-        # taken, and drawing into memory already touched saves the fresh pages' faults
-        def draw(g, out=None):
-            return sample_prompts(cfg, tcfg.batch, g, tcfg.symmetrize, out=out)
-    gen = make_generator(tcfg.seed, cfg.device)
-
-    # --- resume: a checkpoint file that exists is checked field by field, then used, or refused
-    ckpt_path = tcfg.checkpoint
-    ckpt_run = None if ckpt_path is None else checkpoint.Run(
-        kind=kind, estimator=estimator, stream=STREAM_VERSION, config=cfg.to_dict(), train=tcfg.to_dict(),
-        params=params, generator=gen, steps=n_steps, record_at=frozenset(record_at), lr=lr,
-        diverge_loss=tcfg.diverge_loss, heads=cfg.heads, m=cfg.m, dtype=cfg.torch_dtype)
-    resume = checkpoint.read(ckpt_path, ckpt_run) if ckpt_path is not None and os.path.exists(ckpt_path) else None
-
-    fixed = None
-    if not tcfg.fresh_batches:
-        fixed = draw(make_generator(tcfg.seed, cfg.device))
-    losses = torch.zeros(n_steps + 1, dtype=cfg.torch_dtype, device=cfg.device)
-    trajectory: list[Record] = []
-    start, wall_before = 0, 0.0
-    if resume is not None:
-        start = resume.step
-        with torch.no_grad():
-            for p, saved in zip(params, resume.params):
-                p.copy_(saved.to(p.device, p.dtype))
-        gen.set_state(resume.generator_state)
-        losses[:start] = resume.losses.to(losses.device, losses.dtype)
-        trajectory = [Record(**r) for r in resume.trajectory]
-        wall_before = resume.wall_seconds
-
-    def save_checkpoint(step: int, wall: float) -> None:
-        state = checkpoint.payload(ckpt_run, step, params, gen, losses, [asdict(r) for r in trajectory], wall)
-        _atomic_write(ckpt_path, lambda f: torch.save(state, f))
-
-    # a sync per step costs nothing on the CPU; on a GPU check every 50 steps (and at records)
-    check_every = 1 if cfg.torch_device.type == "cpu" else 50
-    checked = start
-
-    def check_divergence(upto: int) -> None:
-        nonlocal checked
-        vals = losses[checked:upto + 1].cpu().tolist()
-        for k, v in enumerate(vals, start=checked):
-            if diverged(v, tcfg):
-                raise divergence(k, v, cfg, tcfg)
-        checked = upto + 1
-
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    reused = None
-    bar = tqdm(total=n_steps, initial=start, disable=not tcfg.progress, desc=f"{kind} GD", unit="step")
-    try:
-        for step in range(start, n_steps + 1):
-            if ckpt_path is not None and step > start and step % tcfg.checkpoint_every == 0:
-                check_divergence(step - 1)
-                save_checkpoint(step, wall_before + time.perf_counter() - t0)
-            if batches is not None:
-                prompts = batches(step)
-            elif fixed is not None:
-                prompts = fixed
-            else:
-                prompts = reused = draw(gen, reused)
-            loss = loss_fn(prompts)
-            losses[step] = loss.detach()
-            if step in record_at or step % check_every == 0 or step == n_steps:
-                check_divergence(step)
-            if step in record_at:
-                om, m_, res = readout()
-                trajectory.append(Record(t=step * lr, loss=float(losses[step]), omega=om.tolist(),
-                                         mu=m_.tolist(), residual=float(res)))
-                bar.set_postfix(t=f"{step * lr:.3g}", loss=f"{float(losses[step]):.4g}")
-                if on_record is not None:
-                    on_record(step, step * lr, state, float(losses[step]))
-            if step == n_steps:
-                break
-            grads = torch.autograd.grad(loss, params)
-            with torch.no_grad():
-                update(grads)
-            bar.update(1)
-    finally:
-        bar.close()
-    wall = wall_before + time.perf_counter() - t0
-    cpu = time.process_time() - cpu0
-
-    return make_result(cfg, tcfg, trajectory, losses[:n_steps].cpu().double().numpy(), wall, cpu, kind,
-                       None if reduced else model)
+                   steps=int(d["steps"]), model=d.get("model", "full"), cpu_seconds=float(d.get("cpu_seconds", 0.0)),
+                   fingerprint=d.get("fingerprint"))
 
 
 def record_steps(tcfg: TrainConfig, record_every: Optional[int] = None) -> set:
@@ -395,30 +210,17 @@ def record_steps(tcfg: TrainConfig, record_every: Optional[int] = None) -> set:
     return at
 
 
-def diverged(loss: float, tcfg: TrainConfig) -> bool:
-    """The divergence rule: a batch loss that is not finite or exceeds ``tcfg.diverge_loss``."""
-    return not math.isfinite(loss) or loss > tcfg.diverge_loss
-
-
-def divergence(step: int, loss: float, cfg: ProblemConfig, tcfg: TrainConfig) -> TrainingDiverged:
-    """The error of a run whose batch loss at ``step`` broke the rule of :func:`diverged`."""
-    why = "non-finite" if not math.isfinite(loss) else f"above diverge_loss = {tcfg.diverge_loss:g}"
-    return TrainingDiverged(f"training diverged at step {step} (t = {step * tcfg.lr:.6g}): batch loss {loss!r} "
-                            f"({why}); lower the learning rate (lr = {tcfg.lr:g}) or the initial scale "
-                            f"(init_scale = {cfg.init_scale:g})")
-
-
-def make_result(cfg: ProblemConfig, tcfg: TrainConfig, trajectory: list, step_losses: np.ndarray, wall: float,
-                cpu: float, kind: str = "full", final_model=None, batched_runs: int = 1) -> TrainResult:
-    """The TrainResult of a finished run: the final record's values, and the loss = mean of the
-    last 10% of the per-step batch losses ``step_losses`` (steps,)."""
+def make_result(run: Run, kind: str, wall: float, cpu: float, batched_runs: int) -> TrainResult:
+    """The TrainResult of a finished run of a program: the final record's values, and the loss =
+    mean of the last 10% of its per-step batch losses."""
+    step_losses = run.losses[:run.tcfg.steps].cpu().double().numpy()
     tail = max(1, int(math.ceil(0.1 * len(step_losses))))
-    final = trajectory[-1]
-    return TrainResult(config=cfg, train=tcfg, trajectory=trajectory,
-                       omega=np.asarray(final.omega), mu=np.asarray(final.mu),
-                       loss=float(step_losses[-tail:].mean()), wall_seconds=wall, steps=len(step_losses),
-                       model=kind, losses=step_losses, cpu_seconds=cpu, final_model=final_model,
-                       batched_runs=batched_runs)
+    final = run.trajectory[-1]
+    return TrainResult(config=run.cfg, train=run.tcfg, trajectory=run.trajectory, omega=np.asarray(final.omega),
+                       mu=np.asarray(final.mu), loss=float(step_losses[-tail:].mean()), wall_seconds=wall,
+                       steps=len(step_losses), model=kind, losses=step_losses, cpu_seconds=cpu,
+                       final_model=run.final, batched_runs=batched_runs,
+                       fingerprint={part: run.fingerprint[part] for part in ("prompts", "weights")})
 
 
 def train(cfg: ProblemConfig, tcfg: TrainConfig, *, batches: Optional[BatchSource] = None,
@@ -426,7 +228,8 @@ def train(cfg: ProblemConfig, tcfg: TrainConfig, *, batches: Optional[BatchSourc
           start: Optional[MultiHeadAttention] = None) -> TrainResult:
     """Plain GD (step lr = time step) on every weight of the full model from cfg's init (or
     from ``start``, a model trained in place), on fresh batches (or ``batches(step)``)."""
-    return _run(cfg, tcfg, False, batches, on_record, record_every, start)
+    return _alone("full", cfg, tcfg, dict(batches=batches, on_record=on_record, record_every=record_every,
+                                          start=start))
 
 
 def train_reduced(cfg: ProblemConfig, tcfg: TrainConfig, *, batches: Optional[BatchSource] = None,
@@ -450,67 +253,31 @@ def train_reduced(cfg: ProblemConfig, tcfg: TrainConfig, *, batches: Optional[Ba
       ``batches(step)`` -> MarginalPrompts); ``symmetrize`` is a no-op (the labels are
       integrated out).  Its records are importance-weighted batch means of the same loss.
       Checkpoints record the estimator and refuse to resume under the other one."""
-    return _run(cfg, tcfg, True, batches, on_record, record_every, start, metric, estimator)
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    return _alone("reduced", cfg, tcfg, dict(batches=batches, on_record=on_record, record_every=record_every,
+                                             start=start, metric=metric), estimator)
+
+
+def _alone(kind: str, cfg, tcfg, seams: dict, estimator: str = "prompts") -> TrainResult:
+    """One run: a program of one run; its error raised."""
+    out = _train_all(kind, [cfg], [tcfg], {k: [v] for k, v in seams.items()}, estimator=estimator, alone=True)[0]
+    if isinstance(out, BaseException):
+        raise out
+    return out
 
 
 def train_reduced_many(cfgs, tcfgs, *, start: Optional[Sequence] = None, metric: Optional[Sequence] = None,
-                       on_record: Optional[Sequence] = None, record_every=None) -> list:
+                       on_record: Optional[Sequence] = None) -> list:
     """Train many reduced flows, each exactly as :func:`train_reduced` (estimator "prompts")
     would (to rounding), the runs of one shape (numerics.batched.SHAPE_FIELDS) and batch size
-    as one tensor program (numerics.batched_reduced): runs that draw the same prompts share one
-    draw per step.  Returns one entry per run, in order: its TrainResult, or the exception that
-    ended it (TrainingDiverged, or the one its on_record hook raised).  ``cfgs``, ``tcfgs``
-    as in :func:`train_many`; ``start`` ((omega0, mu0) or None), ``metric``, ``on_record`` (its
-    state a copy of (omega, mu)) per run, ``record_every`` an int or one per run.  A run
-    with a checkpoint, or alone in its shape, is trained by train_reduced itself."""
-    cfgs = [cfgs] if isinstance(cfgs, ProblemConfig) else list(cfgs)
-    tcfgs = [tcfgs] if isinstance(tcfgs, TrainConfig) else list(tcfgs)
-    n = max(len(cfgs), len(tcfgs))
-    cfgs, tcfgs = (cfgs * n if len(cfgs) == 1 else cfgs), (tcfgs * n if len(tcfgs) == 1 else tcfgs)
-    if len(cfgs) != n or len(tcfgs) != n:
-        raise ValueError(f"cfgs and tcfgs must have the same length (or one of them a single config), got "
-                         f"{len(cfgs)} and {len(tcfgs)}")
-    if isinstance(record_every, int) or record_every is None:
-        record_every = [record_every] * n
-    per_run = {"start": start, "metric": metric, "on_record": on_record, "record_every": record_every}
-    for name, v in per_run.items():
-        v = [None] * n if v is None else list(v)
-        if len(v) != n:
-            raise ValueError(f"{name} must have one entry per run ({n}), got {len(v)}")
-        per_run[name] = v
-    for i, (cfg, tcfg) in enumerate(zip(cfgs, tcfgs)):
-        if not isinstance(cfg, ProblemConfig) or not isinstance(tcfg, TrainConfig):
-            raise TypeError(f"run {i}: cfgs[i] must be a ProblemConfig and tcfgs[i] a TrainConfig")
-        for name in ("metric", "on_record"):
-            if per_run[name][i] is not None and not callable(per_run[name][i]):
-                raise TypeError(f"{name}[{i}] must be callable, got {type(per_run[name][i]).__name__}")
-        r = per_run["record_every"][i]
-        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
-            raise ValueError(f"record_every[{i}] must be a positive integer or None, got {r!r}")
-        if tcfg.symmetrize and tcfg.batch % 2 ** cfg.m:
-            raise ValueError(f"run {i}: symmetrize=True needs batch to be a multiple of 2^m = {2 ** cfg.m}; got "
-                             f"batch={tcfg.batch}")
-
-    from .batched import shape_key
-    from .batched_reduced import run_reduced_program
-
-    groups: dict = {}
-    for i, (cfg, tcfg) in enumerate(zip(cfgs, tcfgs)):
-        groups.setdefault(("alone", i) if tcfg.checkpoint is not None else (shape_key(cfg), tcfg.batch), []).append(i)
-    out: list = [None] * n
-    for members in groups.values():
-        if len(members) == 1:
-            i = members[0]
-            try:
-                out[i] = train_reduced(cfgs[i], tcfgs[i], start=per_run["start"][i], metric=per_run["metric"][i],
-                                       on_record=per_run["on_record"][i], record_every=per_run["record_every"][i])
-            except Exception as exc:        # ends this run only, as in a program
-                out[i] = exc
-            continue
-        out_part = run_reduced_program(cfgs, tcfgs, members, **per_run)
-        for i, res in out_part.items():
-            out[i] = res
-    return out
+    as one program: runs that draw the same prompts share one draw per step.  Returns one entry
+    per run, in order: its TrainResult, or the exception that ended it (TrainingDiverged, or
+    the one its on_record hook raised).  ``cfgs``, ``tcfgs`` as in :func:`train_many`;
+    ``start`` ((omega0, mu0) or None), ``metric``, ``on_record`` (its state a copy of
+    (omega, mu)) per run.  A run with a checkpoint is a program of its own."""
+    return _train_all("reduced", cfgs, tcfgs, dict(batches=None, on_record=on_record, record_every=None,
+                                                   start=start, metric=metric))
 
 
 def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Optional[Sequence] = None,
@@ -529,108 +296,139 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
     by step_memory_bytes); the runs of one prompt stream together; on the CPU, runs of
     different streams share a program only while its contexts hold at most
     numerics.batched.MERGE_CONTEXT_ELEMENTS numbers (beyond, programs per stream: merging
-    large streams gains nothing on a CPU).  Within a group everything else may differ: seed, sigma, init,
-    init_scale, init_seed, given (omega, mu), logit_scale, start model, lr, time (so the
-    number of steps: a run leaves the program at its last step), records and record_every,
-    fresh_batches, symmetrize, diverge_loss, on_record and batches.  Runs that draw the same
-    prompts (same seed, sigma, symmetrize and fresh_batches, no batch source of their own)
-    share one draw per step.  Trained one by one with train(): a run alone in its group, and a
-    run with a checkpoint (a program's checkpoint would have to hold every run's state).
+    large streams gains nothing on a CPU).  Within a group everything else may differ: seed,
+    sigma, init, init_scale, init_seed, given (omega, mu), logit_scale, start model, lr, time
+    (so the number of steps: a run leaves the program at its last step), records and
+    record_every, fresh_batches, symmetrize, diverge_loss, on_record and batches.  Runs that
+    draw the same prompts (same seed, sigma, symmetrize and fresh_batches, no batch source of
+    their own) share one draw per step.  A run with a checkpoint is a program of its own.
 
     How a run ends early without ending the others: a diverging run's entry is the
     TrainingDiverged train() would raise (same message); a run whose on_record hook raises
     gets that exception as its entry (the hook stops its run as it would stop train(), e.g.
-    numerics.saddle's early stop).  The hook receives a copy of the run's model at the record
-    (its weights then; train() passes the live model, so a hook must not rely on changing it).
-    A start model is trained in place and is the result's final_model, as in train(); a run
-    that ends early leaves it at the weights of the step that ended it, as train() does.
-    ``wall_seconds`` and ``cpu_seconds`` of a batched run are its share of the program's
-    (in proportion to its steps); ``batched_runs`` says how many runs the program had."""
+    numerics.saddle's early stop).  A hook receives a copy of the run's model at the record
+    (its weights then), as in train().  A start model is trained in place and is the result's
+    final_model; a run that ends early leaves it at the weights of the step that ended it.
+    ``wall_seconds`` and ``cpu_seconds`` of a batched run are its share of the program's (in
+    proportion to its steps); ``batched_runs`` says how many runs the program had."""
+    if max_runs is not None and (isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1):
+        raise ValueError(f"max_runs must be a positive integer or None, got {max_runs!r}")
+    return _train_all("full", cfgs, tcfgs, dict(batches=batches, on_record=on_record, record_every=record_every,
+                                                start=start), max_runs=max_runs)
+
+
+def _train_all(kind: str, cfgs, tcfgs, seams: dict, *, estimator: str = "prompts",
+               max_runs: Optional[int] = None, alone: bool = False) -> list:
+    """Every run of the four entry points: checked (all before any is trained), grouped into
+    programs (:func:`_programs`), each trained by numerics.batched.Program; one entry per run."""
+    cfgs, tcfgs, seams = _per_run(cfgs, tcfgs, seams)
+    for i in range(len(cfgs)):
+        _check_run(kind, i, cfgs, tcfgs, seams, estimator, "" if alone else f"[{i}]")
+    starts = [s for s in seams["start"] if s is not None] if kind == "full" else []
+    if len({id(s) for s in starts}) < len(starts):
+        raise ValueError("a start model appears twice: each run trains its own start in place")
+    out: list = [None] * len(cfgs)
+    stack_type = StackedAttention if kind == "full" else StackedValues
+    for part in _programs(kind, cfgs, tcfgs, seams["batches"], max_runs):
+        runs, streams = _program_runs(part, cfgs, tcfgs, seams, estimator)
+        try:
+            wall, cpu = Program(runs, streams, stack_type, tcfgs[part[0]].batch).run()
+        except Exception as exc:        # a program of one run: ends this run only
+            if len(part) > 1:
+                raise
+            out[part[0]] = exc
+            continue
+        total = sum(r.tcfg.steps for r in runs)
+        for r in runs:
+            share = r.tcfg.steps / total
+            out[r.index] = r.error if r.error is not None else make_result(
+                r, kind, r.wall_before + wall * share, cpu * share, len(runs))
+    return out
+
+
+def _per_run(cfgs, tcfgs, seams: dict) -> tuple[list, list, dict]:
+    """cfgs and tcfgs as lists of one length (a single config for every run), and each seam as
+    a list of one entry per run (None: none for every run; record_every also an int)."""
     cfgs = [cfgs] if isinstance(cfgs, ProblemConfig) else list(cfgs)
     tcfgs = [tcfgs] if isinstance(tcfgs, TrainConfig) else list(tcfgs)
     n = max(len(cfgs), len(tcfgs))
-    if n == 0:
-        return []
-    if len(cfgs) == 1:
-        cfgs = cfgs * n
-    if len(tcfgs) == 1:
-        tcfgs = tcfgs * n
+    cfgs, tcfgs = (cfgs * n if len(cfgs) == 1 else cfgs), (tcfgs * n if len(tcfgs) == 1 else tcfgs)
     if len(cfgs) != n or len(tcfgs) != n:
         raise ValueError(f"cfgs and tcfgs must have the same length (or one of them a single config), got "
                          f"{len(cfgs)} and {len(tcfgs)}")
-
-    def per_run(name, value, check):
-        if value is None:
-            return [None] * n
-        if name == "record_every" and (value is None or isinstance(value, int)):
-            value = [value] * n
-        value = list(value)
+    out = {}
+    for name, value in seams.items():
+        value = [value] * n if value is None or (name == "record_every" and isinstance(value, int)) else list(value)
         if len(value) != n:
             raise ValueError(f"{name} must have one entry per run ({n}), got {len(value)}")
-        for i, v in enumerate(value):
-            if v is not None:
-                check(i, v)
-        return value
+        out[name] = value
+    return cfgs, tcfgs, out
 
-    def callable_check(what):
-        def check(i, v):
-            if not callable(v):
-                raise TypeError(f"{what}[{i}] must be callable, got {type(v).__name__}")
-        return check
 
-    def every_check(i, v):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"record_every[{i}] must be a positive integer or None, got {v!r}")
+def _check_run(kind: str, i: int, cfgs: list, tcfgs: list, seams: dict, estimator: str, where: str) -> None:
+    """Run i's arguments, refused with a one-line error; a reduced start made (omega0, mu0)
+    tensors of the run's dtype and device (a copy: the caller's arrays are never updated)."""
+    cfg, tcfg, run = cfgs[i], tcfgs[i], f"run {i}: " if where else ""
+    if not isinstance(cfg, ProblemConfig):
+        raise TypeError(f"cfg{where} must be a ProblemConfig, got {type(cfg).__name__}")
+    if not isinstance(tcfg, TrainConfig):
+        raise TypeError(f"tcfg{where} must be a TrainConfig, got {type(tcfg).__name__}")
+    for name in ("batches", "on_record", "metric"):
+        if seams.get(name, [None] * len(cfgs))[i] is not None and not callable(seams[name][i]):
+            raise TypeError(f"{name}{where} must be callable, got {type(seams[name][i]).__name__}")
+    every = seams["record_every"][i]
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ValueError(f"record_every{where} must be a positive integer or None, got {every!r}")
+    if seams["batches"][i] is not None and tcfg.checkpoint is not None:
+        raise ValueError(f"{run}a run with its own batch source cannot be checkpointed (the source's state is not "
+                         "saved); drop checkpoint or the batches")
+    if tcfg.symmetrize and estimator != "marginal" and tcfg.batch % 2 ** cfg.m:
+        raise ValueError(f"{run}symmetrize=True needs batch to be a multiple of 2^m = {2 ** cfg.m} (every prompt "
+                         f"is used under all per-task sign flips); got batch={tcfg.batch}")
+    start = seams["start"][i]
+    if kind == "reduced":
+        seams["start"][i] = _start_values(cfg, start)
+    elif start is not None and not isinstance(start, MultiHeadAttention):
+        raise TypeError(f"start{where} must be a MultiHeadAttention (the model to train), got {type(start).__name__}")
+    elif start is not None and start.cfg != cfg:
+        raise ValueError(f"start{where} was built for a different ProblemConfig than cfg{where}")
 
-    def start_check(i, v):
-        if not isinstance(v, MultiHeadAttention):
-            raise TypeError(f"start[{i}] must be a MultiHeadAttention (the model to train), got {type(v).__name__}")
-        if v.cfg != cfgs[i]:
-            raise ValueError(f"start[{i}] was built for a different ProblemConfig than cfgs[{i}]")
 
-    batches = per_run("batches", batches, callable_check("batches"))
-    on_record = per_run("on_record", on_record, callable_check("on_record"))
-    record_every = per_run("record_every", record_every, every_check)
-    start = per_run("start", start, start_check)
-    if start is not None and len({id(s) for s in start if s is not None}) < sum(s is not None for s in start):
-        raise ValueError("a start model appears twice: each run trains its own start in place")
-    if max_runs is not None and (isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1):
-        raise ValueError(f"max_runs must be a positive integer or None, got {max_runs!r}")
-    for i, (cfg, tcfg) in enumerate(zip(cfgs, tcfgs)):
-        if not isinstance(cfg, ProblemConfig):
-            raise TypeError(f"cfgs[{i}] must be a ProblemConfig, got {type(cfg).__name__}")
-        if not isinstance(tcfg, TrainConfig):
-            raise TypeError(f"tcfgs[{i}] must be a TrainConfig, got {type(tcfg).__name__}")
-        if batches[i] is not None and tcfg.checkpoint is not None:
-            raise ValueError(f"run {i}: a run with its own batch source cannot be checkpointed; drop checkpoint "
-                             "or the batches")
-        if tcfg.symmetrize and tcfg.batch % 2 ** cfg.m:
-            raise ValueError(f"run {i}: symmetrize=True needs batch to be a multiple of 2^m = {2 ** cfg.m}; got "
-                             f"batch={tcfg.batch}")
+def _start_values(cfg: ProblemConfig, start) -> tuple[torch.Tensor, torch.Tensor]:
+    """(omega0, mu0) of a reduced flow: cfg's decomposable start or ``start``, copied (torch.as_tensor
+    shares memory with a float64 numpy array) to the run's dtype and device."""
+    omega0, mu0 = initial_semi_singular_values(cfg) if start is None else start
+    out = tuple(torch.as_tensor(np.asarray(v.detach().cpu() if torch.is_tensor(v) else v, dtype=float))
+                .to(cfg.device, cfg.torch_dtype).clone() for v in (omega0, mu0))
+    for name, v in zip(("omega0", "mu0"), out):
+        if tuple(v.shape) != (cfg.heads, cfg.m):
+            raise ValueError(f"start {name} must have shape (heads, m) = ({cfg.heads}, {cfg.m}), got {tuple(v.shape)}")
+    return out
 
-    from .batched import MERGE_CONTEXT_ELEMENTS, run_program, shape_key, stream_key
 
+def _programs(kind: str, cfgs: list, tcfgs: list, batches: list, max_runs: Optional[int]) -> list:
+    """The runs (indices) of each program: a group of one shape and batch size (a checkpointed run
+    alone); a full-model group cut into programs of at most ``max_runs`` runs (default: what fits
+    in half the free memory), the runs of one stream together, and on the CPU several streams
+    together only while their contexts hold at most MERGE_CONTEXT_ELEMENTS numbers."""
     groups: dict = {}
     for i, (cfg, tcfg) in enumerate(zip(cfgs, tcfgs)):
-        key = ("alone", i) if tcfg.checkpoint is not None else (shape_key(cfg), tcfg.batch)
-        groups.setdefault(key, []).append(i)
-    out: list = [None] * n
-    for key, members in groups.items():
+        groups.setdefault(("alone", i) if tcfg.checkpoint is not None else (shape_key(cfg), tcfg.batch), []).append(i)
+    parts: list = []
+    for members in groups.values():
         cfg0, tcfg0 = cfgs[members[0]], tcfgs[members[0]]
-        cap = max_runs
-        if cap is None:
-            free = _available_memory(cfg0.device)
-            need = step_memory_bytes(cfg0, tcfg0.batch)
-            cap = len(members) if free is None else max(1, int(free // 2 // max(need, 1)))
-        # programs: the runs of one stream always together (unless over cap); on the CPU, streams
-        # of their own are merged only while their contexts stay small (numerics.batched)
+        if kind == "reduced" or len(members) == 1:
+            parts.append(members)
+            continue
+        free = _available_memory(cfg0.device) if max_runs is None else None
+        cap = max_runs or (len(members) if free is None else
+                           max(1, int(free // 2 // max(step_memory_bytes(cfg0, tcfg0.batch), 1))))
         streams: dict = {}
         for i in members:
             streams.setdefault(("source", i) if batches[i] is not None else stream_key(cfgs[i], tcfgs[i]), []).append(i)
         per_stream = tcfg0.batch * cfg0.L * cfg0.token_dim
-        budget = (max(1, MERGE_CONTEXT_ELEMENTS // per_stream) if cfg0.torch_device.type == "cpu"
-                  else len(streams))
-        parts, part, held = [], [], 0
+        budget = max(1, MERGE_CONTEXT_ELEMENTS // per_stream) if cfg0.torch_device.type == "cpu" else len(streams)
+        part, held = [], 0
         for runs_of_stream in streams.values():
             for lo in range(0, len(runs_of_stream), cap):
                 chunk = runs_of_stream[lo:lo + cap]
@@ -639,19 +437,41 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
                     part, held = [], 0
                 part, held = part + chunk, held + 1
         parts.append(part)
-        for part in parts:
-            if len(part) == 1:
-                i = part[0]
-                try:
-                    out[i] = train(cfgs[i], tcfgs[i], batches=batches[i], on_record=on_record[i],
-                                   record_every=record_every[i], start=start[i])
-                except Exception as exc:        # ends this run only, as in a program
-                    out[i] = exc
-                continue
-            for i, res in run_program(cfgs, tcfgs, part, batches=batches, on_record=on_record,
-                                      record_every=record_every, start=start).items():
-                out[i] = res
-    return out
+    return parts
+
+
+def _program_runs(part: list, cfgs: list, tcfgs: list, seams: dict, estimator: str) -> tuple[list, list]:
+    """The Run of each index of ``part`` and the streams they read: one per distinct stream_key
+    (a shared draw), one per batch source."""
+    streams, keyed, runs = [], {}, []
+    for i in part:
+        cfg, tcfg, source = cfgs[i], tcfgs[i], seams["batches"][i]
+        key = ("source", i) if source is not None else stream_key(cfg, tcfg)
+        if key not in keyed:
+            keyed[key], draw = len(streams), _sampler(cfg, tcfg, estimator)
+            fixed = None if tcfg.fresh_batches or source is not None else draw(make_generator(tcfg.seed, cfg.device))
+            streams.append(Stream(draw, source=source) if source is not None else
+                           Stream(draw, tcfg.seed, make_generator(tcfg.seed, cfg.device), fixed))
+        metric = seams.get("metric", [None] * len(cfgs))[i]
+        if "metric" in seams and metric is None:
+            metric = lambda o, m_, cfg=cfg: metric_factors(o, m_, cfg)  # noqa: E731
+        runs.append(Run(i, cfg, tcfg, keyed[key], record_steps(tcfg, seams["record_every"][i]), seams["on_record"][i],
+                        start=seams["start"][i], metric=metric, estimator=estimator))
+    return runs, streams
+
+
+def _sampler(cfg: ProblemConfig, tcfg: TrainConfig, estimator: str) -> Callable:
+    """A stream's draw: (generator, out=None) -> the step's batch.  Whole prompts: each fresh
+    batch overwrites the last one's tensors (out=): it is dead once the step is taken, and
+    drawing into memory already touched saves the fresh pages' faults.  Marginal prompts: m
+    Gaussians per token (plus |q_i|) instead of d + m, drawn in float32 and cast as
+    numerics.data draws whole prompts; symmetrize has nothing to do there (the labels are
+    integrated out, so the sign-flip identities hold on every batch)."""
+    if estimator == "marginal":
+        return lambda g, out=None: sample_marginal_prompts(cfg.tasks, cfg.L, tcfg.batch, g, cfg.torch_dtype,
+                                                           cfg.device, draw_dtype=torch.float32, blocks_major=True)
+    return lambda g, out=None: sample_prompts(cfg, tcfg.batch, g, tcfg.symmetrize, out=out)
+
 
 
 # --- command line ------------------------------------------------------------------------------
@@ -761,13 +581,9 @@ def _flag_message(text: str) -> str:
     return text
 
 
-@command_line
-def main(argv=None) -> int:
-    """Exit status: 0 done; 1 training diverged; 2 bad arguments (nothing computed, nothing
-    written); 75 the disk is full (audit_io.files.EXIT_DISK_FULL: the checkpoint written last is
-    whole, and a result that cannot be written is printed on stdout instead)."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+def _configs(parser: argparse.ArgumentParser, args) -> tuple[ProblemConfig, TrainConfig]:
+    """The run's configurations from the parsed flags, after every check that does not need the
+    computation (parser.error: exit 2, nothing computed)."""
     # options that would be silently ignored are refused: the user meant something by them
     ignored = [(args.basis_seed is not None and args.basis != "random",
                 "--basis-seed is used only with --basis random (the identity basis has no seed)"),
@@ -812,6 +628,17 @@ def main(argv=None) -> int:
                      f"D {cfg.token_dim} context, batch x L x heads {cfg.heads} attention weights, heads x D^2 "
                      f"weights) but {free / 2**30:.3g} GiB is available on {cfg.device}; lower --batch, --L, "
                      "--heads or the task sizes")
+    return cfg, tcfg
+
+
+@command_line
+def main(argv=None) -> int:
+    """Exit status: 0 done; 1 training diverged; 2 bad arguments (nothing computed, nothing
+    written); 75 the disk is full (audit_io.files.EXIT_DISK_FULL: the checkpoint written last is
+    whole, and a result that cannot be written is printed on stdout instead)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    cfg, tcfg = _configs(parser, args)
     try:
         if tcfg.checkpoint is not None:
             checkpoint.check_path(tcfg.checkpoint, "--checkpoint")   # its fields: checkpoint.read, in the run

@@ -176,6 +176,7 @@ def request_from_args(args):
 def _validate(args) -> tuple:
     """(plan, out): every check before any computation; BadArguments on anything wrong."""
     from claims.model_audit import plan_audit
+    from numerics import external
     from numerics.config import check_device
 
     if args.prompts is not None and (args.max_prompts is not None or args.max_minutes is not None):
@@ -187,6 +188,10 @@ def _validate(args) -> tuple:
         check_device(args.device)
     except (TypeError, ValueError) as exc:
         raise BadArguments(f"--device: {exc}") from None
+    try:
+        external.check_paths(args.checkpoints)      # a link loop, a FIFO, a device: refused before any read
+    except ValueError as exc:
+        raise BadArguments(str(exc)) from None
     out = check_out_dir(args.out, "--out", args.checkpoints)
     try:
         plan = plan_audit(request_from_args(args))

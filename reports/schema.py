@@ -34,6 +34,7 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from audit_io.handed import PARSE_FACTOR, check_memory, parse_json
 from audit_io.options import SEED_MAX
 from claims.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
                          HeadlineRow, PerturbationCheck, judge, kind_from_id)
@@ -560,34 +561,38 @@ def provenance_problems(prov: dict, strict: bool = True) -> list[str]:
     return problems
 
 
-def _strict_constant(name: str):
-    raise ValueError(f"non-strict JSON constant {name}")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text[:40]} is beyond the range of a float (it would be read as infinity); "
-                         "a report stores a non-finite number as the string \"inf\"")
-    return value
-
-
 def parse_strict(text: str) -> Any:
-    """Strict JSON (no NaN/Infinity, no number that overflows a float: ``1e400`` would be read as
-    infinity); a file nested too deep for the parser is a ValueError too."""
-    try:
-        return json.loads(text, parse_constant=_strict_constant, parse_float=_finite_float)
-    except RecursionError:
-        raise ValueError(f"nested too deep (more than {MAX_DEPTH} levels allowed)") from None
+    """Strict JSON (audit_io.handed.parse_json: no NaN/Infinity, no number that overflows a float --
+    ``1e400`` would be read as infinity -- and a file nested too deep for the parser a ValueError)."""
+    return parse_json(text)
 
 
-# A claims.json larger than this is not one this command wrote (the quick report's is ~1 MB).
-MAX_BYTES = 200 * 2**20
+MAX_BYTES = 32 * 2 ** 20
+"""The largest claims.json read back (32 MiB; the quick report's is about 1 MB): parsed, a JSON
+document takes up to audit_io.handed.PARSE_FACTOR times its size in memory."""
+MAX_DRAWINGS = 400
+"""Figures a claims.json read back may ask to draw, each panel counted (a drawing takes 0.1-0.3 s of
+CPU, so 400 are a minute or two; a file of 1,500 figures took 448 s to re-render)."""
+
+
+def drawings(report: dict) -> int:
+    """The figures and panels the entries' ``figure_data`` would draw (without recursion)."""
+    stack = [f for e in report.get("claims") or [] if isinstance(e, dict)
+             for f in (e.get("figure_data") if isinstance(e.get("figure_data"), list) else [])]
+    count = 0
+    while stack and count <= MAX_DRAWINGS:
+        figure = stack.pop()
+        count += 1
+        if isinstance(figure, dict) and isinstance(figure.get("panels"), list):
+            stack += figure["panels"]
+    return count
 
 
 def load_report(path: str, flag: str) -> dict:
     """A claims.json document (or a report directory holding one), upgraded to the current schema
-    and checked (:func:`document_problems`); :class:`BadArguments` naming ``flag`` otherwise."""
+    and checked (:func:`document_problems`); :class:`BadArguments` naming ``flag`` otherwise.  Its
+    cost is bounded before the work: at most :data:`MAX_BYTES`, its parse within the memory this
+    process can take, at most :data:`MAX_DRAWINGS` figures to draw."""
     from audit_io.files import read_input_bytes
 
     file = Path(path)
@@ -597,6 +602,7 @@ def load_report(path: str, flag: str) -> dict:
         raise BadArguments(f"{flag} {path}: no such file; give the claims.json of a report (or its directory)")
     try:
         raw = read_input_bytes(file, flag, max_bytes=MAX_BYTES)
+        check_memory(PARSE_FACTOR * len(raw), f"{flag} {path}: parsing it")
     except ValueError as exc:
         raise BadArguments(str(exc)) from None
     try:
@@ -609,6 +615,9 @@ def load_report(path: str, flag: str) -> dict:
             and isinstance(report.get("provenance"), dict)):
         raise BadArguments(f"{flag} {path}: not a claims.json of a report (it needs 'claims', a list of "
                            "objects with an id and a verdict, and 'provenance')")
+    if drawings(report) > MAX_DRAWINGS:
+        raise BadArguments(f"{flag} {path}: asks for more than {MAX_DRAWINGS} figures and panels, more than a report "
+                           "of this project draws (re-rendering them would take many minutes); not read")
     report = upgrade(report)
     problems = document_problems(report, strict=False)
     if problems:

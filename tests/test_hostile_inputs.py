@@ -1,5 +1,5 @@
 """Hostile inputs, round 2 (issue 22): nothing a user types can destroy a file, lose an output
-or hang.  Three parts:
+or hang.  Five parts:
 
 1. the one output-path policy of ``audit_io.files`` (``check_output_path``,
    ``check_output_dir``, ``write_output``, ``check_input_file``, ``parse_int``) on real files:
@@ -12,7 +12,13 @@ or hang.  Three parts:
    test if it is called);
 3. what must still work: an output that is a character device (/dev/null, or one made with
    mknod when root) written through and left a device, a symbolic link followed, a sweep
-   with a FIFO in its points/ that neither hangs nor is read.
+   with a FIFO in its points/ that neither hangs nor is read;
+4. a handed folder, a forged store, a full disk, a killed parent, the environment;
+5. handed files (audit_io.handed, the reader contract): crafted checkpoints (safetensors, npz,
+   torch, run.json) and reports read back, each through its command (reports.audit,
+   numerics.train --checkpoint, reports.build --from-json, reports.findings, reports.compare)
+   in a worker under resource limits: exit 2, one line naming the file and the problem, no
+   traceback, bounded CPU seconds and memory, nothing written.
 
 Every case that could block (a FIFO) runs under an alarm: a hang fails the test instead of
 stalling the suite.
@@ -734,6 +740,12 @@ POINT_FILES = [
     ("a NaN token", lambda d, r: _raw(d, r["id"], json.dumps(r).replace('"loss": 0.5', '"loss": NaN')),
      "not valid JSON"),
     ("not UTF-8", lambda d, r: _raw(d, r["id"], b"\xff\xfe{}"), "not UTF-8"),
+    ("a loss beyond the float range", lambda d, r: _raw(d, r["id"], json.dumps(r).replace('"loss": 0.5', '"loss": 1e400')),
+     "1e400 is beyond the range of a float"),
+    ("a loss stored as the text 'nan'", lambda d, r: _put(d, r["id"], {**r, "result": {"loss": "nan"}}),
+     "its result's loss is 'nan', not a finite number"),
+    ("a loss that is a list", lambda d, r: _put(d, r["id"], {**r, "result": {"loss": [0.5]}}),
+     "its result's loss is a list"),
     ("neither a result nor an error", lambda d, r: _put(d, r["id"], {**r, "result": None}), "not a finished point"),
     ("a name that is no point id", lambda d, r: _put(d, "notes", r), "not a point file"),
     ("a symbolic link to a sound point elsewhere", lambda d, r: _link_point(d, r), "is a symbolic link"),
@@ -1061,3 +1073,451 @@ def test_an_ascii_only_output_stream_is_written_escaped(capsys):
     finally:
         sys.stdout = old
     assert text == "measured 0.26 \\xb1 0.004 \\u2713\n"
+
+
+# --- 5. handed files: a crafted checkpoint or report, read by the commands under resource limits -----
+#
+# Every case runs in one worker process (the project imported once), each in a child forked from it
+# with its own working directory (the handed files only), RLIMIT_CPU and, where a budget is tested, a
+# tight RLIMIT_AS; the worker itself runs under RLIMIT_AS (the subprocess's preexec).  os.wait4 gives
+# each child's CPU seconds and peak resident memory: no wall clock is read.  Each case must exit 2
+# with one error line naming its file and the problem, no traceback, in under CPU_S seconds of CPU
+# and RSS_MB over the worker's own resident memory, and leave its directory as it found it.
+
+import io  # noqa: E402
+import math  # noqa: E402
+import struct  # noqa: E402
+import zipfile  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+WORKER_AS = 4 * 2 ** 30     # the worker's address space (it maps about 0.9 GB once imported)
+CPU_S, RSS_MB = 3.0, 150     # per case: the refusals take 0.1-0.5 s and a few MB
+CK = ["ck.bin", "--tasks", "2,2", "--L", "8", "--out", "out", "--no-progress"]
+TRAIN_CK = ["--tasks", "2,2", "--heads", "2", "--L", "8", "--batch", "8", "--time", "0.5", "--lr", "0.05",
+            "--records", "3", "--no-progress", "--checkpoint", "ck.bin", "--out", "run.json"]
+
+WORKER = r'''
+import json, os, resource, signal, sys, traceback
+jobs = json.load(sys.stdin)
+import numerics.train, reports.audit, reports.build, reports.compare, reports.findings
+import numpy.lib.format, safetensors.torch
+MAINS = {"audit": lambda a: reports.audit.main(a, stream=sys.stderr), "train": numerics.train.main,
+         "build": reports.build.main, "findings": reports.findings.main, "compare": reports.compare.main}
+results = {"base_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "cases": {}}
+for job in jobs:
+    pid = os.fork()
+    if pid == 0:
+        rc = 98
+        try:
+            os.chdir(job["cwd"])
+            log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            if job["headroom"]:
+                used = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+                resource.setrlimit(resource.RLIMIT_AS, (used + job["headroom"],) * 2)
+            resource.setrlimit(resource.RLIMIT_CPU, (30, 30))
+            signal.alarm(120)          # a read that blocks (a FIFO) ends the child; no measurement
+            rc = MAINS[job["cli"]](job["argv"])
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 97
+        except BaseException:
+            traceback.print_exc()
+            rc = 99
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc if isinstance(rc, int) else 98)
+    _, status, usage = os.wait4(pid, 0)
+    results["cases"][job["name"]] = {"rc": os.waitstatus_to_exitcode(status), "rss_kb": usage.ru_maxrss,
+                                     "cpu": usage.ru_utime + usage.ru_stime}
+print(json.dumps(results))
+'''
+
+
+def _limit_worker():
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (WORKER_AS, WORKER_AS))
+
+
+def _weights(dtype=np.float64) -> dict:
+    g = np.random.default_rng(0)
+    return {"K": g.normal(size=(2, 6, 6)), "Q": g.normal(size=(2, 6, 6)), "V": g.normal(size=(2, 6, 6)),
+            "O": g.normal(size=(2, 2, 6))}
+
+
+def _npy(array) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.asarray(array))
+    return buf.getvalue()
+
+
+def _zip(members: dict, method=zipfile.ZIP_STORED) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", method) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def _npz(**extra) -> bytes:
+    return _zip({f"{k}.npy": _npy(v) for k, v in {**_weights(), "logit_scale": np.array(2.0), **extra}.items()})
+
+
+def _patch_member(data: bytes, member: str, flag=None, method=None, size=None) -> bytes:
+    """The archive with one member's local and central headers rewritten: its flag bits, its
+    compression method, its declared (uncompressed) size."""
+    b = bytearray(data)
+    for signature, at in ((b"PK\x03\x04", (6, 8, 22, 26, 30)), (b"PK\x01\x02", (8, 10, 24, 28, 46))):
+        i = b.find(signature)
+        while i >= 0:
+            n = struct.unpack_from("<H", b, i + at[3])[0]
+            if bytes(b[i + at[4]:i + at[4] + n]) == member.encode():
+                for offset, fmt, value in ((at[0], "<H", flag), (at[1], "<H", method), (at[2], "<I", size)):
+                    if value is not None:
+                        struct.pack_into(fmt, b, i + offset, value)
+            i = b.find(signature, i + 4)
+    return bytes(b)
+
+
+def _npy_declaring(count: int) -> bytes:
+    """An .npy member whose header declares ``count`` float64 elements over 32 bytes of data."""
+    header = f"{{'descr': '<f8', 'fortran_order': False, 'shape': ({count},), }}"
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + bytes(32)
+
+
+def _safetensors(header, data: bytes = b"") -> bytes:
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def _st_good(**meta) -> tuple[dict, bytes]:
+    header, blobs, offset = {}, [], 0
+    for name, array in _weights().items():
+        raw = array.tobytes()
+        header[name] = {"dtype": "F64", "shape": list(array.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    header["__metadata__"] = {"logit_scale": "2.0", **meta}
+    return header, b"".join(blobs)
+
+
+def _st(change=None, **meta) -> bytes:
+    header, data = _st_good(**meta)
+    if change:
+        change(header)
+    return _safetensors(header, data)
+
+
+def _torch(obj) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _torch_pickle(pickled: bytes) -> bytes:
+    """A torch archive whose data.pkl is ``pickled`` (crafted opcodes; no storages)."""
+    genuine = zipfile.ZipFile(io.BytesIO(_torch({"a": 1})))
+    return _zip({i.filename: pickled if i.filename.endswith("data.pkl") else genuine.read(i) for i in genuine.infolist()})
+
+
+def _dag_key_pickle(levels: int) -> bytes:
+    """{t_levels: 1}, t_0 = (), t_k = (t_{k-1}, t_{k-1}) through the memo: 2^levels nodes in a few
+    hundred bytes, as a dict key (hashed by the loader itself)."""
+    body = b"\x80\x02})q\x00"
+    for k in range(1, levels + 1):
+        body += b"h" + bytes([k - 1]) + b"\x86q" + bytes([k])
+    return body + b"K\x01s."
+
+
+def _deep_list_pickle(depth: int) -> bytes:
+    return b"\x80\x02}X\x0a\x00\x00\x00trajectory" + b"]" * depth + b"a" * (depth - 1) + b"s."
+
+
+def _dag(levels: int, kind=tuple):
+    node = kind()
+    for _ in range(levels):
+        node = kind((node, node)) if kind is tuple else [node, node]
+    return node
+
+
+def _authors_sd(change=None) -> dict:
+    import torch
+
+    w = {k: torch.tensor(v) for k, v in _weights().items()}
+    sd = {"q_proj.weight": torch.cat(list(w["Q"])), "k_proj.weight": torch.cat(list(w["K"])),
+          "v_proj.weight": torch.cat(list(w["V"])), "o_proj.weight": torch.cat(list(w["O"]), 1)}
+    return {**sd, **(change(sd) if change else {})}
+
+
+def _project(**changes) -> dict:
+    import torch
+    from numerics.config import ProblemConfig
+
+    record = {"t": 0.0, "loss": 1.0, "omega": [[0.1, 0.1]] * 2, "mu": [[0.1, 0.1]] * 2, "residual": 0.0}
+    payload = {"version": 1, "stream": 3, "model": "full", "estimator": "plain",
+               "config": ProblemConfig(tasks=(2, 2), heads=2, L=8).to_dict(), "train": {"lr": 0.05}, "step": 8,
+               "params": [torch.tensor(v) for v in _weights().values()], "trajectory": [record]}
+    for key, value in changes.items():
+        outer, _, inner = key.partition(".")
+        payload[outer] = {**payload[outer], inner: value} if inner else value
+    return payload
+
+
+def _run_json(text=None, **changes) -> bytes:
+    from numerics.config import ProblemConfig
+
+    doc = {"model": "full", "config": ProblemConfig(tasks=(2, 2), heads=2, L=8).to_dict(), "t_end": 0.5,
+           "trajectory": [], "omega": [[0.1, 0.1]] * 2, "mu": [[0.1, 0.1]] * 2, "residual": 0.0, "loss": 1.0}
+    raw = json.dumps({**doc, **changes})
+    return (raw if text is None else raw.replace(*text)).encode()
+
+
+def _claims_json(figures: int = 0) -> bytes:
+    """A consistent claims.json of one claim carrying ``figures`` small figures."""
+    entry = {"id": "c-1", "title": "t", "statement": "s", "verdict": "pass", "kind": "claim", "theory": {},
+             "numerics": {}, "tolerance": {}, "details": {}, "perturbations": [], "seconds": 0.0, "headline": [],
+             "findings": [], "figures": [], "figure_errors": [],
+             "figure_data": [{"name": f"f{k}", "title": "t", "series": [{"label": "x", "x": [0, 1], "y": [0, 1]}]}
+                             for k in range(figures)]}
+    prov = {"versions": {p: "x" for p in ("python", "torch", "numpy", "scipy", "sympy", "mpmath", "matplotlib")},
+            "device": "cpu", "seed": 0, "profile": "quick", "wall_seconds": {"per_claim": {}, "total": 0.0},
+            "cpu_seconds": {}, "git": {"commit": "x", "dirty": False}, "command": [], "started_utc": "", "seeds": {}}
+    return json.dumps({"claims": [entry], "findings": [], "provenance": prov}).encode()
+
+
+def _st_set(name, key, value):
+    return lambda h: h[name].__setitem__(key, value)
+
+
+def _st_overlap(h):
+    h["Q"]["data_offsets"] = h["K"]["data_offsets"]
+
+
+def _f16_merged() -> bytes:
+    """A merged safetensors file whose W is 1 x 3000 x 3000 float16 (18 MB on disk, 72 MB as float64)."""
+    w = np.zeros((1, 3000, 3000), np.float16).tobytes()
+    u = np.zeros((1, 2, 3000), np.float16).tobytes()
+    return _safetensors({"W": {"dtype": "F16", "shape": [1, 3000, 3000], "data_offsets": [0, len(w)]},
+                         "U": {"dtype": "F16", "shape": [1, 2, 3000], "data_offsets": [len(w), len(w) + len(u)]}},
+                        w + u)
+
+
+def _handed_cases() -> list:
+    """(name, cli, argv, files {name: bytes | None for a FIFO | ("link", target)}, fragment of the
+    one error line, RLIMIT_AS headroom or None)."""
+    import torch
+
+    wrap = lambda sd, **more: {"model": sd, **more}  # noqa: E731
+    ckpt = [
+        ("safetensors header nested 10^5 deep", _safetensors(b'{"K":' + b"[" * 10 ** 5 + b"]" * 10 ** 5 + b"}"),
+         "nested too deep"),
+        ("safetensors metadata nested 10^5 deep",
+         _safetensors(b'{"__metadata__":{"step":' + b"[" * 10 ** 5 + b"]" * 10 ** 5 + b"}}"), "nested too deep"),
+        ("safetensors header of 20 MiB", _safetensors(b"{}" + b" " * (20 * 2 ** 20)), "a model's header needs"),
+        ("safetensors overlapping tensors", _st(_st_overlap), "'K' and 'Q' overlap"),
+        ("safetensors offsets past the end", _st(_st_set("O", "data_offsets", [1728, 10 ** 6])), "outside the"),
+        ("safetensors shape against bytes", _st(_st_set("O", "shape", [2, 2, 7])), "over 192 bytes of data"),
+        ("safetensors shape 10^16 over 576 bytes", _st(_st_set("K", "shape", [10 ** 8, 10 ** 8])),
+         "over 576 bytes of data"),
+        ("safetensors metadata not a string", _st(lambda h: h["__metadata__"].__setitem__("step", 5)),
+         "map of names to strings"),
+        ("step written 2_0", _st(step="2_0"), "step must be a number written in decimal digits"),
+        ("time 1e400", _st(time="1e400"), "time must be a finite number"),
+        ("npz member declaring 10^15 elements", _zip({"K.npy": _npy_declaring(10 ** 15)}),
+         "declares shape (1000000000000000,)"),
+        ("npz member encrypted", _patch_member(_npz(), "K.npy", flag=1), "'K.npy' is encrypted"),
+        ("npz unknown compression method", _patch_member(_npz(), "K.npy", method=99), "compressed by method 99"),
+        ("npz bzip2 member", _zip({"K.npy": _npy(np.zeros(4))}, zipfile.ZIP_BZIP2), "compressed by method 12"),
+        ("npz declaring 4 GB expanded", _patch_member(_npz(), "K.npy", size=2 ** 32 - 1), "bytes when expanded"),
+        ("npz deflate bomb declared 1 KB", _patch_member(_zip({"K.npy": _npy(np.zeros(2 ** 23))}, zipfile.ZIP_DEFLATED),
+                                                         "K.npy", size=1024), "'K.npy' cannot be read"),
+        ("npz of 3000 members", _zip({f"m{k}.npy": b"" for k in range(3000)}), "declares 3,000 members"),
+        ("time True", _npz(time=np.array(True)), "time must be a single real number, got an array of shape () and dtype bool"),
+        ("step 2+1j", _npz(step=np.array(2 + 1j)), "dtype complex128"),
+        ("step 1e20", _npz(step=np.array(1e20)), "step must be a whole number in 0 .. 2^53"),
+        ("zero heads (npz)", _zip({"W.npy": _npy(np.zeros((0, 6, 6))), "U.npy": _npy(np.zeros((0, 2, 6)))}),
+         "the weights have 0 heads"),
+        ("zero heads (torch)", _torch(_authors_sd(lambda sd: {k: v[:0] if k[0] != "o" else v[:, :0]
+                                                             for k, v in sd.items()})), "H >= 1 heads"),
+        ("sparse tensor", _torch(_authors_sd(lambda sd: {"q_proj.weight": sd["q_proj.weight"].to_sparse()})),
+         "q_proj.weight is a torch.sparse_coo tensor"),
+        ("meta tensor", _torch(_authors_sd(lambda sd: {"q_proj.weight": torch.empty(12, 6, device="meta")})),
+         "on the meta device"),
+        ("a one-element storage seen as 15000 x 15000",
+         _torch(_authors_sd(lambda sd: {"q_proj.weight": torch.zeros(1, dtype=torch.float64).expand(15000, 15000)})),
+         "a view of shape (15000, 15000)"),
+        ("step 10^400", _torch(wrap(_authors_sd(), step=10 ** 400)), "an integer beyond the range of a float"),
+        ("step of 45 levels of shared tuples", _torch(wrap(_authors_sd(), step=_dag(45))), "shared references"),
+        ("dict key of 45 levels of shared tuples", _torch_pickle(_dag_key_pickle(45)), "shared references"),
+        ("trajectory nested 10^5 deep", _torch_pickle(_deep_list_pickle(10 ** 5)), "more than 32 levels deep"),
+        ("trajectory of 45 levels of shared lists", _torch(_project(trajectory=_dag(45, list))), "shared references"),
+        ("project lr inf", _torch(_project(**{"train.lr": math.inf})), "train.lr must be a finite number"),
+        ("project lr nan", _torch(_project(**{"train.lr": math.nan})), "train.lr must be a finite number"),
+        ("project lr -1", _torch(_project(**{"train.lr": -1.0})), "train.lr must be > 0"),
+        ("project model kind unknown", _torch(_project(model="linear")), "its model is 'linear'"),
+        ("project trajectory an int", _torch(_project(trajectory=5)), "trajectory must be a list of records"),
+        ("project record time a list", _torch(_project(trajectory=[{**_project()["trajectory"][0], "t": [1.0]}])),
+         "trajectory[0].t must be a single real number, got a list"),
+        ("project sigma 10^400", _torch(_project(**{"config.sigma": 10 ** 400})),
+         "config.sigma is an integer beyond the range of a float"),
+        ("project seed 2^64", _torch(_project(**{"config.basis_seed": 2 ** 64, "config.basis": "random"})),
+         "basis_seed must be an integer in 0 .. 2^64 - 1"),
+        ("run.json t_end 1e400", _run_json(text=('"t_end": 0.5', '"t_end": 1e400')), "1e400 is beyond the range"),
+        ("run.json t_end -5", _run_json(t_end=-5), "t_end must be >= 0"),
+        ("run.json omega 'abc'", _run_json(omega=[["abc", 0.1], [0.1, 0.1]]), "omega[0][0] must be a single real number"),
+        ("run.json residual a list", _run_json(residual=[1.0]), "residual must be a single real number, got a list"),
+        ("run.json loss a dict", _run_json(loss={"a": 1}), "loss must be a single real number, got a dict"),
+        ("run.json model kind unknown", _run_json(model="linear"), "its model is 'linear'"),
+    ]
+    cases = [(name, "audit", CK, {"ck.bin": data}, fragment, None) for name, data, fragment in ckpt]
+    cases += [
+        # --tasks that fit the arrays' shapes (d + m = 3000), so that the memory budget, not the shape check, refuses it
+        ("weights over the memory budget", "audit", ["ck.bin", "--tasks", "1499,1499"] + CK[3:], {"ck.bin": _f16_merged()},
+         "weights as float64", 200 * 2 ** 20),
+        ("a FIFO among the checkpoints", "audit", ["good.npz"] + CK, {"good.npz": _npz(), "ck.bin": None},
+         "not a regular file (a FIFO", None),
+        ("a device among the checkpoints", "audit", ["good.npz"] + CK, {"good.npz": _npz(),
+                                                                             "ck.bin": ("link", "/dev/zero")},
+         "(a character device)", None),
+        ("a non-UTF-8 name", "audit", [os.fsdecode(b"\xff.npz")] + CK[1:], {b"\xff.npz": _npz()},
+         "its name is not valid UTF-8", None),
+        ("train: a dict key of shared tuples", "train", TRAIN_CK, {"ck.bin": _torch_pickle(_dag_key_pickle(45))},
+         "shared references", None),
+        ("train: a trajectory of shared lists", "train", TRAIN_CK,
+         {"ck.bin": _torch(_project(trajectory=_dag(45, list)))}, "shared references", None),
+    ]
+    big = (32 * 2 ** 20 + 1, "more than the limit of 32 MiB")
+    figures = (_claims_json(figures=1500), "more than 400 figures and panels")
+    budget = (b'{"claims": [' + b"{}, " * (3 * 2 ** 20) + b"{}]}", "parsing it would take")
+    for name, (content, fragment) in (("claims.json over its size bound", big), ("claims.json of 1,500 figures", figures),
+                                      ("claims.json past the parse budget", budget)):
+        headroom = 300 * 2 ** 20 if content is budget[0] else None
+        for cli, argv in (("build", ["--from-json", "claims.json", "--out", "out"]), ("findings", ["claims.json"]),
+                          ("compare", ["claims.json", "claims.json"])):
+            cases.append((f"{cli}: {name}", cli, argv, {"claims.json": content}, fragment, headroom))
+    return cases
+
+
+def _place(directory: Path, files: dict) -> None:
+    for name, content in files.items():
+        path = os.path.join(os.fsencode(directory), name if isinstance(name, bytes) else name.encode())
+        if content is None:
+            os.mkfifo(path)
+        elif isinstance(content, tuple):
+            os.symlink(content[1], path)
+        elif isinstance(content, int):
+            with open(path, "wb") as fh:        # a sparse file of that size: no disk is used
+                fh.truncate(content)
+        else:
+            with open(path, "wb") as fh:
+                fh.write(content)
+
+
+def test_handed_files_are_refused_in_one_line_within_cpu_and_memory_bounds(tmp_path):
+    cases = _handed_cases()
+    jobs, before = [], {}
+    for k, (name, cli, argv, files, fragment, headroom) in enumerate(cases):
+        cwd = tmp_path / f"case{k}"
+        cwd.mkdir()
+        _place(cwd, files)
+        before[name] = sorted(os.listdir(os.fsencode(cwd)))
+        jobs.append({"name": name, "cli": cli, "argv": argv, "cwd": str(cwd), "log": str(tmp_path / f"log{k}"),
+                     "headroom": headroom})
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", WORKER], input=json.dumps(jobs), capture_output=True, text=True,
+                          env=env, cwd=tmp_path, preexec_fn=_limit_worker, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.splitlines()[-1])
+    problems = []
+    for k, (name, cli, argv, files, fragment, headroom) in enumerate(cases):
+        got = report["cases"][name]
+        text = (tmp_path / f"log{k}").read_text(errors="backslashreplace")
+        errors = [line for line in text.splitlines() if "error:" in line]
+        named = ("claims.json" if cli in ("build", "findings", "compare") else
+                 "\\xff.npz" if any(isinstance(f, bytes) for f in files) else "ck.bin")
+        rss_mb = (got["rss_kb"] - report["base_rss_kb"]) / 1024
+        if got["rc"] != 2 or "Traceback" in text or len(errors) != 1 or fragment not in errors[0]:
+            problems.append(f"{name}: exit {got['rc']}, {text.strip()[-400:]!r}")
+        elif named not in errors[0]:
+            problems.append(f"{name}: the line does not name {named}: {errors[0]!r}")
+        if got["cpu"] > CPU_S or rss_mb > RSS_MB:
+            problems.append(f"{name}: {got['cpu']:.2f} s CPU, {rss_mb:.0f} MB over the worker's memory")
+        if sorted(os.listdir(os.fsencode(tmp_path / f"case{k}"))) != before[name]:
+            problems.append(f"{name}: its directory changed: {sorted(os.listdir(tmp_path / f'case{k}'))}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_pickle_scan_passes_what_torch_save_writes_and_bounds_what_it_builds():
+    """What torch.save writes passes the scan (a state_dict, a trajectory of 5,000 records, the
+    legacy format); the scan refuses in a fraction of a second what torch's loader would walk for
+    hours (shared references 45 levels deep, as a value or as a dict key), a list nested 10^5 deep
+    and a list that contains itself."""
+    import pickle
+
+    import torch
+
+    from audit_io import handed
+
+    record = _project()["trajectory"][0]
+    genuine = [_torch(_authors_sd()), _torch(_project(trajectory=[{**record, "t": 0.1 * k} for k in range(5000)]))]
+    buf = io.BytesIO()
+    torch.save(_project(), buf, _use_new_zipfile_serialization=False)
+    for data in genuine + [buf.getvalue()]:
+        handed.check_torch_archive(data)
+    loop = []
+    loop.append(loop)
+    cpu = time.process_time()
+    for data, fragment in ((_torch_pickle(_dag_key_pickle(45)), "shared references"),
+                           (_torch({"step": _dag(45)}), "shared references"),
+                           (_torch({"t": _dag(45, list)}), "shared references"),
+                           (_torch_pickle(_deep_list_pickle(10 ** 5)), "more than 32 levels deep"),
+                           (_torch_pickle(pickle.dumps({"t": loop}, protocol=2)), "contains itself")):
+        with pytest.raises(ValueError, match=fragment):
+            handed.check_torch_archive(data)
+    assert time.process_time() - cpu < 2.0
+
+
+def test_declared_shapes_meet_the_tasks_before_any_array_is_read(tmp_path, monkeypatch):
+    """With the problem's tasks, a layout's arrays are checked by their declared shapes first: an
+    npz of d + m = 6 is refused for --tasks 2,3 (d + m = 7) without reading an array as float64."""
+    from numerics import external as ex
+
+    path = tmp_path / "w.npz"
+    path.write_bytes(_npz())
+    assert ex.read_checkpoint(path, tasks=(2, 2)).token_dim == 6
+
+    def read(*a, **k):
+        raise AssertionError("an array was read before its shape was checked")
+    monkeypatch.setattr(ex, "_array", read)
+    with pytest.raises(ex.CheckpointError, match=r"K has shape \(2, 6, 6\): --tasks 2,3 needs d \+ m = 7 on its axis 2"):
+        ex.read_checkpoint(path, tasks=(2, 3))
+
+
+def test_every_checkpoint_path_is_checked_before_any_is_read(tmp_path, monkeypatch):
+    """A link loop, a FIFO, a device or a name that is not UTF-8 last in the list: refused in one
+    line (numerics.external.check_paths) before the first file is opened."""
+    from numerics import external as ex
+
+    good = tmp_path / "good.npz"
+    good.write_bytes(_npz())
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    os.mkfifo(tmp_path / "fifo")
+    odd = os.path.join(os.fsencode(tmp_path), b"\xff.npz")
+    with open(odd, "wb") as fh:
+        fh.write(_npz())
+
+    def opened(*a, **k):
+        raise AssertionError("a file was read before every path was checked")
+    monkeypatch.setattr(V, "_read_bounded", opened)
+    for bad, fragment in ((tmp_path / "a", "is a symbolic link loop"), (tmp_path / "fifo", "(a FIFO (named pipe))"),
+                          ("/dev/zero", "(a character device)"), (os.fsdecode(odd), "\\xff.npz: its name is not valid UTF-8")):
+        with pytest.raises(ex.CheckpointError) as info:
+            ex.check_paths([good, bad])
+        assert fragment in str(info.value) and "\n" not in str(info.value)

@@ -16,7 +16,7 @@ import torch
 
 from numerics.batched import StackedAttention
 from numerics.config import ProblemConfig
-from numerics.data import make_generator, sample_prompts
+from numerics.data import Prompts, make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, TrainingDiverged, mse_loss
 from numerics.train import TrainConfig, train, train_many
 
@@ -88,20 +88,20 @@ def test_each_run_is_the_run_alone(param, dtype):
 def test_one_stream_many_starts_shares_the_draw(monkeypatch):
     """Runs of one seed (an init-scale sweep) draw each step's batch once: steps + 1 draws for
     the program, not R (steps + 1)."""
-    import numerics.batched as nb
+    import numerics.train as T
     calls = {"n": 0}
-    real = nb.sample_prompts
+    real = T.sample_prompts
 
     def counting(*args, **kwargs):
         calls["n"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(nb, "sample_prompts", counting)
+    monkeypatch.setattr(T, "sample_prompts", counting)
     cfgs = [BASE.replace(init_scale=s) for s in (0.05, 0.1, 0.2, 0.4)]
     tcfg = TrainConfig(lr=0.05, time=0.5, batch=16, records=3)
     many = train_many(cfgs, tcfg)
     assert calls["n"] == tcfg.steps + 1
-    monkeypatch.setattr(nb, "sample_prompts", real)
+    monkeypatch.setattr(T, "sample_prompts", real)
     for c, m in zip(cfgs, many):
         assert _same_run(train(c, tcfg), m)
 
@@ -189,7 +189,7 @@ def test_stacked_readout_is_the_model_readout():
     batches = [sample_prompts(BASE, 16, make_generator(s, "cpu")) for s in range(3)]
     ctx = torch.stack([b.context for b in batches])
     qry, tgt = torch.stack([b.query for b in batches]), torch.stack([b.target for b in batches])
-    losses = stack.losses(ctx, qry, tgt, k=2)                     # runs 2s, 2s+1 read stream s
+    losses = stack.losses(Prompts(ctx, qry, tgt), k=2)            # runs 2s, 2s+1 read stream s
     grads = torch.autograd.grad(losses.sum(), [stack.params[n] for n in stack.names])
     for r, m in enumerate(models):
         b = batches[r // 2]
@@ -303,3 +303,75 @@ def test_a_start_model_holds_the_weights_where_its_run_stopped():
     assert isinstance(many[0], Stop) and many[1].final_model is starts[1]
     assert all(_close(a.detach(), b.detach()) for a, b in zip(alone.parameters(), starts[0].parameters()))
     assert not _close(MultiHeadAttention(BASE).K.detach(), starts[0].K.detach())     # it did train
+
+
+# --- run fingerprints: independence as a checked fact ---------------------------------------------
+
+def test_a_fingerprint_is_the_first_batch_and_the_initial_weights():
+    """A run's fingerprint digests its first batch and its initial weights, whether it is trained
+    alone or in a program; the parts are of the run's own draw and init."""
+    from numerics.seeds import digest
+    cfg = BASE.replace(init="random_full", init_seed=4)
+    tcfg = TrainConfig(lr=0.05, time=0.2, batch=16, records=2, seed=3)
+    alone = train(cfg, tcfg)
+    first = sample_prompts(cfg, 16, make_generator(3, "cpu"))
+    assert alone.fingerprint["prompts"] == digest(first.context, first.query, first.target)
+    assert alone.fingerprint["weights"] == digest(*(p.detach() for p in MultiHeadAttention(cfg).parameters()))
+    many = train_many([BASE, cfg], [TrainConfig(lr=0.05, time=0.2, batch=16, records=2, seed=1), tcfg])
+    assert many[1].fingerprint == alone.fingerprint and many[0].fingerprint != alone.fingerprint
+    assert alone.to_dict()["fingerprint"] == alone.fingerprint
+
+
+def test_runs_made_to_share_one_stream_and_one_init_are_caught(monkeypatch):
+    """Four runs of their own seeds and random starts pass check_independent; the same call with
+    the program made to give every run the first run's seed and init_seed fails it, both on the
+    prompts and (runs that share a stream on purpose) on the weights."""
+    import dataclasses
+
+    import numerics.train as T
+    from numerics.seeds import case_seed, check_independent
+
+    cfgs = [BASE.replace(init="random_full", init_seed=case_seed(0, "init", k)) for k in range(4)]
+    tcfgs = [TrainConfig(lr=0.05, time=0.2, batch=16, records=2, seed=case_seed(0, "data", k)) for k in range(4)]
+    runs = train_many(cfgs, tcfgs)
+    fps = {f"run {k}": r.fingerprint for k, r in enumerate(runs)}
+    check_independent(fps, "four replicates")
+    check_independent(fps, "four replicates", shared_stream=True)
+    real = T._program_runs
+
+    def one_stream_one_init(part, cfgs, tcfgs, seams, estimator):
+        cfgs = [c.replace(init_seed=cfgs[part[0]].init_seed) for c in cfgs]
+        tcfgs = [dataclasses.replace(t, seed=tcfgs[part[0]].seed) for t in tcfgs]
+        return real(part, cfgs, tcfgs, seams, estimator)
+
+    monkeypatch.setattr(T, "_program_runs", one_stream_one_init)
+    shared = train_many(cfgs, tcfgs)
+    assert all(r.batched_runs == 4 for r in shared)
+    fps = {f"run {k}": r.fingerprint for k, r in enumerate(shared)}
+    with pytest.raises(ValueError, match=r"four replicates: .*first batch of prompts \('run 0', 'run 1', 'run 2', 'run 3'\)"):
+        check_independent(fps, "four replicates")
+    with pytest.raises(ValueError, match=r"initial weights \('run 0', 'run 1', 'run 2', 'run 3'\)"):
+        check_independent(fps, "four replicates", shared_stream=True)
+
+
+def test_the_deferred_divergence_check_of_a_gpu_names_the_same_step(monkeypatch, tmp_path):
+    """On a GPU the losses are checked every 50 steps (and at records, last steps and before a
+    checkpoint) rather than every step; forced to every 7th here on the CPU: the same error
+    for the diverging run, the same numbers for the others, and a checkpointed run the same."""
+    from numerics import batched
+    cfgs = [BASE, BASE.replace(init_scale=3.0), BASE.replace(init_scale=0.3)]
+    tcfgs = [TrainConfig(lr=0.05, time=1.0, batch=16, records=3), TrainConfig(lr=50.0, time=500.0, batch=16, records=2),
+             TrainConfig(lr=0.05, time=0.5, batch=16, records=4, seed=1)]
+    every_step = train_many(cfgs, tcfgs)
+    ck = TrainConfig(lr=0.05, time=1.0, batch=16, records=3, checkpoint=str(tmp_path / "ck.pt"), checkpoint_every=4)
+    real_init = batched.Program.__init__
+
+    def every_7th(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.check_every = 7
+
+    monkeypatch.setattr(batched.Program, "__init__", every_7th)
+    deferred = train_many(cfgs, tcfgs)
+    assert isinstance(deferred[1], TrainingDiverged) and str(deferred[1]) == str(every_step[1])
+    assert _same_run(every_step[0], deferred[0]) and _same_run(every_step[2], deferred[2])
+    assert _same_run(every_step[0], train(BASE, ck)) and (tmp_path / "ck.pt").exists()

@@ -79,3 +79,32 @@ def test_a_number_is_its_value_and_a_sequence_its_parts():
 def test_bad_names_are_refused(seed, parts, error, message):
     with pytest.raises(error, match=message):
         case_seed(seed, *parts)
+
+
+# --- run fingerprints and the independence check ----------------------------------------------
+
+def test_digest_is_of_the_numbers_and_their_shape():
+    from numerics.seeds import DIGEST_CHARS, digest
+    a = np.arange(6.0).reshape(2, 3)
+    assert digest(a) == digest(a.astype(np.float32)) == digest(a.T.copy().T) and len(digest(a)) == DIGEST_CHARS
+    assert digest(a) != digest(a.reshape(3, 2)) and digest(a) != digest(a + 1e-15 * (a == 5))
+    assert digest(a, a) != digest(a)
+
+
+def test_check_independent_names_the_runs_that_share_their_randomness():
+    from numerics.seeds import check_independent
+    fps = {"seed 0": {"prompts": "aa", "weights": "w0"}, "seed 1": {"prompts": "bb", "weights": "w0"},
+           "seed 2": {"prompts": "cc", "weights": "w0"}}
+    check_independent(fps, "claim x's replicates")          # a deterministic start, streams of their own
+    fps["seed 2"] = {"prompts": "aa", "weights": "w1"}
+    with pytest.raises(ValueError, match=r"claim x's replicates: .*first batch of prompts \('seed 0', 'seed 2'\)"):
+        check_independent(fps, "claim x's replicates")
+    crn = {"start a": {"prompts": "aa", "weights": "w0"}, "start b": {"prompts": "aa", "weights": "w1"}}
+    check_independent(crn, "starts on one stream", shared_stream=True)
+    with pytest.raises(ValueError, match="first batch"):
+        check_independent(crn, "starts on one stream")
+    crn["start b"]["weights"] = "w0"
+    with pytest.raises(ValueError, match=r"initial weights \('start a', 'start b'\).*init_seed"):
+        check_independent(crn, "starts on one stream", shared_stream=True)
+    with pytest.raises(ValueError, match="run 'r' has no prompts fingerprint"):
+        check_independent({"r": None}, "runs")

@@ -92,6 +92,7 @@ def test_resume_after_interruption_is_bit_identical(runner, tmp_path, monkeypatc
     assert np.array_equal(resumed.omega, reference.omega) and np.array_equal(resumed.mu, reference.mu)
     assert [vars(r) for r in resumed.trajectory] == [vars(r) for r in reference.trajectory]
     assert resumed.loss == reference.loss
+    assert resumed.fingerprint == reference.fingerprint         # the first batch drawn again on resume
     # a checkpoint of another run is refused, naming what differs
     with pytest.raises(ValueError, match="belongs to a different run .*config.L: checkpoint 8, this run 9"):
         runner(SMALL.replace(L=9), tcfg)
@@ -275,3 +276,112 @@ def test_precise_float32_policy():
     settings = use_precise_float32()
     assert settings["float32_matmul_precision"] == "highest"
     assert torch.get_float32_matmul_precision() == "highest"
+
+
+# --- the trainer against a plain loop written out here ------------------------------------------
+
+REFERENCE_RTOL = 1e-12
+"""float64: the trainer and the plain loop below do the same gradient descent on the same
+prompts, the trainer with the run on a leading axis (other kernels, other summation orders
+over <= 64 prompts and 8 tokens): a few ulp a step, grown by the flow over <= 20 steps
+(measured 0 to 3e-15); 1e-12 leaves two decades, and a step 1% off (~1e-4) or another seed
+(~1e-2) is ten decades above."""
+
+
+def plain_full_run(cfg, tcfg, start=None):
+    """theta -= lr grad mse_loss(model(batch_k)), batch_k the k-th draw of the seed's stream
+    (or its first draw, every step, with fresh_batches=False): (the steps + 1 batch losses,
+    the final model)."""
+    import copy
+    from numerics.model import mse_loss
+    model = copy.deepcopy(start) if start is not None else MultiHeadAttention(cfg)
+    gen = make_generator(tcfg.seed, cfg.device)
+    fixed = None if tcfg.fresh_batches else sample_prompts(cfg, tcfg.batch, gen, tcfg.symmetrize)
+    losses = []
+    for step in range(tcfg.steps + 1):
+        pr = fixed if fixed is not None else sample_prompts(cfg, tcfg.batch, gen, tcfg.symmetrize)
+        loss = mse_loss(model(pr.context, pr.query), pr.target)
+        losses.append(float(loss.detach()))
+        if step < tcfg.steps:
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            with torch.no_grad():
+                for p, g in zip(model.parameters(), grads):
+                    p.sub_(tcfg.lr * g)
+    return np.array(losses), model
+
+
+def plain_reduced_run(cfg, tcfg, start, estimator="prompts", metric=None):
+    """(omega, mu) -= lr f(omega, mu) grad L_batch_k, L_batch the whole-prompt reduced loss or
+    the marginal one (its own stream): (the steps + 1 batch losses, final omega, final mu)."""
+    from numerics.exact_reduced import marginal_mean_loss, sample_marginal_prompts
+    from numerics.reduced import reduced_loss
+    omega, mu = (torch.tensor(np.asarray(v, float), dtype=cfg.torch_dtype).requires_grad_(True) for v in start)
+    gen = make_generator(tcfg.seed, cfg.device)
+    metric = metric or (lambda o, m: metric_factors(o, m, cfg))
+    losses = []
+    for step in range(tcfg.steps + 1):
+        if estimator == "marginal":
+            pr = sample_marginal_prompts(cfg.tasks, cfg.L, tcfg.batch, gen, cfg.torch_dtype, cfg.device,
+                                         draw_dtype=torch.float32, blocks_major=True)
+            loss = marginal_mean_loss(omega, mu, pr, cfg.tasks, cfg.sigma)
+        else:
+            loss = reduced_loss(omega, mu, sample_prompts(cfg, tcfg.batch, gen, tcfg.symmetrize), cfg)
+        losses.append(float(loss.detach()))
+        if step < tcfg.steps:
+            g_om, g_mu = torch.autograd.grad(loss, [omega, mu])
+            with torch.no_grad():
+                f_om, f_mu = metric(omega.detach(), mu.detach())
+                omega.sub_(tcfg.lr * f_om * g_om)
+                mu.sub_(tcfg.lr * f_mu * g_mu)
+    return np.array(losses), omega.detach().numpy(), mu.detach().numpy()
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    assert a.shape == b.shape
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-300))
+
+
+FULL_CASES = [
+    (SMALL, TrainConfig(lr=0.05, time=1.0, batch=32, records=5)),
+    (SMALL.replace(param="merged", sigma=0.3), TrainConfig(lr=0.1, time=1.0, batch=64, records=3, seed=4,
+                                                           symmetrize=True)),
+    (SMALL.replace(init="random_full", init_seed=2, init_scale=0.6, logit_scale=2.0),
+     TrainConfig(lr=0.05, time=0.5, batch=16, records=2, seed=9, fresh_batches=False)),
+]
+
+
+@pytest.mark.parametrize("cfg, tcfg", FULL_CASES)
+def test_a_run_is_the_plain_loop(cfg, tcfg):
+    """train() = the plain loop to rounding: every batch loss, the records' loss, the final
+    weights (a start model too); and the comparison sees a step 1% off."""
+    losses, model = plain_full_run(cfg, tcfg)
+    res = train(cfg, tcfg)
+    assert _rel(losses[:-1], res.losses) <= REFERENCE_RTOL
+    assert _rel(losses[-1], res.trajectory[-1].loss) <= REFERENCE_RTOL
+    for p, q in zip(model.parameters(), res.final_model.parameters()):
+        assert _rel(p.detach(), q.detach()) <= REFERENCE_RTOL
+    start = MultiHeadAttention.from_semi_singular_values(cfg, np.full((2, 2), 0.3), np.full((2, 2), 0.4))
+    losses, model = plain_full_run(cfg, tcfg, start)
+    res = train(cfg, tcfg, start=start)
+    assert res.final_model is start and _rel(losses[:-1], res.losses) <= REFERENCE_RTOL
+    for p, q in zip(model.parameters(), start.parameters()):
+        assert _rel(p.detach(), q.detach()) <= REFERENCE_RTOL
+    off = train(cfg, TrainConfig(**{**tcfg.to_dict(), "lr": 1.01 * tcfg.lr, "time": 1.01 * tcfg.time}))
+    assert _rel(losses[1:-1], off.losses[1:]) > 1e3 * REFERENCE_RTOL
+
+
+@pytest.mark.parametrize("cfg, estimator, metric", [
+    (ProblemConfig(tasks=(2, 2), heads=2, L=16, sigma=0.5), "prompts", None),
+    (ProblemConfig(tasks=(2, 1), heads=3, L=8, param="merged"), "prompts", lambda o, m: (0.5 + 0 * o, 1.5 + 0 * m)),
+    (ProblemConfig(tasks=(2, 2), heads=2, L=16, sigma=0.5), "marginal", None),
+])
+def test_a_reduced_run_is_the_plain_loop(cfg, estimator, metric):
+    tcfg = TrainConfig(lr=0.05, time=1.0, batch=64, records=3, seed=2)
+    start = (np.linspace(0.2, 0.5, cfg.heads * cfg.m).reshape(cfg.heads, cfg.m), np.full((cfg.heads, cfg.m), 0.4))
+    losses, omega, mu = plain_reduced_run(cfg, tcfg, start, estimator, metric)
+    res = train_reduced(cfg, tcfg, start=start, estimator=estimator, metric=metric)
+    assert _rel(losses[:-1], res.losses) <= REFERENCE_RTOL and _rel(losses[-1], res.trajectory[-1].loss) <= REFERENCE_RTOL
+    assert _rel(omega, res.omega) <= REFERENCE_RTOL and _rel(mu, res.mu) <= REFERENCE_RTOL
+    other = plain_reduced_run(cfg, TrainConfig(**{**tcfg.to_dict(), "seed": 3}), start, estimator, metric)[0]
+    assert _rel(other[:-1], res.losses) > 1e3 * REFERENCE_RTOL

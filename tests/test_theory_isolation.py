@@ -17,7 +17,7 @@ import theory
 
 SUBMODULES = ["theory", *[f"theory.{name}" for name in theory.__all__], "theory._validate"]
 AUDIT_IO_MODULES = ["audit_io", *[f"audit_io.{name}" for name in
-                                  ("options", "files", "processes", "command", "jsonable", "toml", "device")]]
+                                  ("options", "files", "handed", "processes", "command", "jsonable", "toml", "device")]]
 THEORY_MUST_NOT_LOAD = ("torch", "numerics", "claims", "reports", "tools", "audit_io")
 AUDIT_IO_MUST_NOT_LOAD = ("torch", "theory", "numerics", "claims", "reports", "tools")
 

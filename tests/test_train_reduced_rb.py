@@ -139,7 +139,7 @@ def test_checkpoint_resumes_bit_identically_and_names_the_estimator(tmp_path):
     first = train_reduced(CFG, tcfg, estimator="marginal")       # writes checkpoints as it goes
     again = train_reduced(CFG, tcfg, estimator="marginal")       # resumes from the last one
     assert np.array_equal(whole.losses, first.losses) and np.array_equal(whole.losses, again.losses)
-    assert np.array_equal(whole.omega, again.omega)
+    assert np.array_equal(whole.omega, again.omega) and again.fingerprint == whole.fingerprint
     with pytest.raises(ValueError, match="estimator: checkpoint 'marginal', this run 'prompts'"):
         train_reduced(CFG, tcfg)
 
@@ -231,10 +231,10 @@ def test_reduced_many_equals_each_run_alone():
 @pytest.mark.usefixtures("one_torch_thread")
 def test_reduced_many_draws_a_shared_stream_once(monkeypatch):
     """Four runs on two streams draw 2 batches a step, not 4."""
-    import numerics.batched_reduced as br
+    import numerics.train as T
     calls = []
-    real = br.sample_prompts
-    monkeypatch.setattr(br, "sample_prompts", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = T.sample_prompts
+    monkeypatch.setattr(T, "sample_prompts", lambda *a, **k: calls.append(1) or real(*a, **k))
     tc = TrainConfig(lr=0.05, time=0.5, batch=64, records=2)
     tcfgs = [TrainConfig(**{**tc.to_dict(), "seed": s}) for s in (0, 0, 1, 1)]
     train_reduced_many([CFG] * 4, tcfgs, metric=[None, skewed, None, skewed])

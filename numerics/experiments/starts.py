@@ -42,7 +42,7 @@ from theory.three_phases import phase_times
 
 __all__ = ["OFF_D_RELATIVE", "WINDOW_MOST", "off_D_test", "descent_window", "end_states", "train_starts",
            "random_starts", "unbalanced_starts", "unbalanced_reduced", "race_cells", "large_init_starts",
-           "large_init_reduced", "single_task_starts", "references", "outcome_mix"]
+           "large_init_reduced", "single_task_starts", "single_task_study", "references", "outcome_mix"]
 
 OFF_D_RELATIVE = 0.5
 """A run ends off D when its movable off-D part (theory.initialisation.residual_split) exceeds
@@ -448,6 +448,38 @@ def single_task_starts(cfgs: Sequence[ProblemConfig], tcfgs: Sequence[TrainConfi
             s["pair_ratio"] = (float(abs(pos.max() + neg.min()) / (abs(pos.max()) + abs(neg.min())))
                                if pos.size and neg.size else math.nan)
     return states
+
+
+def single_task_study(sp, seed: int, device: str = "cpu", z: float = 4.0) -> tuple[dict, dict]:
+    """One task of r from PyTorch's default start (uniform_full, s0 = 1, logit scale sqrt(r + 1))
+    with each head count of ``sp.heads`` (``sp``: L, r, heads, seeds, lr, time, batch, n_eval,
+    records), every H's seeds on one prompt stream (common random numbers), each seed on its own
+    held-out prompts, all from identities (case_seed(seed, "single task", H, ...)): per H the
+    mean held-out loss over seeds and its se (numerics.saddle.seed_mean_se), the zero-sum pair
+    ratios, the counts of seeds whose OV values form a zero-sum pair or group (ratio below
+    numerics.readout.ZERO_SUM_SHARE), the class mix (:func:`outcome_mix` at ``z``); and the
+    references (numerics.saddle.single_task_references).  (summary {H: ...}, references)."""
+    from numerics.readout import ZERO_SUM_SHARE
+    from numerics.saddle import seed_mean_se, single_task_references
+    from numerics.seeds import case_seed
+    ref = single_task_references(sp.L, sp.r, sp.n_eval)
+    refs = {"allocated_loss": ref["one_head"], "best_decomposable": {"loss": ref["best_two_head"]}}
+    cfgs = [ProblemConfig(tasks=(sp.r,), heads=H, L=sp.L, init="uniform_full", init_scale=1.0,
+                          init_seed=case_seed(seed, "single task", H, "init", s), logit_scale=math.sqrt(sp.r + 1),
+                          device=device) for H in sp.heads for s in sp.seeds]
+    tcfgs = [TrainConfig(lr=sp.lr, time=sp.time, batch=sp.batch, records=sp.records,
+                         seed=case_seed(seed, "single task", H, "prompts")) for H in sp.heads for _ in sp.seeds]
+    states = single_task_starts(cfgs, tcfgs, sp.n_eval, eval_seeds=[case_seed(seed, "single task", H, "held-out", s)
+                                                                    for H in sp.heads for s in sp.seeds])
+    summary, n = {}, len(sp.seeds)
+    for j, H in enumerate(sp.heads):
+        rs = states[j * n:(j + 1) * n]
+        m, se = seed_mean_se([r["loss"] for r in rs], [r["se"] for r in rs])
+        summary[H] = {"loss": m, "se": se, "pair_ratio": [r["pair_ratio"] for r in rs],
+                      "zero_sum_pairs": sum(r["pair_ratio"] < ZERO_SUM_SHARE for r in rs),
+                      "zero_sum_groups": sum(bool(r["zero_sum"]) and r["zero_sum"][0] <= ZERO_SUM_SHARE for r in rs),
+                      "mix": outcome_mix(rs, z, refs), "classes": [r["class"]["label"] for r in rs]}
+    return summary, ref
 
 
 # ---------------------------------------------------------------------------------------

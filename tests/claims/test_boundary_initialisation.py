@@ -172,13 +172,15 @@ def test_single_task_counts_its_seeds(device):
     from types import SimpleNamespace
 
     from claims.initialisation import single_task
-    ctx = SimpleNamespace(profile="tiny", device=device, progress=lambda msg, f: None)
+    ctx = SimpleNamespace(profile="tiny", device=device, seed=0, progress=lambda msg, f: None)
     comps, rows, details = single_task(ctx)
     sm = details["summary"][2]
     assert sm["mix"]["n"] == 2 == sum(e["count"] for e in sm["mix"]["labels"].values()) == len(sm["classes"])
-    assert {c.name for c in comps} >= {"single task: share of seeds with a zero-sum OV pair (He et al.), H=2"}
-    pairs = next(c for c in comps if c.name.startswith("single task: share"))
-    assert pairs.details["n"] == 2 and pairs.details["count"] == sm["zero_sum_pairs"]
+    typical = next(c for c in comps if c.details.get("role") == "zero-sum")
+    assert typical.name == ("single task: share of seeds with a zero-sum OV group (He et al.: typical, share >= 0.5, "
+                            "one-sided), H=2") and typical.side == "not below"
+    assert typical.details["n"] == 2 and typical.details["count"] == sm["zero_sum_groups"]
+    assert typical.details["cannot_decide"], typical.details     # 2 seeds cannot tell typical from atypical
     assert any("single task H=2" in str(r) and "seeds of 2" in str(r) for r in rows), rows
     unbalanced = {"name": "unbalanced start: outcome", "measured": 0, "details": {"role": "unbalanced outcome",
                                                                                   "shared_full": 0, "decided": 0}}
@@ -219,14 +221,45 @@ def test_unbalanced_reduced_flows_in_one_program_are_each_flow_alone(device):
 
 def test_a_diverged_run_is_said_not_subscripted():
     """A full-model run that diverged (at the authors' blocks, d = 50, some random and unbalanced
-    starts do) carries no phases and no end weights: the phase comparison says so for that run and
-    still compares the others (the first audit at that configuration ended in TypeError here)."""
-    from claims.phase_checks import phase_comparison, phase_state
+    starts do) carries no phases and no end weights: the phase comparison lists it as not compared,
+    saying so, and still compares the others."""
+    import numpy as np
+    from claims.phase_checks import phase_comparisons, phases_found
+    from theory.three_phases import phase_times
 
-    assert "not measured" in phase_state(None, "warmup_end", 40.0)
-    ok = {"warmup_end": 1.0, "emergence_end": 2.0, "defined": True}
-    c = phase_comparison("phases", [("diverged", None, ok, 40.0), ("run", ok, ok, 40.0)], 0.1, "reduced flow")
-    assert c.error == 0.0 and c.details["compared"] == 2 and c.details["ended_in_one_only"] == 2
+    t = np.linspace(0.0, 40.0, 81)
+    assert phases_found(None, t) == (False, "no loss curve (the run diverged or recorded too few points)")
+    ok = [phase_times(t, 1.0 + 3.0 / (1.0 + np.exp((t - c) / 0.5))).to_dict() for c in (8.0, 9.0, 10.0)]
+    pairs = [{"where": "diverged", "group": "g", "unit": 9, "measured": None, "reference": ok[0], "t": t}]
+    pairs += [{"where": f"run {k}", "group": "g", "unit": k, "measured": p, "reference": p, "t": t} for k, p in enumerate(ok)]
+    for c in phase_comparisons("phases", pairs, 0.5, "reduced flow"):
+        assert c.error == 0.0 and c.details["compared"] == 3 and len(c.details["not_compared"]) == 1, c.details
+        assert "no loss curve" in c.details["not_compared"][0]["why"]
+
+
+def test_typical_share_is_one_sided_and_needs_enough_seeds():
+    """He et al.'s "typically" as a share of at least 1/2, one-sided, through the Clopper-Pearson
+    interval at Z_SE: 7 of 8 (the quick profile's old knife edge against a share of 1) does not
+    contradict it, and 8 seeds cannot confirm it either (undecided, saying why); 0 of 16
+    contradicts it; 0 of 8 cannot (its upper bound 0.73 at 4 sigma: a chance of 2^-8 under a share
+    of 1/2 is no 4-sigma event), so it is undecided, never agreement; 68 of 96 confirms it, 28 of
+    96 contradicts it.  Where it is confirmed every perturbation (its negation, the edge probe) is
+    rejected: the check can fail."""
+    from claims.base import judge
+    from claims.phase_checks import nothing_compared, share_at_least
+
+    def verdict(k, n):
+        c = share_at_least("s", k, n, 0.5, "why")
+        return c, judge(c.agrees, c.perturbations, "boundary", nothing_compared([c]))
+
+    c, v = verdict(7, 8)
+    assert c.agrees and c.side == "not below" and v == "undecided", (c.explain(), v)
+    assert "7 of 8 seeds" in nothing_compared([c]) and "one-sided" in c.why
+    assert verdict(0, 8)[1] == "undecided" and verdict(0, 16)[1] == "contradicted"
+    c, v = verdict(68, 96)
+    assert v == "located" and c.discriminates and len(c.perturbations) >= 2, c.explain()
+    assert verdict(67, 96)[1] == "undecided" and verdict(28, 96)[1] == "contradicted"
+    assert verdict(29, 96)[1] == "undecided" and verdict(16, 16)[1] == "located"
 
 
 def test_a_diverged_unbalanced_run_decides_no_outcome():
