@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterable, Optional
 from numerics.seeds import case_seed
 
 KIND_MODULES = ("numerics.experiments.theory_values", "numerics.experiments.converged", "numerics.exact_reduced",
-                "numerics.experiments.probes", "numerics.experiments.phases", "numerics.experiments.authors")
+                "numerics.experiments.probes", "numerics.experiments.phases", "numerics.experiments.authors",
+                "numerics.experiments.atlas", "numerics.saddle")
 """Modules whose import registers the kinds (imported on the first lookup)."""
 
 
