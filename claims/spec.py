@@ -190,7 +190,7 @@ def run_spec(spec: ClaimSpec, profile="quick", device="cpu", seed=0, progress: P
                 engine = Engine(seed=ctx.seed, store=store, progress=progress)
                 results = run_plan(spec, ctx, engine)
                 out = spec.compare(ctx, results)
-                used = None if store is None else sum(n.identity in engine.stored_ids for n in results)
+                used = None if store is None else sum(engine.key(n) in engine.stored_ids for n in results)
             else:
                 out = spec.evaluate(ctx)
                 used = store.used if store is not None else None

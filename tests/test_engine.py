@@ -58,6 +58,8 @@ def test_each_need_is_computed_once_and_dependencies_first():
     assert closure([need("test-plus", x=1, base=dep)])[0] == dep
     Engine(seed=0).run([dep])                                    # kept for the process: not computed again
     assert len([c for c in CALLS if c[0] == "square"]) == 1
+    Engine(seed=1).run([dep])                                    # another report seed: another value
+    assert [c for c in CALLS if c[0] == "square"][-1] == ("square", 3, dep.seed(1))
 
 
 def test_a_failed_need_fails_only_its_readers():
