@@ -95,7 +95,8 @@ class Need:
         return case_seed(int(report_seed), *parts)
 
     def dependencies(self) -> list:
-        return [v for _, v in self.params if isinstance(v, Need)]
+        """The needs among its parameters (a parameter may be a need or a tuple of needs)."""
+        return [d for _, v in self.params for d in (v if isinstance(v, tuple) else (v,)) if isinstance(d, Need)]
 
     def label(self) -> str:
         """A short human-readable description (``reports.build --plan``)."""
@@ -221,14 +222,16 @@ class Results(dict):
 
 
 def _resolved(n: Need, values: dict, report_seed: int) -> dict:
-    out = {}
-    for k, v in n.params:
-        if isinstance(v, Need):
-            v = values[memo_key(v, report_seed)]
-            if isinstance(v, Failed):
-                raise v.error
-        out[k] = v
-    return out
+    def value(v):
+        if isinstance(v, tuple):
+            return tuple(value(x) for x in v)
+        if not isinstance(v, Need):
+            return v
+        v = values[memo_key(v, report_seed)]
+        if isinstance(v, Failed):
+            raise v.error
+        return v
+    return {k: value(v) for k, v in n.params}
 
 
 def compute(n: Need, report_seed: int, values: Optional[dict] = None) -> Any:
