@@ -5,10 +5,13 @@ atlas; grids ``examples/atlas_tiny.toml``, ``examples/atlas.toml``; what each pa
 with theory: ``docs/atlas.md``): ``atlas-initialisation`` (pattern x s0; theory.initialisation's
 small scale), ``atlas-heads`` (H x tasks and start; allocation needs H >= m), ``atlas-noise``
 (sigma x L from the allocated point; theory.saddle's T(B) against the run) and ``atlas-batch``
-(lr x B; dT/dlog(B/lr) = 2/rate).  They train nothing (no ``--from-sweep``: they refuse), read
-exactly the points of the sweep's last grid with their ``panel`` label, classify each seed by
-the one classifier (numerics.readout.end_class, through numerics.experiments.atlas.point_class)
-and count each cell's seeds by class (its mix, drawn where they disagree).  Not in the default
+(lr x B; dT/dlog(B/lr) = 2/rate).  They train nothing (no ``--from-sweep``: they refuse).  The plan
+is the points of the sweep's last grid with the id's ``panel`` label (numerics.experiments.atlas.
+panel_needs: "atlas" needs the engine reads from the sweep store, never trains; a grid point the
+sweep does not hold is reported in ``details["unheld_points"]`` with why); the comparison
+classifies each seed by the one classifier (numerics.readout.end_class, through numerics.
+experiments.atlas.point_class) and counts each cell's seeds by class (its mix, drawn where they
+disagree).  Not in the default
 report: the ids are ``claims.OPT_IN``, run only when named in ``--only``.
 """
 from __future__ import annotations
@@ -22,9 +25,9 @@ from claims.base import Figure, Series
 from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row
 from claims.phase_checks import mix_figure, mix_phrase
 from claims.spec import ClaimSpec, Outcome, finding
-from numerics.experiments.atlas import (PATTERNS, cell_class, class_counts, escape_cells, escape_means,
-                                        escape_row, escaped_runs, grid_of, heads_row, mean_se, ols_slope,
-                                        panel_matrices, panel_points, ratios, warmup_border, warmup_row)
+from numerics.experiments.atlas import (PATTERNS, cell_class, class_counts, escape_cells, escape_means, escape_row,
+                                        escaped_runs, grid_of, heads_row, mean_se, ols_slope, panel_matrices,
+                                        panel_needs, panel_points, ratios, warmup_border, warmup_row)
 from numerics.readout import OUTCOME_CLASSES
 
 IDS = ("atlas-initialisation", "atlas-heads", "atlas-noise", "atlas-batch")
@@ -90,10 +93,10 @@ def classes_finding(result, panel: str) -> list:
                   for key, (phrase, nums) in mixes]
 
 
-def _common(points, missing, cells) -> dict:
+def _common(points, unheld, cells) -> dict:
     secs = [x["result"].get("cpu_seconds") for x in points]
-    return {"points": len(points), "missing_points": missing, "classes": class_counts(cells),
-            "point_cpu_seconds": float(np.nansum([s for s in secs if s is not None]))}
+    return {"points": len(points), "missing_points": len(unheld), "unheld_points": unheld,
+            "classes": class_counts(cells), "point_cpu_seconds": float(np.nansum([s for s in secs if s is not None]))}
 
 
 _cfg = lambda x: x["point"]["problem"]  # noqa: E731
@@ -107,8 +110,8 @@ def _config_text(points, keys) -> str:
 
 # --- atlas-initialisation
 
-def evaluate_initialisation(ctx) -> Outcome:
-    points, missing = panel_points("initialisation")
+def compare_initialisation(ctx, results) -> Outcome:
+    points, unheld = panel_points(results, "initialisation")
     cells, rows, cols = grid_of(points, lambda x: _cfg(x)["init"], lambda x: _cfg(x)["init_scale"])
     t_end = _t_end(points)
     figs, info = outcome_maps("atlas-init", "Initialisation", cells, rows, cols, lambda r: PATTERNS.get(r, r),
@@ -146,7 +149,7 @@ def evaluate_initialisation(ctx) -> Outcome:
                                                 "scale)", m["border"], theory=m["theory"], config=comp.config)
                                    for r, m in measured.items()]
     off = sorted((PATTERNS.get(r, r), c) for (r, c), res in cells.items() if cell_class(res) == ("off D", True))
-    details = {**_common(points, missing, cells), "t_end": t_end, "cells": info, "borders": borders,
+    details = {**_common(points, unheld, cells), "t_end": t_end, "cells": info, "borders": borders,
                "measured_borders": measured, "off_D_cells": off,
                "authors": {k: v for k, v in info.items() if k == "PyTorch-default uniform | 1"}}
     return Outcome([comp], head, figs, details, undecided=undecided)
@@ -172,8 +175,8 @@ def findings_initialisation(result) -> list:
 
 # --- atlas-heads
 
-def evaluate_heads(ctx) -> Outcome:
-    points, missing = panel_points("heads")
+def compare_heads(ctx, results) -> Outcome:
+    points, unheld = panel_points(results, "heads")
     cells, rows, cols = grid_of(points, lambda x: (len(_cfg(x)["tasks"]), _cfg(x)["init"], _cfg(x)["init_scale"],
                                                    tuple(_cfg(x)["tasks"])),
                                 lambda x: _cfg(x)["heads"])
@@ -208,7 +211,7 @@ def evaluate_heads(ctx) -> Outcome:
     undecided = None if decided else "no balanced-start row has a decided cell at H >= m"
     head = [headline_row(comp, measured=comp.error)] + [reported_row(
         f"{ro['row']}: smallest allocated H", ro["measured_border"], theory=ro["m"], config=comp.config) for ro in rows_out]
-    details = {**_common(points, missing, cells), "cells": info, "rows": rows_out}
+    details = {**_common(points, unheld, cells), "cells": info, "rows": rows_out}
     return Outcome([comp], head, figs, details, undecided=undecided)
 
 
@@ -275,8 +278,8 @@ def leave_comparison(name, cells, keyfmt, t_end, config) -> Comparison:
         details={"cells": rows, "decided": len(decided), "t_end": t_end}, config=config)
 
 
-def evaluate_noise(ctx) -> Outcome:
-    points, missing = panel_points("noise")
+def compare_noise(ctx, results) -> Outcome:
+    points, unheld = panel_points(results, "noise")
     cells, rows, cols = grid_of(points, lambda x: _cfg(x)["sigma"], lambda x: _cfg(x)["L"])
     t_end = _t_end(points)
     figs, info = outcome_maps("atlas-noise", "Noise and length", cells, rows, cols, lambda r: f"sigma={r:g}",
@@ -302,7 +305,7 @@ def evaluate_noise(ctx) -> Outcome:
         head.append(reported_row(f"sigma={b['sigma']:g}: border L (measured between last left and first stayed)",
                                  b["measured_L"], theory=b["theory_L"], config=config))
     esc = [x for res in cells.values() for x in res if math.isfinite(x["escape_time"])]
-    details = {**_common(points, missing, cells), "t_end": t_end, "cells": info, "borders": borders,
+    details = {**_common(points, unheld, cells), "t_end": t_end, "cells": info, "borders": borders,
                "escaped_over_allocated": mean_se([x["loss"] / x["allocated_loss"] for x in esc]),
                "escaped_over_best": mean_se([x["loss"] / x["best_decomposable"]["loss"] for x in esc])}
     return Outcome([comp], head, figs, details, undecided=undecided)
@@ -328,8 +331,8 @@ def findings_noise(result) -> list:
 
 # --- atlas-batch
 
-def evaluate_batch(ctx) -> Outcome:
-    points, missing = panel_points("batch")
+def compare_batch(ctx, results) -> Outcome:
+    points, unheld = panel_points(results, "batch")
     cells, rows, cols = grid_of(points, lambda x: x["point"]["train"]["lr"], lambda x: x["point"]["train"]["batch"])
     t_end = _t_end(points)
     figs, info = outcome_maps("atlas-batch", "Batch size and step", cells, rows, cols, lambda r: f"lr={r:g}",
@@ -357,7 +360,7 @@ def evaluate_batch(ctx) -> Outcome:
         details={"escaped": len(xs), "runs": sum(len(v) for v in cells.values()), "slope_se": se},
         config=config)
     head = [headline_row(comp, se=se if math.isfinite(se) else None)]
-    details = {**_common(points, missing, cells), "t_end": t_end, "cells": info,
+    details = {**_common(points, unheld, cells), "t_end": t_end, "cells": info,
                "a": points[0]["result"]["saddle"]["a"]}
     return Outcome([comp], head, figs, details, undecided=undecided)
 
@@ -374,22 +377,24 @@ def findings_batch(result) -> list:
 
 # --- the specs
 
-def _spec(cid, title, statement, evaluate, findings):
-    return ClaimSpec(id=cid, title=title, statement=statement, profiles=PROFILES, evaluate=evaluate, kind="boundary",
-                     findings=findings, reads_sweep=True, estimate=lambda p: 5.0)
+def _spec(cid, title, statement, compare, findings):
+    """An atlas id: its plan its panel's points (the id's last word), its comparison ``compare``."""
+    panel = cid.split("-", 1)[1]
+    return ClaimSpec(id=cid, title=title, statement=statement, profiles=PROFILES, kind="boundary", findings=findings,
+                     reads_sweep=True, plan=lambda ctx, results=None: panel_needs(panel), compare=compare)
 
 
 INIT_SPEC = _spec("atlas-initialisation", "Atlas: initialisation pattern x scale",
                   "Over init patterns and scales from well below theory's small scale to PyTorch's default, where "
                   "does training end allocated, in a superposition, off D or not converged, and does theory's small "
-                  "scale bound the warm-up?", evaluate_initialisation, findings_initialisation)
+                  "scale bound the warm-up?", compare_initialisation, findings_initialisation)
 HEADS_SPEC = _spec("atlas-heads", "Atlas: heads against tasks",
                    "As H runs from below m to 2m + 1, from balanced and PyTorch-default starts: where does allocation "
-                   "(surplus heads vanish) give way to superposition?", evaluate_heads, findings_heads)
+                   "(surplus heads vanish) give way to superposition?", compare_heads, findings_heads)
 NOISE_SPEC = _spec("atlas-noise", "Atlas: noise and context length",
                    "Over sigma x L, where do trained models leave the allocated saddle for a superposition, against "
-                   "theory's escape time T(B) compared with the run?", evaluate_noise, findings_noise)
+                   "theory's escape time T(B) compared with the run?", compare_noise, findings_noise)
 BATCH_SPEC = _spec("atlas-batch", "Atlas: batch size and step",
                    "The saddle's escape time against the batch size and step: theory's log law dT/dlog(B/lr) = 1/a.",
-                   evaluate_batch, findings_batch)
+                   compare_batch, findings_batch)
 SPECS = (INIT_SPEC, HEADS_SPEC, NOISE_SPEC, BATCH_SPEC)

@@ -11,6 +11,13 @@ spaced in time, and hands every run's checkpoints to the audit of handed models
 (``claims.model_audit``, the machinery of ``python -m reports.audit``: the same readout, held-out
 loss, theory's reference points, comparisons and findings), one trajectory per run.
 
+A plan and a comparison (numerics.engine): the plan asks for the eight runs (kind "authors_run" of
+numerics.experiments.authors: the runs of one shape from any claims train as one program, each
+naming the held-out prompts its checkpoints are audited on), theory's reference points per task
+split in independent pieces ("reference_points": with ``--jobs`` > 1 they run in worker processes
+beside the training) and the small inits' emergence flows ("authors_emergence"); the comparison
+audits every run's checkpoints through claims.model_audit.run_audit.
+
 Units: their loss is ours / m (MSELoss averages over the m outputs), so S of their steps at lr are
 t = lr S / m of this project's time; both are stated per run.
 
@@ -40,9 +47,10 @@ from typing import Optional
 from claims.base import Figure, Finding
 from claims.common import lines_figure, reported_row
 from claims.model_audit import AuditRequest, plan_audit, run_audit
-from numerics.reference_points import SEARCH, references_for_heads
 from claims.spec import ClaimSpec, Outcome, finding
+from numerics.engine import Need, need
 from numerics.experiments import authors
+from numerics.reference_points import SEARCH
 
 STATED_STEPS = 15_000
 """Their SGD steps in the stated (GPU) run: t = 0.01 x 15000 / 3 = 50 at d_y = 3, 150 at d_y = 1.
@@ -57,8 +65,7 @@ class AuthorsProfile:
     spaced in t), ``prompts`` held-out prompts per checkpoint, ``skip`` reference points not
     computed (by default the one-head optimum: 253 CPU s at (16, 17, 17), L = 100, longer than the
     whole GPU run's training, and only reported, never compared; with one task it is the fixed
-    point), ``search`` the best decomposable point's search, ``background`` theory's reference
-    points computed in a second process while the runs train, ``emergence`` theory's expansion flow from each
+    point), ``search`` the best decomposable point's search, ``emergence`` theory's expansion flow from each
     small-init start to its emergence end (reported beside the run).  ``cpu``: the reduced profile a CPU
     runs instead (None: run as is)."""
 
@@ -75,7 +82,6 @@ class AuthorsProfile:
     dtype: str = "float32"
     skip: tuple = ("one_head_optimum",)
     search: tuple = tuple(sorted(SEARCH.items()))
-    background: bool = True
     emergence: bool = True
     cpu: Optional["AuthorsProfile"] = None
 
@@ -89,7 +95,7 @@ STATED = AuthorsProfile(cpu=REDUCED)
 
 PROFILES = {
     "tiny": AuthorsProfile(dx=6, dys=(3, 1), heads=(3,), L=16, batch=128, steps=40, snapshots=5, prompts=512,
-                           skip=("one_head_optimum", "best_decomposable"), background=False, emergence=False,
+                           skip=("one_head_optimum", "best_decomposable"), emergence=False,
                            lr=0.1),
     "quick": REDUCED,
     "paper": STATED,
@@ -115,100 +121,82 @@ def effective(p: AuthorsProfile, device: str) -> tuple[AuthorsProfile, Optional[
     return run, note
 
 
-def runs_of(p: AuthorsProfile, device: str, seed: int) -> list:
-    """The runs of the profile: every (d_y, H, start), their settings, data seed ``seed`` shared by
-    the starts of one shape (one prompt stream), init seed ``seed``."""
-    return [authors.AuthorsRun(dy=dy, heads=H, init=init, steps=p.steps, dx=p.dx, L=p.L, lr=p.lr, batch=p.batch,
-                               snapshots=p.snapshots, seed=seed, init_seed=seed, dtype=p.dtype, device=device)
-            for dy in p.dys for H in p.heads for init in p.inits]
+def _settings(p: AuthorsProfile, dy: int, H: int, init: str, device: str) -> dict:
+    """The settings of the run (d_y, H, start) of the profile (numerics.experiments.authors.AuthorsRun's)."""
+    return {"dy": dy, "heads": H, "init": init, "steps": p.steps, "dx": p.dx, "L": p.L, "lr": p.lr, "batch": p.batch,
+            "snapshots": p.snapshots, "dtype": p.dtype, "device": device}
 
 
-def _theory(p: AuthorsProfile, runs, seed: int, progress):
-    """Theory's reference points for every (tasks, heads) of the runs: {tasks: {H: references}}
-    (numerics.reference_points.references_for_heads); returns a function that waits for them.  With
-    ``background`` they are computed while the runs train, in one process per independent piece
-    (:func:`_pieces`: the H-independent points, the one-head optimum, the best decomposable point
-    at each H), so that on a GPU machine's idle cores the longest piece, not their sum, is the
-    wait (at (16, 17, 17), L = 100 the pieces take minutes of CPU each: docs/authors.md)."""
-    by_tasks: dict = {}
-    for r in runs:
-        by_tasks.setdefault(r.tasks, set()).add(r.heads)
-    args = {tasks: (tasks, sorted(hs), p.L, 0.0, seed, "cpu", dict(p.search)) for tasks, hs in by_tasks.items()}
-    if not p.background:
-        done = {tasks: references_for_heads(*a, skip=p.skip) for tasks, a in args.items()}
-        done["emergence"] = {k: _emergence(r) for k, r in enumerate(runs) if p.emergence}
-        return lambda: done
-    pending = {tasks: [(piece, authors.in_background(fn, *fa, **fk)) for piece, fn, fa, fk in _pieces(a, p.skip)]
-               for tasks, a in args.items()}
-    flows = {k: authors.in_background(_emergence, r) for k, r in enumerate(runs)
-             if p.emergence and r.init == "authors_small"}
-
-    def wait():
-        out = {}
-        try:
-            for tasks, jobs in pending.items():
-                progress(f"theory's reference points for tasks {tasks} ({len(jobs)} background processes)", 0.85)
-                out[tasks] = _assemble({piece: future.result() for piece, (future, _) in jobs})
-            out["emergence"] = {k: future.result() for k, (future, _) in flows.items()}
-        finally:
-            for _, pool in [j for jobs in pending.values() for _, j in jobs] + list(flows.values()):
-                pool.shutdown(wait=True, cancel_futures=True)
-        return out
-    return wait
+def _stream(p: AuthorsProfile, dy: int, H: int) -> tuple:
+    """The name of a shape's prompt stream, shared by its two starts (one draw a step) and by the
+    small init's emergence flow (the same start)."""
+    return ("authors run", authors.datagenerator_blocks(p.dx, dy), H)
 
 
-def _pieces(args: tuple, skip: tuple) -> list:
-    """The independent pieces of references_for_heads(*args, skip=skip), each (name, fn, args,
-    kwargs): "shared" the H-independent points (the one-head optimum left out when it is a piece of
-    its own), "one_head" (m > 1; with one task it is the fixed point, taken from it), and
-    ("best", H) for each H."""
-    from numerics.reference_points import REFERENCES, references
+def run_need(ctx, p: AuthorsProfile, dy: int, H: int, init: str) -> Need:
+    """One run of the experiment and the held-out prompts its checkpoints are audited on."""
+    return need("authors_run", stream=_stream(p, dy, H), **_settings(p, dy, H, init, ctx.device), held_out=p.prompts)
 
-    tasks, heads, L, sigma, seed, device, search = args
-    only = lambda name: tuple(set(REFERENCES) - {name}) + tuple(skip)  # noqa: E731 - every point but one
-    own_one_head = len(tasks) > 1 and "one_head_optimum" not in skip
-    out = [("shared", references_for_heads, args,
-            {"skip": tuple(skip) + ("best_decomposable",) + (("one_head_optimum",) if own_one_head else ())})]
+
+def emergence_need(ctx, p: AuthorsProfile, dy: int, H: int) -> Need:
+    """Theory's expansion flow from the small-init start of (d_y, H) (its run's init seed)."""
+    return need("authors_emergence", stream=_stream(p, dy, H), **_settings(p, dy, H, "authors_small", ctx.device))
+
+
+def reference_needs(p: AuthorsProfile, tasks: tuple) -> dict:
+    """Theory's reference points at ``tasks`` for every H of the profile, as independent pieces
+    (numerics.experiments.authors "reference_points" needs, computed side by side): "shared" the
+    H-independent points (the one-head optimum left out when it is a piece of its own),
+    "one_head" (m > 1, at the largest H; with one task it is the fixed point, taken from it), and
+    ("best", H) the best decomposable point at each H."""
+    from numerics.reference_points import REFERENCES
+
+    heads = tuple(sorted(p.heads))
+    base = {"tasks": tuple(tasks), "L": p.L, "sigma": 0.0, "search": p.search}
+    skipped = lambda *names: tuple(sorted(set(p.skip) | set(names)))  # noqa: E731 - one name per point
+    own_one_head = len(tasks) > 1 and "one_head_optimum" not in p.skip
+    out = {"shared": need("reference_points", heads=heads, **base,
+                          skip=skipped("best_decomposable", *(("one_head_optimum",) if own_one_head else ())))}
     if own_one_head:
-        H0 = max(heads)
-        out.append(("one_head", references, (tasks, H0, L, sigma, seed, device, search), {"skip": only("one_head_optimum")}))
-    if "best_decomposable" not in skip:
-        out += [(("best", H), references, (tasks, H, L, sigma, seed, device, search), {"skip": only("best_decomposable")})
-                for H in heads]
+        out["one_head"] = need("reference_points", heads=(max(heads),), skip=skipped(
+            *(set(REFERENCES) - {"one_head_optimum"})), **base)
+    if "best_decomposable" not in p.skip:
+        out.update({("best", H): need("reference_points", heads=(H,), skip=skipped(
+            *(set(REFERENCES) - {"best_decomposable"})), **base) for H in heads})
     return out
 
 
 def _assemble(parts: dict) -> dict:
-    """{H: references} from the pieces of :func:`_pieces`: the shared points, with the one-head
-    optimum and each H's best decomposable point put in from their own pieces."""
+    """{H: references} from the pieces of :func:`reference_needs`: the shared points, with the
+    one-head optimum and each H's best decomposable point put in from their own pieces."""
     out = {}
     for H, refs in parts["shared"].items():
         refs = dict(refs)
         if "one_head" in parts:
-            refs["one_head_optimum"] = parts["one_head"]["one_head_optimum"]
+            refs["one_head_optimum"] = next(iter(parts["one_head"].values()))["one_head_optimum"]
         if ("best", H) in parts:
-            refs["best_decomposable"] = parts[("best", H)]["best_decomposable"]
+            refs["best_decomposable"] = parts[("best", H)][H]["best_decomposable"]
         out[H] = refs
     return out
 
 
-def _emergence(run: "authors.AuthorsRun") -> Optional[dict]:
-    """Theory's expansion flow from a small-init run's start: when its emergence ends (in our time
-    and in their steps) -- reported, so a reader sees how far the run is from it; None for a start
-    off D (no reduced flow starts there)."""
-    if run.init != "authors_small":
-        return None
-    from numerics.model import initial_values
-    from theory.three_phases import run_length
+def _runs(ctx) -> tuple:
+    """(profile run, note, [(d_y, H, start)]) of the context: every (d_y, H, start) of the
+    profile that runs on its device."""
+    p, note = effective(ctx.p, ctx.device)
+    return p, note, [(dy, H, init) for dy in p.dys for H in p.heads for init in p.inits]
 
-    om0, mu0 = initial_values(run.cfg)
-    try:
-        t2, status = run_length(om0, mu0, run.tasks, run.L, 0.0, "factored", run.logit_scale, lr=run.our_lr, factor=1.0)
-    except (RuntimeError, ValueError) as exc:
-        return {"t": None, "status": f"{type(exc).__name__}: {exc}"}
-    if not math.isfinite(t2):
-        return {"t": None, "status": status}
-    return {"t": float(t2), "steps": int(round(t2 / run.our_lr)), "status": status}
+
+def plan(ctx, results=None) -> list:
+    """The eight runs (their checkpoints' audit priced with them), theory's reference points per
+    task split in pieces, and the small inits' emergence flows."""
+    p, _, runs = _runs(ctx)
+    out = [run_need(ctx, p, dy, H, init) for dy, H, init in runs]
+    for dy in p.dys:
+        out += list(reference_needs(p, authors.datagenerator_blocks(p.dx, dy)).values())
+    if p.emergence:
+        out += [emergence_need(ctx, p, dy, H) for dy, H, init in runs if init == "authors_small"]
+    return out
 
 
 def _prefixed(label: str, c):
@@ -217,60 +205,70 @@ def _prefixed(label: str, c):
     return c
 
 
-def evaluate(ctx) -> Outcome:
-    p, note = effective(ctx.p, ctx.device)
-    runs = runs_of(p, ctx.device, ctx.seed)
-    theory_refs = _theory(p, runs, ctx.seed, ctx.progress)
-    trained = authors.train_runs(runs, lambda msg, f: ctx.progress(msg, 0.8 * f))
-    refs = theory_refs()
-    flows = refs.pop("emergence")
-    comps, rows, undecided, per_run, sub_findings, panels = [], [], [], [], [], {}
-    for k, res in enumerate(trained):
+def _audit_entry(res, p: AuthorsProfile, note: Optional[str], refs: dict, ctx, into: dict) -> dict:
+    """The audit of one trained run's checkpoints (claims.model_audit.run_audit, the run's own
+    held-out prompts): its comparisons, headline rows, undecided parts and findings added to
+    ``into``; returns the run's entry of the details."""
+    run = res.run
+    label = run.label
+    request = AuditRequest(checkpoints=tuple(authors.checkpoint(res, j) for j in range(len(res.snapshots))),
+                           lr=run.lr, loss_units="mean", prompts=res.held_out_prompts, seed=res.held_out_seed,
+                           device=ctx.device, search=p.search, skip=p.skip)
+    outs: list = []
+    audit = run_audit(plan_audit(request), references_by_heads=refs[run.tasks], outcomes=outs,
+                      cut_short=None if note is None else f"{run.steps} of the stated {STATED.steps} steps")
+    for rid, _, out in outs:
+        into["comps"].extend(_prefixed(label, c) for c in out.comparisons)
+        into["rows"].extend({**r, "name": f"{label}: {r['name']}"} for r in (out.headline or [])
+                            if r.get("side") != "reported")
+        if out.undecided:
+            into["undecided"].append(f"{label}, {rid}: {out.undecided}")
+    for r in audit.results:
+        into["sub_findings"].extend(dataclasses.asdict(f) for f in r.findings)
+    last = audit.model[-1]
+    loss = last["held_out_loss"]
+    into["rows"].append(reported_row(
+        f"{label}: held-out loss at {run.steps} steps (t = {run.t_end:.3g}; per-task mean "
+        f"{loss['per_task_mean']['mean']:.4g}, their units)", loss["mean"], se=loss["se"],
+        theory=last["theory"]["allocated_fixed_point"].get("loss"),
+        config=f"tasks={tuple(run.tasks)} H={run.heads} L={run.L}"))
+    return {"audit": {"results": [{"id": r.id, "kind": r.kind, "verdict": r.verdict, "status": r.details.get("status"),
+                                   "undecided": r.details.get("undecided")} for r in audit.results],
+                      "seconds": audit.seconds, "cpu_seconds": audit.cpu_seconds, "stages": audit.stages},
+            "model": audit.model[-1], "trajectory": [{"t": m["time"], "step": m["checkpoint"]["step"],
+                                                      "loss": m["held_out_loss"], "words": m["readout"]["words"],
+                                                      "off_D_share": m["readout"]["off_D"]["share"]}
+                                                     for m in audit.model], "models": audit.model}
+
+
+def compare_results(ctx, results) -> Outcome:
+    """Every run's checkpoints through the audit of handed models (claims.model_audit), at theory's
+    reference points of its task split; the emergence flows reported beside the small inits' runs."""
+    p, note, runs = _runs(ctx)
+    splits = [authors.datagenerator_blocks(p.dx, dy) for dy in p.dys]
+    refs = {t: _assemble({piece: results[n] for piece, n in reference_needs(p, t).items()}) for t in splits}
+    into = {"comps": [], "rows": [], "undecided": [], "sub_findings": []}
+    per_run, panels = [], {}
+    for k, (dy, H, init) in enumerate(runs):
+        res = results[run_need(ctx, p, dy, H, init)]
         run = res.run
-        label = run.label
-        ctx.progress(f"auditing {label} ({len(res.snapshots)} checkpoints)", 0.85 + 0.15 * k / len(trained))
-        entry = {"label": label, "dy": run.dy, "tasks": list(run.tasks), "heads": run.heads, "init": run.init,
+        ctx.progress(f"auditing {run.label} ({len(res.snapshots)} checkpoints)", 0.85 + 0.15 * k / len(runs))
+        flow = results[emergence_need(ctx, p, dy, H)] if p.emergence and init == "authors_small" else None
+        entry = {"label": run.label, "dy": run.dy, "tasks": list(run.tasks), "heads": run.heads, "init": run.init,
                  "their_steps": run.steps, "their_lr": run.lr, "our_lr": run.our_lr, "t_end": run.t_end,
                  "batch": run.batch, "dtype": run.dtype, "train_seconds": res.seconds,
                  "train_cpu_seconds": res.cpu_seconds, "batched_runs": res.batched_runs,
-                 "emergence_prediction": flows.get(k), "records": [dataclasses.asdict(r) for r in res.records]}
+                 "emergence_prediction": flow, "records": [dataclasses.asdict(r) for r in res.records]}
         if res.error is not None:
             entry["error"] = res.error
-            undecided.append(f"{label}: the run ended early ({res.error})")
-            per_run.append(entry)
-            continue
-        request = AuditRequest(checkpoints=tuple(authors.checkpoint(res, j) for j in range(len(res.snapshots))),
-                               lr=run.lr, loss_units="mean", prompts=p.prompts, seed=ctx.seed, device=ctx.device,
-                               search=p.search, skip=p.skip)
-        outs: list = []
-        audit = run_audit(plan_audit(request), references_by_heads=refs[run.tasks], outcomes=outs,
-                          cut_short=None if note is None else f"{run.steps} of the stated {STATED.steps} steps")
-        for rid, kind, out in outs:
-            comps.extend(_prefixed(label, c) for c in out.comparisons)
-            rows.extend({**r, "name": f"{label}: {r['name']}"} for r in (out.headline or [])
-                        if r.get("side") != "reported")
-            if out.undecided:
-                undecided.append(f"{label}, {rid}: {out.undecided}")
-        for r in audit.results:
-            sub_findings.extend(dataclasses.asdict(f) for f in r.findings)
-        last = audit.model[-1]
-        loss = last["held_out_loss"]
-        rows.append(reported_row(f"{label}: held-out loss at {run.steps} steps (t = {run.t_end:.3g}; per-task mean "
-                                 f"{loss['per_task_mean']['mean']:.4g}, their units)", loss["mean"], se=loss["se"],
-                                 theory=last["theory"]["allocated_fixed_point"].get("loss"),
-                                 config=f"tasks={tuple(run.tasks)} H={run.heads} L={run.L}"))
-        entry.update({"audit": {"results": [{"id": r.id, "kind": r.kind, "verdict": r.verdict,
-                                              "status": r.details.get("status"), "undecided": r.details.get("undecided")}
-                                             for r in audit.results],
-                                "seconds": audit.seconds, "cpu_seconds": audit.cpu_seconds, "stages": audit.stages},
-                      "model": audit.model[-1], "trajectory": [{"t": m["time"], "step": m["checkpoint"]["step"],
-                                                                "loss": m["held_out_loss"], "words": m["readout"]["words"],
-                                                                "off_D_share": m["readout"]["off_D"]["share"]}
-                                                               for m in audit.model]})
+            into["undecided"].append(f"{run.label}: the run ended early ({res.error})")
+        else:
+            entry.update(_audit_entry(res, p, note, refs, ctx, into))
+            panels.setdefault((run.dy, run.heads), []).append((run, entry.pop("models")))
         per_run.append(entry)
-        panels.setdefault((run.dy, run.heads), []).append((run, audit.model))
     figures = [_loss_figure(panels, refs)] if panels else []
-    details = {"note": note, "runs": per_run, "sub_findings": sub_findings, "undecided_parts": undecided,
+    details = {"note": note, "runs": per_run, "sub_findings": into["sub_findings"],
+               "undecided_parts": into["undecided"],
                "stated_steps": STATED.steps, "steps": p.steps, "device": ctx.device,
                "references": {",".join(map(str, t)): {str(H): {k: {kk: v.get(kk) for kk in ("available", "loss", "se",
                                                                                             "how", "reason", "cpu_seconds")}
@@ -278,8 +276,8 @@ def evaluate(ctx) -> Outcome:
                               for t, by_h in refs.items()},
                "units": "loss: this project's, E||y_q - y_hat||^2 summed over the m tasks (their MSELoss: / m); time: "
                         "t = lr x steps / m (their SGD steps at lr on a loss averaged over the m tasks)"}
-    why = note or (None if comps else "no comparison was made: " + "; ".join(undecided))
-    return Outcome(comps, rows, figures=figures, details=details, undecided=why)
+    why = note or (None if into["comps"] else "no comparison was made: " + "; ".join(into["undecided"]))
+    return Outcome(into["comps"], into["rows"], figures=figures, details=details, undecided=why)
 
 
 def _loss_figure(panels: dict, refs: dict) -> Figure:
@@ -317,44 +315,11 @@ def findings(result) -> list:
     return out
 
 
-def estimate(p: AuthorsProfile) -> float:
-    """Wall seconds on 2 idle CPU cores (where the stated profile runs reduced, the reduced one):
-    the main process trains (per step of a program: CPU_SAMPLE_NS per context number drawn,
-    CPU_MODEL_NS per context number, head and run) and audits (AUDIT_CHECKPOINT_SECONDS a
-    checkpoint at 4096 prompts, in proportion), while the background processes compute theory's
-    points and flows (BACKGROUND_SECONDS per task split, on the other core); constants are CPU
-    seconds measured on the reduced run (docs/authors.md)."""
-    run = p.cpu if p.cpu is not None else p
-    train = audit = 0.0
-    for dy in run.dys:
-        ctx = run.batch * run.L * (run.dx + dy)
-        for H in run.heads:
-            train += run.steps * ctx * 1e-9 * (CPU_SAMPLE_NS + CPU_MODEL_NS * H * len(run.inits))
-            audit += len(run.inits) * run.snapshots * AUDIT_CHECKPOINT_SECONDS * run.prompts / 4096
-    main = train + audit
-    background = BACKGROUND_SECONDS * len(run.dys) * (run.dx * run.L / 5000) ** 0.5
-    return max(main, (main + background) / 2) + STARTUP_SECONDS
-
-
-CPU_SAMPLE_NS = 3.7
-CPU_MODEL_NS = 0.45
-"""Fitted to the reduced run's training CPU seconds (one thread, load ~7 per core): 0.34 s a step at
-tasks (16, 17, 17), H = 3, 0.58 at H = 8 (two runs a program, 5.3e7 context numbers)."""
-AUDIT_CHECKPOINT_SECONDS = 1.45
-"""CPU seconds to measure one checkpoint at 4096 held-out prompts (readout, two evaluations)."""
-BACKGROUND_SECONDS = 80.0
-"""CPU seconds of theory's points (fixed point, best decomposable at each H, linear attention),
-the small inits' expansion flows and the processes' start-up, per task split at d_x = 50, L = 100."""
-STARTUP_SECONDS = 55.0
-"""The main process's CPU seconds beside training and audit in the reduced run (imports, the
-reports' JSON and figures): 165 in all, 53 training, 58 auditing."""
-
-
 SPEC = ClaimSpec(
     id="authors-replica", title="The authors' released experiment, trained here and audited",
     statement="The authors' own experiment (d_x = 50 over d_y = 3 or 1 tasks, H = 3 or 8, L = 100, SGD at 0.01 on "
               "10,000 fresh prompts a step, from nn.Linear's default and from their small initialisation), trained by "
               "this project's trainer: where do its models stand against the paper's theory at that configuration?",
-    profiles=PROFILES, evaluate=evaluate, kind="boundary", fields=(), estimate=estimate, findings=findings)
+    profiles=PROFILES, plan=plan, compare=compare_results, kind="boundary", fields=(), findings=findings)
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

@@ -177,7 +177,8 @@ class ClaimResult:
     keys name, theory, measured, se, tolerance, agrees); ``theory``: the predicted values;
     ``numerics``: the measured values; ``tolerance``: the allowed discrepancy and the
     argument it comes from (``{"value": ..., "why": "..."}``); ``details``: anything else a
-    reader needs (configurations, seeds, per-case numbers).
+    reader needs (configurations, seeds, per-case numbers); ``paper``: the paper's statement
+    in one line.
     """
 
     id: str
@@ -194,6 +195,9 @@ class ClaimResult:
     seconds: float = 0.0
     headline: list[dict] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    paper: Optional[str] = None
+    """What the paper states, in one line (a paper claim's ``ClaimSpec.paper``; None for a boundary):
+    the report prints it beside the number tested."""
 
     def to_dict(self) -> dict:
         return jsonable(dataclasses.asdict(self))

@@ -344,6 +344,7 @@ def findings(result) -> list:
 
 SPEC = ClaimSpec(
     id="block-structure", title="Block structure is preserved",
+    paper="gradient flow keeps decomposable weights decomposable (every off-block entry stays 0)",
     statement=("Started from block-structured (decomposable) weights, gradient flow keeps them so: only "
                "the X-X block of each head's QK weight and the Y block of each head's OV weight are ever "
                "nonzero, each diagonal in the task basis (for both parametrisations and any basis Phi)."),

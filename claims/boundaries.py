@@ -27,12 +27,12 @@ from claims.common import Z_SE, Comparison, config_label, headline_row, perturba
 from numerics.model import initial_values
 from numerics.statistics import mean_se, window_drift
 from claims.spec import ClaimSpec, Outcome, finding, replace_fields
+from claims.trained import theory_need
 from numerics.config import ProblemConfig
-from numerics.experiments.reduced_flows import fewer_heads_run, merged_and_factored, paired_difference
+from numerics.engine import need
+from numerics.experiments.reduced_flows import paired_difference
 from numerics.readout import ALLOCATED_SHARE, SUPERPOSED_SHARE, allocation
 from numerics.train import TrainConfig
-from theory import reduced_ode
-from theory import task_allocation as allocation_theory
 
 PATTERNS = ("superposed", "allocated")
 
@@ -82,9 +82,24 @@ def superposition_error(diff: float, se: float, share_merged, share_factored, pr
 THEORY_MERGED = {"merged": "superposed", "factored": "allocated", "merged_lower": True}
 
 
-def check_merged_superposition(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparison:
-    """Train the exact reduced flow with the merged and the factored metric from the same
-    start (cfg.param is overridden); evaluate both end points on the same held-out prompts.
+def merged_needs(cfg, tcfg, n_eval: int) -> tuple:
+    """(merged flow, factored flow, their end points' losses): the exact reduced flow trained with
+    the merged and the factored metric from cfg's start on the same prompts (one named stream;
+    cfg.param is overridden), both end points on the same ``n_eval`` held-out prompts.  Refused
+    outside the domain (H = m >= 2) before any run."""
+    if cfg.heads != cfg.m or cfg.m < 2:
+        raise ValueError(f"the merged-superposition boundary needs heads == m >= 2 (one favoured head per task), got "
+                         f"heads={cfg.heads}, m={cfg.m}")
+    stream = ("merged vs factored", tuple(cfg.tasks), cfg.heads, cfg.L, float(cfg.sigma))
+    merged, factored = (need("reduced_flow", cfg=cfg.replace(param=param), tcfg=tcfg, stream=stream)
+                        for param in ("merged", "factored"))
+    return merged, factored, need("paired_end_losses", first=merged, second=factored, cfg=cfg, n_eval=int(n_eval))
+
+
+def check_merged_superposition(cfg, n_eval: int, merged, factored, losses) -> Comparison:
+    """The exact reduced flow trained with the merged and the factored metric from the same
+    start (``merged``, ``factored``: the flows of :func:`merged_needs`), both end points evaluated
+    on the same held-out prompts (``losses``, (2, n_eval)).
 
     Measured: merged loss - factored loss (paired, with its standard error) and each head's
     off-task share.  Predicted (theory's account, docs/model.md): merged superposed (every share >=
@@ -93,14 +108,9 @@ def check_merged_superposition(cfg, tcfg, n_eval: int = 20000, seed: int = 0) ->
     tolerance is the measurement's own noise (both losses are measured, none predicted).
     Perturbations, through the same function: "merged allocates too" (claim 4 read for merged
     weights) and "factored superposes too"."""
-    if cfg.heads != cfg.m or cfg.m < 2:
-        raise ValueError(f"the merged-superposition boundary needs heads == m >= 2 (one favoured head per task), got "
-                         f"heads={cfg.heads}, m={cfg.m}")
-    run = merged_and_factored(cfg, tcfg, n_eval, seed)
-    losses = (run.loss_merged, run.loss_factored)
     diff, se = paired_difference(losses[0], losses[1])
-    share_m = np.array(allocation(run.merged_omega, run.merged_mu).head_share)
-    share_f = np.array(allocation(run.factored_omega, run.factored_mu).head_share)
+    share_m = np.array(allocation(merged.omega, merged.mu).head_share)
+    share_f = np.array(allocation(factored.omega, factored.mu).head_share)
     err = superposition_error(diff, se, share_m, share_f, THEORY_MERGED)
     perts = [perturbation(desc, superposition_error(diff, se, share_m, share_f, pred), 0.0, predicted=pred)
              for desc, pred in (("merged allocates too", {**THEORY_MERGED, "merged": "allocated"}),
@@ -117,10 +127,10 @@ def check_merged_superposition(cfg, tcfg, n_eval: int = 20000, seed: int = 0) ->
         why=f"the difference must be negative beyond {Z_SE:g} standard errors of the paired loss difference on "
             f"{n_eval} held-out prompts ({Z_SE * se:.3g}), and each end point must show its predicted pattern",
         perturbations=perts,
-        details={"config": cfg.to_dict(), "train": tcfg.to_dict(),
-                 "merged": {"omega": np.round(run.merged_omega, 4).tolist(), "mu": np.round(run.merged_mu, 4).tolist()},
-                 "factored": {"omega": np.round(run.factored_omega, 4).tolist(),
-                              "mu": np.round(run.factored_mu, 4).tolist()},
+        details={"config": cfg.to_dict(), "train": merged.train.to_dict(),
+                 "merged": {"omega": np.round(merged.omega, 4).tolist(), "mu": np.round(merged.mu, 4).tolist()},
+                 "factored": {"omega": np.round(factored.omega, 4).tolist(),
+                              "mu": np.round(factored.mu, 4).tolist()},
                  "loss_ratio_factored_over_merged": float(losses[1].mean() / losses[0].mean()),
                  "se_difference": se}, config=config_label(cfg)),
         error=lambda m, p: superposition_error(diff, se, share_m, share_f, THEORY_MERGED, p["difference_below"]),
@@ -155,14 +165,10 @@ FEWER = {
     "paper": FewerHeadsProfile(tasks=(4, 4, 4, 4), L=256, lr=0.05, time=200.0, batch=2048, n_eval=200000),
 }
 
-def predicted_shares_at_end(om0, mu0, cfg, t_end: float) -> tuple[list[int], list[float]]:
-    """Theory's expansion flow (cfg.param's metric) from (om0, mu0) to t_end: per task the
-    head with the largest |mu| and the runner-up's share of it."""
-    traj = reduced_ode.integrate_expansion_flow(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param, cfg.logit_scale,
-                                                t_end=t_end, t_eval=np.array([0.0, t_end]))
-    mu = np.abs(traj.final_mu)
-    return ([int(h) for h in np.argmax(mu, axis=0)],
-            list(allocation(None, mu).runner_up_share))
+def shares_at_end(flow) -> list[float]:
+    """Per task the runner-up head's share of the largest |mu| at the end of theory's expansion
+    flow ``flow`` (a ``theory.reduced_ode`` trajectory)."""
+    return list(allocation(None, np.abs(flow.final_mu)).runner_up_share)
 
 
 def fewer_heads_error(loss_trained: float, loss_predicted: float, measured_winners, predicted_winners,
@@ -174,8 +180,25 @@ def fewer_heads_error(loss_trained: float, loss_predicted: float, measured_winne
     return abs(loss_trained - loss_predicted)
 
 
-def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparison:
-    """Train the exact reduced flow (cfg.param) with H < m heads from cfg's init.
+def fewer_needs(cfg, tcfg, n_eval: int) -> tuple:
+    """(flow, theory's winners, theory's expansion flow to the run's end, the flow's end read
+    out): the exact reduced flow (cfg.param) with H < m heads from cfg's init, theory's
+    predictions from the same init, and the trained point, the partition minimum of theory's
+    winners and the m-head allocated minimum on the same held-out prompts
+    (``numerics.experiments.reduced_flows.fewer_heads_end``).  Refused for H >= m before any run."""
+    if cfg.heads >= cfg.m:
+        raise ValueError(f"the fewer-heads boundary needs fewer heads than tasks, got heads={cfg.heads} >= m={cfg.m}")
+    om0, mu0 = (tuple(map(tuple, a.tolist())) for a in initial_values(cfg))
+    start = (om0, mu0, tuple(cfg.tasks), int(cfg.L), float(cfg.sigma), cfg.param, float(cfg.logit_scale))
+    flow, winners = need("reduced_flow", cfg=cfg, tcfg=tcfg), theory_need("predicted_winners", *start)
+    return (flow, winners, theory_need("expansion_flow", *start, float(tcfg.time), (0.0, float(tcfg.time))),
+            need("fewer_heads_end", flow=flow, winners=winners, cfg=cfg, n_eval=int(n_eval)))
+
+
+def check_fewer_heads(cfg, n_eval: int, flow, winners, end_flow, run) -> Comparison:
+    """The exact reduced flow (cfg.param) with H < m heads from cfg's init (``flow``), read out
+    by ``run`` (:func:`fewer_needs`), against theory's ``winners`` and its expansion flow to the
+    run's end ``end_flow``.
 
     Predicted (theory.task_allocation.predicted_winners: the expansion flow from the same
     init): the head carrying each task, and the trained loss equal to the minimum of the exact
@@ -188,20 +211,15 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
     wrong), plus the drift of the training loss over its final window, plus the step-size
     fluctuation left in the averaged iterate.  Perturbations through the same function:
     "one head per task" (the m-head allocated limit's loss) and permuted winners."""
-    if cfg.heads >= cfg.m:
-        raise ValueError(f"check_fewer_heads needs fewer heads than tasks, got heads={cfg.heads} >= m={cfg.m}")
     om0, mu0 = initial_values(cfg)
-    winners = [int(h) for h in allocation_theory.predicted_winners(om0, mu0, cfg.tasks, cfg.L, cfg.sigma, cfg.param,
-                                                                   cfg.logit_scale)]
-    _, end_shares = predicted_shares_at_end(om0, mu0, cfg, tcfg.time)
+    winners, end_shares = [int(h) for h in winners], shares_at_end(end_flow)
     decisive = all(sh <= SUPERPOSED_SHARE for sh in end_shares)
-    run = fewer_heads_run(cfg, tcfg, winners, n_eval, seed)
     om_avg, mu_avg, losses, part, alloc = run.omega, run.mu, run.losses, run.partition, run.allocated
     measured_winners = list(allocation(None, mu_avg).serving_head)
     trained, se_trained = mean_se(losses[0])
     predicted_loss = float(losses[1].mean())
     fluctuation = max(0.0, float(losses[3:].mean() - trained)) / run.averaged_records
-    drift = window_drift(run.train_losses[-max(2, int(math.ceil(0.1 * run.steps))):], Z_SE)
+    drift = window_drift(np.asarray(flow.losses)[-max(2, int(math.ceil(0.1 * flow.steps))):], Z_SE)
     tol = Z_SE * math.sqrt(2.0) * se_trained + drift + fluctuation
     err = fewer_heads_error(trained, predicted_loss, measured_winners, winners, decisive)
     permuted = [(h + 1) % cfg.heads for h in winners]
@@ -221,7 +239,7 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
         + ([perturbation("winners permuted (head h -> h + 1 mod H)",
                          fewer_heads_error(trained, predicted_loss, measured_winners, permuted, decisive),
                          tol, predicted=permuted)] if cfg.heads > 1 else []),
-        details={"config": cfg.to_dict(), "train": tcfg.to_dict(), "omega0": om0.tolist(), "mu0": mu0.tolist(),
+        details={"config": cfg.to_dict(), "train": flow.train.to_dict(), "omega0": om0.tolist(), "mu0": mu0.tolist(),
                  "predicted_shares_at_end": end_shares, "winners_judged": decisive, "se_trained": se_trained,
                  "omega": np.round(om_avg, 4).tolist(), "mu": np.round(mu_avg, 4).tolist(),
                  "second_share": shares, "averaged_records": run.averaged_records, "drift": drift, "fluctuation": fluctuation,
@@ -231,18 +249,27 @@ def check_fewer_heads(cfg, tcfg, n_eval: int = 20000, seed: int = 0) -> Comparis
                                              p["winners"], decisive))
 
 
-def evaluate_merged(ctx) -> Outcome:
+def _merged_case(ctx) -> tuple:
+    """(cfg, tcfg) of the merged boundary at ctx's profile (the flows' prompt stream is their need's)."""
     p = ctx.p
-    cfg = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
+    return (ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device),
+            TrainConfig(lr=p.lr, time=p.time, batch=p.batch, records=21))
+
+
+def plan_merged(ctx, results=None) -> list:
+    cfg, tcfg = _merged_case(ctx)
+    return list(merged_needs(cfg, tcfg, ctx.p.n_eval))
+
+
+def compare_merged(ctx, results) -> Outcome:
+    cfg, tcfg = _merged_case(ctx)
     details = {"ran": f"exact reduced flow, merged and factored, tasks={list(cfg.tasks)}, H={cfg.heads}, L={cfg.L}, "
                       f"sigma={cfg.sigma:g}",
                "domain": {"heads == m": cfg.heads == cfg.m, "m >= 2": cfg.m >= 2,
                           "why": "a superposition needs two heads, a share two tasks; with H > m the default init "
                                  "favours two heads equally on a task, which then stay tied by symmetry (a shared "
                                  "task, not allocation) in both parametrisations"}}
-    tcfg = TrainConfig(lr=p.lr, time=p.time, batch=p.batch, seed=ctx.seed, records=21)
-    ctx.progress("merged vs factored flows", 0.0)
-    comp = check_merged_superposition(cfg, tcfg, p.n_eval, ctx.seed)
+    comp = check_merged_superposition(cfg, ctx.p.n_eval, *(results[n] for n in merged_needs(cfg, tcfg, ctx.p.n_eval)))
     se = comp.details["se_difference"]
     rows = [headline_row(comp, "merged minus factored loss", theory=0.0, measured=comp.measured["difference"],
                          se=se, tolerance=Z_SE * se, side="not above"),
@@ -255,13 +282,22 @@ def evaluate_merged(ctx) -> Outcome:
     return Outcome([comp], rows, figs, details=details)
 
 
-def evaluate_fewer(ctx) -> Outcome:
+def _fewer_case(ctx) -> tuple:
+    """(cfg, tcfg) of the fewer-heads boundary at ctx's profile (the flow's prompt stream is its need's)."""
     p = ctx.p
-    cfg = ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, init="random_decomposable",
-                        init_seed=p.init_seed, device=ctx.device)
-    tcfg = TrainConfig(lr=p.lr, time=p.time, batch=p.batch, seed=ctx.seed, records=21)
-    ctx.progress("fewer heads than tasks", 0.0)
-    comp = check_fewer_heads(cfg, tcfg, p.n_eval, ctx.seed)
+    return (ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, init="random_decomposable",
+                          init_seed=p.init_seed, device=ctx.device),
+            TrainConfig(lr=p.lr, time=p.time, batch=p.batch, records=21))
+
+
+def plan_fewer(ctx, results=None) -> list:
+    cfg, tcfg = _fewer_case(ctx)
+    return list(fewer_needs(cfg, tcfg, ctx.p.n_eval))
+
+
+def compare_fewer(ctx, results) -> Outcome:
+    cfg, tcfg = _fewer_case(ctx)
+    comp = check_fewer_heads(cfg, ctx.p.n_eval, *(results[n] for n in fewer_needs(cfg, tcfg, ctx.p.n_eval)))
     head = [headline_row(comp, "trained loss vs partition minimum", theory=comp.predicted["loss_partition_minimum"],
                          measured=comp.measured["loss_trained"], se=comp.details["se_trained"]),
             headline_row(comp, "winners (head of each task)", theory=comp.predicted["winners"],
@@ -309,38 +345,17 @@ def _fewer_cannot(problem):
     return None
 
 
-def estimate_merged(p: MergedProfile) -> float:
-    """CPU seconds (``numerics.cost``) of ``merged_and_factored``: two exact reduced flows (merged, factored:
-    time / lr steps of the whole-prompt estimator at ``batch``) and their end points on ``n_eval`` marginal prompts."""
-    from numerics import cost
-    steps = round(p.time / p.lr)
-    return (2 * steps * cost.reduced_step_seconds(p.tasks, p.heads, p.L, p.batch)
-            + cost.marginal_seconds(p.tasks, p.heads, p.L, p.n_eval, points=2))
-
-
-def estimate_fewer(p: FewerHeadsProfile) -> float:
-    """CPU seconds (``numerics.cost``) of ``fewer_heads_run``: the reduced flow, the partition minimum (one
-    L-BFGS-B search), the allocated minimum, and 3 + the late quarter of the 61 records on ``n_eval`` prompts."""
-    from numerics import cost, exact_reduced
-    steps = round(p.time / p.lr)
-    n_fit = exact_reduced.fit_sample_size(p.heads, p.L)
-    return (steps * cost.reduced_step_seconds(p.tasks, p.heads, p.L, p.batch)
-            + cost.fit_seconds(p.tasks, p.heads, p.L, n_fit)
-            + exact_reduced.minima_seconds(p.tasks, p.L, 0)
-            + cost.marginal_seconds(p.tasks, p.heads, p.L, p.n_eval, points=3 + 16))
-
-
 KEYS = ("tasks", "heads", "L", "sigma")
 MERGED_SPEC = ClaimSpec(
     id="boundary-merged-superposition", kind="boundary", title="Boundary: merged parametrisation finds a superposition",
     statement=("Trained merged, the flow ends in a signed superposition of heads with a lower loss than the allocated "
                "limit the factored flow reaches."),
-    profiles=MERGED, evaluate=evaluate_merged, resolve=lambda p, pr: replace_fields(p, pr, KEYS), fields=KEYS,
-    cannot_run=_merged_cannot, findings=findings_merged, estimate=lambda p: estimate_merged(p))
+    profiles=MERGED, plan=plan_merged, compare=compare_merged, resolve=lambda p, pr: replace_fields(p, pr, KEYS),
+    fields=KEYS, cannot_run=_merged_cannot, findings=findings_merged)
 FEWER_SPEC = ClaimSpec(
     id="boundary-fewer-heads", kind="boundary", title="Boundary: fewer heads than tasks (H < m)",
     statement=("With H < m heads each task ends on the head theory's flow predicts, at the loss of that task "
                "partition (above the m-head allocated limit)."),
-    profiles=FEWER, evaluate=evaluate_fewer, resolve=lambda p, pr: replace_fields(p, pr, KEYS), fields=KEYS,
-    cannot_run=_fewer_cannot, findings=findings_fewer, estimate=lambda p: estimate_fewer(p))
+    profiles=FEWER, plan=plan_fewer, compare=compare_fewer, resolve=lambda p, pr: replace_fields(p, pr, KEYS),
+    fields=KEYS, cannot_run=_fewer_cannot, findings=findings_fewer)
 run_merged_superposition, run_fewer_heads = MERGED_SPEC.run, FEWER_SPEC.run

@@ -14,7 +14,7 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -71,7 +71,13 @@ class Comparison:
     None as a whole for a prediction with no quantities.  An entrywise comparison moves each
     entry alone (``entrywise``, ``entries``).  Computed by :func:`compare` (or :func:`resolved`)
     from the comparison's own error function and tolerance (:func:`resolving_power`); each
-    direction it sees is also probed at 1.5 x its eps (:func:`edge_probes`, in ``perturbations``)."""
+    direction it sees is also probed at 1.5 x its eps (:func:`edge_probes`, in ``perturbations``).
+    ``bound`` (where present) lists the directions whose eps is only an upper bound: every move the
+    scan tried was rejected (an exact comparison)."""
+    error_function: Optional[Callable] = field(default=None, repr=False, compare=False)
+    """``error`` as a function of (measured, prediction), its tolerance of the prediction: set by compare() and
+    resolved(), never written; the build confirms the printed power with them (claims.spec.unconfirmed_power)."""
+    tolerance_function: Optional[Callable] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         # a comparison built by hand whose error is its side's default error of two scalars gets its
@@ -172,7 +178,7 @@ EDGE_MARGIN = 1.5
 power, each way the comparison sees, must be rejected -- through the comparison's own error
 function and its tolerance recomputed from the moved prediction.  A comparison whose tolerance
 grows with the prediction as fast as its error (so that no move is ever rejected) fails its probe:
-its verdict is ``error``, never pass."""
+its verdict is ``error``, never pass.  Counts move by whole steps: by the power k itself."""
 
 
 def _is_quantity(x, units: str) -> bool:
@@ -234,23 +240,24 @@ def moved_prediction(predicted, eps: float, sign: float, units: str, only: Optio
     return _map_quantities(predicted, fn, units, only)
 
 
-def _side(rejected, units: str, sign: float, scale: float) -> Optional[float]:
-    """The smallest eps >= 0 that ``rejected(eps)`` accepts as rejected: a geometric scan (factor 4)
-    then bisection to 1e-6 relative, at most 60 halvings (integers for counts); None beyond
-    RESOLVING_MAX."""
+def _side(rejected, units: str, sign: float, scale: float) -> tuple[Optional[float], bool]:
+    """The smallest eps >= 0 that ``rejected(eps)`` accepts as rejected, and whether it is only a
+    bound: a geometric scan (factor 4) then bisection to 1e-6 relative, at most 60 halvings (integers
+    for counts); None beyond RESOLVING_MAX.  A bound (True): every move the scan tried was rejected,
+    down to the smallest (an exact comparison, tolerance 0), so the true power is at most eps."""
     if rejected(0.0):
-        return 0.0
+        return 0.0, False
     if units == "count":
         lo, k = 0, 1
         while k <= RESOLVING_MAX["count"] and not rejected(float(k)):
             lo, k = k, 2 * k
         if k > RESOLVING_MAX["count"]:
-            return None
+            return None, False
         hi = k
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if rejected(float(mid)) else (mid, hi)
-        return float(hi)
+        return float(hi), False
     # relative, downwards: up to (not onto) 0 -- an error function may be undefined there (a ratio to the prediction)
     top = 1.0 - 1e-9 if (units == "relative" and sign < 0) else RESOLVING_MAX[units]
     lo, hi, eps = 0.0, None, top * 4.0 ** -28
@@ -260,15 +267,15 @@ def _side(rejected, units: str, sign: float, scale: float) -> Optional[float]:
             break
         lo, eps = eps, min(4.0 * eps, top) if eps < top else 2 * top
     if hi is None:
-        return None
+        return None, False
     # to 1e-6 relative; at most 60 halvings (an exact comparison, tolerance 0, rejects every move: its
-    # power is the first scanned eps halved 60 times, ~1e-29 of the scale)
+    # power is the first scanned eps halved 60 times, ~1e-29 of the scale, and only a bound)
     for _ in range(60):
         if hi - lo <= 1e-6 * hi:
             break
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if rejected(mid) else (mid, hi)
-    return hi * scale
+    return hi * scale, lo == 0.0
 
 
 def resolving_power(error, measured, predicted, tolerance, units: Optional[str] = None,
@@ -306,21 +313,23 @@ def resolving_power(error, measured, predicted, tolerance, units: Optional[str] 
         scale = t0 if t0 > 0 else max([1.0] + size)
 
     def power(only: Optional[int]) -> dict:
-        out = {}
+        out, bound = {}, []
         for key, sign in (("low", -1.0), ("high", 1.0)):
             def rejected(eps: float) -> bool:
                 moved = moved_prediction(predicted, eps * (1.0 if units == "relative" else scale) if units != "count"
                                          else eps, sign, units, only)
                 return not (float(error(measured, moved)) <= float(tol_at(moved)))
-            out[key] = _side(rejected, units, sign, 1.0 if units == "relative" or units == "count" else scale)
-        return out
+            out[key], is_bound = _side(rejected, units, sign, 1.0 if units == "relative" or units == "count" else scale)
+            bound += [key] if is_bound else []
+        return {**out, "bound": bound} if bound else out
 
     if not entrywise or len(nums) == 1:
         return {**power(None), "units": units}
     entries = [power(k) for k in range(len(nums))]
     worst = {key: (None if any(e[key] is None for e in entries) else max(e[key] for e in entries))
              for key in ("low", "high")}
-    return {**worst, "units": units, "entrywise": True, "entries": entries}
+    bound = [key for key in ("low", "high") if any(key in e.get("bound", ()) for e in entries)]
+    return {**worst, **({"bound": bound} if bound else {}), "units": units, "entrywise": True, "entries": entries}
 
 
 SEES = {"two-sided": ("low", "high"), "not above": ("low",), "not below": ("high",)}
@@ -328,15 +337,17 @@ SEES = {"two-sided": ("low", "high"), "not above": ("low",), "not below": ("high
 (measured <= predicted + tol) rejects a prediction that is too low, never one too high."""
 
 
-def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], side: str = "two-sided"
-                ) -> list[PerturbationCheck]:
+def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], side: str = "two-sided",
+                margin: float = EDGE_MARGIN) -> list[PerturbationCheck]:
     """The perturbations at the tolerance's edge: for each direction the comparison sees
-    (:data:`SEES`), the prediction moved by :data:`EDGE_MARGIN` x its resolving power (each entry
-    alone, all of them to be rejected, for an entrywise power), sent through the same error function
-    and the tolerance recomputed from the moved prediction.  A direction with no resolving power
-    (None: nothing up to RESOLVING_MAX is rejected) is probed at the end of that range, which is not
-    rejected -- the comparison cannot see a direction it claims to, and the judge makes it ``error``.
-    A direction already at 0 (the prediction itself rejected) needs no probe."""
+    (:data:`SEES`), the prediction moved by ``margin`` (default :data:`EDGE_MARGIN`) x its resolving
+    power (each entry alone, all of them to be rejected, for an entrywise power), sent through the
+    same error function and the tolerance recomputed from the moved prediction.  A direction with no
+    resolving power (None: nothing up to RESOLVING_MAX is rejected) is probed at the end of that
+    range, which is not rejected -- the comparison cannot see a direction it claims to, and the judge
+    makes it ``error``.  A direction already at 0 (the prediction itself rejected) needs no probe.
+    A margin below 1 (the build's probe from below) skips a bound; counts move by whole steps: by the
+    power k itself (to be rejected), or from below by k - 1 (to be accepted)."""
     if power is None:
         return []
     units, tol_at, out = power["units"], _tolerance_at(tolerance), []
@@ -344,19 +355,19 @@ def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], si
     for key in SEES.get(side, ("low", "high")):
         sign = -1.0 if key == "low" else 1.0
         eps = power.get(key)
-        if eps == 0.0:
+        if eps == 0.0 or (margin < 1 and (eps is None or key in power.get("bound", ()))):
             continue
+        what = f"{margin:g} x its resolving power {eps:{'g' if units == 'count' else '.3g'}}" if eps is not None else \
+            f"no resolving power {key} (nothing rejected up to the end of the scan)"
         if eps is None:
             step = (1.0 - 1e-9 if sign < 0 else RESOLVING_MAX["relative"]) if units == "relative" else (
                 RESOLVING_MAX[units] * (1.0 if units == "count" else float(tol_at(predicted)) or 1.0))
-            what = f"no resolving power {key} (nothing rejected up to the end of the scan)"
-        elif units == "count":
-            step, what = float(math.ceil(EDGE_MARGIN * eps)), f"{EDGE_MARGIN:g} x its resolving power {eps:g}"
-        elif units == "relative":
-            step, what = min(EDGE_MARGIN * eps, 1.0 - 1e-9) if sign < 0 else EDGE_MARGIN * eps, \
-                f"{EDGE_MARGIN:g} x its resolving power {eps:.3g}"
+        elif units == "count":   # whole steps: the power k itself is rejected, k - 1 (the probe from below) is not
+            step, what = (eps, f"its resolving power {eps:g}") if margin >= 1 else (eps - 1, f"one below its power {eps:g}")
         else:
-            step, what = EDGE_MARGIN * eps, f"{EDGE_MARGIN:g} x its resolving power {eps:.3g}"
+            step = min(margin * eps, 1.0 - 1e-9) if (units == "relative" and sign < 0) else margin * eps
+        if step == 0.0:
+            continue
         targets = range(len(entries)) if entries else [None]
         moves = [moved_prediction(predicted, step, sign, units, k) for k in targets]
         errs = [(float(error(measured, mv)), float(tol_at(mv))) for mv in moves]
@@ -397,7 +408,8 @@ def compare(name: str, measured, predicted, tolerance, why: str, *, wrong=(), er
     perts += edge_probes(err, measured, predicted, tolerance, power, side)
     return Comparison(name=name, measured=measured, predicted=predicted, error=float(err(measured, predicted)),
                       tolerance=float(tol_at(predicted)), why=why, side=side, config=config, details=details or {},
-                      se=None if se is None else float(se), resolving_power=power, perturbations=perts)
+                      se=None if se is None else float(se), resolving_power=power, perturbations=perts,
+                      error_function=err, tolerance_function=tol_at)
 
 
 def resolved(c: Comparison, error=None, units: Optional[str] = None, tolerance=None,
@@ -415,7 +427,9 @@ def resolved(c: Comparison, error=None, units: Optional[str] = None, tolerance=N
         raise ValueError(f"{c.name}: the error function gives {here!r}, the comparison holds {c.error!r}")
     c.resolving_power = resolving_power(err, c.measured, c.predicted, tol, units, entrywise)
     c.perturbations = [p for p in c.perturbations if "edge" not in p.details] + edge_probes(err, c.measured, c.predicted, tol, c.resolving_power, c.side)
+    c.error_function, c.tolerance_function = err, _tolerance_at(tol)
     return c
+
 
 
 def seen_eps(c: Comparison | dict) -> Optional[float]:
@@ -428,48 +442,6 @@ def seen_eps(c: Comparison | dict) -> Optional[float]:
         return None
     vals = [rp.get(k) for k in SEES.get(side, ("low", "high"))]
     return None if any(v is None for v in vals) else float(max(vals))
-
-
-def resolving_summary(comparisons: list, headline: Optional[str] = None) -> dict:
-    """The per-claim summary of the comparisons' resolving powers (``details["resolving_power"]``):
-    ``headline`` (the claim's headline comparison, named by its evaluate: name, low, high, units,
-    eps = :func:`seen_eps`, ``meets_floor`` against :data:`RESOLVING_FLOOR` for relative units,
-    None otherwise); ``best`` and ``worst`` (smallest and largest eps, each {name, eps, units}) over
-    the relative-unit comparisons, or over those of the commonest unit where none is relative;
-    ``by_units`` the same per unit; ``blind`` the comparisons with a numeric prediction that cannot
-    see a direction they claim to (no resolving power there)."""
-    rows, blind = [], []
-    for c in comparisons:
-        d = c if isinstance(c, dict) else {"name": c.name, "side": c.side, "resolving_power": c.resolving_power}
-        rp = d["resolving_power"]
-        if not rp:
-            continue
-        eps = seen_eps(d)
-        if eps is None:
-            blind.append(d["name"])
-        else:
-            rows.append({"name": d["name"], "eps": eps, "units": rp["units"]})
-    by_units = {}
-    for u in RESOLVING_UNITS:
-        rs = [r for r in rows if r["units"] == u]
-        if rs:
-            by_units[u] = {"best": min(rs, key=lambda r: r["eps"]), "worst": max(rs, key=lambda r: r["eps"]),
-                           "n": len(rs)}
-    main = by_units.get("relative") or (max(by_units.values(), key=lambda v: v["n"]) if by_units else None)
-    head = None
-    if headline is not None:
-        hit = [c for c in comparisons if (c["name"] if isinstance(c, dict) else c.name) == headline]
-        if not hit:
-            raise ValueError(f"headline comparison {headline!r} is not among the comparisons")
-        h = hit[0]
-        d = h if isinstance(h, dict) else {"name": h.name, "side": h.side, "resolving_power": h.resolving_power}
-        rp, eps = d["resolving_power"] or {}, seen_eps(d)
-        head = {"name": d["name"], "low": rp.get("low"), "high": rp.get("high"), "units": rp.get("units"),
-                "eps": eps, "side": d["side"],
-                "meets_floor": (None if rp.get("units") != "relative" else bool(eps is not None
-                                                                                  and eps <= RESOLVING_FLOOR))}
-    return {"headline": head, "best": main["best"] if main else None, "worst": main["worst"] if main else None,
-            "floor": RESOLVING_FLOOR, "by_units": by_units, "blind": blind}
 
 
 def off_by(factor: float, predicted: float, what: str = "prediction") -> tuple:

@@ -18,10 +18,11 @@ import numpy as np
 from claims.base import Figure, Series
 from claims.common import Z_SE, Comparison, compare, headline_row, perturbation, resolved
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
-from numerics.experiments.reduced_flows import monte_carlo_losses, saturation_scan
-from numerics.seeds import case_seed
+from claims.trained import theory_need
+from numerics.engine import need
+from numerics.experiments import reduced_flows  # noqa: F401 -- registers the kinds this claim asks for
 from theory import reduced_ode
-from theory.expansion_gap import gap_ladder, local_exponent, validity_edge
+from theory.expansion_gap import local_exponent, validity_edge
 
 
 @dataclass(frozen=True)
@@ -60,18 +61,38 @@ def saturation_error(rows: list[dict], edge: float) -> tuple[float, float, float
     return max(0.0, tol - growth), growth, tol
 
 
-def check_saturation(r: int, L: int, omegas, sigma: float = 0.0, n_eval: int = 20000,
-                     seed: int = 0, device="cpu") -> Comparison:
+def saturation_need(r: int, L: int, omegas, sigma: float, n_eval: int, device="cpu"):
+    """The exact loss of one head on one block along ``omegas`` (``numerics.experiments.reduced_flows``)."""
+    return need("saturation_scan", r=int(r), L=int(L), omegas=tuple(float(w) for w in omegas), sigma=float(sigma),
+                n_eval=int(n_eval), device=str(device))
+
+
+def saturation_rows(scan: list[dict], r: int, L: int, sigma: float) -> list[dict]:
+    """The scan's rows with theory's expansion at each (omega, mu) (reduced_ode.expansion_loss:
+    +inf beyond its edge), its validity flag and its relative error against the exact loss."""
+    rows = []
+    for x in scan:
+        om, mu = np.full((1, 1), x["omega"]), np.full((1, 1), x["mu"])
+        with np.errstate(all="ignore"):
+            exp_val = float(reduced_ode.expansion_loss(om, mu, (r,), L, sigma))
+        loss, se = x["exact"], x["exact_se"]
+        rows.append({"omega": x["omega"], "mu": x["mu"], "kappa": x["kappa"],
+                     "valid": bool(reduced_ode.expansion_valid(om)), "exact": loss, "exact_se": se,
+                     "expansion": exp_val, "relative_error": (exp_val - loss) / loss,
+                     "relative_error_se": abs(exp_val) * se / loss ** 2 if math.isfinite(exp_val) else 0.0})
+    return rows
+
+
+def check_saturation(r: int, L: int, sigma: float, scan: list[dict]) -> Comparison:
     """Theory's account (theory.reduced_ode): the expansion's Gaussian integrals converge
     only while 2 omega^2 < 1 -- below the edge it is a finite number, beyond it +inf -- while
-    the exact loss (measured, Monte Carlo) is finite everywhere; the expansion's |relative
-    error| against the measured exact loss grows with kappa toward the edge.  Compared by
-    :func:`saturation_error` at theory's edge (tolerance: Z_SE standard errors of the growth).
-    Perturbation, through the same function: the edge at 1/sqrt(6) (where the remainder's
-    O(L^-2) coefficient diverges, ``expansion_reliable``) -- the expansion is finite beyond it."""
-    rows = saturation_scan(r, L, omegas, sigma, n_eval, seed, device,
-                           expansion=lambda om, mu: reduced_ode.expansion_loss(om, mu, (r,), L, sigma),
-                           valid=reduced_ode.expansion_valid)
+    the exact loss (measured, Monte Carlo: ``scan``, :func:`saturation_need`) is finite
+    everywhere; the expansion's |relative error| against the measured exact loss grows with
+    kappa toward the edge.  Compared by :func:`saturation_error` at theory's edge (tolerance:
+    Z_SE standard errors of the growth).  Perturbation, through the same function: the edge at
+    1/sqrt(6) (where the remainder's O(L^-2) coefficient diverges, ``expansion_reliable``) -- the
+    expansion is finite beyond it."""
+    rows = saturation_rows(scan, r, L, sigma)
     edge = validity_edge()
     err, growth, tol = saturation_error(rows, edge)
     wrong_edge = reduced_ode.OMEGA_RELIABLE
@@ -90,11 +111,15 @@ def check_saturation(r: int, L: int, omegas, sigma: float = 0.0, n_eval: int = 2
         error=lambda m, p: saturation_error(rows, p["validity_edge_omega"])[0])
 
 
-def evaluate_saturation(ctx) -> Outcome:
+def plan_saturation(ctx, results=None) -> list:
+    p = ctx.p
+    return [saturation_need(p.r, p.L, p.omegas, p.sigma, p.n_eval, ctx.device)]
+
+
+def compare_saturation(ctx, results) -> Outcome:
     p = ctx.p
     r, L, sigma = p.r, p.L, p.sigma
-    ctx.progress("saturation scan", 0.0)
-    comp = check_saturation(r, L, p.omegas, sigma, p.n_eval, ctx.seed, ctx.device)
+    comp = check_saturation(r, L, sigma, results[saturation_need(r, L, p.omegas, sigma, p.n_eval, ctx.device)])
     rows = comp.details["rows"]
     fig = Figure(name="saturation", title=f"Exact loss vs expansion, one block r={r}, L={L}",
                  xlabel="kappa = omega^2 d / log L", ylabel="loss (mu optimal for the exact loss)", yscale="log",
@@ -173,9 +198,29 @@ def trend_error(steps: list[float], se: float, direction: float) -> float:
     return against + Z_SE * se
 
 
-def check_expansion_coefficient(r: int, Ls, sigma: float = 0.0) -> Comparison:
+def ladder_need(r: int, Ls, sigma: float):
+    """theory.expansion_gap.gap_ladder of one block r at the context lengths ``Ls``."""
+    return theory_need("gap_ladder", int(r), tuple(int(L) for L in Ls), float(sigma))
+
+
+def coefficient_need(r: int, Ls, sigma: float):
+    """The gap ladder of :func:`check_expansion_coefficient` (``Ls`` sorted; at least two)."""
+    Ls = sorted(int(L) for L in Ls)
+    if len(Ls) < 2:
+        raise ValueError(f"the local exponent needs at least two context lengths, got {Ls}")
+    return ladder_need(r, Ls, sigma)
+
+
+def monte_carlo_need(r: int, Ls, sigma: float, mc_elements: int, device="cpu"):
+    """numerics' Monte Carlo of the exact loss at theory's allocated points of the ladder at ``Ls``."""
+    return need("monte_carlo_losses", points=ladder_need(r, Ls, sigma), r=int(r), sigma=float(sigma),
+                mc_elements=int(mc_elements), device=str(device), stream=("monte-carlo exact loss", r, sigma))
+
+
+def check_expansion_coefficient(r: int, sigma: float, rows: list[dict]) -> Comparison:
     """Does the expansion carry the exact loss's O(1/L) coefficient?  Measured: the local
-    exponents of the gap along the L ladder (theory.exact: deterministic, error ~1e-11).
+    exponents of the gap along the L ladder ``rows`` (theory.expansion_gap.gap_ladder at
+    increasing L, :func:`coefficient_need`; theory.exact: deterministic, error ~1e-11).
 
     Domain (theory's own remainder analysis, ``expansion_reliable``): 6 omega*^2 < 1 at the
     top two L, where the remainder is O(L^-2).  Inside: the top exponent p is compared with -2
@@ -186,10 +231,7 @@ def check_expansion_coefficient(r: int, Ls, sigma: float = 0.0) -> Comparison:
     (a finding; theory gives o(1/L) only): :func:`trend_error` -- the exponents steepen along
     the ladder and the top one is below -1; perturbation through it: they flatten toward -1.
     The expansion must be finite (2 omega*^2 < 1) at the top two L, else ValueError."""
-    Ls = sorted(int(L) for L in Ls)
-    if len(Ls) < 2:
-        raise ValueError(f"the local exponent needs at least two context lengths, got {Ls}")
-    rows = gap_ladder(r, Ls, sigma)
+    Ls = [x["L"] for x in rows]
     if not rows[-1]["valid"] or not rows[-2]["valid"]:
         raise ValueError(f"theory's allocated point at L={Ls[-2]}, {Ls[-1]} (omega={rows[-1]['omega']:.3g}) is outside "
                          "the expansion's domain (2 omega^2 >= 1): no O(1/L) coefficient to check")
@@ -219,16 +261,14 @@ def check_expansion_coefficient(r: int, Ls, sigma: float = 0.0) -> Comparison:
         details=details)
 
 
-def check_measured_exact_loss(r: int, Ls, sigma: float = 0.0, mc_elements: int = 2 ** 22, seed: int = 0,
-                              device="cpu") -> Comparison:
+def check_measured_exact_loss(r: int, sigma: float, ladder: list[dict], mc: list[dict]) -> Comparison:
     """numerics' Rao-Blackwellised Monte Carlo of the exact loss at theory's allocated point
-    against theory.exact's quadrature there, at the small L where the Monte Carlo resolves the
-    expansion's gap.  error = max over L of |MC - prediction| / (Z_SE se + quadrature error),
-    tolerance 1 (the MC's own noise).  Perturbation through the same function: the expansion
-    as the exact loss (must be rejected: the MC resolves the gap)."""
-    rows = gap_ladder(r, Ls, sigma)
-    for row, mc in zip(rows, monte_carlo_losses(rows, r, sigma, mc_elements, seed, device)):
-        row.update(mc)
+    (``mc``, :func:`monte_carlo_need`) against theory.exact's quadrature there (``ladder``), at
+    the small L where the Monte Carlo resolves the expansion's gap.  error = max over L of
+    |MC - prediction| / (Z_SE se + quadrature error), tolerance 1 (the MC's own noise).
+    Perturbation through the same function: the expansion as the exact loss (must be rejected:
+    the MC resolves the gap)."""
+    rows = [{**x, **y} for x, y in zip(ladder, mc)]
 
     def error(measured, predicted):
         return max(abs(m - q) / (Z_SE * x["mc_se"] + x["exact_error"]) for m, q, x in zip(measured, predicted, rows))
@@ -240,15 +280,21 @@ def check_measured_exact_loss(r: int, Ls, sigma: float = 0.0, mc_elements: int =
                    details={"r": r, "sigma": sigma, "rows": rows}, config=f"one head, r={r} sigma={sigma:g}")
 
 
-def evaluate_small_L(ctx) -> Outcome:
+def plan_small_L(ctx, results=None) -> list:
+    """Per block: theory's gap ladder at L_exact and at L_mc, and the Monte Carlo at L_mc."""
+    p = ctx.p
+    return [n for r in p.blocks for n in (coefficient_need(r, p.L_exact, p.sigma), ladder_need(r, p.L_mc, p.sigma),
+                                          monte_carlo_need(r, p.L_mc, p.sigma, p.mc_elements, ctx.device))]
+
+
+def compare_small_L(ctx, results) -> Outcome:
     p = ctx.p
     blocks, sigma, L_mc = p.blocks, p.sigma, p.L_mc
     comps, series, head, dom = [], [], [], {}
-    for k, r in enumerate(blocks):
-        ctx.progress(f"expansion against the exact loss, r={r}", k / len(blocks))
-        coef = check_expansion_coefficient(r, p.L_exact, sigma)
-        mc = check_measured_exact_loss(r, L_mc, sigma, p.mc_elements,
-                                        case_seed(ctx.seed, "monte-carlo exact loss", r, sigma), ctx.device)
+    for r in blocks:
+        coef = check_expansion_coefficient(r, sigma, results[coefficient_need(r, p.L_exact, sigma)])
+        mc = check_measured_exact_loss(r, sigma, results[ladder_need(r, L_mc, sigma)],
+                                       results[monte_carlo_need(r, L_mc, sigma, p.mc_elements, ctx.device)])
         comps += [coef, mc]
         top = coef.details["rows"][-1]
         dom[f"r={r}"] = {"valid (2 omega*^2 < 1)": top["valid"],
@@ -299,14 +345,13 @@ SATURATION_SPEC = ClaimSpec(
     id="boundary-saturation", kind="boundary", title="Boundary: saturation (omega^2 d >> log L)",
     statement=("Beyond 2 omega^2 < 1 the expansion is invalid (flagged, infinite); before, its error grows with "
                "omega^2 d / log L while the exact loss stays finite."),
-    profiles=SATURATION, evaluate=evaluate_saturation, resolve=resolve_saturation, findings=findings_saturation,
-    fields=("tasks", "L", "sigma", "heads"), estimate=lambda p: 0.05 * len(p.omegas) * p.n_eval / 4000)
+    profiles=SATURATION, plan=plan_saturation, compare=compare_saturation, resolve=resolve_saturation,
+    findings=findings_saturation, fields=("tasks", "L", "sigma", "heads"))
 SMALL_L_SPEC = ClaimSpec(
     id="boundary-small-L", kind="boundary",
     title="Boundary: the expansion's O(1/L) coefficient (gap to the exact loss against L)",
     statement=("The expansion's O(1/L) term is the exact loss's: their gap falls like L^-2 (local exponent -> -2), "
                "not like L^-1 (a wrong coefficient)."),
-    profiles=SMALL_L, evaluate=evaluate_small_L, resolve=resolve_small_L, findings=findings_small_L,
-    fields=("tasks", "L", "sigma", "heads"),
-    estimate=lambda p: len(p.blocks) * (0.3 * len(p.L_exact) + len(p.L_mc) * p.mc_elements / 2 ** 23))
+    profiles=SMALL_L, plan=plan_small_L, compare=compare_small_L, resolve=resolve_small_L, findings=findings_small_L,
+    fields=("tasks", "L", "sigma", "heads"))
 run_saturation, run_small_L = SATURATION_SPEC.run, SMALL_L_SPEC.run

@@ -191,6 +191,7 @@ def findings(result) -> list:
 
 SPEC = ClaimSpec(
     id="limiting-error", title="Limiting error vanishes as d/L -> 0",
+    paper="the limit model's in-context error vanishes as d/L -> 0",
     statement=("The ICL prediction error of the gradient-flow limit vanishes as d/L -> 0: trained full models "
                "converge to theory's exact finite-L fixed-point loss, which falls with L, and L * loss tends to "
                "Lambda = sum_i min_w F(w; r_i, r_i, sigma)."),

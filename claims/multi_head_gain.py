@@ -261,6 +261,7 @@ def findings(result) -> list:
 
 SPEC = ClaimSpec(
     id="multi-head-gain", title="Multi-head beats single-head H-fold",
+    paper="H = m heads err a factor H less than the best single head, as L -> infinity",
     statement=("Trained multi-head models (H = m) beat trained single heads by theory's finite-L gain, the exact "
                "ratio of the one-head optimum to the allocated fixed point; the gain tends to theory's rho_inf as "
                "L grows, which is below H at finite block size and rises towards H = m with r."),

@@ -18,16 +18,12 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure
-from numerics.statistics import fit_limit
 from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
-from numerics.config import ProblemConfig
-from numerics.evaluate import held_out_loss
-from numerics.exact_reduced import evaluate as reduced_evaluate
+from claims.trained import theory_need
+from numerics.engine import need
 from numerics.experiments import probes
-from numerics.model import MultiHeadAttention
 from numerics.readout import SUPERPOSED_SHARE, allocation
-from numerics.seeds import case_seed
-from theory import limiting_error as th_limit
+from numerics.statistics import fit_limit
 from theory import optimality as th_opt
 
 
@@ -68,13 +64,40 @@ PROFILES = {
 }
 
 
-def candidates(p: OptimalityProfile, H: int, seed: int, device="cpu", progress=None) -> dict:
-    """``probes.candidates_at_heads`` at the profile's table (tasks, L, sigma) and search sizes."""
-    return probes.candidates_at_heads(
-        tuple(p.tasks), H, int(p.L), float(p.sigma), seed, device, random_starts=p.decomposable_starts,
-        full_starts=p.full_starts, fit_elements=p.fit_elements, eval_prompts=p.eval_prompts, train_lr=p.train_lr,
-        train_time=p.train_time, train_batch=p.train_batch, init_scale=p.init_scale,
-        held_out_prompts=p.held_out_prompts, extra=dict(p.extra), progress=progress)
+def search_need(p: OptimalityProfile, H: int, device: str = "cpu"):
+    """The signed decomposable search with H shared heads at the profile's table (the limit and
+    every decomposable candidate on one evaluation sample; ``probes.decomposable_search``)."""
+    return need("decomposable_search", tasks=tuple(p.tasks), H=int(H), L=int(p.L), sigma=float(p.sigma),
+                device=str(device), random_starts=p.decomposable_starts, fit_elements=p.fit_elements,
+                eval_prompts=p.eval_prompts, stream=("candidates", H))
+
+
+def full_start_needs(p: OptimalityProfile, H: int, device: str = "cpu") -> list:
+    """The full merged models with H heads from the profile's random full starts (``probes.full_merged_start``)."""
+    return [need("full_merged_start", tasks=tuple(p.tasks), H=int(H), L=int(p.L), sigma=float(p.sigma), start=k,
+                 device=str(device), init_scale=float(p.init_scale), extra=tuple(p.extra), train_lr=p.train_lr,
+                 train_time=p.train_time, train_batch=p.train_batch, held_out_prompts=p.held_out_prompts,
+                 stream=("candidates", H)) for k in range(p.full_starts)]
+
+
+def bridge_need(p: OptimalityProfile, H: int, device: str = "cpu"):
+    """The search's best decomposable point run as a full merged model (``probes.best_as_full_model``)."""
+    return need("best_as_full_model", search=search_need(p, H, device), n=p.held_out_prompts, device=str(device),
+                stream=("best as full model", H))
+
+
+def row_needs(p: OptimalityProfile, device: str = "cpu") -> list:
+    """The constant at 2m heads at each L of the extrapolation (``probes.constant_row``)."""
+    tasks, sigma = tuple(p.limit_tasks), float(p.sigma)
+    return [need("constant_row", tasks=tasks, sigma=sigma, L=int(L), device=str(device),
+                 eval_elements=p.limit_eval_elements, fit_elements=p.limit_fit_elements,
+                 stream=("constant row", tasks, sigma, int(L))) for L in p.limit_Ls] if p.limit_tasks else []
+
+
+def candidates(p: OptimalityProfile, H: int, results, device: str = "cpu") -> dict:
+    """The candidates at H (``probes.candidates_at_heads``) from the plan's results."""
+    return probes.candidates_at_heads(results[search_need(p, H, device)],
+                                      [results[n] for n in full_start_needs(p, H, device)])
 
 
 def bracket_error(C: float, low: float, high: float) -> float:
@@ -112,18 +135,15 @@ def check_constant_at_heads(cand: dict, bracket: dict, dom: dict) -> Comparison:
                  "candidates": cand["candidates"], "allocated": cand["allocated"]})
 
 
-def check_best_as_full_model(cand: dict, device="cpu", n: int = 8192, seed: int = 0) -> Comparison:
+def check_best_as_full_model(cand: dict, bridge: dict) -> Comparison:
     """Bridge: the best decomposable point (omega, mu), built as a full merged model, has on
-    fresh whole prompts the loss the exact reduced estimator gave it (tolerance Z_SE standard
-    errors of the difference of the two independent estimates): the candidate is a genuine
-    H-head softmax attention.  Perturbation: the reduced loss of the same point with its
-    logits doubled, (2 omega, mu), on n fresh reduced prompts (a wrong logit scale)."""
+    fresh whole prompts the loss the exact reduced estimator gave it (``bridge``:
+    ``probes.best_as_full_model``; tolerance Z_SE standard errors of the difference of the two
+    independent estimates): the candidate is a genuine H-head softmax attention.  Perturbation:
+    the reduced loss of the same point with its logits doubled, (2 omega, mu), on fresh reduced
+    prompts (a wrong logit scale)."""
     fm, tasks = cand["best_decomposable"], tuple(cand["tasks"])
-    cfg = ProblemConfig(tasks=tasks, heads=cand["H"], L=cand["L"], sigma=cand["sigma"],
-                        param="merged", init="decomposable", device=device)
-    est = held_out_loss(MultiHeadAttention.from_semi_singular_values(cfg, fm.omega, fm.mu), n=n, seed=seed)
-    doubled = float(reduced_evaluate([(2.0 * fm.omega, fm.mu)], tasks, cand["L"], cand["sigma"], n, seed + 1,
-                                     device).mean())
+    est, doubled = bridge["full_model"], bridge["doubled"]
     tol = Z_SE * math.hypot(est.se, fm.se)
     return compare(
         f"best decomposable point as a full model, H = {cand['H']}", est.mean, fm.loss, tol,
@@ -134,12 +154,13 @@ def check_best_as_full_model(cand: dict, device="cpu", n: int = 8192, seed: int 
                  "omega": fm.omega.tolist(), "mu": fm.mu.tolist()})
 
 
-def check_constant_limit(tasks, sigma: float, rows) -> Comparison:
-    """C(L) at 2m heads (``probes.constant_rows``), fitted by a + c L^-p (p = 1, 1/2),
-    extrapolates to theory's C_inf = limit_multi / linear_attention_limit (F of claim 5).
-    Tolerance Z_SE se(a) + the extrapolation's systematic error.  Perturbations: C = 1; C_inf
-    off by the factor e/C_inf (the large-r value e used at this r)."""
-    C_inf = th_limit.limit_multi(tasks, sigma) / th_opt.linear_attention_limit(tasks, sigma)
+def check_constant_limit(tasks, sigma: float, rows, limit_multi: float) -> Comparison:
+    """C(L) at 2m heads (``probes.constant_row`` at each L), fitted by a + c L^-p (p = 1, 1/2),
+    extrapolates to theory's C_inf = limit_multi / linear_attention_limit (F of claim 5;
+    ``limit_multi``: theory.limiting_error.limit_multi at (tasks, sigma)).  Tolerance Z_SE se(a)
+    + the extrapolation's systematic error.  Perturbations: C = 1; C_inf off by the factor
+    e/C_inf (the large-r value e used at this r)."""
+    C_inf = limit_multi / th_opt.linear_attention_limit(tasks, sigma)
     fit = fit_limit(np.array([r["L"] for r in rows], float), [r["constant"] for r in rows], [r["se"] for r in rows])
     tol = Z_SE * fit["a_se"] + fit["systematic"]
     return compare(
@@ -155,37 +176,52 @@ def heads_of(p: OptimalityProfile) -> list[int]:
     return th_opt.heads_list(p.heads, len(p.tasks))
 
 
-def evaluate(ctx) -> Outcome:
+def plan(ctx, results=None) -> list:
+    """Per H: the search, the full merged starts, the bridge and theory's bracket; the constant's
+    rows over L with theory's limit."""
+    p, out = ctx.p, []
+    tasks, L, sigma = tuple(p.tasks), int(p.L), float(p.sigma)
+    for H in heads_of(p):
+        out += [search_need(p, H, ctx.device), *full_start_needs(p, H, ctx.device), bridge_need(p, H, ctx.device),
+                theory_need("constant_bracket", tasks, H, L, sigma)]
+    if p.limit_tasks and p.limit_Ls:
+        out += row_needs(p, ctx.device) + [theory_need("limit_multi", tuple(p.limit_tasks), sigma)]
+    return out
+
+
+def table_row(H: int, c: Comparison, cand: dict, dom: dict) -> dict:
+    """The row of ``details["constant_against_H"]`` at H: the constant against its bracket, the
+    candidates' spread and the best decomposable point found."""
+    fm = cand["best_decomposable"]
+    return {"H": H, "C": c.measured, "se": cand["best"]["C_se"], "bracket": c.predicted, "agrees": c.agrees,
+            "tolerance": c.tolerance, "inside": dom["inside"],
+            "best_kind": cand["best"]["kind"], "spread": cand["spread"], "starts": cand["starts"],
+            "best_decomposable": {"loss": fm.loss, "se": fm.se, "omega": fm.omega.tolist(),
+                                  "mu": fm.mu.tolist(), "linear": c.details["bracket"]["linear"],
+                                  "signed_superposed": list(allocation(fm.omega, fm.mu).signed_superposed)}}
+
+
+def compare_results(ctx, results) -> Outcome:
     """Claim 7: per H the constant against theory's bracket and the bridge; the L -> inf row."""
-    p, seed, device = ctx.p, ctx.seed, ctx.device
+    p = ctx.p
     tasks, L, sigma, m = tuple(p.tasks), int(p.L), float(p.sigma), len(p.tasks)
     Hs = heads_of(p)
     comps, rows, doms, table = [], [], {}, []
-    for k, H in enumerate(Hs):
-        ctx.progress(f"optimality: H = {H}", k / (len(Hs) + 1))
+    for H in Hs:
         doms[f"H={H}"] = dom = th_opt.constant_domain(tasks, H, L, sigma)
-        cand = candidates(p, H, case_seed(seed, "candidates", H), device, ctx.progress)
-        c = check_constant_at_heads(cand, th_opt.constant_bracket(tasks, H, L, sigma), dom)
+        cand = candidates(p, H, results, ctx.device)
+        c = check_constant_at_heads(cand, results[theory_need("constant_bracket", tasks, H, L, sigma)], dom)
         name = {2 * m: "constant at H = 2m", m + 1: "constant at H = m+1", m: "constant at equal heads"}.get(
             H, f"constant at H = {H}")
-        b = check_best_as_full_model(cand, device, p.held_out_prompts, case_seed(seed, "best as full model", H))
+        b = check_best_as_full_model(cand, results[bridge_need(p, H, ctx.device)])
         comps += [c, b]
         rows += [headline_row(c, name, theory=c.predicted, se=cand["best"]["C_se"]),
                  headline_row(b, f"bridge: best decomposable point as a full model, H = {H}",
                               se=b.details["full_model"]["se"])]
-        fm = cand["best_decomposable"]
-        table.append({"H": H, "C": c.measured, "se": cand["best"]["C_se"], "bracket": c.predicted, "agrees": c.agrees,
-                      "tolerance": c.tolerance, "inside": dom["inside"],
-                      "best_kind": cand["best"]["kind"], "spread": cand["spread"], "starts": cand["starts"],
-                      "best_decomposable": {"loss": fm.loss, "se": fm.se, "omega": fm.omega.tolist(),
-                                            "mu": fm.mu.tolist(), "linear": c.details["bracket"]["linear"],
-                                            "signed_superposed": list(allocation(fm.omega, fm.mu).signed_superposed)}})
+        table.append(table_row(H, c, cand, dom))
     if p.limit_tasks and p.limit_Ls:
-        ctx.progress("optimality: L -> inf at 2m heads", len(Hs) / (len(Hs) + 1))
-        lrows = probes.constant_rows(tuple(p.limit_tasks), sigma, p.limit_Ls,
-                                     case_seed(seed, "constant limit", tuple(p.limit_tasks), sigma), device,
-                                     p.limit_eval_elements, p.limit_fit_elements)
-        c = check_constant_limit(tuple(p.limit_tasks), sigma, lrows)
+        c = check_constant_limit(tuple(p.limit_tasks), sigma, [results[n] for n in row_needs(p, ctx.device)],
+                                 results[theory_need("limit_multi", tuple(p.limit_tasks), sigma)])
         comps.append(c)
         rows.append(headline_row(c, "constant at 2m heads as L -> inf", se=c.details["fit"]["a_se"]))
     # the headline: the constant at H = m + 1, where theory predicts a value (allocated / linear: the bracket
@@ -242,39 +278,6 @@ def findings(result) -> list:
     return out
 
 
-def estimate(p: OptimalityProfile) -> float:
-    """CPU seconds of the plan (``numerics.cost``).  Per H: the allocated minimum, one L-BFGS-B search
-    per start of the shared-head search ((H >= m) + (H >= m + 1) + 1 structured + decomposable_starts
-    random, on fit_elements / (H L) prompts) and their paired evaluation on eval_prompts, the full merged
-    model from full_starts random starts (train_time / train_lr steps at train_batch) and the held-out
-    losses of those runs and of the bridge; the L -> inf rows: per L the allocated minimum and a search
-    at 2m heads (two starts), measured on limit_eval_elements / (2m L) prompts."""
-    from numerics import cost, exact_reduced
-    from numerics.config import ProblemConfig
-    tasks, L, m, Hs = tuple(p.tasks), int(p.L), len(p.tasks), heads_of(p)
-    extra = dict(p.extra)
-    seconds = 0.0
-    for H in Hs:
-        starts = (H >= m) + (H >= m + 1) + 1 + p.decomposable_starts
-        n_fit = exact_reduced.fit_sample_size(H, L, p.fit_elements)
-        seconds += exact_reduced.minima_seconds(tasks, L, 0, p.fit_elements)
-        seconds += cost.fit_seconds(tasks, H, L, n_fit, starts=starts)
-        seconds += cost.marginal_seconds(tasks, H, L, p.eval_prompts, points=starts + 1)
-        dtype = ProblemConfig(tasks=tasks, heads=H, L=L, **extra).dtype
-        seconds += p.full_starts * cost.train_seconds(tasks, H, L, p.train_batch, round(p.train_time / p.train_lr),
-                                                      dtype=dtype)
-        seconds += (p.full_starts + 1) * cost.forward_seconds(tasks, H, L, p.held_out_prompts)
-    if p.limit_tasks and p.limit_Ls:
-        lt = tuple(p.limit_tasks)
-        for Lk in p.limit_Ls:
-            H2 = 2 * len(lt)
-            seconds += exact_reduced.minima_seconds(lt, Lk, 0, p.limit_fit_elements)
-            seconds += cost.fit_seconds(lt, H2, Lk, exact_reduced.fit_sample_size(H2, Lk, p.limit_fit_elements),
-                                        starts=2)
-            seconds += cost.marginal_seconds(lt, H2, Lk, max(256, p.limit_eval_elements // (H2 * Lk)), points=2)
-    return seconds
-
-
 def resolve(p: OptimalityProfile, problem: dict) -> OptimalityProfile:
     """The researcher's tasks, L, sigma for the table; H = its heads next to m (equal heads);
     init_scale, basis, dtype, logit_scale for the full models."""
@@ -285,11 +288,12 @@ def resolve(p: OptimalityProfile, problem: dict) -> OptimalityProfile:
 
 SPEC = ClaimSpec(
     id="optimality",
+    paper="the limit model is within a constant factor of the best multi-head softmax attention",
     title="The gradient-flow limit is within a constant factor of the best attention with as many heads",
     statement=("The loss of the gradient-flow limit is within a constant factor of the best multi-head softmax "
                "attention with the same number of heads H; the constant is measured against H = m, m + 1, 2m "
                "(signed decomposable points with shared heads, and full merged models from random starts)."),
-    profiles=PROFILES, evaluate=evaluate, resolve=resolve, findings=findings, estimate=estimate,
+    profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings,
     fields=("tasks", "heads", "L", "sigma", "init_scale", "logit_scale", "basis", "dtype"))
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

@@ -16,24 +16,26 @@ The discrete step (theory.saddle section 1b): at step lr the channel is multipli
 batch displace it from theory's point), so the rate is the path mean of 2 log(1 + lr a)/lr;
 as lr -> 0 both effects vanish and the rate tends to 2a.
 
-``numerics.saddle`` measures; this module asks theory for every prediction and compares, per
-configuration, the growth rate at each step with the discrete map at the held point
-(:func:`check_step_rate`), its lr -> 0 extrapolation with 2a (:func:`check_growth_rate`) and
-the invariant batch's flow with 0 (:func:`check_invariant_flow`), and the escape-time slopes
-pooled over configurations with theory's 1/a (:func:`check_pooled_slope`); the per-B escape
-times against T(B) are reported rows (:func:`check_escape_times` and :func:`check_escape_slope`
-are scripts/measure_saddle.py's table).
+``numerics.saddle`` measures (the plan: per configuration four needs, :func:`configuration_needs`);
+this module asks theory for every prediction and compares, per configuration, the growth rate at
+each step with the discrete map at the held point (:func:`check_step_rate`), its lr -> 0
+extrapolation with 2a (:func:`check_growth_rate`) and the invariant batch's flow with 0
+(:func:`check_invariant_flow`), and the escape-time slopes pooled over configurations with
+theory's 1/a (:func:`check_pooled_slope`); the per-B escape times against T(B) are reported rows
+(scripts/measure_saddle.py compares them one by one).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 from claims.common import EPS64, Z_SE, Comparison, compare, headline_row, reported_row
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
 from numerics import saddle as measure
+from numerics.config import ProblemConfig
+from numerics.engine import need
 from numerics.statistics import extrapolate_to_zero, mean_se
 from theory import saddle as th
 
@@ -45,10 +47,11 @@ from theory import saddle as th
 @dataclass(frozen=True)
 class SaddleProfile:
     """One configuration's saddle measurements: (tasks, heads, L), step lr and batch sizes of
-    the escape runs, seeds, the seeded off-task mu0, the escape threshold (share), the growth
-    window (floor_factor, top_fraction), t_max, the invariant check's batch size, the probe
-    size of dS, the record spacing, and the steps ``lrs`` of the growth-rate runs (at the
-    largest batch; their lr -> 0 extrapolation is compared with 2a)."""
+    the escape runs, ``seeds`` (the replicates: each names its runs' prompt streams, drawn from
+    the report's seed by numerics.saddle), the seeded off-task mu0, the escape threshold
+    (share), the growth window (floor_factor, top_fraction), t_max, the invariant check's batch
+    size, the probe size of dS, the record spacing, and the steps ``lrs`` of the growth-rate
+    runs (at the largest batch; their lr -> 0 extrapolation is compared with 2a)."""
     tasks: tuple
     heads: int
     L: int
@@ -88,9 +91,40 @@ PROFILES = {
 }
 
 
-def run_saddle_profile(p: SaddleProfile) -> dict:
-    """The measurements of one configuration of the plan (numerics.saddle.measure_configuration)."""
-    return {"profile": asdict(p), **measure.measure_configuration(**asdict(p))}
+def configuration_needs(p: SaddleProfile) -> dict:
+    """The needs of one configuration: its escape runs with their floors, the per-prompt
+    gradient variances (the seed input of theory's T(B)), the growth rate at each step of
+    ``lrs`` (at the largest batch, its window from that batch's floor: a dependency on the
+    escape runs) and the invariant batch's flow over the escape runs' horizon (a dependency too)."""
+    cfg = ProblemConfig(tasks=tuple(p.tasks), heads=p.heads, L=p.L)
+    batches, seeds = tuple(p.batches), tuple(p.seeds)
+    escape = need("saddle_escape_runs", cfg=cfg, lr=p.lr, batches=batches, seeds=seeds, mu0=p.mu0, t_max=p.t_max,
+                  stop_share=max(p.threshold, p.top_fraction), record_dt=p.record_dt)
+    return {"cfg": cfg, "escape": escape, "variance": need("saddle_variance", cfg=cfg, n=p.n_var),
+            "steps": need("saddle_step_sizes", cfg=cfg, lrs=tuple(p.lrs) or (p.lr,), batch=max(batches), seeds=seeds,
+                          escape=escape, floor_factor=p.floor_factor, top_fraction=p.top_fraction, t_max=p.t_max,
+                          record_dt=p.record_dt),
+            "invariant": need("saddle_invariant", cfg=cfg, lr=p.lr, escape=escape, batches=batches, seeds=seeds,
+                              threshold=p.threshold, t_max=p.t_max, mu0=p.mu0, prompts=p.invariant_prompts)}
+
+
+def plan(ctx, results=None) -> list:
+    """Every configuration's needs (:func:`configuration_needs`)."""
+    return [n for p in ctx.p.configurations for k, n in configuration_needs(p).items() if k != "cfg"]
+
+
+def measurements(p: SaddleProfile, results) -> dict:
+    """One configuration's measurements from the plan's results: the growth rates, the escape
+    times against B (numerics.saddle.escape_time_measurement of the escape runs and variances),
+    the invariant flow and the SGD runs' |o - v| at escape (the largest batch)."""
+    n = configuration_needs(p)
+    runs = results[n["escape"]]
+    escape = measure.escape_time_measurement(n["cfg"], p.lr, p.batches, p.seeds, p.threshold, runs,
+                                             results[n["variance"]])
+    inv = results[n["invariant"]]
+    return {"growth": results[n["steps"]], "escape": escape, "invariant": inv,
+            "sgd_anti": measure.anti_at_escape(runs, max(p.batches), p.seeds),
+            "seconds": {"escape_runs": runs.wall, "invariant": inv.wall}}
 
 
 def escape_prediction(e, heads: int) -> dict:
@@ -200,8 +234,8 @@ def check_invariant_flow(inv, sgd_anti: float, config: str) -> Comparison:
     The run is GD at the largest step (the requested one halved at most
     numerics.saddle.MAX_STEP_HALVINGS times) whose off-D residual stays within rounding: a step
     past the fixed batch's stability edge leaves D through rounding (a step-size instability,
-    not the flow); the steps that did are in details["unstable"], and a run that left D at every
-    step tried is compared as measured (details["stable"] False)."""
+    not the flow); the steps that did are in details["unstable"].  A run that left D at every
+    step tried is not compared (:func:`invariant_outcome`)."""
     A = inv.amplification
     tol = 64 * EPS64 * (inv.steps + 1) * math.sqrt(inv.mu0) * max(A, 1.0)
     why = (f"64 eps (steps+1) sqrt(mu0) A: rounding per step, amplified at most by A = {A:.3g} (twin run); GD at "
@@ -236,43 +270,40 @@ def check_pooled_slope(escapes, slopes_pred, config: str) -> Comparison:
                                            "per_config": tuple(zip(r.tolist(), s.tolist()))})
 
 
-def check_escape_slope(e, pred: dict) -> Comparison:
-    """One configuration's slope dT/dlog B against theory's 2/rate (``pred``:
-    :func:`escape_prediction`; rate = GD's 2 log(1 + lr a)/lr).  Tolerance: Z_SE x the se of
-    the OLS slope (the argument of :func:`check_pooled_slope`).  Perturbations: the
-    additive-noise picture (slope 1/rate), rate a instead of 2a (slope 2/a), rate 0 (no
-    escape: T = inf, rejected when every run escaped)."""
-    def error(measured, slope):
-        return abs(measured - slope) if math.isfinite(slope) else (math.inf if e.all_escaped else 0.0)
-
-    rate = pred["rate_gd"]
-    why = f"{Z_SE:g} se of the OLS slope over {e.slope_runs} runs (residual sd {e.slope_resid_sd:.3g} pooled over B)"
-    return compare(f"saddle: escape-time slope, {_label(e.config)}", e.slope, pred["slope_pred"], Z_SE * e.slope_se,
-                   why, error=error, wrong=(("additive noise: seed ~ lr/B, slope 1/rate", pred["slope_additive"]),
-                                            ("rate a instead of 2a: slope 2/a", th.escape_time_slope(rate / 2)),
-                                            ("rate 0 (a true minimum): never escapes", math.inf)),
-                   details={"role": "escape slope"})
-
-
-def check_escape_times(e, pred: dict) -> list:
-    """The escape time at each batch size against theory's T(B) with the measured dS (``pred``:
-    :func:`escape_prediction`): a reported check (the seed's prefactor is a leading-order
-    account, docs/saddle.md).  Tolerance: Z_SE x sqrt(se_T^2 + se_pred^2) + the record spacing."""
-    return [compare(f"saddle: escape time at B={B}", T, Tp, Z_SE * math.sqrt(a ** 2 + b ** 2) + e.spacing,
-                    f"{Z_SE:g} combined se + the record spacing ({e.spacing:.3g})", details={"role": "escape time", "B": B})
-            for B, T, Tp, a, b in zip(e.batches, e.T, pred["T_pred"], e.T_se, pred["T_pred_se"])]
-
-
 # ---------------------------------------------------------------------------------------
 # the claim
 # ---------------------------------------------------------------------------------------
 
-def evaluate(ctx) -> Outcome:
-    profs = ctx.p.configurations
-    comps, rows, escapes, slopes, details = [], [], [], [], {"configurations": []}
-    for k, sp in enumerate(profs):
-        ctx.progress(f"saddle: tasks={sp.tasks} H={sp.heads} L={sp.L}", k / len(profs))
-        res = run_saddle_profile(sp)
+NOT_MEASURED = ("GD on the G-invariant batch left D at every step tried, down to lr {lr} (off-D residual {res} "
+                "against rounding {rounding}: the fixed batch's step-size instability), so its flow was not measured "
+                "at {config}")
+"""Why an invariant batch's run is not compared (:func:`invariant_outcome`), a template of its numbers."""
+
+
+def invariant_outcome(inv, sgd_anti: float, config: str) -> tuple:
+    """(comparison or None, headline row, the numbers of :data:`NOT_MEASURED` or None) of the
+    invariant batch's run.
+
+    Where GD left D at every step tried (down to numerics.saddle.MAX_STEP_HALVINGS halvings), the
+    run is governed by the fixed batch's step-size instability: its off-D residual grew from
+    rounding far past it, and its |o - v| is that instability's, which the twin's amplification
+    of an o - v kick does not bound; the flow the comparison is about was not measured, and the
+    claim says so (undecided) instead of comparing."""
+    if inv.stable:
+        c = check_invariant_flow(inv, sgd_anti, config)
+        return c, headline_row(c, "saddle: noiseless flow on a G-invariant batch stays (max |o - v|)",
+                               config=config), None
+    note = {"config": config, "lr": inv.lr, "res": inv.max_residual, "rounding": measure.rounding_bound(inv.steps)}
+    return None, reported_row("saddle: noiseless flow on a G-invariant batch (not measured: GD left D at every step)",
+                              inv.max_anti, config=config), note
+
+
+def compare_results(ctx, results) -> Outcome:
+    """Per configuration the growth rates (extrapolated and at each step), the invariant flow and
+    the escape times as reported rows; the escape-time slopes pooled over configurations."""
+    comps, rows, escapes, slopes, details = [], [], [], [], {"configurations": [], "not_measured": []}
+    for sp in ctx.p.configurations:
+        res = measurements(sp, results)
         gs, e, inv = res["growth"], res["escape"], res["invariant"]
         cfg = _label(e.config)
         c = check_growth_rate(gs, cfg)
@@ -284,10 +315,10 @@ def evaluate(ctx) -> Outcome:
             comps.append(c)
             rows.append(headline_row(c, f"saddle: growth rate at lr={g.lr:g} vs the discrete map at the held point",
                                      se=g.se, config=cfg))
-        inv_c = check_invariant_flow(inv, res["sgd_anti"], cfg)
-        comps.append(inv_c)
-        rows.append(headline_row(inv_c, "saddle: noiseless flow on a G-invariant batch stays (max |o - v|)",
-                                 config=cfg))
+        inv_c, row, note = invariant_outcome(inv, res["sgd_anti"], cfg)
+        comps += [inv_c] if inv_c is not None else []
+        rows.append(row)
+        details["not_measured"] += [note] if note else []
         pred = escape_prediction(e, sp.heads)
         for B, T, Tse, Tp in zip(e.batches, e.T, e.T_se, pred["T_pred"]):
             rows.append(reported_row(f"saddle: escape time at B={B}", T, theory=Tp, se=Tse, config=cfg))
@@ -302,7 +333,9 @@ def evaluate(ctx) -> Outcome:
     c = check_pooled_slope(escapes, slopes, "pooled over " + ", ".join(_label(e.config) for e in escapes))
     comps.append(c)
     rows.insert(0, headline_row(c, "saddle: escape time vs batch size", se=c.details["se"]))
-    return Outcome(comps, rows, details=details)
+    why = "; ".join(NOT_MEASURED.format(config=n["config"], lr=f"{n['lr']:g}", res=f"{n['res']:.2g}",
+                                        rounding=f"{n['rounding']:.2g}") for n in details["not_measured"])
+    return Outcome(comps, rows, details=details, undecided=why or None)
 
 
 def findings(result) -> list:
@@ -331,7 +364,8 @@ def findings(result) -> list:
 
 def invariant_findings(result) -> list:
     """One sentence per invariant-batch comparison: the steps that left D (a step-size
-    instability of GD on the fixed batch), the step measured, whether the flow stayed."""
+    instability of GD on the fixed batch), the step measured, whether the flow stayed; and one
+    per run not compared, as it left D at every step tried (details["not_measured"])."""
     out = []
     for c in comparisons_where(result, role="invariant flow"):
         d = c["details"]
@@ -340,14 +374,15 @@ def invariant_findings(result) -> list:
                "step-size instability (its off-D residual, rounding at the start, reaches "
                + ", ".join(f"{u['residual']:.2g} by t = {u['t']:.3g}" for u in left) + ": past the fixed batch's "
                "stability edge, not the flow); " if left else "")
-        at = f"at lr {d['lr']:g}" + (" (the smallest step tried, still leaving D)" if not d.get("stable", True) else "")
+        at = f"at lr {d['lr']:g}"
         stays = ("the flow stays off the unstable direction" if c["agrees"] else
                  "the flow enters the unstable direction beyond rounding")
         out.append(finding(result, "beyond", "At {config}, " + pre + at + " " + stays + ": largest |o - v| {amp} "
                            "(rounding tolerance {tol}; off-D residual {res}), against {sgd} reached by SGD.",
                            config=c["config"], amp=c["measured"], tol=c["tolerance"], res=d.get("max_residual"),
                            sgd=c["perturbations"][0]["predicted"]))
-    return out
+    return out + [finding(result, "beyond", "At {config}, " + NOT_MEASURED.replace(" at {config}", "") + ".",
+                          **note) for note in result.details.get("not_measured", [])]
 
 
 SPEC = ClaimSpec(
@@ -356,6 +391,5 @@ SPEC = ClaimSpec(
                "direction grows at rate 2a (a = dL/dmu from theory.exact), at a step lr at the discrete map's rate "
                "2 log(1 + lr a)/lr of the point the run holds; SGD noise seeds it, so trained runs leave allocation "
                "after a time growing with the batch size, while a noiseless flow on an exactly invariant batch stays."),
-    profiles=PROFILES, evaluate=evaluate, findings=findings,
-    estimate=lambda p: {"tiny": 14.0, "quick": 75.0, "paper": 900.0}[p.name])
+    profiles=PROFILES, plan=plan, compare=compare_results, findings=findings)
 run = SPEC.run

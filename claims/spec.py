@@ -107,7 +107,8 @@ class ClaimSpec:
     hand it (same run keys), which the estimate of a build ``--from-sweep`` does not price;
     ``findings(result) -> [Finding]``: the template of its sentences, from the result's own
     numbers; ``reads_sweep``: whether its trained runs may come from a sweep store
-    (``--from-sweep``)."""
+    (``--from-sweep``); ``paper``: what the paper states, one line in its own terms (a paper
+    claim's; None for a boundary), printed beside the number the claim tests."""
 
     id: str
     title: str
@@ -125,6 +126,7 @@ class ClaimSpec:
     reads_sweep: bool = False
     plan: Optional[Callable[[Context, Optional[dict]], list]] = None
     compare: Optional[Callable[[Context, dict], Outcome]] = None
+    paper: Optional[str] = None
 
     def profile(self, profile, problem: Optional[dict] = None):
         """The profile dataclass for a name (or a dataclass given directly), problem laid over it."""
@@ -188,14 +190,16 @@ def run_spec(spec: ClaimSpec, profile="quick", device="cpu", seed=0, progress: P
                 engine = Engine(seed=ctx.seed, store=store, progress=progress)
                 results = run_plan(spec, ctx, engine)
                 out = spec.compare(ctx, results)
-                used = None if store is None else sum(n.identity in engine.stored_ids for n in results)
+                used = None if store is None else sum(engine.key(n) in engine.stored_ids for n in results)
             else:
                 out = spec.evaluate(ctx)
                 used = store.used if store is not None else None
         progress(f"{spec.id}: done", 1.0)
         return finished(spec, ctx, out, used)
 
-    return run_claim(spec.id, spec.title, spec.statement, body, kind=spec.kind)
+    result = run_claim(spec.id, spec.title, spec.statement, body, kind=spec.kind)
+    result.paper = spec.paper
+    return result
 
 
 def finished(spec: ClaimSpec, ctx: Context, out: Outcome, used: Optional[int] = None) -> ClaimResult:
@@ -217,26 +221,117 @@ def finished(spec: ClaimSpec, ctx: Context, out: Outcome, used: Optional[int] = 
 def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:
     """The one constructor of a ClaimResult from an Outcome: the verdict from
     :func:`claims.base.judge` (all comparisons agree, every perturbation rejected, nothing
-    undecided), theory/numerics/tolerance keyed by comparison name, the worst case, the summary of
-    the comparisons' resolving powers (``details["resolving_power"]``: headline, best, worst, by
-    units, blind; ``claims.common.resolving_summary``) and every comparison's summary in
-    ``details``."""
-    from claims.common import headline_row, resolving_summary, worst
+    undecided), theory/numerics/tolerance keyed by comparison name, the worst case, every
+    comparison's summary in ``details`` and the summary of their resolving powers
+    (``details["resolving_power"]``: headline, best, worst, by units, blind;
+    :func:`resolving_summary`) read off those summaries.  Each printed resolving power is
+    confirmed against its comparison's own error function (:func:`unconfirmed_power`); one
+    that is not is said in the comparison's ``power_unconfirmed`` and, where every comparison agrees
+    (a disagreement decides without it), makes the run undecided (``error``), the reason in
+    ``details["undecided"]``."""
+    from claims.common import headline_row, worst
     comps = out.comparisons
     perts = [p for c in comps for p in c.perturbations]
     whys = {c.why.split(" (")[0] if out.short_why else c.why for c in comps}
-    verdict = judge(all(c.agrees for c in comps), perts, spec.kind, out.undecided or (None if comps else
-                                                                                      "no comparison was made"))
+    summaries = [c.summary() for c in comps]
+    reasons = [out.undecided] if out.undecided else ([] if comps else ["no comparison was made"])
+    for c, s in zip(comps, summaries):
+        s["power_unconfirmed"] = unconfirmed_power(c, s["resolving_power"])
+        if s["power_unconfirmed"] and all(c.agrees for c in comps):   # a disagreement decides without it
+            reasons.append(f"the resolving power printed for {c.name!r} is not confirmed: {s['power_unconfirmed']}")
+    undecided = "; ".join(reasons) or None
+    verdict = judge(all(c.agrees for c in comps), perts, spec.kind, undecided)
+    if undecided != (out.undecided or None) and comps:
+        details = {**details, "undecided": undecided}
     return ClaimResult(
         id=spec.id, title=spec.title, statement=spec.statement, verdict=verdict, kind=spec.kind,
         theory=out.theory if out.theory is not None else {c.name: c.predicted for c in comps},
         numerics=out.numerics if out.numerics is not None else {c.name: c.measured for c in comps},
         tolerance={"value": {c.name: c.tolerance for c in comps}, "why": "; ".join(sorted(whys))},
         details={**details, "worst": worst(comps),
-                 "resolving_power": resolving_summary(comps, out.headline_comparison if comps else None),
-                 "comparisons": [c.summary() for c in comps]},
+                 "resolving_power": resolving_summary(summaries, out.headline_comparison if comps else None),
+                 "comparisons": summaries},
         figures=out.figures, perturbations=perts,
         headline=out.headline if out.headline is not None else [headline_row(c) for c in comps])
+
+
+CONFIRM_BELOW = 0.5
+"""The probe from below of a printed resolving power (:func:`unconfirmed_power`): the prediction moved by
+CONFIRM_BELOW x the power must still be accepted, so that the printed number never overstates the
+smallest error the comparison rejects by more than a factor 1 / CONFIRM_BELOW (nor understates it by more
+than claims.common.EDGE_MARGIN: the edge probe)."""
+
+
+def unconfirmed_power(c, printed: Optional[dict] = None) -> Optional[str]:
+    """Why the resolving power printed for the comparison ``c`` (``printed``: what claims.json holds,
+    default its summary's) is not confirmed by the comparison's own error function and tolerance; None
+    when it is.  Confirmed: in each direction ``c`` sees, a power of 0 is the prediction itself rejected
+    (``c`` disagrees); a power eps > 0 moved by EDGE_MARGIN x eps is rejected, and moved by CONFIRM_BELOW
+    x eps is not (unless eps is printed as a bound: ``bound``); a count k: moved by k rejected, by k - 1
+    not.  :func:`build_result` calls this on every comparison, so a resolving power computed wrong, or
+    changed after its edge probes were built, turns the claim's verdict into ``error`` with this reason."""
+    from claims import common
+    power = c.summary()["resolving_power"] if printed is None else printed
+    if not power:
+        return None
+    if c.error_function is None:
+        return "it was set without the error function that could confirm it"
+    if c.agrees and any(power.get(k) == 0.0 for k in common.SEES.get(c.side, ())):
+        return "it is 0 (the prediction itself rejected), yet the comparison agrees"
+    args = (c.error_function, c.measured, c.predicted, c.tolerance_function, power, c.side)
+    try:
+        above = [p.description for p in common.edge_probes(*args) if not p.rejected and p.details.get("eps") is not None]
+        below = [p.description for p in common.edge_probes(*args, margin=CONFIRM_BELOW) if p.rejected]
+    except (TypeError, ValueError, IndexError, KeyError, ArithmeticError) as exc:
+        return f"its probes could not be computed ({type(exc).__name__}: {exc})"
+    if above:
+        return f"it is too small: a wrong prediction beyond it is accepted ({above[0]})"
+    if below:
+        return f"it is too large: a wrong prediction well inside it is already rejected ({below[0]})"
+    return None
+
+
+def resolving_summary(comparisons: list, headline: Optional[str] = None) -> dict:
+    """The per-claim summary of the comparisons' resolving powers (``details["resolving_power"]``):
+    ``headline`` (the claim's headline comparison, named by its evaluate: name, low, high, units,
+    eps = ``claims.common.seen_eps``, ``meets_floor`` against ``claims.common.RESOLVING_FLOOR`` for relative units,
+    None otherwise); ``best`` and ``worst`` (smallest and largest eps, each {name, eps, units}) over
+    the relative-unit comparisons, or over those of the commonest unit where none is relative;
+    ``by_units`` the same per unit; ``blind`` the comparisons with a numeric prediction that cannot
+    see a direction they claim to (no resolving power there)."""
+    from claims import common
+    rows, blind = [], []
+    for c in comparisons:
+        d = c if isinstance(c, dict) else {"name": c.name, "side": c.side, "resolving_power": c.resolving_power}
+        rp = d["resolving_power"]
+        if not rp:
+            continue
+        eps = common.seen_eps(d)
+        if eps is None:
+            blind.append(d["name"])
+        else:
+            rows.append({"name": d["name"], "eps": eps, "units": rp["units"]})
+    by_units = {}
+    for u in common.RESOLVING_UNITS:
+        rs = [r for r in rows if r["units"] == u]
+        if rs:
+            by_units[u] = {"best": min(rs, key=lambda r: r["eps"]), "worst": max(rs, key=lambda r: r["eps"]),
+                           "n": len(rs)}
+    main = by_units.get("relative") or (max(by_units.values(), key=lambda v: v["n"]) if by_units else None)
+    head = None
+    if headline is not None:
+        hit = [c for c in comparisons if (c["name"] if isinstance(c, dict) else c.name) == headline]
+        if not hit:
+            raise ValueError(f"headline comparison {headline!r} is not among the comparisons")
+        h = hit[0]
+        d = h if isinstance(h, dict) else {"name": h.name, "side": h.side, "resolving_power": h.resolving_power}
+        rp, eps = d["resolving_power"] or {}, common.seen_eps(d)
+        head = {"name": d["name"], "low": rp.get("low"), "high": rp.get("high"), "units": rp.get("units"),
+                "eps": eps, "side": d["side"],
+                "meets_floor": (None if rp.get("units") != "relative" else bool(eps is not None
+                                                                                  and eps <= common.RESOLVING_FLOOR))}
+    return {"headline": head, "best": main["best"] if main else None, "worst": main["worst"] if main else None,
+            "floor": common.RESOLVING_FLOOR, "by_units": by_units, "blind": blind}
 
 
 # ---------------------------------------------------------------------------------------

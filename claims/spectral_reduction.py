@@ -495,7 +495,7 @@ def findings(result) -> list:
 
 
 SPEC = ClaimSpec(
-    id="spectral-reduction", title="Spectral reduction to the semi-singular values",
+    id="spectral-reduction", title="Spectral reduction to the semi-singular values", paper="gradient flow is an ODE on (omega, mu)",
     statement=("Gradient flow on the full weights becomes an ODE on the H(d+m) semi-singular values: per "
                "head, m distinct QK values omega[h,i] (equal within a task block) and m OV values mu[h,i]."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,

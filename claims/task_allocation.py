@@ -445,6 +445,7 @@ SPEC = ClaimSpec(
     resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))),
     cannot_run=lambda q: None if {"tasks", "heads", "L"} <= set(q) else (
         "problem must give tasks, heads, L and optionally sigma, param, init_scale, logit_scale, basis, dtype; got "
-        f"keys {sorted(q)}"))
+        f"keys {sorted(q)}"),
+    paper="each head ends serving one task, the one its initial OV value favours most")
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

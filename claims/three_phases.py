@@ -492,6 +492,7 @@ SPEC = ClaimSpec(
     profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings,
     cannot_run=lambda q: None if q.get("param", "factored") == "factored" else (
         "claim 3 is stated for factored weights (the paper's architecture); merged weights are the boundary "
-        "'boundary-merged-superposition'"))
+        "'boundary-merged-superposition'"),
+    paper="slow warm-up, fast emergence (each head takes a task), then convergence")
 CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

@@ -32,9 +32,25 @@ from typing import Any, Callable, Iterable, Optional
 
 from numerics.seeds import case_seed
 
-KIND_MODULES = ("numerics.experiments.theory_values", "numerics.experiments.converged", "numerics.exact_reduced",
-                "numerics.experiments.probes", "numerics.experiments.phases", "numerics.experiments.starts")
-"""Modules whose import registers the kinds (imported on the first lookup)."""
+KINDS_BY_MODULE: dict[str, tuple] = {
+    "numerics.experiments.theory_values": ("theory",),
+    "numerics.experiments.converged": ("converged", "continue_on_D"),
+    "numerics.exact_reduced": ("reduced_minima",),
+    "numerics.experiments.probes": ("symmetric_batch_runs", "fresh_batch_runs", "gradient_projection",
+                                    "richardson_runs", "trend_run", "best_decomposable", "decomposable_search",
+                                    "full_merged_start", "best_as_full_model", "constant_row"),
+    "numerics.experiments.phases": ("phase_run", "escape_time_spread", "allocation_run", "off_task_gradient",
+                                    "unstable_step"),
+    "numerics.experiments.reduced_flows": ("reduced_flow", "paired_end_losses", "fewer_heads_end",
+                                           "saturation_scan", "monte_carlo_losses"),
+    "numerics.experiments.authors": ("authors_run", "reference_points", "authors_emergence"),
+    "numerics.experiments.atlas": ("atlas", "atlas_grid"),
+    "numerics.saddle": ("saddle_escape_runs", "saddle_variance", "saddle_step_sizes", "saddle_invariant"),
+    "numerics.experiments.starts": ("start_runs", "start_flows", "single_task_references"),
+}
+"""The one registry of need kinds: the module that registers each (``kind`` refuses a
+registration elsewhere), which a worker process imports to compute a need of that kind."""
+KIND_MODULES = {name: module for module, names in KINDS_BY_MODULE.items() for name in names}
 
 
 def _canonical(obj):
@@ -80,7 +96,8 @@ class Need:
         return case_seed(int(report_seed), *parts)
 
     def dependencies(self) -> list:
-        return [v for _, v in self.params if isinstance(v, Need)]
+        """The needs among its parameters (a parameter may be a need or a tuple of needs)."""
+        return [d for _, v in self.params for d in (v if isinstance(v, tuple) else (v,)) if isinstance(d, Need)]
 
     def label(self) -> str:
         """A short human-readable description (``reports.build --plan``)."""
@@ -95,6 +112,12 @@ class Need:
             else:
                 parts.append(f"{k}={v}")
         return f"{self.kind}(" + ", ".join(parts) + ")"
+
+
+def memo_key(n: Need, report_seed: int) -> str:
+    """What a computed need is kept under: its identity at the report's seed (one process may
+    build reports at several seeds)."""
+    return f"{n.identity}#{n.seed(report_seed)}"
 
 
 def need(kind_name: str, *, stream: Optional[tuple] = None, **params) -> Need:
@@ -135,15 +158,17 @@ def kind(name: str, *, cost: Callable[..., float], point=None, normalise=None, l
     program, ``run_many([params], [seeds])`` returning one value (or the exception that ended
     it) per need, each as ``run`` would give it."""
     def register(fn):
+        home = KIND_MODULES.get(name, fn.__module__)
+        if home != fn.__module__:
+            raise ValueError(f"need kind {name!r} is registered in {fn.__module__}, but KIND_MODULES says {home}")
         KINDS[name] = Kind(name, fn, cost, point, normalise, load, shared, run_many, batch_key)
         return fn
     return register
 
 
 def kind_of(name: str) -> Kind:
-    if name not in KINDS:
-        for module in KIND_MODULES:
-            importlib.import_module(module)
+    if name not in KINDS and name in KIND_MODULES:
+        importlib.import_module(KIND_MODULES[name])
     if name not in KINDS:
         raise KeyError(f"unknown need kind {name!r}; known: {', '.join(sorted(KINDS))}")
     return KINDS[name]
@@ -197,22 +222,24 @@ class Results(dict):
         return value
 
 
-def _resolved(n: Need, values: dict) -> dict:
-    out = {}
-    for k, v in n.params:
-        if isinstance(v, Need):
-            v = values[v.identity]
-            if isinstance(v, Failed):
-                raise v.error
-        out[k] = v
-    return out
+def _resolved(n: Need, values: dict, report_seed: int) -> dict:
+    def value(v):
+        if isinstance(v, tuple):
+            return tuple(value(x) for x in v)
+        if not isinstance(v, Need):
+            return v
+        v = values[memo_key(v, report_seed)]
+        if isinstance(v, Failed):
+            raise v.error
+        return v
+    return {k: value(v) for k, v in n.params}
 
 
 def compute(n: Need, report_seed: int, values: Optional[dict] = None) -> Any:
     """The value of one need, its dependencies' values given in ``values`` (identity -> value);
     an error becomes :class:`Failed` (KeyboardInterrupt and the like propagate)."""
     try:
-        return kind_of(n.kind).run(**_resolved(n, values or {}), seed=n.seed(report_seed))
+        return kind_of(n.kind).run(**_resolved(n, values or {}, report_seed), seed=n.seed(report_seed))
     except Exception as exc:        # noqa: BLE001 -- the claims that read it show it as their error
         return Failed(exc)
 
@@ -224,7 +251,7 @@ def compute_job(job: list, report_seed: int, values: Optional[dict] = None) -> l
         return [compute(job[0], report_seed, values)]
     k = kind_of(job[0].kind)
     try:
-        out = k.run_many([_resolved(n, values or {}) for n in job], [n.seed(report_seed) for n in job])
+        out = k.run_many([_resolved(n, values or {}, report_seed) for n in job], [n.seed(report_seed) for n in job])
     except Exception as exc:        # noqa: BLE001
         return [Failed(exc)] * len(job)
     return [Failed(v) if isinstance(v, BaseException) else v for v in out]
@@ -249,7 +276,7 @@ def _compute_in_worker(args):
     torch.set_num_threads(1)
     t0 = time.process_time()
     values = compute_job(job, report_seed, deps)
-    return [n.identity for n in job], values, time.process_time() - t0
+    return values, time.process_time() - t0
 
 
 def _shared(n: Need) -> bool:
@@ -277,6 +304,9 @@ class Engine:
         mutation of theory reaches it too), else this engine's own."""
         return _MEMO if _shared(n) else self.local
 
+    def key(self, n: Need) -> str:
+        return memo_key(n, self.seed)
+
     def known(self) -> dict:
         return {**_MEMO, **self.local}
 
@@ -292,14 +322,14 @@ class Engine:
         the held ones are read into the memo)."""
         todo = []
         for n in closure(needs):
-            if n.identity in self.memo(n):
+            if self.key(n) in self.memo(n):
                 continue
             rec = self.stored(n)
             if rec is None:
                 todo.append(n)
             elif read:
-                self.memo(n)[n.identity] = kind_of(n.kind).load(rec)
-                self.stored_ids.add(n.identity)
+                self.memo(n)[self.key(n)] = kind_of(n.kind).load(rec)
+                self.stored_ids.add(self.key(n))
         return todo
 
     def price(self, needs: Iterable[Need]) -> dict:
@@ -320,12 +350,12 @@ class Engine:
                 t0 = time.process_time()
                 self._keep(job, compute_job(job, self.seed, self.known()), time.process_time() - t0)
                 done += sum(cost_of(n) for n in job)
-        return Results({n: self.memo(n)[n.identity] for n in closure(needs)})
+        return Results({n: self.memo(n)[self.key(n)] for n in closure(needs)})
 
     def _keep(self, job: list, values: list, cpu: float) -> None:
         for n, value in zip(job, values):
-            self.memo(n)[n.identity] = value
-            self.cpu_seconds[n.identity] = cpu / len(job)
+            self.memo(n)[self.key(n)] = value
+            self.cpu_seconds[self.key(n)] = cpu / len(job)
 
     def _run_parallel(self, jobs: list) -> None:
         """``jobs`` in ``self.jobs`` fresh worker processes, the costliest ready job first."""
@@ -346,10 +376,10 @@ class Engine:
                 os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         try:
             while waiting or running:
-                ready = sorted((j for j in waiting if all(d.identity in self.memo(d) for n in j
+                ready = sorted((j for j in waiting if all(self.key(d) in self.memo(d) for n in j
                                                           for d in n.dependencies())), key=lambda j: -costs[id(j)])
                 for job in ready[: max(0, self.jobs - len(running))]:
-                    deps = {d.identity: self.memo(d)[d.identity] for n in job for d in n.dependencies()}
+                    deps = {self.key(d): self.memo(d)[self.key(d)] for n in job for d in n.dependencies()}
                     running[id(job)] = (job, pool.apply_async(_compute_in_worker, ((job, self.seed, deps),)))
                     waiting.remove(job)
                 finished = [key for key, (_, r) in running.items() if r.ready()]
@@ -357,7 +387,7 @@ class Engine:
                     time.sleep(0.05)
                 for key in finished:
                     job, r = running.pop(key)
-                    _, values, cpu = r.get()
+                    values, cpu = r.get()
                     self._keep(job, values, cpu)
                     done += costs[key]
                     self.progress(job[0].label(), done / total)

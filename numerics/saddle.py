@@ -5,9 +5,12 @@ Every function returns a frozen dataclass of measurements: values, standard erro
 seeds, and what a tolerance is built from (the record spacing, the amplification of a twin
 run, the path of served points a run held); every prediction (2a, the discrete map's rate
 at the held point, T(B), the slope 1/a) is theory.saddle's, and the comparisons, their
-tolerances and perturbed predictions are claims.saddle's.  Training runs go through :func:`numerics.train.train`
-(the one GD loop, ``start=`` the model at theory's allocated point, ``on_record=`` the
-readout); one torch thread per run.
+tolerances and perturbed predictions are claims.saddle's.  Training runs go through
+:func:`numerics.train.train_many` (:func:`saddle_many`: the one GD loop, runs of one shape as
+one program, ``start=`` the model at theory's allocated point, ``on_record=`` the readout); one
+torch thread.  The need kinds of boundary-saddle (end of file) are measurements of one
+configuration each; their runs' prompt streams are named from the need's seed
+(numerics.seeds.case_seed).
 
 The start.  The exact allocated point (off-task entries 0: O[:, d+i] = 0, V[d+i, :] = 0 in
 the off-task head) is NEVER left, with or without SGD noise: an empty inner channel receives
@@ -24,7 +27,7 @@ directly (o = -v), just below the fit window, so that every step size sees the s
 without the long plateau of the escape runs.
 
 Sizes in docs/saddle.md (the saddle's configurations: claims.saddle.PROFILES; the single-task
-runs: claims.initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 65 s CPU for the saddle,
+runs: claims.initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 85 s CPU for the saddle,
 30 s for the single-task runs, one core), ``paper`` (not run here).
 """
 from __future__ import annotations
@@ -43,14 +46,17 @@ from theory import exact as th_exact
 from theory import optimality as th_opt
 from theory import saddle as th
 
+from . import cost
 from .config import ProblemConfig
 from .data import make_generator, sample_prompts
+from .engine import kind
 from .evaluate import held_out_loss
 from .exact_reduced import measure, minimise_family, one_thread as _one_thread
 from .model import MultiHeadAttention
+from .seeds import case_seed
 from .readout import crossing_time
 from .symmetry import symmetrize_full
-from .train import TrainConfig, train
+from .train import TrainConfig, train, train_many
 
 
 class _Stop(Exception):
@@ -135,7 +141,60 @@ class SaddleRun:
         return self.o ** 2 - self.v ** 2
 
 
+def _recorder(cfg: ProblemConfig, entries, stop_share: float, stop_residual: float, fixed: bool):
+    """The record of one saddle run and its on_record hook: the off-task channel and readout at
+    every record; stops the run (:class:`_Stop`) once the off-D residual passes ``stop_residual``
+    or, without a ``fixed`` batch, once every entry's share passed ``stop_share`` on the
+    opposite-sign branch."""
+    rec = {k: [] for k in ("t", "mu_off", "served", "o", "v", "omega", "residual")}
+
+    def hook(step, t, state, loss):
+        o, s, oo, vv = _off_task_readout(state, entries)
+        readout = state.semi_singular_values()
+        for k, v in zip(rec, (t, o, s, oo, vv, readout.omega, readout.residual)):
+            rec[k].append(v)
+        if readout.residual > stop_residual:
+            raise _Stop
+        if not fixed and np.all(np.abs(o) >= stop_share * np.abs(s)) and np.all(o < 0):
+            raise _Stop
+
+    return rec, hook
+
+
+def _saddle_result(rec: dict, batch: int, seed: int, lr: float, mu0: float, escaped: bool, wall: float) -> SaddleRun:
+    arr = {k: np.array(v) for k, v in rec.items()}
+    return SaddleRun(batch=batch, seed=seed, lr=lr, mu0=mu0, t=arr["t"], mu_off=arr["mu_off"], served=arr["served"],
+                     o=arr["o"], v=arr["v"], omega=arr["omega"], t_stop=float(arr["t"][-1]), escaped=escaped,
+                     wall=wall, residual=arr["residual"])
+
+
 @_one_thread
+def saddle_many(cfg: ProblemConfig, runs: Sequence[dict]) -> list[SaddleRun]:
+    """Each run of ``runs`` (dicts of :func:`saddle_run`'s keyword arguments lr, batch, seed, mu0,
+    t_max and optionally stop_share, record_dt, batches, start, stop_residual) trained from
+    :func:`allocated_model` (cfg, mu0) (or its ``start``) with SGD, as numerics.train.train_many
+    trains them: runs of one batch size in one program, runs of one data seed drawing each
+    batch once (each run as train() gives it, to rounding).  An error other than the early stop
+    ends the measurement (as it ended a run alone)."""
+    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    runs = [{"stop_share": 0.1, "record_dt": 0.5, "batches": None, "start": None, "stop_residual": math.inf, **r}
+            for r in runs]
+    recs, hooks = zip(*[_recorder(cfg, st.entries, r["stop_share"], r["stop_residual"], r["batches"] is not None)
+                        for r in runs])
+    t0 = _time.perf_counter()
+    out = train_many([cfg] * len(runs), [TrainConfig(lr=r["lr"], time=r["t_max"], batch=r["batch"], seed=r["seed"],
+                                                     records=2) for r in runs],
+                     batches=[r["batches"] for r in runs], on_record=list(hooks),
+                     record_every=[max(1, int(round(r["record_dt"] / r["lr"]))) for r in runs],
+                     start=[allocated_model(cfg, r["mu0"]) if r["start"] is None else r["start"] for r in runs])
+    wall = (_time.perf_counter() - t0) / len(runs)
+    for res in out:
+        if isinstance(res, BaseException) and not isinstance(res, _Stop):
+            raise res
+    return [_saddle_result(rec, r["batch"], r["seed"], r["lr"], r["mu0"], isinstance(res, _Stop), wall)
+            for rec, r, res in zip(recs, runs, out)]
+
+
 def saddle_run(cfg: ProblemConfig, lr: float, batch: int, seed: int, mu0: float, t_max: float,
                stop_share: float = 0.1, record_dt: float = 0.5, batches=None,
                start: Optional[MultiHeadAttention] = None, stop_residual: float = math.inf) -> SaddleRun:
@@ -144,38 +203,14 @@ def saddle_run(cfg: ProblemConfig, lr: float, batch: int, seed: int, mu0: float,
     seeded entry's share has passed ``stop_share`` (``batches``: numerics.train's seam, e.g. a
     fixed symmetrised batch; then no early stop on the share; ``start``: another start model;
     ``stop_residual``: stop once the off-D residual passes it, e.g. a fixed batch's GD leaving D
-    by a step-size instability)."""
-    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
-    model = allocated_model(cfg, mu0) if start is None else start
-    every = max(1, int(round(record_dt / lr)))
-    ts, offs, servs, os_, vs, oms, res = [], [], [], [], [], [], []
-
-    def hook(step, t, state, loss):
-        o, s, oo, vv = _off_task_readout(state, st.entries)
-        ts.append(t), offs.append(o), servs.append(s), os_.append(oo), vs.append(vv)
-        readout = state.semi_singular_values()
-        oms.append(readout.omega), res.append(readout.residual)
-        if readout.residual > stop_residual:
-            raise _Stop
-        if batches is None and np.all(np.abs(o) >= stop_share * np.abs(s)) and np.all(o < 0):
-            raise _Stop
-
-    tcfg = TrainConfig(lr=lr, time=t_max, batch=batch, seed=seed, records=2)
-    t0 = _time.perf_counter()
-    escaped = False
-    try:
-        train(cfg, tcfg, start=model, on_record=hook, record_every=every, batches=batches)
-    except _Stop:
-        escaped = True
-    return SaddleRun(batch=batch, seed=seed, lr=lr, mu0=mu0, t=np.array(ts), mu_off=np.array(offs),
-                     served=np.array(servs), o=np.array(os_), v=np.array(vs), omega=np.array(oms),
-                     t_stop=float(ts[-1]), escaped=escaped,
-                     wall=_time.perf_counter() - t0, residual=np.array(res))
+    by a step-size instability).  One run of :func:`saddle_many`."""
+    return saddle_many(cfg, [dict(lr=lr, batch=batch, seed=seed, mu0=mu0, t_max=t_max, stop_share=stop_share,
+                                  record_dt=record_dt, batches=batches, start=start, stop_residual=stop_residual)])[0]
 
 
 @dataclass(frozen=True)
 class SaddleRuns:
-    """The escape runs of one configuration: runs[(batch, seed)], the exact-start floors
+    """The escape runs of one configuration: runs[(batch, s)] (s a replicate), the exact-start floors
     floor[batch] (max |mu_off| from the exact allocated point over t_floor), the theory."""
     cfg: ProblemConfig
     theory: th.SaddlePoint
@@ -188,21 +223,28 @@ class SaddleRuns:
 
 
 def saddle_runs(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Sequence[int], mu0: float,
-                t_max: float, stop_share: float = 0.1, t_floor: float = 10.0, record_dt: float = 0.5,
-                floors: bool = True) -> SaddleRuns:
-    """Every (batch, seed) escape run, plus (``floors``) one exact-start run per batch for the
-    noise floor."""
+                t_max: float, seed: int, stop_share: float = 0.1, t_floor: float = 10.0,
+                record_dt: float = 0.5) -> SaddleRuns:
+    """Every (batch, s) escape run (s in ``seeds``: the replicates; replicate s's runs at every
+    batch size on one prompt stream, case_seed(seed, "escape run", s): common random numbers
+    across B, whose slope the escape times measure), plus one exact-start run per batch for the
+    noise floor (case_seed(seed, "floor", batch)), trained together
+    (:func:`saddle_many`)."""
     t0 = _time.perf_counter()
     st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
-    runs = {(B, s): saddle_run(cfg, lr, B, s, mu0, t_max, stop_share, record_dt) for B in batches for s in seeds}
+    keys = [(B, s) for B in batches for s in seeds]
+    specs = [dict(lr=lr, batch=B, seed=case_seed(seed, "escape run", s), mu0=mu0, t_max=t_max,
+                  stop_share=stop_share, record_dt=record_dt) for B, s in keys]
+    specs += [dict(lr=lr, batch=B, seed=case_seed(seed, "floor", B), mu0=0.0, t_max=t_floor, stop_share=math.inf,
+                   record_dt=record_dt) for B in batches]
+    done = saddle_many(cfg, specs)
     floor = {}
-    for B in (batches if floors else ()):
-        f = saddle_run(cfg, lr, B, 10_000 + int(seeds[0]), 0.0, t_floor, stop_share=math.inf, record_dt=record_dt)
+    for B, f in zip(batches, done[len(keys):]):
         if np.any(f.o != 0) or np.any(f.v != 0):
             raise RuntimeError("the exact allocated point's empty off-task channel received a gradient "
                                "(theory.saddle section 2 says it cannot)")
         floor[B] = float(np.abs(f.mu_off).max())
-    return SaddleRuns(cfg, st, lr, mu0, runs, floor, t_floor, _time.perf_counter() - t0)
+    return SaddleRuns(cfg, st, lr, mu0, dict(zip(keys, done)), floor, t_floor, _time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -272,18 +314,17 @@ def _window_fit(t, mu_off, lo, hi, K):
     return line_fit(tt, z).slope, line_fit(tt, raw).slope, float(raw[-1] - raw[0]), int(sel.size)
 
 
-def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Sequence[int], mu0: float = 0.05,
-                            t_max: float = 300.0, floor_factor: float = 10.0, top_fraction: float = 0.05,
-                            runs: Optional[SaddleRuns] = None, floor: Optional[float] = None) -> GrowthRateMeasurement:
-    """The log-growth rate of each off-task |mu| on the opposite-sign branch.
+def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Sequence[int], runs: SaddleRuns,
+                            floor_factor: float = 10.0, top_fraction: float = 0.05,
+                            floor: Optional[float] = None) -> GrowthRateMeasurement:
+    """The log-growth rate of each off-task |mu| on the opposite-sign branch, from the runs
+    (batch, s) of ``runs`` (:func:`saddle_runs`).
 
     Window, fixed in advance: from where |mu| exceeds ``floor_factor`` x the noise floor
     (max |mu_off| of a run from the exact allocated point at the same lr, B; or ``floor``) to
     where it reaches ``top_fraction`` x mu* of its task, on the opposite-sign branch (mu < 0).
     The fitted coordinate is theory's logistic z = log(|mu|/(1 - |mu|/K)) (K = a/c, the
     curvature's correction, <= top_fraction mu*/K of the rate); the plain log fit is reported."""
-    if runs is None:
-        runs = saddle_runs(cfg, lr, [batch], seeds, mu0, t_max, stop_share=max(top_fraction, 0.1))
     st = runs.theory
     floor = runs.floor[batch] if floor is None else float(floor)
     per_seed, raws, e_folds, points, path_om, path_sv, off_om = [], [], [], [], [], [], []
@@ -326,21 +367,28 @@ within 1-2 time units)."""
 
 
 def step_size_measurement(cfg: ProblemConfig, lrs: Sequence[float], batch: int, seeds: Sequence[int], floor: float,
-                          floor_factor: float = 10.0, top_fraction: float = 0.05, t_max: float = 300.0,
+                          seed: int, floor_factor: float = 10.0, top_fraction: float = 0.05, t_max: float = 300.0,
                           record_dt: float = 1.0) -> tuple:
     """The growth rate at each step ``lr`` of ``lrs`` (same batch, seeds, window; the floor
     of the largest step, ``floor``, the noisiest, so the window is the same at every lr):
     runs from theory's allocated point with each seeded entry on the opposite-sign branch
-    (o = -v) at |mu| = lo / START_BELOW, stopped once every share passed 2 top_fraction.
+    (o = -v) at |mu| = lo / START_BELOW, stopped once every share passed 2 top_fraction, all
+    trained together (:func:`saddle_many`); replicate s's runs at every lr see one prompt stream,
+    case_seed(seed, "step-size run", s), drawn once a step (common random numbers across lr).
     Returns one :class:`GrowthRateMeasurement` per lr."""
-    lo = floor_factor * float(floor)
-    out = []
-    for lr in lrs:
-        runs = saddle_runs(cfg, lr, [batch], seeds, -lo / START_BELOW, t_max, stop_share=2 * top_fraction,
-                           record_dt=record_dt, floors=False)
-        out.append(growth_rate_measurement(cfg, lr, batch, seeds, runs.mu0, t_max, floor_factor, top_fraction,
-                                           runs=runs, floor=floor))
-    return tuple(out)
+    t0 = _time.perf_counter()
+    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    mu0 = -floor_factor * float(floor) / START_BELOW
+    keys = [(lr, s) for lr in lrs for s in seeds]
+    done = dict(zip(keys, saddle_many(cfg, [dict(lr=lr, batch=batch, seed=case_seed(seed, "step-size run", s),
+                                                  mu0=mu0, t_max=t_max,
+                                                  stop_share=2 * top_fraction, record_dt=record_dt)
+                                             for lr, s in keys])))
+    wall = _time.perf_counter() - t0
+    return tuple(growth_rate_measurement(
+        cfg, lr, batch, seeds, SaddleRuns(cfg, st, lr, mu0, {(batch, s): done[(lr, s)] for s in seeds}, {}, 0.0,
+                                          wall / len(lrs)), floor_factor, top_fraction, floor=floor)
+        for lr in lrs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -359,8 +407,7 @@ class GradientVariance:
 
 
 @_one_thread
-def gradient_variance_measurement(cfg: ProblemConfig, n: int = 8192, seed: int = 54321,
-                                  groups: int = 16) -> GradientVariance:
+def gradient_variance_measurement(cfg: ProblemConfig, n: int, seed: int, groups: int = 16) -> GradientVariance:
     """dS = S_col - S_row at the exact allocated point (the measured input of the seed,
     theory.saddle section 3).  dl/dU_h[l, c] = 2 (yhat_l - y_l) c_h[c], c_h = sum_l p_hl z_l;
     the prediction is recomputed from the model's weights and checked against its forward."""
@@ -428,34 +475,48 @@ def _crossing(t, mu_off, served, threshold):
     return crossing_time(t, np.abs(mu_off) / np.abs(served), threshold, eligible=np.asarray(mu_off) < 0)
 
 
-def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int] = (16, 64, 256),
-                            seeds: Sequence[int] = (0, 1, 2), mu0: float = 0.05, threshold: float = 0.1,
-                            t_max: float = 300.0, n_var: int = 8192, runs: Optional[SaddleRuns] = None,
-                            variance: Optional[GradientVariance] = None) -> EscapeTimeMeasurement:
-    """Escape time against the batch size at fixed step, the OLS slope of every escaped run's
-    T on log B (residual variance pooled over B), and the seed input dS
-    (:func:`gradient_variance_measurement`) theory's T(B) needs."""
-    if runs is None:
-        runs = saddle_runs(cfg, lr, batches, seeds, mu0, t_max, stop_share=threshold)
-    st = runs.theory
-    var = variance if variance is not None else gradient_variance_measurement(cfg, n_var)
-    T, T_se, per, xs, ys = [], [], [], [], []
-    all_escaped = True
-    imb_meas = []
+def escape_times(runs: SaddleRuns, batches: Sequence[int], seeds: Sequence[int], threshold: float) -> tuple:
+    """Per batch size the escape time T and its se over the seeds that escaped (each run's T the
+    mean over entries of :func:`_crossing`; inf where none, or one, escaped), the per-seed times,
+    and whether every entry of every run escaped."""
+    T, T_se, per, all_escaped = [], [], [], True
     for B in batches:
         ts = []
         for s in seeds:
             run = runs.runs[(B, s)]
-            te = [_crossing(run.t, run.mu_off[:, e], run.served[:, e], threshold) for e in range(len(st.entries))]
+            te = [_crossing(run.t, run.mu_off[:, e], run.served[:, e], threshold)
+                  for e in range(len(runs.theory.entries))]
             all_escaped &= bool(np.all(np.isfinite(te)))
             ts.append(float(np.mean(te)))
         per.append(tuple(ts))
-        fin = [x for x in ts if math.isfinite(x)]
-        mean, se = mean_se(fin)          # over the runs that escaped; inf where none (or one) did
+        mean, se = mean_se([x for x in ts if math.isfinite(x)])
         T.append(mean if mean is not None else math.inf)
         T_se.append(se if se is not None else math.inf)
+    return T, T_se, per, all_escaped
+
+
+def escape_horizon(runs: SaddleRuns, batches: Sequence[int], seeds: Sequence[int], threshold: float,
+                   t_max: float) -> float:
+    """The escape runs' horizon: the largest finite escape time over the batch sizes (t_max where
+    none escaped), over which the invariant batch's flow is followed."""
+    T = escape_times(runs, batches, seeds, threshold)[0]
+    return float(np.nanmax([x for x in T if math.isfinite(x)] or [t_max]))
+
+
+def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Sequence[int],
+                            threshold: float, runs: SaddleRuns, variance: GradientVariance) -> EscapeTimeMeasurement:
+    """Escape time against the batch size at fixed step from the escape runs ``runs``
+    (:func:`saddle_runs`), the OLS slope of every escaped run's T on log B (residual variance
+    pooled over B), and the seed input dS (``variance``: :func:`gradient_variance_measurement`)
+    theory's T(B) needs."""
+    st, var = runs.theory, variance
+    T, T_se, per, all_escaped = escape_times(runs, batches, seeds, threshold)
+    xs, ys = [], []
+    for B, ts in zip(batches, per):
+        fin = [x for x in ts if math.isfinite(x)]
         xs += [math.log(B)] * len(fin)
         ys += fin
+    imb_meas = []
     spacing = float(np.max([np.diff(r.t).max() for r in runs.runs.values()]))
     x, y = np.array(xs), np.array(ys)
     if x.size < 3 or np.ptp(x) == 0:
@@ -548,8 +609,8 @@ def rounding_bound(steps: int) -> float:
     return 64 * float(np.finfo(np.float64).eps) * (int(steps) + 1)
 
 
-def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: float = 0.05, prompts: int = 512,
-                               seed: int = 7) -> InvariantFlowMeasurement:
+def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: float, prompts: int,
+                               seed: int) -> InvariantFlowMeasurement:
     """The seeded start trained on one fixed G-invariant batch of ~``prompts`` prompts (theory:
     the batch gradient lies in D to rounding, so o and v receive the same update and |o - v|
     stays at rounding), at the largest step lr / 2^k that keeps GD on D, with its twin run for
@@ -645,7 +706,8 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
     """One task (r,) at context length L with H heads, from ProblemConfig(init="uniform_full",
     init_scale=1.0) (PyTorch's nn.Linear default, per entry U(-1/sqrt(D), 1/sqrt(D))) and the
     authors' logit scale sqrt(D), D = r + 1; trained one run at a time by numerics.train.train
-    (each seed s its own prompt stream 1000 + s, held-out prompts 2000 + s) to t = ``time``
+    (each seed s its own prompt stream case_seed(s, "single task run"), its held-out prompts that
+    stream's "held out" one, numerics.evaluate) to t = ``time``
     (scripts/measure_saddle.py; boundary-initialisation trains the same start through
     numerics.experiments.starts.single_task_starts, batched and classified).  Reported, not
     judged: the loss gaps are in units of their standard errors."""
@@ -660,7 +722,8 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
             t0 = _time.perf_counter()
             cfg = ProblemConfig(tasks=tasks, heads=H, L=L, init="uniform_full", init_scale=1.0, init_seed=s,
                                 logit_scale=math.sqrt(D))
-            res = train(cfg, TrainConfig(lr=lr, time=time, batch=batch, seed=1000 + s, records=2))
+            run_seed = case_seed(s, "single task run")
+            res = train(cfg, TrainConfig(lr=lr, time=time, batch=batch, seed=run_seed, records=2))
             model = res.final_model
             ro = model.semi_singular_values()
             mu = ro.mu[:, 0]
@@ -675,7 +738,7 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
             diag = np.array([np.diag(w) for w in Wx])
             off = [float(np.linalg.norm(w - np.diag(np.diag(w))) / max(np.linalg.norm(np.diag(w)), 1e-300)) for w in Wx]
             spread = [float(dg.std() / max(abs(dg.mean()), 1e-300)) if r > 1 else 0.0 for dg in diag]
-            est = held_out_loss(model, n=n_eval, seed=2000 + s)
+            est = held_out_loss(model, n=n_eval, seed=run_seed)
             runs.append(SingleTaskRun(H, s, tuple(float(v) for v in mu), (pa, pb), float(ratio),
                                       tuple(float(v) for v in ro.omega[:, 0]), tuple(off), tuple(spread),
                                       float(ro.residual), float(est.mean), float(est.se),
@@ -729,34 +792,79 @@ def seed_mean_se(losses, loss_ses) -> tuple[float, float]:
     return mean, math.sqrt(se ** 2 + float(np.mean(np.square(loss_ses))) / losses.size)
 
 
-def measure_configuration(tasks, heads: int, L: int, lr: float, batches: Sequence[int], seeds: Sequence[int],
-                          mu0: float = 0.05, threshold: float = 0.1, floor_factor: float = 10.0,
-                          top_fraction: float = 0.05, t_max: float = 300.0, invariant_prompts: int = 512,
-                          n_var: int = 65536, record_dt: float = 1.0, lrs: Sequence[float] = ()) -> dict:
-    """The measurements at one configuration: (a) the growth rate at each step of ``lrs``
-    (:func:`step_size_measurement`, at the largest batch, window from that batch's floor at
-    ``lr``), (b) escape times at ``lr`` over ``batches`` and (c) the invariant batch's flow over
-    the escape runs' horizon.  Returns the measurements, the SGD runs' |o - v| at escape (the
-    largest batch), the wall and CPU seconds of each part."""
-    cfg = ProblemConfig(tasks=tuple(tasks), heads=heads, L=L)
-    t0, c0 = _time.perf_counter(), _time.process_time()
-    saddle_theory(tasks, heads, L)
-    t_theory = _time.perf_counter() - t0
-    runs = saddle_runs(cfg, lr, batches, seeds, mu0, t_max, stop_share=max(threshold, top_fraction),
-                       record_dt=record_dt)
-    t1 = _time.perf_counter()
-    var = gradient_variance_measurement(cfg, n_var)
-    t_var = _time.perf_counter() - t1
-    escape = escape_time_measurement(cfg, lr, batches, seeds, mu0, threshold, t_max, runs=runs, variance=var)
-    t2 = _time.perf_counter()
-    steps = step_size_measurement(cfg, tuple(lrs) or (lr,), max(batches), seeds, runs.floor[max(batches)],
-                                  floor_factor, top_fraction, t_max, record_dt)
-    t_steps = _time.perf_counter() - t2
-    horizon = float(np.nanmax([x for x in escape.T if math.isfinite(x)] or [t_max]))
-    sgd_anti = anti_at_escape(runs, max(batches), seeds)
-    t3 = _time.perf_counter()
-    inv = invariant_flow_measurement(cfg, lr, horizon, mu0, invariant_prompts)
-    t_inv = _time.perf_counter() - t3
-    return {"growth": steps, "escape": escape, "invariant": inv, "sgd_anti": sgd_anti,
-            "seconds": {"theory": t_theory, "runs": runs.wall, "variance": t_var, "step_sizes": t_steps,
-                        "invariant": t_inv, "total": _time.perf_counter() - t0, "cpu": _time.process_time() - c0}}
+# ---------------------------------------------------------------------------------------
+# the need kinds of boundary-saddle (numerics.engine), each priced from its parameters
+# ---------------------------------------------------------------------------------------
+
+PRICED_ESCAPE_TIME = 0.4
+"""The share of t_max an escape run is priced at: the runs stop at their escape, which theory
+puts at T(B), but its seed input dS is measured with the runs; measured at quick's (1, 1): the
+nine runs stopped at 0.28 - 0.5 t_max, 0.38 on average."""
+
+PRICED_STEP_TIME = 45.0
+"""The length a step-size run is priced at: from |mu| = lo / START_BELOW to a share of
+2 top_fraction, log(4 top_fraction mu* / lo) / (2a); measured at quick's (1, 1): 43 - 45."""
+
+
+def _sgd_seconds(cfg: ProblemConfig, batch: int, time: float, lr: float, record_dt: float, runs: int = 1) -> float:
+    """``runs`` runs of ``time`` / lr SGD steps at ``batch``, each on its own prompt stream, in
+    numerics.train.train_many's programs, with two readouts a record (the trainer's and the
+    hook's) every ``record_dt``."""
+    steps = max(1, round(float(time) / float(lr)))
+    records = 2 * steps // max(1, round(float(record_dt) / float(lr)))
+    return cost.many_seconds(cfg.tasks, cfg.heads, cfg.L, int(batch), steps, [1] * int(runs), records=records)
+
+
+def _escape_cost(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt) -> float:
+    """Per batch size its runs (PRICED_ESCAPE_TIME x t_max) and its floor (t = 10)."""
+    return sum(_sgd_seconds(cfg, B, PRICED_ESCAPE_TIME * t_max, lr, record_dt, len(seeds))
+               + _sgd_seconds(cfg, B, 10.0, lr, record_dt) for B in batches)
+
+
+@kind("saddle_escape_runs", cost=_escape_cost)
+def escape_runs_need(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt, seed) -> SaddleRuns:
+    """The escape runs of one configuration and their floors (:func:`saddle_runs`)."""
+    return saddle_runs(cfg, lr, batches, seeds, mu0, t_max, seed, stop_share=stop_share, record_dt=record_dt)
+
+
+@kind("saddle_variance", cost=lambda cfg, n: 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, n))
+def variance_need(cfg, n, seed) -> GradientVariance:
+    """The per-prompt gradient variances at the allocated point (:func:`gradient_variance_measurement`)."""
+    return gradient_variance_measurement(cfg, n, seed)
+
+
+def _steps_cost(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_max, record_dt) -> float:
+    return sum(_sgd_seconds(cfg, batch, PRICED_STEP_TIME, lr, record_dt, len(seeds)) for lr in lrs)
+
+
+@kind("saddle_step_sizes", cost=_steps_cost)
+def step_sizes_need(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_max, record_dt, seed) -> tuple:
+    """The growth rate at each step of ``lrs`` (:func:`step_size_measurement`), its window from
+    the floor of the escape runs (``escape``, a dependency) at ``batch``."""
+    return step_size_measurement(cfg, lrs, batch, seeds, escape.floor[batch], seed, floor_factor, top_fraction,
+                                 t_max, record_dt)
+
+
+def _invariant_cost(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prompts) -> float:
+    """The GD run and its twin on the fixed batch (no prompts drawn: a step less its stream's
+    draw) over PRICED_ESCAPE_TIME x t_max, at the requested step halved three times where the
+    batch has only MIN_BASE_PROMPTS base prompts, else at the requested step (the halvings a
+    fixed batch's stability edge forces are known only when it runs: quick's (1, 1), 128 base
+    prompts, stayed on D at lr 0.3; its (2, 2), 8 base prompts, left D at 0.2, 0.1 and 0.05 and
+    ran at 0.025; the steps that left are stopped within a few time units and not priced)."""
+    from theory.block_structure import group_order
+    G = int(group_order(cfg.tasks))
+    base = max(MIN_BASE_PROMPTS, int(prompts) // G)
+    step = float(lr) / (2 ** 3 if base == MIN_BASE_PROMPTS else 1)
+    steps = max(1, round(PRICED_ESCAPE_TIME * t_max / step))
+    n = base * G
+    drawn = cost.STEP[cfg.dtype]["context"] * n * cfg.L * cfg.token_dim
+    return 2 * steps * (cost.step_seconds(cfg.tasks, cfg.heads, cfg.L, n, dtype=cfg.dtype) - drawn)
+
+
+@kind("saddle_invariant", cost=_invariant_cost)
+def invariant_need(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prompts, seed) -> InvariantFlowMeasurement:
+    """The invariant batch's flow (:func:`invariant_flow_measurement`) over the escape runs'
+    horizon (:func:`escape_horizon` of ``escape``, a dependency)."""
+    return invariant_flow_measurement(cfg, lr, escape_horizon(escape, batches, seeds, threshold, t_max), mu0, prompts,
+                                      seed)

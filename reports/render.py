@@ -6,10 +6,14 @@ is shown where and how it is printed, and the markup lives in ``reports/template
 autoescaped: a claim's text can never become markup):
 
 - :func:`scorecard`: the first screen, one line per claim id grouped as the paper's claims /
-  where they stop / beyond the paper, a failing or contradicted id first in its group with
-  the sentence that says by how much; its headline number (:func:`headline_row`: the row a
-  claim names with ``details["headline_row"]``, by index or name, else its first row), how
-  many of its comparisons agree, and their resolving power (best and worst).
+  where they stop / beyond the paper, a failing or contradicted id first in its group.  Each
+  line is **the row that decided its outcome** (:func:`deciding`: for a failing id, its
+  disagreeing comparison of largest error / tolerance; for one that could not decide, the
+  reason; else the claim's headline, :func:`headline_row`), said as one sentence with its
+  numbers and its configuration in words (:func:`sentence`; a structured value is summarised:
+  how many numbers, the furthest pair, never the structure itself), beside the paper's
+  statement for a paper claim (``paper``); how many of its comparisons agree; that row's
+  resolving power in words (:func:`power_words`).
 - :func:`findings_lists`: the sentences behind it (what holds / where it stops / beyond the
   paper), a finding that states a comparison which disagrees marked with its claim's outcome
   (:func:`finding_outcome`).
@@ -17,16 +21,19 @@ autoescaped: a claim's text can never become markup):
   this document alone, inline SVG), findings, the run, one section per claim.
 
 Printed precision (:func:`printed`): a measured number with a standard error is printed to
-the second significant digit of its se; without one, to a tenth of its tolerance (the finest
-digit its comparison resolves: below it, an exact check's residual is rounding, which differs
-between CPUs whose BLAS kernels round differently), at most 4 significant digits; anything
-else to 4 significant digits.
+the second significant digit of its se; without one, to a tenth of its tolerance, at most 4
+significant digits; anything else to 4 significant digits.  No digit of a comparison that
+agrees to rounding is printed (:data:`ROUNDING_LEVEL`): its residual reads "< tolerance" (a
+bound the claim fixed from the dtype's eps and the problem's size), its structures "each
+theory's to rounding", its resolving power "beyond rounding" -- those digits differ between
+CPUs whose BLAS kernels round differently.
 """
 from __future__ import annotations
 
 import base64
 import functools
 import math
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -307,21 +314,196 @@ def headline_row(entry: dict) -> tuple[Optional[dict], str]:
     return rows[0], f"details.headline_row {str(named)[:60]!r} names none of its {len(rows)} rows; the first is shown"
 
 
-def theory_text(row: dict) -> str:
-    """What a headline row compares with, in the scorecard: "vs 0.1748", "vs ≤ 1.547",
-    "vs [1, 2.624]", "(reported)"."""
-    side = row.get("side") or "two-sided"
-    if side == "reported":
-        return "(reported)" if row.get("theory") is None else f"(reported; theory {format_value(row.get('theory'))})"
+def _row_record(entry: dict, row: dict) -> dict:
+    """A headline row as a comparison record: the comparison of its name (its error, margin and
+    resolving power) with the numbers the row shows where it shows them (the claim chose those for a
+    reader: a scalar for a ratio, theory as the prediction)."""
+    same = [c for c in comparison_records(entry) if c.get("name") == row.get("name")]
+    shown = {"predicted": row.get("theory"), "measured": row.get("measured"), "tolerance": row.get("tolerance"),
+             "se": row.get("se"), "side": row.get("side"), "agrees": row.get("agrees"), "config": row.get("config")}
+    if not same:
+        return {**row, **shown}
+    if shown["measured"] is None and shown["predicted"] is None:   # a structure the row could not show
+        shown.pop("measured"), shown.pop("predicted"), shown.pop("tolerance")
+    return {**same[0], **{k: v for k, v in shown.items() if v is not None}}
+
+
+def deciding(entry: dict) -> tuple[str, Optional[dict]]:
+    """The row that decided an id's outcome, and the words that lead to it: for a failing id, the
+    disagreeing comparison of largest error / tolerance ("1 of 3 comparisons disagrees:"); for one
+    that could not decide, the reason (no row); for the others, the claim's headline
+    (:func:`headline_row`)."""
+    verdict = str(entry.get("verdict"))
+    if is_failing(entry) or verdict == "undecided":
+        disagreeing = [c for c in comparison_records(entry) if c.get("agrees") is False]
+        if disagreeing:
+            _, judged = agreement_count(entry)
+            lead = (f"{len(disagreeing)} of {judged} comparisons disagree; the worst:" if len(disagreeing) > 1
+                    else f"1 of {judged} comparisons disagrees:" if judged > 1 else "")
+            return lead, max(disagreeing, key=_margin)
+        details = entry.get("details") or {}
+        reason = details.get("error") if details.get("traceback") else None
+        return f"{verdict}: {str(reason)[:300] + '.' if reason else _verdict_reason(entry)}", None
+    row, note = headline_row(entry)
+    return note, None if row is None else _row_record(entry, row)
+
+
+_SETTING = re.compile(r"(\w+)=(\([^)]*\)|\[[^\]]*\]|[^\s,;]+)")
+_WORD_SETTINGS = ("init", "param", "basis")   # "init decomposable"; the rest "H = 2", in the paper's notation
+
+
+def config_words(text: Any) -> str:
+    """A configuration label (or a name holding one) in words, in place, in the paper's notation:
+    "tasks=(2, 2) H=2 sigma=0 init=decomposable at growing s0" -> "r = (2, 2), H = 2, σ = 0, init
+    decomposable at growing s0"."""
+    def word(match: re.Match) -> str:   # each setting marked (STX ... ETX) to join neighbours by commas
+        key, value = {"sigma": "σ", "tasks": "r"}.get(match[1], match[1]), match[2]
+        value = f"({value[1:-1]})" if value.startswith("[") else value   # r = (2, 2), as the paper writes it
+        return f"\x02{key} {value}\x03" if key in _WORD_SETTINGS else f"\x02{key} = {value}\x03"
+    marked = re.sub("\x03\\s+\x02", ", ", _SETTING.sub(word, " ".join(str(text).split())))
+    return marked.replace("\x02", "").replace("\x03", "")
+
+
+def _leaves(value: Any, path: str = "") -> list[tuple[str, Any]]:
+    """The leaves of a nested value with their place: dict keys as words, list items as "entry k"."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{path}, {k}" if path else str(k))]
+    if isinstance(value, (list, tuple)):
+        return [leaf for k, v in enumerate(value) for leaf in _leaves(v, f"{path}, entry {k + 1}" if path
+                                                                       else f"entry {k + 1}")]
+    return [(path, value)]
+
+
+def _off(m: float, p: float) -> str:
+    """How far a measured number is from its prediction, relatively: "1.1 % off", "off by a factor 5.3"."""
+    if p == 0 or m == 0 or (m > 0) != (p > 0):
+        return f"{format_value(abs(m - p))} apart"
+    rel = abs(m - p) / abs(p)
+    return f"{100 * rel:.2g} % off" if rel < 1 else f"off by a factor {max(m / p, p / m):.2g}"
+
+
+def _pairs(c: dict) -> tuple[list[tuple[str, float, float]], int]:
+    """The numbers a comparison compared, paired by their place in measured and predicted, and how
+    many measured values are not numbers (an event a run did not reach, say)."""
+    measured, predicted = _leaves(c.get("measured")), dict(_leaves(c.get("predicted")))
+    pairs = [(where, scalar(m), scalar(predicted.get(where))) for where, m in measured if where in predicted]
+    pairs = [(w, m, p) for w, m, p in pairs if m is not None and p is not None and math.isfinite(m) and math.isfinite(p)]
+    return pairs, sum(scalar(m) is None for _, m in measured)
+
+
+def _structured(c: dict) -> str:
+    """Measured and predicted values that are not one number each, in words: how many numbers were
+    compared and the furthest pair (where it is, measured against predicted, how far), never the
+    whole structure; to rounding only that they agree (which pair is furthest is rounding)."""
+    pairs, words = _pairs(c)
+    undefined = f"; {words} measured value(s) not a number" if words else ""
+    if not pairs:
+        return f"{len(_leaves(c.get('measured')))} measured values against {_predicted_words(c.get('predicted'))}"
+    if at_rounding(c):
+        return f"{len(pairs)} numbers, each theory's to rounding{undefined}"
+    where, m, p = max(pairs, key=lambda t: abs(t[1] - t[2]))
+    return (f"{len(pairs)} numbers, the furthest{' at ' + where if where else ''}: measured {format_value(m)} "
+            f"against {format_value(p)}, {_off(m, p)}{undefined}")
+
+
+def _predicted_words(p: Any) -> str:
+    """A prediction in words: a number, "between a and b" for a bracket, "n values" for a structure."""
+    if scalar(p) is not None or isinstance(p, str) or p is None:
+        return format_value(p) if p is not None else "no prediction"
+    if isinstance(p, (list, tuple)) and len(p) == 2 and all(scalar(x) is not None for x in p):
+        return format_value(p[0]) if p[0] == p[1] else f"between {format_value(p[0])} and {format_value(p[1])}"
+    return f"{len(_leaves(p))} predicted values"
+
+
+ROUNDING_LEVEL = 1e-6
+"""A comparison without a standard error that agrees to this fraction of its values' size (1 for a
+prediction of 0), or whose tolerance is that small, is exact to rounding: what it measures below its
+tolerance is the rounding of one CPU's BLAS kernels, which another CPU rounds differently (float64's
+eps is 2.2e-16; no statistical or discretisation error of the claims comes near 1e-6).  The report
+prints such a residual as "< tolerance", a bound the claim fixed from the dtype's eps and the problem's
+size, and its resolving power in words: never digits of the residual."""
+
+
+def at_rounding(c: dict) -> bool:
+    """Whether a comparison record agrees to rounding (:data:`ROUNDING_LEVEL`)."""
+    t = scalar(c.get("tolerance"))
+    if c.get("agrees") is not True or scalar(c.get("se")) is not None or t is None or not math.isfinite(t):
+        return False
+    pairs, words = _pairs(c)
+    if not pairs or words:
+        return False
+    size = max([1.0] + [max(abs(m), abs(p)) for _, m, p in pairs])
+    return t <= ROUNDING_LEVEL * size or max(abs(m - p) for _, m, p in pairs) <= ROUNDING_LEVEL * size
+
+
+def _distance(c: dict) -> Optional[float]:
+    """The distance a comparison's side measures between its numbers: one measured number against a
+    number or a bracket [low, high] (0 inside it), or the furthest pair of a structure; None without one."""
+    m, p = scalar(c.get("measured")), c.get("predicted")
+    ends = [scalar(p)] if scalar(p) is not None else [scalar(x) for x in p] if (
+        isinstance(p, (list, tuple)) and len(p) == 2) else [None]
+    if m is not None and None not in ends:
+        low, high = min(ends), max(ends)
+        return {"not above": max(0.0, m - high), "not below": max(0.0, low - m)}.get(
+            c.get("side"), max(0.0, low - m, m - high))
+    pairs, _ = _pairs(c)
+    return max(abs(a - b) for _, a, b in pairs) if pairs else None
+
+
+def _in_units(c: dict) -> bool:
+    """Whether a comparison's error (so its tolerance) is in the units of its values: a headline row
+    (no stored error), or an error that is the distance its side measures (:func:`_distance`)."""
+    error, distance = scalar(c.get("error")), _distance(c)
+    return error is None or (distance is not None and math.isclose(error, distance, rel_tol=1e-6, abs_tol=1e-300))
+
+
+def _up(x: float) -> str:
+    """``x`` to two significant digits, rounded up (a bound stays a bound)."""
+    if x <= 0 or not math.isfinite(x):
+        return format_value(x)
+    quantum = 10.0 ** (math.floor(math.log10(x)) - 1)
+    return f"{math.ceil(x / quantum - 1e-9) * quantum:.2g}"
+
+
+def _scalar_values(c: dict) -> str:
+    """"measured M against P" for one measured number: M at the precision its run resolves (a
+    rounding residual against 0 as "< tolerance"), P a number, a bracket or a one-sided bound."""
+    m, p, side, tol = c.get("measured"), c.get("predicted"), c.get("side") or "two-sided", c.get("tolerance")
+    if at_rounding(c) and scalar(p) == 0 and scalar(tol):
+        # a residual: bounded by its tolerance where the error is in its units (else "0 to rounding")
+        measured = f"< {_up(scalar(tol))}" if _in_units(c) else "0 to rounding"
+    else:
+        measured = printed(m, c.get("se"), tol if scalar(tol) is not None else None)
     if side in SIDE_WORDS:
-        return f"vs {SIDE_WORDS[side][0]} {format_value(_bound(row.get('theory'), side))}"
-    return f"vs {format_value(row.get('theory'))}"
+        return f"measured {measured}, {SIDE_WORDS[side][1]} {format_value(_bound(p, side))}"
+    if side == "reported":
+        return f"measured {measured}" + ("" if p is None else f" (theory, for reference: {_predicted_words(p)})")
+    return f"measured {measured} against {_predicted_words(p)}"
 
 
-def headline_number(row: dict) -> str:
-    """A headline row as one line of the scorecard: "measured ± se vs theory"."""
-    tol = row.get("tolerance")
-    return f"{printed(row.get('measured'), row.get('se'), tol if scalar(tol) is not None else None)} {theory_text(row)}"
+def sentence(c: dict) -> str:
+    """One comparison (or headline row, as a record) as a sentence: its name, the numbers compared
+    (:func:`_scalar_values`, or :func:`_structured` for anything but one measured number), the tolerance
+    (where the error is in the values' units; else the error in tolerances), by how many tolerances it
+    misses where it disagrees, and its configuration in words."""
+    m = c.get("measured")
+    values = _scalar_values(c) if (scalar(m) is not None or m is None or isinstance(m, str)) else _structured(c)
+    extras, tol, margin = [], c.get("tolerance"), _margin(c)
+    if scalar(tol) is not None and _in_units(c):
+        extras.append(f"tolerance {format_value(tol)}")
+    elif isinstance(tol, (list, tuple)) and tol:
+        ts = [x for _, v in _leaves(tol) if (x := scalar(v)) is not None]
+        extras += [f"tolerance {format_value(min(ts))} to {format_value(max(ts))} per entry"] if ts else []
+    elif math.isfinite(margin) and scalar(tol) and c.get("agrees") and not at_rounding(c):
+        extras.append(f"error {margin:.2g} × its tolerance")
+    if c.get("agrees") is False and math.isfinite(margin):
+        extras.append(f"missed by {margin:.2g} × {'it' if extras else 'its tolerance'}")
+    elif c.get("agrees") is False and scalar(c.get("error")) is not None:
+        extras.append(f"error {format_value(c.get('error'))}")
+    name, config = config_words(c.get("name", "")), c.get("config")
+    if config and not _SETTING.search(str(c.get("name", ""))):
+        extras.append(config_words(config))
+    return f"{name}: {values}" + (f" ({'; '.join(extras)})" if extras else "") + "."
 
 
 # --------------------------------------------------------------------------- the scorecard
@@ -334,111 +516,76 @@ def agreement_count(entry: dict) -> tuple[int, int]:
     return sum(c["agrees"] for c in judged), len(judged)
 
 
-def _percent(eps: float) -> str:
-    return f"{100 * eps:.2g} %"
-
-
-def resolving_text(entry: dict) -> str:
-    """The claim's resolving power: the smallest error of its prediction that its comparisons
-    reject at their tolerances (each comparison's ``resolving_power``, as computed by
-    ``claims.common.compare``; the sharper side of each), best and worst over them, relative
-    errors as percentages and absolute ones in the prediction's units; "n/a" for comparisons
-    that record none; a comparison that already rejects the prediction (0) is left out."""
-    values: dict[str, list[float]] = {"relative": [], "absolute": []}
-    missing, rejecting = 0, 0
-    records = comparison_records(entry)
-    for c in records:
-        rp = c.get("resolving_power")
-        sides = []
-        if isinstance(rp, dict):
-            sides = [v for v in (scalar(rp.get("low")), scalar(rp.get("high"))) if v is not None and math.isfinite(v)]
-        if not sides:
-            missing += 1
-            continue
-        if min(sides) <= 0:
-            rejecting += 1
-            continue
-        values["absolute" if rp.get("units") == "absolute" else "relative"].append(min(sides))
-    parts = []
-    for units, vals in values.items():
-        if not vals:
-            continue
-        show = _percent if units == "relative" else (lambda v: f"±{v:.2g}")
-        best, worst = show(min(vals)), show(max(vals))
-        parts.append(best if best == worst else f"{best} – {worst}")
-        if units == "absolute":
-            parts[-1] += " abs."
-    if not parts:
-        return "n/a" if not rejecting else "0 (rejects the prediction)"
-    text = "; ".join(parts)
-    return text + (f" ({missing} n/a)" if missing else "")
-
-
-def _stated(name: str, config: Optional[str]) -> str:
-    name = str(name)
-    # a name that states its configuration already ("..., tasks=[3, 3], L=32") is not given it twice
-    return name if not config or str(config) in name or "tasks=" in name else f"{name} ({config})"
+def power_words(c: Optional[dict]) -> str:
+    """A comparison's resolving power (``claims.common.Comparison.resolving_power``, confirmed when the
+    report was built) in words: "rejects a 3.1 % error", "rejects an absolute error of 0.012", "rejects a
+    count off by 1"; one-sided: "rejects a prediction 3.1 % too low"; a power of 100 % or more: "rejects
+    only order-of-magnitude errors (a factor 2.3)"; an exact comparison: "rejects any error"; within a
+    rounding tolerance: "rejects any error beyond rounding" (its digits are rounding)."""
+    if c is None:
+        return "—"
+    rp = c.get("resolving_power")
+    if c.get("power_unconfirmed"):
+        return f"not confirmed: {c['power_unconfirmed']}"
+    if not isinstance(rp, dict):
+        return "not recorded"
+    side = c.get("side") or "two-sided"
+    keys = {"not above": ("low",), "not below": ("high",)}.get(side, ("low", "high"))
+    eps = [scalar(rp.get(k)) for k in keys]
+    if any(e is None for e in eps):
+        blind = [{"low": "too low", "high": "too high"}[k] for k, e in zip(keys, eps) if e is None]
+        return f"blind to a prediction {' or '.join(blind)}"
+    worst, units = max(eps), rp.get("units")
+    if worst == 0:
+        return "rejects its prediction itself"
+    if set(keys) <= set(rp.get("bound") or ()):
+        return "rejects any error (an exact comparison)"
+    if at_rounding(c) and units != "count":
+        return "rejects any error beyond rounding (its tolerance)"
+    if units == "count":
+        return f"rejects a count off by {worst:g}"
+    if units != "absolute" and worst >= 1:
+        return f"rejects only order-of-magnitude errors (a prediction off by a factor {1 + worst:.2g})"
+    size = f"{worst:.2g}" if units == "absolute" else f"{100 * worst:.2g} %"
+    if len(keys) == 1:
+        return f"rejects a prediction {size} too {'low' if keys == ('low',) else 'high'}"
+    return f"rejects an absolute error of {size}" if units == "absolute" else f"rejects a {size} error"
 
 
 def _margin(c: dict) -> float:
+    """error / tolerance of a comparison record; of a headline row (no stored error), its distance
+    (:func:`_distance`) over its tolerance."""
     margin = scalar(c.get("margin"))
     if margin is not None and not math.isnan(margin):
         return margin
     error, tolerance = scalar(c.get("error")), scalar(c.get("tolerance"))
+    error = _distance(c) if error is None else error
     if error is None or tolerance is None:
         return math.inf
     return error / tolerance if tolerance > 0 else (0.0 if error <= 0 else math.inf)
 
 
-def by_how_much(entry: dict) -> Optional[str]:
-    """The one sentence a failing or contradicted id carries in the scorecard: which of its
-    comparisons disagree, and the worst of them in numbers (measured ± se against the
-    prediction, the error and how many tolerances it is); for an error, why it could not
-    decide.  None for an id that does not fail."""
-    if not is_failing(entry):
-        return None
-    verdict = str(entry.get("verdict"))
-    disagreeing = [c for c in comparison_records(entry) if c.get("agrees") is False]
-    if not disagreeing:
-        details = entry.get("details") or {}
-        reason = details.get("error") if details.get("traceback") else None
-        return f"{verdict}: {str(reason)[:200] if reason else _verdict_reason(entry)}"
-    worst = max(disagreeing, key=_margin)
-    _, judged = agreement_count(entry)
-    lead = (f"{len(disagreeing)} of {judged} comparisons disagree; the worst, " if len(disagreeing) > 1
-            else f"1 of {judged} comparisons disagrees: " if judged > 1 else "")
-    error, tolerance = worst.get("error"), worst.get("tolerance")
-    margin = _margin(worst)
-    if scalar(error) is None:  # a headline row read as a comparison: no error was stored
-        size = f"its tolerance {format_value(tolerance)}"
-    elif math.isfinite(margin):
-        size = f"error {format_value(error)}, {margin:.3g} × its tolerance {format_value(tolerance)}"
-    else:
-        size = f"error {format_value(error)} against a tolerance of {format_value(tolerance)}"
-    measured = printed(worst.get("measured"), worst.get("se"))
-    return (f"{verdict}: {lead}{_stated(worst.get('name', ''), worst.get('config'))}: measured {measured} "
-            f"against {format_value(worst.get('predicted'))}; {size}.")
-
-
 def scorecard(report: dict) -> list[dict]:
     """The first screen as data: ``[{key, heading, rows}]`` per group (the paper's claims, where
-    they stop, beyond the paper), each row ``{id, anchor, title, kind, verdict, failing,
-    headline (name, number, config, note) or None, agree, of, resolving, why}``; within a group
-    a failing or contradicted id comes first (then report order)."""
+    they stop, beyond the paper), each row ``{id, anchor, title, kind, verdict, failing, lead,
+    headline, paper, agree, of, resolving}``: ``headline`` the sentence of the row that decided the
+    outcome (:func:`deciding`, :func:`sentence`), ``lead`` the words before it, ``paper`` the paper's
+    statement (a paper claim's), ``resolving`` that row's resolving power in words
+    (:func:`power_words`); within a group a failing or contradicted id comes first (then report order)."""
     groups = []
     for key, heading in GROUPS:
         members = [e for e in report.get("claims") or [] if isinstance(e, dict) and group_of(e) == key]
         members.sort(key=lambda e: not is_failing(e))  # stable: report order otherwise
         rows = []
         for e in members:
-            row, note = headline_row(e)
+            lead, record = deciding(e)
             agree, of = agreement_count(e)
             rows.append({
                 "id": str(e.get("id")), "anchor": anchor(e.get("id", "")), "title": str(e.get("title", "")),
-                "kind": kind_of(e), "verdict": str(e.get("verdict")), "failing": is_failing(e),
-                "headline": None if row is None else {"name": str(row.get("name", "")), "number": headline_number(row),
-                                                      "config": row.get("config"), "note": note},
-                "agree": agree, "of": of, "resolving": resolving_text(e), "why": by_how_much(e)})
+                "kind": kind_of(e), "verdict": str(e.get("verdict")), "failing": is_failing(e), "lead": lead,
+                "headline": None if record is None else sentence(record),
+                "paper": str(e["paper"]) if e.get("paper") else None, "agree": agree, "of": of,
+                "resolving": power_words(record) if record is not None else "—"})
         if rows:
             groups.append({"key": key, "heading": heading, "rows": rows})
     return groups

@@ -169,16 +169,17 @@ def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]
                 results[cid].update({n: dict.__getitem__(computed, n) for n in closure(ns)})
     if bar.bar is not None:
         bar.bar.close()
-    shares = need_shares(results, engine.cpu_seconds)
+    shares = need_shares(results, engine)
     out = {}
     for cid in ids:
         def body(cid=cid):
             if cid in errors:
                 raise errors[cid]
-            used = None if store is None else sum(n.identity in engine.stored_ids for n in results[cid])
+            used = None if store is None else sum(engine.key(n) in engine.stored_ids for n in results[cid])
             return checked(cid, finished(specs[cid], ctxs[cid], specs[cid].compare(ctxs[cid], results[cid]), used))
         t0 = time.process_time()
         out[cid] = run_claim(cid, specs[cid].title, specs[cid].statement, body, kind=specs[cid].kind)
+        out[cid].paper = specs[cid].paper
         spent = time.process_time() - t0 + shares.get(cid, 0.0)
         out[cid].seconds += shares.get(cid, 0.0)
         if cpu_seconds is not None:
@@ -187,13 +188,14 @@ def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]
     return out
 
 
-def need_shares(results: dict, cpu: dict) -> dict:
+def need_shares(results: dict, engine) -> dict:
     """Each claim's share of the CPU seconds of the needs it read (a need read by k claims counts
     1/k to each)."""
     readers: dict = {}
+    cpu = engine.cpu_seconds
     for cid, res in results.items():
         for n in res:
-            readers.setdefault(n.identity, []).append(cid)
+            readers.setdefault(engine.key(n), []).append(cid)
     shares: dict = {}
     for ident, cids in readers.items():
         for cid in cids:

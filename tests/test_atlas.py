@@ -150,3 +150,18 @@ def test_tiny_atlas_end_to_end(tmp_path):
         mine = [f for f in report["findings"] if f["claim"] == cid]
         assert mine and all(f["numbers"] for f in mine)
         assert c["details"]["sweep_runs"] >= 3
+
+
+def test_an_atlas_need_is_read_never_trained():
+    """The engine asked for an atlas point no sweep holds computes nothing: reading it raises,
+    saying the atlas trains nothing; it costs nothing to plan."""
+    from numerics.config import ProblemConfig
+    from numerics.engine import Engine, cost_of
+    n = atlas.atlas_need(ProblemConfig(tasks=(2, 2), heads=2, L=16), atlas.AtlasSchedule(panel="noise"), 0)
+    results = Engine().run([n])
+    with pytest.raises(ValueError, match="trains nothing"):
+        results[n]
+    assert cost_of(n) == 0.0
+    for cid in IDS:                       # no sweep: no point to read, the build's own cost priced
+        plan, = claims.plan_of(cid, "tiny")
+        assert plan.kind == "atlas_grid" and plan.args["sweep"] == "" and claims.estimate_seconds(cid, "quick") > 0

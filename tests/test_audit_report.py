@@ -154,7 +154,7 @@ def test_bad_arguments_exit_2_and_write_nothing(tmp_path):
 def test_the_schema_accepts_model_and_names_what_is_wrong():
     entry = {"id": "model-1", "title": "t", "statement": "s", "verdict": "pass", "kind": "claim", "theory": {},
              "numerics": {}, "tolerance": {}, "details": {}, "figure_data": [], "perturbations": [], "seconds": 0.0,
-             "headline": [], "findings": [], "figures": [], "figure_errors": []}
+             "headline": [], "findings": [], "figures": [], "figure_errors": [], "paper": None}
     prov = {"versions": {p: "x" for p in ("python", "torch", "numpy", "scipy", "sympy", "mpmath", "matplotlib")},
             "device": "cpu", "seed": 0, "profile": "audit", "wall_seconds": {"per_claim": {}, "total": 0.0},
             "cpu_seconds": {}, "git": {"commit": "x", "dirty": False}, "command": [], "started_utc": "", "seeds": {}}

@@ -77,8 +77,13 @@ def test_the_unallocated_run_fails_it(unallocated_run):
 
 
 def test_claim_5s_noiseless_run_passes_it():
+    """Claim 5's own run at the tiny profile (its seed, numerics.seeds.trained_run_seed at report
+    seed 0).  Not every stream converges within the budget at (2, 2), L = 32: the allocated point
+    is a saddle, and some runs are already leaving it slowly (a significant descent) at the end of
+    their polish, which the test rightly reports as not converged."""
+    from numerics.seeds import trained_run_seed
     cfg = ProblemConfig(tasks=(2, 2), heads=2, L=32)
-    run = converged_run(cfg, TINY_SCHEDULE, 0)
+    run = converged_run(cfg, TINY_SCHEDULE, trained_run_seed(0, cfg.tasks, cfg.sigma, cfg.L))
     assert run.converged and run.descent_left <= run.convergence_tolerance / Z_CONVERGED
     assert run_status(cfg, run, {"inside": True, "reasons": []}) == ("inside", 0)
     assert run.descent["points"] == 5 and run.descent["horizon"] == pytest.approx(QUICK_SCHEDULE.polish_time)

@@ -56,8 +56,12 @@ def test_each_need_is_computed_once_and_dependencies_first():
     assert [c for c in CALLS if c[0] == "square"] == [("square", 3, dep.seed(0))]
     assert out[need("test-plus", x=1, base=dep)] == 10 and out[dep] == 9
     assert closure([need("test-plus", x=1, base=dep)])[0] == dep
+    both = Engine(seed=0).run([need("test-plus", x=(dep, need("test-square", x=2)), base=())])
+    assert both[need("test-plus", x=(dep, need("test-square", x=2)), base=())] == (9, 4)   # a tuple of needs
     Engine(seed=0).run([dep])                                    # kept for the process: not computed again
-    assert len([c for c in CALLS if c[0] == "square"]) == 1
+    assert len([c for c in CALLS if c[0] == "square"]) == 2              # x = 3 once, and x = 2
+    Engine(seed=1).run([dep])                                    # another report seed: another value
+    assert [c for c in CALLS if c[0] == "square"][-1] == ("square", 3, dep.seed(1))
 
 
 def test_a_failed_need_fails_only_its_readers():

@@ -73,30 +73,38 @@ def test_many_models_on_one_draw_equal_each_model_alone():
 
 def test_hessian_top_eigenvalue_is_the_population_hessians():
     """numerics.evaluate.hessian_top_eigenvalue (power iteration on Hessian-vector products, each on
-    fresh prompts) against the top eigenvalue of the dense Hessian of every weight on one large
-    batch (2^16 prompts, 33 weights: no sample-covariance inflation), at a point of D with
-    nonzero weights; the estimate is a Monte-Carlo one, so within 5 %.  A Hessian off by 10 % (the
-    dense one scaled) is rejected by the same comparison."""
+    fresh prompts) against the top eigenvalue of the dense Hessian of every weight (33 weights) at
+    a point of D with nonzero weights.  Both are Monte-Carlo estimates of the population's top
+    eigenvalue, and both scatter by batch (the dense one on 2^15 prompts by ~2 %, the power
+    iteration by ~3 %): three of each, compared at Z_SE standard errors of the difference of their
+    means.  A Hessian off by 25 % either way is rejected by the same comparison."""
+    import numpy as np
+
     from numerics.evaluate import hessian_top_eigenvalue
+    from numerics.statistics import Z_SE
 
     cfg = ProblemConfig(tasks=(1, 1), heads=1, L=8)
     model = MultiHeadAttention.from_semi_singular_values(cfg, [[0.4, 0.3]], [[0.9, 0.6]])
     params = list(model.parameters())
     sizes = [p.numel() for p in params]
-    pr = sample_prompts(cfg, 2 ** 16, make_generator(5, "cpu"))
-
-    def loss(flat):
-        parts = torch.split(flat, sizes)
-        weights = {name: part.view(p.shape) for (name, p), part in zip(model.named_parameters(), parts)}
-        pred = torch.func.functional_call(model, weights, (pr.context, pr.query))
-        return ((pred - pr.target) ** 2).sum(dim=-1).mean()
-
     flat = torch.cat([p.detach().reshape(-1) for p in params])
-    dense = float(torch.linalg.eigvalsh(torch.autograd.functional.hessian(loss, flat)).max())
-    estimate = hessian_top_eigenvalue(model, n=8192, iters=24, seed=1)
+
+    def dense_top(seed):
+        pr = sample_prompts(cfg, 2 ** 15, make_generator(seed, "cpu"))
+
+        def loss(x):
+            parts = torch.split(x, sizes)
+            weights = {name: part.view(p.shape) for (name, p), part in zip(model.named_parameters(), parts)}
+            pred = torch.func.functional_call(model, weights, (pr.context, pr.query))
+            return ((pred - pr.target) ** 2).sum(dim=-1).mean()
+        return float(torch.linalg.eigvalsh(torch.autograd.functional.hessian(loss, flat)).max())
+
+    dense = np.array([dense_top(s) for s in (5, 6, 7)])
+    estimate = np.array([hessian_top_eigenvalue(model, n=8192, iters=32, seed=s) for s in (1, 2, 3)])
+    se = float(np.sqrt(dense.var(ddof=1) / dense.size + estimate.var(ddof=1) / estimate.size))
 
     def agrees(predicted):
-        return abs(estimate - predicted) <= 0.05 * abs(predicted)
+        return abs(estimate.mean() - predicted) <= Z_SE * se
 
-    assert agrees(dense), (estimate, dense)
-    assert not agrees(1.1 * dense) and not agrees(dense / 1.1)
+    assert agrees(dense.mean()), (estimate, dense, se)
+    assert not agrees(1.25 * dense.mean()) and not agrees(dense.mean() / 1.25), (estimate, dense, se)

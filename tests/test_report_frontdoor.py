@@ -1317,8 +1317,11 @@ def test_readme_block_is_the_scorecard_generated_from_claims_json(findings_repor
     for c in report["claims"]:
         assert f"| `{c['id']}` | " in text
     assert text.index("**The paper's claims**") < text.index("**Where they stop**") < text.index("**Beyond the paper**")
-    assert "| `fake-beyond` | **contradicted** | 0.161 ± 0.01 vs 0.084 (saddle: growth rate of off-task \\|mu\\| vs 2a) | 0/2 |" in text
-    assert "- `fake-beyond` contradicted: 2 of 2 comparisons disagree; the worst," in text  # by how much
+    # a contradicted id: the row that decided it, with by how much, on its own line and nowhere else
+    assert ("| `fake-beyond` | **contradicted** | 2 of 2 comparisons disagree; the worst: saddle: growth rate of "
+            "off-task \\|mu\\| vs 2a: measured 0.161 ± 0.01 against 0.084 (tolerance 0.04; missed by 1.9 × it; "
+            "r = (1, 1), H = 2, L = 32). | 0/2 |") in text
+    assert not [line for line in text.splitlines() if line.startswith("- ")]
     assert "(reports/out/figures/forest.png)" in text and "started" not in text and "run of" not in text
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n\n{report_findings.START}\nold, hand-written\n{report_findings.END}\n\nafter\n")
@@ -1342,10 +1345,10 @@ def test_readme_block_is_the_scorecard_generated_from_claims_json(findings_repor
     assert check(lambda r: _c(r, "fake-config")["headline"][0].update(measured=0.2600001)) == 0
     # what a reader would see change: an outcome, a headline number at its printed precision
     assert check(lambda r: _c(r, "fake-config")["headline"][0].update(measured=0.261)) == 1
-    assert "0.261 ± 0.004 vs 0.25" in capsys.readouterr().err
+    assert "measured 0.261 ± 0.004 against 0.25" in capsys.readouterr().err
     assert check(lambda r: _c(r, "fake-boundary").update(verdict="undecided")) == 1
     # whitespace and line wrapping of the README's block are not what a reader reads
-    readme.write_text(readme.read_text().replace(" | ", " |  ").replace("Headline: the", "Headline:\nthe"))
+    readme.write_text(readme.read_text().replace(" | ", " |  ").replace("Each id's line", "Each id's\nline"))
     assert report_findings.main([str(out / "claims.json"), "--check", str(readme)]) == 0
     assert report_findings.main([str(out / "claims.json"), "--readme", str(tmp_path / "none.md")]) == 2
     assert report_findings.main([str(out / "claims.json"), "--findings"]) == 0

@@ -1,6 +1,8 @@
 """The resolving power of a comparison (claims.common.resolving_power) and the probes at the
 tolerance's edge (claims.common.edge_probes): right for each side, each unit and custom error
-functions, recomputing a tolerance made from the prediction, and fast.  Unit tests (no runs)."""
+functions, recomputing a tolerance made from the prediction, and fast; and the build's confirmation
+of every power it prints (claims.spec.unconfirmed_power through claims.spec.build_result): a power
+computed wrong, or changed after its probes were built, makes the claim an error.  Unit tests (no runs)."""
 from __future__ import annotations
 
 import math
@@ -11,7 +13,8 @@ import pytest
 
 from claims.base import judge
 from claims.common import (Comparison, RESOLVING_FLOOR, compare, edge_probes, moved_prediction, resolved,
-                           resolving_power, resolving_summary, seen_eps)
+                           resolving_power, seen_eps)
+from claims.spec import resolving_summary, unconfirmed_power
 
 
 def test_two_sided_relative_matches_closed_form():
@@ -167,3 +170,73 @@ def test_an_error_undefined_at_a_zero_prediction():
     # a ratio to the prediction: the downward scan stops short of 0 instead of dividing by it
     c = compare("ratio", 0.03, 0.36, 1.0, "w", error=lambda m, p: m / p)
     assert c.resolving_power["low"] is not None and c.resolving_power["high"] is None
+
+
+# --------------------------------------------------------------------------- the build confirms what it prints
+
+
+def _build(comparisons):
+    """The result the one constructor (claims.spec.build_result) makes of these comparisons."""
+    from claims.spec import ClaimSpec, Outcome, build_result
+    spec = ClaimSpec(id="fake-power", title="t", statement="s", profiles={}, evaluate=lambda ctx: None)
+    return build_result(spec, Outcome(comparisons, headline_comparison=comparisons[0].name), {})
+
+
+def _comparisons():
+    err = lambda m, p: max(abs(a - b) for a, b in zip(m, p))  # noqa: E731
+    return [compare("rate", 1.02, 1.0, 0.05, "4 se", se=0.0125, wrong=[("x1.2", 1.2)]),
+            compare("count", 5, 5, 2.0, "w", units="count"),
+            compare("exact", 0.0, 0.0, 0.0, "rounding"),
+            compare("points", [1.0, 10.0], [1.0, 10.0], 0.1, "w", error=err, entrywise=True),
+            Comparison(name="bound", measured=3, predicted=0, error=3.0, tolerance=4.0, why="w", side="not above")]
+
+
+def test_the_build_confirms_every_resolving_power_it_prints():
+    result = _build(_comparisons())
+    assert result.verdict == "pass" and "undecided" not in result.details
+    assert [c["power_unconfirmed"] for c in result.details["comparisons"]] == [None] * 5
+    # the exact comparison's power is printed as a bound (every move the scan tried was rejected)
+    assert result.details["comparisons"][2]["resolving_power"]["bound"] == ["low", "high"]
+
+
+@pytest.mark.parametrize("factor, why", [(1 / 3, "too small"), (3.0, "too large")])
+def test_a_wrong_resolving_power_makes_the_build_refuse(monkeypatch, factor, why):
+    """The power computed wrong (divided or multiplied by 3, its edge probes built from it) and the power
+    changed after the edge probes were built from the true one (only what is printed is wrong): either way
+    the build says the printed power is not confirmed, and the claim reads error with the reason."""
+    import claims.common as common
+    real_power, real_summary = common.resolving_power, common.Comparison.summary
+
+    def scaled(power):
+        out = dict(power)
+        for key in ("low", "high"):
+            if isinstance(out.get(key), float) and out[key] > 0:
+                out[key] = out[key] * factor if out["units"] != "count" else float(max(1, round(out[key] * factor)))
+        return out
+
+    with monkeypatch.context() as mp:   # the computation itself
+        mp.setattr(common, "resolving_power", lambda *a, **k: scaled(real_power(*a, **k)))
+        result = _build([compare("rate", 1.02, 1.0, 0.05, "4 se", se=0.0125)])
+    assert result.verdict == "error" and why in result.details["comparisons"][0]["power_unconfirmed"]
+    assert "the resolving power printed for 'rate' is not confirmed" in result.details["undecided"]
+    with monkeypatch.context() as mp:   # only the printed number: the edge probes keep the true power
+        mp.setattr(common.Comparison, "summary",
+                   lambda self: {**real_summary(self), "resolving_power": scaled(real_summary(self)["resolving_power"])})
+        comps = _comparisons()
+        assert judge(all(c.agrees for c in comps), [p for c in comps for p in c.perturbations]) == "pass"
+        result = _build(comps)
+    assert result.verdict == "error", result.details
+    unconfirmed = [c["name"] for c in result.details["comparisons"] if c["power_unconfirmed"]]
+    # every printed power that moves is caught; the exact one's bound only from above, the count's by whole steps
+    assert {"rate", "points", "bound"} <= set(unconfirmed) and "exact" not in unconfirmed
+    assert all(why in c["power_unconfirmed"] for c in result.details["comparisons"] if c["power_unconfirmed"])
+
+
+def test_a_disagreeing_comparison_still_fails_and_a_power_of_zero_needs_a_disagreement():
+    result = _build([compare("off", 2.0, 1.0, 0.1, "w")])
+    assert result.verdict == "fail" and result.details["comparisons"][0]["power_unconfirmed"] is None
+    c = compare("x", 1.0, 1.0, 0.1, "w")
+    assert "yet the comparison agrees" in unconfirmed_power(c, {"low": 0.0, "high": 0.0, "units": "relative"})
+    hand = Comparison(name="h", measured={"a": 1.0}, predicted=1.0, error=0.0, tolerance=0.5, why="w",
+                      resolving_power={"low": 0.5, "high": 0.5, "units": "relative"})
+    assert "without the error function" in unconfirmed_power(hand)

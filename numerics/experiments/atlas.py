@@ -43,6 +43,7 @@ import numpy as np
 from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss
 from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
+from numerics.engine import kind, need
 from numerics.experiments import active_store, one_thread
 from numerics.readout import OUTCOME_CLASSES, SUPERPOSED_SHARE, allocation, crossing_time, end_class
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
@@ -51,7 +52,7 @@ from numerics.experiments.starts import OFF_D_RELATIVE, off_D_test  # the report
 from numerics.train import TrainConfig, train
 
 __all__ = ["AtlasSchedule", "point_class", "cell_mix", "run_point", "check_point", "train_atlas", "escape_time",
-           "atlas_point", "Z_CONVERGED", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_points",
+           "atlas_point", "Z_CONVERGED", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_needs", "panel_points",
            "grid_of", "cell_class", "mean_se", "ratios", "panel_matrices", "class_counts", "warmup_border",
            "record_spacing", "crossing_L", "last_and_first", "ols_slope", "escape_cells", "escape_means", "PATTERNS"]
 
@@ -168,6 +169,11 @@ def best_decomposable_summary(tasks: tuple, heads: int, L: int, sigma: float, de
             "omega": [list(r) for r in b.omega], "mu": [list(r) for r in b.mu]}
 
 
+VARIANCE_SEED = 54321
+"""The prompts of the atlas's measured seed input dS: one draw for every point of a configuration,
+so that the cells' prediction T(B) is the configuration's, whichever seed a point trains with."""
+
+
 def _saddle_prediction(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
     """theory.saddle's escape time T(B) for this run (theory.saddle.escape_prediction: rate
     gradient descent's 2 log(1 + lr a)/lr; seed from the per-prompt gradient variance dS
@@ -175,7 +181,7 @@ def _saddle_prediction(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
     error from dS's."""
     from numerics import saddle as ns
     from theory import saddle as th
-    var = ns.gradient_variance_measurement(cfg, n=4096)
+    var = ns.gradient_variance_measurement(cfg, n=4096, seed=VARIANCE_SEED)
     p = th.escape_prediction(cfg.tasks, cfg.heads, cfg.L, cfg.sigma, sch.lr, (sch.batch,), sch.start_mu0,
                              sch.threshold, var.dS, var.dS_se)
     return {"a": p["a"], "rate_flow": p["rate_flow"], "rate_gd": p["rate_gd"], "slope_pred": p["slope_pred"],
@@ -349,23 +355,23 @@ def schedule_fields() -> dict:
 # reading a sweep of atlas points (claims.atlas draws them)
 # ---------------------------------------------------------------------------------------
 
-def panel_points(panel: str) -> tuple[list[dict], int]:
-    """The atlas points of ``panel`` in the active sweep store, restricted to its last grid's ids
-    (summary.json): [{"point", "result"}], and the number of the grid's points (any panel) not
-    stored as finished (still running, or failed).  Raises when there is no sweep (the atlas
-    trains nothing) or it holds no point of the panel.  Counts the points read (Store.used)."""
+NO_SWEEP = ("the atlas trains nothing: build it from a sweep, e.g. `python -m tools.sweep examples/atlas_tiny.toml "
+            "--out D` then `python -m reports.build --only atlas-initialisation,atlas-heads,atlas-noise,atlas-batch "
+            "--from-sweep D` (docs/atlas.md)")
+"""What an atlas id says when it is built without a sweep."""
+
+
+def panel_needs(panel: str) -> list:
+    """The needs of ``panel`` read off the active sweep store: one "atlas" need per point of the
+    panel (its ``[train] panel`` label) that the sweep's last grid (summary.json's ids) holds
+    finished, in the store's order, then the "atlas_grid" need: the sweep and the grid's points it
+    holds no finished result for (any panel), each with why.  Without a sweep the "atlas_grid" need
+    of none (the claims then say how to build one: the atlas trains nothing); raises when the sweep
+    holds no point of the panel."""
     st = active_store()
     if st is None:
-        raise ValueError("the atlas trains nothing: build it from a sweep, e.g. `python -m tools.sweep "
-                         "examples/atlas_tiny.toml --out D` then `python -m reports.build --only "
-                         "atlas-initialisation,atlas-heads,atlas-noise,atlas-batch --from-sweep D` (docs/atlas.md)")
-    ids = None
-    summary = Path(st.path) / "summary.json"
-    if summary.is_file():
-        try:
-            ids = set(json.loads(summary.read_text()).get("ids") or []) or None
-        except (OSError, ValueError):
-            ids = None
+        return [need("atlas_grid", sweep="", unheld=())]
+    ids = last_grid_ids(st)
     out = []
     for rec in st.records:
         p = rec["point"]
@@ -373,13 +379,60 @@ def panel_points(panel: str) -> tuple[list[dict], int]:
             continue
         if ids is not None and rec.get("id") not in ids:
             continue
-        out.append({"point": p, "result": from_stored(rec["result"])})
-    missing = len(ids - {rec.get("id") for rec in st.records}) if ids is not None else 0
-    st.used += len(out)
+        out.append(atlas_need(*check_point(p)))
     if not out:
         raise ValueError(f"the sweep {str(st.path)!r} holds no finished atlas point of panel {panel!r} (points whose "
                          f"[train] panel = \"{panel}\"); run examples/atlas_tiny.toml or examples/atlas.toml into it")
-    return out, missing
+    held = {rec.get("id") for rec in st.records}
+    unheld = tuple(unheld_point(st.path, i) for i in sorted((ids or set()) - held))
+    return out + [need("atlas_grid", sweep=str(st.path), unheld=unheld)]
+
+
+def panel_points(results, panel: str) -> tuple[list[dict], list[dict]]:
+    """The points of ``panel`` the plan read off the sweep ({"point", "result"}, in the plan's order:
+    its "atlas" needs, :func:`panel_needs`) and the grid's points the sweep holds
+    no finished result for, each with why (the "atlas_grid" need's, and any planned point the engine
+    found no result of): reported, never compared.  The plan's needs are read off the results, as
+    only the plan sees the sweep.  Raises without a sweep (the atlas trains nothing)."""
+    grid = [n for n in results if n.kind == "atlas_grid"]
+    if not grid or not grid[0].args["sweep"]:
+        raise ValueError(NO_SWEEP)
+    points, unheld = [], list(results[grid[0]]["unheld"])
+    for n in results:
+        if n.kind != "atlas" or n.args["schedule"].panel != panel:
+            continue
+        try:
+            points.append({"point": atlas_point(n.args["cfg"], n.args["schedule"], n.args["train_seed"]),
+                           "result": results[n]})
+        except ValueError as exc:
+            unheld.append({"id": None, "panel": panel, "why": str(exc)})
+    if not points:
+        raise ValueError(f"the sweep {results[grid[0]]['sweep']!r} holds no finished atlas point of panel {panel!r}")
+    return points, unheld
+
+
+def last_grid_ids(st):
+    """The ids of the grid the sweep ran last (its summary.json), or None where it has none."""
+    summary = Path(st.path) / "summary.json"
+    if not summary.is_file():
+        return None
+    try:
+        return set(json.loads(summary.read_text()).get("ids") or []) or None
+    except (OSError, ValueError):
+        return None
+
+
+def unheld_point(sweep, point_id: str) -> tuple:
+    """(id, panel or "", why) of a point of the grid the sweep holds no finished result for: its
+    record's error (the point failed), or why its file is not used (numerics.stored.read_point:
+    absent while the sweep runs or after it was interrupted, another code version, ...)."""
+    from numerics.stored import code_version, read_point
+    rec, reason = read_point(Path(sweep), f"{point_id}.json", code=code_version())
+    if rec is None:
+        return point_id, "", f"no usable record ({reason})"
+    panel = str((rec.get("point", {}).get("train") or {}).get("panel", ""))
+    error = str(rec.get("error") or "no result").strip().splitlines()
+    return point_id, panel, "failed: " + (error[-1] if error else "no result")
 
 
 def grid_of(points, row_key, col_key):
@@ -618,3 +671,37 @@ def escaped_runs(cells: dict, rows, cols) -> tuple[list, list, list]:
                     ys.append(x["escape_time"])
                     preds.append(x["saddle"]["slope_pred"])
     return xs, ys, preds
+
+
+# ---------------------------------------------------------------------------------------
+# the need kinds of the atlas (numerics.engine): points read from the sweep, never trained
+# ---------------------------------------------------------------------------------------
+
+def atlas_need(cfg: ProblemConfig, schedule: AtlasSchedule, train_seed: int):
+    """The "atlas" need of the point (cfg, schedule, train_seed) (:func:`atlas_point`)."""
+    return need("atlas", cfg=cfg, schedule=schedule, train_seed=int(train_seed))
+
+
+@kind("atlas", cost=lambda cfg, schedule, train_seed: 0.0, shared=False,
+      point=lambda cfg, schedule, train_seed, seed: atlas_point(cfg, schedule, train_seed),
+      normalise=normalise_point, load=from_stored)
+def atlas_not_held(cfg, schedule, train_seed, seed):
+    """An atlas point is read from the sweep that ran it (the engine's store, by :func:`atlas_point`,
+    compared after :func:`normalise_point`), never trained here: asked to compute one, say so.
+    Not shared beyond one engine: two sweeps may hold different results of one point."""
+    raise ValueError(f"the sweep holds no finished result of the atlas point {atlas_point(cfg, schedule, train_seed)}"
+                     ": the atlas trains nothing (run its grid into the sweep with python -m tools.sweep)")
+
+
+READ_SECONDS = 5.0
+"""What an atlas id's build costs besides its points, which it reads and never trains: reading
+the sweep's grid and classifying and drawing the panel (the tiny grid's four ids: 6.7 s CPU in all,
+most of it the report's figures)."""
+
+
+@kind("atlas_grid", cost=lambda sweep, unheld: READ_SECONDS, shared=False)
+def atlas_grid(sweep: str, unheld: tuple, seed: int) -> dict:
+    """What the plan read of the sweep's last grid besides its points: the sweep ("" where there
+    is none) and the points it holds no finished result for ((id, panel, why),
+    :func:`unheld_point`), reported, never trained."""
+    return {"sweep": sweep, "unheld": [{"id": i, "panel": p or None, "why": w} for i, p, w in unheld]}

@@ -18,24 +18,32 @@ tasks, H -- as one program; the two starts of one configuration share a prompt s
 step) and keeps ``snapshots`` copies of each run's weights, evenly spaced in t (the trainer's
 records), as in-memory checkpoints (:func:`checkpoint`, a ``numerics.external.ExternalModel``):
 what ``claims.model_audit`` audits, as it audits a file a researcher hands over.
+
+Need kinds (``numerics.engine``, end of file): "authors_run" (one run, the runs of one shape as
+one program: ``run_many``), "reference_points" (theory's reference points of the audit,
+numerics.reference_points, for some head counts: the independent pieces of one configuration's
+points are separate needs, so worker processes compute them side by side) and
+"authors_emergence" (theory's expansion flow from a small-init start to its emergence end).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
-from numerics import external
+from numerics import cost, external
 from numerics.config import ProblemConfig
-from numerics.experiments import cached, identity, one_thread
+from numerics.engine import kind, kind_of
+from numerics.experiments import one_thread
+from numerics.seeds import case_seed
 from numerics.train import TrainConfig, train_many
 
-__all__ = ["AuthorsRun", "AuthorsResult", "datagenerator_blocks", "train_runs", "checkpoint", "in_background",
+__all__ = ["AuthorsRun", "AuthorsResult", "datagenerator_blocks", "train_runs", "checkpoint", "emergence",
            "AUTHORS_DX", "AUTHORS_L", "AUTHORS_LR", "AUTHORS_BATCH", "AUTHORS_INITS"]
 
 AUTHORS_DX = 50
@@ -133,7 +141,8 @@ class AuthorsResult:
     """A trained run: ``snapshots`` ((their step, our t, weights {K, Q, V, O} as float64 arrays)),
     ``records`` (the trainer's records: t, batch loss, omega, mu, residual), the batched
     program's size and cost (``seconds``, ``cpu_seconds``: the run's share of its program's),
-    or ``error`` (the run diverged: its message)."""
+    or ``error`` (the run diverged: its message); ``held_out_prompts`` of ``held_out_seed``: the
+    held-out prompts its checkpoints are audited on (claims.model_audit), named with the run."""
 
     run: AuthorsRun
     snapshots: tuple = field(repr=False)
@@ -142,18 +151,15 @@ class AuthorsResult:
     cpu_seconds: float = 0.0
     batched_runs: int = 1
     error: Optional[str] = None
-
-
-def train_runs(runs, progress: Callable[[str, float], None] = lambda message, fraction: None) -> list[AuthorsResult]:
-    """Train ``runs`` (AuthorsRun) with numerics.train.train_many, once per process and list
-    (numerics.experiments.cached); one entry per run, in order."""
-    runs = list(runs)
-    key = identity("authors_runs", runs=[r.__dict__ for r in runs])
-    return cached(key, lambda: _train_runs(runs, progress))
+    held_out_prompts: int = 0
+    held_out_seed: int = 0
 
 
 @one_thread
-def _train_runs(runs: list, progress) -> list[AuthorsResult]:
+def train_runs(runs) -> list[AuthorsResult]:
+    """Train ``runs`` (AuthorsRun) with numerics.train.train_many, the runs of one shape (tasks, H,
+    batch, device, dtype) as one program; one entry per run, in order (a run that diverged: its
+    ``error``)."""
     snaps: list = [[] for _ in runs]
 
     def keeper(i):
@@ -162,17 +168,11 @@ def _train_runs(runs: list, progress) -> list[AuthorsResult]:
             snaps[i].append((int(step), float(t), w))       # a step is one of theirs (at lr / m)
         return on_record
 
-    # train_many groups by shape and trains the groups one after another: train them one shape at a
-    # time here, so the progress says which
     out: list = [None] * len(runs)
     shapes: dict = {}
     for i, r in enumerate(runs):
         shapes.setdefault((r.tasks, r.heads, r.batch, r.device, r.dtype), []).append(i)
-    done = 0
-    total = sum(r.steps for r in runs)
-    for (tasks, heads, batch, _, _), members in shapes.items():
-        progress(f"training tasks {','.join(map(str, tasks))}, H = {heads}: {len(members)} run(s) x "
-                 f"{max(runs[i].steps for i in members)} steps (their SGD steps, batch {batch})", done / max(total, 1))
+    for members in shapes.values():
         t0 = time.perf_counter()
         results = train_many([runs[i].cfg for i in members], [runs[i].tcfg for i in members],
                              on_record=[keeper(i) for i in members])
@@ -184,7 +184,6 @@ def _train_runs(runs: list, progress) -> list[AuthorsResult]:
                 continue
             out[i] = AuthorsResult(run, tuple(snaps[i]), tuple(res.trajectory), res.wall_seconds, res.cpu_seconds,
                                    res.batched_runs)
-        done += sum(runs[i].steps for i in members)
     return out
 
 
@@ -208,15 +207,103 @@ def checkpoint(result: AuthorsResult, k: int) -> external.ExternalModel:
                                 f"init {run.init}, init_seed {run.init_seed}, data seed {run.seed}",))
 
 
-def in_background(fn: Callable, *args, **kwargs) -> tuple[Future, ProcessPoolExecutor]:
-    """``fn(*args, **kwargs)`` in a fresh process (spawned: safe beside CUDA and forked report
-    workers), with one torch thread: CPU work (theory's quadratures and searches) that runs while
-    this process trains.  Returns (future, executor); the caller shuts the executor down."""
-    import multiprocessing
+def emergence(run: AuthorsRun) -> Optional[dict]:
+    """Theory's expansion flow from a small-init run's start: when its emergence ends (in our time
+    and in their steps) -- reported, so a reader sees how far the run is from it; None for a start
+    off D (no reduced flow starts there)."""
+    if run.init != "authors_small":
+        return None
+    from numerics.model import initial_values
+    from theory.three_phases import run_length
 
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-    return pool.submit(_one_thread_call, fn, args, kwargs), pool
+    om0, mu0 = initial_values(run.cfg)
+    try:
+        t2, status = run_length(om0, mu0, run.tasks, run.L, 0.0, "factored", run.logit_scale, lr=run.our_lr, factor=1.0)
+    except (RuntimeError, ValueError) as exc:
+        return {"t": None, "status": f"{type(exc).__name__}: {exc}"}
+    if not math.isfinite(t2):
+        return {"t": None, "status": status}
+    return {"t": float(t2), "steps": int(round(t2 / run.our_lr)), "status": status}
 
 
-def _one_thread_call(fn, args, kwargs):
-    return one_thread(fn)(*args, **kwargs)
+# ---------------------------------------------------------------------------------------
+# need kinds (numerics.engine)
+# ---------------------------------------------------------------------------------------
+
+CPU_SAMPLE_NS = 3.7
+CPU_MODEL_NS = 0.45
+"""Fitted to the reduced run's training CPU seconds (one thread, load ~7 per core): 0.34 s a step at
+tasks (16, 17, 17), H = 3, 0.58 at H = 8 (a program of the two starts, 5.3e7 context numbers drawn
+once: CPU_SAMPLE_NS per number drawn, CPU_MODEL_NS per number, head and run)."""
+AUDIT_CHECKPOINT_SECONDS = 1.45
+"""CPU seconds to measure one checkpoint at 4096 held-out prompts (readout, two evaluations), at
+the stated sizes (d_x = 50, L = 100)."""
+
+
+def _run_of(settings: dict, seed: int) -> AuthorsRun:
+    """The run a need of seed ``seed`` names: its settings, its prompts drawn from ``seed`` (the
+    two starts of a shape name one stream: one draw a step), its start from the stream "init"."""
+    return AuthorsRun(**settings, seed=seed, init_seed=case_seed(seed, "init"))
+
+
+def _run_cost(dy, heads, steps, dx, L, batch, snapshots, held_out, **_) -> float:
+    """CPU seconds of one run and of the audit of its checkpoints: the training step's share of its
+    program (the two starts of a shape draw their prompts once: half the draw each), and
+    ``snapshots`` checkpoints measured on ``held_out`` prompts by the audit (claims.model_audit, in
+    the comparison: numerics cannot call the claims layer, so the run that makes the checkpoints
+    carries their price)."""
+    numbers = batch * L * (dx + dy)
+    train = steps * numbers * 1e-9 * (CPU_SAMPLE_NS / len(AUTHORS_INITS) + CPU_MODEL_NS * heads)
+    return train + snapshots * AUDIT_CHECKPOINT_SECONDS * held_out / 4096
+
+
+def _shape(dx, dy, heads, L, batch, device, dtype, **_) -> tuple:
+    """What the runs trained as one program share (numerics.train.train_many's groups)."""
+    return (datagenerator_blocks(dx, dy), heads, L, batch, device, dtype)
+
+
+def _trained(params: list, seeds: list) -> list:
+    """The runs of ``params`` (needs' parameters) trained together (:func:`train_runs`), each with
+    the held-out prompts its audit measures."""
+    settings = [{k: v for k, v in p.items() if k != "held_out"} for p in params]
+    results = train_runs([_run_of(s, seed) for s, seed in zip(settings, seeds)])
+    return [dataclasses.replace(r, held_out_prompts=int(p["held_out"]), held_out_seed=case_seed(seed, "held out"))
+            for r, p, seed in zip(results, params, seeds)]
+
+
+@kind("authors_run", cost=_run_cost, run_many=_trained, batch_key=_shape)
+def authors_run_need(seed: int, **params) -> AuthorsResult:
+    """One run of their experiment (:class:`AuthorsRun`'s settings, ``held_out`` prompts per
+    checkpoint for its audit); the runs of one shape from any claims train as one program."""
+    return _trained([params], [seed])[0]
+
+
+def _references_cost(tasks, heads, L, sigma, search, skip, **_) -> float:
+    """CPU seconds of numerics.reference_points.references_for_heads: the fixed point's quadrature,
+    the one-head optimum (m > 1; with one task it is the fixed point), the best decomposable point
+    per H (its kind's price); linear attention is a closed form."""
+    seconds = 0.0
+    if "allocated_fixed_point" not in skip and max(heads) >= len(tasks):
+        seconds += cost.theory_seconds("exact_fixed_point", tasks=tasks)
+    if "one_head_optimum" not in skip and len(tasks) > 1:
+        seconds += cost.SINGLE_HEAD_SECONDS * (sum(tasks) / 4.0) ** cost.SINGLE_HEAD_POWER
+    if "best_decomposable" not in skip:
+        best = kind_of("best_decomposable").cost
+        seconds += sum(best(tasks=tasks, heads=H, L=L, sigma=sigma, device="cpu", **dict(search)) for H in heads)
+    return seconds
+
+
+@kind("reference_points", cost=_references_cost, shared=False)
+def reference_points_need(tasks, heads, L, sigma, search, skip, seed):
+    """numerics.reference_points.references_for_heads at (tasks, L, sigma) for ``heads`` on the CPU
+    ({H: references}), ``skip`` the points not computed; the best decomposable point's search drawn
+    from the need's seed."""
+    from numerics.reference_points import references_for_heads
+    return references_for_heads(tuple(tasks), list(heads), L, sigma, seed, "cpu", dict(search), skip=tuple(skip))
+
+
+@kind("authors_emergence", cost=lambda **_: cost.theory_seconds("phase_prediction"), shared=False)
+def emergence_need(seed: int, **settings) -> Optional[dict]:
+    """:func:`emergence` of the run of ``settings`` (its start: a need of its run's stream has its
+    run's seed, so its init seed; priced as claim 3's forecast, run_length and its phases)."""
+    return emergence(_run_of(settings, seed))

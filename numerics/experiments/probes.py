@@ -13,11 +13,12 @@ they never loop).
   (:func:`expansion_gaps`);
 - claim 7: the signed decomposable search with H shared heads (:func:`decomposable_search`,
   and its best point, :func:`best_decomposable`, also used by the boundary rows of claims 5-6),
-  the full merged models trained from random starts (:func:`candidates_at_heads`) and the
-  constant at 2m heads over L (:func:`constant_rows`).
+  the full merged models trained from random starts (:func:`full_merged_start`), the table of
+  candidates at H (:func:`candidates_at_heads`), the best point run as a full model
+  (:func:`best_as_full_model`) and the constant at 2m heads at one L (:func:`constant_row`).
 
 Every function runs with one torch thread (``numerics.experiments.one_thread``); the searches,
-which other claims may ask for again, are cached by their full identity.  The runs claims 1 and 2
+which other claims may ask for again, are cached by their full identity.  The runs claims 1, 2 and 7
 plan are need kinds (``numerics.engine``), registered beside the function each runs.
 """
 from __future__ import annotations
@@ -445,8 +446,7 @@ def decomposable_search(tasks, H: int, L: int, sigma: float, seed: int, device="
     """Cached: see :class:`DecomposableSearch`.  Every omega and mu free (signs free, heads
     shared between tasks), one local search per start (numerics.exact_reduced.minimise_family)
     on a fit sample of ``fit_elements`` (prompts x H x L), evaluated on ``eval_prompts`` paired
-    prompts.  Seeds: allocated minimum ``seed``, fit sample ``seed + 1``, evaluation ``seed + 2``,
-    random starts ``seed + 17``."""
+    prompts.  Seeds: the cases "allocated fit", "fit", "evaluation" and "random starts" of ``seed``."""
     tasks = tuple(int(r) for r in tasks)
     key = identity("decomposable_search", tasks=tasks, H=int(H), L=int(L), sigma=float(sigma), seed=int(seed),
                    device=str(device), random_starts=int(random_starts), fit_elements=int(fit_elements),
@@ -458,12 +458,13 @@ def decomposable_search(tasks, H: int, L: int, sigma: float, seed: int, device="
 @one_thread
 def _decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_elements, eval_prompts):
     m = len(tasks)
-    alloc = allocated_minimum(tasks, L, sigma, seed, device, fit_elements)
+    alloc = allocated_minimum(tasks, L, sigma, case_seed(seed, "allocated fit"), device, fit_elements)
     full = np.ones((H, m), bool)
     n_fit = max(128, fit_elements // (H * L))
-    decs = [minimise_family(tasks, L, sigma, full, full, [start], seed + 1, n_fit=n_fit,
+    decs = [minimise_family(tasks, L, sigma, full, full, [start], case_seed(seed, "fit"), n_fit=n_fit,
                             family=f"{H} shared heads from {name}", device=device)
-            for name, start in th_opt.search_starts(tasks, H, alloc.omega, random_starts, seed + 17)]
+            for name, start in th_opt.search_starts(tasks, H, alloc.omega, random_starts,
+                                                    case_seed(seed, "random starts"))]
     fixed = []
     if H >= m:
         om, mu_ = np.zeros((H, m)), np.zeros((H, m))
@@ -473,7 +474,7 @@ def _decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_el
         om, mu_ = th_opt.linear_attention_point(tasks, H, 1e-3, th_opt.linear_attention_scale(tasks, L, sigma))
         fixed.append(FamilyMinimum(f"{H} heads: linear-attention construction", tasks, L, sigma, om, mu_, math.nan))
     decs = fixed + decs
-    measure([alloc] + decs, eval_prompts, seed + 2, device)
+    measure([alloc] + decs, eval_prompts, case_seed(seed, "evaluation"), device)
     return DecomposableSearch(allocated=alloc, candidates=tuple(decs), fixed=len(fixed))
 
 
@@ -516,83 +517,28 @@ def _best_index(s: DecomposableSearch) -> tuple[int, float, float]:
     return k, ratios[k][0], ratios[k][1]
 
 
-@one_thread
-def candidates_at_heads(tasks, H: int, L: int, sigma: float, seed: int, device="cpu", *, random_starts: int,
-                        full_starts: int, fit_elements: int, eval_prompts: int, train_lr: float, train_time: float,
-                        train_batch: int, init_scale: float, held_out_prompts: int, extra: Optional[dict] = None,
-                        progress=None) -> dict:
-    """The gradient-flow limit and every H-head candidate: the decomposable search
-    (:func:`decomposable_search`) and ``full_starts`` full MERGED models (W_h, U_h free) trained
-    from random full starts (start k: init seed and prompt stream from numerics.seeds.case_seed
-    of ``seed`` and ("random full start", k, "init" / "prompts")), each
-    measured again at its final weights on ``held_out_prompts`` fresh prompts.  Each candidate
-    with its loss, standard error and constant C = limit / candidate (paired with the limit for
-    a decomposable point, independent for a trained model); ``extra``: basis/dtype/logit_scale
-    of the full models."""
-    s = decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_elements, eval_prompts)
-    alloc, decs = s.allocated, s.candidates
+def candidates_at_heads(search: DecomposableSearch, full_runs: Sequence[dict]) -> dict:
+    """The gradient-flow limit and every H-head candidate, from the decomposable search
+    (:func:`decomposable_search`) and the full merged models (:func:`full_merged_start`):
+    each candidate with its loss, standard error and constant C = limit / candidate (paired with
+    the limit for a decomposable point, independent for a trained model), the best, the spread
+    of C per kind of candidate, and the best decomposable point."""
+    alloc, decs = search.allocated, search.candidates
     rows = []
     for k, fm in enumerate(decs):
         C, se = paired_ratio(alloc.per_prompt, fm.per_prompt)
-        rows.append({"kind": "construction" if k < s.fixed else "decomposable search", "start": fm.family,
+        rows.append({"kind": "construction" if k < search.fixed else "decomposable search", "start": fm.family,
                      "loss": fm.loss, "se": fm.se, "C": C, "C_se": se,
                      "omega": np.round(fm.omega, 4).tolist(), "mu": np.round(fm.mu, 3).tolist()})
-    for k in range(full_starts):
-        if progress is not None:
-            progress(f"optimality: full merged model, H={H}, start {k}", 0.0)
-        stream = case_seed(seed, "random full start", k, "prompts")     # training, then held-out prompts
-        cfg = ProblemConfig(tasks=tuple(tasks), heads=H, L=L, sigma=sigma, param="merged", init="random_full",
-                            init_scale=init_scale, init_seed=case_seed(seed, "random full start", k, "init"),
-                            device=device, **(extra or {}))
-        tcfg = TrainConfig(lr=train_lr, time=train_time, batch=train_batch, seed=stream, records=17)
-        window, snaps = last_quarter(tcfg.record_steps()), []
-
-        def keep(step, t, model, loss):
-            if step in window:
-                snaps.append((t, copy.deepcopy(model)))
-        try:
-            res = train(cfg, tcfg, on_record=keep)
-        except TrainingDiverged as exc:
-            rows.append({"kind": "full merged", "start": f"random full {k}", "diverged": str(exc)})
-            continue
-        est = held_out_loss(res.final_model, n=held_out_prompts, seed=stream)
-        C = alloc.loss / est.mean
-        C_se = C * math.hypot(alloc.se / alloc.loss, est.se / est.mean)
-        # the one convergence test (numerics.experiments.converged) at the tolerance of the comparison the
-        # candidate's loss feeds, C's Z standard errors on the loss scale with the final iterate's fluctuation
-        d = stage_descent(snaps, held_out_prompts, stream)       # None: under 3 records to fit
-        tol = stage_tolerance(est.mean * C_se / C, d.jitter if d is not None else 0.0)
-        left = d.left if d is not None else math.inf
-        rows.append({"kind": "full merged", "start": f"random full {k}", "loss": est.mean, "se": est.se, "C": C,
-                     "C_se": C_se, "off_D_residual": float(res.trajectory[-1].residual), "steps": res.steps,
-                     "descent_left": left, "descent": d.to_dict() if d is not None else None,
-                     "convergence_tolerance": tol, "converged": converged_for({"descent_left": left}, tol)})
+    rows += [full_model_row(run, alloc) for run in full_runs]
     done = [r for r in rows if "C" in r]
-    best = max(done, key=lambda r: r["C"])
-    best_dec = decs[int(np.argmax([r["C"] for r in rows[:len(decs)]]))]
     spread = {kind: [min(r["C"] for r in done if r["kind"] == kind), max(r["C"] for r in done if r["kind"] == kind)]
               for kind in ("construction", "decomposable search", "full merged") if any(r["kind"] == kind for r in done)}
-    return {"H": H, "L": L, "tasks": list(tasks), "sigma": sigma, "allocated": alloc.summary(), "candidates": rows,
-            "best": best, "spread": spread, "starts": {"decomposable search": len(decs) - s.fixed,
-                                                       "full merged": full_starts},
-            "best_decomposable": best_dec}
-
-
-@one_thread
-def constant_rows(tasks, sigma: float, Ls: Sequence[int], seed: int, device="cpu", eval_elements: int = 2 ** 21,
-                  fit_elements: int = 2 ** 17) -> list[dict]:
-    """Per L: the limit and the best two-heads-per-task (2m heads) decomposable point on one
-    paired evaluation sample (the row at L: seeds s, s + 1, s + 2 for the limit's fit, the best
-    point's and the evaluation, s = numerics.seeds.case_seed(seed, "constant row", L)), and C(L)."""
-    rows = []
-    for L in Ls:
-        s = case_seed(seed, "constant row", L)
-        gf = allocated_minimum(tasks, L, sigma, s, device, fit_elements)
-        best = best_found_minimum(tasks, L, sigma, s + 1, 2, 0, device, fit_elements)
-        measure([gf, best], max(256, eval_elements // (best.omega.shape[0] * int(L))), s + 2, device)
-        C, se = paired_ratio(gf.per_prompt, best.per_prompt)
-        rows.append({"L": int(L), "constant": C, "se": se, "gf": gf.summary(), "best": best.summary()})
-    return rows
+    H = int(np.shape(decs[0].omega)[0])
+    return {"H": H, "L": alloc.L, "tasks": list(alloc.tasks), "sigma": alloc.sigma, "allocated": alloc.summary(),
+            "candidates": rows, "best": max(done, key=lambda r: r["C"]), "spread": spread,
+            "starts": {"decomposable search": len(decs) - search.fixed, "full merged": len(full_runs)},
+            "best_decomposable": decs[_best_index(search)[0]]}
 
 
 def _best_cost(tasks, heads, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
@@ -606,3 +552,116 @@ def best_decomposable_run(tasks, heads: int, L: int, sigma: float, device: str, 
                           eval_prompts: int, seed: int):
     return best_decomposable(tasks, heads, L, sigma, seed, device, random_starts=random_starts,
                                     fit_elements=fit_elements, eval_prompts=eval_prompts)
+
+
+# ---------------------------------------------------------------------------------------
+# claim 7's needs: the search at each H, the full merged models, the bridge, the constant over L
+# ---------------------------------------------------------------------------------------
+
+def _search_cost(tasks, H, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
+    # the allocated minimum, one L-BFGS-B search per start and every candidate on the evaluation sample
+    starts = (H >= len(tasks)) + (H >= len(tasks) + 1) + 1 + random_starts
+    return (exact_reduced.minima_seconds(tasks, L, 0, fit_elements)
+            + cost.fit_seconds(tasks, H, L, exact_reduced.fit_sample_size(H, L, fit_elements), starts=starts)
+            + cost.marginal_seconds(tasks, H, L, eval_prompts, points=starts + 1))
+
+
+@kind("decomposable_search", cost=_search_cost)
+def decomposable_search_run(tasks, H: int, L: int, sigma: float, device: str, random_starts: int, fit_elements: int,
+                            eval_prompts: int, seed: int) -> DecomposableSearch:
+    return decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_elements, eval_prompts)
+
+
+def _full_start_cost(tasks, H, L, extra, train_lr, train_time, train_batch, held_out_prompts, **_) -> float:
+    dtype = ProblemConfig(tasks=tuple(tasks), heads=H, L=L, **dict(extra)).dtype
+    return (cost.train_seconds(tasks, H, L, train_batch, round(train_time / train_lr), dtype=dtype)
+            + cost.forward_seconds(tasks, H, L, held_out_prompts))
+
+
+@kind("full_merged_start", cost=_full_start_cost)
+@one_thread
+def full_merged_start(tasks, H: int, L: int, sigma: float, start: int, device: str, init_scale: float, extra: tuple,
+                      train_lr: float, train_time: float, train_batch: int, held_out_prompts: int, seed: int) -> dict:
+    """A full MERGED model (W_h, U_h free) with H heads trained from random full start
+    ``start`` (init seed and prompt stream: numerics.seeds.case_seed of ``seed`` and ("random
+    full start", start, "init" / "prompts")), measured again at its final weights on
+    ``held_out_prompts`` fresh prompts, with the descent fit of its last quarter
+    (numerics.experiments.converged.stage_descent; None: under 3 records).  ``extra``:
+    basis/dtype/logit_scale (sorted items)."""
+    stream = case_seed(seed, "random full start", start, "prompts")     # training, then held-out prompts
+    cfg = ProblemConfig(tasks=tuple(tasks), heads=H, L=L, sigma=sigma, param="merged", init="random_full",
+                        init_scale=init_scale, init_seed=case_seed(seed, "random full start", start, "init"),
+                        device=device, **dict(extra))
+    tcfg = TrainConfig(lr=train_lr, time=train_time, batch=train_batch, seed=stream, records=17)
+    window, snaps = last_quarter(tcfg.record_steps()), []
+
+    def keep(step, t, model, loss):
+        if step in window:
+            snaps.append((t, copy.deepcopy(model)))
+    try:
+        res = train(cfg, tcfg, on_record=keep)
+    except TrainingDiverged as exc:
+        return {"kind": "full merged", "start": f"random full {start}", "diverged": str(exc)}
+    est = held_out_loss(res.final_model, n=held_out_prompts, seed=stream)
+    return {"kind": "full merged", "start": f"random full {start}", "loss": est.mean, "se": est.se,
+            "off_D_residual": float(res.trajectory[-1].residual), "steps": res.steps,
+            "descent": stage_descent(snaps, held_out_prompts, stream)}
+
+
+def full_model_row(run: dict, allocated) -> dict:
+    """A full merged model's row of the candidates (:func:`full_merged_start`): its constant
+    C = allocated / loss (independent estimates) and the one convergence test
+    (numerics.experiments.converged) at the tolerance of the comparison its loss feeds, C's
+    standard error on the loss scale with the final iterate's fluctuation."""
+    if "diverged" in run:
+        return run
+    d = run["descent"]
+    C = allocated.loss / run["loss"]
+    C_se = C * math.hypot(allocated.se / allocated.loss, run["se"] / run["loss"])
+    tol = stage_tolerance(run["loss"] * C_se / C, d.jitter if d is not None else 0.0)
+    left = d.left if d is not None else math.inf
+    return {"kind": run["kind"], "start": run["start"], "loss": run["loss"], "se": run["se"], "C": C, "C_se": C_se,
+            "off_D_residual": run["off_D_residual"], "steps": run["steps"], "descent_left": left,
+            "descent": d.to_dict() if d is not None else None, "convergence_tolerance": tol,
+            "converged": converged_for({"descent_left": left}, tol)}
+
+
+def _bridge_cost(search, n, **_) -> float:
+    tasks, H, L = search.args["tasks"], search.args["H"], search.args["L"]
+    return cost.forward_seconds(tasks, H, L, n) + cost.marginal_seconds(tasks, H, L, n)
+
+
+@kind("best_as_full_model", cost=_bridge_cost)
+@one_thread
+def best_as_full_model(search: DecomposableSearch, n: int, device: str, seed: int) -> dict:
+    """The search's best decomposable point (omega, mu) built as a full merged model, its loss
+    on ``n`` fresh whole prompts (held-out stream of ``seed``); and the reduced loss of the same
+    point with its logits doubled, (2 omega, mu), on ``n`` fresh reduced prompts."""
+    fm = search.candidates[_best_index(search)[0]]
+    cfg = ProblemConfig(tasks=tuple(fm.tasks), heads=np.shape(fm.omega)[0], L=fm.L, sigma=fm.sigma, param="merged",
+                        init="decomposable", device=device)
+    est = held_out_loss(MultiHeadAttention.from_semi_singular_values(cfg, fm.omega, fm.mu), n=n, seed=seed)
+    doubled = float(exact_reduced.evaluate([(2.0 * fm.omega, fm.mu)], fm.tasks, fm.L, fm.sigma, n,
+                                           case_seed(seed, "logits doubled"), device).mean())
+    return {"full_model": est, "doubled": doubled}
+
+
+def _row_cost(tasks, L, eval_elements, fit_elements, **_) -> float:
+    H = 2 * len(tasks)
+    return (exact_reduced.minima_seconds(tasks, L, 0, fit_elements)
+            + cost.fit_seconds(tasks, H, L, exact_reduced.fit_sample_size(H, L, fit_elements), starts=2)
+            + cost.marginal_seconds(tasks, H, L, max(256, eval_elements // (H * L)), points=2))
+
+
+@kind("constant_row", cost=_row_cost)
+@one_thread
+def constant_row(tasks, sigma: float, L: int, device: str, eval_elements: int, fit_elements: int, seed: int) -> dict:
+    """The limit and the best two-heads-per-task (2m heads) decomposable point at L on one
+    paired evaluation sample, and C(L) (the limit's fit, the best point's and the evaluation
+    drawn from the cases "limit fit", "best fit" and "evaluation" of ``seed``)."""
+    gf = allocated_minimum(tasks, L, sigma, case_seed(seed, "limit fit"), device, fit_elements)
+    best = best_found_minimum(tasks, L, sigma, case_seed(seed, "best fit"), 2, 0, device, fit_elements)
+    measure([gf, best], max(256, eval_elements // (best.omega.shape[0] * int(L))), case_seed(seed, "evaluation"),
+            device)
+    C, se = paired_ratio(gf.per_prompt, best.per_prompt)
+    return {"L": int(L), "constant": C, "se": se, "gf": gf.summary(), "best": best.summary()}

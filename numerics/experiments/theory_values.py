@@ -6,8 +6,17 @@ from __future__ import annotations
 from numerics import cost
 from numerics.engine import kind
 
+CALL_SECONDS = {
+    "constant_bracket": lambda tasks, *_: cost.theory_seconds("exact_fixed_point", tasks=tasks),   # its quadrature
+    "gap_ladder": lambda r, Ls, *_: 0.3 * len(Ls),      # theory.exact's loss per L (0.02-0.7 s measured)
+    "predicted_winners": lambda *_: 0.5,                # an expansion flow to the race's end (0.4 s measured)
+}
+"""CPU seconds of the theory values not in ``numerics.cost.THEORY_SECONDS``, from their arguments."""
+
 
 def _theory_cost(fn: str, args: tuple) -> float:
+    if fn in CALL_SECONDS:
+        return CALL_SECONDS[fn](*args)
     return cost.theory_seconds(fn, tasks=args[0]) if fn in cost.THEORY_SECONDS else 0.1
 
 
@@ -36,7 +45,8 @@ def _phase_prediction(omega0, mu0, tasks, L, sigma, param, logit_scale, lr, fact
 
 def _theory_functions() -> dict:
     """The theory values a plan may ask for, by name."""
-    from theory import exact, initialisation, limiting_error, reduced_ode, saddle, task_allocation, three_phases
+    from theory import (exact, expansion_gap, initialisation, limiting_error, optimality, reduced_ode, saddle,
+                        task_allocation, three_phases)
     return {"exact_fixed_point": exact.exact_fixed_point, "finite_L_gain": exact.finite_L_gain,
             "single_head_optimum": exact.single_head_optimum, "limit_multi": limiting_error.limit_multi,
             "gain": limiting_error.gain, "exact_flow": exact.exact_flow,
@@ -45,5 +55,6 @@ def _theory_functions() -> dict:
             "allocation_horizon": task_allocation.horizon,
             "allocation_prediction": task_allocation.allocation_prediction,
             "max_growth_rate": saddle.max_growth_rate, "saddle_allocated_point": saddle.allocated_point,
-            "off_task_slope": saddle.off_task_slope, "predicted_winners": task_allocation.predicted_winners,
+            "off_task_slope": saddle.off_task_slope, "constant_bracket": optimality.constant_bracket,
+            "gap_ladder": expansion_gap.gap_ladder, "predicted_winners": task_allocation.predicted_winners,
             "default_start_winners": initialisation.default_start_winners}

@@ -34,3 +34,29 @@ def test_findings_come_from_the_numbers(four_point_sweep, tmp_path):
             f.write_text(json.dumps(rec))
     after = [f.text for f in noise.run(sweep=str(D)).findings]
     assert before != after
+
+
+def test_a_point_the_sweep_does_not_hold_is_reported_not_trained(four_point_sweep, tmp_path):
+    """A grid point whose file is gone and one stored as failed: neither is trained nor compared;
+    both are in details["unheld_points"] with why, and the panel is built from what is held."""
+    D = tmp_path / "D"
+    shutil.copytree(four_point_sweep, D)
+    gone = failed = None
+    for f in sorted((D / "points").glob("*.json")):
+        rec = json.loads(f.read_text())
+        panel = rec["point"]["train"]["panel"]
+        if panel == "heads":
+            gone = rec["id"]
+            f.unlink()
+        elif panel == "batch":
+            failed = rec["id"]
+            rec.update(result=None, error="Traceback ...\nRuntimeError: boom")
+            f.write_text(json.dumps(rec))
+    res = claims.spec_of(ID).run(sweep=str(D))
+    assert res.verdict != "error" and res.details["sweep_runs"] == 1, res.details.get("error")
+    unheld = {u["id"]: u for u in res.details["unheld_points"]}
+    assert res.details["missing_points"] == 2 and set(unheld) == {gone, failed}
+    assert unheld[gone]["why"] == "no usable record (absent)" and unheld[gone]["panel"] is None
+    assert unheld[failed]["why"] == "failed: RuntimeError: boom" and unheld[failed]["panel"] == "batch"
+    batch = claims.spec_of("atlas-batch").run(sweep=str(D))
+    assert batch.verdict == "error" and "holds no finished atlas point of panel 'batch'" in batch.details["error"]

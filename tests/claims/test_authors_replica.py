@@ -3,15 +3,16 @@ claims.authors_replica, the inits ``linear_default`` and ``authors_small``).
 
 Default suite: their DataGenerator's blocks, the unit conversion (their MSELoss step at lr is ours at
 lr / m), the two inits against their definitions (nn.Linear's kaiming-uniform bound; K = Q = a c I,
-the OV diagonal), the CPU note, and the whole id at its tiny profile (seconds).  ``--e2e``: the
-reduced CPU run at their sizes (a few minutes on 2 cores); ``--thorough``: the background pieces of theory's reference points
-against one call."""
+the OV diagonal), the CPU note, the plan, and the whole id at its tiny profile (seconds).  ``--e2e``:
+the reduced CPU run at their sizes (a few minutes on 2 cores); ``--thorough``: the pieces of theory's
+reference points against one call."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
+import claims
 from claims import OPT_IN, REGISTRY
 from claims import authors_replica as ar
 from numerics.config import ProblemConfig
@@ -109,11 +110,27 @@ def test_profile_is_opt_in_and_reduced_on_a_cpu():
     assert "t = 0.1 (of 50) at d_y = 3" in note and "one-sidedly" in note and "undecided" in note
     run, note = ar.effective(ar.PROFILES["authors"], "cuda")
     assert run is ar.STATED and note is None
-    runs = ar.runs_of(ar.STATED, "cpu", 0)
-    assert len(runs) == 8 and {(r.tasks, r.heads) for r in runs} == {((16, 17, 17), 3), ((16, 17, 17), 8),
-                                                                      ((50,), 3), ((50,), 8)}
-    assert [r.init for r in runs[:2]] == ["linear_default", "authors_small"]
-    assert ar.estimate(ar.PROFILES["authors"]) < 600        # the CPU's reduced run: minutes
+
+
+def test_plan_is_the_eight_runs_their_references_and_flows():
+    """The plan (trains nothing): eight runs, one program per shape (the two starts of a shape on
+    one prompt stream), theory's points in pieces per task split, the small inits' flows."""
+    from numerics.engine import jobs_of
+
+    plan = claims.plan_of("authors-replica", "authors")           # on the CPU: the reduced run
+    runs = [n for n in plan if n.kind == "authors_run"]
+    assert len(runs) == 8 and {(authors.datagenerator_blocks(n.args["dx"], n.args["dy"]), n.args["heads"])
+                               for n in runs} == {((16, 17, 17), 3), ((16, 17, 17), 8), ((50,), 3), ((50,), 8)}
+    assert [n.args["init"] for n in runs[:2]] == ["linear_default", "authors_small"]
+    assert all(n.args["steps"] == 30 and n.args["held_out"] == 4096 for n in runs)
+    assert sorted(len(j) for j in jobs_of(runs)) == [2, 2, 2, 2]
+    assert runs[0].seed(0) == runs[1].seed(0) != runs[2].seed(0)    # one prompt stream per shape
+    pieces = [n for n in plan if n.kind == "reference_points"]
+    assert sorted((len(n.args["tasks"]), n.args["heads"]) for n in pieces) == [
+        (1, (3,)), (1, (3, 8)), (1, (8,)), (3, (3,)), (3, (3, 8)), (3, (8,))]   # shared, best at H = 3, 8
+    flows = [n for n in plan if n.kind == "authors_emergence"]
+    assert len(flows) == 4 and all(n.stream == r.stream for n, r in zip(flows, runs[1::2]))
+    assert claims.estimate_seconds("authors-replica", "authors") < 600        # the CPU's reduced run: minutes
 
 
 def test_tiny_trains_audits_and_stays_undecided():
@@ -161,20 +178,26 @@ def test_reduced_cpu_run_at_their_sizes():
 
 @pytest.mark.thorough
 def test_theory_pieces_assemble_to_references_for_heads():
-    """The background pieces (one process each in the stated run) give what one call gives
-    (thorough: theory's points twice, about 20 CPU s)."""
+    """The pieces of theory's reference points (needs computed side by side) give what one call
+    gives (thorough: theory's points twice, about 20 CPU s)."""
+    from numerics.engine import Engine
     from numerics.reference_points import references_for_heads
 
     search = {"random_starts": 1, "fit_elements": 2 ** 12, "eval_prompts": 256}
-    args = ((2, 1), [2, 3], 8, 0.0, 0, "cpu", search)
-    pieces = ar._pieces(args, ())
-    assert [p[0] for p in pieces] == ["shared", "one_head", ("best", 2), ("best", 3)]
-    got = ar._assemble({name: fn(*fa, **fk) for name, fn, fa, fk in pieces})
-    want = references_for_heads(*args)
+    p = ar.AuthorsProfile(dx=3, dys=(2,), heads=(2, 3), L=8, skip=(), search=tuple(sorted(search.items())))
+    needs = ar.reference_needs(p, (2, 1))
+    assert list(needs) == ["shared", "one_head", ("best", 2), ("best", 3)]
+    done = Engine(seed=0).run(needs.values())
+    got = ar._assemble({piece: done[n] for piece, n in needs.items()})
+    want = references_for_heads((2, 1), [2, 3], 8, 0.0, 0, "cpu", search, skip=("best_decomposable",))
     assert sorted(got) == [2, 3]
     for H in (2, 3):
+        # the best decomposable point is a search drawn from its own piece's seed
+        want[H]["best_decomposable"] = references_for_heads((2, 1), [H], 8, 0.0, needs[("best", H)].seed(0), "cpu",
+                                                             search)[H]["best_decomposable"]
         for name in ("allocated_fixed_point", "one_head_optimum", "best_decomposable", "linear_attention"):
             assert got[H][name]["available"] and math.isclose(got[H][name]["loss"], want[H][name]["loss"],
                                                               rel_tol=1e-12), (H, name)
         assert got[H]["linear_attention"]["reachable"] == want[H]["linear_attention"]["reachable"]
-    assert [p[0] for p in ar._pieces(((4,), [3], 8, 0.0, 0, "cpu", search), ("best_decomposable",))] == ["shared"]
+    one_task = ar.AuthorsProfile(dx=4, dys=(1,), heads=(3,), L=8, skip=("best_decomposable",))
+    assert list(ar.reference_needs(one_task, (4,))) == ["shared"]

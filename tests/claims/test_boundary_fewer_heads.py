@@ -7,6 +7,7 @@ from hypothesis import example, given, note, strategies as st
 
 from claims import boundaries as claim
 from numerics.config import ProblemConfig
+from numerics.engine import Engine
 from numerics.train import TrainConfig
 from training_draws import HEAVY, sigma_st
 
@@ -27,8 +28,10 @@ def test_fewer_heads(tasks, fewer, sigma, L, seed, init_seed):
     both recorded in docs/claims_5_7.md."""
     heads = max(1, len(tasks) - fewer)
     cfg = ProblemConfig(tasks=tasks, heads=heads, L=L, sigma=sigma, init="random_decomposable", init_seed=init_seed)
-    tcfg = TrainConfig(lr=0.2, time=40.0, batch=256, seed=seed, records=9)
-    c = claim.check_fewer_heads(cfg, tcfg, n_eval=6000, seed=seed)
+    tcfg = TrainConfig(lr=0.2, time=40.0, batch=256, records=9)
+    needs = claim.fewer_needs(cfg, tcfg, 6000)
+    results = Engine(seed=seed).run(needs)
+    c = claim.check_fewer_heads(cfg, 6000, *(results[n] for n in needs))
     note(c.explain())
     print(f"[boundary H<m] {c.name}: {c.measured} vs {c.predicted}; judged winners: {c.details['winners_judged']}")
     alloc = c.perturbations[0].details["predicted"]

@@ -8,6 +8,7 @@ from hypothesis import given, note, strategies as st
 
 from claims import boundaries as claim
 from numerics.config import ProblemConfig
+from numerics.engine import Engine
 from numerics.train import TrainConfig
 from training_draws import HEAVY, sigma_st
 
@@ -19,13 +20,32 @@ def test_merged_superposition(tasks, sigma, L, seed):
     """Inside the domain (H = m >= 2): merged superposed, factored allocated, merged lower;
     both perturbed patterns rejected.  Outside (H = m + 1, m = 1): the check refuses clearly."""
     # the superposition forms on a time scale ~ L (claims.boundaries.SUPERPOSITION_SHARE): L <= 32, t = 40
-    tcfg = TrainConfig(lr=0.1, time=40.0, batch=256, seed=seed, records=5)
+    tcfg = TrainConfig(lr=0.1, time=40.0, batch=256, records=5)
     for outside in (ProblemConfig(tasks=tasks, heads=len(tasks) + 1, L=L), ProblemConfig(tasks=tasks[:1], heads=1, L=L)):
         with pytest.raises(ValueError, match="heads == m >= 2"):
-            claim.check_merged_superposition(outside, tcfg, n_eval=4000, seed=seed)
-    c = claim.check_merged_superposition(ProblemConfig(tasks=tasks, heads=len(tasks), L=L, sigma=sigma), tcfg,
-                                         n_eval=8000, seed=seed)
+            claim.merged_needs(outside, tcfg, 4000)
+    cfg = ProblemConfig(tasks=tasks, heads=len(tasks), L=L, sigma=sigma)
+    needs = claim.merged_needs(cfg, tcfg, 8000)
+    results = Engine(seed=seed).run(needs)
+    c = claim.check_merged_superposition(cfg, 8000, *(results[n] for n in needs))
     note(c.explain())
     print(f"[boundary merged] {c.name}: {c.measured}")
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
+
+
+def test_reduced_flows_of_one_shape_are_one_program():
+    """Reduced flows of one shape and batch asked together (by any claims) are computed as one
+    program (numerics.train.train_reduced_many), each the flow computed alone to rounding, on
+    its own need's prompt stream."""
+    from numerics.engine import clear_memo, jobs_of, need
+    tcfg = TrainConfig(lr=0.1, time=2.0, batch=64, records=3)
+    needs = [need("reduced_flow", cfg=ProblemConfig(tasks=(1, 2), heads=2, L=16, sigma=s), tcfg=tcfg)
+             for s in (0.0, 0.5)]
+    assert [len(job) for job in jobs_of(needs)] == [2]
+    together = Engine(seed=3).run(needs)
+    clear_memo()
+    for n in needs:
+        alone = Engine(seed=3).run([n])[n]
+        assert together[n].batched_runs == 2 and alone.train.seed == together[n].train.seed == n.seed(3)
+        assert abs(alone.omega - together[n].omega).max() < 1e-12 and abs(alone.mu - together[n].mu).max() < 1e-12

@@ -8,6 +8,7 @@ import math
 from hypothesis import given, note, strategies as st
 
 from claims import expansion_limits as limits
+from numerics.engine import Engine
 from training_draws import sigma_st
 
 
@@ -16,7 +17,8 @@ def test_saturation(r, L, sigma, seed):
     """The expansion is finite exactly below theory's edge (omega = 1/sqrt 2) and +inf beyond,
     the exact loss finite everywhere, and the expansion's error grows toward the edge; the edge
     at 1/sqrt 6 is rejected."""
-    c = limits.check_saturation(r, L, (0.05, 0.45, 0.65, 0.8), sigma, n_eval=4000, seed=seed)
+    scan = limits.saturation_need(r, L, (0.05, 0.45, 0.65, 0.8), sigma, 4000)
+    c = limits.check_saturation(r, L, sigma, Engine(seed=seed).run([scan])[scan])
     note(c.explain())
     assert abs(c.details["edge"] - 1 / math.sqrt(2)) < 1e-12, c.explain()
     assert c.agrees, c.explain()

@@ -17,7 +17,9 @@ from claims import boundaries as claim
 from claims import expansion_limits as limits
 from claims.common import Z_SE
 from numerics.config import ProblemConfig
+from numerics.engine import Engine
 from numerics.train import TrainConfig
+from theory.expansion_gap import gap_ladder
 from training_draws import sigma_st
 
 tasks_st = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
@@ -29,7 +31,7 @@ def test_expansion_coefficient(tasks, sigma):
     local exponent is nearer -2 than -1 and the wrong-coefficient exponent -1 is rejected;
     outside (r = 1, 2) the exponents steepen below -1 and flattening is rejected."""
     for r in sorted(set(tasks)):
-        c = limits.check_expansion_coefficient(r, (4096, 16384, 65536), sigma)
+        c = limits.check_expansion_coefficient(r, sigma, gap_ladder(r, (4096, 16384, 65536), sigma))
         note(c.explain())
         print(f"[boundary small L] r={r} sigma={sigma}: exponents {c.details['local_exponents']} "
               f"(in O(L^-2) domain: {c.details['in_domain']})")
@@ -42,7 +44,8 @@ def test_expansion_coefficient(tasks, sigma):
 def test_monte_carlo_measures_the_exact_loss(r, L, sigma, seed):
     """numerics' Rao-Blackwellised Monte Carlo agrees with theory.exact at theory's allocated
     point; where it resolves the expansion's gap (|gap| >= 2 Z_SE se) it rejects the expansion."""
-    c = limits.check_measured_exact_loss(r, (L,), sigma, mc_elements=2 ** 19, seed=seed)
+    mc = limits.monte_carlo_need(r, (L,), sigma, 2 ** 19)
+    c = limits.check_measured_exact_loss(r, sigma, gap_ladder(r, (L,), sigma), Engine(seed=seed).run([mc])[mc])
     note(c.explain())
     row = c.details["rows"][0]
     assert c.agrees, c.explain()
@@ -55,7 +58,7 @@ def test_monte_carlo_measures_the_exact_loss(r, L, sigma, seed):
 def test_small_L_reproduces_spec():
     """docs/model.md: r = 3 at L = 128, theory's fixed point: exact loss 0.28 per task, expansion 0.30;
     relative error of the expansion 6.1% at L = 256 (quadrature, no Monte Carlo)."""
-    rows = {x["L"]: x for x in limits.gap_ladder(3, (128, 256))}
+    rows = {x["L"]: x for x in gap_ladder(3, (128, 256))}
     assert abs(rows[128]["exact"] - 0.28) <= 0.0025 and abs(rows[128]["expansion"] - 0.30) <= 0.0025, rows
     assert abs(rows[256]["gap"] / rows[256]["exact"] - 0.061) <= 0.0005, rows
 
@@ -71,7 +74,7 @@ def test_run_reports_domain_headline_and_refusals():
     out = claim.run_fewer_heads(profile="tiny", problem={"tasks": (1, 1), "heads": 2})
     assert out.verdict == "error" and "fewer heads than tasks" in out.details["error"]
     with pytest.raises(ValueError, match="fewer heads"):
-        claim.check_fewer_heads(ProblemConfig(tasks=(1, 1), heads=2, L=8), TrainConfig(time=0.1, lr=0.1))
+        claim.fewer_needs(ProblemConfig(tasks=(1, 1), heads=2, L=8), TrainConfig(time=0.1, lr=0.1), 1000)
     with pytest.raises(ValueError, match="profile"):
         limits.run_saturation(profile="big")
     bad = limits.run_small_L(profile="tiny", problem={"blocks": 3})

@@ -5,6 +5,8 @@ profile.  Run: ``python -m pytest -q -s --mutants -m mutants tests/claims/test_b
 tests/claims/test_boundary_saturation_mutants.py, test_boundary_fewer_heads_mutants.py."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 import numerics.exact_reduced as exact_reduced
@@ -19,10 +21,13 @@ SMALL_L = expansion_limits.SmallLProfile(blocks=(4,), L_exact=(4096, 16384, 6553
 
 
 def _scaled_pair_kernel(factor: float):
+    """The pair kernel, its derivative and its log ratio to pair_kernel(0) (the form the
+    expansion sums its excess over the constant part from) all scaled by ``factor``."""
     original = reduced_ode._kernels()
     kernels = dict(original)
     kernels["pair_kernel"] = lambda c, r, s2: factor * original["pair_kernel"](c, r, s2)
     kernels["d_pair_kernel"] = lambda c, r, s2: factor * original["d_pair_kernel"](c, r, s2)
+    kernels["log_pair_ratio"] = lambda c, r, s2: math.log(factor) + original["log_pair_ratio"](c, r, s2)
     return lambda: kernels
 
 

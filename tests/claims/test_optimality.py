@@ -15,6 +15,7 @@ from hypothesis import example, given, note, settings, strategies as st
 from claims import optimality as claim
 from claims.common import log_comparison
 from claims.spec import check_problem
+from numerics.engine import Engine
 from theory import optimality as th_opt
 
 # small and cheap: one full merged start, a short run, no random decomposable starts (the
@@ -41,9 +42,13 @@ def test_constant_at_heads_against_bracket(device, p):
     tasks, H, L, sigma = p["tasks"], p["heads"], p["L"], p["sigma"]
     dom = th_opt.constant_domain(tasks, H, L, sigma)
     bracket = th_opt.constant_bracket(tasks, H, L, sigma)
-    cand = claim.candidates(replace(TEST_PROFILE, tasks=tasks, L=L, sigma=sigma), H, p["seed"], device)
+    prof = replace(TEST_PROFILE, tasks=tasks, L=L, sigma=sigma)
+    needs = [claim.search_need(prof, H, device), *claim.full_start_needs(prof, H, device),
+             claim.bridge_need(prof, H, device)]
+    results = Engine(seed=p["seed"]).run(needs)
+    cand = claim.candidates(prof, H, results, device)
     c = claim.check_constant_at_heads(cand, bracket, dom)
-    bridge = claim.check_best_as_full_model(cand, device, TEST_PROFILE.held_out_prompts, p["seed"])
+    bridge = claim.check_best_as_full_model(cand, results[claim.bridge_need(prof, H, device)])
     for comp in (c, bridge):
         note(comp.explain())
         log_comparison(comp, "test_constant_at_heads_against_bracket")
@@ -98,7 +103,7 @@ def test_best_decomposable_is_cached_and_matches_the_table(device):
     kw = dict(random_starts=p.decomposable_starts, fit_elements=p.fit_elements, eval_prompts=p.eval_prompts)
     best = probes.best_decomposable((1, 1), 3, 32, 0.0, 5, device, **kw)
     assert probes.best_decomposable((1, 1), 3, 32, 0.0, 5, device, **kw) == best
-    cand = claim.candidates(replace(p, full_starts=0), 3, 5, device)
+    cand = probes.candidates_at_heads(probes.decomposable_search((1, 1), 3, 32, 0.0, 5, device, **kw), [])
     assert best.loss == cand["best_decomposable"].loss and best.C == cand["best"]["C"]
     assert best.loss < best.allocated_loss and len(best.omega) == 3
 
