@@ -25,11 +25,12 @@ from claims.base import Figure
 from claims.common import Z_SE, Comparison, config_label, headline_row, lines_figure, reported_row
 from claims.phase_checks import (ALLOCATION, FIELDS, PHASES, decided, guarded_plan, independent, mix_figure, mix_phrase,
                                  mix_rows, not_run, nothing_compared, outcome_comparison, phase_comparisons,
-                                 phase_finding, phase_rows, reference_needs, references, share_comparison, tcfg)
+                                 phase_finding, phase_rows, share_comparison)
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
 from claims.trained import theory_need
 from numerics.config import ProblemConfig
-from numerics.experiments.starts import outcome_mix, start_flows_need, start_runs_need
+from numerics.experiments.starts import (large_init_needs, outcome_mix, race_cell_needs, reference_needs,
+                                         references)
 from theory.initialisation import race_starts
 from theory.task_allocation import predicted_winners
 
@@ -83,29 +84,16 @@ def cells_part(ctx) -> tuple:
     return (("race cells", _race_base(ctx)),)
 
 
-def cell_needs(ctx) -> tuple[list, list]:
-    """The race cells' needs: per prompt stream k of ``p.data_seeds`` (("race", "prompts", k), shared by every
-    cell: common random numbers) the full model from every cell's start (theory.initialisation.race_starts: omega
-    ratio rho_w, mu ratio rho_m), trained together; per cell theory's ODE rule (a theory value)."""
-    p, base = ctx.p, _race_base(ctx)
-    starts = race_starts(p.s0, p.ratios, p.heads, base.m)
-    cfgs = [base.replace(init="given", init_omega=tuple(map(tuple, st["omega0"])), init_mu=tuple(map(tuple, st["mu0"])))
-            for st in starts]
-    runs = [start_runs_need("race", cfgs, tcfg(p), p.n_eval, ("race", "prompts", k)) for k in p.data_seeds]
-    return runs, [theory_need("predicted_winners", c.init_omega, c.init_mu, tuple(p.tasks), p.L, p.sigma,
-                              "factored", 1.0, "ode") for c in cfgs]
-
-
 def race_grid(ctx, results) -> dict:
-    """Every cell of :func:`cell_needs` on each prompt stream: measured winners per data seed (decided when the
-    seeds agree and the race has ended: numerics.readout's race_decided), each seed's end class counted
-    (``mix``), theory's ODE and largest-mu0 predictions; the streams of each cell checked to be independent
+    """Every cell of numerics.experiments.starts.race_cell_needs on each prompt stream: measured winners per data
+    seed (decided when the seeds agree and the race has ended: numerics.readout's race_decided), each seed's end class
+    counted (``mix``), theory's ODE and largest-mu0 predictions; the streams of each cell checked to be independent
     (their fingerprints).  No cell where the step lies past the stability bound (``not_run``)."""
     p = ctx.p
     if why := not_run(p.lr, cells_part(ctx), results):   # beyond d = 9 only: a cell past the bound decides nothing
         return {"cells": [], "not_run": why}
     starts = race_starts(p.s0, p.ratios, p.heads, _race_base(ctx).m)
-    runs, odes = cell_needs(ctx)
+    runs, odes = race_cell_needs(p, ctx.device)
     every = [results[n] for n in runs]
     cells = []
     for j, (st, ode) in enumerate(zip(starts, odes)):
@@ -124,23 +112,11 @@ def race_grid(ctx, results) -> dict:
     return {"cells": cells}
 
 
-def large_needs(ctx) -> list[tuple]:
-    """Per prompt stream k of ``p.large_seeds`` (("large init", "prompts", k), shared by every scale: common
-    random numbers; the start is deterministic, so the streams are the seeds): the full models from the default
-    decomposable start at each of ``p.large_scales``, trained together, and the reduced flows from the same starts
-    on the same prompts (every flow in one program, about a tenth of the full models' cost)."""
-    p, base = ctx.p, _large_base(ctx)
-    cfgs = [base.replace(init_scale=s0) for s0 in p.large_scales]
-    tc = tcfg(p, 0, p.large_time, p.large_records)
-    return [(start_runs_need("large", cfgs, tc, p.n_eval, ("large init", "prompts", k)),
-             start_flows_need("large", cfgs, tc, ("large init", "prompts", k))) for k in p.large_seeds]
-
-
 def large_runs(ctx, results) -> dict:
-    """{s0: [{"stream": k, "full": end state, "reduced": readout}, ...]} of :func:`large_needs`; the streams of
-    each scale checked to be independent (their fingerprints)."""
+    """{s0: [{"stream": k, "full": end state, "reduced": readout}, ...]} of numerics.experiments.starts.
+    large_init_needs; the streams of each scale checked to be independent (their fingerprints)."""
     p = ctx.p
-    per_stream = [(results[f], results[r]) for f, r in large_needs(ctx)]
+    per_stream = [(results[f], results[r]) for f, r in large_init_needs(p, ctx.device)]
     out = {s0: [{"stream": k, "full": full[j], "reduced": red[j]} for k, (full, red) in zip(p.large_seeds, per_stream)]
            for j, s0 in enumerate(p.large_scales)}
     for s0, rs in out.items():
@@ -209,8 +185,8 @@ def plan(ctx, results=None) -> list:
     """The race cells' stability guard, then (where it lets them be trained) the cells and theory's ODE rule per
     cell; the large-init runs and flows, theory's winners per scale and the allocated fixed point."""
     p = ctx.p
-    runs, odes = cell_needs(ctx)
-    large = [n for pair in large_needs(ctx) for n in pair]
+    runs, odes = race_cell_needs(p, ctx.device)
+    large = [n for pair in large_init_needs(p, ctx.device) for n in pair]
     return (guarded_plan(p.lr, cells_part(ctx), results, runs + odes) + large + _winner_needs(ctx)
             + reference_needs(p.large_tasks, len(p.large_tasks), p.L, p.sigma, ctx.device, best=False))
 

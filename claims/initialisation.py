@@ -18,16 +18,14 @@ from claims.common import (Z_SE, Comparison, compare as compare_values, config_l
                            reported_row)
 from claims.phase_checks import (FIELDS, guarded_plan, independent, mix_figure, mix_phrase, mix_rows, not_run,
                                  nothing_compared, outcome_comparison, phase_comparisons, phase_finding, phase_rows,
-                                 random_part, random_phase_figure, reference_needs, references, residual_figure,
-                                 share_at_least, share_phrase, tcfg, unbalanced_figure)
+                                 random_part, random_phase_figure, residual_figure, share_at_least, share_phrase,
+                                 unbalanced_figure)
 from claims.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
 from numerics.config import ProblemConfig
-from numerics.engine import need
-from numerics.experiments.starts import outcome_mix, start_flows_need, start_runs_need
+from numerics.experiments.starts import (outcome_mix, random_starts_need, reference_needs, references,
+                                         single_task_needs, single_task_summary, unbalanced_needs)
 from numerics.readout import ZERO_SUM_SHARE
-from numerics.saddle import seed_mean_se
 from numerics.statistics import mean_se     # non_finite "keep": a diverged run's loss shows in the mean
-from numerics.train import TrainConfig
 from theory.initialisation import authors_logit_scale, random_start_scales, untied_tasks, warmup_norm_bound
 
 
@@ -155,36 +153,16 @@ def check_unbalanced_winners(runs: list[dict], config=None) -> Comparison:
 
 # --- boundary-initialisation
 
-def unbalanced_needs(ctx) -> dict:
-    """{(k, j): (full runs, reduced flows)} of the unbalanced starts k (``p.unbalanced_seeds``: seed ("unbalanced
-    start", k), its init seed named "init" under it) on each stream j (``p.unbalanced_data_seeds``): a prompt stream
-    per pair, ("prompts", j) under the start's seed (one stream per j shared by the starts missed one of six quick
-    phase tolerances by 7 %), the full model (its end state) and its two reduced flows (unbalanced and balanced
-    metric) on the same prompts."""
-    p, base = ctx.p, _base(ctx)
-    cfg = base.replace(init="unbalanced_decomposable", init_scale=p.unbalanced_scale)
-    tc = tcfg(p, records=p.unbalanced_records)
-    out = {}
-    for k in p.unbalanced_seeds:
-        for j in p.unbalanced_data_seeds:
-            named = dict(stream=("unbalanced start", k), prompts=("prompts", j), inits=(("init",),))
-            out[(k, j)] = (start_runs_need("unbalanced", [cfg], tc, p.n_eval, **named),
-                           start_flows_need("unbalanced", [cfg], tc, **named))
-    return out
-
-
 def unbalanced_runs(ctx, results) -> list[dict]:
-    """Per (start, stream) pair of :func:`unbalanced_needs`: ``full`` (numerics.experiments.starts.end_states),
+    """Per (start, stream) pair of numerics.experiments.starts.unbalanced_needs: ``full`` (its end state),
     ``reduced_unbalanced``, ``reduced_balanced``."""
     out = []
-    for (k, j), (full_need, flows_need) in unbalanced_needs(ctx).items():
+    for (k, j), (full_need, flows_need) in unbalanced_needs(ctx.p, ctx.device).items():
         (s,), (red,) = results[full_need], results[flows_need]
         tc = full_need.args["tcfg"]
-        out.append({"seed": k, "stream": j, "init_seed": s["init_seed"], "data_seed": s["data_seed"],
-                    "omega0": s["omega0"], "mu0": s["mu0"],
-                    "c_omega": s["c_omega"], "c_mu": s["c_mu"], "spacing": tc.time / (tc.records - 1),
-                    "t_end": tc.time, "class": s["class"], "full": s,
-                    "reduced_unbalanced": red["reduced_unbalanced"], "reduced_balanced": red["reduced_balanced"]})
+        out.append({"seed": k, "stream": j, **{x: s[x] for x in ("init_seed", "data_seed", "omega0", "mu0", "c_omega",
+                                                                 "c_mu", "class")},
+                    "spacing": tc.time / (tc.records - 1), "t_end": tc.time, "full": s, **red})
     return out
 
 
@@ -215,34 +193,21 @@ def _base(ctx) -> ProblemConfig:
     return ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
 
 
-def random_need(ctx):
-    """Every random start (each scale of ``p.scales`` x each init seed k, ("init", k) under the need's seed
-    ("random starts",): seed k at every scale), all on one prompt stream ("prompts" under it: common random numbers,
-    the randomness of interest is the initialisation)."""
-    p, base = ctx.p, _base(ctx)
-    scales, _ = random_start_scales(p.scales, p.small_factor, p.tasks, p.heads, p.L, p.time, p.sigma)
-    cfgs = [base.replace(init="uniform_full", init_scale=s0, logit_scale=authors_logit_scale(p.tasks))
-            for s0 in scales for _ in p.init_seeds]
-    return start_runs_need("random", cfgs, tcfg(p), p.n_eval, ("random starts",), prompts=("prompts",),
-                           inits=[("init", k) for _ in scales for k in p.init_seeds])
-
-
 def plan(ctx, results=None) -> list:
     """The stability guards, then (where they let the starts be trained) the random starts, the unbalanced starts
     and their reduced flows, the reference points and, at a profile, the single-task runs."""
     p = ctx.p
-    needs = [random_need(ctx), *(n for pair in unbalanced_needs(ctx).values() for n in pair),
+    needs = [random_starts_need(p, ctx.device), *(n for pair in unbalanced_needs(p, ctx.device).values() for n in pair),
              *reference_needs(p.tasks, p.heads, p.L, p.sigma, ctx.device)]
     if ctx.problem is None:     # its own sizes (SINGLE_TASK), unrelated to a researcher's problem
-        needs += single_task_needs(ctx)
+        needs += single_task_needs(SINGLE_TASK.get(ctx.profile, SINGLE_TASK["quick"]), ctx.device)
     return guarded_plan(p.lr, starts(p, _base(ctx)), results, needs)
 
 
 def check_independence(p: InitProfile, runs: dict, unb: list) -> None:
-    """The runs counted as independent are (their fingerprints, numerics.seeds.check_independent; a ValueError
-    naming the runs otherwise, by the names the plan gave them): the seeds of each random start (one prompt stream
-    on purpose: their starts), the unbalanced (start, stream) pairs (each its own stream) and the unbalanced starts
-    (their initial weights)."""
+    """The runs counted as independent are (their fingerprints: a ValueError naming the runs by their plan's names
+    otherwise): the seeds of each random start (one prompt stream on purpose: their starts), the unbalanced (start,
+    stream) pairs (each its own stream) and the unbalanced starts (their initial weights)."""
     for s0, rs in runs.items():
         independent({f"s0={s0:.3g} init seed {k}": r for k, r in zip(p.init_seeds, rs)},
                     f"random starts at s0={s0:.3g} (one prompt stream on purpose)", shared_stream=True)
@@ -262,7 +227,7 @@ def compare(ctx, results) -> Outcome:
     if why := not_run(p.lr, starts(p, base), results):   # beyond d = 9 only: a run past the bound is no evidence
         return Outcome([], [], details={"ran": {"profile": asdict(p)}, "not_run": why}, undecided="not run: " + why)
     scales, s_small = random_start_scales(p.scales, p.small_factor, p.tasks, p.heads, p.L, p.time, p.sigma)
-    states = results[random_need(ctx)]
+    states = results[random_starts_need(p, ctx.device)]
     runs = {s0: states[j * len(p.init_seeds):(j + 1) * len(p.init_seeds)] for j, s0 in enumerate(scales)}
     unb = unbalanced_runs(ctx, results)
     check_independence(p, runs, unb)
@@ -287,8 +252,7 @@ def compare(ctx, results) -> Outcome:
                "ran": {"profile": asdict(p), "scales": scales, "logit_scale": s_authors, "small_scale": s_small,
                        "design": "the seeds of one start share one prompt stream (common random numbers: the "
                                  "randomness of interest is the initialisation), trained together; each unbalanced "
-                                 "(start, stream) pair has its own stream; the runs counted as independent are "
-                                 "checked to be so by their fingerprints (initial weights where they share a stream)"},
+                                 "(start, stream) pair has its own stream; independence checked by fingerprints"},
                "allocated_loss": refs["allocated_loss"], "references": refs, "findings": found, **u_details,
                "off_D_from_scale": min(off) if off else None,
                "unbalanced_starts": len(p.unbalanced_seeds), "unbalanced_scale": p.unbalanced_scale, "t_end": p.time,
@@ -330,53 +294,18 @@ SINGLE_TASK = {
     "paper": SingleTaskProfile(L=100, r=50, heads=(2, 4, 8), seeds=tuple(range(48)), seeds_at=(), lr=0.01, time=100.0,
                                batch=10000, n_eval=65536),
 }
-"""At 4 sigma 'typical' is confirmed from 68 of 96 seeds (28 of 32) and contradicted up to 28 of 96 (8 seeds can do
-neither).  The seeds a head count needs for the share to decide, from the quick report's shares (seeds 0 and 1 before
-and after the seeds were named under each need's seed, and two pilots of 48): at H = 2 the zero-sum group formed in
-374 of 480 (0.78; 4-sigma interval [0.70, 0.85]): 96 seeds confirm a share of 0.78 with probability 0.96 (0.8: 0.99;
-80 seeds: 0.93 at 0.8), so H = 2 keeps 96; at H = 4 in 350 of 352 ([0.957, 1]): 32 seeds confirm a share of 0.957
-with probability 0.99 (0.997: 1 - 5e-8), so H = 4 takes 32, a third of the runs, its mean loss (0.185-0.19 against
-the one-head optimum 0.390) still ~100 standard errors below (se x sqrt 3).  The paper profile keeps 48 at every H
-(no shares measured there)."""
+"""At 4 sigma 'typical' is confirmed from 68 of 96 seeds (28 of 32), contradicted up to 28 of 96; 8 seeds can do
+neither.  The quick report's zero-sum groups (seeds 0, 1 under both seed namings, two pilots of 48): H = 2 374 of 480
+(0.78, 4-sigma interval [0.70, 0.85]), where 96 seeds confirm 0.78 with probability 0.96 (80: 0.93 at 0.8): 96 kept;
+H = 4 350 of 352 ([0.957, 1]), where 32 confirm 0.957 with probability 0.99: 32 (a third of the runs; its mean loss
+stays ~100 standard errors below the one-head optimum).  Paper: 48 at every H (no shares measured there)."""
 
 TYPICAL = 0.5
 """He et al. (ICML 2025) report what training typically finds ("consistently appear"), not what every seed does."""
 
 
-def single_task_needs(ctx) -> list:
-    """Per head count of the profile's SINGLE_TASK sizes the runs of one task of r from PyTorch's default start
-    (uniform_full, s0 = 1, logit scale sqrt(r + 1)), every seed s's start from its own init seed ("init", s under
-    the need's seed ("single task", H)), all on one prompt stream ("prompts" under it: common random numbers, the
-    randomness of interest is the initialisation), each seed evaluated on its own held-out prompts ("held-out", s);
-    and the references (numerics.saddle.single_task_references)."""
-    sp = SINGLE_TASK.get(ctx.profile, SINGLE_TASK["quick"])
-    out = []
-    for H in sp.heads:
-        cfg = ProblemConfig(tasks=(sp.r,), heads=H, L=sp.L, init="uniform_full", init_scale=1.0,
-                            logit_scale=math.sqrt(sp.r + 1), device=ctx.device)
-        tc = TrainConfig(lr=sp.lr, time=sp.time, batch=sp.batch, records=sp.records)
-        seeds = sp.seeds_of(H)
-        out.append(start_runs_need("single", [cfg] * len(seeds), tc, sp.n_eval, ("single task", H),
-                                   prompts=("prompts",), inits=[("init", s) for s in seeds],
-                                   held_out=[("held-out", s) for s in seeds]))
-    return out + [need("single_task_references", L=sp.L, r=sp.r, n_eval=sp.n_eval)]
-
-
-def single_task_summary(states, ref: dict, z: float) -> dict:
-    """The seeds of one head count: the mean held-out loss over seeds and its se (numerics.saddle.seed_mean_se),
-    the zero-sum pair ratios, the counts of seeds whose OV values form a zero-sum pair or group (ratio below
-    numerics.readout.ZERO_SUM_SHARE), the class mix (outcome_mix at ``z``, against the one-head optimum and the best
-    decomposable two-head point)."""
-    refs = {"allocated_loss": ref["one_head"], "best_decomposable": {"loss": ref["best_two_head"]}}
-    m, se = seed_mean_se([r["loss"] for r in states], [r["se"] for r in states])
-    return {"loss": m, "se": se, "pair_ratio": [r["pair_ratio"] for r in states],
-            "zero_sum_pairs": sum(r["pair_ratio"] < ZERO_SUM_SHARE for r in states),
-            "zero_sum_groups": sum(bool(r["zero_sum"]) and r["zero_sum"][0] <= ZERO_SUM_SHARE for r in states),
-            "mix": outcome_mix(states, z, refs), "classes": [r["class"]["label"] for r in states]}
-
-
 def single_task(ctx, results):
-    """One task, H = 2 and 4 heads, from the PyTorch-default start (:func:`single_task_needs`):
+    """One task, H = 2 and 4 heads, from the PyTorch-default start (numerics.experiments.starts.single_task_needs):
     per H the mean held-out loss over seeds not above theory.exact's one-head optimum (the multi-head gain He et
     al. report; perturbation: equal to it); He et al.'s zero-sum pattern (the heads' OV values for the task sum to
     zero, |sum_h mu| <= ZERO_SUM_SHARE sum_h |mu|: at H = 2 the pair, at H > 2 a pair is one group among others,
@@ -387,16 +316,13 @@ def single_task(ctx, results):
     linear attention.  The seeds of one H share their prompt stream on purpose: their independence is checked on
     their starts (numerics.seeds.check_independent, shared_stream)."""
     sp = SINGLE_TASK.get(ctx.profile, SINGLE_TASK["quick"])
-    *runs, ref_need = single_task_needs(ctx)
+    *runs, ref_need = single_task_needs(sp, ctx.device)
     ref = results[ref_need]
-    summary = {}
+    summary, comps, rows = {}, [], []
     for H, n in zip(sp.heads, runs):
-        states = results[n]
-        independent({f"H={H} init seed {k}": r for k, r in zip(sp.seeds_of(H), states)},
+        independent({f"H={H} init seed {k}": r for k, r in zip(sp.seeds_of(H), results[n])},
                     f"single-task seeds at H={H} (one prompt stream on purpose)", shared_stream=True)
-        summary[H] = single_task_summary(states, ref, Z_SE)
-    comps, rows = [], []
-    for H, sm in summary.items():
+        sm = summary[H] = single_task_summary(results[n], ref, Z_SE)
         m, se, cfg = sm["loss"], sm["se"], f"tasks=({sp.r},) H={H} L={sp.L} init=uniform_full s0=1"
         one = Comparison(name=f"single task: loss not above the one-head optimum, H={H}", measured=m,  # one-sided;
                          predicted=ref["one_head"], error=max(0.0, m - ref["one_head"]), tolerance=Z_SE * se,

@@ -4,8 +4,7 @@ of paired loss curves (compared only where the readout finds the phases in both 
 judged as a family by a rule fixed in advance), the exact comparison of discrete outcomes
 (winners), the comparison of a share of seeds (against a point, or one-sided against
 "typical"), the stability guard of their runs, the check that the runs they count as independent
-are (their fingerprints), the reference points of their loss ratios and the figures of
-boundary-initialisation's starts."""
+are (their fingerprints) and the figures of boundary-initialisation's starts."""
 from __future__ import annotations
 
 import math
@@ -14,23 +13,15 @@ import numpy as np
 
 from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row
 from claims.spec import fmt
-from claims.trained import theory_need
-from numerics.engine import need
 from numerics.experiments.phases import unstable_need
 from numerics.experiments.starts import outcome_mix
 from numerics.seeds import check_independent
 from numerics.statistics import binomial_interval, mean_se
-from numerics.train import TrainConfig
 from theory.three_phases import PhaseTimes, phases_resolved
 
 FIELDS = ("tasks", "heads", "L", "sigma")
 """The problem fields both initialisation boundaries read (their profiles' own names)."""
 PHASES = {"warmup_end": "warm-up", "emergence_end": "emergence"}
-
-
-def tcfg(p, seed: int = 0, time_=None, records=None) -> TrainConfig:
-    """The TrainConfig of a profile's runs (in a need its seed is the need's: numerics.experiments.starts)."""
-    return TrainConfig(lr=p.lr, time=time_ or p.time, batch=p.batch, seed=seed, records=records or p.records)
 
 
 def guard_needs(lr: float, parts) -> list:
@@ -68,39 +59,6 @@ def independent(states: dict, what: str, shared_stream: bool = False) -> None:
     has no fingerprint and is left out: its class is 'diverged' whatever its seed."""
     check_independent({k: s["fingerprint"] for k, s in states.items() if s["fingerprint"] is not None}, what,
                       shared_stream)
-
-
-# --- the reference points of the loss ratios
-
-BEST_SEARCH = {"random_starts": 1, "fit_elements": 2 ** 17, "eval_prompts": 2048}
-"""The best decomposable point's search (numerics.experiments.probes.best_decomposable) at a
-size paid once per configuration: one random start besides theory.optimality's structured
-starts, fit on 2^17 prompt tokens x heads, evaluated on 2048 prompts (se ~1%)."""
-
-
-def reference_needs(tasks, heads: int, L: int, sigma: float, device: str, best: bool = True) -> list:
-    """The needs of :func:`references`: theory.exact's allocated fixed point (H >= m only) and
-    the best decomposable point (``best`` only)."""
-    out = [theory_need("exact_fixed_point", tuple(tasks), int(L), float(sigma))] if heads >= len(tasks) else []
-    if best:
-        out.append(need("best_decomposable", tasks=tuple(tasks), heads=int(heads), L=int(L), sigma=float(sigma),
-                        device=str(device), **BEST_SEARCH))
-    return out
-
-
-def references(results, tasks, heads: int, L: int, sigma: float, device: str, best: bool = True) -> dict:
-    """The two points a trained run's loss is read against (numerics.experiments.starts.outcome_mix):
-    theory.exact's allocated fixed point at (tasks, L, sigma) (the sum over tasks of the one-head
-    fixed points, surplus heads idle; None for H < m: there is none) and the best decomposable
-    point of the same H with signs free (loss, se, family, (omega, mu); None unless ``best``)."""
-    needs = iter(reference_needs(tasks, heads, L, sigma, device, best))
-    alloc = float(results[next(needs)]["loss"]) if heads >= len(tasks) else None
-    b = None
-    if best:
-        x = results[next(needs)]
-        b = {"loss": x.loss, "se": x.se, "n_eval": x.n_eval, "family": x.family,
-             "omega": [list(r) for r in x.omega], "mu": [list(r) for r in x.mu]}
-    return {"allocated_loss": alloc, "best_decomposable": b}
 
 
 # --- phase times of paired curves, judged as a family; comparisons that have nothing to compare

@@ -232,7 +232,7 @@ def test_the_race_grid_of_boundary_allocation_race_as_one_program():
     import dataclasses
 
     from claims.allocation_race import RACE_PROFILES
-    from claims.phase_checks import tcfg as race_tcfg
+    from numerics.experiments.starts import train_config as race_tcfg
     from theory.initialisation import race_starts
 
     p = dataclasses.replace(RACE_PROFILES["quick"], time=10 * RACE_PROFILES["quick"].lr, records=3)

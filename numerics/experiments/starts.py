@@ -39,16 +39,17 @@ from numerics.evaluate import held_out_prompt_losses
 from numerics.experiments import one_thread
 from numerics.experiments.converged import converged_for, stage_tolerance
 from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
-from numerics.readout import RACE_DECIDED_SHARE, allocation, end_class, zero_sum_ratio
+from numerics.readout import RACE_DECIDED_SHARE, ZERO_SUM_SHARE, allocation, end_class, zero_sum_ratio
 from numerics.seeds import case_seed
 from numerics.statistics import binomial_interval, descent_left, mean_se
 from numerics.train import TrainConfig, train_many, train_reduced_many
-from theory.initialisation import (residual_split, unbalanced_metric_factors, warmup_norm_bound,
-                                   warmup_quartic_constant)
+from theory.initialisation import (authors_logit_scale, race_starts, random_start_scales, residual_split,
+                                   unbalanced_metric_factors, warmup_norm_bound, warmup_quartic_constant)
 from theory.three_phases import phase_times
 
 __all__ = ["OFF_D_RELATIVE", "WINDOW_MOST", "MEASURES", "off_D_test", "descent_window", "end_states", "outcome_mix",
-           "start_runs_need", "start_flows_need"]
+           "start_runs_need", "start_flows_need", "random_starts_need", "unbalanced_needs", "single_task_needs",
+           "single_task_summary", "race_cell_needs", "large_init_needs", "reference_needs", "references"]
 
 OFF_D_RELATIVE = 0.5
 """A run ends off D when its movable off-D part (theory.initialisation.residual_split) exceeds
@@ -518,3 +519,130 @@ def single_task_references_need(L: int, r: int, n_eval: int, seed: int) -> dict:
     one-head optimum, linear attention and the best decomposable two-head point of one task."""
     from numerics.saddle import single_task_references
     return single_task_references(int(L), int(r), int(n_eval))
+
+
+# ---------------------------------------------------------------------------------------
+# the initialisation boundaries' runs: which starts, on which prompt streams (their plans)
+# ---------------------------------------------------------------------------------------
+
+def train_config(p, seed: int = 0, time_=None, records=None) -> TrainConfig:
+    """The TrainConfig of a profile ``p``'s runs (lr, time, batch, records; in a need its seed is the need's)."""
+    return TrainConfig(lr=p.lr, time=time_ or p.time, batch=p.batch, seed=seed, records=records or p.records)
+
+
+def _problem(p, device: str) -> ProblemConfig:
+    return ProblemConfig(tasks=tuple(p.tasks), heads=p.heads, L=p.L, sigma=p.sigma, device=device)
+
+
+def random_starts_need(p, device: str):
+    """boundary-initialisation's random starts: each scale of ``p.scales`` (theory.initialisation.random_start_scales)
+    x each init seed k (("init", k) under the need's seed ("random starts",): seed k at every scale), at the authors'
+    logit scale, all on one prompt stream ("prompts": common random numbers, the randomness of interest is the
+    initialisation)."""
+    scales, _ = random_start_scales(p.scales, p.small_factor, p.tasks, p.heads, p.L, p.time, p.sigma)
+    cfgs = [_problem(p, device).replace(init="uniform_full", init_scale=s0, logit_scale=authors_logit_scale(p.tasks))
+            for s0 in scales for _ in p.init_seeds]
+    return start_runs_need("random", cfgs, train_config(p), p.n_eval, ("random starts",), prompts=("prompts",),
+                           inits=[("init", k) for _ in scales for k in p.init_seeds])
+
+
+def unbalanced_needs(p, device: str) -> dict:
+    """{(k, j): (full runs, reduced flows)} of boundary-initialisation's unbalanced starts k (``p.unbalanced_seeds``:
+    need seed ("unbalanced start", k), its init seed "init" under it) on each stream j (``p.unbalanced_data_seeds``):
+    a prompt stream per pair, ("prompts", j) under the start's seed (one stream per j shared by the starts missed one
+    of six quick phase tolerances by 7 %); the full run and its two reduced flows name the same prompts."""
+    cfg = _problem(p, device).replace(init="unbalanced_decomposable", init_scale=p.unbalanced_scale)
+    tc = train_config(p, records=p.unbalanced_records)
+    out = {}
+    for k in p.unbalanced_seeds:
+        for j in p.unbalanced_data_seeds:
+            named = dict(stream=("unbalanced start", k), prompts=("prompts", j), inits=(("init",),))
+            out[(k, j)] = (start_runs_need("unbalanced", [cfg], tc, p.n_eval, **named),
+                           start_flows_need("unbalanced", [cfg], tc, **named))
+    return out
+
+
+def single_task_needs(sp, device: str) -> list:
+    """Per head count H of ``sp.heads`` the runs of one task of ``sp.r`` from PyTorch's default start (uniform_full,
+    s0 = 1, logit scale sqrt(r + 1)), seed s's start from ("init", s) under the need's seed ("single task", H), all on
+    one prompt stream ("prompts": common random numbers), each seed evaluated on its own held-out prompts
+    (("held-out", s)); then the references (numerics.saddle.single_task_references)."""
+    out = []
+    for H in sp.heads:
+        cfg = ProblemConfig(tasks=(sp.r,), heads=H, L=sp.L, init="uniform_full", init_scale=1.0,
+                            logit_scale=math.sqrt(sp.r + 1), device=device)
+        seeds = sp.seeds_of(H)
+        out.append(start_runs_need("single", [cfg] * len(seeds), train_config(sp), sp.n_eval, ("single task", H),
+                                   prompts=("prompts",), inits=[("init", s) for s in seeds],
+                                   held_out=[("held-out", s) for s in seeds]))
+    return out + [need("single_task_references", L=sp.L, r=sp.r, n_eval=sp.n_eval)]
+
+
+def single_task_summary(states, ref: dict, z: float) -> dict:
+    """The seeds of one head count: the mean held-out loss over seeds and its se (numerics.saddle.seed_mean_se), the
+    zero-sum pair ratios, the counts of seeds whose OV values form a zero-sum pair or group (ratio below
+    numerics.readout.ZERO_SUM_SHARE), the class mix (:func:`outcome_mix` at ``z``, against the one-head optimum and
+    the best decomposable two-head point)."""
+    from numerics.saddle import seed_mean_se
+    refs = {"allocated_loss": ref["one_head"], "best_decomposable": {"loss": ref["best_two_head"]}}
+    m, se = seed_mean_se([r["loss"] for r in states], [r["se"] for r in states])
+    return {"loss": m, "se": se, "pair_ratio": [r["pair_ratio"] for r in states],
+            "zero_sum_pairs": sum(r["pair_ratio"] < ZERO_SUM_SHARE for r in states),
+            "zero_sum_groups": sum(bool(r["zero_sum"]) and r["zero_sum"][0] <= ZERO_SUM_SHARE for r in states),
+            "mix": outcome_mix(states, z, refs), "classes": [r["class"]["label"] for r in states]}
+
+
+def race_cell_needs(p, device: str) -> tuple[list, list]:
+    """boundary-allocation-race's cells: per prompt stream k of ``p.data_seeds`` (("race", "prompts", k), shared by
+    every cell: common random numbers) the full model from every cell's start (theory.initialisation.race_starts:
+    omega ratio rho_w, mu ratio rho_m), trained together; per cell theory's ODE rule (a theory value)."""
+    base = _problem(p, device)
+    cfgs = [base.replace(init="given", init_omega=tuple(map(tuple, st["omega0"])), init_mu=tuple(map(tuple, st["mu0"])))
+            for st in race_starts(p.s0, p.ratios, p.heads, base.m)]
+    runs = [start_runs_need("race", cfgs, train_config(p), p.n_eval, ("race", "prompts", k)) for k in p.data_seeds]
+    return runs, [need("theory", fn="predicted_winners", args=(c.init_omega, c.init_mu, tuple(p.tasks), p.L, p.sigma,
+                                                               "factored", 1.0, "ode")) for c in cfgs]
+
+
+def large_init_needs(p, device: str) -> list[tuple]:
+    """boundary-allocation-race's large init: per prompt stream k of ``p.large_seeds`` (("large init", "prompts", k),
+    shared by every scale; the start is deterministic, so the streams are the seeds) the full models from the default
+    decomposable start at each of ``p.large_scales``, trained together, and the reduced flows from the same starts on
+    the same prompts (about a tenth of the full models' cost)."""
+    base = ProblemConfig(tasks=tuple(p.large_tasks), heads=len(p.large_tasks), L=p.L, sigma=p.sigma, device=device)
+    cfgs = [base.replace(init_scale=s0) for s0 in p.large_scales]
+    tc = train_config(p, 0, p.large_time, p.large_records)
+    return [(start_runs_need("large", cfgs, tc, p.n_eval, ("large init", "prompts", k)),
+             start_flows_need("large", cfgs, tc, ("large init", "prompts", k))) for k in p.large_seeds]
+
+
+BEST_SEARCH = {"random_starts": 1, "fit_elements": 2 ** 17, "eval_prompts": 2048}
+"""The best decomposable point's search (numerics.experiments.probes.best_decomposable) at a
+size paid once per configuration: one random start besides theory.optimality's structured
+starts, fit on 2^17 prompt tokens x heads, evaluated on 2048 prompts (se ~1%)."""
+
+
+def reference_needs(tasks, heads: int, L: int, sigma: float, device: str, best: bool = True) -> list:
+    """The needs of :func:`references`: theory.exact's allocated fixed point (H >= m only) and
+    the best decomposable point (``best`` only)."""
+    out = [need("theory", fn="exact_fixed_point", args=(tuple(tasks), int(L), float(sigma)))] \
+        if heads >= len(tasks) else []
+    if best:
+        out.append(need("best_decomposable", tasks=tuple(tasks), heads=int(heads), L=int(L), sigma=float(sigma),
+                        device=str(device), **BEST_SEARCH))
+    return out
+
+
+def references(results, tasks, heads: int, L: int, sigma: float, device: str, best: bool = True) -> dict:
+    """The two points a trained run's loss is read against (:func:`outcome_mix`): theory.exact's
+    allocated fixed point at (tasks, L, sigma) (the sum over tasks of the one-head fixed points,
+    surplus heads idle; None for H < m: there is none) and the best decomposable point of the same
+    H with signs free (loss, se, family, (omega, mu); None unless ``best``)."""
+    needs = iter(reference_needs(tasks, heads, L, sigma, device, best))
+    alloc = float(results[next(needs)]["loss"]) if heads >= len(tasks) else None
+    b = None
+    if best:
+        x = results[next(needs)]
+        b = {"loss": x.loss, "se": x.se, "n_eval": x.n_eval, "family": x.family,
+             "omega": [list(r) for r in x.omega], "mu": [list(r) for r in x.mu]}
+    return {"allocated_loss": alloc, "best_decomposable": b}

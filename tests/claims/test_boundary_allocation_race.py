@@ -9,19 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from claims.allocation_race import RACE_SPEC, RaceProfile, cell_needs, cells_part, check_race, race_grid
+from claims.allocation_race import RACE_SPEC, RaceProfile, cells_part, check_race, race_grid
 from claims.allocation_race import findings as race_findings
 from claims.allocation_race import run as run_race
 from claims.base import ClaimResult
 from claims.phase_checks import guard_needs
 from claims.spec import context
 from numerics.engine import Engine
+from numerics.experiments.starts import race_cell_needs
 
 
 def grid_of(p: RaceProfile, device: str) -> dict:
     """The race grid of the profile ``p``: its cells' needs (behind their stability guard) computed by the engine."""
     ctx = context(RACE_SPEC, p, device)
-    runs, odes = cell_needs(ctx)
+    runs, odes = race_cell_needs(p, device)
     return race_grid(ctx, Engine(seed=0).run(guard_needs(p.lr, cells_part(ctx)) + runs + odes))
 
 
@@ -169,7 +170,7 @@ def test_race_cells_past_the_stability_bound_are_not_run(device, monkeypatch):
     guards = guard_needs(ctx.p.lr, cells_part(ctx))
     clear_memo()
     monkeypatch.setattr(converged, "full_stiffness", lambda c: 10.0)       # 2 / lambda = 0.2 > lr 0.1: trained
-    cells = set(cell_needs(ctx)[0])
+    cells = set(race_cell_needs(ctx.p, device)[0])
     assert cells <= set(claim.plan(ctx, Engine(seed=0).run(guards)))
     clear_memo()
     monkeypatch.setattr(converged, "full_stiffness", lambda c: 100.0)      # 2 / lambda = 0.02 < lr 0.1: not run

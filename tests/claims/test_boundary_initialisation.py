@@ -175,9 +175,10 @@ def test_single_task_counts_its_seeds(device):
     itself failing (a result), and the finding names the counted classes."""
     from types import SimpleNamespace
 
-    from claims.initialisation import single_task, single_task_needs
+    from claims.initialisation import SINGLE_TASK, single_task
+    from numerics.experiments.starts import single_task_needs
     ctx = SimpleNamespace(profile="tiny", device=device, seed=0, progress=lambda msg, f: None)
-    comps, rows, details = single_task(ctx, Engine(seed=0).run(single_task_needs(ctx)))
+    comps, rows, details = single_task(ctx, Engine(seed=0).run(single_task_needs(SINGLE_TASK["tiny"], device)))
     sm = details["summary"][2]
     assert sm["mix"]["n"] == 2 == sum(e["count"] for e in sm["mix"]["labels"].values()) == len(sm["classes"])
     typical = next(c for c in comps if c.details.get("role") == "zero-sum")
