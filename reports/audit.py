@@ -244,9 +244,10 @@ the one-head optimum 12 s (its symbolic derivation, once per process) plus 0.35 
 (3.4-11 s at r = 2, 85 s at r = 17, 110 s at the authors' (16, 17, 17)); linear attention is
 closed-form."""
 
-RENDER_SECONDS = 0.3
-"""The report's share per judged result: its two or three figures drawn and written (0.22 s measured
-over 200 judged checkpoints)."""
+RENDER_SECONDS, RENDER_SECONDS_PER_BAR = 0.3, 0.01
+"""The report's share per judged result: its two or three figures drawn and written, one bar per head
+and task among them (measured: 0.22 s a result over 200 judged checkpoints of H = 2; about 100 s for
+one of H = 10,000)."""
 
 PROBE_STEPS = 256
 """Steps of theory's gradient-descent map timed for a trajectory's estimate (0.05-0.1 s; the rate of
@@ -352,7 +353,7 @@ def budget(plan) -> dict:
     Measurement: per checkpoint its first measurement (the pilot, or --prompts) at the probe's
     rates, twice more for a judged one (its gradient noise, the run's descent); a sized model's
     further prompts are capped apart (--max-minutes each).  Theory: :func:`theory_cost` per H and
-    :func:`trajectory_cost`; the report: :data:`RENDER_SECONDS` per judged result.  Memory: the
+    :func:`trajectory_cost`; the report: :data:`RENDER_SECONDS` (and per bar) per judged result.  Memory: the
     largest held-out batch (numerics.external.held_out_chunk, which refuses one that does not fit)
     and the search's pair moments."""
     from audit_io.handed import memory_available
@@ -381,7 +382,8 @@ def budget(plan) -> dict:
         for name, value in parts.items():
             seconds[name] = seconds.get(name, 0.0) + value
     seconds["trajectory"] = trajectory_cost(plan, first) if first is not None else 0.0
-    seconds["report"] = RENDER_SECONDS * (len(judged) + plan.trajectory)
+    seconds["report"] = RENDER_SECONDS * plan.trajectory + sum(
+        RENDER_SECONDS + RENDER_SECONDS_PER_BAR * c.cfg.heads * c.cfg.m for c in plan.cases if id(c) in judged)
     return {"seconds": seconds, "memory": memory, "free": memory_available(), "first": first, "checked": checked}
 
 
