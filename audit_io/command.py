@@ -34,12 +34,52 @@ def _exit_if_the_cwd_is_gone() -> None:
         raise SystemExit(2) from None
 
 
+class ClosedPipeSafe:
+    """An output stream whose reader may leave (``... | head -1``): a write or flush that finds the
+    pipe closed points the stream's descriptor at /dev/null and carries on, so the command does
+    its work (its report is written) and exits with its own status; what it would have printed
+    after is dropped, as the reader asked.  Everything else is the wrapped stream's."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def _to_null(self) -> None:
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._stream.fileno())
+            os.close(null)
+        except (OSError, AttributeError, ValueError):
+            pass                        # no descriptor (a StringIO): each write says so again, and is dropped
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_null()
+            return len(text)
+
+    def flush(self) -> None:
+        for _ in range(2):              # the second flush writes what the first could not, to /dev/null
+            try:
+                return self._stream.flush()
+            except BrokenPipeError:
+                self._to_null()
+            except (OSError, ValueError):
+                return None
+        return None
+
+
 def command_line(main):
     """The one wrapper of every ``main(argv)`` of the project's command lines: what no single
     option can cause, handled once, each as one line on stderr and never a traceback.
 
     - an output stream that cannot encode a character (``PYTHONIOENCODING=ascii``, a C locale)
       writes it escaped (``\\u00b1``) instead of raising;
+    - an output stream whose reader left (a closed pipe): the rest of the output is dropped,
+      the command finishes, its exit status is its own (:class:`ClosedPipeSafe`);
     - a working directory that no longer exists: "the current directory was deleted", exit 2;
     - a full disk anywhere in the command (:class:`DiskFull`, or any ENOSPC/EDQUOT): its
       message ("disk full: N bytes needed at PATH"), exit :data:`EXIT_DISK_FULL`.
@@ -57,6 +97,8 @@ def command_line(main):
             except (AttributeError, ValueError, OSError):
                 pass
         _exit_if_the_cwd_is_gone()
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = ClosedPipeSafe(sys.stdout), ClosedPipeSafe(sys.stderr)
         try:
             return main(*args, **kwargs)
         except OSError as exc:
@@ -65,5 +107,12 @@ def command_line(main):
                 print(f"error: {full}", file=sys.stderr)
                 raise SystemExit(EXIT_DISK_FULL) from None
             raise
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            sys.stdout, sys.stderr = saved
 
     return run

@@ -4,6 +4,7 @@ or not at all (a temporary in the same directory, fsynced, renamed over the targ
 folder the command was handed is never left through a symbolic link."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -312,18 +313,27 @@ def check_output_path(path, flag: str, *, inputs=(), previous_marker=None) -> Pa
     return Path(target)
 
 
-def check_output_dir(path, flag: str, *, marker: str, inputs=()) -> Path:
+def check_output_dir(path, flag: str, *, marker: str, inputs=(), replaced: bool = False) -> Path:
     """Check, before any computation, that ``path`` can be the output *directory* of option
     ``flag``; returns it (symbolic links followed).
 
     Accepted: a new directory (missing parents are created by the writer; the nearest existing
     one must be writable), an empty existing directory, or the command's own previous output,
     recognised by the file ``marker`` inside it.  Refused with a ValueError naming ``flag``:
-    a file, a symbolic link loop or dangling link, an unwritable location, a directory that
-    holds a sweep (``points/``) or anything else that is not this command's output (it could
-    be deleted or mixed with), and a directory that is one of ``inputs``.  A command never
-    deletes a directory it did not create: only its own previous output may be replaced."""
+    a name that is not valid UTF-8 (it could be written into no report, page or terminal), a
+    file, a symbolic link loop or dangling link, an unwritable location, a directory that holds a
+    sweep (``points/``) or anything else that is not this command's output (it could be deleted or
+    mixed with), and a directory that is one of ``inputs``.  With ``replaced`` (a directory
+    written beside and swapped in, as a report is) the folder that holds it must be writable too,
+    even when it exists.  A command never deletes a directory it did not create: only its own
+    previous output may be replaced."""
     text = _path_text(path, flag)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+        raise ValueError(f"{flag} {shown}: its name is not valid UTF-8 (bytes of another encoding); choose a name in "
+                         "UTF-8") from None
     target = _resolve_link(text, flag)
     _check_not_input(flag, text, target, inputs)
     if os.path.lexists(target) and not os.path.isdir(target):
@@ -342,6 +352,8 @@ def check_output_dir(path, flag: str, *, marker: str, inputs=()) -> Path:
             raise ValueError(f"{flag} {text} {what}: it is neither replaced nor mixed with; give a new or empty "
                              f"directory as {flag}")
         _probe_dir(flag, text, target)
+        if replaced:
+            _probe_dir(flag, text, os.path.dirname(target) or ".")
         return Path(target)
     existing = os.path.dirname(target)
     while existing and not os.path.lexists(existing):
@@ -351,6 +363,79 @@ def check_output_dir(path, flag: str, *, marker: str, inputs=()) -> Path:
         raise ValueError(f"{flag} {text}: {existing} is a file where a directory is expected; choose another {flag}")
     _probe_dir(flag, text, existing)
     return Path(target)
+
+
+def make_directories(path) -> None:
+    """``path`` and every missing folder above it, made one at a time from the nearest existing
+    one down, without recursion (``Path.mkdir(parents=True)`` recurses once per missing level:
+    a path 2,000 levels deep raised RecursionError after all the work)."""
+    path = os.path.abspath(os.fspath(path))
+    missing = []
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+
+
+LOCK_WAIT_SECONDS = 600.0
+"""How long a command waits for another one writing in the same folder (:func:`folder_lock`): the
+sections it locks take seconds (a report checked and swapped in); past this, the other one is
+stopped or hung, and waiting longer would only hide it."""
+
+
+class FolderBusy(ValueError):
+    """Another command has held a folder's lock for :data:`LOCK_WAIT_SECONDS`."""
+
+
+@contextlib.contextmanager
+def folder_lock(directory, flag: str, shown, stream=None):
+    """Hold an exclusive ``flock`` on ``directory`` (the folder that holds an output and its
+    temporaries) for the duration: two commands writing the same output take turns (one
+    checks, writes or swaps while the other waits), so neither sees the other's half-made
+    state (a write probe, a report moved aside).  The lock is the folder's own descriptor:
+    no lock file is left, and it is released when its holder exits, however it ends.  Where
+    the file system has no locks, or the folder does not exist yet, nothing is locked.  Past
+    :data:`LOCK_WAIT_SECONDS` of waiting: :class:`FolderBusy`, one line."""
+    import fcntl
+    import sys
+
+    try:
+        fd = os.open(os.fspath(directory), os.O_RDONLY | _DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, TypeError, ValueError):
+        fd = None
+    try:
+        if fd is not None:
+            _take_lock(fd, flag, shown, sys.stderr if stream is None else stream, fcntl)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _take_lock(fd: int, flag: str, shown, stream, fcntl) -> None:
+    """``flock`` of ``fd``, waited for: said once on ``stream`` after a second of waiting."""
+    start = time.monotonic()
+    said = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        except OSError:
+            return          # a file system without locks: nothing to wait for
+        if not said and time.monotonic() > start + 1.0:
+            print(f"waiting: another command is writing {flag} {shown}; this one goes next", file=stream, flush=True)
+            said = True
+        if time.monotonic() > start + LOCK_WAIT_SECONDS:
+            raise FolderBusy(f"{flag} {shown}: another command has been writing there for {LOCK_WAIT_SECONDS:.0f} s "
+                             "(stopped or hung?); let it finish, end it, or choose another " + flag)
+        time.sleep(0.05)
 
 
 def write_output(path, data) -> None:

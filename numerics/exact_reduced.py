@@ -477,29 +477,6 @@ def single_head_minimum(tasks, L: int, sigma: float = 0.0, seed: int = 0, device
 
 
 @one_thread
-def exact_minima(tasks, sigma: float, Ls: Sequence[int], n_eval: Optional[int], seed: int, device="cpu",
-                 single: bool = False, progress=None, eval_elements: int = 2 ** 22,
-                 fit_elements: int = FIT_ELEMENTS) -> list[dict]:
-    """Allocated (and, with ``single``, single-head) minima of the exact loss at each L, each
-    measured on its own independent evaluation sample, paired between the families at one L
-    (the case at L draws from seeds s, s + 1, s + 2, s = numerics.seeds.case_seed(seed, "exact minima", L)).
-    ``n_eval`` prompts per L, or (None) eval_elements / L: the Monte-Carlo error of L*loss
-    then grows like sqrt(L), which the weighted fits account for."""
-    out = []
-    for k, L in enumerate(Ls):
-        if progress is not None:
-            progress(f"exact reduced minima at L={L}", k / len(Ls))
-        s = case_seed(seed, "exact minima", L)     # the case at L: its fits s, s + 1 and its evaluation s + 2
-        mins = [allocated_minimum(tasks, L, sigma, s, device, fit_elements)]
-        if single:
-            mins.append(single_head_minimum(tasks, L, sigma, s + 1, device, fit_elements))
-        n = int(n_eval) if n_eval is not None else max(256, eval_elements // (len(tasks) * int(L)))
-        measure(mins, n, s + 2, device)
-        out.append({"L": int(L), "allocated": mins[0], "single": mins[1] if single else None})
-    return out
-
-
-@one_thread
 def best_found_minimum(tasks, L: int, sigma: float = 0.0, seed: int = 0, heads_per_task: int = 2,
                        shared_heads: int = 0, device="cpu", fit_elements: int = FIT_ELEMENTS) -> FamilyMinimum:
     """The best decomposable attention found at finite L by direct minimisation of the exact

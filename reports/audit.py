@@ -36,15 +36,18 @@ import signal
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 from typing import Optional, TextIO
 
+from audit_io.command import command_line
 from audit_io.jsonable import jsonable
 from claims.base import FAILING
 from reports.output import check_out_dir, new_temporary, recover_leftovers, replace_with, write_tree
 from reports.provenance import _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments, check_report
-from audit_io.options import float_option, int_option, parse_int, seed_option, tasks_option, threads_option
+from audit_io.options import (OFFSET_SEED_MAX, float_option, int_option, parse_int, seed_option, tasks_option,
+                               threads_option)
 
 DEFAULT_OUT = "reports/audit"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -137,10 +140,13 @@ def make_parser() -> argparse.ArgumentParser:
                    default=None, metavar="N", help="the most held-out prompts a sized model is measured on (default "
                    "1048576)")
     g.add_argument("--max-minutes", type=float_option("--max-minutes", low=0.0), default=None, metavar="M",
-                   help="the most minutes a sized model's measurement may take at the pilot's rate (default 10); past "
-                   "either cap a model that agrees is undecided, and the report says how many prompts would decide it")
-    g.add_argument("--seed", type=seed_option("--seed"), default=0, metavar="N",
-                   help="seed of the held-out prompts and of theory's searches (same seed: same numbers)")
+                   help="the most minutes the audit may take (default 10); its cost is estimated before anything runs "
+                   "(printed) and refused past M; a sized model's further prompts are capped at M minutes each at the "
+                   "pilot's rate: past either cap a model that agrees is undecided, and the report says how many "
+                   "prompts would decide it")
+    g.add_argument("--seed", type=seed_option("--seed", OFFSET_SEED_MAX), default=0, metavar="N",
+                   help="seed of the held-out prompts and of theory's searches, 0 .. 2^63 - 1 (same seed: same "
+                        "numbers)")
     g.add_argument("--skip", type=_skip, default=(), metavar="REF[,REF]",
                    help="reference points not to compute (allocated-fixed-point, one-head-optimum, best-decomposable, "
                         "linear-attention); the report says they were skipped. The one-head optimum and the best "
@@ -174,14 +180,15 @@ def request_from_args(args):
 
 
 def _validate(args) -> tuple:
-    """(plan, out): every check before any computation; BadArguments on anything wrong."""
+    """(plan, out, cost): every check before the audit's computation (the budget's probes take
+    seconds at most: :func:`budget`); BadArguments on anything wrong."""
     from claims.model_audit import plan_audit
     from numerics import external
     from numerics.config import check_device
 
-    if args.prompts is not None and (args.max_prompts is not None or args.max_minutes is not None):
-        raise BadArguments("--prompts N is measured as given; --max-prompts and --max-minutes cap a sized measurement: "
-                           "give one or the others")
+    if args.prompts is not None and args.max_prompts is not None:
+        raise BadArguments("--prompts N is measured as given; --max-prompts caps a sized measurement: give one or the "
+                           "other")
     if args.basis_seed is not None and args.basis != "random":
         raise BadArguments("--basis-seed is used only with --basis random; drop it or add --basis random")
     try:
@@ -195,9 +202,222 @@ def _validate(args) -> tuple:
     out = check_out_dir(args.out, "--out", args.checkpoints)
     try:
         plan = plan_audit(request_from_args(args))
+        for case in plan.cases:
+            if case.time is not None and not math.isfinite(case.time):
+                raise BadArguments(f"{case.ext.path}: its training time is {case.time} ({case.time_source}): the "
+                                   "product overflows; check --lr, --steps and the file's step")
+        cost = budget(plan)
+        check_budget(cost, plan.request.max_seconds, args.max_minutes is not None)
+        for case in plan.cases:         # every checkpoint's weights give numbers (the budget's probes: the first)
+            if id(case) not in cost["checked"]:
+                check_finite(case, plan.request.seed)
     except ValueError as exc:       # numerics.external.CheckpointError is a ValueError
         raise BadArguments(str(exc)) from None
-    return plan, out
+    return plan, out, cost
+
+
+# --------------------------------------------------------------------------- the budget
+
+PROBE_PROMPTS = 32
+"""The timing probe: the first checkpoint of each shape measured on 2 and on 2 + PROBE_PROMPTS
+held-out prompts gives the measurement's fixed and per-prompt seconds on this machine, now (well
+under a second at the issue's 10,000 heads; the refusal it informs would have cost minutes)."""
+
+MIN_SPAN = 1e-6
+"""The least span t_end - t_0 of a trajectory whose theory is computed, in this project's units
+(t = lr x steps).  Theory's flow from the first checkpoint is integrated over that span by scipy's
+LSODA, which never ends on spans near the bottom of the float range (measured: 1e-100 ends in 2 s,
+1e-200 and denormal spans never); 1e-6 is a thousand steps at lr 1e-9, a run that moves no weight
+visibly, and is far from that range."""
+
+SEARCH_ELEMENT_SECONDS, SEARCH_EVALUATIONS = 6.5e-8, 100
+"""The best decomposable search (numerics.experiments.probes.best_decomposable): per start at most
+SEARCH_EVALUATIONS evaluations (L-BFGS-B's maxiter) of a fit sample of n prompts, each touching
+n H (L + H) m numbers (per task, the scores and the heads' pair moments), at
+SEARCH_ELEMENT_SECONDS each: above the 1.2e-8 .. 6.2e-8 s measured here (one thread) at (2,) L = 8
+with H = 4, 16, 64, at (2, 2) L = 32 H = 2 and at (16, 17, 17) L = 100 H = 3 (4-82 s).  Its memory:
+the pair moments, n H^2 numbers, held about three times."""
+
+FIXED_POINT_SECONDS, ONE_HEAD_SECONDS, ONE_HEAD_PER_R2 = 6.0, 12.0, 0.35
+"""Theory's other points, measured here (docs/audit.md's Cost): the allocated fixed point 0.2-6 s;
+the one-head optimum 12 s (its symbolic derivation, once per process) plus 0.35 s x (largest r)^2
+(3.4-11 s at r = 2, 85 s at r = 17, 110 s at the authors' (16, 17, 17)); linear attention is
+closed-form."""
+
+RENDER_SECONDS, RENDER_SECONDS_PER_BAR = 0.3, 0.01
+"""The report's share per judged result: its two or three figures drawn and written, one bar per head
+and task among them (measured: 0.22 s a result over 200 judged checkpoints of H = 2; about 100 s for
+one of H = 10,000)."""
+
+PROBE_STEPS = 256
+"""Steps of theory's gradient-descent map timed for a trajectory's estimate (0.05-0.1 s; the rate of
+the first thousands of steps, measured 1.6e-4 - 2.7e-4 s a step at (2, 2), H = 2)."""
+
+TRAJECTORY_FLOW_SECONDS = 5.0
+"""Theory's flow of a trajectory besides its gradient-descent map (the ODE and the winners): 2-3 s measured."""
+
+
+def check_finite(case, seed: int):
+    """The 2-prompt measurement of ``case``, or :class:`BadArguments` (one line, nothing audited)
+    when the handed weights give NaN or inf: merged weights W_h = K_h^T Q_h / s that overflow
+    (entries of 1e154, a tiny logit scale), or a loss on held-out prompts that does (the logits or
+    outputs overflow).  Such weights are a bad input, like an unreadable file: a model whose loss
+    is not a number cannot be placed, compared or drawn, and an error verdict would say that a
+    check failed."""
+    import numpy as np
+
+    from numerics import external
+    from numerics.model import TrainingDiverged
+
+    ext, what = case.ext, None
+    try:
+        with warnings.catch_warnings():         # numpy's overflow warnings: the line below says it once
+            warnings.simplefilter("ignore", RuntimeWarning)
+            meas = external.measure(ext, case.cfg, n=2, seed=seed)
+        bad = [e.mean for e in (meas.loss, meas.projected_loss) if e is not None and not math.isfinite(e.mean)]
+        readout = [meas.omega, meas.mu] + ([meas.residual] if meas.residual is not None else [])
+        if not all(np.all(np.isfinite(x)) for x in readout):
+            what = "the readout of their merged weights is not finite (entries too large to square)"
+        elif bad:
+            what = f"their loss on 2 held-out prompts is {bad[0]} (the logits or outputs overflow)"
+    except TrainingDiverged:
+        meas, what = None, "their merged weights W_h = K_h^T Q_h / s and U_h = O_h V_h are not finite"
+    if what:
+        largest = max((float(np.max(np.abs(w))) for w in ext.weights.values() if np.size(w)), default=float("nan"))
+        scale = f", logit scale {ext.logit_scale:.3g}" if ext.logit_scale is not None else ""
+        raise BadArguments(f"{ext.path}: the handed weights give NaN/inf at L = {case.cfg.L}: {what} (largest handed "
+                           f"entry {largest:.3g}{scale}); nothing was audited")
+    return meas
+
+
+def _probe(case, seed: int) -> tuple[float, float]:
+    """(fixed seconds, seconds per held-out prompt) of measuring ``case`` here (:data:`PROBE_PROMPTS`)."""
+    from numerics import external
+
+    t0 = time.perf_counter()
+    external.measure(case.ext, case.cfg, n=2, seed=seed)
+    t1 = time.perf_counter()
+    external.measure(case.ext, case.cfg, n=2 + PROBE_PROMPTS, seed=seed)
+    t2 = time.perf_counter()
+    return t1 - t0, max((t2 - t1) - (t1 - t0), 0.0) / PROBE_PROMPTS
+
+
+def theory_cost(problem: dict, H: int, skip: tuple, search: dict) -> tuple[dict, int]:
+    """({reference point: estimated seconds}, bytes) of theory's points at H (the constants above)."""
+    tasks, L = problem["tasks"], problem["L"]
+    seconds = {"allocated_fixed_point": FIXED_POINT_SECONDS,
+               "one_head_optimum": ONE_HEAD_SECONDS + ONE_HEAD_PER_R2 * max(tasks) ** 2}
+    n = max(128, int(search["fit_elements"]) // (H * L))
+    seconds["best_decomposable"] = SEARCH_ELEMENT_SECONDS * (int(search["random_starts"]) + 1) * len(tasks) * (
+        SEARCH_EVALUATIONS * n * H * (L + H) + int(search["eval_prompts"]) * H * L)
+    memory = 0 if "best_decomposable" in skip else 3 * 8 * n * H * (L + H)
+    return {k: v for k, v in seconds.items() if k not in skip}, memory
+
+
+def trajectory_cost(plan, meas0) -> float:
+    """Estimated seconds of theory's account of a trajectory (0 where it is not computed: outside
+    the domain of claims.model_audit.trajectory_domain): its gradient-descent map takes
+    (t_end - t_0) / lr steps, timed here on :data:`PROBE_STEPS` of them.  A span below :data:`MIN_SPAN` or more
+    steps than the trainer's limit (numerics.train.MAX_STEPS) is :class:`BadArguments`."""
+    import numpy as np
+
+    from claims.model_audit import trajectory_domain
+    from numerics.train import MAX_STEPS
+    from theory.reduced_ode import expansion_gd_map
+
+    if not plan.trajectory or not trajectory_domain(plan, meas0)["inside"]:
+        return 0.0
+    t = np.array([c.time for c in plan.cases], float)
+    span, lr = float(t[-1] - t[0]), plan.lr if plan.lr is not None else float(np.min(np.diff(t))) / 100.0
+    where = (f"the checkpoints' times span {span:.3g} in this project's units (t = lr x steps; "
+             f"{plan.cases[0].time_source})")
+    if not span >= MIN_SPAN:
+        raise BadArguments(f"{where}, less than {MIN_SPAN:g}: no run that short moves its weights, and theory's flow "
+                           "cannot be integrated over it; check --times, --lr and --loss-units")
+    if not span / lr <= MAX_STEPS:
+        step = f"--lr's {lr:.3g}" if plan.lr is not None else f"{lr:.3g}, a hundredth of the least gap (no --lr given)"
+        raise BadArguments(f"{where}: {span / lr:.3g} gradient steps of {step}, more than the trainer's "
+                           f"{MAX_STEPS:.0e} that theory's map of the run would take; check --times and --lr")
+    c0 = plan.cases[0].cfg
+    for k in (4, PROBE_STEPS):      # the first call builds theory's tables: the second is timed
+        t0 = time.perf_counter()
+        expansion_gd_map(meas0.omega, meas0.mu, c0.tasks, c0.L, c0.sigma, "factored", c0.logit_scale, lr,
+                         t=[k * lr], on_exit="stop")
+    return (time.perf_counter() - t0) / PROBE_STEPS * span / lr + TRAJECTORY_FLOW_SECONDS
+
+
+def budget(plan) -> dict:
+    """What the audit will cost, estimated before any of it is spent: {"seconds": {part: s},
+    "memory": {part: bytes}, "free": bytes or None, "first": the first case's 2-prompt measurement,
+    "checked": ids of the cases :func:`check_finite` passed}.
+    Measurement: per checkpoint its first measurement (the pilot, or --prompts) at the probe's
+    rates, twice more for a judged one (its gradient noise, the run's descent); a sized model's
+    further prompts are capped apart (--max-minutes each).  Theory: :func:`theory_cost` per H and
+    :func:`trajectory_cost`; the report: :data:`RENDER_SECONDS` (and per bar) per judged result.  Memory: the
+    largest held-out batch (numerics.external.held_out_chunk, which refuses one that does not fit)
+    and the search's pair moments."""
+    from audit_io.handed import memory_available
+    from claims.model_audit import PILOT_PROMPTS
+    from numerics import external
+    from numerics.train import step_memory_bytes
+
+    req = plan.request
+    n0 = req.prompts or min(PILOT_PROMPTS, int(req.max_prompts))
+    judged = {id(plan.cases[-1])} if plan.trajectory else {id(c) for c in plan.cases}
+    groups: dict = {}
+    for c in plan.cases:
+        groups.setdefault((c.ext.heads, c.ext.param), []).append(c)
+    seconds, memory, first, checked = {"measurement": 0.0}, {"held-out batch": 0, "search": 0}, None, set()
+    for cases in groups.values():
+        batch = step_memory_bytes(cases[0].cfg, external.held_out_chunk(cases[0].cfg))
+        memory["held-out batch"] = max(memory["held-out batch"], batch)
+        meas = check_finite(cases[0], req.seed)
+        first = meas if cases[0] is plan.cases[0] else first
+        checked.add(id(cases[0]))
+        fixed, per = _probe(cases[0], req.seed)
+        seconds["measurement"] += sum(fixed + n0 * per * (3 if id(c) in judged else 1) for c in cases)
+    for H in sorted({c.cfg.heads for c in plan.cases}):
+        parts, search_memory = theory_cost(plan.problem, H, tuple(req.skip), dict(req.search))
+        memory["search"] = max(memory["search"], search_memory)
+        for name, value in parts.items():
+            seconds[name] = seconds.get(name, 0.0) + value
+    seconds["trajectory"] = trajectory_cost(plan, first) if first is not None else 0.0
+    seconds["report"] = RENDER_SECONDS * plan.trajectory + sum(
+        RENDER_SECONDS + RENDER_SECONDS_PER_BAR * c.cfg.heads * c.cfg.m for c in plan.cases if id(c) in judged)
+    return {"seconds": seconds, "memory": memory, "free": memory_available(), "first": first, "checked": checked}
+
+
+def _duration(seconds: float) -> str:
+    return (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200
+            else f"{seconds / 3600:.3g} h")
+
+
+def describe_budget(cost: dict) -> str:
+    parts = ", ".join(f"{k.replace('_', ' ')} {_duration(v)}" for k, v in cost["seconds"].items() if v >= 0.5)
+    free = f" of the {cost['free'] / 2 ** 30:.3g} GiB this process can take" if cost["free"] else ""
+    return (f"estimated {_duration(sum(cost['seconds'].values()))} ({parts or 'each part under a second'}), memory "
+            f"{max(cost['memory'].values()) / 2 ** 30:.2g} GiB{free}")
+
+
+def check_budget(cost: dict, max_seconds: float, flag_given: bool) -> None:
+    """:class:`BadArguments` when the estimate passes --max-minutes or half the memory this process
+    can take (audit_io.handed.MEMORY_FRACTION), saying what raises or lowers it."""
+    from audit_io.handed import MEMORY_FRACTION
+
+    total, free, memory = sum(cost["seconds"].values()), cost["free"], cost["memory"]
+    costly = sorted(k for k in ("one_head_optimum", "best_decomposable") if cost["seconds"].get(k, 0.0) > 60.0)
+    skip = f", --skip {','.join(k.replace('_', '-') for k in costly)}" if costly else ""
+    if free is not None and max(memory.values()) > MEMORY_FRACTION * free:
+        what = ("theory's best decomposable search" if memory["search"] > memory["held-out batch"]
+                else "the audit's held-out batch")
+        raise BadArguments(f"{what} would need about {max(memory.values()) / 2 ** 30:.3g} GiB, more than "
+                           f"half the {free / 2 ** 30:.3g} GiB this process can take; nothing was computed: use a "
+                           f"machine with more memory" + (", or --skip best-decomposable" if memory["search"] >
+                                                          memory["held-out batch"] else ""))
+    if total > max_seconds:
+        raise BadArguments(f"the audit is {describe_budget(cost)}: more than --max-minutes "
+                           f"{max_seconds / 60:g}{'' if flag_given else ' (the default)'}; nothing was computed: raise "
+                           f"--max-minutes{skip}, or give fewer --prompts or checkpoints")
 
 
 # --------------------------------------------------------------------------- rendering
@@ -435,6 +655,7 @@ def layouts(cases: list) -> str:
     return "\n".join(lines)
 
 
+@command_line       # an ascii terminal, a closed pipe, a deleted directory, a full disk: as every command
 def main(argv: Optional[list] = None, stream: Optional[TextIO] = None) -> int:
     stream = sys.stderr if stream is None else stream
     parser = make_parser()
@@ -444,16 +665,15 @@ def main(argv: Optional[list] = None, stream: Optional[TextIO] = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_BAD_ARGUMENTS
     command = [sys.executable, "-m", "reports.audit"] + list(sys.argv[1:] if argv is None else argv)
-    try:
-        plan, out = _validate(args)
-    except BadArguments as exc:
-        parser.print_usage(stream)
-        print(f"{parser.prog}: error: {exc}", file=stream)
-        return EXIT_BAD_ARGUMENTS
     import torch
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)     # the budget's probes time what the audit will run
+    try:
+        plan, out, cost = _validate(args)
+    except BadArguments as exc:
+        return _refuse(parser, stream, exc)
     print(layouts(plan.cases), file=stream, flush=True)
+    print(f"audit: {describe_budget(cost)}", file=stream, flush=True)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     from reports.build import _main_thread, _raise_interrupt   # the build's SIGTERM handling, as it is
 
@@ -471,12 +691,20 @@ def main(argv: Optional[list] = None, stream: Optional[TextIO] = None) -> int:
         bar.close()
         print(f"\ninterrupted: no report written; the previous report in {out} (if any) is intact", file=stream)
         return EXIT_INTERRUPTED
+    except BadArguments as exc:     # --out changed while the audit ran: nothing deleted, nothing written beside it
+        return _refuse(parser, stream, exc)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     print(summary(doc))
     print(f"report: {where / 'index.html'}")
     return exit_status(doc)
+
+
+def _refuse(parser, stream: TextIO, exc: Exception) -> int:
+    parser.print_usage(stream)
+    print(f"{parser.prog}: error: {exc}", file=stream)
+    return EXIT_BAD_ARGUMENTS
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from audit_io.options import parse_tasks as strict_tasks
 from claims.base import FAILING, PROFILES, ClaimResult
 from reports.output import (FIGURE_DIR, REPORT_MARKER, check_out_dir, new_temporary, recover_leftovers,  # noqa: F401
                             replace_with, write_tree)
-from reports.plan import (PROBLEM_FLAGS, _ask, accepts_problem, check_claims, check_problem,  # noqa: F401
+from reports.plan import (PROBLEM_FLAGS, _ask, _profiles_of, accepts_problem, check_claims, check_problem,  # noqa: F401
                           claims_at_configuration, describe_estimate, estimate, selected)
 from reports.run import run_all, run_one  # noqa: F401  (the claims' runner of a build)
 from reports.provenance import git_state, provenance, unreadable_sweep_points  # noqa: F401
@@ -159,6 +159,10 @@ def validate(cfg: BuildConfig) -> BuildConfig:
     _validate_device(cfg.device)
     if cfg.only is not None:
         parse_only(",".join(cfg.only))
+        lacking = [cid for cid in cfg.only if _profiles_of(cid) and cfg.profile not in _profiles_of(cid)]
+        if lacking:
+            raise BadArguments(f"--profile {cfg.profile}: {', '.join(lacking[:5])} has no such profile (its profiles: "
+                               f"{', '.join(_profiles_of(lacking[0]))}); choose one of them, or --only ids with it")
     if cfg.sweep is not None:
         sweep = Path(cfg.sweep)
         if not sweep.is_dir():

@@ -18,12 +18,24 @@ killed between the two renames leaves ``.DIR.old-<token>``; a killed write leave
 what it did only when it did it -- and only to directories whose marker, written by the build,
 holds the token of their name (:data:`REPORT_MARKER`): a directory that merely looks like a
 leftover, with a user's files in it, is never deleted.
+
+What a report may hold is what its marker lists: the build writes, after the report's files, each
+file's name and size into the marker (:func:`marker_files`); a previous report is replaced only if
+it holds exactly those files, as regular files, and every one of them and its folders can be
+written (read-only ones stay, so the replaced report could not be deleted whole).  A user's
+folder or file under a report's name (``claims.json/``, ``figures/mine.png``) is refused, never
+deleted.  Commands writing the same DIR take turns (``audit_io.files.folder_lock`` on the folder
+that holds it, for each check, repair and swap): the last to finish leaves its report, whole, and
+none writes beside DIR; should DIR hold something foreign by the time a report is ready, the
+report is not written (one line, exit 2) and nothing is deleted.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -33,7 +45,7 @@ from pathlib import Path
 from typing import Iterable, Optional, TextIO
 
 from reports.schema import BadArguments
-from audit_io.files import create_inside, read_inside, write_inside
+from audit_io.files import FolderBusy, create_inside, folder_lock, make_directories, read_inside, write_inside
 
 REPORT_MARKER = ".icl-audit-report"
 """The file that makes a directory this command's report.  It is written first, into the build's
@@ -44,10 +56,20 @@ deleted or restored by :func:`recover_leftovers` -- a user's directory that mere
 name, or a copy of a report under another name, is left alone."""
 MARKER_TEXT = "written by python -m reports.build\n"
 FIGURE_DIR = "figures"
-OWN_ENTRIES = {"claims.json", "index.html", FIGURE_DIR, REPORT_MARKER}
 # A temporary directory of a build that is no longer running: its pid is in its name
 # (``.DIR.tmp-<pid>-<random>``); one without a pid (older builds) counts as stale after this.
 STALE_TMP_SECONDS = 3600.0
+
+
+@contextlib.contextmanager
+def _locked(folder: Path, shown, stream: Optional[TextIO] = None, flag: str = "--out"):
+    """``audit_io.files.folder_lock`` of the folder that holds a report; waiting too long is
+    :class:`BadArguments` (one line, exit 2)."""
+    try:
+        with folder_lock(folder, flag, shown, stream):
+            yield
+    except FolderBusy as exc:
+        raise BadArguments(str(exc)) from None
 
 
 def umask() -> int:
@@ -56,17 +78,65 @@ def umask() -> int:
     return mask
 
 
+def _report_files(out: Path) -> tuple[list, list]:
+    """(files, others) of a report folder, by ``lstat`` (no link followed): each regular file as
+    (relative name, size), from its top level and its ``figures/`` folder; every other entry (a
+    link, a folder, a device; ``figures`` itself when it is not a real folder) by name."""
+    files, others = [], []
+    for name in sorted(os.listdir(out)):
+        st = os.lstat(out / name)
+        if name == FIGURE_DIR and stat.S_ISDIR(st.st_mode):
+            for inner in sorted(os.listdir(out / name)):
+                ist = os.lstat(out / name / inner)
+                (files.append((f"{name}/{inner}", ist.st_size)) if stat.S_ISREG(ist.st_mode)
+                 else others.append(f"{name}/{inner}"))
+        elif stat.S_ISREG(st.st_mode):
+            files.append((name, st.st_size))
+        else:
+            others.append(name)
+    return files, others
+
+
 def foreign_entries(out: Path) -> list[str]:
-    """What in a previous report directory this command did not write (empty: safe to replace)."""
-    names = set(os.listdir(out))
-    foreign = sorted(names - OWN_ENTRIES)
-    figures = out / FIGURE_DIR
-    if figures.is_symlink() or (figures.exists() and not figures.is_dir()):
-        foreign.append(FIGURE_DIR)
-    elif figures.is_dir():
-        foreign += [f"{FIGURE_DIR}/{p.name}" for p in figures.iterdir()
-                    if p.is_symlink() or not p.is_file() or p.suffix != ".png"]
+    """What in a previous report folder this command did not write (empty: safe to replace):
+    every entry but the regular files its marker lists with their sizes (:func:`marker_files`;
+    a report whose marker lists none: ``claims.json``, ``index.html`` and ``figures/*.png``) and
+    the marker itself -- a link, a folder or a file under a report's name included."""
+    listed = marker_files(out)
+    files, foreign = _report_files(out)
+    for name, size in files:
+        if name == REPORT_MARKER:
+            continue
+        ours = (listed.get(name) == size if listed is not None else
+                name in ("claims.json", "index.html") or (name.startswith(FIGURE_DIR + "/") and name.endswith(".png")))
+        if not ours:
+            foreign.append(name if listed is None or name not in listed else f"{name} (changed since it was written)")
     return foreign
+
+
+def read_only_entries(out: Path) -> list[str]:
+    """What in a previous report folder cannot be written (a read-only or immutable file or
+    folder): replacing the report would leave it behind, so it is refused instead."""
+    files, _ = _report_files(out)
+    folders = [FIGURE_DIR] if (out / FIGURE_DIR).is_dir() and not (out / FIGURE_DIR).is_symlink() else []
+    return [name for name in folders + [f for f, _ in files] if not os.access(out / name, os.W_OK)]
+
+
+def _replace_problem(out: Path, flag: str, shown) -> Optional[str]:
+    """Why the previous report ``out`` cannot be replaced (None: it can)."""
+    try:
+        foreign = foreign_entries(out)
+    except OSError as exc:
+        return (f"{flag} {shown}: a previous report whose folders cannot be listed ({exc.strerror or exc}); "
+                f"choose another {flag}")
+    if foreign:
+        return (f"{flag} {shown} is a previous report that also holds {foreign[:5]}, which this command did not "
+                f"write; replacing it would delete them. Move them or choose another {flag}")
+    locked = read_only_entries(out)
+    if locked:
+        return (f"{flag} {shown} is a previous report whose {locked[:5]} cannot be written (read-only); replacing it "
+                f"would leave them behind. Make it writable (chmod -R u+w) or choose another {flag}")
+    return None
 
 
 def check_out_dir(path: str, flag: str = "--out", inputs: Iterable[str] = ()) -> Path:
@@ -80,18 +150,22 @@ def check_out_dir(path: str, flag: str = "--out", inputs: Iterable[str] = ()) ->
 
     inputs = [Path(p).resolve() for p in inputs]
     try:
-        out = Path(check_output_dir(path, flag, marker=REPORT_MARKER, inputs=tuple(inputs))).absolute()
+        parent = Path(os.path.realpath(os.fspath(path))).parent
+    except (TypeError, ValueError):             # not a path, or a NUL in it: check_output_dir says so
+        parent = None
+    try:
+        with _locked(parent, path, flag=flag):   # another command's probe or swap is never seen half-done
+            out = Path(check_output_dir(path, flag, marker=REPORT_MARKER, inputs=tuple(inputs),
+                                        replaced=True)).absolute()
+            problem = _replace_problem(out, flag, path) if out.is_dir() and os.listdir(out) else None
     except ValueError as exc:
         raise BadArguments(str(exc)) from None
     for source in inputs:
         if out in source.parents:
             raise BadArguments(f"{flag} {path} holds {source}, an input of this command; replacing it would "
                                f"delete that input. Choose another {flag}")
-    foreign = foreign_entries(out) if out.is_dir() and os.listdir(out) else []
-    if foreign:
-        raise BadArguments(f"{flag} {path} is a previous report that also holds {foreign[:5]}, which this "
-                           "command did not write (a sweep stored there?); building would delete them. "
-                           f"Move them or choose another {flag}")
+    if problem:
+        raise BadArguments(problem)
     return out
 
 
@@ -103,30 +177,48 @@ def write_tree(out: Path, files: dict[str, bytes]) -> None:
     place with :func:`replace_with` (the rename of the whole directory is what makes it atomic)."""
     for name, data in files.items():
         create_inside(out, name, data, "--out")
+    write_inside(out, REPORT_MARKER, marker_text(marker_token(out), files={n: len(d) for n, d in files.items()}),
+                 "--out")
 
 
-def marker_text(token: str, pid: Optional[int] = None) -> str:
-    """The content of a report's marker: who wrote it, the build's pid and the report's token."""
-    return f"{MARKER_TEXT}pid {os.getpid() if pid is None else pid}\ntoken {token}\n"
+def marker_text(token: str, pid: Optional[int] = None, files: Optional[dict] = None) -> str:
+    """The content of a report's marker: who wrote it, the build's pid, the report's token and,
+    once written, its files (``file SIZE NAME``, one a line)."""
+    listed = "".join(f"file {size} {name}\n" for name, size in sorted((files or {}).items()))
+    return f"{MARKER_TEXT}pid {os.getpid() if pid is None else pid}\ntoken {token}\n{listed}"
+
+
+def _marker_lines(directory: Path) -> Optional[list]:
+    try:
+        text = read_inside(directory, REPORT_MARKER, "--out", max_bytes=1 << 20).decode("utf-8")
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return text.splitlines() if text.startswith(MARKER_TEXT) else None
+
+
+def marker_files(directory: Path) -> Optional[dict]:
+    """{relative name: size} of the files the marker of ``directory`` lists (None: no marker, or
+    one that lists none -- a report written before markers listed their files)."""
+    lines = _marker_lines(directory) or []
+    listed = {}
+    for line in lines:
+        parts = line.split(" ", 2)
+        if parts[0] == "file" and len(parts) == 3 and parts[1].isdigit():
+            listed[parts[2]] = int(parts[1])
+    return listed or None
 
 
 def marker_token(directory: Path) -> Optional[str]:
     """The token in the marker of ``directory`` (None: no marker, a link, not this command's, or an
-    older report's marker without one); read without following a link, at most 4 KiB."""
-    try:
-        text = read_inside(directory, REPORT_MARKER, "--out", max_bytes=4096).decode("utf-8")
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    if not text.startswith(MARKER_TEXT):
-        return None
-    tokens = [line[len("token "):] for line in text.splitlines() if line.startswith("token ")]
+    older report's marker without one); read without following a link, at most 1 MiB."""
+    tokens = [line[len("token "):] for line in _marker_lines(directory) or () if line.startswith("token ")]
     return tokens[0] if len(tokens) == 1 and re.fullmatch(r"[A-Za-z0-9_]{6,64}", tokens[0]) else None
 
 
 def new_temporary(out: Path) -> Path:
     """A new temporary directory beside ``out``, ``.OUT.tmp-<pid>-<token>``, with the report's
     marker (holding the same pid and token) written into it first."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(out.parent)
     prefix = f".{out.name}.tmp-{os.getpid()}-"
     tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
     try:
@@ -139,39 +231,40 @@ def new_temporary(out: Path) -> Path:
 
 
 def replace_with(tmp: Path, out: Path, stream: Optional[TextIO] = None) -> Path:
-    """Put the finished report ``tmp`` at ``out``; returns where it went.  ``out`` absent: renamed
-    there; an empty directory: filled in place (marker first); a previous report: swapped (the
-    old one deleted after).  Should something this command did not write have appeared in
-    ``out`` while the claims ran, nothing is deleted: the report goes beside it, and stderr
-    says where."""
+    """Put the finished report ``tmp`` at ``out``; returns ``out``.  ``out`` absent: renamed there;
+    an empty directory: filled in place (marker first); a previous report: swapped (the old one
+    deleted after).  Done holding the lock of the folder that holds ``out``
+    (``audit_io.files.folder_lock``): another command writing ``out`` waits.  Should ``out`` hold
+    something this command did not write, or cannot write, by now (it changed while the claims
+    ran), nothing is deleted and nothing written beside it: :class:`BadArguments`, one line (the
+    caller removes ``tmp``)."""
     stream = sys.stderr if stream is None else stream
-    if not out.exists():
-        os.rename(tmp, out)
-        return out
-    names = os.listdir(out)
-    if names and (REPORT_MARKER not in names or foreign_entries(out)):
-        beside = out.parent / f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-        os.rename(tmp, beside)
-        print(f"warning: {out} changed while the claims ran (it now holds files this command did not "
-              f"write); the report was written to {beside} instead", file=stream, flush=True)
-        return beside
-    if not names:
-        for name in [REPORT_MARKER] + sorted(set(os.listdir(tmp)) - {REPORT_MARKER}):
-            os.rename(tmp / name, out / name)
-        os.rmdir(tmp)
-        return out
-    # a fresh token in the previous report's marker, then the same token in the name it is moved to:
-    # what recover_leftovers needs to know it for this command's own, should this build be killed
-    token = uuid.uuid4().hex[:12]
-    write_inside(out, REPORT_MARKER, marker_text(token), "--out")
-    old = out.parent / f".{out.name}.old-{token}"
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old, out)  # put the previous report back before reporting the failure
-        raise
-    _remove(old, "the replaced report", stream, quiet=True)
+    with _locked(out.parent, out, stream):
+        if not out.exists():
+            os.rename(tmp, out)
+            return out
+        names = os.listdir(out)
+        problem = (None if not names else _replace_problem(out, "--out", out) if REPORT_MARKER in names else
+                   f"--out {out} now holds {sorted(names)[:5]}, which this command did not write")
+        if problem:
+            raise BadArguments(f"{problem} (it changed while the command ran); the report was not written")
+        if not names:
+            for name in [REPORT_MARKER] + sorted(set(os.listdir(tmp)) - {REPORT_MARKER}):
+                os.rename(tmp / name, out / name)
+            os.rmdir(tmp)
+            return out
+        # a fresh token in the previous report's marker, then the same token in the name it is moved to:
+        # what recover_leftovers needs to know it for this command's own, should this command be killed
+        token = uuid.uuid4().hex[:12]
+        write_inside(out, REPORT_MARKER, marker_text(token, files=marker_files(out)), "--out")
+        old = out.parent / f".{out.name}.old-{token}"
+        os.rename(out, old)
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            os.rename(old, out)  # put the previous report back before reporting the failure
+            raise
+        _remove(old, "the replaced report", stream, quiet=True)
     return out
 
 
@@ -180,6 +273,8 @@ def _remove(path: Path, what: str, stream: TextIO, quiet: bool = False) -> Optio
     try:
         shutil.rmtree(path)
     except OSError as exc:
+        if not os.path.lexists(path):   # gone all the same (removed by another command meanwhile)
+            return None if quiet else f"cleaned: removed {path.name}, {what}"
         message = f"warning: could not remove {path.name}, {what} ({exc.strerror or exc}); remove it by hand"
         print(message, file=stream, flush=True)
         return message
@@ -227,10 +322,17 @@ def recover_leftovers(out: Path, stream: Optional[TextIO] = None) -> list[str]:
     name); "cleaned" is said only of what is gone."""
     stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     out = Path(out).absolute()
-    parent = out.parent
-    if not parent.is_dir():
+    if not out.parent.is_dir():
         return []
-    messages = []
+    with _locked(out.parent, out, stream):     # never while another command swaps its report
+        messages = _recover(out, stream)
+    for message in messages:
+        print(message, file=stream, flush=True)
+    return messages
+
+
+def _recover(out: Path, stream: TextIO) -> list[str]:
+    parent, messages = out.parent, []
     olds = sorted((p for p in parent.glob(f"{glob_escape('.' + out.name)}.old-*") if own_leftover(p, "old")),
                   key=lambda p: p.stat().st_mtime, reverse=True)
     if olds and not out.exists() and not out.is_symlink():
@@ -255,6 +357,4 @@ def recover_leftovers(out: Path, stream: Optional[TextIO] = None) -> list[str]:
             message = _remove(tmp, "the unfinished output of a killed build", stream)
             if message and message.startswith("cleaned"):
                 messages.append(message)
-    for message in messages:
-        print(message, file=stream, flush=True)
     return messages

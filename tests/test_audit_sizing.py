@@ -226,7 +226,7 @@ def test_a_sparse_run_says_what_it_did_not_compare(tmp_path, one_thread):
 def test_prompts_and_its_caps_are_exclusive(tmp_path):
     rc, _, err = run(["x.npz", "--tasks", "2,2", "--L", "32", "--prompts", "4096", "--max-prompts", "8192",
                       "--out", str(tmp_path / "o")])
-    assert rc == 2 and "give one or the others" in err and not (tmp_path / "o").exists()
+    assert rc == 2 and "give one or the other" in err and not (tmp_path / "o").exists()
 
 
 def test_the_help_states_the_caps_the_audit_uses():

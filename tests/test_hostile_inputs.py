@@ -18,7 +18,12 @@ or hang.  Five parts:
    torch, run.json) and reports read back, each through its command (reports.audit,
    numerics.train --checkpoint, reports.build --from-json, reports.findings, reports.compare)
    in a worker under resource limits: exit 2, one line naming the file and the problem, no
-   traceback, bounded CPU seconds and memory, nothing written.
+   traceback, bounded CPU seconds and memory, nothing written;
+6. the edges of every command: the audit's budget before its work (an input accepted, then
+   failing or taking hours inside it: refused in one line, in the same worker), weights that
+   overflow, degenerate time axes; every command wrapped alike (a closed pipe, an ascii
+   terminal, a full disk, a deleted directory, a path 1,900 levels deep); writers of one --out
+   taking turns.
 
 Every case that could block (a FIFO) runs under an alarm: a hang fails the test instead of
 stalling the suite.
@@ -1043,7 +1048,8 @@ def _python(argv, env=None, cwd=ROOT, shell_prefix=None, timeout=120):
 
 @pytest.mark.parametrize("argv", [["-m", "theory", "predict", "--tasks", "2", "--heads", "1", "--L", "50",
                                    "--out", "rel.json"],
-                                  ["-m", "tools.sweep", "g.toml", "--out", "s"]])
+                                  ["-m", "tools.sweep", "g.toml", "--out", "s"],
+                                  ["-m", "reports.audit", "x.npz", "--tasks", "2", "--L", "8", "--out", "r"]])
 def test_a_deleted_working_directory_is_a_message(tmp_path, argv):
     gone = tmp_path / "gone"
     gone.mkdir()
@@ -1377,9 +1383,9 @@ def _handed_cases() -> list:
     ]
     cases = [(name, "audit", CK, {"ck.bin": data}, fragment, None) for name, data, fragment in ckpt]
     cases += [
-        # --tasks that fit the arrays' shapes (d + m = 3000), so that the memory budget, not the shape check, refuses it
-        ("weights over the memory budget", "audit", ["ck.bin", "--tasks", "1499,1499"] + CK[3:], {"ck.bin": _f16_merged()},
-         "weights as float64", 200 * 2 ** 20),
+        # d + m = 3000: the shapes agree with --tasks, the size does not
+        ("weights over the memory budget", "audit", ["ck.bin", "--tasks", "1499,1499"] + CK[3:],
+         {"ck.bin": _f16_merged()}, "weights as float64", 200 * 2 ** 20),
         ("a FIFO among the checkpoints", "audit", ["good.npz"] + CK, {"good.npz": _npz(), "ck.bin": None},
          "not a regular file (a FIFO", None),
         ("a device among the checkpoints", "audit", ["good.npz"] + CK, {"good.npz": _npz(),
@@ -1419,10 +1425,13 @@ def _place(directory: Path, files: dict) -> None:
                 fh.write(content)
 
 
-def test_handed_files_are_refused_in_one_line_within_cpu_and_memory_bounds(tmp_path):
-    cases = _handed_cases()
+def _run_cases(tmp_path: Path, cases: list, named_of) -> list:
+    """Run ``cases`` (:func:`_handed_cases`' rows, an optional seventh field the case's CPU bound in
+    seconds) through the worker; the problems found (empty: every case exited 2 with one error line
+    holding its fragment and ``named_of(cli, files)``, no traceback, within its CPU and RSS_MB, its
+    directory as it was)."""
     jobs, before = [], {}
-    for k, (name, cli, argv, files, fragment, headroom) in enumerate(cases):
+    for k, (name, cli, argv, files, fragment, headroom, *_) in enumerate(cases):
         cwd = tmp_path / f"case{k}"
         cwd.mkdir()
         _place(cwd, files)
@@ -1435,21 +1444,27 @@ def test_handed_files_are_refused_in_one_line_within_cpu_and_memory_bounds(tmp_p
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.splitlines()[-1])
     problems = []
-    for k, (name, cli, argv, files, fragment, headroom) in enumerate(cases):
+    for k, (name, cli, argv, files, fragment, headroom, *bound) in enumerate(cases):
         got = report["cases"][name]
         text = (tmp_path / f"log{k}").read_text(errors="backslashreplace")
         errors = [line for line in text.splitlines() if "error:" in line]
-        named = ("claims.json" if cli in ("build", "findings", "compare") else
-                 "\\xff.npz" if any(isinstance(f, bytes) for f in files) else "ck.bin")
+        named = named_of(cli, files)
         rss_mb = (got["rss_kb"] - report["base_rss_kb"]) / 1024
         if got["rc"] != 2 or "Traceback" in text or len(errors) != 1 or fragment not in errors[0]:
             problems.append(f"{name}: exit {got['rc']}, {text.strip()[-400:]!r}")
         elif named not in errors[0]:
             problems.append(f"{name}: the line does not name {named}: {errors[0]!r}")
-        if got["cpu"] > CPU_S or rss_mb > RSS_MB:
+        if got["cpu"] > (bound[0] if bound else CPU_S) or rss_mb > RSS_MB:
             problems.append(f"{name}: {got['cpu']:.2f} s CPU, {rss_mb:.0f} MB over the worker's memory")
         if sorted(os.listdir(os.fsencode(tmp_path / f"case{k}"))) != before[name]:
             problems.append(f"{name}: its directory changed: {sorted(os.listdir(tmp_path / f'case{k}'))}")
+    return problems
+
+
+def test_handed_files_are_refused_in_one_line_within_cpu_and_memory_bounds(tmp_path):
+    problems = _run_cases(tmp_path, _handed_cases(), lambda cli, files: (
+        "claims.json" if cli in ("build", "findings", "compare") else
+        "\\xff.npz" if any(isinstance(f, bytes) for f in files) else "ck.bin"))
     assert not problems, "\n".join(problems)
 
 
@@ -1521,3 +1536,261 @@ def test_every_checkpoint_path_is_checked_before_any_is_read(tmp_path, monkeypat
         with pytest.raises(ex.CheckpointError) as info:
             ex.check_paths([good, bad])
         assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+# --- 6. the edges of every command ------------------------------------------------------------------
+
+def _npz_of(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _sign_aligned() -> bytes:
+    """A factored (2, 2), H = 2 model at small positive omega and mu (on D, balanced, sign-aligned):
+    the first checkpoint of a run whose theory the audit computes (claims.model_audit.trajectory_domain)."""
+    from numerics.config import ProblemConfig
+    from numerics.model import MultiHeadAttention
+
+    cfg = ProblemConfig(tasks=(2, 2), heads=2, L=32, logit_scale=math.sqrt(6.0))
+    x = np.array([[0.02, 0.01], [0.01, 0.015]])
+    model = MultiHeadAttention.from_semi_singular_values(cfg, x, x)
+    return _npz_of(**{k: p.detach().numpy() for k, p in model.named_parameters()}, logit_scale=np.array(cfg.logit_scale))
+
+
+def _work_cases() -> list:
+    """Inputs accepted once and then failing, or taking minutes to hours, inside the work (issue 46):
+    each refused before it (reports.audit's budget, its checks of the weights and the time axis;
+    reports.build's profile check) in one line.  Rows as :func:`_handed_cases`' (+ a CPU bound)."""
+    out = ["--out", "out", "--no-progress"]
+    run = {f"t{k}.npz": _sign_aligned() for k in range(5)}
+    run_argv = list(run) + ["--tasks", "2,2", "--L", "32"] + out
+    g = np.random.default_rng(0)
+    scaled = lambda scale, **more: _npz_of(**{k: v * scale for k, v in _weights().items()}, **more)  # noqa: E731
+    many = {f"c{k:03d}.npz": _npz() for k in range(200)}
+    return [
+        ("10,000 heads at d = 2", "audit", ["ck.bin", "--tasks", "2", "--L", "8"] + out,
+         {"ck.bin": _npz_of(W=0.01 * g.normal(size=(10 ** 4, 3, 3)), U=0.01 * g.normal(size=(10 ** 4, 1, 3)))},
+         "best decomposable", None),
+        ("L = 10^9", "audit", ["ck.bin", "--tasks", "2,2", "--L", str(10 ** 9)] + out, {"ck.bin": _npz()},
+         "a held-out batch of 2 prompts at L = 1000000000", None),
+        ("the seed 2^64 - 1", "audit", CK + ["--seed", str(2 ** 64 - 1)], {"ck.bin": _npz()},
+         "--seed must be at most 9223372036854775807", None),
+        ("--lr x --steps overflowing to inf", "audit", ["a.npz", "b.npz", "--tasks", "2,2", "--L", "8", "--lr",
+                                                        "1e300", "--steps", "1,10000000000"] + out,
+         {"a.npz": _npz(), "b.npz": _npz()}, "b.npz: its training time is inf", None),
+        ("weights of 1e154", "audit", CK, {"ck.bin": scaled(1e154, logit_scale=np.array(2.0))},
+         "ck.bin: the handed weights give NaN/inf at L = 8: their merged weights", None),
+        ("a denormal logit scale", "audit", CK, {"ck.bin": scaled(1.0, logit_scale=np.array(5e-324))},
+         "ck.bin: the handed weights give NaN/inf at L = 8", None),
+        ("a logit scale of 1e-300", "audit", CK, {"ck.bin": scaled(1.0, logit_scale=np.array(1e-300))},
+         "ck.bin: the handed weights give NaN/inf at L = 8", None),
+        ("merged weights of 1e154", "audit", CK,
+         {"ck.bin": _npz_of(W=np.full((2, 6, 6), 1e154), U=np.full((2, 2, 6), 1e154))},
+         "ck.bin: the handed weights give NaN/inf at L = 8: the readout", None),
+        ("every checkpoint at one time", "audit", run_argv + ["--times", "1,1,1,1,1"], run, "the same training time",
+         None),
+        ("a denormal --lr with --steps", "audit", run_argv + ["--steps", "0,1,2,3,4", "--loss-units", "sum", "--lr",
+                                                             "5e-324"], run, "less than 1e-06", None),
+        ("denormal --times", "audit", run_argv + ["--times", "1e-320,2e-320,3e-320,4e-320,5e-320"], run,
+         "less than 1e-06", None),
+        ("--times spanning 10^6", "audit", run_argv + ["--times", "0,1,10,1000,1000000"], run,
+         "more than the trainer's 1e+07", None),
+        ("--times spanning 10^6 at --lr 0.5", "audit", run_argv + ["--times", "0,1,10,1000,1000000", "--lr", "0.5",
+                                                                  "--max-minutes", "1"], run,
+         "more than --max-minutes 1", None, 8.0),        # theory's tables built once for the step map's probe
+        ("200 checkpoints past --max-minutes 0.05", "audit", list(many) + ["--tasks", "2,2", "--L", "8",
+                                                                          "--max-minutes", "0.05"] + out, many,
+         "more than --max-minutes 0.05", None),
+        ("--out named in bytes that are not UTF-8", "audit", CK[:5] + ["--out", os.fsdecode(b"r\xff")],
+         {"ck.bin": _npz()}, "its name is not valid UTF-8", None),
+        ("--profile authors --only block-structure", "build", ["--profile", "authors", "--only", "block-structure"]
+         + out, {}, "block-structure has no such profile", None),
+    ]
+
+
+def test_what_would_fail_or_take_hours_inside_the_work_is_refused_before_it(tmp_path):
+    """Each in one line, exit 2, no traceback, within its CPU bound and RSS_MB, nothing written; today:
+    10,000 heads ran 106-222 s, L = 10^9 and the seed 2^64 - 1 were tracebacks inside the measurement,
+    inf times were audited, overflowing weights a TrainingDiverged traceback, degenerate time axes ran
+    past 400 s, --profile authors --only block-structure errored after starting (exit 1)."""
+    problems = _run_cases(tmp_path, _work_cases(), lambda cli, files: "")
+    assert not problems, "\n".join(problems)
+
+
+ALLOCATED = ["--tasks", "2,2", "--L", "32", "--prompts", "256", "--skip", "one-head-optimum,best-decomposable",
+             "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def allocated_npz(tmp_path_factory) -> Path:
+    """The exact allocated fixed point of (2, 2) at L = 32, H = 2, factored (a cheap audit: 1-2 s)."""
+    from numerics.config import ProblemConfig
+    from numerics.model import MultiHeadAttention
+    from theory.exact import exact_fixed_point
+
+    fp = exact_fixed_point((2, 2), 32)
+    cfg = ProblemConfig(tasks=(2, 2), heads=2, L=32, logit_scale=2.0)
+    model = MultiHeadAttention.from_semi_singular_values(cfg, np.diag(fp["omega_star"]), np.diag(fp["mu_star"]))
+    path = tmp_path_factory.mktemp("allocated") / "allocated.npz"
+    path.write_bytes(_npz_of(**{k: p.detach().numpy() for k, p in model.named_parameters()},
+                             logit_scale=np.array(2.0)))
+    return path
+
+
+def _audit(argv, stdout=None):
+    """reports.audit's main in this process, its stdout ``stdout`` (a text stream) and its stderr
+    captured: (exit status, stderr)."""
+    import reports.audit as audit_cli
+
+    err, old = io.StringIO(), (sys.stdout, sys.stderr)
+    sys.stdout, sys.stderr = stdout if stdout is not None else io.StringIO(), err
+    try:
+        try:
+            status = audit_cli.main(list(map(str, argv)))
+        except SystemExit as exc:
+            status = exc.code
+    finally:
+        sys.stdout, sys.stderr = old
+    return status, err.getvalue()
+
+
+def test_the_audit_writes_a_report_1900_levels_deep_and_prints_to_an_ascii_terminal(tmp_path, allocated_npz):
+    """A deep --out raised RecursionError (Path.mkdir(parents=True)) after all the work; an ascii
+    terminal raised UnicodeEncodeError on "\u00b1": now the report is written and "\u00b1" escaped."""
+    deep = tmp_path.joinpath(*["a"] * 1900)
+    terminal = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    try:
+        status, err = _audit([allocated_npz, *ALLOCATED, "--out", deep], terminal)
+        terminal.flush()
+        printed = terminal.buffer.getvalue().decode("ascii")
+        assert status == 0 and "Traceback" not in err, err
+        assert "loss 0." in printed and "\\xb1" in printed and (deep / "claims.json").is_file()
+    finally:
+        _remove_deep(tmp_path / "a")
+
+
+def _remove_deep(top: Path) -> None:
+    """Delete a tree of any depth without recursion (shutil.rmtree, pytest's cleaner included, recurse
+    once per level: a tree 1,900 deep left behind would break every later run's cleanup)."""
+    folders, stack = [], [str(top)] if top.is_dir() else []
+    while stack:
+        folders.append(stack.pop())
+        for entry in os.scandir(folders[-1]):
+            stack.append(entry.path) if entry.is_dir(follow_symlinks=False) else os.unlink(entry.path)
+    for folder in reversed(folders):
+        os.rmdir(folder)
+
+
+def test_the_audit_survives_a_reader_that_closes_its_pipe(tmp_path, allocated_npz):
+    """``python -m reports.audit ... | head -1``: the rest of what it prints is dropped, the report
+    is written, the exit status is the audit's own, no BrokenPipeError."""
+    proc = subprocess.Popen([sys.executable, "-m", "reports.audit", str(allocated_npz), *ALLOCATED, "--out",
+                             str(tmp_path / "r")], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0 and first and "Error" not in err and "Traceback" not in err, err
+    assert (tmp_path / "r" / "claims.json").is_file()
+
+
+def test_a_closed_pipe_drops_the_output_and_keeps_the_exit_status():
+    """Every command line (audit_io.command.command_line): a reader gone after the first line."""
+    read, write = os.pipe()
+    os.close(read)
+    pipe = io.TextIOWrapper(io.FileIO(write, "w"), encoding="utf-8", line_buffering=True)
+
+    @C.command_line
+    def main(argv=None):
+        for k in range(1000):
+            print(f"line {k}")
+        return 3
+
+    old = sys.stdout
+    sys.stdout = pipe
+    try:
+        assert main([]) == 3
+    finally:
+        sys.stdout = old
+    pipe.close()
+
+
+def test_every_command_line_is_wrapped_alike():
+    """The one wrapper (closed pipe, ascii terminal, deleted directory, full disk) on every main."""
+    import reports.audit
+    import reports.build
+    import reports.compare
+    import reports.findings
+
+    for main in (reports.audit.main, reports.build.main, reports.compare.main, reports.findings.main, train_cli.main,
+                 theory_cli.main, sweep_cli.main, bench_cli.main):
+        assert main.__code__ is C.command_line(lambda: 0).__code__, main.__module__
+
+
+def test_the_audit_on_a_disk_that_fills_says_one_line_and_exits_75(small_fs, allocated_npz):
+    """Room for the write probes, not for the report: "disk full: N bytes needed at PATH", exit 75 (as
+    reports.build), no temporary left, no traceback."""
+    fill(small_fs, leave=96 * 1024)
+    status, err = _audit([allocated_npz, *ALLOCATED, "--out", small_fs / "r"])
+    assert status == 75 and "disk full:" in err and "Traceback" not in err, err
+    assert _listing(small_fs) == []
+
+
+def _forked_builds(n: int, out: Path, tmp: Path) -> list:
+    script = tmp / "writers.py"
+    script.write_text(WRITERS)
+    proc = subprocess.run([sys.executable, str(script), str(n), str(out), str(tmp / "log")], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+WRITERS = """
+import json, os, sys, time, types
+import claims
+from claims.base import ClaimResult
+module = types.ModuleType("writer_claims")
+def run(profile="tiny", device="cpu", seed=0, progress=None, sweep=None):
+    time.sleep(0.3)                      # every writer past its checks before the first one writes
+    return ClaimResult(id="quick", title="t", statement="s", verdict="pass")
+module.quick = types.SimpleNamespace(run=run)
+sys.modules[module.__name__] = module
+claims.REGISTRY = {"quick": "writer_claims:quick"}
+from reports.build import main
+n, out, logs = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+pids = []
+for k in range(n):
+    pid = os.fork()
+    if pid == 0:
+        log = os.open(f"{logs}{k}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        try:
+            rc = main(["--profile", "tiny", "--no-progress", "--out", out])
+        except SystemExit as exc:
+            rc = exc.code
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc if isinstance(rc, int) else 98)
+    pids.append(pid)
+print(json.dumps([os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]))
+"""
+
+
+def test_writers_of_one_out_take_turns(tmp_path):
+    """Four builds into one --out at once, twice (new, then over a previous report): they refused each
+    other over the write probe, one report landed beside --out, a warning named a folder another had
+    removed.  Now each waits its turn: all succeed, --out holds one whole report, nothing beside it."""
+    from reports.output import foreign_entries
+    from reports.schema import check_report
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    out = tmp_path / "here" / "r"
+    out.parent.mkdir()
+    for _ in range(2):
+        assert _forked_builds(4, out, logs) == [0] * 4
+        assert os.listdir(out.parent) == ["r"] and check_report(out) == [] and foreign_entries(out) == []
+        text = "".join(p.read_text() for p in logs.glob("log*"))
+        assert "Traceback" not in text and "remove it by hand" not in text and "instead" not in text

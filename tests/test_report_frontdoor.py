@@ -1135,7 +1135,34 @@ OUT_CASES = [
     ("a symlink loop", lambda t: ["--out", str(_symlink(t / "loop", t / "loop"))], "symbolic link loop"),
     ("a dangling symlink", lambda t: ["--out", str(_symlink(t / "dangling", t / "nowhere"))], "dangling link"),
     ("a file", lambda t: ["--out", str(_write(t / "afile", "x"))], "exists and is not a directory"),
+    # a deletion on replace touches only what the build wrote and listed in its marker
+    ("a user's folder named claims.json in a previous report", lambda t: ["--out", str(_named_folder(_report_dir(t)))],
+     "holds ['claims.json'], which this command did not write"),
+    ("a user's figure in a previous report's figures/", lambda t: ["--out", str(_user_figure(_report_dir(t)))],
+     "holds ['figures/mine.png'], which this command did not write"),
+    ("a previous report's claims.json changed since it was written", lambda t: ["--out", str(_changed(_report_dir(t)))],
+     "claims.json (changed since it was written)"),
 ]
+
+
+def _named_folder(d: Path) -> Path:
+    (d / "claims.json").unlink()
+    (d / "claims.json").mkdir()
+    (d / "claims.json" / "thesis.tex").write_text("months of work")
+    return d
+
+
+def _user_figure(d: Path) -> Path:
+    """A report whose marker lists its files (what a build writes) and a PNG the user put in it."""
+    (d / ".icl-audit-report").write_text(report_output.marker_text("0a1b2c3d4e5f", files={"claims.json": 2}))
+    (d / "figures" / "mine.png").write_bytes(b"\x89PNG months of work")
+    return d
+
+
+def _changed(d: Path) -> Path:
+    (d / ".icl-audit-report").write_text(report_output.marker_text("0a1b2c3d4e5f", files={"claims.json": 2}))
+    (d / "claims.json").write_text('{"my": "notes"}')
+    return d
 
 
 def _write(path: Path, text: str) -> Path:
@@ -1157,6 +1184,50 @@ def test_out_that_cannot_be_replaced_is_refused_before_any_claim(registry, tmp_p
     status, stdout, err = run_main(["--profile", "tiny", "--only", "fake-interrupt", "--no-progress", *extra])
     assert status == 2, err  # 130 would mean the claim ran
     assert message in err and "Traceback" not in err and stdout == ""
+    assert snapshot(tmp_path) == before and sorted(os.listdir(tmp_path)) == names
+
+
+@contextlib.contextmanager
+def _read_only(path: Path):
+    """``path`` unwritable for the block: chattr +i as root (permission bits do not bind root), chmod a-w
+    otherwise; skipped where neither takes."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(mode & ~0o222)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("this file system cannot make a folder immutable")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("frozen, message", [("r/figures", "['figures'] cannot be written (read-only)"),
+                                             (".", "cannot write in")], ids=["its figures", "the folder holding it"])
+def test_a_previous_report_that_cannot_be_replaced_whole_is_refused(registry, tmp_path, frozen, message):
+    """A previous report in a read-only folder, or holding one: replacing it left a .r.old-* folder
+    behind (the swap done, the delete refused).  Now refused before any claim runs, by the build and
+    the audit alike, nothing changed."""
+    from reports import audit as report_audit
+
+    out = tmp_path / "r"
+    assert run_main(args(out, "fake-plain"))[0] == 0
+    checkpoint = _write(tmp_path.parent / f"{tmp_path.name}-x.npz", "not read: --out is checked first")
+    before, names = snapshot(tmp_path), sorted(os.listdir(tmp_path))
+    with _read_only(tmp_path / frozen):
+        status, stdout, err = run_main(["--profile", "tiny", "--only", "fake-interrupt", "--no-progress", "--out",
+                                        str(out)])
+        audit_err = io.StringIO()
+        audit_status = report_audit.main([str(checkpoint), "--tasks", "2", "--L", "8", "--out", str(out)],
+                                         stream=audit_err)
+    assert status == 2 and message in err and "Traceback" not in err and stdout == "", err
+    assert audit_status == 2 and message in audit_err.getvalue(), audit_err.getvalue()
     assert snapshot(tmp_path) == before and sorted(os.listdir(tmp_path)) == names
 
 

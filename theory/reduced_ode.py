@@ -34,7 +34,6 @@ from functools import lru_cache
 import numpy as np
 import sympy as sp
 from scipy.integrate import solve_ivp
-from scipy.optimize import minimize
 
 from .trajectory import FlowTrajectory
 from ._validate import (check_L, check_loss, check_minimum, check_omega_mu, check_positive_int, check_sigma,
@@ -770,28 +769,6 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
     loss = np.array([expansion_loss(o, u, tasks, L, sigma) if np.all(np.isfinite(o)) else np.nan
                      for o, u in zip(om, m_)])
     return FlowTrajectory(t=t, omega=om, mu=m_, loss=loss, status=status, message=message, param=param)
-
-
-def minimise_expansion(omega0, mu0, tasks, L, sigma=0.0) -> tuple[np.ndarray, np.ndarray, float]:
-    """(omega, mu, loss): a local minimum of :func:`expansion_loss` over (omega, mu) (H, m)
-    near (omega0, mu0), by L-BFGS-B with the sympy-derived :func:`expansion_gradient`
-    (outside the domain 2 omega^2 < 1 the objective is +inf)."""
-    tasks = check_tasks(tasks)
-    omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
-    shape, n = omega0.shape, omega0.size
-
-    def f(x):
-        om, mu = x[:n].reshape(shape), x[n:].reshape(shape)
-        if not expansion_valid(om):
-            return 1e300, np.zeros_like(x)
-        g_om, g_mu = expansion_gradient(om, mu, tasks, L, sigma)
-        return expansion_loss(om, mu, tasks, L, sigma), np.concatenate([g_om.ravel(), g_mu.ravel()])
-
-    res = minimize(f, np.concatenate([omega0.ravel(), mu0.ravel()]), jac=True, method="L-BFGS-B",
-                   options={"gtol": 1e-12, "maxiter": 500})
-    return (res.x[:n].reshape(shape), res.x[n:].reshape(shape),
-            check_minimum("theory.reduced_ode.minimise_expansion", float(res.fun), tasks, L, sigma))
 
 
 def expansion_fixed_point(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0,

@@ -30,7 +30,6 @@ measured seed input (``numerics.saddle.gradient_variance_measurement``).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 import time
@@ -344,11 +343,6 @@ def from_stored(d: dict) -> dict:
             return [fix(x) for x in v]
         return v
     return fix(d)
-
-
-def schedule_fields() -> dict:
-    """AtlasSchedule's fields and defaults (tools.sweep.grid.config_fields)."""
-    return {f.name: f for f in dataclasses.fields(AtlasSchedule)}
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Optional, Union
 
 from tqdm import tqdm
 
-from audit_io.files import make_dirs_inside, write_inside
+from audit_io.files import make_directories, make_dirs_inside, write_inside
 from tools.sweep.execute import resolve_point_fn
 from tools.sweep.identity import DEFAULT_POINT_FN, REPO_ROOT, PointFn, code_sources, code_version, fn_name, point_id
 from tools.sweep.schedulers import check_scheduler, require_dask, run_dask, run_pool, run_serial
@@ -105,7 +105,7 @@ def run_grid(points: list[dict], out_dir: Union[str, Path], scheduler: Optional[
     if out.is_dir():
         check_sweep_files(out)
     points_dir = out / "points"
-    out.mkdir(parents=True, exist_ok=True)          # --out itself: the user's path (a link there is followed)
+    make_directories(out)                           # --out itself: the user's path (a link there is followed)
     make_dirs_inside(out, "points")                 # inside it, nothing is reached through a link
     clean_stale_temporaries(points_dir)
     if grid_text is not None:
