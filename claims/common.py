@@ -489,6 +489,12 @@ def lines_figure(name: str, title: str, curves, **figure) -> Figure:
                                                   for label, x, y, style in curves], **figure)
 
 
+def head_task_heatmap(name: str, title: str, M) -> Figure:
+    """A head x task heatmap of final semi-singular values."""
+    return Figure(name=name, title=title, kind="heatmap", matrix=M, row_labels=[f"head {h}" for h in range(len(M))],
+                  col_labels=[f"task {i}" for i in range(len(M[0]))])
+
+
 def log_comparison(c: Comparison, test: str) -> None:
     """Append one line (test, name, error, tolerance, margin, perturbations rejected) to the
     JSON-lines file named by $ICL_CLAIMS_LOG, if set: how the worst agreement over the drawn
