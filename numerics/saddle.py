@@ -5,7 +5,7 @@ Every function returns a frozen dataclass of measurements: values, standard erro
 seeds, and what a tolerance is built from (the record spacing, the amplification of a twin
 run, the path of served points a run held); every prediction (2a, the discrete map's rate
 at the held point, T(B), the slope 1/a) is theory.saddle's, and the comparisons, their
-tolerances and perturbed predictions are claims.saddle's.  Training runs go through
+tolerances and perturbed predictions are claims.boundary_saddle's.  Training runs go through
 :func:`numerics.train.train_many` (:func:`saddle_many`: the one GD loop, runs of one shape as
 one program, ``start=`` the model at theory's allocated point, ``on_record=`` the readout); one
 torch thread.  The need kinds of boundary-saddle (end of file) are measurements of one
@@ -26,7 +26,7 @@ opposite-sign branch grows at 2a from seed ~ (lr/B)^2.  The growth rate at sever
 directly (o = -v), just below the fit window, so that every step size sees the same window
 without the long plateau of the escape runs.
 
-Sizes in docs/saddle.md (the saddle's configurations: claims.saddle.PROFILES; the single-task
+Sizes in docs/saddle.md (the saddle's configurations: claims.boundary_saddle.PROFILES; the single-task
 runs: claims.initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 85 s CPU for the saddle,
 30 s for the single-task runs, one core), ``paper`` (not run here).
 """

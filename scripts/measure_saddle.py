@@ -3,7 +3,7 @@ and print the table of docs/saddle.md.
 
     python scripts/measure_saddle.py [--profile tiny|quick|paper] [--skip-single] [--skip-saddle]
 
-Measurements of numerics.saddle, compared as claims.saddle compares them; one torch thread per
+Measurements of numerics.saddle, compared as claims.boundary_saddle compares them; one torch thread per
 run; the quick profile takes about 30 s for the saddle part and 30 s for the single-task part
 on one core."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from claims import saddle as C
+from claims import boundary_saddle as C
 from claims.common import Z_SE, compare
 from theory.saddle import escape_time_slope
 
@@ -41,8 +41,8 @@ def _perturbations(c) -> str:
 
 def check_escape_slope(e, pred: dict):
     """One configuration's slope dT/dlog B against theory's 2/rate (``pred``:
-    claims.saddle.escape_prediction; rate = GD's 2 log(1 + lr a)/lr), the table's (the claim
-    pools the slopes, claims.saddle.check_pooled_slope).  Tolerance: Z_SE x the se of the OLS
+    claims.boundary_saddle.escape_prediction; rate = GD's 2 log(1 + lr a)/lr), the table's (the claim
+    pools the slopes, claims.boundary_saddle.check_pooled_slope).  Tolerance: Z_SE x the se of the OLS
     slope.  Perturbations: the additive-noise picture (slope 1/rate), rate a instead of 2a
     (slope 2/a), rate 0 (no escape: T = inf, rejected when every run escaped)."""
     def error(measured, slope):
@@ -59,7 +59,7 @@ def check_escape_slope(e, pred: dict):
 
 def check_escape_times(e, pred: dict) -> list:
     """The escape time at each batch size against theory's T(B) with the measured dS (``pred``:
-    claims.saddle.escape_prediction): a reported check (the seed's prefactor is a leading-order
+    claims.boundary_saddle.escape_prediction): a reported check (the seed's prefactor is a leading-order
     account, docs/saddle.md).  Tolerance: Z_SE x sqrt(se_T^2 + se_pred^2) + the record spacing."""
     return [compare(f"saddle: escape time at B={B}", T, Tp, Z_SE * math.sqrt(a ** 2 + b ** 2) + e.spacing,
                     f"{Z_SE:g} combined se + the record spacing ({e.spacing:.3g})", details={"role": "escape time", "B": B})

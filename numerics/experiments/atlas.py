@@ -1,5 +1,5 @@
 """The atlas point (issue 23): one full model trained from a stated start, measured for the
-phase diagrams of ``claims.atlas``.
+phase diagrams of the atlas ids (``claims.atlas_*``).
 
 A sweep point of ``model = "atlas"`` (``tools.sweep``) is
 
@@ -75,7 +75,7 @@ class AtlasSchedule:
     point, off-task values ``start_mu0``); ``threshold``: the opposite-sign off-task share whose
     first crossing is the escape time; ``n_eval``: held-out prompts per loss; ``best_search``:
     whether to store the best decomposable point of the same H; ``panel``: which panel of
-    ``claims.atlas`` draws the point ("initialisation", "heads", "noise", "batch"; it enters the
+    the atlas draws the point ("initialisation", "heads", "noise", "batch"; it enters the
     point's id but not the run)."""
 
     lr: float = 0.1
@@ -346,7 +346,7 @@ def from_stored(d: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# reading a sweep of atlas points (claims.atlas draws them)
+# reading a sweep of atlas points (the atlas ids, claims.atlas_*, draw them)
 # ---------------------------------------------------------------------------------------
 
 NO_SWEEP = ("the atlas trains nothing: build it from a sweep, e.g. `python -m tools.sweep examples/atlas_tiny.toml "
@@ -587,7 +587,7 @@ def ols_slope(x, y) -> tuple[float, float]:
 def escape_cells(cells: dict, keyfmt, t_end: float) -> list[dict]:
     """Per cell of an allocated-start panel: whether each seed's run left allocation by t_end
     (first crossing of the opposite-sign share, ``left``), theory.saddle's T_pred, its standard
-    error and T_pred at rate a, and the record spacing; diverged cells are marked (claims.atlas
+    error and T_pred at rate a, and the record spacing; diverged cells are marked (claims.atlas_noise
     decides which cells a comparison can use)."""
     rows = []
     for key, res in cells.items():
@@ -603,7 +603,7 @@ def escape_cells(cells: dict, keyfmt, t_end: float) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------
-# per-row readouts of a panel (claims.atlas compares them with theory)
+# per-row readouts of a panel (the atlas ids, claims.atlas_*, compare them with theory)
 # ---------------------------------------------------------------------------------------
 
 def warmup_row(by_scale: dict) -> dict:

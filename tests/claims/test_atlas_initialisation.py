@@ -1,4 +1,4 @@
-"""atlas-initialisation (claims/atlas.py, issue 23): the atlas's initialisation panel (the initial scale and start), built
+"""atlas-initialisation (claims/atlas_initialisation.py, issue 23): the atlas's initialisation panel (the initial scale and start), built
 from a sweep.  Default suite: the refusal without a sweep, and the four-point sweep
 (tests/claims/atlas_sweep.py, shared by the four atlas ids) read by this id.  The tiny grid end
 to end (marker ``atlas``) and the atlas points' unit tests: tests/test_atlas.py."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import claims
-from claims.atlas import warmup_border
+from numerics.experiments.atlas import warmup_border
 from atlas_sweep import assert_reads_the_sweep, assert_refuses_without_a_sweep
 
 ID = "atlas-initialisation"
@@ -22,7 +22,7 @@ def test_the_four_point_sweep(four_point_sweep):
 
 
 def test_warmup_border_interpolates_in_log_log():
-    """claims.atlas.warmup_border (the initialisation panel's warm-up border in s0)."""
+    """numerics.experiments.atlas.warmup_border (the initialisation panel's warm-up border in s0)."""
     # exponent = 50 s0^2: 1/2 at s0 = 0.1
     rows = {s: [{"warmup": {"exponent": 50 * s * s}}] for s in (0.01, 0.03, 0.3, 1.0)}
     assert warmup_border(rows) == pytest.approx(0.1, rel=1e-9)

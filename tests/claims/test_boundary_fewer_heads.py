@@ -1,11 +1,11 @@
-"""boundary-fewer-heads (claims/boundaries.py), on drawn configurations (m in 2..3, r in 1..2,
+"""boundary-fewer-heads (claims/boundary_fewer_heads.py), on drawn configurations (m in 2..3, r in 1..2,
 H < m, L in 32..64, sigma in {0, 0.5}): the trained loss against the partition minimum and
 theory's winners, or, where the race is slow, the winners recorded and the cost of fewer heads."""
 from __future__ import annotations
 
 from hypothesis import example, given, note, strategies as st
 
-from claims import boundaries as claim
+from claims import boundary_fewer_heads as claim
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.train import TrainConfig

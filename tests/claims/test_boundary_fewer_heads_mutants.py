@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 import theory.task_allocation as task_allocation
-from claims import boundaries
+from claims import boundary_fewer_heads
 from mutation import report_verdict, run_at_profile
 
 pytestmark = pytest.mark.mutants
 
 # the dedicated small profile (the quick one with a shorter run)
-FEWER = boundaries.FewerHeadsProfile(tasks=(1, 1, 1), L=32, init_seed=6, lr=0.2, time=40.0, batch=256, n_eval=8000)
+FEWER = boundary_fewer_heads.FewerHeadsProfile(tasks=(1, 1, 1), L=32, init_seed=6, lr=0.2, time=40.0, batch=256, n_eval=8000)
 
 
 def test_winners_permuted(monkeypatch):
@@ -25,6 +25,6 @@ def test_winners_permuted(monkeypatch):
         return [(h + 1) % H for h in original(omega0, mu0, *args, **kwargs)]
 
     monkeypatch.setattr(task_allocation, "predicted_winners", permuted)
-    res = run_at_profile(monkeypatch, boundaries.FEWER, boundaries.run_fewer_heads, FEWER)
+    res = run_at_profile(monkeypatch, boundary_fewer_heads.FEWER, boundary_fewer_heads.run_fewer_heads, FEWER)
     report_verdict("winners permuted", res)
     assert res.verdict != "located", res.details

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from claims import left_allocation as claim
+from claims import boundary_left_allocation as claim
 from mutation import patch_kind
 from numerics.experiments.probes import BestDecomposable
 from theory import exact as exact_theory

@@ -1,4 +1,4 @@
-"""boundary-merged-superposition (claims/boundaries.py), on drawn configurations (m in 2..3,
+"""boundary-merged-superposition (claims/boundary_merged_superposition.py), on drawn configurations (m in 2..3,
 r in 1..4 mixed, L in 16..32, sigma in {0, 0.5}): inside the domain (H = m) the merged run
 superposes and both perturbed patterns are rejected; outside, the check refuses clearly."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, note, strategies as st
 
-from claims import boundaries as claim
+from claims import boundary_merged_superposition as claim
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.train import TrainConfig
@@ -19,7 +19,7 @@ from training_draws import HEAVY, sigma_st
 def test_merged_superposition(tasks, sigma, L, seed):
     """Inside the domain (H = m >= 2): merged superposed, factored allocated, merged lower;
     both perturbed patterns rejected.  Outside (H = m + 1, m = 1): the check refuses clearly."""
-    # the superposition forms on a time scale ~ L (claims.boundaries.SUPERPOSITION_SHARE): L <= 32, t = 40
+    # the superposition forms on a time scale ~ L (claims.boundary_merged_superposition's docstring): L <= 32, t = 40
     tcfg = TrainConfig(lr=0.1, time=40.0, batch=256, records=5)
     for outside in (ProblemConfig(tasks=tasks, heads=len(tasks) + 1, L=L), ProblemConfig(tasks=tasks[:1], heads=1, L=L)):
         with pytest.raises(ValueError, match="heads == m >= 2"):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from claims import saddle as claim
+from claims import boundary_saddle as claim
 
 TASKS, L = (1, 1), 32     # the tiny measurement's problem
 
@@ -99,7 +99,7 @@ def test_tiny_growth_rate_is_measured(tiny_growth):
 def test_tiny_growth_rate_agrees_with_the_discrete_map(tiny_growth):
     """The claim's comparison of this measurement: agrees with the discrete map at the held
     point, rejects the amplitude's rate and rate 0."""
-    from claims.saddle import check_step_rate
+    from claims.boundary_saddle import check_step_rate
 
     c = check_step_rate(tiny_growth[3], "tiny")
     assert c.agrees, c.explain()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import theory.saddle
-from claims import saddle as claim
+from claims import boundary_saddle as claim
 from mutation import patch_everywhere
 
 pytestmark = pytest.mark.mutants

@@ -1,4 +1,4 @@
-"""boundary-saturation (claims/expansion_limits.py), on drawn configurations (r in 1..4,
+"""boundary-saturation (claims/boundary_saturation.py), on drawn configurations (r in 1..4,
 L in 16..512, sigma in {0, 0.5}): the expansion is finite exactly below theory's edge and the
 exact loss everywhere; the edge at 1/sqrt 6 is rejected."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 from hypothesis import given, note, strategies as st
 
-from claims import expansion_limits as limits
+from claims import boundary_saturation as limits
 from numerics.engine import Engine
 from training_draws import sigma_st
 

@@ -1,4 +1,4 @@
-"""boundary-small-L (claims/expansion_limits.py), on drawn configurations: the expansion's
+"""boundary-small-L (claims/boundary_small_L.py), on drawn configurations: the expansion's
 O(1/L) coefficient per block, numerics' Monte Carlo of the exact loss, the values quoted in
 docs/model.md, and the boundaries' tiny runs (headline rows, domains, refusals).
 
@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, note, strategies as st
 
-from claims import boundaries as claim
-from claims import expansion_limits as limits
+from claims import boundary_fewer_heads as fewer
+from claims import boundary_saturation as saturation
+from claims import boundary_small_L as limits
 from claims.common import Z_SE
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
@@ -71,11 +72,11 @@ def test_run_reports_domain_headline_and_refusals():
     assert res.headline and all(set(r) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config", "resolving_power"}
                                 for r in res.headline)
     assert "r=4" in res.details["domain"] and res.details["ran"]
-    out = claim.run_fewer_heads(profile="tiny", problem={"tasks": (1, 1), "heads": 2})
+    out = fewer.run_fewer_heads(profile="tiny", problem={"tasks": (1, 1), "heads": 2})
     assert out.verdict == "error" and "fewer heads than tasks" in out.details["error"]
     with pytest.raises(ValueError, match="fewer heads"):
-        claim.fewer_needs(ProblemConfig(tasks=(1, 1), heads=2, L=8), TrainConfig(time=0.1, lr=0.1), 1000)
+        fewer.fewer_needs(ProblemConfig(tasks=(1, 1), heads=2, L=8), TrainConfig(time=0.1, lr=0.1), 1000)
     with pytest.raises(ValueError, match="profile"):
-        limits.run_saturation(profile="big")
+        saturation.run_saturation(profile="big")
     bad = limits.run_small_L(profile="tiny", problem={"blocks": 3})
     assert bad.verdict == "error" and "unknown" in bad.details["error"]
