@@ -50,7 +50,7 @@ from . import checkpoint
 from .config import ProblemConfig, use_precise_float32
 from .data import STREAM_VERSION, Prompts, make_generator
 from .exact_reduced import MarginalPrompts, marginal_mean_loss
-from .model import MultiHeadAttention, TrainingDiverged, readout
+from .model import MultiHeadAttention, TrainingDiverged, attend, readout
 from .reduced import block_scores
 from .seeds import digest
 
@@ -192,9 +192,7 @@ class StackedAttention:
         A = W[..., :d].reshape(S, k * H * D, d)
         a = torch.matmul(query[..., :d], A.transpose(1, 2)).view(S * B, k * H, D)
         ctx = context.reshape(S * B, L, D)
-        # (S B, k H, L): the softmax over the last, contiguous axis (as in the model)
-        p = torch.softmax(torch.bmm(a, ctx.transpose(1, 2)), dim=-1)
-        c = torch.bmm(p, ctx).view(S, B, k, H * D)
+        c = attend(a, ctx).view(S, B, k, H * D)
         # y_hat[s, j, b] = sum_(h, i) U[run (s, j), h, :, i] c[s, b, (j, h), i]
         Uf = U.transpose(1, 2).reshape(S, k, m, H * D)
         pred = torch.einsum("sbjx,sjmx->sjbm", c, Uf)

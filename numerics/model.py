@@ -144,6 +144,18 @@ def factor_balance(model: "MultiHeadAttention") -> tuple[np.ndarray, np.ndarray]
     return k ** 2 - q ** 2, o ** 2 - v ** 2
 
 
+def attend(a: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """What each head reads from the context: c_g = sum_l softmax_l(z_l^T a_g) z_l for the
+    head queries a (N, G, D) over the context tokens z (N, L, D); returns (N, G, D).
+
+    The one place the attention is computed, for the single model and the batched trainer
+    alike.  The softmax runs over the last, contiguous axis (over a strided middle axis
+    torch's CPU softmax was 3x slower than everything else in a step) and subtracts its
+    maximum, so saturated logits cannot overflow."""
+    p = torch.softmax(torch.bmm(a, context.transpose(1, 2)), dim=-1)
+    return torch.bmm(p, context)
+
+
 class MultiHeadAttention(torch.nn.Module):
     """H softmax-attention heads, one layer; predictions (B, m) for (context, query)."""
 
@@ -355,11 +367,7 @@ class MultiHeadAttention(torch.nn.Module):
         W, U = self.merged_weights()
         # a_h = W_h[:, :d] q: the y part of z_q is zero, so only the first d columns matter
         a = torch.einsum("hij,bj->bhi", W[:, :, :d], query[:, :d])            # (B, H, D)
-        # (B, H, L): the softmax runs over the last, contiguous axis (over a strided middle
-        # axis torch's CPU softmax was 3x slower than everything else in the step)
-        logits = torch.bmm(a, context.transpose(1, 2))
-        p = torch.softmax(logits, dim=-1)     # over the context; stable (max subtracted)
-        c = torch.bmm(p, context)                                             # (B, H, D)
+        c = attend(a, context)                                                # (B, H, D)
         return torch.einsum("hki,bhi->bk", U, c)                              # (B, m)
 
     # --- readout ------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Shared helper of the mutation suite (tests/claims/test_*_mutants.py)."""
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -77,24 +78,29 @@ def apply_mutant(monkeypatch, name: str) -> None:
             pk, dpk = k["pair_kernel"], k["d_pair_kernel"]
             k["pair_kernel"] = lambda c, r, s2: 1.25 * pk(c, r, s2)
             k["d_pair_kernel"] = lambda c, r, s2: 1.25 * dpk(c, r, s2)
+            # the expansion sums the pair term through log(pair_kernel / (r + s2))
+            lpr = k["log_pair_ratio"]
+            k["log_pair_ratio"] = lambda c, r, s2: math.log(1.25) + lpr(c, r, s2)
             return k
         monkeypatch.setattr(theory.reduced_ode, "_kernels", scaled)
         clear_cache()
-    elif name in ("query attends to itself", "logits doubled (full model)"):
+    elif name == "query attends to itself":
         orig = numerics.model.MultiHeadAttention.forward
-        self_attend = name == "query attends to itself"
 
         def forward(self, context, query):
-            if self_attend:
-                return orig(self, torch.cat([context, query[:, None, :]], dim=1), query)
-            W, U = self.merged_weights()
-            a = torch.einsum("hij,bj->bhi", W[:, :, :self.cfg.d], query[:, :self.cfg.d])
-            p = torch.softmax(2.0 * torch.bmm(a, context.transpose(1, 2)), dim=-1)
-            return torch.einsum("hki,bhi->bk", U, torch.bmm(p, context))
+            return orig(self, torch.cat([context, query[:, None, :]], dim=1), query)
         monkeypatch.setattr(numerics.model.MultiHeadAttention, "forward", forward)
         clear_cache()
+    elif name == "logits doubled (full model)":
+        patch_everywhere(monkeypatch, numerics.model.attend, logits_doubled)
     else:
         raise ValueError(name)
+
+
+def logits_doubled(a, context):
+    """numerics.model.attend with every logit doubled: softmax_l(2 z_l^T a_g)."""
+    p = torch.softmax(2.0 * torch.bmm(a, context.transpose(1, 2)), dim=-1)
+    return torch.bmm(p, context)
 
 
 # ---------------------------------------------------------------------------------------

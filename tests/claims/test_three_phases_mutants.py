@@ -15,7 +15,7 @@ import numerics.model
 import theory.task_allocation
 import theory.three_phases
 from claims import three_phases as claim
-from mutation import patch_kind
+from mutation import logits_doubled, patch_everywhere, patch_kind
 from numerics import engine
 
 pytestmark = pytest.mark.mutants
@@ -111,14 +111,7 @@ def test_mutant_winners_permuted(monkeypatch):
 
 
 def test_mutant_logits_doubled(monkeypatch):
-    def forward(self, context, query):
-        W, U = self.merged_weights()
-        d = self.cfg.d
-        a = torch.einsum("hij,bj->bhi", W[:, :, :d], query[:, :d])
-        p = torch.softmax(2.0 * torch.bmm(a, context.transpose(1, 2)), dim=-1)   # the mutation: 2 x logits
-        return torch.einsum("hki,bhi->bk", U, torch.bmm(p, context))
-
-    monkeypatch.setattr(numerics.model.MultiHeadAttention, "forward", forward)
+    patch_everywhere(monkeypatch, numerics.model.attend, logits_doubled)   # the trainer's and the model's
     result = claim.run(profile=PRECISE)
     assert _report("full model's logits doubled", result) != "pass"
     # caught by a comparison, not only by a perturbation that stopped being rejected
