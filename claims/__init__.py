@@ -15,7 +15,7 @@ runs the claims that read sweeps (:func:`reads_sweep`) take instead of training 
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 from claims.base import ClaimResult
 
@@ -46,11 +46,6 @@ OPT_IN: tuple[str, ...] = ("atlas-initialisation", "atlas-heads", "atlas-noise",
 """Ids that run only when named in ``--only`` (never in the default report): the atlas reads a
 sweep of its own grid (``examples/atlas*.toml``) and trains nothing (issue 23); authors-replica
 trains the authors' released experiment at their sizes, meant for a GPU (issue 28, docs/authors.md)."""
-
-
-SHARED_RUNS: tuple[tuple[str, ...], ...] = (("limiting-error", "multi-head-gain", "boundary-left-allocation"),)
-"""Claims that ask for the same trained runs (numerics.experiments' run cache): reports.build
-keeps each group in one process, so every shared run is trained once."""
 
 
 def spec_of(claim_id: str):
@@ -101,33 +96,11 @@ def plan_of(claim_id: str, profile: str, problem: Optional[dict] = None, device:
     return list(s.plan(context(s, profile, device, seed, problem=problem), None))
 
 
-def estimate_seconds(claim_id: str, profile: str, problem: Optional[dict] = None,
-                     before: Sequence[tuple[str, Optional[dict]]] = (), stored: frozenset = frozenset(),
-                     seed: int = 0) -> Optional[float]:
-    """The claim's own estimate of its wall time on 2 CPU cores (None: it gives none), less the
-    runs a sweep store holds (``stored``: their store keys, numerics.experiments.converged.
-    stored_keys; runs of the report's ``seed``) and the runs it shares with the claims ``before``
-    it in one process ((id, problem) pairs of its SHARED_RUNS group that run first: they train
-    those runs, the run cache hands them on), each run taken off once."""
-    s = spec_of(claim_id)
-    if s.plan is not None:
-        from numerics.engine import closure, cost_of
-        return sum(cost_of(n) for n in closure(plan_of(claim_id, profile, problem, seed=seed)))
-    if s.estimate is None:
+def estimate_seconds(claim_id: str, profile: str, problem: Optional[dict] = None, seed: int = 0) -> Optional[float]:
+    """The CPU seconds of the claim's plan alone (numerics.engine.cost_of summed over every
+    need it may ask for; None for a claim that is not a plan).  A build prices the union of the
+    selected claims' plans instead (reports.plan.planned_costs), each shared need once."""
+    if spec_of(claim_id).plan is None:
         return None
-    p = s.profile(profile, problem)
-    seconds = float(s.estimate(p))
-    held = set()
-    if stored and s.sweep_runs is not None:
-        for run, (key, sec) in s.sweep_runs(p, seed).items():
-            if key in stored:
-                held.add(run)
-                seconds -= sec
-    if s.shared_runs is not None and before:
-        mine, theirs = s.shared_runs(p), set()
-        for other, other_problem in before:
-            o = spec_of(other)
-            if o.shared_runs is not None and other != claim_id:
-                theirs |= set(o.shared_runs(o.profile(profile, other_problem)))
-        seconds -= sum(sec for run, sec in mine.items() if run in theirs and run not in held)
-    return seconds
+    from numerics.engine import closure, cost_of
+    return sum(cost_of(n) for n in closure(plan_of(claim_id, profile, problem, seed=seed)))

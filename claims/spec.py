@@ -96,16 +96,14 @@ class Outcome:
 @dataclass(frozen=True)
 class ClaimSpec:
     """One claim (or boundary) as data.  ``profiles``: {name: frozen dataclass};
-    ``evaluate(ctx) -> Outcome``: the plan and the comparisons; ``resolve(p, problem) -> p``:
-    the researcher's problem laid over a profile (None: problems are refused); ``fields``:
-    the problem fields it reads; ``cannot_run(problem) -> reason or None``: a configuration the
-    claim cannot build its experiment for, decided before any run; ``estimate(p) -> seconds``:
-    its cost from its own plan on 2 CPU cores; ``shared_runs(p) -> {run: seconds}``: the
-    runs of that plan a claim of its ``claims.SHARED_RUNS`` group may train first (keyed by
-    what the run cache keys them by), so that a group is priced with each run once;
-    ``sweep_runs(p, seed) -> {run: (store key, seconds)}``: the runs of its plan a sweep store can
-    hand it (same run keys), which the estimate of a build ``--from-sweep`` does not price;
-    ``findings(result) -> [Finding]``: the template of its sentences, from the result's own
+    ``plan(ctx, results) -> [Need]``: what it needs computed (numerics.engine), asked again with
+    the results until it asks for nothing new; ``compare(ctx, results) -> Outcome``: its
+    comparisons, a pure function of the results; ``evaluate(ctx) -> Outcome``: the one other
+    way, for the audit of handed weights (claims.model_audit), whose measurements are of the
+    handed model itself; ``resolve(p, problem) -> p``: the researcher's problem laid over a
+    profile (None: problems are refused); ``fields``: the problem fields it reads;
+    ``cannot_run(problem) -> reason or None``: a configuration the claim cannot build its
+    experiment for, decided before any run; ``findings(result) -> [Finding]``: the template of its sentences, from the result's own
     numbers; ``reads_sweep``: whether its trained runs may come from a sweep store
     (``--from-sweep``); ``paper``: what the paper states, one line in its own terms (a paper
     claim's; None for a boundary), printed beside the number the claim tests."""
@@ -119,9 +117,6 @@ class ClaimSpec:
     resolve: Optional[Callable[[Any, dict], Any]] = None
     fields: tuple = PROBLEM_FIELDS
     cannot_run: Optional[Callable[[dict], Optional[str]]] = None
-    estimate: Optional[Callable[[Any], float]] = None
-    shared_runs: Optional[Callable[[Any], dict]] = None
-    sweep_runs: Optional[Callable[[Any, int], dict]] = None
     findings: Optional[Callable[[ClaimResult], list]] = None
     reads_sweep: bool = False
     plan: Optional[Callable[[Context, Optional[dict]], list]] = None

@@ -360,20 +360,14 @@ class Engine:
     def _run_parallel(self, jobs: list) -> None:
         """``jobs`` in ``self.jobs`` fresh worker processes, the costliest ready job first."""
         import multiprocessing
-        from audit_io.processes import die_with_parent
+        from audit_io.processes import die_with_parent, worker_environment
 
         costs = {id(j): sum(cost_of(n) for n in j) for j in jobs}
         waiting, running, done = list(jobs), {}, 0.0
         total = sum(costs.values()) or 1.0
         ctx = multiprocessing.get_context("spawn")
-        env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with worker_environment():     # one BLAS thread in each worker (audit_io.processes.ONE_BLAS_THREAD)
             pool = ctx.Pool(min(self.jobs, len(jobs)), initializer=die_with_parent, initargs=(os.getpid(),))
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         try:
             while waiting or running:
                 ready = sorted((j for j in waiting if all(self.key(d) in self.memo(d) for n in j

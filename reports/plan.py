@@ -2,7 +2,7 @@
 
 The configuration is parsed by ``claims.check_problem`` (the one parser); which claims cannot
 build their experiment at it, by ``claims.cannot_run``; which read a sweep, by
-``claims.reads_sweep``; the cost, by ``claims.estimate_seconds`` (each claim's own plan).  A
+``claims.reads_sweep``; the cost, by the engine's cost model over the union of the plans.  A
 claim that cannot answer (a fake registry in the tests, a claim that does not import) is
 treated as giving no answer; it shows up as an error when it is run.  ``cfg`` is a
 ``reports.build.BuildConfig``.
@@ -99,47 +99,29 @@ def _duration(seconds: float) -> str:
 
 
 def estimate(cfg) -> Optional[dict]:
-    """The cost of the selected claims from their own plans (``claims.estimate_seconds``):
-    ``{"seconds", "per_claim": {id: seconds or None}, "unknown": [ids]}``, or None when the
-    claims give no estimate."""
-    if not hasattr(claims, "estimate_seconds"):
+    """The cost of the selected claims, from their plans only: the union of the plans priced
+    once by the engine's cost model (:func:`planned_costs`), less what a sweep store holds.
+    ``{"seconds", "per_claim": {id: seconds or None}, "unknown": [ids], "jobs",
+    "wall_seconds"}``: a claim that is not a plan (None) is unknown; the wall time is that of
+    the needs on ``cfg.jobs`` processes, the costliest first (:func:`wall_seconds`)."""
+    if not hasattr(claims, "plan_of"):
         return None
     at = set(claims_at_configuration(cfg)["configuration"])
     ids = selected(cfg)
     problem = {cid: cfg.problem if cid in at else None for cid in ids}
-
-    def before(cid):
-        """The claims of cid's SHARED_RUNS group that run before it in its process (ids' order):
-        they train the runs the group shares (the run cache hands them on)."""
-        group = next((g for g in getattr(claims, "SHARED_RUNS", ()) if cid in g), ())
-        return [(other, problem[other]) for other in ids[:ids.index(cid)] if other in group]
-
-    stored = frozenset()
-    if getattr(cfg, "sweep", None) is not None:     # runs the sweep holds are read, not trained: not priced
-        from numerics.experiments.converged import stored_keys
-        stored = stored_keys(cfg.sweep)
-    per = planned_costs(cfg, [cid for cid in ids if _ask("plan_of", cid, cfg.profile, problem[cid]) is not None],
-                        problem)
-    for cid in ids:
-        if cid in per:
-            continue
-        # passed only where there is one: a three-argument estimate_seconds still answers
-        more = [before(cid)]
-        if stored:
-            more += [stored, int(getattr(cfg, "seed", 0) or 0)]
-        while more and not more[-1]:
-            more.pop()
-        per[cid] = _ask("estimate_seconds", cid, cfg.profile, problem[cid], *more)
-    per = {cid: float(s) if isinstance(s, (int, float)) and math.isfinite(s) else None for cid, s in per.items()}
+    plans = [cid for cid in ids if _ask("plan_of", cid, cfg.profile, problem[cid]) is not None]
+    per, need_seconds = planned_costs(cfg, plans, problem) if plans else ({}, [])
+    per = {cid: per.get(cid) for cid in ids}
     jobs = max(1, int(getattr(cfg, "jobs", 1) or 1))
     return {"seconds": sum(s for s in per.values() if s is not None), "per_claim": per,
             "unknown": [cid for cid, s in per.items() if s is None], "jobs": jobs,
-            "wall_seconds": wall_seconds(per, jobs)}
+            "wall_seconds": wall_seconds(need_seconds, jobs)}
 
 
-def planned_costs(cfg, ids: list[str], problem: dict) -> dict:
-    """{id: CPU seconds} of the claims that are a plan: the union of their plans priced once by
-    the one cost model (a need k claims share counts 1/k to each), less what a sweep store holds."""
+def planned_costs(cfg, ids: list[str], problem: dict) -> tuple[dict, list]:
+    """({id: CPU seconds}, [seconds of each need]) of the claims that are a plan: the union of
+    their plans priced once by the one cost model (a need k claims share counts 1/k to each),
+    less what a sweep store holds."""
     from numerics.engine import Engine, cost_of
     store = None
     if getattr(cfg, "sweep", None) is not None:
@@ -157,22 +139,18 @@ def planned_costs(cfg, ids: list[str], problem: dict) -> dict:
     for n, cids in readers.items():
         for cid in cids:
             per[cid] += cost_of(n) / len(cids)
-    return per
+    return per, [cost_of(n) for n in readers]
 
 
-def wall_seconds(per_claim: dict, jobs: int) -> float:
-    """The wall time of claims costing ``per_claim`` CPU seconds on ``jobs`` processes as
-    ``reports.run`` schedules them: its groups (``claims.SHARED_RUNS`` together), the costliest
-    first, each to the process that frees up first; the largest process sum.  (Shared runs are
-    counted in each claim that reads them, so a group's sum is an upper bound.)"""
-    from reports.run import claim_groups
-    cost = {cid: s or 0.0 for cid, s in per_claim.items()}
-    if jobs <= 1 or len(cost) <= 1:
-        return sum(cost.values())
-    groups = sorted((sum(cost[c] for c in g) for g in claim_groups(list(cost), costs=cost)), reverse=True)
-    loads = [0.0] * min(jobs, len(groups))
-    for g in groups:
-        loads[loads.index(min(loads))] += g
+def wall_seconds(need_seconds: list, jobs: int) -> float:
+    """The wall time of needs costing ``need_seconds`` CPU seconds on ``jobs`` processes as the
+    engine runs them: the costliest first, each to the process that frees up first; the
+    largest process sum (one process: the sum)."""
+    if jobs <= 1 or len(need_seconds) <= 1:
+        return float(sum(need_seconds))
+    loads = [0.0] * jobs
+    for s in sorted(need_seconds, reverse=True):
+        loads[loads.index(min(loads))] += s
     return max(loads)
 
 

@@ -1,12 +1,9 @@
-"""Running the selected claims of a build: one after another, or side by side in fresh
-worker processes (``--jobs``), each claim through ``claims.claim_runner`` with its result
-checked against the claims.json schema as soon as it returns."""
+"""Running the selected claims of a build: the union of their plans executed by one engine
+(numerics.engine; ``--jobs`` worker processes for the needs), then each claim's comparison,
+its result checked against the claims.json schema as soon as it is made."""
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import inspect
-import os
 import sys
 import time
 from typing import Optional, TextIO
@@ -16,63 +13,7 @@ from claims.base import ClaimResult, kind_from_id, no_progress, run_claim
 from reports.plan import _ask, selected
 from reports.progress import ClaimProgress
 from reports.schema import OUTCOMES, entry_problems, upgrade
-from audit_io.processes import die_with_parent
-
-ONE_BLAS_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-"""The environment of a build's worker processes (set before they start, so numpy's and scipy's
-OpenBLAS start with one thread).  Why: numpy's convolve and dot call OpenBLAS's ddot, threaded
-above a few thousand elements; each call then wakes a second thread for microseconds of work,
-and on 2 shared cores the two wait for each other.  theory.exact's moment tables (direct
-Gaussian convolutions) took 13x the CPU time (3.8 against 0.30 s for 3 convolutions of 60000
-by 20001, load 7) and multi-head-gain 227 CPU-s in a quick run, 54 with one thread.  It also
-makes the numbers independent of the BLAS thread count (a threaded ddot sums in another order:
-6e-16 relative)."""
-
-_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
-                 "openblas_set_num_threads")
-
-
-@contextlib.contextmanager
-def worker_environment():
-    """Within the block, this process's environment holds ``ONE_BLAS_THREAD`` (for worker
-    processes started in it); restored on exit, values set before included."""
-    saved = {k: os.environ.get(k) for k in ONE_BLAS_THREAD}
-    os.environ.update(ONE_BLAS_THREAD)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def one_blas_thread() -> int:
-    """Set every OpenBLAS loaded in this process to one thread (the ``ONE_BLAS_THREAD`` policy
-    for a process whose numpy is already loaded: a build run in-process, ``--jobs 1``), through
-    the library's own ``*openblas_set_num_threads*`` (Linux: the loaded libraries are read off
-    /proc/self/maps; elsewhere nothing is done).  Returns how many libraries were set."""
-    import ctypes
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line})
-    except OSError:
-        return 0
-    done = 0
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in _BLAS_SETTERS:
-            setter = getattr(lib, name, None)
-            if setter is not None:
-                setter(ctypes.c_int(1))
-                done += 1
-                break
-    return done
-
+from audit_io.processes import one_blas_thread
 
 def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
     """Run one claim through ``claims.claim_runner``; any exception (an import error, a claim
@@ -120,11 +61,15 @@ def checked(claim_id: str, result) -> ClaimResult:
 
 
 def planned(ids: list[str]) -> list[str]:
-    """The ids whose claims are a plan and a comparison (run together by :func:`run_planned`)."""
+    """The ids whose claims are a plan and a comparison (run together by :func:`run_planned`);
+    none where ``claims.claim_runner`` is not the package's own (a runner patched in this
+    process, as the report's tests do, answers for every id)."""
+    if getattr(claims.claim_runner, "__module__", None) != "claims":
+        return []
     out = []
     for cid in ids:
         try:
-            if claims.spec_of(cid).plan is not None and parallel_safe():
+            if claims.spec_of(cid).plan is not None:
                 out.append(cid)
         except Exception:  # noqa: BLE001 -- a claim that does not import shows its error when run alone
             continue
@@ -140,6 +85,7 @@ def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]
     from numerics import experiments
     from numerics.engine import Engine, Results, closure
 
+    one_blas_thread()      # the needs this process computes itself (the workers start with one)
     at = set(claims_at_configuration_ids(cfg, ids))
     specs = {cid: claims.spec_of(cid) for cid in ids}
     ctxs, errors = {}, {}
@@ -210,9 +156,10 @@ def claims_at_configuration_ids(cfg, ids: list[str]) -> list[str]:
 
 def run_all(cfg, stream: Optional[TextIO] = None,
             cpu_seconds: Optional[dict] = None) -> list[ClaimResult]:
-    """Every selected claim, in registry order, with progress "[k/n] id ..." on ``stream``;
-    ``cpu_seconds``, if given, receives each claim's CPU time.  With ``cfg.jobs`` > 1 (CPU
-    only) the claims run in that many worker processes (:func:`run_parallel`)."""
+    """Every selected claim, in registry order, with progress on ``stream``; ``cpu_seconds``, if
+    given, receives each claim's CPU time.  The claims that are plans run as one build
+    (:func:`run_planned`: with ``cfg.jobs`` > 1, on CPU, the needs in that many worker
+    processes); any other claim after them, one by one."""
     stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
     everything = selected(cfg)
     together = planned(everything)
@@ -225,9 +172,8 @@ def run_all(cfg, stream: Optional[TextIO] = None,
 
 
 def _run_rest(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]) -> list[ClaimResult]:
-    """The claims that are not yet a plan and a comparison, one by one or in worker processes."""
-    if cfg.jobs > 1 and len(ids) > 1 and not str(cfg.device).startswith("cuda") and parallel_safe():
-        return run_parallel(cfg, ids, stream, cpu_seconds)
+    """The claims that are not a plan and a comparison (a registry or runner of the report's
+    tests), one by one through ``claims.claim_runner``."""
     results = []
     for k, claim_id in enumerate(ids, start=1):
         display = ClaimProgress(f"[{k}/{len(ids)}] {claim_id}", stream, cfg.progress)
@@ -244,113 +190,3 @@ def _run_rest(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]) 
         display.close(result)
         results.append(result)
     return results
-
-
-def claim_groups(ids: list[str], profile: str = "quick", costs: Optional[dict] = None) -> list[list[str]]:
-    """The selected ids cut into groups that run in one process: the claims of a
-    ``claims.SHARED_RUNS`` group together (they share trained runs through the run cache, so each
-    is trained once), every other claim alone; the most expensive group first (the claims' own
-    estimates at ``profile``, or ``costs`` {id: seconds} where given: reports.plan's at a
-    configuration), so that the longest runs start first."""
-    groups, seen = [], set()
-    for shared in getattr(claims, "SHARED_RUNS", ()):
-        g = [cid for cid in ids if cid in shared]
-        if g:
-            groups.append(g)
-            seen.update(g)
-    groups += [[cid] for cid in ids if cid not in seen]
-
-    def cost(g):
-        if costs is not None:
-            return sum(costs.get(cid) or 0.0 for cid in g)
-        try:
-            return sum(claims.estimate_seconds(cid, profile) or 0.0 for cid in g)
-        except Exception:  # a claim that cannot estimate runs last
-            return 0.0
-    return sorted(groups, key=cost, reverse=True)
-
-
-def _run_group(args) -> list[tuple[str, ClaimResult, float]]:
-    """One group of claims in a worker process (the parent's registry, one torch thread:
-    parallelism is across processes; on 2 cores two intra-op threads per process stall each
-    other)."""
-    group, cfg, registry = args
-    import torch
-    torch.set_num_threads(1)
-    one_blas_thread()          # the environment already says so (ONE_BLAS_THREAD); a library that ignores it
-    claims.REGISTRY = registry
-    out = []
-    for claim_id in group:
-        cpu0 = time.process_time()
-        result = run_one(claim_id, dataclasses.replace(cfg, progress=False), no_progress)
-        out.append((claim_id, result, time.process_time() - cpu0))
-    return out
-
-
-def parallel_safe() -> bool:
-    """Whether the claims can run in fresh worker processes: the registry is made of importable
-    ``module:NAME`` entries and ``claims.claim_runner`` is the package's own (a runner or
-    registry patched in this process only -- the report's tests -- runs in this process)."""
-    import importlib
-    if getattr(claims.claim_runner, "__module__", None) != "claims":
-        return False
-    try:
-        for entry in claims.REGISTRY.values():
-            module, _, name = str(entry).partition(":")
-            if not name or not hasattr(importlib.import_module(module), name):
-                return False
-    except Exception:
-        return False
-    return True
-
-
-def run_parallel(cfg, ids: list[str], stream: TextIO,
-                 cpu_seconds: Optional[dict]) -> list[ClaimResult]:
-    """The claims in ``cfg.jobs`` worker processes, started fresh (multiprocessing's ``spawn``:
-    a fork of a process whose torch threads have run can deadlock in the child), one line per
-    finished claim on ``stream`` (a bar over the claims with progress on); the results in
-    registry order.  Ctrl-C or SIGTERM terminates the workers, and a SIGKILL of this process kills
-    them too (each watches this process, :func:`audit_io.processes.die_with_parent`): nothing is
-    written before every claim has returned, and nothing goes on computing after the build is gone."""
-    import multiprocessing
-
-    try:   # the claims' own estimates at this build's configuration (reports.plan), to start the longest first
-        from reports.plan import estimate
-        costs = (estimate(cfg) or {}).get("per_claim")
-    except Exception:   # a claim that cannot estimate runs last
-        costs = None
-    groups = claim_groups(ids, cfg.profile, costs=costs)
-    done: dict[str, ClaimResult] = {}
-    bar = None
-    if cfg.progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(ids), desc=f"{len(ids)} claims in {min(cfg.jobs, len(groups))} processes", file=stream,
-                   dynamic_ncols=True, bar_format="{desc} {n_fmt}/{total_fmt}|{bar:20}| {elapsed}{postfix}")
-    # each worker dies with this process (audit_io.processes.die_with_parent: the kernel's parent-death
-    # signal, and a watch of this pid): a build killed with SIGKILL leaves nothing computing
-    with worker_environment():     # inherited by the workers as they start
-        pool = multiprocessing.get_context("spawn").Pool(min(cfg.jobs, len(groups)), initializer=die_with_parent,
-                                                         initargs=(os.getpid(),))
-    try:
-        for finished in pool.imap_unordered(_run_group, [(g, cfg, dict(claims.REGISTRY)) for g in groups]):
-            for claim_id, result, cpu in finished:
-                done[claim_id] = result
-                if cpu_seconds is not None:
-                    cpu_seconds[claim_id] = cpu
-                line = f"[{len(done)}/{len(ids)}] {claim_id}: {result.verdict} in {result.seconds:.1f} s"
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix_str(line[:70])
-                else:
-                    print(line, file=stream, flush=True)
-                if result.verdict == "error" and "error" in result.details:
-                    print(f"    {claim_id}: {result.details['error']}", file=stream, flush=True)
-        pool.close()
-    except BaseException:
-        pool.terminate()
-        raise
-    finally:
-        pool.join()
-        if bar is not None:
-            bar.close()
-    return [done[cid] for cid in ids]

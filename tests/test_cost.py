@@ -88,15 +88,16 @@ def test_claim_estimate_within_the_stated_factor_of_its_measured_cpu_time(claim_
     assert 1 / ESTIMATE_FACTOR <= ratio <= ESTIMATE_FACTOR, (claim_id, estimated, measured)
 
 
-def test_wall_estimate_schedules_groups_as_the_runner_does():
-    """reports.plan.wall_seconds: the SHARED_RUNS group stays in one process, the costliest
-    group first to the freest process; one process is the sum."""
+def test_wall_estimate_schedules_needs_as_the_engine_does():
+    """reports.plan.wall_seconds: the needs on ``jobs`` processes, the costliest first to the freest
+    process (the engine's order); one process is the sum; never below the costliest need."""
     from reports.plan import wall_seconds
-    per = {"limiting-error": 50.0, "multi-head-gain": 100.0, "optimality": 120.0, "three-phases": 30.0}
-    assert wall_seconds(per, 1) == pytest.approx(300.0)
-    # groups: {limiting-error, multi-head-gain} 150, optimality 120, three-phases 30 -> 150 | 120 + 30
-    assert wall_seconds(per, 2) == pytest.approx(150.0)
-    assert wall_seconds(per, 8) == pytest.approx(150.0)
+    needs = [120.0, 100.0, 50.0, 30.0]
+    assert wall_seconds(needs, 1) == pytest.approx(300.0)
+    # 120 | 100, then 50 to the 100 process (150), 30 to the 120 process: 150 | 150
+    assert wall_seconds(needs, 2) == pytest.approx(150.0)
+    assert wall_seconds(needs, 8) == pytest.approx(120.0)
+    assert wall_seconds([], 2) == 0.0
 
 
 def test_a_shared_need_is_priced_once():
