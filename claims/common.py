@@ -568,14 +568,6 @@ def eps_of(cfg) -> float:
     return float(np.finfo(np.float32 if cfg.dtype == "float32" else np.float64).eps)
 
 
-def gd_seconds(runs) -> float:
-    """CPU seconds of full-model GD runs given as (ProblemConfig, steps, prompts per step)
-    triples, each step priced by ``numerics.cost.step_seconds`` at the configuration's shape and
-    dtype (the one cost model; claims 1-2's estimates)."""
-    from numerics import cost
-    return sum(n * cost.step_seconds(c.tasks, c.heads, c.L, prompts, dtype=c.dtype) for c, n, prompts in runs)
-
-
 # ---------------------------------------------------------------------------------------
 # the atlas panels
 # ---------------------------------------------------------------------------------------

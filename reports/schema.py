@@ -165,21 +165,6 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _depth(obj: Any) -> int:
-    """Nesting depth, without recursion (a hand-made file can nest thousands deep)."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if deepest > MAX_DEPTH:
-            return deepest
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return deepest
-
-
 def default_kind(claim_id: Any) -> str:
     """The kind of an entry written without one: the id's (claims.base.kind_from_id)."""
     return kind_from_id(claim_id)
@@ -667,6 +652,3 @@ def check_report(out_dir: Path) -> list[str]:
         problems.append("index.html: not self-contained (script or remote source)")
     return problems
 
-
-def headline_rows(entry: Optional[dict]) -> list[dict]:
-    return [r for r in (entry or {}).get("headline") or [] if isinstance(r, dict)]

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from claims import boundary_saddle as C
-from claims.common import Z_SE, compare
+from claims.common import compare
+from numerics.statistics import Z_SE
 from theory.saddle import escape_time_slope
 
 

@@ -380,25 +380,6 @@ def store_key(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 0) -> 
     return _normalise_point(converged_point(cfg, schedule, seed))
 
 
-def stored_keys(path) -> frozenset:
-    """The :func:`store_key` of every converged run the sweep directory ``path`` holds for this code
-    (``numerics.experiments.Store``: a point it would not use is not held); empty where ``path`` is
-    not a sweep directory."""
-    from numerics.experiments import Store
-    try:
-        records = Store(path).records
-    except (OSError, ValueError):
-        return frozenset()
-    keys = set()
-    for rec in records:
-        try:
-            if rec["point"].get("model") == "converged":
-                keys.add(_normalise_point(rec["point"]))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue
-    return frozenset(keys)
-
-
 def converged_run(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 0) -> ConvergedRun:
     """The run of (cfg, schedule, seed): from the cache, else from the active sweep store, else
     trained (:func:`train_converged`)."""
