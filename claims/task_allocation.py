@@ -447,5 +447,4 @@ SPEC = ClaimSpec(
         "problem must give tasks, heads, L and optionally sigma, param, init_scale, logit_scale, basis, dtype; got "
         f"keys {sorted(q)}"),
     paper="each head ends serving one task, the one its initial OV value favours most")
-CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
-run = SPEC.run
+CLAIM_ID, TITLE, STATEMENT, run = SPEC.id, SPEC.title, SPEC.statement, SPEC.run

@@ -103,8 +103,9 @@ def test_two_models_one_judged_inside_one_bounded_outside(tmp_path, one_thread):
 
 
 def test_a_model_off_the_fixed_point_fails_the_served_comparison(tmp_path, one_thread):
-    """mu 10% below mu*: the held-out loss cannot tell (the loss is flat at its minimum), the served
-    comparison, resolved by the first-order gradient noise, can."""
+    """mu 10% below mu*: the served comparison, resolved by the first-order gradient noise, rejects
+    it.  The held-out loss moves only at second order (0.82 against 0.78, about 5 se on the prompts
+    the sizing draws), so whether it rejects too depends on the prompts; it is not asserted."""
     fp = exact_fixed_point(TASKS, L)
     cfg = ProblemConfig(tasks=TASKS, heads=2, L=L, logit_scale=2.0)
     path = save_factored(tmp_path / "low_mu.npz", MultiHeadAttention.from_semi_singular_values(
@@ -113,8 +114,8 @@ def test_a_model_off_the_fixed_point_fails_the_served_comparison(tmp_path, one_t
                                          skip=("one_head_optimum", "best_decomposable")))
     result = ma.run_audit(plan).results[0]
     assert (result.kind, result.verdict) == ("claim", "fail")
-    loss, served = result.details["comparisons"]
-    assert loss["agrees"] and not served["agrees"] and 1.5 < served["error"] < 10, served
+    _, served = result.details["comparisons"]
+    assert not served["agrees"] and 1.5 < served["error"] < 10, served
 
 
 def test_bad_arguments_exit_2_and_write_nothing(tmp_path):
