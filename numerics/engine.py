@@ -360,7 +360,7 @@ class Engine:
     def _run_parallel(self, jobs: list) -> None:
         """``jobs`` in ``self.jobs`` fresh worker processes, the costliest ready job first."""
         import multiprocessing
-        from audit_io.processes import die_with_parent
+        from numerics.io.processes import die_with_parent
 
         costs = {id(j): sum(cost_of(n) for n in j) for j in jobs}
         waiting, running, done = list(jobs), {}, 0.0

@@ -16,7 +16,7 @@ from claims.base import ClaimResult, kind_from_id, no_progress, run_claim
 from reports.plan import _ask, selected
 from reports.progress import ClaimProgress
 from reports.schema import OUTCOMES, entry_problems, upgrade
-from audit_io.processes import die_with_parent
+from numerics.io.processes import die_with_parent
 
 ONE_BLAS_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 """The environment of a build's worker processes (set before they start, so numpy's and scipy's
@@ -310,7 +310,7 @@ def run_parallel(cfg, ids: list[str], stream: TextIO,
     a fork of a process whose torch threads have run can deadlock in the child), one line per
     finished claim on ``stream`` (a bar over the claims with progress on); the results in
     registry order.  Ctrl-C or SIGTERM terminates the workers, and a SIGKILL of this process kills
-    them too (each watches this process, :func:`audit_io.processes.die_with_parent`): nothing is
+    them too (each watches this process, :func:`numerics.io.processes.die_with_parent`): nothing is
     written before every claim has returned, and nothing goes on computing after the build is gone."""
     import multiprocessing
 
@@ -326,7 +326,7 @@ def run_parallel(cfg, ids: list[str], stream: TextIO,
         from tqdm import tqdm
         bar = tqdm(total=len(ids), desc=f"{len(ids)} claims in {min(cfg.jobs, len(groups))} processes", file=stream,
                    dynamic_ncols=True, bar_format="{desc} {n_fmt}/{total_fmt}|{bar:20}| {elapsed}{postfix}")
-    # each worker dies with this process (audit_io.processes.die_with_parent: the kernel's parent-death
+    # each worker dies with this process (numerics.io.processes.die_with_parent: the kernel's parent-death
     # signal, and a watch of this pid): a build killed with SIGKILL leaves nothing computing
     with worker_environment():     # inherited by the workers as they start
         pool = multiprocessing.get_context("spawn").Pool(min(cfg.jobs, len(groups)), initializer=die_with_parent,

@@ -32,8 +32,8 @@ from numerics.config import ProblemConfig
 from numerics.data import STREAM_VERSION, make_generator, sample_prompts
 from numerics.fused import attention_readout
 from numerics.model import MultiHeadAttention, mse_loss
-from audit_io.files import check_output_path, write_output
-from audit_io.options import int_option
+from numerics.io.files import check_output_path, write_output
+from numerics.io.options import int_option
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_SMALL = dict(tasks=(4, 4, 4), heads=3, L=256)

@@ -238,7 +238,7 @@ def test_rebuild_replaces_whole_report(fake_registry, tmp_path, capsys):
     (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
     (["--seed", "-1"], "--seed must be an integer"),
     (["--from-sweep", "/nonexistent/sweep/dir"], "no such directory"),
-    (["--from-sweep", "{tmp}"], "not a tools.sweep output directory"),
+    (["--from-sweep", "{tmp}"], "not a numerics.sweep output directory"),
 ])
 def test_bad_arguments_exit_2(fake_registry, tmp_path, capsys, args, message):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]

@@ -1,4 +1,4 @@
-"""``python -m tools.bench``: see :mod:`tools.bench.cli`."""
-from tools.bench.cli import main
+"""``python -m numerics.bench``: see :mod:`numerics.bench.cli`."""
+from numerics.bench.cli import main
 
 main()

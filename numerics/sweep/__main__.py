@@ -1,6 +1,6 @@
-"""``python -m tools.sweep``: see :mod:`tools.sweep.cli`."""
+"""``python -m numerics.sweep``: see :mod:`numerics.sweep.cli`."""
 import sys
 
-from tools.sweep.cli import main
+from numerics.sweep.cli import main
 
 sys.exit(main())
