@@ -9,7 +9,7 @@ module holding two ids); :data:`REGISTRY` maps each claim id (the ids of ``claim
 ``problem``: a dict of ProblemConfig fields given by the researcher (``python -m reports.build
 --tasks 3,3 ...``), parsed once by :func:`check_problem`; the claim then runs its experiment at
 that configuration (building any family it needs around it) and says in ``details["ran"]``
-what it ran.  ``sweep``: a directory of sweep results (``tools.sweep``) whose stored trained
+what it ran.  ``sweep``: a directory of sweep results (``numerics.sweep``) whose stored trained
 runs the claims that read sweeps (:func:`reads_sweep`) take instead of training them.
 """
 from __future__ import annotations
@@ -33,8 +33,8 @@ REGISTRY: dict[str, str] = {
     "boundary-fewer-heads": "claims.boundary_fewer_heads:SPEC",
     "boundary-left-allocation": "claims.boundary_left_allocation:SPEC",
     "boundary-saddle": "claims.boundary_saddle:SPEC",
-    "boundary-initialisation": "claims.initialisation:INIT_SPEC",
-    "boundary-allocation-race": "claims.allocation_race:RACE_SPEC",
+    "boundary-initialisation": "claims.boundary_initialisation:INIT_SPEC",
+    "boundary-allocation-race": "claims.boundary_allocation_race:RACE_SPEC",
     "atlas-initialisation": "claims.atlas_initialisation:SPEC",
     "atlas-heads": "claims.atlas_heads:SPEC",
     "atlas-noise": "claims.atlas_noise:SPEC",

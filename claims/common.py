@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from audit_io.jsonable import jsonable
+from numerics.io.jsonable import jsonable
 from claims.base import HeadlineRow, Figure, PerturbationCheck, Series
 from claims.spec import ClaimSpec, finding
 from numerics.readout import OUTCOME_CLASSES

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from audit_io.jsonable import jsonable
+from numerics.io.jsonable import jsonable
 from claims.base import Figure, HeadlineRow
 from claims.common import Z_SE, Comparison, compare, reported_row
 from claims.spec import ClaimSpec, Outcome, finding

@@ -42,8 +42,8 @@ from typing import Sequence
 
 import torch
 
-from audit_io import handed
-from audit_io.files import read_input_bytes
+from numerics.io import handed
+from numerics.io.files import read_input_bytes
 
 CHECKPOINT_VERSION = 1
 
@@ -151,7 +151,7 @@ MAX_BYTES = 2 ** 30
 
 def _load_bytes(path: str) -> bytes:
     """The file's bytes, its size within MAX_BYTES and the memory budget, its archive and pickle
-    bounded before torch sees them (audit_io.handed.check_torch_archive: a structure of shared
+    bounded before torch sees them (numerics.io.handed.check_torch_archive: a structure of shared
     references that torch's own loader would hash for hours is refused here)."""
     try:
         size = os.stat(path).st_size

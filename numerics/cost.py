@@ -7,7 +7,7 @@ an audit that would not finish.  One model, fitted once, used everywhere:
     seconds(primitive) = sum_k c_k x_k
 
 with features x_k counted from the sizes (tasks, heads H, L, batch B, runs) and non-negative
-coefficients c_k fitted by ``python -m tools.bench --calibrate`` (relative least squares over a grid of
+coefficients c_k fitted by ``python -m numerics.bench --calibrate`` (relative least squares over a grid of
 measured sizes: each point counts by its ratio measured / modelled, so small and large sizes are fitted
 alike).  The primitives, with D = d + m the token width, m the tasks:
 
@@ -34,7 +34,7 @@ CPU seconds, one torch thread (the claims' policy, ``numerics.experiments.one_th
 (``time.process_time``): waiting for a core does not count, so the numbers hold on a shared machine
 (sharing the caches inflates them by some 10-30 %).  The report's wall time on 2 cores is the larger of
 its two processes' sums (``reports.plan`` adds the claims up that way).  Measured on the machine of
-:data:`CALIBRATION`; another machine should run ``python -m tools.bench --calibrate`` and compare.
+:data:`CALIBRATION`; another machine should run ``python -m numerics.bench --calibrate`` and compare.
 """
 from __future__ import annotations
 
@@ -46,14 +46,14 @@ CALIBRATION = {
     "software": "torch 2.13.0+cpu, numpy 2, Python 3.11, one torch thread",
     "date": "2026-12-02",
     "load": "load average 3-8 during the calibration (CPU time, not wall)",
-    "how": "python -m tools.bench --calibrate --out FILE (tools/bench/calibrate.py)",
-    "accuracy": "calibration points within a factor 1.6 of the fitted model, one (L = 12, 16,17,17) at 2.3 (tools.bench --calibrate prints each)",
+    "how": "python -m numerics.bench --calibrate --out FILE (numerics/bench/calibrate.py)",
+    "accuracy": "calibration points within a factor 1.6 of the fitted model, one (L = 12, 16,17,17) at 2.3 (numerics.bench --calibrate prints each)",
 }
 """Where and how the coefficients below were measured."""
 
-# coefficients (CPU seconds per unit of each feature), fitted by tools.bench --calibrate on 2026-12-02
+# coefficients (CPU seconds per unit of each feature), fitted by numerics.bench --calibrate on 2026-12-02
 # (CALIBRATION; 28 CPU s).  float32 was not calibrated: its per-element coefficients are float64's x 0.67,
-# the ratio tools.bench section 7 measured at 16,17,17 / H = 3 / L = 100 / batch 10000 (566 / 846 ms)
+# the ratio numerics.bench section 7 measured at 16,17,17 / H = 3 / L = 100 / batch 10000 (566 / 846 ms)
 STEP = {
     "float64": {"step": 1.65e-3, "run": 1.2e-3, "context": 1.88e-8, "logits": 9.45e-9, "flops": 6.57e-10},
     "float32": {"step": 1.65e-3, "run": 1.2e-3, "context": 1.26e-8, "logits": 6.3e-9, "flops": 4.4e-10},

@@ -27,10 +27,10 @@ and shapes and says what it picked.  A training time may come with the file: an 
 project's units) or ``step`` (0-d arrays in an npz, ``__metadata__`` strings in a safetensors file,
 plain values beside the state_dict in a torch file).
 
-Safety (the reader contract of audit_io.handed: a handed file is data, never structure to trust):
+Safety (the reader contract of numerics.io.handed: a handed file is data, never structure to trust):
 the path is checked before anything is read (a regular file, not a link loop, a FIFO or a device,
 its name valid UTF-8: :func:`check_paths`), the file read once, into memory, through
-``audit_io.files.read_input_bytes`` (at most :data:`MAX_CHECKPOINT_BYTES` and the memory budget),
+``numerics.io.files.read_input_bytes`` (at most :data:`MAX_CHECKPOINT_BYTES` and the memory budget),
 and parsed by content, never by its name.  Each container is read by its directory first: a
 safetensors header bounded, its offsets inside the file and not overlapping, each dtype and shape
 consistent with its bytes; an npz's members by their declared sizes and compression method (stored
@@ -66,8 +66,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from audit_io import handed
-from audit_io.files import check_input_files, read_input_bytes
+from numerics.io import handed
+from numerics.io.files import check_input_files, read_input_bytes
 
 from .checkpoint import RECORD_FIELDS, dense_problem
 from .config import ProblemConfig
@@ -173,7 +173,7 @@ def _sniff(data: bytes) -> str:
 
 
 def _budget() -> Optional[int]:
-    """Bytes a file's expanded content may take (audit_io.handed: half of what this process can
+    """Bytes a file's expanded content may take (numerics.io.handed: half of what this process can
     still take); None where the machine does not say."""
     free = handed.memory_available()
     return None if free is None else int(handed.MEMORY_FRACTION * free)
@@ -181,7 +181,7 @@ def _budget() -> Optional[int]:
 
 def _torch_load(path: str, data: bytes):
     """A torch file checked before it is loaded (its archive and pickle bounded:
-    audit_io.handed.check_torch_archive), loaded weights-only, and every tensor in it dense, in
+    numerics.io.handed.check_torch_archive), loaded weights-only, and every tensor in it dense, in
     the file and no larger than its storage (numerics.checkpoint.dense_problem)."""
     try:
         handed.check_torch_archive(data, _budget())
@@ -216,7 +216,7 @@ def _torch_load(path: str, data: bytes):
 
 def _zip_load(path: str, data: bytes):
     """A zip archive is a torch file (it holds a data.pkl) or an npz (only .npy members), each
-    read by its directory first (audit_io.handed)."""
+    read by its directory first (numerics.io.handed)."""
     try:
         archive, members = handed.zip_members(data, _budget())
     except ValueError as exc:
@@ -231,7 +231,7 @@ def _zip_load(path: str, data: bytes):
 
 def _safetensors_load(path: str, data: bytes):
     """Tensors and metadata strings of a safetensors file, its header checked first
-    (audit_io.handed.safetensors_header), then read by the safetensors parser."""
+    (numerics.io.handed.safetensors_header), then read by the safetensors parser."""
     from safetensors import SafetensorError
     from safetensors.torch import load as st_load
 
@@ -431,7 +431,7 @@ def _time_entry(path: str, entries: dict) -> tuple[Optional[float], Optional[int
 
 
 def check_paths(paths, max_bytes: int = MAX_CHECKPOINT_BYTES) -> None:
-    """Every checkpoint path checked before any file is read (audit_io.files.check_input_files: a
+    """Every checkpoint path checked before any file is read (numerics.io.files.check_input_files: a
     regular file, not a link loop, a FIFO or a device, its name valid UTF-8, at most
     ``max_bytes``): one :class:`CheckpointError` line for the first that is not."""
     try:
@@ -526,7 +526,7 @@ _TASK_AXES = {"q_proj.weight": ((1, "D"),), "k_proj.weight": ((1, "D"),), "v_pro
 
 def _check_raw(path: str, raw: dict, tasks: Optional[tuple]) -> None:
     """A layout's arrays before they are read as float64: their declared shapes against ``tasks``
-    (when given) and their size against the memory budget (audit_io.handed.check_memory)."""
+    (when given) and their size against the memory budget (numerics.io.handed.check_memory)."""
     if tasks is not None:
         want = {"D": sum(tasks) + len(tasks), "m": len(tasks)}
         for name, value in raw.items():

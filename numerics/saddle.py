@@ -27,7 +27,7 @@ directly (o = -v), just below the fit window, so that every step size sees the s
 without the long plateau of the escape runs.
 
 Sizes in docs/saddle.md (the saddle's configurations: claims.boundary_saddle.PROFILES; the single-task
-runs: claims.initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 85 s CPU for the saddle,
+runs: claims.boundary_initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 85 s CPU for the saddle,
 30 s for the single-task runs, one core), ``paper`` (not run here).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A run stored by a sweep: what identifies it, and the one reader that checks it before use.
 
-``python -m tools.sweep`` stores each finished point as ``DIR/points/<id>.json``; a report built
+``python -m numerics.sweep`` stores each finished point as ``DIR/points/<id>.json``; a report built
 with ``--from-sweep DIR`` (``numerics.experiments.Store``) takes those runs instead of training
 them, and a resumed sweep skips them.  Both read a point only through :func:`read_point`, which
 uses it only if everything that identifies it agrees:
@@ -18,7 +18,7 @@ Anything else is skipped with the reason (the caller says so and trains the run 
 handed sweep can make a point be recomputed, never make a foreign number be used.
 
 The identity lives here, in the package whose code it hashes, so that numerics (the store) and
-tools.sweep (the writer) share it without numerics importing tools: :func:`point_id` is a
+numerics.sweep (the writer) share it without the library importing the sweep: :func:`point_id` is a
 content hash of a point's full configuration and of :func:`code_version` (the same point run by
 a different version of the training code is a different point).
 """
@@ -34,18 +34,22 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
-from audit_io.files import LinkInside, read_inside
-from audit_io.handed import MAX_DEPTH, PARSE_FACTOR, check_memory, parse_json
+from numerics.io.files import LinkInside, read_inside
+from numerics.io.handed import MAX_DEPTH, PARSE_FACTOR, check_memory, parse_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # What a training point executes, for the code version (see code_version).
 CODE_ENTRY_MODULES = ("numerics.train", "numerics.config")
 PROJECT_PACKAGES = ("numerics", "theory")
+# Imported by the trainer but computing no number of a run (options, files, the command wrapper):
+# not hashed, so editing how a command line reads and writes keeps the stored points.
+UNHASHED_PACKAGES = ("numerics.io",)
 ID_HEX_DIGITS = 16  # 64 bits: P(any collision) ~ n^2 / 2^65, 3e-8 for a million points
-DEFAULT_POINT_FN = "tools.sweep:train_point"
-# The default point function under its names past and present: none of them enters the id,
-# so the points stored before the sweep moved out of numerics/ keep their ids.
-DEFAULT_POINT_FN_NAMES = (DEFAULT_POINT_FN, "tools.sweep.execute:train_point", "numerics.sweep:train_point")
+DEFAULT_POINT_FN = "numerics.sweep:train_point"
+# The default point function under its names past and present (the sweep's package was once a
+# top-level ``tools``): none of them enters the id, so points stored under an earlier name keep their ids.
+DEFAULT_POINT_FN_NAMES = (DEFAULT_POINT_FN, "numerics.sweep.execute:train_point", "tools.sweep:train_point",
+                          "tools.sweep.execute:train_point")
 POINT_FILE = re.compile(r"[0-9a-f]{%d}\.json\Z" % ID_HEX_DIGITS)
 MAX_POINT_FILE_BYTES = 256 * 2 ** 20
 """A point file is a few kB (a trajectory of 61 records); a long trajectory makes it MBs.  A
@@ -54,7 +58,7 @@ larger file is not one: it is refused before a byte is read (a 1.5 GB file is ne
 
 def _module_file(name: str) -> Optional[Path]:
     parts = name.split(".")
-    if parts[0] not in PROJECT_PACKAGES:
+    if parts[0] not in PROJECT_PACKAGES or any(name == p or name.startswith(p + ".") for p in UNHASHED_PACKAGES):
         return None
     base = REPO_ROOT.joinpath(*parts)
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
@@ -87,7 +91,8 @@ def _imported_names(path: Path, module: str) -> set[str]:
 
 def code_sources() -> list[Path]:
     """The project source files a training point executes: the import closure (static, by
-    ``ast``) of ``numerics.train`` and ``numerics.config`` within ``numerics``/``theory``."""
+    ``ast``) of ``numerics.train`` and ``numerics.config`` within ``numerics``/``theory``, less
+    :data:`UNHASHED_PACKAGES`."""
     seen: dict[str, Path] = {}
     queue = deque(CODE_ENTRY_MODULES)
     while queue:
@@ -159,7 +164,7 @@ errors (an atlas point stores a diverged start as a result of class "diverged", 
 
 def _result_problem(point: dict, result: Any) -> Optional[str]:
     """What makes a finished point's result unusable by a claim, said before a claim reads it:
-    nested deeper than audit_io.handed.MAX_DEPTH, or, for :data:`FINITE_LOSS_MODELS`, a ``loss``
+    nested deeper than numerics.io.handed.MAX_DEPTH, or, for :data:`FINITE_LOSS_MODELS`, a ``loss``
     that is not a finite number (``"nan"`` -- jsonable's text for a NaN -- or a list there is not
     such a run's, and would reach a claim as a string)."""
     stack = [(result, 1)]

@@ -40,13 +40,13 @@ import warnings
 from pathlib import Path
 from typing import Optional, TextIO
 
-from audit_io.command import command_line
-from audit_io.jsonable import jsonable
+from numerics.io.command import command_line
+from numerics.io.jsonable import jsonable
 from claims.base import FAILING
 from reports.output import check_out_dir, new_temporary, recover_leftovers, replace_with, write_tree
 from reports.provenance import _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments, check_report
-from audit_io.options import (OFFSET_SEED_MAX, float_option, int_option, parse_int, seed_option, tasks_option,
+from numerics.io.options import (OFFSET_SEED_MAX, float_option, int_option, parse_int, seed_option, tasks_option,
                                threads_option)
 
 DEFAULT_OUT = "reports/audit"
@@ -356,7 +356,7 @@ def budget(plan) -> dict:
     :func:`trajectory_cost`; the report: :data:`RENDER_SECONDS` (and per bar) per judged result.  Memory: the
     largest held-out batch (numerics.external.held_out_chunk, which refuses one that does not fit)
     and the search's pair moments."""
-    from audit_io.handed import memory_available
+    from numerics.io.handed import memory_available
     from claims.model_audit import PILOT_PROMPTS
     from numerics import external
     from numerics.train import step_memory_bytes
@@ -401,8 +401,8 @@ def describe_budget(cost: dict) -> str:
 
 def check_budget(cost: dict, max_seconds: float, flag_given: bool) -> None:
     """:class:`BadArguments` when the estimate passes --max-minutes or half the memory this process
-    can take (audit_io.handed.MEMORY_FRACTION), saying what raises or lowers it."""
-    from audit_io.handed import MEMORY_FRACTION
+    can take (numerics.io.handed.MEMORY_FRACTION), saying what raises or lowers it."""
+    from numerics.io.handed import MEMORY_FRACTION
 
     total, free, memory = sum(cost["seconds"].values()), cost["free"], cost["memory"]
     costly = sorted(k for k in ("one_head_optimum", "best_decomposable") if cost["seconds"].get(k, 0.0) > 60.0)

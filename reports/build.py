@@ -23,7 +23,7 @@ The schema of claims.json is derived from the dataclasses of ``claims.base``
 
 Exit status: 0 when no claim fails or errors and no boundary is contradicted or errors
 (``claims.base.FAILING``) and every figure rendered; 1 otherwise; 2 on bad arguments; 75
-(``audit_io.files.EXIT_DISK_FULL``) when the disk is full ("disk full: N bytes needed at PATH";
+(``numerics.io.files.EXIT_DISK_FULL``) when the disk is full ("disk full: N bytes needed at PATH";
 the previous report is intact); 130 when interrupted.
 """
 from __future__ import annotations
@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 import claims
-from audit_io import toml
-from audit_io.command import command_line
-from audit_io.device import check_device_option
-from audit_io.files import check_inside, read_input_bytes
-from audit_io.options import SEED_MAX, float_option, int_option, seed_option
-from audit_io.options import parse_tasks as strict_tasks
+from numerics.io import toml
+from numerics.io.command import command_line
+from numerics.io.device import check_device_option
+from numerics.io.files import check_inside, read_input_bytes
+from numerics.io.options import SEED_MAX, float_option, int_option, seed_option
+from numerics.io.options import parse_tasks as strict_tasks
 from claims.base import FAILING, PROFILES, ClaimResult
 from reports.output import (FIGURE_DIR, REPORT_MARKER, check_out_dir, new_temporary, recover_leftovers,  # noqa: F401
                             replace_with, write_tree)
@@ -97,7 +97,7 @@ class BuildConfig:
     device: str = "cpu"
     seed: int = 0
     only: Optional[tuple[str, ...]] = None   # claim ids, in registry order; None = all
-    sweep: Optional[str] = None              # directory of tools.sweep results
+    sweep: Optional[str] = None              # directory of numerics.sweep results
     progress: bool = True                    # per-claim progress bars on stderr
     problem: Optional[dict] = None           # ProblemConfig fields of a per-configuration audit
     max_minutes: Optional[float] = None      # refuse an audit estimated longer (None: 60 min at a
@@ -111,7 +111,7 @@ class BuildConfig:
 
 def parse_tasks(text: str) -> tuple[int, ...]:
     """``"3,3,3"`` -> (3, 3, 3) by the one strict parser of every command
-    (:func:`audit_io.options.parse_tasks`: digits only, no empty entries, signs or spaces)."""
+    (:func:`numerics.io.options.parse_tasks`: digits only, no empty entries, signs or spaces)."""
     try:
         return strict_tasks(text)
     except ValueError as exc:
@@ -167,11 +167,11 @@ def validate(cfg: BuildConfig) -> BuildConfig:
         sweep = Path(cfg.sweep)
         if not sweep.is_dir():
             raise BadArguments(f"--from-sweep {cfg.sweep}: no such directory; give the output "
-                               "directory of a tools.sweep run")
+                               "directory of a numerics.sweep run")
         if not (sweep / "points").is_dir() and not (sweep / "summary.json").is_file():
-            raise BadArguments(f"--from-sweep {cfg.sweep}: not a tools.sweep output directory "
+            raise BadArguments(f"--from-sweep {cfg.sweep}: not a numerics.sweep output directory "
                                "(it has neither points/ nor summary.json); give the DIR of "
-                               "'python -m tools.sweep ... --out DIR'")
+                               "'python -m numerics.sweep ... --out DIR'")
         try:   # its points/ is read without following a link (a link there points anywhere)
             check_inside(sweep, (), "--from-sweep", directories=("points",) if (sweep / "points").exists()
                          or (sweep / "points").is_symlink() else ())
@@ -257,7 +257,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help="run only these claim ids (comma-separated; see the list below); "
                              "default: all")
     parser.add_argument("--from-sweep", default=None, metavar="DIR", dest="sweep",
-                        help="directory of tools.sweep results: the claims that read a sweep "
+                        help="directory of numerics.sweep results: the claims that read a sweep "
                              "(limiting-error, multi-head-gain) take their trained runs from it "
                              "instead of training them (refused when no selected claim reads one)")
     parser.add_argument("--jobs", type=int_option("--jobs", low=1, high=64, why_high="more processes than claims gain nothing"), default=None, metavar="N",

@@ -1,6 +1,6 @@
 """Where a report goes: ``--out DIR`` checked before any claim runs, then written whole or not at all.
 
-The policy (the project's one output-path policy, ``audit_io.files.check_output_dir``, plus
+The policy (the project's one output-path policy, ``numerics.io.files.check_output_dir``, plus
 what replacing a *directory* needs): DIR may be new, an empty directory, or a previous report
 of this command (it carries :data:`REPORT_MARKER` and nothing but what a report holds).  A
 symlinked DIR is followed; a symlink loop or a dangling symlink is refused.  A directory that
@@ -12,7 +12,7 @@ Writing: the report is written into a temporary directory beside DIR (same files
 then swapped in: a previous report is renamed away, the new one renamed to DIR, the old one
 deleted; an empty directory the user made is filled in place (it is never deleted).  The new
 directory gets the permissions the umask gives (``mkdtemp`` makes 0700).  Every file inside the
-temporary is written without following a link (``audit_io.files.write_inside``).  A build
+temporary is written without following a link (``numerics.io.files.write_inside``).  A build
 killed between the two renames leaves ``.DIR.old-<token>``; a killed write leaves
 ``.DIR.tmp-<pid>-<token>``: the next build repairs both (:func:`recover_leftovers`) and says
 what it did only when it did it -- and only to directories whose marker, written by the build,
@@ -24,7 +24,7 @@ file's name and size into the marker (:func:`marker_files`); a previous report i
 it holds exactly those files, as regular files, and every one of them and its folders can be
 written (read-only ones stay, so the replaced report could not be deleted whole).  A user's
 folder or file under a report's name (``claims.json/``, ``figures/mine.png``) is refused, never
-deleted.  Commands writing the same DIR take turns (``audit_io.files.folder_lock`` on the folder
+deleted.  Commands writing the same DIR take turns (``numerics.io.files.folder_lock`` on the folder
 that holds it, for each check, repair and swap): the last to finish leaves its report, whole, and
 none writes beside DIR; should DIR hold something foreign by the time a report is ready, the
 report is not written (one line, exit 2) and nothing is deleted.
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Iterable, Optional, TextIO
 
 from reports.schema import BadArguments
-from audit_io.files import FolderBusy, create_inside, folder_lock, make_directories, read_inside, write_inside
+from numerics.io.files import FolderBusy, create_inside, folder_lock, make_directories, read_inside, write_inside
 
 REPORT_MARKER = ".icl-audit-report"
 """The file that makes a directory this command's report.  It is written first, into the build's
@@ -63,7 +63,7 @@ STALE_TMP_SECONDS = 3600.0
 
 @contextlib.contextmanager
 def _locked(folder: Path, shown, stream: Optional[TextIO] = None, flag: str = "--out"):
-    """``audit_io.files.folder_lock`` of the folder that holds a report; waiting too long is
+    """``numerics.io.files.folder_lock`` of the folder that holds a report; waiting too long is
     :class:`BadArguments` (one line, exit 2)."""
     try:
         with folder_lock(folder, flag, shown, stream):
@@ -142,11 +142,11 @@ def _replace_problem(out: Path, flag: str, shown) -> Optional[str]:
 def check_out_dir(path: str, flag: str = "--out", inputs: Iterable[str] = ()) -> Path:
     """The absolute report directory of ``path`` (a symlink followed), or :class:`BadArguments`
     saying why it cannot be written or replaced: the project's policy
-    (``audit_io.files.check_output_dir``: a file, a link loop or dangling link, an unwritable
+    (``numerics.io.files.check_output_dir``: a file, a link loop or dangling link, an unwritable
     place, a non-empty directory without the marker, an input) and what replacing a report
     directory adds: a previous report that also holds files this command did not write (a sweep
     stored in it) and a directory that holds an input are refused, never deleted."""
-    from audit_io.files import check_output_dir
+    from numerics.io.files import check_output_dir
 
     inputs = [Path(p).resolve() for p in inputs]
     try:
@@ -172,7 +172,7 @@ def check_out_dir(path: str, flag: str = "--out", inputs: Iterable[str] = ()) ->
 def write_tree(out: Path, files: dict[str, bytes]) -> None:
     """Write ``files`` ({relative path: bytes}) into the temporary directory ``out`` (its marker is
     already there, :func:`new_temporary`), each a new file through the project's link policy
-    (``audit_io.files.create_inside``: nothing below ``out`` reached through a link, nothing
+    (``numerics.io.files.create_inside``: nothing below ``out`` reached through a link, nothing
     existing replaced; a full disk is ``DiskFull``); the caller checks the tree, then puts it in
     place with :func:`replace_with` (the rename of the whole directory is what makes it atomic)."""
     for name, data in files.items():
@@ -234,7 +234,7 @@ def replace_with(tmp: Path, out: Path, stream: Optional[TextIO] = None) -> Path:
     """Put the finished report ``tmp`` at ``out``; returns ``out``.  ``out`` absent: renamed there;
     an empty directory: filled in place (marker first); a previous report: swapped (the old one
     deleted after).  Done holding the lock of the folder that holds ``out``
-    (``audit_io.files.folder_lock``): another command writing ``out`` waits.  Should ``out`` hold
+    (``numerics.io.files.folder_lock``): another command writing ``out`` waits.  Should ``out`` hold
     something this command did not write, or cannot write, by now (it changed while the claims
     ran), nothing is deleted and nothing written beside it: :class:`BadArguments`, one line (the
     caller removes ``tmp``)."""

@@ -13,7 +13,7 @@ from claims.base import ClaimResult, kind_from_id, no_progress, run_claim
 from reports.plan import _ask, selected
 from reports.progress import ClaimProgress
 from reports.schema import OUTCOMES, entry_problems, upgrade
-from audit_io.processes import one_blas_thread
+from numerics.io.processes import one_blas_thread
 
 def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
     """Run one claim through ``claims.claim_runner``; any exception (an import error, a claim
@@ -190,3 +190,4 @@ def _run_rest(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]) 
         display.close(result)
         results.append(result)
     return results
+from numerics.io.processes import one_blas_thread

@@ -34,8 +34,8 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from audit_io.handed import PARSE_FACTOR, check_memory, parse_json
-from audit_io.options import SEED_MAX
+from numerics.io.handed import PARSE_FACTOR, check_memory, parse_json
+from numerics.io.options import SEED_MAX
 from claims.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
                          HeadlineRow, PerturbationCheck, judge, kind_from_id)
 
@@ -46,7 +46,7 @@ PROVENANCE_KEYS = {"versions": dict, "device": str, "seed": int, "profile": str,
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}")
 MAX_DEPTH = 40            # nesting of a claims.json (the real ones stay under 10)
 MAX_PROBLEMS_SHOWN = 5
-NON_FINITE = ("nan", "inf", "-inf")   # how audit_io.jsonable.jsonable stores non-finite floats
+NON_FINITE = ("nan", "inf", "-inf")   # how numerics.io.jsonable.jsonable stores non-finite floats
 OUTCOMES = {"claim": VERDICTS, "boundary": BOUNDARY_OUTCOMES}
 PASSING = {"claim": "pass", "boundary": "located"}
 # how a claims.json written before kinds existed named a boundary's outcome (claims.base.judge)
@@ -547,14 +547,14 @@ def provenance_problems(prov: dict, strict: bool = True) -> list[str]:
 
 
 def parse_strict(text: str) -> Any:
-    """Strict JSON (audit_io.handed.parse_json: no NaN/Infinity, no number that overflows a float --
+    """Strict JSON (numerics.io.handed.parse_json: no NaN/Infinity, no number that overflows a float --
     ``1e400`` would be read as infinity -- and a file nested too deep for the parser a ValueError)."""
     return parse_json(text)
 
 
 MAX_BYTES = 32 * 2 ** 20
 """The largest claims.json read back (32 MiB; the quick report's is about 1 MB): parsed, a JSON
-document takes up to audit_io.handed.PARSE_FACTOR times its size in memory."""
+document takes up to numerics.io.handed.PARSE_FACTOR times its size in memory."""
 MAX_DRAWINGS = 400
 """Figures a claims.json read back may ask to draw, each panel counted (a drawing takes 0.1-0.3 s of
 CPU, so 400 are a minute or two; a file of 1,500 figures took 448 s to re-render)."""
@@ -578,7 +578,7 @@ def load_report(path: str, flag: str) -> dict:
     and checked (:func:`document_problems`); :class:`BadArguments` naming ``flag`` otherwise.  Its
     cost is bounded before the work: at most :data:`MAX_BYTES`, its parse within the memory this
     process can take, at most :data:`MAX_DRAWINGS` figures to draw."""
-    from audit_io.files import read_input_bytes
+    from numerics.io.files import read_input_bytes
 
     file = Path(path)
     if file.is_dir() and (file / "claims.json").is_file():

@@ -12,7 +12,7 @@
 #   env      python, torch, CUDA device, nvidia-smi          (the machine, in words)
 #   install  pip install -e . without dependencies and without build isolation (the GPU
 #            machine has torch preinstalled and no network); falls back to PYTHONPATH
-#   bench            python -m tools.bench --device cuda         -> bench.json, bench.log
+#   bench            python -m numerics.bench --device cuda         -> bench.json, bench.log
 #   pytest-gpu       python -m pytest --device cuda -m gpu        -> pytest.log
 #   report           python -m reports.build --profile paper --device cuda
 #                                                                 -> report.tar.gz, report.log
@@ -37,7 +37,7 @@
 # default 465: every step is cut short so the script ends within it), BENCH_TIMEOUT (100),
 # PYTEST_GPU_TIMEOUT (60), REPORT_TIMEOUT (200), PYTEST_TIMEOUT (240, the thorough step),
 # PYTEST_ARGS (thorough step; default: --thorough --device cuda -m "thorough and not gpu" -q -rfE),
-# BENCH_ARGS (extra flags for tools.bench), REPORT_ARGS (extra flags for reports.build,
+# BENCH_ARGS (extra flags for numerics.bench), REPORT_ARGS (extra flags for reports.build,
 # e.g. "--only block-structure,task-allocation" when the whole paper profile does not fit
 # in REPORT_TIMEOUT), AUTHORS_TIMEOUT (330; mode authors: TOTAL_BUDGET defaults to 420),
 # AUTHORS_ARGS (extra flags for that reports.build), KEEP_REPORT_DIR, SKIP_INSTALL=1 (use
@@ -121,7 +121,7 @@ fi
 if [ "${SKIP_INSTALL:-0}" != 1 ]; then
     run_step install 60 "$ENVLOG" "$PYTHON" -m pip install --no-deps --no-build-isolation -e "$ROOT"
 fi
-if ! (cd /tmp && "$PYTHON" -c 'import numerics, claims, tools.sweep' >/dev/null 2>&1); then
+if ! (cd /tmp && "$PYTHON" -c 'import numerics, claims, numerics.sweep' >/dev/null 2>&1); then
     echo "package not importable after install: using PYTHONPATH=$ROOT" | tee -a "$ENVLOG"
     export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 fi
@@ -166,7 +166,7 @@ else
 rm -f "$OUT/bench.json"     # the summary reads it: never a stale one
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
 run_step bench "$BENCH_TIMEOUT" "$OUT/bench.log" \
-    "$PYTHON" -m tools.bench --device cuda --no-progress --out "$OUT/bench.json" ${BENCH_ARGS:-}
+    "$PYTHON" -m numerics.bench --device cuda --no-progress --out "$OUT/bench.json" ${BENCH_ARGS:-}
 
 # --- the GPU test cases (short), then the paper-profile report, then the thorough tests
 # with whatever time is left (the report matters more than the thorough CPU-scale cases) --

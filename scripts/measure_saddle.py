@@ -129,7 +129,7 @@ def saddle_table(profile: str) -> None:
 
 
 def single_table(profile: str) -> None:
-    from claims.initialisation import SINGLE_TASK
+    from claims.boundary_initialisation import SINGLE_TASK
     from numerics import saddle as S
 
     p = SINGLE_TASK[profile]

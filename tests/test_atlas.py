@@ -24,7 +24,7 @@ from claims.base import BOUNDARY_OUTCOMES, ClaimResult
 from numerics.experiments import atlas
 from numerics.experiments.atlas import cell_class, cell_mix, check_point, class_counts, escape_time, point_class
 from numerics.readout import OUTCOME_CLASSES
-from tools.sweep import expand_grid, load_grid
+from numerics.sweep import expand_grid, load_grid
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -136,7 +136,7 @@ def _run(*args):
 @pytest.mark.atlas
 def test_tiny_atlas_end_to_end(tmp_path):
     sweep = tmp_path / "D"
-    res = _run("tools.sweep", str(REPO / "examples" / "atlas_tiny.toml"), "--out", str(sweep), "--workers", "2",
+    res = _run("numerics.sweep", str(REPO / "examples" / "atlas_tiny.toml"), "--out", str(sweep), "--workers", "2",
                "--no-progress")
     assert res.returncode == 0, res.stderr[-3000:]
     assert len(list((sweep / "points").glob("*.json"))) == 15

@@ -4,8 +4,8 @@ the answer is given but flagged, as for a prediction outside the expansion's ran
 Python traceback, and nothing written: the files of the case's directory are the same
 before and after.
 
-The CLIs: ``python -m numerics.train``, ``python -m theory predict``, ``python -m tools.bench``,
-``python -m tools.sweep``. The table runs each ``main(argv)`` in-process (a subprocess per
+The CLIs: ``python -m numerics.train``, ``python -m theory predict``, ``python -m numerics.bench``,
+``python -m numerics.sweep``. The table runs each ``main(argv)`` in-process (a subprocess per
 case would cost a torch import each); ``test_entry_point_in_a_subprocess`` checks that a
 ``python -m`` entry point gives the same exit status and message without a traceback.
 """
@@ -21,14 +21,14 @@ import torch
 
 import numerics.train as train_cli
 import theory.__main__ as theory_cli
-import tools.bench.cli as bench_cli
-import tools.sweep.cli as sweep_cli
+import numerics.bench.cli as bench_cli
+import numerics.sweep.cli as sweep_cli
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parent.parent
-MAINS = {"numerics.train": train_cli.main, "theory": theory_cli.main, "tools.bench": bench_cli.main,
-         "tools.sweep": sweep_cli.main}
+MAINS = {"numerics.train": train_cli.main, "theory": theory_cli.main, "numerics.bench": bench_cli.main,
+         "numerics.sweep": sweep_cli.main}
 
 # a run of two steps on a tiny problem: any refusal below is due to the one flag changed
 TRAIN = ["--tasks", "2", "--heads", "1", "--L", "8", "--batch", "8", "--time", "0.1", "--no-progress"]
@@ -101,24 +101,24 @@ CASES = [
     ("theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "inf"], 2, "--L must be a finite number"),
     ("theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "50", "--dps", "0"], 2,
      "--dps must be a positive integer"),
-    # --- tools.bench ------------------------------------------------------------------------
-    ("tools.bench", ["--smoke", "--out", "{tmp}"], 2, "is a directory"),
-    ("tools.bench", ["--smoke", "--out", NOT_A_DIR + "/b.json"], 2, "is a file, not a directory"),
-    ("tools.bench", ["--smoke", "--out", UNWRITABLE + "/b.json"], 2, "cannot write in"),
-    ("tools.bench", ["--smoke", "--repeats", "0"], 2, "--repeats must be a positive integer"),
-    ("tools.bench", ["--smoke", "--dtype", "float16"], 2, "unknown dtype"),
-    ("tools.bench", ["--smoke", "--reduced-time", "nan"], 2, "--reduced-time must be a finite number"),
-    # --- tools.sweep ------------------------------------------------------------------------
-    ("tools.sweep", ["{tmp}/binary.toml", "--out", "{tmp}/sweep"], 2, "is not a text file"),
-    ("tools.sweep", ["{tmp}", "--out", "{tmp}/sweep"], 2, "is a directory; pass the grid TOML file"),
-    ("tools.sweep", ["{tmp}/missing.toml", "--out", "{tmp}/sweep"], 2, "does not exist"),
-    ("tools.sweep", ["{tmp}/not_toml.toml", "--out", "{tmp}/sweep"], 2, "is not valid TOML"),
-    ("tools.sweep", ["{tmp}/nan.toml", "--out", "{tmp}/sweep"], 2, "problem.sigma = nan is not a finite number"),
-    ("tools.sweep", ["{tmp}/nan_range.toml", "--out", "{tmp}/sweep"], 2, "problem.sigma = nan"),
-    ("tools.sweep", ["{tmp}/inf_lr.toml", "--out", "{tmp}/sweep"], 2, "train.lr = inf"),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/a_file"], 2, "exists and is not a directory"),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", NOT_A_DIR + "/sweep"], 2, "is a file, not a directory"),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/sweep", "--workers", "0"], 2,
+    # --- numerics.bench ------------------------------------------------------------------------
+    ("numerics.bench", ["--smoke", "--out", "{tmp}"], 2, "is a directory"),
+    ("numerics.bench", ["--smoke", "--out", NOT_A_DIR + "/b.json"], 2, "is a file, not a directory"),
+    ("numerics.bench", ["--smoke", "--out", UNWRITABLE + "/b.json"], 2, "cannot write in"),
+    ("numerics.bench", ["--smoke", "--repeats", "0"], 2, "--repeats must be a positive integer"),
+    ("numerics.bench", ["--smoke", "--dtype", "float16"], 2, "unknown dtype"),
+    ("numerics.bench", ["--smoke", "--reduced-time", "nan"], 2, "--reduced-time must be a finite number"),
+    # --- numerics.sweep ------------------------------------------------------------------------
+    ("numerics.sweep", ["{tmp}/binary.toml", "--out", "{tmp}/sweep"], 2, "is not a text file"),
+    ("numerics.sweep", ["{tmp}", "--out", "{tmp}/sweep"], 2, "is a directory; pass the grid TOML file"),
+    ("numerics.sweep", ["{tmp}/missing.toml", "--out", "{tmp}/sweep"], 2, "does not exist"),
+    ("numerics.sweep", ["{tmp}/not_toml.toml", "--out", "{tmp}/sweep"], 2, "is not valid TOML"),
+    ("numerics.sweep", ["{tmp}/nan.toml", "--out", "{tmp}/sweep"], 2, "problem.sigma = nan is not a finite number"),
+    ("numerics.sweep", ["{tmp}/nan_range.toml", "--out", "{tmp}/sweep"], 2, "problem.sigma = nan"),
+    ("numerics.sweep", ["{tmp}/inf_lr.toml", "--out", "{tmp}/sweep"], 2, "train.lr = inf"),
+    ("numerics.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/a_file"], 2, "exists and is not a directory"),
+    ("numerics.sweep", ["{tmp}/ok.toml", "--out", NOT_A_DIR + "/sweep"], 2, "is a file, not a directory"),
+    ("numerics.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/sweep", "--workers", "0"], 2,
      "--workers must be a positive integer"),
 ]
 
@@ -152,7 +152,7 @@ def _run_main(cli: str, argv: list[str]) -> int:
         code = MAINS[cli](argv)
     except SystemExit as exc:
         code = exc.code
-    return 0 if code is None or isinstance(code, dict) else code   # tools.bench.main returns its results
+    return 0 if code is None or isinstance(code, dict) else code   # numerics.bench.main returns its results
 
 
 def test_the_table_is_large_and_covers_every_cli():

@@ -5,7 +5,7 @@
   given the same weights and prompts, in the prediction, the gradient of every weight and
   the weights after one GD step, to float64 rounding; a perturbed reference (wrong logit
   scale, one weight moved by 1e-8) is rejected at the same tolerance.
-- ``python -m tools.bench --smoke`` runs and writes valid JSON, ``--quick`` writes
+- ``python -m numerics.bench --smoke`` runs and writes valid JSON, ``--quick`` writes
   issue 15's contract keys and issue 28's ``batched_runs``; bad flags are refused
   with a message saying what is wrong.
 - On ``--device cuda`` (marker ``gpu``): the same agreement on the GPU, and CPU and GPU agree
@@ -25,11 +25,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tools.bench import QUICK, fit_exponent, main, parse_args, peak_memory, precise_float32
+from numerics.bench import QUICK, fit_exponent, main, parse_args, peak_memory, precise_float32
 from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, mse_loss
-from tools.reference import ReferenceAttention, gd_step, model_factors
+from numerics.bench.reference import ReferenceAttention, gd_step, model_factors
 
 # Tolerance: both sides compute the same sums in a different order.  Each output is a
 # composition of dot products of length at most n = L + D (logits, softmax normalisation,
@@ -212,7 +212,7 @@ def test_bench_quick_contract_keys_and_types(tmp_path):
 def test_report_profile_timing_reports_status():
     """--report-profiles runs reports.build in a subprocess; its exit status and a timeout
     are reported, not raised (stand-in commands: the real profiles take minutes)."""
-    from tools.bench.run import report_profile_seconds
+    from numerics.bench.run import report_profile_seconds
     ok = report_profile_seconds("quick", "cpu", 60, command=[sys.executable, "-c", "pass"])
     assert ok["status"] == "ok" and ok["returncode"] == 0 and ok["seconds"] > 0
     failed = report_profile_seconds("quick", "cpu", 60, command=[sys.executable, "-c", "raise SystemExit(1)"])
@@ -247,8 +247,8 @@ def test_bench_refuses_bad_flags(argv, message, capsys):
 
 
 def test_bench_help_runs_as_a_module():
-    """``python -m tools.bench --help`` (the numerics.bench alias is gone, issue 22)."""
-    shown = subprocess.run([sys.executable, "-m", "tools.bench", "--help"], capture_output=True, text=True,
+    """``python -m numerics.bench --help`` runs (the package imports as a module entry point)."""
+    shown = subprocess.run([sys.executable, "-m", "numerics.bench", "--help"], capture_output=True, text=True,
                            timeout=60, cwd=Path(__file__).resolve().parent.parent)
     assert shown.returncode == 0 and "--reduced-time" in shown.stdout
 

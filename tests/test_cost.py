@@ -48,7 +48,7 @@ def test_every_claim_estimates_at_every_profile_and_at_the_authors_configuration
 
 # Timed against this machine's clock: a CI run on the same machine at another load measured the (3,3,3)
 # step 2.0x faster than the calibration (taken at load 4-8), just outside the factor.  A timing is a
-# benchmark's figure (python -m tools.bench --calibrate prints the fit and its ratios), not a default
+# benchmark's figure (python -m numerics.bench --calibrate prints the fit and its ratios), not a default
 # test: these two run with --thorough.
 @pytest.mark.thorough
 def test_step_cost_within_the_stated_factor_of_a_measured_step():
@@ -129,7 +129,7 @@ def test_runs_a_sweep_holds_are_not_priced(tmp_path):
 
     from numerics.engine import closure, cost_of
     from reports import build, plan
-    from tools.sweep import expand_grid, load_grid, run_grid
+    from numerics.sweep import expand_grid, load_grid, run_grid
 
     points = expand_grid(load_grid(Path(__file__).resolve().parent.parent / "examples" / "sweep_tiny.toml")[0])
     run_grid(points, tmp_path / "s", scheduler="serial", progress=False, point_fn=f"{__name__}:fake_converged")

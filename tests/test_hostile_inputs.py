@@ -1,12 +1,12 @@
 """Hostile inputs, round 2 (issue 22): nothing a user types can destroy a file, lose an output
 or hang.  Five parts:
 
-1. the one output-path policy of ``audit_io.files`` (``check_output_path``,
+1. the one output-path policy of ``numerics.io.files`` (``check_output_path``,
    ``check_output_dir``, ``write_output``, ``check_input_file``, ``parse_int``) on real files:
    devices written through, FIFOs and sockets refused, links followed or refused, inputs never
    overwritten, permission bits those of the umask, nothing half-written;
-2. ``HOSTILE``: a bad-input table of the command lines (numerics.train, theory, tools.bench,
-   tools.sweep), run in-process like ``tests/test_bad_inputs.py``: exit status 2, the message
+2. ``HOSTILE``: a bad-input table of the command lines (numerics.train, theory, numerics.bench,
+   numerics.sweep), run in-process like ``tests/test_bad_inputs.py``: exit status 2, the message
    names the flag (or the file), no traceback, no file created or changed, and the refusal comes
    before any computation (the compute entry points are replaced by a function that fails the
    test if it is called);
@@ -14,7 +14,7 @@ or hang.  Five parts:
    mknod when root) written through and left a device, a symbolic link followed, a sweep
    with a FIFO in its points/ that neither hangs nor is read;
 4. a handed folder, a forged store, a full disk, a killed parent, the environment;
-5. handed files (audit_io.handed, the reader contract): crafted checkpoints (safetensors, npz,
+5. handed files (numerics.io.handed, the reader contract): crafted checkpoints (safetensors, npz,
    torch, run.json) and reports read back, each through its command (reports.audit,
    numerics.train --checkpoint, reports.build --from-json, reports.findings, reports.compare)
    in a worker under resource limits: exit 2, one line naming the file and the problem, no
@@ -41,17 +41,17 @@ import pytest
 
 import numerics.train as train_cli
 import theory.__main__ as theory_cli
-import tools.bench.cli as bench_cli
-import tools.sweep.cli as sweep_cli
-from audit_io import command as C
-from audit_io import files as V
-from audit_io import options as O
-from audit_io import processes as P
-from tools.sweep import load_results, run_grid
-from tools.sweep.grid import MAX_GRID_POINTS
+import numerics.bench.cli as bench_cli
+import numerics.sweep.cli as sweep_cli
+from numerics.io import command as C
+from numerics.io import files as V
+from numerics.io import options as O
+from numerics.io import processes as P
+from numerics.sweep import load_results, run_grid
+from numerics.sweep.grid import MAX_GRID_POINTS
 
-MAINS = {"numerics.train": train_cli.main, "theory": theory_cli.main, "tools.bench": bench_cli.main,
-         "tools.sweep": sweep_cli.main}
+MAINS = {"numerics.train": train_cli.main, "theory": theory_cli.main, "numerics.bench": bench_cli.main,
+         "numerics.sweep": sweep_cli.main}
 TRAIN = ["--tasks", "2", "--heads", "1", "--L", "8", "--batch", "8", "--time", "0.1", "--no-progress"]
 TRAIN_OUT = TRAIN + ["--out", "{tmp}/run.json"]
 PREDICT = ["predict", "--tasks", "2", "--heads", "1", "--L", "50"]
@@ -323,17 +323,17 @@ HOSTILE = [
     ("theory", PREDICT + ["--out", "{tmp}/loop"], 2, ["--out", "symbolic link loop"]),
     ("theory", EXACT + ["--omega", "0.3", "--mu", "2", "--out", "{tmp}/a_dir"], 2, ["--out", "is a directory"]),
     ("theory", EXACT + ["--omega", "0.3", "--mu", "2", "--out", "{tmp}/fifo"], 2, ["--out", "FIFO"]),
-    ("tools.bench", BENCH_SMOKE + ["--out", "{tmp}/fifo"], 2, ["--out", "FIFO"]),
-    ("tools.bench", BENCH_SMOKE + ["--out", "{tmp}/dangling"], 2, ["--out", "dangling link"]),
-    ("tools.bench", BENCH_SMOKE + ["--out", "{tmp}/loop"], 2, ["--out", "symbolic link loop"]),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/report"], 2, ["--out", "not an output of this command"]),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/notes"], 2, ["--out", "not an output of this command"]),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/loop"], 2, ["--out", "symbolic link loop"]),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/sweep_with_fifo_log"], 2,
+    ("numerics.bench", BENCH_SMOKE + ["--out", "{tmp}/fifo"], 2, ["--out", "FIFO"]),
+    ("numerics.bench", BENCH_SMOKE + ["--out", "{tmp}/dangling"], 2, ["--out", "dangling link"]),
+    ("numerics.bench", BENCH_SMOKE + ["--out", "{tmp}/loop"], 2, ["--out", "symbolic link loop"]),
+    ("numerics.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/report"], 2, ["--out", "not an output of this command"]),
+    ("numerics.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/notes"], 2, ["--out", "not an output of this command"]),
+    ("numerics.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/loop"], 2, ["--out", "symbolic link loop"]),
+    ("numerics.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/sweep_with_fifo_log"], 2,
      ["--out", "log.jsonl is a FIFO"]),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/sweep_with_fifo_point"], 2,
+    ("numerics.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/sweep_with_fifo_point"], 2,
      ["--out", "points/0123456789abcdef.json is not a regular file"]),
-    ("tools.sweep", ["{tmp}/fifo.toml", "--out", "{tmp}/s"], 2, ["grid file", "not a regular file"]),
+    ("numerics.sweep", ["{tmp}/fifo.toml", "--out", "{tmp}/s"], 2, ["grid file", "not a regular file"]),
     # --- numbers: strict integers, step counts, threads, seeds -----------------------------------------
     ("numerics.train", TRAIN_OUT + ["--heads", "3_3"], 2, ["--heads", "written in digits"]),
     ("numerics.train", TRAIN_OUT + ["--batch", " 8"], 2, ["--batch", "written in digits"]),
@@ -354,21 +354,21 @@ HOSTILE = [
     ("theory", PREDICT + ["--optimality", "--seed", str(BIG)], 2, ["--seed must be at most"]),
     ("theory", EXACT + ["--L", "6_4", "--omega", "0.3", "--mu", "2"], 2, ["--L", "written in digits"]),
     ("theory", EXACT + ["--omega", "0_3", "--mu", "2"], 2, ["--omega", "one number or an H x m matrix"]),
-    ("tools.bench", ["--threads", "100000"], 2, ["--threads must be at most"]),
-    ("tools.bench", ["--seed", "-1"], 2, ["--seed must be an integer >= 0"]),
-    ("tools.bench", ["--repeats", "3_0"], 2, ["--repeats", "written in digits"]),
-    ("tools.bench", ["--reduced-time", "1e18"], 2, ["--reduced-time", "more than the trainer's limit"]),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/s", "--workers", "100000"], 2, ["--workers must be at most"]),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/s", "--workers", "1_0"], 2, ["--workers", "written in digits"]),
-    ("tools.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/s", "--retries", "-1"], 2, ["--retries must be an integer >= 0"]),
-    ("tools.sweep", ["{tmp}/steps.toml", "--out", "{tmp}/s"], 2, ["steps.toml", "train.time / train.lr", "limit"]),
-    ("tools.sweep", ["{tmp}/lr.toml", "--out", "{tmp}/s", "--dry-run"], 2, ["lr.toml", "train.time / train.lr"]),
-    ("tools.sweep", ["{tmp}/seed.toml", "--out", "{tmp}/s", "--dry-run"], 2,
+    ("numerics.bench", ["--threads", "100000"], 2, ["--threads must be at most"]),
+    ("numerics.bench", ["--seed", "-1"], 2, ["--seed must be an integer >= 0"]),
+    ("numerics.bench", ["--repeats", "3_0"], 2, ["--repeats", "written in digits"]),
+    ("numerics.bench", ["--reduced-time", "1e18"], 2, ["--reduced-time", "more than the trainer's limit"]),
+    ("numerics.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/s", "--workers", "100000"], 2, ["--workers must be at most"]),
+    ("numerics.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/s", "--workers", "1_0"], 2, ["--workers", "written in digits"]),
+    ("numerics.sweep", ["{tmp}/ok.toml", "--out", "{tmp}/s", "--retries", "-1"], 2, ["--retries must be an integer >= 0"]),
+    ("numerics.sweep", ["{tmp}/steps.toml", "--out", "{tmp}/s"], 2, ["steps.toml", "train.time / train.lr", "limit"]),
+    ("numerics.sweep", ["{tmp}/lr.toml", "--out", "{tmp}/s", "--dry-run"], 2, ["lr.toml", "train.time / train.lr"]),
+    ("numerics.sweep", ["{tmp}/seed.toml", "--out", "{tmp}/s", "--dry-run"], 2,
      ["seed.toml", "train.seed = 18446744073709551616 is not a seed"]),
     # --- sizes ---------------------------------------------------------------------------------------
-    ("tools.sweep", ["{tmp}/big.toml", "--out", "{tmp}/s", "--dry-run"], 2,
+    ("numerics.sweep", ["{tmp}/big.toml", "--out", "{tmp}/s", "--dry-run"], 2,
      ["big.toml", "1,000,000,000 points", f"limit of {MAX_GRID_POINTS:,}"]),
-    ("tools.sweep", ["{tmp}/huge.toml", "--out", "{tmp}/s"], 2, ["grid file", "more than the limit of 16 MiB"]),
+    ("numerics.sweep", ["{tmp}/huge.toml", "--out", "{tmp}/s"], 2, ["grid file", "more than the limit of 16 MiB"]),
     ("theory", ["predict", "--tasks", ",".join(["2"] * 1000), "--heads", "1000", "--L", "50"], 2,
      ["--heads must be at most 256"]),
     ("theory", ["predict", "--tasks", ",".join(["2"] * 1000), "--heads", "1", "--L", "50"], 2,
@@ -379,15 +379,15 @@ HOSTILE = [
     ("theory", EXACT + ["--omega", "1e300", "--mu", "2"], 2, ["--omega", "beta = inf"]),
     ("theory", EXACT + ["--omega", "30", "--mu", "2", "--gradient"], 2, ["--omega", "beta = 424.3"]),
     # --- round 3 (issue 33): values of the wrong kind, a directory named as a file, the size limits ------
-    ("tools.sweep", ["{tmp}/date.toml", "--out", "{tmp}/s"], 2, ["problem.sigma = 1979-05-27 is a TOML date"]),
-    ("tools.sweep", ["{tmp}/date_cross.toml", "--out", "{tmp}/s"], 2, ["seed = 1979-05-27 07:32:00 is a TOML date-time"]),
-    ("tools.sweep", ["{tmp}/date.toml", "--out", "{tmp}/s", "--dry-run"], 2, ["is a TOML date"]),
-    ("tools.sweep", ["{tmp}/table.toml", "--out", "{tmp}/s"], 2, ["problem.sigma = {'value': 0.5} is a table"]),
-    ("tools.sweep", ["{tmp}/negzero.toml", "--out", "{tmp}/s"], 2, ["repeats a value", "0.0 and -0.0, are one value"]),
+    ("numerics.sweep", ["{tmp}/date.toml", "--out", "{tmp}/s"], 2, ["problem.sigma = 1979-05-27 is a TOML date"]),
+    ("numerics.sweep", ["{tmp}/date_cross.toml", "--out", "{tmp}/s"], 2, ["seed = 1979-05-27 07:32:00 is a TOML date-time"]),
+    ("numerics.sweep", ["{tmp}/date.toml", "--out", "{tmp}/s", "--dry-run"], 2, ["is a TOML date"]),
+    ("numerics.sweep", ["{tmp}/table.toml", "--out", "{tmp}/s"], 2, ["problem.sigma = {'value': 0.5} is a table"]),
+    ("numerics.sweep", ["{tmp}/negzero.toml", "--out", "{tmp}/s"], 2, ["repeats a value", "0.0 and -0.0, are one value"]),
     ("theory", PREDICT + ["--out", "{tmp}/newdir/"], 2, ["--out", "ends with '/'", "names a directory"]),
     ("theory", PREDICT + ["--out", "{tmp}/a_dir/"], 2, ["--out", "ends with '/'"]),
     ("numerics.train", TRAIN + ["--out", "{tmp}/newdir/"], 2, ["--out", "ends with '/'"]),
-    ("tools.bench", BENCH_SMOKE + ["--out", "{tmp}/newdir/"], 2, ["--out", "ends with '/'"]),
+    ("numerics.bench", BENCH_SMOKE + ["--out", "{tmp}/newdir/"], 2, ["--out", "ends with '/'"]),
     ("theory", ["predict", "--tasks", ",".join(["2"] * 33), "--heads", "33", "--L", "50"], 2,
      ["--tasks has 33 blocks, more than the limit of 32"]),
     ("theory", ["predict", "--tasks", ",".join(["2"] * 8), "--heads", "8", "--L", "50", "--optimality"], 2,
@@ -398,10 +398,10 @@ HOSTILE = [
     ("theory", EXACT + ["--fixed-point", "--gradient"], 2, ["--fixed-point", "ignores --gradient"]),
     ("theory", EXACT + ["--benchmark", "--sigma", "0.5"], 2, ["--benchmark", "ignores --sigma"]),
     ("theory", PREDICT + ["--seed", "3"], 2, ["--seed", "ignored without it", "--optimality"]),
-    ("tools.bench", BENCH_SMOKE + ["--reduced-time", "0.5"], 2, ["--smoke", "would ignore --reduced-time"]),
-    ("tools.bench", BENCH_SMOKE + ["--repeats", "3"], 2, ["--smoke", "would ignore --repeats"]),
-    ("tools.bench", BENCH_SMOKE + ["--expansion-time", "1"], 2, ["--smoke", "would ignore --expansion-time"]),
-    ("tools.bench", ["--report-timeout", "10"], 2, ["--report-timeout is used only with --report-profiles"]),
+    ("numerics.bench", BENCH_SMOKE + ["--reduced-time", "0.5"], 2, ["--smoke", "would ignore --reduced-time"]),
+    ("numerics.bench", BENCH_SMOKE + ["--repeats", "3"], 2, ["--smoke", "would ignore --repeats"]),
+    ("numerics.bench", BENCH_SMOKE + ["--expansion-time", "1"], 2, ["--smoke", "would ignore --expansion-time"]),
+    ("numerics.bench", ["--report-timeout", "10"], 2, ["--report-timeout is used only with --report-profiles"]),
     ("numerics.train", TRAIN_OUT + ["--basis-seed", "3"], 2, ["--basis-seed is used only with --basis random"]),
     ("numerics.train", TRAIN_OUT + ["--init-seed", "3"], 2, ["--init-seed is used only"]),
     ("numerics.train", TRAIN_OUT + ["--param", "merged", "--logit-scale", "2"], 2,
@@ -517,7 +517,7 @@ def test_exact_json_is_strict_and_bench_accepts_a_device(tmp_path):
 
 
 def test_bench_writes_its_json_through_a_device(tmp_path, monkeypatch, capsys):
-    """tools.bench --smoke --out DEVICE: the device stays a device (the timing itself is
+    """numerics.bench --smoke --out DEVICE: the device stays a device (the timing itself is
     replaced by a stub: the writer is under test)."""
     monkeypatch.setattr(bench_cli, "run_bench", lambda bc: {"stub": 1.0})
     monkeypatch.setattr(bench_cli, "render", lambda res: "stub")
@@ -537,7 +537,7 @@ def fast_point(point: dict) -> dict:
 
 
 def test_a_fifo_in_points_neither_hangs_nor_is_read(tmp_path, alarm):
-    from tools.sweep import expand_grid, point_id
+    from numerics.sweep import expand_grid, point_id
 
     points = expand_grid({"problem": {"tasks": [2], "heads": 1, "L": 8}, "train": {"time": 0.1, "batch": 8},
                           "cross": {"seed": [0, 1]}})
@@ -557,7 +557,7 @@ def test_a_fifo_in_points_neither_hangs_nor_is_read(tmp_path, alarm):
 # --- 4. round 3 (issue 33): a handed folder, a forged store, a full disk, a killed parent -----------
 #
 # The classes of the issue, each fixed once at its root: one link policy inside a folder the command
-# writes (audit_io.files.write_inside & co.), one reader of a stored point (numerics.stored.read_point),
+# writes (numerics.io.files.write_inside & co.), one reader of a stored point (numerics.stored.read_point),
 # one disk-full path (DiskFull, exit 75), one way for workers to die with their command
 # (die_with_parent, run_in_own_group).
 
@@ -567,7 +567,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 from numerics.stored import code_version, point_id, read_point  # noqa: E402
-from tools.sweep import expand_grid  # noqa: E402
+from numerics.sweep import expand_grid  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = f"{__name__}:fast_point"
@@ -936,7 +936,7 @@ def _wait_gone(pids, seconds: float = 20.0) -> list:
 
 
 def test_run_in_own_group_kills_the_whole_group_on_a_timeout(tmp_path):
-    """tools.bench --report-timeout's runner: the command and every process it started die."""
+    """numerics.bench --report-timeout's runner: the command and every process it started die."""
     pidfile = tmp_path / "grandchild"
     script = f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; " \
              f"time.sleep(120)']); open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(120)"
@@ -946,9 +946,9 @@ def test_run_in_own_group_kills_the_whole_group_on_a_timeout(tmp_path):
 
 
 def test_a_worker_dies_with_its_parent(tmp_path):
-    """audit_io.processes.die_with_parent, every pool's initializer: SIGKILL of the parent ends the worker."""
+    """numerics.io.processes.die_with_parent, every pool's initializer: SIGKILL of the parent ends the worker."""
     pidfile = tmp_path / "worker"
-    script = (f"import os, sys, time\npid = os.fork()\nif pid == 0:\n    from audit_io.processes import die_with_parent\n"
+    script = (f"import os, sys, time\npid = os.fork()\nif pid == 0:\n    from numerics.io.processes import die_with_parent\n"
               f"    die_with_parent()\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n    time.sleep(120)\n"
               f"    os._exit(0)\ntime.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
@@ -1037,7 +1037,7 @@ def _python(argv, env=None, cwd=ROOT, shell_prefix=None, timeout=120):
 
 @pytest.mark.parametrize("argv", [["-m", "theory", "predict", "--tasks", "2", "--heads", "1", "--L", "50",
                                    "--out", "rel.json"],
-                                  ["-m", "tools.sweep", "g.toml", "--out", "s"],
+                                  ["-m", "numerics.sweep", "g.toml", "--out", "s"],
                                   ["-m", "reports.audit", "x.npz", "--tasks", "2", "--L", "8", "--out", "r"]])
 def test_a_deleted_working_directory_is_a_message(tmp_path, argv):
     gone = tmp_path / "gone"
@@ -1466,7 +1466,7 @@ def test_the_pickle_scan_passes_what_torch_save_writes_and_bounds_what_it_builds
 
     import torch
 
-    from audit_io import handed
+    from numerics.io import handed
 
     record = _project()["trajectory"][0]
     genuine = [_torch(_authors_sd()), _torch(_project(trajectory=[{**record, "t": 0.1 * k} for k in range(5000)]))]
@@ -1685,7 +1685,7 @@ def test_the_audit_survives_a_reader_that_closes_its_pipe(tmp_path, allocated_np
 
 
 def test_a_closed_pipe_drops_the_output_and_keeps_the_exit_status():
-    """Every command line (audit_io.command.command_line): a reader gone after the first line."""
+    """Every command line (numerics.io.command.command_line): a reader gone after the first line."""
     read, write = os.pipe()
     os.close(read)
     pipe = io.TextIOWrapper(io.FileIO(write, "w"), encoding="utf-8", line_buffering=True)

@@ -226,12 +226,12 @@ def test_a_start_given_twice_is_refused():
 
 def test_the_race_grid_of_boundary_allocation_race_as_one_program():
     """A real experiment's run set: the race cells of boundary-allocation-race's quick profile
-    (16 starts x 8 data seeds, built as claims.allocation_race.race_grid builds them), cut to
+    (16 starts x 8 data seeds, built as claims.boundary_allocation_race.race_grid builds them), cut to
     10 steps: eight streams, 16 runs each, in one program; every run of streams 0 and 1 is the
     run alone (the other streams' runs are the same program's rows)."""
     import dataclasses
 
-    from claims.allocation_race import RACE_PROFILES
+    from claims.boundary_allocation_race import RACE_PROFILES
     from numerics.experiments.starts import train_config as race_tcfg
     from theory.initialisation import race_starts
 

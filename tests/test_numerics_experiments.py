@@ -36,7 +36,7 @@ def test_store_finds_a_stored_run_and_counts_it(tmp_path):
     pid = point_id(point, code=code_version())
     (tmp_path / "points" / f"{pid}.json").write_text(json.dumps(
         {"id": pid, "point": point, "result": {"loss": 1.0}, "error": None, "code_version": code_version(),
-         "point_fn": "tools.sweep:train_point"}))
+         "point_fn": "numerics.sweep:train_point"}))
     with experiments.store(tmp_path) as st:
         assert st.lookup(converged_point(cfg, TrainingSchedule(), 4), _normalise_point) is None
         assert st.lookup(point, _normalise_point) == {"loss": 1.0} and st.used == 1

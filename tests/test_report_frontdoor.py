@@ -457,12 +457,12 @@ def test_rerender_recovers_a_stranded_report_too(registry, tmp_path):
 
 
 def _point_record(point: dict, code: str = None, **extra) -> dict:
-    """A point record as tools.sweep stores it (its id the hash of its point and code version)."""
+    """A point record as numerics.sweep stores it (its id the hash of its point and code version)."""
     from numerics.stored import code_version, point_id
 
     code = code_version() if code is None else code
     return {"id": point_id(point, code=code), "status": "done", "point": point, "result": {"loss": 0.5},
-            "error": None, "code_version": code, "point_fn": "tools.sweep:train_point", **extra}
+            "error": None, "code_version": code, "point_fn": "numerics.sweep:train_point", **extra}
 
 
 def _sweep(tmp_path: Path) -> Path:
@@ -1240,7 +1240,7 @@ def test_out_where_nothing_can_be_written_is_refused_before_any_claim(registry, 
     chattr = shutil.which("chattr")
     immutable = chattr is not None and subprocess.run([chattr, "+i", str(frozen)], capture_output=True).returncode == 0
     if not immutable:
-        import audit_io.files as policy
+        import numerics.io.files as policy
 
         real = policy.tempfile.mkstemp
 

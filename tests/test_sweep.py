@@ -1,8 +1,8 @@
-"""Tests of the sweep runner, tools/sweep/ (issue 7; moved out of numerics/ by issue 10):
+"""Tests of the sweep runner, numerics/sweep/ (issue 7):
 grid expansion, content-hash ids, atomic storage, resume after a SIGKILL, retry after a
 worker death, per-point errors, bit-identical training results serially, in a process pool
 and on a 2-worker Dask LocalCluster, pool workers that exit when the sweep is killed
-(issue 13); the old ``numerics.sweep`` alias is gone (issue 22).
+(issue 13); the library beside it never imports it.
 
 The point functions below are module-level so that pool and Dask workers can import them
 (pickled by reference as ``test_sweep.<name>``; the workers inherit ``sys.path``).
@@ -23,9 +23,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tools import sweep
-from tools.sweep import code_sources, code_version, expand_grid, load_results, point_id, run_grid
-from tools.sweep.identity import DEFAULT_POINT_FN_NAMES, package_version
+from numerics import sweep
+from numerics.sweep import code_sources, code_version, expand_grid, load_results, point_id, run_grid
+from numerics.sweep.identity import DEFAULT_POINT_FN_NAMES, package_version
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -186,15 +186,16 @@ def test_point_id_is_a_content_hash(fields, rnd):
 def test_code_version_hashes_the_training_code_only():
     names = {p.relative_to(REPO).as_posix() for p in code_sources()}
     assert {"numerics/train.py", "numerics/config.py", "numerics/model.py", "numerics/data.py"} <= names
-    assert not any(name.startswith("tools/") for name in names)  # editing the sweep keeps stored results
+    assert not any(name.startswith(("numerics/sweep/", "numerics/bench/", "numerics/io/")) for name in names), \
+        names  # editing the sweep, the bench or the command lines' I/O keeps stored results
     assert code_version().startswith(package_version() + "+src.")
 
 
-def test_default_point_fn_ids_survive_the_move_out_of_numerics():
-    """Points stored by ``numerics.sweep`` (default point function, not hashed) keep their ids."""
+def test_default_point_fn_ids_survive_a_rename_of_the_sweep():
+    """Points stored under any name of the default point function (not hashed) keep their ids."""
     (point,) = expand_grid(tiny_spec(seed=[0]))
     assert {point_id(point, point_fn=name) for name in DEFAULT_POINT_FN_NAMES} == {point_id(point)}
-    assert sweep.DEFAULT_POINT_FN == "tools.sweep:train_point" and sweep.resolve_point_fn(sweep.DEFAULT_POINT_FN) \
+    assert sweep.DEFAULT_POINT_FN == "numerics.sweep:train_point" and sweep.resolve_point_fn(sweep.DEFAULT_POINT_FN) \
         is sweep.train_point
 
 
@@ -285,7 +286,7 @@ def test_kill_midway_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "SWEEP_GATE": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "tools.sweep", str(grid), "--out", str(out), "--workers", "2",
+    cmd = [sys.executable, "-m", "numerics.sweep", str(grid), "--out", str(out), "--workers", "2",
            "--point-fn", "test_sweep:gated_point", "--no-progress"]
     # its own session, so that SIGKILL reaches the sweep and its pool workers, and only them
     first = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
@@ -355,7 +356,7 @@ def test_pool_workers_exit_when_the_sweep_is_killed(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "SWEEP_GATE": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "tools.sweep", str(grid), "--out", str(out), "--workers", "2",
+    cmd = [sys.executable, "-m", "numerics.sweep", str(grid), "--out", str(out), "--workers", "2",
            "--point-fn", "test_sweep:gated_point", "--no-progress"]
     client = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -380,17 +381,16 @@ def test_pool_workers_exit_when_the_sweep_is_killed(tmp_path):
         client.wait()
 
 
-def test_numerics_has_no_sweep_alias_and_imports_no_tools():
-    """The old aliases numerics.sweep / numerics.bench are gone (issue 22): nothing in numerics/
-    imports tools/ (the library never depends on the tools beside it); stored points named
-    with the old default point function still resolve to it."""
-    import importlib.util
-
-    assert importlib.util.find_spec("numerics.sweep") is None and importlib.util.find_spec("numerics.bench") is None
-    for path in (REPO / "numerics").glob("*.py"):
+def test_the_library_imports_neither_sweep_nor_bench():
+    """Nothing of numerics/ outside numerics/sweep and numerics/bench imports them (the library
+    never depends on the command lines beside it); stored points named with an earlier name of
+    the default point function still resolve to it."""
+    for path in (REPO / "numerics").rglob("*.py"):
+        if path.parent.name in ("sweep", "bench"):
+            continue
         text = path.read_text()
-        assert not re.search(r"^\s*(from|import)\s+tools\b", text, re.M), path
-    assert sweep.resolve_point_fn("numerics.sweep:train_point") is sweep.train_point
+        assert not re.search(r"^\s*(from|import)\s+numerics\.(sweep|bench)\b", text, re.M), path
+    assert sweep.resolve_point_fn("tools.sweep:train_point") is sweep.train_point
 
 
 # --- storage and bad input ---------------------------------------------------------------------------
@@ -460,7 +460,7 @@ def test_sigterm_stops_cleanly_and_keeps_what_finished(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "SWEEP_GATE": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "tools.sweep", str(grid), "--out", str(out), "--workers", "2",
+    cmd = [sys.executable, "-m", "numerics.sweep", str(grid), "--out", str(out), "--workers", "2",
            "--point-fn", "test_sweep:gated_point", "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

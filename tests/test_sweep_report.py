@@ -32,7 +32,7 @@ def _numbers(path: Path) -> dict:
 @pytest.mark.e2e
 def test_report_from_sweep_equals_report_that_trains(tmp_path):
     sweep = tmp_path / "D"
-    _run("tools.sweep", str(REPO / "examples" / "sweep_tiny.toml"), "--out", str(sweep), "--no-progress")
+    _run("numerics.sweep", str(REPO / "examples" / "sweep_tiny.toml"), "--out", str(sweep), "--no-progress")
     stored = list((sweep / "points").glob("*.json"))
     assert len(stored) == 3, stored     # claim 6's H = 2 run at L = 64 is claim 5's (numerics.seeds.trained_run_seed)
     _run("reports.build", "--profile", "tiny", "--only", ",".join(IDS), "--from-sweep", str(sweep),

@@ -1,7 +1,7 @@
 """Argument checks of the theory functions: clear errors that say what is wrong and how to
 fix it; and the one range check of what they return (:func:`in_range`, :func:`check_loss`,
 :func:`check_minimum`): a loss, minimum, rate or time that cannot be is refused, never
-returned.  (The command lines' options, files and outputs are audit_io's.)"""
+returned.  (The command lines' options, files and outputs are numerics.io's.)"""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,7 @@
 """Starts outside the paper's "suitable initialisation": what theory says about them.
 
-Three pieces of mathematics (numpy only), used by ``claims.initialisation`` and
-``claims.allocation_race`` (and a fourth: the starts they run):
+Three pieces of mathematics (numpy only), used by ``claims.boundary_initialisation`` and
+``claims.boundary_allocation_race`` (and a fourth: the starts they run):
 
 1. **The residual split** (:func:`residual_split`).  The query z_q = (q, 0) has no y part,
    so the y columns of every W_h (W_h[:, d:]) never enter the output: no gradient reaches

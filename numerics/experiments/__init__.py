@@ -8,13 +8,13 @@ Three policies live here once:
 - **threads** (:func:`one_thread`): every run uses one torch CPU thread.  Why: on a shared
   2-core machine the small batched matmuls of these runs ran ~12x slower with 2 threads than
   with 1 (20.8 s against 1.7 s for (2, 2), L = 64: a descheduled thread stalls every parallel
-  region); parallelism comes from running several runs side by side (``tools.sweep``).
+  region); parallelism comes from running several runs side by side (``numerics.sweep``).
 - **the run cache** (:func:`cached`): a run is keyed by its full configuration (problem,
   schedule, seeds, device) -- the identity the sweep uses -- and computed once per process, so
   a run two claims need (claims 5 and 6 both train (2, 2), H = 2 at L = 32 and 64) is trained
   once.  The cached values are frozen; callers that mutate must copy.
 - **the sweep store** (:func:`store`): inside ``with store(DIR)``, a run that a sweep
-  (``python -m tools.sweep``) has already stored in DIR is read from there instead of being
+  (``python -m numerics.sweep``) has already stored in DIR is read from there instead of being
   trained, and counted (``Store.used``).
 """
 from __future__ import annotations
@@ -77,13 +77,13 @@ class Store:
 
     def __init__(self, path: str | Path):
         from numerics.stored import code_version, read_point
-        from audit_io.files import check_inside
+        from numerics.io.files import check_inside
 
         self.path = Path(path)
         points = self.path / "points"
         if not points.is_dir():
             raise FileNotFoundError(f"--from-sweep {str(path)!r} is not a sweep directory (no points/ inside); "
-                                    f"run `python -m tools.sweep GRID --out {path}` first")
+                                    f"run `python -m numerics.sweep GRID --out {path}` first")
         check_inside(self.path, (), "--from-sweep", directories=("points",))   # points/ itself no link
         self.records, self.skipped = [], []
         code = code_version()

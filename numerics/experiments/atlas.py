@@ -1,7 +1,7 @@
 """The atlas point (issue 23): one full model trained from a stated start, measured for the
 phase diagrams of the atlas ids (``claims.atlas_*``).
 
-A sweep point of ``model = "atlas"`` (``tools.sweep``) is
+A sweep point of ``model = "atlas"`` (``numerics.sweep``) is
 
     {"model": "atlas", "problem": {ProblemConfig fields}, "train": {AtlasSchedule fields, "seed"}}
 
@@ -349,7 +349,7 @@ def from_stored(d: dict) -> dict:
 # reading a sweep of atlas points (the atlas ids, claims.atlas_*, draw them)
 # ---------------------------------------------------------------------------------------
 
-NO_SWEEP = ("the atlas trains nothing: build it from a sweep, e.g. `python -m tools.sweep examples/atlas_tiny.toml "
+NO_SWEEP = ("the atlas trains nothing: build it from a sweep, e.g. `python -m numerics.sweep examples/atlas_tiny.toml "
             "--out D` then `python -m reports.build --only atlas-initialisation,atlas-heads,atlas-noise,atlas-batch "
             "--from-sweep D` (docs/atlas.md)")
 """What an atlas id says when it is built without a sweep."""
@@ -684,7 +684,7 @@ def atlas_not_held(cfg, schedule, train_seed, seed):
     compared after :func:`normalise_point`), never trained here: asked to compute one, say so.
     Not shared beyond one engine: two sweeps may hold different results of one point."""
     raise ValueError(f"the sweep holds no finished result of the atlas point {atlas_point(cfg, schedule, train_seed)}"
-                     ": the atlas trains nothing (run its grid into the sweep with python -m tools.sweep)")
+                     ": the atlas trains nothing (run its grid into the sweep with python -m numerics.sweep)")
 
 
 READ_SECONDS = 5.0

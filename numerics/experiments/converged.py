@@ -364,7 +364,7 @@ def check_schedule(fields: dict, L: int = 1) -> TrainingSchedule:
 
 
 def converged_point(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int) -> dict:
-    """The sweep point of this run (``tools.sweep``, ``model = "converged"``): its identity."""
+    """The sweep point of this run (``numerics.sweep``, ``model = "converged"``): its identity."""
     return {"model": "converged", "problem": cfg.to_dict(), "train": {**asdict(schedule), "seed": int(seed)}}
 
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from claims.base import BOUNDARY_OUTCOMES
-from tools.sweep import expand_grid, run_grid
+from numerics.sweep import expand_grid, run_grid
 
 FOUR = {
     "model": "atlas",

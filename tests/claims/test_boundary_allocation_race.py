@@ -1,4 +1,4 @@
-"""boundary-allocation-race (claims/allocation_race.py, issue 14; runs in
+"""boundary-allocation-race (claims/boundary_allocation_race.py, issue 14; runs in
 numerics/experiments/starts.py): the race winner equals theory's ODE rule in every cell where
 two data seeds agree (drawn r in 1..4, L in 16..64, sigma in {0, 0.5}); phases that do not end
 are counted, not compared; the findings are generated from the numbers.
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from claims.allocation_race import RACE_SPEC, RaceProfile, cells_part, check_race, race_grid
-from claims.allocation_race import findings as race_findings
-from claims.allocation_race import run as run_race
+from claims.boundary_allocation_race import RACE_SPEC, RaceProfile, cells_part, check_race, race_grid
+from claims.boundary_allocation_race import findings as race_findings
+from claims.boundary_allocation_race import run as run_race
 from claims.base import ClaimResult
 from claims.phase_checks import guard_needs
 from claims.spec import context
@@ -65,7 +65,7 @@ def test_race_claim_tiny(device):
 def test_race_profiles_count_enough_streams_per_cell():
     """Issue 34: every race cell's outcome is a distribution over at least 8 prompt streams at
     the quick profile and 16 at the paper profile (the tiny one is a pipeline test)."""
-    from claims.allocation_race import RACE_PROFILES
+    from claims.boundary_allocation_race import RACE_PROFILES
     assert len(set(RACE_PROFILES["quick"].data_seeds)) >= 8
     assert len(set(RACE_PROFILES["paper"].data_seeds)) >= 16
 
@@ -163,7 +163,7 @@ def test_race_cells_past_the_stability_bound_are_not_run(device, monkeypatch):
     """Beyond d = 9 the race cells at a step past the full model's stability bound are not trained (at the authors'
     blocks all 16 x 8 diverged at lr 0.1): race_grid returns no cell and the reason, the plan asks for no cell once
     its guard says so, and the findings say so.  lambda_full is stubbed (its Hessian costs seconds)."""
-    import claims.allocation_race as claim
+    import claims.boundary_allocation_race as claim
     from numerics.engine import clear_memo
     from numerics.experiments import converged
     ctx = context(claim.RACE_SPEC, "quick", device, problem={"tasks": (5, 5), "heads": 2, "L": 32})

@@ -1,4 +1,4 @@
-"""boundary-initialisation (claims/initialisation.py, issue 14; runs in
+"""boundary-initialisation (claims/boundary_initialisation.py, issue 14; runs in
 numerics/experiments/starts.py).
 
 Properties on drawn configurations (m in 1..3, r in 1..4, H in 1..m+1, L in 16..512,
@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from claims.base import ClaimResult
-from claims.initialisation import check_gradient_free, check_warmup_bound, run
-from claims.initialisation import findings as init_findings
+from claims.boundary_initialisation import check_gradient_free, check_warmup_bound, run
+from claims.boundary_initialisation import findings as init_findings
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.experiments.starts import outcome_mix, start_flows_need, start_runs_need
@@ -175,7 +175,7 @@ def test_single_task_counts_its_seeds(device):
     itself failing (a result), and the finding names the counted classes."""
     from types import SimpleNamespace
 
-    from claims.initialisation import SINGLE_TASK, single_task
+    from claims.boundary_initialisation import SINGLE_TASK, single_task
     from numerics.experiments.starts import single_task_needs
     ctx = SimpleNamespace(profile="tiny", device=device, seed=0, progress=lambda msg, f: None)
     comps, rows, details = single_task(ctx, Engine(seed=0).run(single_task_needs(SINGLE_TASK["tiny"], device)))
@@ -274,7 +274,7 @@ def test_typical_share_is_one_sided_and_needs_enough_seeds():
 def test_a_diverged_unbalanced_run_decides_no_outcome():
     """An unbalanced start whose full model diverged has outcome None on every task: its (start, task)
     pairs are not decided (never compared), the other starts' are."""
-    from claims.initialisation import check_unbalanced_winners
+    from claims.boundary_initialisation import check_unbalanced_winners
 
     def run(seed, full):
         return {"seed": seed, "data_seed": 0, "omega0": [[0.1, 0.2], [0.3, 0.05]], "mu0": [[0.2, 0.1], [0.05, 0.3]],
@@ -290,7 +290,7 @@ def test_starts_past_the_stability_bound_are_not_run(device, monkeypatch):
     at s0 = 0.3 diverged at the claim's lr 0.1, and nothing was decided after 14 CPU-min.  The verdict is undecided
     with the reason and the plan asks no start once its guards say so; below the bound the same problem is trained.
     lambda_full is stubbed (its Hessian costs seconds)."""
-    import claims.initialisation as claim
+    import claims.boundary_initialisation as claim
     from claims.phase_checks import guard_needs, not_run
     from claims.spec import context, run_plan
     from numerics.engine import clear_memo

@@ -95,7 +95,7 @@ def test_every_registered_claim_keeps_the_contract(results, claim_id):
 def test_an_opt_in_id_without_its_sweep_refuses_and_says_how_to_build_it(claim_id):
     res = claims.claim_runner(claim_id)(profile="tiny", device="cpu", seed=0)
     assert res.verdict == "error" and res.kind == claims.spec_of(claim_id).kind == kind_from_id(claim_id)
-    assert "python -m tools.sweep" in res.details["error"], res.details["error"]
+    assert "python -m numerics.sweep" in res.details["error"], res.details["error"]
 
 
 def _good() -> ClaimResult:

@@ -1,5 +1,5 @@
 """The contenders: our step (bare and inside the real trainer), the standard-way reference
-(:mod:`tools.reference`), the sampling they share, and the step without sampling."""
+(:mod:`numerics.bench.reference`), the sampling they share, and the step without sampling."""
 from __future__ import annotations
 
 import time
@@ -12,9 +12,9 @@ from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, mse_loss
 from numerics.train import TrainConfig, train, train_many, train_reduced
-from tools.bench.config import LR
-from tools.bench.timing import sync
-from tools.reference import ReferenceAttention, gd_step
+from numerics.bench.config import LR
+from numerics.bench.timing import sync
+from numerics.bench.reference import ReferenceAttention, gd_step
 
 
 def problem(sizes: dict, dtype: str, device: str, **over) -> ProblemConfig:
@@ -113,7 +113,7 @@ class TrainerSteps:
         res = (train_reduced if self.reduced else train)(self.cfg, self.tcfg, batches=stamped)
         if len(stamps) != res.steps + 1:
             raise RuntimeError(f"expected one batch per step ({res.steps + 1}), saw {len(stamps)}: "
-                               "numerics.train changed, update tools.bench.steps.TrainerSteps")
+                               "numerics.train changed, update numerics.bench.steps.TrainerSteps")
         self.setup_seconds = stamps[0] - t0
         # interval k covers step k; step 0 holds the first record's readout
         return [(b - a, cb - ca) for a, b, ca, cb in

@@ -1,4 +1,4 @@
-"""The same model written the standard way: the baseline that ``tools.bench`` times.
+"""The same model written the standard way: the baseline that ``numerics.bench`` times.
 
 A usual attention layer projects *every* token through per-head query, key and value
 linear layers and mixes the heads with an output projection.  Written that way, our model
@@ -122,7 +122,7 @@ def _param(params: dict, name: str) -> torch.Tensor:
         return params[name].detach()
     raise AttributeError(
         f"numerics.model.MultiHeadAttention has no parameter {name!r} (it has "
-        f"{sorted(params)}); tools.reference.model_factors must be updated to its names"
+        f"{sorted(params)}); numerics.bench.reference.model_factors must be updated to its names"
     )
 
 

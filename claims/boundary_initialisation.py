@@ -1,4 +1,4 @@
-"""``boundary-initialisation`` (items 1 and 2; items 3 and 4 are ``claims.allocation_race``), on the full model:
+"""``boundary-initialisation`` (items 1 and 2; items 3 and 4 are ``claims.boundary_allocation_race``), on the full model:
 random full starts (``init="uniform_full"``, up to PyTorch's default s0 = 1) at growing scale, and unbalanced
 factored starts inside D against the reduced flow with the unbalanced and the balanced metric.
 

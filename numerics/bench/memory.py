@@ -11,8 +11,8 @@ import sys
 
 import torch
 
-from tools.bench.steps import our_step, problem, reference_step
-from tools.bench.timing import sync
+from numerics.bench.steps import our_step, problem, reference_step
+from numerics.bench.timing import sync
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -48,7 +48,7 @@ def peak_memory(sizes: dict, dtype: str, device: str, which: str = "ours", seed:
     payload = json.dumps({"sizes": {**sizes, "tasks": list(sizes["tasks"])}, "dtype": dtype,
                           "which": which, "seed": seed, "threads": torch.get_num_threads()})
     env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-c", "import sys; from tools.bench.memory import "
+    proc = subprocess.run([sys.executable, "-c", "import sys; from numerics.bench.memory import "
                            "_peak_memory_child as f; f(sys.argv[1])", payload],
                           capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:

@@ -1,4 +1,4 @@
-"""``python -m tools.sweep GRID --out DIR [...]``: run a grid from the command line."""
+"""``python -m numerics.sweep GRID --out DIR [...]``: run a grid from the command line."""
 from __future__ import annotations
 
 import argparse
@@ -8,20 +8,20 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from audit_io.files import EXIT_DISK_FULL, DiskFull, check_output_dir
-from audit_io.command import command_line
-from audit_io.options import int_option, threads_option
-from tools.sweep.execute import resolve_point_fn
-from tools.sweep.grid import expand_grid, load_grid
-from tools.sweep.identity import DEFAULT_POINT_FN, point_id
-from tools.sweep.runner import run_grid
-from tools.sweep.schedulers import check_scheduler
-from tools.sweep.store import SWEEP_MARKER, check_sweep_files
+from numerics.io.files import EXIT_DISK_FULL, DiskFull, check_output_dir
+from numerics.io.command import command_line
+from numerics.io.options import int_option, threads_option
+from numerics.sweep.execute import resolve_point_fn
+from numerics.sweep.grid import expand_grid, load_grid
+from numerics.sweep.identity import DEFAULT_POINT_FN, point_id
+from numerics.sweep.runner import run_grid
+from numerics.sweep.schedulers import check_scheduler
+from numerics.sweep.store import SWEEP_MARKER, check_sweep_files
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tools.sweep",
+        prog="python -m numerics.sweep",
         description="Run a grid of training runs (a TOML file, see examples/grid.toml) and store one JSON file "
                     "per point under OUT/points/<id>.json, the id a content hash of the point's full configuration "
                     "and of the training code. Rerunning resumes: stored points are skipped.",

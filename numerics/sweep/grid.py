@@ -5,7 +5,7 @@
 
 Every point carries every field, defaults filled in, in canonical JSON form (tuples as lists,
 an integer given for a float field as a float), so that its content hash
-(:func:`tools.sweep.identity.point_id`) identifies the full configuration. The format is
+(:func:`numerics.sweep.identity.point_id`) identifies the full configuration. The format is
 described in ``docs/sweep.md``; ``examples/*.toml`` are grids.
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from audit_io import toml
-from audit_io.files import MAX_INPUT_BYTES, check_input_file, read_input_bytes
-from audit_io.options import SEED_MAX
+from numerics.io import toml
+from numerics.io.files import MAX_INPUT_BYTES, check_input_file, read_input_bytes
+from numerics.io.options import SEED_MAX
 from numerics.config import ProblemConfig
 from numerics.train import MAX_STEPS, TrainConfig
 
@@ -320,7 +320,7 @@ def _fill(given: dict, fields_: dict[str, _Field], section: str) -> dict:
 
 
 def _check_seed(label: str, value: Any) -> None:
-    """Seeds are integers in 0 .. 2^64 - 1 (audit_io.options.SEED_MAX): refused up front, as
+    """Seeds are integers in 0 .. 2^64 - 1 (numerics.io.options.SEED_MAX): refused up front, as
     the command lines' --seed, rather than as a failed point."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
         raise ValueError(f"grid: {label} = {value!r} is not a seed: seeds are integers in 0 .. 2^64 - 1")

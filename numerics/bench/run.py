@@ -15,15 +15,15 @@ from tqdm.auto import tqdm
 
 from numerics.model import initial_semi_singular_values
 from numerics.train import TrainConfig, train, train_reduced
-from audit_io.processes import run_in_own_group
+from numerics.io.processes import run_in_own_group
 from theory.reduced_ode import integrate_expansion_flow
-from tools.bench.config import (AUTHORS, BATCHED_KINDS, BATCHED_RUNS, BATCHED_STEPS, LR, PAPER, QUICK, SMOKE,
+from numerics.bench.config import (AUTHORS, BATCHED_KINDS, BATCHED_RUNS, BATCHED_STEPS, LR, PAPER, QUICK, SMOKE,
                                 TARGETS, BenchConfig)
-from tools.bench.memory import peak_memory
-from tools.bench.roofline import bytes_moved, flops, item_bytes, matmul_throughput, memory_bandwidth, roofline
-from tools.bench.steps import (AsPrograms, TrainerSteps, model_only_step, one_after_another, our_step, problem,
+from numerics.bench.memory import peak_memory
+from numerics.bench.roofline import bytes_moved, flops, item_bytes, matmul_throughput, memory_bandwidth, roofline
+from numerics.bench.steps import (AsPrograms, TrainerSteps, model_only_step, one_after_another, our_step, problem,
                                reference_step, run_set, sampling_only)
-from tools.bench.timing import precise_float32, ratio_summary, time_interleaved
+from numerics.bench.timing import precise_float32, ratio_summary, time_interleaved
 
 
 def fit_exponent(sizes: list[float], seconds: list[float]) -> float:
@@ -244,7 +244,7 @@ def batched_runs(sizes: dict, dtype: str, device: str, seed: int, rounds: int, w
     """Section 7: BATCHED_RUNS runs of BATCHED_STEPS steps at ``sizes``, trained one after
     another (numerics.train.train, on the ``mixed`` set: a run's cost does not depend on its
     seed or init scale) and by numerics.train.train_many for each run set of
-    tools.bench.steps.run_set, interleaved rounds; runs per second (wall and CPU) and the
+    numerics.bench.steps.run_set, interleaved rounds; runs per second (wall and CPU) and the
     ratio batched / one after another, with how train_many split each set into programs."""
     sets = {kind: run_set(sizes, dtype, device, kind, BATCHED_RUNS, BATCHED_STEPS, seed) for kind in BATCHED_KINDS}
     programs = {kind: AsPrograms(*sets[kind]) for kind in BATCHED_KINDS}

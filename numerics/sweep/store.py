@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Optional, Union
 
 from numerics.stored import MAX_POINT_FILE_BYTES, POINT_FILE, read_point  # noqa: F401 (re-exported)
-from audit_io.files import append_inside, check_inside, write_inside
-from audit_io.files import clean_stale_temporaries as _clean
-from tools.sweep.grid import canonical
-from tools.sweep.identity import canonical_json
+from numerics.io.files import append_inside, check_inside, write_inside
+from numerics.io.files import clean_stale_temporaries as _clean
+from numerics.sweep.grid import canonical
+from numerics.sweep.identity import canonical_json
 
 
 def utc_now() -> str:
@@ -54,7 +54,7 @@ def load_results(out_dir: Union[str, Path], code: Optional[str] = None) -> list[
     points_dir = Path(out_dir) / "points"
     if not points_dir.is_dir():
         raise FileNotFoundError(f"{str(out_dir)!r} is not a sweep directory (no points/ inside); "
-                                f"run `python -m tools.sweep GRID --out {out_dir}` first")
+                                f"run `python -m numerics.sweep GRID --out {out_dir}` first")
     check_inside(out_dir, (), "sweep directory", directories=("points",))
     records = []
     for name in point_files(out_dir):
@@ -93,8 +93,8 @@ def select_results(records: list[dict], model: Optional[str] = None, include_fai
 
 def clean_stale_temporaries(points_dir: Path, older_than_s: float = 3600.0) -> list:
     """Remove the temporaries of a writer killed between write and rename: only the project's
-    own (a marked name, :func:`audit_io.files.is_own_temporary`), older than an hour (a live
-    writer's are younger), never through a link (:func:`audit_io.files.clean_stale_temporaries`)."""
+    own (a marked name, :func:`numerics.io.files.is_own_temporary`), older than an hour (a live
+    writer's are younger), never through a link (:func:`numerics.io.files.clean_stale_temporaries`)."""
     return _clean(points_dir, older_than_s)
 
 

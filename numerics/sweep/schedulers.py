@@ -2,7 +2,7 @@
 ``LocalCluster`` or any running scheduler: Slurm, PBS, Kubernetes, ... through dask-jobqueue /
 dask-kubernetes, with no change here).
 
-Each scheduler hands every finished point to the client's :class:`~tools.sweep.store.Sink`,
+Each scheduler hands every finished point to the client's :class:`~numerics.sweep.store.Sink`,
 which stores it at once. What each does when a worker process dies is in its docstring.
 """
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import Optional
 
 import torch
 
-from audit_io.processes import die_with_parent
-from tools.sweep.execute import execute_point
-from tools.sweep.store import Item, Sink
+from numerics.io.processes import die_with_parent
+from numerics.sweep.execute import execute_point
+from numerics.sweep.store import Item, Sink
 
 
 def die_with_client(client_pid: int) -> None:
     """Pool worker initializer: this worker exits when the client process dies
-    (:func:`audit_io.processes.die_with_parent`, the one mechanism every pool of the project uses).
+    (:func:`numerics.io.processes.die_with_parent`, the one mechanism every pool of the project uses).
 
     Without it a client killed by SIGKILL (or the OOM killer) leaves its workers behind
     for good (issue 13: ~220 MB each): a worker waits on the pool's call queue, whose

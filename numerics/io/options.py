@@ -1,4 +1,4 @@
-"""The command lines' options (numerics.train, theory, tools.bench, tools.sweep, reports): one
+"""The command lines' options (numerics.train, theory, numerics.bench, numerics.sweep, reports): one
 policy, checked before any computation, so that a bad option costs nothing and leaves nothing
 behind.  Every message names the flag, says what is wrong and how to fix it."""
 from __future__ import annotations

@@ -20,11 +20,11 @@ from typing import Optional, Union
 
 from tqdm import tqdm
 
-from audit_io.files import make_directories, make_dirs_inside, write_inside
-from tools.sweep.execute import resolve_point_fn
-from tools.sweep.identity import DEFAULT_POINT_FN, REPO_ROOT, PointFn, code_sources, code_version, fn_name, point_id
-from tools.sweep.schedulers import check_scheduler, require_dask, run_dask, run_pool, run_serial
-from tools.sweep.store import Item, Sink, check_sweep_files, clean_stale_temporaries, read_point_file, utc_now
+from numerics.io.files import make_directories, make_dirs_inside, write_inside
+from numerics.sweep.execute import resolve_point_fn
+from numerics.sweep.identity import DEFAULT_POINT_FN, REPO_ROOT, PointFn, code_sources, code_version, fn_name, point_id
+from numerics.sweep.schedulers import check_scheduler, require_dask, run_dask, run_pool, run_serial
+from numerics.sweep.store import Item, Sink, check_sweep_files, clean_stale_temporaries, read_point_file, utc_now
 
 
 @dataclass

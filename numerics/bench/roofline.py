@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from numerics.config import ProblemConfig
-from tools.bench.timing import time_repeated
+from numerics.bench.timing import time_repeated
 
 
 def memory_bandwidth(device: str, nbytes: int = 256 * 2**20, repeats: int = 7, warmup: int = 2) -> dict:

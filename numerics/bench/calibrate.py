@@ -1,4 +1,4 @@
-"""``python -m tools.bench --calibrate``: measure the primitives of ``numerics.cost`` on this machine
+"""``python -m numerics.bench --calibrate``: measure the primitives of ``numerics.cost`` on this machine
 and fit its coefficients.
 
 Each primitive is timed at a grid of sizes (:data:`GRIDS`: the claims' sizes, from the report's

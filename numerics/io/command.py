@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
-from audit_io.files import _FULL, EXIT_DISK_FULL, DiskFull
+from numerics.io.files import _FULL, EXIT_DISK_FULL, DiskFull
 
 DELETED_CWD = ("error: the current directory no longer exists (it was deleted or moved away); cd to an existing "
                "directory and run the command again")
 
 
 def refuse_a_deleted_cwd_at_startup() -> None:
-    """Called first by the packages whose command lines import torch (``numerics``, ``tools``): while
+    """Called first by the packages whose command lines import torch (``numerics``): while
     ``python -m`` imports the package (``sys.argv[0] == "-m"``), a working directory that no longer
     exists would make torch's import abort ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so")
     before any command line could say what is wrong; this says it and exits 2.  A library import

@@ -1,4 +1,4 @@
-"""The one check of a ``--device`` option (reports.build, tools.bench): a name torch knows and a
+"""The one check of a ``--device`` option (reports.build, numerics.bench): a name torch knows and a
 device this machine has, refused before any computation.  torch is imported only for a CUDA
 name, so that ``--help`` and ``--device cpu`` stay fast."""
 from __future__ import annotations

@@ -15,11 +15,11 @@ from typing import Optional, Union
 
 import torch
 
-from audit_io.jsonable import jsonable
+from numerics.io.jsonable import jsonable
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig, train, train_reduced
-from tools.sweep.grid import MODELS
-from tools.sweep.identity import DEFAULT_POINT_FN_NAMES, PointFn, code_version
+from numerics.sweep.grid import MODELS
+from numerics.sweep.identity import DEFAULT_POINT_FN_NAMES, PointFn, code_version
 
 
 def train_point(point: dict) -> dict:

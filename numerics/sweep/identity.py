@@ -12,7 +12,7 @@ import functools
 from typing import Any, Callable, Union
 
 # the identity of a stored point lives with the reader that checks it (numerics.stored: the
-# library's sweep store reads points too, and never imports tools); re-exported here
+# library's sweep store reads points too, and never imports numerics.sweep); re-exported here
 from numerics.stored import (CODE_ENTRY_MODULES, DEFAULT_POINT_FN, DEFAULT_POINT_FN_NAMES,  # noqa: F401
                              ID_HEX_DIGITS, PROJECT_PACKAGES, REPO_ROOT, canonical_json, code_sources,
                              code_version, package_version, point_id)

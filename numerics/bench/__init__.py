@@ -1,11 +1,11 @@
 """Performance benchmark of the training step: ours against the standard way, and against
 this machine's limits.
 
-``python -m tools.bench`` measures, in one run, on one device:
+``python -m numerics.bench`` measures, in one run, on one device:
 
 1. seconds per gradient step (sample prompts + forward + backward + update) of our trainer
    (``numerics.train.train``, timed inside a real run: :class:`TrainerSteps`) against
-   :class:`tools.reference.ReferenceAttention`, the same model written the standard way
+   :class:`numerics.bench.reference.ReferenceAttention`, the same model written the standard way
    (per-head q/k/v linear layers over every token), at the quick configuration (tasks
    4,4,4, H = 3, L = 256, batch 4096), in each dtype, and the ratio; also the step without
    sampling on a fixed batch (where the two differ) and the sampling alone (what they share);
@@ -26,7 +26,7 @@ this machine's limits.
    H = 3, L = 100, batch 10000).
 
 Profiles: ``--quick`` runs sections 1, 3 and 7 only at the quick size (issues 15 and 28's
-contracts: the top-level JSON keys of :func:`~tools.bench.run.contract`); the default runs all seven;
+contracts: the top-level JSON keys of :func:`~numerics.bench.run.contract`); the default runs all seven;
 ``--smoke`` runs either at tiny sizes (a test of the code paths, numbers meaningless).
 
 Timings are medians over rounds, with min and max; the contenders of a comparison are run
@@ -37,18 +37,18 @@ also written as JSON (``--out``); the load average at start and end is in ``meta
 Precision policy: TF32 is switched off (``fp32_precision = "ieee"``) before anything runs,
 so a float32 matmul is a float32 matmul on every device (docs/performance.md).
 
-By concern: :mod:`~tools.bench.timing` (timers, precision policy),
-:mod:`~tools.bench.roofline` (machine limits and the step's bytes and FLOPs),
-:mod:`~tools.bench.steps` (the contenders), :mod:`~tools.bench.memory` (peak memory),
-:mod:`~tools.bench.run` (the seven sections), :mod:`~tools.bench.cli` (flags, table, JSON).
+By concern: :mod:`~numerics.bench.timing` (timers, precision policy),
+:mod:`~numerics.bench.roofline` (machine limits and the step's bytes and FLOPs),
+:mod:`~numerics.bench.steps` (the contenders), :mod:`~numerics.bench.memory` (peak memory),
+:mod:`~numerics.bench.run` (the seven sections), :mod:`~numerics.bench.cli` (flags, table, JSON).
 """
-from tools.bench.cli import main, parse_args, render
-from tools.bench.config import AUTHORS, DTYPES, LR, PAPER, PROFILES, QUICK, SMOKE, TARGETS, BenchConfig
-from tools.bench.memory import peak_memory
-from tools.bench.roofline import bytes_moved, flops, roofline
-from tools.bench.run import contract, fit_exponent, run_bench
-from tools.bench.steps import TrainerSteps
-from tools.bench.timing import precise_float32, time_interleaved
+from numerics.bench.cli import main, parse_args, render
+from numerics.bench.config import AUTHORS, DTYPES, LR, PAPER, PROFILES, QUICK, SMOKE, TARGETS, BenchConfig
+from numerics.bench.memory import peak_memory
+from numerics.bench.roofline import bytes_moved, flops, roofline
+from numerics.bench.run import contract, fit_exponent, run_bench
+from numerics.bench.steps import TrainerSteps
+from numerics.bench.timing import precise_float32, time_interleaved
 
 __all__ = ["AUTHORS", "DTYPES", "LR", "PAPER", "PROFILES", "QUICK", "SMOKE", "TARGETS", "BenchConfig", "TrainerSteps", "bytes_moved", "contract", "fit_exponent",
            "flops", "main", "parse_args", "peak_memory", "precise_float32", "render", "roofline", "run_bench",

@@ -1,4 +1,4 @@
-"""``python -m tools.bench [...]``: the flags, the printed table and the JSON file."""
+"""``python -m numerics.bench [...]``: the flags, the printed table and the JSON file."""
 from __future__ import annotations
 
 import sys
@@ -9,12 +9,12 @@ import math
 import torch
 
 from numerics.train import MAX_STEPS
-from audit_io.files import check_output_path
-from audit_io.command import command_line
-from audit_io.options import float_option, int_option, seed_option, threads_option
-from audit_io.files import write_json_atomic
-from tools.bench.config import DTYPES, EXPANSION_TIME, LR, REPORT_PROFILES, BenchConfig
-from tools.bench.run import run_bench
+from numerics.io.files import check_output_path
+from numerics.io.command import command_line
+from numerics.io.options import float_option, int_option, seed_option, threads_option
+from numerics.io.files import write_json_atomic
+from numerics.bench.config import DTYPES, EXPANSION_TIME, LR, REPORT_PROFILES, BenchConfig
+from numerics.bench.run import run_bench
 
 
 def _fmt_t(s: dict, unit: float = 1e3) -> str:
@@ -24,7 +24,7 @@ def _fmt_t(s: dict, unit: float = 1e3) -> str:
 def render(res: dict) -> str:
     """The human-readable table of a result dict (what the CLI prints)."""
     m = res["meta"]
-    lines = [f"tools.bench  device={m['device']}  torch {m['torch']}  threads={m['torch_threads']}"
+    lines = [f"numerics.bench  device={m['device']}  torch {m['torch']}  threads={m['torch_threads']}"
              f"  load average {m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end",
              "medians over repeats, [min, max]", ""]
     if "probes" in res:
@@ -136,7 +136,7 @@ def _render_batched(res: dict) -> list[str]:
 
 def parse_args(argv=None) -> BenchConfig:
     p = argparse.ArgumentParser(
-        prog="python -m tools.bench",
+        prog="python -m numerics.bench",
         description="Benchmark the training step: ours vs the standard-way reference, the "
                     "roofline, reduced vs full flow, scaling in L/d/H/batch and peak memory. "
                     "Prints a table and writes JSON.")
@@ -259,7 +259,7 @@ def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--calibrate" in argv:
         bc = parse_args(argv)    # the same checks of every flag (--out among them)
-        from tools.bench.calibrate import calibrate, render as render_calibration
+        from numerics.bench.calibrate import calibrate, render as render_calibration
         res = calibrate(progress=bc.progress if hasattr(bc, "progress") else True)
         print(render_calibration(res))
         if bc.out:

@@ -1,0 +1,4 @@
+"""``python -m numerics.bench``: see :mod:`numerics.bench.cli`."""
+from numerics.bench.cli import main
+
+main()
