@@ -190,4 +190,3 @@ def _run_rest(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]) 
         display.close(result)
         results.append(result)
     return results
-from numerics.io.processes import one_blas_thread
