@@ -1,8 +1,8 @@
 """Claim checks: theory against numerics, one module per claim of the paper.
 
-Each claim module declares a :class:`claims.spec.ClaimSpec` (``SPEC``, or ``SPECS`` for a
+Each claim module declares a :class:`claims.core.spec.ClaimSpec` (``SPEC``, or ``SPECS`` for a
 module holding two ids); :data:`REGISTRY` maps each claim id (the ids of ``claims.json``) to
-``"module:NAME"``.  Every claim runs through the one runner, ``claims.spec.run_spec``:
+``"module:NAME"``.  Every claim runs through the one runner, ``claims.core.spec.run_spec``:
 
     run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None, problem=None) -> ClaimResult
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Optional
 
-from claims.base import ClaimResult
+from claims.core.base import ClaimResult
 
 REGISTRY: dict[str, str] = {
     "block-structure": "claims.block_structure:SPEC",
@@ -62,8 +62,8 @@ def claim_runner(claim_id: str) -> Callable[..., ClaimResult]:
 
 
 def check_problem(problem: Optional[dict], device: str = "cpu") -> Optional[dict]:
-    """The one parser of a researcher's configuration (``claims.spec.check_problem``)."""
-    from claims.spec import check_problem as parse
+    """The one parser of a researcher's configuration (``claims.core.spec.check_problem``)."""
+    from claims.core.spec import check_problem as parse
     return parse(problem, device)
 
 
@@ -89,7 +89,7 @@ def reads_sweep(claim_id: str) -> bool:
 def plan_of(claim_id: str, profile: str, problem: Optional[dict] = None, device: str = "cpu", seed: int = 0):
     """Every need the claim's plan may ask for (its plan asked with no results: the conditional
     needs included), or None for a claim that is not a plan."""
-    from claims.spec import context
+    from claims.core.spec import context
     s = spec_of(claim_id)
     if s.plan is None:
         return None

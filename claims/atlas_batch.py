@@ -1,5 +1,5 @@
 """atlas-batch: the allocated point's escape time over the batch size and the step, a phase
-diagram over a sweep (the atlas panels: claims.common, section "the atlas panels").
+diagram over a sweep (the atlas panels: claims.core.common, section "the atlas panels").
 
 The panel is lr x B of a sweep of ``model = "atlas"`` points from the allocated point:
 theory.saddle's log law dT/dlog(B/lr) = 2/rate.
@@ -10,9 +10,9 @@ import math
 
 import numpy as np
 
-from claims.common import (Z_SE, Comparison, atlas_config_text, atlas_details, atlas_spec, classes_finding,
-                           escape_figure, headline_row, outcome_maps, perturbation, t_end_of)
-from claims.spec import Outcome, finding
+from claims.core.common import Z_SE, Comparison, headline_row, perturbation
+from claims.core.atlas import atlas_config_text, atlas_details, atlas_spec, classes_finding, escape_figure, outcome_maps, t_end_of
+from claims.core.spec import Outcome, finding
 from numerics.experiments.atlas import escape_means, escaped_runs, grid_of, ols_slope, panel_points
 
 

@@ -1,15 +1,15 @@
 """atlas-heads: where the paper's picture holds over the number of heads, a phase diagram over a
-sweep (the atlas panels: claims.common, section "the atlas panels").
+sweep (the atlas panels: claims.core.common, section "the atlas panels").
 
 The panel is H x tasks and start of a sweep of ``model = "atlas"`` points: allocation needs
 H >= m (theory's border H = m, from balanced starts).
 """
 from __future__ import annotations
 
-from claims.base import Figure, Series
-from claims.common import (atlas_config_text, atlas_details, atlas_spec, classes_finding, compare, headline_row,
-                           outcome_maps, point_problem, reported_row)
-from claims.spec import Outcome, finding
+from claims.core.base import Figure, Series
+from claims.core.common import compare, headline_row, reported_row
+from claims.core.atlas import atlas_config_text, atlas_details, atlas_spec, classes_finding, outcome_maps, point_problem
+from claims.core.spec import Outcome, finding
 from numerics.experiments.atlas import PATTERNS, grid_of, heads_row, panel_points, ratios
 
 

@@ -1,5 +1,5 @@
 """atlas-initialisation: where the paper's picture holds over the initialisation, a phase
-diagram over a sweep (the atlas panels: claims.common, section "the atlas panels").
+diagram over a sweep (the atlas panels: claims.core.common, section "the atlas panels").
 
 The panel is pattern x s0 of a sweep of ``model = "atlas"`` points, against
 theory.initialisation's small scale: below it a run may not have left its warm-up by t_end.
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from claims.common import (Comparison, atlas_config_text, atlas_details, atlas_spec, classes_finding, headline_row,
-                           lines_figure, outcome_maps, point_problem, reported_row, t_end_of)
-from claims.phase_checks import mix_phrase
-from claims.spec import Outcome, finding
+from claims.core.common import Comparison, headline_row, lines_figure, reported_row
+from claims.core.atlas import atlas_config_text, atlas_details, atlas_spec, classes_finding, outcome_maps, point_problem, t_end_of
+from claims.core.phase_checks import mix_phrase
+from claims.core.spec import Outcome, finding
 from numerics.experiments.atlas import PATTERNS, cell_class, grid_of, panel_points, warmup_border, warmup_row
 
 

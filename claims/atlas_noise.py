@@ -1,5 +1,5 @@
 """atlas-noise: where the paper's picture holds over the label noise and the context length, a
-phase diagram over a sweep (the atlas panels: claims.common, section "the atlas panels").
+phase diagram over a sweep (the atlas panels: claims.core.common, section "the atlas panels").
 
 The panel is sigma x L of a sweep of ``model = "atlas"`` points from the allocated point:
 theory.saddle's escape time T(B) against the run's length.
@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import math
 
-from claims.common import (Z_SE, Comparison, atlas_config_text, atlas_details, atlas_spec, classes_finding,
-                           escape_figure, headline_row, outcome_maps, perturbation, point_problem, reported_row,
-                           t_end_of)
-from claims.spec import Outcome, finding
+from claims.core.common import Z_SE, Comparison, headline_row, perturbation, reported_row
+from claims.core.atlas import atlas_config_text, atlas_details, atlas_spec, classes_finding, escape_figure, outcome_maps, point_problem, t_end_of
+from claims.core.spec import Outcome, finding
 from numerics.experiments.atlas import escape_cells, escape_row, grid_of, mean_se, panel_points
 
 

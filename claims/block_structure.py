@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.stats import norm
 
-from claims.common import Z_SE, Comparison, config_label, eps_of, headline_row, lines_figure, perturbation, resolved
-from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
+from claims.core.common import Z_SE, Comparison, config_label, eps_of, headline_row, lines_figure, perturbation, resolved
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import probes

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from claims.common import Z_SE, Comparison, config_label, head_task_heatmap, headline_row, perturbation, resolved
-from claims.spec import ClaimSpec, Outcome, finding, replace_fields
-from claims.trained import theory_need
+from claims.core.common import Z_SE, Comparison, config_label, head_task_heatmap, headline_row, perturbation, resolved
+from claims.core.spec import ClaimSpec, Outcome, finding, replace_fields
+from claims.core.trained import theory_need
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.model import initial_values

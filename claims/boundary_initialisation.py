@@ -14,13 +14,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from claims.common import (Z_SE, Comparison, compare as compare_values, config_label, headline_row, perturbation,
+from claims.core.common import (Z_SE, Comparison, compare as compare_values, config_label, headline_row, perturbation,
                            reported_row)
-from claims.phase_checks import (FIELDS, guarded_plan, independent, mix_figure, mix_phrase, mix_rows, not_run,
+from claims.core.phase_checks import (FIELDS, guarded_plan, independent, mix_figure, mix_phrase, mix_rows, not_run,
                                  nothing_compared, outcome_comparison, phase_comparisons, phase_finding, phase_rows,
                                  random_part, random_phase_figure, residual_figure, share_at_least, share_phrase,
                                  unbalanced_figure)
-from claims.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import (outcome_mix, random_starts_need, reference_needs, references,
                                          single_task_needs, single_task_summary, unbalanced_needs)
@@ -112,7 +112,7 @@ def check_unbalanced_phases(runs: list[dict], config=None) -> list[Comparison]:
     """The full model from an unbalanced start against the reduced flow with the unbalanced
     metric from the same start on the same prompts (theory's account: on D the balances are
     conserved, so the reduced flow needs no balance), warm-up and emergence ends each judged over
-    every (start, stream) pair by :func:`claims.phase_checks.phase_comparisons`' rule (each pair
+    every (start, stream) pair by :func:`claims.core.phase_checks.phase_comparisons`' rule (each pair
     its own prompt stream: the unit)."""
     pairs = [{"where": f"start {r['seed']} stream {r['stream']}", "group": f"unbalanced start {r['seed']}",
               "unit": (r["seed"], r["stream"]), "measured": r["full"]["phases"],
@@ -309,7 +309,7 @@ def single_task(ctx, results):
     per H the mean held-out loss over seeds not above theory.exact's one-head optimum (the multi-head gain He et
     al. report; perturbation: equal to it); He et al.'s zero-sum pattern (the heads' OV values for the task sum to
     zero, |sum_h mu| <= ZERO_SUM_SHARE sum_h |mu|: at H = 2 the pair, at H > 2 a pair is one group among others,
-    reported) as typical, a share of seeds of at least TYPICAL, one-sided (claims.phase_checks.share_at_least).
+    reported) as typical, a share of seeds of at least TYPICAL, one-sided (claims.core.phase_checks.share_at_least).
     Reported, not judged: the loss against the best decomposable two-head point (no source places a mean over
     seeds of several end classes there at a fixed step: 96 seeds resolve 0.233 +- 0.011 against 0.174 at H = 2,
     16 seeds off D at 2.6 x it, the zero-sum ones at 1.05 x, still moving along the superposition valley) and
@@ -395,7 +395,7 @@ def findings(result) -> list:
 
 
 def starts(p: InitProfile, base: ProblemConfig) -> tuple:
-    """(label, cfg) of the two kinds of start, for claims.phase_checks.not_run: the random ones train at the authors'
+    """(label, cfg) of the two kinds of start, for claims.core.phase_checks.not_run: the random ones train at the authors'
     logit scale, the unbalanced ones at 1."""
     return ("random starts", base.replace(logit_scale=authors_logit_scale(p.tasks))), ("unbalanced starts", base)
 

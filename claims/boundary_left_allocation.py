@@ -4,7 +4,7 @@ With label noise the factored flow of the full model does not stay at the alloca
 point (an off-task OV value of the opposite sign grows: the allocated point is a saddle at
 finite L, ``boundary-saddle``).  Theory's account of the regime has two parts, each a
 prediction that can fail: a superposition lowers the loss (the trained held-out loss is not
-above the allocated fixed point, ``claims.trained.check_trained_loss`` at claim 5's
+above the allocated fixed point, ``claims.core.trained.check_trained_loss`` at claim 5's
 tolerance), and the flow ends at the best decomposable point of the same H, signs free
 (:func:`check_best_decomposable`, two-sided).
 
@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from claims.common import Z_SE, Comparison, compare, config_label, headline_row, reported_row
-from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
-from claims.trained import check_trained_loss, domain, run_status, theory_need, trained_need
+from claims.core.common import Z_SE, Comparison, compare, config_label, headline_row, reported_row
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
+from claims.core.trained import check_trained_loss, domain, run_status, theory_need, trained_need
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments.converged import (PAPER_CONTINUATION, PAPER_SCHEDULE, QUICK_CONTINUATION, QUICK_SCHEDULE,

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from claims.common import EPS64, Z_SE, Comparison, compare, headline_row, reported_row
-from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
+from claims.core.common import EPS64, Z_SE, Comparison, compare, headline_row, reported_row
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
 from numerics import saddle as measure
 from numerics.config import ProblemConfig
 from numerics.engine import need

@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from claims.base import Figure, Series
-from claims.common import Z_SE, Comparison, compare, headline_row, perturbation
-from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
-from claims.trained import theory_need
+from claims.core.base import Figure, Series
+from claims.core.common import Z_SE, Comparison, compare, headline_row, perturbation
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
+from claims.core.trained import theory_need
 from numerics.engine import need
 from numerics.experiments import reduced_flows  # noqa: F401 -- registers the kinds this claim asks for
 from theory.expansion_gap import local_exponent

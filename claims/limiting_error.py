@@ -9,7 +9,7 @@ loss, by quadrature) and its L -> inf law (``theory.limiting_error.limit_multi``
 
 Rows, in the headline's order: the converged losses of trained full models at two or more L
 (:func:`check_trained`; a run outside the domain, unconverged or not allocated is a boundary
-row on theory's side, ``claims.trained``), their decay with L (:func:`check_decay`), the exact
+row on theory's side, ``claims.core.trained``), their decay with L (:func:`check_decay`), the exact
 reduced minimum at the largest trained L (:func:`check_bridge`: the bridge between training
 and the reduced model), and L * loss at a large L against Lambda (:func:`check_limit`).
 """
@@ -19,10 +19,10 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
-from claims import trained
-from claims.common import Z_SE, Comparison, compare, headline_row, off_by
-from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
-from claims.trained import (TrainedProfile, bridge_need, configurations, domain, limit_need, resolve, run_status,
+from claims.core import trained
+from claims.core.common import Z_SE, Comparison, compare, headline_row, off_by
+from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
+from claims.core.trained import (TrainedProfile, bridge_need, configurations, domain, limit_need, resolve, run_status,
                             theory_need, trained_need)
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
@@ -61,7 +61,7 @@ def fixed_point_loss(results, tasks, L: int, sigma: float) -> dict:
 
 
 def check_trained(cfg: ProblemConfig, run, predicted: dict, inside: dict | None = None) -> Comparison:
-    """A trained run's converged loss against the exact fixed point (claims.trained: two-sided
+    """A trained run's converged loss against the exact fixed point (claims.core.trained: two-sided
     inside the domain, on theory's side outside it)."""
     status = run_status(cfg, run, domain(cfg) if inside is None else inside, outside_sides=True)
     c = trained.check_trained(cfg, run, predicted, None, status, target="the fixed point")
@@ -102,7 +102,7 @@ def check_bridge(tasks, sigma: float, L: int, minimum, pred: dict) -> Comparison
 
 def check_limit(tasks, sigma: float, L: int, minimum, Lam: float, here: dict, far: dict) -> Comparison:
     """L * (exact reduced allocated minimum at L) against Lambda = limit_multi(tasks, sigma), at
-    the tolerance of ``claims.trained.check_large_L``: Z_SE standard errors of L * loss + the part
+    the tolerance of ``claims.core.trained.check_large_L``: Z_SE standard errors of L * loss + the part
     still to come beyond L (from theory.exact's L * loss at L and 4L, never from Lambda, so a
     wrong F cannot widen it) + L x the quadrature bound.  Perturbations: Lambda x1.2 and /1.2."""
     fm, Lam = minimum, float(Lam)

@@ -4,9 +4,9 @@
 trained: numerics reads and measures each checkpoint (``numerics.external``), theory gives its
 reference points at the researcher's configuration (``numerics.reference_points``), and this module
 places each model among them and compares where the paper's account applies, through the one runner
-(``claims.spec.run_spec``; not in ``claims.REGISTRY``): ``model-K`` per judged checkpoint -- inside
+(``claims.core.spec.run_spec``; not in ``claims.REGISTRY``): ``model-K`` per judged checkpoint -- inside
 the allocated account (on D, allocated, H >= m, not saturated, converged: :func:`domain`,
-``claims.trained.run_status``) a claim, its loss and served (omega, mu) against the exact allocated
+``claims.core.trained.run_status``) a claim, its loss and served (omega, mu) against the exact allocated
 fixed point; outside a boundary, checked on the side theory puts it; the *ladder* (its loss over
 each reference point) reported, never judged -- and ``trajectory`` for a run: its phase times and
 final winners against theory from the first checkpoint (claims 3-4).  Each judged model is measured
@@ -27,10 +27,10 @@ from typing import Optional
 
 import numpy as np
 
-from claims.base import ClaimResult, no_progress
-from claims.common import Z_SE, compare, config_label, headline_row, off_by, reported_row
-from claims.spec import ClaimSpec, Context, Outcome, finding, fmt
-from claims.trained import run_status
+from claims.core.base import ClaimResult, no_progress
+from claims.core.common import Z_SE, compare, config_label, headline_row, off_by, reported_row
+from claims.core.spec import ClaimSpec, Context, Outcome, finding, fmt
+from claims.core.trained import run_status
 from numerics import external
 from numerics.reference_points import REFERENCES, SEARCH, references
 from numerics.readout import ZERO_SUM_SHARE
@@ -319,7 +319,7 @@ def words(meas, cfg) -> tuple[str, str]:
 
 def domain(cfg, meas) -> dict:
     """Whether the allocated account (claims 4-5) applies to this model, from its readout: H >= m,
-    on D (:data:`ON_D_SHARE`), the readout known.  ``claims.trained.run_status`` then adds
+    on D (:data:`ON_D_SHARE`), the readout known.  ``claims.core.trained.run_status`` then adds
     saturation, leaving allocation and convergence."""
     reasons = []
     share, how = _share(meas)
@@ -472,7 +472,7 @@ def check_served(cfg, meas, noise: dict, fixed: dict, config: str):
 def check_side(name, loss, target: float, target_error: float, sign: int, what: str, config: str):
     """A boundary's one-sided check on theory's side: ``sign`` -1, not above ``target``; +1, not
     below it.  Tolerance Z_SE held-out standard errors + theory's error bound; no wrong prediction
-    (a one-sided statement has no alternative value; claims.trained's boundary checks)."""
+    (a one-sided statement has no alternative value; claims.core.trained's boundary checks)."""
     side = "not above" if sign < 0 else "not below"
     return compare(f"{name}: {side} {what}", loss.mean, target, Z_SE * loss.se + target_error,
                    f"boundary: {side} {what}; {Z_SE:g} held-out standard errors ({loss.se:.3g}) + theory's error bound",
@@ -1062,7 +1062,7 @@ def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Option
 def judged_result(spec: ClaimSpec, profile, req: AuditRequest, outcomes: Optional[list]) -> ClaimResult:
     """``spec`` run on ``profile`` by the one runner, judged as its kind -- except a claim whose
     comparisons all agree but cannot decide (none made; a wrong prediction not rejected: its
-    ``undecided``), judged as an undecided boundary: claims.base.judge reads such a claim ``error``,
+    ``undecided``), judged as an undecided boundary: claims.core.base.judge reads such a claim ``error``,
     a fault of the check, where here it is the measurement's size.  ``outcomes`` (:func:`run_audit`)
     receives (id, kind, Outcome)."""
     try:

@@ -8,7 +8,7 @@ not H at finite block size r; it rises towards H = m as r grows -- unit tests of
 tests/test_theory_limiting_error.py).
 
 Rows: the converged losses of the full model trained with m heads and with one head on the
-same prompt stream, at two or more L (``claims.trained``); the gain of each trained pair
+same prompt stream, at two or more L (``claims.core.trained``); the gain of each trained pair
 against theory's finite-L gain (:func:`check_gain_pair`; the largest L of the first case
 carries the plain name and heads the headline); the gain of the exact reduced minima at the
 largest trained L (:func:`check_bridge_gain`) and at a large L against rho_inf
@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from claims import trained
-from claims.common import Z_SE, Comparison, compare, config_label, headline_row
-from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
-from claims.trained import (TrainedProfile, bridge_need, check_trained, configurations, limit_need, resolve, run_status,
+from claims.core import trained
+from claims.core.common import Z_SE, Comparison, compare, config_label, headline_row
+from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
+from claims.core.trained import (TrainedProfile, bridge_need, check_trained, configurations, limit_need, resolve, run_status,
                             theory_need, trained_need)
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
@@ -43,7 +43,7 @@ PROFILES = {"tiny": TINY, "quick": QUICK, "paper": PAPER}
 
 
 def domain(cfg: ProblemConfig) -> dict:
-    """Where theory's finite-L gain applies to trained models (``claims.trained.domain``, gain)."""
+    """Where theory's finite-L gain applies to trained models (``claims.core.trained.domain``, gain)."""
     return trained.domain(cfg, gain=True)
 
 
@@ -155,7 +155,7 @@ def check_bridge_gain(tasks, sigma: float, L: int, minima, g: float) -> Comparis
 
 def check_gain_limit(tasks, sigma: float, L: int, minima, rho: float, here: float, far: float) -> Comparison:
     """Paired ratio of the exact reduced minima at a large L against rho_inf = gain(tasks, sigma),
-    at the tolerance of ``claims.trained.check_large_L``: Z_SE paired standard errors + the part
+    at the tolerance of ``claims.core.trained.check_large_L``: Z_SE paired standard errors + the part
     of the gain still to come beyond L (from theory.exact's gain at L and 4L, independent of
     rho_inf).  Perturbations: gain = H (the paper's round number) and 1/rho_inf (the wrong winner)."""
     R, se, details = _reduced_gain(minima)

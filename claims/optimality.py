@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure
-from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
-from claims.trained import theory_need
+from claims.core.common import Z_SE, Comparison, compare, headline_row, lines_figure
+from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
+from claims.core.trained import theory_need
 from numerics.engine import need
 from numerics.experiments import probes
 from numerics.readout import SUPERPOSED_SHARE, allocation

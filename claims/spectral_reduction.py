@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from claims.common import (Z_SE, Comparison, compare, config_label, eps_of, headline_row, perturbation, resolved,
+from claims.core.common import (Z_SE, Comparison, compare, config_label, eps_of, headline_row, perturbation, resolved,
                            value_panels)
-from claims.spec import ClaimSpec, Outcome, comparisons_where, finding
-from claims.trained import theory_need
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
+from claims.core.trained import theory_need
 from numerics.model import initial_values
 from numerics.config import ProblemConfig
 from numerics.engine import need

@@ -16,9 +16,9 @@ import numpy as np
 
 import theory.exact as exact_theory
 import theory.three_phases as phase_theory
-from claims.common import Z_SE, Comparison, compare, config_label, headline_row, lines_figure, worst
-from claims.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
-from claims.trained import theory_need
+from claims.core.common import Z_SE, Comparison, compare, config_label, headline_row, lines_figure, worst
+from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
+from claims.core.trained import theory_need
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import phases as experiments

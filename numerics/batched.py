@@ -62,17 +62,6 @@ SHAPE_FIELDS = ("tasks", "heads", "L", "param", "basis", "basis_seed", "dtype", 
 on them (and on the batch size) can share one program; every other field (sigma, init,
 init_scale, init_seed, init_omega, init_mu, logit_scale) may differ from run to run."""
 
-MERGE_CONTEXT_ELEMENTS = 2 ** 20
-"""On the CPU, runs of different prompt streams share a program only while the program's
-contexts (streams x batch x L x (d + m)) hold at most this many numbers (8 MiB in float64).
-Measured (one thread, 8 runs of 8 own streams against the 8 runs one after another, CPU time,
-float64, H = 2; docs/performance.md): 1.49x at tasks 3,3, L = 32, batch 256 (8 streams: 0.5 M
-numbers), 1.29x at tasks 2,2, L = 32, batch 512 (0.8 M), but 1.09x at tasks 3,3, L = 64,
-batch 512 (2.1 M) and 0.9-1.0x at tasks 2,2, L = 64, batch 1024 (5 streams a program: 2 M):
-beyond about a million numbers the merged contexts leave the cache and merging gains
-nothing, so larger streams get programs of their own (their runs still share their draw)."""
-
-
 def shape_key(cfg: ProblemConfig) -> tuple:
     return tuple(getattr(cfg, f) for f in SHAPE_FIELDS)
 

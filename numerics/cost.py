@@ -41,6 +41,16 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional, Sequence
 
+MERGE_CONTEXT_ELEMENTS = 2 ** 20
+"""On the CPU, runs of different prompt streams share a program only while the program's
+contexts (streams x batch x L x (d + m)) hold at most this many numbers (8 MiB in float64).
+Measured (one thread, 8 runs of 8 own streams against the 8 runs one after another, CPU time,
+float64, H = 2; docs/performance.md): 1.49x at tasks 3,3, L = 32, batch 256 (8 streams: 0.5 M
+numbers), 1.29x at tasks 2,2, L = 32, batch 512 (0.8 M), but 1.09x at tasks 3,3, L = 64,
+batch 512 (2.1 M) and 0.9-1.0x at tasks 2,2, L = 64, batch 1024 (5 streams a program: 2 M):
+beyond about a million numbers the merged contexts leave the cache and merging gains
+nothing, so larger streams get programs of their own (their runs still share their draw)."""
+
 CALIBRATION = {
     "machine": "Intel Xeon, 2 vCPUs (shared with four other engineers' jobs), 260 MiB L3, 23 GB RAM",
     "software": "torch 2.13.0+cpu, numpy 2, Python 3.11, one torch thread",
@@ -134,9 +144,8 @@ def many_seconds(tasks, heads: int, L: int, batch: int, steps: int, streams: Seq
     """CPU seconds of ``numerics.train.train_many`` on runs of one shape, ``streams[s]`` runs on
     prompt stream s, all ``steps`` steps: programs formed as train_many forms them on a CPU (the
     runs of one stream together; streams merged only while the program's contexts stay within
-    numerics.batched.MERGE_CONTEXT_ELEMENTS numbers), each priced by :func:`step_seconds`.  A
+    MERGE_CONTEXT_ELEMENTS numbers), each priced by :func:`step_seconds`.  A
     program of one run is train() itself."""
-    from numerics.batched import MERGE_CONTEXT_ELEMENTS
     _, _, D = _dims(tasks)
     per_stream = int(batch) * int(L) * D
     budget = max(1, MERGE_CONTEXT_ELEMENTS // per_stream)

@@ -65,7 +65,8 @@ from numerics.io.options import SEED_MAX, float_option, int_option, seed_option,
 from numerics.io.files import DiskFull, check_output_path, write_output
 from numerics.io.command import command_line
 
-from .batched import (MERGE_CONTEXT_ELEMENTS, Program, Record, Run, StackedAttention, StackedValues, Stream,
+from .cost import MERGE_CONTEXT_ELEMENTS
+from .batched import (Program, Record, Run, StackedAttention, StackedValues, Stream,
                       shape_key, stream_key)
 from .config import INITS, PARAMS, ProblemConfig, check_known_fields
 from .data import Prompts, make_generator, sample_prompts
@@ -295,7 +296,7 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
     programs: at most ``max_runs`` runs each (default: as many as fit in half the free memory,
     by step_memory_bytes); the runs of one prompt stream together; on the CPU, runs of
     different streams share a program only while its contexts hold at most
-    numerics.batched.MERGE_CONTEXT_ELEMENTS numbers (beyond, programs per stream: merging
+    numerics.cost.MERGE_CONTEXT_ELEMENTS numbers (beyond, programs per stream: merging
     large streams gains nothing on a CPU).  Within a group everything else may differ: seed,
     sigma, init, init_scale, init_seed, given (omega, mu), logit_scale, start model, lr, time
     (so the number of steps: a run leaves the program at its last step), records and

@@ -7,7 +7,7 @@ or re-renders a finished report from its claims.json (``--from-json``); ``python
 reports.compare A B`` sets two reports side by side; ``python -m reports.findings`` writes
 README's findings block.  Modules: ``build`` (the command), ``plan`` (what the claims say
 before any runs: configuration, cost, sweep), ``schema`` (claims.json's schema, derived from
-``claims.base``), ``output`` (the --out directory), ``render`` (figures, page),
+``claims.core.base``), ``output`` (the --out directory), ``render`` (figures, page),
 ``provenance``, ``progress``.  Nothing in this package computes a result: every number comes
-from a ``claims.base.ClaimResult``.
+from a ``claims.core.base.ClaimResult``.
 """

@@ -42,7 +42,7 @@ from typing import Optional, TextIO
 
 from numerics.io.command import command_line
 from numerics.io.jsonable import jsonable
-from claims.base import FAILING
+from claims.core.base import FAILING
 from reports.output import check_out_dir, new_temporary, recover_leftovers, replace_with, write_tree
 from reports.provenance import _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments, check_report

@@ -9,7 +9,7 @@
 
 The report computes nothing of its own: each claim id of ``claims.REGISTRY`` is run through
 its ``run(profile, device, seed, progress, sweep, problem)`` function, which returns a
-``claims.base.ClaimResult`` (verdict, findings, headline rows, figure data); this module
+``claims.core.base.ClaimResult`` (verdict, findings, headline rows, figure data); this module
 checks the arguments, records provenance, renders (``reports.render``) and writes
 (``reports.output``).  What the claims own, it asks them: the configuration is parsed by
 ``claims.check_problem``, which claims cannot build their experiment at it by
@@ -17,12 +17,12 @@ checks the arguments, records provenance, renders (``reports.render``) and write
 ``claims.estimate_seconds`` (each claim's own plan).  Everything is checked before any claim
 runs, the output directory included (``reports.output.check_out_dir``).
 
-The schema of claims.json is derived from the dataclasses of ``claims.base``
+The schema of claims.json is derived from the dataclasses of ``claims.core.base``
 (``reports.schema``); the findings of every claim are gathered into its top-level
 ``findings`` list, which the page shows first.
 
 Exit status: 0 when no claim fails or errors and no boundary is contradicted or errors
-(``claims.base.FAILING``) and every figure rendered; 1 otherwise; 2 on bad arguments; 75
+(``claims.core.base.FAILING``) and every figure rendered; 1 otherwise; 2 on bad arguments; 75
 (``numerics.io.files.EXIT_DISK_FULL``) when the disk is full ("disk full: N bytes needed at PATH";
 the previous report is intact); 130 when interrupted.
 """
@@ -49,7 +49,7 @@ from numerics.io.device import check_device_option
 from numerics.io.files import check_inside, read_input_bytes
 from numerics.io.options import SEED_MAX, float_option, int_option, seed_option
 from numerics.io.options import parse_tasks as strict_tasks
-from claims.base import FAILING, PROFILES, ClaimResult
+from claims.core.base import FAILING, PROFILES, ClaimResult
 from reports.output import (FIGURE_DIR, REPORT_MARKER, check_out_dir, new_temporary, recover_leftovers,  # noqa: F401
                             replace_with, write_tree)
 from reports.plan import (PROBLEM_FLAGS, _ask, _profiles_of, accepts_problem, check_claims, check_problem,  # noqa: F401
@@ -516,7 +516,7 @@ def summary_table(report: dict) -> str:
 
 
 def exit_status(report: dict) -> int:
-    """1 if a claim fails or errors, a boundary is contradicted or errors (claims.base.FAILING),
+    """1 if a claim fails or errors, a boundary is contradicted or errors (claims.core.base.FAILING),
     or a figure could not be drawn; else 0."""
     bad = any(e["verdict"] in FAILING.get(e.get("kind", "claim"), ()) or e["figure_errors"]
               for e in report["claims"])

@@ -1,10 +1,10 @@
-"""Figures: ``claims.base.Figure`` data to PNG, and the report's forest plot of every comparison.
+"""Figures: ``claims.core.base.Figure`` data to PNG, and the report's forest plot of every comparison.
 
-Nothing here computes a result: every number drawn comes from a ``claims.base.ClaimResult`` (a
+Nothing here computes a result: every number drawn comes from a ``claims.core.base.ClaimResult`` (a
 claim's ``Figure`` data) or from ``claims.json`` (the forest plot); this module only chooses how
 it looks.
 
-- :func:`figure_png` draws a ``claims.base.Figure`` (kinds ``"lines"``, ``"heatmap"``,
+- :func:`figure_png` draws a ``claims.core.base.Figure`` (kinds ``"lines"``, ``"heatmap"``,
   ``"panels"``, ``"mix"``) with Matplotlib's Agg backend and returns the PNG bytes.
 - :func:`forest_rows` reads every comparison of a ``claims.json`` document
   (``details["comparisons"]`` of each claim; its judged headline rows where a claim recorded
@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 from PIL import Image  # noqa: E402 - Matplotlib's own dependency
 
-from claims.base import Figure, Series  # noqa: E402
+from claims.core.base import Figure, Series  # noqa: E402
 
 FIGURE_KINDS = ("lines", "heatmap", "panels", "mix")
 SERIES_STYLES = ("line", "points", "dashed")
@@ -72,7 +72,7 @@ def as_figure(obj: Any) -> Figure:
     if isinstance(obj, Figure):
         return obj
     if not isinstance(obj, dict):
-        raise RenderError(f"a figure must be a claims.base.Figure or a dict, got {type(obj).__name__}")
+        raise RenderError(f"a figure must be a claims.core.base.Figure or a dict, got {type(obj).__name__}")
     known = {f.name for f in dataclasses.fields(Figure)}
     unknown = set(obj) - known
     if unknown:
@@ -417,7 +417,7 @@ def scalar(v: Any) -> Optional[float]:
 
 def comparison_records(entry: dict) -> list[dict]:
     """The comparisons of one claims.json entry: ``details["comparisons"]`` (each a
-    ``claims.common.Comparison.summary()``), or, for a claim that recorded none (older
+    ``claims.core.common.Comparison.summary()``), or, for a claim that recorded none (older
     reports), its judged headline rows read as comparisons (theory as the prediction, no
     stored error).  Reported rows are no comparison and never appear."""
     details = entry.get("details") if isinstance(entry.get("details"), dict) else {}

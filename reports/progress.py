@@ -5,7 +5,7 @@ import math
 import time
 from typing import TextIO
 
-from claims.base import ClaimResult
+from claims.core.base import ClaimResult
 
 
 class ClaimProgress:

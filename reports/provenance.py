@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-from claims.base import ClaimResult
+from claims.core.base import ClaimResult
 from reports.plan import claims_at_configuration
 from reports.schema import VERSIONED_PACKAGES
 

@@ -1,7 +1,7 @@
 """The report's page: a ``claims.json`` document to one self-contained HTML page.
 
 Nothing here computes a result.  Every number on the page comes from ``claims.json`` (each
-claim's ``claims.base.ClaimResult`` and the run's provenance); this module only chooses what
+claim's ``claims.core.base.ClaimResult`` and the run's provenance); this module only chooses what
 is shown where and how it is printed, and the markup lives in ``reports/templates`` (jinja2,
 autoescaped: a claim's text can never become markup):
 
@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 import jinja2
 
-from claims.base import FAILING, kind_from_id
+from claims.core.base import FAILING, kind_from_id
 from reports.figures import (FOREST_CLIP, FOREST_FILE, FOREST_MAX_ROWS, scalar, comparison_records, forest_png,
                              forest_rows, forest_svg)
 # The figure functions' old home: callers of ``reports.render.figure_png`` and friends keep working
@@ -181,7 +181,7 @@ def group_of(entry: dict) -> str:
 
 
 def is_failing(entry: dict) -> bool:
-    """Whether the entry's outcome makes the build exit 1 (``claims.base.FAILING``)."""
+    """Whether the entry's outcome makes the build exit 1 (``claims.core.base.FAILING``)."""
     return entry.get("verdict") in FAILING.get(kind_of(entry), ())
 
 
@@ -193,7 +193,7 @@ _anchor = anchor
 
 
 def _verdict_reason(entry: dict) -> str:
-    """Which rule of ``claims.base.judge`` (or of ``run_claim``) gave the verdict."""
+    """Which rule of ``claims.core.base.judge`` (or of ``run_claim``) gave the verdict."""
     verdict = entry.get("verdict")
     details = entry.get("details") or {}
     reasons = {
@@ -289,7 +289,7 @@ def headline_row(entry: dict) -> tuple[Optional[dict], str]:
     details = entry.get("details") or {}
     named = details.get("headline_row")
     if named is None:
-        # the comparison the spec names as its headline (claims.spec.Outcome.headline_comparison,
+        # the comparison the spec names as its headline (claims.core.spec.Outcome.headline_comparison,
         # stored as details.resolving_power.headline.name): its row, or the comparison itself
         power = details.get("resolving_power")
         head = power.get("headline") if isinstance(power, dict) else None
@@ -517,7 +517,7 @@ def agreement_count(entry: dict) -> tuple[int, int]:
 
 
 def power_words(c: Optional[dict]) -> str:
-    """A comparison's resolving power (``claims.common.Comparison.resolving_power``, confirmed when the
+    """A comparison's resolving power (``claims.core.common.Comparison.resolving_power``, confirmed when the
     report was built) in words: "rejects a 3.1 % error", "rejects an absolute error of 0.012", "rejects a
     count off by 1"; one-sided: "rejects a prediction 3.1 % too low"; a power of 100 % or more: "rejects
     only order-of-magnitude errors (a factor 2.3)"; an exact comparison: "rejects any error"; within a

@@ -9,7 +9,7 @@ import time
 from typing import Optional, TextIO
 
 import claims
-from claims.base import ClaimResult, kind_from_id, no_progress, run_claim
+from claims.core.base import ClaimResult, kind_from_id, no_progress, run_claim
 from reports.plan import _ask, selected
 from reports.progress import ClaimProgress
 from reports.schema import OUTCOMES, entry_problems, upgrade
@@ -44,7 +44,7 @@ def checked(claim_id: str, result) -> ClaimResult:
     kind, the claims.json schema), checked as soon as it is returned; ValueError/TypeError else."""
     if not isinstance(result, ClaimResult):
         raise TypeError(f"{claims.REGISTRY[claim_id]} returned {type(result).__name__}, "
-                        "not a claims.base.ClaimResult")
+                        "not a claims.core.base.ClaimResult")
     if result.verdict not in OUTCOMES.get(result.kind, ()):
         raise ValueError(f"{claims.REGISTRY[claim_id]} returned verdict {result.verdict!r}, not one of "
                          f"{OUTCOMES.get(result.kind)} (kind {result.kind!r})")
@@ -81,7 +81,7 @@ def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]
     executed once by one engine (a need two claims share is computed once; with ``cfg.jobs`` > 1
     the needs run in worker processes, the costliest first), then each claim's comparison.  A
     claim whose plan or comparison raises, or reads a need that failed, reads ``error``."""
-    from claims.spec import context, finished
+    from claims.core.spec import context, finished
     from numerics import experiments
     from numerics.engine import Engine, Results, closure
 

@@ -1,12 +1,12 @@
-"""The schema of ``claims.json``, derived from the dataclasses of ``claims.base``.
+"""The schema of ``claims.json``, derived from the dataclasses of ``claims.core.base``.
 
 A claim entry is ``ClaimResult.to_dict()`` with ``figures`` stored as ``figure_data`` and the
 report's own ``figures`` (the drawn PNGs) and ``figure_errors`` added; its headline rows are
 ``HeadlineRow``, its findings ``Finding``, its perturbations ``PerturbationCheck``.  The keys
 and their JSON types are read off those dataclasses' fields (:func:`fields_of`), so a field
-added to ``claims.base`` is in the schema without an edit here.  A field with a default is
+added to ``claims.core.base`` is in the schema without an edit here.  A field with a default is
 optional when a file is *read* (a claims.json written before that field existed gets the
-default; ``kind`` from the id: claims.base.kind_from_id) and required in what a build
+default; ``kind`` from the id: claims.core.base.kind_from_id) and required in what a build
 *writes* (:func:`check_report`).
 
 Beyond the types, a file read back (``--from-json``, ``reports.compare``) must be consistent
@@ -17,7 +17,7 @@ of its kind's outcomes -- and every agreement and every verdict *recomputed from
 numbers* (:func:`judged_problems`): each comparison's ``agrees`` from its error and tolerance,
 each perturbation's ``rejected`` likewise, each judged headline row's ``agrees`` from its
 measured value, theory, tolerance and side, and the verdict by the one rule
-(``claims.base.judge``).  A file that disagrees with itself -- a verdict or an agreement edited
+(``claims.core.base.judge``).  A file that disagrees with itself -- a verdict or an agreement edited
 by hand, numbers untouched -- is refused rather than rendered.  Every check is one pass over
 the file (a 20,000-claim claims.json is read in seconds).
 """
@@ -36,7 +36,7 @@ from typing import Any, Optional, Union
 
 from numerics.io.handed import PARSE_FACTOR, check_memory, parse_json
 from numerics.io.options import SEED_MAX
-from claims.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
+from claims.core.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
                          HeadlineRow, PerturbationCheck, judge, kind_from_id)
 
 VERSIONED_PACKAGES = ("torch", "numpy", "scipy", "sympy", "mpmath", "matplotlib")
@@ -49,7 +49,7 @@ MAX_PROBLEMS_SHOWN = 5
 NON_FINITE = ("nan", "inf", "-inf")   # how numerics.io.jsonable.jsonable stores non-finite floats
 OUTCOMES = {"claim": VERDICTS, "boundary": BOUNDARY_OUTCOMES}
 PASSING = {"claim": "pass", "boundary": "located"}
-# how a claims.json written before kinds existed named a boundary's outcome (claims.base.judge)
+# how a claims.json written before kinds existed named a boundary's outcome (claims.core.base.judge)
 OLD_BOUNDARY_VERDICT = {"pass": "located", "fail": "contradicted", "error": "error"}
 
 
@@ -87,7 +87,7 @@ class BadArguments(ValueError):
 
 @functools.lru_cache(maxsize=None)
 def fields_of(cls) -> dict[str, tuple[Any, bool]]:
-    """``{field: (type hint, required)}`` of a dataclass of claims.base (computed once per class:
+    """``{field: (type hint, required)}`` of a dataclass of claims.core.base (computed once per class:
     ``typing.get_type_hints`` costs a compile per field, and a report has rows by the thousand)."""
     hints = typing.get_type_hints(cls)
     return {f.name: (hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
@@ -166,7 +166,7 @@ def _encodable(text: str) -> bool:
 
 
 def default_kind(claim_id: Any) -> str:
-    """The kind of an entry written without one: the id's (claims.base.kind_from_id)."""
+    """The kind of an entry written without one: the id's (claims.core.base.kind_from_id)."""
     return kind_from_id(claim_id)
 
 
@@ -326,7 +326,7 @@ def row_agreement(row: dict) -> Optional[bool]:
 
 
 def _agrees(error: Any, tolerance: Any) -> Optional[bool]:
-    """``claims.common.Comparison.agrees`` of a stored comparison: error <= tolerance (False for a
+    """``claims.core.common.Comparison.agrees`` of a stored comparison: error <= tolerance (False for a
     NaN); None where either is not a number."""
     e, tol = _num(error), _num(tolerance)
     if e is None or tol is None:
@@ -335,7 +335,7 @@ def _agrees(error: Any, tolerance: Any) -> Optional[bool]:
 
 
 def _rejected(details: Any) -> Optional[bool]:
-    """``claims.common.perturbation``'s rule on a stored perturbation: rejected when its error
+    """``claims.core.common.perturbation``'s rule on a stored perturbation: rejected when its error
     exceeds the tolerance; None where the record does not carry both."""
     if not isinstance(details, dict):
         return None
@@ -354,7 +354,7 @@ def judged_problems(entry: dict, where: str) -> list[str]:
     """Where an entry disagrees with itself: every stored comparison's ``agrees`` against its error
     and tolerance, every perturbation's ``rejected`` against its error and tolerance, every judged
     headline row's ``agrees`` against its own numbers (:func:`row_agreement`), and the verdict
-    against the one rule (``claims.base.judge``) applied to the recomputed comparisons and
+    against the one rule (``claims.core.base.judge``) applied to the recomputed comparisons and
     perturbations, the ``undecided`` reason and an exception the run recorded.  An entry that
     records no comparison (a report from before they were stored) is judged on its rows: a
     passing verdict needs every judged row to agree and every perturbation rejected."""
@@ -401,7 +401,7 @@ def judged_problems(entry: dict, where: str) -> list[str]:
         return problems
     verdict, kind = entry["verdict"], entry["kind"]
     if "error" in details and not comparisons:
-        expected = "error"         # the run raised (claims.base.run_claim): no comparison to judge
+        expected = "error"         # the run raised (claims.core.base.run_claim): no comparison to judge
     elif comparisons is not None:
         undecided = details.get("undecided") or (None if comparisons else "no comparison was made")
         expected = judge(all(c["agrees"] for c in comparisons), perturbations, kind, undecided)
@@ -409,7 +409,7 @@ def judged_problems(entry: dict, where: str) -> list[str]:
         return problems
     if verdict != expected:
         problems.append(f"{where}: verdict {verdict!r}, but its own comparisons and perturbations give {expected!r} "
-                        "(claims.base.judge): the file disagrees with itself (a verdict edited by hand?)")
+                        "(claims.core.base.judge): the file disagrees with itself (a verdict edited by hand?)")
     return problems
 
 
@@ -456,7 +456,7 @@ def entry_problems(entry: Any, k: int) -> list[str]:
         accepted = [p["description"][:60] for p in entry["perturbations"] if not p["rejected"]]
         if accepted:
             problems.append(f"{where}: verdict {entry['verdict']!r} but perturbed prediction(s) {accepted[:3]} were "
-                            "accepted; a passing verdict needs every perturbation rejected (claims.base.judge)")
+                            "accepted; a passing verdict needs every perturbation rejected (claims.core.base.judge)")
     return problems + judged_problems(entry, where)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from claims import boundary_saddle as C
-from claims.common import compare
+from claims.core.common import compare
 from numerics.statistics import Z_SE
 from theory.saddle import escape_time_slope
 

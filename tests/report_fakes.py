@@ -13,7 +13,7 @@ import types
 from pathlib import Path
 
 import claims
-from claims.base import ClaimResult, Figure, Finding, PerturbationCheck, Series, judge, run_claim
+from claims.core.base import ClaimResult, Figure, Finding, PerturbationCheck, Series, judge, run_claim
 
 
 def _figures() -> list[Figure]:

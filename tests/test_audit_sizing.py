@@ -17,8 +17,8 @@ import torch
 from hypothesis import given, strategies as st
 
 from claims import model_audit as ma
-from claims.common import compare, reported_row
-from claims.spec import ClaimSpec, Outcome
+from claims.core.common import compare, reported_row
+from claims.core.spec import ClaimSpec, Outcome
 from numerics.config import ProblemConfig
 from numerics.model import MultiHeadAttention
 from numerics.statistics import Z_SE

@@ -1738,7 +1738,7 @@ def _forked_builds(n: int, out: Path, tmp: Path) -> list:
 WRITERS = """
 import json, os, sys, time, types
 import claims
-from claims.base import ClaimResult
+from claims.core.base import ClaimResult
 module = types.ModuleType("writer_claims")
 def run(profile="tiny", device="cpu", seed=0, progress=None, sweep=None):
     time.sleep(0.3)                      # every writer past its checks before the first one writes

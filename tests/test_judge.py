@@ -1,5 +1,5 @@
-"""claims.base.judge: the verdict of a comparison (pass / fail / error) and its precedence."""
-from claims.base import PerturbationCheck, judge
+"""claims.core.base.judge: the verdict of a comparison (pass / fail / error) and its precedence."""
+from claims.core.base import PerturbationCheck, judge
 
 
 def _p(rejected: bool) -> PerturbationCheck:
@@ -19,7 +19,7 @@ def test_disagreement_is_fail_even_when_the_check_is_blunt():
 
 
 def test_a_boundary_gets_the_same_rule_in_its_own_words():
-    from claims.base import BOUNDARY_OUTCOMES, FAILING
+    from claims.core.base import BOUNDARY_OUTCOMES, FAILING
 
     assert judge(True, [_p(True)], kind="boundary") == "located"
     assert judge(False, [_p(True)], kind="boundary") == "contradicted"

@@ -254,7 +254,7 @@ def test_the_race_grid_of_boundary_allocation_race_as_one_program():
 def test_large_streams_get_programs_of_their_own_on_the_cpu():
     """Above MERGE_CONTEXT_ELEMENTS (here 60000 x 8 x 5 = 2.4 M > 2^20) two streams are two
     programs, each keeping its own runs together; small streams share one."""
-    from numerics.batched import MERGE_CONTEXT_ELEMENTS
+    from numerics.cost import MERGE_CONTEXT_ELEMENTS
     big = 60000
     assert big * BASE.L * BASE.token_dim > MERGE_CONTEXT_ELEMENTS
     cfgs = [BASE, BASE.replace(init_scale=0.3)] * 2

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import claims
-from claims.base import ClaimResult, Figure, Series
+from claims.core.base import ClaimResult, Figure, Series
 from reports import build as report_build
 from reports import figures as report_figures
 from reports import render as report_render
@@ -162,7 +162,7 @@ def test_interrupted_build_leaves_previous_report(fake_registry, tmp_path, capsy
 SLOW_CLAIM_SCRIPT = """
 import sys, time, types
 import claims
-from claims.base import ClaimResult
+from claims.core.base import ClaimResult
 module = types.ModuleType("slow_fake_claims")
 def slow(profile, device, seed, progress, sweep):
     progress("sleeping", 0.1)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import claims
-from claims.base import Figure, Series
+from claims.core.base import Figure, Series
 from reports import build as report_build
 from reports import compare as report_compare
 from reports import figures as report_figures
@@ -55,11 +55,11 @@ class _Profile:
 
 
 def _spec(claim_id: str, measured: float, undecided=None, kind: str = "claim"):
-    """A claim as the real ones are: a ClaimSpec run by claims.spec.run_spec, its comparisons made by
-    claims.common.compare (so details["comparisons"] holds each one's error, tolerance, agreement and
-    perturbations, and the verdict is claims.base.judge's)."""
-    from claims.common import compare, off_by
-    from claims.spec import ClaimSpec, Outcome
+    """A claim as the real ones are: a ClaimSpec run by claims.core.spec.run_spec, its comparisons made by
+    claims.core.common.compare (so details["comparisons"] holds each one's error, tolerance, agreement and
+    perturbations, and the verdict is claims.core.base.judge's)."""
+    from claims.core.common import compare, off_by
+    from claims.core.spec import ClaimSpec, Outcome
 
     def evaluate(ctx):
         loss = compare("converged loss, tasks=[2, 2], L=32", ctx.p.measured, 0.7792937908845126, 0.018848,
@@ -70,7 +70,7 @@ def _spec(claim_id: str, measured: float, undecided=None, kind: str = "claim"):
                 reported_row("gain ratio", 2.3, se=0.05)]
         return Outcome(comparisons=[loss, bracket], headline=rows, undecided=undecided)
 
-    from claims.common import headline_row, reported_row
+    from claims.core.common import headline_row, reported_row
     spec = ClaimSpec(id=claim_id, title="A claim run as a spec", statement="the loss converges to the fixed point's.",
                      profiles={"tiny": _Profile(measured), "quick": _Profile(measured)}, evaluate=evaluate, kind=kind)
 
@@ -316,7 +316,7 @@ def test_stranded_report_is_restored_and_survives_an_interrupted_rebuild(registr
 KILLED_WRITE_SCRIPT = """
 import sys, time, types
 import claims
-from claims.base import ClaimResult
+from claims.core.base import ClaimResult
 from reports import render
 module = types.ModuleType("killed_write_claims")
 module.quick = types.SimpleNamespace(run=lambda profile, device, seed, progress, sweep: ClaimResult(
@@ -904,7 +904,7 @@ FORGED = [
     ("an honest pass edited to fail", lambda r: _c(r, "fake-spec-pass").update(verdict="fail"),
      "verdict 'fail', but its own comparisons and perturbations give 'pass'"),
     ("an undecided claim edited to pass", lambda r: _c(r, "fake-spec-undecided").update(verdict="pass"),
-     "give 'error' (claims.base.judge)"),
+     "give 'error' (claims.core.base.judge)"),
     ("a comparison's agrees flipped", lambda r: _c(r, "fake-spec-fail")["details"]["comparisons"][0].update(agrees=True),
      "says agrees=True but its error"),
     ("a row's agrees flipped, numbers untouched", lambda r: _c(r, "fake-spec-fail")["headline"][0].update(agrees=True),

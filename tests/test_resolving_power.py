@@ -1,7 +1,7 @@
-"""The resolving power of a comparison (claims.common.resolving_power) and the probes at the
-tolerance's edge (claims.common.edge_probes): right for each side, each unit and custom error
+"""The resolving power of a comparison (claims.core.common.resolving_power) and the probes at the
+tolerance's edge (claims.core.common.edge_probes): right for each side, each unit and custom error
 functions, recomputing a tolerance made from the prediction, and fast; and the build's confirmation
-of every power it prints (claims.spec.unconfirmed_power through claims.spec.build_result): a power
+of every power it prints (claims.core.spec.unconfirmed_power through claims.core.spec.build_result): a power
 computed wrong, or changed after its probes were built, makes the claim an error.  Unit tests (no runs)."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from claims.base import judge
-from claims.common import (Comparison, RESOLVING_FLOOR, compare, edge_probes, moved_prediction, resolved,
+from claims.core.base import judge
+from claims.core.common import (Comparison, RESOLVING_FLOOR, compare, edge_probes, moved_prediction, resolved,
                            resolving_power, seen_eps)
-from claims.spec import resolving_summary, unconfirmed_power
+from claims.core.spec import resolving_summary, unconfirmed_power
 
 
 def test_two_sided_relative_matches_closed_form():
@@ -176,8 +176,8 @@ def test_an_error_undefined_at_a_zero_prediction():
 
 
 def _build(comparisons):
-    """The result the one constructor (claims.spec.build_result) makes of these comparisons."""
-    from claims.spec import ClaimSpec, Outcome, build_result
+    """The result the one constructor (claims.core.spec.build_result) makes of these comparisons."""
+    from claims.core.spec import ClaimSpec, Outcome, build_result
     spec = ClaimSpec(id="fake-power", title="t", statement="s", profiles={}, evaluate=lambda ctx: None)
     return build_result(spec, Outcome(comparisons, headline_comparison=comparisons[0].name), {})
 
@@ -204,7 +204,7 @@ def test_a_wrong_resolving_power_makes_the_build_refuse(monkeypatch, factor, why
     """The power computed wrong (divided or multiplied by 3, its edge probes built from it) and the power
     changed after the edge probes were built from the true one (only what is printed is wrong): either way
     the build says the printed power is not confirmed, and the claim reads error with the reason."""
-    import claims.common as common
+    import claims.core.common as common
     real_power, real_summary = common.resolving_power, common.Comparison.summary
 
     def scaled(power):

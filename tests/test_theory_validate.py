@@ -37,16 +37,16 @@ def test_minimum_against_linear_attention():
     limit below linear_attention_limit is refused."""
     tasks, L = (3, 3), 1000.0
     lin, slack = linear_attention.linear_attention_loss(tasks, L), 4 / L
-    assert v.check_minimum("f", lin * (1 - slack), tasks, L) == lin * (1 - slack)
+    assert linear_attention.check_minimum("f", lin * (1 - slack), tasks, L) == lin * (1 - slack)
     with pytest.raises(ValueError, match="f: minimum = .* linear attention"):
-        v.check_minimum("f", lin * (1 - 1.01 * slack), tasks, L)
-    assert not linear_attention.large_L(tasks, 20.0) and v.check_minimum("f", 1e-6, tasks, 20.0) == 1e-6
+        linear_attention.check_minimum("f", lin * (1 - 1.01 * slack), tasks, L)
+    assert not linear_attention.large_L(tasks, 20.0) and linear_attention.check_minimum("f", 1e-6, tasks, 20.0) == 1e-6
     with pytest.raises(ValueError, match="loss = -0.001"):
-        v.check_minimum("f", -1e-3, tasks, 20.0)
+        linear_attention.check_minimum("f", -1e-3, tasks, 20.0)
     limit = linear_attention.linear_attention_limit(tasks)
-    assert v.check_minimum("f", limit, tasks) == limit
+    assert linear_attention.check_minimum("f", limit, tasks) == limit
     with pytest.raises(ValueError, match="L \\* loss"):
-        v.check_minimum("f", 0.99 * limit, tasks)
+        linear_attention.check_minimum("f", 0.99 * limit, tasks)
 
 
 def test_negative_expansion_is_refused(monkeypatch):

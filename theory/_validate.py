@@ -122,32 +122,3 @@ def check_loss(where: str, value, error=0.0, **kw):
     """A loss (mean squared error, summed over tasks): >= -``error`` (its stated computation
     error); +inf only where the caller passes ``infinite_ok`` (outside a domain)."""
     return in_range(where, "loss", value, -float(error), math.inf, LOSS_RANGE, **kw)
-
-
-def check_minimum(where: str, value, tasks, L=None, sigma=0.0, error=0.0) -> float:
-    """A minimum of the loss over a family of softmax attention models, or its limit L * loss
-    (``L`` None): a loss, and not below the linear-attention bound of the same problem.
-
-    - L -> inf: L * loss >= sum_i r_i (r_i + 1 + sigma^2) (``linear_attention.linear_attention_limit``),
-      a theorem of the expansion: for each task, L * loss -> mu^T X_i mu with B_i = 1, and X_i
-      is a power series in the tilts c_hkj = omega_hj omega_kj with nonnegative coefficients,
-      (r_i + sigma^2) at order 0 and r_i (r_i + 1 + sigma^2) on c_hki, so
-      mu^T X_i mu >= r_i (r_i + 1 + sigma^2) B_i^2 (a sum of squares, each term dropped but one).
-    - finite L inside the large-L domain L >= 8 (max r_i + 1 + sigma^2)
-      (``linear_attention.large_L``): >= linear_attention_loss (1 - (max r_i + 1 + sigma^2)/L)
-      - error: docs/model.md's large-L account (``optimality.constant_bracket``) that centred
-      linear attention is the best softmax attention, less the O(1/L^2) remainder of the
-      expansion, a relative (r + 1 + sigma^2)/L of linear attention's loss.
-    - smaller L: the loss range only (theory states no bound there)."""
-    from .linear_attention import large_L, linear_attention_limit, linear_attention_loss  # it imports this module
-
-    check_loss(where, value, error)
-    if L is None:
-        return in_range(where, "L * loss (L -> inf)", value, linear_attention_limit(tasks, sigma) * (1 - 1e-12),
-                        math.inf, "the limit of every family is >= the linear-attention limit sum r(r+1+sigma^2)")
-    if not large_L(tasks, L, sigma):
-        return value
-    slack = (max(tasks) + 1 + sigma ** 2) / L
-    return in_range(where, "minimum", value, linear_attention_loss(tasks, L, sigma) * (1 - slack) - float(error),
-                    math.inf, f"centred linear attention is the best softmax attention at large L, up to the "
-                              f"expansion's relative {slack:.3g}")

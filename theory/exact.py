@@ -99,7 +99,8 @@ from scipy.special import gammaln
 
 from . import exact_pairs
 from .trajectory import FlowTrajectory
-from ._validate import check_loss, check_minimum, check_omega_mu, check_sigma, check_tasks, in_range
+from ._validate import check_loss, check_omega_mu, check_sigma, check_tasks, in_range
+from .linear_attention import check_minimum
 
 # quadrature constants (see the module docstring, section 3)
 TAU_STEP = 0.15         # trapezoid step in tau = log t and (beta >= 1) in z = tau + beta v

@@ -49,7 +49,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ._validate import check_L, check_minimum, check_positive_int, check_sigma, check_tasks, in_range
+from ._validate import check_L, check_positive_int, check_sigma, check_tasks, in_range
+from .linear_attention import check_minimum
 from . import exact
 from .limiting_error import limit_multi
 from .linear_attention import large_L, linear_attention_limit, linear_attention_loss
@@ -182,7 +183,7 @@ def optimality_ratio(tasks, heads, L, sigma=0.0, starts=8, seed=0) -> dict:
             "best_at_small_omega": best.at_small_omega, "best_omega": best.omega.tolist(), "best_mu": best.mu.tolist(),
             "limit_multi": multi, "linear_attention_limit": linear,
             "ratio_limit": in_range(where, "ratio_limit", multi / linear, 1.0 - 1e-12,
-                                    why="limit_multi >= linear_attention_limit (_validate.check_minimum)")}
+                                    why="limit_multi >= linear_attention_limit (linear_attention.check_minimum)")}
 
 
 # ---------------------------------------------------------------------------------------

@@ -36,8 +36,8 @@ import sympy as sp
 from scipy.integrate import solve_ivp
 
 from .trajectory import FlowTrajectory
-from ._validate import (check_L, check_loss, check_minimum, check_omega_mu, check_positive_int, check_sigma,
-                        check_tasks)
+from ._validate import check_L, check_loss, check_omega_mu, check_positive_int, check_sigma, check_tasks
+from .linear_attention import check_minimum
 
 PARAMS = ("merged", "factored")
 
@@ -439,7 +439,7 @@ def profile_mu(omega, tasks, L, sigma=0.0):
     the minimum r_i - beta_i^T A_i^{-1} beta_i exists iff A_i is positive definite
     (otherwise the truncated expansion is unbounded below and ok=False, loss=inf).
     The minimum is a minimum over a family of softmax attention (every mu at this omega):
-    ``_validate.check_minimum`` refuses one that cannot be (negative, or below linear
+    ``linear_attention.check_minimum`` refuses one that cannot be (negative, or below linear
     attention at large L: near omega = 0, where A_i's condition grows like |omega|^-4 with
     more than m + 1 heads, rounding can send it there)."""
     tasks = check_tasks(tasks)

@@ -23,7 +23,8 @@ import numpy as np
 import sympy as sp
 
 from . import exact as exact_theory
-from ._validate import check_L, check_loss, check_minimum, check_omega_mu, check_sigma, check_tasks, in_range
+from ._validate import check_L, check_loss, check_omega_mu, check_sigma, check_tasks, in_range
+from .linear_attention import check_minimum
 from .limiting_error import minimise_F
 from .reduced_ode import derive_expansion, integrate_expansion_flow
 from .served_optimum import served_optimum

@@ -27,7 +27,7 @@ TARGETS = {"ratio_full_step": {"float32": 10.0, "float64": 15.0},
            "ratio_reduced_flow": {"float32": 3.0, "float64": 3.0},
            "ratio_expansion_flow": {"float32": 1000.0, "float64": 1000.0}}
 EXPANSION_TIME = 60.0     # t of the expansion-flow comparison: TrainConfig's default horizon
-REPORT_PROFILES = ("tiny", "quick", "paper")   # claims.base.PROFILES (reports.build --profile)
+REPORT_PROFILES = ("tiny", "quick", "paper")   # claims.core.base.PROFILES (reports.build --profile)
 
 
 @dataclass

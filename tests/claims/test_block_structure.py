@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import block_structure as claim
-from claims.common import log_comparison
+from claims.core.common import log_comparison
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.train import TrainConfig

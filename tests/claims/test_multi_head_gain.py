@@ -18,7 +18,7 @@ import pytest
 from hypothesis import Phase, given, note, settings, strategies as st
 
 from claims import multi_head_gain as claim
-from claims.common import Comparison, perturbation
+from claims.core.common import Comparison, perturbation
 from numerics.experiments.converged import TrainingSchedule, converged_run
 from numerics.config import ProblemConfig
 from numerics.model import TrainingDiverged

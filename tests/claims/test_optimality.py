@@ -13,8 +13,8 @@ import pytest
 from hypothesis import example, given, note, settings, strategies as st
 
 from claims import optimality as claim
-from claims.common import log_comparison
-from claims.spec import check_problem
+from claims.core.common import log_comparison
+from claims.core.spec import check_problem
 from numerics.engine import Engine
 from theory import optimality as th_opt
 
@@ -110,7 +110,7 @@ def test_best_decomposable_is_cached_and_matches_the_table(device):
 
 def test_findings_come_from_the_numbers():
     """The finding sentences are generated from the result's own numbers."""
-    from claims.base import ClaimResult
+    from claims.core.base import ClaimResult
     bd = {"loss": 0.25, "se": 0.005, "omega": [[0.01, 0.0], [0.0, 0.02], [0.0, 0.0]],
           "mu": [[100.0, 0.0], [0.0, 90.0], [-100.0, -90.0]], "linear": 0.24, "signed_superposed": [True, True]}
     row = {"H": 3, "C": 2.1, "se": 0.05, "bracket": [2.2, 2.2], "agrees": True, "tolerance": 0.2, "inside": True,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import spectral_reduction as claim
-from claims.common import log_comparison
+from claims.core.common import log_comparison
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.experiments import probes
@@ -161,7 +161,7 @@ def test_run_tiny_profile(tiny):
 
 def test_findings_read_roles_not_names(tiny):
     """The findings find their comparisons by the role they were built with (details["role"]:
-    claims.spec.comparisons_where), never by their names: every comparison renamed, the findings'
+    claims.core.spec.comparisons_where), never by their names: every comparison renamed, the findings'
     sentences and numbers are unchanged."""
     result = copy.deepcopy(tiny)
     before = [(f.kind, f.text, f.numbers) for f in claim.findings(result)]

@@ -152,7 +152,7 @@ class HeadlineRow:
     """The configuration the row was measured at (``"tasks=(2, 2) H=2 L=32"``): tables group
     rows by it instead of repeating it in every name."""
     resolving_power: Optional[dict] = None
-    """The comparison's resolving power (``claims.common.Comparison.resolving_power``): the
+    """The comparison's resolving power (``claims.core.common.Comparison.resolving_power``): the
     smallest error of the prediction, each way, that the row's comparison rejects."""
 
 

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from claims.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row
-from claims.spec import fmt
+from claims.core.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row
+from claims.core.spec import fmt
 from numerics.experiments.phases import unstable_need
 from numerics.experiments.starts import outcome_mix
 from numerics.seeds import check_independent
@@ -155,7 +155,7 @@ def phase_finding(result, what: str):
     result by ``role="phase times"``): on how many runs and streams the readout found the three
     phases in both, the pooled differences against the rule's tolerances, and the runs not
     compared with one reason.  None where the result holds no such family."""
-    from claims.spec import comparisons_where, finding
+    from claims.core.spec import comparisons_where, finding
     comps = {c["details"]["phase"]: c for c in comparisons_where(result, role="phase times")}
     if not comps:
         return None
@@ -320,7 +320,7 @@ def mix_rows(prefix: str, mix: dict, config=None) -> list:
 def mix_figure(name: str, title: str, mixes: dict, caption: str = ""):
     """A 'mix' figure (reports.figures): one stacked bar per start (``mixes``: bar label ->
     outcome_mix), one segment per class label, its count of seeds."""
-    from claims.base import Figure
+    from claims.core.base import Figure
     labels = []
     for m in mixes.values():
         labels += [k for k in m["labels"] if k not in labels]

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from claims.base import Figure
-from claims.common import Z_SE, Comparison, compare, config_label, lines_figure, off_by
+from claims.core.base import Figure
+from claims.core.common import Z_SE, Comparison, compare, config_label, lines_figure, off_by
 from numerics.engine import need
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import TrainingSchedule, converged_for

@@ -6,9 +6,9 @@ its domain check, its cost estimate and its ``evaluate`` function: the experimen
 runs it asks of ``numerics.experiments``, which predictions of ``theory``) and its
 comparisons, returned as an :class:`Outcome`.  :func:`run_spec` does the rest for every claim:
 the profile and ``problem`` parsing (one parser; unknown or ignored fields refused), the sweep
-store and the run cache, progress, judging (``claims.base.judge``, once, with the outcome's
+store and the run cache, progress, judging (``claims.core.base.judge``, once, with the outcome's
 ``undecided`` reason), the findings from the claim's own template, and the one
-:class:`~claims.base.ClaimResult` constructor.  No verdict is changed after the judge.
+:class:`~claims.core.base.ClaimResult` constructor.  No verdict is changed after the judge.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from numerics.io.jsonable import jsonable
-from claims.base import PROFILES, ClaimResult, Finding, FINDING_KINDS, Progress, judge, no_progress, run_claim
+from claims.core.base import PROFILES, ClaimResult, Finding, FINDING_KINDS, Progress, judge, no_progress, run_claim
 
 PROBLEM_FIELDS = ("tasks", "heads", "L", "sigma", "param", "init_scale", "logit_scale", "basis", "dtype")
 """The ProblemConfig fields a researcher may set for an audit (``reports.build --tasks ...``)."""
@@ -75,8 +75,8 @@ class Context:
 
 @dataclass
 class Outcome:
-    """What a claim's ``evaluate`` returns: its comparisons (``claims.common.Comparison``), the
-    headline rows (dicts of :class:`~claims.base.HeadlineRow`; default one per comparison),
+    """What a claim's ``evaluate`` returns: its comparisons (``claims.core.common.Comparison``), the
+    headline rows (dicts of :class:`~claims.core.base.HeadlineRow`; default one per comparison),
     figures, details, ``undecided`` (why the run could not decide the claim, or None) and
     ``headline_comparison``: the name of the comparison that is the claim's headline (the one
     whose resolving power is the claim's, ``details["resolving_power"]["headline"]``; None: the
@@ -215,7 +215,7 @@ def finished(spec: ClaimSpec, ctx: Context, out: Outcome, used: Optional[int] = 
 
 def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:
     """The one constructor of a ClaimResult from an Outcome: the verdict from
-    :func:`claims.base.judge` (all comparisons agree, every perturbation rejected, nothing
+    :func:`claims.core.base.judge` (all comparisons agree, every perturbation rejected, nothing
     undecided), theory/numerics/tolerance keyed by comparison name, the worst case, every
     comparison's summary in ``details`` and the summary of their resolving powers
     (``details["resolving_power"]``: headline, best, worst, by units, blind;
@@ -224,7 +224,7 @@ def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:
     that is not is said in the comparison's ``power_unconfirmed`` and, where every comparison agrees
     (a disagreement decides without it), makes the run undecided (``error``), the reason in
     ``details["undecided"]``."""
-    from claims.common import headline_row, worst
+    from claims.core.common import headline_row, worst
     comps = out.comparisons
     perts = [p for c in comps for p in c.perturbations]
     whys = {c.why.split(" (")[0] if out.short_why else c.why for c in comps}
@@ -254,7 +254,7 @@ CONFIRM_BELOW = 0.5
 """The probe from below of a printed resolving power (:func:`unconfirmed_power`): the prediction moved by
 CONFIRM_BELOW x the power must still be accepted, so that the printed number never overstates the
 smallest error the comparison rejects by more than a factor 1 / CONFIRM_BELOW (nor understates it by more
-than claims.common.EDGE_MARGIN: the edge probe)."""
+than claims.core.common.EDGE_MARGIN: the edge probe)."""
 
 
 def unconfirmed_power(c, printed: Optional[dict] = None) -> Optional[str]:
@@ -265,7 +265,7 @@ def unconfirmed_power(c, printed: Optional[dict] = None) -> Optional[str]:
     x eps is not (unless eps is printed as a bound: ``bound``); a count k: moved by k rejected, by k - 1
     not.  :func:`build_result` calls this on every comparison, so a resolving power computed wrong, or
     changed after its edge probes were built, turns the claim's verdict into ``error`` with this reason."""
-    from claims import common
+    from claims.core import common
     power = c.summary()["resolving_power"] if printed is None else printed
     if not power:
         return None
@@ -289,12 +289,12 @@ def unconfirmed_power(c, printed: Optional[dict] = None) -> Optional[str]:
 def resolving_summary(comparisons: list, headline: Optional[str] = None) -> dict:
     """The per-claim summary of the comparisons' resolving powers (``details["resolving_power"]``):
     ``headline`` (the claim's headline comparison, named by its evaluate: name, low, high, units,
-    eps = ``claims.common.seen_eps``, ``meets_floor`` against ``claims.common.RESOLVING_FLOOR`` for relative units,
+    eps = ``claims.core.common.seen_eps``, ``meets_floor`` against ``claims.core.common.RESOLVING_FLOOR`` for relative units,
     None otherwise); ``best`` and ``worst`` (smallest and largest eps, each {name, eps, units}) over
     the relative-unit comparisons, or over those of the commonest unit where none is relative;
     ``by_units`` the same per unit; ``blind`` the comparisons with a numeric prediction that cannot
     see a direction they claim to (no resolving power there)."""
-    from claims import common
+    from claims.core import common
     rows, blind = [], []
     for c in comparisons:
         d = c if isinstance(c, dict) else {"name": c.name, "side": c.side, "resolving_power": c.resolving_power}
