@@ -44,8 +44,8 @@ REGISTRY: dict[str, str] = {
 
 OPT_IN: tuple[str, ...] = ("atlas-initialisation", "atlas-heads", "atlas-noise", "atlas-batch", "authors-replica")
 """Ids that run only when named in ``--only`` (never in the default report): the atlas reads a
-sweep of its own grid (``examples/atlas*.toml``) and trains nothing (issue 23); authors-replica
-trains the authors' released experiment at their sizes, meant for a GPU (issue 28, docs/authors.md)."""
+sweep of its own grid (``examples/atlas*.toml``) and trains nothing; authors-replica
+trains the authors' released experiment at their sizes, meant for a GPU (docs/authors.md)."""
 
 
 def spec_of(claim_id: str):

@@ -1,4 +1,4 @@
-"""``authors-replica`` (issue 28): the authors' released experiment, trained here, audited by theory.
+"""``authors-replica``: the authors' released experiment, trained here, audited by theory.
 
 Their script trains one layer of H softmax heads at d_x = 50 over d_y tasks (their DataGenerator:
 blocks 16, 17, 17 for d_y = 3, one block of 50 for d_y = 1), L = 100, torch SGD at lr 0.01 on MSELoss

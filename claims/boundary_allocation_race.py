@@ -1,4 +1,4 @@
-"""``boundary-allocation-race`` (issue 14, items 3 and 4), on the full model: a grid over the
+"""``boundary-allocation-race``, on the full model: a grid over the
 runner-up head's (omega0, mu0) relative to the favoured head's (one task, two heads), the
 measured winner against theory's ODE rule and the "largest mu0" rule; and the default
 decomposable start at growing scale s0 against the reduced flow from the same start.
@@ -43,7 +43,7 @@ class RaceProfile:
     sigma: float = 0.0
     s0: float = 0.1                # the favoured head 0 starts at omega0 = mu0 = s0
     ratios: tuple = (0.5, 0.8, 1.25, 2.0)   # runner-up's omega0/s0 (columns) and mu0/s0 (rows)
-    data_seeds: tuple = tuple(range(8))   # prompt streams per cell (shared by all cells; issue 34: 8 at quick)
+    data_seeds: tuple = tuple(range(8))   # prompt streams per cell (shared by all cells; 8 at quick)
     lr: float = 0.1
     time: float = 60.0
     batch: int = 256
@@ -216,7 +216,7 @@ def large_scales(ctx, results, large: dict, spacing: float) -> dict:
 
 
 def compare(ctx, results) -> Outcome:
-    """boundary-allocation-race: items 3 and 4 of issue 14 (module docstring)."""
+    """boundary-allocation-race (module docstring)."""
     p, grid, large = ctx.p, race_grid(ctx, results), large_runs(ctx, results)
     cells, spacing = grid["cells"], p.large_time / (p.large_records - 1)
     label = config_label(_large_base(ctx)) + " init=decomposable at growing s0"

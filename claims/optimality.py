@@ -1,5 +1,5 @@
 """Claim 7: the gradient-flow limit is within a constant factor of the best multi-head softmax
-attention -- measured at EQUAL numbers of heads (issue 12).
+attention -- measured at EQUAL numbers of heads.
 
 C_H = loss(limit) / loss(best found), at one L for each H of ``theory.optimality.heads_list``:
 the limit is the allocated point (claim 4) at its exact reduced minimiser; the best found is the
@@ -56,7 +56,7 @@ PROFILES = {
     # quick: 16384 paired evaluation prompts (4096 before): the constant at H = m + 1 (the headline) resolves 3 %
     # instead of 6 %; the evaluation is a few % of the claim's time (86 against 90 s CPU under load, within noise)
     "quick": OptimalityProfile(eval_prompts=16384),
-    # paper: docs/model.md's blocks (4,4,4) at L = 256 (issue 12's required number), more starts, longer runs
+    # paper: docs/model.md's blocks (4,4,4) at L = 256 (the paper's size), more starts, longer runs
     "paper": OptimalityProfile(tasks=(4, 4, 4), L=256, decomposable_starts=4, full_starts=4, train_time=120.0,
                                train_batch=2048, fit_elements=2 ** 21, eval_prompts=16384, held_out_prompts=32768,
                                limit_tasks=(4,), limit_Ls=(512, 1024, 2048, 4096, 8192),

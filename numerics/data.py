@@ -35,7 +35,7 @@ prompts).  The caller's ``torch.Generator`` fixes the stream:
   ns a Gaussian against torch's 3.8-4.3).  What makes a batch cheaper: drawing into a reused
   output (``out=``, no fresh pages), one matmul per chunk for its tokens, float64 runs' draws
   cast in the last Box-Muller pass, equal chunks and token maps made once per problem and
-  thread (:func:`_token_maps`) (docs/performance.md, issue 28).
+  thread (:func:`_token_maps`) (docs/performance.md).
 - CUDA: one stream from the caller's device generator, no threads (the GPU draws in
   parallel), in the fixed order x, q, g, eps; eps is drawn even when sigma = 0 (it costs a
   GPU microseconds, and skipping it would shift the generator and so the next call's x, q, g
@@ -166,9 +166,9 @@ def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: in
     ones before it).  Those words are 2 words uint32 halves u_0 .. u_{2 words - 1} (little-
     endian); the top 24 bits of each give a uniform U = (u >> 8) 2^-24 in [0, 1 - 2^-24], and
     Box-Muller pairs the first half with the second: with R_j = sqrt(-2 log(1 - U_j)) (1 - U_j
-    formed exactly in float32, then numpy's log; until 2026-12-03 log1p(-U_j): the same numbers
+    formed exactly in float32, then numpy's log (log1p(-U_j) gives the same numbers
     to ~4 ulp, as another CPU's vectorised functions give, so the same stream version, but
-    log1p has no SIMD loop on AVX2 and took 12 of the 17 ns a Gaussian there) and
+    log1p has no SIMD loop on AVX2 and took 12 of the 17 ns a Gaussian there)) and
     theta_j = 2 pi U_{words + j}, the row is (R_j cos theta_j)_j followed by (R_j sin theta_j)_j.
     Float32 throughout (numpy's vectorised log1p, sqrt, cos, sin: a few ulp): the draws are
     N(0, 1) to 24 bits, |z| <= sqrt(2 ln 2^24) = 5.77 (a tail of mass 8e-9 dropped), as the

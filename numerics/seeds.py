@@ -1,4 +1,4 @@
-"""Seeds by identity (issue 32): the seed of a run is derived from the report's seed and the
+"""Seeds by identity: the seed of a run is derived from the report's seed and the
 stable name of the run's case, never by arithmetic on positions (``seed + 100 * k + j``, a
 hard-coded 100 that must equal another claim's k = 1, j = 0); and the check that runs counted
 as independent are (:func:`check_independent`, on the runs' fingerprints).

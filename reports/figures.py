@@ -49,7 +49,7 @@ SPAN_COLOURS = ("#fde0c5", "#c9e4f6", "#d5efd0", "#eadcf2", "#f6f2c4")
 HLINE_COLOURS = ("#444444", "#b2182b", "#2166ac", "#1b7837")
 # More than this many legend entries would cover the axes; the legend moves outside.
 LEGEND_INSIDE_MAX = 8
-# Size caps of a figure (issue 22: a figure of 400 panels became a 92-megapixel PNG): at most
+# Size caps of a figure (a figure of 400 panels would be a 92-megapixel PNG): at most
 # MAX_PANELS panels and LEGEND_MAX legend entries are drawn (the caption says so, the data stay
 # in claims.json), heatmap labels only up to HEATMAP_LABELS_MAX per axis, and a PNG larger than
 # MAX_PIXELS (a huge legend or title) is scaled down to it.

@@ -1,4 +1,4 @@
-"""Measure the allocated point's saddle and the single-task several-heads regime (issue 21)
+"""Measure the allocated point's saddle and the single-task several-heads regime
 and print the table of docs/saddle.md.
 
     python scripts/measure_saddle.py [--profile tiny|quick|paper] [--skip-single] [--skip-saddle]

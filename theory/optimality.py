@@ -187,7 +187,7 @@ def optimality_ratio(tasks, heads, L, sigma=0.0, starts=8, seed=0) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# claim 7 at equal heads (issue 12): the finite-L bracket of the constant against H
+# claim 7 at equal heads: the finite-L bracket of the constant against H
 # ---------------------------------------------------------------------------------------
 
 def reaches_linear_attention(tasks, heads) -> bool:

@@ -169,8 +169,8 @@ measurement's size where the tolerance is 0), up to 2^20 (count); a direction no
 that range is reported None: the comparison cannot see it."""
 
 RESOLVING_FLOOR = 0.05
-"""The resolving power every paper claim's headline comparison must reach at the quick profile
-(issue 31): a prediction 5 % off, either way, is rejected.  Where a claim cannot reach it (a
+"""The resolving power every paper claim's headline comparison must reach at the quick profile:
+a prediction 5 % off, either way, is rejected.  Where a claim cannot reach it (a
 bracket, or noise the quick profile cannot afford), its docs say the number reached and why."""
 
 EDGE_MARGIN = 1.5

@@ -42,7 +42,7 @@ class TrainedProfile:
         evaluation's standard error does not see.  fit_elements / limit_L gave the floor of 128
         prompts at L = 4096, where claim 6's gain at (3,3,3), sigma 0.5 came out 2.087 +- 0.011
         against the exact 2.204 (seeds 1-2: 2.165, 2.188); 512 prompts gave 2.194-2.196 on three
-        seeds (2026-12-03)."""
+        seeds."""
         return max(self.fit_elements, self.limit_fit_prompts * self.limit_L)
 
 

@@ -1,4 +1,4 @@
-"""The authors' released experiment, trained by this project's trainer (issue 28).
+"""The authors' released experiment, trained by this project's trainer.
 
 Their script (AttentionNetwork + DataGenerator, docs/model.md) trains one layer of H
 softmax heads on d_x = 50 inputs split over d_y tasks by their DataGenerator (blocks

@@ -72,7 +72,7 @@ class TrainingSchedule:
 # tiny and quick differ only in the held-out sample; paper is meant for a GPU
 TINY_SCHEDULE = TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=32768)
 # quick: at least 2^17 held-out prompts (L = 64 had 65536): claims 5 and 6's headlines, the converged loss and the
-# gain at L = 64, then resolve 5 % of theory's prediction (issue 31; +1.1 s CPU per L = 64 run)
+# gain at L = 64, then resolve 5 % of theory's prediction (+1.1 s CPU per L = 64 run)
 QUICK_SCHEDULE = TrainingSchedule(held_out_tokens=2 ** 22, held_out_min=2 ** 17)
 PAPER_SCHEDULE = TrainingSchedule(time=100.0, lr=0.05, tokens=2 ** 18, polish_time=5.0, polish_lr=0.05,
                                   polish_tokens=2 ** 21, held_out_tokens=2 ** 24, held_out_min=65536,
@@ -152,7 +152,7 @@ def full_stiffness(cfg: ProblemConfig) -> float | None:
 def stiffness_seconds(cfg: ProblemConfig) -> float:
     """CPU seconds of what :func:`unstable_step` asks at ``cfg`` (0 at d <= TUNED_D, where it asks nothing): theory's
     end point (~4 s: the exact fixed point's quadratures) and :func:`full_stiffness`'s FULL_STIFFNESS_ITERS
-    Hessian-vector products, ~3 forward passes each (``numerics.cost``).  Measured 2026-12-03 (AMD EPYC): 10.8 s at
+    Hessian-vector products, ~3 forward passes each (``numerics.cost``).  Measured (AMD EPYC, docs/measurements.md): 10.8 s at
     (16,17,17), H = 3, L = 100 (priced 11.9), 7.1 s at H = 4 (12.3)."""
     from numerics import cost
     if cfg.d <= TUNED_D:
@@ -227,7 +227,7 @@ def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: in
         stiff = stiff_schedule(cfg, schedule)
         if stiff.lr < schedule.lr:
             # the stiff runs of the authors' audit all took a second polish piece ((16,17,17), H = 3,
-            # L = 100: 913 CPU s measured against 380 s priced with one, 2026-12-03)
+            # L = 100: 913 CPU s measured against 380 s priced with one)
             schedule, pieces = stiff, max(int(pieces), 2)
     lr, polish_lr = schedule.lr, schedule.polish_lr
     explore = cost.train_seconds(tasks, H, L, schedule.batch(L, schedule.tokens),

@@ -186,10 +186,10 @@ def tail_standard_errors(samples) -> tuple[np.ndarray, np.ndarray]:
       ignore the slow drift along the loss valley; Var(x_t - x_{t-1}) = 2 Var(x) (1 - rho));
     - se = spread sqrt((1 + rho) / (n (1 - rho))), the standard error of the tail mean.
 
-    Why the corrections (issue 30's merge, CI): the earlier std(diff)/sqrt(2) is the width times
+    Why the corrections: the plain std(diff)/sqrt(2) is the width times
     sqrt(1 - rho), and it entered the standard error unscaled, so a correlated tail was read as
     nearly independent.  Simulated AR(1) tails (3000 each, the claims' 4 se + spread): at n = 10,
-    rho = 0.8 the earlier estimate rejected the true mean 11 % of the time, this one 2.5 %; at
+    rho = 0.8 the plain estimate rejected the true mean 11 % of the time, this one 2.5 %; at
     n = 20, 0.3 %; at n = 40, 0.1 % (tests/test_tail_standard_errors.py checks it)."""
     x = np.asarray(samples, float)
     n = x.shape[0]

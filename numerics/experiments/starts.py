@@ -1,5 +1,5 @@
 """Runs from starts outside the paper's "suitable initialisation" (the initialisation
-boundaries, ``claims.boundary_initialisation`` and ``claims.boundary_allocation_race``, issues 14 and 34), and the
+boundaries, ``claims.boundary_initialisation`` and ``claims.boundary_allocation_race``), and the
 one measurement of where a trained run ends (:func:`end_states`, used by these runs and by the
 atlas points of ``numerics.experiments.atlas``).
 
