@@ -45,9 +45,9 @@ def int_option(flag: str, low: Optional[int] = None, high: Optional[int] = None,
 
 
 OFFSET_SEED_MAX = 2 ** 63 - 1
-"""The largest seed of a command that also draws streams at offsets of its seed (the audit: the
-held-out stream at seed + 1,000,003, theory's searches at seed + k): 2^63 more of headroom keeps
-every one a valid torch and numpy seed (2^64 - 1 itself failed: "Overflow when unpacking long long")."""
+"""The largest seed of the audit's command: a seed torch's signed 64-bit generator takes as given
+(2^64 - 1 fails there: "Overflow when unpacking long long"); its derived streams' seeds come from
+names (numerics.seeds.case_seed), never from arithmetic on it."""
 
 
 def seed_option(flag: str = "--seed", high: int = SEED_MAX):
