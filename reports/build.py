@@ -553,7 +553,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         try:
             cfg = validate(config_from_args(args))
-            if args.plan:
+            if args.plan:      # what the claims say of this build first (a configuration one cannot run: exit 2)
+                check_claims(dataclasses.replace(cfg, max_minutes=math.inf))
                 print(plan_table(cfg))
                 return 0
             check_claims(cfg)
@@ -585,7 +586,7 @@ def plan_table(cfg) -> str:
     import hashlib
 
     from numerics.engine import closure, cost_of
-    from reports.plan import claims_at_configuration, selected
+    from reports.plan import claims_at_configuration, selected, wall_seconds
     at = set(claims_at_configuration(cfg)["configuration"])
     readers, other = {}, {}
     for cid in selected(cfg):
@@ -603,7 +604,8 @@ def plan_table(cfg) -> str:
         lines.append(f"{seconds:8.1f}  {ident}  {n.label()}  ({', '.join(readers[n])})")
     total = sum(s for s, _ in rows)
     lines.append(f"{len(rows)} needs, {total:.0f} CPU s in all (each once; {sum(len(r) for r in readers.values())} "
-                 "reads by the claims)")
+                 f"reads by the claims); about {wall_seconds([s for s, _ in rows], cfg.jobs):.0f} s wall on "
+                 f"{cfg.jobs} process{'es' if cfg.jobs > 1 else ''}")
     for cid, seconds in other.items():
         lines.append(f"{cid}: not a plan; its own estimate {seconds if seconds is None else round(seconds)} CPU s")
     return "\n".join(lines)

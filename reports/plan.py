@@ -99,11 +99,12 @@ def _duration(seconds: float) -> str:
 
 
 def estimate(cfg) -> Optional[dict]:
-    """The cost of the selected claims, from their plans only: the union of the plans priced
-    once by the engine's cost model (:func:`planned_costs`), less what a sweep store holds.
+    """The cost of the selected claims: the union of their plans priced once by the engine's cost
+    model (:func:`planned_costs`), less what a sweep store holds.
     ``{"seconds", "per_claim": {id: seconds or None}, "unknown": [ids], "jobs",
-    "wall_seconds"}``: a claim that is not a plan (None) is unknown; the wall time is that of
-    the needs on ``cfg.jobs`` processes, the costliest first (:func:`wall_seconds`)."""
+    "wall_seconds"}``: a claim that is not a plan is priced by ``claims.estimate_seconds``
+    (None: unknown); the wall time is that of the needs on ``cfg.jobs`` processes, the costliest
+    first (:func:`wall_seconds`)."""
     if not hasattr(claims, "plan_of"):
         return None
     at = set(claims_at_configuration(cfg)["configuration"])
@@ -111,7 +112,11 @@ def estimate(cfg) -> Optional[dict]:
     problem = {cid: cfg.problem if cid in at else None for cid in ids}
     plans = [cid for cid in ids if _ask("plan_of", cid, cfg.profile, problem[cid]) is not None]
     per, need_seconds = planned_costs(cfg, plans, problem) if plans else ({}, [])
-    per = {cid: per.get(cid) for cid in ids}
+    for cid in ids:     # a claim that is not a plan: what claims.estimate_seconds says of it (None: unknown)
+        if cid not in per:
+            per[cid] = _ask("estimate_seconds", cid, cfg.profile, problem[cid])
+            need_seconds.append(per[cid] or 0.0)
+    per = {cid: float(s) if isinstance(s, (int, float)) and math.isfinite(s) else None for cid, s in per.items()}
     jobs = max(1, int(getattr(cfg, "jobs", 1) or 1))
     return {"seconds": sum(s for s in per.values() if s is not None), "per_claim": per,
             "unknown": [cid for cid, s in per.items() if s is None], "jobs": jobs,

@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = {"claims", "claims.core.base", "claims.core.common", "claims.core.spec", "claims.core.trained", "claims.core.phase_checks",
-          "claims.model_audit"}
-"""The claims modules every claim may import: vocabulary, the runner, and what groups of claims share
-(claims.model_audit: the audit of handed models, no registered claim, which authors-replica applies to
-the models it trains)."""
+SHARED_PACKAGES = ("claims.core", "claims.model_audit")
+"""The claims modules every claim may import: the package itself, claims.core (vocabulary, the runner,
+and what groups of claims share) and claims.model_audit (the audit of handed models, no registered
+claim, which authors-replica applies to the models it trains)."""
+
+
+def shared(module: str) -> bool:
+    return module == "claims" or any(module == p or module.startswith(p + ".") for p in SHARED_PACKAGES)
 
 
 def imported_modules(source: str) -> set[str]:
@@ -35,8 +38,8 @@ def imported_modules(source: str) -> set[str]:
 
 
 def claim_imports(source: str) -> set[str]:
-    """The claims modules ``source`` imports beyond :data:`SHARED`."""
-    return {m for m in imported_modules(source) if m.split(".")[0] == "claims" and m not in SHARED}
+    """The claims modules ``source`` imports beyond the shared ones (:data:`SHARED_PACKAGES`)."""
+    return {m for m in imported_modules(source) if m.split(".")[0] == "claims" and not shared(m)}
 
 
 def experiment_calls(source: str) -> set[str]:
@@ -63,15 +66,14 @@ def verdict_assignments(source: str) -> int:
 
 
 CLAIM_FILES = sorted((ROOT / "claims").glob("*.py"))
+CORE_FILES = sorted((ROOT / "claims" / "core").glob("*.py"))
 
 MODULE_LINE_LIMIT = 400
 """The most lines of one claims module (the earlier per-claim line budget, retired by issue 32):
 a spec, its comparisons and its findings read in one sitting; more means a piece belongs in a
 shared module or in numerics/theory."""
 
-# claims/core/common.py: 567 lines of its own and the 133 of the section the four atlas ids share ("the atlas
-# panels"; a claim module may import no other, so what several ids share lives in a shared module)
-OVER_THE_LIMIT = {"claims/core/common.py": 700, "claims/model_audit.py": 1082, "claims/spectral_reduction.py": 508,
+OVER_THE_LIMIT = {"claims/core/common.py": 567, "claims/model_audit.py": 1082, "claims/spectral_reduction.py": 508,
                   "claims/task_allocation.py": 450, "claims/three_phases.py": 497, "claims/boundary_initialisation.py": 413}
 """The modules above the limit when it was set (their line counts then): each may shrink, none may
 grow, and one that comes under the limit leaves this table (the test says so)."""
@@ -101,7 +103,7 @@ def test_claim_modules_keep_to_their_shape(path):
     assert verdict_assignments(source) == 0, f"{path.name} assigns a verdict outside the judge"
 
 
-@pytest.mark.parametrize("path", CLAIM_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CLAIM_FILES + CORE_FILES, ids=lambda p: p.relative_to(ROOT / "claims").as_posix())
 def test_claim_modules_are_at_most_the_line_limit(path):
     name = path.relative_to(ROOT).as_posix()
     problem = over_limit(name, line_count(path.read_text()))

@@ -160,8 +160,8 @@ def test_cost_estimate_refuses_and_says_how_to_raise_the_limit(registry, tmp_pat
 
 
 def test_the_estimate_is_the_claims_own(registry, monkeypatch):
-    """The build adds up claims.estimate_seconds of the selected claims (no cost model of its own);
-    a claim without an estimate is named, not guessed."""
+    """A claim that is not a plan is priced by claims.estimate_seconds (the build has no cost model
+    of its own); a claim without an estimate is named, not guessed."""
     from reports.build import BuildConfig
 
     cfg = BuildConfig(profile="tiny", only=("fake-config", "fake-plain"), problem={"tasks": [3, 3], "heads": 2, "L": 64})
@@ -169,7 +169,7 @@ def test_the_estimate_is_the_claims_own(registry, monkeypatch):
     assert cost["seconds"] == pytest.approx(fake_estimate("fake-config", "tiny", cfg.problem))
     assert cost["unknown"] == ["fake-plain"]
     monkeypatch.delattr(claims, "estimate_seconds")
-    assert report_build.estimate(cfg) is None
+    assert report_build.estimate(cfg)["unknown"] == ["fake-config", "fake-plain"]
 
 
 # --------------------------------------------------------------------------- bad input (exit 2)
