@@ -23,6 +23,18 @@ def _fmt_t(s: dict, unit: float = 1e3) -> str:
 
 def render(res: dict) -> str:
     """The human-readable table of a result dict (what the CLI prints)."""
+    lines = _render_header(res) + _render_step(res) + _render_reduced(res) + _render_targets(res)
+    if "roofline" not in res or not res["roofline"]:
+        lines += _render_batched(res)
+        lines += ["", f"total {res['meta']['seconds']:.1f} s (--quick: sections 1, 3 and 7 at the quick size only)"]
+        return "\n".join(lines)
+    lines += _render_roofline(res) + _render_scaling(res) + _render_paper_step(res) + _render_batched(res)
+    lines += ["", f"total {res['meta']['seconds']:.1f} s"]
+    return "\n".join(lines)
+
+
+def _render_header(res: dict) -> list[str]:
+    """The machine and run line, and the probed copy bandwidth and matmul rates."""
     m = res["meta"]
     lines = [f"numerics.bench  device={m['device']}  torch {m['torch']}  threads={m['torch_threads']}"
              f"  load average {m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end",
@@ -34,9 +46,14 @@ def render(res: dict) -> str:
         for dt in m["dtypes"]:
             mm = res["probes"][dt]["matmul"]
             lines.append(f"dense matmul {dt} (n = {mm['n']}): {mm['flop_per_s']['median'] / 1e9:.1f} GFLOP/s")
+    return lines
+
+
+def _render_step(res: dict) -> list[str]:
+    """Section 1: our step against the reference, with and without sampling, per dtype."""
     q = res["configs"]["quick"]
-    lines += ["", f"1. milliseconds per gradient step, tasks {tuple(q['tasks'])}, H = {q['heads']},"
-                  f" L = {q['L']}, batch {q['batch']}"]
+    lines = ["", f"1. milliseconds per gradient step, tasks {tuple(q['tasks'])}, H = {q['heads']},"
+                 f" L = {q['L']}, batch {q['batch']}"]
     for dt, s in res["step"].items():
         r, rm = s["ratio_reference_over_trainer"], s["ratio_model_only"]
         lines += [
@@ -50,10 +67,15 @@ def render(res: dict) -> str:
             f" sampling caps the full-step ratio at {s['ratio_cap_from_sampling']:.1f}x",
             f"  {dt}  in process CPU time: ratio {s['cpu_ratio_reference_over_trainer']:.1f}x,"
             f" without sampling {s['cpu_ratio_model_only']:.1f}x"]
-    rv = res["reduced_vs_full"]
-    lines += ["", f"3. seconds to gradient-flow time t = {rv['time_t']} ({rv['steps']} steps, batch {rv['batch']});"
-                  " reduced: driven by the Rao-Blackwellised marginals"]
-    for dt in m["dtypes"]:
+    return lines
+
+
+def _render_reduced(res: dict) -> list[str]:
+    """Section 3: the full flow against the reduced flows and theory's expansion flow."""
+    dtypes, rv = res["meta"]["dtypes"], res["reduced_vs_full"]
+    lines = ["", f"3. seconds to gradient-flow time t = {rv['time_t']} ({rv['steps']} steps, batch {rv['batch']});"
+                 " reduced: driven by the Rao-Blackwellised marginals"]
+    for dt in dtypes:
         r = rv[dt]
         lines.append(f"  {dt}  full {_fmt_t(r['full_seconds'], 1)}   reduced {_fmt_t(r['reduced_seconds'], 1)}"
                      f"   full / reduced {r['speedup']['median']:.2f}x   (whole-prompt reduced flow"
@@ -63,12 +85,17 @@ def render(res: dict) -> str:
     lines.append(f"  expansion flow (theory, deterministic): to t = {ex['time_t']:g} {_fmt_t(ex['seconds_to_time_t'])} ms,"
                  f" to t = {ex['expansion_time_t']:g} {_fmt_t(ex['seconds_to_expansion_time'])} ms"
                  f" (status {', '.join(ex['status'])})")
-    for dt in m["dtypes"]:
+    for dt in dtypes:
         r = rv[dt]
         lines.append(f"  {dt}  full / expansion: {r['expansion_speedup_at_time_t']:.3g}x at t = {ex['time_t']:g} (measured),"
                      f" {r['expansion_speedup']:.3g}x at t = {ex['expansion_time_t']:g} (full flow"
                      f" {r['full_seconds_to_expansion_time']:.1f} s, {r['full_seconds_to_expansion_time_method']})")
-    lines += ["", "issue 15 targets (median ratios of this run):"]
+    return lines
+
+
+def _render_targets(res: dict) -> list[str]:
+    """The contract's ratios against their targets, and the report profiles' wall times."""
+    lines = ["", "issue 15 targets (median ratios of this run):"]
     for key, per in res["targets"].items():
         lines.append(f"  {key:20s} " + "   ".join(
             f"{dt} {res[key][dt]:.1f}x (target {per[dt]:g}x: {'met' if res['targets_met'][key][dt] else 'NOT met'})"
@@ -77,12 +104,13 @@ def render(res: dict) -> str:
         lines += ["", "report profiles (python -m reports.build, wall time):"]
         for p, r in res["report_profiles"].items():
             lines.append(f"  {p:6s} {r['seconds']:.1f} s (children's CPU {r['cpu_seconds']:.1f} s): {r['status']}")
-    if "roofline" not in res or not res["roofline"]:
-        lines += _render_batched(res)
-        lines += ["", f"total {m['seconds']:.1f} s (--quick: sections 1, 3 and 7 at the quick size only)"]
-        return "\n".join(lines)
-    lines += ["", "2. roofline: share of our step's time that its bytes (at the copy bandwidth) and"
-                  " FLOPs (at the matmul rate) account for"]
+    return lines
+
+
+def _render_roofline(res: dict) -> list[str]:
+    """Section 2: the share of the step's time its bytes and FLOPs account for."""
+    lines = ["", "2. roofline: share of our step's time that its bytes (at the copy bandwidth) and"
+                 " FLOPs (at the matmul rate) account for"]
     for dt, r in res["roofline"].items():
         lines.append(f"  {dt}  step: {r['bytes']['bytes'] / 1e6:.0f} MB -> {100 * r['fraction_of_memory_bound']:.1f}%"
                      f" of memory bound, {r['flops']['flops'] / 1e9:.2f} GFLOP -> "
@@ -92,8 +120,13 @@ def render(res: dict) -> str:
                      f" ({r['working_set_bytes_per_s'] / 1e9:.1f} GB/s; a large cache may hold it):"
                      f" step {100 * r['fraction_of_working_set_bound']:.1f}%, without sampling"
                      f" {100 * r['model_fraction_of_working_set_bound']:.1f}%")
+    return lines
+
+
+def _render_scaling(res: dict) -> list[str]:
+    """Sections 4 and 5: the scaling exponents and the peak memory."""
     sc = res["scaling"]
-    lines += ["", f"4. step time ~ size^k ({sc['dtype']}, bare step, one size varied around the base)"]
+    lines = ["", f"4. step time ~ size^k ({sc['dtype']}, bare step, one size varied around the base)"]
     for axis in ("L", "d", "heads", "batch"):
         a = sc[axis]
         pts = ", ".join(f"{x}: {t['median'] * 1e3:.1f}" for x, t in zip(a["sizes"], a["seconds"]))
@@ -101,18 +134,21 @@ def render(res: dict) -> str:
     lines += ["", "5. peak memory one step adds (MiB)"]
     for dt, mm in res["peak_memory"].items():
         lines.append(f"  {dt}  " + ", ".join(f"{k} {v['bytes'] / 2**20:.0f}" for k, v in mm.items()))
+    return lines
+
+
+def _render_paper_step(res: dict) -> list[str]:
+    """Section 6: the step at the paper configuration."""
     pc = res["configs"]["paper"]
-    lines += ["", f"6. milliseconds per step at the paper configuration, tasks {tuple(pc['tasks'])}, H = {pc['heads']},"
-                  f" L = {pc['L']}, batch {pc['batch']}"]
+    lines = ["", f"6. milliseconds per step at the paper configuration, tasks {tuple(pc['tasks'])}, H = {pc['heads']},"
+                 f" L = {pc['L']}, batch {pc['batch']}"]
     for dt, r in res["paper_step"].items():
         ref = (f"   reference {_fmt_t(r['reference_seconds'])} ratio {r['ratio_reference_over_trainer']['median']:.1f}x"
                if "reference_seconds" in r else "")
         lines.append(f"  {dt}  ours (train()) {_fmt_t(r['trainer_seconds'])}   sampling {_fmt_t(r['sampling_seconds'])}"
                      f" ({100 * r['sampling_share_of_trainer_step']:.0f}%)   without sampling"
                      f" {_fmt_t(r['model_only_seconds'])}{ref}")
-    lines += _render_batched(res)
-    lines += ["", f"total {m['seconds']:.1f} s"]
-    return "\n".join(lines)
+    return lines
 
 
 def _render_batched(res: dict) -> list[str]:
@@ -134,7 +170,8 @@ def _render_batched(res: dict) -> list[str]:
     return lines
 
 
-def parse_args(argv=None) -> BenchConfig:
+def _parser() -> argparse.ArgumentParser:
+    """The flags of ``python -m numerics.bench``."""
     p = argparse.ArgumentParser(
         prog="python -m numerics.bench",
         description="Benchmark the training step: ours vs the standard-way reference, the "
@@ -187,39 +224,21 @@ def parse_args(argv=None) -> BenchConfig:
                    help="measure numerics.cost's primitives on this machine (CPU time, one thread; ~30 CPU s) and "
                         "fit its coefficients, printing each point's measured / modelled ratio (--out: as JSON); "
                         "numerics.cost is updated by hand from the result")
+    return p
+
+
+def parse_args(argv=None) -> BenchConfig:
+    """The flags of ``argv`` as a BenchConfig, every value checked before any timing starts
+    (a wrong flag: argparse's usage error, exit 2); defaults filled in, and --smoke's tiny
+    settings in place of them."""
+    p = _parser()
     a = p.parse_args(argv)
-    dtypes = tuple(s.strip() for s in a.dtype.split(",") if s.strip())
-    for dt in dtypes:
-        if dt not in DTYPES:
-            p.error(f"--dtype: unknown dtype {dt!r}; use float32 and/or float64, comma-separated")
-    if not dtypes:
-        p.error("--dtype: give at least one of float32, float64")
-    dev = a.device
-    if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        p.error(f"--device: unknown device {dev!r}; use cpu, cuda or cuda:N")
-    if dev.startswith("cuda"):
-        if not torch.cuda.is_available():
-            p.error(f"--device {dev}: no CUDA device is available here; use --device cpu")
-        if ":" in dev and int(dev[5:]) >= torch.cuda.device_count():
-            p.error(f"--device {dev}: only {torch.cuda.device_count()} CUDA device(s) here")
+    dtypes = _dtypes(p, a.dtype)
+    _check_device(p, a.device)
     # values first (the message about the value), then options that this run would ignore
-    if a.reduced_time is not None and not (math.isfinite(a.reduced_time) and a.reduced_time >= LR):
-        p.error(f"--reduced-time must be a finite number >= {LR} (one step), got {a.reduced_time}")
-    if a.reduced_time is not None and not a.reduced_time / LR <= MAX_STEPS:
-        p.error(f"--reduced-time {a.reduced_time:g} is {a.reduced_time / LR:.3g} steps of lr = {LR}, more than the "
-                f"trainer's limit of {MAX_STEPS:,}; give a shorter time")
-    if a.expansion_time is not None and not (math.isfinite(a.expansion_time) and a.expansion_time >= LR):
-        p.error(f"--expansion-time must be a finite number >= {LR} (one step), got {a.expansion_time}")
-    if a.expansion_time is not None and not a.expansion_time / LR <= MAX_STEPS:
-        p.error(f"--expansion-time {a.expansion_time:g} is {a.expansion_time / LR:.3g} steps of lr = {LR}, more "
-                f"than the trainer's limit of {MAX_STEPS:,}; give a shorter time")
-    profiles = ()
-    if a.report_profiles is not None:
-        profiles = tuple(x.strip() for x in a.report_profiles.split(",") if x.strip())
-        bad = [x for x in profiles if x not in REPORT_PROFILES]
-        if bad or not profiles:
-            p.error(f"--report-profiles: unknown profile(s) {bad or a.report_profiles!r}; use "
-                    f"{', '.join(REPORT_PROFILES)}, comma-separated")
+    _check_flow_time(p, "--reduced-time", a.reduced_time)
+    _check_flow_time(p, "--expansion-time", a.expansion_time)
+    profiles = _report_profiles(p, a.report_profiles)
     if a.report_timeout is not None and not (math.isfinite(a.report_timeout) and a.report_timeout > 0):
         p.error(f"--report-timeout must be a positive number of seconds, got {a.report_timeout}")
     if a.report_timeout is not None and not profiles:
@@ -231,27 +250,66 @@ def parse_args(argv=None) -> BenchConfig:
         if given:
             p.error(f"--smoke sets its own tiny sizes and would ignore {', '.join(given)}; drop "
                     f"{'them' if len(given) > 1 else 'it'} (or --smoke)")
-    out = None
     if a.out is not None:
         try:
-            out = check_output_path(a.out, "--out")       # before minutes of timing, not after
+            check_output_path(a.out, "--out")       # before minutes of timing, not after
         except ValueError as exc:
             p.error(str(exc))
     repeats = 5 if a.repeats is None else a.repeats
     warmup = 2 if a.warmup is None else a.warmup
     reduced_time = 0.5 if a.reduced_time is None else a.reduced_time
     expansion_time = EXPANSION_TIME if a.expansion_time is None else a.expansion_time
-    report_timeout = 3600.0 if a.report_timeout is None else a.report_timeout
     if a.smoke:
-        repeats, warmup = 1, 0
-        reduced_time = LR
-        expansion_time = 2 * LR
-    bc = BenchConfig(device=dev, dtypes=dtypes, repeats=repeats, warmup=warmup,
-                     profile="quick" if a.quick else "full", smoke=a.smoke,
-                     seed=a.seed, reduced_time=reduced_time, expansion_time=expansion_time,
-                     report_profiles=profiles, report_timeout=report_timeout, progress=not a.no_progress,
-                     scaling_steps=1 if a.smoke else 4, out=None if out is None else a.out, threads=a.threads)
-    return bc
+        repeats, warmup, reduced_time, expansion_time = 1, 0, LR, 2 * LR
+    return BenchConfig(device=a.device, dtypes=dtypes, repeats=repeats, warmup=warmup,
+                       profile="quick" if a.quick else "full", smoke=a.smoke,
+                       seed=a.seed, reduced_time=reduced_time, expansion_time=expansion_time,
+                       report_profiles=profiles, report_timeout=3600.0 if a.report_timeout is None else a.report_timeout,
+                       progress=not a.no_progress, scaling_steps=1 if a.smoke else 4, out=a.out, threads=a.threads)
+
+
+def _dtypes(p: argparse.ArgumentParser, given: str) -> tuple[str, ...]:
+    """--dtype's comma-separated list: known dtypes, at least one."""
+    dtypes = tuple(s.strip() for s in given.split(",") if s.strip())
+    for dt in dtypes:
+        if dt not in DTYPES:
+            p.error(f"--dtype: unknown dtype {dt!r}; use float32 and/or float64, comma-separated")
+    if not dtypes:
+        p.error("--dtype: give at least one of float32, float64")
+    return dtypes
+
+
+def _check_device(p: argparse.ArgumentParser, dev: str) -> None:
+    """--device is cpu, cuda or cuda:N, and a CUDA device named must exist here."""
+    if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        p.error(f"--device: unknown device {dev!r}; use cpu, cuda or cuda:N")
+    if dev.startswith("cuda"):
+        if not torch.cuda.is_available():
+            p.error(f"--device {dev}: no CUDA device is available here; use --device cpu")
+        if ":" in dev and int(dev[5:]) >= torch.cuda.device_count():
+            p.error(f"--device {dev}: only {torch.cuda.device_count()} CUDA device(s) here")
+
+
+def _check_flow_time(p: argparse.ArgumentParser, flag: str, value: float | None) -> None:
+    """A gradient-flow time is at least one step of lr = LR and at most the trainer's
+    MAX_STEPS steps (an absurd time would otherwise fail only after the other sections)."""
+    if value is not None and not (math.isfinite(value) and value >= LR):
+        p.error(f"{flag} must be a finite number >= {LR} (one step), got {value}")
+    if value is not None and not value / LR <= MAX_STEPS:
+        p.error(f"{flag} {value:g} is {value / LR:.3g} steps of lr = {LR}, more than the "
+                f"trainer's limit of {MAX_STEPS:,}; give a shorter time")
+
+
+def _report_profiles(p: argparse.ArgumentParser, given: str | None) -> tuple[str, ...]:
+    """--report-profiles' comma-separated list of known profiles (empty when not given)."""
+    if given is None:
+        return ()
+    profiles = tuple(x.strip() for x in given.split(",") if x.strip())
+    bad = [x for x in profiles if x not in REPORT_PROFILES]
+    if bad or not profiles:
+        p.error(f"--report-profiles: unknown profile(s) {bad or given!r}; use "
+                f"{', '.join(REPORT_PROFILES)}, comma-separated")
+    return profiles
 
 
 @command_line     # a full disk at --out: "disk full: N bytes needed at PATH", exit 75

@@ -43,136 +43,183 @@ def scaling_grid(smoke: bool) -> dict:
             "heads": [1, 2, 4, 8], "batch": [512, 1024, 2048, 4096]}
 
 
+class _Progress:
+    """The progress bar, and the start of each part of the run (``meta.section_seconds``)."""
+
+    def __init__(self, bc: BenchConfig):
+        self.bar = _bar(bc)
+        self.marks: list = []
+
+    def phase(self, name: str) -> None:
+        self.marks.append((name, time.perf_counter()))
+        self.bar.set_description(name)
+
+    def update(self) -> None:
+        self.bar.update(1)
+
+
 def run_bench(bc: BenchConfig) -> dict:
+    """Run the sections of ``bc`` and return the result dict: the contract's keys first, then
+    meta, configs and the sections. The quick profile runs sections 1, 3 and 7 at the quick
+    size only; the full one adds the probes, the roofline (2), scaling (4), peak memory (5),
+    the paper-size step (6) and the batched runs at the authors' size."""
     t_start = time.perf_counter()
     if bc.threads is not None:
         torch.set_num_threads(bc.threads)
     precision = precise_float32()
-    dev = bc.device
     main = SMOKE if bc.smoke else QUICK
     paper = SMOKE if bc.smoke else PAPER
-    reps, warm = bc.repeats, bc.warmup
-    slow_reps = 1 if bc.smoke else max(3, reps // 2)   # rounds of the seconds-long runs
+    slow_reps = 1 if bc.smoke else max(3, bc.repeats // 2)   # rounds of the seconds-long runs
     out: dict = {"meta": _meta(bc, precision), "configs": {
         "quick": {**main, "param": "factored"}, "paper": {**paper, "param": "factored"},
         "lr": LR}}
-    bar = _bar(bc)
-    marks: list = []
-
-    def phase(name: str) -> None:   # progress bar label, and the wall time of each part
-        marks.append((name, time.perf_counter()))
-        bar.set_description(name)
-
+    progress = _Progress(bc)
     full = bc.profile != "quick"     # quick: the contract only (sections 1 and 3)
-    probes: dict = {}
-    # -- machine limits ----------------------------------------------------------------
-    phase("probes")
-    # 256 MiB is far beyond a CPU's caches; a GPU copies it in ~0.1 ms, too close to the
-    # launch and synchronisation overhead, so 2 GiB there (still far beyond its 60 MB L2)
+    progress.phase("probes")
+    probes = _machine_probes(bc) if full else {}
     if full:
-        mib = 4 if bc.smoke else (2048 if dev.startswith("cuda") else 256)
-        probes["bandwidth"] = memory_bandwidth(dev, mib * 2**20, reps, warm)
-        for dt in bc.dtypes:
-            n = 128 if bc.smoke else (8192 if dev.startswith("cuda") else 1536)
-            probes[dt] = {"matmul": matmul_throughput(dev, getattr(torch, dt), n, min(reps, 5), warm)}
         out["probes"] = probes
-    bar.update(1)
-
-    # -- 1. ours against the reference; 2. roofline ------------------------------------
-    out["step"] = {}
+    progress.update()
+    out["step"], roofline_per_dtype = _step_sections(bc, main, probes, full, progress)
     if full:
-        out["roofline"] = {}
-    for dt in bc.dtypes:
-        phase(f"step {dt}")
-        cfg = problem(main, dt, dev)
-        B = main["batch"]
-        trainer = TrainerSteps(cfg, B, steps=3, seed=bc.seed)   # 2 timed steps per round
-        t = time_interleaved({
-            "trainer": trainer,
-            "reference": reference_step(cfg, B, bc.seed),
-            "bare_step": our_step(cfg, B, bc.seed),
-            "sampling": sampling_only(cfg, B, bc.seed),
-            "model_only": model_only_step(cfg, B, "ours", bc.seed),
-            "reference_model_only": model_only_step(cfg, B, "reference", bc.seed),
-        }, reps, min(warm, 1), dev)
-        ratio = ratio_summary(t["reference"], t["trainer"])
-        out["step"][dt] = {
-            "trainer_seconds": t["trainer"], "trainer_setup_seconds": trainer.setup_seconds,
-            "bare_step_seconds": t["bare_step"], "sampling_seconds": t["sampling"],
-            "model_only_seconds": t["model_only"], "reference_seconds": t["reference"],
-            "reference_model_only_seconds": t["reference_model_only"],
-            "ratio_reference_over_trainer": ratio,
-            "ratio_reference_over_bare_step": ratio_summary(t["reference"], t["bare_step"]),
-            "ratio_model_only": ratio_summary(t["reference_model_only"], t["model_only"]),
-            # the sampling both share caps the full-step ratio at reference / sampling
-            "ratio_cap_from_sampling": t["reference"]["median"] / t["sampling"]["median"],
-            "sampling_share_of_bare_step": t["sampling"]["median"] / t["bare_step"]["median"],
-            # the same ratios in process CPU time (steadier under contention; host time on a GPU)
-            "cpu_ratio_reference_over_trainer": t["reference"]["cpu"]["median"] / t["trainer"]["cpu"]["median"],
-            "cpu_ratio_model_only": t["reference_model_only"]["cpu"]["median"] / t["model_only"]["cpu"]["median"],
-            "target_ratio": TARGETS["ratio_full_step"][dt],
-            "meets_target": ratio["median"] >= TARGETS["ratio_full_step"][dt],
-        }
-        if not full:
-            bar.update(1)
-            continue
-        moved = bytes_moved(cfg, B)
-        ws = memory_bandwidth(dev, item_bytes(cfg) * moved["context_elements"], reps, warm)
-        probes[dt]["bandwidth_at_context_size"] = ws
-        out["roofline"][dt] = roofline(
-            moved, flops(cfg, B), probes["bandwidth"]["copy_bytes_per_s"]["median"],
-            probes[dt]["matmul"]["flop_per_s"]["median"], t["trainer"]["median"],
-            t["model_only"]["median"], ws["copy_bytes_per_s"]["median"])
-        bar.update(1)
+        out["roofline"] = roofline_per_dtype
+    out["reduced_vs_full"] = _reduced_vs_full(bc, main, out["step"], slow_reps, progress)
+    progress.phase("batched runs")
+    out["batched"] = {"runs": BATCHED_RUNS, "steps": BATCHED_STEPS, "dtype": bc.dtypes[0],
+                      "quick": batched_runs(main, bc.dtypes[0], bc.device, bc.seed, slow_reps, min(bc.warmup, 1))}
+    progress.update()
+    if not full:
+        return _finish(out, bc, progress, t_start)
+    out["scaling"] = _scaling(bc, progress)
+    progress.phase("peak memory")
+    out["peak_memory"] = _peak_memory(bc, main, paper)
+    progress.update()
+    out["paper_step"] = _paper_step(bc, paper, slow_reps, progress)
+    # section 7 at the authors' configuration: one round (seconds a step)
+    progress.phase("batched runs, authors' configuration")
+    authors = SMOKE if bc.smoke else AUTHORS
+    out["configs"]["authors"] = {**authors, "param": "factored"}
+    out["batched"]["authors"] = batched_runs(authors, bc.dtypes[0], bc.device, bc.seed, 1, 0)
+    progress.update()
+    return _finish(out, bc, progress, t_start)
 
-    # -- 3. reduced flows against full gradient flow -------------------------------------
+
+def _machine_probes(bc: BenchConfig) -> dict:
+    """The machine's limits the roofline divides by: copy bandwidth over an array far beyond
+    the caches (256 MiB on a CPU; 2 GiB on a GPU, which copies 256 MiB in ~0.1 ms, too close
+    to the launch and synchronisation overhead, and still far beyond its 60 MB L2), and the
+    dense matmul rate per dtype."""
+    dev, reps, warm = bc.device, bc.repeats, bc.warmup
+    mib = 4 if bc.smoke else (2048 if dev.startswith("cuda") else 256)
+    probes: dict = {"bandwidth": memory_bandwidth(dev, mib * 2**20, reps, warm)}
+    for dt in bc.dtypes:
+        n = 128 if bc.smoke else (8192 if dev.startswith("cuda") else 1536)
+        probes[dt] = {"matmul": matmul_throughput(dev, getattr(torch, dt), n, min(reps, 5), warm)}
+    return probes
+
+
+def _step_sections(bc: BenchConfig, sizes: dict, probes: dict, full: bool, progress: _Progress) -> tuple[dict, dict]:
+    """Sections 1 and 2 per dtype: our step against the reference at ``sizes``, and (full
+    profile) where the step stands against the machine's copy and matmul rates."""
+    steps: dict = {}
+    roofs: dict = {}
+    for dt in bc.dtypes:
+        progress.phase(f"step {dt}")
+        cfg = problem(sizes, dt, bc.device)
+        t, steps[dt] = _step_comparison(bc, cfg, sizes["batch"], dt)
+        if full:
+            roofs[dt] = _roofline(bc, cfg, sizes["batch"], probes, dt, t)
+        progress.update()
+    return steps, roofs
+
+
+def _step_comparison(bc: BenchConfig, cfg, B: int, dt: str) -> tuple[dict, dict]:
+    """Section 1: the trainer's step, the bare step, its sampling and its model part against
+    the reference implementation, interleaved rounds; returns (the timings, the section's
+    dict of seconds and ratios)."""
+    trainer = TrainerSteps(cfg, B, steps=3, seed=bc.seed)   # 2 timed steps per round
+    t = time_interleaved({
+        "trainer": trainer,
+        "reference": reference_step(cfg, B, bc.seed),
+        "bare_step": our_step(cfg, B, bc.seed),
+        "sampling": sampling_only(cfg, B, bc.seed),
+        "model_only": model_only_step(cfg, B, "ours", bc.seed),
+        "reference_model_only": model_only_step(cfg, B, "reference", bc.seed),
+    }, bc.repeats, min(bc.warmup, 1), bc.device)
+    ratio = ratio_summary(t["reference"], t["trainer"])
+    return t, {
+        "trainer_seconds": t["trainer"], "trainer_setup_seconds": trainer.setup_seconds,
+        "bare_step_seconds": t["bare_step"], "sampling_seconds": t["sampling"],
+        "model_only_seconds": t["model_only"], "reference_seconds": t["reference"],
+        "reference_model_only_seconds": t["reference_model_only"],
+        "ratio_reference_over_trainer": ratio,
+        "ratio_reference_over_bare_step": ratio_summary(t["reference"], t["bare_step"]),
+        "ratio_model_only": ratio_summary(t["reference_model_only"], t["model_only"]),
+        # the sampling both share caps the full-step ratio at reference / sampling
+        "ratio_cap_from_sampling": t["reference"]["median"] / t["sampling"]["median"],
+        "sampling_share_of_bare_step": t["sampling"]["median"] / t["bare_step"]["median"],
+        # the same ratios in process CPU time (steadier under contention; host time on a GPU)
+        "cpu_ratio_reference_over_trainer": t["reference"]["cpu"]["median"] / t["trainer"]["cpu"]["median"],
+        "cpu_ratio_model_only": t["reference_model_only"]["cpu"]["median"] / t["model_only"]["cpu"]["median"],
+        "target_ratio": TARGETS["ratio_full_step"][dt],
+        "meets_target": ratio["median"] >= TARGETS["ratio_full_step"][dt],
+    }
+
+
+def _roofline(bc: BenchConfig, cfg, B: int, probes: dict, dt: str, t: dict) -> dict:
+    """Section 2 for one dtype: the step's bytes and FLOPs against the probed rates, and
+    against the copy rate of an array the size of the step's context (kept in ``probes``)."""
+    moved = bytes_moved(cfg, B)
+    ws = memory_bandwidth(bc.device, item_bytes(cfg) * moved["context_elements"], bc.repeats, bc.warmup)
+    probes[dt]["bandwidth_at_context_size"] = ws
+    return roofline(moved, flops(cfg, B), probes["bandwidth"]["copy_bytes_per_s"]["median"],
+                    probes[dt]["matmul"]["flop_per_s"]["median"], t["trainer"]["median"],
+                    t["model_only"]["median"], ws["copy_bytes_per_s"]["median"])
+
+
+def _reduced_vs_full(bc: BenchConfig, sizes: dict, step: dict, slow_reps: int, progress: _Progress) -> dict:
+    """Section 3: seconds of the full gradient flow and of the reduced flows to time t per
+    dtype, then theory's expansion flow (float64 numpy, the same for every dtype) to t and
+    to the expansion time, and the full flow's ratios to it."""
     steps = max(1, round(bc.reduced_time / LR))
     exp_steps = max(1, round(bc.expansion_time / LR))
-    red = out["reduced_vs_full"] = {"time_t": bc.reduced_time, "lr": LR, "steps": steps,
-                                    "batch": main["batch"], "estimator": "marginal",
-                                    "expansion_time_t": LR * exp_steps, "expansion_steps": exp_steps}
+    red = {"time_t": bc.reduced_time, "lr": LR, "steps": steps, "batch": sizes["batch"],
+           "estimator": "marginal", "expansion_time_t": LR * exp_steps, "expansion_steps": exp_steps}
     for dt in bc.dtypes:
-        phase(f"reduced vs full {dt}")
-        cfg = problem(main, dt, dev)
-        tcfg = TrainConfig(lr=LR, time=bc.reduced_time, batch=main["batch"], seed=bc.seed,
+        progress.phase(f"reduced vs full {dt}")
+        cfg = problem(sizes, dt, bc.device)
+        tcfg = TrainConfig(lr=LR, time=bc.reduced_time, batch=sizes["batch"], seed=bc.seed,
                            records=2, progress=False)
         t = time_interleaved({"full": lambda: train(cfg, tcfg),
                               "reduced": lambda: train_reduced(cfg, tcfg, estimator="marginal"),
-                              "reduced_prompts": lambda: train_reduced(cfg, tcfg)}, slow_reps, 0, dev)
+                              "reduced_prompts": lambda: train_reduced(cfg, tcfg)}, slow_reps, 0, bc.device)
         # the full flow (and the whole-prompt reduced flow) draw steps + 1 batches of whole
         # prompts: section 1's sampling time is their floor; the marginal flow draws m per token
-        floor = (steps + 1) * out["step"][dt]["sampling_seconds"]["median"]
+        floor = (steps + 1) * step[dt]["sampling_seconds"]["median"]
         red[dt] = {
             "full_seconds": t["full"], "reduced_seconds": t["reduced"],
             "reduced_prompts_seconds": t["reduced_prompts"],
             "sampling_floor_seconds": floor, "speedup": ratio_summary(t["full"], t["reduced"]),
             "speedup_whole_prompt_estimator": ratio_summary(t["full"], t["reduced_prompts"])}
-        bar.update(1)
-
-    # the expansion flow: theory's deterministic ODE (float64 numpy, the same for every dtype)
-    phase("expansion flow")
-    red["expansion"] = expansion_timing(problem(main, "float64", "cpu"), bc.reduced_time,
+        progress.update()
+    progress.phase("expansion flow")
+    red["expansion"] = expansion_timing(problem(sizes, "float64", "cpu"), bc.reduced_time,
                                         LR * exp_steps, slow_reps)
     for dt in bc.dtypes:
         red[dt].update(expansion_ratios(red["expansion"], red[dt]["full_seconds"]["median"],
-                                        out["step"][dt]["trainer_seconds"]["median"], steps, exp_steps))
-    bar.update(1)
+                                        step[dt]["trainer_seconds"]["median"], steps, exp_steps))
+    progress.update()
+    return red
 
-    # -- 7. many runs as one program (issue 28), at the quick size ----------------------------
-    phase("batched runs")
-    out["batched"] = {"runs": BATCHED_RUNS, "steps": BATCHED_STEPS, "dtype": bc.dtypes[0],
-                      "quick": batched_runs(main, bc.dtypes[0], dev, bc.seed, slow_reps, min(warm, 1))}
-    bar.update(1)
 
-    if not full:
-        return _finish(out, bc, bar, marks, t_start)
-
-    # -- 4. scaling --------------------------------------------------------------------
+def _scaling(bc: BenchConfig, progress: _Progress) -> dict:
+    """Section 4: the bare step's seconds as each of L, d (through r), heads and batch is
+    varied alone around the base sizes, and the exponent k of time ~ size^k."""
     grid = scaling_grid(bc.smoke)
     dt = bc.dtypes[0]
     scaling: dict = {"dtype": dt, "base": grid["base"], "step": "bare step (sampling included)"}
     for axis in ("L", "r", "heads", "batch"):
-        phase(f"scaling {axis}")
+        progress.phase(f"scaling {axis}")
         fns, xs = {}, []
         for v in grid[axis]:
             sizes = dict(grid["base"])
@@ -180,24 +227,26 @@ def run_bench(bc: BenchConfig) -> dict:
                 sizes["tasks"] = tuple(v for _ in grid["base"]["tasks"])
             else:
                 sizes[axis] = v
-            cfg = problem(sizes, dt, dev)
+            cfg = problem(sizes, dt, bc.device)
             x = cfg.d if axis == "r" else v
             fns[x] = our_step(cfg, sizes["batch"], bc.seed)
             xs.append(x)
-        t = time_interleaved(fns, bc.scaling_steps, min(warm, 1), dev)
+        t = time_interleaved(fns, bc.scaling_steps, min(bc.warmup, 1), bc.device)
         ts = [t[x] for x in xs]
-        name = "d" if axis == "r" else axis
-        scaling[name] = {"sizes": xs, "seconds": ts,
-                         "exponent": fit_exponent(xs, [s["median"] for s in ts]),
-                         "exponent_cpu_time": fit_exponent(xs, [s["cpu"]["median"] for s in ts])}
-        bar.update(1)
-    out["scaling"] = scaling
+        scaling["d" if axis == "r" else axis] = {
+            "sizes": xs, "seconds": ts, "exponent": fit_exponent(xs, [s["median"] for s in ts]),
+            "exponent_cpu_time": fit_exponent(xs, [s["cpu"]["median"] for s in ts])}
+        progress.update()
+    return scaling
 
-    # -- 5. peak memory -------------------------------------------------------------------
-    phase("peak memory")
-    mem: dict = {}
+
+def _peak_memory(bc: BenchConfig, main: dict, paper: dict) -> dict:
+    """Section 5: the peak memory one step adds, ours and the reference's, each measured in a
+    fresh process; the reference at the paper size needs tens of GB, so only on a GPU. A
+    smoke run measures once in this process: it exercises the path, the sizes are tiny."""
+    dev, mem = bc.device, {}
     for dt in bc.dtypes:
-        if bc.smoke:   # one in-process measurement exercises the path; sizes are tiny
+        if bc.smoke:
             if dt == bc.dtypes[0]:
                 mem[dt] = {"ours_quick": peak_memory(main, dt, dev, "ours", bc.seed, fresh_process=False)}
             continue
@@ -205,23 +254,24 @@ def run_bench(bc: BenchConfig) -> dict:
                    "reference_quick": peak_memory(main, dt, dev, "reference", bc.seed),
                    "ours_paper": peak_memory(paper, dt, dev, "ours", bc.seed)}
         if dev.startswith("cuda"):
-            # the reference at the paper size needs tens of GB: only where a GPU holds it
             mem[dt]["reference_paper"] = peak_memory(paper, dt, dev, "reference", bc.seed)
-    out["peak_memory"] = mem
-    bar.update(1)
+    return mem
 
-    # -- 6. the step at the paper configuration ------------------------------------------
-    out["paper_step"] = {}
+
+def _paper_step(bc: BenchConfig, paper: dict, slow_reps: int, progress: _Progress) -> dict:
+    """Section 6: the trainer's step, its sampling and its model part at the paper
+    configuration; the reference too on a GPU (it needs ~12x the context: tens of GB)."""
+    res_per_dtype = {}
     for dt in bc.dtypes:
-        phase(f"paper step {dt}")
-        cfg = problem(paper, dt, dev)
+        progress.phase(f"paper step {dt}")
+        cfg = problem(paper, dt, bc.device)
         B = paper["batch"]
         fns = {"trainer": TrainerSteps(cfg, B, steps=3, seed=bc.seed),
                "sampling": sampling_only(cfg, B, bc.seed),
                "model_only": model_only_step(cfg, B, "ours", bc.seed)}
-        if dev.startswith("cuda"):   # the reference needs ~12x the context: tens of GB
+        if bc.device.startswith("cuda"):
             fns["reference"] = reference_step(cfg, B, bc.seed)
-        t = time_interleaved(fns, slow_reps, min(warm, 1), dev)
+        t = time_interleaved(fns, slow_reps, min(bc.warmup, 1), bc.device)
         fns.clear()
         res = {"trainer_seconds": t["trainer"], "sampling_seconds": t["sampling"],
                "model_only_seconds": t["model_only"],
@@ -229,15 +279,9 @@ def run_bench(bc: BenchConfig) -> dict:
         if "reference" in t:
             res["reference_seconds"] = t["reference"]
             res["ratio_reference_over_trainer"] = ratio_summary(t["reference"], t["trainer"])
-        out["paper_step"][dt] = res
-        bar.update(1)
-
-    # -- 7 (continued). the batched runs at the authors' configuration: one round (seconds a step)
-    phase("batched runs, authors' configuration")
-    out["configs"]["authors"] = {**(SMOKE if bc.smoke else AUTHORS), "param": "factored"}
-    out["batched"]["authors"] = batched_runs(SMOKE if bc.smoke else AUTHORS, bc.dtypes[0], dev, bc.seed, 1, 0)
-    bar.update(1)
-    return _finish(out, bc, bar, marks, t_start)
+        res_per_dtype[dt] = res
+        progress.update()
+    return res_per_dtype
 
 
 def batched_runs(sizes: dict, dtype: str, device: str, seed: int, rounds: int, warmup: int) -> dict:
@@ -351,15 +395,17 @@ def contract(out: dict) -> dict:
     return c
 
 
-def _finish(out: dict, bc: BenchConfig, bar, marks: list, t_start: float) -> dict:
-    if bc.report_profiles:     # opt-in (--report-profiles): minutes to hours
+def _finish(out: dict, bc: BenchConfig, progress: _Progress, t_start: float) -> dict:
+    """The opt-in report-profile timings (``--report-profiles``: minutes to hours), the wall
+    time of each part, and the contract's keys in front of the sections."""
+    if bc.report_profiles:
         out["report_profiles"] = {}
         for p in bc.report_profiles:
-            marks.append((f"report {p}", time.perf_counter()))
-            bar.set_description(f"report profile {p}")
+            progress.marks.append((f"report {p}", time.perf_counter()))
+            progress.bar.set_description(f"report profile {p}")
             out["report_profiles"][p] = report_profile_seconds(p, bc.device, bc.report_timeout)
-    bar.close()
-    marks.append(("end", time.perf_counter()))
+    progress.bar.close()
+    marks = progress.marks + [("end", time.perf_counter())]
     out["meta"]["section_seconds"] = {a[0]: b[1] - a[1] for a, b in zip(marks, marks[1:])}
     out["meta"]["loadavg_end"] = list(os.getloadavg())
     out["meta"]["seconds"] = time.perf_counter() - t_start

@@ -241,14 +241,10 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
 
     A run that diverges (numerics.train.TrainingDiverged) returns ``diverged`` (the message),
     class "diverged", the start's numbers and the reference numbers, NaN for the rest."""
-    from numerics.model import MultiHeadAttention
+    from numerics.model import TrainingDiverged
     from theory.initialisation import warmup_quartic_constant
     t0, c0 = time.perf_counter(), time.process_time()
-    if sch.start == "allocated":
-        from numerics.saddle import allocated_model
-        model = allocated_model(cfg, sch.start_mu0)
-    else:
-        model = MultiHeadAttention(cfg)
+    model = _start_model(cfg, sch)
     norm0_sq = _norm_sq(model)
     split0 = _split(model, cfg)
     tcfg = TrainConfig(lr=sch.lr, time=sch.time, batch=sch.batch, seed=seed, records=sch.records)
@@ -262,22 +258,56 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
         if step in window:
             snaps.append((t, copy.deepcopy(m)))
 
-    from numerics.model import TrainingDiverged
-    refs = {"allocated_loss": theory_allocated_loss(tuple(cfg.tasks), cfg.heads, cfg.L, cfg.sigma),
-            "best_decomposable": (best_decomposable_summary(tuple(cfg.tasks), cfg.heads, cfg.L, cfg.sigma, cfg.device)
-                                  if sch.best_search else None),
-            "saddle": _saddle_prediction(cfg, sch) if sch.start == "allocated" else None}
+    refs = _reference_numbers(cfg, sch)
     c4 = warmup_quartic_constant(cfg.tasks, cfg.heads, cfg.L, cfg.sigma, cfg.logit_scale)
     try:
         res = train(cfg, tcfg, start=model, on_record=on_record)
     except TrainingDiverged as exc:
-        nan = math.nan
-        return {"config": cfg.to_dict(), "schedule": asdict(sch), "seed": int(seed), "diverged": str(exc),
-                "class": point_class({"diverged": str(exc), "tasks": list(cfg.tasks)}), "converged": False, "in_warmup": False, "off_D": False,
-                "residual_start": split0, "residual_end": {k: nan for k in split0}, "norm0_sq": norm0_sq,
-                "warmup": {"c4": c4, "exponent": 8.0 * c4 * norm0_sq * sch.time}, "loss": nan, "se": nan,
-                "escape_time": nan, "t": [], "opposite_share": [], **refs,
-                "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
+        out = _diverged_result(cfg, sch, seed, str(exc), split0, norm0_sq, c4, refs)
+    else:
+        out = _trained_result(cfg, sch, seed, res, snaps, split0, norm0_sq, refs)
+    out["seconds"] = time.perf_counter() - t0
+    out["cpu_seconds"] = time.process_time() - c0
+    return out
+
+
+def _start_model(cfg: ProblemConfig, sch: AtlasSchedule):
+    """The model the run starts from: ProblemConfig's initialisation, or theory's allocated
+    point with off-task values ``sch.start_mu0``."""
+    if sch.start == "allocated":
+        from numerics.saddle import allocated_model
+        return allocated_model(cfg, sch.start_mu0)
+    from numerics.model import MultiHeadAttention
+    return MultiHeadAttention(cfg)
+
+
+def _reference_numbers(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
+    """What the point's loss and escape time are compared with: theory.exact's allocated loss,
+    the best decomposable point of the same H (when ``sch.best_search``), and theory.saddle's
+    escape prediction (the allocated start only)."""
+    tasks = tuple(cfg.tasks)
+    return {"allocated_loss": theory_allocated_loss(tasks, cfg.heads, cfg.L, cfg.sigma),
+            "best_decomposable": (best_decomposable_summary(tasks, cfg.heads, cfg.L, cfg.sigma, cfg.device)
+                                  if sch.best_search else None),
+            "saddle": _saddle_prediction(cfg, sch) if sch.start == "allocated" else None}
+
+
+def _diverged_result(cfg: ProblemConfig, sch: AtlasSchedule, seed: int, message: str, split0: dict,
+                     norm0_sq: float, c4: float, refs: dict) -> dict:
+    """The result of a run that diverged: class "diverged", the start's numbers and the
+    reference numbers, NaN for what the run would have measured."""
+    nan = math.nan
+    return {"config": cfg.to_dict(), "schedule": asdict(sch), "seed": int(seed), "diverged": message,
+            "class": point_class({"diverged": message, "tasks": list(cfg.tasks)}), "converged": False,
+            "in_warmup": False, "off_D": False,
+            "residual_start": split0, "residual_end": {k: nan for k in split0}, "norm0_sq": norm0_sq,
+            "warmup": {"c4": c4, "exponent": 8.0 * c4 * norm0_sq * sch.time}, "loss": nan, "se": nan,
+            "escape_time": nan, "t": [], "opposite_share": [], **refs}
+
+
+def _trained_result(cfg: ProblemConfig, sch: AtlasSchedule, seed: int, res, snaps: list, split0: dict,
+                    norm0_sq: float, refs: dict) -> dict:
+    """The result of a finished run (the keys :func:`train_atlas` lists), with its class."""
     final = res.final_model
     est = held_out_loss(final, n=sch.n_eval, seed=seed)
     descent = stage_descent(snaps, sch.n_eval, seed)      # None: fewer than 3 records in the last quarter
@@ -295,11 +325,10 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
     held = in_warmup and warm["exponent"] <= 0.5
     converged = bool(not held and descent is not None and converged_for({"descent_left": descent.left}, tol))
     shares = [allocation(r.omega, r.mu) for r in res.trajectory]
-    a = allocation(res.omega, res.mu)
     out = {
         "config": cfg.to_dict(), "schedule": asdict(sch), "seed": int(seed),
         "omega": np.asarray(res.omega, float).tolist(), "mu": np.asarray(res.mu, float).tolist(),
-        "allocation": a.to_dict(), "residual_start": split0, "residual_end": split1,
+        "allocation": allocation(res.omega, res.mu).to_dict(), "residual_start": split0, "residual_end": split1,
         "norm0_sq": norm0_sq, "norm_end_sq": norm1_sq,
         "warmup": {k: v for k, v in warm.items() if k != "off_D"}, "off_D": warm["off_D"],
         "loss": est.mean, "se": est.se, "n": est.n,
@@ -316,8 +345,6 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
         "steps": res.steps,
     }
     out["class"] = point_class(out)
-    out["seconds"] = time.perf_counter() - t0
-    out["cpu_seconds"] = time.process_time() - c0
     return out
 
 

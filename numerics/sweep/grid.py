@@ -189,11 +189,17 @@ def expand_grid(spec: dict) -> list[dict]:
     if unknown:
         raise ValueError(f"grid: unknown top-level key(s) {unknown}; allowed: {', '.join(GRID_SECTIONS)}")
     problem_fields, train_fields = config_fields(spec.get("model", "full"))
+    _check_fixed_sections(spec, problem_fields, train_fields)
+    factors = _range_factors(spec, problem_fields, train_fields)
+    _check_grid_size(factors)
+    return [_grid_point(spec, factors, combo, problem_fields, train_fields)
+            for combo in itertools.product(*[values for _, values in factors])]
 
-    fixed_problem = spec.get("problem", {})
-    fixed_train = spec.get("train", {})
-    for name, section, fields_, cls in (("[problem]", fixed_problem, problem_fields, "ProblemConfig"),
-                                        ("[train]", fixed_train, train_fields, "TrainConfig")):
+
+def _check_fixed_sections(spec: dict, problem_fields: dict, train_fields: dict) -> None:
+    """[problem] and [train] are tables of known fields, none of them one the sweep sets."""
+    for name, section, fields_, cls in (("[problem]", spec.get("problem", {}), problem_fields, "ProblemConfig"),
+                                        ("[train]", spec.get("train", {}), train_fields, "TrainConfig")):
         if not isinstance(section, dict):
             raise ValueError(f"grid: {name} must be a table of {cls} fields")
         for key in section:
@@ -202,93 +208,114 @@ def expand_grid(spec: dict) -> list[dict]:
             if key not in fields_:
                 raise ValueError(f"grid: {name} has unknown field {key!r}; {cls} fields are: "
                                  f"{', '.join(sorted(fields_))}")
-    fixed_model = spec.get("model", "full")
 
-    factors: list[tuple[list[tuple[str, str]], list[tuple]]] = []
+
+def _range_factors(spec: dict, problem_fields: dict, train_fields: dict) -> list[tuple[list[tuple[str, str]], list[tuple]]]:
+    """The factors of the grid's product, in the order written: one per [cross] range (its
+    values as 1-tuples), then one per [zip] group (its rows); each factor is (the
+    (section, name) targets it sets, its values). A field is swept at most once and never
+    also fixed."""
     swept: dict[tuple[str, str], str] = {}
-
-    def claim(target: tuple[str, str], where: str) -> None:
-        section, name = target
-        label = name if section == "model" else f"{section}.{name}"
-        if target in swept:
-            raise ValueError(f"grid: {label} is swept twice ({swept[target]} and {where}); keep one")
-        if (section == "problem" and name in fixed_problem) or (section == "train" and name in fixed_train) \
-                or (section == "model" and "model" in spec):
-            raise ValueError(f"grid: {label} is both fixed and swept in {where}; keep one")
-        swept[target] = where
-
+    factors: list[tuple[list[tuple[str, str]], list[tuple]]] = []
     cross = spec.get("cross", {})
     if not isinstance(cross, dict):
         raise ValueError("grid: [cross] must be a table of ranges")
-    def annotation(target: tuple[str, str]) -> str:
-        fields_ = problem_fields if target[0] == "problem" else train_fields if target[0] == "train" else {}
-        return fields_[target[1]].type if target[1] in fields_ else ""
-
     for target, values in _flatten_ranges(cross, "[cross]", problem_fields, train_fields):
-        claim(target, "[cross]")
-        values = _check_range("[cross]", target[1], values, problem_fields, annotation=annotation(target))
+        _claim(spec, swept, target, "[cross]")
+        values = _check_range("[cross]", target[1], values, problem_fields,
+                              annotation=_annotation(target, problem_fields, train_fields))
         factors.append(([target], [(v,) for v in values]))
-
     zips = spec.get("zip", [])
     zips = [zips] if isinstance(zips, dict) else zips
     if not isinstance(zips, list) or not all(isinstance(z, dict) for z in zips):
         raise ValueError("grid: [zip] must be a table (or [[zip]] tables) of equal-length ranges")
     for n, group in enumerate(zips):
-        where = f"[zip] group {n + 1}"
-        entries = _flatten_ranges(group, where, problem_fields, train_fields)
-        if not entries:
-            raise ValueError(f"grid: {where} is empty")
-        for target, values in entries:
-            claim(target, where)
-            _check_range(where, target[1], values, problem_fields, unique=False)  # (4,4) with 1 and 2 heads
-        lengths = {target[1]: len(values) for target, values in entries}
-        if len(set(lengths.values())) != 1:
-            raise ValueError(f"grid: the ranges of {where} are taken together, so they need equal lengths; got {lengths}")
-        rows = list(zip(*[values for _, values in entries]))
-        canon_rows = {json.dumps([canonical(v, annotation(t)) for (t, _), v in zip(entries, row)], sort_keys=True)
-                      for row in rows}
-        if len(canon_rows) != len(rows):
-            raise ValueError(f"grid: {where} repeats a row: {rows}")
-        factors.append(([t for t, _ in entries], rows))
+        factors.append(_zip_factor(spec, swept, group, f"[zip] group {n + 1}", problem_fields, train_fields))
+    return factors
 
-    size = math.prod(len(values) for _, values in factors)       # counted before anything is built
+
+def _annotation(target: tuple[str, str], problem_fields: dict, train_fields: dict) -> str:
+    """The annotation of a swept field ("" for the model), which fixes its canonical form."""
+    fields_ = problem_fields if target[0] == "problem" else train_fields if target[0] == "train" else {}
+    return fields_[target[1]].type if target[1] in fields_ else ""
+
+
+def _claim(spec: dict, swept: dict, target: tuple[str, str], where: str) -> None:
+    """Record that ``where`` sweeps ``target``; refuse a second sweep of it, or a sweep of a
+    field the spec also fixes (the point would not say which value it ran)."""
+    section, name = target
+    label = name if section == "model" else f"{section}.{name}"
+    if target in swept:
+        raise ValueError(f"grid: {label} is swept twice ({swept[target]} and {where}); keep one")
+    if (section == "problem" and name in spec.get("problem", {})) or (section == "train" and name in spec.get("train", {})) \
+            or (section == "model" and "model" in spec):
+        raise ValueError(f"grid: {label} is both fixed and swept in {where}; keep one")
+    swept[target] = where
+
+
+def _zip_factor(spec: dict, swept: dict, group: dict, where: str, problem_fields: dict,
+                train_fields: dict) -> tuple[list[tuple[str, str]], list[tuple]]:
+    """One [zip] group as a factor: its ranges, of equal lengths, taken together row by row;
+    a value may repeat within a range ((4, 4) with 1 and 2 heads), a whole row may not."""
+    entries = _flatten_ranges(group, where, problem_fields, train_fields)
+    if not entries:
+        raise ValueError(f"grid: {where} is empty")
+    for target, values in entries:
+        _claim(spec, swept, target, where)
+        _check_range(where, target[1], values, problem_fields, unique=False)
+    lengths = {target[1]: len(values) for target, values in entries}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"grid: the ranges of {where} are taken together, so they need equal lengths; got {lengths}")
+    rows = list(zip(*[values for _, values in entries]))
+    canon_rows = {json.dumps([canonical(v, _annotation(t, problem_fields, train_fields)) for (t, _), v in zip(entries, row)],
+                             sort_keys=True)
+                  for row in rows}
+    if len(canon_rows) != len(rows):
+        raise ValueError(f"grid: {where} repeats a row: {rows}")
+    return [t for t, _ in entries], rows
+
+
+def _check_grid_size(factors: list) -> None:
+    """Refuse more than MAX_GRID_POINTS points, counted before anything is built."""
+    size = math.prod(len(values) for _, values in factors)
     if size > MAX_GRID_POINTS:
         shape = " x ".join(f"{len(values)} ({'/'.join(t[1] for t in targets)})" for targets, values in factors)
         raise ValueError(f"grid: {shape} = {size:,} points, more than the limit of {MAX_GRID_POINTS:,} (a sweep "
                          "of more is weeks of compute even at seconds a point, and its list of points alone takes "
                          "gigabytes); split the grid or shorten its ranges")
-    points = []
-    for combo in itertools.product(*[values for _, values in factors]):
-        model, problem, train = fixed_model, dict(fixed_problem), dict(fixed_train)
-        for (targets, _), values in zip(factors, combo):
-            for (section, name), value in zip(targets, values):
-                if section == "model":
-                    model = value
-                elif section == "problem":
-                    problem[name] = value
-                else:
-                    train[name] = value
-        if model not in MODELS:
-            raise ValueError(f"grid: model must be one of {MODELS}, got {model!r}")
-        if (model == "converged") != (fixed_model == "converged"):
-            raise ValueError("grid: model 'converged' takes TrainingSchedule fields in [train]; it cannot be swept "
-                             "together with 'full'/'reduced' (write two grids)")
-        if (model == "atlas") != (fixed_model == "atlas"):
-            raise ValueError("grid: model 'atlas' takes AtlasSchedule fields in [train]; it cannot be swept "
-                             "together with other models (write two grids)")
-        filled = _fill(train, train_fields, "train")
-        if model == "atlas":
-            from numerics.experiments.atlas import check_point
-            check_point({"model": model, "train": filled}, problem=False)   # the schedule; ProblemConfig at run time
-        elif model == "converged":
-            from numerics.experiments.converged import check_schedule
-            check_schedule(filled, int(problem.get("L", 1)) if isinstance(problem.get("L"), int) else 1)
-        else:
-            _check_steps(filled)
-        points.append({"model": model,
-                       "problem": _fill(problem, problem_fields, "problem"),
-                       "train": filled})
-    return points
+
+
+def _grid_point(spec: dict, factors: list, combo: tuple, problem_fields: dict, train_fields: dict) -> dict:
+    """The point of one combination of the factors' values: the fixed fields with the swept
+    ones set, every field filled in canonical form, its model and schedule checked."""
+    fixed_model = spec.get("model", "full")
+    model, problem, train = fixed_model, dict(spec.get("problem", {})), dict(spec.get("train", {}))
+    for (targets, _), values in zip(factors, combo):
+        for (section, name), value in zip(targets, values):
+            if section == "model":
+                model = value
+            elif section == "problem":
+                problem[name] = value
+            else:
+                train[name] = value
+    if model not in MODELS:
+        raise ValueError(f"grid: model must be one of {MODELS}, got {model!r}")
+    if (model == "converged") != (fixed_model == "converged"):
+        raise ValueError("grid: model 'converged' takes TrainingSchedule fields in [train]; it cannot be swept "
+                         "together with 'full'/'reduced' (write two grids)")
+    if (model == "atlas") != (fixed_model == "atlas"):
+        raise ValueError("grid: model 'atlas' takes AtlasSchedule fields in [train]; it cannot be swept "
+                         "together with other models (write two grids)")
+    filled = _fill(train, train_fields, "train")
+    if model == "atlas":
+        from numerics.experiments.atlas import check_point
+        check_point({"model": model, "train": filled}, problem=False)   # the schedule; ProblemConfig at run time
+    elif model == "converged":
+        from numerics.experiments.converged import check_schedule
+        check_schedule(filled, int(problem.get("L", 1)) if isinstance(problem.get("L"), int) else 1)
+    else:
+        _check_steps(filled)
+    return {"model": model, "problem": _fill(problem, problem_fields, "problem"), "train": filled}
 
 
 def _check_steps(train: dict) -> None:
