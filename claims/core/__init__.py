@@ -19,6 +19,8 @@ _MODULES = ("base", "spec", "common", "trained", "phase_checks", "atlas")
 
 
 def __getattr__(name: str):
+    if name in _MODULES:           # ``from claims.core import trained``: the submodule, nothing else loaded
+        return importlib.import_module(f"{__name__}.{name}")
     for module in _MODULES:
         found = getattr(importlib.import_module(f"{__name__}.{module}"), name, None)
         if found is not None:

@@ -23,7 +23,7 @@ def _theory_cost(fn: str, args: tuple) -> float:
 @kind("theory", cost=_theory_cost, shared=False)
 def theory_value(fn: str, args: tuple, seed: int):
     """``theory.<module>.<fn>(*args)`` (no seed: theory is deterministic)."""
-    return _theory_functions()[fn](*args)
+    return _theory_function(fn)(*args)
 
 
 def _phase_prediction(omega0, mu0, tasks, L, sigma, param, logit_scale, lr, factor, records, saturated_time) -> dict:
@@ -43,18 +43,26 @@ def _phase_prediction(omega0, mu0, tasks, L, sigma, param, logit_scale, lr, fact
             "prediction": three_phases.phase_prediction(*start, float(lr) * np.array(steps, float), status)}
 
 
-def _theory_functions() -> dict:
-    """The theory values a plan may ask for, by name."""
-    from theory import (exact, expansion_gap, initialisation, limiting_error, optimality, reduced_ode, saddle,
-                        task_allocation, three_phases)
-    return {"exact_fixed_point": exact.exact_fixed_point, "finite_L_gain": exact.finite_L_gain,
-            "single_head_optimum": exact.single_head_optimum, "limit_multi": limiting_error.limit_multi,
-            "gain": limiting_error.gain, "exact_flow": exact.exact_flow,
-            "expansion_flow": reduced_ode.integrate_expansion_flow, "phase_prediction": _phase_prediction,
-            "warmup_law_prediction": three_phases.warmup_law_prediction,
-            "allocation_horizon": task_allocation.horizon,
-            "allocation_prediction": task_allocation.allocation_prediction,
-            "max_growth_rate": saddle.max_growth_rate, "saddle_allocated_point": saddle.allocated_point,
-            "off_task_slope": saddle.off_task_slope, "constant_bracket": optimality.constant_bracket,
-            "gap_ladder": expansion_gap.gap_ladder, "predicted_winners": task_allocation.predicted_winners,
-            "default_start_winners": initialisation.default_start_winners}
+THEORY_FUNCTIONS = {
+    "exact_fixed_point": "exact.exact_fixed_point", "finite_L_gain": "exact.finite_L_gain",
+    "single_head_optimum": "exact.single_head_optimum", "limit_multi": "limiting_error.limit_multi",
+    "gain": "limiting_error.gain", "exact_flow": "exact.exact_flow",
+    "expansion_flow": "reduced_ode.integrate_expansion_flow",
+    "warmup_law_prediction": "three_phases.warmup_law_prediction",
+    "allocation_horizon": "task_allocation.horizon", "allocation_prediction": "task_allocation.allocation_prediction",
+    "max_growth_rate": "saddle.max_growth_rate", "saddle_allocated_point": "saddle.allocated_point",
+    "off_task_slope": "saddle.off_task_slope", "constant_bracket": "optimality.constant_bracket",
+    "gap_ladder": "expansion_gap.gap_ladder", "predicted_winners": "task_allocation.predicted_winners",
+    "default_start_winners": "initialisation.default_start_winners",
+}
+"""The theory values a plan may ask for, by name: ``theory.<module>.<function>`` (the module loaded
+when a value of it is asked, so a build loads only the theory its claims use)."""
+
+
+def _theory_function(fn: str):
+    """The function named ``fn`` (:data:`THEORY_FUNCTIONS`, or this module's ``phase_prediction``)."""
+    import importlib
+    if fn == "phase_prediction":
+        return _phase_prediction
+    module, name = THEORY_FUNCTIONS[fn].split(".")
+    return getattr(importlib.import_module(f"theory.{module}"), name)
