@@ -113,7 +113,7 @@ def check_symmetrised_exact(cfg, runs, lr: float, steps: int) -> Comparison:
     The same comparison, with the same tolerance, is run for the wrong-group predictions
     (:func:`wrong_groups`; the flow must leave D, through the non-block-scalar part of W_XX or
     the off-diagonal of U_Y: a residual meter blind to those directions, a P_D that keeps W_XX
-    and U_Y whole, cannot reject them and makes the verdict ``error``) and for a G-orbit with one
+    and U_Y whole, cannot reject them and makes the verdict ``undecided``) and for a G-orbit with one
     element dropped: each must be rejected."""
     groups = wrong_groups(cfg)
     run = runs.run

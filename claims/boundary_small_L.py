@@ -90,7 +90,7 @@ def check_expansion_coefficient(r: int, sigma: float, rows: list[dict]) -> Compa
     (EXPONENT_RIGHT), |p + 2| against :data:`EXPONENT_TOLERANCE` + Z_SE se; perturbation
     through the same comparison: a wrong coefficient (-1).  An inconclusive p (within Z_SE se
     of the midpoint) lies within tolerance of both -2 and -1, so the wrong-coefficient
-    perturbation is not rejected and the verdict is error, not pass.  Outside
+    perturbation is not rejected and the verdict is undecided, not pass.  Outside
     (a finding; theory gives o(1/L) only): :func:`trend_error` -- the exponents steepen along
     the ladder and the top one is below -1; perturbation through it: they flatten toward -1.
     The expansion must be finite (2 omega*^2 < 1) at the top two L, else ValueError."""

@@ -117,7 +117,7 @@ def check_limit(tasks, sigma: float, L: int, minimum, Lam: float, here: dict, fa
 def compare_results(ctx, results) -> Outcome:
     """Claim 5: per case, the trained runs at each L against the exact fixed point, the decay
     between in-domain runs, the bridge and the limit rows.  With no trained run inside the
-    domain the claim on trained models is not decided: verdict error, never pass."""
+    domain the claim on trained models is not decided: verdict undecided, never pass."""
     p = ctx.p
     configs = configurations(ctx)
     comps, rows, points, head = [], [], {}, None

@@ -1060,20 +1060,16 @@ def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Option
 
 
 def judged_result(spec: ClaimSpec, profile, req: AuditRequest, outcomes: Optional[list]) -> ClaimResult:
-    """``spec`` run on ``profile`` by the one runner, judged as its kind -- except a claim whose
-    comparisons all agree but cannot decide (none made; a wrong prediction not rejected: its
-    ``undecided``), judged as an undecided boundary: claims.core.base.judge reads such a claim ``error``,
-    a fault of the check, where here it is the measurement's size.  ``outcomes`` (:func:`run_audit`)
-    receives (id, kind, Outcome)."""
+    """``spec`` run on ``profile`` by the one runner, judged as its kind (claims.core.base.judge: comparisons
+    that all agree but cannot decide -- none made, a wrong prediction not rejected, the sized count past
+    the cap -- read ``undecided``, with the reason).  ``outcomes`` (:func:`run_audit`) receives
+    (id, kind, Outcome)."""
     try:
         out = spec.evaluate(Context(p=profile, profile="audit", problem=None, device=req.device, seed=req.seed))
     except Exception as exc:        # the runner records it as the result's error
         out = exc
-    if isinstance(out, Outcome):
-        if outcomes is not None:
-            outcomes.append((spec.id, spec.kind, out))
-        if (out.undecided or not out.comparisons) and all(c.agrees for c in out.comparisons):
-            spec = dataclasses.replace(spec, kind="boundary")
+    if isinstance(out, Outcome) and outcomes is not None:
+        outcomes.append((spec.id, spec.kind, out))
 
     def replay(ctx):
         if isinstance(out, Exception):

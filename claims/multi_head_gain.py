@@ -173,7 +173,7 @@ def _gain_at(results, tasks, L, sigma) -> dict:
 def compare_results(ctx, results) -> Outcome:
     """Claim 6: per case and L, the m-head and one-head runs (same prompt stream) against
     theory's exact losses, their gain, then the bridge and limit rows.  Only pairs with both
-    runs inside the domain decide the claim on trained models; with none: verdict error."""
+    runs inside the domain decide the claim on trained models; with none: verdict undecided."""
     p = ctx.p
     configs = configurations(ctx)
     if p.problem:

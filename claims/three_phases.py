@@ -142,7 +142,7 @@ def check_phase_times(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, to
     """Measured against predicted phase ends (max over the two ends of |error| / tolerance, each tolerance
     recomputed for the predicted time it is held against, :func:`phase_tolerance_at`).  Decided before the
     comparison: a factor-2 error of the warm-up is resolvable only if it moves the warm-up end by more than its
-    tolerance; if not, the case cannot discriminate and says so (the unrejected perturbation makes it "error")."""
+    tolerance; if not, the case cannot discriminate and says so (the unrejected perturbation makes it "undecided")."""
     name = f"phase times tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g} s0={cfg.init_scale:g}"
     details = {"measured": meas.phases.to_dict(), "predicted": pred.phases.to_dict() if pred.phases else None,
                "drop_se": meas.drop_se, "tolerances": tols, "role": "phase times"}

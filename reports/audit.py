@@ -18,8 +18,8 @@ written whole into a temporary directory, checked, then swapped in; a directory 
 but a previous report is refused, never deleted).  docs/audit.md has the layouts, the units and
 every field of ``model``.
 
-Exit status: 0 when no judged claim fails or errors and no boundary is contradicted or errors,
-1 otherwise, 2 on bad arguments or an unreadable checkpoint (nothing computed, nothing written),
+Exit status: 0 when no judged claim fails or errors and no boundary is contradicted or errors
+(an ``undecided`` result of either kind, which says what would decide it, included), 1 otherwise, 2 on bad arguments or an unreadable checkpoint (nothing computed, nothing written),
 130 when interrupted (nothing written).
 """
 from __future__ import annotations
@@ -91,8 +91,9 @@ def make_parser() -> argparse.ArgumentParser:
             "decomposable point of the same H, linear attention), what its weights are (readout, allocation, off-D "
             "part) and, where the paper's account applies, whether it agrees. Several checkpoints of one run with "
             "training times are a trajectory: phases and winners against theory from the first (claims 3-4). Writes "
-            "DIR/claims.json, DIR/index.html and DIR/figures/. Exit status: 0 every judged claim passes and no "
-            "boundary is contradicted, 1 otherwise, 2 bad arguments or files, 130 interrupted.", width=92),
+            "DIR/claims.json, DIR/index.html and DIR/figures/. Exit status: 0 no judged claim fails or errors and no "
+            "boundary is contradicted or errors (an undecided result included), 1 otherwise, 2 bad arguments or "
+            "files, 130 interrupted.", width=92),
         epilog=textwrap.dedent("""\
             layouts (docs/audit.md shows the export from a generic PyTorch attention):
               authors   state_dict: q_proj/k_proj/v_proj.weight (H(d+m), d+m), o_proj.weight (m, H(d+m)),

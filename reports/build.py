@@ -22,9 +22,9 @@ The schema of claims.json is derived from the dataclasses of ``claims.core.base`
 ``findings`` list, which the page shows first.
 
 Exit status: 0 when no claim fails or errors and no boundary is contradicted or errors
-(``claims.core.base.FAILING``) and every figure rendered; 1 otherwise; 2 on bad arguments; 75
-(``numerics.io.files.EXIT_DISK_FULL``) when the disk is full ("disk full: N bytes needed at PATH";
-the previous report is intact); 130 when interrupted.
+(``claims.core.base.FAILING``; an ``undecided`` claim or boundary does not fail) and every figure
+rendered; 1 otherwise; 2 on bad arguments; 75 (``numerics.io.files.EXIT_DISK_FULL``) when the disk
+is full ("disk full: N bytes needed at PATH"; the previous report is intact); 130 when interrupted.
 """
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ def make_parser() -> argparse.ArgumentParser:
                     "provenance), DIR/index.html (one self-contained page: a scorecard of every claim "
                     "and a forest plot of every comparison first, then the findings) and "
                     "DIR/figures/*.png (forest.png among them). Exit status: 0 no claim fails or errors and no boundary is "
-                    "contradicted or errors, 1 otherwise, 2 bad arguments, 75 the disk is full "
+                    "contradicted or errors (undecided does not fail), 1 otherwise, 2 bad arguments, 75 the disk is full "
                     "(the message says how many bytes were needed where), 130 interrupted (after a "
                     "full disk or an interruption the previous report is left intact).", width=92),
         epilog=PROFILE_HELP + "\n" + REPRODUCIBILITY_HELP + "\nclaim ids: " + ", ".join(claims.REGISTRY),

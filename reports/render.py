@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 import jinja2
 
-from claims.core.base import FAILING, kind_from_id
+from claims.core.base import BOUNDARY_OUTCOMES, FAILING, VERDICTS, kind_from_id
 from reports.figures import (FOREST_CLIP, FOREST_FILE, FOREST_MAX_ROWS, scalar, comparison_records, forest_png,
                              forest_rows, forest_svg)
 # The figure functions' old home: callers of ``reports.render.figure_png`` and friends keep working
@@ -779,10 +779,9 @@ def describe_problem(problem: dict) -> str:
 
 
 def verdict_counts(claims: list[dict]) -> str:
-    """"7 pass, 0 fail, 0 error; boundaries: 3 located, 1 contradicted, 1 undecided, 0 error"."""
+    """"7 pass, 0 fail, 0 undecided, 0 error; boundaries: 3 located, 1 contradicted, 1 undecided, 0 error"."""
     parts = []
-    for kind, outcomes, label in (("claim", ("pass", "fail", "error"), ""),
-                                  ("boundary", ("located", "contradicted", "undecided", "error"), "boundaries: ")):
+    for kind, outcomes, label in (("claim", VERDICTS, ""), ("boundary", BOUNDARY_OUTCOMES, "boundaries: ")):
         of_kind = [c for c in claims if kind_of(c) == kind]
         if of_kind or kind == "claim":
             parts.append(label + ", ".join(f"{sum(c['verdict'] == v for c in of_kind)} {v}" for v in outcomes))

@@ -51,6 +51,8 @@ OUTCOMES = {"claim": VERDICTS, "boundary": BOUNDARY_OUTCOMES}
 PASSING = {"claim": "pass", "boundary": "located"}
 # how a claims.json written before kinds existed named a boundary's outcome (claims.core.base.judge)
 OLD_BOUNDARY_VERDICT = {"pass": "located", "fail": "contradicted", "error": "error"}
+# how a claims.json written before claims had ``undecided`` named an agreement that cannot decide
+OLD_CLAIM_UNDECIDED = "error"
 
 
 OPTIONAL_TOP_LEVEL = {"model": list}
@@ -172,7 +174,8 @@ def default_kind(claim_id: Any) -> str:
 
 def upgrade(report: dict) -> dict:
     """A claims.json document with the fields added since it was written filled in: ``kind`` from
-    the id (and a boundary's old pass/fail/error named as its outcome), each headline row's
+    the id (and a boundary's old pass/fail/error named as its outcome), a claim's ``error`` that
+    records no exception read as the ``undecided`` it was (claims.core.base.judge), each headline row's
     defaults (side two-sided, config None), ``findings`` (per claim and the top-level list).
     A row of a file from before sides existed (no ``side``, and an entry that stores no
     comparisons) gets the side its own numbers and agreement imply (:func:`_old_side`).
@@ -193,6 +196,9 @@ def upgrade(report: dict) -> dict:
             entry["kind"] = default_kind(entry.get("id"))
             if entry["kind"] == "boundary" and entry.get("verdict") in OLD_BOUNDARY_VERDICT:
                 entry["verdict"] = OLD_BOUNDARY_VERDICT[entry["verdict"]]
+        if entry["kind"] == "claim" and entry.get("verdict") == OLD_CLAIM_UNDECIDED and not (
+                isinstance(entry.get("details"), dict) and "error" in entry["details"]):
+            entry["verdict"] = "undecided"      # an error that records no exception: the check did not raise
         old_style = not (isinstance(entry.get("details"), dict) and "comparisons" in entry["details"])
         for name, cls in ROW_CLASSES.items():
             rows = entry.get(name, [])

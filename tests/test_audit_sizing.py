@@ -96,10 +96,11 @@ def test_a_model_at_the_fixed_point_is_sized_and_never_reads_error(tmp_path, one
     rc, stdout, _ = run([near] + common + ["--prompts", "16384", "--out", str(tmp_path / "fixed")])
     _, by_id = claims_of(tmp_path / "fixed")
     c = by_id["model-1"]
-    assert rc == 0 and c["verdict"] == "undecided" and all(x["agrees"] for x in c["details"]["comparisons"])
+    assert rc == 0 and (c["kind"], c["verdict"]) == ("claim", "undecided")
+    assert all(x["agrees"] for x in c["details"]["comparisons"])
     need = NEEDS.search(c["details"]["undecided"])
     assert need and int(need.group(1)) > 16384 and need.group(1) == need.group(2)
-    assert "model-1 (near.npz): boundary undecided: agrees, but on 16384 held-out prompts" in stdout
+    assert "model-1 (near.npz): claim undecided: agrees, but on 16384 held-out prompts" in stdout
     assert NEEDS.search(stdout)
     # a prompt cap below the need: undecided, with the count that would decide
     rc, stdout, _ = run([near] + common + ["--max-prompts", "8192", "--out", str(tmp_path / "capped")])
@@ -149,7 +150,7 @@ def test_a_result_with_no_comparison_made_is_undecided_never_pass():
     spec = ClaimSpec(id="trajectory", title="t", statement="s", profiles={}, evaluate=lambda ctx: nothing)
     req = ma.AuditRequest(checkpoints=("x",))
     r = ma.judged_result(spec, None, req, None)
-    assert (r.kind, r.verdict) == ("boundary", "undecided")
+    assert (r.kind, r.verdict) == ("claim", "undecided")
     assert audit.decided_by(r.to_dict()) == "no comparison was made"
     wrong = compare("w", 2.0, 1.0, 0.1, "a disagreement", wrong=[("x2", 2.0)])
     r = ma.judged_result(ClaimSpec(id="m", title="t", statement="s", profiles={}, evaluate=lambda ctx: Outcome(
@@ -250,4 +251,4 @@ def test_a_run_with_nothing_compared_is_undecided_with_its_reasons(tmp_path, one
     traj = by_id["trajectory"]
     assert (traj["verdict"], traj["details"]["comparisons"]) == ("undecided", []) and rc == 0
     assert [x["what"] for x in traj["details"]["not_compared"]] == ["phase times", "winners"]
-    assert stdout.count("  not compared: ") >= 2 and "trajectory: boundary undecided: phase times: " in stdout
+    assert stdout.count("  not compared: ") >= 2 and "trajectory: claim undecided: phase times: " in stdout

@@ -68,12 +68,12 @@ def build_args(out: Path, only: str, *extra: str) -> list[str]:
 
 def test_fake_registry_end_to_end(fake_report):
     out, status, stdout = fake_report
-    assert status == 1  # a fail and errors -> exit 1
+    assert status == 1  # a fail and an error -> exit 1 (the undecided one alone would not)
     assert check_report(out) == []
     report = strict_load(out / "claims.json")
     verdicts = {c["id"]: c["verdict"] for c in report["claims"]}
     assert verdicts == {"fake-pass": "pass", "fake-fail": "fail", "fake-raise": "error",
-                        "fake-undiscriminating": "error"}
+                        "fake-undiscriminating": "undecided"}
     passing = report["claims"][0]
     assert passing["numerics"]["unstable"] == "nan" and passing["numerics"]["far"] == "inf"
     assert passing["details"]["seed"] == 7 and passing["details"]["profile"] == "tiny"
@@ -92,7 +92,7 @@ def test_fake_registry_end_to_end(fake_report):
     assert page.index("id='scorecard'") < page.index("id='claim-fake-pass'")  # the scorecard first
     assert "fake claim exploded" in page and "cannot discriminate" in page
     assert page.count("data:image/png;base64,") == 5 and "<script" not in page
-    assert "fake-fail" in stdout and "1 pass, 1 fail, 2 error" in stdout
+    assert "fake-fail" in stdout and "1 pass, 1 fail, 1 undecided, 1 error" in stdout
 
 
 def test_every_claim_passing_exits_0(fake_registry, tmp_path):

@@ -27,6 +27,7 @@ from reports import figures as report_figures
 from reports import output as report_output
 from reports import render as report_render
 from reports.build import check_report, main
+from reports.schema import document_problems, upgrade
 
 from report_fakes import FAKES, HEADLINE, fake_config, install_registry, snapshot, strict_load
 
@@ -551,7 +552,7 @@ def test_headline_table_leads_each_section(registry, tmp_path):
 
 
 def test_many_perturbation_checks_fold_under_a_count():
-    entry = {"id": "c", "title": "t", "statement": "s", "verdict": "error", "kind": "claim",
+    entry = {"id": "c", "title": "t", "statement": "s", "verdict": "undecided", "kind": "claim",
              "perturbations": [{"description": f"wrong constant {k}", "rejected": k != 3, "details": {}}
                                for k in range(6)]}
     macros = report_render.environment().get_template("macros.html.j2").module
@@ -746,6 +747,8 @@ def test_page_prints_4_significant_digits_and_json_keeps_all(findings_report):
     ({"claim": "pass", "boundary": "error"}, 1),
     ({"claim": "fail", "boundary": "located"}, 1),
     ({"claim": "error", "boundary": "located"}, 1),
+    ({"claim": "undecided", "boundary": "located"}, 0),
+    ({"claim": "undecided", "boundary": "undecided"}, 0),
 ])
 def test_exit_status_follows_failing(outcomes, status):
     entries = [{"id": kind, "kind": kind, "verdict": verdict, "figure_errors": []} for kind, verdict in outcomes.items()]
@@ -868,7 +871,7 @@ def spec_report(tmp_path_factory):
         status, _, err = run_main(args(out, "fake-spec-pass,fake-spec-fail,fake-spec-undecided,boundary-spec"))
     assert status == 1, err
     report = strict_load(out / "claims.json")
-    assert [c["verdict"] for c in report["claims"]] == ["pass", "fail", "error", "contradicted"]
+    assert [c["verdict"] for c in report["claims"]] == ["pass", "fail", "undecided", "contradicted"]
     return report
 
 
@@ -904,7 +907,7 @@ FORGED = [
     ("an honest pass edited to fail", lambda r: _c(r, "fake-spec-pass").update(verdict="fail"),
      "verdict 'fail', but its own comparisons and perturbations give 'pass'"),
     ("an undecided claim edited to pass", lambda r: _c(r, "fake-spec-undecided").update(verdict="pass"),
-     "give 'error' (claims.core.base.judge)"),
+     "give 'undecided' (claims.core.base.judge)"),
     ("a comparison's agrees flipped", lambda r: _c(r, "fake-spec-fail")["details"]["comparisons"][0].update(agrees=True),
      "says agrees=True but its error"),
     ("a row's agrees flipped, numbers untouched", lambda r: _c(r, "fake-spec-fail")["headline"][0].update(agrees=True),
@@ -947,9 +950,30 @@ def test_the_genuine_spec_report_rerenders_and_compares(registry, spec_report, t
     status, _, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
     assert status == 1, err           # the same verdicts, the fail kept
     assert [c["verdict"] for c in strict_load(tmp_path / "r" / "claims.json")["claims"]] == \
-        ["pass", "fail", "error", "contradicted"]
+        ["pass", "fail", "undecided", "contradicted"]
     assert report_compare.main([str(source), str(tmp_path / "r")]) == 0
     capsys.readouterr()
+
+
+def test_an_undecided_claim_passes_the_schema_and_renders_with_its_badge(registry, spec_report, tmp_path):
+    """A claim that agrees but cannot decide reads ``undecided`` (its reason beside it), with the badge a
+    boundary's undecided has; a claims.json written when such a claim read ``error`` (no exception
+    recorded) reads back as undecided, while an ``error`` that records its exception stays error."""
+    assert document_problems(spec_report) == []
+    old = json.loads(json.dumps(spec_report))
+    _c(old, "fake-spec-undecided")["verdict"] = "error"
+    source = tmp_path / "old.json"
+    source.write_text(json.dumps(old))
+    status, _, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
+    assert status == 1, err           # the fail and the contradicted boundary; the undecided claim alone would be 0
+    report = strict_load(tmp_path / "r" / "claims.json")
+    assert _c(report, "fake-spec-undecided")["verdict"] == "undecided" and document_problems(report) == []
+    page = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
+    assert '<span class="badge undecided">undecided</span>' in _section(page, "fake-spec-undecided")
+    assert "the run did not converge" in _section(page, "fake-spec-undecided")
+    assert "1 pass, 1 fail, 1 undecided, 0 error" in page
+    raised = upgrade({"claims": [{"id": "c", "kind": "claim", "verdict": "error", "details": {"error": "E: x"}}]})
+    assert raised["claims"][0]["verdict"] == "error"
 
 
 def _text(report: dict, **provenance) -> str:

@@ -99,14 +99,14 @@ def test_tolerance_made_from_the_prediction_is_recomputed():
     assert c.perturbations[0].details["tolerance"] == pytest.approx(0.112)
 
 
-def test_a_tolerance_that_grows_as_fast_as_the_error_is_an_error_not_a_pass():
+def test_a_tolerance_that_grows_as_fast_as_the_error_is_undecided_not_a_pass():
     # the tolerance swallows any move of the prediction: no resolving power, the edge probe passes,
-    # and the judge calls the comparison an error
+    # and the judge calls the comparison undecided
     c = compare("lax", 1.0, 1.0, lambda p: abs(1.0 - p) + 0.05, "w", wrong=[("x 2", 2.0)])
     assert c.agrees and c.resolving_power["low"] is None and c.resolving_power["high"] is None
     edges = [p for p in c.perturbations if "edge" in p.details]
     assert edges and not any(p.rejected for p in edges)
-    assert judge(c.agrees, c.perturbations) == "error"
+    assert judge(c.agrees, c.perturbations) == "undecided"
     assert resolving_summary([c])["blind"] == ["lax"]
 
 
@@ -200,10 +200,10 @@ def test_the_build_confirms_every_resolving_power_it_prints():
 
 
 @pytest.mark.parametrize("factor, why", [(1 / 3, "too small"), (3.0, "too large")])
-def test_a_wrong_resolving_power_makes_the_build_refuse(monkeypatch, factor, why):
+def test_a_wrong_resolving_power_makes_the_claim_undecided(monkeypatch, factor, why):
     """The power computed wrong (divided or multiplied by 3, its edge probes built from it) and the power
     changed after the edge probes were built from the true one (only what is printed is wrong): either way
-    the build says the printed power is not confirmed, and the claim reads error with the reason."""
+    the build says the printed power is not confirmed, and the claim reads undecided with the reason."""
     import claims.core.common as common
     real_power, real_summary = common.resolving_power, common.Comparison.summary
 
@@ -217,7 +217,7 @@ def test_a_wrong_resolving_power_makes_the_build_refuse(monkeypatch, factor, why
     with monkeypatch.context() as mp:   # the computation itself
         mp.setattr(common, "resolving_power", lambda *a, **k: scaled(real_power(*a, **k)))
         result = _build([compare("rate", 1.02, 1.0, 0.05, "4 se", se=0.0125)])
-    assert result.verdict == "error" and why in result.details["comparisons"][0]["power_unconfirmed"]
+    assert result.verdict == "undecided" and why in result.details["comparisons"][0]["power_unconfirmed"]
     assert "the resolving power printed for 'rate' is not confirmed" in result.details["undecided"]
     with monkeypatch.context() as mp:   # only the printed number: the edge probes keep the true power
         mp.setattr(common.Comparison, "summary",
@@ -225,7 +225,7 @@ def test_a_wrong_resolving_power_makes_the_build_refuse(monkeypatch, factor, why
         comps = _comparisons()
         assert judge(all(c.agrees for c in comps), [p for c in comps for p in c.perturbations]) == "pass"
         result = _build(comps)
-    assert result.verdict == "error", result.details
+    assert result.verdict == "undecided", result.details
     unconfirmed = [c["name"] for c in result.details["comparisons"] if c["power_unconfirmed"]]
     # every printed power that moves is caught; the exact one's bound only from above, the count's by whole steps
     assert {"rate", "points", "bound"} <= set(unconfirmed) and "exact" not in unconfirmed

@@ -10,7 +10,8 @@ shows, figures included, is data computed here.
 Every check also runs itself against a *perturbed* prediction (a wrong constant, a wrong
 winner, a wrong exponent) and records whether that was rejected at the same tolerance
 (:class:`PerturbationCheck`).  A check that cannot reject the perturbation cannot
-discriminate, and its verdict is ``"error"``, not ``"pass"``.
+discriminate: its agreement decides nothing, and its verdict is ``"undecided"``, not ``"pass"``.
+``"error"`` means only that the check raised.
 """
 from __future__ import annotations
 
@@ -28,8 +29,11 @@ PROFILES = ("tiny", "quick", "paper", "authors")
 meant for a GPU; ``authors``: the authors' released experiment (claims.authors_replica, the one
 id that has it; meant for a GPU, reduced on a CPU)."""
 
-VERDICTS = ("pass", "fail", "error")
-"""Verdicts of the paper's claims (``kind == "claim"``)."""
+VERDICTS = ("pass", "fail", "undecided", "error")
+"""Verdicts of the paper's claims (``kind == "claim"``): ``pass`` (theory and numerics agree and
+every wrong prediction was rejected), ``fail`` (they disagree), ``undecided`` (they agree, but the
+measurement cannot decide: a wrong prediction accepted, or ``details["undecided"]`` says why),
+``error`` (the check raised)."""
 
 BOUNDARY_OUTCOMES = ("located", "contradicted", "undecided", "error")
 """Outcomes of a boundary (``kind == "boundary"``): ``located`` (its regime was measured
@@ -56,7 +60,8 @@ def kind_from_id(claim_id) -> str:
     return "boundary" if str(claim_id).startswith(BOUNDARY_ID_PREFIXES) else "claim"
 
 FAILING = {"claim": ("fail", "error"), "boundary": ("contradicted", "error")}
-"""The verdicts that make ``reports.build`` exit 1."""
+"""The verdicts that make ``reports.build`` and ``reports.audit`` exit 1; ``undecided`` is not
+among them for either kind (the result says what would decide it)."""
 
 SIDES = ("two-sided", "not above", "not below", "reported")
 """How a headline row compares: |measured - theory| <= tolerance (``two-sided``); measured <=
@@ -206,25 +211,25 @@ class ClaimResult:
 def judge(agrees: bool, perturbations: list[PerturbationCheck], kind: str = "claim",
           undecided: Optional[str] = None) -> str:
     """The one verdict rule.  For a claim: ``pass`` only if theory and numerics agree *and*
-    every perturbed prediction was rejected at the same tolerance; a check that accepts a wrong
-    prediction cannot discriminate, which is an ``error`` of the check, not a pass; a run whose
-    measurement could not decide (``undecided``: the reason) is ``error`` too, never pass.
-    A disagreement is ``fail`` even then: a measurement outside a tolerance too wide to
-    reject the perturbations lies outside any narrower one as well, so it contradicts theory
-    conclusively; only an agreement needs the perturbations to mean something.
+    every perturbed prediction was rejected at the same tolerance; an agreement that accepts a wrong
+    prediction cannot discriminate, and one whose measurement could not decide (``undecided``: the
+    reason) decides nothing either: both are ``undecided``, never pass (``error`` is only a check
+    that raised: :func:`run_claim`).  A disagreement is ``fail`` even then: a measurement outside
+    a tolerance too wide to reject the perturbations lies outside any narrower one as well, so it
+    contradicts theory conclusively; only an agreement needs the perturbations to mean something.
 
     For a boundary the same rule in :data:`BOUNDARY_OUTCOMES`' words: pass -> ``located``,
-    fail -> ``contradicted``, a check that cannot decide -> ``undecided``."""
+    fail -> ``contradicted``, undecided -> ``undecided``."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not agrees:
         verdict = "fail"
     elif undecided or (perturbations and not all(p.rejected for p in perturbations)):
-        verdict = "error"
+        verdict = "undecided"
     else:
         verdict = "pass"
     if kind == "boundary":
-        return {"pass": "located", "fail": "contradicted", "error": "undecided"}[verdict]
+        return {"pass": "located", "fail": "contradicted", "undecided": "undecided"}[verdict]
     return verdict
 
 

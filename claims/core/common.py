@@ -178,7 +178,7 @@ EDGE_MARGIN = 1.5
 power, each way the comparison sees, must be rejected -- through the comparison's own error
 function and its tolerance recomputed from the moved prediction.  A comparison whose tolerance
 grows with the prediction as fast as its error (so that no move is ever rejected) fails its probe:
-its verdict is ``error``, never pass.  Counts move by whole steps: by the power k itself."""
+its verdict is ``undecided``, never pass.  Counts move by whole steps: by the power k itself."""
 
 
 def _is_quantity(x, units: str) -> bool:
@@ -345,7 +345,7 @@ def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], si
     same error function and the tolerance recomputed from the moved prediction.  A direction with no
     resolving power (None: nothing up to RESOLVING_MAX is rejected) is probed at the end of that
     range, which is not rejected -- the comparison cannot see a direction it claims to, and the judge
-    makes it ``error``.  A direction already at 0 (the prediction itself rejected) needs no probe.
+    makes it ``undecided``.  A direction already at 0 (the prediction itself rejected) needs no probe.
     A margin below 1 (the build's probe from below) skips a bound; counts move by whole steps: by the
     power k itself (to be rejected), or from below by k - 1 (to be accepted)."""
     if power is None:

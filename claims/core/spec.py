@@ -222,7 +222,7 @@ def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:
     :func:`resolving_summary`) read off those summaries.  Each printed resolving power is
     confirmed against its comparison's own error function (:func:`unconfirmed_power`); one
     that is not is said in the comparison's ``power_unconfirmed`` and, where every comparison agrees
-    (a disagreement decides without it), makes the run undecided (``error``), the reason in
+    (a disagreement decides without it), makes the run ``undecided``, the reason in
     ``details["undecided"]``."""
     from claims.core.common import headline_row, worst
     comps = out.comparisons
@@ -264,7 +264,7 @@ def unconfirmed_power(c, printed: Optional[dict] = None) -> Optional[str]:
     (``c`` disagrees); a power eps > 0 moved by EDGE_MARGIN x eps is rejected, and moved by CONFIRM_BELOW
     x eps is not (unless eps is printed as a bound: ``bound``); a count k: moved by k rejected, by k - 1
     not.  :func:`build_result` calls this on every comparison, so a resolving power computed wrong, or
-    changed after its edge probes were built, turns the claim's verdict into ``error`` with this reason."""
+    changed after its edge probes were built, turns the claim's verdict into ``undecided`` with this reason."""
     from claims.core import common
     power = c.summary()["resolving_power"] if printed is None else printed
     if not power:

@@ -5,8 +5,8 @@
 - its kind is the one its spec declares, and the one its id names (claims.core.base.kind_from_id:
   what a report reads where the spec cannot say);
 - it compares something, unless it says why it could not decide (``details["undecided"]``);
-- every comparison that agrees rejects each of its wrong predictions, or the claim is
-  ``error`` / ``undecided`` (a check that accepts a wrong prediction cannot pass) or ``fail`` /
+- every comparison that agrees rejects each of its wrong predictions, or the result is
+  ``undecided`` (a check that accepts a wrong prediction cannot pass) or ``fail`` /
   ``contradicted`` (claims.core.base.judge: a disagreement is conclusive whatever the tolerance), and a
   passing claim has no comparison that disagrees;
 - a measurement that could not decide (``details["undecided"]``) is never a pass;
@@ -30,7 +30,7 @@ IDS = [i for i in claims.REGISTRY if i not in claims.OPT_IN]
 which train nothing and are built from a sweep (their refusal without one is checked below; their
 contract at the atlas's tiny sweep belongs with the ``atlas`` marker's end-to-end test)."""
 PASSING = {"claim": "pass", "boundary": "located"}
-NOT_DECIDED = {"error", "undecided"}
+NOT_DECIDED = {"undecided"}
 A_NUMBER = re.compile(r"[0-9]")
 
 
@@ -53,8 +53,8 @@ def contract_problems(claim_id: str, res: ClaimResult, declared_kind: str) -> li
         out.append("no comparison in details['comparisons'] (and no reason it could not decide)")
     for c in comparisons:
         accepted = [p["description"] for p in c.get("perturbations", []) if not p["rejected"]]
-        # claims.core.base.judge: an agreement that accepts a wrong prediction cannot pass (error /
-        # undecided); a verdict of fail / contradicted stands on a disagreement, conclusive whatever
+        # claims.core.base.judge: an agreement that accepts a wrong prediction cannot pass (undecided);
+        # a verdict of fail / contradicted stands on a disagreement, conclusive whatever
         # the tolerance, so a weak agreeing comparison beside it does not change it
         if c["agrees"] and accepted and passed:
             out.append(f"{c['name']} agrees but accepts the wrong predictions {accepted}, verdict {res.verdict}")
@@ -124,11 +124,12 @@ def test_the_contract_can_fail():
     assert broken(findings=[Finding(claim="limiting-error", kind="holds", text="it holds")])
     assert broken(findings=[])
     assert broken(details={})
-    assert not broken(verdict="error", details={"undecided": "still descending at the budget"})
+    assert not broken(verdict="undecided", details={"undecided": "still descending at the budget"})
+    assert broken(verdict="error", details={"undecided": "still descending at the budget"})  # error: only a raise
     # the same lax comparison is allowed when the claim says it cannot decide
-    assert not broken(verdict="error", details={"comparisons": [{"name": "L=64", "agrees": True,
-                                                                 "perturbations": [{"description": "x2",
-                                                                                    "rejected": False}]}]})
+    assert not broken(verdict="undecided", details={"comparisons": [{"name": "L=64", "agrees": True,
+                                                                     "perturbations": [{"description": "x2",
+                                                                                        "rejected": False}]}]})
     # ... and beside a disagreement, which decides the verdict on its own (claims.core.base.judge)
     lax = {"name": "L=64", "agrees": True, "perturbations": [{"description": "x2", "rejected": False}]}
     against = {"name": "L=32", "agrees": False, "perturbations": []}
