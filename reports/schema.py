@@ -410,7 +410,7 @@ def judged_problems(entry: dict, where: str) -> list[str]:
         expected = "error"         # the run raised (claims.core.base.run_claim): no comparison to judge
     elif comparisons is not None:
         undecided = details.get("undecided") or (None if comparisons else "no comparison was made")
-        expected = judge(all(c["agrees"] for c in comparisons), perturbations, kind, undecided)
+        expected = judge(all(c["agrees"] for c in comparisons), perturbations, kind, undecided, details.get("fault"))
     else:
         return problems
     if verdict != expected:

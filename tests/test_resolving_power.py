@@ -203,7 +203,7 @@ def test_the_build_confirms_every_resolving_power_it_prints():
 def test_a_wrong_resolving_power_makes_the_claim_undecided(monkeypatch, factor, why):
     """The power computed wrong (divided or multiplied by 3, its edge probes built from it) and the power
     changed after the edge probes were built from the true one (only what is printed is wrong): either way
-    the build says the printed power is not confirmed, and the claim reads undecided with the reason."""
+    the build says the printed power is not confirmed, and the claim reads error with the reason."""
     import claims.core.common as common
     real_power, real_summary = common.resolving_power, common.Comparison.summary
 
@@ -217,15 +217,15 @@ def test_a_wrong_resolving_power_makes_the_claim_undecided(monkeypatch, factor, 
     with monkeypatch.context() as mp:   # the computation itself
         mp.setattr(common, "resolving_power", lambda *a, **k: scaled(real_power(*a, **k)))
         result = _build([compare("rate", 1.02, 1.0, 0.05, "4 se", se=0.0125)])
-    assert result.verdict == "undecided" and why in result.details["comparisons"][0]["power_unconfirmed"]
-    assert "the resolving power printed for 'rate' is not confirmed" in result.details["undecided"]
+    assert result.verdict == "error" and why in result.details["comparisons"][0]["power_unconfirmed"]
+    assert "the resolving power printed for 'rate' is not confirmed" in result.details["fault"]
     with monkeypatch.context() as mp:   # only the printed number: the edge probes keep the true power
         mp.setattr(common.Comparison, "summary",
                    lambda self: {**real_summary(self), "resolving_power": scaled(real_summary(self)["resolving_power"])})
         comps = _comparisons()
         assert judge(all(c.agrees for c in comps), [p for c in comps for p in c.perturbations]) == "pass"
         result = _build(comps)
-    assert result.verdict == "undecided", result.details
+    assert result.verdict == "error", result.details
     unconfirmed = [c["name"] for c in result.details["comparisons"] if c["power_unconfirmed"]]
     # every printed power that moves is caught; the exact one's bound only from above, the count's by whole steps
     assert {"rate", "points", "bound"} <= set(unconfirmed) and "exact" not in unconfirmed

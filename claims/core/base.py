@@ -209,7 +209,7 @@ class ClaimResult:
 
 
 def judge(agrees: bool, perturbations: list[PerturbationCheck], kind: str = "claim",
-          undecided: Optional[str] = None) -> str:
+          undecided: Optional[str] = None, fault: Optional[str] = None) -> str:
     """The one verdict rule.  For a claim: ``pass`` only if theory and numerics agree *and*
     every perturbed prediction was rejected at the same tolerance; an agreement that accepts a wrong
     prediction cannot discriminate, and one whose measurement could not decide (``undecided``: the
@@ -218,12 +218,17 @@ def judge(agrees: bool, perturbations: list[PerturbationCheck], kind: str = "cla
     a tolerance too wide to reject the perturbations lies outside any narrower one as well, so it
     contradicts theory conclusively; only an agreement needs the perturbations to mean something.
 
+    ``fault``: what the check itself got wrong though it ran (a resolving power it printed that its
+    own comparison does not confirm): an agreement then is ``error``, as a check that raised.
+
     For a boundary the same rule in :data:`BOUNDARY_OUTCOMES`' words: pass -> ``located``,
     fail -> ``contradicted``, undecided -> ``undecided``."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not agrees:
         verdict = "fail"
+    elif fault:
+        return "error"
     elif undecided or (perturbations and not all(p.rejected for p in perturbations)):
         verdict = "undecided"
     else:

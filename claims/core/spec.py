@@ -222,22 +222,23 @@ def build_result(spec: ClaimSpec, out: Outcome, details: dict) -> ClaimResult:
     :func:`resolving_summary`) read off those summaries.  Each printed resolving power is
     confirmed against its comparison's own error function (:func:`unconfirmed_power`); one
     that is not is said in the comparison's ``power_unconfirmed`` and, where every comparison agrees
-    (a disagreement decides without it), makes the run ``undecided``, the reason in
-    ``details["undecided"]``."""
+    (a disagreement decides without it), makes the run an ``error`` of the check (a number it
+    printed is wrong), the reason in ``details["fault"]``."""
     from claims.core.common import headline_row, worst
     comps = out.comparisons
     perts = [p for c in comps for p in c.perturbations]
     whys = {c.why.split(" (")[0] if out.short_why else c.why for c in comps}
     summaries = [c.summary() for c in comps]
-    reasons = [out.undecided] if out.undecided else ([] if comps else ["no comparison was made"])
+    undecided = out.undecided or (None if comps else "no comparison was made")
+    faults = []
     for c, s in zip(comps, summaries):
         s["power_unconfirmed"] = unconfirmed_power(c, s["resolving_power"])
         if s["power_unconfirmed"] and all(c.agrees for c in comps):   # a disagreement decides without it
-            reasons.append(f"the resolving power printed for {c.name!r} is not confirmed: {s['power_unconfirmed']}")
-    undecided = "; ".join(reasons) or None
-    verdict = judge(all(c.agrees for c in comps), perts, spec.kind, undecided)
-    if undecided != (out.undecided or None) and comps:
-        details = {**details, "undecided": undecided}
+            faults.append(f"the resolving power printed for {c.name!r} is not confirmed: {s['power_unconfirmed']}")
+    fault = "; ".join(faults) or None
+    verdict = judge(all(c.agrees for c in comps), perts, spec.kind, undecided, fault)
+    if fault:
+        details = {**details, "fault": fault}
     return ClaimResult(
         id=spec.id, title=spec.title, statement=spec.statement, verdict=verdict, kind=spec.kind,
         theory=out.theory if out.theory is not None else {c.name: c.predicted for c in comps},
@@ -264,7 +265,7 @@ def unconfirmed_power(c, printed: Optional[dict] = None) -> Optional[str]:
     (``c`` disagrees); a power eps > 0 moved by EDGE_MARGIN x eps is rejected, and moved by CONFIRM_BELOW
     x eps is not (unless eps is printed as a bound: ``bound``); a count k: moved by k rejected, by k - 1
     not.  :func:`build_result` calls this on every comparison, so a resolving power computed wrong, or
-    changed after its edge probes were built, turns the claim's verdict into ``undecided`` with this reason."""
+    changed after its edge probes were built, turns the claim's verdict into ``error`` with this reason (``details["fault"]``)."""
     from claims.core import common
     power = c.summary()["resolving_power"] if printed is None else printed
     if not power:
