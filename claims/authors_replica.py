@@ -8,7 +8,7 @@ default (init ``linear_default``), their small init (``authors_small``)} with th
 (``numerics.experiments.authors``: numerics.train.train_many, one program per shape, the two starts
 of a shape on one prompt stream) for the same number of their SGD steps, keeps checkpoints evenly
 spaced in time, and hands every run's checkpoints to the audit of handed models
-(``claims.model_audit``, the machinery of ``python -m reports.audit``: the same readout, held-out
+(``claims.audit``, the machinery of ``python -m reports.audit``: the same readout, held-out
 loss, theory's reference points, comparisons and findings), one trajectory per run.
 
 A plan and a comparison (numerics.engine): the plan asks for the eight runs (kind "authors_run" of
@@ -16,7 +16,7 @@ numerics.experiments.authors: the runs of one shape from any claims train as one
 naming the held-out prompts its checkpoints are audited on), theory's reference points per task
 split in independent pieces ("reference_points": with ``--jobs`` > 1 they run in worker processes
 beside the training) and the small inits' emergence flows ("authors_emergence"); the comparison
-audits every run's checkpoints through claims.model_audit.run_audit.
+audits every run's checkpoints through claims.audit.run_audit.
 
 Units: their loss is ours / m (MSELoss averages over the m outputs), so S of their steps at lr are
 t = lr S / m of this project's time; both are stated per run.
@@ -25,7 +25,7 @@ Kind: a boundary, decided from the plan before any run -- nn.Linear's default is
 paper's "suitable initialisation" does not hold: boundary-initialisation), H = 8 > m and d_y = 1
 lie outside claim 5's domain, and the small init's warm-up outlasts any run here (theory's
 expansion flow from it ends its emergence at t ~ 10^3, hundreds of thousands of their steps); so
-what is judged is each model's standing on the side theory puts it (claims.model_audit), and a
+what is judged is each model's standing on the side theory puts it (claims.audit), and a
 model inside the allocated account, if any, is compared two-sidedly there as in the audit.
 
 Time.  Profile ``authors`` (= ``paper``) is the experiment at ``STATED_STEPS`` of their steps, sized
@@ -34,7 +34,7 @@ for one H200 within 5 minutes (docs/authors.md: the roofline estimate).  On a CP
 reduced and what it means: every run is far from converged, so convergence is not asked (a plateau
 would pass the descent test), a model on D is compared one-sidedly (not below the fixed point), a
 model off D is not compared (undecided: the audit's "it learned something" check is asked of
-trained models), the trajectories' claims 3-4 are not computed (claims.model_audit.run_audit's
+trained models), the trajectories' claims 3-4 are not computed (claims.audit.run_audit's
 ``cut_short``), and the outcome is ``undecided`` unless a one-sided comparison fails.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Optional
 
 from claims.core.base import Figure, Finding
 from claims.core.common import lines_figure, reported_row
-from claims.model_audit import AuditRequest, plan_audit, run_audit
+from claims.audit import AuditRequest, plan_audit, run_audit
 from claims.core.spec import ClaimSpec, Outcome, finding
 from numerics.engine import Need, need
 from numerics.experiments import authors
@@ -206,7 +206,7 @@ def _prefixed(label: str, c):
 
 
 def _audit_entry(res, p: AuthorsProfile, note: Optional[str], refs: dict, ctx, into: dict) -> dict:
-    """The audit of one trained run's checkpoints (claims.model_audit.run_audit, the run's own
+    """The audit of one trained run's checkpoints (claims.audit.run_audit, the run's own
     held-out prompts): its comparisons, headline rows, undecided parts and findings added to
     ``into``; returns the run's entry of the details."""
     run = res.run
@@ -242,7 +242,7 @@ def _audit_entry(res, p: AuthorsProfile, note: Optional[str], refs: dict, ctx, i
 
 
 def compare_results(ctx, results) -> Outcome:
-    """Every run's checkpoints through the audit of handed models (claims.model_audit), at theory's
+    """Every run's checkpoints through the audit of handed models (claims.audit), at theory's
     reference points of its task split; the emergence flows reported beside the small inits' runs."""
     p, note, runs = _runs(ctx)
     splits = [authors.datagenerator_blocks(p.dx, dy) for dy in p.dys]

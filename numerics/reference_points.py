@@ -2,7 +2,7 @@
 allocated fixed point and the one-head optimum of the exact loss (theory.exact), the best
 decomposable point of the same H, signs free (a Monte-Carlo search,
 numerics.experiments.probes.best_decomposable), and centred linear attention
-(theory.optimality).  What the audit of handed models (claims.model_audit) places a model among,
+(theory.optimality).  What the audit of handed models (claims.audit) places a model among,
 computed once per (configuration, H) -- or once for every H where a point does not depend on it
 (:func:`references_for_heads`)."""
 from __future__ import annotations

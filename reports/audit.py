@@ -7,8 +7,8 @@
         [--out DIR]
 
 This module parses the command line, checks every argument and every file before any
-computation (``claims.model_audit.plan_audit``: each checkpoint read safely and mapped by
-``numerics.external``), runs the audit (``claims.model_audit.run_audit``: numerics measures,
+computation (``claims.audit.plan_audit``: each checkpoint read safely and mapped by
+``numerics.external``), runs the audit (``claims.audit.run_audit``: numerics measures,
 theory predicts, the claims module compares), and renders what it returns: ``DIR/claims.json``
 (the main report's top level -- ``claims``, ``findings``, ``provenance`` -- plus ``model``, one
 entry per checkpoint), ``DIR/index.html`` (``reports/templates/audit.html.j2``, autoescaped) and
@@ -169,7 +169,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def request_from_args(args):
     """The claims layer's AuditRequest of parsed arguments (checked there)."""
-    from claims.model_audit import AuditRequest
+    from claims.audit import AuditRequest
 
     return AuditRequest(checkpoints=tuple(args.checkpoints), tasks=args.tasks, L=args.L, sigma=args.sigma,
                         basis=args.basis, basis_seed=args.basis_seed, layout=args.layout,
@@ -183,7 +183,7 @@ def request_from_args(args):
 def _validate(args) -> tuple:
     """(plan, out, cost): every check before the audit's computation (the budget's probes take
     seconds at most: :func:`budget`); BadArguments on anything wrong."""
-    from claims.model_audit import plan_audit
+    from claims.audit import plan_audit
     from numerics import external
     from numerics.config import check_device
 
@@ -317,12 +317,12 @@ def theory_cost(problem: dict, H: int, skip: tuple, search: dict) -> tuple[dict,
 
 def trajectory_cost(plan, meas0) -> float:
     """Estimated seconds of theory's account of a trajectory (0 where it is not computed: outside
-    the domain of claims.model_audit.trajectory_domain): its gradient-descent map takes
+    the domain of claims.audit.trajectory_domain): its gradient-descent map takes
     (t_end - t_0) / lr steps, timed here on :data:`PROBE_STEPS` of them.  A span below :data:`MIN_SPAN` or more
     steps than the trainer's limit (numerics.train.MAX_STEPS) is :class:`BadArguments`."""
     import numpy as np
 
-    from claims.model_audit import trajectory_domain
+    from claims.audit import trajectory_domain
     from numerics.train import MAX_STEPS
     from theory.reduced_ode import expansion_gd_map
 
@@ -358,7 +358,7 @@ def budget(plan) -> dict:
     largest held-out batch (numerics.external.held_out_chunk, which refuses one that does not fit)
     and the search's pair moments."""
     from numerics.io.handed import memory_available
-    from claims.model_audit import PILOT_PROMPTS
+    from claims.audit import PILOT_PROMPTS
     from numerics import external
     from numerics.train import step_memory_bytes
 
@@ -682,7 +682,7 @@ def main(argv: Optional[list] = None, stream: Optional[TextIO] = None) -> int:
     t0 = time.perf_counter()
     bar = Bar(stream, not args.no_progress)
     try:
-        from claims.model_audit import run_audit
+        from claims.audit import run_audit
 
         audit = run_audit(plan, bar)
         bar.close()

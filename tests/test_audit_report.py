@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from claims import model_audit as ma
+import claims.audit as ma
 from numerics.config import ProblemConfig
 from numerics.model import MultiHeadAttention
 from numerics.train import TrainConfig, train

@@ -1,5 +1,5 @@
 """The audit decides or says what it needs: each judged model is measured on as many held-out prompts as
-reject its wrong predictions (claims.model_audit.sized), a model that agrees never reads ``error`` (it
+reject its wrong predictions (claims.audit.sized), a model that agrees never reads ``error`` (it
 passes, or is undecided with "needs N prompts"), nothing is skipped silently (a comparison not made is a
 row, a result with none made is undecided), a trajectory checkpointed densely early and sparsely late has
 its phases judged (each crossing resolved to the checkpoints around it), and the page opens on its
@@ -16,7 +16,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from claims import model_audit as ma
+import claims.audit as ma
 from claims.core.common import compare, reported_row
 from claims.core.spec import ClaimSpec, Outcome
 from numerics.config import ProblemConfig

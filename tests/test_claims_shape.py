@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_PACKAGES = ("claims.core", "claims.model_audit")
+SHARED_PACKAGES = ("claims.core", "claims.audit")
 """The claims modules every claim may import: the package itself, claims.core (vocabulary, the runner,
-and what groups of claims share) and claims.model_audit (the audit of handed models, no registered
+and what groups of claims share) and claims.audit (the audit of handed models, no registered
 claim, which authors-replica applies to the models it trains)."""
 
 
@@ -66,14 +66,14 @@ def verdict_assignments(source: str) -> int:
 
 
 CLAIM_FILES = sorted((ROOT / "claims").glob("*.py"))
-CORE_FILES = sorted((ROOT / "claims" / "core").glob("*.py"))
+CORE_FILES = sorted((ROOT / "claims" / "core").glob("*.py")) + sorted((ROOT / "claims" / "audit").glob("*.py"))
 
 MODULE_LINE_LIMIT = 400
 """The most lines of one claims module (the earlier per-claim line budget, retired by issue 32):
 a spec, its comparisons and its findings read in one sitting; more means a piece belongs in a
 shared module or in numerics/theory."""
 
-OVER_THE_LIMIT = {"claims/core/common.py": 567, "claims/model_audit.py": 1082, "claims/spectral_reduction.py": 508,
+OVER_THE_LIMIT = {"claims/core/common.py": 567, "claims/audit/model.py": 744, "claims/spectral_reduction.py": 508,
                   "claims/task_allocation.py": 450, "claims/three_phases.py": 497, "claims/boundary_initialisation.py": 413}
 """The modules above the limit when it was set (their line counts then): each may shrink, none may
 grow, and one that comes under the limit leaves this table (the test says so)."""

@@ -1537,7 +1537,7 @@ def _npz_of(**arrays) -> bytes:
 
 def _sign_aligned() -> bytes:
     """A factored (2, 2), H = 2 model at small positive omega and mu (on D, balanced, sign-aligned):
-    the first checkpoint of a run whose theory the audit computes (claims.model_audit.trajectory_domain)."""
+    the first checkpoint of a run whose theory the audit computes (claims.audit.trajectory_domain)."""
     from numerics.config import ProblemConfig
     from numerics.model import MultiHeadAttention
 

@@ -99,7 +99,7 @@ class ClaimSpec:
     ``plan(ctx, results) -> [Need]``: what it needs computed (numerics.engine), asked again with
     the results until it asks for nothing new; ``compare(ctx, results) -> Outcome``: its
     comparisons, a pure function of the results; ``evaluate(ctx) -> Outcome``: the one other
-    way, for the audit of handed weights (claims.model_audit), whose measurements are of the
+    way, for the audit of handed weights (claims.audit), whose measurements are of the
     handed model itself; ``resolve(p, problem) -> p``: the researcher's problem laid over a
     profile (None: problems are refused); ``fields``: the problem fields it reads;
     ``cannot_run(problem) -> reason or None``: a configuration the claim cannot build its

@@ -17,7 +17,7 @@ steps our time is t = lr S / m.  :class:`AuthorsRun` is specified in their units
 tasks, H -- as one program; the two starts of one configuration share a prompt stream, one draw a
 step) and keeps ``snapshots`` copies of each run's weights, evenly spaced in t (the trainer's
 records), as in-memory checkpoints (:func:`checkpoint`, a ``numerics.external.ExternalModel``):
-what ``claims.model_audit`` audits, as it audits a file a researcher hands over.
+what ``claims.audit`` audits, as it audits a file a researcher hands over.
 
 Need kinds (``numerics.engine``, end of file): "authors_run" (one run, the runs of one shape as
 one program: ``run_many``), "reference_points" (theory's reference points of the audit,
@@ -142,7 +142,7 @@ class AuthorsResult:
     ``records`` (the trainer's records: t, batch loss, omega, mu, residual), the batched
     program's size and cost (``seconds``, ``cpu_seconds``: the run's share of its program's),
     or ``error`` (the run diverged: its message); ``held_out_prompts`` of ``held_out_seed``: the
-    held-out prompts its checkpoints are audited on (claims.model_audit), named with the run."""
+    held-out prompts its checkpoints are audited on (claims.audit), named with the run."""
 
     run: AuthorsRun
     snapshots: tuple = field(repr=False)
@@ -191,7 +191,7 @@ def checkpoint(result: AuthorsResult, k: int) -> external.ExternalModel:
     """Snapshot ``k`` of a trained run as an in-memory checkpoint (numerics.external.ExternalModel):
     the factored weights K, Q, V, O in float64, its logit scale sqrt(d + m), its time in this
     project's units and its step in theirs, and the run's problem as its ``config`` (what a
-    project checkpoint carries), so claims.model_audit audits it as it audits a handed file."""
+    project checkpoint carries), so claims.audit audits it as it audits a handed file."""
     run = result.run
     their_step, t, w = result.snapshots[k]
     cfg = run.cfg
@@ -249,7 +249,7 @@ def _run_of(settings: dict, seed: int) -> AuthorsRun:
 def _run_cost(dy, heads, steps, dx, L, batch, snapshots, held_out, **_) -> float:
     """CPU seconds of one run and of the audit of its checkpoints: the training step's share of its
     program (the two starts of a shape draw their prompts once: half the draw each), and
-    ``snapshots`` checkpoints measured on ``held_out`` prompts by the audit (claims.model_audit, in
+    ``snapshots`` checkpoints measured on ``held_out`` prompts by the audit (claims.audit, in
     the comparison: numerics cannot call the claims layer, so the run that makes the checkpoints
     carries their price)."""
     numbers = batch * L * (dx + dy)
