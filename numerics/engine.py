@@ -71,6 +71,11 @@ def _canonical(obj):
     return obj
 
 
+LABEL_ITEMS = 4
+"""A parameter tuple longer than this is labelled by its length and first items (the seeds of 96
+runs are one identity, not a line of the plan each)."""
+
+
 @dataclass(frozen=True)
 class Need:
     """One computation a claim needs: ``kind`` (a registered :class:`Kind`), ``params`` (sorted
@@ -109,6 +114,8 @@ class Need:
                 parts.append(f"{k}=tasks {list(v.tasks)} H {v.heads} L {v.L} sigma {v.sigma:g}")
             elif dataclasses.is_dataclass(v):
                 parts.append(f"{k}={type(v).__name__}")
+            elif isinstance(v, tuple) and len(v) > LABEL_ITEMS:
+                parts.append(f"{k}=({len(v)} items: {', '.join(map(str, v[:2]))}, ...)")
             else:
                 parts.append(f"{k}={v}")
         return f"{self.kind}(" + ", ".join(parts) + ")"
