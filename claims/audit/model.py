@@ -1,22 +1,7 @@
-"""The audit of models trained by anyone: what the paper's theory says about handed weights.
-
-``python -m reports.audit CHECKPOINT ...`` (docs/audit.md has the account in full).  Nothing is
-trained: numerics reads and measures each checkpoint (``numerics.external``), theory gives its
-reference points at the researcher's configuration (``numerics.reference_points``), and this module
-places each model among them and compares where the paper's account applies, through the one runner
-(``claims.core.spec.run_spec``; not in ``claims.REGISTRY``): ``model-K`` per judged checkpoint -- inside
-the allocated account (on D, allocated, H >= m, not saturated, converged: :func:`domain`,
-``claims.core.trained.run_status``) a claim, its loss and served (omega, mu) against the exact allocated
-fixed point; outside a boundary, checked on the side theory puts it; the *ladder* (its loss over
-each reference point) reported, never judged -- and ``trajectory`` for a run: its phase times and
-final winners against theory from the first checkpoint (claims 3-4).  Each judged model is measured
-on as many held-out prompts as reject its comparisons' wrong predictions (:func:`sized`, within the
-request's caps); a comparison not made is a row saying why, and a result that agrees but cannot
-decide is undecided (:func:`judged_result`), never passed.  A single checkpoint cannot show that its
-loss had stopped falling: without a trajectory (or ``assume_converged``, the researcher's statement)
-a model is not shown converged.  Units: this project's loss sums over the m tasks and t = lr x steps;
-torch's MSELoss averages over them, so one of its steps at lr is one of ours at lr/m.
-"""
+"""One judged model of the checkpoint audit (claims.audit, whose docstring has the account): where
+a model stands (:func:`domain`), how many held-out prompts decide it (:func:`sized`), its
+comparisons against the exact allocated fixed point or the side theory puts it on, and its
+findings; the request and the plan of an audit (:func:`plan_audit`)."""
 from __future__ import annotations
 
 import dataclasses
