@@ -18,7 +18,7 @@ import numpy as np
 
 from numerics.io.jsonable import jsonable
 from claims.core.base import Figure, HeadlineRow
-from claims.core.common import Z_SE, Comparison, compare, reported_row
+from claims.core.common import Z_SE, Comparison, Tolerance, compare, noise_term, reported_row, term
 from claims.core.spec import ClaimSpec, Outcome, finding
 from claims.core.trained import theory_need
 from numerics.config import ProblemConfig
@@ -129,7 +129,10 @@ def _comparison(row: str, tag: str, measured, predicted, tolerance, why, wrong: 
                 se=None, units=None, entrywise: bool = False) -> Comparison:
     """A Comparison from :func:`_compare` named ``row tag`` (config ``tag``); ``wrong`` = [(description, different
     prediction)], each through the same function.  ``details["row"]``: the headline row's fields (name ``row``, theory,
-    measured, se, tolerance in the measurement's units).  ``units``, ``entrywise``: how its resolving power counts."""
+    measured, se, tolerance in the measurement's units).  ``units``, ``entrywise``: how its resolving power counts.
+    A :class:`Tolerance` (scalar) brings its own why (``why`` None)."""
+    if isinstance(tolerance, Tolerance):
+        tolerance, why = tolerance.value, tolerance.why()
     row_fields = {"name": row, "theory": predicted, "measured": measured, "se": se, "tolerance": tolerance}
     return compare(f"{row} {tag}", measured, predicted, _compare(measured, predicted, tolerance)[1], why, wrong=wrong,
                    error=lambda m, p: _compare(m, p, tolerance)[0], config=tag, units=units, entrywise=entrywise,
@@ -241,10 +244,10 @@ def check_allocation(cfg: ProblemConfig, meas: dict, pred: dict, dom: dict) -> l
     excess = max(0.0, full.mean - red.mean)
     comps.append(_comparison(
         "trained loss (held out) vs exact loss at the allocated point", tag, full.mean, pred["loss"],
-        Z_SE * full.se + excess + pred["loss_error"],
-        f"Z_SE x the held-out standard error ({full.se:.3g}, {full.n} fresh prompts) + the loss the off-D parts and "
-        f"the averaging leaves ({excess:.3g}: full model at the tail-averaged weights - reduced model at the "
-        "tail-mean readout, same prompts) + the quadrature error", [(f"exact loss x {f:g}", f * pred["loss"])],
+        Tolerance((noise_term(full.se, "the held-out loss", f"{full.n} fresh prompts"),
+                   term("the loss the off-D parts and the averaging leave (full model at the tail-averaged weights - "
+                        "reduced model at the tail-mean readout, same prompts)", excess),
+                   term("the quadrature error", pred["loss_error"]))), None, [(f"exact loss x {f:g}", f * pred["loss"])],
         {**common, "held_out": full, "held_out_final_weights": meas["held_out_final_weights"],
          "held_out_reduced_at_mean": red, "train_tail_loss": meas["train_tail_loss"]}, se=full.se))
     off = np.abs(meas["omega_end"])
