@@ -116,8 +116,8 @@ def check_constant_at_heads(cand: dict, bracket: dict, dom: dict) -> Comparison:
     linear attention and L is large), no perturbation."""
     H, best = cand["H"], cand["best"]
     C, se = best["C"], best["C_se"]
-    tol = Tolerance((noise_term(se, "C"),
-                     term("the quadrature error of the allocated loss", bracket["allocated_error"] / bracket["linear"])))
+    tol = Tolerance((noise_term(se, "C"), term("the quadrature error of the allocated loss",
+                                               bracket["allocated_error"] / bracket["linear"])))
     low, high = bracket["low"], bracket["high"]
     wrong = []
     if not dom["inside"]:
@@ -128,7 +128,8 @@ def check_constant_at_heads(cand: dict, bracket: dict, dom: dict) -> Comparison:
     else:
         wrong = [(f"H = {H} reaches linear attention (C = allocated/linear)", [bracket["high"]] * 2)]
     return compare(
-        f"constant at H = {H}, tasks={cand['tasks']}, L={cand['L']}, sigma={cand['sigma']:g}", C, [low, high], tol, wrong=wrong,
+        f"constant at H = {H}, tasks={cand['tasks']}, L={cand['L']}, sigma={cand['sigma']:g}", C, [low, high], tol,
+        wrong=wrong,
         error=lambda C, edges: bracket_error(C, *edges), side="two-sided" if math.isfinite(high) else "not below",
         config=f"tasks={tuple(cand['tasks'])} H={H} L={cand['L']} sigma={cand['sigma']:g}",
         details={"bracket": bracket, "domain": dom, "best": best, "spread": cand["spread"], "starts": cand["starts"],

@@ -129,10 +129,7 @@ def _comparison(row: str, tag: str, measured, predicted, tolerance, why, wrong: 
                 se=None, units=None, entrywise: bool = False) -> Comparison:
     """A Comparison from :func:`_compare` named ``row tag`` (config ``tag``); ``wrong`` = [(description, different
     prediction)], each through the same function.  ``details["row"]``: the headline row's fields (name ``row``, theory,
-    measured, se, tolerance in the measurement's units).  ``units``, ``entrywise``: how its resolving power counts.
-    A :class:`Tolerance` (scalar) brings its own why (``why`` None)."""
-    if isinstance(tolerance, Tolerance):
-        tolerance, why = tolerance.value, tolerance.why()
+    measured, se, tolerance in the measurement's units).  ``units``, ``entrywise``: how its resolving power counts."""
     row_fields = {"name": row, "theory": predicted, "measured": measured, "se": se, "tolerance": tolerance}
     return compare(f"{row} {tag}", measured, predicted, _compare(measured, predicted, tolerance)[1], why, wrong=wrong,
                    error=lambda m, p: _compare(m, p, tolerance)[0], config=tag, units=units, entrywise=entrywise,
@@ -242,12 +239,12 @@ def check_allocation(cfg: ProblemConfig, meas: dict, pred: dict, dom: dict) -> l
             {**common, "surplus_heads": surplus, "mu_end": meas["mu_end"]}, units="absolute"))
     full, red = meas["held_out"], meas["held_out_reduced_at_mean"]
     excess = max(0.0, full.mean - red.mean)
+    tol = Tolerance((noise_term(full.se, "the held-out loss", f"{full.n} fresh prompts"), term(
+        "the loss the off-D parts and the averaging leave (full model at the tail-averaged weights - reduced model at "
+        "the tail-mean readout, same prompts)", excess), term("the quadrature error", pred["loss_error"])))
     comps.append(_comparison(
         "trained loss (held out) vs exact loss at the allocated point", tag, full.mean, pred["loss"],
-        Tolerance((noise_term(full.se, "the held-out loss", f"{full.n} fresh prompts"),
-                   term("the loss the off-D parts and the averaging leave (full model at the tail-averaged weights - "
-                        "reduced model at the tail-mean readout, same prompts)", excess),
-                   term("the quadrature error", pred["loss_error"]))), None, [(f"exact loss x {f:g}", f * pred["loss"])],
+        tol.value, tol.why(), [(f"exact loss x {f:g}", f * pred["loss"])],
         {**common, "held_out": full, "held_out_final_weights": meas["held_out_final_weights"],
          "held_out_reduced_at_mean": red, "train_tail_loss": meas["train_tail_loss"]}, se=full.se))
     off = np.abs(meas["omega_end"])

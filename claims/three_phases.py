@@ -272,11 +272,9 @@ def check_converged_loss(cfg, meas: experiments.PhaseRun) -> tuple[Comparison, C
     out = []
     for label, m, how in (("converged loss", meas.held_out_allocated, "fresh Rao-Blackwellised prompts"),
                           ("converged loss (whole prompts)", meas.held_out_allocated_whole, "fresh whole prompts")):
-        tol = Tolerance((noise_term(m.se, "the held-out loss", f"{m.n} {how}"),
-                         term("the quadrature error", ex.error_estimate)))
-        out.append(compare(f"{label} {tag}", m.mean, ex.loss, tol,
-                           wrong=[("exact loss at context length L/4", wrong)], se=m.se,
-                           details={"se": m.se, "n": m.n, **details}))
+        tol = Tolerance((noise_term(m.se, "the held-out loss", f"{m.n} {how}"), term("quadrature error", ex.error_estimate)))
+        out.append(compare(f"{label} {tag}", m.mean, ex.loss, tol, wrong=[("exact loss at context length L/4", wrong)],
+                           se=m.se, details={"se": m.se, "n": m.n, **details}))
     return out[0], out[1]
 
 

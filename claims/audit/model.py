@@ -369,13 +369,12 @@ def check_fixed_point_loss(name, loss, excess: float, fixed: dict, config: str):
     fixed before comparing: Z_SE held-out standard errors + the loss the model's off-D parts add
     (held-out loss of the model minus that of its projection onto D, same prompts: what the readout
     leaves out) + the quadrature error bound.  Wrong predictions: the fixed point's loss x1.1, /1.1."""
-    tol = Tolerance((noise_term(loss.se, "the held-out loss", loss.n),
-                     term("the loss its off-D parts add (the model minus its projection onto D, same prompts)", excess),
-                     term("the quadrature bound", fixed["error_estimate"])))
-    return compare(name, loss.mean, fixed["loss"], tol,
-                   wrong=off_by(PERTURB_FACTOR, fixed["loss"], "the fixed point's loss"), se=loss.se, config=config,
-                   details={"role": "fixed point loss", "tolerance_parts": {
-                       "noise": [Z_SE * loss.se], "fixed": [excess + fixed["error_estimate"]], "n": loss.n}})
+    quad = fixed["error_estimate"]
+    tol = Tolerance((noise_term(loss.se, "the held-out loss", loss.n), term("the loss its off-D parts add (the model "
+                     "minus its projection onto D, same prompts)", excess), term("the quadrature bound", quad)))
+    return compare(name, loss.mean, fixed["loss"], tol, se=loss.se, config=config, details={"role": "fixed point loss",
+                   "tolerance_parts": {"noise": [Z_SE * loss.se], "fixed": [excess + quad], "n": loss.n}},
+                   wrong=off_by(PERTURB_FACTOR, fixed["loss"], "the fixed point's loss"))
 
 
 def served_curvature(omega_row, mu_value: float, task: int, tasks, L: int, sigma: float) -> np.ndarray:
@@ -475,9 +474,9 @@ def check_side(name, loss, target: float, target_error: float, sign: int, what: 
     below it.  Tolerance Z_SE held-out standard errors + theory's error bound; no wrong prediction
     (a one-sided statement has no alternative value; claims.core.trained's boundary checks)."""
     side = "not above" if sign < 0 else "not below"
-    tol = Tolerance((noise_term(loss.se, "the held-out loss"), term("theory's error bound", target_error)),
-                    f"boundary: {side} {what}")
-    return compare(f"{name}: {side} {what}", loss.mean, target, tol, side=side, se=loss.se, config=config, details={"role": "side", "check": f"{side} {what}"})
+    return compare(f"{name}: {side} {what}", loss.mean, target, Tolerance((noise_term(loss.se, "the held-out loss"),
+                   term("theory's error bound", target_error)), f"boundary: {side} {what}"), side=side, se=loss.se,
+                   config=config, details={"role": "side", "check": f"{side} {what}"})
 
 
 def check_learned(name, loss, zero_loss: float, config: str):

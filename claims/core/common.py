@@ -21,56 +21,10 @@ import numpy as np
 from numerics.io.jsonable import jsonable
 from claims.core.base import HeadlineRow, Figure, PerturbationCheck, Series
 from numerics.statistics import Z_SE  # noqa: F401 (the one tolerance multiplier, defined where the estimators are)
+from claims.core.tolerance import Tolerance, noise_term, term  # noqa: F401 (a tolerance of named terms)
 
 EPS64 = float(np.finfo(np.float64).eps)
 """Unit round-off of float64 (2.2e-16): the scale of every 'exact to rounding' tolerance."""
-
-
-# ---------------------------------------------------------------------------------------
-# a tolerance made of named terms
-# ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Tolerance:
-    """A tolerance as the sum of named terms (``(label, value)`` pairs: :func:`noise_term`,
-    :func:`term`), and the sentence that states it, generated from the same terms.  :attr:`value`
-    adds the terms left to right, as ``a + b + c`` does (floating-point addition is not
-    associative); :meth:`why` lists them with their sum, then ``reason``: the argument for a term
-    beyond its name (one term: no sum).  :func:`compare` takes both from it.
-
-    >>> t = Tolerance((noise_term(0.0021, "the held-out loss", 131072), term("SGD step error", 0.0012)))
-    >>> t.value == Z_SE * 0.0021 + 0.0012
-    True
-    >>> t.why()
-    '4 standard errors of the held-out loss (0.0021, 131072 prompts) 0.0084 + SGD step error 0.0012 = 0.0096'
-    """
-
-    terms: tuple
-    reason: str = ""
-
-    @property
-    def value(self) -> float:
-        total = self.terms[0][1]
-        for _, value in self.terms[1:]:
-            total = total + value
-        return total
-
-    def why(self) -> str:
-        terms = " + ".join(f"{label} {value:.3g}" for label, value in self.terms)
-        total = f" = {self.value:.3g}" if len(self.terms) > 1 else ""
-        return terms + total + (f"; {self.reason}" if self.reason else "")
-
-
-def noise_term(se: float, what: str, n=None) -> tuple:
-    """The Monte-Carlo term Z_SE x ``se`` of ``what``; ``n``: its sample (an int counts prompts)."""
-    sample = "" if n is None else f", {n} prompts" if isinstance(n, (int, np.integer)) else f", {n}"
-    return f"{Z_SE:g} standard errors of {what} ({se:.3g}{sample})", Z_SE * se
-
-
-def term(label: str, value: float) -> tuple:
-    """A named term of a :class:`Tolerance` (a step error, theory's stated approximation error)."""
-    return label, value
-
 
 
 # ---------------------------------------------------------------------------------------
@@ -436,20 +390,14 @@ def compare(name: str, measured, predicted, tolerance, why: Optional[str] = None
     """A comparison whose perturbations cannot be a second inequality: one error function,
     ``error(measured, prediction)`` (default :data:`SIDE_ERRORS` of ``side``), applied to the
     prediction under test, to each wrong prediction of ``wrong`` ((description, prediction)
-    pairs, or a dict) and to the edge probes (:func:`edge_probes`), each at the tolerance.
-    ``tolerance``: a :class:`Tolerance` (its value, and ``why`` generated from its terms), a number,
-    or a function of the prediction (where the tolerance is made from the prediction -- a relative
-    tolerance, theory's stated error -- it is recomputed for every wrong or moved prediction through
-    that same function); ``why`` states a number's or a function's argument.  A wrong prediction is rejected when
-    its error exceeds its tolerance; it is recorded with the prediction it stood for.  ``se``: the
-    standard error of ``measured``; ``units``, ``entrywise``: how its resolving power is counted
-    (:func:`resolving_power`)."""
-    if isinstance(tolerance, Tolerance):
-        if why is not None:
-            raise ValueError(f"{name}: a Tolerance states its own why (its reason holds the argument)")
-        tolerance, why = tolerance.value, tolerance.why()
-    elif why is None:
-        raise ValueError(f"{name}: a tolerance that is not a Tolerance needs its why")
+    pairs, or a dict) and to the edge probes (:func:`edge_probes`), each at the tolerance.  ``tolerance``:
+    a :class:`Tolerance` (its value and its why), or a number or a function of the prediction with its ``why`` (a
+    function is recomputed for every wrong or moved prediction: a relative tolerance, theory's stated error).  A
+    wrong prediction is rejected when its error exceeds its tolerance; it is recorded with the prediction it stood
+    for.  ``se``: the standard error of ``measured``; ``units``, ``entrywise``: its resolving power's count."""
+    if isinstance(tolerance, Tolerance) == (why is not None):
+        raise ValueError(f"{name}: a Tolerance states its own why; a number or a function needs one")
+    tolerance, why = (tolerance.value, tolerance.why()) if isinstance(tolerance, Tolerance) else (tolerance, why)
     err = error or SIDE_ERRORS[side]
     tol_at = _tolerance_at(tolerance)
     pairs = wrong.items() if isinstance(wrong, dict) else wrong
