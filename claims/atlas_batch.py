@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from claims.core.common import Z_SE, Comparison, headline_row, perturbation
+from claims.core.common import Comparison, Tolerance, headline_row, noise_term, perturbation
 from claims.core.atlas import atlas_config_text, atlas_details, atlas_spec, classes_finding, escape_figure, outcome_maps, t_end_of
 from claims.core.spec import Outcome, finding
 from numerics.experiments.atlas import escape_means, escaped_runs, grid_of, ols_slope, panel_points
@@ -35,13 +35,13 @@ def compare_batch(ctx, results) -> Outcome:
     slope, se = ols_slope(xs, ys)
     undecided = None if math.isfinite(slope) else "fewer than 4 escaped runs at distinct B / lr: no slope with an se"
     pred = float(np.mean(preds)) if preds else math.nan
-    tol = Z_SE * se
+    tol = Tolerance((noise_term(se, "the OLS slope over the escaped runs"),),
+                    "seed ~ (lr/B)^2, theory.saddle section 3")
     comp = Comparison(
         name="escape time slope dT / d log(B / lr) against theory's 2 / rate", measured=slope, predicted=pred,
-        error=abs(slope - pred) if math.isfinite(slope) else math.inf, tolerance=tol,
-        why=f"{Z_SE:g} se of the OLS slope over the escaped runs (seed ~ (lr/B)^2, theory.saddle section 3)",
-        perturbations=[perturbation("additive noise: seed ~ lr/B, half the slope", abs(slope - pred / 2), tol),
-                       perturbation("rate a instead of 2a: twice the slope", abs(slope - 2 * pred), tol)],
+        error=abs(slope - pred) if math.isfinite(slope) else math.inf, tolerance=tol.value, why=tol.why(),
+        perturbations=[perturbation("additive noise: seed ~ lr/B, half the slope", abs(slope - pred / 2), tol.value),
+                       perturbation("rate a instead of 2a: twice the slope", abs(slope - 2 * pred), tol.value)],
         details={"escaped": len(xs), "runs": sum(len(v) for v in cells.values()), "slope_se": se},
         config=config)
     head = [headline_row(comp, se=se if math.isfinite(se) else None)]

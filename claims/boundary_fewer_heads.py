@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from claims.core.common import Z_SE, Comparison, config_label, head_task_heatmap, headline_row, perturbation, resolved
+from claims.core.common import (Z_SE, Comparison, Tolerance, config_label, head_task_heatmap, headline_row,
+                                perturbation, resolved, term)
 from claims.core.spec import ClaimSpec, Outcome, finding, replace_fields
 from claims.core.trained import theory_need
 from numerics.config import ProblemConfig
@@ -104,7 +105,12 @@ def check_fewer_heads(cfg, n_eval: int, flow, winners, end_flow, run) -> Compari
     predicted_loss = float(losses[1].mean())
     fluctuation = max(0.0, float(losses[3:].mean() - trained)) / run.averaged_records
     drift = window_drift(np.asarray(flow.losses)[-max(2, int(math.ceil(0.1 * flow.steps))):], Z_SE)
-    tol = Z_SE * math.sqrt(2.0) * se_trained + drift + fluctuation
+    tolerance = Tolerance((term(f"{Z_SE:g} x sqrt(2) standard errors of the trained point's loss ({se_trained:.3g}, "
+                                f"{n_eval} held-out prompts)", Z_SE * math.sqrt(2.0) * se_trained),
+                           term("the final-window drift", drift),
+                           term("the step-size fluctuation of the averaged iterate", fluctuation)),
+                          f"winners judged: {decisive}")
+    tol = tolerance.value
     err = fewer_heads_error(trained, predicted_loss, measured_winners, winners, decisive)
     permuted = [(h + 1) % cfg.heads for h in winners]
     shares = list(allocation(None, mu_avg).runner_up_share)
@@ -112,10 +118,7 @@ def check_fewer_heads(cfg, n_eval: int, flow, winners, end_flow, run) -> Compari
         name=f"H < m: tasks={list(cfg.tasks)}, H={cfg.heads}, L={cfg.L}",
         measured={"loss_trained": trained, "winners": measured_winners},
         predicted={"loss_partition_minimum": predicted_loss, "winners": winners},
-        error=err, tolerance=tol,
-        why=f"{Z_SE:g} x sqrt(2) standard errors of the trained point's loss on {n_eval} held-out prompts "
-            f"({Z_SE * math.sqrt(2) * se_trained:.3g}), plus the final-window drift ({drift:.3g}), plus the "
-            f"step-size fluctuation of the averaged iterate ({fluctuation:.3g}); winners judged: {decisive}",
+        error=err, tolerance=tol, why=tolerance.why(),
         perturbations=[perturbation("one head per task (the m-head allocated limit's loss)",
                                     fewer_heads_error(trained, float(losses[2].mean()), measured_winners, winners,
                                                       decisive), tol, predicted=float(losses[2].mean()))]

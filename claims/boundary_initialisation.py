@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from claims.core.common import (Z_SE, Comparison, compare as compare_values, config_label, headline_row, perturbation,
-                           reported_row)
+from claims.core.common import (Z_SE, Comparison, Tolerance, compare as compare_values, config_label, headline_row,
+                                noise_term, perturbation, reported_row)
 from claims.core.phase_checks import (FIELDS, guarded_plan, independent, mix_figure, mix_phrase, mix_rows, not_run,
                                  nothing_compared, outcome_comparison, phase_comparisons, phase_finding, phase_rows,
                                  random_part, random_phase_figure, residual_figure, share_at_least, share_phrase,
@@ -324,11 +324,11 @@ def single_task(ctx, results):
                     f"single-task seeds at H={H} (one prompt stream on purpose)", shared_stream=True)
         sm = summary[H] = single_task_summary(results[n], ref, Z_SE)
         m, se, cfg = sm["loss"], sm["se"], f"tasks=({sp.r},) H={H} L={sp.L} init=uniform_full s0=1"
+        tol = Tolerance((noise_term(se, "the mean held-out loss over seeds"),))
         one = Comparison(name=f"single task: loss not above the one-head optimum, H={H}", measured=m,  # one-sided;
-                         predicted=ref["one_head"], error=max(0.0, m - ref["one_head"]), tolerance=Z_SE * se,
-                         side="not above", config=cfg, why=f"{Z_SE:g} standard errors of the mean held-out loss over "
-                         f"seeds ({se:.3g})", perturbations=[perturbation(  # its perturbation two-sided
-                             "equal to the one-head optimum", abs(m - ref["one_head"]), Z_SE * se)])
+                         predicted=ref["one_head"], error=max(0.0, m - ref["one_head"]), tolerance=tol.value,
+                         side="not above", config=cfg, why=tol.why(), perturbations=[perturbation(  # two-sided
+                             "equal to the one-head optimum", abs(m - ref["one_head"]), tol.value)])
         typical = share_at_least(
             f"single task: share of seeds with a zero-sum OV group (He et al.: typical, share >= {TYPICAL:g}, "
             f"one-sided), H={H}", sm["zero_sum_groups"], len(sp.seeds_of(H)), TYPICAL,

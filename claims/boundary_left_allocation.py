@@ -28,7 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from claims.core.common import Z_SE, Comparison, compare, config_label, headline_row, reported_row
+from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, headline_row, noise_term,
+                                reported_row, term)
 from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
 from claims.core.trained import check_trained_loss, domain, run_status, theory_need, trained_need
 from numerics.config import ProblemConfig
@@ -81,8 +82,8 @@ def check_best_decomposable(cfg: ProblemConfig, end, best, allocated_loss: float
     step = end["jitter"] if followed else end["step_error"]
     what = "the continuation's last-window scatter" if followed else "the run's step error"
     return compare(f"left allocation: converged loss vs best decomposable point of the same H, tasks={list(cfg.tasks)}, "
-                   f"L={cfg.L}, sigma={cfg.sigma:g}", end["loss"], best.loss, Z_SE * se + step,
-                   f"{Z_SE:g} standard errors of the difference of the two losses ({se:.3g}) plus {what} ({step:.3g})",
+                   f"L={cfg.L}, sigma={cfg.sigma:g}", end["loss"], best.loss,
+                   Tolerance((noise_term(se, "the difference of the two losses"), term(what, step))),
                    wrong=(("the allocated fixed point", allocated_loss),), config=config_label(cfg),
                    details={"role": "best decomposable", "se": end["se"], "followed_on_D": followed,
                             "allocation": end["allocation"],

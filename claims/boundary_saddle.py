@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from claims.core.common import EPS64, Z_SE, Comparison, compare, headline_row, reported_row
+from claims.core.common import EPS64, Comparison, Tolerance, compare, headline_row, noise_term, reported_row, term
 from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
 from numerics import saddle as measure
 from numerics.config import ProblemConfig
@@ -171,11 +171,10 @@ def check_step_rate(g, config: str) -> Comparison:
     pred, per = discrete_prediction(g)
     d = np.asarray(g.per_seed) - np.asarray(per)
     se_d = mean_se(d)[1]
-    tol = Z_SE * se_d + _allowance(g)
-    why = (f"{Z_SE:g} se over {d.size} seeds of measured - predicted ({Z_SE * se_d:.3g}) + half the logistic "
-           f"correction ({_allowance(g):.2g})")
+    tol = Tolerance((noise_term(se_d, "measured - predicted", f"{d.size} seeds"),
+                     term("half the logistic correction", _allowance(g))))
     return compare(f"saddle: growth rate at lr={g.lr:g} vs the discrete map at the held point, {config}", g.measured,
-                   pred, tol, why, wrong=(("rate of the amplitude |o - v| (half)", pred / 2),
+                   pred, tol, wrong=(("rate of the amplitude |o - v| (half)", pred / 2),
                                           ("rate 0 (a true minimum)", 0.0)),
                    config=config, details={"role": "step rate", "se": g.se, "se_difference": se_d, "lr": g.lr,
                                            "batch": g.batch,
@@ -207,11 +206,10 @@ def check_growth_rate(gs, config: str) -> Comparison:
                          gs[0].config.get("sigma", 0.0))
     ex = extrapolate_to_zero([g.lr for g in gs], [g.measured for g in gs], [g.se for g in gs])
     allowance = float(np.mean([_allowance(g) for g in gs]))
-    tol = Z_SE * ex["a_se"] + ex["systematic"] + allowance
-    why = (f"{Z_SE:g} se of the lr -> 0 extrapolation over {len(gs)} steps ({Z_SE * ex['a_se']:.3g}) + its systematic "
-           f"error ({ex['systematic']:.2g}: half its change without the largest step) + half the logistic correction "
-           f"({allowance:.2g})")
-    return compare(f"saddle: growth rate of off-task |mu| vs 2a, {config}", ex["a"], sp.rate, tol, why,
+    tol = Tolerance((noise_term(ex["a_se"], "the lr -> 0 extrapolation", f"{len(gs)} steps"),
+                     term("its systematic error (half its change without the largest step)", ex["systematic"]),
+                     term("half the logistic correction", allowance)))
+    return compare(f"saddle: growth rate of off-task |mu| vs 2a, {config}", ex["a"], sp.rate, tol,
                    wrong=(("rate a (amplitude, not |mu|)", sp.rate / 2), ("rate 0 (a true minimum)", 0.0)),
                    config=config, details={"role": "growth rate", "se": ex["a_se"], "systematic": ex["systematic"],
                                            "a": float(sp.a.mean()),
@@ -263,8 +261,8 @@ def check_pooled_slope(escapes, slopes_pred, config: str) -> Comparison:
     s = np.array([e.slope_se / sp for e, sp in zip(escapes, slopes_pred)])
     w = 1.0 / s ** 2
     ratio, se = float((w * r).sum() / w.sum()), float(1.0 / math.sqrt(w.sum()))
-    return compare("saddle: escape time vs batch size (pooled slope / theory's 1/a)", ratio, 1.0, Z_SE * se,
-                   f"Z_SE standard errors of the inverse-variance pooled ratio ({se:.3g})",
+    return compare("saddle: escape time vs batch size (pooled slope / theory's 1/a)", ratio, 1.0,
+                   Tolerance((noise_term(se, "the inverse-variance pooled ratio"),)),
                    wrong=(("additive noise: seed ~ lr/B (ratio 1/2)", 0.5), ("rate a instead of 2a (ratio 2)", 2.0)),
                    config=config, details={"role": "pooled slope", "se": se,
                                            "per_config": tuple(zip(r.tolist(), s.tolist()))})

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from claims.core.base import Figure, Series
-from claims.core.common import Z_SE, Comparison, compare, headline_row, perturbation
+from claims.core.common import Z_SE, Comparison, Tolerance, compare, headline_row, perturbation, term
 from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
 from claims.core.trained import theory_need
 from numerics.engine import need
@@ -106,9 +106,9 @@ def check_expansion_coefficient(r: int, sigma: float, rows: list[dict]) -> Compa
                "L_span": [Ls[-2] if in_domain else Ls[0], Ls[-1]]}     # the L of the comparison: the top two, or all
     if in_domain:
         return compare(f"gap exponent, r={r}, sigma={sigma:g}, L={Ls[-2]}..{Ls[-1]}", p, EXPONENT_RIGHT,
-                       EXPONENT_TOLERANCE + Z_SE * se,
-                       f"half the distance between the exponents of a right (-2) and a wrong (-1) O(1/L) coefficient, "
-                       f"plus {Z_SE:g} quadrature errors of the exponent ({Z_SE * se:.2g})",
+                       Tolerance((term("half the distance between the exponents of a right (-2) and a wrong (-1) "
+                                       "O(1/L) coefficient", EXPONENT_TOLERANCE),
+                                  term(f"{Z_SE:g} quadrature errors of the exponent ({se:.2g})", Z_SE * se))),
                        wrong=(("wrong O(1/L) coefficient (gap ~ 1/L)", EXPONENT_WRONG),), details=details,
                        units="absolute")
     if len(steps) < 2:

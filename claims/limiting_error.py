@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from claims.core import trained
-from claims.core.common import Z_SE, Comparison, compare, headline_row, off_by
+from claims.core.common import Comparison, Tolerance, compare, headline_row, noise_term, off_by, term
 from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
 from claims.core.trained import (TrainedProfile, bridge_need, configurations, domain, limit_need, resolve, run_status,
                             theory_need, trained_need)
@@ -79,10 +79,10 @@ def check_decay(tasks, sigma: float, runs: Sequence[tuple], predictions: dict) -
     R = r1["loss"] / r2["loss"]
     se = R * math.hypot(r1["se"] / r1["loss"], r2["se"] / r2["loss"])
     pred = predictions[L1]["loss"] / predictions[L2]["loss"]
-    tol = Z_SE * se + R * (r1["step_error"] / r1["loss"] + r2["step_error"] / r2["loss"])
+    tol = Tolerance((noise_term(se, "the ratio", "delta method on the two held-out losses"),
+                     term("the runs' relative step errors",
+                          R * (r1["step_error"] / r1["loss"] + r2["step_error"] / r2["loss"]))))
     return compare(f"decay of trained losses L={L1}->{L2}, tasks={list(tasks)}, sigma={sigma:g}", R, pred, tol,
-                   f"{Z_SE:g} standard errors of the ratio ({se:.3g}, delta method on the two held-out losses) plus "
-                   "the runs' relative step errors",
                    wrong=((f"limit law at these L (ratio {L2 / L1:g})", L2 / L1),
                           ("loss ~ L^-1/2", math.sqrt(L2 / L1))),
                    details={"tasks": list(tasks), "sigma": sigma, "L1": L1, "L2": L2, "se": se})
@@ -94,9 +94,9 @@ def check_bridge(tasks, sigma: float, L: int, minimum, pred: dict) -> Comparison
     quadrature bound; perturbations x1.1 and /1.1."""
     fm = minimum
     return compare(f"exact reduced minimum (bridge), tasks={list(tasks)}, L={L}, sigma={sigma:g}", fm.loss,
-                   pred["loss"], Z_SE * fm.se + pred["error_estimate"],
-                   f"{Z_SE:g} standard errors of the Monte-Carlo minimum ({fm.se:.3g}, {fm.n_eval} independent "
-                   "prompts) plus the quadrature bound",
+                   pred["loss"], Tolerance((noise_term(fm.se, "the Monte-Carlo minimum",
+                                                       f"{fm.n_eval} independent prompts"),
+                                            term("the quadrature bound", pred["error_estimate"]))),
                    wrong=off_by(1.1, pred["loss"]), details={"minimum": fm.summary(), "theory": pred})
 
 
@@ -108,7 +108,7 @@ def check_limit(tasks, sigma: float, L: int, minimum, Lam: float, here: dict, fa
     fm, Lam = minimum, float(Lam)
     y = L * fm.loss
     return trained.check_large_L(
-        f"L * loss -> Lambda, tasks={list(tasks)}, sigma={sigma:g}, L={L}", y, L * fm.se, "standard errors of L * loss",
+        f"L * loss -> Lambda, tasks={list(tasks)}, sigma={sigma:g}, L={L}", y, L * fm.se, "L * loss",
         Lam, 4 * L * far["loss"] - L * here["loss"], "L * loss", off_by(1.2, Lam, "Lambda"),
         {"role": "limit", "L": int(L), "minimum": fm.summary(), "L_times_exact": L * here["loss"],
          "L4_times_exact": 4 * L * far["loss"], "relative_gap": (y - Lam) / Lam}, quadrature=L * here["error_estimate"])

@@ -20,7 +20,7 @@ import math
 from dataclasses import replace
 
 from claims.core import trained
-from claims.core.common import Z_SE, Comparison, compare, config_label, headline_row
+from claims.core.common import Comparison, Tolerance, compare, config_label, headline_row, noise_term, term
 from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
 from claims.core.trained import (TrainedProfile, bridge_need, check_trained, configurations, limit_need, resolve, run_status,
                             theory_need, trained_need)
@@ -64,14 +64,15 @@ def check_trained_gain(cfg: ProblemConfig, multi: dict, single: dict, theory_gai
     g = theory_gain["gain"]
     quad = (theory_gain["single"]["error_estimate"] / theory_gain["loss_single"]
             + theory_gain["allocated"]["error_estimate"] / theory_gain["loss_allocated"])
-    fixed = Z_SE * se + R * (single["step_error"] / single["loss"] + multi["step_error"] / multi["loss"])
+    fixed = Tolerance((noise_term(se, "the ratio", "delta method on the two held-out losses"),
+                       term("the runs' relative step errors",
+                            R * (single["step_error"] / single["loss"] + multi["step_error"] / multi["loss"]))))
 
     def tol(gain):
         # theory's quadrature bound is relative to the gain it predicts: recomputed for a wrong or moved gain
-        return fixed + abs(float(gain)) * quad
+        return fixed.value + abs(float(gain)) * quad
 
-    return compare(name, R, g, tol, f"{Z_SE:g} standard errors of the ratio ({se:.3g}, delta method on the two "
-                   "held-out losses) plus the runs' relative step errors and the quadrature bounds",
+    return compare(name, R, g, tol, f"{fixed.why()}, plus |gain| x the quadrature bounds' relative error ({quad:.3g})",
                    wrong=wrong_gains(cfg.m, g), config=config_label(cfg),
                    details={"role": "trained gain", "tasks": list(cfg.tasks), "L": cfg.L, "sigma": cfg.sigma, "se": se,
                             "theory": {
@@ -149,8 +150,8 @@ def check_bridge_gain(tasks, sigma: float, L: int, minima, g: float) -> Comparis
     H and 1/gain."""
     R, se, details = _reduced_gain(minima)
     return compare(f"gain of exact reduced minima (bridge), tasks={list(tasks)}, L={L}, sigma={sigma:g}", R, g,
-                   Z_SE * se, f"{Z_SE:g} paired standard errors of the ratio ({se:.3g}, one evaluation sample for "
-                   "both minima)", wrong=wrong_gains(len(tasks), g), details=details)
+                   Tolerance((noise_term(se, "the paired ratio", "one evaluation sample for both minima"),)),
+                   wrong=wrong_gains(len(tasks), g), details=details)
 
 
 def check_gain_limit(tasks, sigma: float, L: int, minima, rho: float, here: float, far: float) -> Comparison:
@@ -161,7 +162,7 @@ def check_gain_limit(tasks, sigma: float, L: int, minima, rho: float, here: floa
     R, se, details = _reduced_gain(minima)
     rho = float(rho)
     return trained.check_large_L(f"gain at large L -> rho_inf, tasks={list(tasks)}, sigma={sigma:g}, L={L}", R, se,
-                                 "paired standard errors of the ratio", rho, far - here, "the gain",
+                                 "the paired ratio", rho, far - here, "the gain",
                                  wrong_gains(len(tasks), rho, "rho_inf"),
                                  {**details, "role": "gain limit", "gain_exact_L": here, "gain_exact_4L": far})
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from claims.core.common import Z_SE, Comparison, compare, headline_row, lines_figure
+from claims.core.common import Comparison, Tolerance, compare, headline_row, lines_figure, noise_term, term
 from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
 from claims.core.trained import theory_need
 from numerics.engine import need
@@ -116,7 +116,8 @@ def check_constant_at_heads(cand: dict, bracket: dict, dom: dict) -> Comparison:
     linear attention and L is large), no perturbation."""
     H, best = cand["H"], cand["best"]
     C, se = best["C"], best["C_se"]
-    tol = Z_SE * se + bracket["allocated_error"] / bracket["linear"]
+    tol = Tolerance((noise_term(se, "C"), term("the quadrature error of the allocated loss",
+                                               bracket["allocated_error"] / bracket["linear"])))
     low, high = bracket["low"], bracket["high"]
     wrong = []
     if not dom["inside"]:
@@ -128,7 +129,7 @@ def check_constant_at_heads(cand: dict, bracket: dict, dom: dict) -> Comparison:
         wrong = [(f"H = {H} reaches linear attention (C = allocated/linear)", [bracket["high"]] * 2)]
     return compare(
         f"constant at H = {H}, tasks={cand['tasks']}, L={cand['L']}, sigma={cand['sigma']:g}", C, [low, high], tol,
-        f"{Z_SE:g} standard errors of C plus the quadrature error of the allocated loss", wrong=wrong,
+        wrong=wrong,
         error=lambda C, edges: bracket_error(C, *edges), side="two-sided" if math.isfinite(high) else "not below",
         config=f"tasks={tuple(cand['tasks'])} H={H} L={cand['L']} sigma={cand['sigma']:g}",
         details={"bracket": bracket, "domain": dom, "best": best, "spread": cand["spread"], "starts": cand["starts"],
@@ -144,10 +145,9 @@ def check_best_as_full_model(cand: dict, bridge: dict) -> Comparison:
     prompts (a wrong logit scale)."""
     fm, tasks = cand["best_decomposable"], tuple(cand["tasks"])
     est, doubled = bridge["full_model"], bridge["doubled"]
-    tol = Z_SE * math.hypot(est.se, fm.se)
+    tol = Tolerance((noise_term(math.hypot(est.se, fm.se), "the difference of two independent Monte-Carlo estimates"),))
     return compare(
         f"best decomposable point as a full model, H = {cand['H']}", est.mean, fm.loss, tol,
-        f"{Z_SE:g} standard errors of the difference of two independent Monte-Carlo estimates",
         wrong=[("logits doubled: the reduced loss at (2 omega, mu)", doubled)],
         config=f"tasks={tasks} H={cand['H']} L={cand['L']} sigma={cand['sigma']:g}",
         details={"full_model": asdict(est), "reduced": {"loss": fm.loss, "se": fm.se},
@@ -162,10 +162,10 @@ def check_constant_limit(tasks, sigma: float, rows, limit_multi: float) -> Compa
     e/C_inf (the large-r value e used at this r)."""
     C_inf = limit_multi / th_opt.linear_attention_limit(tasks, sigma)
     fit = fit_limit(np.array([r["L"] for r in rows], float), [r["constant"] for r in rows], [r["se"] for r in rows])
-    tol = Z_SE * fit["a_se"] + fit["systematic"]
+    tol = Tolerance((noise_term(fit["a_se"], "the extrapolated constant"),
+                     term("the extrapolation's systematic error", fit["systematic"])))
     return compare(
         f"constant at 2m heads as L -> inf, tasks={list(tasks)}, sigma={sigma:g}", fit["a"], C_inf, tol,
-        f"{Z_SE:g} standard errors of the extrapolated constant plus the extrapolation's systematic error",
         wrong=[("constant = 1", 1.0), ("constant = e (the large-r value)", math.e)],
         config=f"tasks={tuple(tasks)} H={2 * len(tasks)} L->inf sigma={sigma:g}",
         details={"role": "constant limit", "fit": fit, "rows": rows, "C_inf": C_inf})

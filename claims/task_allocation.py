@@ -18,7 +18,7 @@ import numpy as np
 
 from numerics.io.jsonable import jsonable
 from claims.core.base import Figure, HeadlineRow
-from claims.core.common import Z_SE, Comparison, compare, reported_row
+from claims.core.common import Z_SE, Comparison, Tolerance, compare, noise_term, reported_row, term
 from claims.core.spec import ClaimSpec, Outcome, finding
 from claims.core.trained import theory_need
 from numerics.config import ProblemConfig
@@ -239,12 +239,12 @@ def check_allocation(cfg: ProblemConfig, meas: dict, pred: dict, dom: dict) -> l
             {**common, "surplus_heads": surplus, "mu_end": meas["mu_end"]}, units="absolute"))
     full, red = meas["held_out"], meas["held_out_reduced_at_mean"]
     excess = max(0.0, full.mean - red.mean)
+    tol = Tolerance((noise_term(full.se, "the held-out loss", f"{full.n} fresh prompts"), term(
+        "the loss the off-D parts and the averaging leave (full model at the tail-averaged weights - reduced model at "
+        "the tail-mean readout, same prompts)", excess), term("the quadrature error", pred["loss_error"])))
     comps.append(_comparison(
         "trained loss (held out) vs exact loss at the allocated point", tag, full.mean, pred["loss"],
-        Z_SE * full.se + excess + pred["loss_error"],
-        f"Z_SE x the held-out standard error ({full.se:.3g}, {full.n} fresh prompts) + the loss the off-D parts and "
-        f"the averaging leaves ({excess:.3g}: full model at the tail-averaged weights - reduced model at the "
-        "tail-mean readout, same prompts) + the quadrature error", [(f"exact loss x {f:g}", f * pred["loss"])],
+        tol.value, tol.why(), [(f"exact loss x {f:g}", f * pred["loss"])],
         {**common, "held_out": full, "held_out_final_weights": meas["held_out_final_weights"],
          "held_out_reduced_at_mean": red, "train_tail_loss": meas["train_tail_loss"]}, se=full.se))
     off = np.abs(meas["omega_end"])

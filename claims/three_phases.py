@@ -16,7 +16,8 @@ import numpy as np
 
 import theory.exact as exact_theory
 import theory.three_phases as phase_theory
-from claims.core.common import Z_SE, Comparison, compare, config_label, headline_row, lines_figure, worst
+from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, headline_row, lines_figure,
+                                noise_term, term, worst)
 from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
 from claims.core.trained import theory_need
 from numerics.config import ProblemConfig
@@ -271,10 +272,9 @@ def check_converged_loss(cfg, meas: experiments.PhaseRun) -> tuple[Comparison, C
     out = []
     for label, m, how in (("converged loss", meas.held_out_allocated, "fresh Rao-Blackwellised prompts"),
                           ("converged loss (whole prompts)", meas.held_out_allocated_whole, "fresh whole prompts")):
-        out.append(compare(f"{label} {tag}", m.mean, ex.loss, Z_SE * m.se + ex.error_estimate,
-                           f"{Z_SE:g} x held-out se ({m.n} {how}) + quadrature error",
-                           wrong=[("exact loss at context length L/4", wrong)], se=m.se,
-                           details={"se": m.se, "n": m.n, **details}))
+        tol = Tolerance((noise_term(m.se, "the held-out loss", f"{m.n} {how}"), term("quadrature error", ex.error_estimate)))
+        out.append(compare(f"{label} {tag}", m.mean, ex.loss, tol, wrong=[("exact loss at context length L/4", wrong)],
+                           se=m.se, details={"se": m.se, "n": m.n, **details}))
     return out[0], out[1]
 
 

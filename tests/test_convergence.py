@@ -70,7 +70,7 @@ def test_the_unallocated_run_fails_it(unallocated_run):
     let it through against a tolerance of 14 % of the loss)."""
     cfg, run = unallocated_run
     assert run.excess > 0.1 and run.descent["rate"] > 4 * run.descent["rate_se"]
-    assert not run.converged and run.descent_left > 2 * run_tolerance(run) / Z_CONVERGED
+    assert not run.converged and run.descent_left > 2 * run_tolerance(run).value / Z_CONVERGED
     boundary_tol = 4 * math.hypot(run.se, 0.0102) + run.step_error      # the best point's se at this case
     assert not converged_for(run, boundary_tol)
     assert run_status(cfg, run, {"inside": True, "reasons": []})[0].startswith("left the allocated set")

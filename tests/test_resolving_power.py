@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 
 from claims.core.base import judge
-from claims.core.common import (Comparison, RESOLVING_FLOOR, compare, edge_probes, moved_prediction, resolved,
-                           resolving_power, seen_eps)
+import doctest
+
+import claims.core.tolerance
+from claims.core.common import (Z_SE, Comparison, RESOLVING_FLOOR, Tolerance, compare, edge_probes, moved_prediction,
+                                noise_term, resolved, resolving_power, seen_eps, term)
 from claims.core.spec import resolving_summary, unconfirmed_power
 
 
@@ -87,6 +90,21 @@ def test_entrywise_is_the_worst_entry():
     assert [e["low"] for e in rp["entries"]] == [pytest.approx(0.1, rel=1e-5), pytest.approx(0.01, rel=1e-5)]
     edges = [p for p in c.perturbations if "edge" in p.details]
     assert len(edges) == 2 and all(p.rejected for p in edges)
+
+
+def test_a_tolerance_of_named_terms_gives_compare_its_value_and_its_why():
+    assert doctest.testmod(claims.core.tolerance).failed == 0
+    se, step, quad = 0.1, 0.3, 0.2       # (4 x 0.1 + 0.3) + 0.2 != 4 x 0.1 + (0.3 + 0.2) in floating point
+    tol = Tolerance((noise_term(se, "the loss", 64), term("step error", step), term("quadrature", quad)), "because")
+    c = compare("x", 1.0, 1.5, tol)
+    assert c.tolerance == Z_SE * se + step + quad != Z_SE * se + (step + quad)
+    assert c.why == (f"{Z_SE:g} standard errors of the loss (0.1, 64 prompts) 0.4 + step error 0.3 + quadrature 0.2 "
+                     "= 0.9; because")
+    assert c.agrees and not compare("x", 1.0, 2.0, tol).agrees
+    with pytest.raises(ValueError, match="states its own why"):
+        compare("x", 1.0, 1.5, tol, "a second why")
+    with pytest.raises(ValueError, match="a number or a function needs one"):
+        compare("x", 1.0, 1.5, 0.9)
 
 
 def test_tolerance_made_from_the_prediction_is_recomputed():

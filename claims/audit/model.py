@@ -13,7 +13,8 @@ from typing import Optional
 import numpy as np
 
 from claims.core.base import ClaimResult, no_progress
-from claims.core.common import Z_SE, compare, config_label, headline_row, off_by, reported_row
+from claims.core.common import (Z_SE, Tolerance, compare, config_label, headline_row, noise_term, off_by, reported_row,
+                                term)
 from claims.core.spec import Context, Outcome, finding, fmt
 from claims.core.trained import run_status
 from numerics import external
@@ -353,13 +354,12 @@ def check_fixed_point_loss(name, loss, excess: float, fixed: dict, config: str):
     fixed before comparing: Z_SE held-out standard errors + the loss the model's off-D parts add
     (held-out loss of the model minus that of its projection onto D, same prompts: what the readout
     leaves out) + the quadrature error bound.  Wrong predictions: the fixed point's loss x1.1, /1.1."""
-    tol = Z_SE * loss.se + excess + fixed["error_estimate"]
-    return compare(name, loss.mean, fixed["loss"], tol,
-                   f"{Z_SE:g} held-out standard errors ({loss.se:.3g}, {loss.n} prompts) + the loss its off-D parts add "
-                   f"({excess:.3g}: the model minus its projection onto D, same prompts) + the quadrature bound",
-                   wrong=off_by(PERTURB_FACTOR, fixed["loss"], "the fixed point's loss"), se=loss.se, config=config,
-                   details={"role": "fixed point loss", "tolerance_parts": {
-                       "noise": [Z_SE * loss.se], "fixed": [excess + fixed["error_estimate"]], "n": loss.n}})
+    quad = fixed["error_estimate"]
+    tol = Tolerance((noise_term(loss.se, "the held-out loss", loss.n), term("the loss its off-D parts add (the model "
+                     "minus its projection onto D, same prompts)", excess), term("the quadrature bound", quad)))
+    return compare(name, loss.mean, fixed["loss"], tol, se=loss.se, config=config, details={"role": "fixed point loss",
+                   "tolerance_parts": {"noise": [Z_SE * loss.se], "fixed": [excess + quad], "n": loss.n}},
+                   wrong=off_by(PERTURB_FACTOR, fixed["loss"], "the fixed point's loss"))
 
 
 def served_curvature(omega_row, mu_value: float, task: int, tasks, L: int, sigma: float) -> np.ndarray:
@@ -459,9 +459,9 @@ def check_side(name, loss, target: float, target_error: float, sign: int, what: 
     below it.  Tolerance Z_SE held-out standard errors + theory's error bound; no wrong prediction
     (a one-sided statement has no alternative value; claims.core.trained's boundary checks)."""
     side = "not above" if sign < 0 else "not below"
-    return compare(f"{name}: {side} {what}", loss.mean, target, Z_SE * loss.se + target_error,
-                   f"boundary: {side} {what}; {Z_SE:g} held-out standard errors ({loss.se:.3g}) + theory's error bound",
-                   side=side, se=loss.se, config=config, details={"role": "side", "check": f"{side} {what}"})
+    return compare(f"{name}: {side} {what}", loss.mean, target, Tolerance((noise_term(loss.se, "the held-out loss"),
+                   term("theory's error bound", target_error)), f"boundary: {side} {what}"), side=side, se=loss.se,
+                   config=config, details={"role": "side", "check": f"{side} {what}"})
 
 
 def check_learned(name, loss, zero_loss: float, config: str):
@@ -482,8 +482,8 @@ def check_best_decomposable(name, loss, best: dict, fixed: Optional[dict], confi
     sqrt(se^2 + se_best^2) (the two Monte-Carlo losses, independent prompts); wrong prediction: the
     allocated fixed point (a superposition that merely equals the allocated loss is not elsewhere)."""
     se = math.hypot(loss.se, best["se"])
-    return compare(f"{name}: vs the best decomposable point of the same H", loss.mean, best["loss"], Z_SE * se,
-                   f"{Z_SE:g} standard errors of the difference of the two held-out losses ({se:.3g})",
+    return compare(f"{name}: vs the best decomposable point of the same H", loss.mean, best["loss"],
+                   Tolerance((noise_term(se, "the difference of the two held-out losses"),)),
                    wrong=(() if fixed is None else (("the allocated fixed point", fixed["loss"]),)), se=loss.se,
                    config=config, details={"role": "best decomposable",
                                            "check": "vs the best decomposable point of the same H"})

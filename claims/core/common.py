@@ -21,10 +21,10 @@ import numpy as np
 from numerics.io.jsonable import jsonable
 from claims.core.base import HeadlineRow, Figure, PerturbationCheck, Series
 from numerics.statistics import Z_SE  # noqa: F401 (the one tolerance multiplier, defined where the estimators are)
+from claims.core.tolerance import Tolerance, noise_term, term  # noqa: F401 (a tolerance of named terms)
 
 EPS64 = float(np.finfo(np.float64).eps)
 """Unit round-off of float64 (2.2e-16): the scale of every 'exact to rounding' tolerance."""
-
 
 
 # ---------------------------------------------------------------------------------------
@@ -384,19 +384,20 @@ def edge_probes(error, measured, predicted, tolerance, power: Optional[dict], si
     return out
 
 
-def compare(name: str, measured, predicted, tolerance, why: str, *, wrong=(), error=None,
+def compare(name: str, measured, predicted, tolerance, why: Optional[str] = None, *, wrong=(), error=None,
             side: str = "two-sided", details: Optional[dict] = None, config: Optional[str] = None,
             se: Optional[float] = None, units: Optional[str] = None, entrywise: bool = False) -> Comparison:
     """A comparison whose perturbations cannot be a second inequality: one error function,
     ``error(measured, prediction)`` (default :data:`SIDE_ERRORS` of ``side``), applied to the
     prediction under test, to each wrong prediction of ``wrong`` ((description, prediction)
-    pairs, or a dict) and to the edge probes (:func:`edge_probes`), each at the tolerance.
-    ``tolerance``: a number, or a function of the prediction (where the tolerance is made from
-    the prediction -- a relative tolerance, theory's stated error -- it is recomputed for every
-    wrong or moved prediction through that same function).  A wrong prediction is rejected when
-    its error exceeds its tolerance; it is recorded with the prediction it stood for.  ``se``: the
-    standard error of ``measured``; ``units``, ``entrywise``: how its resolving power is counted
-    (:func:`resolving_power`)."""
+    pairs, or a dict) and to the edge probes (:func:`edge_probes`), each at the tolerance.  ``tolerance``:
+    a :class:`Tolerance` (its value and its why), or a number or a function of the prediction with its ``why`` (a
+    function is recomputed for every wrong or moved prediction: a relative tolerance, theory's stated error).  A
+    wrong prediction is rejected when its error exceeds its tolerance; it is recorded with the prediction it stood
+    for.  ``se``: the standard error of ``measured``; ``units``, ``entrywise``: its resolving power's count."""
+    if isinstance(tolerance, Tolerance) == (why is not None):
+        raise ValueError(f"{name}: a Tolerance states its own why; a number or a function needs one")
+    tolerance, why = (tolerance.value, tolerance.why()) if isinstance(tolerance, Tolerance) else (tolerance, why)
     err = error or SIDE_ERRORS[side]
     tol_at = _tolerance_at(tolerance)
     pairs = wrong.items() if isinstance(wrong, dict) else wrong

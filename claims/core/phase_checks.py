@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from claims.core.common import Z_SE, Comparison, compare, headline_row, lines_figure, perturbation, reported_row
+from claims.core.common import (Z_SE, Comparison, Tolerance, compare, headline_row, lines_figure, noise_term,
+                                perturbation, reported_row, term)
 from claims.core.spec import fmt
 from numerics.experiments.phases import unstable_need
 from numerics.experiments.starts import outcome_mix
@@ -121,17 +122,19 @@ def _pooled_phase(label: str, key: str, found: list, skipped: list, spacing: flo
     details = {"role": "phase times", "phase": key, "compared": len(found), "units": len(units),
                "pairs": [{"where": p["where"], "unit": p["unit"], "measured": p["measured"][key],
                           "reference": p["reference"][key]} for p in found], "not_compared": skipped}
-    rule = (f"the rule fixed in advance: per prompt stream the mean difference, then their mean d; agree when |d| <= "
-            f"2 record spacings ({2 * spacing:.3g}: each crossing is resolved to one spacing) + {Z_SE:g} standard "
-            "errors of d over the streams; compared where the readout finds the three phases in both runs")
+    rule = ("the rule fixed in advance: per prompt stream the mean difference, then their mean d; compared where the "
+            "readout finds the three phases in both runs")
+    spacings = term("2 record spacings (each crossing is resolved to one spacing)", 2.0 * spacing)
     if len(units) < MIN_UNITS:
         why = (f"the three phases found in both runs on {len(units)} prompt stream(s), fewer than {MIN_UNITS}"
                + (f" (e.g. {skipped[0]['where']}: {skipped[0]['why']})" if skipped else ""))
+        rule += f"; agree when |d| <= {spacings[0]} {spacings[1]:.3g} + {Z_SE:g} standard errors of d"
         return Comparison(name=label, measured=None, predicted=0.0, error=0.0, tolerance=0.0, why=rule, config=config,
                           perturbations=[perturbation(f"the {reference}'s phase times 50% longer", 0.0, 0.0)],
                           details={**details, "compared": 0, "cannot_decide": "not compared: " + why})
     d, se = mean_se(diffs)
-    return compare(label, d, 0.0, 2.0 * spacing + Z_SE * se, rule, se=se, units="absolute", config=config,
+    tol = Tolerance((spacings, noise_term(se, f"d over {len(units)} prompt streams")), rule)
+    return compare(label, d, 0.0, tol, se=se, units="absolute", config=config,
                    wrong=[(f"the {reference}'s phase times 50% longer", 0.5 * float(np.mean(refs)))], details=details)
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from claims.core.base import Figure
-from claims.core.common import Z_SE, Comparison, compare, config_label, lines_figure, off_by
+from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, lines_figure, noise_term,
+                                off_by, term)
 from numerics.engine import need
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import TrainingSchedule, converged_for
@@ -142,12 +143,14 @@ def resolve(p, problem: dict):
     return replace(p, problem=tuple(sorted(problem.items())))
 
 
-def run_tolerance(run) -> float:
+def run_tolerance(run) -> Tolerance:
     """The tolerance of the comparison a trained run's held-out loss feeds first (claim 5's
     :func:`check_trained_loss`, less theory's quadrature bound of ~1e-12): Z_SE standard errors
     of the held-out loss + the SGD step's excess left after polishing, from the run's own
     numbers before any comparison."""
-    return Z_SE * run["se"] + run["step_error"]
+    return Tolerance((noise_term(run["se"], "the held-out loss", f"{run['n']} fresh prompts"),
+                      term("the SGD step's excess left after polishing (from the run's own explore/polish losses)",
+                           run["step_error"])))
 
 
 def run_status(cfg, run, inside: dict, outside_sides: bool = False, tolerance: float | None = None) -> tuple[str, int]:
@@ -171,7 +174,7 @@ def run_status(cfg, run, inside: dict, outside_sides: bool = False, tolerance: f
     elif run.get("descent_left") is None:
         tol = None          # a run handed in without a descent fit is read by its own "converged"
     else:
-        tol = run_tolerance(run)
+        tol = run_tolerance(run).value
     converged = converged_for(run, math.inf if tol is None else tol)
     if not inside["inside"]:
         status, sign = "outside the domain: " + "; ".join(inside["reasons"]), 0
@@ -211,23 +214,21 @@ def check_trained_loss(cfg, run, predicted: dict, name: str, status: tuple,
     no side, the check that the model learned something (below the zero model's loss sum r_i,
     at Z_SE standard errors)."""
     meas, pred = run["loss"], predicted["loss"]
-    tol = Z_SE * run["se"] + run["step_error"] + predicted["error_estimate"]
-    why = (f"{Z_SE:g} standard errors of the held-out loss ({run['se']:.3g}, {run['n']} fresh prompts) plus the SGD "
-           f"step's excess left after polishing ({run['step_error']:.3g}, from the run's own explore/polish losses) "
-           f"plus theory's quadrature error bound")
+    terms = run_tolerance(run).terms + (term("theory's quadrature error bound", predicted["error_estimate"]),)
     st, sign = status
     details = {"run": run.to_dict() if hasattr(run, "to_dict") else run, "prediction": predicted, "status": st}
     if st == "inside":
-        return compare(name, meas, pred, tol, why, wrong=off_by(1.1, pred), details=details, config=config_label(cfg))
+        return compare(name, meas, pred, Tolerance(terms), wrong=off_by(1.1, pred), details=details,
+                       config=config_label(cfg))
     if sign == 0:
         bound, side = "below the zero model's loss sum r_i", "not above"
-        pred, tol = float(sum(cfg.tasks)), Z_SE * run["se"]
+        pred, terms = float(sum(cfg.tasks)), terms[:1]
     else:
         side = "not below" if sign > 0 else "not above"
         bound = f"{side} {target}"
     details["boundary_check"] = bound
-    return compare(f"{name} [boundary: {st.split(':')[0].split(' (')[0]}]", meas, pred, tol,
-                   f"boundary finding ({st}); check: {bound}; " + why, side=side, details=details,
+    return compare(f"{name} [boundary: {st.split(':')[0].split(' (')[0]}]", meas, pred,
+                   Tolerance(terms, f"boundary finding ({st}); check: {bound}"), side=side, details=details,
                    config=config_label(cfg))
 
 
@@ -243,15 +244,16 @@ def check_trained(cfg, run, predicted: dict, label: str | None, status: tuple,
 def check_large_L(name: str, measured: float, se: float, se_what: str, limit: float, change: float,
                   quantity: str, wrong, details: dict, quadrature: float = 0.0) -> Comparison:
     """A Monte-Carlo measurement at a large L (standard error ``se``) against theory's L -> inf
-    ``limit``.  Tolerance: Z_SE standard errors + theory's approximation error at L, the part of
+    ``limit``.  Tolerance: Z_SE standard errors (of ``se_what``) + theory's approximation error at L, the part of
     the ``quantity`` still to come beyond L, TAIL_FACTOR x |``change``| (theory.exact's change of
     it over [L, 4L]: exact theory, never from the limit, so a wrong limit cannot widen its own
     tolerance) + ``quadrature`` (theory.exact's quadrature bound, where it enters)."""
     tail = TAIL_FACTOR * abs(change)
-    return compare(name, measured, limit, Z_SE * se + tail + quadrature,
-                   f"{Z_SE:g} {se_what} ({se:.3g}) plus theory's approximation error at L: the part of {quantity} "
-                   f"still to come beyond L, {TAIL_FACTOR:g} x theory.exact's change over [L, 4L] ({tail:.3g})",
-                   wrong=wrong, details={**details, "tail": tail})
+    tol = Tolerance((noise_term(se, se_what),
+                     term(f"theory's approximation error at L: the part of {quantity} still to come beyond L, "
+                          f"{TAIL_FACTOR:g} x theory.exact's change over [L, 4L]", tail))
+                    + ((term("theory's quadrature bound", quadrature),) if quadrature else ()))
+    return compare(name, measured, limit, tol, wrong=wrong, details={**details, "tail": tail})
 
 
 def case_figure(name: str, title: str, points: dict, measured: str, theory: str, **figure) -> Figure:
