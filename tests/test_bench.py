@@ -6,7 +6,7 @@
   the weights after one GD step, to float64 rounding; a perturbed reference (wrong logit
   scale, one weight moved by 1e-8) is rejected at the same tolerance.
 - ``python -m numerics.bench --smoke`` runs and writes valid JSON, ``--quick`` writes
-  issue 15's contract keys and issue 28's ``batched_runs``; bad flags are refused
+  the contract's keys and ``batched_runs``; bad flags are refused
   with a message saying what is wrong.
 - On ``--device cuda`` (marker ``gpu``): the same agreement on the GPU, and CPU and GPU agree
   on the same batch.

@@ -25,8 +25,8 @@ this machine's limits.
    prompt streams), at the quick size and at the authors' configuration (tasks 16,17,17,
    H = 3, L = 100, batch 10000).
 
-Profiles: ``--quick`` runs sections 1, 3 and 7 only at the quick size (issues 15 and 28's
-contracts: the top-level JSON keys of :func:`~numerics.bench.run.contract`); the default runs all seven;
+Profiles: ``--quick`` runs sections 1, 3 and 7 only at the quick size (the benchmark's
+contract: the top-level JSON keys of :func:`~numerics.bench.run.contract`); the default runs all seven;
 ``--smoke`` runs either at tiny sizes (a test of the code paths, numbers meaningless).
 
 Timings are medians over rounds, with min and max; the contenders of a comparison are run

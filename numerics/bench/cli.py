@@ -95,7 +95,7 @@ def _render_reduced(res: dict) -> list[str]:
 
 def _render_targets(res: dict) -> list[str]:
     """The contract's ratios against their targets, and the report profiles' wall times."""
-    lines = ["", "issue 15 targets (median ratios of this run):"]
+    lines = ["", "targets (median ratios of this run):"]
     for key, per in res["targets"].items():
         lines.append(f"  {key:20s} " + "   ".join(
             f"{dt} {res[key][dt]:.1f}x (target {per[dt]:g}x: {'met' if res['targets_met'][key][dt] else 'NOT met'})"
@@ -192,7 +192,7 @@ def _parser() -> argparse.ArgumentParser:
                         "untimed round first when this is > 0 (default 2; not with --smoke, which runs none)")
     p.add_argument("--out", default=None, help="write the results as JSON to this path")
     p.add_argument("--quick", action="store_true",
-                   help="issue 15's contract only, at the quick size (tasks 4,4,4, H = 3, L = 256, batch "
+                   help="the benchmark's contract only, at the quick size (tasks 4,4,4, H = 3, L = 256, batch "
                         "4096): section 1 (ours vs the standard implementation, full step and model step, "
                         "sampling) and section 3 (reduced vs full flow); minutes on 2 cores")
     p.add_argument("--smoke", action="store_true",

@@ -17,11 +17,11 @@ SMOKE = dict(tasks=(2, 2), heads=2, L=32, batch=128)
 LR = 0.05                 # the trainer's default eta; the step's cost does not depend on it
 DTYPES = ("float32", "float64")
 # what each profile runs: "quick" the issue-15 contract (ratios, sampling, model and reduced
-# flow at the QUICK size) and the batched runs at the QUICK size (issue 28); "full" adds the
+# flow at the QUICK size) and the batched runs at the QUICK size; "full" adds the
 # roofline, the scaling, peak memory, the PAPER step and the batched runs at the AUTHORS size.
 # smoke=True runs either at the SMOKE size.
 PROFILES = ("quick", "full")
-# issue 15's targets (2 cores): ours over the standard implementation, and full over reduced flow
+# the benchmark's targets (2 cores): ours over the standard implementation, and full over reduced flow
 TARGETS = {"ratio_full_step": {"float32": 10.0, "float64": 15.0},
            "ratio_model_step": {"float32": 25.0, "float64": 25.0},
            "ratio_reduced_flow": {"float32": 3.0, "float64": 3.0},

@@ -366,7 +366,7 @@ def _children_cpu() -> float:
 
 
 def contract(out: dict) -> dict:
-    """Issue 15's benchmark contract, the top-level keys of the JSON, from the sections:
+    """The benchmark's contract, the top-level keys of the JSON, from the sections:
     ``ratio_full_step`` = the standard implementation's step over our trainer's step (both
     sampling a fresh batch; median of the interleaved rounds), ``ratio_model_step`` = the same
     on one fixed batch (forward, backward, update: the model alone), ``sampling_ms`` and
@@ -375,7 +375,7 @@ def contract(out: dict) -> dict:
     marginals to the same t, ``ratio_expansion_flow`` = full flow over theory's expansion
     flow to the expansion time (the full flow extrapolated from its measured step, see
     :func:`expansion_ratios`), each per dtype;
-    ``threads``, ``precision``, the ``targets`` and which are met; ``batched_runs`` (issue 28):
+    ``threads``, ``precision``, the ``targets`` and which are met; ``batched_runs``:
     {runs, batched_per_s, sequential_per_s, ratio} of section 7's ``mixed`` run set at the
     quick size (runs per second of wall time; ratio = batched / one after another)."""
     step, red = out["step"], out["reduced_vs_full"]

@@ -1,4 +1,4 @@
-"""The atlas point (issue 23): one full model trained from a stated start, measured for the
+"""The atlas point: one full model trained from a stated start, measured for the
 phase diagrams of the atlas ids (``claims.atlas_*``).
 
 A sweep point of ``model = "atlas"`` (``numerics.sweep``) is

@@ -29,7 +29,7 @@ def die_with_client(client_pid: int) -> None:
     (:func:`numerics.io.processes.die_with_parent`, the one mechanism every pool of the project uses).
 
     Without it a client killed by SIGKILL (or the OOM killer) leaves its workers behind
-    for good (issue 13: ~220 MB each): a worker waits on the pool's call queue, whose
+    for good (~220 MB each): a worker waits on the pool's call queue, whose
     write end it holds itself, so it never reads end-of-file.  A forkserver worker's parent
     is the fork server, which exits when the client's end of its pipe closes; the worker
     also polls for the client itself."""
