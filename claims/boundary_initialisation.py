@@ -130,11 +130,9 @@ def check_unbalanced_winners(runs: list[dict], config=None) -> Comparison:
     'shared' (-1: a superposition of heads).  Compared on the (start, task) pairs whose start
     is not a tie (theory.initialisation.untied_tasks: with H > m several heads start from the
     same (omega0, mu0), and the tie is broken by noise, not by theory) and where the data seeds
-    agree for the full run and for the reduced flow (as in the race).  An outcome is a class cut
-    at a threshold, so a start near it can fall either side in either run: what is tested is that
-    the two typically agree -- the share of decided pairs where they do is at least 1/2, one-sided
-    through its Clopper-Pearson interval (:func:`share_at_least`) -- never that every pair does (a
-    single start would decide that).  A few pairs can decide neither way: undecided, said."""
+    agree for the full run and for the reduced flow.  An outcome is a class cut at a threshold (a
+    start near it falls either side in either run), so what is tested is typical agreement: a share
+    of decided pairs >= 1/2, one-sided Clopper-Pearson (:func:`share_at_least`), never every pair."""
     by_start: dict = {}
     for r in runs:
         by_start.setdefault(r["seed"], []).append(r)
@@ -149,7 +147,7 @@ def check_unbalanced_winners(runs: list[dict], config=None) -> Comparison:
     return share_at_least(
         "unbalanced start: outcome per task (winner or shared), full model vs reduced flow (unbalanced metric): "
         "share of decided pairs that agree", same, len(decided), 0.5,
-        "typical agreement of a discrete outcome, compared where the data seeds agree", config=config,
+        "typical agreement of a discrete outcome, compared where the data seeds agree", config=config, unit="pairs",
         details={"role": "unbalanced outcome", "same": same, "pairs": decided,
                  "shared_full": sum(d["full"] == -1 for d in decided),
                  "shared_reduced": sum(d["reduced"] == -1 for d in decided)})

@@ -248,7 +248,8 @@ def share_comparison(name: str, k: int, n: int, predicted: float, why: str, wron
                    details={"decided": n, "count": k, "n": n, "interval": [lo, hi], **(details or {})})
 
 
-def share_at_least(name: str, k: int, n: int, least: float, why: str, config=None, details=None) -> Comparison:
+def share_at_least(name: str, k: int, n: int, least: float, why: str, config=None, details=None,
+                   unit: str = "seeds") -> Comparison:
     """A claim that a class is typical -- the true share of seeds in it is at least ``least`` --
     against k of n seeds, one-sided, through their Clopper-Pearson interval [lo, hi] =
     numerics.statistics.binomial_interval(k, n, Z_SE) (each end a one-sided bound at the report's
@@ -267,7 +268,7 @@ def share_at_least(name: str, k: int, n: int, least: float, why: str, config=Non
                             share - lo if n else 0.0)
     out = {"count": k, "n": n, "decided": n, "interval": [lo, hi], "least": least, **(details or {})}
     if n == 0 or (hi >= least and not negation.rejected):
-        out["cannot_decide"] = (f"{k} of {n} seeds (interval [{lo:.3g}, {hi:.3g}] at {Z_SE:g} sigma) can neither exclude "
+        out["cannot_decide"] = (f"{k} of {n} {unit} (interval [{lo:.3g}, {hi:.3g}] at {Z_SE:g} sigma) can neither exclude "
                             f"a share of at least {least:g} nor its negation")
     if n == 0:
         return Comparison(name=name, measured=None, predicted=least, error=0.0, tolerance=0.0, why=why, config=config,
