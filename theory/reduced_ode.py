@@ -146,6 +146,57 @@ def _one_coordinate_mgf():
     return c, sp.simplify(val.subs(a, sp.Rational(1, 2) - c))
 
 
+def _g_average(a_i, G, t, block_factor, c, r, r_i):
+    """(E_g e^{alpha t + beta G} given q, E_g of a polynomial in (t, G)): q_i rotated onto e_1,
+    t = sqrt(a_i) g_1, G = g_1^2 + |rest|^2, the moments the derivatives of the MGF at 0."""
+    alpha, beta = sp.symbols("alpha beta", real=True)
+    g1 = sp.Symbol("g1", real=True)
+    b_ = sp.Symbol("b_", positive=True)
+    first = sp.integrate(sp.exp(alpha * sp.sqrt(a_i) * g1 - b_ * g1 ** 2) / sp.sqrt(2 * sp.pi), (g1, -sp.oo, sp.oo))
+    mgf_g = sp.simplify(first.subs(b_, sp.Rational(1, 2) - beta)) * block_factor.subs({c: beta, r: r_i - 1})
+
+    def E_g(expr):
+        poly = sp.Poly(sp.expand(expr), t, G)
+        out = sp.Integer(0)
+        for (p, n), coef in poly.terms():
+            mom = mgf_g
+            if p:
+                mom = sp.diff(mom, alpha, p)
+            if n:
+                mom = sp.diff(mom, beta, n)
+            out += coef * sp.simplify(mom.subs({alpha: 0, beta: 0}))
+        return sp.expand(out)
+
+    return mgf_g, E_g
+
+
+def _q_average(a_i, a_j, block_factor, c, r, r_i, r_j):
+    """E_q of a sum of terms |q_i|^{2p} e^{k_i |q_i|^2 + k_j |q_j|^2}: |q_b|^2 ~ chi^2_{r_b},
+    E a^p e^{k a} = d^p/dk^p (1 - 2k)^{-r/2}."""
+    kappa = sp.Symbol("kappa", real=True)
+
+    def E_q(expr):
+        out = sp.Integer(0)
+        for term in sp.Add.make_args(sp.expand(sp.powsimp(sp.expand(expr), combine="exp"))):
+            term = sp.powsimp(term, combine="exp")
+            factors = sp.Mul.make_args(term)
+            expo = sp.expand(sum((f.args[0] for f in factors if isinstance(f, sp.exp)), sp.Integer(0)))
+            rest = sp.Mul(*[f for f in factors if not isinstance(f, sp.exp)])
+            k_i, k_j = expo.coeff(a_i), expo.coeff(a_j)
+            if sp.simplify(expo - k_i * a_i - k_j * a_j) != 0:
+                raise AssertionError(f"exponent not linear in |q_b|^2: {expo}")
+            p = sp.degree(rest, a_i) if rest.has(a_i) else 0
+            coef = sp.simplify(rest / a_i ** p)
+            if coef.has(a_i) or coef.has(a_j):
+                raise AssertionError(f"unexpected dependence on |q|^2: {rest}")
+            Mi = block_factor.subs({c: kappa, r: r_i})
+            Mi = sp.diff(Mi, kappa, p) if p else Mi
+            out += coef * Mi.subs(kappa, k_i) * block_factor.subs({c: k_j, r: r_j})
+        return out
+
+    return E_q
+
+
 @lru_cache(maxsize=None)
 def derive_expansion() -> ExpansionDerivation:
     """Derive the large-L expansion from the model (sympy; about a second or two, cached).
@@ -170,45 +221,8 @@ def derive_expansion() -> ExpansionDerivation:
     block_factor = sp.powsimp(sp.simplify(one ** r), force=True)          # E e^{c|q|^2}, q in R^r
     r_i, r_j = sp.symbols("r_i r_j", positive=True)
 
-    # E_g e^{alpha t + beta G} given q: rotate q_i onto e_1, t = sqrt(a_i) g_1, G = g_1^2 + |rest|^2
-    alpha, beta = sp.symbols("alpha beta", real=True)
-    g1 = sp.Symbol("g1", real=True)
-    b_ = sp.Symbol("b_", positive=True)
-    first = sp.integrate(sp.exp(alpha * sp.sqrt(a_i) * g1 - b_ * g1 ** 2) / sp.sqrt(2 * sp.pi), (g1, -sp.oo, sp.oo))
-    mgf_g = sp.simplify(first.subs(b_, sp.Rational(1, 2) - beta)) * block_factor.subs({c: beta, r: r_i - 1})
-
-    def E_g(expr):
-        poly = sp.Poly(sp.expand(expr), t, G)
-        out = sp.Integer(0)
-        for (p, n), coef in poly.terms():
-            mom = mgf_g
-            if p:
-                mom = sp.diff(mom, alpha, p)
-            if n:
-                mom = sp.diff(mom, beta, n)
-            out += coef * sp.simplify(mom.subs({alpha: 0, beta: 0}))
-        return sp.expand(out)
-
-    kappa = sp.Symbol("kappa", real=True)
-
-    def E_q(expr):
-        out = sp.Integer(0)
-        for term in sp.Add.make_args(sp.expand(sp.powsimp(sp.expand(expr), combine="exp"))):
-            term = sp.powsimp(term, combine="exp")
-            factors = sp.Mul.make_args(term)
-            expo = sp.expand(sum((f.args[0] for f in factors if isinstance(f, sp.exp)), sp.Integer(0)))
-            rest = sp.Mul(*[f for f in factors if not isinstance(f, sp.exp)])
-            k_i, k_j = expo.coeff(a_i), expo.coeff(a_j)
-            if sp.simplify(expo - k_i * a_i - k_j * a_j) != 0:
-                raise AssertionError(f"exponent not linear in |q_b|^2: {expo}")
-            p = sp.degree(rest, a_i) if rest.has(a_i) else 0
-            coef = sp.simplify(rest / a_i ** p)
-            if coef.has(a_i) or coef.has(a_j):
-                raise AssertionError(f"unexpected dependence on |q|^2: {rest}")
-            Mi = block_factor.subs({c: kappa, r: r_i})
-            Mi = sp.diff(Mi, kappa, p) if p else Mi
-            out += coef * Mi.subs(kappa, k_i) * block_factor.subs({c: k_j, r: r_j})
-        return out
+    mgf_g, E_g = _g_average(a_i, G, t, block_factor, c, r, r_i)
+    E_q = _q_average(a_i, a_j, block_factor, c, r, r_i, r_j)
 
     h, k = T["heads"]
     # bias enters the MSE as 2 (1 - B) mu_h * (-t bias_h / omega_hi): average that factor
