@@ -710,18 +710,6 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
                       else np.nan, omega0, mu0, param, t_end, t_eval, stops, rtol, atol, method)
 
 
-def expansion_fixed_point(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0,
-                          t_end=1e5, tol=1e-10, domain_margin=1e-3):
-    """Run the expansion flow from (omega0, mu0) until the velocity norm is below ``tol``
-    (or t_end), and return (omega, mu, trajectory).  The fixed point reached depends on
-    the metric: with the factored metric zero entries stay zero (an allocated point can be
-    a fixed point), with the merged metric they do not (see docs/model.md: superposition)."""
-    traj = integrate_expansion_flow(omega0, mu0, tasks, L, sigma, param, logit_scale, t_end=t_end,
-                                    t_eval=np.geomspace(1e-3, t_end, 200), domain_margin=domain_margin,
-                                    stationary_tol=tol)
-    return traj.final_omega, traj.final_mu, traj
-
-
 def default_init(tasks, heads, init_scale=0.15) -> tuple[np.ndarray, np.ndarray]:
     """The numerics' default decomposable initialisation (docs/ARCHITECTURE.md):
     omega = s0 everywhere; mu = s0 except 2 s0 on each head's favoured task h mod m."""
