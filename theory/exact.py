@@ -42,7 +42,7 @@ removes the 1/beta: A = beta (1 - P), and B - P = beta^2 E[1 - Q + 6 Q^2 - 6 sum
 For m = 1 this is docs/model.md's formula  loss = r - 2 mu E[|q| A] + mu^2 E[B] + mu^2 (r - 1 + sigma^2) E[P].
 At beta = 0: P = 1/L, a = K = 1 - 1/L.  L = 1: P = 1, a = K = 0.
 
-3. The softmax moments as Laplace integrals (:func:`softmax_moments`)
+3. The softmax moments as Laplace integrals (:func:`_moments_one`)
 ---------------------------------------------------------------------
 With D = sum_l e^{beta v_l}, 1/D = int_0^oo e^{-tD} dt, 1/D^2 = int_0^oo t e^{-tD} dt, and
 the L tokens i.i.d., every expectation factorises into one-token expectations.  Put
@@ -115,24 +115,6 @@ MAX_GROUPS = 3          # distinct nonzero |omega| values in one head (tensor ru
 # 3. the softmax moments P, a, K of one Gaussian logit scale beta
 # ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class SoftmaxMoments:
-    """P = E sum p^2, a = 1 - P = A/beta, K = (B - P)/beta^2 for p = softmax(beta v),
-    v_1..v_L i.i.d. N(0,1) (arrays over beta), their derivatives dP, da, dK in x = beta^2,
-    and ``error``: an estimate of the absolute error of each (the trapezoid's geometric
-    error estimate, the normalisation check sum p = 1 and the identities a = 1 - P, a' = -P')."""
-
-    beta: np.ndarray
-    L: int
-    P: np.ndarray
-    a: np.ndarray
-    K: np.ndarray
-    dP: np.ndarray
-    da: np.ndarray
-    dK: np.ndarray
-    error: np.ndarray
-
-
 def _tau_grid(beta: float, L: int) -> np.ndarray:
     # lower end: E_j(tau) <= min(e^{j tau + j^2 beta^2/2}, e^{-tau^2/(2 beta^2)}) and the
     # integrands carry at most L^2: below tau_lo everything is < e^{-45}
@@ -170,9 +152,6 @@ def _one_token(beta: float, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # up to L^3 in the K' integrand: measured 1e-10 at L = 4096)
         out = [np.convolve(gj, kern, mode="valid") for gj in g]
         return np.stack(out[:7]), out[7]
-
-
-NMOM = 7   # P, a, K, dP, da, dK (derivatives in x = beta^2), error
 
 
 def _moments_one(beta: float, L: int) -> tuple:
@@ -234,20 +213,6 @@ def _geometric_error(fine: float, half: float, quarter: float) -> float:
     if e2 > 0.0 and e4 >= 10.0 * e2:
         return e2 * e2 / e4
     return e2
-
-
-def softmax_moments(beta, L) -> SoftmaxMoments:
-    """P(beta), a(beta) = 1 - P, K(beta) at context length L (module docstring, section 3).
-
-    beta: a number or array (the Gaussian logit scale; only |beta| matters); L: a positive
-    integer.  A few ms per beta (beta <= 5), more for large beta (cost ~ beta)."""
-    L = _check_int_L(L)
-    b = np.atleast_1d(np.asarray(beta, dtype=float))
-    if not np.all(np.isfinite(b)):
-        raise ValueError("beta must be finite")
-    out = np.array([_moments_one(x, L) for x in b.ravel()]).reshape(b.shape + (NMOM,))
-    return SoftmaxMoments(beta=b, L=L, P=out[..., 0], a=out[..., 1], K=out[..., 2], dP=out[..., 3],
-                          da=out[..., 4], dK=out[..., 5], error=out[..., 6])
 
 
 def _check_int_L(L) -> int:
