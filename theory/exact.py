@@ -424,7 +424,7 @@ def _one_head_expectations(omega_row, tasks, L, grad=False):
         raise NotImplementedError(
             f"one head with {k} distinct nonzero |omega| values: the q-expectation is a {k}-fold "
             f"tensor rule, implemented up to {MAX_GROUPS}. Tasks with equal |omega| share a group "
-            "(any number of them); use theory.reduced_ode.mc_reduced_loss for this point")
+            "(any number of them); estimate this point by Monte Carlo (numerics.exact_reduced.evaluate)")
     table = moment_table(L)
     if k == 0:
         mom, e_tab = table(np.zeros(1))

@@ -12,9 +12,9 @@ with the metric factors of :func:`metric_factors` (derived from the parametrisat
 :func:`derive_metric_factors`: merged 1/r_i and 1; factored 2|omega|/(s r_i) and 2|mu|).
 The right-hand side comes in two forms:
 
-- exact at finite L: dL_L/d(omega, mu) is an expectation over prompts
-  (:func:`mc_reduced_gradient` states it and estimates it in numpy; the numerics estimate
-  the same expectation in PyTorch), with the loss itself in :func:`mc_reduced_loss`;
+- exact at finite L: dL_L/d(omega, mu) by deterministic quadrature (theory.exact.exact_gradient;
+  the numerics estimate the same expectation over prompts by Monte Carlo in PyTorch,
+  numerics.exact_reduced);
 - the large-L expansion (closed form, :func:`expansion_loss`, :func:`expansion_gradient`),
   derived symbolically in :func:`derive_expansion` from the delta method for the ratio
   sum e^{s_l} y_l / sum e^{s_l} and the Gaussian moment identities; the numpy functions
