@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from theory._validate import check_positive_int, check_sigma, check_tasks
-from numerics.io.options import SEED_MAX
+from numerics.io.command import SEED_MAX
 
 BASES = ("identity", "random")
 PARAMS = ("factored", "merged")

@@ -61,7 +61,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from numerics.io.options import SEED_MAX, float_option, int_option, seed_option, tasks_option, threads_option
+from numerics.io.command import SEED_MAX, float_option, int_option, seed_option, tasks_option, threads_option
 from numerics.io.files import DiskFull, check_output_path, write_output
 from numerics.io.command import command_line
 
