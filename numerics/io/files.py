@@ -20,7 +20,7 @@ _NOFOLLOW, _DIRECTORY, _NONBLOCK, _CLOEXEC = (getattr(os, f"O_{name}", 0) for na
 
 
 def _bytes(data) -> bytes:
-    return _bytes(data)
+    return data.encode("utf-8") if isinstance(data, str) else bytes(data)
 
 
 def _unlink_quietly(name, dir_fd: Optional[int] = None) -> None:
