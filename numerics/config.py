@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from theory._validate import check_positive_int, check_sigma, check_tasks
-from numerics.io.command import SEED_MAX
+from numerics.io.command import SEED_MAX, check_device_option as check_device
 
 BASES = ("identity", "random")
 PARAMS = ("factored", "merged")
@@ -73,30 +73,6 @@ def _is_int(x) -> bool:
 
 def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def check_device(device) -> str:
-    """Normalise a device name; raise ValueError if it is unknown or not available here."""
-    if isinstance(device, torch.device):
-        device = str(device)
-    if not isinstance(device, str):
-        raise TypeError(f"device must be a string such as 'cpu', 'cuda' or 'cuda:0', got {device!r}")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError) as exc:
-        raise ValueError(f"unknown device {device!r}: allowed are 'cpu', 'cuda' and 'cuda:N' ({exc})") from None
-    if dev.type == "cpu":
-        return "cpu"
-    if dev.type != "cuda":
-        raise ValueError(f"device {device!r} is not supported: allowed are 'cpu', 'cuda' and 'cuda:N'")
-    if not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} was requested but no CUDA device is available on this "
-                         "machine; use device='cpu'")
-    if dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"device {device!r} does not exist: this machine has "
-                         f"{torch.cuda.device_count()} CUDA device(s) (cuda:0 .. "
-                         f"cuda:{torch.cuda.device_count() - 1})")
-    return str(dev)
 
 
 def use_precise_float32() -> dict:
@@ -214,7 +190,7 @@ class ProblemConfig:
                              "needs param='factored'; merged weights have no factors")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        set_("device", check_device(self.device))
+        set_("device", check_device(self.device, "device"))
 
     # --- derived quantities -------------------------------------------------------------
     @property

@@ -195,7 +195,7 @@ def _validate(args) -> tuple:
     try:
         check_device(args.device)
     except (TypeError, ValueError) as exc:
-        raise BadArguments(f"--device: {exc}") from None
+        raise BadArguments(str(exc)) from None
     try:
         external.check_paths(args.checkpoints)      # a link loop, a FIFO, a device: refused before any read
     except ValueError as exc:

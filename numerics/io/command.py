@@ -41,13 +41,18 @@ def parse_int(text, flag: str, *, low: Optional[int] = None, high: Optional[int]
 
 def int_option(flag: str, low: Optional[int] = None, high: Optional[int] = None, why_high: str = ""):
     """argparse ``type=`` of :func:`parse_int` (argparse prints the message, exit status 2)."""
-    def parse(text):
+    return _option(lambda text: parse_int(text, flag, low=low, high=high, why_high=why_high), "integer")
+
+
+def _option(parse, name: str):
+    """argparse ``type=`` of ``parse``: its ValueError's message is what argparse prints (exit 2)."""
+    def option(text):
         try:
-            return parse_int(text, flag, low=low, high=high, why_high=why_high)
+            return parse(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-    parse.__name__ = "integer"
-    return parse
+    option.__name__ = name
+    return option
 
 
 OFFSET_SEED_MAX = 2 ** 63 - 1
@@ -82,23 +87,21 @@ def float_option(flag: str, *, low: Optional[float] = None, high: Optional[float
     ``low`` (or equal with ``allow_low``) and at most ``high``."""
     def parse(text):
         try:
-            if "_" in str(text):
-                raise ValueError
-            v = float(str(text))
+            v = float(str(text)) if "_" not in str(text) else None
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be a number written without underscores (e.g. 0.05 "
-                                             f"or 1e-3), got {text!r}") from None
+            v = None
+        if v is None:
+            raise ValueError(f"{flag} must be a number written without underscores (e.g. 0.05 or 1e-3), got {text!r}")
         if not math.isfinite(v):
             if not finite:
                 return v
-            raise argparse.ArgumentTypeError(f"{flag} must be a finite number, got {text!r}")
+            raise ValueError(f"{flag} must be a finite number, got {text!r}")
         if low is not None and (v < low or (v == low and not allow_low)):
-            raise argparse.ArgumentTypeError(f"{flag} must be {'>=' if allow_low else '>'} {low:g}, got {text!r}")
+            raise ValueError(f"{flag} must be {'>=' if allow_low else '>'} {low:g}, got {text!r}")
         if high is not None and v > high:
-            raise argparse.ArgumentTypeError(f"{flag} must be at most {high:g}, got {text!r}")
+            raise ValueError(f"{flag} must be at most {high:g}, got {text!r}")
         return v
-    parse.__name__ = "number"
-    return parse
+    return _option(parse, "number")
 
 
 
@@ -129,13 +132,7 @@ def parse_tasks(text, flag: str = "--tasks") -> tuple[int, ...]:
 
 def tasks_option(flag: str = "--tasks"):
     """argparse ``type=`` of :func:`parse_tasks` (argparse prints the message, exit status 2)."""
-    def parse(text):
-        try:
-            return parse_tasks(text, flag)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    parse.__name__ = "tasks"
-    return parse
+    return _option(lambda text: parse_tasks(text, flag), "tasks")
 
 
 DELETED_CWD = ("error: the current directory no longer exists (it was deleted or moved away); cd to an existing "
@@ -253,23 +250,29 @@ def command_line(main):
 
 # --- the --device option --------------------------------------------------------------------------
 
-def check_device_option(device: str, flag: str = "--device") -> str:
-    """``device`` if it is ``cpu``, or ``cuda`` / ``cuda:N`` with that CUDA device present;
-    else ValueError saying which devices there are."""
+def check_device_option(device, flag: str = "--device") -> str:
+    """``device`` if it is ``cpu``, or ``cuda`` / ``cuda:N`` with that CUDA device present (a
+    ``torch.device`` is read by its name); else ValueError saying which devices there are (TypeError
+    for what is not a name).  torch is imported only for a CUDA name, so that ``--help`` and
+    ``--device cpu`` stay fast."""
+    if type(device).__name__ == "device" and hasattr(device, "index"):
+        device = str(device)
+    if not isinstance(device, str):
+        raise TypeError(f"{flag} must be a string such as 'cpu', 'cuda' or 'cuda:0', got {device!r}")
     if device == "cpu":
         return device
     if device != "cuda" and not (device.startswith("cuda:") and device[5:].isascii() and device[5:].isdigit()):
-        raise ValueError(f"{flag} must be cpu, cuda or cuda:N, got {device!r} (an unknown device)")
+        raise ValueError(f"{flag} {device!r} is not supported (unknown device {device!r}: allowed are 'cpu', 'cuda' and "
+                         "'cuda:N')")
     import torch
 
     if not torch.cuda.is_available():
-        raise ValueError(f"{flag} {device} requested but no CUDA device is available "
-                         f"(torch {torch.__version__}); use {flag} cpu")
+        raise ValueError(f"{flag} {device} requested but no CUDA device is available (torch {torch.__version__}); "
+                         f"use {flag}='cpu'")
     count = torch.cuda.device_count()
     if ":" in device and int(device[5:]) >= count:
-        raise ValueError(f"{flag} {device}: only {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+        raise ValueError(f"{flag} {device} does not exist: only {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
     return device
-
 
 
 # --- processes ------------------------------------------------------------------------------------
