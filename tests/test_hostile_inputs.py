@@ -157,15 +157,6 @@ def test_a_symlink_to_a_file_is_followed_not_replaced(tmp_path):
     assert link.is_symlink() and target.read_text() == "new"
 
 
-def test_previous_marker_accepts_only_the_commands_own_file(tmp_path):
-    mine, other = tmp_path / "mine.html", tmp_path / "other.html"
-    mine.write_text("<!-- icl-attention-audit --> report")
-    other.write_text("someone's notes")
-    V.check_output_path(mine, "--out", previous_marker="icl-attention-audit")
-    with pytest.raises(ValueError, match="not an output of this command"):
-        V.check_output_path(other, "--out", previous_marker="icl-attention-audit")
-
-
 def test_a_character_device_is_written_through(tmp_path):
     V.write_output(V.check_output_path("/dev/null", "--out"), "x" * 1000)
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)

@@ -273,15 +273,14 @@ def _check_not_input(flag: str, text: str, target: str, inputs) -> None:
                              f"overwritten by outputs; choose another {flag}")
 
 
-def check_output_path(path, flag: str, *, inputs=(), previous_marker=None) -> Path:
+def check_output_path(path, flag: str, *, inputs=()) -> Path:
     """Check, before any computation, that the output *file* ``path`` of option ``flag`` can
     be written, and return the path to write (symbolic links followed).
 
     Accepted: a new file in an existing writable directory; an existing regular file (a
     symbolic link to one is followed: its target is written, the link kept); an existing
     character device such as /dev/null, which :func:`write_output` writes *through*, never
-    replaces.  With ``previous_marker`` (str or bytes), an existing regular file is accepted
-    only if its first 64 KiB contain the marker: the command's own previous output.
+    replaces.
 
     Refused with a ValueError naming ``flag`` and saying how to fix it: a directory; a FIFO,
     socket or block device; a dangling symbolic link or a link loop; a missing or unwritable
@@ -313,28 +312,13 @@ def check_output_path(path, flag: str, *, inputs=(), previous_marker=None) -> Pa
                              f"written to; choose another {flag}")
         if not os.access(target, os.W_OK):
             raise ValueError(f"{flag} {text} exists and is read-only; make it writable or choose another {flag}")
-        if previous_marker is not None:
-            marker = previous_marker.encode() if isinstance(previous_marker, str) else bytes(previous_marker)
-            try:
-                with open(target, "rb") as fh:
-                    head = fh.read(65536)
-            except OSError as exc:
-                raise ValueError(f"{flag} {text}: cannot be read ({_strerror(exc)})") from None
-            if marker not in head:
-                raise ValueError(f"{flag} {text} exists and is not an output of this command; it is not replaced: "
-                                 f"remove it or choose another {flag}")
     parent = os.path.dirname(target) or "."
-    try:
-        pst = os.stat(parent)
-    except OSError:
-        # the nearest existing ancestor says whether the missing directory is a typo or a file
+    if not os.path.isdir(parent):   # the nearest existing ancestor says whether it is a typo or a file
         existing = _nearest_existing(target)
         if os.path.exists(existing) and not os.path.isdir(existing):
-            raise ValueError(f"{flag} {text}: {existing} is a file, not a directory; choose another path") from None
+            raise ValueError(f"{flag} {text}: {existing} is a file, not a directory; choose another path")
         raise ValueError(f"{flag} {text}: the directory {parent} does not exist; create it first or choose an "
-                         "existing directory") from None
-    if not stat.S_ISDIR(pst.st_mode):
-        raise ValueError(f"{flag} {text}: {parent} is a file, not a directory; choose another path")
+                         "existing directory")
     _probe_dir(flag, text, parent)
     return Path(target)
 
