@@ -135,16 +135,6 @@ def _is_number(v) -> bool:
         return False
 
 
-def check_path(path: str, name: str = "checkpoint") -> None:
-    """A checkpoint path that exists must be a regular file (a FIFO would block the read for
-    ever, a device or directory is no checkpoint); nothing is opened."""
-    if os.path.isdir(path):
-        raise CheckpointError(f"{name} {path} is a directory; give a file name such as run.ckpt")
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise CheckpointError(f"{name} {path} is not a regular file (a FIFO, socket or device); a checkpoint is "
-                              f"written and read back as a regular file: choose another {name} path")
-
-
 MAX_BYTES = 2 ** 30
 """The largest checkpoint read: the trainer's longest run (10^7 steps) keeps 80 MB of losses."""
 
@@ -168,7 +158,6 @@ def load(path: str) -> dict:
     """The checkpoint dict of the file at ``path`` (weights_only: plain tensors and
     containers, nothing unpickled; checked before loading by :func:`_load_bytes`), with exactly
     the keys :data:`FIELDS`; its values are checked by :func:`read`."""
-    check_path(path)
     data = _load_bytes(path)
     try:
         ck = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

@@ -75,7 +75,6 @@ from .evaluate import LossEstimate, held_out_loss, held_out_loss_difference, hel
 from .model import MultiHeadAttention, factor_balance
 from .readout import allocation, zero_sum_ratio
 
-LAYOUTS = ("auto", "authors", "project", "factored", "merged")
 
 MAX_CHECKPOINT_BYTES = 512 * 2 ** 20
 """The largest file read (512 MiB).  The models audited here are a few layers of (d + m)^2 numbers:
@@ -477,8 +476,6 @@ def read_checkpoint(path, layout: str = "auto", logit_scale: Optional[float] = N
     wrong, before any computation.  ``logit_scale``: the s of a factored file that does not
     carry one (refused where the file or the layout fixes it).  ``tasks``: the problem's block
     sizes, against which the arrays' declared shapes are checked before they are read."""
-    if layout not in LAYOUTS:
-        raise CheckpointError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     text = os.fspath(path)
     data = _read_bytes(text, max_bytes)
     try:

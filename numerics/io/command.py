@@ -139,23 +139,16 @@ DELETED_CWD = ("error: the current directory no longer exists (it was deleted or
                "directory and run the command again")
 
 
-def refuse_a_deleted_cwd_at_startup() -> None:
-    """Called first by the packages whose command lines import torch (``numerics``): while
-    ``python -m`` imports the package (``sys.argv[0] == "-m"``), a working directory that no longer
-    exists would make torch's import abort ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so")
-    before any command line could say what is wrong; this says it and exits 2.  A library import
-    (any other ``sys.argv``) is left alone."""
+def refuse_a_deleted_cwd_at_startup(always: bool = False) -> None:
+    """Say :data:`DELETED_CWD` and exit 2 if the working directory no longer exists.  Called first
+    by the packages whose command lines import torch (``numerics``): while ``python -m`` imports the
+    package (``sys.argv[0] == "-m"``), such a directory would make torch's import abort ("Intel
+    oneMKL FATAL ERROR: Cannot load libtorch_cpu.so") before any command line could say what is
+    wrong.  A library import (any other ``sys.argv``) is left alone unless ``always``."""
     import sys
 
-    if sys.argv[:1] != ["-m"]:
+    if not always and sys.argv[:1] != ["-m"]:
         return
-    _exit_if_the_cwd_is_gone()
-
-
-def _exit_if_the_cwd_is_gone() -> None:
-    """Say :data:`DELETED_CWD` and exit 2 if the working directory no longer exists."""
-    import sys
-
     try:
         os.getcwd()
     except FileNotFoundError:
@@ -225,7 +218,7 @@ def command_line(main):
                 stream.reconfigure(errors="backslashreplace")
             except (AttributeError, ValueError, OSError):
                 pass
-        _exit_if_the_cwd_is_gone()
+        refuse_a_deleted_cwd_at_startup(always=True)
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = ClosedPipeSafe(sys.stdout), ClosedPipeSafe(sys.stderr)
         try:
