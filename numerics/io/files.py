@@ -133,7 +133,7 @@ def read_input_bytes(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BY
 TEMP_PREFIX = ".icl-tmp-"
 """Name prefix of the temporaries of :func:`write_output` and :func:`write_inside`: a writer killed
 between writing and renaming (SIGKILL) leaves at most one such file, which
-:func:`clean_stale_temporaries` removes -- only if its name carries the project's mark
+the cleaners remove -- only if its name carries the project's mark
 (:func:`temporary_name`); a file that merely looks like a temporary is never deleted."""
 
 _TEMP_NAME = re.compile(r"\.icl-tmp-(?P<name>.+)\.(?P<pid>[0-9]+)\.(?P<rand>[0-9a-f]{8})\.(?P<mark>[0-9a-f]{8})\Z", re.S)
@@ -471,7 +471,7 @@ def write_output(path, data) -> None:
     directory = os.path.dirname(target) or "."
     fd = os.open(directory, os.O_RDONLY | _DIRECTORY)
     try:
-        _clean_own(fd, os.path.basename(target))
+        _clean_in(fd, os.path.basename(target))
         _replace_in(fd, os.path.basename(target), payload, None if st is None else stat.S_IMODE(st.st_mode),
                     shown=target)
     finally:
@@ -506,52 +506,40 @@ def _replace_in(dir_fd: int, name: str, payload: bytes, mode: Optional[int], sho
         pass
 
 
-def _clean_own(dir_fd: int, name: str, older_than_s: float = 3600.0) -> None:
-    """Remove the stale temporaries of earlier writes of this very file (a writer killed by
-    SIGKILL between writing and renaming): the project's own (:func:`is_own_temporary`) of
-    ``name``, older than an hour."""
+def _clean_in(dir_fd: int, name: Optional[str] = None, older_than_s: float = 3600.0) -> list:
+    """Remove, from the directory ``dir_fd``, the temporaries a writer killed between writing and
+    renaming left (of the file ``name`` only, if given): only the project's own (a name with a
+    valid mark, :func:`is_own_temporary`), a plain file of this user with one link (never a link,
+    a directory, a device, another user's file or a second name of some other file), older than
+    ``older_than_s`` (a live writer's are younger).  Returns the entries removed."""
+    removed = []
     try:
-        entries = [e for e in os.listdir(dir_fd) if e.startswith(TEMP_PREFIX)]
+        entries = [e for e in os.listdir(dir_fd) if e.startswith(TEMP_PREFIX) and is_own_temporary(e, name)]
     except OSError:
-        return
+        return removed
     for entry in entries:
-        if is_own_temporary(entry, name):
-            _remove_if_own(dir_fd, entry, older_than_s)
-
-
-def _remove_if_own(dir_fd: int, entry: str, older_than_s: float) -> bool:
-    """Unlink ``entry`` of ``dir_fd`` if it is a plain file of this user with one link, older
-    than ``older_than_s`` (a live writer's temporaries are younger): never a link, a directory,
-    a device, another user's file or a second name of some other file (a hard link)."""
-    try:
-        st = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
-        if (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
-                and time.time() - st.st_mtime > older_than_s):
-            os.unlink(entry, dir_fd=dir_fd)
-            return True
-    except OSError:
-        pass
-    return False
+        try:
+            st = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+            if (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
+                    and time.time() - st.st_mtime > older_than_s):
+                os.unlink(entry, dir_fd=dir_fd)
+                removed.append(entry)
+        except OSError:
+            pass
+    return removed
 
 
 def clean_stale_temporaries(directory, older_than_s: float = 3600.0) -> list:
-    """Remove the temporaries that a writer killed between writing and renaming left in
-    ``directory``: only the project's own (a name with a valid mark, :func:`is_own_temporary`;
-    a plain file of this user with one link), older than ``older_than_s`` (a live writer's are
-    younger).  ``directory`` is opened without following a link at its last component (a
-    symbolic link there is cleaned of nothing).  Returns the paths actually removed."""
-    removed = []
+    """:func:`_clean_in` of ``directory``, opened without following a link at its last component
+    (a symbolic link there is cleaned of nothing).  Returns the paths actually removed."""
     try:
         fd = os.open(directory, os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
     except OSError:
-        return removed
+        return []
     try:
-        for entry in os.listdir(fd):
-            if entry.startswith(TEMP_PREFIX) and is_own_temporary(entry) and _remove_if_own(fd, entry, older_than_s):
-                removed.append(Path(directory) / entry)
+        return [Path(directory) / entry for entry in _clean_in(fd, None, older_than_s)]
     finally:
         os.close(fd)
-    return removed
 
 
 # --- a folder the command was handed -----------------------------------------------------------
