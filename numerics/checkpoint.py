@@ -161,18 +161,13 @@ def load(path: str) -> dict:
     data = _load_bytes(path)
     try:
         ck = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if "weights_only" not in str(exc):
-            raise CheckpointError(f"checkpoint {path!r} exists but is not a readable numerics.train checkpoint "
-                                  "(corrupt or truncated); delete it to start afresh, or choose another checkpoint "
-                                  "path") from None
-        raise CheckpointError(f"checkpoint {path!r} holds objects other than tensors and plain containers, which "
-                              "are never unpickled (weights_only): not a readable numerics.train checkpoint; delete "
-                              "it to start afresh, or choose another checkpoint path") from None
-    except Exception:
-        raise CheckpointError(f"checkpoint {path!r} exists but is not a readable numerics.train checkpoint (corrupt, "
-                              "truncated or another kind of file); delete it to start afresh, or choose another "
-                              "checkpoint path") from None
+    except Exception as exc:
+        what = ("holds objects other than tensors and plain containers, which are never unpickled (weights_only): "
+                "not a readable numerics.train checkpoint" if isinstance(exc, pickle.UnpicklingError)
+                and "weights_only" in str(exc) else "exists but is not a readable numerics.train checkpoint "
+                "(corrupt, truncated or another kind of file)")
+        raise CheckpointError(f"checkpoint {path!r} {what}; delete it to start afresh, or choose another checkpoint "
+                              "path") from None
     if not isinstance(ck, dict) or not all(isinstance(k, str) for k in ck):
         what = "a dict whose keys are not all names" if isinstance(ck, dict) else f"a {type(ck).__name__}"
         raise CheckpointError(f"checkpoint {path!r} is a torch file of {what}, not a numerics.train checkpoint (a "

@@ -157,18 +157,14 @@ class ProblemConfig:
         set_("heads", check_positive_int("heads", self.heads))
         set_("L", check_positive_int("L", self.L))
         set_("sigma", check_sigma(self.sigma))
-        if self.basis not in BASES:
-            raise ValueError(f"basis must be one of {BASES}, got {self.basis!r}")
-        if self.param not in PARAMS:
-            raise ValueError(f"param must be one of {PARAMS}, got {self.param!r}")
-        if not _is_real(self.logit_scale) or not math.isfinite(self.logit_scale) or self.logit_scale <= 0:
-            raise ValueError(f"logit_scale s must be a finite number > 0, got {self.logit_scale!r}")
-        set_("logit_scale", float(self.logit_scale))
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if not _is_real(self.init_scale) or not math.isfinite(self.init_scale) or self.init_scale <= 0:
-            raise ValueError(f"init_scale must be a finite number > 0, got {self.init_scale!r}")
-        set_("init_scale", float(self.init_scale))
+        for name, allowed in (("basis", BASES), ("param", PARAMS), ("init", INITS), ("dtype", DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for name, shown in (("logit_scale", "logit_scale s"), ("init_scale", "init_scale")):
+            v = getattr(self, name)
+            if not _is_real(v) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{shown} must be a finite number > 0, got {v!r}")
+            set_(name, float(v))
         for name in ("basis_seed", "init_seed"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0 or v > SEED_MAX:
@@ -188,8 +184,6 @@ class ProblemConfig:
         if self.init in ("linear_default", "authors_small") and self.param != "factored":
             raise ValueError(f"init={self.init!r} is defined on the factors K, Q, V, O of the authors' module and "
                              "needs param='factored'; merged weights have no factors")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         set_("device", check_device(self.device, "device"))
 
     # --- derived quantities -------------------------------------------------------------

@@ -251,7 +251,7 @@ def _json_load(path: str, data: bytes):
         raise _fail(path, str(exc)) from None
     try:
         return handed.parse_json(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:       # UnicodeDecodeError is one
         raise _fail(path, f"not valid JSON: truncated or corrupt ({str(exc)[:160]})") from None
 
 
