@@ -50,14 +50,8 @@ def check_input_file(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BY
     ``max_bytes``.  Returns it as a Path."""
     text = _path_text(path, flag)
     try:
-        st = os.stat(text)
+        st = _follow(text, flag, "fix the link or give the file itself")
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError(f"{flag} {text} is a symbolic link loop (it never reaches a file); give the file "
-                             "itself") from None
-        if os.path.islink(text):
-            raise ValueError(f"{flag} {text}: a symbolic link that leads nowhere ({_strerror(exc)}); fix the link "
-                             "or give the file itself") from None
         raise ValueError(f"{flag} {text}: no such file ({_strerror(exc)}); check the path") from None
     if stat.S_ISDIR(st.st_mode):
         raise ValueError(f"{flag} {text} is a directory, not a file; give the file itself")
@@ -191,18 +185,26 @@ def _path_text(path, flag: str) -> str:
     return text
 
 
-def _resolve_link(text: str, flag: str) -> str:
-    """The target of a path that may be a symbolic link: followed to the end; a loop or a
-    link leading nowhere is refused (nothing could be written through it)."""
+def _follow(text: str, flag: str, fix: str) -> os.stat_result:
+    """``os.stat`` of a path that may be a symbolic link, followed to the end; a loop or a link
+    leading nowhere is refused (nothing could be read or written through it); any other OSError
+    (nothing there) is raised."""
     try:
-        os.stat(text)
+        return os.stat(text)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ValueError(f"{flag} {text} is a symbolic link loop (it never reaches a file); remove the link or "
-                             f"choose another {flag}") from None
+            raise ValueError(f"{flag} {text} is a symbolic link loop (it never reaches a file); {fix}") from None
         if os.path.islink(text):
             raise ValueError(f"{flag} {text} is a symbolic link to {os.readlink(text)!r}, which does not exist "
-                             f"(a dangling link); fix or remove the link, or choose another {flag}") from None
+                             f"(a dangling link); {fix}") from None
+        raise
+
+
+def _resolve_link(text: str, flag: str) -> str:
+    """The target of a path that may be a symbolic link (:func:`_follow`), or of a new one."""
+    try:
+        _follow(text, flag, f"fix or remove the link, or choose another {flag}")
+    except OSError as exc:
         if exc.errno == errno.ENOTDIR:
             raise ValueError(f"{flag} {text}: {_nearest_existing(text)} is a file, not a directory; choose another "
                              "path") from None
