@@ -171,19 +171,12 @@ def _sniff(data: bytes) -> str:
     return "unknown"
 
 
-def _budget() -> Optional[int]:
-    """Bytes a file's expanded content may take (numerics.io.handed: half of what this process can
-    still take); None where the machine does not say."""
-    free = handed.memory_available()
-    return None if free is None else int(handed.MEMORY_FRACTION * free)
-
-
 def _torch_load(path: str, data: bytes):
     """A torch file checked before it is loaded (its archive and pickle bounded:
     numerics.io.handed.check_torch_archive), loaded weights-only, and every tensor in it dense, in
     the file and no larger than its storage (numerics.checkpoint.dense_problem)."""
     try:
-        handed.check_torch_archive(data, _budget())
+        handed.check_torch_archive(data, handed.memory_budget())
     except ValueError as exc:
         raise _fail(path, f"a torch file refused before loading: {exc}") from None
     try:
@@ -217,7 +210,7 @@ def _zip_load(path: str, data: bytes):
     """A zip archive is a torch file (it holds a data.pkl) or an npz (only .npy members), each
     read by its directory first (numerics.io.handed)."""
     try:
-        archive, members = handed.zip_members(data, _budget())
+        archive, members = handed.zip_members(data, handed.memory_budget())
     except ValueError as exc:
         raise _fail(path, f"a zip archive refused: {exc}") from None
     if any(info.filename.endswith("data.pkl") for info in members):

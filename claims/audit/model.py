@@ -183,9 +183,8 @@ def plan_audit(request: AuditRequest) -> AuditPlan:
         missing = " and ".join(f for f, v in (("--tasks", tasks), ("--L", L)) if v is None)
         raise ValueError(f"give {missing}: the files do not say the problem they were trained on (tasks = block "
                          "sizes r_i, e.g. --tasks 16,17,17 for the authors' d = 50 over 3 tasks; L = context length)")
-    sigma = _agree("sigma", request.sigma, pick("sigma"), "--sigma") or 0.0
-    basis = _agree("basis", request.basis, pick("basis"), "--basis") or "identity"
-    basis_seed = _agree("basis_seed", request.basis_seed, pick("basis_seed"), "--basis-seed") or 0
+    sigma, basis, basis_seed = (_agree(name, getattr(request, name), pick(name), "--" + name.replace("_", "-")) or default
+                                for name, default in (("sigma", 0.0), ("basis", "identity"), ("basis_seed", 0)))
     problem = {"tasks": tuple(int(r) for r in tasks), "L": int(L), "sigma": float(sigma), "basis": basis,
                "basis_seed": int(basis_seed)}
     cases = []

@@ -92,6 +92,13 @@ def memory_available() -> Optional[int]:
     return min(limits) if limits else None
 
 
+def memory_budget() -> Optional[int]:
+    """Bytes a reader may build: :data:`MEMORY_FRACTION` of :func:`memory_available` (None where the
+    machine does not say)."""
+    free = memory_available()
+    return None if free is None else int(MEMORY_FRACTION * free)
+
+
 def check_memory(need: int, what: str) -> None:
     """Refuse, before it is built, ``what`` that would take ``need`` bytes, more than
     :data:`MEMORY_FRACTION` of :func:`memory_available`."""
