@@ -255,8 +255,8 @@ def check_device_option(device, flag: str = "--device") -> str:
     if device == "cpu":
         return device
     if device != "cuda" and not (device.startswith("cuda:") and device[5:].isascii() and device[5:].isdigit()):
-        raise ValueError(f"{flag} {device!r} is not supported (unknown device {device!r}: allowed are 'cpu', 'cuda' and "
-                         "'cuda:N')")
+        raise ValueError(f"{flag} {device!r} is not supported: {flag} must be cpu, cuda or cuda:N (unknown device "
+                         f"{device!r}: allowed are 'cpu', 'cuda' and 'cuda:N')")
     import torch
 
     if not torch.cuda.is_available():
