@@ -17,7 +17,7 @@ import time
 
 from numerics.io.files import check_output_path, write_output
 from numerics.io.command import command_line
-from numerics.io.options import float_option, int_option, seed_option, tasks_option
+from numerics.io.command import float_option, int_option, seed_option, tasks_option
 
 #: The most tasks ``theory predict`` takes: what runs in seconds.  Each task costs an mpmath fixed
 #: point and the single-head optimum is a joint minimisation over all of them, which grows about

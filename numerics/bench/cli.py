@@ -11,7 +11,7 @@ import torch
 from numerics.train import MAX_STEPS
 from numerics.io.files import check_output_path
 from numerics.io.command import command_line
-from numerics.io.options import float_option, int_option, seed_option, threads_option
+from numerics.io.command import float_option, int_option, seed_option, threads_option
 from numerics.io.files import write_json_atomic
 from numerics.bench.config import DTYPES, EXPANSION_TIME, LR, REPORT_PROFILES, BenchConfig
 from numerics.bench.run import run_bench

@@ -19,14 +19,14 @@ from typing import Optional
 
 import torch
 
-from numerics.io.processes import die_with_parent
+from numerics.io.command import die_with_parent
 from numerics.sweep.execute import execute_point
 from numerics.sweep.store import Item, Sink
 
 
 def die_with_client(client_pid: int) -> None:
     """Pool worker initializer: this worker exits when the client process dies
-    (:func:`numerics.io.processes.die_with_parent`, the one mechanism every pool of the project uses).
+    (:func:`numerics.io.command.die_with_parent`, the one mechanism every pool of the project uses).
 
     Without it a client killed by SIGKILL (or the OOM killer) leaves its workers behind
     for good (~220 MB each): a worker waits on the pool's call queue, whose
