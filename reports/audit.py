@@ -13,7 +13,7 @@ theory predicts, the claims module compares), and renders what it returns: ``DIR
 (the main report's top level -- ``claims``, ``findings``, ``provenance`` -- plus ``model``, one
 entry per checkpoint), ``DIR/index.html`` (``reports/templates/audit.html.j2``, autoescaped) and
 ``DIR/figures/*.png`` (``reports.audit_figures``).  It computes nothing of its own.  The output
-directory follows ``reports.build``'s policy (``reports.output``: checked before any compute,
+directory follows ``reports.build``'s policy (``reports.build.check_out_dir``: checked before any compute,
 written whole into a temporary directory, checked, then swapped in; a directory holding anything
 but a previous report is refused, never deleted).  docs/audit.md has the layouts, the units and
 every field of ``model``.
@@ -43,8 +43,8 @@ from typing import Optional, TextIO
 from numerics.io.command import command_line
 from numerics.io.jsonable import jsonable
 from claims.core.base import FAILING
-from reports.output import check_out_dir, new_temporary, recover_leftovers, replace_with, write_tree
-from reports.provenance import _version, git_state
+from reports.build import check_out_dir, new_temporary, recover_leftovers, replace_with, write_tree
+from reports.run import _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments, check_report
 from numerics.io.options import (OFFSET_SEED_MAX, float_option, int_option, parse_int, seed_option, tasks_option,
                                threads_option)
