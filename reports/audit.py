@@ -108,6 +108,19 @@ def make_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoint files (torch state_dict, .safetensors, .npz, numerics.train checkpoint or run.json)")
+    _problem_arguments(p)
+    _time_arguments(p)
+    _measuring_arguments(p)
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"report directory (default {DEFAULT_OUT}/); replaced atomically, and only if it is new, empty "
+                        "or a previous report holding nothing else")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _problem_arguments(p: argparse.ArgumentParser) -> None:
+    """The problem the models were trained on, and how their files hold the weights."""
     g = p.add_argument_group("the problem the models were trained on (a project file carries its own)")
     g.add_argument("--tasks", type=tasks_option(), default=None, metavar="R,R,..",
                    help="block sizes r_i of the m tasks (d = sum r_i); the authors' d = 50 over 3 tasks is 16,17,17")
@@ -123,6 +136,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="how the files hold the weights (default auto: by keys and shapes)")
     g.add_argument("--logit-scale", type=float_option("--logit-scale", low=0.0), default=None, metavar="s",
                    help="s of W_h = K_h^T Q_h / s for a factored file that does not store logit_scale")
+
+
+def _time_arguments(p: argparse.ArgumentParser) -> None:
+    """The checkpoints' training times: several with times are one run, a trajectory."""
     g = p.add_argument_group("training times (several checkpoints with times are one run: a trajectory)")
     g.add_argument("--times", type=lambda s: _numbers(s, "--times", float), default=None, metavar="T,T,..",
                    help="training time of each checkpoint in this project's units (t = lr x steps, loss summed over tasks)")
@@ -133,6 +150,10 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--loss-units", choices=("mean", "sum"), default="mean",
                    help="how the trainer's loss treated the m tasks: mean (torch MSELoss, the authors: t = lr steps / m) "
                         "or sum (this project's: t = lr steps); default mean")
+
+
+def _measuring_arguments(p: argparse.ArgumentParser) -> None:
+    """The held-out measurement: its size, cost limit, seed, skipped references, device."""
     g = p.add_argument_group("measuring")
     g.add_argument("--prompts", type=int_option("--prompts", 2, MAX_PROMPTS, "more prompts than that take hours"),
                    default=None, metavar="N", help="held-out prompts per model, as given (default: sized: a pilot of "
@@ -159,12 +180,6 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=threads_option("--threads"), default=1, metavar="N",
                    help="torch CPU threads (default 1: the project's policy; on a shared machine two intra-op threads "
                         "stall each other about tenfold on these batches)")
-    g = p.add_argument_group("output")
-    g.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                   help=f"report directory (default {DEFAULT_OUT}/); replaced atomically, and only if it is new, empty "
-                        "or a previous report holding nothing else")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    return p
 
 
 def request_from_args(args):
