@@ -92,7 +92,7 @@ from numerics.io.options import parse_tasks as strict_tasks
 from reports.run import (PROBLEM_FLAGS, _ask, _profiles_of, check_claims, check_problem, claims_at_configuration,
                          describe_estimate, git_state, provenance, run_all, selected, unreadable_sweep_points,
                          wall_seconds)
-from reports.schema import BadArguments, OUTCOMES, check_report, load_report, provenance_problems, upgrade
+from reports.schema import BadArguments, check_report, load_report, provenance_problems, upgrade
 
 DEFAULT_OUT = "reports/out"
 EXIT_OK, EXIT_CLAIMS_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130   # and EXIT_DISK_FULL (75)
@@ -743,20 +743,26 @@ def draw_figures(entries: list[dict]) -> tuple[list[dict], dict[str, bytes]]:
 
 
 def write_report(out: Path, report: dict, pngs: dict[str, bytes], stream: Optional[TextIO] = None) -> Path:
-    """Write ``report`` into a temporary directory beside ``out``, check it, then put it in place
-    (:func:`replace_with`).  On any exception (KeyboardInterrupt included) the
-    temporary directory is removed and a previous report in ``out`` is left as it was.  Beside the
-    claims' figures it writes the report's own (``reports.render.report_figures``: the forest
-    plot, drawn from ``report`` alone, which the README links)."""
+    """Write ``report`` (claims.json, index.html, the claims' figures ``pngs`` and the report's own,
+    ``reports.render.report_figures``: the forest plot, drawn from ``report`` alone, which the README
+    links) through :func:`write_files`."""
     from reports.render import render_html, report_figures
 
+    text = json.dumps(report, indent=2, allow_nan=False)  # strict JSON or an error here
+    return write_files(out, {**pngs, **report_figures(report), "claims.json": (text + "\n").encode("utf-8"),
+                             "index.html": render_html(report, pngs).encode("utf-8")}, stream)
+
+
+def write_files(out: Path, files: dict[str, bytes], stream: Optional[TextIO] = None) -> Path:
+    """Write ``files`` into a temporary directory beside ``out``, check them as a report
+    (``reports.schema.check_report``), then put them in place (:func:`replace_with`).  On any
+    exception (KeyboardInterrupt included) the temporary directory is removed and a previous
+    report in ``out`` is left as it was."""
     out = Path(out).absolute()
     tmp = new_temporary(out)
     try:
         (tmp / FIGURE_DIR).mkdir()
-        text = json.dumps(report, indent=2, allow_nan=False)  # strict JSON or an error here
-        write_tree(tmp, {**pngs, **report_figures(report), "claims.json": (text + "\n").encode("utf-8"),
-                         "index.html": render_html(report, pngs).encode("utf-8")})
+        write_tree(tmp, files)
         problems = check_report(tmp)
         if problems:
             raise ReportInvalid("the report does not satisfy its schema:\n  " + "\n  ".join(problems))
@@ -844,6 +850,8 @@ def rerender(source: str, out: str, stream: Optional[TextIO] = None) -> dict:
 
 
 def summary_table(report: dict) -> str:
+    from reports.render import verdict_counts
+
     entries = report["claims"]
     width = max([len(e["id"]) for e in entries] + [5])
     cpu = report["provenance"].get("cpu_seconds", {}).get("per_claim", {})
@@ -852,13 +860,8 @@ def summary_table(report: dict) -> str:
         note = f"  ({len(e['figure_errors'])} figure(s) not rendered)" if e["figure_errors"] else ""
         cpu_text = f"{cpu[e['id']]:5.1f}" if e["id"] in cpu else "    -"
         lines.append(f"{e['id']:<{width}}  {e['verdict']:<12}  {e['seconds']:7.1f}  {cpu_text}{note}")
-    counts = []
-    for kind, outcomes in OUTCOMES.items():
-        of_kind = [e for e in entries if e.get("kind", "claim") == kind]
-        if of_kind or kind == "claim":
-            counts.append(", ".join(f"{sum(e['verdict'] == v for e in of_kind)} {v}" for v in outcomes))
     wall = report["provenance"]["wall_seconds"]
-    lines.append(f"{'; boundaries: '.join(counts)}; total {wall['total']:.1f} s wall "
+    lines.append(f"{verdict_counts(entries)}; total {wall['total']:.1f} s wall "
                  f"(rendering {wall.get('rendering') or 0:.1f} s)")
     return "\n".join(lines)
 
@@ -869,6 +872,13 @@ def exit_status(report: dict) -> int:
     bad = any(e["verdict"] in FAILING.get(e.get("kind", "claim"), ()) or e["figure_errors"]
               for e in report["claims"])
     return EXIT_CLAIMS_FAILED if bad else EXIT_OK
+
+
+def refuse_arguments(parser: argparse.ArgumentParser, stream: TextIO, exc: Exception) -> int:
+    """argparse's usage and ``exc`` as its error line on ``stream``: exit status 2."""
+    parser.print_usage(stream)
+    print(f"{parser.prog}: error: {exc}", file=stream)
+    return EXIT_BAD_ARGUMENTS
 
 
 def _raise_interrupt(signum, frame):  # noqa: ARG001
@@ -885,9 +895,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     command = [sys.executable, "-m", "reports.build"] + list(sys.argv[1:] if argv is None else argv)
 
     def refuse(exc: Exception) -> int:
-        parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_ARGUMENTS
+        return refuse_arguments(parser, sys.stderr, exc)
 
     if args.from_json is not None:
         clash = [f"--{name.replace('_', '-')}" for name in COMPUTE_OPTIONS if getattr(args, name) is not None]

@@ -67,6 +67,7 @@ from matplotlib import ticker  # noqa: E402
 from PIL import Image  # noqa: E402 - Matplotlib's own dependency
 
 from claims.core.base import BOUNDARY_OUTCOMES, FAILING, VERDICTS, Figure, Series, kind_from_id  # noqa: E402
+from reports.schema import scalar  # noqa: E402
 
 FIGURE_KINDS = ("lines", "heatmap", "panels", "mix")
 SERIES_STYLES = ("line", "points", "dashed")
@@ -431,17 +432,6 @@ FOREST_CLIP = 3.0
 SAME_ERROR = 1e-9
 FOREST_FILE = "figures/forest.png"   # written beside the claims' figures (README links it)
 AGREE_COLOUR, DISAGREE_COLOUR, BAND_COLOUR = "#0969da", "#cf222e", "#dcefdc"
-
-
-def scalar(v: Any) -> Optional[float]:
-    """A float from a JSON number (or ``jsonable``'s "nan"/"inf" strings); None for anything else."""
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
-        return float(v)
-    return None
 
 
 def comparison_records(entry: dict) -> list[dict]:

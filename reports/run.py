@@ -399,17 +399,18 @@ def _run_rest(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]) 
 
 
 class ClaimProgress:
-    """The progress callback of one claim: a tqdm bar on ``stream`` with the claim's own
-    message; throttled, and never allowed to raise into the claim."""
+    """The progress callback of one claim (or of an audit): a tqdm bar on ``stream`` with the
+    caller's own message; throttled, and never allowed to raise into the caller.  Without a bar
+    the start is announced as ``label ...`` (unless ``announce`` is false)."""
 
-    def __init__(self, label: str, stream: TextIO, enabled: bool):
+    def __init__(self, label: str, stream: TextIO, enabled: bool, announce: bool = True):
         self.stream, self.last, self.bar = stream, 0.0, None
         if enabled:
             from tqdm import tqdm
 
             self.bar = tqdm(total=100, desc=label, file=stream, leave=True, dynamic_ncols=True,
                             bar_format="{desc} {percentage:3.0f}%|{bar:20}| {elapsed}{postfix}")
-        else:
+        elif announce:
             print(f"{label} ...", file=stream, flush=True)
 
     def __call__(self, message: str, fraction: float) -> None:
@@ -427,16 +428,19 @@ class ClaimProgress:
         except Exception:  # a progress display must never break a claim
             pass
 
-    def close(self, result: ClaimResult) -> None:
-        text = f"{result.verdict} in {result.seconds:.1f} s"
+    def close(self, result: Optional[ClaimResult] = None) -> None:
+        """The bar at 100 % and closed; with a claim's ``result``, its verdict and time said."""
+        text = "" if result is None else f"{result.verdict} in {result.seconds:.1f} s"
         if self.bar is not None:
             self.bar.n = 100.0
-            self.bar.set_postfix_str(text, refresh=False)
+            if text:
+                self.bar.set_postfix_str(text, refresh=False)
             self.bar.close()
-        else:
+        elif result is not None:
             print(f"    {result.id}: {text}", file=self.stream, flush=True)
-        if result.verdict == "error" and "error" in result.details:
+        if result is not None and result.verdict == "error" and "error" in result.details:
             print(f"    {result.id}: {result.details['error']}", file=self.stream, flush=True)
+
 
 # --------------------------------------------------------------------------- provenance
 
