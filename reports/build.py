@@ -144,15 +144,6 @@ class BuildConfig:
 # --------------------------------------------------------------------------- arguments
 
 
-def parse_tasks(text: str) -> tuple[int, ...]:
-    """``"3,3,3"`` -> (3, 3, 3) by the one strict parser of every command
-    (:func:`numerics.io.options.parse_tasks`: digits only, no empty entries, signs or spaces)."""
-    try:
-        return strict_tasks(text)
-    except ValueError as exc:
-        raise BadArguments(str(exc)) from None
-
-
 def read_config_file(path: str) -> dict:
     """The fields of a TOML file (top level, or a ``[problem]`` table), read by the project's input
     policy (a regular file of bounded size; a FIFO is refused unopened); claims.check_problem
@@ -191,7 +182,10 @@ def validate(cfg: BuildConfig) -> BuildConfig:
         raise BadArguments(f"--profile must be one of {', '.join(PROFILES)}, got {cfg.profile!r}")
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed <= SEED_MAX:
         raise BadArguments(f"--seed must be an integer in 0 .. 2^64 - 1, got {cfg.seed!r}")
-    _validate_device(cfg.device)
+    try:
+        check_device_option(cfg.device)   # torch imported only for a CUDA name: --help stays fast
+    except ValueError as exc:
+        raise BadArguments(str(exc)) from None
     if cfg.only is not None:
         parse_only(",".join(cfg.only))
         lacking = [cid for cid in cfg.only if _profiles_of(cid) and cfg.profile not in _profiles_of(cid)]
@@ -248,13 +242,6 @@ def check_size(problem: dict, device: str = "cpu") -> None:
                            f", heads {problem.get('heads')}, L {problem.get('L')}: one training step on a single "
                            f"prompt needs about {need / 2 ** 30:.3g} GiB (numerics.train.step_memory_bytes), more than "
                            f"this machine's {total / 2 ** 30:.3g} GiB of memory; choose smaller sizes")
-
-
-def _validate_device(device: str) -> None:
-    try:
-        check_device_option(device)   # torch imported only for a CUDA name: --help stays fast
-    except ValueError as exc:
-        raise BadArguments(str(exc)) from None
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -345,8 +332,11 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
     flags given, validated with the rest in :func:`validate`."""
     problem: Optional[dict] = read_config_file(args.config) if args.config is not None else None
     given = {name: getattr(args, name) for name in PROBLEM_FLAGS if getattr(args, name) is not None}
-    if "tasks" in given:
-        given["tasks"] = parse_tasks(given["tasks"])
+    if "tasks" in given:    # the one strict parser of every command: digits only, no empty entries, signs or spaces
+        try:
+            given["tasks"] = strict_tasks(given["tasks"])
+        except ValueError as exc:
+            raise BadArguments(str(exc)) from None
     if given:
         problem = {**(problem or {}), **given}
     return BuildConfig(profile=args.profile or "quick", out=args.out, device=args.device or "cpu",

@@ -234,7 +234,7 @@ def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
         # a claim that reads no sweep runs as without --from-sweep (the build says so before it starts)
         reads = cfg.sweep is not None and _ask("reads_sweep", claim_id, default=True)
         kwargs = dict(profile=cfg.profile, device=cfg.device, seed=cfg.seed, sweep=cfg.sweep if reads else None)
-        if cfg.problem is not None and "problem" in inspect.signature(run).parameters:
+        if cfg.problem is not None and accepts_problem(claim_id):
             kwargs["problem"] = dict(cfg.problem)
         if progress is not None:
             kwargs["progress"] = progress
