@@ -654,7 +654,7 @@ def main(argv: Optional[list] = None, stream: Optional[TextIO] = None) -> int:
         bar.close()
         doc, files = render(plan, audit, started, command, t0)
         recover_leftovers(out, stream)
-        where = write_files(out, files, stream)
+        where = write_files(out, lambda: files, stream)
     except KeyboardInterrupt:
         bar.close()
         print(f"\ninterrupted: no report written; the previous report in {out} (if any) is intact", file=stream)

@@ -78,7 +78,7 @@ import uuid
 from dataclasses import dataclass
 from glob import escape as glob_escape
 from pathlib import Path
-from typing import Iterable, Optional, TextIO
+from typing import Callable, Iterable, Optional, TextIO
 
 import claims
 from claims.core.base import FAILING, PROFILES, ClaimResult
@@ -738,21 +738,24 @@ def write_report(out: Path, report: dict, pngs: dict[str, bytes], stream: Option
     links) through :func:`write_files`."""
     from reports.render import render_html, report_figures
 
-    text = json.dumps(report, indent=2, allow_nan=False)  # strict JSON or an error here
-    return write_files(out, {**pngs, **report_figures(report), "claims.json": (text + "\n").encode("utf-8"),
-                             "index.html": render_html(report, pngs).encode("utf-8")}, stream)
+    def files() -> dict[str, bytes]:
+        text = json.dumps(report, indent=2, allow_nan=False)  # strict JSON or an error here
+        return {**pngs, **report_figures(report), "claims.json": (text + "\n").encode("utf-8"),
+                "index.html": render_html(report, pngs).encode("utf-8")}
+    return write_files(out, files, stream)
 
 
-def write_files(out: Path, files: dict[str, bytes], stream: Optional[TextIO] = None) -> Path:
-    """Write ``files`` into a temporary directory beside ``out``, check them as a report
-    (``reports.schema.check_report``), then put them in place (:func:`replace_with`).  On any
+def write_files(out: Path, files: Callable[[], dict[str, bytes]], stream: Optional[TextIO] = None) -> Path:
+    """Write what ``files()`` makes into a new temporary directory beside ``out``, check it as a
+    report (``reports.schema.check_report``), then put it in place (:func:`replace_with`).  On any
     exception (KeyboardInterrupt included) the temporary directory is removed and a previous
-    report in ``out`` is left as it was."""
+    report in ``out`` is left as it was; a build killed meanwhile leaves only the temporary, which
+    the next one removes (:func:`recover_leftovers`)."""
     out = Path(out).absolute()
     tmp = new_temporary(out)
     try:
         (tmp / FIGURE_DIR).mkdir()
-        write_tree(tmp, files)
+        write_tree(tmp, files())
         problems = check_report(tmp)
         if problems:
             raise ReportInvalid("the report does not satisfy its schema:\n  " + "\n  ".join(problems))
