@@ -21,8 +21,7 @@ this module asks theory for every prediction and compares, per configuration, th
 each step with the discrete map at the held point (:func:`check_step_rate`), its lr -> 0
 extrapolation with 2a (:func:`check_growth_rate`) and the invariant batch's flow with 0
 (:func:`check_invariant_flow`), and the escape-time slopes pooled over configurations with
-theory's 1/a (:func:`check_pooled_slope`); the per-B escape times against T(B) are reported rows
-(scripts/measure_saddle.py compares them one by one).
+theory's 1/a (:func:`check_pooled_slope`); the per-B escape times against T(B) are reported rows.
 """
 from __future__ import annotations
 

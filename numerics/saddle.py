@@ -708,7 +708,7 @@ def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequ
     authors' logit scale sqrt(D), D = r + 1; trained one run at a time by numerics.train.train
     (each seed s its own prompt stream case_seed(s, "single task run"), its held-out prompts that
     stream's "held out" one, numerics.evaluate) to t = ``time``
-    (scripts/measure_saddle.py; boundary-initialisation trains the same start through
+    (boundary-initialisation trains the same start through
     numerics.experiments.starts.single_task_starts, batched and classified).  Reported, not
     judged: the loss gaps are in units of their standard errors."""
     t_all = _time.perf_counter()

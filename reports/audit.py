@@ -13,7 +13,7 @@ theory predicts, the claims module compares), and renders what it returns: ``DIR
 (the main report's top level -- ``claims``, ``findings``, ``provenance`` -- plus ``model``, one
 entry per checkpoint), ``DIR/index.html`` (``reports/templates/audit.html.j2``, autoescaped) and
 ``DIR/figures/*.png`` (``reports.audit_figures``).  It computes nothing of its own.  The output
-directory follows ``reports.build``'s policy (``reports.output``: checked before any compute,
+directory follows ``reports.build``'s policy (``reports.build.check_out_dir``: checked before any compute,
 written whole into a temporary directory, checked, then swapped in; a directory holding anything
 but a previous report is refused, never deleted).  docs/audit.md has the layouts, the units and
 every field of ``model``.
@@ -31,7 +31,6 @@ import datetime as _dt
 import json
 import math
 import platform
-import shutil
 import signal
 import sys
 import textwrap
@@ -42,15 +41,14 @@ from typing import Optional, TextIO
 
 from numerics.io.command import command_line
 from numerics.io.handed import jsonable
-from claims.core.base import FAILING
-from reports.output import check_out_dir, new_temporary, recover_leftovers, replace_with, write_tree
-from reports.provenance import _version, git_state
-from reports.schema import VERSIONED_PACKAGES, BadArguments, check_report
+from reports.build import check_out_dir, exit_status, recover_leftovers, refuse_arguments, write_files
+from reports.run import ClaimProgress, _version, git_state
+from reports.schema import VERSIONED_PACKAGES, BadArguments
 from numerics.io.command import (OFFSET_SEED_MAX, float_option, int_option, parse_int, seed_option, tasks_option,
                                threads_option)
 
 DEFAULT_OUT = "reports/audit"
-EXIT_OK, EXIT_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 2, 130   # and the build's exit_status: 0, or 1 on a failing result
 TEMPLATE = "audit.html.j2"
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 MAX_PROMPTS = 2 ** 24
@@ -108,6 +106,19 @@ def make_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoint files (torch state_dict, .safetensors, .npz, numerics.train checkpoint or run.json)")
+    _problem_arguments(p)
+    _time_arguments(p)
+    _measuring_arguments(p)
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"report directory (default {DEFAULT_OUT}/); replaced atomically, and only if it is new, empty "
+                        "or a previous report holding nothing else")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _problem_arguments(p: argparse.ArgumentParser) -> None:
+    """The problem the models were trained on, and how their files hold the weights."""
     g = p.add_argument_group("the problem the models were trained on (a project file carries its own)")
     g.add_argument("--tasks", type=tasks_option(), default=None, metavar="R,R,..",
                    help="block sizes r_i of the m tasks (d = sum r_i); the authors' d = 50 over 3 tasks is 16,17,17")
@@ -123,6 +134,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="how the files hold the weights (default auto: by keys and shapes)")
     g.add_argument("--logit-scale", type=float_option("--logit-scale", low=0.0), default=None, metavar="s",
                    help="s of W_h = K_h^T Q_h / s for a factored file that does not store logit_scale")
+
+
+def _time_arguments(p: argparse.ArgumentParser) -> None:
+    """The checkpoints' training times: several with times are one run, a trajectory."""
     g = p.add_argument_group("training times (several checkpoints with times are one run: a trajectory)")
     g.add_argument("--times", type=lambda s: _numbers(s, "--times", float), default=None, metavar="T,T,..",
                    help="training time of each checkpoint in this project's units (t = lr x steps, loss summed over tasks)")
@@ -133,6 +148,10 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--loss-units", choices=("mean", "sum"), default="mean",
                    help="how the trainer's loss treated the m tasks: mean (torch MSELoss, the authors: t = lr steps / m) "
                         "or sum (this project's: t = lr steps); default mean")
+
+
+def _measuring_arguments(p: argparse.ArgumentParser) -> None:
+    """The held-out measurement: its size, cost limit, seed, skipped references, device."""
     g = p.add_argument_group("measuring")
     g.add_argument("--prompts", type=int_option("--prompts", 2, MAX_PROMPTS, "more prompts than that take hours"),
                    default=None, metavar="N", help="held-out prompts per model, as given (default: sized: a pilot of "
@@ -159,12 +178,6 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=threads_option("--threads"), default=1, metavar="N",
                    help="torch CPU threads (default 1: the project's policy; on a shared machine two intra-op threads "
                         "stall each other about tenfold on these batches)")
-    g = p.add_argument_group("output")
-    g.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                   help=f"report directory (default {DEFAULT_OUT}/); replaced atomically, and only if it is new, empty "
-                        "or a previous report holding nothing else")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    return p
 
 
 def request_from_args(args):
@@ -423,32 +436,6 @@ def check_budget(cost: dict, max_seconds: float, flag_given: bool) -> None:
 
 # --------------------------------------------------------------------------- rendering
 
-class Bar:
-    """The progress callback (message, fraction) as one tqdm bar on ``stream``; never raises."""
-
-    def __init__(self, stream: TextIO, enabled: bool):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-            self.bar = tqdm(total=100, desc="audit", file=stream, dynamic_ncols=True,
-                            bar_format="{desc} {percentage:3.0f}%|{bar:20}| {elapsed}{postfix}")
-
-    def __call__(self, message: str, fraction: float) -> None:
-        if self.bar is None:
-            return
-        try:
-            self.bar.n = 100.0 * min(1.0, max(0.0, float(fraction)))
-            self.bar.set_postfix_str(str(message)[:70], refresh=False)
-            self.bar.refresh()
-        except Exception:  # a progress display must never break the audit
-            pass
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.n = 100.0
-            self.bar.close()
-
-
 def provenance(plan, audit, started: str, total: float, command: list, render_seconds: float) -> dict:
     req = plan.request
     return {
@@ -579,27 +566,6 @@ def _fmt(x, digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
-def write(out: Path, files: dict, stream: TextIO) -> Path:
-    out = Path(out).absolute()
-    recover_leftovers(out, stream)
-    tmp = new_temporary(out)
-    try:
-        (tmp / "figures").mkdir()
-        write_tree(tmp, files)
-        problems = check_report(tmp)    # the main report's checks: strict JSON, schema, PNGs, sections
-        if problems:
-            raise RuntimeError("the audit report does not satisfy its schema:\n  " + "\n  ".join(problems))
-        return replace_with(tmp, out, stream)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def exit_status(doc: dict) -> int:
-    bad = any(e["verdict"] in FAILING.get(e["kind"], ()) or e["figure_errors"] for e in doc["claims"])
-    return EXIT_FAILED if bad else EXIT_OK
-
-
 def decided_by(entry: dict) -> str:
     """The sentence that says what decided a result, with its numbers: the error, the undecided reason,
     or the comparison behind the verdict (the first that disagrees, else the closest to its tolerance)."""
@@ -672,7 +638,7 @@ def main(argv: Optional[list] = None, stream: Optional[TextIO] = None) -> int:
     try:
         plan, out, cost = _validate(args)
     except BadArguments as exc:
-        return _refuse(parser, stream, exc)
+        return refuse_arguments(parser, stream, exc)
     print(layouts(plan.cases), file=stream, flush=True)
     print(f"audit: {describe_budget(cost)}", file=stream, flush=True)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -680,32 +646,27 @@ def main(argv: Optional[list] = None, stream: Optional[TextIO] = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
     t0 = time.perf_counter()
-    bar = Bar(stream, not args.no_progress)
+    bar = ClaimProgress("audit", stream, not args.no_progress, announce=False)
     try:
         from claims.audit import run_audit
 
         audit = run_audit(plan, bar)
         bar.close()
         doc, files = render(plan, audit, started, command, t0)
-        where = write(out, files, stream)
+        recover_leftovers(out, stream)
+        where = write_files(out, lambda: files, stream)
     except KeyboardInterrupt:
         bar.close()
         print(f"\ninterrupted: no report written; the previous report in {out} (if any) is intact", file=stream)
         return EXIT_INTERRUPTED
     except BadArguments as exc:     # --out changed while the audit ran: nothing deleted, nothing written beside it
-        return _refuse(parser, stream, exc)
+        return refuse_arguments(parser, stream, exc)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     print(summary(doc))
     print(f"report: {where / 'index.html'}")
-    return exit_status(doc)
-
-
-def _refuse(parser, stream: TextIO, exc: Exception) -> int:
-    parser.print_usage(stream)
-    print(f"{parser.prog}: error: {exc}", file=stream)
-    return EXIT_BAD_ARGUMENTS
+    return exit_status(doc)   # the build's rule: a failing or erring result, or a figure not drawn
 
 
 if __name__ == "__main__":

@@ -35,8 +35,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from reports.figures import FOREST_FILE
-from reports.render import FINDING_HEADINGS, marked_findings, scorecard
+from reports.render import FINDING_HEADINGS, FOREST_FILE, marked_findings, scorecard
 from reports.schema import BadArguments, load_report
 from numerics.io.command import command_line
 

@@ -167,11 +167,6 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def default_kind(claim_id: Any) -> str:
-    """The kind of an entry written without one: the id's (claims.core.base.kind_from_id)."""
-    return kind_from_id(claim_id)
-
-
 def upgrade(report: dict) -> dict:
     """A claims.json document with the fields added since it was written filled in: ``kind`` from
     the id (and a boundary's old pass/fail/error named as its outcome), a claim's ``error`` that
@@ -193,7 +188,7 @@ def upgrade(report: dict) -> dict:
             if name not in ("kind", "figures") and name not in entry:
                 entry[name] = value
         if "kind" not in entry:
-            entry["kind"] = default_kind(entry.get("id"))
+            entry["kind"] = kind_from_id(entry.get("id"))
             if entry["kind"] == "boundary" and entry.get("verdict") in OLD_BOUNDARY_VERDICT:
                 entry["verdict"] = OLD_BOUNDARY_VERDICT[entry["verdict"]]
         if entry["kind"] == "claim" and entry.get("verdict") == OLD_CLAIM_UNDECIDED and not (
@@ -255,7 +250,7 @@ lies within this relative distance of the tolerance (a row that shows a ratio or
 of a comparison made in other units), the row is on the edge and its stored ``agrees`` stands."""
 
 
-def _num(v: Any) -> Optional[float]:
+def scalar(v: Any) -> Optional[float]:
     """A float from a JSON number or ``jsonable``'s "nan"/"inf"/"-inf"; None for anything else."""
     if isinstance(v, bool) or v is None:
         return None
@@ -288,7 +283,7 @@ def _flat(v: Any) -> Optional[list]:
         if isinstance(item, list):
             stack.extend(reversed(item))
         else:
-            x = _num(item)
+            x = scalar(item)
             if x is None:
                 return None
             out.append(x)
@@ -305,15 +300,15 @@ def row_agreement(row: dict) -> Optional[bool]:
     if side not in SIDES or side == "reported":
         return None
     m, t, tol = row.get("measured"), row.get("theory"), row.get("tolerance")
-    mv, tv, tolv = _num(m), _num(t), _num(tol)
+    mv, tv, tolv = scalar(m), scalar(t), scalar(tol)
     if mv is not None and tv is not None and tolv is not None:
         err = _side_error(side, mv, tv)
         if math.isnan(tolv):
             return False
         return _decide(err - tolv, max(abs(err), abs(tolv)))
     if mv is not None and tolv is not None and isinstance(t, list) and len(t) == 2 and all(
-            b is None or _num(b) is not None for b in t):
-        lo, hi = (None if b is None else _num(b) for b in t)
+            b is None or scalar(b) is not None for b in t):
+        lo, hi = (None if b is None else scalar(b) for b in t)
         excess = max(-math.inf if lo is None else lo - tolv - mv, -math.inf if hi is None else mv - hi - tolv)
         if math.isinf(excess) and excess < 0:
             return True
@@ -334,7 +329,7 @@ def row_agreement(row: dict) -> Optional[bool]:
 def _agrees(error: Any, tolerance: Any) -> Optional[bool]:
     """``claims.core.common.Comparison.agrees`` of a stored comparison: error <= tolerance (False for a
     NaN); None where either is not a number."""
-    e, tol = _num(error), _num(tolerance)
+    e, tol = scalar(error), scalar(tolerance)
     if e is None or tol is None:
         return None
     return bool(e <= tol)
@@ -345,7 +340,7 @@ def _rejected(details: Any) -> Optional[bool]:
     exceeds the tolerance; None where the record does not carry both."""
     if not isinstance(details, dict):
         return None
-    e, tol = _num(details.get("error")), _num(details.get("tolerance"))
+    e, tol = scalar(details.get("error")), scalar(details.get("tolerance"))
     if e is None or tol is None:
         return None
     return bool(e > tol)

@@ -120,9 +120,9 @@ def test_registered_and_opt_in():
 
 def test_default_report_skips_the_atlas():
     """reports.build with no --only must not run the atlas ids (issue 23)."""
-    from reports import plan
     from reports.build import BuildConfig
-    assert not set(plan.selected(BuildConfig())) & set(claims.OPT_IN)
+    from reports.run import selected
+    assert not set(selected(BuildConfig())) & set(claims.OPT_IN)
 
 
 # --------------------------------------------------------------------------- the tiny grid (marker atlas)

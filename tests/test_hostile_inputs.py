@@ -643,7 +643,7 @@ def test_links_swapped_in_after_the_check_are_still_refused(tmp_path, alarm):
 
 
 def test_a_report_temporary_is_written_without_following_links(tmp_path):
-    from reports.output import new_temporary, write_tree
+    from reports.build import new_temporary, write_tree
 
     victim = _victim(tmp_path)
     tmp = new_temporary(tmp_path / "r")
@@ -1762,7 +1762,7 @@ def test_writers_of_one_out_take_turns(tmp_path):
     """Four builds into one --out at once, twice (new, then over a previous report): they refused each
     other over the write probe, one report landed beside --out, a warning named a folder another had
     removed.  Now each waits its turn: all succeed, --out holds one whole report, nothing beside it."""
-    from reports.output import foreign_entries
+    from reports.build import foreign_entries
     from reports.schema import check_report
 
     logs = tmp_path / "logs"

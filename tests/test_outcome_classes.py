@@ -2,7 +2,7 @@
 (numerics.readout.end_class), the binomial interval of a class's share
 (numerics.statistics.binomial_interval), the counted mix (numerics.experiments.starts.
 outcome_mix), the share comparison that can fail (claims.core.phase_checks.share_comparison), its
-sentence, and the 'mix' figure kind (reports.figures).  All synthetic: seconds."""
+sentence, and the 'mix' figure kind (reports.render).  All synthetic: seconds."""
 from __future__ import annotations
 
 import math
@@ -16,7 +16,7 @@ from claims.core.phase_checks import mix_figure, mix_phrase, share_comparison
 from numerics.experiments.starts import outcome_mix
 from numerics.readout import allocation, end_class
 from numerics.statistics import binomial_interval
-from reports.figures import RenderError, figure_png
+from reports.render import RenderError, figure_png
 
 
 # --- the binomial interval

@@ -23,7 +23,6 @@ from hypothesis import given, strategies as st
 import claims
 from claims.core.base import ClaimResult, Figure, Series
 from reports import build as report_build
-from reports import figures as report_figures
 from reports import render as report_render
 from reports.build import BuildConfig, check_report, main
 from report_fakes import FAKES, fake_plain, install_registry, snapshot, strict_load
@@ -288,10 +287,10 @@ def test_every_figure_kind_renders_from_its_json_form(fake_report):
     from the JSON file alone."""
     out, _, _ = fake_report
     figure_data = strict_load(out / "claims.json")["claims"][0]["figure_data"]
-    assert {f["kind"] for f in figure_data} == set(report_figures.FIGURE_KINDS)
+    assert {f["kind"] for f in figure_data} == set(report_render.FIGURE_KINDS)
     assert "nan" in figure_data[2]["matrix"][0]
     for data in figure_data:
-        assert report_figures.figure_png(data)[:8] == PNG_MAGIC
+        assert report_render.figure_png(data)[:8] == PNG_MAGIC
 
 
 def test_measured_points_take_the_colour_of_their_prediction():
@@ -299,16 +298,16 @@ def test_measured_points_take_the_colour_of_their_prediction():
         return [Series(label, [0.0], [0.0], style) for label, style in specs]
 
     # by shared words, whatever the order
-    assert report_figures.series_colours(series(
+    assert report_render.series_colours(series(
         ("measured m=3, sigma=0", "points"), ("measured m=2, sigma=0", "points"),
         ("theory m=2", "line"), ("theory m=3", "line"))) == [1, 0, 0, 1]
-    assert report_figures.series_colours(series(
+    assert report_render.series_colours(series(
         ("reduced task 0", "line"), ("full task 0", "points"),
         ("reduced task 1", "line"), ("full task 1", "points"))) == [0, 0, 1, 1]
     # a tie pairs in order; points without any line get their own colours
-    assert report_figures.series_colours(series(
+    assert report_render.series_colours(series(
         ("a, L=8", "points"), ("b, L=8", "points"), ("x, L=8", "line"), ("y, L=8", "dashed"))) == [0, 1, 0, 1]
-    assert report_figures.series_colours(series(("p", "points"), ("q", "points"))) == [0, 1]
+    assert report_render.series_colours(series(("p", "points"), ("q", "points"))) == [0, 1]
 
 
 @pytest.mark.parametrize("figure, message", [
@@ -321,8 +320,8 @@ def test_measured_points_take_the_colour_of_their_prediction():
     (Figure(name="f", title="t", spans=[{"x0": 1}]), "needs keys 'x0', 'x1'"),
 ])
 def test_bad_figures_are_refused_with_a_reason(figure, message):
-    with pytest.raises(report_figures.RenderError, match=message):
-        report_figures.figure_png(figure)
+    with pytest.raises(report_render.RenderError, match=message):
+        report_render.figure_png(figure)
 
 
 def test_check_report_rejects_broken_reports(fake_report, tmp_path):

@@ -23,9 +23,8 @@ import claims
 from claims.core.base import Figure, Series
 from reports import build as report_build
 from reports import compare as report_compare
-from reports import figures as report_figures
-from reports import output as report_output
 from reports import render as report_render
+from reports import run as report_run
 from reports.build import check_report, main
 from reports.schema import document_problems, upgrade
 
@@ -166,11 +165,11 @@ def test_the_estimate_is_the_claims_own(registry, monkeypatch):
     from reports.build import BuildConfig
 
     cfg = BuildConfig(profile="tiny", only=("fake-config", "fake-plain"), problem={"tasks": [3, 3], "heads": 2, "L": 64})
-    cost = report_build.estimate(cfg)
+    cost = report_run.estimate(cfg)
     assert cost["seconds"] == pytest.approx(fake_estimate("fake-config", "tiny", cfg.problem))
     assert cost["unknown"] == ["fake-plain"]
     monkeypatch.delattr(claims, "estimate_seconds")
-    assert report_build.estimate(cfg)["unknown"] == ["fake-config", "fake-plain"]
+    assert report_run.estimate(cfg)["unknown"] == ["fake-config", "fake-plain"]
 
 
 # --------------------------------------------------------------------------- bad input (exit 2)
@@ -280,7 +279,7 @@ def _kill_between_renames(out: Path) -> Path:
     one stranded as .r.old-<token>, its marker holding the same token (what replace_with writes
     before it renames)."""
     token = "0123456789ab"
-    (out / report_output.REPORT_MARKER).write_text(report_output.marker_text(token))
+    (out / report_build.REPORT_MARKER).write_text(report_build.marker_text(token))
     stranded = out.parent / f".{out.name}.old-{token}"
     os.rename(out, stranded)
     return stranded
@@ -290,7 +289,7 @@ def _killed_write(parent: Path, name: str, pid: int, token: str = "deadbeef") ->
     """What a build killed while writing leaves: .NAME.tmp-<pid>-<token>, its marker written first."""
     tmp = parent / f".{name}.tmp-{pid}-{token}"
     (tmp / "figures").mkdir(parents=True)
-    (tmp / report_output.REPORT_MARKER).write_text(report_output.marker_text(token, pid))
+    (tmp / report_build.REPORT_MARKER).write_text(report_build.marker_text(token, pid))
     return tmp
 
 
@@ -362,7 +361,7 @@ def test_leftover_old_report_beside_a_report_is_removed(registry, tmp_path):
     out = tmp_path / "r"
     assert run_main(args(out, "fake-plain"))[0] == 0
     shutil.copytree(out, tmp_path / ".r.old-feedfacecafe")  # killed after the swap, before the delete
-    (tmp_path / ".r.old-feedfacecafe" / report_output.REPORT_MARKER).write_text(report_output.marker_text("feedfacecafe"))
+    (tmp_path / ".r.old-feedfacecafe" / report_build.REPORT_MARKER).write_text(report_build.marker_text("feedfacecafe"))
     status, _, err = run_main(args(out, "fake-fail"))
     assert status == 1 and "cleaned: removed .r.old-feedfacecafe" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
@@ -407,14 +406,14 @@ def _user_dir(d: Path) -> Path:
 
 
 def _with_marker(d: Path, token: str) -> Path:
-    (d / report_output.REPORT_MARKER).write_text(report_output.marker_text(token))
+    (d / report_build.REPORT_MARKER).write_text(report_build.marker_text(token))
     return d
 
 
 def _linked_marker(t: Path, name: str, token: str) -> Path:
     real = _with_marker(_user_dir(t / "elsewhere"), token)
     d = _user_dir(t / name)
-    (d / report_output.REPORT_MARKER).symlink_to(real / report_output.REPORT_MARKER)
+    (d / report_build.REPORT_MARKER).symlink_to(real / report_build.REPORT_MARKER)
     return d
 
 
@@ -846,7 +845,7 @@ def test_hand_edited_claims_json_is_refused_before_drawing(registry, good_report
     source = tmp_path / "edited.json"
     source.write_text(json.dumps(report))
     drawn = []
-    monkeypatch.setattr(report_figures, "figure_png", lambda *a, **k: drawn.append(1))
+    monkeypatch.setattr(report_render, "figure_png", lambda *a, **k: drawn.append(1))
     before = sorted(p.name for p in tmp_path.iterdir())
     status, stdout, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
     assert status == 2 and "--from-json" in err and message in err, err
@@ -934,7 +933,7 @@ def test_a_claims_json_that_disagrees_with_itself_is_refused(registry, spec_repo
     source = tmp_path / "forged.json"
     source.write_text(json.dumps(report))
     drawn = []
-    monkeypatch.setattr(report_figures, "figure_png", lambda *a, **k: drawn.append(1))
+    monkeypatch.setattr(report_render, "figure_png", lambda *a, **k: drawn.append(1))
     status, stdout, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
     assert status == 2 and message in err and "Traceback" not in err and stdout == "" and not drawn, err
     out, errb = io.StringIO(), io.StringIO()
@@ -1112,7 +1111,7 @@ def test_a_fifo_as_claims_json_is_refused_unopened(tmp_path):
 def test_a_figure_of_400_panels_is_capped(monkeypatch):
     """Only MAX_PANELS panels are drawn (4 here, to keep the test fast; 16 by default: a 4 x 4
     grid of 2046 x 1628 pixels), the caption says so, and no PNG exceeds MAX_PIXELS."""
-    monkeypatch.setattr(report_figures, "MAX_PANELS", 4)
+    monkeypatch.setattr(report_render, "MAX_PANELS", 4)
     panel = Figure(name="p", title="p", series=[Series("s", [0.0, 1.0], [0.0, 1.0])])
     fig = Figure(name="many", title="400 panels", kind="panels", panels=[panel] * 400)
     entries, pngs = report_build.draw_figures([{"id": "c", "figure_data": [fig]}])
@@ -1121,9 +1120,9 @@ def test_a_figure_of_400_panels_is_capped(monkeypatch):
     from PIL import Image
 
     with Image.open(io.BytesIO(pngs[entries[0]["figures"][0]["file"]])) as image:
-        assert image.width * image.height <= report_figures.MAX_PIXELS
+        assert image.width * image.height <= report_render.MAX_PIXELS
     many = Figure(name="legend", title="t", series=[Series(f"s{k}", [0.0], [0.0]) for k in range(300)])
-    assert "first 40 of 300 entries" in report_figures.size_note(many)
+    assert "first 40 of 300 entries" in report_render.size_note(many)
 
 
 # --------------------------------------------------------------------------- output paths (issue 22)
@@ -1135,7 +1134,7 @@ def _report_dir(tmp_path: Path, name: str = "prev") -> Path:
     d = tmp_path / name
     (d / "figures").mkdir(parents=True)
     token = name.rsplit(".old-", 1)[1] if ".old-" in name else "0a1b2c3d4e5f"
-    (d / ".icl-audit-report").write_text(report_output.marker_text(token))
+    (d / ".icl-audit-report").write_text(report_build.marker_text(token))
     (d / "claims.json").write_text("{}")
     return d
 
@@ -1178,13 +1177,13 @@ def _named_folder(d: Path) -> Path:
 
 def _user_figure(d: Path) -> Path:
     """A report whose marker lists its files (what a build writes) and a PNG the user put in it."""
-    (d / ".icl-audit-report").write_text(report_output.marker_text("0a1b2c3d4e5f", files={"claims.json": 2}))
+    (d / ".icl-audit-report").write_text(report_build.marker_text("0a1b2c3d4e5f", files={"claims.json": 2}))
     (d / "figures" / "mine.png").write_bytes(b"\x89PNG months of work")
     return d
 
 
 def _changed(d: Path) -> Path:
-    (d / ".icl-audit-report").write_text(report_output.marker_text("0a1b2c3d4e5f", files={"claims.json": 2}))
+    (d / ".icl-audit-report").write_text(report_build.marker_text("0a1b2c3d4e5f", files={"claims.json": 2}))
     (d / "claims.json").write_text('{"my": "notes"}')
     return d
 

@@ -15,7 +15,6 @@ import pytest
 
 from claims.core.base import ClaimResult, Finding, PerturbationCheck, judge
 from claims.core.common import Comparison, compare, headline_row
-from reports import figures as report_figures
 from reports import findings as report_findings
 from reports import render as report_render
 from reports.build import check_report, main
@@ -70,25 +69,25 @@ def _summary(**kw) -> dict:
 
 
 def test_forest_rows_normalise_by_the_comparisons_own_tolerance():
-    two = report_figures.forest_row("c", _summary(name="rate", measured=0.1575, predicted=0.1748, tolerance=0.00895,
+    two = report_render.forest_row("c", _summary(name="rate", measured=0.1575, predicted=0.1748, tolerance=0.00895,
                                                   se=0.0008))
     assert two.signed and two.side == "two-sided" and two.agrees is False
     assert two.value == pytest.approx((0.1575 - 0.1748) / 0.00895) and two.bar == pytest.approx(0.0008 / 0.00895)
-    above = report_figures.forest_row("c", _summary(name="loss", measured=1.372, predicted=1.547, tolerance=0.035,
+    above = report_render.forest_row("c", _summary(name="loss", measured=1.372, predicted=1.547, tolerance=0.035,
                                                     side="not above", se=0.012))
     assert above.signed and above.side == "not above" and above.value == pytest.approx(-5.0) and above.agrees
     # an error in other units (a ratio to a bound): only error / tolerance, no sign, no bar
-    ratio = report_figures.forest_row("c", _summary(name="residual / bound", measured=0.0288, predicted=0.3585,
+    ratio = report_render.forest_row("c", _summary(name="residual / bound", measured=0.0288, predicted=0.3585,
                                                     tolerance=1.0, error=lambda m, p: m / p, se=0.09))
     assert not ratio.signed and ratio.value == pytest.approx(0.0288 / 0.3585) and ratio.bar is None
     # lists: error / tolerance (the size of the normalised error)
-    lists = report_figures.forest_row("c", _summary(name="served point", measured=[0.5, 1.9], predicted=[0.49, 1.8],
+    lists = report_render.forest_row("c", _summary(name="served point", measured=[0.5, 1.9], predicted=[0.49, 1.8],
                                                     tolerance=1.0, error=lambda m, p: 0.64))
     assert not lists.signed and lists.value == pytest.approx(0.64)
     # an exact check (tolerance 0) that agrees sits at 0; one that does not sits beyond the edge
-    exact = report_figures.forest_row("c", _summary(name="winners", measured=10, predicted=10, tolerance=0.0))
+    exact = report_render.forest_row("c", _summary(name="winners", measured=10, predicted=10, tolerance=0.0))
     assert exact.value == 0.0 and exact.agrees
-    off = report_figures.forest_row("c", _summary(name="winners", measured=9, predicted=10, tolerance=0.0))
+    off = report_render.forest_row("c", _summary(name="winners", measured=9, predicted=10, tolerance=0.0))
     assert math.isinf(off.value) and off.value < 0 and off.agrees is False
 
 
@@ -98,7 +97,7 @@ def test_forest_rows_come_from_the_comparisons_or_else_the_judged_rows():
     entry = {"id": "x", "details": {"comparisons": comparisons},
              "headline": [{"name": "a", "theory": 1.1, "measured": 1.0, "tolerance": 0.2, "agrees": True,
                            "side": "two-sided"}]}
-    rows, left_out = report_figures.forest_rows({"claims": [entry]})
+    rows, left_out = report_render.forest_rows({"claims": [entry]})
     assert [r.name for r in rows] == ["a", "b"] and left_out == 0
     older = {"id": "y", "details": {}, "headline": [
         {"name": "judged", "theory": 0.25, "measured": 0.26, "se": 0.004, "tolerance": 0.02, "agrees": True,
@@ -107,7 +106,7 @@ def test_forest_rows_come_from_the_comparisons_or_else_the_judged_rows():
          "side": "two-sided"},
         {"name": "shown only", "theory": None, "measured": 2.3, "se": 0.05, "tolerance": None, "agrees": None,
          "side": "reported"}]}
-    rows, left_out = report_figures.forest_rows({"claims": [older, entry]}, order=["x", "y"])
+    rows, left_out = report_render.forest_rows({"claims": [older, entry]}, order=["x", "y"])
     assert [r.name for r in rows] == ["a", "b", "judged"]  # in the order given; the reported row is no comparison
     assert left_out == 1  # the bracket has no stored error to normalise
     assert rows[2].value == pytest.approx(0.5) and rows[2].bar == pytest.approx(0.2)
@@ -391,8 +390,8 @@ def _perturbed(doc: dict, residual: float, relative: float) -> dict:
             key = "predicted" if "predicted" in c else "theory"
             if c.get("measured") == c.get(key) or c.get("side") == "reported":
                 continue
-            m, tol = report_figures.scalar(c.get("measured")), report_figures.scalar(c.get("tolerance"))
-            if (report_figures.scalar(c.get(key)) == 0 and c.get("se") is None and m is not None
+            m, tol = report_render.scalar(c.get("measured")), report_render.scalar(c.get("tolerance"))
+            if (report_render.scalar(c.get(key)) == 0 and c.get("se") is None and m is not None
                     and abs(m) <= report_render.ROUNDING_LEVEL and tol is not None and residual <= tol):
                 c["measured"] = residual
                 c["error"] = residual if "error" in c else None

@@ -322,7 +322,7 @@ def mix_rows(prefix: str, mix: dict, config=None) -> list:
 
 
 def mix_figure(name: str, title: str, mixes: dict, caption: str = ""):
-    """A 'mix' figure (reports.figures): one stacked bar per start (``mixes``: bar label ->
+    """A 'mix' figure (reports.render): one stacked bar per start (``mixes``: bar label ->
     outcome_mix), one segment per class label, its count of seeds."""
     from claims.core.base import Figure
     labels = []
