@@ -197,5 +197,4 @@ SPEC = ClaimSpec(
                "Lambda = sum_i min_w F(w; r_i, r_i, sigma)."),
     profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings, reads_sweep=True,
     fields=("tasks", "heads", "L", "sigma", "param", "init_scale", "logit_scale", "basis", "dtype"))
-CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

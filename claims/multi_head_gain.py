@@ -267,5 +267,4 @@ SPEC = ClaimSpec(
                "ratio of the one-head optimum to the allocated fixed point; the gain tends to theory's rho_inf as "
                "L grows, which is below H at finite block size and rises towards H = m with r."),
     profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings, reads_sweep=True)
-CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

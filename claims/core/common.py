@@ -10,9 +10,7 @@ is :func:`claims.core.base.judge`, from the :class:`Comparison` objects).
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
@@ -494,20 +492,6 @@ def head_task_heatmap(name: str, title: str, M) -> Figure:
     """A head x task heatmap of final semi-singular values."""
     return Figure(name=name, title=title, kind="heatmap", matrix=M, row_labels=[f"head {h}" for h in range(len(M))],
                   col_labels=[f"task {i}" for i in range(len(M[0]))])
-
-
-def log_comparison(c: Comparison, test: str) -> None:
-    """Append one line (test, name, error, tolerance, margin, perturbations rejected) to the
-    JSON-lines file named by $ICL_CLAIMS_LOG, if set: how the worst agreement over the drawn
-    examples is collected for the documentation (``docs/claims_1_4.md``)."""
-    path = os.environ.get("ICL_CLAIMS_LOG")
-    if not path:
-        return
-    line = jsonable({"test": test, "name": c.name, "error": c.error, "tolerance": c.tolerance, "margin": c.margin,
-                     "agrees": c.agrees, "perturbations": [[p.description, p.rejected, p.details.get("error")]
-                                                           for p in c.perturbations]})
-    with open(path, "a") as f:
-        f.write(json.dumps(line) + "\n")
 
 
 def _scalar(x):

@@ -35,16 +35,21 @@ class Tolerance:
         return reduce(add, (value for _, value in self.terms))
 
     def why(self) -> str:
-        total = f" = {self.value:.3g}" if len(self.terms) > 1 else ""     # one term: its own value
-        return (" + ".join(f"{label} {value:.3g}" for label, value in self.terms) + total
+        total = f" = {_g(self.value)}" if len(self.terms) > 1 else ""     # one term: its own value
+        return (" + ".join(f"{label} {_g(value)}" for label, value in self.terms) + total
                 + (f"; {self.reason}" if self.reason else ""))
 
 
 def noise_term(se: float, what: str, n=None) -> tuple:
-    """The Monte-Carlo term: Z_SE x ``se``, the standard error of ``what``; ``n``, its sample (an
+    """The Monte-Carlo term: Z_SE x ``se`` (a number, or an array entrywise), the standard error of ``what``; ``n``, its sample (an
     int counts prompts; a string is printed as it is)."""
     sample = "" if n is None else f", {n} prompts" if isinstance(n, (int, np.integer)) else f", {n}"
-    return f"{Z_SE:g} standard errors of {what} ({se:.3g}{sample})", Z_SE * se
+    return f"{Z_SE:g} standard errors of {what} ({_g(se)}{sample})", Z_SE * se
+
+
+def _g(x) -> str:
+    """A number (3 digits), or per entry an array's (a tolerance entrywise)."""
+    return f"{x:.3g}" if np.ndim(x) == 0 else "[" + ", ".join(f"{v:.3g}" for v in np.ravel(x)) + "]"
 
 
 def term(label: str, value: float) -> tuple:
