@@ -18,7 +18,7 @@ from scipy.stats import norm
 
 from claims.core.common import (Z_SE, Comparison, Tolerance, config_label, eps_of, headline_row, lines_figure,
                                 perturbation, resolved, term)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, with_problem
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import probes
@@ -352,5 +352,5 @@ SPEC = ClaimSpec(
                "the X-X block of each head's QK weight and the Y block of each head's OV weight are ever "
                "nonzero, each diagonal in the task basis (for both parametrisations and any basis Phi)."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
-    resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))))
+    resolve=with_problem)
 run = SPEC.run

@@ -11,13 +11,13 @@ expansion GD map leaves 2 omega^2 < 1, where the expansion is undefined: the rea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, eps_of, headline_row, perturbation,
                                 resolved, term, value_panels)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, with_problem
 from claims.core.trained import theory_need
 from numerics.model import initial_values
 from numerics.config import ProblemConfig
@@ -500,5 +500,5 @@ SPEC = ClaimSpec(
     statement=("Gradient flow on the full weights becomes an ODE on the H(d+m) semi-singular values: per "
                "head, m distinct QK values omega[h,i] (equal within a task block) and m OV values mu[h,i]."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
-    resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))))
+    resolve=with_problem)
 run = SPEC.run

@@ -12,14 +12,14 @@ The plan (:func:`plan`, staged: the domain's inputs, then what the domain asks),
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from numerics.io.jsonable import jsonable
 from claims.core.base import Figure, HeadlineRow
 from claims.core.common import Z_SE, Comparison, Tolerance, compare, noise_term, reported_row, term
-from claims.core.spec import ClaimSpec, Outcome, finding
+from claims.core.spec import ClaimSpec, Outcome, finding, with_problem
 from claims.core.trained import theory_need
 from numerics.config import ProblemConfig
 from numerics.engine import need
@@ -461,7 +461,7 @@ SPEC = ClaimSpec(
     statement=("At the limit each head's OV weight has exactly one nonzero semi-singular value; task i goes to "
                "the head whose OV value for i is largest (the head favoured by the initialisation)."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
-    resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))),
+    resolve=with_problem,
     cannot_run=lambda q: None if {"tasks", "heads", "L"} <= set(q) else (
         "problem must give tasks, heads, L and optionally sigma, param, init_scale, logit_scale, basis, dtype; got "
         f"keys {sorted(q)}"),

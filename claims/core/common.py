@@ -107,23 +107,9 @@ class Comparison:
 
     def summary(self) -> dict:
         """The JSON-able record of this comparison (what ClaimResult.details holds per case)."""
-        return jsonable({
-            "name": self.name,
-            "measured": self.measured,
-            "predicted": self.predicted,
-            "error": self.error,
-            "tolerance": self.tolerance,
-            "why": self.why,
-            "agrees": self.agrees,
-            "margin": self.margin,
-            "side": self.side,
-            "config": self.config,
-            "se": self.se,
-            "resolving_power": self.resolving_power,
-            "perturbations": [{"description": p.description, "rejected": p.rejected, **p.details}
-                              for p in self.perturbations],
-            "details": self.details,
-        })
+        return jsonable({**{k: getattr(self, k) for k in SUMMARY_KEYS},
+                         "perturbations": [{"description": p.description, "rejected": p.rejected, **p.details}
+                                           for p in self.perturbations], "details": self.details})
 
     def explain(self) -> str:
         """A one-paragraph message for a failing test (numbers, tolerance, perturbations)."""
@@ -134,6 +120,11 @@ class Comparison:
             lines.append(f"  perturbation '{p.description}': rejected={p.rejected} {_short(p.details)}")
         lines.append(f"  details: {_short(self.details, 1500)}")
         return "\n".join(lines)
+
+
+SUMMARY_KEYS = ("name", "measured", "predicted", "error", "tolerance", "why", "agrees", "margin", "side", "config", "se",
+                "resolving_power")
+"""The fields of a comparison's summary (then its perturbations and details), in claims.json's order."""
 
 
 def _short(obj, limit: int = 400) -> str:

@@ -388,3 +388,8 @@ def replace_fields(p, problem: dict, keys: tuple):
     """``p`` with the problem's values for ``keys`` (the profile fields named like ProblemConfig's)."""
     return dataclasses.replace(p, **{k: (tuple(problem[k]) if k == "tasks" else problem[k])
                                      for k in keys if k in problem})
+
+
+def with_problem(p, problem: dict):
+    """The profile ``p`` with the researcher's problem laid over it whole (its sorted items: ``p.problem``)."""
+    return dataclasses.replace(p, problem=tuple(sorted(problem.items())))
