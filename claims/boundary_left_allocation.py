@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 
 from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, headline_row, noise_term,
                                 reported_row, term)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
-from claims.core.trained import check_trained_loss, domain, run_status, theory_need, trained_need
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, theory_need
+from claims.core.trained import check_trained_loss, domain, run_status, trained_need
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments.converged import (PAPER_CONTINUATION, PAPER_SCHEDULE, QUICK_CONTINUATION, QUICK_SCHEDULE,

@@ -21,9 +21,9 @@ from dataclasses import replace
 
 from claims.core import trained
 from claims.core.common import Comparison, Tolerance, compare, config_label, headline_row, noise_term, term
-from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, with_problem
+from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, theory_need, with_problem
 from claims.core.trained import (TrainedProfile, bridge_need, check_trained, configurations, limit_need, run_status,
-                            theory_need, trained_need)
+                            trained_need)
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
 from numerics.statistics import paired_ratio

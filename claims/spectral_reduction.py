@@ -17,8 +17,7 @@ import numpy as np
 
 from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, eps_of, headline_row, perturbation,
                                 resolved, term, value_panels)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, with_problem
-from claims.core.trained import theory_need
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, theory_need, with_problem
 from numerics.model import initial_values
 from numerics.config import ProblemConfig
 from numerics.engine import need

@@ -19,8 +19,7 @@ import numpy as np
 from numerics.io.jsonable import jsonable
 from claims.core.base import Figure, HeadlineRow
 from claims.core.common import Z_SE, Comparison, Tolerance, compare, noise_term, reported_row, term
-from claims.core.spec import ClaimSpec, Outcome, finding, with_problem
-from claims.core.trained import theory_need
+from claims.core.spec import ClaimSpec, Outcome, finding, theory_need, with_problem
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import phases as experiments

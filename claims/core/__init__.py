@@ -9,14 +9,13 @@
   generated from them), resolving powers, headline rows and figure panels.
 - ``trained``: a trained run's status and comparison (claims 5, 6 and boundary-left-allocation).
 - ``phase_checks``: phase times of a (full model, reduced flow) pair; a share of seeds.
-- ``atlas``: what the four atlas panels share.
 
 ``claims.core.NAME`` reads NAME from the module that defines it (loaded on first use)."""
 from __future__ import annotations
 
 import importlib
 
-_MODULES = ("base", "spec", "common", "trained", "phase_checks", "atlas")
+_MODULES = ("base", "spec", "common", "trained", "phase_checks")
 
 
 def __getattr__(name: str):

@@ -393,3 +393,9 @@ def replace_fields(p, problem: dict, keys: tuple):
 def with_problem(p, problem: dict):
     """The profile ``p`` with the researcher's problem laid over it whole (its sorted items: ``p.problem``)."""
     return dataclasses.replace(p, problem=tuple(sorted(problem.items())))
+
+
+def theory_need(fn: str, *args):
+    """A theory value ``fn(*args)`` (``numerics.experiments.kinds.theory_value``), as a need of a claim's plan."""
+    from numerics.engine import need
+    return need("theory", fn=fn, args=tuple(tuple(a) if isinstance(a, list) else a for a in args))

@@ -128,10 +128,6 @@ def limit_need(p, tasks, sigma, device):
                        ("limit", tasks, sigma))
 
 
-def theory_need(fn: str, *args):
-    """A theory value ``fn(*args)`` (``numerics.experiments.kinds.theory_value``)."""
-    return need("theory", fn=fn, args=tuple(tuple(a) if isinstance(a, list) else a for a in args))
-
 
 def run_tolerance(run) -> Tolerance:
     """The tolerance of the comparison a trained run's held-out loss feeds first (claim 5's
