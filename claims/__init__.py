@@ -35,10 +35,10 @@ REGISTRY: dict[str, str] = {
     "boundary-saddle": "claims.boundary_saddle:SPEC",
     "boundary-initialisation": "claims.boundary_initialisation:INIT_SPEC",
     "boundary-allocation-race": "claims.boundary_allocation_race:RACE_SPEC",
-    "atlas-initialisation": "claims.atlas_initialisation:SPEC",
-    "atlas-heads": "claims.atlas_heads:SPEC",
-    "atlas-noise": "claims.atlas_noise:SPEC",
-    "atlas-batch": "claims.atlas_batch:SPEC",
+    "atlas-initialisation": "claims.atlas:INITIALISATION_SPEC",
+    "atlas-heads": "claims.atlas:HEADS_SPEC",
+    "atlas-noise": "claims.atlas:NOISE_SPEC",
+    "atlas-batch": "claims.atlas:BATCH_SPEC",
     "authors-replica": "claims.authors_replica:SPEC",
 }
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.stats import norm
 
-from claims.core.common import Z_SE, Comparison, config_label, eps_of, headline_row, lines_figure, perturbation, resolved
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
+from claims.core.common import (Z_SE, Comparison, Tolerance, config_label, eps_of, headline_row, lines_figure,
+                                perturbation, resolved, term)
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, with_problem
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import probes
@@ -132,15 +133,16 @@ def check_symmetrised_exact(cfg, runs, lr: float, steps: int) -> Comparison:
         w = runs.wrong[keep]
         perts.append(perturbation(description, float(np.max(w.residual / tol_t[: len(w.residual)])), 1.0,
                                   max_residual=float(np.max(w.residual)), diverged=w.diverged))
-    why = (f"exact G-invariance of the batch (|G| = {group_order(cfg.tasks)}): residual is rounding only, "
-           f"<= {ROUNDING_PER_STEP:g} x steps x eps x (amplification of off-D errors measured by a perturbed "
-           f"twin run, max {float(np.max(amp)):.3g}); compared at the worst record")
+    tol = Tolerance((term(f"rounding {ROUNDING_PER_STEP:g} x steps x eps x the amplification of off-D errors "
+                          f"measured by a perturbed twin run (max {float(np.max(amp)):.3g})", float(tol_t[j])),),
+                    f"exact G-invariance of the batch (|G| = {group_order(cfg.tasks)}): the residual is rounding only; "
+                    "compared at the worst record")
     measured, predicted = float(run.residual[j]), predicted_residual(cfg)
     # resolving power in the residual's own units (theory's prediction is 0): the smallest off-D
     # residual a theory could predict at the worst record and still be rejected
     return resolved(Comparison(
         name=f"symmetrised-exact tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} {cfg.basis}",
-        measured=measured, predicted=predicted, error=abs(measured - predicted), tolerance=float(tol_t[j]), why=why,
+        measured=measured, predicted=predicted, error=abs(measured - predicted), tolerance=tol.value, why=tol.why(),
         perturbations=perts,
         config=config_label(cfg, basis=True),
         details={"role": "exact", "config": cfg.to_dict(), "lr": lr, "steps": steps, "batch": runs.batch,
@@ -197,18 +199,19 @@ def check_structure_preserved(cfg, tcfg, fr, n_probe: int) -> Comparison:
                "bound_looseness": 1.0 / margin if margin > 0 else math.inf,
                "final_omega": tr.omega[-1], "final_mu": tr.mu[-1], "final_loss_tail": fr.loss_tail,
                "wall_seconds": fr.wall_seconds, **{key: residual for key, residual, _ in broken}}
-    why = (f"{Z_SE:g} x rms of the accumulated off-D Monte-Carlo noise of the GD steps, measured "
-           f"at each record with {n_probe} probe batches of size {tcfg.batch} (chi^2_1 tail at {Z_SE:g} rms; "
-           "the estimate of nu^2 replaced by its upper confidence bound at the same tail), "
-           "divided by ||P_D theta||; compared at the record where residual/bound is largest")
+    tol = Tolerance((term(f"{Z_SE:g} x rms of the accumulated off-D Monte-Carlo noise of the GD steps / ||P_D theta||",
+                          Z_SE * nb["rms"][k] / nb["norm_D"][k]), term("the rounding floor", nb["floor"][k])),
+                    f"the noise measured at each record with {n_probe} probe batches of size {tcfg.batch} (chi^2_1 "
+                    f"tail at {Z_SE:g} rms; the estimate of nu^2 replaced by its upper confidence bound at the same "
+                    "tail); compared at the record where residual/bound is largest")
     # theory's prediction is residual 0 with the noise bound as tolerance, at the worst record (the
     # same margin as max_t residual/bound); its resolving power is in the residual's own units
     # (the perturbations are broken starts, other runs held to the same bound: built by hand)
     return resolved(Comparison(
         name=(f"fresh-batch tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g} {cfg.param} {cfg.basis} "
               f"B={tcfg.batch} lr={tcfg.lr} t={tcfg.time:g}"),
-        measured=float(tr.residual[k]), predicted=0.0, error=float(tr.residual[k]), tolerance=float(bound[k]),
-        why=why, perturbations=[perturbation(description, float(np.max(residual / bound)), 1.0)
+        measured=float(tr.residual[k]), predicted=0.0, error=float(tr.residual[k]), tolerance=float(tol.value),
+        why=tol.why(), perturbations=[perturbation(description, float(np.max(residual / bound)), 1.0)
                                 for _, residual, description in broken], details=details,
         config=config_label(cfg, basis=True)), units="absolute")
 
@@ -349,6 +352,5 @@ SPEC = ClaimSpec(
                "the X-X block of each head's QK weight and the Y block of each head's OV weight are ever "
                "nonzero, each diagonal in the task basis (for both parametrisations and any basis Phi)."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
-    resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))))
-CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
+    resolve=with_problem)
 run = SPEC.run

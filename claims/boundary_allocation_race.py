@@ -27,7 +27,7 @@ from claims.core.phase_checks import (ALLOCATION, FIELDS, PHASES, decided, guard
                                  mix_rows, not_run, nothing_compared, outcome_comparison, phase_comparisons,
                                  phase_finding, phase_rows, share_comparison)
 from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
-from claims.core.trained import theory_need
+from claims.core.spec import theory_need
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import (large_init_needs, outcome_mix, race_cell_needs, reference_needs,
                                          references)

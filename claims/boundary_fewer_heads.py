@@ -18,8 +18,7 @@ import numpy as np
 
 from claims.core.common import (Z_SE, Comparison, Tolerance, config_label, head_task_heatmap, headline_row,
                                 perturbation, resolved, term)
-from claims.core.spec import ClaimSpec, Outcome, finding, replace_fields
-from claims.core.trained import theory_need
+from claims.core.spec import ClaimSpec, Outcome, finding, replace_fields, theory_need
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.model import initial_values

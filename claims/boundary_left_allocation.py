@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 
 from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, headline_row, noise_term,
                                 reported_row, term)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
-from claims.core.trained import check_trained_loss, domain, run_status, theory_need, trained_need
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, theory_need
+from claims.core.trained import check_trained_loss, domain, run_status, trained_need
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments.converged import (PAPER_CONTINUATION, PAPER_SCHEDULE, QUICK_CONTINUATION, QUICK_SCHEDULE,
@@ -62,10 +62,13 @@ PROFILES = {
 }
 
 
-def run_tolerance(run, best) -> float:
-    """The tolerance of the trained run's own two-sided comparison with the best decomposable
-    point (fixed before comparing): Z_SE x sqrt(se_run^2 + se_best^2) + the run's step error."""
-    return Z_SE * math.hypot(run["se"], best.se) + run["step_error"]
+def end_tolerance(end, best, followed: bool = False) -> Tolerance:
+    """The tolerance of the flow's converged end (the trained run itself, or ``followed``: its continuation on D)
+    against the best decomposable point, fixed before comparing: Z_SE x sqrt(se_end^2 + se_best^2) + the end's step
+    error (the trained run's SGD excess; for the continuation the residual scatter of its last window)."""
+    return Tolerance((noise_term(math.hypot(end["se"], best.se), "the difference of the two losses"),
+                      term("the continuation's last-window scatter" if followed else "the run's step error",
+                           end["jitter"] if followed else end["step_error"])))
 
 
 def check_best_decomposable(cfg: ProblemConfig, end, best, allocated_loss: float, followed: bool) -> Comparison:
@@ -78,12 +81,9 @@ def check_best_decomposable(cfg: ProblemConfig, end, best, allocated_loss: float
     scatter of its last window, what the last iterate's fluctuation may add).  Perturbation:
     the allocated fixed point as the prediction (must be rejected: a superposition that merely
     equals the allocated loss is not "somewhere else")."""
-    se = math.hypot(end["se"], best.se)
-    step = end["jitter"] if followed else end["step_error"]
-    what = "the continuation's last-window scatter" if followed else "the run's step error"
     return compare(f"left allocation: converged loss vs best decomposable point of the same H, tasks={list(cfg.tasks)}, "
                    f"L={cfg.L}, sigma={cfg.sigma:g}", end["loss"], best.loss,
-                   Tolerance((noise_term(se, "the difference of the two losses"), term(what, step))),
+                   end_tolerance(end, best, followed),
                    wrong=(("the allocated fixed point", allocated_loss),), config=config_label(cfg),
                    details={"role": "best decomposable", "se": end["se"], "followed_on_D": followed,
                             "allocation": end["allocation"],
@@ -143,7 +143,7 @@ def plan(ctx, results=None) -> list:
             continue
         best = best_need(p, cfg, case, ctx.device)
         out.append(best)
-        if results is None or (best in results and not converged_for(run, run_tolerance(run, results[best]))):
+        if results is None or (best in results and not converged_for(run, end_tolerance(run, results[best]).value)):
             out.append(continuation_need(p, cfg, case, run_need, best))
     return out
 
@@ -172,7 +172,7 @@ def compare_results(ctx, results) -> Outcome:
         left += 1
         best_n = best_need(p, cfg, case, ctx.device)
         best = results[best_n]
-        tol = run_tolerance(run, best)
+        tol = end_tolerance(run, best).value
         rows.append(reported_row(f"left allocation: trained run's loss still to lose vs tolerance / {Z_SE:g}",
                                  run["descent_left"], theory=tol / Z_SE, config=label))
         cont = None

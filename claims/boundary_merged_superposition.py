@@ -189,4 +189,3 @@ SPEC = ClaimSpec(
                "limit the factored flow reaches."),
     profiles=MERGED, plan=plan_merged, compare=compare_merged, resolve=lambda p, pr: replace_fields(p, pr, KEYS),
     fields=KEYS, cannot_run=_merged_cannot, findings=findings_merged)
-run_merged_superposition = SPEC.run

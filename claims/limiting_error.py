@@ -21,9 +21,9 @@ from typing import Sequence
 
 from claims.core import trained
 from claims.core.common import Comparison, Tolerance, compare, headline_row, noise_term, off_by, term
-from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
-from claims.core.trained import (TrainedProfile, bridge_need, configurations, domain, limit_need, resolve, run_status,
-                            theory_need, trained_need)
+from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, theory_need, with_problem
+from claims.core.trained import (TrainedProfile, bridge_need, configurations, domain, limit_need, run_status,
+                            trained_need)
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
 
@@ -45,7 +45,7 @@ def plan(ctx, results=None) -> list:
     """Per case: the converged runs at each L with theory's exact fixed point there, the bridge's
     and the limit row's reduced minima with theory's values at limit_L and 4 limit_L."""
     p, out = ctx.p, []
-    for base, Ls in configurations(ctx):
+    for base, Ls in configurations(ctx.p, ctx.device):
         tasks, sigma = tuple(base.tasks), float(base.sigma)
         for L in Ls:
             out += [trained_need(replace(base, L=int(L)), p.schedule), theory_need("exact_fixed_point", tasks, int(L), sigma)]
@@ -119,7 +119,7 @@ def compare_results(ctx, results) -> Outcome:
     between in-domain runs, the bridge and the limit rows.  With no trained run inside the
     domain the claim on trained models is not decided: verdict undecided, never pass."""
     p = ctx.p
-    configs = configurations(ctx)
+    configs = configurations(ctx.p, ctx.device)
     comps, rows, points, head = [], [], {}, None
     for k, (base, Ls) in enumerate(configs):
         tasks, sigma = tuple(base.tasks), float(base.sigma)
@@ -195,7 +195,6 @@ SPEC = ClaimSpec(
     statement=("The ICL prediction error of the gradient-flow limit vanishes as d/L -> 0: trained full models "
                "converge to theory's exact finite-L fixed-point loss, which falls with L, and L * loss tends to "
                "Lambda = sum_i min_w F(w; r_i, r_i, sigma)."),
-    profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings, reads_sweep=True,
+    profiles=PROFILES, plan=plan, compare=compare_results, resolve=with_problem, findings=findings, reads_sweep=True,
     fields=("tasks", "heads", "L", "sigma", "param", "init_scale", "logit_scale", "basis", "dtype"))
-CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

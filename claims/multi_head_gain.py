@@ -21,9 +21,9 @@ from dataclasses import replace
 
 from claims.core import trained
 from claims.core.common import Comparison, Tolerance, compare, config_label, headline_row, noise_term, term
-from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding
-from claims.core.trained import (TrainedProfile, bridge_need, check_trained, configurations, limit_need, resolve, run_status,
-                            theory_need, trained_need)
+from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, theory_need, with_problem
+from claims.core.trained import (TrainedProfile, bridge_need, check_trained, configurations, limit_need, run_status,
+                            trained_need)
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
 from numerics.statistics import paired_ratio
@@ -124,7 +124,7 @@ def plan(ctx, results=None) -> list:
     finite-L gain; with m >= 2 the bridge's and the limit row's minima (allocated and one head)
     with theory's rho_inf and its finite-L gain at limit_L and 4 limit_L."""
     p, out = ctx.p, []
-    for base, Ls in configurations(ctx):
+    for base, Ls in configurations(ctx.p, ctx.device):
         tasks, sigma = tuple(base.tasks), float(base.sigma)
         for L in sorted(Ls):
             out += [trained_need(replace(base, heads=heads, L=int(L)), p.schedule) for heads in (base.m, 1)]
@@ -176,7 +176,7 @@ def compare_results(ctx, results) -> Outcome:
     theory's exact losses, their gain, then the bridge and limit rows.  Only pairs with both
     runs inside the domain decide the claim on trained models; with none: verdict undecided."""
     p = ctx.p
-    configs = configurations(ctx)
+    configs = configurations(ctx.p, ctx.device)
     if p.problem:
         base = configs[0][0]
         ran = (f"problem {base.to_dict()}: m = {base.m} heads and one head (problem heads = {base.heads} "
@@ -266,6 +266,5 @@ SPEC = ClaimSpec(
     statement=("Trained multi-head models (H = m) beat trained single heads by theory's finite-L gain, the exact "
                "ratio of the one-head optimum to the allocated fixed point; the gain tends to theory's rho_inf as "
                "L grows, which is below H at finite block size and rises towards H = m with r."),
-    profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings, reads_sweep=True)
-CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
+    profiles=PROFILES, plan=plan, compare=compare_results, resolve=with_problem, findings=findings, reads_sweep=True)
 run = SPEC.run

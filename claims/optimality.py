@@ -18,8 +18,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from claims.core.common import Comparison, Tolerance, compare, headline_row, lines_figure, noise_term, term
-from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
-from claims.core.trained import theory_need
+from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields, theory_need
 from numerics.engine import need
 from numerics.experiments import probes
 from numerics.readout import SUPERPOSED_SHARE, allocation
@@ -295,5 +294,4 @@ SPEC = ClaimSpec(
                "(signed decomposable points with shared heads, and full merged models from random starts)."),
     profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings,
     fields=("tasks", "heads", "L", "sigma", "init_scale", "logit_scale", "basis", "dtype"))
-CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
 run = SPEC.run

@@ -11,14 +11,13 @@ expansion GD map leaves 2 omega^2 < 1, where the expansion is undefined: the rea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from claims.core.common import (Z_SE, Comparison, compare, config_label, eps_of, headline_row, perturbation, resolved,
-                           value_panels)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
-from claims.core.trained import theory_need
+from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, eps_of, headline_row, perturbation,
+                                resolved, term, value_panels)
+from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, theory_need, with_problem
 from numerics.model import initial_values
 from numerics.config import ProblemConfig
 from numerics.engine import need
@@ -163,17 +162,18 @@ def check_trajectory_agreement(cfg, runs: dict, time: float) -> Comparison:
     # the O(lr) part of the difference, 2 |D_lr - D_lr/2| per record and entry (Richardson, docstring)
     rich = 2.0 * np.max(np.abs(diff - diff_half), axis=1)
     scale = float(np.max(np.abs(np.concatenate([red.omega.ravel(), red.mu.ravel()]))))
-    tol = RICHARDSON_SAFETY * float(np.max(rich)) + 64 * (2 * steps + 1) * eps_of(cfg) * scale
+    tol = Tolerance((term(f"{RICHARDSON_SAFETY:g} x the Richardson estimate 2|D_lr - D_lr/2| of the O(lr) part of "
+                          "their difference D (max over the run and entries)", RICHARDSON_SAFETY * float(np.max(rich))),
+                     term(f"rounding 64 x {2 * steps + 1} steps x eps x the largest |omega|, |mu|",
+                          64 * (2 * steps + 1) * eps_of(cfg) * scale)),
+                    f"same samples, exactly symmetric batch ({runs['batch']} prompts): both runs discretise the same ODE")
     measured, wrong_gap = float(np.max(gap)), float(np.max(np.abs(_signed_gap(full, runs["wrong"]))))
     # theory predicts no gap; the resolving power is in the gap's own units (absolute)
     return resolved(Comparison(
         name=f"trajectory tasks={cfg.tasks} H={cfg.heads} L={cfg.L} {cfg.param} {cfg.basis} lr={lr:.4g} t={time:g}",
-        measured=measured, predicted=0.0, error=measured, tolerance=tol, config=config_label(cfg, basis=True),
-        why=(f"same samples, exactly symmetric batch ({runs['batch']} prompts): both runs discretise the same "
-             f"ODE; tolerance {RICHARDSON_SAFETY:g} x the Richardson estimate 2|D_lr - D_lr/2| of the O(lr) part "
-             "of their difference D (max over the run and entries) + rounding"),
-        perturbations=[perturbation(f"reduced flow with the metric off by a factor {_wrong_factor(cfg.param):g}",
-                                    wrong_gap, tol)],
+        measured=measured, predicted=0.0, error=measured, tolerance=tol.value, config=config_label(cfg, basis=True),
+        why=tol.why(), perturbations=[perturbation(
+            f"reduced flow with the metric off by a factor {_wrong_factor(cfg.param):g}", wrong_gap, tol.value)],
         details={"role": "trajectory", "config": cfg.to_dict(), "lr": lr, "time": time,
                  "batch": runs["batch"], "t": full.t, "gap": gap, "richardson": rich,
                  "max_residual_full": float(np.max(full.residual)), "full_omega": full.omega, "full_mu": full.mu,
@@ -499,6 +499,5 @@ SPEC = ClaimSpec(
     statement=("Gradient flow on the full weights becomes an ODE on the H(d+m) semi-singular values: per "
                "head, m distinct QK values omega[h,i] (equal within a task block) and m OV values mu[h,i]."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
-    resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))))
-CLAIM_ID, TITLE, STATEMENT = SPEC.id, SPEC.title, SPEC.statement
+    resolve=with_problem)
 run = SPEC.run

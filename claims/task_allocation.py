@@ -12,15 +12,14 @@ The plan (:func:`plan`, staged: the domain's inputs, then what the domain asks),
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from numerics.io.handed import jsonable
 from claims.core.base import Figure, HeadlineRow
 from claims.core.common import Z_SE, Comparison, Tolerance, compare, noise_term, reported_row, term
-from claims.core.spec import ClaimSpec, Outcome, finding
-from claims.core.trained import theory_need
+from claims.core.spec import ClaimSpec, Outcome, finding, theory_need, with_problem
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import phases as experiments
@@ -175,23 +174,46 @@ def check_allocation(cfg: ProblemConfig, meas: dict, pred: dict, dom: dict) -> l
     if not dom["inside"]:
         raise ValueError(f"check_allocation needs a case inside the domain ({dom['conditions']}); "
                          f"this one is not: {'; '.join(dom['reasons'])}. Use check_boundary")
-    H, m, tcfg = cfg.heads, cfg.m, meas["train"]
+    H, tcfg = cfg.heads, meas["train"]
     tag = f"tasks={cfg.tasks} H={H} L={cfg.L} sigma={cfg.sigma:g} B={tcfg.batch} t={tcfg.time:g}"
-    winners, mu_star = pred["winners"], pred["mu_star"]
-    surplus = [h for h in range(H) if h not in winners]
+    surplus = [h for h in range(H) if h not in pred["winners"]]
     common = {"config": cfg.to_dict(), "train": tcfg.to_dict(), "domain": dom}
-    # a different allocation: task 0 served by another head (a surplus one if there is one); with one head and one
-    # task the different prediction is "no value" (nothing learnt)
+    # a surplus head's threshold also allows the SURPLUS_FRACTION mu* that theory's own flow may still leave in it at
+    # the horizon (the domain's surplus condition), as its |mu| row does
+    thresholds = meas["threshold"].copy()
+    thresholds[surplus] = np.maximum(thresholds[surplus],
+                                     allocation_theory.SURPLUS_FRACTION * float(np.min(pred["mu_star"])))
+    comps = _allocation_comparisons(cfg, meas, pred, tag, surplus, thresholds, common)
+    comps.append(_served_comparison(cfg, meas, pred, tag, common))
+    if surplus:
+        alt = np.zeros(len(surplus))
+        alt[0] = pred["mu_star"][0]
+        comps.append(_comparison(
+            "surplus heads' largest |mu|", tag, np.abs(meas["mu_end"][surplus]).max(axis=1),
+            np.abs(pred["mu_alloc"][surplus]).max(axis=1), thresholds[surplus],
+            f"the OV threshold of each surplus head (as above), at least the {allocation_theory.SURPLUS_FRACTION:g} "
+            "mu* that theory's expansion flow may still leave in them at the horizon (the domain's surplus condition)",
+            [(f"surplus head {surplus[0]} serves task 0 with mu*_0", alt)],
+            {**common, "surplus_heads": surplus, "mu_end": meas["mu_end"]}, units="absolute"))
+    comps.append(_loss_comparison(meas, pred, tag, common))
+    off = np.abs(meas["omega_end"])
+    off[np.asarray(pred["winners"]), np.arange(cfg.m)] = 0.0
+    comps[0].details |= {"largest_off_task_omega": float(off.max()), "prediction": pred,
+                         "measurement": {k: meas[k] for k in ("t", "omega", "mu", "omega_end", "mu_end")}}
+    return comps
+
+
+def _allocation_comparisons(cfg, meas, pred, tag, surplus, thresholds, common) -> list[Comparison]:
+    """:func:`check_allocation`'s counts of OV singular values above threshold per head and its winners, each against
+    the different allocation: task 0 served by another head (a surplus one if there is one; with one head and one
+    task, "no value": nothing learnt)."""
+    H, winners = cfg.heads, pred["winners"]
     other = surplus[0] if surplus else (winners[0] + 1) % H
     wrong_winners = [other] + winners[1:]
     wrong_counts = ([0] * H if other == winners[0] else allocation_theory.allocation_counts(
-        *allocation_theory.allocated_point(wrong_winners, pred["omega_star"], mu_star, H)))
+        *allocation_theory.allocated_point(wrong_winners, pred["omega_star"], pred["mu_star"], H)))
     wrong_desc = (f"task 0 served by head {other} (counts {wrong_counts})" if other != winners[0]
                   else "the head learns nothing (counts [0])")
-    # a surplus head's threshold also allows the SURPLUS_FRACTION mu* that theory's own flow may still leave in it at
-    # the horizon (the domain's surplus condition), as its |mu| row does
-    threshold, thresholds = meas["threshold"], meas["threshold"].copy()
-    thresholds[surplus] = np.maximum(thresholds[surplus], allocation_theory.SURPLUS_FRACTION * float(np.min(mu_star)))
     above = [int(np.sum(np.asarray(sv) > th)) for sv, th in zip(meas["U_singular_values"], thresholds)]
     comps = [_comparison(
         "OV singular values above threshold per head", tag, above,
@@ -199,7 +221,7 @@ def check_allocation(cfg: ProblemConfig, meas: dict, pred: dict, dom: dict) -> l
         f"exact: singular values of each head's tail-mean U_h above {THRESHOLD_SIGMAS:g} x the Frobenius norm of their "
         f"entries' standard errors, for surplus heads at least {allocation_theory.SURPLUS_FRACTION:g} mu* "
         f"(thresholds {np.round(thresholds, 4).tolist()}), counted", [(wrong_desc, wrong_counts)],
-        {**common, "U_singular_values": meas["U_singular_values"], "threshold": threshold,
+        {**common, "U_singular_values": meas["U_singular_values"], "threshold": meas["threshold"],
          "W_block_singular_values": meas["W_block_singular_values"], "W_singular_values": meas["W_singular_values"],
          "residual_end": meas["residual_end"]}, units="count")]
     if H > 1:
@@ -208,50 +230,46 @@ def check_allocation(cfg: ProblemConfig, meas: dict, pred: dict, dom: dict) -> l
             "exact: the head carrying task i (numerics.readout: argmax_h tail-mean mu omega) is "
             "theory.task_allocation.predicted_winners", [(f"winners {wrong_winners}", wrong_winners)], common,
             units="count"))
-    idx = (np.asarray(winners), np.arange(m))
+    return comps
+
+
+def _served_comparison(cfg, meas, pred, tag, common) -> Comparison:
+    """:func:`check_allocation`'s allocated fixed point: the serving (omega, mu) of the tail mean against theory's,
+    moved by the served optimum's shift; wrong: omega* or mu* x PERTURB_FACTOR."""
+    idx, f = (np.asarray(pred["winners"]), np.arange(cfg.m)), PERTURB_FACTOR
     served = lambda what: np.concatenate([meas[f"omega_{what}"][idx], meas[f"mu_{what}"][idx]])  # noqa: E731
-    shift = allocation_theory.served_shift(meas["omega_end"], winners, cfg.tasks, cfg.L, cfg.sigma)
-    f = PERTURB_FACTOR
+    shift = allocation_theory.served_shift(meas["omega_end"], pred["winners"], cfg.tasks, cfg.L, cfg.sigma)
     fp = lambda om, mu: np.concatenate([om, mu]) + shift.reshape(-1)  # noqa: E731
+    omega_star, mu_star = pred["omega_star"], pred["mu_star"]
     # the entry farthest from theory's, relative to it: a one-number summary beside the entrywise max |d| / tolerance
-    rel = np.abs(served("end") / fp(pred["omega_star"], mu_star) - 1)
-    comps.append(_comparison(
-        "allocated fixed point (omega*_i..., mu*_i...)", tag, served("end"), fp(pred["omega_star"], mu_star),
-        Z_SE * served("se") + served("spread"),
-        f"per entry: Z_SE = {Z_SE:g} standard errors of the tail mean + the per-record spread of the SGD iterates "
-        "(the finite step and batch may displace the cloud's centre by its width).  Prediction: "
-        "theory.exact.exact_fixed_point (exact to ~1e-12) moved by theory's shift of the served optimum by the "
-        "off-task omega the run still holds at t_end (theory.served_optimum at the measured row minus at zeros)",
-        [(f"omega* x {f:g}", fp(f * pred["omega_star"], mu_star)),
-         (f"mu* x {f:g}", fp(pred["omega_star"], f * mu_star))],
+    rel = np.abs(served("end") / fp(omega_star, mu_star) - 1)
+    tol = Tolerance((noise_term(served("se"), "the tail mean"), term("the per-record spread of the SGD iterates",
+                                                                       served("spread"))),
+                    "the finite step and batch may displace the cloud's centre by its width.  Prediction: "
+                    "theory.exact.exact_fixed_point (exact to ~1e-12) moved by theory's shift of the served optimum by "
+                    "the off-task omega the run still holds at t_end (theory.served_optimum at the measured row minus "
+                    "at zeros)")
+    return _comparison(
+        "allocated fixed point (omega*_i..., mu*_i...)", tag, served("end"), fp(omega_star, mu_star), tol.value,
+        "per entry: " + tol.why(),
+        [(f"omega* x {f:g}", fp(f * omega_star, mu_star)), (f"mu* x {f:g}", fp(omega_star, f * mu_star))],
         {**common, "omega_end": meas["omega_end"], "mu_end": meas["mu_end"], "off_task_shift": shift,
          "largest_relative_deviation": {"value": float(rel.max()), "entry": int(rel.argmax())}},
-        entrywise=True))
-    if surplus:
-        alt = np.zeros(len(surplus))
-        alt[0] = mu_star[0]
-        comps.append(_comparison(
-            "surplus heads' largest |mu|", tag, np.abs(meas["mu_end"][surplus]).max(axis=1),
-            np.abs(pred["mu_alloc"][surplus]).max(axis=1), thresholds[surplus],
-            f"the OV threshold of each surplus head (as above), at least the {allocation_theory.SURPLUS_FRACTION:g} "
-            "mu* that theory's expansion flow may still leave in them at the horizon (the domain's surplus condition)",
-            [(f"surplus head {surplus[0]} serves task 0 with mu*_0", alt)],
-            {**common, "surplus_heads": surplus, "mu_end": meas["mu_end"]}, units="absolute"))
+        entrywise=True)
+
+
+def _loss_comparison(meas, pred, tag, common) -> Comparison:
+    """:func:`check_allocation`'s trained loss (held out) against the exact loss at the allocated point."""
     full, red = meas["held_out"], meas["held_out_reduced_at_mean"]
     excess = max(0.0, full.mean - red.mean)
     tol = Tolerance((noise_term(full.se, "the held-out loss", f"{full.n} fresh prompts"), term(
         "the loss the off-D parts and the averaging leave (full model at the tail-averaged weights - reduced model at "
         "the tail-mean readout, same prompts)", excess), term("the quadrature error", pred["loss_error"])))
-    comps.append(_comparison(
+    return _comparison(
         "trained loss (held out) vs exact loss at the allocated point", tag, full.mean, pred["loss"],
-        tol.value, tol.why(), [(f"exact loss x {f:g}", f * pred["loss"])],
+        tol.value, tol.why(), [(f"exact loss x {PERTURB_FACTOR:g}", PERTURB_FACTOR * pred["loss"])],
         {**common, "held_out": full, "held_out_final_weights": meas["held_out_final_weights"],
-         "held_out_reduced_at_mean": red, "train_tail_loss": meas["train_tail_loss"]}, se=full.se))
-    off = np.abs(meas["omega_end"])
-    off[idx] = 0.0
-    comps[0].details |= {"largest_off_task_omega": float(off.max()), "prediction": pred,
-                         "measurement": {k: meas[k] for k in ("t", "omega", "mu", "omega_end", "mu_end")}}
-    return comps
+         "held_out_reduced_at_mean": red, "train_tail_loss": meas["train_tail_loss"]}, se=full.se)
 
 
 SLOPE_LOW = 0.8
@@ -270,11 +288,11 @@ def check_off_task_slope(cfg: ProblemConfig, point: tuple, a, g: dict, n: int) -
     off = np.isfinite(a)
     measured, predicted, se = g["grad_mu"][off], a[off], g["grad_mu_se"][off]
     tag = f"tasks={cfg.tasks} H={cfg.heads} L={cfg.L} sigma={cfg.sigma:g}"
+    tol = Tolerance((noise_term(se, "the Monte-Carlo gradient", f"{n} prompts, independent groups"),),
+                    "of the exact reduced loss at theory's allocated point")
     return _comparison(
         "off-task slope a = dL/dmu at the allocated point (the saddle's rate 2a)", tag, measured.tolist(),
-        predicted.tolist(), (Z_SE * se).tolist(),
-        f"per off-task entry: Z_SE = {Z_SE:g} standard errors of the Monte-Carlo gradient ({n} prompts, independent "
-        "groups) of the exact reduced loss at theory's allocated point", [
+        predicted.tolist(), tol.value.tolist(), "per off-task entry: " + tol.why(), [
             (f"a {round(100 * (1 - SLOPE_LOW)):d} % low (x {SLOPE_LOW:g})", (SLOPE_LOW * predicted).tolist()),
             ("a of the wrong sign (the allocated point a minimum)", (-predicted).tolist())],
         {"omega": point[0], "mu": point[1], "slope": a, "grad_mu": g["grad_mu"], "grad_mu_se": g["grad_mu_se"], "n": n,
@@ -442,9 +460,9 @@ SPEC = ClaimSpec(
     statement=("At the limit each head's OV weight has exactly one nonzero semi-singular value; task i goes to "
                "the head whose OV value for i is largest (the head favoured by the initialisation)."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
-    resolve=lambda p, q: replace(p, problem=tuple(sorted(q.items()))),
+    resolve=with_problem,
     cannot_run=lambda q: None if {"tasks", "heads", "L"} <= set(q) else (
         "problem must give tasks, heads, L and optionally sigma, param, init_scale, logit_scale, basis, dtype; got "
         f"keys {sorted(q)}"),
     paper="each head ends serving one task, the one its initial OV value favours most")
-CLAIM_ID, TITLE, STATEMENT, run = SPEC.id, SPEC.title, SPEC.statement, SPEC.run
+run = SPEC.run

@@ -19,7 +19,7 @@ import theory.three_phases as phase_theory
 from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, headline_row, lines_figure,
                                 noise_term, term, worst)
 from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
-from claims.core.trained import theory_need
+from claims.core.spec import theory_need
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import phases as experiments

@@ -34,7 +34,7 @@ def assert_caught(claim, profile, name: str) -> None:
     comparison must disagree (a mutant caught only by an undecided check is not caught)."""
     res = claim.run(profile)
     failing = [c["name"] for c in res.details.get("comparisons", []) if not c["agrees"]]
-    print(f"[mutant] {claim.CLAIM_ID}: {name}: verdict {res.verdict}; disagreeing: {failing}")
+    print(f"[mutant] {claim.SPEC.id}: {name}: verdict {res.verdict}; disagreeing: {failing}")
     assert res.verdict != "pass", res.details
     assert failing, f"{name}: verdict {res.verdict} but no comparison disagrees: {res.details.get('error')}"
 
@@ -43,7 +43,7 @@ def assert_control_passes(claim, profile) -> None:
     """The control: without a mutation the same profile passes, so each mutant is caught by its
     mutation, not by the profile."""
     res = claim.run(profile)
-    print(f"[mutant] {claim.CLAIM_ID}: control (no mutation): verdict {res.verdict}")
+    print(f"[mutant] {claim.SPEC.id}: control (no mutation): verdict {res.verdict}")
     assert res.verdict == "pass", res.details
 
 

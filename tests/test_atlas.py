@@ -1,6 +1,6 @@
 """The atlas (issue 23): atlas points (numerics.experiments.atlas), their grids, the atlas ids'
-registration, and the four ids (claims.atlas_initialisation, claims.atlas_heads, claims.atlas_noise,
-claims.atlas_batch; what they share: claims.core.common) built end to end from the tiny grid.
+registration, and the four ids (claims.atlas: atlas-initialisation, atlas-heads, atlas-noise,
+atlas-batch) built end to end from the tiny grid.
 
 Default suite: unit tests, the example grids, the registration.  Each atlas id's own tests (its
 refusal without a sweep, a 4-point sweep, one point per panel, read by it):
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import claims
-from claims.core.atlas import ATLAS_IDS as IDS, classes_finding, outcome_maps
+from claims.atlas import ATLAS_IDS as IDS, classes_finding, outcome_maps
 from claims.core.base import BOUNDARY_OUTCOMES, ClaimResult
 from numerics.experiments import atlas
 from numerics.experiments.atlas import cell_class, cell_mix, check_point, class_counts, escape_time, point_class

@@ -14,7 +14,7 @@ import pytest
 from claims.core.base import judge
 import doctest
 
-import claims.core.tolerance
+import claims.core.common
 from claims.core.common import (Z_SE, Comparison, RESOLVING_FLOOR, Tolerance, compare, edge_probes, moved_prediction,
                                 noise_term, resolved, resolving_power, seen_eps, term)
 from claims.core.spec import resolving_summary, unconfirmed_power
@@ -93,7 +93,7 @@ def test_entrywise_is_the_worst_entry():
 
 
 def test_a_tolerance_of_named_terms_gives_compare_its_value_and_its_why():
-    assert doctest.testmod(claims.core.tolerance).failed == 0
+    assert doctest.testmod(claims.core.common).failed == 0
     se, step, quad = 0.1, 0.3, 0.2       # (4 x 0.1 + 0.3) + 0.2 != 4 x 0.1 + (0.3 + 0.2) in floating point
     tol = Tolerance((noise_term(se, "the loss", 64), term("step error", step), term("quadrature", quad)), "because")
     c = compare("x", 1.0, 1.5, tol)

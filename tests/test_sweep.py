@@ -501,7 +501,7 @@ def test_authors_grid_is_the_runs_claims_5_and_6_ask_for():
     from dataclasses import replace
 
     import claims
-    from claims.core.trained import profile_configurations
+    from claims.core.trained import configurations
     from numerics.experiments.converged import _normalise_point, converged_point
     from numerics.seeds import trained_run_seed
 
@@ -509,7 +509,7 @@ def test_authors_grid_is_the_runs_claims_5_and_6_ask_for():
     wanted = []
     for cid in ("limiting-error", "multi-head-gain"):
         p = claims.spec_of(cid).profile("quick", {"tasks": (16, 17, 17), "heads": 3, "L": 100})
-        for base, Ls in profile_configurations(p):
+        for base, Ls in configurations(p):
             for L in Ls:
                 for heads in ((base.heads, 1) if cid == "multi-head-gain" else (base.heads,)):
                     wanted.append(converged_point(replace(base, heads=heads, L=int(L)), p.schedule,

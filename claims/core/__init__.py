@@ -5,18 +5,17 @@
 - ``spec``: a claim as data (:class:`ClaimSpec`: a plan of needs and a comparison), its runner
   and the one constructor of a result from its comparisons (:func:`build_result`).
 - ``common``: the comparison every check returns (:class:`Comparison`, :func:`compare`), the
-  tolerance policy (``Z_SE``), resolving powers, headline rows and figure panels.
-- ``tolerance``: a tolerance built from named terms (:class:`Tolerance`), its why generated from them.
+  tolerance policy (``Z_SE``), a tolerance built from named terms (:class:`Tolerance`, its why
+  generated from them), resolving powers, headline rows and figure panels.
 - ``trained``: a trained run's status and comparison (claims 5, 6 and boundary-left-allocation).
 - ``phase_checks``: phase times of a (full model, reduced flow) pair; a share of seeds.
-- ``atlas``: what the four atlas panels share.
 
 ``claims.core.NAME`` reads NAME from the module that defines it (loaded on first use)."""
 from __future__ import annotations
 
 import importlib
 
-_MODULES = ("base", "spec", "common", "tolerance", "trained", "phase_checks", "atlas")
+_MODULES = ("base", "spec", "common", "trained", "phase_checks")
 
 
 def __getattr__(name: str):

@@ -10,21 +10,72 @@ is :func:`claims.core.base.judge`, from the :class:`Comparison` objects).
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
+from functools import reduce
+from operator import add
 from typing import Callable, Optional
 
 import numpy as np
 
 from numerics.io.handed import jsonable
 from claims.core.base import HeadlineRow, Figure, PerturbationCheck, Series
-from numerics.statistics import Z_SE  # noqa: F401 (the one tolerance multiplier, defined where the estimators are)
-from claims.core.tolerance import Tolerance, noise_term, term  # noqa: F401 (a tolerance of named terms)
+from numerics.statistics import Z_SE  # the one tolerance multiplier, defined where the estimators are
 
 EPS64 = float(np.finfo(np.float64).eps)
 """Unit round-off of float64 (2.2e-16): the scale of every 'exact to rounding' tolerance."""
+
+
+# ---------------------------------------------------------------------------------------
+# a tolerance of named terms
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A tolerance built from named terms -- Z_SE standard errors, a step error, theory's stated approximation
+    error -- whose sentence (``why``) is generated from the same terms, so that the argument a report prints cannot
+    disagree with the number it compares at (:func:`compare` takes both from it).
+
+    The sum of ``terms``, ``(label, value)`` pairs (:func:`noise_term`, :func:`term`), added
+    left to right as ``a + b + c`` is (floating-point addition is not associative: the order is
+    the formula's), and :meth:`why`, the sentence listing the terms and their sum, then
+    ``reason``: the argument for a term beyond its name.
+
+    >>> t = Tolerance((noise_term(0.0021, "the held-out loss", 131072), term("SGD step error", 0.0012)))
+    >>> t.value == Z_SE * 0.0021 + 0.0012
+    True
+    >>> t.why()
+    '4 standard errors of the held-out loss (0.0021, 131072 prompts) 0.0084 + SGD step error 0.0012 = 0.0096'
+    """
+
+    terms: tuple
+    reason: str = ""
+
+    @property
+    def value(self) -> float:
+        return reduce(add, (value for _, value in self.terms))
+
+    def why(self) -> str:
+        total = f" = {_g(self.value)}" if len(self.terms) > 1 else ""     # one term: its own value
+        return (" + ".join(f"{label} {_g(value)}" for label, value in self.terms) + total
+                + (f"; {self.reason}" if self.reason else ""))
+
+
+def noise_term(se: float, what: str, n=None) -> tuple:
+    """The Monte-Carlo term: Z_SE x ``se`` (a number, or an array entrywise), the standard error of ``what``; ``n``, its sample (an
+    int counts prompts; a string is printed as it is)."""
+    sample = "" if n is None else f", {n} prompts" if isinstance(n, (int, np.integer)) else f", {n}"
+    return f"{Z_SE:g} standard errors of {what} ({_g(se)}{sample})", Z_SE * se
+
+
+def _g(x) -> str:
+    """A number (3 digits), or per entry an array's (a tolerance entrywise)."""
+    return f"{x:.3g}" if np.ndim(x) == 0 else "[" + ", ".join(f"{v:.3g}" for v in np.ravel(x)) + "]"
+
+
+def term(label: str, value: float) -> tuple:
+    """Any other named term: a step error, a resolution, theory's stated approximation error."""
+    return label, value
 
 
 # ---------------------------------------------------------------------------------------
@@ -109,23 +160,9 @@ class Comparison:
 
     def summary(self) -> dict:
         """The JSON-able record of this comparison (what ClaimResult.details holds per case)."""
-        return jsonable({
-            "name": self.name,
-            "measured": self.measured,
-            "predicted": self.predicted,
-            "error": self.error,
-            "tolerance": self.tolerance,
-            "why": self.why,
-            "agrees": self.agrees,
-            "margin": self.margin,
-            "side": self.side,
-            "config": self.config,
-            "se": self.se,
-            "resolving_power": self.resolving_power,
-            "perturbations": [{"description": p.description, "rejected": p.rejected, **p.details}
-                              for p in self.perturbations],
-            "details": self.details,
-        })
+        return jsonable({**{k: getattr(self, k) for k in SUMMARY_KEYS},
+                         "perturbations": [{"description": p.description, "rejected": p.rejected, **p.details}
+                                           for p in self.perturbations], "details": self.details})
 
     def explain(self) -> str:
         """A one-paragraph message for a failing test (numbers, tolerance, perturbations)."""
@@ -136,6 +173,11 @@ class Comparison:
             lines.append(f"  perturbation '{p.description}': rejected={p.rejected} {_short(p.details)}")
         lines.append(f"  details: {_short(self.details, 1500)}")
         return "\n".join(lines)
+
+
+SUMMARY_KEYS = ("name", "measured", "predicted", "error", "tolerance", "why", "agrees", "margin", "side", "config", "se",
+                "resolving_power")
+"""The fields of a comparison's summary (then its perturbations and details), in claims.json's order."""
 
 
 def _short(obj, limit: int = 400) -> str:
@@ -494,20 +536,6 @@ def head_task_heatmap(name: str, title: str, M) -> Figure:
     """A head x task heatmap of final semi-singular values."""
     return Figure(name=name, title=title, kind="heatmap", matrix=M, row_labels=[f"head {h}" for h in range(len(M))],
                   col_labels=[f"task {i}" for i in range(len(M[0]))])
-
-
-def log_comparison(c: Comparison, test: str) -> None:
-    """Append one line (test, name, error, tolerance, margin, perturbations rejected) to the
-    JSON-lines file named by $ICL_CLAIMS_LOG, if set: how the worst agreement over the drawn
-    examples is collected for the documentation (``docs/claims_1_4.md``)."""
-    path = os.environ.get("ICL_CLAIMS_LOG")
-    if not path:
-        return
-    line = jsonable({"test": test, "name": c.name, "error": c.error, "tolerance": c.tolerance, "margin": c.margin,
-                     "agrees": c.agrees, "perturbations": [[p.description, p.rejected, p.details.get("error")]
-                                                           for p in c.perturbations]})
-    with open(path, "a") as f:
-        f.write(json.dumps(line) + "\n")
 
 
 def _scalar(x):

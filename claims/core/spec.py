@@ -296,9 +296,10 @@ def resolving_summary(comparisons: list, headline: Optional[str] = None) -> dict
     ``by_units`` the same per unit; ``blind`` the comparisons with a numeric prediction that cannot
     see a direction they claim to (no resolving power there)."""
     from claims.core import common
+    comparisons = [c if isinstance(c, dict) else {"name": c.name, "side": c.side, "resolving_power": c.resolving_power}
+                   for c in comparisons]
     rows, blind = [], []
-    for c in comparisons:
-        d = c if isinstance(c, dict) else {"name": c.name, "side": c.side, "resolving_power": c.resolving_power}
+    for d in comparisons:
         rp = d["resolving_power"]
         if not rp:
             continue
@@ -316,11 +317,10 @@ def resolving_summary(comparisons: list, headline: Optional[str] = None) -> dict
     main = by_units.get("relative") or (max(by_units.values(), key=lambda v: v["n"]) if by_units else None)
     head = None
     if headline is not None:
-        hit = [c for c in comparisons if (c["name"] if isinstance(c, dict) else c.name) == headline]
+        hit = [c for c in comparisons if c["name"] == headline]
         if not hit:
             raise ValueError(f"headline comparison {headline!r} is not among the comparisons")
-        h = hit[0]
-        d = h if isinstance(h, dict) else {"name": h.name, "side": h.side, "resolving_power": h.resolving_power}
+        d = hit[0]
         rp, eps = d["resolving_power"] or {}, common.seen_eps(d)
         head = {"name": d["name"], "low": rp.get("low"), "high": rp.get("high"), "units": rp.get("units"),
                 "eps": eps, "side": d["side"],
@@ -388,3 +388,14 @@ def replace_fields(p, problem: dict, keys: tuple):
     """``p`` with the problem's values for ``keys`` (the profile fields named like ProblemConfig's)."""
     return dataclasses.replace(p, **{k: (tuple(problem[k]) if k == "tasks" else problem[k])
                                      for k in keys if k in problem})
+
+
+def with_problem(p, problem: dict):
+    """The profile ``p`` with the researcher's problem laid over it whole (its sorted items: ``p.problem``)."""
+    return dataclasses.replace(p, problem=tuple(sorted(problem.items())))
+
+
+def theory_need(fn: str, *args):
+    """A theory value ``fn(*args)`` (``numerics.experiments.kinds.theory_value``), as a need of a claim's plan."""
+    from numerics.engine import need
+    return need("theory", fn=fn, args=tuple(tuple(a) if isinstance(a, list) else a for a in args))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -91,14 +91,9 @@ def domain(cfg: ProblemConfig, gain: bool = False) -> dict:
     return {"inside": not reasons, "reasons": reasons, "conditions": conditions}
 
 
-def configurations(ctx) -> list[tuple[ProblemConfig, tuple]]:
-    """The trained family of claims 5 and 6: each profile case (tasks, sigma) with H = m heads at
-    the profile's train_Ls, or the researcher's problem at L and 2L."""
-    return profile_configurations(ctx.p, ctx.device)
-
-
-def profile_configurations(p, device: str = "cpu") -> list[tuple[ProblemConfig, tuple]]:
-    """:func:`configurations` of the profile ``p`` (what its estimate prices)."""
+def configurations(p, device: str = "cpu") -> list[tuple[ProblemConfig, tuple]]:
+    """The trained family of claims 5 and 6 at the profile ``p``: each profile case (tasks, sigma) with H = m heads
+    at the profile's train_Ls, or the researcher's problem at L and 2L."""
     if p.problem:
         base = ProblemConfig.from_dict({**dict(p.problem), "device": device})
         return [(base, (base.L, 2 * base.L))]
@@ -132,15 +127,6 @@ def limit_need(p, tasks, sigma, device):
     return minima_need(tasks, sigma, p.limit_L, p.limit_elements, p.limit_fit_elements, device,
                        ("limit", tasks, sigma))
 
-
-def theory_need(fn: str, *args):
-    """A theory value ``fn(*args)`` (``numerics.experiments.kinds.theory_value``)."""
-    return need("theory", fn=fn, args=tuple(tuple(a) if isinstance(a, list) else a for a in args))
-
-
-def resolve(p, problem: dict):
-    """The profile with the researcher's problem laid over it (its sorted items)."""
-    return replace(p, problem=tuple(sorted(problem.items())))
 
 
 def run_tolerance(run) -> Tolerance:

@@ -1,4 +1,4 @@
-"""atlas-heads (claims/atlas_heads.py, issue 23): the atlas's heads panel (the number of heads), built
+"""atlas-heads (claims/atlas.py, issue 23): the atlas's heads panel (the number of heads), built
 from a sweep.  Default suite: the refusal without a sweep, and the four-point sweep
 (tests/claims/atlas_sweep.py, shared by the four atlas ids) read by this id.  The tiny grid end
 to end (marker ``atlas``) and the atlas points' unit tests: tests/test_atlas.py."""

@@ -1,4 +1,4 @@
-"""atlas-noise (claims/atlas_noise.py, issue 23): the atlas's noise panel (the label noise and L), built
+"""atlas-noise (claims/atlas.py, issue 23): the atlas's noise panel (the label noise and L), built
 from a sweep.  Default suite: the refusal without a sweep, and the four-point sweep
 (tests/claims/atlas_sweep.py, shared by the four atlas ids) read by this id.  The tiny grid end
 to end (marker ``atlas``) and the atlas points' unit tests: tests/test_atlas.py."""

@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import block_structure as claim
-from claims.core.common import log_comparison
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.train import TrainConfig
@@ -66,7 +65,6 @@ def test_symmetric_batch_keeps_D_to_rounding(device, th, L, sigma, param, basis,
     runs = computed(claim.exact_need(cfg, 0.05, 12, 1, records=4), seed)
     c = claim.check_symmetrised_exact(cfg, runs, lr=0.05, steps=12)
     note(c.explain())
-    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
     # the wrong-group predictions that theory says apply (a subgroup with a larger fixed set) were all made
@@ -87,7 +85,6 @@ def test_fresh_batches_residual_within_noise_bound(device, th, L, sigma, param, 
     tcfg = TrainConfig(lr=0.05, time=0.8, batch=batch, records=5, seed=seed)
     c = claim.check_structure_preserved(cfg, tcfg, computed(claim.fresh_need(cfg, tcfg, 4), seed), n_probe=4)
     note(c.explain())
-    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
     assert len(wrong_predictions(c)) == 1 + (cfg.d >= 2 or cfg.m >= 2), c.explain()
@@ -117,7 +114,7 @@ def test_non_decomposable_start_is_refused(device):
 
 def test_run_tiny_profile(device):
     result = claim.run(profile="tiny", device=device, seed=0)
-    assert result.id == claim.CLAIM_ID
+    assert result.id == claim.SPEC.id
     assert result.verdict == "pass", result.details
     assert result.figures and result.perturbations
     assert result.details["domain"]["cases_outside"] == []

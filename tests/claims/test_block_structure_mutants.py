@@ -25,13 +25,13 @@ MUTANT_PROFILE = claim.BlockStructureProfile(
 def verdict_under(monkeypatch, name: str) -> str:
     apply_mutant(monkeypatch, name)
     result = claim.run(profile=MUTANT_PROFILE, seed=0)
-    print(f"\nMUTANT {name!r}: claim {claim.CLAIM_ID} verdict {result.verdict}")
+    print(f"\nMUTANT {name!r}: claim {claim.SPEC.id} verdict {result.verdict}")
     return result
 
 
 def test_unmutated_profile_passes():
     result = claim.run(profile=MUTANT_PROFILE, seed=0)
-    print(f"\nMUTANT 'none': claim {claim.CLAIM_ID} verdict {result.verdict}")
+    print(f"\nMUTANT 'none': claim {claim.SPEC.id} verdict {result.verdict}")
     assert result.verdict == "pass", result.details
 
 

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import example, given, note, settings, strategies as st
 
 from claims import optimality as claim
-from claims.core.common import log_comparison
 from claims.core.spec import check_problem
 from numerics.engine import Engine
 from theory import optimality as th_opt
@@ -51,7 +50,6 @@ def test_constant_at_heads_against_bracket(device, p):
     bridge = claim.check_best_as_full_model(cand, results[claim.bridge_need(prof, H, device)])
     for comp in (c, bridge):
         note(comp.explain())
-        log_comparison(comp, "test_constant_at_heads_against_bracket")
     print(f"[claim 7] {c.name}: C = {c.measured:.4g} +- {cand['best']['C_se']:.2g}, bracket "
           f"{[round(x, 4) for x in c.predicted]}, inside domain {dom['inside']}, agrees {c.agrees}")
     assert bridge.agrees and bridge.discriminates, bridge.explain()

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import spectral_reduction as claim
-from claims.core.common import log_comparison
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.experiments import probes
@@ -69,7 +68,6 @@ def test_projected_full_gradient_is_reduced_gradient(device, point, L, param, ba
                         sigma=sigma, device=device)
     c = claim.check_gradient_projection(cfg, probes.gradient_projection(cfg, omega, mu, batch, seed), batch)
     note(c.explain())
-    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 
@@ -88,7 +86,6 @@ def test_full_trajectory_follows_reduced_flow(device, th, L, param, basis, sigma
     need = claim.trajectory_need(cfg, lr=None, time=0.3, base_prompts=1, record_every=2)
     c = claim.check_trajectory_agreement(cfg, computed([need], seed)[need], time=0.3)
     note(c.explain())
-    log_comparison(c, __name__)
     assert c.agrees, c.explain()
     assert c.discriminates, c.explain()
 
@@ -108,7 +105,6 @@ def test_expansion_error_shrinks_with_L_thorough(device, seed, tasks, logit_scal
     needs = [r for runs in claim.trend_needs(cfg, Ls, tcfg, 3).values() for r in runs]
     needs += [f for L in Ls for f in claim.flow_needs(cfg, L, tcfg)] if cfg.heads <= claim.EXACT_GAP_MAX_HEADS else []
     c = claim.check_expansion_trend(cfg, Ls, tcfg, 3, computed(needs, seed), seed)
-    log_comparison(c, __name__)
     if domain["in_domain"]:
         assert c.agrees, c.explain()
         assert c.discriminates, c.explain()
@@ -148,7 +144,7 @@ def tiny(device):
 
 def test_run_tiny_profile(tiny):
     result = copy.deepcopy(tiny)
-    assert result.id == claim.CLAIM_ID
+    assert result.id == claim.SPEC.id
     assert result.verdict == "pass", result.details
     assert result.figures and result.perturbations
     assert [r["agrees"] for r in result.headline] == [True, True], result.headline

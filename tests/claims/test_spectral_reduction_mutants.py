@@ -33,7 +33,7 @@ def verdict_under(monkeypatch, name: str, profile=MUTANT_PROFILE):
     if name != "none":
         apply_mutant(monkeypatch, name)
     result = claim.run(profile=profile, seed=0)
-    print(f"\nMUTANT {name!r}: claim {claim.CLAIM_ID} verdict {result.verdict}")
+    print(f"\nMUTANT {name!r}: claim {claim.SPEC.id} verdict {result.verdict}")
     return result
 
 

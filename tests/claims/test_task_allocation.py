@@ -16,7 +16,7 @@ from hypothesis import Phase, given, note, settings, strategies as st
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
 from claims import task_allocation as claim
-from claims.core.common import Z_SE, log_comparison
+from claims.core.common import Z_SE
 from claims.core.spec import context
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
@@ -108,7 +108,6 @@ def test_inside_the_domain_every_comparison_agrees(device, problem, seed):
     assert (heads > len(tasks)) == any(n.startswith("surplus") for n in names)
     for c in comps:
         note(c.explain())
-        log_comparison(c, __name__)
         assert c.agrees, c.explain()
         assert c.discriminates, c.explain()
 
@@ -167,7 +166,7 @@ def test_compare_is_the_one_comparison():
 
 def test_run_tiny_profile(device):
     result = claim.run(profile="tiny", device=device, seed=0)
-    assert result.id == claim.CLAIM_ID
+    assert result.id == claim.SPEC.id
     assert result.verdict == "pass", result.details
     names = [row["name"] for row in result.headline]
     assert any(n.startswith("OV singular values above threshold per head") for n in names), names

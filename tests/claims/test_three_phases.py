@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import three_phases as claim
-from claims.core.common import Z_SE, log_comparison
+from claims.core.common import Z_SE
 from claims.core.spec import context, run_plan
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
@@ -61,7 +61,6 @@ def test_drawn_case_agrees_inside_domain_or_shows_its_boundary(device, problem, 
     note(f"domain {case.domain}; boundary {case.boundary}")
     for c in case.comparisons:
         note(c.explain())
-        log_comparison(c, __name__)
     if not case.domain["inside"]:
         assert case.boundary is not None and case.boundary["theory_account_holds"], case.boundary
         return
