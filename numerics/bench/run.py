@@ -23,7 +23,8 @@ from numerics.bench.memory import peak_memory
 from numerics.bench.roofline import bytes_moved, flops, item_bytes, matmul_throughput, memory_bandwidth, roofline
 from numerics.bench.steps import (AsPrograms, TrainerSteps, model_only_step, one_after_another, our_step, problem,
                                reference_step, run_set, sampling_only)
-from numerics.bench.timing import precise_float32, ratio_summary, time_interleaved
+from numerics.bench.timing import ratio_summary, time_interleaved
+from numerics.config import use_precise_float32
 
 
 def fit_exponent(sizes: list[float], seconds: list[float]) -> float:
@@ -66,7 +67,7 @@ def run_bench(bc: BenchConfig) -> dict:
     t_start = time.perf_counter()
     if bc.threads is not None:
         torch.set_num_threads(bc.threads)
-    precision = precise_float32()
+    precision = use_precise_float32()   # the project's one TF32 policy
     main = SMOKE if bc.smoke else QUICK
     paper = SMOKE if bc.smoke else PAPER
     slow_reps = 1 if bc.smoke else max(3, bc.repeats // 2)   # rounds of the seconds-long runs

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -33,22 +32,10 @@ _CACHE: dict[str, Any] = {}
 _STORE: Optional["Store"] = None
 
 
-def _canonical(obj):
-    import dataclasses
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return _canonical(dataclasses.asdict(obj))
-    if isinstance(obj, dict):
-        return {str(k): _canonical(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_canonical(v) for v in obj]
-    if hasattr(obj, "tolist"):
-        return _canonical(obj.tolist())
-    return obj
-
-
 def identity(kind: str, **parts) -> str:
     """The canonical key of a run: its kind and every part of its configuration, as sorted
-    JSON (dataclasses and tuples normalised as lists)."""
+    JSON (``numerics.engine``'s canonical form: dataclasses as dicts, tuples as lists)."""
+    from numerics.engine import _canonical
     return json.dumps({"kind": kind, **_canonical(parts)}, sort_keys=True)
 
 
@@ -76,23 +63,11 @@ class Store:
     ``skipped`` lists the others (``{"file", "reason"}``), which are trained instead."""
 
     def __init__(self, path: str | Path):
-        from numerics.stored import code_version, read_point
-        from numerics.io.files import check_inside
+        from numerics.stored import code_version, read_points
 
         self.path = Path(path)
-        points = self.path / "points"
-        if not points.is_dir():
-            raise FileNotFoundError(f"--from-sweep {str(path)!r} is not a sweep directory (no points/ inside); "
-                                    f"run `python -m numerics.sweep GRID --out {path}` first")
-        check_inside(self.path, (), "--from-sweep", directories=("points",))   # points/ itself no link
-        self.records, self.skipped = [], []
-        code = code_version()
-        for name in sorted(n for n in os.listdir(points) if n.endswith(".json") and not n.startswith(".")):
-            rec, reason = read_point(self.path, name, code=code)
-            if rec is None:
-                self.skipped.append({"file": str(points / name), "reason": reason})
-            elif rec.get("result") is not None and not rec.get("error"):
-                self.records.append(rec)
+        records, self.skipped = read_points(self.path, "--from-sweep", code=code_version())
+        self.records = [rec for rec in records if rec.get("result") is not None and not rec.get("error")]
         self.used = 0
 
     def lookup(self, point: dict, normalise: Callable[[dict], Any]) -> Optional[dict]:

@@ -47,13 +47,9 @@ from numerics.experiments import active_store, one_thread
 from numerics.readout import OUTCOME_CLASSES, SUPERPOSED_SHARE, allocation, crossing_time, end_class
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.statistics import mean_se as _mean_se
-from numerics.experiments.starts import OFF_D_RELATIVE, off_D_test  # the report's one off-D rule (its docstring)
+from numerics.experiments.starts import off_D_test  # the report's one off-D rule (its docstring)
 from numerics.train import TrainConfig, train
 
-__all__ = ["AtlasSchedule", "point_class", "cell_mix", "run_point", "check_point", "train_atlas", "escape_time",
-           "atlas_point", "Z_CONVERGED", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_needs", "panel_points",
-           "grid_of", "cell_class", "mean_se", "ratios", "panel_matrices", "class_counts", "warmup_border",
-           "record_spacing", "crossing_L", "last_and_first", "ols_slope", "escape_cells", "escape_means", "PATTERNS"]
 
 BEST_SEARCH = {"random_starts": 1, "fit_elements": 2 ** 17, "eval_prompts": 2048, "seed": 0}
 """The best decomposable point's search (numerics.experiments.probes.best_decomposable) at a

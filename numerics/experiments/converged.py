@@ -16,7 +16,7 @@ from numerics.config import ProblemConfig
 from numerics.engine import kind
 from numerics.seeds import case_seed
 from numerics.evaluate import held_out_loss, held_out_prompt_losses
-from numerics.experiments import active_store, cached, identity, one_thread
+from numerics.experiments import cached, identity, one_thread
 from numerics.readout import ALLOCATED_SHARE, allocation
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.statistics import descent_left, mean_se
@@ -375,23 +375,11 @@ def _normalise_point(point: dict):
     return (point.get("model"), json.dumps(cfg.to_dict(), sort_keys=True), TrainingSchedule(**train_fields), seed)
 
 
-def store_key(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 0) -> tuple:
-    """What a sweep store matches the run of (cfg, schedule, seed) by (its point, normalised)."""
-    return _normalise_point(converged_point(cfg, schedule, seed))
-
-
 def converged_run(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 0) -> ConvergedRun:
-    """The run of (cfg, schedule, seed): from the cache, else from the active sweep store, else
-    trained (:func:`train_converged`)."""
-    def compute():
-        st = active_store()
-        if st is not None:
-            stored = st.lookup(converged_point(cfg, schedule, seed), _normalise_point)
-            if stored is not None:
-                return from_dict(stored)
-        return train_converged(cfg, schedule, seed)
-
-    return cached(identity("converged", problem=cfg.to_dict(), schedule=schedule, seed=int(seed)), compute)
+    """The run of (cfg, schedule, seed), trained once per process (:func:`train_converged`; a
+    report reads a sweep's runs through the engine's store)."""
+    return cached(identity("converged", problem=cfg.to_dict(), schedule=schedule, seed=int(seed)),
+                  lambda: train_converged(cfg, schedule, seed))
 
 
 def from_dict(d: dict) -> ConvergedRun:
@@ -413,14 +401,15 @@ def run_point(point: dict) -> dict:
 
 
 def _window_snapshots(snaps, total: float) -> list:
-    """WINDOW_POINTS snapshots (t, model) of the polish evenly spaced over its second half
-    [total / 2, total] (the records nearest to those times)."""
-    times = np.array([t for t, _ in snaps])
-    want = np.linspace(0.5 * total, total, WINDOW_POINTS)
-    idx = sorted({int(np.argmin(np.abs(times - w))) for w in want})
-    return [snaps[i] for i in idx]
+    """WINDOW_POINTS records (t, ...) evenly spaced over the second half [total / 2, total] of a
+    stage (the records nearest to those times)."""
+    times = np.array([x[0] for x in snaps])
+    return [snaps[i] for i in sorted({int(np.argmin(np.abs(times - w)))
+                                      for w in np.linspace(0.5 * total, total, WINDOW_POINTS)})]
 
 
+@kind("converged", cost=converged_seconds, point=lambda cfg, schedule, seed: converged_point(cfg, schedule, seed),
+      normalise=_normalise_point, load=from_dict)
 @one_thread
 def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 0) -> ConvergedRun:
     """Train the full model of ``cfg`` by ``schedule`` and measure its converged loss
@@ -648,10 +637,9 @@ def _continue_on_D(cfg, run, seed, sch, reference_se):
         om, mu = np.asarray(res.omega, float), np.asarray(res.mu, float)
         t, steps, piece = t + span, steps + res.steps, piece + 1
         steps_lr.append(lr)
-        times = np.array([r[0] for r in records])
-        idx = sorted({int(np.argmin(np.abs(times - w))) for w in np.linspace(0.5 * t, t, WINDOW_POINTS)})
-        per = evaluate([(records[i][1], records[i][2]) for i in idx])
-        descent = descent_left(times[idx], per, horizon=t)
+        window = _window_snapshots(records, t)
+        per = evaluate([(r[1], r[2]) for r in window])
+        descent = descent_left([r[0] for r in window], per, horizon=t)
         loss, se = mean_se(per[-1])
         converged = descent.left <= math.hypot(se, reference_se)
         if converged:
@@ -673,13 +661,6 @@ def _continue_on_D(cfg, run, seed, sch, reference_se):
 # ---------------------------------------------------------------------------------------
 # a full model trained to its converged loss (claims 5, 6, boundary-left-allocation; sweep model "converged")
 # ---------------------------------------------------------------------------------------
-
-
-@kind("converged", cost=lambda cfg, schedule: converged_seconds(cfg, schedule),
-      point=lambda cfg, schedule, seed: converged_point(cfg, schedule, seed),
-      normalise=_normalise_point, load=from_dict)
-def converged_need_run(cfg, schedule, seed: int):
-    return train_converged(cfg, schedule, seed)
 
 
 def _continuation_cost(cfg, run, schedule, best) -> float:

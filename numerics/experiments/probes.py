@@ -441,6 +441,15 @@ class DecomposableSearch:
     fixed: int
 
 
+def _search_cost(tasks, H, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
+    # the allocated minimum, one L-BFGS-B search per start and every candidate on the evaluation sample
+    starts = (H >= len(tasks)) + (H >= len(tasks) + 1) + 1 + random_starts
+    return (exact_reduced.minima_seconds(tasks, L, 0, fit_elements)
+            + cost.fit_seconds(tasks, H, L, exact_reduced.fit_sample_size(H, L, fit_elements), starts=starts)
+            + cost.marginal_seconds(tasks, H, L, eval_prompts, points=starts + 1))
+
+
+@kind("decomposable_search", cost=_search_cost)
 def decomposable_search(tasks, H: int, L: int, sigma: float, seed: int, device="cpu", random_starts: int = 2,
                         fit_elements: int = 2 ** 19, eval_prompts: int = 4096) -> DecomposableSearch:
     """Cached: see :class:`DecomposableSearch`.  Every omega and mu free (signs free, heads
@@ -496,6 +505,13 @@ class BestDecomposable:
     C_se: float
 
 
+def _best_cost(tasks, heads, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
+    n_fit = exact_reduced.fit_sample_size(heads, L, fit_elements)
+    return (cost.fit_seconds(tasks, heads, L, n_fit, starts=2 + random_starts)
+            + cost.marginal_seconds(tasks, heads, L, eval_prompts, points=3 + random_starts))
+
+
+@kind("best_decomposable", cost=_best_cost)
 def best_decomposable(tasks, heads: int, L: int, sigma: float, seed: int, device="cpu", random_starts: int = 2,
                       fit_elements: int = 2 ** 19, eval_prompts: int = 4096) -> BestDecomposable:
     """The best decomposable point of the same H, signs free (:func:`decomposable_search`,
@@ -541,36 +557,9 @@ def candidates_at_heads(search: DecomposableSearch, full_runs: Sequence[dict]) -
             "best_decomposable": decs[_best_index(search)[0]]}
 
 
-def _best_cost(tasks, heads, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
-    n_fit = exact_reduced.fit_sample_size(heads, L, fit_elements)
-    return (cost.fit_seconds(tasks, heads, L, n_fit, starts=2 + random_starts)
-            + cost.marginal_seconds(tasks, heads, L, eval_prompts, points=3 + random_starts))
-
-
-@kind("best_decomposable", cost=_best_cost)
-def best_decomposable_run(tasks, heads: int, L: int, sigma: float, device: str, random_starts: int, fit_elements: int,
-                          eval_prompts: int, seed: int):
-    return best_decomposable(tasks, heads, L, sigma, seed, device, random_starts=random_starts,
-                                    fit_elements=fit_elements, eval_prompts=eval_prompts)
-
-
 # ---------------------------------------------------------------------------------------
 # claim 7's needs: the search at each H, the full merged models, the bridge, the constant over L
 # ---------------------------------------------------------------------------------------
-
-def _search_cost(tasks, H, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
-    # the allocated minimum, one L-BFGS-B search per start and every candidate on the evaluation sample
-    starts = (H >= len(tasks)) + (H >= len(tasks) + 1) + 1 + random_starts
-    return (exact_reduced.minima_seconds(tasks, L, 0, fit_elements)
-            + cost.fit_seconds(tasks, H, L, exact_reduced.fit_sample_size(H, L, fit_elements), starts=starts)
-            + cost.marginal_seconds(tasks, H, L, eval_prompts, points=starts + 1))
-
-
-@kind("decomposable_search", cost=_search_cost)
-def decomposable_search_run(tasks, H: int, L: int, sigma: float, device: str, random_starts: int, fit_elements: int,
-                            eval_prompts: int, seed: int) -> DecomposableSearch:
-    return decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_elements, eval_prompts)
-
 
 def _full_start_cost(tasks, H, L, extra, train_lr, train_time, train_batch, held_out_prompts, **_) -> float:
     dtype = ProblemConfig(tasks=tuple(tasks), heads=H, L=L, **dict(extra)).dtype

@@ -13,7 +13,7 @@ from numerics.io.command import command_line
 from numerics.io.options import int_option, threads_option
 from numerics.sweep.execute import resolve_point_fn
 from numerics.sweep.grid import expand_grid, load_grid
-from numerics.sweep.identity import DEFAULT_POINT_FN, point_id
+from numerics.stored import DEFAULT_POINT_FN, point_id
 from numerics.sweep.runner import run_grid
 from numerics.sweep.schedulers import check_scheduler
 from numerics.sweep.store import SWEEP_MARKER, check_sweep_files

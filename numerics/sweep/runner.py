@@ -21,8 +21,8 @@ from typing import Optional, Union
 from tqdm import tqdm
 
 from numerics.io.files import make_directories, make_dirs_inside, write_inside
-from numerics.sweep.execute import resolve_point_fn
-from numerics.sweep.identity import DEFAULT_POINT_FN, REPO_ROOT, PointFn, code_sources, code_version, fn_name, point_id
+from numerics.stored import DEFAULT_POINT_FN, REPO_ROOT, code_sources, code_version, point_id
+from numerics.sweep.execute import PointFn, fn_name, resolve_point_fn
 from numerics.sweep.schedulers import check_scheduler, require_dask, run_dask, run_pool, run_serial
 from numerics.sweep.store import Item, Sink, check_sweep_files, clean_stale_temporaries, read_point_file, utc_now
 
