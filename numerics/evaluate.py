@@ -45,6 +45,19 @@ def _check(n: int, chunk: int) -> None:
             raise ValueError(f"{name} must be an integer >= 2 (prompts to average), got {v!r}")
 
 
+def _one_problem(models) -> ProblemConfig:
+    """The problem of ``models`` (full models), which must share tasks, L, sigma, basis, dtype
+    and device to be evaluated on the same held-out prompts."""
+    for m in models:
+        if not isinstance(m, MultiHeadAttention):
+            raise TypeError(f"models must be a MultiHeadAttention, got {type(m).__name__}")
+    keys = [(c.tasks, c.L, c.sigma, c.basis, c.basis_seed, c.dtype, c.device) for c in (m.cfg for m in models)]
+    if any(k != keys[0] for k in keys):
+        raise ValueError("the models are of another problem than the first (tasks, L, sigma, basis, dtype, device): "
+                         "only models of the same problem see the same held-out prompts; evaluate them apart")
+    return models[0].cfg
+
+
 def _held_out_many(cfg: ProblemConfig, per_prompt_fns, n: int, seed: int, chunk: int) -> list[LossEstimate]:
     """Means of each ``per_prompt(prompts)`` of ``per_prompt_fns`` over the same ``n`` fresh
     prompts of cfg's problem, drawn once, in chunks from the held-out stream of ``seed`` (a
@@ -83,9 +96,7 @@ def _held_out(cfg: ProblemConfig, per_prompt, n: int, seed: int, chunk: int) -> 
 def held_out_loss(model: MultiHeadAttention, n: int = 16384, seed: int = 0, chunk: int = 4096) -> LossEstimate:
     """Loss of the full ``model`` at its current weights on ``n`` fresh prompts of its
     problem (held-out stream of ``seed``), with its standard error."""
-    if not isinstance(model, MultiHeadAttention):
-        raise TypeError(f"model must be a MultiHeadAttention, got {type(model).__name__}")
-    return _held_out(model.cfg, lambda pr: ((model(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1),
+    return _held_out(_one_problem([model]), lambda pr: ((model(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1),
                      n, seed, chunk)
 
 
@@ -95,19 +106,9 @@ def held_out_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096) ->
     them: each estimate equals the model's own held_out_loss exactly (e.g. the final models of
     numerics.train.train_many's runs of one seed)."""
     models = list(models)
-    for i, m in enumerate(models):
-        if not isinstance(m, MultiHeadAttention):
-            raise TypeError(f"models[{i}] must be a MultiHeadAttention, got {type(m).__name__}")
     if not models:
         return []
-    a = models[0].cfg
-    for i, m in enumerate(models[1:], start=1):
-        b = m.cfg
-        if (a.tasks, a.L, a.sigma, a.basis, a.basis_seed, a.dtype, a.device) != \
-                (b.tasks, b.L, b.sigma, b.basis, b.basis_seed, b.dtype, b.device):
-            raise ValueError(f"models[{i}] is of another problem than models[0] (tasks, L, sigma, basis, dtype, "
-                             "device): they would not see the same held-out prompts; evaluate them apart")
-    return _held_out_many(a, [lambda pr, m=m: ((m(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
+    return _held_out_many(_one_problem(models), [lambda pr, m=m: ((m(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
                               for m in models], n, seed, chunk)
 
 
@@ -127,14 +128,7 @@ def held_out_loss_difference(model_a: MultiHeadAttention, model_b: MultiHeadAtte
     stream of ``seed``), with the standard error of the paired difference: far smaller than
     the two separate standard errors combined when the models are close (the per-prompt
     losses are strongly correlated), which is what a test of "the loss still falls" needs."""
-    for name, m in (("model_a", model_a), ("model_b", model_b)):
-        if not isinstance(m, MultiHeadAttention):
-            raise TypeError(f"{name} must be a MultiHeadAttention, got {type(m).__name__}")
-    a, b = model_a.cfg, model_b.cfg
-    if (a.tasks, a.L, a.sigma, a.basis, a.basis_seed, a.dtype, a.device) != \
-            (b.tasks, b.L, b.sigma, b.basis, b.basis_seed, b.dtype, b.device):
-        raise ValueError("the two models must be of the same problem (tasks, L, sigma, basis, dtype, device) "
-                         "to be compared on the same prompts")
+    a = _one_problem([model_a, model_b])
 
     def per_prompt(pr):
         la = ((model_a(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
@@ -153,14 +147,7 @@ def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4
     models = list(models)
     if not models:
         raise ValueError("held_out_prompt_losses needs at least one model")
-    for m in models:
-        if not isinstance(m, MultiHeadAttention):
-            raise TypeError(f"models must be MultiHeadAttention, got {type(m).__name__}")
-    cfg = models[0].cfg
-    keys = lambda c: (c.tasks, c.L, c.sigma, c.basis, c.basis_seed, c.dtype, c.device)  # noqa: E731
-    if any(keys(m.cfg) != keys(cfg) for m in models):
-        raise ValueError("the models must be of the same problem (tasks, L, sigma, basis, dtype, device) to be "
-                         "compared on the same prompts")
+    cfg = _one_problem(models)
     _check(n, chunk)
     gen = held_out_generator(seed, cfg.device)
     out, left = [[] for _ in models], n
@@ -184,8 +171,6 @@ def hessian_top_eigenvalue(model: MultiHeadAttention, n: int = 2048, iters: int 
     quarter of the ``iters`` iterations (at least 2).  Gradient descent at step eta is stable at
     the model's weights only while eta lambda_max < 2, whatever direction the eigenvector takes:
     off D too, which theory's reduced stiffness does not see (numerics.experiments.converged)."""
-    if not isinstance(model, MultiHeadAttention):
-        raise TypeError(f"model must be a MultiHeadAttention, got {type(model).__name__}")
     _check(n, n)
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 2:
         raise ValueError(f"iters must be an integer >= 2, got {iters!r}")
