@@ -1,18 +1,14 @@
-"""The experiment layer: what the claims measure, as runs identified by their full
-configuration and computed once per report.
+"""The experiment layer: what the claims measure, as need kinds (``numerics.engine``) computed
+once per report from their full configuration.
 
 Every training run a claim needs is a function here (or in the module that owns the
-estimator), returning a frozen result type; claims call them and compare, they never loop.
-Three policies live here once:
+estimator), returning a frozen result type; claims plan and compare, they never loop.
+Two policies live here once:
 
 - **threads** (:func:`one_thread`): every run uses one torch CPU thread.  Why: on a shared
   2-core machine the small batched matmuls of these runs ran ~12x slower with 2 threads than
   with 1 (20.8 s against 1.7 s for (2, 2), L = 64: a descheduled thread stalls every parallel
   region); parallelism comes from running several runs side by side (``numerics.sweep``).
-- **the run cache** (:func:`cached`): a run is keyed by its full configuration (problem,
-  schedule, seeds, device) -- the identity the sweep uses -- and computed once per process, so
-  a run two claims need (claims 5 and 6 both train (2, 2), H = 2 at L = 32 and 64) is trained
-  once.  The cached values are frozen; callers that mutate must copy.
 - **the sweep store** (:func:`store`): inside ``with store(DIR)``, a run that a sweep
   (``python -m numerics.sweep``) has already stored in DIR is read from there instead of being
   trained, and counted (``Store.used``).
@@ -20,38 +16,15 @@ Three policies live here once:
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from numerics.engine import clear_memo as clear_cache   # forget every computed need (tests that patch call it)
 from numerics.exact_reduced import one_thread
 
-__all__ = ["one_thread", "cached", "clear_cache", "store", "active_store", "identity", "Store"]
+__all__ = ["one_thread", "clear_cache", "store", "active_store", "Store"]
 
-_CACHE: dict[str, Any] = {}
 _STORE: Optional["Store"] = None
-
-
-def identity(kind: str, **parts) -> str:
-    """The canonical key of a run: its kind and every part of its configuration, as sorted
-    JSON (``numerics.engine``'s canonical form: dataclasses as dicts, tuples as lists)."""
-    from numerics.engine import _canonical
-    return json.dumps({"kind": kind, **_canonical(parts)}, sort_keys=True)
-
-
-def cached(key: str, compute: Callable[[], Any]) -> Any:
-    """The value of ``key`` computed once per process (:func:`identity` gives the key)."""
-    if key not in _CACHE:
-        _CACHE[key] = compute()
-    return _CACHE[key]
-
-
-def clear_cache() -> None:
-    """Forget every cached run and every need the engine kept (tests that patch theory or
-    numerics call this first)."""
-    from numerics.engine import clear_memo
-    _CACHE.clear()
-    clear_memo()
 
 
 class Store:

@@ -16,7 +16,7 @@ from numerics.config import ProblemConfig
 from numerics.engine import kind
 from numerics.seeds import case_seed
 from numerics.evaluate import held_out_loss, held_out_prompt_losses
-from numerics.experiments import cached, identity, one_thread
+from numerics.experiments import one_thread
 from numerics.readout import ALLOCATED_SHARE, allocation
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.statistics import descent_left, mean_se
@@ -375,13 +375,6 @@ def _normalise_point(point: dict):
     return (point.get("model"), json.dumps(cfg.to_dict(), sort_keys=True), TrainingSchedule(**train_fields), seed)
 
 
-def converged_run(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 0) -> ConvergedRun:
-    """The run of (cfg, schedule, seed), trained once per process (:func:`train_converged`; a
-    report reads a sweep's runs through the engine's store)."""
-    return cached(identity("converged", problem=cfg.to_dict(), schedule=schedule, seed=int(seed)),
-                  lambda: train_converged(cfg, schedule, seed))
-
-
 def from_dict(d: dict) -> ConvergedRun:
     """A ConvergedRun from its ``to_dict()`` (a sweep point's stored result)."""
     names = {f.name for f in dataclasses.fields(ConvergedRun)}
@@ -585,20 +578,15 @@ def stable_step(cfg: ProblemConfig, omega, mu, lr_max: float, n: int, seed: int)
     return float(min(lr_max, 1.0 / lam)) if lam > 0 else float(lr_max)
 
 
-def continue_on_D(cfg: ProblemConfig, run, seed: int, schedule: ContinuationSchedule = QUICK_CONTINUATION,
+@one_thread
+def continue_on_D(cfg: ProblemConfig, run, seed: int, sch: ContinuationSchedule = QUICK_CONTINUATION,
                   reference_se: float = 0.0) -> ContinuedRun:
     """The run (a :class:`ConvergedRun`, of ``cfg``) followed on D by the exact reduced flow
     until converged for a comparison with a prediction of standard error ``reference_se``, or
-    the budget is spent (:class:`ContinuedRun`, :class:`ContinuationSchedule`).  Cached by the
-    run's identity, the schedule and ``reference_se``; prompt streams named from ``seed``: piece
-    k ("piece", k), the eval prompts ("evaluation"), the Hessians ("hessian", k)."""
-    key = identity("continued", problem=cfg.to_dict(), run=run["schedule"], run_seed=run["seed"], seed=int(seed),
-                   schedule=schedule, reference_se=float(reference_se))
-    return cached(key, lambda: _continue_on_D(cfg, run, int(seed), schedule, float(reference_se)))
-
-
-@one_thread
-def _continue_on_D(cfg, run, seed, sch, reference_se):
+    the budget is spent (:class:`ContinuedRun`, :class:`ContinuationSchedule`); prompt streams
+    named from ``seed``: piece k ("piece", k), the eval prompts ("evaluation"), the Hessians
+    ("hessian", k)."""
+    seed, reference_se = int(seed), float(reference_se)
     from numerics import exact_reduced
     from numerics.train import train_reduced
     from numerics.model import TrainingDiverged
@@ -674,4 +662,4 @@ def _continuation_cost(cfg, run, schedule, best) -> float:
 def continuation_run(cfg, run, schedule, best, seed: int):
     """A trained run that left the allocated set followed on D (``converged.continue_on_D``),
     converged for a comparison with the best decomposable point ``best`` (its standard error)."""
-    return _continue_on_D(cfg, run, int(seed), schedule, float(best.se))
+    return continue_on_D(cfg, run, seed, schedule, best.se)

@@ -17,9 +17,8 @@ they never loop).
   candidates at H (:func:`candidates_at_heads`), the best point run as a full model
   (:func:`best_as_full_model`) and the constant at 2m heads at one L (:func:`constant_row`).
 
-Every function runs with one torch thread (``numerics.experiments.one_thread``); the searches,
-which other claims may ask for again, are cached by their full identity.  The runs claims 1, 2 and 7
-plan are need kinds (``numerics.engine``), registered beside the function each runs.
+Every function runs with one torch thread (``numerics.experiments.one_thread``).  The runs claims
+1, 2 and 7 plan are need kinds (``numerics.engine``), registered beside the function each runs.
 """
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ from numerics.engine import kind
 from numerics.data import make_generator, sample_prompts
 from numerics.evaluate import held_out_loss
 from numerics.exact_reduced import FamilyMinimum, allocated_minimum, best_found_minimum, measure, minimise_family
-from numerics.experiments import cached, identity, one_thread
+from numerics.experiments import one_thread
 from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
 from numerics.statistics import paired_ratio
 from numerics.model import (MultiHeadAttention, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values,
@@ -450,22 +449,14 @@ def _search_cost(tasks, H, L, sigma, device, random_starts, fit_elements, eval_p
 
 
 @kind("decomposable_search", cost=_search_cost)
+@one_thread
 def decomposable_search(tasks, H: int, L: int, sigma: float, seed: int, device="cpu", random_starts: int = 2,
                         fit_elements: int = 2 ** 19, eval_prompts: int = 4096) -> DecomposableSearch:
-    """Cached: see :class:`DecomposableSearch`.  Every omega and mu free (signs free, heads
-    shared between tasks), one local search per start (numerics.exact_reduced.minimise_family)
-    on a fit sample of ``fit_elements`` (prompts x H x L), evaluated on ``eval_prompts`` paired
-    prompts.  Seeds: the cases "allocated fit", "fit", "evaluation" and "random starts" of ``seed``."""
-    tasks = tuple(int(r) for r in tasks)
-    key = identity("decomposable_search", tasks=tasks, H=int(H), L=int(L), sigma=float(sigma), seed=int(seed),
-                   device=str(device), random_starts=int(random_starts), fit_elements=int(fit_elements),
-                   eval_prompts=int(eval_prompts))
-    return cached(key, lambda: _decomposable_search(tasks, int(H), int(L), float(sigma), int(seed), device,
-                                                    int(random_starts), int(fit_elements), int(eval_prompts)))
-
-
-@one_thread
-def _decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_elements, eval_prompts):
+    """See :class:`DecomposableSearch`.  Every omega and mu free (signs free, heads shared
+    between tasks), one local search per start (numerics.exact_reduced.minimise_family) on a fit
+    sample of ``fit_elements`` (prompts x H x L), evaluated on ``eval_prompts`` paired prompts.
+    Seeds: the cases "allocated fit", "fit", "evaluation" and "random starts" of ``seed``."""
+    tasks, H, L, sigma, seed = tuple(int(r) for r in tasks), int(H), int(L), float(sigma), int(seed)
     m = len(tasks)
     alloc = allocated_minimum(tasks, L, sigma, case_seed(seed, "allocated fit"), device, fit_elements)
     full = np.ones((H, m), bool)
@@ -514,8 +505,8 @@ def _best_cost(tasks, heads, L, sigma, device, random_starts, fit_elements, eval
 @kind("best_decomposable", cost=_best_cost)
 def best_decomposable(tasks, heads: int, L: int, sigma: float, seed: int, device="cpu", random_starts: int = 2,
                       fit_elements: int = 2 ** 19, eval_prompts: int = 4096) -> BestDecomposable:
-    """The best decomposable point of the same H, signs free (:func:`decomposable_search`,
-    cached): the candidate of highest paired C = allocated / candidate, i.e. lowest loss on the
+    """The best decomposable point of the same H, signs free (:func:`decomposable_search`): the
+    candidate of highest paired C = allocated / candidate, i.e. lowest loss on the
     shared evaluation prompts.  Cost (quick profile's sizes, 2 idle cores, one thread):
     about 1-3 s per H at (2, 2), L = 64 (one L-BFGS search per start)."""
     s = decomposable_search(tasks, heads, L, sigma, seed, device, random_starts, fit_elements, eval_prompts)
