@@ -338,14 +338,20 @@ class ConvergedRun(_RunRecord):
 
 
 
+def pop_seed(fields: dict) -> int:
+    """A sweep point's ``train.seed`` (default 0), taken out of its [train] fields: an integer in [0, 2^63)."""
+    seed = fields.pop("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise ValueError(f"grid: train.seed must be an integer in [0, 2^63), got {seed!r}")
+    return seed
+
+
 def check_schedule(fields: dict, L: int = 1) -> TrainingSchedule:
     """A sweep point's [train] section of a converged run (TrainingSchedule fields and
     ``seed``) validated before any point runs: both phases must be valid TrainConfigs (positive
     finite step and time, a sane step count), the token counts positive integers."""
     fields = dict(fields)
-    seed = fields.pop("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
-        raise ValueError(f"grid: train.seed must be an integer in [0, 2^63), got {seed!r}")
+    seed = pop_seed(fields)
     sch = TrainingSchedule(**fields)
     for name in ("tokens", "polish_tokens", "held_out_tokens", "held_out_min", "min_batch", "descent_tokens"):
         v = getattr(sch, name)

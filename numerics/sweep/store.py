@@ -18,22 +18,12 @@ from pathlib import Path
 from typing import Optional, Union
 
 from numerics.io.files import append_inside, check_inside, write_inside
-from numerics.io.files import clean_stale_temporaries as _clean
 from numerics.sweep.grid import canonical
-from numerics.stored import canonical_json, read_point, read_points
+from numerics.stored import canonical_json, read_points
 
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def read_point_file(path: Path, code: Optional[str] = None) -> Optional[dict]:
-    """The record stored at ``path`` (``DIR/points/<id>.json``), or None when it is absent or
-    not usable (then the point is run again and the file replaced): the one reader,
-    :func:`numerics.stored.read_point` (no link followed, size checked first, the id its own
-    hash, with ``code`` this code version)."""
-    path = Path(path)
-    return read_point(path.parent.parent, path.name, code=code)[0]
 
 
 def load_results(out_dir: Union[str, Path], code: Optional[str] = None) -> list[dict]:
@@ -72,13 +62,6 @@ def select_results(records: list[dict], model: Optional[str] = None, include_fai
         if key not in latest or record.get("finished_at", "") >= latest[key].get("finished_at", ""):
             latest[key] = record
     return list(latest.values())
-
-
-def clean_stale_temporaries(points_dir: Path, older_than_s: float = 3600.0) -> list:
-    """Remove the temporaries of a writer killed between write and rename: only the project's
-    own (a marked name, :func:`numerics.io.files.is_own_temporary`), older than an hour (a live
-    writer's are younger), never through a link (:func:`numerics.io.files.clean_stale_temporaries`)."""
-    return _clean(points_dir, older_than_s)
 
 
 SWEEP_MARKER = "points"
