@@ -22,7 +22,7 @@ from numerics.bench.config import (AUTHORS, BATCHED_KINDS, BATCHED_RUNS, BATCHED
 from numerics.bench.memory import peak_memory
 from numerics.bench.roofline import bytes_moved, flops, item_bytes, matmul_throughput, memory_bandwidth, roofline
 from numerics.bench.steps import (AsPrograms, TrainerSteps, model_only_step, one_after_another, our_step, problem,
-                               reference_step, run_set, sampling_only)
+                                  run_set, sampling_only)
 from numerics.bench.timing import ratio_summary, time_interleaved
 from numerics.config import use_precise_float32
 
@@ -141,7 +141,7 @@ def _step_comparison(bc: BenchConfig, cfg, B: int, dt: str) -> tuple[dict, dict]
     trainer = TrainerSteps(cfg, B, steps=3, seed=bc.seed)   # 2 timed steps per round
     t = time_interleaved({
         "trainer": trainer,
-        "reference": reference_step(cfg, B, bc.seed),
+        "reference": our_step(cfg, B, bc.seed, "reference"),
         "bare_step": our_step(cfg, B, bc.seed),
         "sampling": sampling_only(cfg, B, bc.seed),
         "model_only": model_only_step(cfg, B, "ours", bc.seed),
@@ -271,7 +271,7 @@ def _paper_step(bc: BenchConfig, paper: dict, slow_reps: int, progress: _Progres
                "sampling": sampling_only(cfg, B, bc.seed),
                "model_only": model_only_step(cfg, B, "ours", bc.seed)}
         if bc.device.startswith("cuda"):
-            fns["reference"] = reference_step(cfg, B, bc.seed)
+            fns["reference"] = our_step(cfg, B, bc.seed, "reference")
         t = time_interleaved(fns, slow_reps, min(bc.warmup, 1), bc.device)
         fns.clear()
         res = {"trainer_seconds": t["trainer"], "sampling_seconds": t["sampling"],
