@@ -13,8 +13,8 @@ import torch
 
 from numerics.bench.steps import our_step, problem
 from numerics.bench.timing import sync
+from numerics.stored import REPO_ROOT
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def peak_memory(sizes: dict, dtype: str, device: str, which: str = "ours", seed: int = 0,
@@ -47,7 +47,7 @@ def peak_memory(sizes: dict, dtype: str, device: str, which: str = "ours", seed:
         return {"bytes": int(peak), "method": "torch.cuda.max_memory_allocated"}
     payload = json.dumps({"sizes": {**sizes, "tasks": list(sizes["tasks"])}, "dtype": dtype,
                           "which": which, "seed": seed, "threads": torch.get_num_threads()})
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", "import sys; from numerics.bench.memory import "
                            "_peak_memory_child as f; f(sys.argv[1])", payload],
                           capture_output=True, text=True, env=env, timeout=900)

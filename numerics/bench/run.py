@@ -25,6 +25,7 @@ from numerics.bench.steps import (AsPrograms, TrainerSteps, model_only_step, one
                                   run_set, sampling_only)
 from numerics.bench.timing import ratio_summary, time_interleaved
 from numerics.config import use_precise_float32
+from numerics.stored import REPO_ROOT
 
 
 def fit_exponent(sizes: list[float], seconds: list[float]) -> float:
@@ -341,7 +342,7 @@ def report_profile_seconds(profile: str, device: str, timeout: float, command: l
     """Wall time of ``python -m reports.build --profile PROFILE`` in a subprocess writing into
     a temporary directory (removed afterwards), from this checkout (cwd and PYTHONPATH set to
     the repository root); ``command`` replaces the command line (tests)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = str(REPO_ROOT)
     with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
         cmd = command or [sys.executable, "-m", "reports.build", "--profile", profile, "--device", device,
                           "--out", os.path.join(tmp, "report"), "--no-progress"]
