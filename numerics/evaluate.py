@@ -14,6 +14,7 @@ prompts it trained on.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -43,6 +44,11 @@ def _check(n: int, chunk: int) -> None:
     for name, v in (("n", n), ("chunk", chunk)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 2:
             raise ValueError(f"{name} must be an integer >= 2 (prompts to average), got {v!r}")
+
+
+def prompt_losses(model, prompts) -> torch.Tensor:
+    """The per-prompt loss ||y_q - y_hat||^2 of the full ``model`` on ``prompts``."""
+    return ((model(prompts.context, prompts.query) - prompts.target) ** 2).sum(dim=-1)
 
 
 def _one_problem(models) -> ProblemConfig:
@@ -87,17 +93,10 @@ def _from_sums(total: float, total2: float, count: int) -> LossEstimate:
     return LossEstimate(mean=mean, se=math.sqrt(var / count), n=count)
 
 
-def _held_out(cfg: ProblemConfig, per_prompt, n: int, seed: int, chunk: int) -> LossEstimate:
-    """Mean of ``per_prompt(prompts)`` over ``n`` fresh prompts of cfg's problem, drawn in
-    chunks from the held-out stream of ``seed``, with its standard error."""
-    return _held_out_many(cfg, [per_prompt], n, seed, chunk)[0]
-
-
 def held_out_loss(model: MultiHeadAttention, n: int = 16384, seed: int = 0, chunk: int = 4096) -> LossEstimate:
     """Loss of the full ``model`` at its current weights on ``n`` fresh prompts of its
     problem (held-out stream of ``seed``), with its standard error."""
-    return _held_out(_one_problem([model]), lambda pr: ((model(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1),
-                     n, seed, chunk)
+    return _held_out_many(_one_problem([model]), [functools.partial(prompt_losses, model)], n, seed, chunk)[0]
 
 
 def held_out_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096) -> list[LossEstimate]:
@@ -108,8 +107,8 @@ def held_out_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096) ->
     models = list(models)
     if not models:
         return []
-    return _held_out_many(_one_problem(models), [lambda pr, m=m: ((m(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
-                              for m in models], n, seed, chunk)
+    return _held_out_many(_one_problem(models), [functools.partial(prompt_losses, m) for m in models], n, seed,
+                          chunk)
 
 
 def held_out_reduced_loss(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
@@ -119,7 +118,7 @@ def held_out_reduced_loss(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: i
     _check(n, chunk)
     omega = torch.as_tensor(omega, dtype=cfg.torch_dtype, device=cfg.device)
     mu = torch.as_tensor(mu, dtype=cfg.torch_dtype, device=cfg.device)
-    return _held_out(cfg, lambda pr: per_prompt_reduced_losses(omega, mu, pr, cfg), n, seed, chunk)
+    return _held_out_many(cfg, [lambda pr: per_prompt_reduced_losses(omega, mu, pr, cfg)], n, seed, chunk)[0]
 
 
 def held_out_loss_difference(model_a: MultiHeadAttention, model_b: MultiHeadAttention, n: int = 16384,
@@ -131,10 +130,8 @@ def held_out_loss_difference(model_a: MultiHeadAttention, model_b: MultiHeadAtte
     a = _one_problem([model_a, model_b])
 
     def per_prompt(pr):
-        la = ((model_a(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
-        lb = ((model_b(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
-        return la - lb
-    return _held_out(a, per_prompt, n, seed, chunk)
+        return prompt_losses(model_a, pr) - prompt_losses(model_b, pr)
+    return _held_out_many(a, [per_prompt], n, seed, chunk)[0]
 
 
 def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096):
@@ -155,7 +152,7 @@ def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4
         while left > 0:
             pr = sample_prompts(cfg, min(chunk, left), gen)
             for k, m in enumerate(models):
-                out[k].append(((m(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1).double().cpu().numpy())
+                out[k].append(prompt_losses(m, pr).double().cpu().numpy())
             left -= chunk
     return np.array([np.concatenate(v) for v in out])
 
@@ -184,7 +181,7 @@ def hessian_top_eigenvalue(model: MultiHeadAttention, n: int = 2048, iters: int 
         norm = torch.sqrt(sum((x * x).sum() for x in v))
         v = [x / norm for x in v]
         pr = sample_prompts(cfg, n, gen)
-        loss = ((model(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1).mean()
+        loss = prompt_losses(model, pr).mean()
         grads = torch.autograd.grad(loss, params, create_graph=True)
         hv = torch.autograd.grad(sum((g * x).sum() for g, x in zip(grads, v)), params)
         quotients.append(float(sum((h * x).sum() for h, x in zip(hv, v))))
