@@ -135,16 +135,6 @@ def _is_number(v) -> bool:
         return False
 
 
-def check_path(path: str, name: str = "checkpoint") -> None:
-    """A checkpoint path that exists must be a regular file (a FIFO would block the read for
-    ever, a device or directory is no checkpoint); nothing is opened."""
-    if os.path.isdir(path):
-        raise CheckpointError(f"{name} {path} is a directory; give a file name such as run.ckpt")
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise CheckpointError(f"{name} {path} is not a regular file (a FIFO, socket or device); a checkpoint is "
-                              f"written and read back as a regular file: choose another {name} path")
-
-
 MAX_BYTES = 2 ** 30
 """The largest checkpoint read: the trainer's longest run (10^7 steps) keeps 80 MB of losses."""
 
@@ -168,22 +158,16 @@ def load(path: str) -> dict:
     """The checkpoint dict of the file at ``path`` (weights_only: plain tensors and
     containers, nothing unpickled; checked before loading by :func:`_load_bytes`), with exactly
     the keys :data:`FIELDS`; its values are checked by :func:`read`."""
-    check_path(path)
     data = _load_bytes(path)
     try:
         ck = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if "weights_only" not in str(exc):
-            raise CheckpointError(f"checkpoint {path!r} exists but is not a readable numerics.train checkpoint "
-                                  "(corrupt or truncated); delete it to start afresh, or choose another checkpoint "
-                                  "path") from None
-        raise CheckpointError(f"checkpoint {path!r} holds objects other than tensors and plain containers, which "
-                              "are never unpickled (weights_only): not a readable numerics.train checkpoint; delete "
-                              "it to start afresh, or choose another checkpoint path") from None
-    except Exception:
-        raise CheckpointError(f"checkpoint {path!r} exists but is not a readable numerics.train checkpoint (corrupt, "
-                              "truncated or another kind of file); delete it to start afresh, or choose another "
-                              "checkpoint path") from None
+    except Exception as exc:
+        what = ("holds objects other than tensors and plain containers, which are never unpickled (weights_only): "
+                "not a readable numerics.train checkpoint" if isinstance(exc, pickle.UnpicklingError)
+                and "weights_only" in str(exc) else "exists but is not a readable numerics.train checkpoint "
+                "(corrupt, truncated or another kind of file)")
+        raise CheckpointError(f"checkpoint {path!r} {what}; delete it to start afresh, or choose another checkpoint "
+                              "path") from None
     if not isinstance(ck, dict) or not all(isinstance(k, str) for k in ck):
         what = "a dict whose keys are not all names" if isinstance(ck, dict) else f"a {type(ck).__name__}"
         raise CheckpointError(f"checkpoint {path!r} is a torch file of {what}, not a numerics.train checkpoint (a "

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from theory._validate import check_positive_int, check_sigma, check_tasks
-from numerics.io.options import SEED_MAX
+from numerics.io.command import SEED_MAX, check_device_option as check_device
 
 BASES = ("identity", "random")
 PARAMS = ("factored", "merged")
@@ -73,30 +73,6 @@ def _is_int(x) -> bool:
 
 def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def check_device(device) -> str:
-    """Normalise a device name; raise ValueError if it is unknown or not available here."""
-    if isinstance(device, torch.device):
-        device = str(device)
-    if not isinstance(device, str):
-        raise TypeError(f"device must be a string such as 'cpu', 'cuda' or 'cuda:0', got {device!r}")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError) as exc:
-        raise ValueError(f"unknown device {device!r}: allowed are 'cpu', 'cuda' and 'cuda:N' ({exc})") from None
-    if dev.type == "cpu":
-        return "cpu"
-    if dev.type != "cuda":
-        raise ValueError(f"device {device!r} is not supported: allowed are 'cpu', 'cuda' and 'cuda:N'")
-    if not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} was requested but no CUDA device is available on this "
-                         "machine; use device='cpu'")
-    if dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"device {device!r} does not exist: this machine has "
-                         f"{torch.cuda.device_count()} CUDA device(s) (cuda:0 .. "
-                         f"cuda:{torch.cuda.device_count() - 1})")
-    return str(dev)
 
 
 def use_precise_float32() -> dict:
@@ -181,18 +157,14 @@ class ProblemConfig:
         set_("heads", check_positive_int("heads", self.heads))
         set_("L", check_positive_int("L", self.L))
         set_("sigma", check_sigma(self.sigma))
-        if self.basis not in BASES:
-            raise ValueError(f"basis must be one of {BASES}, got {self.basis!r}")
-        if self.param not in PARAMS:
-            raise ValueError(f"param must be one of {PARAMS}, got {self.param!r}")
-        if not _is_real(self.logit_scale) or not math.isfinite(self.logit_scale) or self.logit_scale <= 0:
-            raise ValueError(f"logit_scale s must be a finite number > 0, got {self.logit_scale!r}")
-        set_("logit_scale", float(self.logit_scale))
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if not _is_real(self.init_scale) or not math.isfinite(self.init_scale) or self.init_scale <= 0:
-            raise ValueError(f"init_scale must be a finite number > 0, got {self.init_scale!r}")
-        set_("init_scale", float(self.init_scale))
+        for name, allowed in (("basis", BASES), ("param", PARAMS), ("init", INITS), ("dtype", DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for name, shown in (("logit_scale", "logit_scale s"), ("init_scale", "init_scale")):
+            v = getattr(self, name)
+            if not _is_real(v) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{shown} must be a finite number > 0, got {v!r}")
+            set_(name, float(v))
         for name in ("basis_seed", "init_seed"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0 or v > SEED_MAX:
@@ -212,9 +184,7 @@ class ProblemConfig:
         if self.init in ("linear_default", "authors_small") and self.param != "factored":
             raise ValueError(f"init={self.init!r} is defined on the factors K, Q, V, O of the authors' module and "
                              "needs param='factored'; merged weights have no factors")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        set_("device", check_device(self.device))
+        set_("device", check_device(self.device, "device"))
 
     # --- derived quantities -------------------------------------------------------------
     @property

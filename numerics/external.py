@@ -75,7 +75,6 @@ from .evaluate import LossEstimate, held_out_loss, held_out_loss_difference, hel
 from .model import MultiHeadAttention, factor_balance
 from .readout import allocation, zero_sum_ratio
 
-LAYOUTS = ("auto", "authors", "project", "factored", "merged")
 
 MAX_CHECKPOINT_BYTES = 512 * 2 ** 20
 """The largest file read (512 MiB).  The models audited here are a few layers of (d + m)^2 numbers:
@@ -83,9 +82,9 @@ the authors' configuration (d = 50, m = 3, H = 3) is 0.1 MB, d = 1000 with 8 hea
 a project checkpoint adds its per-step losses (8 bytes a step, 80 MB at the trainer's limit of 10^7
 steps).  A larger file is another kind of file, or a model this class does not describe."""
 
-AUTHORS_KEYS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
-FACTORED_KEYS = ("K", "Q", "V", "O")
-MERGED_KEYS = ("W", "U")
+LAYOUT_KEYS = {"authors": ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"),
+               "factored": ("K", "Q", "V", "O"), "merged": ("W", "U")}
+"""The arrays of each layout of weights (module docstring)."""
 TIME_KEYS = ("time", "t")
 STEP_KEYS = ("step", "global_step", "iteration")
 NESTED_KEYS = ("state_dict", "model_state_dict", "model", "weights", "params")
@@ -172,19 +171,12 @@ def _sniff(data: bytes) -> str:
     return "unknown"
 
 
-def _budget() -> Optional[int]:
-    """Bytes a file's expanded content may take (numerics.io.handed: half of what this process can
-    still take); None where the machine does not say."""
-    free = handed.memory_available()
-    return None if free is None else int(handed.MEMORY_FRACTION * free)
-
-
 def _torch_load(path: str, data: bytes):
     """A torch file checked before it is loaded (its archive and pickle bounded:
     numerics.io.handed.check_torch_archive), loaded weights-only, and every tensor in it dense, in
     the file and no larger than its storage (numerics.checkpoint.dense_problem)."""
     try:
-        handed.check_torch_archive(data, _budget())
+        handed.check_torch_archive(data, handed.memory_budget())
     except ValueError as exc:
         raise _fail(path, f"a torch file refused before loading: {exc}") from None
     try:
@@ -218,7 +210,7 @@ def _zip_load(path: str, data: bytes):
     """A zip archive is a torch file (it holds a data.pkl) or an npz (only .npy members), each
     read by its directory first (numerics.io.handed)."""
     try:
-        archive, members = handed.zip_members(data, _budget())
+        archive, members = handed.zip_members(data, handed.memory_budget())
     except ValueError as exc:
         raise _fail(path, f"a zip archive refused: {exc}") from None
     if any(info.filename.endswith("data.pkl") for info in members):
@@ -252,7 +244,7 @@ def _json_load(path: str, data: bytes):
         raise _fail(path, str(exc)) from None
     try:
         return handed.parse_json(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:       # UnicodeDecodeError is one
         raise _fail(path, f"not valid JSON: truncated or corrupt ({str(exc)[:160]})") from None
 
 
@@ -397,7 +389,7 @@ def _common_prefix(keys) -> Optional[str]:
     for k in keys:
         if isinstance(k, str) and k.endswith("q_proj.weight"):
             p = k[: -len("q_proj.weight")]
-            if (p == "" or p.endswith(".")) and all(p + a in keys for a in AUTHORS_KEYS):
+            if (p == "" or p.endswith(".")) and all(p + a in keys for a in LAYOUT_KEYS["authors"]):
                 return p
     return None
 
@@ -412,10 +404,9 @@ def _pick(entries: dict) -> tuple[str, str]:
     p = _common_prefix(keys)
     if p is not None:
         return "authors", f"keys {p}q_proj.weight, {p}k_proj.weight, {p}v_proj.weight, {p}o_proj.weight"
-    if set(FACTORED_KEYS) <= keys:
-        return "factored", "arrays K, Q, V, O"
-    if set(MERGED_KEYS) <= keys:
-        return "merged", "arrays W, U"
+    for layout in ("factored", "merged"):
+        if set(LAYOUT_KEYS[layout]) <= keys:
+            return layout, f"arrays {', '.join(LAYOUT_KEYS[layout])}"
     shown = sorted(str(k) for k in keys)[:8]
     raise CheckpointError(f"holds {shown}{' ...' if len(keys) > 8 else ''}: none of the layouts (authors: "
                           "q_proj/k_proj/v_proj/o_proj.weight; factored: K, Q, V, O, logit_scale; merged: W, U; "
@@ -478,8 +469,6 @@ def read_checkpoint(path, layout: str = "auto", logit_scale: Optional[float] = N
     wrong, before any computation.  ``logit_scale``: the s of a factored file that does not
     carry one (refused where the file or the layout fixes it).  ``tasks``: the problem's block
     sizes, against which the arrays' declared shapes are checked before they are read."""
-    if layout not in LAYOUTS:
-        raise CheckpointError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     text = os.fspath(path)
     data = _read_bytes(text, max_bytes)
     try:
@@ -513,9 +502,7 @@ def _read(text: str, data: bytes, layout: str, logit_scale, tasks) -> ExternalMo
         return _project(text, entries, fmt, common)
     time_, step, source = _time_entry(text, entries)
     common.update(time=time_, step=step, time_source=source)
-    if picked == "authors":
-        return _authors(text, entries, logit_scale, common, tasks)
-    return _named(text, entries, picked, logit_scale, common, tasks)
+    return _layout_model(text, entries, picked, logit_scale, common, tasks)
 
 
 _TASK_AXES = {"q_proj.weight": ((1, "D"),), "k_proj.weight": ((1, "D"),), "v_proj.weight": ((1, "D"),),
@@ -542,101 +529,101 @@ def _check_raw(path: str, raw: dict, tasks: Optional[tuple]) -> None:
         raise _fail(path, str(exc)) from None
 
 
-def _authors(path: str, entries: dict, logit_scale, common: dict, tasks=None) -> ExternalModel:
-    if logit_scale is not None:
-        raise _fail(path, "--logit-scale does not apply to the authors' layout: its logits are scaled by (d + m)^(-1/2)")
-    p = _common_prefix(set(entries))
-    raw = {k: entries[p + k] for k in AUTHORS_KEYS}
-    _check_raw(path, raw, tasks)
-    extra = sorted(str(k) for k, v in entries.items()
-                   if (torch.is_tensor(v) or isinstance(v, np.ndarray)) and k not in {p + a for a in AUTHORS_KEYS}
-                   and k not in TIME_KEYS + STEP_KEYS)
-    biases = [k for k in extra if k.endswith(".bias")]
+def _extras(path: str, entries: dict, layout: str, taken: set) -> list:
+    """Notes on the arrays of a file besides its layout's (and its time, step and logit_scale):
+    the authors' all-zero biases are ignored; any other array is another model's, refused."""
+    extra = sorted(str(k) for k, v in entries.items() if (torch.is_tensor(v) or isinstance(v, np.ndarray))
+                   and k not in taken and k not in TIME_KEYS + STEP_KEYS + ("logit_scale",))
     notes = []
-    for k in biases:
-        b = _array(path, k, entries[k])
-        if np.any(b != 0):
-            raise _fail(path, f"{k} is a nonzero bias; this model has none (docs/model.md: one layer of attention, no "
-                              "biases), so these weights are another model")
-        notes.append(f"{k} is all zero (ignored)")
-    others = [k for k in extra if k not in biases]
+    for k in (extra if layout == "authors" else ()):
+        if k.endswith(".bias"):
+            if np.any(_array(path, k, entries[k]) != 0):
+                raise _fail(path, f"{k} is a nonzero bias; this model has none (docs/model.md: one layer of attention, "
+                                  "no biases), so these weights are another model")
+            notes.append(f"{k} is all zero (ignored)")
+    others = [k for k in extra if not (layout == "authors" and k.endswith(".bias"))]
     if others:
-        raise _fail(path, f"holds weights besides the attention's q/k/v/o projections ({others[:4]}); this model "
-                          "is one attention layer and nothing else, so these weights are another model")
-    arr = {k: _array(path, k, v) for k, v in raw.items()}
-    q, k_, v, o = (arr[n] for n in AUTHORS_KEYS)
-    if any(a.ndim != 2 for a in arr.values()):
-        raise _fail(path, "q_proj/k_proj/v_proj/o_proj.weight must be matrices, got shapes "
-                          + ", ".join(f"{n} {tuple(a.shape)}" for n, a in arr.items()))
+        what = ("weights besides the attention's q/k/v/o projections" if layout == "authors" else
+                f"arrays besides {', '.join(LAYOUT_KEYS[layout])}{' and logit_scale' if layout == 'factored' else ''}")
+        raise _fail(path, f"holds {what} ({others[:4]}); this model is one attention layer and nothing else, so these "
+                          "weights are another model")
+    return notes
+
+
+def _logit_scale(path: str, entries: dict, layout: str, given) -> tuple[Optional[float], list]:
+    """(s, notes): the file's logit_scale or ``--logit-scale`` for a factored file (exactly one of
+    them); none for the authors' layout (s = sqrt(d + m) by their module) or a merged file."""
+    if layout == "authors" and given is not None:
+        raise _fail(path, "--logit-scale does not apply to the authors' layout: its logits are scaled by (d + m)^(-1/2)")
+    if layout == "merged" and ("logit_scale" in entries or given is not None):
+        raise _fail(path, "a merged file has no logit scale (W_h multiplies the tokens directly); drop logit_scale, or "
+                          "give K, Q, V, O as a factored file")
+    if layout != "factored":
+        return None, []
+    if "logit_scale" in entries:
+        if given is not None:
+            raise _fail(path, "the file carries its logit_scale; --logit-scale would be ignored: drop it")
+        return _scalar(path, "logit_scale", entries["logit_scale"], 0.0, above=True, text=True), []
+    if given is None:
+        raise _fail(path, "a factored file needs logit_scale (the s of W_h = K_h^T Q_h / s): store it beside K, Q, V, O "
+                          "(0-d array, or safetensors metadata), or pass --logit-scale")
+    if not given > 0:
+        raise _fail(path, f"logit_scale must be > 0, got {given}")
+    return float(given), [f"logit scale {float(given):g} from --logit-scale"]
+
+
+def _authors_factors(path: str, arr: dict) -> tuple[dict, str]:
+    """K, Q, V, O of the authors' projections (module docstring): rows h D .. (h+1) D of q_proj,
+    k_proj, v_proj and columns h D .. (h+1) D of o_proj are head h."""
+    q, k_, v, o = (arr[n] for n in LAYOUT_KEYS["authors"])
     if not (q.shape == k_.shape == v.shape):
         raise _fail(path, f"q_proj, k_proj, v_proj must have one shape (H (d+m), d+m), got {q.shape}, {k_.shape}, {v.shape}")
     rows, D = q.shape
     if D < 2 or rows < D or rows % D:
         raise _fail(path, f"q_proj.weight has shape {q.shape}: its rows ({rows}) must be H x its columns (d + m = {D}), "
                           "H >= 1 heads of width d + m >= 2, in the authors' layout")
-    H = rows // D
-    m = o.shape[0]
+    H, m = rows // D, o.shape[0]
     if o.shape[1] != rows:
         raise _fail(path, f"o_proj.weight has shape {o.shape}; it must be (m, H (d+m)) = (m, {rows}) to read the {H} "
                           "concatenated heads")
-    if not 1 <= m < D:
-        raise _fail(path, f"o_proj.weight has {m} rows (m outputs) for tokens of width {D}: need 1 <= m < d + m")
-    _finite(path, arr)
-    K, Q, V = (x.reshape(H, D, D) for x in (k_, q, v))       # rows h D .. (h+1) D are head h
-    O = o.reshape(m, H, D).transpose(1, 0, 2)
-    return ExternalModel(layout="authors", param="factored", heads=H, m=m, token_dim=D, logit_scale=math.sqrt(D),
-                         weights={"K": K, "Q": Q, "V": V, "O": O}, stored_dtype=_stored_dtype(raw.values()),
-                         notes=tuple(notes + [f"authors' layout: H = {H} heads of width d + m = {D}, logit scale "
-                                              f"sqrt({D}) = {math.sqrt(D):.6g}"]), **common)
+    factors = {"K": k_.reshape(H, D, D), "Q": q.reshape(H, D, D), "V": v.reshape(H, D, D),
+               "O": o.reshape(m, H, D).transpose(1, 0, 2)}
+    return factors, f"authors' layout: H = {H} heads of width d + m = {D}, logit scale sqrt({D}) = {math.sqrt(D):.6g}"
 
 
-def _named(path: str, entries: dict, layout: str, logit_scale, common: dict, tasks=None) -> ExternalModel:
-    names = FACTORED_KEYS if layout == "factored" else MERGED_KEYS
-    raw = {k: entries[k] for k in names}
+def _layout_model(path: str, entries: dict, layout: str, given_scale, common: dict, tasks=None) -> ExternalModel:
+    """The weights of an ``authors``, ``factored`` or ``merged`` file (:data:`LAYOUT_KEYS`), every
+    shape checked, mapped onto this project's factored model (K, Q, V, O of width d + m) or merged
+    one (W, U)."""
+    keys, ndim = LAYOUT_KEYS[layout], (2 if layout == "authors" else 3)
+    prefix = _common_prefix(set(entries)) if layout == "authors" else ""
+    s, notes = _logit_scale(path, entries, layout, given_scale)
+    raw = {k: entries[prefix + k] for k in keys}
     _check_raw(path, raw, tasks)
+    notes = _extras(path, entries, layout, {prefix + k for k in keys}) + notes
     arr = {k: _array(path, k, v) for k, v in raw.items()}
-    extra = sorted(str(k) for k, v in entries.items() if k not in names and k not in TIME_KEYS + STEP_KEYS
-                   and k != "logit_scale" and (torch.is_tensor(v) or isinstance(v, np.ndarray)))
-    if extra:
-        raise _fail(path, f"holds arrays besides {', '.join(names)}{' and logit_scale' if layout == 'factored' else ''} "
-                          f"({extra[:4]}); this model is one attention layer and nothing else")
-    if any(a.ndim != 3 for a in arr.values()):
-        raise _fail(path, f"{', '.join(names)} must be stacks of per-head matrices (3 dimensions, heads first), got "
-                          + ", ".join(f"{n} {tuple(a.shape)}" for n, a in arr.items()))
-    notes = []
+    if any(a.ndim != ndim for a in arr.values()):
+        what = "matrices" if ndim == 2 else "stacks of per-head matrices (3 dimensions, heads first)"
+        raise _fail(path, f"{', '.join(keys)} must be {what}, got " + ", ".join(f"{n} {tuple(a.shape)}" for n, a in arr.items()))
     if layout == "merged":
         W, U = arr["W"], arr["U"]
-        H, D = W.shape[0], W.shape[2]
+        H, m, D = W.shape[0], U.shape[1], W.shape[2]
         if W.shape != (H, D, D) or U.shape[0] != H or U.shape[2] != D:
             raise _fail(path, f"W must be (H, d+m, d+m) and U (H, m, d+m), got W {W.shape}, U {U.shape}")
-        if "logit_scale" in entries or logit_scale is not None:
-            raise _fail(path, "a merged file has no logit scale (W_h multiplies the tokens directly); drop "
-                              "logit_scale, or give K, Q, V, O as a factored file")
-        m = U.shape[1]
-        weights, param, s = {"W": W, "U": U}, "merged", None
+        weights, param = arr, "merged"
     else:
-        K, Q, V, O = (arr[n] for n in FACTORED_KEYS)
-        H, D = K.shape[0], K.shape[2]
+        weights = arr
+        if layout == "authors":
+            weights, note = _authors_factors(path, arr)
+            notes.append(note)
+        K, Q, V, O = (weights[n] for n in "KQVO")
+        H, m, D = K.shape[0], O.shape[1], K.shape[2]
         if not (Q.shape == K.shape and V.shape[0] == H and V.shape[2] == D and O.shape[0] == H
                 and O.shape[2] == V.shape[1]):
             raise _fail(path, f"K, Q must be (H, k, d+m), V (H, k', d+m) and O (H, m, k'), got K {K.shape}, "
                               f"Q {Q.shape}, V {V.shape}, O {O.shape}")
-        m = O.shape[1]
-        if "logit_scale" in entries:
-            if logit_scale is not None:
-                raise _fail(path, "the file carries its logit_scale; --logit-scale would be ignored: drop it")
-            s = _scalar(path, "logit_scale", entries["logit_scale"], 0.0, above=True, text=True)
-        elif logit_scale is not None:
-            s = float(logit_scale)
-            notes.append(f"logit scale {s:g} from --logit-scale")
-        else:
-            raise _fail(path, "a factored file needs logit_scale (the s of W_h = K_h^T Q_h / s): store it beside K, Q, "
-                              "V, O (0-d array, or safetensors metadata), or pass --logit-scale")
-        if not s > 0:
-            raise _fail(path, f"logit_scale must be > 0, got {s}")
-        if K.shape[1] == D and V.shape[1] == D:
-            weights, param = {"K": K, "Q": Q, "V": V, "O": O}, "factored"
-        else:
+        s, param = (math.sqrt(D) if layout == "authors" else s), "factored"
+        if K.shape[1] != D or V.shape[1] != D:
             weights, param = {"W": np.einsum("hka,hkb->hab", K, Q) / s, "U": O @ V}, "merged"
             notes.append(f"head widths k = {K.shape[1]}, k' = {V.shape[1]} differ from d + m = {D}: mapped onto the "
                          "merged model W_h = K_h^T Q_h / s, U_h = O_h V_h (the same function; the factors are not kept)")
@@ -683,9 +670,9 @@ def _project(path: str, entries: dict, fmt: str, common: dict) -> ExternalModel:
     if kind == "reduced":
         names, shapes = ("omega", "mu"), [(H, m), (H, m)]
     elif cfg.param == "factored":
-        names, shapes = FACTORED_KEYS, [(H, D, D)] * 3 + [(H, m, D)]
+        names, shapes = LAYOUT_KEYS["factored"], [(H, D, D)] * 3 + [(H, m, D)]
     else:
-        names, shapes = MERGED_KEYS, [(H, D, D), (H, m, D)]
+        names, shapes = LAYOUT_KEYS["merged"], [(H, D, D), (H, m, D)]
     if len(params) != len(names):
         raise _fail(path, f"a {kind} {cfg.param} checkpoint needs {len(names)} parameter tensors ({', '.join(names)}), "
                           f"got {len(params)}")
@@ -800,14 +787,6 @@ class Measurement:
     seed: int
     seconds: float
     cpu_seconds: float
-
-    def to_dict(self) -> dict:
-        est = lambda e: None if e is None else {"mean": e.mean, "se": e.se, "n": e.n}  # noqa: E731
-        return {"omega": self.omega.tolist(), "mu": self.mu.tolist(), "residual": self.residual, "split": self.split,
-                "allocation": self.allocation, "zero_sum_ratio": list(self.zero_sum), "balance": self.balance,
-                "held_out_loss": est(self.loss), "projected_loss": est(self.projected_loss), "spread": self.spread,
-                "chunk": self.chunk,
-                "seed": self.seed, "seconds": self.seconds, "cpu_seconds": self.cpu_seconds}
 
 
 def _balance(model: MultiHeadAttention, omega: np.ndarray, mu: np.ndarray) -> dict:

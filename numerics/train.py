@@ -61,7 +61,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from numerics.io.options import SEED_MAX, float_option, int_option, seed_option, tasks_option, threads_option
+from numerics.io.command import SEED_MAX, float_option, int_option, seed_option, tasks_option, threads_option
 from numerics.io.files import DiskFull, check_output_path, write_output
 from numerics.io.command import command_line
 
@@ -73,7 +73,6 @@ from .data import Prompts, make_generator, sample_prompts
 from .model import MultiHeadAttention, TrainingDiverged, initial_semi_singular_values
 from .exact_reduced import sample_marginal_prompts
 from .reduced import metric_factors
-from . import checkpoint
 
 BatchSource = Callable[[int], Prompts]
 """step -> the batch of prompts of that step."""
@@ -642,7 +641,6 @@ def main(argv=None) -> int:
     cfg, tcfg = _configs(parser, args)
     try:
         if tcfg.checkpoint is not None:
-            checkpoint.check_path(tcfg.checkpoint, "--checkpoint")   # its fields: checkpoint.read, in the run
             ckpt = check_output_path(tcfg.checkpoint, "--checkpoint")
             if os.path.exists(ckpt) and not os.path.isfile(ckpt):      # a device: never a checkpoint
                 raise ValueError(f"--checkpoint {tcfg.checkpoint} is not a regular file; a checkpoint is written "

@@ -41,12 +41,12 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 from numerics.io.command import command_line
-from numerics.io.jsonable import jsonable
+from numerics.io.handed import jsonable
 from claims.core.base import FAILING
 from reports.output import check_out_dir, new_temporary, recover_leftovers, replace_with, write_tree
 from reports.provenance import _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments, check_report
-from numerics.io.options import (OFFSET_SEED_MAX, float_option, int_option, parse_int, seed_option, tasks_option,
+from numerics.io.command import (OFFSET_SEED_MAX, float_option, int_option, parse_int, seed_option, tasks_option,
                                threads_option)
 
 DEFAULT_OUT = "reports/audit"
@@ -195,7 +195,7 @@ def _validate(args) -> tuple:
     try:
         check_device(args.device)
     except (TypeError, ValueError) as exc:
-        raise BadArguments(f"--device: {exc}") from None
+        raise BadArguments(str(exc)) from None
     try:
         external.check_paths(args.checkpoints)      # a link loop, a FIFO, a device: refused before any read
     except ValueError as exc:

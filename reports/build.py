@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 import claims
-from numerics.io import toml
+from numerics.io.handed import TOMLDecodeError, toml_loads
 from numerics.io.command import command_line
-from numerics.io.device import check_device_option
+from numerics.io.command import check_device_option
 from numerics.io.files import check_inside, read_input_bytes
-from numerics.io.options import SEED_MAX, float_option, int_option, seed_option
-from numerics.io.options import parse_tasks as strict_tasks
+from numerics.io.command import SEED_MAX, float_option, int_option, seed_option
+from numerics.io.command import parse_tasks as strict_tasks
 from claims.core.base import FAILING, PROFILES, ClaimResult
 from reports.output import (FIGURE_DIR, REPORT_MARKER, check_out_dir, new_temporary, recover_leftovers,  # noqa: F401
                             replace_with, write_tree)
@@ -111,7 +111,7 @@ class BuildConfig:
 
 def parse_tasks(text: str) -> tuple[int, ...]:
     """``"3,3,3"`` -> (3, 3, 3) by the one strict parser of every command
-    (:func:`numerics.io.options.parse_tasks`: digits only, no empty entries, signs or spaces)."""
+    (:func:`numerics.io.command.parse_tasks`: digits only, no empty entries, signs or spaces)."""
     try:
         return strict_tasks(text)
     except ValueError as exc:
@@ -124,8 +124,8 @@ def read_config_file(path: str) -> dict:
     judges the fields."""
     try:
         raw = read_input_bytes(path, "--config", max_bytes=2**20)
-        data = toml.loads(raw.decode("utf-8"))
-    except toml.TOMLDecodeError as exc:
+        data = toml_loads(raw.decode("utf-8"))
+    except TOMLDecodeError as exc:
         raise BadArguments(f"--config {path}: not valid TOML ({exc})") from None
     except (UnicodeDecodeError, RecursionError) as exc:
         raise BadArguments(f"--config {path}: cannot be read as a TOML text file ({exc})") from None

@@ -13,7 +13,7 @@ from claims.core.base import ClaimResult, kind_from_id, no_progress, run_claim
 from reports.plan import _ask, selected
 from reports.progress import ClaimProgress
 from reports.schema import OUTCOMES, entry_problems, upgrade
-from numerics.io.processes import one_blas_thread
+from numerics.io.command import one_blas_thread
 
 def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
     """Run one claim through ``claims.claim_runner``; any exception (an import error, a claim

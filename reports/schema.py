@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from numerics.io.handed import PARSE_FACTOR, check_memory, parse_json
-from numerics.io.options import SEED_MAX
+from numerics.io.command import SEED_MAX
 from claims.core.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
                          HeadlineRow, PerturbationCheck, judge, kind_from_id)
 
@@ -46,7 +46,7 @@ PROVENANCE_KEYS = {"versions": dict, "device": str, "seed": int, "profile": str,
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}")
 MAX_DEPTH = 40            # nesting of a claims.json (the real ones stay under 10)
 MAX_PROBLEMS_SHOWN = 5
-NON_FINITE = ("nan", "inf", "-inf")   # how numerics.io.jsonable.jsonable stores non-finite floats
+NON_FINITE = ("nan", "inf", "-inf")   # how numerics.io.handed.jsonable stores non-finite floats
 OUTCOMES = {"claim": VERDICTS, "boundary": BOUNDARY_OUTCOMES}
 PASSING = {"claim": "pass", "boundary": "located"}
 # how a claims.json written before kinds existed named a boundary's outcome (claims.core.base.judge)

@@ -45,8 +45,8 @@ import numerics.bench.cli as bench_cli
 import numerics.sweep.cli as sweep_cli
 from numerics.io import command as C
 from numerics.io import files as V
-from numerics.io import options as O
-from numerics.io import processes as P
+from numerics.io import command as O
+from numerics.io import command as P
 from numerics.sweep import load_results, run_grid
 from numerics.sweep.grid import MAX_GRID_POINTS
 
@@ -155,15 +155,6 @@ def test_a_symlink_to_a_file_is_followed_not_replaced(tmp_path):
     link.symlink_to(target)
     V.write_output(V.check_output_path(link, "--out"), "new")
     assert link.is_symlink() and target.read_text() == "new"
-
-
-def test_previous_marker_accepts_only_the_commands_own_file(tmp_path):
-    mine, other = tmp_path / "mine.html", tmp_path / "other.html"
-    mine.write_text("<!-- icl-attention-audit --> report")
-    other.write_text("someone's notes")
-    V.check_output_path(mine, "--out", previous_marker="icl-attention-audit")
-    with pytest.raises(ValueError, match="not an output of this command"):
-        V.check_output_path(other, "--out", previous_marker="icl-attention-audit")
 
 
 def test_a_character_device_is_written_through(tmp_path):
@@ -946,9 +937,9 @@ def test_run_in_own_group_kills_the_whole_group_on_a_timeout(tmp_path):
 
 
 def test_a_worker_dies_with_its_parent(tmp_path):
-    """numerics.io.processes.die_with_parent, every pool's initializer: SIGKILL of the parent ends the worker."""
+    """numerics.io.command.die_with_parent, every pool's initializer: SIGKILL of the parent ends the worker."""
     pidfile = tmp_path / "worker"
-    script = (f"import os, sys, time\npid = os.fork()\nif pid == 0:\n    from numerics.io.processes import die_with_parent\n"
+    script = (f"import os, sys, time\npid = os.fork()\nif pid == 0:\n    from numerics.io.command import die_with_parent\n"
               f"    die_with_parent()\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n    time.sleep(120)\n"
               f"    os._exit(0)\ntime.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)

@@ -29,7 +29,6 @@ from theory.exact import (
     exact_loss,
     one_head_terms,
     single_head_optimum,
-    softmax_moments,
 )
 from theory.reduced_ode import expansion_loss
 
@@ -187,11 +186,11 @@ def test_moment_table_matches_direct_quadrature():
 def test_softmax_moment_identities():
     """sum p = 1 is checked inside (error); here: a = 1 - P, P(0) = 1/L, K(0) = 1 - 1/L,
     P in [1/L, 1], and P' = -a' (the derivatives of a = 1 - P)."""
-    M = softmax_moments([0.0, 0.4, 2.0, 9.0], 17)
-    assert np.allclose(M.a, 1 - M.P, atol=1e-13)
-    assert abs(M.P[0] - 1 / 17) < 1e-14 and abs(M.K[0] - (1 - 1 / 17)) < 1e-14
-    assert np.all((M.P >= 1 / 17 - 1e-14) & (M.P <= 1 + 1e-14))
-    assert np.allclose(M.dP, -M.da, atol=1e-12)
+    P, a, K, dP, da = np.array([_moments_one(beta, 17)[:5] for beta in (0.0, 0.4, 2.0, 9.0)]).T
+    assert np.allclose(a, 1 - P, atol=1e-13)
+    assert abs(P[0] - 1 / 17) < 1e-14 and abs(K[0] - (1 - 1 / 17)) < 1e-14
+    assert np.all((P >= 1 / 17 - 1e-14) & (P <= 1 + 1e-14))
+    assert np.allclose(dP, -da, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------
@@ -247,25 +246,25 @@ def test_groups_are_continuous(omega, tasks):
 
 def test_cross_moments_are_assembled_from_exact_pairs(monkeypatch):
     """Two heads on one task: the loss adds 2 mu_h mu_k C_hk,i from
-    theory.exact_pairs.cross_moment (a stand-in module here, returning a known value)."""
+    theory.exact_pairs.cross_moments (a stand-in module here, returning a known value)."""
     import types
 
     import theory.exact as X
 
     calls = []
 
-    def cross_moment(om_h, om_k, tasks, L, sigma, i):
-        calls.append((tuple(om_h), tuple(om_k), i))
-        return 0.123, 1e-12
+    def cross_moments(om_h, om_k, tasks, L, sigma):
+        calls.append((tuple(om_h), tuple(om_k)))
+        return np.array([0.123, 0.456]), np.array([1e-12, 1e-12])
 
-    monkeypatch.setattr(X, "_pairs_module", lambda: types.SimpleNamespace(cross_moment=cross_moment))
+    monkeypatch.setattr(X, "_pairs_module", lambda: types.SimpleNamespace(cross_moments=cross_moments))
     omega, mu = np.array([[0.3, 0.0], [0.1, 0.2]]), np.array([[1.0, 0.0], [0.5, 2.0]])
     res = X.exact_loss(omega, mu, (3, 2), 64, 0.2)
     b0, C0, _, _ = one_head_terms(omega[0], (3, 2), 64, 0.2)
     b1, C1, _, _ = one_head_terms(omega[1], (3, 2), 64, 0.2)
     expect0 = 3 - 2 * (1.0 * b0[0] + 0.5 * b1[0]) + C0[0] + 0.25 * C1[0] + 2 * 1.0 * 0.5 * 0.123
     expect1 = 2 - 2 * 2.0 * b1[1] + 4.0 * C1[1]
-    assert res.case == "pairs" and calls == [((0.3, 0.0), (0.1, 0.2), 0)]
+    assert res.case == "pairs" and calls == [((0.3, 0.0), (0.1, 0.2))]
     assert np.allclose(res.per_task, [expect0, expect1], rtol=1e-14)
 
 

@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy.special import gammaln, roots_genlaguerre
 
-from theory.exact_pairs import (PairTable, _moments_with_rule, cross_moment, cross_moments,
+from theory.exact_pairs import (_moments_with_rule, cross_moment, cross_moments,
                                 cross_moments_and_gradient)
 
 # ---------------------------------------------------------------------------------------------
@@ -255,21 +255,6 @@ def test_gradient_comparison_rejects_a_wrong_gradient():
     assert not np.all(np.abs(out["d_omega_k"] - fd) <= FD_ATOL * (1 + np.abs(fd)))
 
 
-def test_pair_table_agrees_with_direct_quadrature():
-    """A small table (16 x 16 x 12 Chebyshev points) against the direct quadrature: within the
-    table's own error estimate plus the direct one's, for m = 1, 2, 3."""
-    L = 64
-    cases = [([0.4], [-0.3], (3,), 0.0), ([0.4, 0.1], [0.1, -0.35], (3, 3), 0.3),
-             ([0.3, 0.1, -0.1], [0.1, -0.3, 0.2], (2, 2, 2), 0.3)]
-    beta_max = max(PairTable.beta_needed([c[0], c[1]], c[2]) for c in cases[:2])
-    table = PairTable(L, beta_max, n_beta=16, n_rho=12)
-    for om_h, om_k, tasks, sigma in cases:
-        v_table, e_table = table.cross_moments(om_h, om_k, tasks, sigma)
-        v_direct, e_direct = cross_moments(om_h, om_k, tasks, L, sigma)
-        assert np.all(np.abs(v_table - v_direct) <= e_table + e_direct), (tasks, v_table, v_direct, e_table)
-        assert np.all(e_table <= 1e-5 * np.abs(v_direct)), e_table     # the table is useful
-
-
 def test_bad_input_is_rejected_clearly():
     with pytest.raises(ValueError, match="shape"):
         cross_moment([0.1, 0.2], [0.1], (2, 2), 8, 0.0, 0)
@@ -303,14 +288,3 @@ def test_identical_heads_equal_one_head_laplace_route_large_L():
     value, err = cross_moment(omega, omega, tasks, L, sigma, 0)
     ref = _one_head_laplace(omega, tasks, L, sigma, 0, n_outer=32)
     assert abs(value - ref) <= RHO1_RTOL * abs(ref), (value, ref, err)
-
-
-@pytest.mark.thorough
-def test_pair_table_gradient_agrees_with_direct_gradient():
-    L = 64
-    table = PairTable(L, 4.0, n_beta=16, n_rho=12, gradient=True)
-    for om_h, om_k, tasks, sigma in [([0.4], [-0.3], (3,), 0.0), ([0.4, 0.1], [0.1, -0.35], (3, 3), 0.3)]:
-        t = table.cross_moments_and_gradient(om_h, om_k, tasks, sigma)
-        d = cross_moments_and_gradient(om_h, om_k, tasks, L, sigma)
-        for key in ("d_omega_h", "d_omega_k"):     # the target accuracy, 1e-6, fixed in advance
-            assert np.all(np.abs(t[key] - d[key]) <= 1e-6 * (1 + np.abs(d[key]))), (key, t[key], d[key])

@@ -19,7 +19,7 @@ import theory
 
 SUBMODULES = ["theory", *[f"theory.{name}" for name in theory.__all__], "theory._validate"]
 IO_MODULES = ["numerics.io", *[f"numerics.io.{name}" for name in
-                               ("options", "files", "handed", "processes", "command", "jsonable", "toml", "device")]]
+                               ("files", "handed", "command")]]
 THEORY_MUST_NOT_LOAD = ("torch", "numerics", "claims", "reports")
 IO_MUST_NOT_LOAD = ("torch", "theory", "numerics", "claims", "reports")
 IO_MAY_LOAD = ("numerics", "numerics.io", "numerics.io.")

@@ -160,7 +160,9 @@ def test_factored_flow_allocates_and_merged_superposes():
     allocated (omega ~ 0.373, mu ~ 2.645 on task, off-task -> 0); merged ends in a
     superposition with negative off-task omega and mu and a lower loss."""
     om0, mu0 = ro.default_init((4, 4, 4), 3, 0.15)
-    om_f, mu_f, tr_f = ro.expansion_fixed_point(om0, mu0, (4, 4, 4), 1000, 0.0, "factored", t_end=2e4, tol=1e-9)
+    tr_f = ro.integrate_expansion_flow(om0, mu0, (4, 4, 4), 1000, 0.0, "factored", t_end=2e4,
+                                       t_eval=np.geomspace(1e-3, 2e4, 200), stationary_tol=1e-9)
+    om_f, mu_f = tr_f.final_omega, tr_f.final_mu
     assert np.allclose(np.diag(om_f), 0.373, atol=2e-3) and np.allclose(np.diag(mu_f), 2.645, atol=2e-3)
     off = ~np.eye(3, dtype=bool)
     assert np.all(om_f[off] >= 0) and np.all(mu_f[off] >= 0)      # the factored flow keeps signs

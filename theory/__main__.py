@@ -17,28 +17,23 @@ import time
 
 from numerics.io.files import check_output_path, write_output
 from numerics.io.command import command_line
-from numerics.io.options import float_option, int_option, seed_option, tasks_option
+from numerics.io.command import float_option, int_option, seed_option, tasks_option
 
+#: The most tasks ``theory predict`` takes: what runs in seconds.  Each task costs an mpmath fixed
+#: point and the single-head optimum is a joint minimisation over all of them, which grows about
+#: as m^2: measured (CPU seconds, one core, a shared machine) 5.4-6.5 s at 32 tasks (4.8 s of it the
+#: start-up, sympy's derivation), 9-18 s at 64, 48 s at 128, more than 99 s at 256.  More blocks show
+#: nothing a few blocks of each size do not (equal blocks share one answer).
 MAX_PREDICT_TASKS = 32
-"""The most tasks ``theory predict`` takes: what runs in seconds.  Each task costs an mpmath fixed
-point and the single-head optimum is a joint minimisation over all of them, which grows about
-as m^2: measured (CPU seconds, one core, a shared machine) 5.4-6.5 s at 32 tasks (4.8 s of it the
-start-up, sympy's derivation), 9-18 s at 64, 48 s at 128, more than 99 s at 256 (it was the limit
-until round 3 of the hostile inputs, and ran for minutes).  More blocks show nothing a few blocks
-of each size do not (equal blocks share one answer)."""
+#: The most heads: without --optimality the heads only name the model (its cost does not grow with
+#: them); with it, :data:`MAX_OPTIMALITY_SIZE` bounds heads x tasks.
 MAX_PREDICT_HEADS = 256
-"""The most heads: without --optimality the heads only name the model (its cost does not grow with
-them); with it, :data:`MAX_OPTIMALITY_SIZE` bounds heads x tasks."""
+#: The most heads x tasks of ``predict --optimality`` (several L-BFGS runs over the H x m signed
+#: (omega, mu)): measured 8.8 s CPU at 4 tasks x 8 heads, 8.9 s at 2 x 16, 25.6 s at 8 x 8 (refused).
 MAX_OPTIMALITY_SIZE = 32
-"""The most heads x tasks of ``predict --optimality`` (several L-BFGS runs over the H x m signed
-(omega, mu)): measured 8.8 s CPU at 4 tasks x 8 heads, 8.9 s at 2 x 16, 25.6 s at 8 x 8 (refused)."""
+#: The most mpmath digits: 30 (the default) is already far beyond what any comparison uses, and
+#: the cost of the root finders grows faster than linearly in the digits.
 MAX_DPS = 1000
-"""The most mpmath digits: 30 (the default) is already far beyond what any comparison uses, and
-the cost of the root finders grows faster than linearly in the digits."""
-
-
-def _positive_int(name, high=None, why=""):
-    return int_option(name, 1, high, why)
 
 
 def _matrix(name):
@@ -73,31 +68,29 @@ def _exact_matrix(name, rows, heads, m):
     return rows
 
 
+def _ignored(mode, flags, args, tail=")"):
+    """Refuse the ``flags`` (given by the user) that ``mode`` ignores."""
+    values = [getattr(args, f[2:].replace("-", "_")) for f in flags]
+    extra = [f for f, v in zip(flags, values) if v is not None and v is not False]
+    if extra:
+        raise ValueError(f"{mode} and ignores {', '.join(extra)}; drop them (or {mode.split()[0]}{tail}")
+
+
 def check_exact_args(args) -> None:
     """Refuse, before any quadrature, the ``exact`` options that would be ignored and the points
     whose quadrature would run for minutes or overflow (:data:`theory.exact.BETA_MAX`)."""
     from .exact import BETA_MAX, max_logit_scale
 
-    given = {"--omega": args.omega is not None, "--mu": args.mu is not None, "--gradient": args.gradient,
-             "--heads": args.heads is not None, "--sigma": args.sigma is not None, "--gain": args.gain,
-             "--fixed-point": args.fixed_point}
     if args.benchmark:
-        extra = [f for f, on in given.items() if on]
-        if extra:
-            raise ValueError(f"--benchmark times exact_loss at its own points and ignores {', '.join(extra)}; "
-                             "drop them (or --benchmark)")
-        return
+        return _ignored("--benchmark times exact_loss at its own points", (
+            "--omega", "--mu", "--gradient", "--heads", "--sigma", "--gain", "--fixed-point"), args)
     if args.gain and not args.fixed_point:
         raise ValueError("--gain is used only with --fixed-point (the gain compares the allocated fixed point "
                          "with the best single head); add --fixed-point or drop --gain")
     if args.fixed_point:
-        extra = [f for f in ("--omega", "--mu", "--gradient", "--heads") if given[f]]
-        if extra:
-            raise ValueError(f"--fixed-point finds its own (omega*, mu*) and ignores {', '.join(extra)}; drop them "
-                             "(or --fixed-point to evaluate the loss at your point)")
-        return
-    m = len(args.tasks)
-    heads = args.heads or 1
+        return _ignored("--fixed-point finds its own (omega*, mu*)", ("--omega", "--mu", "--gradient", "--heads"),
+                        args, " to evaluate the loss at your point)")
+    m, heads = len(args.tasks), args.heads or 1
     omega = _exact_matrix("--omega", args.omega, heads, m)
     _exact_matrix("--mu", args.mu, heads, m)
     beta = max_logit_scale(omega, args.tasks)
@@ -112,19 +105,13 @@ def check_exact_args(args) -> None:
 
 def exact(args) -> dict:
     """The JSON object of ``python -m theory exact`` (docs/theory.md, "Exact finite-L loss")."""
-    from .exact import exact_fixed_point, exact_gradient, exact_loss, finite_L_gain
+    from .exact import benchmark, exact_fixed_point, exact_gradient, exact_loss, finite_L_gain
 
-    m = len(args.tasks)
-    heads = args.heads or 1
-    sigma = args.sigma or 0.0
+    m, heads, sigma = len(args.tasks), args.heads or 1, args.sigma or 0.0
     if args.benchmark:
-        from .exact import benchmark
-
         return {"benchmark": benchmark((args.L,))}
     if args.fixed_point:
-        if args.gain:
-            return finite_L_gain(args.tasks, args.L, sigma)
-        return exact_fixed_point(args.tasks, args.L, sigma)
+        return (finite_L_gain if args.gain else exact_fixed_point)(args.tasks, args.L, sigma)
     omega = _exact_matrix("--omega", args.omega, heads, m)
     mu = _exact_matrix("--mu", args.mu, heads, m)
     t0 = time.perf_counter()
@@ -165,6 +152,59 @@ def json_text(obj) -> str:
     return json.dumps(out, indent=2, allow_nan=False)
 
 
+_HEADS = int_option("--heads", 1, MAX_PREDICT_HEADS, "theory.__main__.MAX_PREDICT_HEADS")
+_SIGMA = float_option("--sigma", low=0, allow_low=True)
+_OUT = "also write the JSON to this file (written atomically: complete or absent"
+# The subcommands: (help, description, options); an option is (flag, type, default, help), with
+# type bool for a switch and default REQUIRED for a required option.
+REQUIRED = object()
+SUBCOMMANDS = {
+    "predict": ("limits, allocated fixed point and losses at L (JSON)", (
+        "Predict, from the large-L expansion of the reduced loss: the limits of L*loss "
+        "(allocated multi-head and best single head, summed over tasks), their ratio "
+        "(gain), the allocated fixed point (omega*, mu*) per task at this L (mpmath), and "
+        "the expansion's minimum at this L for both models."), [
+        ("--tasks", tasks_option(), REQUIRED,
+         "block sizes r_1,...,r_m of the m tasks, comma-separated (e.g. 4,4,4 or 2,5,9); d = sum"),
+        ("--heads", _HEADS, REQUIRED,
+         "number of attention heads H; the allocated model needs H >= m (extra heads stay idle)"),
+        ("--L", float_option("--L", low=0), REQUIRED, "context length L > 0 (the expansion is in powers of 1/L)"),
+        ("--sigma", _SIGMA, 0.0, "label-noise standard deviation sigma >= 0 (default 0)"),
+        ("--optimality", bool, False, "also search the best decomposable attention over signed (omega, mu) with H "
+         "heads at this L and report the optimality ratio (slower: several L-BFGS runs)"),
+        ("--seed", seed_option("--seed"), None, "with --optimality: seed of the random starts of its search, "
+         "0 .. 2^64 - 1 (default 0); same seed, same output"),
+        ("--dps", int_option("--dps", 1, MAX_DPS, "more digits only cost time"), 30,
+         "mpmath decimal digits for the fixed point and the limits (default 30)"),
+        ("--out", None, None, _OUT + ")")]),
+    "exact": ("exact finite-L loss of the decomposable model (JSON)", (
+        "The exact loss of the decomposable (reduced) model at integer context length L "
+        "by deterministic quadrature (theory.exact): no Monte Carlo, no 1/L expansion. "
+        "Covers one head (any m) and heads that serve disjoint tasks. With --fixed-point: "
+        "the allocated fixed point at L (and with --gain the best single head and the gain)."), [
+        ("--tasks", tasks_option(), REQUIRED,
+         "block sizes r_1,...,r_m of the m tasks, comma-separated (e.g. 3 or 3,3)"),
+        ("--heads", _HEADS, None, "number of heads H (default 1); --omega/--mu matrices must have H rows (not "
+         "with --fixed-point or --benchmark)"),
+        ("--L", int_option("--L", 1), REQUIRED,
+         "context length L: a positive integer (the number of context tokens)"),
+        ("--omega", _matrix("--omega"), None, "QK semi-singular values: one number (every entry) or an H x m "
+         "matrix written '0.3,0.1;0.2,0.4' (rows, i.e. heads, separated by ';')"),
+        ("--mu", _matrix("--mu"), None, "OV semi-singular values, same format as --omega"),
+        ("--sigma", _SIGMA, None, "label-noise standard deviation sigma >= 0 (default 0; not with --benchmark)"),
+        ("--gradient", bool, False, "also print d loss/d omega and d loss/d mu"),
+        ("--fixed-point", bool, False,
+         "print the allocated fixed point at L (per task: omega*, mu*, loss) instead of a loss"),
+        ("--gain", bool, False, "with --fixed-point: also the best single head at L and the gain single/allocated"),
+        ("--benchmark", bool, False,
+         "print timing lines of exact_loss (first call at a new L and warm calls) and exit"),
+        ("--out", None, None, _OUT + "; a device such as /dev/null is written through)")]),
+    "formulas": ("print the derived formulas as the code uses them",
+                 "Print the sympy-derived formulas (expansion, F, metric factors, gain limit).",
+                 [("--json", bool, False, "print them as a JSON object instead of text")]),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m theory", description=(
         "Predictions of the theory package for the multi-head softmax attention ICL model "
@@ -172,65 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 answered, 2 bad arguments (or no prediction at these arguments), 3 not covered "
                "by the exact quadrature, 75 the disk is full at --out (the JSON is printed on stdout first).")
     sub = p.add_subparsers(dest="command", required=True)
-    pr = sub.add_parser("predict", help="limits, allocated fixed point and losses at L (JSON)",
-                        description=(
-                            "Predict, from the large-L expansion of the reduced loss: the limits of L*loss "
-                            "(allocated multi-head and best single head, summed over tasks), their ratio "
-                            "(gain), the allocated fixed point (omega*, mu*) per task at this L (mpmath), and "
-                            "the expansion's minimum at this L for both models."))
-    pr.add_argument("--tasks", type=tasks_option(), required=True,
-                    help="block sizes r_1,...,r_m of the m tasks, comma-separated (e.g. 4,4,4 or 2,5,9); d = sum")
-    pr.add_argument("--heads", type=_positive_int("--heads", MAX_PREDICT_HEADS, "theory.__main__.MAX_PREDICT_HEADS"),
-                    required=True,
-                    help="number of attention heads H; the allocated model needs H >= m (extra heads stay idle)")
-    pr.add_argument("--L", type=float_option("--L", low=0), required=True,
-                    help="context length L > 0 (the expansion is in powers of 1/L)")
-    pr.add_argument("--sigma", type=float_option("--sigma", low=0, allow_low=True), default=0.0,
-                    help="label-noise standard deviation sigma >= 0 (default 0)")
-    pr.add_argument("--optimality", action="store_true",
-                    help="also search the best decomposable attention over signed (omega, mu) with H heads "
-                         "at this L and report the optimality ratio (slower: several L-BFGS runs)")
-    pr.add_argument("--seed", type=seed_option("--seed"), default=None,
-                    help="with --optimality: seed of the random starts of its search, 0 .. 2^64 - 1 (default 0); "
-                         "same seed, same output")
-    pr.add_argument("--dps", type=_positive_int("--dps", MAX_DPS, "more digits only cost time"), default=30,
-                    help="mpmath decimal digits for the fixed point and the limits (default 30)")
-    pr.add_argument("--out", default=None,
-                    help="also write the JSON to this file (written atomically: complete or absent)")
-    ex = sub.add_parser("exact", help="exact finite-L loss of the decomposable model (JSON)",
-                        description=(
-                            "The exact loss of the decomposable (reduced) model at integer context length L "
-                            "by deterministic quadrature (theory.exact): no Monte Carlo, no 1/L expansion. "
-                            "Covers one head (any m) and heads that serve disjoint tasks. With --fixed-point: "
-                            "the allocated fixed point at L (and with --gain the best single head and the gain)."))
-    ex.add_argument("--tasks", type=tasks_option(), required=True,
-                    help="block sizes r_1,...,r_m of the m tasks, comma-separated (e.g. 3 or 3,3)")
-    ex.add_argument("--heads", type=_positive_int("--heads", MAX_PREDICT_HEADS, "theory.__main__.MAX_PREDICT_HEADS"),
-                    default=None,
-                    help="number of heads H (default 1); --omega/--mu matrices must have H rows (not with "
-                         "--fixed-point or --benchmark)")
-    ex.add_argument("--L", type=_positive_int("--L"), required=True,
-                    help="context length L: a positive integer (the number of context tokens)")
-    ex.add_argument("--omega", type=_matrix("--omega"), default=None,
-                    help="QK semi-singular values: one number (every entry) or an H x m matrix written "
-                         "'0.3,0.1;0.2,0.4' (rows, i.e. heads, separated by ';')")
-    ex.add_argument("--mu", type=_matrix("--mu"), default=None,
-                    help="OV semi-singular values, same format as --omega")
-    ex.add_argument("--sigma", type=float_option("--sigma", low=0, allow_low=True), default=None,
-                    help="label-noise standard deviation sigma >= 0 (default 0; not with --benchmark)")
-    ex.add_argument("--gradient", action="store_true", help="also print d loss/d omega and d loss/d mu")
-    ex.add_argument("--fixed-point", action="store_true",
-                    help="print the allocated fixed point at L (per task: omega*, mu*, loss) instead of a loss")
-    ex.add_argument("--gain", action="store_true",
-                    help="with --fixed-point: also the best single head at L and the gain single/allocated")
-    ex.add_argument("--benchmark", action="store_true",
-                    help="print timing lines of exact_loss (first call at a new L and warm calls) and exit")
-    ex.add_argument("--out", default=None,
-                    help="also write the JSON to this file (written atomically: complete or absent; a device "
-                         "such as /dev/null is written through)")
-    fo = sub.add_parser("formulas", help="print the derived formulas as the code uses them",
-                        description="Print the sympy-derived formulas (expansion, F, metric factors, gain limit).")
-    fo.add_argument("--json", action="store_true", help="print them as a JSON object instead of text")
+    for name, (short, description, options) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=short, description=description)
+        for flag, kind, default, text in options:
+            if kind is bool:
+                sp.add_argument(flag, action="store_true", help=text)
+            elif default is REQUIRED:
+                sp.add_argument(flag, type=kind, required=True, help=text)
+            else:
+                sp.add_argument(flag, type=kind, default=default, help=text)
     return p
 
 
@@ -303,46 +293,34 @@ def predict(tasks, heads, L, sigma=0.0, optimality=False, seed=0, dps=30) -> dic
         raise ValueError(f"--heads {heads} < {m} tasks: the allocated multi-head model needs at least one "
                          f"head per task; pass --heads {m} or more")
     t0 = time.perf_counter()
-    hint = (f"the large-L expansion needs L large against e (r + sigma^2) (here "
-            f"{expansion_size(tasks, L, sigma) * L:.3g} against L = {L:g}); raise --L or lower --sigma")
+    at = f"at L = {L:g}, sigma = {sigma:g}: the large-L expansion needs L large against e (r + sigma^2) (here " \
+         f"{expansion_size(tasks, L, sigma) * L:.3g} against L = {L:g}); raise --L or lower --sigma"
     _stage("limits L -> infinity (mpmath)")
     per_task = _solve(f"no L -> infinity optimum for tasks {list(tasks)} at sigma = {sigma:g}; lower --sigma",
                       limit_multi_per_task, tasks, sigma)
-    lim_multi = sum(p["limit"] for p in per_task)
     w_single, lim_single = _solve(f"no single-head optimum for tasks {list(tasks)} at sigma = {sigma:g}; "
                                   "lower --sigma", minimise_single, tasks, sigma, dps)
     _stage(f"allocated fixed point at L = {L:g} ({dps} digits)")
-    points = [_solve(f"no allocated fixed point for the task of block size r = {r} at L = {L:g}, sigma = "
-                     f"{sigma:g}: {hint}", allocated_task_point, r, L, sigma, dps) for r in tasks]
+    points = [_solve(f"no allocated fixed point for the task of block size r = {r} {at}", allocated_task_point,
+                     r, L, sigma, dps) for r in tasks]
     omega_star = [p["omega_star"] for p in points]
-    mu_star = [p["mu_star"] for p in points]
     _stage("best single head at L")
-    single = _solve(f"no single-head minimum at L = {L:g}, sigma = {sigma:g}: {hint}", single_head_at_L,
-                    tasks, L, sigma)
-    loss_multi = float(sum(p["loss"] for p in points))
+    single = _solve(f"no single-head minimum {at}", single_head_at_L, tasks, L, sigma)
     invalid, unreliable = validity(points, single, omega_star, tasks, L, sigma)
-    out = {
-        "tasks": list(tasks), "heads": heads, "L": L, "sigma": sigma, "d": sum(tasks), "m": m,
-        "limit_multi": lim_multi,
-        "limit_single": lim_single,
-        "gain": lim_single / lim_multi,
-        "limit_multi_per_task": [p["limit"] for p in per_task],
-        "omega_limit": [p["omega_star"] for p in per_task],
-        "omega_single_limit": [w ** 0.5 for w in w_single.tolist()],
-        "linear_attention_limit": linear_attention_limit(tasks, sigma),
-        "omega_star": omega_star,
-        "mu_star": mu_star,
-        "loss_multi_at_L": loss_multi,
-        "loss_single_at_L": single["loss"],
-        "omega_single_at_L": single["omega"],
-        "mu_single_at_L": single["mu"],
-        "valid": not invalid,
-        "invalid_reasons": invalid,
-        "reliable": not invalid and not unreliable,
-        "unreliable_reasons": unreliable,
-        "expansion_size": expansion_size(tasks, L, sigma),
-        "fixed_point_is_local_min": all(p["local_min"] for p in points),
-    }
+    lim_multi = sum(p["limit"] for p in per_task)
+    out = {"tasks": list(tasks), "heads": heads, "L": L, "sigma": sigma, "d": sum(tasks), "m": m,
+           "limit_multi": lim_multi, "limit_single": lim_single, "gain": lim_single / lim_multi,
+           "limit_multi_per_task": [p["limit"] for p in per_task],
+           "omega_limit": [p["omega_star"] for p in per_task],
+           "omega_single_limit": [w ** 0.5 for w in w_single.tolist()],
+           "linear_attention_limit": linear_attention_limit(tasks, sigma),
+           "omega_star": omega_star, "mu_star": [p["mu_star"] for p in points],
+           "loss_multi_at_L": float(sum(p["loss"] for p in points)), "loss_single_at_L": single["loss"],
+           "omega_single_at_L": single["omega"], "mu_single_at_L": single["mu"],
+           "valid": not invalid, "invalid_reasons": invalid,
+           "reliable": not invalid and not unreliable, "unreliable_reasons": unreliable,
+           "expansion_size": expansion_size(tasks, L, sigma),
+           "fixed_point_is_local_min": all(p["local_min"] for p in points)}
     if optimality:
         _stage("optimality search (several L-BFGS runs)")
         out["optimality"] = optimality_ratio(tasks, heads, L, sigma, seed=seed)
@@ -367,6 +345,14 @@ def check_predict_args(args) -> None:
                          "add --optimality or drop --seed")
 
 
+# Each subcommand that answers in JSON: (refuse its bad options before any computation, compute).
+# The compute functions are looked up when called (the tests replace them to show that every
+# refusal comes first).
+RUN = {"predict": (check_predict_args, lambda a: predict(a.tasks, a.heads, a.L, a.sigma, a.optimality,
+                                                          0 if a.seed is None else a.seed, a.dps)),
+       "exact": (check_exact_args, lambda a: exact(a))}
+
+
 @command_line
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
@@ -374,46 +360,25 @@ def main(argv=None) -> int:
         from .formulas import all_formulas
 
         _stage("deriving the formulas with sympy (about 10 s on a busy 2-core machine)")
-
         formulas = all_formulas()
         print(json.dumps(formulas, indent=2) if args.json else "\n\n".join(f"[{k}]\n{v}" for k, v in formulas.items()))
         return 0
-    out_path = None
+    check, compute = RUN[args.command]
     try:
-        if args.command == "exact":
-            check_exact_args(args)
-        else:
-            check_predict_args(args)
-        if args.out is not None:
-            out_path = check_output_path(args.out, "--out")
-    except ValueError as exc:
+        check(args)
+        out_path = None if args.out is None else check_output_path(args.out, "--out")
+        out = compute(args)
+    except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.command == "exact":
-        try:
-            out = exact(args)
-        except (ValueError, TypeError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        except NotImplementedError as exc:
-            print(f"not covered: {exc}", file=sys.stderr)
-            return 3
-        text = json_text(out)
-        print(text, flush=True)      # first: a full disk at --out still leaves the answer on stdout
-        if out_path is not None:
-            write_output(out_path, text + "\n")
-        return 0
-    try:
-        out = predict(args.tasks, args.heads, args.L, args.sigma, args.optimality,
-                      0 if args.seed is None else args.seed, args.dps)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except NotImplementedError as exc:
+        print(f"not covered: {exc}", file=sys.stderr)
+        return 3
     text = json_text(out)
-    print(text, flush=True)          # first: a full disk at --out still leaves the answer on stdout
+    print(text, flush=True)      # first: a full disk at --out still leaves the answer on stdout
     if out_path is not None:
         write_output(out_path, text + "\n")
-    if not out["valid"]:
+    if not out.get("valid", True):
         print("warning: this prediction is not valid (\"valid\": false):\n  - " + "\n  - ".join(out["invalid_reasons"]),
               file=sys.stderr)
     return 0

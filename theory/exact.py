@@ -42,7 +42,7 @@ removes the 1/beta: A = beta (1 - P), and B - P = beta^2 E[1 - Q + 6 Q^2 - 6 sum
 For m = 1 this is docs/model.md's formula  loss = r - 2 mu E[|q| A] + mu^2 E[B] + mu^2 (r - 1 + sigma^2) E[P].
 At beta = 0: P = 1/L, a = K = 1 - 1/L.  L = 1: P = 1, a = K = 0.
 
-3. The softmax moments as Laplace integrals (:func:`softmax_moments`)
+3. The softmax moments as Laplace integrals (:func:`_moments_one`)
 ---------------------------------------------------------------------
 With D = sum_l e^{beta v_l}, 1/D = int_0^oo e^{-tD} dt, 1/D^2 = int_0^oo t e^{-tD} dt, and
 the L tokens i.i.d., every expectation factorises into one-token expectations.  Put
@@ -91,6 +91,7 @@ the x-derivatives P', a', K' (x = beta^2, tabulated alongside, section 3) times
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -98,7 +99,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from . import exact_pairs
-from .trajectory import FlowTrajectory
+from .trajectory import FlowTrajectory, solve_flow
 from ._validate import check_loss, check_omega_mu, check_sigma, check_tasks, in_range
 from .linear_attention import check_minimum
 
@@ -113,24 +114,6 @@ MAX_GROUPS = 3          # distinct nonzero |omega| values in one head (tensor ru
 # ---------------------------------------------------------------------------------------
 # 3. the softmax moments P, a, K of one Gaussian logit scale beta
 # ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SoftmaxMoments:
-    """P = E sum p^2, a = 1 - P = A/beta, K = (B - P)/beta^2 for p = softmax(beta v),
-    v_1..v_L i.i.d. N(0,1) (arrays over beta), their derivatives dP, da, dK in x = beta^2,
-    and ``error``: an estimate of the absolute error of each (the trapezoid's geometric
-    error estimate, the normalisation check sum p = 1 and the identities a = 1 - P, a' = -P')."""
-
-    beta: np.ndarray
-    L: int
-    P: np.ndarray
-    a: np.ndarray
-    K: np.ndarray
-    dP: np.ndarray
-    da: np.ndarray
-    dK: np.ndarray
-    error: np.ndarray
-
 
 def _tau_grid(beta: float, L: int) -> np.ndarray:
     # lower end: E_j(tau) <= min(e^{j tau + j^2 beta^2/2}, e^{-tau^2/(2 beta^2)}) and the
@@ -169,9 +152,6 @@ def _one_token(beta: float, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # up to L^3 in the K' integrand: measured 1e-10 at L = 4096)
         out = [np.convolve(gj, kern, mode="valid") for gj in g]
         return np.stack(out[:7]), out[7]
-
-
-NMOM = 7   # P, a, K, dP, da, dK (derivatives in x = beta^2), error
 
 
 def _moments_one(beta: float, L: int) -> tuple:
@@ -233,20 +213,6 @@ def _geometric_error(fine: float, half: float, quarter: float) -> float:
     if e2 > 0.0 and e4 >= 10.0 * e2:
         return e2 * e2 / e4
     return e2
-
-
-def softmax_moments(beta, L) -> SoftmaxMoments:
-    """P(beta), a(beta) = 1 - P, K(beta) at context length L (module docstring, section 3).
-
-    beta: a number or array (the Gaussian logit scale; only |beta| matters); L: a positive
-    integer.  A few ms per beta (beta <= 5), more for large beta (cost ~ beta)."""
-    L = _check_int_L(L)
-    b = np.atleast_1d(np.asarray(beta, dtype=float))
-    if not np.all(np.isfinite(b)):
-        raise ValueError("beta must be finite")
-    out = np.array([_moments_one(x, L) for x in b.ravel()]).reshape(b.shape + (NMOM,))
-    return SoftmaxMoments(beta=b, L=L, P=out[..., 0], a=out[..., 1], K=out[..., 2], dP=out[..., 3],
-                          da=out[..., 4], dK=out[..., 5], error=out[..., 6])
 
 
 def _check_int_L(L) -> int:
@@ -409,16 +375,16 @@ def _outer_rule(W: np.ndarray, n: np.ndarray, thin: int = 1):
     return S, w0, wg, wgg, sum(e for _, _, e in rules)
 
 
+#: The largest Gaussian logit scale beta the command line lets the quadrature reach
+#: (:func:`max_logit_scale`).  The moments at one beta cost ~ beta^2 or worse (the tau grid and
+#: the Gaussian kernel both grow like beta), and the moment table computes 24 of them per panel
+#: of width 1/2 in log beta, up to the panel's end.  Measured on 2 busy cores: 0.05 s a node at
+#: beta = 40, 0.1 s at 60, 0.7-3.8 s at 80-120; a whole loss at omega = 5 on a block of 3 (beta up
+#: to 70.7, panel [45, 74]) 2.3 s, at omega = 7 (beta 99, panel [74, 123]) over 80 s, at omega = 30
+#: (beta 424) tens of minutes; at omega = 1e300, beta^2 overflows.  There the softmax is
+#: essentially a hard max and the quadrature's cost buys nothing: ``python -m theory exact``
+#: refuses such points with this reason (72 keeps within the panel ending at 0.5 e^5 = 74.2).
 BETA_MAX = 72.0
-"""The largest Gaussian logit scale beta the command line lets the quadrature reach
-(:func:`max_logit_scale`).  The moments at one beta cost ~ beta^2 or worse (the tau grid and
-the Gaussian kernel both grow like beta), and the moment table computes 24 of them per panel
-of width 1/2 in log beta, up to the panel's end.  Measured on 2 busy cores: 0.05 s a node at
-beta = 40, 0.1 s at 60, 0.7-3.8 s at 80-120; a whole loss at omega = 5 on a block of 3 (beta up
-to 70.7, panel [45, 74]) 2.3 s, at omega = 7 (beta 99, panel [74, 123]) over 80 s, at omega = 30
-(beta 424) tens of minutes; at omega = 1e300, beta^2 overflows.  There the softmax is
-essentially a hard max and the quadrature's cost buys nothing: ``python -m theory exact``
-refuses such points with this reason (72 keeps within the panel ending at 0.5 e^5 = 74.2)."""
 
 
 def max_logit_scale(omega, tasks) -> float:
@@ -458,7 +424,7 @@ def _one_head_expectations(omega_row, tasks, L, grad=False):
         raise NotImplementedError(
             f"one head with {k} distinct nonzero |omega| values: the q-expectation is a {k}-fold "
             f"tensor rule, implemented up to {MAX_GROUPS}. Tasks with equal |omega| share a group "
-            "(any number of them); use theory.reduced_ode.mc_reduced_loss for this point")
+            "(any number of them); estimate this point by Monte Carlo (numerics.exact_reduced.evaluate)")
     table = moment_table(L)
     if k == 0:
         mom, e_tab = table(np.zeros(1))
@@ -563,17 +529,14 @@ def one_head_terms(omega_row, tasks, L, sigma=0.0):
     """(b, C, err_b, err_C), each (m,): b_i = E sum_l p_l y_l,i y_q,i and
     C_i = E (sum_l p_l y_l,i)^2 of one head with logit coefficients omega_row (module
     docstring, section 2), and their absolute error bounds."""
-    tasks = check_tasks(tasks)
-    L = _check_int_L(L)
-    sigma = check_sigma(sigma)
+    tasks, L, sigma = _checked(tasks, L, sigma)
     om = _check_omega_row(omega_row, len(tasks))
-    b, C, err_b, err_C, _, _ = _one_head_bc(om, tasks, L, sigma, grad=False)
-    return b, C, err_b, err_C
+    return _one_head_bc(om, tasks, L, sigma, grad=False)[:4]
 
 
 def _one_head_bc(om, tasks, L, sigma, grad):
     """b, C (m,), their errors err_b, err_C (m,), and with grad the Jacobians db[i, j] = d b_i / d omega_j,
-    dC[i, j] = d C_i / d omega_j:
+    dC[i, j] = d C_i / d omega_j (last: the expectations X of :func:`_one_head_expectations`):
       d b_i/d omega_j = delta_ij E[|q_i|^2 a] + 2 omega_i omega_j E[|q_i|^2 |q_j|^2 a'],
       d C_i/d omega_j = 2 omega_i delta_ij E[|q_i|^2 K] + 2 omega_i^2 omega_j E[|q_i|^2 |q_j|^2 K']
                         + 2 (r_i + sigma^2) omega_j E[|q_j|^2 P']
@@ -585,11 +548,11 @@ def _one_head_bc(om, tasks, L, sigma, grad):
     err_b = np.abs(om) * X["err_a"]
     err_C = om ** 2 * X["err_K"] + (r + sigma ** 2) * X["err_P"]
     if not grad:
-        return b, C, err_b, err_C, None, None
+        return b, C, err_b, err_C, None, None, X
     db = np.diag(X["Ea"]) + 2.0 * om[:, None] * om[None, :] * X["da"]
     dC = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
           + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
-    return b, C, err_b, err_C, db, dC
+    return b, C, err_b, err_C, db, dC, X
 
 
 def _check_omega_row(omega_row, m: int) -> np.ndarray:
@@ -607,6 +570,13 @@ def _pairs_module():
     return exact_pairs
 
 
+def _checked(tasks, L, sigma, omega=None, mu=None):
+    """The checked (tasks, L, sigma) and, when given, (omega, mu) as (H, m) arrays."""
+    tasks = check_tasks(tasks)
+    pair = () if omega is None else check_omega_mu(omega, mu, tasks)
+    return (tasks, _check_int_L(L), check_sigma(sigma)) + tuple(pair)
+
+
 def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
     """The exact loss L_L(omega, mu) of the decomposable model (sum over tasks) at integer
     context length L, with an absolute error estimate.
@@ -616,62 +586,31 @@ def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
     served (mu != 0) by at most one head after merging heads with identical omega rows
     (their mu add) and dropping heads with mu = 0 -- then loss_i = r_i - 2 mu b_i + mu^2 C_i
     of the serving head.  Otherwise the cross moments C_{hk,i} (h != k) come from
-    ``theory.exact_pairs.cross_moment``.
+    ``theory.exact_pairs.cross_moments`` (every task at the cost of one).
     Degenerate inputs: L = 1 (softmax = 1), omega = 0 (uniform weights), mu = 0 (loss =
     sum r_i) are the closed forms the same formulas reduce to."""
-    import time
-
     t0 = time.perf_counter()
-    tasks = check_tasks(tasks)
-    omega, mu = check_omega_mu(omega, mu, tasks)
-    L = _check_int_L(L)
-    sigma = check_sigma(sigma)
-    m = len(tasks)
-    r = np.asarray(tasks, dtype=float)
+    tasks, L, sigma, omega, mu = _checked(tasks, L, sigma, omega, mu)
+    m, r = len(tasks), np.asarray(tasks, dtype=float)
     om, mu_ = _effective_heads(omega, mu)
     H = om.shape[0]
-    b = np.zeros((H, m))
-    C = np.zeros((H, m))
-    Eb = np.zeros((H, m))
-    EC = np.zeros((H, m))
+    b, C, Eb, EC = (np.zeros((H, m)) for _ in range(4))
     for h in range(H):
         b[h], C[h], Eb[h], EC[h] = one_head_terms(om[h], tasks, L, sigma)
     served = (mu_ != 0.0).sum(axis=0)
-    if H == 0:
-        case = "no heads"
-    elif H == 1:
-        case = "one head"
-    elif np.all(served <= 1):
-        case = "allocated"
-    else:
-        case = "pairs"
+    case = "no heads" if H == 0 else "one head" if H == 1 else "allocated" if np.all(served <= 1) else "pairs"
     per_task = r - 2.0 * np.sum(mu_ * b, axis=0) + np.sum(mu_ ** 2 * C, axis=0)
     err = np.sum(2.0 * np.abs(mu_) * Eb + mu_ ** 2 * EC, axis=0)
-    if case == "pairs":
-        pairs = _pairs_module()
-        if not hasattr(pairs, "cross_moment"):
-            raise NotImplementedError(
-                "exact_loss covers one head, and several heads when each task is served (mu != 0) "
-                "by at most one head; this point has two heads serving one task, which needs the "
-                "cross moments C_hk (theory.exact_pairs.cross_moment), not available here. Use "
-                "theory.reduced_ode.mc_reduced_loss (Monte Carlo) for it")
-        cache: dict[tuple[int, int], tuple] = {}
-
-        def cross(h, k, i):
-            # cross_moments returns every task at the cost of one (exact_pairs' docstring)
-            if hasattr(pairs, "cross_moments"):
+    cache: dict[tuple[int, int], tuple] = {}
+    for i in range(m if case == "pairs" else 0):
+        hs = [h for h in range(H) if mu_[h, i] != 0.0]
+        for x, h in enumerate(hs):
+            for k in hs[x + 1:]:
                 if (h, k) not in cache:
-                    cache[(h, k)] = pairs.cross_moments(om[h], om[k], tasks, L, sigma)
-                return float(cache[(h, k)][0][i]), float(cache[(h, k)][1][i])
-            return pairs.cross_moment(om[h], om[k], tasks, L, sigma, i)
-
-        for i in range(m):
-            hs = [h for h in range(H) if mu_[h, i] != 0.0]
-            for x, h in enumerate(hs):
-                for k in hs[x + 1:]:
-                    val, e = cross(h, k, i)
-                    per_task[i] += 2.0 * mu_[h, i] * mu_[k, i] * val
-                    err[i] += 2.0 * abs(mu_[h, i] * mu_[k, i]) * e
+                    cache[(h, k)] = _pairs_module().cross_moments(om[h], om[k], tasks, L, sigma)
+                val, e = float(cache[(h, k)][0][i]), float(cache[(h, k)][1][i])
+                per_task[i] += 2.0 * mu_[h, i] * mu_[k, i] * val
+                err[i] += 2.0 * abs(mu_[h, i] * mu_[k, i]) * e
     rounding = 1e-15 * 10.0 * float(np.sum(r + np.sum(np.abs(mu_ * b), axis=0) + np.sum(mu_ ** 2 * C, axis=0)))
     error = float(err.sum()) + rounding
     return ExactLoss(loss=check_loss("theory.exact.exact_loss", float(per_task.sum()), error), error_estimate=error,
@@ -686,16 +625,12 @@ def exact_loss(omega, mu, tasks, L, sigma=0.0) -> ExactLoss:
 @dataclass
 class ExactGradient:
     """d loss / d omega and d loss / d mu, each (H, m), at (omega, mu), with ``loss`` (an
-    :class:`ExactLoss`, None when asked for without it) and ``error_estimate`` (absolute, for every entry).  ``missing``
-    (H, m) marks the d/d mu entries that need a cross moment C_hk (a head h with mu = 0 on a
-    task served by another head k, at an allocated point) when theory.exact_pairs is not
-    available: they are NaN.  The factored metric multiplies them by 2|mu| = 0."""
+    :class:`ExactLoss`, None when asked for without it) and ``error_estimate`` (absolute, for every entry)."""
 
     loss: ExactLoss
     d_omega: np.ndarray
     d_mu: np.ndarray
     error_estimate: float
-    missing: np.ndarray
 
 
 def _row_groups(omega: np.ndarray):
@@ -710,6 +645,19 @@ def _row_groups(omega: np.ndarray):
     return np.array(keys, dtype=float).reshape(len(keys), omega.shape[1]), np.array(index, dtype=int)
 
 
+def _row_terms(rows, index, M, mu, tasks, L, sigma):
+    """Per distinct omega row x that carries some mu: b, C (m,), db, dC (m, m) of
+    :func:`_one_head_bc`, and an absolute error bound of each row's terms."""
+    R, m, r = rows.shape[0], len(tasks), np.asarray(tasks, dtype=float)
+    b, C, db, dC, err_rows = np.zeros((R, m)), np.zeros((R, m)), np.zeros((R, m, m)), np.zeros((R, m, m)), np.zeros(R)
+    for x in range(R):
+        if np.any(M[x] != 0.0) or np.any(mu[index == x] != 0.0):
+            b[x], C[x], _, _, db[x], dC[x], X = _one_head_bc(rows[x], tasks, L, sigma, grad=True)
+            err_rows[x] = (max(X["err_P"], X["err_a"].max(), X["err_K"].max(), X["err_grad"])
+                           * float(np.max((np.abs(rows[x]) + rows[x] ** 2) * r + r + sigma ** 2)))
+    return b, C, db, dC, err_rows
+
+
 def exact_gradient(omega, mu, tasks, L, sigma=0.0, with_loss=True) -> ExactGradient:
     """The gradient of :func:`exact_loss` in (omega, mu), analytic (module docstring,
     section 5), same cases as :func:`exact_loss`.
@@ -719,51 +667,20 @@ def exact_gradient(omega, mu, tasks, L, sigma=0.0, with_loss=True) -> ExactGradi
     dC_i/d omega_j) and d/d mu[h,i] = -2 b_i + 2 M_i C_i, plus, for every other row k
     serving task i, 2 M_k,i C_hk,i in d/d mu[h,i] and 2 mu[h,i] M_k,i dC_hk,i/d omega_h in
     d/d omega[h, .] -- from theory.exact_pairs (cross_moment for the values;
-    cross_moments_and_gradient where two rows serve one task), if that module exists."""
-    import time
-
+    cross_moments_and_gradient where two rows serve one task)."""
     t0 = time.perf_counter()
-    tasks = check_tasks(tasks)
-    omega, mu = check_omega_mu(omega, mu, tasks)
-    L = _check_int_L(L)
-    sigma = check_sigma(sigma)
+    tasks, L, sigma, omega, mu = _checked(tasks, L, sigma, omega, mu)
     m = len(tasks)
-    r = np.asarray(tasks, dtype=float)
     rows, index = _row_groups(omega)
-    R = rows.shape[0]
-    M = np.zeros((R, m))
+    M = np.zeros((rows.shape[0], m))
     for h in range(omega.shape[0]):
         M[index[h]] += mu[h]
-    serving = [[x for x in range(R) if M[x, i] != 0.0] for i in range(m)]
+    serving = [[x for x in range(rows.shape[0]) if M[x, i] != 0.0] for i in range(m)]
     pairs = _pairs_module()
     # two distinct rows serving one task: the omega-gradient needs d C_hk / d omega_h
     needs_pair_grad = any(len(sv) > 1 for sv in serving)
-    if needs_pair_grad and (not hasattr(pairs, "cross_moments_and_gradient")):
-        raise NotImplementedError(
-            "exact_gradient covers one head and allocated heads (each task served by at most one "
-            "distinct omega row); two heads serve one task here, which needs the gradient of the "
-            "cross moments C_hk (theory.exact_pairs.cross_moments_and_gradient), not available. "
-            "Use theory.reduced_ode.mc_reduced_gradient (Monte Carlo) for it")
-    b = np.zeros((R, m))
-    C = np.zeros((R, m))
-    db = np.zeros((R, m, m))
-    dC = np.zeros((R, m, m))
-    err_rows = np.zeros(R)
-    for x in range(R):
-        if np.any(M[x] != 0.0) or np.any(mu[index == x] != 0.0):
-            X = _one_head_expectations(rows[x], tasks, L, grad=True)
-            om = rows[x]
-            b[x] = om * X["Ea"]
-            C[x] = om ** 2 * X["EK"] + (r + sigma ** 2) * X["EP"]
-            db[x] = np.diag(X["Ea"]) + 2.0 * om[:, None] * om[None, :] * X["da"]
-            dC[x] = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
-                     + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
-            err_rows[x] = (max(X["err_P"], X["err_a"].max(), X["err_K"].max(), X["err_grad"])
-                           * float(np.max((np.abs(om) + om ** 2) * r + r + sigma ** 2)))
-    H = omega.shape[0]
-    g_om = np.zeros((H, m))
-    g_mu = np.zeros((H, m))
-    missing = np.zeros((H, m), dtype=bool)
+    b, C, db, dC, err_rows = _row_terms(rows, index, M, mu, tasks, L, sigma)
+    g_om, g_mu = np.zeros(omega.shape), np.zeros(omega.shape)
     pair_cache: dict[tuple[int, int], dict] = {}
 
     def pair(x, y):
@@ -771,39 +688,32 @@ def exact_gradient(omega, mu, tasks, L, sigma=0.0, with_loss=True) -> ExactGradi
         key = (min(x, y), max(x, y))
         if key not in pair_cache:
             pair_cache[key] = pairs.cross_moments_and_gradient(rows[key[0]], rows[key[1]], tasks, L, sigma)
-        d = pair_cache[key]
-        first_ = x == key[0]
+        d, first_ = pair_cache[key], x == key[0]
         return (d["value"], d["error_estimate"], d["d_omega_h"] if first_ else d["d_omega_k"],
                 d["d_omega_h_error"] if first_ else d["d_omega_k_error"])
 
     err = 0.0
-    for h in range(H):
+    for h in range(omega.shape[0]):
         x = index[h]
         g_om[h] = -2.0 * mu[h] @ db[x] + (mu[h] * M[x]) @ dC[x]
         g_mu[h] = -2.0 * b[x] + 2.0 * M[x] * C[x]
         err = max(err, err_rows[x] * float(np.sum(2.0 * np.abs(mu[h]) + np.abs(mu[h] * M[x]) + 2.0 + 2.0 * np.abs(M[x]))))
-        for i in range(m):
-            for k in serving[i]:
-                if k == x:
-                    continue
-                # the cross term 2 mu[h,i] M[k,i] C_xk,i of the loss
-                if needs_pair_grad:
-                    val, e, dval, de = pair(x, k)
-                    g_om[h] += 2.0 * mu[h, i] * M[k, i] * dval[i]
-                    g_mu[h, i] += 2.0 * M[k, i] * val[i]
-                    err = max(err, 2.0 * abs(M[k, i]) * (e[i] + abs(mu[h, i]) * float(np.max(de[i]))))
-                elif pairs is not None and hasattr(pairs, "cross_moment"):
-                    val, e = pairs.cross_moment(rows[x], rows[k], tasks, L, sigma, i)
-                    g_mu[h, i] += 2.0 * M[k, i] * val
-                    err = max(err, 2.0 * abs(M[k, i]) * e)
-                else:
-                    g_mu[h, i] = np.nan
-                    missing[h, i] = True
+        for i, k in ((i, k) for i in range(m) for k in serving[i] if k != x):
+            # the cross term 2 mu[h,i] M[k,i] C_xk,i of the loss
+            if needs_pair_grad:
+                val, e, dval, de = pair(x, k)
+                g_om[h] += 2.0 * mu[h, i] * M[k, i] * dval[i]
+                g_mu[h, i] += 2.0 * M[k, i] * val[i]
+                err = max(err, 2.0 * abs(M[k, i]) * (e[i] + abs(mu[h, i]) * float(np.max(de[i]))))
+            else:
+                val, e = pairs.cross_moment(rows[x], rows[k], tasks, L, sigma, i)
+                g_mu[h, i] += 2.0 * M[k, i] * val
+                err = max(err, 2.0 * abs(M[k, i]) * e)
     # the flow's right-hand side skips the loss (with pairs it costs as much again)
     loss = exact_loss(omega, mu, tasks, L, sigma) if with_loss else None
     if loss is not None:
         loss.seconds = time.perf_counter() - t0
-    return ExactGradient(loss=loss, d_omega=g_om, d_mu=g_mu, error_estimate=float(err), missing=missing)
+    return ExactGradient(loss=loss, d_omega=g_om, d_mu=g_mu, error_estimate=float(err))
 
 
 def exact_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0, t_end=60.0,
@@ -811,101 +721,38 @@ def exact_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1
                max_abs=1e3) -> FlowTrajectory:
     """Integrate d omega = -f_omega dL/d omega, d mu = -f_mu dL/d mu on the exact loss with
     the metric factors of ``param`` (theory.reduced_ode.metric_factors: merged 1/r_i and 1,
-    factored 2|omega|/(s r_i) and 2|mu|) from (omega0, mu0) over [0, t_end] (scipy solve_ivp).
+    factored 2|omega|/(s r_i) and 2|mu|) from (omega0, mu0) over [0, t_end]
+    (theory.trajectory.solve_flow).
 
-    Factored: integrated in the balanced factors omega = sign0 kappa^2, mu = sign0 nu^2 (as
-    theory.reduced_ode.integrate_expansion_flow) so that no step flips a sign; zero entries
-    stay zero (the d/d mu entries that would need a cross moment are then not needed).
-    Merged: needs every entry of the gradient; at points :func:`exact_gradient` does not
-    cover the flow stops with status "failed" and says why.  Stops early with
-    "stationary" when ``stationary_tol`` is given and the velocity norm falls below it, or
-    "diverged" when some |entry| exceeds ``max_abs``."""
-    from scipy.integrate import solve_ivp
-
+    Factored: integrated in the balanced factors omega = sign0 kappa^2, mu = sign0 nu^2 so
+    that no step flips a sign; zero entries stay zero (the d/d mu entries that would need a
+    cross moment are then not needed).  Merged: needs every entry of the gradient; at points
+    :func:`exact_gradient` does not cover the flow stops with status "failed" and says why.
+    Stops early with "stationary" when ``stationary_tol`` is given and the velocity norm (of
+    the integrated coordinates) falls below it, or "diverged" when some |entry| exceeds ``max_abs``."""
     # here, not at the top: theory.reduced_ode imports sympy (about 1 s CPU), which the users of
     # exact_loss alone (theory.saddle, theory.served_optimum, numerics.saddle) never need
-    from .reduced_ode import PARAMS, metric_factors
+    from .reduced_ode import metric_factors
 
-    tasks = check_tasks(tasks)
-    omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
-    L = _check_int_L(L)
-    sigma = check_sigma(sigma)
-    if param not in PARAMS:
-        raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
-    if not np.isfinite(t_end) or t_end <= 0:
-        raise ValueError(f"t_end must be positive and finite, got {t_end}")
-    shape = omega0.shape
-    n = omega0.size
-    if t_eval is None:
-        t_eval = np.linspace(0.0, t_end, 61)
-    t_eval = np.asarray(t_eval, dtype=float)
-    sign_om = np.where(omega0 < 0, -1.0, 1.0)
-    sign_mu = np.where(mu0 < 0, -1.0, 1.0)
-
-    def from_state(y):
-        a, c = y[:n].reshape(shape), y[n:].reshape(shape)
-        if param == "merged":
-            return a, c
-        return sign_om * a ** 2, sign_mu * c ** 2
+    tasks, L, sigma, omega0, mu0 = _checked(tasks, L, sigma, omega0, mu0)
 
     def velocity(om, m_):
         G = exact_gradient(om, m_, tasks, L, sigma, with_loss=False)
         f_om, f_mu = metric_factors(param, om, m_, tasks, logit_scale)
-        g_mu = np.where(f_mu == 0.0, 0.0, G.d_mu)
-        if np.any(np.isnan(g_mu)):
-            raise NotImplementedError("the merged flow needs d loss/d mu where two heads serve one task "
-                                      "(cross moments, theory.exact_pairs)")
-        return -f_om * G.d_omega, -f_mu * g_mu
+        return -f_om * G.d_omega, -f_mu * np.where(f_mu == 0.0, 0.0, G.d_mu)
 
-    def rhs(_t, y):
-        om, m_ = from_state(y)
-        d_om, d_mu = velocity(om, m_)
-        if param == "merged":
-            return np.concatenate([d_om.ravel(), d_mu.ravel()])
-        a, c = y[:n].reshape(shape), y[n:].reshape(shape)
-        # omega = s a^2: d a = d_omega / (2 s a) (0 where a = 0: the metric vanishes there)
-        da = np.divide(d_om, 2.0 * sign_om * a, out=np.zeros(shape), where=a != 0)
-        dc = np.divide(d_mu, 2.0 * sign_mu * c, out=np.zeros(shape), where=c != 0)
-        return np.concatenate([da.ravel(), dc.ravel()])
+    def stationary(t, y, _om, _mu, rhs):
+        return 1.0 if t <= 0 else float(np.sqrt(np.sum(rhs(t, y) ** 2))) - stationary_tol
 
-    def diverge(_t, y):
-        om, m_ = from_state(y)
-        return max_abs - max(np.abs(om).max(), np.abs(m_).max())
-    diverge.terminal = True
-    events = [diverge]
-    if stationary_tol is not None:
-        def stationary(t, y):
-            if t <= 0:
-                return 1.0
-            v = rhs(t, y)
-            return float(np.sqrt(np.sum(v ** 2))) - stationary_tol
-        stationary.terminal = True
-        events.append(stationary)
-    if param == "merged":
-        y0 = np.concatenate([omega0.ravel(), mu0.ravel()])
-    else:
-        y0 = np.concatenate([np.sqrt(np.abs(omega0)).ravel(), np.sqrt(np.abs(mu0)).ravel()])
+    stops = [("diverged", lambda _t, _y, om, m_, _rhs: max_abs - max(np.abs(om).max(), np.abs(m_).max()))]
+    stops += [("stationary", stationary)] if stationary_tol is not None else []
     try:
-        sol = solve_ivp(rhs, (0.0, float(t_end)), y0, method=method, t_eval=t_eval, events=events,
-                        rtol=rtol, atol=atol)
-        status, message = ("failed" if sol.status == -1 else "t_end"), sol.message
-        if sol.status == 1:
-            status = "diverged" if len(sol.t_events[0]) else "stationary"
-        ts, ys = list(sol.t), [sol.y[:, j] for j in range(sol.y.shape[1])]
-        if sol.status == 1:
-            for ev_t, ev_y in zip(sol.t_events, sol.y_events):
-                if len(ev_t) and (not ts or ev_t[0] > ts[-1]):
-                    ts.append(float(ev_t[0]))
-                    ys.append(ev_y[0])
+        return solve_flow(velocity, lambda o, u: exact_loss(o, u, tasks, L, sigma).loss, omega0, mu0, param,
+                          t_end, t_eval, stops, rtol, atol, method)
     except NotImplementedError as exc:
+        shape = omega0.shape
         return FlowTrajectory(t=np.zeros(0), omega=np.zeros((0,) + shape), mu=np.zeros((0,) + shape),
-                               loss=np.zeros(0), status="failed", message=str(exc), param=param)
-    pairs_ = [from_state(y) for y in ys]
-    om = np.stack([p[0] for p in pairs_]) if pairs_ else np.empty((0,) + shape)
-    m_ = np.stack([p[1] for p in pairs_]) if pairs_ else np.empty((0,) + shape)
-    loss = np.array([exact_loss(o, u, tasks, L, sigma).loss for o, u in zip(om, m_)])
-    return FlowTrajectory(t=np.asarray(ts), omega=om, mu=m_, loss=loss, status=status, message=message,
-                           param=param)
+                              loss=np.zeros(0), status="failed", message=str(exc), param=param)
 
 
 def _one_task_profile(omega: float, r: int, L: int, sigma: float):
@@ -927,9 +774,7 @@ def exact_fixed_point(tasks, L, sigma=0.0, omega_max=3.0, tol=1e-12) -> dict:
     heads idle).  Returns {"omega_star", "mu_star", "loss_per_task", "loss", "error_estimate"}."""
     from scipy.optimize import brentq
 
-    tasks = check_tasks(tasks)
-    L = _check_int_L(L)
-    sigma = check_sigma(sigma)
+    tasks, L, sigma = _checked(tasks, L, sigma)
     out = {"tasks": list(tasks), "L": L, "sigma": sigma, "omega_star": [], "mu_star": [],
            "loss_per_task": [], "error_estimate": 0.0}
     cache: dict[int, tuple] = {}
@@ -965,21 +810,13 @@ def single_head_optimum(tasks, L, sigma=0.0) -> dict:
 
     from .limiting_error import single_head_at_L   # sympy and mpmath: as in exact_flow, only when needed
 
-    tasks = check_tasks(tasks)
-    L = _check_int_L(L)
-    sigma = check_sigma(sigma)
+    tasks, L, sigma = _checked(tasks, L, sigma)
     sizes = sorted(set(tasks))
     which = np.array([sizes.index(r) for r in tasks])
     r = np.asarray(tasks, dtype=float)
 
     def f(x):
-        om = x[which]
-        X = _one_head_expectations(om, tasks, L, grad=True)
-        b = om * X["Ea"]
-        C = om ** 2 * X["EK"] + (r + sigma ** 2) * X["EP"]
-        db = np.diag(X["Ea"]) + 2.0 * om[:, None] * om[None, :] * X["da"]
-        dC = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
-              + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
+        b, C, _, _, db, dC, _ = _one_head_bc(x[which], tasks, L, sigma, grad=True)
         val = float(np.sum(r - b * b / C))
         g_task = -((2.0 * b * C)[:, None] * db - (b * b)[:, None] * dC) / (C ** 2)[:, None]   # (i, j)
         g = g_task.sum(axis=0)
@@ -1021,8 +858,6 @@ def benchmark(L_values=(64, 1024, 4096), repeats=5) -> list[dict]:
     """Time per exact_loss evaluation (single thread as configured by the caller): the first
     evaluation at a new L (it builds that L's moment table) and the warm ones, for one head
     on one task, one head on two tasks with distinct |omega| (2-D q-rule) and on three."""
-    import time
-
     cases = [("H=1 m=1", [[0.4]], [[2.0]], (3,)),
              ("H=1 m=2 (2 groups)", [[0.4, 0.2]], [[2.0, 1.0]], (3, 3)),
              ("H=1 m=3 (3 groups)", [[0.4, 0.2, 0.1]], [[2.0, 1.0, 1.0]], (3, 3, 3)),

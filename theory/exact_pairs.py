@@ -68,11 +68,6 @@ S = 1 - F computed as S_h(a) + S_k(b) - E[Gbar Gbar] (Gbar = 1 - G = -expm1(-e^{
 that S keeps its relative accuracy where F is close to 1 (the power amplifies absolute
 errors of F by L).
 
-5. ``PairTable(L, beta_max, gradient=...)``: the q-conditional integrals (and their
-   S-derivatives) depend on q only through (beta_h, beta_k, rho) = (sqrt(S_hh), sqrt(S_kk),
-   S_hk/(beta_h beta_k)), so for repeated evaluations at one L (a flow) they are tabulated
-   once on Chebyshev points and interpolated; nodes beyond beta_max are computed directly.
-
 Error estimate: |value - value with a coarser rule| (3/4 of the outer nodes, inner steps
 1.2-1.25 times larger).  Measured against a much finer rule (random |omega| <= 0.6,
 r <= 10, L = 4 ... 4096): 1.2 to 10^4 times the actual error; in the saturation regime
@@ -91,7 +86,7 @@ from scipy.special import roots_genlaguerre, gammaln
 
 from theory._validate import check_finite_array, check_positive_int, check_sigma, check_tasks
 
-__all__ = ["PairTable", "cross_moment", "cross_moments", "cross_moments_and_gradient", "pair_inner_integrals"]
+__all__ = ["cross_moment", "cross_moments", "cross_moments_and_gradient", "pair_inner_integrals"]
 
 # Inner accuracy knobs (the error estimate measures what they give; see the module docstring).
 _X_RANGE = 8.0          # Gaussian nodes cover |X| <= 8 (mass < 1e-15 beyond)
@@ -217,6 +212,14 @@ def pair_inner_integrals(S_hh: float, S_kk: float, S_hk: float, L: int,
                 for S, S_other in _SWAP_S.items():
                     res[f"d{name}/d{S}"] = out[f"d{other}/d{S_other}"]
         return res
+    A, B, w = _pair_factors(S_hh, S_kk, S_hk, L, kappa_scale, ab_step, 5 if derivatives else 3)
+    return _pair_terms(A, B, w, L, ab_step, derivatives)
+
+
+def _pair_factors(S_hh, S_kk, S_hk, L, kappa_scale, ab_step, top):
+    """The Gumbel-derivative factors of F = E[G(a - z_h) G(b - z_k)] on the (a, b) grid: A[p]
+    (n_a, n_x) and B[p] (n_b, n_x) (p = "bar", 0, 1..top), with the X-rule weights w, where
+    z_h = sqrt(S_hh) X and z_k = c X + tau Y (Y integrated into B)."""
     sh = math.sqrt(S_hh)
     c = S_hk / sh if sh > 0 else 0.0               # z_k = c X + tau Y
     tau = math.sqrt(max(S_kk - c * c, 0.0))
@@ -225,7 +228,6 @@ def pair_inner_integrals(S_hh: float, S_kk: float, S_hk: float, L: int,
     a = _grid_range(sh, L, ab_step, kappa)
     b = _grid_range(sk, L, ab_step, kappa)
     ys, yw = _normal_nodes(tau, kappa)
-    top = 5 if derivatives else 3
     orders = ("bar",) + tuple(range(1, top + 1))
     # K: the X step is shrunk to ab_step / (K |c|) so that every argument b_j - c x_p lies on
     # one lattice of spacing ab_step / K; the Y-smoothing is then done once per lattice point
@@ -255,7 +257,12 @@ def pair_inner_integrals(S_hh: float, S_kk: float, S_hk: float, L: int,
     A = _gumbel_derivs(a[:, None] - sh * xs[None, :], orders)
     A[0] = 1.0 - A["bar"]
     B[0] = 1.0 - B["bar"]
-    w = xw
+    return A, B, xw
+
+
+def _pair_terms(A, B, w, L, ab_step, derivatives):
+    """The integrals of :func:`pair_inner_integrals` (_TERMS) from the grid factors, and with
+    ``derivatives`` their S-derivatives by the heat equation (_HEAT)."""
     # S = 1 - F = S_h(a) + S_k(b) - E[Gbar(a - z_h) Gbar(b - z_k)]: keeps its relative accuracy
     # where F is close to 1 (F^{L-1} multiplies absolute errors of F by L).
     S = (A["bar"] @ w)[:, None] + (B["bar"] @ w)[None, :] - (A["bar"] * w) @ B["bar"].T
@@ -476,163 +483,3 @@ def cross_moment(omega_h, omega_k, tasks, L, sigma, i, n_nodes: int | None = Non
         raise ValueError(f"i must be a task index in 0..{len(tasks) - 1} (0-based), got {i!r}")
     values, errors = cross_moments(omega_h, omega_k, tasks, L, sigma, n_nodes=n_nodes, rtol=rtol)
     return float(values[i]), float(errors[i])
-
-
-def _accumulate(I, norms, weights, om_h, om_k, tasks, sigma, gradient):
-    """The outer sum of ``_moments_with_rule`` with the inner integrals given as arrays over
-    the nodes (I[name][q]); same chain rule for the gradient."""
-    m = len(tasks)
-    r = np.asarray(tasks, dtype=float)
-    n2 = norms * norms
-    total = np.zeros(m)
-    grad_h = np.zeros((m, m))
-    grad_k = np.zeros((m, m))
-    for i in range(m):
-        al_h, al_k = om_h[i] * norms[:, i], om_k[i] * norms[:, i]
-        extra = r[i] - 1.0 + sigma * sigma
-        total[i] = weights @ (_uIuJ(I, al_h, al_k) + extra * I["P"])
-        if gradient:
-            dS = {S: _uIuJ(I, al_h, al_k, "d", f"/d{S}") + extra * I[f"dP/d{S}"] for S in _HEAT}
-            d_al_h, d_al_k = _uIuJ_dalpha(I, al_h, al_k)
-            wh = weights[:, None] * n2
-            grad_h[i] = ((2 * dS["S_hh"][:, None] * om_h[None, :] + dS["S_hk"][:, None] * om_k[None, :]) * wh).sum(0)
-            grad_k[i] = ((2 * dS["S_kk"][:, None] * om_k[None, :] + dS["S_hk"][:, None] * om_h[None, :]) * wh).sum(0)
-            grad_h[i, i] += weights @ (d_al_h * norms[:, i])
-            grad_k[i, i] += weights @ (d_al_k * norms[:, i])
-    if gradient:
-        return total, grad_h, grad_k
-    return total
-
-
-class PairTable:
-    """The q-conditional pair integrals tabulated once per L, for repeated loss evaluations
-    (a flow): Chebyshev interpolation in (beta_h, beta_k, rho) = (sqrt(S_hh), sqrt(S_kk),
-    S_hk/(beta_h beta_k)) on [0, beta_max]^2 x [-1, 1] (the integrals are analytic in the
-    covariance, so in these coordinates too).  Outer nodes with a larger beta are computed
-    directly, so the table changes the cost, never the domain.
-
-    Build cost: n_beta^2 n_rho calls of ``pair_inner_integrals`` (default 28 x 28 x 18,
-    about 30-60 s on 2 shared cores); after that ``cross_moments`` costs milliseconds (m = 1)
-    to a few tenths of a second (m = 3) per pair.  Its error estimate includes the
-    interpolation error (the series without its last two orders, compared at the same nodes).
-    """
-
-    def __init__(self, L: int, beta_max: float, n_beta: int = 28, n_rho: int = 18,
-                 gradient: bool = False):
-        self.L = check_positive_int("L", L)
-        if not (isinstance(beta_max, (int, float)) and math.isfinite(beta_max) and beta_max > 0):
-            raise ValueError(f"beta_max must be a positive number (largest |omega| n covered), got {beta_max!r}")
-        self.beta_max = float(beta_max)
-        self.n_beta = check_positive_int("n_beta", n_beta)
-        self.n_rho = check_positive_int("n_rho", n_rho)
-        self.gradient = bool(gradient)
-        self.names = list(_TERMS) + ([f"d{n}/d{S}" for n in _TERMS for S in _HEAT] if gradient else [])
-        xb = np.cos(np.pi * (np.arange(n_beta) + 0.5) / n_beta)
-        xr = np.cos(np.pi * (np.arange(n_rho) + 0.5) / n_rho)
-        beta = 0.5 * (xb + 1.0) * self.beta_max
-        vals = np.empty((len(self.names), n_beta, n_beta, n_rho))
-        for a, bh in enumerate(beta):
-            for b, bk in enumerate(beta):
-                for c, rho in enumerate(xr):
-                    I = pair_inner_integrals(bh * bh, bk * bk, rho * bh * bk, self.L,
-                                             derivatives=self.gradient)
-                    vals[:, a, b, c] = [I[name] for name in self.names]
-        # values at Chebyshev points of the first kind -> coefficients (discrete orthogonality)
-        Tb = np.cos(np.outer(np.arange(n_beta), np.arccos(xb))) * (2.0 / n_beta)
-        Tb[0] *= 0.5
-        Tr = np.cos(np.outer(np.arange(n_rho), np.arccos(xr))) * (2.0 / n_rho)
-        Tr[0] *= 0.5
-        self._stacked = np.einsum("ia,jb,kc,nabc->nijk", Tb, Tb, Tr, vals)
-
-    @staticmethod
-    def beta_needed(omegas, tasks, n_nodes: int | None = None) -> float:
-        """The largest logit scale beta = sqrt(S_hh) that the outer rule (n_nodes per block
-        norm, default as in ``cross_moments``) meets for the heads in ``omegas`` (H x m):
-        a beta_max at least this large keeps every node inside the table."""
-        tasks = check_tasks(tasks)
-        om = check_finite_array("omegas", omegas)
-        om = om.reshape(-1, len(tasks))
-        n = _DEFAULT_OUTER.get(len(tasks), 8) if n_nodes is None else check_positive_int("n_nodes", n_nodes)
-        n_max2 = np.array([2.0 * roots_genlaguerre(n, r / 2.0 - 1.0)[0].max() for r in tasks])
-        return float(np.sqrt((om * om) @ n_max2).max())
-
-    def inner(self, S_hh, S_kk, S_hk, truncate: int = 0) -> dict:
-        """The integrals of ``pair_inner_integrals`` at many q at once (arrays); truncate > 0
-        drops the last ``truncate`` Chebyshev orders of every axis (for an error estimate)."""
-        S_hh, S_kk, S_hk = (np.atleast_1d(np.asarray(v, dtype=float)) for v in (S_hh, S_kk, S_hk))
-        bh, bk = np.sqrt(S_hh), np.sqrt(S_kk)
-        denom = bh * bk
-        rho = np.clip(np.divide(S_hk, denom, out=np.zeros_like(denom), where=denom > 0), -1.0, 1.0)
-        inside = (bh <= self.beta_max) & (bk <= self.beta_max)
-        out = {name: np.empty(S_hh.shape) for name in self.names}
-        if inside.any():
-            nb, nr = self.n_beta - truncate, self.n_rho - truncate
-
-            def cheb(x, n):
-                return np.cos(np.outer(np.arccos(np.clip(x, -1.0, 1.0)), np.arange(n)))
-
-            Th = cheb(2.0 * bh[inside] / self.beta_max - 1.0, nb)
-            Tk = cheb(2.0 * bk[inside] / self.beta_max - 1.0, nb)
-            Tr = cheb(rho[inside], nr)
-            stacked = self._stacked[:, :nb, :nb, :nr]                    # (names, i, j, k)
-            # contract rho first with one BLAS product, then the two beta axes
-            t = Tr @ stacked.reshape(-1, nr).T                           # (q, names*i*j)
-            t = t.reshape(len(Tr), len(self.names), nb, nb)
-            vals = np.einsum("qnij,qi,qj->nq", t, Th, Tk, optimize=True)
-            for row, name in enumerate(self.names):
-                out[name][inside] = vals[row]
-        for idx in np.nonzero(~inside)[0]:
-            I = pair_inner_integrals(float(S_hh[idx]), float(S_kk[idx]), float(S_hk[idx]), self.L,
-                                     derivatives=self.gradient)
-            for name in self.names:
-                out[name][idx] = I[name]
-        return out
-
-    def _with_rule(self, om_h, om_k, tasks, sigma, n, truncate=0, gradient=False):
-        norms, weights = _outer_rule(tasks, n)
-        n2 = norms * norms
-        I = self.inner(n2 @ (om_h * om_h), n2 @ (om_k * om_k), n2 @ (om_h * om_k), truncate)
-        return _accumulate(I, norms, weights, om_h, om_k, tasks, sigma, gradient)
-
-    def cross_moments(self, omega_h, omega_k, tasks, sigma, n_nodes: int | None = None):
-        """C_{hk,i} for every i from the table: (values (m,), error_estimates (m,)).  The
-        estimate adds the outer-rule comparison (n vs 3n/4 nodes) and the interpolation
-        comparison (the series without its last two orders per axis, at the same nodes)."""
-        tasks, om_h, om_k, L, sigma = _check_pair_inputs(omega_h, omega_k, tasks, self.L, sigma)
-        m = len(tasks)
-        r = np.asarray(tasks, dtype=float)
-        if L == 1:
-            return r + sigma * sigma, np.zeros(m)
-        if not np.any(om_h * om_k):
-            return (r + sigma * sigma) / L, np.zeros(m)
-        n = _DEFAULT_OUTER.get(m, 8) if n_nodes is None else check_positive_int("n_nodes", n_nodes)
-        value = self._with_rule(om_h, om_k, tasks, sigma, n)
-        err = (np.abs(value - self._with_rule(om_h, om_k, tasks, sigma, max(2, (3 * n) // 4)))
-               + np.abs(value - self._with_rule(om_h, om_k, tasks, sigma, n, truncate=2)))
-        return value, err
-
-    def cross_moments_and_gradient(self, omega_h, omega_k, tasks, sigma, n_nodes: int | None = None) -> dict:
-        """As the module's ``cross_moments_and_gradient``, from a table built with gradient=True."""
-        if not self.gradient:
-            raise ValueError("this PairTable was built without derivatives; build it with gradient=True")
-        tasks, om_h, om_k, L, sigma = _check_pair_inputs(omega_h, omega_k, tasks, self.L, sigma)
-        m = len(tasks)
-        r = np.asarray(tasks, dtype=float)
-        n = _DEFAULT_OUTER.get(m, 8) if n_nodes is None else check_positive_int("n_nodes", n_nodes)
-        if L == 1:
-            z = np.zeros((m, m))
-            return dict(value=r + sigma * sigma, error_estimate=np.zeros(m), d_omega_h=z,
-                        d_omega_k=z.copy(), d_omega_h_error=z.copy(), d_omega_k_error=z.copy())
-        fine = self._with_rule(om_h, om_k, tasks, sigma, n, gradient=True)
-        coarse = self._with_rule(om_h, om_k, tasks, sigma, max(2, (3 * n) // 4), gradient=True)
-        trunc = self._with_rule(om_h, om_k, tasks, sigma, n, truncate=2, gradient=True)
-        err = [np.abs(f - c) + np.abs(f - t) for f, c, t in zip(fine, coarse, trunc)]
-        # Elementwise differences can cancel by chance (measured: one gradient entry off by
-        # 1.2e-7 where its own difference was 1.2e-8): each gradient array gets the largest.
-        err[1] = np.full_like(err[1], err[1].max())
-        err[2] = np.full_like(err[2], err[2].max())
-        value = fine[0]
-        if not np.any(om_h * om_k):
-            value, err[0] = (r + sigma * sigma) / L, np.zeros(m)
-        return dict(value=value, error_estimate=err[0], d_omega_h=fine[1], d_omega_k=fine[2],
-                    d_omega_h_error=err[1], d_omega_k_error=err[2])

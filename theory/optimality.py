@@ -50,23 +50,22 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ._validate import check_L, check_positive_int, check_sigma, check_tasks, in_range
-from .linear_attention import check_minimum
 from . import exact
 from .limiting_error import limit_multi
-from .linear_attention import large_L, linear_attention_limit, linear_attention_loss
+from .linear_attention import check_minimum, large_L, linear_attention_limit, linear_attention_loss
 from .reduced_ode import OMEGA_RELIABLE, _profile, expansion_gradient, expansion_loss
 from .task_allocation import allocated_fixed_point, allocated_loss_at_L, allocated_point
 
 OMEGA_MAX = float(np.sqrt(1.0 - 0.05) * OMEGA_RELIABLE)
+#: The search's Tikhonov weight, relative to the pair term's constant (r + sigma^2)/L (module
+#: docstring): rounding at most H^3 u / RIDGE of the ridge term, a loss above the infimum by
+#: ~ sqrt(RIDGE) relative.
 RIDGE = 1e-8
-"""The search's Tikhonov weight, relative to the pair term's constant (r + sigma^2)/L (module
-docstring): rounding at most H^3 u / RIDGE of the ridge term, a loss above the infimum by
-~ sqrt(RIDGE) relative."""
+#: A minimiser with every |omega| below this is on the run to omega -> 0, stopped by the ridge
+#: at eps^4 = RIDGE (r + sigma^2)|nu|^2/(L c_2) (module docstring; measured max |omega| 0.006-0.014
+#: at (3, 3), L = 1000, and at (2, 2), (2,), L = 100-200); the interior minima theory knows lie far
+#: above it (allocated omega* ~ 0.4, superpositions ~ 0.15).
 SMALL_OMEGA = 0.1 * OMEGA_MAX
-"""A minimiser with every |omega| below this is on the run to omega -> 0, stopped by the ridge
-at eps^4 = RIDGE (r + sigma^2)|nu|^2/(L c_2) (module docstring; measured max |omega| 0.006-0.014
-at (3, 3), L = 1000, and at (2, 2), (2,), L = 100-200); the interior minima theory knows lie far
-above it (allocated omega* ~ 0.4, superpositions ~ 0.15)."""
 
 
 def search_rtol(heads) -> float:

@@ -12,9 +12,9 @@ with the metric factors of :func:`metric_factors` (derived from the parametrisat
 :func:`derive_metric_factors`: merged 1/r_i and 1; factored 2|omega|/(s r_i) and 2|mu|).
 The right-hand side comes in two forms:
 
-- exact at finite L: dL_L/d(omega, mu) is an expectation over prompts
-  (:func:`mc_reduced_gradient` states it and estimates it in numpy; the numerics estimate
-  the same expectation in PyTorch), with the loss itself in :func:`mc_reduced_loss`;
+- exact at finite L: dL_L/d(omega, mu) by deterministic quadrature (theory.exact.exact_gradient;
+  the numerics estimate the same expectation over prompts by Monte Carlo in PyTorch,
+  numerics.exact_reduced);
 - the large-L expansion (closed form, :func:`expansion_loss`, :func:`expansion_gradient`),
   derived symbolically in :func:`derive_expansion` from the delta method for the ratio
   sum e^{s_l} y_l / sum e^{s_l} and the Gaussian moment identities; the numpy functions
@@ -33,13 +33,10 @@ from functools import lru_cache
 
 import numpy as np
 import sympy as sp
-from scipy.integrate import solve_ivp
 
-from .trajectory import FlowTrajectory
+from .trajectory import PARAMS, FlowTrajectory, factor_velocity, solve_flow
 from ._validate import check_L, check_loss, check_omega_mu, check_positive_int, check_sigma, check_tasks
 from .linear_attention import check_minimum
-
-PARAMS = ("merged", "factored")
 
 
 # ---------------------------------------------------------------------------------------
@@ -149,6 +146,57 @@ def _one_coordinate_mgf():
     return c, sp.simplify(val.subs(a, sp.Rational(1, 2) - c))
 
 
+def _g_average(a_i, G, t, block_factor, c, r, r_i):
+    """(E_g e^{alpha t + beta G} given q, E_g of a polynomial in (t, G)): q_i rotated onto e_1,
+    t = sqrt(a_i) g_1, G = g_1^2 + |rest|^2, the moments the derivatives of the MGF at 0."""
+    alpha, beta = sp.symbols("alpha beta", real=True)
+    g1 = sp.Symbol("g1", real=True)
+    b_ = sp.Symbol("b_", positive=True)
+    first = sp.integrate(sp.exp(alpha * sp.sqrt(a_i) * g1 - b_ * g1 ** 2) / sp.sqrt(2 * sp.pi), (g1, -sp.oo, sp.oo))
+    mgf_g = sp.simplify(first.subs(b_, sp.Rational(1, 2) - beta)) * block_factor.subs({c: beta, r: r_i - 1})
+
+    def E_g(expr):
+        poly = sp.Poly(sp.expand(expr), t, G)
+        out = sp.Integer(0)
+        for (p, n), coef in poly.terms():
+            mom = mgf_g
+            if p:
+                mom = sp.diff(mom, alpha, p)
+            if n:
+                mom = sp.diff(mom, beta, n)
+            out += coef * sp.simplify(mom.subs({alpha: 0, beta: 0}))
+        return sp.expand(out)
+
+    return mgf_g, E_g
+
+
+def _q_average(a_i, a_j, block_factor, c, r, r_i, r_j):
+    """E_q of a sum of terms |q_i|^{2p} e^{k_i |q_i|^2 + k_j |q_j|^2}: |q_b|^2 ~ chi^2_{r_b},
+    E a^p e^{k a} = d^p/dk^p (1 - 2k)^{-r/2}."""
+    kappa = sp.Symbol("kappa", real=True)
+
+    def E_q(expr):
+        out = sp.Integer(0)
+        for term in sp.Add.make_args(sp.expand(sp.powsimp(sp.expand(expr), combine="exp"))):
+            term = sp.powsimp(term, combine="exp")
+            factors = sp.Mul.make_args(term)
+            expo = sp.expand(sum((f.args[0] for f in factors if isinstance(f, sp.exp)), sp.Integer(0)))
+            rest = sp.Mul(*[f for f in factors if not isinstance(f, sp.exp)])
+            k_i, k_j = expo.coeff(a_i), expo.coeff(a_j)
+            if sp.simplify(expo - k_i * a_i - k_j * a_j) != 0:
+                raise AssertionError(f"exponent not linear in |q_b|^2: {expo}")
+            p = sp.degree(rest, a_i) if rest.has(a_i) else 0
+            coef = sp.simplify(rest / a_i ** p)
+            if coef.has(a_i) or coef.has(a_j):
+                raise AssertionError(f"unexpected dependence on |q|^2: {rest}")
+            Mi = block_factor.subs({c: kappa, r: r_i})
+            Mi = sp.diff(Mi, kappa, p) if p else Mi
+            out += coef * Mi.subs(kappa, k_i) * block_factor.subs({c: k_j, r: r_j})
+        return out
+
+    return E_q
+
+
 @lru_cache(maxsize=None)
 def derive_expansion() -> ExpansionDerivation:
     """Derive the large-L expansion from the model (sympy; about a second or two, cached).
@@ -173,45 +221,8 @@ def derive_expansion() -> ExpansionDerivation:
     block_factor = sp.powsimp(sp.simplify(one ** r), force=True)          # E e^{c|q|^2}, q in R^r
     r_i, r_j = sp.symbols("r_i r_j", positive=True)
 
-    # E_g e^{alpha t + beta G} given q: rotate q_i onto e_1, t = sqrt(a_i) g_1, G = g_1^2 + |rest|^2
-    alpha, beta = sp.symbols("alpha beta", real=True)
-    g1 = sp.Symbol("g1", real=True)
-    b_ = sp.Symbol("b_", positive=True)
-    first = sp.integrate(sp.exp(alpha * sp.sqrt(a_i) * g1 - b_ * g1 ** 2) / sp.sqrt(2 * sp.pi), (g1, -sp.oo, sp.oo))
-    mgf_g = sp.simplify(first.subs(b_, sp.Rational(1, 2) - beta)) * block_factor.subs({c: beta, r: r_i - 1})
-
-    def E_g(expr):
-        poly = sp.Poly(sp.expand(expr), t, G)
-        out = sp.Integer(0)
-        for (p, n), coef in poly.terms():
-            mom = mgf_g
-            if p:
-                mom = sp.diff(mom, alpha, p)
-            if n:
-                mom = sp.diff(mom, beta, n)
-            out += coef * sp.simplify(mom.subs({alpha: 0, beta: 0}))
-        return sp.expand(out)
-
-    kappa = sp.Symbol("kappa", real=True)
-
-    def E_q(expr):
-        out = sp.Integer(0)
-        for term in sp.Add.make_args(sp.expand(sp.powsimp(sp.expand(expr), combine="exp"))):
-            term = sp.powsimp(term, combine="exp")
-            factors = sp.Mul.make_args(term)
-            expo = sp.expand(sum((f.args[0] for f in factors if isinstance(f, sp.exp)), sp.Integer(0)))
-            rest = sp.Mul(*[f for f in factors if not isinstance(f, sp.exp)])
-            k_i, k_j = expo.coeff(a_i), expo.coeff(a_j)
-            if sp.simplify(expo - k_i * a_i - k_j * a_j) != 0:
-                raise AssertionError(f"exponent not linear in |q_b|^2: {expo}")
-            p = sp.degree(rest, a_i) if rest.has(a_i) else 0
-            coef = sp.simplify(rest / a_i ** p)
-            if coef.has(a_i) or coef.has(a_j):
-                raise AssertionError(f"unexpected dependence on |q|^2: {rest}")
-            Mi = block_factor.subs({c: kappa, r: r_i})
-            Mi = sp.diff(Mi, kappa, p) if p else Mi
-            out += coef * Mi.subs(kappa, k_i) * block_factor.subs({c: k_j, r: r_j})
-        return out
+    mgf_g, E_g = _g_average(a_i, G, t, block_factor, c, r, r_i)
+    E_q = _q_average(a_i, a_j, block_factor, c, r, r_i, r_j)
 
     h, k = T["heads"]
     # bias enters the MSE as 2 (1 - B) mu_h * (-t bias_h / omega_hi): average that factor
@@ -660,7 +671,8 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
                              rtol=1e-9, atol=1e-12, method="LSODA",
                              max_loss=1e6) -> FlowTrajectory:
     """Integrate d omega = -f_omega dL/d omega, d mu = -f_mu dL/d mu on the expansion
-    ``expansion_loss`` from (omega0, mu0) over [0, t_end] with scipy ``solve_ivp``.
+    ``expansion_loss`` from (omega0, mu0) over [0, t_end] (theory.trajectory.solve_flow: the
+    factored flow in its balanced factors, so that no step flips a sign).
 
     t_eval: the record times (default 61 evenly spaced, as the numerics record); the
     trajectory stops early (and says why in ``status``) if it leaves the domain of
@@ -670,117 +682,32 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
     tasks = check_tasks(tasks)
     omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
     L, sigma = check_L(L), check_sigma(sigma)
-    if param not in PARAMS:
-        raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
-    if not np.isfinite(t_end) or t_end <= 0:
-        raise ValueError(f"t_end must be positive and finite, got {t_end}")
     if not expansion_valid(omega0, domain_margin):
         raise ValueError(f"the initial omega lies outside the expansion's domain (need 2*omega^2 < "
                          f"1 - {domain_margin}); max |omega| = {np.abs(omega0).max():.4g}")
-    shape = omega0.shape
-    n = omega0.size
-    if t_eval is None:
-        t_eval = np.linspace(0.0, t_end, 61)
-    t_eval = np.asarray(t_eval, dtype=float)
-    if t_eval.ndim != 1 or np.any(np.diff(t_eval) <= 0) or t_eval[0] < 0 or t_eval[-1] > t_end:
-        raise ValueError("t_eval must be increasing times within [0, t_end]")
 
-    # Coordinates.  merged: (omega, mu) themselves.  factored: the balanced factors,
-    # omega = sign0 * kappa^2, mu = sign0 * nu^2, as in the model (omega = kappa^2/s with
-    # K = Q = kappa; mu = nu^2 with O = V^T = nu).  The factored metric 2|omega| vanishes at
-    # 0, so the exact flow never changes the sign of an entry; in the factor coordinates a
-    # numerical step cannot make it do so either (d kappa = -sign0 kappa G/(s r) is linear).
-    if param == "factored":
-        sign_om = np.where(omega0 < 0, -1.0, 1.0)
-        sign_mu = np.where(mu0 < 0, -1.0, 1.0)
-
-    def to_state(om, m_):
-        if param == "merged":
-            return np.concatenate([om.ravel(), m_.ravel()])
-        return np.concatenate([np.sqrt(np.abs(om)).ravel(), np.sqrt(np.abs(m_)).ravel()])
-
-    def from_state(y):
-        a, b = y[:n].reshape(shape), y[n:].reshape(shape)
-        if param == "merged":
-            return a, b
-        return sign_om * a ** 2, sign_mu * b ** 2
-
-    def rhs(_t, y):
-        om, m_ = from_state(y)
+    def velocity(om, m_):
         if not expansion_valid(om):
-            return np.zeros_like(y)  # the domain event stops the solver at the boundary
+            return None     # the domain event stops the solver at the boundary
         g_om, g_mu = _gradient(om, m_, tasks, L, sigma)
         f_om, f_mu = metric_factors(param, om, m_, tasks, logit_scale)
-        v_om, v_mu = -f_om * g_om, -f_mu * g_mu
-        if param == "merged":
-            return np.concatenate([v_om.ravel(), v_mu.ravel()])
-        a, b = y[:n].reshape(shape), y[n:].reshape(shape)
-        # d(sign a^2) = 2 sign a da  =>  da = sign v / (2a)  (= -sign a G / (s r), 0 at a = 0)
-        return np.concatenate([_factor_velocity(sign_om, a, v_om).ravel(), _factor_velocity(sign_mu, b, v_mu).ravel()])
+        return -f_om * g_om, -f_mu * g_mu
 
-    def leave_domain(_t, y):
-        om, _ = from_state(y)
-        return (1.0 - domain_margin) - 2.0 * np.max(om ** 2)
-    leave_domain.terminal = True
-
-    def diverge(_t, y):
+    def diverge(_t, y, om, m_, _rhs):
         if not np.all(np.isfinite(y)):
             return -1.0
-        om, m_ = from_state(y)
         return max_loss - expansion_loss(om, m_, tasks, L, sigma) if expansion_valid(om) else 1.0
-    diverge.terminal = True
 
-    events = [leave_domain, diverge]
-    if stationary_tol is not None:
-        def stationary(t, y):
-            om, m_ = from_state(y)
-            if t <= 0 or not expansion_valid(om):
-                return 1.0
-            d_om, d_mu = flow_velocity(om, m_, tasks, L, sigma, param, logit_scale)
-            return np.sqrt(np.sum(d_om ** 2) + np.sum(d_mu ** 2)) - stationary_tol
-        stationary.terminal = True
-        events.append(stationary)
+    def stationary(t, _y, om, m_, _rhs):
+        if t <= 0 or not expansion_valid(om):
+            return 1.0
+        d_om, d_mu = velocity(om, m_)
+        return np.sqrt(np.sum(d_om ** 2) + np.sum(d_mu ** 2)) - stationary_tol
 
-    y0 = to_state(omega0, mu0)
-    sol = solve_ivp(rhs, (0.0, float(t_end)), y0, method=method, t_eval=t_eval, events=events,
-                    rtol=rtol, atol=atol)
-    status, message = "t_end", sol.message
-    if sol.status == -1:
-        status = "failed"
-    elif sol.status == 1:
-        if len(sol.t_events[0]):
-            status = "left_domain"
-        elif len(sol.t_events[1]):
-            status = "diverged"
-        else:
-            status = "stationary"
-    ts = list(sol.t)
-    ys = [sol.y[:, j] for j in range(sol.y.shape[1])]
-    if status in ("left_domain", "stationary", "diverged"):
-        # keep the state where the flow stopped as the last record
-        for ev_t, ev_y in zip(sol.t_events, sol.y_events):
-            if len(ev_t) and (not ts or ev_t[0] > ts[-1]):
-                ts.append(float(ev_t[0]))
-                ys.append(ev_y[0])
-    t = np.asarray(ts)
-    pairs = [from_state(y) for y in ys]
-    om = np.stack([p[0] for p in pairs]) if pairs else np.empty((0,) + shape)
-    m_ = np.stack([p[1] for p in pairs]) if pairs else np.empty((0,) + shape)
-    loss = np.array([expansion_loss(o, u, tasks, L, sigma) if np.all(np.isfinite(o)) else np.nan
-                     for o, u in zip(om, m_)])
-    return FlowTrajectory(t=t, omega=om, mu=m_, loss=loss, status=status, message=message, param=param)
-
-
-def expansion_fixed_point(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0,
-                          t_end=1e5, tol=1e-10, domain_margin=1e-3):
-    """Run the expansion flow from (omega0, mu0) until the velocity norm is below ``tol``
-    (or t_end), and return (omega, mu, trajectory).  The fixed point reached depends on
-    the metric: with the factored metric zero entries stay zero (an allocated point can be
-    a fixed point), with the merged metric they do not (see docs/model.md: superposition)."""
-    traj = integrate_expansion_flow(omega0, mu0, tasks, L, sigma, param, logit_scale, t_end=t_end,
-                                    t_eval=np.geomspace(1e-3, t_end, 200), domain_margin=domain_margin,
-                                    stationary_tol=tol)
-    return traj.final_omega, traj.final_mu, traj
+    stops = [("left_domain", lambda _t, _y, om, _m, _rhs: (1.0 - domain_margin) - 2.0 * np.max(om ** 2)),
+             ("diverged", diverge)] + ([("stationary", stationary)] if stationary_tol is not None else [])
+    return solve_flow(velocity, lambda o, u: expansion_loss(o, u, tasks, L, sigma) if np.all(np.isfinite(o))
+                      else np.nan, omega0, mu0, param, t_end, t_eval, stops, rtol, atol, method)
 
 
 def default_init(tasks, heads, init_scale=0.15) -> tuple[np.ndarray, np.ndarray]:
@@ -796,13 +723,6 @@ def default_init(tasks, heads, init_scale=0.15) -> tuple[np.ndarray, np.ndarray]
     mu = np.full((heads, m), s0)
     mu[np.arange(heads), np.arange(heads) % m] = 2.0 * s0
     return omega, mu
-
-
-def _factor_velocity(sign, a, v):
-    """Velocity of a balanced factor a >= 0 of x = sign a^2 moving at dx/dt = v:
-    da = sign v / (2a), and 0 where a = 0 (there the metric, and so v, vanishes like a^2)."""
-    safe = np.where(a > 0, a, 1.0)
-    return np.where(a > 0, sign * v / (2.0 * safe), 0.0)
 
 
 def expansion_gd_map(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0, lr=0.05,
@@ -840,7 +760,7 @@ def expansion_gd_map(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_s
                 new = []
                 for x, v in ((om, v_om), (mu, v_mu)):
                     sign, a = np.where(x < 0, -1.0, 1.0), np.sqrt(np.abs(x))
-                    new.append(sign * (a + lr * _factor_velocity(sign, a, v)) ** 2)
+                    new.append(sign * (a + lr * factor_velocity(sign, a, v)) ** 2)
                 om, mu = new
             else:
                 om, mu = om + lr * v_om, mu + lr * v_mu

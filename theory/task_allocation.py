@@ -212,22 +212,22 @@ def allocation_prediction(omega0, mu0, tasks, L, sigma=0.0, param="factored", lo
             "mu_alloc": mu_alloc, "loss": loss.loss, "loss_error": loss.error_estimate}
 
 
+#: Runs shorter than 35 warm-up race times are outside claim 4's domain (not yet at the limit):
+#: a floor for small L, where the served entries reach the fixed point fast.
 HORIZON_FACTOR = 35.0
-"""Runs shorter than 35 warm-up race times are outside claim 4's domain (not yet at the limit):
-a floor for small L, where the served entries reach the fixed point fast."""
 CONVERGED_TOL = 0.003
+#: The horizon also covers theory's own approach to the fixed point: the time at which the
+#: one-head exact flow (theory.exact.exact_flow) of each task's winner, from its start, is within
+#: CONVERGED_TOL (relative) of (omega*, mu*), x max(HORIZON_SAFETY, m), / (1 - tail_fraction) so
+#: that the whole measured tail lies after it.  Why a safety factor 2: a head that shares its
+#: warm-up with other tasks is slower than the lone head of the one-head flow; measured (lr 0.05,
+#: seed 1): tasks (1,1), H = 2, L = 64, B = 256: omega 5% above omega* at t = 40 (the one-head
+#: flow is within 0.1% by t = 35), within the tolerance at t = 81 and 121; L = 32: the same at
+#: t = 40 and t = 81; with m = 3 tasks sharing the warm-up a factor 2 is not enough: tasks
+#: (2,2,2), H = 4, L = 128, B = 256, t = 58: omega 0.617 against omega* 0.579 (2.3 tolerances),
+#: hence m.  One-head times to 0.3% from (0.15, 0.30): r = 1: t = 23, 27, 51, 115 at L = 32, 64,
+#: 128, 512; r = 3: 11, 2, 13, 31.
 HORIZON_SAFETY = 2.0
-"""The horizon also covers theory's own approach to the fixed point: the time at which the
-one-head exact flow (theory.exact.exact_flow) of each task's winner, from its start, is within
-CONVERGED_TOL (relative) of (omega*, mu*), x max(HORIZON_SAFETY, m), / (1 - tail_fraction) so
-that the whole measured tail lies after it.  Why a safety factor 2: a head that shares its
-warm-up with other tasks is slower than the lone head of the one-head flow; measured (lr 0.05,
-seed 1): tasks (1,1), H = 2, L = 64, B = 256: omega 5% above omega* at t = 40 (the one-head
-flow is within 0.1% by t = 35), within the tolerance at t = 81 and 121; L = 32: the same at
-t = 40 and t = 81; with m = 3 tasks sharing the warm-up a factor 2 is not enough: tasks
-(2,2,2), H = 4, L = 128, B = 256, t = 58: omega 0.617 against omega* 0.579 (2.3 tolerances),
-hence m.  One-head times to 0.3% from (0.15, 0.30): r = 1: t = 23, 27, 51, 115 at L = 32, 64,
-128, 512; r = 3: 11, 2, 13, 31."""
 SURPLUS_FRACTION = 0.01
 SURPLUS_T_MAX = 1000.0
 

@@ -66,8 +66,6 @@ in tolerance, many times that."""
 MAX_PROMPTS, MAX_SECONDS = 2 ** 20, 600.0
 """The default caps of a sized measurement (per judged model): 2^20 prompts, 10 minutes by the pilot's rate."""
 
-LOSS_UNITS = ("mean", "sum")
-
 SUM_UNITS = "this project's units: E||y_q - y_hat||^2 summed over the m tasks"
 
 
@@ -159,18 +157,12 @@ def _agree(name: str, given, from_files: list, flag: str):
 def plan_audit(request: AuditRequest) -> AuditPlan:
     """Read and check every checkpoint and the request, before any computation; a
     ``numerics.external.CheckpointError`` (or ValueError) with one line on anything wrong."""
-    if not request.checkpoints:
-        raise ValueError("give at least one CHECKPOINT file")
-    if request.loss_units not in LOSS_UNITS:
-        raise ValueError(f"loss units must be one of {LOSS_UNITS}, got {request.loss_units!r}")
     if request.times is not None and request.steps is not None:
         raise ValueError("give --times (this project's units) or --steps with --lr, not both")
     for name, seq in (("--times", request.times), ("--steps", request.steps)):
         if seq is not None and len(seq) != len(request.checkpoints):
             raise ValueError(f"{name} has {len(seq)} entries for {len(request.checkpoints)} checkpoints; give one "
                              "per checkpoint, in the order of the files")
-    if not ((request.prompts is None or request.prompts >= 2) and request.max_prompts >= 2 and request.max_seconds > 0):
-        raise ValueError("prompts and max_prompts must be at least 2 and max_seconds positive")
     if request.steps is not None and request.lr is None:
         raise ValueError("--steps needs --lr (the trainer's step size) to become training times")
     unknown = sorted(set(request.skip) - set(REFERENCES))
@@ -191,9 +183,8 @@ def plan_audit(request: AuditRequest) -> AuditPlan:
         missing = " and ".join(f for f, v in (("--tasks", tasks), ("--L", L)) if v is None)
         raise ValueError(f"give {missing}: the files do not say the problem they were trained on (tasks = block "
                          "sizes r_i, e.g. --tasks 16,17,17 for the authors' d = 50 over 3 tasks; L = context length)")
-    sigma = _agree("sigma", request.sigma, pick("sigma"), "--sigma") or 0.0
-    basis = _agree("basis", request.basis, pick("basis"), "--basis") or "identity"
-    basis_seed = _agree("basis_seed", request.basis_seed, pick("basis_seed"), "--basis-seed") or 0
+    sigma, basis, basis_seed = (_agree(name, getattr(request, name), pick(name), "--" + name.replace("_", "-")) or default
+                                for name, default in (("sigma", 0.0), ("basis", "identity"), ("basis_seed", 0)))
     problem = {"tasks": tuple(int(r) for r in tasks), "L": int(L), "sigma": float(sigma), "basis": basis,
                "basis_seed": int(basis_seed)}
     cases = []
@@ -563,7 +554,7 @@ def undecided_reason(comparisons, n: int, seconds_per_prompt: float) -> Optional
 # --------------------------------------------------------------------------- one model
 
 def _est(e) -> Optional[dict]:
-    return None if e is None else {"mean": e.mean, "se": e.se, "n": e.n}
+    return None if e is None else dataclasses.asdict(e)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from numerics.io.jsonable import jsonable
+from numerics.io.handed import jsonable
 from claims.core.base import HeadlineRow, Figure, PerturbationCheck, Series
 from numerics.statistics import Z_SE  # noqa: F401 (the one tolerance multiplier, defined where the estimators are)
 from claims.core.tolerance import Tolerance, noise_term, term  # noqa: F401 (a tolerance of named terms)

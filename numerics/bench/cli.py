@@ -7,11 +7,9 @@ import argparse
 import math
 
 from numerics.train import MAX_STEPS
-from numerics.io.device import check_device_option
-from numerics.io.files import check_output_path
-from numerics.io.command import command_line
-from numerics.io.options import float_option, int_option, seed_option, threads_option
-from numerics.io.files import write_json_atomic
+from numerics.io.command import (check_device_option, command_line, float_option, int_option, seed_option,
+                                 threads_option)
+from numerics.io.files import check_output_path, write_json_atomic
 from numerics.bench.config import DTYPES, EXPANSION_TIME, LR, REPORT_PROFILES, BenchConfig
 from numerics.bench.run import run_bench
 

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from numerics.model import initial_semi_singular_values
 from numerics.train import TrainConfig, train, train_reduced
-from numerics.io.processes import run_in_own_group
+from numerics.io.command import run_in_own_group
 from theory.reduced_ode import integrate_expansion_flow
 from numerics.bench.config import (AUTHORS, BATCHED_KINDS, BATCHED_RUNS, BATCHED_STEPS, LR, PAPER, QUICK, SMOKE,
                                 TARGETS, BenchConfig)

@@ -6,16 +6,13 @@ theory's command line: it imports none of them and no torch (tests/test_theory_i
 checks it), and theory's library imports nothing from it (theory is pure mathematics and checks
 only its own arguments; only ``theory/__main__.py`` reads and writes through this package).
 
-- :mod:`numerics.io.options`   -- the command lines' number and option parsers (one ``--tasks``)
-- :mod:`numerics.io.files`     -- input files, the output-path and link policy, the atomic writer,
+- :mod:`numerics.io.command` -- the command lines' option parsers (one ``--tasks``), the one wrapper
+  of every ``main(argv)``, the one check of a ``--device``, and the processes a command starts
+  (workers that die with it, a process group with a timeout)
+- :mod:`numerics.io.files`   -- input files, the output-path and link policy, the atomic writer,
   a full disk
-- :mod:`numerics.io.handed`    -- a handed file read by its container first: memory budget, zip, npy,
-  safetensors headers, pickles scanned unexecuted, strict JSON
-- :mod:`numerics.io.processes` -- workers that die with their command, a process group with a timeout
-- :mod:`numerics.io.command`   -- the one wrapper of every ``main(argv)``
-- :mod:`numerics.io.jsonable`  -- the one JSON normaliser
-- :mod:`numerics.io.toml`      -- TOML reading (``tomllib``, or ``tomli`` before Python 3.11)
-- :mod:`numerics.io.device`    -- the one check of a ``--device`` option
+- :mod:`numerics.io.handed`  -- a handed file read by its container first: memory budget, zip, npy,
+  safetensors headers, pickles scanned unexecuted, strict JSON; the one JSON normaliser; TOML
 
 A subpackage of ``numerics``, not a top-level ``cli``, ``io`` or ``utils``, so that it cannot
 shadow the standard library's ``io`` or an installed distribution's top-level package (imports

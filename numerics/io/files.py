@@ -15,6 +15,28 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
+_NOFOLLOW, _DIRECTORY, _NONBLOCK, _CLOEXEC = (getattr(os, f"O_{name}", 0) for name in
+                                              ("NOFOLLOW", "DIRECTORY", "NONBLOCK", "CLOEXEC"))
+
+
+def _bytes(data) -> bytes:
+    return data.encode("utf-8") if isinstance(data, str) else bytes(data)
+
+
+def _unlink_quietly(name, dir_fd: Optional[int] = None) -> None:
+    """Remove a file this call created; one already gone (or not removable) is left as it is."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def _write_all(fd: int, payload) -> None:
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 # --- input files --------------------------------------------------------------------------------
 
 MAX_INPUT_BYTES = 16 * 2 ** 20
@@ -28,24 +50,15 @@ def check_input_file(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BY
     ``max_bytes``.  Returns it as a Path."""
     text = _path_text(path, flag)
     try:
-        st = os.stat(text)
+        st = _follow(text, flag, "fix the link or give the file itself")
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError(f"{flag} {text} is a symbolic link loop (it never reaches a file); give the file "
-                             "itself") from None
-        if os.path.islink(text):
-            raise ValueError(f"{flag} {text}: a symbolic link that leads nowhere ({_strerror(exc)}); fix the link "
-                             "or give the file itself") from None
         raise ValueError(f"{flag} {text}: no such file ({_strerror(exc)}); check the path") from None
     if stat.S_ISDIR(st.st_mode):
         raise ValueError(f"{flag} {text} is a directory, not a file; give the file itself")
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"{flag} {text} is not a regular file ({_kind(st.st_mode)}): reading it could block for "
                          "ever; give a regular file")
-    if max_bytes is not None and st.st_size > max_bytes:
-        raise ValueError(f"{flag} {text} is {st.st_size / 2 ** 20:.1f} MiB, more than the limit of "
-                         f"{max_bytes / 2 ** 20:.0f} MiB for this kind of file (they are a few kB); give the right "
-                         "file")
+    _too_big(flag, text, st.st_size, max_bytes, " (they are a few kB); give the right file")
     if not os.access(text, os.R_OK):
         raise ValueError(f"{flag} {text} cannot be read (permission denied); check its permissions")
     return Path(text)
@@ -56,17 +69,25 @@ def check_input_files(paths, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_
     FIFO or a device last in the list is refused before the first file's bytes are taken), each
     name also valid UTF-8: a name that is not (bytes of another encoding) cannot be written into a
     report, a page or a terminal, so it is refused up front with its bytes shown."""
-    checked = []
-    for path in paths:
-        text = _path_text(path, flag)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            shown = os.fsencode(text).decode("utf-8", "backslashreplace")
-            raise ValueError(f"{flag} {shown}: its name is not valid UTF-8 (bytes of another encoding); rename the "
-                             "file, e.g. with convmv or by hand") from None
-        checked.append(check_input_file(text, flag, max_bytes=max_bytes))
-    return checked
+    texts = [_utf8_name(_path_text(path, flag), flag, "rename the file, e.g. with convmv or by hand") for path in paths]
+    return [check_input_file(text, flag, max_bytes=max_bytes) for text in texts]
+
+
+def _utf8_name(text: str, flag: str, fix: str) -> str:
+    """``text`` if it is valid UTF-8 (a name that is not cannot be written into a report, a page or
+    a terminal), else ValueError showing its bytes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+        raise ValueError(f"{flag} {shown}: its name is not valid UTF-8 (bytes of another encoding); {fix}") from None
+    return text
+
+
+def _too_big(flag: str, shown, size: int, max_bytes: Optional[int], fix: str) -> None:
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(f"{flag} {shown} is {size / 2 ** 20:.1f} MiB, more than the limit of {max_bytes / 2 ** 20:.0f} "
+                         f"MiB for this kind of file{fix}")
 
 
 def _read_bounded(fd: int, max_bytes: Optional[int], grew) -> bytes:
@@ -89,7 +110,7 @@ def read_input_bytes(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BY
     read to at most ``max_bytes``."""
     checked = check_input_file(path, flag, max_bytes=max_bytes)
     try:
-        fd = os.open(checked, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(checked, os.O_RDONLY | _NONBLOCK)
     except OSError as exc:
         raise ValueError(f"{flag} {checked}: cannot be read ({_strerror(exc)})") from None
     try:
@@ -106,7 +127,7 @@ def read_input_bytes(path, flag: str, *, max_bytes: Optional[int] = MAX_INPUT_BY
 TEMP_PREFIX = ".icl-tmp-"
 """Name prefix of the temporaries of :func:`write_output` and :func:`write_inside`: a writer killed
 between writing and renaming (SIGKILL) leaves at most one such file, which
-:func:`clean_stale_temporaries` removes -- only if its name carries the project's mark
+the cleaners remove -- only if its name carries the project's mark
 (:func:`temporary_name`); a file that merely looks like a temporary is never deleted."""
 
 _TEMP_NAME = re.compile(r"\.icl-tmp-(?P<name>.+)\.(?P<pid>[0-9]+)\.(?P<rand>[0-9a-f]{8})\.(?P<mark>[0-9a-f]{8})\Z", re.S)
@@ -164,26 +185,40 @@ def _path_text(path, flag: str) -> str:
     return text
 
 
-def _resolve_link(text: str, flag: str) -> str:
-    """The target of a path that may be a symbolic link: followed to the end; a loop or a
-    link leading nowhere is refused (nothing could be written through it)."""
+def _follow(text: str, flag: str, fix: str) -> os.stat_result:
+    """``os.stat`` of a path that may be a symbolic link, followed to the end; a loop or a link
+    leading nowhere is refused (nothing could be read or written through it); any other OSError
+    (nothing there) is raised."""
     try:
-        os.stat(text)
+        return os.stat(text)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ValueError(f"{flag} {text} is a symbolic link loop (it never reaches a file); remove the link or "
-                             f"choose another {flag}") from None
+            raise ValueError(f"{flag} {text} is a symbolic link loop (it never reaches a file); {fix}") from None
         if os.path.islink(text):
             raise ValueError(f"{flag} {text} is a symbolic link to {os.readlink(text)!r}, which does not exist "
-                             f"(a dangling link); fix or remove the link, or choose another {flag}") from None
+                             f"(a dangling link); {fix}") from None
+        raise
+
+
+def _resolve_link(text: str, flag: str) -> str:
+    """The target of a path that may be a symbolic link (:func:`_follow`), or of a new one."""
+    try:
+        _follow(text, flag, f"fix or remove the link, or choose another {flag}")
+    except OSError as exc:
         if exc.errno == errno.ENOTDIR:
-            existing = os.path.dirname(os.path.abspath(text))
-            while existing and existing != os.path.dirname(existing) and not os.path.isfile(existing):
-                existing = os.path.dirname(existing)
-            raise ValueError(f"{flag} {text}: {existing} is a file, not a directory; choose another path") from None
+            raise ValueError(f"{flag} {text}: {_nearest_existing(text)} is a file, not a directory; choose another "
+                             "path") from None
         if exc.errno not in (errno.ENOENT,):
             raise ValueError(f"{flag} {text}: cannot be used ({_strerror(exc)}); choose another {flag}") from None
     return os.path.realpath(text)
+
+
+def _nearest_existing(path) -> str:
+    """The nearest ancestor of ``path`` (or itself) that exists; '.' for a relative path with none."""
+    p = os.path.dirname(os.path.abspath(os.fspath(path)))
+    while not os.path.lexists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    return p
 
 
 PROBE_BYTES = 64 * 1024
@@ -201,9 +236,7 @@ def _probe_dir(flag: str, text: str, directory: str) -> None:
         fd = _open_new(name, 0o600)
         probe = name            # ours from here on: only a file this call created is ever removed
         try:
-            view = memoryview(bytes(PROBE_BYTES))
-            while view:
-                view = view[os.write(fd, view):]
+            _write_all(fd, bytes(PROBE_BYTES))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -214,16 +247,13 @@ def _probe_dir(flag: str, text: str, directory: str) -> None:
                          "location") from None
     finally:
         if probe is not None:
-            try:
-                os.unlink(probe)
-            except OSError:
-                pass
+            _unlink_quietly(probe)
 
 
 def _open_new(path: str, mode: int = 0o666, dir_fd: Optional[int] = None) -> int:
     """A new file opened for writing: never an existing one, never through a symbolic link
     (O_EXCL); mode 0666 lets the kernel apply the umask, as for any new file."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode,
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode,
                    dir_fd=dir_fd)
 
 
@@ -245,15 +275,14 @@ def _check_not_input(flag: str, text: str, target: str, inputs) -> None:
                              f"overwritten by outputs; choose another {flag}")
 
 
-def check_output_path(path, flag: str, *, inputs=(), previous_marker=None) -> Path:
+def check_output_path(path, flag: str, *, inputs=()) -> Path:
     """Check, before any computation, that the output *file* ``path`` of option ``flag`` can
     be written, and return the path to write (symbolic links followed).
 
     Accepted: a new file in an existing writable directory; an existing regular file (a
     symbolic link to one is followed: its target is written, the link kept); an existing
     character device such as /dev/null, which :func:`write_output` writes *through*, never
-    replaces.  With ``previous_marker`` (str or bytes), an existing regular file is accepted
-    only if its first 64 KiB contain the marker: the command's own previous output.
+    replaces.
 
     Refused with a ValueError naming ``flag`` and saying how to fix it: a directory; a FIFO,
     socket or block device; a dangling symbolic link or a link loop; a missing or unwritable
@@ -285,30 +314,13 @@ def check_output_path(path, flag: str, *, inputs=(), previous_marker=None) -> Pa
                              f"written to; choose another {flag}")
         if not os.access(target, os.W_OK):
             raise ValueError(f"{flag} {text} exists and is read-only; make it writable or choose another {flag}")
-        if previous_marker is not None:
-            marker = previous_marker.encode() if isinstance(previous_marker, str) else bytes(previous_marker)
-            try:
-                with open(target, "rb") as fh:
-                    head = fh.read(65536)
-            except OSError as exc:
-                raise ValueError(f"{flag} {text}: cannot be read ({_strerror(exc)})") from None
-            if marker not in head:
-                raise ValueError(f"{flag} {text} exists and is not an output of this command; it is not replaced: "
-                                 f"remove it or choose another {flag}")
     parent = os.path.dirname(target) or "."
-    try:
-        pst = os.stat(parent)
-    except OSError:
-        # the nearest existing ancestor says whether the missing directory is a typo or a file
-        existing = parent
-        while existing and not os.path.lexists(existing):
-            existing = os.path.dirname(existing)
-        if existing and os.path.exists(existing) and not os.path.isdir(existing):
-            raise ValueError(f"{flag} {text}: {existing} is a file, not a directory; choose another path") from None
+    if not os.path.isdir(parent):   # the nearest existing ancestor says whether it is a typo or a file
+        existing = _nearest_existing(target)
+        if os.path.exists(existing) and not os.path.isdir(existing):
+            raise ValueError(f"{flag} {text}: {existing} is a file, not a directory; choose another path")
         raise ValueError(f"{flag} {text}: the directory {parent} does not exist; create it first or choose an "
-                         "existing directory") from None
-    if not stat.S_ISDIR(pst.st_mode):
-        raise ValueError(f"{flag} {text}: {parent} is a file, not a directory; choose another path")
+                         "existing directory")
     _probe_dir(flag, text, parent)
     return Path(target)
 
@@ -327,13 +339,7 @@ def check_output_dir(path, flag: str, *, marker: str, inputs=(), replaced: bool 
     written beside and swapped in, as a report is) the folder that holds it must be writable too,
     even when it exists.  A command never deletes a directory it did not create: only its own
     previous output may be replaced."""
-    text = _path_text(path, flag)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        shown = os.fsencode(text).decode("utf-8", "backslashreplace")
-        raise ValueError(f"{flag} {shown}: its name is not valid UTF-8 (bytes of another encoding); choose a name in "
-                         "UTF-8") from None
+    text = _utf8_name(_path_text(path, flag), flag, "choose a name in UTF-8")
     target = _resolve_link(text, flag)
     _check_not_input(flag, text, target, inputs)
     if os.path.lexists(target) and not os.path.isdir(target):
@@ -355,12 +361,9 @@ def check_output_dir(path, flag: str, *, marker: str, inputs=(), replaced: bool 
         if replaced:
             _probe_dir(flag, text, os.path.dirname(target) or ".")
         return Path(target)
-    existing = os.path.dirname(target)
-    while existing and not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    existing = existing or "."
+    existing = _nearest_existing(target)
     if not os.path.isdir(existing):
-        raise ValueError(f"{flag} {text}: {existing} is a file where a directory is expected; choose another {flag}")
+        raise ValueError(f"{flag} {text}: {existing} is a file, not a directory; choose another {flag}")
     _probe_dir(flag, text, existing)
     return Path(target)
 
@@ -405,7 +408,7 @@ def folder_lock(directory, flag: str, shown, stream=None):
     import sys
 
     try:
-        fd = os.open(os.fspath(directory), os.O_RDONLY | _DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(os.fspath(directory), os.O_RDONLY | _DIRECTORY | _CLOEXEC)
     except (OSError, TypeError, ValueError):
         fd = None
     try:
@@ -451,7 +454,7 @@ def write_output(path, data) -> None:
     On any exception the temporary is removed; a full disk raises :class:`DiskFull` (the old
     content intact); a SIGKILL leaves at most one temporary, which
     :func:`clean_stale_temporaries` removes later."""
-    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    payload = _bytes(data)
     text = os.fspath(path)
     target = os.path.realpath(text)
     try:
@@ -468,9 +471,9 @@ def write_output(path, data) -> None:
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise ValueError(f"{text} is {_kind(st.st_mode)}, not a regular file: not written")
     directory = os.path.dirname(target) or "."
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    fd = os.open(directory, os.O_RDONLY | _DIRECTORY)
     try:
-        _clean_own(fd, os.path.basename(target))
+        _clean_in(fd, os.path.basename(target))
         _replace_in(fd, os.path.basename(target), payload, None if st is None else stat.S_IMODE(st.st_mode),
                     shown=target)
     finally:
@@ -495,10 +498,7 @@ def _replace_in(dir_fd: int, name: str, payload: bytes, mode: Optional[int], sho
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException as exc:
         if created:
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)
-            except OSError:
-                pass
+            _unlink_quietly(tmp, dir_fd)
         if isinstance(exc, OSError):
             raise disk_full(exc, shown, len(payload)) from None
         raise
@@ -508,52 +508,40 @@ def _replace_in(dir_fd: int, name: str, payload: bytes, mode: Optional[int], sho
         pass
 
 
-def _clean_own(dir_fd: int, name: str, older_than_s: float = 3600.0) -> None:
-    """Remove the stale temporaries of earlier writes of this very file (a writer killed by
-    SIGKILL between writing and renaming): the project's own (:func:`is_own_temporary`) of
-    ``name``, older than an hour."""
+def _clean_in(dir_fd: int, name: Optional[str] = None, older_than_s: float = 3600.0) -> list:
+    """Remove, from the directory ``dir_fd``, the temporaries a writer killed between writing and
+    renaming left (of the file ``name`` only, if given): only the project's own (a name with a
+    valid mark, :func:`is_own_temporary`), a plain file of this user with one link (never a link,
+    a directory, a device, another user's file or a second name of some other file), older than
+    ``older_than_s`` (a live writer's are younger).  Returns the entries removed."""
+    removed = []
     try:
-        entries = [e for e in os.listdir(dir_fd) if e.startswith(TEMP_PREFIX)]
+        entries = [e for e in os.listdir(dir_fd) if e.startswith(TEMP_PREFIX) and is_own_temporary(e, name)]
     except OSError:
-        return
+        return removed
     for entry in entries:
-        if is_own_temporary(entry, name):
-            _remove_if_own(dir_fd, entry, older_than_s)
-
-
-def _remove_if_own(dir_fd: int, entry: str, older_than_s: float) -> bool:
-    """Unlink ``entry`` of ``dir_fd`` if it is a plain file of this user with one link, older
-    than ``older_than_s`` (a live writer's temporaries are younger): never a link, a directory,
-    a device, another user's file or a second name of some other file (a hard link)."""
-    try:
-        st = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
-        if (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
-                and time.time() - st.st_mtime > older_than_s):
-            os.unlink(entry, dir_fd=dir_fd)
-            return True
-    except OSError:
-        pass
-    return False
+        try:
+            st = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+            if (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
+                    and time.time() - st.st_mtime > older_than_s):
+                os.unlink(entry, dir_fd=dir_fd)
+                removed.append(entry)
+        except OSError:
+            pass
+    return removed
 
 
 def clean_stale_temporaries(directory, older_than_s: float = 3600.0) -> list:
-    """Remove the temporaries that a writer killed between writing and renaming left in
-    ``directory``: only the project's own (a name with a valid mark, :func:`is_own_temporary`;
-    a plain file of this user with one link), older than ``older_than_s`` (a live writer's are
-    younger).  ``directory`` is opened without following a link at its last component (a
-    symbolic link there is cleaned of nothing).  Returns the paths actually removed."""
-    removed = []
+    """:func:`_clean_in` of ``directory``, opened without following a link at its last component
+    (a symbolic link there is cleaned of nothing).  Returns the paths actually removed."""
     try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
+        fd = os.open(directory, os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
     except OSError:
-        return removed
+        return []
     try:
-        for entry in os.listdir(fd):
-            if entry.startswith(TEMP_PREFIX) and is_own_temporary(entry) and _remove_if_own(fd, entry, older_than_s):
-                removed.append(Path(directory) / entry)
+        return [Path(directory) / entry for entry in _clean_in(fd, None, older_than_s)]
     finally:
         os.close(fd)
-    return removed
 
 
 # --- a folder the command was handed -----------------------------------------------------------
@@ -563,10 +551,6 @@ def clean_stale_temporaries(directory, older_than_s: float = 3600.0) -> list:
 # report's temporary) is ever reached through a link: each component below the folder is
 # opened with O_NOFOLLOW through directory descriptors, so a link there -- made by whoever
 # handed the folder over -- is refused, never followed, whatever it points at.
-
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-
 
 class LinkInside(ValueError):
     """A symbolic link (or another file of the wrong kind) where the command writes or reads its
@@ -579,10 +563,11 @@ def _link_message(flag: str, root, relative: str, what: str = "a symbolic link")
             f"another {flag}")
 
 
-def _open_parent(root, relative: str, flag: str, create: bool) -> tuple[int, str]:
-    """(descriptor of the directory holding ``relative`` below ``root``, its last name): every
-    component below ``root`` opened with O_NOFOLLOW (a link: :class:`LinkInside`); with
-    ``create`` the missing ones are made."""
+@contextlib.contextmanager
+def _parent(root, relative: str, flag: str, create: bool):
+    """(descriptor of the directory holding ``relative`` below ``root``, its last name), closed on
+    leaving: every component below ``root`` opened with O_NOFOLLOW (a link: :class:`LinkInside`);
+    with ``create`` the missing ones are made."""
     parts = [part for part in Path(relative).parts if part not in ("", ".")]
     if not parts or any(part == ".." or "/" in part for part in parts) or Path(relative).is_absolute():
         raise ValueError(f"{relative!r} is not a path inside a folder")
@@ -604,10 +589,9 @@ def _open_parent(root, relative: str, flag: str, create: bool) -> tuple[int, str
                 raise
             os.close(fd)
             fd = child
-    except BaseException:
+        yield fd, parts[-1]
+    finally:
         os.close(fd)
-        raise
-    return fd, parts[-1]
 
 
 def _check_entry(fd: int, name: str, root, relative: str, flag: str, directory: bool = False) -> Optional[os.stat_result]:
@@ -624,25 +608,30 @@ def _check_entry(fd: int, name: str, root, relative: str, flag: str, directory: 
     return st
 
 
+def _check_opened(fd: int, root, relative: str, flag: str) -> os.stat_result:
+    """The fstat of a file opened inside a folder; anything but a regular file is refused."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise LinkInside(_link_message(flag, root, relative, _kind(st.st_mode)))
+    return st
+
+
 def check_inside(root, relatives, flag: str = "--out", directories=()) -> None:
     """Refuse, before anything is written, a folder whose own entries (``relatives``; those in
     ``directories`` are directories) are symbolic links or files of the wrong kind; absent
     entries are fine (the command makes them)."""
     for relative in list(relatives) + list(directories):
         try:
-            fd, name = _open_parent(root, relative, flag, create=False)
+            with _parent(root, relative, flag, create=False) as (fd, name):
+                _check_entry(fd, name, root, relative, flag, directory=relative in directories)
         except FileNotFoundError:
             continue
-        try:
-            _check_entry(fd, name, root, relative, flag, directory=relative in directories)
-        finally:
-            os.close(fd)
 
 
 def make_dirs_inside(root, relative: str, flag: str = "--out") -> None:
     """``root/relative`` as a directory (made where missing), no link followed below ``root``."""
-    fd, name = _open_parent(root, os.path.join(relative, "x"), flag, create=True)
-    os.close(fd)
+    with _parent(root, os.path.join(relative, "x"), flag, create=True):
+        pass
 
 
 def write_inside(root, relative: str, data, flag: str = "--out") -> None:
@@ -652,14 +641,10 @@ def write_inside(root, relative: str, data, flag: str = "--out") -> None:
     permissions, a replaced one keeps its own; a full disk raises :class:`DiskFull`.  Stale
     temporaries are not looked for at each write (a folder of 10^5 point files would be listed
     10^5 times): the command cleans the folder once (:func:`clean_stale_temporaries`)."""
-    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-    fd, name = _open_parent(root, relative, flag, create=True)
-    try:
+    with _parent(root, relative, flag, create=True) as (fd, name):
         st = _check_entry(fd, name, root, relative, flag)
-        _replace_in(fd, name, payload, None if st is None else stat.S_IMODE(st.st_mode),
+        _replace_in(fd, name, _bytes(data), None if st is None else stat.S_IMODE(st.st_mode),
                     shown=os.path.join(os.fspath(root), relative))
-    finally:
-        os.close(fd)
 
 
 def create_inside(root, relative: str, data, flag: str = "--out") -> None:
@@ -668,9 +653,8 @@ def create_inside(root, relative: str, data, flag: str = "--out") -> None:
     the files of a temporary folder this command has just made, whose atomicity is the folder's
     rename -- no per-file temporary and fsync (27 fsyncs cost a report 0.2 s of wall time).  A
     full disk raises :class:`DiskFull` (the partial file removed)."""
-    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-    fd, name = _open_parent(root, relative, flag, create=True)
-    try:
+    payload = _bytes(data)
+    with _parent(root, relative, flag, create=True) as (fd, name):
         try:
             out = _open_new(name, 0o666, dir_fd=fd)
         except FileExistsError:
@@ -679,13 +663,8 @@ def create_inside(root, relative: str, data, flag: str = "--out") -> None:
             with os.fdopen(out, "wb") as fh:
                 fh.write(payload)
         except OSError as exc:
-            try:
-                os.unlink(name, dir_fd=fd)
-            except OSError:
-                pass
+            _unlink_quietly(name, fd)
             raise disk_full(exc, os.path.join(os.fspath(root), relative), len(payload)) from None
-    finally:
-        os.close(fd)
 
 
 def append_inside(root, relative: str, text: str, flag: str = "--out") -> None:
@@ -694,34 +673,25 @@ def append_inside(root, relative: str, text: str, flag: str = "--out") -> None:
     at once); a regular file only.  On a failed or short write the file is cut back to its former
     length: nothing half-written (a log line is whole or absent); a full disk raises
     :class:`DiskFull`."""
-    payload = text.encode("utf-8")
-    fd, name = _open_parent(root, relative, flag, create=True)
-    try:
+    payload, shown = text.encode("utf-8"), os.path.join(os.fspath(root), relative)
+    with _parent(root, relative, flag, create=True) as (fd, name):
         try:
-            out = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
-                          | getattr(os, "O_CLOEXEC", 0), 0o666, dir_fd=fd)
+            out = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC, 0o666,
+                          dir_fd=fd)
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR) or os.path.islink(
-                    os.path.join(os.fspath(root), relative)):
+            if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR) or os.path.islink(shown):
                 raise LinkInside(_link_message(flag, root, relative, "a symbolic link or a special file")) from None
-            raise disk_full(exc, os.path.join(os.fspath(root), relative), len(payload)) from None
-    finally:
-        os.close(fd)
+            raise disk_full(exc, shown, len(payload)) from None
     try:
-        st = os.fstat(out)
-        if not stat.S_ISREG(st.st_mode):
-            raise LinkInside(_link_message(flag, root, relative, _kind(st.st_mode)))
-        size = st.st_size
+        size = _check_opened(out, root, relative, flag).st_size
         try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(out, view):]
+            _write_all(out, payload)
         except OSError as exc:
             try:
                 os.ftruncate(out, size)
             except OSError:
                 pass
-            raise disk_full(exc, os.path.join(os.fspath(root), relative), len(payload)) from None
+            raise disk_full(exc, shown, len(payload)) from None
     finally:
         os.close(out)
 
@@ -731,27 +701,18 @@ def read_inside(root, relative: str, flag: str, *, max_bytes: Optional[int] = MA
     below ``root`` (a link, FIFO or device: :class:`LinkInside`, unopened or opened without
     blocking), its size checked before reading (more than ``max_bytes``: ValueError, nothing
     read).  FileNotFoundError when absent."""
-    fd, name = _open_parent(root, relative, flag, create=False)
-    try:
+    shown = os.path.join(os.fspath(root), relative)
+    with _parent(root, relative, flag, create=False) as (fd, name):
         try:
-            src = os.open(name, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0),
-                          dir_fd=fd)
+            src = os.open(name, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC, dir_fd=fd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise LinkInside(_link_message(flag, root, relative)) from None
             raise
-    finally:
-        os.close(fd)
     try:
-        st = os.fstat(src)
-        if not stat.S_ISREG(st.st_mode):
-            raise LinkInside(_link_message(flag, root, relative, _kind(st.st_mode)))
-        if max_bytes is not None and st.st_size > max_bytes:
-            raise ValueError(f"{flag} {os.path.join(os.fspath(root), relative)} is {st.st_size / 2 ** 20:.1f} MiB, "
-                             f"more than the limit of {max_bytes / 2 ** 20:.0f} MiB for this kind of file; it is "
-                             "not read")
-        return _read_bounded(src, max_bytes, lambda limit: f"{flag} {os.path.join(os.fspath(root), relative)} grew "
-                                                            f"past the limit of {limit} while being read; it is not read")
+        _too_big(flag, shown, _check_opened(src, root, relative, flag).st_size, max_bytes, "; it is not read")
+        return _read_bounded(src, max_bytes, lambda limit: f"{flag} {shown} grew past the limit of {limit} while being "
+                                                           "read; it is not read")
     finally:
         os.close(src)
 
@@ -769,11 +730,8 @@ _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 def free_bytes(path) -> Optional[int]:
     """Bytes available to this user on the file system of ``path`` (its nearest existing
     ancestor); None where it cannot be known."""
-    p = os.path.abspath(os.fspath(path)) if os.fspath(path) else "."
-    while p and not os.path.exists(p) and os.path.dirname(p) != p:
-        p = os.path.dirname(p)
     try:
-        st = os.statvfs(p)
+        st = os.statvfs(path if os.path.exists(path) else _nearest_existing(path))
     except OSError:
         return None
     return st.f_bavail * st.f_frsize

@@ -26,6 +26,7 @@ prefixes the file's name.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -34,6 +35,11 @@ import pickletools
 import struct
 import zipfile
 from typing import Any, Optional
+
+try:
+    import tomllib as _toml
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as _toml
 
 MEMORY_FRACTION = 0.5
 """A reader may build at most half the memory this process can still take (the rest is the
@@ -84,6 +90,13 @@ def memory_available() -> Optional[int]:
     except (ImportError, OSError, ValueError, IndexError):
         pass
     return min(limits) if limits else None
+
+
+def memory_budget() -> Optional[int]:
+    """Bytes a reader may build: :data:`MEMORY_FRACTION` of :func:`memory_available` (None where the
+    machine does not say)."""
+    free = memory_available()
+    return None if free is None else int(MEMORY_FRACTION * free)
 
 
 def check_memory(need: int, what: str) -> None:
@@ -403,3 +416,37 @@ def safetensors_header(data: bytes) -> tuple[dict, dict]:
         if begin < end:
             raise ValueError(f"tensors {first[:40]!r} and {second[:40]!r} overlap in the data section")
     return header, meta
+
+
+# --- writing JSON, reading TOML --------------------------------------------------------------------
+
+def jsonable(obj: Any) -> Any:
+    """Convert numpy/torch scalars and arrays, tuples, dataclasses and non-finite floats to plain
+    JSON.
+
+    Non-finite floats become the strings ``"nan"``, ``"inf"``, ``"-inf"`` so that the file is
+    strict JSON; anything else that is not a number, a string, a sequence or a mapping becomes
+    its ``str``."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj))
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return jsonable(obj.tolist())
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):
+        return obj
+    if isinstance(obj, float) or hasattr(obj, "__float__"):
+        v = float(obj)
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return v
+    return str(obj)
+
+
+toml_loads, TOMLDecodeError = _toml.loads, _toml.TOMLDecodeError
+"""TOML reading: the standard library's ``tomllib`` (Python >= 3.11), else the ``tomli``
+distribution it was taken from (declared for Python < 3.11 in pyproject.toml)."""

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from numerics.io import toml
+from numerics.io.handed import TOMLDecodeError, toml_loads
 from numerics.io.files import MAX_INPUT_BYTES, check_input_file, read_input_bytes
-from numerics.io.options import SEED_MAX
+from numerics.io.command import SEED_MAX
 from numerics.config import ProblemConfig
 from numerics.train import MAX_STEPS, TrainConfig
 
@@ -347,7 +347,7 @@ def _fill(given: dict, fields_: dict[str, _Field], section: str) -> dict:
 
 
 def _check_seed(label: str, value: Any) -> None:
-    """Seeds are integers in 0 .. 2^64 - 1 (numerics.io.options.SEED_MAX): refused up front, as
+    """Seeds are integers in 0 .. 2^64 - 1 (numerics.io.command.SEED_MAX): refused up front, as
     the command lines' --seed, rather than as a failed point."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
         raise ValueError(f"grid: {label} = {value!r} is not a seed: seeds are integers in 0 .. 2^64 - 1")
@@ -394,7 +394,7 @@ def load_grid(path: Union[str, Path]) -> tuple[dict, str]:
         raise ValueError(f"grid file {str(path)!r} is not a text file (it is not UTF-8: a binary file?); pass "
                          "the grid TOML file (see examples/grid.toml for the format)") from None
     try:
-        spec = toml.loads(text)
-    except toml.TOMLDecodeError as exc:
+        spec = toml_loads(text)
+    except TOMLDecodeError as exc:
         raise ValueError(f"grid file {str(path)!r} is not valid TOML: {exc}") from None
     return spec, text
