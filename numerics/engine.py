@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Optional
 from numerics.seeds import case_seed
 
 KINDS_BY_MODULE: dict[str, tuple] = {
-    "numerics.experiments.theory_values": ("theory",),
+    "numerics.experiments": ("theory",),
     "numerics.experiments.converged": ("converged", "continue_on_D"),
     "numerics.exact_reduced": ("reduced_minima",),
     "numerics.experiments.probes": ("symmetric_batch_runs", "fresh_batch_runs", "gradient_projection",

@@ -14,6 +14,7 @@ prompts it trained on.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -45,6 +46,24 @@ def _check(n: int, chunk: int) -> None:
             raise ValueError(f"{name} must be an integer >= 2 (prompts to average), got {v!r}")
 
 
+def prompt_losses(model, prompts) -> torch.Tensor:
+    """The per-prompt loss ||y_q - y_hat||^2 of the full ``model`` on ``prompts``."""
+    return ((model(prompts.context, prompts.query) - prompts.target) ** 2).sum(dim=-1)
+
+
+def _one_problem(models) -> ProblemConfig:
+    """The problem of ``models`` (full models), which must share tasks, L, sigma, basis, dtype
+    and device to be evaluated on the same held-out prompts."""
+    for m in models:
+        if not isinstance(m, MultiHeadAttention):
+            raise TypeError(f"models must be a MultiHeadAttention, got {type(m).__name__}")
+    keys = [(c.tasks, c.L, c.sigma, c.basis, c.basis_seed, c.dtype, c.device) for c in (m.cfg for m in models)]
+    if any(k != keys[0] for k in keys):
+        raise ValueError("the models are of another problem than the first (tasks, L, sigma, basis, dtype, device): "
+                         "only models of the same problem see the same held-out prompts; evaluate them apart")
+    return models[0].cfg
+
+
 def _held_out_many(cfg: ProblemConfig, per_prompt_fns, n: int, seed: int, chunk: int) -> list[LossEstimate]:
     """Means of each ``per_prompt(prompts)`` of ``per_prompt_fns`` over the same ``n`` fresh
     prompts of cfg's problem, drawn once, in chunks from the held-out stream of ``seed`` (a
@@ -74,19 +93,10 @@ def _from_sums(total: float, total2: float, count: int) -> LossEstimate:
     return LossEstimate(mean=mean, se=math.sqrt(var / count), n=count)
 
 
-def _held_out(cfg: ProblemConfig, per_prompt, n: int, seed: int, chunk: int) -> LossEstimate:
-    """Mean of ``per_prompt(prompts)`` over ``n`` fresh prompts of cfg's problem, drawn in
-    chunks from the held-out stream of ``seed``, with its standard error."""
-    return _held_out_many(cfg, [per_prompt], n, seed, chunk)[0]
-
-
 def held_out_loss(model: MultiHeadAttention, n: int = 16384, seed: int = 0, chunk: int = 4096) -> LossEstimate:
     """Loss of the full ``model`` at its current weights on ``n`` fresh prompts of its
     problem (held-out stream of ``seed``), with its standard error."""
-    if not isinstance(model, MultiHeadAttention):
-        raise TypeError(f"model must be a MultiHeadAttention, got {type(model).__name__}")
-    return _held_out(model.cfg, lambda pr: ((model(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1),
-                     n, seed, chunk)
+    return _held_out_many(_one_problem([model]), [functools.partial(prompt_losses, model)], n, seed, chunk)[0]
 
 
 def held_out_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096) -> list[LossEstimate]:
@@ -95,20 +105,10 @@ def held_out_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096) ->
     them: each estimate equals the model's own held_out_loss exactly (e.g. the final models of
     numerics.train.train_many's runs of one seed)."""
     models = list(models)
-    for i, m in enumerate(models):
-        if not isinstance(m, MultiHeadAttention):
-            raise TypeError(f"models[{i}] must be a MultiHeadAttention, got {type(m).__name__}")
     if not models:
         return []
-    a = models[0].cfg
-    for i, m in enumerate(models[1:], start=1):
-        b = m.cfg
-        if (a.tasks, a.L, a.sigma, a.basis, a.basis_seed, a.dtype, a.device) != \
-                (b.tasks, b.L, b.sigma, b.basis, b.basis_seed, b.dtype, b.device):
-            raise ValueError(f"models[{i}] is of another problem than models[0] (tasks, L, sigma, basis, dtype, "
-                             "device): they would not see the same held-out prompts; evaluate them apart")
-    return _held_out_many(a, [lambda pr, m=m: ((m(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
-                              for m in models], n, seed, chunk)
+    return _held_out_many(_one_problem(models), [functools.partial(prompt_losses, m) for m in models], n, seed,
+                          chunk)
 
 
 def held_out_reduced_loss(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
@@ -118,7 +118,7 @@ def held_out_reduced_loss(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: i
     _check(n, chunk)
     omega = torch.as_tensor(omega, dtype=cfg.torch_dtype, device=cfg.device)
     mu = torch.as_tensor(mu, dtype=cfg.torch_dtype, device=cfg.device)
-    return _held_out(cfg, lambda pr: per_prompt_reduced_losses(omega, mu, pr, cfg), n, seed, chunk)
+    return _held_out_many(cfg, [lambda pr: per_prompt_reduced_losses(omega, mu, pr, cfg)], n, seed, chunk)[0]
 
 
 def held_out_loss_difference(model_a: MultiHeadAttention, model_b: MultiHeadAttention, n: int = 16384,
@@ -127,20 +127,11 @@ def held_out_loss_difference(model_a: MultiHeadAttention, model_b: MultiHeadAtte
     stream of ``seed``), with the standard error of the paired difference: far smaller than
     the two separate standard errors combined when the models are close (the per-prompt
     losses are strongly correlated), which is what a test of "the loss still falls" needs."""
-    for name, m in (("model_a", model_a), ("model_b", model_b)):
-        if not isinstance(m, MultiHeadAttention):
-            raise TypeError(f"{name} must be a MultiHeadAttention, got {type(m).__name__}")
-    a, b = model_a.cfg, model_b.cfg
-    if (a.tasks, a.L, a.sigma, a.basis, a.basis_seed, a.dtype, a.device) != \
-            (b.tasks, b.L, b.sigma, b.basis, b.basis_seed, b.dtype, b.device):
-        raise ValueError("the two models must be of the same problem (tasks, L, sigma, basis, dtype, device) "
-                         "to be compared on the same prompts")
+    a = _one_problem([model_a, model_b])
 
     def per_prompt(pr):
-        la = ((model_a(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
-        lb = ((model_b(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1)
-        return la - lb
-    return _held_out(a, per_prompt, n, seed, chunk)
+        return prompt_losses(model_a, pr) - prompt_losses(model_b, pr)
+    return _held_out_many(a, [per_prompt], n, seed, chunk)[0]
 
 
 def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096):
@@ -153,14 +144,7 @@ def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4
     models = list(models)
     if not models:
         raise ValueError("held_out_prompt_losses needs at least one model")
-    for m in models:
-        if not isinstance(m, MultiHeadAttention):
-            raise TypeError(f"models must be MultiHeadAttention, got {type(m).__name__}")
-    cfg = models[0].cfg
-    keys = lambda c: (c.tasks, c.L, c.sigma, c.basis, c.basis_seed, c.dtype, c.device)  # noqa: E731
-    if any(keys(m.cfg) != keys(cfg) for m in models):
-        raise ValueError("the models must be of the same problem (tasks, L, sigma, basis, dtype, device) to be "
-                         "compared on the same prompts")
+    cfg = _one_problem(models)
     _check(n, chunk)
     gen = held_out_generator(seed, cfg.device)
     out, left = [[] for _ in models], n
@@ -168,7 +152,7 @@ def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4
         while left > 0:
             pr = sample_prompts(cfg, min(chunk, left), gen)
             for k, m in enumerate(models):
-                out[k].append(((m(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1).double().cpu().numpy())
+                out[k].append(prompt_losses(m, pr).double().cpu().numpy())
             left -= chunk
     return np.array([np.concatenate(v) for v in out])
 
@@ -184,8 +168,6 @@ def hessian_top_eigenvalue(model: MultiHeadAttention, n: int = 2048, iters: int 
     quarter of the ``iters`` iterations (at least 2).  Gradient descent at step eta is stable at
     the model's weights only while eta lambda_max < 2, whatever direction the eigenvector takes:
     off D too, which theory's reduced stiffness does not see (numerics.experiments.converged)."""
-    if not isinstance(model, MultiHeadAttention):
-        raise TypeError(f"model must be a MultiHeadAttention, got {type(model).__name__}")
     _check(n, n)
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 2:
         raise ValueError(f"iters must be an integer >= 2, got {iters!r}")
@@ -199,7 +181,7 @@ def hessian_top_eigenvalue(model: MultiHeadAttention, n: int = 2048, iters: int 
         norm = torch.sqrt(sum((x * x).sum() for x in v))
         v = [x / norm for x in v]
         pr = sample_prompts(cfg, n, gen)
-        loss = ((model(pr.context, pr.query) - pr.target) ** 2).sum(dim=-1).mean()
+        loss = prompt_losses(model, pr).mean()
         grads = torch.autograd.grad(loss, params, create_graph=True)
         hv = torch.autograd.grad(sum((g * x).sum() for g, x in zip(grads, v)), params)
         quotients.append(float(sum((h * x).sum() for h, x in zip(hv, v))))

@@ -11,8 +11,8 @@ as independent are (:func:`check_independent`, on the runs' fingerprints).
   per pair);
 - moves with the report's ``--seed``: every case's seed changes when the report's does;
 - does not depend on where the case stands in a profile's list, so two claims that train the
-  same configuration under the same case name share the run (the run cache's key is the
-  configuration, the schedule and this seed: numerics.experiments.converged.converged_run).
+  same configuration under the same case name share the run (one need of the engine: the
+  configuration, the schedule and this seed, numerics.experiments.converged.train_converged).
 
 :func:`trained_run_seed` is the case name of a trained run of a problem, the one that claims
 sharing trained runs (limiting-error, multi-head-gain, boundary-left-allocation) all call.

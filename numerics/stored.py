@@ -29,12 +29,13 @@ import hashlib
 import importlib.metadata
 import json
 import math
+import os
 import re
 from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
-from numerics.io.files import LinkInside, read_inside
+from numerics.io.files import LinkInside, check_inside, read_inside
 from numerics.io.handed import MAX_DEPTH, PARSE_FACTOR, check_memory, parse_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -233,3 +234,23 @@ def read_point(sweep, name: str, *, code: Optional[str] = None) -> tuple[Optiona
         return None, "neither a result nor an error: not a finished point"
     problem = None if record.get("result") is None else _result_problem(record["point"], record["result"])
     return (None, problem) if problem else (record, None)
+
+
+def read_points(sweep, label: str, code: Optional[str] = None) -> tuple[list, list]:
+    """Every point file of the sweep directory ``sweep`` through :func:`read_point`, sorted by
+    name: (the usable records, ``{"file", "reason"}`` of the others).  A directory without
+    ``points/`` (or whose ``points`` is a link) is refused, naming it as ``label``."""
+    sweep = Path(sweep)
+    points = sweep / "points"
+    if not points.is_dir():
+        raise FileNotFoundError(f"{label} {str(sweep)!r} is not a sweep directory (no points/ inside); "
+                                f"run `python -m numerics.sweep GRID --out {sweep}` first")
+    check_inside(sweep, (), label, directories=("points",))
+    records, skipped = [], []
+    for name in sorted(n for n in os.listdir(points) if n.endswith(".json") and not n.startswith(".")):
+        rec, reason = read_point(sweep, name, code=code)
+        if rec is None:
+            skipped.append({"file": str(points / name), "reason": reason})
+        else:
+            records.append(rec)
+    return records, skipped

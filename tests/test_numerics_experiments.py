@@ -1,4 +1,4 @@
-"""The experiment layer's policies (run cache, identity, sweep store) and the one allocation
+"""The experiment layer's policies (the sweep store) and the one allocation
 readout, as unit tests (no training)."""
 from __future__ import annotations
 
@@ -16,16 +16,6 @@ from numerics.readout import ALLOCATED_SHARE, SUPERPOSED_SHARE, allocation
 
 def test_numerics_restates_the_one_tolerance_policy():
     assert Z_CONVERGED == Z_SE
-
-
-def test_identity_is_canonical_and_the_cache_computes_once():
-    a = experiments.identity("x", problem={"tasks": (2, 2)}, schedule=TrainingSchedule(), seed=1)
-    b = experiments.identity("x", seed=1, schedule=TrainingSchedule(), problem={"tasks": [2, 2]})
-    assert a == b and a != experiments.identity("x", problem={"tasks": (2, 2)}, schedule=TrainingSchedule(), seed=2)
-    calls = []
-    for _ in range(3):
-        experiments.cached(a, lambda: calls.append(1) or len(calls))
-    assert calls == [1]
 
 
 def test_store_finds_a_stored_run_and_counts_it(tmp_path):

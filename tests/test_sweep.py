@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from numerics import sweep
 from numerics.sweep import code_sources, code_version, expand_grid, load_results, point_id, run_grid
-from numerics.sweep.identity import DEFAULT_POINT_FN_NAMES, package_version
+from numerics.stored import DEFAULT_POINT_FN_NAMES, package_version
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -42,14 +42,10 @@ By concern: :mod:`~numerics.bench.timing` (timers, precision policy),
 :mod:`~numerics.bench.steps` (the contenders), :mod:`~numerics.bench.memory` (peak memory),
 :mod:`~numerics.bench.run` (the seven sections), :mod:`~numerics.bench.cli` (flags, table, JSON).
 """
-from numerics.bench.cli import main, parse_args, render
-from numerics.bench.config import AUTHORS, DTYPES, LR, PAPER, PROFILES, QUICK, SMOKE, TARGETS, BenchConfig
+from numerics.bench.cli import main, parse_args
+from numerics.bench.config import QUICK
 from numerics.bench.memory import peak_memory
-from numerics.bench.roofline import bytes_moved, flops, roofline
-from numerics.bench.run import contract, fit_exponent, run_bench
-from numerics.bench.steps import TrainerSteps
-from numerics.bench.timing import precise_float32, time_interleaved
+from numerics.bench.run import fit_exponent
+from numerics.config import use_precise_float32 as precise_float32
 
-__all__ = ["AUTHORS", "DTYPES", "LR", "PAPER", "PROFILES", "QUICK", "SMOKE", "TARGETS", "BenchConfig", "TrainerSteps", "bytes_moved", "contract", "fit_exponent",
-           "flops", "main", "parse_args", "peak_memory", "precise_float32", "render", "roofline", "run_bench",
-           "time_interleaved"]
+__all__ = ["QUICK", "fit_exponent", "main", "parse_args", "peak_memory", "precise_float32"]

@@ -6,13 +6,10 @@ import sys
 import argparse
 import math
 
-import torch
-
 from numerics.train import MAX_STEPS
-from numerics.io.files import check_output_path
-from numerics.io.command import command_line
-from numerics.io.command import float_option, int_option, seed_option, threads_option
-from numerics.io.files import write_json_atomic
+from numerics.io.command import (check_device_option, command_line, float_option, int_option, seed_option,
+                                 threads_option)
+from numerics.io.files import check_output_path, write_json_atomic
 from numerics.bench.config import DTYPES, EXPANSION_TIME, LR, REPORT_PROFILES, BenchConfig
 from numerics.bench.run import run_bench
 
@@ -171,59 +168,36 @@ def _render_batched(res: dict) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The flags of ``python -m numerics.bench``."""
+    """The flags of ``python -m numerics.bench`` (each described in docs/performance.md)."""
     p = argparse.ArgumentParser(
         prog="python -m numerics.bench",
-        description="Benchmark the training step: ours vs the standard-way reference, the "
-                    "roofline, reduced vs full flow, scaling in L/d/H/batch and peak memory. "
-                    "Prints a table and writes JSON.")
-    p.add_argument("--device", default="cpu",
-                   help="cpu, cuda or cuda:N (default cpu); every measurement runs on it")
-    p.add_argument("--dtype", default=",".join(DTYPES),
-                   help="comma-separated dtypes to time: float32, float64 (default both); the "
-                        "scaling section uses the first")
-    p.add_argument("--repeats", type=int_option("--repeats", 1, 1000, "medians settle long before"), default=None,
-                   help="timed rounds of the step comparison (section 1: one call of each contender "
-                        "per round, two trainer steps) and timed repeats of the probes; the whole "
-                        "training runs of section 3 use max(3, repeats // 2) rounds, the scaling "
-                        "section 4 rounds; medians, min and max are reported (default 5; not with --smoke, which runs one)")
-    p.add_argument("--warmup", type=int_option("--warmup", 0, 1000), default=None,
-                   help="untimed warm-up calls of the probes; the interleaved comparisons run one "
-                        "untimed round first when this is > 0 (default 2; not with --smoke, which runs none)")
-    p.add_argument("--out", default=None, help="write the results as JSON to this path")
-    p.add_argument("--quick", action="store_true",
-                   help="the benchmark's contract only, at the quick size (tasks 4,4,4, H = 3, L = 256, batch "
-                        "4096): section 1 (ours vs the standard implementation, full step and model step, "
-                        "sampling) and section 3 (reduced vs full flow); minutes on 2 cores")
-    p.add_argument("--smoke", action="store_true",
-                   help="smoke test: the sections at tiny sizes in seconds (with --quick: the contract's); "
-                        "the numbers are meaningless")
-    p.add_argument("--seed", type=seed_option("--seed"), default=0, help="seed of the prompt stream, 0 .. 2^64 - 1 "
-                                                                        "(default 0)")
-    p.add_argument("--reduced-time", type=float_option("--reduced-time", finite=False), default=None,
-                   help="gradient-flow time t of the reduced-vs-full comparison (default 0.5, "
-                        "i.e. t / lr = 10 steps of lr = 0.05; not with --smoke, which runs one step)")
-    p.add_argument("--expansion-time", type=float_option("--expansion-time", finite=False), default=None,
-                   help=f"time t of the expansion flow against the full flow (default {EXPANSION_TIME:g}, "
-                        "the trainer's default horizon); the full flow's time to it is extrapolated from its "
-                        "measured step (section 3; not with --smoke, which uses two steps)")
-    p.add_argument("--report-profiles", default=None, metavar="P[,P]",
-                   help="also time `python -m reports.build --profile P` for each listed profile "
-                        f"({', '.join(REPORT_PROFILES)}) in a subprocess writing into a temporary directory "
-                        "(opt-in: the quick profile takes minutes, the paper one hours on a CPU)")
-    p.add_argument("--report-timeout", type=float_option("--report-timeout", finite=False), default=None,
-                   help="with --report-profiles: seconds allowed to each report profile (default 3600); past it the "
-                        "build's whole process group (its --jobs workers too) is killed and the JSON says 'timed "
-                        "out'")
-    p.add_argument("--threads", type=threads_option("--threads"), default=None,
-                   help="torch intra-op CPU threads (default: torch's choice, the core count). On "
-                        "a machine shared with other jobs, 1 avoids threads waiting on each other "
-                        "for a core, which can make small steps 10-100x slower")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--calibrate", action="store_true",
-                   help="measure numerics.cost's primitives on this machine (CPU time, one thread; ~30 CPU s) and "
-                        "fit its coefficients, printing each point's measured / modelled ratio (--out: as JSON); "
-                        "numerics.cost is updated by hand from the result")
+        description="Benchmark the training step: ours vs the standard-way reference, the roofline, reduced vs "
+                    "full flow, scaling in L/d/H/batch and peak memory. Prints a table and writes JSON "
+                    "(docs/performance.md).")
+    add = p.add_argument
+    add("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu): every measurement runs on it")
+    add("--dtype", default=",".join(DTYPES), help="comma-separated dtypes to time (default float32,float64)")
+    add("--repeats", type=int_option("--repeats", 1, 1000, "medians settle long before"), default=None,
+        help="timed rounds of the step comparison and repeats of the probes (default 5; not with --smoke)")
+    add("--warmup", type=int_option("--warmup", 0, 1000), default=None,
+        help="untimed probe calls; > 0: one untimed round of each comparison (default 2; not with --smoke)")
+    add("--out", default=None, help="write the results as JSON to this path")
+    add("--quick", action="store_true", help="the contract only: sections 1, 3 and 7 at the quick size")
+    add("--smoke", action="store_true", help="every section at tiny sizes in seconds (meaningless numbers)")
+    add("--seed", type=seed_option("--seed"), default=0, help="seed of the prompt stream (default 0)")
+    add("--reduced-time", type=float_option("--reduced-time", finite=False), default=None,
+        help="gradient-flow time t of section 3 (default 0.5: 10 steps of lr 0.05; not with --smoke)")
+    add("--expansion-time", type=float_option("--expansion-time", finite=False), default=None,
+        help=f"time of the expansion flow against the full flow (default {EXPANSION_TIME:g}; not with --smoke)")
+    add("--report-profiles", default=None, metavar="P[,P]",
+        help=f"also time `python -m reports.build --profile P` for each of {', '.join(REPORT_PROFILES)} given")
+    add("--report-timeout", type=float_option("--report-timeout", finite=False), default=None,
+        help="with --report-profiles: seconds allowed to each profile (default 3600)")
+    add("--threads", type=threads_option("--threads"), default=None,
+        help="torch intra-op CPU threads (default: torch's choice); 1 on a shared machine")
+    add("--no-progress", action="store_true", help="no progress bar")
+    add("--calibrate", action="store_true",
+        help="measure numerics.cost's primitives on this machine and fit its coefficients (--out: as JSON)")
     return p
 
 
@@ -234,7 +208,10 @@ def parse_args(argv=None) -> BenchConfig:
     p = _parser()
     a = p.parse_args(argv)
     dtypes = _dtypes(p, a.dtype)
-    _check_device(p, a.device)
+    try:
+        check_device_option(a.device)
+    except ValueError as exc:
+        p.error(str(exc))
     # values first (the message about the value), then options that this run would ignore
     _check_flow_time(p, "--reduced-time", a.reduced_time)
     _check_flow_time(p, "--expansion-time", a.expansion_time)
@@ -279,17 +256,6 @@ def _dtypes(p: argparse.ArgumentParser, given: str) -> tuple[str, ...]:
     return dtypes
 
 
-def _check_device(p: argparse.ArgumentParser, dev: str) -> None:
-    """--device is cpu, cuda or cuda:N, and a CUDA device named must exist here."""
-    if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        p.error(f"--device: unknown device {dev!r}; use cpu, cuda or cuda:N")
-    if dev.startswith("cuda"):
-        if not torch.cuda.is_available():
-            p.error(f"--device {dev}: no CUDA device is available here; use --device cpu")
-        if ":" in dev and int(dev[5:]) >= torch.cuda.device_count():
-            p.error(f"--device {dev}: only {torch.cuda.device_count()} CUDA device(s) here")
-
-
 def _check_flow_time(p: argparse.ArgumentParser, flag: str, value: float | None) -> None:
     """A gradient-flow time is at least one step of lr = LR and at most the trainer's
     MAX_STEPS steps (an absurd time would otherwise fail only after the other sections)."""
@@ -315,19 +281,15 @@ def _report_profiles(p: argparse.ArgumentParser, given: str | None) -> tuple[str
 @command_line     # a full disk at --out: "disk full: N bytes needed at PATH", exit 75
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
+    bc = parse_args(argv)    # every flag checked (--out among them) before anything is timed
     if "--calibrate" in argv:
-        bc = parse_args(argv)    # the same checks of every flag (--out among them)
         from numerics.bench.calibrate import calibrate, render as render_calibration
-        res = calibrate(progress=bc.progress if hasattr(bc, "progress") else True)
+        res = calibrate(progress=bc.progress)
         print(render_calibration(res))
-        if bc.out:
-            write_json_atomic(bc.out, res, allow_nan=True)
-            print(f"wrote {bc.out}")
-        return res
-    bc = parse_args(argv)
-    res = run_bench(bc)
-    print(render(res))
+    else:
+        res = run_bench(bc)
+        print(render(res))
     if bc.out:
-        write_json_atomic(bc.out, res, allow_nan=True)  # as before the move: a NaN timing is written, not refused
+        write_json_atomic(bc.out, res, allow_nan=True)   # a NaN timing is written, not refused
         print(f"wrote {bc.out}")
     return res

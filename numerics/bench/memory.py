@@ -11,10 +11,10 @@ import sys
 
 import torch
 
-from numerics.bench.steps import our_step, problem, reference_step
+from numerics.bench.steps import our_step, problem
 from numerics.bench.timing import sync
+from numerics.stored import REPO_ROOT
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def peak_memory(sizes: dict, dtype: str, device: str, which: str = "ours", seed: int = 0,
@@ -36,7 +36,7 @@ def peak_memory(sizes: dict, dtype: str, device: str, which: str = "ours", seed:
         return measure_step_memory_cpu(sizes, dtype, which, seed)
     if device.startswith("cuda"):
         cfg = problem(sizes, dtype, device)
-        step = (our_step if which == "ours" else reference_step)(cfg, sizes["batch"], seed)
+        step = our_step(cfg, sizes["batch"], seed, which)
         sync(device)
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated(device)
@@ -47,7 +47,7 @@ def peak_memory(sizes: dict, dtype: str, device: str, which: str = "ours", seed:
         return {"bytes": int(peak), "method": "torch.cuda.max_memory_allocated"}
     payload = json.dumps({"sizes": {**sizes, "tasks": list(sizes["tasks"])}, "dtype": dtype,
                           "which": which, "seed": seed, "threads": torch.get_num_threads()})
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", "import sys; from numerics.bench.memory import "
                            "_peak_memory_child as f; f(sys.argv[1])", payload],
                           capture_output=True, text=True, env=env, timeout=900)
@@ -68,9 +68,8 @@ def _proc_status_kib(field: str) -> int:
 def measure_step_memory_cpu(sizes: dict, dtype: str, which: str = "ours", seed: int = 0) -> dict:
     """Peak resident-set growth over one step in this process (see :func:`peak_memory`)."""
     cfg = problem(sizes, dtype, "cpu")
-    make = our_step if which == "ours" else reference_step
-    make(cfg, 2, seed)()                              # load libraries, start thread pools
-    step = make(cfg, sizes["batch"], seed)
+    our_step(cfg, 2, seed, which)()                   # load libraries, start thread pools
+    step = our_step(cfg, sizes["batch"], seed, which)
     gc.collect()
     try:
         with open("/proc/self/clear_refs", "w") as f:

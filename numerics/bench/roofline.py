@@ -18,7 +18,6 @@ def memory_bandwidth(device: str, nbytes: int = 256 * 2**20, repeats: int = 7, w
     other = torch.rand(n, device=device)
     copy = time_repeated(lambda: dst.copy_(src), repeats, warmup, device)
     add = time_repeated(lambda: torch.add(src, other, out=dst), repeats, warmup, device)
-    del src, dst, other
     return {
         "bytes": nbytes,
         "copy_bytes_per_s": _rate(2 * nbytes, copy),

@@ -22,8 +22,10 @@ from numerics.bench.config import (AUTHORS, BATCHED_KINDS, BATCHED_RUNS, BATCHED
 from numerics.bench.memory import peak_memory
 from numerics.bench.roofline import bytes_moved, flops, item_bytes, matmul_throughput, memory_bandwidth, roofline
 from numerics.bench.steps import (AsPrograms, TrainerSteps, model_only_step, one_after_another, our_step, problem,
-                               reference_step, run_set, sampling_only)
-from numerics.bench.timing import precise_float32, ratio_summary, time_interleaved
+                                  run_set, sampling_only)
+from numerics.bench.timing import ratio_summary, time_interleaved
+from numerics.config import use_precise_float32
+from numerics.stored import REPO_ROOT
 
 
 def fit_exponent(sizes: list[float], seconds: list[float]) -> float:
@@ -66,7 +68,7 @@ def run_bench(bc: BenchConfig) -> dict:
     t_start = time.perf_counter()
     if bc.threads is not None:
         torch.set_num_threads(bc.threads)
-    precision = precise_float32()
+    precision = use_precise_float32()   # the project's one TF32 policy
     main = SMOKE if bc.smoke else QUICK
     paper = SMOKE if bc.smoke else PAPER
     slow_reps = 1 if bc.smoke else max(3, bc.repeats // 2)   # rounds of the seconds-long runs
@@ -140,7 +142,7 @@ def _step_comparison(bc: BenchConfig, cfg, B: int, dt: str) -> tuple[dict, dict]
     trainer = TrainerSteps(cfg, B, steps=3, seed=bc.seed)   # 2 timed steps per round
     t = time_interleaved({
         "trainer": trainer,
-        "reference": reference_step(cfg, B, bc.seed),
+        "reference": our_step(cfg, B, bc.seed, "reference"),
         "bare_step": our_step(cfg, B, bc.seed),
         "sampling": sampling_only(cfg, B, bc.seed),
         "model_only": model_only_step(cfg, B, "ours", bc.seed),
@@ -270,7 +272,7 @@ def _paper_step(bc: BenchConfig, paper: dict, slow_reps: int, progress: _Progres
                "sampling": sampling_only(cfg, B, bc.seed),
                "model_only": model_only_step(cfg, B, "ours", bc.seed)}
         if bc.device.startswith("cuda"):
-            fns["reference"] = reference_step(cfg, B, bc.seed)
+            fns["reference"] = our_step(cfg, B, bc.seed, "reference")
         t = time_interleaved(fns, slow_reps, min(bc.warmup, 1), bc.device)
         fns.clear()
         res = {"trainer_seconds": t["trainer"], "sampling_seconds": t["sampling"],
@@ -340,7 +342,7 @@ def report_profile_seconds(profile: str, device: str, timeout: float, command: l
     """Wall time of ``python -m reports.build --profile PROFILE`` in a subprocess writing into
     a temporary directory (removed afterwards), from this checkout (cwd and PYTHONPATH set to
     the repository root); ``command`` replaces the command line (tests)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = str(REPO_ROOT)
     with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
         cmd = command or [sys.executable, "-m", "reports.build", "--profile", profile, "--device", device,
                           "--out", os.path.join(tmp, "report"), "--no-progress"]

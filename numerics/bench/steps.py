@@ -22,18 +22,17 @@ def problem(sizes: dict, dtype: str, device: str, **over) -> ProblemConfig:
                          dtype=dtype, device=device, **over)
 
 
-def our_step(cfg: ProblemConfig, batch: int, seed: int = 0) -> Callable[[], torch.Tensor]:
-    """One step of our model written out: sample a fresh batch, forward, backward, plain
-    GD update.  The trainer's own step is timed inside ``train`` (:class:`TrainerSteps`);
-    this bare version isolates the step from the trainer's bookkeeping."""
+def our_step(cfg: ProblemConfig, batch: int, seed: int = 0, which: str = "ours") -> Callable[[], torch.Tensor]:
+    """One step written out: sample a fresh batch, forward, backward, plain GD update, of our
+    model or (``which="reference"``) of the standard-way reference on the same prompt stream and
+    weights.  The trainer's own step is timed inside ``train`` (:class:`TrainerSteps`); this bare
+    version isolates the step from the trainer's bookkeeping."""
     model = MultiHeadAttention(cfg)
+    if which == "reference":
+        model = ReferenceAttention.from_model(model)
     gen = make_generator(seed, cfg.device)
     held = []
-
-    def step():
-        prompts = _draw(cfg, batch, gen, held)
-        return gd_step(model, prompts, LR, mse_loss)
-    return step
+    return lambda: gd_step(model, _draw(cfg, batch, gen, held), LR, mse_loss)
 
 
 def _draw(cfg: ProblemConfig, batch: int, gen, held: list):
@@ -41,18 +40,6 @@ def _draw(cfg: ProblemConfig, batch: int, gen, held: list):
     (``sample_prompts(out=)``), which ``held`` keeps from call to call."""
     held[:] = [sample_prompts(cfg, batch, gen, out=held[0] if held else None)]
     return held[0]
-
-
-def reference_step(cfg: ProblemConfig, batch: int, seed: int = 0) -> Callable[[], torch.Tensor]:
-    """One step of the standard-way reference, on the same prompt stream and weights."""
-    ref = ReferenceAttention.from_model(MultiHeadAttention(cfg))
-    gen = make_generator(seed, cfg.device)
-    held = []
-
-    def step():
-        prompts = _draw(cfg, batch, gen, held)
-        return gd_step(ref, prompts, LR, mse_loss)
-    return step
 
 
 def sampling_only(cfg: ProblemConfig, batch: int, seed: int = 0) -> Callable[[], object]:

@@ -1,5 +1,4 @@
-"""Timing utilities: device synchronisation, repeated and interleaved timings, and the
-float32 precision policy every timing runs under."""
+"""Timing utilities: device synchronisation, repeated and interleaved timings."""
 from __future__ import annotations
 
 import time
@@ -7,14 +6,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-
-from numerics.config import use_precise_float32
-
-
-def precise_float32() -> dict:
-    """The project's one TF32 policy (:func:`numerics.config.use_precise_float32`), under
-    which every timing runs; returns the settings in force (recorded in the JSON)."""
-    return use_precise_float32()
 
 
 def sync(device: str) -> None:

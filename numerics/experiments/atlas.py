@@ -41,19 +41,15 @@ import numpy as np
 
 from numerics.config import ProblemConfig
 from numerics.evaluate import held_out_loss
-from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
+from numerics.experiments.converged import converged_for, last_quarter, pop_seed, stage_descent, stage_tolerance
 from numerics.engine import kind, need
 from numerics.experiments import active_store, one_thread
 from numerics.readout import OUTCOME_CLASSES, SUPERPOSED_SHARE, allocation, crossing_time, end_class
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
-from numerics.statistics import mean_se as _mean_se
-from numerics.experiments.starts import OFF_D_RELATIVE, off_D_test  # the report's one off-D rule (its docstring)
+from numerics.statistics import line_fit, mean_se as _mean_se
+from numerics.experiments.starts import off_D_test  # the report's one off-D rule (its docstring)
 from numerics.train import TrainConfig, train
 
-__all__ = ["AtlasSchedule", "point_class", "cell_mix", "run_point", "check_point", "train_atlas", "escape_time",
-           "atlas_point", "Z_CONVERGED", "OFF_D_RELATIVE", "BEST_SEARCH", "panel_needs", "panel_points",
-           "grid_of", "cell_class", "mean_se", "ratios", "panel_matrices", "class_counts", "warmup_border",
-           "record_spacing", "crossing_L", "last_and_first", "ols_slope", "escape_cells", "escape_means", "PATTERNS"]
 
 BEST_SEARCH = {"random_starts": 1, "fit_elements": 2 ** 17, "eval_prompts": 2048, "seed": 0}
 """The best decomposable point's search (numerics.experiments.probes.best_decomposable) at a
@@ -98,9 +94,7 @@ def check_point(point: dict, problem: bool = True):
     if point.get("model") != "atlas":
         raise ValueError(f"an atlas point has model 'atlas', got {point.get('model')!r}")
     fields = dict(point.get("train", {}))
-    seed = fields.pop("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
-        raise ValueError(f"grid: train.seed must be an integer in [0, 2^63), got {seed!r}")
+    seed = pop_seed(fields)
     sch = AtlasSchedule(**fields)
     if not isinstance(sch.panel, str) or not isinstance(sch.best_search, bool):
         raise ValueError(f"grid: train.panel must be a string and train.best_search a boolean, got "
@@ -193,9 +187,8 @@ def _saddle_prediction(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
 # the run
 # ---------------------------------------------------------------------------------------
 
-def escape_time(t, shares, threshold: float) -> float:
-    """First time the opposite-sign off-task share reaches ``threshold`` (numerics.readout.crossing_time)."""
-    return crossing_time(t, shares, threshold)
+escape_time = crossing_time
+"""First time the opposite-sign off-task share reaches a threshold (numerics.readout.crossing_time)."""
 
 
 def _split(model, cfg) -> dict:
@@ -601,14 +594,11 @@ def last_and_first(results_by_x: dict, before) -> tuple:
 def ols_slope(x, y) -> tuple[float, float]:
     """Ordinary least-squares slope of y on x and its standard error (residual variance with
     n - 2 degrees of freedom); (nan, inf) with fewer than 4 points or one distinct x."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
+    x = np.asarray(x, float)
     if x.size < 4 or np.unique(x).size < 2:
         return math.nan, math.inf
-    A = np.vstack([x, np.ones_like(x)]).T
-    coef, *_ = np.linalg.lstsq(A, y, rcond=None)
-    resid = y - A @ coef
-    s2 = float(resid @ resid / (x.size - 2))
-    return float(coef[0]), float(math.sqrt(s2 / np.sum((x - x.mean()) ** 2)))
+    fit = line_fit(x, y)
+    return fit.slope, fit.slope_se
 
 
 def escape_cells(cells: dict, keyfmt, t_end: float) -> list[dict]:

@@ -43,8 +43,6 @@ from numerics.experiments import one_thread
 from numerics.seeds import case_seed
 from numerics.train import TrainConfig, train_many
 
-__all__ = ["AuthorsRun", "AuthorsResult", "datagenerator_blocks", "train_runs", "checkpoint", "emergence",
-           "AUTHORS_DX", "AUTHORS_L", "AUTHORS_LR", "AUTHORS_BATCH", "AUTHORS_INITS"]
 
 AUTHORS_DX = 50
 AUTHORS_L = 100

@@ -16,7 +16,7 @@ from numerics.config import ProblemConfig
 from numerics.engine import kind
 from numerics.seeds import case_seed
 from numerics.evaluate import held_out_loss, held_out_prompt_losses
-from numerics.experiments import active_store, cached, identity, one_thread
+from numerics.experiments import one_thread
 from numerics.readout import ALLOCATED_SHARE, allocation
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.statistics import descent_left, mean_se
@@ -338,14 +338,20 @@ class ConvergedRun(_RunRecord):
 
 
 
+def pop_seed(fields: dict) -> int:
+    """A sweep point's ``train.seed`` (default 0), taken out of its [train] fields: an integer in [0, 2^63)."""
+    seed = fields.pop("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise ValueError(f"grid: train.seed must be an integer in [0, 2^63), got {seed!r}")
+    return seed
+
+
 def check_schedule(fields: dict, L: int = 1) -> TrainingSchedule:
     """A sweep point's [train] section of a converged run (TrainingSchedule fields and
     ``seed``) validated before any point runs: both phases must be valid TrainConfigs (positive
     finite step and time, a sane step count), the token counts positive integers."""
     fields = dict(fields)
-    seed = fields.pop("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
-        raise ValueError(f"grid: train.seed must be an integer in [0, 2^63), got {seed!r}")
+    seed = pop_seed(fields)
     sch = TrainingSchedule(**fields)
     for name in ("tokens", "polish_tokens", "held_out_tokens", "held_out_min", "min_batch", "descent_tokens"):
         v = getattr(sch, name)
@@ -375,25 +381,6 @@ def _normalise_point(point: dict):
     return (point.get("model"), json.dumps(cfg.to_dict(), sort_keys=True), TrainingSchedule(**train_fields), seed)
 
 
-def store_key(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 0) -> tuple:
-    """What a sweep store matches the run of (cfg, schedule, seed) by (its point, normalised)."""
-    return _normalise_point(converged_point(cfg, schedule, seed))
-
-
-def converged_run(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 0) -> ConvergedRun:
-    """The run of (cfg, schedule, seed): from the cache, else from the active sweep store, else
-    trained (:func:`train_converged`)."""
-    def compute():
-        st = active_store()
-        if st is not None:
-            stored = st.lookup(converged_point(cfg, schedule, seed), _normalise_point)
-            if stored is not None:
-                return from_dict(stored)
-        return train_converged(cfg, schedule, seed)
-
-    return cached(identity("converged", problem=cfg.to_dict(), schedule=schedule, seed=int(seed)), compute)
-
-
 def from_dict(d: dict) -> ConvergedRun:
     """A ConvergedRun from its ``to_dict()`` (a sweep point's stored result)."""
     names = {f.name for f in dataclasses.fields(ConvergedRun)}
@@ -413,14 +400,15 @@ def run_point(point: dict) -> dict:
 
 
 def _window_snapshots(snaps, total: float) -> list:
-    """WINDOW_POINTS snapshots (t, model) of the polish evenly spaced over its second half
-    [total / 2, total] (the records nearest to those times)."""
-    times = np.array([t for t, _ in snaps])
-    want = np.linspace(0.5 * total, total, WINDOW_POINTS)
-    idx = sorted({int(np.argmin(np.abs(times - w))) for w in want})
-    return [snaps[i] for i in idx]
+    """WINDOW_POINTS records (t, ...) evenly spaced over the second half [total / 2, total] of a
+    stage (the records nearest to those times)."""
+    times = np.array([x[0] for x in snaps])
+    return [snaps[i] for i in sorted({int(np.argmin(np.abs(times - w)))
+                                      for w in np.linspace(0.5 * total, total, WINDOW_POINTS)})]
 
 
+@kind("converged", cost=converged_seconds, point=lambda cfg, schedule, seed: converged_point(cfg, schedule, seed),
+      normalise=_normalise_point, load=from_dict)
 @one_thread
 def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 0) -> ConvergedRun:
     """Train the full model of ``cfg`` by ``schedule`` and measure its converged loss
@@ -596,20 +584,15 @@ def stable_step(cfg: ProblemConfig, omega, mu, lr_max: float, n: int, seed: int)
     return float(min(lr_max, 1.0 / lam)) if lam > 0 else float(lr_max)
 
 
-def continue_on_D(cfg: ProblemConfig, run, seed: int, schedule: ContinuationSchedule = QUICK_CONTINUATION,
+@one_thread
+def continue_on_D(cfg: ProblemConfig, run, seed: int, sch: ContinuationSchedule = QUICK_CONTINUATION,
                   reference_se: float = 0.0) -> ContinuedRun:
     """The run (a :class:`ConvergedRun`, of ``cfg``) followed on D by the exact reduced flow
     until converged for a comparison with a prediction of standard error ``reference_se``, or
-    the budget is spent (:class:`ContinuedRun`, :class:`ContinuationSchedule`).  Cached by the
-    run's identity, the schedule and ``reference_se``; prompt streams named from ``seed``: piece
-    k ("piece", k), the eval prompts ("evaluation"), the Hessians ("hessian", k)."""
-    key = identity("continued", problem=cfg.to_dict(), run=run["schedule"], run_seed=run["seed"], seed=int(seed),
-                   schedule=schedule, reference_se=float(reference_se))
-    return cached(key, lambda: _continue_on_D(cfg, run, int(seed), schedule, float(reference_se)))
-
-
-@one_thread
-def _continue_on_D(cfg, run, seed, sch, reference_se):
+    the budget is spent (:class:`ContinuedRun`, :class:`ContinuationSchedule`); prompt streams
+    named from ``seed``: piece k ("piece", k), the eval prompts ("evaluation"), the Hessians
+    ("hessian", k)."""
+    seed, reference_se = int(seed), float(reference_se)
     from numerics import exact_reduced
     from numerics.train import train_reduced
     from numerics.model import TrainingDiverged
@@ -648,10 +631,9 @@ def _continue_on_D(cfg, run, seed, sch, reference_se):
         om, mu = np.asarray(res.omega, float), np.asarray(res.mu, float)
         t, steps, piece = t + span, steps + res.steps, piece + 1
         steps_lr.append(lr)
-        times = np.array([r[0] for r in records])
-        idx = sorted({int(np.argmin(np.abs(times - w))) for w in np.linspace(0.5 * t, t, WINDOW_POINTS)})
-        per = evaluate([(records[i][1], records[i][2]) for i in idx])
-        descent = descent_left(times[idx], per, horizon=t)
+        window = _window_snapshots(records, t)
+        per = evaluate([(r[1], r[2]) for r in window])
+        descent = descent_left([r[0] for r in window], per, horizon=t)
         loss, se = mean_se(per[-1])
         converged = descent.left <= math.hypot(se, reference_se)
         if converged:
@@ -675,13 +657,6 @@ def _continue_on_D(cfg, run, seed, sch, reference_se):
 # ---------------------------------------------------------------------------------------
 
 
-@kind("converged", cost=lambda cfg, schedule: converged_seconds(cfg, schedule),
-      point=lambda cfg, schedule, seed: converged_point(cfg, schedule, seed),
-      normalise=_normalise_point, load=from_dict)
-def converged_need_run(cfg, schedule, seed: int):
-    return train_converged(cfg, schedule, seed)
-
-
 def _continuation_cost(cfg, run, schedule, best) -> float:
     c = schedule
     return (round(c.time / c.lr) * cost.reduced_step_seconds(cfg.tasks, cfg.heads, cfg.L, c.batch(cfg.L),
@@ -693,4 +668,4 @@ def _continuation_cost(cfg, run, schedule, best) -> float:
 def continuation_run(cfg, run, schedule, best, seed: int):
     """A trained run that left the allocated set followed on D (``converged.continue_on_D``),
     converged for a comparison with the best decomposable point ``best`` (its standard error)."""
-    return _continue_on_D(cfg, run, int(seed), schedule, float(best.se))
+    return continue_on_D(cfg, run, seed, schedule, best.se)

@@ -17,9 +17,8 @@ they never loop).
   candidates at H (:func:`candidates_at_heads`), the best point run as a full model
   (:func:`best_as_full_model`) and the constant at 2m heads at one L (:func:`constant_row`).
 
-Every function runs with one torch thread (``numerics.experiments.one_thread``); the searches,
-which other claims may ask for again, are cached by their full identity.  The runs claims 1, 2 and 7
-plan are need kinds (``numerics.engine``), registered beside the function each runs.
+Every function runs with one torch thread (``numerics.experiments.one_thread``).  The runs claims
+1, 2 and 7 plan are need kinds (``numerics.engine``), registered beside the function each runs.
 """
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ from numerics.engine import kind
 from numerics.data import make_generator, sample_prompts
 from numerics.evaluate import held_out_loss
 from numerics.exact_reduced import FamilyMinimum, allocated_minimum, best_found_minimum, measure, minimise_family
-from numerics.experiments import cached, identity, one_thread
+from numerics.experiments import one_thread
 from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
 from numerics.statistics import paired_ratio
 from numerics.model import (MultiHeadAttention, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values,
@@ -441,22 +440,23 @@ class DecomposableSearch:
     fixed: int
 
 
+def _search_cost(tasks, H, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
+    # the allocated minimum, one L-BFGS-B search per start and every candidate on the evaluation sample
+    starts = (H >= len(tasks)) + (H >= len(tasks) + 1) + 1 + random_starts
+    return (exact_reduced.minima_seconds(tasks, L, 0, fit_elements)
+            + cost.fit_seconds(tasks, H, L, exact_reduced.fit_sample_size(H, L, fit_elements), starts=starts)
+            + cost.marginal_seconds(tasks, H, L, eval_prompts, points=starts + 1))
+
+
+@kind("decomposable_search", cost=_search_cost)
+@one_thread
 def decomposable_search(tasks, H: int, L: int, sigma: float, seed: int, device="cpu", random_starts: int = 2,
                         fit_elements: int = 2 ** 19, eval_prompts: int = 4096) -> DecomposableSearch:
-    """Cached: see :class:`DecomposableSearch`.  Every omega and mu free (signs free, heads
-    shared between tasks), one local search per start (numerics.exact_reduced.minimise_family)
-    on a fit sample of ``fit_elements`` (prompts x H x L), evaluated on ``eval_prompts`` paired
-    prompts.  Seeds: the cases "allocated fit", "fit", "evaluation" and "random starts" of ``seed``."""
-    tasks = tuple(int(r) for r in tasks)
-    key = identity("decomposable_search", tasks=tasks, H=int(H), L=int(L), sigma=float(sigma), seed=int(seed),
-                   device=str(device), random_starts=int(random_starts), fit_elements=int(fit_elements),
-                   eval_prompts=int(eval_prompts))
-    return cached(key, lambda: _decomposable_search(tasks, int(H), int(L), float(sigma), int(seed), device,
-                                                    int(random_starts), int(fit_elements), int(eval_prompts)))
-
-
-@one_thread
-def _decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_elements, eval_prompts):
+    """See :class:`DecomposableSearch`.  Every omega and mu free (signs free, heads shared
+    between tasks), one local search per start (numerics.exact_reduced.minimise_family) on a fit
+    sample of ``fit_elements`` (prompts x H x L), evaluated on ``eval_prompts`` paired prompts.
+    Seeds: the cases "allocated fit", "fit", "evaluation" and "random starts" of ``seed``."""
+    tasks, H, L, sigma, seed = tuple(int(r) for r in tasks), int(H), int(L), float(sigma), int(seed)
     m = len(tasks)
     alloc = allocated_minimum(tasks, L, sigma, case_seed(seed, "allocated fit"), device, fit_elements)
     full = np.ones((H, m), bool)
@@ -496,10 +496,17 @@ class BestDecomposable:
     C_se: float
 
 
+def _best_cost(tasks, heads, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
+    n_fit = exact_reduced.fit_sample_size(heads, L, fit_elements)
+    return (cost.fit_seconds(tasks, heads, L, n_fit, starts=2 + random_starts)
+            + cost.marginal_seconds(tasks, heads, L, eval_prompts, points=3 + random_starts))
+
+
+@kind("best_decomposable", cost=_best_cost)
 def best_decomposable(tasks, heads: int, L: int, sigma: float, seed: int, device="cpu", random_starts: int = 2,
                       fit_elements: int = 2 ** 19, eval_prompts: int = 4096) -> BestDecomposable:
-    """The best decomposable point of the same H, signs free (:func:`decomposable_search`,
-    cached): the candidate of highest paired C = allocated / candidate, i.e. lowest loss on the
+    """The best decomposable point of the same H, signs free (:func:`decomposable_search`): the
+    candidate of highest paired C = allocated / candidate, i.e. lowest loss on the
     shared evaluation prompts.  Cost (quick profile's sizes, 2 idle cores, one thread):
     about 1-3 s per H at (2, 2), L = 64 (one L-BFGS search per start)."""
     s = decomposable_search(tasks, heads, L, sigma, seed, device, random_starts, fit_elements, eval_prompts)
@@ -541,36 +548,9 @@ def candidates_at_heads(search: DecomposableSearch, full_runs: Sequence[dict]) -
             "best_decomposable": decs[_best_index(search)[0]]}
 
 
-def _best_cost(tasks, heads, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
-    n_fit = exact_reduced.fit_sample_size(heads, L, fit_elements)
-    return (cost.fit_seconds(tasks, heads, L, n_fit, starts=2 + random_starts)
-            + cost.marginal_seconds(tasks, heads, L, eval_prompts, points=3 + random_starts))
-
-
-@kind("best_decomposable", cost=_best_cost)
-def best_decomposable_run(tasks, heads: int, L: int, sigma: float, device: str, random_starts: int, fit_elements: int,
-                          eval_prompts: int, seed: int):
-    return best_decomposable(tasks, heads, L, sigma, seed, device, random_starts=random_starts,
-                                    fit_elements=fit_elements, eval_prompts=eval_prompts)
-
-
 # ---------------------------------------------------------------------------------------
 # claim 7's needs: the search at each H, the full merged models, the bridge, the constant over L
 # ---------------------------------------------------------------------------------------
-
-def _search_cost(tasks, H, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
-    # the allocated minimum, one L-BFGS-B search per start and every candidate on the evaluation sample
-    starts = (H >= len(tasks)) + (H >= len(tasks) + 1) + 1 + random_starts
-    return (exact_reduced.minima_seconds(tasks, L, 0, fit_elements)
-            + cost.fit_seconds(tasks, H, L, exact_reduced.fit_sample_size(H, L, fit_elements), starts=starts)
-            + cost.marginal_seconds(tasks, H, L, eval_prompts, points=starts + 1))
-
-
-@kind("decomposable_search", cost=_search_cost)
-def decomposable_search_run(tasks, H: int, L: int, sigma: float, device: str, random_starts: int, fit_elements: int,
-                            eval_prompts: int, seed: int) -> DecomposableSearch:
-    return decomposable_search(tasks, H, L, sigma, seed, device, random_starts, fit_elements, eval_prompts)
-
 
 def _full_start_cost(tasks, H, L, extra, train_lr, train_time, train_batch, held_out_prompts, **_) -> float:
     dtype = ProblemConfig(tasks=tuple(tasks), heads=H, L=L, **dict(extra)).dtype

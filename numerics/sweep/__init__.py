@@ -11,9 +11,9 @@ and :func:`run_grid` trains each point (``numerics.train.train`` for ``"full"``,
 ``LocalCluster`` or any running scheduler). By concern:
 
 - :mod:`numerics.sweep.grid`: the TOML grid, its validation, its expansion into points;
-- :mod:`numerics.sweep.identity`: :func:`point_id`, a content hash of a point's full
-  configuration and of :func:`code_version` (the same point run by a different version of
-  the training code is a different point);
+- :mod:`numerics.stored`: :func:`point_id`, a content hash of a point's full configuration
+  and of :func:`code_version` (the same point run by a different version of the training code
+  is a different point), beside the one reader of a stored point;
 - :mod:`numerics.sweep.execute`: what a worker runs (:func:`execute_point`, :func:`train_point`);
 - :mod:`numerics.sweep.store`: ``DIR/points/<id>.json`` written atomically by the client alone
   as each point completes, ``log.jsonl``, ``summary.json``; :func:`load_results`;
@@ -30,7 +30,7 @@ from numerics.io.files import write_json_atomic
 from numerics.sweep.cli import main
 from numerics.sweep.execute import execute_point, resolve_point_fn, train_point
 from numerics.sweep.grid import MODELS, complete_point, config_fields, expand_grid, load_grid
-from numerics.sweep.identity import DEFAULT_POINT_FN, code_sources, code_version, point_id
+from numerics.stored import DEFAULT_POINT_FN, code_sources, code_version, point_id
 from numerics.sweep.runner import SweepSummary, run_grid
 from numerics.sweep.store import load_results, select_results
 

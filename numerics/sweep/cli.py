@@ -13,7 +13,7 @@ from numerics.io.command import command_line
 from numerics.io.command import int_option, threads_option
 from numerics.sweep.execute import resolve_point_fn
 from numerics.sweep.grid import expand_grid, load_grid
-from numerics.sweep.identity import DEFAULT_POINT_FN, point_id
+from numerics.stored import DEFAULT_POINT_FN, point_id
 from numerics.sweep.runner import run_grid
 from numerics.sweep.schedulers import check_scheduler
 from numerics.sweep.store import SWEEP_MARKER, check_sweep_files
@@ -30,27 +30,19 @@ def _parser() -> argparse.ArgumentParser:
                "PATH\"; the points stored before are kept whole: free space and run the same command to resume); "
                "130 interrupted (what finished is kept). Inside --out nothing is ever reached through a symbolic "
                "link: a link there (grid.toml, summary.json, log.jsonl, points/ or a point file) is refused.")
-    p.add_argument("grid", help="the grid TOML file: [problem]/[train] fixed values, [cross] ranges to cross, "
-                                "[zip] ranges taken together; see docs/sweep.md")
-    p.add_argument("--out", required=True, help="output directory (created): a new or empty directory, or this "
-                                                "sweep's own earlier output (resumed); holds points/, grid.toml, "
-                                                "summary.json, log.jsonl")
-    p.add_argument("--scheduler", default=None,
-                   help="where points run: omitted = a local process pool; 'serial' = one by one in this process; "
-                        "'local' = a Dask LocalCluster; an address (tcp://HOST:8786) = a running Dask scheduler "
-                        "(needs pip install -e .[dask])")
-    p.add_argument("--workers", type=threads_option("--workers"), default=None,
-                   help="processes of the pool or of the LocalCluster (default: the number of CPUs; at most 4 x the "
-                        "CPUs); ignored with a scheduler address")
-    p.add_argument("--retries", type=int_option("--retries", 0, 100), default=1,
-                   help="times a point whose worker process died is resubmitted (default 1)")
-    p.add_argument("--retry-failed", action="store_true",
-                   help="rerun points stored as failed (by default they are skipped and counted in the summary)")
-    p.add_argument("--point-fn", default=None,
-                   help="MODULE:FUNCTION to call on each point dict instead of training it (default "
-                        f"{DEFAULT_POINT_FN}); must be importable by the workers")
-    p.add_argument("--dry-run", action="store_true", help="print the points and their ids as JSON and run nothing")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add = p.add_argument
+    add("grid", help="the grid TOML file ([problem], [train], [cross], [zip]; docs/sweep.md)")
+    add("--out", required=True, help="output directory: new, empty, or this sweep's own earlier output (resumed)")
+    add("--scheduler", default=None, help="omitted: a local process pool; 'serial'; 'local': a Dask LocalCluster; "
+                                          "an address (tcp://HOST:8786): a running Dask scheduler")
+    add("--workers", type=threads_option("--workers"), default=None,
+        help="processes of the pool or LocalCluster (default: the CPU count)")
+    add("--retries", type=int_option("--retries", 0, 100), default=1,
+        help="times a point whose worker process died is resubmitted (default 1)")
+    add("--retry-failed", action="store_true", help="rerun points stored as failed (default: skip and count them)")
+    add("--point-fn", default=None, help=f"MODULE:FUNCTION to call on each point (default {DEFAULT_POINT_FN})")
+    add("--dry-run", action="store_true", help="print the points and their ids as JSON and run nothing")
+    add("--no-progress", action="store_true", help="no progress bar")
     return p
 
 

@@ -11,7 +11,8 @@ import os
 import socket
 import time
 import traceback
-from typing import Optional, Union
+import functools
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -19,7 +20,20 @@ from numerics.io.handed import jsonable
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig, train, train_reduced
 from numerics.sweep.grid import MODELS
-from numerics.sweep.identity import DEFAULT_POINT_FN_NAMES, PointFn, code_version
+from numerics.stored import DEFAULT_POINT_FN_NAMES, code_version
+
+PointFn = Callable[[dict], Any]
+
+
+def fn_name(fn: Union[str, PointFn]) -> str:
+    """``module:qualname`` of a point function; a ``functools.partial`` adds its bound
+    arguments (they change what the function computes, hence the point ids)."""
+    if isinstance(fn, str):
+        return fn
+    if isinstance(fn, functools.partial):
+        return f"{fn_name(fn.func)}(*{fn.args!r}, **{fn.keywords!r})"
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{getattr(fn, '__module__', type(fn).__module__)}:{qualname}"
 
 
 def train_point(point: dict) -> dict:

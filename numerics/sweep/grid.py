@@ -5,7 +5,7 @@
 
 Every point carries every field, defaults filled in, in canonical JSON form (tuples as lists,
 an integer given for a float field as a float), so that its content hash
-(:func:`numerics.sweep.identity.point_id`) identifies the full configuration. The format is
+(:func:`numerics.stored.point_id`) identifies the full configuration. The format is
 described in ``docs/sweep.md``; ``examples/*.toml`` are grids.
 """
 from __future__ import annotations

@@ -20,11 +20,11 @@ from typing import Optional, Union
 
 from tqdm import tqdm
 
-from numerics.io.files import make_directories, make_dirs_inside, write_inside
-from numerics.sweep.execute import resolve_point_fn
-from numerics.sweep.identity import DEFAULT_POINT_FN, REPO_ROOT, PointFn, code_sources, code_version, fn_name, point_id
+from numerics.io.files import clean_stale_temporaries, make_directories, make_dirs_inside, write_inside
+from numerics.stored import DEFAULT_POINT_FN, REPO_ROOT, code_sources, code_version, point_id, read_point
+from numerics.sweep.execute import PointFn, fn_name, resolve_point_fn
 from numerics.sweep.schedulers import check_scheduler, require_dask, run_dask, run_pool, run_serial
-from numerics.sweep.store import Item, Sink, check_sweep_files, clean_stale_temporaries, read_point_file, utc_now
+from numerics.sweep.store import Item, Sink, check_sweep_files, utc_now
 
 
 @dataclass
@@ -168,7 +168,7 @@ def _not_stored(items: list[Item], points_dir: Path, code: str, retry_failed: bo
     ``retry_failed``."""
     todo, skipped, skipped_failed = [], 0, 0
     for item in items:
-        record = read_point_file(points_dir / f"{item.id}.json", code=code)
+        record = read_point(points_dir.parent, f"{item.id}.json", code=code)[0]   # None: absent or not usable
         if record is None:
             todo.append(item)
         elif record.get("error") and retry_failed:

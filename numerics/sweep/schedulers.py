@@ -24,18 +24,6 @@ from numerics.sweep.execute import execute_point
 from numerics.sweep.store import Item, Sink
 
 
-def die_with_client(client_pid: int) -> None:
-    """Pool worker initializer: this worker exits when the client process dies
-    (:func:`numerics.io.command.die_with_parent`, the one mechanism every pool of the project uses).
-
-    Without it a client killed by SIGKILL (or the OOM killer) leaves its workers behind
-    for good (~220 MB each): a worker waits on the pool's call queue, whose
-    write end it holds itself, so it never reads end-of-file.  A forkserver worker's parent
-    is the fork server, which exits when the client's end of its pipe closes; the worker
-    also polls for the client itself."""
-    die_with_parent(client_pid)
-
-
 def _mp_context():
     # forkserver: workers fork from a clean single-threaded server that imported torch once
     # (cheaper to replace a dead worker; no fork of a process with live OpenMP threads).
@@ -69,12 +57,14 @@ def run_pool(items: list[Item], fn, code: str, workers: int, retries: int, sink:
     is unknown, so each of those points is rerun *alone* ("suspect"), uncharged. A point that
     kills its worker while alone is charged one death and, within ``retries``, rerun alone
     again; beyond, it is recorded as failed. Each worker exits when the client dies
-    (:func:`die_with_client`)."""
+    (:func:`numerics.io.command.die_with_parent`: a worker waits on the pool's call queue,
+    whose write end it holds itself, so without it a SIGKILLed client would leave its workers
+    behind for good, ~220 MB each)."""
     ctx = _mp_context()
     client = os.getpid()
 
     def new_pool() -> cf.ProcessPoolExecutor:
-        return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=die_with_client,
+        return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=die_with_parent,
                                       initargs=(client,))
 
     pending = deque(items)

@@ -17,30 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from numerics.stored import MAX_POINT_FILE_BYTES, POINT_FILE, read_point  # noqa: F401 (re-exported)
 from numerics.io.files import append_inside, check_inside, write_inside
-from numerics.io.files import clean_stale_temporaries as _clean
 from numerics.sweep.grid import canonical
-from numerics.sweep.identity import canonical_json
+from numerics.stored import canonical_json, read_points
 
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def read_point_file(path: Path, code: Optional[str] = None) -> Optional[dict]:
-    """The record stored at ``path`` (``DIR/points/<id>.json``), or None when it is absent or
-    not usable (then the point is run again and the file replaced): the one reader,
-    :func:`numerics.stored.read_point` (no link followed, size checked first, the id its own
-    hash, with ``code`` this code version)."""
-    path = Path(path)
-    return read_point(path.parent.parent, path.name, code=code)[0]
-
-
-def point_files(out_dir: Union[str, Path]) -> list[str]:
-    """The names in ``DIR/points/`` that could be point files (``*.json``, not hidden), sorted."""
-    return sorted(name for name in os.listdir(Path(out_dir) / "points")
-                  if name.endswith(".json") and not name.startswith("."))
 
 
 def load_results(out_dir: Union[str, Path], code: Optional[str] = None) -> list[dict]:
@@ -51,17 +34,7 @@ def load_results(out_dir: Union[str, Path], code: Optional[str] = None) -> list[
     None, "wall_seconds", ...}`` (plus ``status``, ``traceback``, ``worker``,
     ``worker_deaths``, ``code_version``, ``point_fn``, ``finished_at``). Files that are not
     point records (temporaries of a sweep in progress, edited or foreign files) are ignored."""
-    points_dir = Path(out_dir) / "points"
-    if not points_dir.is_dir():
-        raise FileNotFoundError(f"{str(out_dir)!r} is not a sweep directory (no points/ inside); "
-                                f"run `python -m numerics.sweep GRID --out {out_dir}` first")
-    check_inside(out_dir, (), "sweep directory", directories=("points",))
-    records = []
-    for name in point_files(out_dir):
-        record, _ = read_point(out_dir, name, code=code)
-        if record is not None:
-            records.append(record)
-    return records
+    return read_points(out_dir, "sweep", code)[0]
 
 
 def select_results(records: list[dict], model: Optional[str] = None, include_failed: bool = False,
@@ -89,13 +62,6 @@ def select_results(records: list[dict], model: Optional[str] = None, include_fai
         if key not in latest or record.get("finished_at", "") >= latest[key].get("finished_at", ""):
             latest[key] = record
     return list(latest.values())
-
-
-def clean_stale_temporaries(points_dir: Path, older_than_s: float = 3600.0) -> list:
-    """Remove the temporaries of a writer killed between write and rename: only the project's
-    own (a marked name, :func:`numerics.io.files.is_own_temporary`), older than an hour (a live
-    writer's are younger), never through a link (:func:`numerics.io.files.clean_stale_temporaries`)."""
-    return _clean(points_dir, older_than_s)
 
 
 SWEEP_MARKER = "points"

@@ -17,7 +17,7 @@ from hypothesis import Phase, given, note, settings, strategies as st
 
 from claims import limiting_error as claim
 from claims.core.common import Comparison, perturbation
-from numerics.experiments.converged import TrainingSchedule, converged_run
+from numerics.experiments.converged import TrainingSchedule, train_converged
 from numerics.config import ProblemConfig
 from numerics.model import TrainingDiverged
 from numerics.exact_reduced import reduced_minima
@@ -44,7 +44,7 @@ def problems(draw, Ls):
 def _decide(device, problem, seed, in_hypothesis=True):
     cfg = ProblemConfig(device=device, **problem)
     try:
-        run = converged_run(cfg, TEST_SCHEDULE, seed)
+        run = train_converged(cfg, TEST_SCHEDULE, seed)
     except TrainingDiverged as e:   # no converged loss: the draw is undecided, and says why
         print(f"[claim 5] tasks={list(cfg.tasks)} H={cfg.heads} L={cfg.L}: undecided: {e}")
         assert "diverged" in str(e)

@@ -19,7 +19,7 @@ from hypothesis import Phase, given, note, settings, strategies as st
 
 from claims import multi_head_gain as claim
 from claims.core.common import Comparison, perturbation
-from numerics.experiments.converged import TrainingSchedule, converged_run
+from numerics.experiments.converged import TrainingSchedule, train_converged
 from numerics.config import ProblemConfig
 from numerics.model import TrainingDiverged
 from theory import exact as exact_theory
@@ -47,7 +47,7 @@ def _decide(device, problem, seed):
         cfg = ProblemConfig(device=device, heads=heads, **problem)
         # the same prompt stream for both (the same seed); with m = 1 they are the same model: trained once
         try:
-            run = runs[1][0] if heads in runs else converged_run(cfg, TEST_SCHEDULE, seed)
+            run = runs[1][0] if heads in runs else train_converged(cfg, TEST_SCHEDULE, seed)
         except TrainingDiverged as e:   # no converged loss: the draw is undecided, and says why
             print(f"[claim 6] tasks={list(cfg.tasks)} H={heads} L={cfg.L}: undecided: {e}")
             assert "diverged" in str(e)

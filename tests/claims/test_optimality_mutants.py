@@ -27,7 +27,7 @@ LIMIT = replace(claim.PROFILES["tiny"], heads=(), full_starts=0, limit_tasks=(2,
 
 
 def _run(monkeypatch, profile, name):
-    clear_cache()     # the decomposable searches are cached: a mutant must not read the control's
+    clear_cache()     # the engine keeps the decomposable searches: a mutant must not read the control's
     monkeypatch.setitem(claim.PROFILES, "tiny", profile)
     r = claim.run(profile="tiny")
     print(f"[mutant] {name}: verdict {r.verdict}; " +
