@@ -1,5 +1,5 @@
 """The atlas point: one full model trained from a stated start, measured for the
-phase diagrams of the atlas ids (``claims.atlas_*``).
+phase diagrams of the atlas ids (``claims.atlas``).
 
 A sweep point of ``model = "atlas"`` (``numerics.sweep``) is
 
@@ -366,7 +366,7 @@ def from_stored(d: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# reading a sweep of atlas points (the atlas ids, claims.atlas_*, draw them)
+# reading a sweep of atlas points (the atlas ids, claims.atlas, draw them)
 # ---------------------------------------------------------------------------------------
 
 NO_SWEEP = ("the atlas trains nothing: build it from a sweep, e.g. `python -m numerics.sweep examples/atlas_tiny.toml "
@@ -620,7 +620,7 @@ def escape_cells(cells: dict, keyfmt, t_end: float) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------
-# per-row readouts of a panel (the atlas ids, claims.atlas_*, compare them with theory)
+# per-row readouts of a panel (the atlas ids, claims.atlas, compare them with theory)
 # ---------------------------------------------------------------------------------------
 
 def warmup_row(by_scale: dict) -> dict:

@@ -32,7 +32,7 @@ MODELS = ("full", "reduced", "converged", "atlas")
 TrainingSchedule fields and ``seed``), so a report built with ``--from-sweep`` takes these runs
 instead of training them; ``atlas``: one full model trained from a stated start and measured for the
 atlas's phase diagrams (``numerics.experiments.atlas``: its [train] section holds AtlasSchedule
-fields and ``seed``; the atlas ids (``claims.atlas_*``) read these points with ``--from-sweep``)."""
+fields and ``seed``; the atlas ids (``claims.atlas``) read these points with ``--from-sweep``)."""
 GRID_SECTIONS = ("description", "model", "problem", "train", "cross", "zip")
 # TrainConfig fields the sweep owns: its own progress bar replaces the per-run one, and a
 # point's checkpoint would be a path outside the content hash.
