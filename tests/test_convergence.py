@@ -179,16 +179,29 @@ def test_a_stiff_run_is_priced_with_two_polish_pieces(monkeypatch):
     """Beyond d = TUNED_D a run whose schedule's steps diverge is priced on the stiff schedule with at
     least two polish pieces (the authors' audit: every stiff run took a second one, 913 CPU s measured
     against 380 s priced with one); where the schedule stands the pieces are the caller's.  The
-    stiffnesses are stubbed (the Hessian at d = 10 costs seconds)."""
+    price's stiffness (converged.priced_stiffness: a price never measures it) is stubbed."""
     from numerics.config import ProblemConfig
     from numerics.experiments import converged
 
     cfg = ProblemConfig(tasks=(5, 5), heads=2, L=32)
     assert cfg.d > converged.TUNED_D
-    monkeypatch.setattr(converged, "end_stiffness", lambda c: 10.0)
-    monkeypatch.setattr(converged, "full_stiffness", lambda c: 1000.0)
+    monkeypatch.setattr(converged, "end_stiffness", lambda c: 1 / 0)        # a price measures nothing
+    monkeypatch.setattr(converged, "full_stiffness", lambda c: 1 / 0)
+    monkeypatch.setattr(converged, "priced_stiffness", lambda c: 1000.0)
     s = converged.QUICK_SCHEDULE
     one, two = converged.converged_seconds(cfg, s, pieces=1), converged.converged_seconds(cfg, s, pieces=2)
     assert one == two > 0
-    monkeypatch.setattr(converged, "full_stiffness", lambda c: 1e-3)     # steps stable: the schedule stands
+    monkeypatch.setattr(converged, "priced_stiffness", lambda c: 1e-3)   # steps stable: the schedule stands
     assert converged.converged_seconds(cfg, s, pieces=1) < converged.converged_seconds(cfg, s, pieces=2)
+
+
+def test_priced_stiffness_brackets_the_measured_full_stiffness():
+    """The price's stiffness (PRICE_STIFFNESS_FACTOR d mu_inf^2 at theory's limit fixed point) against the full
+    model's Hessian measured at theory's end point, as full_stiffness's docstring records it: 1200 at (16,17,17),
+    L = 100 and 38 at (3,3), L = 64.  The price errs toward the stiffer, never more than 2x off."""
+    from numerics.config import ProblemConfig
+    from numerics.experiments.converged import priced_stiffness
+
+    for tasks, heads, L, measured in (((16, 17, 17), 3, 100, 1200.0), ((3, 3), 2, 64, 38.0)):
+        lam = priced_stiffness(ProblemConfig(tasks=tasks, heads=heads, L=L))
+        assert measured <= lam <= 2 * measured, (tasks, lam, measured)

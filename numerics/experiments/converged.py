@@ -160,7 +160,23 @@ def stiffness_seconds(cfg: ProblemConfig) -> float:
     return 5.0 + FULL_STIFFNESS_ITERS * 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, FULL_STIFFNESS_PROMPTS)
 
 
-def stiff_schedule(cfg: ProblemConfig, schedule: "TrainingSchedule") -> "TrainingSchedule":
+PRICE_STIFFNESS_FACTOR = 1.3
+"""lambda_full ~ PRICE_STIFFNESS_FACTOR d mu_inf^2 for pricing (:func:`priced_stiffness`): d mu*^2 at the limit
+fixed point gives 953 at (16,17,17) and 37 at (3,3), against lambda_full 1200 at L = 100 and 38 at L = 64
+(:func:`full_stiffness`); the larger ratio is kept, so a price errs toward the longer run."""
+
+
+def priced_stiffness(cfg: ProblemConfig) -> float:
+    """The stiffness a price assumes (:func:`converged_seconds`): PRICE_STIFFNESS_FACTOR d max_i mu*_i^2 at theory's
+    L -> infinity fixed point (closed form, milliseconds), never the exact fixed point and the full model's Hessian
+    that :func:`stiff_schedule` measures (minutes at d = 30, L = 512): a plan prices without computing."""
+    from theory.limiting_error import limit_multi_per_task
+
+    mu = max(task["mu_star"] for task in limit_multi_per_task(cfg.tasks, cfg.sigma))
+    return PRICE_STIFFNESS_FACTOR * cfg.d * mu ** 2
+
+
+def stiff_schedule(cfg: ProblemConfig, schedule: "TrainingSchedule", lam: float | None = None) -> "TrainingSchedule":
     """The schedule a converged run of ``cfg`` takes where the schedule's own steps diverge: its
     steps were chosen at d <= 9, and at the authors' blocks (d = 50) the explore step 0.1 diverges
     within three steps.  Both phases step at min(the schedule's step, 1 / lambda), lambda the larger
@@ -174,11 +190,13 @@ def stiff_schedule(cfg: ProblemConfig, schedule: "TrainingSchedule") -> "Trainin
     polish batch is at most STIFF_POLISH_BATCHES explore batches (the ratio of lr / B of the two
     phases, which the step error divides by, is then 1/4 instead of 1/8: at a step this small the
     explore's own lr / B, 5e-6 at d = 50, lies already below the quick polish's 1.5e-5).  Where
-    theory names no end point the schedule stands."""
-    lams = [lam for lam in (end_stiffness(cfg), full_stiffness(cfg)) if lam is not None and lam > 0]
-    if not lams:
-        return schedule
-    lam = max(lams)
+    theory names no end point the schedule stands; ``lam`` given (a price: :func:`priced_stiffness`), it is used as
+    the stiffness instead."""
+    if lam is None:
+        lams = [lam for lam in (end_stiffness(cfg), full_stiffness(cfg)) if lam is not None and lam > 0]
+        if not lams:
+            return schedule
+        lam = max(lams)
     lr, polish_lr = min(schedule.lr, 1.0 / lam), min(schedule.polish_lr, 1.0 / lam)
     time_ = schedule.time
     if cfg.init == "decomposable":
@@ -224,7 +242,7 @@ def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: in
     L, tasks, H, dt = cfg.L, cfg.tasks, cfg.heads, cfg.dtype
     if cfg.d > TUNED_D:
         # beyond the sizes the schedule was tuned at, a run whose steps diverge takes the stiff schedule
-        stiff = stiff_schedule(cfg, schedule)
+        stiff = stiff_schedule(cfg, schedule, priced_stiffness(cfg))
         if stiff.lr < schedule.lr:
             # the stiff runs of the authors' audit all took a second polish piece ((16,17,17), H = 3,
             # L = 100: 913 CPU s measured against 380 s priced with one)
