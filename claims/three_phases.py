@@ -56,10 +56,13 @@ class ThreePhasesProfile:
 PROFILES = {
     "tiny": ThreePhasesProfile(tasks=(3,), heads=1, L=32, init_scales=(0.03,), batch=256, records=41,
                                eval_batch=1024, held_out=4096),
-    # three init scales (C's lever arm: 1/0.015 against 1/0.05), B = 1024 (the SGD escape-time spread ~ B^-1/2
-    # dominates C's tolerance) and 201 records (one spacing in every phase tolerance): C resolves 13 % (32 % at
-    # (0.01, 0.02, 0.03, 0.05), B = 256, 101 records), at the same CPU time (docs/claims_1_4.md)
-    "quick": ThreePhasesProfile(tasks=(3, 3), heads=2, init_scales=(0.015, 0.02, 0.05), batch=1024, records=201),
+    # three init scales (C's lever arm: 1/0.015 against 1/0.05); B = 4096 (the SGD escape-time spread ~ B^-1/2
+    # dominates C's tolerance), affordable in float32 (a step ~30 % cheaper; its rounding, ~1e-7 of the loss, is far
+    # below every tolerance here); a record at every step (601 >= steps + 1: the record spacing in every phase
+    # tolerance is one step, lr); 4096 evaluation prompts (the level noise of the crossings): C resolves ~7 %
+    # (13 % at B = 1024, 201 records, float64)
+    "quick": ThreePhasesProfile(tasks=(3, 3), heads=2, init_scales=(0.015, 0.02, 0.05), batch=4096, records=601,
+                                eval_batch=4096, extra=(("dtype", "float32"),)),
     "paper": ThreePhasesProfile(tasks=(4, 4, 4), heads=3, L=256, init_scales=(0.005, 0.01, 0.02, 0.05),
                                 batch=2048, records=161, eval_batch=4096, held_out=65536),
 }
@@ -278,7 +281,7 @@ def check_converged_loss(cfg, meas: experiments.PhaseRun) -> tuple[Comparison, C
     return out[0], out[1]
 
 
-def check_warmup_law(cfg0, scales, warmups, tols, law: dict) -> tuple[Comparison, Comparison]:
+def check_warmup_law(cfg0, scales, warmups, tols, law: dict, gd_shifts=None) -> tuple[Comparison, Comparison]:
     """Measured warm-up ends T(s0) against the law C/s0 + c0 (C, c0: theory's fit of the expansion flow's warm-up
     ends at these s0, ``law``: theory.three_phases.warmup_law_prediction).  ``tols``: per s0 the phase comparison's
     warm-up tolerance (:func:`phase_tolerances`), fixed before the law is consulted; the law's own fit residual
@@ -291,10 +294,15 @@ def check_warmup_law(cfg0, scales, warmups, tols, law: dict) -> tuple[Comparison
     tolerance propagates the per-s0 tolerances: the noise parts (SGD escape-time spread, evaluation-batch level
     noise) in quadrature, Z_SE sqrt(sum_j a_j^2 (sd_escape_j^2 + sd_level_j^2)) (each run draws its own prompt
     stream and evaluation prompts, so their noises are independent), the rest linearly, sum_j |a_j| part_j (the
-    record spacing: a resolution, not a noise; theory's parts: one theory).  Theory's parts are scaled by C'/C for a prediction C' (a theory off by a factor in C is
-    off by it in the times its parts are made of), through the same function for C, the wrong C and the edge
-    probes.  Perturbation: the C of the decoupled warm-up race (``C_race``: each head-task pair escaping alone, the
-    coupling through the shared softmax left out)."""
+    record spacing: a resolution, not a noise; theory's parts: one theory).  Theory's parts are scaled by C'/C for a
+    prediction C' (a theory off by a factor in C is off by it in the times its parts are made of), through the same
+    function for C, the wrong C and the edge probes.  The runs take steps lr, so theory's C for them is the flow's C
+    plus the O(lr) shift of the same fit along the expansion's GD map (the full model's step on the balanced factors,
+    ``theory.reduced_ode.expansion_gd_map``): C_run = C + sum_j a_j (T_gd,j - T_flow,j), both read on each run's
+    record times (``gd_shifts``); the shift is then part of the prediction, not of the tolerance (without a GD map
+    for every s0 it stays a tolerance part, as in the phase comparisons).  Perturbation: the C of the decoupled
+    warm-up race (``C_race``: each head-task pair escaping alone, the coupling through the shared softmax left out),
+    moved by the same shift."""
     s, T = np.asarray(scales, float), np.asarray(warmups, float)
     tol = np.array([t["tolerance"] for t in tols], float)
     C, c0 = law["C"], law["c0"]
@@ -311,18 +319,24 @@ def check_warmup_law(cfg0, scales, warmups, tols, law: dict) -> tuple[Comparison
     noisy = np.array([[t["parts"]["sgd_spread"], t["parts"]["level_noise"]] for t in tols])    # Z_SE x sd each
     noise = math.sqrt(float(np.sum(a[:, None] ** 2 * noisy ** 2)))
     measurement = float(a @ np.array([t["parts"]["record_spacing"] for t in tols]))
-    theory = float(a @ np.array([t["theory"] for t in tols]))
+    on_gd_map = gd_shifts is not None and all(math.isfinite(d) for d in gd_shifts)
+    shift = float(coef_map[0] @ np.asarray(gd_shifts, float)) if on_gd_map else 0.0
+    theory = float(a @ np.array([t["theory"] - (t["parts"]["gd_map_shift"] if on_gd_map else 0.0) for t in tols]))
+    C_run = C + shift
 
     def tolerance(C_pred):
-        return noise + measurement + theory * abs(float(C_pred)) / C
+        return noise + measurement + theory * abs(float(C_pred)) / C_run
 
     C_meas = float(coef_map[0] @ T)
-    c_row = compare(f"warm-up constant C tasks={cfg0.tasks} H={cfg0.heads} L={cfg0.L}", C_meas, C, tolerance,
-                    "least-squares C of the measured T(s0); Z_SE sqrt(sum_j a_j^2 sd_j^2) over the independent noises "
-                    "of the runs (SGD escape spread, evaluation level) + sum_j |a_j| x record spacing and theory's "
-                    "parts (scaled with C)",
-                    wrong=[("C of the decoupled warm-up race (each head-task pair alone)", law["law"]["inverse"]["C_race"])],
+    c_row = compare(f"warm-up constant C tasks={cfg0.tasks} H={cfg0.heads} L={cfg0.L}", C_meas, C_run, tolerance,
+                    "least-squares C of the measured T(s0) against theory's C at the runs' step (the flow's C + the "
+                    "GD map's shift of it); Z_SE sqrt(sum_j a_j^2 sd_j^2) over the independent noises of the runs "
+                    "(SGD escape spread, evaluation level) + sum_j |a_j| x record spacing and theory's level and "
+                    "rate parts (scaled with C)",
+                    wrong=[("C of the decoupled warm-up race (each head-task pair alone)",
+                            law["law"]["inverse"]["C_race"] + shift)],
                     details={"c0_measured": float(coef_map[1] @ T), "c0": c0, "weights": coef_map[0].tolist(),
+                             "C_flow": C, "gd_map_shift": shift, "on_gd_map": on_gd_map,
                              "tolerance_parts": {"noise_quadrature": noise, "record_spacing_linear": measurement,
                                                  "theory_linear": theory}, "role": "warm-up constant"})
     return law_c, c_row
@@ -425,6 +439,12 @@ def case_results(ctx, results) -> list[Case]:
     return cases
 
 
+def _gd_shift(pred: PhasePrediction) -> float:
+    """The warm-up end along the expansion's GD map minus the flow's, on the run's record times (nan: no GD map)."""
+    gd = pred.gd_map_phases
+    return gd.warmup_end - pred.phases.warmup_end if gd is not None and gd.defined else math.nan
+
+
 def compare_results(ctx, results) -> Outcome:
     """Claim 3: one case per init scale, then the warm-up law over them (>= 3 scales, all inside the domain)."""
     cases = case_results(ctx, results)
@@ -434,7 +454,8 @@ def compare_results(ctx, results) -> Outcome:
         law_c, c_row = check_warmup_law(cases[0].cfg, [c.cfg.init_scale for c in cases],
                                         [c.measurement.phases.warmup_end for c in cases],
                                         [c.comparisons[0].details["tolerances"]["warmup_end"] for c in cases],
-                                        results[case_needs(ctx)[0][1]["law"]])
+                                        results[case_needs(ctx)[0][1]["law"]],
+                                        [_gd_shift(c.prediction) for c in cases])
         law_c.config = c_row.config = config_label(cases[0].cfg)
         comps += [law_c, c_row]
         headline += [headline_row(c_row, "warm-up constant C (T = C/s0 + c0)"),
@@ -467,7 +488,8 @@ def resolve(p: ThreePhasesProfile, problem: dict) -> ThreePhasesProfile:
     """The researcher's problem over a profile: one init scale (the problem's, else the profile's); factored only."""
     return replace(replace_fields(p, problem, ("tasks", "heads", "L", "sigma", "logit_scale")),
                    init_scales=(float(problem["init_scale"]),) if "init_scale" in problem else p.init_scales,
-                   extra=tuple(sorted((k, v) for k, v in problem.items() if k in ("basis", "dtype"))))
+                   extra=tuple(sorted({**dict(p.extra), **{k: v for k, v in problem.items()
+                                                            if k in ("basis", "dtype")}}.items())))
 
 
 def findings(result) -> list:
