@@ -201,3 +201,25 @@ def test_a_phase_end_row_agrees_by_its_own_numbers():
                             agrees=abs(c.measured[k] - c.predicted[k]) <= tols[k]) for k in tols}
     assert rows["warmup_end"]["agrees"] is True and rows["emergence_end"]["agrees"] is False
     assert headline_row(c)["agrees"] is False     # without an override: the comparison's own
+
+
+def test_warmup_constant_is_held_to_theory_at_the_runs_step():
+    """C's prediction is the flow's C plus the least-squares shift of the GD map's warm-up ends (same weights a_j);
+    the GD-map part then leaves C's tolerance.  Without a GD map at some s0 the flow's C stands, the shift in the
+    tolerance; the wrong prediction (C_race) is moved by the same shift."""
+    scales, C, c0 = np.array([0.015, 0.02, 0.05]), 0.2, -1.5
+    T = C / scales + c0
+    parts = {"record_spacing": 0.05, "sgd_spread": 0.1, "level_noise": 0.1, "gd_map_shift": 0.08,
+             "level_theory": 0.05, "rate": 0.0}
+    tols = [{"tolerance": sum(parts.values()), "parts": parts, "theory": 0.13} for _ in scales]
+    law = {"C": C, "c0": c0, "T": T, "residual": np.zeros(3), "law": {"inverse": {"C_race": 0.3}}}
+    shifts = [0.08, 0.06, 0.03]
+    a = np.linalg.pinv(np.stack([1.0 / scales, np.ones(3)], axis=1))[0]
+    cfg = ProblemConfig(tasks=(3, 3), heads=2, L=32)
+    _, on_map = claim.check_warmup_law(cfg, scales, T, tols, law, shifts)
+    _, flow = claim.check_warmup_law(cfg, scales, T, tols, law, [0.08, np.nan, 0.03])
+    assert on_map.predicted == pytest.approx(C + a @ shifts) and flow.predicted == pytest.approx(C)
+    assert on_map.details["tolerance_parts"]["theory_linear"] == pytest.approx(np.abs(a).sum() * 0.05)
+    assert flow.details["tolerance_parts"]["theory_linear"] == pytest.approx(np.abs(a).sum() * 0.13)
+    race = [p for p in on_map.perturbations if "race" in p.description]
+    assert race and race[0].details["predicted"] == pytest.approx(0.3 + a @ shifts)
