@@ -13,6 +13,8 @@ from collections import namedtuple
 from dataclasses import dataclass, replace
 
 import numpy as np
+import scipy.linalg
+import scipy.optimize
 
 import theory.exact as exact_theory
 import theory.three_phases as phase_theory
@@ -56,12 +58,14 @@ class ThreePhasesProfile:
 PROFILES = {
     "tiny": ThreePhasesProfile(tasks=(3,), heads=1, L=32, init_scales=(0.03,), batch=256, records=41,
                                eval_batch=1024, held_out=4096),
-    # three init scales (C's lever arm: 1/0.015 against 1/0.05); B = 4096 (the SGD escape-time spread ~ B^-1/2
-    # dominates C's tolerance), affordable in float32 (a step ~30 % cheaper; its rounding, ~1e-7 of the loss, is far
-    # below every tolerance here); a record at every step (601 >= steps + 1: the record spacing in every phase
-    # tolerance is one step, lr); 4096 evaluation prompts (the level noise of the crossings): C resolves ~7 %
-    # (13 % at B = 1024, 201 records, float64)
-    "quick": ThreePhasesProfile(tasks=(3, 3), heads=2, init_scales=(0.015, 0.02, 0.05), batch=4096, records=601,
+    # three init scales: the lever arm 1/0.015 against 1/0.1 (at 0.1 the warm-up still lasts ~13 steps and the law
+    # fits the flow's ends to 0.5 %), 0.02 beside 0.015 so that C's least-tolerance weights can lean on the less noisy
+    # of the two; B = 5120 (the SGD escape-time spread ~ B^-1/2 dominates C's tolerance), affordable in float32 (a step
+    # ~30 % cheaper; its rounding, ~1e-7 of the loss, is far below every tolerance here); a record at every step (601
+    # >= steps + 1: the record spacing in every phase tolerance is one step, lr, and the phase ends are read there,
+    # numerics.experiments.phases.curve_records); 4096 evaluation prompts (the crossings' level noise): C resolves
+    # at most 4.8 % at seeds 0 and 1 (13-14 % at (0.015, 0.02, 0.05), B = 1024, 201 records, float64)
+    "quick": ThreePhasesProfile(tasks=(3, 3), heads=2, init_scales=(0.015, 0.02, 0.1), batch=5120, records=601,
                                 eval_batch=4096, extra=(("dtype", "float32"),)),
     "paper": ThreePhasesProfile(tasks=(4, 4, 4), heads=3, L=256, init_scales=(0.005, 0.01, 0.02, 0.05),
                                 batch=2048, records=161, eval_batch=4096, held_out=65536),
@@ -193,7 +197,8 @@ def check_selection(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, tols
     name, t = f"head selection tasks={cfg.tasks} H={cfg.heads} L={cfg.L} s0={cfg.init_scale:g}", meas.t
     keys = ("warmup_end", "emergence_end")
     noise = lambda s, time: s * (1 - s) * math.sqrt(2) * spread["log_noise"] * math.sqrt(time)  # noqa: E731
-    at = lambda s, time: np.array([np.interp(time, t, s[:, j]) for j in range(s.shape[1])])  # noqa: E731
+    # a share curve at a time: measured ones on the run's evaluated records, the flow's on theory's record times
+    at = lambda s, time, grid=t: np.array([np.interp(time, grid, s[:, j]) for j in range(s.shape[1])])  # noqa: E731
 
     def flow_shares(task_of_head):
         heads = [h for h, i in enumerate(task_of_head) if i is not None]
@@ -203,7 +208,7 @@ def check_selection(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, tols
         """Theory's prediction for an assignment: the flow's shares at its phase ends."""
         _, share_p = flow_shares(task_of_head)
         return {"task_of_head": list(task_of_head),
-                "share": {k: at(share_p, getattr(pred.phases, k)).tolist() for k in keys}}
+                "share": {k: at(share_p, getattr(pred.phases, k), pred.t).tolist() for k in keys}}
 
     def evaluate(predicted):
         task_of_head = predicted["task_of_head"]
@@ -219,16 +224,17 @@ def check_selection(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, tols
         # the paper's 0.9, unless theory's flow is below it (one-sided); the paper's 'inclination builds in the
         # warm-up' is theory's prediction only where the flow's share rises (recorded)
         threshold = np.minimum(SELECTED_SHARE, share["emergence_end"])
-        rise = at(share_p, pred.phases.warmup_end) - share_p[0]
+        rise = at(share_p, pred.phases.warmup_end, pred.t) - share_p[0]
         info |= {"share_threshold": threshold.tolist(), "share_rise_predicted": rise.tolist(),
                  "share_rise_noise": (Z_SE * noise(warm, w_m)).tolist(),
                  "flow_share_rises_in_warmup": bool(np.all(rise > 0)), "share_rise_measured": (warm - start).tolist()}
         errs, tolv = [], []
         for key, tm in zip(keys, (w_m, e_m)):
             tp, dt = getattr(pred.phases, key), tols[key]["tolerance"]
-            flow = at(share_p, tp)
+            flow = at(share_p, tp, pred.t)
             scale = np.where(flow > 0, share[key] / np.where(flow > 0, flow, 1.0), 1.0)
-            window = scale * np.abs(at(share_p, min(tp + dt, t[-1])) - at(share_p, max(tp - dt, 0.0)))
+            window = scale * np.abs(at(share_p, min(tp + dt, t[-1]), pred.t)
+                                    - at(share_p, max(tp - dt, 0.0), pred.t))
             tolv.append(Z_SE * noise(at(share_m, tm), tm) + window)
             errs.append(np.abs(at(share_m, tm) - share[key]))
         info |= {"share_errors": np.array(errs).tolist(), "share_tolerances": np.array(tolv).tolist()}
@@ -315,31 +321,56 @@ def check_warmup_law(cfg0, scales, warmups, tols, law: dict, gd_shifts=None) -> 
                     details={"C": C, "c0": c0, "tolerances": tol.tolist(), "law_residual": law["residual"].tolist(),
                              "law": law["law"]})
     coef_map = np.linalg.pinv(np.stack([1.0 / s, np.ones_like(s)], axis=1))     # (2, n): [C, c0] = coef_map @ T
-    a = np.abs(coef_map[0])
     noisy = np.array([[t["parts"]["sgd_spread"], t["parts"]["level_noise"]] for t in tols])    # Z_SE x sd each
-    noise = math.sqrt(float(np.sum(a[:, None] ** 2 * noisy ** 2)))
-    measurement = float(a @ np.array([t["parts"]["record_spacing"] for t in tols]))
     on_gd_map = gd_shifts is not None and all(math.isfinite(d) for d in gd_shifts)
-    shift = float(coef_map[0] @ np.asarray(gd_shifts, float)) if on_gd_map else 0.0
-    theory = float(a @ np.array([t["theory"] - (t["parts"]["gd_map_shift"] if on_gd_map else 0.0) for t in tols]))
+    linear = np.array([[t["parts"]["record_spacing"], t["theory"] - (t["parts"]["gd_map_shift"] if on_gd_map else 0.0)]
+                       for t in tols])
+    w = least_tolerance_weights(s, np.sum(noisy ** 2, axis=1), linear.sum(axis=1))
+    noise = math.sqrt(float(np.sum(w[:, None] ** 2 * noisy ** 2)))
+    measurement, theory = (float(np.abs(w) @ linear[:, k]) for k in (0, 1))
+    shift = float(w @ np.asarray(gd_shifts, float)) if on_gd_map else 0.0
     C_run = C + shift
 
     def tolerance(C_pred):
         return noise + measurement + theory * abs(float(C_pred)) / C_run
 
-    C_meas = float(coef_map[0] @ T)
+    C_meas = float(w @ T)
     c_row = compare(f"warm-up constant C tasks={cfg0.tasks} H={cfg0.heads} L={cfg0.L}", C_meas, C_run, tolerance,
-                    "least-squares C of the measured T(s0) against theory's C at the runs' step (the flow's C + the "
-                    "GD map's shift of it); Z_SE sqrt(sum_j a_j^2 sd_j^2) over the independent noises of the runs "
-                    "(SGD escape spread, evaluation level) + sum_j |a_j| x record spacing and theory's level and "
-                    "rate parts (scaled with C)",
+                    "C = sum_j a_j T_j of the measured T(s0) (the unbiased weights of least tolerance) against "
+                    "theory's C at the runs' step (the flow's C + the GD map's shift of it); Z_SE sqrt(sum_j a_j^2 "
+                    "sd_j^2) over the independent noises of the runs (SGD escape spread, evaluation level) + sum_j "
+                    "|a_j| x record spacing and theory's level and rate parts (scaled with C)",
                     wrong=[("C of the decoupled warm-up race (each head-task pair alone)",
                             law["law"]["inverse"]["C_race"] + shift)],
-                    details={"c0_measured": float(coef_map[1] @ T), "c0": c0, "weights": coef_map[0].tolist(),
+                    details={"c0_measured": float(coef_map[1] @ T), "c0": c0, "weights": w.tolist(),
+                             "weights_least_squares": coef_map[0].tolist(),
                              "C_flow": C, "gd_map_shift": shift, "on_gd_map": on_gd_map,
                              "tolerance_parts": {"noise_quadrature": noise, "record_spacing_linear": measurement,
                                                  "theory_linear": theory}, "role": "warm-up constant"})
     return law_c, c_row
+
+
+def least_tolerance_weights(scales, variance, linear) -> np.ndarray:
+    """The weights a of the unbiased linear estimate C = sum_j a_j T_j of T(s0) = C/s0 + c0 (sum_j a_j / s_j = 1,
+    sum_j a_j = 0: exact for every c0) whose tolerance sqrt(sum_j a_j^2 variance_j) + sum_j |a_j| linear_j is
+    smallest: weighted least squares with the runs' own noise (``variance``: Z_SE^2 x the variance of T_j) and
+    resolution/theory parts (``linear``), all fixed before any T is compared.  With two scales the weights are
+    determined (1 / (1/s_1 - 1/s_2) and its negative); with more, the ordinary least-squares weights are moved along
+    the constraints' null space (the SGD escape spread grows fast as s0 falls, so the smallest s0 is weighted less)."""
+    s = np.asarray(scales, float)
+    A = np.stack([1.0 / s, np.ones_like(s)])
+    start = np.linalg.pinv(A.T)[0]
+    null = scipy.linalg.null_space(A)
+    if null.shape[1] == 0:
+        return start
+
+    def tolerance(x):
+        a = start + null @ x
+        return math.sqrt(float(np.sum(a ** 2 * variance))) + float(np.abs(a) @ linear)
+
+    best = scipy.optimize.minimize(tolerance, np.zeros(null.shape[1]), method="Nelder-Mead",
+                                   options={"xatol": 1e-10, "fatol": 1e-14})
+    return start + null @ best.x if best.fun < tolerance(np.zeros(null.shape[1])) else start
 
 
 Case = namedtuple("Case", "cfg prediction measurement comparisons boundary domain rows")

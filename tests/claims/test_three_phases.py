@@ -204,9 +204,9 @@ def test_a_phase_end_row_agrees_by_its_own_numbers():
 
 
 def test_warmup_constant_is_held_to_theory_at_the_runs_step():
-    """C's prediction is the flow's C plus the least-squares shift of the GD map's warm-up ends (same weights a_j);
-    the GD-map part then leaves C's tolerance.  Without a GD map at some s0 the flow's C stands, the shift in the
-    tolerance; the wrong prediction (C_race) is moved by the same shift."""
+    """C's prediction is the flow's C plus the same weights' combination of the GD map's warm-up shifts; the GD-map
+    part then leaves C's tolerance.  Without a GD map at some s0 the flow's C stands, the shift in the tolerance; the
+    wrong prediction (C_race) is moved by the same shift."""
     scales, C, c0 = np.array([0.015, 0.02, 0.05]), 0.2, -1.5
     T = C / scales + c0
     parts = {"record_spacing": 0.05, "sgd_spread": 0.1, "level_noise": 0.1, "gd_map_shift": 0.08,
@@ -214,12 +214,27 @@ def test_warmup_constant_is_held_to_theory_at_the_runs_step():
     tols = [{"tolerance": sum(parts.values()), "parts": parts, "theory": 0.13} for _ in scales]
     law = {"C": C, "c0": c0, "T": T, "residual": np.zeros(3), "law": {"inverse": {"C_race": 0.3}}}
     shifts = [0.08, 0.06, 0.03]
-    a = np.linalg.pinv(np.stack([1.0 / scales, np.ones(3)], axis=1))[0]
     cfg = ProblemConfig(tasks=(3, 3), heads=2, L=32)
     _, on_map = claim.check_warmup_law(cfg, scales, T, tols, law, shifts)
     _, flow = claim.check_warmup_law(cfg, scales, T, tols, law, [0.08, np.nan, 0.03])
+    a, a_flow = np.array(on_map.details["weights"]), np.array(flow.details["weights"])
+    assert on_map.measured == pytest.approx(C) and flow.measured == pytest.approx(C)     # unbiased for any c0
     assert on_map.predicted == pytest.approx(C + a @ shifts) and flow.predicted == pytest.approx(C)
     assert on_map.details["tolerance_parts"]["theory_linear"] == pytest.approx(np.abs(a).sum() * 0.05)
-    assert flow.details["tolerance_parts"]["theory_linear"] == pytest.approx(np.abs(a).sum() * 0.13)
+    assert flow.details["tolerance_parts"]["theory_linear"] == pytest.approx(np.abs(a_flow).sum() * 0.13)
     race = [p for p in on_map.perturbations if "race" in p.description]
     assert race and race[0].details["predicted"] == pytest.approx(0.3 + a @ shifts)
+
+
+def test_least_tolerance_weights_are_unbiased_and_beat_least_squares():
+    """The weights estimate C exactly on any law C/s0 + c0 and give a tolerance no larger than the ordinary
+    least-squares weights; where the smallest s0 is the noisiest they weight it less; two scales fix them."""
+    s = np.array([0.015, 0.02, 0.1])
+    variance, linear = np.array([0.5, 0.25, 0.03]) ** 2, np.array([0.1, 0.1, 0.08])
+    ols = np.linalg.pinv(np.stack([1.0 / s, np.ones(3)], axis=1))[0]
+    w = claim.least_tolerance_weights(s, variance, linear)
+    assert w @ (1.0 / s) == pytest.approx(1.0) and w.sum() == pytest.approx(0.0, abs=1e-12)
+    tol = lambda a: np.sqrt(np.sum(a ** 2 * variance)) + np.abs(a) @ linear    # noqa: E731
+    assert tol(w) < tol(ols) and abs(w[0]) < abs(ols[0])
+    two = claim.least_tolerance_weights(s[[0, 2]], variance[[0, 2]], linear[[0, 2]])
+    assert two == pytest.approx(np.array([1.0, -1.0]) / (1 / s[0] - 1 / s[2]))
