@@ -238,3 +238,24 @@ def test_least_tolerance_weights_are_unbiased_and_beat_least_squares():
     assert tol(w) < tol(ols) and abs(w[0]) < abs(ols[0])
     two = claim.least_tolerance_weights(s[[0, 2]], variance[[0, 2]], linear[[0, 2]])
     assert two == pytest.approx(np.array([1.0, -1.0]) / (1 / s[0] - 1 / s[2]))
+
+
+def test_curve_records_read_the_phase_ends_at_full_resolution_from_few_evaluations():
+    """On a smooth curve recorded at 2001 times, the phase ends read from the evaluated records are those of the whole
+    curve, each between two consecutive records, from about COARSE_RECORDS evaluations."""
+    t = np.linspace(0.0, 40.0, 2001)
+    curve = 1.0 + 2.0 / (1.0 + np.exp(3.0 * (t - 15.0)))
+    asked = []
+
+    def losses_at(indices):
+        asked.extend(indices)
+        return [np.array([curve[i]]) for i in indices]
+
+    idx, per = experiments.curve_records(t, losses_at)
+    whole, read = phase_times(t, curve), phase_times(t[idx], per.mean(axis=1))
+    assert read.warmup_end == pytest.approx(whole.warmup_end)
+    assert read.emergence_end == pytest.approx(whole.emergence_end)
+    assert len(asked) == len(set(asked)) == len(idx) < experiments.COARSE_RECORDS + 40
+    for end in (read.warmup_end, read.emergence_end):
+        k = np.searchsorted(t[idx], end)
+        assert idx[k] - idx[k - 1] == 1
