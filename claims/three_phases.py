@@ -56,10 +56,10 @@ class ThreePhasesProfile:
 PROFILES = {
     "tiny": ThreePhasesProfile(tasks=(3,), heads=1, L=32, init_scales=(0.03,), batch=256, records=41,
                                eval_batch=1024, held_out=4096),
-    # three init scales (C's lever arm: 1/0.015 against 1/0.05), B = 1024 (the SGD escape-time spread ~ B^-1/2
-    # dominates C's tolerance) and 201 records (one spacing in every phase tolerance): C resolves 13 % (32 % at
-    # (0.01, 0.02, 0.03, 0.05), B = 256, 101 records), at the same CPU time (docs/claims_1_4.md)
-    "quick": ThreePhasesProfile(tasks=(3, 3), heads=2, init_scales=(0.015, 0.02, 0.05), batch=1024, records=201),
+    # lever arm 1/0.015 to 1/0.1, 0.02 for C's least-tolerance weights; B = 5120 in float32; a record every step (phase
+    # ends read to one lr): C resolves <= 4.8 % at seeds 0, 1 (13-14 % at (0.015, 0.02, 0.05), B = 1024, float64)
+    "quick": ThreePhasesProfile(tasks=(3, 3), heads=2, init_scales=(0.015, 0.02, 0.1), batch=5120, records=601,
+                                eval_batch=4096, extra=(("dtype", "float32"),)),
     "paper": ThreePhasesProfile(tasks=(4, 4, 4), heads=3, L=256, init_scales=(0.005, 0.01, 0.02, 0.05),
                                 batch=2048, records=161, eval_batch=4096, held_out=65536),
 }
@@ -187,10 +187,10 @@ def check_selection(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, tols
     of the predicted share over the phase-time tolerance window (the flow's change, scaled with the predicted share
     it is held against; both fixed before the comparison).  The share's noise: share (1 - share) x sqrt 2 x the rms
     wander of log mu, log_noise sqrt(t), at the measured share and time.  Perturbation: the winners permuted."""
-    name, t = f"head selection tasks={cfg.tasks} H={cfg.heads} L={cfg.L} s0={cfg.init_scale:g}", meas.t
+    name, t, pt = f"head selection tasks={cfg.tasks} H={cfg.heads} L={cfg.L} s0={cfg.init_scale:g}", meas.t, pred.t
     keys = ("warmup_end", "emergence_end")
     noise = lambda s, time: s * (1 - s) * math.sqrt(2) * spread["log_noise"] * math.sqrt(time)  # noqa: E731
-    at = lambda s, time: np.array([np.interp(time, t, s[:, j]) for j in range(s.shape[1])])  # noqa: E731
+    at = lambda s, time, grid=t: np.array([np.interp(time, grid, s[:, j]) for j in range(s.shape[1])])  # noqa: E731
 
     def flow_shares(task_of_head):
         heads = [h for h, i in enumerate(task_of_head) if i is not None]
@@ -200,7 +200,7 @@ def check_selection(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, tols
         """Theory's prediction for an assignment: the flow's shares at its phase ends."""
         _, share_p = flow_shares(task_of_head)
         return {"task_of_head": list(task_of_head),
-                "share": {k: at(share_p, getattr(pred.phases, k)).tolist() for k in keys}}
+                "share": {k: at(share_p, getattr(pred.phases, k), pt).tolist() for k in keys}}
 
     def evaluate(predicted):
         task_of_head = predicted["task_of_head"]
@@ -216,16 +216,16 @@ def check_selection(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, tols
         # the paper's 0.9, unless theory's flow is below it (one-sided); the paper's 'inclination builds in the
         # warm-up' is theory's prediction only where the flow's share rises (recorded)
         threshold = np.minimum(SELECTED_SHARE, share["emergence_end"])
-        rise = at(share_p, pred.phases.warmup_end) - share_p[0]
+        rise = at(share_p, pred.phases.warmup_end, pt) - share_p[0]
         info |= {"share_threshold": threshold.tolist(), "share_rise_predicted": rise.tolist(),
                  "share_rise_noise": (Z_SE * noise(warm, w_m)).tolist(),
                  "flow_share_rises_in_warmup": bool(np.all(rise > 0)), "share_rise_measured": (warm - start).tolist()}
         errs, tolv = [], []
         for key, tm in zip(keys, (w_m, e_m)):
             tp, dt = getattr(pred.phases, key), tols[key]["tolerance"]
-            flow = at(share_p, tp)
+            flow = at(share_p, tp, pt)
             scale = np.where(flow > 0, share[key] / np.where(flow > 0, flow, 1.0), 1.0)
-            window = scale * np.abs(at(share_p, min(tp + dt, t[-1])) - at(share_p, max(tp - dt, 0.0)))
+            window = scale * np.abs(at(share_p, min(tp + dt, t[-1]), pt) - at(share_p, max(tp - dt, 0.0), pt))
             tolv.append(Z_SE * noise(at(share_m, tm), tm) + window)
             errs.append(np.abs(at(share_m, tm) - share[key]))
         info |= {"share_errors": np.array(errs).tolist(), "share_tolerances": np.array(tolv).tolist()}
@@ -278,23 +278,21 @@ def check_converged_loss(cfg, meas: experiments.PhaseRun) -> tuple[Comparison, C
     return out[0], out[1]
 
 
-def check_warmup_law(cfg0, scales, warmups, tols, law: dict) -> tuple[Comparison, Comparison]:
-    """Measured warm-up ends T(s0) against the law C/s0 + c0 (C, c0: theory's fit of the expansion flow's warm-up
-    ends at these s0, ``law``: theory.three_phases.warmup_law_prediction).  ``tols``: per s0 the phase comparison's
-    warm-up tolerance (:func:`phase_tolerances`), fixed before the law is consulted; the law's own fit residual
-    against the flow's warm-up ends is reported, never added: a tolerance may not depend on the prediction under test
-    (a wrong C would widen it); it is below 0.1 % of T for the factored flow (tests/test_theory_three_phases.py), far
-    below one record spacing.  Compared as max |dT|/tol.  Perturbations: c0 = 0 (a pure inverse law) and the
-    exponent 1.2.
+def check_warmup_law(cfg0, scales, warmups, tols, law: dict, gd_shifts=None) -> tuple[Comparison, Comparison]:
+    """Measured warm-up ends T(s0) against the law C/s0 + c0 (``law``: theory's fit of the expansion flow's warm-up
+    ends at these s0), each within its phase comparison's warm-up tolerance (``tols``), max |dT|/tol; the law's own
+    fit residual (< 0.1 % of T) is reported, never added (a wrong C would widen its own tolerance).  Perturbations:
+    c0 = 0 (a pure inverse law) and the exponent 1.2.
 
-    Second comparison: C fitted to the measured T (least squares, C = sum_j a_j T_j) against theory's C.  Its
-    tolerance propagates the per-s0 tolerances: the noise parts (SGD escape-time spread, evaluation-batch level
-    noise) in quadrature, Z_SE sqrt(sum_j a_j^2 (sd_escape_j^2 + sd_level_j^2)) (each run draws its own prompt
-    stream and evaluation prompts, so their noises are independent), the rest linearly, sum_j |a_j| part_j (the
-    record spacing: a resolution, not a noise; theory's parts: one theory).  Theory's parts are scaled by C'/C for a prediction C' (a theory off by a factor in C is
-    off by it in the times its parts are made of), through the same function for C, the wrong C and the edge
-    probes.  Perturbation: the C of the decoupled warm-up race (``C_race``: each head-task pair escaping alone, the
-    coupling through the shared softmax left out)."""
+    Second comparison (the headline): C = sum_j a_j T_j, the unbiased weights a of least tolerance
+    (numerics.experiments.phases.least_tolerance_weights), against theory's C at the runs' step lr: the flow's C +
+    sum_j a_j (T_gd,j - T_flow,j), the O(lr) shift along the expansion's GD map (the full model's step on the
+    balanced factors), read on each run's record times (``gd_shifts``; without a GD map at every s0 the flow's C,
+    the shift then a tolerance part).  Tolerance: the noise parts (SGD escape-time spread, evaluation level) in
+    quadrature, Z_SE sqrt(sum_j a_j^2 sd_j^2) (independent prompt streams and evaluation prompts per s0), the record
+    spacing and theory's level and rate parts linearly, sum_j |a_j| part_j, theory's scaled by C'/C for a prediction
+    C' (a theory off by a factor in C is off by it in its times).  Perturbation: the C of the decoupled warm-up race
+    (``C_race``: each head-task pair escaping alone), moved by the same shift."""
     s, T = np.asarray(scales, float), np.asarray(warmups, float)
     tol = np.array([t["tolerance"] for t in tols], float)
     C, c0 = law["C"], law["c0"]
@@ -306,23 +304,22 @@ def check_warmup_law(cfg0, scales, warmups, tols, law: dict) -> tuple[Comparison
                     error=lambda measured, predicted: np.max(np.abs(T - np.asarray(predicted)) / tol),
                     details={"C": C, "c0": c0, "tolerances": tol.tolist(), "law_residual": law["residual"].tolist(),
                              "law": law["law"]})
-    coef_map = np.linalg.pinv(np.stack([1.0 / s, np.ones_like(s)], axis=1))     # (2, n): [C, c0] = coef_map @ T
-    a = np.abs(coef_map[0])
     noisy = np.array([[t["parts"]["sgd_spread"], t["parts"]["level_noise"]] for t in tols])    # Z_SE x sd each
-    noise = math.sqrt(float(np.sum(a[:, None] ** 2 * noisy ** 2)))
-    measurement = float(a @ np.array([t["parts"]["record_spacing"] for t in tols]))
-    theory = float(a @ np.array([t["theory"] for t in tols]))
-
-    def tolerance(C_pred):
-        return noise + measurement + theory * abs(float(C_pred)) / C
-
-    C_meas = float(coef_map[0] @ T)
-    c_row = compare(f"warm-up constant C tasks={cfg0.tasks} H={cfg0.heads} L={cfg0.L}", C_meas, C, tolerance,
-                    "least-squares C of the measured T(s0); Z_SE sqrt(sum_j a_j^2 sd_j^2) over the independent noises "
-                    "of the runs (SGD escape spread, evaluation level) + sum_j |a_j| x record spacing and theory's "
-                    "parts (scaled with C)",
-                    wrong=[("C of the decoupled warm-up race (each head-task pair alone)", law["law"]["inverse"]["C_race"])],
-                    details={"c0_measured": float(coef_map[1] @ T), "c0": c0, "weights": coef_map[0].tolist(),
+    on_gd_map = gd_shifts is not None and all(math.isfinite(d) for d in gd_shifts)
+    linear = np.array([[t["parts"]["record_spacing"], t["theory"] - (t["parts"]["gd_map_shift"] if on_gd_map else 0.0)]
+                       for t in tols])
+    w = experiments.least_tolerance_weights(s, np.sum(noisy ** 2, axis=1), linear.sum(axis=1))
+    noise = math.sqrt(float(np.sum(w[:, None] ** 2 * noisy ** 2)))
+    measurement, theory = (float(np.abs(w) @ linear[:, k]) for k in (0, 1))
+    C_run = C + (shift := float(w @ np.asarray(gd_shifts, float)) if on_gd_map else 0.0)
+    c_row = compare(f"warm-up constant C tasks={cfg0.tasks} H={cfg0.heads} L={cfg0.L}", float(w @ T), C_run,
+                    lambda C_pred: noise + measurement + theory * abs(float(C_pred)) / C_run,
+                    "C = sum_j a_j T_j (unbiased weights of least tolerance) against theory's C at the runs' step; "
+                    "Z_SE sqrt(sum_j a_j^2 sd_j^2) (SGD escape spread, evaluation level) + sum_j |a_j| (record "
+                    "spacing + theory's level and rate parts, scaled with C)",
+                    wrong=[("C of the decoupled warm-up race (each head-task pair alone)",
+                            law["law"]["inverse"]["C_race"] + shift)],
+                    details={"c0": c0, "weights": w.tolist(), "C_flow": C, "gd_map_shift": shift,
                              "tolerance_parts": {"noise_quadrature": noise, "record_spacing_linear": measurement,
                                                  "theory_linear": theory}, "role": "warm-up constant"})
     return law_c, c_row
@@ -434,7 +431,9 @@ def compare_results(ctx, results) -> Outcome:
         law_c, c_row = check_warmup_law(cases[0].cfg, [c.cfg.init_scale for c in cases],
                                         [c.measurement.phases.warmup_end for c in cases],
                                         [c.comparisons[0].details["tolerances"]["warmup_end"] for c in cases],
-                                        results[case_needs(ctx)[0][1]["law"]])
+                                        results[case_needs(ctx)[0][1]["law"]],
+                                        [c.prediction.gd_map_phases.warmup_end - c.prediction.phases.warmup_end
+                                         if c.prediction.gd_map_phases is not None else math.nan for c in cases])
         law_c.config = c_row.config = config_label(cases[0].cfg)
         comps += [law_c, c_row]
         headline += [headline_row(c_row, "warm-up constant C (T = C/s0 + c0)"),
@@ -467,7 +466,8 @@ def resolve(p: ThreePhasesProfile, problem: dict) -> ThreePhasesProfile:
     """The researcher's problem over a profile: one init scale (the problem's, else the profile's); factored only."""
     return replace(replace_fields(p, problem, ("tasks", "heads", "L", "sigma", "logit_scale")),
                    init_scales=(float(problem["init_scale"]),) if "init_scale" in problem else p.init_scales,
-                   extra=tuple(sorted((k, v) for k, v in problem.items() if k in ("basis", "dtype"))))
+                   extra=tuple(sorted({**dict(p.extra), **{k: v for k, v in problem.items()
+                                                            if k in ("basis", "dtype")}}.items())))
 
 
 def findings(result) -> list:

@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg
+import scipy.optimize
 import torch
 
 from numerics import cost
@@ -79,19 +81,56 @@ class PhaseRun:
     train: TrainConfig
 
 
+COARSE_RECORDS = 201
+"""The records of a phase run's loss curve evaluated everywhere; between the two that bracket each phase end, every
+record is evaluated (:func:`curve_records`)."""
+
+
+def curve_records(t, losses_at, coarse: int = COARSE_RECORDS) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the records at which a run's loss curve is evaluated (``losses_at(indices)`` -> per-prompt losses,
+    one row per index): about ``coarse`` evenly spaced ones, then every record between the two evaluated ones that
+    bracket each phase end of the curve read so far, until the phase ends lie in fully evaluated stretches.  Each
+    phase end is then read at the run's full record resolution (every step when the run records every step) while
+    the curve is evaluated at a fraction of the records: the evaluation batch costs per evaluated record."""
+    n, values = len(t), {}
+    chosen = set(np.linspace(0, n - 1, min(n, coarse)).round().astype(int).tolist())
+
+    def evaluated():
+        idx = np.array(sorted(chosen))
+        missing = [int(i) for i in idx if i not in values]
+        values.update(zip(missing, losses_at(missing)))
+        return idx, np.array([values[i] for i in idx])
+
+    for _ in range(4):
+        idx, per = evaluated()
+        pt = phase_times(t[idx], per.mean(axis=1))
+        new = set()
+        for end in ((pt.warmup_end, pt.emergence_end) if pt.defined else ()):
+            k = int(np.clip(np.searchsorted(t[idx], end), 1, len(idx) - 1))
+            new |= set(range(idx[k - 1], idx[k] + 1))
+        if new <= chosen:
+            return idx, per
+        chosen |= new
+    return evaluated()
+
+
 @one_thread
 def phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: int) -> PhaseRun:
-    """The run of (cfg, tcfg) measured as :class:`PhaseRun` says.  Its evaluation batch and held-out
-    prompts are named by the run's seed (runs with independent prompt streams are evaluated on
-    independent prompts too, so the noises of their curves are independent)."""
+    """The run of (cfg, tcfg) measured as :class:`PhaseRun` says, on the records :func:`curve_records` evaluates.
+    Its evaluation batch and held-out prompts are named by the run's seed (runs with independent prompt streams are
+    evaluated on independent prompts too, so the noises of their curves are independent)."""
     res = train(cfg, tcfg)
     t, omega, mu, _ = _arrays(res)
     evalset = sample_prompts(cfg, eval_batch, make_generator(case_seed(tcfg.seed, "evaluation batch"), cfg.device))
-    with torch.no_grad():
-        per = np.array([per_prompt_reduced_losses(torch.tensor(om, dtype=cfg.torch_dtype, device=cfg.device),
-                                                  torch.tensor(m_, dtype=cfg.torch_dtype, device=cfg.device),
-                                                  evalset, cfg).cpu().double().numpy()
-                        for om, m_ in zip(omega, mu)])
+
+    def losses_at(indices):
+        with torch.no_grad():
+            return [per_prompt_reduced_losses(torch.tensor(omega[i], dtype=cfg.torch_dtype, device=cfg.device),
+                                              torch.tensor(mu[i], dtype=cfg.torch_dtype, device=cfg.device),
+                                              evalset, cfg).cpu().double().numpy() for i in indices]
+
+    idx, per = curve_records(t, losses_at)
+    t, omega, mu = t[idx], omega[idx], mu[idx]
     n_end = max(3, int(np.ceil(0.1 * len(t))))
     drop = per[0] - per[-n_end:].mean(axis=0)
     ro = res.final_model.semi_singular_values()
@@ -140,6 +179,29 @@ def escape_time_spread(cfg: ProblemConfig, batch: int, lr: float, seed: int, pro
     log_noise = float(sv[k] * math.sqrt(lr / batch))
     coef = log_noise / v[k] if v[k] > 0 else math.inf
     return {"coef": float(coef), "rate": float(v[k]), "sigma": float(sv[k]), "log_noise": log_noise}
+
+
+def least_tolerance_weights(scales, variance, linear) -> np.ndarray:
+    """The weights a of the unbiased linear estimate C = sum_j a_j T_j of T(s0) = C/s0 + c0 (sum_j a_j / s_j = 1,
+    sum_j a_j = 0: exact for every c0) whose tolerance sqrt(sum_j a_j^2 variance_j) + sum_j |a_j| linear_j is
+    smallest: weighted least squares with the runs' own noise (``variance``: Z_SE^2 x the variance of T_j) and
+    resolution/theory parts (``linear``), all fixed before any T is compared.  With two scales the weights are
+    determined (1 / (1/s_1 - 1/s_2) and its negative); with more, the ordinary least-squares weights are moved along
+    the constraints' null space (the SGD escape spread grows fast as s0 falls, so the smallest s0 is weighted less)."""
+    s = np.asarray(scales, float)
+    A = np.stack([1.0 / s, np.ones_like(s)])
+    start = np.linalg.pinv(A.T)[0]
+    null = scipy.linalg.null_space(A)
+    if null.shape[1] == 0:
+        return start
+
+    def tolerance(x):
+        a = start + null @ x
+        return math.sqrt(float(np.sum(a ** 2 * variance))) + float(np.abs(a) @ linear)
+
+    best = scipy.optimize.minimize(tolerance, np.zeros(null.shape[1]), method="Nelder-Mead",
+                                   options={"xatol": 1e-10, "fatol": 1e-14})
+    return start + null @ best.x if best.fun < tolerance(np.zeros(null.shape[1])) else start
 
 
 # ---------------------------------------------------------------------------------------
@@ -296,7 +358,7 @@ def _phase_run_cost(cfg, lr, batch, records, eval_batch, held_out, horizon_facto
     finite = race[np.isfinite(race)]
     t = horizon_factor * float(finite.max()) if finite.size else 40.0
     return (cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, batch, round(t / lr), dtype=cfg.dtype)
-            + records * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, eval_batch)
+            + min(records, 2 * COARSE_RECORDS) * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, eval_batch)
             + cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, min(held_out, 4096))
             + cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, held_out))
 

@@ -200,3 +200,61 @@ def test_a_phase_end_row_agrees_by_its_own_numbers():
                             agrees=abs(c.measured[k] - c.predicted[k]) <= tols[k]) for k in tols}
     assert rows["warmup_end"]["agrees"] is True and rows["emergence_end"]["agrees"] is False
     assert headline_row(c)["agrees"] is False     # without an override: the comparison's own
+
+
+def test_warmup_constant_is_held_to_theory_at_the_runs_step():
+    """C's prediction is the flow's C plus the same weights' combination of the GD map's warm-up shifts; the GD-map
+    part then leaves C's tolerance.  Without a GD map at some s0 the flow's C stands, the shift in the tolerance; the
+    wrong prediction (C_race) is moved by the same shift."""
+    scales, C, c0 = np.array([0.015, 0.02, 0.05]), 0.2, -1.5
+    T = C / scales + c0
+    parts = {"record_spacing": 0.05, "sgd_spread": 0.1, "level_noise": 0.1, "gd_map_shift": 0.08,
+             "level_theory": 0.05, "rate": 0.0}
+    tols = [{"tolerance": sum(parts.values()), "parts": parts, "theory": 0.13} for _ in scales]
+    law = {"C": C, "c0": c0, "T": T, "residual": np.zeros(3), "law": {"inverse": {"C_race": 0.3}}}
+    shifts = [0.08, 0.06, 0.03]
+    cfg = ProblemConfig(tasks=(3, 3), heads=2, L=32)
+    _, on_map = claim.check_warmup_law(cfg, scales, T, tols, law, shifts)
+    _, flow = claim.check_warmup_law(cfg, scales, T, tols, law, [0.08, np.nan, 0.03])
+    a, a_flow = np.array(on_map.details["weights"]), np.array(flow.details["weights"])
+    assert on_map.measured == pytest.approx(C) and flow.measured == pytest.approx(C)     # unbiased for any c0
+    assert on_map.predicted == pytest.approx(C + a @ shifts) and flow.predicted == pytest.approx(C)
+    assert on_map.details["tolerance_parts"]["theory_linear"] == pytest.approx(np.abs(a).sum() * 0.05)
+    assert flow.details["tolerance_parts"]["theory_linear"] == pytest.approx(np.abs(a_flow).sum() * 0.13)
+    race = [p for p in on_map.perturbations if "race" in p.description]
+    assert race and race[0].details["predicted"] == pytest.approx(0.3 + a @ shifts)
+
+
+def test_least_tolerance_weights_are_unbiased_and_beat_least_squares():
+    """The weights estimate C exactly on any law C/s0 + c0 and give a tolerance no larger than the ordinary
+    least-squares weights; where the smallest s0 is the noisiest they weight it less; two scales fix them."""
+    s = np.array([0.015, 0.02, 0.1])
+    variance, linear = np.array([0.5, 0.25, 0.03]) ** 2, np.array([0.1, 0.1, 0.08])
+    ols = np.linalg.pinv(np.stack([1.0 / s, np.ones(3)], axis=1))[0]
+    w = experiments.least_tolerance_weights(s, variance, linear)
+    assert w @ (1.0 / s) == pytest.approx(1.0) and w.sum() == pytest.approx(0.0, abs=1e-12)
+    tol = lambda a: np.sqrt(np.sum(a ** 2 * variance)) + np.abs(a) @ linear    # noqa: E731
+    assert tol(w) < tol(ols) and abs(w[0]) < abs(ols[0])
+    two = experiments.least_tolerance_weights(s[[0, 2]], variance[[0, 2]], linear[[0, 2]])
+    assert two == pytest.approx(np.array([1.0, -1.0]) / (1 / s[0] - 1 / s[2]))
+
+
+def test_curve_records_read_the_phase_ends_at_full_resolution_from_few_evaluations():
+    """On a smooth curve recorded at 2001 times, the phase ends read from the evaluated records are those of the whole
+    curve, each between two consecutive records, from about COARSE_RECORDS evaluations."""
+    t = np.linspace(0.0, 40.0, 2001)
+    curve = 1.0 + 2.0 / (1.0 + np.exp(3.0 * (t - 15.0)))
+    asked = []
+
+    def losses_at(indices):
+        asked.extend(indices)
+        return [np.array([curve[i]]) for i in indices]
+
+    idx, per = experiments.curve_records(t, losses_at)
+    whole, read = phase_times(t, curve), phase_times(t[idx], per.mean(axis=1))
+    assert read.warmup_end == pytest.approx(whole.warmup_end)
+    assert read.emergence_end == pytest.approx(whole.emergence_end)
+    assert len(asked) == len(set(asked)) == len(idx) < experiments.COARSE_RECORDS + 40
+    for end in (read.warmup_end, read.emergence_end):
+        k = np.searchsorted(t[idx], end)
+        assert idx[k] - idx[k - 1] == 1
