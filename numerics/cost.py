@@ -143,18 +143,22 @@ def many_seconds(tasks, heads: int, L: int, batch: int, steps: int, streams: Seq
                  dtype: str = "float64", records: int = 0) -> float:
     """CPU seconds of ``numerics.train.train_many`` on runs of one shape, ``streams[s]`` runs on
     prompt stream s, all ``steps`` steps: programs formed as train_many forms them on a CPU (the
-    runs of one stream together; streams merged only while the program's contexts stay within
-    MERGE_CONTEXT_ELEMENTS numbers), each priced by :func:`step_seconds`.  A
+    runs of one stream together; streams of as many runs merged only while the program's contexts
+    stay within MERGE_CONTEXT_ELEMENTS numbers), each priced by :func:`step_seconds`.  A
     program of one run is train() itself."""
     _, _, D = _dims(tasks)
     per_stream = int(batch) * int(L) * D
     budget = max(1, MERGE_CONTEXT_ELEMENTS // per_stream)
-    counts = [int(k) for k in streams if int(k) > 0]
+    by_count: dict = {}
+    for k in streams:
+        if int(k) > 0:
+            by_count.setdefault(int(k), []).append(int(k))
     total = 0.0
-    for lo in range(0, len(counts), budget):
-        part = counts[lo:lo + budget]
-        total += train_seconds(tasks, heads, L, batch, steps, dtype=dtype, runs=sum(part), streams=len(part),
-                               records=records)
+    for counts in by_count.values():
+        for lo in range(0, len(counts), budget):
+            part = counts[lo:lo + budget]
+            total += train_seconds(tasks, heads, L, batch, steps, dtype=dtype, runs=sum(part), streams=len(part),
+                                   records=records)
     return total
 
 
