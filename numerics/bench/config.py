@@ -16,10 +16,6 @@ BATCHED_KINDS = ("mixed", "one_stream", "own_streams")
 SMOKE = dict(tasks=(2, 2), heads=2, L=32, batch=128)
 LR = 0.05                 # the trainer's default eta; the step's cost does not depend on it
 DTYPES = ("float32", "float64")
-# what each profile runs: "quick" the contract (ratios, sampling, model and reduced flow at the
-# QUICK size) and the batched runs at the QUICK size; "full" adds peak memory (QUICK and PAPER)
-# and the batched runs at the AUTHORS size. smoke=True runs either at the SMOKE size.
-PROFILES = ("quick", "full")
 # the benchmark's targets (2 cores): ours over the standard implementation, and full over reduced flow
 TARGETS = {"ratio_full_step": {"float32": 10.0, "float64": 15.0},
            "ratio_model_step": {"float32": 25.0, "float64": 25.0},
@@ -34,7 +30,10 @@ class BenchConfig:
     dtypes: tuple = DTYPES
     repeats: int = 5          # timed rounds of the step comparison
     warmup: int = 2           # > 0: one untimed round of each comparison
-    profile: str = "full"     # one of PROFILES
+    # "quick": the contract (ratios, sampling, model and reduced flow) and the batched runs at
+    # the QUICK size; "full" adds peak memory (QUICK and PAPER) and the batched runs at the
+    # AUTHORS size; smoke=True runs either at the SMOKE size
+    profile: str = "full"
     smoke: bool = False       # SMOKE sizes: the code paths in seconds, meaningless numbers
     seed: int = 0
     reduced_time: float = 0.5  # gradient-flow time t of section 2 (t / lr steps)
