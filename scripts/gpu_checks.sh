@@ -204,7 +204,7 @@ TOTAL=$(($(date +%s) - START))
         IFS='|' read -r n rc secs v <<<"$s"
         printf '%-16s %-6s %-10s %s\n' "$n" "$rc" "$secs" "$v"
     done
-    # issue 15's ratios from bench.json, one line each (nothing if the bench wrote none)
+    # the bench contract's ratios from bench.json, one line each (nothing if the bench wrote none)
     "$PYTHON" - "$OUT/bench.json" <<'PY' 2>/dev/null || true
 import json, sys
 d = json.load(open(sys.argv[1]))

@@ -392,7 +392,6 @@ HOSTILE = [
     ("numerics.bench", BENCH_SMOKE + ["--reduced-time", "0.5"], 2, ["--smoke", "would ignore --reduced-time"]),
     ("numerics.bench", BENCH_SMOKE + ["--repeats", "3"], 2, ["--smoke", "would ignore --repeats"]),
     ("numerics.bench", BENCH_SMOKE + ["--expansion-time", "1"], 2, ["--smoke", "would ignore --expansion-time"]),
-    ("numerics.bench", ["--report-timeout", "10"], 2, ["--report-timeout is used only with --report-profiles"]),
     ("numerics.train", TRAIN_OUT + ["--basis-seed", "3"], 2, ["--basis-seed is used only with --basis random"]),
     ("numerics.train", TRAIN_OUT + ["--init-seed", "3"], 2, ["--init-seed is used only"]),
     ("numerics.train", TRAIN_OUT + ["--param", "merged", "--logit-scale", "2"], 2,

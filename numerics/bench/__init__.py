@@ -1,5 +1,4 @@
-"""Performance benchmark of the training step: ours against the standard way, and against
-this machine's limits.
+"""Performance benchmark of the training step: ours against the standard way.
 
 ``python -m numerics.bench`` measures, in one run, on one device:
 
@@ -9,24 +8,18 @@ this machine's limits.
    (per-head q/k/v linear layers over every token), at the quick configuration (tasks
    4,4,4, H = 3, L = 256, batch 4096), in each dtype, and the ratio; also the step without
    sampling on a fixed batch (where the two differ) and the sampling alone (what they share);
-2. the roofline of our step: the bytes it must move (:func:`bytes_moved`) over the
-   measured memory bandwidth and its FLOPs (:func:`flops`) over the measured dense-matmul
-   throughput, each as the fraction of the step time it accounts for;
-3. wall time of the reduced ODE (``train_reduced``) against full gradient flow (``train``)
+2. wall time of the reduced ODE (``train_reduced``) against full gradient flow (``train``)
    to the same time t on the quick configuration;
-4. how the step time grows with L, d, H and batch (least-squares exponents of log time
-   against log size, over 4 sizes each, one size varied at a time);
-5. peak memory of one step at the quick and the paper configuration (tasks 8,8,8,8, H = 4,
+3. peak memory of one step at the quick and the paper configuration (tasks 8,8,8,8, H = 4,
    L = 1024, batch 4096): resident-set peak in a fresh process on CPU,
    ``torch.cuda.max_memory_allocated`` on CUDA (:func:`peak_memory`);
-6. the step at the paper configuration;
-7. runs per second of 8 runs trained one after another (``numerics.train.train``) and as
+4. runs per second of 8 runs trained one after another (``numerics.train.train``) and as
    ``numerics.train.train_many``'s batched programs, for three run sets (shared and own
    prompt streams), at the quick size and at the authors' configuration (tasks 16,17,17,
    H = 3, L = 100, batch 10000).
 
-Profiles: ``--quick`` runs sections 1, 3 and 7 only at the quick size (the benchmark's
-contract: the top-level JSON keys of :func:`~numerics.bench.run.contract`); the default runs all seven;
+Profiles: ``--quick`` runs sections 1, 2 and 4 only at the quick size (the benchmark's
+contract: the top-level JSON keys of :func:`~numerics.bench.run.contract`); the default runs all four;
 ``--smoke`` runs either at tiny sizes (a test of the code paths, numbers meaningless).
 
 Timings are medians over rounds, with min and max; the contenders of a comparison are run
@@ -38,14 +31,12 @@ Precision policy: TF32 is switched off (``fp32_precision = "ieee"``) before anyt
 so a float32 matmul is a float32 matmul on every device (docs/performance.md).
 
 By concern: :mod:`~numerics.bench.timing` (timers, precision policy),
-:mod:`~numerics.bench.roofline` (machine limits and the step's bytes and FLOPs),
 :mod:`~numerics.bench.steps` (the contenders), :mod:`~numerics.bench.memory` (peak memory),
-:mod:`~numerics.bench.run` (the seven sections), :mod:`~numerics.bench.cli` (flags, table, JSON).
+:mod:`~numerics.bench.run` (the four sections), :mod:`~numerics.bench.cli` (flags, table, JSON).
 """
 from numerics.bench.cli import main, parse_args
 from numerics.bench.config import QUICK
 from numerics.bench.memory import peak_memory
-from numerics.bench.run import fit_exponent
 from numerics.config import use_precise_float32 as precise_float32
 
-__all__ = ["QUICK", "fit_exponent", "main", "parse_args", "peak_memory", "precise_float32"]
+__all__ = ["QUICK", "main", "parse_args", "peak_memory", "precise_float32"]

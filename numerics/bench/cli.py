@@ -10,7 +10,7 @@ from numerics.train import MAX_STEPS
 from numerics.io.command import (check_device_option, command_line, float_option, int_option, seed_option,
                                  threads_option)
 from numerics.io.files import check_output_path, write_json_atomic
-from numerics.bench.config import DTYPES, EXPANSION_TIME, LR, REPORT_PROFILES, BenchConfig
+from numerics.bench.config import DTYPES, EXPANSION_TIME, LR, BenchConfig
 from numerics.bench.run import run_bench
 
 
@@ -21,29 +21,20 @@ def _fmt_t(s: dict, unit: float = 1e3) -> str:
 def render(res: dict) -> str:
     """The human-readable table of a result dict (what the CLI prints)."""
     lines = _render_header(res) + _render_step(res) + _render_reduced(res) + _render_targets(res)
-    if "roofline" not in res or not res["roofline"]:
-        lines += _render_batched(res)
-        lines += ["", f"total {res['meta']['seconds']:.1f} s (--quick: sections 1, 3 and 7 at the quick size only)"]
-        return "\n".join(lines)
-    lines += _render_roofline(res) + _render_scaling(res) + _render_paper_step(res) + _render_batched(res)
-    lines += ["", f"total {res['meta']['seconds']:.1f} s"]
+    if "peak_memory" in res:
+        lines += _render_peak_memory(res)
+    lines += _render_batched(res)
+    quick = " (--quick: sections 1, 2 and 4 at the quick size only)" if res["meta"]["profile"] == "quick" else ""
+    lines += ["", f"total {res['meta']['seconds']:.1f} s{quick}"]
     return "\n".join(lines)
 
 
 def _render_header(res: dict) -> list[str]:
-    """The machine and run line, and the probed copy bandwidth and matmul rates."""
+    """The machine and run line."""
     m = res["meta"]
-    lines = [f"numerics.bench  device={m['device']}  torch {m['torch']}  threads={m['torch_threads']}"
-             f"  load average {m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end",
-             "medians over repeats, [min, max]", ""]
-    if "probes" in res:
-        bw = res["probes"]["bandwidth"]
-        lines.append(f"memory bandwidth: copy {bw['copy_bytes_per_s']['median'] / 1e9:.2f} GB/s,"
-                     f" add {bw['add_bytes_per_s']['median'] / 1e9:.2f} GB/s ({bw['bytes'] / 2**20:.0f} MiB arrays)")
-        for dt in m["dtypes"]:
-            mm = res["probes"][dt]["matmul"]
-            lines.append(f"dense matmul {dt} (n = {mm['n']}): {mm['flop_per_s']['median'] / 1e9:.1f} GFLOP/s")
-    return lines
+    return [f"numerics.bench  device={m['device']}  torch {m['torch']}  threads={m['torch_threads']}"
+            f"  load average {m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end",
+            "medians over repeats, [min, max]", ""]
 
 
 def _render_step(res: dict) -> list[str]:
@@ -68,9 +59,9 @@ def _render_step(res: dict) -> list[str]:
 
 
 def _render_reduced(res: dict) -> list[str]:
-    """Section 3: the full flow against the reduced flows and theory's expansion flow."""
+    """Section 2: the full flow against the reduced flows and theory's expansion flow."""
     dtypes, rv = res["meta"]["dtypes"], res["reduced_vs_full"]
-    lines = ["", f"3. seconds to gradient-flow time t = {rv['time_t']} ({rv['steps']} steps, batch {rv['batch']});"
+    lines = ["", f"2. seconds to gradient-flow time t = {rv['time_t']} ({rv['steps']} steps, batch {rv['batch']});"
                  " reduced: driven by the Rao-Blackwellised marginals"]
     for dt in dtypes:
         r = rv[dt]
@@ -91,67 +82,27 @@ def _render_reduced(res: dict) -> list[str]:
 
 
 def _render_targets(res: dict) -> list[str]:
-    """The contract's ratios against their targets, and the report profiles' wall times."""
+    """The contract's ratios against their targets."""
     lines = ["", "targets (median ratios of this run):"]
     for key, per in res["targets"].items():
         lines.append(f"  {key:20s} " + "   ".join(
             f"{dt} {res[key][dt]:.1f}x (target {per[dt]:g}x: {'met' if res['targets_met'][key][dt] else 'NOT met'})"
             for dt in res[key]))
-    if "report_profiles" in res:
-        lines += ["", "report profiles (python -m reports.build, wall time):"]
-        for p, r in res["report_profiles"].items():
-            lines.append(f"  {p:6s} {r['seconds']:.1f} s (children's CPU {r['cpu_seconds']:.1f} s): {r['status']}")
     return lines
 
 
-def _render_roofline(res: dict) -> list[str]:
-    """Section 2: the share of the step's time its bytes and FLOPs account for."""
-    lines = ["", "2. roofline: share of our step's time that its bytes (at the copy bandwidth) and"
-                 " FLOPs (at the matmul rate) account for"]
-    for dt, r in res["roofline"].items():
-        lines.append(f"  {dt}  step: {r['bytes']['bytes'] / 1e6:.0f} MB -> {100 * r['fraction_of_memory_bound']:.1f}%"
-                     f" of memory bound, {r['flops']['flops'] / 1e9:.2f} GFLOP -> "
-                     f"{100 * r['fraction_of_matmul_peak']:.1f}% of matmul peak;  without sampling:"
-                     f" {100 * r['model_fraction_of_memory_bound']:.1f}% / {100 * r['model_fraction_of_matmul_peak']:.1f}%")
-        lines.append(f"  {dt}  against the copy rate of a context-sized array"
-                     f" ({r['working_set_bytes_per_s'] / 1e9:.1f} GB/s; a large cache may hold it):"
-                     f" step {100 * r['fraction_of_working_set_bound']:.1f}%, without sampling"
-                     f" {100 * r['model_fraction_of_working_set_bound']:.1f}%")
-    return lines
-
-
-def _render_scaling(res: dict) -> list[str]:
-    """Sections 4 and 5: the scaling exponents and the peak memory."""
-    sc = res["scaling"]
-    lines = ["", f"4. step time ~ size^k ({sc['dtype']}, bare step, one size varied around the base)"]
-    for axis in ("L", "d", "heads", "batch"):
-        a = sc[axis]
-        pts = ", ".join(f"{x}: {t['median'] * 1e3:.1f}" for x, t in zip(a["sizes"], a["seconds"]))
-        lines.append(f"  {axis:6s} k = {a['exponent']:5.2f} (CPU time: {a['exponent_cpu_time']:5.2f})   (ms: {pts})")
-    lines += ["", "5. peak memory one step adds (MiB)"]
+def _render_peak_memory(res: dict) -> list[str]:
+    """Section 3: the peak memory one step adds."""
+    lines = ["", "3. peak memory one step adds (MiB)"]
     for dt, mm in res["peak_memory"].items():
         lines.append(f"  {dt}  " + ", ".join(f"{k} {v['bytes'] / 2**20:.0f}" for k, v in mm.items()))
     return lines
 
 
-def _render_paper_step(res: dict) -> list[str]:
-    """Section 6: the step at the paper configuration."""
-    pc = res["configs"]["paper"]
-    lines = ["", f"6. milliseconds per step at the paper configuration, tasks {tuple(pc['tasks'])}, H = {pc['heads']},"
-                 f" L = {pc['L']}, batch {pc['batch']}"]
-    for dt, r in res["paper_step"].items():
-        ref = (f"   reference {_fmt_t(r['reference_seconds'])} ratio {r['ratio_reference_over_trainer']['median']:.1f}x"
-               if "reference_seconds" in r else "")
-        lines.append(f"  {dt}  ours (train()) {_fmt_t(r['trainer_seconds'])}   sampling {_fmt_t(r['sampling_seconds'])}"
-                     f" ({100 * r['sampling_share_of_trainer_step']:.0f}%)   without sampling"
-                     f" {_fmt_t(r['model_only_seconds'])}{ref}")
-    return lines
-
-
 def _render_batched(res: dict) -> list[str]:
-    """Section 7: runs per second, one after another and as train_many's programs."""
+    """Section 4: runs per second, one after another and as train_many's programs."""
     b = res["batched"]
-    lines = ["", f"7. {b['runs']} runs of {b['steps']} steps ({b['dtype']}): runs per second one after another"
+    lines = ["", f"4. {b['runs']} runs of {b['steps']} steps ({b['dtype']}): runs per second one after another"
                  " (train) and batched (train_many; programs: runs per program)"]
     for size in ("quick", "authors"):
         if size not in b:
@@ -171,28 +122,24 @@ def _parser() -> argparse.ArgumentParser:
     """The flags of ``python -m numerics.bench`` (each described in docs/performance.md)."""
     p = argparse.ArgumentParser(
         prog="python -m numerics.bench",
-        description="Benchmark the training step: ours vs the standard-way reference, the roofline, reduced vs "
-                    "full flow, scaling in L/d/H/batch and peak memory. Prints a table and writes JSON "
+        description="Benchmark the training step: ours vs the standard-way reference, reduced vs full flow, "
+                    "peak memory and many runs as one program. Prints a table and writes JSON "
                     "(docs/performance.md).")
     add = p.add_argument
     add("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu): every measurement runs on it")
     add("--dtype", default=",".join(DTYPES), help="comma-separated dtypes to time (default float32,float64)")
     add("--repeats", type=int_option("--repeats", 1, 1000, "medians settle long before"), default=None,
-        help="timed rounds of the step comparison and repeats of the probes (default 5; not with --smoke)")
+        help="timed rounds of the step comparison (default 5; not with --smoke)")
     add("--warmup", type=int_option("--warmup", 0, 1000), default=None,
-        help="untimed probe calls; > 0: one untimed round of each comparison (default 2; not with --smoke)")
+        help="> 0: one untimed round of each comparison before the timed ones (default 2; not with --smoke)")
     add("--out", default=None, help="write the results as JSON to this path")
-    add("--quick", action="store_true", help="the contract only: sections 1, 3 and 7 at the quick size")
+    add("--quick", action="store_true", help="the contract only: sections 1, 2 and 4 at the quick size")
     add("--smoke", action="store_true", help="every section at tiny sizes in seconds (meaningless numbers)")
     add("--seed", type=seed_option("--seed"), default=0, help="seed of the prompt stream (default 0)")
     add("--reduced-time", type=float_option("--reduced-time", finite=False), default=None,
-        help="gradient-flow time t of section 3 (default 0.5: 10 steps of lr 0.05; not with --smoke)")
+        help="gradient-flow time t of section 2 (default 0.5: 10 steps of lr 0.05; not with --smoke)")
     add("--expansion-time", type=float_option("--expansion-time", finite=False), default=None,
         help=f"time of the expansion flow against the full flow (default {EXPANSION_TIME:g}; not with --smoke)")
-    add("--report-profiles", default=None, metavar="P[,P]",
-        help=f"also time `python -m reports.build --profile P` for each of {', '.join(REPORT_PROFILES)} given")
-    add("--report-timeout", type=float_option("--report-timeout", finite=False), default=None,
-        help="with --report-profiles: seconds allowed to each profile (default 3600)")
     add("--threads", type=threads_option("--threads"), default=None,
         help="torch intra-op CPU threads (default: torch's choice); 1 on a shared machine")
     add("--no-progress", action="store_true", help="no progress bar")
@@ -215,12 +162,6 @@ def parse_args(argv=None) -> BenchConfig:
     # values first (the message about the value), then options that this run would ignore
     _check_flow_time(p, "--reduced-time", a.reduced_time)
     _check_flow_time(p, "--expansion-time", a.expansion_time)
-    profiles = _report_profiles(p, a.report_profiles)
-    if a.report_timeout is not None and not (math.isfinite(a.report_timeout) and a.report_timeout > 0):
-        p.error(f"--report-timeout must be a positive number of seconds, got {a.report_timeout}")
-    if a.report_timeout is not None and not profiles:
-        p.error("--report-timeout is used only with --report-profiles; add --report-profiles or drop "
-                "--report-timeout")
     if a.smoke:
         given = [f for f, v in (("--repeats", a.repeats), ("--warmup", a.warmup), ("--reduced-time", a.reduced_time),
                                 ("--expansion-time", a.expansion_time)) if v is not None]
@@ -241,8 +182,7 @@ def parse_args(argv=None) -> BenchConfig:
     return BenchConfig(device=a.device, dtypes=dtypes, repeats=repeats, warmup=warmup,
                        profile="quick" if a.quick else "full", smoke=a.smoke,
                        seed=a.seed, reduced_time=reduced_time, expansion_time=expansion_time,
-                       report_profiles=profiles, report_timeout=3600.0 if a.report_timeout is None else a.report_timeout,
-                       progress=not a.no_progress, scaling_steps=1 if a.smoke else 4, out=a.out, threads=a.threads)
+                       progress=not a.no_progress, out=a.out, threads=a.threads)
 
 
 def _dtypes(p: argparse.ArgumentParser, given: str) -> tuple[str, ...]:
@@ -264,18 +204,6 @@ def _check_flow_time(p: argparse.ArgumentParser, flag: str, value: float | None)
     if value is not None and not value / LR <= MAX_STEPS:
         p.error(f"{flag} {value:g} is {value / LR:.3g} steps of lr = {LR}, more than the "
                 f"trainer's limit of {MAX_STEPS:,}; give a shorter time")
-
-
-def _report_profiles(p: argparse.ArgumentParser, given: str | None) -> tuple[str, ...]:
-    """--report-profiles' comma-separated list of known profiles (empty when not given)."""
-    if given is None:
-        return ()
-    profiles = tuple(x.strip() for x in given.split(",") if x.strip())
-    bad = [x for x in profiles if x not in REPORT_PROFILES]
-    if bad or not profiles:
-        p.error(f"--report-profiles: unknown profile(s) {bad or given!r}; use "
-                f"{', '.join(REPORT_PROFILES)}, comma-separated")
-    return profiles
 
 
 @command_line     # a full disk at --out: "disk full: N bytes needed at PATH", exit 75

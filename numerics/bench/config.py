@@ -8,7 +8,7 @@ PAPER = dict(tasks=(8, 8, 8, 8), heads=4, L=1024, batch=4096)
 # the authors' released script: dx = 50 split 16, 17, 17 by their DataGenerator, H = 3, L = 100,
 # 10,000 fresh samples a step (docs/model.md)
 AUTHORS = dict(tasks=(16, 17, 17), heads=3, L=100, batch=10000)
-# section 7: R runs of one configuration trained one after another and as one program
+# section 4: R runs of one configuration trained one after another and as one program
 BATCHED_RUNS = 8
 BATCHED_STEPS = 3         # gradient steps per run (steps + 1 batches: a few are enough to time)
 BATCHED_KINDS = ("mixed", "one_stream", "own_streams")
@@ -16,34 +16,28 @@ BATCHED_KINDS = ("mixed", "one_stream", "own_streams")
 SMOKE = dict(tasks=(2, 2), heads=2, L=32, batch=128)
 LR = 0.05                 # the trainer's default eta; the step's cost does not depend on it
 DTYPES = ("float32", "float64")
-# what each profile runs: "quick" the issue-15 contract (ratios, sampling, model and reduced
-# flow at the QUICK size) and the batched runs at the QUICK size; "full" adds the
-# roofline, the scaling, peak memory, the PAPER step and the batched runs at the AUTHORS size.
-# smoke=True runs either at the SMOKE size.
-PROFILES = ("quick", "full")
 # the benchmark's targets (2 cores): ours over the standard implementation, and full over reduced flow
 TARGETS = {"ratio_full_step": {"float32": 10.0, "float64": 15.0},
            "ratio_model_step": {"float32": 25.0, "float64": 25.0},
            "ratio_reduced_flow": {"float32": 3.0, "float64": 3.0},
            "ratio_expansion_flow": {"float32": 1000.0, "float64": 1000.0}}
 EXPANSION_TIME = 60.0     # t of the expansion-flow comparison: TrainConfig's default horizon
-REPORT_PROFILES = ("tiny", "quick", "paper")   # claims.core.base.PROFILES (reports.build --profile)
 
 
 @dataclass
 class BenchConfig:
     device: str = "cpu"
     dtypes: tuple = DTYPES
-    repeats: int = 5          # rounds of the step comparison, repeats of the probes
-    warmup: int = 2           # untimed probe calls; > 0: one untimed round of each comparison
-    profile: str = "full"     # one of PROFILES
+    repeats: int = 5          # timed rounds of the step comparison
+    warmup: int = 2           # > 0: one untimed round of each comparison
+    # "quick": the contract (ratios, sampling, model and reduced flow) and the batched runs at
+    # the QUICK size; "full" adds peak memory (QUICK and PAPER) and the batched runs at the
+    # AUTHORS size; smoke=True runs either at the SMOKE size
+    profile: str = "full"
     smoke: bool = False       # SMOKE sizes: the code paths in seconds, meaningless numbers
     seed: int = 0
-    reduced_time: float = 0.5  # gradient-flow time t of section 3 (t / lr steps)
+    reduced_time: float = 0.5  # gradient-flow time t of section 2 (t / lr steps)
     expansion_time: float = EXPANSION_TIME  # t of the expansion flow against the full flow
-    report_profiles: tuple = ()  # reports.build profiles to time in a subprocess (opt-in)
-    report_timeout: float = 3600.0  # seconds per report profile
-    scaling_steps: int = 4    # timed rounds of section 4
     progress: bool = True
     out: str | None = None    # JSON path
     threads: int | None = None  # torch intra-op threads (None: torch's default)

@@ -31,7 +31,7 @@ def peak_memory(sizes: dict, dtype: str, device: str, which: str = "ours", seed:
     ``ru_maxrss`` growth is used instead, which reads 0 if an earlier transient (imports)
     peaked higher; ``method`` says which was used.  ``fresh_process=False`` measures in this
     process instead (memory the allocator kept from earlier work can then be reused
-    unseen, so it may read lower; used by ``--quick``, where only the code path matters)."""
+    unseen, so it may read lower; used by ``--smoke``, where only the code path matters)."""
     if not device.startswith("cuda") and not fresh_process:
         return measure_step_memory_cpu(sizes, dtype, which, seed)
     if device.startswith("cuda"):

@@ -112,18 +112,8 @@ def model_factors(model) -> dict:
     """The weights of a :class:`numerics.model.MultiHeadAttention` as stacked tensors:
     ``{"K", "Q", "V", "O"}`` (factored) or ``{"W", "U"}`` (merged)."""
     params = dict(model.named_parameters())
-    if model.cfg.param == "merged":
-        return {"W": _param(params, "W"), "U": _param(params, "U")}
-    return {k: _param(params, k) for k in ("K", "Q", "V", "O")}
-
-
-def _param(params: dict, name: str) -> torch.Tensor:
-    if name in params:
-        return params[name].detach()
-    raise AttributeError(
-        f"numerics.model.MultiHeadAttention has no parameter {name!r} (it has "
-        f"{sorted(params)}); numerics.bench.reference.model_factors must be updated to its names"
-    )
+    names = ("W", "U") if model.cfg.param == "merged" else ("K", "Q", "V", "O")
+    return {k: params[k].detach() for k in names}
 
 
 def gd_step(module: nn.Module, prompts, lr: float, loss_fn) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from numerics.config import ProblemConfig
 from numerics.data import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, mse_loss
-from numerics.train import TrainConfig, train, train_many, train_reduced
+from numerics.train import TrainConfig, train, train_many
 from numerics.bench.config import LR
 from numerics.bench.timing import sync
 from numerics.bench.reference import ReferenceAttention, gd_step
@@ -63,8 +63,8 @@ def model_only_step(cfg: ProblemConfig, batch: int, which: str = "ours",
 class TrainerSteps:
     """Seconds per step of ``numerics.train.train`` itself, from inside a real run.
 
-    Calling the object runs ``train`` (or ``train_reduced``) for ``steps`` steps and returns
-    the durations of its steps.  The trainer draws one batch per step with
+    Calling the object runs ``train`` for ``steps`` (at least 3: the first and last hold a
+    record) steps and returns the durations of its steps.  The trainer draws one batch per step with
     its ``batches`` seam; the source given here samples the trainer's own stream and records
     a (device-synchronised) timestamp at each draw, so the interval between two
     draws is exactly one step of the trainer: sampling, loss, divergence check, gradient,
@@ -72,11 +72,8 @@ class TrainerSteps:
     step with ``records=2``) are dropped, so what remains is the step a long run repeats;
     the per-run set-up is left out (``setup_seconds`` of the last call shows its size)."""
 
-    def __init__(self, cfg: ProblemConfig, batch: int, steps: int = 3, seed: int = 0,
-                 reduced: bool = False):
-        if steps < 3:
-            raise ValueError(f"TrainerSteps needs steps >= 3 (two are records), got {steps}")
-        self.cfg, self.reduced = cfg, reduced
+    def __init__(self, cfg: ProblemConfig, batch: int, steps: int = 3, seed: int = 0):
+        self.cfg = cfg
         self.tcfg = TrainConfig(lr=LR, time=LR * steps, batch=batch, seed=seed, records=2,
                                 progress=False)
         self.setup_seconds = float("nan")
@@ -97,7 +94,7 @@ class TrainerSteps:
             return _draw(self.cfg, self.tcfg.batch, gen, held)   # as the trainer's own stream
 
         t0 = time.perf_counter()
-        res = (train_reduced if self.reduced else train)(self.cfg, self.tcfg, batches=stamped)
+        res = train(self.cfg, self.tcfg, batches=stamped)
         if len(stamps) != res.steps + 1:
             raise RuntimeError(f"expected one batch per step ({res.steps + 1}), saw {len(stamps)}: "
                                "numerics.train changed, update numerics.bench.steps.TrainerSteps")

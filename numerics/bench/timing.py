@@ -1,8 +1,7 @@
-"""Timing utilities: device synchronisation, repeated and interleaved timings."""
+"""Timing utilities: device synchronisation and interleaved timings."""
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 import numpy as np
 import torch
@@ -17,21 +16,6 @@ def summary(samples: list[float]) -> dict:
     """Median, min and max of the samples (and the samples themselves)."""
     return {"median": float(np.median(samples)), "min": float(np.min(samples)),
             "max": float(np.max(samples)), "n": len(samples), "samples": [float(s) for s in samples]}
-
-
-def time_repeated(fn: Callable[[], object], repeats: int, warmup: int, device: str) -> dict:
-    """Seconds per call of ``fn``: ``warmup`` untimed calls, then ``repeats`` timed ones,
-    each timed on its own with the device synchronised before and after."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        samples.append(time.perf_counter() - t0)
-    return summary(samples)
 
 
 def time_interleaved(fns: dict, rounds: int, warmup: int, device: str) -> dict:
