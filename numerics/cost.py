@@ -63,7 +63,7 @@ CALIBRATION = {
 
 # coefficients (CPU seconds per unit of each feature), fitted by numerics.bench --calibrate on 2026-12-02
 # (CALIBRATION; 28 CPU s).  float32 was not calibrated: its per-element coefficients are float64's x 0.67,
-# the ratio numerics.bench section 7 measured at 16,17,17 / H = 3 / L = 100 / batch 10000 (566 / 846 ms)
+# the ratio numerics.bench section 4 measured at 16,17,17 / H = 3 / L = 100 / batch 10000 (566 / 846 ms)
 STEP = {
     "float64": {"step": 1.65e-3, "run": 1.2e-3, "context": 1.88e-8, "logits": 9.45e-9, "flops": 6.57e-10},
     "float32": {"step": 1.65e-3, "run": 1.2e-3, "context": 1.26e-8, "logits": 6.3e-9, "flops": 4.4e-10},

@@ -46,7 +46,6 @@ import numerics.sweep.cli as sweep_cli
 from numerics.io import command as C
 from numerics.io import files as V
 from numerics.io import command as O
-from numerics.io import command as P
 from numerics.sweep import load_results, run_grid
 from numerics.sweep.grid import MAX_GRID_POINTS
 
@@ -549,7 +548,7 @@ def test_a_fifo_in_points_neither_hangs_nor_is_read(tmp_path, alarm):
 # The classes of the issue, each fixed once at its root: one link policy inside a folder the command
 # writes (numerics.io.files.write_inside & co.), one reader of a stored point (numerics.stored.read_point),
 # one disk-full path (DiskFull, exit 75), one way for workers to die with their command
-# (die_with_parent, run_in_own_group).
+# (die_with_parent).
 
 import errno  # noqa: E402
 import json  # noqa: E402
@@ -923,16 +922,6 @@ def _wait_gone(pids, seconds: float = 20.0) -> list:
     while time.time() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.2)
     return [p for p in pids if _alive(p)]
-
-
-def test_run_in_own_group_kills_the_whole_group_on_a_timeout(tmp_path):
-    """numerics.bench --report-timeout's runner: the command and every process it started die."""
-    pidfile = tmp_path / "grandchild"
-    script = f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; " \
-             f"time.sleep(120)']); open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(120)"
-    with pytest.raises(subprocess.TimeoutExpired):
-        P.run_in_own_group([sys.executable, "-c", script], timeout=3, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert pidfile.is_file() and _wait_gone([int(pidfile.read_text())]) == []
 
 
 def test_a_worker_dies_with_its_parent(tmp_path):

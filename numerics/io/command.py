@@ -381,37 +381,3 @@ def die_with_parent(parent_pid: Optional[int] = None) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
-
-
-def run_in_own_group(command: list, *, timeout: float, **popen):
-    """Run ``command`` (``subprocess.Popen`` keywords in ``popen``) as the leader of a new
-    process group and wait at most ``timeout`` seconds: the finished ``CompletedProcess``, or
-    ``subprocess.TimeoutExpired`` after the *whole group* -- the command and every worker it
-    started -- was killed (SIGKILL), so a timed-out build leaves nothing computing."""
-    import signal
-    import subprocess
-
-    proc = subprocess.Popen(command, start_new_session=True, **popen)
-
-    def kill_group() -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group()
-        try:   # a process that left the group may hold the pipes: do not wait on it for ever
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            out, err = None, None
-        raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err) from None
-    except BaseException:
-        kill_group()
-        proc.wait()
-        raise
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
