@@ -278,7 +278,8 @@ def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]
         def body(cid=cid):
             if cid in errors:
                 raise errors[cid]
-            used = None if store is None else sum(engine.key(n) in engine.stored_ids for n in results[cid])
+            reads = store is not None and _ask("reads_sweep", cid, default=True)   # else: as without --from-sweep
+            used = sum(engine.key(n) in engine.stored_ids for n in results[cid]) if reads else None
             return checked(cid, finished(specs[cid], ctxs[cid], specs[cid].compare(ctxs[cid], results[cid]), used))
         out[cid] = _judged(cid, specs.get(cid), body, shares.get(cid, 0.0), stream, cpu_seconds)
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import claims
 from claims.core.base import Figure, Finding, PerturbationCheck, Series
-from claims.core.common import Comparison
+from claims.core.common import SIDE_ERRORS, Comparison
 from claims.core.spec import ClaimSpec, Outcome, theory_need
 
 
@@ -75,6 +75,19 @@ def _figures() -> list[Figure]:
     ]
 
 
+def row_comparisons(rows: list[dict], perturbations=()) -> list[Comparison]:
+    """The comparisons of headline rows (a "reported" row is none): each row's numbers at its side's
+    error (a bracket theory: the distance outside it); the perturbations go with the first."""
+    comps = []
+    for r in (r for r in rows if r["side"] != "reported"):
+        m, t = r["measured"], r["theory"]
+        error = max(0.0, t[0] - m, m - t[1]) if isinstance(t, list) else SIDE_ERRORS[r["side"]](m, t)
+        comps.append(Comparison(name=r["name"], measured=m, predicted=t, error=error, tolerance=r["tolerance"],
+                                why="MC error", side=r["side"], se=r["se"], config=r["config"],
+                                perturbations=[] if comps else list(perturbations)))
+    return comps
+
+
 def _pass(ctx, results):
     perturbations = [PerturbationCheck("constant e replaced by 2", True, {"gap": 0.31})]
     return Outcome(
@@ -87,7 +100,7 @@ def _pass(ctx, results):
 
 def _plain(ctx, results):
     return Outcome([comparison("mu", True, [PerturbationCheck("constant doubled", True)])],
-                   theory={"mu": 2.6}, numerics={"mu": 2.61}, details={"device": ctx.device})
+                   theory={"mu": 2.6}, numerics={"mu": 2.61}, details={"device": ctx.device}, headline=[])
 
 
 def _fail(ctx, results):
@@ -130,9 +143,7 @@ def boundary_rows(measured: float = BOUNDARY_MEASURED) -> list[dict]:
 
 def _boundary(ctx, results):
     rows = boundary_rows()
-    agrees = all(r["agrees"] for r in rows if r["side"] != "reported")
-    return Outcome([comparison("held-out losses", agrees, [PerturbationCheck("rate 0 instead of 2a", True)])],
-                   headline=rows)
+    return Outcome(row_comparisons(rows, [PerturbationCheck("rate 0 instead of 2a", True)]), headline=rows)
 
 
 def _boundary_findings(result):
@@ -150,7 +161,7 @@ def _beyond(ctx, results):
              "se": 0.01, "tolerance": 0.04, "agrees": False, "side": "two-sided", "config": "tasks=(1, 1) H=2 L=32"},
             {"name": "saddle: escape time vs batch size", "theory": 20.0, "measured": 31.0, "se": 2.0,
              "tolerance": 8.0, "agrees": False, "side": "two-sided", "config": "tasks=(2, 2) H=2 L=64"}]
-    return Outcome([comparison("saddle", False, [PerturbationCheck("rate a instead of 2a", True)])], headline=rows)
+    return Outcome(row_comparisons(rows, [PerturbationCheck("rate a instead of 2a", True)]), headline=rows)
 
 
 def _beyond_findings(result):
@@ -218,9 +229,8 @@ HEADLINE = [
 
 def configured(ctx, results, headline=HEADLINE):
     """A claim that runs at the given configuration and echoes it (as a real one says what it ran)."""
-    agrees = all(r["agrees"] is not False for r in headline)
     return Outcome(
-        [comparison("rho", agrees, [PerturbationCheck("constant doubled", True)], 0.02, "3 se")],
+        row_comparisons(headline, [PerturbationCheck("constant doubled", True)]),
         theory={"rho": 0.25}, numerics={"rho": 0.26}, headline=[dict(r) for r in headline],
         details={"ran": {"problem": ctx.problem, "profile": ctx.profile}},
         figures=[Figure(name="rho", title="ρ∞ against d/L", caption="the points lie on the line y = x",
@@ -237,5 +247,22 @@ def _with_tasks(p, problem):
     return dataclasses.replace(p, tasks=tuple(problem.get("tasks", p.tasks)))
 
 
+def training_need(ctx):
+    """A converged training run at the configuration (the default one without a problem):
+    what the configured claim's plan may ask for, priced by the engine's cost model."""
+    from claims.core.trained import trained_need
+    from numerics.config import ProblemConfig
+    from numerics.experiments.converged import TrainingSchedule
+    problem = {"tasks": (3, 3), "heads": 2, "L": 32, **(ctx.problem or {})}
+    return trained_need(ProblemConfig.from_dict({**problem, "tasks": list(problem["tasks"])}), TrainingSchedule())
+
+
+def _config_plan(ctx, results):
+    """The theory need, and a training run that is only a possibility (conditional, as a real
+    plan's continuation is): asked when the plan is priced (results None), never run here."""
+    return [fake_need(ctx)] + ([training_need(ctx)] if results is None else [])
+
+
 fake_config = fake_spec("fake-config", configured, "A claim that takes a configuration", "ρ∞ = d/L.",
                         resolve=_with_tasks, findings=_config_findings)
+fake_config = dataclasses.replace(fake_config, plan=_config_plan)
