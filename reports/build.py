@@ -93,7 +93,7 @@ from numerics.io.command import parse_tasks as strict_tasks
 from reports.run import (PROBLEM_FLAGS, _ask, _profiles_of, check_claims, check_problem, claims_at_configuration,
                          describe_estimate, git_state, provenance, run_all, selected, unreadable_sweep_points,
                          wall_seconds)
-from reports.schema import BadArguments, check_report, load_report, provenance_problems, upgrade
+from reports.schema import BadArguments, check_report, load_report, provenance_problems, with_defaults
 
 DEFAULT_OUT = "reports/out"
 EXIT_OK, EXIT_CLAIMS_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130   # and EXIT_DISK_FULL (75)
@@ -695,7 +695,7 @@ def render_results(results: list[ClaimResult]) -> tuple[list[dict], dict[str, by
         entry = result.to_dict()
         entry["figure_data"] = entry.pop("figures")
         entries.append(entry)
-    return draw_figures(upgrade({"claims": entries})["claims"])  # rows given as dicts: HeadlineRow's defaults
+    return draw_figures(with_defaults({"claims": entries})["claims"])  # rows given as dicts: HeadlineRow's defaults
 
 
 def document(entries: list[dict], prov: dict) -> dict:

@@ -26,7 +26,7 @@ from typing import Optional, TextIO
 import claims
 from claims.core.base import ClaimResult, kind_from_id, no_progress, run_claim
 from numerics.io.command import one_blas_thread
-from reports.schema import VERSIONED_PACKAGES, BadArguments, entry_problems, upgrade
+from reports.schema import VERSIONED_PACKAGES, BadArguments, entry_problems, with_defaults
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -226,7 +226,7 @@ def checked(claim_id: str, result) -> ClaimResult:
                          f"{claim_id!r}; the ids of claims.json are the registry's")
     entry = result.to_dict()  # the schema's checks now, not after every claim has run
     entry.update(figure_data=entry.pop("figures"), figures=[], figure_errors=[])
-    problems = entry_problems(upgrade({"claims": [entry]})["claims"][0], 0)
+    problems = entry_problems(with_defaults({"claims": [entry]})["claims"][0], 0)
     if problems:
         raise ValueError(f"{claims.REGISTRY[claim_id]} returned a result that breaks the schema of "
                          f"claims.json: {'; '.join(problems[:5])}")

@@ -26,7 +26,7 @@ from reports import compare as report_compare
 from reports import render as report_render
 from reports import run as report_run
 from reports.build import check_report, main
-from reports.schema import document_problems, upgrade
+from reports.schema import document_problems
 
 from claims.core.spec import Outcome, context
 from numerics.engine import cost_of
@@ -590,20 +590,6 @@ def test_rerender_from_json_runs_nothing_and_redraws_figures(registry, tmp_path,
     assert "Re-rendered from" in (new / "index.html").read_text(encoding="utf-8")
 
 
-def test_rerender_accepts_an_older_claims_json(registry, tmp_path):
-    """A claims.json from before headline rows and captions existed still renders."""
-    src = tmp_path / "a"
-    assert run_main(args(src, "fake-pass"))[0] == 0
-    report = strict_load(src / "claims.json")
-    for entry in report["claims"]:
-        entry.pop("headline")
-        for fig in entry["figure_data"]:
-            fig.pop("caption")
-    (src / "claims.json").write_text(json.dumps(report))
-    assert run_main(["--from-json", str(src), "--out", str(tmp_path / "b")])[0] == 0
-    assert check_report(tmp_path / "b") == []
-
-
 def test_rerender_refuses_its_own_directory(registry, tmp_path):
     src = tmp_path / "a"
     assert run_main(args(src, "fake-plain"))[0] == 0
@@ -745,36 +731,29 @@ def test_exit_status_follows_failing(outcomes, status):
     assert report_build.exit_status({"claims": entries}) == status
 
 
-def _old_style(report: dict) -> dict:
-    """claims.json as written before kinds, sides, configs and findings: boundaries said pass."""
-    old = json.loads(json.dumps(report))
-    old.pop("findings")
-    for c in old["claims"]:
-        kind = c.pop("kind")
-        c.pop("findings")
-        if kind == "boundary":
-            c["verdict"] = {"located": "pass", "contradicted": "fail"}.get(c["verdict"], c["verdict"])
-        for r in c["headline"]:
-            r.pop("side"), r.pop("config")
-    return old
+OLDER = [("findings", lambda r: r.pop("findings"), "no top-level 'findings'"),
+         ("kind", lambda r: r["claims"][0].pop("kind"), "claims without 'kind'"),
+         ("side", lambda r: _c(r, "fake-config")["headline"][0].pop("side"), "headline rows without 'side'")]
 
 
-def test_compare_and_rerender_read_a_claims_json_from_before_findings(registry, tmp_path, capsys):
+@pytest.mark.parametrize("field, edit, what", OLDER, ids=[o[0] for o in OLDER])
+def test_a_claims_json_of_an_older_version_is_refused_with_rebuild_it(registry, tmp_path, field, edit, what):
+    """A claims.json written by an older version of this code (before kinds, sides or findings) is
+    not upgraded: --from-json and compare refuse it in one line naming its commit."""
     src = tmp_path / "a"
     assert run_main(args(src, "fake-config,fake-plain"))[0] == 0
     report = strict_load(src / "claims.json")
-    report["claims"].append(dict(report["claims"][1], id="boundary-old", kind="boundary", verdict="located"))
+    edit(report)
     old = tmp_path / "old.json"
-    old.write_text(json.dumps(_old_style(report)))
-    assert report_compare.main([str(old), str(old)]) == 0
-    assert "no change in 3 claim(s)" in capsys.readouterr().out
-    status, _, err = run_main(["--from-json", str(old), "--out", str(tmp_path / "b")])
-    assert status == 0, err
-    redone = strict_load(tmp_path / "b" / "claims.json")
-    assert redone["findings"] == [] and redone["claims"][2]["kind"] == "boundary"
-    assert redone["claims"][2]["verdict"] == "located"  # an old boundary "pass" is its located
-    assert all(r["side"] == "two-sided" and r["config"] is None for r in redone["claims"][0]["headline"])
-    assert "No findings recorded" in (tmp_path / "b" / "index.html").read_text(encoding="utf-8")
+    old.write_text(json.dumps(report))
+    message = (f"written by an older version of this code (commit {report['provenance']['git']['commit'][:12]}: "
+               f"{what}); rebuild it with python -m reports.build")
+    status, stdout, err = run_main(["--from-json", str(old), "--out", str(tmp_path / "b")])
+    assert status == 2 and message in err and "Traceback" not in err and not (tmp_path / "b").exists()
+    out, errb = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(errb):
+        assert report_compare.main([str(old), str(old)]) == 2
+    assert message in errb.getvalue()
 
 
 # --------------------------------------------------------------------------- hand-edited claims.json (issue 22)
@@ -947,13 +926,10 @@ def test_the_genuine_spec_report_rerenders_and_compares(registry, spec_report, t
 
 def test_an_undecided_claim_passes_the_schema_and_renders_with_its_badge(registry, spec_report, tmp_path):
     """A claim that agrees but cannot decide reads ``undecided`` (its reason beside it), with the badge a
-    boundary's undecided has; a claims.json written when such a claim read ``error`` (no exception
-    recorded) reads back as undecided, while an ``error`` that records its exception stays error."""
+    boundary's undecided has."""
     assert document_problems(spec_report) == []
-    old = json.loads(json.dumps(spec_report))
-    _c(old, "fake-spec-undecided")["verdict"] = "error"
-    source = tmp_path / "old.json"
-    source.write_text(json.dumps(old))
+    source = tmp_path / "claims.json"
+    source.write_text(json.dumps(spec_report))
     status, _, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
     assert status == 1, err           # the fail and the contradicted boundary; the undecided claim alone would be 0
     report = strict_load(tmp_path / "r" / "claims.json")
@@ -962,8 +938,6 @@ def test_an_undecided_claim_passes_the_schema_and_renders_with_its_badge(registr
     assert '<span class="badge undecided">undecided</span>' in _section(page, "fake-spec-undecided")
     assert "the run did not converge" in _section(page, "fake-spec-undecided")
     assert "1 pass, 1 fail, 1 undecided, 0 error" in page
-    raised = upgrade({"claims": [{"id": "c", "kind": "claim", "verdict": "error", "details": {"error": "E: x"}}]})
-    assert raised["claims"][0]["verdict"] == "error"
 
 
 def _text(report: dict, **provenance) -> str:
