@@ -785,18 +785,14 @@ def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: Optiona
           f"claim(s) -> {cfg.out}" + (f"; estimated {describe_estimate(cost)}"
                                       if cost and len(cost["unknown"]) < len(cost["per_claim"]) else ""),
           file=stream, flush=True)
-    if cfg.sweep is not None and hasattr(claims, "reads_sweep"):
+    if cfg.sweep is not None:
         ignore = [cid for cid in selected(cfg) if not _ask("reads_sweep", cid, default=True)]
         if ignore:
             print(f"note: {', '.join(ignore)} read no sweep and run as without --from-sweep", file=stream, flush=True)
     if cfg.problem is not None:
         from reports.render import describe_problem
 
-        ran_at = claims_at_configuration(cfg)
         print(f"configuration: {describe_problem(cfg.problem)}", file=stream, flush=True)
-        if ran_at["profile"]:
-            print(f"note: {', '.join(ran_at['profile'])} cannot run at a given configuration and "
-                  f"run at profile {cfg.profile}", file=stream, flush=True)
     t0 = time.perf_counter()
     cpu_seconds: dict[str, float] = {}
     results = run_all(cfg, stream, cpu_seconds)

@@ -45,13 +45,10 @@ PROBLEM_FLAGS = {"tasks": "--tasks", "heads": "--heads", "L": "--L", "sigma": "-
 
 
 def _ask(name: str, *args, default=None):
-    """``claims.<name>(*args)``, or ``default`` where claims has no such function (yet) or it
-    cannot answer for this id (a claim that does not import shows up as an error when run)."""
-    fn = getattr(claims, name, None)
-    if fn is None:
-        return default
+    """``claims.<name>(*args)``, or ``default`` where it cannot answer for this id (a claim that
+    does not import shows up as an error when run)."""
     try:
-        return fn(*args)
+        return getattr(claims, name)(*args)
     except Exception:
         return default
 
@@ -67,16 +64,6 @@ def check_problem(fields: dict, device: str = "cpu") -> dict:
     if "tasks" in problem:
         problem["tasks"] = [int(r) for r in problem["tasks"]]
     return problem
-
-
-def accepts_problem(claim_id: str) -> bool:
-    """Whether ``claim_id``'s spec can be asked about a configuration (every spec that imports:
-    ``claims.cannot_run`` then says whether it can build its experiment there)."""
-    try:
-        claims.spec_of(claim_id)
-        return True
-    except Exception:  # a claim that cannot be imported shows up as an error when it is run
-        return False
 
 
 def selected(cfg) -> list[str]:
@@ -100,12 +87,11 @@ def _profiles_of(claim_id: str) -> tuple:
 
 
 def claims_at_configuration(cfg) -> dict:
-    """``{"configuration": ids run at cfg.problem, "profile": ids run at their profile}``."""
+    """``{"configuration": ids run at cfg.problem, "profile": ids run at their profile}``: every
+    selected id at the configuration where one is given (``claims.cannot_run`` refuses those
+    that cannot build their experiment there, before any run), else at its profile."""
     ids = selected(cfg)
-    if cfg.problem is None:
-        return {"configuration": [], "profile": ids}
-    at = [cid for cid in ids if accepts_problem(cid)]
-    return {"configuration": at, "profile": [cid for cid in ids if cid not in at]}
+    return {"configuration": ids, "profile": []} if cfg.problem is not None else {"configuration": [], "profile": ids}
 
 
 def _duration(seconds: float) -> str:
@@ -186,22 +172,17 @@ def check_claims(cfg) -> Optional[dict]:
     is one they can take and build their experiment at, the sweep is read by one of them, the
     cost is within --max-minutes.  Returns the cost estimate; :class:`BadArguments` otherwise."""
     ids = selected(cfg)
-    if cfg.sweep is not None and hasattr(claims, "reads_sweep"):
+    if cfg.sweep is not None:
         readers = [cid for cid in ids if _ask("reads_sweep", cid, default=True)]
         if not readers:
             everyone = [cid for cid in claims.REGISTRY if _ask("reads_sweep", cid, default=False)]
             raise BadArguments(f"--from-sweep {cfg.sweep}: none of the selected claims ({', '.join(ids)}) reads "
                                f"a sweep; the claims that do: {', '.join(everyone) or 'none'}")
     if cfg.problem is not None:
-        ran_at = claims_at_configuration(cfg)
-        if not ran_at["configuration"]:
-            raise BadArguments(f"none of the selected claims ({', '.join(ran_at['profile'])}) can run at a given "
-                               "configuration (none of them imports); drop the "
-                               "configuration flags to run them at a --profile, or select claims that take one")
-        reasons = {cid: _ask("cannot_run", cid, cfg.problem) for cid in ran_at["configuration"]}
+        reasons = {cid: _ask("cannot_run", cid, cfg.problem) for cid in ids}
         cannot = {cid: why for cid, why in reasons.items() if why}
         if cannot:
-            can = [cid for cid in ran_at["configuration"] if cid not in cannot]
+            can = [cid for cid in ids if cid not in cannot]
             raise BadArguments("at this configuration " + "; ".join(f"{cid} cannot run: {why}" for cid, why
                                                                       in cannot.items())
                                + (f". These can: --only {','.join(can)}" if can else ". No selected claim can"))
