@@ -15,9 +15,8 @@ runs the claims that read sweeps (:func:`reads_sweep`) take instead of training 
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Optional
+from typing import Optional
 
-from claims.core.base import ClaimResult
 
 REGISTRY: dict[str, str] = {
     "block-structure": "claims.block_structure:SPEC",
@@ -54,11 +53,6 @@ def spec_of(claim_id: str):
         raise KeyError(f"unknown claim id {claim_id!r}; known: {', '.join(REGISTRY)}")
     module, name = REGISTRY[claim_id].split(":")
     return getattr(importlib.import_module(module), name)
-
-
-def claim_runner(claim_id: str) -> Callable[..., ClaimResult]:
-    """The ``run`` function of one claim id."""
-    return spec_of(claim_id).run
 
 
 def check_problem(problem: Optional[dict], device: str = "cpu") -> Optional[dict]:

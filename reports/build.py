@@ -7,14 +7,15 @@
                             [--max-minutes M]
     python -m reports.build --from-json OLD/claims.json --out NEW     (re-render, no compute)
 
-The report computes nothing of its own: each claim id of ``claims.REGISTRY`` is run through
-its ``run(profile, device, seed, progress, sweep, problem)`` function, which returns a
-``claims.core.base.ClaimResult`` (verdict, findings, headline rows, figure data); this module
-checks the arguments, runs the claims and records provenance (``reports.run``), renders
+The report computes nothing of its own: each claim id of ``claims.REGISTRY`` names a
+``claims.core.spec.ClaimSpec``, a plan and a comparison; the union of the selected plans is run
+by one engine and each comparison makes a ``claims.core.base.ClaimResult`` (verdict, findings,
+headline rows, figure data).  This module checks the arguments, runs the claims and records
+provenance (``reports.run``), renders
 (``reports.render``) and writes the output directory.  What the claims own, it asks them: the configuration is parsed by
 ``claims.check_problem``, which claims cannot build their experiment at it by
-``claims.cannot_run``, which read a sweep by ``claims.reads_sweep``, and the cost by
-``claims.estimate_seconds`` (each claim's own plan).  Everything is checked before any claim
+``claims.cannot_run``, which read a sweep by ``claims.reads_sweep``, and the cost by the
+engine's cost model over their plans.  Everything is checked before any claim
 runs, the output directory included (:func:`check_out_dir`).
 
 The schema of claims.json is derived from the dataclasses of ``claims.core.base``
@@ -92,7 +93,7 @@ from numerics.io.command import parse_tasks as strict_tasks
 from reports.run import (PROBLEM_FLAGS, _ask, _profiles_of, check_claims, check_problem, claims_at_configuration,
                          describe_estimate, git_state, provenance, run_all, selected, unreadable_sweep_points,
                          wall_seconds)
-from reports.schema import BadArguments, check_report, load_report, provenance_problems, upgrade
+from reports.schema import BadArguments, check_report, load_report, provenance_problems, with_defaults
 
 DEFAULT_OUT = "reports/out"
 EXIT_OK, EXIT_CLAIMS_FAILED, EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 0, 1, 2, 130   # and EXIT_DISK_FULL (75)
@@ -694,7 +695,7 @@ def render_results(results: list[ClaimResult]) -> tuple[list[dict], dict[str, by
         entry = result.to_dict()
         entry["figure_data"] = entry.pop("figures")
         entries.append(entry)
-    return draw_figures(upgrade({"claims": entries})["claims"])  # rows given as dicts: HeadlineRow's defaults
+    return draw_figures(with_defaults({"claims": entries})["claims"])  # rows given as dicts: HeadlineRow's defaults
 
 
 def document(entries: list[dict], prov: dict) -> dict:
@@ -784,18 +785,14 @@ def build(cfg: BuildConfig, command: Optional[list[str]] = None, stream: Optiona
           f"claim(s) -> {cfg.out}" + (f"; estimated {describe_estimate(cost)}"
                                       if cost and len(cost["unknown"]) < len(cost["per_claim"]) else ""),
           file=stream, flush=True)
-    if cfg.sweep is not None and hasattr(claims, "reads_sweep"):
+    if cfg.sweep is not None:
         ignore = [cid for cid in selected(cfg) if not _ask("reads_sweep", cid, default=True)]
         if ignore:
             print(f"note: {', '.join(ignore)} read no sweep and run as without --from-sweep", file=stream, flush=True)
     if cfg.problem is not None:
         from reports.render import describe_problem
 
-        ran_at = claims_at_configuration(cfg)
         print(f"configuration: {describe_problem(cfg.problem)}", file=stream, flush=True)
-        if ran_at["profile"]:
-            print(f"note: {', '.join(ran_at['profile'])} cannot run at a given configuration and "
-                  f"run at profile {cfg.profile}", file=stream, flush=True)
     t0 = time.perf_counter()
     cpu_seconds: dict[str, float] = {}
     results = run_all(cfg, stream, cpu_seconds)
@@ -930,20 +927,15 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def plan_table(cfg) -> str:
     """The needs of the selected claims, one line each (kind and parameters, its identity's hash,
-    CPU seconds, the claims that read it), the costliest first, then the totals; claims that are
-    not a plan are listed with their own estimate."""
+    CPU seconds, the claims that read it), the costliest first, then the totals."""
     import hashlib
 
     from numerics.engine import closure, cost_of
 
     at = set(claims_at_configuration(cfg)["configuration"])
-    readers, other = {}, {}
+    readers = {}
     for cid in selected(cfg):
-        problem = cfg.problem if cid in at else None
-        needs = claims.plan_of(cid, cfg.profile, problem, cfg.device, cfg.seed)
-        if needs is None:
-            other[cid] = claims.estimate_seconds(cid, cfg.profile, problem)
-            continue
+        needs = claims.plan_of(cid, cfg.profile, cfg.problem if cid in at else None, cfg.device, cfg.seed)
         for n in closure(needs):
             readers.setdefault(n, []).append(cid)
     rows = sorted(((cost_of(n), n) for n in readers), key=lambda r: -r[0])
@@ -955,8 +947,6 @@ def plan_table(cfg) -> str:
     lines.append(f"{len(rows)} needs, {total:.0f} CPU s in all (each once; {sum(len(r) for r in readers.values())} "
                  f"reads by the claims); about {wall_seconds([s for s, _ in rows], cfg.jobs):.0f} s wall on "
                  f"{cfg.jobs} process{'es' if cfg.jobs > 1 else ''}")
-    for cid, seconds in other.items():
-        lines.append(f"{cid}: not a plan; its own estimate {seconds if seconds is None else round(seconds)} CPU s")
     return "\n".join(lines)
 
 

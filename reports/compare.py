@@ -5,8 +5,7 @@
 A and B are the ``claims.json`` files of two ``reports.build`` runs (or their directories),
 say before and after a code change, or at two configurations; both are read and checked as
 ``--from-json`` reads one (``reports.schema.load_report``: a hand-edited or inconsistent file
-is refused, exit 2), and a claims.json written before kinds, sides, configs and findings
-existed is read with their defaults.  The comparison is of what the reports recorded; nothing
+is refused, exit 2, as is one written by an older version of this code).  The comparison is of what the reports recorded; nothing
 is recomputed.  Per claim id (in A's order, then B's new ids): the outcome in A and in B; per
 headline row (matched by claim id, row name and config): theory, side, measured ± se,
 tolerance and agreement in A and in B.  A change is any difference of verdict, of agreement, or of a

@@ -436,19 +436,9 @@ AGREE_COLOUR, DISAGREE_COLOUR, BAND_COLOUR = "#0969da", "#cf222e", "#dcefdc"
 
 def comparison_records(entry: dict) -> list[dict]:
     """The comparisons of one claims.json entry: ``details["comparisons"]`` (each a
-    ``claims.core.common.Comparison.summary()``), or, for a claim that recorded none (older
-    reports), its judged headline rows read as comparisons (theory as the prediction, no
-    stored error).  Reported rows are no comparison and never appear."""
+    ``claims.core.common.Comparison.summary()``)."""
     details = entry.get("details") if isinstance(entry.get("details"), dict) else {}
-    stored = [c for c in details.get("comparisons") or [] if isinstance(c, dict)]
-    if stored:
-        return stored
-    return [{"name": r.get("name", ""), "measured": r.get("measured"), "predicted": r.get("theory"),
-             "error": None, "tolerance": r.get("tolerance"), "agrees": r.get("agrees"),
-             "side": r.get("side") or "two-sided", "config": r.get("config"), "se": r.get("se"),
-             "resolving_power": r.get("resolving_power")}
-            for r in entry.get("headline") or []
-            if isinstance(r, dict) and r.get("side") != "reported" and isinstance(r.get("agrees"), bool)]
+    return [c for c in details.get("comparisons") or [] if isinstance(c, dict)]
 
 
 def forest_row(claim_id: str, c: dict) -> Optional[ForestRow]:

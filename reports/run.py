@@ -5,8 +5,8 @@ Before any claim runs, every question is asked of the claims (``reports.build`` 
 guesses): the configuration is parsed by ``claims.check_problem`` (the one parser); which claims
 cannot build their experiment at it, by ``claims.cannot_run``; which read a sweep, by
 ``claims.reads_sweep``; the cost, by the engine's cost model over the union of the plans.  A
-claim that cannot answer (a fake registry in the tests, a claim that does not import) is treated
-as giving no answer; it shows up as an error when it is run.
+claim that cannot answer (a claim that does not import) is treated as giving no answer; it
+shows up as an error when it is run.
 
 Running: the union of the selected claims' plans executed by one engine (numerics.engine;
 ``--jobs`` worker processes for the needs), then each claim's comparison, its result checked
@@ -15,7 +15,6 @@ against the claims.json schema as soon as it is made.  ``cfg`` is a
 """
 from __future__ import annotations
 
-import inspect
 import math
 import platform
 import subprocess
@@ -27,7 +26,7 @@ from typing import Optional, TextIO
 import claims
 from claims.core.base import ClaimResult, kind_from_id, no_progress, run_claim
 from numerics.io.command import one_blas_thread
-from reports.schema import OUTCOMES, VERSIONED_PACKAGES, BadArguments, entry_problems, upgrade
+from reports.schema import VERSIONED_PACKAGES, BadArguments, entry_problems, with_defaults
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,13 +45,10 @@ PROBLEM_FLAGS = {"tasks": "--tasks", "heads": "--heads", "L": "--L", "sigma": "-
 
 
 def _ask(name: str, *args, default=None):
-    """``claims.<name>(*args)``, or ``default`` where claims has no such function (yet) or it
-    cannot answer for this id (a claim that does not import shows up as an error when run)."""
-    fn = getattr(claims, name, None)
-    if fn is None:
-        return default
+    """``claims.<name>(*args)``, or ``default`` where it cannot answer for this id (a claim that
+    does not import shows up as an error when run)."""
     try:
-        return fn(*args)
+        return getattr(claims, name)(*args)
     except Exception:
         return default
 
@@ -68,14 +64,6 @@ def check_problem(fields: dict, device: str = "cpu") -> dict:
     if "tasks" in problem:
         problem["tasks"] = [int(r) for r in problem["tasks"]]
     return problem
-
-
-def accepts_problem(claim_id: str) -> bool:
-    """Whether the runner of ``claim_id`` takes ``problem=``."""
-    try:
-        return "problem" in inspect.signature(claims.claim_runner(claim_id)).parameters
-    except Exception:  # a claim that cannot be imported shows up as an error when it is run
-        return False
 
 
 def selected(cfg) -> list[str]:
@@ -99,12 +87,11 @@ def _profiles_of(claim_id: str) -> tuple:
 
 
 def claims_at_configuration(cfg) -> dict:
-    """``{"configuration": ids run at cfg.problem, "profile": ids run at their profile}``."""
+    """``{"configuration": ids run at cfg.problem, "profile": ids run at their profile}``: every
+    selected id at the configuration where one is given (``claims.cannot_run`` refuses those
+    that cannot build their experiment there, before any run), else at its profile."""
     ids = selected(cfg)
-    if cfg.problem is None:
-        return {"configuration": [], "profile": ids}
-    at = [cid for cid in ids if accepts_problem(cid)]
-    return {"configuration": at, "profile": [cid for cid in ids if cid not in at]}
+    return {"configuration": ids, "profile": []} if cfg.problem is not None else {"configuration": [], "profile": ids}
 
 
 def _duration(seconds: float) -> str:
@@ -121,21 +108,14 @@ def estimate(cfg) -> Optional[dict]:
     """The cost of the selected claims: the union of their plans priced once by the engine's cost
     model (:func:`planned_costs`), less what a sweep store holds.
     ``{"seconds", "per_claim": {id: seconds or None}, "unknown": [ids], "jobs",
-    "wall_seconds"}``: a claim that is not a plan is priced by ``claims.estimate_seconds``
-    (None: unknown); the wall time is that of the needs on ``cfg.jobs`` processes, the costliest
+    "wall_seconds"}``: a claim whose plan cannot be asked (it does not import) is unknown (None); the wall time is that of the needs on ``cfg.jobs`` processes, the costliest
     first (:func:`wall_seconds`)."""
-    if not hasattr(claims, "plan_of"):
-        return None
     at = set(claims_at_configuration(cfg)["configuration"])
     ids = selected(cfg)
     problem = {cid: cfg.problem if cid in at else None for cid in ids}
     plans = [cid for cid in ids if _ask("plan_of", cid, cfg.profile, problem[cid]) is not None]
     per, need_seconds = planned_costs(cfg, plans, problem) if plans else ({}, [])
-    for cid in ids:     # a claim that is not a plan: what claims.estimate_seconds says of it (None: unknown)
-        if cid not in per:
-            per[cid] = _ask("estimate_seconds", cid, cfg.profile, problem[cid])
-            need_seconds.append(per[cid] or 0.0)
-    per = {cid: float(s) if isinstance(s, (int, float)) and math.isfinite(s) else None for cid, s in per.items()}
+    per = {cid: float(per[cid]) if cid in per and math.isfinite(per[cid]) else None for cid in ids}
     jobs = max(1, int(getattr(cfg, "jobs", 1) or 1))
     return {"seconds": sum(s for s in per.values() if s is not None), "per_claim": per,
             "unknown": [cid for cid, s in per.items() if s is None], "jobs": jobs,
@@ -192,22 +172,17 @@ def check_claims(cfg) -> Optional[dict]:
     is one they can take and build their experiment at, the sweep is read by one of them, the
     cost is within --max-minutes.  Returns the cost estimate; :class:`BadArguments` otherwise."""
     ids = selected(cfg)
-    if cfg.sweep is not None and hasattr(claims, "reads_sweep"):
+    if cfg.sweep is not None:
         readers = [cid for cid in ids if _ask("reads_sweep", cid, default=True)]
         if not readers:
             everyone = [cid for cid in claims.REGISTRY if _ask("reads_sweep", cid, default=False)]
             raise BadArguments(f"--from-sweep {cfg.sweep}: none of the selected claims ({', '.join(ids)}) reads "
                                f"a sweep; the claims that do: {', '.join(everyone) or 'none'}")
     if cfg.problem is not None:
-        ran_at = claims_at_configuration(cfg)
-        if not ran_at["configuration"]:
-            raise BadArguments(f"none of the selected claims ({', '.join(ran_at['profile'])}) can run at a given "
-                               "configuration (their runners take no problem= argument); drop the "
-                               "configuration flags to run them at a --profile, or select claims that take one")
-        reasons = {cid: _ask("cannot_run", cid, cfg.problem) for cid in ran_at["configuration"]}
+        reasons = {cid: _ask("cannot_run", cid, cfg.problem) for cid in ids}
         cannot = {cid: why for cid, why in reasons.items() if why}
         if cannot:
-            can = [cid for cid in ran_at["configuration"] if cid not in cannot]
+            can = [cid for cid in ids if cid not in cannot]
             raise BadArguments("at this configuration " + "; ".join(f"{cid} cannot run: {why}" for cid, why
                                                                       in cannot.items())
                                + (f". These can: --only {','.join(can)}" if can else ". No selected claim can"))
@@ -224,82 +199,37 @@ def check_claims(cfg) -> Optional[dict]:
 # --------------------------------------------------------------------------- running the claims
 
 
-def run_one(claim_id: str, cfg, progress=None) -> ClaimResult:
-    """Run one claim through ``claims.claim_runner``; any exception (an import error, a claim
-    that breaks its contract) becomes a ``ClaimResult`` with verdict ``error`` and the
-    traceback, so one broken claim never hides the rest.  KeyboardInterrupt propagates."""
-
-    def body() -> ClaimResult:
-        run = claims.claim_runner(claim_id)
-        # a claim that reads no sweep runs as without --from-sweep (the build says so before it starts)
-        reads = cfg.sweep is not None and _ask("reads_sweep", claim_id, default=True)
-        kwargs = dict(profile=cfg.profile, device=cfg.device, seed=cfg.seed, sweep=cfg.sweep if reads else None)
-        if cfg.problem is not None and accepts_problem(claim_id):
-            kwargs["problem"] = dict(cfg.problem)
-        if progress is not None:
-            kwargs["progress"] = progress
-        return checked(claim_id, run(**kwargs))
-
-    try:    # the spec's declared kind; the id's, where the spec itself cannot be loaded
-        kind = claims.spec_of(claim_id).kind
-    except Exception:   # noqa: BLE001 -- the same failure then shows as the claim's error below
-        kind = kind_from_id(claim_id)
-    return run_claim(claim_id, claim_id, "(not available: the claim check raised before returning "
-                     "its result; see the error below)", body, kind=kind)
-
-
 def checked(claim_id: str, result) -> ClaimResult:
-    """``result`` if it keeps the contract of a claim's result (its type, its id, a verdict of its
-    kind, the claims.json schema), checked as soon as it is returned; ValueError/TypeError else."""
-    if not isinstance(result, ClaimResult):
-        raise TypeError(f"{claims.REGISTRY[claim_id]} returned {type(result).__name__}, "
-                        "not a claims.core.base.ClaimResult")
-    if result.verdict not in OUTCOMES.get(result.kind, ()):
-        raise ValueError(f"{claims.REGISTRY[claim_id]} returned verdict {result.verdict!r}, not one of "
-                         f"{OUTCOMES.get(result.kind)} (kind {result.kind!r})")
+    """``result`` if it keeps the contract of a claim's result (its id the registry's, the
+    claims.json schema), checked as soon as it is made; ValueError else."""
     if result.id != claim_id:
         raise ValueError(f"{claims.REGISTRY[claim_id]} returned id {result.id!r} for registry id "
                          f"{claim_id!r}; the ids of claims.json are the registry's")
     entry = result.to_dict()  # the schema's checks now, not after every claim has run
     entry.update(figure_data=entry.pop("figures"), figures=[], figure_errors=[])
-    problems = entry_problems(upgrade({"claims": [entry]})["claims"][0], 0)
+    problems = entry_problems(with_defaults({"claims": [entry]})["claims"][0], 0)
     if problems:
         raise ValueError(f"{claims.REGISTRY[claim_id]} returned a result that breaks the schema of "
                          f"claims.json: {'; '.join(problems[:5])}")
     return result
 
 
-def planned(ids: list[str]) -> list[str]:
-    """The ids whose claims are a plan and a comparison (run together by :func:`run_planned`);
-    none where ``claims.claim_runner`` is not the package's own (a runner patched in this
-    process, as the report's tests do, answers for every id)."""
-    if getattr(claims.claim_runner, "__module__", None) != "claims":
-        return []
-    out = []
-    for cid in ids:
-        try:
-            if claims.spec_of(cid).plan is not None:
-                out.append(cid)
-        except Exception:  # noqa: BLE001 -- a claim that does not import shows its error when run alone
-            continue
-    return out
-
-
 def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]) -> dict:
     """The claims ``ids`` (each a plan and a comparison) as one build: the union of their plans
     executed once by one engine (a need two claims share is computed once; with ``cfg.jobs`` > 1
     the needs run in worker processes, the costliest first), then each claim's comparison.  A
-    claim whose plan or comparison raises, or reads a need that failed, reads ``error``."""
+    claim that does not import, or whose plan or comparison raises, or reads a need that failed,
+    reads ``error`` with the reason."""
     from claims.core.spec import context, finished
     from numerics import experiments
     from numerics.engine import Engine, Results, closure
 
     one_blas_thread()      # the needs this process computes itself (the workers start with one)
     at = set(claims_at_configuration(cfg)["configuration"])
-    specs = {cid: claims.spec_of(cid) for cid in ids}
-    ctxs, errors = {}, {}
+    specs, ctxs, errors = {}, {}, {}
     for cid in ids:
         try:
+            specs[cid] = claims.spec_of(cid)
             ctxs[cid] = context(specs[cid], cfg.profile, cfg.device, cfg.seed, no_progress,
                                 dict(cfg.problem) if cid in at and cfg.problem is not None else None)
         except Exception as exc:  # noqa: BLE001
@@ -322,25 +252,37 @@ def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]
             computed = engine.run([n for ns in wanted.values() for n in ns])
             for cid, ns in wanted.items():
                 results[cid].update({n: dict.__getitem__(computed, n) for n in closure(ns)})
-    if bar.bar is not None:
-        bar.bar.close()
+    bar.close()
     shares = need_shares(results, engine)
     out = {}
     for cid in ids:
         def body(cid=cid):
             if cid in errors:
                 raise errors[cid]
-            used = None if store is None else sum(engine.key(n) in engine.stored_ids for n in results[cid])
+            reads = store is not None and _ask("reads_sweep", cid, default=True)   # else: as without --from-sweep
+            used = sum(engine.key(n) in engine.stored_ids for n in results[cid]) if reads else None
             return checked(cid, finished(specs[cid], ctxs[cid], specs[cid].compare(ctxs[cid], results[cid]), used))
-        t0 = time.process_time()
-        out[cid] = run_claim(cid, specs[cid].title, specs[cid].statement, body, kind=specs[cid].kind)
-        out[cid].paper = specs[cid].paper
-        spent = time.process_time() - t0 + shares.get(cid, 0.0)
-        out[cid].seconds += shares.get(cid, 0.0)
-        if cpu_seconds is not None:
-            cpu_seconds[cid] = spent
-        print(f"{cid}: {out[cid].verdict}", file=stream, flush=True)
+        out[cid] = _judged(cid, specs.get(cid), body, shares.get(cid, 0.0), stream, cpu_seconds)
     return out
+
+
+def _judged(cid: str, spec, body, share: float, stream: TextIO, cpu_seconds: Optional[dict]) -> ClaimResult:
+    """``body()`` run as claim ``cid`` (any exception its ``error``, with the reason), its share of
+    the needs' CPU seconds added, its verdict said on ``stream``."""
+    t0 = time.process_time()
+    if spec is None:      # the claim does not import: the same failure shows as its error
+        result = run_claim(cid, cid, "(not available: the claim check raised before returning its result; "
+                           "see the error below)", body, kind=kind_from_id(cid))
+    else:
+        result = run_claim(cid, spec.title, spec.statement, body, kind=spec.kind)
+        result.paper = spec.paper
+    result.seconds += share
+    if cpu_seconds is not None:
+        cpu_seconds[cid] = time.process_time() - t0 + share
+    print(f"{cid}: {result.verdict}", file=stream, flush=True)
+    if result.verdict == "error" and "error" in result.details:
+        print(f"    {cid}: {result.details['error']}", file=stream, flush=True)
+    return result
 
 
 def need_shares(results: dict, engine) -> dict:
@@ -360,40 +302,13 @@ def need_shares(results: dict, engine) -> dict:
 
 def run_all(cfg, stream: Optional[TextIO] = None,
             cpu_seconds: Optional[dict] = None) -> list[ClaimResult]:
-    """Every selected claim, in registry order, with progress on ``stream``; ``cpu_seconds``, if
-    given, receives each claim's CPU time.  The claims that are plans run as one build
-    (:func:`run_planned`: with ``cfg.jobs`` > 1, on CPU, the needs in that many worker
-    processes); any other claim after them, one by one."""
+    """Every selected claim, in registry order, as one build (:func:`run_planned`: with
+    ``cfg.jobs`` > 1, on CPU, the needs in that many worker processes), with progress on
+    ``stream``; ``cpu_seconds``, if given, receives each claim's CPU time."""
     stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
-    everything = selected(cfg)
-    together = planned(everything)
-    done = run_planned(cfg, together, stream, cpu_seconds) if together else {}
-    ids = [cid for cid in everything if cid not in done]
-    if not ids:
-        return [done[cid] for cid in everything]
-    rest = {r.id: r for r in _run_rest(cfg, ids, stream, cpu_seconds)}
-    return [done.get(cid) or rest[cid] for cid in everything]
-
-
-def _run_rest(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]) -> list[ClaimResult]:
-    """The claims that are not a plan and a comparison (a registry or runner of the report's
-    tests), one by one through ``claims.claim_runner``."""
-    results = []
-    for k, claim_id in enumerate(ids, start=1):
-        display = ClaimProgress(f"[{k}/{len(ids)}] {claim_id}", stream, cfg.progress)
-        one_blas_thread()      # ONE_BLAS_THREAD's policy, also for libraries the last claim loaded
-        cpu0 = time.process_time()
-        try:
-            result = run_one(claim_id, cfg, display)
-        except BaseException:  # Ctrl-C or SIGTERM: end the bar's line before the message
-            if display.bar is not None:
-                display.bar.close()
-            raise
-        if cpu_seconds is not None:
-            cpu_seconds[claim_id] = time.process_time() - cpu0
-        display.close(result)
-        results.append(result)
-    return results
+    ids = selected(cfg)
+    done = run_planned(cfg, ids, stream, cpu_seconds)
+    return [done[cid] for cid in ids]
 
 # --------------------------------------------------------------------------- progress
 
@@ -428,18 +343,11 @@ class ClaimProgress:
         except Exception:  # a progress display must never break a claim
             pass
 
-    def close(self, result: Optional[ClaimResult] = None) -> None:
-        """The bar at 100 % and closed; with a claim's ``result``, its verdict and time said."""
-        text = "" if result is None else f"{result.verdict} in {result.seconds:.1f} s"
+    def close(self) -> None:
+        """The bar at 100 % and closed."""
         if self.bar is not None:
             self.bar.n = 100.0
-            if text:
-                self.bar.set_postfix_str(text, refresh=False)
             self.bar.close()
-        elif result is not None:
-            print(f"    {result.id}: {text}", file=self.stream, flush=True)
-        if result is not None and result.verdict == "error" and "error" in result.details:
-            print(f"    {result.id}: {result.details['error']}", file=self.stream, flush=True)
 
 
 # --------------------------------------------------------------------------- provenance

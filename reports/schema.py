@@ -5,9 +5,10 @@ report's own ``figures`` (the drawn PNGs) and ``figure_errors`` added; its headl
 ``HeadlineRow``, its findings ``Finding``, its perturbations ``PerturbationCheck``.  The keys
 and their JSON types are read off those dataclasses' fields (:func:`fields_of`), so a field
 added to ``claims.core.base`` is in the schema without an edit here.  A field with a default is
-optional when a file is *read* (a claims.json written before that field existed gets the
-default; ``kind`` from the id: claims.core.base.kind_from_id) and required in what a build
-*writes* (:func:`check_report`).
+optional in a claim's result (it gets the default: :func:`with_defaults`) and required in what a
+build *writes* (:func:`check_report`).  A claims.json written by an older version of this code
+(no ``kind``, row ``side`` or ``findings``) is refused when read back (:func:`older_version`):
+rebuild it.
 
 Beyond the types, a file read back (``--from-json``, ``reports.compare``) must be consistent
 (:func:`document_problems`): ids unique, short and plain, at least one claim, nesting bounded,
@@ -37,7 +38,7 @@ from typing import Any, Optional, Union
 from numerics.io.handed import PARSE_FACTOR, check_memory, parse_json
 from numerics.io.command import SEED_MAX
 from claims.core.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
-                         HeadlineRow, PerturbationCheck, judge, kind_from_id)
+                         HeadlineRow, PerturbationCheck, judge)
 
 VERSIONED_PACKAGES = ("torch", "numpy", "scipy", "sympy", "mpmath", "matplotlib")
 PROVENANCE_KEYS = {"versions": dict, "device": str, "seed": int, "profile": str, "wall_seconds": dict,
@@ -49,10 +50,6 @@ MAX_PROBLEMS_SHOWN = 5
 NON_FINITE = ("nan", "inf", "-inf")   # how numerics.io.handed.jsonable stores non-finite floats
 OUTCOMES = {"claim": VERDICTS, "boundary": BOUNDARY_OUTCOMES}
 PASSING = {"claim": "pass", "boundary": "located"}
-# how a claims.json written before kinds existed named a boundary's outcome (claims.core.base.judge)
-OLD_BOUNDARY_VERDICT = {"pass": "located", "fail": "contradicted", "error": "error"}
-# how a claims.json written before claims had ``undecided`` named an agreement that cannot decide
-OLD_CLAIM_UNDECIDED = "error"
 
 
 OPTIONAL_TOP_LEVEL = {"model": list}
@@ -167,14 +164,11 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def upgrade(report: dict) -> dict:
-    """A claims.json document with the fields added since it was written filled in: ``kind`` from
-    the id (and a boundary's old pass/fail/error named as its outcome), a claim's ``error`` that
-    records no exception read as the ``undecided`` it was (claims.core.base.judge), each headline row's
-    defaults (side two-sided, config None), ``findings`` (per claim and the top-level list).
-    A row of a file from before sides existed (no ``side``, and an entry that stores no
-    comparisons) gets the side its own numbers and agreement imply (:func:`_old_side`).
-    Entries that are not objects are left for :func:`document_problems` to name."""
+def with_defaults(report: dict) -> dict:
+    """A claims.json document with each entry's missing fields (those with a default in
+    ``ClaimResult``) and each row's (side two-sided, config None) filled in, and the top-level
+    ``findings`` gathered from the claims' where absent.  Entries that are not objects are left
+    for :func:`document_problems` to name."""
     entries = report.get("claims")
     if not isinstance(entries, list):
         return report
@@ -187,19 +181,10 @@ def upgrade(report: dict) -> dict:
         for name, value in _defaults(ClaimResult).items():
             if name not in ("kind", "figures") and name not in entry:
                 entry[name] = value
-        if "kind" not in entry:
-            entry["kind"] = kind_from_id(entry.get("id"))
-            if entry["kind"] == "boundary" and entry.get("verdict") in OLD_BOUNDARY_VERDICT:
-                entry["verdict"] = OLD_BOUNDARY_VERDICT[entry["verdict"]]
-        if entry["kind"] == "claim" and entry.get("verdict") == OLD_CLAIM_UNDECIDED and not (
-                isinstance(entry.get("details"), dict) and "error" in entry["details"]):
-            entry["verdict"] = "undecided"      # an error that records no exception: the check did not raise
-        old_style = not (isinstance(entry.get("details"), dict) and "comparisons" in entry["details"])
         for name, cls in ROW_CLASSES.items():
             rows = entry.get(name, [])
             if isinstance(rows, list):
-                entry[name] = [(_old_side if name == "headline" and old_style and "side" not in row else dict)(
-                                   {**_defaults(cls), **row}) if isinstance(row, dict) else row for row in rows]
+                entry[name] = [{**_defaults(cls), **row} if isinstance(row, dict) else row for row in rows]
         new_entries.append(entry)
     out = dict(report, claims=new_entries)
     out.setdefault("findings", [f for e in new_entries if isinstance(e, dict)
@@ -207,18 +192,18 @@ def upgrade(report: dict) -> dict:
     return out
 
 
-def _old_side(row: dict) -> dict:
-    """A headline row written before sides existed, with the side its agreement was judged on:
-    two-sided where its numbers agree with that (or do not decide), else the one side under which
-    they give the agreement it records ('not above' for a measurement below its prediction...);
-    none: two-sided, and the file is refused as disagreeing with itself.  (A file that stores its
-    comparisons has sides: there a missing side is two-sided, as the schema says.)"""
-    agrees = row.get("agrees")
-    if isinstance(agrees, bool):
-        for side in ("two-sided", "not above", "not below"):
-            if row_agreement({**row, "side": side}) in (None, agrees):
-                return {**row, "side": side}
-    return row
+def older_version(report: dict) -> Optional[str]:
+    """What marks ``report`` as written by an older version of this code (a claim without
+    ``kind``, a headline row without ``side``, no top-level ``findings``), or None."""
+    entries = [e for e in report["claims"] if isinstance(e, dict)]
+    if "findings" not in report:
+        return "no top-level 'findings'"
+    if any("kind" not in e for e in entries):
+        return "claims without 'kind'"
+    if any(isinstance(r, dict) and "side" not in r for e in entries if isinstance(e.get("headline"), list)
+           for r in e["headline"]):
+        return "headline rows without 'side'"
+    return None
 
 
 def _row_problems(where: str, name: str, rows: list, cls) -> list[str]:
@@ -465,7 +450,7 @@ def document_problems(report: Any, strict: bool = True) -> list[str]:
     """Everything wrong with a claims.json document (an empty list when it is sound).  ``strict``:
     as a build writes it (top-level keys exactly claims/findings/provenance, the provenance keys,
     the top-level findings those of the entries in order); otherwise as read back after
-    :func:`upgrade`."""
+    :func:`with_defaults`."""
     if not isinstance(report, dict):
         return ["the top level is not an object"]
     walked = _walk_problems(report)
@@ -575,8 +560,8 @@ def drawings(report: dict) -> int:
 
 
 def load_report(path: str, flag: str) -> dict:
-    """A claims.json document (or a report directory holding one), upgraded to the current schema
-    and checked (:func:`document_problems`); :class:`BadArguments` naming ``flag`` otherwise.  Its
+    """A claims.json document (or a report directory holding one), refused if an older version of
+    this code wrote it (:func:`older_version`), its defaults filled in and checked (:func:`document_problems`); :class:`BadArguments` naming ``flag`` otherwise.  Its
     cost is bounded before the work: at most :data:`MAX_BYTES`, its parse within the memory this
     process can take, at most :data:`MAX_DRAWINGS` figures to draw."""
     from numerics.io.files import read_input_bytes
@@ -604,7 +589,13 @@ def load_report(path: str, flag: str) -> dict:
     if drawings(report) > MAX_DRAWINGS:
         raise BadArguments(f"{flag} {path}: asks for more than {MAX_DRAWINGS} figures and panels, more than a report "
                            "of this project draws (re-rendering them would take many minutes); not read")
-    report = upgrade(report)
+    older = older_version(report)
+    if older:
+        git = report["provenance"].get("git")
+        commit = str(git.get("commit", "unknown"))[:12] if isinstance(git, dict) else "unknown"
+        raise BadArguments(f"{flag} {path}: written by an older version of this code (commit {commit}: {older}); "
+                           "rebuild it with python -m reports.build")
+    report = with_defaults(report)
     problems = document_problems(report, strict=False)
     if problems:
         shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN])

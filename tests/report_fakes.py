@@ -1,11 +1,13 @@
 """The fake claims the report tests build reports of (tests/test_report.py,
-test_report_frontdoor.py, test_report_glance.py, test_report_browser.py): claim functions that
-return fixed ClaimResults of every shape a report must render (pass, fail, raise, a check that
-cannot discriminate, a bad figure, an interrupt, boundaries, a configured claim), the registry
-they are installed as, and the readers the tests share.  A helper module, not a test file
-(tests/ is on sys.path while the suite runs)."""
+test_report_frontdoor.py, test_report_glance.py, test_report_browser.py): claim specs (a plan
+and a comparison, as every real claim is) whose comparisons give every shape a report must
+render (pass, fail, raise, a check that cannot discriminate, a bad figure, an interrupt,
+boundaries, a configured claim), run by the one path a real build takes (the engine computes
+each fake's one theory need), the registry they are installed as, and the readers the tests
+share.  A helper module, not a test file (tests/ is on sys.path while the suite runs)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -13,7 +15,37 @@ import types
 from pathlib import Path
 
 import claims
-from claims.core.base import ClaimResult, Figure, Finding, PerturbationCheck, Series, judge, run_claim
+from claims.core.base import Figure, Finding, PerturbationCheck, Series
+from claims.core.common import SIDE_ERRORS, Comparison
+from claims.core.spec import ClaimSpec, Outcome, theory_need
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeProfile:
+    """A fake claim's profile: the block sizes of its one theory need."""
+    tasks: tuple = (3, 3)
+
+
+FAKE_PROFILES = {name: FakeProfile() for name in ("tiny", "quick", "paper")}
+
+
+def fake_need(ctx):
+    """The one need every fake asks of the engine: theory's allocated limit at its tasks."""
+    return theory_need("limit_multi", tuple(ctx.p.tasks), 0.0)
+
+
+def fake_spec(claim_id: str, compare, title: str = "A fake claim", statement: str = "s.", **fields) -> ClaimSpec:
+    """A claim as the real ones are: a plan (:func:`fake_need`) and a comparison ``compare(ctx, results)``."""
+    return ClaimSpec(id=claim_id, title=title, statement=statement, profiles=FAKE_PROFILES,
+                     plan=lambda ctx, results: [fake_need(ctx)], compare=compare, **fields)
+
+
+def comparison(name: str, agrees: bool, perturbations=(), tolerance: float = 0.05, why: str = "MC error",
+               **fields) -> Comparison:
+    """A comparison that agrees or not at ``tolerance`` (measured/predicted as dicts: no resolving power)."""
+    return Comparison(name=name, measured=fields.pop("measured", {}), predicted=fields.pop("predicted", {}),
+                      error=tolerance / 2 if agrees else 2 * tolerance, tolerance=tolerance, why=why,
+                      perturbations=list(perturbations), **fields)
 
 
 def _figures() -> list[Figure]:
@@ -43,65 +75,62 @@ def _figures() -> list[Figure]:
     ]
 
 
-def fake_pass(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
-    progress("fake step 1 of 2", 0.5)
-    progress("fake step 2 of 2", 1.0)
+def row_comparisons(rows: list[dict], perturbations=()) -> list[Comparison]:
+    """The comparisons of headline rows (a "reported" row is none): each row's numbers at its side's
+    error (a bracket theory: the distance outside it); the perturbations go with the first."""
+    comps = []
+    for r in (r for r in rows if r["side"] != "reported"):
+        m, t = r["measured"], r["theory"]
+        error = max(0.0, t[0] - m, m - t[1]) if isinstance(t, list) else SIDE_ERRORS[r["side"]](m, t)
+        comps.append(Comparison(name=r["name"], measured=m, predicted=t, error=error, tolerance=r["tolerance"],
+                                why="MC error", side=r["side"], se=r["se"], config=r["config"],
+                                perturbations=[] if comps else list(perturbations)))
+    return comps
+
+
+def _pass(ctx, results):
     perturbations = [PerturbationCheck("constant e replaced by 2", True, {"gap": 0.31})]
-    return ClaimResult(
-        id="fake-pass", title="A claim that holds", statement="omega stays block-diagonal.",
-        verdict=judge(True, perturbations),
+    return Outcome(
+        [comparison("residual", True, perturbations, 1e-6, "float64 round-off over 1e4 steps")],
         theory={"residual": 0.0, "limit": {"omega": [[0.37, 0.0], [0.0, 0.37]], "mu": 2.645}},
         numerics={"residual": 1e-9, "limit": {"omega": [[0.36, 0.01], [0.0, 0.38]], "mu": 2.6},
                   "unstable": float("nan"), "far": float("inf")},
-        tolerance={"value": 1e-6, "why": "float64 round-off over 1e4 steps"},
-        details={"profile": profile, "seed": seed, "sweep": sweep, "long": list(range(100))},
-        figures=_figures(), perturbations=perturbations)
+        details={"long": list(range(100)), "limit_multi": results[fake_need(ctx)]}, figures=_figures())
 
 
-def fake_plain(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
-    progress("fake step 1 of 2", 0.5)
-    progress("fake step 2 of 2", 1.0)
-    perturbations = [PerturbationCheck("constant doubled", True)]
-    return ClaimResult(id="fake-plain", title="A claim without figures", statement="mu > 0.",
-                       verdict=judge(True, perturbations), theory={"mu": 2.6}, numerics={"mu": 2.61},
-                       tolerance={"value": 0.05, "why": "MC error"}, perturbations=perturbations,
-                       details={"profile": profile, "device": device, "seed": seed, "sweep": sweep})
+def _plain(ctx, results):
+    return Outcome([comparison("mu", True, [PerturbationCheck("constant doubled", True)])],
+                   theory={"mu": 2.6}, numerics={"mu": 2.61}, details={"device": ctx.device}, headline=[])
 
 
-def fake_fail(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
-    perturbations = [PerturbationCheck("wrong winner", True)]
-    return ClaimResult(id="fake-fail", title="A claim that fails", statement="ratio equals H.",
-                       verdict=judge(False, perturbations), theory={"ratio": 3.0},
-                       numerics={"ratio": 2.3}, tolerance={"value": 0.05, "why": "MC error"},
-                       perturbations=perturbations)
+def _fail(ctx, results):
+    return Outcome([comparison("ratio", False, [PerturbationCheck("wrong winner", True)])],
+                   theory={"ratio": 3.0}, numerics={"ratio": 2.3})
 
 
-def fake_raise(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+def _raise(ctx, results):
     raise RuntimeError("fake claim exploded: loss diverged at step 17")
 
 
-def fake_undiscriminating(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
-    perturbations = [PerturbationCheck("exponent 1 replaced by 2", False, {"error": 0.01})]
-    return run_claim("fake-undiscriminating", "A check that cannot discriminate", "error ~ d/L.",
-                     lambda: ClaimResult(id="fake-undiscriminating", title="A check that cannot discriminate",
-                                         statement="error ~ d/L.", verdict=judge(True, perturbations),
-                                         perturbations=perturbations))
+def _undiscriminating(ctx, results):
+    return Outcome([comparison("error", True, [PerturbationCheck("exponent 1 replaced by 2", False, {"error": 0.01})])])
 
 
-def fake_bad_figure(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+def _bad_figure(ctx, results):
     bad = Figure(name="broken", title="x and y differ", series=[Series("s", [1, 2, 3], [1, 2])])
-    return ClaimResult(id="fake-bad-figure", title="Bad figure", statement="s", verdict="pass",
-                       figures=[bad, _figures()[0]])
+    return Outcome([comparison("s", True)], figures=[bad, _figures()[0]])
 
 
-def fake_interrupt(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+def _interrupt(ctx, results):
     raise KeyboardInterrupt
 
 
-def fake_boundary(profile="quick", device="cpu", seed=0, progress=None, sweep=None, measured=1.372):
-    """A boundary whose regime was located: a one-sided row, a reported row, a finding of kind
-    "stops" whose sentence is generated from the measured number (as a claim's template does)."""
-    rows = [{"name": "held-out loss vs the allocated fixed point", "theory": 1.547, "measured": measured,
+BOUNDARY_MEASURED = 1.372
+
+
+def boundary_rows(measured: float = BOUNDARY_MEASURED) -> list[dict]:
+    """A boundary whose regime was located: a one-sided row, a reported row, a two-sided row."""
+    return [{"name": "held-out loss vs the allocated fixed point", "theory": 1.547, "measured": measured,
              "se": 0.012, "tolerance": 0.035, "agrees": measured <= 1.547 + 0.035, "side": "not above",
              "config": "tasks=(3, 3) H=2 L=32 sigma=0.5"},
             {"name": "held-out loss of linear attention", "theory": None, "measured": 1.2512345678,
@@ -110,50 +139,67 @@ def fake_boundary(profile="quick", device="cpu", seed=0, progress=None, sweep=No
             {"name": "held-out loss vs the best decomposable point", "theory": 1.36, "measured": measured,
              "se": 0.012, "tolerance": 0.05, "agrees": abs(measured - 1.36) <= 0.05, "side": "two-sided",
              "config": "tasks=(3, 3) H=2 L=64 sigma=0.5"}]
-    agrees = all(r["agrees"] for r in rows if r["side"] != "reported")
-    perturbations = [PerturbationCheck("rate 0 instead of 2a", True)]
-    return ClaimResult(
-        id="fake-boundary", kind="boundary", title="Where allocation stops", statement="with noise, superposition.",
-        verdict=judge(agrees, perturbations, kind="boundary"), headline=rows, perturbations=perturbations,
-        findings=[Finding("fake-boundary", "stops", f"With label noise sigma = 0.5 the trained model leaves "
-                          f"allocation: held-out loss {measured:.4g} ± 0.012 against the fixed point's 1.547.",
-                          {"loss": {"value": measured, "se": 0.012}}),
-                  Finding("fake-boundary", "holds", "Below sigma = 0.25 the allocated point is reached "
-                          "(loss 0.4812 ± 0.002 vs 0.4770).", {"loss": {"value": 0.4812, "se": 0.002}})])
 
 
-def fake_beyond(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+def _boundary(ctx, results):
+    rows = boundary_rows()
+    return Outcome(row_comparisons(rows, [PerturbationCheck("rate 0 instead of 2a", True)]), headline=rows)
+
+
+def _boundary_findings(result):
+    """Sentences generated from the measured number (as a claim's template does)."""
+    return [Finding(result.id, "stops", f"With label noise sigma = 0.5 the trained model leaves allocation: "
+                    f"held-out loss {BOUNDARY_MEASURED:.4g} ± 0.012 against the fixed point's 1.547.",
+                    {"loss": {"value": BOUNDARY_MEASURED, "se": 0.012}}),
+            Finding(result.id, "holds", "Below sigma = 0.25 the allocated point is reached "
+                    "(loss 0.4812 ± 0.002 vs 0.4770).", {"loss": {"value": 0.4812, "se": 0.002}})]
+
+
+def _beyond(ctx, results):
     """A boundary the paper does not speak of, contradicted (a failing outcome: exit 1)."""
     rows = [{"name": "saddle: growth rate of off-task |mu| vs 2a", "theory": 0.084, "measured": 0.161,
              "se": 0.01, "tolerance": 0.04, "agrees": False, "side": "two-sided", "config": "tasks=(1, 1) H=2 L=32"},
             {"name": "saddle: escape time vs batch size", "theory": 20.0, "measured": 31.0, "se": 2.0,
              "tolerance": 8.0, "agrees": False, "side": "two-sided", "config": "tasks=(2, 2) H=2 L=64"}]
-    perturbations = [PerturbationCheck("rate a instead of 2a", True)]
-    return ClaimResult(
-        id="fake-beyond", kind="boundary", title="The allocated point is a saddle", statement="saddle.",
-        verdict=judge(False, perturbations, kind="boundary"), headline=rows, perturbations=perturbations,
-        findings=[Finding("fake-beyond", "beyond", "The allocated point is a saddle: the off-task |mu| grows at "
-                          "0.161 ± 0.01 per unit time, against theory's 2a = 0.084.",
-                          {"rate": {"value": 0.161, "se": 0.01}, "2a": {"value": 0.084, "se": None}}),
-                  Finding("fake-beyond", "beyond", "Escape takes 31 ± 2 time units at B = 1024, against "
-                          "the predicted 20.", {"T": {"value": 31.0, "se": 2.0}})])
+    return Outcome(row_comparisons(rows, [PerturbationCheck("rate a instead of 2a", True)]), headline=rows)
 
 
-FAKES = {"fake-pass": fake_pass, "fake-plain": fake_plain, "fake-fail": fake_fail, "fake-raise": fake_raise,
-         "fake-undiscriminating": fake_undiscriminating, "fake-bad-figure": fake_bad_figure,
-         "fake-interrupt": fake_interrupt, "fake-boundary": fake_boundary, "fake-beyond": fake_beyond}
+def _beyond_findings(result):
+    return [Finding(result.id, "beyond", "The allocated point is a saddle: the off-task |mu| grows at "
+                    "0.161 ± 0.01 per unit time, against theory's 2a = 0.084.",
+                    {"rate": {"value": 0.161, "se": 0.01}, "2a": {"value": 0.084, "se": None}}),
+            Finding(result.id, "beyond", "Escape takes 31 ± 2 time units at B = 1024, against "
+                    "the predicted 20.", {"T": {"value": 31.0, "se": 2.0}})]
 
 
-def install_registry(monkeypatch, name: str, functions: dict) -> dict:
-    """claims.REGISTRY pointing at fake claims: each id maps to ``module:NAME`` where NAME is an
-    object whose ``run`` is the fake function (as the real entries name a ClaimSpec)."""
+fake_pass = fake_spec("fake-pass", _pass, "A claim that holds", "omega stays block-diagonal.")
+fake_plain = fake_spec("fake-plain", _plain, "A claim without figures", "mu > 0.", reads_sweep=True)
+fake_fail = fake_spec("fake-fail", _fail, "A claim that fails", "ratio equals H.")
+fake_raise = fake_spec("fake-raise", _raise, "A claim that raises")
+fake_undiscriminating = fake_spec("fake-undiscriminating", _undiscriminating, "A check that cannot discriminate",
+                                  "error ~ d/L.")
+fake_bad_figure = fake_spec("fake-bad-figure", _bad_figure, "Bad figure")
+fake_interrupt = fake_spec("fake-interrupt", _interrupt, "A claim interrupted")
+fake_boundary = fake_spec("fake-boundary", _boundary, "Where allocation stops", "with noise, superposition.",
+                          kind="boundary", findings=_boundary_findings)
+fake_beyond = fake_spec("fake-beyond", _beyond, "The allocated point is a saddle", "saddle.", kind="boundary",
+                        findings=_beyond_findings)
+
+FAKES = {s.id: s for s in (fake_pass, fake_plain, fake_fail, fake_raise, fake_undiscriminating, fake_bad_figure,
+                           fake_interrupt, fake_boundary, fake_beyond)}
+
+
+def install_registry(monkeypatch, name: str, specs: dict) -> dict:
+    """claims.REGISTRY pointing at fake claim specs: each id maps to ``module:NAME`` where NAME is
+    the spec in a module ``name`` (as the real entries name a ClaimSpec)."""
     module = types.ModuleType(name)
-    for fn in functions.values():
-        setattr(module, fn.__name__, types.SimpleNamespace(run=fn))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    registry = {cid: f"{module.__name__}:{fn.__name__}" for cid, fn in functions.items()}
+    registry = {}
+    for cid, spec in specs.items():
+        attr = cid.replace("-", "_")
+        setattr(module, attr, spec)
+        registry[cid] = f"{name}:{attr}"
+    monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(claims, "REGISTRY", registry)
-    monkeypatch.setattr(claims, "claim_runner", lambda cid: getattr(module, registry[cid].split(":")[1]).run)
     return registry
 
 
@@ -181,16 +227,42 @@ HEADLINE = [
 ]
 
 
-def fake_config(profile="quick", device="cpu", seed=0, progress=None, sweep=None, problem=None):
+def configured(ctx, results, headline=HEADLINE):
     """A claim that runs at the given configuration and echoes it (as a real one says what it ran)."""
-    perturbations = [PerturbationCheck("constant doubled", True)]
-    return ClaimResult(
-        id="fake-config", title="A claim that takes a configuration", statement="ρ∞ = d/L.",
-        verdict=judge(True, perturbations), theory={"rho": 0.25}, numerics={"rho": 0.26},
-        tolerance={"value": 0.02, "why": "3 se"}, perturbations=perturbations,
-        details={"ran": {"problem": problem, "profile": profile}}, headline=[dict(r) for r in HEADLINE],
-        findings=[Finding("fake-config", "holds", f"ρ∞ = {HEADLINE[0]['measured']} ± 0.004 against d/L = 0.25.",
-                          {"rho": {"value": HEADLINE[0]["measured"], "se": 0.004}})],
+    return Outcome(
+        row_comparisons(headline, [PerturbationCheck("constant doubled", True)]),
+        theory={"rho": 0.25}, numerics={"rho": 0.26}, headline=[dict(r) for r in headline],
+        details={"ran": {"problem": ctx.problem, "profile": ctx.profile}},
         figures=[Figure(name="rho", title="ρ∞ against d/L", caption="the points lie on the line y = x",
                         series=[Series("measured", [0.1, 0.2], [0.1, 0.21], "points"),
                                 Series("theory", [0.1, 0.2], [0.1, 0.2], "line")])])
+
+
+def _config_findings(result):
+    return [Finding(result.id, "holds", f"ρ∞ = {result.headline[0]['measured']} ± 0.004 against d/L = 0.25.",
+                    {"rho": {"value": result.headline[0]["measured"], "se": 0.004}})]
+
+
+def _with_tasks(p, problem):
+    return dataclasses.replace(p, tasks=tuple(problem.get("tasks", p.tasks)))
+
+
+def training_need(ctx):
+    """A converged training run at the configuration (the default one without a problem):
+    what the configured claim's plan may ask for, priced by the engine's cost model."""
+    from claims.core.trained import trained_need
+    from numerics.config import ProblemConfig
+    from numerics.experiments.converged import TrainingSchedule
+    problem = {"tasks": (3, 3), "heads": 2, "L": 32, **(ctx.problem or {})}
+    return trained_need(ProblemConfig.from_dict({**problem, "tasks": list(problem["tasks"])}), TrainingSchedule())
+
+
+def _config_plan(ctx, results):
+    """The theory need, and a training run that is only a possibility (conditional, as a real
+    plan's continuation is): asked when the plan is priced (results None), never run here."""
+    return [fake_need(ctx)] + ([training_need(ctx)] if results is None else [])
+
+
+fake_config = fake_spec("fake-config", configured, "A claim that takes a configuration", "ρ∞ = d/L.",
+                        resolve=_with_tasks, findings=_config_findings)
+fake_config = dataclasses.replace(fake_config, plan=_config_plan)

@@ -82,7 +82,7 @@ def test_claim_estimate_within_the_stated_factor_of_its_measured_cpu_time(claim_
     0.1-1.5 s each; measured on 2 shared cores: ratios 0.6-1.1)."""
     clear_cache()
     estimated = claims.estimate_seconds(claim_id, "tiny")
-    measured = _cpu(lambda: claims.claim_runner(claim_id)(profile="tiny"))
+    measured = _cpu(lambda: claims.spec_of(claim_id).run(profile="tiny"))
     # below a second the fixed costs (imports done, the first allocations) dominate: a floor of 0.3 s
     ratio = max(measured, 0.3) / max(estimated, 0.3)
     assert 1 / ESTIMATE_FACTOR <= ratio <= ESTIMATE_FACTOR, (claim_id, estimated, measured)

@@ -25,7 +25,8 @@ from claims.core.base import ClaimResult, Figure, Series
 from reports import build as report_build
 from reports import render as report_render
 from reports.build import BuildConfig, check_report, main
-from report_fakes import FAKES, fake_plain, install_registry, snapshot, strict_load
+from claims.core.spec import Outcome
+from report_fakes import FAKES, comparison, fake_plain, fake_spec, install_registry, snapshot, strict_load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -104,8 +105,8 @@ def test_arguments_reach_every_claim(fake_registry, tmp_path):
     out = tmp_path / "r"
     assert main(build_args(out, "fake-plain", "--seed", "3", "--from-sweep", str(sweep))) == 0
     report = strict_load(out / "claims.json")
-    assert report["claims"][0]["details"] == {"profile": "tiny", "device": "cpu", "seed": 3,
-                                              "sweep": str(sweep.resolve())}
+    details = report["claims"][0]["details"]
+    assert (details["profile"], details["device"], details["seed"], details["sweep_runs"]) == ("tiny", "cpu", 3, 0)
     assert report["provenance"]["sweep"] == str(sweep.resolve())
 
 
@@ -121,14 +122,13 @@ def test_a_result_that_breaks_the_schema_becomes_an_error_not_a_lost_report(monk
     """A claim returning "pass" with a judged headline row that disagrees (or an unknown side)
     breaks the ClaimResult contract: that claim is an error with the reason, the rest of the
     report is written (the schema is checked as each claim returns, not after all have run)."""
-    def inconsistent(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
-        return ClaimResult(id="fake-inconsistent", title="t", statement="s", verdict="pass",
-                           headline=[{"name": "gain", "theory": 3.0, "measured": 2.0, "agrees": False},
-                                     {"name": "rate", "theory": 1.0, "measured": 1.0, "agrees": True,
-                                      "side": "upward"}])
+    def inconsistent(ctx, results):
+        return Outcome([comparison("gain", True)],
+                       headline=[{"name": "gain", "theory": 3.0, "measured": 2.0, "agrees": False},
+                                 {"name": "rate", "theory": 1.0, "measured": 1.0, "agrees": True, "side": "upward"}])
 
-    install_registry(monkeypatch, "fake_claims_inconsistent", {"fake-plain": fake_plain,
-                                                               "fake-inconsistent": inconsistent})
+    install_registry(monkeypatch, "fake_claims_inconsistent", {
+        "fake-plain": fake_plain, "fake-inconsistent": fake_spec("fake-inconsistent", inconsistent)})
     out = tmp_path / "r"
     assert main(build_args(out, "fake-plain,fake-inconsistent")) == 1
     entries = {c["id"]: c for c in strict_load(out / "claims.json")["claims"]}
@@ -137,12 +137,12 @@ def test_a_result_that_breaks_the_schema_becomes_an_error_not_a_lost_report(monk
     assert "verdict 'pass' but headline row(s) ['gain'] do not agree" in error and "side 'upward'" in error
 
 
-def test_progress_lines_name_claim_and_its_messages(fake_registry, tmp_path, capsys):
-    cfg = BuildConfig(profile="tiny", out=str(tmp_path / "r"), only=("fake-plain", "fake-fail"))
+def test_progress_lines_name_each_claim_its_verdict_and_an_error_s_reason(fake_registry, tmp_path, capsys):
+    cfg = BuildConfig(profile="tiny", out=str(tmp_path / "r"), only=("fake-plain", "fake-fail", "fake-raise"))
     report_build.build(cfg, stream=sys.stderr)
     err = capsys.readouterr().err
-    assert "[1/2] fake-plain" in err and "[2/2] fake-fail" in err
-    assert "fake step 2 of 2" in err and "pass in" in err
+    assert "3 claims' needs" in err and "fake-plain: pass" in err and "fake-fail: fail" in err
+    assert "fake-raise: error" in err and "fake claim exploded: loss diverged at step 17" in err
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -161,12 +161,13 @@ def test_interrupted_build_leaves_previous_report(fake_registry, tmp_path, capsy
 SLOW_CLAIM_SCRIPT = """
 import sys, time, types
 import claims
-from claims.core.base import ClaimResult
+from claims.core.spec import ClaimSpec
 module = types.ModuleType("slow_fake_claims")
-def slow(profile, device, seed, progress, sweep):
-    progress("sleeping", 0.1)
-    time.sleep(120)
-module.slow = types.SimpleNamespace(run=slow)
+def slow(ctx, results):
+    if results is not None:              # the build's run, not its estimate
+        time.sleep(120)
+    return []
+module.slow = ClaimSpec("slow", "t", "s", {"tiny": None}, plan=slow)
 sys.modules[module.__name__] = module
 claims.REGISTRY = {"slow": "slow_fake_claims:slow"}
 from reports.build import main
@@ -186,7 +187,7 @@ def test_terminated_process_leaves_previous_report(fake_registry, tmp_path):
     watchdog.start()
     try:
         for line in proc.stderr:
-            if "[1/1] slow" in line:
+            if "1 claims' needs" in line:
                 break
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 130
@@ -218,7 +219,8 @@ def test_rebuild_replaces_whole_report(fake_registry, tmp_path, capsys):
     assert main(build_args(out, "fake-bad-figure")) == 1
     assert list(out.glob("figures/*.png"))
     assert main(build_args(out, "fake-fail")) == 1
-    assert not list(out.glob("figures/*.png"))  # the old figures went with the old report
+    # the old figures went with the old report (the forest plot is the new report's comparisons')
+    assert {p.name for p in out.glob("figures/*.png")} == {"forest.png"}
     assert [c["id"] for c in strict_load(out / "claims.json")["claims"]] == ["fake-fail"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
     # a file the command did not write (a sweep's points/, notes): refused, never deleted

@@ -190,6 +190,8 @@ def synthetic_report(source: dict) -> dict:
             entry["verdict"] = "located"
             for r in entry["headline"]:
                 r.update(measured=r["theory"], agrees=True)
+            for c in entry["details"]["comparisons"]:
+                c.update(measured=c["predicted"], error=0.0, margin=0.0, agrees=True)
             entry["findings"] = [f for f in entry["findings"] if "saddle" not in f["text"]]
         claims_out.append(entry)
     return {"claims": claims_out, "findings": [f for c in claims_out for f in c["findings"]],

@@ -26,43 +26,31 @@ from reports import compare as report_compare
 from reports import render as report_render
 from reports import run as report_run
 from reports.build import check_report, main
-from reports.schema import document_problems, upgrade
+from reports.schema import document_problems
 
-from report_fakes import FAKES, HEADLINE, fake_config, install_registry, snapshot, strict_load
+from claims.core.spec import Outcome, context
+from numerics.engine import cost_of
+from report_fakes import (FAKES, HEADLINE, configured, fake_config, fake_spec, install_registry, snapshot,
+                          strict_load, training_need)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-def fake_estimate(claim_id, profile, problem):
-    """A claim's own cost estimate (claims.estimate_seconds) as a plan would give it: one training
-    run of 1200 steps x batch 2048 at the configuration; None for the claims without a plan."""
-    if claim_id != "fake-config" or not problem:
-        return None
-    d, m = sum(problem.get("tasks", [3])), len(problem.get("tasks", [3]))
-    return 1200 * 2048 * problem.get("L", 32) * problem.get("heads", 2) * (d + m) * 7e-9
-
-
-def fake_config_b(profile="quick", device="cpu", seed=0, progress=None, sweep=None, problem=None):
+def fake_config_b_outcome(ctx, results):
     """fake-config as a later version would report it: one headline number moved, one verdict flipped."""
-    result = fake_config(profile, device, seed, progress, sweep, problem)
-    result.headline = [dict(HEADLINE[0], measured=0.31, agrees=False), *HEADLINE[1:]]
-    result.verdict = "fail"
-    return result
+    return configured(ctx, results, [dict(HEADLINE[0], measured=0.31, agrees=False), *HEADLINE[1:]])
 
 
-@dataclasses.dataclass(frozen=True)
-class _Profile:
-    measured: float = 0.781
+fake_config_b = dataclasses.replace(fake_config, id="fake-config-b", compare=fake_config_b_outcome)
 
 
 def _spec(claim_id: str, measured: float, undecided=None, kind: str = "claim"):
-    """A claim as the real ones are: a ClaimSpec run by claims.core.spec.run_spec, its comparisons made by
-    claims.core.common.compare (so details["comparisons"] holds each one's error, tolerance, agreement and
-    perturbations, and the verdict is claims.core.base.judge's)."""
-    from claims.core.common import compare, off_by
-    from claims.core.spec import ClaimSpec, Outcome
+    """A claim whose comparisons are made by claims.core.common.compare (so details["comparisons"]
+    holds each one's error, tolerance, agreement and perturbations, and the verdict is
+    claims.core.base.judge's)."""
+    from claims.core.common import compare, headline_row, off_by, reported_row
 
-    def evaluate(ctx):
-        loss = compare("converged loss, tasks=[2, 2], L=32", ctx.p.measured, 0.7792937908845126, 0.018848,
+    def outcome(ctx, results):
+        loss = compare("converged loss, tasks=[2, 2], L=32", measured, 0.7792937908845126, 0.018848,
                        "4 se", wrong=off_by(1.5, 0.7792937908845126), se=0.0047)
         bracket = compare("emergence time in its bracket", 12.5, [10.0, 14.0], 0.5, "the step",
                           error=lambda m, b: max(0.0, b[0] - m, m - b[1]), wrong=[("bracket 20-30", [20.0, 30.0])])
@@ -70,14 +58,8 @@ def _spec(claim_id: str, measured: float, undecided=None, kind: str = "claim"):
                 reported_row("gain ratio", 2.3, se=0.05)]
         return Outcome(comparisons=[loss, bracket], headline=rows, undecided=undecided)
 
-    from claims.core.common import headline_row, reported_row
-    spec = ClaimSpec(id=claim_id, title="A claim run as a spec", statement="the loss converges to the fixed point's.",
-                     profiles={"tiny": _Profile(measured), "quick": _Profile(measured)}, evaluate=evaluate, kind=kind)
-
-    def run(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
-        return spec.run(profile, device, seed)
-    run.__name__ = claim_id.replace("-", "_")
-    return run
+    return fake_spec(claim_id, outcome, "A claim run as a spec", "the loss converges to the fixed point's.",
+                     kind=kind)
 
 
 EXTRA = {"fake-config": fake_config, "fake-config-b": fake_config_b,
@@ -88,7 +70,6 @@ EXTRA = {"fake-config": fake_config, "fake-config-b": fake_config_b,
 
 @pytest.fixture
 def registry(monkeypatch):
-    monkeypatch.setattr(claims, "estimate_seconds", fake_estimate, raising=False)
     return install_registry(monkeypatch, "fake_claims_frontdoor", {**FAKES, **EXTRA})
 
 
@@ -114,7 +95,7 @@ def run_main(argv: list[str]) -> tuple[int, str, str]:
 
 def test_configuration_reaches_claims_that_take_it_and_is_recorded(registry, tmp_path):
     out = tmp_path / "r"
-    status, _, err = run_main(args(out, "fake-config,fake-plain", *CONFIG, "--sigma", "0.5", "--param",
+    status, _, err = run_main(args(out, "fake-config", *CONFIG, "--sigma", "0.5", "--param",
                                    "merged", "--init", "0.1", "--logit-scale", "2", "--basis", "random",
                                    "--dtype", "float32"))
     assert status == 0, err
@@ -123,16 +104,18 @@ def test_configuration_reaches_claims_that_take_it_and_is_recorded(registry, tmp
                "logit_scale": 2.0, "basis": "random", "dtype": "float32"}
     entries = {c["id"]: c for c in report["claims"]}
     assert entries["fake-config"]["details"]["ran"]["problem"] == problem
-    assert entries["fake-plain"]["details"] == {"profile": "tiny", "device": "cpu", "seed": 0, "sweep": None}
     prov = report["provenance"]
     assert prov["problem"] == problem
-    assert prov["ran_at"] == {"configuration": ["fake-config"], "profile": ["fake-plain"]}
-    assert prov["cost_estimate"]["per_claim"]["fake-plain"] is None and prov["cost_estimate"]["seconds"] > 0
-    assert prov["cost_estimate"]["per_claim"]["fake-config"] == prov["cost_estimate"]["seconds"]
-    assert "estimated about" in err and "fake-plain cannot run at a given configuration" in err
+    assert prov["ran_at"] == {"configuration": ["fake-config"], "profile": []}
+    assert prov["cost_estimate"]["per_claim"]["fake-config"] == prov["cost_estimate"]["seconds"] > 0
+    assert "estimated about" in err
     page = (out / "index.html").read_text(encoding="utf-8")
     assert "r = (3, 3), H = 2, L = 32, σ = 0.5" in page
-    assert "ran at the audited configuration" in page and "ran at profile tiny" in page
+    assert "ran at the audited configuration" in page
+    # a claim that runs at its profiles only is named before any run, never run at a profile instead
+    status, _, err = run_main(args(tmp_path / "r2", "fake-config,fake-plain", *CONFIG))
+    assert status == 2 and "fake-plain cannot run: it runs at its profiles' configurations only" in err
+    assert "These can: --only fake-config" in err and not (tmp_path / "r2").exists()
     assert check_report(out) == []
 
 
@@ -153,23 +136,27 @@ def test_cost_estimate_refuses_and_says_how_to_raise_the_limit(registry, tmp_pat
     status, _, err = run_main(args(tmp_path / "r", "fake-config", *CONFIG, "--max-minutes", "0.0001"))
     assert status == 2 and "Traceback" not in err
     assert "over --max-minutes 0.0001" in err and "Raise the limit (--max-minutes 1)" in err
-    assert "estimated cost: about 9 s (fake-config 9 s)" in err  # 1200 x 2048 x 32 x 2 x 8 x 7e-9 s
+    assert "estimated cost: about 6 s (fake-config 6 s)" in err  # its plan's needs, numerics.cost's model
     assert not (tmp_path / "r").exists()
     # the same configuration under the default limit runs
     assert run_main(args(tmp_path / "r", "fake-config", *CONFIG))[0] == 0
 
 
-def test_the_estimate_is_the_claims_own(registry, monkeypatch):
-    """A claim that is not a plan is priced by claims.estimate_seconds (the build has no cost model
-    of its own); a claim without an estimate is named, not guessed."""
+def test_the_estimate_is_the_claims_plans(registry, monkeypatch):
+    """The cost is the engine's cost model over the claims' plans, their conditional needs included
+    (a need two claims share counts half to each); a claim whose plan cannot be asked (it does not
+    import) is named, not guessed."""
     from reports.build import BuildConfig
 
     cfg = BuildConfig(profile="tiny", only=("fake-config", "fake-plain"), problem={"tasks": [3, 3], "heads": 2, "L": 64})
-    cost = report_run.estimate(cfg)
-    assert cost["seconds"] == pytest.approx(fake_estimate("fake-config", "tiny", cfg.problem))
-    assert cost["unknown"] == ["fake-plain"]
-    monkeypatch.delattr(claims, "estimate_seconds")
-    assert report_run.estimate(cfg)["unknown"] == ["fake-config", "fake-plain"]
+    ctx = context(fake_config, "tiny", problem=cfg.problem)
+    theory, training = (cost_of(n) for n in fake_config.plan(ctx, None))
+    cost = report_run.estimate(BuildConfig(profile="tiny", only=("fake-config",), problem=cfg.problem))
+    assert cost["seconds"] == pytest.approx(theory + cost_of(training_need(ctx))) and cost["unknown"] == []
+    cost = report_run.estimate(dataclasses.replace(cfg, problem=None))
+    assert cost["per_claim"]["fake-plain"] == pytest.approx(theory / 2)   # the theory need both ask for
+    monkeypatch.setitem(claims.REGISTRY, "fake-plain", "no_such_module:SPEC")
+    assert report_run.estimate(cfg)["unknown"] == ["fake-plain"]
 
 
 # --------------------------------------------------------------------------- bad input (exit 2)
@@ -190,7 +177,7 @@ NOT_A_REPORT = '{"claims": 3}'
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--logit-scale", "-1"], "logit_scale s must be a finite"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--logit-scale", "inf"], "logit_scale s must be a finite"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--only", "fake-plain"],
-     "none of the selected claims (fake-plain) can run at a given configuration"),
+     "fake-plain cannot run: it runs at its profiles' configurations only. No selected claim can"),
     (["--tasks", "100000", "--heads", "3", "--L", "256"], "GiB of memory; choose smaller sizes"),
     (["--tasks", "3,3", "--heads", "1000", "--L", "100000"], "over --max-minutes 60"),
     (["--tasks", "3,3", "--heads", "2", "--L", "8", "--max-minutes", "0"], "--max-minutes must be a number > 0"),
@@ -316,11 +303,12 @@ def test_stranded_report_is_restored_and_survives_an_interrupted_rebuild(registr
 KILLED_WRITE_SCRIPT = """
 import sys, time, types
 import claims
-from claims.core.base import ClaimResult
+from claims.core.common import Comparison
+from claims.core.spec import ClaimSpec, Outcome
 from reports import render
 module = types.ModuleType("killed_write_claims")
-module.quick = types.SimpleNamespace(run=lambda profile, device, seed, progress, sweep: ClaimResult(
-    id="quick", title="t", statement="s", verdict="pass"))
+module.quick = ClaimSpec("quick", "t", "s", {"tiny": None}, plan=lambda ctx, results: [],
+                         compare=lambda ctx, results: Outcome([Comparison("c", {}, {}, 0.0, 1.0, "w")]))
 sys.modules[module.__name__] = module
 claims.REGISTRY = {"quick": "killed_write_claims:quick"}
 def slow_render(report, pngs):
@@ -539,7 +527,8 @@ def test_headline_table_leads_each_section(registry, tmp_path):
                  "≤ 1.547 (not above)", "Δ ≤ +0.035", "not above ✓", "reported, no comparison"):
         assert text in section, text
     # rows grouped by configuration: one sub-heading per config, not repeated in the names
-    assert section.count("tasks=(3, 3) H=2 L=32") == 1 and section.count("tasks=(3, 3) H=2 L=64") == 1
+    headline = section[table:section.index("Perturbation checks")]
+    assert headline.count("tasks=(3, 3) H=2 L=32") == 1 and headline.count("tasks=(3, 3) H=2 L=64") == 1
     assert section.index("tasks=(3, 3) H=2 L=32") < section.index("emergence time") < section.index("L=64")
     assert "the points lie on the line y = x" in section  # the figure's caption under it
     card = page[page.index("<section id='scorecard'>"):page.index("<section id='findings'>")]
@@ -547,7 +536,8 @@ def test_headline_table_leads_each_section(registry, tmp_path):
     assert "<td class='num'>3/3</td>" in row[:row.index("</tr>")]  # the reported row is no comparison
     plain = _section(page, "fake-plain")  # no headline rows: a short summary instead
     assert "gives no headline rows yet" in plain and plain.index("gives no headline") < plain.index("<details>")
-    assert "Allowed difference: <b>0.05</b> — MC error" in plain
+    allowed = plain[plain.index("Allowed difference: <b>"):]
+    assert "0.05" in allowed[:allowed.index("</b>")] and allowed.index("</b> — MC error") < allowed.index("</p>")
 
 
 def test_many_perturbation_checks_fold_under_a_count():
@@ -600,20 +590,6 @@ def test_rerender_from_json_runs_nothing_and_redraws_figures(registry, tmp_path,
     assert "Re-rendered from" in (new / "index.html").read_text(encoding="utf-8")
 
 
-def test_rerender_accepts_an_older_claims_json(registry, tmp_path):
-    """A claims.json from before headline rows and captions existed still renders."""
-    src = tmp_path / "a"
-    assert run_main(args(src, "fake-pass"))[0] == 0
-    report = strict_load(src / "claims.json")
-    for entry in report["claims"]:
-        entry.pop("headline")
-        for fig in entry["figure_data"]:
-            fig.pop("caption")
-    (src / "claims.json").write_text(json.dumps(report))
-    assert run_main(["--from-json", str(src), "--out", str(tmp_path / "b")])[0] == 0
-    assert check_report(tmp_path / "b") == []
-
-
 def test_rerender_refuses_its_own_directory(registry, tmp_path):
     src = tmp_path / "a"
     assert run_main(args(src, "fake-plain"))[0] == 0
@@ -628,7 +604,8 @@ def test_compare_marks_changed_verdicts_and_numbers(registry, tmp_path, capsys, 
     a, b = tmp_path / "a", tmp_path / "b"
     assert run_main(args(a, "fake-config,fake-plain"))[0] == 0
     # B: the same claim ids, fake-config as the "new version" reports it
-    registry["fake-config"] = registry["fake-config-b"]
+    monkeypatch.setattr(sys.modules["fake_claims_frontdoor"], "fake_config",
+                        dataclasses.replace(fake_config_b, id="fake-config"))
     assert run_main(args(b, "fake-config,fake-plain,fake-fail"))[0] == 1
     status = report_compare.main([str(a / "claims.json"), str(b / "claims.json"), "--out", str(tmp_path / "d.html")])
     stdout = capsys.readouterr().out
@@ -641,7 +618,7 @@ def test_compare_marks_changed_verdicts_and_numbers(registry, tmp_path, capsys, 
     assert "emergence time" not in stdout  # unchanged rows are not listed in the text summary
     assert "2 of 3 claim(s) changed" in stdout
     page = (tmp_path / "d.html").read_text(encoding="utf-8")
-    assert page.count("class='changed'") == 3  # fake-config, its moved row, fake-fail
+    assert page.count("class='changed'") == 4  # fake-config, its moved row, fake-fail and its row
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "d.html"]  # no temporary left
     assert report_compare.main([str(a), str(a / "claims.json")]) == 0
     assert "no change in 2 claim(s)" in capsys.readouterr().out
@@ -754,36 +731,29 @@ def test_exit_status_follows_failing(outcomes, status):
     assert report_build.exit_status({"claims": entries}) == status
 
 
-def _old_style(report: dict) -> dict:
-    """claims.json as written before kinds, sides, configs and findings: boundaries said pass."""
-    old = json.loads(json.dumps(report))
-    old.pop("findings")
-    for c in old["claims"]:
-        kind = c.pop("kind")
-        c.pop("findings")
-        if kind == "boundary":
-            c["verdict"] = {"located": "pass", "contradicted": "fail"}.get(c["verdict"], c["verdict"])
-        for r in c["headline"]:
-            r.pop("side"), r.pop("config")
-    return old
+OLDER = [("findings", lambda r: r.pop("findings"), "no top-level 'findings'"),
+         ("kind", lambda r: r["claims"][0].pop("kind"), "claims without 'kind'"),
+         ("side", lambda r: _c(r, "fake-config")["headline"][0].pop("side"), "headline rows without 'side'")]
 
 
-def test_compare_and_rerender_read_a_claims_json_from_before_findings(registry, tmp_path, capsys):
+@pytest.mark.parametrize("field, edit, what", OLDER, ids=[o[0] for o in OLDER])
+def test_a_claims_json_of_an_older_version_is_refused_with_rebuild_it(registry, tmp_path, field, edit, what):
+    """A claims.json written by an older version of this code (before kinds, sides or findings) is
+    not upgraded: --from-json and compare refuse it in one line naming its commit."""
     src = tmp_path / "a"
     assert run_main(args(src, "fake-config,fake-plain"))[0] == 0
     report = strict_load(src / "claims.json")
-    report["claims"].append(dict(report["claims"][1], id="boundary-old", kind="boundary", verdict="located"))
+    edit(report)
     old = tmp_path / "old.json"
-    old.write_text(json.dumps(_old_style(report)))
-    assert report_compare.main([str(old), str(old)]) == 0
-    assert "no change in 3 claim(s)" in capsys.readouterr().out
-    status, _, err = run_main(["--from-json", str(old), "--out", str(tmp_path / "b")])
-    assert status == 0, err
-    redone = strict_load(tmp_path / "b" / "claims.json")
-    assert redone["findings"] == [] and redone["claims"][2]["kind"] == "boundary"
-    assert redone["claims"][2]["verdict"] == "located"  # an old boundary "pass" is its located
-    assert all(r["side"] == "two-sided" and r["config"] is None for r in redone["claims"][0]["headline"])
-    assert "No findings recorded" in (tmp_path / "b" / "index.html").read_text(encoding="utf-8")
+    old.write_text(json.dumps(report))
+    message = (f"written by an older version of this code (commit {report['provenance']['git']['commit'][:12]}: "
+               f"{what}); rebuild it with python -m reports.build")
+    status, stdout, err = run_main(["--from-json", str(old), "--out", str(tmp_path / "b")])
+    assert status == 2 and message in err and "Traceback" not in err and not (tmp_path / "b").exists()
+    out, errb = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(errb):
+        assert report_compare.main([str(old), str(old)]) == 2
+    assert message in errb.getvalue()
 
 
 # --------------------------------------------------------------------------- hand-edited claims.json (issue 22)
@@ -956,13 +926,10 @@ def test_the_genuine_spec_report_rerenders_and_compares(registry, spec_report, t
 
 def test_an_undecided_claim_passes_the_schema_and_renders_with_its_badge(registry, spec_report, tmp_path):
     """A claim that agrees but cannot decide reads ``undecided`` (its reason beside it), with the badge a
-    boundary's undecided has; a claims.json written when such a claim read ``error`` (no exception
-    recorded) reads back as undecided, while an ``error`` that records its exception stays error."""
+    boundary's undecided has."""
     assert document_problems(spec_report) == []
-    old = json.loads(json.dumps(spec_report))
-    _c(old, "fake-spec-undecided")["verdict"] = "error"
-    source = tmp_path / "old.json"
-    source.write_text(json.dumps(old))
+    source = tmp_path / "claims.json"
+    source.write_text(json.dumps(spec_report))
     status, _, err = run_main(["--from-json", str(source), "--out", str(tmp_path / "r")])
     assert status == 1, err           # the fail and the contradicted boundary; the undecided claim alone would be 0
     report = strict_load(tmp_path / "r" / "claims.json")
@@ -971,8 +938,6 @@ def test_an_undecided_claim_passes_the_schema_and_renders_with_its_badge(registr
     assert '<span class="badge undecided">undecided</span>' in _section(page, "fake-spec-undecided")
     assert "the run did not converge" in _section(page, "fake-spec-undecided")
     assert "1 pass, 1 fail, 1 undecided, 0 error" in page
-    raised = upgrade({"claims": [{"id": "c", "kind": "claim", "verdict": "error", "details": {"error": "E: x"}}]})
-    assert raised["claims"][0]["verdict"] == "error"
 
 
 def _text(report: dict, **provenance) -> str:
@@ -1382,10 +1347,9 @@ def test_from_sweep_with_claims_that_read_none_is_refused(registry, tmp_path, mo
     assert "the claims that do: fake-config" in err and not (tmp_path / "r").exists()
     status, _, err = run_main(args(tmp_path / "r", "fake-plain,fake-config", "--from-sweep", str(sweep)))
     assert status == 0 and "fake-plain read no sweep" in err
-    # and it does run as without --from-sweep, as the note says (a real claim refuses a sweep it cannot read:
-    # until 2026-12-03 every such claim of a mixed build read `error`)
-    plain, = (c for c in json.loads((tmp_path / "r" / "claims.json").read_text())["claims"] if c["id"] == "fake-plain")
-    assert plain["details"]["sweep"] is None
+    # and it does run as without --from-sweep, as the note says: no sweep runs counted for it
+    entries = {c["id"]: c for c in json.loads((tmp_path / "r" / "claims.json").read_text())["claims"]}
+    assert "sweep_runs" not in entries["fake-plain"]["details"] and entries["fake-config"]["details"]["sweep_runs"] == 0
 
 
 def test_claims_that_cannot_run_at_a_configuration_are_named_before_any_runs(registry, tmp_path, monkeypatch):
@@ -1436,11 +1400,17 @@ def test_readme_block_is_the_scorecard_generated_from_claims_json(findings_repor
     # what a reader would not see change: the time of the run, its commit, digits below the printed ones
     assert check(lambda r: r["provenance"].update(started_utc="2031-01-01T00:00:00+00:00",
                                                   git={"commit": "f" * 40, "dirty": True})) == 0
-    assert check(lambda r: _c(r, "fake-config")["headline"][0].update(measured=0.2600001)) == 0
+    def measured(r, value):   # the first headline row and its comparison (theory 0.25, tolerance 0.02)
+        _c(r, "fake-config")["headline"][0].update(measured=value)
+        _c(r, "fake-config")["details"]["comparisons"][0].update(measured=value, error=abs(value - 0.25),
+                                                                  margin=abs(value - 0.25) / 0.02)
+
+    assert check(lambda r: measured(r, 0.2600001)) == 0
     # what a reader would see change: an outcome, a headline number at its printed precision
-    assert check(lambda r: _c(r, "fake-config")["headline"][0].update(measured=0.261)) == 1
+    assert check(lambda r: measured(r, 0.261)) == 1
     assert "measured 0.261 ± 0.004 against 0.25" in capsys.readouterr().err
-    assert check(lambda r: _c(r, "fake-boundary").update(verdict="undecided")) == 1
+    assert check(lambda r: (_c(r, "fake-boundary").update(verdict="undecided"),
+                            _c(r, "fake-boundary")["details"].update(undecided="the run did not converge"))) == 1
     # whitespace and line wrapping of the README's block are not what a reader reads
     readme.write_text(readme.read_text().replace(" | ", " |  ").replace("Each id's line", "Each id's\nline"))
     assert report_findings.main([str(out / "claims.json"), "--check", str(readme)]) == 0

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from claims.core.base import ClaimResult, Finding, PerturbationCheck, judge
+from claims.core.base import ClaimResult, Finding, PerturbationCheck
 from claims.core.common import Comparison, compare, headline_row
 from reports import findings as report_findings
 from reports import render as report_render
 from reports.build import check_report, main
 
-from report_fakes import install_registry, strict_load
+from claims.core.spec import Outcome
+from report_fakes import fake_spec, install_registry, strict_load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,7 +92,7 @@ def test_forest_rows_normalise_by_the_comparisons_own_tolerance():
     assert math.isinf(off.value) and off.value < 0 and off.agrees is False
 
 
-def test_forest_rows_come_from_the_comparisons_or_else_the_judged_rows():
+def test_forest_rows_come_from_the_comparisons():
     comparisons = [_summary(name="a", measured=1.0, predicted=1.1, tolerance=0.2, se=0.05),
                    _summary(name="b", measured=[1], predicted=[1], tolerance=0.0, error=lambda m, p: 0.0)]
     entry = {"id": "x", "details": {"comparisons": comparisons},
@@ -99,39 +100,28 @@ def test_forest_rows_come_from_the_comparisons_or_else_the_judged_rows():
                            "side": "two-sided"}]}
     rows, left_out = report_render.forest_rows({"claims": [entry]})
     assert [r.name for r in rows] == ["a", "b"] and left_out == 0
-    older = {"id": "y", "details": {}, "headline": [
-        {"name": "judged", "theory": 0.25, "measured": 0.26, "se": 0.004, "tolerance": 0.02, "agrees": True,
-         "side": "two-sided"},
-        {"name": "bracket", "theory": [10.0, 14.0], "measured": 12.5, "tolerance": 0.5, "agrees": True,
-         "side": "two-sided"},
-        {"name": "shown only", "theory": None, "measured": 2.3, "se": 0.05, "tolerance": None, "agrees": None,
-         "side": "reported"}]}
-    rows, left_out = report_render.forest_rows({"claims": [older, entry]}, order=["x", "y"])
-    assert [r.name for r in rows] == ["a", "b", "judged"]  # in the order given; the reported row is no comparison
-    assert left_out == 1  # the bracket has no stored error to normalise
-    assert rows[2].value == pytest.approx(0.5) and rows[2].bar == pytest.approx(0.2)
+    assert rows[0].value == pytest.approx(-0.5) and rows[0].bar == pytest.approx(0.25)
 
 
 # --------------------------------------------------------------------------- fake claims with comparisons
 
 
-def fake_measured(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+def _measured(ctx, results):
     """A claim whose comparisons are real compare() summaries (se, resolving power) and whose
     headline is its second row, named by details["headline_row"]."""
     comps = [compare("off-D residual", 3.2e-16, 0.0, 1.42e-14, "rounding", wrong=[("residual 1e-12", 1e-12)]),
              compare("held-out loss", 0.7664, 0.7793, 0.01885, "4 se", se=0.0045, wrong=[("x1.1", 0.857)]),
              compare("gain", 1.491, 1.485, 0.05, "4 se", se=0.012, units="absolute", wrong=[("H", 2.0)])]
-    perts = [p for c in comps for p in c.perturbations]
-    return ClaimResult(id="fake-measured", title="A claim with comparisons", statement="loss -> fixed point.",
-                       verdict=judge(all(c.agrees for c in comps), perts), perturbations=perts,
-                       details={"comparisons": [c.summary() for c in comps], "headline_row": "held-out loss"},
-                       headline=[headline_row(c, se=c.se) for c in comps],
-                       findings=[Finding("fake-measured", "holds", "The held-out loss 0.7664 ± 0.0045 agrees with "
-                                         "0.7793.", {"loss": {"value": 0.7664, "se": 0.0045},
-                                                     "fixed": {"value": 0.7793, "se": None}})])
+    return Outcome(comps, headline=[headline_row(c, se=c.se) for c in comps], details={"headline_row": "held-out loss"})
 
 
-def fake_saddle(profile="quick", device="cpu", seed=0, progress=None, sweep=None):
+fake_measured = fake_spec("fake-measured", _measured, "A claim with comparisons", "loss -> fixed point.",
+                          findings=lambda r: [Finding(r.id, "holds", "The held-out loss 0.7664 ± 0.0045 agrees with "
+                                                      "0.7793.", {"loss": {"value": 0.7664, "se": 0.0045},
+                                                                  "fixed": {"value": 0.7793, "se": None}})])
+
+
+def _saddle(ctx, results):
     """A boundary beyond the paper, contradicted by one of its three comparisons."""
     comps = [compare("growth rate vs 2a, tasks=(2, 2)", 0.15750922, 0.17480074, 0.00895008, "4 se + shift",
                      se=0.000803, config="tasks=(2, 2) H=2 L=64", wrong=[("rate 0", 0.0)]),
@@ -139,17 +129,19 @@ def fake_saddle(profile="quick", device="cpu", seed=0, progress=None, sweep=None
                      se=0.00135, config="tasks=(1, 1) H=2 L=32", wrong=[("rate 0", 0.0)]),
              compare("invariant flow stays", 0.0, 0.0, 1.7e-8, "rounding", side="not above",
                      wrong=[("SGD's 0.64", -0.64)])]
-    perts = [p for c in comps for p in c.perturbations]
-    findings = [Finding("fake-saddle", "beyond", "At tasks=(2, 2) the off-task value grows at 0.1575 ± 0.0008 "
+    return Outcome(comps, headline=[headline_row(c, se=c.se) for c in comps])
+
+
+def _saddle_findings(result):
+    return [Finding(result.id, "beyond", "At tasks=(2, 2) the off-task value grows at 0.1575 ± 0.0008 "
                         "against 2a = 0.1748.", {"rate": {"value": 0.15750922, "se": 0.000803},
                                                  "pred": {"value": 0.17480074, "se": None}}),
-                Finding("fake-saddle", "beyond", "At tasks=(1, 1) it grows at 0.121 ± 0.0014 against 0.1242.",
-                        {"rate": {"value": 0.12100595, "se": 0.00135}, "pred": {"value": 0.12420244, "se": None}})]
-    return ClaimResult(id="boundary-fake-saddle", kind="boundary", title="A saddle", statement="saddle.",
-                       verdict=judge(all(c.agrees for c in comps), perts, kind="boundary"), perturbations=perts,
-                       details={"comparisons": [c.summary() for c in comps]},
-                       headline=[headline_row(c, se=c.se) for c in comps],
-                       findings=[Finding("boundary-fake-saddle", f.kind, f.text, f.numbers) for f in findings])
+            Finding(result.id, "beyond", "At tasks=(1, 1) it grows at 0.121 ± 0.0014 against 0.1242.",
+                    {"rate": {"value": 0.12100595, "se": 0.00135}, "pred": {"value": 0.12420244, "se": None}})]
+
+
+fake_saddle = fake_spec("boundary-fake-saddle", _saddle, "A saddle", "saddle.", kind="boundary",
+                        findings=_saddle_findings)
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,7 @@ def results():
     out = {}
     for claim_id in IDS:
         t0 = time.process_time()
-        res = claims.claim_runner(claim_id)(profile="tiny", device="cpu", seed=0)
+        res = claims.spec_of(claim_id).run(profile="tiny", device="cpu", seed=0)
         out[claim_id] = (res, time.process_time() - t0)
     return out
 
@@ -93,7 +93,7 @@ def test_every_registered_claim_keeps_the_contract(results, claim_id):
 
 @pytest.mark.parametrize("claim_id", [i for i in claims.OPT_IN if i.startswith("atlas-")])
 def test_an_opt_in_id_without_its_sweep_refuses_and_says_how_to_build_it(claim_id):
-    res = claims.claim_runner(claim_id)(profile="tiny", device="cpu", seed=0)
+    res = claims.spec_of(claim_id).run(profile="tiny", device="cpu", seed=0)
     assert res.verdict == "error" and res.kind == claims.spec_of(claim_id).kind == kind_from_id(claim_id)
     assert "python -m numerics.sweep" in res.details["error"], res.details["error"]
 
