@@ -1,14 +1,13 @@
 """A claim as a spec, and the one runner that does everything a claim shares.
 
-A claim module declares a :class:`ClaimSpec`: its id, statement and kind, its profiles (a
-frozen dataclass per profile name), how a researcher's ``problem`` is laid over a profile,
-its domain check, its cost estimate and its ``evaluate`` function: the experiment plan (which
-runs it asks of ``numerics.experiments``, which predictions of ``theory``) and its
-comparisons, returned as an :class:`Outcome`.  :func:`run_spec` does the rest for every claim:
-the profile and ``problem`` parsing (one parser; unknown or ignored fields refused), the sweep
-store and the run cache, progress, judging (``claims.core.base.judge``, once, with the outcome's
-``undecided`` reason), the findings from the claim's own template, and the one
-:class:`~claims.core.base.ClaimResult` constructor.  No verdict is changed after the judge.
+A claim module declares a :class:`ClaimSpec`: its id, statement and kind, its profiles (a frozen
+dataclass per profile name), how a researcher's ``problem`` is laid over a profile, its domain
+check, its plan (the needs numerics.engine runs) and its pure comparison, returned as an
+:class:`Outcome`.  :func:`run_spec` does the rest for every claim: the profile and ``problem``
+parsing (one parser; unknown or ignored fields refused), progress, judging
+(``claims.core.base.judge``, once, with the outcome's ``undecided`` reason), the findings from the
+claim's own template, and the one :class:`~claims.core.base.ClaimResult` constructor.  No verdict
+is changed after the judge.
 """
 from __future__ import annotations
 
