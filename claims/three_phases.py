@@ -25,7 +25,7 @@ from numerics.engine import need
 from numerics.experiments import phases as experiments
 from numerics.experiments.phases import start_args, unstable_need
 from numerics.readout import allocation
-from numerics.statistics import mean_se
+from numerics.statistics import least_tolerance_weights, mean_se
 from theory.three_phases import PhasePrediction, loss_slope
 
 SELECTED_SHARE = 0.9
@@ -285,7 +285,7 @@ def check_warmup_law(cfg0, scales, warmups, tols, law: dict, gd_shifts=None) -> 
     c0 = 0 (a pure inverse law) and the exponent 1.2.
 
     Second comparison (the headline): C = sum_j a_j T_j, the unbiased weights a of least tolerance
-    (numerics.experiments.phases.least_tolerance_weights), against theory's C at the runs' step lr: the flow's C +
+    (numerics.statistics.least_tolerance_weights), against theory's C at the runs' step lr: the flow's C +
     sum_j a_j (T_gd,j - T_flow,j), the O(lr) shift along the expansion's GD map (the full model's step on the
     balanced factors), read on each run's record times (``gd_shifts``; without a GD map at every s0 the flow's C,
     the shift then a tolerance part).  Tolerance: the noise parts (SGD escape-time spread, evaluation level) in
@@ -308,7 +308,7 @@ def check_warmup_law(cfg0, scales, warmups, tols, law: dict, gd_shifts=None) -> 
     on_gd_map = gd_shifts is not None and all(math.isfinite(d) for d in gd_shifts)
     linear = np.array([[t["parts"]["record_spacing"], t["theory"] - (t["parts"]["gd_map_shift"] if on_gd_map else 0.0)]
                        for t in tols])
-    w = experiments.least_tolerance_weights(s, np.sum(noisy ** 2, axis=1), linear.sum(axis=1))
+    w = least_tolerance_weights(s, np.sum(noisy ** 2, axis=1), linear.sum(axis=1))
     noise = math.sqrt(float(np.sum(w[:, None] ** 2 * noisy ** 2)))
     measurement, theory = (float(np.abs(w) @ linear[:, k]) for k in (0, 1))
     C_run = C + (shift := float(w @ np.asarray(gd_shifts, float)) if on_gd_map else 0.0)

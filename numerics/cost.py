@@ -79,7 +79,7 @@ FIT = {"evaluation": 2.5e-2, "mix": 1.78e-8}
 REPORT_SCALE = 0.37
 """Every coefficient above and every theory time below is its fit times this factor: the quick
 report's own needs, measured by CPU seconds (``reports.build``, seed 0, ``--jobs 2``, the CI's kind
-of machine, 2 cores shared at load 8-11, 2026-12-05), took 0.37 of what the fit priced them at
+of machine, 2 cores; docs/measurements.md), took 0.37 of what the fit priced them at
 (438 CPU-s measured in the engine's jobs against 1175 priced).  The fit's grid times programs
 of a few runs at a time on a machine loaded by other jobs; the report's programs fold many runs
 onto one stream's context, which the per-run feature prices at a small program's rate (its

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
+import scipy.linalg
+import scipy.optimize
 
 Z_SE = 4.0
 """The one tolerance policy for Monte-Carlo comparisons: a measured number agrees with its
@@ -271,3 +273,26 @@ def binomial_interval(k: int, n: int, z: float) -> tuple[float, float]:
     lo = 0.0 if k == 0 else float(betaincinv(k, n - k + 1, alpha / 2))
     hi = 1.0 if k == n else float(betaincinv(k + 1, n - k, 1 - alpha / 2))
     return lo, hi
+
+
+def least_tolerance_weights(scales, variance, linear) -> np.ndarray:
+    """The weights a of the unbiased linear estimate C = sum_j a_j T_j of T(s0) = C/s0 + c0 (sum_j a_j / s_j = 1,
+    sum_j a_j = 0: exact for every c0) whose tolerance sqrt(sum_j a_j^2 variance_j) + sum_j |a_j| linear_j is
+    smallest: weighted least squares with the runs' own noise (``variance``: Z_SE^2 x the variance of T_j) and
+    resolution/theory parts (``linear``), all fixed before any T is compared.  With two scales the weights are
+    determined (1 / (1/s_1 - 1/s_2) and its negative); with more, the ordinary least-squares weights are moved along
+    the constraints' null space (the SGD escape spread grows fast as s0 falls, so the smallest s0 is weighted less)."""
+    s = np.asarray(scales, float)
+    A = np.stack([1.0 / s, np.ones_like(s)])
+    start = np.linalg.pinv(A.T)[0]
+    null = scipy.linalg.null_space(A)
+    if null.shape[1] == 0:
+        return start
+
+    def tolerance(x):
+        a = start + null @ x
+        return math.sqrt(float(np.sum(a ** 2 * variance))) + float(np.abs(a) @ linear)
+
+    best = scipy.optimize.minimize(tolerance, np.zeros(null.shape[1]), method="Nelder-Mead",
+                                   options={"xatol": 1e-10, "fatol": 1e-14})
+    return start + null @ best.x if best.fun < tolerance(np.zeros(null.shape[1])) else start

@@ -21,6 +21,7 @@ from claims.core.spec import context, run_plan
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.experiments import phases as experiments
+from numerics.statistics import least_tolerance_weights
 from numerics.train import TrainConfig
 from theory.three_phases import ov_share, phase_times, phases_resolved, warmup_law_time
 
@@ -231,11 +232,11 @@ def test_least_tolerance_weights_are_unbiased_and_beat_least_squares():
     s = np.array([0.015, 0.02, 0.1])
     variance, linear = np.array([0.5, 0.25, 0.03]) ** 2, np.array([0.1, 0.1, 0.08])
     ols = np.linalg.pinv(np.stack([1.0 / s, np.ones(3)], axis=1))[0]
-    w = experiments.least_tolerance_weights(s, variance, linear)
+    w = least_tolerance_weights(s, variance, linear)
     assert w @ (1.0 / s) == pytest.approx(1.0) and w.sum() == pytest.approx(0.0, abs=1e-12)
     tol = lambda a: np.sqrt(np.sum(a ** 2 * variance)) + np.abs(a) @ linear    # noqa: E731
     assert tol(w) < tol(ols) and abs(w[0]) < abs(ols[0])
-    two = experiments.least_tolerance_weights(s[[0, 2]], variance[[0, 2]], linear[[0, 2]])
+    two = least_tolerance_weights(s[[0, 2]], variance[[0, 2]], linear[[0, 2]])
     assert two == pytest.approx(np.array([1.0, -1.0]) / (1 / s[0] - 1 / s[2]))
 
 
