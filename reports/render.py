@@ -70,7 +70,13 @@ from claims.core.base import BOUNDARY_OUTCOMES, FAILING, VERDICTS, Figure, Serie
 from reports.schema import scalar  # noqa: E402
 
 FIGURE_KINDS = ("lines", "heatmap", "panels", "mix")
-SERIES_STYLES = ("line", "points", "dashed")
+# Hollow markers under the lines: a prediction drawn through its measurements stays visible
+# even where the points are dense.
+SERIES_LOOK = {"line": dict(linestyle="-", lw=1.4, zorder=3),
+               "points": dict(linestyle="none", marker="o", markersize=4.5, markerfacecolor="none",
+                              markeredgewidth=1.0, zorder=2),
+               "dashed": dict(linestyle="--", lw=1.4, zorder=3)}
+SERIES_STYLES = tuple(SERIES_LOOK)
 SCALES = ("linear", "log")
 
 # Shading of successive spans (warm-up, emergence, convergence): light, distinct, and
@@ -188,15 +194,7 @@ def _draw_lines(ax, fig: Figure) -> None:
         colour = palette[colour_index % len(palette)]
         x = [_number(v) for v in s.x]
         y = [_number(v) for v in s.y]
-        # Hollow markers under the lines: a prediction drawn through its measurements stays
-        # visible even where the points are dense.
-        if s.style == "points":
-            ax.plot(x, y, linestyle="none", marker="o", markersize=4.5, markerfacecolor="none",
-                    markeredgewidth=1.0, color=colour, label=s.label, zorder=2)
-        elif s.style == "dashed":
-            ax.plot(x, y, linestyle="--", lw=1.4, color=colour, label=s.label, zorder=3)
-        else:
-            ax.plot(x, y, linestyle="-", lw=1.4, color=colour, label=s.label, zorder=3)
+        ax.plot(x, y, color=colour, label=s.label, **SERIES_LOOK[s.style])
     for line_index, hline in enumerate(fig.hlines):
         if "y" not in hline:
             raise RenderError(f"figure {fig.name!r}: an hline needs key 'y' (and 'label')")
@@ -209,9 +207,7 @@ def _draw_lines(ax, fig: Figure) -> None:
     for axis, scale in ((ax.xaxis, fig.xscale), (ax.yaxis, fig.yscale)):
         if scale == "log":
             _log_ticks(axis)
-    ax.set_xlabel(fig.xlabel)
-    ax.set_ylabel(fig.ylabel)
-    ax.set_title(fig.title, fontsize=10)
+    _label_axes(ax, fig)
     ax.grid(True, which="major", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     handles, labels = handles[:LEGEND_MAX], labels[:LEGEND_MAX]
@@ -221,6 +217,12 @@ def _draw_lines(ax, fig: Figure) -> None:
         else:
             ax.legend(handles, labels, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                       borderaxespad=0, ncol=1 + len(labels) // 24)
+
+
+def _label_axes(ax, fig: Figure) -> None:
+    ax.set_xlabel(fig.xlabel)
+    ax.set_ylabel(fig.ylabel)
+    ax.set_title(fig.title, fontsize=10)
 
 
 def _log_ticks(axis) -> None:
@@ -280,9 +282,7 @@ def _draw_heatmap(fig_mpl, ax, fig: Figure) -> None:
                     dark_cell = v < mid
                 ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
                         color="white" if dark_cell else "black")
-    ax.set_xlabel(fig.xlabel)
-    ax.set_ylabel(fig.ylabel)
-    ax.set_title(fig.title, fontsize=10)
+    _label_axes(ax, fig)
 
 
 MIX_COLOURS = ("#1b7837", "#762a83", "#e08214", "#2166ac", "#bdbdbd", "#b2182b", "#35978f", "#8c510a")
@@ -316,9 +316,7 @@ def _draw_mix(ax, fig: Figure) -> None:
         left = [a + w for a, w in zip(left, width)]
     ax.set_yticks(range(rows), [str(r) for r in fig.row_labels], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(fig.xlabel)
-    ax.set_ylabel(fig.ylabel)
-    ax.set_title(fig.title, fontsize=10)
+    _label_axes(ax, fig)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
@@ -701,20 +699,14 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts to ``{"a.b.c": leaf}``; a list of dicts (e.g. one record per case) to
     ``a[0].b``, ``a[1].b``; other lists stay leaves (shown inline)."""
     if isinstance(d, list) and d and all(isinstance(x, dict) for x in d):
-        flat: dict[str, Any] = {}
-        for k, x in enumerate(d):
-            flat.update(flatten(x, f"{prefix}[{k}]"))
-        return flat
-    if not isinstance(d, dict):
+        items = [(f"{prefix}[{k}]", x) for k, x in enumerate(d)]
+    elif isinstance(d, dict) and (d or not prefix):     # an empty dict inside is a leaf
+        items = [(f"{prefix}.{key}" if prefix else str(key), x) for key, x in d.items()]
+    else:
         return {prefix or "value": d}
-    flat = {}
-    for key, value in d.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if (isinstance(value, dict) and value) or (
-                isinstance(value, list) and value and all(isinstance(x, dict) for x in value)):
-            flat.update(flatten(value, path))
-        else:
-            flat[path] = value
+    flat: dict[str, Any] = {}
+    for path, value in items:
+        flat.update(flatten(value, path))
     return flat
 
 
@@ -1149,14 +1141,10 @@ def scorecard(report: dict) -> list[dict]:
     return groups
 
 
-def scorecard_order(report: dict) -> list[str]:
-    """The claim ids in the scorecard's order (the forest plot's order too)."""
-    return [r["id"] for g in scorecard(report) for r in g["rows"]]
-
-
-def report_forest(report: dict) -> tuple[list, int]:
-    """The forest plot's rows of a document, in the scorecard's order, and how many were left out."""
-    return forest_rows(report, scorecard_order(report))
+def report_forest(report: dict, card: Optional[list] = None) -> tuple[list, int]:
+    """The forest plot's rows of a document in the order of its scorecard (``card``, computed when
+    not given), and how many were left out."""
+    return forest_rows(report, [r["id"] for g in card or scorecard(report) for r in g["rows"]])
 
 
 def report_figures(report: dict) -> dict[str, bytes]:
@@ -1368,9 +1356,10 @@ def render_html(report: dict, pngs: dict[str, bytes]) -> str:
     ``claims[*].figures[*].file``) to its PNG bytes, embedded as data URIs.  First screen: the
     scorecard beside the forest plot (drawn here from the document, inline SVG); then the
     findings, the run, and one section per claim."""
-    rows, left_out = report_forest(report)
+    card = scorecard(report)
+    rows, left_out = report_forest(report, card)
     return render("index.html.j2", title=TITLE, tiny=report["provenance"].get("profile") == "tiny",
-                  run=run_summary(report), scorecard=scorecard(report), findings=findings_lists(report),
+                  run=run_summary(report), scorecard=card, findings=findings_lists(report),
                   has_findings=bool(report.get("findings")), forest=forest_svg(rows) if rows else None,
                   forest_caption=forest_caption(rows, left_out), forest_file=FOREST_FILE,
                   sections=[section(c, report, pngs) for c in report["claims"]])
