@@ -827,41 +827,26 @@ def group_by_config(rows: list[dict]) -> list[tuple[Any, list[dict]]]:
     return list(groups.items())
 
 
-def headline_row(entry: dict) -> tuple[Optional[dict], str]:
-    """The row a claim names as its headline, and a note when its name is not one of its rows.
-
-    A claim names it with ``details["headline_row"]``: the index of the row in ``headline``
-    (an int) or the row's name (a str; the first row of that name).  Without it the first
-    headline row is the claim's headline."""
+def headline_row(entry: dict) -> Optional[dict]:
+    """The row that is a claim's headline: the row of the comparison its spec names
+    (``claims.core.spec.Outcome.headline_comparison``, stored as
+    ``details.resolving_power.headline.name``), or that comparison itself where no row shows it;
+    else its first headline row (None without one)."""
     rows = [r for r in entry.get("headline") or [] if isinstance(r, dict)]
     if not rows:
-        return None, ""
-    details = entry.get("details") or {}
-    named = details.get("headline_row")
-    if named is None:
-        # the comparison the spec names as its headline (claims.core.spec.Outcome.headline_comparison,
-        # stored as details.resolving_power.headline.name): its row, or the comparison itself
-        power = details.get("resolving_power")
-        head = power.get("headline") if isinstance(power, dict) else None
-        name = head.get("name") if isinstance(head, dict) else None
-        if isinstance(name, str):
-            for r in rows:
-                if r.get("name") == name:
-                    return r, ""
-            for c in details.get("comparisons") or []:
-                if isinstance(c, dict) and c.get("name") == name:
-                    return {"name": name, "theory": c.get("predicted"), "measured": c.get("measured"),
-                            "se": c.get("se"), "tolerance": c.get("tolerance"), "agrees": c.get("agrees"),
-                            "side": c.get("side", "two-sided"), "config": c.get("config"),
-                            "resolving_power": c.get("resolving_power")}, ""
-        return rows[0], ""
-    if isinstance(named, int) and not isinstance(named, bool) and 0 <= named < len(rows):
-        return rows[named], ""
-    if isinstance(named, str):
+        return None
+    power = (entry.get("details") or {}).get("resolving_power")
+    head = power.get("headline") if isinstance(power, dict) else None
+    name = head.get("name") if isinstance(head, dict) else None
+    if isinstance(name, str):
         for r in rows:
-            if r.get("name") == named:
-                return r, ""
-    return rows[0], f"details.headline_row {str(named)[:60]!r} names none of its {len(rows)} rows; the first is shown"
+            if r.get("name") == name:
+                return r
+        for c in comparison_records(entry):
+            if c.get("name") == name:
+                return {**{k: c.get(k) for k in ("measured", "se", "tolerance", "agrees", "config", "resolving_power")},
+                        "name": name, "theory": c.get("predicted"), "side": c.get("side", "two-sided")}
+    return rows[0]
 
 
 def _row_record(entry: dict, row: dict) -> dict:
@@ -869,8 +854,8 @@ def _row_record(entry: dict, row: dict) -> dict:
     resolving power) with the numbers the row shows where it shows them (the claim chose those for a
     reader: a scalar for a ratio, theory as the prediction)."""
     same = [c for c in comparison_records(entry) if c.get("name") == row.get("name")]
-    shown = {"predicted": row.get("theory"), "measured": row.get("measured"), "tolerance": row.get("tolerance"),
-             "se": row.get("se"), "side": row.get("side"), "agrees": row.get("agrees"), "config": row.get("config")}
+    shown = {"predicted": row.get("theory"), **{k: row.get(k) for k in ("measured", "tolerance", "se", "side", "agrees",
+                                                                        "config")}}
     if not same:
         return {**row, **shown}
     if shown["measured"] is None and shown["predicted"] is None:   # a structure the row could not show
@@ -894,8 +879,8 @@ def deciding(entry: dict) -> tuple[str, Optional[dict]]:
         details = entry.get("details") or {}
         reason = details.get("error") if details.get("traceback") else None
         return f"{verdict}: {str(reason)[:300] + '.' if reason else _verdict_reason(entry)}", None
-    row, note = headline_row(entry)
-    return note, None if row is None else _row_record(entry, row)
+    row = headline_row(entry)
+    return "", None if row is None else _row_record(entry, row)
 
 
 _SETTING = re.compile(r"(\w+)=(\([^)]*\)|\[[^\]]*\]|[^\s,;]+)")

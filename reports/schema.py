@@ -172,24 +172,20 @@ def with_defaults(report: dict) -> dict:
     entries = report.get("claims")
     if not isinstance(entries, list):
         return report
-    new_entries = []
-    for raw in entries:
-        if not isinstance(raw, dict):
-            new_entries.append(raw)
-            continue
-        entry = dict(raw)
-        for name, value in _defaults(ClaimResult).items():
-            if name not in ("kind", "figures") and name not in entry:
-                entry[name] = value
-        for name, cls in ROW_CLASSES.items():
-            rows = entry.get(name, [])
-            if isinstance(rows, list):
-                entry[name] = [{**_defaults(cls), **row} if isinstance(row, dict) else row for row in rows]
-        new_entries.append(entry)
+    new_entries = [_entry_with_defaults(raw) if isinstance(raw, dict) else raw for raw in entries]
     out = dict(report, claims=new_entries)
     out.setdefault("findings", [f for e in new_entries if isinstance(e, dict)
                                 for f in (e.get("findings") if isinstance(e.get("findings"), list) else [])])
     return out
+
+
+def _entry_with_defaults(raw: dict) -> dict:
+    entry = {**raw, **{name: value for name, value in _defaults(ClaimResult).items()
+                       if name not in ("kind", "figures") and name not in raw}}
+    for name, cls in ROW_CLASSES.items():
+        if isinstance(entry.get(name, []), list):
+            entry[name] = [{**_defaults(cls), **row} if isinstance(row, dict) else row for row in entry.get(name, [])]
+    return entry
 
 
 def older_version(report: dict) -> Optional[str]:
