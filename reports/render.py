@@ -67,7 +67,7 @@ from matplotlib import ticker  # noqa: E402
 from PIL import Image  # noqa: E402 - Matplotlib's own dependency
 
 from claims.core.base import BOUNDARY_OUTCOMES, FAILING, VERDICTS, Figure, Series, kind_from_id  # noqa: E402
-from reports.schema import scalar  # noqa: E402
+from reports.schema import scalar, side_error  # noqa: E402
 
 FIGURE_KINDS = ("lines", "heatmap", "panels", "mix")
 # Hollow markers under the lines: a prediction drawn through its measurements stays visible
@@ -450,7 +450,7 @@ def forest_row(claim_id: str, c: dict) -> Optional[ForestRow]:
     common = dict(claim=claim_id, name=str(c.get("name", "")), config=c.get("config"), side=side, agrees=agrees)
     if measured is not None and predicted is not None and math.isfinite(measured) and math.isfinite(predicted):
         d = measured - predicted
-        own = abs(d) if side == "two-sided" else max(0.0, d) if side == "not above" else max(0.0, -d)
+        own = side_error(side, measured, predicted)
         if error is None or abs(own - error) <= SAME_ERROR * max(abs(own), abs(error), 1e-300):
             if tolerance > 0:
                 bar = se / tolerance if se is not None and math.isfinite(se) and se > 0 else None
@@ -458,11 +458,7 @@ def forest_row(claim_id: str, c: dict) -> Optional[ForestRow]:
             return ForestRow(value=0.0 if d == 0 else math.copysign(math.inf, d), bar=None, signed=True, **common)
     if error is None or math.isnan(error):
         return None
-    if tolerance > 0:
-        value = error / tolerance
-    else:
-        value = 0.0 if error <= 0 else math.inf
-    return ForestRow(value=value, bar=None, signed=False, **common)
+    return ForestRow(value=_over(error, tolerance), bar=None, signed=False, **common)
 
 
 def forest_rows(report: dict, order: Optional[list[str]] = None) -> tuple[list[ForestRow], int]:
@@ -638,6 +634,11 @@ def environment() -> jinja2.Environment:
     env.filters.update(value=format_value, seconds=_seconds, anchor=anchor)
     env.globals.update(badge_class=badge_class)
     return env
+
+
+def data_uri(png: bytes) -> str:
+    """A PNG inline in the page (the page is one self-contained file)."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def render(template: str, **context: Any) -> str:
@@ -1095,8 +1096,11 @@ def _margin(c: dict) -> float:
         return margin
     error, tolerance = scalar(c.get("error")), scalar(c.get("tolerance"))
     error = _distance(c) if error is None else error
-    if error is None or tolerance is None:
-        return math.inf
+    return math.inf if error is None or tolerance is None else _over(error, tolerance)
+
+
+def _over(error: float, tolerance: float) -> float:
+    """error / tolerance; against a tolerance of 0 (an exact check), 0 or infinity."""
     return error / tolerance if tolerance > 0 else (0.0 if error <= 0 else math.inf)
 
 
@@ -1263,7 +1267,7 @@ def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
         data = pngs.get(fig["file"])
         if data is not None:
             figures.append({"title": fig["title"], "caption": fig.get("caption") or "", "file": fig["file"],
-                            "uri": "data:image/png;base64," + base64.b64encode(data).decode("ascii")})
+                            "uri": data_uri(data)})
     return {
         "id": str(entry["id"]), "anchor": anchor(entry["id"]), "title": str(entry["title"]),
         "verdict": str(entry["verdict"]), "kind": kind_of(entry),

@@ -241,7 +241,8 @@ def scalar(v: Any) -> Optional[float]:
     return None
 
 
-def _side_error(side: str, measured: float, predicted: float) -> float:
+def side_error(side: str, measured: float, predicted: float) -> float:
+    """The error a comparison's side measures: |d| two-sided, the excess above (below) a bound."""
     d = measured - predicted
     return abs(d) if side == "two-sided" else max(0.0, d) if side == "not above" else max(0.0, -d)
 
@@ -282,7 +283,7 @@ def row_agreement(row: dict) -> Optional[bool]:
     m, t, tol = row.get("measured"), row.get("theory"), row.get("tolerance")
     mv, tv, tolv = scalar(m), scalar(t), scalar(tol)
     if mv is not None and tv is not None and tolv is not None:
-        err = _side_error(side, mv, tv)
+        err = side_error(side, mv, tv)
         if math.isnan(tolv):
             return False
         return _decide(err - tolv, max(abs(err), abs(tolv)))
@@ -298,7 +299,7 @@ def row_agreement(row: dict) -> Optional[bool]:
         tols = [tolv] * len(ms or []) if tolv is not None else (_flat(tol) if isinstance(tol, list) else None)
         if ms is None or ts is None or tols is None or not (len(ms) == len(ts) == len(tols)) or not ms:
             return None
-        decided = [_decide(_side_error(side, a, b) - e, max(abs(_side_error(side, a, b)), abs(e)))
+        decided = [_decide(side_error(side, a, b) - e, max(abs(side_error(side, a, b)), abs(e)))
                    if not math.isnan(e) else False for a, b, e in zip(ms, ts, tols)]
         if any(d is False for d in decided):
             return False
