@@ -561,13 +561,12 @@ def forest_figure(rows: list[ForestRow], width: float = 5.4):
     ax.grid(False)
     for spine in ("top", "right", "left"):
         ax.spines[spine].set_visible(False)
-    handles = [
-        plt.Line2D([], [], linestyle="none", marker="o", color=AGREE_COLOUR, markersize=4, label="agrees"),
-        plt.Line2D([], [], linestyle="none", marker="o", color=DISAGREE_COLOUR, markersize=4, label="disagrees"),
-        plt.Line2D([], [], linestyle="none", marker="o", color="#555555", markerfacecolor="white", markersize=4,
-                   label="|error| / tol (not scalars)"),
-        plt.Line2D([], [], linestyle="none", marker="<", color="#555555", markersize=4, label="one-sided, bound |"),
-    ]
+    handles = [plt.Line2D([], [], linestyle="none", marker=marker, color=colour, markersize=4, label=label, **face)
+               for marker, colour, label, face in (("o", AGREE_COLOUR, "agrees", {}),
+                                                   ("o", DISAGREE_COLOUR, "disagrees", {}),
+                                                   ("o", "#555555", "|error| / tol (not scalars)",
+                                                    {"markerfacecolor": "white"}),
+                                                   ("<", "#555555", "one-sided, bound |", {}))]
     fig.legend(handles=handles, loc="upper center", ncol=2, fontsize=6.5, frameon=False,
                bbox_to_anchor=(0.62, 1.0), handletextpad=0.3, columnspacing=1.0)
     return fig

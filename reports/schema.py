@@ -323,19 +323,11 @@ def _short(v: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def judged_problems(entry: dict, where: str) -> list[str]:
-    """Where an entry disagrees with itself: every stored comparison's ``agrees`` against its error
-    and tolerance, every perturbation's ``rejected`` against its error and tolerance, every judged
-    headline row's ``agrees`` against its own numbers (:func:`row_agreement`), and the verdict
-    against the one rule (``claims.core.base.judge``) applied to the recomputed comparisons and
-    perturbations, the ``undecided`` reason and an exception the run recorded.  An entry that
-    records no comparison (a report from before they were stored) is judged on its rows: a
-    passing verdict needs every judged row to agree and every perturbation rejected."""
+def _comparison_problems(where: str, comparisons: list) -> list[str]:
+    """Where stored comparisons disagree with themselves: each ``agrees`` against its error and
+    tolerance, each of its perturbations' ``rejected`` likewise."""
     problems = []
-    details = entry.get("details") if isinstance(entry.get("details"), dict) else {}
-    comparisons = details.get("comparisons")
-    comparisons = comparisons if isinstance(comparisons, list) else None
-    for k, c in enumerate(comparisons or []):
+    for k, c in enumerate(comparisons):
         if not isinstance(c, dict):
             problems.append(f"{where}: details.comparisons[{k}] is not an object")
             continue
@@ -354,6 +346,21 @@ def judged_problems(entry: dict, where: str) -> list[str]:
                 problems.append(f"{where}: comparison {_short(c.get('name'))}: perturbation "
                                 f"{_short(q.get('description'))} says rejected={q.get('rejected')!r} but its error "
                                 f"{_short(q.get('error'))} against {_short(q.get('tolerance'))} says {rej}")
+    return problems
+
+
+def judged_problems(entry: dict, where: str) -> list[str]:
+    """Where an entry disagrees with itself: every stored comparison's ``agrees`` against its error
+    and tolerance, every perturbation's ``rejected`` against its error and tolerance, every judged
+    headline row's ``agrees`` against its own numbers (:func:`row_agreement`), and the verdict
+    against the one rule (``claims.core.base.judge``) applied to the recomputed comparisons and
+    perturbations, the ``undecided`` reason and an exception the run recorded.  An entry that
+    records no comparison (a report from before they were stored) is judged on its rows: a
+    passing verdict needs every judged row to agree and every perturbation rejected."""
+    details = entry.get("details") if isinstance(entry.get("details"), dict) else {}
+    comparisons = details.get("comparisons")
+    comparisons = comparisons if isinstance(comparisons, list) else None
+    problems = _comparison_problems(where, comparisons or [])
     perturbations = []
     for q in entry["perturbations"]:
         rej = _agrees(q.get("details"), rejected=True)
