@@ -34,10 +34,6 @@ MAX_PREDICT_HEADS = 256
 MAX_OPTIMALITY_SIZE = 32
 
 
-class PredictionFailed(ValueError):
-    """The large-L expansion has no usable solution at these arguments."""
-
-
 def _solve(what: str, fn, *args):
     """Run a root finder / minimiser of theory and turn its numerical failure (mpmath's
     "Could not find root", an overflow) into a message in the user's terms."""
@@ -45,7 +41,7 @@ def _solve(what: str, fn, *args):
         return fn(*args)
     except (ValueError, ZeroDivisionError, ArithmeticError) as exc:
         kind = "its root finder did not converge" if "root" in str(exc) else type(exc).__name__
-        raise PredictionFailed(f"{what} ({kind})") from None
+        raise ValueError(f"{what} ({kind})") from None
 
 
 def expansion_size(tasks, L, sigma) -> float:
@@ -87,8 +83,8 @@ def predict(tasks, heads, L, sigma=0.0, optimality=False, seed=0) -> dict:
 
     ``valid`` is False (with ``invalid_reasons``) where the prediction means nothing
     (:func:`validity`); ``reliable`` is False (with ``unreliable_reasons``) where its error is
-    not small. Raises :class:`PredictionFailed` (a ValueError) when the expansion has no fixed
-    point at all (L too small, sigma too large)."""
+    not small. Raises ValueError saying so when the expansion has no fixed point at all (L too
+    small, sigma too large)."""
     from theory.limiting_error import limit_multi_per_task, minimise_single, single_head_at_L
     from theory.optimality import linear_attention_limit, optimality_ratio
     from theory.task_allocation import allocated_task_point
