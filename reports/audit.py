@@ -25,7 +25,6 @@ Exit status: 0 when no judged claim fails or errors and no boundary is contradic
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import datetime as _dt
 import json
@@ -36,7 +35,6 @@ import sys
 import textwrap
 import time
 import warnings
-from pathlib import Path
 from typing import Optional, TextIO
 
 from numerics.io.command import command_line
@@ -50,7 +48,6 @@ from numerics.io.command import (OFFSET_SEED_MAX, float_option, int_option, pars
 DEFAULT_OUT = "reports/audit"
 EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 2, 130   # and the build's exit_status: 0, or 1 on a failing result
 TEMPLATE = "audit.html.j2"
-TEMPLATES = Path(__file__).resolve().parent / "templates"
 MAX_PROMPTS = 2 ** 24
 
 
@@ -531,19 +528,14 @@ def trajectory_theory(d: dict) -> Optional[dict]:
 
 
 def page(doc: dict, files: dict) -> str:
-    """index.html from the template (autoescaped; figures inline as data URIs)."""
-    import jinja2
+    """index.html from the template, in the main page's environment (autoescaped; its ``anchor``
+    gives the section ids check_report looks for); figures inline as data URIs."""
+    from reports.render import data_uri, environment
 
-    from reports.render import anchor      # the main page's section ids, which check_report looks for
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters["num"] = _fmt
-    env.filters["anchor"] = anchor
-    env.filters["decided"] = decided_by
-    env.filters["pm"] = lambda e: "n/a" if not e else f"{_fmt(e['mean'])} ± {_fmt(e['se'], 2)}"
-    inline = {k: "data:image/png;base64," + base64.b64encode(v).decode("ascii")
-              for k, v in files.items() if k.endswith(".png")}
+    env = environment().overlay(keep_trailing_newline=False)
+    env.filters = {**env.filters, "num": _fmt, "decided": decided_by,
+                   "pm": lambda e: "n/a" if not e else f"{_fmt(e['mean'])} ± {_fmt(e['se'], 2)}"}
+    inline = {k: data_uri(v) for k, v in files.items() if k.endswith(".png")}
     return env.get_template(TEMPLATE).render(doc=doc, inline=inline, models={e["judged"]: e for e in doc["model"]
                                                                             if e["judged"]})
 

@@ -67,10 +67,16 @@ from matplotlib import ticker  # noqa: E402
 from PIL import Image  # noqa: E402 - Matplotlib's own dependency
 
 from claims.core.base import BOUNDARY_OUTCOMES, FAILING, VERDICTS, Figure, Series, kind_from_id  # noqa: E402
-from reports.schema import scalar  # noqa: E402
+from reports.schema import scalar, side_error  # noqa: E402
 
 FIGURE_KINDS = ("lines", "heatmap", "panels", "mix")
-SERIES_STYLES = ("line", "points", "dashed")
+# Hollow markers under the lines: a prediction drawn through its measurements stays visible
+# even where the points are dense.
+SERIES_LOOK = {"line": dict(linestyle="-", lw=1.4, zorder=3),
+               "points": dict(linestyle="none", marker="o", markersize=4.5, markerfacecolor="none",
+                              markeredgewidth=1.0, zorder=2),
+               "dashed": dict(linestyle="--", lw=1.4, zorder=3)}
+SERIES_STYLES = tuple(SERIES_LOOK)
 SCALES = ("linear", "log")
 
 # Shading of successive spans (warm-up, emergence, convergence): light, distinct, and
@@ -188,15 +194,7 @@ def _draw_lines(ax, fig: Figure) -> None:
         colour = palette[colour_index % len(palette)]
         x = [_number(v) for v in s.x]
         y = [_number(v) for v in s.y]
-        # Hollow markers under the lines: a prediction drawn through its measurements stays
-        # visible even where the points are dense.
-        if s.style == "points":
-            ax.plot(x, y, linestyle="none", marker="o", markersize=4.5, markerfacecolor="none",
-                    markeredgewidth=1.0, color=colour, label=s.label, zorder=2)
-        elif s.style == "dashed":
-            ax.plot(x, y, linestyle="--", lw=1.4, color=colour, label=s.label, zorder=3)
-        else:
-            ax.plot(x, y, linestyle="-", lw=1.4, color=colour, label=s.label, zorder=3)
+        ax.plot(x, y, color=colour, label=s.label, **SERIES_LOOK[s.style])
     for line_index, hline in enumerate(fig.hlines):
         if "y" not in hline:
             raise RenderError(f"figure {fig.name!r}: an hline needs key 'y' (and 'label')")
@@ -209,9 +207,7 @@ def _draw_lines(ax, fig: Figure) -> None:
     for axis, scale in ((ax.xaxis, fig.xscale), (ax.yaxis, fig.yscale)):
         if scale == "log":
             _log_ticks(axis)
-    ax.set_xlabel(fig.xlabel)
-    ax.set_ylabel(fig.ylabel)
-    ax.set_title(fig.title, fontsize=10)
+    _label_axes(ax, fig)
     ax.grid(True, which="major", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     handles, labels = handles[:LEGEND_MAX], labels[:LEGEND_MAX]
@@ -221,6 +217,12 @@ def _draw_lines(ax, fig: Figure) -> None:
         else:
             ax.legend(handles, labels, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                       borderaxespad=0, ncol=1 + len(labels) // 24)
+
+
+def _label_axes(ax, fig: Figure) -> None:
+    ax.set_xlabel(fig.xlabel)
+    ax.set_ylabel(fig.ylabel)
+    ax.set_title(fig.title, fontsize=10)
 
 
 def _log_ticks(axis) -> None:
@@ -280,9 +282,7 @@ def _draw_heatmap(fig_mpl, ax, fig: Figure) -> None:
                     dark_cell = v < mid
                 ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
                         color="white" if dark_cell else "black")
-    ax.set_xlabel(fig.xlabel)
-    ax.set_ylabel(fig.ylabel)
-    ax.set_title(fig.title, fontsize=10)
+    _label_axes(ax, fig)
 
 
 MIX_COLOURS = ("#1b7837", "#762a83", "#e08214", "#2166ac", "#bdbdbd", "#b2182b", "#35978f", "#8c510a")
@@ -316,9 +316,7 @@ def _draw_mix(ax, fig: Figure) -> None:
         left = [a + w for a, w in zip(left, width)]
     ax.set_yticks(range(rows), [str(r) for r in fig.row_labels], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(fig.xlabel)
-    ax.set_ylabel(fig.ylabel)
-    ax.set_title(fig.title, fontsize=10)
+    _label_axes(ax, fig)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
@@ -452,7 +450,7 @@ def forest_row(claim_id: str, c: dict) -> Optional[ForestRow]:
     common = dict(claim=claim_id, name=str(c.get("name", "")), config=c.get("config"), side=side, agrees=agrees)
     if measured is not None and predicted is not None and math.isfinite(measured) and math.isfinite(predicted):
         d = measured - predicted
-        own = abs(d) if side == "two-sided" else max(0.0, d) if side == "not above" else max(0.0, -d)
+        own = side_error(side, measured, predicted)
         if error is None or abs(own - error) <= SAME_ERROR * max(abs(own), abs(error), 1e-300):
             if tolerance > 0:
                 bar = se / tolerance if se is not None and math.isfinite(se) and se > 0 else None
@@ -460,11 +458,7 @@ def forest_row(claim_id: str, c: dict) -> Optional[ForestRow]:
             return ForestRow(value=0.0 if d == 0 else math.copysign(math.inf, d), bar=None, signed=True, **common)
     if error is None or math.isnan(error):
         return None
-    if tolerance > 0:
-        value = error / tolerance
-    else:
-        value = 0.0 if error <= 0 else math.inf
-    return ForestRow(value=value, bar=None, signed=False, **common)
+    return ForestRow(value=_over(error, tolerance), bar=None, signed=False, **common)
 
 
 def forest_rows(report: dict, order: Optional[list[str]] = None) -> tuple[list[ForestRow], int]:
@@ -567,13 +561,12 @@ def forest_figure(rows: list[ForestRow], width: float = 5.4):
     ax.grid(False)
     for spine in ("top", "right", "left"):
         ax.spines[spine].set_visible(False)
-    handles = [
-        plt.Line2D([], [], linestyle="none", marker="o", color=AGREE_COLOUR, markersize=4, label="agrees"),
-        plt.Line2D([], [], linestyle="none", marker="o", color=DISAGREE_COLOUR, markersize=4, label="disagrees"),
-        plt.Line2D([], [], linestyle="none", marker="o", color="#555555", markerfacecolor="white", markersize=4,
-                   label="|error| / tol (not scalars)"),
-        plt.Line2D([], [], linestyle="none", marker="<", color="#555555", markersize=4, label="one-sided, bound |"),
-    ]
+    handles = [plt.Line2D([], [], linestyle="none", marker=marker, color=colour, markersize=4, label=label, **face)
+               for marker, colour, label, face in (("o", AGREE_COLOUR, "agrees", {}),
+                                                   ("o", DISAGREE_COLOUR, "disagrees", {}),
+                                                   ("o", "#555555", "|error| / tol (not scalars)",
+                                                    {"markerfacecolor": "white"}),
+                                                   ("<", "#555555", "one-sided, bound |", {}))]
     fig.legend(handles=handles, loc="upper center", ncol=2, fontsize=6.5, frameon=False,
                bbox_to_anchor=(0.62, 1.0), handletextpad=0.3, columnspacing=1.0)
     return fig
@@ -642,6 +635,11 @@ def environment() -> jinja2.Environment:
     return env
 
 
+def data_uri(png: bytes) -> str:
+    """A PNG inline in the page (the page is one self-contained file)."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
 def render(template: str, **context: Any) -> str:
     """A template of ``reports/templates`` rendered with ``context``."""
     return environment().get_template(template).render(**context)
@@ -701,20 +699,14 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts to ``{"a.b.c": leaf}``; a list of dicts (e.g. one record per case) to
     ``a[0].b``, ``a[1].b``; other lists stay leaves (shown inline)."""
     if isinstance(d, list) and d and all(isinstance(x, dict) for x in d):
-        flat: dict[str, Any] = {}
-        for k, x in enumerate(d):
-            flat.update(flatten(x, f"{prefix}[{k}]"))
-        return flat
-    if not isinstance(d, dict):
+        items = [(f"{prefix}[{k}]", x) for k, x in enumerate(d)]
+    elif isinstance(d, dict) and (d or not prefix):     # an empty dict inside is a leaf
+        items = [(f"{prefix}.{key}" if prefix else str(key), x) for key, x in d.items()]
+    else:
         return {prefix or "value": d}
-    flat = {}
-    for key, value in d.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if (isinstance(value, dict) and value) or (
-                isinstance(value, list) and value and all(isinstance(x, dict) for x in value)):
-            flat.update(flatten(value, path))
-        else:
-            flat[path] = value
+    flat: dict[str, Any] = {}
+    for path, value in items:
+        flat.update(flatten(value, path))
     return flat
 
 
@@ -835,41 +827,26 @@ def group_by_config(rows: list[dict]) -> list[tuple[Any, list[dict]]]:
     return list(groups.items())
 
 
-def headline_row(entry: dict) -> tuple[Optional[dict], str]:
-    """The row a claim names as its headline, and a note when its name is not one of its rows.
-
-    A claim names it with ``details["headline_row"]``: the index of the row in ``headline``
-    (an int) or the row's name (a str; the first row of that name).  Without it the first
-    headline row is the claim's headline."""
+def headline_row(entry: dict) -> Optional[dict]:
+    """The row that is a claim's headline: the row of the comparison its spec names
+    (``claims.core.spec.Outcome.headline_comparison``, stored as
+    ``details.resolving_power.headline.name``), or that comparison itself where no row shows it;
+    else its first headline row (None without one)."""
     rows = [r for r in entry.get("headline") or [] if isinstance(r, dict)]
     if not rows:
-        return None, ""
-    details = entry.get("details") or {}
-    named = details.get("headline_row")
-    if named is None:
-        # the comparison the spec names as its headline (claims.core.spec.Outcome.headline_comparison,
-        # stored as details.resolving_power.headline.name): its row, or the comparison itself
-        power = details.get("resolving_power")
-        head = power.get("headline") if isinstance(power, dict) else None
-        name = head.get("name") if isinstance(head, dict) else None
-        if isinstance(name, str):
-            for r in rows:
-                if r.get("name") == name:
-                    return r, ""
-            for c in details.get("comparisons") or []:
-                if isinstance(c, dict) and c.get("name") == name:
-                    return {"name": name, "theory": c.get("predicted"), "measured": c.get("measured"),
-                            "se": c.get("se"), "tolerance": c.get("tolerance"), "agrees": c.get("agrees"),
-                            "side": c.get("side", "two-sided"), "config": c.get("config"),
-                            "resolving_power": c.get("resolving_power")}, ""
-        return rows[0], ""
-    if isinstance(named, int) and not isinstance(named, bool) and 0 <= named < len(rows):
-        return rows[named], ""
-    if isinstance(named, str):
+        return None
+    power = (entry.get("details") or {}).get("resolving_power")
+    head = power.get("headline") if isinstance(power, dict) else None
+    name = head.get("name") if isinstance(head, dict) else None
+    if isinstance(name, str):
         for r in rows:
-            if r.get("name") == named:
-                return r, ""
-    return rows[0], f"details.headline_row {str(named)[:60]!r} names none of its {len(rows)} rows; the first is shown"
+            if r.get("name") == name:
+                return r
+        for c in comparison_records(entry):
+            if c.get("name") == name:
+                return {**{k: c.get(k) for k in ("measured", "se", "tolerance", "agrees", "config", "resolving_power")},
+                        "name": name, "theory": c.get("predicted"), "side": c.get("side", "two-sided")}
+    return rows[0]
 
 
 def _row_record(entry: dict, row: dict) -> dict:
@@ -877,8 +854,8 @@ def _row_record(entry: dict, row: dict) -> dict:
     resolving power) with the numbers the row shows where it shows them (the claim chose those for a
     reader: a scalar for a ratio, theory as the prediction)."""
     same = [c for c in comparison_records(entry) if c.get("name") == row.get("name")]
-    shown = {"predicted": row.get("theory"), "measured": row.get("measured"), "tolerance": row.get("tolerance"),
-             "se": row.get("se"), "side": row.get("side"), "agrees": row.get("agrees"), "config": row.get("config")}
+    shown = {"predicted": row.get("theory"), **{k: row.get(k) for k in ("measured", "tolerance", "se", "side", "agrees",
+                                                                        "config")}}
     if not same:
         return {**row, **shown}
     if shown["measured"] is None and shown["predicted"] is None:   # a structure the row could not show
@@ -902,8 +879,8 @@ def deciding(entry: dict) -> tuple[str, Optional[dict]]:
         details = entry.get("details") or {}
         reason = details.get("error") if details.get("traceback") else None
         return f"{verdict}: {str(reason)[:300] + '.' if reason else _verdict_reason(entry)}", None
-    row, note = headline_row(entry)
-    return note, None if row is None else _row_record(entry, row)
+    row = headline_row(entry)
+    return "", None if row is None else _row_record(entry, row)
 
 
 _SETTING = re.compile(r"(\w+)=(\([^)]*\)|\[[^\]]*\]|[^\s,;]+)")
@@ -1118,8 +1095,11 @@ def _margin(c: dict) -> float:
         return margin
     error, tolerance = scalar(c.get("error")), scalar(c.get("tolerance"))
     error = _distance(c) if error is None else error
-    if error is None or tolerance is None:
-        return math.inf
+    return math.inf if error is None or tolerance is None else _over(error, tolerance)
+
+
+def _over(error: float, tolerance: float) -> float:
+    """error / tolerance; against a tolerance of 0 (an exact check), 0 or infinity."""
     return error / tolerance if tolerance > 0 else (0.0 if error <= 0 else math.inf)
 
 
@@ -1149,14 +1129,10 @@ def scorecard(report: dict) -> list[dict]:
     return groups
 
 
-def scorecard_order(report: dict) -> list[str]:
-    """The claim ids in the scorecard's order (the forest plot's order too)."""
-    return [r["id"] for g in scorecard(report) for r in g["rows"]]
-
-
-def report_forest(report: dict) -> tuple[list, int]:
-    """The forest plot's rows of a document, in the scorecard's order, and how many were left out."""
-    return forest_rows(report, scorecard_order(report))
+def report_forest(report: dict, card: Optional[list] = None) -> tuple[list, int]:
+    """The forest plot's rows of a document in the order of its scorecard (``card``, computed when
+    not given), and how many were left out."""
+    return forest_rows(report, [r["id"] for g in card or scorecard(report) for r in g["rows"]])
 
 
 def report_figures(report: dict) -> dict[str, bytes]:
@@ -1290,7 +1266,7 @@ def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
         data = pngs.get(fig["file"])
         if data is not None:
             figures.append({"title": fig["title"], "caption": fig.get("caption") or "", "file": fig["file"],
-                            "uri": "data:image/png;base64," + base64.b64encode(data).decode("ascii")})
+                            "uri": data_uri(data)})
     return {
         "id": str(entry["id"]), "anchor": anchor(entry["id"]), "title": str(entry["title"]),
         "verdict": str(entry["verdict"]), "kind": kind_of(entry),
@@ -1368,9 +1344,10 @@ def render_html(report: dict, pngs: dict[str, bytes]) -> str:
     ``claims[*].figures[*].file``) to its PNG bytes, embedded as data URIs.  First screen: the
     scorecard beside the forest plot (drawn here from the document, inline SVG); then the
     findings, the run, and one section per claim."""
-    rows, left_out = report_forest(report)
+    card = scorecard(report)
+    rows, left_out = report_forest(report, card)
     return render("index.html.j2", title=TITLE, tiny=report["provenance"].get("profile") == "tiny",
-                  run=run_summary(report), scorecard=scorecard(report), findings=findings_lists(report),
+                  run=run_summary(report), scorecard=card, findings=findings_lists(report),
                   has_findings=bool(report.get("findings")), forest=forest_svg(rows) if rows else None,
                   forest_caption=forest_caption(rows, left_out), forest_file=FOREST_FILE,
                   sections=[section(c, report, pngs) for c in report["claims"]])

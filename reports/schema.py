@@ -143,25 +143,25 @@ def _walk_problems(obj: Any) -> list[str]:
         if isinstance(item, dict):
             for key, value in item.items():
                 if not _encodable(key):
-                    return [f"a key {key.encode('utf-8', 'backslashreplace')[:60].decode()!r} holds a lone surrogate "
-                            "(not valid Unicode): this file was not written by reports.build"]
+                    return [_surrogate("a key", key)]
                 stack.append((value, depth + 1))
         elif isinstance(item, list):
             stack.extend((v, depth + 1) for v in item)
         elif isinstance(item, str) and not _encodable(item):
-            return [f"a string {item.encode('utf-8', 'backslashreplace')[:60].decode()!r} holds a lone surrogate "
-                    "(not valid Unicode): this file was not written by reports.build"]
+            return [_surrogate("a string", item)]
     return []
 
 
+def _surrogate(what: str, text: str) -> str:
+    return (f"{what} {text.encode('utf-8', 'backslashreplace')[:60].decode()!r} holds a lone surrogate (not valid "
+            "Unicode): this file was not written by reports.build")
+
+
 def _encodable(text: str) -> bool:
-    if text.isascii():
-        return True
     try:
-        text.encode("utf-8")
+        return text.isascii() or bool(text.encode("utf-8"))
     except UnicodeEncodeError:
         return False
-    return True
 
 
 def with_defaults(report: dict) -> dict:
@@ -172,24 +172,20 @@ def with_defaults(report: dict) -> dict:
     entries = report.get("claims")
     if not isinstance(entries, list):
         return report
-    new_entries = []
-    for raw in entries:
-        if not isinstance(raw, dict):
-            new_entries.append(raw)
-            continue
-        entry = dict(raw)
-        for name, value in _defaults(ClaimResult).items():
-            if name not in ("kind", "figures") and name not in entry:
-                entry[name] = value
-        for name, cls in ROW_CLASSES.items():
-            rows = entry.get(name, [])
-            if isinstance(rows, list):
-                entry[name] = [{**_defaults(cls), **row} if isinstance(row, dict) else row for row in rows]
-        new_entries.append(entry)
+    new_entries = [_entry_with_defaults(raw) if isinstance(raw, dict) else raw for raw in entries]
     out = dict(report, claims=new_entries)
     out.setdefault("findings", [f for e in new_entries if isinstance(e, dict)
                                 for f in (e.get("findings") if isinstance(e.get("findings"), list) else [])])
     return out
+
+
+def _entry_with_defaults(raw: dict) -> dict:
+    entry = {**raw, **{name: value for name, value in _defaults(ClaimResult).items()
+                       if name not in ("kind", "figures") and name not in raw}}
+    for name, cls in ROW_CLASSES.items():
+        if isinstance(entry.get(name, []), list):
+            entry[name] = [{**_defaults(cls), **row} if isinstance(row, dict) else row for row in entry.get(name, [])]
+    return entry
 
 
 def older_version(report: dict) -> Optional[str]:
@@ -206,24 +202,23 @@ def older_version(report: dict) -> Optional[str]:
     return None
 
 
-def _row_problems(where: str, name: str, rows: list, cls) -> list[str]:
-    problems = []
-    spec = fields_of(cls)
-    for k, row in enumerate(rows):
-        at = f"{where}: {name}[{k}]"
-        if not isinstance(row, dict):
-            problems.append(f"{at} is not an object")
-            continue
-        unknown = sorted(set(row) - set(spec))
-        if unknown:
-            problems.append(f"{at} has unknown keys {unknown}")
-        for key, (hint, required) in spec.items():
-            if key not in row:
-                if required:
-                    problems.append(f"{at} lacks {key!r}")
-            elif not _type_ok(row[key], hint):
-                problems.append(f"{at}: {key!r} is {type(row[key]).__name__}, not {_type_name(hint)}")
+def _field_problems(at: str, obj: dict, spec: dict, entry: bool = False) -> list[str]:
+    """The keys and JSON types of ``obj`` against ``spec`` (:func:`fields_of`): an entry needs every
+    field (it was written with its defaults); a row its required ones and no other."""
+    unknown = [] if entry else sorted(set(obj) - set(spec))
+    problems = [f"{at} has unknown keys {unknown}"] if unknown else []
+    for key, (hint, required) in spec.items():
+        if key not in obj and (entry or required):
+            problems.append(f"{at}: missing key {key!r}" if entry else f"{at} lacks {key!r}")
+        elif key in obj and not _type_ok(obj[key], hint):
+            problems.append(f"{at}: {key!r} is {type(obj[key]).__name__}, not {_type_name(hint)}")
     return problems
+
+
+def _row_problems(where: str, name: str, rows: list, cls) -> list[str]:
+    return [problem for k, row in enumerate(rows)
+            for problem in (_field_problems(f"{where}: {name}[{k}]", row, fields_of(cls)) if isinstance(row, dict)
+                            else [f"{where}: {name}[{k}] is not an object"])]
 
 
 # --------------------------------------------------------------------------- recomputed agreement
@@ -246,7 +241,8 @@ def scalar(v: Any) -> Optional[float]:
     return None
 
 
-def _side_error(side: str, measured: float, predicted: float) -> float:
+def side_error(side: str, measured: float, predicted: float) -> float:
+    """The error a comparison's side measures: |d| two-sided, the excess above (below) a bound."""
     d = measured - predicted
     return abs(d) if side == "two-sided" else max(0.0, d) if side == "not above" else max(0.0, -d)
 
@@ -287,7 +283,7 @@ def row_agreement(row: dict) -> Optional[bool]:
     m, t, tol = row.get("measured"), row.get("theory"), row.get("tolerance")
     mv, tv, tolv = scalar(m), scalar(t), scalar(tol)
     if mv is not None and tv is not None and tolv is not None:
-        err = _side_error(side, mv, tv)
+        err = side_error(side, mv, tv)
         if math.isnan(tolv):
             return False
         return _decide(err - tolv, max(abs(err), abs(tolv)))
@@ -303,7 +299,7 @@ def row_agreement(row: dict) -> Optional[bool]:
         tols = [tolv] * len(ms or []) if tolv is not None else (_flat(tol) if isinstance(tol, list) else None)
         if ms is None or ts is None or tols is None or not (len(ms) == len(ts) == len(tols)) or not ms:
             return None
-        decided = [_decide(_side_error(side, a, b) - e, max(abs(_side_error(side, a, b)), abs(e)))
+        decided = [_decide(side_error(side, a, b) - e, max(abs(side_error(side, a, b)), abs(e)))
                    if not math.isnan(e) else False for a, b, e in zip(ms, ts, tols)]
         if any(d is False for d in decided):
             return False
@@ -311,29 +307,46 @@ def row_agreement(row: dict) -> Optional[bool]:
     return None
 
 
-def _agrees(error: Any, tolerance: Any) -> Optional[bool]:
-    """``claims.core.common.Comparison.agrees`` of a stored comparison: error <= tolerance (False for a
-    NaN); None where either is not a number."""
-    e, tol = scalar(error), scalar(tolerance)
+def _agrees(record: Any, rejected: bool = False) -> Optional[bool]:
+    """The rule of a stored record recomputed from its error and tolerance: a comparison agrees
+    when error <= tolerance (``claims.core.common.Comparison.agrees``), a perturbation is
+    ``rejected`` when error > tolerance (``claims.core.common.perturbation``); both False for a
+    NaN error.  None where the record does not carry both numbers."""
+    e, tol = (scalar(record.get(k)) for k in ("error", "tolerance")) if isinstance(record, dict) else (None, None)
     if e is None or tol is None:
         return None
-    return bool(e <= tol)
-
-
-def _rejected(details: Any) -> Optional[bool]:
-    """``claims.core.common.perturbation``'s rule on a stored perturbation: rejected when its error
-    exceeds the tolerance; None where the record does not carry both."""
-    if not isinstance(details, dict):
-        return None
-    e, tol = scalar(details.get("error")), scalar(details.get("tolerance"))
-    if e is None or tol is None:
-        return None
-    return bool(e > tol)
+    return bool(e > tol) if rejected else bool(e <= tol)
 
 
 def _short(v: Any, limit: int = 60) -> str:
     text = json.dumps(v, ensure_ascii=False)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _comparison_problems(where: str, comparisons: list) -> list[str]:
+    """Where stored comparisons disagree with themselves: each ``agrees`` against its error and
+    tolerance, each of its perturbations' ``rejected`` likewise."""
+    problems = []
+    for k, c in enumerate(comparisons):
+        if not isinstance(c, dict):
+            problems.append(f"{where}: details.comparisons[{k}] is not an object")
+            continue
+        recomputed = _agrees(c)
+        if not isinstance(c.get("agrees"), bool) or (recomputed is not None and recomputed != c["agrees"]):
+            problems.append(f"{where}: comparison {_short(c.get('name'))} says agrees={c.get('agrees')!r} but its "
+                            f"error {_short(c.get('error'))} against its tolerance {_short(c.get('tolerance'))} says "
+                            f"{recomputed}: the file disagrees with itself")
+        stored = c.get("perturbations") if c.get("perturbations") is not None else []
+        if not isinstance(stored, list):
+            problems.append(f"{where}: comparison {_short(c.get('name'))}: 'perturbations' is not a list")
+            stored = []
+        for q in stored:
+            rej = _agrees(q, rejected=True)
+            if isinstance(q, dict) and rej is not None and q.get("rejected") is not rej:
+                problems.append(f"{where}: comparison {_short(c.get('name'))}: perturbation "
+                                f"{_short(q.get('description'))} says rejected={q.get('rejected')!r} but its error "
+                                f"{_short(q.get('error'))} against {_short(q.get('tolerance'))} says {rej}")
+    return problems
 
 
 def judged_problems(entry: dict, where: str) -> list[str]:
@@ -344,32 +357,13 @@ def judged_problems(entry: dict, where: str) -> list[str]:
     perturbations, the ``undecided`` reason and an exception the run recorded.  An entry that
     records no comparison (a report from before they were stored) is judged on its rows: a
     passing verdict needs every judged row to agree and every perturbation rejected."""
-    problems = []
     details = entry.get("details") if isinstance(entry.get("details"), dict) else {}
     comparisons = details.get("comparisons")
     comparisons = comparisons if isinstance(comparisons, list) else None
-    for k, c in enumerate(comparisons or []):
-        if not isinstance(c, dict):
-            problems.append(f"{where}: details.comparisons[{k}] is not an object")
-            continue
-        recomputed = _agrees(c.get("error"), c.get("tolerance"))
-        if not isinstance(c.get("agrees"), bool) or (recomputed is not None and recomputed != c["agrees"]):
-            problems.append(f"{where}: comparison {_short(c.get('name'))} says agrees={c.get('agrees')!r} but its "
-                            f"error {_short(c.get('error'))} against its tolerance {_short(c.get('tolerance'))} says "
-                            f"{recomputed}: the file disagrees with itself")
-        stored = c.get("perturbations") if c.get("perturbations") is not None else []
-        if not isinstance(stored, list):
-            problems.append(f"{where}: comparison {_short(c.get('name'))}: 'perturbations' is not a list")
-            stored = []
-        for q in stored:
-            rej = _rejected(q)
-            if isinstance(q, dict) and rej is not None and q.get("rejected") is not rej:
-                problems.append(f"{where}: comparison {_short(c.get('name'))}: perturbation "
-                                f"{_short(q.get('description'))} says rejected={q.get('rejected')!r} but its error "
-                                f"{_short(q.get('error'))} against {_short(q.get('tolerance'))} says {rej}")
+    problems = _comparison_problems(where, comparisons or [])
     perturbations = []
     for q in entry["perturbations"]:
-        rej = _rejected(q.get("details"))
+        rej = _agrees(q.get("details"), rejected=True)
         if rej is not None and rej != q["rejected"]:
             problems.append(f"{where}: perturbation {_short(q['description'])} says rejected={q['rejected']} but its "
                             f"error {_short(q['details'].get('error'))} against its tolerance "
@@ -407,12 +401,7 @@ def entry_problems(entry: Any, k: int) -> list[str]:
         return [f"claims[{k}] is not an object"]
     cid = entry.get("id")
     where = f"claims[{k}] (id {str(cid)[:40]!r})"
-    problems = []
-    for key, (hint, _) in ENTRY_FIELDS.items():
-        if key not in entry:
-            problems.append(f"{where}: missing key {key!r}")
-        elif not _type_ok(entry[key], hint):
-            problems.append(f"{where}: {key!r} is {type(entry[key]).__name__}, not {_type_name(hint)}")
+    problems = _field_problems(where, entry, ENTRY_FIELDS, entry=True)
     if problems:
         return problems
     if not ID_PATTERN.fullmatch(cid):
@@ -532,12 +521,6 @@ def provenance_problems(prov: dict, strict: bool = True) -> list[str]:
     return problems
 
 
-def parse_strict(text: str) -> Any:
-    """Strict JSON (numerics.io.handed.parse_json: no NaN/Infinity, no number that overflows a float --
-    ``1e400`` would be read as infinity -- and a file nested too deep for the parser a ValueError)."""
-    return parse_json(text)
-
-
 MAX_BYTES = 32 * 2 ** 20
 """The largest claims.json read back (32 MiB; the quick report's is about 1 MB): parsed, a JSON
 document takes up to numerics.io.handed.PARSE_FACTOR times its size in memory."""
@@ -577,7 +560,7 @@ def load_report(path: str, flag: str) -> dict:
     except ValueError as exc:
         raise BadArguments(str(exc)) from None
     try:
-        report = parse_strict(raw.decode("utf-8"))
+        report = parse_json(raw.decode("utf-8"))     # strict: no NaN/Infinity, no 1e400 read as infinity
     except UnicodeDecodeError as exc:
         raise BadArguments(f"{flag} {path}: cannot be read as UTF-8 text ({exc})") from None
     except ValueError as exc:
@@ -610,7 +593,7 @@ def check_report(out_dir: Path) -> list[str]:
     findings, every claim's section and every figure inline, and nothing remote."""
     out_dir = Path(out_dir)
     try:
-        report = parse_strict((out_dir / "claims.json").read_text(encoding="utf-8"))
+        report = parse_json((out_dir / "claims.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         return [f"claims.json: {exc}"]
     problems = [f"claims.json: {p}" for p in document_problems(report, strict=True)]

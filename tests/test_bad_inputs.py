@@ -4,7 +4,7 @@ the answer is given but flagged, as for a prediction outside the expansion's ran
 Python traceback, and nothing written: the files of the case's directory are the same
 before and after.
 
-The CLIs: ``python -m numerics.train``, ``python -m theory predict``, ``python -m numerics.bench``,
+The CLIs: ``python -m numerics.train``, ``python -m reports.theory predict``, ``python -m numerics.bench``,
 ``python -m numerics.sweep``. The table runs each ``main(argv)`` in-process (a subprocess per
 case would cost a torch import each); ``test_entry_point_in_a_subprocess`` checks that a
 ``python -m`` entry point gives the same exit status and message without a traceback.
@@ -20,14 +20,14 @@ import pytest
 import torch
 
 import numerics.train as train_cli
-import theory.__main__ as theory_cli
+import reports.theory as theory_cli
 import numerics.bench.cli as bench_cli
 import numerics.sweep.cli as sweep_cli
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parent.parent
-MAINS = {"numerics.train": train_cli.main, "theory": theory_cli.main, "numerics.bench": bench_cli.main,
+MAINS = {"numerics.train": train_cli.main, "reports.theory": theory_cli.main, "numerics.bench": bench_cli.main,
          "numerics.sweep": sweep_cli.main}
 
 # a run of two steps on a tiny problem: any refusal below is due to the one flag changed
@@ -85,22 +85,20 @@ CASES = [
     ("numerics.train", TRAIN_OUT + ["--device", "tpu"], 2, "device"),
     ("numerics.train", TRAIN_OUT + ["--threads", "0"], 2, "--threads must be a positive integer"),
     # --- theory predict ---------------------------------------------------------------------
-    ("theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "50", "--out", "{tmp}"], 2, "is a directory"),
-    ("theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "50", "--out", NOT_A_DIR + "/p.json"], 2,
+    ("reports.theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "50", "--out", "{tmp}"], 2, "is a directory"),
+    ("reports.theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "50", "--out", NOT_A_DIR + "/p.json"], 2,
      "is a file, not a directory"),
-    ("theory", ["predict", "--tasks", "3", "--heads", "1", "--L", "1", "--out", "{tmp}/p.json"], 2,
+    ("reports.theory", ["predict", "--tasks", "3", "--heads", "1", "--L", "1", "--out", "{tmp}/p.json"], 2,
      "no allocated fixed point for the task of block size r = 3 at L = 1"),
-    ("theory", ["predict", "--tasks", "3", "--heads", "1", "--L", "100", "--sigma", "1e10",
+    ("reports.theory", ["predict", "--tasks", "3", "--heads", "1", "--L", "100", "--sigma", "1e10",
                 "--out", "{tmp}/p.json"], 2, "lower --sigma"),
-    ("theory", ["predict", "--tasks", "3,3", "--heads", "2", "--L", "5"], 0,
+    ("reports.theory", ["predict", "--tasks", "3,3", "--heads", "2", "--L", "5"], 0,
      "not a strict local minimum of the expansion"),
-    ("theory", ["predict", "--tasks", "2,2", "--heads", "1", "--L", "50", "--out", "{tmp}/p.json"], 2,
+    ("reports.theory", ["predict", "--tasks", "2,2", "--heads", "1", "--L", "50", "--out", "{tmp}/p.json"], 2,
      "at least one head per task"),
-    ("theory", ["predict", "--tasks", "2,,2", "--heads", "2", "--L", "50"], 2,
+    ("reports.theory", ["predict", "--tasks", "2,,2", "--heads", "2", "--L", "50"], 2,
      "comma-separated positive integers"),
-    ("theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "inf"], 2, "--L must be a finite number"),
-    ("theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "50", "--dps", "0"], 2,
-     "--dps must be a positive integer"),
+    ("reports.theory", ["predict", "--tasks", "2", "--heads", "1", "--L", "inf"], 2, "--L must be a finite number"),
     # --- numerics.bench ------------------------------------------------------------------------
     ("numerics.bench", ["--smoke", "--out", "{tmp}"], 2, "is a directory"),
     ("numerics.bench", ["--smoke", "--out", NOT_A_DIR + "/b.json"], 2, "is a file, not a directory"),

@@ -5,7 +5,7 @@ or hang.  Five parts:
    ``check_output_dir``, ``write_output``, ``check_input_file``, ``parse_int``) on real files:
    devices written through, FIFOs and sockets refused, links followed or refused, inputs never
    overwritten, permission bits those of the umask, nothing half-written;
-2. ``HOSTILE``: a bad-input table of the command lines (numerics.train, theory, numerics.bench,
+2. ``HOSTILE``: a bad-input table of the command lines (numerics.train, reports.theory, numerics.bench,
    numerics.sweep), run in-process like ``tests/test_bad_inputs.py``: exit status 2, the message
    names the flag (or the file), no traceback, no file created or changed, and the refusal comes
    before any computation (the compute entry points are replaced by a function that fails the
@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 
 import numerics.train as train_cli
-import theory.__main__ as theory_cli
+import reports.theory as theory_cli
 import numerics.bench.cli as bench_cli
 import numerics.sweep.cli as sweep_cli
 from numerics.io import command as C
@@ -49,7 +49,7 @@ from numerics.io import command as O
 from numerics.sweep import load_results, run_grid
 from numerics.sweep.grid import MAX_GRID_POINTS
 
-MAINS = {"numerics.train": train_cli.main, "theory": theory_cli.main, "numerics.bench": bench_cli.main,
+MAINS = {"numerics.train": train_cli.main, "reports.theory": theory_cli.main, "numerics.bench": bench_cli.main,
          "numerics.sweep": sweep_cli.main}
 TRAIN = ["--tasks", "2", "--heads", "1", "--L", "8", "--batch", "8", "--time", "0.1", "--no-progress"]
 TRAIN_OUT = TRAIN + ["--out", "{tmp}/run.json"]
@@ -308,11 +308,11 @@ HOSTILE = [
     ("numerics.train", TRAIN_OUT + ["--checkpoint", "{tmp}/loop"], 2, ["--checkpoint", "symbolic link loop"]),
     ("numerics.train", TRAIN + ["--out", "{tmp}/same.ckpt", "--checkpoint", "{tmp}/same.ckpt"], 2,
      ["--out", "same file as the input", "inputs are never overwritten"]),
-    ("theory", PREDICT + ["--out", "{tmp}/fifo"], 2, ["--out", "FIFO"]),
-    ("theory", PREDICT + ["--out", "{tmp}/dangling"], 2, ["--out", "dangling link"]),
-    ("theory", PREDICT + ["--out", "{tmp}/loop"], 2, ["--out", "symbolic link loop"]),
-    ("theory", EXACT + ["--omega", "0.3", "--mu", "2", "--out", "{tmp}/a_dir"], 2, ["--out", "is a directory"]),
-    ("theory", EXACT + ["--omega", "0.3", "--mu", "2", "--out", "{tmp}/fifo"], 2, ["--out", "FIFO"]),
+    ("reports.theory", PREDICT + ["--out", "{tmp}/fifo"], 2, ["--out", "FIFO"]),
+    ("reports.theory", PREDICT + ["--out", "{tmp}/dangling"], 2, ["--out", "dangling link"]),
+    ("reports.theory", PREDICT + ["--out", "{tmp}/loop"], 2, ["--out", "symbolic link loop"]),
+    ("reports.theory", EXACT + ["--omega", "0.3", "--mu", "2", "--out", "{tmp}/a_dir"], 2, ["--out", "is a directory"]),
+    ("reports.theory", EXACT + ["--omega", "0.3", "--mu", "2", "--out", "{tmp}/fifo"], 2, ["--out", "FIFO"]),
     ("numerics.bench", BENCH_SMOKE + ["--out", "{tmp}/fifo"], 2, ["--out", "FIFO"]),
     ("numerics.bench", BENCH_SMOKE + ["--out", "{tmp}/dangling"], 2, ["--out", "dangling link"]),
     ("numerics.bench", BENCH_SMOKE + ["--out", "{tmp}/loop"], 2, ["--out", "symbolic link loop"]),
@@ -338,12 +338,12 @@ HOSTILE = [
     ("numerics.train", TRAIN_OUT + ["--init-pattern", "random_full", "--init-seed", "-5"], 2,
      ["--init-seed must be an integer >= 0"]),
     ("numerics.train", TRAIN_OUT + ["--records", "2_0"], 2, ["--records", "written in digits"]),
-    ("theory", ["predict", "--tasks", "3_3", "--heads", "1", "--L", "50"], 2, ["--tasks", "underscores"]),
-    ("theory", PREDICT + ["--heads", "1_0"], 2, ["--heads", "written in digits"]),
-    ("theory", PREDICT + ["--optimality", "--seed", "-1"], 2, ["--seed must be an integer >= 0"]),
-    ("theory", PREDICT + ["--optimality", "--seed", str(BIG)], 2, ["--seed must be at most"]),
-    ("theory", EXACT + ["--L", "6_4", "--omega", "0.3", "--mu", "2"], 2, ["--L", "written in digits"]),
-    ("theory", EXACT + ["--omega", "0_3", "--mu", "2"], 2, ["--omega", "one number or an H x m matrix"]),
+    ("reports.theory", ["predict", "--tasks", "3_3", "--heads", "1", "--L", "50"], 2, ["--tasks", "underscores"]),
+    ("reports.theory", PREDICT + ["--heads", "1_0"], 2, ["--heads", "written in digits"]),
+    ("reports.theory", PREDICT + ["--optimality", "--seed", "-1"], 2, ["--seed must be an integer >= 0"]),
+    ("reports.theory", PREDICT + ["--optimality", "--seed", str(BIG)], 2, ["--seed must be at most"]),
+    ("reports.theory", EXACT + ["--L", "6_4", "--omega", "0.3", "--mu", "2"], 2, ["--L", "written in digits"]),
+    ("reports.theory", EXACT + ["--omega", "0_3", "--mu", "2"], 2, ["--omega", "one number or an H x m matrix"]),
     ("numerics.bench", ["--threads", "100000"], 2, ["--threads must be at most"]),
     ("numerics.bench", ["--seed", "-1"], 2, ["--seed must be an integer >= 0"]),
     ("numerics.bench", ["--repeats", "3_0"], 2, ["--repeats", "written in digits"]),
@@ -359,35 +359,30 @@ HOSTILE = [
     ("numerics.sweep", ["{tmp}/big.toml", "--out", "{tmp}/s", "--dry-run"], 2,
      ["big.toml", "1,000,000,000 points", f"limit of {MAX_GRID_POINTS:,}"]),
     ("numerics.sweep", ["{tmp}/huge.toml", "--out", "{tmp}/s"], 2, ["grid file", "more than the limit of 16 MiB"]),
-    ("theory", ["predict", "--tasks", ",".join(["2"] * 1000), "--heads", "1000", "--L", "50"], 2,
+    ("reports.theory", ["predict", "--tasks", ",".join(["2"] * 1000), "--heads", "1000", "--L", "50"], 2,
      ["--heads must be at most 256"]),
-    ("theory", ["predict", "--tasks", ",".join(["2"] * 1000), "--heads", "1", "--L", "50"], 2,
+    ("reports.theory", ["predict", "--tasks", ",".join(["2"] * 1000), "--heads", "1", "--L", "50"], 2,
      ["--tasks has 1000 blocks, more than the limit of 32"]),
-    ("theory", PREDICT + ["--dps", "100000"], 2, ["--dps must be at most 1000"]),
-    ("theory", EXACT + ["--omega", "30", "--mu", "2"], 2, ["--omega", "beta = 424.3", "hard max"]),
-    ("theory", EXACT + ["--omega", "100", "--mu", "2"], 2, ["--omega", "beyond what the exact quadrature handles"]),
-    ("theory", EXACT + ["--omega", "1e300", "--mu", "2"], 2, ["--omega", "beta = inf"]),
-    ("theory", EXACT + ["--omega", "30", "--mu", "2", "--gradient"], 2, ["--omega", "beta = 424.3"]),
+    ("reports.theory", EXACT + ["--omega", "30", "--mu", "2"], 2, ["--omega", "beta = 424.3", "hard max"]),
+    ("reports.theory", EXACT + ["--omega", "100", "--mu", "2"], 2, ["--omega", "beyond what the exact quadrature handles"]),
+    ("reports.theory", EXACT + ["--omega", "1e300", "--mu", "2"], 2, ["--omega", "beta = inf"]),
     # --- round 3 (issue 33): values of the wrong kind, a directory named as a file, the size limits ------
     ("numerics.sweep", ["{tmp}/date.toml", "--out", "{tmp}/s"], 2, ["problem.sigma = 1979-05-27 is a TOML date"]),
     ("numerics.sweep", ["{tmp}/date_cross.toml", "--out", "{tmp}/s"], 2, ["seed = 1979-05-27 07:32:00 is a TOML date-time"]),
     ("numerics.sweep", ["{tmp}/date.toml", "--out", "{tmp}/s", "--dry-run"], 2, ["is a TOML date"]),
     ("numerics.sweep", ["{tmp}/table.toml", "--out", "{tmp}/s"], 2, ["problem.sigma = {'value': 0.5} is a table"]),
     ("numerics.sweep", ["{tmp}/negzero.toml", "--out", "{tmp}/s"], 2, ["repeats a value", "0.0 and -0.0, are one value"]),
-    ("theory", PREDICT + ["--out", "{tmp}/newdir/"], 2, ["--out", "ends with '/'", "names a directory"]),
-    ("theory", PREDICT + ["--out", "{tmp}/a_dir/"], 2, ["--out", "ends with '/'"]),
+    ("reports.theory", PREDICT + ["--out", "{tmp}/newdir/"], 2, ["--out", "ends with '/'", "names a directory"]),
+    ("reports.theory", PREDICT + ["--out", "{tmp}/a_dir/"], 2, ["--out", "ends with '/'"]),
     ("numerics.train", TRAIN + ["--out", "{tmp}/newdir/"], 2, ["--out", "ends with '/'"]),
     ("numerics.bench", BENCH_SMOKE + ["--out", "{tmp}/newdir/"], 2, ["--out", "ends with '/'"]),
-    ("theory", ["predict", "--tasks", ",".join(["2"] * 33), "--heads", "33", "--L", "50"], 2,
+    ("reports.theory", ["predict", "--tasks", ",".join(["2"] * 33), "--heads", "33", "--L", "50"], 2,
      ["--tasks has 33 blocks, more than the limit of 32"]),
-    ("theory", ["predict", "--tasks", ",".join(["2"] * 8), "--heads", "8", "--L", "50", "--optimality"], 2,
+    ("reports.theory", ["predict", "--tasks", ",".join(["2"] * 8), "--heads", "8", "--L", "50", "--optimality"], 2,
      ["--optimality at 8 tasks x 8 heads = 64, more than the limit of 32"]),
     # --- options that would be ignored ---------------------------------------------------------------
-    ("theory", EXACT + ["--gain"], 2, ["--gain is used only with --fixed-point"]),
-    ("theory", EXACT + ["--fixed-point", "--omega", "1"], 2, ["--fixed-point", "ignores --omega"]),
-    ("theory", EXACT + ["--fixed-point", "--gradient"], 2, ["--fixed-point", "ignores --gradient"]),
-    ("theory", EXACT + ["--benchmark", "--sigma", "0.5"], 2, ["--benchmark", "ignores --sigma"]),
-    ("theory", PREDICT + ["--seed", "3"], 2, ["--seed", "ignored without it", "--optimality"]),
+    ("reports.theory", EXACT + ["--fixed-point", "--omega", "1"], 2, ["--fixed-point", "ignores --omega"]),
+    ("reports.theory", PREDICT + ["--seed", "3"], 2, ["--seed", "ignored without it", "--optimality"]),
     ("numerics.bench", BENCH_SMOKE + ["--reduced-time", "0.5"], 2, ["--smoke", "would ignore --reduced-time"]),
     ("numerics.bench", BENCH_SMOKE + ["--repeats", "3"], 2, ["--smoke", "would ignore --repeats"]),
     ("numerics.bench", BENCH_SMOKE + ["--expansion-time", "1"], 2, ["--smoke", "would ignore --expansion-time"]),
@@ -492,16 +487,19 @@ def test_predict_follows_a_link_and_writes_through_a_device(tmp_path, capsys):
     capsys.readouterr()
 
 
-def test_exact_json_is_strict_and_bench_accepts_a_device(tmp_path):
+def test_exact_json_is_strict_and_bench_accepts_a_device(monkeypatch, capsys):
+    """A non-finite number in an answer is written as the string "inf" / "nan" (strict JSON: no
+    Infinity/NaN tokens), so that the output always parses."""
     import json
 
-    text = theory_cli.json_text({"loss": float("inf"), "rows": [1.0, float("nan")]})
+    monkeypatch.setattr(theory_cli, "exact", lambda args: {"loss": float("inf"), "rows": [1.0, float("nan")]})
+    assert theory_cli.main(EXACT + ["--omega", "0.3", "--mu", "2"]) == 0
 
     def refuse(token):
         raise AssertionError(f"non-standard JSON token {token}")
 
-    data = json.loads(text, parse_constant=refuse)      # strict JSON: no Infinity/NaN tokens
-    assert data["loss"] is None and data["rows"] == [1.0, None] and len(data["non_finite"]["values"]) == 2
+    data = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert data == {"loss": "inf", "rows": [1.0, "nan"]}
     assert bench_cli.parse_args(["--smoke", "--out", "/dev/null"]).out == "/dev/null"
 
 
@@ -1014,7 +1012,7 @@ def _python(argv, env=None, cwd=ROOT, shell_prefix=None, timeout=120):
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("argv", [["-m", "theory", "predict", "--tasks", "2", "--heads", "1", "--L", "50",
+@pytest.mark.parametrize("argv", [["-m", "reports.theory", "predict", "--tasks", "2", "--heads", "1", "--L", "50",
                                    "--out", "rel.json"],
                                   ["-m", "numerics.sweep", "g.toml", "--out", "s"],
                                   ["-m", "reports.audit", "x.npz", "--tasks", "2", "--L", "8", "--out", "r"]])

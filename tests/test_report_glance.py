@@ -108,11 +108,11 @@ def test_forest_rows_come_from_the_comparisons():
 
 def _measured(ctx, results):
     """A claim whose comparisons are real compare() summaries (se, resolving power) and whose
-    headline is its second row, named by details["headline_row"]."""
+    headline is its second row, named as its headline comparison."""
     comps = [compare("off-D residual", 3.2e-16, 0.0, 1.42e-14, "rounding", wrong=[("residual 1e-12", 1e-12)]),
              compare("held-out loss", 0.7664, 0.7793, 0.01885, "4 se", se=0.0045, wrong=[("x1.1", 0.857)]),
              compare("gain", 1.491, 1.485, 0.05, "4 se", se=0.012, units="absolute", wrong=[("H", 2.0)])]
-    return Outcome(comps, headline=[headline_row(c, se=c.se) for c in comps], details={"headline_row": "held-out loss"})
+    return Outcome(comps, headline=[headline_row(c, se=c.se) for c in comps], headline_comparison="held-out loss")
 
 
 fake_measured = fake_spec("fake-measured", _measured, "A claim with comparisons", "loss -> fixed point.",
@@ -161,7 +161,7 @@ def test_the_scorecard_line_of_each_id(glance_report):
     report = strict_load(out / "claims.json")
     card = {r["id"]: r for g in report_render.scorecard(report) for r in g["rows"]}
     measured = card["fake-measured"]
-    # a passing id: its named headline row ("held-out loss", details["headline_row"]), as one sentence
+    # a passing id: its named headline row ("held-out loss", its headline comparison), as one sentence
     assert measured["headline"] == "held-out loss: measured 0.7664 ± 0.0045 against 0.7793 (tolerance 0.01885)."
     assert (measured["agree"], measured["of"], measured["lead"]) == (3, 3, "")
     # its resolving power in words: the larger side of the held-out loss's (a two-sided relative power)
@@ -176,14 +176,15 @@ def test_the_scorecard_line_of_each_id(glance_report):
     assert saddle["resolving"] == "rejects its prediction itself"
 
 
-def test_headline_row_by_index_name_or_default():
+def test_headline_row_named_by_the_headline_comparison_or_the_first():
     rows = [{"name": "first"}, {"name": "second"}]
-    assert report_render.headline_row({"headline": rows})[0]["name"] == "first"
-    assert report_render.headline_row({"headline": rows, "details": {"headline_row": 1}})[0]["name"] == "second"
-    assert report_render.headline_row({"headline": rows, "details": {"headline_row": "second"}})[0]["name"] == "second"
-    row, note = report_render.headline_row({"headline": rows, "details": {"headline_row": "third"}})
-    assert row["name"] == "first" and "names none of its 2 rows" in note
-    assert report_render.headline_row({"headline": []}) == (None, "")
+    named = {"resolving_power": {"headline": {"name": "second"}}}
+    assert report_render.headline_row({"headline": rows})["name"] == "first"
+    assert report_render.headline_row({"headline": rows, "details": named})["name"] == "second"
+    unshown = {**named, "comparisons": [{"name": "second", "predicted": 2.0, "measured": 2.1, "tolerance": 0.2}]}
+    row = report_render.headline_row({"headline": rows[:1], "details": unshown})
+    assert (row["name"], row["theory"], row["measured"], row["side"]) == ("second", 2.0, 2.1, "two-sided")
+    assert report_render.headline_row({"headline": []}) is None
 
 
 def test_a_failing_id_comes_first_in_its_group_and_its_finding_says_so(glance_report):

@@ -9,7 +9,6 @@ Tolerances are fixed before the comparisons: the Monte Carlo's own standard erro
 plus theory's stated error estimate; mpmath: 1e-10 relative (the target is 1e-8)."""
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import sys
@@ -481,34 +480,8 @@ def test_merged_flow_of_one_head_descends():
 
 
 # ---------------------------------------------------------------------------------------
-# CLI and packaging
+# packaging
 # ---------------------------------------------------------------------------------------
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "theory", "exact", *args], capture_output=True, text=True)
-
-
-def test_cli_loss_and_matrix_input():
-    out = _cli("--tasks", "3", "--heads", "1", "--L", "64", "--omega", "0.3", "--mu", "2.0")
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
-    assert abs(data["loss"] - 0.78792) <= 5e-6 and data["error_estimate"] < 1e-7
-    out = _cli("--tasks", "3,3", "--heads", "2", "--L", "64", "--omega", "0.3,0;0,0.3", "--mu", "2,0;0,2")
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["loss"] == pytest.approx(2 * data["loss"], rel=1e-12)
-
-
-@pytest.mark.parametrize("args,match", [
-    (("--omega", "0.3,x", "--mu", "1"), "H x m matrix"),
-    (("--omega", "0.3,0.1", "--mu", "1"), "shape 1x2"),
-    (("--omega", "0.3", "--mu", "1", "--L", "0"), "positive integer"),
-    (("--omega", "0.3,0.1;0.2", "--mu", "1"), "same number of entries"),
-])
-def test_cli_bad_input_exits_2_with_a_message(args, match):
-    base = ["--tasks", "3,3", "--heads", "2", "--L", "64"]
-    out = _cli(*base, *args)
-    assert out.returncode == 2 and match in out.stderr and "Traceback" not in out.stderr
-
 
 def test_theory_exact_imports_no_torch():
     code = "import sys, theory.exact; print('torch' in sys.modules, any(k.startswith('numerics') for k in sys.modules))"

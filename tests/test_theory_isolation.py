@@ -1,23 +1,25 @@
 """The layering, checked in a fresh interpreter, where sys.modules shows exactly what an import
-pulled in:
+pulled in, and in the source, where an import inside a function shows too:
 
-- theory is the mathematics the numerics are held against: importing it (the package and every
-  submodule) loads neither torch nor anything from numerics, claims or reports (theory is pure
-  mathematics; only its command line, ``python -m theory`` -- theory.__main__, which no library
-  import loads -- reads options and writes files through numerics.io, and loads nothing else of
-  numerics);
+- theory is the mathematics the numerics are held against: every module of theory/ (every file on
+  disk, a ``__main__`` included) imports neither torch nor anything from numerics, claims or
+  reports, and does no I/O (no file opened, nothing printed, no command line: that is
+  ``python -m reports.theory``);
 - numerics.io is the ground floor (options, files, outputs, processes): importing it loads
   nothing from theory, claims, reports or the rest of numerics (the package ``numerics`` itself
   loads its names lazily), and not torch (the device check imports torch only when asked about a
   CUDA name)."""
+import ast
 import json
+import pathlib
 import subprocess
 import sys
 
 import numerics.io
 import theory
 
-SUBMODULES = ["theory", *[f"theory.{name}" for name in theory.__all__], "theory._validate"]
+THEORY_FILES = sorted(pathlib.Path(theory.__file__).parent.glob("*.py"))
+SUBMODULES = ["theory", *[f"theory.{p.stem}" for p in THEORY_FILES if p.stem != "__init__"]]
 IO_MODULES = ["numerics.io", *[f"numerics.io.{name}" for name in
                                ("files", "handed", "command")]]
 THEORY_MUST_NOT_LOAD = ("torch", "numerics", "claims", "reports")
@@ -56,8 +58,6 @@ def test_importing_theory_loads_neither_torch_nor_numerics():
 def test_numerics_io_is_the_ground_floor():
     """Every numerics.io module (the list above is the package's whole content) imports nothing of
     the project but numerics.io, and not torch."""
-    import pathlib
-
     on_disk = {f"numerics.io.{p.stem}" for p in pathlib.Path(numerics.io.__file__).parent.glob("*.py")
                if p.stem != "__init__"}
     assert on_disk == set(IO_MODULES[1:]), "IO_MODULES must list every numerics.io module"
@@ -66,17 +66,36 @@ def test_numerics_io_is_the_ground_floor():
     assert not bad, f"importing numerics.io loaded {bad}"
 
 
-def test_the_check_can_fail():
-    """The same probe sees torch when something does import it (the check is not vacuous)."""
+def _forbidden_in_source(path, forbidden=THEORY_MUST_NOT_LOAD + ("argparse",),
+                        io_calls=("open", "print", "input")) -> list:
+    """The imports of ``forbidden`` packages anywhere in the file (a function's lazy import
+    included) and the calls of the built-ins that read or write (``io_calls``)."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            bad += [a.name for a in node.names if a.name.split(".")[0] in forbidden]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] in forbidden:
+            bad.append(node.module)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in io_calls:
+            bad.append(f"{node.func.id}() at line {node.lineno}")
+    return bad
+
+
+def test_no_theory_source_imports_the_project_or_does_io():
+    """Every file of theory/, read as source: a lazy import inside a function (which the probe
+    above sees only once the function runs) or a print counts too."""
+    assert {p.name for p in THEORY_FILES} >= {"__init__.py", "exact.py", "formulas.py"}
+    bad = {p.name: found for p in THEORY_FILES if (found := _forbidden_in_source(p))}
+    assert not bad, f"theory/ must be pure mathematics: {bad}"
+
+
+def test_the_check_can_fail(tmp_path):
+    """The same probe sees torch when something does import it, and the source check sees a lazy
+    import of numerics.io and a print (neither check is vacuous)."""
     loaded = _loaded_after_each(["numerics.reduced"], ("torch", "numerics"))
     assert "torch" in loaded["numerics.reduced"]
     assert _loaded_after_each(["numerics.reduced"], ("numerics",), IO_MAY_LOAD)["numerics.reduced"]
-    loaded = _loaded_after_each(["theory.__main__"], THEORY_MUST_NOT_LOAD)   # the theory CLI reads through numerics.io
-    assert "numerics.io" in loaded["theory.__main__"]
-
-
-def test_the_theory_command_line_loads_only_numerics_io():
-    """``python -m theory`` reads options and writes files through numerics.io, and loads nothing
-    else of numerics (no torch), claims or reports."""
-    loaded = _loaded_after_each(["theory.__main__"], THEORY_MUST_NOT_LOAD, IO_MAY_LOAD)
-    assert loaded["theory.__main__"] == [], loaded
+    impure = tmp_path / "impure.py"
+    impure.write_text("import math\n\ndef f(x):\n    from numerics.io.files import write_output\n"
+                      "    print(x)\n    return math.sqrt(x)\n")
+    assert _forbidden_in_source(impure) == ["numerics.io.files", "print() at line 5"]

@@ -10,7 +10,7 @@ what this package predicts.  Modules, one per claim:
 - ``limiting_error``   claims 5-6: F, L*loss limits for multi/single head, gain
 - ``optimality``       claim 7: best decomposable attention over signed (omega, mu)
 - ``linear_attention`` the linear-attention bound every family minimum is held against
-- ``formulas``         the derived formulas as printed by ``python -m theory formulas``
+- ``formulas``         the derived formulas as printed by ``python -m reports.theory formulas``
 - ``exact``            the exact finite-L loss of the decomposable model by quadrature (one
                        head, allocated heads), its gradient, flow and fixed point
 - ``exact_pairs``      the cross moments of two heads sharing a task (general H = 2)

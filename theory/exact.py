@@ -382,7 +382,7 @@ def _outer_rule(W: np.ndarray, n: np.ndarray, thin: int = 1):
 #: beta = 40, 0.1 s at 60, 0.7-3.8 s at 80-120; a whole loss at omega = 5 on a block of 3 (beta up
 #: to 70.7, panel [45, 74]) 2.3 s, at omega = 7 (beta 99, panel [74, 123]) over 80 s, at omega = 30
 #: (beta 424) tens of minutes; at omega = 1e300, beta^2 overflows.  There the softmax is
-#: essentially a hard max and the quadrature's cost buys nothing: ``python -m theory exact``
+#: essentially a hard max and the quadrature's cost buys nothing: ``python -m reports.theory exact``
 #: refuses such points with this reason (72 keeps within the panel ending at 0.5 e^5 = 74.2).
 BETA_MAX = 72.0
 
@@ -848,32 +848,3 @@ def finite_L_gain(tasks, L, sigma=0.0) -> dict:
             "gain": in_range("theory.exact.finite_L_gain", "gain", single["loss"] / multi["loss"], 0.0,
                              why="a ratio of two losses > 0"),
             "allocated": multi, "single": single}
-
-
-# ---------------------------------------------------------------------------------------
-# 7. benchmark
-# ---------------------------------------------------------------------------------------
-
-def benchmark(L_values=(64, 1024, 4096), repeats=5) -> list[dict]:
-    """Time per exact_loss evaluation (single thread as configured by the caller): the first
-    evaluation at a new L (it builds that L's moment table) and the warm ones, for one head
-    on one task, one head on two tasks with distinct |omega| (2-D q-rule) and on three."""
-    cases = [("H=1 m=1", [[0.4]], [[2.0]], (3,)),
-             ("H=1 m=2 (2 groups)", [[0.4, 0.2]], [[2.0, 1.0]], (3, 3)),
-             ("H=1 m=3 (3 groups)", [[0.4, 0.2, 0.1]], [[2.0, 1.0, 1.0]], (3, 3, 3)),
-             ("H=3 allocated m=3", np.diag([0.4, 0.35, 0.3]), np.diag([2.0, 2.1, 2.2]), (3, 3, 3))]
-    rows = []
-    for L in L_values:
-        moment_table.cache_clear()
-        for name, om, mu, tasks in cases:
-            t0 = time.perf_counter()
-            res = exact_loss(om, mu, tasks, L)
-            first = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            for _ in range(repeats):
-                # perturb omega so that no result is reused (only the table is shared)
-                exact_loss(np.asarray(om) * (1 + 1e-3 * (_ + 1)), mu, tasks, L)
-            warm = (time.perf_counter() - t0) / repeats
-            rows.append({"case": name, "L": L, "first_s": first, "warm_s": warm, "loss": res.loss,
-                         "relative_error_estimate": res.error_estimate / res.loss})
-    return rows

@@ -1,5 +1,5 @@
 """The derived formulas, printed from the sympy expressions the code evaluates
-(``python -m theory formulas``)."""
+(``python -m reports.theory formulas``)."""
 from __future__ import annotations
 
 import sympy as sp

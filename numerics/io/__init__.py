@@ -1,10 +1,10 @@
 """What the audit does that is not mathematics: reading its command lines, input files and
 configuration, writing its outputs, and running its processes.
 
-The ground floor of the project, below the rest of ``numerics``, ``claims``, ``reports`` and
-theory's command line: it imports none of them and no torch (tests/test_theory_isolation.py
-checks it), and theory's library imports nothing from it (theory is pure mathematics and checks
-only its own arguments; only ``theory/__main__.py`` reads and writes through this package).
+The ground floor of the project, below the rest of ``numerics``, ``claims`` and ``reports``: it
+imports none of them and no torch (tests/test_theory_isolation.py checks it), and theory imports
+nothing from it (theory is pure mathematics and checks only its own arguments; its command line
+is ``reports.theory``).
 
 - :mod:`numerics.io.command` -- the command lines' option parsers (one ``--tasks``), the one wrapper
   of every ``main(argv)``, the one check of a ``--device``, and the processes a command starts
