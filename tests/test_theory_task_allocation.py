@@ -18,6 +18,14 @@ def test_allocated_point_matches_spec_and_is_a_local_minimum():
     assert p["grad_norm"] < 1e-20 and p["local_min"] and p["valid"]
 
 
+@pytest.mark.parametrize("r, L", [(23, 1000.0), (24, 1000.0), (32, 1000.0), (16, 128.0), (16, 16.0)])
+def test_allocated_point_is_found_where_newton_from_the_limit_overshoots(r, L):
+    """Newton in (omega, mu) from (sqrt(w*), 1/sqrt(w*)) fails at these (r, L), or lands on the
+    origin or a saddle: the profile's stationary point nearest sqrt(w*) is the strict minimum."""
+    p = allocated_task_point(r, L)
+    assert p["grad_norm"] < 1e-20 and p["local_min"] and p["valid"] and p["omega_star"] > 0.1
+
+
 @given(tasks=st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple),
        L=st.sampled_from([64, 256, 1000]), sigma=st.sampled_from([0.0, 0.5]))
 def test_allocated_point_is_a_fixed_point_of_the_factored_flow_only(tasks, L, sigma):

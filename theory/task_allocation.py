@@ -12,7 +12,8 @@ Per task, (omega*_i, mu*_i) is the stationary point of the one-head, one-block e
     l_i(omega, mu) = r (1 - mu omega)^2 + (2/L)(1 - mu omega) mu omega bias_kernel(omega^2, r)
                      + (1/L) mu^2 pair_kernel(omega^2, r, sigma^2),
 
-solved by mpmath findroot from the L -> inf limit (omega = sqrt(w*), mu = 1/omega).
+solved by mpmath findroot from the stationary point of the profile omega -> l_i(omega, mu(omega))
+nearest the L -> inf limit omega = sqrt(w*) (:func:`_profile_root`).
 """
 from __future__ import annotations
 
@@ -57,6 +58,38 @@ def _one_head_mp():
             sp.lambdify(args, e["hess"], "mpmath"))
 
 
+@lru_cache(maxsize=None)
+def _served_mu():
+    """mu(omega, r, L, s2) solving dl/d mu = 0: l is quadratic in mu (its mu^2 coefficient
+    r omega^2 - (2/L) omega^2 bias + pair / L), so the root is unique."""
+    e = one_head_expressions()
+    (mu_of,) = sp.solve(e["grad"][1], e["mu"])
+    return sp.lambdify((e["omega"], e["r"], e["L"], e["s2"]), mu_of, "mpmath")
+
+
+def _profile_root(x0, R, LL, S2, grad_f) -> tuple:
+    """The stationary point of l on the profile omega -> l(omega, mu(omega)), nearest the L -> inf
+    start x0 = sqrt(w*).  At finite L the stationary point lies along the valley omega mu ~ 1, where
+    Newton in (omega, mu) from (x0, 1/x0) can overshoot (it does at r = 23, 24, 25, 32 with L = 1000);
+    with mu eliminated the condition is one equation in omega, d l / d omega (mu(omega)) = 0 (the
+    envelope theorem), whose sign changes are bracketed on the grid x0 k / 16, k = 4..32, inside the
+    validity region 2 omega^2 < 1, and the one nearest x0 is solved by bisection-type iteration."""
+    mu_of = _served_mu()
+
+    def slope(o):
+        return grad_f(o, mu_of(o, R, LL, S2), R, LL, S2)[0]
+
+    grid = [x0 * k / 16 for k in range(4, 33) if 2 * (x0 * k / 16) ** 2 < 1]
+    values = [slope(x) for x in grid]
+    brackets = [(a, b) for a, b, ga, gb in zip(grid, grid[1:], values, values[1:]) if ga * gb <= 0]
+    if not brackets:
+        raise ValueError(f"no stationary point of the one-task loss for omega in [{float(grid[0]):.3g}, "
+                         f"{float(grid[-1]):.3g}] at r = {int(R)}, L = {float(LL):g}")
+    a, b = min(brackets, key=lambda ab: abs(ab[0] + ab[1] - 2 * x0))
+    o = mp.findroot(slope, (a, b), solver="anderson")
+    return o, mu_of(o, R, LL, S2)
+
+
 def allocated_task_point(r, L, sigma=0.0, dps=30) -> dict:
     """(omega*, mu*) of one allocated task of block size r at finite L (mpmath, ``dps``
     digits), with the loss there and whether it is a strict local minimum and valid."""
@@ -64,8 +97,8 @@ def allocated_task_point(r, L, sigma=0.0, dps=30) -> dict:
     w_inf, _ = minimise_F(r, r, sigma)
     with mp.workdps(dps):
         R, LL, S2 = mp.mpf(r), mp.mpf(L), mp.mpf(sigma) ** 2
-        x0 = mp.sqrt(mp.mpf(w_inf))
-        sol = mp.findroot(lambda o, u: grad_f(o, u, R, LL, S2), (x0, 1 / x0))
+        start = _profile_root(mp.sqrt(mp.mpf(w_inf)), R, LL, S2, grad_f)
+        sol = mp.findroot(lambda o, u: grad_f(o, u, R, LL, S2), start)
         o, u = sol[0], sol[1]
         Hm = hess_f(o, u, R, LL, S2)
         eig = mp.eigsy(mp.matrix(Hm))[0]
