@@ -565,7 +565,7 @@ class InvariantFlowMeasurement:
     tenfold a step, which is a step-size instability and not the flow the check is about.
     ``unstable``: the larger steps tried, each {lr, t (when the residual passed the bound),
     residual, max_anti}.  ``stable`` is False when even the smallest step left D (then the run
-    at that step is the one measured)."""
+    at that step is the one reported, and ``amplification`` is nan: no twin runs)."""
     config: dict
     lr: float
     time: float
@@ -614,8 +614,8 @@ def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: 
     """The seeded start trained on one fixed G-invariant batch of ~``prompts`` prompts (theory:
     the batch gradient lies in D to rounding, so o and v receive the same update and |o - v|
     stays at rounding), at the largest step lr / 2^k that keeps GD on D, with its twin run for
-    the amplification."""
-    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    the amplification.  Where every step tried left D the run is not compared (the claim says
+    why), so no twin runs: its amplification would bound nothing (``amplification`` nan)."""
     from theory.block_structure import group_order
     base = max(MIN_BASE_PROMPTS, int(prompts) // int(group_order(cfg.tasks)))
     fixed = symmetrize_full(sample_prompts(cfg, base, make_generator(seed, cfg.device)), cfg)
@@ -633,17 +633,7 @@ def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: 
             break
         unstable.append({"lr": step, "t": float(run.t[-1]), "residual": float(run.residual[-1]),
                          "max_anti": float(np.abs(run.anti).max())})
-    kick = TWIN_KICK * math.sqrt(mu0)
-    twin_model = allocated_model(cfg, mu0)
-    d = cfg.d
-    with torch.no_grad():
-        for h, i in st.entries:
-            twin_model.O[h, i, d + i] += kick
-            twin_model.V[h, d + i, d + i] -= kick
-    twin = saddle_run(cfg, step, n, seed, mu0, time, stop_share=math.inf, record_dt=1.0, batches=lambda i: fixed,
-                      start=twin_model)
-    m = min(len(twin.anti), len(run.anti))
-    A = float(np.max(np.abs(twin.anti[:m] - run.anti[:m])) / (2 * kick))
+    A = math.nan if left else _twin_amplification(cfg, run, step, fixed, seed, mu0, time)
     return InvariantFlowMeasurement(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L,
                                             "sigma": cfg.sigma},
                                     lr=step, time=time, prompts=n, mu0=mu0, steps=steps,
@@ -654,6 +644,22 @@ def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: 
                                     stable=not left)
 
 
+def _twin_amplification(cfg: ProblemConfig, run: SaddleRun, step: float, fixed, seed: int, mu0: float,
+                        time: float) -> float:
+    """A = max_t |(o - v)_twin - (o - v)_run| / (2k): the twin of ``run`` on the same fixed batch
+    at the same step, its seeded entries kicked by o += k, v -= k (k = TWIN_KICK sqrt(mu0))."""
+    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    kick = TWIN_KICK * math.sqrt(mu0)
+    twin_model = allocated_model(cfg, mu0)
+    d = cfg.d
+    with torch.no_grad():
+        for h, i in st.entries:
+            twin_model.O[h, i, d + i] += kick
+            twin_model.V[h, d + i, d + i] -= kick
+    twin = saddle_run(cfg, step, int(fixed.query.shape[0]), seed, mu0, time, stop_share=math.inf, record_dt=1.0,
+                      batches=lambda i: fixed, start=twin_model)
+    m = min(len(twin.anti), len(run.anti))
+    return float(np.max(np.abs(twin.anti[:m] - run.anti[:m])) / (2 * kick))
 
 
 # ---------------------------------------------------------------------------------------
