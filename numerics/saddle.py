@@ -27,8 +27,9 @@ directly (o = -v), just below the fit window, so that every step size sees the s
 without the long plateau of the escape runs.
 
 Sizes in docs/saddle.md (the saddle's configurations: claims.boundary_saddle.PROFILES; the single-task
-runs: claims.boundary_initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 85 s CPU for the saddle,
-30 s for the single-task runs, one core), ``paper`` (not run here).
+runs: claims.boundary_initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (40-70 s CPU for the saddle, the
+invariant batch's GD half of it where it stays on D; 30 s for the single-task runs; one core),
+``paper`` (not run here).
 """
 from __future__ import annotations
 
