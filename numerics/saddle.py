@@ -27,8 +27,9 @@ directly (o = -v), just below the fit window, so that every step size sees the s
 without the long plateau of the escape runs.
 
 Sizes in docs/saddle.md (the saddle's configurations: claims.boundary_saddle.PROFILES; the single-task
-runs: claims.boundary_initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (about 85 s CPU for the saddle,
-30 s for the single-task runs, one core), ``paper`` (not run here).
+runs: claims.boundary_initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (40-70 s CPU for the saddle, the
+invariant batch's GD half of it where it stays on D; 30 s for the single-task runs; one core),
+``paper`` (not run here).
 """
 from __future__ import annotations
 
@@ -565,7 +566,7 @@ class InvariantFlowMeasurement:
     tenfold a step, which is a step-size instability and not the flow the check is about.
     ``unstable``: the larger steps tried, each {lr, t (when the residual passed the bound),
     residual, max_anti}.  ``stable`` is False when even the smallest step left D (then the run
-    at that step is the one measured)."""
+    at that step is the one reported, and ``amplification`` is nan: no twin runs)."""
     config: dict
     lr: float
     time: float
@@ -614,8 +615,8 @@ def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: 
     """The seeded start trained on one fixed G-invariant batch of ~``prompts`` prompts (theory:
     the batch gradient lies in D to rounding, so o and v receive the same update and |o - v|
     stays at rounding), at the largest step lr / 2^k that keeps GD on D, with its twin run for
-    the amplification."""
-    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    the amplification.  Where every step tried left D the run is not compared (the claim says
+    why), so no twin runs: its amplification would bound nothing (``amplification`` nan)."""
     from theory.block_structure import group_order
     base = max(MIN_BASE_PROMPTS, int(prompts) // int(group_order(cfg.tasks)))
     fixed = symmetrize_full(sample_prompts(cfg, base, make_generator(seed, cfg.device)), cfg)
@@ -633,17 +634,7 @@ def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: 
             break
         unstable.append({"lr": step, "t": float(run.t[-1]), "residual": float(run.residual[-1]),
                          "max_anti": float(np.abs(run.anti).max())})
-    kick = TWIN_KICK * math.sqrt(mu0)
-    twin_model = allocated_model(cfg, mu0)
-    d = cfg.d
-    with torch.no_grad():
-        for h, i in st.entries:
-            twin_model.O[h, i, d + i] += kick
-            twin_model.V[h, d + i, d + i] -= kick
-    twin = saddle_run(cfg, step, n, seed, mu0, time, stop_share=math.inf, record_dt=1.0, batches=lambda i: fixed,
-                      start=twin_model)
-    m = min(len(twin.anti), len(run.anti))
-    A = float(np.max(np.abs(twin.anti[:m] - run.anti[:m])) / (2 * kick))
+    A = math.nan if left else _twin_amplification(cfg, run, step, fixed, seed, mu0, time)
     return InvariantFlowMeasurement(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L,
                                             "sigma": cfg.sigma},
                                     lr=step, time=time, prompts=n, mu0=mu0, steps=steps,
@@ -654,6 +645,22 @@ def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: 
                                     stable=not left)
 
 
+def _twin_amplification(cfg: ProblemConfig, run: SaddleRun, step: float, fixed, seed: int, mu0: float,
+                        time: float) -> float:
+    """A = max_t |(o - v)_twin - (o - v)_run| / (2k): the twin of ``run`` on the same fixed batch
+    at the same step, its seeded entries kicked by o += k, v -= k (k = TWIN_KICK sqrt(mu0))."""
+    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    kick = TWIN_KICK * math.sqrt(mu0)
+    twin_model = allocated_model(cfg, mu0)
+    d = cfg.d
+    with torch.no_grad():
+        for h, i in st.entries:
+            twin_model.O[h, i, d + i] += kick
+            twin_model.V[h, d + i, d + i] -= kick
+    twin = saddle_run(cfg, step, int(fixed.query.shape[0]), seed, mu0, time, stop_share=math.inf, record_dt=1.0,
+                      batches=lambda i: fixed, start=twin_model)
+    m = min(len(twin.anti), len(run.anti))
+    return float(np.max(np.abs(twin.anti[:m] - run.anti[:m])) / (2 * kick))
 
 
 # ---------------------------------------------------------------------------------------
@@ -806,13 +813,31 @@ PRICED_STEP_TIME = 45.0
 2 top_fraction, log(4 top_fraction mu* / lo) / (2a); measured at quick's (1, 1): 43 - 45."""
 
 
+SGD_DTYPE = "float32"
+"""The arithmetic of the SGD runs of the need kinds (the escape runs, their floors, the
+step-size runs), whatever the need's cfg says: a run differs from its float64 twin by rounding
+only (numerics.data draws float32 Gaussians, so the prompts are the same numbers), so the
+precision is not part of what a need names (its identity, hence its seed and prompt streams).
+What the runs are read for is far above float32's unit round-off 6e-8: the growth rates are
+fitted over 3.6 e-folds of |mu| from ~1e-3 and compared within 2-9 % (tolerances 0.003-0.016
+on rates 0.12-0.18); the escape times enter through dT/dlog B, pooled within 0.5-0.8 of a
+ratio 1, and rounding adds ~1e-8 a step to o - v against the imbalance seed
+M / (2 sqrt(mu0)) ~ 1e-4 it grows from: log|o - v| moves by < 1e-3, T by < 0.02 time units
+against its se of 2-8 and the record spacing 1.  The floors' check that an empty channel never
+moves stays exact (its gradient is a product with exact zeros).  Measured at quick, seed 0: every
+escape time and growth rate equals its float64 value to the printed digits (T to 0.01, rates to
+1e-5) for 0.76 of the CPU time.  The invariant batch's GD (compared at rounding) and the
+gradient-variance probe (checked against the forward pass at 1e-10) stay in cfg's dtype."""
+
+
 def _sgd_seconds(cfg: ProblemConfig, batch: int, time: float, lr: float, record_dt: float, runs: int = 1) -> float:
-    """``runs`` runs of ``time`` / lr SGD steps at ``batch``, each on its own prompt stream, in
-    numerics.train.train_many's programs, with two readouts a record (the trainer's and the
-    hook's) every ``record_dt``."""
+    """``runs`` runs of ``time`` / lr SGD steps at ``batch`` in SGD_DTYPE, each on its own prompt
+    stream, in numerics.train.train_many's programs, with two readouts a record (the trainer's
+    and the hook's) every ``record_dt``."""
     steps = max(1, round(float(time) / float(lr)))
     records = 2 * steps // max(1, round(float(record_dt) / float(lr)))
-    return cost.many_seconds(cfg.tasks, cfg.heads, cfg.L, int(batch), steps, [1] * int(runs), records=records)
+    return cost.many_seconds(cfg.tasks, cfg.heads, cfg.L, int(batch), steps, [1] * int(runs), dtype=SGD_DTYPE,
+                             records=records)
 
 
 def _escape_cost(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt) -> float:
@@ -823,8 +848,8 @@ def _escape_cost(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt) -> 
 
 @kind("saddle_escape_runs", cost=_escape_cost)
 def escape_runs_need(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt, seed) -> SaddleRuns:
-    """The escape runs of one configuration and their floors (:func:`saddle_runs`)."""
-    return saddle_runs(cfg, lr, batches, seeds, mu0, t_max, seed, stop_share=stop_share, record_dt=record_dt)
+    """The escape runs of one configuration and their floors (:func:`saddle_runs`), in SGD_DTYPE."""
+    return saddle_runs(cfg.replace(dtype=SGD_DTYPE), lr, batches, seeds, mu0, t_max, seed, stop_share=stop_share, record_dt=record_dt)
 
 
 @kind("saddle_variance", cost=lambda cfg, n: 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, n))
@@ -840,8 +865,8 @@ def _steps_cost(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_ma
 @kind("saddle_step_sizes", cost=_steps_cost)
 def step_sizes_need(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_max, record_dt, seed) -> tuple:
     """The growth rate at each step of ``lrs`` (:func:`step_size_measurement`), its window from
-    the floor of the escape runs (``escape``, a dependency) at ``batch``."""
-    return step_size_measurement(cfg, lrs, batch, seeds, escape.floor[batch], seed, floor_factor, top_fraction,
+    the floor of the escape runs (``escape``, a dependency) at ``batch``, in SGD_DTYPE."""
+    return step_size_measurement(cfg.replace(dtype=SGD_DTYPE), lrs, batch, seeds, escape.floor[batch], seed, floor_factor, top_fraction,
                                  t_max, record_dt)
 
 

@@ -119,7 +119,7 @@ def test_invariant_run_halves_a_step_that_leaves_D(monkeypatch):
     """numerics.saddle.invariant_flow_measurement lowers the step until GD on the fixed batch keeps
     its off-D residual at rounding (a step past the batch's stability edge is not the flow), records
     the steps that left, and the claim's finding names them; a run that leaves at every step is
-    compared as measured and said so."""
+    not compared (no twin is run for it) and said so."""
     from numerics import saddle as ns
     from numerics.config import ProblemConfig
     calls = []
@@ -142,6 +142,7 @@ def test_invariant_run_halves_a_step_that_leaves_D(monkeypatch):
     leave_above = 0.06
     inv = ns.invariant_flow_measurement(cfg, 0.2, 10.0, 0.05, 64, seed=7)
     assert inv.stable and inv.lr == 0.05 and inv.requested_lr == 0.2 and inv.steps == 200
+    assert calls == [0.2, 0.1, 0.05, 0.05]              # the steps tried, then the twin at the one kept
     assert [u["lr"] for u in inv.unstable] == [0.2, 0.1] and all(u["residual"] == 1e-3 for u in inv.unstable)
     comp = claim.check_invariant_flow(inv, 0.7, "cfg")
     assert comp.agrees and comp.details["unstable"][0]["lr"] == 0.2
@@ -152,7 +153,8 @@ def test_invariant_run_halves_a_step_that_leaves_D(monkeypatch):
     calls.clear()
     inv = ns.invariant_flow_measurement(cfg, 0.2, 10.0, 0.05, 64, seed=7)
     assert not inv.stable and inv.lr == 0.2 / 2 ** ns.MAX_STEP_HALVINGS and len(inv.unstable) == ns.MAX_STEP_HALVINGS
-    assert len(calls) == ns.MAX_STEP_HALVINGS + 2      # every step tried, then the twin at the last
+    assert len(calls) == ns.MAX_STEP_HALVINGS + 1      # every step tried; no twin: nothing is compared
+    assert np.isnan(inv.amplification)
     comp, row, note = claim.invariant_outcome(inv, 0.7, "cfg")
     assert comp is None and row["side"] == "reported" and note["res"] == 1e-3 and note["lr"] == inv.lr
     res.details.update(comparisons=[], not_measured=[note])
