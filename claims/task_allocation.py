@@ -25,6 +25,7 @@ from numerics.engine import need
 from numerics.experiments import phases as experiments
 from numerics.experiments.phases import run_time, start_args, unstable_need
 from numerics.readout import allocation
+from numerics.statistics import bounded_correlation_se
 from theory import task_allocation as allocation_theory
 
 THRESHOLD_SIGMAS = 5.0
@@ -56,6 +57,7 @@ class TaskAllocationProfile:
     lr: float = 0.05                   # GD step (time t = lr x steps)
     time: float | None = None          # t_end (None: each case's domain horizon)
     batch: int = 512                   # fresh prompts per step
+    tail_batch: int | None = None      # prompts per step from phases.TAIL_BATCH_FROM of an in-domain run on (None: batch)
     records: int = 61                  # trajectory records (the tail = last 25% of them)
     held_out: int = 65536              # fresh prompts of the held-out loss
     slope_prompts: int = 16384         # Monte-Carlo prompts of the measured off-task slope a (check_off_task_slope)
@@ -68,9 +70,12 @@ PROFILES = {
     # H = m inside the domain; the surplus case (its heads decay slowly: theory's flow needs t ~ 200) and H < m run as
     # recorded boundaries.  t = 55: the domain's horizon (29) is too short for the served point of H = 2 heads
     # (t = 29: omega 0.698 vs 0.6825, 2.2% off, unchanged from B = 512 to 1024; t = 55: 0.689 vs 0.680, inside the
-    # tolerance), and 55 stays under the saddle's escape limit 10 / 0.175 = 57
+    # tolerance), and 55 stays under the saddle's escape limit 10 / 0.175 = 57.  The served point's tolerance is SGD
+    # noise along the flow's slow valley (the records' width, the tail mean's se, the cloud's O(lr/B) offset: 8 runs at
+    # B = 1024 throughout: tail means 1.0-1.2 % off theory's, scattered by 0.002-0.006; resolution 3.5-7.6 % under
+    # served_tail_errors): B = 3072 from t = 33 on divides the variance and the offset by 3, for ~20 % more CPU
     "quick": TaskAllocationProfile(tasks=(2, 2), L=64, surplus_heads=1, fewer_heads_tasks=(2, 2, 2),
-                                   lr=0.05, time=55.0, batch=1024, records=61, held_out=65536),
+                                   lr=0.05, time=55.0, batch=1024, tail_batch=3072, records=61, held_out=65536),
     # docs/model.md problem (r = 3, m = 2, L = 128, B = 2048, lr 0.05), long enough for the surplus heads to decay on
     # theory's flow; meant for a GPU
     "paper": TaskAllocationProfile(tasks=(3, 3), L=128, surplus_heads=2, fewer_heads_tasks=(3, 3, 3),
@@ -175,7 +180,9 @@ def check_allocation(cfg: ProblemConfig, meas: dict, pred: dict, dom: dict) -> l
         raise ValueError(f"check_allocation needs a case inside the domain ({dom['conditions']}); "
                          f"this one is not: {'; '.join(dom['reasons'])}. Use check_boundary")
     H, tcfg = cfg.heads, meas["train"]
-    tag = f"tasks={cfg.tasks} H={H} L={cfg.L} sigma={cfg.sigma:g} B={tcfg.batch} t={tcfg.time:g}"
+    tail_b = meas.get("tail_batch", tcfg.batch)
+    tag = (f"tasks={cfg.tasks} H={H} L={cfg.L} sigma={cfg.sigma:g} B={tcfg.batch}"
+           + (f" (tail {tail_b})" if tail_b != tcfg.batch else "") + f" t={tcfg.time:g}")
     surplus = [h for h in range(H) if h not in pred["winners"]]
     common = {"config": cfg.to_dict(), "train": tcfg.to_dict(), "domain": dom}
     # a surplus head's threshold also allows the SURPLUS_FRACTION mu* that theory's own flow may still leave in it at
@@ -233,28 +240,45 @@ def _allocation_comparisons(cfg, meas, pred, tag, surplus, thresholds, common) -
     return comps
 
 
+def served_tail_errors(cfg, meas, winners) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(se, spread, rho) per served entry (omega_i..., mu_i...) of the run's tail mean
+    (``numerics.statistics.bounded_correlation_se``), each entry's autocorrelation over k records bounded by rho^k,
+    rho = e^(-lambda_i dt): lambda_i theory's slowest relaxation rate of task i's served point (``theory.
+    task_allocation.served_relaxation_rates``), dt the record interval.  The SGD iterates wander along that slow
+    valley (tasks (2, 2), L = 64: lambda = 0.25, a correlation time of 4 against a tail of 14), which the AR(1)
+    estimate of ``phases.tail_standard_errors`` reads from the tail's own lag-1 correlation, too noisily here."""
+    idx, k = (np.asarray(winners), np.arange(cfg.m)), meas["tail_records"]
+    records = np.concatenate([meas["omega"][-k:][:, idx[0], idx[1]], meas["mu"][-k:][:, idx[0], idx[1]]], axis=1)
+    rates = allocation_theory.served_relaxation_rates(cfg.tasks, cfg.L, cfg.sigma)
+    rho = np.exp(-np.tile(rates, 2) * float(np.mean(np.diff(meas["t"][-k:]))))
+    return (*bounded_correlation_se(records, rho), rho)
+
+
 def _served_comparison(cfg, meas, pred, tag, common) -> Comparison:
     """:func:`check_allocation`'s allocated fixed point: the serving (omega, mu) of the tail mean against theory's,
     moved by the served optimum's shift; wrong: omega* or mu* x PERTURB_FACTOR."""
     idx, f = (np.asarray(pred["winners"]), np.arange(cfg.m)), PERTURB_FACTOR
-    served = lambda what: np.concatenate([meas[f"omega_{what}"][idx], meas[f"mu_{what}"][idx]])  # noqa: E731
+    end = np.concatenate([meas["omega_end"][idx], meas["mu_end"][idx]])
+    se, spread, rho = served_tail_errors(cfg, meas, pred["winners"])
     shift = allocation_theory.served_shift(meas["omega_end"], pred["winners"], cfg.tasks, cfg.L, cfg.sigma)
     fp = lambda om, mu: np.concatenate([om, mu]) + shift.reshape(-1)  # noqa: E731
     omega_star, mu_star = pred["omega_star"], pred["mu_star"]
     # the entry farthest from theory's, relative to it: a one-number summary beside the entrywise max |d| / tolerance
-    rel = np.abs(served("end") / fp(omega_star, mu_star) - 1)
-    tol = Tolerance((noise_term(served("se"), "the tail mean"), term("the per-record spread of the SGD iterates",
-                                                                       served("spread"))),
+    rel = np.abs(end / fp(omega_star, mu_star) - 1)
+    tol = Tolerance((noise_term(se, "the tail mean", f"{meas['tail_records']} records, autocorrelation at most "
+                                f"{np.round(rho, 3).tolist()}^lag: theory's slowest relaxation of the served point"),
+                     term("the per-record spread of the SGD iterates", spread)),
                     "the finite step and batch may displace the cloud's centre by its width.  Prediction: "
                     "theory.exact.exact_fixed_point (exact to ~1e-12) moved by theory's shift of the served optimum by "
                     "the off-task omega the run still holds at t_end (theory.served_optimum at the measured row minus "
                     "at zeros)")
     return _comparison(
-        "allocated fixed point (omega*_i..., mu*_i...)", tag, served("end"), fp(omega_star, mu_star), tol.value,
+        "allocated fixed point (omega*_i..., mu*_i...)", tag, end, fp(omega_star, mu_star), tol.value,
         "per entry: " + tol.why(),
         [(f"omega* x {f:g}", fp(f * omega_star, mu_star)), (f"mu* x {f:g}", fp(omega_star, f * mu_star))],
         {**common, "omega_end": meas["omega_end"], "mu_end": meas["mu_end"], "off_task_shift": shift,
-         "largest_relative_deviation": {"value": float(rel.max()), "entry": int(rel.argmax())}},
+         "largest_relative_deviation": {"value": float(rel.max()), "entry": int(rel.argmax())},
+         "tail_se": se, "tail_spread": spread, "tail_rho": rho},
         entrywise=True)
 
 
@@ -340,7 +364,8 @@ def case_needs(ctx, cfg: ProblemConfig) -> dict:
     run = dict(cfg=cfg, lr=p.lr, time=p.time if p.time is not None else horizon, batch=p.batch, records=p.records,
                z=Z_SE, threshold_sigmas=THRESHOLD_SIGMAS)
     out = {"horizon": horizon, "unstable": unstable_need(cfg, p.lr), "point": point,
-           "run": need("allocation_run", held_out=p.held_out, **run),
+           "run": need("allocation_run", held_out=p.held_out, **run, **({"tail_batch": p.tail_batch} if p.tail_batch
+                                                                        else {})),
            "boundary_run": need("allocation_run", held_out=min(p.held_out, 16384), **run),
            "prediction": theory_need("allocation_prediction", *start_args(cfg)), "slope": theory_need(
                "off_task_slope", *args), "gradient": need("off_task_gradient", tasks=args[0], heads=cfg.heads, L=cfg.L,
