@@ -57,7 +57,7 @@ class TaskAllocationProfile:
     lr: float = 0.05                   # GD step (time t = lr x steps)
     time: float | None = None          # t_end (None: each case's domain horizon)
     batch: int = 512                   # fresh prompts per step
-    tail_batch: int | None = None      # prompts per step from phases.TAIL_BATCH_FROM of an in-domain run on (None: batch)
+    tail_batch: int | None = None      # per step from phases.TAIL_BATCH_FROM of a run inside the domain (None: batch)
     records: int = 61                  # trajectory records (the tail = last 25% of them)
     held_out: int = 65536              # fresh prompts of the held-out loss
     slope_prompts: int = 16384         # Monte-Carlo prompts of the measured off-task slope a (check_off_task_slope)
@@ -65,7 +65,7 @@ class TaskAllocationProfile:
 
 
 PROFILES = {
-    "tiny": TaskAllocationProfile(tasks=(1,), L=32, surplus_heads=0, lr=0.05, time=None, batch=128,
+    "tiny": TaskAllocationProfile(tasks=(1,), L=32, surplus_heads=0, lr=0.05, time=None, batch=128, tail_batch=512,
                                   records=41, held_out=65536),
     # H = m inside the domain; the surplus case (its heads decay slowly: theory's flow needs t ~ 200) and H < m run as
     # recorded boundaries.  t = 55: the domain's horizon (29) is too short for the served point of H = 2 heads
@@ -167,7 +167,8 @@ def check_allocation(cfg: ProblemConfig, meas: dict, pred: dict, dom: dict) -> l
       the run still holds (``served_shift``); wrong: omega* or mu* x 1.1.  Tolerance per entry: Z_SE x its standard
       error + its per-record spread: SGD iterates fluctuate about the flow's fixed point with that spread, and the
       finite step and batch may displace the cloud's centre (a bias O(lr/B) in the flat valley, measured 1-3% at
-      B = 512-2048) by no more than its width.  Both from the run's own records, neither from theory.
+      B = 512-2048) by no more than its width.  Both from the run's own records (:func:`served_tail_errors`), their
+      autocorrelation bounded by theory's slowest relaxation of the served point, never the fixed point itself.
     - **surplus heads** (H > m): their largest tail-mean |mu| against 0, tolerance the OV threshold of that head, at
       least the SURPLUS_FRACTION mu* that theory's expansion flow may still leave in them at the horizon; wrong: a
       surplus head serving task 0 with mu*_0.

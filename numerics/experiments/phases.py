@@ -317,7 +317,8 @@ def allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: i
         held_out = min(HELD_OUT_MAX, -(-need // 4096) * 4096)
         full = held_out_loss(averaged, n=held_out, seed=seed)
     reduced_at_mean = held_out_reduced_loss(om_mean, mu_mean, cfg, n=held_out, seed=seed)   # same prompts
-    return {"t": t, "omega": omega, "mu": mu, "omega_end": om_mean, "mu_end": mu_mean, "U_singular_values": [s.tolist() for s in sv], "threshold": threshold,
+    return {"t": t, "omega": omega, "mu": mu, "omega_end": om_mean, "mu_end": mu_mean,
+            "U_singular_values": [s.tolist() for s in sv], "threshold": threshold,
             "above": [int(np.sum(s > th)) for s, th in zip(sv, threshold)],
             "W_block_singular_values": W_blocks,
             "W_singular_values": [np.linalg.svd(W_mean[h], compute_uv=False).tolist() for h in range(cfg.heads)],
