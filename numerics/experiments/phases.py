@@ -6,8 +6,8 @@
 - :func:`escape_time_spread` (claim 3): the Monte-Carlo spread of a warm-up escape time of an
   SGD run, from per-prompt gradients at the init (a probe, no training).
 - :func:`allocation_run` (claim 4): the full factored model trained with fresh batches, the
-  tail means of its readout and OV matrices with their standard errors
-  (:func:`tail_standard_errors`), their spectra and the held-out losses.
+  tail means of its readout and OV matrices with their standard errors, their spectra and the
+  held-out losses.
 - :func:`off_task_gradient` (claim 4): the Monte-Carlo gradient of the exact reduced loss.
 
 Each is a need kind of ``numerics.engine`` (end of file: "phase_run", "escape_time_spread",
@@ -35,9 +35,9 @@ from numerics.model import MultiHeadAttention, initial_semi_singular_values, ini
 from numerics.readout import allocation
 from numerics.seeds import case_seed
 from numerics.reduced import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
-from numerics.statistics import mean_se
+from numerics.statistics import bounded_correlation_se, mean_se
 from numerics.train import TrainConfig, train
-from theory.task_allocation import favoured_init, warmup_race_times
+from theory.task_allocation import favoured_init, served_relaxation_rates, warmup_race_times
 from theory.three_phases import allocated_projection, phase_times, warmup_relative_rates
 
 def _arrays(result) -> tuple:
@@ -270,16 +270,29 @@ def _trained(cfg: ProblemConfig, tcfg: TrainConfig, tail_batch, on_record) -> tu
     return (np.concatenate([t0, t_switch + t1[1:]]), *joined, tail.final_model, tail.loss)
 
 
+def _readout_tail_errors(cfg: ProblemConfig, t, omega, mu) -> tuple:
+    """(rho, omega's se, omega's spread, mu's se, mu's spread) of the tail records (t, omega, mu), task i's entries
+    read with autocorrelation at most rho_i^j over j records, rho_i = e^(-lambda_i dt) (theory's slowest relaxation
+    of the served point, dt the record interval).  The served entries wander along the flow's slow valley (1 / lambda
+    ~ 4 at tasks (2, 2), L = 64, against a tail of 14): the tail's own lag-1 correlation is too noisy a reading of it
+    (:func:`tail_standard_errors` read one tail's se as 10 x the scatter of 8 independent runs' tail means)."""
+    rho = np.exp(-served_relaxation_rates(cfg.tasks, cfg.L, cfg.sigma) * float(np.mean(np.diff(t))))
+    return (rho, *bounded_correlation_se(omega, rho), *bounded_correlation_se(mu, rho))
+
+
 @one_thread
 def allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: int = 0, z: float = 4.0,
                    threshold_sigmas: float = 5.0, tail_batch: int | None = None) -> dict:
     """The run of (cfg, tcfg) for claim 4 (from TAIL_BATCH_FROM of it on with ``tail_batch`` prompts per step, where
-    given: less SGD noise where the tail is read): its records of omega, mu, their tail means, the tail-mean OV
-    matrices U_h's singular values, the per-head ``threshold`` = max(threshold_sigmas x the Frobenius norm of their
-    entries' standard errors (:func:`tail_standard_errors`), 1e-6) and the count of values ``above`` it (claim 4's
-    detection threshold), W_h spectra (per block and whole), and the held-out losses: of the tail-averaged merged
-    weights (``held_out``; ``z`` standard errors resolve LOSS_RESOLUTION of it), of the final weights, and of the
-    reduced model at the tail-mean readout (same prompts); ``seed``: the held-out prompts' stream."""
+    given: less SGD noise where the tail is read): its records of omega, mu, their tail means with standard errors
+    and per-record spreads (``numerics.statistics.bounded_correlation_se``: autocorrelation over j records at most
+    ``tail_rho``^j, e^(-lambda_i dt) with lambda_i theory.task_allocation.served_relaxation_rates and dt the record
+    interval), the tail-mean OV matrices U_h's singular values, the per-head ``threshold`` = max(threshold_sigmas x
+    the Frobenius norm of their entries' standard errors (:func:`tail_standard_errors`), 1e-6) and the count of values
+    ``above`` it (claim 4's detection threshold), W_h spectra (per block and whole), and the held-out losses: of the
+    tail-averaged merged weights (``held_out``; ``z`` standard errors resolve LOSS_RESOLUTION of it), of the final
+    weights, and of the reduced model at the tail-mean readout (same prompts); ``seed``: the held-out prompts'
+    stream."""
     Us, Ws = [], []
 
     def on_record(step, t, model, loss):
@@ -302,6 +315,7 @@ def allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: i
     W_blocks = [[np.linalg.svd(Phi[:, sl].T @ W_mean[h, :d, :d] @ Phi[:, sl], compute_uv=False).tolist()
                  for sl in cfg.block_slices] for h in range(cfg.heads)]
     om_mean, mu_mean = omega[tail].mean(axis=0), mu[tail].mean(axis=0)
+    rho, om_se, om_spread, mu_se, mu_spread = _readout_tail_errors(cfg, t[tail], omega[tail], mu[tail])
     # the converged loss at the tail-averaged merged weights (W_h, U_h): the prediction depends
     # on the weights only through them, and averaging the tail removes the final step's SGD
     # jitter (r = 3, L = 32, lr 0.05, B = 512: final weights 0.774, 5% above theory's 0.735,
@@ -317,7 +331,8 @@ def allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: i
         held_out = min(HELD_OUT_MAX, -(-need // 4096) * 4096)
         full = held_out_loss(averaged, n=held_out, seed=seed)
     reduced_at_mean = held_out_reduced_loss(om_mean, mu_mean, cfg, n=held_out, seed=seed)   # same prompts
-    return {"t": t, "omega": omega, "mu": mu, "omega_end": om_mean, "mu_end": mu_mean,
+    return {"t": t, "omega": omega, "mu": mu, "omega_end": om_mean, "mu_end": mu_mean, "tail_rho": rho,
+            "omega_se": om_se, "omega_spread": om_spread, "mu_se": mu_se, "mu_spread": mu_spread,
             "U_singular_values": [s.tolist() for s in sv], "threshold": threshold,
             "above": [int(np.sum(s > th)) for s, th in zip(sv, threshold)],
             "W_block_singular_values": W_blocks,
