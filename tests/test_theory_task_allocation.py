@@ -5,7 +5,7 @@ from hypothesis import given, strategies as st
 
 from theory import reduced_ode as ro
 from theory.task_allocation import (allocated_fixed_point, allocated_point, allocated_task_point,
-                                    predicted_winners, warmup_race_times)
+                                    predicted_winners, served_relaxation_rates, warmup_race_times)
 
 
 def test_allocated_point_matches_spec_and_is_a_local_minimum():
@@ -80,3 +80,18 @@ def test_bad_input():
         allocated_point([0, 1], [0.3, 0.3], [2.0, 2.0], 1)
     with pytest.raises(ValueError, match="L"):
         allocated_fixed_point((2,), -5)
+
+
+def test_served_relaxation_rate_is_the_late_decay_of_theorys_flow():
+    # the slowest rate from the Jacobian (central differences) against theory's own exact flow: from a start off the
+    # served fixed point, |(omega, mu) - (omega*, mu*)| decays as e^(-lambda t) once the fast mode has died
+    from theory.exact import exact_flow, exact_fixed_point
+    tasks, L = (2, 3), 64
+    rates = served_relaxation_rates(tasks, L)
+    fp = exact_fixed_point(tasks, L)
+    assert rates.shape == (2,) and np.all(rates > 0) and rates[0] != rates[1]
+    for i, r in enumerate(tasks):
+        star = np.array([fp["omega_star"][i], fp["mu_star"][i]])
+        flow = exact_flow([[star[0] + 0.02]], [[star[1]]], (r,), L, t_end=16.0, t_eval=[6.0, 16.0])
+        dist = [np.hypot(flow.omega[k, 0, 0] - star[0], flow.mu[k, 0, 0] - star[1]) for k in range(2)]
+        assert np.log(dist[0] / dist[1]) / 10.0 == pytest.approx(rates[i], rel=0.02)

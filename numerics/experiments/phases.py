@@ -6,8 +6,8 @@
 - :func:`escape_time_spread` (claim 3): the Monte-Carlo spread of a warm-up escape time of an
   SGD run, from per-prompt gradients at the init (a probe, no training).
 - :func:`allocation_run` (claim 4): the full factored model trained with fresh batches, the
-  tail means of its readout and OV matrices with their standard errors
-  (:func:`tail_standard_errors`), their spectra and the held-out losses.
+  tail means of its readout and OV matrices with their standard errors, their spectra and the
+  held-out losses.
 - :func:`off_task_gradient` (claim 4): the Monte-Carlo gradient of the exact reduced loss.
 
 Each is a need kind of ``numerics.engine`` (end of file: "phase_run", "escape_time_spread",
@@ -35,9 +35,9 @@ from numerics.model import MultiHeadAttention, initial_semi_singular_values, ini
 from numerics.readout import allocation
 from numerics.seeds import case_seed
 from numerics.reduced import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
-from numerics.statistics import mean_se
+from numerics.statistics import bounded_correlation_se, mean_se
 from numerics.train import TrainConfig, train
-from theory.task_allocation import favoured_init, warmup_race_times
+from theory.task_allocation import favoured_init, served_relaxation_rates, warmup_race_times
 from theory.three_phases import allocated_projection, phase_times, warmup_relative_rates
 
 def _arrays(result) -> tuple:
@@ -240,17 +240,59 @@ def tail_standard_errors(samples) -> tuple[np.ndarray, np.ndarray]:
     return spread * np.sqrt((1.0 + rho) / (n * (1.0 - rho))), spread
 
 
+TAIL_BATCH_FROM = 0.6
+"""Where a run with a tail batch (:func:`allocation_run`) switches to it: at the record nearest 60 % of the run, so
+that the slowest relaxation of the served point (rate 0.25 at tasks (2, 2), L = 64: theory.task_allocation.
+served_relaxation_rates) has 2.3 e-folds before the last 25 % (the tail) begins: what the larger batch moves (the
+cloud's width and its O(lr / B) offset) has then settled to within 10 %, and within ~3 % averaged over the tail."""
+
+
+def _trained(cfg: ProblemConfig, tcfg: TrainConfig, tail_batch, on_record) -> tuple:
+    """(t, omega, mu, residual, final model, training loss) of the run (cfg, tcfg), from TAIL_BATCH_FROM of it on
+    with ``tail_batch`` fresh prompts per step (None: tcfg.batch throughout) and a stream of its own; the records on
+    tcfg's grid, ``on_record`` called once at each."""
+    k = int(round(TAIL_BATCH_FROM * (tcfg.records - 1)))
+    if tail_batch is None or tail_batch == tcfg.batch or k < 1:
+        res = train(cfg, tcfg, on_record=on_record)
+        return _arrays(res) + (res.final_model, res.loss)
+    t_switch = tcfg.time * k / (tcfg.records - 1)
+    head = train(cfg, dataclasses.replace(tcfg, time=t_switch, records=k + 1), on_record=on_record)
+
+    def on_tail_record(step, t, model, loss):         # its first record is the head's last
+        if step > 0:
+            on_record(step, t_switch + t, model, loss)
+
+    tail = train(cfg, dataclasses.replace(tcfg, time=tcfg.time - t_switch, records=tcfg.records - k, batch=tail_batch,
+                                          seed=case_seed(tcfg.seed, "tail batch")),
+                 on_record=on_tail_record, start=head.final_model)
+    (t0, *rest0), (t1, *rest1) = _arrays(head), _arrays(tail)
+    joined = [np.concatenate([x, y[1:]]) for x, y in zip(rest0, rest1)]
+    return (np.concatenate([t0, t_switch + t1[1:]]), *joined, tail.final_model, tail.loss)
+
+
+def _readout_tail_errors(cfg: ProblemConfig, t, omega, mu) -> tuple:
+    """(rho, omega's se, omega's spread, mu's se, mu's spread) of the tail records (t, omega, mu), task i's entries
+    read with autocorrelation at most rho_i^j over j records, rho_i = e^(-lambda_i dt) (theory's slowest relaxation
+    of the served point, dt the record interval).  The served entries wander along the flow's slow valley (1 / lambda
+    ~ 4 at tasks (2, 2), L = 64, against a tail of 14): the tail's own lag-1 correlation is too noisy a reading of it
+    (:func:`tail_standard_errors` read one tail's se as 10 x the scatter of 8 independent runs' tail means)."""
+    rho = np.exp(-served_relaxation_rates(cfg.tasks, cfg.L, cfg.sigma) * float(np.mean(np.diff(t))))
+    return (rho, *bounded_correlation_se(omega, rho), *bounded_correlation_se(mu, rho))
+
+
 @one_thread
 def allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: int = 0, z: float = 4.0,
-                   threshold_sigmas: float = 5.0) -> dict:
-    """The run of (cfg, tcfg) for claim 4: tail means of omega, mu and
-    the OV matrices U_h with standard errors and per-record spreads, the singular values of
-    each tail-mean U_h, the per-head ``threshold`` = max(threshold_sigmas x the Frobenius norm
-    of their entries' standard errors, 1e-6) and the count of values ``above`` it (claim 4's
-    detection threshold), W_h spectra (per block and whole), and the held-out losses:
-    of the tail-averaged merged weights (``held_out``; ``z`` standard errors resolve
-    LOSS_RESOLUTION of it), of the final weights, and of the reduced model at the tail-mean
-    readout (same prompts); ``seed``: the held-out prompts' stream."""
+                   threshold_sigmas: float = 5.0, tail_batch: int | None = None) -> dict:
+    """The run of (cfg, tcfg) for claim 4 (from TAIL_BATCH_FROM of it on with ``tail_batch`` prompts per step, where
+    given: less SGD noise where the tail is read): its records of omega, mu, their tail means with standard errors
+    and per-record spreads (``numerics.statistics.bounded_correlation_se``: autocorrelation over j records at most
+    ``tail_rho``^j, e^(-lambda_i dt) with lambda_i theory.task_allocation.served_relaxation_rates and dt the record
+    interval), the tail-mean OV matrices U_h's singular values, the per-head ``threshold`` = max(threshold_sigmas x
+    the Frobenius norm of their entries' standard errors (:func:`tail_standard_errors`), 1e-6) and the count of values
+    ``above`` it (claim 4's detection threshold), W_h spectra (per block and whole), and the held-out losses: of the
+    tail-averaged merged weights (``held_out``; ``z`` standard errors resolve LOSS_RESOLUTION of it), of the final
+    weights, and of the reduced model at the tail-mean readout (same prompts); ``seed``: the held-out prompts'
+    stream."""
     Us, Ws = [], []
 
     def on_record(step, t, model, loss):
@@ -258,8 +300,7 @@ def allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: i
         Us.append(U.detach().cpu().double().numpy().copy())
         Ws.append(W.detach().cpu().double().numpy().copy())
 
-    res = train(cfg, tcfg, on_record=on_record)
-    t, omega, mu, residual = _arrays(res)
+    t, omega, mu, residual, final_model, train_loss = _trained(cfg, tcfg, tail_batch, on_record)
     n = len(t)
     k = max(4, int(round(TAIL_FRACTION * n)))
     tail = slice(n - k, n)
@@ -274,15 +315,14 @@ def allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: i
     W_blocks = [[np.linalg.svd(Phi[:, sl].T @ W_mean[h, :d, :d] @ Phi[:, sl], compute_uv=False).tolist()
                  for sl in cfg.block_slices] for h in range(cfg.heads)]
     om_mean, mu_mean = omega[tail].mean(axis=0), mu[tail].mean(axis=0)
-    om_se, om_spread = tail_standard_errors(omega[tail])
-    mu_se, mu_spread = tail_standard_errors(mu[tail])
+    rho, om_se, om_spread, mu_se, mu_spread = _readout_tail_errors(cfg, t[tail], omega[tail], mu[tail])
     # the converged loss at the tail-averaged merged weights (W_h, U_h): the prediction depends
     # on the weights only through them, and averaging the tail removes the final step's SGD
     # jitter (r = 3, L = 32, lr 0.05, B = 512: final weights 0.774, 5% above theory's 0.735,
     # almost all of it off-D jitter)
     averaged = MultiHeadAttention.from_weights(dataclasses.replace(cfg, param="merged"),
                                                W=torch.as_tensor(W_mean), U=torch.as_tensor(U_mean))
-    final = held_out_loss(res.final_model, n=held_out, seed=seed)
+    final = held_out_loss(final_model, n=held_out, seed=seed)
     full = held_out_loss(averaged, n=held_out, seed=seed)
     # the sample size (not the tolerance) follows the measurement's own precision: enough
     # prompts that z standard errors are LOSS_RESOLUTION of the measured loss (cap HELD_OUT_MAX)
@@ -291,14 +331,15 @@ def allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: i
         held_out = min(HELD_OUT_MAX, -(-need // 4096) * 4096)
         full = held_out_loss(averaged, n=held_out, seed=seed)
     reduced_at_mean = held_out_reduced_loss(om_mean, mu_mean, cfg, n=held_out, seed=seed)   # same prompts
-    return {"t": t, "omega": omega, "mu": mu, "omega_end": om_mean, "mu_end": mu_mean,
+    return {"t": t, "omega": omega, "mu": mu, "omega_end": om_mean, "mu_end": mu_mean, "tail_rho": rho,
             "omega_se": om_se, "omega_spread": om_spread, "mu_se": mu_se, "mu_spread": mu_spread,
             "U_singular_values": [s.tolist() for s in sv], "threshold": threshold,
             "above": [int(np.sum(s > th)) for s, th in zip(sv, threshold)],
             "W_block_singular_values": W_blocks,
             "W_singular_values": [np.linalg.svd(W_mean[h], compute_uv=False).tolist() for h in range(cfg.heads)],
             "residual_end": float(residual[-1]), "held_out": full, "held_out_reduced_at_mean": reduced_at_mean,
-            "held_out_final_weights": final, "train_tail_loss": res.loss, "tail_records": k, "train": tcfg}
+            "held_out_final_weights": final, "train_tail_loss": train_loss, "tail_records": k, "train": tcfg,
+            "tail_batch": tail_batch or tcfg.batch}
 
 
 # ---------------------------------------------------------------------------------------
@@ -353,20 +394,24 @@ def escape_time_spread_need(cfg, batch, lr, seed):
     return escape_time_spread(cfg, batch, lr, seed)
 
 
-def _allocation_cost(cfg, lr, time, batch, records, held_out, **_) -> float:
+def _allocation_cost(cfg, lr, time, batch, records, held_out, tail_batch=None, **_) -> float:
     """The run (t / lr steps, t the run's time or, where it is theory's horizon, BOUNDARY_TIME:
-    the horizon is a theory value not computed before pricing), its records and the held-out loss."""
+    the horizon is a theory value not computed before pricing; the last 1 - TAIL_BATCH_FROM of them
+    at ``tail_batch``), its records and the held-out loss."""
     t = BOUNDARY_TIME if isinstance(time, Need) else float(time)
-    return (cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, batch, round(t / lr), dtype=cfg.dtype, records=records)
+    steps = round(t / lr)
+    tail = round((1 - TAIL_BATCH_FROM) * steps) if tail_batch else 0
+    return (cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, batch, steps - tail, dtype=cfg.dtype, records=records)
+            + (cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, tail_batch, tail, dtype=cfg.dtype) if tail else 0.0)
             + cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, held_out))
 
 
 @kind("allocation_run", cost=_allocation_cost)
-def allocation_run_need(cfg, lr, time, batch, records, held_out, z, threshold_sigmas, seed):
+def allocation_run_need(cfg, lr, time, batch, records, held_out, z, threshold_sigmas, seed, tail_batch=None):
     """Claim 4's run (:func:`allocation_run`) for ``time``: a number, or theory's horizon (a
     dependency), where infinite BOUNDARY_TIME; its held-out prompts named by its seed."""
     tcfg = TrainConfig(lr=lr, time=run_time(time), batch=batch, records=records, seed=seed)
-    return allocation_run(cfg, tcfg, held_out, case_seed(seed, "held out"), z, threshold_sigmas)
+    return allocation_run(cfg, tcfg, held_out, case_seed(seed, "held out"), z, threshold_sigmas, tail_batch)
 
 
 @kind("off_task_gradient", cost=lambda tasks, heads, L, n, **_: 3 * cost.forward_seconds(tasks, heads, L, n))
