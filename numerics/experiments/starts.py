@@ -32,10 +32,9 @@ import numpy as np
 import torch
 
 from numerics import cost
-from numerics.batched import shape_key
+from numerics.batched import StackedAttention, shape_key
 from numerics.config import ProblemConfig
 from numerics.engine import kind, need
-from numerics.evaluate import held_out_prompt_losses
 from numerics.experiments import one_thread
 from numerics.experiments.converged import converged_for, stage_tolerance
 from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
@@ -142,12 +141,45 @@ def end_states(runs: list[dict]) -> list[dict]:
             groups.setdefault((_eval_key(r["cfg"]), r["eval_seed"], r["n_eval"]), []).append(i)
     for (_, seed, n_eval), idx in groups.items():
         models = [m for i in idx for _, m in runs[i]["snapshots"]]
-        losses = held_out_prompt_losses(models, n_eval, seed)
+        losses = snapshot_losses(models, n_eval, seed)
         at = 0
         for i in idx:
             k = len(runs[i]["snapshots"])
             out[i] = _end_state(runs[i], losses[at:at + k])
             at += k
+    return out
+
+
+EVAL_CHUNK = 4096
+"""Held-out prompts per draw, numerics.evaluate.held_out_prompt_losses' chunk (the same prompts)."""
+
+STACK_MOST = 64
+"""Snapshot models evaluated as one stacked program: 64 x H heads read a chunk of 4096 prompts
+in one bmm (a few tens of MB of logits at the quick sizes)."""
+
+
+def snapshot_losses(models: list, n: int, seed: int) -> np.ndarray:
+    """Per-prompt held-out losses (len(models), n) of full models of one problem on the same
+    ``n`` prompts: numerics.evaluate.held_out_prompt_losses' prompts (the held-out stream of
+    ``seed``, drawn in chunks of EVAL_CHUNK) and losses, to float rounding (the heads of many
+    models summed in another order), the models of one shape (numerics.batched.shape_key)
+    evaluated STACK_MOST at a time as one program (numerics.batched.StackedAttention): one
+    model at a time, 4096 prompts of 3-dimensional tokens cost mostly the calls' fixed parts."""
+    from numerics.data import sample_prompts
+    from numerics.evaluate import held_out_generator
+    cfg = models[0].cfg
+    by_shape: dict = {}
+    for i, m in enumerate(models):
+        by_shape.setdefault(shape_key(m.cfg), []).append(i)
+    stacks = [(idx[lo:lo + STACK_MOST], StackedAttention.from_models([models[i] for i in idx[lo:lo + STACK_MOST]]))
+              for idx in by_shape.values() for lo in range(0, len(idx), STACK_MOST)]
+    gen, out, done = held_out_generator(seed, cfg.device), np.empty((len(models), n)), 0
+    with torch.no_grad():
+        while done < n:
+            pr = sample_prompts(cfg, min(EVAL_CHUNK, n - done), gen)
+            for idx, stack in stacks:
+                out[idx, done:done + pr.context.shape[0]] = stack.prompt_losses(pr).double().cpu().numpy()
+            done += pr.context.shape[0]
     return out
 
 
@@ -374,7 +406,9 @@ def _train_measured(runs: list[dict]) -> list[dict]:
     """Train ``runs`` (:func:`_runs_of`) together (numerics.train.train_many: one program per
     shape, the runs of one prompt stream drawing it once a step), each measured by
     :func:`end_states` and its kind's :data:`MEASURES`, with its ``fingerprint`` (the
-    TrainResult's: digests of its first batch and its initial weights; None for a diverged run)."""
+    TrainResult's: digests of its first batch and its initial weights; None for a diverged run).
+    An end state reads a run's loss curve and its final readout, never a record's (omega, mu):
+    the records before the last hold the loss alone (numerics.train.train_many's read_records)."""
     measures = [MEASURES[r["what"]] for r in runs]
     models = [MultiHeadAttention(r["cfg"]) for r in runs]
     extras = [me.start(m) if me.start else {} for me, m in zip(measures, models)]
@@ -393,7 +427,7 @@ def _train_measured(runs: list[dict]) -> list[dict]:
         return record
 
     results = train_many([r["cfg"] for r in runs], [r["tcfg"] for r in runs], start=models,
-                         on_record=[hook(i) for i in range(len(runs))])
+                         on_record=[hook(i) for i in range(len(runs))], read_records=False)
     for run, res in zip(runs, results):
         run["result"] = res
     states = end_states(runs)
