@@ -640,13 +640,14 @@ def single_task_summary(states, ref: dict, z: float) -> dict:
 def race_cell_needs(p, device: str) -> tuple[list, list]:
     """boundary-allocation-race's cells: per prompt stream k of ``p.data_seeds`` (("race", "prompts", k), shared by
     every cell: common random numbers) the full model from every cell's start (theory.initialisation.race_starts:
-    omega ratio rho_w, mu ratio rho_m), trained together; per cell theory's ODE rule (a theory value)."""
+    omega ratio rho_w, mu ratio rho_m), trained together; per cell theory's ODE rule (a theory value:
+    theory.initialisation.ode_winners)."""
     base = _problem(p, device)
     cfgs = [base.replace(init="given", init_omega=tuple(map(tuple, st["omega0"])), init_mu=tuple(map(tuple, st["mu0"])))
             for st in race_starts(p.s0, p.ratios, p.heads, base.m)]
     runs = [start_runs_need("race", cfgs, train_config(p), p.n_eval, ("race", "prompts", k)) for k in p.data_seeds]
-    return runs, [need("theory", fn="predicted_winners", args=(c.init_omega, c.init_mu, tuple(p.tasks), p.L, p.sigma,
-                                                               "factored", 1.0, "ode")) for c in cfgs]
+    return runs, [need("theory", fn="ode_winners", args=(c.init_omega, c.init_mu, tuple(p.tasks), p.L, p.sigma))
+                  for c in cfgs]
 
 
 def large_init_needs(p, device: str) -> list[tuple]:
