@@ -453,13 +453,22 @@ def _snapshots(records: int) -> int:
     return min(WINDOW_MOST, records // 4 + 1)
 
 
+START_RUN_STEP = 1.0e-4
+"""CPU seconds of a start run's share of a program step beyond its logits, flops and context
+(numerics.cost's per-run term, 4.4e-4 float32, is fit on programs of few runs that read every
+record out): the quick report's start programs, whose records hold the loss alone, took 0.8-1.3e-4
+(128 race runs x 600 steps in 14.3 CPU-s, 96 single-task runs x 1200 in 14.9, 32 at H = 4 in 8.5,
+end states apart)."""
+
+
 def _start_runs_cost(what, cfg, starts, tcfg, n_eval, held_out=None, **_) -> float:
-    """The program of the need's runs on one prompt stream (numerics.cost.many_seconds; merged
-    with other needs' programs it costs less: the steps' fixed part is shared) and each run's
-    end-state evaluations (its descent window's snapshots on ``n_eval`` held-out prompts, drawn
-    once per held-out stream)."""
+    """The program of the need's runs on one prompt stream (numerics.cost.many_seconds, its per-run
+    term START_RUN_STEP; merged with other needs' programs it costs less: the steps' fixed part is
+    shared) and each run's end-state evaluations (its descent window's snapshots on ``n_eval``
+    held-out prompts, drawn once per held-out stream)."""
     c, runs, steps, snaps = cfg, len(starts), round(tcfg.time / tcfg.lr), _snapshots(tcfg.records)
-    train = cost.many_seconds(c.tasks, c.heads, c.L, tcfg.batch, steps, [runs], dtype=c.dtype)
+    train = (cost.many_seconds(c.tasks, c.heads, c.L, tcfg.batch, steps, [runs], dtype=c.dtype)
+             - runs * steps * (cost.STEP[c.dtype]["run"] - START_RUN_STEP))
     streams = runs if held_out else 1
     evaluate = streams * cost.forward_seconds(c.tasks, c.heads, c.L, n_eval, models=runs * snaps // streams)
     return train + evaluate
