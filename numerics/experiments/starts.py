@@ -155,9 +155,11 @@ def end_states(runs: list[dict]) -> list[dict]:
 EVAL_CHUNK = 4096
 """Held-out prompts per draw, numerics.evaluate.held_out_prompt_losses' chunk (the same prompts)."""
 
-STACK_MOST = 64
-"""Snapshot models evaluated as one stacked program: 64 x H heads read a chunk of 4096 prompts
-in one bmm (a few tens of MB of logits at the quick sizes)."""
+STACK_HEADS = 16
+"""Heads of the snapshot models evaluated as one stacked program (16 // H models): they read a
+chunk of 4096 prompts in one bmm, its logits within the cache (one thread, 352 race snapshots at
+H = 2: 0.28 CPU-s 8 at a time, 0.35 16, 0.58 64, 0.8 one at a time; 11 at H = 4 on 8192 prompts:
+0.04 CPU-s 4 at a time, 0.085 all 11, 0.093 one at a time)."""
 
 
 def snapshot_losses(models: list, n: int, seed: int) -> np.ndarray:
@@ -165,14 +167,16 @@ def snapshot_losses(models: list, n: int, seed: int) -> np.ndarray:
     ``n`` prompts: numerics.evaluate.held_out_prompt_losses' prompts (the held-out stream of
     ``seed``, drawn in chunks of EVAL_CHUNK) and losses, to float rounding (the heads of many
     models summed in another order), the models of one shape (numerics.batched.shape_key)
-    evaluated STACK_MOST at a time as one program (numerics.batched.StackedAttention; the quick
-    race's 1408 snapshots took 2.6 CPU-s, one model at a time 3.6)."""
+    evaluated STACK_HEADS heads at a time as one program (numerics.batched.StackedAttention)."""
     cfg = models[0].cfg
     by_shape: dict = {}
     for i, m in enumerate(models):
         by_shape.setdefault(shape_key(m.cfg), []).append(i)
-    stacks = [(idx[lo:lo + STACK_MOST], StackedAttention.from_models([models[i] for i in idx[lo:lo + STACK_MOST]]))
-              for idx in by_shape.values() for lo in range(0, len(idx), STACK_MOST)]
+    stacks = []
+    for idx in by_shape.values():
+        most = max(1, STACK_HEADS // models[idx[0]].cfg.heads)
+        stacks += [(idx[lo:lo + most], StackedAttention.from_models([models[i] for i in idx[lo:lo + most]]))
+                   for lo in range(0, len(idx), most)]
     gen, out, done = held_out_generator(seed, cfg.device), np.empty((len(models), n)), 0
     with torch.no_grad():
         while done < n:
