@@ -173,7 +173,20 @@ class StackedAttention:
         The readout of numerics.model.MultiHeadAttention.forward with the k runs' H heads of
         a stream as k H heads: a_g = W_g[:, :d] q, logits z_l^T a_g over the context (one bmm
         for all S B prompts), softmax over l, c_g = sum_l p_gl z_l, y_hat_r = sum_h U_rh c_rh."""
-        context, query, target = prompts.context, prompts.query, prompts.target
+        S = prompts.context.shape[0]
+        return ((self.predictions(prompts, k) - prompts.target[:, None]) ** 2).sum(dim=-1).mean(dim=-1).reshape(S * k)
+
+    def prompt_losses(self, prompts: Prompts) -> torch.Tensor:
+        """Per-run per-prompt losses (R, B) ||y_q - y_hat||^2 of every run on the one batch
+        ``prompts`` (context (B, L, D), query (B, D), target (B, m)): numerics.evaluate.
+        prompt_losses of each run's model, to float rounding, as one program."""
+        one = Prompts(prompts.context[None], prompts.query[None], prompts.target[None])
+        R = len(self.cfgs)
+        return ((self.predictions(one, R) - one.target[:, None]) ** 2).sum(dim=-1).reshape(R, -1)
+
+    def predictions(self, prompts: Prompts, k: int) -> torch.Tensor:
+        """y_hat (S, k, B, m) of the runs in stream-major order, ``k`` runs per stream (:meth:`losses`)."""
+        context, query = prompts.context, prompts.query
         S, B, L, D = context.shape
         d, m, H = self.cfgs[0].d, self.cfgs[0].m, self.cfgs[0].heads
         W, U = self.merged_weights()
@@ -184,8 +197,7 @@ class StackedAttention:
         c = attend(a, ctx).view(S, B, k, H * D)
         # y_hat[s, j, b] = sum_(h, i) U[run (s, j), h, :, i] c[s, b, (j, h), i]
         Uf = U.transpose(1, 2).reshape(S, k, m, H * D)
-        pred = torch.einsum("sbjx,sjmx->sjbm", c, Uf)
-        return ((pred - target[:, None]) ** 2).sum(dim=-1).mean(dim=-1).reshape(S * k)
+        return torch.einsum("sbjx,sjmx->sjbm", c, Uf)
 
     def step(self, grads, lr: torch.Tensor) -> None:
         for n, g in zip(self.names, grads):
@@ -276,6 +288,7 @@ class Run:
     start: object = None           # full: a model trained in place; reduced: (omega0, mu0) tensors
     metric: Optional[Callable] = None
     estimator: str = "prompts"
+    read_records: bool = True      # False: (omega, mu, residual) read at the last step only (None before)
     losses: Optional[torch.Tensor] = None   # (steps + 1,) batch losses: a row of the program's table
     trajectory: list = field(default_factory=list)
     checked: int = 0               # losses[:checked] have passed the divergence rule
@@ -502,7 +515,8 @@ class Program:
             if r.error is None and records:
                 loss, t = host[j] if host is not None else float(vals[j]), step * r.tcfg.lr
                 try:
-                    omega, mu, residual = self.stack.readout(j, cache)
+                    omega, mu, residual = (self.stack.readout(j, cache) if r.read_records or ends
+                                           else (None, None, None))
                     r.trajectory.append(Record(t=t, loss=loss, omega=omega, mu=mu, residual=residual))
                     if r.on_record is not None:
                         r.on_record(step, t, self.stack.hook_state(j), loss)

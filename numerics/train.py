@@ -281,7 +281,8 @@ def train_reduced_many(cfgs, tcfgs, *, start: Optional[Sequence] = None, metric:
 
 
 def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Optional[Sequence] = None,
-               record_every=None, start: Optional[Sequence] = None, max_runs: Optional[int] = None) -> list:
+               record_every=None, start: Optional[Sequence] = None, max_runs: Optional[int] = None,
+               read_records: bool = True) -> list:
     """Train many full-model runs, each exactly as :func:`train` would (to rounding), batching
     the compatible ones into one tensor program (``numerics.batched``).  Returns one entry per
     run, in order: its TrainResult, or the exception that ended it.
@@ -310,15 +311,18 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
     (its weights then), as in train().  A start model is trained in place and is the result's
     final_model; a run that ends early leaves it at the weights of the step that ended it.
     ``wall_seconds`` and ``cpu_seconds`` of a batched run are its share of the program's (in
-    proportion to its steps); ``batched_runs`` says how many runs the program had."""
+    proportion to its steps); ``batched_runs`` says how many runs the program had.
+    ``read_records=False``: a record before a run's last step holds its loss only (omega, mu and
+    residual None; the readout is most of a record's cost), for callers that read the loss curve
+    and the end state alone."""
     if max_runs is not None and (isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1):
         raise ValueError(f"max_runs must be a positive integer or None, got {max_runs!r}")
     return _train_all("full", cfgs, tcfgs, dict(batches=batches, on_record=on_record, record_every=record_every,
-                                                start=start), max_runs=max_runs)
+                                                start=start), max_runs=max_runs, read_records=read_records)
 
 
 def _train_all(kind: str, cfgs, tcfgs, seams: dict, *, estimator: str = "prompts",
-               max_runs: Optional[int] = None, alone: bool = False) -> list:
+               max_runs: Optional[int] = None, alone: bool = False, read_records: bool = True) -> list:
     """Every run of the four entry points: checked (all before any is trained), grouped into
     programs (:func:`_programs`), each trained by numerics.batched.Program; one entry per run."""
     cfgs, tcfgs, seams = _per_run(cfgs, tcfgs, seams)
@@ -331,6 +335,8 @@ def _train_all(kind: str, cfgs, tcfgs, seams: dict, *, estimator: str = "prompts
     stack_type = StackedAttention if kind == "full" else StackedValues
     for part in _programs(kind, cfgs, tcfgs, seams["batches"], max_runs):
         runs, streams = _program_runs(part, cfgs, tcfgs, seams, estimator)
+        for r in runs:
+            r.read_records = read_records
         try:
             wall, cpu = Program(runs, streams, stack_type, tcfgs[part[0]].batch).run()
         except Exception as exc:        # a program of one run: ends this run only

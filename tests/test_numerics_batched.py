@@ -204,6 +204,38 @@ def test_stacked_readout_is_the_model_readout():
     assert not math.isclose(wrong, float(losses[0].detach()), rel_tol=RTOL)
 
 
+def test_stacked_prompt_losses_and_snapshot_losses_are_the_models_held_out_losses():
+    """StackedAttention.prompt_losses on one batch is numerics.evaluate.prompt_losses of each
+    run's model, and numerics.experiments.starts.snapshot_losses (models of two shapes, n not a
+    multiple of the chunk) is numerics.evaluate.held_out_prompt_losses, to float rounding; the
+    check sees models evaluated on another held-out stream."""
+    from numerics.evaluate import held_out_prompt_losses, prompt_losses
+    from numerics.experiments.starts import snapshot_losses
+    models = [MultiHeadAttention(BASE.replace(init="random_full", init_seed=s, init_scale=0.7, logit_scale=1.0 + s,
+                                              heads=2 + s % 2)) for s in range(5)]
+    b = sample_prompts(BASE, 32, make_generator(0, "cpu"))
+    same = [m for m in models if m.cfg.heads == 2]
+    stacked = StackedAttention.from_models(same).prompt_losses(b).detach()
+    for r, m in enumerate(same):
+        assert _close(stacked[r], prompt_losses(m, b).detach())
+    ours, theirs = snapshot_losses(models, 4100, 3), held_out_prompt_losses(models, 4100, 3)
+    assert np.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(ours, held_out_prompt_losses(models, 4100, 4), rtol=1e-5, atol=1e-6)
+
+
+def test_records_without_readouts_keep_the_loss_curve_and_the_end():
+    """train_many(read_records=False): the records before the last hold the loss alone (omega, mu,
+    residual None), the losses and the final readout are those of the run read at every record."""
+    cfgs = [BASE.replace(init="random_full", init_seed=s, init_scale=0.5) for s in range(2)]
+    tc = TrainConfig(lr=0.05, time=1.0, batch=16, records=5, seed=3)
+    full, lean = train_many(cfgs, tc), train_many(cfgs, tc, read_records=False)
+    for a, b in zip(full, lean):
+        assert [r.loss for r in a.trajectory] == [r.loss for r in b.trajectory]
+        assert all(r.omega is None and r.mu is None for r in b.trajectory[:-1])
+        assert a.trajectory[0].omega is not None
+        assert np.array_equal(a.omega, b.omega) and np.array_equal(a.mu, b.mu)
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(cfgs=[BASE, BASE], tcfgs=[TrainConfig()] * 3), ValueError, "same length"),
     (dict(cfgs=[BASE], tcfgs=[TrainConfig()], start=[MultiHeadAttention(BASE.replace(L=9))]), ValueError,

@@ -81,6 +81,7 @@ CALL_SECONDS = {
     "constant_bracket": lambda tasks, *_: cost.theory_seconds("exact_fixed_point", tasks=tasks),   # its quadrature
     "gap_ladder": lambda r, Ls, *_: 0.3 * len(Ls),      # theory.exact's loss per L (0.02-0.7 s measured)
     "predicted_winners": lambda *_: 0.5,                # an expansion flow to the race's end (0.4 s measured)
+    "ode_winners": lambda *_: 0.15,                     # the same at coarser tolerances (0.1 s measured)
 }
 """CPU seconds of the theory values not in ``numerics.cost.THEORY_SECONDS``, from their arguments."""
 
@@ -124,7 +125,7 @@ THEORY_FUNCTIONS = {
     "max_growth_rate": "saddle.max_growth_rate", "saddle_allocated_point": "saddle.allocated_point",
     "off_task_slope": "saddle.off_task_slope", "constant_bracket": "optimality.constant_bracket",
     "gap_ladder": "expansion_gap.gap_ladder", "predicted_winners": "task_allocation.predicted_winners",
-    "default_start_winners": "initialisation.default_start_winners",
+    "default_start_winners": "initialisation.default_start_winners", "ode_winners": "initialisation.ode_winners",
 }
 """The theory values a plan may ask for, by name: ``theory.<module>.<function>`` (the module loaded
 when a value of it is asked, so a build loads only the theory its claims use)."""

@@ -32,10 +32,11 @@ import numpy as np
 import torch
 
 from numerics import cost
-from numerics.batched import shape_key
+from numerics.batched import StackedAttention, shape_key
 from numerics.config import ProblemConfig
+from numerics.data import sample_prompts
 from numerics.engine import kind, need
-from numerics.evaluate import held_out_prompt_losses
+from numerics.evaluate import held_out_generator
 from numerics.experiments import one_thread
 from numerics.experiments.converged import converged_for, stage_tolerance
 from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
@@ -142,12 +143,47 @@ def end_states(runs: list[dict]) -> list[dict]:
             groups.setdefault((_eval_key(r["cfg"]), r["eval_seed"], r["n_eval"]), []).append(i)
     for (_, seed, n_eval), idx in groups.items():
         models = [m for i in idx for _, m in runs[i]["snapshots"]]
-        losses = held_out_prompt_losses(models, n_eval, seed)
+        losses = snapshot_losses(models, n_eval, seed)
         at = 0
         for i in idx:
             k = len(runs[i]["snapshots"])
             out[i] = _end_state(runs[i], losses[at:at + k])
             at += k
+    return out
+
+
+EVAL_CHUNK = 4096
+"""Held-out prompts per draw, numerics.evaluate.held_out_prompt_losses' chunk (the same prompts)."""
+
+STACK_HEADS = 16
+"""Heads of the snapshot models evaluated as one stacked program (16 // H models): they read a
+chunk of 4096 prompts in one bmm, its logits within the cache (one thread, 352 race snapshots at
+H = 2: 0.28 CPU-s 8 at a time, 0.35 16, 0.58 64, 0.8 one at a time; 11 at H = 4 on 8192 prompts:
+0.04 CPU-s 4 at a time, 0.085 all 11, 0.093 one at a time)."""
+
+
+def snapshot_losses(models: list, n: int, seed: int) -> np.ndarray:
+    """Per-prompt held-out losses (len(models), n) of full models of one problem on the same
+    ``n`` prompts: numerics.evaluate.held_out_prompt_losses' prompts (the held-out stream of
+    ``seed``, drawn in chunks of EVAL_CHUNK) and losses, to float rounding (the heads of many
+    models summed in another order), the models of one shape (numerics.batched.shape_key)
+    evaluated STACK_HEADS heads at a time as one program (numerics.batched.StackedAttention)."""
+    cfg = models[0].cfg
+    by_shape: dict = {}
+    for i, m in enumerate(models):
+        by_shape.setdefault(shape_key(m.cfg), []).append(i)
+    stacks = []
+    for idx in by_shape.values():
+        most = max(1, STACK_HEADS // models[idx[0]].cfg.heads)
+        stacks += [(idx[lo:lo + most], StackedAttention.from_models([models[i] for i in idx[lo:lo + most]]))
+                   for lo in range(0, len(idx), most)]
+    gen, out, done = held_out_generator(seed, cfg.device), np.empty((len(models), n)), 0
+    with torch.no_grad():
+        while done < n:
+            pr = sample_prompts(cfg, min(EVAL_CHUNK, n - done), gen)
+            for idx, stack in stacks:
+                out[idx, done:done + pr.context.shape[0]] = stack.prompt_losses(pr).double().cpu().numpy()
+            done += pr.context.shape[0]
     return out
 
 
@@ -374,7 +410,9 @@ def _train_measured(runs: list[dict]) -> list[dict]:
     """Train ``runs`` (:func:`_runs_of`) together (numerics.train.train_many: one program per
     shape, the runs of one prompt stream drawing it once a step), each measured by
     :func:`end_states` and its kind's :data:`MEASURES`, with its ``fingerprint`` (the
-    TrainResult's: digests of its first batch and its initial weights; None for a diverged run)."""
+    TrainResult's: digests of its first batch and its initial weights; None for a diverged run).
+    An end state reads a run's loss curve and its final readout, never a record's (omega, mu):
+    the records before the last hold the loss alone (numerics.train.train_many's read_records)."""
     measures = [MEASURES[r["what"]] for r in runs]
     models = [MultiHeadAttention(r["cfg"]) for r in runs]
     extras = [me.start(m) if me.start else {} for me, m in zip(measures, models)]
@@ -393,7 +431,7 @@ def _train_measured(runs: list[dict]) -> list[dict]:
         return record
 
     results = train_many([r["cfg"] for r in runs], [r["tcfg"] for r in runs], start=models,
-                         on_record=[hook(i) for i in range(len(runs))])
+                         on_record=[hook(i) for i in range(len(runs))], read_records=False)
     for run, res in zip(runs, results):
         run["result"] = res
     states = end_states(runs)
@@ -419,13 +457,22 @@ def _snapshots(records: int) -> int:
     return min(WINDOW_MOST, records // 4 + 1)
 
 
+START_RUN_STEP = 1.0e-4
+"""CPU seconds of a start run's share of a program step beyond its logits, flops and context
+(numerics.cost's per-run term, 4.4e-4 float32, is fit on programs of few runs that read every
+record out): the quick report's start programs, whose records hold the loss alone, took 0.8-1.3e-4
+(128 race runs x 600 steps in 14.3 CPU-s, 96 single-task runs x 1200 in 14.9, 32 at H = 4 in 8.5,
+end states apart)."""
+
+
 def _start_runs_cost(what, cfg, starts, tcfg, n_eval, held_out=None, **_) -> float:
-    """The program of the need's runs on one prompt stream (numerics.cost.many_seconds; merged
-    with other needs' programs it costs less: the steps' fixed part is shared) and each run's
-    end-state evaluations (its descent window's snapshots on ``n_eval`` held-out prompts, drawn
-    once per held-out stream)."""
+    """The program of the need's runs on one prompt stream (numerics.cost.many_seconds, its per-run
+    term START_RUN_STEP; merged with other needs' programs it costs less: the steps' fixed part is
+    shared) and each run's end-state evaluations (its descent window's snapshots on ``n_eval``
+    held-out prompts, drawn once per held-out stream)."""
     c, runs, steps, snaps = cfg, len(starts), round(tcfg.time / tcfg.lr), _snapshots(tcfg.records)
-    train = cost.many_seconds(c.tasks, c.heads, c.L, tcfg.batch, steps, [runs], dtype=c.dtype)
+    train = (cost.many_seconds(c.tasks, c.heads, c.L, tcfg.batch, steps, [runs], dtype=c.dtype)
+             - runs * steps * (cost.STEP[c.dtype]["run"] - START_RUN_STEP))
     streams = runs if held_out else 1
     evaluate = streams * cost.forward_seconds(c.tasks, c.heads, c.L, n_eval, models=runs * snaps // streams)
     return train + evaluate
@@ -606,13 +653,14 @@ def single_task_summary(states, ref: dict, z: float) -> dict:
 def race_cell_needs(p, device: str) -> tuple[list, list]:
     """boundary-allocation-race's cells: per prompt stream k of ``p.data_seeds`` (("race", "prompts", k), shared by
     every cell: common random numbers) the full model from every cell's start (theory.initialisation.race_starts:
-    omega ratio rho_w, mu ratio rho_m), trained together; per cell theory's ODE rule (a theory value)."""
+    omega ratio rho_w, mu ratio rho_m), trained together; per cell theory's ODE rule (a theory value:
+    theory.initialisation.ode_winners)."""
     base = _problem(p, device)
     cfgs = [base.replace(init="given", init_omega=tuple(map(tuple, st["omega0"])), init_mu=tuple(map(tuple, st["mu0"])))
             for st in race_starts(p.s0, p.ratios, p.heads, base.m)]
     runs = [start_runs_need("race", cfgs, train_config(p), p.n_eval, ("race", "prompts", k)) for k in p.data_seeds]
-    return runs, [need("theory", fn="predicted_winners", args=(c.init_omega, c.init_mu, tuple(p.tasks), p.L, p.sigma,
-                                                               "factored", 1.0, "ode")) for c in cfgs]
+    return runs, [need("theory", fn="ode_winners", args=(c.init_omega, c.init_mu, tuple(p.tasks), p.L, p.sigma))
+                  for c in cfgs]
 
 
 def large_init_needs(p, device: str) -> list[tuple]:

@@ -201,3 +201,25 @@ def test_streams_that_share_their_prompts_make_the_claim_an_error(device, monkey
     assert err.startswith("ValueError: race cell (omega x0.5, mu x0.5): its prompt streams: runs counted as "
                           "independent share their first batch of prompts"), err
     assert "stream 0'" in err and "stream 1'" in err, err
+
+
+def test_ode_winners_are_predicted_winners_at_the_default_tolerance(monkeypatch):
+    """theory.initialisation.ode_winners integrates at a coarser tolerance: its winners are
+    predicted_winners' on the quick race grid and the default starts, and a start whose heads tie
+    (a gap below WINNER_GAP) is decided again at the default tolerances; a wrong tolerance-free
+    rule ('largest mu0') differs from it on the grid, so the comparison can fail."""
+    import numpy as np
+
+    from theory import initialisation as ini
+    from theory.reduced_ode import default_init
+    from theory.task_allocation import predicted_winners
+    starts = [(s["omega0"], s["mu0"], (2,)) for s in ini.race_starts(0.1, (0.5, 0.8, 1.25, 2.0), 2, 1)]
+    starts += [(*default_init((2, 2), 2, s0), (2, 2)) for s0 in (0.02, 0.2)]
+    ours = [ini.ode_winners(om, mu, tasks, 32) for om, mu, tasks in starts]
+    assert ours == [predicted_winners(om, mu, tasks, 32) for om, mu, tasks in starts]
+    assert ours != [predicted_winners(om, mu, tasks, rule="largest_mu") for om, mu, tasks in starts]
+    tied = np.full((2, 1), 0.1)
+    calls = []
+    monkeypatch.setattr(ini, "predicted_winners", lambda *a, **k: calls.append(1) or predicted_winners(*a, **k))
+    assert ini.ode_winners(tied, tied, (2,), 32) == predicted_winners(tied, tied, (2,), 32)
+    assert calls == [1]
