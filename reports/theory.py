@@ -51,11 +51,16 @@ def expansion_size(tasks, L, sigma) -> float:
     return max(math.e * (r + sigma ** 2) / L for r in tasks)
 
 
+#: A served point whose loss is the zero model's r to within this relative margin serves nothing
+#: (mu* omega* -> 0 as sigma grows: 2.7e-19 at r = 3, L = 100, sigma = 1e10).
+COLLAPSED = 1e-12
+
+
 def validity(points, single, omega_star, tasks, L, sigma) -> tuple[list, list]:
     """(reasons the prediction is invalid, reasons it is unreliable); empty lists: valid,
     reliable. Invalid: the expansion diverges (some 2 omega^2 >= 1, theory.reduced_ode.
     expansion_valid), or the allocated fixed point is not a strict local minimum (it has
-    collapsed onto the trivial point mu* = 0, loss = r). Unreliable: its O(1/L^2) remainder has
+    collapsed onto the trivial point: its loss is r, the zero model's, to within COLLAPSED r). Unreliable: its O(1/L^2) remainder has
     no finite coefficient (6 omega^2 >= 1, expansion_reliable), or the 1/L correction is not small."""
     from theory.reduced_ode import expansion_reliable, expansion_valid
 
@@ -65,8 +70,12 @@ def validity(points, single, omega_star, tasks, L, sigma) -> tuple[list, list]:
     for p in {p["r"]: p for p in points}.values():      # one reason per block size
         if not p["local_min"]:
             invalid.append(f"task r = {p['r']}: the allocated fixed point is not a strict local minimum of the "
-                           f"expansion (omega* = {p['omega_star']:.3g}, mu* = {p['mu_star']:.3g}: collapsed onto "
-                           f"the trivial point, loss = r = {p['loss']:.6g}); L = {L:g} is too short for this block")
+                           f"expansion (omega* = {p['omega_star']:.3g}, mu* = {p['mu_star']:.3g}); L = {L:g} is "
+                           f"too short for this block")
+        elif p["r"] - p["loss"] <= COLLAPSED * p["r"]:
+            invalid.append(f"task r = {p['r']}: the allocated fixed point collapsed onto the trivial point (mu* omega* "
+                           f"= {p['mu_star'] * p['omega_star']:.3g}, loss = r = {p['loss']:.6g} to rounding): the "
+                           f"noise sigma^2 = {sigma ** 2:.3g} swamps the task; lower --sigma")
     if not (expansion_reliable(omega_star) and single["reliable"]):
         unreliable.append("the O(1/L^2) remainder has no finite coefficient (some 6 omega^2 >= 1); compare with "
                           "the exact loss (python -m reports.theory exact)")
@@ -292,6 +301,9 @@ def main(argv=None) -> int:
     if not out.get("valid", True):
         print("warning: this prediction is not valid (\"valid\": false):\n  - " + "\n  - ".join(out["invalid_reasons"]),
               file=sys.stderr)
+    elif out.get("unreliable_reasons"):
+        print("warning: this prediction is not reliable (\"reliable\": false):\n  - "
+              + "\n  - ".join(out["unreliable_reasons"]), file=sys.stderr)
     return 0
 
 

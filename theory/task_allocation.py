@@ -67,13 +67,16 @@ def _served_mu():
     return sp.lambdify((e["omega"], e["r"], e["L"], e["s2"]), mu_of, "mpmath")
 
 
-def _profile_root(x0, R, LL, S2, grad_f) -> tuple:
+def _profile_root(x0, R, LL, S2, grad_f, hess_f) -> tuple:
     """The stationary point of l on the profile omega -> l(omega, mu(omega)), nearest the L -> inf
     start x0 = sqrt(w*).  At finite L the stationary point lies along the valley omega mu ~ 1, where
     Newton in (omega, mu) from (x0, 1/x0) can overshoot (it does at r = 23, 24, 25, 32 with L = 1000);
     with mu eliminated the condition is one equation in omega, d l / d omega (mu(omega)) = 0 (the
-    envelope theorem), whose sign changes are bracketed on the grid x0 k / 16, k = 4..32, inside the
-    validity region 2 omega^2 < 1, and the one nearest x0 is solved by bisection-type iteration."""
+    envelope theorem), whose sign changes from - to + (minima along the profile) where d^2 l / d mu^2 > 0
+    are bracketed on the grid x0 k / 16, k = 4..32, inside the validity region 2 omega^2 < 1 (a minimum
+    of the profile with l convex in mu is a strict minimum of l: the Hessian's Schur complement is the
+    profile's curvature), and the one nearest x0 is solved by bisection-type iteration; none (at L of
+    order r) raises ValueError."""
     mu_of = _served_mu()
 
     def slope(o):
@@ -81,9 +84,10 @@ def _profile_root(x0, R, LL, S2, grad_f) -> tuple:
 
     grid = [x0 * k / 16 for k in range(4, 33) if 2 * (x0 * k / 16) ** 2 < 1]
     values = [slope(x) for x in grid]
-    brackets = [(a, b) for a, b, ga, gb in zip(grid, grid[1:], values, values[1:]) if ga * gb <= 0]
+    brackets = [(a, b) for a, b, ga, gb in zip(grid, grid[1:], values, values[1:])
+                if ga <= 0 <= gb and hess_f(a, mu_of(a, R, LL, S2), R, LL, S2)[1, 1] > 0]
     if not brackets:
-        raise ValueError(f"no stationary point of the one-task loss for omega in [{float(grid[0]):.3g}, "
+        raise ValueError(f"no minimum of the one-task loss for omega in [{float(grid[0]):.3g}, "
                          f"{float(grid[-1]):.3g}] at r = {int(R)}, L = {float(LL):g}")
     a, b = min(brackets, key=lambda ab: abs(ab[0] + ab[1] - 2 * x0))
     o = mp.findroot(slope, (a, b), solver="anderson")
@@ -97,7 +101,7 @@ def allocated_task_point(r, L, sigma=0.0, dps=30) -> dict:
     w_inf, _ = minimise_F(r, r, sigma)
     with mp.workdps(dps):
         R, LL, S2 = mp.mpf(r), mp.mpf(L), mp.mpf(sigma) ** 2
-        start = _profile_root(mp.sqrt(mp.mpf(w_inf)), R, LL, S2, grad_f)
+        start = _profile_root(mp.sqrt(mp.mpf(w_inf)), R, LL, S2, grad_f, hess_f)
         sol = mp.findroot(lambda o, u: grad_f(o, u, R, LL, S2), start)
         o, u = sol[0], sol[1]
         Hm = hess_f(o, u, R, LL, S2)
