@@ -415,14 +415,13 @@ def _outer_rule(W: np.ndarray, n: np.ndarray, thin: int = 1):
 
 
 #: The largest Gaussian logit scale beta the command line lets the quadrature reach
-#: (:func:`max_logit_scale`).  The moments at one beta cost ~ beta^2 or worse (the tau grid and
-#: the Gaussian kernel both grow like beta), and the moment table computes 24 of them per panel
-#: of width 1/2 in log beta, up to the panel's end.  Measured on 2 busy cores: 0.05 s a node at
-#: beta = 40, 0.1 s at 60, 0.7-3.8 s at 80-120; a whole loss at omega = 5 on a block of 3 (beta up
-#: to 70.7, panel [45, 74]) 2.3 s, at omega = 7 (beta 99, panel [74, 123]) over 80 s, at omega = 30
-#: (beta 424) tens of minutes; at omega = 1e300, beta^2 overflows.  There the softmax is
-#: essentially a hard max and the quadrature's cost buys nothing: ``python -m theory exact``
-#: refuses such points with this reason (72 keeps within the panel ending at 0.5 e^5 = 74.2).
+#: (:func:`max_logit_scale`).  A moment's cost grows like beta (the Gaussian kernel's length
+#: times the window where the g_j are not constant, :func:`_convolve_g`), and the moment table
+#: computes 24 of them per panel of width 1/2 in log beta, up to the panel's end.  Measured on
+#: one core: 0.004 s a node at beta = 40, 0.01 s at 100, 0.04 s at 400; a whole loss at omega = 7
+#: on a block of 3 (beta 99, panel [74, 123]) 0.5 s with its table; at omega = 1e300, beta^2
+#: overflows.  Beyond it the softmax is essentially a hard max over the context: ``python -m
+#: theory exact`` refuses such points (72 keeps within the panel ending at 0.5 e^5 = 74.2).
 BETA_MAX = 72.0
 
 
