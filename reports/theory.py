@@ -206,8 +206,8 @@ def check_exact_args(args) -> None:
         raise ValueError(
             f"--omega (largest |omega| {max(abs(x) for row in omega for x in row):.4g}): the softmax logits reach "
             f"a scale beta = {beta:.4g} (|omega| times the largest |q| of the quadrature), beyond what the exact "
-            f"quadrature handles (beta <= {BETA_MAX:g}): its cost grows like beta^2 (minutes to hours here, an "
-            "overflow at very large omega), while the softmax is then essentially a hard max over the context. "
+            f"quadrature is built for (beta <= {BETA_MAX:g}): the softmax is then essentially a hard max over the "
+            "context, and its moment tables grow with beta (an overflow at very large omega). "
             "Lower --omega, or estimate the loss by Monte Carlo (numerics.exact_reduced.evaluate)")
 
 

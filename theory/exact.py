@@ -144,14 +144,64 @@ def _one_token(beta: float, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         kern = np.exp(-0.5 * (dz / beta) ** 2) * (h / (beta * math.sqrt(2 * math.pi)))
         # g_j(z) = e^{jz - e^z} on an extended z grid: z in [tau_lo - half h, tau_hi + half h]
         z = tau[0] + h * np.arange(-half, tau.size + half)
+        if beta >= WINDOW_BETA:
+            out = _convolve_g(z, kern, tau.size)
+            return out[:7], out[7]
         ez = np.exp(z)
-        g = [np.exp(j * z - ez) for j in range(7)]
-        g.append(-np.expm1(-ez))
-        # E(tau_k) = sum_n g(z_n) kern(z_n - tau_k): 'valid' convolution (kern is symmetric)
-        # direct summation (an FFT convolution's absolute rounding ~1e-16 is amplified by
-        # up to L^3 in the K' integrand: measured 1e-10 at L = 4096)
-        out = [np.convolve(gj, kern, mode="valid") for gj in g]
+        g = [np.exp(j * z - ez) for j in range(7)] + [-np.expm1(-ez)]
+        out = [np.convolve(gj, kern, mode="valid") for gj in g]     # 'valid': kern is symmetric
         return np.stack(out[:7]), out[7]
+
+
+#: From this logit scale on, a moment's convolutions sum only the window where the g_j are not
+#: constant (:func:`_convolve_g`); below it the whole grid (at most ~2.5 times the window, where
+#: the window saves little: a moment costs under 0.005 s there).
+WINDOW_BETA = 16.0
+
+
+#: Below e^{-SUPPORT_LOG} a g_j of :func:`_convolve_g` is dropped: the E_j then change by at most
+#: e^{-SUPPORT_LOG} absolutely, which the integrands of :func:`_moments_one` amplify by at most
+#: L^3 (L <= 2^20) times the tau grid's length (< 10^4 at BETA_MAX): below 1e-20 in all.
+SUPPORT_LOG = 120.0
+
+
+def _convolve_g(z: np.ndarray, kern: np.ndarray, n_out: int) -> np.ndarray:
+    """E[j](tau_k) = sum_n g_j(z_n) kern(z_n - tau_k), k < n_out (the 'valid' convolution of each
+    g_j on the extended grid z with the symmetric kernel), for g_j(z) = e^{jz - e^z} (j = 0..6) and
+    g_7 = 1 - e^{-e^z}, by direct summation (an FFT convolution's absolute rounding ~1e-16 is
+    amplified by up to L^3 in the K' integrand: measured 1e-10 at L = 4096).
+
+    Each g_j is a constant (1 or 0) on either side of z in [-SUPPORT_LOG, log(2 SUPPORT_LOG)] up to
+    e^{-SUPPORT_LOG} = e^{-S} (g_0 -> 1 and g_7 -> 0 as z -> -inf, g_j <= e^{jz} below -S/j;
+    g_0, ..., g_6 -> 0 and g_7 -> 1 as z -> +inf, jz - e^z <= 6 log(2 S) - 2 S < -S above
+    log(2 S)), so its sum is that of its values on that window (a 'full' convolution of the
+    window's <= (S + 6) / h nodes) plus the constant tail, a partial sum of the kernel
+    (cumulative sums, smallest terms first): the same terms as the whole sum, without the
+    ~ 20 beta / h nodes where g_j is constant, which at beta ~ 40 are 15 in 16 of them."""
+    K = kern.size
+    ez = np.exp(z)
+    hi = int(np.searchsorted(z, math.log(2.0 * SUPPORT_LOG), side="right"))
+    prefix = np.concatenate([[0.0], np.cumsum(kern)])            # prefix[i] = sum kern[:i]
+    suffix = np.concatenate([np.cumsum(kern[::-1])[::-1], [0.0]])  # suffix[i] = sum kern[i:]
+    k = np.arange(n_out)
+    out = np.empty((8, n_out))
+    for j in range(8):
+        # below the window: g_j <= e^{jz} for 1 <= j <= 6, 1 - g_0 and g_7 <= e^z
+        lo = int(np.searchsorted(z, -SUPPORT_LOG / (j if 1 <= j <= 6 else 1)))
+        zw, ew = z[lo:hi], ez[lo:hi]
+        g = -np.expm1(-ew) if j == 7 else np.exp(j * zw - ew)
+        part = np.zeros(n_out)
+        if g.size:
+            full = np.convolve(g, kern, mode="full")                 # full[t] = sum_s g[s] kern[t - s]
+            t = k + (K - 1) - lo                                     # kern symmetric: out[k] = full[k + K - 1 - lo]
+            ok = (t >= 0) & (t < full.size)
+            part[ok] = full[t[ok]]
+        if j == 0:      # g_0 = 1 below the window: the kernel's nodes i with k + i < lo
+            part += prefix[np.clip(lo - k, 0, K)]
+        elif j == 7:    # g_7 = 1 above the window: the kernel's nodes i with k + i >= hi
+            part += suffix[np.clip(hi - k, 0, K)]
+        out[j] = part
+    return out
 
 
 def _moments_one(beta: float, L: int) -> tuple:
@@ -376,14 +426,13 @@ def _outer_rule(W: np.ndarray, n: np.ndarray, thin: int = 1):
 
 
 #: The largest Gaussian logit scale beta the command line lets the quadrature reach
-#: (:func:`max_logit_scale`).  The moments at one beta cost ~ beta^2 or worse (the tau grid and
-#: the Gaussian kernel both grow like beta), and the moment table computes 24 of them per panel
-#: of width 1/2 in log beta, up to the panel's end.  Measured on 2 busy cores: 0.05 s a node at
-#: beta = 40, 0.1 s at 60, 0.7-3.8 s at 80-120; a whole loss at omega = 5 on a block of 3 (beta up
-#: to 70.7, panel [45, 74]) 2.3 s, at omega = 7 (beta 99, panel [74, 123]) over 80 s, at omega = 30
-#: (beta 424) tens of minutes; at omega = 1e300, beta^2 overflows.  There the softmax is
-#: essentially a hard max and the quadrature's cost buys nothing: ``python -m reports.theory exact``
-#: refuses such points with this reason (72 keeps within the panel ending at 0.5 e^5 = 74.2).
+#: (:func:`max_logit_scale`).  A moment's cost grows like beta (the Gaussian kernel's length
+#: times the window where the g_j are not constant, :func:`_convolve_g`), and the moment table
+#: computes 24 of them per panel of width 1/2 in log beta, up to the panel's end.  Measured on
+#: one core: 0.004 s a node at beta = 40, 0.01 s at 100, 0.04 s at 400; a whole loss at omega = 7
+#: on a block of 3 (beta 99, panel [74, 123]) 0.5 s with its table; at omega = 1e300, beta^2
+#: overflows.  Beyond it the softmax is essentially a hard max over the context: ``python -m
+#: reports.theory exact`` refuses such points (72 keeps within the panel ending at 0.5 e^5 = 74.2).
 BETA_MAX = 72.0
 
 
