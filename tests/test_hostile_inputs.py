@@ -364,7 +364,7 @@ HOSTILE = [
     ("reports.theory", ["predict", "--tasks", ",".join(["2"] * 1000), "--heads", "1", "--L", "50"], 2,
      ["--tasks has 1000 blocks, more than the limit of 32"]),
     ("reports.theory", EXACT + ["--omega", "30", "--mu", "2"], 2, ["--omega", "beta = 424.3", "hard max"]),
-    ("reports.theory", EXACT + ["--omega", "100", "--mu", "2"], 2, ["--omega", "beyond what the exact quadrature handles"]),
+    ("reports.theory", EXACT + ["--omega", "100", "--mu", "2"], 2, ["--omega", "beyond what the exact quadrature is built for"]),
     ("reports.theory", EXACT + ["--omega", "1e300", "--mu", "2"], 2, ["--omega", "beta = inf"]),
     # --- round 3 (issue 33): values of the wrong kind, a directory named as a file, the size limits ------
     ("numerics.sweep", ["{tmp}/date.toml", "--out", "{tmp}/s"], 2, ["problem.sigma = 1979-05-27 is a TOML date"]),
