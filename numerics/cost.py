@@ -54,14 +54,14 @@ nothing, so larger streams get programs of their own (their runs still share the
 CALIBRATION = {
     "machine": "Intel Xeon, 2 vCPUs (shared with four other engineers' jobs), 260 MiB L3, 23 GB RAM",
     "software": "torch 2.13.0+cpu, numpy 2, Python 3.11, one torch thread",
-    "date": "2026-12-02",
+    "when": "docs/measurements.md, the cost model's calibration",
     "load": "load average 3-8 during the calibration (CPU time, not wall)",
     "how": "python -m numerics.bench --calibrate --out FILE (numerics/bench/calibrate.py)",
     "accuracy": "calibration points within a factor 1.6 of the fitted model, one (L = 12, 16,17,17) at 2.3 (numerics.bench --calibrate prints each)",
 }
 """Where and how the coefficients below were measured."""
 
-# coefficients (CPU seconds per unit of each feature), fitted by numerics.bench --calibrate on 2026-12-02
+# coefficients (CPU seconds per unit of each feature), fitted by numerics.bench --calibrate
 # (CALIBRATION; 28 CPU s).  float32 was not calibrated: its per-element coefficients are float64's x 0.67,
 # the ratio numerics.bench section 4 measured at 16,17,17 / H = 3 / L = 100 / batch 10000 (566 / 846 ms)
 STEP = {
