@@ -134,11 +134,14 @@ def held_out_loss_difference(model_a: MultiHeadAttention, model_b: MultiHeadAtte
     return _held_out_many(a, [per_prompt], n, seed, chunk)[0]
 
 
-def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096):
+def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4096, stack_heads: int = 0):
     """Per-prompt losses (len(models), n) of several full models of one problem on the SAME
     ``n`` fresh prompts (held-out stream of ``seed``), drawn once: paired snapshots of one run,
     whose differences and slopes have far smaller standard errors than the losses themselves
-    (numerics.statistics.descent_left)."""
+    (numerics.statistics.descent_left).  ``stack_heads`` > 0: the models of one shape
+    (numerics.batched.shape_key) are evaluated ``stack_heads`` heads at a time as one program
+    (numerics.batched.StackedAttention.prompt_losses): the same prompts, the same losses to float
+    rounding (the heads of many models summed in another order), one pass over each chunk per stack."""
     import numpy as np
 
     models = list(models)
@@ -146,15 +149,32 @@ def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4
         raise ValueError("held_out_prompt_losses needs at least one model")
     cfg = _one_problem(models)
     _check(n, chunk)
-    gen = held_out_generator(seed, cfg.device)
-    out, left = [[] for _ in models], n
+    evaluators = _stacks(models, stack_heads) if stack_heads else [
+        ([k], functools.partial(prompt_losses, m)) for k, m in enumerate(models)]
+    gen, out, done = held_out_generator(seed, cfg.device), np.empty((len(models), n)), 0
     with torch.no_grad():
-        while left > 0:
-            pr = sample_prompts(cfg, min(chunk, left), gen)
-            for k, m in enumerate(models):
-                out[k].append(prompt_losses(m, pr).double().cpu().numpy())
-            left -= chunk
-    return np.array([np.concatenate(v) for v in out])
+        while done < n:
+            pr = sample_prompts(cfg, min(chunk, n - done), gen)
+            for idx, losses in evaluators:
+                out[idx, done:done + pr.context.shape[0]] = losses(pr).double().cpu().numpy()
+            done += pr.context.shape[0]
+    return out
+
+
+def _stacks(models: list, stack_heads: int) -> list:
+    """[(indices, per-prompt losses of those models)]: the models grouped by shape, at most
+    ``stack_heads`` heads (stack_heads // H models, at least one) to a stacked program."""
+    from .batched import StackedAttention, shape_key
+
+    by_shape: dict = {}
+    for i, m in enumerate(models):
+        by_shape.setdefault(shape_key(m.cfg), []).append(i)
+    out = []
+    for idx in by_shape.values():
+        most = max(1, stack_heads // models[idx[0]].cfg.heads)
+        out += [(idx[lo:lo + most], StackedAttention.from_models([models[i] for i in idx[lo:lo + most]]).prompt_losses)
+                for lo in range(0, len(idx), most)]
+    return out
 
 
 def hessian_top_eigenvalue(model: MultiHeadAttention, n: int = 2048, iters: int = 16, seed: int = 0) -> float:

@@ -204,13 +204,12 @@ def test_stacked_readout_is_the_model_readout():
     assert not math.isclose(wrong, float(losses[0].detach()), rel_tol=RTOL)
 
 
-def test_stacked_prompt_losses_and_snapshot_losses_are_the_models_held_out_losses():
+def test_stacked_prompt_losses_are_the_models_held_out_losses():
     """StackedAttention.prompt_losses on one batch is numerics.evaluate.prompt_losses of each
-    run's model, and numerics.experiments.starts.snapshot_losses (models of two shapes, n not a
-    multiple of the chunk) is numerics.evaluate.held_out_prompt_losses, to float rounding; the
+    run's model, and held_out_prompt_losses stacked (models of two shapes, stacks of 16 heads, n
+    not a multiple of the chunk) is held_out_prompt_losses model by model, to float rounding; the
     check sees models evaluated on another held-out stream."""
     from numerics.evaluate import held_out_prompt_losses, prompt_losses
-    from numerics.experiments.starts import snapshot_losses
     models = [MultiHeadAttention(BASE.replace(init="random_full", init_seed=s, init_scale=0.7, logit_scale=1.0 + s,
                                               heads=2 + s % 2)) for s in range(5)]
     b = sample_prompts(BASE, 32, make_generator(0, "cpu"))
@@ -218,7 +217,7 @@ def test_stacked_prompt_losses_and_snapshot_losses_are_the_models_held_out_losse
     stacked = StackedAttention.from_models(same).prompt_losses(b).detach()
     for r, m in enumerate(same):
         assert _close(stacked[r], prompt_losses(m, b).detach())
-    ours, theirs = snapshot_losses(models, 4100, 3), held_out_prompt_losses(models, 4100, 3)
+    ours, theirs = held_out_prompt_losses(models, 4100, 3, stack_heads=16), held_out_prompt_losses(models, 4100, 3)
     assert np.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     assert not np.allclose(ours, held_out_prompt_losses(models, 4100, 4), rtol=1e-5, atol=1e-6)
 

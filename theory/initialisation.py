@@ -62,7 +62,7 @@ import numpy as np
 from ._validate import check_L, check_omega_mu, check_sigma, check_tasks
 from .block_structure import off_decomposable_parts
 from .reduced_ode import default_init, expansion_valid
-from .task_allocation import predicted_winners
+from .task_allocation import predicted_winners, served_products
 
 
 def residual_split(W, U, tasks, basis) -> dict:
@@ -199,19 +199,13 @@ def ode_winners(omega0, mu0, tasks, L, sigma=0.0) -> list[int]:
     (relative) is decided again at the default tolerances (the whole flow once more), so that
     the answer is predicted_winners' wherever the coarse flow's relative error in B stays below
     WINNER_GAP (error-controlled steps on a smooth flow of a few coordinates: observed 1e-5)."""
-    from .reduced_ode import integrate_expansion_flow
-    from .task_allocation import warmup_race_times
     tasks = check_tasks(tasks)
     omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
-    T = warmup_race_times(omega0, mu0, tasks, "factored", 1.0)
-    finite = T[np.isfinite(T)]
-    t_end = max(60.0, 20.0 * float(finite.max()) if finite.size else 60.0)
-    traj = integrate_expansion_flow(omega0, mu0, tasks, L, sigma, "factored", 1.0, t_end=t_end,
-                                    t_eval=np.array([0.0, t_end]), rtol=WINNER_RTOL, atol=WINNER_ATOL)
-    B = np.sort(traj.final_mu * traj.final_omega, axis=0)
+    products = served_products(omega0, mu0, tasks, L, sigma, rtol=WINNER_RTOL, atol=WINNER_ATOL)
+    B = np.sort(products, axis=0)
     if omega0.shape[0] > 1 and np.any(B[-1] - B[-2] <= WINNER_GAP * np.abs(B[-1])):
-        return predicted_winners(omega0, mu0, tasks, L, sigma, t_end=t_end)
-    return [int(h) for h in np.argmax(traj.final_mu * traj.final_omega, axis=0)]
+        return predicted_winners(omega0, mu0, tasks, L, sigma)
+    return [int(h) for h in np.argmax(products, axis=0)]
 
 
 def default_start_winners(tasks, s0, L, sigma=0.0):

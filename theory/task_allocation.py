@@ -27,7 +27,7 @@ from . import exact as exact_theory
 from ._validate import check_L, check_loss, check_omega_mu, check_sigma, check_tasks, in_range
 from .linear_attention import check_minimum
 from .limiting_error import minimise_F
-from .reduced_ode import derive_expansion, integrate_expansion_flow
+from .reduced_ode import derive_expansion, integrate_expansion_flow, metric_factors
 from .served_optimum import served_optimum
 
 RULES = ("ode", "warmup_race", "largest_mu")
@@ -204,13 +204,22 @@ def predicted_winners(omega0, mu0, tasks=None, L=None, sigma=0.0, param="factore
         return [int(h) for h in np.argmin(T, axis=0)]
     if L is None:
         raise ValueError("rule='ode' needs the context length L")
-    finite = T[np.isfinite(T)]
+    B = served_products(omega0, mu0, tasks, L, sigma, param, logit_scale, t_end, T=T)
+    return [int(h) for h in np.argmax(B, axis=0)]
+
+
+def served_products(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0, t_end=None, T=None,
+                    **tolerances) -> np.ndarray:
+    """B = mu omega (H, m) of the expansion flow from (omega0, mu0) at t_end (default: 20 x the
+    slowest warm-up race time ``T`` (:func:`warmup_race_times`), at least 60); ``tolerances``:
+    the flow's rtol / atol where not its defaults.  Checked inputs (tasks and (omega0, mu0))."""
     if t_end is None:
+        T = warmup_race_times(omega0, mu0, tasks, param, logit_scale) if T is None else T
+        finite = T[np.isfinite(T)]
         t_end = max(60.0, 20.0 * float(finite.max()) if finite.size else 60.0)
     traj = integrate_expansion_flow(omega0, mu0, tasks, L, sigma, param, logit_scale, t_end=t_end,
-                                    t_eval=np.array([0.0, t_end]))
-    B = traj.final_mu * traj.final_omega
-    return [int(h) for h in np.argmax(B, axis=0)]
+                                    t_eval=np.array([0.0, t_end]), **tolerances)
+    return traj.final_mu * traj.final_omega
 
 
 # ---------------------------------------------------------------------------------------
@@ -258,8 +267,6 @@ def served_relaxation_rates(tasks, L, sigma=0.0, h: float = 1e-5) -> np.ndarray:
     and negative at a minimum.  A coordinate's autocorrelation near the fixed point decays no slower than
     e^(-lambda_i t) when the noise is aligned with the curvature; the slow mode is the valley along which omega
     and mu trade (tasks (2, 2), L = 64: lambda = 0.247, against 8.9 across it)."""
-    from .reduced_ode import metric_factors
-
     tasks = check_tasks(tasks)
     fp = exact_theory.exact_fixed_point(tasks, L, sigma)
     rates = {}

@@ -32,11 +32,10 @@ import numpy as np
 import torch
 
 from numerics import cost
-from numerics.batched import StackedAttention, shape_key
+from numerics.batched import shape_key
 from numerics.config import ProblemConfig
-from numerics.data import sample_prompts
 from numerics.engine import kind, need
-from numerics.evaluate import held_out_generator
+from numerics.evaluate import held_out_prompt_losses
 from numerics.experiments import one_thread
 from numerics.experiments.converged import converged_for, stage_tolerance
 from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
@@ -143,7 +142,7 @@ def end_states(runs: list[dict]) -> list[dict]:
             groups.setdefault((_eval_key(r["cfg"]), r["eval_seed"], r["n_eval"]), []).append(i)
     for (_, seed, n_eval), idx in groups.items():
         models = [m for i in idx for _, m in runs[i]["snapshots"]]
-        losses = snapshot_losses(models, n_eval, seed)
+        losses = held_out_prompt_losses(models, n_eval, seed, stack_heads=STACK_HEADS)
         at = 0
         for i in idx:
             k = len(runs[i]["snapshots"])
@@ -152,39 +151,12 @@ def end_states(runs: list[dict]) -> list[dict]:
     return out
 
 
-EVAL_CHUNK = 4096
-"""Held-out prompts per draw, numerics.evaluate.held_out_prompt_losses' chunk (the same prompts)."""
-
 STACK_HEADS = 16
-"""Heads of the snapshot models evaluated as one stacked program (16 // H models): they read a
+"""Heads of the snapshot models evaluated as one stacked program (16 // H models;
+numerics.evaluate.held_out_prompt_losses' stack_heads): they read a
 chunk of 4096 prompts in one bmm, its logits within the cache (one thread, 352 race snapshots at
 H = 2: 0.28 CPU-s 8 at a time, 0.35 16, 0.58 64, 0.8 one at a time; 11 at H = 4 on 8192 prompts:
 0.04 CPU-s 4 at a time, 0.085 all 11, 0.093 one at a time)."""
-
-
-def snapshot_losses(models: list, n: int, seed: int) -> np.ndarray:
-    """Per-prompt held-out losses (len(models), n) of full models of one problem on the same
-    ``n`` prompts: numerics.evaluate.held_out_prompt_losses' prompts (the held-out stream of
-    ``seed``, drawn in chunks of EVAL_CHUNK) and losses, to float rounding (the heads of many
-    models summed in another order), the models of one shape (numerics.batched.shape_key)
-    evaluated STACK_HEADS heads at a time as one program (numerics.batched.StackedAttention)."""
-    cfg = models[0].cfg
-    by_shape: dict = {}
-    for i, m in enumerate(models):
-        by_shape.setdefault(shape_key(m.cfg), []).append(i)
-    stacks = []
-    for idx in by_shape.values():
-        most = max(1, STACK_HEADS // models[idx[0]].cfg.heads)
-        stacks += [(idx[lo:lo + most], StackedAttention.from_models([models[i] for i in idx[lo:lo + most]]))
-                   for lo in range(0, len(idx), most)]
-    gen, out, done = held_out_generator(seed, cfg.device), np.empty((len(models), n)), 0
-    with torch.no_grad():
-        while done < n:
-            pr = sample_prompts(cfg, min(EVAL_CHUNK, n - done), gen)
-            for idx, stack in stacks:
-                out[idx, done:done + pr.context.shape[0]] = stack.prompt_losses(pr).double().cpu().numpy()
-            done += pr.context.shape[0]
-    return out
 
 
 def _diverged_state(r: dict) -> dict:
