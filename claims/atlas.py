@@ -5,7 +5,7 @@ atlas-noise (sigma x L), atlas-batch (lr x B).  They train nothing (no ``--from-
 is the points of the sweep's last grid with the id's ``panel`` label (numerics.experiments.atlas.panel_needs:
 "atlas" needs the engine reads from the sweep store, never trains; a grid point the sweep does not hold is reported
 in ``details["unheld_points"]`` with why); the comparison classifies each seed by the one classifier
-(numerics.readout.end_class, through numerics.experiments.atlas.point_class) and counts each cell's seeds by class
+(numerics.evaluate.end_class, through numerics.experiments.atlas.point_class) and counts each cell's seeds by class
 (its mix, drawn where they disagree).  Not in the default report: the ids are ``claims.OPT_IN``, run only when
 named in ``--only``."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ from claims.core.spec import ClaimSpec, Outcome, finding
 from numerics.experiments.atlas import (PATTERNS, cell_class, class_counts, escape_cells, escape_means, escape_row,
                                         escaped_runs, grid_of, heads_row, mean_se, ols_slope, panel_matrices,
                                         panel_needs, panel_points, ratios, warmup_border, warmup_row)
-from numerics.readout import OUTCOME_CLASSES
+from numerics.evaluate import OUTCOME_CLASSES
 
 
 ATLAS_IDS = ("atlas-initialisation", "atlas-heads", "atlas-noise", "atlas-batch")
@@ -65,7 +65,7 @@ def outcome_maps(name, title, cells, rows, cols, row_label, col_label, xlabel, y
     if m["mixes"]:
         figs.append(mix_figure(f"{name}-mix", f"{title}: cells whose seeds end in different classes", m["mixes"],
                                caption=f"one bar per cell ({seeds}): its seeds counted by end class "
-                                       "(numerics.readout.end_class)"))
+                                       "(numerics.evaluate.end_class)"))
     figs += [Figure(name=f"{name}-{suffix}", title=f"{title}: held-out loss / {what}", kind="heatmap", matrix=m[key],
                     caption=f"mean over seeds of the held-out loss over {why}", **axes)
              for key, suffix, what, why in RATIO_MAPS

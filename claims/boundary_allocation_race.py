@@ -10,7 +10,7 @@ the reason, never compared -- and judged over the prompt streams by a rule fixed
 (claims.core.phase_checks.phase_comparisons); and the paper's suitable initialisation: from the
 smallest default decomposable start every converged seed allocates (the share of converged seeds
 through its binomial interval).  Every start's seeds
-are counted by end class (numerics.readout.end_class), reported per scale.  Where the warm-up vanishes and
+are counted by end class (numerics.evaluate.end_class), reported per scale.  Where the warm-up vanishes and
 where allocation stops being predictable are findings (the paper assumes small starts); so is
 which side the measurement takes where "largest mu0" and the ODE rule differ.
 """
@@ -86,7 +86,7 @@ def cells_part(ctx) -> tuple:
 
 def race_grid(ctx, results) -> dict:
     """Every cell of numerics.experiments.starts.race_cell_needs on each prompt stream: measured winners per data
-    seed (decided when the seeds agree and the race has ended: numerics.readout's race_decided), each seed's end class
+    seed (decided when the seeds agree and the race has ended: numerics.evaluate's race_decided), each seed's end class
     counted (``mix``), theory's ODE and largest-mu0 predictions; the streams of each cell checked to be independent
     (their fingerprints).  No cell where the step lies past the stability bound (``not_run``)."""
     p = ctx.p
@@ -268,7 +268,7 @@ def compare(ctx, results) -> Outcome:
     figures = [*([_race_heatmap(p, cells), _race_border_figure(p, cells)] if cells else []), _large_phase_figure(large, spacing),
                mix_figure("race-large-outcomes", "Where the default decomposable start ends, per scale (counted "
                           "classes)", mixes, caption="one bar per init scale: its prompt streams (seeds) by end class "
-                          "(numerics.readout.end_class)")]
+                          "(numerics.evaluate.end_class)")]
     if any(len(c["mix"]["labels"]) > 1 for c in cells):     # seeds disagree somewhere: the cells' counted mix
         figures.append(mix_figure("race-cell-outcomes", "Race cells whose seeds end in different classes",
                                   {f"omega x{c['rho_omega']:g}, mu x{c['rho_mu']:g}": c["mix"] for c in cells

@@ -7,7 +7,7 @@ expansion's own limits: ``claims.boundary_saturation``, ``claims.boundary_small_
 ``boundary-fewer-heads`` (:func:`check_fewer_heads`): H < m; each task ends on the head
 theory's flow predicts, at the minimum of the exact loss over that partition.
 
-"Serves several tasks" is numerics.readout's share (SUPERPOSED_SHARE, argued there).
+"Serves several tasks" is numerics.evaluate's share (SUPERPOSED_SHARE, argued there).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from claims.core.spec import ClaimSpec, Outcome, finding, replace_fields, theory
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.model import initial_values
-from numerics.readout import SUPERPOSED_SHARE, allocation
+from numerics.evaluate import SUPERPOSED_SHARE, allocation
 from numerics.statistics import mean_se, window_drift
 from numerics.train import TrainConfig
 
@@ -88,7 +88,7 @@ def check_fewer_heads(cfg, n_eval: int, flow, winners, end_flow, run) -> Compari
     init): the head carrying each task, and the trained loss equal to the minimum of the exact
     loss over that partition (each head serving its own tasks).  Compared by
     :func:`fewer_heads_error`; the winners are judged when every race is decisive
-    (SUPERPOSED_SHARE, numerics.readout, on theory's flow to the
+    (SUPERPOSED_SHARE, numerics.evaluate, on theory's flow to the
     run's end time, decided before the run), otherwise recorded.  Tolerance, from the
     run alone: Z_SE sqrt(2) standard errors of the trained point's held-out loss (the
     difference of two such estimates; not the paired SE, which grows when the prediction is

@@ -24,7 +24,7 @@ from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, rep
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import (outcome_mix, random_starts_need, reference_needs, references,
                                          single_task_needs, single_task_summary, unbalanced_needs)
-from numerics.readout import ZERO_SUM_SHARE
+from numerics.evaluate import ZERO_SUM_SHARE
 from numerics.statistics import mean_se     # non_finite "keep": a diverged run's loss shows in the mean
 from theory.initialisation import authors_logit_scale, random_start_scales, untied_tasks, warmup_norm_bound
 
@@ -266,7 +266,7 @@ def compare(ctx, results) -> Outcome:
         mixes.update({f"single task H={H}": sm["mix"] for H, sm in details["single_task"]["summary"].items()})
     figures = [residual_figure(runs), random_phase_figure(runs), unbalanced_figure(unb),
                mix_figure("init-outcomes", "Where the seeds of each start end (counted classes)", mixes,
-                          caption="one bar per start: its seeds by end class (numerics.readout.end_class); the seeds "
+                          caption="one bar per start: its seeds by end class (numerics.evaluate.end_class); the seeds "
                                   "of one start share one prompt stream")]
     return Outcome(comps, headline, figures, details, undecided=nothing_compared(comps))
 
@@ -316,7 +316,7 @@ def single_task(ctx, results):
     seeds of several end classes there at a fixed step: 96 seeds resolve 0.233 +- 0.011 against 0.174 at H = 2,
     16 seeds off D at 2.6 x it, the zero-sum ones at 1.05 x, still moving along the superposition valley) and
     linear attention.  The seeds of one H share their prompt stream on purpose: their independence is checked on
-    their starts (numerics.seeds.check_independent, shared_stream)."""
+    their starts (numerics.engine.check_independent, shared_stream)."""
     sp = SINGLE_TASK.get(ctx.profile, SINGLE_TASK["quick"])
     *runs, ref_need = single_task_needs(sp, ctx.device)
     ref = results[ref_need]

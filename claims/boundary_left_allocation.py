@@ -10,7 +10,7 @@ tolerance), and the flow ends at the best decomposable point of the same H, sign
 
 The runs are claims 5 and 6's own (same configuration, schedule and seed: taken from the run
 cache or a sweep store, trained once per report): the seed of a run is its case's,
-``numerics.seeds.trained_run_seed`` of (tasks, sigma, L) at the report's seed, the name claims
+``numerics.engine.trained_run_seed`` of (tasks, sigma, L) at the report's seed, the name claims
 5 and 6 give their runs.  A run that stayed allocated did not reach
 the boundary: it is reported, not compared.  A run that left is compared with the best
 decomposable point only once it has converged for that comparison
@@ -41,7 +41,7 @@ from theory.optimality import linear_attention_loss
 
 @dataclass(frozen=True)
 class LeftAllocationProfile:
-    # (tasks, heads, L, sigma): claims 5 and 6's noisy runs (their seeds: numerics.seeds.trained_run_seed)
+    # (tasks, heads, L, sigma): claims 5 and 6's noisy runs (their seeds: numerics.engine.trained_run_seed)
     runs: tuple = (((3, 3), 2, 32, 0.5),)
     schedule: TrainingSchedule = field(default_factory=TrainingSchedule)
     search_starts: int = 0          # random starts of the decomposable search besides the allocated/merged ones
@@ -94,7 +94,7 @@ def check_best_decomposable(cfg: ProblemConfig, end, best, allocated_loss: float
 
 def ended(cfg: ProblemConfig, run, cont) -> dict:
     """Where a run that left the allocated set ended: on or off D, the readout's words
-    (numerics.readout.allocation of the end point), its loss over optimally scaled linear
+    (numerics.evaluate.allocation of the end point), its loss over optimally scaled linear
     attention's (theory.optimality.linear_attention_loss: what a signed superposition tends to
     as omega -> 0, reachable on every task only with H >= m + 1)."""
     end = cont if cont is not None and cont.on_D else run

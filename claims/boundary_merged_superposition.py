@@ -10,7 +10,7 @@ metric does not vanish at the allocated point, where dL/dmu[h, j] != 0 for a hea
 serving j (theory.task_allocation).  The superposition forms on a time scale ~ L (its
 driving gradient there is (2/L) mu* Q (r + sigma^2)): short runs need short L.
 
-"Serves several tasks" and "allocated" are numerics.readout's shares (SUPERPOSED_SHARE,
+"Serves several tasks" and "allocated" are numerics.evaluate's shares (SUPERPOSED_SHARE,
 ALLOCATED_SHARE, argued there): docs/model.md's merged run has shares 1.8/3.42 = 0.53, its
 factored run ~0.
 """
@@ -26,7 +26,7 @@ from claims.core.spec import ClaimSpec, Outcome, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments.reduced_flows import paired_difference
-from numerics.readout import ALLOCATED_SHARE, SUPERPOSED_SHARE, allocation
+from numerics.evaluate import ALLOCATED_SHARE, SUPERPOSED_SHARE, allocation
 from numerics.train import TrainConfig
 
 PATTERNS = ("superposed", "allocated")

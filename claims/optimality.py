@@ -21,7 +21,7 @@ from claims.core.common import Comparison, Tolerance, compare, headline_row, lin
 from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields, theory_need
 from numerics.engine import need
 from numerics.experiments import probes
-from numerics.readout import SUPERPOSED_SHARE, allocation
+from numerics.evaluate import SUPERPOSED_SHARE, allocation
 from numerics.statistics import fit_limit
 from theory import optimality as th_opt
 

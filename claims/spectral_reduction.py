@@ -91,7 +91,7 @@ def check_gradient_projection(cfg, g: dict, batch: int) -> Comparison:
     (omega_dot = tr(Phi_i^T W_dot Phi_i)/r_i, mu_dot = diag U_dot_Y;
     ``numerics.model.full_velocity_on_D``) against -f * grad L_L, f the metric
     factors of ``theory.reduced_ode.metric_factors`` and grad L_L the gradient of the exact
-    finite-L reduced loss on the same batch (``numerics.reduced.reduced_gradient``).  Both sides
+    finite-L reduced loss on the same batch (``numerics.model.reduced_gradient``).  Both sides
     are the same sums of B L per-token terms along different graphs, so they differ by rounding
     only: float64 pairwise summation errs by <= eps log2(B L D) relative to the sum of the
     *absolute* per-prompt terms; tolerance = 64 eps log2(B L D) f |g|_abs per entry (+ eps),
@@ -140,7 +140,7 @@ def _signed_gap(a, b) -> np.ndarray:   # per record: (omega_a - omega_b, mu_a - 
 
 def check_trajectory_agreement(cfg, runs: dict, time: float) -> Comparison:
     """(b) full GD vs the reduced flow on one fixed, exactly symmetric batch
-    (``numerics.symmetry.symmetrize_full``), over the whole run of length ``time`` (``runs``:
+    (``numerics.model.symmetrize_full``), over the whole run of length ``time`` (``runs``:
     ``probes.richardson_runs``, :func:`trajectory_need`).  On
     such a batch the full flow never leaves D, so the two are first-order discretisations of the
     *same* ODE on the same samples and their difference D_lr is O(lr) only (zero for merged

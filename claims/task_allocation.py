@@ -24,7 +24,7 @@ from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import phases as experiments
 from numerics.experiments.phases import run_time, start_args, unstable_need
-from numerics.readout import allocation
+from numerics.evaluate import allocation
 from theory import task_allocation as allocation_theory
 
 THRESHOLD_SIGMAS = 5.0
@@ -155,7 +155,7 @@ def check_allocation(cfg: ProblemConfig, meas: dict, pred: dict, dom: dict) -> l
       (Weyl), E the tail mean's error; for a Gaussian E, ||E||_F^2 is a weighted chi-square of mean ||S_h||_F^2 whatever
       the correlations, and P(||E||_F > 5 ||S_h||_F) <= P(chi2_1 > 25) = 6e-7.  W_h's spectrum is reported: the
       off-task omega decay only algebraically (~1/t: the loss is even in them), small but not zero at t_end.
-    - **winners** (``numerics.readout``: argmax_h mu[h,i] omega[h,i] of the tail mean) against
+    - **winners** (``numerics.evaluate``: argmax_h mu[h,i] omega[h,i] of the tail mean) against
       ``theory.task_allocation.predicted_winners`` (rule "ode"); wrong: task 0 given to another head.
     - **allocated fixed point**: the serving (omega[h(i),i], mu[h(i),i]) (tail mean) against theory.exact.
       exact_fixed_point (quadrature error ~1e-12) moved by theory's shift of the served optimum by the off-task omega
@@ -227,7 +227,7 @@ def _allocation_comparisons(cfg, meas, pred, tag, surplus, thresholds, common) -
     if H > 1:
         comps.append(_comparison(
             "winners", tag, list(allocation(meas["omega_end"], meas["mu_end"]).winners), winners, 0.0,
-            "exact: the head carrying task i (numerics.readout: argmax_h tail-mean mu omega) is "
+            "exact: the head carrying task i (numerics.evaluate: argmax_h tail-mean mu omega) is "
             "theory.task_allocation.predicted_winners", [(f"winners {wrong_winners}", wrong_winners)], common,
             units="count"))
     return comps

@@ -24,7 +24,7 @@ from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import phases as experiments
 from numerics.experiments.phases import start_args, unstable_need
-from numerics.readout import allocation
+from numerics.evaluate import allocation
 from numerics.statistics import least_tolerance_weights, mean_se
 from theory.three_phases import PhasePrediction, loss_slope
 
@@ -250,11 +250,11 @@ def check_selection(cfg, pred: PhasePrediction, meas: experiments.PhaseRun, tols
 
 def check_converged_loss(cfg, meas: experiments.PhaseRun) -> tuple[Comparison, Comparison]:
     """The level the convergence phase reaches: the held-out loss (fresh prompts, standard error) of the final
-    readout's allocated projection (each task's mu kept on its winning head, ``numerics.readout``) against theory's
+    readout's allocated projection (each task's mu kept on its winning head, ``numerics.evaluate``) against theory's
     exact finite-L loss at that same point (a sum of one-head terms, ``theory.exact.exact_loss``); tolerance Z_SE se
     + the quadrature's error.  Two measurements, two comparisons: by the Rao-Blackwellised estimator
     (``numerics.exact_reduced``: the labels integrated analytically, a fifth of the per-prompt variance; the sharp
-    one) and on whole prompts of ``numerics.data`` (the prompts the model is trained on: it sees an error of the
+    one) and on whole prompts of ``numerics.config`` (the prompts the model is trained on: it sees an error of the
     data generator -- label noise dropped, say -- which the analytic labels of the first cannot).  The full model's
     own held-out loss (whole prompts) is reported beside the projection's on the same prompts (``full_model``,
     ``gap_full_minus_allocated``: the off-D weights and the off-task mu still decaying), not judged: theory's exact
@@ -362,7 +362,7 @@ def case_outcome(cfg: ProblemConfig, pred: PhasePrediction, meas: experiments.Ph
 
 def boundary_check(cfg, meas: experiments.PhaseRun, expansion_too_coarse: bool = False) -> dict:
     """A boundary run's own check, theory's account of its regime: H < m -- some head carries two tasks at the end
-    (its second |mu| above 1 - SELECTED_SHARE = 10 % of its largest: ``numerics.readout``'s head share at this
+    (its second |mu| above 1 - SELECTED_SHARE = 10 % of its largest: ``numerics.evaluate``'s head share at this
     claim's 0.1, not the readout's SUPERPOSED_SHARE 0.2), so the m tasks cannot go to distinct heads; expansion too
     coarse at this L (``domain``) -- the phases themselves need no expansion: the measured curve must still show
     three resolved phases (only their times are not predicted well enough to compare).  Shares and phases recorded."""

@@ -5,7 +5,7 @@ A checkpoint taken at step s (at the start of iteration s, before batch s is dra
 dict of exactly :data:`FIELDS`:
 
     version, stream, model, estimator   plain str/int: the file format, the prompt stream
-                                        (numerics.data.STREAM_VERSION), full or reduced,
+                                        (numerics.config.STREAM_VERSION), full or reduced,
                                         the reduced flow's estimator
     config, train                       ProblemConfig.to_dict(), TrainConfig.to_dict()
     step                                s, an int in 0 .. steps
@@ -189,7 +189,7 @@ def _identity_differences(ck: dict, run: Run) -> list:
         diffs.append(f"version: checkpoint {_show(ck['version'])}, this code {CHECKPOINT_VERSION}")
     if not _plain_equal(ck["stream"], run.stream):    # the generator state continues only the same stream
         diffs.append(f"prompt stream: checkpoint version {_show(ck['stream'])}, this code version {run.stream} "
-                     "(numerics.data changed how prompts are drawn)")
+                     "(numerics.config changed how prompts are drawn)")
     for key, mine in (("estimator", run.estimator), ("model", run.kind)):
         if not _plain_equal(ck[key], mine):
             diffs.append(f"{key}: checkpoint {_show(ck[key])}, this run {mine!r}")

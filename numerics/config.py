@@ -45,11 +45,66 @@ Initialisations (scale s0 = ``init_scale``):
   sqrt(s |omega_i| / |a_h|) Phi_i Phi_i^T, K_h = a_h Q_h (so omega[h, i] = sign(a_h) s0 and
   k^2 - q^2 = (a_h^2 - 1) s |omega| / |a_h|); V[d+i, d+i] = sqrt(|mu_i| / |b_h|),
   O[i, d+i] = |b_h| V[d+i, d+i] (so mu keeps its default value and O_h != V_h^T).
+
+Prompts of the decomposable multi-task linear regression (docs/model.md, Setting).
+
+One prompt: x_1 .. x_L, q i.i.d. N(0, I_d); task parameters g_i ~ N(0, I_{r_i}) fresh per
+prompt, independent across tasks; labels y_{l,i} = g_i^T Phi_i^T x_l + eps_{l,i},
+eps ~ N(0, sigma^2); target y_{q,i} = g_i^T Phi_i^T q (noiseless).  Tokens z_l = (x_l, y_l),
+query token z_q = (q, 0).
+
+Written as one matrix per prompt: y_l = B^T x_l + eps_l with B = Phi diag(g) E (d x m),
+E the task indicator (E[k, i] = 1 iff basis coordinate k belongs to task i).
+
+The stream (version ``STREAM_VERSION`` = 3; version 1 drew the whole batch from the caller's
+generator in one thread, version 2 from torch Mersenne Twisters keyed per chunk of 256
+prompts).  The caller's ``torch.Generator`` fixes the stream:
+
+- CPU: each call draws one 63-bit key from the caller's generator (so its state advances by
+  the same amount whatever the batch, sigma or thread count, and a saved generator state
+  resumes the stream bit-identically).  The key seeds two sub-streams (numpy's PCG64DXSM
+  through SeedSequence(key, spawn_key=(s,))): s = 0 holds x, q, g, s = 1 the noise eps.
+  Prompt p owns a fixed block of each sub-stream, its row p (:func:`_gaussian_rows`: words
+  p W .. (p + 1) W - 1, W = ceil(count / 2) for L d + 2 d Gaussians x, q, g, resp. L m for
+  eps), turned into Gaussians by Box-Muller on 24-bit uniforms.  Counter-based: a prompt's
+  numbers depend only on the key and its index p (the generator is advanced to the row, in
+  O(log) time), never on which thread draws it or on how the batch is split, so 1 or N
+  threads give the same batch, and the first k prompts of any batch are the batch of k (the
+  batch-prefix property, for every k).  The rows are drawn in chunks of about
+  ``CHUNK_GAUSSIANS`` Gaussians (a unit of work only) on a thread pool of ``threads``
+  workers (default ``torch.get_num_threads()``; numpy's generators and ufuncs release the
+  GIL); each chunk's tokens are written on the caller's thread, by one batched matmul
+  (:func:`_write_chunk`), as soon as the pool has drawn it.
+  Because eps has its own sub-stream, x, q, g do not depend on whether eps was drawn: it is
+  skipped when sigma = 0 and runs that differ only in sigma still share x, q, g (common
+  random numbers).
+  Why not torch's own CPU sampler (version 2): it needed torch's private generator layout to
+  key chunks; PCG64DXSM rows are keyed by numpy's public API at about the same cost (3.3-4.4
+  ns a Gaussian against torch's 3.8-4.3).  What makes a batch cheaper: drawing into a reused
+  output (``out=``, no fresh pages), one matmul per chunk for its tokens, float64 runs' draws
+  cast in the last Box-Muller pass, equal chunks and token maps made once per problem and
+  thread (:func:`_token_maps`) (docs/performance.md).
+- CUDA: one stream from the caller's device generator, no threads (the GPU draws in
+  parallel), in the fixed order x, q, g, eps; eps is drawn even when sigma = 0 (it costs a
+  GPU microseconds, and skipping it would shift the generator and so the next call's x, q, g
+  between runs that differ only in sigma).  Unchanged since version 2.
+
+CPU and CUDA give different streams for the same seed.  The Gaussians are drawn in float32
+and cast to cfg.dtype (see ``_normal`` and ``_gaussian_rows``), so float32 and float64 runs
+see the same data.
+
+``symmetrize=True`` applies the per-task sign-flip group {+-1}^m (y_i, g_i, eps_i -> -)
+to each drawn prompt and returns all 2^m images, so that sign-flip identities (the reason
+the cross blocks of the gradient vanish) hold exactly on the finite batch.
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import numbers
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from typing import Optional
@@ -59,6 +114,7 @@ import torch
 
 from theory._validate import check_positive_int, check_sigma, check_tasks
 from numerics.io.command import SEED_MAX, check_device_option as check_device
+
 
 BASES = ("identity", "random")
 PARAMS = ("factored", "merged")
@@ -253,3 +309,379 @@ class ProblemConfig:
             if d.get(k) is not None:
                 d[k] = tuple(tuple(row) for row in d[k])
         return cls(**d)
+
+
+STREAM_VERSION = 3
+"""Version of the prompt stream (1: one sequential draw per call; 2: torch Mersenne Twisters
+keyed per chunk; 3: PCG64DXSM rows keyed per prompt, see the module docstring).  A checkpoint
+written under another version cannot resume this stream."""
+
+CHUNK_GAUSSIANS = 2 ** 18
+"""Gaussians per unit of work of the CPU sampler (:func:`chunk_rows` prompts; not part of the
+stream's definition).  2^18 float32 values (1 MiB, a few such buffers in flight) stay in a
+core's L2 cache while the per-chunk overhead (a generator state, ~25 numpy and torch calls,
+~0.1 ms) stays below 10 % of the chunk's draws."""
+
+
+@dataclass
+class Prompts:
+    context: torch.Tensor   # (B, L, d+m): tokens z_l = (x_l, y_l)
+    query: torch.Tensor     # (B, d+m):    z_q = (q, 0)
+    target: torch.Tensor    # (B, m):      y_q (noiseless)
+
+    @property
+    def batch(self) -> int:
+        return self.context.shape[0]
+
+
+def make_generator(seed: int, device) -> torch.Generator:
+    """A torch.Generator on ``device`` seeded with ``seed`` (prompts are drawn on-device)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    gen = torch.Generator(device=check_device(device))
+    gen.manual_seed(int(seed))
+    return gen
+
+
+def sign_flips(m: int, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    """All 2^m sign vectors of the per-task sign-flip group, (2^m, m); row 0 is the identity."""
+    return torch.tensor(list(itertools.product((1.0, -1.0), repeat=m)), dtype=dtype, device=device)
+
+
+# --- counter-based Gaussians --------------------------------------------------------------------
+
+def _substream(key: int, substream: int) -> np.random.PCG64DXSM:
+    """The bit generator of sub-stream ``substream`` (0: x, q, g; 1: eps) of the call with
+    ``key``: numpy's PCG64DXSM seeded through SeedSequence(key, spawn_key=(substream,)),
+    numpy's construction for statistically independent streams (the key's 63 bits and the
+    sub-stream index are hashed into the generator's 128-bit state and increment)."""
+    return np.random.PCG64DXSM(np.random.SeedSequence(key, spawn_key=(substream,)))
+
+
+def words_per_prompt(count: int) -> int:
+    """64-bit words of a prompt's sub-stream that holds ``count`` Gaussians: one word per
+    Box-Muller pair, so ceil(count / 2) (a prompt's last Gaussian is dropped when count is odd)."""
+    return (count + 1) // 2
+
+
+_local = threading.local()
+
+
+def _scratch_generator() -> np.random.PCG64DXSM:
+    """This thread's generator to copy a sub-stream's state into (constructing one costs a
+    SeedSequence hash, ~10 us; setting a state ~2 us)."""
+    gen = getattr(_local, "generator", None)
+    if gen is None:
+        gen = _local.generator = np.random.PCG64DXSM(0)
+    return gen
+
+
+_BLOCK_PAIRS = 2 ** 14
+"""Box-Muller pairs per block of :func:`_gaussian_rows` (whole rows, at least one): its five
+float32 passes over a block of 64 KiB arrays stay in a core's L2 cache; over a whole chunk
+(MiBs) every pass would stream from L3 (measured 2x slower)."""
+
+
+def _scratch(block: int, rows: int, words: int, slot: int, dtype=np.float32) -> tuple:
+    """This thread's work arrays for :func:`_gaussian_rows`: a block's float32 (2, block, words)
+    and (block, words), and the result (rows, 2, words) in ``dtype`` of ``slot`` (0: x, q, g; 1:
+    eps), reused (fresh arrays are fresh pages, whose faults cost as much as the arithmetic):
+    a result is valid only until the thread's next call with that slot."""
+    cache = _local.__dict__.setdefault("scratch", {})
+    key = (block, rows, words, slot, np.dtype(dtype).char)
+    if key not in cache:
+        if len(cache) >= 4:          # a few shapes per thread (x/q/g and eps, the last chunk)
+            cache.clear()
+        cache[key] = (np.empty((2, block, words), np.float32), np.empty((block, words), np.float32),
+                      np.empty((rows, 2, words), dtype))
+    return cache[key]
+
+
+_RADIUS_SCALE = np.float32(-2.0 ** -24)
+_ANGLE_SCALE = np.float32(2.0 * np.pi * 2.0 ** -24)
+
+
+def _gaussian_rows(stream: np.random.PCG64DXSM, first: int, rows: int, words: int,
+                   private: bool = False, slot: int = 0, dtype=np.float32) -> np.ndarray:
+    """Rows ``first`` .. ``first + rows - 1`` of a sub-stream, (rows, 2 words) float32 N(0, 1)
+    (stored as ``dtype``: float64 holds the same float32 values, cast in the last pass):
+    this thread's scratch memory ``slot`` (:func:`_scratch`: valid until the thread's next call
+    with that slot), or a new array if ``private`` (a pool thread's result, read after its next
+    call).
+
+    Row p (a prompt) is made of the stream's 64-bit words p * words .. (p + 1) * words - 1
+    (a copy of ``stream`` is advanced to the row's first word: any row is drawn without the
+    ones before it).  Those words are 2 words uint32 halves u_0 .. u_{2 words - 1} (little-
+    endian); the top 24 bits of each give a uniform U = (u >> 8) 2^-24 in [0, 1 - 2^-24], and
+    Box-Muller pairs the first half with the second: with R_j = sqrt(-2 log(1 - U_j)) (1 - U_j
+    formed exactly in float32, then numpy's log (log1p(-U_j) gives the same numbers
+    to ~4 ulp, as another CPU's vectorised functions give, so the same stream version, but
+    log1p has no SIMD loop on AVX2 and took 12 of the 17 ns a Gaussian there)) and
+    theta_j = 2 pi U_{words + j}, the row is (R_j cos theta_j)_j followed by (R_j sin theta_j)_j.
+    Float32 throughout (numpy's vectorised log1p, sqrt, cos, sin: a few ulp): the draws are
+    N(0, 1) to 24 bits, |z| <= sqrt(2 ln 2^24) = 5.77 (a tail of mass 8e-9 dropped), as the
+    float32 sampler of torch these replace.  Every elementwise pass runs over contiguous,
+    cache-sized blocks (numpy's vectorised loops are 3-4x slower on the rows' strided halves,
+    and 2x slower over blocks that do not fit in L2)."""
+    gen = _scratch_generator()
+    gen.state = stream.state
+    gen.advance(first * words)
+    bits = gen.random_raw(rows * words).view(np.uint32)
+    np.right_shift(bits, 8, out=bits)
+    bits = bits.view(np.int32).reshape(rows, 2, words)
+    step = max(1, _BLOCK_PAIRS // words)                      # rows per cache-sized block
+    u, trig, out = _scratch(min(step, rows), rows, words, slot, dtype)
+    if private:
+        out = np.empty_like(out)
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        uu, tt = u[:, :b - a], trig[:b - a]
+        # (rows, 2, words) -> (2, rows, words): all radii, then all angles, each contiguous
+        np.copyto(uu, bits[a:b].transpose(1, 0, 2), casting="unsafe")
+        radius, angle = uu[0], uu[1]
+        np.multiply(radius, _RADIUS_SCALE, out=radius)       # -U
+        np.add(radius, np.float32(1.0), out=radius)          # 1 - U, exact (a multiple of 2^-24 in (0, 1])
+        np.log(radius, out=radius)                           # numpy's SIMD log: log1p(-U) is scalar on AVX2
+        np.multiply(radius, np.float32(-2.0), out=radius)
+        np.sqrt(radius, out=radius)
+        np.multiply(angle, _ANGLE_SCALE, out=angle)
+        np.cos(angle, out=tt)
+        np.multiply(tt, radius, out=out[a:b, 0], dtype=np.float32)   # a float32 product, then cast
+        np.sin(angle, out=tt)
+        np.multiply(tt, radius, out=out[a:b, 1], dtype=np.float32)
+    return out.reshape(rows, 2 * words)
+
+
+_pool_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _thread_pool(threads: int) -> ThreadPoolExecutor:
+    """The process's pool of ``threads`` sampler threads (one pool per size, kept for reuse:
+    idle threads cost nothing, and a pool is never shut down under a concurrent caller)."""
+    with _pool_lock:
+        if threads not in _pools:
+            _pools[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sample_prompts")
+        return _pools[threads]
+
+
+# --- the sampler -------------------------------------------------------------------------------
+
+def _normal(shape, generator: torch.Generator, device) -> torch.Tensor:
+    # float32 draws (torch's float64 sampler is ~4x slower), cast by _assemble: N(0, 1) to 24
+    # bits, |z| <= 5.77 (a tail of 8e-9 dropped), far below any Monte-Carlo error here
+    return torch.randn(shape, generator=generator, dtype=torch.float32, device=device)
+
+
+def _assemble(x, q, g, eps, cfg: ProblemConfig, E: torch.Tensor, Phi: torch.Tensor | None,
+              context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
+    """Write into context (k, L, d+m), query (k, d+m), target (k, m) (cfg.dtype) the prompts
+    of the float32 draws x (k, L, d), q (k, d), g (k, d), eps (k, L, m) or None:
+    y_l = B^T x_l + sigma eps_l, y_q = B^T q with B = Phi diag(g) E (Phi None: identity)."""
+    d, dt = cfg.d, cfg.torch_dtype
+    context[..., :d] = x                                    # the cast happens in this copy
+    coef = g.to(dt)[:, :, None] * E[None]                   # diag(g) E: (k, d, m)
+    if Phi is not None:
+        coef = Phi @ coef                                   # B = Phi diag(g) E
+    y = torch.bmm(x if x.dtype == dt else context[..., :d], coef)
+    if eps is not None and cfg.sigma > 0:
+        y.add_(eps.to(dt), alpha=cfg.sigma)
+    context[..., d:] = y
+    query[:, :d] = q
+    query[:, d:] = 0
+    target.copy_(torch.bmm(query[:, None, :d], coef)[:, 0, :])
+
+
+def _token_maps(cfg: ProblemConfig, k: int) -> tuple:
+    """(E, Phi or None, [I | *] (k, d, d+m), [0 | sigma I] (k, m, d+m) or None): the fixed parts
+    of :func:`_write_chunk`'s maps for chunks of at most k prompts, made once per (cfg, k) and
+    thread (at a small batch their ~15 torch calls cost more than the draws); a chunk
+    overwrites only the right block of [I | *], on the caller's thread, before reading it."""
+    cache = _local.__dict__.setdefault("maps", {})
+    if (cfg, k) not in cache:
+        d, m, dt = cfg.d, cfg.m, cfg.torch_dtype
+        tokens = torch.cat([torch.eye(d, dtype=dt).expand(k, d, d), torch.zeros(k, d, m, dtype=dt)], dim=2)
+        noise = torch.cat([torch.zeros(m, d, dtype=dt), cfg.sigma * torch.eye(m, dtype=dt)], dim=1)
+        if len(cache) >= 8:                  # a few problems per thread
+            cache.clear()
+        cache[cfg, k] = (cfg.task_indicator(), cfg.basis_matrix() if cfg.basis != "identity" else None, tokens,
+                         noise.expand(k, m, d + m) if cfg.sigma > 0 else None)
+    return cache[cfg, k]
+
+
+def _write_chunk(z: np.ndarray, eps: np.ndarray | None, cfg: ProblemConfig, maps: tuple,
+                 context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
+    """A chunk's prompts from its rows: z (k, 2 W) of sub-stream 0 (x, q, g), eps (k, 2 W') of
+    sub-stream 1 or None (cfg.dtype), into context (k, L, d+m), query (k, d+m), target (k, m);
+    ``maps``: :func:`_token_maps`'.  The whole token z_l = (x_l, y_l) is one batched matmul into
+    the (contiguous) context: z_l^T = x_l^T [I | B] + sigma eps_l^T [0 | I], B = Phi diag(g) E,
+    so x is copied exactly (x 1 + 0s) and y_l = B^T x_l + sigma eps_l -- cheaper than strided
+    copies of x and y into the context (a strided copy pays per token)."""
+    d, m, L = cfg.d, cfg.m, cfg.L
+    k = z.shape[0]
+    zt = torch.from_numpy(z)
+    x = zt[:, :L * d].unflatten(1, (L, d))
+    q, g = zt[:, L * d:L * d + d], zt[:, L * d + d:L * d + 2 * d]
+    E, Phi, tokens, noise = maps
+    tokens = tokens[:k]
+    coef = tokens[:, :, d:]
+    torch.mul(g[:, :, None], E, out=coef)                   # diag(g) E: (k, d, m)
+    if Phi is not None:
+        coef.copy_(Phi @ coef)                              # B = Phi diag(g) E
+    torch.bmm(x, tokens, out=context)
+    if eps is not None:
+        e = torch.from_numpy(eps)[:, :L * m].unflatten(1, (L, m))
+        context.baddbmm_(e, noise[:k])
+    query[:, :d] = q
+    query[:, d:] = 0
+    torch.bmm(q[:, None, :], coef, out=target[:, None, :])
+
+
+def _empty_prompts(cfg: ProblemConfig, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dt = cfg.torch_dtype
+    return (torch.empty(n, cfg.L, cfg.token_dim, dtype=dt, device=device),
+            torch.empty(n, cfg.token_dim, dtype=dt, device=device),
+            torch.empty(n, cfg.m, dtype=dt, device=device))
+
+
+def _prompts_from_draws(cfg: ProblemConfig, x, q, g, eps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(context, query, target) in cfg.dtype from float32 draws of the whole batch, in one
+    pass (the device stream)."""
+    dev = x.device
+    context, query, target = _empty_prompts(cfg, x.shape[0], dev)
+    Phi = cfg.basis_matrix().to(dev) if cfg.basis != "identity" else None
+    _assemble(x, q, g, eps, cfg, cfg.task_indicator().to(dev), Phi, context, query, target)
+    return context, query, target
+
+
+@contextlib.contextmanager
+def _serial_torch():
+    """Within the block, torch ops on this thread run on one intra-op thread: the labels' many
+    small ops would each be a parallel region waiting for a descheduled thread on shared cores
+    (600 ms instead of 150 ms a batch of 4096, loaded 2 cores); the sampler's threads keep the cores busy."""
+    threads = torch.get_num_threads()
+    if threads != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if threads != 1:
+            torch.set_num_threads(threads)
+
+
+def chunk_rows(cfg: ProblemConfig) -> int:
+    """Prompts per unit of work of the CPU sampler: about CHUNK_GAUSSIANS Gaussians (at least
+    one prompt).  Only the work is split by it; the numbers do not depend on it."""
+    return max(1, CHUNK_GAUSSIANS // (2 * words_per_prompt(cfg.L * cfg.d + 2 * cfg.d)))
+
+
+def _sample_keyed(cfg: ProblemConfig, n: int, generator: torch.Generator, threads: int,
+                  context: torch.Tensor, query: torch.Tensor, target: torch.Tensor) -> None:
+    """The CPU stream, written into context (n, L, d+m), query (n, d+m), target (n, m): one
+    key from ``generator``; prompt p's x, q, g are row p of sub-stream 0 (L d + 2 d Gaussians,
+    in this order), its eps row p of sub-stream 1 (L m, drawn only when sigma > 0)
+    (:func:`_gaussian_rows`).  The rows are drawn in chunks of :func:`chunk_rows` prompts on
+    a pool of ``threads`` threads (numpy releases the GIL); each chunk is written into the
+    prompts on the caller's thread (:func:`_write_chunk`, serially: see _serial_torch) as soon
+    as it is drawn, while the pool draws the next ones."""
+    key = int(torch.randint(0, 2 ** 63 - 1, (), generator=generator, dtype=torch.int64))
+    main, w_main = _substream(key, 0), words_per_prompt(cfg.L * cfg.d + 2 * cfg.d)
+    noise, w_noise = _substream(key, 1) if cfg.sigma > 0 else None, words_per_prompt(cfg.L * cfg.m)
+    n_chunks = -(-n // chunk_rows(cfg))
+    rows = -(-n // n_chunks)                         # equal chunks: no small last one
+    pooled = threads > 1 and n_chunks > 1           # a pool thread's rows are read after its next call
+    np_dtype = np.float64 if cfg.torch_dtype == torch.float64 else np.float32
+
+    def draw(c: int):                                # numpy only: the GIL is released
+        first = c * rows
+        k = min(n, first + rows) - first
+        return (_gaussian_rows(main, first, k, w_main, pooled, dtype=np_dtype), None if noise is None else
+                _gaussian_rows(noise, first, k, w_noise, pooled, slot=1, dtype=np_dtype))
+
+    chunks = _thread_pool(threads).map(draw, range(n_chunks)) if pooled else map(draw, range(n_chunks))
+    with _serial_torch():
+        maps = _token_maps(cfg, rows)
+        for c, (z, eps) in enumerate(chunks):       # in order; the pool re-raises
+            k = slice(c * rows, min(n, (c + 1) * rows))
+            _write_chunk(z, eps, cfg, maps, context[k], query[k], target[k])
+
+
+def _draw_on_device(cfg: ProblemConfig, n: int, generator: torch.Generator):
+    """The device (CUDA) stream's float32 draws: x, q, g, eps from ``generator`` in this
+    order, eps always (so the generator advances by the same amount whatever sigma)."""
+    d, m, L, dev = cfg.d, cfg.m, cfg.L, generator.device
+    x = _normal((n, L, d), generator, dev)
+    q = _normal((n, d), generator, dev)
+    g = _normal((n, d), generator, dev)
+    eps = _normal((n, L, m), generator, dev)
+    return x, q, g, eps
+
+
+def _check_out(out, cfg: ProblemConfig, batch: int) -> None:
+    if not isinstance(out, Prompts):
+        raise TypeError(f"out must be a Prompts to overwrite (e.g. the previous call's), got {type(out).__name__}")
+    want = {"context": (batch, cfg.L, cfg.token_dim), "query": (batch, cfg.token_dim), "target": (batch, cfg.m)}
+    for name, shape in want.items():
+        t = getattr(out, name)
+        if (tuple(t.shape) != shape or t.dtype != cfg.torch_dtype or t.device.type != cfg.torch_device.type
+                or not t.is_contiguous()):
+            raise ValueError(f"out.{name} must be a contiguous {cfg.dtype} tensor of shape {shape} on {cfg.device} "
+                             f"(batch {batch} of this problem), got {t.dtype} {tuple(t.shape)} on {t.device}; "
+                             "pass out=None to allocate new tensors")
+
+
+def sample_prompts(cfg: ProblemConfig, batch: int, generator: torch.Generator,
+                   symmetrize: bool = False, *, threads: int | None = None,
+                   out: Prompts | None = None) -> Prompts:
+    """Draw ``batch`` prompts of cfg's problem on cfg.device with ``generator`` (stream
+    version STREAM_VERSION, see the module docstring; one call advances ``generator`` by a
+    fixed amount).
+
+    With ``symmetrize``, batch/2^m prompts are drawn and each is returned under all 2^m
+    per-task sign flips (image k of prompt p at index k * batch/2^m + p).  ``threads``: CPU
+    threads drawing the chunks (default torch.get_num_threads(); the numbers do not depend
+    on it).  ``out``: a Prompts of this batch's shapes, dtype and device (the previous call's,
+    once it is no longer needed) whose tensors are overwritten and returned instead of new
+    ones: the same numbers, without the page faults of fresh memory (a third of a batch's
+    cost at tasks 4,4,4, L = 256, batch 4096)."""
+    if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    batch = int(batch)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator (make it with make_generator(seed, "
+                        f"cfg.device)), got {type(generator).__name__}")
+    if generator.device.type != cfg.torch_device.type:
+        raise ValueError(f"the generator is on {generator.device} but cfg.device is {cfg.device}; "
+                         "make it with make_generator(seed, cfg.device)")
+    if threads is None:
+        threads = torch.get_num_threads()
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    n_flips = 2 ** cfg.m
+    if symmetrize and batch % n_flips:
+        raise ValueError(f"symmetrize=True returns every prompt under all 2^m = {n_flips} sign flips, so "
+                         f"batch must be a multiple of {n_flips}; got {batch} (use e.g. "
+                         f"{max(n_flips, batch - batch % n_flips)})")
+    if out is not None:
+        _check_out(out, cfg, batch)
+        context, query, target = out.context, out.query, out.target
+    else:
+        context, query, target = _empty_prompts(cfg, batch, cfg.device)
+    n = batch // n_flips if symmetrize else batch
+    if generator.device.type == "cpu":
+        _sample_keyed(cfg, n, generator, int(threads), context[:n], query[:n], target[:n])
+    else:
+        for t, v in zip((context, query, target), _prompts_from_draws(cfg, *_draw_on_device(cfg, n, generator))):
+            t[:n] = v
+    if symmetrize:
+        # flipping task i's sign maps (g_i, eps_i) -> -(g_i, eps_i): y_i, y_{q,i} -> -y_i, -y_{q,i};
+        # image k of prompt p at k n + p (image 0, the identity, is the drawn prompt itself)
+        d = cfg.d
+        s = sign_flips(cfg.m, cfg.torch_dtype, cfg.device)      # (2^m, m)
+        for k in range(1, n_flips):
+            img = slice(k * n, (k + 1) * n)
+            context[img, :, :d] = context[:n, :, :d]
+            torch.mul(context[:n, :, d:], s[k], out=context[img, :, d:])
+            query[img] = query[:n]
+            torch.mul(target[:n], s[k], out=target[img])
+    return Prompts(context=context, query=query, target=target)

@@ -8,12 +8,12 @@ loss only through Gaussian moments, which are integrated analytically:
     a_il = sum_h mu[h,i] p_hl,   p = attention_weights(omega, s),   s_{l,j} = |q_j| u_lj,
 
 (|q_i| is chi-distributed with r_i degrees of freedom, u_li ~ N(0, 1) i.i.d.).  The
-softmax weights p are ``numerics.reduced.attention_weights`` of the per-block scores
+softmax weights p are ``numerics.model.attention_weights`` of the per-block scores
 s_{l,j} = <Phi_j^T x_l, Phi_j^T q>, the one definition of the reduced model's prediction
 formula, here applied to scores drawn directly (m Gaussians per token instead of d + m,
 so the reduced flow costs about r times less than the full model on the same batch).
 This is the exact L_L, estimated by Monte Carlo over (q, u) only; tests check it against
-``numerics.reduced.reduced_loss`` on whole prompts within Monte-Carlo error.
+``numerics.model.reduced_loss`` on whole prompts within Monte-Carlo error.
 
 The loss is quadratic in mu, so mu is solved in closed form (:func:`optimal_mu`) and only
 omega is searched (L-BFGS-B, :func:`minimise_family`; bounded Brent for one head on one
@@ -34,10 +34,10 @@ from scipy.optimize import minimize, minimize_scalar
 
 from theory._validate import check_positive_int, check_sigma, check_tasks
 
-from .data import make_generator
+from .config import make_generator
 from .engine import kind
-from .reduced import attention_weights
-from .seeds import case_seed
+from .model import attention_weights
+from .engine import case_seed
 from .statistics import mean_se, standard_error_along
 
 def one_thread(fn):
@@ -121,7 +121,7 @@ def sample_marginal_prompts(tasks, L: int, n: int, generator: torch.Generator,
     ``draw_dtype``: the dtype the Gaussians are drawn in, then cast to ``dtype`` (default
     ``dtype`` itself, the stream the minimisers here use).  The reduced flow
     (``numerics.train.train_reduced(estimator="marginal")``) draws in float32 and casts, as
-    ``numerics.data`` does: torch's float64 CPU sampler is ~4x slower per draw, and float32
+    ``numerics.config`` does: torch's float64 CPU sampler is ~4x slower per draw, and float32
     and float64 runs then see the same prompts.  ``blocks_major``: u is drawn as an (n, m, L)
     array (each block's L components contiguous) and returned as its (n, L, m) view, the
     layout :func:`marginal_mean_loss` reads without a copy (another stream: the same law,
@@ -136,7 +136,7 @@ def sample_marginal_prompts(tasks, L: int, n: int, generator: torch.Generator,
     r = torch.tensor(tasks, dtype=dtype, device=device)
     log_w = (0.5 * r * scale2.log() - 0.5 * qnorm ** 2 * (1.0 - 1.0 / scale2)).sum(dim=1)
     # drawn in ``dtype`` (float64 by default).  Drawing u in float32 and casting (as
-    # numerics.data does) makes sampling ~2.5x faster but changes the stream: tried, and the
+    # numerics.config does) makes sampling ~2.5x faster but changes the stream: tried, and the
     # derandomized test of claim 5 at r = 1 (whose per-prompt loss has barely a finite fourth
     # moment, see query_scale2) then drew a heavy tail at seed 0 (tolerance 7.3 on 8.4), so
     # the float64 stream is kept until that case is made robust
@@ -592,18 +592,18 @@ ONE_TASK_EVALUATIONS = 27
 
 
 def minima_seconds(tasks, L: int, n_eval: int, fit_elements: int = FIT_ELEMENTS, single: bool = False) -> float:
-    """CPU seconds (``numerics.cost``) of the allocated minimum at (tasks, L) (one
+    """CPU seconds (``numerics.engine``) of the allocated minimum at (tasks, L) (one
     :func:`one_task_minimum` per distinct block size), with ``single`` the one-head minimum
     (its grid start and one L-BFGS-B search), and their :func:`measure` on ``n_eval`` prompts."""
-    from numerics import cost
+    from numerics import engine
     tasks = tuple(int(r) for r in tasks)
     m = len(tasks)
     n_fit = fit_sample_size(1, L, fit_elements)
-    seconds = sum(cost.marginal_seconds((r,), 1, L, n_fit, points=ONE_TASK_EVALUATIONS) for r in set(tasks))
+    seconds = sum(engine.marginal_seconds((r,), 1, L, n_fit, points=ONE_TASK_EVALUATIONS) for r in set(tasks))
     if single:
-        seconds += cost.marginal_seconds(tasks, 1, L, max(64, fit_elements // (4 * L)), points=6)
-        seconds += cost.fit_seconds(tasks, 1, L, n_fit)
-    return seconds + cost.marginal_seconds(tasks, m, L, n_eval, points=2 if single else 1)
+        seconds += engine.marginal_seconds(tasks, 1, L, max(64, fit_elements // (4 * L)), points=6)
+        seconds += engine.fit_seconds(tasks, 1, L, n_fit)
+    return seconds + engine.marginal_seconds(tasks, m, L, n_eval, points=2 if single else 1)
 
 
 # ---------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ line naming the file and the field, raised before any computation.
 Measurement (:func:`measure`): the model's own readout (``MultiHeadAttention.semi_singular_values``:
 omega, mu, off-D residual; ``theory.initialisation.residual_split``: the part of the off-D weights
 the loss can move against the part no gradient reaches), the allocation readout
-(``numerics.readout``), the factor balance of a factored model, and the held-out loss
+(``numerics.evaluate``), the factor balance of a factored model, and the held-out loss
 (``numerics.evaluate.held_out_loss``) with the loss of its projection onto D on the same prompts.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ from .checkpoint import RECORD_FIELDS, dense_problem
 from .config import ProblemConfig
 from .evaluate import LossEstimate, held_out_loss, held_out_loss_difference, held_out_reduced_loss
 from .model import MultiHeadAttention, factor_balance
-from .readout import allocation, zero_sum_ratio
+from .evaluate import allocation, zero_sum_ratio
 
 
 MAX_CHECKPOINT_BYTES = 512 * 2 ** 20
@@ -850,16 +850,16 @@ def gradient_noise(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
     """The held-out gradient of the loss at the point (omega, mu) of D and its noise: over ``n``
     fresh prompts of the held-out stream of ``seed`` (numerics.evaluate's), the per-prompt
     gradients J of the reduced model's prompt loss (the one prediction formula,
-    numerics.reduced.predict_from_scores, differentiated prompt by prompt with torch.func:
+    numerics.model.predict_from_scores, differentiated prompt by prompt with torch.func:
     memory linear in the batch, unlike a Jacobian of the batch's losses) give ``mean`` (2, H, m:
     d/domega, d/dmu), their standard errors ``se`` (2, H, m) and per (h, i) the 2 x 2 covariance
     ``cov`` (H, m, 2, 2) of (J_omega[h, i], J_mu[h, i]) per prompt.  On D the reduced model's
     gradient is the full model's read out on D (the chain rule)."""
     from torch.func import grad, vmap
 
-    from .data import sample_prompts
+    from .config import sample_prompts
     from .evaluate import held_out_generator
-    from .reduced import block_scores, predict_from_scores
+    from .model import block_scores, predict_from_scores
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"n must be an integer >= 2 (prompts), got {n!r}")

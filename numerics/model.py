@@ -16,6 +16,36 @@ Decomposable set D (docs/model.md): W_XX = sum_i omega_i Phi_i Phi_i^T, every ot
 zero; U = [0 | diag(mu)].  The balanced factored point of D with values (omega, mu):
 K_XX = sum_i sign(omega_i) sqrt(s |omega_i|) Phi_i Phi_i^T, Q_XX = sum_i sqrt(s |omega_i|)
 Phi_i Phi_i^T, V[d+i, d+i] = sqrt|mu_i|, O[i, d+i] = sign(mu_i) sqrt|mu_i|, zero elsewhere.
+
+The exact finite-L reduced model on the semi-singular values (docs/model.md).
+
+At the point of D with values (omega, mu) the full model predicts
+
+    y_hat_i = sum_h mu[h,i] sum_l p_hl y_{l,i},   p_h = softmax_l( sum_j omega[h,j] s_{l,j} ),
+
+with the per-block scores s_{l,j} = <Phi_j^T x_l, Phi_j^T q> (no expansion in 1/L).  This
+prediction formula has ONE definition here: :func:`attention_weights` (p from the scores)
+and :func:`predict_from_scores` (y_hat from p and the labels).  :func:`reduced_predict`
+computes the scores of whole prompts (:func:`block_scores`) and applies it;
+``numerics.exact_reduced`` draws the scores directly (a Rao-Blackwellised estimator that
+integrates the labels out analytically) and uses the same :func:`attention_weights`.
+
+L_L(omega, mu) = E ||y_q - y_hat||^2 is estimated by :func:`reduced_loss`, its gradient by
+:func:`reduced_gradient` (autograd); on the same batch the full model's gradient at that
+point, projected onto D, equals it by the chain rule (tests/test_numerics_reduced.py).
+
+Gradient flow of the full weights moves the values with the metric factors of
+``theory.reduced_ode.metric_factors`` (the one definition; :func:`metric_factors` here only
+converts to and from torch): merged f_omega = 1/r_i, f_mu = 1; factored balanced
+f_omega = 2|omega_i|/(s r_i), f_mu = 2|mu_i|.
+
+Exact symmetrisation of a batch of prompts under the finite group G of
+``theory.block_structure.symmetry_group`` (whose fixed set is the decomposable set D).
+
+On a batch made of whole G-orbits the gradient of the full model at a point of D lies in D
+exactly (to rounding), so gradient descent never leaves D: the claims use it to separate
+the symmetry argument from Monte-Carlo noise.  (``numerics.config.sample_prompts(...,
+symmetrize=True)`` applies only the per-task output sign flips, a subgroup.)
 """
 from __future__ import annotations
 
@@ -25,10 +55,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import ProblemConfig
-
-from theory.block_structure import decomposable_residual, semi_singular_values
+from theory.block_structure import decomposable_residual, semi_singular_values, symmetry_group
 from theory.reduced_ode import default_init
+from theory.reduced_ode import metric_factors as theory_metric_factors
+
+from .config import ProblemConfig, Prompts
 
 
 class TrainingDiverged(RuntimeError):
@@ -382,7 +413,7 @@ class MultiHeadAttention(torch.nn.Module):
     def from_parameters(cls, cfg: ProblemConfig, **tensors) -> "MultiHeadAttention":
         """The model whose parameters ARE the given tensors (K, Q, V, O or W, U, of cfg's shapes,
         dtype and device; not copied, not checked, no initialisation run): a cheap view of
-        weights held elsewhere (numerics.batched hands each run's weights to its hooks this
+        weights held elsewhere (numerics.train hands each run's weights to its hooks this
         way).  Use :meth:`from_weights` for weights from outside."""
         model = cls.__new__(cls)
         torch.nn.Module.__init__(model)
@@ -413,3 +444,143 @@ def full_velocity_on_D(cfg: ProblemConfig, omega, mu, prompts) -> tuple[np.ndarr
     model = MultiHeadAttention.from_semi_singular_values(cfg, omega, mu)
     mse_loss(model(prompts.context, prompts.query), prompts.target).backward()
     return model.semi_singular_velocity()
+
+
+def _check_values(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) -> None:
+    for name, t in (("omega", omega), ("mu", mu)):
+        if not torch.is_tensor(t):
+            raise TypeError(f"{name} must be a torch.Tensor of shape (heads, m), got {type(t).__name__}")
+        if tuple(t.shape) != (cfg.heads, cfg.m):
+            raise ValueError(f"{name} must have shape (heads, m) = ({cfg.heads}, {cfg.m}), got {tuple(t.shape)}")
+
+
+def block_scores(prompts: Prompts, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, labels), each (..., B, L, m): s_{l,j} = <Phi_j^T x_l, Phi_j^T q> and y_{l,j}
+    (prompts of any leading shape: one batch, or the stacked streams of a numerics.train program)."""
+    d = cfg.d
+    if prompts.context.shape[-1] != cfg.token_dim:
+        raise ValueError(f"prompts have token width {prompts.context.shape[-1]}, cfg needs d+m = {cfg.token_dim}")
+    x, y, q = prompts.context[..., :d], prompts.context[..., d:], prompts.query[..., :d]
+    if cfg.basis != "identity":
+        Phi = cfg.basis_matrix()
+        x, q = x @ Phi, q @ Phi                     # coordinates in the task basis: Phi^T x
+    scores = (x * q[..., None, :]) @ cfg.task_indicator()   # (..., B, L, m): block sums of x_lk q_k
+    return scores, y
+
+
+def attention_weights(omega: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """p (B, H, L): p_hl = softmax_l( sum_j omega[h,j] s_{l,j} ) for scores (B, L, m)."""
+    logits = torch.matmul(omega, scores.transpose(1, 2))     # (B, H, L)
+    return torch.softmax(logits, dim=-1)                     # over the context; max subtracted
+
+
+def predict_from_scores(omega: torch.Tensor, mu: torch.Tensor, scores: torch.Tensor,
+                        labels: torch.Tensor) -> torch.Tensor:
+    """y_hat (B, m): y_hat_i = sum_h mu[h,i] sum_l p_hl y_{l,i}, p = :func:`attention_weights`."""
+    c = torch.bmm(attention_weights(omega, scores), labels)  # (B, H, m): sum_l p_hl y_{l,i}
+    return (mu[None] * c).sum(dim=1)
+
+
+def reduced_predict(omega: torch.Tensor, mu: torch.Tensor, prompts: Prompts, cfg: ProblemConfig) -> torch.Tensor:
+    """y_hat (B, m) of the reduced model with values omega, mu (H x m) on ``prompts``."""
+    _check_values(omega, mu, cfg)
+    return predict_from_scores(omega, mu, *block_scores(prompts, cfg))
+
+
+def per_prompt_reduced_losses(omega: torch.Tensor, mu: torch.Tensor, prompts: Prompts,
+                              cfg: ProblemConfig) -> torch.Tensor:
+    """||y_q - y_hat||^2 of each prompt (B,) at (omega, mu)."""
+    return ((reduced_predict(omega, mu, prompts, cfg) - prompts.target) ** 2).sum(dim=-1)
+
+
+def reduced_loss(omega: torch.Tensor, mu: torch.Tensor, prompts: Prompts, cfg: ProblemConfig) -> torch.Tensor:
+    """Monte-Carlo estimate of L_L(omega, mu) = E ||y_q - y_hat||^2 on ``prompts`` (scalar)."""
+    return per_prompt_reduced_losses(omega, mu, prompts, cfg).mean()
+
+
+def _leaf(t, cfg: ProblemConfig) -> torch.Tensor:
+    return torch.as_tensor(t, dtype=cfg.torch_dtype, device=cfg.device).detach().clone().requires_grad_(True)
+
+
+def reduced_gradient(omega, mu, prompts: Prompts, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dL/domega, dL/dmu), each (H, m), of :func:`reduced_loss` on ``prompts`` (autograd)."""
+    om, m_ = _leaf(omega, cfg), _leaf(mu, cfg)
+    return torch.autograd.grad(reduced_loss(om, m_, prompts, cfg), [om, m_])
+
+
+def per_prompt_reduced_gradients(omega, mu, prompts: Prompts, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient of each prompt's loss: (B, H, m) for omega and for mu (the Jacobian of
+    :func:`per_prompt_reduced_losses`; their mean over prompts is :func:`reduced_gradient`)."""
+    om, m_ = (torch.as_tensor(t, dtype=cfg.torch_dtype, device=cfg.device) for t in (omega, mu))
+    return torch.autograd.functional.jacobian(lambda o, m: per_prompt_reduced_losses(o, m, prompts, cfg),
+                                              (om, m_), vectorize=True)
+
+
+def metric_factors(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(f_omega, f_mu), each (H, m): d omega/dt = -f_omega dL/domega, d mu/dt = -f_mu dL/dmu,
+    for cfg.param and cfg.logit_scale: ``theory.reduced_ode.metric_factors`` (the one
+    definition) on these values, returned as tensors of omega's dtype and device.  The H x m
+    values make a round trip through numpy (negligible next to a batch)."""
+    _check_values(omega, mu, cfg)
+    f_om, f_mu = theory_metric_factors(cfg.param, omega.detach().cpu().double().numpy(),
+                                       mu.detach().cpu().double().numpy(), cfg.tasks, cfg.logit_scale)
+    opts = dict(dtype=omega.dtype, device=omega.device)
+    return torch.as_tensor(f_om, **opts), torch.as_tensor(f_mu, **opts)
+
+
+def symmetrize_full(prompts: Prompts, cfg: ProblemConfig, drop: int = 0) -> Prompts:
+    """Every prompt under every element (T, S) of G (batch x |G| prompts, element-major).
+
+    x and q are mapped by Phi T Phi^T (exact signed permutations when Phi = I, exact to
+    rounding otherwise), y_i and the target y_{q,i} by the sign S_i.  With ``drop`` > 0 the
+    last ``drop`` group elements are left out: a deliberately symmetry-breaking batch."""
+    T, S = symmetry_group(cfg.tasks)
+    if isinstance(drop, bool) or not isinstance(drop, (int, np.integer)) or drop < 0:
+        raise ValueError(f"drop must be an integer >= 0, got {drop!r}")
+    if drop:
+        if drop >= len(T):
+            raise ValueError(f"drop must be < |G| = {len(T)}, got {drop}")
+        T, S = T[:-drop], S[:-drop]
+    return _apply_elements(prompts, cfg, T, S)
+
+
+SUBGROUPS = ("output_signs", "x_symmetries")
+
+
+def symmetrize_subgroup(prompts: Prompts, cfg: ProblemConfig, keep: str) -> Prompts:
+    """Every prompt under every element of a subgroup of G (batch x |subgroup| prompts).
+
+    ``keep="output_signs"``: the 2^m elements with T = I (per-task output sign flips only);
+    their fixed set is {W_XX unrestricted, U_Y diagonal}, larger than D when d >= 2.
+    ``keep="x_symmetries"``: the elements with S = +1 (coordinate sign flips and block
+    shifts of x only); their fixed set is {W_XX block-scalar, U_Y unrestricted}, larger than
+    D when m >= 2.  A batch symmetric under a subgroup only: the flow from D may leave D
+    in the directions that subgroup does not kill (what a wrong symmetry group predicts
+    it would not)."""
+    if keep not in SUBGROUPS:
+        raise ValueError(f"keep must be one of {SUBGROUPS}, got {keep!r}")
+    T, S = symmetry_group(cfg.tasks)
+    if keep == "output_signs":
+        sel = np.all(T == np.eye(cfg.d)[None], axis=(1, 2))
+    else:
+        sel = np.all(S == 1.0, axis=1)
+    return _apply_elements(prompts, cfg, T[sel], S[sel])
+
+
+def _apply_elements(prompts: Prompts, cfg: ProblemConfig, T: np.ndarray, S: np.ndarray) -> Prompts:
+    """The batch under the group elements (T, S) (element-major)."""
+    d = cfg.d
+    Phi = cfg.basis_numpy()
+    A = np.einsum("ab,gbc,dc->gad", Phi, T, Phi)            # Phi T Phi^T, (G, d, d)
+    A = torch.tensor(A, dtype=prompts.context.dtype, device=prompts.context.device)
+    S = torch.tensor(S, dtype=prompts.context.dtype, device=prompts.context.device)
+    x, y, q = prompts.context[..., :d], prompts.context[..., d:], prompts.query[:, :d]
+    xg = torch.einsum("gad,bld->gbla", A, x)                  # (G, B, L, d)
+    qg = torch.einsum("gad,bd->gba", A, q)
+    yg = S[:, None, None, :] * y[None]
+    tg = S[:, None, :] * prompts.target[None]
+    G, B = A.shape[0], x.shape[0]
+    context = torch.cat([xg, yg], dim=-1).reshape(G * B, cfg.L, cfg.token_dim)
+    query = torch.cat([qg, torch.zeros(G, B, cfg.m, dtype=q.dtype, device=q.device)], dim=-1)
+    return Prompts(context=context, query=query.reshape(G * B, cfg.token_dim),
+                   target=tg.reshape(G * B, cfg.m))

@@ -10,7 +10,7 @@ tolerances and perturbed predictions are claims.boundary_saddle's.  Training run
 one program, ``start=`` the model at theory's allocated point, ``on_record=`` the readout); one
 torch thread.  The need kinds of boundary-saddle (end of file) are measurements of one
 configuration each; their runs' prompt streams are named from the need's seed
-(numerics.seeds.case_seed).
+(numerics.engine.case_seed).
 
 The start.  The exact allocated point (off-task entries 0: O[:, d+i] = 0, V[d+i, :] = 0 in
 the off-task head) is NEVER left, with or without SGD noise: an empty inner channel receives
@@ -47,16 +47,16 @@ from theory import exact as th_exact
 from theory import optimality as th_opt
 from theory import saddle as th
 
-from . import cost
+from . import engine
 from .config import ProblemConfig
-from .data import make_generator, sample_prompts
+from .config import make_generator, sample_prompts
 from .engine import kind
 from .evaluate import held_out_loss
 from .exact_reduced import measure, minimise_family, one_thread as _one_thread
 from .model import MultiHeadAttention
-from .seeds import case_seed
-from .readout import crossing_time
-from .symmetry import symmetrize_full
+from .engine import case_seed
+from .evaluate import crossing_time
+from .model import symmetrize_full
 from .train import TrainConfig, train, train_many
 
 
@@ -472,7 +472,7 @@ class EscapeTimeMeasurement:
 
 def _crossing(t, mu_off, served, threshold):
     """First time an off-task value on the opposite-sign branch reaches ``threshold`` of the
-    served one (numerics.readout.crossing_time)."""
+    served one (numerics.evaluate.crossing_time)."""
     return crossing_time(t, np.abs(mu_off) / np.abs(served), threshold, eligible=np.asarray(mu_off) < 0)
 
 
@@ -554,7 +554,7 @@ def anti_at_escape(runs: SaddleRuns, batch: int, seeds: Sequence[int]) -> float:
 
 @dataclass(frozen=True)
 class InvariantFlowMeasurement:
-    """GD on one fixed, exactly G-invariant batch (numerics.symmetry.symmetrize_full) from the
+    """GD on one fixed, exactly G-invariant batch (numerics.model.symmetrize_full) from the
     same seeded start, over the same time (``steps`` GD steps at ``lr``): the max |o - v|
     (opposite-sign amplitude) and the min off-task mu over the run; ``amplification`` A the
     largest growth of an opposite-sign perturbation along the run (twin run on the same batch
@@ -816,7 +816,7 @@ PRICED_STEP_TIME = 45.0
 SGD_DTYPE = "float32"
 """The arithmetic of the SGD runs of the need kinds (the escape runs, their floors, the
 step-size runs), whatever the need's cfg says: a run differs from its float64 twin by rounding
-only (numerics.data draws float32 Gaussians, so the prompts are the same numbers), so the
+only (numerics.config draws float32 Gaussians, so the prompts are the same numbers), so the
 precision is not part of what a need names (its identity, hence its seed and prompt streams).
 What the runs are read for is far above float32's unit round-off 6e-8: the growth rates are
 fitted over 3.6 e-folds of |mu| from ~1e-3 and compared within 2-9 % (tolerances 0.003-0.016
@@ -836,7 +836,7 @@ def _sgd_seconds(cfg: ProblemConfig, batch: int, time: float, lr: float, record_
     and the hook's) every ``record_dt``."""
     steps = max(1, round(float(time) / float(lr)))
     records = 2 * steps // max(1, round(float(record_dt) / float(lr)))
-    return cost.many_seconds(cfg.tasks, cfg.heads, cfg.L, int(batch), steps, [1] * int(runs), dtype=SGD_DTYPE,
+    return engine.many_seconds(cfg.tasks, cfg.heads, cfg.L, int(batch), steps, [1] * int(runs), dtype=SGD_DTYPE,
                              records=records)
 
 
@@ -852,7 +852,7 @@ def escape_runs_need(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt,
     return saddle_runs(cfg.replace(dtype=SGD_DTYPE), lr, batches, seeds, mu0, t_max, seed, stop_share=stop_share, record_dt=record_dt)
 
 
-@kind("saddle_variance", cost=lambda cfg, n: 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, n))
+@kind("saddle_variance", cost=lambda cfg, n: 3 * engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, n))
 def variance_need(cfg, n, seed) -> GradientVariance:
     """The per-prompt gradient variances at the allocated point (:func:`gradient_variance_measurement`)."""
     return gradient_variance_measurement(cfg, n, seed)
@@ -883,8 +883,8 @@ def _invariant_cost(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prom
     step = float(lr) / (2 ** 3 if base == MIN_BASE_PROMPTS else 1)
     steps = max(1, round(PRICED_ESCAPE_TIME * t_max / step))
     n = base * G
-    drawn = cost.STEP[cfg.dtype]["context"] * n * cfg.L * cfg.token_dim
-    return 2 * steps * (cost.step_seconds(cfg.tasks, cfg.heads, cfg.L, n, dtype=cfg.dtype) - drawn)
+    drawn = engine.STEP[cfg.dtype]["context"] * n * cfg.L * cfg.token_dim
+    return 2 * steps * (engine.step_seconds(cfg.tasks, cfg.heads, cfg.L, n, dtype=cfg.dtype) - drawn)
 
 
 @kind("saddle_invariant", cost=_invariant_cost)

@@ -23,7 +23,7 @@ from claims.atlas import ATLAS_IDS as IDS, classes_finding, outcome_maps
 from claims.core.base import BOUNDARY_OUTCOMES, ClaimResult
 from numerics.experiments import atlas
 from numerics.experiments.atlas import cell_class, cell_mix, check_point, class_counts, escape_time, point_class
-from numerics.readout import OUTCOME_CLASSES
+from numerics.evaluate import OUTCOME_CLASSES
 from numerics.sweep import expand_grid, load_grid
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def _result(k=0, **kw):
 
 
 def test_point_class_is_the_one_readout():
-    """The atlas classifies with numerics.readout.end_class (no classifier of its own), by precedence."""
+    """The atlas classifies with numerics.evaluate.end_class (no classifier of its own), by precedence."""
     name = lambda r: point_class(r)["name"]  # noqa: E731
     assert name(_result()) == "allocated"
     assert point_class(_result(1))["label"] == "superposition on 1 of 2 tasks"

@@ -15,7 +15,7 @@ from torch import nn
 
 from numerics import external as ex
 from numerics.config import ProblemConfig
-from numerics.data import make_generator, sample_prompts
+from numerics.config import make_generator, sample_prompts
 from numerics.evaluate import held_out_loss
 from numerics.model import MultiHeadAttention
 from numerics.train import TrainConfig, train

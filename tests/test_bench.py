@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from numerics.bench import QUICK, main, parse_args, peak_memory, precise_float32
 from numerics.config import ProblemConfig
-from numerics.data import make_generator, sample_prompts
+from numerics.config import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, mse_loss
 from numerics.bench.reference import ReferenceAttention, gd_step, model_factors
 

@@ -20,7 +20,7 @@ import torch
 import numerics.train as T
 from numerics import checkpoint as C
 from numerics.config import ProblemConfig
-from numerics.data import make_generator
+from numerics.config import make_generator
 from numerics.train import TrainConfig, train, train_reduced
 
 ARGV = ["--tasks", "2,1", "--heads", "2", "--L", "8", "--batch", "8", "--time", "0.5", "--lr", "0.05",

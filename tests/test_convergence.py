@@ -59,7 +59,7 @@ def test_extrapolation_to_zero():
 def unallocated_run():
     """A converged run (train_converged) that left the allocated set and still descends at its end:
     the problem of claims 5-6 and boundary-left-allocation, (3,3), H = 2, L = 32, sigma 0.5, at the quick
-    schedule and the fixed seed 100 (not the claims' own seed, numerics.seeds.trained_run_seed)."""
+    schedule and the fixed seed 100 (not the claims' own seed, numerics.engine.trained_run_seed)."""
     cfg = ProblemConfig(tasks=(3, 3), heads=2, L=32, sigma=0.5)
     return cfg, train_converged(cfg, QUICK_SCHEDULE, 100)
 
@@ -77,11 +77,11 @@ def test_the_unallocated_run_fails_it(unallocated_run):
 
 
 def test_claim_5s_noiseless_run_passes_it():
-    """Claim 5's own run at the tiny profile (its seed, numerics.seeds.trained_run_seed at report
+    """Claim 5's own run at the tiny profile (its seed, numerics.engine.trained_run_seed at report
     seed 0).  Not every stream converges within the budget at (2, 2), L = 32: the allocated point
     is a saddle, and some runs are already leaving it slowly (a significant descent) at the end of
     their polish, which the test rightly reports as not converged."""
-    from numerics.seeds import trained_run_seed
+    from numerics.engine import trained_run_seed
     cfg = ProblemConfig(tasks=(2, 2), heads=2, L=32)
     run = train_converged(cfg, TINY_SCHEDULE, trained_run_seed(0, cfg.tasks, cfg.sigma, cfg.L))
     assert run.converged and run.descent_left <= run.convergence_tolerance / Z_CONVERGED

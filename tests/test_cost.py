@@ -1,4 +1,4 @@
-"""numerics.cost: the one cost model, and the claims' estimates priced through it.
+"""numerics.engine: the one cost model, and the claims' estimates priced through it.
 
 The estimates are checked against measured CPU time (process time, one torch thread) within
 ESTIMATE_FACTOR: a shared machine inflates CPU time by some 10-30 % (caches), far inside it, while a
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import claims
-from numerics import cost
+from numerics import engine
 from numerics.experiments import clear_cache
 
 ESTIMATE_FACTOR = 2.0
@@ -60,19 +60,19 @@ def test_step_cost_within_the_stated_factor_of_a_measured_step():
         train(cfg, TrainConfig(lr=0.05, time=0.1, batch=batch, records=2))     # warm the allocator
         # the least of three: a loaded machine's shared caches only ever add time
         measured = min(_cpu(lambda: train(cfg, tcfg)) for _ in range(3)) / 20
-        ratio = measured / cost.step_seconds(tasks, heads, L, batch)
+        ratio = measured / engine.step_seconds(tasks, heads, L, batch)
         assert 1 / ESTIMATE_FACTOR <= ratio <= ESTIMATE_FACTOR, (tasks, heads, L, batch, measured, ratio)
 
 
 def test_a_programme_of_runs_costs_more_than_one_run_and_less_than_separate_runs():
-    one = cost.step_seconds((2, 2), 2, 64, 1024)
-    shared = cost.step_seconds((2, 2), 2, 64, 1024, runs=4, streams=1)
+    one = engine.step_seconds((2, 2), 2, 64, 1024)
+    shared = engine.step_seconds((2, 2), 2, 64, 1024, runs=4, streams=1)
     assert one < shared < 4 * one
-    assert cost.many_seconds((2, 2), 2, 64, 1024, 10, [4]) == pytest.approx(10 * shared)
+    assert engine.many_seconds((2, 2), 2, 64, 1024, 10, [4]) == pytest.approx(10 * shared)
     with pytest.raises(ValueError):
-        cost.step_features((2, 2), 2, 64, 1024, runs=2, streams=3)
+        engine.step_features((2, 2), 2, 64, 1024, runs=2, streams=3)
     with pytest.raises(KeyError):
-        cost.theory_seconds("no such call")
+        engine.theory_seconds("no such call")
 
 
 @pytest.mark.thorough

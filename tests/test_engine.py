@@ -5,7 +5,7 @@ import pytest
 
 from numerics import engine
 from numerics.engine import Engine, Failed, closure, kind, need
-from numerics.seeds import case_seed
+from numerics.engine import case_seed
 
 CALLS: list = []
 

@@ -1,4 +1,4 @@
-"""Many runs as one program (numerics.batched through numerics.train.train_many): every run's
+"""Many runs as one program (numerics.train through numerics.train.train_many): every run's
 numbers are those of the same run trained alone by train(), a run that diverges or whose hook
 raises ends alone, and what cannot be batched falls back to train().
 
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from numerics.batched import StackedAttention
+from numerics.train import StackedAttention
 from numerics.config import ProblemConfig
-from numerics.data import Prompts, make_generator, sample_prompts
+from numerics.config import Prompts, make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, TrainingDiverged, mse_loss
 from numerics.train import TrainConfig, train, train_many
 
@@ -286,7 +286,7 @@ def test_the_race_grid_of_boundary_allocation_race_as_one_program():
 def test_large_streams_get_programs_of_their_own_on_the_cpu():
     """Above MERGE_CONTEXT_ELEMENTS (here 60000 x 8 x 5 = 2.4 M > 2^20) two streams are two
     programs, each keeping its own runs together; small streams share one."""
-    from numerics.cost import MERGE_CONTEXT_ELEMENTS
+    from numerics.engine import MERGE_CONTEXT_ELEMENTS
     big = 60000
     assert big * BASE.L * BASE.token_dim > MERGE_CONTEXT_ELEMENTS
     cfgs = [BASE, BASE.replace(init_scale=0.3)] * 2
@@ -342,7 +342,7 @@ def test_a_start_model_holds_the_weights_where_its_run_stopped():
 def test_a_fingerprint_is_the_first_batch_and_the_initial_weights():
     """A run's fingerprint digests its first batch and its initial weights, whether it is trained
     alone or in a program; the parts are of the run's own draw and init."""
-    from numerics.seeds import digest
+    from numerics.engine import digest
     cfg = BASE.replace(init="random_full", init_seed=4)
     tcfg = TrainConfig(lr=0.05, time=0.2, batch=16, records=2, seed=3)
     alone = train(cfg, tcfg)
@@ -361,7 +361,7 @@ def test_runs_made_to_share_one_stream_and_one_init_are_caught(monkeypatch):
     import dataclasses
 
     import numerics.train as T
-    from numerics.seeds import case_seed, check_independent
+    from numerics.engine import case_seed, check_independent
 
     cfgs = [BASE.replace(init="random_full", init_seed=case_seed(0, "init", k)) for k in range(4)]
     tcfgs = [TrainConfig(lr=0.05, time=0.2, batch=16, records=2, seed=case_seed(0, "data", k)) for k in range(4)]
@@ -390,19 +390,19 @@ def test_the_deferred_divergence_check_of_a_gpu_names_the_same_step(monkeypatch,
     """On a GPU the losses are checked every 50 steps (and at records, last steps and before a
     checkpoint) rather than every step; forced to every 7th here on the CPU: the same error
     for the diverging run, the same numbers for the others, and a checkpointed run the same."""
-    from numerics import batched
+    from numerics.train import Program
     cfgs = [BASE, BASE.replace(init_scale=3.0), BASE.replace(init_scale=0.3)]
     tcfgs = [TrainConfig(lr=0.05, time=1.0, batch=16, records=3), TrainConfig(lr=50.0, time=500.0, batch=16, records=2),
              TrainConfig(lr=0.05, time=0.5, batch=16, records=4, seed=1)]
     every_step = train_many(cfgs, tcfgs)
     ck = TrainConfig(lr=0.05, time=1.0, batch=16, records=3, checkpoint=str(tmp_path / "ck.pt"), checkpoint_every=4)
-    real_init = batched.Program.__init__
+    real_init = Program.__init__
 
     def every_7th(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
         self.check_every = 7
 
-    monkeypatch.setattr(batched.Program, "__init__", every_7th)
+    monkeypatch.setattr(Program, "__init__", every_7th)
     deferred = train_many(cfgs, tcfgs)
     assert isinstance(deferred[1], TrainingDiverged) and str(deferred[1]) == str(every_step[1])
     assert _same_run(every_step[0], deferred[0]) and _same_run(every_step[2], deferred[2])

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import numerics.data as data
+import numerics.config as data
 from numerics.config import ProblemConfig
-from numerics.data import make_generator, sample_prompts, sign_flips
+from numerics.config import make_generator, sample_prompts, sign_flips
 
 
 def _fit_task_matrix(prompts, cfg):
@@ -370,7 +370,7 @@ def test_stream_version_3_is_pinned():
 
 
 def test_cached_token_maps_do_not_leak_between_problems():
-    """The per-thread token maps (numerics.data._token_maps) are keyed by the whole problem and
+    """The per-thread token maps (numerics.config._token_maps) are keyed by the whole problem and
     chunk size: alternating problems that differ in sigma, basis, dtype or batch give, call
     after call, the numbers each gives alone in a fresh thread (an empty cache).  Keyed by
     the chunk size alone, the sigma = 0.5 problem would reuse the noiseless maps (no noise)."""

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from numerics import MultiHeadAttention, ProblemConfig, held_out_loss, held_out_reduced_loss
-from numerics.data import make_generator, sample_prompts
-from numerics.model import mse_loss
+from numerics.config import ProblemConfig, make_generator, sample_prompts
+from numerics.evaluate import held_out_loss, held_out_reduced_loss
+from numerics.model import MultiHeadAttention, mse_loss
 
 CFG = ProblemConfig(tasks=(3, 2), heads=2, L=16)
 

@@ -1,5 +1,5 @@
 """The Rao-Blackwellised estimator of the exact finite-L reduced loss (numerics/exact_reduced.py):
-against plain Monte Carlo of the reduced model on whole prompts (numerics/reduced.py), its
+against plain Monte Carlo of the reduced model on whole prompts (numerics/model.py), its
 gradient against finite differences, and theory's large-L expansion against it (the
 expansion's tests that need the exact loss live here: theory may not import numerics).
 
@@ -19,8 +19,8 @@ from hypothesis import given, note, strategies as st
 import numerics.exact_reduced as er
 from claims.core.common import Z_SE
 from numerics.config import ProblemConfig
-from numerics.data import make_generator, sample_prompts
-from numerics.reduced import reduced_predict
+from numerics.config import make_generator, sample_prompts
+from numerics.model import reduced_predict
 from theory import reduced_ode as ro
 
 
@@ -28,7 +28,7 @@ from theory import reduced_ode as ro
        L=st.integers(2, 16), sigma=st.sampled_from([0.0, 0.7]), seed=st.integers(0, 2 ** 16))
 def test_marginal_estimator_is_the_exact_reduced_loss(device, tasks, heads, L, sigma, seed):
     """The Rao-Blackwellised, importance-sampled estimator of numerics.exact_reduced equals
-    numerics.reduced (plain Monte Carlo over whole prompts) within Z_SE combined standard errors
+    numerics.model (plain Monte Carlo over whole prompts) within Z_SE combined standard errors
     (a bridge between two estimators of one quantity, not a claim: no perturbation)."""
     rng = np.random.default_rng(seed)
     m = len(tasks)

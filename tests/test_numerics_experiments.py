@@ -11,7 +11,7 @@ from claims.core.common import Z_SE
 from numerics import experiments
 from numerics.experiments.converged import Z_CONVERGED, TrainingSchedule, _normalise_point, converged_point
 from numerics.config import ProblemConfig
-from numerics.readout import ALLOCATED_SHARE, SUPERPOSED_SHARE, allocation
+from numerics.evaluate import ALLOCATED_SHARE, SUPERPOSED_SHARE, allocation
 
 
 def test_numerics_restates_the_one_tolerance_policy():

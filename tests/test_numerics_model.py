@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from numerics.config import ProblemConfig
-from numerics.data import make_generator, sample_prompts
+from numerics.config import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, TrainingDiverged, initial_semi_singular_values, mse_loss
 from theory.block_structure import decomposable_weights
 

@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, strategies as st
 
 from numerics.config import ProblemConfig
-from numerics.data import make_generator, sample_prompts
+from numerics.config import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, mse_loss
-from numerics.reduced import metric_factors, reduced_loss, reduced_predict
+from numerics.model import metric_factors, reduced_loss, reduced_predict
 
 
 def _values(cfg, seed):

@@ -1,4 +1,4 @@
-"""numerics.seeds: a run's seed from (the report's seed, a stable case name), by SHA-256.
+"""numerics.engine: a run's seed from (the report's seed, a stable case name), by SHA-256.
 
 Stable across processes (another interpreter, another hash salt, gives the same seeds, where
 Python's own ``hash()`` of the same name differs), distinct for distinct names, moved by every
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from numerics.seeds import SEED_BITS, case_seed, trained_run_seed
+from numerics.engine import SEED_BITS, case_seed, trained_run_seed
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = [("trained run", (2, 2), 0.0, L) for L in (16, 32, 64, 128)] + [
@@ -24,7 +24,7 @@ NAMES = [("trained run", (2, 2), 0.0, L) for L in (16, 32, 64, 128)] + [
 
 
 def _in_another_process(hash_seed: str) -> dict:
-    code = ("import json, sys; from numerics.seeds import case_seed; names = json.loads(sys.argv[1]); "
+    code = ("import json, sys; from numerics.engine import case_seed; names = json.loads(sys.argv[1]); "
             "print(json.dumps({'seeds': [case_seed(s, *n) for s in (0, 7) for n in names], "
             "'hash': hash('trained run')}))")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(NAMES)], cwd=REPO, capture_output=True, text=True,
@@ -84,7 +84,7 @@ def test_bad_names_are_refused(seed, parts, error, message):
 # --- run fingerprints and the independence check ----------------------------------------------
 
 def test_digest_is_of_the_numbers_and_their_shape():
-    from numerics.seeds import DIGEST_CHARS, digest
+    from numerics.engine import DIGEST_CHARS, digest
     a = np.arange(6.0).reshape(2, 3)
     assert digest(a) == digest(a.astype(np.float32)) == digest(a.T.copy().T) and len(digest(a)) == DIGEST_CHARS
     assert digest(a) != digest(a.reshape(3, 2)) and digest(a) != digest(a + 1e-15 * (a == 5))
@@ -92,7 +92,7 @@ def test_digest_is_of_the_numbers_and_their_shape():
 
 
 def test_check_independent_names_the_runs_that_share_their_randomness():
-    from numerics.seeds import check_independent
+    from numerics.engine import check_independent
     fps = {"seed 0": {"prompts": "aa", "weights": "w0"}, "seed 1": {"prompts": "bb", "weights": "w0"},
            "seed 2": {"prompts": "cc", "weights": "w0"}}
     check_independent(fps, "claim x's replicates")          # a deterministic start, streams of their own

@@ -9,9 +9,9 @@ import torch
 
 import numerics.train as T
 from numerics.config import ProblemConfig, use_precise_float32
-from numerics.data import make_generator, sample_prompts
+from numerics.config import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention
-from numerics.reduced import metric_factors
+from numerics.model import metric_factors
 from numerics.train import TrainConfig, TrainingDiverged, train, train_reduced
 
 SMALL = ProblemConfig(tasks=(2, 1), heads=2, L=8)
@@ -314,7 +314,7 @@ def plain_reduced_run(cfg, tcfg, start, estimator="prompts", metric=None):
     """(omega, mu) -= lr f(omega, mu) grad L_batch_k, L_batch the whole-prompt reduced loss or
     the marginal one (its own stream): (the steps + 1 batch losses, final omega, final mu)."""
     from numerics.exact_reduced import marginal_mean_loss, sample_marginal_prompts
-    from numerics.reduced import reduced_loss
+    from numerics.model import reduced_loss
     omega, mu = (torch.tensor(np.asarray(v, float), dtype=cfg.torch_dtype).requires_grad_(True) for v in start)
     gen = make_generator(tcfg.seed, cfg.device)
     metric = metric or (lambda o, m: metric_factors(o, m, cfg))

@@ -1,5 +1,5 @@
 """Where random starts land, counted (issue 34): the one end-state classifier
-(numerics.readout.end_class), the binomial interval of a class's share
+(numerics.evaluate.end_class), the binomial interval of a class's share
 (numerics.statistics.binomial_interval), the counted mix (numerics.experiments.starts.
 outcome_mix), the share comparison that can fail (claims.core.phase_checks.share_comparison), its
 sentence, and the 'mix' figure kind (reports.render).  All synthetic: seconds."""
@@ -14,7 +14,7 @@ from scipy.stats import beta, binom
 from claims.core.common import Z_SE
 from claims.core.phase_checks import mix_figure, mix_phrase, share_comparison
 from numerics.experiments.starts import outcome_mix
-from numerics.readout import allocation, end_class
+from numerics.evaluate import allocation, end_class
 from numerics.statistics import binomial_interval
 from reports.render import RenderError, figure_png
 

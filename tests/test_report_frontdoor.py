@@ -137,7 +137,7 @@ def test_cost_estimate_refuses_and_says_how_to_raise_the_limit(registry, tmp_pat
     status, _, err = run_main(args(tmp_path / "r", "fake-config", *CONFIG, "--max-minutes", "0.0001"))
     assert status == 2 and "Traceback" not in err
     assert "over --max-minutes 0.0001" in err and "Raise the limit (--max-minutes 1)" in err
-    # its plan's needs priced by numerics.cost's model (the sum itself: test_the_estimate_is_the_claims_plans)
+    # its plan's needs priced by numerics.engine's model (the sum itself: test_the_estimate_is_the_claims_plans)
     assert re.search(r"estimated cost: about \d+ s \(fake-config \d+ s\)", err), err
     assert not (tmp_path / "r").exists()
     # the same configuration under the default limit runs

@@ -185,7 +185,7 @@ def test_point_id_is_a_content_hash(fields, rnd):
 
 def test_code_version_hashes_the_training_code_only():
     names = {p.relative_to(REPO).as_posix() for p in code_sources()}
-    assert {"numerics/train.py", "numerics/config.py", "numerics/model.py", "numerics/data.py"} <= names
+    assert {"numerics/train.py", "numerics/config.py", "numerics/model.py", "numerics/engine.py"} <= names
     assert not any(name.startswith(("numerics/sweep/", "numerics/bench/", "numerics/io/")) for name in names), \
         names  # editing the sweep, the bench or the command lines' I/O keeps stored results
     assert code_version().startswith(package_version() + "+src.")
@@ -503,7 +503,7 @@ def test_authors_grid_is_the_runs_claims_5_and_6_ask_for():
     import claims
     from claims.core.trained import configurations
     from numerics.experiments.converged import _normalise_point, converged_point
-    from numerics.seeds import trained_run_seed
+    from numerics.engine import trained_run_seed
 
     grid = expand_grid(sweep.load_grid(REPO / "examples" / "authors_converged.toml")[0])
     wanted = []

@@ -34,7 +34,7 @@ def test_report_from_sweep_equals_report_that_trains(tmp_path):
     sweep = tmp_path / "D"
     _run("numerics.sweep", str(REPO / "examples" / "sweep_tiny.toml"), "--out", str(sweep), "--no-progress")
     stored = list((sweep / "points").glob("*.json"))
-    assert len(stored) == 3, stored     # claim 6's H = 2 run at L = 64 is claim 5's (numerics.seeds.trained_run_seed)
+    assert len(stored) == 3, stored     # claim 6's H = 2 run at L = 64 is claim 5's (numerics.engine.trained_run_seed)
     _run("reports.build", "--profile", "tiny", "--only", ",".join(IDS), "--from-sweep", str(sweep),
          "--out", str(tmp_path / "from_sweep"))
     _run("reports.build", "--profile", "tiny", "--only", ",".join(IDS), "--out", str(tmp_path / "trained"))
@@ -42,7 +42,7 @@ def test_report_from_sweep_equals_report_that_trains(tmp_path):
     b, claims_b = _numbers(tmp_path / "trained" / "claims.json")
     assert a == b
     # every trained run came from the sweep: claim 5 trains H = 2 at L = 32, 64; claim 6 H = 2, 1 at L = 64.
-    # The H = 2 run at L = 64 is one need of both (numerics.seeds.trained_run_seed): the engine reads it once
+    # The H = 2 run at L = 64 is one need of both (numerics.engine.trained_run_seed): the engine reads it once
     # and each claim counts the sweep runs it read (2 each, 3 points in all)
     used = {cid: claims_a[cid]["details"]["sweep_runs"] for cid in IDS}
     assert used == {"limiting-error": 2, "multi-head-gain": 2}, used

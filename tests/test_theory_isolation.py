@@ -92,9 +92,9 @@ def test_no_theory_source_imports_the_project_or_does_io():
 def test_the_check_can_fail(tmp_path):
     """The same probe sees torch when something does import it, and the source check sees a lazy
     import of numerics.io and a print (neither check is vacuous)."""
-    loaded = _loaded_after_each(["numerics.reduced"], ("torch", "numerics"))
-    assert "torch" in loaded["numerics.reduced"]
-    assert _loaded_after_each(["numerics.reduced"], ("numerics",), IO_MAY_LOAD)["numerics.reduced"]
+    loaded = _loaded_after_each(["numerics.model"], ("torch", "numerics"))
+    assert "torch" in loaded["numerics.model"]
+    assert _loaded_after_each(["numerics.model"], ("numerics",), IO_MAY_LOAD)["numerics.model"]
     impure = tmp_path / "impure.py"
     impure.write_text("import math\n\ndef f(x):\n    from numerics.io.files import write_output\n"
                       "    print(x)\n    return math.sqrt(x)\n")

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from numerics.config import ProblemConfig
-from numerics.data import make_generator
+from numerics.config import make_generator
 from numerics.exact_reduced import marginal_losses, marginal_mean_loss, sample_marginal_prompts
-from numerics.reduced import metric_factors
+from numerics.model import metric_factors
 from numerics.train import ESTIMATORS, TrainConfig, train_reduced
 
 CFG = ProblemConfig(tasks=(2, 2), heads=2, L=16, sigma=0.5)
@@ -148,7 +148,7 @@ def test_bad_estimator_and_batch_source():
     tcfg = TrainConfig(lr=0.05, time=0.1, batch=16, records=2)
     with pytest.raises(ValueError, match="estimator must be one of"):
         train_reduced(CFG, tcfg, estimator="rb")
-    from numerics.data import sample_prompts
+    from numerics.config import sample_prompts
     with pytest.raises(TypeError, match="MarginalPrompts"):
         train_reduced(CFG, tcfg, estimator="marginal",
                       batches=lambda k: sample_prompts(CFG, 16, make_generator(k, "cpu")))

@@ -19,7 +19,7 @@ from claims.core.spec import Context, Outcome, finding, fmt
 from claims.core.trained import run_status
 from numerics import external
 from numerics.reference_points import REFERENCES, SEARCH
-from numerics.readout import ZERO_SUM_SHARE
+from numerics.evaluate import ZERO_SUM_SHARE
 
 ON_D_SHARE = 0.1
 """A model is on D when the movable off-D part of its merged weights is at most 10% of their
@@ -403,7 +403,7 @@ def _entrywise(measured, predicted, tolerance) -> float:
 
 
 def check_served(cfg, meas, noise: dict, fixed: dict, config: str):
-    """The served (omega, mu) of each task (its serving head, numerics.readout) against the exact
+    """The served (omega, mu) of each task (its serving head, numerics.evaluate) against the exact
     allocated fixed point (theory.exact.exact_fixed_point) moved by theory's shift of the served
     optimum by the off-task omega that head holds (theory.task_allocation.served_shift).  Tolerance
     per entry, fixed before comparing: Z_SE x the resolution of the served optimum by the held-out

@@ -179,12 +179,12 @@ def check_phase_times(pr: dict, lr_known: bool, config: str):
 
 
 def check_winners(winners: list, last, cfg, config: str):
-    """The head carrying each task at the last checkpoint (numerics.readout: argmax_h mu omega) against
+    """The head carrying each task at the last checkpoint (numerics.evaluate: argmax_h mu omega) against
     theory.task_allocation.predicted_winners from the first; exact, counted.  Wrong: the first
     task's winner moved to the next head."""
     wrong = [(winners[0] + 1) % cfg.heads] + list(winners[1:])
     return compare(f"winners at the last checkpoint vs theory from the first, {config}", list(last.allocation["winners"]),
-                   list(winners), 0.0, "exact: the head carrying each task (numerics.readout: argmax_h mu omega) is "
+                   list(winners), 0.0, "exact: the head carrying each task (numerics.evaluate: argmax_h mu omega) is "
                    "theory.task_allocation.predicted_winners (rule ode) from the first checkpoint; counted",
                    wrong=[(f"winners {wrong}", wrong)], config=config, units="absolute",
                    error=lambda a_, b_: float(sum(int(x != y) for x, y in zip(a_, b_))), details={"role": "winners"})

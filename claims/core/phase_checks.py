@@ -16,7 +16,7 @@ from claims.core.common import (Z_SE, Comparison, Tolerance, compare, headline_r
 from claims.core.spec import fmt
 from numerics.experiments.phases import unstable_need
 from numerics.experiments.starts import outcome_mix
-from numerics.seeds import check_independent
+from numerics.engine import check_independent
 from numerics.statistics import binomial_interval, mean_se
 from theory.three_phases import PhaseTimes, phases_resolved
 
@@ -54,7 +54,7 @@ def guarded_plan(lr: float, parts, results, needs: list) -> list:
 
 
 def independent(states: dict, what: str, shared_stream: bool = False) -> None:
-    """numerics.seeds.check_independent on the fingerprints of the runs ``states`` (id -> end state)
+    """numerics.engine.check_independent on the fingerprints of the runs ``states`` (id -> end state)
     a comparison counts as independent (ValueError naming the runs that share their randomness;
     ``shared_stream``: runs on one prompt stream on purpose, their starts checked).  A diverged run
     has no fingerprint and is left out: its class is 'diverged' whatever its seed."""

@@ -19,7 +19,7 @@ from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_lab
 from numerics.engine import need
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import TrainingSchedule, converged_for
-from numerics.readout import ALLOCATED_SHARE
+from numerics.evaluate import ALLOCATED_SHARE
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def run_status(cfg, run, inside: dict, outside_sides: bool = False, tolerance: f
     boundary it is at with the side theory puts it on (+1: not below the prediction, -1: not
     above it, 0: no side).  Decided from the run's own readout, in this order: outside the
     claim's domain (``inside``, from the configuration alone); saturated (largest |omega| above
-    :data:`SATURATED_OMEGA`); left the allocated set for a superposition (``numerics.readout``:
+    :data:`SATURATED_OMEGA`); left the allocated set for a superposition (``numerics.evaluate``:
     an opposite-sign off-task mu above ALLOCATED_SHARE): -1, a superposition lowers the loss;
     not converged (``numerics.experiments.converged.converged_for`` at ``tolerance``, default
     :func:`run_tolerance`: the loss it could still lose is more than tolerance / Z_SE, or heads

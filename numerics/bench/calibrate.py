@@ -1,13 +1,13 @@
-"""``python -m numerics.bench --calibrate``: measure the primitives of ``numerics.cost`` on this machine
+"""``python -m numerics.bench --calibrate``: measure the primitives of ``numerics.engine`` on this machine
 and fit its coefficients.
 
 Each primitive is timed at a grid of sizes (:data:`GRIDS`: the claims' sizes, from the report's
 smallest to the authors' configuration) in process CPU time, one torch thread; the coefficients of
-its features (``numerics.cost.*_features``) are fitted by non-negative least squares on the ratios
+its features (``numerics.engine.*_features``) are fitted by non-negative least squares on the ratios
 measured / modelled (each row divided by its measurement, so a point of 5 ms and one of 5 s count
 alike).  The result says, per point, the measured seconds, the model's (with the fitted coefficients
-and with the ones ``numerics.cost`` holds now) and their ratio; ``numerics.cost`` is updated by hand
-from its ``coefficients`` (with the machine and date in ``numerics.cost.CALIBRATION``).
+and with the ones ``numerics.engine`` holds now) and their ratio; ``numerics.engine`` is updated by hand
+from its ``coefficients`` (with the machine and date in ``numerics.engine.CALIBRATION``).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from numerics import cost
+from numerics import engine
 
 # (tasks, heads, L, batch, runs, streams): the sizes of the claims' full-model runs, from the quick
 # report's (2, 2), L = 32 to the authors' (16, 17, 17), L = 100, and programs of several runs
@@ -126,13 +126,13 @@ def _rows(grid, features, measure, current, progress) -> list[dict]:
         f = features(*point)
         m = measure(*point)
         out.append({"point": [list(x) if isinstance(x, tuple) else x for x in point], "features": f, "measured": m,
-                    "current_model": cost._priced(current, f)})
+                    "current_model": engine._priced(current, f)})
     return out
 
 
 def _finish(rows, coef) -> dict:
     for r in rows:
-        r["fitted_model"] = cost._priced(coef, r["features"])
+        r["fitted_model"] = engine._priced(coef, r["features"])
         r["ratio_fitted"] = r["measured"] / r["fitted_model"] if r["fitted_model"] > 0 else float("inf")
         r["ratio_current"] = r["measured"] / r["current_model"] if r["current_model"] > 0 else float("inf")
     return {"coefficients": coef, "points": rows,
@@ -141,37 +141,37 @@ def _finish(rows, coef) -> dict:
 
 
 def calibrate(dtypes=("float64",), progress: bool = True) -> dict:
-    """Measure every primitive at its grid and fit numerics.cost's coefficients (the result's
+    """Measure every primitive at its grid and fit numerics.engine's coefficients (the result's
     ``coefficients`` per primitive, and each point's measured / modelled ratio)."""
     import torch
     torch.set_num_threads(1)
-    out = {"calibration_of": "numerics.cost", "threads": 1}
+    out = {"calibration_of": "numerics.engine", "threads": 1}
     for dt in dtypes:
-        rows = _rows(STEP_GRID, lambda t, h, L, b, R, S: cost.step_features(t, h, L, b, R, S),
-                     lambda t, h, L, b, R, S: measure_step(t, h, L, b, R, S, dt), cost.STEP[dt], progress)
-        out[f"step_{dt}"] = _finish(rows, fit(rows, list(cost.STEP[dt])))
-    rows = _rows(FORWARD_GRID, cost.forward_features, measure_forward, cost.FORWARD, progress)
-    out["forward"] = _finish(rows, fit(rows, list(cost.FORWARD)))
+        rows = _rows(STEP_GRID, lambda t, h, L, b, R, S: engine.step_features(t, h, L, b, R, S),
+                     lambda t, h, L, b, R, S: measure_step(t, h, L, b, R, S, dt), engine.STEP[dt], progress)
+        out[f"step_{dt}"] = _finish(rows, fit(rows, list(engine.STEP[dt])))
+    rows = _rows(FORWARD_GRID, engine.forward_features, measure_forward, engine.FORWARD, progress)
+    out["forward"] = _finish(rows, fit(rows, list(engine.FORWARD)))
     for est in ("prompts", "marginal"):
         grid = [g for g in REDUCED_GRID if g[4] == est]
-        rows = _rows(grid, cost.reduced_step_features, measure_reduced, cost.REDUCED_STEP[est], progress)
-        out[f"reduced_{est}"] = _finish(rows, fit(rows, list(cost.REDUCED_STEP[est])))
-    rows = _rows(MARGINAL_GRID, cost.marginal_features, measure_marginal, cost.MARGINAL, progress)
-    out["marginal"] = _finish(rows, fit(rows, list(cost.MARGINAL)))
+        rows = _rows(grid, engine.reduced_step_features, measure_reduced, engine.REDUCED_STEP[est], progress)
+        out[f"reduced_{est}"] = _finish(rows, fit(rows, list(engine.REDUCED_STEP[est])))
+    rows = _rows(MARGINAL_GRID, engine.marginal_features, measure_marginal, engine.MARGINAL, progress)
+    out["marginal"] = _finish(rows, fit(rows, list(engine.MARGINAL)))
     fits = []
     for t, h, L, n in FIT_GRID:
         per, nfev = measure_fit(t, h, L, n)
         m = len(t)
         fits.append({"point": [list(t), h, L, n], "features": {"evaluation": 1.0, "mix": float(n) * L * h * m},
                      "measured": per, "evaluations": nfev,
-                     "current_model": cost.FIT["evaluation"] + cost.FIT["mix"] * float(n) * L * h * m})
-    out["fit"] = {**_finish(fits, fit(fits, list(cost.FIT))),
+                     "current_model": engine.FIT["evaluation"] + engine.FIT["mix"] * float(n) * L * h * m})
+    out["fit"] = {**_finish(fits, fit(fits, list(engine.FIT))),
                   "evaluations": [r["evaluations"] for r in fits]}
     return out
 
 
 def render(res: dict) -> str:
-    lines = ["numerics.cost calibration (CPU seconds, one thread): measured, fitted model, current model"]
+    lines = ["numerics.engine calibration (CPU seconds, one thread): measured, fitted model, current model"]
     for key, sec in res.items():
         if not isinstance(sec, dict) or "points" not in sec:
             continue

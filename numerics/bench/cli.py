@@ -144,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
         help="torch intra-op CPU threads (default: torch's choice); 1 on a shared machine")
     add("--no-progress", action="store_true", help="no progress bar")
     add("--calibrate", action="store_true",
-        help="measure numerics.cost's primitives on this machine and fit its coefficients (--out: as JSON)")
+        help="measure numerics.engine's primitives on this machine and fit its coefficients (--out: as JSON)")
     return p
 
 

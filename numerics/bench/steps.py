@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from numerics.config import ProblemConfig
-from numerics.data import make_generator, sample_prompts
+from numerics.config import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, mse_loss
 from numerics.train import TrainConfig, train, train_many
 from numerics.bench.config import LR

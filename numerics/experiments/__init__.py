@@ -14,7 +14,7 @@ Two policies live here once:
   trained, and counted (``Store.used``).
 
 Here too the need kind ``theory``: a value of theory's, computed once per build and priced by
-``numerics.cost.THEORY_SECONDS``.  The other kinds live beside the experiment they run
+``numerics.engine.THEORY_SECONDS``.  The other kinds live beside the experiment they run
 (``numerics.engine.KIND_MODULES``).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from numerics import cost
+from numerics import engine
 from numerics.engine import clear_memo as clear_cache   # forget every computed need (tests that patch call it)
 from numerics.engine import kind
 from numerics.exact_reduced import one_thread
@@ -78,18 +78,18 @@ def active_store() -> Optional[Store]:
 
 
 CALL_SECONDS = {
-    "constant_bracket": lambda tasks, *_: cost.theory_seconds("exact_fixed_point", tasks=tasks),   # its quadrature
+    "constant_bracket": lambda tasks, *_: engine.theory_seconds("exact_fixed_point", tasks=tasks),   # its quadrature
     "gap_ladder": lambda r, Ls, *_: 0.3 * len(Ls),      # theory.exact's loss per L (0.02-0.7 s measured)
     "predicted_winners": lambda *_: 0.5,                # an expansion flow to the race's end (0.4 s measured)
     "ode_winners": lambda *_: 0.15,                     # the same at coarser tolerances (0.1 s measured)
 }
-"""CPU seconds of the theory values not in ``numerics.cost.THEORY_SECONDS``, from their arguments."""
+"""CPU seconds of the theory values not in ``numerics.engine.THEORY_SECONDS``, from their arguments."""
 
 
 def _theory_cost(fn: str, args: tuple) -> float:
     if fn in CALL_SECONDS:
         return CALL_SECONDS[fn](*args)
-    return cost.theory_seconds(fn, tasks=args[0]) if fn in cost.THEORY_SECONDS else 0.1
+    return engine.theory_seconds(fn, tasks=args[0]) if fn in engine.THEORY_SECONDS else 0.1
 
 
 @kind("theory", cost=_theory_cost, shared=False)

@@ -14,7 +14,7 @@ the allocation has; the exact allocated point, off-task channels empty, is never
 
 :func:`run_point` trains once (``numerics.train.train``, one torch thread) and returns what
 classification needs, as plain JSON (:func:`train_atlas` says what each number is); the
-class itself is :func:`point_class`: the one classifier, ``numerics.readout.end_class``, of the
+class itself is :func:`point_class`: the one classifier, ``numerics.evaluate.end_class``, of the
 point's readout, off-D rule and convergence flag (below).  A cell's seeds are counted by class
 (:func:`cell_mix`: ``numerics.experiments.starts.outcome_mix``, each class's binomial interval
 and loss ratios), never summarised by one class unless every seed shares it.  The claims read these results from the sweep
@@ -44,7 +44,7 @@ from numerics.evaluate import held_out_loss
 from numerics.experiments.converged import converged_for, last_quarter, pop_seed, stage_descent, stage_tolerance
 from numerics.engine import kind, need
 from numerics.experiments import active_store, one_thread
-from numerics.readout import OUTCOME_CLASSES, SUPERPOSED_SHARE, allocation, crossing_time, end_class
+from numerics.evaluate import OUTCOME_CLASSES, SUPERPOSED_SHARE, allocation, crossing_time, end_class
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.statistics import line_fit, mean_se as _mean_se
 from numerics.experiments.starts import off_D_test  # the report's one off-D rule (its docstring)
@@ -188,7 +188,7 @@ def _saddle_prediction(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
 # ---------------------------------------------------------------------------------------
 
 escape_time = crossing_time
-"""First time the opposite-sign off-task share reaches a threshold (numerics.readout.crossing_time)."""
+"""First time the opposite-sign off-task share reaches a threshold (numerics.evaluate.crossing_time)."""
 
 
 def _split(model, cfg) -> dict:
@@ -205,7 +205,7 @@ def _norm_sq(model) -> float:
 def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
     """Train the full model of ``cfg`` from its start by ``sch`` and measure it.  Returns:
 
-    - ``omega``, ``mu`` (H x m), ``allocation`` (numerics.readout.allocation(...).to_dict());
+    - ``omega``, ``mu`` (H x m), ``allocation`` (numerics.evaluate.allocation(...).to_dict());
     - ``residual_start``/``residual_end``: theory.initialisation.residual_split of the merged
       weights (``movable``, ``gradient_free``, ``norm`` and the ``*_relative`` parts);
     - ``norm0_sq``/``norm_end_sq``: |theta|^2 of the trainable factors; ``warmup``: theory's
@@ -229,7 +229,7 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
       first crossing of ``threshold`` by the opposite-sign share (inf: none);
     - ``allocated_loss`` (theory.exact, None for H < m), ``best_decomposable`` (dict), and for
       the allocated start ``saddle`` (theory.saddle's T(B) with the measured seed input);
-    - ``class`` (:func:`point_class`: numerics.readout.EndClass.to_dict()), ``seconds``,
+    - ``class`` (:func:`point_class`: numerics.evaluate.EndClass.to_dict()), ``seconds``,
       ``cpu_seconds``.
 
     A run that diverges (numerics.train.TrainingDiverged) returns ``diverged`` (the message),
@@ -342,7 +342,7 @@ def _trained_result(cfg: ProblemConfig, sch: AtlasSchedule, seed: int, res, snap
 
 
 def point_class(r: dict) -> dict:
-    """The class of one point's result (numerics.readout.end_class: allocated / superposition on
+    """The class of one point's result (numerics.evaluate.end_class: allocated / superposition on
     k of m tasks / off D / mixed / not converged / diverged, by precedence), as
     EndClass.to_dict(); read from the stored readout and flags, so a sweep stored before the
     classifier changed is classified by the current one."""

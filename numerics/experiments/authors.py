@@ -36,11 +36,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from numerics import cost, external
+from numerics import engine, external
 from numerics.config import ProblemConfig
 from numerics.engine import kind, kind_of
 from numerics.experiments import one_thread
-from numerics.seeds import case_seed
+from numerics.engine import case_seed
 from numerics.train import TrainConfig, train_many
 
 
@@ -282,9 +282,9 @@ def _references_cost(tasks, heads, L, sigma, search, skip, **_) -> float:
     per H (its kind's price); linear attention is a closed form."""
     seconds = 0.0
     if "allocated_fixed_point" not in skip and max(heads) >= len(tasks):
-        seconds += cost.theory_seconds("exact_fixed_point", tasks=tasks)
+        seconds += engine.theory_seconds("exact_fixed_point", tasks=tasks)
     if "one_head_optimum" not in skip and len(tasks) > 1:
-        seconds += cost.SINGLE_HEAD_SECONDS * (sum(tasks) / 4.0) ** cost.SINGLE_HEAD_POWER
+        seconds += engine.SINGLE_HEAD_SECONDS * (sum(tasks) / 4.0) ** engine.SINGLE_HEAD_POWER
     if "best_decomposable" not in skip:
         best = kind_of("best_decomposable").cost
         seconds += sum(best(tasks=tasks, heads=H, L=L, sigma=sigma, device="cpu", **dict(search)) for H in heads)
@@ -300,7 +300,7 @@ def reference_points_need(tasks, heads, L, sigma, search, skip, seed):
     return references_for_heads(tuple(tasks), list(heads), L, sigma, seed, "cpu", dict(search), skip=tuple(skip))
 
 
-@kind("authors_emergence", cost=lambda **_: cost.theory_seconds("phase_prediction"), shared=False)
+@kind("authors_emergence", cost=lambda **_: engine.theory_seconds("phase_prediction"), shared=False)
 def emergence_need(seed: int, **settings) -> Optional[dict]:
     """:func:`emergence` of the run of ``settings`` (its start: a need of its run's stream has its
     run's seed, so its init seed; priced as claim 3's forecast, run_length and its phases)."""

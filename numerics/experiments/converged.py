@@ -11,13 +11,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from numerics import cost
+from numerics import engine
 from numerics.config import ProblemConfig
 from numerics.engine import kind
-from numerics.seeds import case_seed
+from numerics.engine import case_seed
 from numerics.evaluate import held_out_loss, held_out_prompt_losses
 from numerics.experiments import one_thread
-from numerics.readout import ALLOCATED_SHARE, allocation
+from numerics.evaluate import ALLOCATED_SHARE, allocation
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.statistics import descent_left, mean_se
 from numerics.model import TrainingDiverged
@@ -152,12 +152,12 @@ def full_stiffness(cfg: ProblemConfig) -> float | None:
 def stiffness_seconds(cfg: ProblemConfig) -> float:
     """CPU seconds of what :func:`unstable_step` asks at ``cfg`` (0 at d <= TUNED_D, where it asks nothing): theory's
     end point (~4 s: the exact fixed point's quadratures) and :func:`full_stiffness`'s FULL_STIFFNESS_ITERS
-    Hessian-vector products, ~3 forward passes each (``numerics.cost``).  Measured (AMD EPYC, docs/measurements.md): 10.8 s at
+    Hessian-vector products, ~3 forward passes each (``numerics.engine``).  Measured (AMD EPYC, docs/measurements.md): 10.8 s at
     (16,17,17), H = 3, L = 100 (priced 11.9), 7.1 s at H = 4 (12.3)."""
-    from numerics import cost
+    from numerics import engine
     if cfg.d <= TUNED_D:
         return 0.0
-    return 5.0 + FULL_STIFFNESS_ITERS * 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, FULL_STIFFNESS_PROMPTS)
+    return 5.0 + FULL_STIFFNESS_ITERS * 3 * engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, FULL_STIFFNESS_PROMPTS)
 
 
 PRICE_STIFFNESS_FACTOR = 1.3
@@ -233,12 +233,12 @@ def unstable_step(cfg: ProblemConfig, lr: float) -> str | None:
 
 
 def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: int = 1) -> float:
-    """CPU seconds (``numerics.cost``) of :func:`train_converged` at ``cfg`` with ``pieces`` polish
+    """CPU seconds (``numerics.engine``) of :func:`train_converged` at ``cfg`` with ``pieces`` polish
     pieces (1: converged after the first; the budget allows ``schedule.polish_extensions + 1``; a
     stiff schedule at least 2, as measured): the
     explore, and per piece its polish, the held-out loss and the paired descent sample
     (WINDOW_POINTS snapshots and the explore end)."""
-    from numerics import cost
+    from numerics import engine
     L, tasks, H, dt = cfg.L, cfg.tasks, cfg.heads, cfg.dtype
     if cfg.d > TUNED_D:
         # beyond the sizes the schedule was tuned at, a run whose steps diverge takes the stiff schedule
@@ -248,13 +248,13 @@ def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: in
             # L = 100: 913 CPU s measured against 380 s priced with one)
             schedule, pieces = stiff, max(int(pieces), 2)
     lr, polish_lr = schedule.lr, schedule.polish_lr
-    explore = cost.train_seconds(tasks, H, L, schedule.batch(L, schedule.tokens),
+    explore = engine.train_seconds(tasks, H, L, schedule.batch(L, schedule.tokens),
                                  round(schedule.time / lr), dtype=dt, records=5)
-    piece = (cost.train_seconds(tasks, H, L, schedule.batch(L, schedule.polish_tokens),
+    piece = (engine.train_seconds(tasks, H, L, schedule.batch(L, schedule.polish_tokens),
                                 round(schedule.polish_time / polish_lr), dtype=dt,
                                 records=2 * WINDOW_POINTS - 1)
-             + cost.forward_seconds(tasks, H, L, schedule.held_out(L))
-             + cost.forward_seconds(tasks, H, L, schedule.descent_prompts(L), models=WINDOW_POINTS + 1))
+             + engine.forward_seconds(tasks, H, L, schedule.held_out(L))
+             + engine.forward_seconds(tasks, H, L, schedule.descent_prompts(L), models=WINDOW_POINTS + 1))
     return explore + int(pieces) * piece
 
 
@@ -327,7 +327,7 @@ class ConvergedRun(_RunRecord):
     length) and ``descent_left`` its loss still to lose; ``converged``: :func:`converged_for`
     at the run's own comparison tolerance ``convergence_tolerance`` = Z_CONVERGED se +
     step_error (claim 5's, less theory's ~1e-12 quadrature bound); the readout omega, mu,
-    residual and its ``allocation`` (``numerics.readout.allocation(...).to_dict()``).  Read as a
+    residual and its ``allocation`` (``numerics.evaluate.allocation(...).to_dict()``).  Read as a
     mapping too (``run["loss"]``)."""
 
     loss: float
@@ -437,7 +437,7 @@ def train_converged(cfg: ProblemConfig, schedule: TrainingSchedule, seed: int = 
     the polish's length so far, "as long again") and, while the run is not converged for its
     own tolerance, another piece follows, at most ``polish_extensions`` of them.  A run that
     has left the allocated set for a superposition (an opposite-sign off-task mu above
-    numerics.readout.ALLOCATED_SHARE of the serving one) is not extended: its descent is the
+    numerics.evaluate.ALLOCATED_SHARE of the serving one) is not extended: its descent is the
     flow leaving the saddle along the superposition valley, which more polish at this step does
     not settle within the budget (the boundary follows it on D instead:
     :func:`continue_on_D`)."""
@@ -677,9 +677,9 @@ def continue_on_D(cfg: ProblemConfig, run, seed: int, sch: ContinuationSchedule 
 
 def _continuation_cost(cfg, run, schedule, best) -> float:
     c = schedule
-    return (round(c.time / c.lr) * cost.reduced_step_seconds(cfg.tasks, cfg.heads, cfg.L, c.batch(cfg.L),
+    return (round(c.time / c.lr) * engine.reduced_step_seconds(cfg.tasks, cfg.heads, cfg.L, c.batch(cfg.L),
                                                             estimator="marginal")
-            + cost.marginal_seconds(cfg.tasks, cfg.heads, cfg.L, c.eval_prompts, points=c.records))
+            + engine.marginal_seconds(cfg.tasks, cfg.heads, cfg.L, c.eval_prompts, points=c.records))
 
 
 @kind("continue_on_D", cost=_continuation_cost)

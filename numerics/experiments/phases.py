@@ -12,7 +12,7 @@
 
 Each is a need kind of ``numerics.engine`` (end of file: "phase_run", "escape_time_spread",
 "allocation_run", "off_task_gradient", and "unstable_step", the stability guard both claims
-ask before they trust a run), priced from its parameters by ``numerics.cost``.
+ask before they trust a run), priced from its parameters by ``numerics.engine``.
 """
 from __future__ import annotations
 
@@ -23,18 +23,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from numerics import cost
+from numerics import engine
 from numerics.config import ProblemConfig
-from numerics.data import make_generator, sample_prompts
+from numerics.config import make_generator, sample_prompts
 from numerics.engine import Need, kind, need
 from numerics.evaluate import LossEstimate, held_out_loss, held_out_reduced_loss
 from numerics.exact_reduced import evaluate as exact_reduced_losses, loss_and_gradient
 from numerics.experiments import one_thread
 from numerics.experiments.converged import stiffness_seconds, unstable_step
 from numerics.model import MultiHeadAttention, initial_semi_singular_values, initial_values
-from numerics.readout import allocation
-from numerics.seeds import case_seed
-from numerics.reduced import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
+from numerics.evaluate import allocation
+from numerics.engine import case_seed
+from numerics.model import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
 from numerics.statistics import bounded_correlation_se, mean_se
 from numerics.train import TrainConfig, train
 from theory.task_allocation import favoured_init, served_relaxation_rates, warmup_race_times
@@ -373,10 +373,10 @@ def _phase_run_cost(cfg, lr, batch, records, eval_batch, held_out, horizon_facto
     race = warmup_race_times(*initial_values(cfg), cfg.tasks, cfg.param, cfg.logit_scale)
     finite = race[np.isfinite(race)]
     t = horizon_factor * float(finite.max()) if finite.size else 40.0
-    return (cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, batch, round(t / lr), dtype=cfg.dtype)
-            + min(records, 2 * COARSE_RECORDS) * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, eval_batch)
-            + cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, min(held_out, 4096))
-            + cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, held_out))
+    return (engine.train_seconds(cfg.tasks, cfg.heads, cfg.L, batch, round(t / lr), dtype=cfg.dtype)
+            + min(records, 2 * COARSE_RECORDS) * engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, eval_batch)
+            + engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, min(held_out, 4096))
+            + engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, held_out))
 
 
 @kind("phase_run", cost=_phase_run_cost)
@@ -388,7 +388,7 @@ def phase_run_need(cfg, lr, batch, records, eval_batch, held_out, horizon_factor
     return phase_run(cfg, tcfg, eval_batch, held_out)
 
 
-@kind("escape_time_spread", cost=lambda cfg, batch, lr: 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, 384))
+@kind("escape_time_spread", cost=lambda cfg, batch, lr: 3 * engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, 384))
 def escape_time_spread_need(cfg, batch, lr, seed):
     """:func:`escape_time_spread` (a probe: per-prompt gradients at the init)."""
     return escape_time_spread(cfg, batch, lr, seed)
@@ -401,9 +401,9 @@ def _allocation_cost(cfg, lr, time, batch, records, held_out, tail_batch=None, *
     t = BOUNDARY_TIME if isinstance(time, Need) else float(time)
     steps = round(t / lr)
     tail = round((1 - TAIL_BATCH_FROM) * steps) if tail_batch else 0
-    return (cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, batch, steps - tail, dtype=cfg.dtype, records=records)
-            + (cost.train_seconds(cfg.tasks, cfg.heads, cfg.L, tail_batch, tail, dtype=cfg.dtype) if tail else 0.0)
-            + cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, held_out))
+    return (engine.train_seconds(cfg.tasks, cfg.heads, cfg.L, batch, steps - tail, dtype=cfg.dtype, records=records)
+            + (engine.train_seconds(cfg.tasks, cfg.heads, cfg.L, tail_batch, tail, dtype=cfg.dtype) if tail else 0.0)
+            + engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, held_out))
 
 
 @kind("allocation_run", cost=_allocation_cost)
@@ -414,7 +414,7 @@ def allocation_run_need(cfg, lr, time, batch, records, held_out, z, threshold_si
     return allocation_run(cfg, tcfg, held_out, case_seed(seed, "held out"), z, threshold_sigmas, tail_batch)
 
 
-@kind("off_task_gradient", cost=lambda tasks, heads, L, n, **_: 3 * cost.forward_seconds(tasks, heads, L, n))
+@kind("off_task_gradient", cost=lambda tasks, heads, L, n, **_: 3 * engine.forward_seconds(tasks, heads, L, n))
 def off_task_gradient_need(tasks, heads, L, sigma, point, n, device, seed):
     """:func:`off_task_gradient` at ``point`` (a dependency: theory's allocated point of
     ``heads`` heads, (omega, mu))."""

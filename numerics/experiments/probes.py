@@ -30,10 +30,10 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from numerics import cost, exact_reduced
+from numerics import engine, exact_reduced
 from numerics.config import ProblemConfig
 from numerics.engine import kind
-from numerics.data import make_generator, sample_prompts
+from numerics.config import make_generator, sample_prompts
 from numerics.evaluate import held_out_loss
 from numerics.exact_reduced import FamilyMinimum, allocated_minimum, best_found_minimum, measure, minimise_family
 from numerics.experiments import one_thread
@@ -41,9 +41,9 @@ from numerics.experiments.converged import converged_for, last_quarter, stage_de
 from numerics.statistics import paired_ratio
 from numerics.model import (MultiHeadAttention, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values,
                             initial_values)
-from numerics.reduced import metric_factors, per_prompt_reduced_gradients, reduced_gradient
-from numerics.seeds import case_seed
-from numerics.symmetry import symmetrize_full, symmetrize_subgroup
+from numerics.model import metric_factors, per_prompt_reduced_gradients, reduced_gradient
+from numerics.engine import case_seed
+from numerics.model import symmetrize_full, symmetrize_subgroup
 from numerics.train import TrainConfig, train, train_reduced
 from theory import optimality as th_opt
 from theory.block_structure import group_order, off_decomposable_parts, project_decomposable
@@ -137,7 +137,7 @@ class SymmetricBatchRuns:
 
 def _gd_seconds(cfg, steps: int, prompts: int) -> float:
     """CPU seconds of ``steps`` full-model GD steps on ``prompts`` prompts at cfg's shape and dtype."""
-    return float(steps) * cost.step_seconds(cfg.tasks, cfg.heads, cfg.L, prompts, dtype=cfg.dtype)
+    return float(steps) * engine.step_seconds(cfg.tasks, cfg.heads, cfg.L, prompts, dtype=cfg.dtype)
 
 
 def _symmetric_cost(cfg, steps, base_prompts, wrong_keeps, **_) -> float:
@@ -323,7 +323,7 @@ def symmetric_prompts(cfg, base_prompts: int, seed: int):
 def stiffness_step(cfg, prompts, time: float, max_relative_step: float) -> float:
     """The GD step of a run of length ``time`` on the fixed batch ``prompts`` chosen from the
     stiffness of the reduced flow there: the largest relative velocity |x_dot / x| at cfg's init
-    (theory's metric, ``numerics.reduced.metric_factors``) times lr is at most
+    (theory's metric, ``numerics.model.metric_factors``) times lr is at most
     ``max_relative_step``, lr <= 0.05, and time / lr an integer >= 2."""
     om0, mu0 = (a.numpy().copy() for a in initial_semi_singular_values(cfg))
     g_om, g_mu = (g.cpu().double().numpy() for g in reduced_gradient(om0, mu0, prompts, cfg))
@@ -444,8 +444,8 @@ def _search_cost(tasks, H, L, sigma, device, random_starts, fit_elements, eval_p
     # the allocated minimum, one L-BFGS-B search per start and every candidate on the evaluation sample
     starts = (H >= len(tasks)) + (H >= len(tasks) + 1) + 1 + random_starts
     return (exact_reduced.minima_seconds(tasks, L, 0, fit_elements)
-            + cost.fit_seconds(tasks, H, L, exact_reduced.fit_sample_size(H, L, fit_elements), starts=starts)
-            + cost.marginal_seconds(tasks, H, L, eval_prompts, points=starts + 1))
+            + engine.fit_seconds(tasks, H, L, exact_reduced.fit_sample_size(H, L, fit_elements), starts=starts)
+            + engine.marginal_seconds(tasks, H, L, eval_prompts, points=starts + 1))
 
 
 @kind("decomposable_search", cost=_search_cost)
@@ -498,8 +498,8 @@ class BestDecomposable:
 
 def _best_cost(tasks, heads, L, sigma, device, random_starts, fit_elements, eval_prompts) -> float:
     n_fit = exact_reduced.fit_sample_size(heads, L, fit_elements)
-    return (cost.fit_seconds(tasks, heads, L, n_fit, starts=2 + random_starts)
-            + cost.marginal_seconds(tasks, heads, L, eval_prompts, points=3 + random_starts))
+    return (engine.fit_seconds(tasks, heads, L, n_fit, starts=2 + random_starts)
+            + engine.marginal_seconds(tasks, heads, L, eval_prompts, points=3 + random_starts))
 
 
 @kind("best_decomposable", cost=_best_cost)
@@ -554,8 +554,8 @@ def candidates_at_heads(search: DecomposableSearch, full_runs: Sequence[dict]) -
 
 def _full_start_cost(tasks, H, L, extra, train_lr, train_time, train_batch, held_out_prompts, **_) -> float:
     dtype = ProblemConfig(tasks=tuple(tasks), heads=H, L=L, **dict(extra)).dtype
-    return (cost.train_seconds(tasks, H, L, train_batch, round(train_time / train_lr), dtype=dtype)
-            + cost.forward_seconds(tasks, H, L, held_out_prompts))
+    return (engine.train_seconds(tasks, H, L, train_batch, round(train_time / train_lr), dtype=dtype)
+            + engine.forward_seconds(tasks, H, L, held_out_prompts))
 
 
 @kind("full_merged_start", cost=_full_start_cost)
@@ -563,7 +563,7 @@ def _full_start_cost(tasks, H, L, extra, train_lr, train_time, train_batch, held
 def full_merged_start(tasks, H: int, L: int, sigma: float, start: int, device: str, init_scale: float, extra: tuple,
                       train_lr: float, train_time: float, train_batch: int, held_out_prompts: int, seed: int) -> dict:
     """A full MERGED model (W_h, U_h free) with H heads trained from random full start
-    ``start`` (init seed and prompt stream: numerics.seeds.case_seed of ``seed`` and ("random
+    ``start`` (init seed and prompt stream: numerics.engine.case_seed of ``seed`` and ("random
     full start", start, "init" / "prompts")), measured again at its final weights on
     ``held_out_prompts`` fresh prompts, with the descent fit of its last quarter
     (numerics.experiments.converged.stage_descent; None: under 3 records).  ``extra``:
@@ -608,7 +608,7 @@ def full_model_row(run: dict, allocated) -> dict:
 
 def _bridge_cost(search, n, **_) -> float:
     tasks, H, L = search.args["tasks"], search.args["H"], search.args["L"]
-    return cost.forward_seconds(tasks, H, L, n) + cost.marginal_seconds(tasks, H, L, n)
+    return engine.forward_seconds(tasks, H, L, n) + engine.marginal_seconds(tasks, H, L, n)
 
 
 @kind("best_as_full_model", cost=_bridge_cost)
@@ -629,8 +629,8 @@ def best_as_full_model(search: DecomposableSearch, n: int, device: str, seed: in
 def _row_cost(tasks, L, eval_elements, fit_elements, **_) -> float:
     H = 2 * len(tasks)
     return (exact_reduced.minima_seconds(tasks, L, 0, fit_elements)
-            + cost.fit_seconds(tasks, H, L, exact_reduced.fit_sample_size(H, L, fit_elements), starts=2)
-            + cost.marginal_seconds(tasks, H, L, max(256, eval_elements // (H * L)), points=2))
+            + engine.fit_seconds(tasks, H, L, exact_reduced.fit_sample_size(H, L, fit_elements), starts=2)
+            + engine.marginal_seconds(tasks, H, L, max(256, eval_elements // (H * L)), points=2))
 
 
 @kind("constant_row", cost=_row_cost)

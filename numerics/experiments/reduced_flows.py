@@ -20,13 +20,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from numerics import cost
-from numerics.batched import shape_key
+from numerics import engine
+from numerics.train import shape_key
 from numerics.engine import kind
 from numerics.exact_reduced import (allocated_minimum, evaluate, fit_sample_size, minima_seconds, minimise_family,
                                     optimal_mu_at)
 from numerics.experiments import one_thread
-from numerics.seeds import case_seed
+from numerics.engine import case_seed
 from numerics.statistics import mean_se
 from numerics.train import TrainConfig, train_reduced, train_reduced_many
 
@@ -37,7 +37,7 @@ def paired_difference(a, b) -> tuple[float, float]:
 
 
 def _flow_cost(cfg, tcfg: TrainConfig) -> float:
-    return round(tcfg.time / tcfg.lr) * cost.reduced_step_seconds(cfg.tasks, cfg.heads, cfg.L, tcfg.batch)
+    return round(tcfg.time / tcfg.lr) * engine.reduced_step_seconds(cfg.tasks, cfg.heads, cfg.L, tcfg.batch)
 
 
 def _flows_many(params: list, seeds: list) -> list:
@@ -54,7 +54,7 @@ def reduced_flow(cfg, tcfg: TrainConfig, seed: int):
     return train_reduced(cfg, replace(tcfg, seed=int(seed)))
 
 
-@kind("paired_end_losses", cost=lambda cfg, n_eval, **_: cost.marginal_seconds(cfg.tasks, cfg.heads, cfg.L, n_eval,
+@kind("paired_end_losses", cost=lambda cfg, n_eval, **_: engine.marginal_seconds(cfg.tasks, cfg.heads, cfg.L, n_eval,
                                                                                points=2))
 def paired_end_losses(first, second, cfg, n_eval: int, seed: int) -> np.ndarray:
     """Per-prompt exact losses (2, n_eval) of the end points of the flows ``first`` and
@@ -81,9 +81,9 @@ class FewerHeadsRun:
 
 def _fewer_cost(cfg, n_eval, **_) -> float:
     # the partition minimum (one L-BFGS-B search), the allocated minimum, and 3 points + the late records
-    return (cost.fit_seconds(cfg.tasks, cfg.heads, cfg.L, fit_sample_size(cfg.heads, cfg.L))
+    return (engine.fit_seconds(cfg.tasks, cfg.heads, cfg.L, fit_sample_size(cfg.heads, cfg.L))
             + minima_seconds(cfg.tasks, cfg.L, 0)
-            + cost.marginal_seconds(cfg.tasks, cfg.heads, cfg.L, n_eval, points=3 + 16))
+            + engine.marginal_seconds(cfg.tasks, cfg.heads, cfg.L, n_eval, points=3 + 16))
 
 
 @kind("fewer_heads_end", cost=_fewer_cost, shared=False)

@@ -5,7 +5,7 @@ atlas points of ``numerics.experiments.atlas``).
 
 Where a random start lands is a distribution over its seeds, not one outcome: every start is
 trained for several seeds at once (``numerics.train.train_many``: one tensor program per shape),
-each seed's end state classified by the one classifier (``numerics.readout.end_class``: allocated /
+each seed's end state classified by the one classifier (``numerics.evaluate.end_class``: allocated /
 superposition on k of m tasks / off D / mixed / not converged / diverged), and the classes
 counted (:func:`outcome_mix`, with each class's binomial interval and loss ratios).  The seeds of
 one start share their prompt stream (common random numbers: the randomness of interest is the
@@ -15,7 +15,7 @@ streams give the same class mix).
 
 The runs are two need kinds of ``numerics.engine``: ``start_runs`` (the starts of one prompt
 stream, a tuple of end states, each with the run's fingerprint so that the claims can check that
-the runs they count as independent are: numerics.seeds.check_independent) and ``start_flows``
+the runs they count as independent are: numerics.engine.check_independent) and ``start_flows``
 (the reduced flows on the same prompts).  Needs of one shape and batch size, from any claim, are
 trained as one program (their ``run_many``), with one torch thread (:func:`one_thread`).  The
 values are kept by the engine for the whole process: callers must not mutate them.
@@ -31,16 +31,16 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from numerics import cost
-from numerics.batched import shape_key
+from numerics import engine
+from numerics.train import shape_key
 from numerics.config import ProblemConfig
 from numerics.engine import kind, need
 from numerics.evaluate import held_out_prompt_losses
 from numerics.experiments import one_thread
 from numerics.experiments.converged import converged_for, stage_tolerance
 from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
-from numerics.readout import RACE_DECIDED_SHARE, ZERO_SUM_SHARE, allocation, end_class, zero_sum_ratio
-from numerics.seeds import case_seed
+from numerics.evaluate import RACE_DECIDED_SHARE, ZERO_SUM_SHARE, allocation, end_class, zero_sum_ratio
+from numerics.engine import case_seed
 from numerics.statistics import binomial_interval, descent_left, mean_se
 from numerics.train import TrainConfig, train_many, train_reduced_many
 from theory.initialisation import (authors_logit_scale, race_starts, random_start_scales, residual_split,
@@ -130,7 +130,7 @@ def end_states(runs: list[dict]) -> list[dict]:
     at t_end is <= 1/2: the warm-up bound's factor 2),
     ``converged`` (not in warm-up and converged_for at that tolerance), the residual split at the
     start and the end, the warm-up law and ``off_D`` (:func:`off_D_test`), the readout (``omega``,
-    ``mu``, ``allocation``, ``zero_sum``) and the ``class`` (numerics.readout.end_class(...).
+    ``mu``, ``allocation``, ``zero_sum``) and the ``class`` (numerics.evaluate.end_class(...).
     to_dict()).  Runs of one problem and eval seed are evaluated on prompts drawn once for all of
     their snapshots (each run's numbers are those of its own evaluation)."""
     out: list = [None] * len(runs)
@@ -211,14 +211,14 @@ def _end_state(r: dict, losses: np.ndarray) -> dict:
 
 
 def outcome_mix(states: Sequence[dict], z: float, refs: Optional[dict] = None) -> dict:
-    """Where the seeds of one start ended: per class label (numerics.readout.EndClass.label, in
+    """Where the seeds of one start ended: per class label (numerics.evaluate.EndClass.label, in
     the order of OUTCOME_CLASSES, superpositions by k) ``count`` of ``n`` seeds, the ``share``,
     its binomial ``interval`` (numerics.statistics.binomial_interval at ``z``), the seeds, and the
     held-out loss over the allocated fixed point and over the best decomposable point of
     ``refs`` (:func:`references`), mean +- se over the class's seeds (``seeds``: their init seeds,
     or their data seeds where the init seeds do not tell them apart); ``classes`` (names: any k)
     the same counts by class name."""
-    from numerics.readout import OUTCOME_CLASSES
+    from numerics.evaluate import OUTCOME_CLASSES
     n = len(states)
     alloc = (refs or {}).get("allocated_loss")
     best = ((refs or {}).get("best_decomposable") or {}).get("loss")
@@ -322,7 +322,7 @@ def _unbalanced_finish(state) -> None:
 def _single_finish(state) -> None:
     """The zero-sum pair ratio |mu_a + mu_b| / (|mu_a| + |mu_b|) of the largest positive and the
     most negative OV value of the one task (nan: one sign only; the many-head form is the end
-    state's ``zero_sum``, numerics.readout.zero_sum_ratio)."""
+    state's ``zero_sum``, numerics.evaluate.zero_sum_ratio)."""
     mu = np.asarray(state["mu"], float)[:, 0] if state["mu"] is not None else np.array([])
     pos, neg = mu[mu > 0], mu[mu < 0]
     state["pair_ratio"] = (float(abs(pos.max() + neg.min()) / (abs(pos.max()) + abs(neg.min())))
@@ -431,22 +431,22 @@ def _snapshots(records: int) -> int:
 
 START_RUN_STEP = 1.0e-4
 """CPU seconds of a start run's share of a program step beyond its logits, flops and context
-(numerics.cost's per-run term, 4.4e-4 float32, is fit on programs of few runs that read every
+(numerics.engine's per-run term, 4.4e-4 float32, is fit on programs of few runs that read every
 record out): the quick report's start programs, whose records hold the loss alone, took 0.8-1.3e-4
 (128 race runs x 600 steps in 14.3 CPU-s, 96 single-task runs x 1200 in 14.9, 32 at H = 4 in 8.5,
 end states apart)."""
 
 
 def _start_runs_cost(what, cfg, starts, tcfg, n_eval, held_out=None, **_) -> float:
-    """The program of the need's runs on one prompt stream (numerics.cost.many_seconds, its per-run
+    """The program of the need's runs on one prompt stream (numerics.engine.many_seconds, its per-run
     term START_RUN_STEP; merged with other needs' programs it costs less: the steps' fixed part is
     shared) and each run's end-state evaluations (its descent window's snapshots on ``n_eval``
     held-out prompts, drawn once per held-out stream)."""
     c, runs, steps, snaps = cfg, len(starts), round(tcfg.time / tcfg.lr), _snapshots(tcfg.records)
-    train = (cost.many_seconds(c.tasks, c.heads, c.L, tcfg.batch, steps, [runs], dtype=c.dtype)
-             - runs * steps * (cost.STEP[c.dtype]["run"] - START_RUN_STEP))
+    train = (engine.many_seconds(c.tasks, c.heads, c.L, tcfg.batch, steps, [runs], dtype=c.dtype)
+             - runs * steps * (engine.STEP[c.dtype]["run"] - START_RUN_STEP))
     streams = runs if held_out else 1
-    evaluate = streams * cost.forward_seconds(c.tasks, c.heads, c.L, n_eval, models=runs * snaps // streams)
+    evaluate = streams * engine.forward_seconds(c.tasks, c.heads, c.L, n_eval, models=runs * snaps // streams)
     return train + evaluate
 
 
@@ -504,11 +504,11 @@ def _flows_many(params: list, seeds: list) -> list:
 
 
 def _flows_cost(what, cfg, starts, tcfg, **_) -> float:
-    """The program's steps, one reduced step each (numerics.cost): its stream's prompts drawn once
+    """The program's steps, one reduced step each (numerics.engine): its stream's prompts drawn once
     and its flows stacked; the calibration resolves no part of a step that grows with the flows
     (its mix coefficient is 0), and the quick report's 48 large-init flows of 8 streams took 17 CPU
     ms a step, not 48 flows' fixed parts."""
-    return round(tcfg.time / tcfg.lr) * cost.reduced_step_seconds(cfg.tasks, cfg.heads, cfg.L, tcfg.batch)
+    return round(tcfg.time / tcfg.lr) * engine.reduced_step_seconds(cfg.tasks, cfg.heads, cfg.L, tcfg.batch)
 
 
 @kind("start_flows", cost=_flows_cost, run_many=_flows_many,
@@ -531,7 +531,7 @@ def start_flows_need(what: str, cfgs, tcfg: TrainConfig, stream: tuple, *, promp
 
 
 @kind("single_task_references", cost=lambda L, r, n_eval: (
-    cost.fit_seconds((r,), 2, L, 4096, starts=3) + cost.marginal_seconds((r,), 2, L, n_eval, points=1) + 1.0))
+    engine.fit_seconds((r,), 2, L, 4096, starts=3) + engine.marginal_seconds((r,), 2, L, n_eval, points=1) + 1.0))
 def single_task_references_need(L: int, r: int, n_eval: int, seed: int) -> dict:
     """numerics.saddle.single_task_references (its fit and evaluation seeds are its own): theory's
     one-head optimum, linear attention and the best decomposable two-head point of one task."""
@@ -551,11 +551,11 @@ def train_config(p, seed: int = 0, time_=None, records=None) -> TrainConfig:
 START_DTYPE = "float32"
 """The arithmetic of every start's full runs and reduced flows.  What they are read for is
 decided far above float32's rounding (unit round-off 6e-8): end classes by shares and ratios
-cut at 0.1-0.5 (numerics.readout), the off-D part against OFF_D_RELATIVE = 0.5 of ||(W, U)||
+cut at 0.1-0.5 (numerics.evaluate), the off-D part against OFF_D_RELATIVE = 0.5 of ||(W, U)||
 where SGD's noise alone puts 1e-2, convergence against the held-out se and the iterate's
 jitter (1e-3-1e-2 relative), phase times against tolerances of percents; the one exact
 comparison, Q's y columns never moving, stays exact in any precision (their gradient is a
-product with an exact zero).  The prompts are the same numbers in both types (numerics.data
+product with an exact zero).  The prompts are the same numbers in both types (numerics.config
 draws float32 Gaussians), so a run differs from its float64 twin by rounding only; a step
 costs 1.5x less (128 race runs, one thread: 34 against 51 CPU ms)."""
 
@@ -611,7 +611,7 @@ def single_task_needs(sp, device: str) -> list:
 def single_task_summary(states, ref: dict, z: float) -> dict:
     """The seeds of one head count: the mean held-out loss over seeds and its se (numerics.saddle.seed_mean_se), the
     zero-sum pair ratios, the counts of seeds whose OV values form a zero-sum pair or group (ratio below
-    numerics.readout.ZERO_SUM_SHARE), the class mix (:func:`outcome_mix` at ``z``, against the one-head optimum and
+    numerics.evaluate.ZERO_SUM_SHARE), the class mix (:func:`outcome_mix` at ``z``, against the one-head optimum and
     the best decomposable two-head point)."""
     from numerics.saddle import seed_mean_se
     refs = {"allocated_loss": ref["one_head"], "best_decomposable": {"loss": ref["best_two_head"]}}

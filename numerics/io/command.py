@@ -58,7 +58,7 @@ def _option(parse, name: str):
 OFFSET_SEED_MAX = 2 ** 63 - 1
 """The largest seed of the audit's command: a seed torch's signed 64-bit generator takes as given
 (2^64 - 1 fails there: "Overflow when unpacking long long"); its derived streams' seeds come from
-names (numerics.seeds.case_seed), never from arithmetic on it."""
+names (numerics.engine.case_seed), never from arithmetic on it."""
 
 
 def seed_option(flag: str = "--seed", high: int = SEED_MAX):

@@ -16,7 +16,7 @@ import claims
 from claims import OPT_IN, REGISTRY
 from claims import authors_replica as ar
 from numerics.config import ProblemConfig
-from numerics.data import make_generator, sample_prompts
+from numerics.config import make_generator, sample_prompts
 from numerics.experiments import authors
 from numerics.model import MultiHeadAttention, initial_semi_singular_values, mse_loss
 

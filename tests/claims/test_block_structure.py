@@ -146,10 +146,10 @@ def test_run_at_a_given_problem(device):
 
 
 def test_wrong_group_batches_are_the_subgroup_orbits():
-    # the batches of the wrong-group perturbations (numerics.symmetry.symmetrize_subgroup):
+    # the batches of the wrong-group perturbations (numerics.model.symmetrize_subgroup):
     # output sign flips only (2^m elements, x untouched) and x symmetries only (|G| / 2^m, y untouched)
-    from numerics.data import make_generator, sample_prompts
-    from numerics.symmetry import symmetrize_subgroup
+    from numerics.config import make_generator, sample_prompts
+    from numerics.model import symmetrize_subgroup
 
     cfg = ProblemConfig(tasks=(2, 1), heads=1, L=5)
     base = sample_prompts(cfg, 3, make_generator(0, "cpu"))

@@ -25,9 +25,9 @@ from claims.boundary_initialisation import findings as init_findings
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.experiments.starts import outcome_mix, start_flows_need, start_runs_need
-from numerics.data import make_generator, sample_prompts
+from numerics.config import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, factor_balance, mse_loss
-from numerics.reduced import reduced_loss
+from numerics.model import reduced_loss
 from numerics.train import TrainConfig
 from theory.initialisation import small_scale, unbalanced_metric_factors
 from theory.reduced_ode import metric_factors
@@ -207,7 +207,7 @@ def test_unbalanced_reduced_flows_in_one_program_are_each_flow_alone(device):
     from numerics.engine import clear_memo
     from numerics.experiments import one_thread
     from numerics.experiments.starts import _unbalanced_metric
-    from numerics.readout import RACE_DECIDED_SHARE, allocation
+    from numerics.evaluate import RACE_DECIDED_SHARE, allocation
     from numerics.train import train_reduced
     clear_memo()
     base = ProblemConfig(tasks=(2,), heads=2, L=16, device=device, init="unbalanced_decomposable", init_scale=0.03)
@@ -376,7 +376,7 @@ def every_run_as_run_zero(monkeypatch):
 
 def test_runs_that_share_their_randomness_make_the_claim_an_error(device, monkeypatch):
     """Runs counted as independent are checked to be so (their TrainResult fingerprints,
-    numerics.seeds.check_independent): when every run of a program gets its first run's init seed and prompt stream,
+    numerics.engine.check_independent): when every run of a program gets its first run's init seed and prompt stream,
     the claim reads error naming the runs that share them (the seeds of a random start share their prompt stream on
     purpose, so their initial weights are what must differ), never a count of seeds that all agree."""
     with every_run_as_run_zero(monkeypatch):

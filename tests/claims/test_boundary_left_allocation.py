@@ -115,9 +115,9 @@ def test_allocated_run_is_reported_and_undecided(monkeypatch):
 
 def test_the_runs_are_claims_5_and_6s_by_case_name(monkeypatch):
     """Every run, its search and its flow on D are seeded by their case's name at the report's
-    seed (numerics.seeds): the run is trained_run_seed(seed, tasks, sigma, L), the name claims 5
+    seed (numerics.engine): the run is trained_run_seed(seed, tasks, sigma, L), the name claims 5
     and 6 give the same run; the report's --seed moves every one of the seeds."""
-    from numerics.seeds import trained_run_seed
+    from numerics.engine import trained_run_seed
 
     def seeds(report_seed):
         seen = {"run": [], "best": [], "flow": []}

@@ -10,7 +10,7 @@ import pytest
 
 from claims import limiting_error as claim
 from numerics.experiments.converged import TrainingSchedule
-from numerics import data as numerics_data
+from numerics import config as numerics_config
 from theory import exact as exact_theory
 from theory import limiting_error as limit_theory
 from mutation import assert_caught, assert_control_passes
@@ -57,10 +57,10 @@ def test_F_exponent_shifted(monkeypatch):
     "dropped the trained run's converged loss still lies within its tolerance of the fixed point and the "
     "claim passes; open for the next round (a noise-sensitive row at this profile)"))
 def test_label_noise_dropped(monkeypatch):
-    original = numerics_data._assemble
-    monkeypatch.setattr(numerics_data, "_assemble",
+    original = numerics_config._assemble
+    monkeypatch.setattr(numerics_config, "_assemble",
                         lambda x, q, g, eps, *a, **k: original(x, q, g, None, *a, **k))
-    _caught("label noise dropped in numerics.data (sigma = 0.5)")
+    _caught("label noise dropped in numerics.config (sigma = 0.5)")
 
 
 @pytest.mark.mutants

@@ -173,7 +173,7 @@ def test_quick_limit_row_agrees_and_rejects_the_round_number():
     with rho_inf, and the paper's round number gain = H is rejected by the same comparison.  With
     the fit sample at the floor of 128 prompts it read 2.087 +- 0.011 against 2.195, a fitted
     minimum's excess loss the evaluation's standard error does not see (limit_fit_elements)."""
-    from numerics.seeds import case_seed
+    from numerics.engine import case_seed
     p = claim.QUICK
     tasks, sigma = (3, 3, 3), 0.5
     assert ((tasks, sigma)) in p.cases and p.limit_fit_elements // p.limit_L >= 512

@@ -3,7 +3,7 @@ documented not to see (xfail, with why).  Run: python -m pytest -q --mutants -m 
 tests/claims/test_spectral_reduction_mutants.py -s  (each test prints the mutant and the verdict).
 
 Each mutant is applied with monkeypatch to every module binding of the original object
-(``from theory.reduced_ode import metric_factors`` in numerics.reduced and in the claim
+(``from theory.reduced_ode import metric_factors`` in numerics.model and in the claim
 binds the same function object), so the wrong theory / numerics is the one every caller sees.
 """
 from __future__ import annotations

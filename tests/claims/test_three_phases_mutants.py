@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-import numerics.data
+import numerics.config
 import numerics.model
 import theory.task_allocation
 import theory.three_phases
@@ -124,8 +124,8 @@ def test_mutant_logits_doubled(monkeypatch):
     "against 0.038 with the earlier stream. Open for the next round: a noise-sensitive row with the resolving "
     "power to see sigma^2 = 0.25 of the loss at this profile"))
 def test_mutant_label_noise_dropped(monkeypatch):
-    real = numerics.data._assemble
-    monkeypatch.setattr(numerics.data, "_assemble",
+    real = numerics.config._assemble
+    monkeypatch.setattr(numerics.config, "_assemble",
                         lambda x, q, g, eps, *args, **kwargs: real(x, q, g, None, *args, **kwargs))
     assert _report("label noise dropped (sigma = 0.5)", claim.run(profile=NOISY)) != "pass"
 
