@@ -1,4 +1,6 @@
-"""The problem configuration: tasks, heads, context length, noise, basis, parametrisation,
+"""The problem: its configuration and its prompts.
+
+The problem configuration: tasks, heads, context length, noise, basis, parametrisation,
 initialisation, dtype and device, validated on construction.
 
 Notation of docs/model.md: m tasks, task i owns an input block of size r_i, d = sum r_i, tokens
@@ -99,8 +101,9 @@ the cross blocks of the gradient vanish) hold exactly on the finite batch.
 """
 from __future__ import annotations
 
-import contextlib
+import functools
 import itertools
+import json
 import math
 import numbers
 import threading
@@ -175,14 +178,6 @@ def _check_matrix(name: str, value, H: int, m: int) -> tuple:
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} must be finite, got {arr.tolist()}")
     return tuple(tuple(float(v) for v in row) for row in arr)
-
-
-def check_known_fields(cls, d: dict) -> None:
-    """Refuse a dict (from JSON or a grid file) with keys that are not fields of the dataclass."""
-    known = {f.name for f in fields(cls)}
-    unknown = set(d) - known
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s) {sorted(unknown)}; known fields: {sorted(known)}")
 
 
 @dataclass(frozen=True)
@@ -292,22 +287,17 @@ class ProblemConfig:
 
     # --- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict:
-        out = asdict(self)
-        out["tasks"] = list(self.tasks)
-        for k in ("init_omega", "init_mu"):
-            if out[k] is not None:
-                out[k] = [list(row) for row in out[k]]
-        return out
+        """The fields as JSON data (tuples as lists)."""
+        return json.loads(json.dumps(asdict(self)))
 
     @classmethod
     def from_dict(cls, d: dict) -> "ProblemConfig":
-        check_known_fields(cls, d)
-        d = dict(d)
-        if "tasks" in d and isinstance(d["tasks"], list):
-            d["tasks"] = tuple(d["tasks"])
-        for k in ("init_omega", "init_mu"):
-            if d.get(k) is not None:
-                d[k] = tuple(tuple(row) for row in d[k])
+        """The configuration of a dict (from JSON or a grid file; lists where tuples were, which
+        construction turns into tuples), refused when it has keys that are not fields."""
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} field(s) {sorted(unknown)}; known fields: "
+                             f"{sorted(f.name for f in fields(cls))}")
         return cls(**d)
 
 
@@ -544,29 +534,22 @@ def _empty_prompts(cfg: ProblemConfig, n: int, device) -> tuple[torch.Tensor, to
             torch.empty(n, cfg.m, dtype=dt, device=device))
 
 
-def _prompts_from_draws(cfg: ProblemConfig, x, q, g, eps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(context, query, target) in cfg.dtype from float32 draws of the whole batch, in one
-    pass (the device stream)."""
-    dev = x.device
-    context, query, target = _empty_prompts(cfg, x.shape[0], dev)
-    Phi = cfg.basis_matrix().to(dev) if cfg.basis != "identity" else None
-    _assemble(x, q, g, eps, cfg, cfg.task_indicator().to(dev), Phi, context, query, target)
-    return context, query, target
-
-
-@contextlib.contextmanager
-def _serial_torch():
-    """Within the block, torch ops on this thread run on one intra-op thread: the labels' many
-    small ops would each be a parallel region waiting for a descheduled thread on shared cores
-    (600 ms instead of 150 ms a batch of 4096, loaded 2 cores); the sampler's threads keep the cores busy."""
-    threads = torch.get_num_threads()
-    if threads != 1:
+def one_thread(fn):
+    """Run ``fn`` with one torch intra-op thread (restored afterwards).  Where the work is many
+    small tensor ops, thread hand-offs cost more than they gain on shared cores: each op becomes
+    a parallel region waiting for a descheduled thread (the sampler's labels: 600 ms instead of
+    150 ms a batch of 4096 on 2 loaded cores, while its own threads keep the cores busy; the
+    reduced minimisers' batched matmuls: one single-head minimisation 3.3 s against 0.2 s)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        before = torch.get_num_threads()
         torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if threads != 1:
-            torch.set_num_threads(threads)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper
 
 
 def chunk_rows(cfg: ProblemConfig) -> int:
@@ -582,7 +565,7 @@ def _sample_keyed(cfg: ProblemConfig, n: int, generator: torch.Generator, thread
     in this order), its eps row p of sub-stream 1 (L m, drawn only when sigma > 0)
     (:func:`_gaussian_rows`).  The rows are drawn in chunks of :func:`chunk_rows` prompts on
     a pool of ``threads`` threads (numpy releases the GIL); each chunk is written into the
-    prompts on the caller's thread (:func:`_write_chunk`, serially: see _serial_torch) as soon
+    prompts on the caller's thread (:func:`_write_chunk`, on one torch thread: :func:`one_thread`) as soon
     as it is drawn, while the pool draws the next ones."""
     key = int(torch.randint(0, 2 ** 63 - 1, (), generator=generator, dtype=torch.int64))
     main, w_main = _substream(key, 0), words_per_prompt(cfg.L * cfg.d + 2 * cfg.d)
@@ -599,35 +582,24 @@ def _sample_keyed(cfg: ProblemConfig, n: int, generator: torch.Generator, thread
                 _gaussian_rows(noise, first, k, w_noise, pooled, slot=1, dtype=np_dtype))
 
     chunks = _thread_pool(threads).map(draw, range(n_chunks)) if pooled else map(draw, range(n_chunks))
-    with _serial_torch():
+    @one_thread
+    def write_chunks():
         maps = _token_maps(cfg, rows)
         for c, (z, eps) in enumerate(chunks):       # in order; the pool re-raises
             k = slice(c * rows, min(n, (c + 1) * rows))
             _write_chunk(z, eps, cfg, maps, context[k], query[k], target[k])
+    write_chunks()
 
 
-def _draw_on_device(cfg: ProblemConfig, n: int, generator: torch.Generator):
-    """The device (CUDA) stream's float32 draws: x, q, g, eps from ``generator`` in this
-    order, eps always (so the generator advances by the same amount whatever sigma)."""
+def _sample_on_device(cfg: ProblemConfig, n: int, generator: torch.Generator, context: torch.Tensor,
+                      query: torch.Tensor, target: torch.Tensor) -> None:
+    """The device (CUDA) stream, written into context, query, target: float32 draws x, q, g, eps
+    from ``generator`` in this order, eps always (so the generator advances by the same amount
+    whatever sigma), assembled in one pass (:func:`_assemble`)."""
     d, m, L, dev = cfg.d, cfg.m, cfg.L, generator.device
-    x = _normal((n, L, d), generator, dev)
-    q = _normal((n, d), generator, dev)
-    g = _normal((n, d), generator, dev)
-    eps = _normal((n, L, m), generator, dev)
-    return x, q, g, eps
-
-
-def _check_out(out, cfg: ProblemConfig, batch: int) -> None:
-    if not isinstance(out, Prompts):
-        raise TypeError(f"out must be a Prompts to overwrite (e.g. the previous call's), got {type(out).__name__}")
-    want = {"context": (batch, cfg.L, cfg.token_dim), "query": (batch, cfg.token_dim), "target": (batch, cfg.m)}
-    for name, shape in want.items():
-        t = getattr(out, name)
-        if (tuple(t.shape) != shape or t.dtype != cfg.torch_dtype or t.device.type != cfg.torch_device.type
-                or not t.is_contiguous()):
-            raise ValueError(f"out.{name} must be a contiguous {cfg.dtype} tensor of shape {shape} on {cfg.device} "
-                             f"(batch {batch} of this problem), got {t.dtype} {tuple(t.shape)} on {t.device}; "
-                             "pass out=None to allocate new tensors")
+    x, q, g, eps = (_normal(shape, generator, dev) for shape in ((n, L, d), (n, d), (n, d), (n, L, m)))
+    Phi = cfg.basis_matrix().to(dev) if cfg.basis != "identity" else None
+    _assemble(x, q, g, eps, cfg, cfg.task_indicator().to(dev), Phi, context, query, target)
 
 
 def sample_prompts(cfg: ProblemConfig, batch: int, generator: torch.Generator,
@@ -662,17 +634,13 @@ def sample_prompts(cfg: ProblemConfig, batch: int, generator: torch.Generator,
         raise ValueError(f"symmetrize=True returns every prompt under all 2^m = {n_flips} sign flips, so "
                          f"batch must be a multiple of {n_flips}; got {batch} (use e.g. "
                          f"{max(n_flips, batch - batch % n_flips)})")
-    if out is not None:
-        _check_out(out, cfg, batch)
-        context, query, target = out.context, out.query, out.target
-    else:
-        context, query, target = _empty_prompts(cfg, batch, cfg.device)
+    out = out if out is not None else Prompts(*_empty_prompts(cfg, batch, cfg.device))
+    context, query, target = out.context, out.query, out.target
     n = batch // n_flips if symmetrize else batch
     if generator.device.type == "cpu":
         _sample_keyed(cfg, n, generator, int(threads), context[:n], query[:n], target[:n])
     else:
-        for t, v in zip((context, query, target), _prompts_from_draws(cfg, *_draw_on_device(cfg, n, generator))):
-            t[:n] = v
+        _sample_on_device(cfg, n, generator, context[:n], query[:n], target[:n])
     if symmetrize:
         # flipping task i's sign maps (g_i, eps_i) -> -(g_i, eps_i): y_i, y_{q,i} -> -y_i, -y_{q,i};
         # image k of prompt p at k n + p (image 0, the identity, is the drawn prompt itself)

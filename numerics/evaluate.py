@@ -1,4 +1,7 @@
-"""Held-out loss: the population loss of trained weights, measured again on fresh prompts.
+"""What a trained model is: its held-out loss on fresh prompts, and the allocation readout of its
+(omega, mu).
+
+Held-out loss: the population loss of trained weights, measured again on fresh prompts.
 
 A converged loss read from the tail of the training losses is biased up while the loss
 still falls (the tail averages over earlier, worse weights); the loss *at the final
@@ -26,7 +29,7 @@ Two rules name a task's head, and each is argued once here:
   theory.task_allocation), so a race's measured winner is read the same way, with its *mass
   share* mu omega / sum_h |mu omega|.
 
-Thresholds (each decides which theory applies or whether a race has ended, never an agreement
+Thresholds (the constants below; each decides which theory applies or whether a race has ended, never an agreement
 with a number):
 """
 from __future__ import annotations
@@ -71,9 +74,6 @@ def prompt_losses(model, prompts) -> torch.Tensor:
 def _one_problem(models) -> ProblemConfig:
     """The problem of ``models`` (full models), which must share tasks, L, sigma, basis, dtype
     and device to be evaluated on the same held-out prompts."""
-    for m in models:
-        if not isinstance(m, MultiHeadAttention):
-            raise TypeError(f"models must be a MultiHeadAttention, got {type(m).__name__}")
     keys = [(c.tasks, c.L, c.sigma, c.basis, c.basis_seed, c.dtype, c.device) for c in (m.cfg for m in models)]
     if any(k != keys[0] for k in keys):
         raise ValueError("the models are of another problem than the first (tasks, L, sigma, basis, dtype, device): "
@@ -162,8 +162,6 @@ def held_out_prompt_losses(models, n: int = 16384, seed: int = 0, chunk: int = 4
     import numpy as np
 
     models = list(models)
-    if not models:
-        raise ValueError("held_out_prompt_losses needs at least one model")
     cfg = _one_problem(models)
     _check(n, chunk)
     evaluators = _stacks(models, stack_heads) if stack_heads else [
@@ -206,8 +204,6 @@ def hessian_top_eigenvalue(model: MultiHeadAttention, n: int = 2048, iters: int 
     the model's weights only while eta lambda_max < 2, whatever direction the eigenvector takes:
     off D too, which theory's reduced stiffness does not see (numerics.experiments.converged)."""
     _check(n, n)
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 2:
-        raise ValueError(f"iters must be an integer >= 2, got {iters!r}")
     cfg = model.cfg
     gen = held_out_generator(seed, cfg.device)
     start = torch.Generator(device="cpu").manual_seed(int(seed))

@@ -23,7 +23,6 @@ standard error = std / sqrt(n) over independent prompts).
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -34,28 +33,10 @@ from scipy.optimize import minimize, minimize_scalar
 
 from theory._validate import check_positive_int, check_sigma, check_tasks
 
-from .config import make_generator
-from .engine import kind
+from .config import make_generator, one_thread
+from .engine import case_seed, kind
 from .model import attention_weights
-from .engine import case_seed
 from .statistics import mean_se, standard_error_along
-
-def one_thread(fn):
-    """Run ``fn`` with one torch intra-op thread (restored afterwards).  The tensors here are
-    many small batched matmuls, where thread hand-offs cost more than they gain: measured 20x
-    slower with 2 threads than with 1 on a loaded 2-core machine (0.2 s against 3.3 s for
-    one single-head minimisation)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            torch.set_num_threads(before)
-
-    return wrapper
-
 
 CHUNK_ELEMENTS = 2 ** 21
 """Elements of the (prompts x heads x L) softmax tensor per chunk: 16 MB in float64."""
@@ -127,8 +108,6 @@ def sample_marginal_prompts(tasks, L: int, n: int, generator: torch.Generator,
     layout :func:`marginal_mean_loss` reads without a copy (another stream: the same law,
     the numbers in another order)."""
     tasks, L, _ = check_problem(tasks, L, 0.0)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n (number of prompts) must be a positive integer, got {n!r}")
     draw_dtype = dtype if draw_dtype is None else draw_dtype
     opts = dict(generator=generator, dtype=draw_dtype, device=device)
     scale2 = torch.tensor([query_scale2(r) for r in tasks], dtype=dtype, device=device)
@@ -242,9 +221,6 @@ def marginal_mean_loss(omega: torch.Tensor, mu: torch.Tensor, prompts: MarginalP
     (tests/test_train_reduced_rb.py)."""
     n, m = prompts.qnorm.shape
     H = omega.shape[0]
-    if omega.shape != mu.shape or omega.dim() != 2 or omega.shape[1] != m:
-        raise ValueError(f"omega and mu must both have shape (heads, m = {m}), got {tuple(omega.shape)} "
-                         f"and {tuple(mu.shape)}")
     L = prompts.u.shape[1]
     if chunk is None:
         chunk = max(1, MEAN_LOSS_CHUNK_ELEMENTS // (max(H, m) * L))
@@ -266,9 +242,6 @@ def evaluate(points: Sequence[tuple], tasks, L: int, sigma: float, n: int, seed:
     pts = [(torch.as_tensor(np.asarray(o, float), device=device), torch.as_tensor(np.asarray(u, float), device=device))
            for o, u in points]
     for o, u in pts:
-        if o.shape != u.shape or o.dim() != 2 or o.shape[1] != len(tasks):
-            raise ValueError(f"omega and mu must both have shape (heads, m = {len(tasks)}), got "
-                             f"{tuple(o.shape)} and {tuple(u.shape)}")
         if not (torch.isfinite(o).all() and torch.isfinite(u).all()):
             raise ValueError(f"omega and mu must be finite, got omega={o.tolist()}, mu={u.tolist()}")
     heads = max(o.shape[0] for o, _ in pts)
@@ -490,8 +463,6 @@ def best_found_minimum(tasks, L: int, sigma: float = 0.0, seed: int = 0, heads_p
     signed superposition; the better of the two searches is returned.  Returns the point as
     (H, m) arrays with H = heads_per_task * m (or shared_heads)."""
     tasks, L, sigma = check_problem(tasks, L, sigma)
-    if heads_per_task < 1:
-        raise ValueError(f"heads_per_task must be >= 1, got {heads_per_task}")
     m, K = len(tasks), int(heads_per_task)
     alloc = allocated_minimum(tasks, L, sigma, seed, device, fit_elements)
     per_size = {}
@@ -563,9 +534,6 @@ def loss_and_gradient(omega, mu, tasks, L: int, sigma: float, n: int, seed: int,
         raise ValueError(f"n must be at least 2 * groups = {2 * groups} prompts, got {n}")
     om = torch.tensor(np.asarray(omega, float), device=device, requires_grad=True)
     mu_ = torch.tensor(np.asarray(mu, float), device=device, requires_grad=True)
-    if om.shape != mu_.shape or om.dim() != 2 or om.shape[1] != len(tasks):
-        raise ValueError(f"omega and mu must both have shape (heads, m = {len(tasks)}), got "
-                         f"{tuple(om.shape)} and {tuple(mu_.shape)}")
     per = torch.cat([marginal_losses(om, mu_, chunk, tasks, sigma)
                      for chunk in marginal_chunks(tasks, L, n, seed, om.shape[0], device=device)])
     parts = np.array_split(np.arange(n), groups)

@@ -1,4 +1,7 @@
-"""The full model: one layer of H softmax-attention heads, nothing else.
+"""The model: the full one-layer multi-head softmax attention, its exact finite-L reduced model on
+the decomposable set D, and exact symmetrisation of a batch.
+
+The full model: one layer of H softmax-attention heads, nothing else.
 
     y_hat = sum_h U_h sum_l softmax_l(z_l^T W_h z_q) z_l,
 
@@ -77,9 +80,6 @@ class Readout:
 
 def mse_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """E ||y_q - y_hat||^2: mean over the batch of the squared error summed over tasks."""
-    if pred.shape != target.shape:
-        raise ValueError(f"pred and target must have the same shape (B, m), got {tuple(pred.shape)} "
-                         f"and {tuple(target.shape)}")
     return ((pred - target) ** 2).sum(dim=-1).mean()
 
 
@@ -159,16 +159,12 @@ def factor_balance(model: "MultiHeadAttention") -> tuple[np.ndarray, np.ndarray]
     conserves both on D (dk/dt = -(q/(s r)) dL/domega, dq/dt = -(k/(s r)) dL/domega, so
     d(k^2 - q^2)/dt = 0; likewise o, v); 0 at the balanced points of D."""
     cfg = model.cfg
-    if cfg.param != "factored":
-        raise ValueError("factor_balance needs param='factored' (merged weights have no factors)")
     d, m = cfg.d, cfg.m
     Phi = cfg.basis_numpy()
     with torch.no_grad():
         K, Q, V, O = (t.detach().to("cpu", torch.float64).numpy() for t in (model.K, model.Q, model.V, model.O))
-    k = np.stack([np.einsum("ak,hab,bk->h", Phi[:, sl], K[:, :d, :d], Phi[:, sl]) / (sl.stop - sl.start)
-                  for sl in cfg.block_slices], axis=1)
-    q = np.stack([np.einsum("ak,hab,bk->h", Phi[:, sl], Q[:, :d, :d], Phi[:, sl]) / (sl.stop - sl.start)
-                  for sl in cfg.block_slices], axis=1)
+    k, q = (np.stack([np.einsum("ak,hab,bk->h", Phi[:, sl], A[:, :d, :d], Phi[:, sl]) / (sl.stop - sl.start)
+                      for sl in cfg.block_slices], axis=1) for A in (K, Q))
     idx = np.arange(m)
     o = O[:, idx, d + idx]
     v = V[:, d + idx, d + idx]
@@ -203,12 +199,8 @@ class MultiHeadAttention(torch.nn.Module):
         else:
             self.W = torch.nn.Parameter(torch.zeros(H, D, D, **opts))
             self.U = torch.nn.Parameter(torch.zeros(H, m, D, **opts))
-        if cfg.init == "random_full":
-            self._init_random_full()
-        elif cfg.init == "uniform_full":
-            self._init_uniform_full()
-        elif cfg.init == "linear_default":
-            self._init_linear_default()
+        if cfg.init in ("random_full", "uniform_full", "linear_default"):
+            self._init_iid()
         elif cfg.init == "authors_small":
             self._init_authors_small()
         else:
@@ -228,65 +220,52 @@ class MultiHeadAttention(torch.nn.Module):
         mu = mu.double()
         proj = lambda diag: torch.einsum("ak,hk,bk->hab", Phi, diag, Phi)  # noqa: E731  Phi diag Phi^T
         idx = torch.arange(m)
-        for p in self.parameters():
-            p.zero_()
+        H, D = cfg.heads, cfg.token_dim
+        W, U = torch.zeros(H, D, D, dtype=torch.float64), torch.zeros(H, m, D, dtype=torch.float64)
         if cfg.param == "merged":
-            W = torch.zeros(cfg.heads, cfg.token_dim, cfg.token_dim, dtype=torch.float64)
-            U = torch.zeros(cfg.heads, m, cfg.token_dim, dtype=torch.float64)
             W[:, :d, :d] = proj(omega_coord)
             U[:, idx, d + idx] = mu
-            self.W.copy_(W)
-            self.U.copy_(U)
-            return
-        root = torch.sqrt(s * omega_coord.abs())
-        K = torch.zeros(cfg.heads, cfg.token_dim, cfg.token_dim, dtype=torch.float64)
-        Q = torch.zeros_like(K)
-        V = torch.zeros_like(K)
-        O = torch.zeros(cfg.heads, m, cfg.token_dim, dtype=torch.float64)
-        K[:, :d, :d] = proj(torch.sign(omega_coord) * root)
-        Q[:, :d, :d] = proj(root)
-        V[:, d + idx, d + idx] = mu.abs().sqrt()
-        O[:, idx, d + idx] = torch.sign(mu) * mu.abs().sqrt()
-        for param, value in ((self.K, K), (self.Q, Q), (self.V, V), (self.O, O)):
-            param.copy_(value)
+            values = {"W": W, "U": U}
+        else:
+            root = torch.sqrt(s * omega_coord.abs())
+            K, Q, V, O = W, torch.zeros_like(W), torch.zeros_like(W), U
+            K[:, :d, :d] = proj(torch.sign(omega_coord) * root)
+            Q[:, :d, :d] = proj(root)
+            V[:, d + idx, d + idx] = mu.abs().sqrt()
+            O[:, idx, d + idx] = torch.sign(mu) * mu.abs().sqrt()
+            values = {"K": K, "Q": Q, "V": V, "O": O}
+        for name, value in values.items():
+            getattr(self, name).copy_(value)
 
     @torch.no_grad()
-    def _init_random_full(self) -> None:
-        """Every entry i.i.d. Gaussian, scaled so that W_h, U_h have entries of std ~ s0/sqrt(D).
+    def _init_iid(self) -> None:
+        """Every entry i.i.d. (seed init_seed), D = d+m:
 
-        merged: W, U entries N(0, s0^2/D).  factored: K, Q entries N(0, s s0 / D) give
-        (K^T Q / s)_ab = sum_k K_ka Q_kb / s with std sqrt(D) (s s0/D) / s = s0/sqrt(D); V, O
-        entries N(0, s0/D) give U = O V entries of std s0/sqrt(D) likewise."""
+        - ``random_full``: Gaussian, so that W_h, U_h have entries of std ~ s0/sqrt(D): merged,
+          W, U entries N(0, s0^2/D); factored, K, Q entries N(0, s s0 / D) give
+          (K^T Q / s)_ab = sum_k K_ka Q_kb / s with std sqrt(D) (s s0/D) / s = s0/sqrt(D), and V, O
+          entries N(0, s0/D) give U = O V entries of std s0/sqrt(D) likewise;
+        - ``uniform_full``: uniform on [-s0/sqrt(D), s0/sqrt(D)] (s0 = 1 is nn.Linear's default bound
+          1/sqrt(fan_in), kaiming_uniform with a = sqrt(5));
+        - ``linear_default``: nn.Linear's default on each of the authors' projections, times s0:
+          U(-s0/sqrt(fan_in), s0/sqrt(fan_in)), q_proj, k_proj, v_proj reading a token (fan_in D),
+          o_proj the H heads' concatenated outputs (fan_in H D)."""
         cfg = self.cfg
-        D, s0, s = cfg.token_dim, cfg.init_scale, cfg.logit_scale
-        gen = torch.Generator().manual_seed(cfg.init_seed)
-        std = ({"W": s0 / math.sqrt(D), "U": s0 / math.sqrt(D)} if cfg.param == "merged" else
-               {"K": math.sqrt(s * s0 / D), "Q": math.sqrt(s * s0 / D),
-                "V": math.sqrt(s0 / D), "O": math.sqrt(s0 / D)})
-        for name, p in self.named_parameters():
-            p.copy_(std[name] * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-
-    @torch.no_grad()
-    def _init_uniform_full(self) -> None:
-        """Every entry i.i.d. uniform on [-s0/sqrt(D), s0/sqrt(D)], D = d+m (seed init_seed):
-        s0 = 1 is nn.Linear's default bound 1/sqrt(fan_in) (kaiming_uniform, a = sqrt(5))."""
-        cfg = self.cfg
-        bound = cfg.init_scale / math.sqrt(cfg.token_dim)
-        gen = torch.Generator().manual_seed(cfg.init_seed)
-        for _, p in self.named_parameters():
-            p.copy_(bound * (2.0 * torch.rand(p.shape, generator=gen, dtype=torch.float64) - 1.0))
-
-    @torch.no_grad()
-    def _init_linear_default(self) -> None:
-        """nn.Linear's default on each of the authors' projections, times s0 (seed init_seed):
-        kaiming_uniform with a = sqrt(5) is U(-1/sqrt(fan_in), 1/sqrt(fan_in)); q_proj, k_proj,
-        v_proj read a token (fan_in D), o_proj the H heads' concatenated outputs (fan_in H D)."""
-        cfg = self.cfg
-        D, H, s0 = cfg.token_dim, cfg.heads, cfg.init_scale
-        bound = {"K": s0 / math.sqrt(D), "Q": s0 / math.sqrt(D), "V": s0 / math.sqrt(D), "O": s0 / math.sqrt(H * D)}
+        D, H, s0, s = cfg.token_dim, cfg.heads, cfg.init_scale, cfg.logit_scale
+        if cfg.init == "random_full":
+            scale = ({"W": s0 / math.sqrt(D), "U": s0 / math.sqrt(D)} if cfg.param == "merged" else
+                     {"K": math.sqrt(s * s0 / D), "Q": math.sqrt(s * s0 / D), "V": math.sqrt(s0 / D),
+                      "O": math.sqrt(s0 / D)})
+        elif cfg.init == "uniform_full":
+            scale = dict.fromkeys(("K", "Q", "V", "O", "W", "U"), cfg.init_scale / math.sqrt(cfg.token_dim))
+        else:
+            scale = {"K": s0 / math.sqrt(D), "Q": s0 / math.sqrt(D), "V": s0 / math.sqrt(D), "O": s0 / math.sqrt(H * D)}
         gen = torch.Generator().manual_seed(cfg.init_seed)
         for name, p in self.named_parameters():
-            p.copy_(bound[name] * (2.0 * torch.rand(p.shape, generator=gen, dtype=torch.float64) - 1.0))
+            if cfg.init == "random_full":
+                p.copy_(scale[name] * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+            else:
+                p.copy_(scale[name] * (2.0 * torch.rand(p.shape, generator=gen, dtype=torch.float64) - 1.0))
 
     @torch.no_grad()
     def _init_authors_small(self) -> None:
@@ -357,8 +336,6 @@ class MultiHeadAttention(torch.nn.Module):
         -dW/dt = (grad_K^T Q + K^T grad_Q) / s,  -dU/dt = grad_O V + O grad_V.
         Minus these is the velocity of (W, U) (detached)."""
         grads = {n: p.grad for n, p in self.named_parameters()}
-        if any(g is None for g in grads.values()):
-            raise ValueError("merged_gradients needs the parameters' .grad: call loss.backward() first")
         with torch.no_grad():
             if self.cfg.param == "merged":
                 return grads["W"].clone(), grads["U"].clone()
@@ -446,20 +423,10 @@ def full_velocity_on_D(cfg: ProblemConfig, omega, mu, prompts) -> tuple[np.ndarr
     return model.semi_singular_velocity()
 
 
-def _check_values(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) -> None:
-    for name, t in (("omega", omega), ("mu", mu)):
-        if not torch.is_tensor(t):
-            raise TypeError(f"{name} must be a torch.Tensor of shape (heads, m), got {type(t).__name__}")
-        if tuple(t.shape) != (cfg.heads, cfg.m):
-            raise ValueError(f"{name} must have shape (heads, m) = ({cfg.heads}, {cfg.m}), got {tuple(t.shape)}")
-
-
 def block_scores(prompts: Prompts, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores, labels), each (..., B, L, m): s_{l,j} = <Phi_j^T x_l, Phi_j^T q> and y_{l,j}
     (prompts of any leading shape: one batch, or the stacked streams of a numerics.train program)."""
     d = cfg.d
-    if prompts.context.shape[-1] != cfg.token_dim:
-        raise ValueError(f"prompts have token width {prompts.context.shape[-1]}, cfg needs d+m = {cfg.token_dim}")
     x, y, q = prompts.context[..., :d], prompts.context[..., d:], prompts.query[..., :d]
     if cfg.basis != "identity":
         Phi = cfg.basis_matrix()
@@ -483,7 +450,6 @@ def predict_from_scores(omega: torch.Tensor, mu: torch.Tensor, scores: torch.Ten
 
 def reduced_predict(omega: torch.Tensor, mu: torch.Tensor, prompts: Prompts, cfg: ProblemConfig) -> torch.Tensor:
     """y_hat (B, m) of the reduced model with values omega, mu (H x m) on ``prompts``."""
-    _check_values(omega, mu, cfg)
     return predict_from_scores(omega, mu, *block_scores(prompts, cfg))
 
 
@@ -521,7 +487,6 @@ def metric_factors(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) ->
     for cfg.param and cfg.logit_scale: ``theory.reduced_ode.metric_factors`` (the one
     definition) on these values, returned as tensors of omega's dtype and device.  The H x m
     values make a round trip through numpy (negligible next to a batch)."""
-    _check_values(omega, mu, cfg)
     f_om, f_mu = theory_metric_factors(cfg.param, omega.detach().cpu().double().numpy(),
                                        mu.detach().cpu().double().numpy(), cfg.tasks, cfg.logit_scale)
     opts = dict(dtype=omega.dtype, device=omega.device)

@@ -26,10 +26,10 @@ from it and ends bit-identical to an uninterrupted run with the same configurati
 file's every field is checked against the run first (:func:`numerics.checkpoint.read`): a
 checkpoint that is not this run's, or not whole, is refused, never resumed or replaced.
 
-Every run is a run of numerics.train.Program, the one gradient-descent loop of the project
-(the claims, the sweep and the bench all run through it): a single run is a program of one
-run, and :func:`train_many` / :func:`train_reduced_many` train runs of one shape together,
-each run's numbers those of the run alone to rounding.  Seams: ``batches`` (a callable step
+Every run is a run of :class:`Program`, the one gradient-descent loop of the project (the
+claims, the sweep and the bench all run through it): a single run is a program of one run,
+and :func:`train_many` / :func:`train_reduced_many` train runs of one shape together, each
+run's numbers those of the run alone to rounding.  Seams: ``batches`` (a callable step
 -> Prompts replacing the default stream of fresh batches: a fixed symmetrised batch, a
 deliberately asymmetric one), ``on_record`` (a hook called at every record with (step, t,
 state, loss), state = a copy of the model or of (omega, mu) at the record), ``record_every``
@@ -47,11 +47,8 @@ precision checks need true float32/float64.
 
 CLI: ``python -m numerics.train --help``.
 
-The one gradient-descent loop of numerics: R runs of one shape as one tensor program.
-
-Every run of numerics.train (``train``, ``train_reduced``, ``train_many``,
-``train_reduced_many``) is a run of this program; a single run is a program of one run.
-The runs' state carries a leading run axis:
+The program: R runs of one shape as one tensor program.  The runs' state carries a leading
+run axis:
 
 - the full model (:class:`StackedAttention`): the weights of all runs stacked, (R, H, D, D)
   and (R, H, m, D); with k runs per stream, the k H heads of a stream's runs read its context
@@ -103,10 +100,10 @@ from numerics.io.command import (SEED_MAX, command_line, float_option, int_optio
 from numerics.io.files import DiskFull, check_output_path, write_output
 
 from . import checkpoint
-from .config import (INITS, PARAMS, STREAM_VERSION, ProblemConfig, Prompts, check_known_fields, make_generator,
+from .config import (INITS, PARAMS, STREAM_VERSION, ProblemConfig, Prompts, make_generator,
                      sample_prompts, use_precise_float32)
 from .engine import MERGE_CONTEXT_ELEMENTS, digest
-from .exact_reduced import MarginalPrompts, marginal_mean_loss, sample_marginal_prompts
+from .exact_reduced import marginal_mean_loss, sample_marginal_prompts
 from .model import (MultiHeadAttention, TrainingDiverged, attend, block_scores, initial_semi_singular_values,
                     metric_factors, readout)
 
@@ -164,8 +161,6 @@ class TrainConfig:
                              "raise lr or lower time")
         if self.records > MAX_STEPS + 1:
             raise ValueError(f"records must be at most steps + 1, got {self.records}")
-        if self.checkpoint is not None and not isinstance(self.checkpoint, (str, os.PathLike)):
-            raise TypeError(f"checkpoint must be a path or None, got {self.checkpoint!r}")
         if self.checkpoint is not None:
             object.__setattr__(self, "checkpoint", os.fspath(self.checkpoint))
 
@@ -174,18 +169,15 @@ class TrainConfig:
         """Number of GD steps: round(time / lr); the run ends at t = lr * steps."""
         return max(1, int(round(self.time / self.lr)))
 
-    def record_steps(self) -> list[int]:
-        """Steps at which a Record is taken: ``records`` evenly spaced, incl. 0 and steps."""
+    def record_steps(self, every: Optional[int] = None) -> list[int]:
+        """Steps at which a Record is taken: ``records`` evenly spaced, incl. 0 and steps (and
+        every ``every``-th step)."""
         n = self.steps
-        return sorted({int(round(k * n / (self.records - 1))) for k in range(self.records)})
+        at = {int(round(k * n / (self.records - 1))) for k in range(self.records)}
+        return sorted(at | set(range(0, n + 1, every)) if every else at)
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        check_known_fields(cls, d)
-        return cls(**d)
 
 
 @dataclass
@@ -225,26 +217,6 @@ class TrainResult:
             "fingerprint": self.fingerprint,
         }
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainResult":
-        """The TrainResult of :meth:`to_dict`'s JSON, typed again (without the per-step losses
-        and the final model, which are not serialised)."""
-        missing = {"config", "train", "trajectory", "omega", "mu", "loss", "wall_seconds", "steps"} - set(d)
-        if missing:
-            raise ValueError(f"not a TrainResult dict: missing key(s) {sorted(missing)}")
-        return cls(config=ProblemConfig.from_dict(d["config"]), train=TrainConfig.from_dict(d["train"]),
-                   trajectory=[Record(**r) for r in d["trajectory"]], omega=np.asarray(d["omega"], float),
-                   mu=np.asarray(d["mu"], float), loss=float(d["loss"]), wall_seconds=float(d["wall_seconds"]),
-                   steps=int(d["steps"]), model=d.get("model", "full"), cpu_seconds=float(d.get("cpu_seconds", 0.0)),
-                   fingerprint=d.get("fingerprint"))
-
-
-def record_steps(tcfg: TrainConfig, record_every: Optional[int] = None) -> set:
-    """The steps at which a run records: ``tcfg.record_steps()`` and every ``record_every``-th."""
-    at = set(tcfg.record_steps())
-    if record_every is not None:
-        at |= set(range(0, tcfg.steps + 1, record_every))
-    return at
 
 
 def make_result(run: Run, kind: str, wall: float, cpu: float, batched_runs: int) -> TrainResult:
@@ -307,7 +279,7 @@ def _alone(kind: str, cfg, tcfg, seams: dict, estimator: str = "prompts") -> Tra
 def train_reduced_many(cfgs, tcfgs, *, start: Optional[Sequence] = None, metric: Optional[Sequence] = None,
                        on_record: Optional[Sequence] = None) -> list:
     """Train many reduced flows, each exactly as :func:`train_reduced` (estimator "prompts")
-    would (to rounding), the runs of one shape (numerics.train.SHAPE_FIELDS) and batch size
+    would (to rounding), the runs of one shape (:data:`SHAPE_FIELDS`) and batch size
     as one program: runs that draw the same prompts share one draw per step.  Returns one entry
     per run, in order: its TrainResult, or the exception that ended it (TrainingDiverged, or
     the one its on_record hook raised).  ``cfgs``, ``tcfgs`` as in :func:`train_many`;
@@ -321,7 +293,7 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
                record_every=None, start: Optional[Sequence] = None, max_runs: Optional[int] = None,
                read_records: bool = True) -> list:
     """Train many full-model runs, each exactly as :func:`train` would (to rounding), batching
-    the compatible ones into one tensor program (``numerics.train``).  Returns one entry per
+    the compatible ones into one tensor program (:class:`Program`).  Returns one entry per
     run, in order: its TrainResult, or the exception that ended it.
 
     ``cfgs``, ``tcfgs``: sequences of ProblemConfig and TrainConfig of equal length (a single
@@ -329,7 +301,7 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
     allowed) and ``record_every`` (an int for all, or a sequence) are train()'s seams per run.
 
     What is batched: runs with the same tasks, heads, L, param, basis (and basis_seed), dtype,
-    device and batch size form a group (numerics.train.SHAPE_FIELDS), trained as one or a few
+    device and batch size form a group (:data:`SHAPE_FIELDS`), trained as one or a few
     programs: at most ``max_runs`` runs each (default: as many as fit in half the free memory,
     by step_memory_bytes); the runs of one prompt stream together; on the CPU, runs of
     different streams share a program only while its contexts hold at most
@@ -352,8 +324,6 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
     ``read_records=False``: a record before a run's last step holds its loss only (omega, mu and
     residual None; the readout is most of a record's cost), for callers that read the loss curve
     and the end state alone."""
-    if max_runs is not None and (isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1):
-        raise ValueError(f"max_runs must be a positive integer or None, got {max_runs!r}")
     return _train_all("full", cfgs, tcfgs, dict(batches=batches, on_record=on_record, record_every=record_every,
                                                 start=start), max_runs=max_runs, read_records=read_records)
 
@@ -361,7 +331,7 @@ def train_many(cfgs, tcfgs, *, batches: Optional[Sequence] = None, on_record: Op
 def _train_all(kind: str, cfgs, tcfgs, seams: dict, *, estimator: str = "prompts",
                max_runs: Optional[int] = None, alone: bool = False, read_records: bool = True) -> list:
     """Every run of the four entry points: checked (all before any is trained), grouped into
-    programs (:func:`_programs`), each trained by numerics.train.Program; one entry per run."""
+    programs (:func:`_programs`), each trained by :class:`Program`; one entry per run."""
     cfgs, tcfgs, seams = _per_run(cfgs, tcfgs, seams)
     for i in range(len(cfgs)):
         _check_run(kind, i, cfgs, tcfgs, seams, estimator, "" if alone else f"[{i}]")
@@ -412,16 +382,6 @@ def _check_run(kind: str, i: int, cfgs: list, tcfgs: list, seams: dict, estimato
     """Run i's arguments, refused with a one-line error; a reduced start made (omega0, mu0)
     tensors of the run's dtype and device (a copy: the caller's arrays are never updated)."""
     cfg, tcfg, run = cfgs[i], tcfgs[i], f"run {i}: " if where else ""
-    if not isinstance(cfg, ProblemConfig):
-        raise TypeError(f"cfg{where} must be a ProblemConfig, got {type(cfg).__name__}")
-    if not isinstance(tcfg, TrainConfig):
-        raise TypeError(f"tcfg{where} must be a TrainConfig, got {type(tcfg).__name__}")
-    for name in ("batches", "on_record", "metric"):
-        if seams.get(name, [None] * len(cfgs))[i] is not None and not callable(seams[name][i]):
-            raise TypeError(f"{name}{where} must be callable, got {type(seams[name][i]).__name__}")
-    every = seams["record_every"][i]
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise ValueError(f"record_every{where} must be a positive integer or None, got {every!r}")
     if seams["batches"][i] is not None and tcfg.checkpoint is not None:
         raise ValueError(f"{run}a run with its own batch source cannot be checkpointed (the source's state is not "
                          "saved); drop checkpoint or the batches")
@@ -431,8 +391,6 @@ def _check_run(kind: str, i: int, cfgs: list, tcfgs: list, seams: dict, estimato
     start = seams["start"][i]
     if kind == "reduced":
         seams["start"][i] = _start_values(cfg, start)
-    elif start is not None and not isinstance(start, MultiHeadAttention):
-        raise TypeError(f"start{where} must be a MultiHeadAttention (the model to train), got {type(start).__name__}")
     elif start is not None and start.cfg != cfg:
         raise ValueError(f"start{where} was built for a different ProblemConfig than cfg{where}")
 
@@ -455,7 +413,7 @@ def _programs(kind: str, cfgs: list, tcfgs: list, batches: list, max_runs: Optio
     in half the free memory), the runs of one stream together, and on the CPU several streams
     together only while their contexts hold at most MERGE_CONTEXT_ELEMENTS numbers.  Streams share
     a program only with streams of as many runs: then each stream's runs read its context as one
-    (numerics.train._Layout); with unequal counts every run reads a copy of its own (24 runs of
+    (:class:`_Layout`); with unequal counts every run reads a copy of its own (24 runs of
     one stream beside 6 runs of their own: 1.7x the CPU time of the two programs, float32)."""
     groups: dict = {}
     for i, (cfg, tcfg) in enumerate(zip(cfgs, tcfgs)):
@@ -505,7 +463,7 @@ def _program_runs(part: list, cfgs: list, tcfgs: list, seams: dict, estimator: s
         metric = seams.get("metric", [None] * len(cfgs))[i]
         if "metric" in seams and metric is None:
             metric = lambda o, m_, cfg=cfg: metric_factors(o, m_, cfg)  # noqa: E731
-        runs.append(Run(i, cfg, tcfg, keyed[key], record_steps(tcfg, seams["record_every"][i]), seams["on_record"][i],
+        runs.append(Run(i, cfg, tcfg, keyed[key], set(tcfg.record_steps(seams["record_every"][i])), seams["on_record"][i],
                         start=seams["start"][i], metric=metric, estimator=estimator))
     return runs, streams
 
@@ -523,208 +481,7 @@ def _sampler(cfg: ProblemConfig, tcfg: TrainConfig, estimator: str) -> Callable:
     return lambda g, out=None: sample_prompts(cfg, tcfg.batch, g, tcfg.symmetrize, out=out)
 
 
-
-# --- command line ------------------------------------------------------------------------------
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m numerics.train",
-        description="Train the one-layer multi-head softmax attention model (or its exact finite-L "
-                    "reduced model) by plain gradient descent = discretised gradient flow, and write "
-                    "the trajectory of the semi-singular values (omega, mu) as JSON.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    g = p.add_argument_group("problem")
-    g.add_argument("--tasks", type=tasks_option(), default=(3, 3), help="comma-separated task block sizes r_1,..,r_m (d = sum)")
-    g.add_argument("--heads", type=int_option("--heads", 1), default=2, help="number of heads H")
-    g.add_argument("--L", type=int_option("--L", 1), default=128, help="context length L")
-    g.add_argument("--sigma", type=float_option("--sigma", finite=False), default=0.0, help="label noise standard deviation")
-    g.add_argument("--basis", choices=("identity", "random"), default="identity",
-                   help="task basis Phi: contiguous blocks or a seeded Haar-random orthonormal basis")
-    g.add_argument("--basis-seed", type=seed_option("--basis-seed"), default=None,
-                   help="seed of the random basis (with --basis random; default 0)")
-    g.add_argument("--param", choices=PARAMS, default="factored",
-                   help="factored: train K,Q,V,O with W=K^T Q/s, U=O V; merged: train W, U")
-    g.add_argument("--logit-scale", type=float_option("--logit-scale", finite=False), default=None,
-                   help="s in W = K^T Q / s (--param factored only; default 1)")
-    g.add_argument("--init", type=float_option("--init", finite=False), default=0.15,
-                   help="initial scale s0: omega = s0, mu = s0 (2 s0 on head h's task h mod m)")
-    g.add_argument("--init-pattern", choices=[i for i in INITS if i != "given"], default="decomposable",
-                   help="initialisation pattern (see docs/numerics.md; init='given' needs the Python API)")
-    g.add_argument("--init-seed", type=seed_option("--init-seed"), default=None,
-                   help="seed of the random initialisation patterns (not with the deterministic 'decomposable'; default 0)")
-    g.add_argument("--dtype", choices=("float32", "float64"), default="float64", help="floating point type")
-    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (TF32 is switched off on cuda)")
-    g.add_argument("--threads", type=threads_option("--threads"), default=None,
-                   help="torch CPU threads (torch.set_num_threads), at most 4 x the CPUs; default: torch's own choice")
-    g = p.add_argument_group("training")
-    g.add_argument("--time", type=float_option("--time", finite=False), default=60.0, help="final time t_end; steps = round(time / lr)")
-    g.add_argument("--lr", type=float_option("--lr", finite=False), default=0.05, help="GD step = time step of the gradient flow")
-    g.add_argument("--batch", type=int_option("--batch", 1), default=2048, help="prompts per step")
-    g.add_argument("--seed", type=seed_option("--seed"), default=0, help="seed of the prompt stream (0 .. 2^64 - 1)")
-    g.add_argument("--records", type=int_option("--records", 2), default=None,
-                   help="trajectory records, evenly spaced in t, at most steps + 1 (default: 61, or steps + 1 "
-                        "for a run of fewer than 60 steps)")
-    g.add_argument("--fixed-batch", action="store_true",
-                   help="one fixed batch for all steps instead of fresh batches")
-    g.add_argument("--symmetrize", action="store_true",
-                   help="apply the per-task sign-flip group to every prompt (batch multiple of 2^m)")
-    g.add_argument("--diverge-loss", type=float_option("--diverge-loss", finite=False), default=1e6, help="stop with an error above this loss")
-    g.add_argument("--reduced", action="store_true",
-                   help="train the exact finite-L reduced model on (omega, mu) instead of the full model")
-    g = p.add_argument_group("output")
-    g.add_argument("--out", default="run.json", help="JSON result file (written atomically at the end)")
-    g.add_argument("--checkpoint", default=None,
-                   help="checkpoint file: written every --checkpoint-every steps, resumed from if present")
-    g.add_argument("--checkpoint-every", type=int_option("--checkpoint-every", 1), default=None,
-                   help="steps between checkpoints (with --checkpoint; default 500)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
-
-
-def step_memory_bytes(cfg: ProblemConfig, batch: int) -> int:
-    """Rough peak bytes of one training step, for refusing a run that cannot fit before it
-    allocates: with D = d + m, E = B L D context elements and G = B L H logit-sized ones, a
-    step holds the context and the sampler's inputs (2 E), the logits, softmax weights and
-    their gradients (about 5 G), the parameters and their gradients (about 4 H D^2 + 2 H m D),
-    and the basis (d^2), each ``itemsize`` bytes. A lower-order estimate: it decides only
-    whether the run is hopeless, not how close it comes."""
-    item = 4 if cfg.dtype == "float32" else 8
-    D, H, L, d, m = cfg.token_dim, cfg.heads, cfg.L, cfg.d, cfg.m
-    E, G = batch * L * D, batch * L * H
-    return item * (2 * E + 5 * G + 4 * H * D * D + 2 * H * m * D + d * d)
-
-
-def _available_memory(device: str) -> Optional[int]:
-    """Bytes free for the run: MemAvailable on CPU (Linux), free device memory on CUDA;
-    None where it cannot be read (then no refusal)."""
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            return None
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-DEFAULT_RECORDS = 61
-
-# configuration fields -> the flag that sets them, so that a message of ProblemConfig or
-# TrainConfig ("lr must be ...") names the flag the user typed ("--lr must be ...")
-_FIELD_FLAGS = (("time / lr", "--time / --lr"), ("tasks", "--tasks"), ("heads", "--heads"), ("L", "--L"),
-                ("sigma", "--sigma"), ("basis_seed", "--basis-seed"), ("logit_scale", "--logit-scale"),
-                ("init_scale", "--init"), ("init_seed", "--init-seed"), ("device", "--device"),
-                ("lr", "--lr"), ("time", "--time"), ("batch", "--batch"), ("seed", "--seed"),
-                ("records", "--records"), ("checkpoint_every", "--checkpoint-every"),
-                ("diverge_loss", "--diverge-loss"), ("checkpoint", "--checkpoint"))
-
-
-def _flag_message(text: str) -> str:
-    for name, flag in _FIELD_FLAGS:
-        if text.startswith(name + " "):
-            return flag + text[len(name):]
-    return text
-
-
-def _configs(parser: argparse.ArgumentParser, args) -> tuple[ProblemConfig, TrainConfig]:
-    """The run's configurations from the parsed flags, after every check that does not need the
-    computation (parser.error: exit 2, nothing computed)."""
-    # options that would be silently ignored are refused: the user meant something by them
-    ignored = [(args.basis_seed is not None and args.basis != "random",
-                "--basis-seed is used only with --basis random (the identity basis has no seed)"),
-               (args.init_seed is not None and args.init_pattern == "decomposable",
-                "--init-seed is used only by the random --init-pattern values (the default 'decomposable' "
-                "start is deterministic)"),
-               (args.logit_scale is not None and args.param != "factored",
-                "--logit-scale is used only with --param factored (merged weights have no logit scale)"),
-               (args.checkpoint_every is not None and args.checkpoint is None,
-                "--checkpoint-every is used only with --checkpoint PATH")]
-    for bad, why in ignored:
-        if bad:
-            parser.error(f"{why}; drop it or add what it needs")
-    try:
-        cfg = ProblemConfig(tasks=args.tasks, heads=args.heads, L=args.L, sigma=args.sigma, basis=args.basis,
-                            basis_seed=args.basis_seed or 0, param=args.param,
-                            logit_scale=1.0 if args.logit_scale is None else args.logit_scale,
-                            init=args.init_pattern, init_scale=args.init, init_seed=args.init_seed or 0,
-                            dtype=args.dtype, device=args.device)
-        tcfg = TrainConfig(lr=args.lr, time=args.time, batch=args.batch, seed=args.seed,
-                           records=args.records if args.records is not None else DEFAULT_RECORDS,
-                           fresh_batches=not args.fixed_batch,
-                           symmetrize=args.symmetrize, checkpoint=args.checkpoint,
-                           checkpoint_every=args.checkpoint_every or 500, progress=not args.no_progress,
-                           diverge_loss=args.diverge_loss)
-    except (ValueError, TypeError) as exc:
-        parser.error(_flag_message(str(exc)))
-    # every check that does not need the computation, before it
-    if args.records is None and tcfg.records > tcfg.steps + 1:   # the default, for a short run: what it records
-        tcfg = dataclasses.replace(tcfg, records=tcfg.steps + 1)
-    if tcfg.records > tcfg.steps + 1:
-        parser.error(f"--records {tcfg.records} is more than the run has steps + 1 = {tcfg.steps + 1} "
-                     f"(time {tcfg.time:g} / lr {tcfg.lr:g} = {tcfg.steps} steps); pass --records "
-                     f"{tcfg.steps + 1} or fewer, or a longer --time")
-    if tcfg.symmetrize and tcfg.batch % 2 ** cfg.m:
-        parser.error(f"--symmetrize needs --batch to be a multiple of 2^m = {2 ** cfg.m} (every prompt is used "
-                     f"under all {2 ** cfg.m} per-task sign flips); got --batch {tcfg.batch}: pass --batch "
-                     f"{max(1, tcfg.batch // 2 ** cfg.m) * 2 ** cfg.m}")
-    need, free = step_memory_bytes(cfg, tcfg.batch), _available_memory(cfg.device)
-    if free is not None and need > free:
-        parser.error(f"this run needs about {need / 2**30:.3g} GiB per step (batch {tcfg.batch} x L {cfg.L} x "
-                     f"D {cfg.token_dim} context, batch x L x heads {cfg.heads} attention weights, heads x D^2 "
-                     f"weights) but {free / 2**30:.3g} GiB is available on {cfg.device}; lower --batch, --L, "
-                     "--heads or the task sizes")
-    return cfg, tcfg
-
-
-@command_line
-def main(argv=None) -> int:
-    """Exit status: 0 done; 1 training diverged; 2 bad arguments (nothing computed, nothing
-    written); 75 the disk is full (numerics.io.files.EXIT_DISK_FULL: the checkpoint written last is
-    whole, and a result that cannot be written is printed on stdout instead)."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    cfg, tcfg = _configs(parser, args)
-    try:
-        if tcfg.checkpoint is not None:
-            ckpt = check_output_path(tcfg.checkpoint, "--checkpoint")
-            if os.path.exists(ckpt) and not os.path.isfile(ckpt):      # a device: never a checkpoint
-                raise ValueError(f"--checkpoint {tcfg.checkpoint} is not a regular file; a checkpoint is written "
-                                 "and read back: choose a file path")
-        # the checkpoint is this run's input when it resumes: the result never overwrites it
-        out = check_output_path(args.out, "--out", inputs=(tcfg.checkpoint,))
-    except ValueError as exc:
-        parser.error(str(exc))
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    try:
-        result = (train_reduced if args.reduced else train)(cfg, tcfg)
-    except TrainingDiverged as exc:
-        print(f"error: {exc}\n(no output written)", file=sys.stderr)
-        return 1
-    except ValueError as exc:   # e.g. a checkpoint of another run: a usage error
-        print(f"error: {_flag_message(str(exc))}\n(no output written)", file=sys.stderr)
-        return 2
-    text = json.dumps(result.to_dict(), indent=1)
-    try:
-        write_output(out, text)
-    except DiskFull:   # the run is not lost: its JSON on stdout; command_line says "disk full", exit 75
-        print(text)
-        raise
-    print(f"wrote {args.out}: {result.steps} steps in {result.wall_seconds:.1f} s "
-          f"({result.wall_seconds / result.steps * 1e3:.2f} ms/step), final loss {result.loss:.5g}")
-    print("omega =", np.array2string(result.omega, precision=4))
-    print("mu    =", np.array2string(result.mu, precision=4))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
+# --- the one program -----------------------------------------------------------------------
 
 FACTORED = ("K", "Q", "V", "O")
 MERGED = ("W", "U")
@@ -924,10 +681,6 @@ class StackedValues:
         numerics.exact_reduced.marginal_mean_loss on its stream's MarginalPrompts."""
         H, m = self.omega.shape[1:]
         if self.marginal:
-            for pr in batch:
-                if not isinstance(pr, MarginalPrompts):
-                    raise TypeError("with estimator='marginal' a batch source must return "
-                                    f"numerics.exact_reduced.MarginalPrompts, got {type(pr).__name__}")
             return torch.stack([marginal_mean_loss(self.omega[r], self.mu[r], batch[r // k], c.tasks, c.sigma)
                                 for r, c in enumerate(self.cfgs)])
         scores, labels = block_scores(batch, self.cfgs[0])                   # (S, B, L, m) each
@@ -953,7 +706,7 @@ class Run:
     produced so far."""
     index: int                     # position in the caller's arguments
     cfg: ProblemConfig
-    tcfg: object                   # numerics.train.TrainConfig
+    tcfg: object                   # TrainConfig
     stream: int                    # index into the program's streams
     record_at: set
     on_record: Optional[Callable]
@@ -1205,3 +958,202 @@ class Program:
         self.lay = _Layout(self.runs, keep, self.cfg0, self.batch, self.stacked)
         self.stack = self.stack.select([pos[a] for a in self.lay.order])
         self.pack(self.lay.order)
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m numerics.train",
+        description="Train the one-layer multi-head softmax attention model (or its exact finite-L "
+                    "reduced model) by plain gradient descent = discretised gradient flow, and write "
+                    "the trajectory of the semi-singular values (omega, mu) as JSON.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("problem")
+    g.add_argument("--tasks", type=tasks_option(), default=(3, 3), help="comma-separated task block sizes r_1,..,r_m (d = sum)")
+    g.add_argument("--heads", type=int_option("--heads", 1), default=2, help="number of heads H")
+    g.add_argument("--L", type=int_option("--L", 1), default=128, help="context length L")
+    g.add_argument("--sigma", type=float_option("--sigma", finite=False), default=0.0, help="label noise standard deviation")
+    g.add_argument("--basis", choices=("identity", "random"), default="identity",
+                   help="task basis Phi: contiguous blocks or a seeded Haar-random orthonormal basis")
+    g.add_argument("--basis-seed", type=seed_option("--basis-seed"), default=None,
+                   help="seed of the random basis (with --basis random; default 0)")
+    g.add_argument("--param", choices=PARAMS, default="factored",
+                   help="factored: train K,Q,V,O with W=K^T Q/s, U=O V; merged: train W, U")
+    g.add_argument("--logit-scale", type=float_option("--logit-scale", finite=False), default=None,
+                   help="s in W = K^T Q / s (--param factored only; default 1)")
+    g.add_argument("--init", type=float_option("--init", finite=False), default=0.15,
+                   help="initial scale s0: omega = s0, mu = s0 (2 s0 on head h's task h mod m)")
+    g.add_argument("--init-pattern", choices=[i for i in INITS if i != "given"], default="decomposable",
+                   help="initialisation pattern (see docs/numerics.md; init='given' needs the Python API)")
+    g.add_argument("--init-seed", type=seed_option("--init-seed"), default=None,
+                   help="seed of the random initialisation patterns (not with the deterministic 'decomposable'; default 0)")
+    g.add_argument("--dtype", choices=("float32", "float64"), default="float64", help="floating point type")
+    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (TF32 is switched off on cuda)")
+    g.add_argument("--threads", type=threads_option("--threads"), default=None,
+                   help="torch CPU threads (torch.set_num_threads), at most 4 x the CPUs; default: torch's own choice")
+    g = p.add_argument_group("training")
+    g.add_argument("--time", type=float_option("--time", finite=False), default=60.0, help="final time t_end; steps = round(time / lr)")
+    g.add_argument("--lr", type=float_option("--lr", finite=False), default=0.05, help="GD step = time step of the gradient flow")
+    g.add_argument("--batch", type=int_option("--batch", 1), default=2048, help="prompts per step")
+    g.add_argument("--seed", type=seed_option("--seed"), default=0, help="seed of the prompt stream (0 .. 2^64 - 1)")
+    g.add_argument("--records", type=int_option("--records", 2), default=None,
+                   help="trajectory records, evenly spaced in t, at most steps + 1 (default: 61, or steps + 1 "
+                        "for a run of fewer than 60 steps)")
+    g.add_argument("--fixed-batch", action="store_true",
+                   help="one fixed batch for all steps instead of fresh batches")
+    g.add_argument("--symmetrize", action="store_true",
+                   help="apply the per-task sign-flip group to every prompt (batch multiple of 2^m)")
+    g.add_argument("--diverge-loss", type=float_option("--diverge-loss", finite=False), default=1e6, help="stop with an error above this loss")
+    g.add_argument("--reduced", action="store_true",
+                   help="train the exact finite-L reduced model on (omega, mu) instead of the full model")
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default="run.json", help="JSON result file (written atomically at the end)")
+    g.add_argument("--checkpoint", default=None,
+                   help="checkpoint file: written every --checkpoint-every steps, resumed from if present")
+    g.add_argument("--checkpoint-every", type=int_option("--checkpoint-every", 1), default=None,
+                   help="steps between checkpoints (with --checkpoint; default 500)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def step_memory_bytes(cfg: ProblemConfig, batch: int) -> int:
+    """Rough peak bytes of one training step, for refusing a run that cannot fit before it
+    allocates: with D = d + m, E = B L D context elements and G = B L H logit-sized ones, a
+    step holds the context and the sampler's inputs (2 E), the logits, softmax weights and
+    their gradients (about 5 G), the parameters and their gradients (about 4 H D^2 + 2 H m D),
+    and the basis (d^2), each ``itemsize`` bytes. A lower-order estimate: it decides only
+    whether the run is hopeless, not how close it comes."""
+    item = 4 if cfg.dtype == "float32" else 8
+    D, H, L, d, m = cfg.token_dim, cfg.heads, cfg.L, cfg.d, cfg.m
+    E, G = batch * L * D, batch * L * H
+    return item * (2 * E + 5 * G + 4 * H * D * D + 2 * H * m * D + d * d)
+
+
+def _available_memory(device: str) -> Optional[int]:
+    """Bytes free for the run: MemAvailable on CPU (Linux), free device memory on CUDA;
+    None where it cannot be read (then no refusal)."""
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return None
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+DEFAULT_RECORDS = 61
+
+_FLAGGED_FIELDS = ("time / lr", "tasks", "heads", "L", "sigma", "basis_seed", "logit_scale", "init_scale", "init_seed",
+                   "device", "lr", "time", "batch", "seed", "records", "checkpoint_every", "diverge_loss", "checkpoint")
+
+
+def _flag_message(text: str) -> str:
+    """A message of ProblemConfig or TrainConfig ("lr must be ...") naming the flag the user typed
+    ("--lr must be ..."): a field's flag is its name with dashes, but for --init and --time / --lr."""
+    for name in _FLAGGED_FIELDS:
+        if text.startswith(name + " "):
+            flag = {"time / lr": "--time / --lr", "init_scale": "--init"}.get(name, "--" + name.replace("_", "-"))
+            return flag + text[len(name):]
+    return text
+
+
+def _configs(parser: argparse.ArgumentParser, args) -> tuple[ProblemConfig, TrainConfig]:
+    """The run's configurations from the parsed flags, after every check that does not need the
+    computation (parser.error: exit 2, nothing computed)."""
+    # options that would be silently ignored are refused: the user meant something by them
+    ignored = [(args.basis_seed is not None and args.basis != "random",
+                "--basis-seed is used only with --basis random (the identity basis has no seed)"),
+               (args.init_seed is not None and args.init_pattern == "decomposable",
+                "--init-seed is used only by the random --init-pattern values (the default 'decomposable' "
+                "start is deterministic)"),
+               (args.logit_scale is not None and args.param != "factored",
+                "--logit-scale is used only with --param factored (merged weights have no logit scale)"),
+               (args.checkpoint_every is not None and args.checkpoint is None,
+                "--checkpoint-every is used only with --checkpoint PATH")]
+    for bad, why in ignored:
+        if bad:
+            parser.error(f"{why}; drop it or add what it needs")
+    try:
+        cfg = ProblemConfig(tasks=args.tasks, heads=args.heads, L=args.L, sigma=args.sigma, basis=args.basis,
+                            basis_seed=args.basis_seed or 0, param=args.param,
+                            logit_scale=1.0 if args.logit_scale is None else args.logit_scale,
+                            init=args.init_pattern, init_scale=args.init, init_seed=args.init_seed or 0,
+                            dtype=args.dtype, device=args.device)
+        tcfg = TrainConfig(lr=args.lr, time=args.time, batch=args.batch, seed=args.seed,
+                           records=args.records if args.records is not None else DEFAULT_RECORDS,
+                           fresh_batches=not args.fixed_batch,
+                           symmetrize=args.symmetrize, checkpoint=args.checkpoint,
+                           checkpoint_every=args.checkpoint_every or 500, progress=not args.no_progress,
+                           diverge_loss=args.diverge_loss)
+    except (ValueError, TypeError) as exc:
+        parser.error(_flag_message(str(exc)))
+    # every check that does not need the computation, before it
+    if args.records is None and tcfg.records > tcfg.steps + 1:   # the default, for a short run: what it records
+        tcfg = dataclasses.replace(tcfg, records=tcfg.steps + 1)
+    if tcfg.records > tcfg.steps + 1:
+        parser.error(f"--records {tcfg.records} is more than the run has steps + 1 = {tcfg.steps + 1} "
+                     f"(time {tcfg.time:g} / lr {tcfg.lr:g} = {tcfg.steps} steps); pass --records "
+                     f"{tcfg.steps + 1} or fewer, or a longer --time")
+    if tcfg.symmetrize and tcfg.batch % 2 ** cfg.m:
+        parser.error(f"--symmetrize needs --batch to be a multiple of 2^m = {2 ** cfg.m} (every prompt is used "
+                     f"under all {2 ** cfg.m} per-task sign flips); got --batch {tcfg.batch}: pass --batch "
+                     f"{max(1, tcfg.batch // 2 ** cfg.m) * 2 ** cfg.m}")
+    need, free = step_memory_bytes(cfg, tcfg.batch), _available_memory(cfg.device)
+    if free is not None and need > free:
+        parser.error(f"this run needs about {need / 2**30:.3g} GiB per step (batch {tcfg.batch} x L {cfg.L} x "
+                     f"D {cfg.token_dim} context, batch x L x heads {cfg.heads} attention weights, heads x D^2 "
+                     f"weights) but {free / 2**30:.3g} GiB is available on {cfg.device}; lower --batch, --L, "
+                     "--heads or the task sizes")
+    return cfg, tcfg
+
+
+@command_line
+def main(argv=None) -> int:
+    """Exit status: 0 done; 1 training diverged; 2 bad arguments (nothing computed, nothing
+    written); 75 the disk is full (numerics.io.files.EXIT_DISK_FULL: the checkpoint written last is
+    whole, and a result that cannot be written is printed on stdout instead)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    cfg, tcfg = _configs(parser, args)
+    try:
+        if tcfg.checkpoint is not None:
+            ckpt = check_output_path(tcfg.checkpoint, "--checkpoint")
+            if os.path.exists(ckpt) and not os.path.isfile(ckpt):      # a device: never a checkpoint
+                raise ValueError(f"--checkpoint {tcfg.checkpoint} is not a regular file; a checkpoint is written "
+                                 "and read back: choose a file path")
+        # the checkpoint is this run's input when it resumes: the result never overwrites it
+        out = check_output_path(args.out, "--out", inputs=(tcfg.checkpoint,))
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        result = (train_reduced if args.reduced else train)(cfg, tcfg)
+    except TrainingDiverged as exc:
+        print(f"error: {exc}\n(no output written)", file=sys.stderr)
+        return 1
+    except ValueError as exc:   # e.g. a checkpoint of another run: a usage error
+        print(f"error: {_flag_message(str(exc))}\n(no output written)", file=sys.stderr)
+        return 2
+    text = json.dumps(result.to_dict(), indent=1)
+    try:
+        write_output(out, text)
+    except DiskFull:   # the run is not lost: its JSON on stdout; command_line says "disk full", exit 75
+        print(text)
+        raise
+    print(f"wrote {args.out}: {result.steps} steps in {result.wall_seconds:.1f} s "
+          f"({result.wall_seconds / result.steps * 1e3:.2f} ms/step), final loss {result.loss:.5g}")
+    print("omega =", np.array2string(result.omega, precision=4))
+    print("mu    =", np.array2string(result.mu, precision=4))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -69,8 +69,6 @@ def test_a_programme_of_runs_costs_more_than_one_run_and_less_than_separate_runs
     shared = engine.step_seconds((2, 2), 2, 64, 1024, runs=4, streams=1)
     assert one < shared < 4 * one
     assert engine.many_seconds((2, 2), 2, 64, 1024, 10, [4]) == pytest.approx(10 * shared)
-    with pytest.raises(ValueError):
-        engine.step_features((2, 2), 2, 64, 1024, runs=2, streams=3)
     with pytest.raises(KeyError):
         engine.theory_seconds("no such call")
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 from numerics import engine
 from numerics.engine import clear_memo as clear_cache   # forget every computed need (tests that patch call it)
 from numerics.engine import kind
-from numerics.exact_reduced import one_thread
+from numerics.config import one_thread
 
 __all__ = ["one_thread", "clear_cache", "store", "active_store", "Store"]
 
