@@ -79,7 +79,11 @@ class Readout:
 
 
 def mse_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """E ||y_q - y_hat||^2: mean over the batch of the squared error summed over tasks."""
+    """E ||y_q - y_hat||^2: mean over the batch of the squared error summed over tasks (shapes
+    checked: (B, m) against (B, 1) would broadcast into a wrong number silently)."""
+    if pred.shape != target.shape:
+        raise ValueError(f"pred and target must have the same shape (B, m), got {tuple(pred.shape)} "
+                         f"and {tuple(target.shape)}")
     return ((pred - target) ** 2).sum(dim=-1).mean()
 
 
