@@ -49,10 +49,10 @@ from theory import saddle as th
 
 from . import engine
 from .config import ProblemConfig
-from .config import make_generator, sample_prompts
+from .config import make_generator, one_thread as _one_thread, sample_prompts
 from .engine import kind
 from .evaluate import held_out_loss
-from .exact_reduced import measure, minimise_family, one_thread as _one_thread
+from .exact_reduced import measure, minimise_family
 from .model import MultiHeadAttention
 from .engine import case_seed
 from .evaluate import crossing_time
