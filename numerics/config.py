@@ -126,14 +126,6 @@ INITS = ("decomposable", "random_decomposable", "given", "random_full", "uniform
 DTYPES = ("float32", "float64")
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def use_precise_float32() -> dict:
     """Switch TF32 off so that float32 matmuls are IEEE float32 on every device (the
     precision checks need true float32/float64): the project's one TF32 policy, called by
@@ -159,9 +151,7 @@ def _haar_orthogonal(d: int, seed: int) -> np.ndarray:
     """A Haar-distributed orthogonal d x d matrix: QR of a Gaussian matrix with the signs of
     R's diagonal moved into Q (without that fix the law of Q is not Haar).  numpy's PCG64 so
     that Phi is the same on every device and torch version."""
-    rng = np.random.default_rng(seed)
-    A = rng.standard_normal((d, d))
-    Qm, R = np.linalg.qr(A)
+    Qm, R = np.linalg.qr(np.random.default_rng(seed).standard_normal((d, d)))
     Qm = Qm * np.sign(np.diag(R))[None, :]
     Qm.setflags(write=False)
     return Qm
@@ -203,8 +193,8 @@ class ProblemConfig:
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
         # tasks, heads, L, sigma: the one set of checks, theory._validate (same messages as theory)
-        tasks = (self.tasks,) if _is_int(self.tasks) else self.tasks
-        set_("tasks", check_tasks(tasks))
+        one_block = isinstance(self.tasks, numbers.Integral) and not isinstance(self.tasks, bool)
+        set_("tasks", check_tasks((self.tasks,) if one_block else self.tasks))
         set_("heads", check_positive_int("heads", self.heads))
         set_("L", check_positive_int("L", self.L))
         set_("sigma", check_sigma(self.sigma))
@@ -213,12 +203,12 @@ class ProblemConfig:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name, shown in (("logit_scale", "logit_scale s"), ("init_scale", "init_scale")):
             v = getattr(self, name)
-            if not _is_real(v) or not math.isfinite(v) or v <= 0:
+            if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{shown} must be a finite number > 0, got {v!r}")
             set_(name, float(v))
         for name in ("basis_seed", "init_seed"):
             v = getattr(self, name)
-            if not _is_int(v) or v < 0 or v > SEED_MAX:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0 or v > SEED_MAX:
                 raise ValueError(f"{name} must be an integer in 0 .. 2^64 - 1 (a 64-bit seed), got {v!r}")
             set_(name, int(v))
         if self.init == "given":

@@ -283,11 +283,9 @@ class Allocation:
         return bool(min(self.mass_share) >= WINNER_MASS_SHARE) if self.mass_share else True
 
     def to_dict(self) -> dict:
-        return {"serving_head": list(self.serving_head), "same_sign_share": self.same_sign_share,
-                "opposite_sign_share": self.opposite_sign_share, "distinct_heads": self.distinct_heads,
-                "allocated": self.allocated, "superposition": self.superposition, "winners": list(self.winners),
-                "mass_share": list(self.mass_share), "head_share": list(self.head_share),
-                "runner_up_share": list(self.runner_up_share), "signed_superposed": list(self.signed_superposed)}
+        keys = ("serving_head", "same_sign_share", "opposite_sign_share", "distinct_heads", "allocated",
+                "superposition", "winners", "mass_share", "head_share", "runner_up_share", "signed_superposed")
+        return {k: list(v) if isinstance(v := getattr(self, k), tuple) else v for k in keys}
 
 
 def _second_over_first(values) -> float:

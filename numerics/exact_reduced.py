@@ -463,6 +463,8 @@ def best_found_minimum(tasks, L: int, sigma: float = 0.0, seed: int = 0, heads_p
     signed superposition; the better of the two searches is returned.  Returns the point as
     (H, m) arrays with H = heads_per_task * m (or shared_heads)."""
     tasks, L, sigma = check_problem(tasks, L, sigma)
+    if heads_per_task < 1:
+        raise ValueError(f"heads_per_task must be >= 1, got {heads_per_task}")
     m, K = len(tasks), int(heads_per_task)
     alloc = allocated_minimum(tasks, L, sigma, seed, device, fit_elements)
     per_size = {}

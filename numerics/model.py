@@ -427,6 +427,15 @@ def full_velocity_on_D(cfg: ProblemConfig, omega, mu, prompts) -> tuple[np.ndarr
     return model.semi_singular_velocity()
 
 
+def _check_values(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) -> None:
+    """omega, mu must be (H, m) tensors: mu of another shape broadcasts into a wrong prediction."""
+    for name, t in (("omega", omega), ("mu", mu)):
+        if not torch.is_tensor(t):
+            raise TypeError(f"{name} must be a torch.Tensor of shape (heads, m), got {type(t).__name__}")
+        if tuple(t.shape) != (cfg.heads, cfg.m):
+            raise ValueError(f"{name} must have shape (heads, m) = ({cfg.heads}, {cfg.m}), got {tuple(t.shape)}")
+
+
 def block_scores(prompts: Prompts, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores, labels), each (..., B, L, m): s_{l,j} = <Phi_j^T x_l, Phi_j^T q> and y_{l,j}
     (prompts of any leading shape: one batch, or the stacked streams of a numerics.train program)."""
@@ -454,6 +463,7 @@ def predict_from_scores(omega: torch.Tensor, mu: torch.Tensor, scores: torch.Ten
 
 def reduced_predict(omega: torch.Tensor, mu: torch.Tensor, prompts: Prompts, cfg: ProblemConfig) -> torch.Tensor:
     """y_hat (B, m) of the reduced model with values omega, mu (H x m) on ``prompts``."""
+    _check_values(omega, mu, cfg)
     return predict_from_scores(omega, mu, *block_scores(prompts, cfg))
 
 
@@ -491,6 +501,7 @@ def metric_factors(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) ->
     for cfg.param and cfg.logit_scale: ``theory.reduced_ode.metric_factors`` (the one
     definition) on these values, returned as tensors of omega's dtype and device.  The H x m
     values make a round trip through numpy (negligible next to a batch)."""
+    _check_values(omega, mu, cfg)
     f_om, f_mu = theory_metric_factors(cfg.param, omega.detach().cpu().double().numpy(),
                                        mu.detach().cpu().double().numpy(), cfg.tasks, cfg.logit_scale)
     opts = dict(dtype=omega.dtype, device=omega.device)

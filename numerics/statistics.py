@@ -138,16 +138,6 @@ def paired_ratio(single: np.ndarray, multi: np.ndarray) -> tuple[float, float]:
     return float(R), se
 
 
-def _wls(L: np.ndarray, y: np.ndarray, se: np.ndarray, power: float):
-    """Weighted least squares of y = a + c L^-power: (a, c), covariance, chi^2."""
-    X = np.stack([np.ones_like(L), L ** -power], axis=1)
-    wt = 1.0 / se ** 2
-    cov = np.linalg.inv(X.T @ (X * wt[:, None]))
-    coef = cov @ (X.T @ (wt * y))
-    chi2 = float(np.sum(((y - X @ coef) / se) ** 2))
-    return coef, cov, chi2
-
-
 CORRECTION_POWERS = (1.0, 0.5)
 """The finite-L correction of L * loss (and of ratios of such losses) is fitted as c L^-p with
 p = 1 (the expansion's O(1/L) term) and p = 1/2.  Why both: the expansion's remainder is
@@ -167,10 +157,13 @@ def fit_limit(L, y, se) -> dict:
         raise ValueError(f"the L -> inf extrapolation needs at least 3 context lengths, got {L.size}")
     if np.any(~np.isfinite(se)) or np.any(se <= 0):
         raise ValueError(f"standard errors must be positive and finite, got {se.tolist()}")
-    fits = {}
-    for p in CORRECTION_POWERS:
-        coef, cov, chi2 = _wls(L, y, se, p)
-        fits[p] = {"a": float(coef[0]), "a_se": float(math.sqrt(cov[0, 0])), "c": float(coef[1]), "chi2": chi2}
+    fits, wt = {}, 1.0 / se ** 2
+    for p in CORRECTION_POWERS:     # weighted least squares of y = a + c L^-p: (a, c), covariance, chi^2
+        X = np.stack([np.ones_like(L), L ** -p], axis=1)
+        cov = np.linalg.inv(X.T @ (X * wt[:, None]))
+        coef = cov @ (X.T @ (wt * y))
+        fits[p] = {"a": float(coef[0]), "a_se": float(math.sqrt(cov[0, 0])), "c": float(coef[1]),
+                   "chi2": float(np.sum(((y - X @ coef) / se) ** 2))}
     a1, a2 = (fits[p]["a"] for p in CORRECTION_POWERS)
     return {"a": 0.5 * (a1 + a2), "a_se": max(f["a_se"] for f in fits.values()),
             "systematic": 0.5 * abs(a1 - a2), "dof": int(L.size - 2),

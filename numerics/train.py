@@ -382,6 +382,12 @@ def _check_run(kind: str, i: int, cfgs: list, tcfgs: list, seams: dict, estimato
     """Run i's arguments, refused with a one-line error; a reduced start made (omega0, mu0)
     tensors of the run's dtype and device (a copy: the caller's arrays are never updated)."""
     cfg, tcfg, run = cfgs[i], tcfgs[i], f"run {i}: " if where else ""
+    for name in ("batches", "on_record", "metric"):
+        if seams.get(name, [None] * len(cfgs))[i] is not None and not callable(seams[name][i]):
+            raise TypeError(f"{name}{where} must be callable, got {type(seams[name][i]).__name__}")
+    every = seams["record_every"][i]
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ValueError(f"record_every{where} must be a positive integer or None, got {every!r}")
     if seams["batches"][i] is not None and tcfg.checkpoint is not None:
         raise ValueError(f"{run}a run with its own batch source cannot be checkpointed (the source's state is not "
                          "saved); drop checkpoint or the batches")
@@ -1034,10 +1040,7 @@ def _available_memory(device: str) -> Optional[int]:
     """Bytes free for the run: MemAvailable on CPU (Linux), free device memory on CUDA;
     None where it cannot be read (then no refusal)."""
     if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            return None
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
+        return int(torch.cuda.mem_get_info(torch.device(device))[0]) if torch.cuda.is_available() else None
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:

@@ -239,6 +239,7 @@ def test_records_without_readouts_keep_the_loss_curve_and_the_end():
     (dict(cfgs=[BASE, BASE], tcfgs=[TrainConfig()] * 3), ValueError, "same length"),
     (dict(cfgs=[BASE], tcfgs=[TrainConfig()], start=[MultiHeadAttention(BASE.replace(L=9))]), ValueError,
      "different ProblemConfig"),
+    (dict(cfgs=[BASE], tcfgs=[TrainConfig()], on_record=[3]), TypeError, "must be callable"),
     (dict(cfgs=[BASE, BASE], tcfgs=[TrainConfig()], batches=[None]), ValueError, "one entry per run"),
 ])
 def test_bad_input_is_refused_before_training(kwargs, error, message):

@@ -148,10 +148,6 @@ def test_bad_estimator_and_batch_source():
     tcfg = TrainConfig(lr=0.05, time=0.1, batch=16, records=2)
     with pytest.raises(ValueError, match="estimator must be one of"):
         train_reduced(CFG, tcfg, estimator="rb")
-    from numerics.config import sample_prompts
-    with pytest.raises(TypeError, match="MarginalPrompts"):
-        train_reduced(CFG, tcfg, estimator="marginal",
-                      batches=lambda k: sample_prompts(CFG, 16, make_generator(k, "cpu")))
     fixed = sample_marginal_prompts(CFG.tasks, CFG.L, 16, make_generator(0, "cpu"))
     r = train_reduced(CFG, tcfg, estimator="marginal", batches=lambda k: fixed)
     assert r.steps == 2 and np.isfinite(r.loss)
