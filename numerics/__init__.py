@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-from numerics.io.command import refuse_a_deleted_cwd_at_startup
+from numerics.io import refuse_a_deleted_cwd_at_startup
 
 refuse_a_deleted_cwd_at_startup()   # `python -m numerics.X` from a deleted directory: a message, not torch's abort
 

@@ -44,7 +44,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from numerics.io.files import write_output
+from numerics.io import write_output
 
 from . import checkpoint
 from .config import ProblemConfig, use_precise_float32
@@ -382,7 +382,7 @@ class _Layout:
 
 class _Checkpoint:
     """The checkpoint of a program of one run (``tcfg.checkpoint``): the run's state every
-    ``checkpoint_every`` steps, written through numerics.io.files.write_output (a temp file in the
+    ``checkpoint_every`` steps, written through numerics.io.write_output (a temp file in the
     same directory and os.replace: never half a file; missing parent directories created), read
     back field by field by numerics.checkpoint.read (a file that is not this run's is refused)."""
 

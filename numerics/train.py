@@ -61,9 +61,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from numerics.io.command import SEED_MAX, float_option, int_option, seed_option, tasks_option, threads_option
-from numerics.io.files import DiskFull, check_output_path, write_output
-from numerics.io.command import command_line
+from numerics.io import (SEED_MAX, DiskFull, check_output_path, command_line, float_option, int_option, seed_option,
+                         tasks_option, threads_option, write_output)
 
 from .cost import MERGE_CONTEXT_ELEMENTS
 from .batched import (Program, Record, Run, StackedAttention, StackedValues, Stream,
@@ -647,7 +646,7 @@ def _configs(parser: argparse.ArgumentParser, args) -> tuple[ProblemConfig, Trai
 @command_line
 def main(argv=None) -> int:
     """Exit status: 0 done; 1 training diverged; 2 bad arguments (nothing computed, nothing
-    written); 75 the disk is full (numerics.io.files.EXIT_DISK_FULL: the checkpoint written last is
+    written); 75 the disk is full (numerics.io.EXIT_DISK_FULL: the checkpoint written last is
     whole, and a result that cannot be written is printed on stdout instead)."""
     parser = _parser()
     args = parser.parse_args(argv)

@@ -7,9 +7,9 @@ import argparse
 import math
 
 from numerics.train import MAX_STEPS
-from numerics.io.command import (check_device_option, command_line, float_option, int_option, seed_option,
+from numerics.io import (check_device_option, command_line, float_option, int_option, seed_option,
                                  threads_option)
-from numerics.io.files import check_output_path, write_json_atomic
+from numerics.io import check_output_path, write_json_atomic
 from numerics.bench.config import DTYPES, EXPANSION_TIME, LR, BenchConfig
 from numerics.bench.run import run_bench
 

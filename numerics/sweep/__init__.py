@@ -26,7 +26,7 @@ Determinism: the default point function sets ``torch.set_num_threads(1)`` before
 so a point gives bit-identical numbers serially, in a pool and on Dask (intra-op thread
 pools change the order of floating-point reductions; one thread fixes it).
 """
-from numerics.io.files import write_json_atomic
+from numerics.io import write_json_atomic
 from numerics.sweep.cli import main
 from numerics.sweep.execute import execute_point, resolve_point_fn, train_point
 from numerics.sweep.grid import MODELS, complete_point, config_fields, expand_grid, load_grid

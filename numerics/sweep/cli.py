@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from numerics.io.files import EXIT_DISK_FULL, DiskFull, check_output_dir
-from numerics.io.command import command_line
-from numerics.io.command import int_option, threads_option
+from numerics.io import EXIT_DISK_FULL, DiskFull, check_output_dir
+from numerics.io import command_line
+from numerics.io import int_option, threads_option
 from numerics.sweep.execute import resolve_point_fn
 from numerics.sweep.grid import expand_grid, load_grid
 from numerics.stored import DEFAULT_POINT_FN, point_id

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from numerics.io.handed import jsonable
+from numerics.io import jsonable
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig, train, train_reduced
 from numerics.sweep.grid import MODELS

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from numerics.io.handed import TOMLDecodeError, toml_loads
-from numerics.io.files import MAX_INPUT_BYTES, check_input_file, read_input_bytes
-from numerics.io.command import SEED_MAX
+from numerics.io import TOMLDecodeError, toml_loads
+from numerics.io import MAX_INPUT_BYTES, check_input_file, read_input_bytes
+from numerics.io import SEED_MAX
 from numerics.config import ProblemConfig
 from numerics.train import MAX_STEPS, TrainConfig
 
@@ -347,7 +347,7 @@ def _fill(given: dict, fields_: dict[str, _Field], section: str) -> dict:
 
 
 def _check_seed(label: str, value: Any) -> None:
-    """Seeds are integers in 0 .. 2^64 - 1 (numerics.io.command.SEED_MAX): refused up front, as
+    """Seeds are integers in 0 .. 2^64 - 1 (numerics.io.SEED_MAX): refused up front, as
     the command lines' --seed, rather than as a failed point."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
         raise ValueError(f"grid: {label} = {value!r} is not a seed: seeds are integers in 0 .. 2^64 - 1")

@@ -20,7 +20,7 @@ from typing import Optional, Union
 
 from tqdm import tqdm
 
-from numerics.io.files import clean_stale_temporaries, make_directories, make_dirs_inside, write_inside
+from numerics.io import clean_stale_temporaries, make_directories, make_dirs_inside, write_inside
 from numerics.stored import DEFAULT_POINT_FN, REPO_ROOT, code_sources, code_version, point_id, read_point
 from numerics.sweep.execute import PointFn, fn_name, resolve_point_fn
 from numerics.sweep.schedulers import check_scheduler, require_dask, run_dask, run_pool, run_serial

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from numerics.io.command import die_with_parent
+from numerics.io import die_with_parent
 from numerics.sweep.execute import execute_point
 from numerics.sweep.store import Item, Sink
 
@@ -57,7 +57,7 @@ def run_pool(items: list[Item], fn, code: str, workers: int, retries: int, sink:
     is unknown, so each of those points is rerun *alone* ("suspect"), uncharged. A point that
     kills its worker while alone is charged one death and, within ``retries``, rerun alone
     again; beyond, it is recorded as failed. Each worker exits when the client dies
-    (:func:`numerics.io.command.die_with_parent`: a worker waits on the pool's call queue,
+    (:func:`numerics.io.die_with_parent`: a worker waits on the pool's call queue,
     whose write end it holds itself, so without it a SIGKILLed client would leave its workers
     behind for good, ~220 MB each)."""
     ctx = _mp_context()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from numerics.io.files import append_inside, check_inside, write_inside
+from numerics.io import append_inside, check_inside, write_inside
 from numerics.sweep.grid import canonical
 from numerics.stored import canonical_json, read_points
 
