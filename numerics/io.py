@@ -1160,12 +1160,6 @@ def disk_full(exc: OSError, path, needed: Optional[int] = None) -> OSError:
 
 
 
-def write_json_atomic(path, obj: Any, allow_nan: bool = False) -> None:
-    """``obj`` as indented JSON, written by :func:`write_output`. ``allow_nan=False`` (strict
-    JSON) raises on a non-finite float instead of writing the non-standard ``NaN``."""
-    write_output(path, json.dumps(obj, indent=1, allow_nan=allow_nan) + "\n")
-
-
 # --- handed data: memory, strict JSON, TOML ------------------------------------------------------
 
 MEMORY_FRACTION = 0.5

@@ -42,7 +42,7 @@ import pytest
 import numerics.train as train_cli
 import reports.theory as theory_cli
 import numerics.bench as bench_cli
-import numerics.sweep.cli as sweep_cli
+import numerics.sweep as sweep_cli
 from numerics import io as V
 from numerics.sweep import load_results, run_grid
 from numerics.sweep.grid import MAX_GRID_POINTS
