@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numerics import sweep
-from numerics.sweep import execute, grid as sweep_grid
+from numerics.sweep import grid as sweep_grid
 from numerics.sweep import code_sources, code_version, expand_grid, load_results, point_id, run_grid
 from numerics.stored import DEFAULT_POINT_FN_NAMES, package_version
 
@@ -65,7 +65,7 @@ def die_once_then_train(marker_dir: str, point: dict) -> dict:
     if point["model"] == "full" and point["train"]["seed"] == 1 and not marker.exists():
         marker.write_text(str(os.getpid()))
         os._exit(3)
-    return execute.train_point(point)
+    return sweep.train_point(point)
 
 
 def always_die_on_seed_1(point: dict) -> dict:
@@ -197,7 +197,7 @@ def test_default_point_fn_ids_survive_a_rename_of_the_sweep():
     (point,) = expand_grid(tiny_spec(seed=[0]))
     assert {point_id(point, point_fn=name) for name in DEFAULT_POINT_FN_NAMES} == {point_id(point)}
     assert sweep.DEFAULT_POINT_FN == "numerics.sweep:train_point" and sweep.resolve_point_fn(sweep.DEFAULT_POINT_FN) \
-        is execute.train_point
+        is sweep.train_point
 
 
 # --- running: serial, pool, Dask ---------------------------------------------------------------------
@@ -391,7 +391,7 @@ def test_the_library_imports_neither_sweep_nor_bench():
             continue
         text = path.read_text()
         assert not re.search(r"^\s*(from|import)\s+numerics\.(sweep|bench)\b", text, re.M), path
-    assert sweep.resolve_point_fn("tools.sweep:train_point") is execute.train_point
+    assert sweep.resolve_point_fn("tools.sweep:train_point") is sweep.train_point
 
 
 # --- storage and bad input ---------------------------------------------------------------------------
