@@ -1123,25 +1123,19 @@ differ) and 2 (bad arguments), so that a full disk is never read as a verdict.""
 _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
-def free_bytes(path) -> Optional[int]:
-    """Bytes available to this user on the file system of ``path`` (its nearest existing
-    ancestor); None where it cannot be known."""
-    try:
-        st = os.statvfs(path if os.path.exists(path) else _nearest_existing(path))
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
 class DiskFull(OSError):
     """A write that found no room (ENOSPC, or EDQUOT: over quota).  Its message says how many
     bytes were needed at which path and how many are free; every command line turns it into
     that one line and :data:`EXIT_DISK_FULL` (:func:`command_line`).  What was written before
     is whole: every write of the project is atomic, so the failed one left nothing behind."""
 
-    def __init__(self, path, needed: Optional[int] = None, free: Optional[int] = None):
+    def __init__(self, path, needed: Optional[int] = None):
         path = os.fspath(path)
-        free = free_bytes(path) if free is None else free
+        try:                    # bytes free to this user on the file system of the nearest existing folder
+            st = os.statvfs(path if os.path.exists(path) else _nearest_existing(path))
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
         need = f"{needed:,} bytes needed" if needed is not None else "more space needed"
         room = f" ({free:,} bytes free on its file system)" if free is not None else ""
         super().__init__(errno.ENOSPC, f"disk full: {need} at {path}{room}; free some space and run the same "
