@@ -419,9 +419,7 @@ def _not_stored(items: list[Item], points_dir: Path, code: str, retry_failed: bo
     todo, skipped, skipped_failed = [], 0, 0
     for item in items:
         record = read_point(points_dir.parent, f"{item.id}.json", code=code)[0]   # None: absent or not usable
-        if record is None:
-            todo.append(item)
-        elif record.get("error") and retry_failed:
+        if record is None or (record.get("error") and retry_failed):
             todo.append(item)
         else:
             skipped += 1
@@ -434,13 +432,11 @@ def _run_todo(todo: list[Item], mode: str, point_fn, code: str, workers: Optiona
     """Run the items on the scheduler ``mode``; True when interrupted (Ctrl-C: what finished
     is stored and summarised before the interrupt is raised again)."""
     try:
-        if not todo:
-            pass
-        elif mode == "serial":
+        if todo and mode == "serial":
             run_serial(todo, point_fn, code, sink)
-        elif mode == "pool":
+        elif todo and mode == "pool":
             run_pool(todo, point_fn, code, workers, retries, sink)
-        else:
+        elif todo:
             run_dask(todo, point_fn, code, mode, workers, retries, sink)
     except KeyboardInterrupt:
         return True
