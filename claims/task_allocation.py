@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from numerics.io.handed import jsonable
+from numerics.io import jsonable
 from claims.core.base import Figure, HeadlineRow
 from claims.core.common import Z_SE, Comparison, Tolerance, compare, noise_term, reported_row, term
 from claims.core.spec import ClaimSpec, Outcome, finding, theory_need, with_problem

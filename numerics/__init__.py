@@ -11,6 +11,6 @@ and their priced cost), ``statistics``.
 Importing the package loads no torch: its ground floor ``numerics.io`` (options, files, the
 command wrapper) serves theory's command line too.
 """
-from numerics.io.command import refuse_a_deleted_cwd_at_startup
+from numerics.io import refuse_a_deleted_cwd_at_startup
 
 refuse_a_deleted_cwd_at_startup()   # `python -m numerics.X` from a deleted directory: a message, not torch's abort

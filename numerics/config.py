@@ -116,7 +116,7 @@ import numpy as np
 import torch
 
 from theory._validate import check_positive_int, check_sigma, check_tasks
-from numerics.io.command import SEED_MAX, check_device_option as check_device
+from numerics.io import SEED_MAX, check_device_option as check_device
 
 
 BASES = ("identity", "random")

@@ -422,13 +422,13 @@ class Engine:
     def _run_parallel(self, jobs: list) -> None:
         """``jobs`` in ``self.jobs`` fresh worker processes, the costliest ready job first."""
         import multiprocessing
-        from numerics.io.command import die_with_parent, worker_environment
+        from numerics.io import die_with_parent, worker_environment
 
         costs = {id(j): sum(cost_of(n) for n in j) for j in jobs}
         waiting, running, done = list(jobs), {}, 0.0
         total = sum(costs.values()) or 1.0
         ctx = multiprocessing.get_context("spawn")
-        with worker_environment():     # one BLAS thread in each worker (numerics.io.command.ONE_BLAS_THREAD)
+        with worker_environment():     # one BLAS thread in each worker (numerics.io.ONE_BLAS_THREAD)
             pool = ctx.Pool(min(self.jobs, len(jobs)), initializer=die_with_parent, initargs=(os.getpid(),))
         try:
             while waiting or running:

@@ -27,10 +27,10 @@ and shapes and says what it picked.  A training time may come with the file: an 
 project's units) or ``step`` (0-d arrays in an npz, ``__metadata__`` strings in a safetensors file,
 plain values beside the state_dict in a torch file).
 
-Safety (the reader contract of numerics.io.handed: a handed file is data, never structure to trust):
+Safety (the reader contract of numerics.checkpoint: a handed file is data, never structure to trust):
 the path is checked before anything is read (a regular file, not a link loop, a FIFO or a device,
 its name valid UTF-8: :func:`check_paths`), the file read once, into memory, through
-``numerics.io.files.read_input_bytes`` (at most :data:`MAX_CHECKPOINT_BYTES` and the memory budget),
+``numerics.io.read_input_bytes`` (at most :data:`MAX_CHECKPOINT_BYTES` and the memory budget),
 and parsed by content, never by its name.  Each container is read by its directory first: a
 safetensors header bounded, its offsets inside the file and not overlapping, each dtype and shape
 consistent with its bytes; an npz's members by their declared sizes and compression method (stored
@@ -66,10 +66,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from numerics.io import handed
-from numerics.io.files import check_input_files, read_input_bytes
+from numerics.io import (MEMORY_FRACTION, PARSE_FACTOR, check_input_files, check_memory, memory_available, memory_budget,
+                         parse_json, read_input_bytes)
 
-from .checkpoint import RECORD_FIELDS, dense_problem
+from .checkpoint import RECORD_FIELDS, check_torch_archive, dense_problem, npz_arrays, safetensors_header, zip_members
 from .config import ProblemConfig
 from .evaluate import LossEstimate, held_out_loss, held_out_loss_difference, held_out_reduced_loss
 from .model import MultiHeadAttention, factor_balance
@@ -93,8 +93,6 @@ NESTED_KEYS = ("state_dict", "model_state_dict", "model", "weights", "params")
 HELD_OUT_CHUNK = 4096
 """Prompts per held-out batch (numerics.evaluate's default): the prompts drawn depend on the chunk,
 so a fixed chunk makes an audit's held-out loss the very number ``held_out_loss(model)`` gives."""
-MEMORY_FRACTION = handed.MEMORY_FRACTION
-"""A held-out batch may take at most half the memory available when the audit starts."""
 
 
 class CheckpointError(ValueError):
@@ -173,10 +171,10 @@ def _sniff(data: bytes) -> str:
 
 def _torch_load(path: str, data: bytes):
     """A torch file checked before it is loaded (its archive and pickle bounded:
-    numerics.io.handed.check_torch_archive), loaded weights-only, and every tensor in it dense, in
+    numerics.checkpoint.check_torch_archive), loaded weights-only, and every tensor in it dense, in
     the file and no larger than its storage (numerics.checkpoint.dense_problem)."""
     try:
-        handed.check_torch_archive(data, handed.memory_budget())
+        check_torch_archive(data, memory_budget())
     except ValueError as exc:
         raise _fail(path, f"a torch file refused before loading: {exc}") from None
     try:
@@ -208,27 +206,27 @@ def _torch_load(path: str, data: bytes):
 
 def _zip_load(path: str, data: bytes):
     """A zip archive is a torch file (it holds a data.pkl) or an npz (only .npy members), each
-    read by its directory first (numerics.io.handed)."""
+    read by its directory first (numerics.io)."""
     try:
-        archive, members = handed.zip_members(data, handed.memory_budget())
+        archive, members = zip_members(data, memory_budget())
     except ValueError as exc:
         raise _fail(path, f"a zip archive refused: {exc}") from None
     if any(info.filename.endswith("data.pkl") for info in members):
         return "torch", _torch_load(path, data)
     try:
-        return "npz", handed.npz_arrays(archive, members)
+        return "npz", npz_arrays(archive, members)
     except ValueError as exc:
         raise _fail(path, f"an npz refused: {exc}") from None
 
 
 def _safetensors_load(path: str, data: bytes):
     """Tensors and metadata strings of a safetensors file, its header checked first
-    (numerics.io.handed.safetensors_header), then read by the safetensors parser."""
+    (numerics.checkpoint.safetensors_header), then read by the safetensors parser."""
     from safetensors import SafetensorError
     from safetensors.torch import load as st_load
 
     try:
-        _, meta = handed.safetensors_header(data)
+        _, meta = safetensors_header(data)
         tensors = st_load(data)
     except ValueError as exc:
         raise _fail(path, f"a safetensors file refused, truncated or corrupt: {exc}") from None
@@ -239,11 +237,11 @@ def _safetensors_load(path: str, data: bytes):
 
 def _json_load(path: str, data: bytes):
     try:
-        handed.check_memory(handed.PARSE_FACTOR * len(data), "parsing it")
+        check_memory(PARSE_FACTOR * len(data), "parsing it")
     except ValueError as exc:
         raise _fail(path, str(exc)) from None
     try:
-        return handed.parse_json(data.decode("utf-8"))
+        return parse_json(data.decode("utf-8"))
     except ValueError as exc:       # UnicodeDecodeError is one
         raise _fail(path, f"not valid JSON: truncated or corrupt ({str(exc)[:160]})") from None
 
@@ -422,7 +420,7 @@ def _time_entry(path: str, entries: dict) -> tuple[Optional[float], Optional[int
 
 
 def check_paths(paths, max_bytes: int = MAX_CHECKPOINT_BYTES) -> None:
-    """Every checkpoint path checked before any file is read (numerics.io.files.check_input_files: a
+    """Every checkpoint path checked before any file is read (numerics.io.check_input_files: a
     regular file, not a link loop, a FIFO or a device, its name valid UTF-8, at most
     ``max_bytes``): one :class:`CheckpointError` line for the first that is not."""
     try:
@@ -437,7 +435,7 @@ def _read_bytes(text: str, max_bytes: int) -> bytes:
     try:
         check_paths([text], max_bytes)
         size = os.stat(text).st_size
-        handed.check_memory(size, f"reading its {size:,} bytes")
+        check_memory(size, f"reading its {size:,} bytes")
         return read_input_bytes(text, "checkpoint", max_bytes=max_bytes)
     except (OSError, ValueError) as exc:
         msg = str(exc)
@@ -513,7 +511,7 @@ _TASK_AXES = {"q_proj.weight": ((1, "D"),), "k_proj.weight": ((1, "D"),), "v_pro
 
 def _check_raw(path: str, raw: dict, tasks: Optional[tuple]) -> None:
     """A layout's arrays before they are read as float64: their declared shapes against ``tasks``
-    (when given) and their size against the memory budget (numerics.io.handed.check_memory)."""
+    (when given) and their size against the memory budget (numerics.io.check_memory)."""
     if tasks is not None:
         want = {"D": sum(tasks) + len(tasks), "m": len(tasks)}
         for name, value in raw.items():
@@ -524,7 +522,7 @@ def _check_raw(path: str, raw: dict, tasks: Optional[tuple]) -> None:
                                       f"{'d + m' if what == 'D' else 'm'} = {want[what]} on its axis {axis}; it is not read")
     count = sum(math.prod(tuple(getattr(a, "shape", ()))) for a in raw.values())
     try:
-        handed.check_memory(16 * count, f"reading its {count:,} weights as float64 (two copies)")
+        check_memory(16 * count, f"reading its {count:,} weights as float64 (two copies)")
     except ValueError as exc:
         raise _fail(path, str(exc)) from None
 
@@ -748,7 +746,7 @@ def held_out_chunk(cfg: ProblemConfig, wanted: int = HELD_OUT_CHUNK) -> int:
     the memory available; a CheckpointError if not even 2 prompts fit."""
     from .train import step_memory_bytes
 
-    free = handed.memory_available() if cfg.device == "cpu" else None
+    free = memory_available() if cfg.device == "cpu" else None
     chunk = int(wanted)
     while free is not None and chunk > 2 and step_memory_bytes(cfg, chunk) > MEMORY_FRACTION * free:
         chunk //= 2

@@ -35,8 +35,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
-from numerics.io.files import LinkInside, check_inside, read_inside
-from numerics.io.handed import MAX_DEPTH, PARSE_FACTOR, check_memory, parse_json
+from numerics.io import MAX_DEPTH, PARSE_FACTOR, LinkInside, check_inside, check_memory, parse_json, read_inside
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # What a training point executes, for the code version (see code_version).
@@ -165,7 +164,7 @@ errors (an atlas point stores a diverged start as a result of class "diverged", 
 
 def _result_problem(point: dict, result: Any) -> Optional[str]:
     """What makes a finished point's result unusable by a claim, said before a claim reads it:
-    nested deeper than numerics.io.handed.MAX_DEPTH, or, for :data:`FINITE_LOSS_MODELS`, a ``loss``
+    nested deeper than numerics.io.MAX_DEPTH, or, for :data:`FINITE_LOSS_MODELS`, a ``loss``
     that is not a finite number (``"nan"`` -- jsonable's text for a NaN -- or a list there is not
     such a run's, and would reach a claim as a string)."""
     stack = [(result, 1)]

@@ -95,9 +95,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from numerics.io.command import (SEED_MAX, command_line, float_option, int_option, seed_option, tasks_option,
-                                 threads_option)
-from numerics.io.files import DiskFull, check_output_path, write_output
+from numerics.io import (SEED_MAX, DiskFull, check_output_path, command_line, float_option, int_option, seed_option,
+                         tasks_option, threads_option, write_output)
 
 from . import checkpoint
 from .config import (INITS, PARAMS, STREAM_VERSION, ProblemConfig, Prompts, make_generator,
@@ -813,7 +812,7 @@ class _Layout:
 
 class _Checkpoint:
     """The checkpoint of a program of one run (``tcfg.checkpoint``): the run's state every
-    ``checkpoint_every`` steps, written through numerics.io.files.write_output (a temp file in the
+    ``checkpoint_every`` steps, written through numerics.io.write_output (a temp file in the
     same directory and os.replace: never half a file; missing parent directories created), read
     back field by field by numerics.checkpoint.read (a file that is not this run's is refused)."""
 
@@ -1120,7 +1119,7 @@ def _configs(parser: argparse.ArgumentParser, args) -> tuple[ProblemConfig, Trai
 @command_line
 def main(argv=None) -> int:
     """Exit status: 0 done; 1 training diverged; 2 bad arguments (nothing computed, nothing
-    written); 75 the disk is full (numerics.io.files.EXIT_DISK_FULL: the checkpoint written last is
+    written); 75 the disk is full (numerics.io.EXIT_DISK_FULL: the checkpoint written last is
     whole, and a result that cannot be written is printed on stdout instead)."""
     parser = _parser()
     args = parser.parse_args(argv)

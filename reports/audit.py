@@ -37,13 +37,11 @@ import time
 import warnings
 from typing import Optional, TextIO
 
-from numerics.io.command import command_line
-from numerics.io.handed import jsonable
 from reports.build import check_out_dir, exit_status, recover_leftovers, refuse_arguments, write_files
 from reports.run import ClaimProgress, _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments
-from numerics.io.command import (OFFSET_SEED_MAX, float_option, int_option, parse_int, seed_option, tasks_option,
-                               threads_option)
+from numerics.io import (OFFSET_SEED_MAX, command_line, float_option, int_option, jsonable, parse_int, seed_option,
+                         tasks_option, threads_option)
 
 DEFAULT_OUT = "reports/audit"
 EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 2, 130   # and the build's exit_status: 0, or 1 on a failing result
@@ -367,7 +365,7 @@ def budget(plan) -> dict:
     :func:`trajectory_cost`; the report: :data:`RENDER_SECONDS` (and per bar) per judged result.  Memory: the
     largest held-out batch (numerics.external.held_out_chunk, which refuses one that does not fit)
     and the search's pair moments."""
-    from numerics.io.handed import memory_available
+    from numerics.io import memory_available
     from claims.audit import PILOT_PROMPTS
     from numerics import external
     from numerics.train import step_memory_bytes
@@ -412,8 +410,8 @@ def describe_budget(cost: dict) -> str:
 
 def check_budget(cost: dict, max_seconds: float, flag_given: bool) -> None:
     """:class:`BadArguments` when the estimate passes --max-minutes or half the memory this process
-    can take (numerics.io.handed.MEMORY_FRACTION), saying what raises or lowers it."""
-    from numerics.io.handed import MEMORY_FRACTION
+    can take (numerics.io.MEMORY_FRACTION), saying what raises or lowers it."""
+    from numerics.io import MEMORY_FRACTION
 
     total, free, memory = sum(cost["seconds"].values()), cost["free"], cost["memory"]
     costly = sorted(k for k in ("one_head_optimum", "best_decomposable") if cost["seconds"].get(k, 0.0) > 60.0)

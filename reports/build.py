@@ -24,12 +24,12 @@ The schema of claims.json is derived from the dataclasses of ``claims.core.base`
 
 Exit status: 0 when no claim fails or errors and no boundary is contradicted or errors
 (``claims.core.base.FAILING``; an ``undecided`` claim or boundary does not fail) and every figure
-rendered; 1 otherwise; 2 on bad arguments; 75 (``numerics.io.files.EXIT_DISK_FULL``) when the disk
+rendered; 1 otherwise; 2 on bad arguments; 75 (``numerics.io.EXIT_DISK_FULL``) when the disk
 is full ("disk full: N bytes needed at PATH"; the previous report is intact); 130 when interrupted.
 
 The output directory, where a report goes: ``--out DIR`` checked before any claim runs, then written whole or not at all.
 
-The policy (the project's one output-path policy, ``numerics.io.files.check_output_dir``, plus
+The policy (the project's one output-path policy, ``numerics.io.check_output_dir``, plus
 what replacing a *directory* needs): DIR may be new, an empty directory, or a previous report
 of this command (it carries :data:`REPORT_MARKER` and nothing but what a report holds).  A
 symlinked DIR is followed; a symlink loop or a dangling symlink is refused.  A directory that
@@ -41,7 +41,7 @@ Writing: the report is written into a temporary directory beside DIR (same files
 then swapped in: a previous report is renamed away, the new one renamed to DIR, the old one
 deleted; an empty directory the user made is filled in place (it is never deleted).  The new
 directory gets the permissions the umask gives (``mkdtemp`` makes 0700).  Every file inside the
-temporary is written without following a link (``numerics.io.files.write_inside``).  A build
+temporary is written without following a link (``numerics.io.write_inside``).  A build
 killed between the two renames leaves ``.DIR.old-<token>``; a killed write leaves
 ``.DIR.tmp-<pid>-<token>``: the next build repairs both (:func:`recover_leftovers`) and says
 what it did only when it did it -- and only to directories whose marker, written by the build,
@@ -53,7 +53,7 @@ file's name and size into the marker (:func:`marker_files`); a previous report i
 it holds exactly those files, as regular files, and every one of them and its folders can be
 written (read-only ones stay, so the replaced report could not be deleted whole).  A user's
 folder or file under a report's name (``claims.json/``, ``figures/mine.png``) is refused, never
-deleted.  Commands writing the same DIR take turns (``numerics.io.files.folder_lock`` on the folder
+deleted.  Commands writing the same DIR take turns (``numerics.io.folder_lock`` on the folder
 that holds it, for each check, repair and swap): the last to finish leaves its report, whole, and
 none writes beside DIR; should DIR hold something foreign by the time a report is ready, the
 report is not written (one line, exit 2) and nothing is deleted.
@@ -83,13 +83,10 @@ from typing import Callable, Iterable, Optional, TextIO
 
 import claims
 from claims.core.base import FAILING, PROFILES, ClaimResult
-from numerics.io.handed import TOMLDecodeError, toml_loads
-from numerics.io.command import command_line
-from numerics.io.command import check_device_option
-from numerics.io.files import (FolderBusy, check_inside, create_inside, folder_lock, make_directories, read_inside,
-                               read_input_bytes, write_inside)
-from numerics.io.command import SEED_MAX, float_option, int_option, seed_option
-from numerics.io.command import parse_tasks as strict_tasks
+from numerics.io import (SEED_MAX, FolderBusy, TOMLDecodeError, check_device_option, check_inside, command_line,
+                         create_inside, float_option, folder_lock, int_option, make_directories,
+                         parse_tasks as strict_tasks, read_input_bytes, read_inside, seed_option, toml_loads,
+                         write_inside)
 from reports.run import (PROBLEM_FLAGS, _ask, _profiles_of, check_claims, check_problem, claims_at_configuration,
                          describe_estimate, git_state, provenance, run_all, selected, unreadable_sweep_points,
                          wall_seconds)
@@ -378,7 +375,7 @@ STALE_TMP_SECONDS = 3600.0
 
 @contextlib.contextmanager
 def _locked(folder: Path, shown, stream: Optional[TextIO] = None, flag: str = "--out"):
-    """``numerics.io.files.folder_lock`` of the folder that holds a report; waiting too long is
+    """``numerics.io.folder_lock`` of the folder that holds a report; waiting too long is
     :class:`BadArguments` (one line, exit 2)."""
     try:
         with folder_lock(folder, flag, shown, stream):
@@ -457,11 +454,11 @@ def _replace_problem(out: Path, flag: str, shown) -> Optional[str]:
 def check_out_dir(path: str, flag: str = "--out", inputs: Iterable[str] = ()) -> Path:
     """The absolute report directory of ``path`` (a symlink followed), or :class:`BadArguments`
     saying why it cannot be written or replaced: the project's policy
-    (``numerics.io.files.check_output_dir``: a file, a link loop or dangling link, an unwritable
+    (``numerics.io.check_output_dir``: a file, a link loop or dangling link, an unwritable
     place, a non-empty directory without the marker, an input) and what replacing a report
     directory adds: a previous report that also holds files this command did not write (a sweep
     stored in it) and a directory that holds an input are refused, never deleted."""
-    from numerics.io.files import check_output_dir
+    from numerics.io import check_output_dir
 
     inputs = [Path(p).resolve() for p in inputs]
     try:
@@ -487,7 +484,7 @@ def check_out_dir(path: str, flag: str = "--out", inputs: Iterable[str] = ()) ->
 def write_tree(out: Path, files: dict[str, bytes]) -> None:
     """Write ``files`` ({relative path: bytes}) into the temporary directory ``out`` (its marker is
     already there, :func:`new_temporary`), each a new file through the project's link policy
-    (``numerics.io.files.create_inside``: nothing below ``out`` reached through a link, nothing
+    (``numerics.io.create_inside``: nothing below ``out`` reached through a link, nothing
     existing replaced; a full disk is ``DiskFull``); the caller checks the tree, then puts it in
     place with :func:`replace_with` (the rename of the whole directory is what makes it atomic)."""
     for name, data in files.items():
@@ -549,7 +546,7 @@ def replace_with(tmp: Path, out: Path, stream: Optional[TextIO] = None) -> Path:
     """Put the finished report ``tmp`` at ``out``; returns ``out``.  ``out`` absent: renamed there;
     an empty directory: filled in place (marker first); a previous report: swapped (the old one
     deleted after).  Done holding the lock of the folder that holds ``out``
-    (``numerics.io.files.folder_lock``): another command writing ``out`` waits.  Should ``out`` hold
+    (``numerics.io.folder_lock``): another command writing ``out`` waits.  Should ``out`` hold
     something this command did not write, or cannot write, by now (it changed while the claims
     ran), nothing is deleted and nothing written beside it: :class:`BadArguments`, one line (the
     caller removes ``tmp``)."""

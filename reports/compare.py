@@ -14,7 +14,7 @@ number beyond relative ``1e-9`` (printing noise), or a claim or row present on o
 On stdout: a text summary (one line per claim, the changed rows under it, then the
 configurations and profiles of A and B when they differ).  ``--out FILE``: the same as one
 self-contained HTML page, checked and written by the project's output policy
-(``numerics.io.files.check_output_path`` / ``write_output``): never one of the inputs, written
+(``numerics.io.check_output_path`` / ``write_output``): never one of the inputs, written
 through a character device such as /dev/null, atomically with the umask's permissions
 otherwise.
 
@@ -33,8 +33,7 @@ from typing import Any, Optional
 
 from reports.render import describe_problem, format_value, headline_cells, render
 from reports.schema import BadArguments, load_report
-from numerics.io.command import command_line
-from numerics.io.files import check_output_path, write_output
+from numerics.io import check_output_path, command_line, write_output
 
 EXIT_SAME, EXIT_CHANGED, EXIT_BAD_ARGUMENTS = 0, 1, 2
 HEADLINE_FIELDS = ("theory", "measured", "se", "tolerance", "agrees", "side")

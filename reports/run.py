@@ -25,7 +25,7 @@ from typing import Optional, TextIO
 
 import claims
 from claims.core.base import ClaimResult, kind_from_id, no_progress, run_claim
-from numerics.io.command import one_blas_thread
+from numerics.io import one_blas_thread
 from reports.schema import VERSIONED_PACKAGES, BadArguments, entry_problems, with_defaults
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

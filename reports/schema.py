@@ -35,8 +35,7 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from numerics.io.handed import PARSE_FACTOR, check_memory, parse_json
-from numerics.io.command import SEED_MAX
+from numerics.io import PARSE_FACTOR, SEED_MAX, check_memory, parse_json
 from claims.core.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
                          HeadlineRow, PerturbationCheck, judge)
 
@@ -47,7 +46,7 @@ PROVENANCE_KEYS = {"versions": dict, "device": str, "seed": int, "profile": str,
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}")
 MAX_DEPTH = 40            # nesting of a claims.json (the real ones stay under 10)
 MAX_PROBLEMS_SHOWN = 5
-NON_FINITE = ("nan", "inf", "-inf")   # how numerics.io.handed.jsonable stores non-finite floats
+NON_FINITE = ("nan", "inf", "-inf")   # how numerics.io.jsonable stores non-finite floats
 OUTCOMES = {"claim": VERDICTS, "boundary": BOUNDARY_OUTCOMES}
 PASSING = {"claim": "pass", "boundary": "located"}
 
@@ -523,7 +522,7 @@ def provenance_problems(prov: dict, strict: bool = True) -> list[str]:
 
 MAX_BYTES = 32 * 2 ** 20
 """The largest claims.json read back (32 MiB; the quick report's is about 1 MB): parsed, a JSON
-document takes up to numerics.io.handed.PARSE_FACTOR times its size in memory."""
+document takes up to numerics.io.PARSE_FACTOR times its size in memory."""
 MAX_DRAWINGS = 400
 """Figures a claims.json read back may ask to draw, each panel counted (a drawing takes 0.1-0.3 s of
 CPU, so 400 are a minute or two; a file of 1,500 figures took 448 s to re-render)."""
@@ -547,7 +546,7 @@ def load_report(path: str, flag: str) -> dict:
     this code wrote it (:func:`older_version`), its defaults filled in and checked (:func:`document_problems`); :class:`BadArguments` naming ``flag`` otherwise.  Its
     cost is bounded before the work: at most :data:`MAX_BYTES`, its parse within the memory this
     process can take, at most :data:`MAX_DRAWINGS` figures to draw."""
-    from numerics.io.files import read_input_bytes
+    from numerics.io import read_input_bytes
 
     file = Path(path)
     if file.is_dir() and (file / "claims.json").is_file():

@@ -16,9 +16,8 @@ import json
 import math
 import sys
 
-from numerics.io.command import command_line, float_option, int_option, seed_option, tasks_option
-from numerics.io.files import check_output_path, write_output
-from numerics.io.handed import jsonable
+from numerics.io import (check_output_path, command_line, float_option, int_option, jsonable, seed_option, tasks_option,
+                         write_output)
 
 #: The most tasks of ``predict``: what runs in seconds.  Each task costs an mpmath fixed point and
 #: the single-head optimum is a joint minimisation over all of them, which grows about as m^2:

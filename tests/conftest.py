@@ -23,7 +23,7 @@ import os
 # numpy/scipy's OpenBLAS threads its dot products above a few thousand elements (np.convolve in
 # theory.exact's moment tables), which on 2 cores costs more than it gains (reports.run measured
 # 3.8 CPU-s against 0.3 for the same convolutions); the suite runs it on one thread, as the report
-# build does (numerics.io.command.ONE_BLAS_THREAD).  Set before numpy loads; where it already has, the
+# build does (numerics.io.ONE_BLAS_THREAD).  Set before numpy loads; where it already has, the
 # library's own setter below.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -101,5 +101,5 @@ def _fresh_run_cache():
 
 
 def pytest_sessionstart(session):
-    from numerics.io.command import one_blas_thread
+    from numerics.io import one_blas_thread
     one_blas_thread()

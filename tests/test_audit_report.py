@@ -15,7 +15,7 @@ import torch
 
 import claims.audit as ma
 from numerics.config import ProblemConfig
-from numerics.io.handed import parse_json
+from numerics.io import parse_json
 from numerics.model import MultiHeadAttention
 from numerics.train import TrainConfig, train
 from reports import audit

@@ -20,7 +20,7 @@ import claims.audit as ma
 from claims.core.common import compare, reported_row
 from claims.core.spec import ClaimSpec, Outcome
 from numerics.config import ProblemConfig
-from numerics.io.handed import parse_json
+from numerics.io import parse_json
 from numerics.model import MultiHeadAttention
 from numerics.statistics import Z_SE
 from numerics.train import TrainConfig, train

@@ -21,8 +21,8 @@ import torch
 
 import numerics.train as train_cli
 import reports.theory as theory_cli
-import numerics.bench.cli as bench_cli
-import numerics.sweep.cli as sweep_cli
+import numerics.bench as bench_cli
+import numerics.sweep as sweep_cli
 from numerics.config import ProblemConfig
 from numerics.train import TrainConfig, train
 

@@ -25,8 +25,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numerics.bench import QUICK, main, parse_args, peak_memory, precise_float32
-from numerics.config import ProblemConfig
+from numerics.bench import QUICK, main, parse_args, peak_memory
+from numerics.config import ProblemConfig, use_precise_float32
 from numerics.config import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, mse_loss
 from numerics.bench.reference import ReferenceAttention, gd_step, model_factors
@@ -104,14 +104,6 @@ def test_reference_computes_our_model(cfg):
     perturbed = ReferenceAttention(cfg).load_factors(**moved)
     agree = _agreement(MultiHeadAttention(cfg), perturbed, prompts)
     assert not all(agree.values()), "a weight moved by 1e-8 went unnoticed: the check cannot discriminate"
-
-
-def test_reference_refuses_wrong_shapes():
-    cfg = ProblemConfig(tasks=(2, 2), heads=2, L=4)
-    f = model_factors(MultiHeadAttention(cfg))
-    f["O"] = f["O"][:, :1]
-    with pytest.raises(ValueError, match="O/U must have shape"):
-        ReferenceAttention(cfg).load_factors(**f)
 
 
 def test_bench_smoke_writes_valid_json(tmp_path, capsys):
@@ -230,7 +222,7 @@ def test_bench_help_runs_as_a_module():
 def test_gpu_agrees_with_reference_and_cpu(device):
     if not device.startswith("cuda"):
         pytest.skip("GPU case: run with --device cuda")
-    precise_float32()
+    use_precise_float32()
     for param in ("factored", "merged"):
         cfg = ProblemConfig(tasks=(3, 2), heads=2, L=64, param=param, init="random_full", init_scale=0.5)
         cpu_model = MultiHeadAttention(cfg)

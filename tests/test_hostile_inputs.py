@@ -1,7 +1,7 @@
 """Hostile inputs, round 2 (issue 22): nothing a user types can destroy a file, lose an output
 or hang.  Five parts:
 
-1. the one output-path policy of ``numerics.io.files`` (``check_output_path``,
+1. the one output-path policy of ``numerics.io`` (``check_output_path``,
    ``check_output_dir``, ``write_output``, ``check_input_file``, ``parse_int``) on real files:
    devices written through, FIFOs and sockets refused, links followed or refused, inputs never
    overwritten, permission bits those of the umask, nothing half-written;
@@ -14,7 +14,7 @@ or hang.  Five parts:
    mknod when root) written through and left a device, a symbolic link followed, a sweep
    with a FIFO in its points/ that neither hangs nor is read;
 4. a handed folder, a forged store, a full disk, a killed parent, the environment;
-5. handed files (numerics.io.handed, the reader contract): crafted checkpoints (safetensors, npz,
+5. handed files (numerics.checkpoint, the reader contract): crafted checkpoints (safetensors, npz,
    torch, run.json) and reports read back, each through its command (reports.audit,
    numerics.train --checkpoint, reports.build --from-json, reports.findings, reports.compare)
    in a worker under resource limits: exit 2, one line naming the file and the problem, no
@@ -41,11 +41,9 @@ import pytest
 
 import numerics.train as train_cli
 import reports.theory as theory_cli
-import numerics.bench.cli as bench_cli
-import numerics.sweep.cli as sweep_cli
-from numerics.io import command as C
-from numerics.io import files as V
-from numerics.io import command as O
+import numerics.bench as bench_cli
+import numerics.sweep as sweep_cli
+from numerics import io as V
 from numerics.sweep import load_results, run_grid
 from numerics.sweep.grid import MAX_GRID_POINTS
 
@@ -234,13 +232,13 @@ def test_output_directories(tmp_path):
 @pytest.mark.parametrize("text", ["3_3", " 3", "3 ", "1e9", "2.5", "0x10", "", "３"])
 def test_the_strict_integer_parser(text):
     with pytest.raises(ValueError, match="--heads must be a positive integer written in digits"):
-        O.parse_int(text, "--heads", low=1)
+        V.parse_int(text, "--heads", low=1)
 
 
 def test_the_strict_integer_parser_accepts_digits_and_bounds():
-    assert O.parse_int("+12", "--x") == 12 and O.parse_int("-3", "--x") == -3
+    assert V.parse_int("+12", "--x") == 12 and V.parse_int("-3", "--x") == -3
     with pytest.raises(ValueError, match="--seed must be at most 18446744073709551615"):
-        O.parse_int(str(BIG), "--seed", low=0, high=O.SEED_MAX)
+        V.parse_int(str(BIG), "--seed", low=0, high=V.SEED_MAX)
 
 
 def test_input_files_fifo_and_size(tmp_path, alarm):
@@ -544,7 +542,7 @@ def test_a_fifo_in_points_neither_hangs_nor_is_read(tmp_path, alarm):
 # --- 4. round 3 (issue 33): a handed folder, a forged store, a full disk, a killed parent -----------
 #
 # The classes of the issue, each fixed once at its root: one link policy inside a folder the command
-# writes (numerics.io.files.write_inside & co.), one reader of a stored point (numerics.stored.read_point),
+# writes (numerics.io.write_inside & co.), one reader of a stored point (numerics.stored.read_point),
 # one disk-full path (DiskFull, exit 75), one way for workers to die with their command
 # (die_with_parent).
 
@@ -833,7 +831,7 @@ def test_a_log_line_is_whole_or_absent(tmp_path, monkeypatch):
 
 
 def test_every_command_line_turns_enospc_into_exit_75(capsys):
-    @C.command_line
+    @V.command_line
     def main(argv=None):
         raise OSError(errno.ENOSPC, "No space left on device", "/data/out.json")
 
@@ -923,9 +921,9 @@ def _wait_gone(pids, seconds: float = 20.0) -> list:
 
 
 def test_a_worker_dies_with_its_parent(tmp_path):
-    """numerics.io.command.die_with_parent, every pool's initializer: SIGKILL of the parent ends the worker."""
+    """numerics.io.die_with_parent, every pool's initializer: SIGKILL of the parent ends the worker."""
     pidfile = tmp_path / "worker"
-    script = (f"import os, sys, time\npid = os.fork()\nif pid == 0:\n    from numerics.io.command import die_with_parent\n"
+    script = (f"import os, sys, time\npid = os.fork()\nif pid == 0:\n    from numerics.io import die_with_parent\n"
               f"    die_with_parent()\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n    time.sleep(120)\n"
               f"    os._exit(0)\ntime.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
@@ -1031,7 +1029,7 @@ def test_an_ascii_only_output_stream_is_written_escaped(capsys):
 
     ascii_out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
 
-    @C.command_line
+    @V.command_line
     def main(argv=None):
         print("measured 0.26 ± 0.004 ✓", file=sys.stdout)
         return 0
@@ -1443,7 +1441,7 @@ def test_the_pickle_scan_passes_what_torch_save_writes_and_bounds_what_it_builds
 
     import torch
 
-    from numerics.io import handed
+    from numerics import checkpoint as handed
 
     record = _project()["trajectory"][0]
     genuine = [_torch(_authors_sd()), _torch(_project(trajectory=[{**record, "t": 0.1 * k} for k in range(5000)]))]
@@ -1662,12 +1660,12 @@ def test_the_audit_survives_a_reader_that_closes_its_pipe(tmp_path, allocated_np
 
 
 def test_a_closed_pipe_drops_the_output_and_keeps_the_exit_status():
-    """Every command line (numerics.io.command.command_line): a reader gone after the first line."""
+    """Every command line (numerics.io.command_line): a reader gone after the first line."""
     read, write = os.pipe()
     os.close(read)
     pipe = io.TextIOWrapper(io.FileIO(write, "w"), encoding="utf-8", line_buffering=True)
 
-    @C.command_line
+    @V.command_line
     def main(argv=None):
         for k in range(1000):
             print(f"line {k}")
@@ -1691,7 +1689,7 @@ def test_every_command_line_is_wrapped_alike():
 
     for main in (reports.audit.main, reports.build.main, reports.compare.main, reports.findings.main, train_cli.main,
                  theory_cli.main, sweep_cli.main, bench_cli.main):
-        assert main.__code__ is C.command_line(lambda: 0).__code__, main.__module__
+        assert main.__code__ is V.command_line(lambda: 0).__code__, main.__module__
 
 
 def test_the_audit_on_a_disk_that_fills_says_one_line_and_exits_75(small_fs, allocated_npz):

@@ -142,7 +142,7 @@ def test_bad_train_config(change, message):
 
 
 def test_command_line(tmp_path, capsys):
-    (tmp_path / "sub").mkdir()       # the output's directory must exist (numerics.io.files.check_output_path)
+    (tmp_path / "sub").mkdir()       # the output's directory must exist (numerics.io.check_output_path)
     out = tmp_path / "sub" / "run.json"
     rc = T.main(["--tasks", "2,1", "--heads", "2", "--L", "8", "--time", "0.5", "--lr", "0.05",
                  "--batch", "32", "--records", "3", "--init", "0.2", "--param", "merged", "--seed", "4",

@@ -412,7 +412,7 @@ def test_real_registry_tiny_end_to_end(tmp_path):
 
 
 def test_a_build_runs_openblas_on_one_thread(tmp_path):
-    """The build's BLAS policy (numerics.io.command.ONE_BLAS_THREAD): worker_environment() holds the
+    """The build's BLAS policy (numerics.io.ONE_BLAS_THREAD): worker_environment() holds the
     one-thread variables and restores the caller's; one_blas_thread() sets numpy's loaded
     OpenBLAS to one thread in a running process (read back through the library's own getter,
     in a fresh process whose OpenBLAS started with every core), after which a threaded-size
@@ -420,7 +420,7 @@ def test_a_build_runs_openblas_on_one_thread(tmp_path):
     import os
 
     import numpy as np
-    from numerics.io.command import ONE_BLAS_THREAD, worker_environment
+    from numerics.io import ONE_BLAS_THREAD, worker_environment
     before = os.environ.get("OPENBLAS_NUM_THREADS")
     os.environ["MKL_NUM_THREADS"] = "7"
     try:
@@ -432,7 +432,7 @@ def test_a_build_runs_openblas_on_one_thread(tmp_path):
     if not sys.platform.startswith("linux"):
         return
     probe = ("import ctypes, numpy as np, sys\n"
-             "from numerics.io.command import one_blas_thread\n"
+             "from numerics.io import one_blas_thread\n"
              "def threads():\n"
              "    for line in open('/proc/self/maps'):\n"
              "        if 'openblas' in line.lower() and '/' in line:\n"

@@ -1230,7 +1230,7 @@ def test_out_where_nothing_can_be_written_is_refused_before_any_claim(registry, 
     chattr = shutil.which("chattr")
     immutable = chattr is not None and subprocess.run([chattr, "+i", str(frozen)], capture_output=True).returncode == 0
     if not immutable:
-        import numerics.io.files as policy
+        import numerics.io as policy
 
         real = policy.tempfile.mkstemp
 

@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numerics import sweep
+from numerics.sweep import grid as sweep_grid
 from numerics.sweep import code_sources, code_version, expand_grid, load_results, point_id, run_grid
 from numerics.stored import DEFAULT_POINT_FN_NAMES, package_version
 
@@ -134,35 +135,35 @@ def test_expand_grid_rejects_structural_mistakes(spec, message):
 
 
 def test_example_grids_expand():
-    spec, _ = sweep.load_grid(REPO / "examples" / "grid.toml")
+    spec, _ = sweep_grid.load_grid(REPO / "examples" / "grid.toml")
     points = expand_grid(spec)
     assert len(points) == 12  # the benchmark grid of docs/sweep.md
     assert len({point_id(p) for p in points}) == 12
-    gain = expand_grid(sweep.load_grid(REPO / "examples" / "multi_head_gain.toml")[0])
+    gain = expand_grid(sweep_grid.load_grid(REPO / "examples" / "multi_head_gain.toml")[0])
     # claim 6's paper case (4, 4, 4) with H = 3 and H = 1 (examples/multi_head_gain.toml)
     assert {(len(p["problem"]["tasks"]), p["problem"]["heads"]) for p in gain} == {(3, 1), (3, 3)}
     for path in sorted((REPO / "examples").glob("*.toml")):
-        assert expand_grid(sweep.load_grid(path)[0]), path
+        assert expand_grid(sweep_grid.load_grid(path)[0]), path
 
 
 def test_complete_point_matches_the_grid_form():
     (from_grid,) = expand_grid(tiny_spec(seed=[3]))
     by_hand = {"problem": {"tasks": (2, 2), "heads": 2, "L": 16, "sigma": 0},
                "train": {"batch": 64, "time": 0.5, "lr": 0.05, "records": 3, "seed": 3}}
-    assert sweep.complete_point(by_hand) == from_grid
-    assert point_id(sweep.complete_point(by_hand)) == point_id(from_grid)
+    assert sweep_grid.complete_point(by_hand) == from_grid
+    assert point_id(sweep_grid.complete_point(by_hand)) == point_id(from_grid)
     assert point_id(by_hand) != point_id(from_grid)  # why completing matters
     with pytest.raises(ValueError, match="unknown field 'hedas'"):
-        sweep.complete_point({"problem": {"tasks": [2], "hedas": 1, "L": 8}})
+        sweep_grid.complete_point({"problem": {"tasks": [2], "hedas": 1, "L": 8}})
 
 
 def test_bad_grid_file_is_reported(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        sweep.load_grid(tmp_path / "nope.toml")
+        sweep_grid.load_grid(tmp_path / "nope.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("[problem\ntasks = 3")
     with pytest.raises(ValueError, match="not valid TOML"):
-        sweep.load_grid(bad)
+        sweep_grid.load_grid(bad)
 
 
 # --- identity -----------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ def test_point_id_is_a_content_hash(fields, rnd):
 def test_code_version_hashes_the_training_code_only():
     names = {p.relative_to(REPO).as_posix() for p in code_sources()}
     assert {"numerics/train.py", "numerics/config.py", "numerics/model.py", "numerics/engine.py"} <= names
-    assert not any(name.startswith(("numerics/sweep/", "numerics/bench/", "numerics/io/")) for name in names), \
+    assert not any(name.startswith(("numerics/sweep/", "numerics/bench/", "numerics/io.py")) for name in names), \
         names  # editing the sweep, the bench or the command lines' I/O keeps stored results
     assert code_version().startswith(package_version() + "+src.")
 
@@ -505,7 +506,7 @@ def test_authors_grid_is_the_runs_claims_5_and_6_ask_for():
     from numerics.experiments.converged import _normalise_point, converged_point
     from numerics.engine import trained_run_seed
 
-    grid = expand_grid(sweep.load_grid(REPO / "examples" / "authors_converged.toml")[0])
+    grid = expand_grid(sweep_grid.load_grid(REPO / "examples" / "authors_converged.toml")[0])
     wanted = []
     for cid in ("limiting-error", "multi-head-gain"):
         p = claims.spec_of(cid).profile("quick", {"tasks": (16, 17, 17), "heads": 3, "L": 100})

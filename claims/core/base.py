@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from numerics.io.handed import jsonable
+from numerics.io import jsonable
 
 PROFILES = ("tiny", "quick", "paper", "authors")
 """``tiny``: seconds, for the report's own end-to-end test; ``quick``: the default report

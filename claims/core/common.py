@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from numerics.io.handed import jsonable
+from numerics.io import jsonable
 from claims.core.base import HeadlineRow, Figure, PerturbationCheck, Series
 from numerics.statistics import Z_SE  # the one tolerance multiplier, defined where the estimators are
 

@@ -17,7 +17,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from numerics.io.handed import jsonable
+from numerics.io import jsonable
 from claims.core.base import PROFILES, ClaimResult, Finding, FINDING_KINDS, Progress, judge, no_progress, run_claim
 
 PROBLEM_FIELDS = ("tasks", "heads", "L", "sigma", "param", "init_scale", "logit_scale", "basis", "dtype")

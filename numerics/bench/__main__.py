@@ -1,4 +1,4 @@
-"""``python -m numerics.bench``: see :mod:`numerics.bench.cli`."""
-from numerics.bench.cli import main
+"""``python -m numerics.bench``: see :mod:`numerics.bench`."""
+from numerics.bench import main
 
 main()

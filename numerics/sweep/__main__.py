@@ -1,6 +1,6 @@
-"""``python -m numerics.sweep``: see :mod:`numerics.sweep.cli`."""
+"""``python -m numerics.sweep``: see :mod:`numerics.sweep`."""
 import sys
 
-from numerics.sweep.cli import main
+from numerics.sweep import main
 
 sys.exit(main())

@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from numerics.io.handed import TOMLDecodeError, toml_loads
-from numerics.io.files import MAX_INPUT_BYTES, check_input_file, read_input_bytes
-from numerics.io.command import SEED_MAX
+from numerics.io import SEED_MAX, TOMLDecodeError, read_input_bytes, toml_loads
 from numerics.config import ProblemConfig
 from numerics.train import MAX_STEPS, TrainConfig
 
@@ -40,8 +38,6 @@ SWEEP_MANAGED_TRAIN_FIELDS = ("progress", "checkpoint")
 MAX_GRID_POINTS = 100_000
 """The most points a grid may expand to, counted arithmetically before any point is built (a
 grid of 10^9 points would otherwise fill the memory, even with --dry-run)."""
-MAX_GRID_BYTES = MAX_INPUT_BYTES
-"""A grid file is a few hundred bytes; the limit (16 MiB) refuses a wrong file before parsing it."""
 
 
 @dataclass(frozen=True)
@@ -347,7 +343,7 @@ def _fill(given: dict, fields_: dict[str, _Field], section: str) -> dict:
 
 
 def _check_seed(label: str, value: Any) -> None:
-    """Seeds are integers in 0 .. 2^64 - 1 (numerics.io.command.SEED_MAX): refused up front, as
+    """Seeds are integers in 0 .. 2^64 - 1 (numerics.io.SEED_MAX): refused up front, as
     the command lines' --seed, rather than as a failed point."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
         raise ValueError(f"grid: {label} = {value!r} is not a seed: seeds are integers in 0 .. 2^64 - 1")
@@ -386,8 +382,7 @@ def load_grid(path: Union[str, Path]) -> tuple[dict, str]:
                          "(see examples/grid.toml for the format)")
     if not os.path.lexists(path):
         raise FileNotFoundError(f"grid file {str(path)!r} does not exist (see examples/grid.toml for the format)")
-    check_input_file(path, "grid file", max_bytes=MAX_GRID_BYTES)   # a FIFO or a huge file: refused unread
-    data = read_input_bytes(path, "grid file", max_bytes=MAX_GRID_BYTES)
+    data = read_input_bytes(path, "grid file")   # a FIFO or a file over 16 MiB: refused unread
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
