@@ -532,11 +532,27 @@ def start_flows_need(what: str, cfgs, tcfg: TrainConfig, stream: tuple, *, promp
 
 @kind("single_task_references", cost=lambda L, r, n_eval: (
     cost.fit_seconds((r,), 2, L, 4096, starts=3) + cost.marginal_seconds((r,), 2, L, n_eval, points=1) + 1.0))
-def single_task_references_need(L: int, r: int, n_eval: int, seed: int) -> dict:
-    """numerics.saddle.single_task_references (its fit and evaluation seeds are its own): theory's
-    one-head optimum, linear attention and the best decomposable two-head point of one task."""
-    from numerics.saddle import single_task_references
-    return single_task_references(int(L), int(r), int(n_eval))
+def single_task_references(L: int, r: int, n_eval: int, seed: int) -> dict:
+    """The reference points of one task (r,) at context length L: theory.exact's one-head
+    optimum (= the allocated point, surplus heads idle), theory.optimality's linear attention,
+    and the best decomposable two-head point, signs free (numerics.exact_reduced.minimise_family
+    from the linear-attention point and two sign patterns, fit on 4096 prompts, its loss and se
+    measured on ``n_eval`` held-out prompts), as claims/optimality.py searches it (its fit and
+    evaluation seeds are its own, 11 and 12, not the need's)."""
+    from numerics.exact_reduced import measure, minimise_family
+    from theory import exact as th_exact
+    from theory import optimality as th_opt
+
+    tasks = (int(r),)
+    starts = [th_opt.linear_attention_point(tasks, 2, eps=0.02)[0] + 0.0, np.array([[0.5], [0.05]]),
+              np.array([[0.3], [-0.3]])]
+    fm = minimise_family(tasks, int(L), 0.0, np.ones((2, 1), bool), np.ones((2, 1), bool), starts, seed=11,
+                         n_fit=4096, family="2 heads, signs free")
+    measure([fm], int(n_eval), seed=12)
+    return {"one_head": float(th_exact.single_head_optimum(tasks, int(L))["loss"]),
+            "linear_attention": float(th_opt.linear_attention_loss(tasks, int(L))),
+            "best_two_head": float(fm.loss), "best_two_head_se": float(fm.se),
+            "best_two_head_point": {"omega": fm.omega.ravel().tolist(), "mu": fm.mu.ravel().tolist()}}
 
 
 # ---------------------------------------------------------------------------------------
@@ -596,7 +612,7 @@ def single_task_needs(sp, device: str) -> list:
     """Per head count H of ``sp.heads`` the runs of one task of ``sp.r`` from PyTorch's default start (uniform_full,
     s0 = 1, logit scale sqrt(r + 1)), seed s's start from ("init", s) under the need's seed ("single task", H), all on
     one prompt stream ("prompts": common random numbers), each seed evaluated on its own held-out prompts
-    (("held-out", s)); then the references (numerics.saddle.single_task_references)."""
+    (("held-out", s)); then the references (:func:`single_task_references`)."""
     out = []
     for H in sp.heads:
         cfg = ProblemConfig(tasks=(sp.r,), heads=H, L=sp.L, init="uniform_full", init_scale=1.0,
@@ -609,17 +625,27 @@ def single_task_needs(sp, device: str) -> list:
 
 
 def single_task_summary(states, ref: dict, z: float) -> dict:
-    """The seeds of one head count: the mean held-out loss over seeds and its se (numerics.saddle.seed_mean_se), the
+    """The seeds of one head count: the mean held-out loss over seeds and its se (:func:`seed_mean_se`), the
     zero-sum pair ratios, the counts of seeds whose OV values form a zero-sum pair or group (ratio below
     numerics.readout.ZERO_SUM_SHARE), the class mix (:func:`outcome_mix` at ``z``, against the one-head optimum and
     the best decomposable two-head point)."""
-    from numerics.saddle import seed_mean_se
     refs = {"allocated_loss": ref["one_head"], "best_decomposable": {"loss": ref["best_two_head"]}}
     m, se = seed_mean_se([r["loss"] for r in states], [r["se"] for r in states])
     return {"loss": m, "se": se, "pair_ratio": [r["pair_ratio"] for r in states],
             "zero_sum_pairs": sum(r["pair_ratio"] < ZERO_SUM_SHARE for r in states),
             "zero_sum_groups": sum(bool(r["zero_sum"]) and r["zero_sum"][0] <= ZERO_SUM_SHARE for r in states),
             "mix": outcome_mix(states, z, refs), "classes": [r["class"]["label"] for r in states]}
+
+
+def seed_mean_se(losses, loss_ses) -> tuple[float, float]:
+    """The mean held-out loss over seeds and its se: the seeds' spread and each seed's own
+    held-out se (independent held-out prompts per seed), sqrt(s^2 / n + mean(se_i^2) / n);
+    the one seed's se from one seed."""
+    losses = np.asarray(losses, float)
+    if losses.size < 2:
+        return float(losses.mean()), float(np.asarray(loss_ses, float).ravel()[0])
+    mean, se = mean_se(losses)     # the seeds' spread, s / sqrt(n)
+    return mean, math.sqrt(se ** 2 + float(np.mean(np.square(loss_ses))) / losses.size)
 
 
 def race_cell_needs(p, device: str) -> tuple[list, list]:
