@@ -66,8 +66,6 @@ def allocated_model(cfg: ProblemConfig, mu0: float = 0.0) -> MultiHeadAttention:
     """The full factored model at theory's allocated point of cfg, every seeded off-task entry
     (theory.saddle.SaddlePoint.entries) set to the balanced value mu0 (> 0: o = v; < 0: o = -v, the
     opposite-sign branch; 0: the exact allocated point, off-task channel empty)."""
-    if cfg.param != "factored":
-        raise ValueError("the saddle is a property of the factored parametrisation (param='factored')")
     st = th.saddle_point(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     mu = st.mu.copy()
     for e in st.entries:

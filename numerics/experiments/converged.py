@@ -273,11 +273,15 @@ def converged_for(run, tolerance: float) -> bool:
     return bool(float(left) <= float(tolerance) / Z_CONVERGED)
 
 
-def last_quarter(record_steps) -> set:
+def last_quarter(record_steps, most: int | None = None) -> set:
     """The record steps of a single fixed-step stage's last quarter: the snapshots of its
-    descent fit (:func:`stage_descent`)."""
-    steps = np.asarray(record_steps)
-    return set(int(x) for x in steps[steps >= 0.75 * steps[-1]])
+    descent fit (:func:`stage_descent`), thinned evenly to at most ``most`` (None: all), the
+    last record always kept."""
+    steps = np.asarray(sorted(record_steps))
+    window = steps[steps >= 0.75 * steps[-1]]
+    if most is not None and window.size > most:
+        window = window[np.unique(np.round(np.linspace(0, window.size - 1, most)).astype(int))]
+    return set(int(x) for x in window)
 
 
 def stage_descent(snapshots, n: int, seed: int):

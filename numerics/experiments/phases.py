@@ -418,10 +418,7 @@ def allocation_run_need(cfg, lr, time, batch, records, held_out, z, threshold_si
 def off_task_gradient_need(tasks, heads, L, sigma, point, n, device, seed):
     """:func:`off_task_gradient` at ``point`` (a dependency: theory's allocated point of
     ``heads`` heads, (omega, mu))."""
-    omega, mu = point
-    if np.shape(omega)[0] != heads:
-        raise ValueError(f"the allocated point has {np.shape(omega)[0]} heads, the need {heads}")
-    return off_task_gradient(tasks, L, sigma, omega, mu, n, seed, device)
+    return off_task_gradient(tasks, L, sigma, *point, n, seed, device)
 
 
 @kind("unstable_step", cost=lambda cfg, lr: stiffness_seconds(cfg))

@@ -37,7 +37,7 @@ from numerics.config import ProblemConfig
 from numerics.engine import kind, need
 from numerics.evaluate import held_out_prompt_losses
 from numerics.experiments import one_thread
-from numerics.experiments.converged import converged_for, stage_tolerance
+from numerics.experiments.converged import converged_for, last_quarter, stage_tolerance
 from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
 from numerics.readout import RACE_DECIDED_SHARE, ZERO_SUM_SHARE, allocation, end_class, zero_sum_ratio
 from numerics.seeds import case_seed
@@ -46,10 +46,6 @@ from numerics.train import TrainConfig, train_many, train_reduced_many
 from theory.initialisation import (authors_logit_scale, race_starts, random_start_scales, residual_split,
                                    unbalanced_metric_factors, warmup_norm_bound, warmup_quartic_constant)
 from theory.three_phases import phase_times
-
-__all__ = ["OFF_D_RELATIVE", "WINDOW_MOST", "MEASURES", "off_D_test", "descent_window", "end_states", "outcome_mix",
-           "start_runs_need", "start_flows_need", "random_starts_need", "unbalanced_needs", "single_task_needs",
-           "single_task_summary", "race_cell_needs", "large_init_needs", "reference_needs", "references"]
 
 OFF_D_RELATIVE = 0.5
 """A run ends off D when its movable off-D part (theory.initialisation.residual_split) exceeds
@@ -93,22 +89,12 @@ def off_D_test(cfg: ProblemConfig, norm0_sq: float, split0: dict, split1: dict, 
             "off_D": bool(split1["movable"] > bound and split1["movable_relative"] >= OFF_D_RELATIVE)}
 
 
-def descent_window(record_steps: Sequence[int], most: int = WINDOW_MOST) -> set:
-    """The record steps of a single fixed-step run's last quarter (its descent fit's snapshots),
-    thinned evenly to at most ``most``, the last record always kept."""
-    steps = np.asarray(sorted(record_steps))
-    window = steps[steps >= 0.75 * steps[-1]]
-    if window.size > most:
-        window = window[np.unique(np.round(np.linspace(0, window.size - 1, most)).astype(int))]
-    return set(int(x) for x in window)
-
-
-def _split(model: MultiHeadAttention) -> dict:
+def merged_residual_split(model: MultiHeadAttention) -> dict:
     W, U = (x.detach().cpu().double().numpy() for x in model.merged_weights())
     return residual_split(W, U, model.cfg.tasks, model.cfg.basis_numpy())
 
 
-def _norm_sq(model: MultiHeadAttention) -> float:
+def factor_norm_sq(model: MultiHeadAttention) -> float:
     return float(sum((p.detach().double() ** 2).sum() for p in model.parameters()))
 
 
@@ -182,8 +168,8 @@ def _end_state(r: dict, losses: np.ndarray) -> dict:
     mean, se = mean_se(last)
     t = [x for x, _ in r["snapshots"]]
     fit = descent_left(t, losses, horizon=float(t[-1] - t[0])) if len(t) >= 3 else None
-    split1 = _split(final)
-    norm1_sq = _norm_sq(final)
+    split1 = merged_residual_split(final)
+    norm1_sq = factor_norm_sq(final)
     warm = off_D_test(cfg, r["norm0_sq"], r["split0"], split1, tcfg.time)
     # still in the warm-up: |theta|^2 has not doubled while theory's warm-up law still holds at t_end
     # (exponent 8 c4 |theta0|^2 t_end <= 1/2, where the law caps the growth at 2x); a larger start has
@@ -289,7 +275,7 @@ def _random_start(model) -> dict:
 
 
 def _random_record(extra, step, t, m, loss) -> None:
-    extra["trajectory"].append({"t": t, "loss": loss, **_split(m)})
+    extra["trajectory"].append({"t": t, "loss": loss, **merged_residual_split(m)})
 
 
 def _random_end(extra, model) -> None:
@@ -389,7 +375,8 @@ def _train_measured(runs: list[dict]) -> list[dict]:
     models = [MultiHeadAttention(r["cfg"]) for r in runs]
     extras = [me.start(m) if me.start else {} for me, m in zip(measures, models)]
     for r, m in zip(runs, models):
-        r.update(norm0_sq=_norm_sq(m), split0=_split(m), snapshots=[], window=descent_window(r["tcfg"].record_steps()))
+        r.update(norm0_sq=factor_norm_sq(m), split0=merged_residual_split(m), snapshots=[],
+                 window=last_quarter(r["tcfg"].record_steps(), WINDOW_MOST))
 
     def hook(i):
         run, model, record_ = runs[i], models[i], measures[i].record
@@ -467,8 +454,6 @@ def start_runs_need(what: str, cfgs, tcfg: TrainConfig, n_eval: int, stream: tup
                     held_out=None):
     """The ``start_runs`` need of the starts ``cfgs`` of kind ``what`` (:data:`MEASURES`) trained by
     ``tcfg`` (its seed is the need's: ``prompts`` under ``stream``) on one prompt stream."""
-    if what not in MEASURES:
-        raise ValueError(f"what must be one of {sorted(MEASURES)}, got {what!r}")
     cfg, starts = _starts(cfgs)
     return need("start_runs", what=what, cfg=cfg, starts=starts, tcfg=replace(tcfg, seed=0), n_eval=int(n_eval),
                 prompts=prompts, inits=None if inits is None else tuple(inits),
@@ -523,8 +508,6 @@ def start_flows(what, cfg, starts, tcfg, prompts, inits, seed) -> tuple:
 def start_flows_need(what: str, cfgs, tcfg: TrainConfig, stream: tuple, *, prompts=None, inits=None):
     """The ``start_flows`` need ("unbalanced" or "large") beside ``start_runs_need`` of the same
     arguments: the reduced flows on those runs' prompts."""
-    if what not in ("unbalanced", "large"):
-        raise ValueError(f"what must be 'unbalanced' or 'large', got {what!r}")
     cfg, starts = _starts(cfgs)
     return need("start_flows", what=what, cfg=cfg, starts=starts, tcfg=replace(tcfg, seed=0), prompts=prompts,
                 inits=None if inits is None else tuple(inits), stream=tuple(stream))
