@@ -73,6 +73,11 @@ def allocated_model(cfg: ProblemConfig, mu0: float = 0.0) -> MultiHeadAttention:
     return MultiHeadAttention.from_semi_singular_values(cfg, st.omega, mu)
 
 
+def _problem(cfg: ProblemConfig) -> dict:
+    """The configuration a measurement names: its tasks, heads, L and sigma."""
+    return {"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma}
+
+
 def _off_task_readout(model: MultiHeadAttention, entries) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(mu_off (E,), serving mu (E,), o (E,), v (E,)) read from the weights: mu[h, i] =
     (O_h V_h)[i, d+i]; the off-task channel o = O_h[i, d+i], v = V_h[d+i, d+i]."""
@@ -144,13 +149,6 @@ def _recorder(cfg: ProblemConfig, entries, stop_share: float, stop_residual: flo
     return rec, hook
 
 
-def _saddle_result(rec: dict, batch: int, seed: int, lr: float, mu0: float, escaped: bool, wall: float) -> SaddleRun:
-    arr = {k: np.array(v) for k, v in rec.items()}
-    return SaddleRun(batch=batch, seed=seed, lr=lr, mu0=mu0, t=arr["t"], mu_off=arr["mu_off"], served=arr["served"],
-                     o=arr["o"], v=arr["v"], omega=arr["omega"], t_stop=float(arr["t"][-1]), escaped=escaped,
-                     wall=wall, residual=arr["residual"])
-
-
 @_one_thread
 def saddle_many(cfg: ProblemConfig, runs: Sequence[dict]) -> list[SaddleRun]:
     """Each run of ``runs`` (dicts of :func:`saddle_run`'s keyword arguments lr, batch, seed, mu0,
@@ -174,21 +172,19 @@ def saddle_many(cfg: ProblemConfig, runs: Sequence[dict]) -> list[SaddleRun]:
     for res in out:
         if isinstance(res, BaseException) and not isinstance(res, _Stop):
             raise res
-    return [_saddle_result(rec, r["batch"], r["seed"], r["lr"], r["mu0"], isinstance(res, _Stop), wall)
+    return [SaddleRun(batch=r["batch"], seed=r["seed"], lr=r["lr"], mu0=r["mu0"], t_stop=float(rec["t"][-1]),
+                      escaped=isinstance(res, _Stop), wall=wall, **{k: np.array(v) for k, v in rec.items()})
             for rec, r, res in zip(recs, runs, out)]
 
 
-def saddle_run(cfg: ProblemConfig, lr: float, batch: int, seed: int, mu0: float, t_max: float,
-               stop_share: float = 0.1, record_dt: float = 0.5, batches=None,
-               start: Optional[MultiHeadAttention] = None, stop_residual: float = math.inf) -> SaddleRun:
+def saddle_run(cfg: ProblemConfig, lr: float, batch: int, seed: int, mu0: float, t_max: float, **options) -> SaddleRun:
     """Train the full model from :func:`allocated_model` (cfg, mu0) with SGD (lr, batch, data
     seed) up to t_max, recording the off-task channel every ``record_dt``; stops once every
     seeded entry's share has passed ``stop_share`` (``batches``: numerics.train's seam, e.g. a
     fixed symmetrised batch; then no early stop on the share; ``start``: another start model;
     ``stop_residual``: stop once the off-D residual passes it, e.g. a fixed batch's GD leaving D
     by a step-size instability).  One run of :func:`saddle_many`."""
-    return saddle_many(cfg, [dict(lr=lr, batch=batch, seed=seed, mu0=mu0, t_max=t_max, stop_share=stop_share,
-                                  record_dt=record_dt, batches=batches, start=start, stop_residual=stop_residual)])[0]
+    return saddle_many(cfg, [dict(lr=lr, batch=batch, seed=seed, mu0=mu0, t_max=t_max, **options)])[0]
 
 
 @dataclass(frozen=True)
@@ -334,7 +330,7 @@ def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Se
         raise ValueError(f"fewer than 2 seeds gave a fit window (floor {floor:.3g}, lo {lo:.3g}, hi {his.min():.3g}): "
                          "raise t_max, B or lower floor_factor")
     (meas, se), (raw, raw_se) = mean_se(per_seed), mean_se(raws)
-    return GrowthRateMeasurement(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma},
+    return GrowthRateMeasurement(config=_problem(cfg),
                                  lr=lr, batch=batch, seeds=tuple(seeds), mu0=runs.mu0, measured=meas, se=se, raw=raw,
                                  raw_se=raw_se, per_seed=tuple(per_seed), window=(float(lo), float(his.min())),
                                  floor=floor, e_folds=float(np.mean(e_folds)), points=int(np.min(points)),
@@ -515,7 +511,7 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
             vals += list(run.imbalance[k])
         imb_meas.append(float(np.median(vals)))
     return EscapeTimeMeasurement(
-        config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma}, lr=lr,
+        config=_problem(cfg), lr=lr,
         batches=tuple(batches), seeds=tuple(seeds), mu0=runs.mu0, threshold=threshold, T=tuple(T), T_se=tuple(T_se),
         T_per_seed=tuple(per), spacing=spacing, slope=fit.slope, slope_se=fit.slope_se, slope_runs=fit.n,
         slope_resid_sd=fit.residual_sd,
@@ -617,9 +613,7 @@ def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: 
         unstable.append({"lr": step, "t": float(run.t[-1]), "residual": float(run.residual[-1]),
                          "max_anti": float(np.abs(run.anti).max())})
     A = math.nan if left else _twin_amplification(cfg, run, step, fixed, seed, mu0, time)
-    return InvariantFlowMeasurement(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L,
-                                            "sigma": cfg.sigma},
-                                    lr=step, time=time, prompts=n, mu0=mu0, steps=steps,
+    return InvariantFlowMeasurement(config=_problem(cfg), lr=step, time=time, prompts=n, mu0=mu0, steps=steps,
                                     max_anti=float(np.abs(run.anti).max()), min_mu_off=float(run.mu_off.min()),
                                     final_mu_off=float(np.abs(run.mu_off[-1]).max()), amplification=A,
                                     wall=_time.perf_counter() - t0, requested_lr=float(lr),

@@ -415,9 +415,7 @@ def from_dict(d: dict) -> ConvergedRun:
 
 def run_point(point: dict) -> dict:
     """The sweep's point function for ``model = "converged"``: train and return ``to_dict()``."""
-    model, _, schedule, seed = _normalise_point(point)
-    if model != "converged":
-        raise ValueError(f"run_point runs 'converged' points, got model {model!r}")
+    _, _, schedule, seed = _normalise_point(point)
     return train_converged(ProblemConfig.from_dict(point["problem"]), schedule, seed).to_dict()
 
 
