@@ -34,14 +34,13 @@ from numerics.seeds import case_seed
 
 KINDS_BY_MODULE: dict[str, tuple] = {
     "numerics.experiments": ("theory",),
-    "numerics.experiments.converged": ("converged", "continue_on_D"),
+    "numerics.experiments.converged": ("converged", "continue_on_D", "unstable_step"),
     "numerics.exact_reduced": ("reduced_minima",),
     "numerics.experiments.probes": ("symmetric_batch_runs", "fresh_batch_runs", "gradient_projection",
                                     "richardson_runs", "trend_run", "best_decomposable", "decomposable_search",
                                     "full_merged_start", "best_as_full_model", "constant_row", "reduced_flow",
                                     "paired_end_losses", "fewer_heads_end", "saturation_scan", "monte_carlo_losses"),
-    "numerics.experiments.phases": ("phase_run", "escape_time_spread", "allocation_run", "off_task_gradient",
-                                    "unstable_step"),
+    "numerics.experiments.phases": ("phase_run", "escape_time_spread", "allocation_run", "off_task_gradient"),
     "numerics.experiments.authors": ("authors_run", "reference_points", "authors_emergence"),
     "numerics.experiments.atlas": ("atlas", "atlas_grid"),
     "numerics.saddle": ("saddle_escape_runs", "saddle_variance", "saddle_step_sizes", "saddle_invariant"),

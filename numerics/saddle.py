@@ -385,11 +385,13 @@ class GradientVariance:
     dS_se: np.ndarray
 
 
+@kind("saddle_variance", cost=lambda cfg, n: 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, n))
 @_one_thread
 def gradient_variance_measurement(cfg: ProblemConfig, n: int, seed: int, groups: int = 16) -> GradientVariance:
     """dS = S_col - S_row at the exact allocated point (the measured input of the seed,
     theory.saddle section 3).  dl/dU_h[l, c] = 2 (yhat_l - y_l) c_h[c], c_h = sum_l p_hl z_l;
-    the prediction is recomputed from the model's weights and checked against its forward."""
+    the prediction is recomputed from the model's weights and checked against its forward.  The need
+    kind "saddle_variance"."""
     st = th.saddle_point(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     model = allocated_model(cfg, 0.0)
     d = cfg.d
@@ -690,12 +692,6 @@ def _escape_cost(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt) -> 
 def escape_runs_need(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt, seed) -> SaddleRuns:
     """The escape runs of one configuration and their floors (:func:`saddle_runs`), in SGD_DTYPE."""
     return saddle_runs(cfg.replace(dtype=SGD_DTYPE), lr, batches, seeds, mu0, t_max, seed, stop_share=stop_share, record_dt=record_dt)
-
-
-@kind("saddle_variance", cost=lambda cfg, n: 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, n))
-def variance_need(cfg, n, seed) -> GradientVariance:
-    """The per-prompt gradient variances at the allocated point (:func:`gradient_variance_measurement`)."""
-    return gradient_variance_measurement(cfg, n, seed)
 
 
 def _steps_cost(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_max, record_dt) -> float:

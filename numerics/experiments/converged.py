@@ -219,12 +219,14 @@ estimate asks :func:`stiff_schedule` (theory's and the full model's stiffness, ~
 what a run will take, since there the schedule's own steps may diverge."""
 
 
-def unstable_step(cfg: ProblemConfig, lr: float) -> str | None:
+@kind("unstable_step", cost=lambda cfg, lr: stiffness_seconds(cfg))
+def unstable_step(cfg: ProblemConfig, lr: float, seed: int = 0) -> str | None:
     """Why gradient descent at step ``lr`` does not follow the flow at ``cfg`` (None: it may): beyond
     d = TUNED_D, lr at or past the full model's stability bound 2 / lambda_full at theory's end point
     (:func:`full_stiffness`; at the authors' blocks (16,17,17), L = 100, lr 0.05 is 59 x lambda's
     inverse: every OV value of such a run ends at 0).  Not asked at d <= TUNED_D, where lr lambda is
-    0.4 at the tiny and quick profiles and 1.3 at paper (three-phases' schedule)."""
+    0.4 at the tiny and quick profiles and 1.3 at paper (three-phases' schedule).  A need kind (its seed unused:
+    the Hessian's prompts are FULL_STIFFNESS_PROMPTS of a fixed seed)."""
     lam = full_stiffness(cfg) if cfg.d > TUNED_D else None
     if lam is None or lr * lam < 2.0:
         return None
