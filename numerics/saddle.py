@@ -1,4 +1,5 @@
-"""Measurements of the allocated point's saddle in the full factored model.  Theory: :mod:`theory.saddle` (derivations there).
+"""Measurements of the allocated point's saddle in the full factored model.  Theory:
+:mod:`theory.saddle` (derivations there).
 
 Every function returns a frozen dataclass of measurements: values, standard errors over
 seeds, and what a tolerance is built from (the record spacing, the amplification of a twin

@@ -10,18 +10,22 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 
-from numerics import cost
+from numerics import cost, exact_reduced
 from numerics.config import ProblemConfig
 from numerics.engine import kind
 from numerics.seeds import case_seed
-from numerics.evaluate import held_out_loss, held_out_prompt_losses
+from numerics.evaluate import hessian_top_eigenvalue, held_out_loss, held_out_prompt_losses
 from numerics.experiments import one_thread
 from numerics.readout import ALLOCATED_SHARE, allocation
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.statistics import descent_left, mean_se
-from numerics.model import TrainingDiverged
-from numerics.train import TrainConfig, train
+from numerics.model import MultiHeadAttention, TrainingDiverged
+from numerics.train import TrainConfig, train, train_reduced
+from theory import exact as exact_theory
+from theory.limiting_error import limit_multi_per_task
+from theory.reduced_ode import metric_factors
 
 WINDOW_POINTS = 5
 """Snapshots of the final stage's second half (its records 4/8 .. 8/8) on which the descent
@@ -87,8 +91,6 @@ def end_point(cfg: ProblemConfig):
     or None where theory names none: with H >= m heads the allocated fixed point
     (theory.exact.exact_fixed_point; head i serves task i, the other heads idle at zero), with one
     head the best one-head model (theory.exact.single_head_optimum)."""
-    from theory import exact as exact_theory
-
     H, m = cfg.heads, len(cfg.tasks)
     omega, mu = np.zeros((H, m)), np.zeros((H, m))
     if H >= m:
@@ -140,9 +142,6 @@ def full_stiffness(cfg: ProblemConfig) -> float | None:
     at (3, 3), L = 64 it is ~38 (on D 11.2).  Memoised per configuration (~25 s CPU at d = 50)."""
     key = (tuple(cfg.tasks), cfg.heads, cfg.L, float(cfg.sigma), cfg.param, float(cfg.logit_scale), cfg.dtype)
     if key not in _FULL_STIFFNESS:
-        from numerics.evaluate import hessian_top_eigenvalue
-        from numerics.model import MultiHeadAttention
-
         end = end_point(cfg)
         _FULL_STIFFNESS[key] = (None if end is None else hessian_top_eigenvalue(
             MultiHeadAttention.from_semi_singular_values(cfg, *end), FULL_STIFFNESS_PROMPTS, FULL_STIFFNESS_ITERS))
@@ -154,7 +153,6 @@ def stiffness_seconds(cfg: ProblemConfig) -> float:
     end point (~4 s: the exact fixed point's quadratures) and :func:`full_stiffness`'s FULL_STIFFNESS_ITERS
     Hessian-vector products, ~3 forward passes each (``numerics.cost``).  Measured (AMD EPYC, docs/measurements.md): 10.8 s at
     (16,17,17), H = 3, L = 100 (priced 11.9), 7.1 s at H = 4 (12.3)."""
-    from numerics import cost
     if cfg.d <= TUNED_D:
         return 0.0
     return 5.0 + FULL_STIFFNESS_ITERS * 3 * cost.forward_seconds(cfg.tasks, cfg.heads, cfg.L, FULL_STIFFNESS_PROMPTS)
@@ -170,8 +168,6 @@ def priced_stiffness(cfg: ProblemConfig) -> float:
     """The stiffness a price assumes (:func:`converged_seconds`): PRICE_STIFFNESS_FACTOR d max_i mu*_i^2 at theory's
     L -> infinity fixed point (closed form, milliseconds), never the exact fixed point and the full model's Hessian
     that :func:`stiff_schedule` measures (minutes at d = 30, L = 512): a plan prices without computing."""
-    from theory.limiting_error import limit_multi_per_task
-
     mu = max(task["mu_star"] for task in limit_multi_per_task(cfg.tasks, cfg.sigma))
     return PRICE_STIFFNESS_FACTOR * cfg.d * mu ** 2
 
@@ -240,7 +236,6 @@ def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: in
     stiff schedule at least 2, as measured): the
     explore, and per piece its polish, the held-out loss and the paired descent sample
     (WINDOW_POINTS snapshots and the explore end)."""
-    from numerics import cost
     L, tasks, H, dt = cfg.L, cfg.tasks, cfg.heads, cfg.dtype
     if cfg.d > TUNED_D:
         # beyond the sizes the schedule was tuned at, a run whose steps diverge takes the stiff schedule
@@ -586,17 +581,13 @@ def stable_step(cfg: ProblemConfig, omega, mu, lr_max: float, n: int, seed: int)
     exact reduced loss at (omega, mu) (``n`` marginal prompts of ``seed``; F theory's metric
     factors, theory.reduced_ode.metric_factors).  The linearised step x' = x - lr F Hess x is
     stable while lr lambda_max < 2; half of that bound is kept."""
-    import torch
-
-    from numerics.exact_reduced import marginal_chunks, marginal_losses
-    from theory.reduced_ode import metric_factors
-
     omega, mu = np.asarray(omega, float), np.asarray(mu, float)
     H, m = omega.shape
-    prompts = next(marginal_chunks(cfg.tasks, cfg.L, n, seed, H))
+    prompts = next(exact_reduced.marginal_chunks(cfg.tasks, cfg.L, n, seed, H))
 
     def loss(x):
-        return marginal_losses(x[:H * m].view(H, m), x[H * m:].view(H, m), prompts, cfg.tasks, cfg.sigma).mean()
+        return exact_reduced.marginal_losses(x[:H * m].view(H, m), x[H * m:].view(H, m), prompts, cfg.tasks,
+                                             cfg.sigma).mean()
 
     x0 = torch.tensor(np.concatenate([omega.ravel(), mu.ravel()]), dtype=torch.float64)
     hess = torch.autograd.functional.hessian(loss, x0).numpy()
@@ -615,10 +606,6 @@ def continue_on_D(cfg: ProblemConfig, run, seed: int, sch: ContinuationSchedule 
     named from ``seed``: piece k ("piece", k), the eval prompts ("evaluation"), the Hessians
     ("hessian", k)."""
     seed, reference_se = int(seed), float(reference_se)
-    from numerics import exact_reduced
-    from numerics.train import train_reduced
-    from numerics.model import TrainingDiverged
-
     t0 = time.perf_counter()
     tasks, L, sigma = cfg.tasks, cfg.L, cfg.sigma
     eval_seed = case_seed(seed, "evaluation")
