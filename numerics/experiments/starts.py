@@ -98,10 +98,6 @@ def factor_norm_sq(model: MultiHeadAttention) -> float:
     return float(sum((p.detach().double() ** 2).sum() for p in model.parameters()))
 
 
-def _eval_key(cfg: ProblemConfig) -> tuple:
-    return (cfg.tasks, cfg.L, cfg.sigma, cfg.basis, cfg.basis_seed, cfg.dtype, cfg.device)
-
-
 def end_states(runs: list[dict]) -> list[dict]:
     """The end state of each trained run of ``runs`` ({"cfg", "tcfg", "result" (a TrainResult or
     the exception that ended it), "norm0_sq", "split0", "snapshots" [(t, model)] of its descent
@@ -125,8 +121,10 @@ def end_states(runs: list[dict]) -> list[dict]:
         if isinstance(r["result"], BaseException):
             out[i] = _diverged_state(r)
         else:
-            groups.setdefault((_eval_key(r["cfg"]), r["eval_seed"], r["n_eval"]), []).append(i)
-    for (_, seed, n_eval), idx in groups.items():
+            c = r["cfg"]       # runs whose held-out prompts are the same draw
+            groups.setdefault((c.tasks, c.L, c.sigma, c.basis, c.basis_seed, c.dtype, c.device, r["eval_seed"],
+                               r["n_eval"]), []).append(i)
+    for (*_, seed, n_eval), idx in groups.items():
         models = [m for i in idx for _, m in runs[i]["snapshots"]]
         losses = held_out_prompt_losses(models, n_eval, seed, stack_heads=STACK_HEADS)
         at = 0
@@ -412,10 +410,6 @@ def _start_runs_many(params: list, seeds: list) -> list:
     return [tuple(next(states) for _ in rs) for rs in runs]
 
 
-def _snapshots(records: int) -> int:
-    return min(WINDOW_MOST, records // 4 + 1)
-
-
 START_RUN_STEP = 1.0e-4
 """CPU seconds of a start run's share of a program step beyond its logits, flops and context
 (numerics.cost's per-run term, 4.4e-4 float32, is fit on programs of few runs that read every
@@ -429,7 +423,7 @@ def _start_runs_cost(what, cfg, starts, tcfg, n_eval, held_out=None, **_) -> flo
     term START_RUN_STEP; merged with other needs' programs it costs less: the steps' fixed part is
     shared) and each run's end-state evaluations (its descent window's snapshots on ``n_eval``
     held-out prompts, drawn once per held-out stream)."""
-    c, runs, steps, snaps = cfg, len(starts), round(tcfg.time / tcfg.lr), _snapshots(tcfg.records)
+    c, runs, steps, snaps = cfg, len(starts), round(tcfg.time / tcfg.lr), min(WINDOW_MOST, tcfg.records // 4 + 1)
     train = (cost.many_seconds(c.tasks, c.heads, c.L, tcfg.batch, steps, [runs], dtype=c.dtype)
              - runs * steps * (cost.STEP[c.dtype]["run"] - START_RUN_STEP))
     streams = runs if held_out else 1
