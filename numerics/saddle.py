@@ -451,23 +451,18 @@ class EscapeTimeMeasurement:
     all_escaped: bool
 
 
-def _crossing(t, mu_off, served, threshold):
-    """First time an off-task value on the opposite-sign branch reaches ``threshold`` of the
-    served one (numerics.readout.crossing_time)."""
-    return crossing_time(t, np.abs(mu_off) / np.abs(served), threshold, eligible=np.asarray(mu_off) < 0)
-
-
 def escape_times(runs: SaddleRuns, batches: Sequence[int], seeds: Sequence[int], threshold: float) -> tuple:
     """Per batch size the escape time T and its se over the seeds that escaped (each run's T the
-    mean over entries of :func:`_crossing`; inf where none, or one, escaped), the per-seed times,
-    and whether every entry of every run escaped."""
+    mean over entries of the first time an off-task value on the opposite-sign branch reaches
+    ``threshold`` of the served one, numerics.readout.crossing_time; inf where none, or one,
+    escaped), the per-seed times, and whether every entry of every run escaped."""
     T, T_se, per, all_escaped = [], [], [], True
     for B in batches:
         ts = []
         for s in seeds:
             run = runs.runs[(B, s)]
-            te = [_crossing(run.t, run.mu_off[:, e], run.served[:, e], threshold)
-                  for e in range(len(runs.theory.entries))]
+            te = [crossing_time(run.t, np.abs(run.mu_off[:, e]) / np.abs(run.served[:, e]), threshold,
+                                eligible=run.mu_off[:, e] < 0) for e in range(len(runs.theory.entries))]
             all_escaped &= bool(np.all(np.isfinite(te)))
             ts.append(float(np.mean(te)))
         per.append(tuple(ts))
@@ -475,14 +470,6 @@ def escape_times(runs: SaddleRuns, batches: Sequence[int], seeds: Sequence[int],
         T.append(mean if mean is not None else math.inf)
         T_se.append(se if se is not None else math.inf)
     return T, T_se, per, all_escaped
-
-
-def escape_horizon(runs: SaddleRuns, batches: Sequence[int], seeds: Sequence[int], threshold: float,
-                   t_max: float) -> float:
-    """The escape runs' horizon: the largest finite escape time over the batch sizes (t_max where
-    none escaped), over which the invariant batch's flow is followed."""
-    T = escape_times(runs, batches, seeds, threshold)[0]
-    return float(np.nanmax([x for x in T if math.isfinite(x)] or [t_max]))
 
 
 def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Sequence[int],
@@ -726,7 +713,8 @@ def _invariant_cost(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prom
 
 @kind("saddle_invariant", cost=_invariant_cost)
 def invariant_need(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prompts, seed) -> InvariantFlowMeasurement:
-    """The invariant batch's flow (:func:`invariant_flow_measurement`) over the escape runs'
-    horizon (:func:`escape_horizon` of ``escape``, a dependency)."""
-    return invariant_flow_measurement(cfg, lr, escape_horizon(escape, batches, seeds, threshold, t_max), mu0, prompts,
-                                      seed)
+    """The invariant batch's flow (:func:`invariant_flow_measurement`) over the escape runs' horizon: the largest
+    finite escape time over the batch sizes of ``escape`` (a dependency; t_max where none escaped)."""
+    T = escape_times(escape, batches, seeds, threshold)[0]
+    return invariant_flow_measurement(cfg, lr, float(np.nanmax([x for x in T if math.isfinite(x)] or [t_max])), mu0,
+                                      prompts, seed)

@@ -174,30 +174,24 @@ def symmetric_batch_runs(cfg, lr: float, steps: int, base_prompts: int, seed: in
 # claim 1: fresh batches, the off-D step noise probes, broken starts
 # ---------------------------------------------------------------------------------------
 
-def off_D_step_noise_samples(cfg, omega, mu, lr: float, batch: int, n_probe: int, generator) -> np.ndarray:
-    """||P_perp(theta_1 - theta_0)||^2 on each of ``n_probe`` fresh batches: the squared norm
-    of the off-D part of the change of the merged weights (W, U) in one GD step of size lr
-    (``numerics.train.train``, one step on that batch) from the decomposable point (omega, mu)."""
-    base = MultiHeadAttention.from_semi_singular_values(cfg, omega, mu)
-    W0, U0 = _merged_numpy(base)
-    one_step = TrainConfig(lr=lr, time=lr, records=2)
-    out = []
-    for _ in range(n_probe):
-        prompts = sample_prompts(cfg, batch, generator)
-        res = train(cfg, one_step, batches=lambda k: prompts, start=copy.deepcopy(base))
-        W1, U1 = _merged_numpy(res.final_model)
-        dW, dU = W1 - W0, U1 - U0
-        dWD, dUD = project_decomposable(dW, dU, cfg.tasks, cfg.basis_numpy())
-        out.append(float(np.sum((dW - dWD) ** 2) + np.sum((dU - dUD) ** 2)))
-    return np.array(out)
-
-
-@one_thread
 def step_noise_probes(cfg, lr: float, batch: int, omega, mu, n_probe: int, seed: int) -> np.ndarray:
-    """(records, n_probe): :func:`off_D_step_noise_samples` at each recorded (omega, mu), one
-    probe prompt stream of ``seed`` drawn in record order."""
+    """(records, n_probe): at each recorded decomposable point (omega, mu), ||P_perp(theta_1 -
+    theta_0)||^2 on each of ``n_probe`` fresh batches: the squared norm of the off-D part of the
+    change of the merged weights (W, U) in one GD step of size lr (``numerics.train.train``, one
+    step on that batch); one probe prompt stream of ``seed`` drawn in record order."""
     gen = make_generator(seed, cfg.device)
-    return np.array([off_D_step_noise_samples(cfg, om, m_, lr, batch, n_probe, gen) for om, m_ in zip(omega, mu)])
+    one_step = TrainConfig(lr=lr, time=lr, records=2)
+    out = np.empty((len(omega), n_probe))
+    for j, (om, m_) in enumerate(zip(omega, mu)):
+        base = MultiHeadAttention.from_semi_singular_values(cfg, om, m_)
+        W0, U0 = _merged_numpy(base)
+        for k in range(n_probe):
+            prompts = sample_prompts(cfg, batch, gen)
+            res = train(cfg, one_step, batches=lambda i: prompts, start=copy.deepcopy(base))
+            dW, dU = (x - x0 for x, x0 in zip(_merged_numpy(res.final_model), (W0, U0)))
+            dWD, dUD = project_decomposable(dW, dU, cfg.tasks, cfg.basis_numpy())
+            out[j, k] = float(np.sum((dW - dWD) ** 2) + np.sum((dU - dUD) ** 2))
+    return out
 
 
 def accumulated_noise(t: np.ndarray, lr: float, samples: np.ndarray, tail: float) -> dict:
