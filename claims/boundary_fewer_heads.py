@@ -69,7 +69,7 @@ def fewer_needs(cfg, tcfg, n_eval: int) -> tuple:
     out): the exact reduced flow (cfg.param) with H < m heads from cfg's init, theory's
     predictions from the same init, and the trained point, the partition minimum of theory's
     winners and the m-head allocated minimum on the same held-out prompts
-    (``numerics.experiments.reduced_flows.fewer_heads_end``).  Refused for H >= m before any run."""
+    (``numerics.experiments.probes.fewer_heads_end``).  Refused for H >= m before any run."""
     if cfg.heads >= cfg.m:
         raise ValueError(f"the fewer-heads boundary needs fewer heads than tasks, got heads={cfg.heads} >= m={cfg.m}")
     om0, mu0 = (tuple(map(tuple, a.tolist())) for a in initial_values(cfg))

@@ -25,7 +25,7 @@ from claims.core.common import Z_SE, Comparison, config_label, head_task_heatmap
 from claims.core.spec import ClaimSpec, Outcome, finding, replace_fields
 from numerics.config import ProblemConfig
 from numerics.engine import need
-from numerics.experiments.reduced_flows import paired_difference
+from numerics.experiments.probes import paired_difference
 from numerics.evaluate import ALLOCATED_SHARE, SUPERPOSED_SHARE, allocation
 from numerics.train import TrainConfig
 

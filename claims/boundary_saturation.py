@@ -17,7 +17,7 @@ from claims.core.base import Figure, Series
 from claims.core.common import Z_SE, Comparison, headline_row, perturbation, resolved
 from claims.core.spec import ClaimSpec, Outcome, finding
 from numerics.engine import need
-from numerics.experiments import reduced_flows  # noqa: F401 -- registers the kinds this claim asks for
+from numerics.experiments import probes  # noqa: F401 -- registers the kinds this claim asks for
 from theory import reduced_ode
 from theory.expansion_gap import validity_edge
 
@@ -58,7 +58,7 @@ def saturation_error(rows: list[dict], edge: float) -> tuple[float, float, float
 
 
 def saturation_need(r: int, L: int, omegas, sigma: float, n_eval: int, device="cpu"):
-    """The exact loss of one head on one block along ``omegas`` (``numerics.experiments.reduced_flows``)."""
+    """The exact loss of one head on one block along ``omegas`` (``numerics.experiments.probes``)."""
     return need("saturation_scan", r=int(r), L=int(L), omegas=tuple(float(w) for w in omegas), sigma=float(sigma),
                 n_eval=int(n_eval), device=str(device))
 

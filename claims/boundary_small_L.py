@@ -18,7 +18,7 @@ from claims.core.base import Figure, Series
 from claims.core.common import Z_SE, Comparison, Tolerance, compare, headline_row, perturbation, term
 from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, theory_need
 from numerics.engine import need
-from numerics.experiments import reduced_flows  # noqa: F401 -- registers the kinds this claim asks for
+from numerics.experiments import probes  # noqa: F401 -- registers the kinds this claim asks for
 from theory.expansion_gap import local_exponent
 
 @dataclass(frozen=True)

@@ -385,7 +385,7 @@ ZERO_SUM_SHARE = 0.1
 """A task is carried by a zero-sum group of OV values when |sum_h mu[h, i]| is at most 10% of
 sum_h |mu[h, i]|: the heads cancel the softmax's constant part (docs/model.md; He et al., ICML 2025).
 The same 0.1 as the single-task boundary's pair ratio |mu_a + mu_b| / (|mu_a| + |mu_b|) < 0.1
-(numerics.saddle.single_task_heads), of which this is the many-head form; the measured pairs from
+(numerics.experiments.starts.single_task_summary), of which this is the many-head form; the measured pairs from
 PyTorch's default start sit near 0 (3 of 3 runs), an allocated task at 1."""
 
 

@@ -1,5 +1,5 @@
-"""Measurements of the allocated point's saddle in the full factored model, and of one task
-served by several heads.  Theory: :mod:`theory.saddle` (derivations there).
+"""Measurements of the allocated point's saddle in the full factored model.  Theory:
+:mod:`theory.saddle` (derivations there).
 
 Every function returns a frozen dataclass of measurements: values, standard errors over
 seeds, and what a tolerance is built from (the record spacing, the amplification of a twin
@@ -26,38 +26,30 @@ opposite-sign branch grows at 2a from seed ~ (lr/B)^2.  The growth rate at sever
 directly (o = -v), just below the fit window, so that every step size sees the same window
 without the long plateau of the escape runs.
 
-Sizes in docs/saddle.md (the saddle's configurations: claims.boundary_saddle.PROFILES; the single-task
-runs: claims.boundary_initialisation.SINGLE_TASK): ``tiny`` (seconds), ``quick`` (40-70 s CPU for the saddle, the
-invariant batch's GD half of it where it stays on D; 30 s for the single-task runs; one core),
-``paper`` (not run here).
+Sizes in docs/saddle.md (the saddle's configurations: claims.boundary_saddle.PROFILES): ``tiny`` (seconds),
+``quick`` (40-70 s CPU, the invariant batch's GD half of it where it stays on D; one core), ``paper`` (not run
+here).
 """
 from __future__ import annotations
 
 import math
 import time as _time
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from numerics.statistics import line_fit, mean_se, standard_error_along
-from theory import exact as th_exact
-from theory import optimality as th_opt
 from theory import saddle as th
 
 from . import engine
 from .config import ProblemConfig
 from .config import make_generator, one_thread as _one_thread, sample_prompts
-from .engine import kind
-from .evaluate import held_out_loss
-from .exact_reduced import measure, minimise_family
-from .model import MultiHeadAttention
-from .engine import case_seed
+from .engine import case_seed, kind
 from .evaluate import crossing_time
-from .model import symmetrize_full
-from .train import TrainConfig, train, train_many
+from .model import MultiHeadAttention, symmetrize_full
+from .train import TrainConfig, train_many
 
 
 class _Stop(Exception):
@@ -68,27 +60,20 @@ class _Stop(Exception):
 # the setting
 # ---------------------------------------------------------------------------------------
 
-def saddle_theory(tasks, heads, L, sigma=0.0) -> th.SaddlePoint:
-    """theory.saddle's seeded entries and their constants for one configuration (the runs'
-    set-up: which entries to seed, the window's capacity K; never a prediction here)."""
-    return th.saddle_point(tasks, heads, L, sigma)
-
-
-def _cfg(tasks, heads, L, sigma=0.0) -> ProblemConfig:
-    return ProblemConfig(tasks=tuple(tasks), heads=heads, L=L, sigma=sigma)
-
-
 def allocated_model(cfg: ProblemConfig, mu0: float = 0.0) -> MultiHeadAttention:
     """The full factored model at theory's allocated point of cfg, every seeded off-task entry
     (theory.saddle.SaddlePoint.entries) set to the balanced value mu0 (> 0: o = v; < 0: o = -v, the
     opposite-sign branch; 0: the exact allocated point, off-task channel empty)."""
-    if cfg.param != "factored":
-        raise ValueError("the saddle is a property of the factored parametrisation (param='factored')")
-    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    st = th.saddle_point(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     mu = st.mu.copy()
     for e in st.entries:
         mu[e] = mu0
     return MultiHeadAttention.from_semi_singular_values(cfg, st.omega, mu)
+
+
+def _problem(cfg: ProblemConfig) -> dict:
+    """The configuration a measurement names: its tasks, heads, L and sigma."""
+    return {"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma}
 
 
 def _off_task_readout(model: MultiHeadAttention, entries) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -162,13 +147,6 @@ def _recorder(cfg: ProblemConfig, entries, stop_share: float, stop_residual: flo
     return rec, hook
 
 
-def _saddle_result(rec: dict, batch: int, seed: int, lr: float, mu0: float, escaped: bool, wall: float) -> SaddleRun:
-    arr = {k: np.array(v) for k, v in rec.items()}
-    return SaddleRun(batch=batch, seed=seed, lr=lr, mu0=mu0, t=arr["t"], mu_off=arr["mu_off"], served=arr["served"],
-                     o=arr["o"], v=arr["v"], omega=arr["omega"], t_stop=float(arr["t"][-1]), escaped=escaped,
-                     wall=wall, residual=arr["residual"])
-
-
 @_one_thread
 def saddle_many(cfg: ProblemConfig, runs: Sequence[dict]) -> list[SaddleRun]:
     """Each run of ``runs`` (dicts of :func:`saddle_run`'s keyword arguments lr, batch, seed, mu0,
@@ -177,7 +155,7 @@ def saddle_many(cfg: ProblemConfig, runs: Sequence[dict]) -> list[SaddleRun]:
     trains them: runs of one batch size in one program, runs of one data seed drawing each
     batch once (each run as train() gives it, to rounding).  An error other than the early stop
     ends the measurement (as it ended a run alone)."""
-    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    st = th.saddle_point(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     runs = [{"stop_share": 0.1, "record_dt": 0.5, "batches": None, "start": None, "stop_residual": math.inf, **r}
             for r in runs]
     recs, hooks = zip(*[_recorder(cfg, st.entries, r["stop_share"], r["stop_residual"], r["batches"] is not None)
@@ -192,21 +170,19 @@ def saddle_many(cfg: ProblemConfig, runs: Sequence[dict]) -> list[SaddleRun]:
     for res in out:
         if isinstance(res, BaseException) and not isinstance(res, _Stop):
             raise res
-    return [_saddle_result(rec, r["batch"], r["seed"], r["lr"], r["mu0"], isinstance(res, _Stop), wall)
+    return [SaddleRun(batch=r["batch"], seed=r["seed"], lr=r["lr"], mu0=r["mu0"], t_stop=float(rec["t"][-1]),
+                      escaped=isinstance(res, _Stop), wall=wall, **{k: np.array(v) for k, v in rec.items()})
             for rec, r, res in zip(recs, runs, out)]
 
 
-def saddle_run(cfg: ProblemConfig, lr: float, batch: int, seed: int, mu0: float, t_max: float,
-               stop_share: float = 0.1, record_dt: float = 0.5, batches=None,
-               start: Optional[MultiHeadAttention] = None, stop_residual: float = math.inf) -> SaddleRun:
+def saddle_run(cfg: ProblemConfig, lr: float, batch: int, seed: int, mu0: float, t_max: float, **options) -> SaddleRun:
     """Train the full model from :func:`allocated_model` (cfg, mu0) with SGD (lr, batch, data
     seed) up to t_max, recording the off-task channel every ``record_dt``; stops once every
     seeded entry's share has passed ``stop_share`` (``batches``: numerics.train's seam, e.g. a
     fixed symmetrised batch; then no early stop on the share; ``start``: another start model;
     ``stop_residual``: stop once the off-D residual passes it, e.g. a fixed batch's GD leaving D
     by a step-size instability).  One run of :func:`saddle_many`."""
-    return saddle_many(cfg, [dict(lr=lr, batch=batch, seed=seed, mu0=mu0, t_max=t_max, stop_share=stop_share,
-                                  record_dt=record_dt, batches=batches, start=start, stop_residual=stop_residual)])[0]
+    return saddle_many(cfg, [dict(lr=lr, batch=batch, seed=seed, mu0=mu0, t_max=t_max, **options)])[0]
 
 
 @dataclass(frozen=True)
@@ -232,7 +208,7 @@ def saddle_runs(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Se
     noise floor (case_seed(seed, "floor", batch)), trained together
     (:func:`saddle_many`)."""
     t0 = _time.perf_counter()
-    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    st = th.saddle_point(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     keys = [(B, s) for B in batches for s in seeds]
     specs = [dict(lr=lr, batch=B, seed=case_seed(seed, "escape run", s), mu0=mu0, t_max=t_max,
                   stop_share=stop_share, record_dt=record_dt) for B, s in keys]
@@ -352,7 +328,7 @@ def growth_rate_measurement(cfg: ProblemConfig, lr: float, batch: int, seeds: Se
         raise ValueError(f"fewer than 2 seeds gave a fit window (floor {floor:.3g}, lo {lo:.3g}, hi {his.min():.3g}): "
                          "raise t_max, B or lower floor_factor")
     (meas, se), (raw, raw_se) = mean_se(per_seed), mean_se(raws)
-    return GrowthRateMeasurement(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma},
+    return GrowthRateMeasurement(config=_problem(cfg),
                                  lr=lr, batch=batch, seeds=tuple(seeds), mu0=runs.mu0, measured=meas, se=se, raw=raw,
                                  raw_se=raw_se, per_seed=tuple(per_seed), window=(float(lo), float(his.min())),
                                  floor=floor, e_folds=float(np.mean(e_folds)), points=int(np.min(points)),
@@ -378,7 +354,7 @@ def step_size_measurement(cfg: ProblemConfig, lrs: Sequence[float], batch: int, 
     case_seed(seed, "step-size run", s), drawn once a step (common random numbers across lr).
     Returns one :class:`GrowthRateMeasurement` per lr."""
     t0 = _time.perf_counter()
-    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    st = th.saddle_point(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     mu0 = -floor_factor * float(floor) / START_BELOW
     keys = [(lr, s) for lr in lrs for s in seeds]
     done = dict(zip(keys, saddle_many(cfg, [dict(lr=lr, batch=batch, seed=case_seed(seed, "step-size run", s),
@@ -407,12 +383,14 @@ class GradientVariance:
     dS_se: np.ndarray
 
 
+@kind("saddle_variance", cost=lambda cfg, n: 3 * engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, n))
 @_one_thread
 def gradient_variance_measurement(cfg: ProblemConfig, n: int, seed: int, groups: int = 16) -> GradientVariance:
     """dS = S_col - S_row at the exact allocated point (the measured input of the seed,
     theory.saddle section 3).  dl/dU_h[l, c] = 2 (yhat_l - y_l) c_h[c], c_h = sum_l p_hl z_l;
-    the prediction is recomputed from the model's weights and checked against its forward."""
-    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    the prediction is recomputed from the model's weights and checked against its forward.  The need
+    kind "saddle_variance"."""
+    st = th.saddle_point(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     model = allocated_model(cfg, 0.0)
     d = cfg.d
     pr = sample_prompts(cfg, n, make_generator(seed, cfg.device))
@@ -470,23 +448,18 @@ class EscapeTimeMeasurement:
     all_escaped: bool
 
 
-def _crossing(t, mu_off, served, threshold):
-    """First time an off-task value on the opposite-sign branch reaches ``threshold`` of the
-    served one (numerics.evaluate.crossing_time)."""
-    return crossing_time(t, np.abs(mu_off) / np.abs(served), threshold, eligible=np.asarray(mu_off) < 0)
-
-
 def escape_times(runs: SaddleRuns, batches: Sequence[int], seeds: Sequence[int], threshold: float) -> tuple:
     """Per batch size the escape time T and its se over the seeds that escaped (each run's T the
-    mean over entries of :func:`_crossing`; inf where none, or one, escaped), the per-seed times,
-    and whether every entry of every run escaped."""
+    mean over entries of the first time an off-task value on the opposite-sign branch reaches
+    ``threshold`` of the served one, numerics.evaluate.crossing_time; inf where none, or one,
+    escaped), the per-seed times, and whether every entry of every run escaped."""
     T, T_se, per, all_escaped = [], [], [], True
     for B in batches:
         ts = []
         for s in seeds:
             run = runs.runs[(B, s)]
-            te = [_crossing(run.t, run.mu_off[:, e], run.served[:, e], threshold)
-                  for e in range(len(runs.theory.entries))]
+            te = [crossing_time(run.t, np.abs(run.mu_off[:, e]) / np.abs(run.served[:, e]), threshold,
+                                eligible=run.mu_off[:, e] < 0) for e in range(len(runs.theory.entries))]
             all_escaped &= bool(np.all(np.isfinite(te)))
             ts.append(float(np.mean(te)))
         per.append(tuple(ts))
@@ -494,14 +467,6 @@ def escape_times(runs: SaddleRuns, batches: Sequence[int], seeds: Sequence[int],
         T.append(mean if mean is not None else math.inf)
         T_se.append(se if se is not None else math.inf)
     return T, T_se, per, all_escaped
-
-
-def escape_horizon(runs: SaddleRuns, batches: Sequence[int], seeds: Sequence[int], threshold: float,
-                   t_max: float) -> float:
-    """The escape runs' horizon: the largest finite escape time over the batch sizes (t_max where
-    none escaped), over which the invariant batch's flow is followed."""
-    T = escape_times(runs, batches, seeds, threshold)[0]
-    return float(np.nanmax([x for x in T if math.isfinite(x)] or [t_max]))
 
 
 def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int], seeds: Sequence[int],
@@ -533,7 +498,7 @@ def escape_time_measurement(cfg: ProblemConfig, lr: float, batches: Sequence[int
             vals += list(run.imbalance[k])
         imb_meas.append(float(np.median(vals)))
     return EscapeTimeMeasurement(
-        config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L, "sigma": cfg.sigma}, lr=lr,
+        config=_problem(cfg), lr=lr,
         batches=tuple(batches), seeds=tuple(seeds), mu0=runs.mu0, threshold=threshold, T=tuple(T), T_se=tuple(T_se),
         T_per_seed=tuple(per), spacing=spacing, slope=fit.slope, slope_se=fit.slope_se, slope_runs=fit.n,
         slope_resid_sd=fit.residual_sd,
@@ -635,9 +600,7 @@ def invariant_flow_measurement(cfg: ProblemConfig, lr: float, time: float, mu0: 
         unstable.append({"lr": step, "t": float(run.t[-1]), "residual": float(run.residual[-1]),
                          "max_anti": float(np.abs(run.anti).max())})
     A = math.nan if left else _twin_amplification(cfg, run, step, fixed, seed, mu0, time)
-    return InvariantFlowMeasurement(config={"tasks": list(cfg.tasks), "heads": cfg.heads, "L": cfg.L,
-                                            "sigma": cfg.sigma},
-                                    lr=step, time=time, prompts=n, mu0=mu0, steps=steps,
+    return InvariantFlowMeasurement(config=_problem(cfg), lr=step, time=time, prompts=n, mu0=mu0, steps=steps,
                                     max_anti=float(np.abs(run.anti).max()), min_mu_off=float(run.mu_off.min()),
                                     final_mu_off=float(np.abs(run.mu_off[-1]).max()), amplification=A,
                                     wall=_time.perf_counter() - t0, requested_lr=float(lr),
@@ -649,7 +612,7 @@ def _twin_amplification(cfg: ProblemConfig, run: SaddleRun, step: float, fixed, 
                         time: float) -> float:
     """A = max_t |(o - v)_twin - (o - v)_run| / (2k): the twin of ``run`` on the same fixed batch
     at the same step, its seeded entries kicked by o += k, v -= k (k = TWIN_KICK sqrt(mu0))."""
-    st = saddle_theory(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
+    st = th.saddle_point(cfg.tasks, cfg.heads, cfg.L, cfg.sigma)
     kick = TWIN_KICK * math.sqrt(mu0)
     twin_model = allocated_model(cfg, mu0)
     d = cfg.d
@@ -661,142 +624,6 @@ def _twin_amplification(cfg: ProblemConfig, run: SaddleRun, step: float, fixed, 
                       batches=lambda i: fixed, start=twin_model)
     m = min(len(twin.anti), len(run.anti))
     return float(np.max(np.abs(twin.anti[:m] - run.anti[:m])) / (2 * kick))
-
-
-# ---------------------------------------------------------------------------------------
-# (d) one task, several heads, from the PyTorch-default start
-# ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SingleTaskRun:
-    heads: int
-    seed: int
-    mu: tuple                 # OV values mu[h, 0] at the end
-    pair: tuple               # (mu_a, mu_b): the largest positive and the most negative value
-    pair_ratio: float         # |mu_a + mu_b| / (|mu_a| + |mu_b|)   (nan without opposite signs)
-    omega: tuple              # omega[h, 0] at the end
-    kq_offdiag: tuple         # per head ||W_XX - diag|| / ||diag(W_XX)||
-    kq_spread: tuple          # per head std/|mean| of diag(W_XX)
-    residual: float           # off-D residual of the final weights
-    loss: float
-    loss_se: float
-    wall: float
-
-
-@dataclass(frozen=True)
-class SingleTaskHeads:
-    """m = 1, H heads from the PyTorch-default start, trained: per run the OV values and the
-    zero-sum pair ratio, KQ diagonality/homogeneity, held-out loss +- se; references: one-head
-    optimum (theory.exact), allocated point (= the one-head optimum plus idle heads), the
-    best decomposable two-head point (signs free, numerics.exact_reduced) +- se, linear
-    attention (theory.optimality.linear_attention_loss); per H the mean loss +- se over seeds
-    and its gaps to each reference in se units."""
-    r: int
-    L: int
-    lr: float
-    time: float
-    batch: int
-    runs: tuple
-    one_head: float
-    best_two_head: float
-    best_two_head_se: float
-    best_two_head_point: dict
-    linear_attention: float
-    summary: dict
-    wall: float
-
-
-@_one_thread
-def single_task_heads(L: int, r: int, heads: Sequence[int] = (2, 4), seeds: Sequence[int] = (0, 1, 2),
-                      lr: float = 0.1, time: float = 60.0, batch: int = 256, n_eval: int = 8192,
-                      fit_prompts: int = 4096) -> SingleTaskHeads:
-    """One task (r,) at context length L with H heads, from ProblemConfig(init="uniform_full",
-    init_scale=1.0) (PyTorch's nn.Linear default, per entry U(-1/sqrt(D), 1/sqrt(D))) and the
-    authors' logit scale sqrt(D), D = r + 1; trained one run at a time by numerics.train.train
-    (each seed s its own prompt stream case_seed(s, "single task run"), its held-out prompts that
-    stream's "held out" one, numerics.evaluate) to t = ``time``
-    (boundary-initialisation trains the same start through
-    numerics.experiments.starts.single_task_starts, batched and classified).  Reported, not
-    judged: the loss gaps are in units of their standard errors."""
-    t_all = _time.perf_counter()
-    tasks = (int(r),)
-    D = r + 1
-    ref = single_task_references(L, r, n_eval, fit_prompts)
-    one, lin = ref["one_head"], ref["linear_attention"]
-    runs = []
-    for H in heads:
-        for s in seeds:
-            t0 = _time.perf_counter()
-            cfg = ProblemConfig(tasks=tasks, heads=H, L=L, init="uniform_full", init_scale=1.0, init_seed=s,
-                                logit_scale=math.sqrt(D))
-            run_seed = case_seed(s, "single task run")
-            res = train(cfg, TrainConfig(lr=lr, time=time, batch=batch, seed=run_seed, records=2))
-            model = res.final_model
-            ro = model.semi_singular_values()
-            mu = ro.mu[:, 0]
-            pos, neg = mu[mu > 0], mu[mu < 0]
-            if pos.size and neg.size:
-                pa, pb = float(pos.max()), float(neg.min())
-                ratio = abs(pa + pb) / (abs(pa) + abs(pb))
-            else:
-                pa, pb, ratio = float(mu.max()), float(mu.min()), math.nan
-            W, _ = model.merged_weights()
-            Wx = W[:, :r, :r].detach().double().cpu().numpy()
-            diag = np.array([np.diag(w) for w in Wx])
-            off = [float(np.linalg.norm(w - np.diag(np.diag(w))) / max(np.linalg.norm(np.diag(w)), 1e-300)) for w in Wx]
-            spread = [float(dg.std() / max(abs(dg.mean()), 1e-300)) if r > 1 else 0.0 for dg in diag]
-            est = held_out_loss(model, n=n_eval, seed=run_seed)
-            runs.append(SingleTaskRun(H, s, tuple(float(v) for v in mu), (pa, pb), float(ratio),
-                                      tuple(float(v) for v in ro.omega[:, 0]), tuple(off), tuple(spread),
-                                      float(ro.residual), float(est.mean), float(est.se),
-                                      _time.perf_counter() - t0))
-    summary = {}
-    for H in heads:
-        rs = [x for x in runs if x.heads == H]
-        losses = np.array([x.loss for x in rs])
-        mean, se = seed_mean_se(losses, [x.loss_se for x in rs])
-        summary[H] = {"loss": mean, "se": se,
-                      "gap_one_head_se": (mean - one) / se,
-                      "gap_best_two_head_se": (mean - ref["best_two_head"]) / math.hypot(se, ref["best_two_head_se"]),
-                      "gap_linear_se": (mean - lin) / se,
-                      "pair_ratio": [x.pair_ratio for x in rs],
-                      "zero_sum_pairs": int(sum(1 for x in rs if x.pair_ratio < 0.1)),
-                      "residual": [x.residual for x in rs]}
-    return SingleTaskHeads(r=r, L=L, lr=lr, time=time, batch=batch, runs=tuple(runs), one_head=one,
-                           best_two_head=ref["best_two_head"], best_two_head_se=ref["best_two_head_se"],
-                           best_two_head_point=ref["best_two_head_point"], linear_attention=lin, summary=summary,
-                           wall=_time.perf_counter() - t_all)
-
-
-@lru_cache(maxsize=16)
-def single_task_references(L: int, r: int, n_eval: int = 8192, fit_prompts: int = 4096) -> dict:
-    """The reference points of one task (r,) at context length L: theory.exact's one-head
-    optimum (= the allocated point, surplus heads idle), theory.optimality's linear attention,
-    and the best decomposable two-head point, signs free (numerics.exact_reduced.minimise_family
-    from the linear-attention point and two sign patterns, fit on ``fit_prompts``, its loss and
-    se measured on ``n_eval`` held-out prompts), as claims/optimality.py searches it.  Cached:
-    callers must not mutate the dict."""
-    tasks = (int(r),)
-    starts = [th_opt.linear_attention_point(tasks, 2, eps=0.02)[0] + 0.0, np.array([[0.5], [0.05]]),
-              np.array([[0.3], [-0.3]])]
-    fm = minimise_family(tasks, L, 0.0, np.ones((2, 1), bool), np.ones((2, 1), bool), starts, seed=11,
-                         n_fit=fit_prompts, family="2 heads, signs free")
-    measure([fm], n_eval, seed=12)
-    return {"one_head": float(th_exact.single_head_optimum(tasks, L)["loss"]),
-            "linear_attention": float(th_opt.linear_attention_loss(tasks, L)),
-            "best_two_head": float(fm.loss), "best_two_head_se": float(fm.se),
-            "best_two_head_point": {"omega": fm.omega.ravel().tolist(), "mu": fm.mu.ravel().tolist()}}
-
-
-def seed_mean_se(losses, loss_ses) -> tuple[float, float]:
-    """The mean held-out loss over seeds and its se: the seeds' spread and each seed's own
-    held-out se (independent held-out prompts per seed), sqrt(s^2 / n + mean(se_i^2) / n);
-    the one seed's se from one seed."""
-    losses = np.asarray(losses, float)
-    if losses.size < 2:
-        return float(losses.mean()), float(np.asarray(loss_ses, float).ravel()[0])
-    mean, se = mean_se(losses)     # the seeds' spread, s / sqrt(n)
-    return mean, math.sqrt(se ** 2 + float(np.mean(np.square(loss_ses))) / losses.size)
 
 
 # ---------------------------------------------------------------------------------------
@@ -852,12 +679,6 @@ def escape_runs_need(cfg, lr, batches, seeds, mu0, t_max, stop_share, record_dt,
     return saddle_runs(cfg.replace(dtype=SGD_DTYPE), lr, batches, seeds, mu0, t_max, seed, stop_share=stop_share, record_dt=record_dt)
 
 
-@kind("saddle_variance", cost=lambda cfg, n: 3 * engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, n))
-def variance_need(cfg, n, seed) -> GradientVariance:
-    """The per-prompt gradient variances at the allocated point (:func:`gradient_variance_measurement`)."""
-    return gradient_variance_measurement(cfg, n, seed)
-
-
 def _steps_cost(cfg, lrs, batch, seeds, escape, floor_factor, top_fraction, t_max, record_dt) -> float:
     return sum(_sgd_seconds(cfg, batch, PRICED_STEP_TIME, lr, record_dt, len(seeds)) for lr in lrs)
 
@@ -889,7 +710,8 @@ def _invariant_cost(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prom
 
 @kind("saddle_invariant", cost=_invariant_cost)
 def invariant_need(cfg, lr, escape, batches, seeds, threshold, t_max, mu0, prompts, seed) -> InvariantFlowMeasurement:
-    """The invariant batch's flow (:func:`invariant_flow_measurement`) over the escape runs'
-    horizon (:func:`escape_horizon` of ``escape``, a dependency)."""
-    return invariant_flow_measurement(cfg, lr, escape_horizon(escape, batches, seeds, threshold, t_max), mu0, prompts,
-                                      seed)
+    """The invariant batch's flow (:func:`invariant_flow_measurement`) over the escape runs' horizon: the largest
+    finite escape time over the batch sizes of ``escape`` (a dependency; t_max where none escaped)."""
+    T = escape_times(escape, batches, seeds, threshold)[0]
+    return invariant_flow_measurement(cfg, lr, float(np.nanmax([x for x in T if math.isfinite(x)] or [t_max])), mu0,
+                                      prompts, seed)

@@ -22,7 +22,8 @@ import claims
 from claims.atlas import ATLAS_IDS as IDS, classes_finding, outcome_maps
 from claims.core.base import BOUNDARY_OUTCOMES, ClaimResult
 from numerics.experiments import atlas
-from numerics.experiments.atlas import cell_class, cell_mix, check_point, class_counts, escape_time, point_class
+from numerics.experiments.atlas import cell_class, cell_mix, check_point, class_counts, point_class
+from numerics.evaluate import crossing_time as escape_time
 from numerics.evaluate import OUTCOME_CLASSES
 from numerics.sweep import expand_grid, load_grid
 

@@ -46,8 +46,9 @@ from numerics.engine import kind, need
 from numerics.experiments import active_store, one_thread
 from numerics.evaluate import OUTCOME_CLASSES, SUPERPOSED_SHARE, allocation, crossing_time, end_class
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
-from numerics.statistics import line_fit, mean_se as _mean_se
-from numerics.experiments.starts import off_D_test  # the report's one off-D rule (its docstring)
+from numerics import statistics
+from numerics.statistics import line_fit
+from numerics.experiments.starts import factor_norm_sq, merged_residual_split, off_D_test  # the one off-D rule
 from numerics.train import TrainConfig, train
 
 
@@ -187,20 +188,6 @@ def _saddle_prediction(cfg: ProblemConfig, sch: AtlasSchedule) -> dict:
 # the run
 # ---------------------------------------------------------------------------------------
 
-escape_time = crossing_time
-"""First time the opposite-sign off-task share reaches a threshold (numerics.evaluate.crossing_time)."""
-
-
-def _split(model, cfg) -> dict:
-    from theory.initialisation import residual_split
-    W, U = (x.detach().cpu().double().numpy() for x in model.merged_weights())
-    return residual_split(W, U, cfg.tasks, cfg.basis_numpy())
-
-
-def _norm_sq(model) -> float:
-    return float(sum((p.detach().double() ** 2).sum() for p in model.parameters()))
-
-
 @one_thread
 def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
     """Train the full model of ``cfg`` from its start by ``sch`` and measure it.  Returns:
@@ -238,8 +225,8 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
     from theory.initialisation import warmup_quartic_constant
     t0, c0 = time.perf_counter(), time.process_time()
     model = _start_model(cfg, sch)
-    norm0_sq = _norm_sq(model)
-    split0 = _split(model, cfg)
+    norm0_sq = factor_norm_sq(model)
+    split0 = merged_residual_split(model)
     tcfg = TrainConfig(lr=sch.lr, time=sch.time, batch=sch.batch, seed=seed, records=sch.records)
     # every record of the last quarter is a snapshot of the descent fit: a fixed-step run's
     # iterates jitter, and the fitted rate's standard error over a window of span s falls like
@@ -304,8 +291,8 @@ def _trained_result(cfg: ProblemConfig, sch: AtlasSchedule, seed: int, res, snap
     final = res.final_model
     est = held_out_loss(final, n=sch.n_eval, seed=seed)
     descent = stage_descent(snaps, sch.n_eval, seed)      # None: fewer than 3 records in the last quarter
-    split1 = _split(final, cfg)
-    norm1_sq = _norm_sq(final)
+    split1 = merged_residual_split(final)
+    norm1_sq = factor_norm_sq(final)
     warm = off_D_test(cfg, norm0_sq, split0, split1, sch.time)
     in_warmup = bool(sch.start == "config" and norm1_sq < 2.0 * norm0_sq)
     # the tolerance of the loss comparison the point feeds (its loss against theory.exact's and the
@@ -332,7 +319,7 @@ def _trained_result(cfg: ProblemConfig, sch: AtlasSchedule, seed: int, res, snap
         "in_warmup": in_warmup, "converged": converged,
         "t": [r.t for r in res.trajectory], "loss_curve": [r.loss for r in res.trajectory],
         "opposite_share": [s.opposite_sign_share for s in shares], "same_share": [s.same_sign_share for s in shares],
-        "escape_time": escape_time([r.t for r in res.trajectory], [s.opposite_sign_share for s in shares],
+        "escape_time": crossing_time([r.t for r in res.trajectory], [s.opposite_sign_share for s in shares],
                                    sch.threshold),
         **refs,
         "steps": res.steps,
@@ -486,7 +473,7 @@ def cell_class(results) -> tuple:
 
 def mean_se(xs):
     """numerics.statistics.mean_se of the finite values (an unmeasured point is no number of the sample)."""
-    return _mean_se(xs, non_finite="drop")
+    return statistics.mean_se(xs, non_finite="drop")
 
 
 def ratios(results) -> dict:

@@ -10,18 +10,22 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 
-from numerics import engine
+from numerics import engine, exact_reduced
 from numerics.config import ProblemConfig
 from numerics.engine import kind
 from numerics.engine import case_seed
-from numerics.evaluate import held_out_loss, held_out_prompt_losses
+from numerics.evaluate import hessian_top_eigenvalue, held_out_loss, held_out_prompt_losses
 from numerics.experiments import one_thread
 from numerics.evaluate import ALLOCATED_SHARE, allocation
 from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.statistics import descent_left, mean_se
-from numerics.model import TrainingDiverged
-from numerics.train import TrainConfig, train
+from numerics.model import MultiHeadAttention, TrainingDiverged
+from numerics.train import TrainConfig, train, train_reduced
+from theory import exact as exact_theory
+from theory.limiting_error import limit_multi_per_task
+from theory.reduced_ode import metric_factors
 
 WINDOW_POINTS = 5
 """Snapshots of the final stage's second half (its records 4/8 .. 8/8) on which the descent
@@ -87,8 +91,6 @@ def end_point(cfg: ProblemConfig):
     or None where theory names none: with H >= m heads the allocated fixed point
     (theory.exact.exact_fixed_point; head i serves task i, the other heads idle at zero), with one
     head the best one-head model (theory.exact.single_head_optimum)."""
-    from theory import exact as exact_theory
-
     H, m = cfg.heads, len(cfg.tasks)
     omega, mu = np.zeros((H, m)), np.zeros((H, m))
     if H >= m:
@@ -140,9 +142,6 @@ def full_stiffness(cfg: ProblemConfig) -> float | None:
     at (3, 3), L = 64 it is ~38 (on D 11.2).  Memoised per configuration (~25 s CPU at d = 50)."""
     key = (tuple(cfg.tasks), cfg.heads, cfg.L, float(cfg.sigma), cfg.param, float(cfg.logit_scale), cfg.dtype)
     if key not in _FULL_STIFFNESS:
-        from numerics.evaluate import hessian_top_eigenvalue
-        from numerics.model import MultiHeadAttention
-
         end = end_point(cfg)
         _FULL_STIFFNESS[key] = (None if end is None else hessian_top_eigenvalue(
             MultiHeadAttention.from_semi_singular_values(cfg, *end), FULL_STIFFNESS_PROMPTS, FULL_STIFFNESS_ITERS))
@@ -154,7 +153,6 @@ def stiffness_seconds(cfg: ProblemConfig) -> float:
     end point (~4 s: the exact fixed point's quadratures) and :func:`full_stiffness`'s FULL_STIFFNESS_ITERS
     Hessian-vector products, ~3 forward passes each (``numerics.engine``).  Measured (AMD EPYC, docs/measurements.md): 10.8 s at
     (16,17,17), H = 3, L = 100 (priced 11.9), 7.1 s at H = 4 (12.3)."""
-    from numerics import engine
     if cfg.d <= TUNED_D:
         return 0.0
     return 5.0 + FULL_STIFFNESS_ITERS * 3 * engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, FULL_STIFFNESS_PROMPTS)
@@ -170,8 +168,6 @@ def priced_stiffness(cfg: ProblemConfig) -> float:
     """The stiffness a price assumes (:func:`converged_seconds`): PRICE_STIFFNESS_FACTOR d max_i mu*_i^2 at theory's
     L -> infinity fixed point (closed form, milliseconds), never the exact fixed point and the full model's Hessian
     that :func:`stiff_schedule` measures (minutes at d = 30, L = 512): a plan prices without computing."""
-    from theory.limiting_error import limit_multi_per_task
-
     mu = max(task["mu_star"] for task in limit_multi_per_task(cfg.tasks, cfg.sigma))
     return PRICE_STIFFNESS_FACTOR * cfg.d * mu ** 2
 
@@ -219,12 +215,14 @@ estimate asks :func:`stiff_schedule` (theory's and the full model's stiffness, ~
 what a run will take, since there the schedule's own steps may diverge."""
 
 
-def unstable_step(cfg: ProblemConfig, lr: float) -> str | None:
+@kind("unstable_step", cost=lambda cfg, lr: stiffness_seconds(cfg))
+def unstable_step(cfg: ProblemConfig, lr: float, seed: int = 0) -> str | None:
     """Why gradient descent at step ``lr`` does not follow the flow at ``cfg`` (None: it may): beyond
     d = TUNED_D, lr at or past the full model's stability bound 2 / lambda_full at theory's end point
     (:func:`full_stiffness`; at the authors' blocks (16,17,17), L = 100, lr 0.05 is 59 x lambda's
     inverse: every OV value of such a run ends at 0).  Not asked at d <= TUNED_D, where lr lambda is
-    0.4 at the tiny and quick profiles and 1.3 at paper (three-phases' schedule)."""
+    0.4 at the tiny and quick profiles and 1.3 at paper (three-phases' schedule).  A need kind (its seed unused:
+    the Hessian's prompts are FULL_STIFFNESS_PROMPTS of a fixed seed)."""
     lam = full_stiffness(cfg) if cfg.d > TUNED_D else None
     if lam is None or lr * lam < 2.0:
         return None
@@ -238,7 +236,6 @@ def converged_seconds(cfg: ProblemConfig, schedule: TrainingSchedule, pieces: in
     stiff schedule at least 2, as measured): the
     explore, and per piece its polish, the held-out loss and the paired descent sample
     (WINDOW_POINTS snapshots and the explore end)."""
-    from numerics import engine
     L, tasks, H, dt = cfg.L, cfg.tasks, cfg.heads, cfg.dtype
     if cfg.d > TUNED_D:
         # beyond the sizes the schedule was tuned at, a run whose steps diverge takes the stiff schedule
@@ -273,11 +270,15 @@ def converged_for(run, tolerance: float) -> bool:
     return bool(float(left) <= float(tolerance) / Z_CONVERGED)
 
 
-def last_quarter(record_steps) -> set:
+def last_quarter(record_steps, most: int | None = None) -> set:
     """The record steps of a single fixed-step stage's last quarter: the snapshots of its
-    descent fit (:func:`stage_descent`)."""
-    steps = np.asarray(record_steps)
-    return set(int(x) for x in steps[steps >= 0.75 * steps[-1]])
+    descent fit (:func:`stage_descent`), thinned evenly to at most ``most`` (None: all), the
+    last record always kept."""
+    steps = np.asarray(sorted(record_steps))
+    window = steps[steps >= 0.75 * steps[-1]]
+    if most is not None and window.size > most:
+        window = window[np.unique(np.round(np.linspace(0, window.size - 1, most)).astype(int))]
+    return set(int(x) for x in window)
 
 
 def stage_descent(snapshots, n: int, seed: int):
@@ -411,9 +412,7 @@ def from_dict(d: dict) -> ConvergedRun:
 
 def run_point(point: dict) -> dict:
     """The sweep's point function for ``model = "converged"``: train and return ``to_dict()``."""
-    model, _, schedule, seed = _normalise_point(point)
-    if model != "converged":
-        raise ValueError(f"run_point runs 'converged' points, got model {model!r}")
+    _, _, schedule, seed = _normalise_point(point)
     return train_converged(ProblemConfig.from_dict(point["problem"]), schedule, seed).to_dict()
 
 
@@ -582,17 +581,13 @@ def stable_step(cfg: ProblemConfig, omega, mu, lr_max: float, n: int, seed: int)
     exact reduced loss at (omega, mu) (``n`` marginal prompts of ``seed``; F theory's metric
     factors, theory.reduced_ode.metric_factors).  The linearised step x' = x - lr F Hess x is
     stable while lr lambda_max < 2; half of that bound is kept."""
-    import torch
-
-    from numerics.exact_reduced import marginal_chunks, marginal_losses
-    from theory.reduced_ode import metric_factors
-
     omega, mu = np.asarray(omega, float), np.asarray(mu, float)
     H, m = omega.shape
-    prompts = next(marginal_chunks(cfg.tasks, cfg.L, n, seed, H))
+    prompts = next(exact_reduced.marginal_chunks(cfg.tasks, cfg.L, n, seed, H))
 
     def loss(x):
-        return marginal_losses(x[:H * m].view(H, m), x[H * m:].view(H, m), prompts, cfg.tasks, cfg.sigma).mean()
+        return exact_reduced.marginal_losses(x[:H * m].view(H, m), x[H * m:].view(H, m), prompts, cfg.tasks,
+                                             cfg.sigma).mean()
 
     x0 = torch.tensor(np.concatenate([omega.ravel(), mu.ravel()]), dtype=torch.float64)
     hess = torch.autograd.functional.hessian(loss, x0).numpy()
@@ -611,10 +606,6 @@ def continue_on_D(cfg: ProblemConfig, run, seed: int, sch: ContinuationSchedule 
     named from ``seed``: piece k ("piece", k), the eval prompts ("evaluation"), the Hessians
     ("hessian", k)."""
     seed, reference_se = int(seed), float(reference_se)
-    from numerics import exact_reduced
-    from numerics.train import train_reduced
-    from numerics.model import TrainingDiverged
-
     t0 = time.perf_counter()
     tasks, L, sigma = cfg.tasks, cfg.L, cfg.sigma
     eval_seed = case_seed(seed, "evaluation")

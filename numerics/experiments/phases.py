@@ -11,8 +11,8 @@
 - :func:`off_task_gradient` (claim 4): the Monte-Carlo gradient of the exact reduced loss.
 
 Each is a need kind of ``numerics.engine`` (end of file: "phase_run", "escape_time_spread",
-"allocation_run", "off_task_gradient", and "unstable_step", the stability guard both claims
-ask before they trust a run), priced from its parameters by ``numerics.engine``.
+"allocation_run", "off_task_gradient"; "unstable_step", the stability guard both claims ask
+before they trust a run, is ``numerics.experiments.converged``'s), priced from its parameters by ``numerics.engine``.
 """
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ from numerics.engine import Need, kind, need
 from numerics.evaluate import LossEstimate, held_out_loss, held_out_reduced_loss
 from numerics.exact_reduced import evaluate as exact_reduced_losses, loss_and_gradient
 from numerics.experiments import one_thread
-from numerics.experiments.converged import stiffness_seconds, unstable_step
 from numerics.model import MultiHeadAttention, initial_semi_singular_values, initial_values
 from numerics.evaluate import allocation
 from numerics.engine import case_seed
@@ -146,6 +145,7 @@ def phase_run(cfg: ProblemConfig, tcfg: TrainConfig, eval_batch: int, held_out: 
                     float(ro.residual), res.wall_seconds, tcfg)
 
 
+@kind("escape_time_spread", cost=lambda cfg, batch, lr: 3 * engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, 384))
 @one_thread
 def escape_time_spread(cfg: ProblemConfig, batch: int, lr: float, seed: int, probe_batch: int = 384) -> dict:
     """Monte-Carlo spread of a phase time of an SGD run (fresh batches of ``batch``).
@@ -388,12 +388,6 @@ def phase_run_need(cfg, lr, batch, records, eval_batch, held_out, horizon_factor
     return phase_run(cfg, tcfg, eval_batch, held_out)
 
 
-@kind("escape_time_spread", cost=lambda cfg, batch, lr: 3 * engine.forward_seconds(cfg.tasks, cfg.heads, cfg.L, 384))
-def escape_time_spread_need(cfg, batch, lr, seed):
-    """:func:`escape_time_spread` (a probe: per-prompt gradients at the init)."""
-    return escape_time_spread(cfg, batch, lr, seed)
-
-
 def _allocation_cost(cfg, lr, time, batch, records, held_out, tail_batch=None, **_) -> float:
     """The run (t / lr steps, t the run's time or, where it is theory's horizon, BOUNDARY_TIME:
     the horizon is a theory value not computed before pricing; the last 1 - TAIL_BATCH_FROM of them
@@ -418,19 +412,10 @@ def allocation_run_need(cfg, lr, time, batch, records, held_out, z, threshold_si
 def off_task_gradient_need(tasks, heads, L, sigma, point, n, device, seed):
     """:func:`off_task_gradient` at ``point`` (a dependency: theory's allocated point of
     ``heads`` heads, (omega, mu))."""
-    omega, mu = point
-    if np.shape(omega)[0] != heads:
-        raise ValueError(f"the allocated point has {np.shape(omega)[0]} heads, the need {heads}")
-    return off_task_gradient(tasks, L, sigma, omega, mu, n, seed, device)
-
-
-@kind("unstable_step", cost=lambda cfg, lr: stiffness_seconds(cfg))
-def unstable_step_need(cfg, lr, seed):
-    """Why a step ``lr`` does not follow the flow at cfg, or None (``converged.unstable_step``:
-    the full model's Hessian at theory's end point, asked beyond d = TUNED_D only)."""
-    return unstable_step(cfg, lr)
+    return off_task_gradient(tasks, L, sigma, *point, n, seed, device)
 
 
 def unstable_need(cfg: ProblemConfig, lr: float):
-    """The "unstable_step" need of (cfg, lr)."""
+    """The "unstable_step" need of (cfg, lr): why a step ``lr`` does not follow the flow at cfg, or None
+    (``converged.unstable_step``: the full model's Hessian at theory's end point, asked beyond d = TUNED_D only)."""
     return need("unstable_step", cfg=cfg, lr=float(lr))

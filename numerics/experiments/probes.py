@@ -1,6 +1,6 @@
-"""Short runs and probes of claims 1, 2 and 7: the experiments behind the block-structure,
-spectral-reduction and optimality checks, each returning a frozen result (claims compare,
-they never loop).
+"""Short runs and probes of claims 1, 2 and 7 and of the reduced-model boundaries: the
+experiments behind the block-structure, spectral-reduction and optimality checks and the
+boundaries' reduced flows, each returning a frozen result (claims compare, they never loop).
 
 - claim 1: GD on one fixed (exactly G-invariant, or deliberately not) batch
   (:func:`fixed_batch_run`, :func:`symmetric_batch_runs`); training on fresh batches with the
@@ -16,6 +16,10 @@ they never loop).
   the full merged models trained from random starts (:func:`full_merged_start`), the table of
   candidates at H (:func:`candidates_at_heads`), the best point run as a full model
   (:func:`best_as_full_model`) and the constant at 2m heads at one L (:func:`constant_row`).
+
+- the boundaries' runs of the exact reduced model: one flow (:func:`reduced_flow`), two end points
+  on shared prompts (:func:`paired_end_losses`), fewer heads than tasks (:func:`fewer_heads_end`),
+  one head on one block (:func:`saturation_scan`, :func:`monte_carlo_losses`).
 
 Every function runs with one torch thread (``numerics.experiments.one_thread``).  The runs claims
 1, 2 and 7 plan are need kinds (``numerics.engine``), registered beside the function each runs.
@@ -35,16 +39,18 @@ from numerics.config import ProblemConfig
 from numerics.engine import kind
 from numerics.config import make_generator, sample_prompts
 from numerics.evaluate import held_out_loss
-from numerics.exact_reduced import FamilyMinimum, allocated_minimum, best_found_minimum, measure, minimise_family
+from numerics.train import shape_key
+from numerics.exact_reduced import (FamilyMinimum, allocated_minimum, best_found_minimum, evaluate, fit_sample_size,
+                                    measure, minima_seconds, minimise_family, optimal_mu_at)
 from numerics.experiments import one_thread
 from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
-from numerics.statistics import paired_ratio
+from numerics.statistics import mean_se, paired_ratio
 from numerics.model import (MultiHeadAttention, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values,
                             initial_values)
 from numerics.model import metric_factors, per_prompt_reduced_gradients, reduced_gradient
 from numerics.engine import case_seed
 from numerics.model import symmetrize_full, symmetrize_subgroup
-from numerics.train import TrainConfig, train, train_reduced
+from numerics.train import TrainConfig, train, train_reduced, train_reduced_many
 from theory import optimality as th_opt
 from theory.block_structure import group_order, off_decomposable_parts, project_decomposable
 from theory.reduced_ode import expansion_gd_map
@@ -97,10 +103,7 @@ def fixed_batch_run(cfg, prompts, lr: float, steps: int, every: int, start=None,
     if metric_factor is not None:
         def metric(om, mu):
             return tuple(metric_factor * f for f in metric_factors(om, mu, cfg))
-        res = train_reduced(cfg, tcfg, batches=lambda k: prompts, record_every=every, metric=metric)
-        if res.steps != steps:
-            raise ValueError(f"time/lr must give {steps} steps, got {res.steps}")
-        return _arrays(res)
+        return _arrays(train_reduced(cfg, tcfg, batches=lambda k: prompts, record_every=every, metric=metric))
     got, early = [], {"t": [], "residual": []}
 
     def record_parts(step, t, model, loss):
@@ -118,8 +121,6 @@ def fixed_batch_run(cfg, prompts, lr: float, steps: int, every: int, start=None,
             raise
         return Run(t=np.array(early["t"]), loss=None, omega=None, mu=None, residual=np.array(early["residual"]),
                    parts=tuple(got), diverged=True)
-    if res.steps != steps:
-        raise ValueError(f"time/lr must give {steps} steps, got {res.steps}")
     return _arrays(res, got)
 
 
@@ -173,30 +174,24 @@ def symmetric_batch_runs(cfg, lr: float, steps: int, base_prompts: int, seed: in
 # claim 1: fresh batches, the off-D step noise probes, broken starts
 # ---------------------------------------------------------------------------------------
 
-def off_D_step_noise_samples(cfg, omega, mu, lr: float, batch: int, n_probe: int, generator) -> np.ndarray:
-    """||P_perp(theta_1 - theta_0)||^2 on each of ``n_probe`` fresh batches: the squared norm
-    of the off-D part of the change of the merged weights (W, U) in one GD step of size lr
-    (``numerics.train.train``, one step on that batch) from the decomposable point (omega, mu)."""
-    base = MultiHeadAttention.from_semi_singular_values(cfg, omega, mu)
-    W0, U0 = _merged_numpy(base)
-    one_step = TrainConfig(lr=lr, time=lr, records=2)
-    out = []
-    for _ in range(n_probe):
-        prompts = sample_prompts(cfg, batch, generator)
-        res = train(cfg, one_step, batches=lambda k: prompts, start=copy.deepcopy(base))
-        W1, U1 = _merged_numpy(res.final_model)
-        dW, dU = W1 - W0, U1 - U0
-        dWD, dUD = project_decomposable(dW, dU, cfg.tasks, cfg.basis_numpy())
-        out.append(float(np.sum((dW - dWD) ** 2) + np.sum((dU - dUD) ** 2)))
-    return np.array(out)
-
-
-@one_thread
 def step_noise_probes(cfg, lr: float, batch: int, omega, mu, n_probe: int, seed: int) -> np.ndarray:
-    """(records, n_probe): :func:`off_D_step_noise_samples` at each recorded (omega, mu), one
-    probe prompt stream of ``seed`` drawn in record order."""
+    """(records, n_probe): at each recorded decomposable point (omega, mu), ||P_perp(theta_1 -
+    theta_0)||^2 on each of ``n_probe`` fresh batches: the squared norm of the off-D part of the
+    change of the merged weights (W, U) in one GD step of size lr (``numerics.train.train``, one
+    step on that batch); one probe prompt stream of ``seed`` drawn in record order."""
     gen = make_generator(seed, cfg.device)
-    return np.array([off_D_step_noise_samples(cfg, om, m_, lr, batch, n_probe, gen) for om, m_ in zip(omega, mu)])
+    one_step = TrainConfig(lr=lr, time=lr, records=2)
+    out = np.empty((len(omega), n_probe))
+    for j, (om, m_) in enumerate(zip(omega, mu)):
+        base = MultiHeadAttention.from_semi_singular_values(cfg, om, m_)
+        W0, U0 = _merged_numpy(base)
+        for k in range(n_probe):
+            prompts = sample_prompts(cfg, batch, gen)
+            res = train(cfg, one_step, batches=lambda i: prompts, start=copy.deepcopy(base))
+            dW, dU = (x - x0 for x, x0 in zip(_merged_numpy(res.final_model), (W0, U0)))
+            dWD, dUD = project_decomposable(dW, dU, cfg.tasks, cfg.basis_numpy())
+            out[j, k] = float(np.sum((dW - dWD) ** 2) + np.sum((dU - dUD) ** 2))
+    return out
 
 
 def accumulated_noise(t: np.ndarray, lr: float, samples: np.ndarray, tail: float) -> dict:
@@ -645,3 +640,124 @@ def constant_row(tasks, sigma: float, L: int, device: str, eval_elements: int, f
             device)
     C, se = paired_ratio(gf.per_prompt, best.per_prompt)
     return {"L": int(L), "constant": C, "se": se, "gf": gf.summary(), "best": best.summary()}
+
+
+# ---------------------------------------------------------------------------------------
+# the boundaries' runs of the exact finite-L reduced model (merged parametrisation, fewer heads
+# than tasks, saturation, small L): one flow on fresh prompts (flows of one shape and batch size
+# asked together are one program), end points on shared held-out prompts, exact losses of one
+# head on one block; every end point measured by the Rao-Blackwellised losses of
+# numerics.exact_reduced
+# ---------------------------------------------------------------------------------------
+
+def paired_difference(a, b) -> tuple[float, float]:
+    """mean(a - b) and its standard error on the same prompts."""
+    return mean_se(np.asarray(a) - np.asarray(b))
+
+
+def _flow_cost(cfg, tcfg: TrainConfig) -> float:
+    return round(tcfg.time / tcfg.lr) * engine.reduced_step_seconds(cfg.tasks, cfg.heads, cfg.L, tcfg.batch)
+
+
+def _flows_many(params: list, seeds: list) -> list:
+    return one_thread(train_reduced_many)([p["cfg"] for p in params],
+                                          [replace(p["tcfg"], seed=int(s)) for p, s in zip(params, seeds)])
+
+
+@kind("reduced_flow", cost=_flow_cost, run_many=_flows_many,
+      batch_key=lambda cfg, tcfg: (shape_key(cfg), tcfg.batch))
+@one_thread
+def reduced_flow(cfg, tcfg: TrainConfig, seed: int):
+    """The exact reduced flow of cfg (cfg.param's metric, cfg's decomposable init) on fresh
+    prompts (prompt stream ``seed``; tcfg's own seed is not read): a ``numerics.train.TrainResult``."""
+    return train_reduced(cfg, replace(tcfg, seed=int(seed)))
+
+
+@kind("paired_end_losses", cost=lambda cfg, n_eval, **_: engine.marginal_seconds(cfg.tasks, cfg.heads, cfg.L, n_eval,
+                                                                               points=2))
+def paired_end_losses(first, second, cfg, n_eval: int, seed: int) -> np.ndarray:
+    """Per-prompt exact losses (2, n_eval) of the end points of the flows ``first`` and
+    ``second`` on the same held-out prompts (paired; drawn from ``seed``)."""
+    return evaluate([(first.omega, first.mu), (second.omega, second.mu)], cfg.tasks, cfg.L, cfg.sigma, n_eval,
+                    seed, cfg.device)
+
+
+@dataclass(frozen=True)
+class FewerHeadsRun:
+    """A reduced-flow run with H < m heads: the Polyak average of its last quarter of records
+    (omega, mu), the partition minimum of the exact loss for theory's winners, the m-head
+    allocated minimum, and their losses on the same held-out prompts (``losses[0]``: the
+    averaged point, ``[1]``: the partition minimum, ``[2]``: the allocated minimum, ``[3:]``:
+    each averaged record); the number of averaged records."""
+
+    omega: np.ndarray
+    mu: np.ndarray
+    partition: object
+    allocated: object
+    losses: list
+    averaged_records: int
+
+
+def _fewer_cost(cfg, n_eval, **_) -> float:
+    # the partition minimum (one L-BFGS-B search), the allocated minimum, and 3 points + the late records
+    return (engine.fit_seconds(cfg.tasks, cfg.heads, cfg.L, fit_sample_size(cfg.heads, cfg.L))
+            + minima_seconds(cfg.tasks, cfg.L, 0)
+            + engine.marginal_seconds(cfg.tasks, cfg.heads, cfg.L, n_eval, points=3 + 16))
+
+
+@kind("fewer_heads_end", cost=_fewer_cost, shared=False)
+@one_thread
+def fewer_heads_end(flow, winners, cfg, n_eval: int, seed: int) -> FewerHeadsRun:
+    """The flow's end point (the iterates of its last quarter averaged: a finite-step run on
+    fresh batches fluctuates around the flow's limit), the partition minimum of theory's
+    ``winners`` (head of each task) and the m-head allocated minimum, each measured on the same
+    ``n_eval`` held-out prompts.  Kept per engine: the partition is theory's."""
+    late = [r for r in flow.trajectory if r.t >= 0.75 * flow.trajectory[-1].t]
+    om_avg = np.mean([r.omega for r in late], axis=0)
+    mu_avg = np.mean([r.mu for r in late], axis=0)
+    serves = np.zeros((cfg.heads, cfg.m), bool)
+    serves[list(winners), np.arange(cfg.m)] = True
+    part = minimise_family(cfg.tasks, cfg.L, cfg.sigma, serves, serves,
+                           [np.where(serves, np.maximum(np.abs(om_avg), 0.05), 0.0)], case_seed(seed, "partition fit"),
+                           family="partition", device=cfg.device)
+    alloc = allocated_minimum(cfg.tasks, cfg.L, cfg.sigma, case_seed(seed, "allocated fit"), cfg.device)
+    points = [(om_avg, mu_avg), (part.omega, part.mu), (alloc.omega, alloc.mu)] + [(r.omega, r.mu) for r in late]
+    losses = evaluate(points, cfg.tasks, cfg.L, cfg.sigma, n_eval, case_seed(seed, "evaluation"), cfg.device)
+    return FewerHeadsRun(om_avg, mu_avg, part, alloc, losses, len(late))
+
+
+@kind("saturation_scan", cost=lambda omegas, n_eval, **_: 0.05 * len(omegas) * n_eval / 4000)
+@one_thread
+def saturation_scan(r: int, L: int, omegas: tuple, sigma: float, n_eval: int, device: str, seed: int) -> list[dict]:
+    """One head on one block of size r: at each omega, the mu minimising the exact loss (fit
+    sample) and the exact loss there on ``n_eval`` independent prompts (each drawn from the
+    case (what, omega) of ``seed``), with kappa = omega^2 r / log L."""
+    rows = []
+    for w in omegas:
+        om = np.full((1, 1), float(w))
+        mu = optimal_mu_at(om, (r,), L, sigma, case_seed(seed, "mu fit", w), device=device)
+        loss, se = mean_se(evaluate([(om, mu)], (r,), L, sigma, n_eval, case_seed(seed, "evaluation", w), device)[0])
+        rows.append({"omega": float(w), "mu": float(mu[0, 0]), "kappa": float(w) ** 2 * r / math.log(L),
+                     "exact": loss, "exact_se": se})
+    return rows
+
+
+def _mc_cost(points, mc_elements, **_) -> float:
+    ladder_Ls = points.args["args"][1]      # points: theory's gap_ladder(r, Ls, sigma) need
+    return len(ladder_Ls) * mc_elements / 2 ** 23
+
+
+@kind("monte_carlo_losses", cost=_mc_cost, shared=False)
+@one_thread
+def monte_carlo_losses(points, r: int, sigma: float, mc_elements: int, device: str, seed: int) -> list[dict]:
+    """The Rao-Blackwellised Monte-Carlo exact loss of one head on one block at each
+    {"L", "omega", "mu"} of ``points`` (theory's: kept per engine), on max(2000, mc_elements // L)
+    prompts each (drawn from the case ("evaluation", L) of ``seed``)."""
+    out = []
+    for row in points:
+        n = max(2000, mc_elements // row["L"])
+        om, mu = np.array([[row["omega"]]]), np.array([[row["mu"]]])
+        mc, se = mean_se(evaluate([(om, mu)], (r,), row["L"], sigma, n, case_seed(seed, "evaluation", row["L"]),
+                                  device)[0])
+        out.append({"mc": mc, "mc_se": se, "mc_n": n})
+    return out

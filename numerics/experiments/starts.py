@@ -37,7 +37,7 @@ from numerics.config import ProblemConfig
 from numerics.engine import kind, need
 from numerics.evaluate import held_out_prompt_losses
 from numerics.experiments import one_thread
-from numerics.experiments.converged import converged_for, stage_tolerance
+from numerics.experiments.converged import converged_for, last_quarter, stage_tolerance
 from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
 from numerics.evaluate import RACE_DECIDED_SHARE, ZERO_SUM_SHARE, allocation, end_class, zero_sum_ratio
 from numerics.engine import case_seed
@@ -46,10 +46,6 @@ from numerics.train import TrainConfig, train_many, train_reduced_many
 from theory.initialisation import (authors_logit_scale, race_starts, random_start_scales, residual_split,
                                    unbalanced_metric_factors, warmup_norm_bound, warmup_quartic_constant)
 from theory.three_phases import phase_times
-
-__all__ = ["OFF_D_RELATIVE", "WINDOW_MOST", "MEASURES", "off_D_test", "descent_window", "end_states", "outcome_mix",
-           "start_runs_need", "start_flows_need", "random_starts_need", "unbalanced_needs", "single_task_needs",
-           "single_task_summary", "race_cell_needs", "large_init_needs", "reference_needs", "references"]
 
 OFF_D_RELATIVE = 0.5
 """A run ends off D when its movable off-D part (theory.initialisation.residual_split) exceeds
@@ -93,27 +89,13 @@ def off_D_test(cfg: ProblemConfig, norm0_sq: float, split0: dict, split1: dict, 
             "off_D": bool(split1["movable"] > bound and split1["movable_relative"] >= OFF_D_RELATIVE)}
 
 
-def descent_window(record_steps: Sequence[int], most: int = WINDOW_MOST) -> set:
-    """The record steps of a single fixed-step run's last quarter (its descent fit's snapshots),
-    thinned evenly to at most ``most``, the last record always kept."""
-    steps = np.asarray(sorted(record_steps))
-    window = steps[steps >= 0.75 * steps[-1]]
-    if window.size > most:
-        window = window[np.unique(np.round(np.linspace(0, window.size - 1, most)).astype(int))]
-    return set(int(x) for x in window)
-
-
-def _split(model: MultiHeadAttention) -> dict:
+def merged_residual_split(model: MultiHeadAttention) -> dict:
     W, U = (x.detach().cpu().double().numpy() for x in model.merged_weights())
     return residual_split(W, U, model.cfg.tasks, model.cfg.basis_numpy())
 
 
-def _norm_sq(model: MultiHeadAttention) -> float:
+def factor_norm_sq(model: MultiHeadAttention) -> float:
     return float(sum((p.detach().double() ** 2).sum() for p in model.parameters()))
-
-
-def _eval_key(cfg: ProblemConfig) -> tuple:
-    return (cfg.tasks, cfg.L, cfg.sigma, cfg.basis, cfg.basis_seed, cfg.dtype, cfg.device)
 
 
 def end_states(runs: list[dict]) -> list[dict]:
@@ -139,8 +121,10 @@ def end_states(runs: list[dict]) -> list[dict]:
         if isinstance(r["result"], BaseException):
             out[i] = _diverged_state(r)
         else:
-            groups.setdefault((_eval_key(r["cfg"]), r["eval_seed"], r["n_eval"]), []).append(i)
-    for (_, seed, n_eval), idx in groups.items():
+            c = r["cfg"]       # runs whose held-out prompts are the same draw
+            groups.setdefault((c.tasks, c.L, c.sigma, c.basis, c.basis_seed, c.dtype, c.device, r["eval_seed"],
+                               r["n_eval"]), []).append(i)
+    for (*_, seed, n_eval), idx in groups.items():
         models = [m for i in idx for _, m in runs[i]["snapshots"]]
         losses = held_out_prompt_losses(models, n_eval, seed, stack_heads=STACK_HEADS)
         at = 0
@@ -182,8 +166,8 @@ def _end_state(r: dict, losses: np.ndarray) -> dict:
     mean, se = mean_se(last)
     t = [x for x, _ in r["snapshots"]]
     fit = descent_left(t, losses, horizon=float(t[-1] - t[0])) if len(t) >= 3 else None
-    split1 = _split(final)
-    norm1_sq = _norm_sq(final)
+    split1 = merged_residual_split(final)
+    norm1_sq = factor_norm_sq(final)
     warm = off_D_test(cfg, r["norm0_sq"], r["split0"], split1, tcfg.time)
     # still in the warm-up: |theta|^2 has not doubled while theory's warm-up law still holds at t_end
     # (exponent 8 c4 |theta0|^2 t_end <= 1/2, where the law caps the growth at 2x); a larger start has
@@ -289,7 +273,7 @@ def _random_start(model) -> dict:
 
 
 def _random_record(extra, step, t, m, loss) -> None:
-    extra["trajectory"].append({"t": t, "loss": loss, **_split(m)})
+    extra["trajectory"].append({"t": t, "loss": loss, **merged_residual_split(m)})
 
 
 def _random_end(extra, model) -> None:
@@ -389,7 +373,8 @@ def _train_measured(runs: list[dict]) -> list[dict]:
     models = [MultiHeadAttention(r["cfg"]) for r in runs]
     extras = [me.start(m) if me.start else {} for me, m in zip(measures, models)]
     for r, m in zip(runs, models):
-        r.update(norm0_sq=_norm_sq(m), split0=_split(m), snapshots=[], window=descent_window(r["tcfg"].record_steps()))
+        r.update(norm0_sq=factor_norm_sq(m), split0=merged_residual_split(m), snapshots=[],
+                 window=last_quarter(r["tcfg"].record_steps(), WINDOW_MOST))
 
     def hook(i):
         run, model, record_ = runs[i], models[i], measures[i].record
@@ -425,10 +410,6 @@ def _start_runs_many(params: list, seeds: list) -> list:
     return [tuple(next(states) for _ in rs) for rs in runs]
 
 
-def _snapshots(records: int) -> int:
-    return min(WINDOW_MOST, records // 4 + 1)
-
-
 START_RUN_STEP = 1.0e-4
 """CPU seconds of a start run's share of a program step beyond its logits, flops and context
 (numerics.engine's per-run term, 4.4e-4 float32, is fit on programs of few runs that read every
@@ -442,7 +423,7 @@ def _start_runs_cost(what, cfg, starts, tcfg, n_eval, held_out=None, **_) -> flo
     term START_RUN_STEP; merged with other needs' programs it costs less: the steps' fixed part is
     shared) and each run's end-state evaluations (its descent window's snapshots on ``n_eval``
     held-out prompts, drawn once per held-out stream)."""
-    c, runs, steps, snaps = cfg, len(starts), round(tcfg.time / tcfg.lr), _snapshots(tcfg.records)
+    c, runs, steps, snaps = cfg, len(starts), round(tcfg.time / tcfg.lr), min(WINDOW_MOST, tcfg.records // 4 + 1)
     train = (engine.many_seconds(c.tasks, c.heads, c.L, tcfg.batch, steps, [runs], dtype=c.dtype)
              - runs * steps * (engine.STEP[c.dtype]["run"] - START_RUN_STEP))
     streams = runs if held_out else 1
@@ -467,8 +448,6 @@ def start_runs_need(what: str, cfgs, tcfg: TrainConfig, n_eval: int, stream: tup
                     held_out=None):
     """The ``start_runs`` need of the starts ``cfgs`` of kind ``what`` (:data:`MEASURES`) trained by
     ``tcfg`` (its seed is the need's: ``prompts`` under ``stream``) on one prompt stream."""
-    if what not in MEASURES:
-        raise ValueError(f"what must be one of {sorted(MEASURES)}, got {what!r}")
     cfg, starts = _starts(cfgs)
     return need("start_runs", what=what, cfg=cfg, starts=starts, tcfg=replace(tcfg, seed=0), n_eval=int(n_eval),
                 prompts=prompts, inits=None if inits is None else tuple(inits),
@@ -523,8 +502,6 @@ def start_flows(what, cfg, starts, tcfg, prompts, inits, seed) -> tuple:
 def start_flows_need(what: str, cfgs, tcfg: TrainConfig, stream: tuple, *, prompts=None, inits=None):
     """The ``start_flows`` need ("unbalanced" or "large") beside ``start_runs_need`` of the same
     arguments: the reduced flows on those runs' prompts."""
-    if what not in ("unbalanced", "large"):
-        raise ValueError(f"what must be 'unbalanced' or 'large', got {what!r}")
     cfg, starts = _starts(cfgs)
     return need("start_flows", what=what, cfg=cfg, starts=starts, tcfg=replace(tcfg, seed=0), prompts=prompts,
                 inits=None if inits is None else tuple(inits), stream=tuple(stream))
@@ -532,11 +509,27 @@ def start_flows_need(what: str, cfgs, tcfg: TrainConfig, stream: tuple, *, promp
 
 @kind("single_task_references", cost=lambda L, r, n_eval: (
     engine.fit_seconds((r,), 2, L, 4096, starts=3) + engine.marginal_seconds((r,), 2, L, n_eval, points=1) + 1.0))
-def single_task_references_need(L: int, r: int, n_eval: int, seed: int) -> dict:
-    """numerics.saddle.single_task_references (its fit and evaluation seeds are its own): theory's
-    one-head optimum, linear attention and the best decomposable two-head point of one task."""
-    from numerics.saddle import single_task_references
-    return single_task_references(int(L), int(r), int(n_eval))
+def single_task_references(L: int, r: int, n_eval: int, seed: int) -> dict:
+    """The reference points of one task (r,) at context length L: theory.exact's one-head
+    optimum (= the allocated point, surplus heads idle), theory.optimality's linear attention,
+    and the best decomposable two-head point, signs free (numerics.exact_reduced.minimise_family
+    from the linear-attention point and two sign patterns, fit on 4096 prompts, its loss and se
+    measured on ``n_eval`` held-out prompts), as claims/optimality.py searches it (its fit and
+    evaluation seeds are its own, 11 and 12, not the need's)."""
+    from numerics.exact_reduced import measure, minimise_family
+    from theory import exact as th_exact
+    from theory import optimality as th_opt
+
+    tasks = (int(r),)
+    starts = [th_opt.linear_attention_point(tasks, 2, eps=0.02)[0] + 0.0, np.array([[0.5], [0.05]]),
+              np.array([[0.3], [-0.3]])]
+    fm = minimise_family(tasks, int(L), 0.0, np.ones((2, 1), bool), np.ones((2, 1), bool), starts, seed=11,
+                         n_fit=4096, family="2 heads, signs free")
+    measure([fm], int(n_eval), seed=12)
+    return {"one_head": float(th_exact.single_head_optimum(tasks, int(L))["loss"]),
+            "linear_attention": float(th_opt.linear_attention_loss(tasks, int(L))),
+            "best_two_head": float(fm.loss), "best_two_head_se": float(fm.se),
+            "best_two_head_point": {"omega": fm.omega.ravel().tolist(), "mu": fm.mu.ravel().tolist()}}
 
 
 # ---------------------------------------------------------------------------------------
@@ -596,7 +589,7 @@ def single_task_needs(sp, device: str) -> list:
     """Per head count H of ``sp.heads`` the runs of one task of ``sp.r`` from PyTorch's default start (uniform_full,
     s0 = 1, logit scale sqrt(r + 1)), seed s's start from ("init", s) under the need's seed ("single task", H), all on
     one prompt stream ("prompts": common random numbers), each seed evaluated on its own held-out prompts
-    (("held-out", s)); then the references (numerics.saddle.single_task_references)."""
+    (("held-out", s)); then the references (:func:`single_task_references`)."""
     out = []
     for H in sp.heads:
         cfg = ProblemConfig(tasks=(sp.r,), heads=H, L=sp.L, init="uniform_full", init_scale=1.0,
@@ -609,17 +602,27 @@ def single_task_needs(sp, device: str) -> list:
 
 
 def single_task_summary(states, ref: dict, z: float) -> dict:
-    """The seeds of one head count: the mean held-out loss over seeds and its se (numerics.saddle.seed_mean_se), the
+    """The seeds of one head count: the mean held-out loss over seeds and its se (:func:`seed_mean_se`), the
     zero-sum pair ratios, the counts of seeds whose OV values form a zero-sum pair or group (ratio below
     numerics.evaluate.ZERO_SUM_SHARE), the class mix (:func:`outcome_mix` at ``z``, against the one-head optimum and
     the best decomposable two-head point)."""
-    from numerics.saddle import seed_mean_se
     refs = {"allocated_loss": ref["one_head"], "best_decomposable": {"loss": ref["best_two_head"]}}
     m, se = seed_mean_se([r["loss"] for r in states], [r["se"] for r in states])
     return {"loss": m, "se": se, "pair_ratio": [r["pair_ratio"] for r in states],
             "zero_sum_pairs": sum(r["pair_ratio"] < ZERO_SUM_SHARE for r in states),
             "zero_sum_groups": sum(bool(r["zero_sum"]) and r["zero_sum"][0] <= ZERO_SUM_SHARE for r in states),
             "mix": outcome_mix(states, z, refs), "classes": [r["class"]["label"] for r in states]}
+
+
+def seed_mean_se(losses, loss_ses) -> tuple[float, float]:
+    """The mean held-out loss over seeds and its se: the seeds' spread and each seed's own
+    held-out se (independent held-out prompts per seed), sqrt(s^2 / n + mean(se_i^2) / n);
+    the one seed's se from one seed."""
+    losses = np.asarray(losses, float)
+    if losses.size < 2:
+        return float(losses.mean()), float(np.asarray(loss_ses, float).ravel()[0])
+    mean, se = mean_se(losses)     # the seeds' spread, s / sqrt(n)
+    return mean, math.sqrt(se ** 2 + float(np.mean(np.square(loss_ses))) / losses.size)
 
 
 def race_cell_needs(p, device: str) -> tuple[list, list]:

@@ -69,8 +69,9 @@ def test_extrapolated_rate_rejects_the_step_biased_rate():
 @pytest.fixture(scope="module")
 def tiny_growth():
     from numerics import saddle as S
+    from numerics.config import ProblemConfig
 
-    cfg = S._cfg(TASKS, 2, L)
+    cfg = ProblemConfig(tasks=TASKS, heads=2, L=L)
     runs = S.saddle_runs(cfg, lr=0.2, batches=[256], seeds=[0, 1], mu0=0.1, t_max=250.0, seed=0, stop_share=0.05,
                          record_dt=1.0)
     return S, cfg, runs, S.growth_rate_measurement(cfg, 0.2, 256, [0, 1], runs)
