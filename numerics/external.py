@@ -93,8 +93,6 @@ NESTED_KEYS = ("state_dict", "model_state_dict", "model", "weights", "params")
 HELD_OUT_CHUNK = 4096
 """Prompts per held-out batch (numerics.evaluate's default): the prompts drawn depend on the chunk,
 so a fixed chunk makes an audit's held-out loss the very number ``held_out_loss(model)`` gives."""
-MEMORY_FRACTION = handed.MEMORY_FRACTION
-"""A held-out batch may take at most half the memory available when the audit starts."""
 
 
 class CheckpointError(ValueError):
@@ -710,11 +708,10 @@ def _run_json(path: str, entries: dict, cfg: ProblemConfig, kind: str, base: dic
 
 def check_against(ext: ExternalModel, tasks: tuple) -> None:
     """The checkpoint's shapes against the researcher's ``--tasks``: m outputs and token width
-    d + m; one :class:`CheckpointError` naming both on a mismatch."""
+    d + m; one :class:`CheckpointError` naming both on a mismatch (a project file's config is held
+    against the request by claims.audit.plan_audit)."""
     d, m = sum(tasks), len(tasks)
     spec = ",".join(map(str, tasks))
-    if ext.config is not None and tuple(ext.config["tasks"]) != tuple(tasks):
-        raise _fail(ext.path, f"its config says tasks {','.join(map(str, ext.config['tasks']))}, but --tasks {spec}")
     if ext.m != m:
         raise _fail(ext.path, f"the weights have m = {ext.m} outputs (one per task), but --tasks {spec} gives m = {m} tasks")
     if ext.token_dim != d + m:
@@ -744,15 +741,15 @@ def build_model(ext: ExternalModel, cfg: ProblemConfig) -> Optional[MultiHeadAtt
 
 def held_out_chunk(cfg: ProblemConfig, wanted: int = HELD_OUT_CHUNK) -> int:
     """Prompts per held-out batch: HELD_OUT_CHUNK unless a batch of that size (context, logits and
-    their softmax, about numerics.train.step_memory_bytes) would take more than MEMORY_FRACTION of
-    the memory available; a CheckpointError if not even 2 prompts fit."""
+    their softmax, about numerics.train.step_memory_bytes) would take more than
+    numerics.io.handed.MEMORY_FRACTION (a half) of the memory available; a CheckpointError if not even 2 prompts fit."""
     from .train import step_memory_bytes
 
     free = handed.memory_available() if cfg.device == "cpu" else None
     chunk = int(wanted)
-    while free is not None and chunk > 2 and step_memory_bytes(cfg, chunk) > MEMORY_FRACTION * free:
+    while free is not None and chunk > 2 and step_memory_bytes(cfg, chunk) > handed.MEMORY_FRACTION * free:
         chunk //= 2
-    if free is not None and step_memory_bytes(cfg, chunk) > MEMORY_FRACTION * free:
+    if free is not None and step_memory_bytes(cfg, chunk) > handed.MEMORY_FRACTION * free:
         raise CheckpointError(f"a held-out batch of {chunk} prompts at L = {cfg.L}, d + m = {cfg.token_dim}, "
                               f"H = {cfg.heads} needs {step_memory_bytes(cfg, chunk) / 2 ** 30:.2g} GiB, more than "
                               f"half the {free / 2 ** 30:.2g} GiB available; lower --L or use a larger machine")
@@ -861,8 +858,6 @@ def gradient_noise(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
     from .evaluate import held_out_generator
     from .reduced import block_scores, predict_from_scores
 
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"n must be an integer >= 2 (prompts), got {n!r}")
     gen = held_out_generator(seed, cfg.device)
     om = torch.as_tensor(np.asarray(omega, float), dtype=cfg.torch_dtype, device=cfg.device)
     mu_ = torch.as_tensor(np.asarray(mu, float), dtype=cfg.torch_dtype, device=cfg.device)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import io
 import json
 import math
 import platform
@@ -81,14 +82,11 @@ def make_parser() -> argparse.ArgumentParser:
         prog="python -m reports.audit",
         description=textwrap.fill(
             "Audit one-layer multi-head softmax attention models trained anywhere against the theory of 'Training "
-            "Dynamics of Multi-Head Softmax Attention for In-Context Learning' (Chen, Sheen, Wang, Yang; COLT 2024): "
-            "where each model sits among theory's reference points (allocated fixed point, one-head optimum, best "
-            "decomposable point of the same H, linear attention), what its weights are (readout, allocation, off-D "
-            "part) and, where the paper's account applies, whether it agrees. Several checkpoints of one run with "
-            "training times are a trajectory: phases and winners against theory from the first (claims 3-4). Writes "
-            "DIR/claims.json, DIR/index.html and DIR/figures/. Exit status: 0 no judged claim fails or errors and no "
-            "boundary is contradicted or errors (an undecided result included), 1 otherwise, 2 bad arguments or "
-            "files, 130 interrupted.", width=92),
+            "Dynamics of Multi-Head Softmax Attention for In-Context Learning' (COLT 2024): each model among theory's "
+            "reference points, its readout and, where the paper's account applies, whether it agrees; several "
+            "checkpoints of one run with times are a trajectory (claims 3-4). Writes DIR/claims.json, DIR/index.html, "
+            "DIR/figures/. Exit status: 0 no judged claim fails or errors and no boundary is contradicted or errors, "
+            "1 otherwise, 2 bad arguments or files, 130 interrupted.", width=92),
         epilog=textwrap.dedent("""\
             layouts (docs/audit.md shows the export from a generic PyTorch attention):
               authors   state_dict: q_proj/k_proj/v_proj.weight (H(d+m), d+m), o_proj.weight (m, H(d+m)),
@@ -181,11 +179,9 @@ def request_from_args(args):
     """The claims layer's AuditRequest of parsed arguments (checked there)."""
     from claims.audit import AuditRequest
 
-    return AuditRequest(checkpoints=tuple(args.checkpoints), tasks=args.tasks, L=args.L, sigma=args.sigma,
-                        basis=args.basis, basis_seed=args.basis_seed, layout=args.layout,
-                        logit_scale=args.logit_scale, times=args.times, steps=args.steps, lr=args.lr,
-                        loss_units=args.loss_units, prompts=args.prompts, seed=args.seed,
-                        assume_converged=args.assume_converged, device=args.device, skip=args.skip,
+    given = ("tasks", "L", "sigma", "basis", "basis_seed", "layout", "logit_scale", "times", "steps", "lr", "loss_units",
+             "prompts", "seed", "assume_converged", "device", "skip")
+    return AuditRequest(checkpoints=tuple(args.checkpoints), **{k: getattr(args, k) for k in given},
                         **({} if args.max_prompts is None else {"max_prompts": args.max_prompts}),
                         **({} if args.max_minutes is None else {"max_seconds": 60.0 * args.max_minutes}))
 
@@ -213,10 +209,6 @@ def _validate(args) -> tuple:
     out = check_out_dir(args.out, "--out", args.checkpoints)
     try:
         plan = plan_audit(request_from_args(args))
-        for case in plan.cases:
-            if case.time is not None and not math.isfinite(case.time):
-                raise BadArguments(f"{case.ext.path}: its training time is {case.time} ({case.time_source}): the "
-                                   "product overflows; check --lr, --steps and the file's step")
         cost = budget(plan)
         check_budget(cost, plan.request.max_seconds, args.max_minutes is not None)
         for case in plan.cases:         # every checkpoint's weights give numbers (the budget's probes: the first)
@@ -431,6 +423,118 @@ def check_budget(cost: dict, max_seconds: float, flag_given: bool) -> None:
                            f"--max-minutes{skip}, or give fewer --prompts or checkpoints")
 
 
+# --------------------------------------------------------------------------- figures
+# Drawn from the numbers of claims.json (nothing computed here), with the main page's pyplot
+# (reports.render: the Agg backend; imported where a figure is drawn, so that refused arguments never
+# load matplotlib); a figure that cannot be drawn raises, and the caller names it on the page.
+
+REFERENCE_COLOURS = {"allocated_fixed_point": "tab:blue", "one_head_optimum": "tab:orange",
+                     "best_decomposable": "tab:green", "linear_attention": "tab:purple"}
+
+
+def _png(fig) -> bytes:
+    from reports.render import plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _number(x):
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def bars_png(entry: dict) -> bytes:
+    """omega and mu of one model entry, grouped by head, one bar per task."""
+    from reports.render import plt
+
+    om, mu = entry["readout"]["omega"], entry["readout"]["mu"]
+    H, m = len(om), len(om[0])
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.2))
+    width = 0.8 / m
+    for ax, values, what in ((axes[0], om, "omega[h, i] (QK)"), (axes[1], mu, "mu[h, i] (OV)")):
+        for i in range(m):
+            ax.bar([h + (i - (m - 1) / 2) * width for h in range(H)], [values[h][i] for h in range(H)], width,
+                   label=f"task {i}")
+        ax.axhline(0.0, color="black", lw=0.6)
+        ax.set_xticks(range(H), [f"head {h}" for h in range(H)])
+        ax.set_title(what)
+    axes[1].legend(fontsize=8, loc="best")
+    fig.suptitle(entry["checkpoint"]["name"], fontsize=10)
+    return _png(fig)
+
+
+def ladder_png(entry: dict) -> bytes:
+    """The model's loss with its error bar (Z = 4 standard errors drawn as the bar, 1 as the box)
+    among theory's reference points; a reference that could not be computed is named below."""
+    from claims.audit.model import REFERENCE_NAMES
+    from reports.render import plt
+
+    loss = entry["held_out_loss"] or entry["projected_loss"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    missing = []
+    for k, label in REFERENCE_NAMES.items():
+        r = entry["theory"].get(k, {})
+        if not r.get("available"):
+            missing.append(label)
+            continue
+        y, se = r["loss"], r.get("se") or 0.0
+        ax.axhline(y, color=REFERENCE_COLOURS[k], lw=1.4, label=f"{label}: {y:.4g}")
+        if se:
+            ax.axhspan(y - 4 * se, y + 4 * se, color=REFERENCE_COLOURS[k], alpha=0.15)
+    ax.errorbar([0.0], [loss["mean"]], yerr=[[4 * loss["se"]], [4 * loss["se"]]], fmt="o", color="black",
+                capsize=6, label=f"this model: {loss['mean']:.4g} ± {loss['se']:.2g} (bar: 4 se)")
+    ax.set_xlim(-1.0, 1.0)
+    ax.set_xticks([])
+    ax.set_ylabel("loss (sum over the m tasks)")
+    title = f"loss ladder: {entry['checkpoint']['name']}"
+    if missing:
+        title += f"\n(not computed: {', '.join(missing)})"
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return _png(fig)
+
+
+def trajectory_png(t, loss, se, mu, theory=None, phases=None, title="") -> bytes:
+    """Loss against time (points with 1 se bars, the measured phases shaded; ``theory``: its curve with
+    its label, the exact fixed point's level and the judged phase ends, dashed with their tolerances
+    shaded) and the OV values mu[h, i] against time."""
+    from reports.render import plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6))
+    ax = axes[0]
+    if se is not None:
+        ax.errorbar(t, loss, yerr=se, fmt="o", ms=3, label="held-out loss")
+    else:
+        ax.plot(t, loss, "o", ms=3, label="recorded loss")
+    if phases and _number(phases.get("warmup_end")) is not None and _number(phases.get("emergence_end")) is not None:
+        ax.axvspan(t[0], phases["warmup_end"], color="tab:gray", alpha=0.12, label="warm-up (measured)")
+        ax.axvspan(phases["warmup_end"], phases["emergence_end"], color="tab:red", alpha=0.10, label="emergence")
+    if theory:
+        ax.plot(theory["t"], theory["loss"], "-", lw=1.2, color="tab:orange", label=theory["label"])
+        if _number(theory.get("fixed_point")) is not None:
+            ax.axhline(theory["fixed_point"], color="tab:blue", lw=1.0,
+                       label=f"theory: exact allocated fixed point {theory['fixed_point']:.4g}")
+        for k, (name, (tp, tol)) in enumerate(sorted(theory.get("phase_ends", {}).items())):
+            ax.axvline(tp, color="black", ls="--", lw=0.9, label="theory's phase ends (judged)" if k == 0 else None)
+            ax.axvspan(tp - tol, tp + tol, color="black", alpha=0.06)
+    ax.set_xlabel("t (lr x steps, this project's units)")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    ax = axes[1]
+    H, m = len(mu[0]), len(mu[0][0])
+    for h in range(H):
+        for i in range(m):
+            ax.plot(t, [x[h][i] for x in mu], "-o", ms=2, lw=1, label=f"mu[{h},{i}]")
+    ax.axhline(0.0, color="black", lw=0.6)
+    ax.set_xlabel("t")
+    ax.set_ylabel("mu (OV)")
+    ax.legend(fontsize=6, ncol=max(1, m))
+    fig.suptitle(title, fontsize=10)
+    return _png(fig)
+
+
 # --------------------------------------------------------------------------- rendering
 
 def provenance(plan, audit, started: str, total: float, command: list, render_seconds: float) -> dict:
@@ -442,7 +546,7 @@ def provenance(plan, audit, started: str, total: float, command: list, render_se
         "seed": int(req.seed), "seeds": {"held_out": int(req.seed), "note": "the held-out prompts (numerics.evaluate's "
                                          "stream of this seed) and theory's searches"},
         "profile": "audit", "problem": {**plan.problem, "tasks": list(plan.problem["tasks"])},
-        "request": jsonable({k: v for k, v in vars(req).items()}),
+        "request": jsonable(vars(req)),
         "trajectory": plan.trajectory, "not_a_trajectory": plan.why_not,
         "wall_seconds": {"per_claim": {r.id: r.seconds for r in audit.results}, "total": total,
                          "audit": audit.seconds, "stages": {k: v["seconds"] for k, v in audit.stages.items()},
@@ -467,8 +571,6 @@ def _figure(files: dict, figures: list, name: str, title: str, caption: str, dra
 def render(plan, audit, started: str, command: list, t0: float) -> tuple[dict, dict]:
     """(claims.json document, {file: bytes}) of a finished audit: entries of the results, the figures
     drawn from their numbers, the page."""
-    from reports import audit_figures as af
-
     t_render = time.perf_counter()
     files, entries = {}, []
     by_id = {e["judged"]: e for e in audit.model if e["judged"]}
@@ -479,21 +581,21 @@ def render(plan, audit, started: str, command: list, t0: float) -> tuple[dict, d
         if r.id in by_id:
             m = by_id[r.id]
             _figure(files, figures, f"{r.id}-ladder", "loss ladder", "the model's held-out loss (bar: 4 standard "
-                    "errors) among theory's reference points", lambda m=m: af.ladder_png(m), errors)
+                    "errors) among theory's reference points", lambda m=m: ladder_png(m), errors)
             _figure(files, figures, f"{r.id}-bars", "omega and mu by head and task", "per head, one bar per task: "
-                    "an allocated model has one tall mu bar per head", lambda m=m: af.bars_png(m), errors)
+                    "an allocated model has one tall mu bar per head", lambda m=m: bars_png(m), errors)
             recs = m.get("records") or []
             if len(recs) >= 2:
                 _figure(files, figures, f"{r.id}-records", "the file's own training records", "the loss recorded "
                         "by the trainer (one batch each) and mu against time, from the file",
-                        lambda recs=recs: af.trajectory_png([x["t"] for x in recs], [x["loss"] for x in recs], None,
+                        lambda recs=recs: trajectory_png([x["t"] for x in recs], [x["loss"] for x in recs], None,
                                                             [x["mu"] for x in recs], title="the file's records"), errors)
         if r.id == "trajectory":
             theory = trajectory_theory(r.details)
             _figure(files, figures, "trajectory", "loss and OV values against time", "held-out loss of each checkpoint "
                     "(1 se bars), the measured phases shaded, theory's curve from the first checkpoint and its judged "
                     "phase ends (dashed, tolerance shaded) where it applies",
-                    lambda d=r.details, th=theory: af.trajectory_png(d["t"], d["loss"], d["se"], d["mu"], th,
+                    lambda d=r.details, th=theory: trajectory_png(d["t"], d["loss"], d["se"], d["mu"], th,
                                                                       d.get("measured_phases"), "trajectory"), errors)
         entry.update(figures=figures, figure_errors=errors)
         entries.append(entry)

@@ -195,6 +195,9 @@ def plan_audit(request: AuditRequest) -> AuditPlan:
             raise external.CheckpointError(str(exc) if isinstance(exc, external.CheckpointError)
                                            else f"{e.path}: {exc}") from None
         t, source = _time_of(request, e, k, len(tasks))
+        if t is not None and not math.isfinite(t):
+            raise ValueError(f"{e.path}: its training time is {t} ({source}): the product overflows; check --lr, "
+                             "--steps and the file's step")
         cases.append(Case(k, e, cfg, t, source))
     lr, lr_source = _trainer_step(request, exts, len(tasks))
     trajectory, why = len(cases) > 1, ""
