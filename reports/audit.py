@@ -43,7 +43,7 @@ from numerics.io.handed import jsonable
 from reports.build import check_out_dir, exit_status, recover_leftovers, refuse_arguments, write_files
 from reports.run import ClaimProgress, _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments
-from numerics.io.command import (OFFSET_SEED_MAX, float_option, int_option, parse_int, seed_option, tasks_option,
+from numerics.io.command import (OFFSET_SEED_MAX, float_option, int_option, seed_option, tasks_option,
                                threads_option)
 
 DEFAULT_OUT = "reports/audit"
@@ -52,22 +52,10 @@ TEMPLATE = "audit.html.j2"
 MAX_PROMPTS = 2 ** 24
 
 
-def _numbers(text: str, flag: str, kind) -> tuple:
-    parts = [p.strip() for p in str(text).split(",")]
-    if any(p == "" for p in parts):
-        raise argparse.ArgumentTypeError(f"{flag} {text!r}: an empty entry (two commas, or a comma at an end)")
-    out = []
-    for p in parts:
-        try:
-            if "_" in p:
-                raise ValueError
-            v = parse_int(p, flag, low=0) if kind is int else float(p)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r}: {p!r} is not a{'n integer' if kind is int else ' number'}") from None
-        if kind is float and (not math.isfinite(v) or v < 0):
-            raise argparse.ArgumentTypeError(f"{flag} {text!r}: {p!r} must be a finite number >= 0")
-        out.append(v)
-    return tuple(out)
+def _list_of(option):
+    """argparse ``type=`` of a comma-separated list, each entry checked by ``option`` (one of
+    numerics.io.command's: digits only, no underscores, finite, in range)."""
+    return lambda text: tuple(option(p.strip()) for p in str(text).split(","))
 
 
 def _skip(text: str) -> tuple:
@@ -134,9 +122,9 @@ def _problem_arguments(p: argparse.ArgumentParser) -> None:
 def _time_arguments(p: argparse.ArgumentParser) -> None:
     """The checkpoints' training times: several with times are one run, a trajectory."""
     g = p.add_argument_group("training times (several checkpoints with times are one run: a trajectory)")
-    g.add_argument("--times", type=lambda s: _numbers(s, "--times", float), default=None, metavar="T,T,..",
+    g.add_argument("--times", type=_list_of(float_option("--times", low=0.0, allow_low=True)), default=None, metavar="T,T,..",
                    help="training time of each checkpoint in this project's units (t = lr x steps, loss summed over tasks)")
-    g.add_argument("--steps", type=lambda s: _numbers(s, "--steps", int), default=None, metavar="N,N,..",
+    g.add_argument("--steps", type=_list_of(int_option("--steps", 0)), default=None, metavar="N,N,..",
                    help="the trainer's step of each checkpoint (with --lr); a file's own step entry is used without it")
     g.add_argument("--lr", type=float_option("--lr", low=0.0), default=None, metavar="LR",
                    help="the trainer's SGD step size (converts steps into times)")
@@ -222,42 +210,42 @@ def _validate(args) -> tuple:
 # --------------------------------------------------------------------------- the budget
 
 PROBE_PROMPTS = 32
-"""The timing probe: the first checkpoint of each shape measured on 2 and on 2 + PROBE_PROMPTS
-held-out prompts gives the measurement's fixed and per-prompt seconds on this machine, now (well
-under a second at the issue's 10,000 heads; the refusal it informs would have cost minutes)."""
+# The timing probe: the first checkpoint of each shape measured on 2 and on 2 + PROBE_PROMPTS
+# held-out prompts gives the measurement's fixed and per-prompt seconds on this machine, now (well
+# under a second at the issue's 10,000 heads; the refusal it informs would have cost minutes).
 
 MIN_SPAN = 1e-6
-"""The least span t_end - t_0 of a trajectory whose theory is computed, in this project's units
-(t = lr x steps).  Theory's flow from the first checkpoint is integrated over that span by scipy's
-LSODA, which never ends on spans near the bottom of the float range (measured: 1e-100 ends in 2 s,
-1e-200 and denormal spans never); 1e-6 is a thousand steps at lr 1e-9, a run that moves no weight
-visibly, and is far from that range."""
+# The least span t_end - t_0 of a trajectory whose theory is computed, in this project's units
+# (t = lr x steps).  Theory's flow from the first checkpoint is integrated over that span by scipy's
+# LSODA, which never ends on spans near the bottom of the float range (measured: 1e-100 ends in 2 s,
+# 1e-200 and denormal spans never); 1e-6 is a thousand steps at lr 1e-9, a run that moves no weight
+# visibly, and is far from that range.
 
 SEARCH_ELEMENT_SECONDS, SEARCH_EVALUATIONS = 6.5e-8, 100
-"""The best decomposable search (numerics.experiments.probes.best_decomposable): per start at most
-SEARCH_EVALUATIONS evaluations (L-BFGS-B's maxiter) of a fit sample of n prompts, each touching
-n H (L + H) m numbers (per task, the scores and the heads' pair moments), at
-SEARCH_ELEMENT_SECONDS each: above the 1.2e-8 .. 6.2e-8 s measured here (one thread) at (2,) L = 8
-with H = 4, 16, 64, at (2, 2) L = 32 H = 2 and at (16, 17, 17) L = 100 H = 3 (4-82 s).  Its memory:
-the pair moments, n H^2 numbers, held about three times."""
+# The best decomposable search (numerics.experiments.probes.best_decomposable): per start at most
+# SEARCH_EVALUATIONS evaluations (L-BFGS-B's maxiter) of a fit sample of n prompts, each touching
+# n H (L + H) m numbers (per task, the scores and the heads' pair moments), at
+# SEARCH_ELEMENT_SECONDS each: above the 1.2e-8 .. 6.2e-8 s measured here (one thread) at (2,) L = 8
+# with H = 4, 16, 64, at (2, 2) L = 32 H = 2 and at (16, 17, 17) L = 100 H = 3 (4-82 s).  Its memory:
+# the pair moments, n H^2 numbers, held about three times.
 
 FIXED_POINT_SECONDS, ONE_HEAD_SECONDS, ONE_HEAD_PER_R2 = 6.0, 12.0, 0.35
-"""Theory's other points, measured here (docs/audit.md's Cost): the allocated fixed point 0.2-6 s;
-the one-head optimum 12 s (its symbolic derivation, once per process) plus 0.35 s x (largest r)^2
-(3.4-11 s at r = 2, 85 s at r = 17, 110 s at the authors' (16, 17, 17)); linear attention is
-closed-form."""
+# Theory's other points, measured here (docs/audit.md's Cost): the allocated fixed point 0.2-6 s;
+# the one-head optimum 12 s (its symbolic derivation, once per process) plus 0.35 s x (largest r)^2
+# (3.4-11 s at r = 2, 85 s at r = 17, 110 s at the authors' (16, 17, 17)); linear attention is
+# closed-form.
 
 RENDER_SECONDS, RENDER_SECONDS_PER_BAR = 0.3, 0.01
-"""The report's share per judged result: its two or three figures drawn and written, one bar per head
-and task among them (measured: 0.22 s a result over 200 judged checkpoints of H = 2; about 100 s for
-one of H = 10,000)."""
+# The report's share per judged result: its two or three figures drawn and written, one bar per head
+# and task among them (measured: 0.22 s a result over 200 judged checkpoints of H = 2; about 100 s for
+# one of H = 10,000).
 
 PROBE_STEPS = 256
-"""Steps of theory's gradient-descent map timed for a trajectory's estimate (0.05-0.1 s; the rate of
-the first thousands of steps, measured 1.6e-4 - 2.7e-4 s a step at (2, 2), H = 2)."""
+# Steps of theory's gradient-descent map timed for a trajectory's estimate (0.05-0.1 s; the rate of
+# the first thousands of steps, measured 1.6e-4 - 2.7e-4 s a step at (2, 2), H = 2).
 
 TRAJECTORY_FLOW_SECONDS = 5.0
-"""Theory's flow of a trajectory besides its gradient-descent map (the ODE and the winners): 2-3 s measured."""
+# Theory's flow of a trajectory besides its gradient-descent map (the ODE and the winners): 2-3 s measured.
 
 
 def check_finite(case, seed: int):
