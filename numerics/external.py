@@ -77,22 +77,22 @@ from .readout import allocation, zero_sum_ratio
 
 
 MAX_CHECKPOINT_BYTES = 512 * 2 ** 20
-"""The largest file read (512 MiB).  The models audited here are a few layers of (d + m)^2 numbers:
-the authors' configuration (d = 50, m = 3, H = 3) is 0.1 MB, d = 1000 with 8 heads 100 MB in float32;
-a project checkpoint adds its per-step losses (8 bytes a step, 80 MB at the trainer's limit of 10^7
-steps).  A larger file is another kind of file, or a model this class does not describe."""
+# The largest file read (512 MiB).  The models audited here are a few layers of (d + m)^2 numbers:
+# the authors' configuration (d = 50, m = 3, H = 3) is 0.1 MB, d = 1000 with 8 heads 100 MB in float32;
+# a project checkpoint adds its per-step losses (8 bytes a step, 80 MB at the trainer's limit of 10^7
+# steps).  A larger file is another kind of file, or a model this class does not describe.
 
 LAYOUT_KEYS = {"authors": ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"),
                "factored": ("K", "Q", "V", "O"), "merged": ("W", "U")}
-"""The arrays of each layout of weights (module docstring)."""
+# The arrays of each layout of weights (module docstring).
 TIME_KEYS = ("time", "t")
 STEP_KEYS = ("step", "global_step", "iteration")
 NESTED_KEYS = ("state_dict", "model_state_dict", "model", "weights", "params")
-"""Where a torch file may hold its state_dict beside plain values such as the step."""
+# Where a torch file may hold its state_dict beside plain values such as the step.
 
 HELD_OUT_CHUNK = 4096
-"""Prompts per held-out batch (numerics.evaluate's default): the prompts drawn depend on the chunk,
-so a fixed chunk makes an audit's held-out loss the very number ``held_out_loss(model)`` gives."""
+# Prompts per held-out batch (numerics.evaluate's default): the prompts drawn depend on the chunk,
+# so a fixed chunk makes an audit's held-out loss the very number ``held_out_loss(model)`` gives.
 
 
 class CheckpointError(ValueError):
@@ -315,7 +315,7 @@ def _scalar(path: str, name: str, value, low: Optional[float] = None, above: boo
 
 
 MAX_STEP = 2 ** 53
-"""The largest step read: t = lr x step is computed in floats, which hold whole numbers exactly up to 2^53."""
+# The largest step read: t = lr x step is computed in floats, which hold whole numbers exactly up to 2^53.
 
 
 def _count(path: str, name: str, value, text: bool = False) -> int:
@@ -506,7 +506,7 @@ def _read(text: str, data: bytes, layout: str, logit_scale, tasks) -> ExternalMo
 _TASK_AXES = {"q_proj.weight": ((1, "D"),), "k_proj.weight": ((1, "D"),), "v_proj.weight": ((1, "D"),),
               "o_proj.weight": ((0, "m"),), "K": ((2, "D"),), "Q": ((2, "D"),), "V": ((2, "D"),), "O": ((1, "m"),),
               "W": ((1, "D"), (2, "D")), "U": ((1, "m"), (2, "D"))}
-"""The axes of each layout's arrays that the problem fixes: the token width D = d + m, the m outputs."""
+# The axes of each layout's arrays that the problem fixes: the token width D = d + m, the m outputs.
 
 
 def _check_raw(path: str, raw: dict, tasks: Optional[tuple]) -> None:
