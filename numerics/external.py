@@ -60,7 +60,7 @@ import os
 import re
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import numpy as np
@@ -139,12 +139,9 @@ class ExternalModel:
 
     def summary(self) -> dict:
         """The JSON record of what was read (claims.json's ``model[k].checkpoint``)."""
-        return {"path": self.path, "name": os.path.basename(self.path), "format": self.format,
-                "layout": self.layout, "picked": self.picked, "param": self.param, "heads": self.heads,
-                "m": self.m, "token_dim": self.token_dim, "logit_scale": self.logit_scale,
-                "stored_dtype": self.stored_dtype, "sha256": self.sha256, "bytes": self.bytes,
-                "arrays": {k: list(v.shape) for k, v in self.weights.items()},
-                "time": self.time, "time_source": self.time_source, "step": self.step,
+        kept = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("weights", "config", "records",
+                                                                                      "readout", "missing", "notes")}
+        return {**kept, "name": os.path.basename(self.path), "arrays": {k: list(v.shape) for k, v in self.weights.items()},
                 "missing": list(self.missing), "notes": list(self.notes)}
 
 

@@ -633,19 +633,13 @@ def page(doc: dict, files: dict) -> str:
 def _fmt(x, digits: int = 4) -> str:
     if x is None:
         return "n/a"
-    if isinstance(x, str):
-        return x
-    if isinstance(x, bool):
-        return str(x)
     if isinstance(x, (list, tuple)):
         return "[" + ", ".join(_fmt(v, digits) for v in x) + "]"
     try:
-        v = float(x)
+        v = float(x) if not isinstance(x, (str, bool)) else None
     except (TypeError, ValueError):
-        return str(x)
-    if not math.isfinite(v):
-        return str(v)
-    return f"{v:.{digits}g}"
+        v = None
+    return str(x) if v is None else f"{v:.{digits}g}" if math.isfinite(v) else str(v)
 
 
 def decided_by(entry: dict) -> str:

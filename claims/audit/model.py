@@ -556,10 +556,6 @@ def undecided_reason(comparisons, n: int, seconds_per_prompt: float) -> Optional
 
 # --------------------------------------------------------------------------- one model
 
-def _est(e) -> Optional[dict]:
-    return None if e is None else dataclasses.asdict(e)
-
-
 @dataclass(frozen=True)
 class ModelCase:
     """The profile of one judged model's spec (everything measured, compared by :func:`evaluate_model`)."""
@@ -652,7 +648,7 @@ def evaluate_model(ctx) -> Outcome:
     rate = (meas.seconds + noise_seconds) / loss.n      # wall seconds per held-out prompt
     details = {"checkpoint": case.ext.summary(), "status": status, "side": sign, "domain": dom,
                "converged": {"value": converged, "how": conv_how, "descent": descent}, "words": label,
-               "readout_sentence": sentence, "position": pos, "loss_what": loss_what, "loss": _est(loss),
+               "readout_sentence": sentence, "position": pos, "loss_what": loss_what, "loss": dataclasses.asdict(loss),
                "config": config, "not_compared": [{"what": w, "why": y} for w, y in not_made], "sizing": mc.sizing,
                "seconds_per_prompt": rate}
     undecided = (undecided_reason(comps, loss.n, rate) if comps else f"{status}: no side of theory, and a run cut "
@@ -713,7 +709,7 @@ def _model_entry(case, meas, refs, result_id, status=None, converged=None) -> di
             "mean": loss.mean, "se": loss.se, "n": loss.n, "units": SUM_UNITS, "seed": meas.seed, "chunk": meas.chunk,
             "per_task_mean": {"mean": loss.mean / m, "se": loss.se / m,
                               "units": "the authors' MSELoss: averaged over the m tasks (our loss / m)"}},
-        "projected_loss": {**_est(meas.projected_loss), "what": "the reduced model at the readout (omega, mu): the "
+        "projected_loss": {**dataclasses.asdict(meas.projected_loss), "what": "the reduced model at the readout (omega, mu): the "
                            "loss of the model's projection onto D, same prompts"},
         "theory": refs,
         "position": position(loss if loss is not None else meas.projected_loss, refs),
