@@ -12,7 +12,7 @@ computation (``claims.audit.plan_audit``: each checkpoint read safely and mapped
 theory predicts, the claims module compares), and renders what it returns: ``DIR/claims.json``
 (the main report's top level -- ``claims``, ``findings``, ``provenance`` -- plus ``model``, one
 entry per checkpoint), ``DIR/index.html`` (``reports/templates/audit.html.j2``, autoescaped) and
-``DIR/figures/*.png`` (``reports.audit_figures``).  It computes nothing of its own.  The output
+``DIR/figures/*.png`` (drawn here from claims.json's numbers).  It computes nothing of its own.  The output
 directory follows ``reports.build``'s policy (``reports.build.check_out_dir``: checked before any compute,
 written whole into a temporary directory, checked, then swapped in; a directory holding anything
 but a previous report is refused, never deleted).  docs/audit.md has the layouts, the units and
@@ -41,7 +41,7 @@ from typing import Optional, TextIO
 from numerics.io.command import command_line
 from numerics.io.handed import jsonable
 from reports.build import check_out_dir, exit_status, recover_leftovers, refuse_arguments, write_files
-from reports.run import ClaimProgress, _version, git_state
+from reports.run import ClaimProgress, _duration, _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments
 from numerics.io.command import (OFFSET_SEED_MAX, float_option, int_option, seed_option, tasks_option,
                                threads_option)
@@ -376,11 +376,6 @@ def budget(plan) -> dict:
     seconds["report"] = RENDER_SECONDS * plan.trajectory + sum(
         RENDER_SECONDS + RENDER_SECONDS_PER_BAR * c.cfg.heads * c.cfg.m for c in plan.cases if id(c) in judged)
     return {"seconds": seconds, "memory": memory, "free": memory_available(), "first": first, "checked": checked}
-
-
-def _duration(seconds: float) -> str:
-    return (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200
-            else f"{seconds / 3600:.3g} h")
 
 
 def describe_budget(cost: dict) -> str:

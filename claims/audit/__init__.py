@@ -24,7 +24,7 @@ import time
 from typing import Optional
 
 from claims.core.base import ClaimResult, no_progress
-from claims.core.spec import ClaimSpec, Context, Outcome
+from claims.core.spec import ClaimSpec
 from claims.core.trained import run_status
 from claims.audit.model import (MAX_PROMPTS, MAX_SECONDS, PILOT_PROMPTS, Audit, AuditPlan, AuditRequest,  # noqa: F401
                                  Case, ModelCase, _model_entry, check_fixed_point_loss, convergence, domain,
@@ -114,15 +114,9 @@ def judged_result(spec: ClaimSpec, profile, req: AuditRequest, outcomes: Optiona
     that all agree but cannot decide -- none made, a wrong prediction not rejected, the sized count past
     the cap -- read ``undecided``, with the reason).  ``outcomes`` (:func:`run_audit`) receives
     (id, kind, Outcome)."""
-    try:
-        out = spec.evaluate(Context(p=profile, profile="audit", problem=None, device=req.device, seed=req.seed))
-    except Exception as exc:        # the runner records it as the result's error
-        out = exc
-    if isinstance(out, Outcome) and outcomes is not None:
-        outcomes.append((spec.id, spec.kind, out))
-
-    def replay(ctx):
-        if isinstance(out, Exception):
-            raise out
+    def evaluate(ctx):
+        out = spec.evaluate(ctx)
+        if outcomes is not None:
+            outcomes.append((spec.id, spec.kind, out))
         return out
-    return dataclasses.replace(spec, evaluate=replay).run(profile=profile, device=req.device, seed=req.seed)
+    return dataclasses.replace(spec, evaluate=evaluate).run(profile=profile, device=req.device, seed=req.seed)
