@@ -38,13 +38,12 @@ import time
 import warnings
 from typing import Optional, TextIO
 
-from numerics.io.command import command_line
-from numerics.io.handed import jsonable
+from numerics.io.handed import MEMORY_FRACTION, jsonable, memory_available
 from reports.build import check_out_dir, exit_status, recover_leftovers, refuse_arguments, write_files
 from reports.run import ClaimProgress, _duration, _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments
-from numerics.io.command import (OFFSET_SEED_MAX, float_option, int_option, seed_option, tasks_option,
-                               threads_option)
+from numerics.io.command import (OFFSET_SEED_MAX, check_device_option, command_line, float_option, int_option,
+                                 seed_option, tasks_option, threads_option)
 
 DEFAULT_OUT = "reports/audit"
 EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 2, 130   # and the build's exit_status: 0, or 1 on a failing result
@@ -179,30 +178,23 @@ def _validate(args) -> tuple:
     seconds at most: :func:`budget`); BadArguments on anything wrong."""
     from claims.audit import plan_audit
     from numerics import external
-    from numerics.config import check_device
 
     if args.prompts is not None and args.max_prompts is not None:
         raise BadArguments("--prompts N is measured as given; --max-prompts caps a sized measurement: give one or the "
                            "other")
     if args.basis_seed is not None and args.basis != "random":
         raise BadArguments("--basis-seed is used only with --basis random; drop it or add --basis random")
-    try:
-        check_device(args.device)
-    except (TypeError, ValueError) as exc:
-        raise BadArguments(str(exc)) from None
-    try:
+    try:        # numerics.external.CheckpointError and BadArguments are ValueErrors
+        check_device_option(args.device)
         external.check_paths(args.checkpoints)      # a link loop, a FIFO, a device: refused before any read
-    except ValueError as exc:
-        raise BadArguments(str(exc)) from None
-    out = check_out_dir(args.out, "--out", args.checkpoints)
-    try:
+        out = check_out_dir(args.out, "--out", args.checkpoints)
         plan = plan_audit(request_from_args(args))
         cost = budget(plan)
         check_budget(cost, plan.request.max_seconds, args.max_minutes is not None)
         for case in plan.cases:         # every checkpoint's weights give numbers (the budget's probes: the first)
             if id(case) not in cost["checked"]:
                 check_finite(case, plan.request.seed)
-    except ValueError as exc:       # numerics.external.CheckpointError is a ValueError
+    except ValueError as exc:
         raise BadArguments(str(exc)) from None
     return plan, out, cost
 
@@ -347,7 +339,6 @@ def budget(plan) -> dict:
     :func:`trajectory_cost`; the report: :data:`RENDER_SECONDS` (and per bar) per judged result.  Memory: the
     largest held-out batch (numerics.external.held_out_chunk, which refuses one that does not fit)
     and the search's pair moments."""
-    from numerics.io.handed import memory_available
     from claims.audit import PILOT_PROMPTS
     from numerics import external
     from numerics.train import step_memory_bytes
@@ -388,8 +379,6 @@ def describe_budget(cost: dict) -> str:
 def check_budget(cost: dict, max_seconds: float, flag_given: bool) -> None:
     """:class:`BadArguments` when the estimate passes --max-minutes or half the memory this process
     can take (numerics.io.handed.MEMORY_FRACTION), saying what raises or lowers it."""
-    from numerics.io.handed import MEMORY_FRACTION
-
     total, free, memory = sum(cost["seconds"].values()), cost["free"], cost["memory"]
     costly = sorted(k for k in ("one_head_optimum", "best_decomposable") if cost["seconds"].get(k, 0.0) > 60.0)
     skip = f", --skip {','.join(k.replace('_', '-') for k in costly)}" if costly else ""
