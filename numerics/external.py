@@ -416,30 +416,30 @@ def _time_entry(entries: dict) -> tuple[Optional[float], Optional[int], Optional
     return time_, step, ("the file's time entry" if time_ is not None else None)
 
 
-def check_paths(paths, max_bytes: int = MAX_CHECKPOINT_BYTES) -> None:
+def check_paths(paths) -> None:
     """Every checkpoint path checked before any file is read (numerics.io.files.check_input_files: a
     regular file, not a link loop, a FIFO or a device, its name valid UTF-8, at most
-    ``max_bytes``): one :class:`CheckpointError` line for the first that is not."""
+    :data:`MAX_CHECKPOINT_BYTES`): one :class:`CheckpointError` line for the first that is not."""
+    texts = [os.fspath(p) for p in paths]
     try:
-        check_input_files([os.fspath(p) for p in paths], "checkpoint", max_bytes=max_bytes)
+        check_input_files(texts, "checkpoint", max_bytes=MAX_CHECKPOINT_BYTES)
     except ValueError as exc:
-        raise CheckpointError(str(exc)) from None
+        big = next((t for t in texts if os.path.isfile(t) and os.path.getsize(t) > MAX_CHECKPOINT_BYTES), None)
+        raise CheckpointError(str(exc) if big is None or "MiB" not in str(exc) else (
+            f"{big} is {os.path.getsize(big) / 2 ** 20:.0f} MiB, more than the {MAX_CHECKPOINT_BYTES / 2 ** 20:.0f} MiB "
+            "a checkpoint of this model class can be (docs/audit.md); give the attention layer's weights only")) from None
 
 
-def _read_bytes(text: str, max_bytes: int) -> bytes:
+def _read_bytes(text: str) -> bytes:
     """The file's bytes: a checked path (:func:`check_paths`), no larger than the memory budget,
     read once."""
+    check_paths([text])
     try:
-        check_paths([text], max_bytes)
         size = os.stat(text).st_size
         handed.check_memory(size, f"reading its {size:,} bytes")
-        return read_input_bytes(text, "checkpoint", max_bytes=max_bytes)
+        return read_input_bytes(text, "checkpoint", max_bytes=MAX_CHECKPOINT_BYTES)
     except (OSError, ValueError) as exc:
-        msg = str(exc)
-        if "MiB" in msg and "limit" in msg:
-            msg = (f"{text} is {os.path.getsize(text) / 2 ** 20:.0f} MiB, more than the {max_bytes / 2 ** 20:.0f} MiB "
-                   "a checkpoint of this model class can be (docs/audit.md); give the attention layer's weights only")
-        raise CheckpointError(msg) from None
+        raise CheckpointError(str(exc)) from None
 
 
 def _load(data: bytes) -> tuple[str, object]:
@@ -459,13 +459,13 @@ def _load(data: bytes) -> tuple[str, object]:
 
 
 def read_checkpoint(path, layout: str = "auto", logit_scale: Optional[float] = None,
-                    max_bytes: int = MAX_CHECKPOINT_BYTES, tasks: Optional[tuple] = None) -> ExternalModel:
+                    tasks: Optional[tuple] = None) -> ExternalModel:
     """Read and check one checkpoint (module docstring); :class:`CheckpointError` on anything
     wrong, before any computation.  ``logit_scale``: the s of a factored file that does not
     carry one (refused where the file or the layout fixes it).  ``tasks``: the problem's block
     sizes, against which the arrays' declared shapes are checked before they are read."""
     text = os.fspath(path)
-    data = _read_bytes(text, max_bytes)
+    data = _read_bytes(text)
     try:
         return _read(text, data, layout, logit_scale, tasks)
     except CheckpointError as exc:      # each check names the field; the file is named here, once
@@ -736,14 +736,14 @@ def build_model(ext: ExternalModel, cfg: ProblemConfig) -> Optional[MultiHeadAtt
                                                    for k, v in ext.weights.items()})
 
 
-def held_out_chunk(cfg: ProblemConfig, wanted: int = HELD_OUT_CHUNK) -> int:
+def held_out_chunk(cfg: ProblemConfig) -> int:
     """Prompts per held-out batch: HELD_OUT_CHUNK unless a batch of that size (context, logits and
     their softmax, about numerics.train.step_memory_bytes) would take more than
     numerics.io.handed.MEMORY_FRACTION (a half) of the memory available; a CheckpointError if not even 2 prompts fit."""
     from .train import step_memory_bytes
 
     free = handed.memory_available() if cfg.device == "cpu" else None
-    chunk = int(wanted)
+    chunk = HELD_OUT_CHUNK
     while free is not None and chunk > 2 and step_memory_bytes(cfg, chunk) > handed.MEMORY_FRACTION * free:
         chunk //= 2
     if free is not None and step_memory_bytes(cfg, chunk) > handed.MEMORY_FRACTION * free:
@@ -805,15 +805,13 @@ def readout_spread(W: np.ndarray, U: np.ndarray, cfg: ProblemConfig) -> dict:
     return {"omega": om.tolist(), "mu": mu.tolist()}
 
 
-def measure(ext: ExternalModel, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
-            chunk: Optional[int] = None) -> Measurement:
+def measure(ext: ExternalModel, cfg: ProblemConfig, n: int = 16384, seed: int = 0) -> Measurement:
     """Measure one checkpoint at ``cfg`` (the class docstring): ``n`` held-out prompts of the
-    held-out stream of ``seed`` (numerics.evaluate), in batches of ``chunk`` (default
-    :func:`held_out_chunk`)."""
+    held-out stream of ``seed`` (numerics.evaluate), in batches of :func:`held_out_chunk`."""
     from theory.initialisation import residual_split
 
     t0, c0 = time.perf_counter(), time.process_time()
-    chunk = held_out_chunk(cfg) if chunk is None else int(chunk)
+    chunk = held_out_chunk(cfg)
     model = build_model(ext, cfg)
     balance = split = spread = None
     if model is not None:
