@@ -151,21 +151,6 @@ def _fail(path: str, what: str) -> CheckpointError:
     return CheckpointError(f"{path}: {what}")
 
 
-def _sniff(data: bytes) -> str:
-    """The format of ``data`` from its first bytes (never from the file name)."""
-    if data[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-        return "zip"
-    if len(data) >= 9:
-        n = int.from_bytes(data[:8], "little")
-        if 0 < n <= len(data) - 8 and data[8:9] == b"{":
-            return "safetensors"
-    if data[:1] == b"\x80":
-        return "pickle"
-    if data.lstrip()[:1] in (b"{", b"["):
-        return "json"
-    return "unknown"
-
-
 def _torch_load(data: bytes):
     """A torch file checked before it is loaded (its archive and pickle bounded:
     numerics.io.handed.check_torch_archive), loaded weights-only, and every tensor in it dense, in
@@ -443,19 +428,20 @@ def _read_bytes(text: str) -> bytes:
 
 
 def _load(data: bytes) -> tuple[str, object]:
-    """(format, payload) of a file's bytes, by its first bytes (never its name)."""
+    """(format, payload) of a file's bytes, by its first bytes (never its name): a zip archive (a
+    torch file or an npz), a safetensors header length and brace, a pickle's protocol byte, JSON."""
     if not data:
         raise CheckpointError("empty file (0 bytes); give the saved weights")
-    kind = _sniff(data)
-    if kind == "zip":
+    if data[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         return _zip_load(data)
-    if kind == "pickle":
+    if len(data) >= 9 and 0 < int.from_bytes(data[:8], "little") <= len(data) - 8 and data[8:9] == b"{":
+        return "safetensors", _safetensors_load(data)
+    if data[:1] == b"\x80":
         return "torch", _torch_load(data)
-    loaders = {"safetensors": _safetensors_load, "json": _json_load}
-    if kind not in loaders:
-        raise CheckpointError("not a format this command reads (a torch file, .safetensors, .npz or a run.json), by its "
-                              "first bytes; see docs/audit.md for the export")
-    return kind, loaders[kind](data)
+    if data.lstrip()[:1] in (b"{", b"["):
+        return "json", _json_load(data)
+    raise CheckpointError("not a format this command reads (a torch file, .safetensors, .npz or a run.json), by its "
+                          "first bytes; see docs/audit.md for the export")
 
 
 def read_checkpoint(path, layout: str = "auto", logit_scale: Optional[float] = None,
