@@ -60,7 +60,7 @@ import os
 import re
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import numpy as np
@@ -77,22 +77,22 @@ from .evaluate import allocation, zero_sum_ratio
 
 
 MAX_CHECKPOINT_BYTES = 512 * 2 ** 20
-"""The largest file read (512 MiB).  The models audited here are a few layers of (d + m)^2 numbers:
-the authors' configuration (d = 50, m = 3, H = 3) is 0.1 MB, d = 1000 with 8 heads 100 MB in float32;
-a project checkpoint adds its per-step losses (8 bytes a step, 80 MB at the trainer's limit of 10^7
-steps).  A larger file is another kind of file, or a model this class does not describe."""
+# The largest file read (512 MiB).  The models audited here are a few layers of (d + m)^2 numbers:
+# the authors' configuration (d = 50, m = 3, H = 3) is 0.1 MB, d = 1000 with 8 heads 100 MB in float32;
+# a project checkpoint adds its per-step losses (8 bytes a step, 80 MB at the trainer's limit of 10^7
+# steps).  A larger file is another kind of file, or a model this class does not describe.
 
 LAYOUT_KEYS = {"authors": ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"),
                "factored": ("K", "Q", "V", "O"), "merged": ("W", "U")}
-"""The arrays of each layout of weights (module docstring)."""
+# The arrays of each layout of weights (module docstring).
 TIME_KEYS = ("time", "t")
 STEP_KEYS = ("step", "global_step", "iteration")
 NESTED_KEYS = ("state_dict", "model_state_dict", "model", "weights", "params")
-"""Where a torch file may hold its state_dict beside plain values such as the step."""
+# Where a torch file may hold its state_dict beside plain values such as the step.
 
 HELD_OUT_CHUNK = 4096
-"""Prompts per held-out batch (numerics.evaluate's default): the prompts drawn depend on the chunk,
-so a fixed chunk makes an audit's held-out loss the very number ``held_out_loss(model)`` gives."""
+# Prompts per held-out batch (numerics.evaluate's default): the prompts drawn depend on the chunk,
+# so a fixed chunk makes an audit's held-out loss the very number ``held_out_loss(model)`` gives.
 
 
 class CheckpointError(ValueError):
@@ -139,12 +139,9 @@ class ExternalModel:
 
     def summary(self) -> dict:
         """The JSON record of what was read (claims.json's ``model[k].checkpoint``)."""
-        return {"path": self.path, "name": os.path.basename(self.path), "format": self.format,
-                "layout": self.layout, "picked": self.picked, "param": self.param, "heads": self.heads,
-                "m": self.m, "token_dim": self.token_dim, "logit_scale": self.logit_scale,
-                "stored_dtype": self.stored_dtype, "sha256": self.sha256, "bytes": self.bytes,
-                "arrays": {k: list(v.shape) for k, v in self.weights.items()},
-                "time": self.time, "time_source": self.time_source, "step": self.step,
+        kept = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("weights", "config", "records",
+                                                                                      "readout", "missing", "notes")}
+        return {**kept, "name": os.path.basename(self.path), "arrays": {k: list(v.shape) for k, v in self.weights.items()},
                 "missing": list(self.missing), "notes": list(self.notes)}
 
 
@@ -154,29 +151,14 @@ def _fail(path: str, what: str) -> CheckpointError:
     return CheckpointError(f"{path}: {what}")
 
 
-def _sniff(data: bytes) -> str:
-    """The format of ``data`` from its first bytes (never from the file name)."""
-    if data[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-        return "zip"
-    if len(data) >= 9:
-        n = int.from_bytes(data[:8], "little")
-        if 0 < n <= len(data) - 8 and data[8:9] == b"{":
-            return "safetensors"
-    if data[:1] == b"\x80":
-        return "pickle"
-    if data.lstrip()[:1] in (b"{", b"["):
-        return "json"
-    return "unknown"
-
-
-def _torch_load(path: str, data: bytes):
+def _torch_load(data: bytes):
     """A torch file checked before it is loaded (its archive and pickle bounded:
     numerics.checkpoint.check_torch_archive), loaded weights-only, and every tensor in it dense, in
     the file and no larger than its storage (numerics.checkpoint.dense_problem)."""
     try:
         check_torch_archive(data, memory_budget())
     except ValueError as exc:
-        raise _fail(path, f"a torch file refused before loading: {exc}") from None
+        raise CheckpointError(f"a torch file refused before loading: {exc}") from None
     try:
         with warnings.catch_warnings():   # torch's note on the pickle protocol is not the user's business
             warnings.simplefilter("ignore")
@@ -184,18 +166,18 @@ def _torch_load(path: str, data: bytes):
     except Exception as exc:   # the unpickler's refusal, a truncated archive, a corrupt record
         text = str(exc).replace("\n", " ")
         if "weights_only" in text.lower() or "unsupported global" in text.lower() or "weights only" in text.lower():
-            raise _fail(path, "refused: the file holds pickled objects other than tensors and plain values (torch's "
-                              "weights-only loader would not run them, and neither does this command); save the "
-                              "weights only (torch.save(model.state_dict(), ...)) or export them as safetensors "
-                              "(docs/audit.md)") from None
-        raise _fail(path, f"not a readable torch file: truncated or corrupt ({type(exc).__name__}: {text[:160]})") from None
+            raise CheckpointError("refused: the file holds pickled objects other than tensors and plain values (torch's "
+                                  "weights-only loader would not run them, and neither does this command); save the "
+                                  "weights only (torch.save(model.state_dict(), ...)) or export them as safetensors "
+                                  "(docs/audit.md)") from None
+        raise CheckpointError(f"not a readable torch file: truncated or corrupt ({type(exc).__name__}: {text[:160]})") from None
     walk = [("", payload)]
     while walk:                     # bounded: the pickle's expanded size was checked above
         where, value = walk.pop()
         if torch.is_tensor(value):
             problem = dense_problem(value)
             if problem:
-                raise _fail(path, f"{where or 'the payload'} is {problem}; save dense CPU tensors (state_dict())")
+                raise CheckpointError(f"{where or 'the payload'} is {problem}; save dense CPU tensors (state_dict())")
         elif isinstance(value, dict):
             walk += [(f"a key of {where or 'the payload'}", k) for k in value if not isinstance(k, str)]
             walk += [(str(k)[:80], v) for k, v in value.items()]
@@ -204,22 +186,22 @@ def _torch_load(path: str, data: bytes):
     return payload
 
 
-def _zip_load(path: str, data: bytes):
+def _zip_load(data: bytes):
     """A zip archive is a torch file (it holds a data.pkl) or an npz (only .npy members), each
     read by its directory first (numerics.io)."""
     try:
         archive, members = zip_members(data, memory_budget())
     except ValueError as exc:
-        raise _fail(path, f"a zip archive refused: {exc}") from None
+        raise CheckpointError(f"a zip archive refused: {exc}") from None
     if any(info.filename.endswith("data.pkl") for info in members):
-        return "torch", _torch_load(path, data)
+        return "torch", _torch_load(data)
     try:
         return "npz", npz_arrays(archive, members)
     except ValueError as exc:
-        raise _fail(path, f"an npz refused: {exc}") from None
+        raise CheckpointError(f"an npz refused: {exc}") from None
 
 
-def _safetensors_load(path: str, data: bytes):
+def _safetensors_load(data: bytes):
     """Tensors and metadata strings of a safetensors file, its header checked first
     (numerics.checkpoint.safetensors_header), then read by the safetensors parser."""
     from safetensors import SafetensorError
@@ -229,33 +211,33 @@ def _safetensors_load(path: str, data: bytes):
         _, meta = safetensors_header(data)
         tensors = st_load(data)
     except ValueError as exc:
-        raise _fail(path, f"a safetensors file refused, truncated or corrupt: {exc}") from None
+        raise CheckpointError(f"a safetensors file refused, truncated or corrupt: {exc}") from None
     except SafetensorError as exc:
-        raise _fail(path, f"a safetensors file that cannot be read: truncated or corrupt ({exc})") from None
+        raise CheckpointError(f"a safetensors file that cannot be read: truncated or corrupt ({exc})") from None
     return {**tensors, **meta}      # metadata strings: the step/time/logit_scale entries are read from them
 
 
-def _json_load(path: str, data: bytes):
+def _json_load(data: bytes):
     try:
         check_memory(PARSE_FACTOR * len(data), "parsing it")
     except ValueError as exc:
-        raise _fail(path, str(exc)) from None
+        raise CheckpointError(str(exc)) from None
     try:
         return parse_json(data.decode("utf-8"))
     except ValueError as exc:       # UnicodeDecodeError is one
-        raise _fail(path, f"not valid JSON: truncated or corrupt ({str(exc)[:160]})") from None
+        raise CheckpointError(f"not valid JSON: truncated or corrupt ({str(exc)[:160]})") from None
 
 
-def _array(path: str, name: str, value) -> np.ndarray:
+def _array(name: str, value) -> np.ndarray:
     """A float64 array of a tensor/array entry; integer, boolean or complex data refused."""
     if torch.is_tensor(value):
         if not value.is_floating_point():
-            raise _fail(path, f"{name} has dtype {value.dtype}, not floating point; weights are real numbers")
+            raise CheckpointError(f"{name} has dtype {value.dtype}, not floating point; weights are real numbers")
         return value.detach().to(torch.float64).numpy()
     if not isinstance(value, np.ndarray):
-        raise _fail(path, f"{name} is a {type(value).__name__}, not an array; weights are arrays of real numbers")
+        raise CheckpointError(f"{name} is a {type(value).__name__}, not an array; weights are arrays of real numbers")
     if value.dtype.kind != "f":
-        raise _fail(path, f"{name} has dtype {value.dtype}, not floating point; weights are real numbers")
+        raise CheckpointError(f"{name} has dtype {value.dtype}, not floating point; weights are real numbers")
     return value.astype(np.float64)
 
 
@@ -275,7 +257,7 @@ def _a(value) -> str:
     return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
-def _number(path: str, name: str, value, text: bool = False):
+def _number(name: str, value, text: bool = False):
     """A real number of a file as a Python int or float, checked as a command line's number is: a
     plain int or float, a one-element integer or floating-point array, or (``text``: the strings of
     safetensors metadata) a string of decimal digits (no underscores: float('2_0') is 20); never a
@@ -284,49 +266,49 @@ def _number(path: str, name: str, value, text: bool = False):
     shown = _a(value)
     if isinstance(value, str) and text:
         if not _NUMBER_TEXT.match(value.strip()):
-            raise _fail(path, f"{name} must be a number written in decimal digits (e.g. 0.5 or 1e-3; no underscores), "
-                              f"got {shown}")
+            raise CheckpointError(f"{name} must be a number written in decimal digits (e.g. 0.5 or 1e-3; no underscores), "
+                                  f"got {shown}")
         value = float(value)
     elif torch.is_tensor(value) or isinstance(value, (np.ndarray, np.generic)):
         dtype = str(value.dtype).replace("torch.", "")
         if math.prod(tuple(value.shape)) != 1 or not dtype.startswith(("float", "int", "uint", "bfloat")):
-            raise _fail(path, f"{name} must be a single real number, got an array of shape {tuple(value.shape)} and "
-                              f"dtype {dtype}")
+            raise CheckpointError(f"{name} must be a single real number, got an array of shape {tuple(value.shape)} and "
+                                  f"dtype {dtype}")
         value = value.reshape(-1)[0].item()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(path, f"{name} must be a single real number, got {shown}")
+        raise CheckpointError(f"{name} must be a single real number, got {shown}")
     try:
         finite = math.isfinite(value)
     except OverflowError:
         finite = False
     if not finite:
         got = shown if isinstance(value, float) else "an integer beyond the range of a float"
-        raise _fail(path, f"{name} must be a finite number, got {got}")
+        raise CheckpointError(f"{name} must be a finite number, got {got}")
     return value
 
 
-def _scalar(path: str, name: str, value, low: Optional[float] = None, above: bool = False,
+def _scalar(name: str, value, low: Optional[float] = None, above: bool = False,
             text: bool = False) -> float:
     """:func:`_number` as a float, at least ``low`` (above it with ``above``)."""
-    x = float(_number(path, name, value, text))
+    x = float(_number(name, value, text))
     if low is not None and (x < low or (above and x == low)):
-        raise _fail(path, f"{name} must be {'>' if above else '>='} {low:g}, got {x:g}")
+        raise CheckpointError(f"{name} must be {'>' if above else '>='} {low:g}, got {x:g}")
     return x
 
 
 MAX_STEP = 2 ** 53
-"""The largest step read: t = lr x step is computed in floats, which hold whole numbers exactly up to 2^53."""
+# The largest step read: t = lr x step is computed in floats, which hold whole numbers exactly up to 2^53.
 
 
-def _count(path: str, name: str, value, text: bool = False) -> int:
+def _count(name: str, value, text: bool = False) -> int:
     """:func:`_number` as a whole number in 0 .. MAX_STEP (a float only if it is whole)."""
-    x = _number(path, name, value, text)
+    x = _number(name, value, text)
     if isinstance(x, float) and not x.is_integer() or not 0 <= x <= MAX_STEP:
-        raise _fail(path, f"{name} must be a whole number in 0 .. 2^53, got {x:g}")
+        raise CheckpointError(f"{name} must be a whole number in 0 .. 2^53, got {x:g}")
     return int(x)
 
 
-def _grid(path: str, name: str, value, shape: tuple) -> np.ndarray:
+def _grid(name: str, value, shape: tuple) -> np.ndarray:
     """A (heads, m) table of finite numbers given as nested lists or an array of that shape."""
     if torch.is_tensor(value) or isinstance(value, np.ndarray):
         rows = value.tolist() if tuple(value.shape) == shape else None
@@ -334,35 +316,35 @@ def _grid(path: str, name: str, value, shape: tuple) -> np.ndarray:
         rows = value
     if not (isinstance(rows, (list, tuple)) and len(rows) == shape[0]
             and all(isinstance(r, (list, tuple)) and len(r) == shape[1] for r in rows)):
-        raise _fail(path, f"{name} must be {shape[0]} lists of {shape[1]} numbers (heads x m), as its config says")
-    return np.array([[_scalar(path, f"{name}[{h}][{i}]", x) for i, x in enumerate(r)] for h, r in enumerate(rows)])
+        raise CheckpointError(f"{name} must be {shape[0]} lists of {shape[1]} numbers (heads x m), as its config says")
+    return np.array([[_scalar(f"{name}[{h}][{i}]", x) for i, x in enumerate(r)] for h, r in enumerate(rows)])
 
 
-def _records(path: str, value, shape: tuple) -> Optional[list]:
+def _records(value, shape: tuple) -> Optional[list]:
     """A project file's trajectory: a list of records {t, loss, omega, mu, residual} with t and
     residual >= 0, every number finite, omega and mu (heads, m); None when absent or empty."""
     if value is None or isinstance(value, (list, tuple)) and not value:
         return None
     if not isinstance(value, (list, tuple)):
-        raise _fail(path, f"trajectory must be a list of records, got {_a(value)}")
+        raise CheckpointError(f"trajectory must be a list of records, got {_a(value)}")
     out = []
     for k, r in enumerate(value):
         if not isinstance(r, dict) or not set(RECORD_FIELDS) <= set(r):
-            raise _fail(path, f"trajectory[{k}] must be a record of {', '.join(RECORD_FIELDS)}")
-        out.append({"t": _scalar(path, f"trajectory[{k}].t", r["t"], 0.0),
-                    "loss": _scalar(path, f"trajectory[{k}].loss", r["loss"]),
-                    "omega": _grid(path, f"trajectory[{k}].omega", r["omega"], shape).tolist(),
-                    "mu": _grid(path, f"trajectory[{k}].mu", r["mu"], shape).tolist(),
-                    "residual": _scalar(path, f"trajectory[{k}].residual", r["residual"], 0.0)})
+            raise CheckpointError(f"trajectory[{k}] must be a record of {', '.join(RECORD_FIELDS)}")
+        out.append({"t": _scalar(f"trajectory[{k}].t", r["t"], 0.0),
+                    "loss": _scalar(f"trajectory[{k}].loss", r["loss"]),
+                    "omega": _grid(f"trajectory[{k}].omega", r["omega"], shape).tolist(),
+                    "mu": _grid(f"trajectory[{k}].mu", r["mu"], shape).tolist(),
+                    "residual": _scalar(f"trajectory[{k}].residual", r["residual"], 0.0)})
     return out
 
 
-def _finite(path: str, arrays: dict) -> None:
+def _finite(arrays: dict) -> None:
     for name, a in arrays.items():
         bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
         if bad:
-            raise _fail(path, f"{name} holds {bad} NaN or infinite entries (a diverged run?); a model with "
-                              "non-finite weights has no loss to audit")
+            raise CheckpointError(f"{name} holds {bad} NaN or infinite entries (a diverged run?); a model with "
+                                  "non-finite weights has no loss to audit")
 
 
 def _flatten(payload) -> dict:
@@ -411,105 +393,106 @@ def _pick(entries: dict) -> tuple[str, str]:
                           "project: a numerics.train checkpoint or run.json); see docs/audit.md for the export")
 
 
-def _time_entry(path: str, entries: dict) -> tuple[Optional[float], Optional[int], Optional[str]]:
+def _time_entry(entries: dict) -> tuple[Optional[float], Optional[int], Optional[str]]:
     t = next((entries[k] for k in TIME_KEYS if k in entries), None)
     s = next((entries[k] for k in STEP_KEYS if k in entries), None)
-    time_ = None if t is None else _scalar(path, "time", t, 0.0, text=True)
-    step = None if s is None else _count(path, "step", s, text=True)
+    time_ = None if t is None else _scalar("time", t, 0.0, text=True)
+    step = None if s is None else _count("step", s, text=True)
     return time_, step, ("the file's time entry" if time_ is not None else None)
 
 
-def check_paths(paths, max_bytes: int = MAX_CHECKPOINT_BYTES) -> None:
+def check_paths(paths) -> None:
     """Every checkpoint path checked before any file is read (numerics.io.check_input_files: a
     regular file, not a link loop, a FIFO or a device, its name valid UTF-8, at most
-    ``max_bytes``): one :class:`CheckpointError` line for the first that is not."""
+    :data:`MAX_CHECKPOINT_BYTES`): one :class:`CheckpointError` line for the first that is not."""
+    texts = [os.fspath(p) for p in paths]
     try:
-        check_input_files([os.fspath(p) for p in paths], "checkpoint", max_bytes=max_bytes)
+        check_input_files(texts, "checkpoint", max_bytes=MAX_CHECKPOINT_BYTES)
     except ValueError as exc:
+        big = next((t for t in texts if os.path.isfile(t) and os.path.getsize(t) > MAX_CHECKPOINT_BYTES), None)
+        raise CheckpointError(str(exc) if big is None or "MiB" not in str(exc) else (
+            f"{big} is {os.path.getsize(big) / 2 ** 20:.0f} MiB, more than the {MAX_CHECKPOINT_BYTES / 2 ** 20:.0f} MiB "
+            "a checkpoint of this model class can be (docs/audit.md); give the attention layer's weights only")) from None
+
+
+def _read_bytes(text: str) -> bytes:
+    """The file's bytes: a checked path (:func:`check_paths`), no larger than the memory budget,
+    read once."""
+    check_paths([text])
+    try:
+        size = os.stat(text).st_size
+        check_memory(size, f"reading its {size:,} bytes")
+        return read_input_bytes(text, "checkpoint", max_bytes=MAX_CHECKPOINT_BYTES)
+    except (OSError, ValueError) as exc:
         raise CheckpointError(str(exc)) from None
 
 
-def _read_bytes(text: str, max_bytes: int) -> bytes:
-    """The file's bytes: a checked path (:func:`check_paths`), no larger than the memory budget,
-    read once."""
-    try:
-        check_paths([text], max_bytes)
-        size = os.stat(text).st_size
-        check_memory(size, f"reading its {size:,} bytes")
-        return read_input_bytes(text, "checkpoint", max_bytes=max_bytes)
-    except (OSError, ValueError) as exc:
-        msg = str(exc)
-        if "MiB" in msg and "limit" in msg:
-            msg = (f"{text} is {os.path.getsize(text) / 2 ** 20:.0f} MiB, more than the {max_bytes / 2 ** 20:.0f} MiB "
-                   "a checkpoint of this model class can be (docs/audit.md); give the attention layer's weights only")
-        raise CheckpointError(msg) from None
-
-
-def _load(text: str, data: bytes) -> tuple[str, object]:
-    """(format, payload) of a file's bytes, by its first bytes (never its name)."""
+def _load(data: bytes) -> tuple[str, object]:
+    """(format, payload) of a file's bytes, by its first bytes (never its name): a zip archive (a
+    torch file or an npz), a safetensors header length and brace, a pickle's protocol byte, JSON."""
     if not data:
-        raise _fail(text, "empty file (0 bytes); give the saved weights")
-    kind = _sniff(data)
-    if kind == "zip":
-        return _zip_load(text, data)
-    if kind == "pickle":
-        return "torch", _torch_load(text, data)
-    loaders = {"safetensors": _safetensors_load, "json": _json_load}
-    if kind not in loaders:
-        raise _fail(text, "not a format this command reads (a torch file, .safetensors, .npz or a run.json), by its "
+        raise CheckpointError("empty file (0 bytes); give the saved weights")
+    if data[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return _zip_load(data)
+    if len(data) >= 9 and 0 < int.from_bytes(data[:8], "little") <= len(data) - 8 and data[8:9] == b"{":
+        return "safetensors", _safetensors_load(data)
+    if data[:1] == b"\x80":
+        return "torch", _torch_load(data)
+    if data.lstrip()[:1] in (b"{", b"["):
+        return "json", _json_load(data)
+    raise CheckpointError("not a format this command reads (a torch file, .safetensors, .npz or a run.json), by its "
                           "first bytes; see docs/audit.md for the export")
-    return kind, loaders[kind](text, data)
 
 
 def read_checkpoint(path, layout: str = "auto", logit_scale: Optional[float] = None,
-                    max_bytes: int = MAX_CHECKPOINT_BYTES, tasks: Optional[tuple] = None) -> ExternalModel:
+                    tasks: Optional[tuple] = None) -> ExternalModel:
     """Read and check one checkpoint (module docstring); :class:`CheckpointError` on anything
     wrong, before any computation.  ``logit_scale``: the s of a factored file that does not
     carry one (refused where the file or the layout fixes it).  ``tasks``: the problem's block
     sizes, against which the arrays' declared shapes are checked before they are read."""
     text = os.fspath(path)
-    data = _read_bytes(text, max_bytes)
+    data = _read_bytes(text)
     try:
         return _read(text, data, layout, logit_scale, tasks)
-    except CheckpointError:
-        raise
+    except CheckpointError as exc:      # each check names the field; the file is named here, once
+        raise CheckpointError(f"{text}: {exc}") from None
     except (ArithmeticError, LookupError, TypeError, ValueError, RuntimeError, MemoryError) as exc:
         # every check above names what it refuses; this line is what a check not yet written would say
-        raise _fail(text, f"cannot be read ({type(exc).__name__}: {str(exc)[:160]})") from None
+        raise CheckpointError(f"{text}: cannot be read ({type(exc).__name__}: {str(exc)[:160]})") from None
 
 
 def _read(text: str, data: bytes, layout: str, logit_scale, tasks) -> ExternalModel:
-    fmt, payload = _load(text, data)
+    fmt, payload = _load(data)
     entries = _flatten(payload) if fmt == "torch" else payload
     if not isinstance(entries, dict):
-        raise _fail(text, f"holds a {type(entries).__name__}, not named weights; save a state_dict or named arrays")
+        raise CheckpointError(f"holds a {type(entries).__name__}, not named weights; save a state_dict or named arrays")
     try:
         picked, why = _pick(entries)
     except CheckpointError as exc:
         if layout == "auto":
-            raise _fail(text, str(exc)) from None
+            raise
         picked, why = None, str(exc)
     if layout != "auto" and picked != layout:
-        raise _fail(text, f"--layout {layout} does not fit this file ({'it ' + why if picked is None else 'it reads as ' + picked + ': ' + why}); "
-                          f"use --layout auto or {picked or 'the export of docs/audit.md'}")
+        raise CheckpointError(f"--layout {layout} does not fit this file ({'it ' + why if picked is None else 'it reads as ' + picked + ': ' + why}); "
+                              f"use --layout auto or {picked or 'the export of docs/audit.md'}")
     common = dict(path=text, format=fmt, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data),
                   picked=("auto: " if layout == "auto" else "given: ") + why)
     if picked == "project":
         if logit_scale is not None:
-            raise _fail(text, "--logit-scale does not apply: a project file carries its configuration's logit_scale")
-        return _project(text, entries, fmt, common)
-    time_, step, source = _time_entry(text, entries)
+            raise CheckpointError("--logit-scale does not apply: a project file carries its configuration's logit_scale")
+        return _project(entries, fmt, common)
+    time_, step, source = _time_entry(entries)
     common.update(time=time_, step=step, time_source=source)
-    return _layout_model(text, entries, picked, logit_scale, common, tasks)
+    return _layout_model(entries, picked, logit_scale, common, tasks)
 
 
 _TASK_AXES = {"q_proj.weight": ((1, "D"),), "k_proj.weight": ((1, "D"),), "v_proj.weight": ((1, "D"),),
               "o_proj.weight": ((0, "m"),), "K": ((2, "D"),), "Q": ((2, "D"),), "V": ((2, "D"),), "O": ((1, "m"),),
               "W": ((1, "D"), (2, "D")), "U": ((1, "m"), (2, "D"))}
-"""The axes of each layout's arrays that the problem fixes: the token width D = d + m, the m outputs."""
+# The axes of each layout's arrays that the problem fixes: the token width D = d + m, the m outputs.
 
 
-def _check_raw(path: str, raw: dict, tasks: Optional[tuple]) -> None:
+def _check_raw(raw: dict, tasks: Optional[tuple]) -> None:
     """A layout's arrays before they are read as float64: their declared shapes against ``tasks``
     (when given) and their size against the memory budget (numerics.io.check_memory)."""
     if tasks is not None:
@@ -518,16 +501,16 @@ def _check_raw(path: str, raw: dict, tasks: Optional[tuple]) -> None:
             shape = tuple(getattr(value, "shape", ()))
             for axis, what in _TASK_AXES[name]:
                 if len(shape) <= axis or shape[axis] != want[what]:
-                    raise _fail(path, f"{name} has shape {shape}: --tasks {','.join(map(str, tasks))} needs "
-                                      f"{'d + m' if what == 'D' else 'm'} = {want[what]} on its axis {axis}; it is not read")
+                    raise CheckpointError(f"{name} has shape {shape}: --tasks {','.join(map(str, tasks))} needs "
+                                          f"{'d + m' if what == 'D' else 'm'} = {want[what]} on its axis {axis}; it is not read")
     count = sum(math.prod(tuple(getattr(a, "shape", ()))) for a in raw.values())
     try:
         check_memory(16 * count, f"reading its {count:,} weights as float64 (two copies)")
     except ValueError as exc:
-        raise _fail(path, str(exc)) from None
+        raise CheckpointError(str(exc)) from None
 
 
-def _extras(path: str, entries: dict, layout: str, taken: set) -> list:
+def _extras(entries: dict, layout: str, taken: set) -> list:
     """Notes on the arrays of a file besides its layout's (and its time, step and logit_scale):
     the authors' all-zero biases are ignored; any other array is another model's, refused."""
     extra = sorted(str(k) for k, v in entries.items() if (torch.is_tensor(v) or isinstance(v, np.ndarray))
@@ -535,91 +518,91 @@ def _extras(path: str, entries: dict, layout: str, taken: set) -> list:
     notes = []
     for k in (extra if layout == "authors" else ()):
         if k.endswith(".bias"):
-            if np.any(_array(path, k, entries[k]) != 0):
-                raise _fail(path, f"{k} is a nonzero bias; this model has none (docs/model.md: one layer of attention, "
-                                  "no biases), so these weights are another model")
+            if np.any(_array(k, entries[k]) != 0):
+                raise CheckpointError(f"{k} is a nonzero bias; this model has none (docs/model.md: one layer of attention, "
+                                      "no biases), so these weights are another model")
             notes.append(f"{k} is all zero (ignored)")
     others = [k for k in extra if not (layout == "authors" and k.endswith(".bias"))]
     if others:
         what = ("weights besides the attention's q/k/v/o projections" if layout == "authors" else
                 f"arrays besides {', '.join(LAYOUT_KEYS[layout])}{' and logit_scale' if layout == 'factored' else ''}")
-        raise _fail(path, f"holds {what} ({others[:4]}); this model is one attention layer and nothing else, so these "
-                          "weights are another model")
+        raise CheckpointError(f"holds {what} ({others[:4]}); this model is one attention layer and nothing else, so these "
+                              "weights are another model")
     return notes
 
 
-def _logit_scale(path: str, entries: dict, layout: str, given) -> tuple[Optional[float], list]:
+def _logit_scale(entries: dict, layout: str, given) -> tuple[Optional[float], list]:
     """(s, notes): the file's logit_scale or ``--logit-scale`` for a factored file (exactly one of
     them); none for the authors' layout (s = sqrt(d + m) by their module) or a merged file."""
     if layout == "authors" and given is not None:
-        raise _fail(path, "--logit-scale does not apply to the authors' layout: its logits are scaled by (d + m)^(-1/2)")
+        raise CheckpointError("--logit-scale does not apply to the authors' layout: its logits are scaled by (d + m)^(-1/2)")
     if layout == "merged" and ("logit_scale" in entries or given is not None):
-        raise _fail(path, "a merged file has no logit scale (W_h multiplies the tokens directly); drop logit_scale, or "
-                          "give K, Q, V, O as a factored file")
+        raise CheckpointError("a merged file has no logit scale (W_h multiplies the tokens directly); drop logit_scale, or "
+                              "give K, Q, V, O as a factored file")
     if layout != "factored":
         return None, []
     if "logit_scale" in entries:
         if given is not None:
-            raise _fail(path, "the file carries its logit_scale; --logit-scale would be ignored: drop it")
-        return _scalar(path, "logit_scale", entries["logit_scale"], 0.0, above=True, text=True), []
+            raise CheckpointError("the file carries its logit_scale; --logit-scale would be ignored: drop it")
+        return _scalar("logit_scale", entries["logit_scale"], 0.0, above=True, text=True), []
     if given is None:
-        raise _fail(path, "a factored file needs logit_scale (the s of W_h = K_h^T Q_h / s): store it beside K, Q, V, O "
-                          "(0-d array, or safetensors metadata), or pass --logit-scale")
+        raise CheckpointError("a factored file needs logit_scale (the s of W_h = K_h^T Q_h / s): store it beside K, Q, V, O "
+                              "(0-d array, or safetensors metadata), or pass --logit-scale")
     if not given > 0:
-        raise _fail(path, f"logit_scale must be > 0, got {given}")
+        raise CheckpointError(f"logit_scale must be > 0, got {given}")
     return float(given), [f"logit scale {float(given):g} from --logit-scale"]
 
 
-def _authors_factors(path: str, arr: dict) -> tuple[dict, str]:
+def _authors_factors(arr: dict) -> tuple[dict, str]:
     """K, Q, V, O of the authors' projections (module docstring): rows h D .. (h+1) D of q_proj,
     k_proj, v_proj and columns h D .. (h+1) D of o_proj are head h."""
     q, k_, v, o = (arr[n] for n in LAYOUT_KEYS["authors"])
     if not (q.shape == k_.shape == v.shape):
-        raise _fail(path, f"q_proj, k_proj, v_proj must have one shape (H (d+m), d+m), got {q.shape}, {k_.shape}, {v.shape}")
+        raise CheckpointError(f"q_proj, k_proj, v_proj must have one shape (H (d+m), d+m), got {q.shape}, {k_.shape}, {v.shape}")
     rows, D = q.shape
     if D < 2 or rows < D or rows % D:
-        raise _fail(path, f"q_proj.weight has shape {q.shape}: its rows ({rows}) must be H x its columns (d + m = {D}), "
-                          "H >= 1 heads of width d + m >= 2, in the authors' layout")
+        raise CheckpointError(f"q_proj.weight has shape {q.shape}: its rows ({rows}) must be H x its columns (d + m = {D}), "
+                              "H >= 1 heads of width d + m >= 2, in the authors' layout")
     H, m = rows // D, o.shape[0]
     if o.shape[1] != rows:
-        raise _fail(path, f"o_proj.weight has shape {o.shape}; it must be (m, H (d+m)) = (m, {rows}) to read the {H} "
-                          "concatenated heads")
+        raise CheckpointError(f"o_proj.weight has shape {o.shape}; it must be (m, H (d+m)) = (m, {rows}) to read the {H} "
+                              "concatenated heads")
     factors = {"K": k_.reshape(H, D, D), "Q": q.reshape(H, D, D), "V": v.reshape(H, D, D),
                "O": o.reshape(m, H, D).transpose(1, 0, 2)}
     return factors, f"authors' layout: H = {H} heads of width d + m = {D}, logit scale sqrt({D}) = {math.sqrt(D):.6g}"
 
 
-def _layout_model(path: str, entries: dict, layout: str, given_scale, common: dict, tasks=None) -> ExternalModel:
+def _layout_model(entries: dict, layout: str, given_scale, common: dict, tasks=None) -> ExternalModel:
     """The weights of an ``authors``, ``factored`` or ``merged`` file (:data:`LAYOUT_KEYS`), every
     shape checked, mapped onto this project's factored model (K, Q, V, O of width d + m) or merged
     one (W, U)."""
     keys, ndim = LAYOUT_KEYS[layout], (2 if layout == "authors" else 3)
     prefix = _common_prefix(set(entries)) if layout == "authors" else ""
-    s, notes = _logit_scale(path, entries, layout, given_scale)
+    s, notes = _logit_scale(entries, layout, given_scale)
     raw = {k: entries[prefix + k] for k in keys}
-    _check_raw(path, raw, tasks)
-    notes = _extras(path, entries, layout, {prefix + k for k in keys}) + notes
-    arr = {k: _array(path, k, v) for k, v in raw.items()}
+    _check_raw(raw, tasks)
+    notes = _extras(entries, layout, {prefix + k for k in keys}) + notes
+    arr = {k: _array(k, v) for k, v in raw.items()}
     if any(a.ndim != ndim for a in arr.values()):
         what = "matrices" if ndim == 2 else "stacks of per-head matrices (3 dimensions, heads first)"
-        raise _fail(path, f"{', '.join(keys)} must be {what}, got " + ", ".join(f"{n} {tuple(a.shape)}" for n, a in arr.items()))
+        raise CheckpointError(f"{', '.join(keys)} must be {what}, got " + ", ".join(f"{n} {tuple(a.shape)}" for n, a in arr.items()))
     if layout == "merged":
         W, U = arr["W"], arr["U"]
         H, m, D = W.shape[0], U.shape[1], W.shape[2]
         if W.shape != (H, D, D) or U.shape[0] != H or U.shape[2] != D:
-            raise _fail(path, f"W must be (H, d+m, d+m) and U (H, m, d+m), got W {W.shape}, U {U.shape}")
+            raise CheckpointError(f"W must be (H, d+m, d+m) and U (H, m, d+m), got W {W.shape}, U {U.shape}")
         weights, param = arr, "merged"
     else:
         weights = arr
         if layout == "authors":
-            weights, note = _authors_factors(path, arr)
+            weights, note = _authors_factors(arr)
             notes.append(note)
         K, Q, V, O = (weights[n] for n in "KQVO")
         H, m, D = K.shape[0], O.shape[1], K.shape[2]
         if not (Q.shape == K.shape and V.shape[0] == H and V.shape[2] == D and O.shape[0] == H
                 and O.shape[2] == V.shape[1]):
-            raise _fail(path, f"K, Q must be (H, k, d+m), V (H, k', d+m) and O (H, m, k'), got K {K.shape}, "
-                              f"Q {Q.shape}, V {V.shape}, O {O.shape}")
+            raise CheckpointError(f"K, Q must be (H, k, d+m), V (H, k', d+m) and O (H, m, k'), got K {K.shape}, "
+                                  f"Q {Q.shape}, V {V.shape}, O {O.shape}")
         s, param = (math.sqrt(D) if layout == "authors" else s), "factored"
         if K.shape[1] != D or V.shape[1] != D:
             weights, param = {"W": np.einsum("hka,hkb->hab", K, Q) / s, "U": O @ V}, "merged"
@@ -627,44 +610,44 @@ def _layout_model(path: str, entries: dict, layout: str, given_scale, common: di
                          "merged model W_h = K_h^T Q_h / s, U_h = O_h V_h (the same function; the factors are not kept)")
             s = None
     if H < 1 or not 1 <= m < D:
-        raise _fail(path, f"the weights have {H} heads and {m} output rows (m tasks) for tokens of width {D}: need "
-                          "H >= 1 and 1 <= m < d + m")
-    _finite(path, arr)
+        raise CheckpointError(f"the weights have {H} heads and {m} output rows (m tasks) for tokens of width {D}: need "
+                              "H >= 1 and 1 <= m < d + m")
+    _finite(arr)
     return ExternalModel(layout=layout, param=param, heads=H, m=m, token_dim=D, logit_scale=s, weights=weights,
                          stored_dtype=_stored_dtype(raw.values()), notes=tuple(notes), **common)
 
 
-def _project(path: str, entries: dict, fmt: str, common: dict) -> ExternalModel:
+def _project(entries: dict, fmt: str, common: dict) -> ExternalModel:
     """A numerics.train checkpoint or run.json: its config, model kind, trajectory and every number
     checked as the trainer's own flags are (an unknown kind, a non-finite or negative rate or time
     refused)."""
     config = entries["config"]
     huge = [k for k, v in config.items() if isinstance(v, int) and abs(v) >= 2 ** 1024] if isinstance(config, dict) else []
     if huge:
-        raise _fail(path, f"config.{str(huge[0])[:40]} is an integer beyond the range of a float")
+        raise CheckpointError(f"config.{str(huge[0])[:40]} is an integer beyond the range of a float")
     try:
         cfg = ProblemConfig.from_dict(dict(config))
     except (TypeError, ValueError, OverflowError) as exc:
-        raise _fail(path, f"a project file whose config is not a valid ProblemConfig ({str(exc)[:200]})") from None
+        raise CheckpointError(f"a project file whose config is not a valid ProblemConfig ({str(exc)[:200]})") from None
     H, m, D = cfg.heads, cfg.m, cfg.token_dim
     kind = entries.get("model", "full")
     if kind not in ("full", "reduced"):
-        raise _fail(path, f"its model is {_a(kind)}, not 'full' or 'reduced' (the two kinds numerics.train writes)")
-    base = dict(heads=H, m=m, token_dim=D, config=cfg.to_dict(), records=_records(path, entries.get("trajectory"), (H, m)),
+        raise CheckpointError(f"its model is {_a(kind)}, not 'full' or 'reduced' (the two kinds numerics.train writes)")
+    base = dict(heads=H, m=m, token_dim=D, config=cfg.to_dict(), records=_records(entries.get("trajectory"), (H, m)),
                 notes=(f"numerics.train {kind} {'run' if fmt == 'json' else 'checkpoint'}",), **common)
     if fmt == "json":
-        return _run_json(path, entries, cfg, kind, base)
+        return _run_json(entries, cfg, kind, base)
     train = entries.get("train")
     if train is not None and not isinstance(train, dict):
-        raise _fail(path, f"its train is {_a(train)}, not the trainer's configuration")
-    lr = None if not train or train.get("lr") is None else _scalar(path, "train.lr", train["lr"], 0.0, above=True)
-    step = _count(path, "step", entries.get("step"))
+        raise CheckpointError(f"its train is {_a(train)}, not the trainer's configuration")
+    lr = None if not train or train.get("lr") is None else _scalar("train.lr", train["lr"], 0.0, above=True)
+    step = _count("step", entries.get("step"))
     time_ = None if lr is None else lr * step
     if time_ is not None and not math.isfinite(time_):
-        raise _fail(path, f"train.lr x step = {lr:g} x {step} is beyond the range of a float; not a training time")
+        raise CheckpointError(f"train.lr x step = {lr:g} x {step} is beyond the range of a float; not a training time")
     params = entries.get("params")
     if not isinstance(params, (list, tuple)) or not all(torch.is_tensor(p) for p in params):
-        raise _fail(path, "a project checkpoint whose params are not a list of tensors; it is not one numerics.train wrote")
+        raise CheckpointError("a project checkpoint whose params are not a list of tensors; it is not one numerics.train wrote")
     if kind == "reduced":
         names, shapes = ("omega", "mu"), [(H, m), (H, m)]
     elif cfg.param == "factored":
@@ -672,14 +655,14 @@ def _project(path: str, entries: dict, fmt: str, common: dict) -> ExternalModel:
     else:
         names, shapes = LAYOUT_KEYS["merged"], [(H, D, D), (H, m, D)]
     if len(params) != len(names):
-        raise _fail(path, f"a {kind} {cfg.param} checkpoint needs {len(names)} parameter tensors ({', '.join(names)}), "
-                          f"got {len(params)}")
+        raise CheckpointError(f"a {kind} {cfg.param} checkpoint needs {len(names)} parameter tensors ({', '.join(names)}), "
+                              f"got {len(params)}")
     for n, p, shape in zip(names, params, shapes):
         if tuple(p.shape) != shape:
-            raise _fail(path, f"{n} has shape {tuple(p.shape)}, its config (tasks {cfg.tasks}, H = {H}) says {shape}")
-    _check_raw(path, dict(zip(names, params)), None)
-    arr = {n: _array(path, n, p) for n, p in zip(names, params)}
-    _finite(path, arr)
+            raise CheckpointError(f"{n} has shape {tuple(p.shape)}, its config (tasks {cfg.tasks}, H = {H}) says {shape}")
+    _check_raw(dict(zip(names, params)), None)
+    arr = {n: _array(n, p) for n, p in zip(names, params)}
+    _finite(arr)
     param = "reduced" if kind == "reduced" else cfg.param
     return ExternalModel(layout="project", param=param, logit_scale=cfg.logit_scale if param == "factored" else None,
                          weights=arr, stored_dtype=_stored_dtype(params),
@@ -688,11 +671,11 @@ def _project(path: str, entries: dict, fmt: str, common: dict) -> ExternalModel:
                          time_source="project checkpoint: step x train.lr" if time_ is not None else None, **base)
 
 
-def _run_json(path: str, entries: dict, cfg: ProblemConfig, kind: str, base: dict) -> ExternalModel:
+def _run_json(entries: dict, cfg: ProblemConfig, kind: str, base: dict) -> ExternalModel:
     """A run.json of numerics.train: the readout (omega, mu, residual), the tail loss, t_end; no weights."""
     shape = (cfg.heads, cfg.m)
-    om, mu = _grid(path, "omega", entries.get("omega"), shape), _grid(path, "mu", entries.get("mu"), shape)
-    value = lambda key, low=None: None if entries.get(key) is None else _scalar(path, key, entries[key], low)  # noqa: E731
+    om, mu = _grid("omega", entries.get("omega"), shape), _grid("mu", entries.get("mu"), shape)
+    value = lambda key, low=None: None if entries.get(key) is None else _scalar(key, entries[key], low)  # noqa: E731
     t_end = value("t_end", 0.0)
     return ExternalModel(layout="project", param="readout" if kind == "full" else "reduced",
                          logit_scale=cfg.logit_scale, weights={"omega": om, "mu": mu},
@@ -708,11 +691,10 @@ def _run_json(path: str, entries: dict, cfg: ProblemConfig, kind: str, base: dic
 
 def check_against(ext: ExternalModel, tasks: tuple) -> None:
     """The checkpoint's shapes against the researcher's ``--tasks``: m outputs and token width
-    d + m; one :class:`CheckpointError` naming both on a mismatch."""
+    d + m; one :class:`CheckpointError` naming both on a mismatch (a project file's config is held
+    against the request by claims.audit.plan_audit)."""
     d, m = sum(tasks), len(tasks)
     spec = ",".join(map(str, tasks))
-    if ext.config is not None and tuple(ext.config["tasks"]) != tuple(tasks):
-        raise _fail(ext.path, f"its config says tasks {','.join(map(str, ext.config['tasks']))}, but --tasks {spec}")
     if ext.m != m:
         raise _fail(ext.path, f"the weights have m = {ext.m} outputs (one per task), but --tasks {spec} gives m = {m} tasks")
     if ext.token_dim != d + m:
@@ -740,14 +722,14 @@ def build_model(ext: ExternalModel, cfg: ProblemConfig) -> Optional[MultiHeadAtt
                                                    for k, v in ext.weights.items()})
 
 
-def held_out_chunk(cfg: ProblemConfig, wanted: int = HELD_OUT_CHUNK) -> int:
+def held_out_chunk(cfg: ProblemConfig) -> int:
     """Prompts per held-out batch: HELD_OUT_CHUNK unless a batch of that size (context, logits and
-    their softmax, about numerics.train.step_memory_bytes) would take more than MEMORY_FRACTION of
-    the memory available; a CheckpointError if not even 2 prompts fit."""
+    their softmax, about numerics.train.step_memory_bytes) would take more than
+    numerics.io.MEMORY_FRACTION (a half) of the memory available; a CheckpointError if not even 2 prompts fit."""
     from .train import step_memory_bytes
 
     free = memory_available() if cfg.device == "cpu" else None
-    chunk = int(wanted)
+    chunk = HELD_OUT_CHUNK
     while free is not None and chunk > 2 and step_memory_bytes(cfg, chunk) > MEMORY_FRACTION * free:
         chunk //= 2
     if free is not None and step_memory_bytes(cfg, chunk) > MEMORY_FRACTION * free:
@@ -809,15 +791,13 @@ def readout_spread(W: np.ndarray, U: np.ndarray, cfg: ProblemConfig) -> dict:
     return {"omega": om.tolist(), "mu": mu.tolist()}
 
 
-def measure(ext: ExternalModel, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
-            chunk: Optional[int] = None) -> Measurement:
+def measure(ext: ExternalModel, cfg: ProblemConfig, n: int = 16384, seed: int = 0) -> Measurement:
     """Measure one checkpoint at ``cfg`` (the class docstring): ``n`` held-out prompts of the
-    held-out stream of ``seed`` (numerics.evaluate), in batches of ``chunk`` (default
-    :func:`held_out_chunk`)."""
+    held-out stream of ``seed`` (numerics.evaluate), in batches of :func:`held_out_chunk`."""
     from theory.initialisation import residual_split
 
     t0, c0 = time.perf_counter(), time.process_time()
-    chunk = held_out_chunk(cfg) if chunk is None else int(chunk)
+    chunk = held_out_chunk(cfg)
     model = build_model(ext, cfg)
     balance = split = spread = None
     if model is not None:
@@ -859,8 +839,6 @@ def gradient_noise(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
     from .evaluate import held_out_generator
     from .model import block_scores, predict_from_scores
 
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"n must be an integer >= 2 (prompts), got {n!r}")
     gen = held_out_generator(seed, cfg.device)
     om = torch.as_tensor(np.asarray(omega, float), dtype=cfg.torch_dtype, device=cfg.device)
     mu_ = torch.as_tensor(np.asarray(mu, float), dtype=cfg.torch_dtype, device=cfg.device)

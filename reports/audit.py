@@ -12,7 +12,7 @@ computation (``claims.audit.plan_audit``: each checkpoint read safely and mapped
 theory predicts, the claims module compares), and renders what it returns: ``DIR/claims.json``
 (the main report's top level -- ``claims``, ``findings``, ``provenance`` -- plus ``model``, one
 entry per checkpoint), ``DIR/index.html`` (``reports/templates/audit.html.j2``, autoescaped) and
-``DIR/figures/*.png`` (``reports.audit_figures``).  It computes nothing of its own.  The output
+``DIR/figures/*.png`` (drawn here from claims.json's numbers).  It computes nothing of its own.  The output
 directory follows ``reports.build``'s policy (``reports.build.check_out_dir``: checked before any compute,
 written whole into a temporary directory, checked, then swapped in; a directory holding anything
 but a previous report is refused, never deleted).  docs/audit.md has the layouts, the units and
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import io
 import json
 import math
 import platform
@@ -37,11 +38,12 @@ import time
 import warnings
 from typing import Optional, TextIO
 
+from numerics.io import MEMORY_FRACTION, jsonable, memory_available
 from reports.build import check_out_dir, exit_status, recover_leftovers, refuse_arguments, write_files
-from reports.run import ClaimProgress, _version, git_state
+from reports.run import ClaimProgress, _duration, _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments
-from numerics.io import (OFFSET_SEED_MAX, command_line, float_option, int_option, jsonable, parse_int, seed_option,
-                         tasks_option, threads_option)
+from numerics.io import (OFFSET_SEED_MAX, check_device_option, command_line, float_option, int_option,
+                                 seed_option, tasks_option, threads_option)
 
 DEFAULT_OUT = "reports/audit"
 EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 2, 130   # and the build's exit_status: 0, or 1 on a failing result
@@ -49,22 +51,10 @@ TEMPLATE = "audit.html.j2"
 MAX_PROMPTS = 2 ** 24
 
 
-def _numbers(text: str, flag: str, kind) -> tuple:
-    parts = [p.strip() for p in str(text).split(",")]
-    if any(p == "" for p in parts):
-        raise argparse.ArgumentTypeError(f"{flag} {text!r}: an empty entry (two commas, or a comma at an end)")
-    out = []
-    for p in parts:
-        try:
-            if "_" in p:
-                raise ValueError
-            v = parse_int(p, flag, low=0) if kind is int else float(p)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r}: {p!r} is not a{'n integer' if kind is int else ' number'}") from None
-        if kind is float and (not math.isfinite(v) or v < 0):
-            raise argparse.ArgumentTypeError(f"{flag} {text!r}: {p!r} must be a finite number >= 0")
-        out.append(v)
-    return tuple(out)
+def _list_of(option):
+    """argparse ``type=`` of a comma-separated list, each entry checked by ``option`` (one of
+    numerics.io.command's: digits only, no underscores, finite, in range)."""
+    return lambda text: tuple(option(p.strip()) for p in str(text).split(","))
 
 
 def _skip(text: str) -> tuple:
@@ -79,14 +69,11 @@ def make_parser() -> argparse.ArgumentParser:
         prog="python -m reports.audit",
         description=textwrap.fill(
             "Audit one-layer multi-head softmax attention models trained anywhere against the theory of 'Training "
-            "Dynamics of Multi-Head Softmax Attention for In-Context Learning' (Chen, Sheen, Wang, Yang; COLT 2024): "
-            "where each model sits among theory's reference points (allocated fixed point, one-head optimum, best "
-            "decomposable point of the same H, linear attention), what its weights are (readout, allocation, off-D "
-            "part) and, where the paper's account applies, whether it agrees. Several checkpoints of one run with "
-            "training times are a trajectory: phases and winners against theory from the first (claims 3-4). Writes "
-            "DIR/claims.json, DIR/index.html and DIR/figures/. Exit status: 0 no judged claim fails or errors and no "
-            "boundary is contradicted or errors (an undecided result included), 1 otherwise, 2 bad arguments or "
-            "files, 130 interrupted.", width=92),
+            "Dynamics of Multi-Head Softmax Attention for In-Context Learning' (COLT 2024): each model among theory's "
+            "reference points, its readout and, where the paper's account applies, whether it agrees; several "
+            "checkpoints of one run with times are a trajectory (claims 3-4). Writes DIR/claims.json, DIR/index.html, "
+            "DIR/figures/. Exit status: 0 no judged claim fails or errors and no boundary is contradicted or errors, "
+            "1 otherwise, 2 bad arguments or files, 130 interrupted.", width=92),
         epilog=textwrap.dedent("""\
             layouts (docs/audit.md shows the export from a generic PyTorch attention):
               authors   state_dict: q_proj/k_proj/v_proj.weight (H(d+m), d+m), o_proj.weight (m, H(d+m)),
@@ -134,9 +121,9 @@ def _problem_arguments(p: argparse.ArgumentParser) -> None:
 def _time_arguments(p: argparse.ArgumentParser) -> None:
     """The checkpoints' training times: several with times are one run, a trajectory."""
     g = p.add_argument_group("training times (several checkpoints with times are one run: a trajectory)")
-    g.add_argument("--times", type=lambda s: _numbers(s, "--times", float), default=None, metavar="T,T,..",
+    g.add_argument("--times", type=_list_of(float_option("--times", low=0.0, allow_low=True)), default=None, metavar="T,T,..",
                    help="training time of each checkpoint in this project's units (t = lr x steps, loss summed over tasks)")
-    g.add_argument("--steps", type=lambda s: _numbers(s, "--steps", int), default=None, metavar="N,N,..",
+    g.add_argument("--steps", type=_list_of(int_option("--steps", 0)), default=None, metavar="N,N,..",
                    help="the trainer's step of each checkpoint (with --lr); a file's own step entry is used without it")
     g.add_argument("--lr", type=float_option("--lr", low=0.0), default=None, metavar="LR",
                    help="the trainer's SGD step size (converts steps into times)")
@@ -179,11 +166,9 @@ def request_from_args(args):
     """The claims layer's AuditRequest of parsed arguments (checked there)."""
     from claims.audit import AuditRequest
 
-    return AuditRequest(checkpoints=tuple(args.checkpoints), tasks=args.tasks, L=args.L, sigma=args.sigma,
-                        basis=args.basis, basis_seed=args.basis_seed, layout=args.layout,
-                        logit_scale=args.logit_scale, times=args.times, steps=args.steps, lr=args.lr,
-                        loss_units=args.loss_units, prompts=args.prompts, seed=args.seed,
-                        assume_converged=args.assume_converged, device=args.device, skip=args.skip,
+    given = ("tasks", "L", "sigma", "basis", "basis_seed", "layout", "logit_scale", "times", "steps", "lr", "loss_units",
+             "prompts", "seed", "assume_converged", "device", "skip")
+    return AuditRequest(checkpoints=tuple(args.checkpoints), **{k: getattr(args, k) for k in given},
                         **({} if args.max_prompts is None else {"max_prompts": args.max_prompts}),
                         **({} if args.max_minutes is None else {"max_seconds": 60.0 * args.max_minutes}))
 
@@ -193,34 +178,23 @@ def _validate(args) -> tuple:
     seconds at most: :func:`budget`); BadArguments on anything wrong."""
     from claims.audit import plan_audit
     from numerics import external
-    from numerics.config import check_device
 
     if args.prompts is not None and args.max_prompts is not None:
         raise BadArguments("--prompts N is measured as given; --max-prompts caps a sized measurement: give one or the "
                            "other")
     if args.basis_seed is not None and args.basis != "random":
         raise BadArguments("--basis-seed is used only with --basis random; drop it or add --basis random")
-    try:
-        check_device(args.device)
-    except (TypeError, ValueError) as exc:
-        raise BadArguments(str(exc)) from None
-    try:
+    try:        # numerics.external.CheckpointError and BadArguments are ValueErrors
+        check_device_option(args.device)
         external.check_paths(args.checkpoints)      # a link loop, a FIFO, a device: refused before any read
-    except ValueError as exc:
-        raise BadArguments(str(exc)) from None
-    out = check_out_dir(args.out, "--out", args.checkpoints)
-    try:
+        out = check_out_dir(args.out, "--out", args.checkpoints)
         plan = plan_audit(request_from_args(args))
-        for case in plan.cases:
-            if case.time is not None and not math.isfinite(case.time):
-                raise BadArguments(f"{case.ext.path}: its training time is {case.time} ({case.time_source}): the "
-                                   "product overflows; check --lr, --steps and the file's step")
         cost = budget(plan)
         check_budget(cost, plan.request.max_seconds, args.max_minutes is not None)
         for case in plan.cases:         # every checkpoint's weights give numbers (the budget's probes: the first)
             if id(case) not in cost["checked"]:
                 check_finite(case, plan.request.seed)
-    except ValueError as exc:       # numerics.external.CheckpointError is a ValueError
+    except ValueError as exc:
         raise BadArguments(str(exc)) from None
     return plan, out, cost
 
@@ -228,42 +202,42 @@ def _validate(args) -> tuple:
 # --------------------------------------------------------------------------- the budget
 
 PROBE_PROMPTS = 32
-"""The timing probe: the first checkpoint of each shape measured on 2 and on 2 + PROBE_PROMPTS
-held-out prompts gives the measurement's fixed and per-prompt seconds on this machine, now (well
-under a second at the issue's 10,000 heads; the refusal it informs would have cost minutes)."""
+# The timing probe: the first checkpoint of each shape measured on 2 and on 2 + PROBE_PROMPTS
+# held-out prompts gives the measurement's fixed and per-prompt seconds on this machine, now (well
+# under a second at the issue's 10,000 heads; the refusal it informs would have cost minutes).
 
 MIN_SPAN = 1e-6
-"""The least span t_end - t_0 of a trajectory whose theory is computed, in this project's units
-(t = lr x steps).  Theory's flow from the first checkpoint is integrated over that span by scipy's
-LSODA, which never ends on spans near the bottom of the float range (measured: 1e-100 ends in 2 s,
-1e-200 and denormal spans never); 1e-6 is a thousand steps at lr 1e-9, a run that moves no weight
-visibly, and is far from that range."""
+# The least span t_end - t_0 of a trajectory whose theory is computed, in this project's units
+# (t = lr x steps).  Theory's flow from the first checkpoint is integrated over that span by scipy's
+# LSODA, which never ends on spans near the bottom of the float range (measured: 1e-100 ends in 2 s,
+# 1e-200 and denormal spans never); 1e-6 is a thousand steps at lr 1e-9, a run that moves no weight
+# visibly, and is far from that range.
 
 SEARCH_ELEMENT_SECONDS, SEARCH_EVALUATIONS = 6.5e-8, 100
-"""The best decomposable search (numerics.experiments.probes.best_decomposable): per start at most
-SEARCH_EVALUATIONS evaluations (L-BFGS-B's maxiter) of a fit sample of n prompts, each touching
-n H (L + H) m numbers (per task, the scores and the heads' pair moments), at
-SEARCH_ELEMENT_SECONDS each: above the 1.2e-8 .. 6.2e-8 s measured here (one thread) at (2,) L = 8
-with H = 4, 16, 64, at (2, 2) L = 32 H = 2 and at (16, 17, 17) L = 100 H = 3 (4-82 s).  Its memory:
-the pair moments, n H^2 numbers, held about three times."""
+# The best decomposable search (numerics.experiments.probes.best_decomposable): per start at most
+# SEARCH_EVALUATIONS evaluations (L-BFGS-B's maxiter) of a fit sample of n prompts, each touching
+# n H (L + H) m numbers (per task, the scores and the heads' pair moments), at
+# SEARCH_ELEMENT_SECONDS each: above the 1.2e-8 .. 6.2e-8 s measured here (one thread) at (2,) L = 8
+# with H = 4, 16, 64, at (2, 2) L = 32 H = 2 and at (16, 17, 17) L = 100 H = 3 (4-82 s).  Its memory:
+# the pair moments, n H^2 numbers, held about three times.
 
 FIXED_POINT_SECONDS, ONE_HEAD_SECONDS, ONE_HEAD_PER_R2 = 6.0, 12.0, 0.35
-"""Theory's other points, measured here (docs/audit.md's Cost): the allocated fixed point 0.2-6 s;
-the one-head optimum 12 s (its symbolic derivation, once per process) plus 0.35 s x (largest r)^2
-(3.4-11 s at r = 2, 85 s at r = 17, 110 s at the authors' (16, 17, 17)); linear attention is
-closed-form."""
+# Theory's other points, measured here (docs/audit.md's Cost): the allocated fixed point 0.2-6 s;
+# the one-head optimum 12 s (its symbolic derivation, once per process) plus 0.35 s x (largest r)^2
+# (3.4-11 s at r = 2, 85 s at r = 17, 110 s at the authors' (16, 17, 17)); linear attention is
+# closed-form.
 
 RENDER_SECONDS, RENDER_SECONDS_PER_BAR = 0.3, 0.01
-"""The report's share per judged result: its two or three figures drawn and written, one bar per head
-and task among them (measured: 0.22 s a result over 200 judged checkpoints of H = 2; about 100 s for
-one of H = 10,000)."""
+# The report's share per judged result: its two or three figures drawn and written, one bar per head
+# and task among them (measured: 0.22 s a result over 200 judged checkpoints of H = 2; about 100 s for
+# one of H = 10,000).
 
 PROBE_STEPS = 256
-"""Steps of theory's gradient-descent map timed for a trajectory's estimate (0.05-0.1 s; the rate of
-the first thousands of steps, measured 1.6e-4 - 2.7e-4 s a step at (2, 2), H = 2)."""
+# Steps of theory's gradient-descent map timed for a trajectory's estimate (0.05-0.1 s; the rate of
+# the first thousands of steps, measured 1.6e-4 - 2.7e-4 s a step at (2, 2), H = 2).
 
 TRAJECTORY_FLOW_SECONDS = 5.0
-"""Theory's flow of a trajectory besides its gradient-descent map (the ODE and the winners): 2-3 s measured."""
+# Theory's flow of a trajectory besides its gradient-descent map (the ODE and the winners): 2-3 s measured.
 
 
 def check_finite(case, seed: int):
@@ -365,7 +339,6 @@ def budget(plan) -> dict:
     :func:`trajectory_cost`; the report: :data:`RENDER_SECONDS` (and per bar) per judged result.  Memory: the
     largest held-out batch (numerics.external.held_out_chunk, which refuses one that does not fit)
     and the search's pair moments."""
-    from numerics.io import memory_available
     from claims.audit import PILOT_PROMPTS
     from numerics import external
     from numerics.train import step_memory_bytes
@@ -396,11 +369,6 @@ def budget(plan) -> dict:
     return {"seconds": seconds, "memory": memory, "free": memory_available(), "first": first, "checked": checked}
 
 
-def _duration(seconds: float) -> str:
-    return (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200
-            else f"{seconds / 3600:.3g} h")
-
-
 def describe_budget(cost: dict) -> str:
     parts = ", ".join(f"{k.replace('_', ' ')} {_duration(v)}" for k, v in cost["seconds"].items() if v >= 0.5)
     free = f" of the {cost['free'] / 2 ** 30:.3g} GiB this process can take" if cost["free"] else ""
@@ -411,8 +379,6 @@ def describe_budget(cost: dict) -> str:
 def check_budget(cost: dict, max_seconds: float, flag_given: bool) -> None:
     """:class:`BadArguments` when the estimate passes --max-minutes or half the memory this process
     can take (numerics.io.MEMORY_FRACTION), saying what raises or lowers it."""
-    from numerics.io import MEMORY_FRACTION
-
     total, free, memory = sum(cost["seconds"].values()), cost["free"], cost["memory"]
     costly = sorted(k for k in ("one_head_optimum", "best_decomposable") if cost["seconds"].get(k, 0.0) > 60.0)
     skip = f", --skip {','.join(k.replace('_', '-') for k in costly)}" if costly else ""
@@ -429,6 +395,118 @@ def check_budget(cost: dict, max_seconds: float, flag_given: bool) -> None:
                            f"--max-minutes{skip}, or give fewer --prompts or checkpoints")
 
 
+# --------------------------------------------------------------------------- figures
+# Drawn from the numbers of claims.json (nothing computed here), with the main page's pyplot
+# (reports.render: the Agg backend; imported where a figure is drawn, so that refused arguments never
+# load matplotlib); a figure that cannot be drawn raises, and the caller names it on the page.
+
+REFERENCE_COLOURS = {"allocated_fixed_point": "tab:blue", "one_head_optimum": "tab:orange",
+                     "best_decomposable": "tab:green", "linear_attention": "tab:purple"}
+
+
+def _png(fig) -> bytes:
+    from reports.render import plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _number(x):
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def bars_png(entry: dict) -> bytes:
+    """omega and mu of one model entry, grouped by head, one bar per task."""
+    from reports.render import plt
+
+    om, mu = entry["readout"]["omega"], entry["readout"]["mu"]
+    H, m = len(om), len(om[0])
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.2))
+    width = 0.8 / m
+    for ax, values, what in ((axes[0], om, "omega[h, i] (QK)"), (axes[1], mu, "mu[h, i] (OV)")):
+        for i in range(m):
+            ax.bar([h + (i - (m - 1) / 2) * width for h in range(H)], [values[h][i] for h in range(H)], width,
+                   label=f"task {i}")
+        ax.axhline(0.0, color="black", lw=0.6)
+        ax.set_xticks(range(H), [f"head {h}" for h in range(H)])
+        ax.set_title(what)
+    axes[1].legend(fontsize=8, loc="best")
+    fig.suptitle(entry["checkpoint"]["name"], fontsize=10)
+    return _png(fig)
+
+
+def ladder_png(entry: dict) -> bytes:
+    """The model's loss with its error bar (Z = 4 standard errors drawn as the bar, 1 as the box)
+    among theory's reference points; a reference that could not be computed is named below."""
+    from claims.audit.model import REFERENCE_NAMES
+    from reports.render import plt
+
+    loss = entry["held_out_loss"] or entry["projected_loss"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    missing = []
+    for k, label in REFERENCE_NAMES.items():
+        r = entry["theory"].get(k, {})
+        if not r.get("available"):
+            missing.append(label)
+            continue
+        y, se = r["loss"], r.get("se") or 0.0
+        ax.axhline(y, color=REFERENCE_COLOURS[k], lw=1.4, label=f"{label}: {y:.4g}")
+        if se:
+            ax.axhspan(y - 4 * se, y + 4 * se, color=REFERENCE_COLOURS[k], alpha=0.15)
+    ax.errorbar([0.0], [loss["mean"]], yerr=[[4 * loss["se"]], [4 * loss["se"]]], fmt="o", color="black",
+                capsize=6, label=f"this model: {loss['mean']:.4g} ± {loss['se']:.2g} (bar: 4 se)")
+    ax.set_xlim(-1.0, 1.0)
+    ax.set_xticks([])
+    ax.set_ylabel("loss (sum over the m tasks)")
+    title = f"loss ladder: {entry['checkpoint']['name']}"
+    if missing:
+        title += f"\n(not computed: {', '.join(missing)})"
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return _png(fig)
+
+
+def trajectory_png(t, loss, se, mu, theory=None, phases=None, title="") -> bytes:
+    """Loss against time (points with 1 se bars, the measured phases shaded; ``theory``: its curve with
+    its label, the exact fixed point's level and the judged phase ends, dashed with their tolerances
+    shaded) and the OV values mu[h, i] against time."""
+    from reports.render import plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6))
+    ax = axes[0]
+    if se is not None:
+        ax.errorbar(t, loss, yerr=se, fmt="o", ms=3, label="held-out loss")
+    else:
+        ax.plot(t, loss, "o", ms=3, label="recorded loss")
+    if phases and _number(phases.get("warmup_end")) is not None and _number(phases.get("emergence_end")) is not None:
+        ax.axvspan(t[0], phases["warmup_end"], color="tab:gray", alpha=0.12, label="warm-up (measured)")
+        ax.axvspan(phases["warmup_end"], phases["emergence_end"], color="tab:red", alpha=0.10, label="emergence")
+    if theory:
+        ax.plot(theory["t"], theory["loss"], "-", lw=1.2, color="tab:orange", label=theory["label"])
+        if _number(theory.get("fixed_point")) is not None:
+            ax.axhline(theory["fixed_point"], color="tab:blue", lw=1.0,
+                       label=f"theory: exact allocated fixed point {theory['fixed_point']:.4g}")
+        for k, (name, (tp, tol)) in enumerate(sorted(theory.get("phase_ends", {}).items())):
+            ax.axvline(tp, color="black", ls="--", lw=0.9, label="theory's phase ends (judged)" if k == 0 else None)
+            ax.axvspan(tp - tol, tp + tol, color="black", alpha=0.06)
+    ax.set_xlabel("t (lr x steps, this project's units)")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    ax = axes[1]
+    H, m = len(mu[0]), len(mu[0][0])
+    for h in range(H):
+        for i in range(m):
+            ax.plot(t, [x[h][i] for x in mu], "-o", ms=2, lw=1, label=f"mu[{h},{i}]")
+    ax.axhline(0.0, color="black", lw=0.6)
+    ax.set_xlabel("t")
+    ax.set_ylabel("mu (OV)")
+    ax.legend(fontsize=6, ncol=max(1, m))
+    fig.suptitle(title, fontsize=10)
+    return _png(fig)
+
+
 # --------------------------------------------------------------------------- rendering
 
 def provenance(plan, audit, started: str, total: float, command: list, render_seconds: float) -> dict:
@@ -440,7 +518,7 @@ def provenance(plan, audit, started: str, total: float, command: list, render_se
         "seed": int(req.seed), "seeds": {"held_out": int(req.seed), "note": "the held-out prompts (numerics.evaluate's "
                                          "stream of this seed) and theory's searches"},
         "profile": "audit", "problem": {**plan.problem, "tasks": list(plan.problem["tasks"])},
-        "request": jsonable({k: v for k, v in vars(req).items()}),
+        "request": jsonable(vars(req)),
         "trajectory": plan.trajectory, "not_a_trajectory": plan.why_not,
         "wall_seconds": {"per_claim": {r.id: r.seconds for r in audit.results}, "total": total,
                          "audit": audit.seconds, "stages": {k: v["seconds"] for k, v in audit.stages.items()},
@@ -465,8 +543,6 @@ def _figure(files: dict, figures: list, name: str, title: str, caption: str, dra
 def render(plan, audit, started: str, command: list, t0: float) -> tuple[dict, dict]:
     """(claims.json document, {file: bytes}) of a finished audit: entries of the results, the figures
     drawn from their numbers, the page."""
-    from reports import audit_figures as af
-
     t_render = time.perf_counter()
     files, entries = {}, []
     by_id = {e["judged"]: e for e in audit.model if e["judged"]}
@@ -477,21 +553,21 @@ def render(plan, audit, started: str, command: list, t0: float) -> tuple[dict, d
         if r.id in by_id:
             m = by_id[r.id]
             _figure(files, figures, f"{r.id}-ladder", "loss ladder", "the model's held-out loss (bar: 4 standard "
-                    "errors) among theory's reference points", lambda m=m: af.ladder_png(m), errors)
+                    "errors) among theory's reference points", lambda m=m: ladder_png(m), errors)
             _figure(files, figures, f"{r.id}-bars", "omega and mu by head and task", "per head, one bar per task: "
-                    "an allocated model has one tall mu bar per head", lambda m=m: af.bars_png(m), errors)
+                    "an allocated model has one tall mu bar per head", lambda m=m: bars_png(m), errors)
             recs = m.get("records") or []
             if len(recs) >= 2:
                 _figure(files, figures, f"{r.id}-records", "the file's own training records", "the loss recorded "
                         "by the trainer (one batch each) and mu against time, from the file",
-                        lambda recs=recs: af.trajectory_png([x["t"] for x in recs], [x["loss"] for x in recs], None,
+                        lambda recs=recs: trajectory_png([x["t"] for x in recs], [x["loss"] for x in recs], None,
                                                             [x["mu"] for x in recs], title="the file's records"), errors)
         if r.id == "trajectory":
             theory = trajectory_theory(r.details)
             _figure(files, figures, "trajectory", "loss and OV values against time", "held-out loss of each checkpoint "
                     "(1 se bars), the measured phases shaded, theory's curve from the first checkpoint and its judged "
                     "phase ends (dashed, tolerance shaded) where it applies",
-                    lambda d=r.details, th=theory: af.trajectory_png(d["t"], d["loss"], d["se"], d["mu"], th,
+                    lambda d=r.details, th=theory: trajectory_png(d["t"], d["loss"], d["se"], d["mu"], th,
                                                                       d.get("measured_phases"), "trajectory"), errors)
         entry.update(figures=figures, figure_errors=errors)
         entries.append(entry)
@@ -541,19 +617,13 @@ def page(doc: dict, files: dict) -> str:
 def _fmt(x, digits: int = 4) -> str:
     if x is None:
         return "n/a"
-    if isinstance(x, str):
-        return x
-    if isinstance(x, bool):
-        return str(x)
     if isinstance(x, (list, tuple)):
         return "[" + ", ".join(_fmt(v, digits) for v in x) + "]"
     try:
-        v = float(x)
+        v = float(x) if not isinstance(x, (str, bool)) else None
     except (TypeError, ValueError):
-        return str(x)
-    if not math.isfinite(v):
-        return str(v)
-    return f"{v:.{digits}g}"
+        v = None
+    return str(x) if v is None else f"{v:.{digits}g}" if math.isfinite(v) else str(v)
 
 
 def decided_by(entry: dict) -> str:

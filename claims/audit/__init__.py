@@ -24,7 +24,7 @@ import time
 from typing import Optional
 
 from claims.core.base import ClaimResult, no_progress
-from claims.core.spec import ClaimSpec, Context, Outcome
+from claims.core.spec import ClaimSpec
 from claims.core.trained import run_status
 from claims.audit.model import (MAX_PROMPTS, MAX_SECONDS, PILOT_PROMPTS, Audit, AuditPlan, AuditRequest,  # noqa: F401
                                  Case, ModelCase, _model_entry, check_fixed_point_loss, convergence, domain,
@@ -47,8 +47,7 @@ def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Option
     the run was stopped early by design: then convergence is not asked (a plateau looks converged),
     nor whether it learned something (:attr:`ModelCase.learned_check`), nor claims 3-4 (theory's
     flows are the costliest part, and a run cut short cannot resolve its phase ends)."""
-    t0, c0 = time.perf_counter(), time.process_time()
-    req, n, stages = plan.request, len(plan.cases), {}
+    total, req, n, stages = _stopwatch(), plan.request, len(plan.cases), {}
     n0 = req.prompts or min(PILOT_PROMPTS, int(req.max_prompts))
     measurements = []
     for k, case in enumerate(plan.cases):
@@ -56,17 +55,16 @@ def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Option
         measurements.append(external.measure(case.ext, case.cfg, n=n0, seed=req.seed))
     stages["measure"] = {"seconds": sum(m.seconds for m in measurements),
                          "cpu_seconds": sum(m.cpu_seconds for m in measurements)}
-    refs_by_heads = dict(references_by_heads or {})
-    w0, cpu0 = time.perf_counter(), time.process_time()
+    refs_by_heads, clock = dict(references_by_heads or {}), _stopwatch()
     for H in sorted({c.cfg.heads for c in plan.cases} - set(refs_by_heads)):
         refs_by_heads[H] = references(plan.problem["tasks"], H, plan.problem["L"], plan.problem["sigma"], req.seed,
                                       req.device, dict(req.search),
                                       lambda msg, f: progress(msg, 0.6 + 0.3 * f), skip=tuple(req.skip))
-    stages["theory"] = {"seconds": time.perf_counter() - w0, "cpu_seconds": time.process_time() - cpu0}
+    stages["theory"] = clock()
     judged = [len(plan.cases) - 1] if plan.trajectory else list(range(n))
     conv = (convergence(plan, measurements) if cut_short is None
             else (None, f"not asked: the run was cut short ({cut_short})", None))
-    w0, cpu0 = time.perf_counter(), time.process_time()
+    clock = _stopwatch()
     results, entries = [], []
     for k, (case, meas) in enumerate(zip(plan.cases, measurements)):
         rid = status = None
@@ -100,10 +98,15 @@ def run_audit(plan: AuditPlan, progress=no_progress, references_by_heads: Option
                          evaluate=evaluate_trajectory, kind="claim" if prepared["domain"]["inside"] else "boundary",
                          findings=trajectory_findings)
         results.append(judged_result(spec, TrajectoryCase(plan, tuple(measurements), prepared), req, outcomes))
-    stages["compare"] = {"seconds": time.perf_counter() - w0, "cpu_seconds": time.process_time() - cpu0}
+    stages["compare"] = clock()
     progress("done", 1.0)
-    return Audit(results=results, model=entries, seconds=time.perf_counter() - t0,
-                 cpu_seconds=time.process_time() - c0, stages=stages)
+    return Audit(results=results, model=entries, stages=stages, **total())
+
+
+def _stopwatch():
+    """A clock started now: calling it gives the wall and CPU seconds since."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    return lambda: {"seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu}
 
 
 def judged_result(spec: ClaimSpec, profile, req: AuditRequest, outcomes: Optional[list]) -> ClaimResult:
@@ -111,15 +114,9 @@ def judged_result(spec: ClaimSpec, profile, req: AuditRequest, outcomes: Optiona
     that all agree but cannot decide -- none made, a wrong prediction not rejected, the sized count past
     the cap -- read ``undecided``, with the reason).  ``outcomes`` (:func:`run_audit`) receives
     (id, kind, Outcome)."""
-    try:
-        out = spec.evaluate(Context(p=profile, profile="audit", problem=None, device=req.device, seed=req.seed))
-    except Exception as exc:        # the runner records it as the result's error
-        out = exc
-    if isinstance(out, Outcome) and outcomes is not None:
-        outcomes.append((spec.id, spec.kind, out))
-
-    def replay(ctx):
-        if isinstance(out, Exception):
-            raise out
+    def evaluate(ctx):
+        out = spec.evaluate(ctx)
+        if outcomes is not None:
+            outcomes.append((spec.id, spec.kind, out))
         return out
-    return dataclasses.replace(spec, evaluate=replay).run(profile=profile, device=req.device, seed=req.seed)
+    return dataclasses.replace(spec, evaluate=evaluate).run(profile=profile, device=req.device, seed=req.seed)

@@ -22,49 +22,49 @@ from numerics.reference_points import REFERENCES, SEARCH
 from numerics.evaluate import ZERO_SUM_SHARE
 
 ON_D_SHARE = 0.1
-"""A model is on D when the movable off-D part of its merged weights is at most 10% of their
-function-relevant norm sqrt(||P_D theta||^2 + movable^2) (theory.initialisation.residual_split; the
-y columns of W, which no query reads and no gradient reaches, are left out: an untrained random
-part there changes nothing the model computes).  The same 0.1 as boundary-initialisation's "on D";
-its measured ends cluster at 0.0-0.1 (allocated runs) and 0.8-1.0 (off D), so the class does not
-hinge on the threshold.  Decides which account applies, never an agreement."""
+# A model is on D when the movable off-D part of its merged weights is at most 10% of their
+# function-relevant norm sqrt(||P_D theta||^2 + movable^2) (theory.initialisation.residual_split; the
+# y columns of W, which no query reads and no gradient reaches, are left out: an untrained random
+# part there changes nothing the model computes).  The same 0.1 as boundary-initialisation's "on D";
+# its measured ends cluster at 0.0-0.1 (allocated runs) and 0.8-1.0 (off D), so the class does not
+# hinge on the threshold.  Decides which account applies, never an agreement.
 
 OFF_D_SHARE = 0.5
-"""Off D (the readout's words; the boundary-initialisation threshold): at least half of the
-function-relevant weights off D; between ON_D_SHARE and this, "partly off D"."""
+# Off D (the readout's words; the boundary-initialisation threshold): at least half of the
+# function-relevant weights off D; between ON_D_SHARE and this, "partly off D".
 
 BALANCED_SHARE = 0.1
-"""Theory's phase and winner predictions integrate the balanced factored metric.  A factored start
-with conserved balances c = k^2 - q^2 has metric sqrt(c^2 + 4 s^2 omega^2)/(s^2 r) instead of
-2 |omega|/(s r) (theory.initialisation.unbalanced_metric_factors): with |c| <= 0.1 x 2 s |omega| the
-rates differ by at most sqrt(1 + 0.01) - 1 = 0.5%, below the phase tolerance's checkpoint gap; the
-same bound for o^2 - v^2 against 2 |mu|."""
+# Theory's phase and winner predictions integrate the balanced factored metric.  A factored start
+# with conserved balances c = k^2 - q^2 has metric sqrt(c^2 + 4 s^2 omega^2)/(s^2 r) instead of
+# 2 |omega|/(s r) (theory.initialisation.unbalanced_metric_factors): with |c| <= 0.1 x 2 s |omega| the
+# rates differ by at most sqrt(1 + 0.01) - 1 = 0.5%, below the phase tolerance's checkpoint gap; the
+# same bound for o^2 - v^2 against 2 |mu|.
 
 CONVERGED_RELATIVE = 0.01
-"""A run has converged when its held-out loss fell by at most Z_SE paired standard errors plus 1% of
-the loss over the last quarter of its checkpoints: an SGD run at a fixed step fluctuates about its
-stationary loss by its SGD excess, measured at 0.3-1% of the loss at this project's steps and
-batches (the atlas's convergence rule, numerics.experiments.atlas.CONVERGED_RELATIVE)."""
+# A run has converged when its held-out loss fell by at most Z_SE paired standard errors plus 1% of
+# the loss over the last quarter of its checkpoints: an SGD run at a fixed step fluctuates about its
+# stationary loss by its SGD excess, measured at 0.3-1% of the loss at this project's steps and
+# batches (the atlas's convergence rule, numerics.experiments.atlas.CONVERGED_RELATIVE).
 
 PERTURB_FACTOR = 1.1
-"""The wrong predictions of the fixed-point comparisons: omega*, mu* or the loss off by 10% (claim 4's)."""
+# The wrong predictions of the fixed-point comparisons: omega*, mu* or the loss off by 10% (claim 4's).
 
 PHASE_FACTOR = 2.0
-"""The wrong phase predictions: both phase ends x2 and /2 (claim 3's factor-2 error of the warm-up)."""
+# The wrong phase predictions: both phase ends x2 and /2 (claim 3's factor-2 error of the warm-up).
 
 MIN_PHASE_CHECKPOINTS = 5
-"""theory.three_phases.phase_times needs at least 5 records."""
+# theory.three_phases.phase_times needs at least 5 records.
 
 PILOT_PROMPTS = 4096
-"""Held-out prompts of the pilot measurement that sizes each judged model's (:func:`prompts_needed`)."""
+# Held-out prompts of the pilot measurement that sizes each judged model's (:func:`prompts_needed`).
 
 SIZING_MARGIN = 1.25
-"""The sized count is the pilot's estimate x 1.25: the pilot's standard deviations, from 4096 prompts, are
-uncertain by ~1/sqrt(2 x 4096) ~ 1% (a few % for heavy-tailed per-prompt gradients); 1.25 in prompts is 12%
-in tolerance, many times that."""
+# The sized count is the pilot's estimate x 1.25: the pilot's standard deviations, from 4096 prompts, are
+# uncertain by ~1/sqrt(2 x 4096) ~ 1% (a few % for heavy-tailed per-prompt gradients); 1.25 in prompts is 12%
+# in tolerance, many times that.
 
 MAX_PROMPTS, MAX_SECONDS = 2 ** 20, 600.0
-"""The default caps of a sized measurement (per judged model): 2^20 prompts, 10 minutes by the pilot's rate."""
+# The default caps of a sized measurement (per judged model): 2^20 prompts, 10 minutes by the pilot's rate.
 
 SUM_UNITS = "this project's units: E||y_q - y_hat||^2 summed over the m tasks"
 
@@ -195,6 +195,9 @@ def plan_audit(request: AuditRequest) -> AuditPlan:
             raise external.CheckpointError(str(exc) if isinstance(exc, external.CheckpointError)
                                            else f"{e.path}: {exc}") from None
         t, source = _time_of(request, e, k, len(tasks))
+        if t is not None and not math.isfinite(t):
+            raise ValueError(f"{e.path}: its training time is {t} ({source}): the product overflows; check --lr, "
+                             "--steps and the file's step")
         cases.append(Case(k, e, cfg, t, source))
     lr, lr_source = _trainer_step(request, exts, len(tasks))
     trajectory, why = len(cases) > 1, ""
@@ -553,10 +556,6 @@ def undecided_reason(comparisons, n: int, seconds_per_prompt: float) -> Optional
 
 # --------------------------------------------------------------------------- one model
 
-def _est(e) -> Optional[dict]:
-    return None if e is None else dataclasses.asdict(e)
-
-
 @dataclass(frozen=True)
 class ModelCase:
     """The profile of one judged model's spec (everything measured, compared by :func:`evaluate_model`)."""
@@ -566,10 +565,10 @@ class ModelCase:
     refs: dict
     converged: tuple
     learned_check: bool = True
-    """False: a model outside every side theory gives and not shown converged is undecided (the learned-
-    something check asks it of a trained model; a run cut short by design, claims.authors_replica's, is not one)."""
+    # False: a model outside every side theory gives and not shown converged is undecided (the learned-
+    # something check asks it of a trained model; a run cut short by design, claims.authors_replica's, is not one).
     sizing: Optional[dict] = None
-    """How :func:`sized` chose the held-out prompts (None: the request's count)."""
+    # How :func:`sized` chose the held-out prompts (None: the request's count).
 
 
 def sized(mc: ModelCase, req: AuditRequest, progress=no_progress) -> ModelCase:
@@ -649,7 +648,7 @@ def evaluate_model(ctx) -> Outcome:
     rate = (meas.seconds + noise_seconds) / loss.n      # wall seconds per held-out prompt
     details = {"checkpoint": case.ext.summary(), "status": status, "side": sign, "domain": dom,
                "converged": {"value": converged, "how": conv_how, "descent": descent}, "words": label,
-               "readout_sentence": sentence, "position": pos, "loss_what": loss_what, "loss": _est(loss),
+               "readout_sentence": sentence, "position": pos, "loss_what": loss_what, "loss": dataclasses.asdict(loss),
                "config": config, "not_compared": [{"what": w, "why": y} for w, y in not_made], "sizing": mc.sizing,
                "seconds_per_prompt": rate}
     undecided = (undecided_reason(comps, loss.n, rate) if comps else f"{status}: no side of theory, and a run cut "
@@ -710,7 +709,7 @@ def _model_entry(case, meas, refs, result_id, status=None, converged=None) -> di
             "mean": loss.mean, "se": loss.se, "n": loss.n, "units": SUM_UNITS, "seed": meas.seed, "chunk": meas.chunk,
             "per_task_mean": {"mean": loss.mean / m, "se": loss.se / m,
                               "units": "the authors' MSELoss: averaged over the m tasks (our loss / m)"}},
-        "projected_loss": {**_est(meas.projected_loss), "what": "the reduced model at the readout (omega, mu): the "
+        "projected_loss": {**dataclasses.asdict(meas.projected_loss), "what": "the reduced model at the readout (omega, mu): the "
                            "loss of the model's projection onto D, same prompts"},
         "theory": refs,
         "position": position(loss if loss is not None else meas.projected_loss, refs),
