@@ -40,7 +40,7 @@ from typing import Optional, TextIO
 from numerics.io.command import command_line
 from numerics.io.handed import jsonable
 from reports.build import check_out_dir, exit_status, recover_leftovers, refuse_arguments, write_files
-from reports.run import ClaimProgress, _version, git_state
+from reports.build import ClaimProgress, _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments
 from numerics.io.command import (OFFSET_SEED_MAX, float_option, int_option, parse_int, seed_option, tasks_option,
                                threads_option)
