@@ -321,7 +321,10 @@ def _draw_mix(ax, fig: Figure) -> None:
 
 
 def figure_png(figure: Any, dpi: int = 110) -> bytes:
-    """PNG bytes of one figure. Raises :class:`RenderError` saying what is wrong with it."""
+    """PNG bytes of one figure. Raises :class:`RenderError` saying what is wrong with it.  Panels
+    stand side by side up to 4, more wrap into rows of at most 4 (2H panels of omega and mu per
+    head give one row of omega and one of mu); beyond MAX_PANELS only the first are drawn
+    (:func:`size_note` says so in the caption)."""
     fig = as_figure(figure)
     if fig.kind not in FIGURE_KINDS:
         raise RenderError(f"figure {fig.name!r}: kind must be one of {FIGURE_KINDS}, got {fig.kind!r}")
@@ -331,26 +334,21 @@ def figure_png(figure: Any, dpi: int = 110) -> bytes:
         for p in fig.panels:
             if p.kind != "lines":
                 raise RenderError(f"figure {fig.name!r}: every panel must be of kind 'lines', got {p.kind!r}")
-        # Side by side up to 4 panels; more wrap into rows of at most 4 (2H panels of
-        # omega and mu per head give one row of omega and one of mu); beyond MAX_PANELS only
-        # the first are drawn (size_note says so in the caption).
         n = min(len(fig.panels), MAX_PANELS)
         rows = math.ceil(n / 4)
         cols = math.ceil(n / rows)
         mpl_fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols + 1.0, 3.6 * rows + 0.4),
                                      squeeze=False, layout="constrained")
-        try:
+    else:
+        mpl_fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    try:
+        if fig.kind == "panels":
             for ax, panel in zip(axes.flat, fig.panels[:n]):
                 _draw_lines(ax, panel)
             for ax in list(axes.flat)[n:]:
                 ax.set_visible(False)
             mpl_fig.suptitle(fig.title, fontsize=11)
-            return _png(mpl_fig, dpi)
-        finally:
-            plt.close(mpl_fig)
-    mpl_fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    try:
-        if fig.kind == "lines":
+        elif fig.kind == "lines":
             _draw_lines(ax, fig)
         elif fig.kind == "mix":
             _draw_mix(ax, fig)
@@ -505,7 +503,7 @@ FOREST_MAX_ROWS = 400
 """The most rows the forest plot draws (the quick report has about 100): a hand-made report of
 20,000 comparisons would make a figure of 3,000 inches (hundreds of megapixels, minutes to draw);
 beyond, the first rows in the scorecard's order (failing claims first) are drawn and the caption
-says how many were left out (``reports.render.forest_caption``)."""
+says how many were left out (the page's forest caption)."""
 
 
 def forest_figure(rows: list[ForestRow], width: float = 5.4):
@@ -1142,28 +1140,6 @@ def report_figures(report: dict) -> dict[str, bytes]:
     return {FOREST_FILE: forest_png(rows)} if rows else {}
 
 
-def forest_caption(rows: list, left_out: int) -> str:
-    signed = sum(r.signed for r in rows)
-    one_sided = sum(r.side != "two-sided" for r in rows)
-    disagree = sum(r.agrees is False for r in rows)
-    parts = [f"Every comparison of the report ({len(rows)}, {disagree} disagreeing, in red), one row each, grouped "
-             f"by claim id in the scorecard's order (boundary ids without 'boundary-'). Filled: "
-             f"(measured − predicted) / tolerance, with the standard error / tolerance as a bar ({signed} rows); "
-             "the shaded band [−1, 1] is agreement. Hollow: comparisons of lists, brackets or several numbers, "
-             "or whose error is not in the measured value's units: drawn at error / tolerance, the size of the "
-             "normalised error without its sign. Triangles: one-sided checks "
-             f"({one_sided}), pointing from the value to the side allowed, against their bound (|: +1 for "
-             "'not above', −1 for 'not below'). A tolerance of 0 (an exact check) puts an agreeing row at 0. "
-             f"Values beyond ±{FOREST_CLIP:g} sit at the edge with their number. Reported headline rows compare "
-             "nothing and are not drawn."]
-    if left_out:
-        parts.append(f"{left_out} comparison(s) without a tolerance or error to normalise by are left out.")
-    if len(rows) > FOREST_MAX_ROWS:
-        parts.append(f"Only the first {FOREST_MAX_ROWS} rows (in the scorecard's order, failing claims first) are "
-                     f"drawn; {len(rows) - FOREST_MAX_ROWS} more are in claims.json.")
-    return " ".join(parts)
-
-
 # --------------------------------------------------------------------------- findings
 
 
@@ -1346,8 +1322,10 @@ def render_html(report: dict, pngs: dict[str, bytes]) -> str:
     findings, the run, and one section per claim."""
     card = scorecard(report)
     rows, left_out = report_forest(report, card)
+    counts = dict(rows=len(rows), disagree=sum(r.agrees is False for r in rows), signed=sum(r.signed for r in rows),
+                  one_sided=sum(r.side != "two-sided" for r in rows), left_out=left_out,
+                  beyond=len(rows) - FOREST_MAX_ROWS, drawn=FOREST_MAX_ROWS, clip=f"{FOREST_CLIP:g}")
     return render("index.html.j2", title=TITLE, tiny=report["provenance"].get("profile") == "tiny",
                   run=run_summary(report), scorecard=card, findings=findings_lists(report),
                   has_findings=bool(report.get("findings")), forest=forest_svg(rows) if rows else None,
-                  forest_caption=forest_caption(rows, left_out), forest_file=FOREST_FILE,
-                  sections=[section(c, report, pngs) for c in report["claims"]])
+                  counts=counts, forest_file=FOREST_FILE, sections=[section(c, report, pngs) for c in report["claims"]])
