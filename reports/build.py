@@ -224,11 +224,9 @@ def estimate(cfg) -> Optional[dict]:
     ``{"seconds", "per_claim": {id: seconds or None}, "unknown": [ids], "jobs",
     "wall_seconds"}``: a claim whose plan cannot be asked (it does not import) is unknown (None); the wall time is that of the needs on ``cfg.jobs`` processes, the costliest
     first (:func:`wall_seconds`)."""
-    at = set(claims_at_configuration(cfg)["configuration"])
     ids = selected(cfg)
-    problem = {cid: cfg.problem if cid in at else None for cid in ids}
-    plans = [cid for cid in ids if _ask("plan_of", cid, cfg.profile, problem[cid]) is not None]
-    per, need_seconds = planned_costs(cfg, plans, problem) if plans else ({}, [])
+    plans = [cid for cid in ids if _ask("plan_of", cid, cfg.profile, cfg.problem) is not None]
+    per, need_seconds = planned_costs(cfg, plans) if plans else ({}, [])
     per = {cid: float(per[cid]) if cid in per and math.isfinite(per[cid]) else None for cid in ids}
     jobs = max(1, int(getattr(cfg, "jobs", 1) or 1))
     return {"seconds": sum(s for s in per.values() if s is not None), "per_claim": per,
@@ -236,7 +234,7 @@ def estimate(cfg) -> Optional[dict]:
             "wall_seconds": wall_seconds(need_seconds, jobs)}
 
 
-def planned_costs(cfg, ids: list[str], problem: dict) -> tuple[dict, list]:
+def planned_costs(cfg, ids: list[str]) -> tuple[dict, list]:
     """({id: CPU seconds}, [seconds of each need]) of the claims that are a plan: the union of
     their plans priced once by the one cost model (a need k claims share counts 1/k to each),
     less what a sweep store holds."""
@@ -251,13 +249,19 @@ def planned_costs(cfg, ids: list[str], problem: dict) -> tuple[dict, list]:
     engine = Engine(seed=int(getattr(cfg, "seed", 0) or 0), store=store)
     readers: dict = {}
     for cid in ids:
-        for n in engine.price(claims.plan_of(cid, cfg.profile, problem[cid], cfg.device, engine.seed)):
+        for n in engine.price(claims.plan_of(cid, cfg.profile, cfg.problem, cfg.device, engine.seed)):
             readers.setdefault(n, []).append(cid)
-    per = {cid: 0.0 for cid in ids}
+    return {cid: 0.0 for cid in ids} | split_costs(readers, cost_of), [cost_of(n) for n in readers]
+
+
+def split_costs(readers: dict, cost) -> dict:
+    """Each claim's share of the needs it reads (``readers``: {need: [claim ids]}), ``cost(need)``
+    each: a need read by k claims counts 1/k to each."""
+    shares: dict = {}
     for n, cids in readers.items():
         for cid in cids:
-            per[cid] += cost_of(n) / len(cids)
-    return per, [cost_of(n) for n in readers]
+            shares[cid] = shares.get(cid, 0.0) + cost(n) / len(cids)
+    return shares
 
 
 def wall_seconds(need_seconds: list, jobs: int) -> float:
@@ -328,24 +332,24 @@ def checked(claim_id: str, result) -> ClaimResult:
     return result
 
 
-def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]) -> dict:
-    """The claims ``ids`` (each a plan and a comparison) as one build: the union of their plans
+def run_all(cfg, stream: TextIO, cpu_seconds: dict) -> list[ClaimResult]:
+    """Every selected claim (each a plan and a comparison), in registry order, as one build: the union of their plans
     executed once by one engine (a need two claims share is computed once; with ``cfg.jobs`` > 1
     the needs run in worker processes, the costliest first), then each claim's comparison.  A
     claim that does not import, or whose plan or comparison raises, or reads a need that failed,
-    reads ``error`` with the reason."""
+    reads ``error`` with the reason.  Progress goes to ``stream``; ``cpu_seconds`` receives each
+    claim's CPU time."""
     from claims.core.spec import context, finished
     from numerics import experiments
     from numerics.engine import Engine, Results, closure
 
     one_blas_thread()      # the needs this process computes itself (the workers start with one)
-    at = set(claims_at_configuration(cfg)["configuration"])
-    specs, ctxs, errors = {}, {}, {}
+    ids, specs, ctxs, errors = selected(cfg), {}, {}, {}
     for cid in ids:
         try:
             specs[cid] = claims.spec_of(cid)
             ctxs[cid] = context(specs[cid], cfg.profile, cfg.device, cfg.seed, no_progress,
-                                dict(cfg.problem) if cid in at and cfg.problem is not None else None)
+                                dict(cfg.problem) if cfg.problem is not None else None)
         except Exception as exc:  # noqa: BLE001
             errors[cid] = exc
     bar = ClaimProgress(f"{len(ctxs)} claims' needs", stream, cfg.progress)
@@ -368,7 +372,7 @@ def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]
                 results[cid].update({n: dict.__getitem__(computed, n) for n in closure(ns)})
     bar.close()
     shares = need_shares(results, engine)
-    out = {}
+    out = []
     for cid in ids:
         def body(cid=cid):
             if cid in errors:
@@ -376,11 +380,11 @@ def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]
             reads = store is not None and _ask("reads_sweep", cid, default=True)   # else: as without --from-sweep
             used = sum(engine.key(n) in engine.stored_ids for n in results[cid]) if reads else None
             return checked(cid, finished(specs[cid], ctxs[cid], specs[cid].compare(ctxs[cid], results[cid]), used))
-        out[cid] = _judged(cid, specs.get(cid), body, shares.get(cid, 0.0), stream, cpu_seconds)
+        out.append(_judged(cid, specs.get(cid), body, shares.get(cid, 0.0), stream, cpu_seconds))
     return out
 
 
-def _judged(cid: str, spec, body, share: float, stream: TextIO, cpu_seconds: Optional[dict]) -> ClaimResult:
+def _judged(cid: str, spec, body, share: float, stream: TextIO, cpu_seconds: dict) -> ClaimResult:
     """``body()`` run as claim ``cid`` (any exception its ``error``, with the reason), its share of
     the needs' CPU seconds added, its verdict said on ``stream``."""
     t0 = time.process_time()
@@ -391,8 +395,7 @@ def _judged(cid: str, spec, body, share: float, stream: TextIO, cpu_seconds: Opt
         result = run_claim(cid, spec.title, spec.statement, body, kind=spec.kind)
         result.paper = spec.paper
     result.seconds += share
-    if cpu_seconds is not None:
-        cpu_seconds[cid] = time.process_time() - t0 + share
+    cpu_seconds[cid] = time.process_time() - t0 + share
     print(f"{cid}: {result.verdict}", file=stream, flush=True)
     if result.verdict == "error" and "error" in result.details:
         print(f"    {cid}: {result.details['error']}", file=stream, flush=True)
@@ -403,26 +406,11 @@ def need_shares(results: dict, engine) -> dict:
     """Each claim's share of the CPU seconds of the needs it read (a need read by k claims counts
     1/k to each)."""
     readers: dict = {}
-    cpu = engine.cpu_seconds
     for cid, res in results.items():
         for n in res:
             readers.setdefault(engine.key(n), []).append(cid)
-    shares: dict = {}
-    for ident, cids in readers.items():
-        for cid in cids:
-            shares[cid] = shares.get(cid, 0.0) + cpu.get(ident, 0.0) / len(cids)
-    return shares
+    return split_costs(readers, lambda ident: engine.cpu_seconds.get(ident, 0.0))
 
-
-def run_all(cfg, stream: Optional[TextIO] = None,
-            cpu_seconds: Optional[dict] = None) -> list[ClaimResult]:
-    """Every selected claim, in registry order, as one build (:func:`run_planned`: with
-    ``cfg.jobs`` > 1, on CPU, the needs in that many worker processes), with progress on
-    ``stream``; ``cpu_seconds``, if given, receives each claim's CPU time."""
-    stream = sys.stderr if stream is None else stream  # the current stderr, not the one at import
-    ids = selected(cfg)
-    done = run_planned(cfg, ids, stream, cpu_seconds)
-    return [done[cid] for cid in ids]
 
 # --------------------------------------------------------------------------- progress
 
@@ -768,9 +756,6 @@ deleted or restored by :func:`recover_leftovers` -- a user's directory that mere
 name, or a copy of a report under another name, is left alone."""
 MARKER_TEXT = "written by python -m reports.build\n"
 FIGURE_DIR = "figures"
-# A temporary directory of a build that is no longer running: its pid is in its name
-# (``.DIR.tmp-<pid>-<random>``); one without a pid (older builds) counts as stale after this.
-STALE_TMP_SECONDS = 3600.0
 
 
 @contextlib.contextmanager
@@ -782,12 +767,6 @@ def _locked(folder: Path, shown, stream: Optional[TextIO] = None, flag: str = "-
             yield
     except FolderBusy as exc:
         raise BadArguments(str(exc)) from None
-
-
-def umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _report_files(out: Path) -> tuple[list, list]:
@@ -934,7 +913,9 @@ def new_temporary(out: Path) -> Path:
     prefix = f".{out.name}.tmp-{os.getpid()}-"
     tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
     try:
-        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp's 0700 would become the report's permissions
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp's 0700 would become the report's permissions
         write_inside(tmp, REPORT_MARKER, marker_text(tmp.name[len(prefix):]), "--out")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -976,21 +957,21 @@ def replace_with(tmp: Path, out: Path, stream: Optional[TextIO] = None) -> Path:
         except BaseException:
             os.rename(old, out)  # put the previous report back before reporting the failure
             raise
-        _remove(old, "the replaced report", stream, quiet=True)
+        _remove(old, "the replaced report", stream)
     return out
 
 
-def _remove(path: Path, what: str, stream: TextIO, quiet: bool = False) -> Optional[str]:
-    """Delete ``path``; the message says whether it is really gone."""
+def _remove(path: Path, what: str, stream: TextIO) -> Optional[str]:
+    """Delete ``path``: "cleaned: ..." once it is gone (removed by another command meanwhile
+    included); where it stays, a warning on ``stream`` and None."""
     try:
         shutil.rmtree(path)
     except OSError as exc:
-        if not os.path.lexists(path):   # gone all the same (removed by another command meanwhile)
-            return None if quiet else f"cleaned: removed {path.name}, {what}"
-        message = f"warning: could not remove {path.name}, {what} ({exc.strerror or exc}); remove it by hand"
-        print(message, file=stream, flush=True)
-        return message
-    return None if quiet else f"cleaned: removed {path.name}, {what}"
+        if os.path.lexists(path):
+            print(f"warning: could not remove {path.name}, {what} ({exc.strerror or exc}); remove it by hand",
+                  file=stream, flush=True)
+            return None
+    return f"cleaned: removed {path.name}, {what}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -1052,24 +1033,13 @@ def _recover(out: Path, stream: TextIO) -> list[str]:
         messages.append(f"recovered: {out} was missing (a build was killed while swapping reports); "
                         f"restored the previous report from {olds[0].name}")
         olds = olds[1:]
-    for old in olds:
-        message = _remove(old, "a replaced report a killed build left behind", stream)
-        if message and message.startswith("cleaned"):
-            messages.append(message)
-    now = time.time()
+    messages += [_remove(old, "a replaced report a killed build left behind", stream) for old in olds]
     for tmp in parent.glob(f"{glob_escape('.' + out.name)}.tmp-*"):
-        if not own_leftover(tmp, "tmp"):
-            continue
         pid_text = tmp.name[len(f".{out.name}.tmp-"):].split("-", 1)[0]
-        if pid_text.isdigit():
-            stale = int(pid_text) != os.getpid() and not _pid_alive(int(pid_text))
-        else:
-            stale = now - tmp.stat().st_mtime > STALE_TMP_SECONDS
-        if stale:
-            message = _remove(tmp, "the unfinished output of a killed build", stream)
-            if message and message.startswith("cleaned"):
-                messages.append(message)
-    return messages
+        if (own_leftover(tmp, "tmp") and pid_text.isdigit() and int(pid_text) != os.getpid()
+                and not _pid_alive(int(pid_text))):
+            messages.append(_remove(tmp, "the unfinished output of a killed build", stream))
+    return [m for m in messages if m]
 
 
 # --------------------------------------------------------------------------- writing
@@ -1329,10 +1299,9 @@ def plan_table(cfg) -> str:
 
     from numerics.engine import closure, cost_of
 
-    at = set(claims_at_configuration(cfg)["configuration"])
     readers = {}
     for cid in selected(cfg):
-        needs = claims.plan_of(cid, cfg.profile, cfg.problem if cid in at else None, cfg.device, cfg.seed)
+        needs = claims.plan_of(cid, cfg.profile, cfg.problem, cfg.device, cfg.seed)
         for n in closure(needs):
             readers.setdefault(n, []).append(cid)
     rows = sorted(((cost_of(n), n) for n in readers), key=lambda r: -r[0])
