@@ -148,8 +148,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # --------------------------------------------------------------------------- what the claims say before any runs
 
 
+#: A per-configuration audit estimated longer than this is refused (--max-minutes raises it).
 DEFAULT_MAX_MINUTES = 60.0
-"""A per-configuration audit estimated longer than this is refused (--max-minutes raises it)."""
 
 # The ProblemConfig fields a researcher may set, with their command-line flag (the TOML file
 # of --config uses the field names).
@@ -747,13 +747,13 @@ def default_jobs() -> int:
 # --------------------------------------------------------------------------- the output directory
 
 
+#: The file that makes a directory this command's report.  It is written first, into the build's temporary,
+#: and holds the build's pid and a random token that is also in the temporary's name
+#: (``.DIR.tmp-<pid>-<token>``) and, once the report is replaced, in the name it is moved to
+#: (``.DIR.old-<token>``): only a directory whose marker holds the token of its own name is ever deleted or
+#: restored by :func:`recover_leftovers` -- a user's directory that merely has such a name, or a copy of a
+#: report under another name, is left alone.
 REPORT_MARKER = ".icl-audit-report"
-"""The file that makes a directory this command's report.  It is written first, into the build's
-temporary, and holds the build's pid and a random token that is also in the temporary's name
-(``.DIR.tmp-<pid>-<token>``) and, once the report is replaced, in the name it is moved to
-(``.DIR.old-<token>``): only a directory whose marker holds the token of its own name is ever
-deleted or restored by :func:`recover_leftovers` -- a user's directory that merely has such a
-name, or a copy of a report under another name, is left alone."""
 MARKER_TEXT = "written by python -m reports.build\n"
 FIGURE_DIR = "figures"
 

@@ -499,11 +499,11 @@ def _forest_label(claim_id: str) -> str:
     return claim_id[len("boundary-"):] if claim_id.startswith("boundary-") else claim_id
 
 
+#: The most rows the forest plot draws (the quick report has about 100): a hand-made report of 20,000
+#: comparisons would make a figure of 3,000 inches (hundreds of megapixels, minutes to draw); beyond, the
+#: first rows in the scorecard's order (failing claims first) are drawn and the caption says how many were
+#: left out (the page's forest caption).
 FOREST_MAX_ROWS = 400
-"""The most rows the forest plot draws (the quick report has about 100): a hand-made report of
-20,000 comparisons would make a figure of 3,000 inches (hundreds of megapixels, minutes to draw);
-beyond, the first rows in the scorecard's order (failing claims first) are drawn and the caption
-says how many were left out (the page's forest caption)."""
 
 
 def forest_figure(rows: list[ForestRow], width: float = 5.4):
@@ -948,13 +948,13 @@ def _predicted_words(p: Any) -> str:
     return f"{len(_leaves(p))} predicted values"
 
 
+#: A comparison without a standard error that agrees to this fraction of its values' size (1 for a prediction
+#: of 0), or whose tolerance is that small, is exact to rounding: what it measures below its tolerance is the
+#: rounding of one CPU's BLAS kernels, which another CPU rounds differently (float64's eps is 2.2e-16; no
+#: statistical or discretisation error of the claims comes near 1e-6).  The report prints such a residual as
+#: "< tolerance", a bound the claim fixed from the dtype's eps and the problem's size, and its resolving power
+#: in words: never digits of the residual.
 ROUNDING_LEVEL = 1e-6
-"""A comparison without a standard error that agrees to this fraction of its values' size (1 for a
-prediction of 0), or whose tolerance is that small, is exact to rounding: what it measures below its
-tolerance is the rounding of one CPU's BLAS kernels, which another CPU rounds differently (float64's
-eps is 2.2e-16; no statistical or discretisation error of the claims comes near 1e-6).  The report
-prints such a residual as "< tolerance", a bound the claim fixed from the dtype's eps and the problem's
-size, and its resolving power in words: never digits of the residual."""
 
 
 def at_rounding(c: dict) -> bool:
