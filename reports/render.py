@@ -777,6 +777,10 @@ def _number_text(v: Any) -> str:
 
 
 SIDE_WORDS = {"not above": ("≤", "not above"), "not below": ("≥", "not below")}
+# A judged row's allowed difference, and its marks (agreeing, its CSS class, disagreeing), by side.
+SIDE_CELLS = {"two-sided": ("|Δ| ≤ {}", "yes ✓", "agree", "no ✗"),
+              "not above": ("Δ ≤ +{}", "not above ✓", "bound", "above ✗"),
+              "not below": ("Δ ≥ −{}", "not below ✓", "bound", "below ✗")}
 
 
 def _bound(v: Any, side: str) -> Any:
@@ -791,30 +795,21 @@ def headline_cells(r: dict) -> dict[str, str]:
     (the allowed difference) and the outcome mark (``mark``, with its CSS class ``mark_class``).
     Two-sided rows read "|Δ| ≤ tol" with a tick; one-sided rows "≤ theory (not above)" with a
     bound mark (never the two-sided tick); reported rows have no comparison and no tick."""
-    side = r.get("side") or "two-sided"
+    side, tol, agrees = r.get("side") or "two-sided", r.get("tolerance"), r.get("agrees")
     measured = _number_text(r.get("measured"))
     if r.get("se") is not None and r.get("measured") is not None:
         measured += f" ± {format_value(r.get('se'))}"
-    tol = r.get("tolerance")
-    agrees = r.get("agrees")
     if side == "reported":
         theory = "—" if r.get("theory") is None else f"{_number_text(r.get('theory'))} (for reference)"
         return dict(theory=theory, measured=measured, allowed="—", mark="reported, no comparison",
                     mark_class="reported")
-    if side in SIDE_WORDS:
-        sign, words = SIDE_WORDS[side]
-        theory = f"{sign} {_number_text(_bound(r.get('theory'), side))} ({words})"
-        allowed = "—" if tol is None else (f"Δ ≤ +{format_value(tol)}" if side == "not above"
-                                           else f"Δ ≥ −{format_value(tol)}")
-        mark, cls = ((f"{words} ✓", "bound") if agrees is True else
-                     (f"{'above' if side == 'not above' else 'below'} ✗", "disagree") if agrees is False
-                     else ("—", ""))
-        return dict(theory=theory, measured=measured, allowed=allowed, mark=mark, mark_class=cls)
-    allowed = "—" if tol is None else f"|Δ| ≤ {format_value(tol)}"
-    mark, cls = (("yes ✓", "agree") if agrees is True else ("no ✗", "disagree") if agrees is False
+    allowed, agree_mark, agree_class, disagree_mark = SIDE_CELLS.get(side, SIDE_CELLS["two-sided"])
+    theory = (f"{SIDE_WORDS[side][0]} {_number_text(_bound(r.get('theory'), side))} ({side})" if side in SIDE_WORDS
+              else _number_text(r.get("theory")))
+    mark, cls = ((agree_mark, agree_class) if agrees is True else (disagree_mark, "disagree") if agrees is False
                  else ("—", ""))
-    return dict(theory=_number_text(r.get("theory")), measured=measured, allowed=allowed, mark=mark,
-                mark_class=cls)
+    return dict(theory=theory, measured=measured, allowed="—" if tol is None else allowed.format(format_value(tol)),
+                mark=mark, mark_class=cls)
 
 
 def group_by_config(rows: list[dict]) -> list[tuple[Any, list[dict]]]:
@@ -1237,12 +1232,8 @@ def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
     traceback_text = details.pop("traceback", None)
     theory, numerics = flatten(entry.get("theory") or {}), flatten(entry.get("numerics") or {})
     perturbations = [p for p in entry.get("perturbations") or [] if isinstance(p, dict)]
-    figures = []
-    for fig in entry.get("figures") or []:
-        data = pngs.get(fig["file"])
-        if data is not None:
-            figures.append({"title": fig["title"], "caption": fig.get("caption") or "", "file": fig["file"],
-                            "uri": data_uri(data)})
+    figures = [{"title": fig["title"], "caption": fig.get("caption") or "", "file": fig["file"],
+                "uri": data_uri(pngs[fig["file"]])} for fig in entry.get("figures") or [] if fig["file"] in pngs]
     return {
         "id": str(entry["id"]), "anchor": anchor(entry["id"]), "title": str(entry["title"]),
         "verdict": str(entry["verdict"]), "kind": kind_of(entry),
@@ -1271,21 +1262,15 @@ def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
 # --------------------------------------------------------------------------- the run
 
 
-PROBLEM_NAMES = {"sigma": "σ", "param": "parametrisation", "init_scale": "init scale s0",
+PROBLEM_NAMES = {"heads": "H", "L": "L", "sigma": "σ", "param": "parametrisation", "init_scale": "init scale s0",
                  "logit_scale": "logit scale s", "basis": "basis", "dtype": "dtype"}
 
 
 def describe_problem(problem: dict) -> str:
     """A configuration in the paper's notation: ``r = (3, 3, 3), H = 3, L = 256, σ = 0.5``."""
-    parts = []
-    if "tasks" in problem:
-        parts.append(f"r = ({', '.join(str(r) for r in problem['tasks'])})")
-    if "heads" in problem:
-        parts.append(f"H = {problem['heads']}")
-    if "L" in problem:
-        parts.append(f"L = {problem['L']}")
-    parts += [f"{name} = {format_value(problem[key])}" for key, name in PROBLEM_NAMES.items() if key in problem]
-    return ", ".join(parts)
+    parts = [f"r = ({', '.join(str(r) for r in problem['tasks'])})"] if "tasks" in problem else []
+    return ", ".join(parts + [f"{name} = {problem[key] if key in ('heads', 'L') else format_value(problem[key])}"
+                              for key, name in PROBLEM_NAMES.items() if key in problem])
 
 
 def verdict_counts(claims: list[dict]) -> str:
