@@ -812,14 +812,6 @@ def headline_cells(r: dict) -> dict[str, str]:
                 mark=mark, mark_class=cls)
 
 
-def group_by_config(rows: list[dict]) -> list[tuple[Any, list[dict]]]:
-    """Rows grouped by their ``config``, in order of first appearance (None first)."""
-    groups: dict[Any, list[dict]] = {}
-    for r in sorted(rows, key=lambda r: r.get("config") is not None):
-        groups.setdefault(r.get("config"), []).append(r)
-    return list(groups.items())
-
-
 def headline_row(entry: dict) -> Optional[dict]:
     """The row that is a claim's headline: the row of the comparison its spec names
     (``claims.core.spec.Outcome.headline_comparison``, stored as
@@ -1218,10 +1210,12 @@ def _short_summary(entry: dict) -> Optional[dict]:
 
 def headline_groups(entry: dict) -> list[dict]:
     """The headline table: ``[{config, rows: [{name, side, **headline_cells}]}]``."""
-    rows = [r for r in entry.get("headline") or [] if isinstance(r, dict)]
+    groups: dict = {}     # by config, in order of first appearance (None first)
+    for r in sorted((r for r in entry.get("headline") or [] if isinstance(r, dict)),
+                    key=lambda r: r.get("config") is not None):
+        groups.setdefault(r.get("config"), []).append(r)
     return [{"config": config, "rows": [{"name": str(r.get("name", "")), "side": str(r.get("side") or "two-sided"),
-                                         **headline_cells(r)} for r in group]}
-            for config, group in group_by_config(rows)]
+                                         **headline_cells(r)} for r in group]} for config, group in groups.items()]
 
 
 def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
