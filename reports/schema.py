@@ -232,11 +232,7 @@ ROW_EDGE = 1e-9
 
 def scalar(v: Any) -> Optional[float]:
     """A float from a JSON number or ``jsonable``'s "nan"/"inf"/"-inf"; None for anything else."""
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str) and v in NON_FINITE:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, str) and v in NON_FINITE:
         return float(v)
     return None
 
