@@ -222,16 +222,16 @@ def estimate(cfg) -> Optional[dict]:
     """The cost of the selected claims: the union of their plans priced once by the engine's cost
     model (:func:`planned_costs`), less what a sweep store holds.
     ``{"seconds", "per_claim": {id: seconds or None}, "unknown": [ids], "jobs",
-    "wall_seconds"}``: a claim whose plan cannot be asked (it does not import) is unknown (None); the wall time is that of the needs on ``cfg.jobs`` processes, the costliest
-    first (:func:`wall_seconds`)."""
+    "wall_seconds"}``: a claim whose plan cannot be asked (it does not import) is unknown (None);
+    the wall time is that of the needs on ``cfg.jobs`` processes, the costliest first
+    (:func:`wall_seconds`)."""
     ids = selected(cfg)
     plans = [cid for cid in ids if _ask("plan_of", cid, cfg.profile, cfg.problem) is not None]
     per, need_seconds = planned_costs(cfg, plans) if plans else ({}, [])
     per = {cid: float(per[cid]) if cid in per and math.isfinite(per[cid]) else None for cid in ids}
-    jobs = max(1, int(getattr(cfg, "jobs", 1) or 1))
     return {"seconds": sum(s for s in per.values() if s is not None), "per_claim": per,
-            "unknown": [cid for cid, s in per.items() if s is None], "jobs": jobs,
-            "wall_seconds": wall_seconds(need_seconds, jobs)}
+            "unknown": [cid for cid, s in per.items() if s is None], "jobs": cfg.jobs,
+            "wall_seconds": wall_seconds(need_seconds, cfg.jobs)}
 
 
 def planned_costs(cfg, ids: list[str]) -> tuple[dict, list]:
@@ -239,14 +239,14 @@ def planned_costs(cfg, ids: list[str]) -> tuple[dict, list]:
     their plans priced once by the one cost model (a need k claims share counts 1/k to each),
     less what a sweep store holds."""
     from numerics.engine import Engine, cost_of
+    from numerics.experiments import Store
     store = None
-    if getattr(cfg, "sweep", None) is not None:
-        from numerics.experiments import Store
+    if cfg.sweep is not None:
         try:
             store = Store(cfg.sweep)
         except (OSError, ValueError):
-            store = None
-    engine = Engine(seed=int(getattr(cfg, "seed", 0) or 0), store=store)
+            pass
+    engine = Engine(seed=cfg.seed, store=store)
     readers: dict = {}
     for cid in ids:
         for n in engine.price(claims.plan_of(cid, cfg.profile, cfg.problem, cfg.device, engine.seed)):
