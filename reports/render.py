@@ -628,8 +628,9 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    env.filters.update(value=format_value, seconds=_seconds, anchor=anchor)
-    env.globals.update(badge_class=badge_class)
+    env.filters.update(value=format_value, seconds=_seconds, anchor=anchor,
+                       flat=lambda d: [(k, format_value(v)) for k, v in flatten(d or {}).items()])
+    env.globals.update(badge_class=badge_class, PERTURBATIONS_SHOWN_MAX=PERTURBATIONS_SHOWN_MAX)
     return env
 
 
@@ -1225,7 +1226,6 @@ def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
     details = dict(entry.get("details") or {})
     traceback_text = details.pop("traceback", None)
     theory, numerics = flatten(entry.get("theory") or {}), flatten(entry.get("numerics") or {})
-    perturbations = [p for p in entry.get("perturbations") or [] if isinstance(p, dict)]
     figures = [{"title": fig["title"], "caption": fig.get("caption") or "", "file": fig["file"],
                 "uri": data_uri(pngs[fig["file"]])} for fig in entry.get("figures") or [] if fig["file"] in pngs]
     return {
@@ -1239,11 +1239,7 @@ def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
         "findings": marked_findings({"claims": [entry]}, [f for f in entry.get("findings") or [] if isinstance(f, dict)]),
         "reason": _verdict_reason(entry),
         "headline": headline_groups(entry), "summary": None if entry.get("headline") else _short_summary(entry),
-        "perturbations": [{"description": str(p.get("description", "")), "rejected": bool(p.get("rejected")),
-                           "details": [(k, format_value(v)) for k, v in flatten(p.get("details") or {}).items()]}
-                          for p in perturbations],
-        "perturbations_folded": len(perturbations) > PERTURBATIONS_SHOWN_MAX,
-        "rejected": sum(bool(p.get("rejected")) for p in perturbations),
+        "perturbations": [p for p in entry.get("perturbations") or [] if isinstance(p, dict)],
         "figures": figures, "figure_errors": [str(e) for e in entry.get("figure_errors") or []],
         "all_values": [(k, format_value(theory[k]) if k in theory else "—", format_value(numerics[k]) if k in numerics
                     else "—") for k in list(theory) + [k for k in numerics if k not in theory]],
