@@ -297,8 +297,7 @@ def check_claims(cfg) -> Optional[dict]:
             raise BadArguments(f"--from-sweep {cfg.sweep}: none of the selected claims ({', '.join(ids)}) reads "
                                f"a sweep; the claims that do: {', '.join(everyone) or 'none'}")
     if cfg.problem is not None:
-        reasons = {cid: _ask("cannot_run", cid, cfg.problem) for cid in ids}
-        cannot = {cid: why for cid, why in reasons.items() if why}
+        cannot = {cid: why for cid in ids if (why := _ask("cannot_run", cid, cfg.problem))}
         if cannot:
             can = [cid for cid in ids if cid not in cannot]
             raise BadArguments("at this configuration " + "; ".join(f"{cid} cannot run: {why}" for cid, why

@@ -580,9 +580,8 @@ def forest_svg(rows: list[ForestRow]) -> str:
             fig.savefig(buffer, format="svg", facecolor="white", metadata={"Date": None})
     finally:
         plt.close(fig)
-    text = buffer.getvalue()
-    start = text.index("<svg")
-    svg = text[start:]
+    svg = buffer.getvalue()
+    svg = svg[svg.index("<svg"):]
     # the page sizes it by CSS (its viewBox is kept): drop the fixed width and height in pt
     svg = re.sub(r'^<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1', svg, count=1)
     return svg.replace("<svg", '<svg id="forest-plot" role="img" aria-label="forest plot of every comparison"', 1)
