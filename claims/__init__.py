@@ -93,7 +93,7 @@ def plan_of(claim_id: str, profile: str, problem: Optional[dict] = None, device:
 def estimate_seconds(claim_id: str, profile: str, problem: Optional[dict] = None, seed: int = 0) -> Optional[float]:
     """The CPU seconds of the claim's plan alone (numerics.engine.cost_of summed over every
     need it may ask for; None for a claim that is not a plan).  A build prices the union of the
-    selected claims' plans instead (reports.run.planned_costs), each shared need once."""
+    selected claims' plans instead (reports.build.planned_costs), each shared need once."""
     if spec_of(claim_id).plan is None:
         return None
     from numerics.engine import closure, cost_of

@@ -74,7 +74,7 @@ alike).  The primitives, with D = d + m the token width, m the tasks:
 CPU seconds, one torch thread (the claims' policy, ``numerics.experiments.one_thread``), process time
 (``time.process_time``): waiting for a core does not count, so the numbers hold on a shared machine
 (sharing the caches inflates them by some 10-30 %).  The report's wall time on 2 cores is the larger of
-its two processes' sums (``reports.run`` adds the claims up that way).  Measured on the machine of
+its two processes' sums (``reports.build`` adds the claims up that way).  Measured on the machine of
 :data:`CALIBRATION`; another machine should run ``python -m numerics.bench --calibrate`` and compare.
 """
 from __future__ import annotations

@@ -40,7 +40,7 @@ from typing import Optional, TextIO
 
 from numerics.io import MEMORY_FRACTION, jsonable, memory_available
 from reports.build import check_out_dir, exit_status, recover_leftovers, refuse_arguments, write_files
-from reports.run import ClaimProgress, _duration, _version, git_state
+from reports.build import ClaimProgress, _duration, _version, git_state
 from reports.schema import VERSIONED_PACKAGES, BadArguments
 from numerics.io import (OFFSET_SEED_MAX, check_device_option, command_line, float_option, int_option,
                                  seed_option, tasks_option, threads_option)

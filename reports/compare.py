@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -39,30 +38,6 @@ EXIT_SAME, EXIT_CHANGED, EXIT_BAD_ARGUMENTS = 0, 1, 2
 HEADLINE_FIELDS = ("theory", "measured", "se", "tolerance", "agrees", "side")
 # Numbers that differ by less than this (relative) are the same number printed twice.
 RELATIVE_NOISE = 1e-9
-
-
-@dataclass
-class RowChange:
-    name: str           # the row name, with its config when it has one
-    a: Optional[dict]   # the headline row in A (None: absent)
-    b: Optional[dict]
-    changed: bool
-
-
-@dataclass
-class ClaimChange:
-    id: str
-    verdict_a: Optional[str]   # None: the claim is absent from that report
-    verdict_b: Optional[str]
-    rows: list[RowChange] = field(default_factory=list)
-
-    @property
-    def verdict_changed(self) -> bool:
-        return self.verdict_a != self.verdict_b
-
-    @property
-    def changed(self) -> bool:
-        return self.verdict_changed or any(r.changed for r in self.rows)
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -77,23 +52,23 @@ def same_value(a: Any, b: Any) -> bool:
     return a == b
 
 
-def compare_reports(a: dict, b: dict) -> list[ClaimChange]:
-    """The per-claim comparison of two claims.json documents (A's order, then B's new ids)."""
+def compare_reports(a: dict, b: dict) -> list[dict]:
+    """The per-claim comparison of two claims.json documents (A's order, then B's new ids): ``{id, a,
+    b (the verdicts, None where absent), verdict_changed, changed, rows}``, each row ``{name, a, b
+    (its text in A and in B), changed}``."""
     by_id_a = {c["id"]: c for c in a["claims"]}
     by_id_b = {c["id"]: c for c in b["claims"]}
-    ids = list(by_id_a) + [cid for cid in by_id_b if cid not in by_id_a]
     changes = []
-    for cid in ids:
+    for cid in list(by_id_a) + [cid for cid in by_id_b if cid not in by_id_a]:
         ca, cb = by_id_a.get(cid), by_id_b.get(cid)
-        rows_a = _rows(ca)
-        rows_b = _rows(cb)
-        names = list(rows_a) + [n for n in rows_b if n not in rows_a]
-        rows = []
-        for name in names:
-            ra, rb = rows_a.get(name), rows_b.get(name)
-            changed = ra is None or rb is None or not all(same_value(ra.get(k), rb.get(k)) for k in HEADLINE_FIELDS)
-            rows.append(RowChange(name, ra, rb, changed))
-        changes.append(ClaimChange(cid, ca["verdict"] if ca else None, cb["verdict"] if cb else None, rows))
+        rows_a, rows_b = _rows(ca), _rows(cb)
+        rows = [{"name": name, "a": _row_text(rows_a.get(name)), "b": _row_text(rows_b.get(name)),
+                 "changed": name not in rows_a or name not in rows_b
+                 or not all(same_value(rows_a[name].get(k), rows_b[name].get(k)) for k in HEADLINE_FIELDS)}
+                for name in list(rows_a) + [n for n in rows_b if n not in rows_a]]
+        va, vb = (c["verdict"] if c else None for c in (ca, cb))
+        changes.append({"id": cid, "a": va, "b": vb, "verdict_changed": va != vb, "rows": rows,
+                        "changed": va != vb or any(r["changed"] for r in rows)})
     return changes
 
 
@@ -125,33 +100,27 @@ def _setting(report: dict) -> str:
             f"commit {str((prov.get('git') or {}).get('commit', '?'))[:10]}")
 
 
-def text_summary(changes: list[ClaimChange], a: dict, b: dict, name_a: str, name_b: str) -> str:
+def text_summary(changes: list[dict], a: dict, b: dict, name_a: str, name_b: str) -> str:
     lines = [f"A: {name_a} ({_setting(a)})", f"B: {name_b} ({_setting(b)})"]
-    width = max([len(c.id) for c in changes] + [5])
+    width = max([len(c["id"]) for c in changes] + [5])
     lines.append(f"{'claim':<{width}}  {'A':<7}  {'B':<7}  change")
     for c in changes:
-        va, vb = c.verdict_a or "absent", c.verdict_b or "absent"
-        mark = ("verdict changed" if c.verdict_changed else
-                f"{sum(r.changed for r in c.rows)} headline row(s) changed" if c.changed else "same")
-        lines.append(f"{c.id:<{width}}  {va:<7}  {vb:<7}  {mark}")
-        for r in c.rows:
-            if r.changed:
-                lines.append(f"    {r.name}: A {_row_text(r.a)}")
-                lines.append(f"    {' ' * len(r.name)}  B {_row_text(r.b)}")
-    n = sum(c.changed for c in changes)
+        mark = ("verdict changed" if c["verdict_changed"] else
+                f"{sum(r['changed'] for r in c['rows'])} headline row(s) changed" if c["changed"] else "same")
+        lines.append(f"{c['id']:<{width}}  {c['a'] or 'absent':<7}  {c['b'] or 'absent':<7}  {mark}")
+        for r in c["rows"]:
+            if r["changed"]:
+                lines += [f"    {r['name']}: A {r['a']}", f"    {' ' * len(r['name'])}  B {r['b']}"]
+    n = sum(c["changed"] for c in changes)
     lines.append(f"{n} of {len(changes)} claim(s) changed" if n else f"no change in {len(changes)} claim(s)")
     return "\n".join(lines)
 
 
-def html_page(changes: list[ClaimChange], a: dict, b: dict, name_a: str, name_b: str) -> str:
+def html_page(changes: list[dict], a: dict, b: dict, name_a: str, name_b: str) -> str:
     """The comparison as one self-contained page (``templates/compare.html.j2``)."""
-    claims = [{"id": c.id, "a": c.verdict_a, "b": c.verdict_b, "changed": c.changed,
-               "rows": [{"name": r.name, "a": _row_text(r.a), "b": _row_text(r.b), "changed": r.changed}
-                        for r in c.rows]}
-              for c in changes]
     return render("compare.html.j2", title="Audit comparison", name_a=name_a, name_b=name_b,
-                  setting_a=_setting(a), setting_b=_setting(b), claims=claims,
-                  changed=sum(c.changed for c in changes))
+                  setting_a=_setting(a), setting_b=_setting(b), claims=changes,
+                  changed=sum(c["changed"] for c in changes))
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -193,7 +162,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.out is not None:
         write_output(out, html_page(changes, a, b, args.a, args.b))
         print(f"comparison: {args.out}")
-    return EXIT_CHANGED if any(c.changed for c in changes) else EXIT_SAME
+    return EXIT_CHANGED if any(c["changed"] for c in changes) else EXIT_SAME
 
 
 if __name__ == "__main__":

@@ -110,18 +110,6 @@ def current_block(text: str, flag: str) -> str:
     return text[start:end + len(END)]
 
 
-def replace_block(text: str, new_block: str, flag: str) -> str:
-    """``text`` with its block replaced; :class:`BadArguments` without the markers."""
-    old = current_block(text, flag)
-    start = text.find(old)
-    return text[:start] + new_block + text[start + len(old):]
-
-
-def same_block(a: str, b: str) -> bool:
-    """Whether two blocks read the same (whitespace and line wrapping aside)."""
-    return a.split() == b.split()
-
-
 def differences(old: str, new: str, limit: int = 12) -> list[str]:
     """The lines that differ between the README's block and the report's, as a reader sees them."""
     diff = difflib.unified_diff(old.splitlines(), new.splitlines(), "README", "report", n=0, lineterm="")
@@ -173,7 +161,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        if not same_block(old, new):
+        if old.split() != new.split():     # whitespace and line wrapping aside
             print(f"{target}: the block differs from {args.claims_json}'s scorecard:\n  "
                   + "\n  ".join(differences(old, new))
                   + f"\nregenerate it with python -m reports.findings {args.claims_json} --readme {target}",
@@ -181,7 +169,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 1
         print(f"{target}: the block is that of {args.claims_json}")
         return 0
-    updated = replace_block(text, new, flag)
+    updated = text.replace(old, new, 1)
     if updated != text:
         write_output(target, updated)
     print(f"{target}: scorecard block written from {args.claims_json}")

@@ -321,7 +321,10 @@ def _draw_mix(ax, fig: Figure) -> None:
 
 
 def figure_png(figure: Any, dpi: int = 110) -> bytes:
-    """PNG bytes of one figure. Raises :class:`RenderError` saying what is wrong with it."""
+    """PNG bytes of one figure. Raises :class:`RenderError` saying what is wrong with it.  Panels
+    stand side by side up to 4, more wrap into rows of at most 4 (2H panels of omega and mu per
+    head give one row of omega and one of mu); beyond MAX_PANELS only the first are drawn
+    (:func:`size_note` says so in the caption)."""
     fig = as_figure(figure)
     if fig.kind not in FIGURE_KINDS:
         raise RenderError(f"figure {fig.name!r}: kind must be one of {FIGURE_KINDS}, got {fig.kind!r}")
@@ -331,26 +334,21 @@ def figure_png(figure: Any, dpi: int = 110) -> bytes:
         for p in fig.panels:
             if p.kind != "lines":
                 raise RenderError(f"figure {fig.name!r}: every panel must be of kind 'lines', got {p.kind!r}")
-        # Side by side up to 4 panels; more wrap into rows of at most 4 (2H panels of
-        # omega and mu per head give one row of omega and one of mu); beyond MAX_PANELS only
-        # the first are drawn (size_note says so in the caption).
         n = min(len(fig.panels), MAX_PANELS)
         rows = math.ceil(n / 4)
         cols = math.ceil(n / rows)
         mpl_fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols + 1.0, 3.6 * rows + 0.4),
                                      squeeze=False, layout="constrained")
-        try:
+    else:
+        mpl_fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    try:
+        if fig.kind == "panels":
             for ax, panel in zip(axes.flat, fig.panels[:n]):
                 _draw_lines(ax, panel)
             for ax in list(axes.flat)[n:]:
                 ax.set_visible(False)
             mpl_fig.suptitle(fig.title, fontsize=11)
-            return _png(mpl_fig, dpi)
-        finally:
-            plt.close(mpl_fig)
-    mpl_fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    try:
-        if fig.kind == "lines":
+        elif fig.kind == "lines":
             _draw_lines(ax, fig)
         elif fig.kind == "mix":
             _draw_mix(ax, fig)
@@ -501,11 +499,11 @@ def _forest_label(claim_id: str) -> str:
     return claim_id[len("boundary-"):] if claim_id.startswith("boundary-") else claim_id
 
 
+#: The most rows the forest plot draws (the quick report has about 100): a hand-made report of 20,000
+#: comparisons would make a figure of 3,000 inches (hundreds of megapixels, minutes to draw); beyond, the
+#: first rows in the scorecard's order (failing claims first) are drawn and the caption says how many were
+#: left out (the page's forest caption).
 FOREST_MAX_ROWS = 400
-"""The most rows the forest plot draws (the quick report has about 100): a hand-made report of
-20,000 comparisons would make a figure of 3,000 inches (hundreds of megapixels, minutes to draw);
-beyond, the first rows in the scorecard's order (failing claims first) are drawn and the caption
-says how many were left out (``reports.render.forest_caption``)."""
 
 
 def forest_figure(rows: list[ForestRow], width: float = 5.4):
@@ -582,9 +580,8 @@ def forest_svg(rows: list[ForestRow]) -> str:
             fig.savefig(buffer, format="svg", facecolor="white", metadata={"Date": None})
     finally:
         plt.close(fig)
-    text = buffer.getvalue()
-    start = text.index("<svg")
-    svg = text[start:]
+    svg = buffer.getvalue()
+    svg = svg[svg.index("<svg"):]
     # the page sizes it by CSS (its viewBox is kept): drop the fixed width and height in pt
     svg = re.sub(r'^<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1', svg, count=1)
     return svg.replace("<svg", '<svg id="forest-plot" role="img" aria-label="forest plot of every comparison"', 1)
@@ -630,8 +627,9 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    env.filters.update(value=format_value, seconds=_seconds, anchor=anchor)
-    env.globals.update(badge_class=badge_class)
+    env.filters.update(value=format_value, seconds=_seconds, anchor=anchor,
+                       flat=lambda d: [(k, format_value(v)) for k, v in flatten(d or {}).items()])
+    env.globals.update(badge_class=badge_class, PERTURBATIONS_SHOWN_MAX=PERTURBATIONS_SHOWN_MAX)
     return env
 
 
@@ -779,6 +777,10 @@ def _number_text(v: Any) -> str:
 
 
 SIDE_WORDS = {"not above": ("≤", "not above"), "not below": ("≥", "not below")}
+# A judged row's allowed difference, and its marks (agreeing, its CSS class, disagreeing), by side.
+SIDE_CELLS = {"two-sided": ("|Δ| ≤ {}", "yes ✓", "agree", "no ✗"),
+              "not above": ("Δ ≤ +{}", "not above ✓", "bound", "above ✗"),
+              "not below": ("Δ ≥ −{}", "not below ✓", "bound", "below ✗")}
 
 
 def _bound(v: Any, side: str) -> Any:
@@ -793,38 +795,21 @@ def headline_cells(r: dict) -> dict[str, str]:
     (the allowed difference) and the outcome mark (``mark``, with its CSS class ``mark_class``).
     Two-sided rows read "|Δ| ≤ tol" with a tick; one-sided rows "≤ theory (not above)" with a
     bound mark (never the two-sided tick); reported rows have no comparison and no tick."""
-    side = r.get("side") or "two-sided"
+    side, tol, agrees = r.get("side") or "two-sided", r.get("tolerance"), r.get("agrees")
     measured = _number_text(r.get("measured"))
     if r.get("se") is not None and r.get("measured") is not None:
         measured += f" ± {format_value(r.get('se'))}"
-    tol = r.get("tolerance")
-    agrees = r.get("agrees")
     if side == "reported":
         theory = "—" if r.get("theory") is None else f"{_number_text(r.get('theory'))} (for reference)"
         return dict(theory=theory, measured=measured, allowed="—", mark="reported, no comparison",
                     mark_class="reported")
-    if side in SIDE_WORDS:
-        sign, words = SIDE_WORDS[side]
-        theory = f"{sign} {_number_text(_bound(r.get('theory'), side))} ({words})"
-        allowed = "—" if tol is None else (f"Δ ≤ +{format_value(tol)}" if side == "not above"
-                                           else f"Δ ≥ −{format_value(tol)}")
-        mark, cls = ((f"{words} ✓", "bound") if agrees is True else
-                     (f"{'above' if side == 'not above' else 'below'} ✗", "disagree") if agrees is False
-                     else ("—", ""))
-        return dict(theory=theory, measured=measured, allowed=allowed, mark=mark, mark_class=cls)
-    allowed = "—" if tol is None else f"|Δ| ≤ {format_value(tol)}"
-    mark, cls = (("yes ✓", "agree") if agrees is True else ("no ✗", "disagree") if agrees is False
+    allowed, agree_mark, agree_class, disagree_mark = SIDE_CELLS.get(side, SIDE_CELLS["two-sided"])
+    theory = (f"{SIDE_WORDS[side][0]} {_number_text(_bound(r.get('theory'), side))} ({side})" if side in SIDE_WORDS
+              else _number_text(r.get("theory")))
+    mark, cls = ((agree_mark, agree_class) if agrees is True else (disagree_mark, "disagree") if agrees is False
                  else ("—", ""))
-    return dict(theory=_number_text(r.get("theory")), measured=measured, allowed=allowed, mark=mark,
-                mark_class=cls)
-
-
-def group_by_config(rows: list[dict]) -> list[tuple[Any, list[dict]]]:
-    """Rows grouped by their ``config``, in order of first appearance (None first)."""
-    groups: dict[Any, list[dict]] = {}
-    for r in sorted(rows, key=lambda r: r.get("config") is not None):
-        groups.setdefault(r.get("config"), []).append(r)
-    return list(groups.items())
+    return dict(theory=theory, measured=measured, allowed="—" if tol is None else allowed.format(format_value(tol)),
+                mark=mark, mark_class=cls)
 
 
 def headline_row(entry: dict) -> Optional[dict]:
@@ -950,13 +935,13 @@ def _predicted_words(p: Any) -> str:
     return f"{len(_leaves(p))} predicted values"
 
 
+#: A comparison without a standard error that agrees to this fraction of its values' size (1 for a prediction
+#: of 0), or whose tolerance is that small, is exact to rounding: what it measures below its tolerance is the
+#: rounding of one CPU's BLAS kernels, which another CPU rounds differently (float64's eps is 2.2e-16; no
+#: statistical or discretisation error of the claims comes near 1e-6).  The report prints such a residual as
+#: "< tolerance", a bound the claim fixed from the dtype's eps and the problem's size, and its resolving power
+#: in words: never digits of the residual.
 ROUNDING_LEVEL = 1e-6
-"""A comparison without a standard error that agrees to this fraction of its values' size (1 for a
-prediction of 0), or whose tolerance is that small, is exact to rounding: what it measures below its
-tolerance is the rounding of one CPU's BLAS kernels, which another CPU rounds differently (float64's
-eps is 2.2e-16; no statistical or discretisation error of the claims comes near 1e-6).  The report
-prints such a residual as "< tolerance", a bound the claim fixed from the dtype's eps and the problem's
-size, and its resolving power in words: never digits of the residual."""
 
 
 def at_rounding(c: dict) -> bool:
@@ -1142,28 +1127,6 @@ def report_figures(report: dict) -> dict[str, bytes]:
     return {FOREST_FILE: forest_png(rows)} if rows else {}
 
 
-def forest_caption(rows: list, left_out: int) -> str:
-    signed = sum(r.signed for r in rows)
-    one_sided = sum(r.side != "two-sided" for r in rows)
-    disagree = sum(r.agrees is False for r in rows)
-    parts = [f"Every comparison of the report ({len(rows)}, {disagree} disagreeing, in red), one row each, grouped "
-             f"by claim id in the scorecard's order (boundary ids without 'boundary-'). Filled: "
-             f"(measured − predicted) / tolerance, with the standard error / tolerance as a bar ({signed} rows); "
-             "the shaded band [−1, 1] is agreement. Hollow: comparisons of lists, brackets or several numbers, "
-             "or whose error is not in the measured value's units: drawn at error / tolerance, the size of the "
-             "normalised error without its sign. Triangles: one-sided checks "
-             f"({one_sided}), pointing from the value to the side allowed, against their bound (|: +1 for "
-             "'not above', −1 for 'not below'). A tolerance of 0 (an exact check) puts an agreeing row at 0. "
-             f"Values beyond ±{FOREST_CLIP:g} sit at the edge with their number. Reported headline rows compare "
-             "nothing and are not drawn."]
-    if left_out:
-        parts.append(f"{left_out} comparison(s) without a tolerance or error to normalise by are left out.")
-    if len(rows) > FOREST_MAX_ROWS:
-        parts.append(f"Only the first {FOREST_MAX_ROWS} rows (in the scorecard's order, failing claims first) are "
-                     f"drawn; {len(rows) - FOREST_MAX_ROWS} more are in claims.json.")
-    return " ".join(parts)
-
-
 # --------------------------------------------------------------------------- findings
 
 
@@ -1247,10 +1210,12 @@ def _short_summary(entry: dict) -> Optional[dict]:
 
 def headline_groups(entry: dict) -> list[dict]:
     """The headline table: ``[{config, rows: [{name, side, **headline_cells}]}]``."""
-    rows = [r for r in entry.get("headline") or [] if isinstance(r, dict)]
+    groups: dict = {}     # by config, in order of first appearance (None first)
+    for r in sorted((r for r in entry.get("headline") or [] if isinstance(r, dict)),
+                    key=lambda r: r.get("config") is not None):
+        groups.setdefault(r.get("config"), []).append(r)
     return [{"config": config, "rows": [{"name": str(r.get("name", "")), "side": str(r.get("side") or "two-sided"),
-                                         **headline_cells(r)} for r in group]}
-            for config, group in group_by_config(rows)]
+                                         **headline_cells(r)} for r in group]} for config, group in groups.items()]
 
 
 def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
@@ -1260,13 +1225,8 @@ def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
     details = dict(entry.get("details") or {})
     traceback_text = details.pop("traceback", None)
     theory, numerics = flatten(entry.get("theory") or {}), flatten(entry.get("numerics") or {})
-    perturbations = [p for p in entry.get("perturbations") or [] if isinstance(p, dict)]
-    figures = []
-    for fig in entry.get("figures") or []:
-        data = pngs.get(fig["file"])
-        if data is not None:
-            figures.append({"title": fig["title"], "caption": fig.get("caption") or "", "file": fig["file"],
-                            "uri": data_uri(data)})
+    figures = [{"title": fig["title"], "caption": fig.get("caption") or "", "file": fig["file"],
+                "uri": data_uri(pngs[fig["file"]])} for fig in entry.get("figures") or [] if fig["file"] in pngs]
     return {
         "id": str(entry["id"]), "anchor": anchor(entry["id"]), "title": str(entry["title"]),
         "verdict": str(entry["verdict"]), "kind": kind_of(entry),
@@ -1278,11 +1238,7 @@ def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
         "findings": marked_findings({"claims": [entry]}, [f for f in entry.get("findings") or [] if isinstance(f, dict)]),
         "reason": _verdict_reason(entry),
         "headline": headline_groups(entry), "summary": None if entry.get("headline") else _short_summary(entry),
-        "perturbations": [{"description": str(p.get("description", "")), "rejected": bool(p.get("rejected")),
-                           "details": [(k, format_value(v)) for k, v in flatten(p.get("details") or {}).items()]}
-                          for p in perturbations],
-        "perturbations_folded": len(perturbations) > PERTURBATIONS_SHOWN_MAX,
-        "rejected": sum(bool(p.get("rejected")) for p in perturbations),
+        "perturbations": [p for p in entry.get("perturbations") or [] if isinstance(p, dict)],
         "figures": figures, "figure_errors": [str(e) for e in entry.get("figure_errors") or []],
         "all_values": [(k, format_value(theory[k]) if k in theory else "—", format_value(numerics[k]) if k in numerics
                     else "—") for k in list(theory) + [k for k in numerics if k not in theory]],
@@ -1295,21 +1251,15 @@ def section(entry: dict, report: dict, pngs: dict[str, bytes]) -> dict:
 # --------------------------------------------------------------------------- the run
 
 
-PROBLEM_NAMES = {"sigma": "σ", "param": "parametrisation", "init_scale": "init scale s0",
+PROBLEM_NAMES = {"heads": "H", "L": "L", "sigma": "σ", "param": "parametrisation", "init_scale": "init scale s0",
                  "logit_scale": "logit scale s", "basis": "basis", "dtype": "dtype"}
 
 
 def describe_problem(problem: dict) -> str:
     """A configuration in the paper's notation: ``r = (3, 3, 3), H = 3, L = 256, σ = 0.5``."""
-    parts = []
-    if "tasks" in problem:
-        parts.append(f"r = ({', '.join(str(r) for r in problem['tasks'])})")
-    if "heads" in problem:
-        parts.append(f"H = {problem['heads']}")
-    if "L" in problem:
-        parts.append(f"L = {problem['L']}")
-    parts += [f"{name} = {format_value(problem[key])}" for key, name in PROBLEM_NAMES.items() if key in problem]
-    return ", ".join(parts)
+    parts = [f"r = ({', '.join(str(r) for r in problem['tasks'])})"] if "tasks" in problem else []
+    return ", ".join(parts + [f"{name} = {problem[key] if key in ('heads', 'L') else format_value(problem[key])}"
+                              for key, name in PROBLEM_NAMES.items() if key in problem])
 
 
 def verdict_counts(claims: list[dict]) -> str:
@@ -1346,8 +1296,10 @@ def render_html(report: dict, pngs: dict[str, bytes]) -> str:
     findings, the run, and one section per claim."""
     card = scorecard(report)
     rows, left_out = report_forest(report, card)
+    counts = dict(rows=len(rows), disagree=sum(r.agrees is False for r in rows), signed=sum(r.signed for r in rows),
+                  one_sided=sum(r.side != "two-sided" for r in rows), left_out=left_out,
+                  beyond=len(rows) - FOREST_MAX_ROWS, drawn=FOREST_MAX_ROWS, clip=f"{FOREST_CLIP:g}")
     return render("index.html.j2", title=TITLE, tiny=report["provenance"].get("profile") == "tiny",
                   run=run_summary(report), scorecard=card, findings=findings_lists(report),
                   has_findings=bool(report.get("findings")), forest=forest_svg(rows) if rows else None,
-                  forest_caption=forest_caption(rows, left_out), forest_file=FOREST_FILE,
-                  sections=[section(c, report, pngs) for c in report["claims"]])
+                  counts=counts, forest_file=FOREST_FILE, sections=[section(c, report, pngs) for c in report["claims"]])

@@ -51,11 +51,11 @@ OUTCOMES = {"claim": VERDICTS, "boundary": BOUNDARY_OUTCOMES}
 PASSING = {"claim": "pass", "boundary": "located"}
 
 
+#: Top-level keys a claims.json may carry besides claims/findings/provenance: ``model``, the audit of handed
+#: checkpoints (``python -m reports.audit``, docs/audit.md), one object per checkpoint.
 OPTIONAL_TOP_LEVEL = {"model": list}
-"""Top-level keys a claims.json may carry besides claims/findings/provenance: ``model``, the audit
-of handed checkpoints (``python -m reports.audit``, docs/audit.md), one object per checkpoint."""
+#: The keys every ``model`` entry has (docs/audit.md describes them all).
 MODEL_KEYS = ("index", "checkpoint", "readout", "held_out_loss", "theory", "position", "judged")
-"""The keys every ``model`` entry has (docs/audit.md describes them all)."""
 
 
 def model_problems(models: Any, claim_ids: list) -> list[str]:
@@ -223,19 +223,15 @@ def _row_problems(where: str, name: str, rows: list, cls) -> list[str]:
 # --------------------------------------------------------------------------- recomputed agreement
 
 
+#: A headline row's agreement is recomputed from the numbers it shows; where the recomputed error lies within
+#: this relative distance of the tolerance (a row that shows a ratio or a rounded number of a comparison made
+#: in other units), the row is on the edge and its stored ``agrees`` stands.
 ROW_EDGE = 1e-9
-"""A headline row's agreement is recomputed from the numbers it shows; where the recomputed error
-lies within this relative distance of the tolerance (a row that shows a ratio or a rounded number
-of a comparison made in other units), the row is on the edge and its stored ``agrees`` stands."""
 
 
 def scalar(v: Any) -> Optional[float]:
     """A float from a JSON number or ``jsonable``'s "nan"/"inf"/"-inf"; None for anything else."""
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str) and v in NON_FINITE:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, str) and v in NON_FINITE:
         return float(v)
     return None
 
@@ -475,6 +471,9 @@ def _scalar_value(v: Any) -> bool:
     return v is None or isinstance(v, (str, int, float, bool))
 
 
+#: The optional provenance fields a report writes and its page reads, with the shape the page needs: a handed
+#: claims.json with another shape there is refused by the reader, not by a crash of the renderer
+#: (``reports.render.run_summary``).
 PROVENANCE_SHAPES = (
     ("problem", lambda v: isinstance(v, dict) and all(_scalar_value(x) for k, x in v.items() if k != "tasks")
      and (("tasks" not in v) or (isinstance(v["tasks"], list) and all(isinstance(r, int) and not isinstance(r, bool)
@@ -487,9 +486,6 @@ PROVENANCE_SHAPES = (
     ("sweep", lambda v: isinstance(v, str), "a path"),
     ("started_utc", lambda v: isinstance(v, str), "a time"),
 )
-"""The optional provenance fields a report writes and its page reads, with the shape the page
-needs: a handed claims.json with another shape there is refused by the reader, not by a crash of
-the renderer (``reports.render.run_summary``)."""
 
 
 def provenance_problems(prov: dict, strict: bool = True) -> list[str]:
@@ -520,12 +516,12 @@ def provenance_problems(prov: dict, strict: bool = True) -> list[str]:
     return problems
 
 
+#: The largest claims.json read back (32 MiB; the quick report's is about 1 MB): parsed, a JSON document takes
+#: up to numerics.io.PARSE_FACTOR times its size in memory.
 MAX_BYTES = 32 * 2 ** 20
-"""The largest claims.json read back (32 MiB; the quick report's is about 1 MB): parsed, a JSON
-document takes up to numerics.io.PARSE_FACTOR times its size in memory."""
+#: Figures a claims.json read back may ask to draw, each panel counted (a drawing takes 0.1-0.3 s of CPU, so
+#: 400 are a minute or two; a file of 1,500 figures took 448 s to re-render).
 MAX_DRAWINGS = 400
-"""Figures a claims.json read back may ask to draw, each panel counted (a drawing takes 0.1-0.3 s of
-CPU, so 400 are a minute or two; a file of 1,500 figures took 448 s to re-render)."""
 
 
 def drawings(report: dict) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 # numpy/scipy's OpenBLAS threads its dot products above a few thousand elements (np.convolve in
-# theory.exact's moment tables), which on 2 cores costs more than it gains (reports.run measured
+# theory.exact's moment tables), which on 2 cores costs more than it gains (reports.build measured
 # 3.8 CPU-s against 0.3 for the same convolutions); the suite runs it on one thread, as the report
 # build does (numerics.io.ONE_BLAS_THREAD).  Set before numpy loads; where it already has, the
 # library's own setter below.

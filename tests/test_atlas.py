@@ -122,7 +122,7 @@ def test_registered_and_opt_in():
 def test_default_report_skips_the_atlas():
     """reports.build with no --only must not run the atlas ids (issue 23)."""
     from reports.build import BuildConfig
-    from reports.run import selected
+    from reports.build import selected
     assert not set(selected(BuildConfig())) & set(claims.OPT_IN)
 
 

@@ -87,9 +87,9 @@ def test_claim_estimate_within_the_stated_factor_of_its_measured_cpu_time(claim_
 
 
 def test_wall_estimate_schedules_needs_as_the_engine_does():
-    """reports.run.wall_seconds: the needs on ``jobs`` processes, the costliest first to the freest
+    """reports.build.wall_seconds: the needs on ``jobs`` processes, the costliest first to the freest
     process (the engine's order); one process is the sum; never below the costliest need."""
-    from reports.run import wall_seconds
+    from reports.build import wall_seconds
     needs = [120.0, 100.0, 50.0, 30.0]
     assert wall_seconds(needs, 1) == pytest.approx(300.0)
     # 120 | 100, then 50 to the 100 process (150), 30 to the 120 process: 150 | 150
@@ -103,13 +103,13 @@ def test_a_shared_need_is_priced_once():
     their plans, each need once (a need k claims share counts 1/k to each), so the two claims
     together cost less than their separate estimates by exactly what they share."""
     from numerics.engine import closure, cost_of
-    from reports import build, run
+    from reports import build
     ids = ["limiting-error", "multi-head-gain"]
     needs = {cid: set(closure(claims.plan_of(cid, "quick"))) for cid in ids}
     shared = needs[ids[0]] & needs[ids[1]]
     assert any(n.kind == "converged" for n in shared) and shared != needs[ids[1]]
     args = ["--profile", "quick", "--only", ",".join(ids), "--out", "/tmp/unused"]
-    cost = run.estimate(build.validate(build.config_from_args(build.make_parser().parse_args(args))))
+    cost = build.estimate(build.validate(build.config_from_args(build.make_parser().parse_args(args))))
     alone = sum(claims.estimate_seconds(cid, "quick") for cid in ids)
     assert cost["seconds"] == pytest.approx(alone - sum(cost_of(n) for n in shared))
 
@@ -126,7 +126,7 @@ def test_runs_a_sweep_holds_are_not_priced(tmp_path):
     from pathlib import Path
 
     from numerics.engine import closure, cost_of
-    from reports import build, run
+    from reports import build
     from numerics.sweep import expand_grid, load_grid, run_grid
 
     points = expand_grid(load_grid(Path(__file__).resolve().parent.parent / "examples" / "sweep_tiny.toml")[0])
@@ -134,9 +134,9 @@ def test_runs_a_sweep_holds_are_not_priced(tmp_path):
     ids = ["limiting-error", "multi-head-gain"]
     args = ["--profile", "tiny", "--only", ",".join(ids), "--out", str(tmp_path / "r")]
     cfg = lambda *more: build.validate(build.config_from_args(build.make_parser().parse_args(args + list(more))))  # noqa: E731
-    without, held = run.estimate(cfg())["seconds"], run.estimate(cfg("--from-sweep", str(tmp_path / "s")))["seconds"]
+    without, held = build.estimate(cfg())["seconds"], build.estimate(cfg("--from-sweep", str(tmp_path / "s")))["seconds"]
     runs = {n for cid in ids for n in closure(claims.plan_of(cid, "tiny")) if n.kind == "converged"}
     assert len(runs) == len(points) == 3
     assert without - held == pytest.approx(sum(cost_of(n) for n in runs))
-    other = run.estimate(cfg("--from-sweep", str(tmp_path / "s"), "--seed", "1"))["seconds"]
+    other = build.estimate(cfg("--from-sweep", str(tmp_path / "s"), "--seed", "1"))["seconds"]
     assert other == pytest.approx(without)

@@ -25,7 +25,6 @@ from claims.core.base import Figure, Series
 from reports import build as report_build
 from reports import compare as report_compare
 from reports import render as report_render
-from reports import run as report_run
 from reports.build import check_report, main
 from reports.schema import document_problems
 
@@ -153,12 +152,12 @@ def test_the_estimate_is_the_claims_plans(registry, monkeypatch):
     cfg = BuildConfig(profile="tiny", only=("fake-config", "fake-plain"), problem={"tasks": [3, 3], "heads": 2, "L": 64})
     ctx = context(fake_config, "tiny", problem=cfg.problem)
     theory, training = (cost_of(n) for n in fake_config.plan(ctx, None))
-    cost = report_run.estimate(BuildConfig(profile="tiny", only=("fake-config",), problem=cfg.problem))
+    cost = report_build.estimate(BuildConfig(profile="tiny", only=("fake-config",), problem=cfg.problem))
     assert cost["seconds"] == pytest.approx(theory + cost_of(training_need(ctx))) and cost["unknown"] == []
-    cost = report_run.estimate(dataclasses.replace(cfg, problem=None))
+    cost = report_build.estimate(dataclasses.replace(cfg, problem=None))
     assert cost["per_claim"]["fake-plain"] == pytest.approx(theory / 2)   # the theory need both ask for
     monkeypatch.setitem(claims.REGISTRY, "fake-plain", "no_such_module:SPEC")
-    assert report_run.estimate(cfg)["unknown"] == ["fake-plain"]
+    assert report_build.estimate(cfg)["unknown"] == ["fake-plain"]
 
 
 # --------------------------------------------------------------------------- bad input (exit 2)

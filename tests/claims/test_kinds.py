@@ -1,7 +1,7 @@
 """One "kind from id" (issue 32): a spec declares its kind; claims.core.base.kind_from_id is the rule
 for where no spec can say (a claim module that failed to import, an older claims.json without
 ``kind``), and every reader of the reports uses it, so that ``atlas-...`` is a boundary
-everywhere (reports/run.py used to say so, reports/schema.py and reports/render.py did not)."""
+everywhere (the build, the schema and the page)."""
 import pytest
 
 import claims
