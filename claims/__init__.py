@@ -1,8 +1,8 @@
 """Claim checks: theory against numerics, one module per claim of the paper.
 
-Each claim module declares a :class:`claims.core.spec.ClaimSpec` (``SPEC``, or ``SPECS`` for a
+Each claim module declares a :class:`claims.core.ClaimSpec` (``SPEC``, or ``SPECS`` for a
 module holding two ids); :data:`REGISTRY` maps each claim id (the ids of ``claims.json``) to
-``"module:NAME"``.  Every claim runs through the one runner, ``claims.core.spec.run_spec``:
+``"module:NAME"``.  Every claim runs through the one runner, ``claims.core.run_spec``:
 
     run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None, problem=None) -> ClaimResult
 
@@ -56,8 +56,8 @@ def spec_of(claim_id: str):
 
 
 def check_problem(problem: Optional[dict], device: str = "cpu") -> Optional[dict]:
-    """The one parser of a researcher's configuration (``claims.core.spec.check_problem``)."""
-    from claims.core.spec import check_problem as parse
+    """The one parser of a researcher's configuration (``claims.core.check_problem``)."""
+    from claims.core import check_problem as parse
     return parse(problem, device)
 
 
@@ -83,7 +83,7 @@ def reads_sweep(claim_id: str) -> bool:
 def plan_of(claim_id: str, profile: str, problem: Optional[dict] = None, device: str = "cpu", seed: int = 0):
     """Every need the claim's plan may ask for (its plan asked with no results: the conditional
     needs included), or None for a claim that is not a plan."""
-    from claims.core.spec import context
+    from claims.core import context
     s = spec_of(claim_id)
     if s.plan is None:
         return None

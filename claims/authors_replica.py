@@ -44,10 +44,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from claims.core.base import Figure, Finding
-from claims.core.common import lines_figure, reported_row
+from claims.core import ClaimSpec, Figure, Finding, Outcome, finding, lines_figure, reported_row
 from claims.audit import AuditRequest, plan_audit, run_audit
-from claims.core.spec import ClaimSpec, Outcome, finding
 from numerics.engine import Need, need
 from numerics.experiments import authors
 from numerics.reference_points import SEARCH

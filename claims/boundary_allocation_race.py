@@ -7,7 +7,7 @@ Judged: the ODE rule where the race is decided; the reduced flow's phase times (
 on D, where the reduced flow is exact), compared where the readout finds the three phases in both
 runs -- above the scale where the warm-up vanishes it finds none, and those runs are listed with
 the reason, never compared -- and judged over the prompt streams by a rule fixed in advance
-(claims.core.phase_checks.phase_comparisons); and the paper's suitable initialisation: from the
+(claims.core.phase_comparisons); and the paper's suitable initialisation: from the
 smallest default decomposable start every converged seed allocates (the share of converged seeds
 through its binomial interval).  Every start's seeds
 are counted by end class (numerics.readout.end_class), reported per scale.  Where the warm-up vanishes and
@@ -21,13 +21,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from claims.core.base import Figure
-from claims.core.common import Z_SE, Comparison, config_label, headline_row, lines_figure, reported_row
-from claims.core.phase_checks import (ALLOCATION, FIELDS, PHASES, decided, guarded_plan, independent, mix_figure, mix_phrase,
-                                 mix_rows, not_run, nothing_compared, outcome_comparison, phase_comparisons,
-                                 phase_finding, phase_rows, share_comparison)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
-from claims.core.spec import theory_need
+from claims.core import (ALLOCATION, FIELDS, PHASES, Z_SE, ClaimSpec, Comparison, Figure, Outcome, comparisons_where,
+                         config_label, decided, finding, guarded_plan, headline_row, independent, lines_figure,
+                         mix_figure, mix_phrase, mix_rows, not_run, nothing_compared, outcome_comparison,
+                         phase_comparisons, phase_finding, phase_rows, replace_fields, reported_row, share_comparison,
+                         theory_need)
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import (large_init_needs, outcome_mix, race_cell_needs, reference_needs,
                                          references)
@@ -80,7 +78,7 @@ def _large_base(ctx) -> ProblemConfig:
 
 
 def cells_part(ctx) -> tuple:
-    """(label, cfg) of the race cells, for claims.core.phase_checks' stability guard."""
+    """(label, cfg) of the race cells, for claims.core' stability guard."""
     return (("race cells", _race_base(ctx)),)
 
 
@@ -128,7 +126,7 @@ def large_runs(ctx, results) -> dict:
 def check_large_phases(large: dict, spacing: float, config=None) -> list[Comparison]:
     """The full model from the default decomposable start against the reduced flow from the same
     start on the same prompts (on D the reduced flow is exact), warm-up and emergence ends at every
-    scale, judged by :func:`claims.core.phase_checks.phase_comparisons`' rule with the prompt stream as
+    scale, judged by :func:`claims.core.phase_comparisons`' rule with the prompt stream as
     the unit (the scales share it).  Above the scale where the warm-up vanishes the readout finds no
     three phases (a warm-up end inside the first record spacing: the loss falls from the first step),
     and its 90% crossing lies on the slow approach to the end level, where a level difference of a
@@ -143,9 +141,9 @@ def check_large_phases(large: dict, spacing: float, config=None) -> list[Compari
 def check_small_start_allocates(runs: list[dict], s0: float, config=None) -> Comparison:
     """The paper's "suitable initialisation" (the default decomposable start at a small scale)
     predicts its picture: every seed that has converged ends allocated (or with heads still
-    sharing a task with one sign, the race not ended: claims.core.phase_checks.ALLOCATION).  Compared
+    sharing a task with one sign, the race not ended: claims.core.ALLOCATION).  Compared
     as the share of converged seeds in those classes against 1 through their binomial interval
-    (claims.core.phase_checks.share_comparison); the wrong prediction "no seed allocates" (share 0)
+    (claims.core.share_comparison); the wrong prediction "no seed allocates" (share 0)
     goes through the same comparison.  No seed converged: undecided."""
     states = [r["full"] for r in runs]
     ok = decided(states)
@@ -282,7 +280,7 @@ def findings(result) -> list:
     d = result.details
     race = comparisons_where(result, role="race winner")[0]
     p = d["ran"]["profile"]
-    if d.get("cells_not_run"):      # claims.core.phase_checks.not_run
+    if d.get("cells_not_run"):      # claims.core.not_run
         out = [finding(result, "beyond", "The (omega0, mu0) race cells were not trained: "
                        + d["cells_not_run"].replace("{", "{{").replace("}", "}}") + ".")]
     else:

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from claims.core.common import (Z_SE, Comparison, Tolerance, config_label, head_task_heatmap, headline_row,
-                                perturbation, resolved, term)
-from claims.core.spec import ClaimSpec, Outcome, finding, replace_fields, theory_need
+from claims.core import (Z_SE, ClaimSpec, Comparison, Outcome, Tolerance, config_label, finding, head_task_heatmap,
+                         headline_row, perturbation, replace_fields, resolved, term, theory_need)
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.model import initial_values

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from claims.core.common import EPS64, Comparison, Tolerance, compare, headline_row, noise_term, reported_row, term
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
+from claims.core import (EPS64, ClaimSpec, Comparison, Outcome, Tolerance, compare, comparisons_where, finding,
+                         headline_row, noise_term, reported_row, term)
 from numerics import saddle as measure
 from numerics.config import ProblemConfig
 from numerics.engine import need

@@ -8,8 +8,8 @@
     python -m reports.build --from-json OLD/claims.json --out NEW     (re-render, no compute)
 
 The report computes nothing of its own: each claim id of ``claims.REGISTRY`` names a
-``claims.core.spec.ClaimSpec``, a plan and a comparison; the union of the selected plans is run
-by one engine and each comparison makes a ``claims.core.base.ClaimResult`` (verdict, findings,
+``claims.core.ClaimSpec``, a plan and a comparison; the union of the selected plans is run
+by one engine and each comparison makes a ``claims.core.ClaimResult`` (verdict, findings,
 headline rows, figure data).  This module checks the arguments, runs the claims and records
 provenance (``reports.run``), renders
 (``reports.render``) and writes the output directory.  What the claims own, it asks them: the configuration is parsed by
@@ -18,12 +18,12 @@ provenance (``reports.run``), renders
 engine's cost model over their plans.  Everything is checked before any claim
 runs, the output directory included (:func:`check_out_dir`).
 
-The schema of claims.json is derived from the dataclasses of ``claims.core.base``
+The schema of claims.json is derived from the dataclasses of ``claims.core``
 (``reports.schema``); the findings of every claim are gathered into its top-level
 ``findings`` list, which the page shows first.
 
 Exit status: 0 when no claim fails or errors and no boundary is contradicted or errors
-(``claims.core.base.FAILING``; an ``undecided`` claim or boundary does not fail) and every figure
+(``claims.core.FAILING``; an ``undecided`` claim or boundary does not fail) and every figure
 rendered; 1 otherwise; 2 on bad arguments; 75 (``numerics.io.files.EXIT_DISK_FULL``) when the disk
 is full ("disk full: N bytes needed at PATH"; the previous report is intact); 130 when interrupted.
 
@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, TextIO
 
 import claims
-from claims.core.base import FAILING, PROFILES, ClaimResult
+from claims.core import FAILING, PROFILES, ClaimResult
 from numerics.io.handed import TOMLDecodeError, toml_loads
 from numerics.io.command import command_line
 from numerics.io.command import check_device_option
@@ -857,7 +857,7 @@ def summary_table(report: dict) -> str:
 
 
 def exit_status(report: dict) -> int:
-    """1 if a claim fails or errors, a boundary is contradicted or errors (claims.core.base.FAILING),
+    """1 if a claim fails or errors, a boundary is contradicted or errors (claims.core.FAILING),
     or a figure could not be drawn; else 0."""
     bad = any(e["verdict"] in FAILING.get(e.get("kind", "claim"), ()) or e["figure_errors"]
               for e in report["claims"])

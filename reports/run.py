@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 import claims
-from claims.core.base import ClaimResult, kind_from_id, no_progress, run_claim
+from claims.core import ClaimResult, kind_from_id, no_progress, run_claim
 from numerics.io.command import one_blas_thread
 from reports.schema import VERSIONED_PACKAGES, BadArguments, entry_problems, with_defaults
 
@@ -220,7 +220,7 @@ def run_planned(cfg, ids: list[str], stream: TextIO, cpu_seconds: Optional[dict]
     the needs run in worker processes, the costliest first), then each claim's comparison.  A
     claim that does not import, or whose plan or comparison raises, or reads a need that failed,
     reads ``error`` with the reason."""
-    from claims.core.spec import context, finished
+    from claims.core import context, finished
     from numerics import experiments
     from numerics.engine import Engine, Results, closure
 

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from claims.core.base import ClaimResult
+from claims.core import ClaimResult
 from claims.boundary_initialisation import check_gradient_free, check_warmup_bound, run
 from claims.boundary_initialisation import findings as init_findings
 from numerics.config import ProblemConfig
@@ -234,7 +234,7 @@ def test_a_diverged_run_is_said_not_subscripted():
     starts do) carries no phases and no end weights: the phase comparison lists it as not compared,
     saying so, and still compares the others."""
     import numpy as np
-    from claims.core.phase_checks import phase_comparisons, phases_found
+    from claims.core import phase_comparisons, phases_found
     from theory.three_phases import phase_times
 
     t = np.linspace(0.0, 40.0, 81)
@@ -255,8 +255,8 @@ def test_typical_share_is_one_sided_and_needs_enough_seeds():
     of 1/2 is no 4-sigma event), so it is undecided, never agreement; 68 of 96 confirms it, 28 of
     96 contradicts it.  Where it is confirmed every perturbation (its negation, the edge probe) is
     rejected: the check can fail."""
-    from claims.core.base import judge
-    from claims.core.phase_checks import nothing_compared, share_at_least
+    from claims.core import judge
+    from claims.core import nothing_compared, share_at_least
 
     def verdict(k, n):
         c = share_at_least("s", k, n, 0.5, "why")
@@ -291,7 +291,7 @@ def test_unbalanced_outcomes_are_judged_as_typical_agreement():
     contradicts nor confirms it (undecided, never contradicted by two starts), 0 of 24 contradicts it,
     24 of 24 confirms it."""
     from claims.boundary_initialisation import check_unbalanced_winners
-    from claims.core.base import judge
+    from claims.core import judge
 
     def runs(n_starts, agree):
         out = []
@@ -311,13 +311,13 @@ def test_unbalanced_outcomes_are_judged_as_typical_agreement():
 
 def test_starts_past_the_stability_bound_are_not_run(device, monkeypatch):
     """Beyond d = 9 a step at or past the full model's stability bound 2 / lambda_full for both kinds of start
-    (claims.core.phase_checks.not_run) trains no start: at the authors' blocks every unbalanced start and every random one
+    (claims.core.not_run) trains no start: at the authors' blocks every unbalanced start and every random one
     at s0 = 0.3 diverged at the claim's lr 0.1, and nothing was decided after 14 CPU-min.  The verdict is undecided
     with the reason and the plan asks no start once its guards say so; below the bound the same problem is trained.
     lambda_full is stubbed (its Hessian costs seconds)."""
     import claims.boundary_initialisation as claim
-    from claims.core.phase_checks import guard_needs, not_run
-    from claims.core.spec import context, run_plan
+    from claims.core import guard_needs, not_run
+    from claims.core import context, run_plan
     from numerics.engine import clear_memo
     from numerics.experiments import converged, starts
     problem = {"tasks": (5, 5), "heads": 2, "L": 32}

@@ -16,7 +16,7 @@ from hypothesis import given, note, strategies as st
 from claims import boundary_fewer_heads as fewer
 from claims import boundary_saturation as saturation
 from claims import boundary_small_L as limits
-from claims.core.common import Z_SE
+from claims.core import Z_SE
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.train import TrainConfig

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import Phase, given, note, settings, strategies as st
 
 from claims import limiting_error as claim
-from claims.core.common import Comparison, perturbation
+from claims.core import Comparison, perturbation
 from numerics.experiments.converged import TrainingSchedule, train_converged
 from numerics.config import ProblemConfig
 from numerics.model import TrainingDiverged
@@ -115,7 +115,7 @@ def test_tiny_run_passes(tiny):
 
 def test_findings_read_fields_not_names(tiny):
     """The findings find their comparisons by the fields they were built with (details["role"],
-    details["L"]: claims.core.spec.comparisons_where), never by their names: every comparison renamed,
+    details["L"]: claims.core.comparisons_where), never by their names: every comparison renamed,
     the findings' sentences and numbers are unchanged."""
     import copy
     res = copy.deepcopy(tiny)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import Phase, given, note, settings, strategies as st
 
 from claims import multi_head_gain as claim
-from claims.core.common import Comparison, perturbation
+from claims.core import Comparison, perturbation
 from numerics.experiments.converged import TrainingSchedule, train_converged
 from numerics.config import ProblemConfig
 from numerics.model import TrainingDiverged
@@ -40,7 +40,7 @@ def problems(draw, Ls):
 
 def _decide(device, problem, seed):
     base = ProblemConfig(device=device, heads=len(problem["tasks"]), **problem)
-    inside = claim.domain(base)
+    inside = claim.domain(base, gain=True)
     g = exact_theory.finite_L_gain(base.tasks, base.L, base.sigma)
     runs = {}
     for heads, label, pred in ((base.m, f"H = {base.m}", g["allocated"]), (1, "one head", g["single"])):
@@ -115,7 +115,7 @@ def test_pair_statuses_decide_the_side():
     cfg = ProblemConfig(tasks=(2, 2), heads=2, L=64)
     g = {"gain": 1.5, "loss_single": 0.75, "loss_allocated": 0.5, "single": {"error_estimate": 0.0},
          "allocated": {"error_estimate": 0.0}}
-    inside = claim.domain(cfg)
+    inside = claim.domain(cfg, gain=True)
     one = ProblemConfig(tasks=(2, 2), heads=1, L=64)
 
     def pair(multi, single):
@@ -153,9 +153,9 @@ def test_undecided_run_is_undecided_not_a_pass(monkeypatch):
 
 
 def test_domain_is_decided_from_the_configuration():
-    assert claim.domain(ProblemConfig(tasks=(2, 2), heads=2, L=32))["inside"]
+    assert claim.domain(ProblemConfig(tasks=(2, 2), heads=2, L=32), gain=True)["inside"]
     for bad in ({"tasks": (2,), "heads": 1}, {"param": "merged"}):
-        d = claim.domain(ProblemConfig(**{"tasks": (2, 2), "heads": 2, "L": 32, **bad}))
+        d = claim.domain(ProblemConfig(**{"tasks": (2, 2), "heads": 2, "L": 32, **bad}), gain=True)
         assert not d["inside"] and d["reasons"], d
 
 

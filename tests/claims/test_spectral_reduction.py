@@ -157,7 +157,7 @@ def test_run_tiny_profile(tiny):
 
 def test_findings_read_roles_not_names(tiny):
     """The findings find their comparisons by the role they were built with (details["role"]:
-    claims.core.spec.comparisons_where), never by their names: every comparison renamed, the findings'
+    claims.core.comparisons_where), never by their names: every comparison renamed, the findings'
     sentences and numbers are unchanged."""
     result = copy.deepcopy(tiny)
     before = [(f.kind, f.text, f.numbers) for f in claim.findings(result)]

@@ -16,8 +16,7 @@ from hypothesis import Phase, given, note, settings, strategies as st
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
 from claims import task_allocation as claim
-from claims.core.common import Z_SE
-from claims.core.spec import context
+from claims.core import Z_SE, context
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.experiments import phases as experiments

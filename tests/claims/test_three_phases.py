@@ -16,8 +16,7 @@ import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import three_phases as claim
-from claims.core.common import Z_SE
-from claims.core.spec import context, run_plan
+from claims.core import Z_SE, context, run_plan
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.experiments import phases as experiments
@@ -152,7 +151,7 @@ def test_run_tiny_profile_and_problem(device, tiny):
 
 def test_findings_read_roles_not_names(tiny):
     """The findings find their comparisons by the role they were built with (details["role"]:
-    claims.core.spec.comparisons_where), never by their names: every comparison renamed, the findings'
+    claims.core.comparisons_where), never by their names: every comparison renamed, the findings'
     sentences and numbers are unchanged.  The tiny profile has one init scale, so a warm-up constant
     comparison (three or more init scales) is added by hand."""
     result = copy.deepcopy(tiny)
@@ -192,7 +191,7 @@ def test_a_phase_end_row_agrees_by_its_own_numbers():
     """The phase-times comparison is the max over both ends; a row showing one end must agree
     with its own numbers (at the authors' configuration one end agreed, the other did not, and
     the inherited False broke claims.json's consistency check), while the comparison fails."""
-    from claims.core.common import compare, headline_row
+    from claims.core import compare, headline_row
     tols = {"warmup_end": 0.66, "emergence_end": 0.40}
     c = compare("phase times", {"warmup_end": 3.08, "emergence_end": 2.5}, {"warmup_end": 3.61, "emergence_end": 1.82},
                 1.0, "max |dt| / tol", error=lambda m, p: max(abs(m[k] - p[k]) / tols[k] for k in p))
