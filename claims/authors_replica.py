@@ -319,4 +319,3 @@ SPEC = ClaimSpec(
               "10,000 fresh prompts a step, from nn.Linear's default and from their small initialisation), trained by "
               "this project's trainer: where do its models stand against the paper's theory at that configuration?",
     profiles=PROFILES, plan=plan, compare=compare_results, kind="boundary", fields=(), findings=findings)
-run = SPEC.run

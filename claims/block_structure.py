@@ -352,4 +352,3 @@ SPEC = ClaimSpec(
                "nonzero, each diagonal in the task basis (for both parametrisations and any basis Phi)."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
     resolve=with_problem)
-run = SPEC.run

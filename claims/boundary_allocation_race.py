@@ -340,8 +340,6 @@ RACE_SPEC = ClaimSpec(
     profiles=RACE_PROFILES, plan=plan, compare=compare, kind="boundary", fields=FIELDS, findings=findings,
     resolve=lambda p, problem: replace_fields(p, problem, FIELDS),
     cannot_run=lambda problem: ("the race needs at least two heads" if int(problem.get("heads", 2)) < 2 else None))
-CLAIM_ID, TITLE, STATEMENT = RACE_SPEC.id, RACE_SPEC.title, RACE_SPEC.statement
-run = RACE_SPEC.run
 
 
 def _race_heatmap(p: RaceProfile, cells) -> Figure:

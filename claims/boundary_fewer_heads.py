@@ -188,4 +188,3 @@ SPEC = ClaimSpec(
                "partition (above the m-head allocated limit)."),
     profiles=FEWER, plan=plan_fewer, compare=compare_fewer, resolve=lambda p, pr: replace_fields(p, pr, KEYS),
     fields=KEYS, cannot_run=_fewer_cannot, findings=findings_fewer)
-run_fewer_heads = SPEC.run

@@ -406,8 +406,6 @@ INIT_SPEC = ClaimSpec(
               "does the paper's picture (decomposable, allocated, three phases) still come out?",
     profiles=INIT_PROFILES, plan=plan, compare=compare, kind="boundary", fields=FIELDS, findings=findings,
     resolve=lambda p, problem: replace_fields(p, problem, FIELDS))
-CLAIM_ID, TITLE, STATEMENT = INIT_SPEC.id, INIT_SPEC.title, INIT_SPEC.statement
-run = INIT_SPEC.run
 
 
 def random_part(runs: dict, refs: dict, config: str) -> tuple[list, list, dict]:

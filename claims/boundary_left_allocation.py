@@ -245,4 +245,3 @@ SPEC = ClaimSpec(
     statement=("Where claims 5-6's trained models leave the allocated set, their loss is not above the allocated "
                "fixed point, and the flow, followed until converged, ends at the best decomposable point of the same H."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings, reads_sweep=True)
-run = SPEC.run

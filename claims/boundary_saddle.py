@@ -389,4 +389,3 @@ SPEC = ClaimSpec(
                "2 log(1 + lr a)/lr of the point the run holds; SGD noise seeds it, so trained runs leave allocation "
                "after a time growing with the batch size, while a noiseless flow on an exactly invariant batch stays."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings)
-run = SPEC.run

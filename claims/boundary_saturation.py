@@ -160,4 +160,3 @@ SPEC = ClaimSpec(
                "omega^2 d / log L while the exact loss stays finite."),
     profiles=SATURATION, plan=plan_saturation, compare=compare_saturation, resolve=resolve_saturation,
     findings=findings_saturation, fields=("tasks", "L", "sigma", "heads"))
-run_saturation = SPEC.run

@@ -209,4 +209,3 @@ SPEC = ClaimSpec(
                "not like L^-1 (a wrong coefficient)."),
     profiles=SMALL_L, plan=plan_small_L, compare=compare_small_L, resolve=resolve_small_L, findings=findings_small_L,
     fields=("tasks", "L", "sigma", "heads"))
-run_small_L = SPEC.run

@@ -196,4 +196,3 @@ SPEC = ClaimSpec(
                "Lambda = sum_i min_w F(w; r_i, r_i, sigma)."),
     profiles=PROFILES, plan=plan, compare=compare_results, resolve=with_problem, findings=findings, reads_sweep=True,
     fields=("tasks", "heads", "L", "sigma", "param", "init_scale", "logit_scale", "basis", "dtype"))
-run = SPEC.run

@@ -261,4 +261,3 @@ SPEC = ClaimSpec(
                "ratio of the one-head optimum to the allocated fixed point; the gain tends to theory's rho_inf as "
                "L grows, which is below H at finite block size and rises towards H = m with r."),
     profiles=PROFILES, plan=plan, compare=compare_results, resolve=with_problem, findings=findings, reads_sweep=True)
-run = SPEC.run

@@ -299,4 +299,3 @@ SPEC = ClaimSpec(
                "(signed decomposable points with shared heads, and full merged models from random starts)."),
     profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings,
     fields=("tasks", "heads", "L", "sigma", "init_scale", "logit_scale", "basis", "dtype"))
-run = SPEC.run

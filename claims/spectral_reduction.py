@@ -500,4 +500,3 @@ SPEC = ClaimSpec(
                "head, m distinct QK values omega[h,i] (equal within a task block) and m OV values mu[h,i]."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
     resolve=with_problem)
-run = SPEC.run

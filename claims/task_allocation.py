@@ -464,4 +464,3 @@ SPEC = ClaimSpec(
         "problem must give tasks, heads, L and optionally sigma, param, init_scale, logit_scale, basis, dtype; got "
         f"keys {sorted(q)}"),
     paper="each head ends serving one task, the one its initial OV value favours most")
-run = SPEC.run

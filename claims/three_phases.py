@@ -493,4 +493,3 @@ SPEC = ClaimSpec(
         "claim 3 is stated for factored weights (the paper's architecture); merged weights are the boundary "
         "'boundary-merged-superposition'"),
     paper="slow warm-up, fast emergence (each head takes a task), then convergence")
-CLAIM_ID, TITLE, STATEMENT, run = SPEC.id, SPEC.title, SPEC.statement, SPEC.run

@@ -13,7 +13,7 @@ by one engine and each comparison makes a ``claims.core.ClaimResult`` (verdict, 
 headline rows, figure data).  This module checks the arguments, runs the claims and records
 provenance (``reports.run``), renders
 (``reports.render``) and writes the output directory.  What the claims own, it asks them: the configuration is parsed by
-``claims.check_problem``, which claims cannot build their experiment at it by
+``claims.core.check_problem``, which claims cannot build their experiment at it by
 ``claims.cannot_run``, which read a sweep by ``claims.reads_sweep``, and the cost by the
 engine's cost model over their plans.  Everything is checked before any claim
 runs, the output directory included (:func:`check_out_dir`).
@@ -147,7 +147,7 @@ class BuildConfig:
 
 def read_config_file(path: str) -> dict:
     """The fields of a TOML file (top level, or a ``[problem]`` table), read by the project's input
-    policy (a regular file of bounded size; a FIFO is refused unopened); claims.check_problem
+    policy (a regular file of bounded size; a FIFO is refused unopened); claims.core.check_problem
     judges the fields."""
     try:
         raw = read_input_bytes(path, "--config", max_bytes=2**20)
@@ -291,7 +291,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help="no progress bars on stderr (the start and end of each claim is still "
                              "printed)")
     audit = parser.add_argument_group("per-configuration audit", textwrap.fill(
-        "run every claim that can at this configuration (parsed by claims.check_problem, the one "
+        "run every claim that can at this configuration (parsed by claims.core.check_problem, the one "
         "parser of a configuration); the report says which ran where. The flags override the "
         "fields of --config", width=88))
     audit.add_argument("--tasks", default=None, metavar="R,R,..",

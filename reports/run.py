@@ -2,7 +2,7 @@
 execution by one engine, the progress display and the provenance of the run.
 
 Before any claim runs, every question is asked of the claims (``reports.build`` asks, never
-guesses): the configuration is parsed by ``claims.check_problem`` (the one parser); which claims
+guesses): the configuration is parsed by ``claims.core.check_problem`` (the one parser); which claims
 cannot build their experiment at it, by ``claims.cannot_run``; which read a sweep, by
 ``claims.reads_sweep``; the cost, by the engine's cost model over the union of the plans.  A
 claim that cannot answer (a claim that does not import) is treated as giving no answer; it
@@ -54,11 +54,11 @@ def _ask(name: str, *args, default=None):
 
 
 def check_problem(fields: dict, device: str = "cpu") -> dict:
-    """The configuration, parsed and validated by ``claims.check_problem`` (the one parser:
+    """The configuration, parsed and validated by ``claims.core.check_problem`` (the one parser:
     each field checked by ProblemConfig, unknown fields refused); its ValueError becomes
     :class:`BadArguments`.  Returns the normalised fields (tasks a list)."""
     try:
-        problem = dict(claims.check_problem(dict(fields), device))
+        problem = dict(claims.core.check_problem(dict(fields), device))
     except (ValueError, TypeError) as exc:
         raise BadArguments(str(exc)) from None
     if "tasks" in problem:

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from claims.boundary_allocation_race import RACE_SPEC, RaceProfile, cells_part, check_race, race_grid
 from claims.boundary_allocation_race import findings as race_findings
-from claims.boundary_allocation_race import run as run_race
 from claims.core import ClaimResult, context, guard_needs
 from numerics.engine import Engine
 from numerics.experiments.starts import race_cell_needs
@@ -48,7 +47,7 @@ def test_race_claim_tiny(device):
     """The tiny profile: the race is decided and agrees; the large-init phases (a drop not clear of
     the noise at batch 128, two prompt streams) are not compared, so that part is undecided, saying
     why -- never contradicted."""
-    r = run_race(profile="tiny", device=device)
+    r = RACE_SPEC.run(profile="tiny", device=device)
     assert r.details.get("domain"), r.details.get("error")
     race = next(c for c in r.details["comparisons"] if c["name"].startswith("race winner"))
     assert race["agrees"], race
@@ -193,7 +192,7 @@ def test_streams_that_share_their_prompts_make_the_claim_an_error(device, monkey
     reads error naming the cell's streams, never 'the data seeds agree'."""
     from test_boundary_initialisation import every_run_as_run_zero
     with every_run_as_run_zero(monkeypatch):
-        r = run_race(profile="tiny", device=device)
+        r = RACE_SPEC.run(profile="tiny", device=device)
     assert r.verdict == "error", r.verdict
     err = r.details["error"]
     assert err.startswith("ValueError: race cell (omega x0.5, mu x0.5): its prompt streams: runs counted as "

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from claims.core import ClaimResult
-from claims.boundary_initialisation import check_gradient_free, check_warmup_bound, run
+from claims.boundary_initialisation import INIT_SPEC, check_gradient_free, check_warmup_bound
 from claims.boundary_initialisation import findings as init_findings
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
@@ -114,7 +114,7 @@ def test_tiny_initialisation_run(device, problem):
     gradient-free part, the warm-up bound, the unbalanced reduced flow) and every
     perturbation is rejected."""
     tasks, heads, L, sigma = problem
-    r = run(profile="tiny", device=device, problem={"tasks": tasks, "heads": heads, "L": L, "sigma": sigma})
+    r = INIT_SPEC.run(profile="tiny", device=device, problem={"tasks": tasks, "heads": heads, "L": L, "sigma": sigma})
     assert r.details.get("domain"), r.details.get("error")
     decidable = [c for c in r.details["comparisons"]
                  if c["details"].get("compared", 1) > 0 and c["details"].get("decided", 1) > 0
@@ -343,7 +343,7 @@ def test_starts_past_the_stability_bound_are_not_run(device, monkeypatch):
     monkeypatch.setattr(starts, "_train_measured", lambda *a, **k: pytest.fail("a start past the bound was trained"))
     monkeypatch.setattr(starts, "train_reduced_many", lambda *a, **k: pytest.fail("a flow past the bound was trained"))
     assert not any(n.kind in ("start_runs", "start_flows") for n in run_plan(claim.INIT_SPEC, ctx, Engine(seed=0)))
-    res = run(profile="quick", device=device, problem=problem)
+    res = INIT_SPEC.run(profile="quick", device=device, problem=problem)
     assert res.verdict == "undecided" and res.details["undecided"] == "not run: " + why, res.details
     assert "stability bound 2/lambda = 0.02" in res.details["not_run"]
     assert init_findings(res) == []
@@ -380,7 +380,7 @@ def test_runs_that_share_their_randomness_make_the_claim_an_error(device, monkey
     the claim reads error naming the runs that share them (the seeds of a random start share their prompt stream on
     purpose, so their initial weights are what must differ), never a count of seeds that all agree."""
     with every_run_as_run_zero(monkeypatch):
-        r = run(profile="tiny", device=device)
+        r = INIT_SPEC.run(profile="tiny", device=device)
     assert r.verdict == "error", (r.verdict, r.details.get("undecided"))
     err = r.details["error"]
     assert err.startswith("ValueError: random starts at s0=") and "share their initial weights" in err, err

@@ -90,7 +90,7 @@ def test_trained_gain_matches_theory_large_L(device, problem, seed):
 
 
 def test_tiny_run_passes():
-    res = claim.run("tiny")
+    res = claim.SPEC.run("tiny")
     assert res.verdict == "pass", res.details.get("error") or res.details.get("comparisons")
     names = [row["name"] for row in res.headline]
     assert names[0] == "gain of trained full models", names
@@ -147,7 +147,7 @@ def test_undecided_run_is_undecided_not_a_pass(monkeypatch):
     patch_kind(monkeypatch, "converged", lambda cfg, schedule, seed=0: _fake_run(2.0, converged=False))
     monkeypatch.setattr(mod, "check_bridge_gain", agreeing("gain of exact reduced minima (bridge)"))
     monkeypatch.setattr(mod, "check_gain_limit", agreeing("gain at large L -> rho_inf"))
-    res = claim.run(claim.MultiHeadGainProfile(train_Ls=(64,), schedule=TEST_SCHEDULE))
+    res = claim.SPEC.run(claim.MultiHeadGainProfile(train_Ls=(64,), schedule=TEST_SCHEDULE))
     assert all(c["agrees"] for c in res.details["comparisons"]), res.details
     assert res.verdict == "undecided" and "not decided" in res.details.get("undecided", ""), res.details
 
@@ -161,10 +161,10 @@ def test_domain_is_decided_from_the_configuration():
 
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="profile"):
-        claim.run(profile="paperish")
-    res = claim.run("tiny", sweep="somewhere")
+        claim.SPEC.run(profile="paperish")
+    res = claim.SPEC.run("tiny", sweep="somewhere")
     assert res.verdict == "error" and "sweep" in res.details["error"]
-    res = claim.run("tiny", problem={"tasks": (2, 2), "heads": 0, "L": 32})
+    res = claim.SPEC.run("tiny", problem={"tasks": (2, 2), "heads": 0, "L": 32})
     assert res.verdict == "error" and "heads" in res.details["error"]
 
 

@@ -123,7 +123,7 @@ def test_findings_come_from_the_numbers():
 
 @pytest.mark.thorough
 def test_tiny_profile_passes(device):
-    r = claim.run(profile="tiny", device=device)
+    r = claim.SPEC.run(profile="tiny", device=device)
     assert r.verdict == "pass", r.details
     names = [h["name"] for h in r.headline]
     assert "constant at equal heads" in names and "constant at H = m+1" in names

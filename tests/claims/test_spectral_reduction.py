@@ -134,12 +134,12 @@ def test_bad_input_is_refused(device):
     with pytest.raises(ValueError, match=">= 3"):
         claim.trend_needs(cfg, [8, 16], TrainConfig(lr=0.05, time=0.1, batch=8, records=2), 3)
     with pytest.raises(ValueError, match="profile"):
-        claim.run(profile="huge")
+        claim.SPEC.run(profile="huge")
 
 
 @pytest.fixture(scope="module")
 def tiny(device):
-    return claim.run(profile="tiny", device=device, seed=0)
+    return claim.SPEC.run(profile="tiny", device=device, seed=0)
 
 
 def test_run_tiny_profile(tiny):

@@ -122,12 +122,12 @@ def test_share_and_law_definitions():
 
 @pytest.fixture(scope="module")
 def tiny(device):
-    return claim.run(profile="tiny", device=device, seed=0)
+    return claim.SPEC.run(profile="tiny", device=device, seed=0)
 
 
 def test_run_tiny_profile_and_problem(device, tiny):
     result = tiny
-    assert result.id == claim.CLAIM_ID
+    assert result.id == claim.SPEC.id
     assert result.verdict == "pass", result.details
     names = [h["name"] for h in result.headline]
     assert any(n.startswith("warm-up end") for n in names) and any(n.startswith("converged loss") for n in names)
@@ -138,13 +138,13 @@ def test_run_tiny_profile_and_problem(device, tiny):
     head = result.details["resolving_power"]["headline"]
     assert head["name"].startswith("phase times") and head["units"] == "relative" and 0 < head["eps"] < 1, head
     # a researcher's problem: H < m runs, its boundary (one head carries both tasks) recorded
-    res = claim.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 1, "L": 16})
+    res = claim.SPEC.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 1, "L": 16})
     ran = res.details["ran"][0]
     assert ran["config"]["tasks"] == [2, 2] and ran["config"]["heads"] == 1
     assert ran["boundary"]["theory_account_holds"], ran["boundary"]
-    bad = claim.run(profile="tiny", device=device, problem={"heads": 2, "bogus": 1})
+    bad = claim.SPEC.run(profile="tiny", device=device, problem={"heads": 2, "bogus": 1})
     assert bad.verdict == "error" and "unknown field" in bad.details["error"], bad.details
-    merged = claim.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 2, "L": 32, "param": "merged"})
+    merged = claim.SPEC.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 2, "L": 32, "param": "merged"})
     assert merged.verdict == "error" and "factored" in merged.details["error"], merged.details
     assert result.findings and any(ch.isdigit() for ch in result.findings[0].text), result.findings
 
@@ -175,7 +175,7 @@ def test_phase_tolerance_scales_theory_parts_with_the_prediction():
 
 @pytest.mark.thorough
 def test_quick_profile_passes_with_the_warmup_law(device):
-    result = claim.run(profile="quick", device=device)
+    result = claim.SPEC.run(profile="quick", device=device)
     assert result.verdict == "pass", [c["name"] + ": " + str(c["error"]) for c in result.details["comparisons"]]
     assert any(h["name"].startswith("warm-up constant C") for h in result.headline)
 
