@@ -78,7 +78,7 @@ def _large_base(ctx) -> ProblemConfig:
 
 
 def cells_part(ctx) -> tuple:
-    """(label, cfg) of the race cells, for claims.core' stability guard."""
+    """(label, cfg) of the race cells, for claims.core's stability guard."""
     return (("race cells", _race_base(ctx)),)
 
 

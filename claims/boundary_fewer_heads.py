@@ -48,11 +48,6 @@ FEWER = {
     "paper": FewerHeadsProfile(tasks=(4, 4, 4, 4), L=256, lr=0.05, time=200.0, batch=2048, n_eval=200000),
 }
 
-def shares_at_end(flow) -> list[float]:
-    """Per task the runner-up head's share of the largest |mu| at the end of theory's expansion
-    flow ``flow`` (a ``theory.reduced_ode`` trajectory)."""
-    return list(allocation(None, np.abs(flow.final_mu)).runner_up_share)
-
 
 def fewer_heads_error(loss_trained: float, loss_predicted: float, measured_winners, predicted_winners,
                       judge_winners: bool) -> float:
@@ -95,7 +90,8 @@ def check_fewer_heads(cfg, n_eval: int, flow, winners, end_flow, run) -> Compari
     fluctuation left in the averaged iterate.  Perturbations through the same function:
     "one head per task" (the m-head allocated limit's loss) and permuted winners."""
     om0, mu0 = initial_values(cfg)
-    winners, end_shares = [int(h) for h in winners], shares_at_end(end_flow)
+    # per task the runner-up head's share of the largest |mu| at the end of theory's expansion flow
+    winners, end_shares = [int(h) for h in winners], list(allocation(None, np.abs(end_flow.final_mu)).runner_up_share)
     decisive = all(sh <= SUPERPOSED_SHARE for sh in end_shares)
     om_avg, mu_avg, losses, part, alloc = run.omega, run.mu, run.losses, run.partition, run.allocated
     measured_winners = list(allocation(None, mu_avg).serving_head)

@@ -20,9 +20,9 @@ from dataclasses import replace
 from typing import Sequence
 
 from claims.core import (ClaimSpec, Comparison, Outcome, Tolerance, TrainedProfile, agreement, bridge_need, case_figure,
-                         check_large_L, check_trained_run, compare, comparisons_where, configurations, domain, finding,
-                         headline_row, limit_need, noise_term, off_by, run_status, term, theory_need, trained_need,
-                         with_problem)
+                         check_large_L, check_trained_loss, compare, comparisons_where, configurations, domain, finding,
+                         headline_row, limit_need, noise_term, off_by, run_status, term, theory_need, trained_name,
+                         trained_need, with_problem)
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
 
@@ -63,7 +63,7 @@ def check_trained(cfg: ProblemConfig, run, predicted: dict, inside: dict | None 
     """A trained run's converged loss against the exact fixed point (claims.core: two-sided
     inside the domain, on theory's side outside it)."""
     status = run_status(cfg, run, domain(cfg) if inside is None else inside, outside_sides=True)
-    c = check_trained_run(cfg, run, predicted, None, status, target="the fixed point")
+    c = check_trained_loss(cfg, run, predicted, trained_name(cfg), status, target="the fixed point")
     c.details["role"] = "trained loss"      # what the findings look it up by
     return c
 

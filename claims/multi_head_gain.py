@@ -20,9 +20,9 @@ import math
 from dataclasses import replace
 
 from claims.core import (ClaimSpec, Comparison, Outcome, Tolerance, TrainedProfile, agreement, bridge_need, case_figure,
-                         check_large_L, check_trained_run, compare, comparisons_where, config_label, configurations,
+                         check_large_L, check_trained_loss, compare, comparisons_where, config_label, configurations,
                          domain, finding, headline_row, limit_need, noise_term, run_status, term, theory_need,
-                         trained_need, with_problem)
+                         trained_name, trained_need, with_problem)
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
 from numerics.statistics import paired_ratio
@@ -189,7 +189,7 @@ def compare_results(ctx, results) -> Outcome:
                 cfg = replace(base, heads=heads, L=int(L))
                 r = results[trained_need(cfg, p.schedule)]
                 st = run_status(cfg, r, inside)
-                c = check_trained_run(cfg, r, pred, label, st)
+                c = check_trained_loss(cfg, r, pred, trained_name(cfg, label), st)
                 comps.append(c)
                 rows.append(headline_row(c, se=r["se"]))
                 runs[heads] = (r, st)

@@ -73,14 +73,15 @@ MODULE_LINE_LIMIT = 400
 a spec, its comparisons and its findings read in one sitting; more means a piece belongs in a
 shared module or in numerics/theory."""
 
-OVER_THE_LIMIT = {"claims/core.py": 1792, "claims/audit/model.py": 744, "claims/spectral_reduction.py": 508,
-                  "claims/task_allocation.py": 468, "claims/three_phases.py": 497, "claims/boundary_initialisation.py": 463,
+OVER_THE_LIMIT = {"claims/core.py": 1785, "claims/audit/model.py": 744, "claims/spectral_reduction.py": 508,
+                  "claims/task_allocation.py": 468, "claims/three_phases.py": 497, "claims/boundary_initialisation.py": 461,
                   "claims/atlas.py": 437}
 """The modules above the limit when it was set (their line counts then): each may shrink, none may
 grow, and one that comes under the limit leaves this table (the test says so).  Raised only where
 lines moved in, never for new code: core.py is the five modules of claims/core in one (base,
-common, spec, trained, phase_checks), atlas.py is the four atlas panels and claims/core/atlas.py in one file (five
-modules of 520 lines before), task_allocation.py's check_allocation was cut into named pieces under
+common, spec, trained, phase_checks: 1,901 lines), boundary_initialisation.py took its own
+random-start rows and figures from phase_checks (413 + 48), atlas.py is the four atlas panels and
+claims/core/atlas.py in one file (five modules of 520 lines before), task_allocation.py's check_allocation was cut into named pieces under
 60 lines (450 + their signatures and docstrings)."""
 
 

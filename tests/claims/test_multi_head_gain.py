@@ -53,7 +53,7 @@ def _decide(device, problem, seed):
             assert "diverged" in str(e)
             return None
         status = claim.run_status(cfg, run, inside)
-        c = claim.check_trained_run(cfg, run, pred, label, status)
+        c = claim.check_trained_loss(cfg, run, pred, claim.trained_name(cfg, label), status)
         note(c.explain())
         print(f"[claim 6] {c.name}: {status[0]}: error {c.error:.4g} / tolerance {c.tolerance:.4g}")
         assert c.agrees, c.explain()
