@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from claims.core import (ALLOCATION, FIELDS, PHASES, Z_SE, ClaimSpec, Comparison, Figure, Outcome, comparisons_where,
-                         config_label, decided, finding, guarded_plan, headline_row, independent, lines_figure,
-                         mix_figure, mix_phrase, mix_rows, not_run, nothing_compared, outcome_comparison,
+                         config_label, decided, fields_config, finding, guarded_plan, headline_row, independent,
+                         lines_figure, mix_figure, mix_phrase, mix_rows, not_run, nothing_compared, outcome_comparison,
                          phase_comparisons, phase_finding, phase_rows, replace_fields, reported_row, share_comparison,
                          theory_need)
 from numerics.config import ProblemConfig
@@ -67,11 +67,6 @@ RACE_PROFILES = {
 
 # --- item 3: the race grid; item 4: large initialisation
 
-def _race_base(ctx) -> ProblemConfig:
-    p = ctx.p
-    return ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
-
-
 def _large_base(ctx) -> ProblemConfig:
     p = ctx.p
     return ProblemConfig(tasks=p.large_tasks, heads=len(p.large_tasks), L=p.L, sigma=p.sigma, device=ctx.device)
@@ -79,7 +74,7 @@ def _large_base(ctx) -> ProblemConfig:
 
 def cells_part(ctx) -> tuple:
     """(label, cfg) of the race cells, for claims.core's stability guard."""
-    return (("race cells", _race_base(ctx)),)
+    return (("race cells", fields_config(ctx)),)
 
 
 def race_grid(ctx, results) -> dict:
@@ -90,7 +85,7 @@ def race_grid(ctx, results) -> dict:
     p = ctx.p
     if why := not_run(p.lr, cells_part(ctx), results):   # beyond d = 9 only: a cell past the bound decides nothing
         return {"cells": [], "not_run": why}
-    starts = race_starts(p.s0, p.ratios, p.heads, _race_base(ctx).m)
+    starts = race_starts(p.s0, p.ratios, p.heads, fields_config(ctx).m)
     runs, odes = race_cell_needs(p, ctx.device)
     every = [results[n] for n in runs]
     cells = []

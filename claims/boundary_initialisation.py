@@ -15,10 +15,10 @@ import math
 from dataclasses import asdict, dataclass
 
 from claims.core import (FIELDS, PHASES, Z_SE, ClaimSpec, Comparison, Outcome, Tolerance, compare as compare_values,
-                         comparisons_where, config_label, finding, guarded_plan, headline_row, independent,
-                         lines_figure, mix_figure, mix_phrase, mix_rows, noise_term, not_run, nothing_compared,
-                         perturbation, phase_comparisons, phase_finding, phase_rows, replace_fields, reported_row,
-                         share_at_least, share_phrase)
+                         comparisons_where, config_label, fields_config, finding, guarded_plan, headline_row,
+                         independent, lines_figure, mix_figure, mix_phrase, mix_rows, noise_term, not_run,
+                         nothing_compared, perturbation, phase_comparisons, phase_finding, phase_rows, replace_fields,
+                         reported_row, share_at_least, share_phrase)
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import (outcome_mix, random_starts_need, reference_needs, references,
                                          single_task_needs, single_task_summary, unbalanced_needs)
@@ -188,11 +188,6 @@ def unbalanced_part(unb: list[dict], refs: dict, config: str) -> tuple[list, lis
     return [*phases, winners], judged, reported, {"unbalanced_mix": mix, "balance_changes_outcome": changed}
 
 
-def _base(ctx) -> ProblemConfig:
-    p = ctx.p
-    return ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
-
-
 def plan(ctx, results=None) -> list:
     """The stability guards, then (where they let the starts be trained) the random starts, the unbalanced starts
     and their reduced flows, the reference points and, at a profile, the single-task runs."""
@@ -201,7 +196,7 @@ def plan(ctx, results=None) -> list:
              *reference_needs(p.tasks, p.heads, p.L, p.sigma, ctx.device)]
     if ctx.problem is None:     # its own sizes (SINGLE_TASK), unrelated to a researcher's problem
         needs += single_task_needs(SINGLE_TASK.get(ctx.profile, SINGLE_TASK["quick"]), ctx.device)
-    return guarded_plan(p.lr, starts(p, _base(ctx)), results, needs)
+    return guarded_plan(p.lr, starts(p, fields_config(ctx)), results, needs)
 
 
 def check_independence(p: InitProfile, runs: dict, unb: list) -> None:
@@ -222,7 +217,7 @@ def check_independence(p: InitProfile, runs: dict, unb: list) -> None:
 def compare(ctx, results) -> Outcome:
     """boundary-initialisation: items 1 and 2 (module docstring); every random start's seeds share one prompt stream
     (common random numbers), trained together, their end classes counted."""
-    p, base = ctx.p, _base(ctx)
+    p, base = ctx.p, fields_config(ctx)
     s_authors = authors_logit_scale(p.tasks)
     if why := not_run(p.lr, starts(p, base), results):   # beyond d = 9 only: a run past the bound is no evidence
         return Outcome([], [], details={"ran": {"profile": asdict(p)}, "not_run": why}, undecided="not run: " + why)

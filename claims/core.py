@@ -1474,6 +1474,12 @@ def case_figure(name: str, title: str, points: dict, measured: str, theory: str,
 
 FIELDS = ("tasks", "heads", "L", "sigma")
 """The problem fields both initialisation boundaries read (their profiles' own names)."""
+
+
+def fields_config(ctx) -> ProblemConfig:
+    """The problem of an initialisation boundary's profile: its :data:`FIELDS` on the context's device."""
+    p = ctx.p
+    return ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
 PHASES = {"warmup_end": "warm-up", "emergence_end": "emergence"}
 
 

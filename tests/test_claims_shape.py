@@ -95,7 +95,7 @@ def over_limit(name: str, lines: int) -> str:
     if lines > allowed:
         return f"{name} has {lines} lines, more than {allowed}" + (
             f" (it was over the limit of {MODULE_LINE_LIMIT} when the limit was set and may not grow)"
-            if name in OVER_THE_LIMIT else f" (the limit of a claims module)")
+            if name in OVER_THE_LIMIT else " (the limit of a claims module)")
     if name in OVER_THE_LIMIT and lines <= MODULE_LINE_LIMIT:
         return f"{name} is now within the limit ({lines} lines): remove it from OVER_THE_LIMIT"
     return ""
