@@ -36,10 +36,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from numerics import experiments
-from numerics.config import ProblemConfig
 from numerics.engine import Engine, Results, need
-from numerics.experiments.converged import TrainingSchedule, converged_for
 from numerics.io.handed import jsonable
 from numerics.readout import ALLOCATED_SHARE
 from numerics.seeds import check_independent
@@ -896,6 +893,7 @@ def check_problem(problem: Optional[dict], device: str = "cpu", fields: tuple = 
                              f"{tasks!r}")
         out["tasks"] = tuple(int(r) for r in tasks)
     probe = {"tasks": (1,), "heads": 1, "L": 2, **out, "device": device}
+    from numerics.config import ProblemConfig  # torch only when a configuration is audited
     ProblemConfig.from_dict({k: (list(v) if k == "tasks" else v) for k, v in probe.items()})
     if out.get("L") == 1:
         raise ValueError("L = 1: with one context token softmax has no choice (its weight is 1 whatever the logits), "
@@ -1021,6 +1019,7 @@ def run_spec(spec: ClaimSpec, profile="quick", device="cpu", seed=0, progress: P
         if sweep is not None and not spec.reads_sweep:
             raise ValueError(f"{spec.id} reads no sweep (its runs are not trained models); run it without --from-sweep")
         ctx = context(spec, profile, device, seed, progress, problem)
+        from numerics import experiments  # torch only when a claim runs
         with experiments.store(sweep) as store:
             if spec.plan is not None:
                 engine = Engine(seed=ctx.seed, store=store, progress=progress)
@@ -1209,6 +1208,8 @@ def comparisons_where(result: ClaimResult, config=_ANY, **fields) -> list[dict]:
     a key of its ``details`` (set where the comparison is built, e.g. ``role="step rate"``,
     ``L=64``), compared by equality; a summary without the key does not match.  Findings find
     their comparisons so, never by parsing names."""
+    if not fields and config is _ANY:
+        raise ValueError("comparisons_where needs at least one field to match")
     missing = object()
     return [c for c in result.details.get("comparisons", [])
             if (config is _ANY or c.get("config") == config)
@@ -1240,12 +1241,19 @@ def theory_need(fn: str, *args):
 # what the claims on trained full models share (claims 5, 6, boundary-left-allocation)
 # ---------------------------------------------------------------------------------------
 
+def default_schedule():
+    """The TrainingSchedule defaults (explore + polish, held-out size): imported when a profile is made, so that
+    ``claims.core`` loads without torch (reports.build and reports.audit check their arguments before it)."""
+    from numerics.experiments.converged import TrainingSchedule
+    return TrainingSchedule()
+
+
 @dataclass(frozen=True)
 class TrainedProfile:
     """The profile of claims 5 and 6: the trained family, the bridge and the large-L rows."""
     cases: tuple = (((2, 2), 0.0),)        # (tasks, sigma) of the trained models and the limit rows
     train_Ls: tuple = (32, 64)             # context lengths of the trained full models (>= 2 for claim 5's decay)
-    schedule: TrainingSchedule = field(default_factory=TrainingSchedule)   # explore + polish, held-out size
+    schedule: Any = field(default_factory=lambda: default_schedule())   # explore + polish, held-out size
     bridge_elements: int = 2 ** 22         # exact reduced minima at the largest trained L: eval prompts x L
     limit_L: int = 4096                    # the L of the large-L row
     limit_elements: int = 2 ** 24          # its evaluation prompts x L
@@ -1283,7 +1291,7 @@ measured on theory.exact: the change of L * loss over [4096, 16384] is 0.38x tha
 [1024, 4096] at r = 2, p ~ 0.7)."""
 
 
-def domain(cfg: ProblemConfig, gain: bool = False) -> dict:
+def domain(cfg, gain: bool = False) -> dict:
     """Where theory's account applies to a trained model, from the configuration alone (before
     any run): the factored parametrisation (the allocated point is a fixed point of the factored
     metric 2|mu|, which vanishes at mu = 0; the merged flow leaves it for a superposition,
@@ -1309,9 +1317,10 @@ def domain(cfg: ProblemConfig, gain: bool = False) -> dict:
     return {"inside": not reasons, "reasons": reasons, "conditions": conditions}
 
 
-def configurations(p, device: str = "cpu") -> list[tuple[ProblemConfig, tuple]]:
+def configurations(p, device: str = "cpu") -> list[tuple]:
     """The trained family of claims 5 and 6 at the profile ``p``: each profile case (tasks, sigma) with H = m heads
     at the profile's train_Ls, or the researcher's problem at L and 2L."""
+    from numerics.config import ProblemConfig  # torch only when a claim runs: claims.core loads without it
     if p.problem:
         base = ProblemConfig.from_dict({**dict(p.problem), "device": device})
         return [(base, (base.L, 2 * base.L))]
@@ -1319,7 +1328,7 @@ def configurations(p, device: str = "cpu") -> list[tuple[ProblemConfig, tuple]]:
             for t, s in p.cases]
 
 
-def trained_need(cfg: ProblemConfig, schedule: TrainingSchedule):
+def trained_need(cfg, schedule):
     """The converged run of ``cfg`` by ``schedule``.  Its prompt stream is named by the problem
     (tasks, sigma, L) and not by the head count: claim 6's m-head and one-head runs of a problem
     see the same prompts (common random numbers, for the paired gain), and every claim that
@@ -1379,6 +1388,7 @@ def run_status(cfg, run, inside: dict, outside_sides: bool = False, tolerance: f
         tol = None          # a run handed in without a descent fit is read by its own "converged"
     else:
         tol = run_tolerance(run).value
+    from numerics.experiments.converged import converged_for  # torch only when a claim runs
     converged = converged_for(run, math.inf if tol is None else tol)
     if not inside["inside"]:
         status, sign = "outside the domain: " + "; ".join(inside["reasons"]), 0
@@ -1476,8 +1486,9 @@ FIELDS = ("tasks", "heads", "L", "sigma")
 """The problem fields both initialisation boundaries read (their profiles' own names)."""
 
 
-def fields_config(ctx) -> ProblemConfig:
+def fields_config(ctx):
     """The problem of an initialisation boundary's profile: its :data:`FIELDS` on the context's device."""
+    from numerics.config import ProblemConfig  # torch only when a claim runs
     p = ctx.p
     return ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
 PHASES = {"warmup_end": "warm-up", "emergence_end": "emergence"}
