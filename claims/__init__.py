@@ -1,13 +1,13 @@
 """Claim checks: theory against numerics, one module per claim of the paper.
 
-Each claim module declares a :class:`claims.core.spec.ClaimSpec` (``SPEC``, or ``SPECS`` for a
+Each claim module declares a :class:`claims.core.ClaimSpec` (``SPEC``, or ``SPECS`` for a
 module holding two ids); :data:`REGISTRY` maps each claim id (the ids of ``claims.json``) to
-``"module:NAME"``.  Every claim runs through the one runner, ``claims.core.spec.run_spec``:
+``"module:NAME"``.  Every claim runs through the one runner, ``claims.core.run_spec``:
 
     run(profile="quick", device="cpu", seed=0, progress=no_progress, sweep=None, problem=None) -> ClaimResult
 
 ``problem``: a dict of ProblemConfig fields given by the researcher (``python -m reports.build
---tasks 3,3 ...``), parsed once by :func:`check_problem`; the claim then runs its experiment at
+--tasks 3,3 ...``), parsed once by ``claims.core.check_problem``; the claim then runs its experiment at
 that configuration (building any family it needs around it) and says in ``details["ran"]``
 what it ran.  ``sweep``: a directory of sweep results (``numerics.sweep``) whose stored trained
 runs the claims that read sweeps (:func:`reads_sweep`) take instead of training them.
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Optional
+
+from claims.core import context
 
 
 REGISTRY: dict[str, str] = {
@@ -55,12 +57,6 @@ def spec_of(claim_id: str):
     return getattr(importlib.import_module(module), name)
 
 
-def check_problem(problem: Optional[dict], device: str = "cpu") -> Optional[dict]:
-    """The one parser of a researcher's configuration (``claims.core.spec.check_problem``)."""
-    from claims.core.spec import check_problem as parse
-    return parse(problem, device)
-
-
 def cannot_run(claim_id: str, problem: Optional[dict]) -> Optional[str]:
     """Why ``claim_id`` cannot build its experiment at ``problem`` (None: it can), decided
     before any run: a problem field it would ignore, or the claim's own ``cannot_run``."""
@@ -83,7 +79,6 @@ def reads_sweep(claim_id: str) -> bool:
 def plan_of(claim_id: str, profile: str, problem: Optional[dict] = None, device: str = "cpu", seed: int = 0):
     """Every need the claim's plan may ask for (its plan asked with no results: the conditional
     needs included), or None for a claim that is not a plan."""
-    from claims.core.spec import context
     s = spec_of(claim_id)
     if s.plan is None:
         return None

@@ -15,11 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from claims.core.base import Figure, Series
-from claims.core.common import (Z_SE, Comparison, Tolerance, compare, headline_row, lines_figure, noise_term,
-                                perturbation, reported_row)
-from claims.core.phase_checks import mix_figure, mix_phrase
-from claims.core.spec import ClaimSpec, Outcome, finding
+from claims.core import (Z_SE, ClaimSpec, Comparison, Figure, Outcome, Series, Tolerance, compare, finding,
+                         headline_row, lines_figure, mix_figure, mix_phrase, noise_term, perturbation, reported_row)
 from numerics.experiments.atlas import (PATTERNS, cell_class, class_counts, escape_cells, escape_means, escape_row,
                                         escaped_runs, grid_of, heads_row, mean_se, ols_slope, panel_matrices,
                                         panel_needs, panel_points, ratios, warmup_border, warmup_row)
@@ -75,7 +72,7 @@ def outcome_maps(name, title, cells, rows, cols, row_label, col_label, xlabel, y
 
 def classes_finding(result, panel: str) -> list:
     """The panel's cells by class where their seeds agree, and every cell whose seeds disagree as
-    its counted mix (k of n seeds per class: claims.core.phase_checks.mix_phrase)."""
+    its counted mix (k of n seeds per class: claims.core.mix_phrase)."""
     cc, cells = result.details["classes"], result.details["cells"]
     per = cc["seeds_per_cell"]
     out = [finding(result, "beyond", "Over {cells} cells of the " + panel + " panel ({lo}" + ("-{hi}" if len(per) > 1
@@ -214,7 +211,7 @@ INITIALISATION_SPEC = atlas_spec("atlas-initialisation", "Atlas: initialisation 
 
 def compare_heads(ctx, results) -> Outcome:
     """atlas-heads: where the paper's picture holds over the number of heads, a phase diagram over a
-    sweep (the atlas panels: claims.core.common, section "the atlas panels").
+    sweep (the atlas panels: claims.core, section "the atlas panels").
 
     The panel is H x tasks and start of a sweep of ``model = "atlas"`` points: allocation needs
     H >= m (theory's border H = m, from balanced starts)."""
@@ -320,7 +317,7 @@ def leave_comparison(name, cells, keyfmt, t_end, config) -> Comparison:
 
 def compare_noise(ctx, results) -> Outcome:
     """atlas-noise: where the paper's picture holds over the label noise and the context length, a
-    phase diagram over a sweep (the atlas panels: claims.core.common, section "the atlas panels").
+    phase diagram over a sweep (the atlas panels: claims.core, section "the atlas panels").
 
     The panel is sigma x L of a sweep of ``model = "atlas"`` points from the allocated point:
     theory.saddle's escape time T(B) against the run's length."""

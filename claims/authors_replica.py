@@ -44,10 +44,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from claims.core.base import Figure, Finding
-from claims.core.common import lines_figure, reported_row
+from claims.core import ClaimSpec, Figure, Finding, Outcome, finding, lines_figure, reported_row
 from claims.audit import AuditRequest, plan_audit, run_audit
-from claims.core.spec import ClaimSpec, Outcome, finding
 from numerics.engine import Need, need
 from numerics.experiments import authors
 from numerics.reference_points import SEARCH
@@ -321,4 +319,3 @@ SPEC = ClaimSpec(
               "10,000 fresh prompts a step, from nn.Linear's default and from their small initialisation), trained by "
               "this project's trainer: where do its models stand against the paper's theory at that configuration?",
     profiles=PROFILES, plan=plan, compare=compare_results, kind="boundary", fields=(), findings=findings)
-run = SPEC.run

@@ -16,9 +16,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.stats import norm
 
-from claims.core.common import (Z_SE, Comparison, Tolerance, config_label, eps_of, headline_row, lines_figure,
-                                perturbation, resolved, term)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, with_problem
+from claims.core import (Z_SE, ClaimSpec, Comparison, Outcome, Tolerance, comparisons_where, config_label, eps_of,
+                         finding, headline_row, lines_figure, perturbation, resolved, term, with_problem)
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import probes
@@ -353,4 +352,3 @@ SPEC = ClaimSpec(
                "nonzero, each diagonal in the task basis (for both parametrisations and any basis Phi)."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
     resolve=with_problem)
-run = SPEC.run

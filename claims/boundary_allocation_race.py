@@ -7,7 +7,7 @@ Judged: the ODE rule where the race is decided; the reduced flow's phase times (
 on D, where the reduced flow is exact), compared where the readout finds the three phases in both
 runs -- above the scale where the warm-up vanishes it finds none, and those runs are listed with
 the reason, never compared -- and judged over the prompt streams by a rule fixed in advance
-(claims.core.phase_checks.phase_comparisons); and the paper's suitable initialisation: from the
+(claims.core.phase_comparisons); and the paper's suitable initialisation: from the
 smallest default decomposable start every converged seed allocates (the share of converged seeds
 through its binomial interval).  Every start's seeds
 are counted by end class (numerics.evaluate.end_class), reported per scale.  Where the warm-up vanishes and
@@ -21,13 +21,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from claims.core.base import Figure
-from claims.core.common import Z_SE, Comparison, config_label, headline_row, lines_figure, reported_row
-from claims.core.phase_checks import (ALLOCATION, FIELDS, PHASES, decided, guarded_plan, independent, mix_figure, mix_phrase,
-                                 mix_rows, not_run, nothing_compared, outcome_comparison, phase_comparisons,
-                                 phase_finding, phase_rows, share_comparison)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
-from claims.core.spec import theory_need
+from claims.core import (ALLOCATION, FIELDS, PHASES, Z_SE, ClaimSpec, Comparison, Figure, Outcome, comparisons_where,
+                         config_label, decided, fields_config, finding, guarded_plan, headline_row, independent,
+                         lines_figure, mix_figure, mix_phrase, mix_rows, not_run, nothing_compared, outcome_comparison,
+                         phase_comparisons, phase_finding, phase_rows, replace_fields, reported_row, share_comparison,
+                         theory_need)
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import (large_init_needs, outcome_mix, race_cell_needs, reference_needs,
                                          references)
@@ -69,19 +67,14 @@ RACE_PROFILES = {
 
 # --- item 3: the race grid; item 4: large initialisation
 
-def _race_base(ctx) -> ProblemConfig:
-    p = ctx.p
-    return ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
-
-
 def _large_base(ctx) -> ProblemConfig:
     p = ctx.p
     return ProblemConfig(tasks=p.large_tasks, heads=len(p.large_tasks), L=p.L, sigma=p.sigma, device=ctx.device)
 
 
 def cells_part(ctx) -> tuple:
-    """(label, cfg) of the race cells, for claims.core.phase_checks' stability guard."""
-    return (("race cells", _race_base(ctx)),)
+    """(label, cfg) of the race cells, for claims.core's stability guard."""
+    return (("race cells", fields_config(ctx)),)
 
 
 def race_grid(ctx, results) -> dict:
@@ -92,7 +85,7 @@ def race_grid(ctx, results) -> dict:
     p = ctx.p
     if why := not_run(p.lr, cells_part(ctx), results):   # beyond d = 9 only: a cell past the bound decides nothing
         return {"cells": [], "not_run": why}
-    starts = race_starts(p.s0, p.ratios, p.heads, _race_base(ctx).m)
+    starts = race_starts(p.s0, p.ratios, p.heads, fields_config(ctx).m)
     runs, odes = race_cell_needs(p, ctx.device)
     every = [results[n] for n in runs]
     cells = []
@@ -128,7 +121,7 @@ def large_runs(ctx, results) -> dict:
 def check_large_phases(large: dict, spacing: float, config=None) -> list[Comparison]:
     """The full model from the default decomposable start against the reduced flow from the same
     start on the same prompts (on D the reduced flow is exact), warm-up and emergence ends at every
-    scale, judged by :func:`claims.core.phase_checks.phase_comparisons`' rule with the prompt stream as
+    scale, judged by :func:`claims.core.phase_comparisons`' rule with the prompt stream as
     the unit (the scales share it).  Above the scale where the warm-up vanishes the readout finds no
     three phases (a warm-up end inside the first record spacing: the loss falls from the first step),
     and its 90% crossing lies on the slow approach to the end level, where a level difference of a
@@ -143,9 +136,9 @@ def check_large_phases(large: dict, spacing: float, config=None) -> list[Compari
 def check_small_start_allocates(runs: list[dict], s0: float, config=None) -> Comparison:
     """The paper's "suitable initialisation" (the default decomposable start at a small scale)
     predicts its picture: every seed that has converged ends allocated (or with heads still
-    sharing a task with one sign, the race not ended: claims.core.phase_checks.ALLOCATION).  Compared
+    sharing a task with one sign, the race not ended: claims.core.ALLOCATION).  Compared
     as the share of converged seeds in those classes against 1 through their binomial interval
-    (claims.core.phase_checks.share_comparison); the wrong prediction "no seed allocates" (share 0)
+    (claims.core.share_comparison); the wrong prediction "no seed allocates" (share 0)
     goes through the same comparison.  No seed converged: undecided."""
     states = [r["full"] for r in runs]
     ok = decided(states)
@@ -282,7 +275,7 @@ def findings(result) -> list:
     d = result.details
     race = comparisons_where(result, role="race winner")[0]
     p = d["ran"]["profile"]
-    if d.get("cells_not_run"):      # claims.core.phase_checks.not_run
+    if d.get("cells_not_run"):      # claims.core.not_run
         out = [finding(result, "beyond", "The (omega0, mu0) race cells were not trained: "
                        + d["cells_not_run"].replace("{", "{{").replace("}", "}}") + ".")]
     else:
@@ -342,8 +335,6 @@ RACE_SPEC = ClaimSpec(
     profiles=RACE_PROFILES, plan=plan, compare=compare, kind="boundary", fields=FIELDS, findings=findings,
     resolve=lambda p, problem: replace_fields(p, problem, FIELDS),
     cannot_run=lambda problem: ("the race needs at least two heads" if int(problem.get("heads", 2)) < 2 else None))
-CLAIM_ID, TITLE, STATEMENT = RACE_SPEC.id, RACE_SPEC.title, RACE_SPEC.statement
-run = RACE_SPEC.run
 
 
 def _race_heatmap(p: RaceProfile, cells) -> Figure:

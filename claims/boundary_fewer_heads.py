@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from claims.core.common import (Z_SE, Comparison, Tolerance, config_label, head_task_heatmap, headline_row,
-                                perturbation, resolved, term)
-from claims.core.spec import ClaimSpec, Outcome, finding, replace_fields, theory_need
+from claims.core import (Z_SE, ClaimSpec, Comparison, Outcome, Tolerance, config_label, finding, head_task_heatmap,
+                         headline_row, perturbation, replace_fields, resolved, term, theory_need)
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.model import initial_values
@@ -48,11 +47,6 @@ FEWER = {
     "quick": FewerHeadsProfile(),
     "paper": FewerHeadsProfile(tasks=(4, 4, 4, 4), L=256, lr=0.05, time=200.0, batch=2048, n_eval=200000),
 }
-
-def shares_at_end(flow) -> list[float]:
-    """Per task the runner-up head's share of the largest |mu| at the end of theory's expansion
-    flow ``flow`` (a ``theory.reduced_ode`` trajectory)."""
-    return list(allocation(None, np.abs(flow.final_mu)).runner_up_share)
 
 
 def fewer_heads_error(loss_trained: float, loss_predicted: float, measured_winners, predicted_winners,
@@ -96,7 +90,8 @@ def check_fewer_heads(cfg, n_eval: int, flow, winners, end_flow, run) -> Compari
     fluctuation left in the averaged iterate.  Perturbations through the same function:
     "one head per task" (the m-head allocated limit's loss) and permuted winners."""
     om0, mu0 = initial_values(cfg)
-    winners, end_shares = [int(h) for h in winners], shares_at_end(end_flow)
+    # per task the runner-up head's share of the largest |mu| at the end of theory's expansion flow
+    winners, end_shares = [int(h) for h in winners], list(allocation(None, np.abs(end_flow.final_mu)).runner_up_share)
     decisive = all(sh <= SUPERPOSED_SHARE for sh in end_shares)
     om_avg, mu_avg, losses, part, alloc = run.omega, run.mu, run.losses, run.partition, run.allocated
     measured_winners = list(allocation(None, mu_avg).serving_head)
@@ -189,4 +184,3 @@ SPEC = ClaimSpec(
                "partition (above the m-head allocated limit)."),
     profiles=FEWER, plan=plan_fewer, compare=compare_fewer, resolve=lambda p, pr: replace_fields(p, pr, KEYS),
     fields=KEYS, cannot_run=_fewer_cannot, findings=findings_fewer)
-run_fewer_heads = SPEC.run

@@ -14,13 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from claims.core.common import (Z_SE, Comparison, Tolerance, compare as compare_values, config_label, headline_row,
-                                noise_term, perturbation, reported_row)
-from claims.core.phase_checks import (FIELDS, guarded_plan, independent, mix_figure, mix_phrase, mix_rows, not_run,
-                                 nothing_compared, phase_comparisons, phase_finding, phase_rows,
-                                 random_part, random_phase_figure, residual_figure, share_at_least, share_phrase,
-                                 unbalanced_figure)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, replace_fields
+from claims.core import (FIELDS, PHASES, Z_SE, ClaimSpec, Comparison, Outcome, Tolerance, compare as compare_values,
+                         comparisons_where, config_label, fields_config, finding, guarded_plan, headline_row,
+                         independent, lines_figure, mix_figure, mix_phrase, mix_rows, noise_term, not_run,
+                         nothing_compared, perturbation, phase_comparisons, phase_finding, phase_rows, replace_fields,
+                         reported_row, share_at_least, share_phrase)
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import (outcome_mix, random_starts_need, reference_needs, references,
                                          single_task_needs, single_task_summary, unbalanced_needs)
@@ -112,7 +110,7 @@ def check_unbalanced_phases(runs: list[dict], config=None) -> list[Comparison]:
     """The full model from an unbalanced start against the reduced flow with the unbalanced
     metric from the same start on the same prompts (theory's account: on D the balances are
     conserved, so the reduced flow needs no balance), warm-up and emergence ends each judged over
-    every (start, stream) pair by :func:`claims.core.phase_checks.phase_comparisons`' rule (each pair
+    every (start, stream) pair by :func:`claims.core.phase_comparisons`' rule (each pair
     its own prompt stream: the unit)."""
     pairs = [{"where": f"start {r['seed']} stream {r['stream']}", "group": f"unbalanced start {r['seed']}",
               "unit": (r["seed"], r["stream"]), "measured": r["full"]["phases"],
@@ -190,11 +188,6 @@ def unbalanced_part(unb: list[dict], refs: dict, config: str) -> tuple[list, lis
     return [*phases, winners], judged, reported, {"unbalanced_mix": mix, "balance_changes_outcome": changed}
 
 
-def _base(ctx) -> ProblemConfig:
-    p = ctx.p
-    return ProblemConfig(tasks=p.tasks, heads=p.heads, L=p.L, sigma=p.sigma, device=ctx.device)
-
-
 def plan(ctx, results=None) -> list:
     """The stability guards, then (where they let the starts be trained) the random starts, the unbalanced starts
     and their reduced flows, the reference points and, at a profile, the single-task runs."""
@@ -203,7 +196,7 @@ def plan(ctx, results=None) -> list:
              *reference_needs(p.tasks, p.heads, p.L, p.sigma, ctx.device)]
     if ctx.problem is None:     # its own sizes (SINGLE_TASK), unrelated to a researcher's problem
         needs += single_task_needs(SINGLE_TASK.get(ctx.profile, SINGLE_TASK["quick"]), ctx.device)
-    return guarded_plan(p.lr, starts(p, _base(ctx)), results, needs)
+    return guarded_plan(p.lr, starts(p, fields_config(ctx)), results, needs)
 
 
 def check_independence(p: InitProfile, runs: dict, unb: list) -> None:
@@ -224,7 +217,7 @@ def check_independence(p: InitProfile, runs: dict, unb: list) -> None:
 def compare(ctx, results) -> Outcome:
     """boundary-initialisation: items 1 and 2 (module docstring); every random start's seeds share one prompt stream
     (common random numbers), trained together, their end classes counted."""
-    p, base = ctx.p, _base(ctx)
+    p, base = ctx.p, fields_config(ctx)
     s_authors = authors_logit_scale(p.tasks)
     if why := not_run(p.lr, starts(p, base), results):   # beyond d = 9 only: a run past the bound is no evidence
         return Outcome([], [], details={"ran": {"profile": asdict(p)}, "not_run": why}, undecided="not run: " + why)
@@ -311,7 +304,7 @@ def single_task(ctx, results):
     per H the mean held-out loss over seeds not above theory.exact's one-head optimum (the multi-head gain He et
     al. report; perturbation: equal to it); He et al.'s zero-sum pattern (the heads' OV values for the task sum to
     zero, |sum_h mu| <= ZERO_SUM_SHARE sum_h |mu|: at H = 2 the pair, at H > 2 a pair is one group among others,
-    reported) as typical, a share of seeds of at least TYPICAL, one-sided (claims.core.phase_checks.share_at_least).
+    reported) as typical, a share of seeds of at least TYPICAL, one-sided (claims.core.share_at_least).
     Reported, not judged: the loss against the best decomposable two-head point (no source places a mean over
     seeds of several end classes there at a fixed step: 96 seeds resolve 0.233 +- 0.011 against 0.174 at H = 2,
     16 seeds off D at 2.6 x it, the zero-sum ones at 1.05 x, still moving along the superposition valley) and
@@ -397,7 +390,7 @@ def findings(result) -> list:
 
 
 def starts(p: InitProfile, base: ProblemConfig) -> tuple:
-    """(label, cfg) of the two kinds of start, for claims.core.phase_checks.not_run: the random ones train at the authors'
+    """(label, cfg) of the two kinds of start, for claims.core.not_run: the random ones train at the authors'
     logit scale, the unbalanced ones at 1."""
     return ("random starts", base.replace(logit_scale=authors_logit_scale(p.tasks))), ("unbalanced starts", base)
 
@@ -408,6 +401,56 @@ INIT_SPEC = ClaimSpec(
               "does the paper's picture (decomposable, allocated, three phases) still come out?",
     profiles=INIT_PROFILES, plan=plan, compare=compare, kind="boundary", fields=FIELDS, findings=findings,
     resolve=lambda p, problem: replace_fields(p, problem, FIELDS))
-CLAIM_ID, TITLE, STATEMENT = INIT_SPEC.id, INIT_SPEC.title, INIT_SPEC.statement
-run = INIT_SPEC.run
 
+
+def random_part(runs: dict, refs: dict, config: str) -> tuple[list, list, dict]:
+    """boundary-initialisation: where the seeds of each random start end (reported, never judged): per scale its
+    class mix (numerics.experiments.starts.outcome_mix), the movable off-D residual and the loss over the allocated
+    fixed point, mean over seeds.  (headline rows, findings, mixes)."""
+    rows, found, mixes, alloc = [], [], {}, refs["allocated_loss"]
+    for s0, rs in runs.items():
+        mix = mixes[f"s0={s0:.3g}"] = outcome_mix(rs, Z_SE, refs)
+        ended = [r["residual_end"] for r in rs if r["residual_end"] is not None]   # a diverged run has no end weights
+        mov, se_mov = mean_se([e["movable_relative"] for e in ended])
+        free, _ = mean_se([e["gradient_free_relative"] for e in ended])
+        ratio, se_ratio = mean_se([r["loss"] / alloc for r in rs]) if alloc else (None, None)
+        rows += [reported_row(f"s0={s0:.3g}: movable off-D residual at t_end", mov, se=se_mov, config=config),
+                 *mix_rows(f"s0={s0:.3g}", mix, config=config)]
+        found.append({"init_scale": s0, "movable_relative_end": mov, "movable_se": se_mov,
+                      "gradient_free_relative_end": free, "mix": mix, "classes": list(mix["labels"]),
+                      "loss_over_allocated": ratio, "loss_over_allocated_se": se_ratio,
+                      **{k: [r.get(k) for r in rs] for k in ("ov_above_5pct", "winners", "init_seed")},
+                      "warmup_end": [(r["phases"] or {}).get("warmup_end") for r in rs]})
+    return rows, found, mixes
+
+
+def residual_figure(runs):
+    """boundary-initialisation: the off-D residual of the random starts (two seeds a scale) against t."""
+    curves = [(f"s0={s0:.3g} seed {r['init_seed']} {label}", [x["t"] for x in r["trajectory"]],
+               [max(x[key], 1e-12) for x in r["trajectory"]], style)
+              for s0, rs in runs.items() for r in rs[:2] if r.get("trajectory")
+              for label, key, style in (("movable", "movable_relative", "line"),
+                                        ("gradient-free", "gradient_free_relative", "dashed"))]
+    return lines_figure("init-residual", "Off-D residual from random full starts (relative to ||(W,U)||)", curves,
+                        xlabel="t", ylabel="residual / ||(W, U)||", yscale="log",
+                        caption="solid: the part the loss can move; dashed: W's y columns, which no gradient reaches "
+                                "(a floor set by the init, not 'staying off D')")
+
+
+def random_phase_figure(runs):
+    """boundary-initialisation: each seed's phase ends against the random start's scale."""
+    curves = [(f"{label} end (per seed)", [s for s, rs in runs.items() for _ in rs],
+               [(r["phases"] or {}).get(key, math.nan) for rs in runs.values() for r in rs], "points") for key, label in PHASES.items()]
+    return lines_figure("init-phases-random", "Phase times against the random start's scale", curves, xlabel="s0",
+                        ylabel="t", xscale="log",
+                        caption="missing points: no drop clear of the noise (phases undefined) by t_end")
+
+
+def unbalanced_figure(unb):
+    """boundary-initialisation: the unbalanced starts' loss curves, full model and both reduced flows."""
+    curves = [(f"start {r['seed']} stream {r['stream']} {key}", r[key]["t"], r[key]["loss_curve"], style) for r in unb
+              for key, style in (("full", "points"), ("reduced_unbalanced", "line"), ("reduced_balanced", "dashed"))]
+    return lines_figure("init-unbalanced", "Unbalanced starts: full model, reduced flow with and without the balance",
+                        curves, xlabel="t", ylabel="loss",
+                        caption="points: full model; line: reduced flow with the conserved balances; dashed: balanced "
+                                "metric (the paper's)")

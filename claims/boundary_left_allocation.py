@@ -4,7 +4,7 @@ With label noise the factored flow of the full model does not stay at the alloca
 point (an off-task OV value of the opposite sign grows: the allocated point is a saddle at
 finite L, ``boundary-saddle``).  Theory's account of the regime has two parts, each a
 prediction that can fail: a superposition lowers the loss (the trained held-out loss is not
-above the allocated fixed point, ``claims.core.trained.check_trained_loss`` at claim 5's
+above the allocated fixed point, ``claims.core.check_trained_loss`` at claim 5's
 tolerance), and the flow ends at the best decomposable point of the same H, signs free
 (:func:`check_best_decomposable`, two-sided).
 
@@ -28,10 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, headline_row, noise_term,
-                                reported_row, term)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, theory_need
-from claims.core.trained import check_trained_loss, domain, run_status, trained_need
+from claims.core import (Z_SE, ClaimSpec, Comparison, Outcome, Tolerance, check_trained_loss, compare,
+                         comparisons_where, config_label, domain, finding, headline_row, noise_term, reported_row,
+                         run_status, term, theory_need, trained_need)
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments.converged import (PAPER_CONTINUATION, PAPER_SCHEDULE, QUICK_CONTINUATION, QUICK_SCHEDULE,
@@ -246,4 +245,3 @@ SPEC = ClaimSpec(
     statement=("Where claims 5-6's trained models leave the allocated set, their loss is not above the allocated "
                "fixed point, and the flow, followed until converged, ends at the best decomposable point of the same H."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings, reads_sweep=True)
-run = SPEC.run

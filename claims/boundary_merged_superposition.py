@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from claims.core.common import Z_SE, Comparison, config_label, head_task_heatmap, headline_row, perturbation, resolved
-from claims.core.spec import ClaimSpec, Outcome, finding, replace_fields
+from claims.core import (Z_SE, ClaimSpec, Comparison, Outcome, config_label, finding, head_task_heatmap, headline_row,
+                         perturbation, replace_fields, resolved)
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments.probes import paired_difference

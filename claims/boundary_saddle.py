@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from claims.core.common import EPS64, Comparison, Tolerance, compare, headline_row, noise_term, reported_row, term
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding
+from claims.core import (EPS64, ClaimSpec, Comparison, Outcome, Tolerance, compare, comparisons_where, finding,
+                         headline_row, noise_term, reported_row, term)
 from numerics import saddle as measure
 from numerics.config import ProblemConfig
 from numerics.engine import need
@@ -389,4 +389,3 @@ SPEC = ClaimSpec(
                "2 log(1 + lr a)/lr of the point the run holds; SGD noise seeds it, so trained runs leave allocation "
                "after a time growing with the batch size, while a noiseless flow on an exactly invariant batch stays."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings)
-run = SPEC.run

@@ -13,9 +13,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from claims.core.base import Figure, Series
-from claims.core.common import Z_SE, Comparison, headline_row, perturbation, resolved
-from claims.core.spec import ClaimSpec, Outcome, finding
+from claims.core import (Z_SE, ClaimSpec, Comparison, Figure, Outcome, Series, finding, headline_row, perturbation,
+                         resolved)
 from numerics.engine import need
 from numerics.experiments import probes  # noqa: F401 -- registers the kinds this claim asks for
 from theory import reduced_ode
@@ -161,4 +160,3 @@ SPEC = ClaimSpec(
                "omega^2 d / log L while the exact loss stays finite."),
     profiles=SATURATION, plan=plan_saturation, compare=compare_saturation, resolve=resolve_saturation,
     findings=findings_saturation, fields=("tasks", "L", "sigma", "heads"))
-run_saturation = SPEC.run

@@ -14,9 +14,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from claims.core.base import Figure, Series
-from claims.core.common import Z_SE, Comparison, Tolerance, compare, headline_row, perturbation, term
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, theory_need
+from claims.core import (Z_SE, ClaimSpec, Comparison, Figure, Outcome, Series, Tolerance, compare, comparisons_where,
+                         finding, headline_row, perturbation, term, theory_need)
 from numerics.engine import need
 from numerics.experiments import probes  # noqa: F401 -- registers the kinds this claim asks for
 from theory.expansion_gap import local_exponent
@@ -210,4 +209,3 @@ SPEC = ClaimSpec(
                "not like L^-1 (a wrong coefficient)."),
     profiles=SMALL_L, plan=plan_small_L, compare=compare_small_L, resolve=resolve_small_L, findings=findings_small_L,
     fields=("tasks", "L", "sigma", "heads"))
-run_small_L = SPEC.run

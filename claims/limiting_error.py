@@ -9,7 +9,7 @@ loss, by quadrature) and its L -> inf law (``theory.limiting_error.limit_multi``
 
 Rows, in the headline's order: the converged losses of trained full models at two or more L
 (:func:`check_trained`; a run outside the domain, unconverged or not allocated is a boundary
-row on theory's side, ``claims.core.trained``), their decay with L (:func:`check_decay`), the exact
+row on theory's side, ``claims.core``), their decay with L (:func:`check_decay`), the exact
 reduced minimum at the largest trained L (:func:`check_bridge`: the bridge between training
 and the reduced model), and L * loss at a large L against Lambda (:func:`check_limit`).
 """
@@ -19,11 +19,10 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
-from claims.core import trained
-from claims.core.common import Comparison, Tolerance, compare, headline_row, noise_term, off_by, term
-from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, theory_need, with_problem
-from claims.core.trained import (TrainedProfile, bridge_need, configurations, domain, limit_need, run_status,
-                            trained_need)
+from claims.core import (ClaimSpec, Comparison, Outcome, Tolerance, TrainedProfile, agreement, bridge_need, case_figure,
+                         check_large_L, check_trained_loss, compare, comparisons_where, configurations, domain, finding,
+                         headline_row, limit_need, noise_term, off_by, run_status, term, theory_need, trained_name,
+                         trained_need, with_problem)
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
 
@@ -61,10 +60,10 @@ def fixed_point_loss(results, tasks, L: int, sigma: float) -> dict:
 
 
 def check_trained(cfg: ProblemConfig, run, predicted: dict, inside: dict | None = None) -> Comparison:
-    """A trained run's converged loss against the exact fixed point (claims.core.trained: two-sided
+    """A trained run's converged loss against the exact fixed point (claims.core: two-sided
     inside the domain, on theory's side outside it)."""
     status = run_status(cfg, run, domain(cfg) if inside is None else inside, outside_sides=True)
-    c = trained.check_trained(cfg, run, predicted, None, status, target="the fixed point")
+    c = check_trained_loss(cfg, run, predicted, trained_name(cfg), status, target="the fixed point")
     c.details["role"] = "trained loss"      # what the findings look it up by
     return c
 
@@ -102,12 +101,12 @@ def check_bridge(tasks, sigma: float, L: int, minimum, pred: dict) -> Comparison
 
 def check_limit(tasks, sigma: float, L: int, minimum, Lam: float, here: dict, far: dict) -> Comparison:
     """L * (exact reduced allocated minimum at L) against Lambda = limit_multi(tasks, sigma), at
-    the tolerance of ``claims.core.trained.check_large_L``: Z_SE standard errors of L * loss + the part
+    the tolerance of ``claims.core.check_large_L``: Z_SE standard errors of L * loss + the part
     still to come beyond L (from theory.exact's L * loss at L and 4L, never from Lambda, so a
     wrong F cannot widen it) + L x the quadrature bound.  Perturbations: Lambda x1.2 and /1.2."""
     fm, Lam = minimum, float(Lam)
     y = L * fm.loss
-    return trained.check_large_L(
+    return check_large_L(
         f"L * loss -> Lambda, tasks={list(tasks)}, sigma={sigma:g}, L={L}", y, L * fm.se, "L * loss",
         Lam, 4 * L * far["loss"] - L * here["loss"], "L * loss", off_by(1.2, Lam, "Lambda"),
         {"role": "limit", "L": int(L), "minimum": fm.summary(), "L_times_exact": L * here["loss"],
@@ -158,7 +157,7 @@ def compare_results(ctx, results) -> Outcome:
     if not any(c.details.get("status") == "inside" for c in comps if "run" in c.details):
         undecided = ("no trained run was inside the domain (converged and allocated): the claim on trained models "
                      "is not decided here")
-    figure = trained.case_figure("limiting-error-vs-d-over-L", "Converged loss of trained models against d/L", points,
+    figure = case_figure("limiting-error-vs-d-over-L", "Converged loss of trained models against d/L", points,
                                  "trained full model", "theory exact fixed point", xlabel="d / L", ylabel="loss",
                                  xscale="log", yscale="log",
                                  caption="points: held-out loss at the final weights; line: theory.exact's fixed point")
@@ -197,4 +196,3 @@ SPEC = ClaimSpec(
                "Lambda = sum_i min_w F(w; r_i, r_i, sigma)."),
     profiles=PROFILES, plan=plan, compare=compare_results, resolve=with_problem, findings=findings, reads_sweep=True,
     fields=("tasks", "heads", "L", "sigma", "param", "init_scale", "logit_scale", "basis", "dtype"))
-run = SPEC.run

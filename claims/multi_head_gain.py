@@ -8,7 +8,7 @@ not H at finite block size r; it rises towards H = m as r grows -- unit tests of
 tests/test_theory_limiting_error.py).
 
 Rows: the converged losses of the full model trained with m heads and with one head on the
-same prompt stream, at two or more L (``claims.core.trained``); the gain of each trained pair
+same prompt stream, at two or more L (``claims.core``); the gain of each trained pair
 against theory's finite-L gain (:func:`check_gain_pair`; the largest L of the first case
 carries the plain name and heads the headline); the gain of the exact reduced minima at the
 largest trained L (:func:`check_bridge_gain`) and at a large L against rho_inf
@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from claims.core import trained
-from claims.core.common import Comparison, Tolerance, compare, config_label, headline_row, noise_term, term
-from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, theory_need, with_problem
-from claims.core.trained import (TrainedProfile, bridge_need, check_trained, configurations, limit_need, run_status,
-                            trained_need)
+from claims.core import (ClaimSpec, Comparison, Outcome, Tolerance, TrainedProfile, agreement, bridge_need, case_figure,
+                         check_large_L, check_trained_loss, compare, comparisons_where, config_label, configurations,
+                         domain, finding, headline_row, limit_need, noise_term, run_status, term, theory_need,
+                         trained_name, trained_need, with_problem)
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
 from numerics.statistics import paired_ratio
@@ -40,11 +39,6 @@ PAPER = MultiHeadGainProfile(cases=(((4, 4, 4), 0.0), ((10, 10, 10), 0.0), ((3, 
                              train_Ls=(64, 128, 256, 512), schedule=PAPER_SCHEDULE,
                              bridge_elements=2 ** 24, limit_L=16384, limit_elements=2 ** 27, fit_elements=2 ** 21)
 PROFILES = {"tiny": TINY, "quick": QUICK, "paper": PAPER}
-
-
-def domain(cfg: ProblemConfig) -> dict:
-    """Where theory's finite-L gain applies to trained models (``claims.core.trained.domain``, gain)."""
-    return trained.domain(cfg, gain=True)
 
 
 def wrong_gains(m: int, gain: float, what: str = "gain") -> tuple:
@@ -156,12 +150,12 @@ def check_bridge_gain(tasks, sigma: float, L: int, minima, g: float) -> Comparis
 
 def check_gain_limit(tasks, sigma: float, L: int, minima, rho: float, here: float, far: float) -> Comparison:
     """Paired ratio of the exact reduced minima at a large L against rho_inf = gain(tasks, sigma),
-    at the tolerance of ``claims.core.trained.check_large_L``: Z_SE paired standard errors + the part
+    at the tolerance of ``claims.core.check_large_L``: Z_SE paired standard errors + the part
     of the gain still to come beyond L (from theory.exact's gain at L and 4L, independent of
     rho_inf).  Perturbations: gain = H (the paper's round number) and 1/rho_inf (the wrong winner)."""
     R, se, details = _reduced_gain(minima)
     rho = float(rho)
-    return trained.check_large_L(f"gain at large L -> rho_inf, tasks={list(tasks)}, sigma={sigma:g}, L={L}", R, se,
+    return check_large_L(f"gain at large L -> rho_inf, tasks={list(tasks)}, sigma={sigma:g}, L={L}", R, se,
                                  "the paired ratio", rho, far - here, "the gain",
                                  wrong_gains(len(tasks), rho, "rho_inf"),
                                  {**details, "role": "gain limit", "gain_exact_L": here, "gain_exact_4L": far})
@@ -186,7 +180,7 @@ def compare_results(ctx, results) -> Outcome:
     comps, rows, gains, points, undecided = [], [], [], {}, []
     for base, Ls in configs:
         tasks, sigma = tuple(base.tasks), float(base.sigma)
-        inside = domain(base)
+        inside = domain(base, gain=True)
         for L in sorted(Ls):
             theory_gain = _gain_at(results, tasks, L, sigma)
             runs = {}
@@ -195,7 +189,7 @@ def compare_results(ctx, results) -> Outcome:
                 cfg = replace(base, heads=heads, L=int(L))
                 r = results[trained_need(cfg, p.schedule)]
                 st = run_status(cfg, r, inside)
-                c = check_trained(cfg, r, pred, label, st)
+                c = check_trained_loss(cfg, r, pred, trained_name(cfg, label), st)
                 comps.append(c)
                 rows.append(headline_row(c, se=r["se"]))
                 runs[heads] = (r, st)
@@ -226,8 +220,8 @@ def compare_results(ctx, results) -> Outcome:
         first = max(range(len(gains)), key=lambda i: (gains[i].details["L"] if
                                                      gains[i].details["tasks"] == list(configs[0][0].tasks) else -1))
         gain_rows.insert(0, {**gain_rows.pop(first), "name": "gain of trained full models"})
-    doms = {f"tasks={list(b.tasks)} param={b.param}": domain(b) for b, _ in configs}
-    figure = trained.case_figure("multi-head-gain-vs-L", "Single-head / multi-head converged loss against L", points,
+    doms = {f"tasks={list(b.tasks)} param={b.param}": domain(b, gain=True) for b, _ in configs}
+    figure = case_figure("multi-head-gain-vs-L", "Single-head / multi-head converged loss against L", points,
                                  "trained", "theory finite-L gain", xlabel="L", ylabel="loss(1 head) / loss(m heads)",
                                  xscale="log", caption="points: held-out losses of trained full models; line: "
                                          "theory.exact.finite_L_gain",
@@ -237,7 +231,7 @@ def compare_results(ctx, results) -> Outcome:
     return Outcome(comps, gain_rows + rows, [figure], short_why=True, headline_comparison=head,
                    undecided=None if gains else ("no L had both trained runs inside the domain (converged, the m-head "
                                                  "run allocated): the gain of trained models is not decided here"),
-                   details={"ran": ran, "domain": {"conditions": domain(configs[0][0])["conditions"], "cases": doms},
+                   details={"ran": ran, "domain": {"conditions": domain(configs[0][0], gain=True)["conditions"], "cases": doms},
                             "gain_undecided": undecided,
                             "boundary_rows": [c.name for c in comps if "boundary_check" in c.details]})
 
@@ -267,4 +261,3 @@ SPEC = ClaimSpec(
                "ratio of the one-head optimum to the allocated fixed point; the gain tends to theory's rho_inf as "
                "L grows, which is below H at finite block size and rises towards H = m with r."),
     profiles=PROFILES, plan=plan, compare=compare_results, resolve=with_problem, findings=findings, reads_sweep=True)
-run = SPEC.run

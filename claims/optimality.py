@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from claims.core.common import Comparison, Tolerance, compare, headline_row, lines_figure, noise_term, term
-from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields, theory_need
+from claims.core import (ClaimSpec, Comparison, Outcome, Tolerance, agreement, compare, comparisons_where, finding,
+                         headline_row, lines_figure, noise_term, replace_fields, term, theory_need)
 from numerics.engine import need
 from numerics.experiments import probes
 from numerics.evaluate import SUPERPOSED_SHARE, allocation
@@ -299,4 +299,3 @@ SPEC = ClaimSpec(
                "(signed decomposable points with shared heads, and full merged models from random starts)."),
     profiles=PROFILES, plan=plan, compare=compare_results, resolve=resolve, findings=findings,
     fields=("tasks", "heads", "L", "sigma", "init_scale", "logit_scale", "basis", "dtype"))
-run = SPEC.run

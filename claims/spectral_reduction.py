@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, eps_of, headline_row, perturbation,
-                                resolved, term, value_panels)
-from claims.core.spec import ClaimSpec, Outcome, comparisons_where, finding, theory_need, with_problem
+from claims.core import (Z_SE, ClaimSpec, Comparison, Outcome, Tolerance, compare, comparisons_where, config_label,
+                         eps_of, finding, headline_row, perturbation, resolved, term, theory_need, value_panels,
+                         with_problem)
 from numerics.model import initial_values
 from numerics.config import ProblemConfig
 from numerics.engine import need
@@ -500,4 +500,3 @@ SPEC = ClaimSpec(
                "head, m distinct QK values omega[h,i] (equal within a task block) and m OV values mu[h,i]."),
     profiles=PROFILES, plan=plan, compare=compare_results, findings=findings,
     resolve=with_problem)
-run = SPEC.run

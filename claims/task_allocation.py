@@ -17,9 +17,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from numerics.io import jsonable
-from claims.core.base import Figure, HeadlineRow
-from claims.core.common import Z_SE, Comparison, Tolerance, compare, noise_term, reported_row, term
-from claims.core.spec import ClaimSpec, Outcome, finding, theory_need, with_problem
+from claims.core import (Z_SE, ClaimSpec, Comparison, Figure, HeadlineRow, Outcome, Tolerance, compare, finding,
+                         noise_term, reported_row, term, theory_need, with_problem)
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import phases as experiments
@@ -30,7 +29,7 @@ from theory import task_allocation as allocation_theory
 THRESHOLD_SIGMAS = 5.0
 """Detection threshold (which singular values are nonzero), in units of the Frobenius norm of the standard errors of
 the tail-mean OV matrix (:func:`check_allocation`): a zero value is misread with probability <= 6e-7.  Not a comparison
-tolerance (that is claims.core.common.Z_SE)."""
+tolerance (that is claims.core.Z_SE)."""
 L_MIN = 32
 """Smallest L inside the domain: a measured boundary, not a theoretical one.  The allocated point is only semi-stable:
 an off-task mu that the batch noise pushes through 0 then grows, towards the superposition of docs/model.md, at a rate
@@ -465,4 +464,3 @@ SPEC = ClaimSpec(
         "problem must give tasks, heads, L and optionally sigma, param, init_scale, logit_scale, basis, dtype; got "
         f"keys {sorted(q)}"),
     paper="each head ends serving one task, the one its initial OV value favours most")
-run = SPEC.run

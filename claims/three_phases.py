@@ -16,10 +16,9 @@ import numpy as np
 
 import theory.exact as exact_theory
 import theory.three_phases as phase_theory
-from claims.core.common import (Z_SE, Comparison, Tolerance, compare, config_label, headline_row, lines_figure,
-                                noise_term, term, worst)
-from claims.core.spec import ClaimSpec, Outcome, agreement, comparisons_where, finding, replace_fields
-from claims.core.spec import theory_need
+from claims.core import (Z_SE, ClaimSpec, Comparison, Outcome, Tolerance, agreement, compare, comparisons_where,
+                         config_label, finding, headline_row, lines_figure, noise_term, replace_fields, term,
+                         theory_need, worst)
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import phases as experiments
@@ -494,4 +493,3 @@ SPEC = ClaimSpec(
         "claim 3 is stated for factored weights (the paper's architecture); merged weights are the boundary "
         "'boundary-merged-superposition'"),
     paper="slow warm-up, fast emergence (each head takes a task), then convergence")
-CLAIM_ID, TITLE, STATEMENT, run = SPEC.id, SPEC.title, SPEC.statement, SPEC.run

@@ -27,7 +27,7 @@ The same constant bounds one-sided statistics (a trend "p + Z_SE se(p) < 0") and
 bounds of accumulated noise (Z_SE x rms), and decides convergence: a run is converged for a
 comparison of tolerance tol when the loss it could still lose is at most tol / Z_SE
 (numerics.experiments.converged.converged_for).  Defined here, beside the estimators, so that
-claims.core.common and numerics.experiments read the same number."""
+claims.core and numerics.experiments read the same number."""
 
 NON_FINITE_POLICIES = ("keep", "drop")
 
@@ -173,7 +173,7 @@ def fit_limit(L, y, se) -> dict:
 def window_drift(tail: np.ndarray, z: float) -> float:
     """The part of the change of the loss between the two halves of the final window that
     Monte-Carlo noise does not explain: max(0, |mean_1 - mean_2| - z se(mean_1 - mean_2)), the
-    se by batch means within each half (z: the caller's standard errors, claims.core.common.Z_SE).
+    se by batch means within each half (z: the caller's standard errors, claims.core.Z_SE).
     An estimate of the optimisation error left (a run still descending), zero for a run that
     has converged to within its noise."""
     halves = np.array_split(np.asarray(tail, float), 2)
@@ -275,7 +275,7 @@ def binomial_interval(k: int, n: int, z: float) -> tuple[float, float]:
     its coverage is at least 1 - alpha for every true share and every n (Wilson's dips below
     its nominal level at small n, and a report's seed counts are small: 8 or 16); a true share
     lies outside it with probability at most alpha, so a share comparison at z = Z_SE fails a
-    right prediction as rarely as a Monte-Carlo one does (claims.core.common.Z_SE).  At n = 8 and
+    right prediction as rarely as a Monte-Carlo one does (claims.core.Z_SE).  At n = 8 and
     z = 4: 8 of 8 gives [0.27, 1], 4 of 8 [0.026, 0.97], 7 of 8 [0.17, 1 - 4e-6] (one run of
     another class rejects a share of 1); at n = 16, 16 of 16 gives [0.52, 1]."""
     from scipy.special import betaincinv, erfc

@@ -9,6 +9,6 @@ README's findings block; ``python -m reports.theory`` prints theory's prediction
 configuration (theory itself does no I/O).  Modules: ``build`` (the command: what the claims
 say before any runs -- configuration, cost, sweep -- running them, progress, provenance, and its
 --out directory), ``schema`` (claims.json's schema, derived from
-``claims.core.base``), ``render`` (figures, page).  Nothing in this package computes a result:
-every number comes from a ``claims.core.base.ClaimResult``, or in ``reports.theory`` from theory.
+``claims.core``), ``render`` (figures, page).  Nothing in this package computes a result:
+every number comes from a ``claims.core.ClaimResult``, or in ``reports.theory`` from theory.
 """

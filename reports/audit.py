@@ -53,7 +53,7 @@ MAX_PROMPTS = 2 ** 24
 
 def _list_of(option):
     """argparse ``type=`` of a comma-separated list, each entry checked by ``option`` (one of
-    numerics.io.command's: digits only, no underscores, finite, in range)."""
+    numerics.io's: digits only, no underscores, finite, in range)."""
     return lambda text: tuple(option(p.strip()) for p in str(text).split(","))
 
 

@@ -8,23 +8,23 @@
     python -m reports.build --from-json OLD/claims.json --out NEW     (re-render, no compute)
 
 The report computes nothing of its own: each claim id of ``claims.REGISTRY`` names a
-``claims.core.spec.ClaimSpec``, a plan and a comparison; the union of the selected plans is run
-by one engine and each comparison makes a ``claims.core.base.ClaimResult`` (verdict, findings,
+``claims.core.ClaimSpec``, a plan and a comparison; the union of the selected plans is run
+by one engine and each comparison makes a ``claims.core.ClaimResult`` (verdict, findings,
 headline rows, figure data).  This module checks the arguments, runs the claims (the union of
 their plans executed once by one engine, ``numerics.engine``, ``--jobs`` worker processes for the
 needs; each result checked against the claims.json schema as soon as it is made), records
 provenance, renders (``reports.render``) and writes the output directory.  What the claims own, it asks them: the configuration is parsed by
-``claims.check_problem``, which claims cannot build their experiment at it by
+``claims.core.check_problem``, which claims cannot build their experiment at it by
 ``claims.cannot_run``, which read a sweep by ``claims.reads_sweep``, and the cost by the
 engine's cost model over their plans.  Everything is checked before any claim
 runs, the output directory included (:func:`check_out_dir`).
 
-The schema of claims.json is derived from the dataclasses of ``claims.core.base``
+The schema of claims.json is derived from the dataclasses of ``claims.core``
 (``reports.schema``); the findings of every claim are gathered into its top-level
 ``findings`` list, which the page shows first.
 
 Exit status: 0 when no claim fails or errors and no boundary is contradicted or errors
-(``claims.core.base.FAILING``; an ``undecided`` claim or boundary does not fail) and every figure
+(``claims.core.FAILING``; an ``undecided`` claim or boundary does not fail) and every figure
 rendered; 1 otherwise; 2 on bad arguments; 75 (``numerics.io.EXIT_DISK_FULL``) when the disk
 is full ("disk full: N bytes needed at PATH"; the previous report is intact); 130 when interrupted.
 
@@ -85,7 +85,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, TextIO
 
 import claims
-from claims.core.base import FAILING, PROFILES, ClaimResult, kind_from_id, no_progress, run_claim
+from claims.core import FAILING, PROFILES, ClaimResult, kind_from_id, no_progress, run_claim
 from numerics.io import (SEED_MAX, FolderBusy, TOMLDecodeError, check_device_option, check_inside, command_line,
                          create_inside, float_option, folder_lock, int_option, make_directories, one_blas_thread,
                          parse_tasks as strict_tasks, read_input_bytes, read_inside, seed_option, toml_loads,
@@ -166,11 +166,11 @@ def _ask(name: str, *args, default=None):
 
 
 def check_problem(fields: dict, device: str = "cpu") -> dict:
-    """The configuration, parsed and validated by ``claims.check_problem`` (the one parser:
+    """The configuration, parsed and validated by ``claims.core.check_problem`` (the one parser:
     each field checked by ProblemConfig, unknown fields refused); its ValueError becomes
     :class:`BadArguments`.  Returns the normalised fields (tasks a list)."""
     try:
-        problem = dict(claims.check_problem(dict(fields), device))
+        problem = dict(claims.core.check_problem(dict(fields), device))
     except (ValueError, TypeError) as exc:
         raise BadArguments(str(exc)) from None
     if "tasks" in problem:
@@ -336,7 +336,7 @@ def run_all(cfg, stream: TextIO, cpu_seconds: dict) -> list[ClaimResult]:
     claim that does not import, or whose plan or comparison raises, or reads a need that failed,
     reads ``error`` with the reason.  Progress goes to ``stream``; ``cpu_seconds`` receives each
     claim's CPU time."""
-    from claims.core.spec import context, finished
+    from claims.core import context, finished
     from numerics import experiments
     from numerics.engine import Engine, Results, closure
 
@@ -531,7 +531,7 @@ def provenance(cfg, results: list[ClaimResult], started_utc: str, total_seconds:
 
 def read_config_file(path: str) -> dict:
     """The fields of a TOML file (top level, or a ``[problem]`` table), read by the project's input
-    policy (a regular file of bounded size; a FIFO is refused unopened); claims.check_problem
+    policy (a regular file of bounded size; a FIFO is refused unopened); claims.core.check_problem
     judges the fields."""
     try:
         raw = read_input_bytes(path, "--config", max_bytes=2**20)
@@ -674,7 +674,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help="no progress bars on stderr (the start and end of each claim is still "
                              "printed)")
     audit = parser.add_argument_group("per-configuration audit", textwrap.fill(
-        "run every claim that can at this configuration (parsed by claims.check_problem, the one "
+        "run every claim that can at this configuration (parsed by claims.core.check_problem, the one "
         "parser of a configuration); the report says which ran where. The flags override the "
         "fields of --config", width=88))
     audit.add_argument("--tasks", default=None, metavar="R,R,..",
@@ -1221,7 +1221,7 @@ def summary_table(report: dict) -> str:
 
 
 def exit_status(report: dict) -> int:
-    """1 if a claim fails or errors, a boundary is contradicted or errors (claims.core.base.FAILING),
+    """1 if a claim fails or errors, a boundary is contradicted or errors (claims.core.FAILING),
     or a figure could not be drawn; else 0."""
     bad = any(e["verdict"] in FAILING.get(e.get("kind", "claim"), ()) or e["figure_errors"]
               for e in report["claims"])

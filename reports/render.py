@@ -1,8 +1,8 @@
 """The report's page and figures: a ``claims.json`` document to one self-contained HTML page,
-each claim's ``claims.core.base.Figure`` data to PNG, and the forest plot of every comparison.
+each claim's ``claims.core.Figure`` data to PNG, and the forest plot of every comparison.
 
 Nothing here computes a result.  Every number on the page comes from ``claims.json`` (each
-claim's ``claims.core.base.ClaimResult``, its ``Figure`` data, and the run's provenance); this module only chooses what
+claim's ``claims.core.ClaimResult``, its ``Figure`` data, and the run's provenance); this module only chooses what
 is shown where and how it is printed, and the markup lives in ``reports/templates`` (jinja2,
 autoescaped: a claim's text can never become markup):
 
@@ -20,7 +20,7 @@ autoescaped: a claim's text can never become markup):
   (:func:`finding_outcome`).
 - :func:`render_html`: the page: scorecard and forest plot (drawn from this document alone,
   inline SVG), findings, the run, one section per claim.
-- :func:`figure_png` draws a ``claims.core.base.Figure`` (kinds ``"lines"``, ``"heatmap"``,
+- :func:`figure_png` draws a ``claims.core.Figure`` (kinds ``"lines"``, ``"heatmap"``,
   ``"panels"``, ``"mix"``) with Matplotlib's Agg backend and returns the PNG bytes.
 - :func:`forest_rows` reads every comparison of a ``claims.json`` document
   (``details["comparisons"]`` of each claim; its judged headline rows where a claim recorded
@@ -66,7 +66,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 from PIL import Image  # noqa: E402 - Matplotlib's own dependency
 
-from claims.core.base import BOUNDARY_OUTCOMES, FAILING, VERDICTS, Figure, Series, kind_from_id  # noqa: E402
+from claims.core import BOUNDARY_OUTCOMES, FAILING, VERDICTS, Figure, Series, kind_from_id  # noqa: E402
 from reports.schema import scalar, side_error  # noqa: E402
 
 FIGURE_KINDS = ("lines", "heatmap", "panels", "mix")
@@ -108,7 +108,7 @@ def as_figure(obj: Any) -> Figure:
     if isinstance(obj, Figure):
         return obj
     if not isinstance(obj, dict):
-        raise RenderError(f"a figure must be a claims.core.base.Figure or a dict, got {type(obj).__name__}")
+        raise RenderError(f"a figure must be a claims.core.Figure or a dict, got {type(obj).__name__}")
     known = {f.name for f in dataclasses.fields(Figure)}
     unknown = set(obj) - known
     if unknown:
@@ -432,7 +432,7 @@ AGREE_COLOUR, DISAGREE_COLOUR, BAND_COLOUR = "#0969da", "#cf222e", "#dcefdc"
 
 def comparison_records(entry: dict) -> list[dict]:
     """The comparisons of one claims.json entry: ``details["comparisons"]`` (each a
-    ``claims.core.common.Comparison.summary()``)."""
+    ``claims.core.Comparison.summary()``)."""
     details = entry.get("details") if isinstance(entry.get("details"), dict) else {}
     return [c for c in details.get("comparisons") or [] if isinstance(c, dict)]
 
@@ -731,7 +731,7 @@ def group_of(entry: dict) -> str:
 
 
 def is_failing(entry: dict) -> bool:
-    """Whether the entry's outcome makes the build exit 1 (``claims.core.base.FAILING``)."""
+    """Whether the entry's outcome makes the build exit 1 (``claims.core.FAILING``)."""
     return entry.get("verdict") in FAILING.get(kind_of(entry), ())
 
 
@@ -741,7 +741,7 @@ def anchor(claim_id: str) -> str:
 
 
 def _verdict_reason(entry: dict) -> str:
-    """Which rule of ``claims.core.base.judge`` (or of ``run_claim``) gave the verdict."""
+    """Which rule of ``claims.core.judge`` (or of ``run_claim``) gave the verdict."""
     verdict = entry.get("verdict")
     details = entry.get("details") or {}
     reasons = {
@@ -814,7 +814,7 @@ def headline_cells(r: dict) -> dict[str, str]:
 
 def headline_row(entry: dict) -> Optional[dict]:
     """The row that is a claim's headline: the row of the comparison its spec names
-    (``claims.core.spec.Outcome.headline_comparison``, stored as
+    (``claims.core.Outcome.headline_comparison``, stored as
     ``details.resolving_power.headline.name``), or that comparison itself where no row shows it;
     else its first headline row (None without one)."""
     rows = [r for r in entry.get("headline") or [] if isinstance(r, dict)]
@@ -1037,7 +1037,7 @@ def agreement_count(entry: dict) -> tuple[int, int]:
 
 
 def power_words(c: Optional[dict]) -> str:
-    """A comparison's resolving power (``claims.core.common.Comparison.resolving_power``, confirmed when the
+    """A comparison's resolving power (``claims.core.Comparison.resolving_power``, confirmed when the
     report was built) in words: "rejects a 3.1 % error", "rejects an absolute error of 0.012", "rejects a
     count off by 1"; one-sided: "rejects a prediction 3.1 % too low"; a power of 100 % or more: "rejects
     only order-of-magnitude errors (a factor 2.3)"; an exact comparison: "rejects any error"; within a

@@ -1,10 +1,10 @@
-"""The schema of ``claims.json``, derived from the dataclasses of ``claims.core.base``.
+"""The schema of ``claims.json``, derived from the dataclasses of ``claims.core``.
 
 A claim entry is ``ClaimResult.to_dict()`` with ``figures`` stored as ``figure_data`` and the
 report's own ``figures`` (the drawn PNGs) and ``figure_errors`` added; its headline rows are
 ``HeadlineRow``, its findings ``Finding``, its perturbations ``PerturbationCheck``.  The keys
 and their JSON types are read off those dataclasses' fields (:func:`fields_of`), so a field
-added to ``claims.core.base`` is in the schema without an edit here.  A field with a default is
+added to ``claims.core`` is in the schema without an edit here.  A field with a default is
 optional in a claim's result (it gets the default: :func:`with_defaults`) and required in what a
 build *writes* (:func:`check_report`).  A claims.json written by an older version of this code
 (no ``kind``, row ``side`` or ``findings``) is refused when read back (:func:`older_version`):
@@ -18,7 +18,7 @@ of its kind's outcomes -- and every agreement and every verdict *recomputed from
 numbers* (:func:`judged_problems`): each comparison's ``agrees`` from its error and tolerance,
 each perturbation's ``rejected`` likewise, each judged headline row's ``agrees`` from its
 measured value, theory, tolerance and side, and the verdict by the one rule
-(``claims.core.base.judge``).  A file that disagrees with itself -- a verdict or an agreement edited
+(``claims.core.judge``).  A file that disagrees with itself -- a verdict or an agreement edited
 by hand, numbers untouched -- is refused rather than rendered.  Every check is one pass over
 the file (a 20,000-claim claims.json is read in seconds).
 """
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from numerics.io import PARSE_FACTOR, SEED_MAX, check_memory, parse_json
-from claims.core.base import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
+from claims.core import (BOUNDARY_OUTCOMES, FINDING_KINDS, KINDS, SIDES, VERDICTS, ClaimResult, Finding,
                          HeadlineRow, PerturbationCheck, judge)
 
 VERSIONED_PACKAGES = ("torch", "numpy", "scipy", "sympy", "mpmath", "matplotlib")
@@ -85,7 +85,7 @@ class BadArguments(ValueError):
 
 @functools.lru_cache(maxsize=None)
 def fields_of(cls) -> dict[str, tuple[Any, bool]]:
-    """``{field: (type hint, required)}`` of a dataclass of claims.core.base (computed once per class:
+    """``{field: (type hint, required)}`` of a dataclass of claims.core (computed once per class:
     ``typing.get_type_hints`` costs a compile per field, and a report has rows by the thousand)."""
     hints = typing.get_type_hints(cls)
     return {f.name: (hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
@@ -304,8 +304,8 @@ def row_agreement(row: dict) -> Optional[bool]:
 
 def _agrees(record: Any, rejected: bool = False) -> Optional[bool]:
     """The rule of a stored record recomputed from its error and tolerance: a comparison agrees
-    when error <= tolerance (``claims.core.common.Comparison.agrees``), a perturbation is
-    ``rejected`` when error > tolerance (``claims.core.common.perturbation``); both False for a
+    when error <= tolerance (``claims.core.Comparison.agrees``), a perturbation is
+    ``rejected`` when error > tolerance (``claims.core.perturbation``); both False for a
     NaN error.  None where the record does not carry both numbers."""
     e, tol = (scalar(record.get(k)) for k in ("error", "tolerance")) if isinstance(record, dict) else (None, None)
     if e is None or tol is None:
@@ -348,7 +348,7 @@ def judged_problems(entry: dict, where: str) -> list[str]:
     """Where an entry disagrees with itself: every stored comparison's ``agrees`` against its error
     and tolerance, every perturbation's ``rejected`` against its error and tolerance, every judged
     headline row's ``agrees`` against its own numbers (:func:`row_agreement`), and the verdict
-    against the one rule (``claims.core.base.judge``) applied to the recomputed comparisons and
+    against the one rule (``claims.core.judge``) applied to the recomputed comparisons and
     perturbations, the ``undecided`` reason and an exception the run recorded.  An entry that
     records no comparison (a report from before they were stored) is judged on its rows: a
     passing verdict needs every judged row to agree and every perturbation rejected."""
@@ -376,7 +376,7 @@ def judged_problems(entry: dict, where: str) -> list[str]:
         return problems
     verdict, kind = entry["verdict"], entry["kind"]
     if "error" in details and not comparisons:
-        expected = "error"         # the run raised (claims.core.base.run_claim): no comparison to judge
+        expected = "error"         # the run raised (claims.core.run_claim): no comparison to judge
     elif comparisons is not None:
         undecided = details.get("undecided") or (None if comparisons else "no comparison was made")
         expected = judge(all(c["agrees"] for c in comparisons), perturbations, kind, undecided, details.get("fault"))
@@ -384,7 +384,7 @@ def judged_problems(entry: dict, where: str) -> list[str]:
         return problems
     if verdict != expected:
         problems.append(f"{where}: verdict {verdict!r}, but its own comparisons and perturbations give {expected!r} "
-                        "(claims.core.base.judge): the file disagrees with itself (a verdict edited by hand?)")
+                        "(claims.core.judge): the file disagrees with itself (a verdict edited by hand?)")
     return problems
 
 
@@ -426,7 +426,7 @@ def entry_problems(entry: Any, k: int) -> list[str]:
         accepted = [p["description"][:60] for p in entry["perturbations"] if not p["rejected"]]
         if accepted:
             problems.append(f"{where}: verdict {entry['verdict']!r} but perturbed prediction(s) {accepted[:3]} were "
-                            "accepted; a passing verdict needs every perturbation rejected (claims.core.base.judge)")
+                            "accepted; a passing verdict needs every perturbation rejected (claims.core.judge)")
     return problems + judged_problems(entry, where)
 
 

@@ -32,7 +32,7 @@ def patch_everywhere(monkeypatch, original, replacement) -> int:
 def assert_caught(claim, profile, name: str) -> None:
     """The claim module's run at ``profile`` must not pass under the mutant ``name``, and some
     comparison must disagree (a mutant caught only by an undecided check is not caught)."""
-    res = claim.run(profile)
+    res = claim.SPEC.run(profile)
     failing = [c["name"] for c in res.details.get("comparisons", []) if not c["agrees"]]
     print(f"[mutant] {claim.SPEC.id}: {name}: verdict {res.verdict}; disagreeing: {failing}")
     assert res.verdict != "pass", res.details
@@ -42,7 +42,7 @@ def assert_caught(claim, profile, name: str) -> None:
 def assert_control_passes(claim, profile) -> None:
     """The control: without a mutation the same profile passes, so each mutant is caught by its
     mutation, not by the profile."""
-    res = claim.run(profile)
+    res = claim.SPEC.run(profile)
     print(f"[mutant] {claim.SPEC.id}: control (no mutation): verdict {res.verdict}")
     assert res.verdict == "pass", res.details
 

@@ -15,9 +15,8 @@ import types
 from pathlib import Path
 
 import claims
-from claims.core.base import Figure, Finding, PerturbationCheck, Series
-from claims.core.common import SIDE_ERRORS, Comparison
-from claims.core.spec import ClaimSpec, Outcome, theory_need
+from claims.core import (SIDE_ERRORS, ClaimSpec, Comparison, Figure, Finding, Outcome, PerturbationCheck, Series,
+                         theory_need)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +249,7 @@ def _with_tasks(p, problem):
 def training_need(ctx):
     """A converged training run at the configuration (the default one without a problem):
     what the configured claim's plan may ask for, priced by the engine's cost model."""
-    from claims.core.trained import trained_need
+    from claims.core import trained_need
     from numerics.config import ProblemConfig
     from numerics.experiments.converged import TrainingSchedule
     problem = {"tasks": (3, 3), "heads": 2, "L": 32, **(ctx.problem or {})}

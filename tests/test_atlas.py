@@ -20,7 +20,7 @@ import pytest
 
 import claims
 from claims.atlas import ATLAS_IDS as IDS, classes_finding, outcome_maps
-from claims.core.base import BOUNDARY_OUTCOMES, ClaimResult
+from claims.core import BOUNDARY_OUTCOMES, ClaimResult
 from numerics.experiments import atlas
 from numerics.experiments.atlas import cell_class, cell_mix, check_point, class_counts, point_class
 from numerics.evaluate import crossing_time as escape_time

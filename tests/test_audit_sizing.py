@@ -17,8 +17,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import claims.audit as ma
-from claims.core.common import compare, reported_row
-from claims.core.spec import ClaimSpec, Outcome
+from claims.core import ClaimSpec, Outcome, compare, reported_row
 from numerics.config import ProblemConfig
 from numerics.io import parse_json
 from numerics.model import MultiHeadAttention

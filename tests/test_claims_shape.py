@@ -66,21 +66,22 @@ def verdict_assignments(source: str) -> int:
 
 
 CLAIM_FILES = sorted((ROOT / "claims").glob("*.py"))
-CORE_FILES = sorted((ROOT / "claims" / "core").glob("*.py")) + sorted((ROOT / "claims" / "audit").glob("*.py"))
+CORE_FILES = sorted((ROOT / "claims" / "audit").glob("*.py"))
 
 MODULE_LINE_LIMIT = 400
 """The most lines of one claims module (the earlier per-claim line budget, retired by issue 32):
 a spec, its comparisons and its findings read in one sitting; more means a piece belongs in a
 shared module or in numerics/theory."""
 
-OVER_THE_LIMIT = {"claims/core/common.py": 594, "claims/audit/model.py": 744, "claims/spectral_reduction.py": 508,
-                  "claims/task_allocation.py": 468, "claims/three_phases.py": 497, "claims/boundary_initialisation.py": 413,
+OVER_THE_LIMIT = {"claims/core.py": 1802, "claims/audit/model.py": 744, "claims/spectral_reduction.py": 508,
+                  "claims/task_allocation.py": 468, "claims/three_phases.py": 497, "claims/boundary_initialisation.py": 461,
                   "claims/atlas.py": 437}
 """The modules above the limit when it was set (their line counts then): each may shrink, none may
 grow, and one that comes under the limit leaves this table (the test says so).  Raised only where
-lines moved in, never for new code: common.py took claims/core/tolerance.py whole (567 + the
-Tolerance type), atlas.py is the four atlas panels and claims/core/atlas.py in one file (five
-modules of 520 lines before), task_allocation.py's check_allocation was cut into named pieces under
+lines moved in, never for new code: core.py is the five modules of claims/core in one (base,
+common, spec, trained, phase_checks: 1,901 lines), boundary_initialisation.py took its own
+random-start rows and figures from phase_checks (413 + 48), atlas.py is the four atlas panels and
+claims/core/atlas.py in one file (five modules of 520 lines before), task_allocation.py's check_allocation was cut into named pieces under
 60 lines (450 + their signatures and docstrings)."""
 
 
@@ -94,7 +95,7 @@ def over_limit(name: str, lines: int) -> str:
     if lines > allowed:
         return f"{name} has {lines} lines, more than {allowed}" + (
             f" (it was over the limit of {MODULE_LINE_LIMIT} when the limit was set and may not grow)"
-            if name in OVER_THE_LIMIT else f" (the limit of a claims module)")
+            if name in OVER_THE_LIMIT else " (the limit of a claims module)")
     if name in OVER_THE_LIMIT and lines <= MODULE_LINE_LIMIT:
         return f"{name} is now within the limit ({lines} lines): remove it from OVER_THE_LIMIT"
     return ""
@@ -153,12 +154,12 @@ def test_every_registered_id_has_its_test_file():
 def test_the_rules_fire():
     """Each rule sees a source that breaks it (the checks are not vacuous)."""
     assert over_limit("claims/x.py", MODULE_LINE_LIMIT + 1) and not over_limit("claims/x.py", MODULE_LINE_LIMIT)
-    assert over_limit("claims/core/common.py", OVER_THE_LIMIT["claims/core/common.py"] + 1)
-    assert "remove it" in over_limit("claims/core/common.py", MODULE_LINE_LIMIT)
+    assert over_limit("claims/core.py", OVER_THE_LIMIT["claims/core.py"] + 1)
+    assert "remove it" in over_limit("claims/core.py", MODULE_LINE_LIMIT)
     assert line_count("a\nb\n") == 2
     assert claim_imports("from claims.block_structure import eps_of") == {"claims.block_structure"}
     assert claim_imports("def f():\n    from claims import three_phases\n") == {"claims.three_phases"}
-    assert not claim_imports("from claims.core.common import compare\nfrom claims import spec_of")
+    assert not claim_imports("from claims.core import compare\nfrom claims import spec_of")
     assert experiment_calls("from numerics.train import train\nr = train(cfg, tcfg)") == {"train"}
     assert experiment_calls("@experiments.one_thread\ndef f(): pass") == {"one_thread"}
     assert verdict_assignments("res.verdict = 'error' if bad else res.verdict") == 1

@@ -1,13 +1,11 @@
-"""claims.core.spec's lookup of comparisons by structured fields (issue 32): findings read the
+"""claims.core's lookup of comparisons by structured fields (issue 32): findings read the
 fields a comparison was built with (``details["role"]``, ``details["L"]``, its config label),
 never its name."""
 from __future__ import annotations
 
 import pytest
 
-from claims.core.base import ClaimResult
-from claims.core.common import compare
-from claims.core.spec import comparisons_where
+from claims.core import ClaimResult, compare, comparisons_where
 
 
 def _result(*comparisons) -> ClaimResult:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from claims.core.trained import run_status, run_tolerance
+from claims.core import run_status, run_tolerance
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import (QUICK_SCHEDULE, TINY_SCHEDULE, Z_CONVERGED, ContinuationSchedule,
                                             continue_on_D, converged_for, stable_step, train_converged)

@@ -1713,8 +1713,8 @@ def _forked_builds(n: int, out: Path, tmp: Path) -> list:
 WRITERS = """
 import json, os, sys, time, types
 import claims
-from claims.core.common import Comparison
-from claims.core.spec import ClaimSpec, Outcome
+from claims.core import Comparison
+from claims.core import ClaimSpec, Outcome
 module = types.ModuleType("writer_claims")
 def compare(ctx, results):
     time.sleep(0.3)                      # every writer past its checks before the first one writes

@@ -1,6 +1,6 @@
-"""claims.core.base.judge: the verdict of a comparison (pass / fail / undecided) and its precedence; ``error`` is
-only a check that raised (claims.core.base.run_claim)."""
-from claims.core.base import ClaimResult, PerturbationCheck, judge, run_claim
+"""claims.core.judge: the verdict of a comparison (pass / fail / undecided) and its precedence; ``error`` is
+only a check that raised (claims.core.run_claim)."""
+from claims.core import ClaimResult, PerturbationCheck, judge, run_claim
 
 
 def _p(rejected: bool) -> PerturbationCheck:
@@ -20,7 +20,7 @@ def test_disagreement_is_fail_even_when_the_check_is_blunt():
 
 
 def test_a_boundary_gets_the_same_rule_in_its_own_words():
-    from claims.core.base import BOUNDARY_OUTCOMES, FAILING
+    from claims.core import BOUNDARY_OUTCOMES, FAILING
 
     assert judge(True, [_p(True)], kind="boundary") == "located"
     assert judge(False, [_p(True)], kind="boundary") == "contradicted"

@@ -3,7 +3,7 @@ against plain Monte Carlo of the reduced model on whole prompts (numerics/model.
 gradient against finite differences, and theory's large-L expansion against it (the
 expansion's tests that need the exact loss live here: theory may not import numerics).
 
-Tolerances: Z_SE combined standard errors (claims.core.common.Z_SE, the project's one policy)
+Tolerances: Z_SE combined standard errors (claims.core.Z_SE, the project's one policy)
 for Monte-Carlo comparisons; rounding (1e-6 relative) for a finite difference of a sample
 mean against the autograd derivative of the same sample mean (common random numbers).
 """
@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, note, strategies as st
 
 import numerics.exact_reduced as er
-from claims.core.common import Z_SE
+from claims.core import Z_SE
 from numerics.config import ProblemConfig
 from numerics.config import make_generator, sample_prompts
 from numerics.model import reduced_predict

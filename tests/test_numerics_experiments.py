@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from claims.core.common import Z_SE
+from claims.core import Z_SE
 from numerics import experiments
 from numerics.experiments.converged import Z_CONVERGED, TrainingSchedule, _normalise_point, converged_point
 from numerics.config import ProblemConfig

@@ -1,7 +1,7 @@
 """Where random starts land, counted (issue 34): the one end-state classifier
 (numerics.evaluate.end_class), the binomial interval of a class's share
 (numerics.statistics.binomial_interval), the counted mix (numerics.experiments.starts.
-outcome_mix), the share comparison that can fail (claims.core.phase_checks.share_comparison), its
+outcome_mix), the share comparison that can fail (claims.core.share_comparison), its
 sentence, and the 'mix' figure kind (reports.render).  All synthetic: seconds."""
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from scipy.stats import beta, binom
 
-from claims.core.common import Z_SE
-from claims.core.phase_checks import mix_figure, mix_phrase, share_comparison
+from claims.core import Z_SE, mix_figure, mix_phrase, share_comparison
 from numerics.experiments.starts import outcome_mix
 from numerics.evaluate import allocation, end_class
 from numerics.statistics import binomial_interval

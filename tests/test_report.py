@@ -21,11 +21,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 import claims
-from claims.core.base import ClaimResult, Figure, Series
+from claims.core import ClaimResult, Figure, Outcome, Series
 from reports import build as report_build
 from reports import render as report_render
 from reports.build import BuildConfig, check_report, main
-from claims.core.spec import Outcome
 from report_fakes import FAKES, comparison, fake_plain, fake_spec, install_registry, snapshot, strict_load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -161,7 +160,7 @@ def test_interrupted_build_leaves_previous_report(fake_registry, tmp_path, capsy
 SLOW_CLAIM_SCRIPT = """
 import sys, time, types
 import claims
-from claims.core.spec import ClaimSpec
+from claims.core import ClaimSpec
 module = types.ModuleType("slow_fake_claims")
 def slow(ctx, results):
     if results is not None:              # the build's run, not its estimate

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from claims.core.base import FAILING
+from claims.core import FAILING
 from reports.build import check_report, main
 
 from report_fakes import FAKES, fake_config, install_registry, strict_load

@@ -21,14 +21,13 @@ from pathlib import Path
 import pytest
 
 import claims
-from claims.core.base import Figure, Series
+from claims.core import Figure, Outcome, Series, context
 from reports import build as report_build
 from reports import compare as report_compare
 from reports import render as report_render
 from reports.build import check_report, main
 from reports.schema import document_problems
 
-from claims.core.spec import Outcome, context
 from numerics.engine import cost_of
 from report_fakes import (FAKES, HEADLINE, configured, fake_config, fake_spec, install_registry, snapshot,
                           strict_load, training_need)
@@ -44,10 +43,10 @@ fake_config_b = dataclasses.replace(fake_config, id="fake-config-b", compare=fak
 
 
 def _spec(claim_id: str, measured: float, undecided=None, kind: str = "claim"):
-    """A claim whose comparisons are made by claims.core.common.compare (so details["comparisons"]
+    """A claim whose comparisons are made by claims.core.compare (so details["comparisons"]
     holds each one's error, tolerance, agreement and perturbations, and the verdict is
-    claims.core.base.judge's)."""
-    from claims.core.common import compare, headline_row, off_by, reported_row
+    claims.core.judge's)."""
+    from claims.core import compare, headline_row, off_by, reported_row
 
     def outcome(ctx, results):
         loss = compare("converged loss, tasks=[2, 2], L=32", measured, 0.7792937908845126, 0.018848,
@@ -304,8 +303,8 @@ def test_stranded_report_is_restored_and_survives_an_interrupted_rebuild(registr
 KILLED_WRITE_SCRIPT = """
 import sys, time, types
 import claims
-from claims.core.common import Comparison
-from claims.core.spec import ClaimSpec, Outcome
+from claims.core import Comparison
+from claims.core import ClaimSpec, Outcome
 from reports import render
 module = types.ModuleType("killed_write_claims")
 module.quick = ClaimSpec("quick", "t", "s", {"tiny": None}, plan=lambda ctx, results: [],
@@ -877,7 +876,7 @@ FORGED = [
     ("an honest pass edited to fail", lambda r: _c(r, "fake-spec-pass").update(verdict="fail"),
      "verdict 'fail', but its own comparisons and perturbations give 'pass'"),
     ("an undecided claim edited to pass", lambda r: _c(r, "fake-spec-undecided").update(verdict="pass"),
-     "give 'undecided' (claims.core.base.judge)"),
+     "give 'undecided' (claims.core.judge)"),
     ("a comparison's agrees flipped", lambda r: _c(r, "fake-spec-fail")["details"]["comparisons"][0].update(agrees=True),
      "says agrees=True but its error"),
     ("a row's agrees flipped, numbers untouched", lambda r: _c(r, "fake-spec-fail")["headline"][0].update(agrees=True),

@@ -1,6 +1,6 @@
 """The report at a glance (issue 29): the scorecard, the forest plot, the marked findings, the
 printed precision, the templates.  Everything here is built from claims.json data (real
-``claims.core.common.compare`` summaries inside fake claims), in seconds.
+``claims.core.compare`` summaries inside fake claims), in seconds.
 """
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from claims.core.base import ClaimResult, Finding, PerturbationCheck
-from claims.core.common import Comparison, compare, headline_row
+from claims.core import ClaimResult, Comparison, Finding, Outcome, PerturbationCheck, compare, headline_row
 from reports import findings as report_findings
 from reports import render as report_render
 from reports.build import check_report, main
 
-from claims.core.spec import Outcome
 from report_fakes import fake_spec, install_registry, strict_load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -246,9 +244,9 @@ def test_markup_in_a_claims_text_stays_text(tmp_path):
 
 
 def _entry(claim_id, comparisons, headline=None, kind="claim", paper=None, headline_comparison=None):
-    """A claims.json entry made by the one constructor (claims.core.spec.build_result) from real comparisons:
+    """A claims.json entry made by the one constructor (claims.core.build_result) from real comparisons:
     verdict, summaries, the resolving powers confirmed as a build confirms them."""
-    from claims.core.spec import ClaimSpec, Outcome, build_result
+    from claims.core import ClaimSpec, Outcome, build_result
     spec = ClaimSpec(id=claim_id, title=claim_id, statement="s", profiles={}, evaluate=lambda ctx: None,
                      kind=kind, paper=paper)
     result = build_result(spec, Outcome(comparisons, headline=headline, headline_comparison=headline_comparison), {})

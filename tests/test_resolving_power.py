@@ -1,7 +1,7 @@
-"""The resolving power of a comparison (claims.core.common.resolving_power) and the probes at the
-tolerance's edge (claims.core.common.edge_probes): right for each side, each unit and custom error
+"""The resolving power of a comparison (claims.core.resolving_power) and the probes at the
+tolerance's edge (claims.core.edge_probes): right for each side, each unit and custom error
 functions, recomputing a tolerance made from the prediction, and fast; and the build's confirmation
-of every power it prints (claims.core.spec.unconfirmed_power through claims.core.spec.build_result): a power
+of every power it prints (claims.core.unconfirmed_power through claims.core.build_result): a power
 computed wrong, or changed after its probes were built, makes the claim an error.  Unit tests (no runs)."""
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from claims.core.base import judge
+from claims.core import (RESOLVING_FLOOR, Z_SE, Comparison, Tolerance, compare, edge_probes, judge, moved_prediction,
+                         noise_term, resolved, resolving_power, resolving_summary, seen_eps, term, unconfirmed_power)
 import doctest
 
-import claims.core.common
-from claims.core.common import (Z_SE, Comparison, RESOLVING_FLOOR, Tolerance, compare, edge_probes, moved_prediction,
-                                noise_term, resolved, resolving_power, seen_eps, term)
-from claims.core.spec import resolving_summary, unconfirmed_power
+import claims.core
 
 
 def test_two_sided_relative_matches_closed_form():
@@ -93,7 +91,7 @@ def test_entrywise_is_the_worst_entry():
 
 
 def test_a_tolerance_of_named_terms_gives_compare_its_value_and_its_why():
-    assert doctest.testmod(claims.core.common).failed == 0
+    assert doctest.testmod(claims.core).failed == 0
     se, step, quad = 0.1, 0.3, 0.2       # (4 x 0.1 + 0.3) + 0.2 != 4 x 0.1 + (0.3 + 0.2) in floating point
     tol = Tolerance((noise_term(se, "the loss", 64), term("step error", step), term("quadrature", quad)), "because")
     c = compare("x", 1.0, 1.5, tol)
@@ -194,8 +192,8 @@ def test_an_error_undefined_at_a_zero_prediction():
 
 
 def _build(comparisons):
-    """The result the one constructor (claims.core.spec.build_result) makes of these comparisons."""
-    from claims.core.spec import ClaimSpec, Outcome, build_result
+    """The result the one constructor (claims.core.build_result) makes of these comparisons."""
+    from claims.core import ClaimSpec, Outcome, build_result
     spec = ClaimSpec(id="fake-power", title="t", statement="s", profiles={}, evaluate=lambda ctx: None)
     return build_result(spec, Outcome(comparisons, headline_comparison=comparisons[0].name), {})
 
@@ -222,7 +220,7 @@ def test_a_wrong_resolving_power_makes_the_claim_undecided(monkeypatch, factor, 
     """The power computed wrong (divided or multiplied by 3, its edge probes built from it) and the power
     changed after the edge probes were built from the true one (only what is printed is wrong): either way
     the build says the printed power is not confirmed, and the claim reads error with the reason."""
-    import claims.core.common as common
+    import claims.core as common
     real_power, real_summary = common.resolving_power, common.Comparison.summary
 
     def scaled(power):

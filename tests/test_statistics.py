@@ -110,11 +110,11 @@ def test_window_drift_zero_for_flat_noise_and_positive_for_a_step():
 
 def test_one_z_everywhere():
     """The tolerance multiplier is defined once: the claims' and the converged runs' are it."""
-    import claims.core.common
+    import claims.core
     import numerics.experiments.atlas as atlas
     import numerics.experiments.converged as converged
 
-    assert claims.core.common.Z_SE is S.Z_SE and converged.Z_CONVERGED is S.Z_SE and atlas.Z_CONVERGED is S.Z_SE
+    assert claims.core.Z_SE is S.Z_SE and converged.Z_CONVERGED is S.Z_SE and atlas.Z_CONVERGED is S.Z_SE
 
 
 def _ar1(rho, n, reps, rng, white=0.0):

@@ -502,7 +502,7 @@ def test_authors_grid_is_the_runs_claims_5_and_6_ask_for():
     from dataclasses import replace
 
     import claims
-    from claims.core.trained import configurations
+    from claims.core import configurations
     from numerics.experiments.converged import _normalise_point, converged_point
     from numerics.engine import trained_run_seed
 

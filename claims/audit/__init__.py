@@ -4,9 +4,9 @@
 trained: numerics reads and measures each checkpoint (``numerics.external``), theory gives its
 reference points at the researcher's configuration (``numerics.reference_points``), and this module
 places each model among them and compares where the paper's account applies, through the one runner
-(``claims.core.spec.run_spec``; not in ``claims.REGISTRY``): ``model-K`` per judged checkpoint -- inside
+(``claims.core.run_spec``; not in ``claims.REGISTRY``): ``model-K`` per judged checkpoint -- inside
 the allocated account (on D, allocated, H >= m, not saturated, converged: :func:`domain`,
-``claims.core.trained.run_status``) a claim, its loss and served (omega, mu) against the exact allocated
+``claims.core.run_status``) a claim, its loss and served (omega, mu) against the exact allocated
 fixed point; outside a boundary, checked on the side theory puts it; the *ladder* (its loss over
 each reference point) reported, never judged -- and ``trajectory`` for a run: its phase times and
 final winners against theory from the first checkpoint (claims 3-4).  Each judged model is measured
@@ -23,9 +23,7 @@ import dataclasses
 import time
 from typing import Optional
 
-from claims.core.base import ClaimResult, no_progress
-from claims.core.spec import ClaimSpec
-from claims.core.trained import run_status
+from claims.core import ClaimResult, ClaimSpec, Context, Outcome, no_progress, run_status
 from claims.audit.model import (MAX_PROMPTS, MAX_SECONDS, PILOT_PROMPTS, Audit, AuditPlan, AuditRequest,  # noqa: F401
                                  Case, ModelCase, _model_entry, check_fixed_point_loss, convergence, domain,
                                  evaluate_model, model_findings, plan_audit, prompts_needed, sized, sized_count)
@@ -110,7 +108,7 @@ def _stopwatch():
 
 
 def judged_result(spec: ClaimSpec, profile, req: AuditRequest, outcomes: Optional[list]) -> ClaimResult:
-    """``spec`` run on ``profile`` by the one runner, judged as its kind (claims.core.base.judge: comparisons
+    """``spec`` run on ``profile`` by the one runner, judged as its kind (claims.core.judge: comparisons
     that all agree but cannot decide -- none made, a wrong prediction not rejected, the sized count past
     the cap -- read ``undecided``, with the reason).  ``outcomes`` (:func:`run_audit`) receives
     (id, kind, Outcome)."""

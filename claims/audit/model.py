@@ -12,11 +12,8 @@ from typing import Optional
 
 import numpy as np
 
-from claims.core.base import ClaimResult, no_progress
-from claims.core.common import (Z_SE, Tolerance, compare, config_label, headline_row, noise_term, off_by, reported_row,
-                                term)
-from claims.core.spec import Context, Outcome, finding, fmt
-from claims.core.trained import run_status
+from claims.core import (Z_SE, ClaimResult, Context, Outcome, Tolerance, compare, config_label, finding, fmt,
+                         headline_row, no_progress, noise_term, off_by, reported_row, run_status, term)
 from numerics import external
 from numerics.reference_points import REFERENCES, SEARCH
 from numerics.evaluate import ZERO_SUM_SHARE
@@ -299,7 +296,7 @@ def words(meas, cfg) -> tuple[str, str]:
 
 def domain(cfg, meas) -> dict:
     """Whether the allocated account (claims 4-5) applies to this model, from its readout: H >= m,
-    on D (:data:`ON_D_SHARE`), the readout known.  ``claims.core.trained.run_status`` then adds
+    on D (:data:`ON_D_SHARE`), the readout known.  ``claims.core.run_status`` then adds
     saturation, leaving allocation and convergence."""
     reasons = []
     share, how = _share(meas)
@@ -451,7 +448,7 @@ def check_served(cfg, meas, noise: dict, fixed: dict, config: str):
 def check_side(name, loss, target: float, target_error: float, sign: int, what: str, config: str):
     """A boundary's one-sided check on theory's side: ``sign`` -1, not above ``target``; +1, not
     below it.  Tolerance Z_SE held-out standard errors + theory's error bound; no wrong prediction
-    (a one-sided statement has no alternative value; claims.core.trained's boundary checks)."""
+    (a one-sided statement has no alternative value; claims.core's boundary checks)."""
     side = "not above" if sign < 0 else "not below"
     return compare(f"{name}: {side} {what}", loss.mean, target, Tolerance((noise_term(loss.se, "the held-out loss"),
                    term("theory's error bound", target_error)), f"boundary: {side} {what}"), side=side, se=loss.se,

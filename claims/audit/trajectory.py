@@ -8,9 +8,7 @@ from typing import Optional
 
 import numpy as np
 
-from claims.core.base import ClaimResult
-from claims.core.common import Z_SE, compare, config_label, headline_row, reported_row
-from claims.core.spec import Outcome, finding, fmt
+from claims.core import Z_SE, ClaimResult, Outcome, compare, config_label, finding, fmt, headline_row, reported_row
 from claims.audit.model import (AuditPlan, BALANCED_SHARE, MIN_PHASE_CHECKPOINTS, ON_D_SHARE, PHASE_FACTOR, _entrywise, _share, undecided_reason, words)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from claims.core.base import BOUNDARY_OUTCOMES
+from claims.core import BOUNDARY_OUTCOMES
 from numerics.sweep import expand_grid, run_grid
 
 FOUR = {

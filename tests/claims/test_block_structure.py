@@ -113,7 +113,7 @@ def test_non_decomposable_start_is_refused(device):
 
 
 def test_run_tiny_profile(device):
-    result = claim.run(profile="tiny", device=device, seed=0)
+    result = claim.SPEC.run(profile="tiny", device=device, seed=0)
     assert result.id == claim.SPEC.id
     assert result.verdict == "pass", result.details
     assert result.figures and result.perturbations
@@ -129,12 +129,12 @@ def test_run_tiny_profile(device):
     result.details["comparisons"][0]["measured"] = 1.25e-15
     assert "1.25e-15" in claim.findings(result)[0].text
     with pytest.raises(ValueError, match="profile"):
-        claim.run(profile="huge")
+        claim.SPEC.run(profile="huge")
 
 
 def test_run_at_a_given_problem(device):
     prof = claim.PROFILES["tiny"]
-    result = claim.run(profile="tiny", device=device, seed=1,
+    result = claim.SPEC.run(profile="tiny", device=device, seed=1,
                        problem={"tasks": (3, 1), "heads": 2, "L": 16, "sigma": 0.5, "param": "merged",
                                 "basis": "random"})
     ran = result.details["ran"]

@@ -24,13 +24,13 @@ MUTANT_PROFILE = claim.BlockStructureProfile(
 
 def verdict_under(monkeypatch, name: str) -> str:
     apply_mutant(monkeypatch, name)
-    result = claim.run(profile=MUTANT_PROFILE, seed=0)
+    result = claim.SPEC.run(profile=MUTANT_PROFILE, seed=0)
     print(f"\nMUTANT {name!r}: claim {claim.SPEC.id} verdict {result.verdict}")
     return result
 
 
 def test_unmutated_profile_passes():
-    result = claim.run(profile=MUTANT_PROFILE, seed=0)
+    result = claim.SPEC.run(profile=MUTANT_PROFILE, seed=0)
     print(f"\nMUTANT 'none': claim {claim.SPEC.id} verdict {result.verdict}")
     assert result.verdict == "pass", result.details
 
@@ -63,5 +63,5 @@ def test_small_factor_headline_prediction_is_caught(monkeypatch):
     from numerics.experiments import clear_cache
 
     clear_cache()   # no run of an earlier mutant of numerics; the engine keeps the control's runs for the mutants
-    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile="quick", seed=0),
+    assert_small_factor_caught(monkeypatch, lambda: claim.SPEC.run(profile="quick", seed=0),
                                lambda mp, shift: mp.setattr(claim, "predicted_residual", lambda cfg: shift))

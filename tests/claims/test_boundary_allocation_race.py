@@ -11,10 +11,7 @@ from hypothesis import strategies as st
 
 from claims.boundary_allocation_race import RACE_SPEC, RaceProfile, cells_part, check_race, race_grid
 from claims.boundary_allocation_race import findings as race_findings
-from claims.boundary_allocation_race import run as run_race
-from claims.core.base import ClaimResult
-from claims.core.phase_checks import guard_needs
-from claims.core.spec import context
+from claims.core import ClaimResult, context, guard_needs
 from numerics.engine import Engine
 from numerics.experiments.starts import race_cell_needs
 
@@ -50,7 +47,7 @@ def test_race_claim_tiny(device):
     """The tiny profile: the race is decided and agrees; the large-init phases (a drop not clear of
     the noise at batch 128, two prompt streams) are not compared, so that part is undecided, saying
     why -- never contradicted."""
-    r = run_race(profile="tiny", device=device)
+    r = RACE_SPEC.run(profile="tiny", device=device)
     assert r.details.get("domain"), r.details.get("error")
     race = next(c for c in r.details["comparisons"] if c["name"].startswith("race winner"))
     assert race["agrees"], race
@@ -93,7 +90,7 @@ def test_a_phase_missing_in_one_run_is_not_compared():
     the pairs with phases in both are compared.  Fewer than MIN_UNITS streams compared: undecided,
     saying why, never agreement."""
     import numpy as np
-    from claims.core.phase_checks import MIN_UNITS, nothing_compared, phase_comparisons, phase_rows
+    from claims.core import MIN_UNITS, nothing_compared, phase_comparisons, phase_rows
     t = np.linspace(0.0, 30.0, 61)
     spacing = float(t[1] - t[0])
     found = [_pair(k, _curve(t, 8.0 + k), _curve(t, 8.0 + k), t) for k in range(4)]
@@ -120,7 +117,7 @@ def test_phase_family_is_judged_by_its_rule_not_by_one_seed():
     contradicted an unbalanced start) does not flip it; the same shift in every stream does; the
     reference's phase times 50% longer are rejected through the same comparison."""
     import numpy as np
-    from claims.core.phase_checks import phase_comparisons
+    from claims.core import phase_comparisons
     t = np.linspace(0.0, 40.0, 201)
     spacing = float(t[1] - t[0])
     starts = [6.0 + 0.3 * k for k in range(8)]
@@ -195,7 +192,7 @@ def test_streams_that_share_their_prompts_make_the_claim_an_error(device, monkey
     reads error naming the cell's streams, never 'the data seeds agree'."""
     from test_boundary_initialisation import every_run_as_run_zero
     with every_run_as_run_zero(monkeypatch):
-        r = run_race(profile="tiny", device=device)
+        r = RACE_SPEC.run(profile="tiny", device=device)
     assert r.verdict == "error", r.verdict
     err = r.details["error"]
     assert err.startswith("ValueError: race cell (omega x0.5, mu x0.5): its prompt streams: runs counted as "

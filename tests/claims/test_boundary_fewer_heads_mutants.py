@@ -25,6 +25,6 @@ def test_winners_permuted(monkeypatch):
         return [(h + 1) % H for h in original(omega0, mu0, *args, **kwargs)]
 
     monkeypatch.setattr(task_allocation, "predicted_winners", permuted)
-    res = run_at_profile(monkeypatch, boundary_fewer_heads.FEWER, boundary_fewer_heads.run_fewer_heads, FEWER)
+    res = run_at_profile(monkeypatch, boundary_fewer_heads.FEWER, boundary_fewer_heads.SPEC.run, FEWER)
     report_verdict("winners permuted", res)
     assert res.verdict != "located", res.details

@@ -19,8 +19,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from claims.core.base import ClaimResult
-from claims.boundary_initialisation import check_gradient_free, check_warmup_bound, run
+from claims.core import ClaimResult
+from claims.boundary_initialisation import INIT_SPEC, check_gradient_free, check_warmup_bound
 from claims.boundary_initialisation import findings as init_findings
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
@@ -114,7 +114,7 @@ def test_tiny_initialisation_run(device, problem):
     gradient-free part, the warm-up bound, the unbalanced reduced flow) and every
     perturbation is rejected."""
     tasks, heads, L, sigma = problem
-    r = run(profile="tiny", device=device, problem={"tasks": tasks, "heads": heads, "L": L, "sigma": sigma})
+    r = INIT_SPEC.run(profile="tiny", device=device, problem={"tasks": tasks, "heads": heads, "L": L, "sigma": sigma})
     assert r.details.get("domain"), r.details.get("error")
     decidable = [c for c in r.details["comparisons"]
                  if c["details"].get("compared", 1) > 0 and c["details"].get("decided", 1) > 0
@@ -234,7 +234,7 @@ def test_a_diverged_run_is_said_not_subscripted():
     starts do) carries no phases and no end weights: the phase comparison lists it as not compared,
     saying so, and still compares the others."""
     import numpy as np
-    from claims.core.phase_checks import phase_comparisons, phases_found
+    from claims.core import phase_comparisons, phases_found
     from theory.three_phases import phase_times
 
     t = np.linspace(0.0, 40.0, 81)
@@ -255,8 +255,8 @@ def test_typical_share_is_one_sided_and_needs_enough_seeds():
     of 1/2 is no 4-sigma event), so it is undecided, never agreement; 68 of 96 confirms it, 28 of
     96 contradicts it.  Where it is confirmed every perturbation (its negation, the edge probe) is
     rejected: the check can fail."""
-    from claims.core.base import judge
-    from claims.core.phase_checks import nothing_compared, share_at_least
+    from claims.core import judge
+    from claims.core import nothing_compared, share_at_least
 
     def verdict(k, n):
         c = share_at_least("s", k, n, 0.5, "why")
@@ -291,7 +291,7 @@ def test_unbalanced_outcomes_are_judged_as_typical_agreement():
     contradicts nor confirms it (undecided, never contradicted by two starts), 0 of 24 contradicts it,
     24 of 24 confirms it."""
     from claims.boundary_initialisation import check_unbalanced_winners
-    from claims.core.base import judge
+    from claims.core import judge
 
     def runs(n_starts, agree):
         out = []
@@ -311,13 +311,13 @@ def test_unbalanced_outcomes_are_judged_as_typical_agreement():
 
 def test_starts_past_the_stability_bound_are_not_run(device, monkeypatch):
     """Beyond d = 9 a step at or past the full model's stability bound 2 / lambda_full for both kinds of start
-    (claims.core.phase_checks.not_run) trains no start: at the authors' blocks every unbalanced start and every random one
+    (claims.core.not_run) trains no start: at the authors' blocks every unbalanced start and every random one
     at s0 = 0.3 diverged at the claim's lr 0.1, and nothing was decided after 14 CPU-min.  The verdict is undecided
     with the reason and the plan asks no start once its guards say so; below the bound the same problem is trained.
     lambda_full is stubbed (its Hessian costs seconds)."""
     import claims.boundary_initialisation as claim
-    from claims.core.phase_checks import guard_needs, not_run
-    from claims.core.spec import context, run_plan
+    from claims.core import guard_needs, not_run
+    from claims.core import context, run_plan
     from numerics.engine import clear_memo
     from numerics.experiments import converged, starts
     problem = {"tasks": (5, 5), "heads": 2, "L": 32}
@@ -343,7 +343,7 @@ def test_starts_past_the_stability_bound_are_not_run(device, monkeypatch):
     monkeypatch.setattr(starts, "_train_measured", lambda *a, **k: pytest.fail("a start past the bound was trained"))
     monkeypatch.setattr(starts, "train_reduced_many", lambda *a, **k: pytest.fail("a flow past the bound was trained"))
     assert not any(n.kind in ("start_runs", "start_flows") for n in run_plan(claim.INIT_SPEC, ctx, Engine(seed=0)))
-    res = run(profile="quick", device=device, problem=problem)
+    res = INIT_SPEC.run(profile="quick", device=device, problem=problem)
     assert res.verdict == "undecided" and res.details["undecided"] == "not run: " + why, res.details
     assert "stability bound 2/lambda = 0.02" in res.details["not_run"]
     assert init_findings(res) == []
@@ -380,7 +380,7 @@ def test_runs_that_share_their_randomness_make_the_claim_an_error(device, monkey
     the claim reads error naming the runs that share them (the seeds of a random start share their prompt stream on
     purpose, so their initial weights are what must differ), never a count of seeds that all agree."""
     with every_run_as_run_zero(monkeypatch):
-        r = run(profile="tiny", device=device)
+        r = INIT_SPEC.run(profile="tiny", device=device)
     assert r.verdict == "error", (r.verdict, r.details.get("undecided"))
     err = r.details["error"]
     assert err.startswith("ValueError: random starts at s0=") and "share their initial weights" in err, err

@@ -16,7 +16,7 @@ TASKS, L = (1, 1), 32     # the tiny measurement's problem
 
 
 def test_tiny_saddle_rows_and_findings():
-    res = claim.run("tiny")
+    res = claim.SPEC.run("tiny")
     assert res.kind == "boundary" and res.verdict in ("located", "undecided"), res.details
     comps = {c["name"].split(",")[0]: c for c in res.details["comparisons"]}
     growth = comps["saddle: growth rate of off-task |mu| vs 2a"]

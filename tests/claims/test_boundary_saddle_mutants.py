@@ -14,6 +14,6 @@ pytestmark = pytest.mark.mutants
 def test_off_task_slope_halved(monkeypatch):
     original = theory.saddle.off_task_slope
     patch_everywhere(monkeypatch, original, lambda *a, **k: 0.5 * original(*a, **k))
-    res = claim.run("tiny")
+    res = claim.SPEC.run("tiny")
     print(f"[mutant] boundary-saddle: slope a halved: {res.verdict}")
     assert res.verdict == "contradicted", res.details

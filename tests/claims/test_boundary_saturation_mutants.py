@@ -21,7 +21,7 @@ def test_validity_edge_moved_out(monkeypatch):
     (the edge's size doubled) -> boundary-saturation."""
     monkeypatch.setattr(reduced_ode, "expansion_valid",
                         lambda omega, margin=0.0: bool(np.all(np.asarray(omega, float) ** 2 < 1.0 - margin)))
-    res = run_at_profile(monkeypatch, boundary_saturation.SATURATION, boundary_saturation.run_saturation, SATURATION)
+    res = run_at_profile(monkeypatch, boundary_saturation.SATURATION, boundary_saturation.SPEC.run, SATURATION)
     report_verdict("validity edge at omega^2 = 1", res)
     assert res.verdict != "located", res.details
 
@@ -35,6 +35,6 @@ def test_validity_edge_moved_in(monkeypatch):
     would let it pass: a known blind spot (docs/claims_5_7.md)."""
     monkeypatch.setattr(reduced_ode, "expansion_valid",
                         lambda omega, margin=0.0: bool(np.all(4.0 * np.asarray(omega, float) ** 2 < 1.0 - margin)))
-    res = run_at_profile(monkeypatch, boundary_saturation.SATURATION, boundary_saturation.run_saturation, SATURATION)
+    res = run_at_profile(monkeypatch, boundary_saturation.SATURATION, boundary_saturation.SPEC.run, SATURATION)
     report_verdict("validity edge at 4 omega^2 = 1", res)
     assert res.verdict != "located", res.details

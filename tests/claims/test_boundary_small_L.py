@@ -16,7 +16,7 @@ from hypothesis import given, note, strategies as st
 from claims import boundary_fewer_heads as fewer
 from claims import boundary_saturation as saturation
 from claims import boundary_small_L as limits
-from claims.core.common import Z_SE
+from claims.core import Z_SE
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.train import TrainConfig
@@ -67,16 +67,16 @@ def test_small_L_reproduces_spec():
 def test_run_reports_domain_headline_and_refusals():
     """A tiny run: headline rows from the comparisons, the domain in details; a problem
     outside a boundary's domain gives verdict error with the reason; bad input is refused."""
-    res = limits.run_small_L(profile="tiny")
+    res = limits.SPEC.run(profile="tiny")
     assert res.verdict == "located", res.details
     assert res.headline and all(set(r) == {"name", "theory", "measured", "se", "tolerance", "agrees", "side", "config", "resolving_power"}
                                 for r in res.headline)
     assert "r=4" in res.details["domain"] and res.details["ran"]
-    out = fewer.run_fewer_heads(profile="tiny", problem={"tasks": (1, 1), "heads": 2})
+    out = fewer.SPEC.run(profile="tiny", problem={"tasks": (1, 1), "heads": 2})
     assert out.verdict == "error" and "fewer heads than tasks" in out.details["error"]
     with pytest.raises(ValueError, match="fewer heads"):
         fewer.fewer_needs(ProblemConfig(tasks=(1, 1), heads=2, L=8), TrainConfig(time=0.1, lr=0.1), 1000)
     with pytest.raises(ValueError, match="profile"):
-        saturation.run_saturation(profile="big")
-    bad = limits.run_small_L(profile="tiny", problem={"blocks": 3})
+        saturation.SPEC.run(profile="big")
+    bad = limits.SPEC.run(profile="tiny", problem={"blocks": 3})
     assert bad.verdict == "error" and "unknown" in bad.details["error"]

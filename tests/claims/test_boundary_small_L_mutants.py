@@ -34,7 +34,7 @@ def _scaled_pair_kernel(factor: float):
 def test_pair_kernel_scaled(monkeypatch):
     """The expansion's pair kernel (its O(1/L) coefficient) x 1.25 -> boundary-small-L."""
     monkeypatch.setattr(reduced_ode, "_kernels", _scaled_pair_kernel(1.25))
-    res = run_at_profile(monkeypatch, boundary_small_L.SMALL_L, boundary_small_L.run_small_L, SMALL_L)
+    res = run_at_profile(monkeypatch, boundary_small_L.SMALL_L, boundary_small_L.SPEC.run, SMALL_L)
     report_verdict("pair kernel x 1.25", res)
     assert res.verdict != "located", res.details
 
@@ -44,6 +44,6 @@ def test_numerics_logits_doubled(monkeypatch):
     -> boundary-small-L (its Monte Carlo no longer measures the loss theory.exact computes)."""
     original = exact_reduced.marginal_scores
     monkeypatch.setattr(exact_reduced, "marginal_scores", lambda prompts: 2.0 * original(prompts))
-    res = run_at_profile(monkeypatch, boundary_small_L.SMALL_L, boundary_small_L.run_small_L, SMALL_L)
+    res = run_at_profile(monkeypatch, boundary_small_L.SMALL_L, boundary_small_L.SPEC.run, SMALL_L)
     report_verdict("numerics logits doubled", res)
     assert res.verdict != "located", res.details

@@ -2,12 +2,12 @@
 ``claims.REGISTRY`` at the tiny profile (one run per id, shared by the checks):
 
 - it runs: the outcome is a verdict of its kind, never a crash turned into ``error``;
-- its kind is the one its spec declares, and the one its id names (claims.core.base.kind_from_id:
+- its kind is the one its spec declares, and the one its id names (claims.core.kind_from_id:
   what a report reads where the spec cannot say);
 - it compares something, unless it says why it could not decide (``details["undecided"]``);
 - every comparison that agrees rejects each of its wrong predictions, or the result is
   ``undecided`` (a check that accepts a wrong prediction cannot pass) or ``fail`` /
-  ``contradicted`` (claims.core.base.judge: a disagreement is conclusive whatever the tolerance), and a
+  ``contradicted`` (claims.core.judge: a disagreement is conclusive whatever the tolerance), and a
   passing claim has no comparison that disagrees;
 - a measurement that could not decide (``details["undecided"]``) is never a pass;
 - its findings are sentences with numbers in them, each of a known kind, naming the claim.
@@ -23,7 +23,7 @@ import time
 import pytest
 
 import claims
-from claims.core.base import BOUNDARY_OUTCOMES, FINDING_KINDS, VERDICTS, ClaimResult, Finding, kind_from_id
+from claims.core import BOUNDARY_OUTCOMES, FINDING_KINDS, VERDICTS, ClaimResult, Finding, kind_from_id
 
 IDS = [i for i in claims.REGISTRY if i not in claims.OPT_IN]
 """The ids the contract runs at the tiny profile: every registered one but the opt-in atlas ids,
@@ -53,7 +53,7 @@ def contract_problems(claim_id: str, res: ClaimResult, declared_kind: str) -> li
         out.append("no comparison in details['comparisons'] (and no reason it could not decide)")
     for c in comparisons:
         accepted = [p["description"] for p in c.get("perturbations", []) if not p["rejected"]]
-        # claims.core.base.judge: an agreement that accepts a wrong prediction cannot pass (undecided);
+        # claims.core.judge: an agreement that accepts a wrong prediction cannot pass (undecided);
         # a verdict of fail / contradicted stands on a disagreement, conclusive whatever
         # the tolerance, so a weak agreeing comparison beside it does not change it
         if c["agrees"] and accepted and passed:
@@ -130,7 +130,7 @@ def test_the_contract_can_fail():
     assert not broken(verdict="undecided", details={"comparisons": [{"name": "L=64", "agrees": True,
                                                                      "perturbations": [{"description": "x2",
                                                                                         "rejected": False}]}]})
-    # ... and beside a disagreement, which decides the verdict on its own (claims.core.base.judge)
+    # ... and beside a disagreement, which decides the verdict on its own (claims.core.judge)
     lax = {"name": "L=64", "agrees": True, "perturbations": [{"description": "x2", "rejected": False}]}
     against = {"name": "L=32", "agrees": False, "perturbations": []}
     assert not broken(verdict="fail", details={"comparisons": [lax, against]})

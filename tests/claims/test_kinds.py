@@ -1,11 +1,11 @@
-"""One "kind from id" (issue 32): a spec declares its kind; claims.core.base.kind_from_id is the rule
+"""One "kind from id" (issue 32): a spec declares its kind; claims.core.kind_from_id is the rule
 for where no spec can say (a claim module that failed to import, an older claims.json without
 ``kind``), and every reader of the reports uses it, so that ``atlas-...`` is a boundary
 everywhere (the build, the schema and the page)."""
 import pytest
 
 import claims
-from claims.core.base import KINDS, kind_from_id
+from claims.core import KINDS, kind_from_id
 from reports.render import kind_of
 
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import Phase, given, note, settings, strategies as st
 
 from claims import limiting_error as claim
-from claims.core.common import Comparison, perturbation
+from claims.core import Comparison, perturbation
 from numerics.experiments.converged import TrainingSchedule, train_converged
 from numerics.config import ProblemConfig
 from numerics.model import TrainingDiverged
@@ -96,7 +96,7 @@ def test_L_times_loss_tends_to_Lambda(device, tasks, sigma, seed):
 
 @pytest.fixture(scope="module")
 def tiny():
-    return claim.run("tiny")
+    return claim.SPEC.run("tiny")
 
 
 def test_tiny_run_passes(tiny):
@@ -115,7 +115,7 @@ def test_tiny_run_passes(tiny):
 
 def test_findings_read_fields_not_names(tiny):
     """The findings find their comparisons by the fields they were built with (details["role"],
-    details["L"]: claims.core.spec.comparisons_where), never by their names: every comparison renamed,
+    details["L"]: claims.core.comparisons_where), never by their names: every comparison renamed,
     the findings' sentences and numbers are unchanged."""
     import copy
     res = copy.deepcopy(tiny)
@@ -147,7 +147,7 @@ def test_undecided_run_is_undecided_not_a_pass(monkeypatch):
     monkeypatch.setattr(mod, "check_bridge", agreeing("exact reduced minimum (bridge)"))
     monkeypatch.setattr(mod, "check_limit", agreeing("L * loss -> Lambda"))
     prof = claim.LimitingErrorProfile(train_Ls=(32, 64), schedule=TEST_SCHEDULE)
-    res = claim.run(prof)
+    res = claim.SPEC.run(prof)
     assert all(c["agrees"] for c in res.details["comparisons"]), res.details   # every check holds ...
     assert res.verdict == "undecided" and "not decided" in res.details.get("undecided", ""), res.details  # ... undecided
 
@@ -161,8 +161,8 @@ def test_domain_is_decided_from_the_configuration():
 
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="profile"):
-        claim.run("huge")
-    res = claim.run("tiny", sweep="somewhere")
+        claim.SPEC.run("huge")
+    res = claim.SPEC.run("tiny", sweep="somewhere")
     assert res.verdict == "error" and "sweep" in res.details["error"]
-    res = claim.run("tiny", problem={"tasks": (2, 2), "heads": 0, "L": 32})
+    res = claim.SPEC.run("tiny", problem={"tasks": (2, 2), "heads": 0, "L": 32})
     assert res.verdict == "error" and "heads" in res.details["error"]

@@ -92,4 +92,4 @@ def test_small_factor_fixed_point_loss_is_caught(monkeypatch):
             return {**out, "loss": factor * out["loss"], "loss_per_task": [factor * v for v in out["loss_per_task"]]}
         mp.setattr(exact_theory, "exact_fixed_point", scaled)
 
-    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile=MUTANT_PROFILE), patch)
+    assert_small_factor_caught(monkeypatch, lambda: claim.SPEC.run(profile=MUTANT_PROFILE), patch)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import Phase, given, note, settings, strategies as st
 
 from claims import multi_head_gain as claim
-from claims.core.common import Comparison, perturbation
+from claims.core import Comparison, perturbation
 from numerics.experiments.converged import TrainingSchedule, train_converged
 from numerics.config import ProblemConfig
 from numerics.model import TrainingDiverged
@@ -40,7 +40,7 @@ def problems(draw, Ls):
 
 def _decide(device, problem, seed):
     base = ProblemConfig(device=device, heads=len(problem["tasks"]), **problem)
-    inside = claim.domain(base)
+    inside = claim.domain(base, gain=True)
     g = exact_theory.finite_L_gain(base.tasks, base.L, base.sigma)
     runs = {}
     for heads, label, pred in ((base.m, f"H = {base.m}", g["allocated"]), (1, "one head", g["single"])):
@@ -53,7 +53,7 @@ def _decide(device, problem, seed):
             assert "diverged" in str(e)
             return None
         status = claim.run_status(cfg, run, inside)
-        c = claim.check_trained(cfg, run, pred, label, status)
+        c = claim.check_trained_loss(cfg, run, pred, claim.trained_name(cfg, label), status)
         note(c.explain())
         print(f"[claim 6] {c.name}: {status[0]}: error {c.error:.4g} / tolerance {c.tolerance:.4g}")
         assert c.agrees, c.explain()
@@ -90,7 +90,7 @@ def test_trained_gain_matches_theory_large_L(device, problem, seed):
 
 
 def test_tiny_run_passes():
-    res = claim.run("tiny")
+    res = claim.SPEC.run("tiny")
     assert res.verdict == "pass", res.details.get("error") or res.details.get("comparisons")
     names = [row["name"] for row in res.headline]
     assert names[0] == "gain of trained full models", names
@@ -115,7 +115,7 @@ def test_pair_statuses_decide_the_side():
     cfg = ProblemConfig(tasks=(2, 2), heads=2, L=64)
     g = {"gain": 1.5, "loss_single": 0.75, "loss_allocated": 0.5, "single": {"error_estimate": 0.0},
          "allocated": {"error_estimate": 0.0}}
-    inside = claim.domain(cfg)
+    inside = claim.domain(cfg, gain=True)
     one = ProblemConfig(tasks=(2, 2), heads=1, L=64)
 
     def pair(multi, single):
@@ -147,24 +147,24 @@ def test_undecided_run_is_undecided_not_a_pass(monkeypatch):
     patch_kind(monkeypatch, "converged", lambda cfg, schedule, seed=0: _fake_run(2.0, converged=False))
     monkeypatch.setattr(mod, "check_bridge_gain", agreeing("gain of exact reduced minima (bridge)"))
     monkeypatch.setattr(mod, "check_gain_limit", agreeing("gain at large L -> rho_inf"))
-    res = claim.run(claim.MultiHeadGainProfile(train_Ls=(64,), schedule=TEST_SCHEDULE))
+    res = claim.SPEC.run(claim.MultiHeadGainProfile(train_Ls=(64,), schedule=TEST_SCHEDULE))
     assert all(c["agrees"] for c in res.details["comparisons"]), res.details
     assert res.verdict == "undecided" and "not decided" in res.details.get("undecided", ""), res.details
 
 
 def test_domain_is_decided_from_the_configuration():
-    assert claim.domain(ProblemConfig(tasks=(2, 2), heads=2, L=32))["inside"]
+    assert claim.domain(ProblemConfig(tasks=(2, 2), heads=2, L=32), gain=True)["inside"]
     for bad in ({"tasks": (2,), "heads": 1}, {"param": "merged"}):
-        d = claim.domain(ProblemConfig(**{"tasks": (2, 2), "heads": 2, "L": 32, **bad}))
+        d = claim.domain(ProblemConfig(**{"tasks": (2, 2), "heads": 2, "L": 32, **bad}), gain=True)
         assert not d["inside"] and d["reasons"], d
 
 
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="profile"):
-        claim.run(profile="paperish")
-    res = claim.run("tiny", sweep="somewhere")
+        claim.SPEC.run(profile="paperish")
+    res = claim.SPEC.run("tiny", sweep="somewhere")
     assert res.verdict == "error" and "sweep" in res.details["error"]
-    res = claim.run("tiny", problem={"tasks": (2, 2), "heads": 0, "L": 32})
+    res = claim.SPEC.run("tiny", problem={"tasks": (2, 2), "heads": 0, "L": 32})
     assert res.verdict == "error" and "heads" in res.details["error"]
 
 

@@ -78,4 +78,4 @@ def test_small_factor_finite_L_gain_is_caught(monkeypatch):
             return {**out, "gain": factor * out["gain"]}
         mp.setattr(exact_theory, "finite_L_gain", scaled)
 
-    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile=MUTANT_PROFILE), patch)
+    assert_small_factor_caught(monkeypatch, lambda: claim.SPEC.run(profile=MUTANT_PROFILE), patch)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, note, settings, strategies as st
 
 from claims import optimality as claim
-from claims.core.spec import check_problem
+from claims.core import check_problem
 from numerics.engine import Engine
 from theory import optimality as th_opt
 
@@ -108,7 +108,7 @@ def test_best_decomposable_is_reproducible_and_matches_the_table(device):
 
 def test_findings_come_from_the_numbers():
     """The finding sentences are generated from the result's own numbers."""
-    from claims.core.base import ClaimResult
+    from claims.core import ClaimResult
     bd = {"loss": 0.25, "se": 0.005, "omega": [[0.01, 0.0], [0.0, 0.02], [0.0, 0.0]],
           "mu": [[100.0, 0.0], [0.0, 90.0], [-100.0, -90.0]], "linear": 0.24, "signed_superposed": [True, True]}
     row = {"H": 3, "C": 2.1, "se": 0.05, "bracket": [2.2, 2.2], "agrees": True, "tolerance": 0.2, "inside": True,
@@ -123,7 +123,7 @@ def test_findings_come_from_the_numbers():
 
 @pytest.mark.thorough
 def test_tiny_profile_passes(device):
-    r = claim.run(profile="tiny", device=device)
+    r = claim.SPEC.run(profile="tiny", device=device)
     assert r.verdict == "pass", r.details
     names = [h["name"] for h in r.headline]
     assert "constant at equal heads" in names and "constant at H = m+1" in names

@@ -29,7 +29,7 @@ LIMIT = replace(claim.PROFILES["tiny"], heads=(), full_starts=0, limit_tasks=(2,
 def _run(monkeypatch, profile, name):
     clear_cache()     # the engine keeps the decomposable searches: a mutant must not read the control's
     monkeypatch.setitem(claim.PROFILES, "tiny", profile)
-    r = claim.run(profile="tiny")
+    r = claim.SPEC.run(profile="tiny")
     print(f"[mutant] {name}: verdict {r.verdict}; " +
           "; ".join(f"{h['name']}: measured {h['measured']}, theory {h['theory']}, agrees {h['agrees']}"
                     for h in r.headline))
@@ -116,4 +116,4 @@ def test_small_factor_constant_is_caught(monkeypatch):
             return {**out, "low": factor * out["low"], "high": factor * out["high"]}
         mp.setattr(th_opt, "constant_bracket", scaled)
 
-    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile=TABLE), patch)
+    assert_small_factor_caught(monkeypatch, lambda: claim.SPEC.run(profile=TABLE), patch)

@@ -134,12 +134,12 @@ def test_bad_input_is_refused(device):
     with pytest.raises(ValueError, match=">= 3"):
         claim.trend_needs(cfg, [8, 16], TrainConfig(lr=0.05, time=0.1, batch=8, records=2), 3)
     with pytest.raises(ValueError, match="profile"):
-        claim.run(profile="huge")
+        claim.SPEC.run(profile="huge")
 
 
 @pytest.fixture(scope="module")
 def tiny(device):
-    return claim.run(profile="tiny", device=device, seed=0)
+    return claim.SPEC.run(profile="tiny", device=device, seed=0)
 
 
 def test_run_tiny_profile(tiny):
@@ -157,7 +157,7 @@ def test_run_tiny_profile(tiny):
 
 def test_findings_read_roles_not_names(tiny):
     """The findings find their comparisons by the role they were built with (details["role"]:
-    claims.core.spec.comparisons_where), never by their names: every comparison renamed, the findings'
+    claims.core.comparisons_where), never by their names: every comparison renamed, the findings'
     sentences and numbers are unchanged."""
     result = copy.deepcopy(tiny)
     before = [(f.kind, f.text, f.numbers) for f in claim.findings(result)]

@@ -32,7 +32,7 @@ TREND_PROFILE = claim.SpectralReductionProfile(
 def verdict_under(monkeypatch, name: str, profile=MUTANT_PROFILE):
     if name != "none":
         apply_mutant(monkeypatch, name)
-    result = claim.run(profile=profile, seed=0)
+    result = claim.SPEC.run(profile=profile, seed=0)
     print(f"\nMUTANT {name!r}: claim {claim.SPEC.id} verdict {result.verdict}")
     return result
 
@@ -82,4 +82,4 @@ def test_small_factor_headline_prediction_is_caught(monkeypatch):
         real = claim.metric_factors
         mp.setattr(claim, "metric_factors", lambda *a, **k: tuple(factor * f for f in real(*a, **k)))
 
-    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile="quick", seed=0), patch)
+    assert_small_factor_caught(monkeypatch, lambda: claim.SPEC.run(profile="quick", seed=0), patch)

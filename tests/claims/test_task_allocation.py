@@ -16,8 +16,7 @@ from hypothesis import Phase, given, note, settings, strategies as st
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
 from claims import task_allocation as claim
-from claims.core.common import Z_SE
-from claims.core.spec import context
+from claims.core import Z_SE, context
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.experiments import phases as experiments
@@ -150,10 +149,10 @@ def test_domain_and_bad_input(device):
         claim.check_allocation(fewer, None, None, fewer_domain)     # refused before reading any run
     with pytest.raises(ValueError, match="tail records"):
         experiments.tail_standard_errors([[[0.0]], [[1.0]]])
-    res = claim.run(profile="tiny", device=device, problem={"tasks": (1,), "L": 16})
+    res = claim.SPEC.run(profile="tiny", device=device, problem={"tasks": (1,), "L": 16})
     assert res.verdict == "error" and "problem must give" in res.details["error"], res.details
     with pytest.raises(ValueError, match="profile"):
-        claim.run(profile="huge")
+        claim.SPEC.run(profile="huge")
 
 
 def test_compare_is_the_one_comparison():
@@ -165,7 +164,7 @@ def test_compare_is_the_one_comparison():
 
 
 def test_run_tiny_profile(device):
-    result = claim.run(profile="tiny", device=device, seed=0)
+    result = claim.SPEC.run(profile="tiny", device=device, seed=0)
     assert result.id == claim.SPEC.id
     assert result.verdict == "pass", result.details
     names = [row["name"] for row in result.headline]
@@ -206,6 +205,6 @@ def test_a_step_past_the_stability_bound_is_not_run(device, monkeypatch):
     assert dom["unstable"] and not dom["inside"] and "stability bound 2/lambda = 0.02" in dom["reasons"][0]
     assert not domain_of(cfg, 50.0, lr=0.01)["unstable"]
     patch_kind(monkeypatch, "allocation_run", lambda **k: pytest.fail("an unstable case was trained"))
-    res = claim.run(profile="quick", device=device, problem={"tasks": (5, 5), "heads": 2, "L": 32})
+    res = claim.SPEC.run(profile="quick", device=device, problem={"tasks": (5, 5), "heads": 2, "L": 32})
     assert res.verdict == "undecided" and "not run" in res.details["undecided"], res.details
     assert "stability bound" in res.details["undecided"] and res.details["not_run"], res.details

@@ -46,13 +46,13 @@ def _same_measurements(monkeypatch):
 
 
 def _verdict(name: str) -> str:
-    result = claim.run(profile=MUTANT_PROFILE, seed=0)
+    result = claim.SPEC.run(profile=MUTANT_PROFILE, seed=0)
     print(f"MUTANT {name}: {result.verdict}")
     return result.verdict
 
 
 def test_unmutated_passes():
-    result = claim.run(profile=MUTANT_PROFILE, seed=0)
+    result = claim.SPEC.run(profile=MUTANT_PROFILE, seed=0)
     print(f"MUTANT none (baseline): {result.verdict}")
     assert result.verdict == "pass", [c for c in result.details.get("comparisons", []) if not c["agrees"]] or result.details
 
@@ -125,4 +125,4 @@ def test_small_factor_served_point_is_caught(monkeypatch):
         mp.setattr(allocation_theory, "allocation_prediction", prediction)
         mp.setattr(allocation_theory, "served_shift", lambda *a, **k: factor * real_shift(*a, **k))
 
-    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile=SMALL_FACTOR_PROFILE, seed=0), patch)
+    assert_small_factor_caught(monkeypatch, lambda: claim.SPEC.run(profile=SMALL_FACTOR_PROFILE, seed=0), patch)

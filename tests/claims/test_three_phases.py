@@ -16,8 +16,7 @@ import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from claims import three_phases as claim
-from claims.core.common import Z_SE
-from claims.core.spec import context, run_plan
+from claims.core import Z_SE, context, run_plan
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.experiments import phases as experiments
@@ -123,12 +122,12 @@ def test_share_and_law_definitions():
 
 @pytest.fixture(scope="module")
 def tiny(device):
-    return claim.run(profile="tiny", device=device, seed=0)
+    return claim.SPEC.run(profile="tiny", device=device, seed=0)
 
 
 def test_run_tiny_profile_and_problem(device, tiny):
     result = tiny
-    assert result.id == claim.CLAIM_ID
+    assert result.id == claim.SPEC.id
     assert result.verdict == "pass", result.details
     names = [h["name"] for h in result.headline]
     assert any(n.startswith("warm-up end") for n in names) and any(n.startswith("converged loss") for n in names)
@@ -139,20 +138,20 @@ def test_run_tiny_profile_and_problem(device, tiny):
     head = result.details["resolving_power"]["headline"]
     assert head["name"].startswith("phase times") and head["units"] == "relative" and 0 < head["eps"] < 1, head
     # a researcher's problem: H < m runs, its boundary (one head carries both tasks) recorded
-    res = claim.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 1, "L": 16})
+    res = claim.SPEC.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 1, "L": 16})
     ran = res.details["ran"][0]
     assert ran["config"]["tasks"] == [2, 2] and ran["config"]["heads"] == 1
     assert ran["boundary"]["theory_account_holds"], ran["boundary"]
-    bad = claim.run(profile="tiny", device=device, problem={"heads": 2, "bogus": 1})
+    bad = claim.SPEC.run(profile="tiny", device=device, problem={"heads": 2, "bogus": 1})
     assert bad.verdict == "error" and "unknown field" in bad.details["error"], bad.details
-    merged = claim.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 2, "L": 32, "param": "merged"})
+    merged = claim.SPEC.run(profile="tiny", device=device, problem={"tasks": [2, 2], "heads": 2, "L": 32, "param": "merged"})
     assert merged.verdict == "error" and "factored" in merged.details["error"], merged.details
     assert result.findings and any(ch.isdigit() for ch in result.findings[0].text), result.findings
 
 
 def test_findings_read_roles_not_names(tiny):
     """The findings find their comparisons by the role they were built with (details["role"]:
-    claims.core.spec.comparisons_where), never by their names: every comparison renamed, the findings'
+    claims.core.comparisons_where), never by their names: every comparison renamed, the findings'
     sentences and numbers are unchanged.  The tiny profile has one init scale, so a warm-up constant
     comparison (three or more init scales) is added by hand."""
     result = copy.deepcopy(tiny)
@@ -176,7 +175,7 @@ def test_phase_tolerance_scales_theory_parts_with_the_prediction():
 
 @pytest.mark.thorough
 def test_quick_profile_passes_with_the_warmup_law(device):
-    result = claim.run(profile="quick", device=device)
+    result = claim.SPEC.run(profile="quick", device=device)
     assert result.verdict == "pass", [c["name"] + ": " + str(c["error"]) for c in result.details["comparisons"]]
     assert any(h["name"].startswith("warm-up constant C") for h in result.headline)
 
@@ -192,7 +191,7 @@ def test_a_phase_end_row_agrees_by_its_own_numbers():
     """The phase-times comparison is the max over both ends; a row showing one end must agree
     with its own numbers (at the authors' configuration one end agreed, the other did not, and
     the inherited False broke claims.json's consistency check), while the comparison fails."""
-    from claims.core.common import compare, headline_row
+    from claims.core import compare, headline_row
     tols = {"warmup_end": 0.66, "emergence_end": 0.40}
     c = compare("phase times", {"warmup_end": 3.08, "emergence_end": 2.5}, {"warmup_end": 3.61, "emergence_end": 1.82},
                 1.0, "max |dt| / tol", error=lambda m, p: max(abs(m[k] - p[k]) / tols[k] for k in p))

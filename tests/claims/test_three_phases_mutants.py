@@ -63,7 +63,7 @@ def _report(name, result):
 
 @pytest.mark.parametrize("profile", [LAW, SMALL, PRECISE, NOISY], ids=["law", "small", "precise", "noisy"])
 def test_unmutated_profiles_pass(profile, cached_measurement):
-    result = claim.run(profile=profile)
+    result = claim.SPEC.run(profile=profile)
     assert _report(f"none ({profile.tasks}, s0={profile.init_scales}, sigma={profile.sigma})", result) == "pass", \
         result.details.get("comparisons") or result.details
 
@@ -77,14 +77,14 @@ def test_mutant_warmup_constant_off_by_10_percent(monkeypatch, cached_measuremen
         return out
 
     monkeypatch.setattr(theory.three_phases, "predicted_warmup_scaling", wrong)
-    assert _report("warm-up constant C x 1.1", claim.run(profile=LAW)) != "pass"
+    assert _report("warm-up constant C x 1.1", claim.SPEC.run(profile=LAW)) != "pass"
 
 
 def test_mutant_law_exponent_1_2(monkeypatch, cached_measurement):
     real = theory.three_phases.warmup_law_time
     monkeypatch.setattr(theory.three_phases, "warmup_law_time",
                         lambda s0, C, c0, exponent=1.0: real(s0, C, c0, 1.2 * exponent))
-    assert _report("warm-up law 1/s0 -> 1/s0^1.2", claim.run(profile=LAW)) != "pass"
+    assert _report("warm-up law 1/s0 -> 1/s0^1.2", claim.SPEC.run(profile=LAW)) != "pass"
 
 
 def test_mutant_law_without_c0(monkeypatch, cached_measurement):
@@ -96,7 +96,7 @@ def test_mutant_law_without_c0(monkeypatch, cached_measurement):
         return out
 
     monkeypatch.setattr(theory.three_phases, "predicted_warmup_scaling", wrong)
-    assert _report("warm-up law c0 -> 0 (pure inverse)", claim.run(profile=LAW)) != "pass"
+    assert _report("warm-up law c0 -> 0 (pure inverse)", claim.SPEC.run(profile=LAW)) != "pass"
 
 
 def test_mutant_winners_permuted(monkeypatch):
@@ -107,12 +107,12 @@ def test_mutant_winners_permuted(monkeypatch):
         return w[1:] + w[:1]
 
     monkeypatch.setattr(theory.task_allocation, "predicted_winners", wrong)
-    assert _report("predicted winners permuted", claim.run(profile=SMALL)) != "pass"
+    assert _report("predicted winners permuted", claim.SPEC.run(profile=SMALL)) != "pass"
 
 
 def test_mutant_logits_doubled(monkeypatch):
     patch_everywhere(monkeypatch, numerics.model.attend, logits_doubled)   # the trainer's and the model's
-    result = claim.run(profile=PRECISE)
+    result = claim.SPEC.run(profile=PRECISE)
     assert _report("full model's logits doubled", result) != "pass"
     # caught by a comparison, not only by a perturbation that stopped being rejected
     assert not all(c["agrees"] for c in result.details["comparisons"])
@@ -127,7 +127,7 @@ def test_mutant_label_noise_dropped(monkeypatch):
     real = numerics.config._assemble
     monkeypatch.setattr(numerics.config, "_assemble",
                         lambda x, q, g, eps, *args, **kwargs: real(x, q, g, None, *args, **kwargs))
-    assert _report("label noise dropped (sigma = 0.5)", claim.run(profile=NOISY)) != "pass"
+    assert _report("label noise dropped (sigma = 0.5)", claim.SPEC.run(profile=NOISY)) != "pass"
 
 
 def test_profiles_are_frozen_dataclasses():
@@ -150,4 +150,4 @@ def test_small_factor_warmup_constant_is_caught(monkeypatch):
             return {**out, "inverse": {**out["inverse"], "C": factor * out["inverse"]["C"]}}
         mp.setattr(theory.three_phases, "predicted_warmup_scaling", scaled)
 
-    assert_small_factor_caught(monkeypatch, lambda: claim.run(profile="quick"), patch)
+    assert_small_factor_caught(monkeypatch, lambda: claim.SPEC.run(profile="quick"), patch)
