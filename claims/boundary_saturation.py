@@ -19,7 +19,7 @@ from claims.core.spec import ClaimSpec, Outcome, finding
 from numerics.engine import need
 from numerics.experiments import reduced_flows  # noqa: F401 -- registers the kinds this claim asks for
 from theory import reduced_ode
-from theory.expansion_gap import validity_edge
+from theory.reduced_ode import validity_edge
 
 @dataclass(frozen=True)
 class SaturationProfile:

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from theory.block_structure import (act_on_weights, commutant, decomposable_residual, decomposable_weights,
-                                    group_order, off_decomposable_parts, project_decomposable, semi_singular_values,
-                                    symmetry_generators, symmetry_group)
+from theory.block_structure import (act_on_weights, commutant, group_order, off_decomposable_parts, symmetry_generators,
+                                    symmetry_group)
+from theory.reduced_ode import decomposable_residual, decomposable_weights, project_decomposable, semi_singular_values
 
 tasks_st = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
 

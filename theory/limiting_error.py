@@ -21,8 +21,7 @@ import mpmath as mp
 import numpy as np
 import sympy as sp
 
-from ._validate import check_L, check_loss, check_sigma, check_tasks, in_range
-from .linear_attention import check_minimum
+from ._validate import check_L, check_loss, check_minimum, check_sigma, check_tasks, in_range
 from .reduced_ode import _profile, derive_expansion, expansion_gradient, expansion_reliable, expansion_valid
 
 

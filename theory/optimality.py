@@ -49,10 +49,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ._validate import check_L, check_positive_int, check_sigma, check_tasks, in_range
+from ._validate import (check_L, check_minimum, check_positive_int, check_sigma, check_tasks, in_range, large_L,
+                        linear_attention_limit, linear_attention_loss)
 from . import exact
 from .limiting_error import limit_multi
-from .linear_attention import check_minimum, large_L, linear_attention_limit, linear_attention_loss
 from .reduced_ode import OMEGA_RELIABLE, _profile, expansion_gradient, expansion_loss
 from .task_allocation import allocated_fixed_point, allocated_loss_at_L, allocated_point
 

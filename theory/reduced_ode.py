@@ -1,6 +1,9 @@
 """Claim 2: spectral reduction -- the flow of the semi-singular values (omega, mu).
 
-On the decomposable set D (see ``block_structure``) the model reduces to
+The decomposable set D (claim 1, ``block_structure``) has coordinates (omega, mu): a point of D is
+:func:`decomposable_weights`, and any weights read out as :func:`semi_singular_values`, the
+coordinates of their Frobenius-orthogonal projection :func:`project_decomposable` onto D.
+On D the model reduces to
 
     y_hat_i = sum_h mu[h,i] sum_l softmax_l( sum_j omega[h,j] <Phi_j^T x_l, Phi_j^T q> ) y_{l,i}
 
@@ -33,10 +36,118 @@ from functools import lru_cache
 
 import numpy as np
 import sympy as sp
+from scipy.integrate import solve_ivp
 
-from .trajectory import PARAMS, FlowTrajectory, factor_velocity, solve_flow
-from ._validate import check_L, check_loss, check_omega_mu, check_positive_int, check_sigma, check_tasks
-from .linear_attention import check_minimum
+from ._validate import (check_finite_array, check_L, check_loss, check_minimum, check_omega_mu, check_positive_int,
+                        check_sigma, check_tasks)
+
+
+# ---------------------------------------------------------------------------------------
+# the coordinates (omega, mu) of D and the projection P_D onto it (numpy; what the numerics use)
+# ---------------------------------------------------------------------------------------
+
+def _check_basis(basis, d: int) -> np.ndarray:
+    Phi = check_finite_array("basis", basis)
+    if Phi.shape != (d, d):
+        raise ValueError(f"basis must be the d x d orthonormal matrix Phi with d = sum(tasks) = {d}, "
+                         f"got shape {Phi.shape}")
+    err = np.max(np.abs(Phi.T @ Phi - np.eye(d))) if d else 0.0
+    if err > 1e-8:
+        raise ValueError(f"basis must be orthonormal (Phi^T Phi = I); max |Phi^T Phi - I| = {err:.3g}. "
+                         "Orthonormalise it first (e.g. numpy.linalg.qr)")
+    return Phi
+
+
+def _block_columns(tasks: tuple[int, ...]) -> list[slice]:
+    edges = np.concatenate([[0], np.cumsum(tasks)])
+    return [slice(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def _check_weights(W, U, tasks):
+    d, m = sum(tasks), len(tasks)
+    W = check_finite_array("W", W)
+    U = check_finite_array("U", U)
+    if W.ndim == 2:  # one head given without the head axis
+        W = W[None]
+    if U.ndim == 2:
+        U = U[None]
+    if W.ndim != 3 or W.shape[1:] != (d + m, d + m):
+        raise ValueError(f"W must have shape (H, d+m, d+m) = (H, {d + m}, {d + m}) for tasks {tasks}, "
+                         f"got {W.shape}")
+    if U.ndim != 3 or U.shape[1:] != (m, d + m):
+        raise ValueError(f"U must have shape (H, m, d+m) = (H, {m}, {d + m}) for tasks {tasks}, got {U.shape}")
+    if W.shape[0] != U.shape[0]:
+        raise ValueError(f"W and U must have the same number of heads, got {W.shape[0]} and {U.shape[0]}")
+    if W.shape[0] < 1:
+        raise ValueError("W, U must have at least one head (H >= 1)")
+    return W, U
+
+
+def semi_singular_values(W, U, tasks, basis) -> tuple[np.ndarray, np.ndarray]:
+    """Readout of any weights: omega[h,i] = tr(Phi_i^T W_XX Phi_i) / r_i, mu[h,i] = (U_Y)_ii.
+
+    These are the coordinates of P_D(W, U) in D.  Arrays of shape (H, m)."""
+    tasks = check_tasks(tasks)
+    W, U = _check_weights(W, U, tasks)
+    d = sum(tasks)
+    Phi = _check_basis(basis, d)
+    H, m = W.shape[0], len(tasks)
+    omega = np.empty((H, m))
+    for i, cols in enumerate(_block_columns(tasks)):
+        P = Phi[:, cols]
+        # tr(P^T W_XX P) for every head at once
+        omega[:, i] = np.einsum("ai,hab,bi->h", P, W[:, :d, :d], P) / tasks[i]
+    mu = np.stack([np.diag(U[h, :, d:]) for h in range(H)])
+    return omega, mu
+
+
+def decomposable_weights(omega, mu, tasks, basis) -> tuple[np.ndarray, np.ndarray]:
+    """The point of D with semi-singular values (omega, mu): W (H, d+m, d+m), U (H, m, d+m)."""
+    tasks = check_tasks(tasks)
+    d, m = sum(tasks), len(tasks)
+    Phi = _check_basis(basis, d)
+    omega = check_finite_array("omega", omega)
+    mu = check_finite_array("mu", mu)
+    if omega.ndim != 2 or omega.shape[1] != m or mu.shape != omega.shape:
+        raise ValueError(f"omega and mu must both have shape (H, m) with m = {m}, got {omega.shape}, {mu.shape}")
+    H = omega.shape[0]
+    W = np.zeros((H, d + m, d + m))
+    U = np.zeros((H, m, d + m))
+    for i, cols in enumerate(_block_columns(tasks)):
+        P = Phi[:, cols]
+        W[:, :d, :d] += omega[:, i, None, None] * (P @ P.T)[None]
+    U[:, np.arange(m), d + np.arange(m)] = mu
+    return W, U
+
+
+def project_decomposable(W, U, tasks, basis) -> tuple[np.ndarray, np.ndarray]:
+    """Frobenius-orthogonal projection P_D onto the decomposable set D, head by head.
+
+    W (H, d+m, d+m), U (H, m, d+m), tasks = (r_1..r_m), basis = Phi (d x d, orthonormal,
+    columns grouped by task).  D is the linear span of {Phi_i Phi_i^T in the X-X block of W}
+    and {E_ii in the Y block of U}.  The matrices Phi_i Phi_i^T are mutually orthogonal with
+    squared Frobenius norm r_i, so the projection coefficient is
+        omega_i = <W_XX, Phi_i Phi_i^T>_F / r_i = tr(Phi_i^T W_XX Phi_i) / r_i,
+    W_XX <- sum_i omega_i Phi_i Phi_i^T, every other block of W <- 0; U_X <- 0,
+    U_Y <- diag(U_Y).  Returns new arrays (the inputs are not modified).
+
+    A single head may be passed without the head axis (W (d+m, d+m), U (m, d+m)); the
+    result then has the head axis.
+    """
+    tasks = check_tasks(tasks)
+    omega, mu = semi_singular_values(W, U, tasks, basis)
+    return decomposable_weights(omega, mu, tasks, basis)
+
+
+def decomposable_residual(W, U, tasks, basis) -> float:
+    """||(W, U) - P_D(W, U)||_F / ||(W, U)||_F (0 for the zero point)."""
+    W_D, U_D = project_decomposable(W, U, tasks, basis)
+    W = np.asarray(W, float).reshape(W_D.shape)
+    U = np.asarray(U, float).reshape(U_D.shape)
+    total = np.sqrt(np.sum(W ** 2) + np.sum(U ** 2))
+    if total == 0.0:
+        return 0.0
+    return float(np.sqrt(np.sum((W - W_D) ** 2) + np.sum((U - U_D) ** 2)) / total)
 
 
 # ---------------------------------------------------------------------------------------
@@ -476,6 +587,16 @@ def expansion_reliable(omega, margin: float = 0.0) -> bool:
     return bool(np.all(np.isfinite(om)) and np.all(6.0 * om ** 2 < 1.0 - margin))
 
 
+def validity_edge(omega_max: float = 10.0) -> float:
+    """The edge of the validity flag on one head and one task: sup{omega : expansion_valid(omega)}
+    (bisection on the flag, 60 halvings; boundary-saturation compares it with measurements)."""
+    lo, hi = 0.0, omega_max
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if expansion_valid(np.array([[mid]])) else (lo, mid)
+    return lo
+
+
 def expansion_loss(omega, mu, tasks, L, sigma=0.0) -> float:
     """Large-L expansion of the exact reduced loss L_L(omega, mu) (sum over tasks),
     ``expansion_formula()``; +inf outside the domain (some 2 omega^2 >= 1).  The pair term
@@ -656,8 +777,111 @@ def metric_factors(param, omega, mu, tasks, logit_scale=1.0) -> tuple[np.ndarray
 
 
 # ---------------------------------------------------------------------------------------
-# the expansion flow (scipy solve_ivp)
+# the flows: one trajectory type and one integrator (the expansion flow here, the exact-loss
+# flow theory.exact.exact_flow), and the expansion flow
 # ---------------------------------------------------------------------------------------
+
+@dataclass
+class FlowTrajectory:
+    """A trajectory of a gradient flow on (omega, mu): t (T,), omega/mu (T, H, m), loss (T,).
+
+    ``status``: "t_end" (reached t_end), "stationary" (velocity below the flow's
+    ``stationary_tol``: a fixed point), "left_domain" (expansion flow only: some 2 omega^2
+    reached 1 - margin, where the expansion stops being valid), "diverged" (loss or state
+    non-finite / too large) or "failed" (solver error, ``message``); ``param`` the
+    parametrisation whose metric the flow used."""
+
+    t: np.ndarray
+    omega: np.ndarray
+    mu: np.ndarray
+    loss: np.ndarray
+    status: str
+    message: str = ""
+    param: str = "factored"
+
+    @property
+    def final_omega(self) -> np.ndarray:
+        return self.omega[-1]
+
+    @property
+    def final_mu(self) -> np.ndarray:
+        return self.mu[-1]
+
+    def to_dict(self) -> dict:
+        return {"t": self.t.tolist(), "omega": self.omega.tolist(), "mu": self.mu.tolist(),
+                "loss": self.loss.tolist(), "status": self.status, "message": self.message,
+                "param": self.param}
+
+
+PARAMS = ("merged", "factored")
+
+
+def factor_velocity(sign, a, v):
+    """Velocity of a balanced factor a >= 0 of x = sign a^2 moving at dx/dt = v:
+    da = sign v / (2a), and 0 where a = 0 (there the metric, and so v, vanishes like a^2)."""
+    safe = np.where(a > 0, a, 1.0)
+    return np.where(a > 0, sign * v / (2.0 * safe), 0.0)
+
+
+def solve_flow(velocity, loss, omega0, mu0, param, t_end, t_eval, stops, rtol, atol, method) -> FlowTrajectory:
+    """Integrate d(omega, mu)/dt = velocity(omega, mu) from (omega0, mu0) over [0, t_end] with
+    scipy ``solve_ivp``, recording at ``t_eval`` (default 61 evenly spaced, as the numerics record).
+
+    Coordinates: merged, (omega, mu) themselves; factored, the balanced factors
+    omega = sign0 kappa^2, mu = sign0 nu^2 (as in the model: omega = kappa^2/s with K = Q = kappa,
+    mu = nu^2 with O = V^T = nu).  The factored metric 2|omega| vanishes at 0, so the exact flow
+    never changes the sign of an entry; in the factor coordinates a numerical step cannot make it
+    do so either (d kappa = -sign0 kappa G/(s r) is linear in kappa).
+    ``velocity`` returns None where the state is outside its domain (the state then stands
+    still: a stop ends the run there).  ``stops``: (status, g(t, y, omega, mu, rhs)) terminal
+    events, g crossing zero stops the flow with that status (the first in the list that fired);
+    the state where it stopped is the last record.  ``loss(omega, mu)`` fills the records' losses."""
+    if param not in PARAMS:
+        raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
+    if not np.isfinite(t_end) or t_end <= 0:
+        raise ValueError(f"t_end must be positive and finite, got {t_end}")
+    t_eval = np.linspace(0.0, t_end, 61) if t_eval is None else np.asarray(t_eval, dtype=float)
+    if t_eval.ndim != 1 or np.any(np.diff(t_eval) <= 0) or t_eval[0] < 0 or t_eval[-1] > t_end:
+        raise ValueError("t_eval must be increasing times within [0, t_end]")
+    shape, n, merged = omega0.shape, omega0.size, param == "merged"
+    sign_om, sign_mu = np.where(omega0 < 0, -1.0, 1.0), np.where(mu0 < 0, -1.0, 1.0)
+
+    def point(y):
+        a, c = y[:n].reshape(shape), y[n:].reshape(shape)
+        return (a, c) if merged else (sign_om * a ** 2, sign_mu * c ** 2)
+
+    def rhs(_t, y):
+        v = velocity(*point(y))
+        if v is None:
+            return np.zeros_like(y)
+        if merged:
+            return np.concatenate([v[0].ravel(), v[1].ravel()])
+        a, c = y[:n].reshape(shape), y[n:].reshape(shape)
+        return np.concatenate([factor_velocity(sign_om, a, v[0]).ravel(), factor_velocity(sign_mu, c, v[1]).ravel()])
+
+    def event(g):
+        def crossed(t, y):
+            return g(t, y, *point(y), rhs)
+        crossed.terminal = True
+        return crossed
+
+    x0 = (omega0, mu0) if merged else (np.sqrt(np.abs(omega0)), np.sqrt(np.abs(mu0)))
+    sol = solve_ivp(rhs, (0.0, float(t_end)), np.concatenate([x.ravel() for x in x0]), method=method,
+                    t_eval=t_eval, events=[event(g) for _, g in stops], rtol=rtol, atol=atol)
+    status = {-1: "failed", 0: "t_end"}.get(sol.status)
+    ts, ys = list(sol.t), [sol.y[:, j] for j in range(sol.y.shape[1])]
+    if sol.status == 1:
+        status = next(name for (name, _), ev_t in zip(stops, sol.t_events) if len(ev_t))
+        for ev_t, ev_y in zip(sol.t_events, sol.y_events):
+            if len(ev_t) and (not ts or ev_t[0] > ts[-1]):
+                ts.append(float(ev_t[0]))
+                ys.append(ev_y[0])
+    points = [point(y) for y in ys]
+    om = np.stack([p[0] for p in points]) if points else np.empty((0,) + shape)
+    mu = np.stack([p[1] for p in points]) if points else np.empty((0,) + shape)
+    return FlowTrajectory(t=np.asarray(ts), omega=om, mu=mu, loss=np.array([loss(o, u) for o, u in zip(om, mu)]),
+                          status=status, message=sol.message, param=param)
+
 
 def flow_velocity(omega, mu, tasks, L, sigma, param, logit_scale=1.0):
     """(d omega/dt, d mu/dt) of the expansion flow with the metric of ``param``."""
@@ -671,7 +895,7 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
                              rtol=1e-9, atol=1e-12, method="LSODA",
                              max_loss=1e6) -> FlowTrajectory:
     """Integrate d omega = -f_omega dL/d omega, d mu = -f_mu dL/d mu on the expansion
-    ``expansion_loss`` from (omega0, mu0) over [0, t_end] (theory.trajectory.solve_flow: the
+    ``expansion_loss`` from (omega0, mu0) over [0, t_end] (:func:`solve_flow`: the
     factored flow in its balanced factors, so that no step flips a sign).
 
     t_eval: the record times (default 61 evenly spaced, as the numerics record); the

@@ -14,7 +14,7 @@ mu, L = L0 + a mu + (c/2) mu^2 + ..., with
 
     a = d L / d mu[h, i]  (:func:`off_task_slope`; theory.exact.exact_gradient; a > 0 here),
     c = d^2 L / d mu[h, i]^2 with the serving head's mu re-optimised = 2 (C_hh - C_hk^2/C_kk)
-        (:func:`off_task_curvature`; C from theory.exact / theory.exact_pairs).
+        (:func:`off_task_curvature`; C from theory.exact).
 
 The factored weights carry mu = o v (o = O_h[i, d+i], v = V_h[d+i, d+i]; the inner index
 d+i is the off-task channel).  Gradient flow: do/dt = -a v, dv/dt = -a o.  So x = o + v
@@ -102,7 +102,6 @@ from functools import lru_cache
 import numpy as np
 
 from . import exact as _exact
-from . import exact_pairs
 from ._validate import check_sigma, check_tasks, in_range
 
 
@@ -175,7 +174,7 @@ def off_task_curvature(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
     re-optimised: 2 (C_hh,i - C_hk,i^2 / C_kk,i) (k the head serving task i; surplus heads
     and m = 1 likewise), (H, m), NaN on served entries.  On the opposite-sign branch the
     slope is a - c |mu| (section 1); C from theory.exact.one_head_terms and
-    theory.exact_pairs.cross_moment."""
+    theory.exact.cross_moment."""
     tasks = check_tasks(tasks)
     sigma = check_sigma(sigma)
     om, mu = allocated_point(tasks, L, sigma, heads)
@@ -188,7 +187,7 @@ def off_task_curvature(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
                 continue
             k = i   # head i serves task i
             _, C_k, _, _ = _exact.one_head_terms(om[k], tasks, L, sigma)
-            C_hk, _ = exact_pairs.cross_moment(om[h], om[k], tasks, L, sigma, i)
+            C_hk, _ = _exact.cross_moment(om[h], om[k], tasks, L, sigma, i)
             out[h, i] = 2.0 * (C_h[i] - C_hk ** 2 / C_k[i])
     return out
 
