@@ -627,19 +627,9 @@ class ExactLoss:
 def _effective_heads(omega: np.ndarray, mu: np.ndarray):
     """Merge heads with identical omega rows (same softmax, so their mu add) and drop heads
     whose mu row is zero (they contribute nothing)."""
-    rows: list[tuple] = []
-    mus: list[np.ndarray] = []
-    for h in range(omega.shape[0]):
-        key = tuple(float(x) for x in omega[h])
-        if key in rows:
-            mus[rows.index(key)] = mus[rows.index(key)] + mu[h]
-        else:
-            rows.append(key)
-            mus.append(mu[h].astype(float).copy())
-    keep = [j for j, m_ in enumerate(mus) if np.any(m_ != 0.0)]
-    om = np.array([rows[j] for j in keep], dtype=float).reshape(len(keep), omega.shape[1])
-    mu_ = np.array([mus[j] for j in keep], dtype=float).reshape(len(keep), omega.shape[1])
-    return om, mu_
+    rows, _, M = _row_groups(omega, mu)
+    keep = np.any(M != 0.0, axis=1)
+    return rows[keep], M[keep]
 
 
 def one_head_terms(omega_row, tasks, L, sigma=0.0):
@@ -745,8 +735,9 @@ class ExactGradient:
     error_estimate: float
 
 
-def _row_groups(omega: np.ndarray):
-    """Distinct omega rows and, for each head, the index of its row."""
+def _row_groups(omega: np.ndarray, mu: np.ndarray):
+    """Distinct omega rows (in order of first appearance), for each head the index of its row,
+    and M (rows, m): the sum of the mu of the heads sharing each row."""
     keys: list[tuple] = []
     index = []
     for h in range(omega.shape[0]):
@@ -754,7 +745,10 @@ def _row_groups(omega: np.ndarray):
         if key not in keys:
             keys.append(key)
         index.append(keys.index(key))
-    return np.array(keys, dtype=float).reshape(len(keys), omega.shape[1]), np.array(index, dtype=int)
+    M = np.zeros((len(keys), omega.shape[1]))
+    for h, x in enumerate(index):
+        M[x] += mu[h]
+    return np.array(keys, dtype=float).reshape(len(keys), omega.shape[1]), np.array(index, dtype=int), M
 
 
 def _row_terms(rows, index, M, mu, tasks, L, sigma):
@@ -783,10 +777,7 @@ def exact_gradient(omega, mu, tasks, L, sigma=0.0, with_loss=True) -> ExactGradi
     t0 = time.perf_counter()
     tasks, L, sigma, omega, mu = _checked(tasks, L, sigma, omega, mu)
     m = len(tasks)
-    rows, index = _row_groups(omega)
-    M = np.zeros((rows.shape[0], m))
-    for h in range(omega.shape[0]):
-        M[index[h]] += mu[h]
+    rows, index, M = _row_groups(omega, mu)
     serving = [[x for x in range(rows.shape[0]) if M[x, i] != 0.0] for i in range(m)]
     # two distinct rows serving one task: the omega-gradient needs d C_hk / d omega_h
     needs_pair_grad = any(len(sv) > 1 for sv in serving)

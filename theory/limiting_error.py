@@ -20,6 +20,7 @@ from functools import lru_cache
 import mpmath as mp
 import numpy as np
 import sympy as sp
+from scipy.optimize import minimize
 
 from ._validate import check_L, check_loss, check_minimum, check_sigma, check_tasks, in_range
 from .reduced_ode import _profile, derive_expansion, expansion_gradient, expansion_reliable, expansion_valid
@@ -57,15 +58,9 @@ def _single_fns(module):
 
 
 @lru_cache(maxsize=None)
-def _F_numpy():
+def _F_fn(module):
     e = limit_expressions()
-    return sp.lambdify((e["w"], e["r"], e["D"], e["s2"]), e["F"], "numpy")
-
-
-@lru_cache(maxsize=None)
-def _F_mpmath():
-    e = limit_expressions()
-    return sp.lambdify((e["w"], e["r"], e["D"], e["s2"]), e["F"], "mpmath")
+    return sp.lambdify((e["w"], e["r"], e["D"], e["s2"]), e["F"], module)
 
 
 def F(w, r, D, sigma=0.0):
@@ -73,7 +68,7 @@ def F(w, r, D, sigma=0.0):
     (+inf outside), elementwise on arrays."""
     w = np.asarray(w, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        val = _F_numpy()(w, float(r), float(D), float(sigma) ** 2)
+        val = _F_fn("numpy")(w, float(r), float(D), float(sigma) ** 2)
     return check_loss("theory.limiting_error.F", np.where((w > 0) & (w < 0.5), val, np.inf), infinite_ok=True)
 
 
@@ -90,7 +85,7 @@ def minimise_F(r, D, sigma=0.0, dps=30):
         # dlogF < 0 near 0 and > 0 near 1/2: bisection-type solver on a bracket
         lo, hi = mp.mpf("1e-12"), mp.mpf("0.5") - mp.mpf("1e-12")
         w_star = mp.findroot(f, (lo, hi), solver="anderson")
-        val = _F_mpmath()(w_star, mp.mpf(r), mp.mpf(D), mp.mpf(sigma) ** 2)
+        val = _F_fn("mpmath")(w_star, mp.mpf(r), mp.mpf(D), mp.mpf(sigma) ** 2)
     low = r + D * (r + sigma ** 2)
     return float(w_star), in_range("theory.limiting_error.minimise_F", "min F", float(val), low * (1 - 1e-12),
                                    why=f"F(w) = nonnegative power series / w > r + D (r + sigma^2) = {low:.6g}")
@@ -135,8 +130,6 @@ def minimise_single(tasks, sigma=0.0, dps=30):
     Solved by mpmath findroot on grad log G = 0,
         d log G / d w_k = d log block_factor(w_k, r_k)/d w_k + term_k'(w_k) / sum_i term_i,
     started from the scipy (BFGS) optimum in the variables u = logit(2w)."""
-    from scipy.optimize import minimize
-
     tasks = check_tasks(tasks)
     sigma = check_sigma(sigma)
     r = np.asarray(tasks, dtype=float)
@@ -205,17 +198,11 @@ def gain_limit_symbolic():
             "x_single": x_single, "multi_min": multi_min, "single_min": single_min, "gain_limit": ratio}
 
 
-def gain_limit(m) -> float:
-    """lim_{r->inf} gain for m equal blocks: m (from :func:`gain_limit_symbolic`)."""
-    expr = gain_limit_symbolic()["gain_limit"]
-    return float(expr.subs(sp.Symbol("m", positive=True), m))
 
 def single_head_at_L(tasks, L, sigma=0.0) -> dict:
     """The best one-head model of the expansion at finite L: minimise over omega in R^m
     (mu profiled out exactly, ``reduced_ode.profile_mu``), started from the L -> inf
     optimum omega_i = sqrt(w_i*).  Returns omega, mu (m,), loss, valid, reliable."""
-    from scipy.optimize import minimize
-
     tasks = check_tasks(tasks)
     L, sigma = check_L(L), check_sigma(sigma)
     w_inf, _ = minimise_single(tasks, sigma)

@@ -320,9 +320,9 @@ def derive_expansion() -> ExpansionDerivation:
     3. Average over g given q (E_g from the MGF of (t, G), q_i rotated onto an axis) and
        over q (a_b = |q_b|^2 ~ chi^2_{r_b}: E a^p e^{k a} = d^p/dk^p (1 - 2k)^{-r/2}, the
        r-th power of the one-coordinate Gaussian integral).
-    The kernels are read off the averaged terms with the other block switched off, and the
-    result is checked (:func:`check_expansion_assembly`) to equal the kernel formula for two
-    heads and two blocks exactly (sympy simplify to 0)."""
+    The kernels are read off the averaged terms with the other block switched off; that the
+    kernel formula equals the step-by-step derivation for two heads and two blocks exactly
+    (sympy simplify to 0) is checked in tests/test_theory_reduced_ode.py."""
     T = _token_model()
     a_i, a_j, G, t, s2, om = T["a_i"], T["a_j"], T["G"], T["t"], T["s2"], T["omega"]
     mean, bias, cov = _conditional_moments()
@@ -354,82 +354,6 @@ def derive_expansion() -> ExpansionDerivation:
              "E_g": E_g, "E_q": E_q}
     return ExpansionDerivation(c=c, w=w, r=r, s2=s2, block_factor=block_factor,
                                bias_kernel=bias_kernel, pair_kernel=pair_kernel, steps=steps)
-
-
-@lru_cache(maxsize=None)
-def _averaged_two_head_mse():
-    """E_q E_g of the O(1/L) conditional MSE of two heads (h, k) on task i, other block j."""
-    D = derive_expansion()
-    T = _token_model()
-    mean, bias, cov = _conditional_moments()
-    t, heads = T["t"], T["heads"]
-    mu = {h: sp.Symbol(f"mu_{h}", real=True) for h in heads}
-    L = sp.Symbol("L", positive=True)
-    pred = sum(mu[h] * mean[h] for h in heads)
-    mse = ((pred - t) ** 2 + 2 / L * (pred - t) * sum(mu[h] * bias[h] for h in heads)
-           + 1 / L * sum(mu[h] * mu[k] * cov[(h, k)] for h in heads for k in heads))
-    return D.steps["E_q"](D.steps["E_g"](mse)), mu, L
-
-
-def expansion_assembly_difference(variant=None) -> sp.Expr:
-    """The averaged MSE of two heads on a task with one other block, derived step by step
-    (delta method, E_g, E_q), minus the kernel formula assembled from
-    :func:`derive_expansion`'s kernels.  Returns the simplified difference (0 when the
-    formula the code uses is the derived one).  ``variant``, for tests, replaces a piece of
-    the formula by a wrong one ("bias_sign", "pair_no_tilt", "other_block_missing").
-    Unsimplified; see :func:`check_expansion_assembly`."""
-    D = derive_expansion()
-    T = _token_model()
-    om, s2 = T["omega"], T["s2"]
-    derived, mu, L = _averaged_two_head_mse()
-    r_i, r_j = sp.symbols("r_i r_j", positive=True)
-    heads = T["heads"]
-    B = sum(mu[h] * om[(h, "i")] for h in heads)
-
-    def bf(cc, rr):
-        return D.block_factor.subs({D.c: cc, D.r: rr})
-
-    def bk(ww, rr):
-        return D.bias_kernel.subs({D.w: ww, D.r: rr})
-
-    def pk(cc, rr):
-        return D.pair_kernel.subs({D.c: cc, D.r: rr, D.s2: s2})
-
-    sign = -1 if variant == "bias_sign" else 1
-    assembled = r_i * (1 - B) ** 2
-    assembled += sign * 2 / L * (1 - B) * sum(
-        mu[h] * om[(h, "i")] * bk(om[(h, "i")] ** 2, r_i) * bf(om[(h, "j")] ** 2, r_j) for h in heads)
-    for h in heads:
-        for k in heads:
-            c_i = om[(h, "i")] * om[(k, "i")]
-            own = pk(c_i, r_i) if variant != "pair_no_tilt" else (r_i + s2) * bf(c_i, r_i)
-            other = bf(om[(h, "j")] * om[(k, "j")], r_j) if variant != "other_block_missing" else 1
-            assembled += 1 / L * mu[h] * mu[k] * own * other
-    return derived - assembled
-
-
-def check_expansion_assembly(variant=None, seed=0) -> bool:
-    """True iff the kernel formula equals the step-by-step derivation for two heads and
-    two blocks.  A nonzero value at a random rational point inside the domain proves a
-    difference (fast); otherwise the difference is simplified to exactly 0 (proof)."""
-    diff = expansion_assembly_difference(variant)
-    rng = np.random.default_rng(seed)
-    for _ in range(3):
-        point = {}
-        for sym in diff.free_symbols:
-            name = sym.name
-            if name.startswith("omega"):
-                val = sp.Rational(int(rng.integers(-40, 40)), 100)      # |omega| < 1/sqrt(2)
-            elif name.startswith("r_"):
-                val = sp.Integer(int(rng.integers(1, 6)))
-            elif name == "L":
-                val = sp.Integer(int(rng.integers(10, 1000)))
-            else:
-                val = sp.Rational(int(rng.integers(-200, 200)), 100)
-            point[sym] = val
-        if abs(sp.N(diff.subs(point), 30)) > 1e-20:
-            return False
-    return sp.simplify(sp.expand(diff)) == 0
 
 
 def _log_ratio(expr, c):
@@ -737,24 +661,6 @@ def derive_metric_factors(block_sizes=(1, 2, 3), m_out=2) -> dict:
     return out
 
 
-def check_metric_factors(candidate=None, block_sizes=(1, 2, 3)) -> bool:
-    """True iff the general formula (or ``candidate`` = {"merged": (f_omega, f_mu),
-    "factored": (f_omega, f_mu)} as sympy expressions in omega, mu, s, r) matches the
-    derivation for every block size -- used to show a wrong metric factor is rejected."""
-    D = derive_metric_factors(tuple(block_sizes))
-    cand = candidate if candidate is not None else D["general"]
-    r_sym = D["symbols"]["r"]
-    for r in block_sizes:
-        for param in ("merged", "factored"):
-            f_om = sp.sympify(cand[param][0]).subs(r_sym, r)
-            if sp.simplify(f_om - D["omega"][r][param]) != 0:
-                return False
-    for param in ("merged", "factored"):
-        if sp.simplify(sp.sympify(cand[param][1]) - D["mu"][param]) != 0:
-            return False
-    return True
-
-
 def metric_factors(param, omega, mu, tasks, logit_scale=1.0) -> tuple[np.ndarray, np.ndarray]:
     """(f_omega, f_mu), each (H, m): d omega = -f_omega dL/d omega, d mu = -f_mu dL/d mu.
 
@@ -881,13 +787,6 @@ def solve_flow(velocity, loss, omega0, mu0, param, t_end, t_eval, stops, rtol, a
     mu = np.stack([p[1] for p in points]) if points else np.empty((0,) + shape)
     return FlowTrajectory(t=np.asarray(ts), omega=om, mu=mu, loss=np.array([loss(o, u) for o, u in zip(om, mu)]),
                           status=status, message=sol.message, param=param)
-
-
-def flow_velocity(omega, mu, tasks, L, sigma, param, logit_scale=1.0):
-    """(d omega/dt, d mu/dt) of the expansion flow with the metric of ``param``."""
-    g_om, g_mu = expansion_gradient(omega, mu, tasks, L, sigma)
-    f_om, f_mu = metric_factors(param, omega, mu, tasks, logit_scale)
-    return -f_om * g_om, -f_mu * g_mu
 
 
 def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0,

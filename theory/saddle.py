@@ -192,11 +192,6 @@ def off_task_curvature(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
     return out
 
 
-def carrying_level(a, c):
-    """K = a / c: the |mu| at which the opposite-sign branch's slope a - c|mu| vanishes."""
-    return np.asarray(a, float) / np.asarray(c, float)
-
-
 def logistic_coordinate(mu_abs, K):
     """z = log(|mu| / (1 - |mu|/K)); dz/dt = 2a exactly on the logistic branch
     d|mu|/dt = 2|mu|(a - c|mu|) (section 1).  NaN where |mu| >= K."""
