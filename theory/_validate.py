@@ -55,6 +55,14 @@ def check_L(L) -> float:
     return float(L)
 
 
+def check_positive(name: str, value) -> float:
+    """``value`` as a positive finite float."""
+    v = float(value)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be positive and finite, got {value}")
+    return v
+
+
 def check_sigma(sigma) -> float:
     if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real):
         raise TypeError(f"sigma (label noise std) must be a number >= 0, got {sigma!r}")
@@ -137,8 +145,7 @@ def linear_attention_limit(tasks, sigma=0.0) -> float:
     sum_i r_i (r_i + 1 + sigma^2).  Per task, y_hat = (1/L) sum_l y_l x_l^T q has
     E|x x^T g + x eps - g|^2 = r(r+1) + r sigma^2 per token (Gaussian fourth moments:
     E|x x^T g|^2 = (r + 2)|g|^2, minus |g|^2 from the mean), divided by L."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     return check_loss("theory._validate.linear_attention_limit",
                       float(sum(r * (r + 1 + sigma ** 2) for r in tasks)))
 
@@ -155,8 +162,7 @@ def linear_attention_loss(tasks, L, sigma=0.0) -> float:
     y_hat = a S g + a sum_l eps_l (x_l - xbar) has loss r [a^2 n (n + r + 1 + sigma^2) - 2 a n + 1],
     minimal at a = 1/(n + r + 1 + sigma^2) with value r (r + 1 + sigma^2)/(n + r + 1 + sigma^2).
     L * loss -> :func:`linear_attention_limit`."""
-    tasks = check_tasks(tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, L, sigma = check_tasks(tasks), check_L(L), check_sigma(sigma)
     if L < 2:
         raise ValueError(f"centred linear attention needs L >= 2 context tokens, got L={L}")
     return check_loss("theory._validate.linear_attention_loss",

@@ -914,8 +914,7 @@ def served_optimum(omega_row, task: int, tasks, L: int, sigma: float = 0.0, star
     at allocation, so task i's loss involves only this head).  With the other entries 0 this
     is exact_fixed_point's (omega*_i, mu*_i) again.  Searched in [start/3, 3 start] (bounded
     Brent), where ``start`` is a guess of omega_i (e.g. exact_fixed_point's)."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     row = np.asarray(omega_row, dtype=float).reshape(-1).copy()
     if row.size != len(tasks):
         raise ValueError(f"omega_row must have one entry per task ({len(tasks)}), got {row.size}")

@@ -94,16 +94,14 @@ def minimise_F(r, D, sigma=0.0, dps=30):
 def limit_multi(tasks, sigma=0.0) -> float:
     """lim_{L->inf} L * L* of the allocated multi-head limit (one head per task), summed
     over tasks: sum_i min_w F(w; r_i, r_i, sigma)."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     return check_minimum("theory.limiting_error.limit_multi", float(sum(minimise_F(r, r, sigma)[1] for r in tasks)),
                          tasks, None, sigma)
 
 
 def limit_multi_per_task(tasks, sigma=0.0) -> list[dict]:
     """Per task: {"r", "w_star", "omega_star" = sqrt(w*), "mu_star" = 1/omega*, "limit"}."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     out = []
     for r in tasks:
         w, val = minimise_F(r, r, sigma)
@@ -130,8 +128,7 @@ def minimise_single(tasks, sigma=0.0, dps=30):
     Solved by mpmath findroot on grad log G = 0,
         d log G / d w_k = d log block_factor(w_k, r_k)/d w_k + term_k'(w_k) / sum_i term_i,
     started from the scipy (BFGS) optimum in the variables u = logit(2w)."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     r = np.asarray(tasks, dtype=float)
     d = float(r.sum())
 
@@ -203,8 +200,7 @@ def single_head_at_L(tasks, L, sigma=0.0) -> dict:
     """The best one-head model of the expansion at finite L: minimise over omega in R^m
     (mu profiled out exactly, ``reduced_ode.profile_mu``), started from the L -> inf
     optimum omega_i = sqrt(w_i*).  Returns omega, mu (m,), loss, valid, reliable."""
-    tasks = check_tasks(tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, L, sigma = check_tasks(tasks), check_L(L), check_sigma(sigma)
     w_inf, _ = minimise_single(tasks, sigma)
     bound = float(np.sqrt(0.5 * (1 - 1e-6)))
 

@@ -38,8 +38,8 @@ import numpy as np
 import sympy as sp
 from scipy.integrate import solve_ivp
 
-from ._validate import (check_finite_array, check_L, check_loss, check_minimum, check_omega_mu, check_positive_int,
-                        check_sigma, check_tasks)
+from ._validate import (check_finite_array, check_L, check_loss, check_minimum, check_omega_mu, check_positive,
+                        check_positive_int, check_sigma, check_tasks)
 
 
 # ---------------------------------------------------------------------------------------
@@ -530,8 +530,7 @@ def expansion_loss(omega, mu, tasks, L, sigma=0.0) -> float:
 
     omega, mu: (H, m) arrays; tasks: (r_1..r_m); L > 0; sigma >= 0."""
     tasks = check_tasks(tasks)
-    omega, mu = check_omega_mu(omega, mu, tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    (omega, mu), L, sigma = check_omega_mu(omega, mu, tasks), check_L(L), check_sigma(sigma)
     if not expansion_valid(omega):
         return float("inf")
     p = _pieces(omega, mu, tasks, sigma)
@@ -558,8 +557,7 @@ def expansion_gradient(omega, mu, tasks, L, sigma=0.0) -> tuple[np.ndarray, np.n
     Y_hkj = dlogbf(c_hkj)(A_hk - mu_hj mu_kj X_hkj) + mu_hj mu_kj X'_hkj, A_hk = sum_i mu mu X.
     Raises ValueError outside the domain of validity."""
     tasks = check_tasks(tasks)
-    omega, mu = check_omega_mu(omega, mu, tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    (omega, mu), L, sigma = check_omega_mu(omega, mu, tasks), check_L(L), check_sigma(sigma)
     if not expansion_valid(omega):
         raise ValueError("the expansion is infinite here (some 2*omega^2 >= 1); its gradient is undefined. "
                          "Use the exact finite-L reduced loss in the saturation regime")
@@ -673,9 +671,7 @@ def metric_factors(param, omega, mu, tasks, logit_scale=1.0) -> tuple[np.ndarray
         raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
     tasks = check_tasks(tasks)
     omega, mu = check_omega_mu(omega, mu, tasks)
-    s = float(logit_scale)
-    if not np.isfinite(s) or s <= 0:
-        raise ValueError(f"logit_scale s must be positive and finite, got {logit_scale}")
+    s = check_positive("logit_scale s", logit_scale)
     r = np.asarray(tasks, dtype=float)
     if param == "merged":
         return np.broadcast_to(1.0 / r, omega.shape).copy(), np.ones_like(mu)
@@ -713,11 +709,6 @@ class FlowTrajectory:
     def final_mu(self) -> np.ndarray:
         return self.mu[-1]
 
-    def to_dict(self) -> dict:
-        return {"t": self.t.tolist(), "omega": self.omega.tolist(), "mu": self.mu.tolist(),
-                "loss": self.loss.tolist(), "status": self.status, "message": self.message,
-                "param": self.param}
-
 
 PARAMS = ("merged", "factored")
 
@@ -744,8 +735,7 @@ def solve_flow(velocity, loss, omega0, mu0, param, t_end, t_eval, stops, rtol, a
     the state where it stopped is the last record.  ``loss(omega, mu)`` fills the records' losses."""
     if param not in PARAMS:
         raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
-    if not np.isfinite(t_end) or t_end <= 0:
-        raise ValueError(f"t_end must be positive and finite, got {t_end}")
+    t_end = check_positive("t_end", t_end)
     t_eval = np.linspace(0.0, t_end, 61) if t_eval is None else np.asarray(t_eval, dtype=float)
     if t_eval.ndim != 1 or np.any(np.diff(t_eval) <= 0) or t_eval[0] < 0 or t_eval[-1] > t_end:
         raise ValueError("t_eval must be increasing times within [0, t_end]")
@@ -803,8 +793,7 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
     ``stationary_tol`` is given, when the velocity norm falls below it (a fixed point).
     Records after an early stop are absent (the arrays are shorter)."""
     tasks = check_tasks(tasks)
-    omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    (omega0, mu0), L, sigma = check_omega_mu(omega0, mu0, tasks), check_L(L), check_sigma(sigma)
     if not expansion_valid(omega0, domain_margin):
         raise ValueError(f"the initial omega lies outside the expansion's domain (need 2*omega^2 < "
                          f"1 - {domain_margin}); max |omega| = {np.abs(omega0).max():.4g}")
@@ -836,11 +825,8 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
 def default_init(tasks, heads, init_scale=0.15) -> tuple[np.ndarray, np.ndarray]:
     """The numerics' default decomposable initialisation (docs/ARCHITECTURE.md):
     omega = s0 everywhere; mu = s0 except 2 s0 on each head's favoured task h mod m."""
-    tasks = check_tasks(tasks)
-    heads = check_positive_int("heads", heads)
-    s0 = float(init_scale)
-    if not np.isfinite(s0) or s0 <= 0:
-        raise ValueError(f"init_scale must be positive and finite, got {init_scale}")
+    tasks, heads = check_tasks(tasks), check_positive_int("heads", heads)
+    s0 = check_positive("init_scale", init_scale)
     m = len(tasks)
     omega = np.full((heads, m), s0)
     mu = np.full((heads, m), s0)
@@ -867,8 +853,7 @@ def expansion_gd_map(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_s
         raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
     if on_exit not in ("raise", "stop"):
         raise ValueError(f"on_exit must be 'raise' or 'stop', got {on_exit!r}")
-    if not np.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr must be positive and finite, got {lr}")
+    lr = check_positive("lr", lr)
     oms, mus, k = [], [], 0
     for target in np.rint(np.asarray(t, float) / lr).astype(int):
         while k < target:

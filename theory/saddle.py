@@ -117,8 +117,7 @@ def _heads(tasks, heads) -> int:
 def allocated_point(tasks, L, sigma=0.0, heads=None) -> tuple[np.ndarray, np.ndarray]:
     """(omega, mu), each (H, m): head h < m serves task h at theory.exact's fixed point
     (omega*_h, mu*_h), every other entry 0 (H defaults to max(m, 2))."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     H = _heads(tasks, heads)
     om, mu = _allocated(tuple(tasks), int(L), float(sigma), H)
     return om.copy(), mu.copy()
@@ -147,8 +146,7 @@ def off_task_slope(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
     """a[h, i] = d L / d mu[h, i] of the exact loss at the allocated point, (H, m), NaN on the
     served entries (where it is 0: a fixed point).  Off-task entries of the surplus heads
     (omega row 0) included.  Section 1 of the module docstring."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     return in_range("theory.saddle.off_task_slope", "slope a", _slope(tuple(tasks), int(L), float(sigma),
                     _heads(tasks, heads)).copy(), why="finite off the served entries (NaN there)", nan_ok=True)
 
@@ -175,8 +173,7 @@ def off_task_curvature(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
     and m = 1 likewise), (H, m), NaN on served entries.  On the opposite-sign branch the
     slope is a - c |mu| (section 1); C from theory.exact.one_head_terms and
     theory.exact.cross_moment."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     om, mu = allocated_point(tasks, L, sigma, heads)
     H, m = om.shape
     out = np.full((H, m), np.nan)
@@ -294,8 +291,7 @@ def saddle_point(tasks, heads, L, sigma=0.0) -> SaddlePoint:
     a > 0 (the allocated point is then not a saddle).  Cached, keyed also by the functions it is
     built from (:func:`off_task_slope`, :func:`off_task_curvature`), so a definition replaced
     after a first call (the mutation suite) is never answered from the cache."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     key = (tuple(tasks), _heads(tasks, heads), int(L), float(sigma), off_task_slope, off_task_curvature)
     if key not in _SADDLE_POINTS:
         _SADDLE_POINTS[key] = _saddle_point(*key[:4])

@@ -121,16 +121,14 @@ def allocated_task_point(r, L, sigma=0.0, dps=30) -> dict:
 def allocated_fixed_point(tasks, L, sigma=0.0, dps=30) -> tuple[np.ndarray, np.ndarray]:
     """(omega_star, mu_star), each (m,): the allocated fixed point per task at finite L,
     solved to ``dps`` digits by mpmath findroot (see the module docstring)."""
-    tasks = check_tasks(tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, L, sigma = check_tasks(tasks), check_L(L), check_sigma(sigma)
     pts = [allocated_task_point(r, L, sigma, dps) for r in tasks]
     return np.array([p["omega_star"] for p in pts]), np.array([p["mu_star"] for p in pts])
 
 
 def allocated_loss_at_L(tasks, L, sigma=0.0) -> float:
     """The expansion at the allocated fixed point, summed over tasks."""
-    tasks = check_tasks(tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, L, sigma = check_tasks(tasks), check_L(L), check_sigma(sigma)
     return check_minimum("theory.task_allocation.allocated_loss_at_L",
                          float(sum(allocated_task_point(r, L, sigma)["loss"] for r in tasks)), tasks, L, sigma)
 
