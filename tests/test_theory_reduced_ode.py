@@ -157,6 +157,18 @@ def test_kernels_match_mpmath_quadrature(c, r):
     assert abs(wrong / float(pk) - 1) > 1e-3
 
 
+def test_log1p_forms_equal_the_kernels():
+    """exp of the log1p forms the expansion sums (ro._log_ratio) gives back block_factor and
+    pair_kernel / (r + s2) to rounding; a log form with a wrong factor does not."""
+    D, k = ro.derive_expansion(), ro._kernels()
+    cs, rs, s2 = np.array([-0.3, 0.01, 0.2, 0.45]), np.array([1.0, 3.0, 4.0, 10.0]), 0.25
+    bf = sp.lambdify((D.c, D.r), D.block_factor, "numpy")(cs, rs)
+    assert np.allclose(np.exp(k["log_block_factor"](cs, rs)), bf, rtol=1e-13, atol=0)
+    pair_back = (rs + s2) * np.exp(k["log_pair_ratio"](cs, rs, s2))
+    assert np.allclose(pair_back, k["pair_kernel"](cs, rs, s2), rtol=1e-13, atol=0)
+    assert not np.allclose(1.01 * pair_back, k["pair_kernel"](cs, rs, s2), rtol=1e-13, atol=0)
+
+
 # --- gradient, domain -------------------------------------------------------------------
 
 @given(seed=st.integers(0, 10_000), heads=st.integers(1, 3),

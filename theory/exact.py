@@ -637,7 +637,7 @@ def one_head_terms(omega_row, tasks, L, sigma=0.0):
     C_i = E (sum_l p_l y_l,i)^2 of one head with logit coefficients omega_row (module
     docstring, section 2), and their absolute error bounds."""
     tasks, L, sigma = _checked(tasks, L, sigma)
-    om = _check_omega_row(omega_row, len(tasks))
+    om = check_finite_array("omega_row", np.ravel(omega_row), shape=(len(tasks),))
     return _one_head_bc(om, tasks, L, sigma, grad=False)[:4]
 
 
@@ -660,15 +660,6 @@ def _one_head_bc(om, tasks, L, sigma, grad):
     dC = (np.diag(2.0 * om * X["EK"]) + 2.0 * (om ** 2)[:, None] * om[None, :] * X["dK"]
           + 2.0 * (r + sigma ** 2)[:, None] * (om * X["dP"])[None, :])
     return b, C, err_b, err_C, db, dC, X
-
-
-def _check_omega_row(omega_row, m: int) -> np.ndarray:
-    om = np.asarray(omega_row, dtype=float).reshape(-1)
-    if om.size != m:
-        raise ValueError(f"omega row must have one entry per task (m = {m}), got {om.size}")
-    if not np.all(np.isfinite(om)):
-        raise ValueError("omega contains NaN or infinite entries; pass finite values")
-    return om
 
 
 
@@ -871,29 +862,23 @@ def exact_fixed_point(tasks, L, sigma=0.0, omega_max=3.0, tol=1e-12) -> dict:
     on the analytic derivative).  The allocated model's loss is the sum over tasks (extra
     heads idle).  Returns {"omega_star", "mu_star", "loss_per_task", "loss", "error_estimate"}."""
     tasks, L, sigma = _checked(tasks, L, sigma)
-    out = {"tasks": list(tasks), "L": L, "sigma": sigma, "omega_star": [], "mu_star": [],
-           "loss_per_task": [], "error_estimate": 0.0}
-    cache: dict[int, tuple] = {}
-    for r in tasks:
-        if r not in cache:
-            grid = np.linspace(0.02, omega_max, 60)
-            vals = [_one_task_profile(float(w), r, L, sigma) for w in grid]
-            j = int(np.argmin([v[0] for v in vals]))
-            if j == 0 or j == grid.size - 1:
-                raise ValueError(f"the one-head loss of task r={r} at L={L} has no interior minimum in "
-                                 f"(0, {omega_max}] (minimum at the edge omega={grid[j]:.3g}); widen omega_max")
-            w_star = brentq(lambda w: _one_task_profile(w, r, L, sigma)[1], grid[j - 1], grid[j + 1], xtol=tol)
-            val, _, mu_star = _one_task_profile(w_star, r, L, sigma)
-            e = exact_loss([[w_star]], [[mu_star]], (r,), L, sigma)
-            cache[r] = (w_star, mu_star, val, e.error_estimate)
-        w_star, mu_star, val, e = cache[r]
-        out["omega_star"].append(float(w_star))
-        out["mu_star"].append(float(mu_star))
-        out["loss_per_task"].append(float(val))
-        out["error_estimate"] += e
-    out["loss"] = check_minimum("theory.exact.exact_fixed_point", float(sum(out["loss_per_task"])), tasks, L, sigma,
-                                out["error_estimate"])
-    return out
+    per_size = {}
+    for r in dict.fromkeys(tasks):
+        grid = np.linspace(0.02, omega_max, 60)
+        vals = [_one_task_profile(float(w), r, L, sigma) for w in grid]
+        j = int(np.argmin([v[0] for v in vals]))
+        if j == 0 or j == grid.size - 1:
+            raise ValueError(f"the one-head loss of task r={r} at L={L} has no interior minimum in "
+                             f"(0, {omega_max}] (minimum at the edge omega={grid[j]:.3g}); widen omega_max")
+        w_star = brentq(lambda w: _one_task_profile(w, r, L, sigma)[1], grid[j - 1], grid[j + 1], xtol=tol)
+        val, _, mu_star = _one_task_profile(w_star, r, L, sigma)
+        e = exact_loss([[w_star]], [[mu_star]], (r,), L, sigma)
+        per_size[r] = (float(w_star), float(mu_star), float(val), e.error_estimate)
+    omega_star, mu_star, loss = ([per_size[r][k] for r in tasks] for k in range(3))
+    error = sum(per_size[r][3] for r in tasks)
+    return {"tasks": list(tasks), "L": L, "sigma": sigma, "omega_star": omega_star, "mu_star": mu_star,
+            "loss_per_task": loss, "error_estimate": error,
+            "loss": check_minimum("theory.exact.exact_fixed_point", float(sum(loss)), tasks, L, sigma, error)}
 
 
 def served_optimum(omega_row, task: int, tasks, L: int, sigma: float = 0.0, start: float = 1.0,
@@ -915,9 +900,7 @@ def served_optimum(omega_row, task: int, tasks, L: int, sigma: float = 0.0, star
     is exact_fixed_point's (omega*_i, mu*_i) again.  Searched in [start/3, 3 start] (bounded
     Brent), where ``start`` is a guess of omega_i (e.g. exact_fixed_point's)."""
     tasks, sigma = check_tasks(tasks), check_sigma(sigma)
-    row = np.asarray(omega_row, dtype=float).reshape(-1).copy()
-    if row.size != len(tasks):
-        raise ValueError(f"omega_row must have one entry per task ({len(tasks)}), got {row.size}")
+    row = check_finite_array("omega_row", np.ravel(omega_row), shape=(len(tasks),)).copy()
     if not 0 <= task < len(tasks):
         raise ValueError(f"task must be an index in 0..{len(tasks) - 1}, got {task}")
     if not start > 0:
