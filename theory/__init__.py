@@ -3,7 +3,7 @@
 Nothing here imports torch or anything from ``numerics``; the numerics are held against
 what this package predicts.  Modules, one per claim:
 
-- ``block_structure``  claim 1: symmetry group, commutant (= decomposable set D)
+- ``block_structure``  claim 1: the finite symmetry group whose fixed set is D, the off-D parts
 - ``reduced_ode``      claim 2: the coordinates (omega, mu) of D and the projection P_D, metric
                        factors, large-L expansion of the reduced loss and where it holds, flows
 - ``three_phases``     claim 3: phase definition on any loss curve, predicted phase times
