@@ -11,7 +11,8 @@ what this package predicts.  Modules, one per claim:
                        expansion stops at the allocated point (gap ladder)
 - ``limiting_error``   claims 5-6: F, L*loss limits for multi/single head, gain
 - ``optimality``       claim 7: best decomposable attention over signed (omega, mu)
-- ``initialisation``   which heads win from a given start
+- ``initialisation``   the initialisation boundary: off-D residual split, unbalanced metric,
+                       warm-up norm bound, start sets and their ODE winners
 - ``saddle``           the saddle: off-task slope, growth rate, escape time
 - ``exact``            the exact finite-L loss of the decomposable model by quadrature (one
                        head, allocated heads, two heads sharing a task), its gradient, flow,
