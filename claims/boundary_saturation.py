@@ -18,7 +18,7 @@ from claims.core import (Z_SE, ClaimSpec, Comparison, Figure, Outcome, Series, f
 from numerics.engine import need
 from numerics.experiments import probes  # noqa: F401 -- registers the kinds this claim asks for
 from theory import reduced_ode
-from theory.expansion_gap import validity_edge
+from theory.reduced_ode import validity_edge
 
 @dataclass(frozen=True)
 class SaturationProfile:

@@ -18,7 +18,7 @@ from claims.core import (Z_SE, ClaimSpec, Comparison, Figure, Outcome, Series, T
                          finding, headline_row, perturbation, term, theory_need)
 from numerics.engine import need
 from numerics.experiments import probes  # noqa: F401 -- registers the kinds this claim asks for
-from theory.expansion_gap import local_exponent
+from theory.task_allocation import local_exponent
 
 @dataclass(frozen=True)
 class SmallLProfile:
@@ -60,7 +60,7 @@ def trend_error(steps: list[float], se: float, direction: float) -> float:
 
 
 def ladder_need(r: int, Ls, sigma: float):
-    """theory.expansion_gap.gap_ladder of one block r at the context lengths ``Ls``."""
+    """theory.task_allocation.gap_ladder of one block r at the context lengths ``Ls``."""
     return theory_need("gap_ladder", int(r), tuple(int(L) for L in Ls), float(sigma))
 
 
@@ -80,7 +80,7 @@ def monte_carlo_need(r: int, Ls, sigma: float, mc_elements: int, device="cpu"):
 
 def check_expansion_coefficient(r: int, sigma: float, rows: list[dict]) -> Comparison:
     """Does the expansion carry the exact loss's O(1/L) coefficient?  Measured: the local
-    exponents of the gap along the L ladder ``rows`` (theory.expansion_gap.gap_ladder at
+    exponents of the gap along the L ladder ``rows`` (theory.task_allocation.gap_ladder at
     increasing L, :func:`coefficient_need`; theory.exact: deterministic, error ~1e-11).
 
     Domain (theory's own remainder analysis, ``expansion_reliable``): 6 omega*^2 < 1 at the

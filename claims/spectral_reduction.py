@@ -202,7 +202,7 @@ def expansion_domain(cfg, Ls, tcfg) -> dict:
 
 EXACT_GAP_MAX_HEADS = 1
 """Theory's predicted gap of (c) needs theory.exact's flow: one head at any L (seconds); with two
-heads every mid-flow point needs the pair moments (theory.exact_pairs: minutes per point, (3, 3),
+heads every mid-flow point needs the pair moments (theory.exact.cross_moments: minutes per point, (3, 3),
 H = 2, L = 8 ran > 300 s), so above one head (c) falls back to the one-sided trend check."""
 
 

@@ -246,7 +246,7 @@ def _served_comparison(cfg, meas, pred, tag, common) -> Comparison:
                      term("the per-record spread of the SGD iterates", served("spread"))),
                     "the finite step and batch may displace the cloud's centre by its width.  Prediction: "
                     "theory.exact.exact_fixed_point (exact to ~1e-12) moved by theory's shift of the served optimum by "
-                    "the off-task omega the run still holds at t_end (theory.served_optimum at the measured row minus "
+                    "the off-task omega the run still holds at t_end (theory.exact.served_optimum at the measured row minus "
                     "at zeros)")
     return _comparison(
         "allocated fixed point (omega*_i..., mu*_i...)", tag, served("end"), fp(omega_star, mu_star), tol.value,

@@ -780,7 +780,7 @@ def _balance(model: MultiHeadAttention, omega: np.ndarray, mu: np.ndarray) -> di
 
 def readout_spread(W: np.ndarray, U: np.ndarray, cfg: ProblemConfig) -> dict:
     """The ``spread`` of :class:`Measurement` from merged weights W (H, D, D), U (H, m, D)."""
-    from theory.block_structure import project_decomposable
+    from theory.reduced_ode import project_decomposable
 
     Phi, d = cfg.basis_numpy(), cfg.d
     W_D, U_D = project_decomposable(W, U, cfg.tasks, Phi)

@@ -58,8 +58,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from theory.block_structure import decomposable_residual, semi_singular_values, symmetry_group
-from theory.reduced_ode import default_init
+from theory.block_structure import symmetry_group
+from theory.reduced_ode import decomposable_residual, default_init, semi_singular_values
 from theory.reduced_ode import metric_factors as theory_metric_factors
 
 from .config import ProblemConfig, Prompts
@@ -408,7 +408,7 @@ class MultiHeadAttention(torch.nn.Module):
 def readout(cfg: ProblemConfig, W: torch.Tensor, U: torch.Tensor) -> Readout:
     """The readout of merged weights W (H, d+m, d+m), U (H, m, d+m): omega[h,i] =
     tr(Phi_i^T W_XX Phi_i)/r_i, mu[h,i] = (U_Y)_ii and the residual ||(W,U) - P_D(W,U)||_F /
-    ||(W,U)||_F (``theory.block_structure.semi_singular_values`` and ``decomposable_residual``,
+    ||(W,U)||_F (``theory.reduced_ode.semi_singular_values`` and ``decomposable_residual``,
     the one definition of both); TrainingDiverged for weights that are no longer finite."""
     W, U = (t.detach().to("cpu", torch.float64).numpy() for t in (W, U))
     if not (np.all(np.isfinite(W)) and np.all(np.isfinite(U))):

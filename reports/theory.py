@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "formulas":
-        from theory.formulas import all_formulas
+        from theory import all_formulas
 
         print("\n\n".join(f"[{k}]\n{v}" for k, v in all_formulas().items()))
         return 0

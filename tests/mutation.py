@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 import numerics.model
-import theory.block_structure
 import theory.reduced_ode
 from numerics.experiments import clear_cache
 
@@ -62,7 +61,7 @@ def broken_projection(W, U, tasks, basis):
 def apply_mutant(monkeypatch, name: str) -> None:
     """Apply the named mutant of theory/ or numerics/ (shared by claims 1 and 2)."""
     if name == "P_D broken":
-        patch_everywhere(monkeypatch, theory.block_structure.project_decomposable, broken_projection)
+        patch_everywhere(monkeypatch, theory.reduced_ode.project_decomposable, broken_projection)
     elif name == "metric factors swapped":
         orig = theory.reduced_ode.metric_factors
 

@@ -14,7 +14,7 @@ from hypothesis import given, strategies as st
 from numerics.config import ProblemConfig
 from numerics.config import make_generator, sample_prompts
 from numerics.model import MultiHeadAttention, TrainingDiverged, initial_semi_singular_values, mse_loss
-from theory.block_structure import decomposable_weights
+from theory.reduced_ode import decomposable_weights
 
 F = torch.nn.functional
 

@@ -243,11 +243,9 @@ def test_groups_are_continuous(omega, tasks):
     assert abs(a.loss - b.loss) <= 1e-12 * a.loss + a.error_estimate + b.error_estimate
 
 
-def test_cross_moments_are_assembled_from_exact_pairs(monkeypatch):
+def test_cross_moments_are_assembled_into_the_loss(monkeypatch):
     """Two heads on one task: the loss adds 2 mu_h mu_k C_hk,i from
-    theory.exact_pairs.cross_moments (a stand-in module here, returning a known value)."""
-    import types
-
+    theory.exact.cross_moments (a stand-in here, returning a known value)."""
     import theory.exact as X
 
     calls = []
@@ -256,7 +254,7 @@ def test_cross_moments_are_assembled_from_exact_pairs(monkeypatch):
         calls.append((tuple(om_h), tuple(om_k)))
         return np.array([0.123, 0.456]), np.array([1e-12, 1e-12])
 
-    monkeypatch.setattr(X, "_pairs_module", lambda: types.SimpleNamespace(cross_moments=cross_moments))
+    monkeypatch.setattr(X, "cross_moments", cross_moments)
     omega, mu = np.array([[0.3, 0.0], [0.1, 0.2]]), np.array([[1.0, 0.0], [0.5, 2.0]])
     res = X.exact_loss(omega, mu, (3, 2), 64, 0.2)
     b0, C0, _, _ = one_head_terms(omega[0], (3, 2), 64, 0.2)
@@ -268,7 +266,7 @@ def test_cross_moments_are_assembled_from_exact_pairs(monkeypatch):
 
 
 class _StandInPairs:
-    """A stand-in for theory.exact_pairs with a known smooth 'cross moment'
+    """A stand-in for theory.exact's cross moments with a known smooth 'cross moment'
     C_hk,i = (1 + i) (0.1 + sum_j om_h[j] om_k[j]^2 + om_k[j] om_h[j]^2), symmetric in (h, k),
     and its exact gradient: it checks how exact_loss / exact_gradient assemble cross terms."""
 
@@ -296,7 +294,9 @@ class _StandInPairs:
 def test_pair_gradient_assembly_matches_finite_differences(monkeypatch):
     import theory.exact as X
 
-    monkeypatch.setattr(X, "_pairs_module", lambda: _StandInPairs())
+    stand_in = _StandInPairs()
+    for name in ("cross_moment", "cross_moments", "cross_moments_and_gradient"):
+        monkeypatch.setattr(X, name, getattr(stand_in, name))
     # distinct rows (a stand-in's C_hk(w, w) is not the one-head C_hh(w), so rows that
     # split under a finite difference would compare different functions)
     omega = np.array([[0.3, 0.1], [0.2, -0.25], [-0.1, 0.4]])
@@ -334,7 +334,7 @@ def test_gradient_of_identical_heads_along_their_common_direction():
 
 
 def test_two_heads_on_one_task_go_through_the_cross_moments():
-    # theory.exact_pairs is present: a point with two heads on one task is computed, not refused
+    # the cross moments are present: a point with two heads on one task is computed, not refused
     two = exact_loss([[0.3], [0.1]], [[1.0], [1.0]], (3,), 64)
     assert two.case == "pairs" and np.isfinite(two.loss) and two.error_estimate < 1e-6
     # two heads a hair apart act as one head with the summed mu (the merged value)
@@ -473,7 +473,7 @@ def test_factored_flow_returns_to_the_allocated_fixed_point():
 
 def test_merged_flow_of_one_head_descends():
     # (the merged flow of several heads leaves the allocated set and goes through the cross
-    # moments of theory.exact_pairs: it runs, but costs minutes -- not a default test)
+    # moments of theory.exact: it runs, but costs minutes -- not a default test)
     traj = exact_flow([[0.2, 0.1]], [[0.5, 0.3]], (3, 2), 64, param="merged", t_end=5.0,
                       t_eval=np.linspace(0, 5, 6))
     assert traj.status == "t_end" and np.all(np.diff(traj.loss) <= 1e-12)

@@ -1,4 +1,4 @@
-"""theory.exact_pairs: the cross moment C_{hk,i} of two softmax heads at finite L.
+"""theory.exact (section 7): the cross moment C_{hk,i} of two softmax heads at finite L.
 
 Checks, each against something computed independently of the Gumbel-max quadrature:
 - a numpy Monte Carlo over prompts (g and the label noise integrated out analytically, so each
@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy.special import gammaln, roots_genlaguerre
 
-from theory.exact_pairs import (_moments_with_rule, cross_moment, cross_moments,
+from theory.exact import (_moments_with_rule, cross_moment, cross_moments,
                                 cross_moments_and_gradient)
 
 # ---------------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 against mpmath quadrature of the same Gaussian expectations; the metric factors against the
 model's parametrisation.  The expansion against the exact finite-L loss (which needs the
 numerics' estimator) is in tests/test_numerics_exact_reduced.py."""
+from functools import lru_cache
+
 import mpmath as mp
 import numpy as np
 import pytest
@@ -12,6 +14,84 @@ from theory import reduced_ode as ro
 
 
 # --- symbolic derivation -------------------------------------------------------------
+
+# The kernel formula the code uses against the step-by-step derivation (two heads, two blocks).
+
+@lru_cache(maxsize=None)
+def _averaged_two_head_mse():
+    """E_q E_g of the O(1/L) conditional MSE of two heads (h, k) on task i, other block j."""
+    D = ro.derive_expansion()
+    T = ro._token_model()
+    mean, bias, cov = ro._conditional_moments()
+    t, heads = T["t"], T["heads"]
+    mu = {h: sp.Symbol(f"mu_{h}", real=True) for h in heads}
+    L = sp.Symbol("L", positive=True)
+    pred = sum(mu[h] * mean[h] for h in heads)
+    mse = ((pred - t) ** 2 + 2 / L * (pred - t) * sum(mu[h] * bias[h] for h in heads)
+           + 1 / L * sum(mu[h] * mu[k] * cov[(h, k)] for h in heads for k in heads))
+    return D.steps["E_q"](D.steps["E_g"](mse)), mu, L
+
+
+def expansion_assembly_difference(variant=None) -> sp.Expr:
+    """The averaged MSE of two heads on a task with one other block, derived step by step
+    (delta method, E_g, E_q), minus the kernel formula assembled from
+    theory.reduced_ode.derive_expansion's kernels.  Returns the simplified difference (0 when the
+    formula the code uses is the derived one).  ``variant``, for tests, replaces a piece of
+    the formula by a wrong one ("bias_sign", "pair_no_tilt", "other_block_missing").
+    Unsimplified; see :func:`check_expansion_assembly`."""
+    D = ro.derive_expansion()
+    T = ro._token_model()
+    om, s2 = T["omega"], T["s2"]
+    derived, mu, L = _averaged_two_head_mse()
+    r_i, r_j = sp.symbols("r_i r_j", positive=True)
+    heads = T["heads"]
+    B = sum(mu[h] * om[(h, "i")] for h in heads)
+
+    def bf(cc, rr):
+        return D.block_factor.subs({D.c: cc, D.r: rr})
+
+    def bk(ww, rr):
+        return D.bias_kernel.subs({D.w: ww, D.r: rr})
+
+    def pk(cc, rr):
+        return D.pair_kernel.subs({D.c: cc, D.r: rr, D.s2: s2})
+
+    sign = -1 if variant == "bias_sign" else 1
+    assembled = r_i * (1 - B) ** 2
+    assembled += sign * 2 / L * (1 - B) * sum(
+        mu[h] * om[(h, "i")] * bk(om[(h, "i")] ** 2, r_i) * bf(om[(h, "j")] ** 2, r_j) for h in heads)
+    for h in heads:
+        for k in heads:
+            c_i = om[(h, "i")] * om[(k, "i")]
+            own = pk(c_i, r_i) if variant != "pair_no_tilt" else (r_i + s2) * bf(c_i, r_i)
+            other = bf(om[(h, "j")] * om[(k, "j")], r_j) if variant != "other_block_missing" else 1
+            assembled += 1 / L * mu[h] * mu[k] * own * other
+    return derived - assembled
+
+
+def check_expansion_assembly(variant=None, seed=0) -> bool:
+    """True iff the kernel formula equals the step-by-step derivation for two heads and
+    two blocks.  A nonzero value at a random rational point inside the domain proves a
+    difference (fast); otherwise the difference is simplified to exactly 0 (proof)."""
+    diff = expansion_assembly_difference(variant)
+    rng = np.random.default_rng(seed)
+    for _ in range(3):
+        point = {}
+        for sym in diff.free_symbols:
+            name = sym.name
+            if name.startswith("omega"):
+                val = sp.Rational(int(rng.integers(-40, 40)), 100)      # |omega| < 1/sqrt(2)
+            elif name.startswith("r_"):
+                val = sp.Integer(int(rng.integers(1, 6)))
+            elif name == "L":
+                val = sp.Integer(int(rng.integers(10, 1000)))
+            else:
+                val = sp.Rational(int(rng.integers(-200, 200)), 100)
+            point[sym] = val
+        if abs(sp.N(diff.subs(point), 30)) > 1e-20:
+            return False
+    return sp.simplify(sp.expand(diff)) == 0
+
 
 def test_derivation_steps_are_the_delta_method_results():
     D = ro.derive_expansion()
@@ -24,9 +104,9 @@ def test_derivation_steps_are_the_delta_method_results():
 
 
 def test_kernel_formula_equals_the_derivation_and_wrong_variants_fail():
-    assert ro.check_expansion_assembly(None)
+    assert check_expansion_assembly(None)
     for variant in ("bias_sign", "pair_no_tilt", "other_block_missing"):
-        assert not ro.check_expansion_assembly(variant), variant
+        assert not check_expansion_assembly(variant), variant
 
 
 def _quad_1d(f):
@@ -77,6 +157,18 @@ def test_kernels_match_mpmath_quadrature(c, r):
     assert abs(wrong / float(pk) - 1) > 1e-3
 
 
+def test_log1p_forms_equal_the_kernels():
+    """exp of the log1p forms the expansion sums (ro._log_ratio) gives back block_factor and
+    pair_kernel / (r + s2) to rounding; a log form with a wrong factor does not."""
+    D, k = ro.derive_expansion(), ro._kernels()
+    cs, rs, s2 = np.array([-0.3, 0.01, 0.2, 0.45]), np.array([1.0, 3.0, 4.0, 10.0]), 0.25
+    bf = sp.lambdify((D.c, D.r), D.block_factor, "numpy")(cs, rs)
+    assert np.allclose(np.exp(k["log_block_factor"](cs, rs)), bf, rtol=1e-13, atol=0)
+    pair_back = (rs + s2) * np.exp(k["log_pair_ratio"](cs, rs, s2))
+    assert np.allclose(pair_back, k["pair_kernel"](cs, rs, s2), rtol=1e-13, atol=0)
+    assert not np.allclose(1.01 * pair_back, k["pair_kernel"](cs, rs, s2), rtol=1e-13, atol=0)
+
+
 # --- gradient, domain -------------------------------------------------------------------
 
 @given(seed=st.integers(0, 10_000), heads=st.integers(1, 3),
@@ -119,14 +211,32 @@ def test_domain_and_bad_input():
 
 # --- metric factors ---------------------------------------------------------------------
 
+def check_metric_factors(candidate=None, block_sizes=(1, 2, 3)) -> bool:
+    """True iff the general formula (or ``candidate`` = {"merged": (f_omega, f_mu),
+    "factored": (f_omega, f_mu)} as sympy expressions in omega, mu, s, r) matches the
+    derivation for every block size -- used to show a wrong metric factor is rejected."""
+    D = ro.derive_metric_factors(tuple(block_sizes))
+    cand = candidate if candidate is not None else D["general"]
+    r_sym = D["symbols"]["r"]
+    for r in block_sizes:
+        for param in ("merged", "factored"):
+            f_om = sp.sympify(cand[param][0]).subs(r_sym, r)
+            if sp.simplify(f_om - D["omega"][r][param]) != 0:
+                return False
+    for param in ("merged", "factored"):
+        if sp.simplify(sp.sympify(cand[param][1]) - D["mu"][param]) != 0:
+            return False
+    return True
+
+
 def test_metric_factors_derived_from_the_parametrisation():
     D = ro.derive_metric_factors()
     o, m, s, r = (D["symbols"][k] for k in ("omega", "mu", "s", "r"))
-    assert ro.check_metric_factors()
+    assert check_metric_factors()
     # wrong variants are rejected: no 1/r, no logit scale, no factor 2 on mu
-    assert not ro.check_metric_factors({"merged": (1, 1), "factored": (2 * o / (s * r), 2 * m)})
-    assert not ro.check_metric_factors({"merged": (1 / r, 1), "factored": (2 * o / r, 2 * m)})
-    assert not ro.check_metric_factors({"merged": (1 / r, 1), "factored": (2 * o / (s * r), m)})
+    assert not check_metric_factors({"merged": (1, 1), "factored": (2 * o / (s * r), 2 * m)})
+    assert not check_metric_factors({"merged": (1 / r, 1), "factored": (2 * o / r, 2 * m)})
+    assert not check_metric_factors({"merged": (1 / r, 1), "factored": (2 * o / (s * r), m)})
     # the numpy factors agree with the derived ones
     f_om, f_mu = ro.metric_factors("factored", [[0.3, -0.2]], [[1.5, -0.5]], (2, 3), logit_scale=2.0)
     assert np.allclose(f_om, [[2 * 0.3 / (2 * 2), 2 * 0.2 / (2 * 3)]]) and np.allclose(f_mu, [[3.0, 1.0]])

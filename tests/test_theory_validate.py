@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from theory import _validate as v
-from theory import exact, limiting_error, linear_attention, optimality, reduced_ode, saddle, task_allocation
+from theory import exact, limiting_error, optimality, reduced_ode, saddle, task_allocation
 
 
 def test_in_range_names_function_value_and_reason():
@@ -36,17 +36,17 @@ def test_minimum_against_linear_attention():
     refused, at the edge of that slack it passes; below the domain only the sign counts; a
     limit below linear_attention_limit is refused."""
     tasks, L = (3, 3), 1000.0
-    lin, slack = linear_attention.linear_attention_loss(tasks, L), 4 / L
-    assert linear_attention.check_minimum("f", lin * (1 - slack), tasks, L) == lin * (1 - slack)
+    lin, slack = v.linear_attention_loss(tasks, L), 4 / L
+    assert v.check_minimum("f", lin * (1 - slack), tasks, L) == lin * (1 - slack)
     with pytest.raises(ValueError, match="f: minimum = .* linear attention"):
-        linear_attention.check_minimum("f", lin * (1 - 1.01 * slack), tasks, L)
-    assert not linear_attention.large_L(tasks, 20.0) and linear_attention.check_minimum("f", 1e-6, tasks, 20.0) == 1e-6
+        v.check_minimum("f", lin * (1 - 1.01 * slack), tasks, L)
+    assert not v.large_L(tasks, 20.0) and v.check_minimum("f", 1e-6, tasks, 20.0) == 1e-6
     with pytest.raises(ValueError, match="loss = -0.001"):
-        linear_attention.check_minimum("f", -1e-3, tasks, 20.0)
-    limit = linear_attention.linear_attention_limit(tasks)
-    assert linear_attention.check_minimum("f", limit, tasks) == limit
+        v.check_minimum("f", -1e-3, tasks, 20.0)
+    limit = v.linear_attention_limit(tasks)
+    assert v.check_minimum("f", limit, tasks) == limit
     with pytest.raises(ValueError, match="L \\* loss"):
-        linear_attention.check_minimum("f", 0.99 * limit, tasks)
+        v.check_minimum("f", 0.99 * limit, tasks)
 
 
 def test_negative_expansion_is_refused(monkeypatch):
@@ -95,7 +95,7 @@ def test_search_refuses_a_minimum_below_linear_attention(monkeypatch):
     """The search's own result against the bound: with linear attention's loss doubled the
     best decomposable loss found (the linear-attention limit of the expansion) lies below it,
     and best_decomposable_attention refuses to return it."""
-    monkeypatch.setattr(linear_attention, "linear_attention_loss", lambda *a, **k: 2.0 * 0.0588)
+    monkeypatch.setattr(v, "linear_attention_loss", lambda *a, **k: 2.0 * 0.0588)
     with pytest.raises(ValueError, match="theory.optimality.best_decomposable_attention: minimum"):
         optimality.best_decomposable_attention((2,), 2, 100.0, starts=2)
 

@@ -59,7 +59,7 @@ import math
 
 import numpy as np
 
-from ._validate import check_L, check_omega_mu, check_sigma, check_tasks
+from ._validate import check_L, check_omega_mu, check_positive, check_sigma, check_tasks
 from .block_structure import off_decomposable_parts
 from .reduced_ode import default_init, expansion_valid
 from .task_allocation import predicted_winners, served_products
@@ -87,20 +87,15 @@ def unbalanced_metric_factors(omega, mu, c_omega, c_mu, tasks, logit_scale=1.0) 
     tasks = check_tasks(tasks)
     omega, mu = check_omega_mu(omega, mu, tasks)
     c_omega, c_mu = check_omega_mu(c_omega, c_mu, tasks)
-    s = float(logit_scale)
-    if not math.isfinite(s) or s <= 0:
-        raise ValueError(f"logit_scale s must be positive and finite, got {logit_scale}")
+    s = check_positive("logit_scale s", logit_scale)
     r = np.asarray(tasks, float)
     return np.sqrt(c_omega ** 2 + 4.0 * s ** 2 * omega ** 2) / (s ** 2 * r), np.sqrt(c_mu ** 2 + 4.0 * mu ** 2)
 
 
 def warmup_quartic_constant(tasks, heads, L, sigma=0.0, logit_scale=1.0) -> float:
     """c4 of the module docstring (item 3): |l(theta)| <= c4 |theta|^4 at small factored weights."""
-    tasks = check_tasks(tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
-    s = float(logit_scale)
-    if not math.isfinite(s) or s <= 0:
-        raise ValueError(f"logit_scale s must be positive and finite, got {logit_scale}")
+    tasks, L, sigma = check_tasks(tasks), check_L(L), check_sigma(sigma)
+    s = check_positive("logit_scale s", logit_scale)
     if int(heads) < 1:
         raise ValueError(f"heads must be >= 1, got {heads}")
     r_max = max(tasks)

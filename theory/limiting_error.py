@@ -20,9 +20,9 @@ from functools import lru_cache
 import mpmath as mp
 import numpy as np
 import sympy as sp
+from scipy.optimize import minimize
 
-from ._validate import check_L, check_loss, check_sigma, check_tasks, in_range
-from .linear_attention import check_minimum
+from ._validate import check_L, check_loss, check_minimum, check_sigma, check_tasks, in_range
 from .reduced_ode import _profile, derive_expansion, expansion_gradient, expansion_reliable, expansion_valid
 
 
@@ -58,15 +58,9 @@ def _single_fns(module):
 
 
 @lru_cache(maxsize=None)
-def _F_numpy():
+def _F_fn(module):
     e = limit_expressions()
-    return sp.lambdify((e["w"], e["r"], e["D"], e["s2"]), e["F"], "numpy")
-
-
-@lru_cache(maxsize=None)
-def _F_mpmath():
-    e = limit_expressions()
-    return sp.lambdify((e["w"], e["r"], e["D"], e["s2"]), e["F"], "mpmath")
+    return sp.lambdify((e["w"], e["r"], e["D"], e["s2"]), e["F"], module)
 
 
 def F(w, r, D, sigma=0.0):
@@ -74,7 +68,7 @@ def F(w, r, D, sigma=0.0):
     (+inf outside), elementwise on arrays."""
     w = np.asarray(w, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        val = _F_numpy()(w, float(r), float(D), float(sigma) ** 2)
+        val = _F_fn("numpy")(w, float(r), float(D), float(sigma) ** 2)
     return check_loss("theory.limiting_error.F", np.where((w > 0) & (w < 0.5), val, np.inf), infinite_ok=True)
 
 
@@ -91,7 +85,7 @@ def minimise_F(r, D, sigma=0.0, dps=30):
         # dlogF < 0 near 0 and > 0 near 1/2: bisection-type solver on a bracket
         lo, hi = mp.mpf("1e-12"), mp.mpf("0.5") - mp.mpf("1e-12")
         w_star = mp.findroot(f, (lo, hi), solver="anderson")
-        val = _F_mpmath()(w_star, mp.mpf(r), mp.mpf(D), mp.mpf(sigma) ** 2)
+        val = _F_fn("mpmath")(w_star, mp.mpf(r), mp.mpf(D), mp.mpf(sigma) ** 2)
     low = r + D * (r + sigma ** 2)
     return float(w_star), in_range("theory.limiting_error.minimise_F", "min F", float(val), low * (1 - 1e-12),
                                    why=f"F(w) = nonnegative power series / w > r + D (r + sigma^2) = {low:.6g}")
@@ -100,16 +94,14 @@ def minimise_F(r, D, sigma=0.0, dps=30):
 def limit_multi(tasks, sigma=0.0) -> float:
     """lim_{L->inf} L * L* of the allocated multi-head limit (one head per task), summed
     over tasks: sum_i min_w F(w; r_i, r_i, sigma)."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     return check_minimum("theory.limiting_error.limit_multi", float(sum(minimise_F(r, r, sigma)[1] for r in tasks)),
                          tasks, None, sigma)
 
 
 def limit_multi_per_task(tasks, sigma=0.0) -> list[dict]:
     """Per task: {"r", "w_star", "omega_star" = sqrt(w*), "mu_star" = 1/omega*, "limit"}."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     out = []
     for r in tasks:
         w, val = minimise_F(r, r, sigma)
@@ -136,10 +128,7 @@ def minimise_single(tasks, sigma=0.0, dps=30):
     Solved by mpmath findroot on grad log G = 0,
         d log G / d w_k = d log block_factor(w_k, r_k)/d w_k + term_k'(w_k) / sum_i term_i,
     started from the scipy (BFGS) optimum in the variables u = logit(2w)."""
-    from scipy.optimize import minimize
-
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     r = np.asarray(tasks, dtype=float)
     d = float(r.sum())
 
@@ -206,19 +195,12 @@ def gain_limit_symbolic():
             "x_single": x_single, "multi_min": multi_min, "single_min": single_min, "gain_limit": ratio}
 
 
-def gain_limit(m) -> float:
-    """lim_{r->inf} gain for m equal blocks: m (from :func:`gain_limit_symbolic`)."""
-    expr = gain_limit_symbolic()["gain_limit"]
-    return float(expr.subs(sp.Symbol("m", positive=True), m))
 
 def single_head_at_L(tasks, L, sigma=0.0) -> dict:
     """The best one-head model of the expansion at finite L: minimise over omega in R^m
     (mu profiled out exactly, ``reduced_ode.profile_mu``), started from the L -> inf
     optimum omega_i = sqrt(w_i*).  Returns omega, mu (m,), loss, valid, reliable."""
-    from scipy.optimize import minimize
-
-    tasks = check_tasks(tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, L, sigma = check_tasks(tasks), check_L(L), check_sigma(sigma)
     w_inf, _ = minimise_single(tasks, sigma)
     bound = float(np.sqrt(0.5 * (1 - 1e-6)))
 

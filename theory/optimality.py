@@ -45,14 +45,15 @@ the expansion plus a Tikhonov term RIDGE (r_i + sigma^2)/L |mu_i|^2 (:data:`RIDG
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import minimize
 
-from ._validate import check_L, check_positive_int, check_sigma, check_tasks, in_range
+from ._validate import (check_L, check_minimum, check_positive_int, check_sigma, check_tasks, in_range, large_L,
+                        linear_attention_limit, linear_attention_loss)
 from . import exact
 from .limiting_error import limit_multi
-from .linear_attention import check_minimum, large_L, linear_attention_limit, linear_attention_loss
 from .reduced_ode import OMEGA_RELIABLE, _profile, expansion_gradient, expansion_loss
 from .task_allocation import allocated_fixed_point, allocated_loss_at_L, allocated_point
 
@@ -88,12 +89,6 @@ class BestAttention:
         like limit, approached but not attained; the ridge stopped it, :data:`SMALL_OMEGA`)."""
         return bool(np.max(np.abs(self.omega)) < SMALL_OMEGA)
 
-    def to_dict(self):
-        d = asdict(self)
-        d["omega"] = self.omega.tolist()
-        d["mu"] = self.mu.tolist()
-        return d
-
 
 def _search_starts(tasks, heads, L, sigma, starts, seed, omega_max) -> list[np.ndarray]:
     """The allocated point (if heads >= m), a signed superposition (head h positive on task
@@ -121,11 +116,7 @@ def best_decomposable_attention(tasks, heads, L, sigma=0.0, starts=8, seed=0,
     of global optimality): its loss is the expansion at the returned (omega, mu), in the stable
     form, within ~sqrt(RIDGE) (relative) above the infimum of the run it is on, and the same on
     every machine to :func:`search_rtol`.  Refuses a loss that cannot be (check_minimum)."""
-    from scipy.optimize import minimize
-
-    tasks = check_tasks(tasks)
-    heads = check_positive_int("heads", heads)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, heads, L, sigma = check_tasks(tasks), check_positive_int("heads", heads), check_L(L), check_sigma(sigma)
     m = len(tasks)
     weight = RIDGE * (np.asarray(tasks, float) + sigma ** 2) / L       # per task
 
@@ -166,9 +157,7 @@ def optimality_ratio(tasks, heads, L, sigma=0.0, starts=8, seed=0) -> dict:
     ratio_limit = limit_multi / linear_attention_limit  (L -> inf; -> e as r grows).
     Claim 7 says the ratio is bounded by a constant; a ratio > 1 means the flow's limit is
     not the best model (see docs/model.md: the superposition beats allocation)."""
-    tasks = check_tasks(tasks)
-    heads = check_positive_int("heads", heads)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, heads, L, sigma = check_tasks(tasks), check_positive_int("heads", heads), check_L(L), check_sigma(sigma)
     if heads < len(tasks):
         raise ValueError(f"the allocated limit needs at least one head per task: heads={heads} < "
                          f"m={len(tasks)} tasks")
@@ -197,8 +186,7 @@ def reaches_linear_attention(tasks, heads) -> bool:
     Omega, M the H x m matrices of omega and mu.  M^T Omega = c I has rank m, but a matrix whose
     columns sum to zero has rank <= H - 1, so H >= m + 1 is necessary; H = m + 1 suffices
     (head i: omega = eps e_i, mu = (c/eps) e_i for i <= m; head m+1: omega = 0, mu = -(c/eps) 1)."""
-    tasks = check_tasks(tasks)
-    heads = check_positive_int("heads", heads)
+    tasks, heads = check_tasks(tasks), check_positive_int("heads", heads)
     return heads >= len(tasks) + 1
 
 
@@ -208,8 +196,7 @@ def linear_attention_point(tasks, heads, eps=0.02, c=1.0) -> tuple[np.ndarray, n
     m + 1 idle); ``c`` a scalar or one value per task.  With c = :func:`linear_attention_scale`
     it is the optimally scaled centred linear attention.  Raises when heads < m + 1 (no such
     point exists)."""
-    tasks = check_tasks(tasks)
-    heads = check_positive_int("heads", heads)
+    tasks, heads = check_tasks(tasks), check_positive_int("heads", heads)
     m = len(tasks)
     if not reaches_linear_attention(tasks, heads):
         raise ValueError(f"linear attention on all {m} tasks needs heads >= m + 1 = {m + 1}, got heads={heads}")
@@ -225,8 +212,7 @@ def linear_attention_scale(tasks, L, sigma=0.0) -> np.ndarray:
     """Per task the c of :func:`linear_attention_point` that makes it optimal: the optimal
     a = 1/(n + r + 1 + sigma^2), n = L - 1, of :func:`linear_attention_loss`, times L
     (y_hat = (c/L) sum_l ...): c_i = L / (L + r_i + sigma^2)."""
-    tasks = check_tasks(tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, L, sigma = check_tasks(tasks), check_L(L), check_sigma(sigma)
     return np.array([L / (L + r + sigma ** 2) for r in tasks])
 
 
@@ -246,9 +232,7 @@ def constant_bracket(tasks, heads, L, sigma=0.0) -> dict:
     The upper edge (and the closed bracket) rests on "linear attention is the best softmax
     attention", docs/model.md's large-L account; a measured C above it would contradict that account.
     Returns {"low", "high", "allocated", "linear", "reaches_linear", "allocated_error"}."""
-    tasks = check_tasks(tasks)
-    heads = check_positive_int("heads", heads)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, heads, L, sigma = check_tasks(tasks), check_positive_int("heads", heads), check_L(L), check_sigma(sigma)
     alloc = exact.exact_fixed_point(tasks, L, sigma)
     linear = linear_attention_loss(tasks, L, sigma)
     ratio = in_range("theory.optimality.constant_bracket", "allocated / linear", alloc["loss"] / linear, 0.0,
@@ -282,9 +266,7 @@ def constant_domain(tasks, heads, L, sigma=0.0) -> dict:
     allocated point (H >= m heads; with fewer heads the flow's limit is a task partition, the
     boundary-fewer-heads claim).  Outside: a boundary finding (C recorded; checked only against
     the edge theory still gives there)."""
-    tasks = check_tasks(tasks)
-    heads = check_positive_int("heads", heads)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, heads, L, sigma = check_tasks(tasks), check_positive_int("heads", heads), check_L(L), check_sigma(sigma)
     large = large_L(tasks, L, sigma)
     enough = heads >= len(tasks)
     return {"inside": bool(large and enough), "L_large": bool(large), "heads_at_least_m": bool(enough),
@@ -298,8 +280,7 @@ def search_starts(tasks, heads, allocated_omega, n_random, seed) -> list[tuple[s
     point (``allocated_omega``, m x m, zeros lifted to 0.01; H >= m), the linear-attention
     construction at eps = 0.02 (H >= m + 1), a signed superposition (head h: 0.4 on task
     h mod m, -0.3 elsewhere) and ``n_random`` uniform signed points in [-0.6, 0.6] (``seed``)."""
-    tasks = check_tasks(tasks)
-    heads = check_positive_int("heads", heads)
+    tasks, heads = check_tasks(tasks), check_positive_int("heads", heads)
     m = len(tasks)
     rng = np.random.default_rng(seed)
     starts = []

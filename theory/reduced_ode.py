@@ -1,6 +1,9 @@
 """Claim 2: spectral reduction -- the flow of the semi-singular values (omega, mu).
 
-On the decomposable set D (see ``block_structure``) the model reduces to
+The decomposable set D (claim 1, ``block_structure``) has coordinates (omega, mu): a point of D is
+:func:`decomposable_weights`, and any weights read out as :func:`semi_singular_values`, the
+coordinates of their Frobenius-orthogonal projection :func:`project_decomposable` onto D.
+On D the model reduces to
 
     y_hat_i = sum_h mu[h,i] sum_l softmax_l( sum_j omega[h,j] <Phi_j^T x_l, Phi_j^T q> ) y_{l,i}
 
@@ -33,10 +36,115 @@ from functools import lru_cache
 
 import numpy as np
 import sympy as sp
+from scipy.integrate import solve_ivp
 
-from .trajectory import PARAMS, FlowTrajectory, factor_velocity, solve_flow
-from ._validate import check_L, check_loss, check_omega_mu, check_positive_int, check_sigma, check_tasks
-from .linear_attention import check_minimum
+from ._validate import (check_finite_array, check_L, check_loss, check_minimum, check_omega_mu, check_positive,
+                        check_positive_int, check_sigma, check_tasks)
+
+
+# ---------------------------------------------------------------------------------------
+# the coordinates (omega, mu) of D and the projection P_D onto it (numpy; what the numerics use)
+# ---------------------------------------------------------------------------------------
+
+def _check_basis(basis, d: int) -> np.ndarray:
+    Phi = check_finite_array("basis", basis)
+    if Phi.shape != (d, d):
+        raise ValueError(f"basis must be the d x d orthonormal matrix Phi with d = sum(tasks) = {d}, "
+                         f"got shape {Phi.shape}")
+    err = np.max(np.abs(Phi.T @ Phi - np.eye(d))) if d else 0.0
+    if err > 1e-8:
+        raise ValueError(f"basis must be orthonormal (Phi^T Phi = I); max |Phi^T Phi - I| = {err:.3g}. "
+                         "Orthonormalise it first (e.g. numpy.linalg.qr)")
+    return Phi
+
+
+def _block_columns(tasks: tuple[int, ...]) -> list[slice]:
+    edges = np.concatenate([[0], np.cumsum(tasks)])
+    return [slice(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def _check_weights(W, U, tasks):
+    d, m = sum(tasks), len(tasks)
+    W = check_finite_array("W", W)
+    U = check_finite_array("U", U)
+    if W.ndim == 2:  # one head given without the head axis
+        W = W[None]
+    if U.ndim == 2:
+        U = U[None]
+    if W.ndim != 3 or W.shape[1:] != (d + m, d + m):
+        raise ValueError(f"W must have shape (H, d+m, d+m) = (H, {d + m}, {d + m}) for tasks {tasks}, "
+                         f"got {W.shape}")
+    if U.ndim != 3 or U.shape[1:] != (m, d + m):
+        raise ValueError(f"U must have shape (H, m, d+m) = (H, {m}, {d + m}) for tasks {tasks}, got {U.shape}")
+    if W.shape[0] != U.shape[0]:
+        raise ValueError(f"W and U must have the same number of heads, got {W.shape[0]} and {U.shape[0]}")
+    if W.shape[0] < 1:
+        raise ValueError("W, U must have at least one head (H >= 1)")
+    return W, U
+
+
+def semi_singular_values(W, U, tasks, basis) -> tuple[np.ndarray, np.ndarray]:
+    """Readout of any weights: omega[h,i] = tr(Phi_i^T W_XX Phi_i) / r_i, mu[h,i] = (U_Y)_ii.
+
+    These are the coordinates of P_D(W, U) in D.  Arrays of shape (H, m)."""
+    tasks = check_tasks(tasks)
+    W, U = _check_weights(W, U, tasks)
+    d = sum(tasks)
+    Phi = _check_basis(basis, d)
+    H, m = W.shape[0], len(tasks)
+    omega = np.empty((H, m))
+    for i, cols in enumerate(_block_columns(tasks)):
+        P = Phi[:, cols]
+        # tr(P^T W_XX P) for every head at once
+        omega[:, i] = np.einsum("ai,hab,bi->h", P, W[:, :d, :d], P) / tasks[i]
+    mu = np.stack([np.diag(U[h, :, d:]) for h in range(H)])
+    return omega, mu
+
+
+def decomposable_weights(omega, mu, tasks, basis) -> tuple[np.ndarray, np.ndarray]:
+    """The point of D with semi-singular values (omega, mu): W (H, d+m, d+m), U (H, m, d+m)."""
+    tasks = check_tasks(tasks)
+    d, m = sum(tasks), len(tasks)
+    Phi = _check_basis(basis, d)
+    omega, mu = check_omega_mu(omega, mu, tasks)
+    H = omega.shape[0]
+    W = np.zeros((H, d + m, d + m))
+    U = np.zeros((H, m, d + m))
+    for i, cols in enumerate(_block_columns(tasks)):
+        P = Phi[:, cols]
+        W[:, :d, :d] += omega[:, i, None, None] * (P @ P.T)[None]
+    U[:, np.arange(m), d + np.arange(m)] = mu
+    return W, U
+
+
+def project_decomposable(W, U, tasks, basis) -> tuple[np.ndarray, np.ndarray]:
+    """Frobenius-orthogonal projection P_D onto the decomposable set D, head by head.
+
+    W (H, d+m, d+m), U (H, m, d+m), tasks = (r_1..r_m), basis = Phi (d x d, orthonormal,
+    columns grouped by task).  D is the linear span of {Phi_i Phi_i^T in the X-X block of W}
+    and {E_ii in the Y block of U}.  The matrices Phi_i Phi_i^T are mutually orthogonal with
+    squared Frobenius norm r_i, so the projection coefficient is
+        omega_i = <W_XX, Phi_i Phi_i^T>_F / r_i = tr(Phi_i^T W_XX Phi_i) / r_i,
+    W_XX <- sum_i omega_i Phi_i Phi_i^T, every other block of W <- 0; U_X <- 0,
+    U_Y <- diag(U_Y).  Returns new arrays (the inputs are not modified).
+
+    A single head may be passed without the head axis (W (d+m, d+m), U (m, d+m)); the
+    result then has the head axis.
+    """
+    tasks = check_tasks(tasks)
+    omega, mu = semi_singular_values(W, U, tasks, basis)
+    return decomposable_weights(omega, mu, tasks, basis)
+
+
+def decomposable_residual(W, U, tasks, basis) -> float:
+    """||(W, U) - P_D(W, U)||_F / ||(W, U)||_F (0 for the zero point)."""
+    W_D, U_D = project_decomposable(W, U, tasks, basis)
+    W = np.asarray(W, float).reshape(W_D.shape)
+    U = np.asarray(U, float).reshape(U_D.shape)
+    total = np.sqrt(np.sum(W ** 2) + np.sum(U ** 2))
+    if total == 0.0:
+        return 0.0
+    return float(np.sqrt(np.sum((W - W_D) ** 2) + np.sum((U - U_D) ** 2)) / total)
 
 
 # ---------------------------------------------------------------------------------------
@@ -209,9 +317,9 @@ def derive_expansion() -> ExpansionDerivation:
     3. Average over g given q (E_g from the MGF of (t, G), q_i rotated onto an axis) and
        over q (a_b = |q_b|^2 ~ chi^2_{r_b}: E a^p e^{k a} = d^p/dk^p (1 - 2k)^{-r/2}, the
        r-th power of the one-coordinate Gaussian integral).
-    The kernels are read off the averaged terms with the other block switched off, and the
-    result is checked (:func:`check_expansion_assembly`) to equal the kernel formula for two
-    heads and two blocks exactly (sympy simplify to 0)."""
+    The kernels are read off the averaged terms with the other block switched off; that the
+    kernel formula equals the step-by-step derivation for two heads and two blocks exactly
+    (sympy simplify to 0) is checked in tests/test_theory_reduced_ode.py."""
     T = _token_model()
     a_i, a_j, G, t, s2, om = T["a_i"], T["a_j"], T["G"], T["t"], T["s2"], T["omega"]
     mean, bias, cov = _conditional_moments()
@@ -245,82 +353,6 @@ def derive_expansion() -> ExpansionDerivation:
                                bias_kernel=bias_kernel, pair_kernel=pair_kernel, steps=steps)
 
 
-@lru_cache(maxsize=None)
-def _averaged_two_head_mse():
-    """E_q E_g of the O(1/L) conditional MSE of two heads (h, k) on task i, other block j."""
-    D = derive_expansion()
-    T = _token_model()
-    mean, bias, cov = _conditional_moments()
-    t, heads = T["t"], T["heads"]
-    mu = {h: sp.Symbol(f"mu_{h}", real=True) for h in heads}
-    L = sp.Symbol("L", positive=True)
-    pred = sum(mu[h] * mean[h] for h in heads)
-    mse = ((pred - t) ** 2 + 2 / L * (pred - t) * sum(mu[h] * bias[h] for h in heads)
-           + 1 / L * sum(mu[h] * mu[k] * cov[(h, k)] for h in heads for k in heads))
-    return D.steps["E_q"](D.steps["E_g"](mse)), mu, L
-
-
-def expansion_assembly_difference(variant=None) -> sp.Expr:
-    """The averaged MSE of two heads on a task with one other block, derived step by step
-    (delta method, E_g, E_q), minus the kernel formula assembled from
-    :func:`derive_expansion`'s kernels.  Returns the simplified difference (0 when the
-    formula the code uses is the derived one).  ``variant``, for tests, replaces a piece of
-    the formula by a wrong one ("bias_sign", "pair_no_tilt", "other_block_missing").
-    Unsimplified; see :func:`check_expansion_assembly`."""
-    D = derive_expansion()
-    T = _token_model()
-    om, s2 = T["omega"], T["s2"]
-    derived, mu, L = _averaged_two_head_mse()
-    r_i, r_j = sp.symbols("r_i r_j", positive=True)
-    heads = T["heads"]
-    B = sum(mu[h] * om[(h, "i")] for h in heads)
-
-    def bf(cc, rr):
-        return D.block_factor.subs({D.c: cc, D.r: rr})
-
-    def bk(ww, rr):
-        return D.bias_kernel.subs({D.w: ww, D.r: rr})
-
-    def pk(cc, rr):
-        return D.pair_kernel.subs({D.c: cc, D.r: rr, D.s2: s2})
-
-    sign = -1 if variant == "bias_sign" else 1
-    assembled = r_i * (1 - B) ** 2
-    assembled += sign * 2 / L * (1 - B) * sum(
-        mu[h] * om[(h, "i")] * bk(om[(h, "i")] ** 2, r_i) * bf(om[(h, "j")] ** 2, r_j) for h in heads)
-    for h in heads:
-        for k in heads:
-            c_i = om[(h, "i")] * om[(k, "i")]
-            own = pk(c_i, r_i) if variant != "pair_no_tilt" else (r_i + s2) * bf(c_i, r_i)
-            other = bf(om[(h, "j")] * om[(k, "j")], r_j) if variant != "other_block_missing" else 1
-            assembled += 1 / L * mu[h] * mu[k] * own * other
-    return derived - assembled
-
-
-def check_expansion_assembly(variant=None, seed=0) -> bool:
-    """True iff the kernel formula equals the step-by-step derivation for two heads and
-    two blocks.  A nonzero value at a random rational point inside the domain proves a
-    difference (fast); otherwise the difference is simplified to exactly 0 (proof)."""
-    diff = expansion_assembly_difference(variant)
-    rng = np.random.default_rng(seed)
-    for _ in range(3):
-        point = {}
-        for sym in diff.free_symbols:
-            name = sym.name
-            if name.startswith("omega"):
-                val = sp.Rational(int(rng.integers(-40, 40)), 100)      # |omega| < 1/sqrt(2)
-            elif name.startswith("r_"):
-                val = sp.Integer(int(rng.integers(1, 6)))
-            elif name == "L":
-                val = sp.Integer(int(rng.integers(10, 1000)))
-            else:
-                val = sp.Rational(int(rng.integers(-200, 200)), 100)
-            point[sym] = val
-        if abs(sp.N(diff.subs(point), 30)) > 1e-20:
-            return False
-    return sp.simplify(sp.expand(diff)) == 0
-
-
 def _log_ratio(expr, c):
     """log(expr(c) / expr(0)) as a sum of e * log1p(b(c)/b(0) - 1) over the factors b^e of expr
     that depend on c: accurate to rounding relative to its own size as c -> 0, where
@@ -337,7 +369,8 @@ def _log_ratio(expr, c):
 @lru_cache(maxsize=None)
 def _kernels():
     """numpy functions lambdified from :func:`derive_expansion` (values and derivatives), the
-    logs in log1p form (:func:`_log_ratio`), checked against the kernels themselves."""
+    logs in log1p form (:func:`_log_ratio`; tests/test_theory_reduced_ode.py holds them against
+    the kernels themselves)."""
     D = derive_expansion()
     c, w, r, s2 = D.c, D.w, D.r, D.s2
     log_bf = _log_ratio(D.block_factor, c)
@@ -351,12 +384,6 @@ def _kernels():
         "pair_kernel": sp.lambdify((c, r, s2), D.pair_kernel, "numpy"),
         "d_pair_kernel": sp.lambdify((c, r, s2), sp.simplify(sp.diff(D.pair_kernel, c)), "numpy"),
     }
-    cs, rs, s2s = np.array([-0.3, 0.01, 0.2, 0.45]), np.array([1.0, 3.0, 4.0, 10.0]), 0.25
-    bf, pair = sp.lambdify((c, r), D.block_factor, "numpy"), f["pair_kernel"]
-    pair_back = (rs + s2s) * np.exp(f["log_pair_ratio"](cs, rs, s2s))
-    if not (np.allclose(np.exp(f["log_block_factor"](cs, rs)), bf(cs, rs), rtol=1e-13, atol=0)
-            and np.allclose(pair_back, pair(cs, rs, s2s), rtol=1e-13, atol=0)):
-        raise AssertionError("the log1p forms of the kernels differ from the kernels: derivation inconsistent")
     return f
 
 
@@ -476,6 +503,16 @@ def expansion_reliable(omega, margin: float = 0.0) -> bool:
     return bool(np.all(np.isfinite(om)) and np.all(6.0 * om ** 2 < 1.0 - margin))
 
 
+def validity_edge(omega_max: float = 10.0) -> float:
+    """The edge of the validity flag on one head and one task: sup{omega : expansion_valid(omega)}
+    (bisection on the flag, 60 halvings; boundary-saturation compares it with measurements)."""
+    lo, hi = 0.0, omega_max
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if expansion_valid(np.array([[mid]])) else (lo, mid)
+    return lo
+
+
 def expansion_loss(omega, mu, tasks, L, sigma=0.0) -> float:
     """Large-L expansion of the exact reduced loss L_L(omega, mu) (sum over tasks),
     ``expansion_formula()``; +inf outside the domain (some 2 omega^2 >= 1).  The pair term
@@ -485,8 +522,7 @@ def expansion_loss(omega, mu, tasks, L, sigma=0.0) -> float:
 
     omega, mu: (H, m) arrays; tasks: (r_1..r_m); L > 0; sigma >= 0."""
     tasks = check_tasks(tasks)
-    omega, mu = check_omega_mu(omega, mu, tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    (omega, mu), L, sigma = check_omega_mu(omega, mu, tasks), check_L(L), check_sigma(sigma)
     if not expansion_valid(omega):
         return float("inf")
     p = _pieces(omega, mu, tasks, sigma)
@@ -513,8 +549,7 @@ def expansion_gradient(omega, mu, tasks, L, sigma=0.0) -> tuple[np.ndarray, np.n
     Y_hkj = dlogbf(c_hkj)(A_hk - mu_hj mu_kj X_hkj) + mu_hj mu_kj X'_hkj, A_hk = sum_i mu mu X.
     Raises ValueError outside the domain of validity."""
     tasks = check_tasks(tasks)
-    omega, mu = check_omega_mu(omega, mu, tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    (omega, mu), L, sigma = check_omega_mu(omega, mu, tasks), check_L(L), check_sigma(sigma)
     if not expansion_valid(omega):
         raise ValueError("the expansion is infinite here (some 2*omega^2 >= 1); its gradient is undefined. "
                          "Use the exact finite-L reduced loss in the saturation regime")
@@ -616,24 +651,6 @@ def derive_metric_factors(block_sizes=(1, 2, 3), m_out=2) -> dict:
     return out
 
 
-def check_metric_factors(candidate=None, block_sizes=(1, 2, 3)) -> bool:
-    """True iff the general formula (or ``candidate`` = {"merged": (f_omega, f_mu),
-    "factored": (f_omega, f_mu)} as sympy expressions in omega, mu, s, r) matches the
-    derivation for every block size -- used to show a wrong metric factor is rejected."""
-    D = derive_metric_factors(tuple(block_sizes))
-    cand = candidate if candidate is not None else D["general"]
-    r_sym = D["symbols"]["r"]
-    for r in block_sizes:
-        for param in ("merged", "factored"):
-            f_om = sp.sympify(cand[param][0]).subs(r_sym, r)
-            if sp.simplify(f_om - D["omega"][r][param]) != 0:
-                return False
-    for param in ("merged", "factored"):
-        if sp.simplify(sp.sympify(cand[param][1]) - D["mu"][param]) != 0:
-            return False
-    return True
-
-
 def metric_factors(param, omega, mu, tasks, logit_scale=1.0) -> tuple[np.ndarray, np.ndarray]:
     """(f_omega, f_mu), each (H, m): d omega = -f_omega dL/d omega, d mu = -f_mu dL/d mu.
 
@@ -646,9 +663,7 @@ def metric_factors(param, omega, mu, tasks, logit_scale=1.0) -> tuple[np.ndarray
         raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
     tasks = check_tasks(tasks)
     omega, mu = check_omega_mu(omega, mu, tasks)
-    s = float(logit_scale)
-    if not np.isfinite(s) or s <= 0:
-        raise ValueError(f"logit_scale s must be positive and finite, got {logit_scale}")
+    s = check_positive("logit_scale s", logit_scale)
     r = np.asarray(tasks, dtype=float)
     if param == "merged":
         return np.broadcast_to(1.0 / r, omega.shape).copy(), np.ones_like(mu)
@@ -656,14 +671,104 @@ def metric_factors(param, omega, mu, tasks, logit_scale=1.0) -> tuple[np.ndarray
 
 
 # ---------------------------------------------------------------------------------------
-# the expansion flow (scipy solve_ivp)
+# the flows: one trajectory type and one integrator (the expansion flow here, the exact-loss
+# flow theory.exact.exact_flow), and the expansion flow
 # ---------------------------------------------------------------------------------------
 
-def flow_velocity(omega, mu, tasks, L, sigma, param, logit_scale=1.0):
-    """(d omega/dt, d mu/dt) of the expansion flow with the metric of ``param``."""
-    g_om, g_mu = expansion_gradient(omega, mu, tasks, L, sigma)
-    f_om, f_mu = metric_factors(param, omega, mu, tasks, logit_scale)
-    return -f_om * g_om, -f_mu * g_mu
+@dataclass
+class FlowTrajectory:
+    """A trajectory of a gradient flow on (omega, mu): t (T,), omega/mu (T, H, m), loss (T,).
+
+    ``status``: "t_end" (reached t_end), "stationary" (velocity below the flow's
+    ``stationary_tol``: a fixed point), "left_domain" (expansion flow only: some 2 omega^2
+    reached 1 - margin, where the expansion stops being valid), "diverged" (loss or state
+    non-finite / too large) or "failed" (solver error, ``message``); ``param`` the
+    parametrisation whose metric the flow used."""
+
+    t: np.ndarray
+    omega: np.ndarray
+    mu: np.ndarray
+    loss: np.ndarray
+    status: str
+    message: str = ""
+    param: str = "factored"
+
+    @property
+    def final_omega(self) -> np.ndarray:
+        return self.omega[-1]
+
+    @property
+    def final_mu(self) -> np.ndarray:
+        return self.mu[-1]
+
+
+PARAMS = ("merged", "factored")
+
+
+def factor_velocity(sign, a, v):
+    """Velocity of a balanced factor a >= 0 of x = sign a^2 moving at dx/dt = v:
+    da = sign v / (2a), and 0 where a = 0 (there the metric, and so v, vanishes like a^2)."""
+    safe = np.where(a > 0, a, 1.0)
+    return np.where(a > 0, sign * v / (2.0 * safe), 0.0)
+
+
+def solve_flow(velocity, loss, omega0, mu0, param, t_end, t_eval, stops, rtol, atol, method) -> FlowTrajectory:
+    """Integrate d(omega, mu)/dt = velocity(omega, mu) from (omega0, mu0) over [0, t_end] with
+    scipy ``solve_ivp``, recording at ``t_eval`` (default 61 evenly spaced, as the numerics record).
+
+    Coordinates: merged, (omega, mu) themselves; factored, the balanced factors
+    omega = sign0 kappa^2, mu = sign0 nu^2 (as in the model: omega = kappa^2/s with K = Q = kappa,
+    mu = nu^2 with O = V^T = nu).  The factored metric 2|omega| vanishes at 0, so the exact flow
+    never changes the sign of an entry; in the factor coordinates a numerical step cannot make it
+    do so either (d kappa = -sign0 kappa G/(s r) is linear in kappa).
+    ``velocity`` returns None where the state is outside its domain (the state then stands
+    still: a stop ends the run there).  ``stops``: (status, g(t, y, omega, mu, rhs)) terminal
+    events, g crossing zero stops the flow with that status (the first in the list that fired);
+    the state where it stopped is the last record.  ``loss(omega, mu)`` fills the records' losses."""
+    if param not in PARAMS:
+        raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
+    t_end = check_positive("t_end", t_end)
+    t_eval = np.linspace(0.0, t_end, 61) if t_eval is None else np.asarray(t_eval, dtype=float)
+    if t_eval.ndim != 1 or np.any(np.diff(t_eval) <= 0) or t_eval[0] < 0 or t_eval[-1] > t_end:
+        raise ValueError("t_eval must be increasing times within [0, t_end]")
+    shape, n, merged = omega0.shape, omega0.size, param == "merged"
+    sign_om, sign_mu = np.where(omega0 < 0, -1.0, 1.0), np.where(mu0 < 0, -1.0, 1.0)
+
+    def point(y):
+        a, c = y[:n].reshape(shape), y[n:].reshape(shape)
+        return (a, c) if merged else (sign_om * a ** 2, sign_mu * c ** 2)
+
+    def rhs(_t, y):
+        v = velocity(*point(y))
+        if v is None:
+            return np.zeros_like(y)
+        if merged:
+            return np.concatenate([v[0].ravel(), v[1].ravel()])
+        a, c = y[:n].reshape(shape), y[n:].reshape(shape)
+        return np.concatenate([factor_velocity(sign_om, a, v[0]).ravel(), factor_velocity(sign_mu, c, v[1]).ravel()])
+
+    def event(g):
+        def crossed(t, y):
+            return g(t, y, *point(y), rhs)
+        crossed.terminal = True
+        return crossed
+
+    x0 = (omega0, mu0) if merged else (np.sqrt(np.abs(omega0)), np.sqrt(np.abs(mu0)))
+    sol = solve_ivp(rhs, (0.0, float(t_end)), np.concatenate([x.ravel() for x in x0]), method=method,
+                    t_eval=t_eval, events=[event(g) for _, g in stops], rtol=rtol, atol=atol)
+    status = {-1: "failed", 0: "t_end"}.get(sol.status)
+    ts, ys = list(sol.t), [sol.y[:, j] for j in range(sol.y.shape[1])]
+    if sol.status == 1:
+        status = next(name for (name, _), ev_t in zip(stops, sol.t_events) if len(ev_t))
+        for ev_t, ev_y in zip(sol.t_events, sol.y_events):
+            if len(ev_t) and (not ts or ev_t[0] > ts[-1]):
+                ts.append(float(ev_t[0]))
+                ys.append(ev_y[0])
+    points = [point(y) for y in ys]
+    om = np.stack([p[0] for p in points]) if points else np.empty((0,) + shape)
+    mu = np.stack([p[1] for p in points]) if points else np.empty((0,) + shape)
+    return FlowTrajectory(t=np.asarray(ts), omega=om, mu=mu, loss=np.array([loss(o, u) for o, u in zip(om, mu)]),
+                          status=status, message=sol.message, param=param)
 
 
 def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_scale=1.0,
@@ -671,7 +776,7 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
                              rtol=1e-9, atol=1e-12, method="LSODA",
                              max_loss=1e6) -> FlowTrajectory:
     """Integrate d omega = -f_omega dL/d omega, d mu = -f_mu dL/d mu on the expansion
-    ``expansion_loss`` from (omega0, mu0) over [0, t_end] (theory.trajectory.solve_flow: the
+    ``expansion_loss`` from (omega0, mu0) over [0, t_end] (:func:`solve_flow`: the
     factored flow in its balanced factors, so that no step flips a sign).
 
     t_eval: the record times (default 61 evenly spaced, as the numerics record); the
@@ -680,8 +785,7 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
     ``stationary_tol`` is given, when the velocity norm falls below it (a fixed point).
     Records after an early stop are absent (the arrays are shorter)."""
     tasks = check_tasks(tasks)
-    omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    (omega0, mu0), L, sigma = check_omega_mu(omega0, mu0, tasks), check_L(L), check_sigma(sigma)
     if not expansion_valid(omega0, domain_margin):
         raise ValueError(f"the initial omega lies outside the expansion's domain (need 2*omega^2 < "
                          f"1 - {domain_margin}); max |omega| = {np.abs(omega0).max():.4g}")
@@ -713,11 +817,8 @@ def integrate_expansion_flow(omega0, mu0, tasks, L, sigma=0.0, param="factored",
 def default_init(tasks, heads, init_scale=0.15) -> tuple[np.ndarray, np.ndarray]:
     """The numerics' default decomposable initialisation (docs/ARCHITECTURE.md):
     omega = s0 everywhere; mu = s0 except 2 s0 on each head's favoured task h mod m."""
-    tasks = check_tasks(tasks)
-    heads = check_positive_int("heads", heads)
-    s0 = float(init_scale)
-    if not np.isfinite(s0) or s0 <= 0:
-        raise ValueError(f"init_scale must be positive and finite, got {init_scale}")
+    tasks, heads = check_tasks(tasks), check_positive_int("heads", heads)
+    s0 = check_positive("init_scale", init_scale)
     m = len(tasks)
     omega = np.full((heads, m), s0)
     mu = np.full((heads, m), s0)
@@ -744,8 +845,7 @@ def expansion_gd_map(omega0, mu0, tasks, L, sigma=0.0, param="factored", logit_s
         raise ValueError(f"param must be one of {PARAMS}, got {param!r}")
     if on_exit not in ("raise", "stop"):
         raise ValueError(f"on_exit must be 'raise' or 'stop', got {on_exit!r}")
-    if not np.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr must be positive and finite, got {lr}")
+    lr = check_positive("lr", lr)
     oms, mus, k = [], [], 0
     for target in np.rint(np.asarray(t, float) / lr).astype(int):
         while k < target:

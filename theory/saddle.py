@@ -14,7 +14,7 @@ mu, L = L0 + a mu + (c/2) mu^2 + ..., with
 
     a = d L / d mu[h, i]  (:func:`off_task_slope`; theory.exact.exact_gradient; a > 0 here),
     c = d^2 L / d mu[h, i]^2 with the serving head's mu re-optimised = 2 (C_hh - C_hk^2/C_kk)
-        (:func:`off_task_curvature`; C from theory.exact / theory.exact_pairs).
+        (:func:`off_task_curvature`; C from theory.exact).
 
 The factored weights carry mu = o v (o = O_h[i, d+i], v = V_h[d+i, d+i]; the inner index
 d+i is the off-task channel).  Gradient flow: do/dt = -a v, dv/dt = -a o.  So x = o + v
@@ -102,7 +102,6 @@ from functools import lru_cache
 import numpy as np
 
 from . import exact as _exact
-from . import exact_pairs
 from ._validate import check_sigma, check_tasks, in_range
 
 
@@ -118,8 +117,7 @@ def _heads(tasks, heads) -> int:
 def allocated_point(tasks, L, sigma=0.0, heads=None) -> tuple[np.ndarray, np.ndarray]:
     """(omega, mu), each (H, m): head h < m serves task h at theory.exact's fixed point
     (omega*_h, mu*_h), every other entry 0 (H defaults to max(m, 2))."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     H = _heads(tasks, heads)
     om, mu = _allocated(tuple(tasks), int(L), float(sigma), H)
     return om.copy(), mu.copy()
@@ -148,8 +146,7 @@ def off_task_slope(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
     """a[h, i] = d L / d mu[h, i] of the exact loss at the allocated point, (H, m), NaN on the
     served entries (where it is 0: a fixed point).  Off-task entries of the surplus heads
     (omega row 0) included.  Section 1 of the module docstring."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     return in_range("theory.saddle.off_task_slope", "slope a", _slope(tuple(tasks), int(L), float(sigma),
                     _heads(tasks, heads)).copy(), why="finite off the served entries (NaN there)", nan_ok=True)
 
@@ -175,9 +172,8 @@ def off_task_curvature(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
     re-optimised: 2 (C_hh,i - C_hk,i^2 / C_kk,i) (k the head serving task i; surplus heads
     and m = 1 likewise), (H, m), NaN on served entries.  On the opposite-sign branch the
     slope is a - c |mu| (section 1); C from theory.exact.one_head_terms and
-    theory.exact_pairs.cross_moment."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    theory.exact.cross_moment."""
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     om, mu = allocated_point(tasks, L, sigma, heads)
     H, m = om.shape
     out = np.full((H, m), np.nan)
@@ -188,14 +184,9 @@ def off_task_curvature(tasks, L, sigma=0.0, heads=None) -> np.ndarray:
                 continue
             k = i   # head i serves task i
             _, C_k, _, _ = _exact.one_head_terms(om[k], tasks, L, sigma)
-            C_hk, _ = exact_pairs.cross_moment(om[h], om[k], tasks, L, sigma, i)
+            C_hk, _ = _exact.cross_moment(om[h], om[k], tasks, L, sigma, i)
             out[h, i] = 2.0 * (C_h[i] - C_hk ** 2 / C_k[i])
     return out
-
-
-def carrying_level(a, c):
-    """K = a / c: the |mu| at which the opposite-sign branch's slope a - c|mu| vanishes."""
-    return np.asarray(a, float) / np.asarray(c, float)
 
 
 def logistic_coordinate(mu_abs, K):
@@ -300,8 +291,7 @@ def saddle_point(tasks, heads, L, sigma=0.0) -> SaddlePoint:
     a > 0 (the allocated point is then not a saddle).  Cached, keyed also by the functions it is
     built from (:func:`off_task_slope`, :func:`off_task_curvature`), so a definition replaced
     after a first call (the mutation suite) is never answered from the cache."""
-    tasks = check_tasks(tasks)
-    sigma = check_sigma(sigma)
+    tasks, sigma = check_tasks(tasks), check_sigma(sigma)
     key = (tuple(tasks), _heads(tasks, heads), int(L), float(sigma), off_task_slope, off_task_curvature)
     if key not in _SADDLE_POINTS:
         _SADDLE_POINTS[key] = _saddle_point(*key[:4])

@@ -17,6 +17,7 @@ nearest the L -> inf limit omega = sqrt(w*) (:func:`_profile_root`).
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import mpmath as mp
@@ -24,11 +25,12 @@ import numpy as np
 import sympy as sp
 
 from . import exact as exact_theory
-from ._validate import check_L, check_loss, check_omega_mu, check_sigma, check_tasks, in_range
-from .linear_attention import check_minimum
+from .exact import served_optimum
+from ._validate import (check_L, check_loss, check_minimum, check_omega_mu, check_sigma, check_tasks,
+                        in_range)
 from .limiting_error import minimise_F
-from .reduced_ode import derive_expansion, integrate_expansion_flow, metric_factors
-from .served_optimum import served_optimum
+from .reduced_ode import (derive_expansion, expansion_loss, expansion_reliable, expansion_valid,
+                          integrate_expansion_flow, metric_factors)
 
 RULES = ("ode", "warmup_race", "largest_mu")
 
@@ -119,16 +121,14 @@ def allocated_task_point(r, L, sigma=0.0, dps=30) -> dict:
 def allocated_fixed_point(tasks, L, sigma=0.0, dps=30) -> tuple[np.ndarray, np.ndarray]:
     """(omega_star, mu_star), each (m,): the allocated fixed point per task at finite L,
     solved to ``dps`` digits by mpmath findroot (see the module docstring)."""
-    tasks = check_tasks(tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, L, sigma = check_tasks(tasks), check_L(L), check_sigma(sigma)
     pts = [allocated_task_point(r, L, sigma, dps) for r in tasks]
     return np.array([p["omega_star"] for p in pts]), np.array([p["mu_star"] for p in pts])
 
 
 def allocated_loss_at_L(tasks, L, sigma=0.0) -> float:
     """The expansion at the allocated fixed point, summed over tasks."""
-    tasks = check_tasks(tasks)
-    L, sigma = check_L(L), check_sigma(sigma)
+    tasks, L, sigma = check_tasks(tasks), check_L(L), check_sigma(sigma)
     return check_minimum("theory.task_allocation.allocated_loss_at_L",
                          float(sum(allocated_task_point(r, L, sigma)["loss"] for r in tasks)), tasks, L, sigma)
 
@@ -381,7 +381,7 @@ def served_shift(omega, winners, tasks, L, sigma=0.0) -> np.ndarray:
     """(2, m): theory's shift of each served optimum (omega_i, mu_i) by the off-task omega a
     serving head still holds (they decay only ~1/t under the factored flow): the served optimum
     at the head's row ``omega[winners[i]]`` minus that at the allocated row (zeros),
-    theory.served_optimum, each searched from the row's own served omega."""
+    theory.exact.served_optimum, each searched from the row's own served omega."""
     omega = np.asarray(omega, float)
     m = len(tasks)
     shift = np.zeros((2, m))
@@ -392,3 +392,33 @@ def served_shift(omega, winners, tasks, L, sigma=0.0) -> np.ndarray:
         at_zero = served_optimum(np.zeros(m), i, tasks, L, sigma, start=guess)
         shift[:, i] = np.subtract(at_row, at_zero)
     return shift
+
+
+def gap_ladder(r: int, Ls, sigma: float = 0.0) -> list[dict]:
+    """Where the large-L expansion stops, from theory alone (boundary-small-L compares it with
+    measurements).  At each L: the allocated point (omega*, mu*)(L) of one task of block size r
+    (:func:`allocated_task_point`), the expansion there (theory.reduced_ode.expansion_loss), the
+    exact loss there (theory.exact quadrature, with its error bound), the gap = expansion - exact
+    and whether the point is in the expansion's domain (valid: 2 omega^2 < 1) and its O(L^-2)
+    domain (reliable: 6 omega^2 < 1)."""
+    rows = []
+    for L in Ls:
+        pt = allocated_task_point(r, L, sigma)
+        om, mu = np.array([[pt["omega_star"]]]), np.array([[pt["mu_star"]]])
+        with np.errstate(all="ignore"):
+            exp_val = float(expansion_loss(om, mu, (r,), L, sigma))
+        ex = exact_theory.exact_loss(om, mu, (r,), int(L), sigma)
+        rows.append({"L": int(L), "omega": pt["omega_star"], "mu": pt["mu_star"], "expansion": exp_val,
+                     "exact": ex.loss, "exact_error": ex.error_estimate, "gap": exp_val - ex.loss,
+                     "valid": bool(expansion_valid(om)), "reliable": bool(expansion_reliable(om))})
+    return rows
+
+
+def local_exponent(rows: list[dict]) -> tuple[float, float]:
+    """d log|gap| / d log L over the last two rows and its error (the quadrature error
+    bounds propagated: se(log|gap|) = error / |gap|)."""
+    a, b = rows[-2], rows[-1]
+    ratio = math.log(b["L"] / a["L"])
+    p = math.log(abs(b["gap"]) / abs(a["gap"])) / ratio
+    se = math.hypot(a["exact_error"] / abs(a["gap"]), b["exact_error"] / abs(b["gap"])) / ratio
+    return p, se

@@ -124,7 +124,7 @@ THEORY_FUNCTIONS = {
     "allocation_horizon": "task_allocation.horizon", "allocation_prediction": "task_allocation.allocation_prediction",
     "max_growth_rate": "saddle.max_growth_rate", "saddle_allocated_point": "saddle.allocated_point",
     "off_task_slope": "saddle.off_task_slope", "constant_bracket": "optimality.constant_bracket",
-    "gap_ladder": "expansion_gap.gap_ladder", "predicted_winners": "task_allocation.predicted_winners",
+    "gap_ladder": "task_allocation.gap_ladder", "predicted_winners": "task_allocation.predicted_winners",
     "default_start_winners": "initialisation.default_start_winners", "ode_winners": "initialisation.ode_winners",
 }
 """The theory values a plan may ask for, by name: ``theory.<module>.<function>`` (the module loaded

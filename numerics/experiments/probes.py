@@ -52,8 +52,8 @@ from numerics.engine import case_seed
 from numerics.model import symmetrize_full, symmetrize_subgroup
 from numerics.train import TrainConfig, train, train_reduced, train_reduced_many
 from theory import optimality as th_opt
-from theory.block_structure import group_order, off_decomposable_parts, project_decomposable
-from theory.reduced_ode import expansion_gd_map
+from theory.block_structure import group_order, off_decomposable_parts
+from theory.reduced_ode import expansion_gd_map, project_decomposable
 
 TWIN_SIZE = 1e-9
 """Relative size of the off-D perturbation of the twin run that measures amplification (claim 1)."""

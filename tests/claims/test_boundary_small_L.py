@@ -20,7 +20,7 @@ from claims.core import Z_SE
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.train import TrainConfig
-from theory.expansion_gap import gap_ladder
+from theory.task_allocation import gap_ladder
 from training_draws import sigma_st
 
 tasks_st = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)

@@ -54,13 +54,11 @@ def test_mutant_F_exponent_shifted(monkeypatch):
         return e
 
     monkeypatch.setattr(limiting_error, "limit_expressions", shifted)
-    limiting_error._F_mpmath.cache_clear()
-    limiting_error._F_numpy.cache_clear()
+    limiting_error._F_fn.cache_clear()
     try:
         r = _run(monkeypatch, LIMIT, "F exponent -D/2 -> -(D+1)/2")
     finally:
-        limiting_error._F_mpmath.cache_clear()
-        limiting_error._F_numpy.cache_clear()
+        limiting_error._F_fn.cache_clear()
     assert r.verdict != "pass"
 
 
