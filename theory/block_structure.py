@@ -16,7 +16,7 @@ G-equivariant, and a point fixed by G stays fixed along the flow.  The fixed set
 (plus W_XY, W_YY, which never receive gradient because z_q = (q, 0) has no y part; the
 X-Y and Y-X blocks are killed by the sign flips, W_YY's off-diagonal too, and its
 diagonal is in ker of the gradient) is computed symbolically (sympy, every entry of W and U
-unknown) in tests/test_theory_block_structure.py, which also shows that a wrong group is detected.
+unknown) by :func:`commutant`, which also tells a wrong group's fixed set from D.
 
 The Frobenius-orthogonal projection P_D onto D and the coordinates (omega, mu) of a point of D
 are theory.reduced_ode's (:func:`theory.reduced_ode.project_decomposable`).
@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
+import sympy as sp
+from scipy.linalg import expm
 
 from ._validate import check_tasks
-from .reduced_ode import _check_weights, project_decomposable
+from .reduced_ode import _block_columns, _check_weights, project_decomposable
 
 
 # ---------------------------------------------------------------------------------------
@@ -106,3 +110,168 @@ def off_decomposable_parts(W, U, tasks, basis) -> dict:
         "never_trained": float(np.sqrt(np.sum(W[:, :, d:] ** 2))),
         "total": float(np.sqrt(np.sum(W ** 2) + np.sum(U ** 2))),
     }
+
+
+# ---------------------------------------------------------------------------------------
+# claim 1 derived: the symmetry group's generators and their commutant (sympy, exact)
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class Generator:
+    """One generator of the data's symmetry group acting on tokens and outputs.
+
+    kind "rotation": an infinitesimal rotation A (antisymmetric, inside one x block) of
+    SO(r_i); the group element exp(tA) acts by T = exp(tA) on x (q and g_i rotate alike, y
+    unchanged); fixed weights satisfy the linearised equations A W + W A^T = 0, U A^T = 0.
+    kind "reflection": T = diag(1.., -1, 1..) flipping one coordinate of an x block (with
+    rotations it generates O(r_i)).
+    kind "sign": S_Y = diag(.., -1, ..) flipping y_i (g_i, eps_i -> -), T = diag(I_d, S_Y).
+    Fixed weights of a discrete element: T W T^T = W, S_Y U T^T = U."""
+
+    name: str
+    kind: str
+    T: sp.Matrix          # (d+m) x (d+m): for "rotation" the generator A, else the element
+    S: sp.Matrix          # m x m action on outputs (identity for rotations/reflections)
+
+
+def symmetry_generators(tasks, group: str = "data") -> list[Generator]:
+    """Generators of the symmetry group of the prompt distribution, in the task basis
+    (Phi = I; for another orthonormal basis conjugate every T by blockdiag(Phi, I_m), the
+    statement is basis-covariant).
+
+    group="data": the true group, prod_i O(r_i) x {+-1}^m (block rotations and reflections,
+    per-task sign flips).  Wrong groups, for tests that a wrong commutant is detected:
+    "no_signs" (only block rotations/reflections), "joint_rotation" (one O(d) rotating all of
+    x at once, which does NOT preserve the data law when m > 1, plus sign flips)."""
+    tasks = check_tasks(tasks)
+    if group not in ("data", "no_signs", "joint_rotation"):
+        raise ValueError(f"group must be 'data', 'no_signs' or 'joint_rotation', got {group!r}")
+    d, m = sum(tasks), len(tasks)
+    n = d + m
+    blocks = [(sl.start, sl.stop) for sl in _block_columns(tasks)]
+    if group == "joint_rotation":
+        blocks = [(0, d)]
+    gens: list[Generator] = []
+    for bi, (a, b) in enumerate(blocks):
+        for p in range(a, b):
+            for q in range(p + 1, b):
+                A = sp.zeros(n, n)
+                A[p, q], A[q, p] = 1, -1
+                gens.append(Generator(f"rot[{bi}]({p},{q})", "rotation", A, sp.eye(m)))
+        T = sp.eye(n)
+        T[a, a] = -1
+        gens.append(Generator(f"reflect[{bi}]({a})", "reflection", T, sp.eye(m)))
+    if group != "no_signs":
+        for i in range(m):
+            S = sp.eye(m)
+            S[i, i] = -1
+            T = sp.eye(n)
+            T[d + i, d + i] = -1
+            gens.append(Generator(f"sign[{i}]", "sign", T, S))
+    return gens
+
+
+def _weight_symbols(tasks):
+    d, m = sum(tasks), len(tasks)
+    n = d + m
+    W = sp.Matrix(n, n, lambda a, b: sp.Symbol(f"W_{a}_{b}"))
+    U = sp.Matrix(m, n, lambda a, b: sp.Symbol(f"U_{a}_{b}"))
+    unknowns = list(W) + list(U)
+    return W, U, unknowns
+
+
+@dataclass
+class Commutant:
+    """The weights (W, U) of one head fixed by a group: ``basis`` spans them (each element
+    a pair of sympy matrices), ``dimension`` its size.  ``equals_D`` says whether, after
+    dropping the inert columns W[:, d:] (they multiply the zero y-part of the query token,
+    so they neither affect the model nor receive gradient), the fixed set is exactly the
+    decomposable set D (same dimension and same span)."""
+
+    tasks: tuple
+    group: str
+    dimension: int
+    basis: list
+    dimension_active: int
+    equals_D: bool
+
+
+def _D_basis(tasks):
+    """Basis of D for one head in the task basis: Phi_i Phi_i^T in W_XX, E_ii in U_Y."""
+    d, m = sum(tasks), len(tasks)
+    n = d + m
+    out = []
+    for (a, b) in [(sl.start, sl.stop) for sl in _block_columns(tasks)]:
+        W = sp.zeros(n, n)
+        for p in range(a, b):
+            W[p, p] = 1
+        out.append((W, sp.zeros(m, n)))
+    for i in range(m):
+        U = sp.zeros(m, n)
+        U[i, d + i] = 1
+        out.append((sp.zeros(n, n), U))
+    return out
+
+
+@lru_cache(maxsize=None)
+def commutant(tasks, group: str = "data") -> Commutant:
+    """Solve the fixed-point (commutant) equations of the group exactly with sympy and
+    compare the solution space with D.
+
+    Unknowns: every entry of W ((d+m)^2) and U (m(d+m)).  Each generator contributes
+    linear equations (rotation: A W + W A^T = 0, U A^T = 0; discrete: T W T^T - W = 0,
+    S U T^T - U = 0); the fixed space is intersected generator by generator (nullspace of
+    the equations restricted to the current solution basis).  Exact rational arithmetic;
+    meant for small blocks (d + m up to ~8)."""
+    tasks = check_tasks(tasks)
+    d, m = sum(tasks), len(tasks)
+    n = d + m
+    W, U, unknowns = _weight_symbols(tasks)
+    N = len(unknowns)
+    basis = sp.eye(N)  # columns span the current solution space
+    for g in symmetry_generators(tasks, group):
+        if g.kind == "rotation":
+            eqW = g.T * W + W * g.T.T
+            eqU = U * g.T.T
+        else:
+            eqW = g.T * W * g.T.T - W
+            eqU = g.S * U * g.T.T - U
+        eqs = list(eqW) + list(eqU)
+        M = sp.Matrix([[sp.diff(e, x) for x in unknowns] for e in eqs])
+        ns = (M * basis).nullspace()
+        if not ns:
+            basis = sp.zeros(N, 0)
+            break
+        basis = basis * sp.Matrix.hstack(*ns)
+
+    def unpack(col):
+        Wv = sp.Matrix(n, n, list(col[: n * n]))
+        Uv = sp.Matrix(m, n, list(col[n * n:]))
+        return Wv, Uv
+
+    sols = [unpack(basis[:, j]) for j in range(basis.shape[1])]
+    # drop the inert columns W[:, d:] and compare spans with D
+    def active_vec(Wv, Uv):
+        Wa = Wv.copy()
+        Wa[:, d:] = sp.zeros(n, m)
+        return sp.Matrix(list(Wa) + list(Uv))
+
+    act = [active_vec(*s) for s in sols]
+    A_fixed = sp.Matrix.hstack(*act) if act else sp.zeros(N, 0)
+    rank_fixed = A_fixed.rank() if act else 0
+    Dvecs = sp.Matrix.hstack(*[sp.Matrix(list(Wv) + list(Uv)) for Wv, Uv in _D_basis(tasks)])
+    rank_D = Dvecs.rank()
+    rank_union = sp.Matrix.hstack(A_fixed, Dvecs).rank() if act else rank_D
+    equals = rank_fixed == rank_D == rank_union
+    return Commutant(tasks=tasks, group=group, dimension=len(sols), basis=sols,
+                     dimension_active=rank_fixed, equals_D=bool(equals))
+
+
+def act_on_weights(generator: Generator, W, U, t: float = 0.3):
+    """Apply a group element to numpy weights of one head (rotation generators are
+    exponentiated at angle t): returns (T W T^T, S U T^T)."""
+    T = np.array(generator.T.tolist(), dtype=float)
+    S = np.array(generator.S.tolist(), dtype=float)
+    if generator.kind == "rotation":
+        T = expm(t * T)
+    return T @ np.asarray(W, float) @ T.T, S @ np.asarray(U, float) @ T.T
