@@ -58,7 +58,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from theory.block_structure import symmetry_group
 from theory.reduced_ode import decomposable_residual, default_init, semi_singular_values
 from theory.reduced_ode import metric_factors as theory_metric_factors
 
@@ -514,6 +513,7 @@ def symmetrize_full(prompts: Prompts, cfg: ProblemConfig, drop: int = 0) -> Prom
     x and q are mapped by Phi T Phi^T (exact signed permutations when Phi = I, exact to
     rounding otherwise), y_i and the target y_{q,i} by the sign S_i.  With ``drop`` > 0 the
     last ``drop`` group elements are left out: a deliberately symmetry-breaking batch."""
+    from theory.block_structure import symmetry_group   # claim 1's group: only symmetrised batches load it
     T, S = symmetry_group(cfg.tasks)
     if isinstance(drop, bool) or not isinstance(drop, (int, np.integer)) or drop < 0:
         raise ValueError(f"drop must be an integer >= 0, got {drop!r}")
@@ -539,6 +539,7 @@ def symmetrize_subgroup(prompts: Prompts, cfg: ProblemConfig, keep: str) -> Prom
     it would not)."""
     if keep not in SUBGROUPS:
         raise ValueError(f"keep must be one of {SUBGROUPS}, got {keep!r}")
+    from theory.block_structure import symmetry_group   # claim 1's group: only symmetrised batches load it
     T, S = symmetry_group(cfg.tasks)
     if keep == "output_signs":
         sel = np.all(T == np.eye(cfg.d)[None], axis=(1, 2))

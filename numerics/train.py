@@ -98,7 +98,6 @@ from tqdm.auto import tqdm
 from numerics.io import (SEED_MAX, DiskFull, check_output_path, command_line, float_option, int_option, seed_option,
                          tasks_option, threads_option, write_output)
 
-from . import checkpoint
 from .config import (INITS, PARAMS, STREAM_VERSION, ProblemConfig, Prompts, make_generator,
                      sample_prompts, use_precise_float32)
 from .engine import MERGE_CONTEXT_ELEMENTS, digest
@@ -817,7 +816,9 @@ class _Checkpoint:
     back field by field by numerics.checkpoint.read (a file that is not this run's is refused)."""
 
     def __init__(self, run: Run, stack, stream: Stream):
+        from numerics import checkpoint   # the weights-file reader: loaded only by a run that checkpoints
         cfg, tcfg = run.cfg, run.tcfg
+        self.files = checkpoint
         self.path, self.every = tcfg.checkpoint, tcfg.checkpoint_every
         self.spec = checkpoint.Run(
             kind=stack.kind, estimator=run.estimator, stream=STREAM_VERSION, config=cfg.to_dict(),
@@ -829,7 +830,7 @@ class _Checkpoint:
         """The step the run continues from: 0, or a checked checkpoint's, its state restored."""
         if not os.path.exists(self.path):
             return 0
-        saved = checkpoint.read(self.path, self.spec)
+        saved = self.files.read(self.path, self.spec)
         with torch.no_grad():
             for p, v in zip(stack.run_tensors(0), saved.params):
                 p.copy_(v.to(p.device, p.dtype))
@@ -840,7 +841,7 @@ class _Checkpoint:
         return saved.step
 
     def save(self, run: Run, stack, stream: Stream, step: int, wall: float) -> None:
-        state = checkpoint.payload(self.spec, step, stack.run_tensors(0), stream.generator, run.losses,
+        state = self.files.payload(self.spec, step, stack.run_tensors(0), stream.generator, run.losses,
                                    [asdict(r) for r in run.trajectory], wall)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         buf = io.BytesIO()
