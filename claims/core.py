@@ -1232,7 +1232,7 @@ def with_problem(p, problem: dict):
 
 
 def theory_need(fn: str, *args):
-    """A theory value ``fn(*args)`` (``numerics.experiments.kinds.theory_value``), as a need of a claim's plan."""
+    """A theory value ``fn(*args)`` (``numerics.experiments.theory_value``), as a need of a claim's plan."""
     return need("theory", fn=fn, args=tuple(tuple(a) if isinstance(a, list) else a for a in args))
 
 

@@ -41,7 +41,7 @@ CONVERGED_RELATIVE = 0.01
 # A run has converged when its held-out loss fell by at most Z_SE paired standard errors plus 1% of
 # the loss over the last quarter of its checkpoints: an SGD run at a fixed step fluctuates about its
 # stationary loss by its SGD excess, measured at 0.3-1% of the loss at this project's steps and
-# batches (the atlas's convergence rule, numerics.experiments.atlas.CONVERGED_RELATIVE).
+# batches.
 
 PERTURB_FACTOR = 1.1
 # The wrong predictions of the fixed-point comparisons: omega*, mu* or the loss off by 10% (claim 4's).
