@@ -1,4 +1,4 @@
-"""The exact finite-L loss of the decomposable (reduced) model, by deterministic quadrature.
+r"""The exact finite-L loss of the decomposable (reduced) model, by deterministic quadrature.
 
 No Monte Carlo, no expansion in 1/L: every expectation below is reduced to one- and
 two-dimensional integrals that are evaluated to ~1e-12 (each result carries an error
