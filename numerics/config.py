@@ -115,7 +115,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from theory._validate import check_positive_int, check_sigma, check_tasks
+from theory import check_positive_int, check_sigma, check_tasks
 from numerics.io import SEED_MAX, check_device_option as check_device
 
 
@@ -192,7 +192,7 @@ class ProblemConfig:
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
-        # tasks, heads, L, sigma: the one set of checks, theory._validate (same messages as theory)
+        # tasks, heads, L, sigma: the one set of checks, theory's (the same messages)
         one_block = isinstance(self.tasks, numbers.Integral) and not isinstance(self.tasks, bool)
         set_("tasks", check_tasks((self.tasks,) if one_block else self.tasks))
         set_("heads", check_positive_int("heads", self.heads))

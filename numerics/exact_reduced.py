@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from scipy.optimize import minimize, minimize_scalar
 
-from theory._validate import check_positive_int, check_sigma, check_tasks
+from theory import check_positive_int, check_sigma, check_tasks
 
 from .config import make_generator, one_thread
 from .engine import case_seed, kind
@@ -70,7 +70,7 @@ class MarginalPrompts:
 
 
 def check_problem(tasks, L, sigma) -> tuple[tuple[int, ...], int, float]:
-    """(tasks, L, sigma) validated by theory._validate (the one set of checks): block sizes
+    """(tasks, L, sigma) validated by theory's checks (the one set): block sizes
     r_i >= 1, an integer context length L >= 1, a finite sigma >= 0."""
     if isinstance(tasks, (int, np.integer)) and not isinstance(tasks, bool):
         tasks = (int(tasks),)

@@ -1,5 +1,5 @@
-"""theory._validate's range checks: a value theory cannot return is refused with the function,
-the quantity and the value named; each public function that returns a loss, a minimum, a rate
+"""theory's range checks (the package module): a value theory cannot return is refused with the
+function, the quantity and the value named; each public function that returns a loss, a minimum, a rate
 or a time sends it through them (a closed form patched to return an impossible value is
 refused where it surfaces)."""
 import math
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from theory import _validate as v
+import theory as v
 from theory import exact, limiting_error, optimality, reduced_ode, saddle, task_allocation
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import sympy as sp
 from scipy.linalg import expm
 
-from ._validate import check_tasks
+from . import check_tasks
 from .reduced_ode import _block_columns, _check_weights, project_decomposable
 
 

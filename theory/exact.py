@@ -168,8 +168,8 @@ from scipy.special import gammaln, roots_genlaguerre
 
 from .limiting_error import single_head_at_L
 from .reduced_ode import FlowTrajectory, metric_factors, solve_flow
-from ._validate import (check_finite_array, check_loss, check_minimum, check_omega_mu, check_positive_int, check_sigma,
-                        check_tasks, in_range)
+from . import (check_finite_array, check_loss, check_minimum, check_omega_mu, check_positive_int, check_sigma,
+               check_tasks, in_range)
 
 # quadrature constants (see the module docstring, section 3)
 TAU_STEP = 0.15         # trapezoid step in tau = log t and (beta >= 1) in z = tau + beta v

@@ -59,7 +59,7 @@ import math
 
 import numpy as np
 
-from ._validate import check_L, check_omega_mu, check_positive, check_sigma, check_tasks
+from . import check_L, check_omega_mu, check_positive, check_sigma, check_tasks
 from .block_structure import off_decomposable_parts
 from .reduced_ode import default_init, expansion_valid
 from .task_allocation import predicted_winners, served_products

@@ -22,7 +22,7 @@ import numpy as np
 import sympy as sp
 from scipy.optimize import minimize
 
-from ._validate import check_L, check_loss, check_minimum, check_sigma, check_tasks, in_range
+from . import check_L, check_loss, check_minimum, check_sigma, check_tasks, in_range
 from .reduced_ode import _profile, derive_expansion, expansion_gradient, expansion_reliable, expansion_valid
 
 

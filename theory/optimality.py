@@ -50,8 +50,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import minimize
 
-from ._validate import (check_L, check_minimum, check_positive_int, check_sigma, check_tasks, in_range, large_L,
-                        linear_attention_limit, linear_attention_loss)
+from . import (check_L, check_minimum, check_positive_int, check_sigma, check_tasks, in_range, large_L,
+               linear_attention_limit, linear_attention_loss)
 from . import exact
 from .limiting_error import limit_multi
 from .reduced_ode import OMEGA_RELIABLE, _profile, expansion_gradient, expansion_loss

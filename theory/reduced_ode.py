@@ -38,8 +38,8 @@ import numpy as np
 import sympy as sp
 from scipy.integrate import solve_ivp
 
-from ._validate import (check_finite_array, check_L, check_loss, check_minimum, check_omega_mu, check_positive,
-                        check_positive_int, check_sigma, check_tasks)
+from . import (check_finite_array, check_L, check_loss, check_minimum, check_omega_mu, check_positive,
+               check_positive_int, check_sigma, check_tasks)
 
 
 # ---------------------------------------------------------------------------------------
@@ -518,7 +518,7 @@ def expansion_loss(omega, mu, tasks, L, sigma=0.0) -> float:
     ``expansion_formula()``; +inf outside the domain (some 2 omega^2 >= 1).  The pair term
     is summed as (r_i + s2)(sum_h mu_hi)^2 + mu_i^T X_excess mu_i (:func:`_pieces`), stable
     for zero-sum mu of any size; a negative value (the truncation far outside its range,
-    small L or saturating omega) is refused (``_validate.check_loss``).
+    small L or saturating omega) is refused (``theory.check_loss``).
 
     omega, mu: (H, m) arrays; tasks: (r_1..r_m); L > 0; sigma >= 0."""
     tasks = check_tasks(tasks)

@@ -102,7 +102,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import exact as _exact
-from ._validate import check_sigma, check_tasks, in_range
+from . import check_sigma, check_tasks, in_range
 
 
 def _heads(tasks, heads) -> int:

@@ -26,8 +26,7 @@ import sympy as sp
 
 from . import exact as exact_theory
 from .exact import served_optimum
-from ._validate import (check_L, check_loss, check_minimum, check_omega_mu, check_sigma, check_tasks,
-                        in_range)
+from . import check_L, check_loss, check_minimum, check_omega_mu, check_sigma, check_tasks, in_range
 from .limiting_error import minimise_F
 from .reduced_ode import (derive_expansion, expansion_loss, expansion_reliable, expansion_valid,
                           integrate_expansion_flow, metric_factors)
@@ -155,7 +154,7 @@ def warmup_race_times(omega0, mu0, tasks, param="factored", logit_scale=1.0) -> 
     merged: d omega = 2 mu, d mu = 2 r omega, growing mode e^{2 sqrt(r) t} with amplitude
     (sqrt(r) omega0 + mu0)/2; T = ln(1 / amplitude) / (2 sqrt r) (time to reach O(1)), 0 when
     the amplitude starts at 1 or above (no warm-up: the start is past it).
-    Every time is >= 0 or +inf (``_validate.in_range``)."""
+    Every time is >= 0 or +inf (``theory.in_range``)."""
     tasks = check_tasks(tasks)
     omega0, mu0 = check_omega_mu(omega0, mu0, tasks)
     r = np.broadcast_to(np.asarray(tasks, float), omega0.shape)

@@ -36,7 +36,7 @@ import numpy as np
 
 from . import exact as exact_theory
 from . import task_allocation as allocation_theory
-from ._validate import check_finite_array
+from . import check_finite_array
 from .reduced_ode import (default_init, expansion_gd_map, expansion_gradient, expansion_loss, integrate_expansion_flow,
                           metric_factors)
 from .task_allocation import warmup_race_times
