@@ -21,8 +21,7 @@ from claims.core import (Z_SE, ClaimSpec, Comparison, Outcome, Tolerance, config
 from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.model import initial_values
-from numerics.evaluate import SUPERPOSED_SHARE, allocation
-from numerics.statistics import mean_se, window_drift
+from numerics.evaluate import SUPERPOSED_SHARE, allocation, mean_se, window_drift
 from numerics.train import TrainConfig
 
 

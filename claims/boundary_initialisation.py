@@ -22,8 +22,7 @@ from claims.core import (FIELDS, PHASES, Z_SE, ClaimSpec, Comparison, Outcome, T
 from numerics.config import ProblemConfig
 from numerics.experiments.starts import (outcome_mix, random_starts_need, reference_needs, references,
                                          single_task_needs, single_task_summary, unbalanced_needs)
-from numerics.evaluate import ZERO_SUM_SHARE
-from numerics.statistics import mean_se     # non_finite "keep": a diverged run's loss shows in the mean
+from numerics.evaluate import ZERO_SUM_SHARE, mean_se  # non_finite "keep": a diverged run's loss shows in the mean
 from theory.initialisation import authors_logit_scale, random_start_scales, untied_tasks, warmup_norm_bound
 
 

@@ -35,7 +35,7 @@ from claims.core import (EPS64, ClaimSpec, Comparison, Outcome, Tolerance, compa
 from numerics import saddle as measure
 from numerics.config import ProblemConfig
 from numerics.engine import need
-from numerics.statistics import extrapolate_to_zero, mean_se
+from numerics.evaluate import extrapolate_to_zero, mean_se
 from theory import saddle as th
 
 
@@ -193,7 +193,7 @@ def _held(g) -> tuple[list, list]:
 
 def check_growth_rate(gs, config: str) -> Comparison:
     """The growth rates measured at several steps (one per lr, same batch and window),
-    extrapolated to lr -> 0 (numerics.statistics.extrapolate_to_zero: the polynomial through
+    extrapolated to lr -> 0 (numerics.evaluate.extrapolate_to_zero: the polynomial through
     every point, Richardson), against theory's 2a at the allocated point (theory.exact; the
     prediction under test, unchanged by any run).
 

@@ -39,7 +39,7 @@ import numpy as np
 from numerics.engine import Engine, Results, need
 from numerics.io import jsonable
 from numerics.engine import check_independent
-from numerics.statistics import Z_SE, binomial_interval, mean_se  # Z_SE: the one tolerance multiplier
+from numerics.evaluate import ALLOCATED_SHARE, Z_SE, binomial_interval, mean_se  # Z_SE: the one tolerance multiplier
 
 PROFILES = ("tiny", "quick", "paper", "authors")
 """``tiny``: seconds, for the report's own end-to-end test; ``quick``: the default report
@@ -1285,7 +1285,7 @@ boundary finding), never the agreement itself."""
 TAIL_FACTOR = 2.0
 """The part of L * loss (or of the gain) still to come beyond L is bounded by TAIL_FACTOR times
 theory.exact's change of it over [L, 4L]: for a correction c L^-p the tail is the change /
-(1 - 4^-p), <= 2 for p >= 1/2 (the slowest correction of numerics.statistics.CORRECTION_POWERS;
+(1 - 4^-p), <= 2 for p >= 1/2 (the slowest correction of numerics.evaluate.CORRECTION_POWERS;
 measured on theory.exact: the change of L * loss over [4096, 16384] is 0.38x that over
 [1024, 4096] at r = 2, p ~ 0.7)."""
 
@@ -1387,7 +1387,6 @@ def run_status(cfg, run, inside: dict, outside_sides: bool = False, tolerance: f
         tol = None          # a run handed in without a descent fit is read by its own "converged"
     else:
         tol = run_tolerance(run).value
-    from numerics.evaluate import ALLOCATED_SHARE
     from numerics.experiments.converged import converged_for  # torch only when a claim runs
     converged = converged_for(run, math.inf if tol is None else tol)
     if not inside["inside"]:
@@ -1693,7 +1692,7 @@ def decided(states: list) -> list:
 def share_comparison(name: str, k: int, n: int, predicted: float, why: str, wrong: tuple, config=None,
                      details=None) -> Comparison:
     """The share k / n of seeds in a class against a predicted share, through the seeds' own
-    binomial interval: [lo, hi] = numerics.statistics.binomial_interval(k, n, Z_SE) (Clopper-
+    binomial interval: [lo, hi] = numerics.evaluate.binomial_interval(k, n, Z_SE) (Clopper-
     Pearson: a true share lies outside it with probability at most 6e-5, the report's Z_SE
     policy).  Error |k/n - p|, tolerance the interval's reach on the side of the prediction
     (k/n - lo below the share, hi - k/n above it), so the prediction agrees exactly when it lies
@@ -1722,7 +1721,7 @@ def share_at_least(name: str, k: int, n: int, least: float, why: str, config=Non
                    unit: str = "seeds") -> Comparison:
     """A claim that a class is typical -- the true share of seeds in it is at least ``least`` --
     against k of n seeds, one-sided, through their Clopper-Pearson interval [lo, hi] =
-    numerics.statistics.binomial_interval(k, n, Z_SE) (each end a one-sided bound at the report's
+    numerics.evaluate.binomial_interval(k, n, Z_SE) (each end a one-sided bound at the report's
     Z_SE level: a true share lies above hi with probability at most 3e-5).  Contradicted when
     hi < ``least``: the seeds exclude a share that large.  Error max(0, least - k/n), tolerance
     hi - k/n: agreement exactly when ``least`` <= hi.  Wrong prediction through the same interval:

@@ -25,7 +25,7 @@ from claims.core import (ClaimSpec, Comparison, Outcome, Tolerance, TrainedProfi
                          trained_name, trained_need, with_problem)
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import PAPER_SCHEDULE, QUICK_SCHEDULE, TINY_SCHEDULE
-from numerics.statistics import paired_ratio
+from numerics.evaluate import paired_ratio
 
 
 class MultiHeadGainProfile(TrainedProfile):

@@ -21,8 +21,7 @@ from claims.core import (ClaimSpec, Comparison, Outcome, Tolerance, agreement, c
                          headline_row, lines_figure, noise_term, replace_fields, term, theory_need)
 from numerics.engine import need
 from numerics.experiments import probes
-from numerics.evaluate import SUPERPOSED_SHARE, allocation
-from numerics.statistics import fit_limit
+from numerics.evaluate import SUPERPOSED_SHARE, allocation, fit_limit
 from theory import optimality as th_opt
 
 

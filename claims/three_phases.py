@@ -23,8 +23,7 @@ from numerics.config import ProblemConfig
 from numerics.engine import need
 from numerics.experiments import phases as experiments
 from numerics.experiments.phases import start_args, unstable_need
-from numerics.evaluate import allocation
-from numerics.statistics import least_tolerance_weights, mean_se
+from numerics.evaluate import allocation, least_tolerance_weights, mean_se
 from theory.three_phases import PhasePrediction, loss_slope
 
 SELECTED_SHARE = 0.9
@@ -284,7 +283,7 @@ def check_warmup_law(cfg0, scales, warmups, tols, law: dict, gd_shifts=None) -> 
     c0 = 0 (a pure inverse law) and the exponent 1.2.
 
     Second comparison (the headline): C = sum_j a_j T_j, the unbiased weights a of least tolerance
-    (numerics.statistics.least_tolerance_weights), against theory's C at the runs' step lr: the flow's C +
+    (numerics.evaluate.least_tolerance_weights), against theory's C at the runs' step lr: the flow's C +
     sum_j a_j (T_gd,j - T_flow,j), the O(lr) shift along the expansion's GD map (the full model's step on the
     balanced factors), read on each run's record times (``gd_shifts``; without a GD map at every s0 the flow's C,
     the shift then a tolerance part).  Tolerance: the noise parts (SGD escape-time spread, evaluation level) in

@@ -36,7 +36,7 @@ from theory import check_positive_int, check_sigma, check_tasks
 from .config import make_generator, one_thread
 from .engine import case_seed, kind
 from .model import attention_weights
-from .statistics import mean_se, standard_error_along
+from .evaluate import mean_se, standard_error_along
 
 CHUNK_ELEMENTS = 2 ** 21
 """Elements of the (prompts x heads x L) softmax tensor per chunk: 16 MB in float64."""

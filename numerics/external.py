@@ -71,9 +71,9 @@ from numerics.io import (MEMORY_FRACTION, PARSE_FACTOR, check_input_files, check
 
 from .checkpoint import RECORD_FIELDS, check_torch_archive, dense_problem, npz_arrays, safetensors_header, zip_members
 from .config import ProblemConfig
-from .evaluate import LossEstimate, held_out_loss, held_out_loss_difference, held_out_reduced_loss
+from .evaluate import (LossEstimate, allocation, held_out_loss, held_out_loss_difference, held_out_reduced_loss,
+                       zero_sum_ratio)
 from .model import MultiHeadAttention, factor_balance
-from .evaluate import allocation, zero_sum_ratio
 
 
 MAX_CHECKPOINT_BYTES = 512 * 2 ** 20

@@ -40,14 +40,13 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from numerics.statistics import line_fit, mean_se, standard_error_along
+from numerics.evaluate import crossing_time, line_fit, mean_se, standard_error_along
 from theory import saddle as th
 
 from . import engine
 from .config import ProblemConfig
 from .config import make_generator, one_thread as _one_thread, sample_prompts
 from .engine import case_seed, kind
-from .evaluate import crossing_time
 from .model import MultiHeadAttention, symmetrize_full
 from .train import TrainConfig, train_many
 

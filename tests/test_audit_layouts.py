@@ -208,7 +208,7 @@ def test_a_numerics_train_run_audited_from_its_checkpoint(tmp_path, one_thread):
     own = held_out_loss(res.final_model, n=8192, seed=1)
     assert (meas.loss.mean, meas.loss.se) == (own.mean, own.se)
     # the run's own loss (mean batch loss of its last 10% of steps, a plateau here) within the standard errors
-    from numerics.statistics import loss_standard_error
+    from numerics.evaluate import loss_standard_error
     tail = res.losses[-max(1, res.steps // 10):]
     assert abs(meas.loss.mean - res.loss) <= 4 * math.hypot(meas.loss.se, loss_standard_error(tail))
     # its run.json: the readout only, and it says what is missing

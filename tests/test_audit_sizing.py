@@ -21,7 +21,7 @@ from claims.core import ClaimSpec, Outcome, compare, reported_row
 from numerics.config import ProblemConfig
 from numerics.io import parse_json
 from numerics.model import MultiHeadAttention
-from numerics.statistics import Z_SE
+from numerics.evaluate import Z_SE
 from numerics.train import TrainConfig, train
 from reports import audit
 from reports.schema import document_problems

@@ -12,7 +12,7 @@ from claims.core import run_status, run_tolerance
 from numerics.config import ProblemConfig
 from numerics.experiments.converged import (QUICK_SCHEDULE, TINY_SCHEDULE, Z_CONVERGED, ContinuationSchedule,
                                             continue_on_D, converged_for, stable_step, train_converged)
-from numerics.statistics import descent_left, extrapolate_to_zero
+from numerics.evaluate import descent_left, extrapolate_to_zero
 
 
 def _snapshots(rate, jitter, n=4000, seed=0):

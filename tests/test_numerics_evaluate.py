@@ -79,7 +79,7 @@ def test_hessian_top_eigenvalue_is_the_population_hessians():
     import numpy as np
 
     from numerics.evaluate import hessian_top_eigenvalue
-    from numerics.statistics import Z_SE
+    from numerics.evaluate import Z_SE
 
     cfg = ProblemConfig(tasks=(1, 1), heads=1, L=8)
     model = MultiHeadAttention.from_semi_singular_values(cfg, [[0.4, 0.3]], [[0.9, 0.6]])

@@ -1,6 +1,6 @@
 """Where random starts land, counted (issue 34): the one end-state classifier
 (numerics.evaluate.end_class), the binomial interval of a class's share
-(numerics.statistics.binomial_interval), the counted mix (numerics.experiments.starts.
+(numerics.evaluate.binomial_interval), the counted mix (numerics.experiments.starts.
 outcome_mix), the share comparison that can fail (claims.core.share_comparison), its
 sentence, and the 'mix' figure kind (reports.render).  All synthetic: seconds."""
 from __future__ import annotations
@@ -13,8 +13,7 @@ from scipy.stats import beta, binom
 
 from claims.core import Z_SE, mix_figure, mix_phrase, share_comparison
 from numerics.experiments.starts import outcome_mix
-from numerics.evaluate import allocation, end_class
-from numerics.statistics import binomial_interval
+from numerics.evaluate import allocation, binomial_interval, end_class
 from reports.render import RenderError, figure_png
 
 

@@ -1,11 +1,11 @@
-"""numerics.statistics, each estimator against numpy/scipy or a closed form."""
+"""numerics.evaluate's estimators, each against numpy/scipy or a closed form."""
 import math
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from numerics import statistics as S
+from numerics import evaluate as S
 
 
 def test_mean_se_is_the_mean_and_the_scipy_standard_error():

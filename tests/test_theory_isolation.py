@@ -8,7 +8,10 @@ pulled in, and in the source, where an import inside a function shows too:
 - numerics.io is the ground floor (options, files, outputs, processes): importing it loads
   nothing from theory, claims, reports or the rest of numerics (the package ``numerics`` itself
   loads its names lazily), and not torch (the device check imports torch only when asked about a
-  CUDA name)."""
+  CUDA name);
+- the report's commands refuse bad arguments before they load torch or matplotlib: importing
+  claims.core, reports.build or reports.audit loads neither (numerics.evaluate imports torch, and
+  reports.render matplotlib, only inside the functions that compute or draw)."""
 import ast
 import json
 import pathlib
@@ -22,6 +25,8 @@ SUBMODULES = ["theory", *[f"theory.{p.stem}" for p in THEORY_FILES if p.stem != 
 IO_MODULES = ["numerics.io"]
 THEORY_MUST_NOT_LOAD = ("torch", "numerics", "claims", "reports")
 IO_MUST_NOT_LOAD = ("torch", "theory", "numerics", "claims", "reports")
+LIGHT_MODULES = ["claims.core", "reports.build", "reports.audit"]
+LIGHT_MUST_NOT_LOAD = ("torch", "matplotlib")
 IO_MAY_LOAD = ("numerics", "numerics.io")
 """What of the forbidden packages numerics.io may load: the package numerics (its __init__ imports
 nothing eagerly) and numerics.io itself."""
@@ -58,6 +63,14 @@ def test_numerics_io_is_the_ground_floor():
     loaded = _loaded_after_each(IO_MODULES, IO_MUST_NOT_LOAD, IO_MAY_LOAD)
     bad = {name: mods[:10] for name, mods in loaded.items() if mods}
     assert not bad, f"importing numerics.io loaded {bad}"
+
+
+def test_the_report_commands_load_no_torch_or_matplotlib_before_their_arguments_are_checked():
+    """claims.core reads numerics.evaluate's estimators and reports.build its schema; neither import
+    may pull in torch or matplotlib (seconds of start-up before a bad argument is refused)."""
+    loaded = _loaded_after_each(LIGHT_MODULES, LIGHT_MUST_NOT_LOAD)
+    bad = {name: mods[:10] for name, mods in loaded.items() if mods}
+    assert not bad, f"importing the report's commands loaded {bad}"
 
 
 def _forbidden_in_source(path, forbidden=THEORY_MUST_NOT_LOAD + ("argparse",),

@@ -40,14 +40,13 @@ from pathlib import Path
 import numpy as np
 
 from numerics.config import ProblemConfig
-from numerics.evaluate import held_out_loss
+from numerics.evaluate import (OUTCOME_CLASSES, SUPERPOSED_SHARE, allocation, crossing_time, end_class, held_out_loss,
+                               line_fit)
 from numerics.experiments.converged import converged_for, last_quarter, pop_seed, stage_descent, stage_tolerance
 from numerics.engine import kind, need
 from numerics.experiments import active_store, one_thread
-from numerics.evaluate import OUTCOME_CLASSES, SUPERPOSED_SHARE, allocation, crossing_time, end_class
-from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
-from numerics import statistics
-from numerics.statistics import line_fit
+from numerics.evaluate import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
+from numerics import evaluate
 from numerics.experiments.starts import factor_norm_sq, merged_residual_split, off_D_test  # the one off-D rule
 from numerics.train import TrainConfig, train
 
@@ -201,7 +200,7 @@ def train_atlas(cfg: ProblemConfig, sch: AtlasSchedule, seed: int = 0) -> dict:
       can carry off D through the warm-up); ``off_D``: movable part above ``bound`` and >=
       OFF_D_RELATIVE of ||(W, U)|| (numerics.experiments.starts.off_D_test, the report's one rule);
     - ``loss``, ``se``, ``n``: held-out loss at the final weights (numerics.evaluate); the descent fit
-      over the last quarter (``descent_fit``: numerics.statistics.descent_left on every record of
+      over the last quarter (``descent_fit``: numerics.evaluate.descent_left on every record of
       it as paired snapshots, horizon the quarter's length: a single fixed-step stage has no
       polish, and its class is read at t_end, so the test asks whether the last quarter again
       would move the loss beyond the comparison's tolerance; ``descent``, ``descent_se``: its rate x the
@@ -472,8 +471,8 @@ def cell_class(results) -> tuple:
 
 
 def mean_se(xs):
-    """numerics.statistics.mean_se of the finite values (an unmeasured point is no number of the sample)."""
-    return statistics.mean_se(xs, non_finite="drop")
+    """numerics.evaluate.mean_se of the finite values (an unmeasured point is no number of the sample)."""
+    return evaluate.mean_se(xs, non_finite="drop")
 
 
 def ratios(results) -> dict:

@@ -16,11 +16,10 @@ from numerics import engine, exact_reduced
 from numerics.config import ProblemConfig
 from numerics.engine import kind
 from numerics.engine import case_seed
-from numerics.evaluate import hessian_top_eigenvalue, held_out_loss, held_out_prompt_losses
+from numerics.evaluate import (ALLOCATED_SHARE, allocation, descent_left, held_out_loss, held_out_prompt_losses,
+                               hessian_top_eigenvalue, mean_se)
 from numerics.experiments import one_thread
-from numerics.evaluate import ALLOCATED_SHARE, allocation
-from numerics.statistics import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
-from numerics.statistics import descent_left, mean_se
+from numerics.evaluate import Z_SE as Z_CONVERGED  # the report's one tolerance multiplier
 from numerics.model import MultiHeadAttention, TrainingDiverged
 from numerics.train import TrainConfig, train, train_reduced
 from theory import exact as exact_theory
@@ -29,7 +28,7 @@ from theory.reduced_ode import metric_factors
 
 WINDOW_POINTS = 5
 """Snapshots of the final stage's second half (its records 4/8 .. 8/8) on which the descent
-rate is fitted (numerics.statistics.descent_left): five give the residual scatter three
+rate is fitted (numerics.evaluate.descent_left): five give the residual scatter three
 degrees of freedom, enough to see the iterates' jitter, at five model evaluations a run."""
 
 
@@ -259,7 +258,7 @@ def converged_for(run, tolerance: float) -> bool:
     """The one convergence test: a run is converged for a comparison of tolerance ``tolerance``
     (fixed before comparing, from the comparison's own noise) when the loss it could still
     lose, ``run["descent_left"]`` (its descent rate over the second half of its final stage,
-    one standard error up, times the stage's length: numerics.statistics.descent_left), is at
+    one standard error up, times the stage's length: numerics.evaluate.descent_left), is at
     most tolerance / Z_CONVERGED, i.e. within about one standard error of the comparison.
     Small against the comparison's tolerance, not against the loss: a run that would still
     lose 0.02 is converged for a comparison of tolerance 0.1 and not for one of 0.05.  A run
@@ -283,7 +282,7 @@ def last_quarter(record_steps, most: int | None = None) -> set:
 
 def stage_descent(snapshots, n: int, seed: int):
     """The descent fit of a single fixed-step stage (an atlas point, an optimality candidate):
-    numerics.statistics.descent_left on its last quarter's snapshots ((t, model) pairs, at
+    numerics.evaluate.descent_left on its last quarter's snapshots ((t, model) pairs, at
     least 3, paired on ``n`` held-out prompts of ``seed``), horizon the quarter's length.  Such
     a stage has no polish and is read at its end, so the test asks whether the last quarter
     again would move its loss beyond its comparison's tolerance, which must then carry the
@@ -324,7 +323,7 @@ class ConvergedRun(_RunRecord):
     proportional to lr/B, the explore-end minus polish-end held-out loss, ``excess``, paired on
     the descent prompts, is (1 - k) of the explore excess, k the ratio of lr/B of the two
     phases, so the polish's own excess is k/(1-k) times it); ``descent``: the descent fit over
-    the polish's second half (numerics.statistics.DescentLeft.to_dict(), horizon the polish's
+    the polish's second half (numerics.evaluate.DescentLeft.to_dict(), horizon the polish's
     length) and ``descent_left`` its loss still to lose; ``converged``: :func:`converged_for`
     at the run's own comparison tolerance ``convergence_tolerance`` = Z_CONVERGED se +
     step_error (claim 5's, less theory's ~1e-12 quadrature bound); the readout omega, mu,
@@ -543,7 +542,7 @@ class ContinuedRun(_RunRecord):
     Z_CONVERGED standard errors of the difference: its off-D part (``residual`` of ||(W, U)||)
     carries no loss beyond noise, so on D the full model's flow is the reduced flow (claims 1-2)
     and the continuation follows the run; off D it is not continued.  ``time``: flow time
-    followed; ``converged``: the descent left (``descent``: numerics.statistics.descent_left over
+    followed; ``converged``: the descent left (``descent``: numerics.evaluate.descent_left over
     the continuation's second half, horizon its length) is at most hypot(se, ``reference_se``),
     i.e. within tolerance / Z_CONVERGED of a two-sided comparison with a prediction of standard
     error ``reference_se`` at Z_CONVERGED standard errors; else ``reason``.  ``loss`` +- ``se``:

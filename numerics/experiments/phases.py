@@ -27,14 +27,13 @@ from numerics import engine
 from numerics.config import ProblemConfig
 from numerics.config import make_generator, sample_prompts
 from numerics.engine import Need, kind, need
-from numerics.evaluate import LossEstimate, held_out_loss, held_out_reduced_loss
+from numerics.evaluate import (LossEstimate, allocation, bounded_correlation_se, held_out_loss, held_out_reduced_loss,
+                               mean_se)
 from numerics.exact_reduced import evaluate as exact_reduced_losses, loss_and_gradient
 from numerics.experiments import one_thread
 from numerics.model import MultiHeadAttention, initial_semi_singular_values, initial_values
-from numerics.evaluate import allocation
 from numerics.engine import case_seed
 from numerics.model import metric_factors, per_prompt_reduced_gradients, per_prompt_reduced_losses
-from numerics.statistics import bounded_correlation_se, mean_se
 from numerics.train import TrainConfig, train
 from theory.task_allocation import favoured_init, served_relaxation_rates, warmup_race_times
 from theory.three_phases import allocated_projection, phase_times, warmup_relative_rates
@@ -285,7 +284,7 @@ def allocation_run(cfg: ProblemConfig, tcfg: TrainConfig, held_out: int, seed: i
                    threshold_sigmas: float = 5.0, tail_batch: int | None = None) -> dict:
     """The run of (cfg, tcfg) for claim 4 (from TAIL_BATCH_FROM of it on with ``tail_batch`` prompts per step, where
     given: less SGD noise where the tail is read): its records of omega, mu, their tail means with standard errors
-    and per-record spreads (``numerics.statistics.bounded_correlation_se``: autocorrelation over j records at most
+    and per-record spreads (``numerics.evaluate.bounded_correlation_se``: autocorrelation over j records at most
     ``tail_rho``^j, e^(-lambda_i dt) with lambda_i theory.task_allocation.served_relaxation_rates and dt the record
     interval), the tail-mean OV matrices U_h's singular values, the per-head ``threshold`` = max(threshold_sigmas x
     the Frobenius norm of their entries' standard errors (:func:`tail_standard_errors`), 1e-6) and the count of values

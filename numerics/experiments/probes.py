@@ -38,13 +38,12 @@ from numerics import engine, exact_reduced
 from numerics.config import ProblemConfig
 from numerics.engine import kind
 from numerics.config import make_generator, sample_prompts
-from numerics.evaluate import held_out_loss
+from numerics.evaluate import held_out_loss, mean_se, paired_ratio
 from numerics.train import shape_key
 from numerics.exact_reduced import (FamilyMinimum, allocated_minimum, best_found_minimum, evaluate, fit_sample_size,
                                     measure, minima_seconds, minimise_family, optimal_mu_at)
 from numerics.experiments import one_thread
 from numerics.experiments.converged import converged_for, last_quarter, stage_descent, stage_tolerance
-from numerics.statistics import mean_se, paired_ratio
 from numerics.model import (MultiHeadAttention, TrainingDiverged, full_velocity_on_D, initial_semi_singular_values,
                             initial_values)
 from numerics.model import metric_factors, per_prompt_reduced_gradients, reduced_gradient

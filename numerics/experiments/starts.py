@@ -35,13 +35,12 @@ from numerics import engine
 from numerics.train import shape_key
 from numerics.config import ProblemConfig
 from numerics.engine import kind, need
-from numerics.evaluate import held_out_prompt_losses
+from numerics.evaluate import (RACE_DECIDED_SHARE, ZERO_SUM_SHARE, allocation, binomial_interval, descent_left,
+                               end_class, held_out_prompt_losses, mean_se, zero_sum_ratio)
 from numerics.experiments import one_thread
 from numerics.experiments.converged import converged_for, last_quarter, stage_tolerance
 from numerics.model import MultiHeadAttention, TrainingDiverged, factor_balance
-from numerics.evaluate import RACE_DECIDED_SHARE, ZERO_SUM_SHARE, allocation, end_class, zero_sum_ratio
 from numerics.engine import case_seed
-from numerics.statistics import binomial_interval, descent_left, mean_se
 from numerics.train import TrainConfig, train_many, train_reduced_many
 from theory.initialisation import (authors_logit_scale, race_starts, random_start_scales, residual_split,
                                    unbalanced_metric_factors, warmup_norm_bound, warmup_quartic_constant)
@@ -64,7 +63,7 @@ measured movable part of 3.0 from PyTorch's default start at (2, 2), L = 32 -- s
 classify.)"""
 
 WINDOW_MOST = 11
-"""The descent fit of a run (numerics.statistics.descent_left) takes the records of its last
+"""The descent fit of a run (numerics.evaluate.descent_left) takes the records of its last
 quarter as paired snapshots, at most this many (evenly thinned): a run of 41 records has 11 there,
 and the fit's rate se falls like jitter / (span sqrt(k)), so a run of 201 records gains little
 from its 51 (each snapshot costs one held-out evaluation)."""
@@ -103,7 +102,7 @@ def end_states(runs: list[dict]) -> list[dict]:
     the exception that ended it), "norm0_sq", "split0", "snapshots" [(t, model)] of its descent
     window, "n_eval", "eval_seed"}): its held-out loss at the final weights on ``n_eval`` prompts of the
     held-out stream of ``eval_seed`` (``loss``, ``se``, ``n``), the descent fit on the window's
-    snapshots on the same prompts (``descent_fit``, ``descent_left``; numerics.statistics.
+    snapshots on the same prompts (``descent_fit``, ``descent_left``; numerics.evaluate.
     descent_left, horizon the window's span: a single fixed-step stage has no polish and is read
     at its end, so the test asks whether the last quarter again would move its loss beyond its
     comparison's tolerance), ``convergence_tolerance`` = Z_CONVERGED sqrt(se^2 + jitter^2) (the
@@ -197,7 +196,7 @@ def _end_state(r: dict, losses: np.ndarray) -> dict:
 def outcome_mix(states: Sequence[dict], z: float, refs: Optional[dict] = None) -> dict:
     """Where the seeds of one start ended: per class label (numerics.evaluate.EndClass.label, in
     the order of OUTCOME_CLASSES, superpositions by k) ``count`` of ``n`` seeds, the ``share``,
-    its binomial ``interval`` (numerics.statistics.binomial_interval at ``z``), the seeds, and the
+    its binomial ``interval`` (numerics.evaluate.binomial_interval at ``z``), the seeds, and the
     held-out loss over the allocated fixed point and over the best decomposable point of
     ``refs`` (:func:`references`), mean +- se over the class's seeds (``seeds``: their init seeds,
     or their data seeds where the init seeds do not tell them apart); ``classes`` (names: any k)

@@ -20,7 +20,7 @@ from claims.core import Z_SE, context, run_plan
 from numerics.config import ProblemConfig
 from numerics.engine import Engine
 from numerics.experiments import phases as experiments
-from numerics.statistics import least_tolerance_weights
+from numerics.evaluate import least_tolerance_weights
 from numerics.train import TrainConfig
 from theory.three_phases import ov_share, phase_times, phases_resolved, warmup_law_time
 
