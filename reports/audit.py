@@ -41,7 +41,7 @@ from typing import Optional, TextIO
 from numerics.io import MEMORY_FRACTION, jsonable, memory_available
 from reports.build import check_out_dir, exit_status, recover_leftovers, refuse_arguments, write_files
 from reports.build import ClaimProgress, _duration, _version, git_state
-from reports.schema import VERSIONED_PACKAGES, BadArguments
+from reports.render import VERSIONED_PACKAGES, BadArguments, data_uri, environment, pyplot
 from numerics.io import (OFFSET_SEED_MAX, check_device_option, command_line, float_option, int_option,
                                  seed_option, tasks_option, threads_option)
 
@@ -397,19 +397,17 @@ def check_budget(cost: dict, max_seconds: float, flag_given: bool) -> None:
 
 # --------------------------------------------------------------------------- figures
 # Drawn from the numbers of claims.json (nothing computed here), with the main page's pyplot
-# (reports.render: the Agg backend; imported where a figure is drawn, so that refused arguments never
-# load matplotlib); a figure that cannot be drawn raises, and the caller names it on the page.
+# (reports.render.pyplot: the Agg backend, imported when a figure is first drawn, so that refused
+# arguments never load matplotlib); a figure that cannot be drawn raises, and the caller names it on the page.
 
 REFERENCE_COLOURS = {"allocated_fixed_point": "tab:blue", "one_head_optimum": "tab:orange",
                      "best_decomposable": "tab:green", "linear_attention": "tab:purple"}
 
 
 def _png(fig) -> bytes:
-    from reports.render import plt
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    pyplot().close(fig)
     return buf.getvalue()
 
 
@@ -419,11 +417,9 @@ def _number(x):
 
 def bars_png(entry: dict) -> bytes:
     """omega and mu of one model entry, grouped by head, one bar per task."""
-    from reports.render import plt
-
     om, mu = entry["readout"]["omega"], entry["readout"]["mu"]
     H, m = len(om), len(om[0])
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.2))
+    fig, axes = pyplot().subplots(1, 2, figsize=(9.5, 3.2))
     width = 0.8 / m
     for ax, values, what in ((axes[0], om, "omega[h, i] (QK)"), (axes[1], mu, "mu[h, i] (OV)")):
         for i in range(m):
@@ -441,10 +437,9 @@ def ladder_png(entry: dict) -> bytes:
     """The model's loss with its error bar (Z = 4 standard errors drawn as the bar, 1 as the box)
     among theory's reference points; a reference that could not be computed is named below."""
     from claims.audit.model import REFERENCE_NAMES
-    from reports.render import plt
 
     loss = entry["held_out_loss"] or entry["projected_loss"]
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    fig, ax = pyplot().subplots(figsize=(6.5, 3.6))
     missing = []
     for k, label in REFERENCE_NAMES.items():
         r = entry["theory"].get(k, {})
@@ -472,9 +467,7 @@ def trajectory_png(t, loss, se, mu, theory=None, phases=None, title="") -> bytes
     """Loss against time (points with 1 se bars, the measured phases shaded; ``theory``: its curve with
     its label, the exact fixed point's level and the judged phase ends, dashed with their tolerances
     shaded) and the OV values mu[h, i] against time."""
-    from reports.render import plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6))
+    fig, axes = pyplot().subplots(1, 2, figsize=(10.5, 3.6))
     ax = axes[0]
     if se is not None:
         ax.errorbar(t, loss, yerr=se, fmt="o", ms=3, label="held-out loss")
@@ -604,8 +597,6 @@ def trajectory_theory(d: dict) -> Optional[dict]:
 def page(doc: dict, files: dict) -> str:
     """index.html from the template, in the main page's environment (autoescaped; its ``anchor``
     gives the section ids check_report looks for); figures inline as data URIs."""
-    from reports.render import data_uri, environment
-
     env = environment().overlay(keep_trailing_newline=False)
     env.filters = {**env.filters, "num": _fmt, "decided": decided_by,
                    "pm": lambda e: "n/a" if not e else f"{_fmt(e['mean'])} ± {_fmt(e['se'], 2)}"}

@@ -20,7 +20,7 @@ engine's cost model over their plans.  Everything is checked before any claim
 runs, the output directory included (:func:`check_out_dir`).
 
 The schema of claims.json is derived from the dataclasses of ``claims.core``
-(``reports.schema``); the findings of every claim are gathered into its top-level
+(``reports.render``); the findings of every claim are gathered into its top-level
 ``findings`` list, which the page shows first.
 
 Exit status: 0 when no claim fails or errors and no boundary is contradicted or errors
@@ -90,7 +90,7 @@ from numerics.io import (SEED_MAX, FolderBusy, TOMLDecodeError, check_device_opt
                          create_inside, float_option, folder_lock, int_option, make_directories, one_blas_thread,
                          parse_tasks as strict_tasks, read_input_bytes, read_inside, seed_option, toml_loads,
                          write_inside)
-from reports.schema import (VERSIONED_PACKAGES, BadArguments, check_report, entry_problems, load_report,
+from reports.render import (VERSIONED_PACKAGES, BadArguments, check_report, entry_problems, load_report,
                             provenance_problems, with_defaults)
 
 DEFAULT_OUT = "reports/out"
@@ -1112,7 +1112,7 @@ def write_report(out: Path, report: dict, pngs: dict[str, bytes], stream: Option
 
 def write_files(out: Path, files: Callable[[], dict[str, bytes]], stream: Optional[TextIO] = None) -> Path:
     """Write what ``files()`` makes into a new temporary directory beside ``out``, check it as a
-    report (``reports.schema.check_report``), then put it in place (:func:`replace_with`).  On any
+    report (``reports.render.check_report``), then put it in place (:func:`replace_with`).  On any
     exception (KeyboardInterrupt included) the temporary directory is removed and a previous
     report in ``out`` is left as it was; a build killed meanwhile leaves only the temporary, which
     the next one removes (:func:`recover_leftovers`)."""

@@ -4,7 +4,7 @@
 
 A and B are the ``claims.json`` files of two ``reports.build`` runs (or their directories),
 say before and after a code change, or at two configurations; both are read and checked as
-``--from-json`` reads one (``reports.schema.load_report``: a hand-edited or inconsistent file
+``--from-json`` reads one (``reports.render.load_report``: a hand-edited or inconsistent file
 is refused, exit 2, as is one written by an older version of this code).  The comparison is of what the reports recorded; nothing
 is recomputed.  Per claim id (in A's order, then B's new ids): the outcome in A and in B; per
 headline row (matched by claim id, row name and config): theory, side, measured ± se,
@@ -30,8 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from reports.render import describe_problem, format_value, headline_cells, render
-from reports.schema import BadArguments, load_report
+from reports.render import BadArguments, describe_problem, format_value, headline_cells, load_report, render
 from numerics.io import check_output_path, command_line, write_output
 
 EXIT_SAME, EXIT_CHANGED, EXIT_BAD_ARGUMENTS = 0, 1, 2

@@ -19,7 +19,7 @@ from numerics.io import parse_json
 from numerics.model import MultiHeadAttention
 from numerics.train import TrainConfig, train
 from reports import audit
-from reports.schema import document_problems
+from reports.render import document_problems
 from theory.exact import exact_fixed_point
 
 TASKS, L = (2, 2), 32

@@ -24,7 +24,7 @@ from numerics.model import MultiHeadAttention
 from numerics.evaluate import Z_SE
 from numerics.train import TrainConfig, train
 from reports import audit
-from reports.schema import document_problems
+from reports.render import document_problems
 from theory.exact import exact_fixed_point
 from theory.three_phases import PhaseTimes, phases_resolved
 

@@ -1748,7 +1748,7 @@ def test_writers_of_one_out_take_turns(tmp_path):
     other over the write probe, one report landed beside --out, a warning named a folder another had
     removed.  Now each waits its turn: all succeed, --out holds one whole report, nothing beside it."""
     from reports.build import foreign_entries
-    from reports.schema import check_report
+    from reports.render import check_report
 
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -26,7 +26,7 @@ from reports import build as report_build
 from reports import compare as report_compare
 from reports import render as report_render
 from reports.build import check_report, main
-from reports.schema import document_problems
+from reports.render import document_problems
 
 from numerics.engine import cost_of
 from report_fakes import (FAKES, HEADLINE, configured, fake_config, fake_spec, install_registry, snapshot,
@@ -1027,7 +1027,7 @@ def test_a_20000_claim_claims_json_is_checked_in_linear_time(tmp_path):
     shared); a forged row among them is found."""
     import time
 
-    from reports.schema import load_report
+    from reports.render import load_report
 
     source = tmp_path / "big.json"
     source.write_text(_many_claims(20000))
