@@ -147,10 +147,6 @@ class ExternalModel:
 
 # --------------------------------------------------------------------------- reading
 
-def _fail(path: str, what: str) -> CheckpointError:
-    return CheckpointError(f"{path}: {what}")
-
-
 def _torch_load(data: bytes):
     """A torch file checked before it is loaded (its archive and pickle bounded:
     numerics.checkpoint.check_torch_archive), loaded weights-only, and every tensor in it dense, in
@@ -215,17 +211,6 @@ def _safetensors_load(data: bytes):
     except SafetensorError as exc:
         raise CheckpointError(f"a safetensors file that cannot be read: truncated or corrupt ({exc})") from None
     return {**tensors, **meta}      # metadata strings: the step/time/logit_scale entries are read from them
-
-
-def _json_load(data: bytes):
-    try:
-        check_memory(PARSE_FACTOR * len(data), "parsing it")
-    except ValueError as exc:
-        raise CheckpointError(str(exc)) from None
-    try:
-        return parse_json(data.decode("utf-8"))
-    except ValueError as exc:       # UnicodeDecodeError is one
-        raise CheckpointError(f"not valid JSON: truncated or corrupt ({str(exc)[:160]})") from None
 
 
 def _array(name: str, value) -> np.ndarray:
@@ -393,14 +378,6 @@ def _pick(entries: dict) -> tuple[str, str]:
                           "project: a numerics.train checkpoint or run.json); see docs/audit.md for the export")
 
 
-def _time_entry(entries: dict) -> tuple[Optional[float], Optional[int], Optional[str]]:
-    t = next((entries[k] for k in TIME_KEYS if k in entries), None)
-    s = next((entries[k] for k in STEP_KEYS if k in entries), None)
-    time_ = None if t is None else _scalar("time", t, 0.0, text=True)
-    step = None if s is None else _count("step", s, text=True)
-    return time_, step, ("the file's time entry" if time_ is not None else None)
-
-
 def check_paths(paths) -> None:
     """Every checkpoint path checked before any file is read (numerics.io.check_input_files: a
     regular file, not a link loop, a FIFO or a device, its name valid UTF-8, at most
@@ -439,7 +416,11 @@ def _load(data: bytes) -> tuple[str, object]:
     if data[:1] == b"\x80":
         return "torch", _torch_load(data)
     if data.lstrip()[:1] in (b"{", b"["):
-        return "json", _json_load(data)
+        _within_memory(PARSE_FACTOR * len(data), "parsing it")
+        try:
+            return "json", parse_json(data.decode("utf-8"))
+        except ValueError as exc:       # UnicodeDecodeError is one
+            raise CheckpointError(f"not valid JSON: truncated or corrupt ({str(exc)[:160]})") from None
     raise CheckpointError("not a format this command reads (a torch file, .safetensors, .npz or a run.json), by its "
                           "first bytes; see docs/audit.md for the export")
 
@@ -481,8 +462,10 @@ def _read(text: str, data: bytes, layout: str, logit_scale, tasks) -> ExternalMo
         if logit_scale is not None:
             raise CheckpointError("--logit-scale does not apply: a project file carries its configuration's logit_scale")
         return _project(entries, fmt, common)
-    time_, step, source = _time_entry(entries)
-    common.update(time=time_, step=step, time_source=source)
+    t, s = (next((entries[k] for k in keys if k in entries), None) for keys in (TIME_KEYS, STEP_KEYS))
+    common.update(time=None if t is None else _scalar("time", t, 0.0, text=True),
+                  step=None if s is None else _count("step", s, text=True),
+                  time_source=None if t is None else "the file's time entry")
     return _layout_model(entries, picked, logit_scale, common, tasks)
 
 
@@ -504,8 +487,13 @@ def _check_raw(raw: dict, tasks: Optional[tuple]) -> None:
                     raise CheckpointError(f"{name} has shape {shape}: --tasks {','.join(map(str, tasks))} needs "
                                           f"{'d + m' if what == 'D' else 'm'} = {want[what]} on its axis {axis}; it is not read")
     count = sum(math.prod(tuple(getattr(a, "shape", ()))) for a in raw.values())
+    _within_memory(16 * count, f"reading its {count:,} weights as float64 (two copies)")
+
+
+def _within_memory(need: int, what: str) -> None:
+    """numerics.io.check_memory, its refusal a CheckpointError (read_checkpoint names the file)."""
     try:
-        check_memory(16 * count, f"reading its {count:,} weights as float64 (two copies)")
+        check_memory(need, what)
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None
 
@@ -696,10 +684,11 @@ def check_against(ext: ExternalModel, tasks: tuple) -> None:
     d, m = sum(tasks), len(tasks)
     spec = ",".join(map(str, tasks))
     if ext.m != m:
-        raise _fail(ext.path, f"the weights have m = {ext.m} outputs (one per task), but --tasks {spec} gives m = {m} tasks")
+        raise CheckpointError(f"{ext.path}: the weights have m = {ext.m} outputs (one per task), but --tasks {spec} "
+                              f"gives m = {m} tasks")
     if ext.token_dim != d + m:
-        raise _fail(ext.path, f"the weights read tokens of width d + m = {ext.token_dim}, but --tasks {spec} gives "
-                              f"d + m = {d} + {m} = {d + m}")
+        raise CheckpointError(f"{ext.path}: the weights read tokens of width d + m = {ext.token_dim}, but --tasks "
+                              f"{spec} gives d + m = {d} + {m} = {d + m}")
 
 
 def problem_config(ext: ExternalModel, tasks, L: int, sigma: float = 0.0, basis: str = "identity",
@@ -866,8 +855,8 @@ def gradient_noise(omega, mu, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
     return {"mean": mean, "se": se, "cov": cov, "n": int(n), "seed": int(seed), "chunk": int(chunk)}
 
 
-def loss_descent(earlier: ExternalModel, later: ExternalModel, cfg: ProblemConfig, n: int = 16384, seed: int = 0,
-                 chunk: Optional[int] = None) -> Optional[LossEstimate]:
+def loss_descent(earlier: ExternalModel, later: ExternalModel, cfg: ProblemConfig, n: int, seed: int,
+                 chunk: int) -> Optional[LossEstimate]:
     """The held-out loss of ``earlier`` minus that of ``later`` on the same prompts, with the
     paired standard error (``numerics.evaluate.held_out_loss_difference``): how much the run still
     fell between the two checkpoints.  None when either file has no weights."""
@@ -875,4 +864,4 @@ def loss_descent(earlier: ExternalModel, later: ExternalModel, cfg: ProblemConfi
     if a is None or b is None:
         return None
     with torch.no_grad():
-        return held_out_loss_difference(a, b, n=n, seed=seed, chunk=held_out_chunk(cfg) if chunk is None else chunk)
+        return held_out_loss_difference(a, b, n=n, seed=seed, chunk=chunk)
