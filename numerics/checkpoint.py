@@ -388,6 +388,9 @@ RECORD_FIELDS = ("t", "loss", "omega", "mu", "residual")
 BOOKKEEPING = ("checkpoint", "checkpoint_every", "progress")
 """TrainConfig fields that change how a run is watched, not what it computes: they may differ on resume."""
 
+_AFRESH = "delete it to start afresh, or choose another checkpoint path"
+"""What to do with a file that is no numerics.train checkpoint at all."""
+
 _DAMAGED = ("the file is damaged or was not written by numerics.train for this run: delete it to start afresh, "
             "or pass the configuration it was written for")
 
@@ -481,7 +484,7 @@ def _load_bytes(path: str) -> bytes:
         check_torch_archive(data, memory_available())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {path!r} is not a readable numerics.train checkpoint ({str(exc)[:300]}); "
-                              "delete it to start afresh, or choose another checkpoint path") from None
+                              f"{_AFRESH}") from None
     return data
 
 
@@ -497,19 +500,17 @@ def load(path: str) -> dict:
                 "not a readable numerics.train checkpoint" if isinstance(exc, pickle.UnpicklingError)
                 and "weights_only" in str(exc) else "exists but is not a readable numerics.train checkpoint "
                 "(corrupt, truncated or another kind of file)")
-        raise CheckpointError(f"checkpoint {path!r} {what}; delete it to start afresh, or choose another checkpoint "
-                              "path") from None
+        raise CheckpointError(f"checkpoint {path!r} {what}; {_AFRESH}") from None
     if not isinstance(ck, dict) or not all(isinstance(k, str) for k in ck):
         what = "a dict whose keys are not all names" if isinstance(ck, dict) else f"a {type(ck).__name__}"
         raise CheckpointError(f"checkpoint {path!r} is a torch file of {what}, not a numerics.train checkpoint (a "
-                              "dict of named fields); delete it to start afresh, or choose another "
-                              "checkpoint path")
+                              f"dict of named fields); {_AFRESH}")
     missing, extra = [k for k in FIELDS if k not in ck], sorted(set(ck) - set(FIELDS))
     if missing or extra:
         what = "; ".join(([f"missing field(s) {', '.join(missing)}"] if missing else [])
                          + ([f"unknown field(s) {_show(extra)}"] if extra else []))
         raise CheckpointError(f"checkpoint {path!r} is a torch file but not a numerics.train checkpoint ({what}); "
-                              "delete it to start afresh, or choose another checkpoint path")
+                              f"{_AFRESH}")
     return ck
 
 
