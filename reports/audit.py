@@ -38,12 +38,11 @@ import time
 import warnings
 from typing import Optional, TextIO
 
-from numerics.io import MEMORY_FRACTION, jsonable, memory_available
-from reports.build import check_out_dir, exit_status, recover_leftovers, refuse_arguments, write_files
-from reports.build import ClaimProgress, _duration, _version, git_state
+from numerics.io import (MEMORY_FRACTION, OFFSET_SEED_MAX, check_device_option, command_line, float_option, int_option,
+                         jsonable, memory_available, seed_option, tasks_option, threads_option)
+from reports.build import (ClaimProgress, _duration, _version, check_out_dir, exit_status, git_state, recover_leftovers,
+                           refuse_arguments, write_files)
 from reports.render import VERSIONED_PACKAGES, BadArguments, data_uri, environment, pyplot
-from numerics.io import (OFFSET_SEED_MAX, check_device_option, command_line, float_option, int_option,
-                                 seed_option, tasks_option, threads_option)
 
 DEFAULT_OUT = "reports/audit"
 EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED = 2, 130   # and the build's exit_status: 0, or 1 on a failing result

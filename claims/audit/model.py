@@ -249,18 +249,13 @@ REFERENCE_NAMES = {"allocated_fixed_point": "allocated fixed point", "one_head_o
 
 # --------------------------------------------------------------------------- where a model stands
 
-def off_D_share(split: Optional[dict]) -> Optional[float]:
-    """The movable off-D part over the function-relevant norm (:data:`ON_D_SHARE`); None without weights."""
-    if split is None:
-        return None
-    relevant = math.sqrt(max(split["norm"] ** 2 - split["gradient_free"] ** 2, 0.0))
-    return float(split["movable"] / relevant) if relevant > 0 else 0.0
-
-
 def _share(meas) -> tuple[Optional[float], str]:
-    s = off_D_share(meas.split)
-    if s is not None:
-        return s, "movable off-D share"
+    """(share, how): the movable off-D part over the function-relevant norm (:data:`ON_D_SHARE`), or
+    without weights the file's off-D residual, or unknown (None)."""
+    split = meas.split
+    if split is not None:
+        relevant = math.sqrt(max(split["norm"] ** 2 - split["gradient_free"] ** 2, 0.0))
+        return (float(split["movable"] / relevant) if relevant > 0 else 0.0), "movable off-D share"
     if meas.residual is not None:
         return float(meas.residual), "off-D residual from the file (no weights to split it)"
     return None, "unknown"
