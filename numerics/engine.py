@@ -348,7 +348,10 @@ class Engine:
     """Executes needs at one report seed: memo, then sweep store, then computation.
 
     ``store``: a ``numerics.experiments.Store`` (or None); ``jobs``: worker processes for
-    independent needs (1: in this process); ``progress(message, fraction)``."""
+    independent needs (1: in this process); ``progress(message, fraction)``.  The workers are
+    started at the first parallel run and kept for every later one (a staged plan asks the
+    engine several times; a fresh worker pays its imports and the theory's cached derivations
+    again) until :meth:`close`."""
 
     seed: int = 0
     store: Any = None
@@ -357,6 +360,7 @@ class Engine:
     cpu_seconds: dict = field(default_factory=dict)
     stored_ids: set = field(default_factory=set)
     local: dict = field(default_factory=dict)
+    _pool: Any = field(default=None, repr=False)
 
     def memo(self, n: Need) -> dict:
         """Where the value of ``n`` is kept: the process's memo if its kind and every need it
@@ -417,17 +421,29 @@ class Engine:
             self.memo(n)[self.key(n)] = value
             self.cpu_seconds[self.key(n)] = cpu / len(job)
 
-    def _run_parallel(self, jobs: list) -> None:
-        """``jobs`` in ``self.jobs`` fresh worker processes, the costliest ready job first."""
-        import multiprocessing
-        from numerics.io import die_with_parent, worker_environment
+    def _workers(self):
+        """The pool of ``self.jobs`` worker processes, started at the first call."""
+        if self._pool is None:
+            import multiprocessing
+            from numerics.io import die_with_parent, worker_environment
+            ctx = multiprocessing.get_context("spawn")
+            with worker_environment():     # one BLAS thread in each worker (numerics.io.ONE_BLAS_THREAD)
+                self._pool = ctx.Pool(self.jobs, initializer=die_with_parent, initargs=(os.getpid(),))
+        return self._pool
 
+    def close(self) -> None:
+        """End the worker processes (a later parallel run starts new ones)."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.close()
+            pool.join()
+
+    def _run_parallel(self, jobs: list) -> None:
+        """``jobs`` in the ``self.jobs`` worker processes, the costliest ready job first."""
         costs = {id(j): sum(cost_of(n) for n in j) for j in jobs}
         waiting, running, done = list(jobs), {}, 0.0
         total = sum(costs.values()) or 1.0
-        ctx = multiprocessing.get_context("spawn")
-        with worker_environment():     # one BLAS thread in each worker (numerics.io.ONE_BLAS_THREAD)
-            pool = ctx.Pool(min(self.jobs, len(jobs)), initializer=die_with_parent, initargs=(os.getpid(),))
+        pool = self._workers()
         try:
             while waiting or running:
                 ready = sorted((j for j in waiting if all(self.key(d) in self.memo(d) for n in j
@@ -445,12 +461,11 @@ class Engine:
                     self._keep(job, values, cpu)
                     done += costs[key]
                     self.progress(job[0].label(), done / total)
-            pool.close()
         except BaseException:
+            self._pool = None
             pool.terminate()
-            raise
-        finally:
             pool.join()
+            raise
 
 
 SEED_BITS = 31

@@ -351,9 +351,9 @@ def run_all(cfg, stream: TextIO, cpu_seconds: dict) -> list[ClaimResult]:
             errors[cid] = exc
     bar = ClaimProgress(f"{len(ctxs)} claims' needs", stream, cfg.progress)
     results = {cid: Results() for cid in ctxs}
-    with experiments.store(cfg.sweep) as store:
-        engine = Engine(seed=cfg.seed, store=store, jobs=max(1, cfg.jobs if not str(cfg.device).startswith("cuda")
-                                                            else 1), progress=bar)
+    jobs = max(1, cfg.jobs if not str(cfg.device).startswith("cuda") else 1)
+    with experiments.store(cfg.sweep) as store, contextlib.closing(Engine(seed=cfg.seed, store=store, jobs=jobs,
+                                                                          progress=bar)) as engine:
         while True:
             wanted = {}
             for cid in list(ctxs):

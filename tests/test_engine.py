@@ -91,8 +91,17 @@ def test_the_price_is_of_what_is_not_yet_computed():
 
 def test_parallel_workers_give_the_values_of_one_process():
     """Two worker processes compute theory values (a registered kind every worker knows): the
-    same values as this process."""
-    needs = [need("theory", fn="limit_multi", args=((r, r), 0.0)) for r in (1, 2, 3)]
+    same values as this process; the same workers serve a later run, and close ends them."""
+    needs = [need("theory", fn="limit_multi", args=((r, r), 0.0)) for r in (1, 2, 3, 4)]
     serial = Engine(seed=0).run(needs)
-    parallel = Engine(seed=0, jobs=2).run(needs)
+    engine.clear_memo()          # else the parallel engine reads the serial one's values
+    pooled = Engine(seed=0, jobs=2)
+    try:
+        pooled.run(needs[:2])
+        workers = pooled._pool
+        parallel = pooled.run(needs)
+        assert workers is not None and pooled._pool is workers
+    finally:
+        pooled.close()
+    assert pooled._pool is None
     assert [parallel[n] for n in needs] == [serial[n] for n in needs]
