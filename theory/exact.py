@@ -855,6 +855,23 @@ def _one_task_profile(omega: float, r: int, L: int, sigma: float):
     return r - b * b / C, -(2.0 * b * db * C - b * b * dC) / C ** 2, b / C
 
 
+@lru_cache(maxsize=256)
+def _one_task_optimum(r: int, L: int, sigma: float, omega_max: float, tol: float) -> tuple:
+    """(omega*, mu*, loss, its error estimate) of one head on one task of size r at L (the root of
+    d/d omega (r - b^2/C), bracketed by a scan of omega in (0, omega_max]); kept per process,
+    as the fixed point at one (r, L, sigma) is asked by many theory values."""
+    grid = np.linspace(0.02, omega_max, 60)
+    vals = [_one_task_profile(float(w), r, L, sigma) for w in grid]
+    j = int(np.argmin([v[0] for v in vals]))
+    if j == 0 or j == grid.size - 1:
+        raise ValueError(f"the one-head loss of task r={r} at L={L} has no interior minimum in "
+                         f"(0, {omega_max}] (minimum at the edge omega={grid[j]:.3g}); widen omega_max")
+    w_star = brentq(lambda w: _one_task_profile(w, r, L, sigma)[1], grid[j - 1], grid[j + 1], xtol=tol)
+    val, _, mu_star = _one_task_profile(w_star, r, L, sigma)
+    e = exact_loss([[w_star]], [[mu_star]], (r,), L, sigma)
+    return float(w_star), float(mu_star), float(val), e.error_estimate
+
+
 def exact_fixed_point(tasks, L, sigma=0.0, omega_max=3.0, tol=1e-12) -> dict:
     """The allocated fixed point at finite L: per task i, the one-head one-task minimiser of
     the exact loss over (omega, mu): mu*(omega) = b/C in closed form, then the root of
@@ -862,18 +879,7 @@ def exact_fixed_point(tasks, L, sigma=0.0, omega_max=3.0, tol=1e-12) -> dict:
     on the analytic derivative).  The allocated model's loss is the sum over tasks (extra
     heads idle).  Returns {"omega_star", "mu_star", "loss_per_task", "loss", "error_estimate"}."""
     tasks, L, sigma = _checked(tasks, L, sigma)
-    per_size = {}
-    for r in dict.fromkeys(tasks):
-        grid = np.linspace(0.02, omega_max, 60)
-        vals = [_one_task_profile(float(w), r, L, sigma) for w in grid]
-        j = int(np.argmin([v[0] for v in vals]))
-        if j == 0 or j == grid.size - 1:
-            raise ValueError(f"the one-head loss of task r={r} at L={L} has no interior minimum in "
-                             f"(0, {omega_max}] (minimum at the edge omega={grid[j]:.3g}); widen omega_max")
-        w_star = brentq(lambda w: _one_task_profile(w, r, L, sigma)[1], grid[j - 1], grid[j + 1], xtol=tol)
-        val, _, mu_star = _one_task_profile(w_star, r, L, sigma)
-        e = exact_loss([[w_star]], [[mu_star]], (r,), L, sigma)
-        per_size[r] = (float(w_star), float(mu_star), float(val), e.error_estimate)
+    per_size = {r: _one_task_optimum(int(r), L, float(sigma), float(omega_max), float(tol)) for r in dict.fromkeys(tasks)}
     omega_star, mu_star, loss = ([per_size[r][k] for r in tasks] for k in range(3))
     error = sum(per_size[r][3] for r in tasks)
     return {"tasks": list(tasks), "L": L, "sigma": sigma, "omega_star": omega_star, "mu_star": mu_star,
