@@ -507,6 +507,18 @@ def metric_factors(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) ->
     return torch.as_tensor(f_om, **opts), torch.as_tensor(f_mu, **opts)
 
 
+def stacked_metric_factors(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`metric_factors` of R runs of cfg's param, logit scale and tasks at once, omega and mu
+    (R, H, m): the factors are elementwise per head, so the R H heads go through one call (the
+    same numbers as R calls, without R round trips through numpy)."""
+    R, H, m = omega.shape
+    f_om, f_mu = theory_metric_factors(cfg.param, omega.detach().cpu().double().numpy().reshape(R * H, m),
+                                       mu.detach().cpu().double().numpy().reshape(R * H, m), cfg.tasks,
+                                       cfg.logit_scale)
+    opts = dict(dtype=omega.dtype, device=omega.device)
+    return torch.as_tensor(f_om, **opts).view(R, H, m), torch.as_tensor(f_mu, **opts).view(R, H, m)
+
+
 def symmetrize_full(prompts: Prompts, cfg: ProblemConfig, drop: int = 0) -> Prompts:
     """Every prompt under every element (T, S) of G (batch x |G| prompts, element-major).
 

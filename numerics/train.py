@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -103,7 +104,7 @@ from .config import (INITS, PARAMS, STREAM_VERSION, ProblemConfig, Prompts, make
 from .engine import MERGE_CONTEXT_ELEMENTS, digest
 from .exact_reduced import marginal_mean_loss, sample_marginal_prompts
 from .model import (MultiHeadAttention, TrainingDiverged, attend, block_scores, initial_semi_singular_values,
-                    metric_factors, readout)
+                    metric_factors, readout, stacked_metric_factors)
 
 
 BatchSource = Callable[[int], Prompts]
@@ -466,7 +467,7 @@ def _program_runs(part: list, cfgs: list, tcfgs: list, seams: dict, estimator: s
                            Stream(draw, tcfg.seed, make_generator(tcfg.seed, cfg.device), fixed))
         metric = seams.get("metric", [None] * len(cfgs))[i]
         if "metric" in seams and metric is None:
-            metric = lambda o, m_, cfg=cfg: metric_factors(o, m_, cfg)  # noqa: E731
+            metric = functools.partial(metric_factors, cfg=cfg)
         runs.append(Run(i, cfg, tcfg, keyed[key], set(tcfg.record_steps(seams["record_every"][i])), seams["on_record"][i],
                         start=seams["start"][i], metric=metric, estimator=estimator))
     return runs, streams
@@ -696,9 +697,19 @@ class StackedValues:
 
     def step(self, grads, lr: torch.Tensor) -> None:
         om, mu = self.omega.detach(), self.mu.detach()
+        f_om, f_mu = self.factors(om, mu)
+        self.omega.sub_(lr.view(-1, 1, 1) * f_om * grads[0])
+        self.mu.sub_(lr.view(-1, 1, 1) * f_mu * grads[1])
+
+    def factors(self, om: torch.Tensor, mu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each run's metric factors (R, H, m): where every run has its problem's own metric
+        (numerics.model.metric_factors) of one param, logit scale and tasks, one stacked call
+        (numerics.model.stacked_metric_factors); else run by run."""
+        own = [f.keywords["cfg"] for f in self.metrics if isinstance(f, functools.partial) and f.func is metric_factors]
+        if len(own) == len(self.metrics) and len({(c.param, c.logit_scale, c.tasks) for c in own}) == 1:
+            return stacked_metric_factors(om, mu, own[0])
         factors = [f(om[r], mu[r]) for r, f in enumerate(self.metrics)]
-        self.omega.sub_(lr.view(-1, 1, 1) * torch.stack([f[0] for f in factors]) * grads[0])
-        self.mu.sub_(lr.view(-1, 1, 1) * torch.stack([f[1] for f in factors]) * grads[1])
+        return torch.stack([f[0] for f in factors]), torch.stack([f[1] for f in factors])
 
     def leave(self, run: "Run", r: int) -> None:
         pass
