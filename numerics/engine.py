@@ -330,6 +330,14 @@ def jobs_of(todo: list) -> list:
     return list(groups.values())
 
 
+def _start_worker(parent_pid: int) -> None:
+    """A worker's start: it ends with the command (numerics.io.die_with_parent) and keeps freed
+    memory for reuse (numerics.io.keep_freed_memory)."""
+    from numerics.io import die_with_parent, keep_freed_memory
+    die_with_parent(parent_pid)
+    keep_freed_memory()
+
+
 def _compute_in_worker(args):
     job, report_seed, deps = args
     import torch
@@ -425,10 +433,10 @@ class Engine:
         """The pool of ``self.jobs`` worker processes, started at the first call."""
         if self._pool is None:
             import multiprocessing
-            from numerics.io import die_with_parent, worker_environment
+            from numerics.io import worker_environment
             ctx = multiprocessing.get_context("spawn")
             with worker_environment():     # one BLAS thread in each worker (numerics.io.ONE_BLAS_THREAD)
-                self._pool = ctx.Pool(self.jobs, initializer=die_with_parent, initargs=(os.getpid(),))
+                self._pool = ctx.Pool(self.jobs, initializer=_start_worker, initargs=(os.getpid(),))
         return self._pool
 
     def close(self) -> None:

@@ -352,6 +352,27 @@ def one_blas_thread() -> int:
     return done
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
+MMAP_THRESHOLD_BYTES = 32 << 20   # glibc's largest: half its heap size
+TRIM_THRESHOLD_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep freed memory for the next allocation (Linux: ``mallopt``; elsewhere
+    nothing is done): blocks up to MMAP_THRESHOLD_BYTES come from the heap instead of fresh
+    mappings, and the heap is returned to the system only past TRIM_THRESHOLD_BYTES free at its
+    top.  By default a tensor of MiBs freed and allocated again each step is unmapped and
+    mapped afresh, and its page faults cost more than its arithmetic (the exact reduced loss at
+    L = 4096, 256 prompts: 37 -> 14 ms a point).  Where memory comes from changes no number.
+    Returns whether both settings were taken."""
+    import ctypes
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) & bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_POLL_SECONDS = 0.5
 

@@ -87,9 +87,9 @@ from typing import Callable, Iterable, Optional, TextIO
 import claims
 from claims.core import FAILING, PROFILES, ClaimResult, kind_from_id, no_progress, run_claim
 from numerics.io import (SEED_MAX, FolderBusy, TOMLDecodeError, check_device_option, check_inside, command_line,
-                         create_inside, float_option, folder_lock, int_option, make_directories, one_blas_thread,
-                         parse_tasks as strict_tasks, read_input_bytes, read_inside, seed_option, toml_loads,
-                         write_inside)
+                         create_inside, float_option, folder_lock, int_option, keep_freed_memory, make_directories,
+                         one_blas_thread, parse_tasks as strict_tasks, read_input_bytes, read_inside, seed_option,
+                         toml_loads, write_inside)
 from reports.render import (VERSIONED_PACKAGES, BadArguments, check_report, entry_problems, load_report,
                             provenance_problems, with_defaults)
 
@@ -341,6 +341,7 @@ def run_all(cfg, stream: TextIO, cpu_seconds: dict) -> list[ClaimResult]:
     from numerics.engine import Engine, Results, closure
 
     one_blas_thread()      # the needs this process computes itself (the workers start with one)
+    keep_freed_memory()
     ids, specs, ctxs, errors = selected(cfg), {}, {}, {}
     for cid in ids:
         try:

@@ -410,6 +410,30 @@ def test_real_registry_tiny_end_to_end(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report")]
 
 
+def test_freed_memory_is_kept_for_the_next_allocation():
+    """numerics.io.keep_freed_memory (the build's and each worker's allocator policy): two 16 MiB arrays
+    made and freed 20 times page-fault afresh each time by default (glibc trims its heap past twice
+    its adaptive threshold) and not at all once freed memory is kept (a fresh process for each)."""
+    if not sys.platform.startswith("linux"):
+        return
+    probe = ("import resource, sys, numpy as np\n"
+             "from numerics.io import keep_freed_memory\n"
+             "if sys.argv[1] == 'keep': assert keep_freed_memory()\n"
+             "faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+             "def make_and_free(times):\n"
+             "    for _ in range(times):\n"
+             "        a, b = np.ones(2 << 20), np.ones(2 << 20)\n"
+             "        del a, b\n"
+             "make_and_free(3)\n"
+             "f0 = faults()\n"
+             "make_and_free(20)\n"
+             "print(faults() - f0)\n")
+    faults = {mode: int(subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True,
+                                       check=True).stdout) for mode in ("default", "keep")}
+    assert faults["default"] > 2000, faults       # the check sees the default's faults (one a 2 MiB page at least)
+    assert faults["keep"] < faults["default"] / 10, faults
+
+
 def test_a_build_runs_openblas_on_one_thread(tmp_path):
     """The build's BLAS policy (numerics.io.ONE_BLAS_THREAD): worker_environment() holds the
     one-thread variables and restores the caller's; one_blas_thread() sets numpy's loaded
