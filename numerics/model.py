@@ -501,10 +501,8 @@ def metric_factors(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) ->
     definition) on these values, returned as tensors of omega's dtype and device.  The H x m
     values make a round trip through numpy (negligible next to a batch)."""
     _check_values(omega, mu, cfg)
-    f_om, f_mu = theory_metric_factors(cfg.param, omega.detach().cpu().double().numpy(),
-                                       mu.detach().cpu().double().numpy(), cfg.tasks, cfg.logit_scale)
-    opts = dict(dtype=omega.dtype, device=omega.device)
-    return torch.as_tensor(f_om, **opts), torch.as_tensor(f_mu, **opts)
+    f_om, f_mu = stacked_metric_factors(omega[None], mu[None], cfg)
+    return f_om[0], f_mu[0]
 
 
 def stacked_metric_factors(omega: torch.Tensor, mu: torch.Tensor, cfg: ProblemConfig) -> tuple[torch.Tensor, torch.Tensor]:
